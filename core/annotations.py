@@ -1,0 +1,152 @@
+"""The allocation annotation, kubegpu's public contract between the scheduler side and the node side.
+
+A placement is written on the pod as `kubegpu.io/allocation`, a JSON document::
+
+    {"version": 1, "node": "trn-0", "podUID": "…",
+     "containers": {"main": {"aws.amazon.com/neurondevice": ["4", "5", "6", "7"]}},
+     "shares": {"main": {"gpu.intel.com/memory.max": {"card0": 5000000000}}},   # only for shared devices
+     "plugins": {"neuron": {…}},                                                # each plugin's own fields
+     "signature": "hex HMAC-SHA256"}                                            # set by the custom scheduler
+
+The simulator, the custom scheduler and the extender write it; the CRI shim verifies the signature and that the
+document names its node and pod before any plugin touches a container. Decoding errors are one line that names the
+bad field. The node annotation `kubegpu.io/devices` (the advertised inventories) has its codec here too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kubegpu.core.errors import InputError, describe_validation_error
+from kubegpu.core.models import NodeDevices, PluginAllocation
+
+__all__ = [
+    "ALLOCATION_KEY",
+    "DEVICES_KEY",
+    "AllocationRecord",
+    "AnnotationError",
+    "decode_allocation",
+    "decode_devices",
+    "encode_allocation",
+    "encode_devices",
+    "merge_allocations",
+    "sign_allocation",
+    "verify_allocation",
+]
+
+ALLOCATION_KEY = "kubegpu.io/allocation"
+DEVICES_KEY = "kubegpu.io/devices"
+SUPPORTED_VERSION = 1
+
+
+class AnnotationError(InputError):
+    """A malformed kubegpu annotation; the message names the annotation and the field."""
+
+
+class AllocationRecord(BaseModel):
+    """The decoded `kubegpu.io/allocation` value. Unknown top-level fields are kept, so newer writers round-trip."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    version: Literal[1]
+    node: str = Field(min_length=1)
+    podUID: str = Field(min_length=1)  # noqa: N815 - the JSON field name is the contract
+    containers: dict[str, dict[str, list[str]]]
+    shares: dict[str, dict[str, dict[str, int]]] = Field(default_factory=dict)
+    plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    signature: str | None = None
+
+    def payload(self) -> bytes:
+        """The canonical bytes the signature covers: every field but the signature, keys sorted."""
+        document = self.model_dump(mode="json", exclude={"signature"})
+        return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+    def device_ids(self, container: str, resource: str) -> list[str]:
+        return self.containers.get(container, {}).get(resource, [])
+
+
+def merge_allocations(node: str, pod_uid: str, parts: list[PluginAllocation]) -> AllocationRecord:
+    """One record from the plugins' placements of one pod."""
+    containers: dict[str, dict[str, list[str]]] = {}
+    shares: dict[str, dict[str, dict[str, int]]] = {}
+    plugins: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for container, resources in part.containers.items():
+            containers.setdefault(container, {}).update(resources)
+        for container, by_resource in part.shares.items():
+            shares.setdefault(container, {}).update(by_resource)
+        if part.fields:
+            plugins[part.plugin] = part.fields
+    return AllocationRecord(
+        version=1, node=node, podUID=pod_uid, containers=containers, shares=shares, plugins=plugins
+    )
+
+
+def encode_allocation(record: AllocationRecord) -> str:
+    document = record.model_dump(mode="json", exclude_none=True)
+    if not document.get("shares"):
+        document.pop("shares", None)
+    if not document.get("plugins"):
+        document.pop("plugins", None)
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+def _load_json_object(text: object, key: str) -> dict[str, Any]:
+    if not isinstance(text, str):
+        raise AnnotationError(f"{key}: the annotation value must be a string holding JSON")
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AnnotationError(f"{key}: not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(document, dict):
+        raise AnnotationError(f"{key}: expected a JSON object, got {type(document).__name__}")
+    return document
+
+
+def decode_allocation(text: object) -> AllocationRecord:
+    """Decode `kubegpu.io/allocation`; raise `AnnotationError` with a one-line message naming the bad field."""
+    document = _load_json_object(text, ALLOCATION_KEY)
+    version = document.get("version")
+    if version is None:
+        raise AnnotationError(f"{ALLOCATION_KEY}: version: missing (this kubegpu reads version 1)")
+    if version != SUPPORTED_VERSION:
+        raise AnnotationError(
+            f"{ALLOCATION_KEY}: version: unsupported value {version!r} (this kubegpu reads version 1)"
+        )
+    try:
+        return AllocationRecord.model_validate(document)
+    except ValidationError as exc:
+        raise AnnotationError(describe_validation_error(exc, ALLOCATION_KEY)) from None
+
+
+def _mac(record: AllocationRecord, key: bytes) -> str:
+    return hmac.new(key, record.payload(), hashlib.sha256).hexdigest()
+
+
+def sign_allocation(record: AllocationRecord, key: bytes) -> AllocationRecord:
+    """The record with `signature` = HMAC-SHA256 over its canonical payload (pod UID, node, devices, fields)."""
+    return record.model_copy(update={"signature": _mac(record, key)})
+
+
+def verify_allocation(record: AllocationRecord, key: bytes) -> bool:
+    if not record.signature:
+        return False
+    return hmac.compare_digest(record.signature, _mac(record, key))
+
+
+def encode_devices(devices: NodeDevices) -> str:
+    return json.dumps(devices.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def decode_devices(text: object) -> NodeDevices:
+    """Decode the node annotation `kubegpu.io/devices`, naming the bad field on error."""
+    document = _load_json_object(text, DEVICES_KEY)
+    try:
+        return NodeDevices.model_validate(document)
+    except ValidationError as exc:
+        raise AnnotationError(describe_validation_error(exc, DEVICES_KEY)) from None

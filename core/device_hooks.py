@@ -1,0 +1,126 @@
+"""`Device`: the node-side hook specification.
+
+A device plugin finds its devices on a host, describes them for advertisement, and turns the scheduler's allocation
+into edits of a container's configuration. The advertiser (`kubegpu advertise`) and the CRI shim (`kubegpu crishim`)
+call these hooks. Every hook gets paths (`host_root`, `dev_root`) instead of assuming `/`, so tests run the real
+discovery code on a fake host root. Hooks are listed in the order they are called; every hook uses the same
+docstring layout: summary, Args, Returns, Called by.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pluggy
+
+from kubegpu.core.models import Advertisement, ContainerAllocation, ContainerEdit, DeviceInventory
+
+__all__ = ["PROJECT", "hookimpl", "hookspec"]
+
+PROJECT = "kubegpu.device"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def kubegpu_device_resources() -> list[str]:
+    """Name the extended resources whose allocations this plugin applies to containers.
+
+    Args:
+        (none)
+
+    Returns:
+        Resource names; a name ending in `/*` claims a prefix. They match the plugin's scheduler side.
+
+    Called by:
+        the plugin manager once at start-up, to route each allocated resource to exactly one plugin.
+    """
+    raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Discovery and advertisement
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def kubegpu_device_discover(host_root: Path) -> DeviceInventory | None:
+    """Find this plugin's devices on the host.
+
+    Args:
+        host_root: the host's root directory (`/` in production, a fake tree in tests); device files are under
+            `host_root / "dev"`, sysfs under `host_root / "sys"`.
+
+    Returns:
+        The inventory, or None when the host has none of these devices (or the vendor library is absent).
+
+    Called by:
+        the advertiser at every interval.
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def kubegpu_device_health(host_root: Path, inventory: DeviceInventory) -> dict[str, bool] | None:
+    """Check the health of previously discovered devices (optional).
+
+    Args:
+        host_root: as for discovery.
+        inventory: this plugin's inventory from the last discovery.
+
+    Returns:
+        Device id -> healthy, for the devices the plugin could check; None when the plugin has no health check.
+
+    Called by:
+        the advertiser after discovery, before it publishes; firstresult (the owning plugin).
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement | None:
+    """Describe the inventory as node capacity and labels.
+
+    Args:
+        inventory: this plugin's inventory (unhealthy devices marked).
+
+    Returns:
+        Extended-resource capacity (healthy devices only) and node labels; None to advertise nothing but the
+        `kubegpu.io/devices` annotation.
+
+    Called by:
+        the advertiser when it patches the node; firstresult (the owning plugin).
+    """
+    raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Container creation
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: ContainerEdit, dev_root: Path) -> bool | None:
+    """Apply one container's allocation to its configuration, in place.
+
+    Args:
+        allocation: this plugin's resources, device ids, shares and fields for the container, from an allocation
+            whose signature, node and pod UID the shim has already verified.
+        edit: the container's devices, env, mounts, CDI device names and annotations as the kubelet sent them. The
+            plugin first removes device entries of its kind that are not allocated (a vendor device plugin may have
+            added them), then adds the allocated device nodes, env (`NVIDIA_VISIBLE_DEVICES`, ...), mounts and CDI
+            names.
+        dev_root: where the host's device files are (`/dev` in production).
+
+    Returns:
+        True when the plugin edited the container; None when the allocation is not its own.
+
+    Called by:
+        the CRI shim on CreateContainer, for each plugin owning a resource allocated to the container; firstresult.
+    """
+    raise NotImplementedError

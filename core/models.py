@@ -1,0 +1,291 @@
+"""The data model every part of kubegpu shares.
+
+Three kinds of record cross the boundaries between the scheduler, the plugins and the node side:
+
+* what a node *has*: `DeviceInventory` per plugin (devices with their attributes, health and the topology the plugin
+  needs), published by the advertiser in the node annotation `kubegpu.io/devices` (`NodeDevices`), and the
+  scheduler's view of a node, `NodeInfo` (labels, allocatable, taints, the advertised inventories);
+* what a pod *asks for*: `PodRequest`, one `ContainerRequest` per container with the resources it requests in
+  integer units (extended resources from `resources.limits`, falling back to `resources.requests`), plus the pod
+  annotations that refine a request (a GPU model, a minimum GPU memory);
+* what the pod *got*: `PluginAllocation`, one plugin's concrete device ids per container and resource, with per-device
+  amounts where devices are shared; the engine merges these into the `kubegpu.io/allocation` annotation
+  (`kubegpu.core.annotations`).
+
+Boundary records are pydantic models (their validation errors name the field); the records the engine touches per
+pod and per node are frozen dataclasses built once from validated input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "Advertisement",
+    "ContainerAllocation",
+    "ContainerEdit",
+    "ContainerRequest",
+    "DeviceCell",
+    "DeviceInfo",
+    "DeviceInventory",
+    "DeviceNode",
+    "Mount",
+    "NodeDevices",
+    "NodeInfo",
+    "Occupancy",
+    "PluginAllocation",
+    "PodRequest",
+    "Scalar",
+    "Taint",
+    "Toleration",
+]
+
+Scalar = str | int | float | bool
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a node has
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class DeviceInfo(BaseModel):
+    """One device as its plugin sees it. `id` is the string the allocation annotation uses for it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(min_length=1)
+    model: str | None = None
+    memory: int | None = Field(default=None, ge=0, description="bytes")
+    cores: int | None = Field(default=None, ge=0)
+    healthy: bool = True
+    attributes: dict[str, Scalar] = Field(default_factory=dict)
+
+
+class DeviceInventory(BaseModel):
+    """The devices one plugin found on one node, and the topology that links them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    plugin: str = Field(min_length=1)
+    devices: list[DeviceInfo] = Field(default_factory=list)
+    topology: dict[str, Any] = Field(default_factory=dict)
+    attributes: dict[str, Scalar] = Field(default_factory=dict)
+
+    @field_validator("devices")
+    @classmethod
+    def _unique_ids(cls, devices: list[DeviceInfo]) -> list[DeviceInfo]:
+        seen: set[str] = set()
+        for device in devices:
+            if device.id in seen:
+                raise ValueError(f"device id {device.id!r} appears twice")
+            seen.add(device.id)
+        return devices
+
+    def healthy_ids(self) -> list[str]:
+        return [d.id for d in self.devices if d.healthy]
+
+
+class NodeDevices(BaseModel):
+    """The value of the node annotation `kubegpu.io/devices`: every plugin's inventory, keyed by plugin name."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: Literal[1] = 1
+    inventories: dict[str, DeviceInventory] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str | None
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str | None = None
+    operator: str = "Equal"
+    value: str | None = None
+    effect: str | None = None
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Kubernetes' matching rule: an empty key with `Exists` tolerates everything; an empty effect any effect."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key is None or self.key == "":
+            return self.operator == "Exists"
+        if self.key != taint.key:
+            return False
+        if self.operator == "Exists":
+            return True
+        return (self.value or "") == (taint.value or "")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """The scheduler's view of one Node, built once from its manifest (`kubegpu.core.manifests.node_info`).
+
+    `allocatable` holds integers: `cpu` in millicores, every other resource in its base unit (bytes, devices).
+    `inventories` are the advertised `kubegpu.io/devices` inventories, keyed by plugin name (empty when the node
+    has no advertiser; plugins then fall back to labels and allocatable).
+    """
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    allocatable: Mapping[str, int] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    ready: bool = True
+    inventories: Mapping[str, DeviceInventory] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a pod asks for
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    """One container's requests: `cpu` in millicores, `memory` in bytes, extended resources as counts."""
+
+    name: str
+    resources: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """What a pod asks of the scheduler, built once from its manifest (`kubegpu.core.manifests.pod_request`)."""
+
+    namespace: str
+    name: str
+    uid: str
+    containers: tuple[ContainerRequest, ...]
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    scheduler_name: str = "default-scheduler"
+    node_name: str | None = None
+    cpu_milli: int = 0
+    memory: int = 0
+    phase: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def total(self, resource: str) -> int:
+        """The sum of one resource over the pod's containers."""
+        return sum(c.resources.get(resource, 0) for c in self.containers)
+
+    def requested_resources(self) -> set[str]:
+        return {r for c in self.containers for r, amount in c.resources.items() if amount > 0}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a pod got (scheduler side)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class PluginAllocation(BaseModel):
+    """One plugin's placement of one pod on one node.
+
+    * `containers`: container name -> resource name -> device ids (strings, as in the annotation);
+    * `shares`: container name -> resource name -> device id -> amount, for resources split over shared devices
+      (Intel memory per card); absent for whole devices;
+    * `fields`: the plugin's own fields, stored in the allocation annotation under `plugins.<plugin name>`;
+    * `annotations`: extra pod annotations the plugin wants written (`gas-ts`, `gas-container-cards`).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    plugin: str
+    containers: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
+    shares: dict[str, dict[str, dict[str, int]]] = Field(default_factory=dict)
+    fields: dict[str, Any] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    def device_ids(self) -> set[str]:
+        return {d for resources in self.containers.values() for ids in resources.values() for d in ids}
+
+
+class DeviceCell(BaseModel):
+    """One device in an occupancy map: who holds it and how much of it is used (0.0 to 1.0)."""
+
+    id: str
+    holders: list[str] = Field(default_factory=list)
+    used: float = 0.0
+    healthy: bool = True
+
+
+class Occupancy(BaseModel):
+    """A plugin's picture of one node's devices, for reports.
+
+    `layout` says how to draw `cells`: `ring` as one row, `grid` as rows of `columns` cells (a 4x4 torus), `cells` as a
+    plain list. `free` counts devices nobody holds; `largest_fit` is the largest request (in devices) the node could
+    take now, so `free - largest_fit` is the fragmentation: free devices stranded outside every valid set.
+    """
+
+    family: str
+    layout: Literal["ring", "grid", "cells"] = "cells"
+    columns: int = 0
+    cells: list[DeviceCell] = Field(default_factory=list)
+    total: int = 0
+    free: int = 0
+    largest_fit: int = 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a container gets (node side)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class ContainerAllocation(BaseModel):
+    """The part of a verified allocation that concerns one container and one plugin, as the CRI shim hands it over."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pod_uid: str
+    node: str
+    container: str
+    resources: dict[str, list[str]] = Field(default_factory=dict)
+    shares: dict[str, dict[str, int]] = Field(default_factory=dict)
+    fields: dict[str, Any] = Field(default_factory=dict)
+
+
+class DeviceNode(BaseModel):
+    host_path: str
+    container_path: str
+    permissions: str = "rwm"
+
+
+class Mount(BaseModel):
+    host_path: str
+    container_path: str
+    readonly: bool = False
+
+
+class ContainerEdit(BaseModel):
+    """A runtime-neutral copy of the parts of a CRI ContainerConfig that device plugins may change.
+
+    The CRI shim fills it from the request, lets each owning plugin edit it in place, and writes it back; plugins
+    never see protobuf. `cdi_devices` are fully qualified CDI names (`vendor.com/class=name`).
+    """
+
+    devices: list[DeviceNode] = Field(default_factory=list)
+    envs: dict[str, str] = Field(default_factory=dict)
+    mounts: list[Mount] = Field(default_factory=list)
+    cdi_devices: list[str] = Field(default_factory=list)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class Advertisement(BaseModel):
+    """How a node advertises one plugin's devices: extended-resource capacity and node labels."""
+
+    capacity: dict[str, int] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,281 @@
+"""The plugin manager: finds plugins through entry points, checks them, and calls them in isolation.
+
+Built-in plugins and third-party plugins are found the same way, through the entry-point groups `kubegpu.scheduler`
+and `kubegpu.device` (one group per hook specification). `make_plugin_manager` is the only way to build one: it adds
+the specs, loads entry points (unless `KUBEGPU_DISABLE_PLUGIN_AUTOLOAD` is set), keeps only the plugins named in
+`KUBEGPU_PLUGINS` when that is set, registers explicitly given plugins, and runs pluggy's `check_pending()`.
+
+A plugin that fails to import or to register is recorded in `failures` with its name and left out; a plugin that
+raises inside a hook surfaces as `PluginHookError` naming the plugin and the hook, so the caller can turn it into a
+reason for the pods that needed that plugin while every other plugin keeps working.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Literal
+
+import pluggy
+from importlib_metadata import entry_points
+
+from kubegpu.core import device_hooks, scheduler_hooks
+
+__all__ = [
+    "ALLOW_ENV",
+    "DISABLE_AUTOLOAD_ENV",
+    "KubegpuPluginManager",
+    "PluginFailure",
+    "PluginHookError",
+    "PluginRecord",
+    "Side",
+    "make_plugin_manager",
+]
+
+log = logging.getLogger("kubegpu.plugins")
+
+Side = Literal["scheduler", "device"]
+DISABLE_AUTOLOAD_ENV = "KUBEGPU_DISABLE_PLUGIN_AUTOLOAD"
+ALLOW_ENV = "KUBEGPU_PLUGINS"
+
+_SPECS: Mapping[str, ModuleType] = {"scheduler": scheduler_hooks, "device": device_hooks}
+
+
+@dataclass
+class PluginRecord:
+    """What `kubegpu plugins list` shows about one registered plugin."""
+
+    name: str
+    side: str
+    module: str
+    distribution: str | None = None
+    version: str | None = None
+    hooks: list[str] = field(default_factory=list)
+    resources: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin that could not be loaded or registered, or whose registration hook failed."""
+
+    name: str
+    side: str
+    stage: str
+    error: str
+
+    def __str__(self) -> str:
+        return f"plugin {self.name!r} ({self.side}) failed at {self.stage}: {self.error}"
+
+
+class PluginHookError(RuntimeError):
+    """A plugin raised inside a hook. The message names the plugin, the hook and the original error."""
+
+    def __init__(self, plugin: str, hook: str, original: BaseException) -> None:
+        self.plugin = plugin
+        self.hook = hook
+        self.original = original
+        super().__init__(f"plugin {plugin!r} failed in {hook}: {type(original).__name__}: {original}")
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class KubegpuPluginManager:
+    """A pluggy `PluginManager` for one side, with per-plugin calls and resource routing."""
+
+    def __init__(self, side: Side) -> None:
+        self.side = side
+        self.project = f"kubegpu.{side}"
+        self.pm = pluggy.PluginManager(self.project)
+        self.pm.add_hookspecs(_SPECS[side])
+        self.records: dict[str, PluginRecord] = {}
+        self.failures: list[PluginFailure] = []
+        self._exact: dict[str, str] = {}
+        self._prefixes: list[tuple[str, str]] = []
+        self._owner_cache: dict[str, str | None] = {}
+        self._impls: dict[tuple[str, str], tuple[Any, tuple[str, ...]] | None] = {}
+
+    # -- registration ------------------------------------------------------------------------------------------
+
+    def register(
+        self, plugin: object, name: str, *, distribution: str | None = None, version: str | None = None
+    ) -> bool:
+        """Register one plugin object (usually a module). Returns False, recording a failure, when it is refused."""
+        if name in self.records:
+            self._fail(name, "register", f"another plugin is already registered as {name!r}")
+            return False
+        try:
+            self.pm.register(plugin, name=name)
+        except Exception as exc:
+            self._fail(name, "register", _describe(exc))
+            return False
+        module = getattr(plugin, "__name__", type(plugin).__qualname__)
+        hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
+        self.records[name] = PluginRecord(name, self.side, module, distribution, version, hooks)
+        return True
+
+    def _fail(self, name: str, stage: str, error: str) -> None:
+        failure = PluginFailure(name, self.side, stage, error)
+        log.error("%s", failure)
+        self.failures.append(failure)
+
+    def _unregister(self, name: str) -> None:
+        plugin = self.pm.get_plugin(name)
+        if plugin is not None:
+            self.pm.unregister(plugin)
+        self.records.pop(name, None)
+
+    def _check_pending(self) -> None:
+        """pluggy's `check_pending()`; a plugin implementing an unknown hook is dropped and recorded."""
+        while True:
+            try:
+                self.pm.check_pending()
+                return
+            except pluggy.PluginValidationError as exc:
+                name = self.pm.get_name(exc.plugin) or "?"
+                self._fail(name, "check_pending", str(exc))
+                self._unregister(name)
+
+    def _collect_resources(self) -> None:
+        hook = f"kubegpu_{self.side}_resources"
+        for name in list(self.records):
+            try:
+                resources = self.call(name, hook)
+            except PluginHookError as exc:
+                self._fail(name, hook, _describe(exc.original))
+                self._unregister(name)
+                continue
+            claimed = [str(r) for r in (resources or [])]
+            for resource in claimed:
+                owner = self.owner_of(resource)
+                if owner is not None and owner != name:
+                    self._fail(name, hook, f"resource {resource!r} is already owned by plugin {owner!r}")
+                    continue
+                if resource.endswith("/*"):
+                    self._prefixes.append((resource[:-1], name))
+                else:
+                    self._exact[resource] = name
+                self._owner_cache.clear()
+                self.records[name].resources.append(resource)
+
+    # -- routing and calls -------------------------------------------------------------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.records)
+
+    def owner_of(self, resource: str) -> str | None:
+        """The plugin that owns an extended resource, or None."""
+        try:
+            return self._owner_cache[resource]
+        except KeyError:
+            pass
+        owner = self._exact.get(resource)
+        if owner is None:
+            for prefix, name in self._prefixes:
+                if resource.startswith(prefix):
+                    owner = name
+                    break
+        self._owner_cache[resource] = owner
+        return owner
+
+    def _impl(self, plugin: str, hook: str) -> tuple[Any, tuple[str, ...]] | None:
+        key = (plugin, hook)
+        try:
+            return self._impls[key]
+        except KeyError:
+            pass
+        found = None
+        caller = getattr(self.pm.hook, hook, None)
+        if caller is not None:
+            for impl in caller.get_hookimpls():
+                if impl.plugin_name == plugin:
+                    found = (impl.function, tuple(impl.argnames))
+                    break
+        self._impls[key] = found
+        return found
+
+    def implements(self, plugin: str, hook: str) -> bool:
+        return self._impl(plugin, hook) is not None
+
+    def call(self, plugin: str, hook: str, **kwargs: Any) -> Any:
+        """Call one plugin's implementation of a hook (None if it has none); its exceptions become PluginHookError.
+
+        pluggy lets an implementation accept a subset of the spec's arguments; only those are passed.
+        """
+        impl = self._impl(plugin, hook)
+        if impl is None:
+            return None
+        function, argnames = impl
+        try:
+            return function(*[kwargs[a] for a in argnames])
+        except Exception as exc:
+            raise PluginHookError(plugin, hook, exc) from exc
+
+    def call_each(self, hook: str, **kwargs: Any) -> dict[str, Any]:
+        """Call every plugin's implementation; a failing plugin's entry is its PluginHookError."""
+        results: dict[str, Any] = {}
+        for name in self.records:
+            try:
+                results[name] = self.call(name, hook, **kwargs)
+            except PluginHookError as exc:
+                log.error("%s", exc)
+                results[name] = exc
+        return results
+
+
+def _env_allowlist() -> set[str] | None:
+    raw = os.environ.get(ALLOW_ENV, "").strip()
+    if not raw:
+        return None
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def _autoload_enabled() -> bool:
+    return os.environ.get(DISABLE_AUTOLOAD_ENV, "").strip().lower() not in ("1", "true", "yes", "on")
+
+
+def make_plugin_manager(
+    side: Side,
+    *,
+    plugins: Iterable[tuple[str, object]] = (),
+    autoload: bool | None = None,
+    allow: Iterable[str] | None = None,
+) -> KubegpuPluginManager:
+    """Build the plugin manager for one side.
+
+    Args:
+        side: `scheduler` (DeviceScheduler hooks) or `device` (Device hooks).
+        plugins: extra `(name, plugin object)` pairs to register, e.g. in tests.
+        autoload: load the `kubegpu.<side>` entry points; default: on unless `KUBEGPU_DISABLE_PLUGIN_AUTOLOAD=1`.
+        allow: keep only entry points with these names; default: `KUBEGPU_PLUGINS` (comma-separated) or all.
+    """
+    manager = KubegpuPluginManager(side)
+    if autoload is None:
+        autoload = _autoload_enabled()
+    allowed = set(allow) if allow is not None else _env_allowlist()
+    if autoload:
+        for ep in sorted(entry_points(group=manager.project), key=lambda e: e.name):
+            if allowed is not None and ep.name not in allowed:
+                continue
+            dist = ep.dist
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                manager._fail(ep.name, "load", _describe(exc))
+                continue
+            manager.register(
+                plugin,
+                ep.name,
+                distribution=dist.name if dist is not None else None,
+                version=dist.version if dist is not None else None,
+            )
+    for name, plugin in plugins:
+        manager.register(plugin, name)
+    manager._check_pending()
+    manager._collect_resources()
+    return manager

@@ -1,0 +1,1 @@
+"""The node side: the CRI shim in front of containerd and the device advertiser."""

@@ -1,0 +1,3 @@
+from kubegpu.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""AWS Neuron (Inferentia, Trainium): ring and 2D-torus device topologies."""

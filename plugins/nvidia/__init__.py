@@ -1,0 +1,1 @@
+"""NVIDIA GPUs: model selection, minimum memory, and NVLink/NVSwitch-aware multi-GPU sets."""
