@@ -1,0 +1,519 @@
+"""The scheduling engine: one cluster state, one scheduling cycle, used unchanged by every front-end.
+
+The simulator, the custom scheduler and the extender are thin adapters around `Engine`. It keeps
+
+* the cluster state: a `NodeRecord` per node (its `NodeInfo`, each plugin's device state, cpu/memory/pod usage) and
+  a `PodRecord` per pod that holds resources;
+* the ledger: for every placed pod, exactly which plugin allocations it took on which node, so deleting a pod (or
+  rolling back a failed bind) returns exactly what was taken;
+* a `CapacityIndex` per resource, so a cycle visits only nodes that could offer enough, tightest first for binpack
+  and emptiest first for spread.
+
+A cycle follows the Kubernetes scheduler framework: pre-check (each owning plugin validates the request), filter
+(ready/unschedulable, node selector, taints, cpu/memory/pods and plain extended resources, then each plugin's device
+fit), score (the plugins' topology score plus the binpack or spread policy score) over a bounded sample of feasible
+nodes, and reserve (each plugin allocates concrete devices, taken atomically: all plugins or none). When no node fits,
+the result carries kube-scheduler's summary, `0/5 nodes are available: 3 Insufficient ..., 2 ....`.
+
+The engine knows no HTTP, gRPC or Kubernetes client; it calls plugins only through the plugin manager, and a plugin
+that raises becomes a reason naming it, never a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kubegpu.core.annotations import (
+    ALLOCATION_KEY,
+    AllocationRecord,
+    encode_allocation,
+    merge_allocations,
+    sign_allocation,
+)
+from kubegpu.core.models import NodeInfo, Occupancy, PluginAllocation, PodRequest
+from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
+from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
+from kubegpu.core.status import Code, Status
+from kubegpu.scheduler.index import CapacityIndex
+
+__all__ = ["Decision", "Engine", "NodeRecord", "PodRecord", "Policy", "summarize_reasons"]
+
+log = logging.getLogger("kubegpu.engine")
+
+Policy = Literal["binpack", "spread"]
+POLICIES: tuple[Policy, ...] = ("binpack", "spread")
+BASIC_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
+CPU_INDEX = "cpu"
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    info: NodeInfo
+    states: dict[str, DeviceNodeState] = field(default_factory=dict)
+    headroom: dict[str, Headroom] = field(default_factory=dict)
+    used: Counter[str] = field(default_factory=Counter)
+    pods: dict[str, None] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def free(self, resource: str) -> int:
+        return self.info.allocatable.get(resource, 0) - self.used[resource]
+
+
+@dataclass(slots=True)
+class PodRecord:
+    """A pod that holds resources on a node: its request and the ledger entry of what it took."""
+
+    request: PodRequest
+    node: str
+    parts: dict[str, PluginAllocation]
+    allocation: AllocationRecord | None
+    annotations: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one cycle. `annotations` are the pod annotations to write when `scheduled`."""
+
+    pod: str
+    scheduled: bool
+    node: str | None = None
+    reason: str | None = None
+    allocation: AllocationRecord | None = None
+    annotations: dict[str, str] = field(default_factory=dict)
+    code: Code = Code.SUCCESS
+
+
+def summarize_reasons(total: int, reasons: Counter[str]) -> str:
+    """kube-scheduler's wording: `0/5 nodes are available: 3 Insufficient cpu, 2 node(s) were unschedulable.`"""
+    parts = sorted(f"{count} {reason}" for reason, count in reasons.items())
+    if not parts:
+        return f"0/{total} nodes are available."
+    return f"0/{total} nodes are available: {', '.join(parts)}."
+
+
+class Engine:
+    """The cluster state and the scheduling cycle."""
+
+    def __init__(
+        self,
+        plugins: KubegpuPluginManager,
+        *,
+        policy: Policy = "binpack",
+        sample: int = 8,
+        signing_key: bytes | None = None,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+        self.plugins = plugins
+        self.policy: Policy = policy
+        self.sample = max(1, sample)
+        self.signing_key = signing_key
+        self.nodes: dict[str, NodeRecord] = {}
+        self.pods: dict[str, PodRecord] = {}
+        self._index: dict[str, CapacityIndex] = {CPU_INDEX: CapacityIndex()}
+        self._routes: dict[frozenset[str], dict[str, list[str]]] = {}
+
+    # -- nodes ---------------------------------------------------------------------------------------------------
+
+    def add_node(self, info: NodeInfo) -> None:
+        """Add a node, or replace it (a changed Node), keeping the pods placed on it."""
+        previous = self.nodes.get(info.name)
+        record = NodeRecord(info)
+        for plugin in self.plugins.names:
+            try:
+                state = self.plugins.call(plugin, "kubegpu_scheduler_build_node", node=info)
+            except PluginHookError as exc:
+                log.error("node %s: %s", info.name, exc)
+                record.problems[plugin] = str(exc)
+                continue
+            if state is not None:
+                record.states[plugin] = state
+        self.nodes[info.name] = record
+        if previous is not None:
+            for key in list(previous.pods):
+                pod = self.pods[key]
+                status = self._take(record, pod.request, pod.parts)
+                if not status.ok:
+                    log.error("node %s changed: pod %s no longer fits its devices: %s", info.name, key, status.message)
+                    self.pods.pop(key)
+                else:
+                    record.pods[key] = None
+                    self._charge(record, pod.request, +1)
+        self._refresh(record)
+
+    def remove_node(self, name: str) -> list[str]:
+        """Remove a node; the pods it held are forgotten (their devices went with it). Returns their keys."""
+        record = self.nodes.pop(name, None)
+        if record is None:
+            return []
+        for index in self._index.values():
+            index.discard(name)
+        gone = list(record.pods)
+        for key in gone:
+            self.pods.pop(key, None)
+        return gone
+
+    def _refresh(self, record: NodeRecord) -> None:
+        """Recompute the node's headroom after a change and move it in the capacity indexes."""
+        name = record.name
+        self._index[CPU_INDEX].set(name, record.free("cpu"))
+        for plugin, state in record.states.items():
+            try:
+                headroom = self.plugins.call(plugin, "kubegpu_scheduler_headroom", state=state) or Headroom()
+            except PluginHookError as exc:
+                log.error("node %s: %s", name, exc)
+                record.problems[plugin] = str(exc)
+                headroom = Headroom()
+            old = record.headroom.get(plugin)
+            record.headroom[plugin] = headroom
+            if old is not None:
+                for resource in old.free.keys() - headroom.free.keys():
+                    self._index[resource].discard(name)
+            for resource, free in headroom.free.items():
+                index = self._index.get(resource)
+                if index is None:
+                    index = self._index[resource] = CapacityIndex()
+                index.set(name, free)
+
+    # -- pods ----------------------------------------------------------------------------------------------------
+
+    def _route(self, pod: PodRequest) -> dict[str, list[str]]:
+        """Group the pod's requested extended resources by owning plugin (`""` for resources no plugin owns)."""
+        requested = frozenset(pod.requested_resources() - BASIC_RESOURCES)
+        routes = self._routes.get(requested)
+        if routes is None:
+            routes = {}
+            for resource in sorted(requested):
+                owner = self.plugins.owner_of(resource) or ""
+                routes.setdefault(owner, []).append(resource)
+            self._routes[requested] = routes
+        return routes
+
+    def _validate(self, pod: PodRequest, routes: dict[str, list[str]]) -> Status:
+        for plugin in routes:
+            if not plugin:
+                continue
+            try:
+                status = self.plugins.call(plugin, "kubegpu_scheduler_validate", pod=pod)
+            except PluginHookError as exc:
+                return Status.error(str(exc), plugin=plugin)
+            if status is not None and not status.ok:
+                return status
+        unowned = routes.get("")
+        if unowned and self.plugins.failures:
+            known = any(unowned[0] in r.info.allocatable for r in self.nodes.values())
+            if not known:
+                broken = ", ".join(sorted({f.name for f in self.plugins.failures}))
+                return Status.unresolvable(
+                    f"no plugin schedules {unowned[0]}; plugin(s) {broken} failed to load (see `kubegpu plugins list`)"
+                )
+        return Status.success()
+
+    def _basic_fit(self, record: NodeRecord, pod: PodRequest, unowned: list[str] | None) -> str | None:
+        info = record.info
+        if info.unschedulable:
+            return "node(s) were unschedulable"
+        if not info.ready:
+            return "node(s) had condition Ready=False"
+        for key, value in pod.node_selector.items():
+            if info.labels.get(key) != value:
+                return "node(s) didn't match node selector"
+        for taint in info.taints:
+            if taint.effect == "PreferNoSchedule":
+                continue
+            if not any(t.tolerates(taint) for t in pod.tolerations):
+                return f"node(s) had taint {{{taint.key}: {taint.value or ''}}}, that the pod didn't tolerate"
+        if record.free("pods") < 1:
+            return "Too many pods"
+        if pod.cpu_milli and record.free("cpu") < pod.cpu_milli:
+            return "Insufficient cpu"
+        if pod.memory and record.free("memory") < pod.memory:
+            return "Insufficient memory"
+        for resource in unowned or ():
+            if record.free(resource) < pod.total(resource):
+                return f"Insufficient {resource}"
+        return None
+
+    def _device_fit(self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]) -> Status:
+        for plugin, resources in routes.items():
+            if not plugin:
+                continue
+            state = record.states.get(plugin)
+            if state is None:
+                problem = record.problems.get(plugin)
+                if problem:
+                    return Status.error(problem, plugin=plugin)
+                return Status.unresolvable(f"Insufficient {resources[0]}", plugin=plugin)
+            free = record.headroom[plugin].free
+            for resource in resources:
+                need = max(c.resources.get(resource, 0) for c in pod.containers)
+                if free.get(resource, 0) < need:
+                    return Status.unschedulable(f"Insufficient {resource}", plugin=plugin)
+            try:
+                status = self.plugins.call(plugin, "kubegpu_scheduler_fit", state=state, pod=pod)
+            except PluginHookError as exc:
+                return Status.error(str(exc), plugin=plugin)
+            if status is None:
+                return Status.error(f"plugin {plugin!r} gave no answer to kubegpu_scheduler_fit", plugin=plugin)
+            if not status.ok:
+                return status
+        return Status.success()
+
+    def filter_node(self, name: str, pod: PodRequest) -> Status:
+        """Run the filter phase for one node (the extender's filter verb uses this per node)."""
+        record = self.nodes.get(name)
+        if record is None:
+            return Status.unresolvable("node(s) unknown to kubegpu")
+        routes = self._route(pod)
+        reason = self._basic_fit(record, pod, routes.get(""))
+        if reason is not None:
+            return Status.unschedulable(reason)
+        return self._device_fit(record, pod, routes)
+
+    def _candidates(self, pod: PodRequest, routes: dict[str, list[str]]) -> tuple[Iterator[str], str, int]:
+        """Nodes worth filtering, in policy order, and the resource and amount the index selected them by."""
+        ascending = self.policy == "binpack"
+        for plugin, resources in routes.items():
+            if plugin:
+                resource = resources[0]
+                need = max(c.resources.get(resource, 0) for c in pod.containers)
+                index = self._index.get(resource)
+                if index is None:
+                    return iter(()), resource, need
+                return index.at_least(need, ascending=ascending), resource, need
+        return self._index[CPU_INDEX].at_least(pod.cpu_milli, ascending=ascending), "cpu", pod.cpu_milli
+
+    def _score(self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]) -> float:
+        device_scores: list[float] = []
+        utilization: list[float] = []
+        for plugin in routes:
+            state = record.states.get(plugin) if plugin else None
+            if state is None:
+                continue
+            try:
+                score = self.plugins.call(plugin, "kubegpu_scheduler_score", state=state, pod=pod)
+            except PluginHookError as exc:
+                log.error("node %s: %s", record.name, exc)
+                score = 0.0
+            device_scores.append(min(100.0, max(0.0, float(score or 0.0))))
+            utilization.append(record.headroom[plugin].utilization)
+        if not utilization:
+            allocatable = record.info.allocatable.get("cpu", 0)
+            utilization.append(record.used["cpu"] / allocatable if allocatable else 0.0)
+        used = sum(utilization) / len(utilization)
+        policy_score = 100.0 * (used if self.policy == "binpack" else 1.0 - used)
+        device_score = sum(device_scores) / len(device_scores) if device_scores else 0.0
+        return device_score + policy_score
+
+    def score_node(self, name: str, pod: PodRequest) -> float:
+        """The score (0..200) of a node that passed the filter: plugin topology score plus the policy score."""
+        return self._score(self.nodes[name], pod, self._route(pod))
+
+    def schedule(self, pod: PodRequest) -> Decision:
+        """Run one full cycle for a pod and, when a node fits, reserve its devices there."""
+        if pod.key in self.pods:
+            return Decision(pod.key, False, reason=f"pod {pod.key} already holds resources on a node",
+                            code=Code.UNRESOLVABLE)
+        routes = self._route(pod)
+        status = self._validate(pod, routes)
+        if not status.ok:
+            return Decision(pod.key, False, reason=status.message, code=status.code)
+        if pod.node_name:
+            return self._schedule_on(pod, pod.node_name, routes)
+        feasible: list[str] = []
+        evaluated = 0
+        reasons: Counter[str] = Counter()
+        candidates, resource, need = self._candidates(pod, routes)
+        for name in candidates:
+            record = self.nodes[name]
+            evaluated += 1
+            status = self._check(record, pod, routes)
+            if status.ok:
+                feasible.append(name)
+                if len(feasible) >= self.sample:
+                    break
+            else:
+                reasons[status.message] += 1
+        if not feasible:
+            skipped = len(self.nodes) - evaluated
+            if skipped:
+                reasons[f"Insufficient {resource}"] += skipped
+            code = Code.UNRESOLVABLE if not reasons else Code.UNSCHEDULABLE
+            return Decision(pod.key, False, reason=summarize_reasons(len(self.nodes), reasons), code=code)
+        best = max(feasible, key=lambda n: self._score(self.nodes[n], pod, routes)) if len(feasible) > 1 else feasible[0]
+        return self.reserve(pod, best)
+
+    def _check(self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]) -> Status:
+        reason = self._basic_fit(record, pod, routes.get(""))
+        if reason is not None:
+            return Status.unschedulable(reason)
+        return self._device_fit(record, pod, routes)
+
+    def _schedule_on(self, pod: PodRequest, name: str, routes: dict[str, list[str]]) -> Decision:
+        record = self.nodes.get(name)
+        if record is None:
+            return Decision(pod.key, False, reason=f"node {name} is unknown", code=Code.UNRESOLVABLE)
+        status = self._check(record, pod, routes)
+        if not status.ok:
+            return Decision(pod.key, False, reason=summarize_reasons(1, Counter({status.message: 1})),
+                            code=status.code)
+        return self.reserve(pod, name)
+
+    # -- reserve, assume, release --------------------------------------------------------------------------------
+
+    def reserve(self, pod: PodRequest, name: str) -> Decision:
+        """Allocate and take the pod's devices on one node, atomically (all plugins or none)."""
+        record = self.nodes.get(name)
+        if record is None:
+            return Decision(pod.key, False, reason=f"node {name} is unknown", code=Code.UNRESOLVABLE)
+        routes = self._route(pod)
+        status = self._check(record, pod, routes)
+        if not status.ok:
+            return Decision(pod.key, False, reason=status.message, code=status.code)
+        parts: dict[str, PluginAllocation] = {}
+        for plugin in routes:
+            if not plugin:
+                continue
+            try:
+                allocation = self.plugins.call(
+                    plugin, "kubegpu_scheduler_allocate", state=record.states[plugin], pod=pod
+                )
+            except PluginHookError as exc:
+                return Decision(pod.key, False, reason=str(exc), code=Code.ERROR)
+            if allocation is None:
+                return Decision(pod.key, False, reason=f"plugin {plugin!r} could not allocate devices on {name}",
+                                code=Code.UNSCHEDULABLE)
+            parts[plugin] = allocation
+        status = self._take(record, pod, parts)
+        if not status.ok:
+            return Decision(pod.key, False, reason=status.message, code=status.code)
+        annotations: dict[str, str] = {}
+        allocation_record: AllocationRecord | None = None
+        if parts:
+            allocation_record = merge_allocations(name, pod.uid, list(parts.values()))
+            if self.signing_key is not None:
+                allocation_record = sign_allocation(allocation_record, self.signing_key)
+            for part in parts.values():
+                annotations.update(part.annotations)
+            annotations[ALLOCATION_KEY] = encode_allocation(allocation_record)
+        self._place(record, PodRecord(pod, name, parts, allocation_record, annotations))
+        return Decision(pod.key, True, node=name, allocation=allocation_record, annotations=annotations)
+
+    def assume(self, pod: PodRequest, name: str, allocation: AllocationRecord | None) -> Status:
+        """Record a pod that is already bound (restart, or a pod bound by someone else) with its allocation.
+
+        The allocation's devices are split by owning plugin and taken; a device that is unknown or already held is
+        refused with a reason, and nothing is taken.
+        """
+        if pod.key in self.pods:
+            return Status.error(f"pod {pod.key} already holds resources")
+        record = self.nodes.get(name)
+        if record is None:
+            return Status.error(f"node {name} is unknown")
+        parts = self._split(allocation) if allocation is not None else {}
+        status = self._take(record, pod, parts)
+        if not status.ok:
+            return status
+        self._place(record, PodRecord(pod, name, parts, allocation, {}))
+        return Status.success()
+
+    def _split(self, allocation: AllocationRecord) -> dict[str, PluginAllocation]:
+        parts: dict[str, PluginAllocation] = {}
+        for container, resources in allocation.containers.items():
+            for resource, ids in resources.items():
+                plugin = self.plugins.owner_of(resource) or ""
+                part = parts.get(plugin)
+                if part is None:
+                    part = parts[plugin] = PluginAllocation(
+                        plugin=plugin, fields=dict(allocation.plugins.get(plugin, {}))
+                    )
+                part.containers.setdefault(container, {})[resource] = list(ids)
+                share = allocation.shares.get(container, {}).get(resource)
+                if share is not None:
+                    part.shares.setdefault(container, {})[resource] = dict(share)
+        return parts
+
+    def _take(self, record: NodeRecord, pod: PodRequest, parts: dict[str, PluginAllocation]) -> Status:
+        taken: list[str] = []
+        for plugin, part in parts.items():
+            state = record.states.get(plugin) if plugin else None
+            if state is None:
+                status = Status.error(f"node {record.name} has no devices for plugin {plugin or '(none)'!r}")
+            else:
+                try:
+                    status = self.plugins.call(
+                        plugin, "kubegpu_scheduler_take", state=state, pod_key=pod.key, allocation=part
+                    ) or Status.error(f"plugin {plugin!r} gave no answer to kubegpu_scheduler_take")
+                except PluginHookError as exc:
+                    status = Status.error(str(exc), plugin=plugin)
+            if not status.ok:
+                for done in taken:
+                    self._release_part(record, done, pod.key, parts[done])
+                return status
+            taken.append(plugin)
+        return Status.success()
+
+    def _release_part(self, record: NodeRecord, plugin: str, key: str, part: PluginAllocation) -> None:
+        try:
+            status = self.plugins.call(
+                plugin, "kubegpu_scheduler_release", state=record.states[plugin], pod_key=key, allocation=part
+            )
+        except PluginHookError as exc:
+            log.error("releasing %s on %s: %s", key, record.name, exc)
+            return
+        if status is not None and not status.ok:
+            log.error("releasing %s on %s: %s", key, record.name, status.message)
+
+    def _charge(self, record: NodeRecord, pod: PodRequest, sign: int) -> None:
+        used = record.used
+        used["pods"] += sign
+        used["cpu"] += sign * pod.cpu_milli
+        used["memory"] += sign * pod.memory
+        for resource in self._route(pod).get("", ()):
+            used[resource] += sign * pod.total(resource)
+
+    def _place(self, record: NodeRecord, pod_record: PodRecord) -> None:
+        key = pod_record.request.key
+        self.pods[key] = pod_record
+        record.pods[key] = None
+        self._charge(record, pod_record.request, +1)
+        self._refresh(record)
+
+    def release(self, key: str) -> PodRecord | None:
+        """Forget a pod (deleted, finished, or its binding rolled back) and return exactly what it held."""
+        pod_record = self.pods.pop(key, None)
+        if pod_record is None:
+            return None
+        record = self.nodes.get(pod_record.node)
+        if record is None:
+            return pod_record
+        for plugin, part in pod_record.parts.items():
+            if plugin in record.states:
+                self._release_part(record, plugin, key, part)
+        record.pods.pop(key, None)
+        self._charge(record, pod_record.request, -1)
+        self._refresh(record)
+        return pod_record
+
+    # -- reporting -----------------------------------------------------------------------------------------------
+
+    def describe(self, name: str) -> list[Occupancy]:
+        record = self.nodes[name]
+        pictures: list[Occupancy] = []
+        for plugin, state in record.states.items():
+            try:
+                pictures.extend(self.plugins.call(plugin, "kubegpu_scheduler_describe", state=state) or [])
+            except PluginHookError as exc:
+                log.error("node %s: %s", name, exc)
+        return pictures
+
+    def holders(self, name: str) -> Iterable[str]:
+        return list(self.nodes[name].pods)

@@ -1,0 +1,153 @@
+"""The engine's own behaviour, with a toy plugin: what a user of any device family would notice."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, verify_allocation
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.testing import make_node, make_pod
+from kubegpu.scheduler.engine import Engine, summarize_reasons
+from . import toy_plugin as toy
+
+CARD = toy.RESOURCE
+
+
+@pytest.fixture(autouse=True)
+def _unbreak() -> Iterator[None]:
+    toy.BROKEN_HOOKS.clear()
+    yield
+    toy.BROKEN_HOOKS.clear()
+
+
+def engine(policy: str = "binpack", **kwargs: object) -> Engine:
+    pm = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
+    return Engine(pm, policy=policy, **kwargs)  # type: ignore[arg-type]
+
+
+def toy_node(name: str, cards: int, **kwargs: object) -> object:
+    labels = {"toy.example/cards": str(cards)} if cards else {}
+    labels.update(kwargs.pop("labels", {}))  # type: ignore[arg-type]
+    return make_node(name, labels=labels, **kwargs)  # type: ignore[arg-type]
+
+
+def test_places_devices_and_writes_the_allocation_annotation() -> None:
+    e = engine()
+    e.add_node(toy_node("n1", 4))  # type: ignore[arg-type]
+    decision = e.schedule(make_pod("p", {"main": {CARD: 2}}))
+    assert decision.scheduled and decision.node == "n1"
+    record = decode_allocation(decision.annotations[ALLOCATION_KEY])
+    assert record.node == "n1" and record.containers == {"main": {CARD: ["0", "1"]}}
+    assert decision.annotations["toy.example/seen"] == "yes"
+
+
+def test_signed_allocations_verify_with_the_same_key_only() -> None:
+    e = engine(signing_key=b"secret")
+    e.add_node(toy_node("n1", 4))  # type: ignore[arg-type]
+    record = decode_allocation(e.schedule(make_pod("p", {"main": {CARD: 1}})).annotations[ALLOCATION_KEY])
+    assert verify_allocation(record, b"secret")
+    assert not verify_allocation(record, b"other")
+
+
+def test_reasons_are_aggregated_like_kube_scheduler() -> None:
+    e = engine()
+    e.add_node(toy_node("full", 1))  # type: ignore[arg-type]
+    e.add_node(toy_node("cpu-only", 0))  # type: ignore[arg-type]
+    e.add_node(toy_node("tainted", 4, taints=[{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]))  # type: ignore[arg-type]
+    assert e.schedule(make_pod("a", {"main": {CARD: 1}})).node == "full"
+    decision = e.schedule(make_pod("b", {"main": {CARD: 1}}))
+    assert not decision.scheduled
+    assert decision.reason == (
+        "0/3 nodes are available: 1 node(s) had taint {dedicated: infra}, that the pod didn't tolerate, "
+        f"2 Insufficient {CARD}."
+    )
+
+
+def test_tolerations_node_selector_and_cpu_are_filters() -> None:
+    e = engine()
+    e.add_node(toy_node("gpu", 2, labels={"pool": "a"}, taints=[{"key": "gpu", "effect": "NoSchedule"}]))  # type: ignore[arg-type]
+    tolerant = make_pod("t", {"main": {CARD: 1}}, tolerations=[{"key": "gpu", "operator": "Exists"}],
+                        node_selector={"pool": "a"})
+    assert e.schedule(tolerant).scheduled
+    wrong_pool = make_pod("w", {"main": {CARD: 1}}, tolerations=[{"operator": "Exists"}], node_selector={"pool": "b"})
+    assert e.schedule(wrong_pool).reason == "0/1 nodes are available: 1 node(s) didn't match node selector."
+    hungry = make_pod("h", {"main": {"cpu": "500"}}, tolerations=[{"operator": "Exists"}])
+    assert e.schedule(hungry).reason == "0/1 nodes are available: 1 Insufficient cpu."
+
+
+@pytest.mark.parametrize("policy", ["binpack", "spread"])
+def test_policy_prefers_busy_or_idle_nodes(policy: str) -> None:
+    e = engine(policy)
+    e.add_node(toy_node("a", 4))  # type: ignore[arg-type]
+    e.add_node(toy_node("b", 4))  # type: ignore[arg-type]
+    seed = e.schedule(make_pod("seed", {"main": {CARD: 1}}, node_selector={}))
+    busy = seed.node
+    idle = "b" if busy == "a" else "a"
+    decision = e.schedule(make_pod("next", {"main": {CARD: 1}}))
+    assert decision.node == (busy if policy == "binpack" else idle)
+
+
+def test_delete_releases_exactly_what_was_taken() -> None:
+    e = engine()
+    e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
+    assert e.schedule(make_pod("a", {"main": {CARD: 2}})).scheduled
+    assert not e.schedule(make_pod("b", {"main": {CARD: 1}})).scheduled
+    released = e.release("default/a")
+    assert released is not None and released.allocation is not None
+    assert released.allocation.containers == {"main": {CARD: ["0", "1"]}}
+    assert e.schedule(make_pod("b", {"main": {CARD: 2}})).scheduled
+    assert e.release("default/missing") is None
+
+
+def test_assume_refuses_a_device_already_held() -> None:
+    e = engine()
+    e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
+    first = e.schedule(make_pod("a", {"main": {CARD: 1}}))
+    assert first.allocation is not None
+    copy = first.allocation.model_copy(update={"podUID": "other"})
+    status = e.assume(make_pod("b", {"main": {CARD: 1}}), "n1", copy)
+    assert not status.ok and "already held by default/a" in status.message
+    assert "default/b" not in e.pods
+
+
+def test_a_plugin_raising_in_fit_names_the_plugin_and_the_engine_survives() -> None:
+    e = engine()
+    e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
+    toy.BROKEN_HOOKS.add("fit")
+    decision = e.schedule(make_pod("a", {"main": {CARD: 1}}))
+    assert not decision.scheduled
+    assert "plugin 'toy' failed in kubegpu_scheduler_fit: RuntimeError: toy fit exploded" in (decision.reason or "")
+    toy.BROKEN_HOOKS.clear()
+    assert e.schedule(make_pod("plain", {"main": {"cpu": "1"}})).scheduled
+    assert e.schedule(make_pod("a", {"main": {CARD: 1}})).scheduled
+
+
+def test_a_failing_take_rolls_back_and_holds_nothing() -> None:
+    e = engine()
+    e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
+    toy.BROKEN_HOOKS.add("take")
+    decision = e.schedule(make_pod("a", {"main": {CARD: 1}}))
+    assert not decision.scheduled and "toy take exploded" in (decision.reason or "")
+    assert e.pods == {} and e.nodes["n1"].used["pods"] == 0
+
+
+def test_validate_refusal_is_the_reason() -> None:
+    e = engine()
+    e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
+    decision = e.schedule(make_pod("a", {"main": {CARD: 1}}, annotations={"toy.example/refuse": "1"}))
+    assert decision.reason == "toy requests marked refuse are refused"
+
+
+def test_node_update_keeps_the_pods_it_holds() -> None:
+    e = engine()
+    e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
+    assert e.schedule(make_pod("a", {"main": {CARD: 2}})).scheduled
+    e.add_node(toy_node("n1", 3))  # type: ignore[arg-type]
+    assert e.schedule(make_pod("b", {"main": {CARD: 1}})).allocation.containers == {"main": {CARD: ["2"]}}  # type: ignore[union-attr]
+    assert not e.schedule(make_pod("c", {"main": {CARD: 1}})).scheduled
+
+
+def test_summary_without_reasons() -> None:
+    assert summarize_reasons(0, __import__("collections").Counter()) == "0/0 nodes are available."
