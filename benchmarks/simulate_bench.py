@@ -31,15 +31,30 @@ def cluster(count: int) -> list[dict[str, object]]:
     for i in range(count):
         kind = i % 4
         if kind == 0:
-            nodes.append(node(f"trn1-{i}", {"node.kubernetes.io/instance-type": "trn1.32xlarge"},
-                              {"aws.amazon.com/neurondevice": "16", "aws.amazon.com/neuroncore": "32"}))
+            nodes.append(
+                node(
+                    f"trn1-{i}",
+                    {"node.kubernetes.io/instance-type": "trn1.32xlarge"},
+                    {"aws.amazon.com/neurondevice": "16", "aws.amazon.com/neuroncore": "32"},
+                )
+            )
         elif kind == 1:
-            nodes.append(node(f"inf2-{i}", {"node.kubernetes.io/instance-type": "inf2.48xlarge"},
-                              {"aws.amazon.com/neuron": "12", "aws.amazon.com/neuroncore": "24"}))
+            nodes.append(
+                node(
+                    f"inf2-{i}",
+                    {"node.kubernetes.io/instance-type": "inf2.48xlarge"},
+                    {"aws.amazon.com/neuron": "12", "aws.amazon.com/neuroncore": "24"},
+                )
+            )
         elif kind == 2:
             cards = 2 if (i // 4) % 2 else 4
-            nodes.append(node(f"intel-{i}", {"gpu.intel.com/cards": ".".join(f"card{c}" for c in range(cards))},
-                              {"gpu.intel.com/i915": str(4 * cards), "gpu.intel.com/memory.max": f"{8 * cards}G"}))
+            nodes.append(
+                node(
+                    f"intel-{i}",
+                    {"gpu.intel.com/cards": ".".join(f"card{c}" for c in range(cards))},
+                    {"gpu.intel.com/i915": str(4 * cards), "gpu.intel.com/memory.max": f"{8 * cards}G"},
+                )
+            )
         else:
             p4d = (i // 4) % 2 == 0
             labels = {
@@ -120,8 +135,10 @@ def main() -> int:
         by_event[event["event"]] = by_event.get(event["event"], 0) + 1
     whole = args.pods / wall
     print(f"kubegpu simulate --json: {args.nodes} nodes, {args.pods} pod documents ({by_event})")
-    print(f"  whole process:   {wall:.2f} s  ->  {whole:.0f} pods/s  (goal {GOAL_PODS_PER_SECOND}: "
-          f"{whole / GOAL_PODS_PER_SECOND:.2f}x)")
+    print(
+        f"  whole process:   {wall:.2f} s  ->  {whole:.0f} pods/s  (goal {GOAL_PODS_PER_SECOND}: "
+        f"{whole / GOAL_PODS_PER_SECOND:.2f}x)"
+    )
     print(f"  engine only:     {stats['seconds']:.2f} s  ->  {stats['pods_per_second']:.0f} pods/s")
     print(f"  decision latency p50 {stats['p50_ms']:.3f} ms, p99 {stats['p99_ms']:.3f} ms")
     print(f"  peak memory      {stats['peak_rss_mib']:.0f} MiB")

@@ -55,7 +55,7 @@ class AllocationRecord(BaseModel):
 
     version: Literal[1]
     node: str = Field(min_length=1)
-    podUID: str = Field(min_length=1)  # noqa: N815 - the JSON field name is the contract
+    podUID: str = Field(min_length=1)
     containers: dict[str, dict[str, list[str]]]
     shares: dict[str, dict[str, dict[str, int]]] = Field(default_factory=dict)
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -82,9 +82,7 @@ def merge_allocations(node: str, pod_uid: str, parts: list[PluginAllocation]) ->
             shares.setdefault(container, {}).update(by_resource)
         if part.fields:
             plugins[part.plugin] = part.fields
-    return AllocationRecord(
-        version=1, node=node, podUID=pod_uid, containers=containers, shares=shares, plugins=plugins
-    )
+    return AllocationRecord(version=1, node=node, podUID=pod_uid, containers=containers, shares=shares, plugins=plugins)
 
 
 def encode_allocation(record: AllocationRecord) -> str:

@@ -53,7 +53,7 @@ class _Meta(_Model):
     uid: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
-    deletionTimestamp: str | None = None  # noqa: N815
+    deletionTimestamp: str | None = None
 
 
 class _Resources(_Model):
@@ -75,11 +75,11 @@ class _Toleration(_Model):
 
 class _PodSpec(_Model):
     containers: list[_Container] = Field(min_length=1)
-    initContainers: list[_Container] = Field(default_factory=list)  # noqa: N815
-    nodeSelector: dict[str, str] = Field(default_factory=dict)  # noqa: N815
+    initContainers: list[_Container] = Field(default_factory=list)
+    nodeSelector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[_Toleration] = Field(default_factory=list)
-    schedulerName: str = "default-scheduler"  # noqa: N815
-    nodeName: str | None = None  # noqa: N815
+    schedulerName: str = "default-scheduler"
+    nodeName: str | None = None
 
 
 class _PodStatus(_Model):
@@ -160,9 +160,7 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
     containers = tuple(_container_request(c) for c in pod.spec.containers)
     init = [_container_request(c) for c in pod.spec.initContainers]
     cpu = max([sum(c.resources.get("cpu", 0) for c in containers)] + [c.resources.get("cpu", 0) for c in init])
-    memory = max(
-        [sum(c.resources.get("memory", 0) for c in containers)] + [c.resources.get("memory", 0) for c in init]
-    )
+    memory = max([sum(c.resources.get("memory", 0) for c in containers)] + [c.resources.get("memory", 0) for c in init])
     meta = pod.metadata
     request = PodRequest(
         namespace=meta.namespace,

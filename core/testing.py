@@ -104,8 +104,9 @@ def make_node(name: str = "node-0", **kwargs: Any) -> NodeInfo:
     return node_info(node_manifest(name, **kwargs))
 
 
-def make_pod(name: str = "pod-0", containers: Mapping[str, Mapping[str, str | int]] | None = None,
-             **kwargs: Any) -> PodRequest:
+def make_pod(
+    name: str = "pod-0", containers: Mapping[str, Mapping[str, str | int]] | None = None, **kwargs: Any
+) -> PodRequest:
     """`pod_manifest(...)` parsed into the `PodRequest` plugins receive."""
     request, _ = pod_request(pod_manifest(name, containers, **kwargs))
     return request

@@ -47,9 +47,7 @@ def _plugins_list(args: argparse.Namespace) -> int:
     if args.json:
         document = {
             "plugins": list(rows.values()),
-            "failures": [
-                {"name": f.name, "side": f.side, "stage": f.stage, "error": f.error} for f in failures
-            ],
+            "failures": [{"name": f.name, "side": f.side, "stage": f.stage, "error": f.error} for f in failures],
         }
         print(json.dumps(document, indent=2))
     else:
@@ -91,8 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_parser(sub)
 
     for name, what in PLANNED.items():
-        planned = sub.add_parser(name, help=f"{what} (not part of this release yet)", description=f"{what}: "
-                                 "not part of this release yet; the command exits with status 2.")
+        planned = sub.add_parser(
+            name,
+            help=f"{what} (not part of this release yet)",
+            description=f"{what}: not part of this release yet; the command exits with status 2.",
+        )
         planned.set_defaults(func=lambda _args, _name=name: _planned(_name))
     return parser
 

@@ -278,8 +278,8 @@ class Engine:
             return Status.unschedulable(reason)
         return self._device_fit(record, pod, routes)
 
-    def _candidates(self, pod: PodRequest, routes: dict[str, list[str]]) -> tuple[Iterator[str], str, int]:
-        """Nodes worth filtering, in policy order, and the resource and amount the index selected them by."""
+    def _candidates(self, pod: PodRequest, routes: dict[str, list[str]]) -> tuple[Iterator[str], str]:
+        """Nodes worth filtering, in policy order, and the resource the capacity index selected them by."""
         ascending = self.policy == "binpack"
         for plugin, resources in routes.items():
             if plugin:
@@ -287,9 +287,9 @@ class Engine:
                 need = max(c.resources.get(resource, 0) for c in pod.containers)
                 index = self._index.get(resource)
                 if index is None:
-                    return iter(()), resource, need
-                return index.at_least(need, ascending=ascending), resource, need
-        return self._index[CPU_INDEX].at_least(pod.cpu_milli, ascending=ascending), "cpu", pod.cpu_milli
+                    return iter(()), resource
+                return index.at_least(need, ascending=ascending), resource
+        return self._index[CPU_INDEX].at_least(pod.cpu_milli, ascending=ascending), "cpu"
 
     def _score(self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]) -> float:
         device_scores: list[float] = []
@@ -320,8 +320,9 @@ class Engine:
     def schedule(self, pod: PodRequest) -> Decision:
         """Run one full cycle for a pod and, when a node fits, reserve its devices there."""
         if pod.key in self.pods:
-            return Decision(pod.key, False, reason=f"pod {pod.key} already holds resources on a node",
-                            code=Code.UNRESOLVABLE)
+            return Decision(
+                pod.key, False, reason=f"pod {pod.key} already holds resources on a node", code=Code.UNRESOLVABLE
+            )
         routes = self._route(pod)
         status = self._validate(pod, routes)
         if not status.ok:
@@ -331,7 +332,7 @@ class Engine:
         feasible: list[str] = []
         evaluated = 0
         reasons: Counter[str] = Counter()
-        candidates, resource, need = self._candidates(pod, routes)
+        candidates, resource = self._candidates(pod, routes)
         for name in candidates:
             record = self.nodes[name]
             evaluated += 1
@@ -348,7 +349,9 @@ class Engine:
                 reasons[f"Insufficient {resource}"] += skipped
             code = Code.UNRESOLVABLE if not reasons else Code.UNSCHEDULABLE
             return Decision(pod.key, False, reason=summarize_reasons(len(self.nodes), reasons), code=code)
-        best = max(feasible, key=lambda n: self._score(self.nodes[n], pod, routes)) if len(feasible) > 1 else feasible[0]
+        best = (
+            max(feasible, key=lambda n: self._score(self.nodes[n], pod, routes)) if len(feasible) > 1 else feasible[0]
+        )
         return self.reserve(pod, best)
 
     def _check(self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]) -> Status:
@@ -363,8 +366,7 @@ class Engine:
             return Decision(pod.key, False, reason=f"node {name} is unknown", code=Code.UNRESOLVABLE)
         status = self._check(record, pod, routes)
         if not status.ok:
-            return Decision(pod.key, False, reason=summarize_reasons(1, Counter({status.message: 1})),
-                            code=status.code)
+            return Decision(pod.key, False, reason=summarize_reasons(1, Counter({status.message: 1})), code=status.code)
         return self.reserve(pod, name)
 
     # -- reserve, assume, release --------------------------------------------------------------------------------
@@ -389,8 +391,12 @@ class Engine:
             except PluginHookError as exc:
                 return Decision(pod.key, False, reason=str(exc), code=Code.ERROR)
             if allocation is None:
-                return Decision(pod.key, False, reason=f"plugin {plugin!r} could not allocate devices on {name}",
-                                code=Code.UNSCHEDULABLE)
+                return Decision(
+                    pod.key,
+                    False,
+                    reason=f"plugin {plugin!r} could not allocate devices on {name}",
+                    code=Code.UNSCHEDULABLE,
+                )
             parts[plugin] = allocation
         status = self._take(record, pod, parts)
         if not status.ok:

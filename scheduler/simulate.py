@@ -203,8 +203,10 @@ def _draw(picture: Occupancy) -> list[str]:
 def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed: float) -> None:
     write = out.write
     placed = [e for e in events if e["event"] == "scheduled"]
-    write(f"kubegpu simulate: {len(engine.nodes)} nodes, {len(events)} pod documents, "
-          f"policy {engine.policy}, {elapsed:.2f}s\n\n")
+    write(
+        f"kubegpu simulate: {len(engine.nodes)} nodes, {len(events)} pod documents, "
+        f"policy {engine.policy}, {elapsed:.2f}s\n\n"
+    )
     write("PLACEMENTS\n")
     write(f"  {'POD':40} {'EVENT':14} {'NODE':24} DEVICES\n")
     for e in events:
@@ -235,13 +237,17 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
     if len(busy) > shown:
         write(f"  ... {len(busy) - shown} more nodes with devices not drawn (use --json for every placement)\n")
     write("\nSUMMARY\n")
-    write(f"  scheduled {len(placed)}, unschedulable {sum(1 for e in events if e['event'] == 'unschedulable')}, "
-          f"deleted {sum(1 for e in events if e['event'] == 'deleted')}\n")
+    write(
+        f"  scheduled {len(placed)}, unschedulable {sum(1 for e in events if e['event'] == 'unschedulable')}, "
+        f"deleted {sum(1 for e in events if e['event'] == 'deleted')}\n"
+    )
     for family, tally in sorted(families.items()):
         total = tally["total"] or 1
-        write(f"  {family}: {tally['used']}/{tally['total']} devices in use ({100 * tally['used'] / total:.0f}%), "
-              f"{tally['free']} free, {fragmentation[family]} stranded (free but outside the largest request that "
-              "still fits its node)\n")
+        write(
+            f"  {family}: {tally['used']}/{tally['total']} devices in use ({100 * tally['used'] / total:.0f}%), "
+            f"{tally['free']} free, {fragmentation[family]} stranded (free but outside the largest request that "
+            "still fits its node)\n"
+        )
     reasons = Counter(e["reason"] for e in events if e["event"] == "unschedulable")
     if reasons:
         write("  unschedulable pods by reason:\n")
@@ -289,15 +295,17 @@ def run(args: argparse.Namespace) -> int:
     if args.stats:
         peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         print(
-            orjson.dumps({
-                "nodes": len(nodes),
-                "pod_documents": len(pods),
-                "seconds": round(elapsed, 4),
-                "pods_per_second": round(len(pods) / elapsed, 1) if elapsed else None,
-                "p50_ms": round(_percentile(latencies, 0.50) * 1000, 4),
-                "p99_ms": round(_percentile(latencies, 0.99) * 1000, 4),
-                "peak_rss_mib": round(peak_kib / 1024, 1),
-            }).decode(),
+            orjson.dumps(
+                {
+                    "nodes": len(nodes),
+                    "pod_documents": len(pods),
+                    "seconds": round(elapsed, 4),
+                    "pods_per_second": round(len(pods) / elapsed, 1) if elapsed else None,
+                    "p50_ms": round(_percentile(latencies, 0.50) * 1000, 4),
+                    "p99_ms": round(_percentile(latencies, 0.99) * 1000, 4),
+                    "peak_rss_mib": round(peak_kib / 1024, 1),
+                }
+            ).decode(),
             file=sys.stderr,
         )
     return 0

@@ -18,7 +18,18 @@ ROOT = Path(__file__).resolve().parents[1]
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
     )
@@ -44,26 +55,51 @@ def test_a_fresh_virtualenv_lists_the_builtin_plugins(wheel: Path, tmp_path: Pat
     python = venv / "bin" / "python"
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     # The dependencies come from the test environment (no network); kubegpu itself only from the wheel.
     deps = sysconfig.get_paths()["purelib"]
     (Path(purelib) / "deps.pth").write_text(deps + "\n")
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-         "--target", purelib, str(wheel)],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            purelib,
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
     )
     result = subprocess.run(
-        [python, "-I", "-c", "import kubegpu.cli as c, sys; sys.argv=['kubegpu','plugins','list','--json'];"
-         "print(c.__file__, file=sys.stderr); raise SystemExit(c.main())"],
-        check=True, capture_output=True, text=True, cwd=tmp_path,
+        [
+            python,
+            "-I",
+            "-c",
+            "import kubegpu.cli as c, sys; sys.argv=['kubegpu','plugins','list','--json'];"
+            "print(c.__file__, file=sys.stderr); raise SystemExit(c.main())",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert result.stderr.strip().startswith(purelib), "kubegpu must come from the fresh install"
     listing = {p["name"]: p for p in json.loads(result.stdout)["plugins"]}
     assert {"neuron", "intel-gas", "nvidia"} <= set(listing)
     assert listing["neuron"]["resources"] == [
-        "aws.amazon.com/neuron", "aws.amazon.com/neurondevice", "aws.amazon.com/neuroncore"]
+        "aws.amazon.com/neuron",
+        "aws.amazon.com/neurondevice",
+        "aws.amazon.com/neuroncore",
+    ]
     assert listing["intel-gas"]["resources"] == ["gpu.intel.com/*"]
     assert listing["nvidia"]["resources"] == ["nvidia.com/gpu"]
     for module in ("core", "plugins", "scheduler", "crishim"):

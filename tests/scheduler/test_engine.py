@@ -10,6 +10,7 @@ from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, verify_a
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node, make_pod
 from kubegpu.scheduler.engine import Engine, summarize_reasons
+
 from . import toy_plugin as toy
 
 CARD = toy.RESOURCE
@@ -68,8 +69,9 @@ def test_reasons_are_aggregated_like_kube_scheduler() -> None:
 def test_tolerations_node_selector_and_cpu_are_filters() -> None:
     e = engine()
     e.add_node(toy_node("gpu", 2, labels={"pool": "a"}, taints=[{"key": "gpu", "effect": "NoSchedule"}]))  # type: ignore[arg-type]
-    tolerant = make_pod("t", {"main": {CARD: 1}}, tolerations=[{"key": "gpu", "operator": "Exists"}],
-                        node_selector={"pool": "a"})
+    tolerant = make_pod(
+        "t", {"main": {CARD: 1}}, tolerations=[{"key": "gpu", "operator": "Exists"}], node_selector={"pool": "a"}
+    )
     assert e.schedule(tolerant).scheduled
     wrong_pool = make_pod("w", {"main": {CARD: 1}}, tolerations=[{"operator": "Exists"}], node_selector={"pool": "b"})
     assert e.schedule(wrong_pool).reason == "0/1 nodes are available: 1 node(s) didn't match node selector."

@@ -22,18 +22,33 @@ from kubegpu.scheduler.engine import Engine
 NODE_KINDS = {
     "trn1": dict(labels={"node.kubernetes.io/instance-type": "trn1.32xlarge"}),
     "inf2": dict(labels={"node.kubernetes.io/instance-type": "inf2.24xlarge"}),
-    "intel2": dict(labels={"gpu.intel.com/cards": "card0.card1"},
-                   allocatable={"gpu.intel.com/i915": "4", "gpu.intel.com/memory.max": "16G"}),
-    "p3": dict(labels={"node.kubernetes.io/instance-type": "p3.16xlarge", "nvidia.com/gpu.count": "8",
-                       "nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB", "nvidia.com/gpu.memory": "16160"},
-               allocatable={"nvidia.com/gpu": "8"}),
+    "intel2": dict(
+        labels={"gpu.intel.com/cards": "card0.card1"},
+        allocatable={"gpu.intel.com/i915": "4", "gpu.intel.com/memory.max": "16G"},
+    ),
+    "p3": dict(
+        labels={
+            "node.kubernetes.io/instance-type": "p3.16xlarge",
+            "nvidia.com/gpu.count": "8",
+            "nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB",
+            "nvidia.com/gpu.memory": "16160",
+        },
+        allocatable={"nvidia.com/gpu": "8"},
+    ),
 }
 SHAPES = [
-    {"aws.amazon.com/neurondevice": 1}, {"aws.amazon.com/neurondevice": 4}, {"aws.amazon.com/neurondevice": 8},
-    {"aws.amazon.com/neurondevice": 3}, {"aws.amazon.com/neuron": 2}, {"aws.amazon.com/neuroncore": 1},
-    {"aws.amazon.com/neuroncore": 3}, {"gpu.intel.com/i915": 1, "gpu.intel.com/memory.max": "5G"},
-    {"gpu.intel.com/i915": 2, "gpu.intel.com/memory.max": "6G"}, {"nvidia.com/gpu": 1},
-    {"nvidia.com/gpu": 2}, {"nvidia.com/gpu": 4},
+    {"aws.amazon.com/neurondevice": 1},
+    {"aws.amazon.com/neurondevice": 4},
+    {"aws.amazon.com/neurondevice": 8},
+    {"aws.amazon.com/neurondevice": 3},
+    {"aws.amazon.com/neuron": 2},
+    {"aws.amazon.com/neuroncore": 1},
+    {"aws.amazon.com/neuroncore": 3},
+    {"gpu.intel.com/i915": 1, "gpu.intel.com/memory.max": "5G"},
+    {"gpu.intel.com/i915": 2, "gpu.intel.com/memory.max": "6G"},
+    {"nvidia.com/gpu": 1},
+    {"nvidia.com/gpu": 2},
+    {"nvidia.com/gpu": 4},
 ]
 TORUS_SETS = {1: 16, 4: 4, 8: 2, 16: 1}
 

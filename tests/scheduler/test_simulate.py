@@ -32,9 +32,13 @@ def test_neuron_example(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     pods = by_pod(events)
     assert pods["ml/train-8"]["devices"]["trainer"]["aws.amazon.com/neurondevice"] in (
-        [str(i) for i in range(8)], [str(i) for i in range(8, 16)])
-    assert "Instance type trn1.32xlarge does not support requests for device: 7. Please request a different " \
-           "number of devices." in pods["ml/train-7"]["reason"]
+        [str(i) for i in range(8)],
+        [str(i) for i in range(8, 16)],
+    )
+    assert (
+        "Instance type trn1.32xlarge does not support requests for device: 7. Please request a different "
+        "number of devices." in pods["ml/train-7"]["reason"]
+    )
     assert pods["ml/train-7"]["event"] == "unschedulable"
     three = [int(i) for i in pods["ml/infer-3"]["devices"]["server"]["aws.amazon.com/neuron"]]
     assert three == list(range(three[0], three[0] + 3))
@@ -48,7 +52,7 @@ def test_intel_example_follows_the_gas_seed(capsys: pytest.CaptureFixture[str]) 
     cards = {pods[f"default/media-{i}"]["annotations"]["gas-container-cards"] for i in (1, 2)}
     assert cards == {"card0", "card1"}
     third = pods["default/media-3"]
-    assert third["event"] == "unschedulable" and "per card" in third["reason"].lower() or "card" in third["reason"]
+    assert (third["event"] == "unschedulable" and "per card" in third["reason"].lower()) or "card" in third["reason"]
     assert int(pods["default/media-wide"]["annotations"]["gas-ts"]) > 0
 
 
@@ -92,8 +96,11 @@ def test_deletion_releases_devices_for_a_later_pod(tmp_path: Path, capsys: pytes
 
 def _documents() -> list[dict[str, Any]]:
     return [
-        node_manifest("gpu", labels={"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "T4"},
-                      allocatable={"nvidia.com/gpu": 2}),
+        node_manifest(
+            "gpu",
+            labels={"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "T4"},
+            allocatable={"nvidia.com/gpu": 2},
+        ),
         pod_manifest("a", {"main": {"nvidia.com/gpu": 1}}),
         pod_manifest("b", {"main": {"nvidia.com/gpu": 2}}),
     ]
@@ -121,17 +128,23 @@ def test_input_formats_give_the_same_result(form: str, tmp_path: Path, capsys: p
     code, events, _ = simulate(capsys, *map(str, files))
     assert code == 0
     assert [(e["pod"], e["event"], e["node"]) for e in events] == [
-        ("default/a", "scheduled", "gpu"), ("default/b", "unschedulable", None)]
+        ("default/a", "scheduled", "gpu"),
+        ("default/b", "unschedulable", None),
+    ]
     assert events[1]["reason"] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
 
 
 @pytest.mark.parametrize(
     ("document", "message"),
     [
-        (pod_manifest("neg", {"main": {"nvidia.com/gpu": "-1"}}),
-         "#2: Pod.spec.containers[0].resources.limits.nvidia.com/gpu: Value error, '-1' is negative"),
-        ({"kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": []}},
-         "#2: Pod.spec.containers: List should have at least 1 item"),
+        (
+            pod_manifest("neg", {"main": {"nvidia.com/gpu": "-1"}}),
+            "#2: Pod.spec.containers[0].resources.limits.nvidia.com/gpu: Value error, '-1' is negative",
+        ),
+        (
+            {"kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": []}},
+            "#2: Pod.spec.containers: List should have at least 1 item",
+        ),
         ({"kind": "Service", "metadata": {"name": "x"}}, "#2: kind: expected Node, Pod or List, got 'Service'"),
         (pod_manifest("q", {"main": {"cpu": "lots"}}), "'lots' is not a Kubernetes quantity"),
     ],
