@@ -1,0 +1,287 @@
+"""Node and Pod manifests -> what the scheduler sees, by Kubernetes' own rules for requests and limits."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from kubegpu.core.annotations import DEVICES_KEY
+from kubegpu.core.manifests import ManifestError, node_info, pod_request, pod_uid
+from kubegpu.core.models import Taint, Toleration
+from kubegpu.core.testing import node_manifest, pod_manifest
+
+
+def _pod(*containers: dict[str, Any], init: tuple[dict[str, Any], ...] = (), **metadata: Any) -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "metadata": {"name": "p", **metadata},
+        "spec": {"containers": list(containers), "initContainers": list(init)},
+    }
+
+
+def _container(name: str = "main", **resources: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "resources": resources}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Pods: limits, requests, init containers
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        ({"limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "1"}}, {"nvidia.com/gpu": 2}),
+        ({"requests": {"nvidia.com/gpu": "1"}}, {"nvidia.com/gpu": 1}),
+        ({"limits": {"cpu": "4"}, "requests": {"cpu": "500m"}}, {"cpu": 500}),
+        ({"limits": {"cpu": "1.5", "memory": "2Gi"}}, {"cpu": 1500, "memory": 2 * 2**30}),
+        ({"requests": {"cpu": "0.0001"}}, {"cpu": 1}),
+        ({"requests": {"memory": "1500m"}}, {"memory": 2}),
+        ({"limits": {"gpu.intel.com/memory.max": "8G"}}, {"gpu.intel.com/memory.max": 8 * 10**9}),
+        ({}, {}),
+    ],
+    ids=[
+        "extended-from-limits",
+        "extended-falls-back-to-requests",
+        "cpu-from-requests",
+        "cpu-and-memory-fall-back-to-limits",
+        "cpu-millis-round-up",
+        "memory-rounds-up-to-bytes",
+        "extended-with-suffix",
+        "nothing-requested",
+    ],
+)
+def test_a_containers_requests_follow_kubernetes_rules(resources: dict[str, Any], expected: dict[str, int]) -> None:
+    request, _ = pod_request(_pod(_container(**resources)))
+
+    assert dict(request.containers[0].resources) == expected
+
+
+def test_the_pods_cpu_and_memory_are_the_larger_of_its_containers_and_its_largest_init_container() -> None:
+    pod = _pod(
+        _container("a", requests={"cpu": "500m", "memory": "1Gi"}),
+        _container("b", requests={"cpu": "1", "memory": "1Gi"}),
+        init=(
+            _container("setup", requests={"cpu": "2", "memory": "512Mi"}),
+            _container("warmup", requests={"cpu": "1", "memory": "1Gi"}),
+        ),
+    )
+
+    request, _ = pod_request(pod)
+
+    assert request.cpu_milli == 2000  # the init container "setup" needs more cpu than a + b together
+    assert request.memory == 2 * 2**30  # a + b need more memory than any init container
+    assert [c.name for c in request.containers] == ["a", "b"]  # init containers hold no devices
+
+
+def test_a_pods_totals_and_requested_resources_span_its_containers() -> None:
+    request, _ = pod_request(
+        pod_manifest("p", {"a": {"nvidia.com/gpu": 2}, "b": {"nvidia.com/gpu": 1, "cpu": "1"}, "c": {}})
+    )
+
+    assert request.total("nvidia.com/gpu") == 3
+    assert request.requested_resources() == {"nvidia.com/gpu", "cpu"}
+    assert request.key == "default/p"
+
+
+@pytest.mark.parametrize(
+    ("pod", "message"),
+    [
+        (
+            pod_manifest("p", {"main": {"nvidia.com/gpu": "-1"}}),
+            "Pod.spec.containers[0].resources.limits.nvidia.com/gpu: '-1' is negative",
+        ),
+        (
+            _pod(_container("main"), _container("side", requests={"cpu": "-500m"})),
+            "Pod.spec.containers[1].resources.requests.cpu: '-500m' is negative",
+        ),
+        (
+            pod_manifest("p", {"main": {"memory": "16GiB"}}),
+            "Pod.spec.containers[0].resources.limits.memory: '16GiB' is not a Kubernetes quantity",
+        ),
+        (
+            _pod(_container(), init=(_container("setup", limits={"cpu": "x"}),)),
+            "Pod.spec.initContainers[0].resources.limits.cpu: 'x' is not a Kubernetes quantity",
+        ),
+        (_pod(), "Pod.spec.containers: List should have at least 1 item"),
+        (
+            {"kind": "Pod", "metadata": {"name": ""}, "spec": {"containers": [_container()]}},
+            "Pod.metadata.name",
+        ),
+        ({"kind": "Pod", "spec": {"containers": [_container()]}}, "Pod.metadata: Field required"),
+        (
+            {"kind": "Node", "metadata": {"name": "p"}, "spec": {"containers": [_container()]}},
+            "Pod.kind: Input should be 'Pod'",
+        ),
+    ],
+    ids=[
+        "negative-limit",
+        "negative-request",
+        "bad-quantity",
+        "bad-init-container",
+        "no-containers",
+        "empty-name",
+        "no-metadata",
+        "wrong-kind",
+    ],
+)
+def test_a_pod_kubegpu_cannot_read_is_refused_naming_the_field(pod: dict[str, Any], message: str) -> None:
+    with pytest.raises(ManifestError) as caught:
+        pod_request(pod)
+
+    assert str(caught.value).startswith(message)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_pod_without_a_uid_gets_a_stable_one_and_a_given_uid_is_kept() -> None:
+    first, _ = pod_request(_pod(_container(), namespace="ml"))
+    again, _ = pod_request(_pod(_container(), namespace="ml"))
+    other, _ = pod_request(_pod(_container(), namespace="dev"))
+    given, _ = pod_request(_pod(_container(), uid="abc-123"))
+
+    assert first.uid == again.uid == pod_uid("ml", "p")
+    assert other.uid != first.uid
+    assert given.uid == "abc-123"
+
+
+def test_scheduling_fields_of_a_pod_are_read() -> None:
+    manifest = pod_manifest(
+        "p",
+        namespace="ml",
+        annotations={"gas-allow-cross-tile": "true"},
+        node_selector={"pool": "gpu"},
+        tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}, {"operator": "Exists"}],
+        scheduler_name="kubegpu",
+    )
+    manifest["spec"]["nodeName"] = "node-3"
+    manifest["status"] = {"phase": "Running"}
+
+    request, deleted = pod_request(manifest)
+
+    assert request.key == "ml/p"
+    assert request.annotations == {"gas-allow-cross-tile": "true"}
+    assert request.node_selector == {"pool": "gpu"}
+    assert request.tolerations == (
+        Toleration(key="gpu", operator="Exists", effect="NoSchedule"),
+        Toleration(operator="Exists"),
+    )
+    assert request.scheduler_name == "kubegpu"
+    assert request.node_name == "node-3"
+    assert request.phase == "Running"
+    assert not deleted
+
+
+def test_a_pod_being_deleted_is_marked_so() -> None:
+    _, deleted = pod_request(pod_manifest("p", deleted=True))
+
+    assert deleted
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Nodes
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_a_bare_node_gets_kubernetes_defaults() -> None:
+    node = node_info({"kind": "Node", "metadata": {"name": "n"}})
+
+    assert node.allocatable == {"pods": 110}
+    assert node.ready  # no conditions: hand-written simulator input counts as Ready
+    assert not node.unschedulable
+    assert node.taints == ()
+    assert node.inventories == {}
+
+
+def test_allocatable_wins_over_capacity_and_capacity_is_used_without_it() -> None:
+    with_both = {
+        "kind": "Node",
+        "metadata": {"name": "n"},
+        "status": {"capacity": {"nvidia.com/gpu": "8", "cpu": "96"}, "allocatable": {"nvidia.com/gpu": "7"}},
+    }
+    capacity_only = {"kind": "Node", "metadata": {"name": "n"}, "status": {"capacity": {"cpu": "95500m"}}}
+
+    assert node_info(with_both).allocatable == {"nvidia.com/gpu": 7, "pods": 110}
+    assert node_info(capacity_only).allocatable == {"cpu": 95500, "pods": 110}
+
+
+@pytest.mark.parametrize(
+    ("conditions", "ready"),
+    [
+        ([{"type": "Ready", "status": "True"}], True),
+        ([{"type": "Ready", "status": "False"}], False),
+        ([{"type": "Ready", "status": "Unknown"}], False),
+        ([{"type": "MemoryPressure", "status": "False"}], True),
+    ],
+    ids=["ready", "not-ready", "unknown", "no-ready-condition"],
+)
+def test_a_node_is_ready_unless_its_ready_condition_says_otherwise(
+    conditions: list[dict[str, str]], ready: bool
+) -> None:
+    manifest = node_manifest("n")
+    manifest["status"]["conditions"] = conditions
+
+    assert node_info(manifest).ready is ready
+
+
+def test_taints_cordon_and_labels_of_a_node_are_read() -> None:
+    manifest = node_manifest(
+        "n", labels={"pool": "gpu"}, taints=[{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]
+    )
+    manifest["spec"]["unschedulable"] = True
+
+    node = node_info(manifest)
+
+    assert node.labels == {"pool": "gpu"}
+    assert node.taints == (Taint("gpu", "yes", "NoSchedule"),)
+    assert node.unschedulable
+
+
+def test_a_nodes_advertised_inventories_are_decoded() -> None:
+    devices = {"version": 1, "inventories": {"nvidia": {"plugin": "nvidia", "devices": [{"id": "0"}]}}}
+
+    node = node_info(node_manifest("n", annotations={DEVICES_KEY: json.dumps(devices)}))
+
+    assert [d.id for d in node.inventories["nvidia"].devices] == ["0"]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("{not json", f"Node gpu-7: metadata.annotations.{DEVICES_KEY}: not valid JSON"),
+        (
+            json.dumps({"inventories": {"nvidia": {"plugin": "nvidia", "devices": [{"id": ""}]}}}),
+            f"Node gpu-7: metadata.annotations.{DEVICES_KEY}.inventories.nvidia.devices[0].id:",
+        ),
+        (json.dumps({"version": 2}), f"Node gpu-7: metadata.annotations.{DEVICES_KEY}.version:"),
+    ],
+    ids=["not-json", "empty-device-id", "unsupported-version"],
+)
+def test_a_malformed_devices_annotation_names_the_node_and_the_field(value: str, message: str) -> None:
+    with pytest.raises(ManifestError) as caught:
+        node_info(node_manifest("gpu-7", annotations={DEVICES_KEY: value}))
+
+    assert str(caught.value).startswith(message)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"status": {"allocatable": {"nvidia.com/gpu": "-2"}}},
+            "Node.status.allocatable.nvidia.com/gpu: '-2' is negative",
+        ),
+        ({"spec": {"taints": [{"key": "gpu", "effect": "Sometimes"}]}}, "Node.spec.taints[0].effect:"),
+        ({"metadata": {}}, "Node.metadata.name: Field required"),
+    ],
+    ids=["negative-allocatable", "unknown-taint-effect", "no-name"],
+)
+def test_a_node_kubegpu_cannot_read_is_refused_naming_the_field(change: dict[str, Any], message: str) -> None:
+    manifest = {"kind": "Node", "metadata": {"name": "n"}, **change}
+
+    with pytest.raises(ManifestError) as caught:
+        node_info(manifest)
+
+    assert str(caught.value).startswith(message)
