@@ -48,6 +48,7 @@ Policy = Literal["binpack", "spread"]
 POLICIES: tuple[Policy, ...] = ("binpack", "spread")
 BASIC_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
 CPU_INDEX = "cpu"
+NAME_LABELS = frozenset({"kubernetes.io/hostname"})
 
 
 @dataclass(slots=True)
@@ -58,6 +59,7 @@ class NodeRecord:
     used: Counter[str] = field(default_factory=Counter)
     pods: dict[str, None] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
+    klass: int = 0
 
     @property
     def name(self) -> str:
@@ -76,6 +78,15 @@ class PodRecord:
     parts: dict[str, PluginAllocation]
     allocation: AllocationRecord | None
     annotations: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a cycle needs to know about a pod, computed once: for each owning plugin, its resources with the largest
+    amount one container asks for, and the requested extended resources no plugin owns with their totals."""
+
+    devices: tuple[tuple[str, tuple[tuple[str, int], ...]], ...]
+    unowned: tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +131,14 @@ class Engine:
         self.pods: dict[str, PodRecord] = {}
         self._index: dict[str, CapacityIndex] = {CPU_INDEX: CapacityIndex()}
         self._routes: dict[frozenset[str], dict[str, list[str]]] = {}
+        self._classes: dict[tuple[object, ...], int] = {}
 
     # -- nodes ---------------------------------------------------------------------------------------------------
 
     def add_node(self, info: NodeInfo) -> None:
         """Add a node, or replace it (a changed Node), keeping the pods placed on it."""
         previous = self.nodes.get(info.name)
-        record = NodeRecord(info)
+        record = NodeRecord(info, klass=self._klass(info))
         for plugin in self.plugins.names:
             try:
                 state = self.plugins.call(plugin, "kubegpu_scheduler_build_node", node=info)
@@ -148,6 +160,20 @@ class Engine:
                     record.pods[key] = None
                     self._charge(record, pod.request, +1)
         self._refresh(record)
+
+    def _klass(self, info: NodeInfo) -> int:
+        """The node's equivalence class. Nodes alike in everything but their name give the same answer to a request
+        whenever the answer does not depend on what is in use, so one unresolvable answer in a cycle settles the
+        whole class (a trn1 refusing 7 devices refuses them on every trn1)."""
+        key = (
+            tuple(sorted((k, v) for k, v in info.labels.items() if k not in NAME_LABELS)),
+            tuple(sorted(info.allocatable.items())),
+            info.taints,
+            info.unschedulable,
+            info.ready,
+            tuple(sorted((p, inv.model_dump_json()) for p, inv in info.inventories.items())),
+        )
+        return self._classes.setdefault(key, len(self._classes))
 
     def remove_node(self, name: str) -> list[str]:
         """Remove a node; the pods it held are forgotten (their devices went with it). Returns their keys."""
@@ -217,44 +243,55 @@ class Engine:
                 )
         return Status.success()
 
-    def _basic_fit(self, record: NodeRecord, pod: PodRequest, unowned: list[str] | None) -> str | None:
+    def plan(self, pod: PodRequest) -> Plan:
+        """The pod's requests grouped for the filter phase (computed once per cycle)."""
+        routes = self._route(pod)
+        devices = tuple(
+            (plugin, tuple((r, max(c.resources.get(r, 0) for c in pod.containers)) for r in resources))
+            for plugin, resources in routes.items()
+            if plugin
+        )
+        return Plan(devices, tuple((r, pod.total(r)) for r in routes.get("", ())))
+
+    def _basic_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
+        """Kubernetes' own filters. Reasons about the node itself are unresolvable; capacity is unschedulable."""
         info = record.info
         if info.unschedulable:
-            return "node(s) were unschedulable"
+            return Status.unresolvable("node(s) were unschedulable")
         if not info.ready:
-            return "node(s) had condition Ready=False"
+            return Status.unresolvable("node(s) had condition Ready=False")
         for key, value in pod.node_selector.items():
             if info.labels.get(key) != value:
-                return "node(s) didn't match node selector"
+                return Status.unresolvable("node(s) didn't match node selector")
         for taint in info.taints:
             if taint.effect == "PreferNoSchedule":
                 continue
             if not any(t.tolerates(taint) for t in pod.tolerations):
-                return f"node(s) had taint {{{taint.key}: {taint.value or ''}}}, that the pod didn't tolerate"
-        if record.free("pods") < 1:
-            return "Too many pods"
-        if pod.cpu_milli and record.free("cpu") < pod.cpu_milli:
-            return "Insufficient cpu"
-        if pod.memory and record.free("memory") < pod.memory:
-            return "Insufficient memory"
-        for resource in unowned or ():
-            if record.free(resource) < pod.total(resource):
-                return f"Insufficient {resource}"
+                return Status.unresolvable(
+                    f"node(s) had taint {{{taint.key}: {taint.value or ''}}}, that the pod didn't tolerate"
+                )
+        allocatable, used = info.allocatable, record.used
+        if allocatable.get("pods", 0) - used["pods"] < 1:
+            return Status.unschedulable("Too many pods")
+        if pod.cpu_milli and allocatable.get("cpu", 0) - used["cpu"] < pod.cpu_milli:
+            return Status.unschedulable("Insufficient cpu")
+        if pod.memory and allocatable.get("memory", 0) - used["memory"] < pod.memory:
+            return Status.unschedulable("Insufficient memory")
+        for resource, need in plan.unowned:
+            if allocatable.get(resource, 0) - used[resource] < need:
+                return Status.unschedulable(f"Insufficient {resource}")
         return None
 
-    def _device_fit(self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]) -> Status:
-        for plugin, resources in routes.items():
-            if not plugin:
-                continue
+    def _device_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status:
+        for plugin, needs in plan.devices:
             state = record.states.get(plugin)
             if state is None:
                 problem = record.problems.get(plugin)
                 if problem:
                     return Status.error(problem, plugin=plugin)
-                return Status.unresolvable(f"Insufficient {resources[0]}", plugin=plugin)
+                return Status.unresolvable(f"Insufficient {needs[0][0]}", plugin=plugin)
             free = record.headroom[plugin].free
-            for resource in resources:
-                need = max(c.resources.get(resource, 0) for c in pod.containers)
+            for resource, need in needs:
                 if free.get(resource, 0) < need:
                     return Status.unschedulable(f"Insufficient {resource}", plugin=plugin)
             try:
@@ -267,28 +304,28 @@ class Engine:
                 return status
         return Status.success()
 
+    def _check(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status:
+        status = self._basic_fit(record, pod, plan)
+        if status is not None:
+            return status
+        return self._device_fit(record, pod, plan)
+
     def filter_node(self, name: str, pod: PodRequest) -> Status:
         """Run the filter phase for one node (the extender's filter verb uses this per node)."""
         record = self.nodes.get(name)
         if record is None:
             return Status.unresolvable("node(s) unknown to kubegpu")
-        routes = self._route(pod)
-        reason = self._basic_fit(record, pod, routes.get(""))
-        if reason is not None:
-            return Status.unschedulable(reason)
-        return self._device_fit(record, pod, routes)
+        return self._check(record, pod, self.plan(pod))
 
-    def _candidates(self, pod: PodRequest, routes: dict[str, list[str]]) -> tuple[Iterator[str], str]:
+    def _candidates(self, pod: PodRequest, plan: Plan) -> tuple[Iterator[str], str]:
         """Nodes worth filtering, in policy order, and the resource the capacity index selected them by."""
         ascending = self.policy == "binpack"
-        for plugin, resources in routes.items():
-            if plugin:
-                resource = resources[0]
-                need = max(c.resources.get(resource, 0) for c in pod.containers)
-                index = self._index.get(resource)
-                if index is None:
-                    return iter(()), resource
-                return index.at_least(need, ascending=ascending), resource
+        if plan.devices:
+            resource, need = plan.devices[0][1][0]
+            index = self._index.get(resource)
+            if index is None:
+                return iter(()), resource
+            return index.at_least(need, ascending=ascending), resource
         return self._index[CPU_INDEX].at_least(pod.cpu_milli, ascending=ascending), "cpu"
 
     def _score(self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]) -> float:
@@ -327,63 +364,76 @@ class Engine:
         status = self._validate(pod, routes)
         if not status.ok:
             return Decision(pod.key, False, reason=status.message, code=status.code)
+        plan = self.plan(pod)
+        nodes = self.nodes
         if pod.node_name:
-            return self._schedule_on(pod, pod.node_name, routes)
+            record = nodes.get(pod.node_name)
+            if record is None:
+                return Decision(pod.key, False, reason=f"node {pod.node_name} is unknown", code=Code.UNRESOLVABLE)
+            status = self._check(record, pod, plan)
+            if not status.ok:
+                return Decision(
+                    pod.key, False, reason=summarize_reasons(1, Counter({status.message: 1})), code=status.code
+                )
+            return self._reserve(record, pod, plan)
         feasible: list[str] = []
         evaluated = 0
         reasons: Counter[str] = Counter()
-        candidates, resource = self._candidates(pod, routes)
+        settled: dict[int, str] = {}  # node class -> the unresolvable reason all its nodes share in this cycle
+        resolvable = False
+        candidates, resource = self._candidates(pod, plan)
         for name in candidates:
-            record = self.nodes[name]
+            record = nodes[name]
             evaluated += 1
-            status = self._check(record, pod, routes)
+            known = settled.get(record.klass)
+            if known is not None:
+                reasons[known] += 1
+                continue
+            status = self._check(record, pod, plan)
             if status.ok:
                 feasible.append(name)
                 if len(feasible) >= self.sample:
                     break
+                continue
+            reasons[status.message] += 1
+            if status.code is Code.UNRESOLVABLE:
+                settled[record.klass] = status.message
             else:
-                reasons[status.message] += 1
+                resolvable = True
         if not feasible:
-            skipped = len(self.nodes) - evaluated
+            skipped = len(nodes) - evaluated
             if skipped:
                 reasons[f"Insufficient {resource}"] += skipped
-            code = Code.UNRESOLVABLE if not reasons else Code.UNSCHEDULABLE
-            return Decision(pod.key, False, reason=summarize_reasons(len(self.nodes), reasons), code=code)
-        best = (
-            max(feasible, key=lambda n: self._score(self.nodes[n], pod, routes)) if len(feasible) > 1 else feasible[0]
-        )
-        return self.reserve(pod, best)
-
-    def _check(self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]) -> Status:
-        reason = self._basic_fit(record, pod, routes.get(""))
-        if reason is not None:
-            return Status.unschedulable(reason)
-        return self._device_fit(record, pod, routes)
-
-    def _schedule_on(self, pod: PodRequest, name: str, routes: dict[str, list[str]]) -> Decision:
-        record = self.nodes.get(name)
-        if record is None:
-            return Decision(pod.key, False, reason=f"node {name} is unknown", code=Code.UNRESOLVABLE)
-        status = self._check(record, pod, routes)
-        if not status.ok:
-            return Decision(pod.key, False, reason=summarize_reasons(1, Counter({status.message: 1})), code=status.code)
-        return self.reserve(pod, name)
+                resolvable = True
+            code = Code.UNSCHEDULABLE if resolvable else Code.UNRESOLVABLE
+            return Decision(pod.key, False, reason=summarize_reasons(len(nodes), reasons), code=code)
+        best = feasible[0]
+        if len(feasible) > 1:
+            best = max(feasible, key=lambda n: self._score(nodes[n], pod, routes))
+        return self._reserve(nodes[best], pod, plan)
 
     # -- reserve, assume, release --------------------------------------------------------------------------------
 
     def reserve(self, pod: PodRequest, name: str) -> Decision:
-        """Allocate and take the pod's devices on one node, atomically (all plugins or none)."""
+        """Re-check the fit on one node, then allocate and take the pod's devices there, atomically (all plugins or
+        none). The extender's bind verb and the custom scheduler's retries use this directly."""
         record = self.nodes.get(name)
         if record is None:
             return Decision(pod.key, False, reason=f"node {name} is unknown", code=Code.UNRESOLVABLE)
-        routes = self._route(pod)
-        status = self._check(record, pod, routes)
+        if pod.key in self.pods:
+            return Decision(
+                pod.key, False, reason=f"pod {pod.key} already holds resources on a node", code=Code.UNRESOLVABLE
+            )
+        plan = self.plan(pod)
+        status = self._check(record, pod, plan)
         if not status.ok:
             return Decision(pod.key, False, reason=status.message, code=status.code)
+        return self._reserve(record, pod, plan)
+
+    def _reserve(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Decision:
+        name = record.name
         parts: dict[str, PluginAllocation] = {}
-        for plugin in routes:
-            if not plugin:
-                continue
+        for plugin, _ in plan.devices:
             try:
                 allocation = self.plugins.call(
                     plugin, "kubegpu_scheduler_allocate", state=record.states[plugin], pod=pod
