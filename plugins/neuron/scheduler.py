@@ -1,13 +1,468 @@
-"""The neuron plugin, scheduler side (DeviceScheduler hooks)."""
+"""The neuron plugin, scheduler side: whole Neuron devices and NeuronCores on rings and 4x4 tori.
+
+A container asks for whole devices (`aws.amazon.com/neuron`, or its newer name `aws.amazon.com/neurondevice`:
+both count the same devices) or for NeuronCores (`aws.amazon.com/neuroncore`), never both at once.
+
+Where a node's devices are and how they are linked:
+
+* the advertised inventory `node.inventories["neuron"]` when there is one: its integer device ids (others are
+  ignored), `healthy` (unhealthy devices and their cores are never allocated), `cores` (the first device that
+  says; else the catalog's value for the instance type; else 1), `topology` (`{"kind": "ring"}` or
+  `{"kind": "torus", "rows": 4, "columns": 4}`; else the catalog's) and attribute `instanceType`;
+* otherwise the `node.kubernetes.io/instance-type` label (or `beta.kubernetes.io/instance-type`) looked up in
+  the catalog in `topology.py`;
+* otherwise, for an unknown type with `aws.amazon.com/neuron` (or `neurondevice`) allocatable N: a ring of N
+  devices with allocatable `neuroncore` // N cores each, or 1 when the node advertises no cores. A guess, but
+  the safe one: a ring only ever hands out contiguous ids.
+
+Which sets are valid and which one is chosen (least fragmentation) is explained in `topology.py`. A refusal is
+unresolvable when the node could not take the pod even if it were empty (too many devices, an unsupported
+count, unhealthy devices in the way) and unschedulable when devices in use are in the way. The allocation
+lists device or core ids under the resource name the container asked for; `fields` carries `coresPerDevice`
+and `instanceType`, from which the node side derives `AWS_NEURON_VISIBLE_DEVICES`, `NEURON_RT_VISIBLE_CORES`
+and `/dev/neuronN` (core c is on device c // coresPerDevice). `take` checks that every id names a healthy,
+free device or core, but not the shape, so a pod placed under an older rule is still accounted for after a
+restart.
+
+Score: the mean over the pod's Neuron containers of 100 * request / host, where host is the size of the
+largest free valid set the placement breaks into (whole devices) or the length of the free core run it is cut
+from (cores). Consuming a free set exactly scores 100; one device out of a free 16-device torus scores 6.25.
+
+State is two bitmasks (free devices, free cores) plus holder maps; a device is free for whole-device requests
+only when none of its cores is held, and a device held whole offers no cores. The plan for a request is cached
+per state version, so fit, score and allocate of one pod on one node compute it once.
+"""
 
 from __future__ import annotations
 
-from kubegpu.core.scheduler_hooks import hookimpl
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kubegpu.core.models import DeviceCell, NodeInfo, Occupancy, PluginAllocation, PodRequest
+from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
+from kubegpu.core.status import Code, Status
+from kubegpu.plugins.neuron import topology as topo
+from kubegpu.plugins.neuron.topology import Topology
 
 NAME = "neuron"
-RESOURCES = ["aws.amazon.com/neuron", "aws.amazon.com/neurondevice", "aws.amazon.com/neuroncore"]
+NEURON = "aws.amazon.com/neuron"
+NEURONDEVICE = "aws.amazon.com/neurondevice"
+NEURONCORE = "aws.amazon.com/neuroncore"
+RESOURCES = [NEURON, NEURONDEVICE, NEURONCORE]
+
+INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
+
+# (container name, resource name, amount) for every container asking for Neuron resources, in spec order.
+Requests = tuple[tuple[str, str, int], ...]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Private state
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The placement of one pod's Neuron containers: (container, resource, ids) in order, and its score."""
+
+    status: Status
+    placements: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    score: float = 0.0
+
+
+class _NeuronNode(DeviceNodeState):
+    """One node's Neuron devices. Device d is bit d of `free_devices`; core c is bit c of `free_cores`.
+
+    Invariants kept by take/release: a device is in `free_devices` iff it is healthy, not in `device_holder`
+    and has no held core (`cores_held_on`); a core is in `free_cores` iff its device is healthy and not held
+    whole, and the core is not in `core_holder`. `version` grows on every change (it keys the plan cache).
+    """
+
+    plugin = NAME
+
+    def __init__(
+        self,
+        node: str,
+        topology: Topology,
+        cores_per_device: int,
+        instance_type: str,
+        present: int,
+        healthy: int,
+    ) -> None:
+        super().__init__(node)
+        self.topology = topology
+        self.cores_per_device = cores_per_device
+        self.instance_type = instance_type
+        self.present = present
+        self.healthy = healthy
+        self.healthy_cores = topo.cores_of_devices(healthy, cores_per_device)
+        self.healthy_device_count = healthy.bit_count()
+        self.healthy_core_count = self.healthy_cores.bit_count()
+        self.free_devices = healthy
+        self.free_cores = self.healthy_cores
+        self.device_holder: dict[int, str] = {}
+        self.core_holder: dict[int, str] = {}
+        self.cores_held_on: dict[int, int] = {}
+        self.version = 0
+        self._plan_key: tuple[int, Requests] | None = None
+        self._plan: _Plan | None = None
+
+    def holder_of_device(self, device: int) -> str | None:
+        """Who keeps `device` from being taken whole: its whole holder, or the first holder of its cores."""
+        holder = self.device_holder.get(device)
+        if holder is None and self.cores_held_on.get(device):
+            k = self.cores_per_device
+            holder = min(h for c in range(device * k, device * k + k) if (h := self.core_holder.get(c)))
+        return holder
+
+    def device_is_free(self, device: int) -> bool:
+        return bool(self.free_devices >> device & 1)
+
+
+def _state(state: DeviceNodeState) -> _NeuronNode:
+    assert isinstance(state, _NeuronNode), f"not a neuron state: {state!r}"
+    return state
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Hook implementations
+# ------------------------------------------------------------------------------------------------------------
 
 
 @hookimpl
 def kubegpu_scheduler_resources() -> list[str]:
     return list(RESOURCES)
+
+
+@hookimpl
+def kubegpu_scheduler_build_node(node: NodeInfo) -> DeviceNodeState | None:
+    shape = node_shape(node)
+    if shape is None:
+        return None
+    topology, cores_per_device, instance_type, present, healthy = shape
+    return _NeuronNode(node.name, topology, cores_per_device, instance_type, present, healthy)
+
+
+@hookimpl
+def kubegpu_scheduler_headroom(state: DeviceNodeState) -> Headroom:
+    s = _state(state)
+    devices = topo.largest_device_set(s.topology, s.free_devices)
+    cores = topo.largest_core_request(s.topology, s.cores_per_device, s.free_cores)
+    held = s.healthy_core_count - s.free_cores.bit_count()
+    utilization = held / s.healthy_core_count if s.healthy_core_count else 0.0
+    return Headroom(free={NEURON: devices, NEURONDEVICE: devices, NEURONCORE: cores}, utilization=utilization)
+
+
+@hookimpl
+def kubegpu_scheduler_validate(pod: PodRequest) -> Status | None:
+    _, refusal = neuron_requests(pod)
+    return refusal
+
+
+@hookimpl
+def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest) -> Status:
+    return _plan(_state(state), pod).status
+
+
+@hookimpl
+def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest) -> float:
+    plan = _plan(_state(state), pod)
+    return plan.score if plan.status.ok else 0.0
+
+
+@hookimpl
+def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest) -> PluginAllocation | None:
+    s = _state(state)
+    plan = _plan(s, pod)
+    if not plan.status.ok:
+        return None
+    containers: dict[str, dict[str, list[str]]] = {}
+    for container, resource, ids in plan.placements:
+        containers.setdefault(container, {})[resource] = [str(i) for i in ids]
+    return PluginAllocation(
+        plugin=NAME,
+        containers=containers,
+        fields={"coresPerDevice": s.cores_per_device, "instanceType": s.instance_type},
+    )
+
+
+@hookimpl
+def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status:
+    s = _state(state)
+    parsed = _parse_allocation(allocation)
+    if isinstance(parsed, Status):
+        return parsed
+    devices, cores = parsed
+    k = s.cores_per_device
+    for device in devices:
+        if not s.present >> device & 1:
+            return _error(f"device {device} does not exist on this node")
+        if not s.healthy >> device & 1:
+            return _error(f"device {device} is unhealthy")
+        if not s.device_is_free(device):
+            return _error(f"device {device} is already held by {s.holder_of_device(device)}")
+    for core in cores:
+        device = core // k
+        if not s.present >> device & 1:
+            return _error(f"core {core} does not exist on this node")
+        if not s.healthy >> device & 1:
+            return _error(f"core {core} is on unhealthy device {device}")
+        holder = s.core_holder.get(core) or s.device_holder.get(device)
+        if holder is not None:
+            return _error(f"core {core} is already held by {holder}")
+        if device in devices:
+            return _error(f"core {core} is on device {device}, which the same allocation takes whole")
+    for device in devices:
+        s.device_holder[device] = pod_key
+        s.free_devices &= ~(1 << device)
+        s.free_cores &= ~topo.interval(device * k, k)
+    for core in cores:
+        device = core // k
+        s.core_holder[core] = pod_key
+        s.cores_held_on[device] = s.cores_held_on.get(device, 0) + 1
+        s.free_cores &= ~(1 << core)
+        s.free_devices &= ~(1 << device)
+    s.version += 1
+    return Status.success()
+
+
+@hookimpl
+def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status:
+    s = _state(state)
+    parsed = _parse_allocation(allocation)
+    if isinstance(parsed, Status):
+        return parsed
+    devices, cores = parsed
+    for device in devices:
+        if s.device_holder.get(device) != pod_key:
+            return _error(f"device {device} is not held by {pod_key}")
+    for core in cores:
+        if s.core_holder.get(core) != pod_key:
+            return _error(f"core {core} is not held by {pod_key}")
+    k = s.cores_per_device
+    for device in devices:
+        del s.device_holder[device]
+        s.free_devices |= 1 << device
+        s.free_cores |= topo.interval(device * k, k)
+    for core in cores:
+        device = core // k
+        del s.core_holder[core]
+        s.free_cores |= 1 << core
+        left = s.cores_held_on[device] - 1
+        if left:
+            s.cores_held_on[device] = left
+        else:
+            del s.cores_held_on[device]
+            if device not in s.device_holder:
+                s.free_devices |= 1 << device
+    s.version += 1
+    return Status.success()
+
+
+@hookimpl
+def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy]:
+    s = _state(state)
+    k = s.cores_per_device
+    cells = []
+    for device in topo.bit_ids(s.present):
+        whole = s.device_holder.get(device)
+        if whole is not None:
+            holders, used = [whole], 1.0
+        else:
+            core_holders = [s.core_holder.get(c) for c in range(device * k, device * k + k)]
+            held = [h for h in core_holders if h is not None]
+            holders, used = sorted(set(held)), len(held) / k
+        cells.append(DeviceCell(id=str(device), holders=holders, used=used, healthy=bool(s.healthy >> device & 1)))
+    grid = s.topology.kind == "torus"
+    return [
+        Occupancy(
+            family=NAME,
+            layout="grid" if grid else "ring",
+            columns=s.topology.columns if grid else s.topology.devices,
+            cells=cells,
+            total=len(cells),
+            free=s.free_devices.bit_count(),
+            largest_fit=topo.largest_device_set(s.topology, s.free_devices),
+        )
+    ]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Pure helpers
+# ------------------------------------------------------------------------------------------------------------
+
+
+def node_shape(node: NodeInfo) -> tuple[Topology, int, str, int, int] | None:
+    """(topology, cores per device, instance type, present devices, healthy devices) of a node, or None."""
+    instance_type = next((node.labels[key] for key in INSTANCE_TYPE_LABELS if node.labels.get(key)), "")
+    catalog = topo.CATALOG.get(instance_type)
+    inventory = node.inventories.get(NAME)
+    if inventory is not None:
+        devices = [d for d in inventory.devices if d.id.isascii() and d.id.isdigit()]
+        if devices:
+            instance_type = str(inventory.attributes.get("instanceType") or instance_type)
+            catalog = topo.CATALOG.get(instance_type, catalog)
+            present = sum(1 << int(d.id) for d in devices)
+            healthy = sum(1 << int(d.id) for d in devices if d.healthy)
+            cores = next((d.cores for d in devices if d.cores), None) or (catalog.cores_per_device if catalog else 1)
+            kind = str(inventory.topology.get("kind") or (catalog.kind if catalog else "ring"))
+            rows = _int(inventory.topology.get("rows"), catalog.rows if catalog else 0)
+            columns = _int(inventory.topology.get("columns"), catalog.columns if catalog else 0)
+            count = max(present.bit_length(), rows * columns if kind == "torus" else 0)
+            return topo.make_topology(kind, count, rows, columns), cores, instance_type, present, healthy
+    if catalog is not None:
+        every = (1 << catalog.devices) - 1
+        shape = topo.make_topology(catalog.kind, catalog.devices, catalog.rows, catalog.columns)
+        return shape, catalog.cores_per_device, instance_type, every, every
+    count = max(node.allocatable.get(NEURON, 0), node.allocatable.get(NEURONDEVICE, 0))
+    if count <= 0:
+        return None
+    cores = max(node.allocatable.get(NEURONCORE, 0) // count, 1)
+    every = (1 << count) - 1
+    return topo.make_topology("ring", count), cores, instance_type, every, every
+
+
+def _int(value: object, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
+def neuron_requests(pod: PodRequest) -> tuple[Requests, Status | None]:
+    """The pod's Neuron requests in container order, or the refusal of a container that mixes resources."""
+    found = []
+    for container in pod.containers:
+        amounts = _amounts(container.resources)
+        if not amounts:
+            continue
+        if amounts.keys() >= {NEURON, NEURONDEVICE}:
+            return (), Status.unresolvable(
+                f"container {container.name} requests both {NEURON} and {NEURONDEVICE}, which count the same "
+                "whole Neuron devices; request only one of them",
+                plugin=NAME,
+            )
+        if NEURONCORE in amounts and len(amounts) > 1:
+            device_resource = next(r for r in amounts if r != NEURONCORE)
+            return (), Status.unresolvable(
+                f"container {container.name} requests whole Neuron devices ({device_resource}) and "
+                f"NeuronCores ({NEURONCORE}) together; "
+                "request either whole devices or cores in one container",
+                plugin=NAME,
+            )
+        ((resource, amount),) = amounts.items()
+        found.append((container.name, resource, amount))
+    return tuple(found), None
+
+
+def _amounts(resources: Mapping[str, int]) -> dict[str, int]:
+    return {r: resources[r] for r in RESOURCES if resources.get(r, 0) > 0}
+
+
+def _plan(state: _NeuronNode, pod: PodRequest) -> _Plan:
+    requests, refusal = neuron_requests(pod)
+    if refusal is not None:
+        return _Plan(refusal)
+    key = (state.version, requests)
+    if state._plan_key == key and state._plan is not None:
+        return state._plan
+    plan = place(state, requests, state.free_devices, state.free_cores)
+    if plan.status.code is Code.UNSCHEDULABLE:
+        # Would the pod fit this node if nothing else ran on it? If not, waiting will not help.
+        empty = place(state, requests, state.healthy, state.healthy_cores, empty_node=True)
+        if not empty.status.ok:
+            plan = _Plan(Status.unresolvable(*empty.status.reasons, plugin=NAME))
+    state._plan_key, state._plan = key, plan
+    return plan
+
+
+def place(
+    state: _NeuronNode, requests: Requests, free_devices: int, free_cores: int, *, empty_node: bool = False
+) -> _Plan:
+    """Place the containers' requests one after the other on the given free devices and cores."""
+    t, k = state.topology, state.cores_per_device
+    placements = []
+    score = 0.0
+    for container, resource, count in requests:
+        cores = resource == NEURONCORE
+        total = state.healthy_core_count if cores else state.healthy_device_count
+        if count > total:
+            return _Plan(Status.unresolvable(f"Insufficient {resource}", plugin=NAME))
+        if cores and not topo.core_request_supported(t, k, count):
+            return _Plan(Status.unresolvable(_unsupported_cores(state, count), plugin=NAME))
+        if not cores and count not in topo.valid_sizes(t):
+            return _Plan(Status.unresolvable(_unsupported_devices(state, count), plugin=NAME))
+        if cores:
+            chosen = topo.choose_cores(t, k, free_devices, free_cores, count)
+        else:
+            chosen = topo.choose_devices(t, k, free_devices, free_cores, count)
+        if chosen is None:
+            available = (free_cores if cores else free_devices).bit_count()
+            reason = f"Insufficient {resource}" if available < count else _no_set(state, cores, count, empty_node)
+            code = Status.unresolvable if empty_node else Status.unschedulable
+            return _Plan(code(reason, plugin=NAME))
+        start = (chosen & -chosen).bit_length() - 1
+        if cores:
+            score += count / topo.core_host(free_cores, start)
+            free_cores &= ~chosen
+            free_devices &= ~topo.devices_of_cores(chosen, k)
+        else:
+            score += count / topo.device_host(t, free_devices, start)
+            free_devices &= ~chosen
+            free_cores &= ~topo.interval(start * k, count * k)
+        placements.append((container, resource, tuple(range(start, start + count))))
+    mean = 100.0 * score / len(requests) if requests else 100.0
+    return _Plan(Status.success(), tuple(placements), mean)
+
+
+def _unsupported_devices(state: _NeuronNode, count: int) -> str:
+    instance_type = state.instance_type or "of this node"
+    return (
+        f"Instance type {instance_type} does not support requests for device: {count}. "
+        "Please request a different number of devices."
+    )
+
+
+def _unsupported_cores(state: _NeuronNode, count: int) -> str:
+    ranges = [
+        f"{lo}-{hi}" if hi > lo else str(lo)
+        for lo, hi in topo.core_request_ranges(state.topology, state.cores_per_device)
+    ]
+    choices = ranges[0] if len(ranges) == 1 else ", ".join(ranges[:-1]) + " or " + ranges[-1]
+    return (
+        f"Instance type {state.instance_type or 'of this node'} does not support requests for core: {count}. "
+        f"Please request a different number of cores ({choices} cores fill a valid set of devices)."
+    )
+
+
+def _no_set(state: _NeuronNode, cores: bool, count: int, empty_node: bool) -> str:
+    """`no free contiguous set of 4 Neuron devices`; on an empty node `no contiguous set of 4 healthy ...`."""
+    free, healthy = ("", " healthy") if empty_node else (" free", "")
+    if cores:
+        where = "" if state.topology.kind == "ring" else " on a valid set of Neuron devices"
+        return f"no{free} contiguous run of {count}{healthy} NeuronCores{where}"
+    if count == 1:
+        return f"no{free}{healthy} Neuron device"
+    shape = "contiguous set" if state.topology.kind == "ring" else "aligned torus block"
+    return f"no{free} {shape} of {count}{healthy} Neuron devices"
+
+
+def _parse_allocation(allocation: PluginAllocation) -> tuple[list[int], list[int]] | Status:
+    """The whole devices and the cores an allocation names, or an error naming the first bad entry."""
+    devices: list[int] = []
+    cores: list[int] = []
+    for resources in allocation.containers.values():
+        for resource, ids in resources.items():
+            if resource not in RESOURCES:
+                return _error(f"resource {resource} is not a Neuron resource")
+            target, what = (cores, "core") if resource == NEURONCORE else (devices, "device")
+            for raw in ids:
+                if not (raw.isascii() and raw.isdigit()):
+                    return _error(f"{what} id {raw!r} is not a Neuron {what} number")
+                target.append(int(raw))
+    for numbers, what in ((devices, "device"), (cores, "core")):
+        if len(set(numbers)) != len(numbers):
+            twice = next(i for i in numbers if numbers.count(i) > 1)
+            return _error(f"{what} {twice} is listed twice in the allocation")
+    return devices, cores
+
+
+def _error(reason: str) -> Status:
+    return Status.error(reason, plugin=NAME)
