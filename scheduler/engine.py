@@ -228,7 +228,7 @@ class Engine:
             if not plugin:
                 continue
             try:
-                status = self.plugins.call(plugin, "kubegpu_scheduler_validate", pod=pod)
+                status: Status | None = self.plugins.call(plugin, "kubegpu_scheduler_validate", pod=pod)
             except PluginHookError as exc:
                 return Status.error(str(exc), plugin=plugin)
             if status is not None and not status.ok:
@@ -295,7 +295,7 @@ class Engine:
                 if free.get(resource, 0) < need:
                     return Status.unschedulable(f"Insufficient {resource}", plugin=plugin)
             try:
-                status = self.plugins.call(plugin, "kubegpu_scheduler_fit", state=state, pod=pod)
+                status: Status | None = self.plugins.call(plugin, "kubegpu_scheduler_fit", state=state, pod=pod)
             except PluginHookError as exc:
                 return Status.error(str(exc), plugin=plugin)
             if status is None:

@@ -3,7 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python3 -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e .
+mkdir -p build
+{
+  python3 -m venv .venv
+  .venv/bin/python -m pip install --upgrade pip
+  .venv/bin/python -m pip install -e .
+} > build/setup.log 2>&1 || { cat build/setup.log; echo "setting up .venv failed (see above)"; exit 1; }
 .venv/bin/kubegpu simulate "${@:-examples/clusters/mixed.yaml}"

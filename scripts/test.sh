@@ -4,16 +4,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python3 -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-# strict editable mode: a link tree under build/ that mypy follows like an installed package.
-.venv/bin/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=strict
+echo "== setting up .venv (log: build/setup.log)"
+mkdir -p build
+{
+  python3 -m venv .venv
+  .venv/bin/python -m pip install --upgrade pip
+  # strict editable mode: a link tree under build/ that mypy follows like an installed package.
+  .venv/bin/python -m pip install -e '.[test]' --config-settings editable_mode=strict
+} > build/setup.log 2>&1 || { cat build/setup.log; echo "setting up .venv failed (see above)"; exit 1; }
 
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy (strict on kubegpu.core)"
 .venv/bin/mypy -p kubegpu.core -p kubegpu.scheduler -p kubegpu.plugins
-echo "== import-linter (layering contracts)"
-.venv/bin/lint-imports
+echo "== import-linter (layering contracts, run on a plain copy: grimp does not follow link trees)"
+rm -rf build/lint-site
+.venv/bin/python -m pip install --quiet --no-deps --no-build-isolation --target build/lint-site . > build/lint.log 2>&1 \
+  || { cat build/lint.log; exit 1; }
+(cd build/lint-site && ../../.venv/bin/lint-imports --config ../../pyproject.toml --no-cache)
 echo "== pytest"
 .venv/bin/pytest "$@"
