@@ -190,7 +190,7 @@ class Engine:
     def _refresh(self, record: NodeRecord) -> None:
         """Recompute the node's headroom after a change and move it in the capacity indexes."""
         name = record.name
-        self._index[CPU_INDEX].set(name, record.free("cpu"))
+        self._index[CPU_INDEX].set(name, record.free("cpu"), record.klass)
         for plugin, state in record.states.items():
             try:
                 headroom = self.plugins.call(plugin, "kubegpu_scheduler_headroom", state=state) or Headroom()
@@ -207,7 +207,7 @@ class Engine:
                 index = self._index.get(resource)
                 if index is None:
                     index = self._index[resource] = CapacityIndex()
-                index.set(name, free)
+                index.set(name, free, record.klass)
 
     # -- pods ----------------------------------------------------------------------------------------------------
 
@@ -317,16 +317,23 @@ class Engine:
             return Status.unresolvable("node(s) unknown to kubegpu")
         return self._check(record, pod, self.plan(pod))
 
-    def _candidates(self, pod: PodRequest, plan: Plan) -> tuple[Iterator[str], str]:
-        """Nodes worth filtering, in policy order, and the resource the capacity index selected them by."""
+    def _candidates(self, pod: PodRequest, plan: Plan) -> tuple[Iterator[tuple[int, dict[str, None]]], str]:
+        """(node class, nodes) worth filtering, in policy order, and the resource the index selected them by.
+
+        With several device resources the most selective index is used: the one with the fewest nodes that could
+        offer the amount asked (an Intel pod's memory per card, rather than its card count).
+        """
         ascending = self.policy == "binpack"
-        if plan.devices:
-            resource, need = plan.devices[0][1][0]
-            index = self._index.get(resource)
-            if index is None:
-                return iter(()), resource
-            return index.at_least(need, ascending=ascending), resource
-        return self._index[CPU_INDEX].at_least(pod.cpu_milli, ascending=ascending), "cpu"
+        needs = [pair for _, pairs in plan.devices for pair in pairs]
+        if not needs:
+            return self._index[CPU_INDEX].groups_at_least(pod.cpu_milli, ascending=ascending), "cpu"
+        empty = CapacityIndex()
+        if len(needs) > 1:
+            resource, need = min(needs, key=lambda p: self._index.get(p[0], empty).count_at_least(p[1]))
+        else:
+            resource, need = needs[0]
+        index = self._index.get(resource, empty)
+        return index.groups_at_least(need, ascending=ascending), resource
 
     def _score(self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]) -> float:
         device_scores: list[float] = []
@@ -382,24 +389,32 @@ class Engine:
         settled: dict[int, str] = {}  # node class -> the unresolvable reason all its nodes share in this cycle
         resolvable = False
         candidates, resource = self._candidates(pod, plan)
-        for name in candidates:
-            record = nodes[name]
-            evaluated += 1
-            known = settled.get(record.klass)
+        for klass, members in candidates:
+            known = settled.get(klass)
             if known is not None:
-                reasons[known] += 1
+                reasons[known] += len(members)
+                evaluated += len(members)
                 continue
-            status = self._check(record, pod, plan)
-            if status.ok:
-                feasible.append(name)
-                if len(feasible) >= self.sample:
+            for position, name in enumerate(members, 1):
+                record = nodes[name]
+                evaluated += 1
+                status = self._check(record, pod, plan)
+                if status.ok:
+                    feasible.append(name)
+                    if len(feasible) >= self.sample:
+                        break
+                    continue
+                reasons[status.message] += 1
+                if status.code is Code.UNRESOLVABLE:
+                    # Every other node of this class answers alike: count them without asking.
+                    settled[klass] = status.message
+                    rest = len(members) - position
+                    reasons[status.message] += rest
+                    evaluated += rest
                     break
-                continue
-            reasons[status.message] += 1
-            if status.code is Code.UNRESOLVABLE:
-                settled[record.klass] = status.message
-            else:
                 resolvable = True
+            if len(feasible) >= self.sample:
+                break
         if not feasible:
             skipped = len(nodes) - evaluated
             if skipped:

@@ -182,3 +182,17 @@ def test_stats_are_printed_on_request(capsys: pytest.CaptureFixture[str]) -> Non
     code, _, err = simulate(capsys, "--stats", str(EXAMPLES / "nvidia.yaml"))
     stats = json.loads(err.strip().splitlines()[-1])
     assert code == 0 and stats["pod_documents"] == 4 and stats["p99_ms"] >= stats["p50_ms"] >= 0
+
+
+def test_every_node_is_counted_once_in_the_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trn1 = {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
+    documents = [node_manifest(f"trn-{i}", labels=trn1) for i in range(3)]
+    documents += [node_manifest(f"cpu-{i}") for i in range(2)]
+    documents.append(pod_manifest("seven", {"main": {"aws.amazon.com/neurondevice": 7}}))
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    _, events, _ = simulate(capsys, str(path))
+    assert events[0]["reason"] == (
+        "0/5 nodes are available: 2 Insufficient aws.amazon.com/neurondevice, 3 Instance type trn1.32xlarge does "
+        "not support requests for device: 7. Please request a different number of devices.."
+    )
