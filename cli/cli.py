@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from kubegpu import __version__
 
 PLANNED = {
-    "scheduler": "the custom scheduler binary on a real API server",
     "extender": "the HTTP scheduler-extender behind kube-scheduler",
     "crishim": "the CRI shim in front of containerd",
     "advertise": "the node device advertiser",
@@ -87,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     from kubegpu.scheduler.simulate import add_simulate_parser
 
     add_simulate_parser(sub)
+
+    from kubegpu.scheduler.custom import add_scheduler_parser
+
+    add_scheduler_parser(sub)
 
     for name, what in PLANNED.items():
         planned = sub.add_parser(

@@ -1,0 +1,632 @@
+"""`kubegpu scheduler`: the custom scheduler binary, for pods whose `spec.schedulerName` names it.
+
+A thin front-end around the same `Engine` the simulator uses. Informers list and watch Nodes and Pods into the engine;
+on start the device ledger is rebuilt from the `kubegpu.io/allocation` annotations of bound, running pods, so a
+restarted scheduler never hands out a device a live pod holds. One thread owns the engine and runs the loop:
+
+1. apply informer events (nodes first at start-up, then pods) and binding results;
+2. take pending pods in arrival order and run the engine's cycle;
+3. for a placement, reserve it in the engine at once and hand the API calls to a pool of binders: a merge patch of
+   the pod's annotations (the signed allocation and the plugins' annotations) guarded by the pod's resourceVersion,
+   then the Binding. A failure of either rolls the reservation back and retries the pod with backoff (1 s doubling
+   to 10 s);
+4. when nothing fits, a Warning Event `FailedScheduling` with kube-scheduler's `0/N nodes are available: ...` message
+   and the pod condition `PodScheduled=False/Unschedulable`; the pod waits until the cluster changes (a node added
+   or changed, a pod deleted or finished) instead of being retried in a loop.
+
+With leader election (the default) informers run on every replica, keeping a standby warm, but only the holder of the
+Lease schedules. `/metrics`, `/healthz` and `/readyz` are served on `--metrics-address`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from kubegpu.core.annotations import ALLOCATION_KEY, AnnotationError, decode_allocation, verify_allocation
+from kubegpu.core.errors import InputError
+from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.models import NodeInfo, PodRequest
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.scheduler.engine import POLICIES, Decision, Engine
+from kubegpu.scheduler.kube import ApiError, Informer, KubeClient, now_rfc3339
+from kubegpu.scheduler.leader import LeaderElector
+
+__all__ = ["SchedulerService", "add_scheduler_parser", "configure_logging", "read_key"]
+
+log = logging.getLogger("kubegpu.scheduler")
+
+FINISHED = frozenset({"Succeeded", "Failed"})
+INITIAL_BACKOFF, MAX_BACKOFF = 1.0, 10.0
+UNSCHEDULABLE_FLUSH = 60.0
+
+
+class LogfmtFormatter(logging.Formatter):
+    """`ts=... level=... logger=... msg="..." pod=ns/name node=...`: one line per record, fields greppable."""
+
+    FIELDS = ("pod", "node", "reason", "devices", "error")
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        parts = [f"ts={ts}", f"level={record.levelname.lower()}", f"logger={record.name}"]
+        parts.append(f"msg={_quote(record.getMessage())}")
+        for name in self.FIELDS:
+            value = record.__dict__.get(name)
+            if value is not None:
+                parts.append(f"{name}={_quote(str(value))}")
+        if record.exc_info:
+            parts.append(f"exception={_quote(self.formatException(record.exc_info))}")
+        return " ".join(parts)
+
+
+def _quote(text: str) -> str:
+    if text and all(c not in text for c in ' "=\n'):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogfmtFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def read_key(path: str) -> bytes:
+    """The HMAC key shared with the CRI shim: the file's bytes without a trailing newline; empty is refused."""
+    try:
+        with open(path, "rb") as handle:
+            key = handle.read().rstrip(b"\r\n")
+    except OSError as exc:
+        raise SystemExit(f"kubegpu: cannot read the allocation key file {path}: {exc.strerror}") from None
+    if not key:
+        raise SystemExit(f"kubegpu: the allocation key file {path} is empty")
+    return key
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.attempts = Counter(
+            "kubegpu_scheduler_schedule_attempts_total",
+            "Scheduling cycles by result (scheduled, unschedulable, error).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "kubegpu_scheduler_scheduling_duration_seconds",
+            "Time the engine took to decide one pod (filter, score, reserve).",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=self.registry,
+        )
+        self.bind_latency = Histogram(
+            "kubegpu_scheduler_binding_duration_seconds",
+            "Time to write the annotations and create the Binding.",
+            registry=self.registry,
+        )
+        self.bind_errors = Counter(
+            "kubegpu_scheduler_bind_errors_total", "Annotation patches or Bindings that failed.", registry=self.registry
+        )
+        self.pending = Gauge(
+            "kubegpu_scheduler_pending_pods",
+            "Pods waiting to be scheduled, by queue.",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "kubegpu_scheduler_is_leader", "1 while this replica holds the lease.", registry=self.registry
+        )
+
+
+@dataclass(order=True)
+class Entry:
+    """A pending pod as the queues hold it."""
+
+    ready_at: float
+    key: str = field(compare=False)
+    request: PodRequest = field(compare=False)
+    version: str = field(compare=False)
+    attempts: int = field(default=0, compare=False)
+    message: str | None = field(default=None, compare=False)
+
+
+class SchedulerService:
+    def __init__(
+        self,
+        client: KubeClient,
+        engine: Engine,
+        *,
+        name: str,
+        key: bytes,
+        binders: int = 16,
+    ) -> None:
+        self.client = client
+        self.engine = engine
+        self.name = name
+        self.key = key
+        self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.stop = threading.Event()
+        self.metrics = Metrics()
+        self.pool = ThreadPoolExecutor(max_workers=binders, thread_name_prefix="binder")
+        self.active: dict[str, Entry] = {}
+        self.backoff: list[Entry] = []
+        self.unschedulable: dict[str, Entry] = {}
+        self.in_flight: dict[str, Entry] = {}
+        self.latest_version: dict[str, str] = {}
+        self.leading = threading.Event()
+        self.nodes_synced = threading.Event()
+        self.pods_synced = threading.Event()
+        self.heartbeat = time.monotonic()
+        self._last_flush = time.monotonic()
+        self.exit_code = 0
+
+    # -- informer callbacks (other threads): only enqueue ----------------------------------------------------------
+
+    def _consume_nodes(self, kind: str, payload: Any) -> None:
+        self.events.put(("node", kind, payload))
+
+    def _consume_pods(self, kind: str, payload: Any) -> None:
+        self.events.put(("pod", kind, payload))
+
+    # -- node events ------------------------------------------------------------------------------------------------
+
+    def _node_info(self, obj: dict[str, Any]) -> NodeInfo | None:
+        try:
+            return node_info(obj)
+        except InputError as exc:
+            name = (obj.get("metadata") or {}).get("name")
+            log.error("node ignored the advertised inventory: %s", exc, extra={"node": name})
+            annotations = dict((obj.get("metadata") or {}).get("annotations") or {})
+            annotations.pop("kubegpu.io/devices", None)
+            try:
+                return node_info({**obj, "metadata": {**obj["metadata"], "annotations": annotations}})
+            except (InputError, KeyError):
+                return None
+
+    def _apply_node(self, kind: str, obj: dict[str, Any]) -> bool:
+        name = (obj.get("metadata") or {}).get("name")
+        if not name:
+            return False
+        if kind == "DELETED":
+            gone = self.engine.remove_node(name)
+            for key in gone:
+                log.info("node deleted; pod forgotten", extra={"pod": key, "node": name})
+            return False
+        info = self._node_info(obj)
+        if info is None:
+            return False
+        record = self.engine.nodes.get(name)
+        if record is not None and record.info == info:
+            return False
+        self.engine.add_node(info)
+        return True
+
+    def _on_nodes(self, kind: str, payload: Any) -> None:
+        changed = False
+        if kind == "SYNC":
+            seen = set()
+            for obj in payload:
+                changed |= self._apply_node("ADDED", obj)
+                seen.add(obj["metadata"]["name"])
+            for name in list(self.engine.nodes):
+                if name not in seen:
+                    self.engine.remove_node(name)
+            self.nodes_synced.set()
+        else:
+            changed = self._apply_node(kind, payload)
+        if changed:
+            self._wake()
+
+    # -- pod events -------------------------------------------------------------------------------------------------
+
+    def _on_pods(self, kind: str, payload: Any) -> None:
+        if kind == "SYNC":
+            live = set()
+            for obj in payload:
+                self._apply_pod("ADDED", obj)
+                meta = obj.get("metadata") or {}
+                live.add(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
+            for key in [k for k in self.engine.pods if k not in live and k not in self.in_flight]:
+                self._release(key)
+            for table in (self.active, self.unschedulable):
+                for key in [k for k in table if k not in live]:
+                    del table[key]
+            self.pods_synced.set()
+            return
+        self._apply_pod(kind, payload)
+
+    def _release(self, key: str) -> None:
+        if self.engine.release(key) is not None:
+            self._wake()
+
+    def _apply_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+        try:
+            request, deleting = pod_request(obj)
+        except InputError as exc:
+            log.error("pod ignored: %s", exc, extra={"pod": key})
+            return
+        version = str(meta.get("resourceVersion", ""))
+        held = self.engine.pods.get(key)
+        if held is not None and held.request.uid != request.uid:
+            self._release(key)  # a new pod took an old pod's name
+            held = None
+        if kind == "DELETED" or request.phase in FINISHED:
+            self._drop_pending(key)
+            if key not in self.in_flight:
+                self._release(key)
+            return
+        if request.node_name:
+            self._drop_pending(key)
+            if held is None and key not in self.in_flight:
+                self._assume(request, obj)
+            return
+        if deleting or request.scheduler_name != self.name:
+            self._drop_pending(key)
+            return
+        if key in self.in_flight:
+            self.latest_version[key] = version
+            return
+        if held is not None:
+            return
+        entry = self.active.get(key) or self.unschedulable.get(key)
+        if entry is not None:
+            entry.request, entry.version = request, version
+            return
+        for waiting in self.backoff:
+            if waiting.key == key:
+                waiting.request, waiting.version = request, version
+                return
+        self.active[key] = Entry(time.monotonic(), key, request, version)
+
+    def _drop_pending(self, key: str) -> None:
+        self.active.pop(key, None)
+        self.unschedulable.pop(key, None)
+        if any(e.key == key for e in self.backoff):
+            self.backoff = [e for e in self.backoff if e.key != key]
+            heapq.heapify(self.backoff)
+
+    def _assume(self, request: PodRequest, obj: dict[str, Any]) -> None:
+        """Count a bound pod (ledger rebuild, or a pod bound by someone else) with the devices it holds."""
+        node = request.node_name or ""
+        raw = request.annotations.get(ALLOCATION_KEY)
+        extra = {"pod": request.key, "node": node}
+        if raw is None:
+            managed = any(self.engine.plugins.owner_of(r) for r in request.requested_resources())
+            if managed:
+                decision = self.engine.reserve(request, node)
+                if not decision.scheduled:
+                    log.error("bound pod without an allocation does not fit its node: %s", decision.reason, extra=extra)
+                return
+            status = self.engine.assume(request, node, None)
+        else:
+            try:
+                record = decode_allocation(raw)
+            except AnnotationError as exc:
+                log.error("bound pod has a malformed allocation; its devices are not counted: %s", exc, extra=extra)
+                status = self.engine.assume(request, node, None)
+            else:
+                if not verify_allocation(record, self.key):
+                    log.warning("bound pod's allocation signature does not verify; counting its devices", extra=extra)
+                status = self.engine.assume(request, node, record)
+        if not status.ok:
+            log.error("bound pod could not be counted: %s", status.message, extra=extra)
+
+    # -- queues ---------------------------------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        """The cluster changed: unschedulable pods get another try once their backoff has passed."""
+        now = time.monotonic()
+        for entry in self.unschedulable.values():
+            entry.ready_at = max(now, entry.ready_at)
+            heapq.heappush(self.backoff, entry)
+        self.unschedulable.clear()
+
+    def _retry_later(self, entry: Entry) -> None:
+        entry.attempts += 1
+        entry.ready_at = time.monotonic() + min(MAX_BACKOFF, INITIAL_BACKOFF * 2 ** (entry.attempts - 1))
+        heapq.heappush(self.backoff, entry)
+
+    def _promote(self) -> None:
+        now = time.monotonic()
+        while self.backoff and self.backoff[0].ready_at <= now:
+            entry = heapq.heappop(self.backoff)
+            self.active.setdefault(entry.key, entry)
+        if now - self._last_flush > UNSCHEDULABLE_FLUSH:
+            self._last_flush = now
+            self._wake()
+        self.metrics.pending.labels("active").set(len(self.active))
+        self.metrics.pending.labels("backoff").set(len(self.backoff))
+        self.metrics.pending.labels("unschedulable").set(len(self.unschedulable))
+
+    # -- scheduling ------------------------------------------------------------------------------------------------
+
+    def _schedule(self, entry: Entry) -> None:
+        started = time.perf_counter()
+        decision = self.engine.schedule(entry.request)
+        self.metrics.latency.observe(time.perf_counter() - started)
+        extra = {"pod": entry.key, "node": decision.node}
+        if decision.scheduled:
+            self.metrics.attempts.labels("scheduled").inc()
+            self.in_flight[entry.key] = entry
+            self.pool.submit(self._bind, entry, decision)
+            return
+        result = "error" if decision.code.name == "ERROR" else "unschedulable"
+        self.metrics.attempts.labels(result).inc()
+        message = decision.reason or "no node fits"
+        log.info("unschedulable", extra={**extra, "reason": message})
+        entry.attempts += 1
+        entry.ready_at = time.monotonic() + min(MAX_BACKOFF, INITIAL_BACKOFF * 2 ** (entry.attempts - 1))
+        if message != entry.message:
+            entry.message = message
+            self.pool.submit(self._report_unschedulable, entry.request, message)
+        self.unschedulable[entry.key] = entry
+
+    def _bind(self, entry: Entry, decision: Decision) -> None:
+        pod = entry.request
+        base = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+        started = time.perf_counter()
+        try:
+            if decision.annotations:
+                patch = {"metadata": {"resourceVersion": entry.version, "annotations": decision.annotations}}
+                self.client.patch(base, patch)
+            self.client.post(
+                f"{base}/binding",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Binding",
+                    "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": decision.node},
+                },
+            )
+        except ApiError as exc:
+            self.events.put(("bind_failed", entry, decision, exc))
+            return
+        except Exception as exc:
+            self.events.put(("bind_failed", entry, decision, ApiError(0, "ClientError", str(exc))))
+            return
+        self.metrics.bind_latency.observe(time.perf_counter() - started)
+        self.events.put(("bound", entry, decision))
+
+    def _on_bound(self, entry: Entry, decision: Decision) -> None:
+        self.in_flight.pop(entry.key, None)
+        self.latest_version.pop(entry.key, None)
+        devices = (decision.allocation.containers if decision.allocation else None) or None
+        log.info("bound", extra={"pod": entry.key, "node": decision.node, "devices": devices})
+
+    def _on_bind_failed(self, entry: Entry, decision: Decision, error: ApiError) -> None:
+        self.in_flight.pop(entry.key, None)
+        self.metrics.bind_errors.inc()
+        held = self.engine.pods.get(entry.key)
+        if held is not None and held.request.uid == entry.request.uid:
+            self._release(entry.key)
+        log.warning(
+            "binding failed; reservation rolled back", extra={"pod": entry.key, "node": decision.node, "error": error}
+        )
+        if error.status == 404:
+            return  # the pod is gone
+        entry.version = self.latest_version.pop(entry.key, entry.version)
+        if error.status == 409 and "resourceVersion" not in str(error) and "modified" not in str(error):
+            # Already bound (by another scheduler or an earlier attempt): the pod watch will count it.
+            return
+        self._retry_later(entry)
+
+    def _report_unschedulable(self, pod: PodRequest, message: str) -> None:
+        now = now_rfc3339()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "uid": pod.uid,
+            },
+            "reason": "FailedScheduling",
+            "message": message,
+            "type": "Warning",
+            "source": {"component": self.name},
+            "reportingComponent": self.name,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        condition = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": message,
+                        "lastTransitionTime": now,
+                    }
+                ]
+            }
+        }
+        try:
+            self.client.post(f"/api/v1/namespaces/{pod.namespace}/events", event)
+            self.client.patch(f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status", condition, strategic=True)
+        except ApiError as exc:
+            log.warning("could not report the pod as unschedulable: %s", exc, extra={"pod": pod.key})
+
+    # -- the loop -------------------------------------------------------------------------------------------------
+
+    def _handle(self, item: tuple[Any, ...]) -> None:
+        kind = item[0]
+        if kind == "node":
+            self._on_nodes(item[1], item[2])
+        elif kind == "pod":
+            self._on_pods(item[1], item[2])
+        elif kind == "bound":
+            self._on_bound(item[1], item[2])
+        elif kind == "bind_failed":
+            self._on_bind_failed(item[1], item[2], item[3])
+
+    def run_loop(self) -> None:
+        while not self.stop.is_set():
+            self.heartbeat = time.monotonic()
+            ready = self.leading.is_set() and self.pods_synced.is_set()
+            timeout = 0.0 if ready and self.active else 0.2
+            try:
+                item = self.events.get(timeout=timeout) if timeout else self.events.get_nowait()
+                self._handle(item)
+                for _ in range(2000):
+                    self._handle(self.events.get_nowait())
+            except queue.Empty:
+                pass
+            self._promote()
+            if not ready:
+                continue
+            for _ in range(min(64, len(self.active))):
+                key = next(iter(self.active))
+                entry = self.active.pop(key)
+                self._schedule(entry)
+
+    # -- process ----------------------------------------------------------------------------------------------------
+
+    def start_informers(self) -> None:
+        nodes = Informer(self.client, "/api/v1/nodes", self._consume_nodes, self.stop, "nodes")
+        pods = Informer(self.client, "/api/v1/pods", self._consume_pods, self.stop, "pods")
+        nodes.start()
+        # Nodes first, so that the ledger rebuild finds every bound pod's node.
+        while not nodes.synced.wait(0.2):
+            if self.stop.is_set():
+                return
+        pods.start()
+
+    def ready(self) -> bool:
+        return self.nodes_synced.is_set() and self.pods_synced.is_set()
+
+    def healthy(self) -> bool:
+        return time.monotonic() - self.heartbeat < 30.0
+
+
+def serve_health(service: SchedulerService, address: str) -> ThreadingHTTPServer:
+    host, _, port = address.rpartition(":")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                body, status, kind = generate_latest(service.metrics.registry), 200, CONTENT_TYPE_LATEST
+            elif self.path == "/healthz":
+                ok = service.healthy()
+                body, status, kind = (b"ok" if ok else b"scheduling loop stalled"), 200 if ok else 500, "text/plain"
+            elif self.path == "/readyz":
+                ok = service.ready()
+                body, status, kind = (b"ok" if ok else b"informers not synced"), 200 if ok else 503, "text/plain"
+            else:
+                body, status, kind = b"not found", 404, "text/plain"
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
+    threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
+    return server
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    key = read_key(args.allocation_key_file)
+    plugins = make_plugin_manager("scheduler")
+    for failure in plugins.failures:
+        log.error("%s", failure)
+    client = KubeClient.from_kubeconfig(args.kubeconfig)
+    engine = Engine(plugins, policy=args.policy, signing_key=key)
+    service = SchedulerService(client, engine, name=args.scheduler_name, key=key, binders=args.binders)
+    server = serve_health(service, args.metrics_address)
+    log.info("kubegpu scheduler %s starting; metrics on %s:%d", args.scheduler_name, *server.server_address[:2])
+
+    def terminate(signum: int, _frame: Any) -> None:
+        log.info("received signal %d, shutting down", signum)
+        service.stop.set()
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, terminate)
+
+    def lost() -> None:
+        log.error("leadership lost; exiting so that a fresh process can stand by")
+        service.leading.clear()
+        service.metrics.leader.set(0)
+        service.stop.set()
+        service.exit_code = 1
+
+    def started() -> None:
+        service.metrics.leader.set(1)
+        service.leading.set()
+
+    if args.leader_elect:
+        LeaderElector(
+            client,
+            namespace=args.lease_namespace,
+            name=args.lease_name or args.scheduler_name,
+            identity=args.identity or f"{socket.gethostname()}_{os.getpid()}",
+            on_started=started,
+            on_stopped=lost,
+            stop=service.stop,
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
+        ).start()
+    else:
+        started()
+    threading.Thread(target=service.start_informers, name="informers", daemon=True).start()
+    service.run_loop()
+    service.pool.shutdown(wait=True, cancel_futures=False)
+    server.shutdown()
+    return service.exit_code
+
+
+def add_scheduler_parser(sub: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "scheduler",
+        help="the custom scheduler for pods whose spec.schedulerName names it",
+        description="Schedule pending pods whose spec.schedulerName equals --scheduler-name on a real cluster: "
+        "concrete devices are chosen by the plugins and written as the signed kubegpu.io/allocation annotation "
+        "before the Binding is created.",
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    parser.add_argument("--scheduler-name", default="kubegpu-scheduler", help="spec.schedulerName to serve")
+    parser.add_argument("--allocation-key-file", required=True, help="HMAC key shared with the CRI shim")
+    parser.add_argument("--policy", choices=POLICIES, default="binpack", help="node preference (default binpack)")
+    parser.add_argument(
+        "--no-leader-elect", dest="leader_elect", action="store_false", help="schedule without taking the Lease"
+    )
+    parser.add_argument("--lease-namespace", default="kube-system", help="namespace of the leader-election Lease")
+    parser.add_argument("--lease-name", help="name of the Lease (default: the scheduler name)")
+    parser.add_argument("--lease-duration", type=float, default=15.0, help="seconds (default 15)")
+    parser.add_argument("--renew-deadline", type=float, default=10.0, help="seconds (default 10)")
+    parser.add_argument("--retry-period", type=float, default=2.0, help="seconds (default 2)")
+    parser.add_argument("--identity", help="leader-election identity (default: hostname_pid)")
+    parser.add_argument(
+        "--metrics-address", default="0.0.0.0:10261", help="HOST:PORT for /metrics, /healthz, /readyz (port 0: any)"
+    )
+    parser.add_argument("--binders", type=int, default=16, help="concurrent annotation+binding writers (default 16)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(func=run)
+    return parser
