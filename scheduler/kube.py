@@ -60,7 +60,12 @@ def load_credentials(kubeconfig: str | None) -> Credentials:
         config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    authorization = configuration.get_api_key_with_prefix("authorization") or None
+    # Newer clients keep the token under "BearerToken", older ones under "authorization".
+    authorization = (
+        configuration.get_api_key_with_prefix("BearerToken")
+        or configuration.get_api_key_with_prefix("authorization")
+        or None
+    )
     return Credentials(
         host=configuration.host.rstrip("/"),
         ca_file=configuration.ssl_ca_cert,

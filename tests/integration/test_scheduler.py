@@ -1,0 +1,304 @@
+"""`kubegpu scheduler` against a real kube-apiserver: what an operator sees in the cluster."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import urllib3
+import yaml
+
+from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, verify_allocation
+from kubegpu.scheduler.kube import ApiError
+
+from .cluster import Cluster, wait_for
+
+TRN1 = {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
+INF2 = {"node.kubernetes.io/instance-type": "inf2.48xlarge"}
+P3 = {
+    "node.kubernetes.io/instance-type": "p3.16xlarge",
+    "nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB",
+    "nvidia.com/gpu.count": "8",
+    "nvidia.com/gpu.memory": "16160",
+}
+INTEL = {"gpu.intel.com/cards": "card0.card1"}
+SEVEN = (
+    "Instance type trn1.32xlarge does not support requests for device: 7. Please request a different number of devices."
+)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bound(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p for p in cluster.pods(namespace) if p["spec"].get("nodeName")}
+
+
+def wait_bound(cluster: Cluster, namespace: str, count: int, timeout: float = 60.0) -> dict[str, dict[str, Any]]:
+    return wait_for(
+        lambda: (b := bound(cluster, namespace)) and len(b) >= count and b,
+        timeout,
+        f"{count} pods bound in {namespace}",
+    )
+
+
+def devices_by_node(pods: dict[str, dict[str, Any]]) -> dict[str, Counter[str]]:
+    """node -> (resource family, device id) -> how many live pods hold it."""
+    held: dict[str, Counter[str]] = {}
+    for pod in pods.values():
+        record = decode_allocation(pod["metadata"]["annotations"][ALLOCATION_KEY])
+        counter = held.setdefault(record.node, Counter())
+        for resources in record.containers.values():
+            for resource, ids in resources.items():
+                family = "neuroncore" if resource.endswith("neuroncore") else resource.split("/")[0]
+                counter.update(f"{family}:{i}" for i in ids)
+    return held
+
+
+def test_mixed_device_pods_are_bound_with_valid_sets_and_signed_allocations(
+    cluster: Cluster, namespace: str, start_scheduler: Any, key_file: Path
+) -> None:
+    cluster.create_ready_node("trn1-a", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16})
+    cluster.create_ready_node("inf2-a", labels=INF2, allocatable={"aws.amazon.com/neuron": 12})
+    cluster.create_ready_node("p3-a", labels=P3, allocatable={"nvidia.com/gpu": 8})
+    cluster.create_ready_node(
+        "intel-a", labels=INTEL, allocatable={"gpu.intel.com/i915": 8, "gpu.intel.com/memory.max": "16G"}
+    )
+    scheduler = start_scheduler("kubegpu", "--no-leader-elect")
+    pods = {
+        "torus-8": {"main": {"aws.amazon.com/neurondevice": 8}},
+        "ring-3": {"main": {"aws.amazon.com/neuron": 3}},
+        "gpu-4": {"main": {"nvidia.com/gpu": 4}},
+        "media": {"encode": {"gpu.intel.com/i915": 1, "gpu.intel.com/memory.max": "5G"}},
+    }
+    for name, containers in pods.items():
+        selector = TRN1 if name == "torus-8" else None
+        cluster.create_pod(namespace, name, containers, scheduler="kubegpu", node_selector=selector)
+    cluster.create_pod(namespace, "other-scheduler", {"main": {}}, scheduler="default-scheduler")
+    placed = wait_bound(cluster, namespace, 4)
+    key = key_file.read_text().strip().encode()
+    assert set(placed) == set(pods), "the pod for another scheduler must stay pending"
+    for name, pod in placed.items():
+        record = decode_allocation(pod["metadata"]["annotations"][ALLOCATION_KEY])
+        assert verify_allocation(record, key), name
+        assert record.node == pod["spec"]["nodeName"] and record.podUID == pod["metadata"]["uid"]
+    torus = decode_allocation(placed["torus-8"]["metadata"]["annotations"][ALLOCATION_KEY])
+    assert torus.containers["main"]["aws.amazon.com/neurondevice"] in (
+        [str(i) for i in range(8)],
+        [str(i) for i in range(8, 16)],
+    )
+    ring = [
+        int(i)
+        for i in decode_allocation(placed["ring-3"]["metadata"]["annotations"][ALLOCATION_KEY]).containers["main"][
+            "aws.amazon.com/neuron"
+        ]
+    ]
+    assert ring == list(range(ring[0], ring[0] + 3))
+    gpus = decode_allocation(placed["gpu-4"]["metadata"]["annotations"][ALLOCATION_KEY])
+    assert sorted(gpus.containers["main"]["nvidia.com/gpu"]) in (["0", "1", "2", "3"], ["4", "5", "6", "7"])
+    media = placed["media"]["metadata"]["annotations"]
+    assert media["gas-container-cards"] in ("card0", "card1") and int(media["gas-ts"]) > 0
+    assert "msg=bound" in scheduler.output() and "pod=" in scheduler.output()
+
+
+def test_an_unsupported_torus_request_stays_pending_with_the_neuron_warning(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    cluster.create_ready_node("trn1-b", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16})
+    start_scheduler("kubegpu", "--no-leader-elect")
+    cluster.create_pod(namespace, "seven", {"main": {"aws.amazon.com/neurondevice": 7}}, scheduler="kubegpu")
+
+    def failed_event() -> dict[str, Any] | None:
+        return next((e for e in cluster.events(namespace) if e["reason"] == "FailedScheduling"), None)
+
+    event = wait_for(failed_event, 30, "a FailedScheduling event")
+    assert event["type"] == "Warning"
+    assert event["message"] == f"0/1 nodes are available: 1 {SEVEN}."
+    assert event["involvedObject"]["name"] == "seven"
+    pod = cluster.pods(namespace)[0]
+    condition = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
+    assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
+    assert SEVEN in condition["message"]
+    assert not pod["spec"].get("nodeName")
+
+
+def test_a_deleted_pod_frees_its_devices_for_a_waiting_pod(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    cluster.create_ready_node("trn1-c", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16})
+    start_scheduler("kubegpu", "--no-leader-elect")
+    cluster.create_pod(namespace, "first", {"main": {"aws.amazon.com/neurondevice": 16}}, scheduler="kubegpu")
+    wait_bound(cluster, namespace, 1)
+    cluster.create_pod(namespace, "second", {"main": {"aws.amazon.com/neurondevice": 16}}, scheduler="kubegpu")
+    wait_for(
+        lambda: any(e["involvedObject"]["name"] == "second" for e in cluster.events(namespace)),
+        30,
+        "the second pod to be reported unschedulable",
+    )
+    cluster.delete_pod(namespace, "first")
+    placed = wait_bound(cluster, namespace, 1, timeout=30)
+    assert set(placed) == {"second"}
+
+
+def test_a_killed_scheduler_restarts_without_double_allocating(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    for i in range(8):
+        cluster.create_ready_node(f"trn1-{i}", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16})
+    total = 120
+
+    def stream() -> None:
+        for i in range(total):
+            cluster.create_pod(
+                namespace, f"p{i:03d}", {"main": {"aws.amazon.com/neurondevice": 1}}, scheduler="kubegpu"
+            )
+
+    first = start_scheduler("kubegpu", "--no-leader-elect")
+    creator = threading.Thread(target=stream)
+    creator.start()
+    wait_for(lambda: len(bound(cluster, namespace)) >= 20, 60, "20 pods bound before the kill")
+    first.kill()  # SIGKILL: no clean-up, bindings in flight are cut off
+    survivors = len(bound(cluster, namespace))
+    creator.join()
+    assert survivors < total, "the kill should land in the middle of the stream"
+    start_scheduler("kubegpu", "--no-leader-elect")
+    placed = wait_bound(cluster, namespace, total, timeout=120)
+    held = devices_by_node(placed)
+    for node, devices in held.items():
+        doubles = [d for d, n in devices.items() if n > 1]
+        assert not doubles, f"{node}: devices held by two live pods: {doubles}"
+    assert sum(len(devices) for devices in held.values()) == total
+
+
+def test_only_the_leader_binds_and_a_standby_takes_over(cluster: Cluster, namespace: str, start_scheduler: Any) -> None:
+    cluster.create_ready_node("p3-b", labels=P3, allocatable={"nvidia.com/gpu": 8})
+    timing = ["--lease-namespace", namespace, "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5"]
+    one = start_scheduler("ha", *timing, "--identity", "one")
+    wait_for(lambda: "became the leader" in one.output(), 30, "the first replica to lead")
+    two = start_scheduler("ha", *timing, "--identity", "two")
+    cluster.create_pod(namespace, "a", {"main": {"nvidia.com/gpu": 1}}, scheduler="ha")
+    wait_bound(cluster, namespace, 1)
+    time.sleep(1.0)  # give a wrongly active standby the chance to show itself
+    assert "msg=bound" in one.output() and "msg=bound" not in two.output()
+    assert "became the leader" not in two.output()
+    one.kill()
+    killed_at = time.monotonic()
+    cluster.create_pod(namespace, "b", {"main": {"nvidia.com/gpu": 1}}, scheduler="ha")
+    wait_bound(cluster, namespace, 2, timeout=30)
+    assert time.monotonic() - killed_at < 4 + 10, "the standby took longer than the lease duration plus a margin"
+    assert "became the leader" in two.output() and "msg=bound" in two.output()
+    lease = cluster.client.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/ha")
+    assert lease["spec"]["holderIdentity"] == "two"
+
+
+def test_the_scheduler_survives_an_api_server_restart(cluster: Cluster, namespace: str, start_scheduler: Any) -> None:
+    cluster.create_ready_node("inf2-b", labels=INF2, allocatable={"aws.amazon.com/neuron": 12})
+    scheduler = start_scheduler("kubegpu", "--no-leader-elect")
+    cluster.create_pod(namespace, "before", {"main": {"aws.amazon.com/neuron": 2}}, scheduler="kubegpu")
+    wait_bound(cluster, namespace, 1)
+    cluster.stop_apiserver()
+    cluster.start_apiserver()
+    cluster.create_pod(namespace, "after", {"main": {"aws.amazon.com/neuron": 2}}, scheduler="kubegpu")
+    placed = wait_bound(cluster, namespace, 2, timeout=60)
+    held = devices_by_node(placed)["inf2-b"]
+    assert all(n == 1 for n in held.values()) and len(held) == 4
+    assert scheduler.process.poll() is None
+
+
+def test_metrics_health_and_readiness(cluster: Cluster, namespace: str, start_scheduler: Any) -> None:
+    cluster.create_ready_node("p3-c", labels=P3, allocatable={"nvidia.com/gpu": 8})
+    scheduler = start_scheduler("kubegpu", "--no-leader-elect")
+    cluster.create_pod(namespace, "ok", {"main": {"nvidia.com/gpu": 2}}, scheduler="kubegpu")
+    cluster.create_pod(namespace, "too-big", {"main": {"nvidia.com/gpu": 9}}, scheduler="kubegpu")
+    wait_bound(cluster, namespace, 1)
+    http = urllib3.PoolManager()
+    base = f"http://127.0.0.1:{scheduler.metrics_port}"
+
+    def metrics() -> str:
+        return http.request("GET", f"{base}/metrics").data.decode()
+
+    wait_for(lambda: 'result="unschedulable"' in metrics(), 30, "an unschedulable attempt in /metrics")
+    text = metrics()
+    assert 'kubegpu_scheduler_schedule_attempts_total{result="scheduled"} 1.0' in text
+    assert "kubegpu_scheduler_scheduling_duration_seconds_bucket" in text
+    assert 'kubegpu_scheduler_pending_pods{queue="unschedulable"} 1.0' in text
+    assert http.request("GET", f"{base}/healthz").status == 200
+    assert http.request("GET", f"{base}/readyz").status == 200
+
+
+def _apply(cluster: Cluster, documents: list[dict[str, Any]]) -> None:
+    paths = {
+        "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+        "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+        "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    }
+    for document in documents:
+        path = paths[document["kind"]].format(ns=document["metadata"].get("namespace", ""))
+        try:
+            cluster.client.post(path, document)
+        except ApiError as exc:
+            if exc.status != 409:  # 409: created by an earlier test of this session, the same objects
+                raise
+
+
+def test_the_example_rbac_is_enough_for_the_scheduler(
+    cluster: Cluster, namespace: str, start_scheduler: Any, tmp_path: Path
+) -> None:
+    documents = list(yaml.safe_load_all((ROOT / "examples/deploy/scheduler/rbac.yaml").read_text()))
+    _apply(cluster, documents)
+    token = cluster.client.post(
+        "/api/v1/namespaces/kube-system/serviceaccounts/kubegpu-scheduler/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600},
+        },
+    )["status"]["token"]
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "sa.kubeconfig", token)
+    cluster.create_ready_node("trn1-rbac", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16})
+    scheduler = start_scheduler(
+        "kubegpu-scheduler", "--lease-namespace", "kube-system", "--retry-period", "0.5", kubeconfig=kubeconfig
+    )
+    cluster.create_pod(namespace, "fits", {"main": {"aws.amazon.com/neurondevice": 4}}, scheduler="kubegpu-scheduler")
+    cluster.create_pod(namespace, "seven", {"main": {"aws.amazon.com/neurondevice": 7}}, scheduler="kubegpu-scheduler")
+    wait_bound(cluster, namespace, 1)
+    wait_for(
+        lambda: any(e["reason"] == "FailedScheduling" for e in cluster.events(namespace)),
+        30,
+        "the event written with the service account's identity",
+    )
+    pod = next(p for p in cluster.pods(namespace) if p["metadata"]["name"] == "seven")
+    assert any(c["type"] == "PodScheduled" and c["status"] == "False" for c in pod["status"]["conditions"])
+    output = scheduler.output()
+    assert "forbidden" not in output.lower(), output[-2000:]
+    assert "became the leader" in output
+    assert json.dumps(output).count("level=error") == 0, output[-2000:]
+
+
+def test_binding_stream_is_consistent_under_concurrent_creation(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    for i in range(2):
+        cluster.create_ready_node(f"p3-{i}", labels=P3, allocatable={"nvidia.com/gpu": 8})
+    start_scheduler("kubegpu", "--no-leader-elect")
+    threads = [
+        threading.Thread(
+            target=cluster.create_pod,
+            args=(namespace, f"g{i}", {"main": {"nvidia.com/gpu": 1}}),
+            kwargs={"scheduler": "kubegpu"},
+        )
+        for i in range(20)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    placed = wait_bound(cluster, namespace, 16, timeout=60)
+    time.sleep(1.0)
+    assert len(bound(cluster, namespace)) == 16, "only 16 GPUs exist"
+    for held in devices_by_node(placed).values():
+        assert all(n == 1 for n in held.values())
