@@ -556,7 +556,9 @@ def run(args: argparse.Namespace) -> int:
     plugins = make_plugin_manager("scheduler")
     for failure in plugins.failures:
         log.error("%s", failure)
-    client = KubeClient.from_kubeconfig(args.kubeconfig)
+    client = KubeClient.from_kubeconfig(
+        args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst, connections=max(16, args.binders + 4)
+    )
     engine = Engine(plugins, policy=args.policy, signing_key=key)
     service = SchedulerService(client, engine, name=args.scheduler_name, key=key, binders=args.binders)
     server = serve_health(service, args.metrics_address)
@@ -627,6 +629,10 @@ def add_scheduler_parser(sub: Any) -> argparse.ArgumentParser:
         "--metrics-address", default="0.0.0.0:10261", help="HOST:PORT for /metrics, /healthz, /readyz (port 0: any)"
     )
     parser.add_argument("--binders", type=int, default=16, help="concurrent annotation+binding writers (default 16)")
+    parser.add_argument(
+        "--kube-api-qps", type=float, default=50.0, help="API requests a second, as kube-scheduler's (default 50)"
+    )
+    parser.add_argument("--kube-api-burst", type=int, default=100, help="API request burst (default 100)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run)
     return parser

@@ -76,11 +76,43 @@ def load_credentials(kubeconfig: str | None) -> Credentials:
     )
 
 
-class KubeClient:
-    """Keep-alive JSON calls against one API server."""
+class RateLimiter:
+    """A token bucket, as client-go's: `qps` tokens a second, at most `burst` saved up. `qps <= 0` means no limit."""
 
-    def __init__(self, credentials: Credentials, *, connections: int = 16, timeout: float = 30.0) -> None:
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps = qps
+        self.burst = max(1, burst)
+        self.tokens = float(self.burst)
+        self.updated = time.monotonic()
+        self.lock = threading.Lock()
+
+    def acquire(self) -> None:
+        if self.qps <= 0:
+            return
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.qps)
+            self.updated = now
+            self.tokens -= 1.0
+            wait = -self.tokens / self.qps if self.tokens < 0 else 0.0
+        if wait:
+            time.sleep(wait)
+
+
+class KubeClient:
+    """Keep-alive JSON calls against one API server, rate-limited like client-go (watches are not limited)."""
+
+    def __init__(
+        self,
+        credentials: Credentials,
+        *,
+        connections: int = 16,
+        timeout: float = 30.0,
+        qps: float = 0.0,
+        burst: int = 1,
+    ) -> None:
         self.credentials = credentials
+        self.limiter = RateLimiter(qps, burst)
         self.host = credentials.host
         self.timeout = timeout
         options: dict[str, Any] = {"maxsize": connections, "block": False, "retries": False}
@@ -116,6 +148,7 @@ class KubeClient:
         content_type: str = JSON,
         timeout: float | None = None,
     ) -> Any:
+        self.limiter.acquire()
         headers = dict(self.headers)
         payload = None
         if body is not None:
