@@ -6,7 +6,7 @@ restarted scheduler never hands out a device a live pod holds. One thread owns t
 
 1. apply informer events (nodes first at start-up, then pods) and binding results;
 2. take pending pods in arrival order and run the engine's cycle;
-3. for a placement, reserve it in the engine at once and hand the API calls to a pool of binders: a merge patch of
+3. for a placement, reserve it in the engine at once and hand the API calls to the asynchronous writer: a merge patch of
    the pod's annotations (the signed allocation and the plugins' annotations) guarded by the pod's resourceVersion,
    then the Binding. A failure of either rolls the reservation back and retries the pod with backoff (1 s doubling
    to 10 s);
@@ -30,7 +30,6 @@ import socket
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -44,7 +43,7 @@ from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine
-from kubegpu.scheduler.kube import ApiError, Informer, KubeClient, now_rfc3339
+from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, Informer, KubeClient, now_rfc3339
 from kubegpu.scheduler.leader import LeaderElector
 
 __all__ = ["SchedulerService", "add_scheduler_parser", "configure_logging", "read_key"]
@@ -150,20 +149,20 @@ class SchedulerService:
     def __init__(
         self,
         client: KubeClient,
+        writer: AsyncKubeClient,
         engine: Engine,
         *,
         name: str,
         key: bytes,
-        binders: int = 16,
     ) -> None:
         self.client = client
+        self.writer = writer
         self.engine = engine
         self.name = name
         self.key = key
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.stop = threading.Event()
         self.metrics = Metrics()
-        self.pool = ThreadPoolExecutor(max_workers=binders, thread_name_prefix="binder")
         self.active: dict[str, Entry] = {}
         self.backoff: list[Entry] = []
         self.unschedulable: dict[str, Entry] = {}
@@ -258,6 +257,16 @@ class SchedulerService:
     def _apply_pod(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+        if kind == "MODIFIED" and not meta.get("deletionTimestamp"):
+            # Most events are our own writes (the annotation patch, the Binding) to pods we already account for:
+            # settle them from the raw object without parsing the whole pod again.
+            if key in self.in_flight and self.in_flight[key].request.uid == meta.get("uid"):
+                self.latest_version[key] = str(meta.get("resourceVersion", ""))
+                return
+            held = self.engine.pods.get(key)
+            phase = (obj.get("status") or {}).get("phase")
+            if held is not None and held.request.uid == meta.get("uid") and phase not in FINISHED:
+                return
         try:
             request, deleting = pod_request(obj)
         except InputError as exc:
@@ -366,7 +375,7 @@ class SchedulerService:
         if decision.scheduled:
             self.metrics.attempts.labels("scheduled").inc()
             self.in_flight[entry.key] = entry
-            self.pool.submit(self._bind, entry, decision)
+            self.writer.submit(self._bind(entry, decision))
             return
         result = "error" if decision.code.name == "ERROR" else "unschedulable"
         self.metrics.attempts.labels(result).inc()
@@ -376,18 +385,18 @@ class SchedulerService:
         entry.ready_at = time.monotonic() + min(MAX_BACKOFF, INITIAL_BACKOFF * 2 ** (entry.attempts - 1))
         if message != entry.message:
             entry.message = message
-            self.pool.submit(self._report_unschedulable, entry.request, message)
+            self.writer.submit(self._report_unschedulable(entry.request, message))
         self.unschedulable[entry.key] = entry
 
-    def _bind(self, entry: Entry, decision: Decision) -> None:
+    async def _bind(self, entry: Entry, decision: Decision) -> None:
         pod = entry.request
         base = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
         started = time.perf_counter()
         try:
             if decision.annotations:
                 patch = {"metadata": {"resourceVersion": entry.version, "annotations": decision.annotations}}
-                self.client.patch(base, patch)
-            self.client.post(
+                await self.writer.patch(base, patch)
+            await self.writer.post(
                 f"{base}/binding",
                 {
                     "apiVersion": "v1",
@@ -428,7 +437,7 @@ class SchedulerService:
             return
         self._retry_later(entry)
 
-    def _report_unschedulable(self, pod: PodRequest, message: str) -> None:
+    async def _report_unschedulable(self, pod: PodRequest, message: str) -> None:
         now = now_rfc3339()
         event = {
             "apiVersion": "v1",
@@ -556,11 +565,10 @@ def run(args: argparse.Namespace) -> int:
     plugins = make_plugin_manager("scheduler")
     for failure in plugins.failures:
         log.error("%s", failure)
-    client = KubeClient.from_kubeconfig(
-        args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst, connections=max(16, args.binders + 4)
-    )
+    client = KubeClient.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
+    writer = AsyncKubeClient(client.credentials, client.limiter, connections=args.binders)
     engine = Engine(plugins, policy=args.policy, signing_key=key)
-    service = SchedulerService(client, engine, name=args.scheduler_name, key=key, binders=args.binders)
+    service = SchedulerService(client, writer, engine, name=args.scheduler_name, key=key)
     server = serve_health(service, args.metrics_address)
     log.info("kubegpu scheduler %s starting; metrics on %s:%d", args.scheduler_name, *server.server_address[:2])
 
@@ -599,7 +607,7 @@ def run(args: argparse.Namespace) -> int:
         started()
     threading.Thread(target=service.start_informers, name="informers", daemon=True).start()
     service.run_loop()
-    service.pool.shutdown(wait=True, cancel_futures=False)
+    writer.close()
     server.shutdown()
     return service.exit_code
 
@@ -628,7 +636,9 @@ def add_scheduler_parser(sub: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics-address", default="0.0.0.0:10261", help="HOST:PORT for /metrics, /healthz, /readyz (port 0: any)"
     )
-    parser.add_argument("--binders", type=int, default=16, help="concurrent annotation+binding writers (default 16)")
+    parser.add_argument(
+        "--binders", type=int, default=32, help="annotation patches and Bindings in flight at once (default 32)"
+    )
     parser.add_argument(
         "--kube-api-qps", type=float, default=50.0, help="API requests a second, as kube-scheduler's (default 50)"
     )

@@ -12,18 +12,24 @@ backoff that doubles up to 30 s, so an API server restart is survived without th
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
+import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
+import aiohttp
 import orjson
 import urllib3
 
-__all__ = ["ApiError", "Informer", "KubeClient"]
+__all__ = ["ApiError", "AsyncKubeClient", "Informer", "KubeClient", "RateLimiter"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("kubegpu.kube")
 
@@ -86,15 +92,19 @@ class RateLimiter:
         self.updated = time.monotonic()
         self.lock = threading.Lock()
 
-    def acquire(self) -> None:
+    def reserve(self) -> float:
+        """Take a token; the seconds to wait before using it."""
         if self.qps <= 0:
-            return
+            return 0.0
         with self.lock:
             now = time.monotonic()
             self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.qps)
             self.updated = now
             self.tokens -= 1.0
-            wait = -self.tokens / self.qps if self.tokens < 0 else 0.0
+            return -self.tokens / self.qps if self.tokens < 0 else 0.0
+
+    def acquire(self) -> None:
+        wait = self.reserve()
         if wait:
             time.sleep(wait)
 
@@ -237,6 +247,82 @@ class KubeClient:
             raise ApiError(0, "Unreachable", f"WATCH {path}: {exc}") from None
         finally:
             response.release_conn()
+
+
+class AsyncKubeClient:
+    """The hot write path (annotation patches and Bindings): aiohttp on its own event-loop thread.
+
+    Many bindings are in flight at once; aiohttp parses responses in C, where `http.client` spends most of a call's
+    CPU in the `email` header parser, and the scheduler's CPU is shared with the API server on small machines.
+    Coroutines are submitted from other threads with `submit`; the session shares the rate limiter of the sync client.
+    """
+
+    def __init__(self, credentials: Credentials, limiter: RateLimiter, *, connections: int = 64) -> None:
+        self.credentials = credentials
+        self.limiter = limiter
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="kube-async", daemon=True)
+        self.thread.start()
+        self.session: aiohttp.ClientSession = self.submit(self._open(connections)).result()
+
+    async def _open(self, connections: int) -> aiohttp.ClientSession:
+        context: ssl.SSLContext | bool = False
+        if self.credentials.host.startswith("https"):
+            if self.credentials.verify:
+                context = ssl.create_default_context(cafile=self.credentials.ca_file)
+            else:
+                context = ssl.create_default_context()
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            if self.credentials.cert_file:
+                context.load_cert_chain(self.credentials.cert_file, self.credentials.key_file)
+        headers = {"Accept": JSON, "User-Agent": "kubegpu"}
+        if self.credentials.authorization:
+            headers["Authorization"] = self.credentials.authorization
+        connector = aiohttp.TCPConnector(limit=connections, ssl=context)
+        return aiohttp.ClientSession(connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=30))
+
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    async def request(self, method: str, path: str, body: Any = None, content_type: str = JSON) -> Any:
+        wait = self.limiter.reserve()
+        if wait:
+            await asyncio.sleep(wait)
+        try:
+            async with self.session.request(
+                method,
+                f"{self.credentials.host}{path}",
+                data=orjson.dumps(body) if body is not None else None,
+                headers={"Content-Type": content_type} if body is not None else None,
+            ) as response:
+                data = await response.read()
+                status = response.status
+                reason = response.reason or ""
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise ApiError(0, "Unreachable", f"{method} {path}: {exc!r}") from None
+        if status >= 400:
+            message = data.decode(errors="replace")[:500]
+            try:
+                document = orjson.loads(data)
+                reason, message = document.get("reason", reason), document.get("message", message)
+            except orjson.JSONDecodeError:
+                pass
+            raise ApiError(status, str(reason), str(message))
+        return orjson.loads(data) if data else None
+
+    async def patch(self, path: str, body: Any, *, strategic: bool = False) -> Any:
+        return await self.request("PATCH", path, body, STRATEGIC_PATCH if strategic else MERGE_PATCH)
+
+    async def post(self, path: str, body: Any) -> Any:
+        return await self.request("POST", path, body)
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.submit(self.session.close()).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
 
 
 Consumer = Callable[[str, Any], None]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kubegpu.core.models import DeviceCell, NodeInfo, Occupancy, PluginAllocation, PodRequest
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
@@ -326,8 +327,20 @@ def _int(value: object, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
+_last_requests: list[Any] = [None, None]  # the last pod asked about and its answer: fit and score ask in turn
+
+
 def neuron_requests(pod: PodRequest) -> tuple[Requests, Status | None]:
     """The pod's Neuron requests in container order, or the refusal of a container that mixes resources."""
+    if _last_requests[0] is pod:
+        cached: tuple[Requests, Status | None] = _last_requests[1]
+        return cached
+    answer = _neuron_requests(pod)
+    _last_requests[0], _last_requests[1] = pod, answer
+    return answer
+
+
+def _neuron_requests(pod: PodRequest) -> tuple[Requests, Status | None]:
     found = []
     for container in pod.containers:
         amounts = _amounts(container.resources)
