@@ -302,3 +302,26 @@ def test_binding_stream_is_consistent_under_concurrent_creation(
     assert len(bound(cluster, namespace)) == 16, "only 16 GPUs exist"
     for held in devices_by_node(placed).values():
         assert all(n == 1 for n in held.values())
+
+
+def test_a_finished_pod_releases_its_devices_and_a_new_node_wakes_waiting_pods(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    cluster.create_ready_node("p3-d", labels=P3, allocatable={"nvidia.com/gpu": 8})
+    start_scheduler("kubegpu", "--no-leader-elect")
+    cluster.create_pod(namespace, "job", {"main": {"nvidia.com/gpu": 8}}, scheduler="kubegpu")
+    wait_bound(cluster, namespace, 1)
+    for name in ("next", "later"):
+        cluster.create_pod(namespace, name, {"main": {"nvidia.com/gpu": 8}}, scheduler="kubegpu")
+    wait_for(
+        lambda: sum(e["reason"] == "FailedScheduling" for e in cluster.events(namespace)) >= 2,
+        30,
+        "both waiting pods reported unschedulable",
+    )
+    # The job completes (what the kubelet would report): its 8 GPUs go to one waiting pod ...
+    cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/job/status", {"status": {"phase": "Succeeded"}})
+    wait_bound(cluster, namespace, 2, timeout=30)
+    # ... and a node joining the cluster takes the other one.
+    cluster.create_ready_node("p3-e", labels=P3, allocatable={"nvidia.com/gpu": 8})
+    placed = wait_bound(cluster, namespace, 3, timeout=30)
+    assert {p["spec"]["nodeName"] for n, p in placed.items() if n != "job"} == {"p3-d", "p3-e"}
