@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from kubegpu import __version__
 
 PLANNED = {
-    "extender": "the HTTP scheduler-extender behind kube-scheduler",
     "crishim": "the CRI shim in front of containerd",
     "advertise": "the node device advertiser",
 }
@@ -90,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     from kubegpu.scheduler.custom import add_scheduler_parser
 
     add_scheduler_parser(sub)
+
+    from kubegpu.scheduler.extender import add_extender_parser
+
+    add_extender_parser(sub)
 
     for name, what in PLANNED.items():
         planned = sub.add_parser(

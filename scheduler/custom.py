@@ -154,9 +154,13 @@ class SchedulerService:
         *,
         name: str,
         key: bytes,
+        queue_pods: bool = True,
     ) -> None:
         self.client = client
         self.writer = writer
+        self.queue_pods = queue_pods
+        # The engine belongs to the loop thread; other threads (the extender's HTTP handlers) take this lock.
+        self.lock = threading.RLock()
         self.engine = engine
         self.name = name
         self.key = key
@@ -287,7 +291,7 @@ class SchedulerService:
             if held is None and key not in self.in_flight:
                 self._assume(request, obj)
             return
-        if deleting or request.scheduler_name != self.name:
+        if deleting or not self.queue_pods or request.scheduler_name != self.name:
             self._drop_pending(key)
             return
         if key in self.in_flight:
@@ -498,18 +502,20 @@ class SchedulerService:
             timeout = 0.0 if ready and self.active else 0.2
             try:
                 item = self.events.get(timeout=timeout) if timeout else self.events.get_nowait()
-                self._handle(item)
-                for _ in range(2000):
-                    self._handle(self.events.get_nowait())
+                with self.lock:
+                    self._handle(item)
+                    for _ in range(2000):
+                        self._handle(self.events.get_nowait())
             except queue.Empty:
                 pass
-            self._promote()
-            if not ready:
-                continue
-            for _ in range(min(64, len(self.active))):
-                key = next(iter(self.active))
-                entry = self.active.pop(key)
-                self._schedule(entry)
+            with self.lock:
+                self._promote()
+                if not ready:
+                    continue
+                for _ in range(min(64, len(self.active))):
+                    key = next(iter(self.active))
+                    entry = self.active.pop(key)
+                    self._schedule(entry)
 
     # -- process ----------------------------------------------------------------------------------------------------
 

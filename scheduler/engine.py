@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -304,7 +305,8 @@ class Engine:
                 return status
         return Status.success()
 
-    def _check(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status:
+    def check(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status:
+        """The whole filter phase for one node: Kubernetes' own filters, then each plugin's device fit."""
         status = self._basic_fit(record, pod, plan)
         if status is not None:
             return status
@@ -315,7 +317,7 @@ class Engine:
         record = self.nodes.get(name)
         if record is None:
             return Status.unresolvable("node(s) unknown to kubegpu")
-        return self._check(record, pod, self.plan(pod))
+        return self.check(record, pod, self.plan(pod))
 
     def _candidates(self, pod: PodRequest, plan: Plan) -> tuple[Iterator[tuple[int, dict[str, None]]], str]:
         """(node class, nodes) worth filtering, in policy order, and the resource the index selected them by.
@@ -377,7 +379,7 @@ class Engine:
             record = nodes.get(pod.node_name)
             if record is None:
                 return Decision(pod.key, False, reason=f"node {pod.node_name} is unknown", code=Code.UNRESOLVABLE)
-            status = self._check(record, pod, plan)
+            status = self.check(record, pod, plan)
             if not status.ok:
                 return Decision(
                     pod.key, False, reason=summarize_reasons(1, Counter({status.message: 1})), code=status.code
@@ -398,7 +400,7 @@ class Engine:
             for position, name in enumerate(members, 1):
                 record = nodes[name]
                 evaluated += 1
-                status = self._check(record, pod, plan)
+                status = self.check(record, pod, plan)
                 if status.ok:
                     feasible.append(name)
                     if len(feasible) >= self.sample:
@@ -440,7 +442,7 @@ class Engine:
                 pod.key, False, reason=f"pod {pod.key} already holds resources on a node", code=Code.UNRESOLVABLE
             )
         plan = self.plan(pod)
-        status = self._check(record, pod, plan)
+        status = self.check(record, pod, plan)
         if not status.ok:
             return Decision(pod.key, False, reason=status.message, code=status.code)
         return self._reserve(record, pod, plan)
@@ -573,6 +575,23 @@ class Engine:
         self._charge(record, pod_record.request, -1)
         self._refresh(record)
         return pod_record
+
+    @contextmanager
+    def pods_removed(self, keys: Iterable[str]) -> Iterator[list[PodRecord]]:
+        """Pretend the pods are gone (preemption what-ifs), then put back exactly what they held."""
+        removed = [record for key in keys if (record := self.release(key)) is not None]
+        try:
+            yield removed
+        finally:
+            for record in removed:
+                node = self.nodes.get(record.node)
+                if node is None:
+                    continue
+                status = self._take(node, record.request, record.parts)
+                if status.ok:
+                    self._place(node, record)
+                else:
+                    log.error("could not restore %s after a what-if: %s", record.request.key, status.message)
 
     # -- reporting -----------------------------------------------------------------------------------------------
 

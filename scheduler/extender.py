@@ -1,0 +1,494 @@
+"""`kubegpu extender`: kube-scheduler's HTTP extender protocol in front of the same engine and plugins.
+
+Many clusters (EKS among them) cannot replace the default scheduler; kube-scheduler can still delegate device
+decisions to an extender (`urlPrefix` `http(s)://HOST:PORT`, verbs `filter`, `prioritize`, `bind`, `preempt`). The
+cluster state comes from the same informers as the custom scheduler (`SchedulerService` with pod queueing off), so
+`nodeCacheCapable: true` works; a full `Nodes` list works too.
+
+* `/filter` (ExtenderArgs -> ExtenderFilterResult): the engine's filter per candidate node; nodes that devices in use
+  block go to `FailedNodes`, nodes that can never take the pod (a trn1 asked for 7 devices) to
+  `FailedAndUnresolvableNodes`; kube-scheduler puts these messages in its FailedScheduling event.
+* `/prioritize` (ExtenderArgs -> HostPriorityList): the engine's score (plugin topology score plus binpack/spread)
+  scaled to kube-scheduler's 0..10.
+* `/bind` (ExtenderBindingArgs -> ExtenderBindingResult): re-checks the fit and reserves the devices atomically
+  under the engine lock, writes the signed `kubegpu.io/allocation` and plugin annotations with a patch guarded by
+  the pod's resourceVersion, creates the Binding, and rolls the reservation back on any failure.
+* `/preempt` (ExtenderPreemptionArgs -> ExtenderPreemptionResult): keeps only candidate nodes where evicting the
+  proposed victims would free a valid device set for the pod.
+* `GET /apis/kubegpu/v1/nodes` and `/apis/kubegpu/v1/pods` (`?watch=true` streams changes as JSON lines): each node's
+  devices and who holds them.
+
+Bad input never takes the server down: malformed JSON, a body of the wrong shape or over the size limit get a 4xx
+with a JSON message naming the problem; a pod the protocol can answer about (an unknown node, an invalid quantity)
+gets a 200 whose `Error` explains, where the protocol has that field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import ssl
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kubegpu.core.errors import InputError, describe_validation_error
+from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.models import PodRequest
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.status import Code
+from kubegpu.scheduler.custom import SchedulerService, configure_logging, read_key
+from kubegpu.scheduler.engine import POLICIES, Engine
+from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, KubeClient
+
+__all__ = ["ExtenderServer", "add_extender_parser"]
+
+log = logging.getLogger("kubegpu.extender")
+
+MAX_BODY = 64 * 1024 * 1024
+MAX_EXTENDER_PRIORITY = 10
+MAX_ENGINE_SCORE = 200.0
+
+
+# -- protocol bodies (kube-scheduler sends Go field names, without JSON tags) ------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _NodeList(_Body):
+    items: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ExtenderArgs(_Body):
+    Pod: dict[str, Any]
+    Nodes: _NodeList | None = None
+    NodeNames: list[str] | None = None
+
+
+class BindingArgs(_Body):
+    PodName: str = Field(min_length=1)
+    PodNamespace: str = Field(min_length=1)
+    PodUID: str = ""
+    Node: str = Field(min_length=1)
+
+
+class _MetaPod(_Body):
+    UID: str
+
+
+class _MetaVictims(_Body):
+    Pods: list[_MetaPod] = Field(default_factory=list)
+    NumPDBViolations: int = 0
+
+
+class _Victims(_Body):
+    Pods: list[dict[str, Any]] = Field(default_factory=list)
+    NumPDBViolations: int = 0
+
+
+class PreemptionArgs(_Body):
+    Pod: dict[str, Any]
+    NodeNameToVictims: dict[str, _Victims] | None = None
+    NodeNameToMetaVictims: dict[str, _MetaVictims] | None = None
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+def _parse(model: type[_Body], body: bytes) -> Any:
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(400, f"the body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise BadRequest(400, f"the body must be a JSON object ({model.__name__}), not {type(document).__name__}")
+    try:
+        return model.model_validate(document)
+    except ValidationError as exc:
+        raise BadRequest(400, describe_validation_error(exc, model.__name__)) from None
+
+
+class ExtenderServer:
+    """The protocol logic, independent of the HTTP server that carries it."""
+
+    def __init__(self, service: SchedulerService) -> None:
+        self.service = service
+        self.engine: Engine = service.engine
+
+    def _pod(self, document: dict[str, Any]) -> PodRequest:
+        try:
+            request, _ = pod_request(document)
+        except InputError as exc:
+            raise _PodError(str(exc)) from None
+        return request
+
+    def _candidates(self, args: ExtenderArgs) -> list[str]:
+        if args.NodeNames is not None:
+            return list(args.NodeNames)
+        names = []
+        for item in args.Nodes.items if args.Nodes else []:
+            name = (item.get("metadata") or {}).get("name")
+            if not name:
+                continue
+            names.append(name)
+            if name not in self.engine.nodes:
+                try:  # a node the informer has not delivered yet: take kube-scheduler's copy
+                    self.engine.add_node(node_info(item))
+                except InputError as exc:
+                    log.warning("node in the request ignored: %s", exc, extra={"node": name})
+        return names
+
+    def filter(self, body: bytes) -> dict[str, Any]:
+        args: ExtenderArgs = _parse(ExtenderArgs, body)
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        passed: list[str] = []
+        try:
+            pod = self._pod(args.Pod)
+        except _PodError as exc:
+            return {"NodeNames": None, "Nodes": None, "FailedNodes": {}, "Error": f"invalid pod: {exc}"}
+        with self.service.lock:
+            names = self._candidates(args)
+            plan = self.engine.plan(pod)
+            settled: dict[int, str] = {}
+            for name in names:
+                record = self.engine.nodes.get(name)
+                if record is None:
+                    unresolvable[name] = "node(s) unknown to kubegpu (not in its node cache yet)"
+                    continue
+                known = settled.get(record.klass)
+                if known is not None:
+                    unresolvable[name] = known
+                    continue
+                status = self.engine.check(record, pod, plan)
+                if status.ok:
+                    passed.append(name)
+                elif status.code is Code.UNRESOLVABLE:
+                    unresolvable[name] = status.message
+                    settled[record.klass] = status.message
+                else:
+                    failed[name] = status.message
+        # Unresolvable nodes are listed in FailedNodes too: schedulers before 1.21 read only FailedNodes; newer ones
+        # let FailedAndUnresolvableNodes take precedence and skip preemption there.
+        result: dict[str, Any] = {
+            "FailedNodes": {**failed, **unresolvable},
+            "FailedAndUnresolvableNodes": unresolvable,
+            "Error": "",
+        }
+        if args.NodeNames is not None:
+            result["NodeNames"] = passed
+        else:
+            keep = set(passed)
+            items = [n for n in (args.Nodes.items if args.Nodes else []) if n.get("metadata", {}).get("name") in keep]
+            result["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
+        return result
+
+    def prioritize(self, body: bytes) -> list[dict[str, Any]]:
+        args: ExtenderArgs = _parse(ExtenderArgs, body)
+        try:
+            pod = self._pod(args.Pod)
+        except _PodError as exc:
+            raise BadRequest(422, f"invalid pod: {exc}") from None
+        scores = []
+        with self.service.lock:
+            plan = self.engine.plan(pod)
+            for name in self._candidates(args):
+                record = self.engine.nodes.get(name)
+                score = 0
+                if record is not None and self.engine.check(record, pod, plan).ok:
+                    raw = self.engine.score_node(name, pod)
+                    score = round(MAX_EXTENDER_PRIORITY * min(raw, MAX_ENGINE_SCORE) / MAX_ENGINE_SCORE)
+                scores.append({"Host": name, "Score": score})
+        return scores
+
+    def bind(self, body: bytes) -> dict[str, Any]:
+        args: BindingArgs = _parse(BindingArgs, body)
+        key = f"{args.PodNamespace}/{args.PodName}"
+        base = f"/api/v1/namespaces/{args.PodNamespace}/pods/{args.PodName}"
+        try:
+            obj = self.service.client.get(base)
+        except ApiError as exc:
+            return {"Error": f"pod {key}: {exc}"}
+        if args.PodUID and (obj.get("metadata") or {}).get("uid") != args.PodUID:
+            return {"Error": f"pod {key} has another UID than the one to bind ({args.PodUID}); it was recreated"}
+        try:
+            pod = self._pod(obj)
+        except _PodError as exc:
+            return {"Error": f"invalid pod {key}: {exc}"}
+        with self.service.lock:
+            held = self.engine.pods.get(key)
+            if held is not None and held.request.uid == pod.uid:
+                if held.node == args.Node:
+                    return {"Error": ""}  # already bound here (a retried bind)
+                return {"Error": f"pod {key} already holds devices on {held.node}"}
+            if args.Node not in self.engine.nodes:
+                return {"Error": f"node {args.Node} is unknown to kubegpu"}
+            decision = self.engine.reserve(pod, args.Node)
+        if not decision.scheduled:
+            return {"Error": f"pod {key} no longer fits node {args.Node}: {decision.reason}"}
+        try:
+            if decision.annotations:
+                version = (obj.get("metadata") or {}).get("resourceVersion")
+                self.service.client.patch(
+                    base, {"metadata": {"resourceVersion": version, "annotations": decision.annotations}}
+                )
+            self.service.client.post(
+                f"{base}/binding",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Binding",
+                    "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": args.Node},
+                },
+            )
+        except ApiError as exc:
+            with self.service.lock:
+                held = self.engine.pods.get(key)
+                if held is not None and held.request.uid == pod.uid:
+                    self.engine.release(key)
+            self.service.metrics.bind_errors.inc()
+            log.warning("binding failed; reservation rolled back", extra={"pod": key, "node": args.Node, "error": exc})
+            return {"Error": f"binding {key} to {args.Node} failed: {exc}"}
+        log.info(
+            "bound",
+            extra={
+                "pod": key,
+                "node": args.Node,
+                "devices": decision.allocation.containers if decision.allocation else None,
+            },
+        )
+        return {"Error": ""}
+
+    def preempt(self, body: bytes) -> dict[str, Any]:
+        args: PreemptionArgs = _parse(PreemptionArgs, body)
+        try:
+            pod = self._pod(args.Pod)
+        except _PodError as exc:
+            raise BadRequest(422, f"invalid pod: {exc}") from None
+        proposals: dict[str, tuple[list[str], int]] = {}
+        if args.NodeNameToMetaVictims is not None:
+            for node, meta in args.NodeNameToMetaVictims.items():
+                proposals[node] = ([p.UID for p in meta.Pods], meta.NumPDBViolations)
+        for node, victims in (args.NodeNameToVictims or {}).items():
+            uids = [str((p.get("metadata") or {}).get("uid", "")) for p in victims.Pods]
+            proposals[node] = (uids, victims.NumPDBViolations)
+        kept: dict[str, Any] = {}
+        with self.service.lock:
+            by_uid = {record.request.uid: key for key, record in self.engine.pods.items()}
+            for node, (uids, violations) in proposals.items():
+                if node not in self.engine.nodes:
+                    continue
+                keys = [by_uid[u] for u in uids if u in by_uid and self.engine.pods[by_uid[u]].node == node]
+                with self.engine.pods_removed(keys):
+                    fits = self.engine.filter_node(node, pod).ok
+                if fits:
+                    kept[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": violations}
+        return {"NodeNameToMetaVictims": kept}
+
+    # -- the monitoring API -----------------------------------------------------------------------------------------
+
+    def node_views(self) -> dict[str, dict[str, Any]]:
+        with self.service.lock:
+            views = {}
+            for name, record in self.engine.nodes.items():
+                if not record.states:
+                    continue
+                views[name] = {
+                    "name": name,
+                    "devices": [o.model_dump(mode="json") for o in self.engine.describe(name)],
+                    "pods": sorted(record.pods),
+                }
+            return views
+
+    def pod_views(self) -> dict[str, dict[str, Any]]:
+        with self.service.lock:
+            return {
+                key: {
+                    "pod": key,
+                    "uid": record.request.uid,
+                    "node": record.node,
+                    "devices": record.allocation.containers if record.allocation else {},
+                }
+                for key, record in self.engine.pods.items()
+                if record.allocation is not None
+            }
+
+
+class _PodError(Exception):
+    pass
+
+
+def _make_handler(server: ExtenderServer) -> type[BaseHTTPRequestHandler]:
+    routes = {
+        "/filter": server.filter,
+        "/prioritize": server.prioritize,
+        "/bind": server.bind,
+        "/preempt": server.preempt,
+    }
+    views = {"/apis/kubegpu/v1/nodes": server.node_views, "/apis/kubegpu/v1/pods": server.pod_views}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _reply(self, status: int, document: Any) -> None:
+            body = orjson.dumps(document)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:  # the http.server interface
+            path = urlsplit(self.path).path.rstrip("/")
+            verb = routes.get("/" + path.rsplit("/", 1)[-1]) if path else None
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                self.close_connection = True
+                self._reply(400, {"error": "Content-Length is not a number"})
+                return
+            if length > MAX_BODY or length < 0:
+                self.close_connection = True
+                self._reply(413, {"error": f"the body is {length} bytes; the limit is {MAX_BODY}"})
+                return
+            body = self.rfile.read(length)
+            if verb is None:
+                self._reply(404, {"error": f"unknown verb {path!r}; use filter, prioritize, bind or preempt"})
+                return
+            try:
+                self._reply(200, verb(body))
+            except BadRequest as exc:
+                self._reply(exc.status, {"error": str(exc)})
+            except Exception as exc:
+                log.exception("%s failed", path)
+                self._reply(400, {"error": f"could not process the request: {type(exc).__name__}: {exc}"})
+
+        def do_GET(self) -> None:  # the http.server interface
+            url = urlsplit(self.path)
+            view = views.get(url.path.rstrip("/"))
+            if url.path == "/healthz":
+                self._reply(200, {"status": "ok"})
+                return
+            if view is None:
+                self._reply(404, {"error": f"unknown path {url.path!r}"})
+                return
+            if parse_qs(url.query).get("watch", ["false"])[0].lower() not in ("true", "1"):
+                self._reply(200, {"items": list(view().values())})
+                return
+            self._watch(view)
+
+        def _watch(self, view: Any) -> None:
+            """Stream `{"type": ADDED|MODIFIED|DELETED, "object"}` lines, as a Kubernetes watch does."""
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            previous: dict[str, Any] = {}
+            try:
+                while not server.service.stop.is_set():
+                    current = view()
+                    lines = []
+                    for name, obj in current.items():
+                        if name not in previous:
+                            lines.append({"type": "ADDED", "object": obj})
+                        elif previous[name] != obj:
+                            lines.append({"type": "MODIFIED", "object": obj})
+                    lines.extend({"type": "DELETED", "object": obj} for n, obj in previous.items() if n not in current)
+                    for line in lines:
+                        data = orjson.dumps(line) + b"\n"
+                        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+                    previous = current
+                    time.sleep(0.5)
+            except (BrokenPipeError, ConnectionResetError):
+                return
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    return Handler
+
+
+def serve(server: ExtenderServer, listen: str, tls: ssl.SSLContext | None) -> ThreadingHTTPServer:
+    host, _, port = listen.rpartition(":")
+    httpd = ThreadingHTTPServer((host or "0.0.0.0", int(port)), _make_handler(server))
+    httpd.daemon_threads = True
+    if tls is not None:
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, name="extender-http", daemon=True).start()
+    return httpd
+
+
+def tls_context(cert: str | None, key: str | None, client_ca: str | None) -> ssl.SSLContext | None:
+    if not cert:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    if client_ca:
+        context.load_verify_locations(client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("kubegpu extender: --tls-cert and --tls-key go together")
+    if args.client_ca and not args.tls_cert:
+        raise SystemExit("kubegpu extender: --client-ca needs --tls-cert and --tls-key")
+    key = read_key(args.allocation_key_file)
+    plugins = make_plugin_manager("scheduler")
+    for failure in plugins.failures:
+        log.error("%s", failure)
+    client = KubeClient.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
+    writer = AsyncKubeClient(client.credentials, client.limiter, connections=4)
+    engine = Engine(plugins, policy=args.policy, signing_key=key)
+    service = SchedulerService(client, writer, engine, name="", key=key, queue_pods=False)
+    extender = ExtenderServer(service)
+    httpd = serve(extender, args.listen, tls_context(args.tls_cert, args.tls_key, args.client_ca))
+    scheme = "https" if args.tls_cert else "http"
+    log.info("kubegpu extender serving on %s://%s:%d", scheme, *httpd.server_address[:2])
+
+    def terminate(signum: int, _frame: Any) -> None:
+        log.info("received signal %d, shutting down", signum)
+        service.stop.set()
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, terminate)
+    threading.Thread(target=service.start_informers, name="informers", daemon=True).start()
+    service.run_loop()
+    httpd.shutdown()
+    writer.close()
+    return 0
+
+
+def add_extender_parser(sub: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "extender",
+        help="the HTTP scheduler-extender behind kube-scheduler",
+        description="Serve kube-scheduler's extender protocol (filter, prioritize, bind, preempt) with kubegpu's "
+        "engine and plugins, for clusters whose default scheduler cannot be replaced.",
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    parser.add_argument("--listen", default="0.0.0.0:8888", help="HOST:PORT to serve (default 0.0.0.0:8888)")
+    parser.add_argument("--allocation-key-file", required=True, help="HMAC key shared with the CRI shim")
+    parser.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    parser.add_argument("--client-ca", help="require client certificates signed by this CA (PEM)")
+    parser.add_argument("--policy", choices=POLICIES, default="binpack", help="node preference (default binpack)")
+    parser.add_argument("--kube-api-qps", type=float, default=50.0, help="API requests a second (default 50)")
+    parser.add_argument("--kube-api-burst", type=int, default=100, help="API request burst (default 100)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(func=run)
+    return parser
