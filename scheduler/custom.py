@@ -540,6 +540,8 @@ def serve_health(service: SchedulerService, address: str) -> ThreadingHTTPServer
     host, _, port = address.rpartition(":")
 
     class Handler(BaseHTTPRequestHandler):
+        disable_nagle_algorithm = True
+
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 body, status, kind = generate_latest(service.metrics.registry), 200, CONTENT_TYPE_LATEST

@@ -133,6 +133,7 @@ class Engine:
         self._index: dict[str, CapacityIndex] = {CPU_INDEX: CapacityIndex()}
         self._routes: dict[frozenset[str], dict[str, list[str]]] = {}
         self._classes: dict[tuple[object, ...], int] = {}
+        self.generation = 0  # bumped on every change of any node's state: lets callers cache answers
 
     # -- nodes ---------------------------------------------------------------------------------------------------
 
@@ -181,6 +182,7 @@ class Engine:
         record = self.nodes.pop(name, None)
         if record is None:
             return []
+        self.generation += 1
         for index in self._index.values():
             index.discard(name)
         gone = list(record.pods)
@@ -190,6 +192,7 @@ class Engine:
 
     def _refresh(self, record: NodeRecord) -> None:
         """Recompute the node's headroom after a change and move it in the capacity indexes."""
+        self.generation += 1
         name = record.name
         self._index[CPU_INDEX].set(name, record.free("cpu"), record.klass)
         for plugin, state in record.states.items():
