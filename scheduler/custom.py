@@ -145,6 +145,23 @@ class Entry:
     message: str | None = field(default=None, compare=False)
 
 
+async def write_placement(writer: AsyncKubeClient, pod: PodRequest, version: str, decision: Decision) -> None:
+    """Write a placement: the annotations with a merge patch guarded by the pod's resourceVersion, then the Binding
+    (guarded by the pod's UID). Used by the custom scheduler and the extender's bind verb alike."""
+    base = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+    if decision.annotations:
+        await writer.patch(base, {"metadata": {"resourceVersion": version, "annotations": decision.annotations}})
+    await writer.post(
+        f"{base}/binding",
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": decision.node},
+        },
+    )
+
+
 class SchedulerService:
     def __init__(
         self,
@@ -172,6 +189,7 @@ class SchedulerService:
         self.unschedulable: dict[str, Entry] = {}
         self.in_flight: dict[str, Entry] = {}
         self.latest_version: dict[str, str] = {}
+        self.unbound: dict[str, tuple[str, PodRequest]] = {}  # extender mode: pending pods and their versions
         self.leading = threading.Event()
         self.nodes_synced = threading.Event()
         self.pods_synced = threading.Event()
@@ -291,7 +309,14 @@ class SchedulerService:
             if held is None and key not in self.in_flight:
                 self._assume(request, obj)
             return
-        if deleting or not self.queue_pods or request.scheduler_name != self.name:
+        if not self.queue_pods:
+            # Extender mode: kube-scheduler queues the pods; remember the pending ones so that a bind needs no GET.
+            if deleting:
+                self.unbound.pop(key, None)
+            else:
+                self.unbound[key] = (version, request)
+            return
+        if deleting or request.scheduler_name != self.name:
             self._drop_pending(key)
             return
         if key in self.in_flight:
@@ -310,6 +335,7 @@ class SchedulerService:
         self.active[key] = Entry(time.monotonic(), key, request, version)
 
     def _drop_pending(self, key: str) -> None:
+        self.unbound.pop(key, None)
         self.active.pop(key, None)
         self.unschedulable.pop(key, None)
         if any(e.key == key for e in self.backoff):
@@ -393,22 +419,9 @@ class SchedulerService:
         self.unschedulable[entry.key] = entry
 
     async def _bind(self, entry: Entry, decision: Decision) -> None:
-        pod = entry.request
-        base = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
         started = time.perf_counter()
         try:
-            if decision.annotations:
-                patch = {"metadata": {"resourceVersion": entry.version, "annotations": decision.annotations}}
-                await self.writer.patch(base, patch)
-            await self.writer.post(
-                f"{base}/binding",
-                {
-                    "apiVersion": "v1",
-                    "kind": "Binding",
-                    "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
-                    "target": {"apiVersion": "v1", "kind": "Node", "name": decision.node},
-                },
-            )
+            await write_placement(self.writer, entry.request, entry.version, decision)
         except ApiError as exc:
             self.events.put(("bind_failed", entry, decision, exc))
             return

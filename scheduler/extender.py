@@ -43,7 +43,7 @@ from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.status import Code
-from kubegpu.scheduler.custom import SchedulerService, configure_logging, read_key
+from kubegpu.scheduler.custom import SchedulerService, configure_logging, read_key, write_placement
 from kubegpu.scheduler.engine import POLICIES, Engine
 from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, KubeClient
 
@@ -224,20 +224,29 @@ class ExtenderServer:
                 scores.append({"Host": name, "Score": score})
         return scores
 
+    def _pending(self, key: str, uid: str) -> tuple[str, PodRequest] | None:
+        """The pod to bind and its resourceVersion: from the informer's cache, else from the API server."""
+        with self.service.lock:
+            cached = self.service.unbound.get(key)
+        if cached is not None and (not uid or cached[1].uid == uid):
+            return cached
+        namespace, name = key.split("/", 1)
+        obj = self.service.client.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        if uid and (obj.get("metadata") or {}).get("uid") != uid:
+            raise _PodError(f"it has another UID than the one to bind ({uid}); it was recreated")
+        return str((obj.get("metadata") or {}).get("resourceVersion", "")), self._pod(obj)
+
     def bind(self, body: bytes) -> dict[str, Any]:
         args: BindingArgs = _parse(BindingArgs, body)
         key = f"{args.PodNamespace}/{args.PodName}"
-        base = f"/api/v1/namespaces/{args.PodNamespace}/pods/{args.PodName}"
         try:
-            obj = self.service.client.get(base)
+            found = self._pending(key, args.PodUID)
         except ApiError as exc:
             return {"Error": f"pod {key}: {exc}"}
-        if args.PodUID and (obj.get("metadata") or {}).get("uid") != args.PodUID:
-            return {"Error": f"pod {key} has another UID than the one to bind ({args.PodUID}); it was recreated"}
-        try:
-            pod = self._pod(obj)
         except _PodError as exc:
-            return {"Error": f"invalid pod {key}: {exc}"}
+            return {"Error": f"pod {key}: {exc}"}
+        assert found is not None
+        version, pod = found
         with self.service.lock:
             held = self.engine.pods.get(key)
             if held is not None and held.request.uid == pod.uid:
@@ -250,20 +259,7 @@ class ExtenderServer:
         if not decision.scheduled:
             return {"Error": f"pod {key} no longer fits node {args.Node}: {decision.reason}"}
         try:
-            if decision.annotations:
-                version = (obj.get("metadata") or {}).get("resourceVersion")
-                self.service.client.patch(
-                    base, {"metadata": {"resourceVersion": version, "annotations": decision.annotations}}
-                )
-            self.service.client.post(
-                f"{base}/binding",
-                {
-                    "apiVersion": "v1",
-                    "kind": "Binding",
-                    "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
-                    "target": {"apiVersion": "v1", "kind": "Node", "name": args.Node},
-                },
-            )
+            self.service.writer.submit(write_placement(self.service.writer, pod, version, decision)).result()
         except ApiError as exc:
             with self.service.lock:
                 held = self.engine.pods.get(key)
@@ -467,7 +463,7 @@ def run(args: argparse.Namespace) -> int:
     for failure in plugins.failures:
         log.error("%s", failure)
     client = KubeClient.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
-    writer = AsyncKubeClient(client.credentials, client.limiter, connections=4)
+    writer = AsyncKubeClient(client.credentials, client.limiter, connections=32)
     engine = Engine(plugins, policy=args.policy, signing_key=key)
     service = SchedulerService(client, writer, engine, name="", key=key, queue_pods=False)
     extender = ExtenderServer(service)
