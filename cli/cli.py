@@ -8,15 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 
 from kubegpu import __version__
-
-PLANNED = {
-    "crishim": "the CRI shim in front of containerd",
-    "advertise": "the node device advertiser",
-}
 
 
 def _plugins_list(args: argparse.Namespace) -> int:
@@ -60,11 +54,6 @@ def _plugins_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _planned(name: str) -> int:
-    print(f"kubegpu {name}: {PLANNED[name]} is not part of this release yet.", file=sys.stderr)
-    return 2
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kubegpu", description="Topology-aware scheduling of accelerator devices on Kubernetes."
@@ -94,13 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_extender_parser(sub)
 
-    for name, what in PLANNED.items():
-        planned = sub.add_parser(
-            name,
-            help=f"{what} (not part of this release yet)",
-            description=f"{what}: not part of this release yet; the command exits with status 2.",
-        )
-        planned.set_defaults(func=lambda _args, _name=name: _planned(_name))
+    from kubegpu.crishim.shim import add_crishim_parser
+
+    add_crishim_parser(sub)
+
+    from kubegpu.crishim.advertise import add_advertise_parser
+
+    add_advertise_parser(sub)
+
     return parser
 
 

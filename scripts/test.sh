@@ -16,7 +16,7 @@ mkdir -p build
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy (strict on kubegpu.core)"
-.venv/bin/mypy -p kubegpu.core -p kubegpu.scheduler -p kubegpu.plugins
+.venv/bin/mypy -p kubegpu.core -p kubegpu.scheduler -p kubegpu.plugins -p kubegpu.crishim
 echo "== import-linter (layering contracts, run on a plain copy: grimp does not follow link trees)"
 rm -rf build/lint-site
 .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation --target build/lint-site . > build/lint.log 2>&1 \
@@ -32,6 +32,10 @@ else
   ./scripts/k8s-binaries.sh | tee build/k8s-binaries.out
   KUBEGPU_K8S_BIN="$(tail -n 1 build/k8s-binaries.out)"
   export KUBEGPU_K8S_BIN
+  echo "== real components (containerd, runc, busybox image)"
+  ./scripts/containerd-env.sh | tee build/containerd-env.out
+  KUBEGPU_BUSYBOX_OCI="$(tail -n 1 build/containerd-env.out)"
+  export KUBEGPU_BUSYBOX_OCI
   echo "== pytest"
   .venv/bin/pytest "$@"
 fi

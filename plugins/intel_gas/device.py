@@ -1,13 +1,268 @@
-"""The intel-gas plugin, node side (Device hooks)."""
+"""The intel-gas plugin, node side: find Intel GPU cards on a host and hand a container its cards.
+
+Discovery reads only the host root it is given:
+
+* **Cards** are the DRM directories `sys/class/drm/cardN` (connectors such as `card0-DP-1` and render nodes
+  `renderD128` are not cards) whose `device/vendor` reads `0x8086`. The card name (`card0`) is the device id the
+  allocation uses.
+* **Details**, all optional: `device/device` (the PCI device id, e.g. `0x56c0`, used as the model),
+  `lmem_total_bytes` or `device/lmem_total_bytes` (local memory in bytes), the render node under `device/drm/`
+  (`renderD128`), the kernel driver (`device/driver` -> `i915` or `xe`) and the PCI address.
+
+The inventory: devices `{"id": "cardN", "model": "0x56c0", "memory", "attributes": {"render", "driver",
+"pciAddress"}}`; no topology (GAS has none). The scheduler side reads the ids and health.
+
+Health: a card whose sysfs directory has disappeared is unhealthy.
+
+Advertisement: `gpu.intel.com/i915` (or `gpu.intel.com/xe` for cards driven by `xe`) = healthy cards, one container
+per card as the Intel device plugin's default; `gpu.intel.com/millicores` = 1000 per healthy card and
+`gpu.intel.com/memory.max` = their local memory when every card says how much it has. Labels, as the Intel GPU
+labeler writes them, listing the healthy cards: `gpu.intel.com/gpu-numbers` = `0.1` (continued in `gpu-numbers2`,
+`...3`, each starting with `Z`, when longer than a label value may be) and the deprecated `gpu.intel.com/cards` =
+`card0.card1` (left out when too long: GAS reads `gpu-numbers` first).
+
+Container edit (the CRI shim, after it verified the allocation): the container's cards are the union of the card
+names under its `gpu.intel.com/*` resources.
+
+* every `/dev/dri/cardN` and `/dev/dri/renderDN` entry (by container or host path) is removed, then each card's
+  `/dev/dri/cardN` and its render node are added from `dev_root/dri/`. The render node is the one
+  `dev_root/dri/by-path/` pairs with the card (`pci-...-card` and `pci-...-render` links); without those links,
+  `renderD(128+N)` when that file exists;
+* env `KUBEGPU_INTEL_CARDS=card0,card1` (for tools and logs: Level Zero and VA-API find the cards through the
+  device nodes the container has);
+* CDI names `intel.com/gpu=cardN` (Intel's CDI vendor and class, named after the DRM card), replacing any other
+  name of that kind in the CDI device list and in `cdi.k8s.io/*` annotations.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
 from kubegpu.core.device_hooks import hookimpl
+from kubegpu.core.models import (
+    Advertisement,
+    ContainerAllocation,
+    ContainerEdit,
+    DeviceInfo,
+    DeviceInventory,
+    DeviceNode,
+    Scalar,
+)
+from kubegpu.plugins.intel_gas.cards import CARDS_LABEL, CONTINUATION_MARK, GPU_NUMBERS_LABEL, card_sort_key
+
+__all__ = ["CARDS_ENV", "CDI_KIND", "NAME", "RESOURCES", "discover", "split_label"]
 
 NAME = "intel-gas"
 RESOURCES = ["gpu.intel.com/*"]
+
+# ----------------------------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------------------------
+
+PREFIX = "gpu.intel.com/"
+I915 = "gpu.intel.com/i915"
+XE = "gpu.intel.com/xe"
+MILLICORES = "gpu.intel.com/millicores"
+MEMORY = "gpu.intel.com/memory.max"
+INTEL_VENDOR = "0x8086"
+DRM = Path("sys/class/drm")
+CARDS_ENV = "KUBEGPU_INTEL_CARDS"
+CDI_KIND = "intel.com/gpu"
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+RENDER_BASE = 128
+LABEL_LIMIT = 63
+
+_CARD = re.compile(r"card(0|[1-9][0-9]*)")
+_RENDER = re.compile(r"renderD[0-9]+")
+_DRI_NODE = re.compile(r"card[0-9]+|renderD[0-9]+")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Hook implementations
+# ----------------------------------------------------------------------------------------------------------
 
 
 @hookimpl
 def kubegpu_device_resources() -> list[str]:
     return list(RESOURCES)
+
+
+@hookimpl
+def kubegpu_device_discover(host_root: Path) -> DeviceInventory | None:
+    return discover(host_root)
+
+
+@hookimpl
+def kubegpu_device_health(host_root: Path, inventory: DeviceInventory) -> dict[str, bool]:
+    return {d.id: (host_root / DRM / d.id).is_dir() for d in inventory.devices}
+
+
+@hookimpl
+def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement:
+    cards = sorted(inventory.devices, key=lambda d: card_sort_key(d.id))
+    healthy = [d for d in cards if d.healthy]
+    capacity: dict[str, int] = {}
+    for card in cards:
+        resource = XE if card.attributes.get("driver") == "xe" else I915
+        capacity[resource] = capacity.get(resource, 0) + (1 if card.healthy else 0)
+    capacity[MILLICORES] = 1000 * len(healthy)
+    if cards and all(c.memory for c in cards):
+        capacity[MEMORY] = sum(c.memory or 0 for c in healthy)
+    numbers = ".".join(m.group(1) for c in healthy if (m := _CARD.fullmatch(c.id)))
+    labels = split_label(GPU_NUMBERS_LABEL, numbers)
+    names = ".".join(c.id for c in healthy)
+    if len(names) <= LABEL_LIMIT:
+        labels[CARDS_LABEL] = names
+    return Advertisement(capacity=capacity, labels=labels)
+
+
+@hookimpl
+def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: ContainerEdit, dev_root: Path) -> bool | None:
+    names = {card for resource, ids in allocation.resources.items() if resource.startswith(PREFIX) for card in ids}
+    if not names:
+        return None
+    for card in names:
+        if _CARD.fullmatch(card) is None:
+            raise ValueError(f"allocation names {card!r}, which is not an Intel GPU card (card0, card1, ...)")
+    cards = sorted(names, key=card_sort_key)
+    renders = render_nodes(dev_root / "dri")
+
+    edit.devices = [d for d in edit.devices if not (_is_dri_node(d.container_path) or _is_dri_node(d.host_path))]
+    for card in cards:
+        edit.devices.append(DeviceNode(host_path=str(dev_root / "dri" / card), container_path=f"/dev/dri/{card}"))
+        render = renders.get(card)
+        if render is None:
+            fallback = f"renderD{RENDER_BASE + int(card[4:])}"
+            render = fallback if (dev_root / "dri" / fallback).exists() else None
+        if render is not None:
+            edit.devices.append(
+                DeviceNode(host_path=str(dev_root / "dri" / render), container_path=f"/dev/dri/{render}")
+            )
+    edit.envs[CARDS_ENV] = ",".join(cards)
+    _replace_cdi(edit, [f"{CDI_KIND}={card}" for card in cards])
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pure helpers
+# ----------------------------------------------------------------------------------------------------------
+
+
+def discover(host_root: Path) -> DeviceInventory | None:
+    """The inventory of the Intel cards under `host_root`, or None when there are none."""
+    drm = host_root / DRM
+    if not drm.is_dir():
+        return None
+    devices = []
+    for entry in sorted(drm.iterdir(), key=lambda p: card_sort_key(p.name)):
+        if _CARD.fullmatch(entry.name) is None or not entry.is_dir():
+            continue
+        device = entry / "device"
+        if (_read(device / "vendor") or "").lower() != INTEL_VENDOR:
+            continue
+        attributes: dict[str, Scalar] = {}
+        render = _render_of(device / "drm")
+        if render:
+            attributes["render"] = render
+        driver = _link_name(device / "driver")
+        if driver:
+            attributes["driver"] = driver
+        address = _link_name(device)
+        if address and re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", address):
+            attributes["pciAddress"] = address
+        memory = _positive(_read(entry / "lmem_total_bytes")) or _positive(_read(device / "lmem_total_bytes"))
+        devices.append(
+            DeviceInfo(
+                id=entry.name,
+                model=(_read(device / "device") or "").lower() or None,
+                memory=memory,
+                attributes=attributes,
+            )
+        )
+    if not devices:
+        return None
+    return DeviceInventory(plugin=NAME, devices=devices)
+
+
+def split_label(name: str, value: str) -> dict[str, str]:
+    """A label value split as the Intel GPU labeler does: `name` holds the first 63 characters, `name2`, `name3`,
+    ... the rest, each prefixed with `Z`. Every piece ends with a digit, as a label value must end alphanumeric."""
+    labels: dict[str, str] = {}
+    rest, key, room, prefix, index = value, name, LABEL_LIMIT, "", 2
+    while True:
+        piece = rest[:room]
+        if len(rest) > room:
+            piece = piece.rstrip(".")
+        labels[key] = prefix + piece
+        rest = rest[len(piece) :]
+        if not rest:
+            return labels
+        key, room, prefix, index = f"{name}{index}", LABEL_LIMIT - len(CONTINUATION_MARK), CONTINUATION_MARK, index + 1
+
+
+def render_nodes(dri: Path) -> dict[str, str]:
+    """Card -> render node, from the `dri/by-path` links that pair them (`pci-0000:03:00.0-card` -> `../card1`,
+    `pci-0000:03:00.0-render` -> `../renderD129`)."""
+    by_path = dri / "by-path"
+    if not by_path.is_dir():
+        return {}
+    cards: dict[str, str] = {}
+    renders: dict[str, str] = {}
+    for link in by_path.iterdir():
+        target = Path(os.readlink(link)).name if link.is_symlink() else ""
+        if link.name.endswith("-card") and _CARD.fullmatch(target):
+            cards[link.name.removesuffix("-card")] = target
+        elif link.name.endswith("-render") and _RENDER.fullmatch(target):
+            renders[link.name.removesuffix("-render")] = target
+    return {card: renders[slot] for slot, card in cards.items() if slot in renders}
+
+
+def _render_of(drm: Path) -> str | None:
+    if not drm.is_dir():
+        return None
+    found = sorted(p.name for p in drm.iterdir() if _RENDER.fullmatch(p.name))
+    return found[0] if found else None
+
+
+def _link_name(path: Path) -> str | None:
+    try:
+        return Path(os.readlink(path)).name if path.is_symlink() else None
+    except OSError:
+        return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _positive(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        number = int(text, 0)
+    except ValueError:
+        return None
+    return number if number > 0 else None
+
+
+def _is_dri_node(path: str) -> bool:
+    node = Path(path)
+    return node.parent.name == "dri" and _DRI_NODE.fullmatch(node.name) is not None
+
+
+def _replace_cdi(edit: ContainerEdit, names: Iterable[str]) -> None:
+    """Make `names` the only CDI devices of this plugin's kind, in the device list and in CDI annotations."""
+    prefix = f"{CDI_KIND}="
+    edit.cdi_devices = [n for n in edit.cdi_devices if not n.startswith(prefix)] + list(names)
+    for key in [k for k in edit.annotations if k.startswith(CDI_ANNOTATION_PREFIX)]:
+        kept = [n for n in (p.strip() for p in edit.annotations[key].split(",")) if n and not n.startswith(prefix)]
+        if kept:
+            edit.annotations[key] = ",".join(kept)
+        else:
+            del edit.annotations[key]

@@ -162,7 +162,9 @@ def kubegpu_scheduler_build_node(node: NodeInfo) -> DeviceNodeState | None:
         healthy = [True] * len(cards)
     if not cards:
         return None
-    capacity = {r: amount // len(cards) for r, amount in node.allocatable.items() if r.startswith(PREFIX)}
+    # Allocatable counts the cards a device plugin or the advertiser can serve, so an unhealthy card is not in it.
+    serving = max(1, sum(healthy))
+    capacity = {r: amount // serving for r, amount in node.allocatable.items() if r.startswith(PREFIX)}
     return IntelGasState(node.name, cards, healthy, capacity)
 
 
@@ -355,9 +357,7 @@ def candidate_cards(state: IntelGasState, annotations: Mapping[str, str]) -> tup
     if not allow and not deny:
         return state.healthy_cards
     return tuple(
-        i
-        for i in state.healthy_cards
-        if (not allow or state.cards[i] in allow) and state.cards[i] not in deny
+        i for i in state.healthy_cards if (not allow or state.cards[i] in allow) and state.cards[i] not in deny
     )
 
 

@@ -195,19 +195,18 @@ def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: Plu
         return parsed
     devices, cores = parsed
     k = s.cores_per_device
+    # Unhealthy devices are never allocated (they are not free), but a pod that already holds one keeps it: the
+    # engine re-takes running pods when a node's inventory changes, and dropping them would free their other devices.
     for device in devices:
         if not s.present >> device & 1:
             return _error(f"device {device} does not exist on this node")
-        if not s.healthy >> device & 1:
-            return _error(f"device {device} is unhealthy")
-        if not s.device_is_free(device):
-            return _error(f"device {device} is already held by {s.holder_of_device(device)}")
+        holder = s.holder_of_device(device)
+        if holder is not None:
+            return _error(f"device {device} is already held by {holder}")
     for core in cores:
         device = core // k
         if not s.present >> device & 1:
             return _error(f"core {core} does not exist on this node")
-        if not s.healthy >> device & 1:
-            return _error(f"core {core} is on unhealthy device {device}")
         holder = s.core_holder.get(core) or s.device_holder.get(device)
         if holder is not None:
             return _error(f"core {core} is already held by {holder}")
@@ -243,19 +242,19 @@ def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: 
     k = s.cores_per_device
     for device in devices:
         del s.device_holder[device]
-        s.free_devices |= 1 << device
-        s.free_cores |= topo.interval(device * k, k)
+        s.free_devices |= (1 << device) & s.healthy
+        s.free_cores |= topo.interval(device * k, k) & s.healthy_cores
     for core in cores:
         device = core // k
         del s.core_holder[core]
-        s.free_cores |= 1 << core
+        s.free_cores |= (1 << core) & s.healthy_cores
         left = s.cores_held_on[device] - 1
         if left:
             s.cores_held_on[device] = left
         else:
             del s.cores_held_on[device]
             if device not in s.device_holder:
-                s.free_devices |= 1 << device
+                s.free_devices |= (1 << device) & s.healthy
     s.version += 1
     return Status.success()
 

@@ -1,13 +1,397 @@
-"""The nvidia plugin, node side (Device hooks)."""
+"""The nvidia plugin, node side: find NVIDIA GPUs through NVML and hand a container the GPUs it was given.
+
+Discovery asks NVML through the `nvidia-ml-py` package (import name `pynvml`), which is not a dependency of
+kubegpu: it is imported when needed, and a host without it, without the driver, or where `nvmlInit` fails has no
+NVIDIA inventory (logged once, never a crash). Install it with `pip install kubegpu[nvidia]` or `pip install
+nvidia-ml-py`.
+
+* **GPUs** are NVML's devices 0..count-1; the NVML index is the device id the allocation uses ("0", "1", ...),
+  which is what `NVIDIA_VISIBLE_DEVICES` counts. Each has its model (`nvmlDeviceGetName`, e.g.
+  `Tesla V100-SXM2-16GB`), total memory in bytes and attributes `uuid`, `minor` (the N of `/dev/nvidiaN`) and
+  `pciBusId`.
+* **Topology** from NVLink: for every GPU, the enabled links (`nvmlDeviceGetNvLinkState`) and what is at their far
+  end (`nvmlDeviceGetNvLinkRemotePciInfo`, `nvmlDeviceGetNvLinkRemoteDeviceType` when NVML has it). When every GPU
+  reaches an NVSwitch, the topology is `{"kind": "nvswitch"}` (all-to-all). Otherwise GPUs joined by NVLink form
+  groups, and a group of more than two is split further by how close its GPUs sit on PCIe
+  (`nvmlDeviceGetTopologyCommonAncestor`: same switch, same host bridge, same CPU): on a DGX-1 hybrid cube-mesh this
+  gives `{"groups": [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]}`, the format `topology.tree_from_inventory` reads. Without
+  NVLink the topology is left out and the scheduler falls back to the instance-type catalog.
+
+Health: a GPU is healthy while NVML still finds its UUID and, when the driver's device files are visible under the
+host root (`dev/nvidiactl` exists), its `dev/nvidiaN` file exists.
+
+Advertisement: `nvidia.com/gpu` = healthy GPUs; labels as GPU Feature Discovery writes them, for the healthy GPUs:
+`nvidia.com/gpu.product` (the first healthy GPU's model with spaces as `-`: `Tesla-V100-SXM2-16GB`),
+`nvidia.com/gpu.count`, `nvidia.com/gpu.memory` (MiB).
+
+Container edit (the CRI shim, after it verified the allocation):
+
+* every `/dev/nvidiaN` entry (by container or host path) is removed, then `/dev/nvidiaN` is added for each GPU,
+  where N is the GPU's minor number from NVML when NVML is available in the shim (looked up once per process),
+  else its index; the control devices `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools` and `nvidia-modeset` are added
+  when present under `dev_root` and not already there;
+* env `NVIDIA_VISIBLE_DEVICES="0,1"` (GPU indexes), which also tells the NVIDIA container runtime hook what to mount;
+* CDI names `nvidia.com/gpu=N` (the index names of `nvidia-ctk cdi generate`), replacing any other name of that
+  kind (`nvidia.com/gpu=all`, UUID names) in the CDI device list and in `cdi.k8s.io/*` annotations.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import logging
+import re
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
 from kubegpu.core.device_hooks import hookimpl
+from kubegpu.core.models import (
+    Advertisement,
+    ContainerAllocation,
+    ContainerEdit,
+    DeviceInfo,
+    DeviceInventory,
+    DeviceNode,
+    Scalar,
+)
+
+__all__ = ["CDI_KIND", "NAME", "RESOURCES", "VISIBLE_ENV", "discover", "link_groups", "product_label"]
 
 NAME = "nvidia"
 RESOURCES = ["nvidia.com/gpu"]
+RESOURCE = "nvidia.com/gpu"
+
+# ----------------------------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------------------------
+
+VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
+CDI_KIND = "nvidia.com/gpu"
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+COUNT_LABEL = "nvidia.com/gpu.count"
+MEMORY_LABEL = "nvidia.com/gpu.memory"
+MIB = 1024 * 1024
+LABEL_LIMIT = 63
+FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED
+DEVICE_TYPE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
+DEFAULT_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS of current drivers
+
+_GPU_FILE = re.compile(r"nvidia(0|[1-9][0-9]*)")
+_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+log = logging.getLogger(__name__)
+
+# (the pynvml module it was read from, index -> minor number): one NVML session per shim process, not per container.
+_minor_cache: tuple[ModuleType, dict[int, int]] | None = None
+_init_failures: set[str] = set()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Hook implementations
+# ----------------------------------------------------------------------------------------------------------
 
 
 @hookimpl
 def kubegpu_device_resources() -> list[str]:
     return list(RESOURCES)
+
+
+@hookimpl
+def kubegpu_device_discover(host_root: Path) -> DeviceInventory | None:
+    nvml = _load_nvml()
+    if nvml is None:
+        return None
+    inventory: DeviceInventory | None = _with_nvml(nvml, discover, None)
+    return inventory
+
+
+@hookimpl
+def kubegpu_device_health(host_root: Path, inventory: DeviceInventory) -> dict[str, bool]:
+    nvml = _load_nvml()
+    alive: set[str] = set()
+    if nvml is not None:
+        alive = _with_nvml(nvml, lambda n: _live_uuids(n, inventory), set())
+    dev = host_root / "dev"
+    files_visible = (dev / "nvidiactl").exists()
+    health = {}
+    for device in inventory.devices:
+        uuid = str(device.attributes.get("uuid", ""))
+        minor = device.attributes.get("minor", device.id)
+        present = not files_visible or (dev / f"nvidia{minor}").exists()
+        health[device.id] = uuid in alive and present
+    return health
+
+
+@hookimpl
+def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement:
+    healthy = [d for d in inventory.devices if d.healthy]
+    labels = {COUNT_LABEL: str(len(healthy))}
+    if healthy and healthy[0].model:
+        labels[PRODUCT_LABEL] = product_label(healthy[0].model)
+    if healthy and healthy[0].memory:
+        labels[MEMORY_LABEL] = str(healthy[0].memory // MIB)
+    return Advertisement(capacity={RESOURCE: len(healthy)}, labels=labels)
+
+
+@hookimpl
+def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: ContainerEdit, dev_root: Path) -> bool | None:
+    ids = allocation.resources.get(RESOURCE)
+    if not ids:
+        return None
+    indexes = []
+    for gpu in ids:
+        if not (gpu.isascii() and gpu.isdigit()):
+            raise ValueError(f"allocation names GPU {gpu!r}, which is not an NVIDIA GPU index (0, 1, ...)")
+        indexes.append(int(gpu))
+    indexes = sorted(set(indexes))
+    minors = minor_numbers()
+
+    edit.devices = [d for d in edit.devices if not (_is_gpu_file(d.container_path) or _is_gpu_file(d.host_path))]
+    for index in indexes:
+        minor = minors.get(index, index)
+        edit.devices.append(
+            DeviceNode(host_path=str(dev_root / f"nvidia{minor}"), container_path=f"/dev/nvidia{minor}")
+        )
+    present = {d.container_path for d in edit.devices}
+    for name in CONTROL_DEVICES:
+        if f"/dev/{name}" not in present and (dev_root / name).exists():
+            edit.devices.append(DeviceNode(host_path=str(dev_root / name), container_path=f"/dev/{name}"))
+    edit.envs[VISIBLE_ENV] = ",".join(str(i) for i in indexes)
+    _replace_cdi(edit, [f"{CDI_KIND}={i}" for i in indexes])
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------------
+# NVML
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _load_nvml() -> ModuleType | None:
+    """The `pynvml` module, or None when nvidia-ml-py is not installed (a host without NVIDIA GPUs, usually)."""
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError:
+        return None
+
+
+def _with_nvml(nvml: ModuleType, work: Callable[[ModuleType], Any], default: Any) -> Any:
+    """Run `work` inside nvmlInit/nvmlShutdown; an NVML failure (no driver, no GPU) gives `default`."""
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        # Said once per reason: an advertiser on a host without the driver would otherwise repeat it every interval.
+        message = str(exc)
+        if message not in _init_failures:
+            _init_failures.add(message)
+            log.info("NVML is not usable, so no NVIDIA GPUs are found: %s", message)
+        return default
+    try:
+        return work(nvml)
+    except nvml.NVMLError as exc:
+        log.warning("NVML failed while reading the GPUs: %s", exc)
+        return default
+    finally:
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+
+
+def discover(nvml: ModuleType) -> DeviceInventory | None:
+    """The inventory NVML describes (call between nvmlInit and nvmlShutdown)."""
+    count = nvml.nvmlDeviceGetCount()
+    if count < 1:
+        return None
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    buses = [_bus_id(nvml.nvmlDeviceGetPciInfo(h)) for h in handles]
+    devices = []
+    for index, handle in enumerate(handles):
+        attributes: dict[str, Scalar] = {"uuid": _text(nvml.nvmlDeviceGetUUID(handle))}
+        minor = _optional(nvml, "nvmlDeviceGetMinorNumber", handle)
+        attributes["minor"] = minor if isinstance(minor, int) else index
+        if buses[index]:
+            attributes["pciBusId"] = buses[index]
+        devices.append(
+            DeviceInfo(
+                id=str(index),
+                model=_text(nvml.nvmlDeviceGetName(handle)).strip() or None,
+                memory=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+                attributes=attributes,
+            )
+        )
+    topology = nvlink_topology(nvml, handles, buses)
+    return DeviceInventory(plugin=NAME, devices=devices, topology=topology)
+
+
+def nvlink_topology(nvml: ModuleType, handles: Sequence[Any], buses: Sequence[str]) -> dict[str, Any]:
+    """The inventory topology from NVLink (and PCIe closeness inside NVLink groups); {} without NVLink."""
+    gpu_of_bus = {bus: i for i, bus in enumerate(buses) if bus}
+    max_links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", DEFAULT_MAX_LINKS))
+    linked: set[tuple[int, int]] = set()
+    on_switch: set[int] = set()
+    for i, handle in enumerate(handles):
+        for link in range(max_links):
+            state = _optional(nvml, "nvmlDeviceGetNvLinkState", handle, link)
+            if state != FEATURE_ENABLED:
+                continue
+            remote_type = _optional(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+            info = _optional(nvml, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+            remote = gpu_of_bus.get(_bus_id(info)) if info is not None else None
+            if remote_type == DEVICE_TYPE_SWITCH or (remote is None and info is not None and remote_type is None):
+                on_switch.add(i)
+            elif remote is not None and remote != i:
+                linked.add((min(i, remote), max(i, remote)))
+    count = len(handles)
+    if count > 1 and len(on_switch) == count:
+        return {"kind": "nvswitch"}
+    switch = sorted(on_switch)
+    linked |= {(a, b) for a in switch for b in switch if a < b}
+    if not linked:
+        return {}
+
+    def ancestor(a: int, b: int) -> int | None:
+        level = _optional(nvml, "nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])
+        return level if isinstance(level, int) else None
+
+    return {"groups": link_groups(count, linked, ancestor)}
+
+
+def link_groups(count: int, linked: Iterable[tuple[int, int]], ancestor: Callable[[int, int], int | None]) -> list[Any]:
+    """Nested groups over GPUs 0..count-1: the NVLink-connected sets (two or more GPUs), each split by PCIe
+    closeness where `ancestor(a, b)` (NVML's common-ancestor level: lower is closer) tells it."""
+    pairs = {(min(a, b), max(a, b)) for a, b in linked}
+    components = _components(list(range(count)), lambda a, b: (min(a, b), max(a, b)) in pairs)
+    groups = [_refine(c, ancestor) for c in components if len(c) > 1]
+    if len(components) == 1 and groups and isinstance(groups[0][0], list):
+        return list(groups[0])  # one group of every GPU, split further: its parts are the root's groups
+    return groups
+
+
+def _refine(members: list[int], ancestor: Callable[[int, int], int | None]) -> Any:
+    """Split `members` at the closest PCIe level that divides them, recursively; a lone GPU stays itself."""
+    if len(members) == 1:
+        return members[0]
+    levels: dict[tuple[int, int], int] = {}
+    for x, a in enumerate(members):
+        for b in members[x + 1 :]:
+            level = ancestor(a, b)
+            if level is None:  # NVML cannot tell: keep the NVLink group whole
+                return members
+            levels[(a, b)] = level
+    for threshold in sorted(set(levels.values()), reverse=True)[1:]:  # skip the level that joins them all
+
+        def close(a: int, b: int, threshold: int = threshold) -> bool:
+            return levels[(min(a, b), max(a, b))] <= threshold
+
+        parts = _components(members, close)
+        if len(parts) > 1:
+            return [_refine(part, ancestor) for part in parts]
+    return members
+
+
+def _components(members: list[int], joined: Callable[[int, int], bool]) -> list[list[int]]:
+    """The connected components of `members` under `joined`, each ascending, ordered by their lowest member."""
+    left = list(members)
+    found = []
+    while left:
+        stack, component = [left.pop(0)], []
+        while stack:
+            a = stack.pop()
+            component.append(a)
+            near = [b for b in left if joined(a, b)]
+            left = [b for b in left if b not in near]
+            stack.extend(near)
+        found.append(sorted(component))
+    return sorted(found)
+
+
+def _live_uuids(nvml: ModuleType, inventory: DeviceInventory) -> set[str]:
+    alive = set()
+    for device in inventory.devices:
+        uuid = str(device.attributes.get("uuid", ""))
+        if uuid and _optional(nvml, "nvmlDeviceGetHandleByUUID", uuid) is not None:
+            alive.add(uuid)
+    return alive
+
+
+def minor_numbers() -> dict[int, int]:
+    """GPU index -> minor number from NVML, read once per process (and per pynvml module); {} without NVML."""
+    global _minor_cache
+    nvml = _load_nvml()
+    if nvml is None:
+        return {}
+    if _minor_cache is not None and _minor_cache[0] is nvml:
+        return _minor_cache[1]
+
+    def read(n: ModuleType) -> dict[int, int]:
+        found = {}
+        for index in range(n.nvmlDeviceGetCount()):
+            handle = n.nvmlDeviceGetHandleByIndex(index)
+            minor = _optional(n, "nvmlDeviceGetMinorNumber", handle)
+            if isinstance(minor, int):
+                found[index] = minor
+        return found
+
+    minors: dict[int, int] | None = _with_nvml(nvml, read, None)
+    if minors is None:
+        return {}
+    _minor_cache = (nvml, minors)
+    return minors
+
+
+def _optional(nvml: ModuleType, function: str, *args: Any) -> Any:
+    """`nvml.<function>(*args)`, or None when NVML does not support it here (an old driver or nvidia-ml-py, a GPU
+    without NVLink)."""
+    try:
+        return getattr(nvml, function)(*args)
+    except (nvml.NVMLError, AttributeError):
+        return None
+
+
+def _text(value: object) -> str:
+    """NVML strings come as bytes from older nvidia-ml-py releases and as str from newer ones."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _bus_id(info: object) -> str:
+    """A PCI bus id normalised for comparison (`00000000:07:00.0` and `0000:07:00.0` are the same device)."""
+    raw = _text(getattr(info, "busId", "") or "").strip().lower()
+    parts = raw.split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0")
+    if len(parts) != 3:
+        return raw
+    try:
+        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+    except ValueError:
+        return raw
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pure helpers
+# ----------------------------------------------------------------------------------------------------------
+
+
+def product_label(model: str) -> str:
+    """A model as GPU Feature Discovery writes `nvidia.com/gpu.product`: spaces (and anything a label value may
+    not hold) as `-`, at most 63 characters, starting and ending alphanumeric."""
+    value = _LABEL_UNSAFE.sub("-", model.strip())[:LABEL_LIMIT]
+    return value.strip("-_.")
+
+
+def _is_gpu_file(path: str) -> bool:
+    return _GPU_FILE.fullmatch(Path(path).name) is not None
+
+
+def _replace_cdi(edit: ContainerEdit, names: Iterable[str]) -> None:
+    """Make `names` the only CDI devices of this plugin's kind, in the device list and in CDI annotations."""
+    prefix = f"{CDI_KIND}="
+    edit.cdi_devices = [n for n in edit.cdi_devices if not n.startswith(prefix)] + list(names)
+    for key in [k for k in edit.annotations if k.startswith(CDI_ANNOTATION_PREFIX)]:
+        kept = [n for n in (p.strip() for p in edit.annotations[key].split(",")) if n and not n.startswith(prefix)]
+        if kept:
+            edit.annotations[key] = ",".join(kept)
+        else:
+            del edit.annotations[key]

@@ -228,18 +228,15 @@ def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest) -> Plugi
 
 
 @hookimpl
-def kubegpu_scheduler_take(
-    state: DeviceNodeState, pod_key: str, allocation: PluginAllocation
-) -> Status | None:
+def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status | None:
     assert isinstance(state, NvidiaNodeState)
     bits, error = allocation_bits(state, allocation)
+    # An unhealthy GPU is never allocated (it is not free), but a pod that already holds one keeps it: the engine
+    # re-takes running pods when a node's inventory changes, and dropping them would free their other GPUs.
     if error is None:
         for bit in bits:
-            if not state.healthy >> bit & 1:
-                error = f"device {state.ids[bit]} is unhealthy"
-            elif state.holders[bit] is not None:
+            if state.holders[bit] is not None:
                 error = f"device {state.ids[bit]} is already held by {state.holders[bit]}"
-            if error:
                 break
     if error:
         return Status.error(error, plugin=NAME)
@@ -251,9 +248,7 @@ def kubegpu_scheduler_take(
 
 
 @hookimpl
-def kubegpu_scheduler_release(
-    state: DeviceNodeState, pod_key: str, allocation: PluginAllocation
-) -> Status | None:
+def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status | None:
     assert isinstance(state, NvidiaNodeState)
     bits, error = allocation_bits(state, allocation)
     if error is None:
@@ -265,7 +260,7 @@ def kubegpu_scheduler_release(
         return Status.error(error, plugin=NAME)
     for bit in bits:
         state.holders[bit] = None
-        state.free |= 1 << bit
+        state.free |= (1 << bit) & state.healthy
     state.version += 1
     return Status.success()
 
@@ -470,9 +465,7 @@ def catalog_tree(kind: str | None, gpus: int) -> GroupTree:
     return build_tree(entry.kind, gpus, entry.groups)
 
 
-def state_from_labels(
-    node: str, labels: Mapping[str, str], allocatable: Mapping[str, int]
-) -> NvidiaNodeState | None:
+def state_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping[str, int]) -> NvidiaNodeState | None:
     found = gpus_from_labels(labels, allocatable)
     if found is None:
         return None

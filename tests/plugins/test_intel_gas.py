@@ -140,9 +140,7 @@ CARDS = "gpu.intel.com/cards"
         "no-labels",
     ],
 )
-def test_cards_come_from_gpu_numbers_then_the_cards_label(
-    labels: dict[str, str], expected: list[str]
-) -> None:
+def test_cards_come_from_gpu_numbers_then_the_cards_label(labels: dict[str, str], expected: list[str]) -> None:
     assert cards_from_labels(labels) == expected
 
 
@@ -188,8 +186,7 @@ def test_every_intel_resource_is_split_evenly_over_the_cards(gas: Gas) -> None:
     refused = gas.fit(state=state, pod=gpu_pod(memory=str(16 * G // 3 + 1)))
     assert refused.code is Code.UNRESOLVABLE
     assert refused.message == (
-        f"{NO_FIT} ({MEM}: needs 5333333334 (~5.33G) on each of 1 card(s); "
-        "a card of this node has 5333333333 (~5.33G))"
+        f"{NO_FIT} ({MEM}: needs 5333333334 (~5.33G) on each of 1 card(s); a card of this node has 5333333333 (~5.33G))"
     )
 
 
@@ -207,9 +204,7 @@ def test_seed_example_third_5g_pod_does_not_fit_two_8g_cards(gas: Gas) -> None:
     third = gas.fit(state=state, pod=gpu_pod("gas-2", memory="5G"))
     assert gas.headroom(state=state).free[MEM] == 6 * G  # enough in total ...
     assert third.code is Code.UNSCHEDULABLE  # ... but not on any one card
-    assert (
-        third.message == f"{NO_FIT} ({MEM}: needs 5G on each of 1 card(s); the most free on any card is 3G)"
-    )
+    assert third.message == f"{NO_FIT} ({MEM}: needs 5G on each of 1 card(s); the most free on any card is 3G)"
     assert gas.allocate(state=state, pod=gpu_pod("gas-2", memory="5G")) is None
 
 
@@ -387,8 +382,7 @@ def test_the_fullest_fitting_card_is_chosen_first(gas: Gas) -> None:
         (
             {"gas-allow": "card1"},
             2,
-            "the pod's gas-allow/gas-deny annotations leave 1 Intel GPU card(s) on this node; "
-            "the container asks for 2",
+            "the pod's gas-allow/gas-deny annotations leave 1 Intel GPU card(s) on this node; the container asks for 2",
         ),
     ],
     ids=["allow", "deny", "allow-minus-deny", "allow-unknown-card", "allow-too-few"],
@@ -446,9 +440,7 @@ def test_xe_is_treated_like_i915(gas: Gas) -> None:
     node = make_node("xe-0", labels={NUMBERS: "0.1"}, allocatable={XE: 4, MEM: "16G"})
     state = gas.build(node)
     allocation = gas.schedule(state, make_pod("p", {"main": {XE: 2, MEM: "8G"}}))
-    assert allocation.shares == {
-        "main": {XE: {"card0": 1, "card1": 1}, MEM: {"card0": 4 * G, "card1": 4 * G}}
-    }
+    assert allocation.shares == {"main": {XE: {"card0": 1, "card1": 1}, MEM: {"card0": 4 * G, "card1": 4 * G}}}
     assert gas.headroom(state=state).free == {XE: 2, MEM: 8 * G}
 
 
@@ -483,7 +475,8 @@ def test_score_prefers_filling_cards_already_in_use(gas: Gas) -> None:
 
 
 def test_an_unhealthy_advertised_card_is_never_chosen(gas: Gas) -> None:
-    state = gas.build(intel_node(4, i915=2, devices=[("card0", False), ("card1", True)]))
+    # Allocatable counts only what can be served: one healthy card's 8G and its single i915 share.
+    state = gas.build(intel_node(4, i915=1, memory="8G", devices=[("card0", False), ("card1", True)]))
     assert [cell.id for cell in gas.describe(state=state)[0].cells] == ["card0", "card1"]  # inventory wins
     assert gas.headroom(state=state).free == {I915: 1, MEM: 8 * G}
     assert cards_of(gas.schedule(state, gpu_pod("a"))) == "card1"
@@ -493,9 +486,7 @@ def test_an_unhealthy_advertised_card_is_never_chosen(gas: Gas) -> None:
         Code.UNRESOLVABLE,
         "node has 1 healthy Intel GPU card(s); the container asks for 2",
     )
-    forced = PluginAllocation(
-        plugin=GAS, containers={"main": {I915: ["card0"]}}, shares={"main": {I915: {"card0": 1}}}
-    )
+    forced = PluginAllocation(plugin=GAS, containers={"main": {I915: ["card0"]}}, shares={"main": {I915: {"card0": 1}}})
     refused = gas.take(state=state, pod_key="default/forced", allocation=forced)
     assert (refused.code, refused.message) == (Code.ERROR, "card0 is unhealthy")
 
@@ -559,9 +550,7 @@ def _alloc(containers: dict[str, dict[str, dict[str, int]]], plugin: str = GAS) 
             f"card0 has 3G of {MEM} free; the allocation takes 4G",
         ),
         (
-            PluginAllocation(
-                plugin=GAS, containers={"main": {I915: ["card1"]}}, shares={"main": {I915: {"card0": 1}}}
-            ),
+            PluginAllocation(plugin=GAS, containers={"main": {I915: ["card1"]}}, shares={"main": {I915: {"card0": 1}}}),
             "do not match its shares",
         ),
         (
@@ -584,9 +573,7 @@ def _alloc(containers: dict[str, dict[str, dict[str, int]]], plugin: str = GAS) 
         "another-plugins-allocation",
     ],
 )
-def test_take_refuses_a_bad_allocation_and_changes_nothing(
-    gas: Gas, allocation: PluginAllocation, error: str
-) -> None:
+def test_take_refuses_a_bad_allocation_and_changes_nothing(gas: Gas, allocation: PluginAllocation, error: str) -> None:
     state = gas.build(intel_node(2))
     _fill(gas, state, [gpu_pod("a", memory="5G")])  # card0: 3G left
     before = gas.snapshot(state)
@@ -650,9 +637,7 @@ _container = st.one_of(
     st.tuples(st.integers(1, 3), st.integers(0, 9), st.integers(0, 6)),  # i915, memory in G, millicores / 100
 )
 _operation = st.one_of(
-    st.tuples(
-        st.just("add"), st.lists(_container, min_size=1, max_size=3), st.sampled_from(["", "card0", "card1"])
-    ),
+    st.tuples(st.just("add"), st.lists(_container, min_size=1, max_size=3), st.sampled_from(["", "card0", "card1"])),
     st.tuples(st.just("delete"), st.integers(0, 100), st.just("")),
 )
 
@@ -739,15 +724,7 @@ def _assert_truly_full(
         return
     [container] = intel
     n = container.resources[I915]
-    need = {
-        r: (1 if r == I915 else amount // n)
-        for r, amount in container.resources.items()
-        if r.startswith("gpu.")
-    }
+    need = {r: (1 if r == I915 else amount // n) for r, amount in container.resources.items() if r.startswith("gpu.")}
     used = _ledger(live) if code is Code.UNSCHEDULABLE else {}
-    fitting = [
-        k
-        for k in range(cards)
-        if all(capacity[r] - used.get((f"card{k}", r), 0) >= x for r, x in need.items())
-    ]
+    fitting = [k for k in range(cards) if all(capacity[r] - used.get((f"card{k}", r), 0) >= x for r, x in need.items())]
     assert len(fitting) < n

@@ -76,9 +76,7 @@ def advertised_node(
     )
 
 
-def gpus(
-    n: int, model: str = A100, memory: int = 40 * GIB, unhealthy: tuple[int, ...] = ()
-) -> list[DeviceInfo]:
+def gpus(n: int, model: str = A100, memory: int = 40 * GIB, unhealthy: tuple[int, ...] = ()) -> list[DeviceInfo]:
     return [DeviceInfo(id=str(i), model=model, memory=memory, healthy=i not in unhealthy) for i in range(n)]
 
 
@@ -98,9 +96,7 @@ def build(pm: KubegpuPluginManager, node: NodeInfo) -> nvidia.NvidiaNodeState:
     return state
 
 
-def hold(
-    pm: KubegpuPluginManager, state: nvidia.NvidiaNodeState, ids: list[int], key: str = "ns/held"
-) -> None:
+def hold(pm: KubegpuPluginManager, state: nvidia.NvidiaNodeState, ids: list[int], key: str = "ns/held") -> None:
     allocation = PluginAllocation(plugin="nvidia", containers={"main": {GPU: [str(i) for i in ids]}})
     assert pm.call("nvidia", "kubegpu_scheduler_take", state=state, pod_key=key, allocation=allocation).ok
 
@@ -351,9 +347,7 @@ def test_multi_container_pods_get_disjoint_sets(
     allocation = pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=pod)
     assert ids_of(allocation) == expected
     assert pm.call("nvidia", "kubegpu_scheduler_score", state=state, pod=pod) == score
-    assert pm.call(
-        "nvidia", "kubegpu_scheduler_take", state=state, pod_key="ns/job", allocation=allocation
-    ).ok
+    assert pm.call("nvidia", "kubegpu_scheduler_take", state=state, pod_key="ns/job", allocation=allocation).ok
 
 
 def test_container_without_gpus_is_omitted(pm: KubegpuPluginManager) -> None:
@@ -373,9 +367,7 @@ def test_container_without_gpus_is_omitted(pm: KubegpuPluginManager) -> None:
     ],
     ids=["more-than-the-node-has", "containers-together-too-many", "one-gpu-in-use", "containers-blocked"],
 )
-def test_insufficient_gpus(
-    pm: KubegpuPluginManager, held: list[int], counts: tuple[int, ...], code: Code
-) -> None:
+def test_insufficient_gpus(pm: KubegpuPluginManager, held: list[int], counts: tuple[int, ...], code: Code) -> None:
     state = build(pm, gfd_node())
     if held:
         hold(pm, state, held)
@@ -398,9 +390,7 @@ def test_model_annotation_matches_loosely(pm: KubegpuPluginManager, model: str) 
     state = build(pm, gfd_node())
     pod = gpu_pod(2, annotations={"nvidia-gpu-scheduler/gpu.model": model})
     assert pm.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=pod).ok
-    assert_allocation(
-        pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=pod), {"c0": {GPU: ["0", "1"]}}
-    )
+    assert_allocation(pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=pod), {"c0": {GPU: ["0", "1"]}})
 
 
 def test_missing_model_is_refused_with_one_reason_naming_it(pm: KubegpuPluginManager) -> None:
@@ -416,9 +406,7 @@ def test_model_selects_gpus_on_a_mixed_node(pm: KubegpuPluginManager) -> None:
     devices = [*gpus(2, model=V100, memory=16 * GIB), *gpus(4, model=A100)[2:]]
     state = build(pm, advertised_node(devices))
     pod = gpu_pod(2, annotations={"nvidia-gpu-scheduler/gpu.model": "nvidia-a100-sxm4-40gb"})
-    assert_allocation(
-        pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=pod), {"c0": {GPU: ["2", "3"]}}
-    )
+    assert_allocation(pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=pod), {"c0": {GPU: ["2", "3"]}})
     three = gpu_pod(3, annotations={"nvidia-gpu-scheduler/gpu.model": A100})
     assert pm.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=three).code is Code.UNRESOLVABLE
 
@@ -457,9 +445,7 @@ def test_memory_picks_the_large_gpus(pm: KubegpuPluginManager) -> None:
     devices = [DeviceInfo(id=str(i), model=A100, memory=(80 if i >= 4 else 40) * GIB) for i in range(8)]
     state = build(pm, advertised_node(devices, {"kind": "nvswitch"}))
     pod = gpu_pod(2, annotations={"kubegpu.io/gpu-memory": "64Gi", "nvidia-gpu-scheduler/gpu.model": A100})
-    assert_allocation(
-        pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=pod), {"c0": {GPU: ["4", "5"]}}
-    )
+    assert_allocation(pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=pod), {"c0": {GPU: ["4", "5"]}})
     too_many = gpu_pod(5, annotations={"kubegpu.io/gpu-memory": "64Gi"})
     assert pm.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=too_many).code is Code.UNRESOLVABLE
 
@@ -496,9 +482,8 @@ def test_well_formed_pod_passes_validation(pm: KubegpuPluginManager) -> None:
         ({"main": {GPU: ["5"]}, "side": {GPU: ["5"]}}, {}, "device 5 appears twice in the allocation"),
         ({"main": {"nvidia.com/mig-1g.5gb": ["5"]}}, {}, "resource nvidia.com/mig-1g.5gb is not scheduled"),
         ({"main": {GPU: ["5"]}}, {"main": {GPU: {"5": 1}}}, "must not carry shares"),
-        ({"main": {GPU: ["6", "7"]}}, {}, "device 7 is unhealthy"),
     ],
-    ids=["double-allocation", "unknown-id", "same-id-twice", "foreign-resource", "shares", "unhealthy"],
+    ids=["double-allocation", "unknown-id", "same-id-twice", "foreign-resource", "shares"],
 )
 def test_take_refuses_without_changing_state(
     pm: KubegpuPluginManager,
@@ -510,11 +495,19 @@ def test_take_refuses_without_changing_state(
     hold(pm, state, [2, 3], key="ns/first")
     before = snapshot(state)
     allocation = PluginAllocation(plugin="nvidia", containers=containers, shares=shares)
-    status = pm.call(
-        "nvidia", "kubegpu_scheduler_take", state=state, pod_key="ns/second", allocation=allocation
-    )
+    status = pm.call("nvidia", "kubegpu_scheduler_take", state=state, pod_key="ns/second", allocation=allocation)
     assert status.code is Code.ERROR and message in status.message
     assert snapshot(state) == before
+
+
+def test_a_pod_keeps_a_gpu_that_turned_unhealthy_but_it_is_never_handed_out_again(pm: KubegpuPluginManager) -> None:
+    state = build(pm, advertised_node(gpus(8, unhealthy=(7,)), {"kind": "cube-mesh"}))
+    running = PluginAllocation(plugin="nvidia", containers={"main": {GPU: ["6", "7"]}})
+    assert pm.call("nvidia", "kubegpu_scheduler_take", state=state, pod_key="ns/running", allocation=running).ok
+    assert pm.call("nvidia", "kubegpu_scheduler_release", state=state, pod_key="ns/running", allocation=running).ok
+    assert pm.call("nvidia", "kubegpu_scheduler_headroom", state=state).free == {GPU: 7}
+    everything = pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=gpu_pod(7))
+    assert "7" not in everything.containers["c0"][GPU]
 
 
 def test_release_returns_exactly_what_was_taken(pm: KubegpuPluginManager) -> None:
@@ -529,9 +522,7 @@ def test_release_returns_exactly_what_was_taken(pm: KubegpuPluginManager) -> Non
     assert wrong.code is Code.ERROR and "device 0 is not held by ns/b" in wrong.message
     assert snapshot(state) == taken
 
-    assert pm.call(
-        "nvidia", "kubegpu_scheduler_release", state=state, pod_key="ns/a", allocation=allocation
-    ).ok
+    assert pm.call("nvidia", "kubegpu_scheduler_release", state=state, pod_key="ns/a", allocation=allocation).ok
     assert state.holders == [None, None, None, None, "ns/b", None, None, None]
     again = pm.call("nvidia", "kubegpu_scheduler_release", state=state, pod_key="ns/a", allocation=allocation)
     assert again.code is Code.ERROR
@@ -640,9 +631,7 @@ def test_random_workloads_never_hand_out_a_held_gpu(node: str, ops: list[tuple[s
             assert sum(len(r[GPU]) for r in allocation.containers.values()) == len(chosen) == sum(arg)
             assert not chosen & set().union(*live.values())
             assert all(state.healthy >> int(i) & 1 for i in chosen)
-            assert pm.call(
-                "nvidia", "kubegpu_scheduler_take", state=state, pod_key=key, allocation=allocation
-            ).ok
+            assert pm.call("nvidia", "kubegpu_scheduler_take", state=state, pod_key=key, allocation=allocation).ok
             live[key], allocations[key] = chosen, allocation
         elif op == "delete" and live:
             victim = sorted(live)[arg % len(live)]
@@ -655,18 +644,13 @@ def test_random_workloads_never_hand_out_a_held_gpu(node: str, ops: list[tuple[s
             )
             assert released.ok
             del live[victim], allocations[victim]
-        elif (
-            op == "replay"
-        ):  # a decoded annotation naming arbitrary GPUs: taken only when all are free and healthy
+        elif op == "replay":
+            # A decoded annotation naming arbitrary GPUs: taken only when all exist and nobody holds them (a running
+            # pod keeps a GPU that turned unhealthy; allocate never offers one).
             ids = [str(i) for i in arg]
             garbage = PluginAllocation(plugin="nvidia", containers={"main": {GPU: ids}})
             held = set().union(*live.values())
-            valid = (
-                len(set(ids)) == len(ids)
-                and all(i in state.index for i in ids)
-                and all(state.healthy >> state.index[i] & 1 for i in ids)
-                and not set(ids) & held
-            )
+            valid = len(set(ids)) == len(ids) and all(i in state.index for i in ids) and not set(ids) & held
             before = snapshot(state)
             status = pm.call("nvidia", "kubegpu_scheduler_take", state=state, pod_key=key, allocation=garbage)
             assert status.ok == valid
@@ -677,4 +661,5 @@ def test_random_workloads_never_hand_out_a_held_gpu(node: str, ops: list[tuple[s
         holders = {state.ids[bit]: h for bit, h in enumerate(state.holders) if h is not None}
         assert holders == {i: k for k, ids_ in live.items() for i in ids_}
         headroom = pm.call("nvidia", "kubegpu_scheduler_headroom", state=state)
-        assert headroom.free[GPU] == state.healthy.bit_count() - len(holders)
+        healthy_held = sum(1 for i in holders if state.healthy >> state.index[i] & 1)
+        assert headroom.free[GPU] == state.healthy.bit_count() - healthy_held

@@ -1,0 +1,256 @@
+"""Benchmark: CRI calls through `kubegpu crishim` vs straight to containerd, side by side in one run.
+
+A real containerd with runc (the harness in tests/integration/containerd.py; needs scripts/containerd-env.sh) and the
+real `kubegpu crishim` command in its own process, with the example FPGA plugin found through its entry points. A
+Python CRI client plays the kubelet and alternates between the two sockets call by call, so both paths see the same
+machine load:
+
+1. CreateContainer + StartContainer of a busybox container, in a pod whose signed allocation gives the container one
+   card: through the shim the allocation is verified and the plugin adds the device node and env; straight to
+   containerd the same request goes unedited. Each container is stopped and removed afterwards (not timed).
+   Goal: through the shim at most 1.05 times the direct p50.
+2. ListContainers and ListPodSandbox with `--containers` containers present (pure pass-through).
+   Goal: at most 1.2 times the direct p50.
+
+For each it prints p50 and p99 of both paths, their ratio, and the latency the shim adds (p50 and p99 differences).
+
+    .venv/bin/python benchmarks/crishim_bench.py [--creates 100] [--calls 2000] [--containers 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "examples" / "fpga"))
+
+from cri_api.v1 import api_pb2  # noqa: E402
+from integration.containerd import (  # noqa: E402
+    Cri,
+    container_config,
+    fpga_plugin_path,
+    host_network_sandbox,
+    make_char_devices,
+    running_containerd,
+    start_shim_process,
+)
+
+from kubegpu.core.manifests import pod_request  # noqa: E402
+from kubegpu.core.plugin_manager import make_plugin_manager  # noqa: E402
+from kubegpu.core.testing import make_node, pod_manifest  # noqa: E402
+from kubegpu.crishim.shim import ContainerEditor  # noqa: E402
+from kubegpu.scheduler.engine import Engine  # noqa: E402
+
+NODE = "bench-node"
+FPGA = "example.com/fpga"
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def report(name: str, direct: list[float], shim: list[float], goal: float) -> bool:
+    d50, d99 = percentile(direct, 0.5), percentile(direct, 0.99)
+    s50, s99 = percentile(shim, 0.5), percentile(shim, 0.99)
+    ratio = s50 / d50
+    # Samples were taken in pairs, one path right after the other: the median of the differences is robust to drift.
+    paired = statistics.median(b - a for a, b in zip(direct, shim, strict=True))
+    verdict = "meets" if ratio <= goal else "MISSES"
+    print(
+        f"{name:<34} direct p50 {d50 * 1e3:8.3f} ms p99 {d99 * 1e3:8.3f} ms | shim p50 {s50 * 1e3:8.3f} ms "
+        f"p99 {s99 * 1e3:8.3f} ms | ratio {ratio:5.2f} ({verdict} goal <= {goal}) | added p50 "
+        f"{(s50 - d50) * 1e3:+.3f} ms p99 {(s99 - d99) * 1e3:+.3f} ms, paired median {paired * 1e3:+.3f} ms "
+        f"(n={len(direct)}+{len(shim)})"
+    )
+    return ratio <= goal
+
+
+def signed_allocation(key: bytes, uid: str) -> dict[str, str]:
+    """The annotations the kubegpu scheduler writes for a pod whose container `main` gets one card."""
+    import kubegpu_fpga.scheduler as fpga_scheduler
+
+    engine = Engine(
+        make_plugin_manager("scheduler", plugins=[("fpga", fpga_scheduler)], autoload=False), signing_key=key
+    )
+    engine.add_node(make_node(NODE, labels={"example.com/fpga.count": "4"}, allocatable={FPGA: 4}))
+    manifest = pod_manifest("bench", {"main": {FPGA: 1}})
+    manifest["metadata"]["uid"] = uid
+    decision = engine.schedule(pod_request(manifest)[0])
+    assert decision.scheduled, decision.reason
+    return dict(decision.annotations)
+
+
+def make_editor(key: bytes, dev: Path) -> ContainerEditor:
+    """The shim's CreateContainer logic in-process, with the FPGA plugin: what `kubegpu crishim` runs per request."""
+    import kubegpu_fpga.device as fpga_device
+
+    plugins = make_plugin_manager("device", plugins=[("fpga", fpga_device)], autoload=False)
+    return ContainerEditor(plugins, node=NODE, key=key, dev_root=dev)
+
+
+def bench_create_start(
+    direct: Cri, shim: Cri, editor: ContainerEditor, logs: Path, creates: int
+) -> tuple[list[float], list[float]]:
+    """Create+start through the shim, and straight to containerd with the request as the shim would forward it
+    (the card's device node and env already in it), so that both containers are the same and only the path differs."""
+    uid = f"uid-bench-{secrets.token_hex(4)}"
+    clients = {"direct": direct, "shim": shim}
+    sandbox = host_network_sandbox("bench", uid, annotations=signed_allocation(editor.key, uid), log_directory=logs)
+    # The same pod twice: a second sandbox attempt, as after a sandbox restart, so that the names do not clash.
+    sandboxes = {"direct": sandbox, "shim": api_pb2.PodSandboxConfig()}
+    sandboxes["shim"].CopyFrom(sandbox)
+    sandboxes["shim"].metadata.attempt = 1
+    pods = {path: clients[path].run_pod(config) for path, config in sandboxes.items()}
+    times: dict[str, list[float]] = {"direct": [], "shim": []}
+    try:
+        for attempt in range(creates + 2):
+            order = ("direct", "shim") if attempt % 2 == 0 else ("shim", "direct")
+            made = []
+            for path in order:
+                cri, pod = clients[path], pods[path]
+                # Container names are reserved per pod identity, not per sandbox: distinct attempts for the two paths.
+                config = container_config("main", attempt=2 * attempt + (path == "shim"))
+                if path == "direct":
+                    request = api_pb2.CreateContainerRequest(config=config, sandbox_config=sandbox)
+                    edited = editor.create_container(request.SerializeToString())
+                    config = api_pb2.CreateContainerRequest.FromString(edited).config
+                started = time.perf_counter()
+                container_id = cri.create(pod, config, sandboxes[path])
+                cri.start(container_id)
+                elapsed = time.perf_counter() - started
+                if attempt >= 2:  # the first two warm up both paths
+                    times[path].append(elapsed)
+                made.append(container_id)
+            # Removed after both were timed, so that neither path pays for the other's teardown.
+            for container_id in made:
+                direct.runtime.StopContainer(api_pb2.StopContainerRequest(container_id=container_id, timeout=0))
+                direct.runtime.RemoveContainer(api_pb2.RemoveContainerRequest(container_id=container_id))
+        # The shim really edited its containers: a last one shows the card.
+        container_id = shim.create(pods["shim"], container_config("main", attempt=2 * creates + 10), sandboxes["shim"])
+        shim.start(container_id)
+        assert "fpga0" in shim.exec(container_id, "ls", "/dev").split(), "the shim did not add the allocated card"
+    finally:
+        for pod in pods.values():
+            direct.remove_pod(pod)
+    return times["direct"], times["shim"]
+
+
+def editor_cost(editor: ContainerEditor, logs: Path, rounds: int = 2000) -> None:
+    """The shim's own work per CreateContainer (decode, verify, plugin edit, encode), without any I/O."""
+    uid = "uid-cost"
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id="x",
+        config=container_config("main"),
+        sandbox_config=host_network_sandbox(
+            "cost", uid, annotations=signed_allocation(editor.key, uid), log_directory=logs
+        ),
+    ).SerializeToString()
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        editor.create_container(request)
+        times.append(time.perf_counter() - started)
+    print(
+        f"{'  of which the edit itself':<34} p50 {percentile(times, 0.5) * 1e3:.3f} ms p99 "
+        f"{percentile(times, 0.99) * 1e3:.3f} ms (decode, verify, plugin, encode; in-process, no I/O)"
+    )
+
+
+def bench_calls(call: Callable[[Cri], object], direct: Cri, shim: Cri, calls: int) -> tuple[list[float], list[float]]:
+    for _ in range(200):
+        call(direct)
+        call(shim)
+    times: dict[int, list[float]] = {0: [], 1: []}
+    clients = (direct, shim)
+    for i in range(calls):
+        for which in (0, 1) if i % 2 == 0 else (1, 0):
+            started = time.perf_counter()
+            call(clients[which])
+            times[which].append(time.perf_counter() - started)
+    return times[0], times[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--creates", type=int, default=100, help="containers created and started per path")
+    parser.add_argument("--calls", type=int, default=2000, help="List calls per path")
+    parser.add_argument("--containers", type=int, default=20, help="containers present during the List calls")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="kubegpu-bench-"))
+    key = secrets.token_hex(32).encode()
+    (work / "key").write_bytes(key + b"\n")
+    make_char_devices(work / "dev", ["fpga0", "fpga1", "fpga2", "fpga3"])
+    ok = True
+    try:
+        with running_containerd() as containerd:
+            process = start_shim_process(
+                socket=work / "cri.sock",
+                runtime_endpoint=containerd.endpoint,
+                node_name=NODE,
+                key_file=work / "key",
+                dev_root=work / "dev",
+                log=work / "crishim.log",
+                python_path=fpga_plugin_path(work / "site"),
+                extra=["--log-level", "warning"],
+            )
+            direct, shim = Cri(containerd.endpoint), Cri(f"unix://{work / 'cri.sock'}")
+            editor = make_editor(key, work / "dev")
+            try:
+                version = direct.version().runtime_version
+                print(f"containerd {version}, shim pid {process.process.pid}, {os.cpu_count()} CPUs")
+                ok &= report(
+                    "CreateContainer+StartContainer",
+                    *bench_create_start(direct, shim, editor, work, args.creates),
+                    goal=1.05,
+                )
+                editor_cost(editor, work)
+                sandbox = host_network_sandbox("filler", "uid-filler", log_directory=work)
+                filler = direct.run_pod(sandbox)
+                for i in range(args.containers):
+                    direct.create(filler, container_config(f"c{i}"), sandbox)
+                present = len(direct.containers())
+                ok &= report(
+                    f"ListContainers ({present} containers)",
+                    *bench_calls(
+                        lambda c: c.runtime.ListContainers(api_pb2.ListContainersRequest()), direct, shim, args.calls
+                    ),
+                    goal=1.2,
+                )
+                ok &= report(
+                    "ListPodSandbox",
+                    *bench_calls(
+                        lambda c: c.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()), direct, shim, args.calls
+                    ),
+                    goal=1.2,
+                )
+                ok &= report(
+                    "Version",
+                    *bench_calls(lambda c: c.runtime.Version(api_pb2.VersionRequest()), direct, shim, args.calls),
+                    goal=1.2,
+                )
+            finally:
+                direct.close()
+                shim.close()
+                code = process.terminate()
+                if code != 0:
+                    print(f"kubegpu crishim exited with {code}:\n{process.output()}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("all goals met" if ok else "some goals missed (see MISSES above)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

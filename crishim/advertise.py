@@ -1,0 +1,385 @@
+"""`kubegpu advertise`: publish a node's devices, as its plugins find them, on the Node object.
+
+The advertiser runs on every device node (a DaemonSet, `examples/deploy/node/`). At every interval it asks each
+installed device plugin to discover its devices under the host root (`kubegpu_device_discover`) and to check them
+(`kubegpu_device_health`), and publishes the result as the node annotation `kubegpu.io/devices`, which the
+scheduler side reads as `node.inventories`. A device that was advertised before (in this process, or in the
+annotation a previous advertiser left) but is not found any more stays in the inventory, marked unhealthy: the
+scheduler then stops placing pods on it. While devices are missing,
+the plugin's last topology is kept, so one lost device does not change the shape of the node (a torus does not
+become a ring).
+
+A plugin that fails (raises in a hook) is logged with its name and skipped; what it published before is left as it
+was, because nothing new is known about its devices. A plugin that failed to load keeps its published inventory for
+the same reason.
+
+The Node is patched only when something changed: the annotation is compared with the node's current one, and with
+`--update-capacity` the extended resources of the plugins' advertisements (`kubegpu_device_advertise`) are compared
+with the node's status capacity and allocatable (patched through the `status` subresource, the documented way of
+advertising extended resources by hand), and their labels with the node's labels. Labels this process set before
+and no plugin asks for now are removed. Leave `--update-capacity` off where a vendor device plugin already
+advertises the same resources through the kubelet: both would write them.
+
+API calls go through `kubegpu.scheduler.kube.KubeClient` (a kubeconfig, or the in-cluster service account).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import signal
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubegpu.core.annotations import DEVICES_KEY, decode_devices, encode_devices
+from kubegpu.core.errors import InputError
+from kubegpu.core.models import Advertisement, DeviceInfo, DeviceInventory, NodeDevices
+from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
+from kubegpu.core.quantity import QuantityError, to_int
+from kubegpu.scheduler.kube import ApiError, KubeClient
+
+__all__ = [
+    "Advertiser",
+    "RoundResult",
+    "add_advertise_parser",
+    "main",
+    "mark_missing",
+    "parse_interval",
+    "run",
+]
+
+log = logging.getLogger("kubegpu.advertise")
+
+DEFAULT_INTERVAL = "20s"
+DESCRIPTION = (
+    "Discover this node's devices through the installed device plugins and keep the Node's kubegpu.io/devices "
+    "annotation (and, with --update-capacity, its extended-resource capacity and labels) up to date; devices that "
+    "disappear are kept, marked unhealthy, so that no new pod is placed on them."
+)
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# One round
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RoundResult:
+    """What one round did: which parts of the Node it patched, or the error that stopped it."""
+
+    annotation: bool = False
+    labels: bool = False
+    status: bool = False
+    error: str | None = None
+    devices: NodeDevices = field(default_factory=NodeDevices)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Advertiser:
+    """Discovers devices through the plugins and keeps one Node's annotation (and capacity, labels) in step."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        plugins: KubegpuPluginManager,
+        node_name: str,
+        host_root: Path,
+        *,
+        update_capacity: bool = False,
+    ) -> None:
+        self.client = client
+        self.plugins = plugins
+        self.node_name = node_name
+        self.host_root = host_root
+        self.update_capacity = update_capacity
+        self.previous: dict[str, DeviceInventory] = {}
+        self.labels_set: set[str] = set()
+        self.advertised: dict[str, Advertisement] = {}
+
+    @property
+    def path(self) -> str:
+        return f"/api/v1/nodes/{self.node_name}"
+
+    def run_once(self) -> RoundResult:
+        """Discover, compare with the Node, patch what changed. API errors end the round (logged), never the loop."""
+        try:
+            node = self.client.get(self.path)
+        except ApiError as exc:
+            message = f"cannot read node {self.node_name}: {exc}"
+            log.error("%s", message, extra={"node": self.node_name})
+            return RoundResult(error=message)
+        metadata = node.get("metadata") or {}
+        annotations = metadata.get("annotations") or {}
+        published = self._published(annotations.get(DEVICES_KEY))
+        devices, advertisements = self.collect(published)
+        result = RoundResult(devices=devices)
+
+        patch: dict[str, Any] = {}
+        encoded = encode_devices(devices)
+        if published is None or encode_devices(published) != encoded:
+            patch["annotations"] = {DEVICES_KEY: encoded}
+        if self.update_capacity:
+            labels = self._label_changes(metadata.get("labels") or {}, advertisements)
+            if labels:
+                patch["labels"] = labels
+        try:
+            if patch:
+                self.client.patch(self.path, {"metadata": patch})
+                result.annotation, result.labels = "annotations" in patch, "labels" in patch
+                log.info(
+                    "node updated",
+                    extra={"node": self.node_name, "devices": _summary(devices), "reason": ",".join(sorted(patch))},
+                )
+            if self.update_capacity:
+                status = self._status_changes(node.get("status") or {}, advertisements)
+                if status:
+                    self.client.patch(f"{self.path}/status", {"status": status})
+                    result.status = True
+                    log.info("node capacity updated", extra={"node": self.node_name, "devices": status["capacity"]})
+        except ApiError as exc:
+            result.error = f"cannot patch node {self.node_name}: {exc}"
+            log.error("%s", result.error, extra={"node": self.node_name})
+            return result
+        self.labels_set = {k for a in advertisements.values() for k in a.labels}
+        return result
+
+    def collect(self, published: NodeDevices | None) -> tuple[NodeDevices, dict[str, Advertisement]]:
+        """Every plugin's inventory (missing devices kept as unhealthy) and, with `update_capacity`, its
+        advertisement. `published` is the node's current annotation (None when it has none or it is unreadable)."""
+        before = dict(published.inventories) if published is not None else {}
+        inventories: dict[str, DeviceInventory] = {}
+        advertisements: dict[str, Advertisement] = {}
+        for name in self.plugins.names:
+            try:
+                found = self.plugins.call(name, "kubegpu_device_discover", host_root=self.host_root)
+            except PluginHookError as exc:
+                log.error("plugin skipped this round: %s", exc, extra={"node": self.node_name})
+                if name in before:
+                    inventories[name] = before[name]
+                if name in self.advertised:  # its labels and capacity stay as they were, too
+                    advertisements[name] = self.advertised[name]
+                continue
+            if found is not None:
+                found = self._checked(name, found.model_copy(update={"plugin": name}))
+            inventory = mark_missing(found, self.previous.get(name) or before.get(name))
+            if inventory is None:
+                continue
+            self.previous[name] = inventories[name] = inventory
+            if self.update_capacity:
+                advertisement = self._advertise(name, inventory)
+                if advertisement is not None:
+                    advertisements[name] = advertisement
+        for failure in self.plugins.failures:
+            # A plugin that could not load says nothing about its devices: what it published stays.
+            if failure.name in before and failure.name not in inventories and failure.name not in self.plugins.names:
+                inventories[failure.name] = before[failure.name]
+        self.advertised = advertisements
+        return NodeDevices(inventories=inventories), advertisements
+
+    def _checked(self, name: str, inventory: DeviceInventory) -> DeviceInventory:
+        """The inventory with the plugin's health verdicts applied (a failing health check changes nothing)."""
+        try:
+            health = self.plugins.call(name, "kubegpu_device_health", host_root=self.host_root, inventory=inventory)
+        except PluginHookError as exc:
+            log.error("health check skipped: %s", exc, extra={"node": self.node_name})
+            return inventory
+        if not health:
+            return inventory
+        devices = [d if health.get(d.id, True) else d.model_copy(update={"healthy": False}) for d in inventory.devices]
+        return inventory.model_copy(update={"devices": devices})
+
+    def _advertise(self, name: str, inventory: DeviceInventory) -> Advertisement | None:
+        try:
+            advertisement: Advertisement | None = self.plugins.call(
+                name, "kubegpu_device_advertise", inventory=inventory
+            )
+        except PluginHookError as exc:
+            log.error("advertisement skipped: %s", exc, extra={"node": self.node_name})
+            return None
+        return advertisement
+
+    def _published(self, raw: object) -> NodeDevices | None:
+        if raw is None:
+            return None
+        try:
+            return decode_devices(raw)
+        except InputError as exc:
+            log.warning(
+                "the node's annotation is unreadable and will be replaced: %s", exc, extra={"node": self.node_name}
+            )
+            return None
+
+    def _label_changes(self, current: Mapping[str, str], advertisements: Mapping[str, Advertisement]) -> dict[str, Any]:
+        wanted = {k: v for a in advertisements.values() for k, v in a.labels.items()}
+        changes: dict[str, Any] = {k: v for k, v in wanted.items() if current.get(k) != v}
+        for key in self.labels_set - wanted.keys():
+            if key in current:
+                changes[key] = None  # merge patch: remove
+        return changes
+
+    def _status_changes(
+        self, status: Mapping[str, Any], advertisements: Mapping[str, Advertisement]
+    ) -> dict[str, dict[str, str]] | None:
+        wanted = {r: n for a in advertisements.values() for r, n in a.capacity.items()}
+        capacity, allocatable = status.get("capacity") or {}, status.get("allocatable") or {}
+        if all(_same(capacity.get(r), n) and _same(allocatable.get(r), n) for r, n in wanted.items()):
+            return None
+        values = {r: str(n) for r, n in wanted.items()}
+        return {"capacity": values, "allocatable": dict(values)}
+
+
+def mark_missing(found: DeviceInventory | None, previous: DeviceInventory | None) -> DeviceInventory | None:
+    """`found` plus every device of `previous` it lacks, marked unhealthy, devices in natural id order.
+
+    While devices are missing, the previous topology is kept (the node's shape did not change because a device
+    disappeared), and the previous attributes stay under the new ones.
+    """
+    if previous is None:
+        return None if found is None else found.model_copy(update={"devices": _ordered(found.devices)})
+    base = found or previous.model_copy(update={"devices": []})
+    present = {d.id for d in base.devices}
+    gone = [d.model_copy(update={"healthy": False}) for d in previous.devices if d.id not in present]
+    if not gone:
+        return base.model_copy(update={"devices": _ordered(base.devices)})
+    return base.model_copy(
+        update={
+            "devices": _ordered([*base.devices, *gone]),
+            "topology": previous.topology or base.topology,
+            "attributes": {**previous.attributes, **base.attributes},
+        }
+    )
+
+
+def _ordered(devices: Sequence[DeviceInfo]) -> list[DeviceInfo]:
+    """Natural order: `card2` before `card10`, `3` before `12`; a stable order keeps the annotation stable."""
+    return sorted(
+        devices, key=lambda d: [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", d.id)]
+    )
+
+
+def _same(value: object, expected: int) -> bool:
+    if value is None:
+        return False
+    try:
+        return to_int(value) == expected
+    except QuantityError:
+        return False
+
+
+def _summary(devices: NodeDevices) -> str:
+    """`neuron=15/16` per plugin: healthy over known devices, for the log line."""
+    return " ".join(
+        f"{name}={len(inv.healthy_ids())}/{len(inv.devices)}" for name, inv in sorted(devices.inventories.items())
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The command
+# ------------------------------------------------------------------------------------------------------------
+
+
+def parse_interval(text: str) -> float:
+    """A duration as Kubernetes tools write it: `20s`, `1m`, `500ms`, `1m30s`, `1h`; a bare number is seconds."""
+    value = text.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        parts = _DURATION.findall(value)
+        if not parts or "".join(n + u for n, u in parts) != value:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a duration (examples: 20s, 1m, 500ms, 1m30s)") from None
+        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the interval must be longer than zero")
+    return seconds
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--node-name", required=True, help="the Node to advertise on (the downward API's spec.nodeName)"
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    parser.add_argument(
+        "--host-root",
+        type=Path,
+        default=Path("/"),
+        help="where the host's / is mounted: devices under HOST_ROOT/dev, sysfs under HOST_ROOT/sys (default /)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=parse_interval,
+        default=parse_interval(DEFAULT_INTERVAL),
+        help=f"time between rounds: 20s, 1m, 500ms (default {DEFAULT_INTERVAL})",
+    )
+    parser.add_argument("--once", action="store_true", help="run one round and exit (status 1 if it failed)")
+    parser.add_argument(
+        "--update-capacity",
+        action="store_true",
+        help="also patch the node's capacity/allocatable for the advertised extended resources, and its labels "
+        "(leave off where a vendor device plugin advertises the same resources)",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(func=run)
+
+
+def add_advertise_parser(sub: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "advertise",
+        help="publish this node's devices as the kubegpu.io/devices annotation",
+        description=DESCRIPTION,
+    )
+    _add_options(parser)
+    return parser
+
+
+def run(args: argparse.Namespace, *, client_factory: Callable[[str | None], KubeClient] | None = None) -> int:
+    from kubegpu.scheduler.custom import configure_logging
+
+    configure_logging(args.log_level)
+    plugins = make_plugin_manager("device")
+    for failure in plugins.failures:
+        log.error("%s", failure)
+    factory = client_factory or (lambda kubeconfig: KubeClient.from_kubeconfig(kubeconfig, connections=1))
+    advertiser = Advertiser(
+        factory(args.kubeconfig), plugins, args.node_name, args.host_root, update_capacity=args.update_capacity
+    )
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+
+        def terminate(signum: int, _frame: Any) -> None:
+            log.info("received signal %d, shutting down", signum)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, terminate)
+        signal.signal(signal.SIGINT, terminate)
+    log.info(
+        "kubegpu advertise starting; plugins: %s", ", ".join(plugins.names) or "none", extra={"node": args.node_name}
+    )
+    while True:
+        result = advertiser.run_once()
+        if args.once:
+            return 0 if result.ok else 1
+        if stop.wait(args.interval):
+            return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m kubegpu.crishim.advertise ...`: the same command outside `kubegpu`."""
+    parser = argparse.ArgumentParser(prog="kubegpu advertise", description=DESCRIPTION)
+    _add_options(parser)
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

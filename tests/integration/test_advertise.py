@@ -1,0 +1,201 @@
+"""`kubegpu advertise` against a real kube-apiserver, next to the real `kubegpu scheduler`.
+
+The story an operator lives through: the advertiser publishes a trn1-like node's 16 Neuron devices from a fake host
+root, the scheduler places a 16-device pod on them; a device disappears, the advertiser marks it unhealthy, and from
+then on no pod gets it (16 devices no longer fit, 8 go to the half without it). The advertiser leaves an unchanged
+Node alone, publishes capacity and GAS labels that the scheduler accepts, and needs no more rights than the example
+RBAC grants.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kubegpu.core.annotations import ALLOCATION_KEY, DEVICES_KEY, decode_allocation, decode_devices
+from kubegpu.core.models import NodeDevices
+from kubegpu.core.quantity import to_int
+from kubegpu.core.testing import FakeHost
+from kubegpu.scheduler.kube import ApiError
+
+from .cluster import Cluster, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "examples" / "deploy" / "node"
+DEVICE = "aws.amazon.com/neurondevice"
+FENCE = "kubegpu.test/fence"
+
+
+def advertise(cluster: Cluster, node: str, host: FakeHost, *extra: str, kubeconfig: Path | None = None) -> str:
+    """One `--once` round of the advertiser as its own process; its log. Fails the test if the round failed."""
+    # No neuron-ls and no NVML in the child: the fake host root is all it may see.
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent), "PYTHONUNBUFFERED": "1"}
+    env.pop("KUBEGPU_PLUGINS", None)
+    env.pop("KUBEGPU_DISABLE_PLUGIN_AUTOLOAD", None)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kubegpu.crishim.advertise",
+            "--kubeconfig",
+            str(kubeconfig or cluster.kubeconfig),
+            "--node-name",
+            node,
+            "--host-root",
+            str(host.root),
+            "--once",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"the advertiser failed ({result.returncode}):\n{output}"
+    return output
+
+
+def node(cluster: Cluster, name: str) -> dict[str, Any]:
+    document: dict[str, Any] = cluster.client.get(f"/api/v1/nodes/{name}")
+    return document
+
+
+def published(cluster: Cluster, name: str) -> NodeDevices:
+    return decode_devices(node(cluster, name)["metadata"]["annotations"][DEVICES_KEY])
+
+
+def trn_host(tmp_path: Path) -> FakeHost:
+    host = FakeHost(tmp_path / "host")
+    for d in range(16):
+        host.add_device_file(f"neuron{d}")
+    return host
+
+
+def bound_devices(cluster: Cluster, namespace: str, pod: str, timeout: float = 30.0) -> list[str]:
+    def placed() -> dict[str, Any] | None:
+        found = next((p for p in cluster.pods(namespace) if p["metadata"]["name"] == pod), None)
+        return found if found is not None and found["spec"].get("nodeName") else None
+
+    bound = wait_for(placed, timeout, f"pod {pod} bound")
+    record = decode_allocation(bound["metadata"]["annotations"][ALLOCATION_KEY])
+    return [i for resources in record.containers.values() for ids in resources.values() for i in ids]
+
+
+def test_a_removed_device_is_marked_unhealthy_and_no_new_pod_gets_it(
+    cluster: Cluster, namespace: str, start_scheduler: Any, tmp_path: Path
+) -> None:
+    cluster.create_ready_node("trn-adv")  # no instance-type label, no Neuron capacity: the annotation says it all
+    host = trn_host(tmp_path)
+    advertise(cluster, "trn-adv", host)
+    inventory = published(cluster, "trn-adv").inventories["neuron"]
+    assert [d.id for d in inventory.devices] == [str(i) for i in range(16)]
+    assert inventory.topology == {"kind": "torus", "rows": 4, "columns": 4}
+
+    start_scheduler("kubegpu", "--no-leader-elect")
+    cluster.create_pod(namespace, "all-16", {"main": {DEVICE: 16}}, scheduler="kubegpu")
+    assert sorted(bound_devices(cluster, namespace, "all-16"), key=int) == [str(i) for i in range(16)]
+    cluster.delete_pod(namespace, "all-16")
+
+    host.remove("dev/neuron3")
+    advertise(cluster, "trn-adv", host)
+    devices = published(cluster, "trn-adv").inventories["neuron"].devices
+    assert [d.id for d in devices if not d.healthy] == ["3"]
+    assert len(devices) == 16, "the missing device stays listed, so the scheduler knows not to use it"
+
+    # One watch stream delivers a node's changes in order: a pod that needs this label can only be placed once
+    # the scheduler has seen the annotation written before it.
+    cluster.client.patch("/api/v1/nodes/trn-adv", {"metadata": {"labels": {FENCE: "1"}}})
+    cluster.create_pod(namespace, "again-16", {"main": {DEVICE: 16}}, scheduler="kubegpu", node_selector={FENCE: "1"})
+
+    def insufficient() -> bool:
+        return any(
+            e["involvedObject"]["name"] == "again-16" and f"Insufficient {DEVICE}" in e["message"]
+            for e in cluster.events(namespace)
+        )
+
+    wait_for(insufficient, 30, "a FailedScheduling event saying 16 devices no longer fit")
+    cluster.create_pod(namespace, "half-8", {"main": {DEVICE: 8}}, scheduler="kubegpu", node_selector={FENCE: "1"})
+    assert sorted(bound_devices(cluster, namespace, "half-8"), key=int) == [str(i) for i in range(8, 16)]
+    again = next(p for p in cluster.pods(namespace) if p["metadata"]["name"] == "again-16")
+    assert not again["spec"].get("nodeName")
+
+
+def test_capacity_and_labels_are_published_once_and_an_unchanged_node_is_not_written(
+    cluster: Cluster, namespace: str, start_scheduler: Any, tmp_path: Path
+) -> None:
+    cluster.create_ready_node("mixed-adv")
+    host = trn_host(tmp_path)
+    for card in range(2):
+        host.write(f"sys/class/drm/card{card}/device/vendor", "0x8086\n")
+        host.write(f"sys/class/drm/card{card}/lmem_total_bytes", f"{8 * 10**9}\n")
+
+    first = advertise(cluster, "mixed-adv", host, "--update-capacity")
+    written = node(cluster, "mixed-adv")
+    advertise(cluster, "mixed-adv", host, "--update-capacity")
+    unchanged = node(cluster, "mixed-adv")
+
+    assert "node updated" in first and "node capacity updated" in first
+    assert set(decode_devices(written["metadata"]["annotations"][DEVICES_KEY]).inventories) == {"neuron", "intel-gas"}
+    capacity = written["status"]["capacity"]
+    assert (capacity[DEVICE], capacity["gpu.intel.com/i915"]) == ("16", "2")
+    assert to_int(capacity["gpu.intel.com/memory.max"]) == 16 * 10**9
+    assert written["status"]["allocatable"]["gpu.intel.com/i915"] == "2"
+    assert written["metadata"]["labels"]["gpu.intel.com/cards"] == "card0.card1"
+    assert unchanged["metadata"]["resourceVersion"] == written["metadata"]["resourceVersion"]
+
+    start_scheduler("kubegpu", "--no-leader-elect")
+    cluster.create_pod(
+        namespace, "encode", {"main": {"gpu.intel.com/i915": 1, "gpu.intel.com/memory.max": "5G"}}, scheduler="kubegpu"
+    )
+    assert bound_devices(cluster, namespace, "encode")[0] in ("card0", "card1")
+
+
+def apply(cluster: Cluster, documents: list[dict[str, Any]]) -> None:
+    paths = {
+        "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+        "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "DaemonSet": "/apis/apps/v1/namespaces/{ns}/daemonsets",
+    }
+    for document in documents:
+        path = paths[document["kind"]].format(ns=document["metadata"].get("namespace", ""))
+        try:
+            cluster.client.post(path, document)
+        except ApiError as exc:
+            if exc.status != 409:  # 409: created by an earlier test of this session
+                raise
+
+
+def test_the_example_rbac_is_enough_and_the_daemonset_is_a_valid_object(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    apply(cluster, list(yaml.safe_load_all((DEPLOY / "advertiser-rbac.yaml").read_text())))
+    daemonset = yaml.safe_load((DEPLOY / "advertiser-daemonset.yaml").read_text())
+    apply(cluster, [daemonset])  # the API server validates the object; no controller runs it here
+    cluster.client.delete("/apis/apps/v1/namespaces/kube-system/daemonsets/kubegpu-advertiser")
+    token = cluster.client.post(
+        "/api/v1/namespaces/kube-system/serviceaccounts/kubegpu-advertiser/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600},
+        },
+    )["status"]["token"]
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "sa.kubeconfig", token)
+    cluster.create_ready_node("trn-rbac")
+
+    output = advertise(cluster, "trn-rbac", trn_host(tmp_path), "--update-capacity", kubeconfig=kubeconfig)
+
+    assert "forbidden" not in output.lower(), output
+    assert node(cluster, "trn-rbac")["status"]["capacity"][DEVICE] == "16"
+    assert len(published(cluster, "trn-rbac").inventories["neuron"].devices) == 16
+    spec = daemonset["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "kubegpu-advertiser"
+    assert "--host-root=/host" in spec["containers"][0]["args"]

@@ -1,0 +1,337 @@
+"""`kubegpu crishim` between a CRI client playing the kubelet and a real containerd with runc.
+
+The story of a node: the scheduler (the real engine with the example FPGA plugin, signing with the cluster key)
+gives a pod two of the node's four cards; the kubelet runs the pod's sandbox with the pod's annotations, creates and
+starts its container through the shim, and inside the running container exactly those two cards exist, with the
+plugin's env; a card a vendor device plugin had slipped into the request is gone. Allocations that were tampered
+with, copied from another pod, made for another node or never signed are refused with FAILED_PRECONDITION naming
+the check, and no container is created. Everything else passes through as containerd answers it, including while
+containerd restarts. The last test runs the real `kubegpu crishim` command: a private socket, the same result, and a
+clean exit on SIGTERM.
+
+The device files are character devices made with mknod under a temporary dev root (`--dev-root`), so nothing on the
+host is touched. Every pod uses the host network: no CNI is needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import secrets
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+import pytest
+from cri_api.v1 import api_pb2
+
+from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, encode_allocation
+from kubegpu.core.manifests import pod_request
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.testing import make_node, pod_manifest
+from kubegpu.crishim.shim import ContainerEditor, RunningShim, start_shim
+from kubegpu.scheduler.engine import Engine
+
+from .containerd import (
+    Containerd,
+    Cri,
+    container_config,
+    fpga_plugin_path,
+    host_network_sandbox,
+    make_char_devices,
+    running_containerd,
+    start_shim_process,
+    wait_until,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fpga"
+FPGA = "example.com/fpga"
+NODE = "node-a"
+CARDS = ["fpga0", "fpga1", "fpga2", "fpga3"]
+
+
+@pytest.fixture(scope="module")
+def fpga() -> tuple[ModuleType, ModuleType]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(EXAMPLE))
+        return importlib.import_module("kubegpu_fpga.scheduler"), importlib.import_module("kubegpu_fpga.device")
+
+
+@pytest.fixture(scope="module")
+def containerd() -> Iterator[Containerd]:
+    with running_containerd() as runtime:
+        yield runtime
+
+
+@pytest.fixture(scope="module")
+def node_dir() -> Iterator[Path]:
+    """A short per-module directory: the dev root with four cards, the key file and the shim's socket."""
+    directory = Path(tempfile.mkdtemp(prefix="kubegpu-node-"))
+    make_char_devices(directory / "dev", CARDS)
+    (directory / "allocation.key").write_text(secrets.token_hex(32) + "\n")
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def key(node_dir: Path) -> bytes:
+    return (node_dir / "allocation.key").read_bytes().rstrip(b"\n")
+
+
+@pytest.fixture(scope="module")
+def shim(
+    containerd: Containerd, node_dir: Path, key: bytes, fpga: tuple[ModuleType, ModuleType]
+) -> Iterator[RunningShim]:
+    plugins = make_plugin_manager("device", plugins=[("fpga", fpga[1])], autoload=False)
+    editor = ContainerEditor(plugins, node=NODE, key=key, dev_root=node_dir / "dev")
+    running = start_shim(f"unix://{node_dir / 'cri.sock'}", containerd.endpoint, editor, workers=8)
+    yield running
+    running.stop(1)
+
+
+@pytest.fixture(scope="module")
+def kubelet(shim: RunningShim) -> Iterator[Cri]:
+    client = Cri(f"unix://{shim.socket}")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def direct(containerd: Containerd) -> Iterator[Cri]:
+    client = Cri(containerd.endpoint)
+    yield client
+    client.close()
+
+
+class Scheduler:
+    """The real engine with the FPGA plugin, placing pods on this node and signing their allocations."""
+
+    def __init__(self, fpga_scheduler: ModuleType, key: bytes, node: str = NODE) -> None:
+        plugins = make_plugin_manager("scheduler", plugins=[("fpga", fpga_scheduler)], autoload=False)
+        self.engine = Engine(plugins, signing_key=key)
+        self.engine.add_node(make_node(node, labels={"example.com/fpga.count": "4"}, allocatable={FPGA: 4}))
+
+    def place(self, name: str, cards: int, uid: str | None = None) -> tuple[str, dict[str, str]]:
+        """Schedule a pod asking for `cards` cards in container `main`: its UID and the annotations written on it."""
+        uid = uid or f"uid-{name}-{secrets.token_hex(4)}"
+        manifest = pod_manifest(name, {"main": {FPGA: cards}})
+        manifest["metadata"]["uid"] = uid
+        decision = self.engine.schedule(pod_request(manifest)[0])
+        assert decision.scheduled, decision.reason
+        return uid, dict(decision.annotations)
+
+
+@pytest.fixture
+def scheduler(fpga: tuple[ModuleType, ModuleType], key: bytes) -> Scheduler:
+    return Scheduler(fpga[0], key)
+
+
+def _cards_in(cri: Cri, container_id: str) -> list[str]:
+    return sorted(name for name in cri.exec(container_id, "ls", "/dev").split() if name.startswith("fpga"))
+
+
+def _env(cri: Cri, container_id: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in cri.exec(container_id, "env").splitlines() if "=" in line)
+
+
+def test_a_container_sees_exactly_its_allocated_cards(
+    kubelet: Cri, scheduler: Scheduler, node_dir: Path, tmp_path: Path
+) -> None:
+    scheduler.place("someone-else", 1)  # takes fpga0
+    uid, annotations = scheduler.place("trainer", 2)
+    assert decode_allocation(annotations[ALLOCATION_KEY]).device_ids("main", FPGA) == ["fpga1", "fpga2"]
+
+    sandbox = host_network_sandbox("trainer", uid, annotations=annotations, log_directory=tmp_path)
+    sandbox_id = kubelet.run_pod(sandbox)
+    try:
+        # A vendor device plugin handed this container fpga0, which belongs to another pod.
+        config = container_config("main", devices=[(str(node_dir / "dev" / "fpga0"), "/dev/fpga0")])
+        container_id = kubelet.create(sandbox_id, config, sandbox)
+        kubelet.start(container_id)
+
+        assert _cards_in(kubelet, container_id) == ["fpga1", "fpga2"]
+        env = _env(kubelet, container_id)
+        assert env["FPGA_VISIBLE_DEVICES"] == "fpga1,fpga2"
+        assert "FPGA_BITSTREAM" not in env  # the node has no bitstream loaded
+        # They are the host's device nodes (character devices 1,3 under the dev root), not empty files.
+        assert (
+            kubelet.exec(container_id, "stat", "-c", "%F %t,%T", "/dev/fpga1").strip() == "character special file 1,3"
+        )
+    finally:
+        kubelet.remove_pod(sandbox_id)
+
+
+def _tampered(annotations: dict[str, str], **_: Any) -> dict[str, str]:
+    record = decode_allocation(annotations[ALLOCATION_KEY])
+    grabbed = record.model_copy(update={"containers": {"main": {FPGA: CARDS}}})  # all four cards, signature kept
+    return {**annotations, ALLOCATION_KEY: encode_allocation(grabbed)}
+
+
+def _unsigned(annotations: dict[str, str], **_: Any) -> dict[str, str]:
+    record = decode_allocation(annotations[ALLOCATION_KEY]).model_copy(update={"signature": None})
+    return {**annotations, ALLOCATION_KEY: encode_allocation(record)}
+
+
+def _copied(annotations: dict[str, str], *, other: dict[str, str], **_: Any) -> dict[str, str]:
+    return {**annotations, ALLOCATION_KEY: other[ALLOCATION_KEY]}
+
+
+def _other_node(annotations: dict[str, str], *, elsewhere: dict[str, str], **_: Any) -> dict[str, str]:
+    return {**annotations, ALLOCATION_KEY: elsewhere[ALLOCATION_KEY]}
+
+
+@pytest.mark.parametrize(
+    ("forge", "check"),
+    [
+        pytest.param(_tampered, "signature", id="devices-tampered"),
+        pytest.param(_copied, "pod", id="copied-from-another-pod"),
+        pytest.param(_other_node, "node", id="for-another-node"),
+        pytest.param(_unsigned, "unsigned", id="unsigned"),
+    ],
+)
+def test_a_forged_allocation_is_refused_and_nothing_is_created(
+    kubelet: Cri,
+    direct: Cri,
+    scheduler: Scheduler,
+    fpga: tuple[ModuleType, ModuleType],
+    key: bytes,
+    tmp_path: Path,
+    forge: Any,
+    check: str,
+) -> None:
+    uid, annotations = scheduler.place("victim", 1)
+    _, other = scheduler.place("donor", 2)
+    # The same pod, placed on another node by the same scheduler: only the node check can refuse it.
+    _, elsewhere = Scheduler(fpga[0], key, node="node-b").place("victim", 1, uid=uid)
+    forged = forge(annotations, other=other, elsewhere=elsewhere)
+
+    sandbox = host_network_sandbox("victim", uid, annotations=forged, log_directory=tmp_path)
+    sandbox_id = kubelet.run_pod(sandbox)
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            kubelet.create(sandbox_id, container_config("main"), sandbox)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"kubegpu: {check} check failed" in refused.value.details()
+        assert direct.containers(sandbox_id) == []
+    finally:
+        kubelet.remove_pod(sandbox_id)
+
+
+def _by_id(items: Any) -> list[Any]:
+    return sorted(items, key=lambda item: item.id)
+
+
+def test_other_calls_answer_as_containerd_does(kubelet: Cri, direct: Cri, tmp_path: Path) -> None:
+    assert kubelet.version() == direct.version()
+    sandbox = host_network_sandbox("plain", f"uid-plain-{secrets.token_hex(4)}", log_directory=tmp_path)
+    sandbox_id = kubelet.run_pod(sandbox)
+    try:
+        container_id = kubelet.create(sandbox_id, container_config("main", envs={"GREETING": "hello"}), sandbox)
+        kubelet.start(container_id)
+        assert _env(kubelet, container_id)["GREETING"] == "hello"
+        assert _by_id(kubelet.containers()) == _by_id(direct.containers())
+        request = api_pb2.ListPodSandboxRequest()
+        assert _by_id(kubelet.runtime.ListPodSandbox(request).items) == _by_id(
+            direct.runtime.ListPodSandbox(request).items
+        )
+        assert kubelet.images.ListImages(api_pb2.ListImagesRequest()) == direct.images.ListImages(
+            api_pb2.ListImagesRequest()
+        )
+        # An error is containerd's own, code and message.
+        with pytest.raises(grpc.RpcError) as through_shim:
+            kubelet.runtime.ContainerStatus(api_pb2.ContainerStatusRequest(container_id="no-such-container"))
+        with pytest.raises(grpc.RpcError) as from_containerd:
+            direct.runtime.ContainerStatus(api_pb2.ContainerStatusRequest(container_id="no-such-container"))
+        assert (through_shim.value.code(), through_shim.value.details()) == (
+            from_containerd.value.code(),
+            from_containerd.value.details(),
+        )
+    finally:
+        kubelet.remove_pod(sandbox_id)
+
+
+def test_container_events_are_relayed_as_containerd_serves_them(kubelet: Cri, direct: Cri, tmp_path: Path) -> None:
+    try:
+        next(iter(direct.runtime.GetContainerEvents(api_pb2.GetEventsRequest(), timeout=1)))
+        supported = True
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            supported = True
+        else:
+            # containerd 1.6 (Debian bookworm) predates evented PLEG: the shim must answer exactly the same.
+            with pytest.raises(grpc.RpcError) as through_shim:
+                next(iter(kubelet.runtime.GetContainerEvents(api_pb2.GetEventsRequest(), timeout=5)))
+            assert (through_shim.value.code(), through_shim.value.details()) == (exc.code(), exc.details())
+            supported = False
+    if not supported:
+        return
+    stream = kubelet.runtime.GetContainerEvents(api_pb2.GetEventsRequest(), timeout=30)
+    sandbox = host_network_sandbox("events", f"uid-events-{secrets.token_hex(4)}", log_directory=tmp_path)
+    sandbox_id = kubelet.run_pod(sandbox)
+    try:
+        event = next(iter(stream))
+        assert event.container_id
+    finally:
+        stream.cancel()
+        kubelet.remove_pod(sandbox_id)
+
+
+def test_a_containerd_restart_is_unavailable_then_served_without_restarting_the_shim(
+    kubelet: Cri, containerd: Containerd, tmp_path: Path
+) -> None:
+    sandbox = host_network_sandbox("survivor", f"uid-survivor-{secrets.token_hex(4)}", log_directory=tmp_path)
+    sandbox_id = kubelet.run_pod(sandbox)
+    container_id = kubelet.create(sandbox_id, container_config("main"), sandbox)
+    kubelet.start(container_id)
+
+    containerd.stop()
+    for call in (kubelet.version, kubelet.containers):
+        with pytest.raises(grpc.RpcError) as down:
+            call()
+        assert down.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    containerd.start()
+    wait_until(lambda: kubelet.version(timeout=2).runtime_name, 20, "the shim to serve Version after the restart")
+    running = {c.id: c.state for c in kubelet.containers(sandbox_id)}
+    assert running == {container_id: api_pb2.ContainerState.CONTAINER_RUNNING}
+    assert kubelet.exec(container_id, "echo", "still here").strip() == "still here"
+    kubelet.remove_pod(sandbox_id)
+
+
+def test_the_crishim_command_serves_a_private_socket_and_stops_cleanly_on_sigterm(
+    containerd: Containerd, scheduler: Scheduler, node_dir: Path, tmp_path: Path
+) -> None:
+    socket = node_dir / "cmd.sock"
+    process = start_shim_process(
+        socket=socket,
+        runtime_endpoint=containerd.endpoint,
+        node_name=NODE,
+        key_file=node_dir / "allocation.key",
+        dev_root=node_dir / "dev",
+        log=tmp_path / "crishim.log",
+        python_path=fpga_plugin_path(tmp_path / "site"),  # the example plugin, found through its entry points
+    )
+    kubelet = Cri(f"unix://{socket}")
+    try:
+        assert stat.S_IMODE(socket.stat().st_mode) == 0o600
+        uid, annotations = scheduler.place("cmd", 1)
+        for name, pod_annotations in (("cmd", annotations), ("cmd-plain", {})):
+            pod_uid = uid if pod_annotations else f"uid-{name}"
+            sandbox = host_network_sandbox(name, pod_uid, annotations=pod_annotations, log_directory=tmp_path)
+            sandbox_id = kubelet.run_pod(sandbox)
+            try:
+                container_id = kubelet.create(sandbox_id, container_config("main"), sandbox)
+                kubelet.start(container_id)
+                assert _cards_in(kubelet, container_id) == (["fpga0"] if pod_annotations else [])
+            finally:
+                kubelet.remove_pod(sandbox_id)
+    finally:
+        kubelet.close()
+        code = process.terminate()
+    assert code == 0, process.output()
+    assert not socket.exists()
+    assert "applied allocation" in process.output()

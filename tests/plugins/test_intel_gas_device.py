@@ -1,0 +1,325 @@
+"""The Intel GPU plugin's node side: cards from a fake sysfs, health, GAS labels and capacity, the container edit,
+and the round trip of a discovered inventory through the scheduler."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kubegpu.core.annotations import DEVICES_KEY, encode_devices
+from kubegpu.core.models import (
+    Advertisement,
+    ContainerAllocation,
+    ContainerEdit,
+    DeviceInventory,
+    DeviceNode,
+    NodeDevices,
+)
+from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
+from kubegpu.core.testing import FakeHost, make_node, make_pod
+from kubegpu.plugins.intel_gas import device, scheduler
+from kubegpu.plugins.intel_gas.cards import cards_from_labels
+from kubegpu.scheduler.engine import Engine
+
+I915 = "gpu.intel.com/i915"
+MEMORY = "gpu.intel.com/memory.max"
+MILLICORES = "gpu.intel.com/millicores"
+GIB = 1024**3
+DRM = "sys/class/drm"
+
+
+@pytest.fixture
+def pm(make_plugin_manager: Callable[..., KubegpuPluginManager]) -> KubegpuPluginManager:
+    manager: KubegpuPluginManager = make_plugin_manager("device", **{"intel-gas": device})
+    return manager
+
+
+def add_card(
+    host: FakeHost,
+    number: int,
+    *,
+    vendor: str = "0x8086",
+    pci: str | None = None,
+    memory: int | None = 16 * GIB,
+    driver: str = "i915",
+    render: bool = True,
+) -> None:
+    """A DRM card as the kernel shows it: `cardN/device` (a link to the PCI device when `pci` is given)."""
+    card = f"{DRM}/card{number}"
+    if pci is not None:
+        host.write(f"sys/devices/pci0000:00/{pci}/vendor", vendor + "\n")
+        host.symlink(f"{card}/device", f"../../../devices/pci0000:00/{pci}")
+        base = f"sys/devices/pci0000:00/{pci}"
+    else:
+        host.write(f"{card}/device/vendor", vendor + "\n")
+        base = f"{card}/device"
+    host.write(f"{base}/device", "0x56C0\n")
+    host.write(f"sys/bus/pci/drivers/{driver}/bind", "")
+    host.symlink(f"{base}/driver", f"../../../bus/pci/drivers/{driver}")
+    if render:
+        host.write(f"{base}/drm/renderD{128 + number}/dev", "226:128\n")
+    if memory is not None:
+        host.write(f"{card}/lmem_total_bytes", f"{memory}\n")
+
+
+def discover(pm: KubegpuPluginManager, host: FakeHost) -> DeviceInventory | None:
+    inventory: DeviceInventory | None = pm.call("intel-gas", "kubegpu_device_discover", host_root=host.root)
+    return inventory
+
+
+def with_health(pm: KubegpuPluginManager, host: FakeHost, inventory: DeviceInventory) -> DeviceInventory:
+    health = pm.call("intel-gas", "kubegpu_device_health", host_root=host.root, inventory=inventory)
+    devices = [d.model_copy(update={"healthy": health[d.id]}) for d in inventory.devices]
+    return inventory.model_copy(update={"devices": devices})
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Discovery and health
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_discovery_finds_the_intel_cards_and_nothing_else(pm: KubegpuPluginManager, fake_host_root: FakeHost) -> None:
+    host = fake_host_root
+    add_card(host, 0, pci="0000:03:00.0")
+    add_card(host, 1, memory=None, driver="xe", render=False)
+    add_card(host, 2, vendor="0x1002")  # an AMD card
+    host.write(f"{DRM}/card0-DP-1/status", "connected\n")  # a connector, not a card
+    host.write(f"{DRM}/renderD128/dev", "226:128\n")  # a render node, not a card
+    host.write(f"{DRM}/card3/uevent", "")  # a card without a device link
+    host.write(f"{DRM}/version", "drm 1.1.0\n")
+
+    inventory = discover(pm, host)
+
+    assert inventory is not None
+    assert inventory.plugin == "intel-gas"
+    assert inventory.topology == {}
+    card0, card1 = inventory.devices
+    assert (card0.id, card0.model, card0.memory) == ("card0", "0x56c0", 16 * GIB)
+    assert card0.attributes == {"render": "renderD128", "driver": "i915", "pciAddress": "0000:03:00.0"}
+    assert (card1.id, card1.memory, card1.attributes) == ("card1", None, {"driver": "xe"})
+
+
+def test_cards_are_in_card_order(pm: KubegpuPluginManager, fake_host_root: FakeHost) -> None:
+    for number in (10, 2, 1):
+        add_card(fake_host_root, number)
+
+    inventory = discover(pm, fake_host_root)
+
+    assert inventory is not None
+    assert [d.id for d in inventory.devices] == ["card1", "card2", "card10"]
+
+
+@pytest.mark.parametrize("setup", ["nothing", "only-amd"])
+def test_a_host_without_intel_cards_has_no_inventory(
+    pm: KubegpuPluginManager, fake_host_root: FakeHost, setup: str
+) -> None:
+    if setup == "only-amd":
+        add_card(fake_host_root, 0, vendor="0x1002")
+
+    assert discover(pm, fake_host_root) is None
+
+
+def test_a_card_whose_sysfs_directory_is_gone_is_unhealthy_and_not_advertised(
+    pm: KubegpuPluginManager, fake_host_root: FakeHost
+) -> None:
+    for number in range(3):
+        add_card(fake_host_root, number)
+    inventory = discover(pm, fake_host_root)
+    assert inventory is not None
+    fake_host_root.remove(f"{DRM}/card1")
+
+    marked = with_health(pm, fake_host_root, inventory)
+    advertisement = pm.call("intel-gas", "kubegpu_device_advertise", inventory=marked)
+
+    assert [d.healthy for d in marked.devices] == [True, False, True]
+    assert advertisement.capacity == {I915: 2, MILLICORES: 2000, MEMORY: 32 * GIB}
+    assert advertisement.labels == {"gpu.intel.com/gpu-numbers": "0.2", "gpu.intel.com/cards": "card0.card2"}
+
+
+def test_xe_cards_are_advertised_as_xe_and_memory_only_when_every_card_says(
+    pm: KubegpuPluginManager, fake_host_root: FakeHost
+) -> None:
+    add_card(fake_host_root, 0, driver="xe")
+    add_card(fake_host_root, 1, driver="xe", memory=None)
+
+    advertisement = pm.call("intel-gas", "kubegpu_device_advertise", inventory=discover(pm, fake_host_root))
+
+    assert advertisement.capacity == {"gpu.intel.com/xe": 2, MILLICORES: 2000}
+
+
+def test_many_cards_continue_the_gpu_numbers_label_as_gas_reads_it(
+    pm: KubegpuPluginManager, fake_host_root: FakeHost
+) -> None:
+    for number in range(40):
+        add_card(fake_host_root, number, render=False)
+
+    advertisement: Advertisement = pm.call(
+        "intel-gas", "kubegpu_device_advertise", inventory=discover(pm, fake_host_root)
+    )
+
+    labels = advertisement.labels
+    assert set(labels) == {"gpu.intel.com/gpu-numbers", "gpu.intel.com/gpu-numbers2"}  # `cards` would be too long
+    assert all(len(v) <= 63 and v[-1].isdigit() for v in labels.values())
+    assert labels["gpu.intel.com/gpu-numbers2"].startswith("Z")
+    assert cards_from_labels(labels) == [f"card{i}" for i in range(40)]
+
+
+@pytest.mark.parametrize("length", [0, 1, 62, 63, 64, 130, 200])
+def test_split_label_round_trips(length: int) -> None:
+    value = ".".join(str(i) for i in range(200))[:length].rstrip(".")
+
+    labels = device.split_label("x", value)
+
+    assert "".join(v.removeprefix("Z") if k != "x" else v for k, v in labels.items()) == value
+    assert all(len(v) <= 63 for v in labels.values())
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Container edit
+# ------------------------------------------------------------------------------------------------------------
+
+
+def vendor_edit() -> ContainerEdit:
+    """What the kubelet sends after the Intel GPU device plugin gave the container card0."""
+    return ContainerEdit(
+        devices=[
+            DeviceNode(host_path="/dev/dri/card0", container_path="/dev/dri/card0"),
+            DeviceNode(host_path="/dev/dri/renderD128", container_path="/dev/dri/renderD128"),
+            DeviceNode(host_path="/dev/null", container_path="/dev/null"),
+            DeviceNode(host_path="/dev/snd/card0", container_path="/dev/snd/card0"),
+        ],
+        envs={"PATH": "/bin"},
+        cdi_devices=["intel.com/gpu=card0", "nvidia.com/gpu=0"],
+        annotations={"cdi.k8s.io/intel": "intel.com/gpu=card0"},
+    )
+
+
+def dev_root(tmp_path: Path, *, by_path: bool) -> Path:
+    """A /dev with two cards; with `by_path`, card1's render node is renderD130 (as the links say)."""
+    root = tmp_path / "dev"
+    (root / "dri").mkdir(parents=True)
+    for name in ("card0", "card1", "renderD128", "renderD129", "renderD130"):
+        (root / "dri" / name).write_bytes(b"")
+    if by_path:
+        (root / "dri" / "by-path").mkdir()
+        for slot, card, render in (("0000:03:00.0", "card0", "renderD128"), ("0000:04:00.0", "card1", "renderD130")):
+            (root / "dri" / "by-path" / f"pci-{slot}-card").symlink_to(f"../{card}")
+            (root / "dri" / "by-path" / f"pci-{slot}-render").symlink_to(f"../{render}")
+    return root
+
+
+@pytest.mark.parametrize(("by_path", "render"), [(True, "renderD130"), (False, "renderD129")])
+def test_the_container_gets_exactly_its_card_and_render_node(
+    pm: KubegpuPluginManager, tmp_path: Path, by_path: bool, render: str
+) -> None:
+    root = dev_root(tmp_path, by_path=by_path)
+    edit = vendor_edit()
+    allocation = ContainerAllocation(
+        pod_uid="u",
+        node="n",
+        container="encode",
+        resources={I915: ["card1"], MEMORY: ["card1"]},
+        shares={MEMORY: {"card1": 5 * 10**9}},
+    )
+
+    assert pm.call("intel-gas", "kubegpu_device_edit_container", allocation=allocation, edit=edit, dev_root=root)
+
+    assert [(d.host_path, d.container_path) for d in edit.devices] == [
+        ("/dev/null", "/dev/null"),
+        ("/dev/snd/card0", "/dev/snd/card0"),
+        (str(root / "dri" / "card1"), "/dev/dri/card1"),
+        (str(root / "dri" / render), f"/dev/dri/{render}"),
+    ]
+    assert edit.envs == {"PATH": "/bin", "KUBEGPU_INTEL_CARDS": "card1"}
+    assert edit.cdi_devices == ["nvidia.com/gpu=0", "intel.com/gpu=card1"]
+    assert edit.annotations == {}
+
+
+def test_a_render_node_is_added_only_when_it_exists(pm: KubegpuPluginManager, tmp_path: Path) -> None:
+    root = tmp_path / "dev"
+    (root / "dri").mkdir(parents=True)
+    edit = ContainerEdit()
+    allocation = ContainerAllocation(pod_uid="u", node="n", container="c", resources={I915: ["card2", "card0"]})
+
+    pm.call("intel-gas", "kubegpu_device_edit_container", allocation=allocation, edit=edit, dev_root=root)
+
+    assert [d.container_path for d in edit.devices] == ["/dev/dri/card0", "/dev/dri/card2"]
+    assert edit.envs["KUBEGPU_INTEL_CARDS"] == "card0,card2"
+
+
+def test_a_container_without_intel_resources_is_left_alone(pm: KubegpuPluginManager, tmp_path: Path) -> None:
+    edit = vendor_edit()
+    allocation = ContainerAllocation(pod_uid="u", node="n", container="c", resources={"nvidia.com/gpu": ["0"]})
+
+    assert (
+        pm.call("intel-gas", "kubegpu_device_edit_container", allocation=allocation, edit=edit, dev_root=tmp_path)
+        is None
+    )
+    assert edit == vendor_edit()
+
+
+def test_a_garbage_card_name_fails_the_edit_naming_the_plugin(pm: KubegpuPluginManager, tmp_path: Path) -> None:
+    allocation = ContainerAllocation(pod_uid="u", node="n", container="c", resources={I915: ["../../sda"]})
+
+    with pytest.raises(PluginHookError) as caught:
+        pm.call(
+            "intel-gas", "kubegpu_device_edit_container", allocation=allocation, edit=ContainerEdit(), dev_root=tmp_path
+        )
+
+    assert str(caught.value).startswith("plugin 'intel-gas' failed in kubegpu_device_edit_container: ValueError:")
+    assert "'../../sda'" in str(caught.value)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Round trip: what the node side finds is what the scheduler places on
+# ------------------------------------------------------------------------------------------------------------
+
+
+def scheduled_cards(
+    pm: KubegpuPluginManager,
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+    inventory: DeviceInventory,
+    pods: int,
+) -> list[str | None]:
+    """Advertise the inventory as the advertiser would (annotation, capacity, labels) and schedule `pods` pods
+    each asking for one card and 5 GB of its memory; the card each got, None when unschedulable."""
+    advertisement: Advertisement = pm.call("intel-gas", "kubegpu_device_advertise", inventory=inventory)
+    node = make_node(
+        "intel-0",
+        labels=advertisement.labels,
+        annotations={DEVICES_KEY: encode_devices(NodeDevices(inventories={"intel-gas": inventory}))},
+        allocatable=advertisement.capacity,
+    )
+    engine = Engine(make_plugin_manager("scheduler", **{"intel-gas": scheduler}))
+    engine.add_node(node)
+    got: list[str | None] = []
+    for i in range(pods):
+        decision = engine.schedule(make_pod(f"p{i}", {"main": {I915: 1, MEMORY: "5G"}}))
+        got.append(decision.allocation.containers["main"][I915][0] if decision.allocation else None)
+    return got
+
+
+def test_a_discovered_inventory_schedules_one_pod_per_card(
+    pm: KubegpuPluginManager, fake_host_root: FakeHost, make_plugin_manager: Callable[..., KubegpuPluginManager]
+) -> None:
+    for number in range(2):
+        add_card(fake_host_root, number, memory=8 * 10**9)
+    inventory = with_health(pm, fake_host_root, discover(pm, fake_host_root))  # type: ignore[arg-type]
+
+    assert sorted(scheduled_cards(pm, make_plugin_manager, inventory, 2), key=str) == ["card0", "card1"]
+    assert scheduled_cards(pm, make_plugin_manager, inventory, 3)[2] is None
+
+
+def test_an_unhealthy_card_leaves_the_healthy_one_schedulable(
+    pm: KubegpuPluginManager, fake_host_root: FakeHost, make_plugin_manager: Callable[..., KubegpuPluginManager]
+) -> None:
+    for number in range(2):
+        add_card(fake_host_root, number, memory=8 * 10**9)
+    inventory = discover(pm, fake_host_root)
+    assert inventory is not None
+    fake_host_root.remove(f"{DRM}/card0")
+    inventory = with_health(pm, fake_host_root, inventory)
+
+    assert scheduled_cards(pm, make_plugin_manager, inventory, 2) == ["card1", None]
