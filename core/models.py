@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 Scalar = str | int | float | bool
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -282,6 +283,18 @@ class ContainerEdit(BaseModel):
     mounts: list[Mount] = Field(default_factory=list)
     cdi_devices: list[str] = Field(default_factory=list)
     annotations: dict[str, str] = Field(default_factory=dict)
+
+    def replace_cdi_devices(self, kind: str, names: list[str]) -> None:
+        """Make `names` the only CDI devices of `kind` (`vendor.com/class`), in `cdi_devices` and in the
+        `cdi.k8s.io/*` annotations alike (an annotation left empty is dropped)."""
+        prefix = f"{kind}="
+        self.cdi_devices = [n for n in self.cdi_devices if not n.startswith(prefix)] + names
+        for key in [k for k in self.annotations if k.startswith(CDI_ANNOTATION_PREFIX)]:
+            kept = [n for n in (p.strip() for p in self.annotations[key].split(",")) if n and not n.startswith(prefix)]
+            if kept:
+                self.annotations[key] = ",".join(kept)
+            else:
+                del self.annotations[key]
 
 
 class Advertisement(BaseModel):

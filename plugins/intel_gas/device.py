@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
 from pathlib import Path
 
 from kubegpu.core.device_hooks import hookimpl
@@ -71,7 +70,6 @@ INTEL_VENDOR = "0x8086"
 DRM = Path("sys/class/drm")
 CARDS_ENV = "KUBEGPU_INTEL_CARDS"
 CDI_KIND = "intel.com/gpu"
-CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 RENDER_BASE = 128
 LABEL_LIMIT = 63
 
@@ -142,7 +140,7 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
                 DeviceNode(host_path=str(dev_root / "dri" / render), container_path=f"/dev/dri/{render}")
             )
     edit.envs[CARDS_ENV] = ",".join(cards)
-    _replace_cdi(edit, [f"{CDI_KIND}={card}" for card in cards])
+    edit.replace_cdi_devices(CDI_KIND, [f"{CDI_KIND}={card}" for card in cards])
     return True
 
 
@@ -254,15 +252,3 @@ def _positive(text: str | None) -> int | None:
 def _is_dri_node(path: str) -> bool:
     node = Path(path)
     return node.parent.name == "dri" and _DRI_NODE.fullmatch(node.name) is not None
-
-
-def _replace_cdi(edit: ContainerEdit, names: Iterable[str]) -> None:
-    """Make `names` the only CDI devices of this plugin's kind, in the device list and in CDI annotations."""
-    prefix = f"{CDI_KIND}="
-    edit.cdi_devices = [n for n in edit.cdi_devices if not n.startswith(prefix)] + list(names)
-    for key in [k for k in edit.annotations if k.startswith(CDI_ANNOTATION_PREFIX)]:
-        kept = [n for n in (p.strip() for p in edit.annotations[key].split(",")) if n and not n.startswith(prefix)]
-        if kept:
-            edit.annotations[key] = ",".join(kept)
-        else:
-            del edit.annotations[key]

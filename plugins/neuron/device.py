@@ -88,7 +88,6 @@ RESOURCES = [NEURON, NEURONDEVICE, NEURONCORE]
 VISIBLE_DEVICES_ENV = "AWS_NEURON_VISIBLE_DEVICES"
 VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
 CDI_KIND = "aws.amazon.com/neuron"
-CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 NEURON_LS = "neuron-ls"
 NEURON_LS_TIMEOUT = 10.0
 SYSFS_DEVICES = Path("sys/devices/virtual/neuron_device")
@@ -174,7 +173,7 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
         edit.envs[VISIBLE_CORES_ENV] = core_ranges(core_ids)
     else:
         edit.envs.pop(VISIBLE_CORES_ENV, None)
-    _replace_cdi(edit, [f"{CDI_KIND}=neuron{d}" for d in devices])
+    edit.replace_cdi_devices(CDI_KIND, [f"{CDI_KIND}=neuron{d}" for d in devices])
     return True
 
 
@@ -356,15 +355,3 @@ def _number(value: str, what: str) -> int:
 
 def _is_neuron_path(path: str) -> bool:
     return _DEVICE_FILE.fullmatch(Path(path).name) is not None
-
-
-def _replace_cdi(edit: ContainerEdit, names: list[str]) -> None:
-    """Make `names` the only CDI devices of this plugin's kind, in the device list and in CDI annotations."""
-    prefix = f"{CDI_KIND}="
-    edit.cdi_devices = [n for n in edit.cdi_devices if not n.startswith(prefix)] + names
-    for key in [k for k in edit.annotations if k.startswith(CDI_ANNOTATION_PREFIX)]:
-        kept = [n for n in (p.strip() for p in edit.annotations[key].split(",")) if n and not n.startswith(prefix)]
-        if kept:
-            edit.annotations[key] = ",".join(kept)
-        else:
-            del edit.annotations[key]

@@ -69,7 +69,6 @@ RESOURCE = "nvidia.com/gpu"
 
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
 CDI_KIND = "nvidia.com/gpu"
-CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 COUNT_LABEL = "nvidia.com/gpu.count"
@@ -161,7 +160,7 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
         if f"/dev/{name}" not in present and (dev_root / name).exists():
             edit.devices.append(DeviceNode(host_path=str(dev_root / name), container_path=f"/dev/{name}"))
     edit.envs[VISIBLE_ENV] = ",".join(str(i) for i in indexes)
-    _replace_cdi(edit, [f"{CDI_KIND}={i}" for i in indexes])
+    edit.replace_cdi_devices(CDI_KIND, [f"{CDI_KIND}={i}" for i in indexes])
     return True
 
 
@@ -383,15 +382,3 @@ def product_label(model: str) -> str:
 
 def _is_gpu_file(path: str) -> bool:
     return _GPU_FILE.fullmatch(Path(path).name) is not None
-
-
-def _replace_cdi(edit: ContainerEdit, names: Iterable[str]) -> None:
-    """Make `names` the only CDI devices of this plugin's kind, in the device list and in CDI annotations."""
-    prefix = f"{CDI_KIND}="
-    edit.cdi_devices = [n for n in edit.cdi_devices if not n.startswith(prefix)] + list(names)
-    for key in [k for k in edit.annotations if k.startswith(CDI_ANNOTATION_PREFIX)]:
-        kept = [n for n in (p.strip() for p in edit.annotations[key].split(",")) if n and not n.startswith(prefix)]
-        if kept:
-            edit.annotations[key] = ",".join(kept)
-        else:
-            del edit.annotations[key]
