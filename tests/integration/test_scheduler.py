@@ -117,8 +117,14 @@ def test_an_unsupported_torus_request_stays_pending_with_the_neuron_warning(
     assert event["type"] == "Warning"
     assert event["message"] == f"0/1 nodes are available: 1 {SEVEN}."
     assert event["involvedObject"]["name"] == "seven"
+
+    def scheduled_condition() -> dict[str, Any] | None:
+        conditions = cluster.pods(namespace)[0]["status"].get("conditions") or []
+        return next((c for c in conditions if c["type"] == "PodScheduled"), None)
+
+    # The event and the condition are two writes: wait for the second as well.
+    condition = wait_for(scheduled_condition, 30, "the PodScheduled condition")
     pod = cluster.pods(namespace)[0]
-    condition = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
     assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
     assert SEVEN in condition["message"]
     assert not pod["spec"].get("nodeName")
@@ -271,8 +277,13 @@ def test_the_example_rbac_is_enough_for_the_scheduler(
         30,
         "the event written with the service account's identity",
     )
-    pod = next(p for p in cluster.pods(namespace) if p["metadata"]["name"] == "seven")
-    assert any(c["type"] == "PodScheduled" and c["status"] == "False" for c in pod["status"]["conditions"])
+
+    def refused_condition() -> bool:
+        pod = next(p for p in cluster.pods(namespace) if p["metadata"]["name"] == "seven")
+        conditions = pod["status"].get("conditions") or []
+        return any(c["type"] == "PodScheduled" and c["status"] == "False" for c in conditions)
+
+    wait_for(refused_condition, 30, "the PodScheduled=False condition written with the service account")
     output = scheduler.output()
     assert "forbidden" not in output.lower(), output[-2000:]
     assert "became the leader" in output
