@@ -144,6 +144,9 @@ def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest) -> Status | N
         trn1 "does not support requests for device: 7" refusal, a GPU model the node lacks), unschedulable when
         devices in use are in the way.
 
+    The answer must depend only on the state and the pod's containers, resources, selectors and annotations, not on
+    its name or UID: the engine reuses it for an equal pod while the node is unchanged.
+
     Called by:
         the engine's filter phase for candidate nodes; firstresult (the owning plugin).
     """

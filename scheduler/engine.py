@@ -61,6 +61,9 @@ class NodeRecord:
     pods: dict[str, None] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
     klass: int = 0
+    version: int = 0  # bumped on every change of the node's usage or devices
+    last_check: tuple[int, tuple[object, ...], Status] | None = None
+    last_score: tuple[int, tuple[object, ...], float] | None = None
 
     @property
     def name(self) -> str:
@@ -88,6 +91,9 @@ class Plan:
 
     devices: tuple[tuple[str, tuple[tuple[str, int], ...]], ...]
     unowned: tuple[tuple[str, int], ...]
+    # Everything a node's answer may depend on besides the node itself: pods with equal signatures get equal
+    # answers from an unchanged node (plugins decide from the pod's spec and annotations, never its name or UID).
+    signature: tuple[object, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +199,7 @@ class Engine:
     def _refresh(self, record: NodeRecord) -> None:
         """Recompute the node's headroom after a change and move it in the capacity indexes."""
         self.generation += 1
+        record.version += 1
         name = record.name
         self._index[CPU_INDEX].set(name, record.free("cpu"), record.klass)
         for plugin, state in record.states.items():
@@ -255,7 +262,15 @@ class Engine:
             for plugin, resources in routes.items()
             if plugin
         )
-        return Plan(devices, tuple((r, pod.total(r)) for r in routes.get("", ())))
+        signature = (
+            tuple((c.name, tuple(sorted(c.resources.items()))) for c in pod.containers),
+            pod.cpu_milli,
+            pod.memory,
+            tuple(sorted(pod.node_selector.items())),
+            pod.tolerations,
+            tuple(sorted(pod.annotations.items())),
+        )
+        return Plan(devices, tuple((r, pod.total(r)) for r in routes.get("", ())), signature)
 
     def _basic_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
         """Kubernetes' own filters. Reasons about the node itself are unresolvable; capacity is unschedulable."""
@@ -309,11 +324,17 @@ class Engine:
         return Status.success()
 
     def check(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status:
-        """The whole filter phase for one node: Kubernetes' own filters, then each plugin's device fit."""
-        status = self._basic_fit(record, pod, plan)
-        if status is not None:
-            return status
-        return self._device_fit(record, pod, plan)
+        """The whole filter phase for one node: Kubernetes' own filters, then each plugin's device fit.
+
+        The node remembers its last answer; an unchanged node asked about an equal pod (the next replica of a
+        workload, the extender's prioritize after its filter) answers from memory.
+        """
+        remembered = record.last_check
+        if remembered is not None and remembered[0] == record.version and remembered[1] == plan.signature:
+            return remembered[2]
+        status = self._basic_fit(record, pod, plan) or self._device_fit(record, pod, plan)
+        record.last_check = (record.version, plan.signature, status)
+        return status
 
     def filter_node(self, name: str, pod: PodRequest) -> Status:
         """Run the filter phase for one node (the extender's filter verb uses this per node)."""
@@ -362,9 +383,19 @@ class Engine:
         device_score = sum(device_scores) / len(device_scores) if device_scores else 0.0
         return device_score + policy_score
 
-    def score_node(self, name: str, pod: PodRequest) -> float:
-        """The score (0..200) of a node that passed the filter: plugin topology score plus the policy score."""
-        return self._score(self.nodes[name], pod, self._route(pod))
+    def score_node(self, name: str, pod: PodRequest, plan: Plan | None = None) -> float:
+        """The score (0..200) of a node that passed the filter: plugin topology score plus the policy score.
+
+        Remembered like `check`'s answer, per node version and pod signature.
+        """
+        record = self.nodes[name]
+        signature = (plan or self.plan(pod)).signature
+        remembered = record.last_score
+        if remembered is not None and remembered[0] == record.version and remembered[1] == signature:
+            return remembered[2]
+        score = self._score(record, pod, self._route(pod))
+        record.last_score = (record.version, signature, score)
+        return score
 
     def schedule(self, pod: PodRequest) -> Decision:
         """Run one full cycle for a pod and, when a node fits, reserve its devices there."""
@@ -429,7 +460,7 @@ class Engine:
             return Decision(pod.key, False, reason=summarize_reasons(len(nodes), reasons), code=code)
         best = feasible[0]
         if len(feasible) > 1:
-            best = max(feasible, key=lambda n: self._score(nodes[n], pod, routes))
+            best = max(feasible, key=lambda n: self.score_node(n, pod, plan))
         return self._reserve(nodes[best], pod, plan)
 
     # -- reserve, assume, release --------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ cluster state comes from the same informers as the custom scheduler (`SchedulerS
 * `/prioritize` (ExtenderArgs -> HostPriorityList): the engine's score (plugin topology score plus binpack/spread)
   scaled to kube-scheduler's 0..10.
 * `/bind` (ExtenderBindingArgs -> ExtenderBindingResult): re-checks the fit and reserves the devices atomically
-  under the engine lock, writes the signed `kubegpu.io/allocation` and plugin annotations with a patch guarded by
-  the pod's resourceVersion, creates the Binding, and rolls the reservation back on any failure.
+  under the engine lock, then creates the Binding carrying the signed `kubegpu.io/allocation` and plugin
+  annotations in its metadata (the API server copies them onto the pod in the same write, guarded by the pod's
+  UID), and rolls the reservation back on any failure.
 * `/preempt` (ExtenderPreemptionArgs -> ExtenderPreemptionResult): keeps only candidate nodes where evicting the
   proposed victims would free a valid device set for the pod.
 * `GET /apis/kubegpu/v1/nodes` and `/apis/kubegpu/v1/pods` (`?watch=true` streams changes as JSON lines): each node's
@@ -219,7 +220,7 @@ class ExtenderServer:
                     feasible = self.engine.check(record, pod, plan).ok
                 score = 0
                 if feasible:
-                    raw = self.engine.score_node(name, pod)
+                    raw = self.engine.score_node(name, pod, plan)
                     score = round(MAX_EXTENDER_PRIORITY * min(raw, MAX_ENGINE_SCORE) / MAX_ENGINE_SCORE)
                 scores.append({"Host": name, "Score": score})
         return scores
@@ -259,7 +260,8 @@ class ExtenderServer:
         if not decision.scheduled:
             return {"Error": f"pod {key} no longer fits node {args.Node}: {decision.reason}"}
         try:
-            self.service.writer.submit(write_placement(self.service.writer, pod, version, decision)).result()
+            placement = write_placement(self.service.writer, pod, version, decision, in_binding=True)
+            self.service.writer.submit(placement).result()
         except ApiError as exc:
             with self.service.lock:
                 held = self.engine.pods.get(key)
