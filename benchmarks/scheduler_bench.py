@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from integration.cluster import Cluster, free_port, running_cluster  # noqa: E402
 
-from kubegpu.scheduler.kube import KubeClient  # noqa: E402
+from kubegpu.scheduler.kube import ApiError, KubeClient  # noqa: E402
 
 TRN1 = {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
 
@@ -50,6 +50,13 @@ class BindWatch(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
+        try:
+            self._run()
+        except ApiError:
+            if not self.stop.is_set():
+                raise
+
+    def _run(self) -> None:
         _, version = self.client.list(f"/api/v1/namespaces/{self.namespace}/pods", page=1)
         while not self.stop.is_set():
             for event in self.client.watch(f"/api/v1/namespaces/{self.namespace}/pods", version, timeout=60):
