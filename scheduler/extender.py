@@ -27,16 +27,15 @@ gets a 200 whose `Error` explains, where the protocol has that field.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import signal
 import ssl
 import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import orjson
+from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kubegpu.core.errors import InputError, describe_validation_error
@@ -339,108 +338,105 @@ class _PodError(Exception):
     pass
 
 
-def _make_handler(server: ExtenderServer) -> type[BaseHTTPRequestHandler]:
-    routes = {
-        "/filter": server.filter,
-        "/prioritize": server.prioritize,
-        "/bind": server.bind,
-        "/preempt": server.preempt,
-    }
-    views = {"/apis/kubegpu/v1/nodes": server.node_views, "/apis/kubegpu/v1/pods": server.pod_views}
+class HttpServer:
+    """The extender's HTTP(S) server: aiohttp on its own event-loop thread.
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        # Headers and body go out in two writes; with Nagle's algorithm the second waits for the client's delayed
-        # ACK (40 ms a call on Linux), which would cap kube-scheduler at about 20 pods a second.
-        disable_nagle_algorithm = True
+    Requests are parsed by aiohttp's C parser; filter, prioritize and preempt run on the loop (they only touch the
+    engine, briefly, under its lock); bind waits for API writes, so it runs in a worker thread.
+    """
 
-        def _reply(self, status: int, document: Any) -> None:
-            body = orjson.dumps(document)
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def __init__(self, server: ExtenderServer, listen: str, tls: ssl.SSLContext | None) -> None:
+        self.server = server
+        self.verbs = {"filter": server.filter, "prioritize": server.prioritize, "preempt": server.preempt}
+        self.views = {"/apis/kubegpu/v1/nodes": server.node_views, "/apis/kubegpu/v1/pods": server.pod_views}
+        host, _, port = listen.rpartition(":")
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="extender-http", daemon=True).start()
+        self.runner = asyncio.run_coroutine_threadsafe(
+            self._start(host or "0.0.0.0", int(port), tls), self.loop
+        ).result()
 
-        def do_POST(self) -> None:  # the http.server interface
-            path = urlsplit(self.path).path.rstrip("/")
-            verb = routes.get("/" + path.rsplit("/", 1)[-1]) if path else None
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                self.close_connection = True
-                self._reply(400, {"error": "Content-Length is not a number"})
-                return
-            if length > MAX_BODY or length < 0:
-                self.close_connection = True
-                self._reply(413, {"error": f"the body is {length} bytes; the limit is {MAX_BODY}"})
-                return
-            body = self.rfile.read(length)
-            if verb is None:
-                self._reply(404, {"error": f"unknown verb {path!r}; use filter, prioritize, bind or preempt"})
-                return
-            try:
-                self._reply(200, verb(body))
-            except BadRequest as exc:
-                self._reply(exc.status, {"error": str(exc)})
-            except Exception as exc:
-                log.exception("%s failed", path)
-                self._reply(400, {"error": f"could not process the request: {type(exc).__name__}: {exc}"})
+    async def _start(self, host: str, port: int, tls: ssl.SSLContext | None) -> web.AppRunner:
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_post("/{verb}", self._post)
+        app.router.add_get("/{path:.*}", self._get)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, ssl_context=tls)
+        await site.start()
+        sockets = site._server.sockets if site._server is not None else []
+        self.address = sockets[0].getsockname()[:2] if sockets else (host, port)
+        return runner
 
-        def do_GET(self) -> None:  # the http.server interface
-            url = urlsplit(self.path)
-            view = views.get(url.path.rstrip("/"))
-            if url.path == "/healthz":
-                self._reply(200, {"status": "ok"})
-                return
-            if view is None:
-                self._reply(404, {"error": f"unknown path {url.path!r}"})
-                return
-            if parse_qs(url.query).get("watch", ["false"])[0].lower() not in ("true", "1"):
-                self._reply(200, {"items": list(view().values())})
-                return
-            self._watch(view)
+    @staticmethod
+    def _json(status: int, document: Any) -> web.Response:
+        return web.Response(status=status, body=orjson.dumps(document), content_type="application/json")
 
-        def _watch(self, view: Any) -> None:
-            """Stream `{"type": ADDED|MODIFIED|DELETED, "object"}` lines, as a Kubernetes watch does."""
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            previous: dict[str, Any] = {}
-            try:
-                while not server.service.stop.is_set():
-                    current = view()
-                    lines = []
-                    for name, obj in current.items():
-                        if name not in previous:
-                            lines.append({"type": "ADDED", "object": obj})
-                        elif previous[name] != obj:
-                            lines.append({"type": "MODIFIED", "object": obj})
-                    lines.extend({"type": "DELETED", "object": obj} for n, obj in previous.items() if n not in current)
-                    for line in lines:
-                        data = orjson.dumps(line) + b"\n"
-                        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                    self.wfile.flush()
-                    previous = current
-                    time.sleep(0.5)
-            except (BrokenPipeError, ConnectionResetError):
-                return
+    async def _post(self, request: web.Request) -> web.Response:
+        verb = request.match_info["verb"]
+        if request.content_length is not None and request.content_length > MAX_BODY:
+            refused = self._json(413, {"error": f"the body is {request.content_length} bytes; the limit is {MAX_BODY}"})
+            refused.force_close()  # the unread body would otherwise be taken for the next request
+            return refused
+        if verb not in self.verbs and verb != "bind":
+            return self._json(404, {"error": f"unknown verb {verb!r}; use filter, prioritize, bind or preempt"})
+        try:
+            body = await request.read()
+            if verb == "bind":
+                result = await self.loop.run_in_executor(None, self.server.bind, body)
+            else:
+                result = self.verbs[verb](body)
+            return self._json(200, result)
+        except BadRequest as exc:
+            return self._json(exc.status, {"error": str(exc)})
+        except web.HTTPRequestEntityTooLarge:
+            return self._json(413, {"error": f"the body is over the limit of {MAX_BODY} bytes"})
+        except Exception as exc:
+            log.exception("%s failed", verb)
+            return self._json(400, {"error": f"could not process the request: {type(exc).__name__}: {exc}"})
 
-        def log_message(self, format: str, *args: Any) -> None:
-            return
+    async def _get(self, request: web.Request) -> web.StreamResponse:
+        path = "/" + request.match_info["path"].rstrip("/")
+        if path == "/healthz":
+            return self._json(200, {"status": "ok"})
+        view = self.views.get(path)
+        if view is None:
+            return self._json(404, {"error": f"unknown path {path!r}"})
+        if request.query.get("watch", "false").lower() not in ("true", "1"):
+            return self._json(200, {"items": list(view().values())})
+        return await self._watch(request, view)
 
-    return Handler
+    async def _watch(self, request: web.Request, view: Any) -> web.StreamResponse:
+        """Stream `{"type": ADDED|MODIFIED|DELETED, "object"}` lines, as a Kubernetes watch does."""
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        previous: dict[str, Any] = {}
+        try:
+            while not self.server.service.stop.is_set():
+                current = view()
+                lines = []
+                for name, obj in current.items():
+                    if name not in previous:
+                        lines.append({"type": "ADDED", "object": obj})
+                    elif previous[name] != obj:
+                        lines.append({"type": "MODIFIED", "object": obj})
+                lines.extend({"type": "DELETED", "object": obj} for n, obj in previous.items() if n not in current)
+                if lines:
+                    await response.write(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+                previous = current
+                await asyncio.sleep(0.5)
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        return response
+
+    def shutdown(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def serve(server: ExtenderServer, listen: str, tls: ssl.SSLContext | None) -> ThreadingHTTPServer:
-    host, _, port = listen.rpartition(":")
-    httpd = ThreadingHTTPServer((host or "0.0.0.0", int(port)), _make_handler(server))
-    httpd.daemon_threads = True
-    if tls is not None:
-        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
-    threading.Thread(target=httpd.serve_forever, name="extender-http", daemon=True).start()
-    return httpd
+def serve(server: ExtenderServer, listen: str, tls: ssl.SSLContext | None) -> HttpServer:
+    return HttpServer(server, listen, tls)
 
 
 def tls_context(cert: str | None, key: str | None, client_ca: str | None) -> ssl.SSLContext | None:
@@ -471,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
     extender = ExtenderServer(service)
     httpd = serve(extender, args.listen, tls_context(args.tls_cert, args.tls_key, args.client_ca))
     scheme = "https" if args.tls_cert else "http"
-    log.info("kubegpu extender serving on %s://%s:%d", scheme, *httpd.server_address[:2])
+    log.info("kubegpu extender serving on %s://%s:%d", scheme, *httpd.address)
 
     def terminate(signum: int, _frame: Any) -> None:
         log.info("received signal %d, shutting down", signum)
