@@ -32,6 +32,7 @@ import logging
 import signal
 import ssl
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -347,7 +348,11 @@ class HttpServer:
 
     def __init__(self, server: ExtenderServer, listen: str, tls: ssl.SSLContext | None) -> None:
         self.server = server
-        self.verbs = {"filter": server.filter, "prioritize": server.prioritize, "preempt": server.preempt}
+        self.verbs: dict[str, Callable[[bytes], Any]] = {
+            "filter": server.filter,
+            "prioritize": server.prioritize,
+            "preempt": server.preempt,
+        }
         self.views = {"/apis/kubegpu/v1/nodes": server.node_views, "/apis/kubegpu/v1/pods": server.pod_views}
         host, _, port = listen.rpartition(":")
         self.loop = asyncio.new_event_loop()
@@ -364,8 +369,8 @@ class HttpServer:
         await runner.setup()
         site = web.TCPSite(runner, host, port, ssl_context=tls)
         await site.start()
-        sockets = site._server.sockets if site._server is not None else []
-        self.address = sockets[0].getsockname()[:2] if sockets else (host, port)
+        addresses = runner.addresses  # the bound port, for a --listen of port 0
+        self.address = tuple(addresses[0][:2]) if addresses else (host, port)
         return runner
 
     @staticmethod
@@ -382,6 +387,7 @@ class HttpServer:
             return self._json(404, {"error": f"unknown verb {verb!r}; use filter, prioritize, bind or preempt"})
         try:
             body = await request.read()
+            result: Any
             if verb == "bind":
                 result = await self.loop.run_in_executor(None, self.server.bind, body)
             else:
