@@ -140,6 +140,7 @@ class Engine:
         self._routes: dict[frozenset[str], dict[str, list[str]]] = {}
         self._classes: dict[tuple[object, ...], int] = {}
         self.generation = 0  # bumped on every change of any node's state: lets callers cache answers
+        self._signatures: dict[tuple[object, ...], tuple[object, ...]] = {}
 
     # -- nodes ---------------------------------------------------------------------------------------------------
 
@@ -267,9 +268,13 @@ class Engine:
             pod.cpu_milli,
             pod.memory,
             tuple(sorted(pod.node_selector.items())),
-            pod.tolerations,
+            tuple((t.key, t.operator, t.value, t.effect) for t in pod.tolerations),
             tuple(sorted(pod.annotations.items())),
         )
+        # Interned, so that comparing a node's remembered signature with this one is mostly an identity check.
+        signature = self._signatures.setdefault(signature, signature)
+        if len(self._signatures) > 4096:
+            self._signatures.clear()
         return Plan(devices, tuple((r, pod.total(r)) for r in routes.get("", ())), signature)
 
     def _basic_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
@@ -330,7 +335,7 @@ class Engine:
         workload, the extender's prioritize after its filter) answers from memory.
         """
         remembered = record.last_check
-        if remembered is not None and remembered[0] == record.version and remembered[1] == plan.signature:
+        if remembered is not None and remembered[0] == record.version and remembered[1] is plan.signature:
             return remembered[2]
         status = self._basic_fit(record, pod, plan) or self._device_fit(record, pod, plan)
         record.last_check = (record.version, plan.signature, status)
@@ -391,7 +396,7 @@ class Engine:
         record = self.nodes[name]
         signature = (plan or self.plan(pod)).signature
         remembered = record.last_score
-        if remembered is not None and remembered[0] == record.version and remembered[1] == signature:
+        if remembered is not None and remembered[0] == record.version and remembered[1] is signature:
             return remembered[2]
         score = self._score(record, pod, self._route(pod))
         record.last_score = (record.version, signature, score)
