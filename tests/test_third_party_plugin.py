@@ -491,7 +491,10 @@ def test_installing_the_example_distribution_adds_fpga_scheduling_with_no_change
     tmp_path: Path,
 ) -> None:
     if any(d.metadata["Name"] == "kubegpu-fpga-example" for d in metadata.distributions()):
-        pytest.skip("kubegpu-fpga-example is already installed in the running environment")
+        pytest.fail(
+            "kubegpu-fpga-example is already installed in the running environment, so its absence before the install "
+            "cannot be shown: run the suite from the README's test command (a .venv without it)"
+        )
     python = _fresh_venv(tmp_path / "venv")
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(
