@@ -263,7 +263,7 @@ class Engine:
             for plugin, resources in routes.items()
             if plugin
         )
-        signature = (
+        signature: tuple[object, ...] = (
             tuple((c.name, tuple(sorted(c.resources.items()))) for c in pod.containers),
             pod.cpu_milli,
             pod.memory,
