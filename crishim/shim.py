@@ -31,7 +31,7 @@ import signal
 import socket
 import stat
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,20 +245,15 @@ def apply_edit(config: Any, before: ContainerEdit, after: ContainerEdit, *, cdi:
     dropped (`off`); names the plugins removed are removed in every mode.
     """
     if after.devices != before.devices:
-        originals: dict[tuple[str, str, str], list[Any]] = {}
-        for device in config.devices:
-            originals.setdefault((device.host_path, device.container_path, device.permissions), []).append(device)
-        devices = []
-        for node in after.devices:
-            kept = originals.get((node.host_path, node.container_path, node.permissions))
-            devices.append(
-                kept.pop(0)
-                if kept
-                else api_pb2.Device(
-                    host_path=node.host_path, container_path=node.container_path, permissions=node.permissions
-                )
-            )
-        _replace(config.devices, devices)
+        _replace(
+            config.devices,
+            _keep_or_build(
+                config.devices,
+                [(n.host_path, n.container_path, n.permissions) for n in after.devices],
+                lambda d: (d.host_path, d.container_path, d.permissions),
+                lambda key: api_pb2.Device(host_path=key[0], container_path=key[1], permissions=key[2]),
+            ),
+        )
     if after.envs != before.envs:
         envs = []
         seen: set[str] = set()
@@ -269,20 +264,15 @@ def apply_edit(config: Any, before: ContainerEdit, after: ContainerEdit, *, cdi:
         envs.extend(api_pb2.KeyValue(key=k, value=v) for k, v in after.envs.items() if k not in seen)
         _replace(config.envs, envs)
     if after.mounts != before.mounts:
-        mount_originals: dict[tuple[str, str, bool], list[Any]] = {}
-        for mount in config.mounts:
-            mount_originals.setdefault((mount.host_path, mount.container_path, mount.readonly), []).append(mount)
-        mounts = []
-        for wanted in after.mounts:
-            kept = mount_originals.get((wanted.host_path, wanted.container_path, wanted.readonly))
-            mounts.append(
-                kept.pop(0)
-                if kept
-                else api_pb2.Mount(
-                    host_path=wanted.host_path, container_path=wanted.container_path, readonly=wanted.readonly
-                )
-            )
-        _replace(config.mounts, mounts)
+        _replace(
+            config.mounts,
+            _keep_or_build(
+                config.mounts,
+                [(m.host_path, m.container_path, m.readonly) for m in after.mounts],
+                lambda m: (m.host_path, m.container_path, m.readonly),
+                lambda key: api_pb2.Mount(host_path=key[0], container_path=key[1], readonly=key[2]),
+            ),
+        )
     annotations = dict(after.annotations)
     if after.cdi_devices != before.cdi_devices:
         requested = set(before.cdi_devices)
@@ -297,6 +287,24 @@ def apply_edit(config: Any, before: ContainerEdit, after: ContainerEdit, *, cdi:
     if annotations != before.annotations:
         config.annotations.clear()
         config.annotations.update(annotations)
+
+
+def _keep_or_build(
+    existing: Iterable[Any],
+    wanted: list[tuple[Any, ...]],
+    key_of: Callable[[Any], tuple[Any, ...]],
+    build: Callable[[tuple[Any, ...]], Any],
+) -> list[Any]:
+    """The wanted entries in order, reusing the request's own protobuf for each one it already had (so fields kubegpu
+    does not model survive), building the others."""
+    originals: dict[tuple[Any, ...], list[Any]] = {}
+    for entry in existing:
+        originals.setdefault(key_of(entry), []).append(entry)
+    result = []
+    for key in wanted:
+        kept = originals.get(key)
+        result.append(kept.pop(0) if kept else build(key))
+    return result
 
 
 def _replace(field: Any, items: Sequence[Any]) -> None:
