@@ -342,7 +342,7 @@ def add_advertise_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, *, client_factory: Callable[[str | None], KubeClient] | None = None) -> int:
-    from kubegpu.scheduler.custom import configure_logging
+    from kubegpu.core.process import configure_logging
 
     configure_logging(args.log_level)
     plugins = make_plugin_manager("device")

@@ -531,7 +531,7 @@ def add_crishim_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubegpu.scheduler.custom import configure_logging, read_key
+    from kubegpu.core.process import configure_logging, read_key
 
     configure_logging(args.log_level)
     key = read_key(args.allocation_key_file)

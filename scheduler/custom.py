@@ -27,7 +27,6 @@ import os
 import queue
 import signal
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,61 +41,18 @@ from kubegpu.core.errors import InputError
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.process import configure_logging, read_key
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine
 from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, Informer, KubeClient, now_rfc3339
 from kubegpu.scheduler.leader import LeaderElector
 
-__all__ = ["SchedulerService", "add_scheduler_parser", "configure_logging", "read_key"]
+__all__ = ["SchedulerService", "add_scheduler_parser", "write_placement"]
 
 log = logging.getLogger("kubegpu.scheduler")
 
 FINISHED = frozenset({"Succeeded", "Failed"})
 INITIAL_BACKOFF, MAX_BACKOFF = 1.0, 10.0
 UNSCHEDULABLE_FLUSH = 60.0
-
-
-class LogfmtFormatter(logging.Formatter):
-    """`ts=... level=... logger=... msg="..." pod=ns/name node=...`: one line per record, fields greppable."""
-
-    FIELDS = ("pod", "node", "reason", "devices", "error")
-
-    def format(self, record: logging.LogRecord) -> str:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
-        parts = [f"ts={ts}", f"level={record.levelname.lower()}", f"logger={record.name}"]
-        parts.append(f"msg={_quote(record.getMessage())}")
-        for name in self.FIELDS:
-            value = record.__dict__.get(name)
-            if value is not None:
-                parts.append(f"{name}={_quote(str(value))}")
-        if record.exc_info:
-            parts.append(f"exception={_quote(self.formatException(record.exc_info))}")
-        return " ".join(parts)
-
-
-def _quote(text: str) -> str:
-    if text and all(c not in text for c in ' "=\n'):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(LogfmtFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-
-
-def read_key(path: str) -> bytes:
-    """The HMAC key shared with the CRI shim: the file's bytes without a trailing newline; empty is refused."""
-    try:
-        with open(path, "rb") as handle:
-            key = handle.read().rstrip(b"\r\n")
-    except OSError as exc:
-        raise SystemExit(f"kubegpu: cannot read the allocation key file {path}: {exc.strerror}") from None
-    if not key:
-        raise SystemExit(f"kubegpu: the allocation key file {path} is empty")
-    return key
 
 
 class Metrics:

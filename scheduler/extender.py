@@ -43,8 +43,9 @@ from kubegpu.core.errors import InputError, describe_validation_error
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.process import configure_logging, read_key
 from kubegpu.core.status import Code
-from kubegpu.scheduler.custom import SchedulerService, configure_logging, read_key, write_placement
+from kubegpu.scheduler.custom import SchedulerService, write_placement
 from kubegpu.scheduler.engine import POLICIES, Engine
 from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, KubeClient
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from kubegpu.core import process
 from kubegpu.core.annotations import DEVICES_KEY, decode_devices, encode_devices
 from kubegpu.core.device_hooks import hookimpl
 from kubegpu.core.models import Advertisement, DeviceInfo, DeviceInventory, NodeDevices
@@ -27,7 +28,6 @@ from kubegpu.crishim import advertise
 from kubegpu.crishim.advertise import Advertiser, RoundResult, add_advertise_parser, mark_missing, parse_interval
 from kubegpu.plugins.intel_gas import device as intel
 from kubegpu.plugins.neuron import device as neuron
-from kubegpu.scheduler import custom
 from kubegpu.scheduler.kube import ApiError
 
 NODE = "trn-0"
@@ -397,7 +397,7 @@ def test_parse_interval_refuses_what_is_not_a_duration(text: str) -> None:
 @pytest.fixture
 def command(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., int]]:
     """`kubegpu advertise ARGS` with the fake client and only the neuron plugin; logging left to pytest."""
-    monkeypatch.setattr(custom, "configure_logging", lambda level: None)
+    monkeypatch.setattr(process, "configure_logging", lambda level: None)
     original = {signal.SIGTERM: signal.getsignal(signal.SIGTERM), signal.SIGINT: signal.getsignal(signal.SIGINT)}
     monkeypatch.setattr(
         "kubegpu.crishim.advertise.make_plugin_manager",
