@@ -50,6 +50,7 @@ POLICIES: tuple[Policy, ...] = ("binpack", "spread")
 BASIC_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
 CPU_INDEX = "cpu"
 NAME_LABELS = frozenset({"kubernetes.io/hostname"})
+MAX_CHANGES = 1 << 16  # node changes remembered by `Engine.changed_since`
 
 
 @dataclass(slots=True)
@@ -139,7 +140,11 @@ class Engine:
         self._index: dict[str, CapacityIndex] = {CPU_INDEX: CapacityIndex()}
         self._routes: dict[frozenset[str], dict[str, list[str]]] = {}
         self._classes: dict[tuple[object, ...], int] = {}
-        self.generation = 0  # bumped on every change of any node's state: lets callers cache answers
+        # Every change of a node's state is numbered; `changed_since` names the nodes changed after a number, so a
+        # caller can keep answers per node and redo only the nodes that changed (the extender does).
+        self.generation = 0
+        self._changes: list[str] = []  # the most recent changes: _changes[i] is change number _first + i + 1
+        self._first = 0
         self._signatures: dict[tuple[object, ...], tuple[object, ...]] = {}
 
     # -- nodes ---------------------------------------------------------------------------------------------------
@@ -189,7 +194,7 @@ class Engine:
         record = self.nodes.pop(name, None)
         if record is None:
             return []
-        self.generation += 1
+        self._changed(name)
         for index in self._index.values():
             index.discard(name)
         gone = list(record.pods)
@@ -197,9 +202,24 @@ class Engine:
             self.pods.pop(key, None)
         return gone
 
+    def _changed(self, name: str) -> None:
+        self.generation += 1
+        self._changes.append(name)
+        if len(self._changes) > MAX_CHANGES:
+            drop = len(self._changes) // 2
+            del self._changes[:drop]
+            self._first += drop
+
+    def changed_since(self, generation: int) -> set[str] | None:
+        """The nodes changed (added, removed, used or freed) after change number `generation`, or None when that is
+        too long ago to tell."""
+        if generation < self._first:
+            return None
+        return set(self._changes[generation - self._first :])
+
     def _refresh(self, record: NodeRecord) -> None:
         """Recompute the node's headroom after a change and move it in the capacity indexes."""
-        self.generation += 1
+        self._changed(record.name)
         record.version += 1
         name = record.name
         self._index[CPU_INDEX].set(name, record.free("cpu"), record.klass)

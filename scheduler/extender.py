@@ -10,6 +10,9 @@ cluster state comes from the same informers as the custom scheduler (`SchedulerS
   `FailedAndUnresolvableNodes`; kube-scheduler puts these messages in its FailedScheduling event.
 * `/prioritize` (ExtenderArgs -> HostPriorityList): the engine's score (plugin topology score plus binpack/spread)
   scaled to kube-scheduler's 0..10.
+
+  Both remember their answers node by node for each pod shape; between two calls only the nodes the engine reports
+  as changed (usually just the one the last pod was bound to) are asked again.
 * `/bind` (ExtenderBindingArgs -> ExtenderBindingResult): re-checks the fit and reserves the devices atomically
   under the engine lock, then creates the Binding carrying the signed `kubegpu.io/allocation` and plugin
   annotations in its metadata (the API server copies them onto the pod in the same write, guarded by the pod's
@@ -32,8 +35,9 @@ import logging
 import signal
 import ssl
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
@@ -52,6 +56,8 @@ from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, KubeClient
 __all__ = ["ExtenderServer", "add_extender_parser"]
 
 log = logging.getLogger("kubegpu.extender")
+
+T = TypeVar("T")
 
 MAX_BODY = 64 * 1024 * 1024
 MAX_EXTENDER_PRIORITY = 10
@@ -121,21 +127,53 @@ def _parse(model: type[_Body], body: bytes) -> Any:
         raise BadRequest(400, describe_validation_error(exc, model.__name__)) from None
 
 
+@dataclass(slots=True)
+class _Answers:
+    """The filter and score answers for one pod shape (one plan signature), node by node, as of engine change
+    `generation`. kube-scheduler asks about the same few hundred nodes for every replica of a workload, and between
+    two of its calls only the node it bound changed: the engine names the changed nodes, and only they are redone."""
+
+    generation: int
+    reasons: dict[str, str | None] = field(default_factory=dict)  # None: the node passes the filter
+    unresolvable: set[str] = field(default_factory=set)
+    scores: dict[str, orjson.Fragment] = field(default_factory=dict)  # encoded HostPriority entries
+
+    def forget(self, names: set[str]) -> None:
+        for name in names:
+            self.reasons.pop(name, None)
+            self.unresolvable.discard(name)
+            self.scores.pop(name, None)
+
+
+MAX_SHAPES = 256  # pod shapes whose answers are kept
+UNKNOWN_NODE = "node(s) unknown to kubegpu (not in its node cache yet)"
+
+
 class ExtenderServer:
     """The protocol logic, independent of the HTTP server that carries it."""
 
     def __init__(self, service: SchedulerService) -> None:
         self.service = service
         self.engine: Engine = service.engine
-        # kube-scheduler asks prioritize right after filter, about the nodes that passed: keep that answer while
-        # the engine has not changed in between.
-        self._passed: tuple[str, int, frozenset[str]] | None = None
+        self._answers: dict[tuple[object, ...], _Answers] = {}
+        # filter and prioritize read the same pod one after the other: parse it once (by UID and resourceVersion).
+        self._parsed: dict[tuple[str, str], PodRequest] = {}
 
     def _pod(self, document: dict[str, Any]) -> PodRequest:
+        meta = document.get("metadata")
+        key = (str(meta.get("uid", "")), str(meta.get("resourceVersion", ""))) if isinstance(meta, dict) else None
+        if key is not None and all(key):
+            cached = self._parsed.get(key)
+            if cached is not None:
+                return cached
         try:
             request, _ = pod_request(document)
         except InputError as exc:
             raise _PodError(str(exc)) from None
+        if key is not None and all(key):
+            if len(self._parsed) >= 64:
+                self._parsed.clear()
+            self._parsed[key] = request
         return request
 
     def _candidates(self, args: ExtenderArgs) -> list[str]:
@@ -154,42 +192,63 @@ class ExtenderServer:
                     log.warning("node in the request ignored: %s", exc, extra={"node": name})
         return names
 
+    def _answered(self, pod: PodRequest, names: list[str]) -> _Answers:
+        """The pod shape's answers, with every node of `names` decided (call with the service lock held)."""
+        plan = self.engine.plan(pod)
+        answers = self._answers.pop(plan.signature, None)  # re-inserted last: the dict is kept in LRU order
+        if answers is not None:
+            changed = self.engine.changed_since(answers.generation)
+            if changed is None:
+                answers = None
+            else:
+                answers.forget(changed)
+        if answers is None:
+            answers = _Answers(self.engine.generation)
+            if len(self._answers) >= MAX_SHAPES:
+                del self._answers[next(iter(self._answers))]
+        answers.generation = self.engine.generation
+        self._answers[plan.signature] = answers
+        reasons = answers.reasons
+        settled: dict[int, str] = {}
+        for name in [n for n in names if n not in reasons]:
+            record = self.engine.nodes.get(name)
+            if record is None:
+                reasons[name] = UNKNOWN_NODE
+                answers.unresolvable.add(name)
+                continue
+            # One unresolvable answer settles every node of the class (a trn1 refusing 7 devices refuses them all).
+            known = settled.get(record.klass)
+            if known is not None:
+                reasons[name] = known
+                answers.unresolvable.add(name)
+                continue
+            status = self.engine.check(record, pod, plan)
+            if status.ok:
+                reasons[name] = None
+            else:
+                reasons[name] = status.message
+                if status.code is Code.UNRESOLVABLE:
+                    answers.unresolvable.add(name)
+                    settled[record.klass] = status.message
+        return answers
+
     def filter(self, body: bytes) -> dict[str, Any]:
         args: ExtenderArgs = _parse(ExtenderArgs, body)
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
-        passed: list[str] = []
         try:
             pod = self._pod(args.Pod)
         except _PodError as exc:
             return {"NodeNames": None, "Nodes": None, "FailedNodes": {}, "Error": f"invalid pod: {exc}"}
         with self.service.lock:
             names = self._candidates(args)
-            plan = self.engine.plan(pod)
-            settled: dict[int, str] = {}
-            for name in names:
-                record = self.engine.nodes.get(name)
-                if record is None:
-                    unresolvable[name] = "node(s) unknown to kubegpu (not in its node cache yet)"
-                    continue
-                known = settled.get(record.klass)
-                if known is not None:
-                    unresolvable[name] = known
-                    continue
-                status = self.engine.check(record, pod, plan)
-                if status.ok:
-                    passed.append(name)
-                elif status.code is Code.UNRESOLVABLE:
-                    unresolvable[name] = status.message
-                    settled[record.klass] = status.message
-                else:
-                    failed[name] = status.message
-            self._passed = (pod.uid, self.engine.generation, frozenset(passed))
+            answers = self._answered(pod, names)
+            reasons, unresolvable = answers.reasons, answers.unresolvable
+            passed = [name for name in names if reasons[name] is None]
+            failed = {name: reason for name in names if (reason := reasons[name]) is not None}
         # Unresolvable nodes are listed in FailedNodes too: schedulers before 1.21 read only FailedNodes; newer ones
         # let FailedAndUnresolvableNodes take precedence and skip preemption there.
         result: dict[str, Any] = {
-            "FailedNodes": {**failed, **unresolvable},
-            "FailedAndUnresolvableNodes": unresolvable,
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": {name: reason for name, reason in failed.items() if name in unresolvable},
             "Error": "",
         }
         if args.NodeNames is not None:
@@ -200,55 +259,56 @@ class ExtenderServer:
             result["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
         return result
 
-    def prioritize(self, body: bytes) -> list[dict[str, Any]]:
+    def prioritize(self, body: bytes) -> list[orjson.Fragment]:
         args: ExtenderArgs = _parse(ExtenderArgs, body)
         try:
             pod = self._pod(args.Pod)
         except _PodError as exc:
             raise BadRequest(422, f"invalid pod: {exc}") from None
-        scores = []
         with self.service.lock:
+            names = self._candidates(args)
+            answers = self._answered(pod, names)
+            reasons, scores = answers.reasons, answers.scores
             plan = self.engine.plan(pod)
-            remembered = self._passed
-            fresh = remembered is not None and remembered[:2] == (pod.uid, self.engine.generation)
-            for name in self._candidates(args):
-                record = self.engine.nodes.get(name)
-                if record is None:
-                    feasible = False
-                elif fresh and remembered is not None:
-                    feasible = name in remembered[2]
-                else:
-                    feasible = self.engine.check(record, pod, plan).ok
-                score = 0
-                if feasible:
-                    raw = self.engine.score_node(name, pod, plan)
-                    score = round(MAX_EXTENDER_PRIORITY * min(raw, MAX_ENGINE_SCORE) / MAX_ENGINE_SCORE)
-                scores.append({"Host": name, "Score": score})
-        return scores
+            entries = []
+            for name in names:
+                entry = scores.get(name)
+                if entry is None:
+                    score = 0
+                    if reasons[name] is None:
+                        raw = self.engine.score_node(name, pod, plan)
+                        score = round(MAX_EXTENDER_PRIORITY * min(raw, MAX_ENGINE_SCORE) / MAX_ENGINE_SCORE)
+                    entry = scores[name] = orjson.Fragment(orjson.dumps({"Host": name, "Score": score}))
+                entries.append(entry)
+        return entries
 
-    def _pending(self, key: str, uid: str) -> tuple[str, PodRequest] | None:
+    async def _on_writer(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run an API call on the writer's event loop: directly when the HTTP server shares it (as `run` sets it up),
+        else handed over to it."""
+        writer = self.service.writer
+        if asyncio.get_running_loop() is writer.loop:
+            return await coroutine
+        return await asyncio.wrap_future(writer.submit(coroutine))
+
+    async def _pending(self, key: str, uid: str) -> tuple[str, PodRequest]:
         """The pod to bind and its resourceVersion: from the informer's cache, else from the API server."""
         with self.service.lock:
             cached = self.service.unbound.get(key)
         if cached is not None and (not uid or cached[1].uid == uid):
             return cached
         namespace, name = key.split("/", 1)
-        obj = self.service.client.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        obj = await self._on_writer(self.service.writer.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}"))
         if uid and (obj.get("metadata") or {}).get("uid") != uid:
             raise _PodError(f"it has another UID than the one to bind ({uid}); it was recreated")
         return str((obj.get("metadata") or {}).get("resourceVersion", "")), self._pod(obj)
 
-    def bind(self, body: bytes) -> dict[str, Any]:
+    async def bind(self, body: bytes) -> dict[str, Any]:
         args: BindingArgs = _parse(BindingArgs, body)
         key = f"{args.PodNamespace}/{args.PodName}"
         try:
-            found = self._pending(key, args.PodUID)
-        except ApiError as exc:
+            version, pod = await self._pending(key, args.PodUID)
+        except (ApiError, _PodError) as exc:
             return {"Error": f"pod {key}: {exc}"}
-        except _PodError as exc:
-            return {"Error": f"pod {key}: {exc}"}
-        assert found is not None
-        version, pod = found
         with self.service.lock:
             held = self.engine.pods.get(key)
             if held is not None and held.request.uid == pod.uid:
@@ -261,8 +321,7 @@ class ExtenderServer:
         if not decision.scheduled:
             return {"Error": f"pod {key} no longer fits node {args.Node}: {decision.reason}"}
         try:
-            placement = write_placement(self.service.writer, pod, version, decision, in_binding=True)
-            self.service.writer.submit(placement).result()
+            await self._on_writer(write_placement(self.service.writer, pod, version, decision, in_binding=True))
         except ApiError as exc:
             with self.service.lock:
                 held = self.engine.pods.get(key)
@@ -344,10 +403,17 @@ class HttpServer:
     """The extender's HTTP(S) server: aiohttp on its own event-loop thread.
 
     Requests are parsed by aiohttp's C parser; filter, prioritize and preempt run on the loop (they only touch the
-    engine, briefly, under its lock); bind waits for API writes, so it runs in a worker thread.
+    engine, briefly, under its lock); bind awaits its API write. Given the API writer's loop, the server runs on it,
+    so that a bind's write needs no hand-over between threads.
     """
 
-    def __init__(self, server: ExtenderServer, listen: str, tls: ssl.SSLContext | None) -> None:
+    def __init__(
+        self,
+        server: ExtenderServer,
+        listen: str,
+        tls: ssl.SSLContext | None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self.server = server
         self.verbs: dict[str, Callable[[bytes], Any]] = {
             "filter": server.filter,
@@ -356,8 +422,10 @@ class HttpServer:
         }
         self.views = {"/apis/kubegpu/v1/nodes": server.node_views, "/apis/kubegpu/v1/pods": server.pod_views}
         host, _, port = listen.rpartition(":")
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="extender-http", daemon=True).start()
+        self.own_loop = loop is None
+        self.loop = loop or asyncio.new_event_loop()
+        if self.own_loop:
+            threading.Thread(target=self.loop.run_forever, name="extender-http", daemon=True).start()
         self.runner = asyncio.run_coroutine_threadsafe(
             self._start(host or "0.0.0.0", int(port), tls), self.loop
         ).result()
@@ -390,7 +458,7 @@ class HttpServer:
             body = await request.read()
             result: Any
             if verb == "bind":
-                result = await self.loop.run_in_executor(None, self.server.bind, body)
+                result = await self.server.bind(body)
             else:
                 result = self.verbs[verb](body)
             return self._json(200, result)
@@ -439,11 +507,14 @@ class HttpServer:
 
     def shutdown(self) -> None:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(timeout=10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.own_loop:
+            self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def serve(server: ExtenderServer, listen: str, tls: ssl.SSLContext | None) -> HttpServer:
-    return HttpServer(server, listen, tls)
+def serve(
+    server: ExtenderServer, listen: str, tls: ssl.SSLContext | None, loop: asyncio.AbstractEventLoop | None = None
+) -> HttpServer:
+    return HttpServer(server, listen, tls, loop)
 
 
 def tls_context(cert: str | None, key: str | None, client_ca: str | None) -> ssl.SSLContext | None:
@@ -472,7 +543,7 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(plugins, policy=args.policy, signing_key=key)
     service = SchedulerService(client, writer, engine, name="", key=key, queue_pods=False)
     extender = ExtenderServer(service)
-    httpd = serve(extender, args.listen, tls_context(args.tls_cert, args.tls_key, args.client_ca))
+    httpd = serve(extender, args.listen, tls_context(args.tls_cert, args.tls_key, args.client_ca), writer.loop)
     scheme = "https" if args.tls_cert else "http"
     log.info("kubegpu extender serving on %s://%s:%d", scheme, *httpd.address)
 

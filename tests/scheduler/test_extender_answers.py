@@ -1,0 +1,145 @@
+"""The extender remembers its filter and prioritize answers per pod shape and redoes only the nodes the engine
+reports as changed. Whatever happens between two calls (pods placed or deleted, nodes added, replaced or removed),
+its answers must equal those of an extender that remembers nothing, asking the engine afresh."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kubegpu.core.manifests import pod_request
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.testing import make_node, pod_manifest
+from kubegpu.plugins.intel_gas import scheduler as intel
+from kubegpu.plugins.neuron import scheduler as neuron
+from kubegpu.plugins.nvidia import scheduler as nvidia
+from kubegpu.scheduler import engine as engine_module
+from kubegpu.scheduler.custom import SchedulerService
+from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.extender import ExtenderServer
+
+from .test_properties import NODE_KINDS, SHAPES
+
+KEY = b"k" * 32
+
+
+def make_extender(engine: Engine) -> ExtenderServer:
+    # filter and prioritize touch only the engine and the service's lock; no API client is needed.
+    return ExtenderServer(SchedulerService(None, None, engine, name="", key=KEY, queue_pods=False))  # type: ignore[arg-type]
+
+
+def body(pod: dict[str, Any], names: list[str]) -> bytes:
+    return orjson.dumps({"Pod": pod, "NodeNames": names})
+
+
+def answers(extender: ExtenderServer, pod: dict[str, Any], names: list[str]) -> tuple[Any, Any]:
+    filtered = extender.filter(body(pod, names))
+    scores = orjson.loads(orjson.dumps(extender.prioritize(body(pod, names))))
+    return filtered, scores
+
+
+def fresh_answers(engine: Engine, pod: dict[str, Any], names: list[str]) -> tuple[Any, Any]:
+    for record in engine.nodes.values():  # no memo at all: every node is asked again
+        record.last_check = record.last_score = None
+    return answers(make_extender(engine), pod, names)
+
+
+def shaped_pod(serial: int, shape: int) -> dict[str, Any]:
+    manifest = pod_manifest(f"p{serial}", {"main": SHAPES[shape]}, namespace="ns")
+    manifest["metadata"].update(uid=f"uid-{serial}", resourceVersion=str(serial))
+    return manifest
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("ask"), st.integers(0, len(SHAPES) - 1)),
+        st.tuples(st.just("place"), st.integers(0, len(SHAPES) - 1)),
+        st.tuples(st.just("delete"), st.integers(0, 1000)),
+        st.tuples(st.just("add-node"), st.sampled_from(sorted(NODE_KINDS))),
+        st.tuples(st.just("remove-node"), st.integers(0, 1000)),
+        st.tuples(st.just("cordon"), st.integers(0, 1000)),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kinds=st.lists(st.sampled_from(sorted(NODE_KINDS)), min_size=1, max_size=5), ops=operations)
+def test_remembered_answers_equal_fresh_ones(kinds: list[str], ops: list[tuple[str, Any]]) -> None:
+    pm = make_plugin_manager(
+        "scheduler", plugins=[("neuron", neuron), ("intel-gas", intel), ("nvidia", nvidia)], autoload=False
+    )
+    engine = Engine(pm, signing_key=KEY)
+    for i, kind in enumerate(kinds):
+        engine.add_node(make_node(f"{kind}-{i}", **NODE_KINDS[kind]))
+    extender = make_extender(engine)
+    live: list[str] = []
+    asked = 0
+    for serial, (op, arg) in enumerate(ops):
+        names = [*engine.nodes, "ghost-node"]
+        if op == "ask":
+            pod = shaped_pod(serial, arg)
+            assert answers(extender, pod, names) == fresh_answers(engine, pod, names)
+            asked += 1
+        elif op == "place":
+            pod = shaped_pod(serial, arg)
+            filtered, scores = answers(extender, pod, names)
+            assert (filtered, scores) == fresh_answers(engine, pod, names)
+            if filtered["NodeNames"]:
+                best = max((s for s in scores if s["Host"] in filtered["NodeNames"]), key=lambda s: s["Score"])["Host"]
+                assert engine.reserve(pod_request(pod)[0], best).scheduled
+                live.append(f"ns/p{serial}")
+        elif op == "delete" and live:
+            engine.release(live.pop(arg % len(live)))
+        elif op == "add-node":
+            engine.add_node(make_node(f"{arg}-{serial}", **NODE_KINDS[arg]))
+        elif op == "remove-node" and engine.nodes:
+            gone = engine.remove_node(sorted(engine.nodes)[arg % len(engine.nodes)])
+            live = [key for key in live if key not in gone]
+        elif op == "cordon" and engine.nodes:
+            record = engine.nodes[sorted(engine.nodes)[arg % len(engine.nodes)]]
+            engine.add_node(dataclasses.replace(record.info, unschedulable=not record.info.unschedulable))
+    # And after everything, every shape once more.
+    names = [*engine.nodes, "ghost-node"]
+    for shape in range(len(SHAPES)):
+        pod = shaped_pod(10_000 + shape, shape)
+        assert answers(extender, pod, names) == fresh_answers(engine, pod, names)
+
+
+def test_a_full_node_leaves_the_remembered_answer() -> None:
+    """The case kube-scheduler produces all day: the same shape asked again after a bind filled a node."""
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), signing_key=KEY)
+    gpu = NODE_KINDS["p3"]
+    for i in range(3):
+        engine.add_node(make_node(f"p3-{i}", **gpu))
+    extender = make_extender(engine)
+    names = ["p3-0", "p3-1", "p3-2"]
+    pod = shaped_pod(1, SHAPES.index({"nvidia.com/gpu": 4}))
+    assert extender.filter(body(pod, names))["NodeNames"] == names
+    for serial in (2, 3):
+        assert engine.reserve(pod_request(shaped_pod(serial, SHAPES.index({"nvidia.com/gpu": 4})))[0], "p3-1").scheduled
+    filtered = extender.filter(body(pod, names))
+    assert filtered["NodeNames"] == ["p3-0", "p3-2"]
+    assert filtered["FailedNodes"] == {"p3-1": "Insufficient nvidia.com/gpu"}
+    scores = {s["Host"]: s["Score"] for s in orjson.loads(orjson.dumps(extender.prioritize(body(pod, names))))}
+    assert scores["p3-1"] == 0
+
+
+def test_the_change_log_forgets_old_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_module, "MAX_CHANGES", 8)
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    engine.add_node(make_node("a", **NODE_KINDS["p3"]))
+    start = engine.generation
+    engine.add_node(make_node("b", **NODE_KINDS["p3"]))
+    assert engine.changed_since(start) == {"b"}
+    assert engine.changed_since(engine.generation) == set()
+    for i in range(20):
+        engine.add_node(make_node(f"n{i}", **NODE_KINDS["p3"]))
+    assert engine.changed_since(start) is None  # too long ago: the caller must start over
+    assert engine.changed_since(engine.generation - 1) == {"n19"}
