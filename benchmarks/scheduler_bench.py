@@ -57,7 +57,9 @@ class BindWatch(threading.Thread):
                 raise
 
     def _run(self) -> None:
-        _, version = self.client.list(f"/api/v1/namespaces/{self.namespace}/pods", page=1)
+        # One item is enough for the collection's resourceVersion (following the pages would list every pod).
+        page = self.client.get(f"/api/v1/namespaces/{self.namespace}/pods", limit=1)
+        version = str(page["metadata"]["resourceVersion"])
         while not self.stop.is_set():
             for event in self.client.watch(f"/api/v1/namespaces/{self.namespace}/pods", version, timeout=60):
                 obj = event.get("object") or {}

@@ -9,7 +9,7 @@ cluster state comes from the same informers as the custom scheduler (`SchedulerS
   block go to `FailedNodes`, nodes that can never take the pod (a trn1 asked for 7 devices) to
   `FailedAndUnresolvableNodes`; kube-scheduler puts these messages in its FailedScheduling event.
 * `/prioritize` (ExtenderArgs -> HostPriorityList): the engine's score (plugin topology score plus binpack/spread)
-  scaled to kube-scheduler's 0..10.
+  scaled to kube-scheduler's 0..10; hosts scoring 0 are left out of the list (kube-scheduler counts them as 0).
 
   Both remember their answers node by node for each pod shape; between two calls only the nodes the engine reports
   as changed (usually just the one the last pod was bound to) are asked again.
@@ -136,7 +136,7 @@ class _Answers:
     generation: int
     reasons: dict[str, str | None] = field(default_factory=dict)  # None: the node passes the filter
     unresolvable: set[str] = field(default_factory=set)
-    scores: dict[str, orjson.Fragment] = field(default_factory=dict)  # encoded HostPriority entries
+    scores: dict[str, orjson.Fragment | None] = field(default_factory=dict)  # encoded HostPriority; None: 0
 
     def forget(self, names: set[str]) -> None:
         for name in names:
@@ -146,6 +146,7 @@ class _Answers:
 
 
 MAX_SHAPES = 256  # pod shapes whose answers are kept
+NOT_SCORED = orjson.Fragment(b"null")  # a marker: the node has no remembered score
 UNKNOWN_NODE = "node(s) unknown to kubegpu (not in its node cache yet)"
 
 
@@ -260,6 +261,8 @@ class ExtenderServer:
         return result
 
     def prioritize(self, body: bytes) -> list[orjson.Fragment]:
+        """Hosts that score 0 are left out: kube-scheduler counts a host missing from the list as 0, and with binpack
+        every empty node scores 0, so the list names just the partly used nodes instead of every candidate."""
         args: ExtenderArgs = _parse(ExtenderArgs, body)
         try:
             pod = self._pod(args.Pod)
@@ -272,14 +275,17 @@ class ExtenderServer:
             plan = self.engine.plan(pod)
             entries = []
             for name in names:
-                entry = scores.get(name)
-                if entry is None:
+                entry = scores.get(name, NOT_SCORED)
+                if entry is NOT_SCORED:
                     score = 0
                     if reasons[name] is None:
                         raw = self.engine.score_node(name, pod, plan)
                         score = round(MAX_EXTENDER_PRIORITY * min(raw, MAX_ENGINE_SCORE) / MAX_ENGINE_SCORE)
-                    entry = scores[name] = orjson.Fragment(orjson.dumps({"Host": name, "Score": score}))
-                entries.append(entry)
+                    entry = scores[name] = (
+                        orjson.Fragment(orjson.dumps({"Host": name, "Score": score})) if score else None
+                    )
+                if entry is not None:
+                    entries.append(entry)
         return entries
 
     async def _on_writer(self, coroutine: Coroutine[Any, Any, T]) -> T:

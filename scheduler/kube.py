@@ -249,6 +249,15 @@ class KubeClient:
             response.release_conn()
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop (libuv: socket I/O and callbacks in C), else asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class AsyncKubeClient:
     """The hot write path (annotation patches and Bindings): aiohttp on its own event-loop thread.
 
@@ -260,7 +269,7 @@ class AsyncKubeClient:
     def __init__(self, credentials: Credentials, limiter: RateLimiter, *, connections: int = 64) -> None:
         self.credentials = credentials
         self.limiter = limiter
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="kube-async", daemon=True)
         self.thread.start()
         self.session: aiohttp.ClientSession = self.submit(self._open(connections)).result()
