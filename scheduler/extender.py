@@ -33,14 +33,18 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import ssl
 import threading
-from collections.abc import Callable, Coroutine
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, TypeVar
+from urllib.parse import parse_qs
 
+import httptools
 import orjson
-from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kubegpu.core.errors import InputError, describe_validation_error
@@ -51,7 +55,7 @@ from kubegpu.core.process import configure_logging, read_key
 from kubegpu.core.status import Code
 from kubegpu.scheduler.custom import SchedulerService, write_placement
 from kubegpu.scheduler.engine import POLICIES, Engine
-from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, KubeClient
+from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, KubeClient, new_event_loop
 
 __all__ = ["ExtenderServer", "add_extender_parser"]
 
@@ -405,12 +409,17 @@ class _PodError(Exception):
     pass
 
 
-class HttpServer:
-    """The extender's HTTP(S) server: aiohttp on its own event-loop thread.
+Waiting = Coroutine[Any, Any, tuple[int, Any]] | AsyncGenerator[bytes, None]  # an answer that is not ready at once
+Answer = tuple[int, Any] | Waiting
 
-    Requests are parsed by aiohttp's C parser; filter, prioritize and preempt run on the loop (they only touch the
-    engine, briefly, under its lock); bind awaits its API write. Given the API writer's loop, the server runs on it,
-    so that a bind's write needs no hand-over between threads.
+
+class HttpServer:
+    """The extender's HTTP(S) server: HTTP/1.1 keep-alive connections parsed by httptools (llhttp, in C).
+
+    kube-scheduler waits for filter and prioritize before it moves on to the next pod, so they are answered right
+    where their request completes, on the event loop, with no task or framework in between (they only touch the
+    engine, briefly, under its lock). bind awaits its API write; the connection reads its next request after the
+    answer. Given the API writer's loop, the server runs on it, so a bind's write needs no hand-over between threads.
     """
 
     def __init__(
@@ -427,94 +436,238 @@ class HttpServer:
             "preempt": server.preempt,
         }
         self.views = {"/apis/kubegpu/v1/nodes": server.node_views, "/apis/kubegpu/v1/pods": server.pod_views}
+        self.connections: set[_Connection] = set()
         host, _, port = listen.rpartition(":")
         self.own_loop = loop is None
-        self.loop = loop or asyncio.new_event_loop()
+        self.loop = loop or new_event_loop()
         if self.own_loop:
             threading.Thread(target=self.loop.run_forever, name="extender-http", daemon=True).start()
-        self.runner = asyncio.run_coroutine_threadsafe(
-            self._start(host or "0.0.0.0", int(port), tls), self.loop
+        self.listener = asyncio.run_coroutine_threadsafe(
+            self.loop.create_server(lambda: _Connection(self), host or "0.0.0.0", int(port), ssl=tls), self.loop
         ).result()
+        self.address = tuple(self.listener.sockets[0].getsockname()[:2])  # the bound port, for a --listen of port 0
 
-    async def _start(self, host: str, port: int, tls: ssl.SSLContext | None) -> web.AppRunner:
-        app = web.Application(client_max_size=MAX_BODY)
-        app.router.add_post("/{verb}", self._post)
-        app.router.add_get("/{path:.*}", self._get)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, ssl_context=tls)
-        await site.start()
-        addresses = runner.addresses  # the bound port, for a --listen of port 0
-        self.address = tuple(addresses[0][:2]) if addresses else (host, port)
-        return runner
-
-    @staticmethod
-    def _json(status: int, document: Any) -> web.Response:
-        return web.Response(status=status, body=orjson.dumps(document), content_type="application/json")
-
-    async def _post(self, request: web.Request) -> web.Response:
-        verb = request.match_info["verb"]
-        if request.content_length is not None and request.content_length > MAX_BODY:
-            refused = self._json(413, {"error": f"the body is {request.content_length} bytes; the limit is {MAX_BODY}"})
-            refused.force_close()  # the unread body would otherwise be taken for the next request
-            return refused
-        if verb not in self.verbs and verb != "bind":
-            return self._json(404, {"error": f"unknown verb {verb!r}; use filter, prioritize, bind or preempt"})
+    def answer(self, method: bytes, target: bytes, body: bytes) -> Answer:
+        """A request's status and JSON document; for the answers that wait, a coroutine (bind) or a stream (watch)."""
         try:
-            body = await request.read()
-            result: Any
+            url = httptools.parse_url(target)
+        except httptools.HttpParserInvalidURLError:
+            return 400, {"error": f"invalid request target {target[:200].decode(errors='replace')!r}"}
+        path = url.path.decode(errors="replace").rstrip("/") or "/"
+        if method == b"POST":
+            verb = path.rsplit("/", 1)[-1]
             if verb == "bind":
-                result = await self.server.bind(body)
-            else:
-                result = self.verbs[verb](body)
-            return self._json(200, result)
-        except BadRequest as exc:
-            return self._json(exc.status, {"error": str(exc)})
-        except web.HTTPRequestEntityTooLarge:
-            return self._json(413, {"error": f"the body is over the limit of {MAX_BODY} bytes"})
-        except Exception as exc:
-            log.exception("%s failed", verb)
-            return self._json(400, {"error": f"could not process the request: {type(exc).__name__}: {exc}"})
-
-    async def _get(self, request: web.Request) -> web.StreamResponse:
-        path = "/" + request.match_info["path"].rstrip("/")
+                return self._bind(body)
+            handler = self.verbs.get(verb)
+            if handler is None:
+                return 404, {"error": f"unknown verb {verb!r}; use filter, prioritize, bind or preempt"}
+            return self._call(verb, handler, body)
+        if method != b"GET":
+            return 405, {"error": f"method {method.decode(errors='replace')} is not allowed; use POST or GET"}
         if path == "/healthz":
-            return self._json(200, {"status": "ok"})
+            return 200, {"status": "ok"}
         view = self.views.get(path)
         if view is None:
-            return self._json(404, {"error": f"unknown path {path!r}"})
-        if request.query.get("watch", "false").lower() not in ("true", "1"):
-            return self._json(200, {"items": list(view().values())})
-        return await self._watch(request, view)
+            return 404, {"error": f"unknown path {path!r}"}
+        query = parse_qs((url.query or b"").decode(errors="replace"))
+        if query.get("watch", ["false"])[-1].lower() in ("true", "1"):
+            return self._watch(view)
+        return 200, {"items": list(view().values())}
 
-    async def _watch(self, request: web.Request, view: Any) -> web.StreamResponse:
-        """Stream `{"type": ADDED|MODIFIED|DELETED, "object"}` lines, as a Kubernetes watch does."""
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        response.enable_chunked_encoding()
-        await response.prepare(request)
-        previous: dict[str, Any] = {}
+    @staticmethod
+    def _call(verb: str, handler: Callable[[bytes], Any], body: bytes) -> tuple[int, Any]:
         try:
-            while not self.server.service.stop.is_set():
-                current = view()
-                lines = []
-                for name, obj in current.items():
-                    if name not in previous:
-                        lines.append({"type": "ADDED", "object": obj})
-                    elif previous[name] != obj:
-                        lines.append({"type": "MODIFIED", "object": obj})
-                lines.extend({"type": "DELETED", "object": obj} for n, obj in previous.items() if n not in current)
-                if lines:
-                    await response.write(b"".join(orjson.dumps(line) + b"\n" for line in lines))
-                previous = current
-                await asyncio.sleep(0.5)
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
-        return response
+            return 200, handler(body)
+        except BadRequest as exc:
+            return exc.status, {"error": str(exc)}
+        except Exception as exc:
+            log.exception("%s failed", verb)
+            return 400, {"error": f"could not process the request: {type(exc).__name__}: {exc}"}
+
+    async def _bind(self, body: bytes) -> tuple[int, Any]:
+        try:
+            return 200, await self.server.bind(body)
+        except BadRequest as exc:
+            return exc.status, {"error": str(exc)}
+        except Exception as exc:
+            log.exception("bind failed")
+            return 400, {"error": f"could not process the request: {type(exc).__name__}: {exc}"}
+
+    async def _watch(self, view: Callable[[], dict[str, dict[str, Any]]]) -> AsyncGenerator[bytes, None]:
+        """`{"type": ADDED|MODIFIED|DELETED, "object"}` lines, as a Kubernetes watch streams them."""
+        previous: dict[str, Any] = {}
+        while not self.server.service.stop.is_set():
+            current = view()
+            lines = []
+            for name, obj in current.items():
+                if name not in previous:
+                    lines.append({"type": "ADDED", "object": obj})
+                elif previous[name] != obj:
+                    lines.append({"type": "MODIFIED", "object": obj})
+            lines.extend({"type": "DELETED", "object": obj} for n, obj in previous.items() if n not in current)
+            if lines:
+                yield b"".join(orjson.dumps(line) + b"\n" for line in lines)
+            previous = current
+            await asyncio.sleep(0.5)
 
     def shutdown(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(timeout=10)
+        async def close() -> None:
+            self.listener.close()
+            for connection in list(self.connections):
+                connection.close()
+            await self.listener.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout=10)
         if self.own_loop:
             self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection. Requests are answered in order: while an answer waits (bind), reading pauses, and a
+    request that arrived with the previous one waits its turn. A request the server cannot read (malformed HTTP, a
+    body over the limit) gets its 4xx and the connection is closed; nothing else is affected."""
+
+    def __init__(self, http: HttpServer) -> None:
+        self.http = http
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.target = b""
+        self.expect_continue = False
+        self.body: list[bytes] = []
+        self.size = 0
+        self.queue: deque[tuple[bytes, bytes, bytes, bool]] = deque()
+        self.waiting: asyncio.Task[None] | None = None
+        self.closing = False
+
+    # -- the transport ---------------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms Nagle wait on small answers
+        self.http.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            self._refuse(400, f"malformed HTTP request: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.closing = True
+        if self.waiting is not None:
+            self.waiting.cancel()
+        self.http.connections.discard(self)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- the parser (httptools calls these while feed_data runs) ---------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.target, self.expect_continue, self.body, self.size = b"", False, [], 0
+
+    def on_url(self, url: bytes) -> None:
+        self.target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lowered = name.lower()
+        if lowered == b"content-length" and value.strip().isdigit() and int(value) > MAX_BODY:
+            self._refuse(413, f"the body is {int(value)} bytes; the limit is {MAX_BODY}")
+        elif lowered == b"expect" and value.strip().lower() == b"100-continue":
+            self.expect_continue = True
+
+    def on_headers_complete(self) -> None:
+        if self.expect_continue and not self.closing and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > MAX_BODY:
+            self._refuse(413, f"the body is over the limit of {MAX_BODY} bytes")
+        elif not self.closing:
+            self.body.append(chunk)
+
+    def on_message_complete(self) -> None:
+        if self.closing:
+            return
+        method = self.parser.get_method()
+        self.queue.append((method, self.target, b"".join(self.body), self.parser.should_keep_alive()))
+        self.body = []
+        if self.waiting is None:
+            self._next()
+
+    # -- answers ---------------------------------------------------------------------------------------------------
+
+    def _next(self) -> None:
+        while self.queue and self.waiting is None and not self.closing:
+            method, target, body, keep_alive = self.queue.popleft()
+            answer = self.http.answer(method, target, body)
+            if isinstance(answer, tuple):
+                self._respond(*answer, keep_alive=keep_alive)
+            else:
+                self.waiting = asyncio.get_running_loop().create_task(self._wait(answer, keep_alive))
+
+    async def _wait(self, answer: Waiting, keep_alive: bool) -> None:
+        try:
+            if isinstance(answer, AsyncGenerator):
+                # A watch streams until the client leaves; reading goes on so that its leaving is noticed.
+                self._send(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+                try:
+                    async for data in answer:
+                        self._send(b"%x\r\n%s\r\n" % (len(data), data))
+                    self._send(b"0\r\n\r\n")
+                finally:
+                    await answer.aclose()
+            else:
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                try:
+                    status, document = await answer
+                finally:
+                    if self.transport is not None:
+                        self.transport.resume_reading()
+                self._respond(status, document, keep_alive=keep_alive)
+        except ConnectionResetError:
+            return  # the client went away; nothing is left to answer
+        self.waiting = None
+        self._next()
+
+    def _respond(self, status: int, document: Any, *, keep_alive: bool) -> None:
+        payload = orjson.dumps(document)
+        head = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
+            status,
+            HTTPStatus(status).phrase.encode(),
+            len(payload),
+        )
+        if not keep_alive:
+            self.closing = True
+            self._send(head + b"Connection: close\r\n\r\n" + payload)
+            self.close()
+        else:
+            self._send(head + b"\r\n" + payload)
+
+    def _send(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("the client went away")
+        self.transport.write(data)
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer a request that cannot be read, and close: the rest of the stream cannot be trusted."""
+        if self.closing:
+            return
+        self.queue.clear()
+        if self.waiting is not None:
+            self.waiting.cancel()
+            self.waiting = None
+        self._respond(status, {"error": message}, keep_alive=False)
 
 
 def serve(
