@@ -2,8 +2,11 @@
 
 1000 fake Ready trn1.32xlarge nodes; 3000 pending pods requesting `aws.amazon.com/neurondevice: 1` are scheduled by
 kube-scheduler alone, then (fresh pods) by kube-scheduler configured with the kubegpu extender (filter, prioritize
-and bind; `nodeCacheCapable: true`), both with client QPS/burst 1000, timed from the scheduler's launch to the last
-Binding. Then the extender's filter latency is probed directly: p50/p99 of `/filter` calls naming all 1000 nodes.
+and bind; `nodeCacheCapable: true`), then by kube-scheduler with the null extender (`null_extender.py`: passes every
+node, scores none, posts the Binding, keeps no state: the floor any HTTP extender starts from), all with client
+QPS/burst 1000, timed from the scheduler's launch to the last Binding, in rotating order over several rounds. Each
+extender runs only during its own run. Then the extender's filter latency is probed directly: p50/p99 of `/filter`
+calls naming all 1000 nodes.
 
     .venv/bin/python benchmarks/extender_bench.py [--nodes 1000] [--pods 3000]
 """
@@ -52,13 +55,36 @@ def scheduler_command(cluster: Cluster, work: Path, qps: int, extender: str | No
     ]  # fmt: skip
 
 
+LABELS = {
+    "alone": "kube-scheduler alone",
+    "kubegpu": "kube-scheduler + kubegpu extender",
+    "null": "kube-scheduler + null extender",
+}
+
+
+def start_extender(cluster: Cluster, work: Path, who: str, qps: int) -> tuple[subprocess.Popen[bytes], str]:
+    """`kubegpu extender` (or the null extender), started for one run and ready before the clock starts."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    common = ["--kubeconfig", str(cluster.kubeconfig), "--listen", f"127.0.0.1:{port}", "--kube-api-qps", str(qps)]
+    if who == "kubegpu":
+        command = [sys.executable, "-m", "kubegpu", "extender", *common, "--allocation-key-file", str(work / "key"),
+                   "--kube-api-burst", str(qps), "--log-level", "warning"]  # fmt: skip
+    else:
+        command = [sys.executable, str(HERE / "null_extender.py"), *common]
+    process = subprocess.Popen(command, stdout=(work / f"{who}.log").open("ab"), stderr=subprocess.STDOUT)
+    http = urllib3.PoolManager()
+    wait_for(lambda: http.request("GET", f"{url}/readyz", timeout=1.0).status == 200, 60, f"the {who} extender")
+    return process, url
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=3000)
     parser.add_argument("--qps", type=int, default=1000)
     parser.add_argument("--probes", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of both runs, alternating who goes first")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every configuration, in rotating order")
     args = parser.parse_args()
     one_device = [{"aws.amazon.com/neurondevice": 1}]
     with tempfile.TemporaryDirectory() as tmp, running_cluster(Path(tmp) / "k8s") as cluster:
@@ -70,60 +96,69 @@ def main() -> int:
             ),
             args.nodes,
         )
-        key = work / "key"
-        key.write_text(secrets.token_hex(32))
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        extender = subprocess.Popen(
-            [sys.executable, "-m", "kubegpu", "extender", "--kubeconfig", str(cluster.kubeconfig), "--listen",
-             f"127.0.0.1:{port}", "--allocation-key-file", str(key), "--kube-api-qps", str(args.qps),
-             "--kube-api-burst", str(args.qps), "--log-level", "warning"],
-            stdout=(work / "extender.log").open("wb"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        http = urllib3.PoolManager()
-        try:
-            wait_for(lambda: http.request("GET", f"{url}/healthz", timeout=1.0).status == 200, 30, "the extender")
-            rates: dict[str, list[float]] = {"alone": [], "extended": []}
-            for round_ in range(args.rounds):
-                # Alternate who goes first: a later run finds a larger etcd.
-                order = ["alone", "extended"] if round_ % 2 == 0 else ["extended", "alone"]
-                for who in order:
-                    name = f"{who}-{round_}"
-                    make_pods(cluster, f"bench-{name}", args.pods, name, one_device)
-                    command = scheduler_command(cluster, work, args.qps, url if who == "extended" else None, name)
+        (work / "key").write_text(secrets.token_hex(32))
+        rates: dict[str, list[float]] = {who: [] for who in LABELS}
+        for round_ in range(args.rounds):
+            # Rotate who goes first: a later run finds a larger etcd.
+            order = list(LABELS)[round_ % 3 :] + list(LABELS)[: round_ % 3]
+            for who in order:
+                name = f"{who}-{round_}"
+                make_pods(cluster, f"bench-{name}", args.pods, name, one_device)
+                # Each extender runs only during its own run, so that no idle process takes CPU from the others.
+                extender, url = start_extender(cluster, work, who, args.qps) if who != "alone" else (None, None)
+                try:
+                    command = scheduler_command(cluster, work, args.qps, url, name)
                     seconds, _ = run_scheduler(cluster, command, f"bench-{name}", args.pods, work / f"{name}.log")
-                    clear_pods(cluster, f"bench-{name}")
-                    rates[who].append(args.pods / seconds)
-                    label = "kube-scheduler + kubegpu extender" if who == "extended" else "kube-scheduler alone"
-                    print(f"  round {round_ + 1}: {label:36} {seconds:6.1f} s  {args.pods / seconds:7.1f} pods/s")
-            names = [f"trn1-{i:04d}" for i in range(args.nodes)]
-            body = orjson.dumps({
-                "Pod": {"metadata": {"name": "probe", "namespace": "default"},
-                        "spec": {"containers": [{"name": "c", "resources": {"limits": {
-                            "aws.amazon.com/neurondevice": "1"}}}]}},
-                "NodeNames": names,
-            })  # fmt: skip
-            latencies = []
-            for _ in range(args.probes):
-                started = time.perf_counter()
-                response = http.request("POST", f"{url}/filter", body=body)
-                latencies.append(time.perf_counter() - started)
-                assert response.status == 200
-            latencies.sort()
+                finally:
+                    if extender is not None:
+                        extender.terminate()
+                        extender.wait(timeout=30)
+                clear_pods(cluster, f"bench-{name}")
+                rates[who].append(args.pods / seconds)
+                print(f"  round {round_ + 1}: {LABELS[who]:34} {seconds:6.1f} s  {args.pods / seconds:7.1f} pods/s")
+        extender, url = start_extender(cluster, work, "kubegpu", args.qps)
+        try:
+            latencies = probe_filter(url, args.nodes, args.probes)
         finally:
             extender.terminate()
             extender.wait(timeout=30)
-        alone, extended = statistics.median(rates["alone"]), statistics.median(rates["extended"])
-        print(
-            f"\n{args.pods} pods x neurondevice: 1 on {args.nodes} nodes, client QPS/burst {args.qps}, "
-            f"median of {args.rounds} rounds: alone {alone:.1f} pods/s, with the extender {extended:.1f} pods/s"
-        )
-        print(f"  with the extender / alone: {extended / alone:.2f}x (goal >= {GOAL}x; a typical HTTP extender: 0.11x)")
-        print(
-            f"  /filter over {args.nodes} node names: p50 {statistics.median(latencies) * 1000:.1f} ms, "
-            f"p99 {latencies[int(0.99 * (len(latencies) - 1))] * 1000:.1f} ms ({args.probes} calls)"
-        )
+    median = {who: statistics.median(values) for who, values in rates.items()}
+    print(
+        f"\n{args.pods} pods x neurondevice: 1 on {args.nodes} nodes, client QPS/burst {args.qps}, "
+        f"median of {args.rounds} rounds: alone {median['alone']:.1f} pods/s, with the kubegpu extender "
+        f"{median['kubegpu']:.1f} pods/s, with the null extender {median['null']:.1f} pods/s"
+    )
+    ratio = median["kubegpu"] / median["alone"]
+    rounds = ", ".join(f"{k / a:.2f}" for k, a in zip(rates["kubegpu"], rates["alone"], strict=True))
+    print(f"  with the kubegpu extender / alone: {ratio:.2f}x (goal >= {GOAL}x; a typical HTTP extender: 0.11x); "
+          f"round by round {rounds}")  # fmt: skip
+    print(
+        f"  the floor, with the null extender / alone: {median['null'] / median['alone']:.2f}x; kubegpu reaches "
+        f"{median['kubegpu'] / median['null']:.2f} of it"
+    )
+    print(
+        f"  /filter over {args.nodes} node names: p50 {statistics.median(latencies) * 1000:.1f} ms, "
+        f"p99 {latencies[int(0.99 * (len(latencies) - 1))] * 1000:.1f} ms ({args.probes} calls)"
+    )
     return 0
+
+
+def probe_filter(url: str, nodes: int, probes: int) -> list[float]:
+    """Latencies of `/filter` calls naming every node, sorted."""
+    http = urllib3.PoolManager()
+    body = orjson.dumps({
+        "Pod": {"metadata": {"name": "probe", "namespace": "default"},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {
+                    "aws.amazon.com/neurondevice": "1"}}}]}},
+        "NodeNames": [f"trn1-{i:04d}" for i in range(nodes)],
+    })  # fmt: skip
+    latencies = []
+    for _ in range(probes):
+        started = time.perf_counter()
+        response = http.request("POST", f"{url}/filter", body=body)
+        latencies.append(time.perf_counter() - started)
+        assert response.status == 200
+    return sorted(latencies)
 
 
 if __name__ == "__main__":

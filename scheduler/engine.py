@@ -146,6 +146,7 @@ class Engine:
         self._changes: list[str] = []  # the most recent changes: _changes[i] is change number _first + i + 1
         self._first = 0
         self._signatures: dict[tuple[object, ...], tuple[object, ...]] = {}
+        self._plans: dict[int, tuple[PodRequest, Plan]] = {}  # by id(pod), holding the pod so the id stays its own
 
     # -- nodes ---------------------------------------------------------------------------------------------------
 
@@ -276,7 +277,18 @@ class Engine:
         return Status.success()
 
     def plan(self, pod: PodRequest) -> Plan:
-        """The pod's requests grouped for the filter phase (computed once per cycle)."""
+        """The pod's requests grouped for the filter phase. Remembered for the last pods asked about: the extender
+        asks for the same pod's plan in filter, prioritize and bind."""
+        known = self._plans.get(id(pod))
+        if known is not None and known[0] is pod:
+            return known[1]
+        plan = self._plan(pod)
+        if len(self._plans) >= 256:
+            self._plans.clear()
+        self._plans[id(pod)] = (pod, plan)
+        return plan
+
+    def _plan(self, pod: PodRequest) -> Plan:
         routes = self._route(pod)
         devices = tuple(
             (plugin, tuple((r, max(c.resources.get(r, 0) for c in pod.containers)) for r in resources))

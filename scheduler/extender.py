@@ -54,7 +54,7 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
 from kubegpu.core.status import Code
 from kubegpu.scheduler.custom import SchedulerService, write_placement
-from kubegpu.scheduler.engine import POLICIES, Engine
+from kubegpu.scheduler.engine import POLICIES, Engine, Plan
 from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, KubeClient, new_event_loop
 
 __all__ = ["ExtenderServer", "add_extender_parser"]
@@ -135,22 +135,27 @@ def _parse(model: type[_Body], body: bytes) -> Any:
 class _Answers:
     """The filter and score answers for one pod shape (one plan signature), node by node, as of engine change
     `generation`. kube-scheduler asks about the same few hundred nodes for every replica of a workload, and between
-    two of its calls only the node it bound changed: the engine names the changed nodes, and only they are redone."""
+    two of its calls only the node it bound changed: the engine names the changed nodes, and only they are redone.
+    The answers are kept as sets so that a call over hundreds of names costs a few set operations."""
 
     generation: int
-    reasons: dict[str, str | None] = field(default_factory=dict)  # None: the node passes the filter
+    passing: set[str] = field(default_factory=set)
+    failing: dict[str, str] = field(default_factory=dict)  # the reason, for nodes that do not pass
     unresolvable: set[str] = field(default_factory=set)
-    scores: dict[str, orjson.Fragment | None] = field(default_factory=dict)  # encoded HostPriority; None: 0
+    scored: dict[str, orjson.Fragment] = field(default_factory=dict)  # encoded HostPriority, for scores above 0
+    unscored: set[str] = field(default_factory=set)  # nodes known to score 0
 
     def forget(self, names: set[str]) -> None:
-        for name in names:
-            self.reasons.pop(name, None)
-            self.unresolvable.discard(name)
-            self.scores.pop(name, None)
+        self.passing -= names
+        self.unresolvable -= names
+        self.unscored -= names
+        for name in names & self.failing.keys():
+            del self.failing[name]
+        for name in names & self.scored.keys():
+            del self.scored[name]
 
 
 MAX_SHAPES = 256  # pod shapes whose answers are kept
-NOT_SCORED = orjson.Fragment(b"null")  # a marker: the node has no remembered score
 UNKNOWN_NODE = "node(s) unknown to kubegpu (not in its node cache yet)"
 
 
@@ -165,17 +170,23 @@ class ExtenderServer:
         self._parsed: dict[tuple[str, str], PodRequest] = {}
 
     def _pod(self, document: dict[str, Any]) -> PodRequest:
+        """The pod kube-scheduler asks about, as the informer already parsed it when the versions match."""
         meta = document.get("metadata")
-        key = (str(meta.get("uid", "")), str(meta.get("resourceVersion", ""))) if isinstance(meta, dict) else None
-        if key is not None and all(key):
-            cached = self._parsed.get(key)
+        key = None
+        if isinstance(meta, dict):
+            uid, version = str(meta.get("uid", "")), str(meta.get("resourceVersion", ""))
+            known = self.service.unbound.get(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
+            if known is not None and version and known[0] == version and known[1].uid == uid:
+                return known[1]
+            key = (uid, version) if uid and version else None
+            cached = self._parsed.get(key) if key else None
             if cached is not None:
                 return cached
         try:
             request, _ = pod_request(document)
         except InputError as exc:
             raise _PodError(str(exc)) from None
-        if key is not None and all(key):
+        if key is not None:
             if len(self._parsed) >= 64:
                 self._parsed.clear()
             self._parsed[key] = request
@@ -183,7 +194,7 @@ class ExtenderServer:
 
     def _candidates(self, args: ExtenderArgs) -> list[str]:
         if args.NodeNames is not None:
-            return list(args.NodeNames)
+            return args.NodeNames
         names = []
         for item in args.Nodes.items if args.Nodes else []:
             name = (item.get("metadata") or {}).get("name")
@@ -197,9 +208,8 @@ class ExtenderServer:
                     log.warning("node in the request ignored: %s", exc, extra={"node": name})
         return names
 
-    def _answered(self, pod: PodRequest, names: list[str]) -> _Answers:
-        """The pod shape's answers, with every node of `names` decided (call with the service lock held)."""
-        plan = self.engine.plan(pod)
+    def _answered(self, pod: PodRequest, plan: Plan, wanted: set[str]) -> _Answers:
+        """The pod shape's answers, with every node of `wanted` decided (call with the service lock held)."""
         answers = self._answers.pop(plan.signature, None)  # re-inserted last: the dict is kept in LRU order
         if answers is not None:
             changed = self.engine.changed_since(answers.generation)
@@ -213,25 +223,24 @@ class ExtenderServer:
                 del self._answers[next(iter(self._answers))]
         answers.generation = self.engine.generation
         self._answers[plan.signature] = answers
-        reasons = answers.reasons
         settled: dict[int, str] = {}
-        for name in [n for n in names if n not in reasons]:
+        for name in wanted - answers.passing - answers.failing.keys():
             record = self.engine.nodes.get(name)
             if record is None:
-                reasons[name] = UNKNOWN_NODE
+                answers.failing[name] = UNKNOWN_NODE
                 answers.unresolvable.add(name)
                 continue
             # One unresolvable answer settles every node of the class (a trn1 refusing 7 devices refuses them all).
             known = settled.get(record.klass)
             if known is not None:
-                reasons[name] = known
+                answers.failing[name] = known
                 answers.unresolvable.add(name)
                 continue
             status = self.engine.check(record, pod, plan)
             if status.ok:
-                reasons[name] = None
+                answers.passing.add(name)
             else:
-                reasons[name] = status.message
+                answers.failing[name] = status.message
                 if status.code is Code.UNRESOLVABLE:
                     answers.unresolvable.add(name)
                     settled[record.klass] = status.message
@@ -245,17 +254,18 @@ class ExtenderServer:
             return {"NodeNames": None, "Nodes": None, "FailedNodes": {}, "Error": f"invalid pod: {exc}"}
         with self.service.lock:
             names = self._candidates(args)
-            answers = self._answered(pod, names)
-            reasons, unresolvable = answers.reasons, answers.unresolvable
-            passed = [name for name in names if reasons[name] is None]
-            failed = {name: reason for name in names if (reason := reasons[name]) is not None}
+            wanted = set(names)
+            answers = self._answered(pod, self.engine.plan(pod), wanted)
+            failing = answers.failing
+            if failing.keys().isdisjoint(wanted):
+                passed, failed = names, {}  # the usual case: every candidate passes
+            else:
+                passed = [name for name in names if name not in failing]
+                failed = {name: failing[name] for name in names if name in failing}
+            unresolvable = {name: reason for name, reason in failed.items() if name in answers.unresolvable}
         # Unresolvable nodes are listed in FailedNodes too: schedulers before 1.21 read only FailedNodes; newer ones
         # let FailedAndUnresolvableNodes take precedence and skip preemption there.
-        result: dict[str, Any] = {
-            "FailedNodes": failed,
-            "FailedAndUnresolvableNodes": {name: reason for name, reason in failed.items() if name in unresolvable},
-            "Error": "",
-        }
+        result: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         if args.NodeNames is not None:
             result["NodeNames"] = passed
         else:
@@ -273,24 +283,20 @@ class ExtenderServer:
         except _PodError as exc:
             raise BadRequest(422, f"invalid pod: {exc}") from None
         with self.service.lock:
-            names = self._candidates(args)
-            answers = self._answered(pod, names)
-            reasons, scores = answers.reasons, answers.scores
+            wanted = set(self._candidates(args))
             plan = self.engine.plan(pod)
-            entries = []
-            for name in names:
-                entry = scores.get(name, NOT_SCORED)
-                if entry is NOT_SCORED:
-                    score = 0
-                    if reasons[name] is None:
-                        raw = self.engine.score_node(name, pod, plan)
-                        score = round(MAX_EXTENDER_PRIORITY * min(raw, MAX_ENGINE_SCORE) / MAX_ENGINE_SCORE)
-                    entry = scores[name] = (
-                        orjson.Fragment(orjson.dumps({"Host": name, "Score": score})) if score else None
-                    )
-                if entry is not None:
-                    entries.append(entry)
-        return entries
+            answers = self._answered(pod, plan, wanted)
+            scored = answers.scored
+            for name in wanted - scored.keys() - answers.unscored:
+                score = 0
+                if name in answers.passing:
+                    raw = self.engine.score_node(name, pod, plan)
+                    score = round(MAX_EXTENDER_PRIORITY * min(raw, MAX_ENGINE_SCORE) / MAX_ENGINE_SCORE)
+                if score:
+                    scored[name] = orjson.Fragment(orjson.dumps({"Host": name, "Score": score}))
+                else:
+                    answers.unscored.add(name)
+            return [scored[name] for name in sorted(wanted & scored.keys())]
 
     async def _on_writer(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run an API call on the writer's event loop: directly when the HTTP server shares it (as `run` sets it up),
@@ -464,8 +470,12 @@ class HttpServer:
             return self._call(verb, handler, body)
         if method != b"GET":
             return 405, {"error": f"method {method.decode(errors='replace')} is not allowed; use POST or GET"}
-        if path == "/healthz":
-            return 200, {"status": "ok"}
+        if path == "/healthz":  # the event loop answers and the informers' consumer keeps beating
+            healthy = self.server.service.healthy()
+            return (200, {"status": "ok"}) if healthy else (503, {"status": "the event consumer is stuck"})
+        if path == "/readyz":  # ready once the informers have listed nodes and pods
+            ready = self.server.service.ready()
+            return (200, {"status": "ready"}) if ready else (503, {"status": "syncing nodes and pods"})
         view = self.views.get(path)
         if view is None:
             return 404, {"error": f"unknown path {path!r}"}

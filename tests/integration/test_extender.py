@@ -83,7 +83,9 @@ def extender_stack(
         started.append(extender)
         http = urllib3.PoolManager(cert_reqs="CERT_NONE")
         urllib3.disable_warnings()
-        wait_for(lambda: http.request("GET", f"{url}/healthz", timeout=1.0).status == 200, 30, "the extender")
+        assert wait_for(lambda: http.request("GET", f"{url}/healthz", timeout=1.0).status, 30, "the extender") == 200
+        # Ready (503 until then) once its informers have listed the nodes and pods.
+        wait_for(lambda: http.request("GET", f"{url}/readyz", timeout=1.0).status == 200, 30, "the extender's sync")
         resources = "".join(f"  - name: {r}\n    ignoredByScheduler: false\n" for r in MANAGED)
         config = tmp_path / "scheduler.yaml"
         config.write_text(

@@ -144,3 +144,19 @@ def test_the_change_log_forgets_old_changes(monkeypatch: pytest.MonkeyPatch) -> 
         engine.add_node(make_node(f"n{i}", **NODE_KINDS["p3"]))
     assert engine.changed_since(start) is None  # too long ago: the caller must start over
     assert engine.changed_since(engine.generation - 1) == {"n19"}
+
+
+def test_the_informers_parse_of_a_pending_pod_is_used_only_at_the_same_version() -> None:
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), signing_key=KEY)
+    engine.add_node(make_node("p3-0", **NODE_KINDS["p3"]))
+    extender = make_extender(engine)
+    two = shaped_pod(1, SHAPES.index({"nvidia.com/gpu": 2}))
+    # The informer saw this pod at version 1 asking for 16 GPUs (more than any node has).
+    sixteen = pod_manifest("p1", {"main": {"nvidia.com/gpu": 16}}, namespace="ns")
+    sixteen["metadata"].update(uid="uid-1", resourceVersion="1")
+    extender.service.unbound["ns/p1"] = ("1", pod_request(sixteen)[0])
+    # Same UID and version: the informer's parse stands for the document (they are the same object in a cluster).
+    assert extender.filter(body(two, ["p3-0"]))["NodeNames"] == []
+    # A newer version of the pod than the informer's: the document is read.
+    two["metadata"]["resourceVersion"] = "2"
+    assert extender.filter(body(two, ["p3-0"]))["NodeNames"] == ["p3-0"]

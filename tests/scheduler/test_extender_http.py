@@ -169,3 +169,20 @@ def test_the_watch_streams_chunks_and_ends_when_the_client_leaves(server: HttpSe
     with connect(server) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock, bytearray())[0] == 200
+
+
+def test_readiness_waits_for_the_informers_and_health_for_the_consumer(server: HttpServer) -> None:
+    service = server.server.service
+    with connect(server) as sock:
+        buffer = bytearray()
+        sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock, buffer)[0] == 503  # nothing listed yet
+        service.nodes_synced.set()
+        service.pods_synced.set()
+        sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock, buffer)[0] == 200
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock, buffer)[0] == 200
+        service.heartbeat -= 60  # the loop that consumes informer events has not beaten for a minute
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock, buffer)[0] == 503
