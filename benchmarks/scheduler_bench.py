@@ -92,7 +92,14 @@ def make_pods(cluster: Cluster, namespace: str, count: int, scheduler: str, shap
 
 
 def clear_pods(cluster: Cluster, namespace: str) -> None:
+    """Delete the namespace's pods and wait until they are gone, so that the next run does not pay for the deletions
+    (nor an informer that starts then for their events)."""
     cluster.client.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", params={"gracePeriodSeconds": 0})
+    deadline = time.monotonic() + 120
+    while cluster.client.get(f"/api/v1/namespaces/{namespace}/pods", limit=1).get("items"):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the pods of {namespace} were not deleted within 120 s")
+        time.sleep(0.2)
 
 
 def run_scheduler(cluster: Cluster, command: list[str], namespace: str, count: int, log: Path) -> tuple[float, int]:
