@@ -5,8 +5,11 @@ everyone else. (tests/integration/test_extender.py drives it with the real kube-
 from __future__ import annotations
 
 import socket
+import ssl
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
 import pytest
@@ -16,7 +19,7 @@ from kubegpu.core.testing import make_node, pod_manifest
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler.custom import SchedulerService
 from kubegpu.scheduler.engine import Engine
-from kubegpu.scheduler.extender import MAX_BODY, ExtenderServer, HttpServer
+from kubegpu.scheduler.extender import MAX_BODY, ExtenderServer, HttpServer, tls_context
 
 from .test_properties import NODE_KINDS
 
@@ -186,3 +189,51 @@ def test_readiness_waits_for_the_informers_and_health_for_the_consumer(server: H
         service.heartbeat -= 60  # the loop that consumes informer events has not beaten for a minute
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock, buffer)[0] == 503
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def tls_request(address: tuple[str, int], ca: Path, cert: Path | None = None, key: Path | None = None) -> int | None:
+    """The status of GET /healthz over TLS, or None when the server refused the connection."""
+    context = ssl.create_default_context(cafile=str(ca))
+    if cert is not None:
+        context.load_cert_chain(str(cert), str(key))
+    try:
+        with (
+            socket.create_connection(address, timeout=5) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as sock,
+        ):
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            return read_response(sock, bytearray())[0]
+    except (ssl.SSLError, ConnectionError):
+        return None
+
+
+def test_https_with_client_certificates_serves_only_clients_signed_by_the_ca(
+    server: HttpServer, tmp_path: Path
+) -> None:
+    day = ("-days", "1", "-nodes")
+    openssl("req", "-x509", "-newkey", "rsa:2048", *day, "-keyout", str(tmp_path / "tls.key"), "-out",
+            str(tmp_path / "tls.crt"), "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1")  # fmt: skip
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-newkey", "rsa:2048", *day, "-keyout", str(tmp_path / f"{ca}.key"), "-out",
+                str(tmp_path / f"{ca}.crt"), "-subj", f"/CN={ca}")  # fmt: skip
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / f"client-{ca}.key"), "-out",
+                str(tmp_path / f"client-{ca}.csr"), "-subj", "/CN=kube-scheduler")  # fmt: skip
+        openssl("x509", "-req", "-in", str(tmp_path / f"client-{ca}.csr"), "-CA", str(tmp_path / f"{ca}.crt"),
+                "-CAkey", str(tmp_path / f"{ca}.key"), "-CAcreateserial", "-days", "1", "-out",
+                str(tmp_path / f"client-{ca}.crt"))  # fmt: skip
+    context = tls_context(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), str(tmp_path / "ca.crt"))
+    https = HttpServer(server.server, "127.0.0.1:0", context)
+    try:
+        address, ca = https.address, tmp_path / "tls.crt"
+        signed = (tmp_path / "client-ca.crt", tmp_path / "client-ca.key")
+        foreign = (tmp_path / "client-other-ca.crt", tmp_path / "client-other-ca.key")
+        assert tls_request(address, ca, *signed) == 200  # type: ignore[arg-type]
+        assert tls_request(address, ca) is None  # no client certificate
+        assert tls_request(address, ca, *foreign) is None  # signed by another CA
+        assert tls_request(address, ca, *signed) == 200  # type: ignore[arg-type]  # and it goes on serving
+    finally:
+        https.shutdown()
