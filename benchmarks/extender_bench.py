@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
 from integration.cluster import Cluster, free_port, running_cluster, wait_for  # noqa: E402
-from scheduler_bench import TRN1, clear_pods, make_pods, parallel, run_scheduler  # noqa: E402
+from scheduler_bench import add_trn1_nodes, clear_pods, make_pods, run_scheduler  # noqa: E402
 
 GOAL = 0.5
 
@@ -90,12 +90,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, running_cluster(Path(tmp) / "k8s") as cluster:
         work = Path(tmp)
         cluster.client.limiter.qps = 0
-        parallel(
-            lambda i: cluster.create_ready_node(
-                f"trn1-{i:04d}", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16}
-            ),
-            args.nodes,
-        )
+        add_trn1_nodes(cluster, args.nodes)
         (work / "key").write_text(secrets.token_hex(32))
         rates: dict[str, list[float]] = {who: [] for who in LABELS}
         for round_ in range(args.rounds):

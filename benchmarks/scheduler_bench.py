@@ -83,6 +83,16 @@ def parallel(work: Callable[[int], Any], count: int, threads: int = 8) -> None:
         list(pool.map(work, range(count)))
 
 
+def add_trn1_nodes(cluster: Cluster, count: int) -> None:
+    """`count` Ready trn1.32xlarge nodes named trn1-0000, trn1-0001, ..., 16 Neuron devices each."""
+    parallel(
+        lambda i: cluster.create_ready_node(
+            f"trn1-{i:04d}", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16}
+        ),
+        count,
+    )
+
+
 def make_pods(cluster: Cluster, namespace: str, count: int, scheduler: str, shapes: list[dict[str, Any]]) -> None:
     cluster.create_namespace(namespace)
     parallel(
@@ -207,12 +217,7 @@ def main() -> int:
         work = Path(tmp)
         cluster.client.limiter.qps = 0
         started = time.monotonic()
-        parallel(
-            lambda i: cluster.create_ready_node(
-                f"trn1-{i:04d}", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16}
-            ),
-            args.nodes,
-        )
+        add_trn1_nodes(cluster, args.nodes)
         print(f"{args.nodes} Ready trn1.32xlarge nodes created in {time.monotonic() - started:.0f}s")
         list_nodes(cluster)
 

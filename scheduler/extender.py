@@ -166,30 +166,19 @@ class ExtenderServer:
         self.service = service
         self.engine: Engine = service.engine
         self._answers: dict[tuple[object, ...], _Answers] = {}
-        # filter and prioritize read the same pod one after the other: parse it once (by UID and resourceVersion).
-        self._parsed: dict[tuple[str, str], PodRequest] = {}
 
     def _pod(self, document: dict[str, Any]) -> PodRequest:
-        """The pod kube-scheduler asks about, as the informer already parsed it when the versions match."""
+        """The pod kube-scheduler asks about: the informer's parse of it when UID and resourceVersion match (filter and
+        prioritize ask about a pending pod the informer has already read), else parsed from the document."""
         meta = document.get("metadata")
-        key = None
-        if isinstance(meta, dict):
-            uid, version = str(meta.get("uid", "")), str(meta.get("resourceVersion", ""))
+        if isinstance(meta, dict) and meta.get("resourceVersion"):
             known = self.service.unbound.get(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
-            if known is not None and version and known[0] == version and known[1].uid == uid:
+            if known is not None and known[0] == str(meta["resourceVersion"]) and known[1].uid == meta.get("uid"):
                 return known[1]
-            key = (uid, version) if uid and version else None
-            cached = self._parsed.get(key) if key else None
-            if cached is not None:
-                return cached
         try:
             request, _ = pod_request(document)
         except InputError as exc:
             raise _PodError(str(exc)) from None
-        if key is not None:
-            if len(self._parsed) >= 64:
-                self._parsed.clear()
-            self._parsed[key] = request
         return request
 
     def _candidates(self, args: ExtenderArgs) -> list[str]:
@@ -488,20 +477,22 @@ class HttpServer:
     def _call(verb: str, handler: Callable[[bytes], Any], body: bytes) -> tuple[int, Any]:
         try:
             return 200, handler(body)
-        except BadRequest as exc:
-            return exc.status, {"error": str(exc)}
         except Exception as exc:
-            log.exception("%s failed", verb)
-            return 400, {"error": f"could not process the request: {type(exc).__name__}: {exc}"}
+            return HttpServer._failed(verb, exc)
 
     async def _bind(self, body: bytes) -> tuple[int, Any]:
         try:
             return 200, await self.server.bind(body)
-        except BadRequest as exc:
-            return exc.status, {"error": str(exc)}
         except Exception as exc:
-            log.exception("bind failed")
-            return 400, {"error": f"could not process the request: {type(exc).__name__}: {exc}"}
+            return self._failed("bind", exc)
+
+    @staticmethod
+    def _failed(verb: str, exc: Exception) -> tuple[int, Any]:
+        """A verb's exception as an answer: a 4xx with a JSON message, never a 5xx or a traceback."""
+        if isinstance(exc, BadRequest):
+            return exc.status, {"error": str(exc)}
+        log.exception("%s failed", verb)
+        return 400, {"error": f"could not process the request: {type(exc).__name__}: {exc}"}
 
     async def _watch(self, view: Callable[[], dict[str, dict[str, Any]]]) -> AsyncGenerator[bytes, None]:
         """`{"type": ADDED|MODIFIED|DELETED, "object"}` lines, as a Kubernetes watch streams them."""
@@ -680,12 +671,6 @@ class _Connection(asyncio.Protocol):
         self._respond(status, {"error": message}, keep_alive=False)
 
 
-def serve(
-    server: ExtenderServer, listen: str, tls: ssl.SSLContext | None, loop: asyncio.AbstractEventLoop | None = None
-) -> HttpServer:
-    return HttpServer(server, listen, tls, loop)
-
-
 def tls_context(cert: str | None, key: str | None, client_ca: str | None) -> ssl.SSLContext | None:
     if not cert:
         return None
@@ -712,7 +697,7 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(plugins, policy=args.policy, signing_key=key)
     service = SchedulerService(client, writer, engine, name="", key=key, queue_pods=False)
     extender = ExtenderServer(service)
-    httpd = serve(extender, args.listen, tls_context(args.tls_cert, args.tls_key, args.client_ca), writer.loop)
+    httpd = HttpServer(extender, args.listen, tls_context(args.tls_cert, args.tls_key, args.client_ca), writer.loop)
     scheme = "https" if args.tls_cert else "http"
     log.info("kubegpu extender serving on %s://%s:%d", scheme, *httpd.address)
 
