@@ -6,6 +6,7 @@ A placement is written on the pod as `kubegpu.io/allocation`, a JSON document::
      "containers": {"main": {"aws.amazon.com/neurondevice": ["4", "5", "6", "7"]}},
      "shares": {"main": {"gpu.intel.com/memory.max": {"card0": 5000000000}}},   # only for shared devices
      "plugins": {"neuron": {…}},                                                # each plugin's own fields
+     "issued": 1763820000123456789,                                             # when the scheduler issued it
      "signature": "hex HMAC-SHA256"}                                            # set by the custom scheduler
 
 The simulator, the custom scheduler and the extender write it; the CRI shim verifies the signature and that the
@@ -59,11 +60,16 @@ class AllocationRecord(BaseModel):
     containers: dict[str, dict[str, list[str]]]
     shares: dict[str, dict[str, dict[str, int]]] = Field(default_factory=dict)
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Freshness: the scheduler's clock (Unix nanoseconds, strictly increasing within one scheduler) when it issued
+    # the placement. Of two verified allocations that claim the same device, the later one is the scheduler's
+    # current decision; the earlier is stale (docs/security.md). 0 in allocations written before this field existed.
+    issued: int = Field(default=0, ge=0)
     signature: str | None = None
 
     def payload(self) -> bytes:
-        """The canonical bytes the signature covers: every field but the signature, keys sorted."""
-        document = self.model_dump(mode="json", exclude={"signature"})
+        """The canonical bytes the signature covers: every field but the signature, keys sorted (`issued` left out
+        while 0, so allocations signed before the field existed still verify)."""
+        document = self.model_dump(mode="json", exclude={"signature"} if self.issued else {"signature", "issued"})
         return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
     def device_ids(self, container: str, resource: str) -> list[str]:
@@ -91,6 +97,8 @@ def encode_allocation(record: AllocationRecord) -> str:
         document.pop("shares", None)
     if not document.get("plugins"):
         document.pop("plugins", None)
+    if not document.get("issued"):
+        document.pop("issued", None)
     return json.dumps(document, sort_keys=True, separators=(",", ":"))
 
 

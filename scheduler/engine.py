@@ -22,6 +22,7 @@ that raises becomes a reason naming it, never a crash.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -147,6 +148,7 @@ class Engine:
         self._first = 0
         self._signatures: dict[tuple[object, ...], tuple[object, ...]] = {}
         self._plans: dict[int, tuple[PodRequest, Plan]] = {}  # by id(pod), holding the pod so the id stays its own
+        self._issued = 0  # the `issued` stamp of the last signed allocation: stamps strictly increase
 
     # -- nodes ---------------------------------------------------------------------------------------------------
 
@@ -544,6 +546,8 @@ class Engine:
         if parts:
             allocation_record = merge_allocations(name, pod.uid, list(parts.values()))
             if self.signing_key is not None:
+                self._issued = max(time.time_ns(), self._issued + 1)
+                allocation_record = allocation_record.model_copy(update={"issued": self._issued})
                 allocation_record = sign_allocation(allocation_record, self.signing_key)
             for part in parts.values():
                 annotations.update(part.annotations)
