@@ -230,6 +230,11 @@ class Occupancy(BaseModel):
     `layout` says how to draw `cells`: `ring` as one row, `grid` as rows of `columns` cells (a 4x4 torus), `cells` as a
     plain list. `free` counts devices nobody holds; `largest_fit` is the largest request (in devices) the node could
     take now, so `free - largest_fit` is the fragmentation: free devices stranded outside every valid set.
+
+    `topology` names how the devices are linked, for pictures that draw the links: `torus` (rows x `columns`, with
+    wrap-around links), `ring`, `cube-mesh` (NVLink hybrid cube-mesh), `nvswitch` (every device reaches every other
+    through a switch), or empty (no links known: cards side by side). `links` are the direct device-to-device links
+    as pairs of indexes into `cells` (empty for `nvswitch`, whose links all go through the switch).
     """
 
     family: str
@@ -239,6 +244,8 @@ class Occupancy(BaseModel):
     total: int = 0
     free: int = 0
     largest_fit: int = 0
+    topology: str = ""
+    links: list[tuple[int, int]] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -274,6 +274,8 @@ def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy]:
             holders, used = sorted(set(held)), len(held) / k
         cells.append(DeviceCell(id=str(device), holders=holders, used=used, healthy=bool(s.healthy >> device & 1)))
     grid = s.topology.kind == "torus"
+    position = {int(cell.id): i for i, cell in enumerate(cells)}
+    links = [(position[a], position[b]) for a, b in topo.links(s.topology) if a in position and b in position]
     return [
         Occupancy(
             family=NAME,
@@ -283,6 +285,8 @@ def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy]:
             total=len(cells),
             free=s.free_devices.bit_count(),
             largest_fit=topo.largest_device_set(s.topology, s.free_devices),
+            topology=s.topology.kind,
+            links=links,
         )
     ]
 

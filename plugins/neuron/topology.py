@@ -65,6 +65,7 @@ __all__ = [
     "interval",
     "largest_core_request",
     "largest_device_set",
+    "links",
     "longest_run",
     "make_topology",
     "run_around",
@@ -174,6 +175,24 @@ def valid_starts(topology: Topology, size: int) -> tuple[int, ...]:
 def valid_sets(topology: Topology, size: int) -> tuple[int, ...]:
     """Every valid set of `size` devices as a bitmask, lowest ids first."""
     return tuple(interval(start, size) for start in valid_starts(topology, size))
+
+
+@cache
+def links(topology: Topology) -> tuple[tuple[int, int], ...]:
+    """The device pairs joined by a direct link, for pictures: ring neighbours (the last device back to the first
+    on rings of three or more), and on a torus each device to its right and lower neighbour, wrapping around."""
+    n = topology.devices
+    if topology.kind == "ring":
+        pairs = [(i, i + 1) for i in range(n - 1)]
+        return tuple([*pairs, (n - 1, 0)] if n > 2 else pairs)
+    rows, columns = topology.rows, topology.columns
+    found: dict[frozenset[int], tuple[int, int]] = {}
+    for device in range(n):
+        row, column = divmod(device, columns)
+        for other in (row * columns + (column + 1) % columns, ((row + 1) % rows) * columns + column):
+            if other != device:
+                found.setdefault(frozenset((device, other)), (device, other))
+    return tuple(found.values())
 
 
 def interval(start: int, size: int) -> int:

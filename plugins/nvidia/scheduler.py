@@ -45,12 +45,14 @@ from kubegpu.plugins.nvidia.topology import (
     CATALOG,
     CUBE_MESH,
     FLAT,
+    NVSWITCH,
     GroupTree,
     InstanceType,
     TopologyError,
     build_tree,
     choose,
     ids_of,
+    link_pairs,
     normalize_model,
     placement_score,
     tree_from_inventory,
@@ -290,6 +292,8 @@ def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy] | None
             total=len(cells),
             free=free,
             largest_fit=free,
+            topology=state.tree.kind if state.tree.kind in (CUBE_MESH, NVSWITCH) else "",
+            links=list(link_pairs(state.tree)),
         )
     ]
 

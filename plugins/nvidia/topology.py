@@ -27,6 +27,7 @@ Everything here is pure: GPUs are bit positions 0..n-1 in a node's id order, set
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ __all__ = [
     "choose",
     "fill",
     "ids_of",
+    "link_pairs",
     "normalize_model",
     "placement_score",
     "tree_from_inventory",
@@ -195,6 +197,20 @@ def _collect(group: Group, into: list[Group]) -> None:
         into.append(group)
         for child in group.children:
             _collect(child, into)
+
+
+def link_pairs(tree: GroupTree) -> tuple[tuple[int, int], ...]:
+    """The GPU pairs joined by a direct NVLink, for pictures. On a hybrid cube-mesh every GPU of a quad links to
+    the other three and to the GPU in the same place of the next quad; an NVSwitch joins GPUs through the switch
+    (no direct pairs); other trees say nothing about links."""
+    if tree.kind != CUBE_MESH:
+        return ()
+    quads = [g for g in tree.groups if g.size == 4] or ([tree.root] if tree.gpus <= 4 else [])
+    members = [[bit for bit in range(tree.gpus) if quad.mask >> bit & 1] for quad in quads]
+    pairs = [(a, b) for quad in members for i, a in enumerate(quad) for b in quad[i + 1 :]]
+    for left, right in itertools.pairwise(members):
+        pairs.extend(zip(left, right, strict=False))
+    return tuple(pairs)
 
 
 def tree_from_inventory(topology: Mapping[str, Any], ids: Sequence[str]) -> GroupTree | None:
