@@ -36,7 +36,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from kubegpu.core.annotations import ALLOCATION_KEY, AnnotationError, decode_allocation, verify_allocation
+from kubegpu.core.annotations import ALLOCATION_KEY, AnnotationError, decode_allocation
 from kubegpu.core.errors import InputError
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
@@ -84,6 +84,18 @@ class Metrics:
             ["queue"],
             registry=self.registry,
         )
+        self.internal_errors = Counter(
+            "kubegpu_scheduler_internal_errors_total",
+            "Objects that raised an unexpected error, by stage (node_event, pod_event, schedule, bind); each cost "
+            "only that object an error log and an Event.",
+            ["stage"],
+            registry=self.registry,
+        )
+        self.refused_allocations = Counter(
+            "kubegpu_scheduler_refused_allocations_total",
+            "Bound pods whose kubegpu.io/allocation holds no devices: malformed, unverified, copied or stale.",
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "kubegpu_scheduler_is_leader", "1 while this replica holds the lease.", registry=self.registry
         )
@@ -101,29 +113,40 @@ class Entry:
     message: str | None = field(default=None, compare=False)
 
 
-async def write_placement(
-    writer: AsyncKubeClient, pod: PodRequest, version: str, decision: Decision, *, in_binding: bool = False
-) -> None:
-    """Write a placement: the annotations, then the Binding (guarded by the pod's UID).
+async def write_placement(writer: AsyncKubeClient, pod: PodRequest, decision: Decision) -> None:
+    """Create the Binding, guarded by the pod's UID, carrying the placement's annotations in its metadata.
 
-    By default the annotations go first, as a merge patch guarded by the pod's resourceVersion. With `in_binding`
-    they travel in the Binding's own metadata, which the API server copies onto the pod in the same write: one call
-    instead of two, and never an allocation on a pod that is not bound (the extender's bind verb uses this).
+    The API server copies the Binding's annotations onto the pod in the same write that sets `spec.nodeName`. So an
+    allocation is only ever seen on a pod bound where it says, and a Binding that fails leaves no allocation behind
+    that the pod's owner could later put back (docs/security.md, "freshness").
     """
-    base = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
     metadata: dict[str, Any] = {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid}
-    if decision.annotations and in_binding:
+    if decision.annotations:
         metadata["annotations"] = decision.annotations
-    elif decision.annotations:
-        await writer.patch(base, {"metadata": {"resourceVersion": version, "annotations": decision.annotations}})
     await writer.post(
-        f"{base}/binding",
+        f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding",
         {
             "apiVersion": "v1",
             "kind": "Binding",
             "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": decision.node},
         },
+    )
+
+
+async def bound_as_decided(writer: AsyncKubeClient, pod: PodRequest, decision: Decision) -> bool:
+    """After a Binding whose outcome is unknown (a timeout, a dropped connection): whether the API server holds the
+    pod bound to the decided node with the decided allocation. False when it does not, or cannot tell."""
+    try:
+        current = await writer.request("GET", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}")
+    except ApiError:
+        return False
+    meta = current.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    return (
+        meta.get("uid") == pod.uid
+        and (current.get("spec") or {}).get("nodeName") == decision.node
+        and annotations.get(ALLOCATION_KEY) == decision.annotations.get(ALLOCATION_KEY)
     )
 
 
@@ -161,6 +184,7 @@ class SchedulerService:
         self.heartbeat = time.monotonic()
         self._last_flush = time.monotonic()
         self.exit_code = 0
+        self._refused: dict[str, str] = {}  # pod key -> why its allocation holds no devices (one Event per reason)
 
     # -- informer callbacks (other threads): only enqueue ----------------------------------------------------------
 
@@ -208,14 +232,14 @@ class SchedulerService:
         if kind == "SYNC":
             seen = set()
             for obj in payload:
-                changed |= self._apply_node("ADDED", obj)
-                seen.add(obj["metadata"]["name"])
+                changed |= self._guarded("node_event", obj, self._apply_node, "ADDED") is True
+                seen.add((obj.get("metadata") or {}).get("name"))
             for name in list(self.engine.nodes):
                 if name not in seen:
                     self.engine.remove_node(name)
             self.nodes_synced.set()
         else:
-            changed = self._apply_node(kind, payload)
+            changed = self._guarded("node_event", payload, self._apply_node, kind) is True
         if changed:
             self._wake()
 
@@ -225,7 +249,7 @@ class SchedulerService:
         if kind == "SYNC":
             live = set()
             for obj in payload:
-                self._apply_pod("ADDED", obj)
+                self._guarded("pod_event", obj, self._apply_pod, "ADDED")
                 meta = obj.get("metadata") or {}
                 live.add(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
             for key in [k for k in self.engine.pods if k not in live and k not in self.in_flight]:
@@ -235,7 +259,26 @@ class SchedulerService:
                     del table[key]
             self.pods_synced.set()
             return
-        self._apply_pod(kind, payload)
+        self._guarded("pod_event", payload, self._apply_pod, kind)
+
+    def _guarded(self, stage: str, obj: dict[str, Any], apply: Any, kind: str) -> Any:
+        """Apply one informer object; an unexpected error costs that object an error log, a metric and an Event,
+        never the loop (a tenant's pod must not be able to stop scheduling for everyone)."""
+        try:
+            return apply(kind, obj)
+        except Exception as exc:
+            meta = obj.get("metadata") or {}
+            self._internal_error(stage, meta, exc)
+            return None
+
+    def _internal_error(self, stage: str, meta: dict[str, Any], exc: Exception) -> None:
+        self.metrics.internal_errors.labels(stage).inc()
+        name, namespace = str(meta.get("name", "")), str(meta.get("namespace", ""))
+        what = {"pod": f"{namespace}/{name}"} if namespace else {"node": name}
+        log.error("%s failed; the object is skipped: %r", stage, exc, exc_info=exc, extra=what)
+        if namespace and name:
+            pod = PodRequest(namespace=namespace, name=name, uid=str(meta.get("uid", "")), containers=())
+            self._event(pod, "KubegpuInternalError", f"kubegpu could not handle this pod ({stage}): {exc!r}")
 
     def _release(self, key: str) -> None:
         if self.engine.release(key) is not None:
@@ -265,6 +308,7 @@ class SchedulerService:
             self._release(key)  # a new pod took an old pod's name
             held = None
         if kind == "DELETED" or request.phase in FINISHED:
+            self._refused.pop(key, None)
             self._drop_pending(key)
             if key not in self.in_flight:
                 self._release(key)
@@ -272,7 +316,7 @@ class SchedulerService:
         if request.node_name:
             self._drop_pending(key)
             if held is None and key not in self.in_flight:
-                self._assume(request, obj)
+                self._assume(request)
             return
         if not self.queue_pods:
             # Extender mode: kube-scheduler queues the pods; remember the pending ones so that a bind needs no GET.
@@ -307,29 +351,39 @@ class SchedulerService:
             self.backoff = [e for e in self.backoff if e.key != key]
             heapq.heapify(self.backoff)
 
-    def _assume(self, request: PodRequest, obj: dict[str, Any]) -> None:
-        """Count a bound pod (ledger rebuild, or a pod bound by someone else) with the devices it holds."""
+    def _assume(self, request: PodRequest) -> None:
+        """Count a bound pod (ledger rebuild, or a pod bound by someone else) with the devices it holds.
+
+        Only a verified allocation holds devices (`Engine.allocation_problem`). A bound pod whose allocation is
+        missing, malformed, unverified, copied or stale is counted as a pod bound without one: the devices it
+        requests are set aside on its node (the kubelet admits it by count), and the devices its annotation names are
+        not, so they go to other pods while the CRI shim refuses to start it.
+        """
         node = request.node_name or ""
         raw = request.annotations.get(ALLOCATION_KEY)
         extra = {"pod": request.key, "node": node}
-        if raw is None:
-            managed = any(self.engine.plugins.owner_of(r) for r in request.requested_resources())
-            if managed:
-                decision = self.engine.reserve(request, node)
-                if not decision.scheduled:
-                    log.error("bound pod without an allocation does not fit its node: %s", decision.reason, extra=extra)
-                return
-            status = self.engine.assume(request, node, None)
-        else:
+        if raw is not None:
             try:
                 record = decode_allocation(raw)
             except AnnotationError as exc:
-                log.error("bound pod has a malformed allocation; its devices are not counted: %s", exc, extra=extra)
-                status = self.engine.assume(request, node, None)
+                problem = str(exc)
             else:
-                if not verify_allocation(record, self.key):
-                    log.warning("bound pod's allocation signature does not verify; counting its devices", extra=extra)
                 status = self.engine.assume(request, node, record)
+                if status.ok:
+                    self._refused.pop(request.key, None)
+                    return
+                problem = status.message
+            self.metrics.refused_allocations.inc()
+            log.warning("bound pod's allocation holds no devices: %s", problem, extra=extra)
+            if self._refused.get(request.key) != problem:
+                self._refused[request.key] = problem
+                self._event(request, "AllocationRefused", f"kubegpu.io/allocation holds no devices: {problem}")
+        if any(self.engine.plugins.owner_of(r) for r in request.requested_resources()):
+            decision = self.engine.hold(request, node)
+            if not decision.scheduled:
+                log.error("bound pod without an allocation does not fit its node: %s", decision.reason, extra=extra)
+            return
+        status = self.engine.assume(request, node, None)
         if not status.ok:
             log.error("bound pod could not be counted: %s", status.message, extra=extra)
 
@@ -386,13 +440,13 @@ class SchedulerService:
     async def _bind(self, entry: Entry, decision: Decision) -> None:
         started = time.perf_counter()
         try:
-            await write_placement(self.writer, entry.request, entry.version, decision)
-        except ApiError as exc:
-            self.events.put(("bind_failed", entry, decision, exc))
-            return
+            await write_placement(self.writer, entry.request, decision)
         except Exception as exc:
-            self.events.put(("bind_failed", entry, decision, ApiError(0, "ClientError", str(exc))))
-            return
+            error = exc if isinstance(exc, ApiError) else ApiError(0, "ClientError", repr(exc))
+            # A Binding whose answer was lost may have been written: never roll back a placement the API server holds.
+            if error.status != 0 or not await bound_as_decided(self.writer, entry.request, decision):
+                self.events.put(("bind_failed", entry, decision, error))
+                return
         self.metrics.bind_latency.observe(time.perf_counter() - started)
         self.events.put(("bound", entry, decision))
 
@@ -420,6 +474,31 @@ class SchedulerService:
         self._retry_later(entry)
 
     async def _report_unschedulable(self, pod: PodRequest, message: str) -> None:
+        await self._post_event(pod, "FailedScheduling", message)
+        condition = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": message,
+                        "lastTransitionTime": now_rfc3339(),
+                    }
+                ]
+            }
+        }
+        try:
+            path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
+            await self.writer.patch(path, condition, strategic=True)
+        except ApiError as exc:
+            log.warning("could not set the PodScheduled condition: %s", exc, extra={"pod": pod.key})
+
+    def _event(self, pod: PodRequest, reason: str, message: str) -> None:
+        """A Warning Event on the pod, written by the asynchronous writer (never blocking the loop)."""
+        self.writer.submit(self._post_event(pod, reason, message))
+
+    async def _post_event(self, pod: PodRequest, reason: str, message: str) -> None:
         now = now_rfc3339()
         event = {
             "apiVersion": "v1",
@@ -432,8 +511,8 @@ class SchedulerService:
                 "namespace": pod.namespace,
                 "uid": pod.uid,
             },
-            "reason": "FailedScheduling",
-            "message": message,
+            "reason": reason,
+            "message": message[:1024],
             "type": "Warning",
             "source": {"component": self.name},
             "reportingComponent": self.name,
@@ -441,24 +520,10 @@ class SchedulerService:
             "lastTimestamp": now,
             "count": 1,
         }
-        condition = {
-            "status": {
-                "conditions": [
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": "Unschedulable",
-                        "message": message,
-                        "lastTransitionTime": now,
-                    }
-                ]
-            }
-        }
         try:
-            self.client.post(f"/api/v1/namespaces/{pod.namespace}/events", event)
-            self.client.patch(f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status", condition, strategic=True)
+            await self.writer.post(f"/api/v1/namespaces/{pod.namespace}/events", event)
         except ApiError as exc:
-            log.warning("could not report the pod as unschedulable: %s", exc, extra={"pod": pod.key})
+            log.warning("could not write the %s event: %s", reason, exc, extra={"pod": pod.key})
 
     # -- the loop -------------------------------------------------------------------------------------------------
 
@@ -468,10 +533,16 @@ class SchedulerService:
             self._on_nodes(item[1], item[2])
         elif kind == "pod":
             self._on_pods(item[1], item[2])
-        elif kind == "bound":
-            self._on_bound(item[1], item[2])
-        elif kind == "bind_failed":
-            self._on_bind_failed(item[1], item[2], item[3])
+        elif kind in ("bound", "bind_failed"):
+            entry: Entry = item[1]
+            try:
+                if kind == "bound":
+                    self._on_bound(entry, item[2])
+                else:
+                    self._on_bind_failed(entry, item[2], item[3])
+            except Exception as exc:
+                request = entry.request
+                self._internal_error("bind", {"name": request.name, "namespace": request.namespace}, exc)
 
     def run_loop(self) -> None:
         while not self.stop.is_set():
@@ -493,7 +564,14 @@ class SchedulerService:
                 for _ in range(min(64, len(self.active))):
                     key = next(iter(self.active))
                     entry = self.active.pop(key)
-                    self._schedule(entry)
+                    try:
+                        self._schedule(entry)
+                    except Exception as exc:
+                        request = entry.request
+                        self._internal_error(
+                            "schedule", {"name": request.name, "namespace": request.namespace, "uid": request.uid}, exc
+                        )
+                        self._retry_later(entry)
 
     # -- process ----------------------------------------------------------------------------------------------------
 

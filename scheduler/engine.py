@@ -35,6 +35,7 @@ from kubegpu.core.annotations import (
     encode_allocation,
     merge_allocations,
     sign_allocation,
+    verify_allocation,
 )
 from kubegpu.core.models import NodeInfo, Occupancy, PluginAllocation, PodRequest
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
@@ -84,6 +85,9 @@ class PodRecord:
     parts: dict[str, PluginAllocation]
     allocation: AllocationRecord | None
     annotations: dict[str, str]
+    # Set aside by count for a bound pod without a verified allocation: no container was given these devices, so
+    # any verified allocation naming them takes them over (`Engine.hold`).
+    by_count: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -555,23 +559,93 @@ class Engine:
         self._place(record, PodRecord(pod, name, parts, allocation_record, annotations))
         return Decision(pod.key, True, node=name, allocation=allocation_record, annotations=annotations)
 
+    def allocation_problem(self, pod: PodRequest, name: str, allocation: AllocationRecord) -> str | None:
+        """Why `allocation` may not hold devices for `pod` bound to node `name`, or None when it may.
+
+        Pod annotations are written by tenants: only an allocation that this scheduler's key signed, for this pod's
+        UID, on the node the pod is bound to, holds devices. Anything else (unsigned, forged, copied from another
+        pod, naming another node) is a claim, not an allocation.
+        """
+        if allocation.node != name:
+            return f"it names node {allocation.node!r} but the pod is bound to {name!r}"
+        if allocation.podUID != pod.uid:
+            return f"it was issued to the pod with UID {allocation.podUID!r}, not to this pod (UID {pod.uid!r})"
+        if self.signing_key is not None and not verify_allocation(allocation, self.signing_key):
+            return "its signature does not verify with the scheduler's key (unsigned, changed, or signed elsewhere)"
+        return None
+
     def assume(self, pod: PodRequest, name: str, allocation: AllocationRecord | None) -> Status:
         """Record a pod that is already bound (restart, or a pod bound by someone else) with its allocation.
 
-        The allocation's devices are split by owning plugin and taken; a device that is unknown or already held is
-        refused with a reason, and nothing is taken.
+        Only a verified allocation (`allocation_problem`) is taken. Its devices are split by owning plugin and taken
+        atomically; a device that is unknown is refused with a reason, and nothing is taken. When a device is held by
+        another pod, the allocation the scheduler issued later wins (`issued`): the earlier one is stale (its
+        devices were given out again after it was rolled back or replayed), so its pod is displaced from the ledger
+        and holds nothing; a stale allocation arriving second is refused.
         """
         if pod.key in self.pods:
             return Status.error(f"pod {pod.key} already holds resources")
         record = self.nodes.get(name)
         if record is None:
             return Status.error(f"node {name} is unknown")
-        parts = self._split(allocation) if allocation is not None else {}
+        parts: dict[str, PluginAllocation] = {}
+        if allocation is not None:
+            problem = self.allocation_problem(pod, name, allocation)
+            if problem is not None:
+                return Status.error(f"the {ALLOCATION_KEY} of pod {pod.key} holds no devices: {problem}")
+            parts = self._split(allocation)
         status = self._take(record, pod, parts)
+        if not status.ok and allocation is not None:
+            rivals = self._holders_of(record, allocation)
+            newer = [
+                p.request.key
+                for p in rivals
+                if not p.by_count and p.allocation is not None and p.allocation.issued >= allocation.issued
+            ]
+            if newer:
+                return Status.error(
+                    f"the {ALLOCATION_KEY} of pod {pod.key} (issued {allocation.issued}) is stale: its devices are "
+                    f"held by {', '.join(newer)}, whose allocation the scheduler issued later"
+                )
+            displaced = [held for p in rivals if (held := self.release(p.request.key)) is not None]
+            status = self._take(record, pod, parts)
+            if status.ok:
+                self._place(record, PodRecord(pod, name, parts, allocation, {}))
+            for held in displaced:
+                if not status.ok:
+                    self._restore(held)
+                elif held.by_count:
+                    self.hold(held.request, name)
+                else:
+                    log.warning(
+                        "allocation is stale: a later allocation (issued %d) holds its devices; the pod holds none",
+                        allocation.issued,
+                        extra={"pod": held.request.key, "node": name},
+                    )
+            return status
         if not status.ok:
             return status
         self._place(record, PodRecord(pod, name, parts, allocation, {}))
         return Status.success()
+
+    def hold(self, pod: PodRequest, name: str) -> Decision:
+        """Set devices aside by count for a pod bound to `name` without a verified allocation (bound by another
+        scheduler, or carrying a claim that does not verify): the kubelet admits it by count, so its count is not
+        free, but no container was given these particular devices, so a verified allocation may take them over."""
+        decision = self.reserve(pod, name)
+        if decision.scheduled:
+            self.pods[pod.key].by_count = True
+        return decision
+
+    def _holders_of(self, record: NodeRecord, allocation: AllocationRecord) -> list[PodRecord]:
+        """The pods on the node whose allocations name a whole device of `allocation`."""
+        wanted = _whole_devices(allocation)
+        holders = []
+        for key in record.pods:
+            held = self.pods[key]
+            if held.allocation is not None and not wanted.isdisjoint(_whole_devices(held.allocation)):
+                holders.append(held)
+        return holders
 
     def _split(self, allocation: AllocationRecord) -> dict[str, PluginAllocation]:
         parts: dict[str, PluginAllocation] = {}
@@ -659,14 +733,18 @@ class Engine:
             yield removed
         finally:
             for record in removed:
-                node = self.nodes.get(record.node)
-                if node is None:
-                    continue
-                status = self._take(node, record.request, record.parts)
-                if status.ok:
-                    self._place(node, record)
-                else:
-                    log.error("could not restore %s after a what-if: %s", record.request.key, status.message)
+                self._restore(record)
+
+    def _restore(self, pod_record: PodRecord) -> None:
+        """Put back exactly what a released pod held."""
+        node = self.nodes.get(pod_record.node)
+        if node is None:
+            return
+        status = self._take(node, pod_record.request, pod_record.parts)
+        if status.ok:
+            self._place(node, pod_record)
+        else:
+            log.error("could not restore %s: %s", pod_record.request.key, status.message)
 
     # -- reporting -----------------------------------------------------------------------------------------------
 
@@ -682,3 +760,14 @@ class Engine:
 
     def holders(self, name: str) -> Iterable[str]:
         return list(self.nodes[name].pods)
+
+
+def _whole_devices(allocation: AllocationRecord) -> set[tuple[str, str]]:
+    """(resource, device id) of each whole device in an allocation (shared ones, with `shares`, have co-holders)."""
+    return {
+        (resource, device)
+        for container, resources in allocation.containers.items()
+        for resource, ids in resources.items()
+        if resource not in allocation.shares.get(container, {})
+        for device in ids
+    }

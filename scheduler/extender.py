@@ -311,7 +311,7 @@ class ExtenderServer:
         args: BindingArgs = _parse(BindingArgs, body)
         key = f"{args.PodNamespace}/{args.PodName}"
         try:
-            version, pod = await self._pending(key, args.PodUID)
+            _, pod = await self._pending(key, args.PodUID)
         except (ApiError, _PodError) as exc:
             return {"Error": f"pod {key}: {exc}"}
         with self.service.lock:
@@ -326,7 +326,7 @@ class ExtenderServer:
         if not decision.scheduled:
             return {"Error": f"pod {key} no longer fits node {args.Node}: {decision.reason}"}
         try:
-            await self._on_writer(write_placement(self.service.writer, pod, version, decision, in_binding=True))
+            await self._on_writer(write_placement(self.service.writer, pod, decision))
         except ApiError as exc:
             with self.service.lock:
                 held = self.engine.pods.get(key)

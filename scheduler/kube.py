@@ -308,7 +308,7 @@ class AsyncKubeClient:
                 data = await response.read()
                 status = response.status
                 reason = response.reason or ""
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, asyncio.TimeoutError, aiohttp.ClientError) as exc:  # distinct before Python 3.11
             raise ApiError(0, "Unreachable", f"{method} {path}: {exc!r}") from None
         if status >= 400:
             message = data.decode(errors="replace")[:500]

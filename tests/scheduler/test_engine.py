@@ -103,15 +103,82 @@ def test_delete_releases_exactly_what_was_taken() -> None:
     assert e.release("default/missing") is None
 
 
+KEY = b"k" * 32
+
+
+def signed_placement(e: Engine, name: str, cards: int) -> tuple[object, object]:
+    """Schedule a pod in `e`, then forget it: (its request bound to its node, its signed allocation)."""
+    pod = make_pod(name, {"main": {CARD: cards}})
+    decision = e.schedule(pod)
+    assert decision.scheduled and decision.allocation is not None
+    e.release(pod.key)
+    return pod, decision.allocation
+
+
 def test_assume_refuses_a_device_already_held() -> None:
-    e = engine()
+    e = engine(signing_key=KEY)
     e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
+    pod_b, allocation_b = signed_placement(e, "b", 1)
     first = e.schedule(make_pod("a", {"main": {CARD: 1}}))
-    assert first.allocation is not None
-    copy = first.allocation.model_copy(update={"podUID": "other"})
-    status = e.assume(make_pod("b", {"main": {CARD: 1}}), "n1", copy)
-    assert not status.ok and "already held by default/a" in status.message
-    assert "default/b" not in e.pods
+    assert first.allocation is not None and first.allocation.containers == allocation_b.containers  # type: ignore[attr-defined]
+    # a's allocation was issued after b's: b's is the stale one and holds nothing.
+    status = e.assume(pod_b, "n1", allocation_b)  # type: ignore[arg-type]
+    assert not status.ok and "is stale: its devices are held by default/a" in status.message
+    assert "default/b" not in e.pods and "default/a" in e.pods
+
+
+@pytest.mark.parametrize(
+    ("tamper", "problem"),
+    [
+        ({"podUID": "another-pods-uid"}, "it was issued to the pod with UID 'another-pods-uid'"),
+        ({"node": "n2"}, "it names node 'n2' but the pod is bound to 'n1'"),
+        ({"signature": None}, "its signature does not verify"),
+        ({"signature": "00" * 32}, "its signature does not verify"),
+        ({"containers": {"main": {CARD: ["0", "1"]}}}, "its signature does not verify"),
+    ],
+    ids=["copied-from-another-pod", "other-node", "unsigned", "forged-signature", "devices-added-after-signing"],
+)
+def test_only_a_verified_allocation_holds_devices(tamper: dict[str, object], problem: str) -> None:
+    e = engine(signing_key=KEY)
+    e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
+    e.add_node(toy_node("n2", 2))  # type: ignore[arg-type]
+    pod, allocation = signed_placement(e, "squatter", 1)
+    claim = allocation.model_copy(update=tamper)  # type: ignore[attr-defined]
+    status = e.assume(pod, "n1", claim)  # type: ignore[arg-type]
+    assert not status.ok and problem in status.message
+    assert "default/squatter" not in e.pods
+    # The claimed devices stay free for everyone else.
+    assert {e.schedule(make_pod(f"other-{i}", {"main": {CARD: 2}})).node for i in range(2)} == {"n1", "n2"}
+
+
+def test_a_later_allocation_displaces_a_stale_one_and_a_count_hold() -> None:
+    e = engine(signing_key=KEY)
+    e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
+    stale_pod, stale = signed_placement(e, "stale", 2)
+    fresh_pod, fresh = signed_placement(e, "fresh", 1)
+    assert fresh.issued > stale.issued  # type: ignore[attr-defined]
+    counted = make_pod("counted", {"main": {CARD: 1}})
+    # Restart order: the stale allocation and a pod bound without one are seen first.
+    assert e.assume(stale_pod, "n1", stale).ok  # type: ignore[arg-type]
+    assert not e.hold(counted, "n1").scheduled  # both cards are taken by the stale allocation
+    assert e.assume(fresh_pod, "n1", fresh).ok  # type: ignore[arg-type]
+    assert "default/stale" not in e.pods
+    assert e.pods["default/fresh"].allocation == fresh
+    # The freed card is not handed out twice: the pod bound by count takes it, and a count hold yields to a
+    # verified allocation that names its card.
+    assert e.hold(counted, "n1").scheduled
+    assert e.pods["default/counted"].by_count
+    assert not e.schedule(make_pod("late", {"main": {CARD: 1}})).scheduled
+
+
+def test_a_verified_allocation_takes_over_a_card_held_by_count() -> None:
+    e = engine(signing_key=KEY)
+    e.add_node(toy_node("n1", 1))  # type: ignore[arg-type]
+    pod, allocation = signed_placement(e, "real", 1)
+    assert e.hold(make_pod("counted", {"main": {CARD: 1}}), "n1").scheduled
+    assert e.assume(pod, "n1", allocation).ok  # type: ignore[arg-type]
+    assert e.pods["default/real"].allocation == allocation
+    assert "default/counted" not in e.pods  # no card left to set aside for it: logged, not double-counted
 
 
 def test_a_plugin_raising_in_fit_names_the_plugin_and_the_engine_survives() -> None:
