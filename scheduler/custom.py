@@ -300,7 +300,7 @@ class SchedulerService:
         try:
             request, deleting = pod_request(obj)
         except InputError as exc:
-            log.error("pod ignored: %s", exc, extra={"pod": key})
+            self._unreadable_pod(kind, key, obj, str(exc))
             return
         version = str(meta.get("resourceVersion", ""))
         held = self.engine.pods.get(key)
@@ -342,6 +342,29 @@ class SchedulerService:
                 waiting.request, waiting.version = request, version
                 return
         self.active[key] = Entry(time.monotonic(), key, request, version)
+
+    def _unreadable_pod(self, kind: str, key: str, obj: dict[str, Any], problem: str) -> None:
+        """A pod kubegpu cannot read (a tenant wrote it): it is left alone, and if it was waiting for this scheduler
+        its owner is told why, once."""
+        meta = obj.get("metadata") or {}
+        held = self.engine.pods.get(key)
+        if kind == "DELETED" or (held is not None and held.request.uid != meta.get("uid")):
+            self._refused.pop(key, None)
+            self._drop_pending(key)
+            if held is not None and held.request.uid == meta.get("uid") and key not in self.in_flight:
+                self._release(key)
+            return
+        log.error("pod ignored: %s", problem, extra={"pod": key})
+        spec = obj.get("spec") or {}
+        if spec.get("schedulerName") == self.name and not spec.get("nodeName") and self._refused.get(key) != problem:
+            self._refused[key] = problem
+            pod = PodRequest(
+                namespace=str(meta.get("namespace", "default")),
+                name=str(meta.get("name", "")),
+                uid=str(meta.get("uid", "")),
+                containers=(),
+            )
+            self._event(pod, "FailedScheduling", f"kubegpu cannot schedule this pod: {problem}")
 
     def _drop_pending(self, key: str) -> None:
         self.unbound.pop(key, None)
