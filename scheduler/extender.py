@@ -20,7 +20,13 @@ cluster state comes from the same informers as the custom scheduler (`SchedulerS
 * `/preempt` (ExtenderPreemptionArgs -> ExtenderPreemptionResult): keeps only candidate nodes where evicting the
   proposed victims would free a valid device set for the pod.
 * `GET /apis/kubegpu/v1/nodes` and `/apis/kubegpu/v1/pods` (`?watch=true` streams changes as JSON lines): each node's
-  devices and who holds them.
+  devices and who holds them. Each view is brought up to date once per engine change and shared by every watcher.
+
+Only the informers add nodes: a node a caller names that kubegpu does not know fails with a reason, and is never
+added to the engine or remembered. Callers authenticate with a client certificate (kube-scheduler's extender
+`tlsConfig`); without `--client-ca` the server refuses to start unless told `--insecure-no-client-auth`. Only the
+probes (`/healthz`, `/readyz`) answer a client without one. The HTTP server (`http_server.py`) bounds what any
+client may hold: sizes, timeouts, a body budget, connections, and unread answers.
 
 Bad input never takes the server down: malformed JSON, a body of the wrong shape or over the size limit get a 4xx
 with a JSON message naming the problem; a pod the protocol can answer about (an unknown node, an invalid quantity)
@@ -33,13 +39,10 @@ import argparse
 import asyncio
 import logging
 import signal
-import socket
 import ssl
 import threading
-from collections import deque
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
@@ -48,22 +51,22 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kubegpu.core.errors import InputError, describe_validation_error
-from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.manifests import pod_request
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
 from kubegpu.core.status import Code
-from kubegpu.scheduler.custom import SchedulerService, write_placement
-from kubegpu.scheduler.engine import POLICIES, Engine, Plan
-from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, KubeClient, new_event_loop
+from kubegpu.scheduler.custom import SchedulerService, bound_as_decided, write_placement
+from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Plan
+from kubegpu.scheduler.http_server import Answer, HttpServer, Limits, tls_context
+from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, KubeClient
 
-__all__ = ["ExtenderServer", "add_extender_parser"]
+__all__ = ["ExtenderHttpServer", "ExtenderServer", "add_extender_parser"]
 
 log = logging.getLogger("kubegpu.extender")
 
 T = TypeVar("T")
 
-MAX_BODY = 64 * 1024 * 1024
 MAX_EXTENDER_PRIORITY = 10
 MAX_ENGINE_SCORE = 200.0
 
@@ -159,6 +162,12 @@ MAX_SHAPES = 256  # pod shapes whose answers are kept
 UNKNOWN_NODE = "node(s) unknown to kubegpu (not in its node cache yet)"
 
 
+def _node_name(item: Any) -> str | None:
+    meta = item.get("metadata") if isinstance(item, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
 class ExtenderServer:
     """The protocol logic, independent of the HTTP server that carries it."""
 
@@ -166,6 +175,8 @@ class ExtenderServer:
         self.service = service
         self.engine: Engine = service.engine
         self._answers: dict[tuple[object, ...], _Answers] = {}
+        self._swept = self.engine.generation  # nodes removed up to this change are forgotten by every shape
+        self._placing: set[asyncio.Task[str]] = set()  # bindings being written, whoever still waits for them
 
     def _pod(self, document: dict[str, Any]) -> PodRequest:
         """The pod kube-scheduler asks about: the informer's parse of it when UID and resourceVersion match (filter and
@@ -181,24 +192,32 @@ class ExtenderServer:
             raise _PodError(str(exc)) from None
         return request
 
-    def _candidates(self, args: ExtenderArgs) -> list[str]:
+    @staticmethod
+    def _candidates(args: ExtenderArgs) -> list[str]:
+        """The node names asked about. A full `Nodes` list is read for its names only: the nodes themselves come from
+        kubegpu's informer, never from a caller (who could otherwise invent nodes, and bind to them)."""
         if args.NodeNames is not None:
             return args.NodeNames
-        names = []
-        for item in args.Nodes.items if args.Nodes else []:
-            name = (item.get("metadata") or {}).get("name")
-            if not name:
-                continue
-            names.append(name)
-            if name not in self.engine.nodes:
-                try:  # a node the informer has not delivered yet: take kube-scheduler's copy
-                    self.engine.add_node(node_info(item))
-                except InputError as exc:
-                    log.warning("node in the request ignored: %s", exc, extra={"node": name})
-        return names
+        return [name for item in (args.Nodes.items if args.Nodes else []) if (name := _node_name(item))]
+
+    def _sweep(self) -> None:
+        """Forget removed nodes in every shape's answers, so that they only ever name nodes the engine knows (a shape
+        not asked about again would otherwise keep them until it is evicted)."""
+        changed = self.engine.changed_since(self._swept)
+        self._swept = self.engine.generation
+        if changed is None:
+            self._answers.clear()
+            return
+        gone = {name for name in changed if name not in self.engine.nodes}
+        if gone:
+            for answers in self._answers.values():
+                answers.forget(gone)
 
     def _answered(self, pod: PodRequest, plan: Plan, wanted: set[str]) -> _Answers:
-        """The pod shape's answers, with every node of `wanted` decided (call with the service lock held)."""
+        """The pod shape's answers, with every node of `wanted` (names the engine knows) decided (call with the
+        service lock held)."""
+        if self._swept != self.engine.generation:
+            self._sweep()
         answers = self._answers.pop(plan.signature, None)  # re-inserted last: the dict is kept in LRU order
         if answers is not None:
             changed = self.engine.changed_since(answers.generation)
@@ -214,11 +233,7 @@ class ExtenderServer:
         self._answers[plan.signature] = answers
         settled: dict[int, str] = {}
         for name in wanted - answers.passing - answers.failing.keys():
-            record = self.engine.nodes.get(name)
-            if record is None:
-                answers.failing[name] = UNKNOWN_NODE
-                answers.unresolvable.add(name)
-                continue
+            record = self.engine.nodes[name]
             # One unresolvable answer settles every node of the class (a trn1 refusing 7 devices refuses them all).
             known = settled.get(record.klass)
             if known is not None:
@@ -241,17 +256,24 @@ class ExtenderServer:
             pod = self._pod(args.Pod)
         except _PodError as exc:
             return {"NodeNames": None, "Nodes": None, "FailedNodes": {}, "Error": f"invalid pod: {exc}"}
+        names = self._candidates(args)
+        wanted = set(names)
         with self.service.lock:
-            names = self._candidates(args)
-            wanted = set(names)
-            answers = self._answered(pod, self.engine.plan(pod), wanted)
+            unknown = wanted - self.engine.nodes.keys()
+            answers = self._answered(pod, self.engine.plan(pod), wanted - unknown if unknown else wanted)
             failing = answers.failing
-            if failing.keys().isdisjoint(wanted):
+            if not unknown and failing.keys().isdisjoint(wanted):
                 passed, failed = names, {}  # the usual case: every candidate passes
             else:
-                passed = [name for name in names if name not in failing]
-                failed = {name: failing[name] for name in names if name in failing}
-            unresolvable = {name: reason for name, reason in failed.items() if name in answers.unresolvable}
+                passed = [name for name in names if name not in failing and name not in unknown]
+                failed = {
+                    name: UNKNOWN_NODE if name in unknown else failing[name]
+                    for name in names
+                    if name in unknown or name in failing
+                }
+            unresolvable = {
+                name: reason for name, reason in failed.items() if name in unknown or name in answers.unresolvable
+            }
         # Unresolvable nodes are listed in FailedNodes too: schedulers before 1.21 read only FailedNodes; newer ones
         # let FailedAndUnresolvableNodes take precedence and skip preemption there.
         result: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
@@ -259,7 +281,7 @@ class ExtenderServer:
             result["NodeNames"] = passed
         else:
             keep = set(passed)
-            items = [n for n in (args.Nodes.items if args.Nodes else []) if n.get("metadata", {}).get("name") in keep]
+            items = [n for n in (args.Nodes.items if args.Nodes else []) if _node_name(n) in keep]
             result["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
         return result
 
@@ -271,8 +293,9 @@ class ExtenderServer:
             pod = self._pod(args.Pod)
         except _PodError as exc:
             raise BadRequest(422, f"invalid pod: {exc}") from None
+        candidates = set(self._candidates(args))
         with self.service.lock:
-            wanted = set(self._candidates(args))
+            wanted = candidates & self.engine.nodes.keys()  # an unknown node is not scored (kube-scheduler: 0)
             plan = self.engine.plan(pod)
             answers = self._answered(pod, plan, wanted)
             scored = answers.scored
@@ -307,7 +330,9 @@ class ExtenderServer:
             raise _PodError(f"it has another UID than the one to bind ({uid}); it was recreated")
         return str((obj.get("metadata") or {}).get("resourceVersion", "")), self._pod(obj)
 
-    async def bind(self, body: bytes) -> dict[str, Any]:
+    async def bind(self, body: bytes, caller: str | None = None) -> dict[str, Any]:
+        """Reserve, then write the Binding. The write and its rollback run as their own task: a caller that hangs up
+        (kube-scheduler's timeout) cancels its wait, never a write half done nor the rollback after it."""
         args: BindingArgs = _parse(BindingArgs, body)
         key = f"{args.PodNamespace}/{args.PodName}"
         try:
@@ -325,25 +350,41 @@ class ExtenderServer:
             decision = self.engine.reserve(pod, args.Node)
         if not decision.scheduled:
             return {"Error": f"pod {key} no longer fits node {args.Node}: {decision.reason}"}
+        task = asyncio.get_running_loop().create_task(self._place(key, pod, decision, caller))
+        self._placing.add(task)
+        task.add_done_callback(self._placing.discard)
+        return {"Error": await asyncio.shield(task)}
+
+    async def _bound_as_decided(self, pod: PodRequest, decision: Decision) -> bool:
+        try:
+            return await self._on_writer(bound_as_decided(self.service.writer, pod, decision))
+        except Exception:  # cannot tell: the reservation is rolled back, and the informer corrects it if bound
+            log.exception("could not read back pod %s/%s after a lost Binding answer", pod.namespace, pod.name)
+            return False
+
+    async def _place(self, key: str, pod: PodRequest, decision: Decision, caller: str | None) -> str:
+        """Write the Binding; on any failure roll the reservation back. Returns the error for kube-scheduler, or ""."""
         try:
             await self._on_writer(write_placement(self.service.writer, pod, decision))
-        except ApiError as exc:
+        except Exception as exc:
+            # Any exception: an ApiError, a timeout (asyncio's TimeoutError is not the builtin one before Python
+            # 3.11), a bug. A Binding whose answer was lost may have been written: one the API server holds stays.
+            error = exc if isinstance(exc, ApiError) else ApiError(0, "ClientError", repr(exc))
+            if error.status == 0 and await self._bound_as_decided(pod, decision):
+                log.info("bound (the answer was lost)", extra={"pod": key, "node": decision.node, "by": caller})
+                return ""
             with self.service.lock:
                 held = self.engine.pods.get(key)
                 if held is not None and held.request.uid == pod.uid:
                     self.engine.release(key)
             self.service.metrics.bind_errors.inc()
-            log.warning("binding failed; reservation rolled back", extra={"pod": key, "node": args.Node, "error": exc})
-            return {"Error": f"binding {key} to {args.Node} failed: {exc}"}
-        log.info(
-            "bound",
-            extra={
-                "pod": key,
-                "node": args.Node,
-                "devices": decision.allocation.containers if decision.allocation else None,
-            },
-        )
-        return {"Error": ""}
+            log.warning(
+                "binding failed; reservation rolled back", extra={"pod": key, "node": decision.node, "error": error}
+            )
+            return f"binding {key} to {decision.node} failed: {error}"
+        devices = decision.allocation.containers if decision.allocation else None
+        log.info("bound", extra={"pod": key, "node": decision.node, "devices": devices, "by": caller})
+        return ""
 
     def preempt(self, body: bytes) -> dict[str, Any]:
         args: PreemptionArgs = _parse(PreemptionArgs, body)
@@ -373,49 +414,169 @@ class ExtenderServer:
 
     # -- the monitoring API -----------------------------------------------------------------------------------------
 
-    def node_views(self) -> dict[str, dict[str, Any]]:
-        with self.service.lock:
-            views = {}
-            for name, record in self.engine.nodes.items():
-                if not record.states:
-                    continue
-                views[name] = {
-                    "name": name,
-                    "devices": [o.model_dump(mode="json") for o in self.engine.describe(name)],
-                    "pods": sorted(record.pods),
-                }
-            return views
-
-    def pod_views(self) -> dict[str, dict[str, Any]]:
-        with self.service.lock:
-            return {
-                key: {
-                    "pod": key,
-                    "uid": record.request.uid,
-                    "node": record.node,
-                    "devices": record.allocation.containers if record.allocation else {},
-                }
-                for key, record in self.engine.pods.items()
-                if record.allocation is not None
+    def node_views(self, changed: set[str] | None) -> dict[str, dict[str, Any] | None]:
+        """The monitoring objects of the nodes in `changed` (every node when None); None for a node that is gone or
+        has no devices. Call with the service lock held."""
+        views: dict[str, dict[str, Any] | None] = {}
+        for name in self.engine.nodes if changed is None else changed:
+            record = self.engine.nodes.get(name)
+            if record is None or not record.states:
+                views[name] = None
+                continue
+            views[name] = {
+                "name": name,
+                "devices": [o.model_dump(mode="json") for o in self.engine.describe(name)],
+                "pods": sorted(record.pods),
             }
+        return views
+
+    def pod_views(self, changed: set[str] | None) -> dict[str, dict[str, Any] | None]:
+        """The monitoring objects of the pods holding devices on the nodes in `changed` (every node when None). Call
+        with the service lock held."""
+        if changed is None:
+            keys: Any = self.engine.pods
+        else:
+            keys = [key for name in changed if (record := self.engine.nodes.get(name)) for key in record.pods]
+        views: dict[str, dict[str, Any] | None] = {}
+        for key in keys:
+            pod = self.engine.pods.get(key)
+            if pod is None or pod.allocation is None:
+                continue
+            views[key] = {"pod": key, "uid": pod.request.uid, "node": pod.node, "devices": pod.allocation.containers}
+        return views
 
 
 class _PodError(Exception):
     pass
 
 
-Waiting = Coroutine[Any, Any, tuple[int, Any]] | AsyncGenerator[bytes, None]  # an answer that is not ready at once
-Answer = tuple[int, Any] | Waiting
+# -- the monitoring feeds ------------------------------------------------------------------------------------------
 
 
-class HttpServer:
-    """The extender's HTTP(S) server: HTTP/1.1 keep-alive connections parsed by httptools (llhttp, in C).
+@dataclass(slots=True, eq=False)
+class _Change:
+    """One batch of watch events; `next` resolves to the batch after it (None: the server is stopping)."""
 
-    kube-scheduler waits for filter and prioritize before it moves on to the next pod, so they are answered right
-    where their request completes, on the event loop, with no task or framework in between (they only touch the
-    engine, briefly, under its lock). bind awaits its API write; the connection reads its next request after the
-    answer. Given the API writer's loop, the server runs on it, so a bind's write needs no hand-over between threads.
-    """
+    lines: bytes
+    next: asyncio.Future[_Change | None]
+
+
+def _event(kind: bytes, encoded: bytes) -> bytes:
+    return b'{"type":"%s","object":%s}\n' % (kind, encoded)
+
+
+class _Feed:
+    """One monitoring view (nodes or pods), brought up to date once per engine change and shared by every list and
+    watch of it: an object is described and encoded once per change, whatever the number of watchers, and a watcher
+    is sent only the objects that changed. Lives on the HTTP server's event loop.
+
+    `views(changed)` describes the objects of the changed nodes (all of them for None); an object of a changed node
+    that it no longer returns was deleted."""
+
+    POLL = 0.5  # seconds between looks at the engine's change number while someone watches
+
+    def __init__(
+        self, service: SchedulerService, views: Callable[[set[str] | None], dict[str, dict[str, Any] | None]]
+    ) -> None:
+        self.service = service
+        self.engine = service.engine
+        self.views = views
+        self.objects: dict[str, tuple[str, bytes]] = {}  # key -> (its node, the encoded object)
+        self.by_node: dict[str, set[str]] = {}
+        self.generation = -1
+        self.head: _Change | None = None
+        self.watchers = 0
+        self.poller: asyncio.Task[None] | None = None
+
+    def refresh(self) -> None:
+        """Catch up with the engine, and hand the events of what changed to the watchers."""
+        if self.generation == self.engine.generation and self.generation >= 0:
+            return
+        with self.service.lock:
+            changed = None if self.generation < 0 else self.engine.changed_since(self.generation)
+            self.generation = self.engine.generation
+            views = self.views(changed)
+        stale = set(self.objects) if changed is None else {k for n in changed for k in self.by_node.get(n, ())}
+        lines = []
+        for key in stale - views.keys():
+            lines.append(_event(b"DELETED", self._drop(key)))
+        for key, view in views.items():
+            if view is None:
+                if key in self.objects:
+                    lines.append(_event(b"DELETED", self._drop(key)))
+                continue
+            encoded = orjson.dumps(view)
+            node = str(view.get("node") or view.get("name"))
+            old = self.objects.get(key)
+            if old is not None and old[1] == encoded:
+                continue
+            if old is not None and old[0] != node:
+                self._drop(key)
+            self.objects[key] = (node, encoded)
+            self.by_node.setdefault(node, set()).add(key)
+            lines.append(_event(b"ADDED" if old is None else b"MODIFIED", encoded))
+        if lines and self.head is not None:
+            self._publish(b"".join(lines))
+
+    def _drop(self, key: str) -> bytes:
+        node, encoded = self.objects.pop(key)
+        keys = self.by_node.get(node)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self.by_node[node]
+        return encoded
+
+    def _publish(self, lines: bytes | None) -> None:
+        assert self.head is not None
+        change = None if lines is None else _Change(lines, asyncio.get_running_loop().create_future())
+        self.head.next.set_result(change)
+        self.head = change
+
+    def items(self) -> list[orjson.Fragment]:
+        self.refresh()
+        return [orjson.Fragment(encoded) for _, encoded in self.objects.values()]
+
+    async def watch(self) -> AsyncGenerator[bytes, None]:
+        """The current objects as ADDED, then each change's events, as a Kubernetes watch streams them."""
+        if self.head is None:
+            self.head = _Change(b"", asyncio.get_running_loop().create_future())
+        self.refresh()
+        position: _Change | None = self.head
+        self.watchers += 1
+        if self.poller is None:
+            self.poller = asyncio.get_running_loop().create_task(self._poll())
+        try:
+            if self.objects:
+                yield b"".join(_event(b"ADDED", encoded) for _, encoded in self.objects.values())
+            while position is not None:
+                position = await position.next
+                if position is not None:
+                    yield position.lines
+        finally:
+            self.watchers -= 1
+
+    async def _poll(self) -> None:
+        try:
+            while self.watchers and not self.service.stop.is_set():
+                await asyncio.sleep(self.POLL)
+                self.refresh()
+            if self.service.stop.is_set() and self.head is not None:
+                self._publish(None)  # every watch ends
+        finally:
+            self.poller = None
+            if self.head is not None and not self.watchers:
+                self.head = None  # nobody waits on the chain; a new watcher starts a fresh one
+
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # the kubelet's probes carry no client certificate
+
+
+class ExtenderHttpServer(HttpServer):
+    """The extender's routes on kubegpu's HTTP server (see `http_server.py` for its limits).
+
+    With `client_auth`, every path but the probes needs a verified client certificate (401 without one): binding
+    pods, and the monitoring API, which names every namespace's pods and their UIDs."""
 
     def __init__(
         self,
@@ -423,36 +584,36 @@ class HttpServer:
         listen: str,
         tls: ssl.SSLContext | None,
         loop: asyncio.AbstractEventLoop | None = None,
+        limits: Limits | None = None,
+        *,
+        client_auth: bool | None = None,
     ) -> None:
         self.server = server
+        self.client_auth = tls is not None and tls.verify_mode != ssl.CERT_NONE if client_auth is None else client_auth
         self.verbs: dict[str, Callable[[bytes], Any]] = {
             "filter": server.filter,
             "prioritize": server.prioritize,
             "preempt": server.preempt,
         }
-        self.views = {"/apis/kubegpu/v1/nodes": server.node_views, "/apis/kubegpu/v1/pods": server.pod_views}
-        self.connections: set[_Connection] = set()
-        host, _, port = listen.rpartition(":")
-        self.own_loop = loop is None
-        self.loop = loop or new_event_loop()
-        if self.own_loop:
-            threading.Thread(target=self.loop.run_forever, name="extender-http", daemon=True).start()
-        self.listener = asyncio.run_coroutine_threadsafe(
-            self.loop.create_server(lambda: _Connection(self), host or "0.0.0.0", int(port), ssl=tls), self.loop
-        ).result()
-        self.address = tuple(self.listener.sockets[0].getsockname()[:2])  # the bound port, for a --listen of port 0
+        self.feeds = {
+            "/apis/kubegpu/v1/nodes": _Feed(server.service, server.node_views),
+            "/apis/kubegpu/v1/pods": _Feed(server.service, server.pod_views),
+        }
+        super().__init__(self.answer, listen, tls, loop, limits)
 
-    def answer(self, method: bytes, target: bytes, body: bytes) -> Answer:
+    def answer(self, method: bytes, target: bytes, body: bytes, caller: str | None) -> Answer:
         """A request's status and JSON document; for the answers that wait, a coroutine (bind) or a stream (watch)."""
         try:
             url = httptools.parse_url(target)
         except httptools.HttpParserInvalidURLError:
             return 400, {"error": f"invalid request target {target[:200].decode(errors='replace')!r}"}
         path = url.path.decode(errors="replace").rstrip("/") or "/"
+        if self.client_auth and caller is None and not (method == b"GET" and path in OPEN_PATHS):
+            return 401, {"error": "a client certificate signed by the extender's --client-ca is required"}
         if method == b"POST":
             verb = path.rsplit("/", 1)[-1]
             if verb == "bind":
-                return self._bind(body)
+                return self._bind(body, caller)
             handler = self.verbs.get(verb)
             if handler is None:
                 return 404, {"error": f"unknown verb {verb!r}; use filter, prioritize, bind or preempt"}
@@ -465,24 +626,33 @@ class HttpServer:
         if path == "/readyz":  # ready once the informers have listed nodes and pods
             ready = self.server.service.ready()
             return (200, {"status": "ready"}) if ready else (503, {"status": "syncing nodes and pods"})
-        view = self.views.get(path)
-        if view is None:
+        feed = self.feeds.get(path)
+        if feed is None:
             return 404, {"error": f"unknown path {path!r}"}
         query = parse_qs((url.query or b"").decode(errors="replace"))
         if query.get("watch", ["false"])[-1].lower() in ("true", "1"):
-            return self._watch(view)
-        return 200, {"items": list(view().values())}
+            return feed.watch()
+        return 200, {"items": feed.items()}
+
+    def shutdown(self) -> None:
+        async def stop_feeds() -> None:
+            for feed in self.feeds.values():
+                if feed.poller is not None:
+                    feed.poller.cancel()
+
+        asyncio.run_coroutine_threadsafe(stop_feeds(), self.loop).result(timeout=10)
+        super().shutdown()
 
     @staticmethod
     def _call(verb: str, handler: Callable[[bytes], Any], body: bytes) -> tuple[int, Any]:
         try:
             return 200, handler(body)
         except Exception as exc:
-            return HttpServer._failed(verb, exc)
+            return ExtenderHttpServer._failed(verb, exc)
 
-    async def _bind(self, body: bytes) -> tuple[int, Any]:
+    async def _bind(self, body: bytes, caller: str | None) -> tuple[int, Any]:
         try:
-            return 200, await self.server.bind(body)
+            return 200, await self.server.bind(body, caller)
         except Exception as exc:
             return self._failed("bind", exc)
 
@@ -494,193 +664,6 @@ class HttpServer:
         log.exception("%s failed", verb)
         return 400, {"error": f"could not process the request: {type(exc).__name__}: {exc}"}
 
-    async def _watch(self, view: Callable[[], dict[str, dict[str, Any]]]) -> AsyncGenerator[bytes, None]:
-        """`{"type": ADDED|MODIFIED|DELETED, "object"}` lines, as a Kubernetes watch streams them."""
-        previous: dict[str, Any] = {}
-        while not self.server.service.stop.is_set():
-            current = view()
-            lines = []
-            for name, obj in current.items():
-                if name not in previous:
-                    lines.append({"type": "ADDED", "object": obj})
-                elif previous[name] != obj:
-                    lines.append({"type": "MODIFIED", "object": obj})
-            lines.extend({"type": "DELETED", "object": obj} for n, obj in previous.items() if n not in current)
-            if lines:
-                yield b"".join(orjson.dumps(line) + b"\n" for line in lines)
-            previous = current
-            await asyncio.sleep(0.5)
-
-    def shutdown(self) -> None:
-        async def close() -> None:
-            self.listener.close()
-            for connection in list(self.connections):
-                connection.close()
-            await self.listener.wait_closed()
-
-        asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout=10)
-        if self.own_loop:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-
-
-class _Connection(asyncio.Protocol):
-    """One client connection. Requests are answered in order: while an answer waits (bind), reading pauses, and a
-    request that arrived with the previous one waits its turn. A request the server cannot read (malformed HTTP, a
-    body over the limit) gets its 4xx and the connection is closed; nothing else is affected."""
-
-    def __init__(self, http: HttpServer) -> None:
-        self.http = http
-        self.parser = httptools.HttpRequestParser(self)
-        self.transport: asyncio.Transport | None = None
-        self.target = b""
-        self.expect_continue = False
-        self.body: list[bytes] = []
-        self.size = 0
-        self.queue: deque[tuple[bytes, bytes, bytes, bool]] = deque()
-        self.waiting: asyncio.Task[None] | None = None
-        self.closing = False
-
-    # -- the transport ---------------------------------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms Nagle wait on small answers
-        self.http.connections.add(self)
-
-    def data_received(self, data: bytes) -> None:
-        if self.closing:
-            return
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._refuse(400, "protocol upgrades are not supported")
-        except httptools.HttpParserError as exc:
-            self._refuse(400, f"malformed HTTP request: {exc}")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        self.closing = True
-        if self.waiting is not None:
-            self.waiting.cancel()
-        self.http.connections.discard(self)
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-    # -- the parser (httptools calls these while feed_data runs) ---------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        self.target, self.expect_continue, self.body, self.size = b"", False, [], 0
-
-    def on_url(self, url: bytes) -> None:
-        self.target += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        lowered = name.lower()
-        if lowered == b"content-length" and value.strip().isdigit() and int(value) > MAX_BODY:
-            self._refuse(413, f"the body is {int(value)} bytes; the limit is {MAX_BODY}")
-        elif lowered == b"expect" and value.strip().lower() == b"100-continue":
-            self.expect_continue = True
-
-    def on_headers_complete(self) -> None:
-        if self.expect_continue and not self.closing and self.transport is not None:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def on_body(self, chunk: bytes) -> None:
-        self.size += len(chunk)
-        if self.size > MAX_BODY:
-            self._refuse(413, f"the body is over the limit of {MAX_BODY} bytes")
-        elif not self.closing:
-            self.body.append(chunk)
-
-    def on_message_complete(self) -> None:
-        if self.closing:
-            return
-        method = self.parser.get_method()
-        self.queue.append((method, self.target, b"".join(self.body), self.parser.should_keep_alive()))
-        self.body = []
-        if self.waiting is None:
-            self._next()
-
-    # -- answers ---------------------------------------------------------------------------------------------------
-
-    def _next(self) -> None:
-        while self.queue and self.waiting is None and not self.closing:
-            method, target, body, keep_alive = self.queue.popleft()
-            answer = self.http.answer(method, target, body)
-            if isinstance(answer, tuple):
-                self._respond(*answer, keep_alive=keep_alive)
-            else:
-                self.waiting = asyncio.get_running_loop().create_task(self._wait(answer, keep_alive))
-
-    async def _wait(self, answer: Waiting, keep_alive: bool) -> None:
-        try:
-            if isinstance(answer, AsyncGenerator):
-                # A watch streams until the client leaves; reading goes on so that its leaving is noticed.
-                self._send(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
-                try:
-                    async for data in answer:
-                        self._send(b"%x\r\n%s\r\n" % (len(data), data))
-                    self._send(b"0\r\n\r\n")
-                finally:
-                    await answer.aclose()
-            else:
-                if self.transport is not None:
-                    self.transport.pause_reading()
-                try:
-                    status, document = await answer
-                finally:
-                    if self.transport is not None:
-                        self.transport.resume_reading()
-                self._respond(status, document, keep_alive=keep_alive)
-        except ConnectionResetError:
-            return  # the client went away; nothing is left to answer
-        self.waiting = None
-        self._next()
-
-    def _respond(self, status: int, document: Any, *, keep_alive: bool) -> None:
-        payload = orjson.dumps(document)
-        head = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
-            status,
-            HTTPStatus(status).phrase.encode(),
-            len(payload),
-        )
-        if not keep_alive:
-            self.closing = True
-            self._send(head + b"Connection: close\r\n\r\n" + payload)
-            self.close()
-        else:
-            self._send(head + b"\r\n" + payload)
-
-    def _send(self, data: bytes) -> None:
-        if self.transport is None or self.transport.is_closing():
-            raise ConnectionResetError("the client went away")
-        self.transport.write(data)
-
-    def _refuse(self, status: int, message: str) -> None:
-        """Answer a request that cannot be read, and close: the rest of the stream cannot be trusted."""
-        if self.closing:
-            return
-        self.queue.clear()
-        if self.waiting is not None:
-            self.waiting.cancel()
-            self.waiting = None
-        self._respond(status, {"error": message}, keep_alive=False)
-
-
-def tls_context(cert: str | None, key: str | None, client_ca: str | None) -> ssl.SSLContext | None:
-    if not cert:
-        return None
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    if client_ca:
-        context.load_verify_locations(client_ca)
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
-
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
@@ -688,6 +671,15 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("kubegpu extender: --tls-cert and --tls-key go together")
     if args.client_ca and not args.tls_cert:
         raise SystemExit("kubegpu extender: --client-ca needs --tls-cert and --tls-key")
+    if not args.client_ca and not args.insecure_no_client_auth:
+        raise SystemExit(
+            "kubegpu extender: refusing to serve without client authentication: whoever reaches the port could bind "
+            "any pending pod to any node and list every pod. Pass --tls-cert, --tls-key and --client-ca (the CA of "
+            "the client certificate in kube-scheduler's extender tlsConfig), or --insecure-no-client-auth to accept "
+            "that"
+        )
+    if args.max_body_bytes < 1024:
+        raise SystemExit("kubegpu extender: --max-body-bytes must be at least 1024")
     key = read_key(args.allocation_key_file)
     plugins = make_plugin_manager("scheduler")
     for failure in plugins.failures:
@@ -697,9 +689,18 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(plugins, policy=args.policy, signing_key=key)
     service = SchedulerService(client, writer, engine, name="", key=key, queue_pods=False)
     extender = ExtenderServer(service)
-    httpd = HttpServer(extender, args.listen, tls_context(args.tls_cert, args.tls_key, args.client_ca), writer.loop)
+    limits = Limits(max_body=args.max_body_bytes, body_budget=max(Limits.body_budget, 4 * args.max_body_bytes))
+    tls = tls_context(args.tls_cert, args.tls_key, args.client_ca)
+    httpd = ExtenderHttpServer(extender, args.listen, tls, writer.loop, limits, client_auth=bool(args.client_ca))
     scheme = "https" if args.tls_cert else "http"
     log.info("kubegpu extender serving on %s://%s:%d", scheme, *httpd.address)
+    if not args.client_ca:
+        log.warning(
+            "--insecure-no-client-auth: callers are not authenticated; anyone who reaches %s://%s:%d can bind pending "
+            "pods to nodes of their choice and read every pod's devices",
+            scheme,
+            *httpd.address,
+        )
 
     def terminate(signum: int, _frame: Any) -> None:
         log.info("received signal %d, shutting down", signum)
@@ -726,7 +727,21 @@ def add_extender_parser(sub: Any) -> argparse.ArgumentParser:
     parser.add_argument("--allocation-key-file", required=True, help="HMAC key shared with the CRI shim")
     parser.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", help="the certificate's private key (PEM)")
-    parser.add_argument("--client-ca", help="require client certificates signed by this CA (PEM)")
+    parser.add_argument(
+        "--client-ca",
+        help="require client certificates signed by this CA (PEM) for every path but /healthz and /readyz",
+    )
+    parser.add_argument(
+        "--insecure-no-client-auth",
+        action="store_true",
+        help="serve without --client-ca: anyone who reaches the port may bind pods and read the monitoring API",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=Limits.max_body,
+        help=f"largest request body (default {Limits.max_body}; full Nodes lists need more than node names)",
+    )
     parser.add_argument("--policy", choices=POLICIES, default="binpack", help="node preference (default binpack)")
     parser.add_argument("--kube-api-qps", type=float, default=50.0, help="API requests a second (default 50)")
     parser.add_argument("--kube-api-burst", type=int, default=100, help="API request burst (default 100)")

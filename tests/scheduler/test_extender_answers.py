@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 
 from kubegpu.core.manifests import pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
-from kubegpu.core.testing import make_node, pod_manifest
+from kubegpu.core.testing import make_node, node_manifest, pod_manifest
 from kubegpu.plugins.intel_gas import scheduler as intel
 from kubegpu.plugins.neuron import scheduler as neuron
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler import engine as engine_module
 from kubegpu.scheduler.custom import SchedulerService
 from kubegpu.scheduler.engine import Engine
-from kubegpu.scheduler.extender import ExtenderServer
+from kubegpu.scheduler.extender import UNKNOWN_NODE, ExtenderServer
 
 from .test_properties import NODE_KINDS, SHAPES
 
@@ -160,3 +160,50 @@ def test_the_informers_parse_of_a_pending_pod_is_used_only_at_the_same_version()
     # A newer version of the pod than the informer's: the document is read.
     two["metadata"]["resourceVersion"] = "2"
     assert extender.filter(body(two, ["p3-0"]))["NodeNames"] == ["p3-0"]
+
+
+def gpu_engine(nodes: int) -> Engine:
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), signing_key=KEY)
+    for i in range(nodes):
+        engine.add_node(make_node(f"p3-{i}", **NODE_KINDS["p3"]))
+    return engine
+
+
+def test_nodes_a_caller_invents_are_refused_and_never_reach_the_engine() -> None:
+    """Finding 3 of issue 10: a full `Nodes` list added the nodes kubegpu's informer did not know to the engine, for
+    good (an invented node could then be bound to). Only the informer adds nodes; the caller's copies are refused."""
+    engine = gpu_engine(1)
+    extender = make_extender(engine)
+    pod = shaped_pod(1, SHAPES.index({"nvidia.com/gpu": 4}))
+    known = node_manifest("p3-0", **NODE_KINDS["p3"])  # type: ignore[arg-type]
+    invented = node_manifest("invented", **NODE_KINDS["p3"])  # type: ignore[arg-type]
+    args = orjson.dumps({"Pod": pod, "Nodes": {"items": [known, invented]}})
+    filtered = extender.filter(args)
+    assert [item["metadata"]["name"] for item in filtered["Nodes"]["items"]] == ["p3-0"]
+    assert filtered["FailedNodes"] == {"invented": UNKNOWN_NODE}
+    assert filtered["FailedAndUnresolvableNodes"] == {"invented": UNKNOWN_NODE}
+    assert "invented" not in {s["Host"] for s in orjson.loads(orjson.dumps(extender.prioritize(args)))}
+    assert set(engine.nodes) == {"p3-0"}
+
+
+def test_remembered_answers_hold_only_nodes_the_engine_knows() -> None:
+    """Finding 5 of issue 10: every name a caller sent stayed in the per-shape answers, so a caller could grow them
+    without bound. Unknown names are answered afresh each time and never kept."""
+    engine = gpu_engine(3)
+    extender = make_extender(engine)
+    for serial, shape in enumerate(range(len(SHAPES))):
+        names = ["p3-0", "p3-1", "p3-2", *(f"ghost-{serial}-{i}" for i in range(500))]
+        filtered = extender.filter(body(shaped_pod(serial, shape), names))
+        assert all(filtered["FailedNodes"][f"ghost-{serial}-{i}"] == UNKNOWN_NODE for i in range(500))
+        extender.prioritize(body(shaped_pod(serial, shape), names))
+    engine.remove_node("p3-2")
+    extender.filter(body(shaped_pod(99, 0), ["p3-0", "p3-1", "p3-2"]))
+    for answers_of_shape in extender._answers.values():
+        remembered = (
+            answers_of_shape.passing
+            | answers_of_shape.failing.keys()
+            | answers_of_shape.unresolvable
+            | answers_of_shape.scored.keys()
+            | answers_of_shape.unscored
+        )
+        assert remembered <= set(engine.nodes), remembered - set(engine.nodes)

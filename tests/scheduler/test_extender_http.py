@@ -19,7 +19,8 @@ from kubegpu.core.testing import make_node, pod_manifest
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler.custom import SchedulerService
 from kubegpu.scheduler.engine import Engine
-from kubegpu.scheduler.extender import MAX_BODY, ExtenderServer, HttpServer, tls_context
+from kubegpu.scheduler.extender import ExtenderHttpServer, ExtenderServer
+from kubegpu.scheduler.http_server import Limits, tls_context
 
 from .test_properties import NODE_KINDS
 
@@ -28,17 +29,17 @@ FILTER = orjson.dumps({"Pod": POD, "NodeNames": ["p3-0", "p3-1"]})
 
 
 @pytest.fixture
-def server() -> Iterator[HttpServer]:
+def server() -> Iterator[ExtenderHttpServer]:
     engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
     for i in range(2):
         engine.add_node(make_node(f"p3-{i}", **NODE_KINDS["p3"]))
     service = SchedulerService(None, None, engine, name="", key=b"k" * 32, queue_pods=False)  # type: ignore[arg-type]
-    http = HttpServer(ExtenderServer(service), "127.0.0.1:0", None)
+    http = ExtenderHttpServer(ExtenderServer(service), "127.0.0.1:0", None)
     yield http
     http.shutdown()
 
 
-def connect(server: HttpServer) -> socket.socket:
+def connect(server: ExtenderHttpServer) -> socket.socket:
     return socket.create_connection(server.address, timeout=5)  # type: ignore[arg-type]
 
 
@@ -74,7 +75,7 @@ def closed(sock: socket.socket) -> bool:
         return True
 
 
-def test_keep_alive_and_pipelined_requests_are_answered_in_order(server: HttpServer) -> None:
+def test_keep_alive_and_pipelined_requests_are_answered_in_order(server: ExtenderHttpServer) -> None:
     with connect(server) as sock:
         buffer = bytearray()
         # Three requests in one write: filter, a health check, prioritize.
@@ -91,7 +92,7 @@ def test_keep_alive_and_pipelined_requests_are_answered_in_order(server: HttpSer
         assert read_response(sock, buffer)[0] == 200
 
 
-def test_a_chunked_body_and_expect_continue_are_understood(server: HttpServer) -> None:
+def test_a_chunked_body_and_expect_continue_are_understood(server: ExtenderHttpServer) -> None:
     with connect(server) as sock:
         buffer = bytearray()
         half = len(FILTER) // 2
@@ -106,7 +107,7 @@ def test_a_chunked_body_and_expect_continue_are_understood(server: HttpServer) -
         assert read_response(sock, buffer)[0] == 200
 
 
-def test_http_1_0_gets_its_answer_and_the_connection_closes(server: HttpServer) -> None:
+def test_http_1_0_gets_its_answer_and_the_connection_closes(server: ExtenderHttpServer) -> None:
     with connect(server) as sock:
         sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
         status, headers, body = read_response(sock, bytearray())
@@ -120,7 +121,7 @@ def test_http_1_0_gets_its_answer_and_the_connection_closes(server: HttpServer) 
     [
         (b"NONSENSE\r\n\r\n", 400, "malformed HTTP request"),
         (b"POST /filter HTTP/1.1\r\nContent-Length: x\r\n\r\n", 400, "malformed HTTP request"),
-        (f"POST /filter HTTP/1.1\r\nContent-Length: {MAX_BODY + 1}\r\n\r\n".encode(), 413, "limit"),
+        (f"POST /filter HTTP/1.1\r\nContent-Length: {Limits.max_body + 1}\r\n\r\n".encode(), 413, "limit"),
         (b"PUT /filter HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405, "not allowed"),
         (b"POST /sort HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 404, "unknown verb 'sort'"),
         (b"GET /nothing/here HTTP/1.1\r\n\r\n", 404, "unknown path"),
@@ -129,7 +130,7 @@ def test_http_1_0_gets_its_answer_and_the_connection_closes(server: HttpServer) 
     ],
 )
 def test_requests_it_cannot_serve_get_a_json_4xx_and_the_server_goes_on(
-    server: HttpServer, request_bytes: bytes, status: int, words: str
+    server: ExtenderHttpServer, request_bytes: bytes, status: int, words: str
 ) -> None:
     with connect(server) as sock:
         sock.sendall(request_bytes)
@@ -142,7 +143,7 @@ def test_requests_it_cannot_serve_get_a_json_4xx_and_the_server_goes_on(
         assert read_response(sock, bytearray())[0] == 200
 
 
-def test_an_unreadable_request_closes_only_its_own_connection(server: HttpServer) -> None:
+def test_an_unreadable_request_closes_only_its_own_connection(server: ExtenderHttpServer) -> None:
     with connect(server) as good, connect(server) as bad:
         bad.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
         assert read_response(bad, bytearray())[0] == 400
@@ -151,7 +152,7 @@ def test_an_unreadable_request_closes_only_its_own_connection(server: HttpServer
         assert read_response(good, bytearray())[0] == 200
 
 
-def test_the_watch_streams_chunks_and_ends_when_the_client_leaves(server: HttpServer) -> None:
+def test_the_watch_streams_chunks_and_ends_when_the_client_leaves(server: ExtenderHttpServer) -> None:
     with connect(server) as sock:
         sock.sendall(b"GET /apis/kubegpu/v1/nodes?watch=true HTTP/1.1\r\nHost: x\r\n\r\n")
         buffer = bytearray()
@@ -174,7 +175,7 @@ def test_the_watch_streams_chunks_and_ends_when_the_client_leaves(server: HttpSe
         assert read_response(sock, bytearray())[0] == 200
 
 
-def test_readiness_waits_for_the_informers_and_health_for_the_consumer(server: HttpServer) -> None:
+def test_readiness_waits_for_the_informers_and_health_for_the_consumer(server: ExtenderHttpServer) -> None:
     service = server.server.service
     with connect(server) as sock:
         buffer = bytearray()
@@ -191,49 +192,68 @@ def test_readiness_waits_for_the_informers_and_health_for_the_consumer(server: H
         assert read_response(sock, buffer)[0] == 503
 
 
-def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
+MAKE_CERTS = Path(__file__).parents[2] / "examples" / "deploy" / "extender" / "make-certs.sh"
 
 
-def tls_request(address: tuple[str, int], ca: Path, cert: Path | None = None, key: Path | None = None) -> int | None:
-    """The status of GET /healthz over TLS, or None when the server refused the connection."""
+def make_certs(directory: Path) -> Path:
+    """The shipped script's CA, serving certificate (for 127.0.0.1) and kube-scheduler client certificate."""
+    subprocess.run(["sh", str(MAKE_CERTS), str(directory), "127.0.0.1"], check=True, capture_output=True)
+    return directory
+
+
+def tls_request(
+    address: tuple[str, int], ca: Path, client: tuple[Path, Path] | None = None, request: bytes = b""
+) -> int | None:
+    """The status of `request` (GET /healthz) over TLS, or None when the server refused the connection."""
     context = ssl.create_default_context(cafile=str(ca))
-    if cert is not None:
-        context.load_cert_chain(str(cert), str(key))
+    if client is not None:
+        context.load_cert_chain(str(client[0]), str(client[1]))
     try:
         with (
             socket.create_connection(address, timeout=5) as raw,
             context.wrap_socket(raw, server_hostname="127.0.0.1") as sock,
         ):
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.sendall(request or b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             return read_response(sock, bytearray())[0]
     except (ssl.SSLError, ConnectionError):
         return None
 
 
-def test_https_with_client_certificates_serves_only_clients_signed_by_the_ca(
-    server: HttpServer, tmp_path: Path
+BIND = post("/bind", orjson.dumps({"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "p3-0"}))
+PODS = b"GET /apis/kubegpu/v1/pods HTTP/1.1\r\nHost: x\r\n\r\n"
+WATCH = b"GET /apis/kubegpu/v1/nodes?watch=true HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def test_with_a_client_ca_only_the_probes_answer_a_client_without_a_certificate(
+    server: ExtenderHttpServer, tmp_path: Path
 ) -> None:
-    day = ("-days", "1", "-nodes")
-    openssl("req", "-x509", "-newkey", "rsa:2048", *day, "-keyout", str(tmp_path / "tls.key"), "-out",
-            str(tmp_path / "tls.crt"), "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1")  # fmt: skip
-    for ca in ("ca", "other-ca"):
-        openssl("req", "-x509", "-newkey", "rsa:2048", *day, "-keyout", str(tmp_path / f"{ca}.key"), "-out",
-                str(tmp_path / f"{ca}.crt"), "-subj", f"/CN={ca}")  # fmt: skip
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / f"client-{ca}.key"), "-out",
-                str(tmp_path / f"client-{ca}.csr"), "-subj", "/CN=kube-scheduler")  # fmt: skip
-        openssl("x509", "-req", "-in", str(tmp_path / f"client-{ca}.csr"), "-CA", str(tmp_path / f"{ca}.crt"),
-                "-CAkey", str(tmp_path / f"{ca}.key"), "-CAcreateserial", "-days", "1", "-out",
-                str(tmp_path / f"client-{ca}.crt"))  # fmt: skip
-    context = tls_context(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), str(tmp_path / "ca.crt"))
-    https = HttpServer(server.server, "127.0.0.1:0", context)
+    """Finding 3 of issue 10: anyone who reached the port could bind any pending pod to any node and list every
+    namespace's pods. With --client-ca, binding, filtering and the monitoring API need a certificate that CA signed;
+    the kubelet's probes (no certificate) still get /healthz and /readyz; a certificate from another CA fails the
+    handshake; and the server goes on serving."""
+    ours, theirs = make_certs(tmp_path / "ours"), make_certs(tmp_path / "theirs")
+    context = tls_context(str(ours / "tls.crt"), str(ours / "tls.key"), str(ours / "ca.crt"))
+    https = ExtenderHttpServer(server.server, "127.0.0.1:0", context)
     try:
-        address, ca = https.address, tmp_path / "tls.crt"
-        signed = (tmp_path / "client-ca.crt", tmp_path / "client-ca.key")
-        foreign = (tmp_path / "client-other-ca.crt", tmp_path / "client-other-ca.key")
-        assert tls_request(address, ca, *signed) == 200  # type: ignore[arg-type]
-        assert tls_request(address, ca) is None  # no client certificate
-        assert tls_request(address, ca, *foreign) is None  # signed by another CA
-        assert tls_request(address, ca, *signed) == 200  # type: ignore[arg-type]  # and it goes on serving
+        address, ca = https.address, ours / "ca.crt"
+        scheduler = (ours / "client.crt", ours / "client.key")
+        stranger = (theirs / "client.crt", theirs / "client.key")
+        for request in (BIND, post("/filter", FILTER), PODS, WATCH):
+            assert tls_request(address, ca, None, request) == 401, request  # no client certificate
+            assert tls_request(address, ca, stranger, request) is None, request  # signed by another CA
+        assert tls_request(address, ca) == 200  # the probes need no certificate
+        assert tls_request(address, ca, None, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n") == 503
+        # The extender's own serving certificate is no client certificate (serverAuth only).
+        assert tls_request(address, ca, (ours / "tls.crt", ours / "tls.key"), PODS) is None
+        assert tls_request(address, ca, scheduler, post("/filter", FILTER)) == 200
+        assert tls_request(address, ca, scheduler, PODS) == 200
+        assert tls_request(address, ca, scheduler, BIND) not in (None, 401)  # let in (no API server here to bind)
     finally:
         https.shutdown()
+
+
+def test_without_a_client_ca_nothing_is_asked(server: ExtenderHttpServer) -> None:
+    """--insecure-no-client-auth: plain HTTP, every path open (the operator chose it; the server warns at start)."""
+    with connect(server) as sock:
+        sock.sendall(PODS)
+        assert read_response(sock, bytearray())[0] == 200
