@@ -29,9 +29,10 @@ import yaml
 
 from kubegpu.core.errors import InputError
 from kubegpu.core.manifests import node_info, pod_request
-from kubegpu.core.models import NodeInfo, Occupancy, PodRequest
+from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine
+from kubegpu.scheduler.report import draw_text
 
 __all__ = ["SimulationError", "add_simulate_parser", "load_documents", "run"]
 
@@ -178,28 +179,6 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def _draw(picture: Occupancy) -> list[str]:
-    width = max(4, max((len(c.id) for c in picture.cells), default=1) + 2)
-
-    def cell(c: Any) -> str:
-        if not c.healthy:
-            mark = "x"
-        elif c.used >= 0.999:
-            mark = "#"
-        elif c.used > 0:
-            mark = "+"
-        else:
-            mark = "."
-        return f"{c.id}{mark}".rjust(width)
-
-    columns = picture.columns if picture.layout == "grid" and picture.columns else len(picture.cells) or 1
-    rows = [picture.cells[i : i + columns] for i in range(0, len(picture.cells), columns)]
-    shape = {"ring": "ring", "grid": f"{columns}-wide grid", "cells": "cards"}[picture.layout]
-    lines = [f"    {picture.family} ({shape}; # held, + partly held, . free, x unhealthy)"]
-    lines.extend("    " + "".join(cell(c) for c in row) for row in rows)
-    return lines
-
-
 def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed: float) -> None:
     write = out.write
     placed = [e for e in events if e["event"] == "scheduled"]
@@ -232,7 +211,7 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
             shown += 1
             write(f"  {name} ({len(engine.nodes[name].pods)} pods)\n")
             for picture in pictures:
-                for line in _draw(picture):
+                for line in draw_text(picture):
                     write(line + "\n")
     if len(busy) > shown:
         write(f"  ... {len(busy) - shown} more nodes with devices not drawn (use --json for every placement)\n")
@@ -276,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
             buffer = out.buffer
             chunk: list[bytes] = []
             for event in _process(engine, pods, latencies):
+                if args.html:
+                    events.append(event)
                 chunk.append(orjson.dumps(event))
                 if len(chunk) >= 1000:
                     buffer.write(b"\n".join(chunk) + b"\n")
@@ -292,6 +273,11 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     if not args.json:
         _report(engine, events, out, elapsed)
+    if args.html:
+        from kubegpu.scheduler.html import write_html
+        from kubegpu.scheduler.report import simulation_report
+
+        write_html(simulation_report(engine, events, args.files), args.html)
     if args.stats:
         peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         print(
@@ -322,6 +308,7 @@ def add_simulate_parser(sub: Any) -> argparse.ArgumentParser:
     parser.add_argument("files", nargs="+", metavar="FILE", help="YAML (multi-document) or JSON / JSON lines")
     parser.add_argument("--json", action="store_true", help="print one JSON object per pod document")
     parser.add_argument("--policy", choices=POLICIES, default="binpack", help="node preference (default binpack)")
+    parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report of the devices to FILE")
     parser.add_argument(
         "--stats", action="store_true", help="print throughput, p50/p99 decision latency and peak memory to stderr"
     )

@@ -1,0 +1,273 @@
+"""What a device report shows, whoever draws it: the shared model behind `kubegpu simulate`, `kubegpu top` and the
+HTML page.
+
+A `Report` is a snapshot of one engine: every node with devices and the plugins' pictures of them (`Occupancy`:
+cells, holders, topology and links), the pods still waiting with the reason they wait, and the utilisation and
+stranded devices of each device family. The simulator builds one from its engine after the last pod document;
+`kubegpu top` from an engine it feeds with the live cluster's Nodes and verified allocations. The text, terminal
+and HTML renderers only read it, so the three answer "where are devices free, who holds them, why is this pod
+pending" with the same numbers.
+
+The glyphs of the text maps are the simulator's: `#` held, `+` partly held, `.` free, `x` unhealthy. Holders get a
+colour per node from a fixed palette, in the order their first device appears, so two pods on one node never share
+a colour (a pod holds devices on one node only).
+"""
+
+from __future__ import annotations
+
+import colorsys
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from kubegpu.core.models import DeviceCell, Occupancy
+from kubegpu.scheduler.engine import Engine
+
+__all__ = [
+    "CellState",
+    "FamilyUsage",
+    "NodeView",
+    "PendingPod",
+    "Report",
+    "build_report",
+    "cell_state",
+    "draw_text",
+    "holder_colours",
+    "report_json",
+    "simulation_report",
+]
+
+CellState = Literal["held", "partly", "free", "unhealthy"]
+MARKS: Mapping[CellState, str] = {"held": "#", "partly": "+", "free": ".", "unhealthy": "x"}
+LEGEND = "# held, + partly held, . free, x unhealthy"
+# Twelve hues spaced for contrast, then the same hues darker: distinct colours for up to 24 holders on one node.
+_HUES = (210, 30, 120, 0, 270, 180, 60, 330, 90, 240, 150, 300)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node with devices: its name, instance type (when labelled), pods placed there and its device pictures."""
+
+    name: str
+    instance_type: str
+    pods: int
+    pictures: tuple[Occupancy, ...]
+    colours: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def devices(self) -> int:
+        return sum(len(p.cells) for p in self.pictures)
+
+    def holders(self) -> list[str]:
+        """Every pod holding a device here, in the order of `colours` (first device first)."""
+        return list(self.colours)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPod:
+    """A pod that has no node: its `namespace/name` and the last reason the scheduler gave (or why none did)."""
+
+    pod: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyUsage:
+    """One device family over the cluster. `used` counts devices at least partly held; `stranded` the free devices
+    outside the largest request that still fits their node."""
+
+    family: str
+    total: int
+    used: int
+    free: int
+    stranded: int
+
+    @property
+    def utilisation(self) -> float:
+        return self.used / self.total if self.total else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A snapshot to draw. `unverified` maps pods whose allocation is shown but could not be checked (or did not
+    verify and is therefore not shown) to the reason; `counts` are the front-end's own tallies (scheduled, deleted)."""
+
+    title: str
+    source: str
+    nodes: tuple[NodeView, ...]
+    pending: tuple[PendingPod, ...]
+    families: tuple[FamilyUsage, ...]
+    nodes_total: int
+    counts: Mapping[str, int] = field(default_factory=dict)
+    unverified: Mapping[str, str] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+
+    @property
+    def devices(self) -> int:
+        return sum(n.devices for n in self.nodes)
+
+
+def cell_state(cell: DeviceCell) -> CellState:
+    if not cell.healthy:
+        return "unhealthy"
+    if cell.used >= 0.999:
+        return "held"
+    if cell.used > 0:
+        return "partly"
+    return "free"
+
+
+def _colour(index: int) -> str:
+    hue = _HUES[index % len(_HUES)]
+    lightness = (0.50, 0.34, 0.66)[(index // len(_HUES)) % 3]
+    red, green, blue = colorsys.hls_to_rgb(hue / 360, lightness, 0.62)
+    return f"#{round(red * 255):02x}{round(green * 255):02x}{round(blue * 255):02x}"
+
+
+def holder_colours(pictures: Iterable[Occupancy]) -> dict[str, str]:
+    """A colour (`#rrggbb`) for every pod holding a device in `pictures`, distinct per node."""
+    colours: dict[str, str] = {}
+    for picture in pictures:
+        for cell in picture.cells:
+            for holder in cell.holders:
+                if holder not in colours:
+                    colours[holder] = _colour(len(colours))
+    return colours
+
+
+def grid_rows(picture: Occupancy) -> list[list[DeviceCell]]:
+    """The cells row by row: a grid in rows of `columns`, anything else as one row."""
+    columns = picture.columns if picture.layout == "grid" and picture.columns else len(picture.cells) or 1
+    return [picture.cells[i : i + columns] for i in range(0, len(picture.cells), columns)]
+
+
+def shape_name(picture: Occupancy) -> str:
+    if picture.topology == "torus" and picture.columns:
+        rows = -(-len(picture.cells) // picture.columns)
+        return f"{rows}x{picture.columns} torus"
+    if picture.topology in ("cube-mesh", "nvswitch"):
+        return "NVLink cube-mesh" if picture.topology == "cube-mesh" else "NVSwitch"
+    columns = picture.columns if picture.layout == "grid" and picture.columns else 0
+    return {"ring": "ring", "grid": f"{columns}-wide grid", "cells": "cards"}[picture.layout]
+
+
+def draw_text(picture: Occupancy) -> list[str]:
+    """The simulator's plain-text map of one picture: a header line, then a line per row of cells."""
+    width = max(4, max((len(c.id) for c in picture.cells), default=1) + 2)
+    rows = grid_rows(picture)
+    shape = {"ring": "ring", "grid": f"{picture.columns or len(picture.cells) or 1}-wide grid", "cells": "cards"}[
+        picture.layout
+    ]
+    lines = [f"    {picture.family} ({shape}; {LEGEND})"]
+    lines.extend("    " + "".join(f"{c.id}{MARKS[cell_state(c)]}".rjust(width) for c in row) for row in rows)
+    return lines
+
+
+def build_report(
+    engine: Engine,
+    *,
+    title: str,
+    source: str,
+    pending: Iterable[PendingPod] = (),
+    counts: Mapping[str, int] | None = None,
+    unverified: Mapping[str, str] | None = None,
+    problems: Iterable[str] = (),
+    only: str | None = None,
+) -> Report:
+    """Snapshot `engine`: every node that has devices (or just node `only`), sorted by name, and the family totals
+    over those nodes."""
+    views: list[NodeView] = []
+    tallies: dict[str, list[int]] = {}
+    names = [only] if only is not None else sorted(engine.nodes)
+    for name in names:
+        record = engine.nodes.get(name)
+        if record is None or not record.states:
+            continue
+        pictures = tuple(engine.describe(name))
+        if not pictures:
+            continue
+        for picture in pictures:
+            tally = tallies.setdefault(picture.family, [0, 0, 0, 0])
+            tally[0] += picture.total
+            tally[1] += sum(1 for c in picture.cells if c.used > 0)
+            tally[2] += picture.free
+            tally[3] += max(0, picture.free - picture.largest_fit)
+        instance_type = record.info.labels.get("node.kubernetes.io/instance-type", "")
+        views.append(NodeView(name, instance_type, len(record.pods), pictures, holder_colours(pictures)))
+    families = tuple(FamilyUsage(family, *tally) for family, tally in sorted(tallies.items()))
+    return Report(
+        title=title,
+        source=source,
+        nodes=tuple(views),
+        pending=tuple(pending),
+        families=families,
+        nodes_total=len(engine.nodes),
+        counts=dict(counts or {}),
+        unverified=dict(unverified or {}),
+        problems=tuple(problems),
+    )
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    """The report as one JSON-able document (`kubegpu top --json`)."""
+    return {
+        "title": report.title,
+        "source": report.source,
+        "nodes": [
+            {
+                "name": node.name,
+                "instanceType": node.instance_type or None,
+                "pods": node.pods,
+                "devices": [
+                    {
+                        "family": picture.family,
+                        "topology": picture.topology or picture.layout,
+                        "total": picture.total,
+                        "free": picture.free,
+                        "largestFit": picture.largest_fit,
+                        "cells": [
+                            {"id": c.id, "state": cell_state(c), "used": round(c.used, 4), "holders": c.holders}
+                            for c in picture.cells
+                        ],
+                    }
+                    for picture in node.pictures
+                ],
+            }
+            for node in report.nodes
+        ],
+        "pending": [{"pod": p.pod, "reason": p.reason} for p in report.pending],
+        "families": [
+            {"family": f.family, "total": f.total, "used": f.used, "free": f.free, "stranded": f.stranded}
+            for f in report.families
+        ],
+        "unverified": dict(report.unverified),
+        "problems": list(report.problems),
+        "counts": dict(report.counts),
+        "nodesTotal": report.nodes_total,
+    }
+
+
+def simulation_report(engine: Engine, events: Iterable[Mapping[str, Any]], files: Iterable[str]) -> Report:
+    """The report after a simulation: `events` are the simulator's per-document events, in order (a pod's last
+    event decides whether it is still pending)."""
+    last: dict[str, Mapping[str, Any]] = {}
+    counts: Counter[str] = Counter()
+    for event in events:
+        last[event["pod"]] = event
+        counts[event["event"]] += 1
+    pending = [
+        PendingPod(pod, str(event.get("reason") or "no node fits"))
+        for pod, event in last.items()
+        if event["event"] == "unschedulable"
+    ]
+    names = [str(f) for f in files]
+    source = "kubegpu simulate " + " ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
+    return build_report(
+        engine,
+        title="simulation of " + ", ".join(Path(n).name for n in names[:3]) + ("…" if len(names) > 3 else ""),
+        source=f"{source}, policy {engine.policy}",
+        pending=pending,
+        counts={kind: counts[kind] for kind in ("scheduled", "unschedulable", "deleted")},
+    )
