@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pluggy
 
-from kubegpu.core.models import Advertisement, ContainerAllocation, ContainerEdit, DeviceInventory
+from kubegpu.core.models import Advertisement, ContainerAllocation, ContainerEdit, DeviceInventory, DeviceOwnership
 
 __all__ = ["PROJECT", "hookimpl", "hookspec"]
 
@@ -39,6 +39,27 @@ def kubegpu_device_resources() -> list[str]:
 
     Called by:
         the plugin manager once at start-up, to route each allocated resource to exactly one plugin.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def kubegpu_device_owned() -> DeviceOwnership | None:
+    """Declare the env variables, device paths, mount paths and CDI kinds that select this plugin's devices.
+
+    Args:
+        (none)
+
+    Returns:
+        A `DeviceOwnership`: only entries that make a runtime hand a container devices belong in it (env that merely
+        narrows what the container already has does not). None: the plugin owns nothing, and the shim cannot keep
+        its devices out of containers that were not allocated them.
+
+    Called by:
+        the CRI shim once at start-up. On every CreateContainer it removes what each plugin owns from the container
+        (a container without an allocation, a container the allocation does not name, and the other plugins'
+        entries in a container that does get devices), then calls `kubegpu_device_edit_container` of the plugins
+        whose devices the container was granted, which add back exactly those.
     """
     raise NotImplementedError
 
@@ -111,10 +132,10 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
     Args:
         allocation: this plugin's resources, device ids, shares and fields for the container, from an allocation
             whose signature, node and pod UID the shim has already verified.
-        edit: the container's devices, env, mounts, CDI device names and annotations as the kubelet sent them. The
-            plugin first removes device entries of its kind that are not allocated (a vendor device plugin may have
-            added them), then adds the allocated device nodes, env (`NVIDIA_VISIBLE_DEVICES`, ...), mounts and CDI
-            names.
+        edit: the container's devices, env, mounts, CDI device names and annotations as the kubelet sent them,
+            less every entry an installed plugin owns (`kubegpu_device_owned`). The plugin removes anything else of
+            its kind that is not allocated, then adds the allocated device nodes, env (`NVIDIA_VISIBLE_DEVICES`,
+            ...), mounts and CDI names.
         dev_root: where the host's device files are (`/dev` in production).
 
     Returns:

@@ -18,8 +18,10 @@ pod and per node are frozen dataclasses built once from validated input.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -33,6 +35,7 @@ __all__ = [
     "DeviceInfo",
     "DeviceInventory",
     "DeviceNode",
+    "DeviceOwnership",
     "Mount",
     "NodeDevices",
     "NodeInfo",
@@ -278,6 +281,110 @@ class Mount(BaseModel):
     readonly: bool = False
 
 
+class DeviceOwnership(BaseModel):
+    """What selects one plugin's devices in a container's configuration, as the plugin declares it
+    (`kubegpu_device_owned`).
+
+    The CRI shim removes every entry a plugin owns from each container that a verified allocation does not grant
+    that plugin's devices to, then lets the granted plugins add back exactly their devices; so a user-set
+    `NVIDIA_VISIBLE_DEVICES=all`, or a device a vendor device plugin slipped in, never reaches the runtime unallocated.
+
+    * `envs`: env variable names (`NVIDIA_VISIBLE_DEVICES`); `env_prefixes`: name prefixes;
+    * `device_paths`: regular expressions a device entry's path must match in full: its container path, or its host
+      path with the shim's dev root read as `/dev` (`/dev/nvidia[0-9]+`);
+    * `mount_paths`: regular expressions for a mount's container path (a runtime that reads device ids from mounts);
+    * `cdi_kinds`: CDI kinds (`vendor.com/class`) whose names are removed from the CDI device list and from the
+      `cdi.k8s.io/*` annotations.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    envs: tuple[str, ...] = ()
+    env_prefixes: tuple[str, ...] = ()
+    device_paths: tuple[str, ...] = ()
+    mount_paths: tuple[str, ...] = ()
+    cdi_kinds: tuple[str, ...] = ()
+
+    @field_validator("envs", "env_prefixes")
+    @classmethod
+    def _valid_env_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if not name or "=" in name:
+                raise ValueError(f"{name!r} is not an env variable name")
+        return names
+
+    @field_validator("device_paths", "mount_paths")
+    @classmethod
+    def _valid_patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+        return patterns
+
+    @field_validator("cdi_kinds")
+    @classmethod
+    def _valid_kinds(cls, kinds: tuple[str, ...]) -> tuple[str, ...]:
+        for kind in kinds:
+            if "/" not in kind or "=" in kind:
+                raise ValueError(f"{kind!r} is not a CDI kind (vendor.com/class)")
+        return kinds
+
+    @classmethod
+    def union(cls, owned: Iterable[DeviceOwnership]) -> DeviceOwnership:
+        """Everything any of `owned` owns, as one declaration."""
+        parts = list(owned)
+        return cls(
+            envs=tuple(sorted({n for o in parts for n in o.envs})),
+            env_prefixes=tuple(sorted({p for o in parts for p in o.env_prefixes})),
+            device_paths=tuple(dict.fromkeys(p for o in parts for p in o.device_paths)),
+            mount_paths=tuple(dict.fromkeys(p for o in parts for p in o.mount_paths)),
+            cdi_kinds=tuple(sorted({k for o in parts for k in o.cdi_kinds})),
+        )
+
+    @cached_property
+    def _env_names(self) -> frozenset[str]:
+        return frozenset(self.envs)
+
+    @cached_property
+    def _device_pattern(self) -> re.Pattern[str] | None:
+        return _alternation(self.device_paths)
+
+    @cached_property
+    def _mount_pattern(self) -> re.Pattern[str] | None:
+        return _alternation(self.mount_paths)
+
+    @cached_property
+    def _cdi_prefixes(self) -> tuple[str, ...]:
+        return tuple(f"{kind}=" for kind in self.cdi_kinds)
+
+    def owns_env(self, name: str) -> bool:
+        return name in self._env_names or (bool(self.env_prefixes) and name.startswith(self.env_prefixes))
+
+    def owns_device(self, container_path: str, host_path: str = "", dev_root: str = "/dev") -> bool:
+        """Whether a device entry is owned, by its container path or by its host path read relative to `dev_root`."""
+        pattern = self._device_pattern
+        if pattern is None:
+            return False
+        if pattern.fullmatch(container_path):
+            return True
+        if dev_root != "/dev" and host_path.startswith(f"{dev_root}/"):
+            host_path = "/dev" + host_path[len(dev_root) :]
+        return bool(host_path) and pattern.fullmatch(host_path) is not None
+
+    def owns_mount(self, container_path: str) -> bool:
+        pattern = self._mount_pattern
+        return pattern is not None and pattern.fullmatch(container_path) is not None
+
+    def owns_cdi(self, name: str) -> bool:
+        return bool(self._cdi_prefixes) and name.startswith(self._cdi_prefixes)
+
+
+def _alternation(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    return re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+
+
 class ContainerEdit(BaseModel):
     """A runtime-neutral copy of the parts of a CRI ContainerConfig that device plugins may change.
 
@@ -302,6 +409,37 @@ class ContainerEdit(BaseModel):
                 self.annotations[key] = ",".join(kept)
             else:
                 del self.annotations[key]
+
+    def remove_owned(self, owned: DeviceOwnership, dev_root: str = "/dev") -> list[str]:
+        """Remove every env variable, device, mount and CDI name that `owned` owns (CDI names in `cdi.k8s.io/*`
+        annotations too; an annotation left empty is dropped); what was removed, for the log."""
+        names = [name for name in self.envs if owned.owns_env(name)]
+        for name in names:
+            del self.envs[name]
+        removed = [f"env {name}" for name in names]
+        devices = [d for d in self.devices if not owned.owns_device(d.container_path, d.host_path, dev_root)]
+        if len(devices) != len(self.devices):
+            removed += [f"device {d.container_path}" for d in self.devices if d not in devices]
+            self.devices = devices
+        mounts = [m for m in self.mounts if not owned.owns_mount(m.container_path)]
+        if len(mounts) != len(self.mounts):
+            removed += [f"mount {m.container_path}" for m in self.mounts if m not in mounts]
+            self.mounts = mounts
+        cdi = [n for n in self.cdi_devices if not owned.owns_cdi(n)]
+        if len(cdi) != len(self.cdi_devices):
+            removed += [f"CDI device {n}" for n in self.cdi_devices if n not in cdi]
+            self.cdi_devices = cdi
+        for key in [k for k in self.annotations if k.startswith(CDI_ANNOTATION_PREFIX)]:
+            listed = [n for n in (p.strip() for p in self.annotations[key].split(",")) if n]
+            kept = [n for n in listed if not owned.owns_cdi(n)]
+            if len(kept) == len(listed):
+                continue
+            removed += [f"CDI device {n} (annotation {key})" for n in listed if n not in kept]
+            if kept:
+                self.annotations[key] = ",".join(kept)
+            else:
+                del self.annotations[key]
+        return removed
 
 
 class Advertisement(BaseModel):

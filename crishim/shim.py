@@ -34,14 +34,24 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import grpc
 from cri_api.v1 import api_pb2
+from pydantic import ValidationError
 
 from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord
-from kubegpu.core.models import ContainerAllocation, ContainerEdit, DeviceNode, Mount
+from kubegpu.core.errors import describe_validation_error
+from kubegpu.core.models import (
+    CDI_ANNOTATION_PREFIX,
+    ContainerAllocation,
+    ContainerEdit,
+    DeviceNode,
+    DeviceOwnership,
+    Mount,
+)
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
 from kubegpu.crishim.verify import AllocationRefused, PodIdentity, managed_resources, verified_allocation
 
@@ -51,6 +61,9 @@ __all__ = [
     "ContainerEditor",
     "PodSource",
     "RunningShim",
+    "RuntimeSandboxes",
+    "Sandbox",
+    "SandboxSource",
     "add_crishim_parser",
     "apply_edit",
     "edit_from_config",
@@ -67,7 +80,9 @@ log = logging.getLogger("kubegpu.crishim")
 # ---------------------------------------------------------------------------------------------------------------
 
 EDIT_HOOK = "kubegpu_device_edit_container"
-CREATE_CONTAINER = "/runtime.v1.RuntimeService/CreateContainer"
+OWNED_HOOK = "kubegpu_device_owned"
+RUNTIME_SERVICE = "runtime.v1.RuntimeService"
+CREATE_CONTAINER = f"/{RUNTIME_SERVICE}/CreateContainer"
 CDI_ANNOTATION = "cdi.k8s.io/kubegpu"  # where `--cdi annotation` puts the CDI names the plugins added
 CdiMode = Literal["field", "annotation", "off"]
 DESCRIPTION = (
@@ -121,8 +136,100 @@ class ApiPods:
         return pod
 
 
+class Sandbox(NamedTuple):
+    """One pod sandbox as the runtime reports it: `allocation` is the `kubegpu.io/allocation` annotation it was
+    created with (None without one); `annotated` says whether the runtime reports annotations at all."""
+
+    id: str
+    namespace: str
+    name: str
+    uid: str
+    ready: bool
+    allocation: str | None
+    annotated: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class SandboxSource(Protocol):
+    """The runtime's own record of the node's pod sandboxes and their containers."""
+
+    def sandboxes(self) -> list[Sandbox]:
+        """Every sandbox on the node, ready or not; raise `ConnectionError` when the runtime cannot say."""
+        ...
+
+    def live_containers(self, sandbox_id: str) -> list[str]:
+        """The names of the sandbox's containers that are created or running (or in an unknown state)."""
+        ...
+
+
+class RuntimeSandboxes:
+    """`SandboxSource` over the runtime's CRI socket: one ListPodSandbox (ListContainers only when two live pods
+    claim the same device)."""
+
+    LIVE = (
+        api_pb2.ContainerState.CONTAINER_CREATED,
+        api_pb2.ContainerState.CONTAINER_RUNNING,
+        api_pb2.ContainerState.CONTAINER_UNKNOWN,
+    )
+
+    def __init__(self, channel: grpc.Channel, timeout: float = 10.0) -> None:
+        self.list_sandboxes = channel.unary_unary(
+            f"/{RUNTIME_SERVICE}/ListPodSandbox",
+            request_serializer=api_pb2.ListPodSandboxRequest.SerializeToString,
+            response_deserializer=api_pb2.ListPodSandboxResponse.FromString,
+        )
+        self.list_containers = channel.unary_unary(
+            f"/{RUNTIME_SERVICE}/ListContainers",
+            request_serializer=api_pb2.ListContainersRequest.SerializeToString,
+            response_deserializer=api_pb2.ListContainersResponse.FromString,
+        )
+        self.timeout = timeout
+
+    def sandboxes(self) -> list[Sandbox]:
+        try:
+            response = self.list_sandboxes(api_pb2.ListPodSandboxRequest(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise ConnectionError(f"asking the runtime for its pod sandboxes: {_rpc_error(exc)}") from None
+        ready = api_pb2.PodSandboxState.SANDBOX_READY
+        return [
+            Sandbox(
+                item.id,
+                item.metadata.namespace,
+                item.metadata.name,
+                item.metadata.uid,
+                item.state == ready,
+                item.annotations.get(ALLOCATION_KEY),
+                len(item.annotations) > 0,
+            )
+            for item in response.items
+        ]
+
+    def live_containers(self, sandbox_id: str) -> list[str]:
+        request = api_pb2.ListContainersRequest(filter=api_pb2.ContainerFilter(pod_sandbox_id=sandbox_id))
+        try:
+            response = self.list_containers(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise ConnectionError(f"asking the runtime for the containers of {sandbox_id}: {_rpc_error(exc)}") from None
+        return [c.metadata.name for c in response.containers if c.state in self.LIVE]
+
+
+def _rpc_error(error: grpc.RpcError) -> str:
+    call: Any = error
+    return f"{call.code().name}: {call.details()}"
+
+
+Devices = dict[tuple[str, str], list[str]]  # (resource, device id) -> the containers it is allocated to
+
+
 class ContainerEditor:
-    """Applies verified allocations to CreateContainer requests; knows nothing about sockets or servers."""
+    """Applies verified allocations to CreateContainer requests; knows nothing about sockets or servers.
+
+    `sandboxes` is the runtime's own record of the node's sandboxes (`start_shim` gives it the runtime's); without
+    it (unit tests, benchmarks) the request's sandbox config is believed and no other pod is looked at.
+    """
 
     def __init__(
         self,
@@ -133,6 +240,7 @@ class ContainerEditor:
         dev_root: Path = Path("/dev"),
         pods: PodSource | None = None,
         cdi: CdiMode = "field",
+        sandboxes: SandboxSource | None = None,
     ) -> None:
         self.plugins = plugins
         self.node = node
@@ -140,35 +248,248 @@ class ContainerEditor:
         self.dev_root = dev_root
         self.pods = pods
         self.cdi: CdiMode = cdi
+        self.sandboxes = sandboxes
+        self.owned = DeviceOwnership.union(self._ownerships().values())
+        # One decision at a time between reading the node's sandboxes and recording what was applied, so that two
+        # CreateContainer calls can never both hand out one device.
+        self._lock = threading.Lock()
+        self._verified: dict[str, tuple[str, AllocationRecord | None]] = {}  # sandbox id -> (annotation, verified)
+        self._applied: dict[str, set[tuple[str, str]]] = {}  # sandbox id -> whole devices this shim applied to it
+
+    def _ownerships(self) -> dict[str, DeviceOwnership]:
+        """What each installed plugin owns (`kubegpu_device_owned`); a plugin that fails to say owns nothing."""
+        found = {}
+        for name in self.plugins.names:
+            try:
+                owned = self.plugins.call(name, OWNED_HOOK)
+            except PluginHookError as exc:
+                log.error("%s; its env and devices are not removed from containers without its allocation", exc)
+                continue
+            if owned is None:
+                continue
+            if not isinstance(owned, DeviceOwnership):
+                log.error("plugin %r returned %s from %s, not DeviceOwnership", name, type(owned).__name__, OWNED_HOOK)
+                continue
+            found[name] = owned
+        return found
+
+    # -- CreateContainer -----------------------------------------------------------------------------------------
 
     def create_container(self, body: bytes) -> bytes:
         """The request bytes to forward: `body` itself when nothing changes, else the edited request.
 
-        Raises `AllocationRefused` (answer FAILED_PRECONDITION) or `ConnectionError` (the API server could not say
-        whether the pod needs devices: answer UNAVAILABLE, the kubelet retries).
+        Raises `AllocationRefused` (answer FAILED_PRECONDITION), for a failed check and for anything else that goes
+        wrong while reading, verifying or applying the allocation; or `ConnectionError` (the API server or the
+        runtime could not say what the container may have: answer UNAVAILABLE, the kubelet retries).
         """
-        request = api_pb2.CreateContainerRequest.FromString(body)
+        try:
+            request = api_pb2.CreateContainerRequest.FromString(body)
+        except Exception as exc:
+            raise AllocationRefused("request", f"the CreateContainer request cannot be decoded: {exc}") from None
         metadata = request.sandbox_config.metadata
         pod = PodIdentity(metadata.namespace, metadata.name, metadata.uid)
         container = request.config.metadata.name
-        text = request.sandbox_config.annotations.get(ALLOCATION_KEY)
-        if text is None:
-            text = self._allocation_from_api(pod, container)
+        try:
+            return self._create(request, body, pod, container)
+        except (AllocationRefused, ConnectionError):
+            raise
+        except Exception as exc:
+            log.exception("CreateContainer of pod %s container %s failed", pod.key, container)
+            raise AllocationRefused(
+                "error",
+                f"pod {pod.key} container {container}: kubegpu could not read or apply the pod's allocation "
+                f"({_brief(exc)}); the container is not created",
+            ) from None
+
+    def _create(self, request: Any, body: bytes, pod: PodIdentity, container: str) -> bytes:
+        # The kubelet's copy of the pod's annotations, else (with --kubeconfig) the API server's.
+        fallback = request.sandbox_config.annotations.get(ALLOCATION_KEY)
+        from_api = fallback is None
+        if fallback is None:
+            fallback = self._allocation_from_api(pod, container)
+            if fallback is None:
+                return self._edit(request, body, pod, container, None)
+        if self.sandboxes is None:
+            record = verified_allocation(fallback, key=self.key, node=self.node, pod=pod)
+            return self._edit(request, body, pod, container, record)
+        with self._lock:
+            listed = {s.id: s for s in self.sandboxes.sandboxes()}
+            self._forget_all_but(listed)
+            own = listed.get(request.pod_sandbox_id)
+            text = self._sandbox_allocation(own, fallback, from_api, pod, container)
             if text is None:
-                return body
+                return self._edit(request, body, pod, container, None)
+            record = self._verified_for(request.pod_sandbox_id, text, pod)
+            wanted = _whole_devices(record, container)
+            if wanted:
+                self._check_exclusive(request.pod_sandbox_id, pod, container, record, wanted, listed.values())
+            edited = self._edit(request, body, pod, container, record)
+            if wanted:
+                self._applied.setdefault(request.pod_sandbox_id, set()).update(wanted)
+            return edited
+
+    @staticmethod
+    def _sandbox_allocation(
+        own: Sandbox | None, fallback: str, from_api: bool, pod: PodIdentity, container: str
+    ) -> str | None:
+        """The allocation the sandbox was created with, as the runtime recorded it, not the request's copy of the
+        pod's annotations, which the pod's owner may have changed since (a rolled-back allocation put back).
+        `fallback` (the request's copy, or the API server's when the sandbox was created without one) only when the
+        runtime does not know the sandbox or reports no annotations for it."""
+        if own is None or not own.annotated:
+            return fallback
+        if own.allocation is None:
+            if from_api:
+                return fallback
+            log.warning(
+                "the pod's %s was added after its sandbox was created; it is not applied",
+                ALLOCATION_KEY,
+                extra={"pod": pod.key, "devices": container},
+            )
+            return None
+        if not from_api and fallback != own.allocation:
+            log.warning(
+                "the pod's %s changed after its sandbox was created; the sandbox's is used",
+                ALLOCATION_KEY,
+                extra={"pod": pod.key, "devices": container},
+            )
+        return own.allocation
+
+    def _verified_for(self, sandbox_id: str, text: str, pod: PodIdentity) -> AllocationRecord:
+        """`verified_allocation`, remembered per sandbox (a sandbox's annotations never change)."""
+        cached = self._verified.get(sandbox_id)
+        if cached is not None and cached[0] == text and cached[1] is not None and cached[1].podUID == pod.uid:
+            return cached[1]
         record = verified_allocation(text, key=self.key, node=self.node, pod=pod)
-        resources = record.containers.get(container)
-        if not resources:
+        self._verified[sandbox_id] = (text, record)
+        return record
+
+    def _held_by(self, sandbox: Sandbox) -> AllocationRecord | None:
+        """Another sandbox's verified allocation, or None when it has none that verifies (it holds nothing)."""
+        if sandbox.allocation is None:
+            return None
+        cached = self._verified.get(sandbox.id)
+        if cached is not None and cached[0] == sandbox.allocation:
+            return cached[1]
+        identity = PodIdentity(sandbox.namespace, sandbox.name, sandbox.uid)
+        try:
+            record: AllocationRecord | None = verified_allocation(
+                sandbox.allocation, key=self.key, node=self.node, pod=identity
+            )
+        except AllocationRefused:
+            record = None
+        self._verified[sandbox.id] = (sandbox.allocation, record)
+        return record
+
+    def _forget_all_but(self, listed: Mapping[str, Sandbox]) -> None:
+        for cache in (self._verified, self._applied):
+            for gone in [sandbox_id for sandbox_id in cache if sandbox_id not in listed]:
+                del cache[gone]
+
+    def _check_exclusive(
+        self,
+        sandbox_id: str,
+        pod: PodIdentity,
+        container: str,
+        record: AllocationRecord,
+        wanted: Devices,
+        listed: Iterable[Sandbox],
+    ) -> None:
+        """Refuse when another live pod on this node holds, or was issued later, a whole device `wanted` names.
+
+        Of two verified allocations naming the same device, the one the scheduler issued later is its current
+        decision; the earlier is stale (rolled back after a failed bind, or replayed by the pod's owner). A stale
+        allocation is refused (`stale`). The later one is refused too while the stale pod's container already has the
+        device (`in-use`): a device is never taken from a running container, nor given to two live pods.
+        Shared devices (Intel cards, with `shares`) have co-holders by design and are not compared.
+        """
+        for other in listed:
+            if other.id == sandbox_id or not other.ready or other.uid == pod.uid:
+                continue
+            held = self._held_by(other)
+            if held is None:
+                continue
+            theirs = _whole_devices(held)
+            clash = sorted(device for device in wanted if device in theirs)
+            if not clash:
+                continue
+            resource, device = clash[0]
+            if held.issued > record.issued:
+                raise AllocationRefused(
+                    "stale",
+                    f"pod {pod.key} container {container}: the allocation issued at {_when(record.issued)} is older "
+                    f"than pod {other.key}'s allocation of the same device ({resource} {device}) issued at "
+                    f"{_when(held.issued)}; the scheduler has since given it to {other.key}. This allocation was "
+                    "rolled back or replayed: delete the pod so that the scheduler places it again",
+                )
+            holders = self._holding(other, set(clash), theirs)
+            if holders:
+                older = (
+                    f"pod {other.key}'s allocation is older (stale), but"
+                    if held.issued < record.issued
+                    else "neither allocation was issued later, and"
+                )
+                raise AllocationRefused(
+                    "in-use",
+                    f"pod {pod.key} container {container}: {resource} {device} is in use by container {holders[0]} of "
+                    f"pod {other.key} (its allocation issued at {_when(held.issued)}, this one at "
+                    f"{_when(record.issued)}); {older} a device is never given to two live pods: this container can "
+                    f"be created once pod {other.key} has ended",
+                )
+
+    def _holding(self, other: Sandbox, clash: set[tuple[str, str]], theirs: Devices) -> list[str]:
+        """The containers of `other` that have a device of `clash` now: applied by this shim, or live in the runtime
+        (after a restart of the shim)."""
+        applied = self._applied.get(other.id, set())
+        if not clash.isdisjoint(applied):
+            return sorted({c for device in clash & applied for c in theirs[device]})
+        assert self.sandboxes is not None
+        live = set(self.sandboxes.live_containers(other.id))
+        return sorted({c for device in clash for c in theirs[device] if c in live})
+
+    # -- the edit ------------------------------------------------------------------------------------------------
+
+    def _edit(
+        self, request: Any, body: bytes, pod: PodIdentity, container: str, record: AllocationRecord | None
+    ) -> bytes:
+        """Remove every plugin's entries from the container, add back what `record` grants it; `body` when that
+        changes nothing."""
+        granted = record is not None and bool(record.containers.get(container))
+        if not granted and not self._carries_owned(request.config):
             return body
         before = edit_from_config(request.config)
         edit = before.model_copy(deep=True)
-        applied = self.apply(record, pod, container, edit)
+        removed = edit.remove_owned(self.owned, str(self.dev_root))
+        applied = self.apply(record, pod, container, edit) if record is not None and granted else ""
         if edit == before:
             return body
         apply_edit(request.config, before, edit, cdi=self.cdi)
-        log.info("applied allocation", extra={"pod": pod.key, "devices": f"{container}:{applied}"})
+        if applied:
+            log.info("applied allocation", extra={"pod": pod.key, "devices": f"{container}:{applied}"})
+        else:
+            log.info(
+                "removed device selections from a container without allocated devices: %s",
+                ", ".join(removed),
+                extra={"pod": pod.key, "devices": container},
+            )
         edited: bytes = request.SerializeToString()
         return edited
+
+    def _carries_owned(self, config: Any) -> bool:
+        """Whether a ContainerConfig has anything a plugin owns (read on the protobuf: most containers have none)."""
+        owned, dev_root = self.owned, str(self.dev_root)
+        return (
+            any(owned.owns_env(kv.key) for kv in config.envs)
+            or any(owned.owns_device(d.container_path, d.host_path, dev_root) for d in config.devices)
+            or any(owned.owns_mount(m.container_path) for m in config.mounts)
+            or any(owned.owns_cdi(d.name) for d in config.CDI_devices)
+            or any(
+                owned.owns_cdi(name.strip())
+                for key, value in config.annotations.items()
+                if key.startswith(CDI_ANNOTATION_PREFIX)
+                for name in value.split(",")
+            )
+        )
 
     def apply(self, record: AllocationRecord, pod: PodIdentity, container: str, edit: ContainerEdit) -> str:
         """Route each allocated resource to its owning plugin and let it edit `edit`; a summary for the log."""
@@ -194,9 +515,21 @@ class ContainerEditor:
             )
             try:
                 self.plugins.call(plugin, EDIT_HOOK, allocation=allocation, edit=edit, dev_root=self.dev_root)
+                ContainerEdit.model_validate(edit.model_dump())
             except PluginHookError as exc:
                 raise AllocationRefused(
                     "plugin", f"pod {pod.key} container {container}: the allocation cannot be applied: {exc}"
+                ) from None
+            except ValidationError as exc:
+                raise AllocationRefused(
+                    "plugin",
+                    f"pod {pod.key} container {container}: plugin {plugin!r} left an invalid container config after "
+                    f"{EDIT_HOOK}: {describe_validation_error(exc, 'edit')}",
+                ) from None
+            except BaseException as exc:  # SystemExit and the like: uncaught, the worker would never answer the call
+                raise AllocationRefused(
+                    "plugin",
+                    f"pod {pod.key} container {container}: plugin {plugin!r} failed in {EDIT_HOOK}: {_brief(exc)}",
                 ) from None
         return ";".join(f"{r}={','.join(ids)}" for resources in owned.values() for r, ids in resources.items())
 
@@ -218,6 +551,35 @@ class ContainerEditor:
                 f"{ALLOCATION_KEY} annotation: schedule it with the kubegpu scheduler (spec.schedulerName)",
             )
         return None
+
+
+def _whole_devices(record: AllocationRecord, container: str | None = None) -> Devices:
+    """(resource, device id) -> containers, for the whole devices of one container (or all) of an allocation.
+    Resources with `shares` are split over shared devices (Intel cards) and are left out."""
+    devices: Devices = {}
+    for name, resources in record.containers.items():
+        if container is not None and name != container:
+            continue
+        shared = record.shares.get(name, {})
+        for resource, ids in resources.items():
+            if resource not in shared:
+                for device in ids:
+                    devices.setdefault((resource, device), []).append(name)
+    return devices
+
+
+def _when(issued: int) -> str:
+    """An `issued` stamp for people: the nanoseconds and the UTC time they stand for."""
+    if issued <= 0:
+        return "an unknown time (no issued stamp)"
+    moment = datetime.fromtimestamp(issued / 1e9, tz=timezone.utc)
+    return f"{issued} ({moment.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3]}Z)"
+
+
+def _brief(exc: BaseException, limit: int = 300) -> str:
+    """`Type: message`, cut to `limit` characters (a message may quote the input it choked on)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def edit_from_config(config: Any) -> ContainerEdit:
@@ -395,6 +757,9 @@ def _create_container(
         except ConnectionError as exc:
             log.warning("cannot decide CreateContainer: %s", exc)
             context.abort(grpc.StatusCode.UNAVAILABLE, f"kubegpu: {exc}")
+        except Exception as exc:  # a bug of the shim's own: still a refusal, never UNKNOWN or an unedited container
+            log.exception("CreateContainer failed")
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"kubegpu: error check failed: {_brief(exc)}")
         return forward(edited, context)
 
     return create
@@ -471,12 +836,16 @@ class RunningShim:
 
 
 def start_shim(listen: str, runtime_endpoint: str, editor: ContainerEditor, *, workers: int = 32) -> RunningShim:
-    """Serve the shim on `listen` (a unix socket, created with mode 0600) in front of `runtime_endpoint`."""
+    """Serve the shim on `listen` (a unix socket, created with mode 0600) in front of `runtime_endpoint`.
+
+    An editor without a `SandboxSource` gets the runtime's (`RuntimeSandboxes` on the same channel)."""
     path = unix_path(listen)
     unix_path(runtime_endpoint)  # fail early on a malformed endpoint
     path.parent.mkdir(parents=True, exist_ok=True)
     _clear_stale_socket(path)
     channel = grpc.insecure_channel(runtime_endpoint, options=MESSAGE_OPTIONS + RECONNECT_OPTIONS)
+    if editor.sandboxes is None:
+        editor.sandboxes = RuntimeSandboxes(channel)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="crishim"), options=MESSAGE_OPTIONS
     )

@@ -3,20 +3,24 @@
 The kubelet copies a pod's annotations into the sandbox config of every CreateContainer request, so the shim finds
 the scheduler's `kubegpu.io/allocation` there. Before it is used, the allocation must
 
-1. decode (a malformed document is refused with the field that is wrong);
-2. carry a signature (`unsigned`) that verifies with this node's copy of the scheduler's key (`signature`: the
-   devices were changed after signing, or another key signed it);
+1. decode (a malformed document is refused with the field that is wrong; so is any document the codec cannot
+   read at all, whatever it raises: 3000-deep nesting, a 5000-digit number);
+2. carry a signature (`unsigned`) of 64 hex digits that verifies with this node's copy of the scheduler's key
+   (`signature`: the devices were changed after signing, or another key signed it);
 3. name this node (`node`): an allocation for another node's devices is never applied here;
 4. name this pod's UID (`pod`): an allocation copied from another pod is refused.
 
 Each failed check is an `AllocationRefused` whose message names the check, the annotation and what to do, and which
-the shim returns as `FAILED_PRECONDITION`. When the annotation is absent, `managed_resources` tells from the pod's
-spec (read from the API server) whether the container needed one: a container that requests a resource owned by a
-device plugin must not start without its verified allocation.
+the shim returns as `FAILED_PRECONDITION`; `verified_allocation` raises nothing else. The shim adds the checks that
+need the runtime (`stale`, `in-use`: no device is applied to two live pods) and its own (`request`, `plugin`,
+`error`). When the annotation is absent, `managed_resources` tells from the pod's spec (read from the API server)
+whether the container needed one: a container that requests a resource owned by a device plugin must not start
+without its verified allocation.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,7 +30,11 @@ from kubegpu.core.annotations import verify_allocation as signature_verifies
 
 __all__ = ["AllocationRefused", "Check", "PodIdentity", "managed_resources", "verified_allocation"]
 
-Check = Literal["missing", "malformed", "unsigned", "signature", "node", "pod", "plugin"]
+Check = Literal[
+    "request", "missing", "malformed", "unsigned", "signature", "node", "pod", "stale", "in-use", "plugin", "error"
+]
+
+_HEX_SIGNATURE = re.compile(r"[0-9a-f]{64}")
 
 
 class AllocationRefused(Exception):
@@ -56,11 +64,22 @@ def verified_allocation(text: str, *, key: bytes, node: str, pod: PodIdentity) -
         record = decode_allocation(text)
     except AnnotationError as exc:
         raise AllocationRefused("malformed", f"pod {pod.key}: {exc}") from None
+    except Exception as exc:  # the codec's own bug or limit (RecursionError, ValueError): still this input's fault
+        detail = f"{type(exc).__name__}: {exc}"
+        raise AllocationRefused(
+            "malformed", f"pod {pod.key}: {ALLOCATION_KEY} cannot be decoded ({detail[:200]})"
+        ) from None
     if not record.signature:
         raise AllocationRefused(
             "unsigned",
             f"pod {pod.key}: {ALLOCATION_KEY} is not signed; only an allocation signed by the kubegpu scheduler "
             "(--allocation-key-file) is applied",
+        )
+    if not isinstance(record.signature, str) or _HEX_SIGNATURE.fullmatch(record.signature) is None:
+        raise AllocationRefused(
+            "signature",
+            f"pod {pod.key}: the signature of {ALLOCATION_KEY} is not 64 lowercase hex digits (an HMAC-SHA256); "
+            "only an allocation signed by the kubegpu scheduler is applied",
         )
     if not signature_verifies(record, key):
         raise AllocationRefused(

@@ -21,6 +21,10 @@ labeler writes them, listing the healthy cards: `gpu.intel.com/gpu-numbers` = `0
 `...3`, each starting with `Z`, when longer than a label value may be) and the deprecated `gpu.intel.com/cards` =
 `card0.card1` (left out when too long: GAS reads `gpu-numbers` first).
 
+Owned (`kubegpu_device_owned`; the CRI shim removes these from every container not granted Intel cards): the DRM
+nodes `/dev/dri/cardN` and `/dev/dri/renderDN`, `KUBEGPU_INTEL_CARDS` (it selects nothing, but a value the plugin did
+not write would misreport the cards) and CDI names of kind `intel.com/gpu`.
+
 Container edit (the CRI shim, after it verified the allocation): the container's cards are the union of the card
 names under its `gpu.intel.com/*` resources.
 
@@ -48,11 +52,12 @@ from kubegpu.core.models import (
     DeviceInfo,
     DeviceInventory,
     DeviceNode,
+    DeviceOwnership,
     Scalar,
 )
 from kubegpu.plugins.intel_gas.cards import CARDS_LABEL, CONTINUATION_MARK, GPU_NUMBERS_LABEL, card_sort_key
 
-__all__ = ["CARDS_ENV", "CDI_KIND", "NAME", "RESOURCES", "discover", "split_label"]
+__all__ = ["CARDS_ENV", "CDI_KIND", "NAME", "OWNED", "RESOURCES", "discover", "split_label"]
 
 NAME = "intel-gas"
 RESOURCES = ["gpu.intel.com/*"]
@@ -70,6 +75,11 @@ INTEL_VENDOR = "0x8086"
 DRM = Path("sys/class/drm")
 CARDS_ENV = "KUBEGPU_INTEL_CARDS"
 CDI_KIND = "intel.com/gpu"
+OWNED = DeviceOwnership(
+    envs=(CARDS_ENV,),
+    device_paths=(r"/dev/dri/card[0-9]+", r"/dev/dri/renderD[0-9]+"),
+    cdi_kinds=(CDI_KIND,),
+)
 RENDER_BASE = 128
 LABEL_LIMIT = 63
 
@@ -86,6 +96,11 @@ _DRI_NODE = re.compile(r"card[0-9]+|renderD[0-9]+")
 @hookimpl
 def kubegpu_device_resources() -> list[str]:
     return list(RESOURCES)
+
+
+@hookimpl
+def kubegpu_device_owned() -> DeviceOwnership:
+    return OWNED
 
 
 @hookimpl

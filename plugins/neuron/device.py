@@ -25,6 +25,10 @@ Health: a device whose file has disappeared is unhealthy. Advertisement: `aws.am
 `aws.amazon.com/neurondevice` = healthy devices, `aws.amazon.com/neuroncore` = their cores (when the core count is
 known); no labels.
 
+Owned (`kubegpu_device_owned`; the CRI shim removes these from every container not granted Neuron devices):
+`AWS_NEURON_VISIBLE_DEVICES` and `NEURON_RT_VISIBLE_CORES` (the Neuron OCI hook and runtime hand a container the
+devices and cores they name), the device nodes `/dev/neuronN` and CDI names of kind `aws.amazon.com/neuron`.
+
 Container edit (the CRI shim, after it verified the allocation):
 
 * whole devices (`aws.amazon.com/neuron`, `aws.amazon.com/neurondevice`): the device ids as listed;
@@ -60,6 +64,7 @@ from kubegpu.core.models import (
     DeviceInfo,
     DeviceInventory,
     DeviceNode,
+    DeviceOwnership,
     Scalar,
 )
 from kubegpu.plugins.neuron import topology as topo
@@ -67,6 +72,7 @@ from kubegpu.plugins.neuron import topology as topo
 __all__ = [
     "CDI_KIND",
     "NAME",
+    "OWNED",
     "RESOURCES",
     "VISIBLE_CORES_ENV",
     "VISIBLE_DEVICES_ENV",
@@ -88,6 +94,11 @@ RESOURCES = [NEURON, NEURONDEVICE, NEURONCORE]
 VISIBLE_DEVICES_ENV = "AWS_NEURON_VISIBLE_DEVICES"
 VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
 CDI_KIND = "aws.amazon.com/neuron"
+OWNED = DeviceOwnership(
+    envs=(VISIBLE_DEVICES_ENV, VISIBLE_CORES_ENV),
+    device_paths=(r"/dev/neuron(0|[1-9][0-9]*)",),
+    cdi_kinds=(CDI_KIND,),
+)
 NEURON_LS = "neuron-ls"
 NEURON_LS_TIMEOUT = 10.0
 SYSFS_DEVICES = Path("sys/devices/virtual/neuron_device")
@@ -122,6 +133,11 @@ class _Details:
 @hookimpl
 def kubegpu_device_resources() -> list[str]:
     return list(RESOURCES)
+
+
+@hookimpl
+def kubegpu_device_owned() -> DeviceOwnership:
+    return OWNED
 
 
 @hookimpl

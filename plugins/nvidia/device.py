@@ -24,6 +24,13 @@ Advertisement: `nvidia.com/gpu` = healthy GPUs; labels as GPU Feature Discovery 
 `nvidia.com/gpu.product` (the first healthy GPU's model with spaces as `-`: `Tesla-V100-SXM2-16GB`),
 `nvidia.com/gpu.count`, `nvidia.com/gpu.memory` (MiB).
 
+Owned (`kubegpu_device_owned`; the CRI shim removes these from every container not granted NVIDIA GPUs):
+`NVIDIA_VISIBLE_DEVICES` (the NVIDIA container runtime hands a container the GPUs it names, `all` included), the GPU
+device nodes `/dev/nvidiaN`, mounts under `/var/run/nvidia-container-devices` (the runtime's volume-mount form of the
+same list) and CDI names of kind `nvidia.com/gpu`. Not owned: `CUDA_VISIBLE_DEVICES` (it only narrows, inside the
+container, the GPUs the container already has; a user's value in a GPU container is legitimate), the control devices
+and `NVIDIA_DRIVER_CAPABILITIES` (neither gives access to a GPU).
+
 Container edit (the CRI shim, after it verified the allocation):
 
 * every `/dev/nvidiaN` entry (by container or host path) is removed, then `/dev/nvidiaN` is added for each GPU,
@@ -54,10 +61,11 @@ from kubegpu.core.models import (
     DeviceInfo,
     DeviceInventory,
     DeviceNode,
+    DeviceOwnership,
     Scalar,
 )
 
-__all__ = ["CDI_KIND", "NAME", "RESOURCES", "VISIBLE_ENV", "discover", "link_groups", "product_label"]
+__all__ = ["CDI_KIND", "NAME", "OWNED", "RESOURCES", "VISIBLE_ENV", "discover", "link_groups", "product_label"]
 
 NAME = "nvidia"
 RESOURCES = ["nvidia.com/gpu"]
@@ -70,6 +78,12 @@ RESOURCE = "nvidia.com/gpu"
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
 CDI_KIND = "nvidia.com/gpu"
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+OWNED = DeviceOwnership(
+    envs=(VISIBLE_ENV,),
+    device_paths=(r"/dev/nvidia(0|[1-9][0-9]*)",),
+    mount_paths=(r"/var/run/nvidia-container-devices(/.*)?",),
+    cdi_kinds=(CDI_KIND,),
+)
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 COUNT_LABEL = "nvidia.com/gpu.count"
 MEMORY_LABEL = "nvidia.com/gpu.memory"
@@ -97,6 +111,11 @@ _init_failures: set[str] = set()
 @hookimpl
 def kubegpu_device_resources() -> list[str]:
     return list(RESOURCES)
+
+
+@hookimpl
+def kubegpu_device_owned() -> DeviceOwnership:
+    return OWNED
 
 
 @hookimpl

@@ -205,8 +205,19 @@ def test_allocated_cards_replace_the_ones_a_device_plugin_put_there(plugins: Kub
 
 def test_a_pod_without_an_allocation_passes_byte_for_byte(plugins: KubegpuPluginManager) -> None:
     editor = ContainerEditor(plugins, node=NODE, key=KEY)
-    body = request(devices=[("/dev/fpga0", "/dev/fpga0")]).SerializeToString()
+    body = request(devices=[("/dev/fuse", "/dev/fuse")]).SerializeToString()
     assert editor.create_container(body) is body
+
+
+def test_a_pod_without_an_allocation_loses_the_cards_a_device_plugin_gave_it(plugins: KubegpuPluginManager) -> None:
+    editor = ContainerEditor(plugins, node=NODE, key=KEY)
+    original = request(
+        devices=[("/dev/fpga0", "/dev/fpga0"), ("/dev/fuse", "/dev/fuse")],
+        envs={"PATH": "/bin", "FPGA_VISIBLE_DEVICES": "fpga0,fpga1,fpga2,fpga3"},
+    )
+    config = edited(editor, original).config
+    assert [d.container_path for d in config.devices] == ["/dev/fuse"]
+    assert [(kv.key, kv.value) for kv in config.envs] == [("PATH", "/bin")]
 
 
 def test_a_container_without_devices_in_the_allocation_passes_unchanged(plugins: KubegpuPluginManager) -> None:
@@ -367,6 +378,9 @@ class FakeRuntime(api_pb2_grpc.RuntimeServiceServicer):
         self._record("CreateContainer", context)
         self.created.append(request)
         return api_pb2.CreateContainerResponse(container_id="c-1")
+
+    def ListPodSandbox(self, request: Any, context: grpc.ServicerContext) -> api_pb2.ListPodSandboxResponse:
+        return api_pb2.ListPodSandboxResponse()  # the sandboxes of these requests are not the runtime's: believed
 
     def GetContainerEvents(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         self._record("GetContainerEvents", context)

@@ -237,6 +237,23 @@ def test_the_container_gets_exactly_its_card_and_render_node(
     assert edit.annotations == {}
 
 
+def test_the_plugin_owns_the_drm_nodes_its_env_and_cdi_names_but_not_other_cards(pm: KubegpuPluginManager) -> None:
+    edit = vendor_edit()
+    edit.envs["KUBEGPU_INTEL_CARDS"] = "card0,card1"
+
+    removed = edit.remove_owned(pm.call("intel-gas", "kubegpu_device_owned"))
+
+    assert removed == [
+        "env KUBEGPU_INTEL_CARDS",
+        "device /dev/dri/card0",
+        "device /dev/dri/renderD128",
+        "CDI device intel.com/gpu=card0",
+        "CDI device intel.com/gpu=card0 (annotation cdi.k8s.io/intel)",
+    ]
+    assert [d.container_path for d in edit.devices] == ["/dev/null", "/dev/snd/card0"]  # a sound card is not a GPU
+    assert edit.cdi_devices == ["nvidia.com/gpu=0"]
+
+
 def test_a_render_node_is_added_only_when_it_exists(pm: KubegpuPluginManager, tmp_path: Path) -> None:
     root = tmp_path / "dev"
     (root / "dri").mkdir(parents=True)

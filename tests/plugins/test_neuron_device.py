@@ -316,6 +316,22 @@ def test_the_container_gets_exactly_its_devices(
     assert edit.annotations == {"team": "ml"}
 
 
+def test_the_plugin_owns_its_env_device_files_and_cdi_names(pm: KubegpuPluginManager) -> None:
+    ownership = pm.call("neuron", "kubegpu_device_owned")
+    assert ownership.envs == ("AWS_NEURON_VISIBLE_DEVICES", "NEURON_RT_VISIBLE_CORES")
+    stripped = vendor_edit()
+    assert stripped.remove_owned(ownership) == [
+        "env AWS_NEURON_VISIBLE_DEVICES",
+        "device /dev/neuron0",
+        "device /dev/neuron1",
+        "CDI device aws.amazon.com/neuron=neuron0",
+        "CDI device aws.amazon.com/neuron=neuron1 (annotation cdi.k8s.io/neuron-device-plugin)",
+    ]
+    assert stripped.envs == {"PATH": "/bin"}
+    assert stripped.cdi_devices == ["example.com/fpga=fpga0"]
+    assert stripped.annotations == {"team": "ml"}
+
+
 def test_a_container_without_neuron_resources_is_left_alone(pm: KubegpuPluginManager) -> None:
     edit = vendor_edit()
 

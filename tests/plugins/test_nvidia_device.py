@@ -425,6 +425,56 @@ def test_a_garbage_gpu_id_fails_the_edit_naming_the_plugin(pm: KubegpuPluginMana
     assert "'GPU-1234'" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("entry", "owned"),
+    [
+        pytest.param(("env", "NVIDIA_VISIBLE_DEVICES"), True, id="env-visible-devices"),
+        pytest.param(("env", "CUDA_VISIBLE_DEVICES"), False, id="env-cuda-only-narrows"),
+        pytest.param(("env", "NVIDIA_DRIVER_CAPABILITIES"), False, id="env-capabilities"),
+        pytest.param(("device", "/dev/nvidia0"), True, id="gpu-0"),
+        pytest.param(("device", "/dev/nvidia12"), True, id="gpu-12"),
+        pytest.param(("device", "/dev/nvidiactl"), False, id="control-device"),
+        pytest.param(("device", "/dev/nvidia-uvm"), False, id="uvm"),
+        pytest.param(("mount", "/var/run/nvidia-container-devices/all"), True, id="volume-mount-list"),
+        pytest.param(("mount", "/var/run/nvidia"), False, id="other-mount"),
+        pytest.param(("cdi", "nvidia.com/gpu=all"), True, id="cdi-all"),
+        pytest.param(("cdi", "nvidia.com/mig=0"), False, id="cdi-other-kind"),
+    ],
+)
+def test_the_plugin_owns_what_selects_gpus_and_nothing_else(
+    pm: KubegpuPluginManager, entry: tuple[str, str], owned: bool
+) -> None:
+    ownership = pm.call("nvidia", "kubegpu_device_owned")
+    kind, value = entry
+    check = {
+        "env": ownership.owns_env,
+        "device": ownership.owns_device,
+        "mount": ownership.owns_mount,
+        "cdi": ownership.owns_cdi,
+    }[kind]
+    assert check(value) is owned
+
+
+def test_removing_what_the_plugin_owns_then_editing_gives_exactly_the_allocated_gpus(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, fake_host_root: FakeHost
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    dev = gpu_host(fake_host_root, 4).root / "dev"
+    edit = vendor_edit()
+
+    removed = edit.remove_owned(pm.call("nvidia", "kubegpu_device_owned"), str(dev))
+    assert removed == [
+        "env NVIDIA_VISIBLE_DEVICES",
+        "device /dev/nvidia0",
+        "CDI device nvidia.com/gpu=GPU-00000000",
+        "CDI device nvidia.com/gpu=GPU-00000000 (annotation cdi.k8s.io/nvidia-device-plugin_abc)",
+    ]
+    plain = vendor_edit()
+    assert edit_gpus(pm, ["1"], edit, dev) is True
+    assert edit_gpus(pm, ["1"], plain, dev) is True
+    assert edit == plain
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Round trip: what the node side finds is what the scheduler places on
 # ------------------------------------------------------------------------------------------------------------

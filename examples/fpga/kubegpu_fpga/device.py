@@ -1,10 +1,11 @@
 """The FPGA plugin, node side: find `/dev/fpga*`, advertise the healthy cards, give a container its cards.
 
 Discovery reads only the host root it is given, so tests run it on a fake tree (`FakeHost.add_device_file`). A
-card whose device file has disappeared since discovery is unhealthy and is not advertised. When the CRI shim
-creates a container, the plugin removes any `/dev/fpga*` device entries that were not allocated to it (another
-device plugin may have added them), then adds the allocated cards as device nodes, `FPGA_VISIBLE_DEVICES` and
-CDI names.
+card whose device file has disappeared since discovery is unhealthy and is not advertised. The plugin owns
+`/dev/fpgaN`, `FPGA_VISIBLE_DEVICES` and CDI names of kind `example.com/fpga` (`kubegpu_device_owned`): the CRI shim
+removes them from every container that was not allocated cards. When it creates a container that was, the plugin
+removes any `/dev/fpga*` device entries that were not allocated to it (another device plugin may have added them),
+then adds the allocated cards as device nodes, `FPGA_VISIBLE_DEVICES` and CDI names.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from kubegpu.core.models import (
     DeviceInfo,
     DeviceInventory,
     DeviceNode,
+    DeviceOwnership,
 )
 from kubegpu_fpga import COUNT_LABEL, NAME, RESOURCE, card_index
 
-__all__ = ["CDI_KIND", "NAME", "RESOURCE", "VISIBLE_ENV", "discover_cards"]
+__all__ = ["CDI_KIND", "NAME", "OWNED", "RESOURCE", "VISIBLE_ENV", "discover_cards"]
 
 # ------------------------------------------------------------------------------------------------------------
 # Configuration
@@ -32,6 +34,7 @@ MODEL = "example-fpga"
 VISIBLE_ENV = "FPGA_VISIBLE_DEVICES"
 BITSTREAM_ENV = "FPGA_BITSTREAM"
 CDI_KIND = "example.com/fpga"
+OWNED = DeviceOwnership(envs=(VISIBLE_ENV,), device_paths=(r"/dev/fpga(0|[1-9][0-9]*)",), cdi_kinds=(CDI_KIND,))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -42,6 +45,11 @@ CDI_KIND = "example.com/fpga"
 @hookimpl
 def kubegpu_device_resources() -> list[str]:
     return [RESOURCE]
+
+
+@hookimpl
+def kubegpu_device_owned() -> DeviceOwnership:
+    return OWNED
 
 
 @hookimpl
