@@ -166,10 +166,10 @@ class Chromium:
         path.write_bytes(base64.b64decode(data))
         return path
 
-    def errors(self) -> list[str]:
-        """Console errors, uncaught exceptions and failed loads seen so far."""
+    def errors(self, since: int = 0) -> list[str]:
+        """Console errors, uncaught exceptions and failed loads seen since event number `since`."""
         found = []
-        for event in self.events:
+        for event in self.events[since:]:
             method, params = event["method"], event.get("params", {})
             if method == "Runtime.exceptionThrown":
                 found.append(f"exception: {params['exceptionDetails'].get('text')}")
@@ -179,8 +179,11 @@ class Chromium:
                 found.append(f"log: {params['entry'].get('text')}")
         return found
 
-    def dialogs(self) -> list[str]:
-        return [e["params"].get("message", "") for e in self.events if e["method"] == "Page.javascriptDialogOpening"]
+    def dialogs(self, since: int = 0) -> list[str]:
+        """The messages of JavaScript dialogs (alert, confirm, prompt) opened since event number `since`."""
+        return [
+            e["params"].get("message", "") for e in self.events[since:] if e["method"] == "Page.javascriptDialogOpening"
+        ]
 
     def close(self) -> None:
         socket = getattr(self, "socket", None)
