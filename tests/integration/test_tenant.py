@@ -230,22 +230,18 @@ def test_a_huge_quantity_costs_its_pod_only(
     cluster.create_ready_node("p3-q", labels=P3, allocatable={"nvidia.com/gpu": 8})
     start_scheduler("kubegpu", "--no-leader-elect")
     tenant_pod(tenant, namespace, "huge", {"nvidia.com/gpu": "1e600000"})
-    tenant_pod(tenant, namespace, "half", {"nvidia.com/gpu": "500m"})
     started = time.monotonic()
     cluster.create_pod(namespace, "normal", {"main": {"nvidia.com/gpu": 1}}, scheduler="kubegpu")
     assert wait_node(cluster, namespace, "normal", timeout=10) == "p3-q"
     assert time.monotonic() - started < 5.0
-    events = wait_for(
-        lambda: (
-            (e := {x["involvedObject"]["name"]: x for x in cluster.events(namespace)})
-            and {"huge", "half"} <= set(e)
-            and e
-        ),
+    # kube-apiserver refuses `500m` of an extended resource itself; `1e600000` it admits.
+    event = wait_for(
+        lambda: next((e for e in cluster.events(namespace) if e["involvedObject"]["name"] == "huge"), None),
         30,
-        "FailedScheduling events naming the bad quantities",
+        "a FailedScheduling event naming the bad quantity",
     )
-    assert "nvidia.com/gpu" in events["huge"]["message"] and "nvidia.com/gpu" in events["half"]["message"]
-    assert node_of(cluster, namespace, "huge") is None and node_of(cluster, namespace, "half") is None
+    assert event["reason"] == "FailedScheduling" and "nvidia.com/gpu" in event["message"]
+    assert node_of(cluster, namespace, "huge") is None
 
 
 def test_a_failed_binding_leaves_no_allocation_to_replay(
