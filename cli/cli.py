@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_extender_parser(sub)
 
+    from kubegpu.scheduler.top import add_top_parser
+
+    add_top_parser(sub)
+
     from kubegpu.crishim.shim import add_crishim_parser
 
     add_crishim_parser(sub)

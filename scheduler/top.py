@@ -1,0 +1,457 @@
+"""`kubegpu top`: the devices of a live cluster, where they are free, who holds them and why pods wait.
+
+It reads what the scheduler and the advertisers leave in the cluster and nothing else: each Node's inventory (the
+`kubegpu.io/devices` annotation, or the labels the plugins fall back to), each bound pod's `kubegpu.io/allocation`,
+and for pods without a node the last `FailedScheduling` Event (or their `PodScheduled` condition). `ClusterView`
+feeds these into an `Engine` of its own, exactly as a restarting scheduler rebuilds its ledger, so the pictures are
+the plugins' own `Occupancy` maps, drawn like the simulator's (`report.py`): a ring as a row, a torus as a grid,
+cards and GPUs as cells; `#` held, `+` partly held, `.` free, `x` unhealthy, each holder in its own colour.
+
+With `--allocation-key-file` only allocations whose signature verifies (and that name the pod's node and UID) are
+drawn; the others are listed as not shown. Without it every allocation is drawn and marked unverified.
+
+`--watch` lists and watches Nodes, Pods and Events with the scheduler's informers and redraws in place (rich's
+`Live`) as soon as a change arrives; `--json` prints one document (a line per change with `--watch`); `--html FILE`
+writes the HTML report (`html.py`), rewritten on every change with `--watch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from kubegpu.core.annotations import ALLOCATION_KEY, AnnotationError, decode_allocation, verify_allocation
+from kubegpu.core.errors import InputError
+from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.plugin_manager import KubegpuPluginManager, make_plugin_manager
+from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.report import (
+    LEGEND,
+    MARKS,
+    NodeView,
+    PendingPod,
+    Report,
+    build_report,
+    cell_state,
+    grid_rows,
+    report_json,
+    shape_name,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+    from kubegpu.scheduler.kube import KubeClient
+
+__all__ = ["ClusterView", "add_top_parser", "render_terminal", "run"]
+
+FINISHED = frozenset({"Succeeded", "Failed"})
+MAX_NODES = 40  # node maps drawn in the terminal; --node, --json and --html show any node
+NODES, PODS, EVENTS = "/api/v1/nodes", "/api/v1/pods", "/api/v1/events"
+
+
+@dataclass(slots=True)
+class _Waiting:
+    uid: str
+    scheduler: str
+    condition: str | None
+
+
+class ClusterView:
+    """The cluster's devices as kubegpu sees them, kept current from list and watch events (one thread only)."""
+
+    def __init__(self, plugins: KubegpuPluginManager, key: bytes | None, *, source: str = "cluster") -> None:
+        self.engine = Engine(plugins)
+        self.key = key
+        self.source = source
+        self.waiting: dict[str, _Waiting] = {}
+        self.bound: dict[str, tuple[str, str, str | None]] = {}  # key -> (uid, node, allocation text) drawn
+        self.failures: dict[str, tuple[int, str, str]] = {}  # pod key -> (resourceVersion, uid, message)
+        self.unverified: dict[str, str] = {}
+        self.hidden: dict[str, str] = {}  # allocations not drawn, and why
+        self.early: dict[str, dict[str, dict[str, Any]]] = {}  # node -> pods bound to it, seen before the node
+
+    # -- nodes ------------------------------------------------------------------------------------------------
+
+    def sync_nodes(self, items: list[dict[str, Any]]) -> None:
+        seen = set()
+        for obj in items:
+            self.apply_node("ADDED", obj)
+            seen.add((obj.get("metadata") or {}).get("name"))
+        for name in [n for n in self.engine.nodes if n not in seen]:
+            self._forget_node(name)
+
+    def apply_node(self, kind: str, obj: dict[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if not name:
+            return
+        if kind == "DELETED":
+            self._forget_node(name)
+            return
+        try:
+            info = node_info(obj)
+        except InputError as exc:
+            self.hidden[f"node {name}"] = f"inventory ignored: {exc}"
+            annotations = dict((obj.get("metadata") or {}).get("annotations") or {})
+            annotations.pop("kubegpu.io/devices", None)
+            try:
+                info = node_info({**obj, "metadata": {**obj["metadata"], "annotations": annotations}})
+            except (InputError, KeyError):
+                return
+        else:
+            self.hidden.pop(f"node {name}", None)
+        record = self.engine.nodes.get(name)
+        if record is None or record.info != info:
+            # add_node keeps the pods already drawn on a changed node; pods seen before their node are drawn now.
+            self.engine.add_node(info)
+            for obj in self.early.pop(name, {}).values():
+                self.apply_pod("ADDED", obj)
+
+    def _forget_node(self, name: str) -> None:
+        for key in self.engine.remove_node(name):
+            self.bound.pop(key, None)
+
+    # -- pods -------------------------------------------------------------------------------------------------
+
+    def sync_pods(self, items: list[dict[str, Any]]) -> None:
+        live = set()
+        for obj in items:
+            self.apply_pod("ADDED", obj)
+            live.add(_key(obj))
+        for key in [k for k in {*self.bound, *self.waiting} if k not in live]:
+            self._forget_pod(key)
+
+    def apply_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = _key(obj)
+        phase = (obj.get("status") or {}).get("phase")
+        if kind == "DELETED" or phase in FINISHED:
+            self._forget_pod(key)
+            return
+        spec = obj.get("spec") or {}
+        node = spec.get("nodeName")
+        uid = str(meta.get("uid", ""))
+        if not node:
+            self._forget_pod(key)
+            if meta.get("deletionTimestamp"):
+                return
+            conditions = (obj.get("status") or {}).get("conditions") or []
+            unscheduled = [c for c in conditions if c.get("type") == "PodScheduled" and c.get("status") == "False"]
+            condition = unscheduled[0].get("message") if unscheduled else None
+            self.waiting[key] = _Waiting(uid, str(spec.get("schedulerName") or "default-scheduler"), condition)
+            return
+        text = (meta.get("annotations") or {}).get(ALLOCATION_KEY)
+        if self.bound.get(key) == (uid, node, text) and key in self.engine.pods:
+            return
+        self._forget_pod(key)
+        if node not in self.engine.nodes:
+            self.early.setdefault(node, {})[key] = obj
+            return
+        self.bound[key] = (uid, node, text)
+        try:
+            request, _ = pod_request(obj)
+        except InputError as exc:
+            self.hidden[key] = f"pod not readable: {exc}"
+            return
+        record = None
+        if text is None:
+            if any(self.engine.plugins.owner_of(r) for r in request.requested_resources()):
+                self.hidden[key] = "bound without a kubegpu.io/allocation: which devices it holds is unknown"
+        else:
+            try:
+                record = decode_allocation(text)
+            except AnnotationError as exc:
+                self.hidden[key] = f"allocation not shown: {exc}"
+            else:
+                if record.node != node or record.podUID != uid:
+                    self.hidden[key] = f"allocation not shown: it names node {record.node} and another pod UID"
+                    record = None
+                elif self.key is None:
+                    self.unverified[key] = "no --allocation-key-file to check its signature"
+                elif not verify_allocation(record, self.key):
+                    self.hidden[key] = "allocation not shown: its signature does not verify with the key file"
+                    record = None
+        status = self.engine.assume(request, node, record)
+        if not status.ok and record is not None:
+            self.hidden[key] = f"allocation not shown: {status.message}"
+            self.unverified.pop(key, None)
+            self.engine.assume(request, node, None)
+
+    def _forget_pod(self, key: str) -> None:
+        for early in self.early.values():
+            early.pop(key, None)
+        self.waiting.pop(key, None)
+        self.unverified.pop(key, None)
+        self.hidden.pop(key, None)
+        if self.bound.pop(key, None) is not None:
+            self.engine.release(key)
+
+    # -- events -----------------------------------------------------------------------------------------------
+
+    def sync_events(self, items: list[dict[str, Any]]) -> None:
+        self.failures.clear()
+        for obj in items:
+            self.apply_event("ADDED", obj)
+
+    def apply_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED" or obj.get("reason") != "FailedScheduling":
+            return
+        involved = obj.get("involvedObject") or {}
+        if involved.get("kind", "Pod") != "Pod":
+            return
+        key = f"{involved.get('namespace') or 'default'}/{involved.get('name')}"
+        try:
+            version = int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+        except ValueError:
+            version = 0
+        known = self.failures.get(key)
+        if known is None or version >= known[0]:
+            self.failures[key] = (version, str(involved.get("uid") or ""), str(obj.get("message") or ""))
+
+    # -- the snapshot -----------------------------------------------------------------------------------------
+
+    def reason(self, key: str, waiting: _Waiting) -> str:
+        failure = self.failures.get(key)
+        if failure is not None and (not failure[1] or failure[1] == waiting.uid):
+            return failure[2]
+        if waiting.condition:
+            return waiting.condition
+        return f"waiting for scheduler {waiting.scheduler} (no FailedScheduling event yet)"
+
+    def report(self, only: str | None = None) -> Report:
+        pending = [PendingPod(key, self.reason(key, w)) for key, w in sorted(self.waiting.items())]
+        verification = "verified with the key file" if self.key is not None else "not verified (no key file)"
+        return build_report(
+            self.engine,
+            title="cluster devices",
+            source=f"kubegpu top {self.source} · allocations {verification}",
+            pending=pending,
+            counts={"bound pods": len(self.bound)},
+            unverified=self.unverified,
+            problems=[f"{what}: {why}" for what, why in sorted(self.hidden.items())],
+            only=only,
+        )
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The terminal
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _node_panel(node: NodeView, unverified: dict[str, str]) -> RenderableType:
+    from rich.panel import Panel
+    from rich.text import Text
+
+    text = Text()
+    for number, picture in enumerate(node.pictures):
+        if number:
+            text.append("\n")
+        text.append(f"{picture.family} · {shape_name(picture)} · {picture.free}/{picture.total} free", style="dim")
+        width = max(4, max((len(c.id) for c in picture.cells), default=1) + 2)
+        for row in grid_rows(picture):
+            text.append("\n")
+            for cell in row:
+                state = cell_state(cell)
+                label = f"{cell.id}{MARKS[state]}".rjust(width)
+                if state == "unhealthy":
+                    style = "bold red"
+                elif state == "free":
+                    style = "dim"
+                else:
+                    colour = node.colours.get(cell.holders[0], "white") if cell.holders else "white"
+                    style = f"bold {colour}" if state == "held" else colour
+                text.append(label, style=style)
+    for pod, colour in node.colours.items():
+        text.append("\n■ ", style=colour)
+        text.append(pod)
+        if pod in unverified:
+            text.append(" (unverified)", style="yellow")
+    title = f"[bold]{node.name}[/] {node.instance_type + ' · ' if node.instance_type else ''}{node.pods} pods"
+    return Panel(text, title=title, title_align="left", expand=False)
+
+
+def render_terminal(report: Report, *, max_nodes: int = MAX_NODES) -> RenderableType:
+    """The terminal picture of a report: summary, device families, node maps, pending pods, what is not shown."""
+    from rich.columns import Columns
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    in_use = sum(f.used for f in report.families)
+    parts: list[RenderableType] = [
+        Text.assemble(
+            ("kubegpu top", "bold"),
+            f" · {time.strftime('%H:%M:%S')} · {report.nodes_total} nodes, {report.devices} devices, "
+            f"{in_use} in use, {len(report.pending)} pending · {LEGEND}",
+        ),
+        Text(report.source, style="dim"),
+    ]
+    if report.families:
+        families = Table(box=None, pad_edge=False, header_style="bold")
+        for column in ("FAMILY", "DEVICES", "IN USE", "UTIL", "FREE", "STRANDED"):
+            families.add_column(column, justify="left" if column == "FAMILY" else "right")
+        for f in report.families:
+            families.add_row(f.family, str(f.total), str(f.used), f"{f.utilisation:.0%}", str(f.free), str(f.stranded))
+        parts.append(families)
+    unverified = dict(report.unverified)
+    panels = [_node_panel(node, unverified) for node in report.nodes[:max_nodes]]
+    if panels:
+        parts.append(Columns(panels))
+    if len(report.nodes) > max_nodes:
+        parts.append(
+            Text(f"… {len(report.nodes) - max_nodes} more nodes with devices (--node NAME, --json or --html show them)")
+        )
+    if report.pending:
+        pending = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
+        pending.add_column("PENDING POD", no_wrap=True)
+        pending.add_column("REASON", overflow="fold")
+        for pod in report.pending:
+            pending.add_row(pod.pod, pod.reason)
+        parts.append(pending)
+    for problem in report.problems:
+        parts.append(Text(f"not shown: {problem}", style="yellow"))
+    return Group(*parts)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _emit(view: ClusterView, args: argparse.Namespace) -> Report:
+    report = view.report(args.node)
+    if args.html:
+        from kubegpu.scheduler.html import write_html
+
+        write_html(report, args.html)
+    return report
+
+
+def _once(view: ClusterView, client: KubeClient, args: argparse.Namespace, console: Console) -> int:
+    view.sync_nodes(client.list(NODES)[0])
+    view.sync_pods(client.list(PODS)[0])
+    view.sync_events(client.list(EVENTS)[0])
+    if args.node and args.node not in view.engine.nodes:
+        print(f"kubegpu top: node {args.node} not found", file=sys.stderr)
+        return 1
+    report = _emit(view, args)
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(report_json(report), option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        console.print(render_terminal(report))
+    return 0
+
+
+def _watch(view: ClusterView, client: KubeClient, args: argparse.Namespace, console: Console) -> int:
+    from rich.live import Live
+    from rich.text import Text
+
+    from kubegpu.scheduler.kube import Informer
+
+    changes: queue.Queue[tuple[str, str, Any]] = queue.Queue()
+    stop = threading.Event()
+
+    def consumer(what: str) -> Callable[[str, Any], None]:
+        return lambda kind, payload: changes.put((what, kind, payload))
+
+    informers = [
+        Informer(client, path, consumer(what), stop, what)
+        for what, path in (("nodes", NODES), ("pods", PODS), ("events", EVENTS))
+    ]
+    apply = {
+        "nodes": (view.sync_nodes, view.apply_node),
+        "pods": (view.sync_pods, view.apply_pod),
+        "events": (view.sync_events, view.apply_event),
+    }
+    for informer in informers:
+        informer.start()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    live = None if args.json else Live(Text("listing nodes, pods and events…"), console=console, auto_refresh=False)
+    try:
+        if live is not None:
+            live.start()
+        while not stop.is_set():
+            try:
+                item = changes.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            while True:
+                what, kind, payload = item
+                sync, one = apply[what]
+                if kind == "SYNC":
+                    sync(payload)
+                else:
+                    one(kind, payload)
+                try:
+                    item = changes.get_nowait()
+                except queue.Empty:
+                    break
+            if not all(i.synced.is_set() for i in informers):
+                continue
+            report = _emit(view, args)
+            if live is None:
+                sys.stdout.buffer.write(orjson.dumps(report_json(report)) + b"\n")
+                sys.stdout.flush()
+            else:
+                live.update(render_terminal(report), refresh=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        if live is not None:
+            live.stop()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from kubegpu.core.process import read_key
+    from kubegpu.scheduler.kube import ApiError, KubeClient
+
+    key = read_key(args.allocation_key_file) if args.allocation_key_file else None
+    client = KubeClient.from_kubeconfig(args.kubeconfig)
+    plugins = make_plugin_manager("scheduler")
+    view = ClusterView(plugins, key, source=client.host)
+    console = Console()
+    try:
+        return _watch(view, client, args, console) if args.watch else _once(view, client, args, console)
+    except ApiError as exc:
+        print(f"kubegpu top: {exc}", file=sys.stderr)
+        return 1
+
+
+def add_top_parser(sub: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "top",
+        help="show the devices of a live cluster: free, held (by which pod), unhealthy; pending pods and why",
+        description="Draw every node's devices from the live cluster (node inventories, pod allocations) with the "
+        "pods holding them, and the pending pods with their last scheduling failure.",
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster credentials)")
+    parser.add_argument("--node", metavar="NAME", help="show only this node")
+    parser.add_argument("--watch", action="store_true", help="keep watching and redraw on every change")
+    parser.add_argument("--json", action="store_true", help="print JSON (one line per change with --watch)")
+    parser.add_argument("--html", metavar="FILE", help="write the HTML report to FILE (on every change with --watch)")
+    parser.add_argument(
+        "--allocation-key-file",
+        metavar="PATH",
+        help="the scheduler's HMAC key: draw only allocations whose signature verifies (without it, all are marked "
+        "unverified)",
+    )
+    parser.set_defaults(func=run)
+    return parser
