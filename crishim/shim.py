@@ -515,7 +515,7 @@ class ContainerEditor:
             )
             try:
                 self.plugins.call(plugin, EDIT_HOOK, allocation=allocation, edit=edit, dev_root=self.dev_root)
-                ContainerEdit.model_validate(edit.model_dump())
+                ContainerEdit.model_validate(edit.model_dump(warnings=False))
             except PluginHookError as exc:
                 raise AllocationRefused(
                     "plugin", f"pod {pod.key} container {container}: the allocation cannot be applied: {exc}"
