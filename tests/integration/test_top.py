@@ -1,0 +1,175 @@
+"""`kubegpu top` against a real kube-apiserver, next to a running `kubegpu scheduler`: what an operator sees.
+
+The watch test drives `kubegpu top --watch` in a tmux pane, as a person would in a terminal, and reads the screen
+with `capture-pane`."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
+
+from .cluster import Cluster, wait_for
+
+TRN1 = {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
+P4D = {"node.kubernetes.io/instance-type": "p4d.24xlarge"}
+SEVEN = (
+    "Instance type trn1.32xlarge does not support requests for device: 7. Please request a different number of devices."
+)
+REDRAW_GOAL = 1.0
+
+
+def top(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kubegpu", "top", "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def held_by(document: dict[str, Any], node: str) -> dict[str, list[str]]:
+    """device id -> holders, for one node of `kubegpu top --json`."""
+    (entry,) = [n for n in document["nodes"] if n["name"] == node]
+    return {c["id"]: c["holders"] for picture in entry["devices"] for c in picture["cells"]}
+
+
+def test_top_shows_the_schedulers_allocations_and_why_a_pod_waits(
+    cluster: Cluster, namespace: str, start_scheduler: Any, key_file: Path, tmp_path: Path
+) -> None:
+    cluster.create_ready_node("trn1-top", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16})
+    cluster.create_ready_node("p4d-top", labels=P4D, allocatable={"nvidia.com/gpu": 8})
+    start_scheduler("kubegpu", "--no-leader-elect")
+    cluster.create_pod(namespace, "torus-8", {"main": {"aws.amazon.com/neurondevice": 8}}, scheduler="kubegpu")
+    cluster.create_pod(namespace, "gpus-2", {"main": {"nvidia.com/gpu": 2}}, scheduler="kubegpu")
+    cluster.create_pod(namespace, "seven", {"main": {"aws.amazon.com/neurondevice": 7}}, scheduler="kubegpu")
+    wait_for(lambda: sum(1 for p in cluster.pods(namespace) if p["spec"].get("nodeName")) == 2, 30, "two pods bound")
+    wait_for(
+        lambda: any(e["reason"] == "FailedScheduling" for e in cluster.events(namespace)),
+        30,
+        "a FailedScheduling event",
+    )
+    allocations = {
+        p["metadata"]["name"]: decode_allocation(p["metadata"]["annotations"][ALLOCATION_KEY])
+        for p in cluster.pods(namespace)
+        if p["spec"].get("nodeName")
+    }
+
+    answer = top(cluster, "--json", "--allocation-key-file", str(key_file), "--html", str(tmp_path / "top.html"))
+    assert answer.returncode == 0, answer.stderr
+    document = json.loads(answer.stdout)
+    for pod, node, resource in (
+        ("torus-8", "trn1-top", "aws.amazon.com/neurondevice"),
+        ("gpus-2", "p4d-top", "nvidia.com/gpu"),
+    ):
+        ids = allocations[pod].containers["main"][resource]
+        holders = held_by(document, node)
+        assert {d for d, h in holders.items() if h} == set(ids)
+        assert all(holders[d] == [f"{namespace}/{pod}"] for d in ids)
+    (waiting,) = [p for p in document["pending"] if p["pod"] == f"{namespace}/seven"]
+    assert SEVEN in waiting["reason"]
+    assert document["unverified"] == {} and document["problems"] == []
+    page = (tmp_path / "top.html").read_text()
+    assert f"{namespace}/torus-8" in page and "NVSwitch" in page
+
+    text = top(cluster, "--node", "trn1-top", "--allocation-key-file", str(key_file))
+    assert text.returncode == 0, text.stderr
+    assert f"{namespace}/torus-8" in text.stdout and "4x4 torus" in text.stdout
+    assert "p4d-top" not in text.stdout
+
+    # Without the key every allocation is drawn and marked; with a wrong key none is drawn, each listed as not shown.
+    unchecked = json.loads(top(cluster, "--json").stdout)
+    assert set(unchecked["unverified"]) == {f"{namespace}/torus-8", f"{namespace}/gpus-2"}
+    wrong = tmp_path / "wrong.key"
+    wrong.write_text("not the scheduler's key\n")
+    refused = json.loads(top(cluster, "--json", "--allocation-key-file", str(wrong)).stdout)
+    assert not any(
+        h for holders in [held_by(refused, "trn1-top"), held_by(refused, "p4d-top")] for h in holders.values()
+    )
+    assert sum("signature does not verify" in p for p in refused["problems"]) == 2
+
+
+class Tmux:
+    """A private tmux server (its own socket) holding one wide window."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        if shutil.which("tmux") is None:
+            pytest.fail("tmux is not installed: scripts/test.sh installs it (apt-get install -y tmux)")
+        self.socket = str(tmp_path / "tmux.sock")
+
+    def run(self, *args: str) -> str:
+        done = subprocess.run(["tmux", "-S", self.socket, "-f", "/dev/null", *args], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def start(self, command: list[str]) -> None:
+        self.run("new-session", "-d", "-s", "top", "-x", "200", "-y", "70", shlex.join(command))
+
+    def screen(self) -> str:
+        return self.run("capture-pane", "-p", "-t", "top")
+
+    def stop(self) -> None:
+        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True)
+
+
+@pytest.fixture
+def tmux(tmp_path: Path) -> Iterator[Tmux]:
+    terminal = Tmux(tmp_path)
+    yield terminal
+    terminal.stop()
+
+
+def test_top_watch_redraws_within_a_second_of_a_bind(
+    cluster: Cluster, namespace: str, start_scheduler: Any, key_file: Path, tmux: Tmux, record_property: Any
+) -> None:
+    cluster.create_ready_node("trn1-watch", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16})
+    start_scheduler("kubegpu", "--no-leader-elect")
+    tmux.start(
+        [
+            sys.executable,
+            "-m",
+            "kubegpu",
+            "top",
+            "--watch",
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--allocation-key-file",
+            str(key_file),
+            "--node",
+            "trn1-watch",
+        ]
+    )
+    wait_for(lambda: "16/16 free" in tmux.screen(), 30, "top's first picture of trn1-watch")
+
+    bound_at: list[float] = []
+    _, version = cluster.client.list(f"/api/v1/namespaces/{namespace}/pods")
+
+    def watch_binding() -> None:
+        for event in cluster.client.watch(f"/api/v1/namespaces/{namespace}/pods", version, timeout=30):
+            if (event.get("object") or {}).get("spec", {}).get("nodeName"):
+                bound_at.append(time.monotonic())
+                return
+
+    watcher = threading.Thread(target=watch_binding, daemon=True)
+    watcher.start()
+    cluster.create_pod(namespace, "row-4", {"main": {"aws.amazon.com/neurondevice": 4}}, scheduler="kubegpu")
+    wait_for(lambda: bound_at, 30, "the scheduler to bind row-4")
+    screen = wait_for(
+        lambda: shown if f"{namespace}/row-4" in (shown := tmux.screen()) else None, 10, "row-4 on screen", 0.02
+    )
+    latency = time.monotonic() - bound_at[0]
+    record_property("top_redraw_seconds", round(latency, 3))
+    print(f"kubegpu top --watch redrew {latency * 1000:.0f} ms after the bind (goal {REDRAW_GOAL:.0f} s)")
+    assert "12/16 free" in screen and "#" in screen
+    assert latency < REDRAW_GOAL, f"redrawn {latency:.2f}s after the bind"
