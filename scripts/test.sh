@@ -22,6 +22,14 @@ rm -rf build/lint-site
 .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation --target build/lint-site . > build/lint.log 2>&1 \
   || { cat build/lint.log; exit 1; }
 (cd build/lint-site && ../../.venv/bin/lint-imports --config ../../pyproject.toml --no-cache)
+# The HTML report's tests open it in headless Chromium and `kubegpu top --watch`'s test drives a tmux pane.
+if ! command -v chromium > /dev/null || ! command -v chromedriver > /dev/null || ! command -v tmux > /dev/null; then
+  echo "== installing chromium, chromium-driver, tmux (log: build/report-tools.log)"
+  SUDO=""; [[ "$(id -u)" -eq 0 ]] || SUDO=sudo
+  install_tools() { $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver tmux; }
+  { install_tools || { $SUDO apt-get update -q && install_tools; }; } > build/report-tools.log 2>&1 \
+    || { cat build/report-tools.log; echo "installing chromium, chromium-driver and tmux failed (see above)"; exit 1; }
+fi
 # Integration tests need a real kube-apiserver and etcd: built once from Debian's sources and cached outside the
 # clone (about 7 minutes the first time). KUBEGPU_SKIP_INTEGRATION=1 is the explicit opt-out for quick local runs.
 if [[ "${KUBEGPU_SKIP_INTEGRATION:-0}" == "1" ]]; then
