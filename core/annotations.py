@@ -12,6 +12,16 @@ A placement is written on the pod as `kubegpu.io/allocation`, a JSON document::
 The simulator, the custom scheduler and the extender write it; the CRI shim verifies the signature and that the
 document names its node and pod before any plugin touches a container. Decoding errors are one line that names the
 bad field. The node annotation `kubegpu.io/devices` (the advertised inventories) has its codec here too.
+
+Anyone who may create a pod writes its annotations, so decoding is a trust boundary: whatever the value, the codec
+raises `AnnotationError` (and `verify_allocation` answers False), in time and memory bounded by these limits:
+
+* a value is at most `MAX_ANNOTATION_BYTES` (256 KiB, UTF-8), what the API server allows for all of an object's
+  annotations together, checked before parsing;
+* JSON nests at most `MAX_DEPTH` (32) levels (the parser, orjson, stops at 1024 without recursing; the rest is
+  checked on the parsed value, so encoding and signing a decoded record never recurse deeply either);
+* integers are within 64 bits (orjson reads nothing wider as an integer) and numbers finite;
+* a signature is 64 lowercase hex digits (HMAC-SHA256), or the allocation simply does not verify.
 """
 
 from __future__ import annotations
@@ -19,11 +29,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kubegpu.core.errors import InputError, describe_validation_error
+from kubegpu.core.errors import InputError, describe_validation_error, shorten
 from kubegpu.core.models import NodeDevices, PluginAllocation
 
 __all__ = [
@@ -43,6 +55,9 @@ __all__ = [
 ALLOCATION_KEY = "kubegpu.io/allocation"
 DEVICES_KEY = "kubegpu.io/devices"
 SUPPORTED_VERSION = 1
+MAX_ANNOTATION_BYTES = 256 * 1024
+MAX_DEPTH = 32
+_SIGNATURE = re.compile(r"[0-9a-f]{64}")
 
 
 class AnnotationError(InputError):
@@ -102,15 +117,42 @@ def encode_allocation(record: AllocationRecord) -> str:
     return json.dumps(document, sort_keys=True, separators=(",", ":"))
 
 
+def _too_deep(document: object) -> bool:
+    """Whether the parsed value nests more than `MAX_DEPTH` containers deep; iterative, so it cannot recurse."""
+    stack: list[tuple[object, int]] = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth >= MAX_DEPTH:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
 def _load_json_object(text: object, key: str) -> dict[str, Any]:
     if not isinstance(text, str):
         raise AnnotationError(f"{key}: the annotation value must be a string holding JSON")
+    if len(text) > MAX_ANNOTATION_BYTES:
+        raise AnnotationError(f"{key}: {len(text)} characters is more than the {MAX_ANNOTATION_BYTES} bytes allowed")
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
+        data = text.encode()
+    except UnicodeEncodeError as exc:
+        raise AnnotationError(f"{key}: not valid JSON (a lone surrogate at character {exc.start})") from None
+    if len(data) > MAX_ANNOTATION_BYTES:
+        raise AnnotationError(f"{key}: {len(data)} bytes is more than the {MAX_ANNOTATION_BYTES} allowed")
+    try:
+        document = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        if exc.msg.startswith("depth limit"):
+            raise AnnotationError(f"{key}: nested more than {MAX_DEPTH} levels deep") from None
         raise AnnotationError(f"{key}: not valid JSON ({exc.msg} at character {exc.pos})") from None
     if not isinstance(document, dict):
         raise AnnotationError(f"{key}: expected a JSON object, got {type(document).__name__}")
+    # A value with few brackets cannot nest deeply: only larger ones (node inventories) pay for the walk.
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH and _too_deep(document):
+        raise AnnotationError(f"{key}: nested more than {MAX_DEPTH} levels deep")
     return document
 
 
@@ -122,7 +164,7 @@ def decode_allocation(text: object) -> AllocationRecord:
         raise AnnotationError(f"{ALLOCATION_KEY}: version: missing (this kubegpu reads version 1)")
     if version != SUPPORTED_VERSION:
         raise AnnotationError(
-            f"{ALLOCATION_KEY}: version: unsupported value {version!r} (this kubegpu reads version 1)"
+            f"{ALLOCATION_KEY}: version: unsupported value {shorten(repr(version))} (this kubegpu reads version 1)"
         )
     try:
         return AllocationRecord.model_validate(document)
@@ -140,9 +182,11 @@ def sign_allocation(record: AllocationRecord, key: bytes) -> AllocationRecord:
 
 
 def verify_allocation(record: AllocationRecord, key: bytes) -> bool:
-    if not record.signature:
+    """Whether `signature` is the HMAC of the record's payload under `key`; a malformed signature never verifies."""
+    signature = record.signature
+    if not isinstance(signature, str) or not _SIGNATURE.fullmatch(signature):
         return False
-    return hmac.compare_digest(record.signature, _mac(record, key))
+    return hmac.compare_digest(signature, _mac(record, key))
 
 
 def encode_devices(devices: NodeDevices) -> str:

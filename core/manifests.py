@@ -5,6 +5,12 @@ server and hand-written example files both load. Validation errors name the fiel
 limits.nvidia.com/gpu: ...`). Requests follow Kubernetes: an extended resource comes from `limits` (falling back to
 `requests`); cpu and memory from `requests` (falling back to `limits`); the pod's cpu and memory are the larger of
 the sum over containers and the largest init container.
+
+Manifests are input from tenants and from files someone handed over, so reading one costs time bounded by its size:
+every quantity is bounded by `kubegpu.core.quantity` before any arithmetic, and Kubernetes' own rules that kubegpu
+relies on are checked here, naming the field: extended resources (a name with a domain outside `kubernetes.io`,
+such as `nvidia.com/gpu`) are whole numbers, as the API server requires, rather than silently rounded up; and
+container names are unique within a pod, so no container's devices are lost to another of the same name.
 """
 
 from __future__ import annotations
@@ -17,11 +23,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from kubegpu.core.annotations import DEVICES_KEY, decode_devices
-from kubegpu.core.errors import InputError, describe_validation_error
+from kubegpu.core.errors import InputError, describe_validation_error, shorten
 from kubegpu.core.models import ContainerRequest, NodeInfo, PodRequest, Taint, Toleration
 from kubegpu.core.quantity import QuantityError, parse_quantity
 
-__all__ = ["ManifestError", "node_info", "pod_request", "pod_uid"]
+__all__ = ["ManifestError", "is_extended_resource", "node_info", "pod_request", "pod_uid"]
 
 DEFAULT_PODS = 110
 
@@ -122,24 +128,49 @@ class _Node(_Model):
     status: _NodeStatus = _NodeStatus()
 
 
-def _units(resource: str, value: Decimal) -> int:
-    """cpu in millicores, everything else in whole base units, rounded up as Kubernetes rounds."""
+def is_extended_resource(resource: str) -> bool:
+    """Kubernetes' rule: a resource name with a domain outside `kubernetes.io` (devices such as `nvidia.com/gpu`)."""
+    return "/" in resource and "kubernetes.io/" not in resource and not resource.startswith("requests.")
+
+
+def _units(resource: str, value: Decimal, where: str) -> int:
+    """cpu in millicores, everything else in whole base units, rounded up as Kubernetes rounds; extended resources
+    must already be whole. `value` is bounded (`parse_quantity`), so the arithmetic here is cheap."""
+    if is_extended_resource(resource) and value != value.to_integral_value():
+        raise ManifestError(
+            f"{where}: {value.normalize():f} is not a whole number; {shorten(resource)} is an extended resource "
+            "(a device), counted in whole units as Kubernetes requires"
+        )
     scaled = value * 1000 if resource == "cpu" else value
     integral = int(scaled)
     return integral if integral == scaled else integral + 1
 
 
-def _container_request(container: _Container) -> ContainerRequest:
+def _container_request(container: _Container, where: str) -> ContainerRequest:
     limits, requests = container.resources.limits, container.resources.requests
+    units: dict[tuple[str, str], int] = {}
+    for source, amounts in (("limits", limits), ("requests", requests)):
+        for name, value in amounts.items():
+            units[source, name] = _units(name, value, f"{where}.resources.{source}.{shorten(name)}")
     resources: dict[str, int] = {}
     for name in limits.keys() | requests.keys():
-        if name in ("cpu", "memory"):
-            value = requests.get(name, limits.get(name))
-        else:
-            value = limits.get(name, requests.get(name))
-        assert value is not None
-        resources[name] = _units(name, value)
+        first, second = ("requests", "limits") if name in ("cpu", "memory") else ("limits", "requests")
+        resources[name] = units[first, name] if (first, name) in units else units[second, name]
     return ContainerRequest(name=container.name, resources=resources)
+
+
+def _unique_container_names(spec: _PodSpec) -> None:
+    """Kubernetes refuses two containers (init containers included) of one name; kubegpu keys devices by it."""
+    seen: dict[str, str] = {}
+    for field, group in (("containers", spec.containers), ("initContainers", spec.initContainers)):
+        for index, container in enumerate(group):
+            here = f"spec.{field}[{index}]"
+            if container.name in seen:
+                raise ManifestError(
+                    f"Pod.{here}.name: {shorten(container.name)!r} is also the name of {seen[container.name]}; "
+                    "container names must be unique within a pod"
+                )
+            seen[container.name] = here
 
 
 def pod_uid(namespace: str, name: str) -> str:
@@ -157,8 +188,9 @@ def _parse(model: type[_Model], document: Mapping[str, Any], what: str) -> Any:
 def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
     """The `PodRequest` of a Pod manifest, and whether the manifest marks the pod as being deleted."""
     pod: _Pod = _parse(_Pod, document, "Pod")
-    containers = tuple(_container_request(c) for c in pod.spec.containers)
-    init = [_container_request(c) for c in pod.spec.initContainers]
+    _unique_container_names(pod.spec)
+    containers = tuple(_container_request(c, f"Pod.spec.containers[{i}]") for i, c in enumerate(pod.spec.containers))
+    init = [_container_request(c, f"Pod.spec.initContainers[{i}]") for i, c in enumerate(pod.spec.initContainers)]
     cpu = max([sum(c.resources.get("cpu", 0) for c in containers)] + [c.resources.get("cpu", 0) for c in init])
     memory = max([sum(c.resources.get("memory", 0) for c in containers)] + [c.resources.get("memory", 0) for c in init])
     meta = pod.metadata
@@ -189,8 +221,11 @@ def node_info(document: Mapping[str, Any]) -> NodeInfo:
     A node without conditions counts as Ready (hand-written simulator input); with conditions, `Ready` must be True.
     """
     node: _Node = _parse(_Node, document, "Node")
-    source = node.status.allocatable or node.status.capacity
-    allocatable = {name: _units(name, value) for name, value in source.items()}
+    field = "allocatable" if node.status.allocatable else "capacity"
+    allocatable = {
+        name: _units(name, value, f"Node.status.{field}.{shorten(name)}")
+        for name, value in getattr(node.status, field).items()
+    }
     allocatable.setdefault("pods", DEFAULT_PODS)
     ready = all(c.status == "True" for c in node.status.conditions if c.type == "Ready")
     inventories = {}

@@ -3,15 +3,28 @@
 The scheduler, the extender, the CRI shim and the advertiser all log one greppable line per record with `pod=` and
 `node=` fields, and the first three read the HMAC key that signs and verifies `kubegpu.io/allocation` from a file,
 so the scheduler side and the node side must read it byte for byte alike.
+
+Whoever holds the key can sign an allocation that any node's shim obeys, so a key that is easy to guess is refused:
+fewer than `MIN_KEY_BYTES` (32) bytes once a trailing newline is stripped, a blank one, or the placeholder of the
+shipped `secret.yaml`. The file is read without trusting it either: a regular file of at most `MAX_KEY_FILE_BYTES`
+(64 KiB), opened without blocking on a FIFO, so `/dev/zero` or a pipe is refused rather than read forever; a file that
+group or others may read is accepted with a warning.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import sys
 import time
 
-__all__ = ["LogfmtFormatter", "configure_logging", "read_key"]
+__all__ = ["MAX_KEY_FILE_BYTES", "MIN_KEY_BYTES", "LogfmtFormatter", "configure_logging", "read_key"]
+
+MIN_KEY_BYTES = 32
+MAX_KEY_FILE_BYTES = 64 * 1024
+PLACEHOLDER_KEY = b"REPLACE-WITH-RANDOM-BYTES"  # examples/deploy/scheduler/secret.yaml, until replaced
+_HOW_TO_CREATE = "create one from random bytes, e.g. `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`"
 
 
 class LogfmtFormatter(logging.Formatter):
@@ -47,12 +60,42 @@ def configure_logging(level: str) -> None:
 
 
 def read_key(path: str) -> bytes:
-    """The HMAC key shared with the CRI shim: the file's bytes without a trailing newline; empty is refused."""
+    """The HMAC key shared with the CRI shim: the file's bytes without a trailing newline.
+
+    Exits (`SystemExit` with a one-line reason) unless the file is a regular file of at most `MAX_KEY_FILE_BYTES`
+    holding at least `MIN_KEY_BYTES` that are neither blank nor the shipped placeholder.
+    """
     try:
-        with open(path, "rb") as handle:
-            key = handle.read().rstrip(b"\r\n")
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(descriptor, "rb") as handle:
+            status = os.fstat(handle.fileno())
+            if not stat.S_ISREG(status.st_mode):
+                raise SystemExit(f"kubegpu: the allocation key file {path} is not a regular file; {_HOW_TO_CREATE}")
+            data = handle.read(MAX_KEY_FILE_BYTES + 1)
     except OSError as exc:
         raise SystemExit(f"kubegpu: cannot read the allocation key file {path}: {exc.strerror}") from None
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise SystemExit(f"kubegpu: the allocation key file {path} is larger than {MAX_KEY_FILE_BYTES} bytes")
+    key = data.rstrip(b"\r\n")
     if not key:
-        raise SystemExit(f"kubegpu: the allocation key file {path} is empty")
+        raise SystemExit(f"kubegpu: the allocation key file {path} is empty; {_HOW_TO_CREATE}")
+    if not key.strip():
+        raise SystemExit(f"kubegpu: the allocation key file {path} holds only blanks; {_HOW_TO_CREATE}")
+    if key.strip() == PLACEHOLDER_KEY:
+        raise SystemExit(
+            f"kubegpu: the allocation key file {path} holds the placeholder {PLACEHOLDER_KEY.decode()} of the "
+            f"example Secret; {_HOW_TO_CREATE}"
+        )
+    if len(key) < MIN_KEY_BYTES:
+        raise SystemExit(
+            f"kubegpu: the allocation key in {path} is {len(key)} bytes; at least {MIN_KEY_BYTES} are needed: "
+            f"{_HOW_TO_CREATE}"
+        )
+    if status.st_mode & 0o077:
+        logging.getLogger("kubegpu").warning(
+            "the allocation key file %s may be read by group or others (mode %o); `chmod 600` it, or mount its "
+            "Secret with defaultMode 0400",
+            path,
+            stat.S_IMODE(status.st_mode),
+        )
     return key
