@@ -5,9 +5,12 @@ gives a pod two of the node's four cards; the kubelet runs the pod's sandbox wit
 starts its container through the shim, and inside the running container exactly those two cards exist, with the
 plugin's env; a card a vendor device plugin had slipped into the request is gone. Allocations that were tampered
 with, copied from another pod, made for another node or never signed are refused with FAILED_PRECONDITION naming
-the check, and no container is created. Everything else passes through as containerd answers it, including while
-containerd restarts. The last test runs the real `kubegpu crishim` command: a private socket, the same result, and a
-clean exit on SIGTERM.
+the check, and no container is created. So are allocations the codec chokes on, and a stale allocation (rolled
+back, then put back by the pod's owner) whose device the scheduler has since given to a live pod: the shim reads the
+allocation from containerd's own record of the sandbox, and no device goes to two live pods. A container that sets
+`NVIDIA_VISIBLE_DEVICES=all` without an allocation runs without it. Everything else passes through as containerd
+answers it, including while containerd restarts. The last test runs the real `kubegpu crishim` command: a private
+socket, the same result, and a clean exit on SIGTERM.
 
 The device files are character devices made with mknod under a temporary dev root (`--dev-root`), so nothing on the
 host is touched. Every pod uses the host network: no CNI is needed.
@@ -34,6 +37,8 @@ from kubegpu.core.manifests import pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node, pod_manifest
 from kubegpu.crishim.shim import ContainerEditor, RunningShim, start_shim
+from kubegpu.plugins.neuron import device as neuron_device
+from kubegpu.plugins.nvidia import device as nvidia_device
 from kubegpu.scheduler.engine import Engine
 
 from .containerd import (
@@ -86,7 +91,12 @@ def key(node_dir: Path) -> bytes:
 def shim(
     containerd: Containerd, node_dir: Path, key: bytes, fpga: tuple[ModuleType, ModuleType]
 ) -> Iterator[RunningShim]:
-    plugins = make_plugin_manager("device", plugins=[("fpga", fpga[1])], autoload=False)
+    plugins = make_plugin_manager(
+        "device",
+        plugins=[("fpga", fpga[1]), ("nvidia", nvidia_device), ("neuron", neuron_device)],
+        autoload=False,
+    )
+    # No API server: the shim knows only what containerd and the request tell it, as the shipped systemd unit runs.
     editor = ContainerEditor(plugins, node=NODE, key=key, dev_root=node_dir / "dev")
     running = start_shim(f"unix://{node_dir / 'cri.sock'}", containerd.endpoint, editor, workers=8)
     yield running
@@ -216,6 +226,124 @@ def test_a_forged_allocation_is_refused_and_nothing_is_created(
             kubelet.create(sandbox_id, container_config("main"), sandbox)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert f"kubegpu: {check} check failed" in refused.value.details()
+        assert direct.containers(sandbox_id) == []
+    finally:
+        kubelet.remove_pod(sandbox_id)
+
+
+def _output(cri: Cri, container_id: str, log_file: Path) -> list[str]:
+    """What the container wrote, once it has exited, from its CRI log (`<time> <stream> <tag> <line>`)."""
+
+    def exited() -> bool:
+        status = cri.runtime.ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id), timeout=5)
+        return bool(status.status.state == api_pb2.ContainerState.CONTAINER_EXITED)
+
+    wait_until(exited, 30, f"container {container_id} to exit")
+    return [line.split(" ", 3)[3] for line in log_file.read_text().splitlines() if line.count(" ") >= 3]
+
+
+def test_a_container_setting_nvidia_visible_devices_without_an_allocation_runs_without_it(
+    kubelet: Cri, direct: Cri, tmp_path: Path
+) -> None:
+    greedy = {"GREETING": "hello", "NVIDIA_VISIBLE_DEVICES": "all", "AWS_NEURON_VISIBLE_DEVICES": "0-15"}
+    printed: dict[str, list[str]] = {}
+    for path, cri in (("through the shim", kubelet), ("straight to containerd", direct)):
+        name = "greedy-shim" if cri is kubelet else "greedy-direct"
+        sandbox = host_network_sandbox(name, f"uid-{name}-{secrets.token_hex(4)}", log_directory=tmp_path)
+        sandbox_id = cri.run_pod(sandbox)
+        try:
+            config = container_config(name, ("env",), envs=greedy)
+            container_id = cri.create(sandbox_id, config, sandbox)
+            cri.start(container_id)
+            printed[path] = _output(cri, container_id, tmp_path / config.log_path)
+        finally:
+            cri.remove_pod(sandbox_id)
+
+    # The runtime obeys what it is given: straight to containerd, the variables reach the process...
+    assert "NVIDIA_VISIBLE_DEVICES=all" in printed["straight to containerd"]
+    # ...through the shim, the container runs, and its own output shows neither, only the harmless one.
+    assert "GREETING=hello" in printed["through the shim"]
+    assert not [line for line in printed["through the shim"] if line.startswith(("NVIDIA_", "AWS_NEURON_"))]
+
+
+def test_the_allocation_containerd_recorded_for_the_sandbox_is_applied_not_the_requests_copy(
+    kubelet: Cri, direct: Cri, scheduler: Scheduler, tmp_path: Path
+) -> None:
+    uid, earlier = scheduler.place("moved", 1)  # fpga0; the bind fails and the scheduler rolls it back
+    scheduler.engine.release("default/moved")
+    scheduler.place("someone-else", 1)  # fpga0 again
+    _, current = scheduler.place("moved", 1, uid=uid)  # fpga1: the scheduler's current decision
+    assert decode_allocation(current[ALLOCATION_KEY]).device_ids("main", FPGA) == ["fpga1"]
+    sandbox = host_network_sandbox("moved", uid, annotations=current, log_directory=tmp_path)
+    sandbox_id = kubelet.run_pod(sandbox)
+    try:
+        # containerd 1.6 reports the annotations a sandbox was created with, in ListPodSandbox.
+        listed = {s.id: s for s in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items}
+        assert listed[sandbox_id].annotations[ALLOCATION_KEY] == current[ALLOCATION_KEY]
+        # The pod's owner put the earlier allocation back; the kubelet copies the pod's annotations as they are now.
+        replayed = api_pb2.PodSandboxConfig()
+        replayed.CopyFrom(sandbox)
+        replayed.annotations[ALLOCATION_KEY] = earlier[ALLOCATION_KEY]
+        container_id = kubelet.create(sandbox_id, container_config("main"), replayed)
+        kubelet.start(container_id)
+        assert _cards_in(kubelet, container_id) == ["fpga1"]
+    finally:
+        kubelet.remove_pod(sandbox_id)
+
+
+def test_a_stale_allocation_whose_device_a_live_pod_was_given_is_refused_and_nothing_is_created(
+    kubelet: Cri, direct: Cri, fpga: tuple[ModuleType, ModuleType], key: bytes, tmp_path: Path
+) -> None:
+    # The scheduler gave fpga0 to `victim`; the bind failed and was rolled back; after a restart it gave fpga0 to
+    # `holder`, which runs. The victim's owner puts the rolled-back (still validly signed) allocation back.
+    victim_uid, stale = Scheduler(fpga[0], key).place("victim", 1)
+    holder_uid, fresh = Scheduler(fpga[0], key).place("holder", 1)
+    assert decode_allocation(stale[ALLOCATION_KEY]).device_ids("main", FPGA) == ["fpga0"]
+    assert decode_allocation(fresh[ALLOCATION_KEY]).device_ids("main", FPGA) == ["fpga0"]
+
+    holder = host_network_sandbox("holder", holder_uid, annotations=fresh, log_directory=tmp_path)
+    holder_id = kubelet.run_pod(holder)
+    victim = host_network_sandbox("victim", victim_uid, annotations=stale, log_directory=tmp_path)
+    victim_id = kubelet.run_pod(victim)
+    try:
+        kubelet.start(kubelet.create(holder_id, container_config("main"), holder))
+        with pytest.raises(grpc.RpcError) as refused:
+            kubelet.create(victim_id, container_config("main"), victim)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.details().startswith("kubegpu: stale check failed: pod default/victim container main: ")
+        assert "the scheduler has since given it to default/holder" in refused.value.details()
+        assert direct.containers(victim_id) == []
+    finally:
+        kubelet.remove_pod(victim_id)
+        kubelet.remove_pod(holder_id)
+
+
+@pytest.mark.parametrize(
+    ("poison", "check"),
+    [
+        pytest.param(
+            lambda text: text.replace('"signature":"', '"signature":"\u00e9', 1), "signature", id="non-ascii-signature"
+        ),
+        pytest.param(lambda _: "[" * 3000 + "]" * 3000, "malformed", id="3000-deep-json"),
+        pytest.param(
+            lambda text: text.replace('"issued":', '"issued":' + "9" * 5000 + ',"was":', 1),
+            "malformed",
+            id="5000-digit-integer",
+        ),
+    ],
+)
+def test_a_poison_allocation_is_failed_precondition_and_nothing_is_created(
+    kubelet: Cri, direct: Cri, scheduler: Scheduler, tmp_path: Path, poison: Any, check: str
+) -> None:
+    uid, annotations = scheduler.place("poisoned", 1)
+    poisoned = {**annotations, ALLOCATION_KEY: poison(annotations[ALLOCATION_KEY])}
+    sandbox = host_network_sandbox("poisoned", uid, annotations=poisoned, log_directory=tmp_path)
+    sandbox_id = kubelet.run_pod(sandbox)
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            kubelet.create(sandbox_id, container_config("main"), sandbox)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.details().startswith(f"kubegpu: {check} check failed: pod default/poisoned")
         assert direct.containers(sandbox_id) == []
     finally:
         kubelet.remove_pod(sandbox_id)
