@@ -119,6 +119,10 @@ class HttpServer:
         self.connections: set[_Connection] = set()
         self.refused_connections = 0
         self._last_refusal_log = 0.0
+        # Deadlines are checked by one sweep for all connections: a request costs no timer of its own.
+        timeouts = (self.limits.header_timeout, self.limits.body_timeout, self.limits.idle_timeout)
+        self.sweep_interval = min(1.0, max(0.05, min(timeouts) / 8))
+        self._sweeper: asyncio.TimerHandle | None = None
         host, _, port = listen.rpartition(":")
         self.own_loop = loop is None
         self.loop = loop or new_event_loop()
@@ -131,6 +135,13 @@ class HttpServer:
             self.loop.create_server(lambda: _Connection(self), host or "0.0.0.0", int(port), **options), self.loop
         ).result()
         self.address = tuple(self.listener.sockets[0].getsockname()[:2])  # the bound port, for a --listen of port 0
+        self.loop.call_soon_threadsafe(self._sweep)
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        for connection in [c for c in self.connections if c.deadline is not None and c.deadline <= now]:
+            connection.expired()
+        self._sweeper = self.loop.call_later(self.sweep_interval, self._sweep)
 
     def admit(self, connection: _Connection) -> bool:
         if len(self.connections) >= self.limits.max_connections:
@@ -149,6 +160,8 @@ class HttpServer:
 
     def shutdown(self) -> None:
         async def close() -> None:
+            if self._sweeper is not None:
+                self._sweeper.cancel()
             self.listener.close()
             for connection in list(self.connections):
                 connection.close()
@@ -159,14 +172,20 @@ class HttpServer:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-# A connection is in one of these phases; the timer that runs depends on it.
+# A connection is in one of these phases; the deadline that runs depends on it.
 _HEAD, _BODY, _BETWEEN = "head", "body", "between"
+SLICE = 16 * KiB  # received bytes are parsed this much at a time, so that parsing can stop between requests
 
 
 class _Connection(asyncio.Protocol):
     """One client connection. Requests are answered in order: while an answer waits (bind), reading pauses, and a
     request that arrived with the previous one waits its turn. A request the server cannot read (malformed HTTP,
-    over a limit) gets its 4xx and the connection is closed; nothing else is affected."""
+    over a limit) gets its 4xx and the connection is closed; nothing else is affected.
+
+    Received bytes are parsed a slice at a time and each completed request answered right after the slice that
+    completed it. Parsing stops while `max_queued` requests wait for their answers, or when this connection has had
+    its batch of answers for this turn of the loop; the rest waits in `pending` (one read at most), with reading
+    paused, and is parsed once the answers catch up."""
 
     def __init__(self, http: HttpServer) -> None:
         self.http = http
@@ -175,12 +194,15 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.identity: str | None = None
         self.phase = _HEAD
-        self.timer: asyncio.TimerHandle | None = None
+        self.deadline: float | None = None  # when the server closes the connection, unless something happens
+        self.expiry: str | None = None  # the 408's message at the deadline; None: close without an answer
+        self.pending = b""  # received, not parsed yet
+        self.feeding = False
         # the request being read
         self.target = b""
         self.head_size = 0
         self.headers = 0
-        self.progress = 0  # parser callbacks so far: a chunk that makes none is part of an unfinished header
+        self.progress = 0  # parser callbacks so far: a slice that makes none is part of an unfinished header
         self.unseen = 0  # bytes fed since the last progress (httptools buffers an unfinished header field)
         self.length: int | None = None
         self.expect_continue = False
@@ -193,7 +215,7 @@ class _Connection(asyncio.Protocol):
         self.watching = False
         self.write_paused = False
         self.read_paused = False
-        self.scheduled = False  # a continuation of `_next` is on the loop's ready queue
+        self.scheduled = False  # this connection's next batch of answers is on the loop's ready queue
         self.closing = False
 
     # -- the transport ---------------------------------------------------------------------------------------------
@@ -220,22 +242,8 @@ class _Connection(asyncio.Protocol):
             # A watch never ends by itself, so nothing sent after it can be answered.
             self.close()
             return
-        progress = self.progress
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._refuse(400, "protocol upgrades are not supported")
-        except httptools.HttpParserError as exc:
-            if not isinstance(exc.__context__, _Refused):
-                self._refuse(400, f"malformed HTTP request: {exc}")
-            return
-        if self.phase == _HEAD and self.progress == progress and not self.closing:
-            # Nothing completed in this chunk: httptools holds it as part of a header it has not finished.
-            self.unseen += len(data)
-            if self.unseen > self.limits.max_head:
-                self._refuse(431, f"the request headers are over the limit of {self.limits.max_head} bytes")
-        else:
-            self.unseen = 0
+        self.pending = self.pending + data if self.pending else data
+        self._feed()
 
     def pause_writing(self) -> None:
         """The client is not reading its answers: stop reading its requests until it does."""
@@ -245,9 +253,10 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        self._disarm()
-        self._update_reading()
+        if self.phase == _BETWEEN:
+            self._disarm()
         self._next()
+        self._update_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -259,6 +268,7 @@ class _Connection(asyncio.Protocol):
         self.http.budget.give(self.reserved + sum(entry[4] for entry in self.queue))
         self.reserved = 0
         self.queue.clear()
+        self.pending = b""
 
     def close(self) -> None:
         """Close after the answers already written, or at once when the client is not reading them."""
@@ -270,18 +280,23 @@ class _Connection(asyncio.Protocol):
             return
         self.transport.close()
         # A client that stops reading now would hold the connection open: a deadline for the last answer too.
-        self._disarm()
-        self.timer = asyncio.get_running_loop().call_later(self.limits.header_timeout, self._abort)
+        self._arm(self.limits.header_timeout, None)
 
-    def _abort(self) -> None:
-        self.timer = None
-        if self.transport is not None:
-            self.transport.abort()
+    def expired(self) -> None:
+        """The deadline passed (the server's sweep calls this)."""
+        self.deadline = None
+        if self.closing:
+            if self.transport is not None:
+                self.transport.abort()
+        elif self.expiry is None:
+            self.close()
+        else:
+            self._refuse(408, self.expiry)
 
     def _update_reading(self) -> None:
         if self.transport is None or self.closing:
             return
-        pause = self.write_paused or (self.waiting is not None and not self.watching)
+        pause = self.write_paused or bool(self.pending) or (self.waiting is not None and not self.watching)
         pause = pause or len(self.queue) >= self.limits.max_queued
         if pause != self.read_paused:
             self.read_paused = pause
@@ -295,27 +310,55 @@ class _Connection(asyncio.Protocol):
         to read the answers it left unread)."""
         if self.closing or self.phase != _BETWEEN or self.waiting is not None:
             return
-        if self.write_paused or not self.queue:
+        if self.write_paused or not (self.queue or self.pending):
             self._arm(self.limits.idle_timeout, None)
 
-    def _arm(self, seconds: float, reason: str | None) -> None:
-        """Close the connection in `seconds` (answering 408 when a request was under way: `reason`)."""
-        self._disarm()
-        self.timer = asyncio.get_running_loop().call_later(seconds, self._expired, reason)
+    def _arm(self, seconds: float, expiry: str | None) -> None:
+        self.deadline = self.http.loop.time() + seconds
+        self.expiry = expiry
 
     def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.deadline = None
 
-    def _expired(self, reason: str | None) -> None:
-        self.timer = None
-        if reason is None:
-            self.close()
-        else:
-            self._refuse(408, reason)
+    # -- parsing -----------------------------------------------------------------------------------------------------
 
-    # -- the parser (httptools calls these while feed_data runs) ---------------------------------------------------
+    def _feed(self) -> None:
+        if self.feeding:  # called back from inside the parser: the outer call goes on
+            return
+        self.feeding = True
+        data, offset = self.pending, 0
+        try:
+            while offset < len(data) and not self.closing and not self.scheduled:
+                if len(self.queue) >= self.limits.max_queued:
+                    break
+                piece = data[offset : offset + SLICE]
+                offset += len(piece)
+                progress = self.progress
+                try:
+                    self.parser.feed_data(piece)
+                except httptools.HttpParserUpgrade:
+                    self._refuse(400, "protocol upgrades are not supported")
+                    return
+                except httptools.HttpParserError as exc:
+                    if not isinstance(exc.__context__, _Refused):
+                        self._refuse(400, f"malformed HTTP request: {exc}")
+                    return
+                if self.phase == _HEAD and self.progress == progress:
+                    # Nothing completed in this slice: httptools holds it as part of a header it has not finished.
+                    self.unseen += len(piece)
+                    if self.unseen > self.limits.max_head:
+                        self._refuse(431, f"the request headers are over the limit of {self.limits.max_head} bytes")
+                        return
+                else:
+                    self.unseen = 0
+                self._next()
+        finally:
+            self.feeding = False
+            self.pending = data[offset:] if offset < len(data) and not self.closing else b""
+        self._update_reading()
+        self._idle()
+
+    # -- the parser's callbacks (httptools calls these while feed_data runs) ----------------------------------------
 
     def on_message_begin(self) -> None:
         if self.closing:  # pipelined after a request that closes the connection
@@ -376,10 +419,6 @@ class _Connection(asyncio.Protocol):
         method = self.parser.get_method()
         self.queue.append((method, self.target, b"".join(self.body), self.parser.should_keep_alive(), self.reserved))
         self.body, self.reserved = [], 0
-        self._update_reading()
-        if self.waiting is None and not self.scheduled:
-            self._next()
-        self._idle()
 
     def _reserve(self, size: int) -> bool:
         if self.http.budget.take(size):
@@ -390,20 +429,28 @@ class _Connection(asyncio.Protocol):
 
     # -- answers ---------------------------------------------------------------------------------------------------
 
+    def _continue(self) -> None:
+        self.scheduled = False
+        self._next()
+        if not self.scheduled and self.pending:
+            self._feed()
+        self._update_reading()
+
     def _next(self) -> None:
         """Answer the requests read so far, a batch at a time, while the client reads its answers."""
-        self.scheduled = False
+        if self.scheduled:
+            return
         answered = 0
         while self.queue and self.waiting is None and not self.write_paused and not self.closing:
             if answered == self.limits.batch:  # let the other connections have their turn, then go on
                 self.scheduled = True
-                asyncio.get_running_loop().call_soon(self._next)
+                self.http.loop.call_soon(self._continue)
                 return
             method, target, body, keep_alive, reserved = self.queue.popleft()
             try:
                 answer = self.http.handler(method, target, body, self.identity)
             except Exception as exc:  # a handler's bug costs this request a 500, never the server
-                log.exception("answering %s %s failed", method.decode(errors="replace"), target[:200])
+                log.exception("answering %s %r failed", method.decode(errors="replace"), target[:200])
                 answer = 500, {"error": f"internal error: {type(exc).__name__}"}
             finally:
                 self.http.budget.give(reserved)
@@ -413,8 +460,8 @@ class _Connection(asyncio.Protocol):
             else:
                 self._disarm()
                 self.watching = isinstance(answer, AsyncGenerator)
-                self.waiting = asyncio.get_running_loop().create_task(self._wait(answer, keep_alive))
-            self._update_reading()
+                self.waiting = self.http.loop.create_task(self._wait(answer, keep_alive))
+                self._update_reading()
         self._idle()
 
     async def _wait(self, answer: Waiting, keep_alive: bool) -> None:
@@ -441,9 +488,7 @@ class _Connection(asyncio.Protocol):
             return  # the client went away; nothing is left to answer
         self.waiting = None
         self.watching = False
-        self._update_reading()
-        if not self.scheduled:
-            self._next()
+        self._continue()
 
     def _respond(self, status: int, document: Any, *, keep_alive: bool, extra: bytes = b"") -> None:
         payload = orjson.dumps(document)
@@ -463,6 +508,7 @@ class _Connection(asyncio.Protocol):
         if self.closing:
             return
         self.queue.clear()  # their budget is given back when the connection is lost
+        self.pending = b""
         if self.waiting is not None:
             self.waiting.cancel()
             self.waiting = None
