@@ -7,15 +7,30 @@ stubs (PyPI `container-runtime-interface-api`), so no RPC is left out: requests 
 details and metadata passed back unchanged. The server-streaming GetContainerEvents is relayed message by message,
 and a caller that goes away cancels the call upstream.
 
-Only CreateContainer is looked at. The kubelet copies the pod's annotations into the request's sandbox config, so
-the scheduler's `kubegpu.io/allocation` is there (when it is not and `--kubeconfig` is given, the pod is read from the
-API server). The allocation must be signed with this node's key, name this node and this pod (`verify.py`); then each
-resource allocated to the container goes to the plugin that owns it (`Device.kubegpu_device_edit_container`), which
-edits a runtime-neutral copy of the container config (`ContainerEdit`: device nodes, env, mounts, CDI names,
-annotations). The edit is written back into the protobuf, keeping every field the plugins do not model as the kubelet
-sent it. A refusal (missing, unsigned, tampered, copied or foreign allocation; a plugin that fails) answers
-`FAILED_PRECONDITION` naming the check, and nothing reaches the runtime. A container of a pod without a kubegpu
-allocation, or without allocated devices, is forwarded byte for byte.
+Only CreateContainer is looked at. The pod's `kubegpu.io/allocation` is the one its sandbox was created with, as the
+runtime recorded it (ListPodSandbox reports each sandbox's annotations; containerd 1.6 does), not the copy of the
+pod's current annotations the kubelet puts in the request, which the pod's owner may have changed since; the copy is
+used only when the runtime reports no annotations, and the API server (with `--kubeconfig`) when the sandbox was
+created without one. The allocation must be signed with this node's key, name this node and this pod (`verify.py`),
+and no other live (READY) sandbox on the node may hold one of its whole devices: of two verified allocations naming
+one device, the one issued earlier is stale and refused, and a device a live container already has is never given to
+another pod (shared devices, with `shares`, are not compared). One lock spans reading the sandboxes, checking and
+recording what was applied, so concurrent calls cannot both hand out a device; verified allocations are remembered
+per sandbox id.
+
+Every installed plugin declares what selects its devices (`Device.kubegpu_device_owned`: env variables, device and
+mount paths, CDI kinds); the shim removes all of it from every container, then each resource allocated to the
+container goes to the plugin that owns it (`Device.kubegpu_device_edit_container`), which adds back exactly its
+devices, editing a runtime-neutral copy of the container config (`ContainerEdit`: device nodes, env, mounts, CDI
+names, annotations). So a user-set `NVIDIA_VISIBLE_DEVICES=all` reaches the runtime removed from a container without
+an allocation, a sidecar the allocation does not name, or a container granted another plugin's devices. The edit is
+written back into the protobuf, keeping every field the plugins do not model as the kubelet sent it; a container
+with nothing to remove and nothing granted is forwarded byte for byte.
+
+Every refusal answers `FAILED_PRECONDITION` naming the check (missing, malformed, unsigned, tampered, copied or
+foreign allocation; stale or in use; a plugin that fails, whatever it raises; anything unexpected while reading or
+applying the allocation), and nothing reaches the runtime: never `UNKNOWN`, never an unanswered call. When the API
+server or the runtime cannot say what the container may have, the answer is `UNAVAILABLE` and the kubelet retries.
 
 When the runtime is down, callers get `UNAVAILABLE`, as they would from the runtime's own socket; the channel to the
 runtime reconnects by itself (backoff capped at one second), so a restarted containerd is picked up without
