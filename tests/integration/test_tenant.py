@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,17 @@ def node_of(cluster: Cluster, namespace: str, name: str) -> str | None:
 def wait_node(cluster: Cluster, namespace: str, name: str, timeout: float = 30.0) -> str:
     node: str = wait_for(lambda: node_of(cluster, namespace, name), timeout, f"{namespace}/{name} to be bound")
     return node
+
+
+def wait_ready(scheduler: Any) -> None:
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{scheduler.metrics_port}/readyz", timeout=2) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+
+    wait_for(ready, 30, "the scheduler's /readyz")
 
 
 def verified_holders(cluster: Cluster, key: bytes) -> dict[str, Counter[str]]:
@@ -213,7 +225,8 @@ def test_a_copied_allocation_never_lets_two_pods_hold_a_device(
     # A copy that sorts first in the relist, bound straight to the node, asking for nothing.
     tenant_pod(tenant, namespace, "aaa-copy", {}, annotations={ALLOCATION_KEY: stolen[ALLOCATION_KEY]}, node="trn1-cp")
     first.kill()
-    start_scheduler("kubegpu", "--no-leader-elect")
+    restarted = start_scheduler("kubegpu", "--no-leader-elect")
+    wait_ready(restarted)  # the ledger is rebuilt with the copy in it, then the copy goes
     cluster.delete_pod(namespace, "aaa-copy")
     tenant_pod(tenant, namespace, "late", {NEURON: 16})
     time.sleep(3)  # a window in which a wrong ledger would bind `late` onto the victim's devices
