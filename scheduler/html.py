@@ -243,7 +243,7 @@ def _pending(report: Report, quote: Callable[[str], str]) -> str:
         return "<p>No pod is waiting.</p>"
     reasons = Counter(p.reason for p in report.pending)
     summary = ""
-    if len(reasons) > 1 or len(report.pending) > 10:
+    if len(reasons) < len(report.pending):  # some reason is shared: count pods per reason first
         ranked = [f"<tr><td>{n}</td><td>{quote(r)}</td></tr>" for r, n in reasons.most_common()]
         head = "<table class=reasons><thead><tr><th>pods</th><th>reason</th></tr></thead><tbody>"
         summary = f"{head}{''.join(ranked[:8])}</tbody></table>"

@@ -280,7 +280,9 @@ def _node_panel(node: NodeView, unverified: dict[str, str]) -> RenderableType:
         text.append(pod)
         if pod in unverified:
             text.append(" (unverified)", style="yellow")
-    title = f"[bold]{node.name}[/] {node.instance_type + ' · ' if node.instance_type else ''}{node.pods} pods"
+    kind = f"{node.instance_type} · " if node.instance_type else ""
+    # A Text title, not markup: names and labels come from the cluster and are shown as they are.
+    title = Text.assemble((node.name, "bold"), f" {kind}{node.pods} pod{'s' if node.pods != 1 else ''}")
     return Panel(text, title=title, title_align="left", expand=False)
 
 

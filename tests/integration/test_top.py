@@ -6,6 +6,7 @@ with `capture-pane`."""
 from __future__ import annotations
 
 import json
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -89,11 +90,15 @@ def test_top_shows_the_schedulers_allocations_and_why_a_pod_waits(
     assert "p4d-top" not in text.stdout
 
     # Without the key every allocation is drawn and marked; with a wrong key none is drawn, each listed as not shown.
-    unchecked = json.loads(top(cluster, "--json").stdout)
+    plain = top(cluster, "--json")
+    assert plain.returncode == 0, plain.stderr
+    unchecked = json.loads(plain.stdout)
     assert set(unchecked["unverified"]) == {f"{namespace}/torus-8", f"{namespace}/gpus-2"}
     wrong = tmp_path / "wrong.key"
-    wrong.write_text("not the scheduler's key\n")
-    refused = json.loads(top(cluster, "--json", "--allocation-key-file", str(wrong)).stdout)
+    wrong.write_text(secrets.token_hex(32) + "\n")  # a well-formed key, just not the scheduler's
+    answer = top(cluster, "--json", "--allocation-key-file", str(wrong))
+    assert answer.returncode == 0, answer.stderr
+    refused = json.loads(answer.stdout)
     assert not any(
         h for holders in [held_by(refused, "trn1-top"), held_by(refused, "p4d-top")] for h in holders.values()
     )
