@@ -584,17 +584,21 @@ class SchedulerService:
                 self._promote()
                 if not ready:
                     continue
-                for _ in range(min(64, len(self.active))):
-                    key = next(iter(self.active))
-                    entry = self.active.pop(key)
-                    try:
-                        self._schedule(entry)
-                    except Exception as exc:
-                        request = entry.request
-                        self._internal_error(
-                            "schedule", {"name": request.name, "namespace": request.namespace, "uid": request.uid}, exc
-                        )
-                        self._retry_later(entry)
+                self._schedule_active(64)
+
+    def _schedule_active(self, limit: int) -> None:
+        """Run the cycle for up to `limit` active pods, in arrival order; a pod whose cycle raises costs only itself."""
+        for _ in range(min(limit, len(self.active))):
+            key = next(iter(self.active))
+            entry = self.active.pop(key)
+            try:
+                self._schedule(entry)
+            except Exception as exc:
+                request = entry.request
+                self._internal_error(
+                    "schedule", {"name": request.name, "namespace": request.namespace, "uid": request.uid}, exc
+                )
+                self._retry_later(entry)
 
     # -- process ----------------------------------------------------------------------------------------------------
 
