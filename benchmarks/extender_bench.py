@@ -68,8 +68,9 @@ def start_extender(cluster: Cluster, work: Path, who: str, qps: int) -> tuple[su
     url = f"http://127.0.0.1:{port}"
     common = ["--kubeconfig", str(cluster.kubeconfig), "--listen", f"127.0.0.1:{port}", "--kube-api-qps", str(qps)]
     if who == "kubegpu":
+        # Plain HTTP on loopback, as the null extender serves it, so that the two compare like for like.
         command = [sys.executable, "-m", "kubegpu", "extender", *common, "--allocation-key-file", str(work / "key"),
-                   "--kube-api-burst", str(qps), "--log-level", "warning"]  # fmt: skip
+                   "--kube-api-burst", str(qps), "--log-level", "warning", "--insecure-no-client-auth"]  # fmt: skip
     else:
         command = [sys.executable, str(HERE / "null_extender.py"), *common]
     process = subprocess.Popen(command, stdout=(work / f"{who}.log").open("ab"), stderr=subprocess.STDOUT)

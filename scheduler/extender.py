@@ -330,7 +330,7 @@ class ExtenderServer:
             raise _PodError(f"it has another UID than the one to bind ({uid}); it was recreated")
         return str((obj.get("metadata") or {}).get("resourceVersion", "")), self._pod(obj)
 
-    async def bind(self, body: bytes, caller: str | None = None) -> dict[str, Any]:
+    async def bind(self, body: bytes) -> dict[str, Any]:
         """Reserve, then write the Binding. The write and its rollback run as their own task: a caller that hangs up
         (kube-scheduler's timeout) cancels its wait, never a write half done nor the rollback after it."""
         args: BindingArgs = _parse(BindingArgs, body)
@@ -350,7 +350,7 @@ class ExtenderServer:
             decision = self.engine.reserve(pod, args.Node)
         if not decision.scheduled:
             return {"Error": f"pod {key} no longer fits node {args.Node}: {decision.reason}"}
-        task = asyncio.get_running_loop().create_task(self._place(key, pod, decision, caller))
+        task = asyncio.get_running_loop().create_task(self._place(key, pod, decision))
         self._placing.add(task)
         task.add_done_callback(self._placing.discard)
         return {"Error": await asyncio.shield(task)}
@@ -362,7 +362,7 @@ class ExtenderServer:
             log.exception("could not read back pod %s/%s after a lost Binding answer", pod.namespace, pod.name)
             return False
 
-    async def _place(self, key: str, pod: PodRequest, decision: Decision, caller: str | None) -> str:
+    async def _place(self, key: str, pod: PodRequest, decision: Decision) -> str:
         """Write the Binding; on any failure roll the reservation back. Returns the error for kube-scheduler, or ""."""
         try:
             await self._on_writer(write_placement(self.service.writer, pod, decision))
@@ -371,7 +371,7 @@ class ExtenderServer:
             # 3.11), a bug. A Binding whose answer was lost may have been written: one the API server holds stays.
             error = exc if isinstance(exc, ApiError) else ApiError(0, "ClientError", repr(exc))
             if error.status == 0 and await self._bound_as_decided(pod, decision):
-                log.info("bound (the answer was lost)", extra={"pod": key, "node": decision.node, "by": caller})
+                log.info("bound (the answer was lost)", extra={"pod": key, "node": decision.node})
                 return ""
             with self.service.lock:
                 held = self.engine.pods.get(key)
@@ -383,7 +383,7 @@ class ExtenderServer:
             )
             return f"binding {key} to {decision.node} failed: {error}"
         devices = decision.allocation.containers if decision.allocation else None
-        log.info("bound", extra={"pod": key, "node": decision.node, "devices": devices, "by": caller})
+        log.info("bound", extra={"pod": key, "node": decision.node, "devices": devices})
         return ""
 
     def preempt(self, body: bytes) -> dict[str, Any]:
@@ -613,7 +613,7 @@ class ExtenderHttpServer(HttpServer):
         if method == b"POST":
             verb = path.rsplit("/", 1)[-1]
             if verb == "bind":
-                return self._bind(body, caller)
+                return self._bind(body)
             handler = self.verbs.get(verb)
             if handler is None:
                 return 404, {"error": f"unknown verb {verb!r}; use filter, prioritize, bind or preempt"}
@@ -650,9 +650,9 @@ class ExtenderHttpServer(HttpServer):
         except Exception as exc:
             return ExtenderHttpServer._failed(verb, exc)
 
-    async def _bind(self, body: bytes, caller: str | None) -> tuple[int, Any]:
+    async def _bind(self, body: bytes) -> tuple[int, Any]:
         try:
-            return 200, await self.server.bind(body, caller)
+            return 200, await self.server.bind(body)
         except Exception as exc:
             return self._failed("bind", exc)
 

@@ -1,4 +1,6 @@
-"""`kubegpu extender` behind the real kube-scheduler 1.20.2, over HTTP and HTTPS, and its endpoints under abuse."""
+"""`kubegpu extender` behind the real kube-scheduler 1.20.2: over HTTPS with client certificates (kube-scheduler's
+extender tlsConfig) and the shipped RBAC, over plain HTTP when the operator says --insecure-no-client-auth, and its
+endpoints under abuse."""
 
 from __future__ import annotations
 
@@ -13,13 +15,19 @@ from typing import Any
 import orjson
 import pytest
 import urllib3
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, verify_allocation
+from kubegpu.core.testing import node_manifest
+from kubegpu.scheduler.extender import UNKNOWN_NODE
+from kubegpu.scheduler.kube import ApiError
 
 from .cluster import Cluster, free_port, wait_for
-from .test_scheduler import INTEL, P3, SEVEN, TRN1, bound, wait_bound
+from .test_scheduler import INTEL, P3, ROOT, SEVEN, TRN1, _apply, bound, wait_bound
+
+DEPLOY = ROOT / "examples" / "deploy" / "extender"
 
 MANAGED = [
     "aws.amazon.com/neuron",
@@ -50,38 +58,53 @@ class Process:
                 self.process.kill()
 
 
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    cert, key = directory / "tls.crt", directory / "tls.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
+def make_certs(directory: Path) -> Path:
+    """The shipped script: the extender's CA, its serving certificate for 127.0.0.1, kube-scheduler's client one."""
+    subprocess.run(["sh", str(DEPLOY / "make-certs.sh"), str(directory), "127.0.0.1"], check=True, capture_output=True)
+    return directory
+
+
+def extender_kubeconfig(cluster: Cluster, directory: Path) -> Path:
+    """A kubeconfig for the ServiceAccount of the shipped extender.yaml, with only the RBAC it grants."""
+    documents = list(yaml.safe_load_all((DEPLOY / "extender.yaml").read_text()))
+    _apply(cluster, [d for d in documents if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")])
+    token = cluster.client.post(
+        "/api/v1/namespaces/kube-system/serviceaccounts/kubegpu-extender/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600},
+        },
+    )["status"]["token"]
+    return cluster.write_kubeconfig(directory / "extender.kubeconfig", token)
 
 
 @pytest.fixture
 def extender_stack(
     cluster: Cluster, key_file: Path, tmp_path: Path
 ) -> Iterator[Callable[..., tuple[str, Process, Process]]]:
-    """Start `kubegpu extender` and a kube-scheduler whose profile `gpu-scheduler` calls it."""
+    """Start `kubegpu extender` and a kube-scheduler whose profile `gpu-scheduler` calls it. With `https`, the
+    extender requires client certificates (`tmp_path / "certs"`: make-certs.sh) and runs with the shipped RBAC."""
     started: list[Process] = []
 
     def start(https: bool) -> tuple[str, Process, Process]:
         port = free_port()
-        command = [sys.executable, "-m", "kubegpu", "extender", "--kubeconfig", str(cluster.kubeconfig),
+        kubeconfig = extender_kubeconfig(cluster, tmp_path) if https else cluster.kubeconfig
+        command = [sys.executable, "-m", "kubegpu", "extender", "--kubeconfig", str(kubeconfig),
                    "--listen", f"127.0.0.1:{port}", "--allocation-key-file", str(key_file)]  # fmt: skip
-        tls = ""
-        scheme = "http"
         if https:
-            cert, key = self_signed(tmp_path)
-            command += ["--tls-cert", str(cert), "--tls-key", str(key)]
-            tls = f"  tlsConfig:\n    caFile: {cert}\n"
-            scheme = "https"
-        url = f"{scheme}://127.0.0.1:{port}"
+            certs = make_certs(tmp_path / "certs")
+            command += ["--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key"),
+                        "--client-ca", str(certs / "ca.crt")]  # fmt: skip
+            tls = (f"  tlsConfig:\n    caFile: {certs / 'ca.crt'}\n    certFile: {certs / 'client.crt'}\n"
+                   f"    keyFile: {certs / 'client.key'}\n")  # fmt: skip
+        else:
+            command.append("--insecure-no-client-auth")
+            tls = ""
+        url = f"{'https' if https else 'http'}://127.0.0.1:{port}"
         extender = Process(command, tmp_path / "extender.log")
         started.append(extender)
-        http = urllib3.PoolManager(cert_reqs="CERT_NONE")
+        http = urllib3.PoolManager(cert_reqs="CERT_NONE")  # the probes, as the kubelet calls them
         urllib3.disable_warnings()
         assert wait_for(lambda: http.request("GET", f"{url}/healthz", timeout=1.0).status, 30, "the extender") == 200
         # Ready (503 until then) once its informers have listed the nodes and pods.
@@ -112,16 +135,41 @@ def extender_stack(
         process.stop()
 
 
+def tls_client(certs: Path | None, ca: Path) -> urllib3.PoolManager:
+    if certs is None:
+        return urllib3.PoolManager(ca_certs=str(ca), retries=False)
+    return urllib3.PoolManager(
+        ca_certs=str(ca), cert_file=str(certs / "client.crt"), key_file=str(certs / "client.key"), retries=False
+    )
+
+
+def can(cluster: Cluster, verb: str, resource: str, subresource: str = "") -> bool:
+    """Whether the shipped extender ServiceAccount may `verb` `resource` in any namespace (SubjectAccessReview)."""
+    review = cluster.client.post(
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": "system:serviceaccount:kube-system:kubegpu-extender",
+                "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"],
+                "resourceAttributes": {"verb": verb, "resource": resource, "subresource": subresource},
+            },
+        },
+    )
+    return bool(review["status"].get("allowed"))
+
+
 @pytest.mark.parametrize("https", [False, True], ids=["http", "https"])
 def test_kube_scheduler_binds_device_pods_through_the_extender(
-    https: bool, cluster: Cluster, namespace: str, extender_stack: Any, key_file: Path
+    https: bool, cluster: Cluster, namespace: str, extender_stack: Any, key_file: Path, tmp_path: Path
 ) -> None:
     cluster.create_ready_node("trn1-x", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16})
     cluster.create_ready_node("p3-x", labels=P3, allocatable={"nvidia.com/gpu": 8})
     cluster.create_ready_node(
         "intel-x", labels=INTEL, allocatable={"gpu.intel.com/i915": 8, "gpu.intel.com/memory.max": "16G"}
     )
-    _, extender, scheduler = extender_stack(https)
+    url, extender, scheduler = extender_stack(https)
     pods = {
         "torus-4": {"main": {"aws.amazon.com/neurondevice": 4}},
         "gpu-2": {"main": {"nvidia.com/gpu": 2}},
@@ -157,6 +205,28 @@ def test_kube_scheduler_binds_device_pods_through_the_extender(
     message = wait_for(refusal, 60, "kube-scheduler's FailedScheduling event with kubegpu's reason")
     assert message.startswith("0/4 nodes are available: "), message
     assert "seven" not in bound(cluster, namespace)
+    if https:
+        assert "forbidden" not in extender.output().lower(), extender.output()[-3000:]
+        assert not can(cluster, "patch", "pods") and can(cluster, "create", "pods", "binding")
+        the_callers_own_choice(url, namespace, tmp_path)
+        assert "seven" not in bound(cluster, namespace)
+        assert extender.process.poll() is None
+
+
+def the_callers_own_choice(url: str, namespace: str, tmp_path: Path) -> None:
+    """Finding 3 of issue 10: whoever reached the port could bind any pending pod to any node. Now only a caller
+    with a client certificate from the extender's CA may; the monitoring API, naming every namespace's pods, too."""
+    certs, theirs = tmp_path / "certs", make_certs(tmp_path / "theirs")
+    bind = orjson.dumps({"PodName": "seven", "PodNamespace": namespace, "Node": "trn1-y"})
+    anonymous = tls_client(None, certs / "ca.crt")
+    for method, path, body in (("POST", "/bind", bind), ("GET", "/apis/kubegpu/v1/pods", None)):
+        refused = anonymous.request(method, f"{url}{path}", body=body)
+        assert refused.status == 401 and b"client certificate" in refused.data, refused.data
+        # A certificate from another CA fails the handshake (TLS 1.3: the client may see only the connection drop).
+        with pytest.raises((urllib3.exceptions.SSLError, urllib3.exceptions.ProtocolError)):
+            tls_client(theirs, certs / "ca.crt").request(method, f"{url}{path}", body=body)
+    listed = tls_client(certs, certs / "ca.crt").request("GET", f"{url}/apis/kubegpu/v1/pods")
+    assert listed.status == 200 and orjson.loads(listed.data)["items"]
 
 
 def test_the_monitoring_api_lists_and_watches_holders(cluster: Cluster, namespace: str, extender_stack: Any) -> None:
@@ -236,3 +306,18 @@ def test_the_endpoints_survive_malformed_and_hostile_bodies(
     filtered = orjson.loads(http.request("POST", f"{url}/filter", body=orjson.dumps(body)).data)
     assert SEVEN in filtered["FailedAndUnresolvableNodes"]["trn1-z"]
     assert extender.process.poll() is None
+
+    # A caller's invented node is refused, never learnt: no pod can be bound to it afterwards.
+    invented = node_manifest("invented", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16})
+    one = {"limits": {"aws.amazon.com/neurondevice": "1"}}
+    cluster.create_pod(namespace, "lured", {"main": {"aws.amazon.com/neurondevice": 1}}, scheduler="nobody")
+    lured = {"metadata": {"name": "lured", "namespace": namespace},
+             "spec": {"containers": [{"name": "main", "resources": one}]}}  # fmt: skip
+    answer = http.request("POST", f"{url}/filter", body=orjson.dumps({"Pod": lured, "Nodes": {"items": [invented]}}))
+    assert orjson.loads(answer.data)["FailedNodes"] == {"invented": UNKNOWN_NODE}
+    bind = {"PodName": "lured", "PodNamespace": namespace, "Node": "invented"}
+    refused = orjson.loads(http.request("POST", f"{url}/bind", body=orjson.dumps(bind)).data)
+    assert "unknown to kubegpu" in refused["Error"], refused
+    with pytest.raises(ApiError):
+        cluster.client.get("/api/v1/nodes/invented")
+    assert "lured" not in bound(cluster, namespace)
