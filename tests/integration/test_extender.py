@@ -231,7 +231,8 @@ def the_callers_own_choice(url: str, namespace: str, tmp_path: Path) -> None:
 
 def test_the_monitoring_api_lists_and_watches_holders(cluster: Cluster, namespace: str, extender_stack: Any) -> None:
     cluster.create_ready_node("p3-y", labels=P3, allocatable={"nvidia.com/gpu": 8})
-    url, _, _ = extender_stack(False)
+    url, extender, _ = extender_stack(False)
+    assert "--insecure-no-client-auth: callers are not authenticated" in extender.output()
     http = urllib3.PoolManager()
     watch = http.request("GET", f"{url}/apis/kubegpu/v1/pods?watch=true", preload_content=False, timeout=30)
     cluster.create_pod(namespace, "watched", {"main": {"nvidia.com/gpu": 4}}, scheduler="gpu-scheduler")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,3 +258,16 @@ def test_without_a_client_ca_nothing_is_asked(server: ExtenderHttpServer) -> Non
     with connect(server) as sock:
         sock.sendall(PODS)
         assert read_response(sock, bytearray())[0] == 200
+
+
+def test_the_extender_refuses_to_start_without_client_authentication(tmp_path: Path) -> None:
+    """Without --client-ca the operator must say --insecure-no-client-auth; otherwise nothing is served."""
+    for tls in ([], ["--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key")]):
+        result = subprocess.run(
+            [sys.executable, "-m", "kubegpu", "extender", "--listen", "127.0.0.1:0", "--allocation-key-file",
+             str(tmp_path / "key"), *tls],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode != 0
+        assert "refusing to serve without client authentication" in result.stderr, result.stderr
+        assert "--insecure-no-client-auth" in result.stderr
