@@ -52,7 +52,7 @@ from integration.containerd import (  # noqa: E402
 from kubegpu.core.manifests import pod_request  # noqa: E402
 from kubegpu.core.plugin_manager import make_plugin_manager  # noqa: E402
 from kubegpu.core.testing import make_node, pod_manifest  # noqa: E402
-from kubegpu.crishim.shim import ContainerEditor  # noqa: E402
+from kubegpu.crishim.shim import ContainerEditor, RuntimeSandboxes, SandboxSource  # noqa: E402
 from kubegpu.scheduler.engine import Engine  # noqa: E402
 
 NODE = "bench-node"
@@ -96,12 +96,13 @@ def signed_allocation(key: bytes, uid: str) -> dict[str, str]:
     return dict(decision.annotations)
 
 
-def make_editor(key: bytes, dev: Path) -> ContainerEditor:
-    """The shim's CreateContainer logic in-process, with the FPGA plugin: what `kubegpu crishim` runs per request."""
+def make_editor(key: bytes, dev: Path, sandboxes: SandboxSource | None = None) -> ContainerEditor:
+    """The shim's CreateContainer logic in-process, with the FPGA plugin: what `kubegpu crishim` runs per request
+    (with `sandboxes`, also its reading of the runtime's sandboxes and the check that no device is held twice)."""
     import kubegpu_fpga.device as fpga_device
 
     plugins = make_plugin_manager("device", plugins=[("fpga", fpga_device)], autoload=False)
-    return ContainerEditor(plugins, node=NODE, key=key, dev_root=dev)
+    return ContainerEditor(plugins, node=NODE, key=key, dev_root=dev, sandboxes=sandboxes)
 
 
 def bench_create_start(
@@ -151,7 +152,13 @@ def bench_create_start(
     return times["direct"], times["shim"]
 
 
-def editor_cost(editor: ContainerEditor, logs: Path, rounds: int = 2000) -> None:
+def editor_cost(
+    editor: ContainerEditor,
+    logs: Path,
+    rounds: int = 2000,
+    label: str = "  of which the edit itself",
+    what: str = "decode, verify, plugin, encode; in-process, no I/O",
+) -> None:
     """The shim's own work per CreateContainer (decode, verify, plugin edit, encode), without any I/O."""
     uid = "uid-cost"
     request = api_pb2.CreateContainerRequest(
@@ -166,10 +173,7 @@ def editor_cost(editor: ContainerEditor, logs: Path, rounds: int = 2000) -> None
         started = time.perf_counter()
         editor.create_container(request)
         times.append(time.perf_counter() - started)
-    print(
-        f"{'  of which the edit itself':<34} p50 {percentile(times, 0.5) * 1e3:.3f} ms p99 "
-        f"{percentile(times, 0.99) * 1e3:.3f} ms (decode, verify, plugin, encode; in-process, no I/O)"
-    )
+    print(f"{label:<34} p50 {percentile(times, 0.5) * 1e3:.3f} ms p99 {percentile(times, 0.99) * 1e3:.3f} ms ({what})")
 
 
 class ByteRelay:
@@ -278,6 +282,13 @@ def main() -> int:
                 for i in range(args.containers):
                     direct.create(filler, container_config(f"c{i}"), sandbox)
                 present = len(direct.containers())
+                editor_cost(
+                    make_editor(key, work / "dev", sandboxes=RuntimeSandboxes(direct.channel)),
+                    work,
+                    rounds=500,
+                    label="  the edit with the runtime's view",
+                    what="plus one ListPodSandbox and the exclusivity check, in-process",
+                )
                 relay = ByteRelay(work / "relay.sock", containerd.socket)
                 floor = Cri(f"unix://{work / 'relay.sock'}")
                 calls: list[tuple[str, Callable[[Cri], object]]] = [
