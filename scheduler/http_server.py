@@ -255,8 +255,7 @@ class _Connection(asyncio.Protocol):
         self.write_paused = False
         if self.phase == _BETWEEN:
             self._disarm()
-        self._next()
-        self._update_reading()
+        self._proceed()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -431,6 +430,10 @@ class _Connection(asyncio.Protocol):
 
     def _continue(self) -> None:
         self.scheduled = False
+        self._proceed()
+
+    def _proceed(self) -> None:
+        """Answer what waits, then parse what was left unparsed, as far as this turn allows."""
         self._next()
         if not self.scheduled and self.pending:
             self._feed()
@@ -488,7 +491,7 @@ class _Connection(asyncio.Protocol):
             return  # the client went away; nothing is left to answer
         self.waiting = None
         self.watching = False
-        self._continue()
+        self._proceed()
 
     def _respond(self, status: int, document: Any, *, keep_alive: bool, extra: bytes = b"") -> None:
         payload = orjson.dumps(document)

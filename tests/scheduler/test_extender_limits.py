@@ -443,3 +443,22 @@ def test_watchers_share_one_view_and_get_only_what_changed(
             events = read_chunk(sock, buffer)
             assert [(e["type"], e["object"]["name"]) for e in events] == [("MODIFIED", "p3-7")]  # type: ignore[index]
         assert len(described) == NODES + 2
+
+
+def test_a_long_pipeline_read_late_is_answered_whole_and_in_order(
+    serve: Callable[[Limits], ExtenderHttpServer],
+) -> None:
+    """Pausing and resuming loses nothing: 3000 pipelined requests, sent before the client reads any answer (so
+    reading pauses, with requests left unparsed), are all answered, in order, once it reads."""
+    server = serve(Limits())
+    requests = [post("/filter", FILTER) if i % 3 else GET_HEALTH for i in range(3000)]
+    with connect(server, timeout=10) as sock:
+        sender = threading.Thread(target=sock.sendall, args=(b"".join(requests),), daemon=True)
+        sender.start()
+        wait_until(lambda: any(c.read_paused for c in server.connections), 10, "reading paused")
+        buffer = bytearray()
+        for i in range(3000):
+            status, _, body = read_response(sock, buffer)
+            assert status == 200
+            assert ("NodeNames" in orjson.loads(body)) == bool(i % 3), i
+        sender.join(10)
