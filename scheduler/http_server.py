@@ -71,7 +71,7 @@ class Limits:
     body_budget: int = 128 * MiB  # all bodies being read or waiting for their answer, across connections (503)
     max_connections: int = 1024  # connections served at once (503 to the next one)
     max_queued: int = 32  # pipelined requests read ahead of their answers before reading pauses
-    batch: int = 16  # pipelined answers given in one go before the other connections get their turn
+    batch: int = 4  # pipelined answers per turn of the loop before the other connections get theirs
     header_timeout: float = 10.0  # seconds from a request's first byte (or the connection's start) to its last header
     body_timeout: float = 60.0  # seconds from the last header to the end of the body
     idle_timeout: float = 60.0  # seconds a connection may wait between requests, or leave its answers unread
@@ -174,7 +174,7 @@ class HttpServer:
 
 # A connection is in one of these phases; the deadline that runs depends on it.
 _HEAD, _BODY, _BETWEEN = "head", "body", "between"
-SLICE = 16 * KiB  # received bytes are parsed this much at a time, so that parsing can stop between requests
+SLICE = 4 * KiB  # received bytes are parsed this much at a time, so that parsing can stop between requests
 
 
 class _Connection(asyncio.Protocol):
@@ -243,7 +243,7 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self.pending = self.pending + data if self.pending else data
-        self._feed()
+        self._feed(self.limits.batch)
 
     def pause_writing(self) -> None:
         """The client is not reading its answers: stop reading its requests until it does."""
@@ -321,7 +321,8 @@ class _Connection(asyncio.Protocol):
 
     # -- parsing -----------------------------------------------------------------------------------------------------
 
-    def _feed(self) -> None:
+    def _feed(self, allowance: int) -> None:
+        """Parse `pending` and answer what completes, up to `allowance` answers in this turn of the loop."""
         if self.feeding:  # called back from inside the parser: the outer call goes on
             return
         self.feeding = True
@@ -350,7 +351,7 @@ class _Connection(asyncio.Protocol):
                         return
                 else:
                     self.unseen = 0
-                self._next()
+                allowance = self._next(allowance)
         finally:
             self.feeding = False
             self.pending = data[offset:] if offset < len(data) and not self.closing else b""
@@ -400,7 +401,7 @@ class _Connection(asyncio.Protocol):
         self._arm(self.limits.body_timeout, "the request body did not arrive in time")
         if self.length and not self._reserve(self.length):
             raise _Refused
-        if self.expect_continue and self.transport is not None:
+        if self.expect_continue and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, chunk: bytes) -> None:
@@ -434,21 +435,21 @@ class _Connection(asyncio.Protocol):
 
     def _proceed(self) -> None:
         """Answer what waits, then parse what was left unparsed, as far as this turn allows."""
-        self._next()
+        allowance = self._next(self.limits.batch)
         if not self.scheduled and self.pending:
-            self._feed()
+            self._feed(allowance)
         self._update_reading()
 
-    def _next(self) -> None:
-        """Answer the requests read so far, a batch at a time, while the client reads its answers."""
+    def _next(self, allowance: int) -> int:
+        """Answer the requests read so far, at most `allowance` of them in this turn of the loop, while the client
+        reads its answers. Returns the allowance left."""
         if self.scheduled:
-            return
-        answered = 0
+            return 0
         while self.queue and self.waiting is None and not self.write_paused and not self.closing:
-            if answered == self.limits.batch:  # let the other connections have their turn, then go on
+            if allowance <= 0:  # let the other connections have their turn, then go on
                 self.scheduled = True
                 self.http.loop.call_soon(self._continue)
-                return
+                return 0
             method, target, body, keep_alive, reserved = self.queue.popleft()
             try:
                 answer = self.http.handler(method, target, body, self.identity)
@@ -457,15 +458,20 @@ class _Connection(asyncio.Protocol):
                 answer = 500, {"error": f"internal error: {type(exc).__name__}"}
             finally:
                 self.http.budget.give(reserved)
-            answered += 1
+            allowance -= 1
             if isinstance(answer, tuple):
-                self._respond(*answer, keep_alive=keep_alive)
+                try:
+                    self._respond(*answer, keep_alive=keep_alive)
+                except ConnectionResetError:  # the client went away: nothing more to answer
+                    self.close()
+                    return 0
             else:
                 self._disarm()
                 self.watching = isinstance(answer, AsyncGenerator)
                 self.waiting = self.http.loop.create_task(self._wait(answer, keep_alive))
                 self._update_reading()
         self._idle()
+        return allowance
 
     async def _wait(self, answer: Waiting, keep_alive: bool) -> None:
         try:
