@@ -10,22 +10,36 @@ earlier pod of that namespace/name and releases its devices; a Pod with `spec.no
 `devices` equals the `containers` of the `kubegpu.io/allocation` annotation. Without `--json` it prints a report:
 placements, per-node device occupancy maps and a summary. Invalid input exits with status 2 and a message naming the
 document and field, before anything is scheduled; unschedulable pods are not an error.
+
+Every input is a file someone handed over, so reading one is bounded, and a bad one exits with status 2 and a
+message naming the file: at most `MAX_INPUT_BYTES` (64 MiB) per file and `MAX_DOCUMENTS` (1,000,000) documents;
+UTF-8 text only (no NUL bytes); YAML nested at most `MAX_DEPTH` (100) levels (libyaml's composer recurses on the C
+stack and crashes the process some 25,000 levels down), aliases and merge keys standing for at most
+`MAX_ALIAS_NODES` (100,000) nodes per document (an 800-byte chain of anchors doubles at every level), integers of at
+most 64 characters; JSON nested at most 1024 levels (orjson's own limit). A reader that goes away early
+(`kubegpu simulate ... | head`) ends the run quietly with status 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import resource
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 import yaml
+from yaml.composer import Composer, ComposerError
+from yaml.constructor import ConstructorError, SafeConstructor
+from yaml.nodes import Node
+from yaml.resolver import Resolver
 
 from kubegpu.core.errors import InputError
 from kubegpu.core.manifests import node_info, pod_request
@@ -38,11 +52,11 @@ __all__ = ["SimulationError", "add_simulate_parser", "load_documents", "run"]
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 MAX_MAPS = 40
-
-try:
-    _YamlLoader: Any = yaml.CSafeLoader
-except AttributeError:  # PyYAML built without libyaml
-    _YamlLoader = yaml.SafeLoader
+MAX_INPUT_BYTES = 64 * 1024 * 1024
+MAX_DOCUMENTS = 1_000_000
+MAX_DEPTH = 100
+MAX_ALIAS_NODES = 100_000
+MAX_INTEGER_CHARS = 64
 
 
 class SimulationError(InputError):
@@ -56,14 +70,166 @@ class PodEvent:
     deleting: bool
 
 
+# ------------------------------------------------------------------------------------------------------------
+# Reading input files: bounded in size, nesting, alias expansion and integer length
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _bounded_int(loader: Any, node: Any) -> Any:
+    """YAML integers as PyYAML reads them, but short: `1:1:1:...` (base 60) or 5000 digits cost quadratic time."""
+    if len(node.value) > MAX_INTEGER_CHARS:
+        raise ConstructorError(
+            None, None, f"an integer of {len(node.value)} characters (at most {MAX_INTEGER_CHARS})", node.start_mark
+        )
+    return SafeConstructor.construct_yaml_int(loader, node)
+
+
+try:
+    from yaml import CSafeLoader as _FastBase
+    from yaml.cyaml import CParser as _EventSource  # type: ignore[attr-defined]  # the stubs leave it out
+except ImportError:  # PyYAML built without libyaml
+    _FastBase = yaml.SafeLoader  # type: ignore[assignment,misc]
+    _EventSource = None  # type: ignore[assignment,misc]
+
+
+class _FastLoader(_FastBase):
+    """libyaml all the way: for text that `_plainly_shallow` has shown cannot nest deeply or use aliases."""
+
+
+_FastLoader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
+
+
+class _CheckedComposer(Composer):
+    """PyYAML's composer, counting nesting depth and the nodes that aliases stand for as it builds each document."""
+
+    peek_event: Callable[[], Any]  # the parser's, further down the loader's bases
+    _depth = 0
+    _aliased = 0  # nodes that aliases (merge keys included) stand for, in this document
+    _composed = 0  # nodes composed so far in this document, each alias counted as the nodes it stands for
+    _sizes: dict[str, int]
+
+    def compose_document(self) -> Node | None:
+        self._depth = self._aliased = self._composed = 0
+        self._sizes = {}
+        node: Node | None = super().compose_document()
+        return node
+
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
+        event: Any = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            size = self._sizes.get(event.anchor or "", 1)
+            self._aliased += size
+            self._composed += size
+            if self._aliased > MAX_ALIAS_NODES:
+                mark: Any = event.start_mark
+                raise ComposerError(None, None, f"aliases stand for more than {MAX_ALIAS_NODES} nodes", mark)
+            node: Node | None = super().compose_node(parent, index)
+            return node
+        if self._depth >= MAX_DEPTH:
+            raise ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep", event.start_mark)
+        self._depth += 1
+        first = self._composed
+        self._composed += 1
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            self._sizes[anchor] = self._composed - first
+        return node
+
+
+if _EventSource is not None:
+
+    class _CheckedLoader(_CheckedComposer, _EventSource, SafeConstructor, Resolver):
+        """libyaml's parser (events only: it does not recurse) under the checking composer."""
+
+        def __init__(self, stream: str) -> None:
+            _EventSource.__init__(self, stream)
+            _CheckedComposer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+else:
+
+    class _CheckedLoader(_CheckedComposer, yaml.SafeLoader):  # type: ignore[no-redef]
+        """The pure-Python loader under the checking composer."""
+
+
+_CheckedLoader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
+
+# Where a document ends: `---` or `...` at the start of a line. libyaml ends a document there whatever came before
+# (a scalar stops, a flow collection is an error), so no document spans two of these pieces.
+_DOCUMENT_MARKER = re.compile(r"^(?:---|\.\.\.)(?=[ \t\r\n]|$)", re.MULTILINE)
+# The longest run of spaces and indicators (`- `, `? `, `: `) that starts a line bounds the column of any block
+# collection that starts on it. YAML also breaks lines at `\r`, NEL, LS and PS: text holding those is read as `\n`.
+_INDENT_LIMIT = 40
+_DEEP_INDENT = re.compile(rf"\n[ \t?:-]{{{_INDENT_LIMIT}}}")
+_OTHER_BREAKS = re.compile("[\r\x85\u2028\u2029]")
+_FLOW_LIMIT = MAX_DEPTH - 2 * _INDENT_LIMIT
+
+
+def _plainly_shallow(text: str) -> bool:
+    """Whether `text` provably nests at most `MAX_DEPTH` levels and uses no alias, judged in C-speed passes.
+
+    Block collections nest only at strictly larger columns, but for one sequence at its mapping's column, so with no
+    line starting with `_INDENT_LIMIT` or more spaces and indicators they nest at most 2 * `_INDENT_LIMIT` deep; flow
+    collections nest at most as deep as a document has `[` and `{`. An alias needs an anchor (`&`).
+    """
+    if "&" in text:
+        return False
+    lines = "\n" + (_OTHER_BREAKS.sub("\n", text) if _OTHER_BREAKS.search(text) else text)
+    if _DEEP_INDENT.search(lines):
+        return False
+    return all(piece.count("[") + piece.count("{") <= _FLOW_LIMIT for piece in _DOCUMENT_MARKER.split(text))
+
+
+def _load_yaml(text: str, name: str) -> Iterator[Any]:
+    loader: Any = _FastLoader if _plainly_shallow(text) else _CheckedLoader
+    try:
+        for count, document in enumerate(yaml.load_all(text, Loader=loader), 1):
+            if count > MAX_DOCUMENTS:
+                raise SimulationError(f"{name}: more than {MAX_DOCUMENTS} YAML documents")
+            if document is not None:
+                yield document
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or exc
+        raise SimulationError(f"{name}:{where}: not valid YAML ({problem})") from None
+
+
+def _read_text(path: Path) -> str:
+    """The file's text: at most `MAX_INPUT_BYTES` of UTF-8 without NUL bytes (an optional BOM dropped)."""
+    stdin = str(path) == "-"
+    name = "standard input" if stdin else str(path)
+    try:
+        if stdin:
+            source = getattr(sys.stdin, "buffer", None)
+            data = source.read(MAX_INPUT_BYTES + 1) if source is not None else sys.stdin.read().encode()
+        else:
+            with path.open("rb") as handle:
+                data = handle.read(MAX_INPUT_BYTES + 1)
+    except OSError as exc:
+        raise SimulationError(f"{name}: cannot read ({exc.strerror})") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise SimulationError(f"{name}: larger than {MAX_INPUT_BYTES >> 20} MiB; split it into several files")
+    zero = data.find(b"\0")
+    if zero >= 0:
+        raise SimulationError(f"{name}: binary data (a NUL byte at offset {zero}), not a YAML or JSON text file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SimulationError(
+            f"{name}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
 def _read_documents(path: Path) -> Iterator[tuple[str, Any]]:
     """(label, document) pairs of one file; `label` is `file#N` (N counts documents from 1)."""
-    try:
-        text = path.read_text() if str(path) != "-" else sys.stdin.read()
-    except OSError as exc:
-        raise SimulationError(f"{path}: cannot read ({exc.strerror})") from None
+    text = _read_text(path)
     stripped = text.lstrip()
-    documents: list[Any]
+    documents: Iterator[Any] | list[Any]
     if stripped.startswith(("{", "[")):
         try:
             documents = [orjson.loads(text)]
@@ -77,12 +243,7 @@ def _read_documents(path: Path) -> Iterator[tuple[str, Any]]:
                 except orjson.JSONDecodeError as exc:
                     raise SimulationError(f"{path}: line {number}: not valid JSON ({exc})") from None
     else:
-        try:
-            documents = [d for d in yaml.load_all(text, Loader=_YamlLoader) if d is not None]
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            raise SimulationError(f"{path}:{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        documents = _load_yaml(text, str(path))
     number = 0
     for document in documents:
         items = document if isinstance(document, list) else [document]
@@ -92,11 +253,15 @@ def _read_documents(path: Path) -> Iterator[tuple[str, Any]]:
                 if not isinstance(inner, list):
                     number += 1
                     raise SimulationError(f"{path}#{number}: items: a List needs an items array")
+                if number + len(inner) > MAX_DOCUMENTS:
+                    raise SimulationError(f"{path}: more than {MAX_DOCUMENTS} documents")
                 for element in inner:
                     number += 1
                     yield f"{path}#{number}", element
             else:
                 number += 1
+                if number > MAX_DOCUMENTS:
+                    raise SimulationError(f"{path}: more than {MAX_DOCUMENTS} documents")
                 yield f"{path}#{number}", item
 
 
@@ -235,6 +400,20 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        # The reader went away (`kubegpu simulate ... | head`): it has all it wanted. Point stdout at devnull, as
+        # Python's documentation recommends, so the flush at exit does not fail a second time.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 0
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         nodes, pods = load_documents([Path(f) for f in args.files])
     except SimulationError as exc:
