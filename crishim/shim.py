@@ -1,11 +1,16 @@
 """`kubegpu crishim`: the CRI shim between the kubelet and containerd that hands each container its devices.
 
-The kubelet talks CRI (`runtime.v1` RuntimeService and ImageService) to the shim's unix socket; the shim forwards
-every call to the runtime's socket. The method table is generated from the service descriptors of the generated
-stubs (PyPI `container-runtime-interface-api`), so no RPC is left out: requests and responses travel as raw bytes
-(never decoded, so never altered), with the caller's metadata, the remaining deadline, and the runtime's status code,
-details and metadata passed back unchanged. The server-streaming GetContainerEvents is relayed message by message,
-and a caller that goes away cancels the call upstream.
+The kubelet talks CRI (RuntimeService and ImageService, `runtime.v1` from kubelet 1.23 on, `runtime.v1alpha2`
+before: both are served) to the shim's unix socket; the shim forwards every call to the runtime's socket. The method
+table is generated from the service descriptors of the generated stubs (PyPI `container-runtime-interface-api`), so
+no RPC is left out: requests and responses travel as raw bytes (never decoded, so never altered), with the caller's
+metadata, the remaining deadline, and the runtime's status code, details and metadata passed back unchanged. The
+server-streaming GetContainerEvents is relayed message by message, and a caller that goes away cancels the call
+upstream.
+
+Each version is forwarded in the same version while the runtime speaks it, else in the other one
+(`RuntimeVersions`): v1 is v1alpha2 graduated, the messages they share have the same field numbers, so the bytes of a
+request of one are a valid request of the other. containerd 1.6 speaks both; containerd 2.0 only v1.
 
 Only CreateContainer is looked at. The pod's `kubegpu.io/allocation` is the one its sandbox was created with, as the
 runtime recorded it (ListPodSandbox reports each sandbox's annotations; containerd 1.6 does), not the copy of the
@@ -55,6 +60,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import grpc
 from cri_api.v1 import api_pb2
+from cri_api.v1alpha2 import api_pb2 as v1alpha2_pb2
 from pydantic import ValidationError
 
 from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord
@@ -77,6 +83,7 @@ __all__ = [
     "PodSource",
     "RunningShim",
     "RuntimeSandboxes",
+    "RuntimeVersions",
     "Sandbox",
     "SandboxSource",
     "add_crishim_parser",
@@ -96,14 +103,15 @@ log = logging.getLogger("kubegpu.crishim")
 
 EDIT_HOOK = "kubegpu_device_edit_container"
 OWNED_HOOK = "kubegpu_device_owned"
-RUNTIME_SERVICE = "runtime.v1.RuntimeService"
-CREATE_CONTAINER = f"/{RUNTIME_SERVICE}/CreateContainer"
+# The CRI versions served, each by the generated module that describes it. v1 first: the shim asks the runtime in v1.
+CRI_VERSIONS: dict[str, Any] = {"v1": api_pb2, "v1alpha2": v1alpha2_pb2}
+RUNTIME = "RuntimeService"
 CDI_ANNOTATION = "cdi.k8s.io/kubegpu"  # where `--cdi annotation` puts the CDI names the plugins added
 CdiMode = Literal["field", "annotation", "off"]
 DESCRIPTION = (
-    "Serve CRI runtime.v1 on --listen, forwarding every call to --runtime-endpoint; CreateContainer requests of pods "
-    "with a kubegpu.io/allocation are verified (signature, node, pod) and edited by the owning device plugins "
-    "(device nodes, env, mounts, CDI names)."
+    "Serve CRI runtime.v1 and runtime.v1alpha2 on --listen, forwarding every call to --runtime-endpoint in a "
+    "version it speaks; CreateContainer requests of pods with a kubegpu.io/allocation are verified (signature, node, "
+    "pod) and edited by the owning device plugins (device nodes, env, mounts, CDI names)."
 )
 
 # A deadline further away than this is "no deadline": the sync server reports ~9.2e18 s when the caller set none.
@@ -181,8 +189,8 @@ class SandboxSource(Protocol):
 
 
 class RuntimeSandboxes:
-    """`SandboxSource` over the runtime's CRI socket: one ListPodSandbox (ListContainers only when two live pods
-    claim the same device)."""
+    """`SandboxSource` over the runtime's CRI socket, in whichever version it speaks: one ListPodSandbox
+    (ListContainers only when two live pods claim the same device)."""
 
     LIVE = (
         api_pb2.ContainerState.CONTAINER_CREATED,
@@ -190,22 +198,17 @@ class RuntimeSandboxes:
         api_pb2.ContainerState.CONTAINER_UNKNOWN,
     )
 
-    def __init__(self, channel: grpc.Channel, timeout: float = 10.0) -> None:
-        self.list_sandboxes = channel.unary_unary(
-            f"/{RUNTIME_SERVICE}/ListPodSandbox",
-            request_serializer=api_pb2.ListPodSandboxRequest.SerializeToString,
-            response_deserializer=api_pb2.ListPodSandboxResponse.FromString,
-        )
-        self.list_containers = channel.unary_unary(
-            f"/{RUNTIME_SERVICE}/ListContainers",
-            request_serializer=api_pb2.ListContainersRequest.SerializeToString,
-            response_deserializer=api_pb2.ListContainersResponse.FromString,
-        )
+    def __init__(self, versions: RuntimeVersions, timeout: float = 10.0) -> None:
+        self.versions = versions
         self.timeout = timeout
+
+    def _call(self, method: str, request: Any, response_type: Any) -> Any:
+        body, _ = self.versions.call("v1", RUNTIME, method, request.SerializeToString(), timeout=self.timeout)
+        return response_type.FromString(body)
 
     def sandboxes(self) -> list[Sandbox]:
         try:
-            response = self.list_sandboxes(api_pb2.ListPodSandboxRequest(), timeout=self.timeout)
+            response = self._call("ListPodSandbox", api_pb2.ListPodSandboxRequest(), api_pb2.ListPodSandboxResponse)
         except grpc.RpcError as exc:
             raise ConnectionError(f"asking the runtime for its pod sandboxes: {_rpc_error(exc)}") from None
         ready = api_pb2.PodSandboxState.SANDBOX_READY
@@ -225,7 +228,7 @@ class RuntimeSandboxes:
     def live_containers(self, sandbox_id: str) -> list[str]:
         request = api_pb2.ListContainersRequest(filter=api_pb2.ContainerFilter(pod_sandbox_id=sandbox_id))
         try:
-            response = self.list_containers(request, timeout=self.timeout)
+            response = self._call("ListContainers", request, api_pb2.ListContainersResponse)
         except grpc.RpcError as exc:
             raise ConnectionError(f"asking the runtime for the containers of {sandbox_id}: {_rpc_error(exc)}") from None
         return [c.metadata.name for c in response.containers if c.state in self.LIVE]
@@ -290,8 +293,12 @@ class ContainerEditor:
 
     # -- CreateContainer -----------------------------------------------------------------------------------------
 
-    def create_container(self, body: bytes) -> bytes:
+    def create_container(self, body: bytes, *, cdi: CdiMode | None = None) -> bytes:
         """The request bytes to forward: `body` itself when nothing changes, else the edited request.
+
+        `body` is a CreateContainerRequest of CRI v1 or v1alpha2 (the fields read and edited have the same numbers);
+        `cdi` overrides the editor's CDI mode for this call (`annotation` for a runtime spoken to in v1alpha2, whose
+        ContainerConfig has no CDI field).
 
         Raises `AllocationRefused` (answer FAILED_PRECONDITION), for a failed check and for anything else that goes
         wrong while reading, verifying or applying the allocation; or `ConnectionError` (the API server or the
@@ -305,7 +312,7 @@ class ContainerEditor:
         pod = PodIdentity(metadata.namespace, metadata.name, metadata.uid)
         container = request.config.metadata.name
         try:
-            return self._create(request, body, pod, container)
+            return self._create(request, body, pod, container, cdi or self.cdi)
         except (AllocationRefused, ConnectionError):
             raise
         except Exception as exc:
@@ -316,29 +323,29 @@ class ContainerEditor:
                 f"({_brief(exc)}); the container is not created",
             ) from None
 
-    def _create(self, request: Any, body: bytes, pod: PodIdentity, container: str) -> bytes:
+    def _create(self, request: Any, body: bytes, pod: PodIdentity, container: str, cdi: CdiMode) -> bytes:
         # The kubelet's copy of the pod's annotations, else (with --kubeconfig) the API server's.
         fallback = request.sandbox_config.annotations.get(ALLOCATION_KEY)
         from_api = fallback is None
         if fallback is None:
             fallback = self._allocation_from_api(pod, container)
             if fallback is None:
-                return self._edit(request, body, pod, container, None)
+                return self._edit(request, body, pod, container, None, cdi)
         if self.sandboxes is None:
             record = verified_allocation(fallback, key=self.key, node=self.node, pod=pod)
-            return self._edit(request, body, pod, container, record)
+            return self._edit(request, body, pod, container, record, cdi)
         with self._lock:
             listed = {s.id: s for s in self.sandboxes.sandboxes()}
             self._forget_all_but(listed)
             own = listed.get(request.pod_sandbox_id)
             text = self._sandbox_allocation(own, fallback, from_api, pod, container)
             if text is None:
-                return self._edit(request, body, pod, container, None)
+                return self._edit(request, body, pod, container, None, cdi)
             record = self._verified_for(request.pod_sandbox_id, text, pod)
             wanted = _whole_devices(record, container)
             if wanted:
                 self._check_exclusive(request.pod_sandbox_id, pod, container, record, wanted, listed.values())
-            edited = self._edit(request, body, pod, container, record)
+            edited = self._edit(request, body, pod, container, record, cdi)
             if wanted:
                 self._applied.setdefault(request.pod_sandbox_id, set()).update(wanted)
             return edited
@@ -465,7 +472,13 @@ class ContainerEditor:
     # -- the edit ------------------------------------------------------------------------------------------------
 
     def _edit(
-        self, request: Any, body: bytes, pod: PodIdentity, container: str, record: AllocationRecord | None
+        self,
+        request: Any,
+        body: bytes,
+        pod: PodIdentity,
+        container: str,
+        record: AllocationRecord | None,
+        cdi: CdiMode,
     ) -> bytes:
         """Remove every plugin's entries from the container, add back what `record` grants it; `body` when that
         changes nothing."""
@@ -478,7 +491,7 @@ class ContainerEditor:
         applied = self.apply(record, pod, container, edit) if record is not None and granted else ""
         if edit == before:
             return body
-        apply_edit(request.config, before, edit, cdi=self.cdi)
+        apply_edit(request.config, before, edit, cdi=cdi)
         if applied:
             log.info("applied allocation", extra={"pod": pod.key, "devices": f"{container}:{applied}"})
         else:
@@ -690,8 +703,82 @@ def _replace(field: Any, items: Sequence[Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The proxy: one generic handler per RPC of the runtime.v1 services
+# The proxy: one generic handler per RPC of the runtime.v1 and runtime.v1alpha2 services
 # ---------------------------------------------------------------------------------------------------------------
+
+
+class RuntimeVersions:
+    """The CRI version the runtime is spoken to in, for each version the shim serves, and the calls to it.
+
+    A served version is forwarded in itself first. When the runtime answers UNIMPLEMENTED "unknown service" (a
+    containerd 2.0 has no v1alpha2; a runtime from before v1 has no v1), the served version switches to the other one,
+    when it has the method, and the call is made again there once; later calls go there directly. v1 only adds to
+    v1alpha2 (fields, methods), so the bytes of a v1alpha2 request are a complete v1 request; a v1 request forwarded
+    in v1alpha2 loses only the fields v1alpha2 lacks (`CDI_devices`: the shim then writes CDI names as annotations).
+    """
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.channel = channel
+        self._upstream = {version: version for version in CRI_VERSIONS}
+        self._methods: dict[str, grpc.UnaryUnaryMultiCallable] = {}
+
+    def upstream(self, served: str) -> str:
+        """The version calls of the `served` version are forwarded in now."""
+        return self._upstream[served]
+
+    def _method(self, path: str) -> grpc.UnaryUnaryMultiCallable:
+        method = self._methods.get(path)
+        if method is None:
+            method = self._methods[path] = self.channel.unary_unary(path)
+        return method
+
+    def call(
+        self,
+        served: str,
+        service: str,
+        method: str,
+        request: bytes,
+        *,
+        timeout: float | None,
+        metadata: Sequence[tuple[str, str | bytes]] | None = None,
+    ) -> tuple[bytes, Any]:
+        """`(response bytes, call)` of one unary call, in the version the runtime speaks."""
+        upstream = self._upstream[served]
+        try:
+            return self._method(f"/runtime.{upstream}.{service}/{method}").with_call(  # type: ignore[no-any-return]
+                request, timeout=timeout, metadata=metadata
+            )
+        except grpc.RpcError as error:
+            other = self._switch(served, upstream, service, method, error)
+            if other is None:
+                raise
+        return self._method(f"/runtime.{other}.{service}/{method}").with_call(  # type: ignore[no-any-return]
+            request, timeout=timeout, metadata=metadata
+        )
+
+    def _switch(self, served: str, upstream: str, service: str, method: str, error: grpc.RpcError) -> str | None:
+        """The version to call `method` in again, after `error`; None when it is the runtime's answer to pass on."""
+        call: Any = error
+        if call.code() is not grpc.StatusCode.UNIMPLEMENTED:
+            return None
+        # grpc-go says "unknown service runtime.v1alpha2.RuntimeService"; other servers only that the method was not
+        # found, which a runtime also answers for one method it lacks: then the version's Version call tells.
+        if not (call.details() or "").startswith(f"unknown service runtime.{upstream}.") and self._speaks(upstream):
+            return None
+        for other, module in CRI_VERSIONS.items():
+            if other != upstream and method in module.DESCRIPTOR.services_by_name[service].methods_by_name:
+                log.info("the runtime does not speak CRI %s; CRI %s calls are forwarded in %s", upstream, served, other)
+                self._upstream[served] = other
+                return other
+        return None
+
+
+    def _speaks(self, version: str) -> bool:
+        try:
+            self._method(f"/runtime.{version}.{RUNTIME}/Version")(b"", timeout=5.0)
+        except grpc.RpcError as error:
+            return error.code() is not grpc.StatusCode.UNIMPLEMENTED
+        return True
 
 
 def _remaining(context: grpc.ServicerContext) -> float | None:
@@ -716,10 +803,14 @@ def _fail(context: grpc.ServicerContext, error: grpc.RpcError) -> None:
     context.abort(call.code(), call.details() or "")
 
 
-def _unary(method: grpc.UnaryUnaryMultiCallable) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+def _unary(
+    versions: RuntimeVersions, served: str, service: str, method: str
+) -> Callable[[bytes, grpc.ServicerContext], bytes]:
     def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
-            response, call = method.with_call(request, timeout=_remaining(context), metadata=_metadata(context))
+            response, call = versions.call(
+                served, service, method, request, timeout=_remaining(context), metadata=_metadata(context)
+            )
         except grpc.RpcError as error:
             _fail(context, error)
             raise  # not reached: abort raised
@@ -728,8 +819,7 @@ def _unary(method: grpc.UnaryUnaryMultiCallable) -> Callable[[bytes, grpc.Servic
             context.send_initial_metadata(initial)
         if trailing:
             context.set_trailing_metadata(trailing)
-        response_bytes: bytes = response
-        return response_bytes
+        return response
 
     return forward
 
@@ -759,13 +849,15 @@ def _server_stream(method: grpc.UnaryStreamMultiCallable) -> Callable[[bytes, gr
 
 
 def _create_container(
-    method: grpc.UnaryUnaryMultiCallable, editor: ContainerEditor
+    versions: RuntimeVersions, served: str, editor: ContainerEditor
 ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
-    forward = _unary(method)
+    forward = _unary(versions, served, RUNTIME, "CreateContainer")
 
     def create(request: bytes, context: grpc.ServicerContext) -> bytes:
+        # v1alpha2's ContainerConfig has no CDI field: CDI names for a runtime spoken to in it go to annotations.
+        cdi: CdiMode = "annotation" if editor.cdi == "field" and versions.upstream(served) != "v1" else editor.cdi
         try:
-            edited = editor.create_container(request)
+            edited = editor.create_container(request, cdi=cdi)
         except AllocationRefused as refused:
             log.warning("refused CreateContainer: %s", refused, extra={"reason": refused.check})
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"kubegpu: {refused.check} check failed: {refused}")
@@ -780,24 +872,29 @@ def _create_container(
     return create
 
 
-def proxy_handlers(channel: grpc.Channel, editor: ContainerEditor) -> list[grpc.GenericRpcHandler]:
-    """Generic handlers for every method of runtime.v1 RuntimeService and ImageService, forwarding to `channel`."""
+def proxy_handlers(versions: RuntimeVersions, editor: ContainerEditor) -> list[grpc.GenericRpcHandler]:
+    """Generic handlers for every method of the RuntimeService and ImageService of every served CRI version."""
     handlers = []
-    for service in api_pb2.DESCRIPTOR.services_by_name.values():
-        methods: dict[str, grpc.RpcMethodHandler] = {}
-        for method in service.methods:
-            path = f"/{service.full_name}/{method.name}"
-            if method.client_streaming:
-                raise NotImplementedError(f"{path}: client-streaming RPCs are not part of CRI v1")
-            if method.server_streaming:
-                methods[method.name] = grpc.unary_stream_rpc_method_handler(_server_stream(channel.unary_stream(path)))
-            elif path == CREATE_CONTAINER:
-                methods[method.name] = grpc.unary_unary_rpc_method_handler(
-                    _create_container(channel.unary_unary(path), editor)
-                )
-            else:
-                methods[method.name] = grpc.unary_unary_rpc_method_handler(_unary(channel.unary_unary(path)))
-        handlers.append(grpc.method_handlers_generic_handler(service.full_name, methods))
+    for served, module in CRI_VERSIONS.items():
+        for service in module.DESCRIPTOR.services_by_name.values():
+            methods: dict[str, grpc.RpcMethodHandler] = {}
+            for method in service.methods:
+                path = f"/{service.full_name}/{method.name}"
+                if method.client_streaming:
+                    raise NotImplementedError(f"{path}: client-streaming RPCs are not part of CRI")
+                if method.server_streaming:
+                    methods[method.name] = grpc.unary_stream_rpc_method_handler(
+                        _server_stream(versions.channel.unary_stream(path))
+                    )
+                elif service.name == RUNTIME and method.name == "CreateContainer":
+                    methods[method.name] = grpc.unary_unary_rpc_method_handler(
+                        _create_container(versions, served, editor)
+                    )
+                else:
+                    methods[method.name] = grpc.unary_unary_rpc_method_handler(
+                        _unary(versions, served, service.name, method.name)
+                    )
+            handlers.append(grpc.method_handlers_generic_handler(service.full_name, methods))
     return handlers
 
 
@@ -859,12 +956,13 @@ def start_shim(listen: str, runtime_endpoint: str, editor: ContainerEditor, *, w
     path.parent.mkdir(parents=True, exist_ok=True)
     _clear_stale_socket(path)
     channel = grpc.insecure_channel(runtime_endpoint, options=MESSAGE_OPTIONS + RECONNECT_OPTIONS)
+    versions = RuntimeVersions(channel)
     if editor.sandboxes is None:
-        editor.sandboxes = RuntimeSandboxes(channel)
+        editor.sandboxes = RuntimeSandboxes(versions)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="crishim"), options=MESSAGE_OPTIONS
     )
-    server.add_generic_rpc_handlers(proxy_handlers(channel, editor))
+    server.add_generic_rpc_handlers(proxy_handlers(versions, editor))
     # The socket is bound here: the umask makes it 0600 from its first moment (the kubelet runs as root), and the
     # chmod holds even where a filesystem ignores the umask for sockets. Nothing is served before start().
     previous = os.umask(0o177)

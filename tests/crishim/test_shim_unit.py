@@ -5,7 +5,8 @@ made for another node never gets devices, and the refusal says which check faile
 reaches the runtime byte for byte; the devices, env and mounts the plugin decides are what the runtime receives,
 with everything else the kubelet sent left as it was. The proxy tests put a fake runtime behind the shim to see what
 only a fake can show: the deadline, metadata, status details and a stream arriving on the other side, and the
-shim picking the runtime up when it comes back.
+shim picking the runtime up when it comes back, and both CRI versions served in front of a runtime that speaks only
+one of them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 import grpc
 import pytest
 from cri_api.v1 import api_pb2, api_pb2_grpc
+from cri_api.v1alpha2 import api_pb2 as alpha_pb2
+from cri_api.v1alpha2 import api_pb2_grpc as alpha_pb2_grpc
 
 from kubegpu.core.annotations import (
     ALLOCATION_KEY,
@@ -538,3 +541,75 @@ def test_a_stale_socket_is_replaced_but_a_live_one_is_not_taken(sockets: Path, p
             start_shim(f"unix://{path}", f"unix://{sockets / 'runtime.sock'}", editor, workers=2)
     finally:
         shim.stop(0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Both CRI versions: kubelet 1.20-1.22 speak runtime.v1alpha2, later ones runtime.v1; runtimes speak either or both
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class FakeAlphaRuntime(alpha_pb2_grpc.RuntimeServiceServicer):
+    """A runtime from before CRI v1: only runtime.v1alpha2."""
+
+    def __init__(self) -> None:
+        self.created: list[alpha_pb2.CreateContainerRequest] = []
+
+    def Version(self, request: Any, context: grpc.ServicerContext) -> alpha_pb2.VersionResponse:
+        return alpha_pb2.VersionResponse(version="0.1.0", runtime_name="fake-alpha", runtime_version="1")
+
+    def CreateContainer(self, request: Any, context: grpc.ServicerContext) -> alpha_pb2.CreateContainerResponse:
+        self.created.append(request)
+        return alpha_pb2.CreateContainerResponse(container_id="alpha-1")
+
+    def ListPodSandbox(self, request: Any, context: grpc.ServicerContext) -> alpha_pb2.ListPodSandboxResponse:
+        return alpha_pb2.ListPodSandboxResponse()
+
+
+def alpha_request(record: AllocationRecord) -> alpha_pb2.CreateContainerRequest:
+    """`request(...)` as a kubelet 1.20 sends it: the same fields, in the v1alpha2 messages."""
+    return alpha_pb2.CreateContainerRequest.FromString(request(annotated(record)).SerializeToString())
+
+
+def test_a_v1alpha2_kubelet_is_served_and_verified_in_front_of_a_v1_runtime(
+    proxy: tuple[RunningShim, Any], fake: FakeServer
+) -> None:
+    shim, _ = proxy
+    with grpc.insecure_channel(f"unix://{shim.socket}") as channel:
+        runtime = alpha_pb2_grpc.RuntimeServiceStub(channel)
+        assert runtime.Version(alpha_pb2.VersionRequest(), timeout=5).runtime_name == "fake"
+        assert runtime.CreateContainer(alpha_request(allocation()), timeout=5).container_id == "c-1"
+        assert [d.container_path for d in fake.runtime.created[-1].config.devices] == ["/dev/fpga1", "/dev/fpga2"]
+        with pytest.raises(grpc.RpcError) as refused:
+            runtime.CreateContainer(alpha_request(allocation(uid="uid-someone-else")), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "pod check failed" in refused.value.details()
+        with pytest.raises(grpc.RpcError) as failed:  # the runtime's own answers keep their code
+            runtime.ContainerStatus(alpha_pb2.ContainerStatusRequest(container_id="gone"), timeout=5)
+        assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(fake.runtime.created) == 1
+
+
+def test_a_v1_kubelet_is_served_in_front_of_a_v1alpha2_runtime_with_cdi_names_as_annotations(
+    sockets: Path, plugins: KubegpuPluginManager
+) -> None:
+    alpha = FakeAlphaRuntime()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    alpha_pb2_grpc.add_RuntimeServiceServicer_to_server(alpha, server)
+    server.add_insecure_port(f"unix://{sockets / 'alpha.sock'}")
+    server.start()
+    editor = ContainerEditor(plugins, node=NODE, key=KEY, dev_root=Path("/host/dev"))
+    shim = start_shim(f"unix://{sockets / 'shim.sock'}", f"unix://{sockets / 'alpha.sock'}", editor, workers=4)
+    try:
+        with grpc.insecure_channel(f"unix://{shim.socket}") as channel:
+            runtime = api_pb2_grpc.RuntimeServiceStub(channel)
+            assert runtime.Version(api_pb2.VersionRequest(), timeout=5).runtime_name == "fake-alpha"
+            assert runtime.CreateContainer(request(annotated(allocation())), timeout=5).container_id == "alpha-1"
+            config = alpha.created[-1].config
+            assert [d.container_path for d in config.devices] == ["/dev/fpga1", "/dev/fpga2"]
+            # v1alpha2 has no CDI field: the names travel in the annotation a CDI-enabled containerd 1.6 reads.
+            assert config.annotations[CDI_ANNOTATION] == "example.com/fpga=fpga1,example.com/fpga=fpga2"
+            alpha_runtime = alpha_pb2_grpc.RuntimeServiceStub(channel)
+            assert alpha_runtime.Version(alpha_pb2.VersionRequest(), timeout=5).runtime_name == "fake-alpha"
+    finally:
+        shim.stop(0)
+        server.stop(0).wait()
