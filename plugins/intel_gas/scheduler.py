@@ -18,15 +18,22 @@ The rules, in the order the engine meets them:
   alike) needs n distinct cards; each of its other `gpu.intel.com/*` requests is divided by n (integer
   division: a remainder is dropped, as in GAS), and that per-card amount, plus one unit of `i915`, must be
   free on every chosen card. Cards are distinct within a container only: two containers of one pod may share
-  a card (`card0|card0`). Other resources without `i915`/`xe` are refused by `validate`. Containers
-  requesting no `gpu.intel.com/*` resource are left alone.
+  a card (`card0|card0`). Containers requesting no `gpu.intel.com/*` resource are left alone. A container
+  requesting other `gpu.intel.com/*` resources without `i915`/`xe` is refused by `validate`, unless the
+  environment sets `KUBEGPU_INTEL_WITHOUT_I915=ignore` (`kubegpu extender --intel-without-i915 ignore`): then,
+  as GAS does, the container is left alone too, and the pod passes untouched to kube-scheduler's and the
+  kubelet's node-total accounting.
+* **Same card.** The pod annotation `gas-same-gpu` (as in GAS: a comma-separated list of at least two distinct
+  container names of the pod) places the listed containers on one card together, which must have their summed
+  per-card needs free. Each listed container must request exactly one `i915`/`xe` and no `tiles` or
+  `*_monitoring` resource. A malformed list or a conflicting request is refused by `validate`.
 * **Candidates.** Healthy cards, narrowed by the pod annotations `gas-allow` (only these) and `gas-deny`
   (not these), both comma-separated card names.
 * **Card choice.** Containers are placed one after another in spec order, without backtracking (as GAS
-  does). Among the candidate cards with enough free share, a container takes the n *fullest* cards: those
-  whose busiest resource would be the most used after the placement (binpacking within the node, so
-  untouched cards stay whole for multi-card and large requests); ties go to the lower card number (card2
-  before card10).
+  does); a `gas-same-gpu` group is placed as one container where its first member stands. Among the
+  candidate cards with enough free share, a container takes the n *fullest* cards: those whose busiest
+  resource would be the most used after the placement (binpacking within the node, so untouched cards stay
+  whole for multi-card and large requests); ties go to the lower card number (card2 before card10).
 * **Reasons.** Shortages read like GAS's filter message with the per-card detail, e.g.
   `Not enough GPU-resources for deployment: will not fit (gpu.intel.com/memory.max: needs 5G on each of
   1 card(s); the most free on any card is 3G)`; memory amounts are written with Kubernetes suffixes
@@ -48,6 +55,7 @@ The rules, in the order the engine meets them:
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -79,7 +87,12 @@ ALLOW_ANNOTATION = "gas-allow"
 DENY_ANNOTATION = "gas-deny"
 TS_ANNOTATION = "gas-ts"
 CARDS_ANNOTATION = "gas-container-cards"
+SAME_GPU_ANNOTATION = "gas-same-gpu"
+SAME_GPU_FORBIDDEN = ("gpu.intel.com/tiles", "gpu.intel.com/i915_monitoring", "gpu.intel.com/xe_monitoring")
 NO_FIT = "Not enough GPU-resources for deployment: will not fit"
+# GAS leaves a pod requesting gpu.intel.com/* without i915/xe to the default scheduler; kubegpu refuses it unless
+# this environment variable says `ignore` (`kubegpu extender --intel-without-i915 ignore` sets it).
+WITHOUT_I915_ENV = "KUBEGPU_INTEL_WITHOUT_I915"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -101,6 +114,7 @@ class Need:
 class _PodNeeds:
     needs: tuple[Need | None, ...]  # aligned with pod.containers; None: the container asks nothing of ours
     problem: str | None  # the validation refusal, if any
+    same: tuple[int, ...] = ()  # indices of the `gas-same-gpu` containers, in spec order
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,13 +352,13 @@ def _place(state: IntelGasState, pod: PodRequest, choose: bool) -> _Placement | 
     pool = candidate_cards(state, pod.annotations)
     if not choose and len(intel) == 1 and _fits_alone(state, intel[0], pool):
         return _FITS
-    result = choose_cards(state, needs.needs, pool, state.used)
+    result = choose_cards(state, needs.needs, pool, state.used, needs.same)
     if isinstance(result, _Placement):
         return result
     if result.final:
         return Status.unresolvable(result.reason, plugin=NAME)
     # A pod whose own containers crowd each other out would not fit on this node even with every card free.
-    on_free_node = choose_cards(state, needs.needs, pool, state.unused)
+    on_free_node = choose_cards(state, needs.needs, pool, state.unused, needs.same)
     if isinstance(on_free_node, _Refusal):
         return Status.unresolvable(on_free_node.reason, plugin=NAME)
     return Status.unschedulable(result.reason, plugin=NAME)
@@ -366,19 +380,27 @@ def choose_cards(
     needs: Sequence[Need | None],
     pool: Sequence[int],
     used: Mapping[str, Sequence[int]],
+    same: Sequence[int] = (),
 ) -> _Placement | _Refusal:
     """Place the containers in order on the `pool` cards, given per-card `used` amounts (none: a free node).
 
     Each container takes the fullest fitting cards (see the module docstring); the shares taken by earlier
-    containers of the pod count for later ones.
+    containers of the pod count for later ones. The `same` containers (`gas-same-gpu`) are placed together, as
+    one container asking for their summed needs on one card, where the first of them stands.
     """
     overlay: dict[tuple[int, str], int] = {}
     chosen: list[tuple[int, ...] | None] = []
     rows = _rows(state, used)
-    for need in needs:
+    grouped = same_gpu_need(needs, same)
+    for position, need in enumerate(needs):
         if need is None:
             chosen.append(None)
             continue
+        if grouped is not None and position in same:
+            if position != same[0]:
+                chosen.append(chosen[same[0]])
+                continue
+            need = grouped
         refusal = _impossible(state, need, pool)
         if refusal is not None:
             return refusal
@@ -541,14 +563,17 @@ def _entries(
 # ----------------------------------------------------------------------------------------------------------
 
 
-def container_need(container: ContainerRequest) -> Need | str | None:
-    """The container's per-card need: None if it asks no `gpu.intel.com/*` resource; a refusal if invalid."""
+def container_need(container: ContainerRequest, *, ignore_without_count: bool = False) -> Need | str | None:
+    """The container's per-card need: None if it asks no `gpu.intel.com/*` resource (or, with
+    `ignore_without_count`, none of i915/xe, as GAS ignores it); a refusal if invalid."""
     owned = {r: amount for r, amount in container.resources.items() if r.startswith(PREFIX) and amount > 0}
     if not owned:
         return None
     counts = [r for r in COUNT_RESOURCES if r in owned]
     if len(counts) == 2:
         return f"a container may request {I915} or {XE}, not both: keep the one its node advertises"
+    if not counts and ignore_without_count:
+        return None
     if not counts:
         others = ", ".join(sorted(owned))
         return (
@@ -563,26 +588,77 @@ def container_need(container: ContainerRequest) -> Need | str | None:
 
 # PodRequest is frozen but not hashable; the engine asks about one pod object on many nodes, so its needs
 # are cached by the identity of its containers tuple (the entry keeps the tuple alive: the id stays unique).
-_NEEDS_CACHE: dict[int, tuple[tuple[ContainerRequest, ...], _PodNeeds]] = {}
+_NEEDS_CACHE: dict[int, tuple[tuple[ContainerRequest, ...], tuple[bool, str | None], _PodNeeds]] = {}
 _NEEDS_CACHE_SIZE = 4096
 
 
 def pod_needs(pod: PodRequest) -> _PodNeeds:
-    """Every container's need, in spec order, and the first validation refusal."""
+    """Every container's need, in spec order, the `gas-same-gpu` group, and the first validation refusal."""
+    ignore = os.environ.get(WITHOUT_I915_ENV, "").strip().lower() == "ignore"
+    same_text = pod.annotations.get(SAME_GPU_ANNOTATION)
     hit = _NEEDS_CACHE.get(id(pod.containers))
-    if hit is not None and hit[0] is pod.containers:
-        return hit[1]
+    if hit is not None and hit[0] is pod.containers and hit[1] == (ignore, same_text):
+        return hit[2]
     needs: list[Need | None] = []
     problem: str | None = None
     for container in pod.containers:
-        need = container_need(container)
+        need = container_need(container, ignore_without_count=ignore)
         if isinstance(need, str):
             problem = problem or need
             needs.append(None)
         else:
             needs.append(need)
-    result = _PodNeeds(tuple(needs), problem)
+    same: tuple[int, ...] = ()
+    if same_text is not None:
+        group = same_gpu_containers(same_text, pod.containers, needs)
+        if isinstance(group, str):
+            problem = problem or group
+        else:
+            same = group
+    result = _PodNeeds(tuple(needs), problem, same)
     if len(_NEEDS_CACHE) >= _NEEDS_CACHE_SIZE:
         _NEEDS_CACHE.clear()
-    _NEEDS_CACHE[id(pod.containers)] = (pod.containers, result)
+    _NEEDS_CACHE[id(pod.containers)] = (pod.containers, (ignore, same_text), result)
     return result
+
+
+def same_gpu_containers(
+    text: str, containers: Sequence[ContainerRequest], needs: Sequence[Need | None]
+) -> tuple[int, ...] | str:
+    """The indices (spec order) of the containers a `gas-same-gpu` value names, or why it is refused: as in GAS,
+    at least two distinct names of the pod's containers, each requesting exactly one i915 (or xe) and no tiles or
+    monitoring resource."""
+    names = [name.strip() for name in text.split(",")]
+    if len(names) < 2 or "" in names or len(set(names)) != len(names):
+        return (
+            f"the {SAME_GPU_ANNOTATION} annotation {text!r} is malformed: list at least two distinct container names, "
+            "separated by commas"
+        )
+    index = {c.name: i for i, c in enumerate(containers)}
+    absent = [name for name in names if name not in index]
+    if absent:
+        return f"the {SAME_GPU_ANNOTATION} annotation names {absent[0]!r}, which is not a container of the pod"
+    for name in names:
+        container, need = containers[index[name]], needs[index[name]]
+        if need is None or need.cards != 1:
+            return f"container {name} is listed in {SAME_GPU_ANNOTATION}: it must request exactly 1 {I915} (or {XE})"
+        forbidden = [r for r in SAME_GPU_FORBIDDEN if container.resources.get(r, 0) > 0]
+        if forbidden:
+            return f"container {name} is listed in {SAME_GPU_ANNOTATION}: it cannot request {forbidden[0]}"
+    return tuple(sorted(index[name] for name in names))
+
+
+def same_gpu_need(needs: Sequence[Need | None], same: Sequence[int]) -> Need | None:
+    """The `gas-same-gpu` containers as one container on one card: their per-card needs summed."""
+    if not same:
+        return None
+    totals: dict[str, int] = {}
+    members = [needs[i] for i in same]
+    for need in members:
+        assert need is not None  # same_gpu_containers checked it
+        for resource, amount in need.per_card:
+            totals[resource] = totals.get(resource, 0) + amount
+    first = members[0]
+    assert first is not None
+    name = "+".join(n.container for n in members if n is not None)
+    return Need(name, first.count_resource, 1, tuple(sorted(totals.items())))
