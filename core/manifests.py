@@ -24,7 +24,19 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from kubegpu.core.annotations import DEVICES_KEY, decode_devices
 from kubegpu.core.errors import InputError, describe_validation_error, shorten
-from kubegpu.core.models import ContainerRequest, NodeInfo, PodRequest, Taint, Toleration
+from kubegpu.core.models import (
+    ContainerRequest,
+    HostPort,
+    LabelSelector,
+    NodeInfo,
+    NodeSelectorTerm,
+    PodAffinityTerm,
+    PodRequest,
+    Requirement,
+    SpreadConstraint,
+    Taint,
+    Toleration,
+)
 from kubegpu.core.quantity import QuantityError, parse_quantity
 
 __all__ = ["ManifestError", "is_extended_resource", "node_info", "pod_request", "pod_uid"]
@@ -67,9 +79,17 @@ class _Resources(_Model):
     requests: dict[str, Quantity] = Field(default_factory=dict)
 
 
+class _Port(_Model):
+    containerPort: int = 0
+    hostPort: int = 0
+    protocol: str = "TCP"
+    hostIP: str = ""
+
+
 class _Container(_Model):
     name: str = Field(min_length=1)
     resources: _Resources = _Resources()
+    ports: list[_Port] = Field(default_factory=list)
 
 
 class _Toleration(_Model):
@@ -79,6 +99,62 @@ class _Toleration(_Model):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute", ""] | None = None
 
 
+class _Requirement(_Model):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] = Field(default_factory=list)
+
+
+class _LabelSelector(_Model):
+    matchLabels: dict[str, str] = Field(default_factory=dict)
+    matchExpressions: list[_Requirement] = Field(default_factory=list)
+
+
+class _NodeSelectorTerm(_Model):
+    matchExpressions: list[_Requirement] = Field(default_factory=list)
+    matchFields: list[_Requirement] = Field(default_factory=list)
+
+
+class _NodeSelector(_Model):
+    nodeSelectorTerms: list[_NodeSelectorTerm] = Field(default_factory=list)
+
+
+class _NodeAffinity(_Model):
+    requiredDuringSchedulingIgnoredDuringExecution: _NodeSelector | None = None
+
+
+class _PodAffinityTerm(_Model):
+    labelSelector: _LabelSelector | None = None
+    namespaces: list[str] = Field(default_factory=list)
+    topologyKey: str = Field(min_length=1)
+
+
+class _PodAffinity(_Model):
+    requiredDuringSchedulingIgnoredDuringExecution: list[_PodAffinityTerm] = Field(default_factory=list)
+
+
+class _Affinity(_Model):
+    nodeAffinity: _NodeAffinity | None = None
+    podAffinity: _PodAffinity | None = None
+    podAntiAffinity: _PodAffinity | None = None
+
+
+class _SpreadConstraint(_Model):
+    maxSkew: int = Field(ge=1)
+    topologyKey: str = Field(min_length=1)
+    whenUnsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
+    labelSelector: _LabelSelector | None = None
+
+
+class _ClaimSource(_Model):
+    claimName: str = Field(min_length=1)
+
+
+class _Volume(_Model):
+    name: str = ""
+    persistentVolumeClaim: _ClaimSource | None = None
+
+
 class _PodSpec(_Model):
     containers: list[_Container] = Field(min_length=1)
     initContainers: list[_Container] = Field(default_factory=list)
@@ -86,10 +162,18 @@ class _PodSpec(_Model):
     tolerations: list[_Toleration] = Field(default_factory=list)
     schedulerName: str = "default-scheduler"
     nodeName: str | None = None
+    affinity: _Affinity | None = None
+    topologySpreadConstraints: list[_SpreadConstraint] = Field(default_factory=list)
+    volumes: list[_Volume] = Field(default_factory=list)
+    overhead: dict[str, Quantity] = Field(default_factory=dict)
+    priority: int | None = None
+    priorityClassName: str | None = None
+    preemptionPolicy: Literal["PreemptLowerPriority", "Never"] | None = None
 
 
 class _PodStatus(_Model):
     phase: str | None = None
+    startTime: str | None = None
 
 
 class _Pod(_Model):
@@ -154,7 +238,7 @@ def _container_request(container: _Container, where: str) -> ContainerRequest:
             units[source, name] = _units(name, value, f"{where}.resources.{source}.{shorten(name)}")
     resources: dict[str, int] = {}
     for name in limits.keys() | requests.keys():
-        first, second = ("requests", "limits") if name in ("cpu", "memory") else ("limits", "requests")
+        first, second = ("limits", "requests") if is_extended_resource(name) else ("requests", "limits")
         resources[name] = units[first, name] if (first, name) in units else units[second, name]
     return ContainerRequest(name=container.name, resources=resources)
 
@@ -191,9 +275,14 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
     _unique_container_names(pod.spec)
     containers = tuple(_container_request(c, f"Pod.spec.containers[{i}]") for i, c in enumerate(pod.spec.containers))
     init = [_container_request(c, f"Pod.spec.initContainers[{i}]") for i, c in enumerate(pod.spec.initContainers)]
-    cpu = max([sum(c.resources.get("cpu", 0) for c in containers)] + [c.resources.get("cpu", 0) for c in init])
-    memory = max([sum(c.resources.get("memory", 0) for c in containers)] + [c.resources.get("memory", 0) for c in init])
+    overhead = {
+        name: _units(name, value, f"Pod.spec.overhead.{shorten(name)}") for name, value in pod.spec.overhead.items()
+    }
+    requests = _pod_requests(containers, init, overhead)
     meta = pod.metadata
+    spec = pod.spec
+    affinity = spec.affinity or _Affinity()
+    required = affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution if affinity.nodeAffinity else None
     request = PodRequest(
         namespace=meta.namespace,
         name=meta.name,
@@ -208,11 +297,106 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
         ),
         scheduler_name=pod.spec.schedulerName,
         node_name=pod.spec.nodeName,
-        cpu_milli=cpu,
-        memory=memory,
+        cpu_milli=requests.get("cpu", 0),
+        memory=requests.get("memory", 0),
         phase=pod.status.phase,
+        requests=requests,
+        node_affinity=None if required is None else tuple(_node_term(t) for t in required.nodeSelectorTerms),
+        pod_affinity=_affinity_terms(affinity.podAffinity, meta.namespace, "podAffinity"),
+        pod_anti_affinity=_affinity_terms(affinity.podAntiAffinity, meta.namespace, "podAntiAffinity"),
+        spread=tuple(
+            SpreadConstraint(
+                c.maxSkew,
+                c.topologyKey,
+                c.whenUnsatisfiable,
+                _selector(c.labelSelector, f"Pod.spec.topologySpreadConstraints[{i}].labelSelector"),
+            )
+            for i, c in enumerate(spec.topologySpreadConstraints)
+        ),
+        host_ports=tuple(
+            HostPort(port.hostPort, port.protocol or "TCP", port.hostIP or "0.0.0.0")
+            for container in spec.containers
+            for port in container.ports
+            if port.hostPort > 0
+        ),
+        claims=tuple(v.persistentVolumeClaim.claimName for v in spec.volumes if v.persistentVolumeClaim is not None),
+        priority=spec.priority or 0,
+        priority_class=spec.priorityClassName or "",
+        preemption_policy=spec.preemptionPolicy or "PreemptLowerPriority",
+        start_time=pod.status.startTime,
+        terminating=meta.deletionTimestamp is not None,
     )
     return request, meta.deletionTimestamp is not None
+
+
+def _pod_requests(
+    containers: tuple[ContainerRequest, ...], init: list[ContainerRequest], overhead: Mapping[str, int]
+) -> dict[str, int]:
+    """Kubernetes' pod request per resource: the containers' sum, at least any one init container's, plus overhead."""
+    totals: dict[str, int] = {}
+    for container in containers:
+        for name, amount in container.resources.items():
+            totals[name] = totals.get(name, 0) + amount
+    for container in init:
+        for name, amount in container.resources.items():
+            totals[name] = max(totals.get(name, 0), amount)
+    for name, amount in overhead.items():
+        totals[name] = totals.get(name, 0) + amount
+    return {name: amount for name, amount in totals.items() if amount > 0}
+
+
+def _requirements(items: list[_Requirement], where: str, *, numeric: bool) -> tuple[Requirement, ...]:
+    """Selector requirements, checked as Kubernetes checks them: `In`/`NotIn` need values, `Exists`/`DoesNotExist`
+    none, `Gt`/`Lt` (node selectors only) one integer."""
+    found = []
+    for index, item in enumerate(items):
+        here = f"{where}[{index}]"
+        if item.operator in ("In", "NotIn") and not item.values:
+            raise ManifestError(f"{here}.values: operator {item.operator} needs at least one value")
+        if item.operator in ("Exists", "DoesNotExist") and item.values:
+            raise ManifestError(f"{here}.values: operator {item.operator} takes no values")
+        if item.operator in ("Gt", "Lt"):
+            if not numeric:
+                raise ManifestError(f"{here}.operator: {item.operator} is only valid in node selectors")
+            if len(item.values) != 1 or not _is_integer(item.values[0]):
+                raise ManifestError(f"{here}.values: operator {item.operator} needs exactly one integer value")
+        found.append(Requirement(item.key, item.operator, tuple(item.values)))
+    return tuple(found)
+
+
+def _is_integer(text: str) -> bool:
+    body = text[1:] if text[:1] in "+-" else text
+    return body.isascii() and body.isdigit() and len(body) <= 19
+
+
+def _node_term(term: _NodeSelectorTerm) -> NodeSelectorTerm:
+    where = "Pod.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+    return NodeSelectorTerm(
+        _requirements(term.matchExpressions, f"{where}.matchExpressions", numeric=True),
+        _requirements(term.matchFields, f"{where}.matchFields", numeric=True),
+    )
+
+
+def _selector(selector: _LabelSelector | None, where: str) -> LabelSelector | None:
+    if selector is None:
+        return None
+    labels = tuple(Requirement(key, "In", (value,)) for key, value in sorted(selector.matchLabels.items()))
+    expressions = _requirements(selector.matchExpressions, f"{where}.matchExpressions", numeric=False)
+    return LabelSelector(labels + expressions)
+
+
+def _affinity_terms(affinity: _PodAffinity | None, namespace: str, kind: str) -> tuple[PodAffinityTerm, ...]:
+    if affinity is None:
+        return ()
+    where = f"Pod.spec.affinity.{kind}.requiredDuringSchedulingIgnoredDuringExecution"
+    return tuple(
+        PodAffinityTerm(
+            _selector(term.labelSelector, f"{where}[{i}].labelSelector"),
+            frozenset(term.namespaces or (namespace,)),
+            term.topologyKey,
+        )
+        for i, term in enumerate(affinity.requiredDuringSchedulingIgnoredDuringExecution)
+    )
 
 
 def node_info(document: Mapping[str, Any]) -> NodeInfo:

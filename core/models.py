@@ -36,13 +36,19 @@ __all__ = [
     "DeviceInventory",
     "DeviceNode",
     "DeviceOwnership",
+    "HostPort",
+    "LabelSelector",
     "Mount",
     "NodeDevices",
     "NodeInfo",
+    "NodeSelectorTerm",
     "Occupancy",
     "PluginAllocation",
+    "PodAffinityTerm",
     "PodRequest",
+    "Requirement",
     "Scalar",
+    "SpreadConstraint",
     "Taint",
     "Toleration",
 ]
@@ -162,8 +168,68 @@ class ContainerRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Requirement:
+    """One selector requirement: `key operator values`, with Kubernetes' operators (`In`, `NotIn`, `Exists`,
+    `DoesNotExist`; `Gt` and `Lt` in node selectors). A label selector's `matchLabels` entry is `key In (value)`."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A pod label selector (`metav1.LabelSelector`): every requirement must hold; no requirement selects all."""
+
+    requirements: tuple[Requirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorTerm:
+    """One term of a required node affinity: label expressions and `metadata.name` field expressions, ANDed."""
+
+    expressions: tuple[Requirement, ...] = ()
+    fields: tuple[Requirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodAffinityTerm:
+    """A required pod (anti-)affinity term. `selector` None selects no pod; `namespaces` is never empty (the
+    owning pod's namespace when the manifest lists none)."""
+
+    selector: LabelSelector | None
+    namespaces: frozenset[str]
+    topology_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadConstraint:
+    """A topology spread constraint; `selector` None selects no pod."""
+
+    max_skew: int
+    topology_key: str
+    when_unsatisfiable: str
+    selector: LabelSelector | None
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    """A container port bound on the node: protocol `TCP`/`UDP`/`SCTP`, host IP `0.0.0.0` for every address."""
+
+    port: int
+    protocol: str = "TCP"
+    ip: str = "0.0.0.0"
+
+
+@dataclass(frozen=True, slots=True)
 class PodRequest:
-    """What a pod asks of the scheduler, built once from its manifest (`kubegpu.core.manifests.pod_request`)."""
+    """What a pod asks of the scheduler, built once from its manifest (`kubegpu.core.manifests.pod_request`).
+
+    `requests` is the pod's request of every resource as Kubernetes computes it for fitting (the sum over
+    containers, at least the largest init container, plus `spec.overhead`); `cpu_milli` and `memory` are its cpu
+    and memory entries. `node_affinity` is the required node affinity's terms (ORed; None when the pod has none).
+    `priority` is `spec.priority` (the API server resolves `priorityClassName` into it).
+    """
 
     namespace: str
     name: str
@@ -178,6 +244,18 @@ class PodRequest:
     cpu_milli: int = 0
     memory: int = 0
     phase: str | None = None
+    requests: Mapping[str, int] = field(default_factory=dict)
+    node_affinity: tuple[NodeSelectorTerm, ...] | None = None
+    pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    spread: tuple[SpreadConstraint, ...] = ()
+    host_ports: tuple[HostPort, ...] = ()
+    claims: tuple[str, ...] = ()
+    priority: int = 0
+    priority_class: str = ""
+    preemption_policy: str = "PreemptLowerPriority"
+    start_time: str | None = None
+    terminating: bool = False
 
     @property
     def key(self) -> str:

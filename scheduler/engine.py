@@ -37,10 +37,11 @@ from kubegpu.core.annotations import (
     sign_allocation,
     verify_allocation,
 )
-from kubegpu.core.models import NodeInfo, Occupancy, PluginAllocation, PodRequest
+from kubegpu.core.models import NodeInfo, NodeSelectorTerm, Occupancy, PluginAllocation, PodRequest
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Code, Status
+from kubegpu.scheduler import filters
 from kubegpu.scheduler.index import CapacityIndex
 
 __all__ = ["Decision", "Engine", "NodeRecord", "PodRecord", "Policy", "summarize_reasons"]
@@ -50,6 +51,7 @@ log = logging.getLogger("kubegpu.engine")
 Policy = Literal["binpack", "spread"]
 POLICIES: tuple[Policy, ...] = ("binpack", "spread")
 BASIC_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
+CPU_MEMORY = frozenset({"cpu", "memory"})
 CPU_INDEX = "cpu"
 NAME_LABELS = frozenset({"kubernetes.io/hostname"})
 MAX_CHANGES = 1 << 16  # node changes remembered by `Engine.changed_since`
@@ -62,6 +64,7 @@ class NodeRecord:
     headroom: dict[str, Headroom] = field(default_factory=dict)
     used: Counter[str] = field(default_factory=Counter)
     pods: dict[str, None] = field(default_factory=dict)
+    ports: Counter[tuple[str, str, int]] = field(default_factory=Counter)  # (host IP, protocol, port) in use
     problems: dict[str, str] = field(default_factory=dict)
     klass: int = 0
     version: int = 0  # bumped on every change of the node's usage or devices
@@ -99,7 +102,16 @@ class Plan:
     unowned: tuple[tuple[str, int], ...]
     # Everything a node's answer may depend on besides the node itself: pods with equal signatures get equal
     # answers from an unchanged node (plugins decide from the pod's spec and annotations, never its name or UID).
+    # A pod whose answer depends on other nodes too (`volatile`) has the cluster's generation in its signature.
     signature: tuple[object, ...] = ()
+    # Every resource the pod requests, with the pod's total, in kube-scheduler's order (NodeResourcesFit).
+    fit: tuple[tuple[str, int], ...] = ()
+    # The answer depends on pods on other nodes (inter-pod affinity, topology spread, existing anti-affinity).
+    volatile: bool = False
+    # One unresolvable answer may settle every node of its class (false when the answer depends on the node's name
+    # or on other nodes).
+    settles: bool = True
+    stamp: int = 0  # the generation (volatile) or anti-affinity epoch (otherwise) the plan was made at
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +125,17 @@ class Decision:
     allocation: AllocationRecord | None = None
     annotations: dict[str, str] = field(default_factory=dict)
     code: Code = Code.SUCCESS
+
+
+def _fit_order(pod: PodRequest) -> tuple[tuple[str, int], ...]:
+    """Every resource the pod requests with its amount, cpu, memory and ephemeral storage first (kube-scheduler's
+    order of NodeResourcesFit reasons)."""
+    fit = [("cpu", pod.cpu_milli), ("memory", pod.memory)]
+    requests = pod.requests
+    if "ephemeral-storage" in requests:
+        fit.append(("ephemeral-storage", requests["ephemeral-storage"]))
+    fit.extend(sorted((r, a) for r, a in requests.items() if r not in BASIC_RESOURCES))
+    return tuple((r, a) for r, a in fit if a > 0)
 
 
 def summarize_reasons(total: int, reasons: Counter[str]) -> str:
@@ -153,6 +176,16 @@ class Engine:
         self._signatures: dict[tuple[object, ...], tuple[object, ...]] = {}
         self._plans: dict[int, tuple[PodRequest, Plan]] = {}  # by id(pod), holding the pod so the id stays its own
         self._issued = 0  # the `issued` stamp of the last signed allocation: stamps strictly increase
+        # Placed pods with required anti-affinity terms: they can refuse an incoming pod on nodes other than theirs.
+        self._anti: dict[str, None] = {}
+        self._anti_epoch = 0  # bumped whenever `_anti` changes: plans made before are made again
+        self._cluster: tuple[PodRequest, int, filters.AffinityState | None, filters.SpreadState | None] | None = None
+        # Volumes, when a front-end supplies them (`track_volumes`): claim (namespace, name) -> bound volume name
+        # ("" while unbound), volume name -> its required node affinity terms (None: any node).
+        self.track_volumes = False
+        self.claims: dict[tuple[str, str], str] = {}
+        self.volumes: dict[str, tuple[NodeSelectorTerm, ...] | None] = {}
+        self._volume_epoch = 0
 
     # -- nodes ---------------------------------------------------------------------------------------------------
 
@@ -177,6 +210,7 @@ class Engine:
                 if not status.ok:
                     log.error("node %s changed: pod %s no longer fits its devices: %s", info.name, key, status.message)
                     self.pods.pop(key)
+                    self._forget_anti(key)
                 else:
                     record.pods[key] = None
                     self._charge(record, pod.request, +1)
@@ -207,7 +241,12 @@ class Engine:
         gone = list(record.pods)
         for key in gone:
             self.pods.pop(key, None)
+            self._forget_anti(key)
         return gone
+
+    def _forget_anti(self, key: str) -> None:
+        if self._anti.pop(key, 0) is None:
+            self._anti_epoch += 1
 
     def _changed(self, name: str) -> None:
         self.generation += 1
@@ -284,10 +323,13 @@ class Engine:
 
     def plan(self, pod: PodRequest) -> Plan:
         """The pod's requests grouped for the filter phase. Remembered for the last pods asked about: the extender
-        asks for the same pod's plan in filter, prioritize and bind."""
+        asks for the same pod's plan in filter, prioritize and bind. A plan whose answers depend on other nodes is
+        made again after every change; any other after a change of the placed pods' anti-affinity terms."""
         known = self._plans.get(id(pod))
         if known is not None and known[0] is pod:
-            return known[1]
+            plan = known[1]
+            if plan.stamp == (self.generation if plan.volatile else self._anti_epoch):
+                return plan
         plan = self._plan(pod)
         if len(self._plans) >= 256:
             self._plans.clear()
@@ -301,6 +343,13 @@ class Engine:
             for plugin, resources in routes.items()
             if plugin
         )
+        volatile = bool(pod.pod_affinity or pod.pod_anti_affinity or filters.hard_constraints(pod))
+        if not volatile and self._anti:
+            volatile = any(
+                filters.pod_matches_term(term, pod)
+                for key in self._anti
+                for term in self.pods[key].request.pod_anti_affinity
+            )
         signature: tuple[object, ...] = (
             tuple((c.name, tuple(sorted(c.resources.items()))) for c in pod.containers),
             pod.cpu_milli,
@@ -308,23 +357,64 @@ class Engine:
             tuple(sorted(pod.node_selector.items())),
             tuple((t.key, t.operator, t.value, t.effect) for t in pod.tolerations),
             tuple(sorted(pod.annotations.items())),
+            tuple(sorted(pod.requests.items())),
+            pod.node_affinity,
+            pod.host_ports,
         )
+        if pod.claims:
+            signature += (pod.namespace, pod.claims, self._volume_epoch)
+        if volatile:
+            signature += (
+                self.generation,
+                pod.namespace,
+                tuple(sorted(pod.labels.items())),
+                pod.pod_affinity,
+                pod.pod_anti_affinity,
+                pod.spread,
+            )
         # Interned, so that comparing a node's remembered signature with this one is mostly an identity check.
         signature = self._signatures.setdefault(signature, signature)
         if len(self._signatures) > 4096:
             self._signatures.clear()
-        return Plan(devices, tuple((r, pod.total(r)) for r in routes.get("", ())), signature)
+        by_name = any(key in NAME_LABELS for key in pod.node_selector) or any(
+            term.fields or any(r.key in NAME_LABELS for r in term.expressions) for term in pod.node_affinity or ()
+        )
+        return Plan(
+            devices,
+            tuple((r, pod.total(r)) for r in routes.get("", ())),
+            signature,
+            fit=_fit_order(pod),
+            volatile=volatile,
+            settles=not (volatile or by_name or pod.claims),
+            stamp=self.generation if volatile else self._anti_epoch,
+        )
 
     def _basic_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
-        """Kubernetes' own filters. Reasons about the node itself are unresolvable; capacity is unschedulable."""
+        """Kubernetes' node-local filters in kube-scheduler's order (`kubegpu.scheduler.filters`); the first that
+        refuses answers. Reasons about the node itself are unresolvable; capacity and ports are unschedulable."""
         info = record.info
-        if info.unschedulable:
-            return Status.unresolvable("node(s) were unschedulable")
+        if info.unschedulable and not filters.tolerates_unschedulable(pod.tolerations):
+            return Status.unresolvable(filters.UNSCHEDULABLE)
         if not info.ready:
             return Status.unresolvable("node(s) had condition Ready=False")
-        for key, value in pod.node_selector.items():
-            if info.labels.get(key) != value:
-                return Status.unresolvable("node(s) didn't match node selector")
+        allocatable, used = info.allocatable, record.used
+        short: list[str] = []
+        hopeless = False
+        if allocatable.get("pods", 0) - used["pods"] < 1:
+            short.append(filters.TOO_MANY_PODS)
+        for resource, need in plan.fit:
+            have = allocatable.get(resource, 0)
+            if have - used[resource] < need:
+                short.append(f"Insufficient {resource}")
+                hopeless = hopeless or have < need
+        if short:
+            return Status.unresolvable(*short) if hopeless and len(short) == 1 else Status.unschedulable(*short)
+        if pod.host_ports and filters.ports_conflict(pod.host_ports, record.ports):
+            return Status.unschedulable(filters.PORTS)
+        if (pod.node_selector or pod.node_affinity is not None) and not filters.matches_node_affinity(
+            pod, info.name, info.labels
+        ):
+            return Status.unresolvable(filters.NODE_SELECTOR)
         for taint in info.taints:
             if taint.effect == "PreferNoSchedule":
                 continue
@@ -332,17 +422,90 @@ class Engine:
                 return Status.unresolvable(
                     f"node(s) had taint {{{taint.key}: {taint.value or ''}}}, that the pod didn't tolerate"
                 )
-        allocatable, used = info.allocatable, record.used
-        if allocatable.get("pods", 0) - used["pods"] < 1:
-            return Status.unschedulable("Too many pods")
-        if pod.cpu_milli and allocatable.get("cpu", 0) - used["cpu"] < pod.cpu_milli:
-            return Status.unschedulable("Insufficient cpu")
-        if pod.memory and allocatable.get("memory", 0) - used["memory"] < pod.memory:
-            return Status.unschedulable("Insufficient memory")
-        for resource, need in plan.unowned:
-            if allocatable.get(resource, 0) - used[resource] < need:
-                return Status.unschedulable(f"Insufficient {resource}")
+        if pod.claims and self.track_volumes:
+            return self._volume_fit(info, pod)
         return None
+
+    def _volume_fit(self, info: NodeInfo, pod: PodRequest) -> Status | None:
+        """VolumeBinding for claims already bound: the volume's node affinity must select the node. Claims that
+        still need a volume are refused: kubegpu does not bind volumes."""
+        for claim in pod.claims:
+            volume = self.claims.get((pod.namespace, claim))
+            if volume is None:
+                return Status.unresolvable(f'persistentvolumeclaim "{claim}" not found')
+            if not volume:
+                return Status.unresolvable(
+                    f"pod has unbound immediate PersistentVolumeClaims (claim {claim!r} has no volume yet; kubegpu "
+                    "places pods only with claims already bound to a volume)"
+                )
+            if volume not in self.volumes:
+                return Status.unresolvable(f'persistentvolume "{volume}" not found')
+            terms = self.volumes[volume]
+            if terms is not None and not filters.node_matches_terms(terms, info.name, info.labels):
+                return Status.unresolvable(filters.VOLUME_NODE_AFFINITY)
+        return None
+
+    def set_claim(self, namespace: str, name: str, volume: str | None) -> None:
+        """A PersistentVolumeClaim added or changed (`volume`: the bound volume's name, "" while unbound), or deleted
+        (None). Pods naming claims are judged by them once `track_volumes` is set."""
+        if volume is None:
+            self.claims.pop((namespace, name), None)
+        else:
+            self.claims[(namespace, name)] = volume
+        self._volume_epoch += 1
+
+    def set_volume(self, name: str, terms: tuple[NodeSelectorTerm, ...] | None, *, deleted: bool = False) -> None:
+        """A PersistentVolume added or changed, with its required node affinity terms (None: any node), or deleted."""
+        if deleted:
+            self.volumes.pop(name, None)
+        else:
+            self.volumes[name] = terms
+        self._volume_epoch += 1
+
+    def _cluster_fit(self, record: NodeRecord, pod: PodRequest) -> Status | None:
+        """PodTopologySpread and InterPodAffinity, judged from counts gathered over the whole cluster once per pod
+        and generation (kube-scheduler's PreFilter)."""
+        affinity, spread = self._cluster_state(pod)
+        labels = record.info.labels
+        if spread is not None:
+            refused = filters.spread_fits(pod, spread, labels)
+            if refused is not None:
+                reason, resolvable = refused
+                return Status.unschedulable(reason) if resolvable else Status.unresolvable(reason)
+        if affinity is not None:
+            reasons = filters.affinity_fits(pod, affinity, labels)
+            if reasons:
+                if reasons[1] == filters.AFFINITY_RULES:
+                    return Status.unresolvable(*reasons)
+                return Status.unschedulable(*reasons)
+        return None
+
+    def _cluster_state(self, pod: PodRequest) -> tuple[filters.AffinityState | None, filters.SpreadState | None]:
+        cached = self._cluster
+        if cached is not None and cached[0] is pod and cached[1] == self.generation:
+            return cached[2], cached[3]
+        nodes, pods = self.nodes, self.pods
+        affinity: filters.AffinityState | None = None
+        if pod.pod_affinity or pod.pod_anti_affinity:
+            placed = ((p.request, nodes[p.node].info.labels) for p in pods.values() if p.node in nodes)
+            affinity = filters.affinity_counts(pod, placed)
+        if self._anti:
+            holders = [
+                (pods[key].request, nodes[pods[key].node].info.labels) for key in self._anti if pods[key].node in nodes
+            ]
+            existing: set[tuple[str, str]] = set()
+            filters.anti_affinity_matches(pod, holders, existing)
+            if existing:
+                affinity = affinity or filters.AffinityState()
+                affinity.existing = existing
+        spread: filters.SpreadState | None = None
+        if filters.hard_constraints(pod):
+            spread = filters.spread_counts(
+                pod,
+                ((r.name, r.info.labels, (pods[k].request for k in r.pods)) for r in nodes.values()),
+            )
+        self._cluster = (pod, self.generation, affinity, spread)
+        return affinity, spread
 
     def _device_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status:
         for plugin, needs in plan.devices:
@@ -375,7 +538,15 @@ class Engine:
         remembered = record.last_check
         if remembered is not None and remembered[0] == record.version and remembered[1] is plan.signature:
             return remembered[2]
-        status = self._basic_fit(record, pod, plan) or self._device_fit(record, pod, plan)
+        status = self._basic_fit(record, pod, plan)
+        if status is None and plan.volatile:
+            status = self._cluster_fit(record, pod)
+        if status is None:
+            status = self._device_fit(record, pod, plan)
+        if not plan.settles and status.code is Code.UNRESOLVABLE:
+            # The answer depends on the node's name or on other nodes: nodes of one class may answer differently,
+            # so it must not settle the class (here or in the extender's answers).
+            status = Status(Code.UNSCHEDULABLE, status.reasons, status.plugin)
         record.last_check = (record.version, plan.signature, status)
         return status
 
@@ -458,20 +629,19 @@ class Engine:
                 return Decision(pod.key, False, reason=f"node {pod.node_name} is unknown", code=Code.UNRESOLVABLE)
             status = self.check(record, pod, plan)
             if not status.ok:
-                return Decision(
-                    pod.key, False, reason=summarize_reasons(1, Counter({status.message: 1})), code=status.code
-                )
+                return Decision(pod.key, False, reason=summarize_reasons(1, Counter(status.reasons)), code=status.code)
             return self._reserve(record, pod, plan)
         feasible: list[str] = []
         evaluated = 0
         reasons: Counter[str] = Counter()
-        settled: dict[int, str] = {}  # node class -> the unresolvable reason all its nodes share in this cycle
+        settled: dict[int, tuple[str, ...]] = {}  # node class -> the unresolvable reasons its nodes share
         resolvable = False
         candidates, resource = self._candidates(pod, plan)
         for klass, members in candidates:
             known = settled.get(klass)
             if known is not None:
-                reasons[known] += len(members)
+                for reason in known:
+                    reasons[reason] += len(members)
                 evaluated += len(members)
                 continue
             for position, name in enumerate(members, 1):
@@ -483,12 +653,14 @@ class Engine:
                     if len(feasible) >= self.sample:
                         break
                     continue
-                reasons[status.message] += 1
-                if status.code is Code.UNRESOLVABLE:
+                for reason in status.reasons:
+                    reasons[reason] += 1
+                if status.code is Code.UNRESOLVABLE and plan.settles:
                     # Every other node of this class answers alike: count them without asking.
-                    settled[klass] = status.message
+                    settled[klass] = status.reasons
                     rest = len(members) - position
-                    reasons[status.message] += rest
+                    for reason in status.reasons:
+                        reasons[reason] += rest
                     evaluated += rest
                     break
                 resolvable = True
@@ -699,8 +871,19 @@ class Engine:
         used["pods"] += sign
         used["cpu"] += sign * pod.cpu_milli
         used["memory"] += sign * pod.memory
-        for resource in self._route(pod).get("", ()):
-            used[resource] += sign * pod.total(resource)
+        for resource, amount in pod.requests.items():
+            if resource not in CPU_MEMORY:
+                used[resource] += sign * amount
+        for port in pod.host_ports:
+            record.ports[(port.ip, port.protocol, port.port)] += sign
+            if record.ports[(port.ip, port.protocol, port.port)] <= 0:
+                del record.ports[(port.ip, port.protocol, port.port)]
+        if pod.pod_anti_affinity:
+            if sign > 0:
+                self._anti[pod.key] = None
+            else:
+                self._anti.pop(pod.key, None)
+            self._anti_epoch += 1
 
     def _place(self, record: NodeRecord, pod_record: PodRecord) -> None:
         key = pod_record.request.key
@@ -716,6 +899,7 @@ class Engine:
             return None
         record = self.nodes.get(pod_record.node)
         if record is None:
+            self._forget_anti(key)
             return pod_record
         for plugin, part in pod_record.parts.items():
             if plugin in record.states:

@@ -382,7 +382,7 @@ def test_a_discovered_inventory_schedules_on_the_torus_and_avoids_an_unhealthy_d
         update={"devices": [d.model_copy(update={"healthy": health[d.id]}) for d in inventory.devices]}
     )
     annotation = encode_devices(NodeDevices(inventories={"neuron": inventory}))
-    node = make_node("trn-0", annotations={DEVICES_KEY: annotation})
+    node = make_node("trn-0", annotations={DEVICES_KEY: annotation}, allocatable={DEVICE: 16})
     engine = Engine(make_plugin_manager("scheduler", neuron=scheduler))
     engine.add_node(node)
 
@@ -405,7 +405,9 @@ def test_a_running_pod_keeps_its_devices_when_one_of_them_turns_unhealthy(
         devices = [DeviceInfo(id=str(i), healthy=i not in unhealthy) for i in range(16)]
         inventory = DeviceInventory(plugin="neuron", devices=devices, topology=TORUS)
         return make_node(
-            "trn-0", annotations={DEVICES_KEY: encode_devices(NodeDevices(inventories={"neuron": inventory}))}
+            "trn-0",
+            annotations={DEVICES_KEY: encode_devices(NodeDevices(inventories={"neuron": inventory}))},
+            allocatable={DEVICE: 16},
         )
 
     engine = Engine(make_plugin_manager("scheduler", neuron=scheduler))

@@ -496,7 +496,11 @@ def test_a_discovered_cube_mesh_places_quads_and_avoids_a_lost_gpu(
     inventory = inventory.model_copy(
         update={"devices": [d.model_copy(update={"healthy": health[d.id]}) for d in inventory.devices]}
     )
-    node = make_node("p3-0", annotations={DEVICES_KEY: encode_devices(NodeDevices(inventories={"nvidia": inventory}))})
+    node = make_node(
+        "p3-0",
+        annotations={DEVICES_KEY: encode_devices(NodeDevices(inventories={"nvidia": inventory}))},
+        allocatable={"nvidia.com/gpu": 8},
+    )
     engine = Engine(make_plugin_manager("scheduler", nvidia=scheduler))
     engine.add_node(node)
 

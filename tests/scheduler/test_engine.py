@@ -31,7 +31,9 @@ def engine(policy: str = "binpack", **kwargs: object) -> Engine:
 def toy_node(name: str, cards: int, **kwargs: object) -> object:
     labels = {"toy.example/cards": str(cards)} if cards else {}
     labels.update(kwargs.pop("labels", {}))  # type: ignore[arg-type]
-    return make_node(name, labels=labels, **kwargs)  # type: ignore[arg-type]
+    allocatable = {CARD: cards} if cards else {}
+    allocatable.update(kwargs.pop("allocatable", {}))  # type: ignore[arg-type]
+    return make_node(name, labels=labels, allocatable=allocatable, **kwargs)  # type: ignore[arg-type]
 
 
 def test_places_devices_and_writes_the_allocation_annotation() -> None:

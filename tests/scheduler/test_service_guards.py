@@ -55,7 +55,7 @@ def service() -> SchedulerService:
     plugins = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
     engine = Engine(plugins, signing_key=KEY)
     svc = SchedulerService(None, RecordingWriter(), engine, name="kubegpu", key=KEY)  # type: ignore[arg-type]
-    svc._on_nodes("SYNC", [node_manifest("n1", labels={"toy.example/cards": "2"})])
+    svc._on_nodes("SYNC", [node_manifest("n1", labels={"toy.example/cards": "2"}, allocatable={"toy.example/card": 2})])
     return svc
 
 

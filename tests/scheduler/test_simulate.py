@@ -79,7 +79,11 @@ def test_devices_equal_the_allocation_annotation(capsys: pytest.CaptureFixture[s
 
 def test_deletion_releases_devices_for_a_later_pod(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     documents = [
-        node_manifest("trn", labels={"node.kubernetes.io/instance-type": "trn1.32xlarge"}),
+        node_manifest(
+            "trn",
+            labels={"node.kubernetes.io/instance-type": "trn1.32xlarge"},
+            allocatable={"aws.amazon.com/neurondevice": 16},
+        ),
         pod_manifest("all", {"main": {"aws.amazon.com/neurondevice": 16}}),
         pod_manifest("waiting", {"main": {"aws.amazon.com/neurondevice": 16}}),
         pod_manifest("all", deleted=True),
@@ -186,7 +190,8 @@ def test_stats_are_printed_on_request(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_every_node_is_counted_once_in_the_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trn1 = {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
-    documents = [node_manifest(f"trn-{i}", labels=trn1) for i in range(3)]
+    neuron = {"aws.amazon.com/neurondevice": 16}
+    documents = [node_manifest(f"trn-{i}", labels=trn1, allocatable=neuron) for i in range(3)]
     documents += [node_manifest(f"cpu-{i}") for i in range(2)]
     documents.append(pod_manifest("seven", {"main": {"aws.amazon.com/neurondevice": 7}}))
     path = tmp_path / "c.yaml"

@@ -1,0 +1,287 @@
+"""Kubernetes' own filters, as pure functions over kubegpu's records, with kube-scheduler 1.20's rules and reasons.
+
+The engine (`kubegpu.scheduler.engine`) runs them in kube-scheduler's default order, stopping at the first plugin
+that refuses (as kube-scheduler does without `runAllFilters`): NodeUnschedulable, NodeResourcesFit, NodePorts,
+NodeAffinity, TaintToleration, VolumeBinding, PodTopologySpread, InterPodAffinity; then the device plugins (where an
+extender would run). Each refusal carries kube-scheduler's reason strings, so `0/5 nodes are available: ...` reads
+the same whichever scheduler wrote it.
+
+The node-local rules (selectors, affinity terms, host ports) are plain functions. The rules that look at the whole
+cluster (pod affinity and anti-affinity, topology spread) first gather counts per topology pair over every node
+(`affinity_counts`, `spread_counts`: kube-scheduler's PreFilter), then judge one node from those counts; the engine
+computes the gathered state once per pod and cluster generation.
+
+Left out, as kubegpu documents: volume binding of claims that are not bound yet (such a pod is refused with a
+sentence saying so), CSI volume limits, VolumeZone and VolumeRestrictions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from kubegpu.core.models import (
+    HostPort,
+    LabelSelector,
+    NodeSelectorTerm,
+    PodAffinityTerm,
+    PodRequest,
+    Requirement,
+    SpreadConstraint,
+    Taint,
+    Toleration,
+)
+
+__all__ = [
+    "AffinityState",
+    "SpreadState",
+    "affinity_counts",
+    "anti_affinity_matches",
+    "matches_node_affinity",
+    "node_matches_terms",
+    "pod_matches_term",
+    "ports_conflict",
+    "requirement_matches",
+    "selector_matches",
+    "spread_counts",
+    "spread_fits",
+    "tolerates_unschedulable",
+]
+
+# Reasons, worded as kube-scheduler 1.20 words them.
+UNSCHEDULABLE = "node(s) were unschedulable"
+NODE_SELECTOR = "node(s) didn't match node selector"
+PORTS = "node(s) didn't have free ports for the requested pod ports"
+AFFINITY = "node(s) didn't match pod affinity/anti-affinity"
+AFFINITY_RULES = "node(s) didn't match pod affinity rules"
+ANTI_AFFINITY_RULES = "node(s) didn't match pod anti-affinity rules"
+EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity rules"
+SPREAD = "node(s) didn't match pod topology spread constraints"
+SPREAD_LABEL = SPREAD + " (missing required label)"
+VOLUME_NODE_AFFINITY = "node(s) had volume node affinity conflict"
+TOO_MANY_PODS = "Too many pods"
+UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", None, "NoSchedule")
+BIND_ALL = "0.0.0.0"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Selectors
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def requirement_matches(requirement: Requirement, labels: Mapping[str, str]) -> bool:
+    """One requirement against a label set: `NotIn` and `DoesNotExist` hold when the key is absent; `Gt`/`Lt`
+    compare integers and fail when the label is absent or not an integer."""
+    operator = requirement.operator
+    value = labels.get(requirement.key)
+    if operator == "In":
+        return value is not None and value in requirement.values
+    if operator == "NotIn":
+        return value is None or value not in requirement.values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt") and value is not None and len(requirement.values) == 1:
+        try:
+            have, bound = int(value), int(requirement.values[0])
+        except ValueError:
+            return False
+        return have > bound if operator == "Gt" else have < bound
+    return False
+
+
+def selector_matches(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:
+    """A pod label selector: None selects nothing, an empty one everything."""
+    if selector is None:
+        return False
+    return all(requirement_matches(r, labels) for r in selector.requirements)
+
+
+def _field_matches(requirement: Requirement, node_name: str) -> bool:
+    """A `matchFields` requirement: only `metadata.name` with `In` or `NotIn` and exactly one value is valid; any
+    other makes its term select nothing, as in kube-scheduler."""
+    if requirement.key != "metadata.name" or len(requirement.values) != 1:
+        return False
+    if requirement.operator == "In":
+        return node_name == requirement.values[0]
+    if requirement.operator == "NotIn":
+        return node_name != requirement.values[0]
+    return False
+
+
+def node_matches_terms(terms: Iterable[NodeSelectorTerm], name: str, labels: Mapping[str, str]) -> bool:
+    """Required node affinity: terms are ORed, a term's requirements ANDed; an empty term selects nothing."""
+    for term in terms:
+        if not term.expressions and not term.fields:
+            continue
+        if all(requirement_matches(r, labels) for r in term.expressions) and all(
+            _field_matches(r, name) for r in term.fields
+        ):
+            return True
+    return False
+
+
+def matches_node_affinity(pod: PodRequest, name: str, labels: Mapping[str, str]) -> bool:
+    """`spec.nodeSelector` and the required node affinity, both (kube-scheduler's NodeAffinity filter)."""
+    for key, value in pod.node_selector.items():
+        if labels.get(key) != value:
+            return False
+    return pod.node_affinity is None or node_matches_terms(pod.node_affinity, name, labels)
+
+
+def tolerates_unschedulable(tolerations: Iterable[Toleration]) -> bool:
+    """A pod tolerating the `node.kubernetes.io/unschedulable:NoSchedule` taint may go to a cordoned node."""
+    return any(t.tolerates(UNSCHEDULABLE_TAINT) for t in tolerations)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Host ports
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def ports_conflict(wanted: Iterable[HostPort], used: Mapping[tuple[str, str, int], int]) -> bool:
+    """Whether a wanted host port is taken: the same protocol and port on the same IP, and `0.0.0.0` on either
+    side conflicts with every IP. `used` counts (ip, protocol, port) of the pods on the node."""
+    for port in wanted:
+        if port.ip == BIND_ALL:
+            if any(p == port.port and proto == port.protocol for _, proto, p in used):
+                return True
+        elif (BIND_ALL, port.protocol, port.port) in used or (port.ip, port.protocol, port.port) in used:
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inter-pod affinity
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def pod_matches_term(term: PodAffinityTerm, pod: PodRequest) -> bool:
+    return pod.namespace in term.namespaces and selector_matches(term.selector, pod.labels)
+
+
+@dataclass(slots=True)
+class AffinityState:
+    """What the InterPodAffinity filter gathered for one incoming pod over the whole cluster.
+
+    * `affinity`: (topology key, value) -> existing pods matching *all* of the pod's affinity terms there;
+    * `anti`: (topology key, value) -> existing pods matching one of the pod's anti-affinity terms there;
+    * `existing`: (topology key, value) pairs where an existing pod's anti-affinity term matches the pod;
+    * `self_match`: whether the pod matches all its own affinity terms (the first pod of a group may go anywhere
+      that has the topology labels when no pod matches yet).
+    """
+
+    affinity: dict[tuple[str, str], int] = field(default_factory=dict)
+    anti: dict[tuple[str, str], int] = field(default_factory=dict)
+    existing: set[tuple[str, str]] = field(default_factory=set)
+    self_match: bool = False
+
+
+def anti_affinity_matches(
+    pod: PodRequest, holders: Iterable[tuple[PodRequest, Mapping[str, str]]], into: set[tuple[str, str]]
+) -> None:
+    """Add to `into` the topology pairs where an existing pod's required anti-affinity term selects `pod`.
+    `holders` are (existing pod with anti-affinity terms, its node's labels)."""
+    for existing, labels in holders:
+        for term in existing.pod_anti_affinity:
+            if pod_matches_term(term, pod):
+                value = labels.get(term.topology_key)
+                if value is not None:
+                    into.add((term.topology_key, value))
+
+
+def affinity_counts(pod: PodRequest, placed: Iterable[tuple[PodRequest, Mapping[str, str]]]) -> AffinityState:
+    """The counts of the pod's own affinity and anti-affinity terms over `placed` (every existing pod with its
+    node's labels). The `existing` pairs are filled separately (`anti_affinity_matches`)."""
+    state = AffinityState(self_match=all(pod_matches_term(t, pod) for t in pod.pod_affinity))
+    affinity, anti = pod.pod_affinity, pod.pod_anti_affinity
+    for existing, labels in placed:
+        if affinity and all(pod_matches_term(t, existing) for t in affinity):
+            for term in affinity:
+                value = labels.get(term.topology_key)
+                if value is not None:
+                    pair = (term.topology_key, value)
+                    state.affinity[pair] = state.affinity.get(pair, 0) + 1
+        for term in anti:
+            if pod_matches_term(term, existing):
+                value = labels.get(term.topology_key)
+                if value is not None:
+                    pair = (term.topology_key, value)
+                    state.anti[pair] = state.anti.get(pair, 0) + 1
+    return state
+
+
+def affinity_fits(pod: PodRequest, state: AffinityState, labels: Mapping[str, str]) -> tuple[str, ...]:
+    """The InterPodAffinity reasons refusing a node with these labels (empty: it fits)."""
+    if pod.pod_affinity:
+        exist = True
+        for term in pod.pod_affinity:
+            value = labels.get(term.topology_key)
+            if value is None:
+                return (AFFINITY, AFFINITY_RULES)
+            if state.affinity.get((term.topology_key, value), 0) <= 0:
+                exist = False
+        if not exist and not (not state.affinity and state.self_match):
+            return (AFFINITY, AFFINITY_RULES)
+    for term in pod.pod_anti_affinity:
+        value = labels.get(term.topology_key)
+        if value is not None and state.anti.get((term.topology_key, value), 0) > 0:
+            return (AFFINITY, ANTI_AFFINITY_RULES)
+    for key, value in state.existing:
+        if labels.get(key) == value:
+            return (AFFINITY, EXISTING_ANTI_AFFINITY)
+    return ()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Topology spread
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SpreadState:
+    """Per `DoNotSchedule` constraint: matching pods per topology value over the eligible nodes, and the minimum."""
+
+    constraints: tuple[SpreadConstraint, ...] = ()
+    counts: tuple[dict[str, int], ...] = ()
+    minimum: tuple[int, ...] = ()
+
+
+def hard_constraints(pod: PodRequest) -> tuple[SpreadConstraint, ...]:
+    return tuple(c for c in pod.spread if c.when_unsatisfiable == "DoNotSchedule")
+
+
+def spread_counts(pod: PodRequest, nodes: Iterable[tuple[str, Mapping[str, str], Iterable[PodRequest]]]) -> SpreadState:
+    """kube-scheduler's PreFilter for spread: only nodes passing the pod's node selector and required node affinity
+    and carrying every constraint's topology key count; pods count when in the pod's namespace, not terminating and
+    selected. `nodes` are (name, labels, pods on it)."""
+    constraints = hard_constraints(pod)
+    counts: tuple[dict[str, int], ...] = tuple({} for _ in constraints)
+    for name, labels, pods in nodes:
+        if not all(c.topology_key in labels for c in constraints):
+            continue
+        if not matches_node_affinity(pod, name, labels):
+            continue
+        members = [p for p in pods if p.namespace == pod.namespace and not p.terminating]
+        for constraint, count in zip(constraints, counts, strict=True):
+            value = labels[constraint.topology_key]
+            count[value] = count.get(value, 0) + sum(
+                1 for p in members if selector_matches(constraint.selector, p.labels)
+            )
+    minimum = tuple(min(count.values()) if count else 0 for count in counts)
+    return SpreadState(constraints, counts, minimum)
+
+
+def spread_fits(pod: PodRequest, state: SpreadState, labels: Mapping[str, str]) -> tuple[str, bool] | None:
+    """None when the node keeps every constraint's skew within maxSkew, else (reason, resolvable)."""
+    for constraint, count, minimum in zip(state.constraints, state.counts, state.minimum, strict=True):
+        value = labels.get(constraint.topology_key)
+        if value is None:
+            return SPREAD_LABEL, False
+        own = 1 if selector_matches(constraint.selector, pod.labels) else 0
+        if not count:
+            continue
+        if count.get(value, 0) + own - minimum > constraint.max_skew:
+            return SPREAD, True
+    return None
