@@ -41,7 +41,7 @@ from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.nodes import Node
 from yaml.resolver import Resolver
 
-from kubegpu.core.errors import InputError
+from kubegpu.core.errors import InputError, shorten
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
@@ -194,8 +194,8 @@ def _load_yaml(text: str, name: str) -> Iterator[Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or exc
-        raise SimulationError(f"{name}:{where}: not valid YAML ({problem})") from None
+        problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or type(exc).__name__
+        raise SimulationError(f"{name}:{where}: not valid YAML ({shorten(str(problem), 200)})") from None
 
 
 def _read_text(path: Path) -> str:
