@@ -30,7 +30,7 @@ _HOW_TO_CREATE = "create one from random bytes, e.g. `head -c 32 /dev/urandom | 
 class LogfmtFormatter(logging.Formatter):
     """`ts=... level=... logger=... msg="..." pod=ns/name node=...`: one line per record, fields greppable."""
 
-    FIELDS = ("pod", "node", "reason", "devices", "error")
+    FIELDS = ("pod", "node", "reason", "devices", "passed", "failed", "error")
 
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import ssl
 import threading
@@ -56,6 +57,8 @@ from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
 from kubegpu.core.status import Code
+from kubegpu.plugins.intel_gas.scheduler import WITHOUT_I915_ENV
+from kubegpu.scheduler import compat
 from kubegpu.scheduler.custom import SchedulerService, bound_as_decided, write_placement
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Plan
 from kubegpu.scheduler.http_server import Answer, HttpServer, Limits, tls_context
@@ -68,6 +71,7 @@ log = logging.getLogger("kubegpu.extender")
 T = TypeVar("T")
 
 MAX_EXTENDER_PRIORITY = 10
+DEFAULT_LISTEN = "0.0.0.0:8888"
 MAX_ENGINE_SCORE = 200.0
 
 
@@ -171,9 +175,12 @@ def _node_name(item: Any) -> str | None:
 class ExtenderServer:
     """The protocol logic, independent of the HTTP server that carries it."""
 
-    def __init__(self, service: SchedulerService) -> None:
+    def __init__(self, service: SchedulerService, *, policy: str | None = None) -> None:
         self.service = service
         self.engine: Engine = service.engine
+        # The score /prioritize answers with: the engine's (its binpack or spread policy plus the plugins' topology
+        # score), or nvidia-gpu-scheduler's (`compat.FREE_MODEL_GPUS`: free GPUs of the pod's model).
+        self.free_model_gpus = policy == compat.FREE_MODEL_GPUS
         self._answers: dict[tuple[object, ...], _Answers] = {}
         self._swept = self.engine.generation  # nodes removed up to this change are forgotten by every shape
         self._placing: set[asyncio.Task[str]] = set()  # bindings being written, whoever still waits for them
@@ -274,6 +281,8 @@ class ExtenderServer:
             unresolvable = {
                 name: reason for name, reason in failed.items() if name in unknown or name in answers.unresolvable
             }
+        if log.isEnabledFor(logging.INFO):
+            log.info("filter", extra={"pod": pod.key, "passed": _names(passed), "failed": _refusals(failed)})
         # Unresolvable nodes are listed in FailedNodes too: schedulers before 1.21 read only FailedNodes; newer ones
         # let FailedAndUnresolvableNodes take precedence and skip preemption there.
         result: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
@@ -301,7 +310,9 @@ class ExtenderServer:
             scored = answers.scored
             for name in wanted - scored.keys() - answers.unscored:
                 score = 0
-                if name in answers.passing:
+                if name in answers.passing and self.free_model_gpus:
+                    score = min(MAX_EXTENDER_PRIORITY, compat.free_model_gpus(self.engine, name, pod))
+                elif name in answers.passing:
                     raw = self.engine.score_node(name, pod, plan)
                     score = round(MAX_EXTENDER_PRIORITY * min(raw, MAX_ENGINE_SCORE) / MAX_ENGINE_SCORE)
                 if score:
@@ -450,6 +461,25 @@ class _PodError(Exception):
     pass
 
 
+LOGGED_NAMES = 20  # node names a filter log line lists per group before counting the rest
+
+
+def _names(names: list[str]) -> str:
+    """`a,b,c` for a filter log line; past LOGGED_NAMES names, the rest as a count."""
+    shown = ",".join(names[:LOGGED_NAMES])
+    return shown if len(names) <= LOGGED_NAMES else f"{shown},... ({len(names) - LOGGED_NAMES} more)"
+
+
+def _refusals(failed: dict[str, str]) -> str:
+    """The refused nodes of a filter log line grouped by reason, most frequent first:
+    `2 node(s) Insufficient nvidia.com/gpu [p3-0,p3-1]; 1 node(s) ... [trn1-0]`."""
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in failed.items():
+        by_reason.setdefault(reason, []).append(name)
+    groups = sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0]))
+    return "; ".join(f"{len(names)} node(s) {reason} [{_names(names)}]" for reason, names in groups)
+
+
 # -- the monitoring feeds ------------------------------------------------------------------------------------------
 
 
@@ -595,9 +625,12 @@ class ExtenderHttpServer(HttpServer):
             "prioritize": server.prioritize,
             "preempt": server.preempt,
         }
+        engine = server.engine
         self.feeds = {
             "/apis/kubegpu/v1/nodes": _Feed(server.service, server.node_views),
             "/apis/kubegpu/v1/pods": _Feed(server.service, server.pod_views),
+            compat.GPUNODES: _Feed(server.service, lambda changed: compat.gpu_node_views(engine, changed)),
+            compat.GPUPODS: _Feed(server.service, lambda changed: compat.gpu_pod_views(engine, changed)),
         }
         super().__init__(self.answer, listen, tls, loop, limits)
 
@@ -626,6 +659,8 @@ class ExtenderHttpServer(HttpServer):
         if path == "/readyz":  # ready once the informers have listed nodes and pods
             ready = self.server.service.ready()
             return (200, {"status": "ready"}) if ready else (503, {"status": "syncing nodes and pods"})
+        if path == compat.PREFIX:  # the aggregation layer's discovery (examples/deploy: the APIService)
+            return 200, compat.DISCOVERY
         feed = self.feeds.get(path)
         if feed is None:
             return 404, {"error": f"unknown path {path!r}"}
@@ -665,8 +700,35 @@ class ExtenderHttpServer(HttpServer):
         return 400, {"error": f"could not process the request: {type(exc).__name__}: {exc}"}
 
 
+def _gas_flags(args: argparse.Namespace) -> list[str]:
+    """Apply GPU Aware Scheduling's flag names (`--port`, `--unsafe`; `--cert`, `--key`, `--cacert` are plain
+    aliases). Returns the warnings to log once logging is set up."""
+    warnings = []
+    if args.port is not None:
+        if args.listen is not None:
+            raise SystemExit("kubegpu extender: give --listen or GAS's --port, not both")
+        if not 0 < args.port < 65536:
+            raise SystemExit(f"kubegpu extender: --port {args.port} is not a TCP port")
+        args.listen = f"0.0.0.0:{args.port}"
+    if args.listen is None:
+        args.listen = DEFAULT_LISTEN
+    if args.unsafe:
+        ignored = [flag for flag, value in (("--cert", args.tls_cert), ("--key", args.tls_key),
+                                            ("--cacert", args.client_ca)) if value]  # fmt: skip
+        if ignored:
+            warnings.append(f"--unsafe: serving plain HTTP, {', '.join(ignored)} ignored (as GAS does)")
+        args.tls_cert = args.tls_key = args.client_ca = None
+        args.insecure_no_client_auth = True
+        warnings.append("--unsafe (GAS's flag) means --insecure-no-client-auth: plain HTTP, no client certificates")
+    return warnings
+
+
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
+    for warning in _gas_flags(args):
+        log.warning("%s", warning)
+    if args.intel_without_i915:
+        os.environ[WITHOUT_I915_ENV] = args.intel_without_i915  # read by the intel-gas plugin
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("kubegpu extender: --tls-cert and --tls-key go together")
     if args.client_ca and not args.tls_cert:
@@ -686,9 +748,11 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", failure)
     client = KubeClient.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
     writer = AsyncKubeClient(client.credentials, client.limiter, connections=32)
-    engine = Engine(plugins, policy=args.policy, signing_key=key)
+    engine = Engine(
+        plugins, policy="binpack" if args.policy == compat.FREE_MODEL_GPUS else args.policy, signing_key=key
+    )
     service = SchedulerService(client, writer, engine, name="", key=key, queue_pods=False)
-    extender = ExtenderServer(service)
+    extender = ExtenderServer(service, policy=args.policy)
     limits = Limits(max_body=args.max_body_bytes, body_budget=max(Limits.body_budget, 4 * args.max_body_bytes))
     tls = tls_context(args.tls_cert, args.tls_key, args.client_ca)
     httpd = ExtenderHttpServer(extender, args.listen, tls, writer.loop, limits, client_auth=bool(args.client_ca))
@@ -722,14 +786,41 @@ def add_extender_parser(sub: Any) -> argparse.ArgumentParser:
         description="Serve kube-scheduler's extender protocol (filter, prioritize, bind, preempt) with kubegpu's "
         "engine and plugins, for clusters whose default scheduler cannot be replaced.",
     )
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
-    parser.add_argument("--listen", default="0.0.0.0:8888", help="HOST:PORT to serve (default 0.0.0.0:8888)")
+    parser.add_argument(
+        "--kubeconfig", "--kubeConfig", "-kubeConfig", help="kubeconfig file (default: in-cluster service account)"
+    )
+    parser.add_argument("--listen", help=f"HOST:PORT to serve (default {DEFAULT_LISTEN})")
     parser.add_argument("--allocation-key-file", required=True, help="HMAC key shared with the CRI shim")
-    parser.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
-    parser.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    parser.add_argument("--tls-cert", "--cert", "-cert", help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--tls-key", "--key", "-key", help="the certificate's private key (PEM)")
     parser.add_argument(
         "--client-ca",
-        help="require client certificates signed by this CA (PEM) for every path but /healthz and /readyz",
+        "--cacert",
+        "-cacert",
+        help="require client certificates signed by this CA (PEM, may hold several) for every path but /healthz "
+        "and /readyz",
+    )
+    gas = parser.add_argument_group(
+        "GPU Aware Scheduling (GAS) compatibility",
+        "GAS's flag names work as written in its deployment (--cert, --key, --cacert and --kubeConfig are the "
+        "aliases above; Go's single-dash spelling works too).",
+    )
+    gas.add_argument("--port", "-port", type=int, help="GAS's --port N: the same as --listen 0.0.0.0:N")
+    gas.add_argument(
+        "--unsafe",
+        "-unsafe",
+        nargs="?",
+        const="true",
+        default=False,
+        type=_go_bool,
+        help="GAS's --unsafe[=true]: plain HTTP without client authentication (implies --insecure-no-client-auth; "
+        "--cert, --key and --cacert are then ignored)",
+    )
+    gas.add_argument(
+        "--intel-without-i915",
+        choices=["refuse", "ignore"],
+        help="pods requesting gpu.intel.com/* without i915 or xe: refuse them (kubegpu's default) or, as GAS "
+        "does, leave them to kube-scheduler's node totals (ignore)",
     )
     parser.add_argument(
         "--insecure-no-client-auth",
@@ -742,9 +833,30 @@ def add_extender_parser(sub: Any) -> argparse.ArgumentParser:
         default=Limits.max_body,
         help=f"largest request body (default {Limits.max_body}; full Nodes lists need more than node names)",
     )
-    parser.add_argument("--policy", choices=POLICIES, default="binpack", help="node preference (default binpack)")
+    parser.add_argument(
+        "--policy",
+        choices=[*POLICIES, compat.FREE_MODEL_GPUS],
+        default="binpack",
+        help="node preference for /prioritize (default binpack); free-model-gpus: nvidia-gpu-scheduler's score, the "
+        "free GPUs of the pod's nvidia-gpu-scheduler/gpu.model",
+    )
     parser.add_argument("--kube-api-qps", type=float, default=50.0, help="API requests a second (default 50)")
     parser.add_argument("--kube-api-burst", type=int, default=100, help="API request burst (default 100)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="info (default) logs every filter decision (nodes passed, nodes refused by reason) and every bind",
+    )
     parser.set_defaults(func=run)
     return parser
+
+
+def _go_bool(text: str) -> bool:
+    """A Go flag's boolean value, as GAS's `--unsafe=true` is written."""
+    value = text.strip().lower()
+    if value in ("1", "t", "true"):
+        return True
+    if value in ("0", "f", "false"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true or false)")
