@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_advertise_parser(sub)
 
+    from kubegpu.crishim.deviceplugin import add_device_plugin_parser
+
+    add_device_plugin_parser(sub)
+
     return parser
 
 

@@ -1,10 +1,10 @@
 """`Device`: the node-side hook specification.
 
 A device plugin finds its devices on a host, describes them for advertisement, and turns the scheduler's allocation
-into edits of a container's configuration. The advertiser (`kubegpu advertise`) and the CRI shim (`kubegpu crishim`)
-call these hooks. Every hook gets paths (`host_root`, `dev_root`) instead of assuming `/`, so tests run the real
-discovery code on a fake host root. Hooks are listed in the order they are called; every hook uses the same
-docstring layout: summary, Args, Returns, Called by.
+into edits of a container's configuration. The advertiser (`kubegpu advertise`), the CRI shim (`kubegpu crishim`) and
+the Kubernetes device plugin (`kubegpu device-plugin`) call these hooks. Every hook gets paths (`host_root`,
+`dev_root`) instead of assuming `/`, so tests run the real discovery code on a fake host root. Hooks are listed in the
+order they are called; every hook uses the same docstring layout: summary, Args, Returns, Called by.
 """
 
 from __future__ import annotations
@@ -116,6 +116,26 @@ def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement | None
 
     Called by:
         the advertiser when it patches the node; firstresult (the owning plugin).
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def kubegpu_device_plugin_ids(inventory: DeviceInventory) -> dict[str, dict[str, bool]] | None:
+    """Name, per resource, the device ids a Kubernetes device plugin tells the kubelet about.
+
+    Args:
+        inventory: this plugin's inventory (unhealthy devices marked).
+
+    Returns:
+        Resource name -> {device id: healthy}, with the ids the scheduler side allocates for that resource (so the
+        kubelet can be asked to choose exactly the scheduler's ids); only resources that are counted in whole ids
+        belong here (not per-card amounts such as memory). None: nothing of this plugin goes through the kubelet's
+        device manager.
+
+    Called by:
+        `kubegpu device-plugin` after discovery and health, at start-up and every interval, for ListAndWatch;
+        firstresult (the owning plugin).
     """
     raise NotImplementedError
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Prepares what the CRI shim's integration tests and benchmark run against: Debian's containerd (1.6) and runc, and a
-# tiny busybox image. No image can be pulled here, so the image is built locally: one layer holding Debian's static
+# Prepares what the CRI shim's integration tests and benchmark run against: Debian's containerd (1.6) and runc, the CNI
+# plugins (Debian's containernetworking-plugins, under /usr/lib/cni: the kubelet tests' node is Ready only with a CNI
+# config), and a tiny busybox image. No image can be pulled here, so the image is built locally: one layer holding Debian's static
 # busybox (`busybox-static`) and its applet links, written as an OCI image layout tar that the test harness imports
 # with `ctr -n k8s.io image import` into its own containerd (tests/integration/containerd.py). The same image serves as
 # the pod sandbox ("pause") image and as the containers' image.
@@ -74,6 +75,9 @@ command -v containerd > /dev/null || missing+=(containerd)
 command -v ctr > /dev/null || missing+=(containerd)
 command -v runc > /dev/null || missing+=(runc)
 static_busybox > /dev/null || missing+=(busybox-static)
+# The kubelet tests need a CNI config for the node to turn Ready (their pods use the host network).
+[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] \
+  || missing+=(containernetworking-plugins)
 if [[ ${#missing[@]} -gt 0 ]]; then
   # shellcheck disable=SC2207
   missing=($(printf '%s\n' "${missing[@]}" | sort -u))

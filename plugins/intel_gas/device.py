@@ -21,6 +21,9 @@ labeler writes them, listing the healthy cards: `gpu.intel.com/gpu-numbers` = `0
 `...3`, each starting with `Z`, when longer than a label value may be) and the deprecated `gpu.intel.com/cards` =
 `card0.card1` (left out when too long: GAS reads `gpu-numbers` first).
 
+Device-plugin ids (`kubegpu device-plugin`): the card names for `gpu.intel.com/i915` (or `xe`), one container per
+card; `millicores` and `memory.max` are per-card amounts, not device ids, and stay node capacity.
+
 Owned (`kubegpu_device_owned`; the CRI shim removes these from every container not granted Intel cards): the DRM
 nodes `/dev/dri/cardN` and `/dev/dri/renderDN`, `KUBEGPU_INTEL_CARDS` (it selects nothing, but a value the plugin did
 not write would misreport the cards) and CDI names of kind `intel.com/gpu`.
@@ -130,6 +133,14 @@ def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement:
     if len(names) <= LABEL_LIMIT:
         labels[CARDS_LABEL] = names
     return Advertisement(capacity=capacity, labels=labels)
+
+
+@hookimpl
+def kubegpu_device_plugin_ids(inventory: DeviceInventory) -> dict[str, dict[str, bool]]:
+    ids: dict[str, dict[str, bool]] = {}
+    for card in sorted(inventory.devices, key=lambda d: card_sort_key(d.id)):
+        ids.setdefault(XE if card.attributes.get("driver") == "xe" else I915, {})[card.id] = card.healthy
+    return ids
 
 
 @hookimpl

@@ -23,7 +23,8 @@ The inventory: devices `{"id": "N", "cores", "memory", "model", "attributes": {"
 
 Health: a device whose file has disappeared is unhealthy. Advertisement: `aws.amazon.com/neuron` and
 `aws.amazon.com/neurondevice` = healthy devices, `aws.amazon.com/neuroncore` = their cores (when the core count is
-known); no labels.
+known); no labels. Device-plugin ids (`kubegpu device-plugin`): the device ids for both device resources, and for
+`aws.amazon.com/neuroncore` the core ids `device * cores + n`, the numbering the scheduler allocates cores in.
 
 Owned (`kubegpu_device_owned`; the CRI shim removes these from every container not granted Neuron devices):
 `AWS_NEURON_VISIBLE_DEVICES` and `NEURON_RT_VISIBLE_CORES` (the Neuron OCI hook and runtime hand a container the
@@ -157,6 +158,17 @@ def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement:
     if all(d.cores for d in inventory.devices):
         capacity[NEURONCORE] = sum(d.cores or 0 for d in healthy)
     return Advertisement(capacity=capacity)
+
+
+@hookimpl
+def kubegpu_device_plugin_ids(inventory: DeviceInventory) -> dict[str, dict[str, bool]]:
+    devices = {d.id: d.healthy for d in inventory.devices}
+    ids = {NEURON: devices, NEURONDEVICE: dict(devices)}
+    if inventory.devices and all(d.cores for d in inventory.devices):
+        ids[NEURONCORE] = {
+            str(int(d.id) * (d.cores or 0) + core): d.healthy for d in inventory.devices for core in range(d.cores or 0)
+        }
+    return ids
 
 
 @hookimpl

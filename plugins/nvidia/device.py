@@ -22,7 +22,8 @@ host root (`dev/nvidiactl` exists), its `dev/nvidiaN` file exists.
 
 Advertisement: `nvidia.com/gpu` = healthy GPUs; labels as GPU Feature Discovery writes them, for the healthy GPUs:
 `nvidia.com/gpu.product` (the first healthy GPU's model with spaces as `-`: `Tesla-V100-SXM2-16GB`),
-`nvidia.com/gpu.count`, `nvidia.com/gpu.memory` (MiB).
+`nvidia.com/gpu.count`, `nvidia.com/gpu.memory` (MiB). Device-plugin ids (`kubegpu device-plugin`): the GPU indexes
+for `nvidia.com/gpu`.
 
 Owned (`kubegpu_device_owned`; the CRI shim removes these from every container not granted NVIDIA GPUs):
 `NVIDIA_VISIBLE_DEVICES` (the NVIDIA container runtime hands a container the GPUs it names, `all` included), the GPU
@@ -153,6 +154,11 @@ def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement:
     if healthy and healthy[0].memory:
         labels[MEMORY_LABEL] = str(healthy[0].memory // MIB)
     return Advertisement(capacity={RESOURCE: len(healthy)}, labels=labels)
+
+
+@hookimpl
+def kubegpu_device_plugin_ids(inventory: DeviceInventory) -> dict[str, dict[str, bool]]:
+    return {RESOURCE: {d.id: d.healthy for d in inventory.devices}}
 
 
 @hookimpl

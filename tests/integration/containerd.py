@@ -18,6 +18,7 @@ plays the kubelet. The end-to-end test with the real scheduler combines them: st
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -102,7 +103,7 @@ def _require_environment() -> dict[str, str]:
     return {b: str(shutil.which(b)) for b in BINARIES}
 
 
-def _config(base: Path, runc: str) -> str:
+def _config(base: Path, runc: str, cni_bin: str | None = None) -> str:
     cri = '[plugins."io.containerd.grpc.v1.cri"]'
     return f"""\
 version = 2
@@ -127,7 +128,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{base}/cni/bin"
+    bin_dir = "{cni_bin or f'{base}/cni/bin'}"
     conf_dir = "{base}/cni/conf"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
@@ -359,16 +360,44 @@ def _unmount_below(base: Path) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True, check=False)
 
 
+CNI_BIN = Path("/usr/lib/cni")
+
+
+def _cni_config(bridge: str, subnet: str) -> str:
+    """One bridge network with host-local addresses on a private /24: what makes the CRI report NetworkReady (and a
+    kubelet's node Ready). Pods on the host network never use it; the bridge exists only once a pod joins it."""
+    plugins = [
+        {
+            "type": "bridge",
+            "bridge": bridge,
+            "isGateway": True,
+            "ipMasq": False,
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]]},
+        },
+        {"type": "loopback"},
+    ]
+    return json.dumps({"cniVersion": "0.4.0", "name": "kubegpu-test", "plugins": plugins})
+
+
 @contextlib.contextmanager
-def running_containerd(image: Path | None = None) -> Iterator[Containerd]:
-    """A started containerd with the busybox image imported; everything it made is removed afterwards."""
+def running_containerd(image: Path | None = None, *, cni_subnet: str | None = None) -> Iterator[Containerd]:
+    """A started containerd with the busybox image imported; everything it made is removed afterwards.
+
+    `cni_subnet` (a private /24 such as `10.88.77.0/24`): a CNI bridge network from Debian's plugins under
+    /usr/lib/cni, as a kubelet needs for its node to be Ready; its bridge is deleted afterwards."""
     binaries = _require_environment()
     tar = image or image_tar()
     # A short path: unix socket paths are limited to 108 bytes, and containerd puts sockets under its state dir.
     base = Path(tempfile.mkdtemp(prefix="kubegpu-ctrd-"))
     for sub in ("root", "state", "opt", "runc", "cni/bin", "cni/conf"):
         (base / sub).mkdir(parents=True, exist_ok=True)
-    (base / "config.toml").write_text(_config(base, binaries["runc"]))
+    bridge = f"kgpu{base.name[-6:]}".replace("_", "0")[:15]
+    if cni_subnet is not None:
+        if not (CNI_BIN / "bridge").exists():
+            raise HarnessError(f"{CNI_BIN}/bridge is missing: {SETUP_HINT} (it installs containernetworking-plugins)")
+        (base / "cni" / "conf" / "10-kubegpu.conflist").write_text(_cni_config(bridge, cni_subnet))
+    cni_bin = str(CNI_BIN) if cni_subnet is not None else None
+    (base / "config.toml").write_text(_config(base, binaries["runc"], cni_bin))
     runtime = Containerd(base, binaries)
     try:
         runtime.start()
@@ -385,6 +414,8 @@ def running_containerd(image: Path | None = None) -> Iterator[Containerd]:
                     os.kill(pid, signal.SIGKILL)
             _unmount_below(base)
             shutil.rmtree(base, ignore_errors=True)
+            if cni_subnet is not None and Path(f"/sys/class/net/{bridge}").exists():
+                subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
 
 
 def fpga_plugin_path(directory: Path) -> list[Path]:

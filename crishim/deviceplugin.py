@@ -1,0 +1,628 @@
+"""`kubegpu device-plugin`: the node side as a Kubernetes device plugin, for nodes whose kubelet talks to the runtime
+directly (managed nodes, where the runtime endpoint cannot be pointed at the CRI shim).
+
+One process serves the device plugin API `v1beta1` (`protos.py`) for every resource of every installed Device
+plugin that names device ids for it (`kubegpu_device_plugin_ids`): one socket per resource under the kubelet's
+`device-plugins/` directory, registered with the kubelet's `Registration` service.
+
+* **ListAndWatch** streams the resource's ids with their health, from the plugins' discovery and health checks under
+  `--host-root`, repeated every `--interval`; a change is sent at once. The ids are the ones the scheduler allocates
+  (Neuron device or core numbers, Intel card names, NVIDIA GPU indexes), so the kubelet's accounting and kubegpu's
+  speak of the same devices.
+* **GetPreferredAllocation** answers the ids the scheduler signed for the pod being admitted, so the kubelet, which
+  takes preferred ids first, allocates exactly the scheduler's choice.
+* **Allocate** looks the requested ids up among the verified allocations (signature, node, pod UID:
+  `verify.verified_allocation`) of the pods bound to this node that have not started: the ids must be exactly one
+  container's ids for that resource. It answers what the CRI shim would apply (the owning plugin's
+  `kubegpu_device_edit_container` on an empty container: device specs from `--dev-root`, env, mounts, annotations,
+  CDI names). Ids that no verified allocation names are refused (the kubelet fails the pod's admission with the
+  message): a device plugin cannot leave a container without devices it was counted for, so the only safe answer
+  to an unsigned or foreign request is no container at all.
+* Re-registration: the kubelet removes every socket in its `device-plugins/` directory when it starts, and creates
+  a new `kubelet.sock`. The process checks once a second whether its sockets are still there and whether
+  `kubelet.sock` is a new file; if not, it serves on fresh sockets and registers again.
+
+Which pod is being admitted: the kubelet's device manager does not say. GetPreferredAllocation gets the available ids
+and a count; Allocate gets the ids. Both are matched against the pods on this node (one LIST of the API server's pods
+with `spec.nodeName` = this node, made at GetPreferredAllocation, and again at Allocate when its ids name no known
+allocation) that are bound, not running or finished, not being deleted, and carry a verified allocation. The pod
+being admitted is taken to be the first such pod, in the kubelet's own admission order (creation time, then the
+scheduler's `issued` stamp), with a container whose allocation of the resource has exactly the requested count, has
+not been allocated by this process yet, and whose ids are all available; containers are taken in the kubelet's order
+(init containers, then containers).
+
+Races, and what happens:
+
+* Two pods on one node pending at once, asking the same count of the same resource, admitted by the kubelet in the
+  other order (rare: it sorts new pods by creation time too): each gets the other's devices. Both sets were valid
+  sets for this node, and Allocate hands each container exactly the ids the kubelet recorded, so no device is given
+  twice; but the scheduler's record names the other pod. The swap is logged (`allocated pod X's devices ...`), and
+  the PodResources publication (`podresources.py`) makes the ledger count what the kubelet really allocated.
+* The pod's allocation is not yet visible (the kubelet saw the binding first): GetPreferredAllocation lists pods
+  again; if it still finds nothing it answers no preference, the kubelet picks ids itself, and Allocate refuses them
+  unless they happen to be the scheduler's.
+* A pod whose preferred ids are no longer all available (a device went unhealthy, or the kubelet still counts a
+  finished pod's devices): no preference, and Allocate refuses ids the scheduler did not sign.
+
+The API server is read with `--kubeconfig` (default: the in-cluster service account); the process needs `get`/`list`
+on pods of its node only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord
+from kubegpu.core.models import ContainerAllocation, ContainerEdit, DeviceInventory
+from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
+from kubegpu.crishim.protos import (
+    DEVICE_PLUGIN,
+    DEVICE_PLUGIN_PACKAGE,
+    DEVICE_PLUGIN_VERSION,
+    HEALTHY,
+    UNHEALTHY,
+    method_path,
+)
+from kubegpu.crishim.verify import AllocationRefused, PodIdentity, verified_allocation
+
+__all__ = [
+    "DevicePluginService",
+    "Inventory",
+    "PendingPods",
+    "ResourcePlugin",
+    "add_device_plugin_parser",
+    "allocate_response",
+    "main",
+    "run",
+    "socket_name",
+]
+
+log = logging.getLogger("kubegpu.deviceplugin")
+
+IDS_HOOK = "kubegpu_device_plugin_ids"
+EDIT_HOOK = "kubegpu_device_edit_container"
+KUBELET_SOCKET = "kubelet.sock"
+DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
+DESCRIPTION = (
+    "Serve the Kubernetes device plugin API (v1beta1) for every resource of the installed kubegpu device plugins: the "
+    "kubelet is told the device ids the scheduler allocates, is asked to choose the ids the scheduler signed for the "
+    "pod, and gets the devices, env and mounts of a verified kubegpu.io/allocation."
+)
+_M = DEVICE_PLUGIN
+
+
+def socket_name(resource: str) -> str:
+    """`aws.amazon.com/neurondevice` -> `kubegpu-aws.amazon.com_neurondevice.sock`."""
+    return "kubegpu-" + resource.replace("/", "_") + ".sock"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the node has: ids per resource, refreshed every interval
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Inventory:
+    """Every plugin's device-plugin ids per resource, with their health; `changed` wakes ListAndWatch streams."""
+
+    def __init__(self, plugins: KubegpuPluginManager, host_root: Path) -> None:
+        self.plugins = plugins
+        self.host_root = host_root
+        self.ids: dict[str, dict[str, bool]] = {}  # resource -> id -> healthy
+        self.owner: dict[str, str] = {}  # resource -> plugin
+        self.generation = 0
+        self.changed = threading.Condition()
+
+    def refresh(self) -> bool:
+        """Discover again; True when some resource's ids or health changed."""
+        ids: dict[str, dict[str, bool]] = {}
+        owner: dict[str, str] = {}
+        for name in self.plugins.names:
+            try:
+                found = self.plugins.call(name, "kubegpu_device_discover", host_root=self.host_root)
+                if found is None:
+                    continue
+                inventory = self._checked(name, found.model_copy(update={"plugin": name}))
+                named = self.plugins.call(name, IDS_HOOK, inventory=inventory)
+            except PluginHookError as exc:
+                log.error("plugin skipped: %s", exc)
+                for resource, plugin in self.owner.items():  # nothing new is known: what it had stays
+                    if plugin == name:
+                        ids[resource], owner[resource] = self.ids[resource], name
+                continue
+            for resource, devices in (named or {}).items():
+                ids[resource] = {str(k): bool(v) for k, v in devices.items()}
+                owner[resource] = name
+        with self.changed:
+            if ids == self.ids and owner == self.owner:
+                return False
+            self.ids, self.owner = ids, owner
+            self.generation += 1
+            self.changed.notify_all()
+        return True
+
+    def _checked(self, name: str, inventory: DeviceInventory) -> DeviceInventory:
+        health = self.plugins.call(name, "kubegpu_device_health", host_root=self.host_root, inventory=inventory)
+        if not health:
+            return inventory
+        devices = [d if health.get(d.id, True) else d.model_copy(update={"healthy": False}) for d in inventory.devices]
+        return inventory.model_copy(update={"devices": devices})
+
+    def wait_change(self, generation: int, timeout: float) -> int:
+        with self.changed:
+            self.changed.wait_for(lambda: self.generation != generation, timeout=timeout)
+            return self.generation
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which pod is being admitted: the pending pods of this node with a verified allocation
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Candidate:
+    """A pod bound to this node, not started, with a verified allocation; `order` is its containers' admission order."""
+
+    pod: PodIdentity
+    created: str
+    record: AllocationRecord
+    order: list[str]
+
+    def ids(self, container: str, resource: str) -> list[str]:
+        return list(self.record.containers.get(container, {}).get(resource, []))
+
+
+@dataclass
+class PendingPods:
+    """The pods the kubelet may be admitting, read from the API server, and the containers already allocated."""
+
+    list_pods: Callable[[], list[dict[str, Any]]]
+    node: str
+    key: bytes
+    candidates: list[Candidate] = field(default_factory=list)
+    allocated: set[tuple[str, str, str]] = field(default_factory=set)  # (pod uid, container, resource)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def refresh(self) -> None:
+        """List the node's pods again (raises `ConnectionError` when the API server cannot say)."""
+        pods = self.list_pods()
+        candidates = []
+        for pod in pods:
+            metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+            phase = (pod.get("status") or {}).get("phase")
+            text = (metadata.get("annotations") or {}).get(ALLOCATION_KEY)
+            if text is None or metadata.get("deletionTimestamp") or phase not in (None, "Pending"):
+                continue
+            identity = PodIdentity(metadata.get("namespace", ""), metadata.get("name", ""), metadata.get("uid", ""))
+            try:
+                record = verified_allocation(str(text), key=self.key, node=self.node, pod=identity)
+            except AllocationRefused as refused:
+                log.warning("pod %s: allocation ignored: %s", identity.key, refused, extra={"reason": refused.check})
+                continue
+            order = [c.get("name", "") for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]]
+            candidates.append(Candidate(identity, str(metadata.get("creationTimestamp", "")), record, order))
+        candidates.sort(key=lambda c: (c.created, c.record.issued, c.pod.key))
+        with self.lock:
+            self.candidates = candidates
+            live = {c.pod.uid for c in candidates}
+            self.allocated = {entry for entry in self.allocated if entry[0] in live}
+
+    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+        """The ids the scheduler signed for the next container the kubelet admits, or [] when none fits."""
+        free = set(available) | set(must_include)
+        with self.lock:
+            for candidate in self.candidates:
+                for container in candidate.order:
+                    ids = candidate.ids(container, resource)
+                    if not ids or (candidate.pod.uid, container, resource) in self.allocated:
+                        continue
+                    if len(ids) == size and free.issuperset(ids) and set(must_include) <= set(ids):
+                        return ids
+        return []
+
+    def claim(self, resource: str, ids: Sequence[str]) -> tuple[Candidate, str] | None:
+        """The pod container whose verified allocation of `resource` is exactly `ids` (not yet allocated first)."""
+        wanted = sorted(ids)
+        with self.lock:
+            found: tuple[Candidate, str] | None = None
+            for candidate in self.candidates:
+                for container in candidate.order:
+                    if sorted(candidate.ids(container, resource)) != wanted:
+                        continue
+                    if (candidate.pod.uid, container, resource) not in self.allocated:
+                        self.allocated.add((candidate.pod.uid, container, resource))
+                        return candidate, container
+                    found = found or (candidate, container)
+            return found
+
+
+def allocate_response(
+    plugins: KubegpuPluginManager,
+    plugin: str,
+    candidate: Candidate,
+    container: str,
+    resource: str,
+    ids: Sequence[str],
+    dev_root: Path,
+) -> Any:
+    """The ContainerAllocateResponse for one container: what the CRI shim would add to it for these ids."""
+    record = candidate.record
+    shares = record.shares.get(container, {})
+    allocation = ContainerAllocation(
+        pod_uid=record.podUID,
+        node=record.node,
+        container=container,
+        resources={resource: list(ids)},
+        shares={resource: dict(shares[resource])} if resource in shares else {},
+        fields=dict(record.plugins.get(plugin, {})),
+    )
+    edit = ContainerEdit()
+    plugins.call(plugin, EDIT_HOOK, allocation=allocation, edit=edit, dev_root=dev_root)
+    edit = ContainerEdit.model_validate(edit.model_dump(warnings=False))
+    return _M["ContainerAllocateResponse"](
+        envs=edit.envs,
+        mounts=[
+            _M["Mount"](container_path=m.container_path, host_path=m.host_path, read_only=m.readonly)
+            for m in edit.mounts
+        ],
+        devices=[
+            _M["DeviceSpec"](container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+            for d in edit.devices
+        ],
+        annotations=edit.annotations,
+        cdi_devices=[_M["CDIDevice"](name=n) for n in edit.cdi_devices],
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One resource: its DevicePlugin service on its own socket
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class ResourcePlugin:
+    """The DevicePlugin service of one resource."""
+
+    def __init__(self, service: DevicePluginService, resource: str) -> None:
+        self.service = service
+        self.resource = resource
+        self.stopping = threading.Event()
+
+    def handlers(self) -> grpc.GenericRpcHandler:
+        def unary(function: Callable[[Any, grpc.ServicerContext], Any], request: str) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                function,
+                request_deserializer=_M[request].FromString,
+                response_serializer=lambda message: message.SerializeToString(),
+            )
+
+        methods = {
+            "GetDevicePluginOptions": unary(self.options, "Empty"),
+            "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+                self.list_and_watch,
+                request_deserializer=_M["Empty"].FromString,
+                response_serializer=lambda message: message.SerializeToString(),
+            ),
+            "GetPreferredAllocation": unary(self.preferred, "PreferredAllocationRequest"),
+            "Allocate": unary(self.allocate, "AllocateRequest"),
+            "PreStartContainer": unary(lambda _r, _c: _M["PreStartContainerResponse"](), "PreStartContainerRequest"),
+        }
+        return grpc.method_handlers_generic_handler(f"{DEVICE_PLUGIN_PACKAGE}.DevicePlugin", methods)
+
+    def options(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return _M["DevicePluginOptions"](pre_start_required=False, get_preferred_allocation_available=True)
+
+    def devices(self) -> Any:
+        ids = self.service.inventory.ids.get(self.resource, {})
+        return _M["ListAndWatchResponse"](
+            devices=[_M["Device"](ID=i, health=HEALTHY if ok else UNHEALTHY) for i, ok in ids.items()]
+        )
+
+    def list_and_watch(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        inventory = self.service.inventory
+        generation = inventory.generation
+        yield self.devices()
+        while context.is_active() and not self.stopping.is_set():
+            now = inventory.wait_change(generation, timeout=1.0)
+            if now != generation:
+                generation = now
+                yield self.devices()
+
+    def preferred(self, request: Any, context: grpc.ServicerContext) -> Any:
+        pods = self.service.pods
+        try:
+            pods.refresh()
+        except ConnectionError as exc:
+            log.warning("GetPreferredAllocation without the API server (%s): no preference", exc)
+        responses = []
+        for entry in request.container_requests:
+            available, included = list(entry.available_deviceIDs), list(entry.must_include_deviceIDs)
+            ids = pods.preferred(self.resource, available, included, entry.allocation_size)
+            if not ids:
+                log.warning(
+                    "no pending pod on this node has a verified allocation of %d %s among the available ids",
+                    entry.allocation_size,
+                    self.resource,
+                )
+            responses.append(_M["ContainerPreferredAllocationResponse"](deviceIDs=ids))
+        return _M["PreferredAllocationResponse"](container_responses=responses)
+
+    def allocate(self, request: Any, context: grpc.ServicerContext) -> Any:
+        started = time.perf_counter()
+        responses = []
+        for entry in request.container_requests:
+            ids = list(entry.devicesIDs)
+            try:
+                responses.append(self._allocate_one(ids))
+            except AllocationRefused as refused:
+                log.warning("refused Allocate: %s", refused, extra={"reason": refused.check})
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"kubegpu: {refused.check} check failed: {refused}")
+            except ConnectionError as exc:
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"kubegpu: {exc}")
+        self.service.allocate_seconds.append(time.perf_counter() - started)
+        return _M["AllocateResponse"](container_responses=responses)
+
+    def _allocate_one(self, ids: list[str]) -> Any:
+        pods = self.service.pods
+        found = pods.claim(self.resource, ids)
+        if found is None:
+            pods.refresh()
+            found = pods.claim(self.resource, ids)
+        if found is None:
+            raise AllocationRefused(
+                "missing",
+                f"{self.resource} {','.join(ids)}: no pod bound to this node has a verified {ALLOCATION_KEY} giving "
+                "one container exactly these devices; pods requesting kubegpu resources must be scheduled by kubegpu "
+                "(its scheduler, or kube-scheduler with the kubegpu extender)",
+            )
+        candidate, container = found
+        plugin = self.service.inventory.owner.get(self.resource) or self.service.plugins.owner_of(self.resource)
+        if plugin is None:
+            raise AllocationRefused("plugin", f"no installed device plugin handles {self.resource}")
+        try:
+            response = allocate_response(
+                self.service.plugins, plugin, candidate, container, self.resource, ids, self.service.dev_root
+            )
+        except Exception as exc:
+            raise AllocationRefused(
+                "plugin", f"pod {candidate.pod.key} container {container}: the allocation cannot be applied: {exc}"
+            ) from None
+        log.info(
+            "allocated",
+            extra={"pod": candidate.pod.key, "devices": f"{container}:{self.resource}={','.join(ids)}"},
+        )
+        return response
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The process: servers, registration, re-registration
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class DevicePluginService:
+    """Serves every resource on its socket in `directory` and keeps them registered with the kubelet."""
+
+    def __init__(
+        self,
+        plugins: KubegpuPluginManager,
+        pods: PendingPods,
+        *,
+        directory: Path,
+        host_root: Path,
+        dev_root: Path,
+        interval: float = 10.0,
+    ) -> None:
+        self.plugins = plugins
+        self.pods = pods
+        self.directory = directory
+        self.dev_root = dev_root
+        self.interval = interval
+        self.inventory = Inventory(plugins, host_root)
+        self.servers: dict[str, tuple[grpc.Server, ResourcePlugin, int]] = {}  # resource -> (server, plugin, inode)
+        self.kubelet_inode: int | None = None
+        self.registrations = 0
+        self._registered: set[str] = set()
+        self.allocate_seconds: list[float] = []
+        self.stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.directory / KUBELET_SOCKET
+
+    def start(self) -> None:
+        self.inventory.refresh()
+        self.sync()
+        self._thread = threading.Thread(target=self._loop, name="device-plugin-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for resource in list(self.servers):
+            self._stop_server(resource)
+
+    def _loop(self) -> None:
+        next_refresh = time.monotonic() + self.interval
+        while not self.stop_event.wait(1.0):
+            try:
+                if time.monotonic() >= next_refresh:
+                    next_refresh = time.monotonic() + self.interval
+                    if self.inventory.refresh():
+                        log.info("devices changed: %s", _summary(self.inventory.ids))
+                self.sync()
+            except Exception:
+                log.exception("device plugin round failed")
+
+    def sync(self) -> None:
+        """Serve every resource and register it; again after the kubelet restarted or removed a socket."""
+        inode = _inode(self.kubelet_socket)
+        restarted = inode is not None and inode != self.kubelet_inode
+        for resource in list(self.servers):
+            _, _, served = self.servers[resource]
+            gone = _inode(self.directory / socket_name(resource)) != served
+            if resource not in self.inventory.ids or restarted or gone:
+                self._stop_server(resource)
+        if inode is None:
+            return  # no kubelet yet: registered when its socket appears
+        for resource in self.inventory.ids:
+            if resource not in self.servers:
+                self._serve(resource)
+        missing = [r for r in self.inventory.ids if r not in self._registered]
+        for resource in missing:
+            if self._register(resource):
+                self._registered.add(resource)
+        self.kubelet_inode = inode
+
+    def _serve(self, resource: str) -> None:
+        path = self.directory / socket_name(resource)
+        path.unlink(missing_ok=True)
+        plugin = ResourcePlugin(self, resource)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="device-plugin"))
+        server.add_generic_rpc_handlers((plugin.handlers(),))
+        previous = os.umask(0o177)
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        finally:
+            os.umask(previous)
+        server.start()
+        self.servers[resource] = (server, plugin, _inode(path) or 0)
+        self._registered.discard(resource)
+
+    def _stop_server(self, resource: str) -> None:
+        server, plugin, _ = self.servers.pop(resource)
+        plugin.stopping.set()
+        server.stop(0.5).wait()
+        self._registered.discard(resource)
+
+    def _register(self, resource: str) -> bool:
+        request = _M["RegisterRequest"](
+            version=DEVICE_PLUGIN_VERSION,
+            endpoint=socket_name(resource),
+            resource_name=resource,
+            options=_M["DevicePluginOptions"](pre_start_required=False, get_preferred_allocation_available=True),
+        )
+        try:
+            with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+                channel.unary_unary(
+                    method_path(DEVICE_PLUGIN_PACKAGE, "Registration", "Register"),
+                    request_serializer=lambda message: message.SerializeToString(),
+                    response_deserializer=_M["Empty"].FromString,
+                )(request, timeout=5)
+        except grpc.RpcError as exc:
+            call: Any = exc
+            log.warning("registering %s with the kubelet failed (retrying): %s", resource, call.details())
+            return False
+        self.registrations += 1
+        log.info("registered %s with the kubelet (%s)", resource, socket_name(resource))
+        return True
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
+
+
+def _summary(ids: Mapping[str, Mapping[str, bool]]) -> str:
+    return " ".join(f"{r}={sum(v.values())}/{len(v)}" for r, v in sorted(ids.items()))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kubegpu.crishim.advertise import parse_interval
+
+    parser.add_argument("--node-name", required=True, help="this node's name, as allocations name it")
+    parser.add_argument("--allocation-key-file", required=True, help="HMAC key shared with the kubegpu scheduler")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    parser.add_argument("--host-root", type=Path, default=Path("/"), help="where discovery looks (default /)")
+    parser.add_argument("--dev-root", type=Path, default=Path("/dev"), help="host device files (default /dev)")
+    parser.add_argument(
+        "--device-plugin-dir", type=Path, default=Path(DEFAULT_DIR), help=f"the kubelet's (default {DEFAULT_DIR})"
+    )
+    parser.add_argument(
+        "--interval", type=parse_interval, default=parse_interval("10s"), help="discovery interval (default 10s)"
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def add_device_plugin_parser(sub: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "device-plugin", help="a Kubernetes device plugin that hands out kubegpu allocations", description=DESCRIPTION
+    )
+    _add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from kubegpu.core.process import configure_logging, read_key
+    from kubegpu.scheduler.kube import ApiError, KubeClient
+
+    configure_logging(args.log_level)
+    key = read_key(args.allocation_key_file)
+    plugins = make_plugin_manager("device")
+    for failure in plugins.failures:
+        log.error("%s", failure)
+    client = KubeClient.from_kubeconfig(args.kubeconfig, connections=2, timeout=5.0)
+
+    def list_pods() -> list[dict[str, Any]]:
+        try:
+            items, _ = client.list("/api/v1/pods", fieldSelector=f"spec.nodeName={args.node_name}")
+        except ApiError as exc:
+            raise ConnectionError(f"listing the pods of node {args.node_name}: {exc}") from None
+        return items
+
+    pods = PendingPods(list_pods, args.node_name, key)
+    service = DevicePluginService(
+        plugins,
+        pods,
+        directory=args.device_plugin_dir,
+        host_root=args.host_root,
+        dev_root=args.dev_root,
+        interval=args.interval,
+    )
+    stop = threading.Event()
+
+    def terminate(signum: int, _frame: Any) -> None:
+        log.info("received signal %d, shutting down", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, terminate)
+    service.start()
+    log.info(
+        "kubegpu device-plugin for node %s in %s: %s",
+        args.node_name,
+        args.device_plugin_dir,
+        _summary(service.inventory.ids) or "no devices",
+    )
+    stop.wait()
+    service.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kubegpu device-plugin", description=DESCRIPTION)
+    _add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

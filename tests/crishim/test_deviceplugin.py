@@ -1,0 +1,278 @@
+"""`kubegpu device-plugin` without a kubelet: a fake kubelet's Registration service, and the plugin's own sockets.
+
+What a node operator would notice: every kubegpu resource registers with the kubelet and lists the ids the scheduler
+allocates; the kubelet is steered to the ids the scheduler signed for the pod it admits (init containers and
+containers in the kubelet's order, the oldest pod first); Allocate answers exactly the device nodes and env the CRI
+shim would apply, and refuses ids no verified allocation names; a kubelet restart (its sockets removed, a new
+`kubelet.sock`) is followed by a new registration. The real kubelet 1.20 runs the same code in
+tests/integration/test_kubelet_deviceplugin.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from kubegpu.core.annotations import ALLOCATION_KEY, encode_allocation, merge_allocations, sign_allocation
+from kubegpu.core.models import DeviceInfo, DeviceInventory, PluginAllocation
+from kubegpu.core.plugin_manager import KubegpuPluginManager
+from kubegpu.crishim.deviceplugin import DevicePluginService, PendingPods, socket_name
+from kubegpu.crishim.protos import DEVICE_PLUGIN, DEVICE_PLUGIN_PACKAGE, POD_RESOURCES, method_path
+from kubegpu.plugins.intel_gas import device as intel_device
+from kubegpu.plugins.neuron import device as neuron_device
+from kubegpu.plugins.nvidia import device as nvidia_device
+
+KEY = b"device-plugin-and-scheduler-share-this"
+NODE = "trn1-dp"
+NEURONDEVICE = "aws.amazon.com/neurondevice"
+M = DEVICE_PLUGIN
+
+
+def allocated_pod(
+    name: str,
+    containers: dict[str, list[str]],
+    *,
+    created: str = "2025-01-01T00:00:00Z",
+    key: bytes = KEY,
+    init: dict[str, list[str]] | None = None,
+    phase: str = "Pending",
+) -> dict[str, Any]:
+    uid = f"uid-{name}"
+    allocation = {c: {NEURONDEVICE: ids} for c, ids in {**(init or {}), **containers}.items()}
+    record = merge_allocations(
+        NODE, uid, [PluginAllocation(plugin="neuron", containers=allocation, fields={"coresPerDevice": 2})]
+    )
+    spec: dict[str, Any] = {"nodeName": NODE, "containers": [{"name": c} for c in containers]}
+    if init:
+        spec["initContainers"] = [{"name": c} for c in init]
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "team",
+            "uid": uid,
+            "creationTimestamp": created,
+            "annotations": {ALLOCATION_KEY: encode_allocation(sign_allocation(record, key))},
+        },
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The ids each plugin names, and the messages
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_each_plugin_names_the_ids_its_scheduler_side_allocates() -> None:
+    neuron = DeviceInventory(
+        plugin="neuron", devices=[DeviceInfo(id="0", cores=2), DeviceInfo(id="1", cores=2, healthy=False)]
+    )
+    assert neuron_device.kubegpu_device_plugin_ids(neuron) == {
+        "aws.amazon.com/neuron": {"0": True, "1": False},
+        NEURONDEVICE: {"0": True, "1": False},
+        "aws.amazon.com/neuroncore": {"0": True, "1": True, "2": False, "3": False},
+    }
+    cards = DeviceInventory(
+        plugin="intel-gas",
+        devices=[DeviceInfo(id="card1"), DeviceInfo(id="card0"), DeviceInfo(id="card2", attributes={"driver": "xe"})],
+    )
+    assert intel_device.kubegpu_device_plugin_ids(cards) == {
+        "gpu.intel.com/i915": {"card0": True, "card1": True},
+        "gpu.intel.com/xe": {"card2": True},
+    }
+    gpus = DeviceInventory(plugin="nvidia", devices=[DeviceInfo(id="0"), DeviceInfo(id="1")])
+    assert nvidia_device.kubegpu_device_plugin_ids(gpus) == {"nvidia.com/gpu": {"0": True, "1": True}}
+
+
+def test_messages_use_the_documented_field_numbers() -> None:
+    # ContainerAllocateResponse: envs = 1 (map), mounts = 2, devices = 3; DeviceSpec: container_path 1, host_path 2.
+    response = M["ContainerAllocateResponse"](
+        envs={"A": "1"}, devices=[M["DeviceSpec"](container_path="/dev/x", host_path="/h", permissions="rw")]
+    )
+    assert response.SerializeToString() == b"\n\x06\n\x01A\x12\x011\x1a\x10\n\x06/dev/x\x12\x02/h\x1a\x02rw"
+    listed = POD_RESOURCES["ListPodResourcesResponse"].FromString(
+        b"\n\x1a\n\x01p\x12\x02ns\x1a\x11\n\x01c\x12\x0c\n\x01r\x12\x011\x12\x012\x12\x013"
+    )
+    assert [list(d.device_ids) for d in listed.pod_resources[0].containers[0].devices] == [["1", "2", "3"]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which pod is being admitted
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def pending(*pods: dict[str, Any]) -> PendingPods:
+    listed = list(pods)
+    return PendingPods(lambda: listed, NODE, KEY)
+
+
+def test_the_oldest_pending_pods_containers_are_preferred_in_the_kubelets_order() -> None:
+    later = allocated_pod("later", {"main": ["8", "9", "10", "11"]}, created="2025-01-01T00:00:09Z")
+    first = allocated_pod(
+        "first", {"main": ["4", "5", "6", "7"]}, init={"warmup": ["0", "1", "2", "3"]}, created="2025-01-01T00:00:01Z"
+    )
+    running = allocated_pod("running", {"main": ["12", "13", "14", "15"]}, phase="Running")
+    forged = allocated_pod("forged", {"main": ["12", "13", "14", "15"]}, key=b"someone-else")
+    pods = pending(later, first, running, forged)
+    pods.refresh()
+    everything = [str(i) for i in range(16)]
+    assert pods.preferred(NEURONDEVICE, everything, [], 4) == ["0", "1", "2", "3"]  # the init container comes first
+    assert pods.claim(NEURONDEVICE, ["3", "2", "1", "0"]) is not None
+    assert pods.preferred(NEURONDEVICE, everything, [], 4) == ["4", "5", "6", "7"]
+    candidate, container = pods.claim(NEURONDEVICE, ["4", "5", "6", "7"]) or (None, "")
+    assert candidate is not None and candidate.pod.name == "first" and container == "main"
+    assert pods.preferred(NEURONDEVICE, everything, [], 4) == ["8", "9", "10", "11"]
+    # Ids that are not all available, or another count, are no preference; a running or forged pod is nobody.
+    assert pods.preferred(NEURONDEVICE, [str(i) for i in range(9)], [], 4) == []
+    assert pods.preferred(NEURONDEVICE, everything, [], 2) == []
+    assert pods.claim(NEURONDEVICE, ["12", "13", "14", "15"]) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The service against a fake kubelet
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class FakeKubelet:
+    """The kubelet's Registration service on `kubelet.sock`; records every registration."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.registered: list[Any] = []
+        self.event = threading.Condition()
+        self.server: grpc.Server | None = None
+
+    def start(self) -> None:
+        def register(request: Any, context: grpc.ServicerContext) -> Any:
+            with self.event:
+                self.registered.append(request)
+                self.event.notify_all()
+            return M["Empty"]()
+
+        handler = grpc.method_handlers_generic_handler(
+            f"{DEVICE_PLUGIN_PACKAGE}.Registration",
+            {
+                "Register": grpc.unary_unary_rpc_method_handler(
+                    register,
+                    request_deserializer=M["RegisterRequest"].FromString,
+                    response_serializer=lambda m: m.SerializeToString(),
+                )
+            },
+        )
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self.server.add_generic_rpc_handlers((handler,))
+        self.server.add_insecure_port(f"unix://{self.directory / 'kubelet.sock'}")
+        self.server.start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(0).wait()
+        (self.directory / "kubelet.sock").unlink(missing_ok=True)
+
+    def wait_registrations(self, count: int, timeout: float = 10.0) -> list[Any]:
+        with self.event:
+            assert self.event.wait_for(lambda: len(self.registered) >= count, timeout), (
+                f"{len(self.registered)} registrations, expected {count}"
+            )
+            return list(self.registered)
+
+
+@pytest.fixture
+def directory() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="kubegpu-dp-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def neuron_plugins(make_plugin_manager: Callable[..., KubegpuPluginManager]) -> KubegpuPluginManager:
+    return make_plugin_manager("device", neuron=neuron_device)
+
+
+def call(directory: Path, resource: str, method: str, request: Any, response: str) -> Any:
+    with grpc.insecure_channel(f"unix://{directory / socket_name(resource)}") as channel:
+        return channel.unary_unary(
+            method_path(DEVICE_PLUGIN_PACKAGE, "DevicePlugin", method),
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=M[response].FromString,
+        )(request, timeout=5)
+
+
+def test_registration_listing_preference_allocation_and_reregistration(
+    directory: Path, neuron_plugins: KubegpuPluginManager, tmp_path: Path
+) -> None:
+    host = tmp_path / "host"
+    (host / "dev").mkdir(parents=True)
+    for i in range(16):
+        (host / "dev" / f"neuron{i}").touch()
+    pods = pending(allocated_pod("train", {"main": ["4", "5", "6", "7"]}))
+    kubelet = FakeKubelet(directory)
+    kubelet.start()
+    service = DevicePluginService(
+        neuron_plugins, pods, directory=directory, host_root=host, dev_root=Path("/host/dev"), interval=3600
+    )
+    service.start()
+    try:
+        registered = kubelet.wait_registrations(2)
+        assert sorted(r.resource_name for r in registered) == ["aws.amazon.com/neuron", NEURONDEVICE]
+        assert all(r.version == "v1beta1" and r.options.get_preferred_allocation_available for r in registered)
+
+        with grpc.insecure_channel(f"unix://{directory / socket_name(NEURONDEVICE)}") as channel:
+            stream = channel.unary_stream(
+                method_path(DEVICE_PLUGIN_PACKAGE, "DevicePlugin", "ListAndWatch"),
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=M["ListAndWatchResponse"].FromString,
+            )(M["Empty"](), timeout=5)
+            first = next(stream)
+            assert [(d.ID, d.health) for d in first.devices] == [(str(i), "Healthy") for i in range(16)]
+            stream.cancel()
+
+        ask = M["PreferredAllocationRequest"](
+            container_requests=[
+                M["ContainerPreferredAllocationRequest"](
+                    available_deviceIDs=[str(i) for i in range(16)], allocation_size=4
+                )
+            ]
+        )
+        preferred = call(directory, NEURONDEVICE, "GetPreferredAllocation", ask, "PreferredAllocationResponse")
+        assert list(preferred.container_responses[0].deviceIDs) == ["4", "5", "6", "7"]
+
+        ids = ["4", "5", "6", "7"]
+        grant = M["AllocateRequest"](container_requests=[M["ContainerAllocateRequest"](devicesIDs=ids)])
+        answer = call(directory, NEURONDEVICE, "Allocate", grant, "AllocateResponse").container_responses[0]
+        assert dict(answer.envs) == {"AWS_NEURON_VISIBLE_DEVICES": "4,5,6,7"}
+        assert [(d.host_path, d.container_path) for d in answer.devices] == [
+            (f"/host/dev/neuron{i}", f"/dev/neuron{i}") for i in (4, 5, 6, 7)
+        ]
+        assert [d.name for d in answer.cdi_devices] == [f"aws.amazon.com/neuron=neuron{i}" for i in (4, 5, 6, 7)]
+
+        forged = M["AllocateRequest"](container_requests=[M["ContainerAllocateRequest"](devicesIDs=["0", "1"])])
+        with pytest.raises(grpc.RpcError) as refused:
+            call(directory, NEURONDEVICE, "Allocate", forged, "AllocateResponse")
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "no pod bound to this node has a verified kubegpu.io/allocation" in (refused.value.details() or "")
+
+        # The kubelet restarts: it removes the plugin sockets and serves a new kubelet.sock.
+        kubelet.stop()
+        for path in directory.glob("kubegpu-*.sock"):
+            path.unlink()
+        kubelet = FakeKubelet(directory)
+        kubelet.start()
+        again = kubelet.wait_registrations(2)
+        assert sorted(r.resource_name for r in again) == ["aws.amazon.com/neuron", NEURONDEVICE]
+        deadline = time.monotonic() + 5
+        while not (directory / socket_name(NEURONDEVICE)).exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        service.stop()
+        kubelet.stop()
