@@ -164,9 +164,10 @@ def pod(
     out: Path,
     annotations: dict[str, str] | None = None,
     node: str | None = None,
-    command: str = "ls /dev > /out/$C.devices; env > /out/$C.env; sleep 3600",
+    command: str = "{ ls /dev; ls /dev/dri 2>/dev/null; } > /out/$C.devices; env > /out/$C.env; sleep 3600",
 ) -> dict[str, Any]:
-    """A busybox pod on the host network whose containers write their `/dev` listing and env to `out/NAME.*`."""
+    """A busybox pod on the host network whose containers write their `/dev` (and `/dev/dri`) entries and env to
+    `out/POD.CONTAINER.devices` and `.env`."""
     spec: dict[str, Any] = {
         "schedulerName": scheduler,
         "hostNetwork": True,
