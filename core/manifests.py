@@ -39,7 +39,15 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.quantity import QuantityError, parse_quantity
 
-__all__ = ["ManifestError", "is_extended_resource", "node_info", "pod_request", "pod_uid"]
+__all__ = [
+    "ManifestError",
+    "is_extended_resource",
+    "label_selector",
+    "node_info",
+    "node_selector_terms",
+    "pod_request",
+    "pod_uid",
+]
 
 DEFAULT_PODS = 110
 
@@ -429,3 +437,18 @@ def node_info(document: Mapping[str, Any]) -> NodeInfo:
         ready=ready,
         inventories=inventories,
     )
+
+
+def label_selector(document: Any, where: str) -> LabelSelector | None:
+    """A `metav1.LabelSelector` (`matchLabels`, `matchExpressions`) from any object kind; None when absent."""
+    if document is None:
+        return None
+    return _selector(_parse(_LabelSelector, document, where), where)
+
+
+def node_selector_terms(document: Any, where: str) -> tuple[NodeSelectorTerm, ...] | None:
+    """The terms of a `NodeSelector` (`nodeSelectorTerms`) from any object kind (a PersistentVolume's
+    `spec.nodeAffinity.required`); None when absent."""
+    if document is None:
+        return None
+    return tuple(_node_term(t) for t in _parse(_NodeSelector, document, where).nodeSelectorTerms)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -43,6 +43,15 @@ from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Code, Status
 from kubegpu.scheduler import filters
 from kubegpu.scheduler.index import CapacityIndex
+from kubegpu.scheduler.preemption import (
+    Budget,
+    Candidate,
+    Preemption,
+    by_importance,
+    may_preempt,
+    pick,
+    split_by_budget,
+)
 
 __all__ = ["Decision", "Engine", "NodeRecord", "PodRecord", "Policy", "summarize_reasons"]
 
@@ -52,6 +61,7 @@ Policy = Literal["binpack", "spread"]
 POLICIES: tuple[Policy, ...] = ("binpack", "spread")
 BASIC_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
 CPU_MEMORY = frozenset({"cpu", "memory"})
+NOMINATED = "node(s) were nominated for a pending pod of equal or higher priority that is preempting pods there"
 CPU_INDEX = "cpu"
 NAME_LABELS = frozenset({"kubernetes.io/hostname"})
 MAX_CHANGES = 1 << 16  # node changes remembered by `Engine.changed_since`
@@ -65,6 +75,7 @@ class NodeRecord:
     used: Counter[str] = field(default_factory=Counter)
     pods: dict[str, None] = field(default_factory=dict)
     ports: Counter[tuple[str, str, int]] = field(default_factory=Counter)  # (host IP, protocol, port) in use
+    nominees: dict[str, int] = field(default_factory=dict)  # preempting pods waiting for this node -> priority
     problems: dict[str, str] = field(default_factory=dict)
     klass: int = 0
     version: int = 0  # bumped on every change of the node's usage or devices
@@ -186,6 +197,8 @@ class Engine:
         self.claims: dict[tuple[str, str], str] = {}
         self.volumes: dict[str, tuple[NodeSelectorTerm, ...] | None] = {}
         self._volume_epoch = 0
+        self._priorities: Counter[int] = Counter()  # priorities of the placed pods, for preemption's quick no
+        self.nominated: dict[str, str] = {}  # preempting pod -> the node its victims are leaving
 
     # -- nodes ---------------------------------------------------------------------------------------------------
 
@@ -535,6 +548,8 @@ class Engine:
         The node remembers its last answer; an unchanged node asked about an equal pod (the next replica of a
         workload, the extender's prioritize after its filter) answers from memory.
         """
+        if record.nominees and any(p >= pod.priority and k != pod.key for k, p in record.nominees.items()):
+            return Status.unschedulable(NOMINATED)
         remembered = record.last_check
         if remembered is not None and remembered[0] == record.version and remembered[1] is plan.signature:
             return remembered[2]
@@ -878,6 +893,7 @@ class Engine:
             record.ports[(port.ip, port.protocol, port.port)] += sign
             if record.ports[(port.ip, port.protocol, port.port)] <= 0:
                 del record.ports[(port.ip, port.protocol, port.port)]
+        self._priorities[pod.priority] += sign
         if pod.pod_anti_affinity:
             if sign > 0:
                 self._anti[pod.key] = None
@@ -887,6 +903,11 @@ class Engine:
 
     def _place(self, record: NodeRecord, pod_record: PodRecord) -> None:
         key = pod_record.request.key
+        nominated = self.nominated.pop(key, None)
+        if nominated is not None and (held := self.nodes.get(nominated)) is not None:
+            held.nominees.pop(key, None)
+            if held is not record:
+                self._refresh(held)
         self.pods[key] = pod_record
         record.pods[key] = None
         self._charge(record, pod_record.request, +1)
@@ -929,6 +950,85 @@ class Engine:
             self._place(node, pod_record)
         else:
             log.error("could not restore %s: %s", pod_record.request.key, status.message)
+
+    # -- preemption ----------------------------------------------------------------------------------------------
+
+    def preempt(self, pod: PodRequest, budgets: Sequence[Budget] = ()) -> Preemption:
+        """Where evicting pods of lower priority would let `pod` fit, devices included, and whom to evict there
+        (`kubegpu.scheduler.preemption` has the rules). Changes nothing: the front-end evicts the victims (the
+        simulator at once, the scheduler by deleting them and nominating the node) and schedules the pod again.
+        The extender's `/preempt` can answer from `select_victims` per proposed node."""
+        if not may_preempt(pod):
+            return Preemption(None, reason="the pod's preemptionPolicy is Never")
+        if pod.key in self.pods:
+            return Preemption(None, reason=f"pod {pod.key} already holds resources on a node")
+        if not any(priority < pod.priority for priority, count in self._priorities.items() if count > 0):
+            return Preemption(None, reason="no pod of lower priority runs anywhere")
+        status = self._validate(pod, self._route(pod))
+        if not status.ok:
+            return Preemption(None, reason=status.message)
+        candidates = []
+        for name, record in list(self.nodes.items()):
+            if not any(self.pods[key].request.priority < pod.priority for key in record.pods):
+                continue
+            status = self.check(record, pod, self.plan(pod))
+            if status.ok or status.code in (Code.UNRESOLVABLE, Code.ERROR):
+                continue
+            candidate = self.select_victims(pod, name, budgets)
+            if candidate is not None:
+                candidates.append(candidate)
+        chosen = pick(candidates)
+        if chosen is None:
+            return Preemption(None, reason="no node would fit the pod even without the pods of lower priority")
+        victims = tuple(p.key for p in chosen.victims)
+        return Preemption(chosen.node, victims, chosen.violations, candidates=tuple(candidates))
+
+    def select_victims(self, pod: PodRequest, name: str, budgets: Sequence[Budget] = ()) -> Candidate | None:
+        """The fewest pods of lower priority to evict from node `name` so that `pod` fits there, or None when even
+        evicting all of them would not do. What-if only: every pod is back as it was on return."""
+        record = self.nodes.get(name)
+        if record is None:
+            return None
+        lower = [key for key in record.pods if key != pod.key and self.pods[key].request.priority < pod.priority]
+        if not lower:
+            return None
+        held = {key: self.pods[key] for key in lower}
+        out: dict[str, PodRecord] = {}
+        try:
+            for key in lower:
+                released = self.release(key)
+                if released is not None:
+                    out[key] = released
+            if not self.check(record, pod, self.plan(pod)).ok:
+                return None
+            violating, others = split_by_budget(by_importance(h.request for h in held.values()), budgets)
+            victims: list[PodRequest] = []
+            violations = 0
+            for request in violating + others:
+                self._restore(out.pop(request.key))
+                if self.check(record, pod, self.plan(pod)).ok:
+                    continue  # reprieved
+                released = self.release(request.key)
+                if released is not None:
+                    out[request.key] = released
+                victims.append(request)
+                violations += request in violating
+            return Candidate(name, tuple(victims), violations)
+        finally:
+            for released in out.values():
+                self._restore(released)
+
+    def nominate(self, pod: PodRequest, name: str | None) -> None:
+        """Hold node `name` for a preempting pod while its victims leave (None: release the hold): pods of equal or
+        lower priority are kept off it, as kube-scheduler counts nominated pods when it filters."""
+        previous = self.nominated.pop(pod.key, None)
+        if previous is not None and (record := self.nodes.get(previous)) is not None:
+            record.nominees.pop(pod.key, None)
+            self._refresh(record)
+        if name is not None and (record := self.nodes.get(name)) is not None:
+            self.nominated[pod.key] = name
+            record.nominees[pod.key] = pod.priority
+            self._refresh(record)
 
     # -- reporting -----------------------------------------------------------------------------------------------
 

@@ -5,11 +5,19 @@ every Node first, then processes the Pods in document order with the same engine
 and the extender. A Pod whose `metadata.deletionTimestamp` is set (or whose phase is Succeeded/Failed) deletes the
 earlier pod of that namespace/name and releases its devices; a Pod with `spec.nodeName` is placed on that node.
 
-`--json` prints one object per pod document, in order (the public contract):
+`--json` prints one object per pod document (the public contract):
 `{"pod", "event": "scheduled"|"unschedulable"|"deleted", "node", "reason", "devices", "annotations"}`, where
-`devices` equals the `containers` of the `kubegpu.io/allocation` annotation. Without `--json` it prints a report:
-placements, per-node device occupancy maps and a summary. Invalid input exits with status 2 and a message naming the
-document and field, before anything is scheduled; unschedulable pods are not an error.
+`devices` equals the `containers` of the `kubegpu.io/allocation` annotation. Pods created one after another (with no
+deletion between them) arrive together: those already bound (`spec.nodeName`) are placed first, the others are
+scheduled as kube-scheduler's active queue orders them: by priority (`spec.priority`, else the named PriorityClass's
+value, else the global default class's), then in document order.
+A pod that fits nowhere preempts pods of lower priority where that makes it fit (`kubegpu.scheduler.preemption`):
+each victim is removed at once and reported first as `{"pod", "event": "preempted", "node", "by": "ns/name"}`
+(with its released `devices`), then the preemptor's `scheduled`. PodDisruptionBudget (`status.disruptionsAllowed`,
+else computed from its spec), PersistentVolumeClaim, PersistentVolume and PriorityClass documents are read too.
+Without `--json` it prints a report: placements, per-node device occupancy maps and a summary. Invalid input exits
+with status 2 and a message naming the document and field, before anything is scheduled; unschedulable pods are not
+an error.
 
 Every input is a file someone handed over, so reading one is bounded, and a bad one exits with status 2 and a
 message naming the file: at most `MAX_INPUT_BYTES` (64 MiB) per file and `MAX_DOCUMENTS` (1,000,000) documents;
@@ -30,7 +38,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -45,7 +53,10 @@ from kubegpu.core.errors import InputError, shorten
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.status import Code
+from kubegpu.scheduler import objects
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine
+from kubegpu.scheduler.preemption import Budget
 from kubegpu.scheduler.report import draw_text
 
 __all__ = ["SimulationError", "add_simulate_parser", "load_documents", "run"]
@@ -265,8 +276,11 @@ def _read_documents(path: Path) -> Iterator[tuple[str, Any]]:
                 yield f"{path}#{number}", item
 
 
-def load_documents(paths: list[Path]) -> tuple[list[NodeInfo], list[PodEvent]]:
-    """Parse and validate every document up front, so bad input fails before anything is scheduled."""
+def load_documents(
+    paths: list[Path], objects: list[tuple[str, str, dict[str, Any]]] | None = None
+) -> tuple[list[NodeInfo], list[PodEvent]]:
+    """Parse and validate every document up front, so bad input fails before anything is scheduled. Documents of
+    the other kinds scheduling reads (`OBJECT_KINDS`) are added to `objects` as (kind, label, document)."""
     nodes: list[NodeInfo] = []
     pods: list[PodEvent] = []
     seen_nodes: set[str] = set()
@@ -286,8 +300,14 @@ def load_documents(paths: list[Path]) -> tuple[list[NodeInfo], list[PodEvent]]:
                     request, deleting = pod_request(document)
                     deleting = deleting or request.phase in FINISHED_PHASES
                     pods.append(PodEvent(label, request, deleting))
+                elif kind in OBJECT_KINDS:
+                    OBJECT_KINDS[kind](document)  # validated now, applied when the run starts
+                    if objects is not None:
+                        objects.append((kind, label, document))
                 else:
-                    raise SimulationError(f"{label}: kind: expected Node, Pod or List, got {kind!r}")
+                    raise SimulationError(
+                        f"{label}: kind: expected Node, Pod, {', '.join(OBJECT_KINDS)} or List, got {kind!r}"
+                    )
             except SimulationError:
                 raise
             except InputError as exc:
@@ -306,10 +326,80 @@ def _event(decision: Decision) -> dict[str, Any]:
     }
 
 
-def _process(engine: Engine, pods: list[PodEvent], latencies: list[float]) -> Iterator[dict[str, Any]]:
+OBJECT_KINDS: dict[str, Callable[[dict[str, Any]], object]] = {
+    "PodDisruptionBudget": objects.budget,
+    "PersistentVolumeClaim": objects.claim,
+    "PersistentVolume": objects.volume,
+    "PriorityClass": objects.priority_class,
+}
+
+
+@dataclass(slots=True)
+class Cluster:
+    """The objects besides Nodes and Pods, applied to the engine; budgets and classes kept for the run."""
+
+    budgets: list[dict[str, Any]]
+    classes: dict[str, objects.PriorityClass]
+
+    @classmethod
+    def load(cls, engine: Engine, found: list[tuple[str, str, dict[str, Any]]]) -> Cluster:
+        cluster = cls([], {})
+        engine.track_volumes = True
+        for kind, _, document in found:
+            if kind == "PodDisruptionBudget":
+                cluster.budgets.append(document)
+            elif kind == "PersistentVolumeClaim":
+                engine.set_claim(*objects.claim(document))
+            elif kind == "PersistentVolume":
+                engine.set_volume(*objects.volume(document))
+            elif kind == "PriorityClass":
+                found_class = objects.priority_class(document)
+                cluster.classes[found_class.name] = found_class
+        return cluster
+
+    def resolve(self, pod: PodRequest) -> PodRequest:
+        """The pod's priority from its PriorityClass (or the global default class) when `spec.priority` is unset."""
+        if pod.priority or not self.classes:
+            return pod
+        named = self.classes.get(pod.priority_class) if pod.priority_class else None
+        if named is None and not pod.priority_class:
+            named = next((c for c in self.classes.values() if c.global_default), None)
+        if named is None:
+            return pod
+        policy = pod.preemption_policy if pod.preemption_policy != "PreemptLowerPriority" else named.preemption_policy
+        return replace(pod, priority=named.value, preemption_policy=policy)
+
+    def budgets_for(self, engine: Engine) -> list[Budget]:
+        placed = [record.request for record in engine.pods.values()]
+        return [objects.budget(document, placed) for document in self.budgets]
+
+
+def _queue_order(event: PodEvent) -> tuple[bool, int]:
+    return event.request.node_name is None, -event.request.priority
+
+
+def _arrivals(pods: list[PodEvent], cluster: Cluster) -> Iterator[PodEvent]:
+    """Pod events in the order the active queue takes them: in each run of creations the bound pods, then the others
+    by priority, then document order; deletions stay where they are."""
+    batch: list[PodEvent] = []
+    for event in pods:
+        if event.deleting:
+            yield from sorted(batch, key=_queue_order)
+            batch.clear()
+            yield event
+            continue
+        request = cluster.resolve(event.request)
+        batch.append(event if request is event.request else PodEvent(event.where, request, False))
+    yield from sorted(batch, key=_queue_order)
+
+
+def _process(
+    engine: Engine, pods: list[PodEvent], latencies: list[float], cluster: Cluster | None = None
+) -> Iterator[dict[str, Any]]:
     clock = time.perf_counter
     live: set[str] = set()
-    for event in pods:
+    cluster = cluster or Cluster([], {})
+    for event in _arrivals(pods, cluster):
         request = event.request
         started = clock()
         if event.deleting:
@@ -331,6 +421,22 @@ def _process(engine: Engine, pods: list[PodEvent], latencies: list[float]) -> It
                 "(a Pod document with metadata.deletionTimestamp)"
             )
         decision = engine.schedule(request)
+        if not decision.scheduled and decision.code is not Code.ERROR:
+            preemption = engine.preempt(request, cluster.budgets_for(engine) if cluster.budgets else ())
+            if preemption.node is not None:
+                for key in preemption.victims:
+                    released = engine.release(key)
+                    live.discard(key)
+                    yield {
+                        "pod": key,
+                        "event": "preempted",
+                        "node": preemption.node,
+                        "by": request.key,
+                        "reason": f"preempted by {request.key} (priority {request.priority})",
+                        "devices": released.allocation.containers if released and released.allocation else {},
+                        "annotations": {},
+                    }
+                decision = engine.reserve(request, preemption.node)
         latencies.append(clock() - started)
         if decision.scheduled:
             live.add(request.key)
@@ -414,8 +520,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    found: list[tuple[str, str, dict[str, Any]]] = []
     try:
-        nodes, pods = load_documents([Path(f) for f in args.files])
+        nodes, pods = load_documents([Path(f) for f in args.files], found)
     except SimulationError as exc:
         print(f"kubegpu simulate: invalid input: {exc}", file=sys.stderr)
         return 2
@@ -426,6 +533,7 @@ def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     for info in nodes:
         engine.add_node(info)
+    cluster = Cluster.load(engine, found)
     latencies: list[float] = []
     out = sys.stdout
     events: list[dict[str, Any]] = []
@@ -433,7 +541,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.json:
             buffer = out.buffer
             chunk: list[bytes] = []
-            for event in _process(engine, pods, latencies):
+            for event in _process(engine, pods, latencies, cluster):
                 if args.html:
                     events.append(event)
                 chunk.append(orjson.dumps(event))
@@ -444,7 +552,7 @@ def _run(args: argparse.Namespace) -> int:
                 buffer.write(b"\n".join(chunk) + b"\n")
             buffer.flush()
         else:
-            events = list(_process(engine, pods, latencies))
+            events = list(_process(engine, pods, latencies, cluster))
     except SimulationError as exc:
         out.flush()
         print(f"kubegpu simulate: invalid input: {exc}", file=sys.stderr)

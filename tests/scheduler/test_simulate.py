@@ -149,7 +149,10 @@ def test_input_formats_give_the_same_result(form: str, tmp_path: Path, capsys: p
             {"kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": []}},
             "#2: Pod.spec.containers: List should have at least 1 item",
         ),
-        ({"kind": "Service", "metadata": {"name": "x"}}, "#2: kind: expected Node, Pod or List, got 'Service'"),
+        (
+            {"kind": "Service", "metadata": {"name": "x"}},
+            "#2: kind: expected Node, Pod, PodDisruptionBudget, PersistentVolumeClaim, PersistentVolume, PriorityClass or List, got 'Service'",
+        ),
         (pod_manifest("q", {"main": {"cpu": "lots"}}), "'lots' is not a Kubernetes quantity"),
     ],
     ids=["negative-quantity", "no-containers", "unknown-kind", "bad-quantity"],

@@ -1,0 +1,119 @@
+"""The cluster objects besides Nodes and Pods that scheduling reads, as the engine wants them.
+
+PodDisruptionBudgets (policy/v1beta1) for preemption, PersistentVolumeClaims and PersistentVolumes for volume binding,
+PriorityClasses for pods that name one. The simulator reads them from its input files, the custom scheduler from its
+informers; both hand the engine the same records. Each reader raises `ManifestError` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubegpu.core.errors import shorten
+from kubegpu.core.manifests import ManifestError, label_selector, node_selector_terms
+from kubegpu.core.models import NodeSelectorTerm, PodRequest
+from kubegpu.scheduler.preemption import Budget
+
+__all__ = ["PriorityClass", "budget", "claim", "disruptions_allowed", "priority_class", "volume"]
+
+
+def _meta(document: Mapping[str, Any], kind: str) -> tuple[str, str]:
+    meta = document.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise ManifestError(f"{kind}.metadata.name: a name is required")
+    namespace = meta.get("namespace", "default")
+    if not isinstance(namespace, str):
+        raise ManifestError(f"{kind}.metadata.namespace: expected a string")
+    return namespace, meta["name"]
+
+
+def _section(document: Mapping[str, Any], key: str, kind: str) -> Mapping[str, Any]:
+    value = document.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise ManifestError(f"{kind}.{key}: expected an object")
+    return value
+
+
+def budget(document: Mapping[str, Any], placed: Iterable[PodRequest] | None = None) -> Budget:
+    """A PodDisruptionBudget. `status.disruptionsAllowed` when the disruption controller wrote it; else, given the
+    `placed` pods (the simulator, which runs no controller), what the controller would compute from the spec."""
+    kind = "PodDisruptionBudget"
+    namespace, name = _meta(document, kind)
+    spec, status = _section(document, "spec", kind), _section(document, "status", kind)
+    selector = label_selector(spec.get("selector"), f"{kind}.spec.selector")
+    disrupted = status.get("disruptedPods") or {}
+    allowed = status.get("disruptionsAllowed")
+    found = Budget(
+        namespace, name, selector, 0, frozenset(disrupted) if isinstance(disrupted, Mapping) else frozenset()
+    )
+    if isinstance(allowed, int) and not isinstance(allowed, bool):
+        return Budget(namespace, name, selector, allowed, found.disrupted)
+    if placed is None:
+        return found
+    healthy = sum(1 for pod in placed if found.selects(pod))
+    return Budget(namespace, name, selector, disruptions_allowed(spec, healthy, kind), found.disrupted)
+
+
+def disruptions_allowed(spec: Mapping[str, Any], healthy: int, kind: str = "PodDisruptionBudget") -> int:
+    """The disruption controller's arithmetic for `healthy` selected pods, all of them expected."""
+
+    def amount(value: Any, field: str, round_up: bool) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.endswith("%") and value[:-1].isdigit():
+            share = int(value[:-1]) * healthy / 100
+            return math.ceil(share) if round_up else math.floor(share)
+        raise ManifestError(f"{kind}.spec.{field}: {shorten(str(value))!r} is neither a count nor a percentage")
+
+    if spec.get("maxUnavailable") is not None:
+        return max(0, amount(spec["maxUnavailable"], "maxUnavailable", round_up=True))
+    if spec.get("minAvailable") is not None:
+        return max(0, healthy - amount(spec["minAvailable"], "minAvailable", round_up=True))
+    return 0
+
+
+def claim(document: Mapping[str, Any]) -> tuple[str, str, str]:
+    """A PersistentVolumeClaim: (namespace, name, the bound volume's name or "" while unbound)."""
+    kind = "PersistentVolumeClaim"
+    namespace, name = _meta(document, kind)
+    spec, status = _section(document, "spec", kind), _section(document, "status", kind)
+    bound = spec.get("volumeName") or ""
+    if status.get("phase") not in (None, "Bound"):
+        bound = ""
+    if not isinstance(bound, str):
+        raise ManifestError(f"{kind}.spec.volumeName: expected a string")
+    return namespace, name, bound
+
+
+def volume(document: Mapping[str, Any]) -> tuple[str, tuple[NodeSelectorTerm, ...] | None]:
+    """A PersistentVolume: its name and the terms of `spec.nodeAffinity.required` (None: any node)."""
+    kind = "PersistentVolume"
+    _, name = _meta(document, kind)
+    spec = _section(document, "spec", kind)
+    affinity = spec.get("nodeAffinity") or {}
+    if not isinstance(affinity, Mapping):
+        raise ManifestError(f"{kind}.spec.nodeAffinity: expected an object")
+    return name, node_selector_terms(affinity.get("required"), f"{kind}.spec.nodeAffinity.required")
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    name: str
+    value: int
+    global_default: bool = False
+    preemption_policy: str = "PreemptLowerPriority"
+
+
+def priority_class(document: Mapping[str, Any]) -> PriorityClass:
+    kind = "PriorityClass"
+    _, name = _meta(document, kind)
+    value = document.get("value")
+    if not isinstance(value, int) or isinstance(value, bool) or not -(2**31) <= value <= 10**9:
+        raise ManifestError(f"{kind}.value: expected an integer up to 1000000000")
+    policy = document.get("preemptionPolicy") or "PreemptLowerPriority"
+    if policy not in ("PreemptLowerPriority", "Never"):
+        raise ManifestError(f"{kind}.preemptionPolicy: expected PreemptLowerPriority or Never")
+    return PriorityClass(name, value, bool(document.get("globalDefault")), policy)
