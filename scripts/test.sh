@@ -30,6 +30,19 @@ if ! command -v chromium > /dev/null || ! command -v chromedriver > /dev/null ||
   { install_tools || { $SUDO apt-get update -q && install_tools; }; } > build/report-tools.log 2>&1 \
     || { cat build/report-tools.log; echo "installing chromium, chromium-driver and tmux failed (see above)"; exit 1; }
 fi
+# The deploy tests render examples/deploy/kustomize with kubectl 1.20 (the API server's version): Debian's
+# kubernetes-client, extracted into the cache (installing it could clash with another package's /usr/bin/kubectl).
+KUBECTL_DIR="${KUBEGPU_K8S_CACHE:-$HOME/.cache/kubegpu}/kubectl-1.20.2"
+if [[ ! -x "$KUBECTL_DIR/kubectl" ]]; then
+  echo "== extracting Debian's kubernetes-client (kubectl 1.20) to $KUBECTL_DIR (log: build/kubectl.log)"
+  mkdir -p "$KUBECTL_DIR" build/kubectl-deb
+  { (cd build/kubectl-deb && rm -f ./*.deb && { apt-get download kubernetes-client \
+      || { SUDO=""; [[ "$(id -u)" -eq 0 ]] || SUDO=sudo; $SUDO apt-get update -q && apt-get download kubernetes-client; }; }) \
+    && dpkg-deb -x build/kubectl-deb/kubernetes-client_*.deb build/kubectl-deb/root \
+    && cp build/kubectl-deb/root/usr/bin/kubectl "$KUBECTL_DIR/kubectl"; } > build/kubectl.log 2>&1 \
+    || { cat build/kubectl.log; echo "extracting kubectl 1.20 from Debian's kubernetes-client failed (see above)"; exit 1; }
+fi
+export KUBEGPU_KUBECTL="$KUBECTL_DIR/kubectl"
 # Integration tests need a real kube-apiserver and etcd: built once from Debian's sources and cached outside the
 # clone (about 7 minutes the first time). KUBEGPU_SKIP_INTEGRATION=1 is the explicit opt-out for quick local runs.
 if [[ "${KUBEGPU_SKIP_INTEGRATION:-0}" == "1" ]]; then

@@ -1,0 +1,175 @@
+"""The deploy files as a user applies them: every overlay of `examples/deploy/kustomize` rendered by kubectl 1.20's
+kustomize (Debian's kubernetes-client, the version of the API server here) after the documented secret steps, and
+accepted by the real API server in a server-side dry run; the patched static kube-scheduler pod too."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .cluster import Cluster
+from .test_scheduler import ROOT
+
+DEPLOY = ROOT / "examples" / "deploy"
+OVERLAYS = sorted(p.name for p in (DEPLOY / "kustomize" / "overlays").iterdir() if p.is_dir())
+KUBECTL_CACHE = Path(os.environ.get("KUBEGPU_K8S_CACHE", Path.home() / ".cache" / "kubegpu")) / "kubectl-1.20.2"
+
+
+def kubectl() -> str:
+    """kubectl 1.20 (scripts/test.sh extracts Debian's kubernetes-client into the cache); KUBEGPU_KUBECTL overrides."""
+    path = os.environ.get("KUBEGPU_KUBECTL") or str(KUBECTL_CACHE / "kubectl")
+    if not Path(path).is_file():
+        pytest.fail(f"kubectl 1.20 is missing at {path}: ./scripts/test.sh extracts it (Debian's kubernetes-client)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of examples/deploy after the steps the guides give: the allocation key, make-certs.sh's certificates,
+    and the client-CA bundle of the aggregated route (here the extender's CA alone)."""
+    root = tmp_path_factory.mktemp("deploy") / "deploy"
+    shutil.copytree(DEPLOY, root)
+    (root / "kustomize" / "base" / "allocation.key").write_text(os.urandom(32).hex() + "\n")
+    certs = root / "extender" / "certs"
+    subprocess.run(["sh", str(root / "extender" / "make-certs.sh"), str(certs)], check=True, capture_output=True)
+    shutil.copy(certs / "ca.crt", root / "kustomize" / "overlays" / "nvidia-gpu-scheduler" / "client-ca.crt")
+    return root
+
+
+def render(tree: Path, overlay: str) -> list[dict[str, object]]:
+    done = subprocess.run(
+        [kubectl(), "kustomize", str(tree / "kustomize" / "overlays" / overlay)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def dry_run(cluster: Cluster, manifest: str, *, server_side: bool = True) -> str:
+    apply = ["apply", "--server-side", "--dry-run=server"] if server_side else ["apply", "--dry-run=server"]
+    done = subprocess.run(
+        [kubectl(), f"--kubeconfig={cluster.kubeconfig}", *apply, "-f", "-"],
+        input=manifest,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def workloads(documents: list[dict[str, object]]) -> list[dict]:  # type: ignore[type-arg]
+    return [d for d in documents if d["kind"] in ("Deployment", "DaemonSet")]  # type: ignore[misc]
+
+
+EXPECTED = {
+    "custom-scheduler": {"Deployment/kubegpu-scheduler", "ServiceAccount/kubegpu-scheduler"},
+    "extender-second-profile": {"Deployment/kubegpu-extender", "Deployment/my-scheduler", "ServiceAccount/my-scheduler",
+                                "Role/my-scheduler-leader-election", "Secret/kubegpu-extender-client"},
+    "extender-patched-default": {"Deployment/kubegpu-extender", "Secret/kubegpu-extender-tls"},
+    "nvidia-gpu-scheduler": {"Deployment/kubegpu-extender", "APIService/v1.nvidia-gpu-scheduler"},
+    "node-shim": {"DaemonSet/kubegpu-advertiser"},
+    "node-device-plugin": {"DaemonSet/kubegpu-device-plugin", "DaemonSet/kubegpu-advertiser"},
+    "advertiser": {"DaemonSet/kubegpu-advertiser", "ClusterRole/kubegpu-advertiser"},
+}  # fmt: skip
+
+
+def test_every_mode_has_an_overlay() -> None:
+    assert set(OVERLAYS) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_renders_with_kubectl_1_20_and_the_api_server_accepts_it(
+    overlay: str, tree: Path, cluster: Cluster
+) -> None:
+    documents = render(tree, overlay)
+    names = {f"{d['kind']}/{d['metadata']['name']}" for d in documents}  # type: ignore[index]
+    assert EXPECTED[overlay] <= names, names
+    assert "Secret/kubegpu-allocation-key" in names  # the base's key, from the file the guide has you create
+    for workload in workloads(documents):
+        spec = workload["spec"]["template"]["spec"]
+        for container in spec["containers"]:
+            assert container.get("resources", {}).get("requests"), (overlay, workload["metadata"]["name"])
+            if container["image"].startswith("kubegpu:"):
+                assert container["image"] == "kubegpu:0.1.0"
+        if workload["kind"] == "Deployment":  # DaemonSets serve no HTTP to probe
+            assert all("livenessProbe" in c and "readinessProbe" in c for c in spec["containers"]), workload
+        if spec.get("hostNetwork"):
+            assert spec.get("dnsPolicy") == "ClusterFirstWithHostNet"
+    assert "REPLACE-WITH-RANDOM-BYTES" not in yaml.safe_dump_all(documents)
+    # kube-apiserver 1.20 cannot server-side apply an APIService (its aggregator has no field manager: the request
+    # panics), so that one object is applied the client-side way, still validated by the server in a dry run.
+    aggregated = [d for d in documents if d["kind"] == "APIService"]
+    rest = [d for d in documents if d["kind"] != "APIService"]
+    output = dry_run(cluster, yaml.safe_dump_all(rest))
+    assert "(server dry run)" in output and output.count("serverside-applied") == len(rest), output
+    if aggregated:
+        output = dry_run(cluster, yaml.safe_dump_all(aggregated), server_side=False)
+        assert "apiservice.apiregistration.k8s.io/v1.nvidia-gpu-scheduler created (server dry run)" in output
+
+
+def test_the_second_profile_manages_every_kubegpu_resource(tree: Path) -> None:
+    documents = render(tree, "extender-second-profile")
+    config_map = next(d for d in documents if d["kind"] == "ConfigMap")
+    config = yaml.safe_load(config_map["data"]["config.yaml"])  # type: ignore[index]
+    (extender,) = config["extenders"]
+    managed = {r["name"] for r in extender["managedResources"]}
+    assert {
+        "gpu.intel.com/xe",
+        "gpu.intel.com/millicores",
+        "gpu.intel.com/i915",
+        "aws.amazon.com/neuroncore",
+    } <= managed
+    assert config["profiles"] == [{"schedulerName": "my-scheduler"}]
+    assert extender["tlsConfig"]["certFile"] == "/etc/kubegpu/extender/tls.crt"
+
+
+def test_the_apiservice_trusts_the_extenders_ca(tree: Path) -> None:
+    documents = render(tree, "nvidia-gpu-scheduler")
+    service = next(d for d in documents if d["kind"] == "APIService")
+    import base64
+
+    ca = base64.b64decode(service["spec"]["caBundle"])  # type: ignore[index]
+    assert ca == (tree / "extender" / "certs" / "ca.crt").read_bytes()
+    assert service["spec"]["service"] == {"name": "kubegpu-extender", "namespace": "kube-system", "port": 8888}  # type: ignore[index]
+
+
+KUBEADM_SCHEDULER = """
+apiVersion: v1
+kind: Pod
+metadata: {name: kube-scheduler, namespace: kube-system, labels: {component: kube-scheduler, tier: control-plane}}
+spec:
+  hostNetwork: true
+  priorityClassName: system-node-critical
+  containers:
+  - name: kube-scheduler
+    image: registry.k8s.io/kube-scheduler:v1.20.2
+    command: [kube-scheduler, --kubeconfig=/etc/kubernetes/scheduler.conf, --leader-elect=true]
+    volumeMounts:
+    - {name: kubeconfig, mountPath: /etc/kubernetes/scheduler.conf, readOnly: true}
+  volumes:
+  - name: kubeconfig
+    hostPath: {path: /etc/kubernetes/scheduler.conf, type: FileOrCreate}
+"""
+
+
+def test_the_patched_static_kube_scheduler_resolves_the_extender_and_is_valid(tree: Path, cluster: Cluster) -> None:
+    static = tree / "kube-scheduler.yaml"
+    static.write_text(KUBEADM_SCHEDULER)
+    patch = (tree / "kustomize" / "overlays" / "extender-patched-default" / "kube-scheduler.patch.yaml").read_text()
+    done = subprocess.run(
+        [kubectl(), "patch", "--local", "-o", "yaml", "-f", str(static), "--type", "strategic", "-p", patch],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    pod = yaml.safe_load(done.stdout)
+    spec = pod["spec"]
+    assert spec["hostNetwork"] and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    (container,) = spec["containers"]
+    assert "--config=/etc/kubernetes/kubegpu-scheduler.yaml" in container["command"]
+    assert {v["name"] for v in spec["volumes"]} == {"kubeconfig", "kubegpu-config", "kubegpu-extender-client"}
+    assert "(server dry run)" in dry_run(cluster, yaml.safe_dump(pod))
