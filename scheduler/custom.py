@@ -5,14 +5,19 @@ on start the device ledger is rebuilt from the `kubegpu.io/allocation` annotatio
 restarted scheduler never hands out a device a live pod holds. One thread owns the engine and runs the loop:
 
 1. apply informer events (nodes first at start-up, then pods) and binding results;
-2. take pending pods in arrival order and run the engine's cycle;
+2. take pending pods by priority, then arrival (kube-scheduler's active queue), and run the engine's cycle;
 3. for a placement, reserve it in the engine at once and hand the API calls to the asynchronous writer: a merge patch of
    the pod's annotations (the signed allocation and the plugins' annotations) guarded by the pod's resourceVersion,
    then the Binding. A failure of either rolls the reservation back and retries the pod with backoff (1 s doubling
    to 10 s);
 4. when nothing fits, a Warning Event `FailedScheduling` with kube-scheduler's `0/N nodes are available: ...` message
    and the pod condition `PodScheduled=False/Unschedulable`; the pod waits until the cluster changes (a node added
-   or changed, a pod deleted or finished) instead of being retried in a loop.
+   or changed, a pod deleted or finished) instead of being retried in a loop;
+5. when nothing fits and the pod may preempt, the engine's device-aware preemption (`Engine.preempt`) names a node and
+   the pods of lower priority to evict there, with PodDisruptionBudgets from their own informer: the pod's
+   `status.nominatedNodeName` is set, the node is held for it (`Engine.nominate`), each victim gets a `Preempted`
+   Event and is deleted gracefully, and the pod binds once they are gone. While its victims terminate it does not
+   preempt again.
 
 With leader election (the default) informers run on every replica, keeping a standby warm, but only the holder of the
 Lease schedules. `/metrics`, `/healthz` and `/readyz` are served on `--metrics-address`.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import logging
 import os
 import queue
@@ -42,9 +48,11 @@ from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
+from kubegpu.scheduler import objects
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine
 from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, Informer, KubeClient, now_rfc3339
 from kubegpu.scheduler.leader import LeaderElector
+from kubegpu.scheduler.preemption import Budget, Preemption
 
 __all__ = ["SchedulerService", "add_scheduler_parser", "write_placement"]
 
@@ -111,6 +119,7 @@ class Entry:
     version: str = field(compare=False)
     attempts: int = field(default=0, compare=False)
     message: str | None = field(default=None, compare=False)
+    arrival: float = field(default_factory=time.monotonic, compare=False)
 
 
 async def write_placement(writer: AsyncKubeClient, pod: PodRequest, decision: Decision) -> None:
@@ -185,6 +194,8 @@ class SchedulerService:
         self._last_flush = time.monotonic()
         self.exit_code = 0
         self._refused: dict[str, str] = {}  # pod key -> why its allocation holds no devices (one Event per reason)
+        self.budgets: dict[str, Budget] = {}  # PodDisruptionBudgets by namespace/name
+        self.evicting: set[str] = set()  # victims deleted by a preemption, until their pods are gone
 
     # -- informer callbacks (other threads): only enqueue ----------------------------------------------------------
 
@@ -193,6 +204,28 @@ class SchedulerService:
 
     def _consume_pods(self, kind: str, payload: Any) -> None:
         self.events.put(("pod", kind, payload))
+
+    def _consume_budgets(self, kind: str, payload: Any) -> None:
+        self.events.put(("budget", kind, payload))
+
+    def _on_budgets(self, kind: str, payload: Any) -> None:
+        if kind == "SYNC":
+            self.budgets.clear()
+            for obj in payload:
+                self._apply_budget("ADDED", obj)
+            return
+        self._apply_budget(kind, payload)
+
+    def _apply_budget(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+        if kind == "DELETED":
+            self.budgets.pop(key, None)
+            return
+        try:
+            self.budgets[key] = objects.budget(obj)
+        except InputError as exc:
+            log.warning("PodDisruptionBudget %s ignored: %s", key, exc)
 
     # -- node events ------------------------------------------------------------------------------------------------
 
@@ -281,6 +314,7 @@ class SchedulerService:
             self._event(pod, "KubegpuInternalError", f"kubegpu could not handle this pod ({stage}): {exc!r}")
 
     def _release(self, key: str) -> None:
+        self.evicting.discard(key)
         if self.engine.release(key) is not None:
             self._wake()
 
@@ -367,6 +401,7 @@ class SchedulerService:
             self._event(pod, "FailedScheduling", f"kubegpu cannot schedule this pod: {problem}")
 
     def _drop_pending(self, key: str) -> None:
+        self.engine.unnominate(key)
         self.unbound.pop(key, None)
         self.active.pop(key, None)
         self.unschedulable.pop(key, None)
@@ -452,6 +487,8 @@ class SchedulerService:
         result = "error" if decision.code.name == "ERROR" else "unschedulable"
         self.metrics.attempts.labels(result).inc()
         message = decision.reason or "no node fits"
+        if result == "unschedulable":
+            self._preempt(entry)
         log.info("unschedulable", extra={**extra, "reason": message})
         entry.attempts += 1
         entry.ready_at = time.monotonic() + min(MAX_BACKOFF, INITIAL_BACKOFF * 2 ** (entry.attempts - 1))
@@ -459,6 +496,48 @@ class SchedulerService:
             entry.message = message
             self.writer.submit(self._report_unschedulable(entry.request, message))
         self.unschedulable[entry.key] = entry
+
+    def _preempt(self, entry: Entry) -> None:
+        """DefaultPreemption's PostFilter: evict pods of lower priority where that lets the pod fit. A pod whose
+        nominated node still has victims terminating waits for them instead of preempting again."""
+        pod = entry.request
+        nominated = self.engine.nominated.get(entry.key)
+        if nominated is not None:
+            record = self.engine.nodes.get(nominated)
+            if record is not None and any(key in self.evicting for key in record.pods):
+                return
+        preemption = self.engine.preempt(pod, list(self.budgets.values()))
+        if preemption.node is None:
+            if nominated is not None:
+                self.engine.unnominate(entry.key)
+            return
+        self.engine.nominate(pod, preemption.node)
+        self.evicting.update(preemption.victims)
+        log.info(
+            "preempting",
+            extra={"pod": entry.key, "node": preemption.node, "victims": list(preemption.victims)},
+        )
+        victims = [self.engine.pods[key].request for key in preemption.victims if key in self.engine.pods]
+        self.writer.submit(self._evict(pod, preemption, victims))
+
+    async def _evict(self, pod: PodRequest, preemption: Preemption, victims: list[PodRequest]) -> None:
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
+        try:
+            await self.writer.patch(path, {"status": {"nominatedNodeName": preemption.node}})
+        except ApiError as exc:
+            log.warning("could not set nominatedNodeName: %s", exc, extra={"pod": pod.key})
+        for victim in victims:
+            message = f"Preempted by {pod.namespace}/{pod.name} on node {preemption.node}"
+            await self._post_event(victim, "Preempted", message, kind="Normal")
+            try:
+                await self.writer.request(
+                    "DELETE",
+                    f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}",
+                    {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": victim.uid}},
+                )
+            except ApiError as exc:
+                if exc.status != 404:
+                    log.warning("could not delete a preemption victim: %s", exc, extra={"pod": victim.key})
 
     async def _bind(self, entry: Entry, decision: Decision) -> None:
         started = time.perf_counter()
@@ -521,7 +600,7 @@ class SchedulerService:
         """A Warning Event on the pod, written by the asynchronous writer (never blocking the loop)."""
         self.writer.submit(self._post_event(pod, reason, message))
 
-    async def _post_event(self, pod: PodRequest, reason: str, message: str) -> None:
+    async def _post_event(self, pod: PodRequest, reason: str, message: str, kind: str = "Warning") -> None:
         now = now_rfc3339()
         event = {
             "apiVersion": "v1",
@@ -536,7 +615,7 @@ class SchedulerService:
             },
             "reason": reason,
             "message": message[:1024],
-            "type": "Warning",
+            "type": kind,
             "source": {"component": self.name},
             "reportingComponent": self.name,
             "firstTimestamp": now,
@@ -556,6 +635,8 @@ class SchedulerService:
             self._on_nodes(item[1], item[2])
         elif kind == "pod":
             self._on_pods(item[1], item[2])
+        elif kind == "budget":
+            self._on_budgets(item[1], item[2])
         elif kind in ("bound", "bind_failed"):
             entry: Entry = item[1]
             try:
@@ -587,9 +668,14 @@ class SchedulerService:
                 self._schedule_active(64)
 
     def _schedule_active(self, limit: int) -> None:
-        """Run the cycle for up to `limit` active pods, in arrival order; a pod whose cycle raises costs only itself."""
-        for _ in range(min(limit, len(self.active))):
-            key = next(iter(self.active))
+        """Run the cycle for up to `limit` active pods, by priority then arrival; a pod whose cycle raises costs only
+        itself."""
+        if any(entry.request.priority for entry in self.active.values()):
+            batch = heapq.nsmallest(limit, self.active.values(), key=lambda e: (-e.request.priority, e.arrival))
+            keys = [entry.key for entry in batch]
+        else:
+            keys = list(itertools.islice(self.active, limit))
+        for key in keys:
             entry = self.active.pop(key)
             try:
                 self._schedule(entry)
@@ -605,6 +691,9 @@ class SchedulerService:
     def start_informers(self) -> None:
         nodes = Informer(self.client, "/api/v1/nodes", self._consume_nodes, self.stop, "nodes")
         pods = Informer(self.client, "/api/v1/pods", self._consume_pods, self.stop, "pods")
+        if self.queue_pods:
+            path = "/apis/policy/v1beta1/poddisruptionbudgets"
+            Informer(self.client, path, self._consume_budgets, self.stop, "poddisruptionbudgets").start()
         nodes.start()
         # Nodes first, so that the ledger rebuild finds every bound pod's node.
         while not nodes.synced.wait(0.2):

@@ -1030,6 +1030,13 @@ class Engine:
             record.nominees[pod.key] = pod.priority
             self._refresh(record)
 
+    def unnominate(self, key: str) -> None:
+        """Release the node held for a preempting pod (it was deleted, bound elsewhere, or gave up)."""
+        name = self.nominated.pop(key, None)
+        if name is not None and (record := self.nodes.get(name)) is not None:
+            record.nominees.pop(key, None)
+            self._refresh(record)
+
     # -- reporting -----------------------------------------------------------------------------------------------
 
     def describe(self, name: str) -> list[Occupancy]:

@@ -1,0 +1,149 @@
+"""Preemption by `kubegpu scheduler` on a real kube-apiserver: an important pod finds the cluster full of devices.
+
+The victims run with `terminationGracePeriodSeconds: 0`, so the API server removes them at once (no kubelet runs
+here to confirm a graceful shutdown); the scheduler's own steps (nominatedNodeName, Preempted events, deletions,
+the bind once they are gone) are what is checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
+from kubegpu.scheduler.kube import ApiError
+
+from .cluster import Cluster, wait_for
+
+TRN1 = {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
+DEVICE = "aws.amazon.com/neurondevice"
+CLASSES = {"kubegpu-test-low": 10, "kubegpu-test-mid": 100, "kubegpu-test-high": 500, "kubegpu-test-top": 1000}
+
+
+def priority_classes(cluster: Cluster) -> None:
+    for name, value in CLASSES.items():
+        try:
+            body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}}
+            cluster.client.post("/apis/scheduling.k8s.io/v1/priorityclasses", {**body, "value": value})
+        except ApiError as exc:
+            if exc.status != 409:  # created by an earlier test of this session
+                raise
+
+
+def create(
+    cluster: Cluster,
+    namespace: str,
+    name: str,
+    devices: int,
+    scheduler: str,
+    priority: str | None = None,
+    spec: dict[str, Any] | None = None,
+    **meta: Any,
+) -> None:
+    spec = {
+        **(spec or {}),
+        "schedulerName": scheduler,
+        "terminationGracePeriodSeconds": 0,
+        "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {DEVICE: str(devices)}}}],
+    }
+    if priority:
+        spec["priorityClassName"] = priority
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, **meta}, "spec": spec}
+    cluster.client.post(f"/api/v1/namespaces/{namespace}/pods", body)
+
+
+def pods(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p for p in cluster.pods(namespace)}
+
+
+def bound_to(cluster: Cluster, namespace: str, name: str) -> str | None:
+    pod = pods(cluster, namespace).get(name)
+    return (pod or {}).get("spec", {}).get("nodeName")
+
+
+def devices(cluster: Cluster, namespace: str, name: str) -> list[str]:
+    pod = pods(cluster, namespace)[name]
+    record = decode_allocation(pod["metadata"]["annotations"][ALLOCATION_KEY])
+    return record.containers["main"][DEVICE]
+
+
+def wait_bound(cluster: Cluster, namespace: str, *names: str, timeout: float = 30.0) -> None:
+    wait_for(lambda: all(bound_to(cluster, namespace, n) for n in names), timeout, f"{names} bound")
+
+
+def test_a_priority_1000_pod_evicts_the_low_priority_pods_filling_a_trn1_and_binds_all_16_devices(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    priority_classes(cluster)
+    cluster.create_ready_node("trn1-p", labels=TRN1, allocatable={DEVICE: 16})
+    start_scheduler("kubegpu-preempt", "--no-leader-elect")
+    for i in range(4):
+        create(cluster, namespace, f"filler-{i}", 4, "kubegpu-preempt")
+    wait_bound(cluster, namespace, *(f"filler-{i}" for i in range(4)))
+
+    create(cluster, namespace, "trainer", 16, "kubegpu-preempt", "kubegpu-test-top")
+    wait_bound(cluster, namespace, "trainer")
+
+    left = pods(cluster, namespace)
+    assert set(left) == {"trainer"}, "every filler was evicted"
+    assert devices(cluster, namespace, "trainer") == [str(i) for i in range(16)]
+    reasons = [(e["reason"], e["involvedObject"]["name"]) for e in cluster.events(namespace)]
+    assert {name for reason, name in reasons if reason == "Preempted"} == {f"filler-{i}" for i in range(4)}
+
+
+def test_an_eight_device_pod_evicts_only_the_lower_priority_of_two_holders(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    priority_classes(cluster)
+    cluster.create_ready_node("trn1-q", labels=TRN1, allocatable={DEVICE: 16})
+    start_scheduler("kubegpu-preempt-2", "--no-leader-elect")
+    create(cluster, namespace, "important", 8, "kubegpu-preempt-2", "kubegpu-test-high")
+    create(cluster, namespace, "batch", 8, "kubegpu-preempt-2", "kubegpu-test-low")
+    wait_bound(cluster, namespace, "important", "batch")
+    freed = devices(cluster, namespace, "batch")
+
+    create(cluster, namespace, "urgent", 8, "kubegpu-preempt-2", "kubegpu-test-mid")
+    wait_bound(cluster, namespace, "urgent")
+
+    assert set(pods(cluster, namespace)) == {"important", "urgent"}
+    assert devices(cluster, namespace, "urgent") == freed
+
+
+def test_a_disruption_budget_and_equal_priority_are_respected(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    priority_classes(cluster)
+    for name in ("trn1-r", "trn1-s"):
+        cluster.create_ready_node(name, labels=TRN1, allocatable={DEVICE: 16})
+    budget = {
+        "apiVersion": "policy/v1beta1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "db", "namespace": namespace},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
+    }
+    cluster.client.post(f"/apis/policy/v1beta1/namespaces/{namespace}/poddisruptionbudgets", budget)
+    start_scheduler("kubegpu-preempt-3", "--no-leader-elect")
+    create(cluster, namespace, "db", 16, "kubegpu-preempt-3", labels={"app": "db"})
+    create(cluster, namespace, "batch", 16, "kubegpu-preempt-3", labels={"app": "batch"})
+    wait_bound(cluster, namespace, "db", "batch")
+    db_node = bound_to(cluster, namespace, "db")
+
+    create(cluster, namespace, "urgent", 16, "kubegpu-preempt-3", "kubegpu-test-top")
+    wait_bound(cluster, namespace, "urgent")
+    assert set(pods(cluster, namespace)) == {"db", "urgent"}, "the budget kept db; batch was evicted instead"
+    assert bound_to(cluster, namespace, "db") == db_node
+
+    # A peer of equal priority asking for urgent's node preempts nobody: urgent keeps running, the peer waits.
+    urgent_node = bound_to(cluster, namespace, "urgent")
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [urgent_node]}]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    create(cluster, namespace, "peer", 16, "kubegpu-preempt-3", "kubegpu-test-top", spec={"affinity": affinity})
+    wait_for(
+        lambda: any(
+            e["reason"] == "FailedScheduling" and e["involvedObject"]["name"] == "peer"
+            for e in cluster.events(namespace)
+        ),
+        30,
+        "the peer reported unschedulable",
+    )
+    left = pods(cluster, namespace)
+    assert bound_to(cluster, namespace, "urgent") and not left["peer"]["spec"].get("nodeName")
