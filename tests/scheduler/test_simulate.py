@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ import yaml
 from kubegpu.cli import main
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
 from kubegpu.core.testing import node_manifest, pod_manifest
+from kubegpu.scheduler import simulate as simulate_module
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "clusters"
 
@@ -151,7 +155,8 @@ def test_input_formats_give_the_same_result(form: str, tmp_path: Path, capsys: p
         ),
         (
             {"kind": "Service", "metadata": {"name": "x"}},
-            "#2: kind: expected Node, Pod, PodDisruptionBudget, PersistentVolumeClaim, PersistentVolume, PriorityClass or List, got 'Service'",
+            "#2: kind: expected Node, Pod, PodDisruptionBudget, PersistentVolumeClaim, PersistentVolume, "
+            "PriorityClass or List, got 'Service'",
         ),
         (pod_manifest("q", {"main": {"cpu": "lots"}}), "'lots' is not a Kubernetes quantity"),
     ],
@@ -204,3 +209,206 @@ def test_every_node_is_counted_once_in_the_refusal(tmp_path: Path, capsys: pytes
         "0/5 nodes are available: 2 Insufficient aws.amazon.com/neurondevice, 3 Instance type trn1.32xlarge does "
         "not support requests for device: 7. Please request a different number of devices.."
     )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Hostile input files: exit 2 with a message naming the file, in bounded time and memory (issue 10, finding 6)
+# ------------------------------------------------------------------------------------------------------------
+
+# The simulator in a child (a crash in libyaml must fail the test, not end the run), reporting its own CPU time and
+# peak memory on its last stderr line.
+_CHILD = """
+import resource, sys
+from kubegpu.cli import main
+try:
+    code = main(sys.argv[1:])
+finally:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"usage cpu={usage.ru_utime + usage.ru_stime:.2f} peak_kib={usage.ru_maxrss}", file=sys.stderr)
+raise SystemExit(code)
+"""
+CPU_SECONDS = 10.0  # the bombs take under a second once refused; before, minutes
+PEAK_MIB = 300  # the interpreter with kubegpu loaded is about 80 MiB; the merge chain took 286 MiB at 24 levels
+
+
+def simulate_child(*args: str, stdin: bytes = b"") -> tuple[int, str, float, float]:
+    """(exit status, stderr without the usage line, CPU seconds, peak MiB) of `kubegpu simulate ARGS` in a child."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, "simulate", *args], input=stdin, capture_output=True, timeout=120, check=False
+    )
+    err = done.stderr.decode(errors="replace")
+    *rest, last = err.rstrip("\n").split("\n")
+    usage = dict(field.split("=") for field in last.split()[1:]) if last.startswith("usage ") else {}
+    assert usage, f"exit {done.returncode}, no usage line: {err[-2000:]}"
+    return done.returncode, "\n".join(rest), float(usage["cpu"]), int(usage["peak_kib"]) / 1024
+
+
+def _merge_chain(levels: int) -> str:
+    """`m1` merges `m0` twice, `m2` merges `m1` twice...: 854 bytes at 30 levels, 2**30 keys once expanded."""
+    lines = ["m0: &m0 {k0: 0, k1: 1}"] + [f"m{i}: &m{i} {{<<: [*m{i - 1}, *m{i - 1}]}}" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+BOMBS = {
+    "flow-nesting": ("x: " + "[" * 30_000 + "]" * 30_000 + "\n", "line 1: not valid YAML (nested more than 100 levels"),
+    "mapping-nesting": ("x: " + "{a: " * 15_000 + "}" * 15_000 + "\n", "nested more than 100 levels deep"),
+    "block-nesting": ("- " * 30_000 + "x\n", "nested more than 100 levels deep"),
+    "merge-key-chain": (_merge_chain(30), "aliases stand for more than 100000 nodes"),
+    "alias-chain": (
+        "\n".join(["a0: &a0 [x, x]"] + [f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}]" for i in range(1, 40)]),
+        "aliases stand for more than 100000 nodes",
+    ),
+}
+
+
+@pytest.mark.parametrize("bomb", sorted(BOMBS))
+def test_a_nesting_or_alias_bomb_exits_2_with_a_message_in_bounded_time_and_memory(bomb: str, tmp_path: Path) -> None:
+    text, message = BOMBS[bomb]
+    assert len(text.encode()) < 100_000
+    path = tmp_path / f"{bomb}.yaml"
+    path.write_text(text)
+
+    code, err, cpu, peak = simulate_child(str(path))
+
+    assert code == 2, err[-2000:]
+    assert err.startswith(f"kubegpu simulate: invalid input: {path}:") and message in err
+    assert "Traceback" not in err
+    assert cpu < CPU_SECONDS and peak < PEAK_MIB
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (bytes(range(256)) * 64, "standard input: binary data (a NUL byte at offset 0), not a YAML or JSON text file"),
+        (b"kind: Pod\nmetadata: {name: \xff\xfe}\n", "standard input: not UTF-8 text (byte 0xff at offset 27)"),
+        (b"\x89PNG\r\n\x1a\n" + bytes(200), "standard input: binary data (a NUL byte at offset 8)"),
+    ],
+    ids=["binary", "latin-1", "png"],
+)
+def test_binary_or_non_utf8_standard_input_exits_2_naming_it(data: bytes, message: str) -> None:
+    code, err, cpu, peak = simulate_child("-", stdin=data)
+
+    assert code == 2 and f"kubegpu simulate: invalid input: {message}" in err and "Traceback" not in err
+    assert cpu < CPU_SECONDS and peak < PEAK_MIB
+
+
+def _many_pods(tmp_path: Path, count: int) -> Path:
+    documents = [node_manifest(f"n{i}", allocatable={"nvidia.com/gpu": 8}) for i in range(4)]
+    documents += [pod_manifest(f"p{i}", {"main": {"nvidia.com/gpu": 1}}) for i in range(count)]
+    path = tmp_path / "many.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in documents))
+    return path
+
+
+@pytest.mark.parametrize("form", ["--json", "report"])
+def test_a_reader_that_goes_away_ends_the_run_quietly(form: str, tmp_path: Path) -> None:
+    args = [str(_many_pods(tmp_path, 40))] + ([form] if form == "--json" else [])
+    command = [sys.executable, "-m", "kubegpu", "simulate", *args]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        assert child.stdout is not None and child.stderr is not None
+        child.stdout.close()  # like `| head -c 0`: every write the simulator makes meets a closed pipe
+        err = child.stderr.read().decode()
+        code = child.wait(timeout=60)
+
+    assert code == 0 and err == ""
+
+
+def test_head_reading_one_line_of_a_long_answer_ends_the_run_quietly(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "kubegpu", "simulate", "--json", str(_many_pods(tmp_path, 1500))]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        assert child.stdout is not None and child.stderr is not None
+        first = json.loads(child.stdout.readline())
+        child.stdout.close()  # `| head -1`: the rest (far more than a pipe holds) has nowhere to go
+        err = child.stderr.read().decode()
+        code = child.wait(timeout=60)
+
+    assert first["pod"] == "default/p0" and code == 0 and err == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, resources: {limits: {cpu: "
+            + "1" * 5000
+            + "}}}]}\n",
+            "line 3: not valid YAML (an integer of 5000 characters (at most 64))",
+        ),
+        ("n: " + "1:" * 3000 + "1\n", "not valid YAML (an integer of 6001 characters (at most 64))"),
+        (
+            "kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, resources: {limits: {nvidia.com/gpu: "
+            "1e600000}}}]}\n",
+            "#1: Pod.spec.containers[0].resources.limits.nvidia.com/gpu: '1e600000' is too large",
+        ),
+        (
+            "kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, resources: {limits: {nvidia.com/gpu: "
+            "100m}}}]}\n",
+            "#1: Pod.spec.containers[0].resources.limits.nvidia.com/gpu: 0.1 is not a whole number",
+        ),
+        (
+            "kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a}, {name: a}]}\n",
+            "#1: Pod.spec.containers[1].name: 'a' is also the name of spec.containers[0]",
+        ),
+        ("a: &a [*a]\n", "#1: kind: expected Node, Pod"),
+        ('{"kind": "List", "items": ' + "[" * 2000 + "]" * 2000 + "}", "not valid JSON (depth limit exceeded"),
+    ],
+    ids=[
+        "5000-digit-integer",
+        "base-60-integer",
+        "1e600000-gpus",
+        "100m-gpus",
+        "duplicate-container",
+        "self-alias",
+        "deep-json",
+    ],
+)
+def test_small_hostile_files_exit_2_promptly_naming_the_field(
+    text: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "hostile.yaml"
+    path.write_text(text)
+    started = time.thread_time()
+
+    code, events, err = simulate(capsys, str(path))
+
+    assert time.thread_time() - started < 2.0
+    assert code == 2 and events == [] and f"invalid input: {path}" in err and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"kind: Node\nmetadata: {name: caf\xe9}\n", "not UTF-8 text (byte 0xe9 at offset 31); save it as UTF-8"),
+        (b"kind: Node\x00\n", "binary data (a NUL byte at offset 10), not a YAML or JSON text file"),
+        (b"\xef\xbb\xbfkind: Node\nmetadata: {name: bom}\n", None),
+    ],
+    ids=["latin-1-file", "nul-byte", "utf-8-bom-is-fine"],
+)
+def test_a_file_that_is_not_utf8_text_exits_2_naming_it(
+    data: bytes, message: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "input.yaml"
+    path.write_bytes(data)
+
+    code, _, err = simulate(capsys, str(path))
+
+    if message is None:
+        assert code == 0, err
+    else:
+        assert code == 2 and f"kubegpu simulate: invalid input: {path}: {message}" in err
+
+
+def test_input_past_the_size_and_document_bounds_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all(_documents()))
+    monkeypatch.setattr(simulate_module, "MAX_DOCUMENTS", 2)
+
+    code, _, err = simulate(capsys, str(path))
+    assert code == 2 and f"{path}: more than 2 YAML documents" in err
+
+    monkeypatch.setattr(simulate_module, "MAX_INPUT_BYTES", 100)
+    code, _, err = simulate(capsys, "/dev/zero")
+    assert code == 2 and "/dev/zero: larger than 0 MiB" in err
