@@ -27,6 +27,9 @@ restart.
 Score: the mean over the pod's Neuron containers of 100 * request / host, where host is the size of the
 largest free valid set the placement breaks into (whole devices) or the length of the free core run it is cut
 from (cores). Consuming a free set exactly scores 100; one device out of a free 16-device torus scores 6.25.
+A multi-device request of a size a torus also takes (4 or 8 on trn1) scores half on a ring: rings are the only
+home of the other sizes (2, 3, 5, ...), so those requests go to tori first and leave rings' runs for sizes only a
+ring can take (`TORUS_SHARED_SIZES`).
 
 State is two bitmasks (free devices, free cores) plus holder maps; a device is free for whole-device requests
 only when none of its cores is held, and a device held whole offers no cores. The plan for a request is cached
@@ -52,6 +55,9 @@ NEURONCORE = "aws.amazon.com/neuroncore"
 RESOURCES = [NEURON, NEURONDEVICE, NEURONCORE]
 
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
+# Multi-device sizes a 4x4 torus takes too: on a ring they score RING_SHARE of their fit (module docstring).
+TORUS_SHARED_SIZES = frozenset(size for size in topo.valid_sizes(topo.make_topology("torus", 16, 4, 4)) if size > 1)
+RING_SHARE = 0.5
 
 # (container name, resource name, amount) for every container asking for Neuron resources, in spec order.
 Requests = tuple[tuple[str, str, int], ...]
@@ -420,7 +426,8 @@ def place(
             free_cores &= ~chosen
             free_devices &= ~topo.devices_of_cores(chosen, k)
         else:
-            score += count / topo.device_host(t, free_devices, start)
+            fit = count / topo.device_host(t, free_devices, start)
+            score += fit * RING_SHARE if t.kind == "ring" and count in TORUS_SHARED_SIZES else fit
             free_devices &= ~chosen
             free_cores &= ~topo.interval(start * k, count * k)
         placements.append((container, resource, tuple(range(start, start + count))))

@@ -1,0 +1,47 @@
+"""Placement quality: kubegpu never places fewer pods than naive first-fit in arrival order, and places more where
+greedy node choice strands ring capacity (the workloads of `benchmarks/placement_bench.py`, seeded)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "placement_bench.py"
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("placement_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("placement_bench", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _bench()
+WORKLOADS = bench.workloads(10)
+
+
+@pytest.mark.parametrize(("name", "nodes", "sizes"), WORKLOADS, ids=[w[0] for w in WORKLOADS])
+def test_kubegpu_places_at_least_as_many_pods_as_first_fit(
+    name: str, nodes: list[tuple[str, str]], sizes: list[int]
+) -> None:
+    assert bench.kubegpu(nodes, sizes).placed >= bench.first_fit(nodes, sizes).placed
+
+
+def test_the_issue_example_places_all_six_pods() -> None:
+    _, nodes, sizes = WORKLOADS[0]
+    assert bench.kubegpu(nodes, sizes).placed == 6
+
+
+def test_fragmentation_prone_mixes_place_more_than_first_fit() -> None:
+    fragmenting = [w for w in WORKLOADS if w[0].startswith("fragmenting")]
+    kubegpu = sum(bench.kubegpu(nodes, sizes).placed for _, nodes, sizes in fragmenting)
+    first_fit = sum(bench.first_fit(nodes, sizes).placed for _, nodes, sizes in fragmenting)
+    assert kubegpu > first_fit
+    wins = sum(bench.kubegpu(n, s).placed > bench.first_fit(n, s).placed for _, n, s in fragmenting)
+    assert wins >= len(fragmenting) // 2
