@@ -27,6 +27,7 @@ from .containerd import IMAGE
 __all__ = ["POD_IMAGE", "Kubelet", "kubelet_binary", "pod", "read_output", "wait_running"]
 
 POD_IMAGE = IMAGE.removeprefix("docker.io/")
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 
 
 def kubelet_binary() -> Path:
@@ -52,7 +53,8 @@ class Kubelet:
 
     @property
     def device_plugin_dir(self) -> Path:
-        return self.root / "device-plugins"
+        # Kubelet 1.20 serves its Registration socket there whatever --root-dir says: one such kubelet at a time.
+        return DEVICE_PLUGIN_DIR
 
     @property
     def pod_resources_socket(self) -> Path:
