@@ -95,6 +95,30 @@ def _bounded_int(loader: Any, node: Any) -> Any:
     return SafeConstructor.construct_yaml_int(loader, node)
 
 
+def _scalar(construct: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """A scalar constructor whose Python errors (`!!int abc`, `!!bool maybe`, `2001-02-30`, `!!int ""`) are YAML
+    errors: PyYAML's constructors trust the resolver's patterns, which an explicit tag bypasses."""
+
+    def checked(loader: Any, node: Any) -> Any:
+        try:
+            return construct(loader, node)
+        except yaml.YAMLError:
+            raise
+        except Exception as exc:  # ValueError, KeyError, IndexError, AttributeError...: all mean a bad scalar
+            what = f"{shorten(str(node.tag).rsplit(':', 1)[-1])} {shorten(str(node.value))!r}"
+            raise ConstructorError(None, None, f"{what}: {shorten(str(exc))}", node.start_mark) from None
+
+    return checked
+
+
+_SCALARS = {
+    "tag:yaml.org,2002:int": _bounded_int,
+    "tag:yaml.org,2002:float": SafeConstructor.construct_yaml_float,
+    "tag:yaml.org,2002:bool": SafeConstructor.construct_yaml_bool,
+    "tag:yaml.org,2002:timestamp": SafeConstructor.construct_yaml_timestamp,
+}
+
+
 try:
     from yaml import CSafeLoader as _FastBase
     from yaml.cyaml import CParser as _EventSource  # type: ignore[attr-defined]  # the stubs leave it out
@@ -107,7 +131,8 @@ class _FastLoader(_FastBase):
     """libyaml all the way: for text that `_plainly_shallow` has shown cannot nest deeply or use aliases."""
 
 
-_FastLoader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
+for _tag, _construct in _SCALARS.items():
+    _FastLoader.add_constructor(_tag, _scalar(_construct))
 
 
 class _CheckedComposer(Composer):
@@ -166,7 +191,8 @@ else:
         """The pure-Python loader under the checking composer."""
 
 
-_CheckedLoader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
+for _tag, _construct in _SCALARS.items():
+    _CheckedLoader.add_constructor(_tag, _scalar(_construct))
 
 # Where a document ends: `---` or `...` at the start of a line. libyaml ends a document there whatever came before
 # (a scalar stops, a flow collection is an error), so no document spans two of these pieces.

@@ -243,6 +243,12 @@ def test_a_node_manifest_gives_node_info_or_a_manifest_error(document: Any) -> N
 
 YAML_ALPHABET = "[]{}:-?,&*!<| \n\t#'\"ak1.e\r\x85"
 yaml_ish = st.text(st.sampled_from(YAML_ALPHABET), max_size=200)
+YAML_TOKENS = [
+    *("!!int ", "!!float ", "!!bool ", "!!timestamp ", "!!binary ", "!!set ", "!!omap ", "!!pairs ", "!!null "),
+    *("!!str ", "!!seq ", "!!map ", "!<tag:yaml.org,2002:int> ", "<<: ", "&a ", "*a ", "? ", ": ", "- ", "[", "]"),
+    *("{", "}", ", ", "\n", "  ", "x", "1", "2001-02-30", '""', "'", "0x", "0b", "1:2", ".", "-", "~", "=", "---\n"),
+]
+yaml_tokens = st.lists(st.sampled_from(YAML_TOKENS), max_size=40).map("".join)
 POISON_YAML = [
     "x: " + _nested(30_000),
     "x: " + "{a: " * 20_000 + "}" * 20_000,
@@ -263,6 +269,7 @@ def _dumped(document: Any, flow: bool | None, indent: int) -> str:
 input_files = st.one_of(
     st.binary(max_size=300),
     yaml_ish.map(str.encode),
+    yaml_tokens.map(str.encode),
     any_text.map(lambda text: text.encode("utf-8", "surrogatepass")),
     st.builds(
         _dumped, st.one_of(pods, nodes, json_values), st.sampled_from([None, True, False]), st.integers(2, 9)

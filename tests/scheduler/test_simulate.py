@@ -350,6 +350,8 @@ def test_head_reading_one_line_of_a_long_answer_ends_the_run_quietly(tmp_path: P
             "#1: Pod.spec.containers[1].name: 'a' is also the name of spec.containers[0]",
         ),
         ("a: &a [*a]\n", "#1: kind: expected Node, Pod"),
+        ('n: !!int ""\n', "line 1: not valid YAML (int '': string index out of range)"),
+        ("t: 2001-02-30\n", "line 1: not valid YAML (timestamp '2001-02-30': day is out of range for month)"),
         ('{"kind": "List", "items": ' + "[" * 2000 + "]" * 2000 + "}", "not valid JSON (depth limit exceeded"),
     ],
     ids=[
@@ -360,6 +362,8 @@ def test_head_reading_one_line_of_a_long_answer_ends_the_run_quietly(tmp_path: P
         "duplicate-container",
         "self-alias",
         "deep-json",
+        "tagged-empty-int",
+        "impossible-date",
     ],
 )
 def test_small_hostile_files_exit_2_promptly_naming_the_field(
