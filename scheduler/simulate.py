@@ -272,7 +272,8 @@ def _read_documents(path: Path) -> Iterator[tuple[str, Any]]:
             documents = [orjson.loads(text)]
         except orjson.JSONDecodeError:
             documents = []
-            for number, line in enumerate(text.splitlines(), 1):
+            # JSON lines end at `\n` only: U+2028 and the like are ordinary characters inside a JSON string.
+            for number, line in enumerate(text.split("\n"), 1):
                 if not line.strip():
                     continue
                 try:

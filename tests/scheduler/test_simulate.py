@@ -416,3 +416,14 @@ def test_input_past_the_size_and_document_bounds_is_refused(
     monkeypatch.setattr(simulate_module, "MAX_INPUT_BYTES", 100)
     code, _, err = simulate(capsys, "/dev/zero")
     assert code == 2 and "/dev/zero: larger than 0 MiB" in err
+
+
+def test_json_lines_break_only_at_newlines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    documents = [node_manifest("gpu", allocatable={"nvidia.com/gpu": 1}), pod_manifest("a\u2028b", {"main": {}})]
+    path = tmp_path / "c.jsonl"
+    path.write_text("\r\n".join(json.dumps(d, ensure_ascii=False) for d in documents) + "\r\n")
+
+    code, events, err = simulate(capsys, str(path))
+
+    assert code == 0, err
+    assert [e["pod"] for e in events] == ["default/a\u2028b"]
