@@ -23,7 +23,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "clusters"
 def simulate(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[dict[str, Any]], str]:
     code = main(["simulate", "--json", *args])
     captured = capsys.readouterr()
-    events = [json.loads(line) for line in captured.out.splitlines() if line.strip()]
+    events = [json.loads(line) for line in captured.out.split("\n") if line.strip()]
     return code, events, captured.err
 
 
