@@ -1,0 +1,261 @@
+"""Each seed system's own documented example, replayed on kubegpu in that system's deployment style, against the real
+kube-apiserver and kube-scheduler 1.20.2: what a user switching over sees happen (docs/migrating-from-*.md).
+
+* GAS (seed 001): two 8 GB cards, three 5 GB pods; the extender started with GAS's own flags, kube-scheduler
+  configured with GAS's scheduler policy (verbs `scheduler/filter`, `scheduler/bind`, `ignorable: true`).
+* The Neuron extension (seed 002): the `neuroncore: 9` pod with `schedulerName: my-scheduler`, a second
+  kube-scheduler profile configured from the shipped overlay; the filter decision is in the extender's log.
+* nvidia-gpu-scheduler (seed 004): a `gpu.model` pod through the seed's `.../apis/nvidia-gpu-scheduler/v1/schedule`
+  urlPrefix, while a client watches `gpupods` on the seed's path.
+* KubeGPU (seed 003): the custom scheduler with a minimum GPU memory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import urllib3
+import yaml
+
+from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
+
+from .cluster import Cluster, free_port, wait_for
+from .test_extender import Process, make_certs, tls_client
+from .test_scheduler import ROOT, wait_bound
+
+OVERLAYS = ROOT / "examples" / "deploy" / "kustomize" / "overlays"
+GIB = 1024**3
+
+
+def start_extender(cluster: Cluster, key_file: Path, tmp_path: Path, *args: str) -> tuple[Process, int]:
+    port = free_port()
+    command = [sys.executable, "-m", "kubegpu", "extender", "--kubeconfig", str(cluster.kubeconfig),
+               "--allocation-key-file", str(key_file), *[a.replace("{port}", str(port)) for a in args]]  # fmt: skip
+    extender = Process(command, tmp_path / "extender.log")
+    return extender, port
+
+
+def wait_ready(url: str, client: urllib3.PoolManager) -> None:
+    wait_for(lambda: client.request("GET", f"{url}/readyz", timeout=1.0).status == 200, 30, "the extender's sync")
+
+
+def start_kube_scheduler(cluster: Cluster, tmp_path: Path, config: dict[str, Any]) -> Process:
+    path = tmp_path / "kube-scheduler.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return Process(
+        [str(cluster.bin / "kube-scheduler"), f"--config={path}", "--port=0", f"--secure-port={free_port()}",
+         "--bind-address=127.0.0.1", f"--cert-dir={tmp_path / 'ks-certs'}", "--authentication-tolerate-lookup-failure",
+         "-v=2"],
+        tmp_path / "kube-scheduler.log",
+    )  # fmt: skip
+
+
+def scheduler_config(cluster: Cluster, profile: str, extender: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(cluster.kubeconfig)},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": profile}],
+        "extenders": [extender],
+    }
+
+
+@pytest.fixture
+def processes() -> Any:
+    started: list[Process] = []
+    yield started
+    for process in started:
+        process.stop()
+
+
+def events_of(cluster: Cluster, namespace: str, pod: str) -> list[str]:
+    return [e["message"] for e in cluster.events(namespace) if e["involvedObject"]["name"] == pod]
+
+
+def test_gas_two_8g_cards_take_two_5g_pods_and_refuse_the_third(
+    cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    # GAS's flags as its deployment passes them; its certificate, key and CA from make-certs.sh.
+    certs = make_certs(tmp_path / "certs")
+    extender, port = start_extender(
+        cluster, key_file, tmp_path, "--port", "{port}", "--cert", str(certs / "tls.crt"),
+        "--key", str(certs / "tls.key"), "--cacert", str(certs / "ca.crt"),
+    )  # fmt: skip
+    processes.append(extender)
+    url = f"https://127.0.0.1:{port}"
+    wait_ready(url, urllib3.PoolManager(cert_reqs="CERT_NONE"))
+    # GAS's scheduler policy (seed 001), with kubegpu's address and make-certs.sh's client certificate.
+    policy = {
+        "kind": "Policy", "apiVersion": "v1",
+        "extenders": [{
+            "urlPrefix": url, "apiVersion": "v1", "filterVerb": "scheduler/filter", "bindVerb": "scheduler/bind",
+            "weight": 1, "enableHttps": True, "ignorable": True, "nodeCacheCapable": True,
+            "managedResources": [{"name": "gpu.intel.com/i915", "ignoredByScheduler": False}],
+            "tlsConfig": {"insecure": False, "certFile": str(certs / "client.crt"),
+                          "keyFile": str(certs / "client.key"), "caFile": str(certs / "ca.crt")},
+        }],
+    }  # fmt: skip
+    (tmp_path / "policy.cfg").write_text(json.dumps(policy))
+    cluster.create_ready_node(
+        "gas-node", labels={"gpu.intel.com/cards": "card0.card1"},
+        allocatable={"gpu.intel.com/i915": 8, "gpu.intel.com/memory.max": "16G"},  # 4 shares a card
+    )  # fmt: skip
+    # GAS's configure-scheduler.sh style: the policy file on kube-scheduler's command line (kube-scheduler 1.20).
+    scheduler = Process(
+        [str(cluster.bin / "kube-scheduler"), f"--kubeconfig={cluster.kubeconfig}", "--leader-elect=false",
+         f"--policy-config-file={tmp_path / 'policy.cfg'}", "--use-legacy-policy-config=true",
+         "--scheduler-name=gas-scheduler", "--port=0", f"--secure-port={free_port()}", "--bind-address=127.0.0.1",
+         f"--cert-dir={tmp_path / 'ks-certs'}", "--authentication-tolerate-lookup-failure", "-v=2"],
+        tmp_path / "kube-scheduler.log",
+    )  # fmt: skip
+    processes.append(scheduler)
+    five_gb = {"main": {"gpu.intel.com/i915": 1, "gpu.intel.com/memory.max": "5G"}}
+    for i in range(3):
+        cluster.create_pod(namespace, f"demo-{i}", five_gb, scheduler="gas-scheduler")
+    try:
+        placed = wait_bound(cluster, namespace, 2, timeout=45)
+    except AssertionError:
+        raise AssertionError(f"{extender.output()[-3000:]}\n---\n{scheduler.output()[-3000:]}") from None
+    cards = sorted(p["metadata"]["annotations"]["gas-container-cards"] for p in placed.values())
+    assert cards == ["card0", "card1"]
+    assert all(p["metadata"]["annotations"]["gas-ts"].isdigit() for p in placed.values())
+    (pending,) = {"demo-0", "demo-1", "demo-2"} - set(placed)
+    message = wait_for(
+        lambda: next((m for m in events_of(cluster, namespace, pending) if "will not fit" in m), None),
+        30, "the third pod's FailedScheduling event with GAS's reason",
+    )  # fmt: skip
+    assert "Not enough GPU-resources for deployment: will not fit" in message and "needs 5G" in message, message
+    assert len(wait_bound(cluster, namespace, 2)) == 2
+
+
+def test_neuron_seed_pod_with_my_scheduler_gets_cores_0_to_8_and_the_decision_is_logged(
+    cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    extender, port = start_extender(
+        cluster, key_file, tmp_path, "--listen", "127.0.0.1:{port}", "--insecure-no-client-auth"
+    )
+    processes.append(extender)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, urllib3.PoolManager())
+    # The second profile exactly as the shipped overlay configures it, pointed at this extender.
+    manifest = (OVERLAYS / "extender-second-profile" / "my-scheduler.yaml").read_text()
+    config_map = next(d for d in yaml.safe_load_all(manifest) if d["kind"] == "ConfigMap")
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    (entry,) = config["extenders"]
+    entry.update(urlPrefix=url, enableHTTPS=False)
+    entry.pop("tlsConfig")
+    config.update(clientConnection={"kubeconfig": str(cluster.kubeconfig)}, leaderElection={"leaderElect": False})
+    assert config["profiles"] == [{"schedulerName": "my-scheduler"}]
+    cluster.create_ready_node(
+        "ip-192-168-2-25.ec2.internal", labels={"node.kubernetes.io/instance-type": "inf1.6xlarge"},
+        allocatable={"aws.amazon.com/neuroncore": 16, "aws.amazon.com/neurondevice": 4},
+    )  # fmt: skip
+    processes.append(start_kube_scheduler(cluster, tmp_path, config))
+    # Seed 002's pod, as written there.
+    cluster.client.post(
+        f"/api/v1/namespaces/{namespace}/pods",
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nrt-test-5038"},
+         "spec": {"restartPolicy": "Never", "schedulerName": "my-scheduler", "containers": [{
+             "name": "nrt-test-5038", "command": ["sleep", "1"], "image": "busybox",
+             "resources": {"limits": {"cpu": "4", "memory": "4Gi", "aws.amazon.com/neuroncore": "9"},
+                           "requests": {"cpu": "1", "memory": "1Gi"}}}]}},
+    )  # fmt: skip
+    pod = wait_bound(cluster, namespace, 1, timeout=45)["nrt-test-5038"]
+    assert pod["spec"]["nodeName"] == "ip-192-168-2-25.ec2.internal"
+    record = decode_allocation(pod["metadata"]["annotations"][ALLOCATION_KEY])
+    assert record.containers["nrt-test-5038"]["aws.amazon.com/neuroncore"] == [str(i) for i in range(9)]
+    # The Neuron extension's verify step: `kubectl logs` of the extender shows the filter and the bind.
+    log = wait_for(lambda: (text := extender.output()) and "msg=bound" in text and text, 10, "the bind log line")
+    filtered = next(line for line in log.splitlines() if "msg=filter" in line and "nrt-test-5038" in line)
+    assert f"pod={namespace}/nrt-test-5038" in filtered and "passed=ip-192-168-2-25.ec2.internal" in filtered
+    bound_line = next(line for line in log.splitlines() if "msg=bound" in line)
+    assert "node=ip-192-168-2-25.ec2.internal" in bound_line and "0" in bound_line.split("devices=", 1)[1]
+
+
+def test_nvidia_gpu_scheduler_model_pod_is_watched_on_gpupods(
+    cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    certs = make_certs(tmp_path / "certs")
+    extender, port = start_extender(
+        cluster, key_file, tmp_path, "--listen", "127.0.0.1:{port}", "--policy", "free-model-gpus",
+        "--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key"), "--client-ca", str(certs / "ca.crt"),
+    )  # fmt: skip
+    processes.append(extender)
+    base = f"https://127.0.0.1:{port}"
+    client = tls_client(certs, certs / "ca.crt")
+    wait_ready(base, client)
+    for name, product in (("v100-node", "Tesla-V100-SXM2-16GB"), ("a100-node", "NVIDIA-A100-SXM4-40GB")):
+        cluster.create_ready_node(
+            name, labels={"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": "8"},
+            allocatable={"nvidia.com/gpu": 8},
+        )  # fmt: skip
+    watch = client.request(
+        "GET", f"{base}/apis/nvidia-gpu-scheduler/v1/gpupods?watch=true", preload_content=False, timeout=40
+    )
+    assert watch.status == 200
+    # Seed 004's extender entry, with its urlPrefix path; kubegpu places devices at bind, the one line added.
+    entry = {
+        "urlPrefix": f"{base}/apis/nvidia-gpu-scheduler/v1/schedule", "filterVerb": "filter",
+        "prioritizeVerb": "prioritize", "preemptVerb": "preempt", "bindVerb": "bind", "weight": 1,
+        "enableHTTPS": True, "nodeCacheCapable": True, "ignorable": True,
+        "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
+        "tlsConfig": {"caFile": str(certs / "ca.crt"), "certFile": str(certs / "client.crt"),
+                      "keyFile": str(certs / "client.key")},
+    }  # fmt: skip
+    processes.append(start_kube_scheduler(cluster, tmp_path, scheduler_config(cluster, "default-scheduler", entry)))
+    cluster.create_pod(
+        namespace, "cuda-job", {"main": {"nvidia.com/gpu": 2}}, scheduler="default-scheduler",
+        annotations={"nvidia-gpu-scheduler/gpu.model": " nvidia-a100-sxm4-40gb "},
+    )  # fmt: skip
+    buffer = b""
+    for chunk in watch.stream(1024):
+        buffer += chunk
+        if b"cuda-job" in buffer and b"\n" in buffer.split(b"cuda-job", 1)[1]:
+            break
+    watch.release_conn()
+    event = next(json.loads(line) for line in buffer.splitlines() if b"cuda-job" in line)
+    assert event["type"] == "ADDED" and event["object"]["kind"] == "GpuPod"
+    assert event["object"]["node"] == "a100-node"
+    assert [g["model"] for g in event["object"]["gpus"]] == ["NVIDIA-A100-SXM4-40GB"] * 2
+    assert wait_bound(cluster, namespace, 1)["cuda-job"]["spec"]["nodeName"] == "a100-node"
+    nodes = orjson.loads(client.request("GET", f"{base}/apis/nvidia-gpu-scheduler/v1/gpunodes").data)["items"]
+    a100 = next(n for n in nodes if n["name"] == "a100-node")
+    assert a100["models"] == {"NVIDIA-A100-SXM4-40GB": {"total": 8, "free": 6}}
+
+
+def test_kubegpu_custom_scheduler_honours_a_minimum_gpu_memory(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    for name, memory_mib in (("small-gpus", 16160), ("large-gpus", 32510)):
+        cluster.create_ready_node(
+            name, labels={"nvidia.com/gpu.product": "Tesla-V100-SXM2", "nvidia.com/gpu.count": "4",
+                          "nvidia.com/gpu.memory": str(memory_mib)},
+            allocatable={"nvidia.com/gpu": 4},
+        )  # fmt: skip
+    scheduler = start_scheduler("kubegpu-scheduler", "--no-leader-elect")
+    cluster.create_pod(
+        namespace, "big-model", {"main": {"nvidia.com/gpu": 2}}, scheduler="kubegpu-scheduler",
+        annotations={"kubegpu.io/gpu-memory": "30Gi"},  # a V100-32GB reports 32510 MiB
+    )  # fmt: skip
+    cluster.create_pod(
+        namespace, "too-big", {"main": {"nvidia.com/gpu": 1}}, scheduler="kubegpu-scheduler",
+        annotations={"kubegpu.io/gpu-memory": "40Gi"},
+    )  # fmt: skip
+    try:
+        pod = wait_bound(cluster, namespace, 1, timeout=30)["big-model"]
+    except AssertionError:
+        raise AssertionError(scheduler.output()[-3000:]) from None
+    assert pod["spec"]["nodeName"] == "large-gpus"
+    record = decode_allocation(pod["metadata"]["annotations"][ALLOCATION_KEY])
+    assert len(record.containers["main"]["nvidia.com/gpu"]) == 2
+    message = wait_for(
+        lambda: next((m for m in events_of(cluster, namespace, "too-big") if "40Gi" in m), None),
+        30, "too-big's FailedScheduling event",
+    )  # fmt: skip
+    assert message.startswith("0/2 nodes are available"), message
