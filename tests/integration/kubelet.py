@@ -28,6 +28,7 @@ __all__ = ["POD_IMAGE", "Kubelet", "kubelet_binary", "pod", "read_output", "wait
 
 POD_IMAGE = IMAGE.removeprefix("docker.io/")
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+CHECKPOINT = "kubelet_internal_checkpoint"
 
 
 def kubelet_binary() -> Path:
@@ -93,6 +94,10 @@ class Kubelet:
         if self.process is not None and self.process.poll() is None:
             raise AssertionError("the kubelet is already running")
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.starts == 0:
+            # The device manager's checkpoint in the shared directory names the resources an earlier kubelet's device
+            # plugins registered: a new node must not inherit them (it would count them as present, with 0 devices).
+            (DEVICE_PLUGIN_DIR / CHECKPOINT).unlink(missing_ok=True)
         config = self._write_config()
         self.starts += 1
         with self.log.open("wb") as out:
@@ -148,6 +153,7 @@ class Kubelet:
     def close(self) -> None:
         """Stop the kubelet and remove its directories (the containers it ran go with the test's containerd)."""
         self.stop()
+        (DEVICE_PLUGIN_DIR / CHECKPOINT).unlink(missing_ok=True)
         with contextlib.suppress(ApiError):
             self.cluster.client.delete(f"/api/v1/nodes/{self.name}")
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
