@@ -78,7 +78,7 @@ class AllocationRecord(BaseModel):
     # Freshness: the scheduler's clock (Unix nanoseconds, strictly increasing within one scheduler) when it issued
     # the placement. Of two verified allocations that claim the same device, the later one is the scheduler's
     # current decision; the earlier is stale (docs/security.md). 0 in allocations written before this field existed.
-    issued: int = Field(default=0, ge=0)
+    issued: int = Field(default=0, ge=0, le=2**63 - 1)
     signature: str | None = None
 
     def payload(self) -> bytes:

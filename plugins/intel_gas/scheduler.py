@@ -60,6 +60,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import (
     ContainerRequest,
     DeviceCell,
@@ -176,6 +177,7 @@ def kubegpu_scheduler_build_node(node: NodeInfo) -> DeviceNodeState | None:
         healthy = [True] * len(cards)
     if not cards:
         return None
+    check_device_count(node.name, "Intel cards", len(cards))
     # Allocatable counts the cards a device plugin or the advertiser can serve, so an unhealthy card is not in it.
     serving = max(1, sum(healthy))
     capacity = {r: amount // serving for r, amount in node.allocatable.items() if r.startswith(PREFIX)}

@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import DeviceCell, NodeInfo, Occupancy, PluginAllocation, PodRequest
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
 from kubegpu.core.status import Code, Status
@@ -312,6 +313,8 @@ def node_shape(node: NodeInfo) -> tuple[Topology, int, str, int, int] | None:
         if devices:
             instance_type = str(inventory.attributes.get("instanceType") or instance_type)
             catalog = topo.CATALOG.get(instance_type, catalog)
+            highest = max(int(d.id) for d in devices)
+            check_device_count(node.name, f"Neuron devices (highest advertised id {highest})", highest + 1)
             present = sum(1 << int(d.id) for d in devices)
             healthy = sum(1 << int(d.id) for d in devices if d.healthy)
             cores = next((d.cores for d in devices if d.cores), None) or (catalog.cores_per_device if catalog else 1)
@@ -327,6 +330,7 @@ def node_shape(node: NodeInfo) -> tuple[Topology, int, str, int, int] | None:
     count = max(node.allocatable.get(NEURON, 0), node.allocatable.get(NEURONDEVICE, 0))
     if count <= 0:
         return None
+    check_device_count(node.name, "Neuron devices in allocatable", count)
     cores = max(node.allocatable.get(NEURONCORE, 0) // count, 1)
     every = (1 << count) - 1
     return topo.make_topology("ring", count), cores, instance_type, every, every

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import (
     ContainerRequest,
     DeviceCell,
@@ -478,6 +479,7 @@ def state_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping
     model = found.model or (entry.model if entry else None)
     memory = found.memory if found.memory is not None else (entry.memory_mib * MIB if entry else None)
     n = found.count
+    check_device_count(node, "NVIDIA GPUs", n)
     return NvidiaNodeState(
         node, [str(i) for i in range(n)], [model] * n, [memory] * n, [True] * n, catalog_tree(kind, n)
     )
@@ -491,6 +493,7 @@ def _id_order(device: DeviceInfo) -> tuple[bool, int, str]:
 
 def state_from_inventory(node: str, inventory: DeviceInventory, kind: str | None) -> NvidiaNodeState | None:
     """The state from an advertised inventory; its topology wins over the catalog, a malformed one is flat."""
+    check_device_count(node, "advertised NVIDIA GPUs", len(inventory.devices))
     if not inventory.devices:
         return None
     devices = sorted(inventory.devices, key=_id_order)
