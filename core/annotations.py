@@ -41,6 +41,9 @@ from kubegpu.core.models import NodeDevices, PluginAllocation
 __all__ = [
     "ALLOCATION_KEY",
     "DEVICES_KEY",
+    "NODE_LEASE_LABEL",
+    "NODE_LEASE_NAMESPACE",
+    "NODE_LEASE_PREFIX",
     "AllocationRecord",
     "AnnotationError",
     "decode_allocation",
@@ -54,6 +57,11 @@ __all__ = [
 
 ALLOCATION_KEY = "kubegpu.io/allocation"
 DEVICES_KEY = "kubegpu.io/devices"
+# Each advertiser renews a Lease NODE_LEASE_NAMESPACE/NODE_LEASE_PREFIX + node name, labelled NODE_LEASE_LABEL=true;
+# the scheduler side stops placing device pods on a node whose Lease expired (`kubegpu.scheduler.liveness`).
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+NODE_LEASE_PREFIX = "kubegpu-"
+NODE_LEASE_LABEL = "kubegpu.io/node-lease"
 SUPPORTED_VERSION = 1
 MAX_ANNOTATION_BYTES = 256 * 1024
 MAX_DEPTH = 32

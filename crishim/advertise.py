@@ -20,6 +20,15 @@ advertising extended resources by hand), and their labels with the node's labels
 and no plugin asks for now are removed. Leave `--update-capacity` off where a vendor device plugin already
 advertises the same resources through the kubelet: both would write them.
 
+Liveness: beside the rounds, a thread renews the node's kubegpu Lease, `--lease-namespace`/`kubegpu-NODE`
+(`kube-node-lease` by default), holder the node's name, `leaseDurationSeconds` the `--lease-duration` (default 8 s),
+every `--lease-renew-interval` (default 2 s), as nvidia-gpu-scheduler's node daemons do. The scheduler and the
+extender stop placing device pods on a node whose Lease expired (`kubegpu.scheduler.liveness`). The Lease is renewed
+only while the rounds go on: when no round has finished for three intervals plus the Lease's duration (discovery hung
+on a sysfs read, say), renewing stops and the node goes out of service until a round completes again. On SIGTERM the
+Lease is left to expire, not deleted, so a restarting advertiser (a DaemonSet rollout) keeps its node in service when
+it is back within the duration.
+
 API calls go through `kubegpu.scheduler.kube.KubeClient` (a kubeconfig, or the in-cluster service account).
 """
 
@@ -27,24 +36,34 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubegpu.core.annotations import DEVICES_KEY, decode_devices, encode_devices
+from kubegpu.core.annotations import (
+    DEVICES_KEY,
+    NODE_LEASE_LABEL,
+    NODE_LEASE_NAMESPACE,
+    NODE_LEASE_PREFIX,
+    decode_devices,
+    encode_devices,
+)
 from kubegpu.core.errors import InputError
 from kubegpu.core.models import Advertisement, DeviceInfo, DeviceInventory, NodeDevices
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
 from kubegpu.core.quantity import QuantityError, to_int
-from kubegpu.scheduler.kube import ApiError, KubeClient
+from kubegpu.scheduler.kube import ApiError, KubeClient, now_rfc3339
 
 __all__ = [
     "Advertiser",
+    "NodeLease",
     "RoundResult",
     "add_advertise_parser",
     "main",
@@ -56,6 +75,8 @@ __all__ = [
 log = logging.getLogger("kubegpu.advertise")
 
 DEFAULT_INTERVAL = "20s"
+DEFAULT_LEASE_DURATION = "8s"
+DEFAULT_LEASE_RENEW = "2s"
 DESCRIPTION = (
     "Discover this node's devices through the installed device plugins and keep the Node's kubegpu.io/devices "
     "annotation (and, with --update-capacity, its extended-resource capacity and labels) up to date; devices that "
@@ -105,6 +126,7 @@ class Advertiser:
         self.previous: dict[str, DeviceInventory] = {}
         self.labels_set: set[str] = set()
         self.advertised: dict[str, Advertisement] = {}
+        self.last_round = time.monotonic()  # when the last round ended (the Lease is renewed while rounds go on)
 
     @property
     def path(self) -> str:
@@ -152,6 +174,13 @@ class Advertiser:
             return result
         self.labels_set = {k for a in advertisements.values() for k in a.labels}
         return result
+
+    def run_round(self) -> RoundResult:
+        """`run_once`, then note that a round ended (whatever its outcome: the process is alive and not stuck)."""
+        try:
+            return self.run_once()
+        finally:
+            self.last_round = time.monotonic()
 
     def collect(self, published: NodeDevices | None) -> tuple[NodeDevices, dict[str, Advertisement]]:
         """Every plugin's inventory (missing devices kept as unhealthy) and, with `update_capacity`, its
@@ -236,6 +265,92 @@ class Advertiser:
             return None
         values = {r: str(n) for r, n in wanted.items()}
         return {"capacity": values, "allocatable": dict(values)}
+
+
+class NodeLease(threading.Thread):
+    """Renews the node's kubegpu Lease every `renew_interval` while `alive()` says the advertiser is making progress.
+
+    One merge patch per renewal (`renewTime`, holder, duration); a missing Lease is created, labelled so that the
+    scheduler side's informer selects the kubegpu Leases only. Failures are logged and retried at the next tick.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        node_name: str,
+        *,
+        namespace: str = NODE_LEASE_NAMESPACE,
+        duration: float = 8.0,
+        renew_interval: float = 2.0,
+        stop: threading.Event,
+        alive: Callable[[], bool] = lambda: True,
+    ) -> None:
+        super().__init__(name="node-lease", daemon=True)
+        self.client = client
+        self.node_name = node_name
+        self.namespace = namespace
+        self.lease_name = NODE_LEASE_PREFIX + node_name
+        self.duration = max(1, math.ceil(duration))  # leaseDurationSeconds is whole seconds
+        self.renew_interval = renew_interval
+        self.stop_event = stop
+        self.alive = alive
+        self.renewals = 0
+        self._stalled = False
+
+    @property
+    def path(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{self.lease_name}"
+
+    def _spec(self) -> dict[str, Any]:
+        return {
+            "holderIdentity": self.node_name,
+            "leaseDurationSeconds": self.duration,
+            "renewTime": now_rfc3339(micro=True),
+        }
+
+    def renew(self) -> bool:
+        """Renew (or create) the Lease once; False when the API server refused or could not be reached."""
+        try:
+            try:
+                self.client.patch(self.path, {"spec": self._spec()})
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                body = {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {
+                        "name": self.lease_name,
+                        "namespace": self.namespace,
+                        "labels": {NODE_LEASE_LABEL: "true"},
+                    },
+                    "spec": {**self._spec(), "acquireTime": now_rfc3339(micro=True)},
+                }
+                self.client.post(self.path.rsplit("/", 1)[0], body)
+                log.info(
+                    "node lease created",
+                    extra={"node": self.node_name, "reason": f"{self.namespace}/{self.lease_name}"},
+                )
+        except ApiError as exc:
+            log.warning("cannot renew the node lease %s/%s: %s", self.namespace, self.lease_name, exc)
+            return False
+        self.renewals += 1
+        return True
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            if self.alive():
+                if self._stalled:
+                    log.info("rounds go on again: renewing the node lease", extra={"node": self.node_name})
+                self._stalled = False
+                self.renew()
+            elif not self._stalled:
+                self._stalled = True
+                log.error(
+                    "no advertise round finished for too long: the node lease is left to expire",
+                    extra={"node": self.node_name},
+                )
+            self.stop_event.wait(self.renew_interval)
 
 
 def mark_missing(found: DeviceInventory | None, previous: DeviceInventory | None) -> DeviceInventory | None:
@@ -327,6 +442,25 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         help="also patch the node's capacity/allocatable for the advertised extended resources, and its labels "
         "(leave off where a vendor device plugin advertises the same resources)",
     )
+    parser.add_argument(
+        "--lease-namespace",
+        default=NODE_LEASE_NAMESPACE,
+        help=f"namespace of the node's kubegpu-NODE Lease (default {NODE_LEASE_NAMESPACE}; the scheduler's and the "
+        "extender's --node-lease-namespace must name the same)",
+    )
+    parser.add_argument(
+        "--lease-duration",
+        type=parse_interval,
+        default=parse_interval(DEFAULT_LEASE_DURATION),
+        help=f"how long a renewal keeps the node in service, whole seconds (default {DEFAULT_LEASE_DURATION})",
+    )
+    parser.add_argument(
+        "--lease-renew-interval",
+        type=parse_interval,
+        default=parse_interval(DEFAULT_LEASE_RENEW),
+        help=f"time between renewals, well under the duration (default {DEFAULT_LEASE_RENEW})",
+    )
+    parser.add_argument("--no-node-lease", dest="node_lease", action="store_false", help="do not renew a node Lease")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run)
 
@@ -348,11 +482,23 @@ def run(args: argparse.Namespace, *, client_factory: Callable[[str | None], Kube
     plugins = make_plugin_manager("device")
     for failure in plugins.failures:
         log.error("%s", failure)
-    factory = client_factory or (lambda kubeconfig: KubeClient.from_kubeconfig(kubeconfig, connections=1))
-    advertiser = Advertiser(
-        factory(args.kubeconfig), plugins, args.node_name, args.host_root, update_capacity=args.update_capacity
-    )
+    factory = client_factory or (lambda kubeconfig: KubeClient.from_kubeconfig(kubeconfig, connections=2))
+    client = factory(args.kubeconfig)
+    advertiser = Advertiser(client, plugins, args.node_name, args.host_root, update_capacity=args.update_capacity)
     stop = threading.Event()
+    if args.node_lease and not args.once:
+        if args.lease_renew_interval >= args.lease_duration:
+            raise SystemExit("kubegpu advertise: --lease-renew-interval must be shorter than --lease-duration")
+        stalled_after = 3 * args.interval + args.lease_duration
+        NodeLease(
+            client,
+            args.node_name,
+            namespace=args.lease_namespace,
+            duration=args.lease_duration,
+            renew_interval=args.lease_renew_interval,
+            stop=stop,
+            alive=lambda: time.monotonic() - advertiser.last_round < stalled_after,
+        ).start()
     if threading.current_thread() is threading.main_thread():
 
         def terminate(signum: int, _frame: Any) -> None:
@@ -365,7 +511,7 @@ def run(args: argparse.Namespace, *, client_factory: Callable[[str | None], Kube
         "kubegpu advertise starting; plugins: %s", ", ".join(plugins.names) or "none", extra={"node": args.node_name}
     )
     while True:
-        result = advertiser.run_once()
+        result = advertiser.run_round()
         if args.once:
             return 0 if result.ok else 1
         if stop.wait(args.interval):

@@ -48,7 +48,7 @@ from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
-from kubegpu.scheduler import objects
+from kubegpu.scheduler import liveness, objects
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine
 from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, Informer, KubeClient, now_rfc3339
 from kubegpu.scheduler.leader import LeaderElector
@@ -169,6 +169,7 @@ class SchedulerService:
         name: str,
         key: bytes,
         queue_pods: bool = True,
+        leases: liveness.NodeLeases | None = None,
     ) -> None:
         self.client = client
         self.writer = writer
@@ -196,6 +197,29 @@ class SchedulerService:
         self._refused: dict[str, str] = {}  # pod key -> why its allocation holds no devices (one Event per reason)
         self.budgets: dict[str, Budget] = {}  # PodDisruptionBudgets by namespace/name
         self.evicting: set[str] = set()  # victims deleted by a preemption, until their pods are gone
+        self.leases = leases  # the advertisers' node Leases (`kubegpu.scheduler.liveness`), None: not judged
+        self._next_judgement = 0.0
+
+    # -- node liveness (`kubegpu.scheduler.liveness`): the advertisers' Leases, judged on a one-second tick --------
+
+    def _consume_leases(self, kind: str, payload: Any) -> None:
+        self.events.put(("lease", kind, payload))
+
+    def _judge_nodes(self) -> None:
+        """Tell the engine which nodes may take new device pods. Leases expire with time, not with an event, so
+        this runs on a tick (`liveness.TICK`); a node that comes back wakes the unschedulable pods."""
+        if self.leases is None or not self.leases.synced:
+            return
+        now = time.monotonic()
+        if now < self._next_judgement:
+            return
+        self._next_judgement = now + liveness.TICK
+        revived = False
+        for name, reason in self.leases.verdicts(self.engine.nodes).items():
+            if self.engine.set_node_live(name, reason is None, reason):
+                revived |= reason is None
+        if revived:
+            self._wake()
 
     # -- informer callbacks (other threads): only enqueue ----------------------------------------------------------
 
@@ -635,6 +659,9 @@ class SchedulerService:
             self._on_nodes(item[1], item[2])
         elif kind == "pod":
             self._on_pods(item[1], item[2])
+        elif kind == "lease":
+            if self.leases is not None:
+                self.leases.observe(item[1], item[2])
         elif kind == "budget":
             self._on_budgets(item[1], item[2])
         elif kind in ("bound", "bind_failed"):
@@ -663,6 +690,7 @@ class SchedulerService:
                 pass
             with self.lock:
                 self._promote()
+                self._judge_nodes()
                 if not ready:
                     continue
                 self._schedule_active(64)
@@ -694,6 +722,10 @@ class SchedulerService:
         if self.queue_pods:
             path = "/apis/policy/v1beta1/poddisruptionbudgets"
             Informer(self.client, path, self._consume_budgets, self.stop, "poddisruptionbudgets").start()
+        if self.leases is not None:
+            selector = self.leases.selector
+            consume = self._consume_leases
+            Informer(self.client, self.leases.path, consume, self.stop, "leases", label_selector=selector).start()
         nodes.start()
         # Nodes first, so that the ledger rebuild finds every bound pod's node.
         while not nodes.synced.wait(0.2):
@@ -748,7 +780,9 @@ def run(args: argparse.Namespace) -> int:
     client = KubeClient.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
     writer = AsyncKubeClient(client.credentials, client.limiter, connections=args.binders)
     engine = Engine(plugins, policy=args.policy, signing_key=key)
-    service = SchedulerService(client, writer, engine, name=args.scheduler_name, key=key)
+    service = SchedulerService(
+        client, writer, engine, name=args.scheduler_name, key=key, leases=liveness.from_args(args)
+    )
     server = serve_health(service, args.metrics_address)
     log.info("kubegpu scheduler %s starting; metrics on %s:%d", args.scheduler_name, *server.server_address[:2])
 
@@ -823,6 +857,7 @@ def add_scheduler_parser(sub: Any) -> argparse.ArgumentParser:
         "--kube-api-qps", type=float, default=50.0, help="API requests a second, as kube-scheduler's (default 50)"
     )
     parser.add_argument("--kube-api-burst", type=int, default=100, help="API request burst (default 100)")
+    liveness.add_node_lease_options(parser)
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run)
     return parser

@@ -58,7 +58,7 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
 from kubegpu.core.status import Code
 from kubegpu.plugins.intel_gas.scheduler import WITHOUT_I915_ENV
-from kubegpu.scheduler import compat
+from kubegpu.scheduler import compat, liveness
 from kubegpu.scheduler.custom import SchedulerService, bound_as_decided, write_placement
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Plan
 from kubegpu.scheduler.http_server import Answer, HttpServer, Limits, tls_context
@@ -751,7 +751,9 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(
         plugins, policy="binpack" if args.policy == compat.FREE_MODEL_GPUS else args.policy, signing_key=key
     )
-    service = SchedulerService(client, writer, engine, name="", key=key, queue_pods=False)
+    service = SchedulerService(
+        client, writer, engine, name="", key=key, queue_pods=False, leases=liveness.from_args(args)
+    )
     extender = ExtenderServer(service, policy=args.policy)
     limits = Limits(max_body=args.max_body_bytes, body_budget=max(Limits.body_budget, 4 * args.max_body_bytes))
     tls = tls_context(args.tls_cert, args.tls_key, args.client_ca)
@@ -840,6 +842,7 @@ def add_extender_parser(sub: Any) -> argparse.ArgumentParser:
         help="node preference for /prioritize (default binpack); free-model-gpus: nvidia-gpu-scheduler's score, the "
         "free GPUs of the pod's nvidia-gpu-scheduler/gpu.model",
     )
+    liveness.add_node_lease_options(parser)
     parser.add_argument("--kube-api-qps", type=float, default=50.0, help="API requests a second (default 50)")
     parser.add_argument("--kube-api-burst", type=int, default=100, help="API request burst (default 100)")
     parser.add_argument(

@@ -212,9 +212,13 @@ class KubeClient:
             if not token:
                 return items, str(metadata.get("resourceVersion", ""))
 
-    def watch(self, path: str, resource_version: str, *, timeout: int = 300) -> Iterator[dict[str, Any]]:
-        """Watch events (`{"type", "object"}`) from `resource_version` until the server ends the stream."""
+    def watch(
+        self, path: str, resource_version: str, *, timeout: int = 300, **selectors: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Watch events (`{"type", "object"}`) from `resource_version` until the server ends the stream;
+        `selectors` are query parameters such as `labelSelector`."""
         params = {
+            **selectors,
             "watch": "true",
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
@@ -340,10 +344,20 @@ Consumer = Callable[[str, Any], None]
 class Informer(threading.Thread):
     """List-then-watch one collection, handing `("SYNC", items)` and `(event type, object)` to `consume`."""
 
-    def __init__(self, client: KubeClient, path: str, consume: Consumer, stop: threading.Event, name: str) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        path: str,
+        consume: Consumer,
+        stop: threading.Event,
+        name: str,
+        *,
+        label_selector: str | None = None,
+    ) -> None:
         super().__init__(name=f"informer-{name}", daemon=True)
         self.client = client
         self.path = path
+        self.selectors: dict[str, Any] = {"labelSelector": label_selector} if label_selector else {}
         self.consume = consume
         self.stop_event = stop
         self.kind = name
@@ -353,7 +367,7 @@ class Informer(threading.Thread):
         backoff = 0.5
         while not self.stop_event.is_set():
             try:
-                items, version = self.client.list(self.path)
+                items, version = self.client.list(self.path, **self.selectors)
                 self.consume("SYNC", items)
                 self.synced.set()
                 backoff = 0.5
@@ -371,7 +385,7 @@ class Informer(threading.Thread):
                 backoff = min(30.0, backoff * 2)
 
     def _watch(self, version: str) -> str:
-        for event in self.client.watch(self.path, version):
+        for event in self.client.watch(self.path, version, **self.selectors):
             if self.stop_event.is_set():
                 break
             kind = event.get("type")

@@ -438,7 +438,8 @@ def test_the_loop_runs_round_after_round_until_sigterm(command: Callable[..., in
 
     kube.on_get = third_round_removes_a_device_and_the_fourth_is_the_last
 
-    assert command(kube, "--node-name", NODE, "--host-root", str(host.root), "--interval", "10ms") == 0
+    argv = ["--node-name", NODE, "--host-root", str(host.root), "--interval", "10ms", "--no-node-lease"]
+    assert command(kube, *argv) == 0  # the node lease has its own tests (test_node_lease.py)
     assert kube.gets == 4
     assert kube.unhealthy("neuron") == ["2"]
     assert len(kube.patches) == 2, "one patch for the first inventory, one when the device went"
