@@ -127,8 +127,14 @@ class _NodeSelector(_Model):
     nodeSelectorTerms: list[_NodeSelectorTerm] = Field(default_factory=list)
 
 
+class _PreferredSchedulingTerm(_Model):
+    weight: int = Field(ge=1, le=100)
+    preference: _NodeSelectorTerm
+
+
 class _NodeAffinity(_Model):
     requiredDuringSchedulingIgnoredDuringExecution: _NodeSelector | None = None
+    preferredDuringSchedulingIgnoredDuringExecution: list[_PreferredSchedulingTerm] = Field(default_factory=list)
 
 
 class _PodAffinityTerm(_Model):
@@ -137,8 +143,14 @@ class _PodAffinityTerm(_Model):
     topologyKey: str = Field(min_length=1)
 
 
+class _WeightedPodAffinityTerm(_Model):
+    weight: int = Field(ge=1, le=100)
+    podAffinityTerm: _PodAffinityTerm
+
+
 class _PodAffinity(_Model):
     requiredDuringSchedulingIgnoredDuringExecution: list[_PodAffinityTerm] = Field(default_factory=list)
+    preferredDuringSchedulingIgnoredDuringExecution: list[_WeightedPodAffinityTerm] = Field(default_factory=list)
 
 
 class _Affinity(_Model):
@@ -333,6 +345,9 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
         preemption_policy=spec.preemptionPolicy or "PreemptLowerPriority",
         start_time=pod.status.startTime,
         terminating=meta.deletionTimestamp is not None,
+        preferred_node_affinity=_preferred_node_terms(affinity.nodeAffinity),
+        preferred_affinity=_preferred_terms(affinity.podAffinity, meta.namespace, "podAffinity"),
+        preferred_anti_affinity=_preferred_terms(affinity.podAntiAffinity, meta.namespace, "podAntiAffinity"),
     )
     return request, meta.deletionTimestamp is not None
 
@@ -377,11 +392,42 @@ def _is_integer(text: str) -> bool:
     return body.isascii() and body.isdigit() and len(body) <= 19
 
 
-def _node_term(term: _NodeSelectorTerm) -> NodeSelectorTerm:
-    where = "Pod.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+def _node_term(
+    term: _NodeSelectorTerm,
+    where: str = "Pod.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+) -> NodeSelectorTerm:
     return NodeSelectorTerm(
         _requirements(term.matchExpressions, f"{where}.matchExpressions", numeric=True),
         _requirements(term.matchFields, f"{where}.matchFields", numeric=True),
+    )
+
+
+def _preferred_node_terms(affinity: _NodeAffinity | None) -> tuple[tuple[int, NodeSelectorTerm], ...]:
+    if affinity is None:
+        return ()
+    where = "Pod.spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+    return tuple(
+        (term.weight, _node_term(term.preference, f"{where}[{i}].preference"))
+        for i, term in enumerate(affinity.preferredDuringSchedulingIgnoredDuringExecution)
+    )
+
+
+def _preferred_terms(
+    affinity: _PodAffinity | None, namespace: str, kind: str
+) -> tuple[tuple[int, PodAffinityTerm], ...]:
+    if affinity is None:
+        return ()
+    where = f"Pod.spec.affinity.{kind}.preferredDuringSchedulingIgnoredDuringExecution"
+    return tuple(
+        (
+            term.weight,
+            PodAffinityTerm(
+                _selector(term.podAffinityTerm.labelSelector, f"{where}[{i}].podAffinityTerm.labelSelector"),
+                frozenset(term.podAffinityTerm.namespaces or (namespace,)),
+                term.podAffinityTerm.topologyKey,
+            ),
+        )
+        for i, term in enumerate(affinity.preferredDuringSchedulingIgnoredDuringExecution)
     )
 
 

@@ -228,7 +228,8 @@ class PodRequest:
     `requests` is the pod's request of every resource as Kubernetes computes it for fitting (the sum over
     containers, at least the largest init container, plus `spec.overhead`); `cpu_milli` and `memory` are its cpu
     and memory entries. `node_affinity` is the required node affinity's terms (ORed; None when the pod has none).
-    `priority` is `spec.priority` (the API server resolves `priorityClassName` into it).
+    `priority` is `spec.priority` (the API server resolves `priorityClassName` into it). The `preferred_*` fields are
+    the `preferredDuringSchedulingIgnoredDuringExecution` terms with their weights (1-100), which only scores read.
     """
 
     namespace: str
@@ -256,6 +257,9 @@ class PodRequest:
     preemption_policy: str = "PreemptLowerPriority"
     start_time: str | None = None
     terminating: bool = False
+    preferred_node_affinity: tuple[tuple[int, NodeSelectorTerm], ...] = ()
+    preferred_affinity: tuple[tuple[int, PodAffinityTerm], ...] = ()
+    preferred_anti_affinity: tuple[tuple[int, PodAffinityTerm], ...] = ()
 
     @property
     def key(self) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -41,7 +41,7 @@ from kubegpu.core.models import NodeInfo, NodeSelectorTerm, Occupancy, PluginAll
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Code, Status
-from kubegpu.scheduler import filters
+from kubegpu.scheduler import filters, scores
 from kubegpu.scheduler.index import CapacityIndex
 from kubegpu.scheduler.preemption import (
     Budget,
@@ -81,6 +81,7 @@ class NodeRecord:
     version: int = 0  # bumped on every change of the node's usage or devices
     last_check: tuple[int, tuple[object, ...], Status] | None = None
     last_score: tuple[int, tuple[object, ...], float] | None = None
+    last_raw: tuple[int, tuple[object, ...], tuple[float, ...]] | None = None  # `Engine._local_scores`
 
     @property
     def name(self) -> str:
@@ -167,12 +168,18 @@ class Engine:
         policy: Policy = "binpack",
         sample: int = 8,
         signing_key: bytes | None = None,
+        scoring: scores.Profile | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
         self.plugins = plugins
         self.policy: Policy = policy
         self.sample = max(1, sample)
+        # The score plugins and their weights, the filters turned off (`kubegpu.scheduler.scores`).
+        self.scoring = scoring if scoring is not None else scores.Profile.default(policy)
+        self.filters_off = self.scoring.filters_off
+        self._affine: dict[str, None] = {}  # placed pods with affinity terms: they score other pods' nodes
+        self._soft_tainted: set[str] = set()  # nodes with a PreferNoSchedule taint
         self.signing_key = signing_key
         self.nodes: dict[str, NodeRecord] = {}
         self.pods: dict[str, PodRecord] = {}
@@ -199,10 +206,6 @@ class Engine:
         self._volume_epoch = 0
         self._priorities: Counter[int] = Counter()  # priorities of the placed pods, for preemption's quick no
         self.nominated: dict[str, str] = {}  # preempting pod -> the node its victims are leaving
-        # What the node side reports (`set_node_live`, `set_held_devices`): the nodes whose kubegpu node lease expired,
-        # with the reason device pods are refused there; per node, the ids its kubelet gave pods kubegpu did not place.
-        self._dead: dict[str, str] = {}
-        self._published: dict[str, dict[str, dict[str, dict[str, list[str]]]]] = {}
 
     # -- nodes ---------------------------------------------------------------------------------------------------
 
@@ -220,6 +223,10 @@ class Engine:
             if state is not None:
                 record.states[plugin] = state
         self.nodes[info.name] = record
+        if any(t.effect == "PreferNoSchedule" for t in info.taints):
+            self._soft_tainted.add(info.name)
+        else:
+            self._soft_tainted.discard(info.name)
         if previous is not None:
             for key in list(previous.pods):
                 pod = self.pods[key]
@@ -244,17 +251,15 @@ class Engine:
             info.unschedulable,
             info.ready,
             tuple(sorted((p, inv.model_dump_json()) for p, inv in info.inventories.items())),
-            info.name if info.name in self._dead else None,  # a node that is not live answers unlike its class
         )
         return self._classes.setdefault(key, len(self._classes))
 
     def remove_node(self, name: str) -> list[str]:
         """Remove a node; the pods it held are forgotten (their devices went with it). Returns their keys."""
         record = self.nodes.pop(name, None)
-        self._dead.pop(name, None)
-        self._published.pop(name, None)
         if record is None:
             return []
+        self._soft_tainted.discard(name)
         self._changed(name)
         for index in self._index.values():
             index.discard(name)
@@ -265,6 +270,7 @@ class Engine:
         return gone
 
     def _forget_anti(self, key: str) -> None:
+        self._affine.pop(key, None)
         if self._anti.pop(key, 0) is None:
             self._anti_epoch += 1
 
@@ -380,6 +386,7 @@ class Engine:
             tuple(sorted(pod.requests.items())),
             pod.node_affinity,
             pod.host_ports,
+            pod.preferred_node_affinity,
         )
         if pod.claims:
             signature += (pod.namespace, pod.claims, self._volume_epoch)
@@ -413,7 +420,12 @@ class Engine:
         """Kubernetes' node-local filters in kube-scheduler's order (`kubegpu.scheduler.filters`); the first that
         refuses answers. Reasons about the node itself are unresolvable; capacity and ports are unschedulable."""
         info = record.info
-        if info.unschedulable and not filters.tolerates_unschedulable(pod.tolerations):
+        off = self.filters_off  # filters a configuration turned off (usually none)
+        if (
+            info.unschedulable
+            and not filters.tolerates_unschedulable(pod.tolerations)
+            and "NodeUnschedulable" not in off
+        ):
             return Status.unresolvable(filters.UNSCHEDULABLE)
         if not info.ready:
             return Status.unresolvable("node(s) had condition Ready=False")
@@ -427,22 +439,24 @@ class Engine:
             if have - used[resource] < need:
                 short.append(f"Insufficient {resource}")
                 hopeless = hopeless or have < need
-        if short:
+        if short and "NodeResourcesFit" not in off:
             return Status.unresolvable(*short) if hopeless and len(short) == 1 else Status.unschedulable(*short)
-        if pod.host_ports and filters.ports_conflict(pod.host_ports, record.ports):
+        if pod.host_ports and filters.ports_conflict(pod.host_ports, record.ports) and "NodePorts" not in off:
             return Status.unschedulable(filters.PORTS)
-        if (pod.node_selector or pod.node_affinity is not None) and not filters.matches_node_affinity(
-            pod, info.name, info.labels
+        if (
+            (pod.node_selector or pod.node_affinity is not None)
+            and not filters.matches_node_affinity(pod, info.name, info.labels)
+            and "NodeAffinity" not in off
         ):
             return Status.unresolvable(filters.NODE_SELECTOR)
         for taint in info.taints:
-            if taint.effect == "PreferNoSchedule":
+            if taint.effect == "PreferNoSchedule" or "TaintToleration" in off:
                 continue
             if not any(t.tolerates(taint) for t in pod.tolerations):
                 return Status.unresolvable(
                     f"node(s) had taint {{{taint.key}: {taint.value or ''}}}, that the pod didn't tolerate"
                 )
-        if pod.claims and self.track_volumes:
+        if pod.claims and self.track_volumes and "VolumeBinding" not in off:
             return self._volume_fit(info, pod)
         return None
 
@@ -487,12 +501,12 @@ class Engine:
         and generation (kube-scheduler's PreFilter)."""
         affinity, spread = self._cluster_state(pod)
         labels = record.info.labels
-        if spread is not None:
+        if spread is not None and "PodTopologySpread" not in self.filters_off:
             refused = filters.spread_fits(pod, spread, labels)
             if refused is not None:
                 reason, resolvable = refused
                 return Status.unschedulable(reason) if resolvable else Status.unresolvable(reason)
-        if affinity is not None:
+        if affinity is not None and "InterPodAffinity" not in self.filters_off:
             reasons = filters.affinity_fits(pod, affinity, labels)
             if reasons:
                 if reasons[1] == filters.AFFINITY_RULES:
@@ -549,17 +563,14 @@ class Engine:
                 return status
         return Status.success()
 
-    def check(self, record: NodeRecord, pod: PodRequest, plan: Plan, *, placing: bool = True) -> Status:
+    def check(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status:
         """The whole filter phase for one node: Kubernetes' own filters, then each plugin's device fit.
 
         The node remembers its last answer; an unchanged node asked about an equal pod (the next replica of a
-        workload, the extender's prioritize after its filter) answers from memory. A node that is not live
-        (`set_node_live`) refuses device pods unless `placing` is false (counting a pod its kubelet already runs).
+        workload, the extender's prioritize after its filter) answers from memory.
         """
         if record.nominees and any(p >= pod.priority and k != pod.key for k, p in record.nominees.items()):
             return Status.unschedulable(NOMINATED)
-        if self._dead and plan.devices and placing and (dead := self._dead.get(record.name)) is not None:
-            return Status.unresolvable(dead)
         remembered = record.last_check
         if remembered is not None and remembered[0] == record.version and remembered[1] is plan.signature:
             return remembered[2]
@@ -600,7 +611,11 @@ class Engine:
         index = self._index.get(resource, empty)
         return index.groups_at_least(need, ascending=ascending), resource
 
-    def _score(self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]) -> float:
+    def _device_scores(
+        self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]
+    ) -> tuple[float, float | None]:
+        """The device plugins' mean topology score (0..100) on the node, and the mean used share of their devices
+        there (None when the pod asks for no device the node has)."""
         device_scores: list[float] = []
         utilization: list[float] = []
         for plugin in routes:
@@ -614,16 +629,112 @@ class Engine:
                 score = 0.0
             device_scores.append(min(100.0, max(0.0, float(score or 0.0))))
             utilization.append(record.headroom[plugin].utilization)
-        if not utilization:
-            allocatable = record.info.allocatable.get("cpu", 0)
-            utilization.append(record.used["cpu"] / allocatable if allocatable else 0.0)
-        used = sum(utilization) / len(utilization)
-        policy_score = 100.0 * (used if self.policy == "binpack" else 1.0 - used)
         device_score = sum(device_scores) / len(device_scores) if device_scores else 0.0
+        return device_score, (sum(utilization) / len(utilization) if utilization else None)
+
+    def _score(self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]) -> float:
+        device_score, used = self._device_scores(record, pod, routes)
+        if used is None:
+            allocatable = record.info.allocatable.get("cpu", 0)
+            used = record.used["cpu"] / allocatable if allocatable else 0.0
+        policy_score = 100.0 * (used if self.policy == "binpack" else 1.0 - used)
         return device_score + policy_score
 
+    def _local_scores(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> tuple[float, ...]:
+        """The raw scores that depend only on the node and the pod's spec (`scores`: BalancedAllocation,
+        NodeAffinity, TaintToleration, the policy, the devices), remembered per node version and pod signature."""
+        remembered = record.last_raw
+        if remembered is not None and remembered[0] == record.version and remembered[1] is plan.signature:
+            return remembered[2]
+        info = record.info
+        cpu, memory = scores.nonzero_requests(pod)
+        for key in record.pods:
+            held = scores.nonzero_requests(self.pods[key].request)
+            cpu, memory = cpu + held[0], memory + held[1]
+        cpu_capacity, memory_capacity = info.allocatable.get("cpu", 0), info.allocatable.get("memory", 0)
+        device_score, used = self._device_scores(record, pod, self._route(pod))
+        binpack = self.policy == "binpack"
+        if used is not None:
+            policy = 100.0 * (used if binpack else 1.0 - used)
+        else:
+            allocated = scores.most_allocated if binpack else scores.least_allocated
+            policy = float((allocated(cpu, cpu_capacity) + allocated(memory, memory_capacity)) // 2)
+        raw = (
+            float(scores.balanced_allocation(cpu, memory, cpu_capacity, memory_capacity)),
+            float(scores.node_affinity_raw(pod, info.name, info.labels)) if pod.preferred_node_affinity else 0.0,
+            float(scores.taint_raw(pod, info.taints)) if info.name in self._soft_tainted else 0.0,
+            policy,
+            device_score,
+        )
+        record.last_raw = (record.version, plan.signature, raw)
+        return raw
+
+    def _rank(self, feasible: list[str], pod: PodRequest, plan: Plan) -> str:
+        """kube-scheduler's score phase over the feasible nodes: every enabled plugin's raw scores normalized over
+        them and weighed (`kubegpu.scheduler.scores`); the best node, the first in candidate order on a tie."""
+        profile, nodes, pods = self.scoring, self.nodes, self.pods
+        records = [nodes[name] for name in feasible]
+        local = [self._local_scores(record, pod, plan) for record in records]
+        totals = [0.0] * len(records)
+
+        def add(plugin: str, values: Iterable[float]) -> None:
+            weight = profile.weight(plugin)
+            for i, value in enumerate(values):
+                totals[i] += weight * value
+
+        columns = (
+            (scores.BALANCED, None),
+            (scores.NODE_AFFINITY, False),
+            (scores.TAINTS, True),
+            (scores.policy_plugin(self.policy), None),
+            (scores.DEVICES, None),
+        )
+        for column, (plugin, reverse) in enumerate(columns):
+            if profile.weight(plugin):
+                values = [raw[column] for raw in local]
+                add(plugin, values if reverse is None else scores.normalize_default(values, reverse=reverse))
+        preferred = bool(pod.preferred_affinity or pod.preferred_anti_affinity)
+        if profile.weight(scores.INTER_POD_AFFINITY) and (preferred or self._affine):
+            keys: Iterable[str] = pods if preferred else self._affine
+            existing = ((pods[k].request, nodes[pods[k].node].info.labels) for k in keys if pods[k].node in nodes)
+            table = scores.affinity_prescore(pod, existing, profile.hard_pod_affinity_weight)
+            if table:
+                raw_scores = [scores.affinity_raw(table, record.info.labels) for record in records]
+                add(scores.INTER_POD_AFFINITY, scores.normalize_affinity(raw_scores))
+        if profile.weight(scores.SPREAD) and scores.soft_constraints(pod):
+            state = scores.spread_prescore(
+                pod,
+                [(record.name, record.info.labels) for record in records],
+                ((r.name, r.info.labels, [pods[k].request for k in r.pods]) for r in nodes.values()),
+            )
+            if state is not None:
+                raw_scores = [
+                    scores.spread_raw(state, pod, r.name, r.info.labels, [pods[k].request for k in r.pods])
+                    for r in records
+                ]
+                add(scores.SPREAD, scores.normalize_spread(raw_scores, [r.name in state.ignored for r in records]))
+        return feasible[max(range(len(records)), key=totals.__getitem__)]
+
+    def _sample_size(self, pod: PodRequest) -> int:
+        """How many feasible nodes to find before scoring. Without preferences the candidates come in policy order,
+        best first, so `sample` do; when scores read labels, taints or other pods (or a configuration sets
+        `percentageOfNodesToScore`), as many as kube-scheduler finds."""
+        percentage = self.scoring.percentage_of_nodes_to_score
+        if (
+            percentage
+            or pod.preferred_node_affinity
+            or pod.preferred_affinity
+            or pod.preferred_anti_affinity
+            or self._affine
+            or self._soft_tainted
+            or scores.soft_constraints(pod)
+        ):
+            return max(self.sample, scores.feasible_to_find(len(self.nodes), percentage))
+        return self.sample
+
     def score_node(self, name: str, pod: PodRequest, plan: Plan | None = None) -> float:
-        """The score (0..200) of a node that passed the filter: plugin topology score plus the policy score.
+        """The device score (0..200) of a node that passed the filter: plugin topology score plus the policy score
+        (the extender's prioritize: kube-scheduler adds its own scores; `schedule` ranks with every score plugin).
 
         Remembered like `check`'s answer, per node version and pod signature.
         """
@@ -662,6 +773,7 @@ class Engine:
         settled: dict[int, tuple[str, ...]] = {}  # node class -> the unresolvable reasons its nodes share
         resolvable = False
         candidates, resource = self._candidates(pod, plan)
+        sample = self._sample_size(pod)
         for klass, members in candidates:
             known = settled.get(klass)
             if known is not None:
@@ -675,7 +787,7 @@ class Engine:
                 status = self.check(record, pod, plan)
                 if status.ok:
                     feasible.append(name)
-                    if len(feasible) >= self.sample:
+                    if len(feasible) >= sample:
                         break
                     continue
                 for reason in status.reasons:
@@ -689,7 +801,7 @@ class Engine:
                     evaluated += rest
                     break
                 resolvable = True
-            if len(feasible) >= self.sample:
+            if len(feasible) >= sample:
                 break
         if not feasible:
             skipped = len(nodes) - evaluated
@@ -698,17 +810,14 @@ class Engine:
                 resolvable = True
             code = Code.UNSCHEDULABLE if resolvable else Code.UNRESOLVABLE
             return Decision(pod.key, False, reason=summarize_reasons(len(nodes), reasons), code=code)
-        best = feasible[0]
-        if len(feasible) > 1:
-            best = max(feasible, key=lambda n: self.score_node(n, pod, plan))
+        best = feasible[0] if len(feasible) == 1 else self._rank(feasible, pod, plan)
         return self._reserve(nodes[best], pod, plan)
 
     # -- reserve, assume, release --------------------------------------------------------------------------------
 
-    def reserve(self, pod: PodRequest, name: str, *, placing: bool = True) -> Decision:
+    def reserve(self, pod: PodRequest, name: str) -> Decision:
         """Re-check the fit on one node, then allocate and take the pod's devices there, atomically (all plugins or
-        none). The extender's bind verb and the custom scheduler's retries use this directly; `hold` with `placing`
-        false, for a pod already bound there."""
+        none). The extender's bind verb and the custom scheduler's retries use this directly."""
         record = self.nodes.get(name)
         if record is None:
             return Decision(pod.key, False, reason=f"node {name} is unknown", code=Code.UNRESOLVABLE)
@@ -717,7 +826,7 @@ class Engine:
                 pod.key, False, reason=f"pod {pod.key} already holds resources on a node", code=Code.UNRESOLVABLE
             )
         plan = self.plan(pod)
-        status = self.check(record, pod, plan, placing=placing)
+        status = self.check(record, pod, plan)
         if not status.ok:
             return Decision(pod.key, False, reason=status.message, code=status.code)
         return self._reserve(record, pod, plan)
@@ -829,111 +938,11 @@ class Engine:
     def hold(self, pod: PodRequest, name: str) -> Decision:
         """Set devices aside by count for a pod bound to `name` without a verified allocation (bound by another
         scheduler, or carrying a claim that does not verify): the kubelet admits it by count, so its count is not
-        free, but no container was given these particular devices, so a verified allocation may take them over.
-
-        When the node side published the ids the kubelet gave this pod (`set_held_devices`), the pod holds exactly
-        those instead, and nothing may take them over."""
-        record = self.nodes.get(name)
-        exact = self._published.get(name, {}).get(pod.key)
-        if (
-            exact is not None
-            and record is not None
-            and pod.key not in self.pods
-            and self._hold_exact(record, pod, exact)
-        ):
-            return Decision(pod.key, True, node=name)
-        decision = self.reserve(pod, name, placing=False)
+        free, but no container was given these particular devices, so a verified allocation may take them over."""
+        decision = self.reserve(pod, name)
         if decision.scheduled:
             self.pods[pod.key].by_count = True
         return decision
-
-    def _hold_exact(self, record: NodeRecord, pod: PodRequest, containers: dict[str, dict[str, list[str]]]) -> bool:
-        """Take exactly the published ids for a pod kubegpu did not place; False (nothing taken) when they do not fit.
-        Devices set aside by count for other pods may be these very ids: those pods are held again around them."""
-        parts: dict[str, PluginAllocation] = {}
-        for container, resources in containers.items():
-            for resource, ids in resources.items():
-                plugin = self.plugins.owner_of(resource)
-                if plugin is None or plugin not in record.states:
-                    continue
-                part = parts.setdefault(plugin, PluginAllocation(plugin=plugin))
-                part.containers.setdefault(container, {})[resource] = list(ids)
-        if not parts:
-            return False
-        status = self._take(record, pod, parts)
-        if status.ok:
-            self._place(record, PodRecord(pod, record.name, parts, None, {}))
-            return True
-        keys = [key for key in record.pods if self.pods[key].by_count]
-        movable = [held for key in keys if (held := self.release(key)) is not None]
-        status = self._take(record, pod, parts)
-        if status.ok:
-            self._place(record, PodRecord(pod, record.name, parts, None, {}))
-        else:
-            log.warning(
-                "the devices the kubelet reports for the pod do not fit kubegpu's ledger; held by count: %s",
-                status.message,
-                extra={"pod": pod.key, "node": record.name},
-            )
-        for held in movable:
-            if not self.hold(held.request, record.name).scheduled:
-                log.error("pod held by count no longer fits its node", extra={"pod": held.request.key})
-        return status.ok
-
-    # -- what the node side reports ------------------------------------------------------------------------------
-
-    def set_node_live(self, name: str, live: bool, reason: str | None = None) -> bool:
-        """Whether node `name` takes new device pods: not while its node side has stopped reporting (its kubegpu
-        node lease expired, `kubegpu.scheduler.liveness`); `reason` is what each device pod refused there is told.
-        Pods already on the node stay, and pods that request no device resource are not affected. Returns whether
-        anything changed; the node's remembered answers are then stale (its version and the generation move on)."""
-        wanted = None if live else (reason or "node(s) had an expired kubegpu node lease")
-        previous = self._dead.get(name)
-        if previous == wanted:
-            return False
-        if wanted is None:
-            del self._dead[name]
-        else:
-            self._dead[name] = wanted
-        record = self.nodes.get(name)
-        if record is None:
-            return True
-        if (previous is None) != (wanted is None):
-            record.klass = self._klass(record.info)
-            self._refresh(record)
-        else:  # only the wording changed (the lease's age)
-            record.version += 1
-            self._changed(name)
-        return True
-
-    def set_held_devices(self, name: str, held: Mapping[str, Mapping[str, Mapping[str, Sequence[str]]]]) -> list[str]:
-        """The device ids node `name`'s kubelet gave pods that kubegpu did not place, as its PodResources API reports
-        them (published by the node side as `kubegpu.io/foreign-devices`): pod key -> container -> resource -> ids.
-        A pod held by count there (`hold`) whose ids are published holds exactly those from now on, and so does one
-        held later. Returns the keys of the pods moved from a count to exact ids."""
-        table = {
-            key: {container: {r: [str(i) for i in ids] for r, ids in per.items()} for container, per in pod.items()}
-            for key, pod in held.items()
-        }
-        if self._published.get(name, {}) == table:
-            return []
-        if table:
-            self._published[name] = table
-        else:
-            self._published.pop(name, None)
-        record = self.nodes.get(name)
-        if record is None:
-            return []
-        moved = []
-        for key in [k for k in record.pods if self.pods[k].by_count and k in table]:
-            released = self.release(key)
-            if released is None:
-                continue
-            if not self.hold(released.request, name).scheduled:
-                self._restore(released)
-            elif not self.pods[key].by_count:
-                moved.append(key)
-        return moved
 
     def _holders_of(self, record: NodeRecord, allocation: AllocationRecord) -> list[PodRecord]:
         """The pods on the node whose allocations name a whole device of `allocation`."""
@@ -1005,6 +1014,11 @@ class Engine:
             if record.ports[(port.ip, port.protocol, port.port)] <= 0:
                 del record.ports[(port.ip, port.protocol, port.port)]
         self._priorities[pod.priority] += sign
+        if scores.has_affinity_terms(pod):
+            if sign > 0:
+                self._affine[pod.key] = None
+            else:
+                self._affine.pop(pod.key, None)
         if pod.pod_anti_affinity:
             if sign > 0:
                 self._anti[pod.key] = None

@@ -1,0 +1,370 @@
+"""The score phase: which of the nodes that passed every filter is best, as kube-scheduler 1.20 decides it.
+
+Each enabled score plugin gives every feasible node a raw score, normalizes the raw scores over those nodes to
+0..100 (kube-scheduler's NormalizeScore), and a node's score is the sum of weight x normalized score; the highest
+wins (the engine's candidate order breaks ties). The plugins, with kube-scheduler 1.20's default weights:
+
+* NodeResourcesBalancedAllocation (weight 1): 100 x (1 - |cpu share - memory share|) with the pod added, 0 once
+  either share reaches 1; used as is.
+* NodeAffinity (1): the weights of the pod's preferred node affinity terms the node matches; scaled so that the
+  highest is 100.
+* TaintToleration (1): the node's `PreferNoSchedule` taints the pod does not tolerate; scaled and reversed, so that
+  the fewest score 100.
+* InterPodAffinity (1): per topology pair the node is in, + the weight of each preferred affinity term of the pod
+  that an existing pod there matches (- for anti-affinity), + the weight of existing pods' preferred affinity terms
+  that match the pod (1 for their required ones; - for their preferred anti-affinity); min..max, 0 included,
+  stretched to 0..100.
+* PodTopologySpread (2): per `ScheduleAnyway` constraint, the matching pods in the node's domain x log(domains + 2)
+  + maxSkew - 1; reversed to 100 x (max + min - raw) / max, nodes lacking a topology key 0.
+* NodeResourcesMostAllocated (`--policy binpack`) or NodeResourcesLeastAllocated (`spread`) (1): kubegpu's policy,
+  the used share of the devices the pod asks for, or kube-scheduler's cpu and memory formula for a pod without
+  devices; used as is.
+* KubegpuDevices (1): the device plugins' topology score (0..100); used as is.
+
+kube-scheduler's ImageLocality and NodePreferAvoidPods are not implemented (kubegpu sees no images and no
+`preferAvoidPods` annotations); nor are the system default spread constraints, which need the Services and
+ReplicaSets that own a pod. Requests count as the scores count them: a container without a cpu or memory request
+counts 100 millicores and 200 MiB (kube-scheduler's non-zero requests).
+
+Raw scores that depend only on the node and the pod's spec are remembered by the engine per node version and pod
+signature; InterPodAffinity and PodTopologySpread depend on other pods and are computed once per cycle. Normalized
+scores are never remembered: they depend on which other nodes are feasible.
+
+The `Profile` says which plugins are on and their weights; `kubegpu.scheduler.config` reads it from a
+KubeSchedulerConfiguration file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kubegpu.core.models import PodAffinityTerm, PodRequest, SpreadConstraint, Taint
+from kubegpu.scheduler import filters
+
+__all__ = [
+    "DEFAULT_WEIGHTS",
+    "FILTER_PLUGINS",
+    "SCORE_PLUGINS",
+    "Profile",
+    "SpreadScores",
+    "affinity_prescore",
+    "affinity_raw",
+    "balanced_allocation",
+    "feasible_to_find",
+    "least_allocated",
+    "most_allocated",
+    "node_affinity_raw",
+    "nonzero_requests",
+    "normalize_affinity",
+    "normalize_default",
+    "normalize_spread",
+    "spread_prescore",
+    "spread_raw",
+    "taint_raw",
+]
+
+MAX_NODE_SCORE = 100
+DEFAULT_MILLI_CPU = 100  # kube-scheduler's non-zero request of a container that asks for no cpu
+DEFAULT_MEMORY = 200 * 1024 * 1024  # ... and no memory
+HOSTNAME = "kubernetes.io/hostname"
+
+BALANCED = "NodeResourcesBalancedAllocation"
+NODE_AFFINITY = "NodeAffinity"
+TAINTS = "TaintToleration"
+INTER_POD_AFFINITY = "InterPodAffinity"
+SPREAD = "PodTopologySpread"
+MOST_ALLOCATED = "NodeResourcesMostAllocated"
+LEAST_ALLOCATED = "NodeResourcesLeastAllocated"
+DEVICES = "KubegpuDevices"
+
+SCORE_PLUGINS = (BALANCED, NODE_AFFINITY, TAINTS, INTER_POD_AFFINITY, SPREAD, MOST_ALLOCATED, LEAST_ALLOCATED, DEVICES)
+# kube-scheduler 1.20's default profile, kubegpu's policy and device scores added; the policy plugin is chosen by
+# `--policy` (binpack: MostAllocated, spread: LeastAllocated, kube-scheduler's default).
+DEFAULT_WEIGHTS: Mapping[str, int] = {
+    BALANCED: 1,
+    NODE_AFFINITY: 1,
+    TAINTS: 1,
+    INTER_POD_AFFINITY: 1,
+    SPREAD: 2,
+    DEVICES: 1,
+}
+POLICY_WEIGHT = 1
+# kube-scheduler's score plugins that kubegpu does not implement: a configuration may disable them, not enable them.
+UNSUPPORTED_SCORES = frozenset(
+    {"ImageLocality", "NodePreferAvoidPods", "SelectorSpread", "RequestedToCapacityRatio", "NodeLabel",
+     "ServiceAffinity"}
+)  # fmt: skip
+# The filters the engine runs (kube-scheduler's names), each of which a configuration may disable.
+FILTER_PLUGINS = (
+    "NodeUnschedulable",
+    "NodeResourcesFit",
+    "NodePorts",
+    "NodeAffinity",
+    "TaintToleration",
+    "VolumeBinding",
+    "PodTopologySpread",
+    "InterPodAffinity",
+)
+# kube-scheduler's filters with nothing to do in kubegpu (volume limits and zones, NodeName which every pod with
+# `spec.nodeName` already obeys): accepted in a disabled list.
+UNSUPPORTED_FILTERS = frozenset(
+    {"NodeName", "VolumeRestrictions", "EBSLimits", "GCEPDLimits", "NodeVolumeLimits", "AzureDiskLimits",
+     "VolumeZone", "NodeLabel", "ServiceAffinity"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Which score plugins are on with their weights (a plugin absent or weighted 0 is off), which filters are off,
+    and kube-scheduler's `percentageOfNodesToScore` (0: its adaptive default) and `hardPodAffinityWeight`."""
+
+    weights: Mapping[str, int] = field(default_factory=dict)
+    filters_off: frozenset[str] = frozenset()
+    percentage_of_nodes_to_score: int = 0
+    hard_pod_affinity_weight: int = 1
+
+    @classmethod
+    def default(cls, policy: str = "binpack") -> Profile:
+        return cls({**DEFAULT_WEIGHTS, policy_plugin(policy): POLICY_WEIGHT})
+
+    def weight(self, plugin: str) -> int:
+        return self.weights.get(plugin, 0)
+
+
+def policy_plugin(policy: str) -> str:
+    return MOST_ALLOCATED if policy == "binpack" else LEAST_ALLOCATED
+
+
+def feasible_to_find(total: int, percentage: int = 0) -> int:
+    """kube-scheduler's number of feasible nodes to find before scoring: all of a cluster under 100 nodes, else an
+    adaptive share (50% less 1% per 125 nodes, at least 5%) and never fewer than 100."""
+    if total < 100 or percentage >= 100:
+        return total
+    share = percentage if percentage > 0 else max(5, 50 - total // 125)
+    return max(100, total * share // 100)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Node-local scores
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def nonzero_requests(pod: PodRequest) -> tuple[int, int]:
+    """The pod's cpu (millicores) and memory as the scores count them: a container without a request of one counts
+    kube-scheduler's default; what init containers and overhead add to the pod's request is added as it is."""
+    cpu = memory = 0
+    for container in pod.containers:
+        resources = container.resources
+        cpu += resources.get("cpu", DEFAULT_MILLI_CPU)
+        memory += resources.get("memory", DEFAULT_MEMORY)
+    plain_cpu = sum(c.resources.get("cpu", 0) for c in pod.containers)
+    plain_memory = sum(c.resources.get("memory", 0) for c in pod.containers)
+    return cpu + max(0, pod.cpu_milli - plain_cpu), memory + max(0, pod.memory - plain_memory)
+
+
+def _share(requested: int, capacity: int) -> float:
+    return 1.0 if capacity == 0 else requested / capacity
+
+
+def balanced_allocation(cpu: int, memory: int, cpu_capacity: int, memory_capacity: int) -> int:
+    """NodeResourcesBalancedAllocation: nodes whose cpu and memory would be used in equal shares score highest."""
+    cpu_share, memory_share = _share(cpu, cpu_capacity), _share(memory, memory_capacity)
+    if cpu_share >= 1 or memory_share >= 1:
+        return 0
+    return int((1 - abs(cpu_share - memory_share)) * MAX_NODE_SCORE)
+
+
+def least_allocated(requested: int, capacity: int) -> int:
+    if capacity == 0 or requested > capacity:
+        return 0
+    return (capacity - requested) * MAX_NODE_SCORE // capacity
+
+
+def most_allocated(requested: int, capacity: int) -> int:
+    if capacity == 0 or requested > capacity:
+        return 0
+    return requested * MAX_NODE_SCORE // capacity
+
+
+def node_affinity_raw(pod: PodRequest, name: str, labels: Mapping[str, str]) -> int:
+    """NodeAffinity's raw score: the weights of the preferred terms the node matches (an empty term matches none)."""
+    terms = pod.preferred_node_affinity
+    return sum(weight for weight, term in terms if filters.node_matches_terms((term,), name, labels))
+
+
+def taint_raw(pod: PodRequest, taints: Iterable[Taint]) -> int:
+    """TaintToleration's raw score: `PreferNoSchedule` taints not tolerated by a toleration whose effect is empty or
+    `PreferNoSchedule`."""
+    tolerations = [t for t in pod.tolerations if not t.effect or t.effect == "PreferNoSchedule"]
+    return sum(
+        1 for taint in taints if taint.effect == "PreferNoSchedule" and not any(t.tolerates(taint) for t in tolerations)
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scores that depend on other pods
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def has_affinity_terms(pod: PodRequest) -> bool:
+    """Whether an existing pod can change other pods' InterPodAffinity score (kube-scheduler's PodsWithAffinity)."""
+    return bool(pod.pod_affinity or pod.pod_anti_affinity or pod.preferred_affinity or pod.preferred_anti_affinity)
+
+
+def _add(
+    scores: dict[tuple[str, str], int], term: PodAffinityTerm, weight: int, pod: PodRequest, labels: Mapping[str, str]
+) -> None:
+    if not labels or not filters.pod_matches_term(term, pod):
+        return
+    value = labels.get(term.topology_key)
+    if value is not None:
+        pair = (term.topology_key, value)
+        scores[pair] = scores.get(pair, 0) + weight
+
+
+def affinity_prescore(
+    pod: PodRequest, existing: Iterable[tuple[PodRequest, Mapping[str, str]]], hard_weight: int = 1
+) -> dict[tuple[str, str], int]:
+    """InterPodAffinity's PreScore: (topology key, value) -> score, over `existing` (placed pods with their node's
+    labels: every pod when the incoming pod has preferred terms, else only pods with affinity terms)."""
+    scores: dict[tuple[str, str], int] = {}
+    for other, labels in existing:
+        for weight, term in pod.preferred_affinity:
+            _add(scores, term, weight, other, labels)
+        for weight, term in pod.preferred_anti_affinity:
+            _add(scores, term, -weight, other, labels)
+        if hard_weight > 0:
+            for term in other.pod_affinity:
+                _add(scores, term, hard_weight, pod, labels)
+        for weight, term in other.preferred_affinity:
+            _add(scores, term, weight, pod, labels)
+        for weight, term in other.preferred_anti_affinity:
+            _add(scores, term, -weight, pod, labels)
+    return scores
+
+
+def affinity_raw(scores: Mapping[tuple[str, str], int], labels: Mapping[str, str]) -> int:
+    return sum(score for (key, value), score in scores.items() if labels.get(key) == value)
+
+
+@dataclass(slots=True)
+class SpreadScores:
+    """PodTopologySpread's PreScore: the pod's `ScheduleAnyway` constraints, the feasible nodes lacking one of their
+    topology keys (they score 0), matching pods per topology pair and each constraint's normalizing weight."""
+
+    constraints: tuple[SpreadConstraint, ...]
+    ignored: set[str]
+    counts: dict[tuple[str, str], int]
+    weights: tuple[float, ...]
+
+
+def soft_constraints(pod: PodRequest) -> tuple[SpreadConstraint, ...]:
+    return tuple(c for c in pod.spread if c.when_unsatisfiable == "ScheduleAnyway")
+
+
+def _matching(pods: Iterable[PodRequest], constraint: SpreadConstraint, namespace: str) -> int:
+    return sum(
+        1
+        for p in pods
+        if not p.terminating and p.namespace == namespace and filters.selector_matches(constraint.selector, p.labels)
+    )
+
+
+def spread_prescore(
+    pod: PodRequest,
+    feasible: Sequence[tuple[str, Mapping[str, str]]],
+    nodes: Iterable[tuple[str, Mapping[str, str], Iterable[PodRequest]]],
+) -> SpreadScores | None:
+    """None when the pod has no `ScheduleAnyway` constraint. `feasible` are (name, labels) of the nodes to score,
+    `nodes` (name, labels, pods on it) of every node: pods count on nodes passing the pod's node affinity."""
+    constraints = soft_constraints(pod)
+    if not constraints:
+        return None
+    ignored: set[str] = set()
+    counts: dict[tuple[str, str], int] = {}
+    sizes = [0] * len(constraints)
+    for name, labels in feasible:
+        if not all(c.topology_key in labels for c in constraints):
+            ignored.add(name)
+            continue
+        for i, c in enumerate(constraints):
+            if c.topology_key == HOSTNAME:
+                continue
+            pair = (c.topology_key, labels[c.topology_key])
+            if pair not in counts:
+                counts[pair] = 0
+                sizes[i] += 1
+    weights = tuple(
+        math.log((len(feasible) - len(ignored) if c.topology_key == HOSTNAME else sizes[i]) + 2)
+        for i, c in enumerate(constraints)
+    )
+    for name, labels, pods in nodes:
+        if not all(c.topology_key in labels for c in constraints) or not filters.matches_node_affinity(
+            pod, name, labels
+        ):
+            continue
+        members: list[PodRequest] | None = None
+        for c in constraints:
+            pair = (c.topology_key, labels[c.topology_key])
+            if pair in counts:
+                members = list(pods) if members is None else members
+                counts[pair] += _matching(members, c, pod.namespace)
+    return SpreadScores(constraints, ignored, counts, weights)
+
+
+def spread_raw(
+    state: SpreadScores, pod: PodRequest, name: str, labels: Mapping[str, str], pods: Iterable[PodRequest]
+) -> int:
+    if name in state.ignored:
+        return 0
+    score = 0.0
+    for c, weight in zip(state.constraints, state.weights, strict=True):
+        value = labels.get(c.topology_key)
+        if value is None:
+            continue
+        hostname = c.topology_key == HOSTNAME
+        count = _matching(pods, c, pod.namespace) if hostname else state.counts[(c.topology_key, value)]
+        score += count * weight + (c.max_skew - 1)
+    return int(score)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Normalization
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def normalize_default(raw: Sequence[float], *, reverse: bool = False) -> list[float]:
+    """kube-scheduler's DefaultNormalizeScore: scaled so that the highest raw score is 100 (reversed: 0), in whole
+    points as kube-scheduler's integer arithmetic has them."""
+    top = max(raw, default=0)
+    if top <= 0:
+        return [float(MAX_NODE_SCORE if reverse else score) for score in raw]
+    scaled = [float(MAX_NODE_SCORE * score // top) for score in raw]
+    return [MAX_NODE_SCORE - score for score in scaled] if reverse else scaled
+
+
+def normalize_affinity(raw: Sequence[int]) -> list[int]:
+    """InterPodAffinity: the range from min to max (both counting 0) stretched to 0..100."""
+    top, bottom = max(0, *raw) if raw else 0, min(0, *raw) if raw else 0
+    spread = top - bottom
+    if spread <= 0:
+        return [0 for _ in raw]
+    return [int(MAX_NODE_SCORE * ((score - bottom) / spread)) for score in raw]
+
+
+def normalize_spread(raw: Sequence[int], ignored: Sequence[bool]) -> list[int]:
+    """PodTopologySpread: fewer matching pods score higher; nodes lacking a topology key score 0."""
+    counted = [score for score, skip in zip(raw, ignored, strict=True) if not skip]
+    top = max(counted, default=0)
+    bottom = min(counted, default=0)
+    out = []
+    for score, skip in zip(raw, ignored, strict=True):
+        if skip:
+            out.append(0)
+        elif top == 0:
+            out.append(MAX_NODE_SCORE)
+        else:
+            out.append(MAX_NODE_SCORE * (top + bottom - score) // top)
+    return out
