@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -206,6 +206,10 @@ class Engine:
         self._volume_epoch = 0
         self._priorities: Counter[int] = Counter()  # priorities of the placed pods, for preemption's quick no
         self.nominated: dict[str, str] = {}  # preempting pod -> the node its victims are leaving
+        # What the node side reports (`set_node_live`, `set_held_devices`): the nodes whose kubegpu node lease expired,
+        # with the reason device pods are refused there; per node, the ids its kubelet gave pods kubegpu did not place.
+        self._dead: dict[str, str] = {}
+        self._published: dict[str, dict[str, dict[str, dict[str, list[str]]]]] = {}
 
     # -- nodes ---------------------------------------------------------------------------------------------------
 
@@ -251,12 +255,15 @@ class Engine:
             info.unschedulable,
             info.ready,
             tuple(sorted((p, inv.model_dump_json()) for p, inv in info.inventories.items())),
+            info.name if info.name in self._dead else None,  # a node that is not live answers unlike its class
         )
         return self._classes.setdefault(key, len(self._classes))
 
     def remove_node(self, name: str) -> list[str]:
         """Remove a node; the pods it held are forgotten (their devices went with it). Returns their keys."""
         record = self.nodes.pop(name, None)
+        self._dead.pop(name, None)
+        self._published.pop(name, None)
         if record is None:
             return []
         self._soft_tainted.discard(name)
@@ -563,14 +570,17 @@ class Engine:
                 return status
         return Status.success()
 
-    def check(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status:
+    def check(self, record: NodeRecord, pod: PodRequest, plan: Plan, *, placing: bool = True) -> Status:
         """The whole filter phase for one node: Kubernetes' own filters, then each plugin's device fit.
 
         The node remembers its last answer; an unchanged node asked about an equal pod (the next replica of a
-        workload, the extender's prioritize after its filter) answers from memory.
+        workload, the extender's prioritize after its filter) answers from memory. A node that is not live
+        (`set_node_live`) refuses device pods unless `placing` is false (counting a pod its kubelet already runs).
         """
         if record.nominees and any(p >= pod.priority and k != pod.key for k, p in record.nominees.items()):
             return Status.unschedulable(NOMINATED)
+        if self._dead and plan.devices and placing and (dead := self._dead.get(record.name)) is not None:
+            return Status.unresolvable(dead)
         remembered = record.last_check
         if remembered is not None and remembered[0] == record.version and remembered[1] is plan.signature:
             return remembered[2]
@@ -815,9 +825,10 @@ class Engine:
 
     # -- reserve, assume, release --------------------------------------------------------------------------------
 
-    def reserve(self, pod: PodRequest, name: str) -> Decision:
+    def reserve(self, pod: PodRequest, name: str, *, placing: bool = True) -> Decision:
         """Re-check the fit on one node, then allocate and take the pod's devices there, atomically (all plugins or
-        none). The extender's bind verb and the custom scheduler's retries use this directly."""
+        none). The extender's bind verb and the custom scheduler's retries use this directly; `hold` with `placing`
+        false, for a pod already bound there."""
         record = self.nodes.get(name)
         if record is None:
             return Decision(pod.key, False, reason=f"node {name} is unknown", code=Code.UNRESOLVABLE)
@@ -826,7 +837,7 @@ class Engine:
                 pod.key, False, reason=f"pod {pod.key} already holds resources on a node", code=Code.UNRESOLVABLE
             )
         plan = self.plan(pod)
-        status = self.check(record, pod, plan)
+        status = self.check(record, pod, plan, placing=placing)
         if not status.ok:
             return Decision(pod.key, False, reason=status.message, code=status.code)
         return self._reserve(record, pod, plan)
@@ -938,11 +949,111 @@ class Engine:
     def hold(self, pod: PodRequest, name: str) -> Decision:
         """Set devices aside by count for a pod bound to `name` without a verified allocation (bound by another
         scheduler, or carrying a claim that does not verify): the kubelet admits it by count, so its count is not
-        free, but no container was given these particular devices, so a verified allocation may take them over."""
-        decision = self.reserve(pod, name)
+        free, but no container was given these particular devices, so a verified allocation may take them over.
+
+        When the node side published the ids the kubelet gave this pod (`set_held_devices`), the pod holds exactly
+        those instead, and nothing may take them over."""
+        record = self.nodes.get(name)
+        exact = self._published.get(name, {}).get(pod.key)
+        if (
+            exact is not None
+            and record is not None
+            and pod.key not in self.pods
+            and self._hold_exact(record, pod, exact)
+        ):
+            return Decision(pod.key, True, node=name)
+        decision = self.reserve(pod, name, placing=False)
         if decision.scheduled:
             self.pods[pod.key].by_count = True
         return decision
+
+    def _hold_exact(self, record: NodeRecord, pod: PodRequest, containers: dict[str, dict[str, list[str]]]) -> bool:
+        """Take exactly the published ids for a pod kubegpu did not place; False (nothing taken) when they do not fit.
+        Devices set aside by count for other pods may be these very ids: those pods are held again around them."""
+        parts: dict[str, PluginAllocation] = {}
+        for container, resources in containers.items():
+            for resource, ids in resources.items():
+                plugin = self.plugins.owner_of(resource)
+                if plugin is None or plugin not in record.states:
+                    continue
+                part = parts.setdefault(plugin, PluginAllocation(plugin=plugin))
+                part.containers.setdefault(container, {})[resource] = list(ids)
+        if not parts:
+            return False
+        status = self._take(record, pod, parts)
+        if status.ok:
+            self._place(record, PodRecord(pod, record.name, parts, None, {}))
+            return True
+        keys = [key for key in record.pods if self.pods[key].by_count]
+        movable = [held for key in keys if (held := self.release(key)) is not None]
+        status = self._take(record, pod, parts)
+        if status.ok:
+            self._place(record, PodRecord(pod, record.name, parts, None, {}))
+        else:
+            log.warning(
+                "the devices the kubelet reports for the pod do not fit kubegpu's ledger; held by count: %s",
+                status.message,
+                extra={"pod": pod.key, "node": record.name},
+            )
+        for held in movable:
+            if not self.hold(held.request, record.name).scheduled:
+                log.error("pod held by count no longer fits its node", extra={"pod": held.request.key})
+        return status.ok
+
+    # -- what the node side reports ------------------------------------------------------------------------------
+
+    def set_node_live(self, name: str, live: bool, reason: str | None = None) -> bool:
+        """Whether node `name` takes new device pods: not while its node side has stopped reporting (its kubegpu
+        node lease expired, `kubegpu.scheduler.liveness`); `reason` is what each device pod refused there is told.
+        Pods already on the node stay, and pods that request no device resource are not affected. Returns whether
+        anything changed; the node's remembered answers are then stale (its version and the generation move on)."""
+        wanted = None if live else (reason or "node(s) had an expired kubegpu node lease")
+        previous = self._dead.get(name)
+        if previous == wanted:
+            return False
+        if wanted is None:
+            del self._dead[name]
+        else:
+            self._dead[name] = wanted
+        record = self.nodes.get(name)
+        if record is None:
+            return True
+        if (previous is None) != (wanted is None):
+            record.klass = self._klass(record.info)
+            self._refresh(record)
+        else:  # only the wording changed (the lease's age)
+            record.version += 1
+            self._changed(name)
+        return True
+
+    def set_held_devices(self, name: str, held: Mapping[str, Mapping[str, Mapping[str, Sequence[str]]]]) -> list[str]:
+        """The device ids node `name`'s kubelet gave pods that kubegpu did not place, as its PodResources API reports
+        them (published by the node side as `kubegpu.io/foreign-devices`): pod key -> container -> resource -> ids.
+        A pod held by count there (`hold`) whose ids are published holds exactly those from now on, and so does one
+        held later. Returns the keys of the pods moved from a count to exact ids."""
+        table = {
+            key: {container: {r: [str(i) for i in ids] for r, ids in per.items()} for container, per in pod.items()}
+            for key, pod in held.items()
+        }
+        if self._published.get(name, {}) == table:
+            return []
+        if table:
+            self._published[name] = table
+        else:
+            self._published.pop(name, None)
+        record = self.nodes.get(name)
+        if record is None:
+            return []
+        moved = []
+        for key in [k for k in record.pods if self.pods[k].by_count and k in table]:
+            released = self.release(key)
+            if released is None:
+                continue
+            if not self.hold(released.request, name).scheduled:
+                self._restore(released)
+            elif not self.pods[key].by_count:
+                moved.append(key)
+        return moved
 
     def _holders_of(self, record: NodeRecord, allocation: AllocationRecord) -> list[PodRecord]:
         """The pods on the node whose allocations name a whole device of `allocation`."""
