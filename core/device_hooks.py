@@ -5,17 +5,23 @@ into edits of a container's configuration. The advertiser (`kubegpu advertise`),
 the Kubernetes device plugin (`kubegpu device-plugin`) call these hooks. Every hook gets paths (`host_root`,
 `dev_root`) instead of assuming `/`, so tests run the real discovery code on a fake host root. Hooks are listed in the
 order they are called; every hook uses the same docstring layout: summary, Args, Returns, Called by.
+
+Dispatch, as on the scheduler side: kubegpu never broadcasts a hook. Registration and discovery hooks are called for
+every plugin, one at a time; every other hook for the plugin that discovered the inventory or owns the allocated
+resources only. Answers are checked against each hook's contract (`kubegpu.core.answers`); a wrong answer is
+reported like an exception, naming the plugin and the hook. `Device` is the same contract as a `typing.Protocol`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 import pluggy
 
 from kubegpu.core.models import Advertisement, ContainerAllocation, ContainerEdit, DeviceInventory, DeviceOwnership
 
-__all__ = ["PROJECT", "hookimpl", "hookspec"]
+__all__ = ["PROJECT", "Device", "hookimpl", "hookspec"]
 
 PROJECT = "kubegpu.device"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -38,7 +44,7 @@ def kubegpu_device_resources() -> list[str]:
         Resource names; a name ending in `/*` claims a prefix. They match the plugin's scheduler side.
 
     Called by:
-        the plugin manager once at start-up, to route each allocated resource to exactly one plugin.
+        the plugin manager once at start-up, to route each allocated resource to exactly one plugin; every plugin.
     """
     raise NotImplementedError
 
@@ -56,10 +62,10 @@ def kubegpu_device_owned() -> DeviceOwnership | None:
         its devices out of containers that were not allocated them.
 
     Called by:
-        the CRI shim once at start-up. On every CreateContainer it removes what each plugin owns from the container
-        (a container without an allocation, a container the allocation does not name, and the other plugins'
-        entries in a container that does get devices), then calls `kubegpu_device_edit_container` of the plugins
-        whose devices the container was granted, which add back exactly those.
+        the CRI shim once at start-up; every plugin. On every CreateContainer it removes what each plugin owns from
+        the container (a container without an allocation, a container the allocation does not name, and the other
+        plugins' entries in a container that does get devices), then calls `kubegpu_device_edit_container` of the
+        plugins whose devices the container was granted, which add back exactly those.
     """
     raise NotImplementedError
 
@@ -81,12 +87,12 @@ def kubegpu_device_discover(host_root: Path) -> DeviceInventory | None:
         The inventory, or None when the host has none of these devices (or the vendor library is absent).
 
     Called by:
-        the advertiser at every interval.
+        the advertiser and `kubegpu device-plugin` at every interval; every plugin.
     """
     raise NotImplementedError
 
 
-@hookspec(firstresult=True)
+@hookspec
 def kubegpu_device_health(host_root: Path, inventory: DeviceInventory) -> dict[str, bool] | None:
     """Check the health of previously discovered devices (optional).
 
@@ -98,12 +104,13 @@ def kubegpu_device_health(host_root: Path, inventory: DeviceInventory) -> dict[s
         Device id -> healthy, for the devices the plugin could check; None when the plugin has no health check.
 
     Called by:
-        the advertiser after discovery, before it publishes; firstresult (the owning plugin).
+        the advertiser and `kubegpu device-plugin` after discovery, before they publish; the plugin that discovered
+        the inventory only.
     """
     raise NotImplementedError
 
 
-@hookspec(firstresult=True)
+@hookspec
 def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement | None:
     """Describe the inventory as node capacity and labels.
 
@@ -115,12 +122,12 @@ def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement | None
         `kubegpu.io/devices` annotation.
 
     Called by:
-        the advertiser when it patches the node; firstresult (the owning plugin).
+        the advertiser when it patches the node; the plugin that discovered the inventory only.
     """
     raise NotImplementedError
 
 
-@hookspec(firstresult=True)
+@hookspec
 def kubegpu_device_plugin_ids(inventory: DeviceInventory) -> dict[str, dict[str, bool]] | None:
     """Name, per resource, the device ids a Kubernetes device plugin tells the kubelet about.
 
@@ -134,8 +141,8 @@ def kubegpu_device_plugin_ids(inventory: DeviceInventory) -> dict[str, dict[str,
         device manager.
 
     Called by:
-        `kubegpu device-plugin` after discovery and health, at start-up and every interval, for ListAndWatch;
-        firstresult (the owning plugin).
+        `kubegpu device-plugin` after discovery and health, at start-up and every interval, for ListAndWatch; the
+        plugin that discovered the inventory only.
     """
     raise NotImplementedError
 
@@ -145,7 +152,7 @@ def kubegpu_device_plugin_ids(inventory: DeviceInventory) -> dict[str, dict[str,
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@hookspec(firstresult=True)
+@hookspec
 def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: ContainerEdit, dev_root: Path) -> bool | None:
     """Apply one container's allocation to its configuration, in place.
 
@@ -159,9 +166,37 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
         dev_root: where the host's device files are (`/dev` in production).
 
     Returns:
-        True when the plugin edited the container; None when the allocation is not its own.
+        True when the plugin edited the container; None when the allocation is not its own. For an allocation of
+        resources the plugin owns, anything but True is a wrong answer, and the container is refused rather than
+        created without its devices.
 
     Called by:
-        the CRI shim on CreateContainer, for each plugin owning a resource allocated to the container; firstresult.
+        the CRI shim on CreateContainer, and `kubegpu device-plugin` on the kubelet's Allocate; the plugin owning
+        the allocated resources only.
     """
     raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The same contract as a Protocol
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Device(Protocol):
+    """The node-side hooks as a `typing.Protocol`, for a plugin written as a class and for type checkers."""
+
+    def kubegpu_device_resources(self) -> list[str]: ...
+
+    def kubegpu_device_owned(self) -> DeviceOwnership | None: ...
+
+    def kubegpu_device_discover(self, host_root: Path) -> DeviceInventory | None: ...
+
+    def kubegpu_device_health(self, host_root: Path, inventory: DeviceInventory) -> dict[str, bool] | None: ...
+
+    def kubegpu_device_advertise(self, inventory: DeviceInventory) -> Advertisement | None: ...
+
+    def kubegpu_device_plugin_ids(self, inventory: DeviceInventory) -> dict[str, dict[str, bool]] | None: ...
+
+    def kubegpu_device_edit_container(
+        self, allocation: ContainerAllocation, edit: ContainerEdit, dev_root: Path
+    ) -> bool | None: ...

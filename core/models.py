@@ -55,6 +55,7 @@ __all__ = [
 
 Scalar = str | int | float | bool
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -152,6 +153,16 @@ class NodeInfo:
     unschedulable: bool = False
     ready: bool = True
     inventories: Mapping[str, DeviceInventory] = field(default_factory=dict)
+
+    @property
+    def instance_type(self) -> str | None:
+        """The node's instance type from `node.kubernetes.io/instance-type` (or the deprecated
+        `beta.kubernetes.io/instance-type`), trimmed; None when neither label is set."""
+        for label in INSTANCE_TYPE_LABELS:
+            value = self.labels.get(label, "").strip()
+            if value:
+                return value
+        return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -479,6 +490,19 @@ class ContainerEdit(BaseModel):
     mounts: list[Mount] = Field(default_factory=list)
     cdi_devices: list[str] = Field(default_factory=list)
     annotations: dict[str, str] = Field(default_factory=dict)
+
+    def replace_devices(self, pattern: str, devices: Iterable[DeviceNode]) -> None:
+        """Make `devices` the only device entries whose container path matches `pattern` (a regular expression, in
+        full): entries already there for a wanted path stay as they are, other matching entries are removed, the
+        missing ones are appended in the order given."""
+        compiled = re.compile(pattern)
+        wanted = list(devices)
+        paths = {d.container_path for d in wanted}
+        self.devices = [
+            d for d in self.devices if not compiled.fullmatch(d.container_path) or d.container_path in paths
+        ]
+        present = {d.container_path for d in self.devices}
+        self.devices.extend(d for d in wanted if d.container_path not in present)
 
     def replace_cdi_devices(self, kind: str, names: list[str]) -> None:
         """Make `names` the only CDI devices of `kind` (`vendor.com/class`), in `cdi_devices` and in the

@@ -5,16 +5,26 @@ and `kubegpu.device` (one group per hook specification). `make_plugin_manager` i
 the specs, loads entry points (unless `KUBEGPU_DISABLE_PLUGIN_AUTOLOAD` is set), keeps only the plugins named in
 `KUBEGPU_PLUGINS` when that is set, registers explicitly given plugins, and runs pluggy's `check_pending()`.
 
-A plugin that fails to import or to register is recorded in `failures` with its name and left out; a plugin that
-raises inside a hook surfaces as `PluginHookError` naming the plugin and the hook, so the caller can turn it into a
-reason for the pods that needed that plugin while every other plugin keeps working.
+A plugin that fails to import or to register is recorded in `failures` with its name and left out: one that
+implements a hook the spec lacks, one whose implementation is a pluggy wrapper (`wrapper`, `hookwrapper`) or carries
+an ordering marker (`tryfirst`, `trylast`), a generator or a coroutine function, none of which means anything when
+one plugin is called at a time. A plugin that raises inside a hook, or answers what the hook's contract does not
+allow (`kubegpu.core.answers`), surfaces as `PluginHookError` naming the plugin and the hook, so the caller can turn
+it into a reason for the pods that needed that plugin while every other plugin keeps working. Every such failure is
+counted per plugin and hook (`hook_failures`) and handed to the listeners in `on_hook_failure` (the custom
+scheduler's metric).
+
+The plugin's name is its entry-point name everywhere; a plugin object with a `bind_plugin_name(name)` method (the
+kit's classes) is told it at registration.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal
@@ -23,6 +33,7 @@ import pluggy
 from importlib_metadata import entry_points
 
 from kubegpu.core import device_hooks, scheduler_hooks
+from kubegpu.core.answers import CHECKS, WrongAnswer
 
 __all__ = [
     "ALLOW_ENV",
@@ -32,6 +43,7 @@ __all__ = [
     "PluginHookError",
     "PluginRecord",
     "Side",
+    "WrongAnswer",
     "make_plugin_manager",
 ]
 
@@ -42,6 +54,14 @@ DISABLE_AUTOLOAD_ENV = "KUBEGPU_DISABLE_PLUGIN_AUTOLOAD"
 ALLOW_ENV = "KUBEGPU_PLUGINS"
 
 _SPECS: Mapping[str, ModuleType] = {"scheduler": scheduler_hooks, "device": device_hooks}
+PREPARE_HOOK = "kubegpu_scheduler_prepare"
+# Arguments a caller may leave out: the manager computes them from the others the way the engine would.
+_PREPARED_BY = frozenset({"kubegpu_scheduler_fit", "kubegpu_scheduler_score", "kubegpu_scheduler_allocate"})
+
+
+def _spec_hooks(module: ModuleType) -> frozenset[str]:
+    marker = f"{module.PROJECT}_spec"
+    return frozenset(name for name, value in vars(module).items() if callable(value) and hasattr(value, marker))
 
 
 @dataclass
@@ -71,13 +91,20 @@ class PluginFailure:
 
 
 class PluginHookError(RuntimeError):
-    """A plugin raised inside a hook. The message names the plugin, the hook and the original error."""
+    """A plugin raised inside a hook, or broke its contract (`WrongAnswer`). The message names the plugin, the hook
+    (and the node, for a node-level failure) and the original error."""
 
-    def __init__(self, plugin: str, hook: str, original: BaseException) -> None:
+    def __init__(self, plugin: str, hook: str, original: BaseException, *, node: str | None = None) -> None:
         self.plugin = plugin
         self.hook = hook
         self.original = original
-        super().__init__(f"plugin {plugin!r} failed in {hook}: {type(original).__name__}: {original}")
+        self.node = node
+        where = f" on node {node}" if node else ""
+        super().__init__(f"plugin {plugin!r} failed{where} in {hook}: {type(original).__name__}: {original}")
+
+    def on_node(self, node: str) -> PluginHookError:
+        """The same failure, naming the node it happened on (build_node, headroom)."""
+        return PluginHookError(self.plugin, self.hook, self.original, node=node)
 
 
 def _describe(exc: BaseException) -> str:
@@ -98,6 +125,10 @@ class KubegpuPluginManager:
         self._prefixes: list[tuple[str, str]] = []
         self._owner_cache: dict[str, str | None] = {}
         self._impls: dict[tuple[str, str], tuple[Any, tuple[str, ...]] | None] = {}
+        self.hooks = _spec_hooks(_SPECS[side])
+        self.hook_failures: Counter[tuple[str, str]] = Counter()
+        self.on_hook_failure: list[Callable[[PluginHookError], None]] = []
+        self._warned: set[tuple[str, str]] = set()
 
     # -- registration ------------------------------------------------------------------------------------------
 
@@ -113,10 +144,48 @@ class KubegpuPluginManager:
         except Exception as exc:
             self._fail(name, "register", _describe(exc))
             return False
+        refusal = self._refusal(plugin)
+        if refusal is not None:
+            self.pm.unregister(plugin)
+            self._fail(name, "register", refusal)
+            return False
+        bind = getattr(plugin, "bind_plugin_name", None)
+        if callable(bind) and not isinstance(plugin, ModuleType):
+            try:
+                bind(name)
+            except Exception as exc:
+                self.pm.unregister(plugin)
+                self._fail(name, "register", f"bind_plugin_name failed: {_describe(exc)}")
+                return False
         module = getattr(plugin, "__name__", type(plugin).__qualname__)
         hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
         self.records[name] = PluginRecord(name, self.side, module, distribution, version, hooks)
         return True
+
+    def _refusal(self, plugin: object) -> str | None:
+        """Why a registered plugin's implementations cannot be called one plugin at a time, or None."""
+        for caller in self.pm.get_hookcallers(plugin) or []:
+            for impl in caller.get_hookimpls():
+                if impl.plugin is not plugin:
+                    continue
+                markers = [m for m in ("wrapper", "hookwrapper", "tryfirst", "trylast") if getattr(impl, m, False)]
+                if markers:
+                    return (
+                        f"{caller.name} is marked {', '.join(f'{m}=True' for m in markers)}: kubegpu calls one "
+                        "plugin's implementation at a time, so wrappers and ordering mean nothing; remove the marker"
+                    )
+                function = impl.function
+                if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+                    return f"{caller.name} is a generator function: kubegpu needs the answer itself (return it)"
+                if inspect.iscoroutinefunction(function):
+                    return f"{caller.name} is a coroutine function: kubegpu calls hooks synchronously"
+        return None
+
+    def warn_once(self, plugin: str, topic: str, message: str) -> None:
+        """Log a warning about a plugin once per topic (a corrected answer, a deprecated hook)."""
+        if (plugin, topic) not in self._warned:
+            self._warned.add((plugin, topic))
+            log.warning("%s", message)
 
     def _fail(self, name: str, stage: str, error: str) -> None:
         failure = PluginFailure(name, self.side, stage, error)
@@ -200,21 +269,42 @@ class KubegpuPluginManager:
         return found
 
     def implements(self, plugin: str, hook: str) -> bool:
+        if hook not in self.hooks:
+            raise ValueError(f"{hook!r} is not a hook of {self.project} (known: {', '.join(sorted(self.hooks))})")
         return self._impl(plugin, hook) is not None
 
     def call(self, plugin: str, hook: str, **kwargs: Any) -> Any:
-        """Call one plugin's implementation of a hook (None if it has none); its exceptions become PluginHookError.
+        """Call one plugin's implementation of a hook and check its answer against the hook's contract.
 
-        pluggy lets an implementation accept a subset of the spec's arguments; only those are passed.
+        Returns the answer (or the correction the contract allows, `kubegpu.core.answers`), or None when the plugin
+        does not implement the hook. An exception raised inside the hook, and an answer the contract does not
+        allow, raise `PluginHookError` naming the plugin and the hook. A hook name that is not in the spec raises
+        `ValueError` (the caller's mistake, not the plugin's).
+
+        pluggy lets an implementation accept a subset of the spec's arguments; only those are passed. `prepared`,
+        when the implementation takes it and the caller did not give it, is the plugin's own
+        `kubegpu_scheduler_prepare` answer for `pod`.
         """
+        if hook not in self.hooks:
+            raise ValueError(f"{hook!r} is not a hook of {self.project} (known: {', '.join(sorted(self.hooks))})")
         impl = self._impl(plugin, hook)
         if impl is None:
-            return None
+            return CHECKS[hook](self, plugin, None, kwargs) if hook in _NONE_CHECKED else None
         function, argnames = impl
+        if "prepared" in argnames and "prepared" not in kwargs and hook in _PREPARED_BY:
+            kwargs["prepared"] = self.call(plugin, PREPARE_HOOK, pod=kwargs["pod"])
         try:
-            return function(*[kwargs[a] for a in argnames])
+            answer = function(*[kwargs[a] for a in argnames])
+            return CHECKS[hook](self, plugin, answer, kwargs) if hook in CHECKS else answer
         except Exception as exc:
-            raise PluginHookError(plugin, hook, exc) from exc
+            error = PluginHookError(plugin, hook, exc)
+            self.hook_failures[(plugin, hook)] += 1
+            for listener in self.on_hook_failure:
+                try:
+                    listener(error)
+                except Exception:
+                    log.exception("a plugin-failure listener failed")
+            raise error from exc
 
     def call_each(self, hook: str, **kwargs: Any) -> dict[str, Any]:
         """Call every plugin's implementation; a failing plugin's entry is its PluginHookError."""
@@ -226,6 +316,10 @@ class KubegpuPluginManager:
                 log.error("%s", exc)
                 results[name] = exc
         return results
+
+
+# Hooks whose "not implemented" answer is the checked form of None (release: a success).
+_NONE_CHECKED = frozenset({"kubegpu_scheduler_release"})
 
 
 def _env_allowlist() -> set[str] | None:

@@ -5,22 +5,31 @@ a time, whether a pod's request for them fits, how good the fit is, and which co
 (`kubegpu.scheduler.engine`) calls these hooks; the simulator, the custom scheduler and the extender all drive the
 same engine, so a plugin is written once for all three.
 
-Each node gets one state object per plugin (`kubegpu_scheduler_build_node`); every later hook receives that state,
-and the engine calls the hook of the plugin that built it only, so the per-node hooks are `firstresult` and a plugin
-never has to recognise another plugin's state. Hooks are listed in the order the engine calls them. Every hook uses
-the same docstring layout: summary, Args, Returns, Called by.
+Each node gets one state object per plugin (`kubegpu_scheduler_build_node`); every later hook receives that state.
+Dispatch: kubegpu never broadcasts a hook. The plugin manager calls one plugin's implementation at a time
+(`KubegpuPluginManager.call(plugin, hook, ...)`): the registration hook for every plugin, every other hook for the
+plugin that owns the resources of the pod (and built the state it is handed) only, so a plugin never sees another
+plugin's state and no pluggy ordering (`firstresult`, `tryfirst`, wrappers) applies; the manager refuses wrappers and
+ordering markers at registration. Every answer is checked against its hook's contract (`kubegpu.core.answers`): a
+wrong answer is reported like an exception, naming the plugin and the hook.
+
+`DeviceScheduler` is the same contract as a `typing.Protocol`, for a plugin written as a class (the kit's
+`WholeDevicePlugin` is one) and for type checkers. Hooks are listed in the order the engine calls them, each with its
+Kubernetes scheduling-framework extension point; every hook uses the same docstring layout: summary, Args, Returns,
+Called by.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import pluggy
 
 from kubegpu.core.models import NodeInfo, Occupancy, PluginAllocation, PodRequest
 from kubegpu.core.status import Status
 
-__all__ = ["PROJECT", "DeviceNodeState", "Headroom", "hookimpl", "hookspec"]
+__all__ = ["PROJECT", "DeviceNodeState", "DeviceScheduler", "Headroom", "hookimpl", "hookspec"]
 
 PROJECT = "kubegpu.scheduler"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -28,7 +37,11 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 class DeviceNodeState:
-    """Base class of a plugin's private per-node state. The engine reads only `plugin` and `node`."""
+    """Base class of a plugin's private per-node state.
+
+    The engine keeps each state with the plugin that built it and hands it back to that plugin only; it reads neither
+    `plugin` nor `node`, which are there for the plugin's own messages and for debugging.
+    """
 
     plugin: str = ""
 
@@ -61,11 +74,13 @@ def kubegpu_scheduler_resources() -> list[str]:
         (none)
 
     Returns:
-        Resource names (`aws.amazon.com/neuron`); a name ending in `/*` claims every resource with that prefix
-        (`gpu.intel.com/*`). An empty list means the plugin owns nothing and is never asked about pods.
+        A list of resource names (`aws.amazon.com/neuron`); a name ending in `/*` claims every resource with that
+        prefix (`gpu.intel.com/*`). An empty list (or None) means the plugin owns nothing and is never asked about
+        pods. A string is refused (it would claim each of its characters).
 
     Called by:
-        the plugin manager once at start-up, to route each requested resource to exactly one plugin.
+        the plugin manager once at start-up, to route each requested resource to exactly one plugin; every plugin.
+        Kubernetes: none (the scheduler profile's plugin list).
     """
     raise NotImplementedError
 
@@ -84,16 +99,20 @@ def kubegpu_scheduler_build_node(node: NodeInfo) -> DeviceNodeState | None:
             takes precedence over labels (an unhealthy advertised device is never allocated).
 
     Returns:
-        A fresh state with every device free, or None when the node has none of this plugin's devices.
+        A fresh `DeviceNodeState` (subclass) with every device free, or None when the node has none of this
+        plugin's devices.
 
     Called by:
-        the engine when a node is added or changes (simulator input, scheduler and extender node watches); the
-        engine then re-applies the allocations of the pods already on the node with `kubegpu_scheduler_take`.
+        the engine when a node is added or changes (simulator input, scheduler and extender node watches); every
+        plugin. The engine then re-applies the allocations of the pods already on the node with
+        `kubegpu_scheduler_take`. A failure here is recorded for the node: pods that need the plugin get the reason
+        "plugin NAME failed on node X in kubegpu_scheduler_build_node: ...". Kubernetes: the scheduler cache's
+        NodeInfo update.
     """
     raise NotImplementedError
 
 
-@hookspec(firstresult=True)
+@hookspec
 def kubegpu_scheduler_headroom(state: DeviceNodeState) -> Headroom | None:
     """Summarise what the node can still offer, for the engine's capacity index.
 
@@ -101,16 +120,19 @@ def kubegpu_scheduler_headroom(state: DeviceNodeState) -> Headroom | None:
         state: this plugin's state of the node.
 
     Returns:
-        A `Headroom`. None is treated as "nothing free".
+        A `Headroom`: `free` maps resources this plugin owns to whole numbers >= 0, `utilization` is in [0, 1].
+        None is treated as "nothing free".
 
     Called by:
-        the engine after the state is built and after every take or release on it; firstresult (the owning plugin).
+        the engine after the state is built and after every take or release on it; the owning plugin only. A
+        failure is recorded for the node like one of `kubegpu_scheduler_build_node`. Kubernetes: the node's
+        allocatable and requested sums (NodeResourcesFit's pre-computation).
     """
     raise NotImplementedError
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Scheduling cycle: pre-check, filter, score, reserve
+# Scheduling cycle: pre-check, prepare, filter, score, reserve
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -126,72 +148,104 @@ def kubegpu_scheduler_validate(pod: PodRequest) -> Status | None:
         container), or None (or a success) when the request is well formed.
 
     Called by:
-        the engine at the start of every scheduling cycle, for each plugin owning a resource the pod requests.
+        the engine at the start of every scheduling cycle; the plugins owning a resource the pod requests only.
+        Kubernetes: PreFilter (its rejection half).
     """
     raise NotImplementedError
 
 
-@hookspec(firstresult=True)
-def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest) -> Status | None:
+@hookspec
+def kubegpu_scheduler_prepare(pod: PodRequest) -> object | None:
+    """Read the plugin's part of a request once, for every node of the cycle (optional).
+
+    Args:
+        pod: the pod, already validated.
+
+    Returns:
+        Anything: the plugin's parsed request (container counts, a model, a memory floor). It is handed, unchanged,
+        as `prepared` to `kubegpu_scheduler_fit`, `kubegpu_scheduler_score` and `kubegpu_scheduler_allocate` of
+        this pod on every node. None is handed on too. It must depend only on what the pod signature covers (the
+        pod's containers and their resources, annotations, labels, namespace, priority, selectors), never on its
+        name or UID, and must not be changed by the hooks it is handed to.
+
+    Called by:
+        the engine once per pod signature, before the filter phase; the plugins owning a resource the pod requests
+        only. The engine remembers the answer for pods with an equal signature, replacing any per-pod cache of the
+        plugin's own. A caller that calls fit, score or allocate without `prepared` (a test) gets it computed by
+        the plugin manager. Kubernetes: PreFilter, writing its result into CycleState.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: object) -> Status:
     """Decide whether the pod's request for this plugin's resources fits the node now.
 
     Args:
         state: this plugin's state of the node.
         pod: the pod.
+        prepared: the answer of this plugin's `kubegpu_scheduler_prepare` for the pod (None without one).
 
     Returns:
         A success `Status`, or one that says why not: unresolvable when the node can never take the request (the
         trn1 "does not support requests for device: 7" refusal, a GPU model the node lacks), unschedulable when
-        devices in use are in the way.
+        devices in use are in the way. None is a wrong answer.
 
-    The answer must depend only on the state and the pod's containers, resources, selectors and annotations, not on
-    its name or UID: the engine reuses it for an equal pod while the node is unchanged.
+    The answer must depend only on the state and what the pod signature covers, not on the pod's name or UID: the
+    engine reuses it for an equal pod while the node is unchanged, and an unresolvable answer settles every node of
+    the same class (equal labels but the hostname, allocatable, taints and inventories) in that cycle.
 
     Called by:
-        the engine's filter phase for candidate nodes; firstresult (the owning plugin).
+        the engine's filter phase for candidate nodes (those whose headroom is large enough), after Kubernetes' own
+        filters passed; the owning plugin only. Kubernetes: Filter.
     """
     raise NotImplementedError
 
 
-@hookspec(firstresult=True)
-def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest) -> float | None:
+@hookspec
+def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: object) -> float | None:
     """Rate how well the request fits the node's topology, from 0 (poor) to 100 (ideal).
 
     Args:
         state: this plugin's state of a node where `kubegpu_scheduler_fit` succeeded.
         pod: the pod.
+        prepared: the answer of this plugin's `kubegpu_scheduler_prepare` for the pod (None without one).
 
     Returns:
-        A score in [0, 100] (e.g. 100 when the GPUs form a connected group, lower when the placement would break
-        up the largest free valid set). The engine adds its binpack/spread policy score. None counts as 0.
+        A finite number in [0, 100] (e.g. 100 when the GPUs form a connected group, lower when the placement would
+        break up the largest free valid set). The engine adds its binpack/spread policy score. None counts as 0.
 
     Called by:
-        the engine's score phase for feasible nodes, and the extender's prioritize verb; firstresult.
+        the engine's score phase for feasible nodes, and the extender's prioritize verb; the owning plugin only.
+        Kubernetes: Score (with NormalizeScore done by the engine).
     """
     raise NotImplementedError
 
 
-@hookspec(firstresult=True)
-def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest) -> PluginAllocation | None:
+@hookspec
+def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared: object) -> PluginAllocation | None:
     """Choose concrete devices for every container of the pod that requests this plugin's resources.
 
     Args:
         state: this plugin's state of the chosen node; not to be changed here.
         pod: the pod.
+        prepared: the answer of this plugin's `kubegpu_scheduler_prepare` for the pod (None without one).
 
     Returns:
         The `PluginAllocation`, or None when the request no longer fits (the engine then reports the node's fit
-        reason). The choice must be a valid topology set and must leave the state untouched: the engine reserves it
-        with `kubegpu_scheduler_take`.
+        reason). It may name only containers of the pod and resources this plugin owns, device ids as strings;
+        `plugin` is the entry-point name (another name is corrected, with a warning). The choice must be a valid
+        topology set and must leave the state untouched: the engine reserves it with `kubegpu_scheduler_take`.
 
     Called by:
-        the engine's reserve phase (simulator, custom scheduler, extender's bind verb); firstresult.
+        the engine's reserve phase (simulator, custom scheduler, extender's bind verb); the owning plugin only.
+        Kubernetes: Reserve (the choosing half).
     """
     raise NotImplementedError
 
 
-@hookspec(firstresult=True)
-def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status | None:
+@hookspec
+def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status:
     """Mark the allocation's devices (or device shares) as held by the pod.
 
     Args:
@@ -202,17 +256,17 @@ def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: Plu
 
     Returns:
         Success, or an error `Status` naming the device when it is unknown, unhealthy, already held or over its
-        share; then nothing is taken.
+        share; then nothing is taken. None is a wrong answer.
 
     Called by:
-        the engine's reserve phase and its ledger rebuild; firstresult.
+        the engine's reserve phase and its ledger rebuild; the owning plugin only. Kubernetes: Reserve.
     """
     raise NotImplementedError
 
 
-@hookspec(firstresult=True)
+@hookspec
 def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status | None:
-    """Return exactly what `kubegpu_scheduler_take` took for the pod.
+    """Return what `kubegpu_scheduler_take` took for the pod; idempotent.
 
     Args:
         state: this plugin's state of the node.
@@ -220,10 +274,13 @@ def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: 
         allocation: the allocation that was taken.
 
     Returns:
-        Success, or an error `Status` when the pod held none of it (the engine logs it; nothing changes).
+        Success (None counts as success), also when the pod holds nothing of it any more (a second release of the
+        same allocation changes nothing); an error `Status` only for an allocation the plugin cannot read (the
+        engine logs it).
 
     Called by:
-        the engine when a pod is deleted, finishes, or its binding is rolled back; firstresult.
+        the engine when a pod is deleted, finishes, is preempted, or its binding is rolled back; the owning plugin
+        only. Kubernetes: Unreserve.
     """
     raise NotImplementedError
 
@@ -233,7 +290,7 @@ def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: 
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@hookspec(firstresult=True)
+@hookspec
 def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy] | None:
     """Draw the node's devices and their holders for reports and the monitoring API.
 
@@ -241,9 +298,50 @@ def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy] | None
         state: this plugin's state of the node.
 
     Returns:
-        One `Occupancy` per device family on the node (layout, cells, free and largest-fit counts).
+        A list with one `Occupancy` per device family on the node (layout, cells, free and largest-fit counts).
 
     Called by:
-        the simulator's report and the extender's monitoring API; firstresult.
+        the simulator's report, `kubegpu top` and the extender's monitoring API; the owning plugin only.
+        Kubernetes: none (kubegpu's own reporting).
     """
     raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The same contract as a Protocol
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class DeviceScheduler(Protocol):
+    """The scheduler-side hooks as a `typing.Protocol`, for a plugin written as a class and for type checkers.
+
+    A plugin object (a module, or an instance whose methods carry `hookimpl`) may implement any subset of the hooks;
+    the Protocol lists all of them, so `DeviceScheduler` describes a complete plugin such as the kit's
+    `WholeDevicePlugin`.
+    """
+
+    def kubegpu_scheduler_resources(self) -> list[str]: ...
+
+    def kubegpu_scheduler_build_node(self, node: NodeInfo) -> DeviceNodeState | None: ...
+
+    def kubegpu_scheduler_headroom(self, state: DeviceNodeState) -> Headroom | None: ...
+
+    def kubegpu_scheduler_validate(self, pod: PodRequest) -> Status | None: ...
+
+    def kubegpu_scheduler_prepare(self, pod: PodRequest) -> object | None: ...
+
+    def kubegpu_scheduler_fit(self, state: DeviceNodeState, pod: PodRequest, prepared: object) -> Status: ...
+
+    def kubegpu_scheduler_score(self, state: DeviceNodeState, pod: PodRequest, prepared: object) -> float | None: ...
+
+    def kubegpu_scheduler_allocate(
+        self, state: DeviceNodeState, pod: PodRequest, prepared: object
+    ) -> PluginAllocation | None: ...
+
+    def kubegpu_scheduler_take(self, state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status: ...
+
+    def kubegpu_scheduler_release(
+        self, state: DeviceNodeState, pod_key: str, allocation: PluginAllocation
+    ) -> Status | None: ...
+
+    def kubegpu_scheduler_describe(self, state: DeviceNodeState) -> list[Occupancy] | None: ...

@@ -99,6 +99,12 @@ class Metrics:
             ["stage"],
             registry=self.registry,
         )
+        self.plugin_failures = Counter(
+            "kubegpu_scheduler_plugin_failures_total",
+            "Plugin hook calls that raised or answered outside the hook's contract, by plugin and hook.",
+            ["plugin", "hook"],
+            registry=self.registry,
+        )
         self.refused_allocations = Counter(
             "kubegpu_scheduler_refused_allocations_total",
             "Bound pods whose kubegpu.io/allocation holds no devices: malformed, unverified, copied or stale.",
@@ -182,6 +188,7 @@ class SchedulerService:
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.stop = threading.Event()
         self.metrics = Metrics()
+        engine.plugins.on_hook_failure.append(lambda e: self.metrics.plugin_failures.labels(e.plugin, e.hook).inc())
         self.active: dict[str, Entry] = {}
         self.backoff: list[Entry] = []
         self.unschedulable: dict[str, Entry] = {}

@@ -65,6 +65,8 @@ NOMINATED = "node(s) were nominated for a pending pod of equal or higher priorit
 CPU_INDEX = "cpu"
 NAME_LABELS = frozenset({"kubernetes.io/hostname"})
 MAX_CHANGES = 1 << 16  # node changes remembered by `Engine.changed_since`
+UNKNOWN_FREE = 1 << 62  # the headroom of a plugin that failed on a node: unknown, so never the reason to skip it
+PREPARE_HOOK = "kubegpu_scheduler_prepare"
 
 
 @dataclass(slots=True)
@@ -124,6 +126,9 @@ class Plan:
     # or on other nodes).
     settles: bool = True
     stamp: int = 0  # the generation (volatile) or anti-affinity epoch (otherwise) the plan was made at
+    # Each owning plugin's `kubegpu_scheduler_prepare` answer (its PluginHookError when it failed), for fit, score
+    # and allocate: computed once per pod signature (Kubernetes' PreFilter writing CycleState).
+    prepared: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +198,7 @@ class Engine:
         self._first = 0
         self._signatures: dict[tuple[object, ...], tuple[object, ...]] = {}
         self._plans: dict[int, tuple[PodRequest, Plan]] = {}  # by id(pod), holding the pod so the id stays its own
+        self._prepared: dict[tuple[object, ...], dict[str, object]] = {}  # by pod signature (without volatile parts)
         self._issued = 0  # the `issued` stamp of the last signed allocation: stamps strictly increase
         # Placed pods with required anti-affinity terms: they can refuse an incoming pod on nodes other than theirs.
         self._anti: dict[str, None] = {}
@@ -221,8 +227,9 @@ class Engine:
             try:
                 state = self.plugins.call(plugin, "kubegpu_scheduler_build_node", node=info)
             except PluginHookError as exc:
-                log.error("node %s: %s", info.name, exc)
-                record.problems[plugin] = str(exc)
+                problem = exc.on_node(info.name)
+                log.error("%s", problem)
+                record.problems[plugin] = str(problem)
                 continue
             if state is not None:
                 record.states[plugin] = state
@@ -302,13 +309,18 @@ class Engine:
         record.version += 1
         name = record.name
         self._index[CPU_INDEX].set(name, record.free("cpu"), record.klass)
+        for plugin in record.problems.keys() - record.states.keys():  # build_node failed
+            for resource in self._unknown_headroom(record, plugin).free:
+                self._index.setdefault(resource, CapacityIndex()).set(name, UNKNOWN_FREE, record.klass)
         for plugin, state in record.states.items():
             try:
                 headroom = self.plugins.call(plugin, "kubegpu_scheduler_headroom", state=state) or Headroom()
+                record.problems.pop(plugin, None)
             except PluginHookError as exc:
-                log.error("node %s: %s", name, exc)
-                record.problems[plugin] = str(exc)
-                headroom = Headroom()
+                problem = exc.on_node(name)
+                log.error("%s", problem)
+                record.problems[plugin] = str(problem)
+                headroom = self._unknown_headroom(record, plugin)
             old = record.headroom.get(plugin)
             record.headroom[plugin] = headroom
             if old is not None:
@@ -319,6 +331,14 @@ class Engine:
                 if index is None:
                     index = self._index[resource] = CapacityIndex()
                 index.set(name, free, record.klass)
+
+    def _unknown_headroom(self, record: NodeRecord, plugin: str) -> Headroom:
+        """Headroom for a plugin that failed on the node: every resource it could own there looks free, so the
+        node stays a candidate and its pods are told the failure (`_device_fit`) rather than `Insufficient ...`."""
+        claimed = self.plugins.records[plugin].resources if plugin in self.plugins.records else []
+        resources = {r for r in claimed if not r.endswith("/*")}
+        resources.update(r for r in record.info.allocatable if self.plugins.owner_of(r) == plugin)
+        return Headroom(free=dict.fromkeys(sorted(resources), UNKNOWN_FREE))
 
     # -- pods ----------------------------------------------------------------------------------------------------
 
@@ -393,8 +413,12 @@ class Engine:
             tuple(sorted(pod.requests.items())),
             pod.node_affinity,
             pod.host_ports,
+            pod.namespace,
+            tuple(sorted(pod.labels.items())),
+            pod.priority,
             pod.preferred_node_affinity,
         )
+        prepared = self._prepare(pod, routes, signature)
         if pod.claims:
             signature += (pod.namespace, pod.claims, self._volume_epoch)
         if volatile:
@@ -421,7 +445,28 @@ class Engine:
             volatile=volatile,
             settles=not (volatile or by_name or pod.claims),
             stamp=self.generation if volatile else self._anti_epoch,
+            prepared=prepared,
         )
+
+    def _prepare(self, pod: PodRequest, routes: dict[str, list[str]], key: tuple[object, ...]) -> dict[str, object]:
+        """Each owning plugin's prepared request, remembered per pod signature (`key`)."""
+        plugins = [p for p in routes if p and self.plugins.implements(p, PREPARE_HOOK)]
+        if not plugins:
+            return {}
+        known = self._prepared.get(key)
+        if known is not None:
+            return known
+        prepared: dict[str, object] = {}
+        for plugin in plugins:
+            try:
+                prepared[plugin] = self.plugins.call(plugin, PREPARE_HOOK, pod=pod)
+            except PluginHookError as exc:
+                log.error("%s", exc)
+                prepared[plugin] = exc
+        if len(self._prepared) >= 4096:
+            self._prepared.clear()
+        self._prepared[key] = prepared
+        return prepared
 
     def _basic_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
         """Kubernetes' node-local filters in kube-scheduler's order (`kubegpu.scheduler.filters`); the first that
@@ -550,22 +595,25 @@ class Engine:
 
     def _device_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status:
         for plugin, needs in plan.devices:
+            problem = record.problems.get(plugin)
+            if problem:
+                return Status.error(problem, plugin=plugin)
             state = record.states.get(plugin)
             if state is None:
-                problem = record.problems.get(plugin)
-                if problem:
-                    return Status.error(problem, plugin=plugin)
                 return Status.unresolvable(f"Insufficient {needs[0][0]}", plugin=plugin)
+            prepared = plan.prepared.get(plugin)
+            if isinstance(prepared, PluginHookError):
+                return Status.error(str(prepared), plugin=plugin)
             free = record.headroom[plugin].free
             for resource, need in needs:
                 if free.get(resource, 0) < need:
                     return Status.unschedulable(f"Insufficient {resource}", plugin=plugin)
             try:
-                status: Status | None = self.plugins.call(plugin, "kubegpu_scheduler_fit", state=state, pod=pod)
+                status: Status = self.plugins.call(
+                    plugin, "kubegpu_scheduler_fit", state=state, pod=pod, prepared=prepared
+                )
             except PluginHookError as exc:
                 return Status.error(str(exc), plugin=plugin)
-            if status is None:
-                return Status.error(f"plugin {plugin!r} gave no answer to kubegpu_scheduler_fit", plugin=plugin)
             if not status.ok:
                 return status
         return Status.success()
@@ -633,7 +681,8 @@ class Engine:
             if state is None:
                 continue
             try:
-                score = self.plugins.call(plugin, "kubegpu_scheduler_score", state=state, pod=pod)
+                prepared = self.plan(pod).prepared.get(plugin)
+                score = self.plugins.call(plugin, "kubegpu_scheduler_score", state=state, pod=pod, prepared=prepared)
             except PluginHookError as exc:
                 log.error("node %s: %s", record.name, exc)
                 score = 0.0
@@ -848,7 +897,11 @@ class Engine:
         for plugin, _ in plan.devices:
             try:
                 allocation = self.plugins.call(
-                    plugin, "kubegpu_scheduler_allocate", state=record.states[plugin], pod=pod
+                    plugin,
+                    "kubegpu_scheduler_allocate",
+                    state=record.states[plugin],
+                    pod=pod,
+                    prepared=plan.prepared.get(plugin),
                 )
             except PluginHookError as exc:
                 return Decision(pod.key, False, reason=str(exc), code=Code.ERROR)

@@ -72,8 +72,13 @@ def test_every_hook_docstring_follows_the_template(
         assert f"\n{section}\n" in doc, f"{name}: the docstring lacks a {section!r} section"
     for parameter in inspect.signature(function).parameters:
         assert f"{parameter}:" in doc.split("Returns:")[0], f"{name}: Args does not describe {parameter!r}"
-    stated = "firstresult" in doc
-    assert stated == bool(options["firstresult"]), f"{name}: the docstring must say firstresult exactly when it is"
+    assert not options["firstresult"], f"{name}: kubegpu calls one plugin at a time; firstresult would mean nothing"
+    called_by = " ".join(doc.split("Called by:")[1].split())
+    dispatch = ("every plugin", "only")
+    assert any(word in called_by for word in dispatch), f"{name}: 'Called by' must say which plugins are called"
+    assert "Kubernetes:" in called_by or name.startswith("kubegpu_device_"), (
+        f"{name}: 'Called by' must name the Kubernetes scheduling-framework extension point"
+    )
 
 
 @pytest.mark.parametrize(("name", "function", "options"), HOOKS, ids=HOOK_NAMES)

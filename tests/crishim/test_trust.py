@@ -455,7 +455,7 @@ class _Sloppy:
         pytest.param(_Exits(), "plugin 'bad' failed in kubegpu_device_edit_container: SystemExit: 3", id="exits"),
         pytest.param(
             _Sloppy(),
-            "plugin 'bad' left an invalid container config after kubegpu_device_edit_container: "
+            "plugin 'bad' failed in kubegpu_device_edit_container: WrongAnswer: left an invalid container config: "
             "edit.envs.FPGA_COUNT: Input should be a valid string",
             id="non-string-env",
         ),

@@ -1,0 +1,334 @@
+"""The checked boundary: every answer a plugin gives is held against its hook's contract before kubegpu uses it.
+
+A plugin is third-party code. An exception it raises is one way to fail; an answer of the wrong kind is another, and
+a quieter one: `fit` returning `True`, `score` returning `"high"`, `resources` returning a string (which would claim
+the resources `a`, `m`, `d`), an allocation naming another plugin's resource or a container the pod does not have.
+Without a check such answers crash a front-end far from the plugin, or are signed and written. The plugin manager
+runs the check of each hook (`CHECKS`) on every answer; a violation raises `WrongAnswer`, which the manager wraps in
+`PluginHookError` naming the plugin and the hook, exactly like an exception, so every front-end isolates it the same
+way.
+
+A check returns the answer to use: the answer itself, or a corrected copy where the contract allows a correction (an
+allocation or an inventory naming a plugin other than the entry-point name is renamed, with a warning once; `None`
+from `resources` is an empty list; `None` from `release` is a success). The checks are cheap on the hot path: an
+`isinstance` for a `Status`, a few comparisons for a `Headroom`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from kubegpu.core.errors import describe_validation_error
+from kubegpu.core.models import (
+    Advertisement,
+    ContainerAllocation,
+    ContainerEdit,
+    DeviceInventory,
+    DeviceOwnership,
+    Occupancy,
+    PluginAllocation,
+    PodRequest,
+)
+from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
+from kubegpu.core.status import Status
+
+__all__ = ["CHECKS", "RESERVED_ANNOTATION_PREFIX", "Router", "WrongAnswer"]
+
+log = logging.getLogger("kubegpu.plugins")
+
+RESERVED_ANNOTATION_PREFIX = "kubegpu.io/"  # pod annotations kubegpu writes itself (the signed allocation)
+
+
+class WrongAnswer(TypeError):
+    """A plugin's answer breaks its hook's contract; the message says what was returned and what is due."""
+
+
+class Router(Protocol):
+    """What a check needs from the plugin manager: who owns a resource, and a place to remember warnings."""
+
+    def owner_of(self, resource: str) -> str | None: ...
+
+    def warn_once(self, plugin: str, topic: str, message: str) -> None: ...
+
+
+Check = Callable[[Router, str, Any, Mapping[str, Any]], Any]
+
+
+def _kind(value: object) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# -- shared ---------------------------------------------------------------------------------------------------------
+
+
+def _resources(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> list[str]:
+    if answer is None:
+        return []
+    if isinstance(answer, str):
+        raise WrongAnswer(
+            f"returned the string {answer!r}; a list of resource names is due (a string would claim each of its "
+            "characters)"
+        )
+    if not isinstance(answer, (list, tuple)):
+        raise WrongAnswer(f"returned {_kind(answer)}; a list of resource names is due")
+    for resource in answer:
+        if not isinstance(resource, str) or not resource or resource != resource.strip():
+            raise WrongAnswer(f"named {_kind(resource)} among its resources; each must be a resource name")
+    return list(answer)
+
+
+def _status(hook_answer: str, *, none_ok: bool) -> Check:
+    def check(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+        if answer.__class__ is Status or isinstance(answer, Status):
+            return answer
+        if answer is None and none_ok:
+            return None
+        due = "a Status or None" if none_ok else "a Status"
+        raise WrongAnswer(f"returned {_kind(answer)}; {due} is due ({hook_answer})")
+
+    return check
+
+
+def _owned(manager: Router, plugin: str, resource: str) -> bool:
+    return manager.owner_of(resource) == plugin
+
+
+# -- scheduler side -------------------------------------------------------------------------------------------------
+
+
+def _build_node(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None or isinstance(answer, DeviceNodeState):
+        return answer
+    raise WrongAnswer(f"returned {_kind(answer)}; a DeviceNodeState (subclass) or None is due")
+
+
+def _headroom(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None:
+        return None
+    if not isinstance(answer, Headroom):
+        raise WrongAnswer(f"returned {_kind(answer)}; a Headroom(free={{resource: int}}, utilization=0..1) is due")
+    if not isinstance(answer.free, dict):
+        raise WrongAnswer(f"returned a Headroom whose free is {_kind(answer.free)}; a dict resource -> int is due")
+    for resource, amount in answer.free.items():
+        if not isinstance(resource, str) or not _is_int(amount) or amount < 0:
+            raise WrongAnswer(
+                f"returned a Headroom with free[{resource!r}] = {_kind(amount)}; a whole number >= 0 is due"
+            )
+        if not _owned(manager, plugin, resource):
+            raise WrongAnswer(f"returned a Headroom naming {resource!r}, which plugin {plugin!r} does not own")
+    utilization = answer.utilization
+    if not _is_number(utilization) or not 0.0 <= utilization <= 1.0:  # NaN fails both comparisons
+        raise WrongAnswer(f"returned a Headroom with utilization {_kind(utilization)}; a number in [0, 1] is due")
+    return answer
+
+
+def _score(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None:
+        return None
+    if not _is_number(answer) or not math.isfinite(answer) or not 0 <= answer <= 100:
+        raise WrongAnswer(f"returned {_kind(answer)}; a number in [0, 100] (or None) is due")
+    return answer
+
+
+def _allocation(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None:
+        return None
+    if not isinstance(answer, PluginAllocation):
+        raise WrongAnswer(f"returned {_kind(answer)}; a PluginAllocation or None is due")
+    pod: PodRequest | None = kwargs.get("pod")
+    _check_allocation(manager, plugin, answer, {c.name for c in pod.containers} if pod is not None else None)
+    for key, value in answer.annotations.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise WrongAnswer(f"returned an allocation with annotation {_kind(key)}: {_kind(value)}; strings are due")
+        if key.startswith(RESERVED_ANNOTATION_PREFIX):
+            raise WrongAnswer(f"returned an allocation writing the annotation {key!r}: kubegpu.io/ keys are kubegpu's")
+    if answer.plugin != plugin:
+        manager.warn_once(
+            plugin,
+            "allocation-name",
+            f"plugin {plugin!r} names its allocations {answer.plugin!r}; kubegpu uses the entry-point name "
+            f"{plugin!r} (set PluginAllocation.plugin to it)",
+        )
+        answer = answer.model_copy(update={"plugin": plugin})
+    return answer
+
+
+def _check_allocation(manager: Router, plugin: str, answer: PluginAllocation, containers: set[str] | None) -> None:
+    if not isinstance(answer.containers, dict):
+        raise WrongAnswer(f"returned an allocation whose containers are {_kind(answer.containers)}; a dict is due")
+    for container, resources in answer.containers.items():
+        if containers is not None and container not in containers:
+            raise WrongAnswer(f"allocated devices to container {container!r}, which the pod does not have")
+        if not isinstance(resources, dict):
+            raise WrongAnswer(f"allocated {_kind(resources)} to container {container!r}; resource -> ids is due")
+        for resource, ids in resources.items():
+            if not isinstance(resource, str) or not _owned(manager, plugin, resource):
+                raise WrongAnswer(
+                    f"allocated {resource!r} to container {container!r}: plugin {plugin!r} does not own that resource"
+                )
+            if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
+                raise WrongAnswer(f"allocated {_kind(ids)} as {resource} of {container!r}; a list of id strings is due")
+            if len(set(ids)) != len(ids):
+                raise WrongAnswer(f"allocated one device twice as {resource} of {container!r}: {ids}")
+    if not isinstance(answer.shares, dict):
+        raise WrongAnswer(f"returned an allocation whose shares are {_kind(answer.shares)}; a dict is due")
+    for container, by_resource in answer.shares.items():
+        listed = answer.containers.get(container)
+        if listed is None or not isinstance(by_resource, dict):
+            raise WrongAnswer(f"gave shares to container {container!r} but allocated it no devices")
+        for resource, amounts in by_resource.items():
+            if resource not in listed or not isinstance(amounts, dict):
+                raise WrongAnswer(f"gave shares of {resource!r} to {container!r} without listing its devices")
+            for device, amount in amounts.items():
+                if device not in listed[resource] or not _is_int(amount) or amount < 0:
+                    raise WrongAnswer(
+                        f"gave {container!r} a share {_kind(amount)} of {resource} on {device!r}; a whole number "
+                        "on a listed device is due"
+                    )
+    try:
+        json.dumps(answer.fields, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise WrongAnswer(f"returned allocation fields that are not JSON ({exc}); they go into an annotation") from None
+
+
+def _describe(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None:
+        return None
+    if not isinstance(answer, list) or not all(isinstance(o, Occupancy) for o in answer):
+        raise WrongAnswer(f"returned {_kind(answer)}; a list of Occupancy is due")
+    return answer
+
+
+def _release(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None:
+        return Status.success()
+    if isinstance(answer, Status):
+        return answer
+    raise WrongAnswer(
+        f"returned {_kind(answer)}; a Status is due (release is idempotent: success when nothing is held)"
+    )
+
+
+# -- device side ----------------------------------------------------------------------------------------------------
+
+
+def _owned_answer(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None or isinstance(answer, DeviceOwnership):
+        return answer
+    raise WrongAnswer(f"returned {_kind(answer)}; a DeviceOwnership or None is due")
+
+
+def _discover(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None:
+        return None
+    if not isinstance(answer, DeviceInventory):
+        raise WrongAnswer(f"returned {_kind(answer)}; a DeviceInventory or None is due")
+    if answer.plugin != plugin:
+        manager.warn_once(
+            plugin,
+            "inventory-name",
+            f"plugin {plugin!r} names its inventory {answer.plugin!r}; it is published under the entry-point name",
+        )
+        answer = answer.model_copy(update={"plugin": plugin})
+    return answer
+
+
+def _health(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None:
+        return None
+    if not isinstance(answer, dict) or not all(isinstance(k, str) and isinstance(v, bool) for k, v in answer.items()):
+        raise WrongAnswer(f"returned {_kind(answer)}; a dict device id -> bool (or None) is due")
+    return answer
+
+
+def _advertise(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None:
+        return None
+    if not isinstance(answer, Advertisement):
+        raise WrongAnswer(f"returned {_kind(answer)}; an Advertisement or None is due")
+    try:
+        checked = Advertisement.model_validate(answer.model_dump(warnings=False), strict=True)
+    except ValidationError as exc:
+        raise WrongAnswer(
+            f"returned an invalid Advertisement: {describe_validation_error(exc, 'advertisement')}"
+        ) from None
+    for resource, count in checked.capacity.items():
+        if count < 0 or not _owned(manager, plugin, resource):
+            raise WrongAnswer(f"advertised {resource}: {count}; only resources it owns, in counts >= 0")
+    return checked
+
+
+def _plugin_ids(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None:
+        return None
+    if not isinstance(answer, dict):
+        raise WrongAnswer(f"returned {_kind(answer)}; a dict resource -> {{device id: healthy}} is due")
+    for resource, devices in answer.items():
+        if not isinstance(resource, str) or not _owned(manager, plugin, resource):
+            raise WrongAnswer(f"named ids for {resource!r}, which plugin {plugin!r} does not own")
+        if not isinstance(devices, dict) or not all(
+            isinstance(k, str) and isinstance(v, bool) for k, v in devices.items()
+        ):
+            raise WrongAnswer(f"named {_kind(devices)} for {resource}; a dict device id -> bool is due")
+    return answer
+
+
+def _edit_container(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is not None and not isinstance(answer, bool):
+        raise WrongAnswer(f"returned {_kind(answer)}; True (edited) or None (not its allocation) is due")
+    edit = kwargs.get("edit")
+    if isinstance(edit, ContainerEdit):
+        try:
+            ContainerEdit.model_validate(edit.model_dump(warnings=False))
+        except ValidationError as exc:
+            raise WrongAnswer(f"left an invalid container config: {describe_validation_error(exc, 'edit')}") from None
+    allocation = kwargs.get("allocation")
+    if (
+        answer is not True
+        and isinstance(allocation, ContainerAllocation)
+        and allocation.resources
+        and all(_owned(manager, plugin, r) for r in allocation.resources)
+    ):
+        raise WrongAnswer(
+            f"returned {answer!r} for an allocation of its own resources ({', '.join(sorted(allocation.resources))}); "
+            "True is due once the container has its devices"
+        )
+    return answer
+
+
+CHECKS: dict[str, Check] = {
+    "kubegpu_scheduler_resources": _resources,
+    "kubegpu_scheduler_build_node": _build_node,
+    "kubegpu_scheduler_headroom": _headroom,
+    "kubegpu_scheduler_validate": _status("None or a success when the request is well formed", none_ok=True),
+    "kubegpu_scheduler_fit": _status("success, or why the pod does not fit", none_ok=False),
+    "kubegpu_scheduler_score": _score,
+    "kubegpu_scheduler_allocate": _allocation,
+    "kubegpu_scheduler_take": _status("success, or an error naming the device", none_ok=False),
+    "kubegpu_scheduler_release": _release,
+    "kubegpu_scheduler_describe": _describe,
+    "kubegpu_device_resources": _resources,
+    "kubegpu_device_owned": _owned_answer,
+    "kubegpu_device_discover": _discover,
+    "kubegpu_device_health": _health,
+    "kubegpu_device_advertise": _advertise,
+    "kubegpu_device_plugin_ids": _plugin_ids,
+    "kubegpu_device_edit_container": _edit_container,
+}

@@ -1,0 +1,474 @@
+"""The plugin kit: base classes that carry the bookkeeping every whole-device plugin used to copy.
+
+Most accelerator families hand out whole devices: one device to one container (GPUs, FPGA cards, ASICs). Their
+plugins differ only in where the devices of a node come from and which free devices a container should get; the rest
+(free, healthy and holder bitmaps, take, release, headroom, describe, parsing the request once, refusing with
+kube-scheduler's wording) is the same. `WholeDevicePlugin` (scheduler side) and `DeviceFilesPlugin` (node side) do
+that part, so a plugin writes
+
+* `WholeDevicePlugin`: `resources`, `devices(node)` (the node's devices, or None) and, when devices are not
+  interchangeable, `choose(state, free, count, request)` (a bitmask of `count` devices from `free`, or None). Optional:
+  `read(pod)` (the plugin's own part of the request, e.g. an annotation; raise `Refused` for a malformed one),
+  `eligible(state, request)` (the devices this request may use, or the reason none qualify), `score(...)`,
+  `fields(...)`, `largest(state, free)` and `picture(state)`;
+* `DeviceFilesPlugin`: `resource`, `pattern` (the device file names under `/dev`) and `env`; optional `cdi_kind`,
+  `model`, `count_label`.
+
+Both are plain classes whose hook methods carry the `hookimpl` markers; register an instance
+(`[project.entry-points."kubegpu.scheduler"] acme = "kubegpu_acme.scheduler:plugin"`). The plugin manager tells the
+instance its entry-point name (`bind_plugin_name`), which is the name of its allocations and inventories.
+
+State is bitmasks: device i of a node (in the order `devices` lists them) is bit i of `healthy` and `free`; `holders[i]`
+is the pod holding it. Every answer is deterministic: ties go to the lowest device.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubegpu.core import device_hooks, scheduler_hooks
+from kubegpu.core.models import (
+    Advertisement,
+    ContainerAllocation,
+    ContainerEdit,
+    DeviceCell,
+    DeviceInfo,
+    DeviceInventory,
+    DeviceNode,
+    DeviceOwnership,
+    NodeInfo,
+    Occupancy,
+    PluginAllocation,
+    PodRequest,
+)
+from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
+from kubegpu.core.status import Status
+
+__all__ = [
+    "DeviceFilesPlugin",
+    "Refused",
+    "WholeDevicePlugin",
+    "WholeDeviceState",
+    "WholeRequest",
+    "bit_indices",
+    "label_devices",
+    "lowest_bits",
+]
+
+
+class Refused(ValueError):
+    """Raised by `WholeDevicePlugin.read` for a request that can never be scheduled; the message says what to change."""
+
+
+def lowest_bits(free: int, count: int) -> int | None:
+    """The `count` lowest set bits of `free` as a mask, or None when fewer are set."""
+    if free.bit_count() < count:
+        return None
+    bits = 0
+    for _ in range(count):
+        low = free & -free
+        bits |= low
+        free ^= low
+    return bits
+
+
+def bit_indices(bits: int) -> list[int]:
+    """The positions of the set bits, lowest first."""
+    return [i for i in range(bits.bit_length()) if bits >> i & 1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scheduler side
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class WholeDeviceState(DeviceNodeState):
+    """One node's whole devices: bit i of `healthy` and `free` stands for `ids[i]`; `holders[i]` holds it.
+
+    `extra` is the plugin's own per-node information (a topology, a loaded bitstream), from `devices(node)`.
+    `version` grows on every take and release; it keys the per-request placement kept in `_placed`.
+    """
+
+    def __init__(self, plugin: str, node: str, devices: Sequence[DeviceInfo], extra: Any = None) -> None:
+        super().__init__(node)
+        self.plugin = plugin
+        self.devices = tuple(devices)
+        self.ids = tuple(d.id for d in self.devices)
+        self.index = {device: i for i, device in enumerate(self.ids)}
+        self.healthy = sum(1 << i for i, d in enumerate(self.devices) if d.healthy)
+        self.free = self.healthy
+        self.holders: list[str | None] = [None] * len(self.ids)
+        self.extra = extra
+        self.version = 0
+        self._placed: tuple[int, WholeRequest, tuple[int, ...] | None] | None = None
+
+    def ids_of(self, mask: int) -> list[str]:
+        return [self.ids[i] for i in bit_indices(mask)]
+
+
+@dataclass(frozen=True, slots=True)
+class WholeRequest:
+    """The plugin's part of one pod, read once per pod signature (`kubegpu_scheduler_prepare`).
+
+    `containers`: (container, resource, count) for each container asking for the plugin's devices, in spec order;
+    `extra`: what `read` returned; `error`: why the request can never be scheduled (from `Refused`).
+    """
+
+    containers: tuple[tuple[str, str, int], ...] = ()
+    extra: Any = None
+    error: str | None = None
+    total: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", sum(count for _, _, count in self.containers))
+
+
+class WholeDevicePlugin:
+    """Base of a scheduler-side plugin of whole devices; see the module docstring for what a subclass writes."""
+
+    name: str = ""  # the entry-point name, told at registration (`bind_plugin_name`)
+    resources: tuple[str, ...] = ()  # resource names that all count these devices (usually one)
+    noun: str = "devices"  # in reasons: "node(s) had fewer than 4 healthy example.com/fpga cards"
+
+    def bind_plugin_name(self, name: str) -> None:
+        self.name = name
+
+    # -- what a subclass writes ----------------------------------------------------------------------------------
+
+    def devices(self, node: NodeInfo) -> tuple[Sequence[DeviceInfo], Any] | None:
+        """The node's devices in bit order and the plugin's per-node `extra`, or None when it has none.
+
+        The default reads the advertised inventory `node.inventories[name]`; override it to fall back to labels.
+        """
+        inventory = node.inventories.get(self.name)
+        if inventory is None or not inventory.devices:
+            return None
+        return inventory.devices, None
+
+    def read(self, pod: PodRequest) -> Any:
+        """The plugin's own part of the request (annotations), handed to the other methods as `request.extra`.
+        Raise `Refused` for a request that can never be scheduled. Must not depend on the pod's name or UID."""
+        return None
+
+    def eligible(self, state: WholeDeviceState, request: WholeRequest) -> tuple[int, str | None]:
+        """The healthy devices this request may use, and the reason when the node can never serve it (a model the
+        node lacks). The default: every healthy device."""
+        return state.healthy, None
+
+    def choose(self, state: WholeDeviceState, free: int, count: int, request: WholeRequest) -> int | None:
+        """A mask of `count` devices out of `free` for one container, or None when none will do. The default takes
+        the lowest free devices (devices are interchangeable)."""
+        return lowest_bits(free, count)
+
+    def score(self, state: WholeDeviceState, request: WholeRequest, chosen: Sequence[int]) -> float:
+        """0..100 for a placement (`chosen`: one mask per container). The default: 100."""
+        return 100.0
+
+    def fields(self, state: WholeDeviceState, request: WholeRequest, chosen: Sequence[int]) -> dict[str, Any]:
+        """The allocation's fields, which the node side reads back (`ContainerAllocation.fields`)."""
+        return {}
+
+    def largest(self, state: WholeDeviceState, free: int) -> int:
+        """The largest request one container could get from `free` (headroom and describe's `largest_fit`)."""
+        return free.bit_count()
+
+    def picture(self, state: WholeDeviceState) -> dict[str, Any]:
+        """Extra `Occupancy` fields for reports: `layout`, `columns`, `topology`, `links`."""
+        return {}
+
+    # -- the plan: one placement per (state version, request), shared by fit, score and allocate ----------------
+
+    def _plan(self, state: WholeDeviceState, request: WholeRequest) -> tuple[int, ...] | None:
+        placed = state._placed
+        if placed is not None and placed[0] == state.version and placed[1] == request:
+            return placed[2]
+        eligible, reason = self.eligible(state, request)
+        plan = None if reason else self._place(state, request, eligible & state.free)
+        state._placed = (state.version, request, plan)
+        return plan
+
+    def _place(self, state: WholeDeviceState, request: WholeRequest, available: int) -> tuple[int, ...] | None:
+        chosen = []
+        for _, _, count in request.containers:
+            mask = self.choose(state, available, count, request)
+            if mask is None or mask.bit_count() != count or mask & ~available:
+                return None
+            chosen.append(mask)
+            available &= ~mask
+        return tuple(chosen)
+
+    def _request(self, pod: PodRequest, prepared: object) -> WholeRequest:
+        return prepared if isinstance(prepared, WholeRequest) else self._parse(pod)
+
+    def _parse(self, pod: PodRequest) -> WholeRequest:
+        wanted: list[tuple[str, str, int]] = []
+        for container in pod.containers:
+            asked = [(r, n) for r in self.resources if (n := container.resources.get(r, 0)) > 0]
+            if len(asked) > 1:
+                names = " and ".join(r for r, _ in asked)
+                return WholeRequest(
+                    error=f"container {container.name} requests {names}, which count the same devices; request one"
+                )
+            if asked:
+                wanted.append((container.name, *asked[0]))
+        try:
+            extra = self.read(pod)
+        except Refused as exc:
+            return WholeRequest(tuple(wanted), error=str(exc))
+        return WholeRequest(tuple(wanted), extra)
+
+    def _refuse(self, reason: str) -> Status:
+        return Status.unresolvable(reason, plugin=self.name)
+
+    # -- hooks ---------------------------------------------------------------------------------------------------
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_resources(self) -> list[str]:
+        return list(self.resources)
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_build_node(self, node: NodeInfo) -> WholeDeviceState | None:
+        found = self.devices(node)
+        if found is None or not found[0]:
+            return None
+        devices, extra = found
+        return WholeDeviceState(self.name, node.name, devices, extra)
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_headroom(self, state: WholeDeviceState) -> Headroom:
+        largest = self.largest(state, state.free)
+        held = sum(1 for holder in state.holders if holder is not None)
+        return Headroom(free=dict.fromkeys(self.resources, largest), utilization=held / len(state.ids))
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_validate(self, pod: PodRequest) -> Status | None:
+        error = self._parse(pod).error
+        return self._refuse(error) if error else None
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_prepare(self, pod: PodRequest) -> WholeRequest:
+        return self._parse(pod)
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_fit(self, state: WholeDeviceState, pod: PodRequest, prepared: object) -> Status:
+        request = self._request(pod, prepared)
+        if request.error:
+            return self._refuse(request.error)
+        if not request.total:
+            return Status.success()
+        eligible, reason = self.eligible(state, request)
+        if reason:
+            return self._refuse(reason)
+        resource = request.containers[0][1]
+        if request.total > eligible.bit_count():
+            return self._refuse(f"node(s) had fewer than {request.total} healthy {resource} {self.noun}".rstrip())
+        if self._plan(state, request) is not None:
+            return Status.success()
+        if self._place(state, request, eligible) is None:  # not even on an empty node
+            return self._refuse(f"node(s) had no valid set of {request.total} {resource} {self.noun}".rstrip())
+        return Status.unschedulable(f"Insufficient {resource}", plugin=self.name)
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_score(self, state: WholeDeviceState, pod: PodRequest, prepared: object) -> float:
+        request = self._request(pod, prepared)
+        if not request.total or request.error:
+            return 100.0 if not request.error else 0.0
+        plan = self._plan(state, request)
+        return 0.0 if plan is None else self.score(state, request, plan)
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_allocate(
+        self, state: WholeDeviceState, pod: PodRequest, prepared: object
+    ) -> PluginAllocation | None:
+        request = self._request(pod, prepared)
+        if request.error:
+            return None
+        plan = self._plan(state, request) if request.total else ()
+        if plan is None:
+            return None
+        containers: dict[str, dict[str, list[str]]] = {}
+        for (container, resource, _), mask in zip(request.containers, plan, strict=True):
+            containers.setdefault(container, {})[resource] = state.ids_of(mask)
+        return PluginAllocation(plugin=self.name, containers=containers, fields=self.fields(state, request, plan))
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_take(self, state: WholeDeviceState, pod_key: str, allocation: PluginAllocation) -> Status:
+        bits, error = self._bits(state, allocation)
+        # An unhealthy device is never allocated (it is not free), but a pod that holds one keeps it: the engine
+        # re-takes running pods when a node's inventory changes, and refusing would free their other devices.
+        for i in [] if error else bits:
+            if state.holders[i] is not None:
+                error = f"device {state.ids[i]} is already held by {state.holders[i]}"
+                break
+        if error:
+            return Status.error(error, plugin=self.name)
+        for i in bits:
+            state.holders[i] = pod_key
+            state.free &= ~(1 << i)
+        state.version += 1
+        return Status.success()
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_release(self, state: WholeDeviceState, pod_key: str, allocation: PluginAllocation) -> Status:
+        bits, error = self._bits(state, allocation)
+        if error:
+            return Status.error(error, plugin=self.name)
+        for i in bits:
+            if state.holders[i] == pod_key:  # idempotent: what the pod no longer holds is left alone
+                state.holders[i] = None
+                state.free |= (1 << i) & state.healthy
+        state.version += 1
+        return Status.success()
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_describe(self, state: WholeDeviceState) -> list[Occupancy]:
+        cells = [
+            DeviceCell(
+                id=device,
+                holders=[holder] if (holder := state.holders[i]) else [],
+                used=1.0 if state.holders[i] else 0.0,
+                healthy=bool(state.healthy >> i & 1),
+            )
+            for i, device in enumerate(state.ids)
+        ]
+        family = self.resources[0] if self.resources else self.name
+        return [
+            Occupancy(
+                family=family,
+                cells=cells,
+                total=len(cells),
+                free=state.free.bit_count(),
+                largest_fit=self.largest(state, state.free),
+                **self.picture(state),
+            )
+        ]
+
+    def _bits(self, state: WholeDeviceState, allocation: PluginAllocation) -> tuple[list[int], str | None]:
+        """The device positions an allocation names, or why it cannot be read on this node (a decoded annotation
+        may hold anything): another plugin's resource, shares, an unknown id, an id named twice."""
+        if allocation.shares:
+            return [], f"{self.name} devices are whole devices; the allocation must not carry shares"
+        bits: list[int] = []
+        for container, resources in allocation.containers.items():
+            for resource, ids in resources.items():
+                if resource not in self.resources:
+                    return [], f"container {container}: resource {resource} is not scheduled by plugin {self.name}"
+                for device in ids:
+                    i = state.index.get(device)
+                    if i is None:
+                        return [], f"device {device} does not exist on this node"
+                    if i in bits:
+                        return [], f"device {device} appears twice in the allocation"
+                    bits.append(i)
+        return bits, None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Node side
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class DeviceFilesPlugin:
+    """Base of a node-side plugin whose devices are files under `/dev` (`/dev/acme0`, `/dev/acme1`, ...).
+
+    Discovery lists the files whose name matches `pattern` (numbered ones in numeric order); a device whose file
+    disappeared is unhealthy. The node advertises the healthy count as `resource` capacity (and `count_label` when
+    set). A container granted devices gets their device nodes, `env` = the ids joined by commas, and CDI names of
+    `cdi_kind`; the plugin owns exactly those paths, that variable and that CDI kind (`kubegpu_device_owned`).
+    """
+
+    name: str = ""
+    resource: str = ""
+    pattern: str = ""  # a regular expression for a device file name under /dev, with one group for its number
+    env: str = ""
+    cdi_kind: str = ""
+    model: str | None = None
+    count_label: str = ""
+
+    def bind_plugin_name(self, name: str) -> None:
+        self.name = name
+
+    def _compiled(self) -> re.Pattern[str]:
+        return re.compile(self.pattern)
+
+    def device_ids(self, dev: Path) -> list[str]:
+        """The device file names in `dev` that match `pattern`, numbered ones in numeric order."""
+        if not dev.is_dir():
+            return []
+        compiled = self._compiled()
+        found = []
+        for path in dev.iterdir():
+            match = compiled.fullmatch(path.name)
+            if match is not None:
+                number = match.group(1) if compiled.groups else None
+                found.append((int(number) if number and number.isdigit() else -1, path.name))
+        return [name for _, name in sorted(found)]
+
+    def edit(self, allocation: ContainerAllocation, edit: ContainerEdit, ids: list[str]) -> None:
+        """Anything more a container needs (a library mount, an env from `allocation.fields`); the default: none."""
+
+    @device_hooks.hookimpl
+    def kubegpu_device_resources(self) -> list[str]:
+        return [self.resource]
+
+    @device_hooks.hookimpl
+    def kubegpu_device_owned(self) -> DeviceOwnership:
+        return DeviceOwnership(
+            envs=(self.env,) if self.env else (),
+            device_paths=(f"/dev/{self.pattern}",),
+            cdi_kinds=(self.cdi_kind,) if self.cdi_kind else (),
+        )
+
+    @device_hooks.hookimpl
+    def kubegpu_device_discover(self, host_root: Path) -> DeviceInventory | None:
+        ids = self.device_ids(host_root / "dev")
+        if not ids:
+            return None
+        return DeviceInventory(plugin=self.name, devices=[DeviceInfo(id=i, model=self.model) for i in ids])
+
+    @device_hooks.hookimpl
+    def kubegpu_device_health(self, host_root: Path, inventory: DeviceInventory) -> dict[str, bool]:
+        return {device.id: (host_root / "dev" / device.id).exists() for device in inventory.devices}
+
+    @device_hooks.hookimpl
+    def kubegpu_device_advertise(self, inventory: DeviceInventory) -> Advertisement:
+        healthy = len(inventory.healthy_ids())
+        labels = {self.count_label: str(healthy)} if self.count_label else {}
+        return Advertisement(capacity={self.resource: healthy}, labels=labels)
+
+    @device_hooks.hookimpl
+    def kubegpu_device_plugin_ids(self, inventory: DeviceInventory) -> dict[str, dict[str, bool]]:
+        return {self.resource: {d.id: d.healthy for d in inventory.devices}}
+
+    @device_hooks.hookimpl
+    def kubegpu_device_edit_container(
+        self, allocation: ContainerAllocation, edit: ContainerEdit, dev_root: Path
+    ) -> bool | None:
+        ids = allocation.resources.get(self.resource)
+        if not ids:
+            return None
+        compiled = self._compiled()
+        for device in ids:
+            if not compiled.fullmatch(device):
+                raise ValueError(f"allocation names {device!r}, which is not a {self.resource} device id")
+        edit.replace_devices(
+            f"/dev/{self.pattern}", [DeviceNode(host_path=str(dev_root / d), container_path=f"/dev/{d}") for d in ids]
+        )
+        if self.cdi_kind:
+            edit.replace_cdi_devices(self.cdi_kind, [f"{self.cdi_kind}={d}" for d in ids])
+        if self.env:
+            edit.envs[self.env] = ",".join(ids)
+        self.edit(allocation, edit, ids)
+        return True
+
+
+def label_devices(labels: Mapping[str, str], label: str, prefix: str) -> list[DeviceInfo]:
+    """`prefix0`..`prefix<n-1>` from a count label (`acme.example/count: "4"`); none when absent or not a count."""
+    value = labels.get(label, "")
+    if not (value.isascii() and value.isdigit()) or len(value) > 4:
+        return []
+    return [DeviceInfo(id=f"{prefix}{i}") for i in range(int(value))]

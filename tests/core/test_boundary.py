@@ -1,0 +1,396 @@
+"""The checked boundary: every kind of wrong answer, from every hook, is named and isolated.
+
+What a user notices: a plugin that answers `fit` with `True`, `score` with `"high"` or `allocate` with a dict does
+not crash kubegpu and is not blamed on another hook; the pod's reason (or the log) names the plugin and the hook, and
+the other plugins' pods are scheduled as before. Registration refuses what cannot mean anything when one plugin is
+called at a time (wrappers, ordering markers, generators) with a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kubegpu.core import device_hooks, scheduler_hooks
+from kubegpu.core.kit import WholeDevicePlugin, label_devices
+from kubegpu.core.models import (
+    ContainerAllocation,
+    ContainerEdit,
+    DeviceInfo,
+    DeviceInventory,
+    NodeInfo,
+    PluginAllocation,
+)
+from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
+from kubegpu.core.scheduler_hooks import Headroom
+from kubegpu.core.testing import make_node, make_pod, node_manifest, pod_manifest
+from kubegpu.scheduler import simulate as simulate_cli
+from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.testing import simulate
+
+CARD = "cards.example/card"
+OTHER = "other.example/gpu"
+
+
+class Cards(WholeDevicePlugin):
+    """Whole cards from the label `cards.example/card.count`."""
+
+    resources = (CARD,)
+
+    def devices(self, node: NodeInfo) -> tuple[list[DeviceInfo], None] | None:
+        return label_devices(node.labels, f"{CARD}.count", "card"), None
+
+
+class Gpus(Cards):
+    resources = (OTHER,)
+
+    def devices(self, node: NodeInfo) -> tuple[list[DeviceInfo], None] | None:
+        return label_devices(node.labels, f"{OTHER}.count", "gpu"), None
+
+
+def broken(hook: str, answer: object) -> Cards:
+    """A `Cards` plugin whose `kubegpu_scheduler_<hook>` answers `answer`."""
+
+    def wrong(self: Any) -> object:
+        return answer
+
+    cls = type("Broken", (Cards,), {f"kubegpu_scheduler_{hook}": scheduler_hooks.hookimpl(wrong)})
+    return cls()
+
+
+def manager(**plugins: object) -> KubegpuPluginManager:
+    return make_plugin_manager("scheduler", plugins=plugins.items(), autoload=False)
+
+
+def cluster() -> list[dict[str, Any]]:
+    """Two nodes with cards and one with GPUs, a pod for each plugin, then the card pod deleted."""
+    return [
+        node_manifest("cards-0", labels={f"{CARD}.count": "2"}, allocatable={CARD: 2}),
+        node_manifest("gpus-0", labels={f"{OTHER}.count": "2"}, allocatable={OTHER: 2}),
+        node_manifest("cards-1", labels={f"{CARD}.count": "2"}, allocatable={CARD: 2}),
+        pod_manifest("card-pod", {"main": {CARD: 1}}),
+        pod_manifest("gpu-pod", {"main": {OTHER: 1}}),
+        pod_manifest("card-pod", {"main": {CARD: 1}}, deleted=True),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Every hook, every kind of wrong answer: simulate exits 0, the plugin and the hook are named, others schedule
+# ------------------------------------------------------------------------------------------------------------
+
+WRONG = [
+    ("build_node", "state"),
+    ("build_node", {"cards": 2}),
+    ("headroom", {"free": {CARD: 1}}),
+    ("headroom", Headroom(free={CARD: -1})),
+    ("headroom", Headroom(free={CARD: 1}, utilization=math.nan)),
+    ("headroom", Headroom(free={OTHER: 5})),
+    ("validate", False),
+    ("validate", "ok"),
+    ("fit", True),
+    ("fit", "ok"),
+    ("fit", None),
+    ("score", "high"),
+    ("score", math.inf),
+    ("score", 250),
+    ("score", True),
+    ("allocate", {"main": {CARD: ["card0"]}}),
+    ("allocate", PluginAllocation(plugin="cards", containers={"sidecar": {CARD: ["card0"]}})),
+    ("allocate", PluginAllocation(plugin="cards", containers={"main": {OTHER: ["gpu0"]}})),
+    ("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0", "card0"]}})),
+    ("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, fields={"x": {1, 2}})),
+    ("allocate", PluginAllocation(plugin="cards", annotations={"kubegpu.io/allocation": "{}"})),
+    ("take", None),
+    ("take", True),
+    ("release", "released"),
+    ("describe", "two cards"),
+    ("describe", [{"family": "cards"}]),
+]
+
+
+def _run_simulate(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], plugin: object, json_out: bool
+) -> tuple[int, str, str]:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all(cluster()))
+    built = manager(cards=plugin, gpus=Gpus())
+    monkeypatch.setattr(simulate_cli, "make_plugin_manager", lambda side: built)
+    args = argparse.Namespace(files=[str(path)], json=json_out, policy="binpack", html=None, stats=False)
+    code = simulate_cli.run(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(("hook", "answer"), WRONG, ids=[f"{h}-{i}" for i, (h, _) in enumerate(WRONG)])
+def test_simulate_survives_every_wrong_answer_and_names_the_plugin_and_the_hook(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    hook: str,
+    answer: object,
+) -> None:
+    caplog.set_level(logging.ERROR)
+    code, out, err = _run_simulate(monkeypatch, tmp_path, capsys, broken(hook, answer), json_out=hook != "describe")
+
+    assert code == 0, err
+    named = "plugin 'cards' failed"
+    full = f"kubegpu_scheduler_{hook}"
+    if hook == "describe":
+        assert "gpus-0" in out  # the report was drawn
+    else:
+        records = {r["pod"]: r for r in map(json.loads, out.splitlines()) if r["event"] != "deleted"}
+        assert records["default/gpu-pod"]["event"] == "scheduled", "the other plugin's pods are unaffected"
+        card = records["default/card-pod"]
+    told = [card["reason"] or ""] if hook != "describe" else []
+    told += [r.getMessage() for r in caplog.records]
+    assert any(named in text and full in text for text in told), (told, err)
+
+
+def test_a_wrong_answer_from_build_node_reaches_the_pod_naming_the_node() -> None:
+    records = simulate(cluster()[:5], plugins={"cards": broken("build_node", "state"), "gpus": Gpus()})
+
+    card = next(r for r in records if r["pod"] == "default/card-pod")
+    assert card["event"] == "unschedulable"
+    for node in ("cards-0", "cards-1"):
+        assert f"plugin 'cards' failed on node {node} in kubegpu_scheduler_build_node: WrongAnswer:" in card["reason"]
+
+
+def test_headroom_raising_reaches_the_pod_and_is_counted() -> None:
+    plugin = Cards()
+
+    def explode(self: Any, state: object) -> Headroom:
+        raise OSError("sysfs read failed")
+
+    cls = type("Flaky", (Cards,), {"kubegpu_scheduler_headroom": scheduler_hooks.hookimpl(explode)})
+    built = manager(cards=cls(), gpus=Gpus())
+    seen: list[PluginHookError] = []
+    built.on_hook_failure.append(seen.append)
+
+    records = simulate(cluster()[:5], manager=built)
+
+    card = next(r for r in records if r["pod"] == "default/card-pod")
+    assert (
+        "plugin 'cards' failed on node cards-0 in kubegpu_scheduler_headroom: OSError: sysfs read failed"
+        in (card["reason"])
+    )
+    assert built.hook_failures[("cards", "kubegpu_scheduler_headroom")] >= 1
+    assert {(e.plugin, e.hook) for e in seen} == {("cards", "kubegpu_scheduler_headroom")}
+    assert plugin.name == ""  # a plugin instance only learns its name when it is registered
+
+
+def test_allocate_returning_a_dict_is_allocates_failure_not_takes() -> None:
+    records = simulate(cluster()[:4], plugins={"cards": broken("allocate", {"main": {CARD: ["card0"]}})})
+
+    reason = records[0]["reason"]
+    assert "kubegpu_scheduler_allocate: WrongAnswer: returned {'main'" in reason
+    assert "take" not in reason
+
+
+def test_an_allocation_under_another_name_is_renamed_to_the_entry_point_name(caplog: pytest.LogCaptureFixture) -> None:
+    answer = PluginAllocation(plugin="typo", containers={"main": {CARD: ["card0"]}}, fields={"k": "v"})
+
+    records = simulate(cluster()[:4], plugins={"cards": broken("allocate", answer)})
+
+    assert records[0]["event"] == "scheduled"
+    assert json.loads(records[0]["annotations"]["kubegpu.io/allocation"])["plugins"] == {"cards": {"k": "v"}}
+    assert any("names its allocations 'typo'" in r.getMessage() for r in caplog.records)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The manager itself
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        ("amd.com/gpu", "returned the string 'amd.com/gpu'"),
+        ({"amd.com/gpu": 1}, "a list of resource names is due"),
+        (["ok.example/x", 3], "named 3 (int)"),
+    ],
+    ids=["string", "dict", "non-string"],
+)
+def test_a_resources_hook_answering_wrongly_leaves_the_plugin_out(answer: object, problem: str) -> None:
+    built = manager(bad=broken("resources", answer), good=Gpus())
+
+    assert built.names == ["good"]
+    [failure] = built.failures
+    assert (failure.name, failure.stage) == ("bad", "kubegpu_scheduler_resources")
+    assert problem in failure.error
+    assert built.owner_of("a") is None
+
+
+@pytest.mark.parametrize(
+    ("marker", "words"),
+    [
+        ({"wrapper": True}, "wrapper=True"),
+        ({"hookwrapper": True}, "hookwrapper=True"),
+        ({"tryfirst": True}, "tryfirst=True"),
+        ({"trylast": True}, "trylast=True"),
+    ],
+)
+def test_wrappers_and_ordering_markers_are_refused_at_registration(marker: dict[str, bool], words: str) -> None:
+    def fit(state: object, pod: object) -> Any:
+        yield  # a wrapper's shape; never called
+
+    module = type("M", (), {"kubegpu_scheduler_resources": staticmethod(scheduler_hooks.hookimpl(lambda: [CARD]))})
+    module.kubegpu_scheduler_fit = staticmethod(scheduler_hooks.hookimpl(**marker)(fit))  # type: ignore[attr-defined]
+
+    built = manager(bad=module())
+
+    assert built.names == []
+    [failure] = built.failures
+    assert failure.stage == "register"
+    assert words in failure.error and "kubegpu_scheduler_fit" in failure.error
+
+
+def test_a_generator_hook_is_refused_at_registration() -> None:
+    def score(self: Any, state: object, pod: object) -> Any:
+        yield 100.0
+
+    cls = type("Gen", (Cards,), {"kubegpu_scheduler_score": scheduler_hooks.hookimpl(score)})
+
+    built = manager(gen=cls())
+
+    assert built.names == []
+    assert "generator function" in built.failures[0].error
+
+
+def test_an_unknown_hook_name_raises_for_the_caller() -> None:
+    built = manager(cards=Cards())
+
+    with pytest.raises(ValueError, match=r"'kubegpu_scheduler_fitt' is not a hook of kubegpu\.scheduler"):
+        built.call("cards", "kubegpu_scheduler_fitt", state=None, pod=None)
+
+
+def test_prepare_is_computed_for_a_caller_that_does_not_give_it_and_once_per_signature_by_the_engine() -> None:
+    calls: list[str] = []
+
+    class Counting(Cards):
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_prepare(self, pod: Any) -> Any:
+            calls.append(pod.name)
+            return super().kubegpu_scheduler_prepare(pod)
+
+    built = manager(cards=Counting())
+    state = built.call("cards", "kubegpu_scheduler_build_node", node=make_node(labels={f"{CARD}.count": "2"}))
+    assert built.call("cards", "kubegpu_scheduler_fit", state=state, pod=make_pod("p", {"main": {CARD: 1}})).ok
+    assert calls == ["p"]
+
+    calls.clear()
+    engine = Engine(built)
+    for i in range(3):
+        engine.add_node(make_node(f"n{i}", labels={f"{CARD}.count": "2"}, allocatable={CARD: 2}))
+    for name in ("a", "b", "c"):
+        assert engine.schedule(make_pod(name, {"main": {CARD: 1}})).scheduled
+    assert calls == ["a"], "pods with one signature are prepared once"
+
+
+def test_the_pod_signature_covers_labels_so_a_plugin_reading_them_gets_fresh_answers() -> None:
+    class ByLabel(Cards):
+        def read(self, pod: Any) -> Any:
+            return pod.labels.get("tier")
+
+        def eligible(self, state: Any, request: Any) -> tuple[int, str | None]:
+            return (state.healthy, None) if request.extra == "gold" else (0, "only tier=gold pods use cards")
+
+    engine = Engine(manager(cards=ByLabel()))
+    engine.add_node(make_node("n0", labels={f"{CARD}.count": "2"}, allocatable={CARD: 2}))
+    silver = make_pod("s", {"main": {CARD: 1}})
+    gold = replace(make_pod("g", {"main": {CARD: 1}}), labels={"tier": "gold"})
+
+    assert not engine.schedule(silver).scheduled
+    assert engine.schedule(gold).scheduled
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Node side
+# ------------------------------------------------------------------------------------------------------------
+
+
+def device_plugin(**answers: object) -> object:
+    hooks: dict[str, Callable[..., object]] = {"kubegpu_device_resources": lambda self: [CARD]}
+    for hook, answer in answers.items():
+        hooks[f"kubegpu_device_{hook}"] = lambda self, _a=answer: _a
+    return type("Dev", (), {k: device_hooks.hookimpl(v) for k, v in hooks.items()})()
+
+
+@pytest.mark.parametrize(
+    ("hook", "answer", "kwargs", "problem"),
+    [
+        ("owned", ["FPGA_VISIBLE_DEVICES"], {}, "a DeviceOwnership or None is due"),
+        ("discover", {"devices": []}, {"host_root": Path("/")}, "a DeviceInventory or None is due"),
+        ("health", {"card0": "ok"}, {"host_root": Path("/"), "inventory": None}, "device id -> bool"),
+        ("advertise", {"capacity": {}}, {"inventory": None}, "an Advertisement or None is due"),
+        ("plugin_ids", {OTHER: {"0": True}}, {"inventory": None}, "does not own"),
+        (
+            "edit_container",
+            "yes",
+            {"allocation": None, "edit": ContainerEdit(), "dev_root": Path("/dev")},
+            "True (edited) or None",
+        ),
+        (
+            "edit_container",
+            None,
+            {
+                "allocation": ContainerAllocation(pod_uid="u", node="n", container="c", resources={CARD: ["card0"]}),
+                "edit": ContainerEdit(),
+                "dev_root": Path("/dev"),
+            },
+            "True is due once the container has its devices",
+        ),
+    ],
+    ids=["owned", "discover", "health", "advertise", "plugin-ids", "edit-not-bool", "edit-none-for-own"],
+)
+def test_a_device_hook_answering_wrongly_raises_naming_the_plugin_and_the_hook(
+    hook: str, answer: object, kwargs: dict[str, Any], problem: str
+) -> None:
+    built = make_plugin_manager("device", plugins=[("dev", device_plugin(**{hook: answer}))], autoload=False)
+
+    with pytest.raises(PluginHookError) as caught:
+        built.call("dev", f"kubegpu_device_{hook}", **kwargs)
+
+    assert str(caught.value).startswith(f"plugin 'dev' failed in kubegpu_device_{hook}: WrongAnswer:")
+    assert problem in str(caught.value)
+
+
+def test_an_inventory_under_another_name_is_published_under_the_entry_point_name() -> None:
+    inventory = DeviceInventory(plugin="typo", devices=[DeviceInfo(id="card0")])
+    built = make_plugin_manager("device", plugins=[("dev", device_plugin(discover=inventory))], autoload=False)
+
+    assert built.call("dev", "kubegpu_device_discover", host_root=Path("/")).plugin == "dev"
+
+
+def test_the_shim_refuses_a_container_whose_plugin_did_not_apply_its_own_allocation(tmp_path: Path) -> None:
+    from kubegpu.crishim.testing import AllocationRefused, apply_allocation
+
+    built = make_plugin_manager("device", plugins=[("dev", device_plugin(edit_container=None))], autoload=False)
+    allocation = PluginAllocation(plugin="dev", containers={"main": {CARD: ["card0"]}})
+
+    with pytest.raises(AllocationRefused) as caught:
+        apply_allocation(built, allocation, dev_root=tmp_path)
+
+    assert "plugin 'dev' failed in kubegpu_device_edit_container: WrongAnswer: returned None" in str(caught.value)
+
+
+def test_the_advertiser_skips_a_plugin_whose_discovery_answers_wrongly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kubegpu.crishim.testing import advertise
+
+    built = make_plugin_manager("device", plugins=[("dev", device_plugin(discover={"card0": {}}))], autoload=False)
+
+    manifest = advertise(built, tmp_path)
+
+    assert "kubegpu.io/devices" not in manifest["metadata"]["annotations"]
+    assert any("plugin 'dev' failed in kubegpu_device_discover: WrongAnswer" in r.getMessage() for r in caplog.records)
