@@ -49,7 +49,9 @@ from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
 from kubegpu.scheduler import liveness, objects
+from kubegpu.scheduler.config import ConfigError, Policy, load_config
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine
+from kubegpu.scheduler.filters import pod_matches_term, selector_matches
 from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, Informer, KubeClient, now_rfc3339
 from kubegpu.scheduler.leader import LeaderElector
 from kubegpu.scheduler.preemption import Budget, Preemption
@@ -59,8 +61,9 @@ __all__ = ["SchedulerService", "add_scheduler_parser", "write_placement"]
 log = logging.getLogger("kubegpu.scheduler")
 
 FINISHED = frozenset({"Succeeded", "Failed"})
-INITIAL_BACKOFF, MAX_BACKOFF = 1.0, 10.0
-UNSCHEDULABLE_FLUSH = 60.0
+INITIAL_BACKOFF, MAX_BACKOFF = 1.0, 10.0  # kube-scheduler's podInitialBackoffSeconds, podMaxBackoffSeconds
+UNSCHEDULABLE_FLUSH = 60.0  # a pod unschedulable this long is tried again even if nothing changed
+FLUSH_CHECK = 1.0
 
 
 class Metrics:
@@ -126,6 +129,18 @@ class Entry:
     attempts: int = field(default=0, compare=False)
     message: str | None = field(default=None, compare=False)
     arrival: float = field(default_factory=time.monotonic, compare=False)
+    since: float = field(default=0.0, compare=False)  # when it was last found unschedulable
+
+
+def _drawn_to(pending: PodRequest, added: PodRequest) -> bool:
+    """Whether a pod added to a node can help `pending`: one of its pod affinity terms (required or preferred) or
+    its topology spread constraints select the added pod."""
+    terms = [*pending.pod_affinity, *(term for _, term in pending.preferred_affinity)]
+    if any(pod_matches_term(term, added) for term in terms):
+        return True
+    return any(
+        added.namespace == pending.namespace and selector_matches(c.selector, added.labels) for c in pending.spread
+    )
 
 
 async def write_placement(writer: AsyncKubeClient, pod: PodRequest, decision: Decision) -> None:
@@ -200,6 +215,7 @@ class SchedulerService:
         self.pods_synced = threading.Event()
         self.heartbeat = time.monotonic()
         self._last_flush = time.monotonic()
+        self.initial_backoff, self.max_backoff = INITIAL_BACKOFF, MAX_BACKOFF
         self.exit_code = 0
         self._refused: dict[str, str] = {}  # pod key -> why its allocation holds no devices (one Event per reason)
         self.budgets: dict[str, Budget] = {}  # PodDisruptionBudgets by namespace/name
@@ -398,9 +414,18 @@ class SchedulerService:
             return
         if held is not None:
             return
-        entry = self.active.get(key) or self.unschedulable.get(key)
+        entry = self.active.get(key)
         if entry is not None:
             entry.request, entry.version = request, version
+            return
+        entry = self.unschedulable.get(key)
+        if entry is not None:
+            changed = entry.request != request
+            entry.request, entry.version = request, version
+            if changed:
+                # Its owner changed it (labels, tolerations, affinity ...): it may fit now (kube-scheduler's
+                # isPodUpdated), once its backoff has passed.
+                self._requeue(self.unschedulable.pop(key), time.monotonic())
             return
         for waiting in self.backoff:
             if waiting.key == key:
@@ -471,24 +496,49 @@ class SchedulerService:
             decision = self.engine.hold(request, node)
             if not decision.scheduled:
                 log.error("bound pod without an allocation does not fit its node: %s", decision.reason, extra=extra)
+            else:
+                self._wake_for(request)
             return
         status = self.engine.assume(request, node, None)
         if not status.ok:
             log.error("bound pod could not be counted: %s", status.message, extra=extra)
+        else:
+            self._wake_for(request)
 
     # -- queues ---------------------------------------------------------------------------------------------------
 
+    # kube-scheduler's scheduling queue: a pod that failed waits out its backoff (1 s doubling per attempt up to
+    # 10 s); one that fits nowhere waits in `unschedulable` until a cluster event that can help it (a node added or
+    # changed, a pod deleted or finished, a pod added that its pod affinity or spread selects) or 60 s, whichever
+    # comes first, then goes back through the backoff heap.
+
+    def _backoff(self, attempts: int) -> float:
+        return min(self.max_backoff, self.initial_backoff * (1 << min(30, max(0, attempts - 1))))
+
+    def _requeue(self, entry: Entry, now: float) -> None:
+        entry.ready_at = max(now, entry.ready_at)
+        heapq.heappush(self.backoff, entry)
+
     def _wake(self) -> None:
-        """The cluster changed: unschedulable pods get another try once their backoff has passed."""
+        """The cluster changed in a way that may help any pod: unschedulable pods get another try once their
+        backoff has passed."""
         now = time.monotonic()
         for entry in self.unschedulable.values():
-            entry.ready_at = max(now, entry.ready_at)
-            heapq.heappush(self.backoff, entry)
+            self._requeue(entry, now)
         self.unschedulable.clear()
+
+    def _wake_for(self, added: PodRequest) -> None:
+        """A pod now counts on a node: the unschedulable pods whose pod affinity (or topology spread) selects it may
+        fit now; no other pod can (kube-scheduler's AssignedPodAdd)."""
+        if not self.unschedulable:
+            return
+        now = time.monotonic()
+        for key in [k for k, e in self.unschedulable.items() if _drawn_to(e.request, added)]:
+            self._requeue(self.unschedulable.pop(key), now)
 
     def _retry_later(self, entry: Entry) -> None:
         entry.attempts += 1
-        entry.ready_at = time.monotonic() + min(MAX_BACKOFF, INITIAL_BACKOFF * 2 ** (entry.attempts - 1))
+        entry.ready_at = time.monotonic() + self._backoff(entry.attempts)
         heapq.heappush(self.backoff, entry)
 
     def _promote(self) -> None:
@@ -496,9 +546,11 @@ class SchedulerService:
         while self.backoff and self.backoff[0].ready_at <= now:
             entry = heapq.heappop(self.backoff)
             self.active.setdefault(entry.key, entry)
-        if now - self._last_flush > UNSCHEDULABLE_FLUSH:
+        if now - self._last_flush >= FLUSH_CHECK:
             self._last_flush = now
-            self._wake()
+            stale = [k for k, e in self.unschedulable.items() if now - e.since >= UNSCHEDULABLE_FLUSH]
+            for key in stale:
+                self._requeue(self.unschedulable.pop(key), now)
         self.metrics.pending.labels("active").set(len(self.active))
         self.metrics.pending.labels("backoff").set(len(self.backoff))
         self.metrics.pending.labels("unschedulable").set(len(self.unschedulable))
@@ -513,6 +565,7 @@ class SchedulerService:
         if decision.scheduled:
             self.metrics.attempts.labels("scheduled").inc()
             self.in_flight[entry.key] = entry
+            self._wake_for(entry.request)
             self.writer.submit(self._bind(entry, decision))
             return
         result = "error" if decision.code.name == "ERROR" else "unschedulable"
@@ -522,7 +575,8 @@ class SchedulerService:
             self._preempt(entry)
         log.info("unschedulable", extra={**extra, "reason": message})
         entry.attempts += 1
-        entry.ready_at = time.monotonic() + min(MAX_BACKOFF, INITIAL_BACKOFF * 2 ** (entry.attempts - 1))
+        entry.since = time.monotonic()
+        entry.ready_at = entry.since + self._backoff(entry.attempts)
         if message != entry.message:
             entry.message = message
             self.writer.submit(self._report_unschedulable(entry.request, message))
@@ -780,16 +834,27 @@ def serve_health(service: SchedulerService, address: str) -> ThreadingHTTPServer
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
+    config = None
+    policy: Policy = args.policy or "binpack"
+    if args.config:
+        try:
+            config, policy = load_config(args.config, args.policy)
+        except ConfigError as exc:
+            log.error("--config: %s", exc)
+            return 2
+    args.scheduler_name = args.scheduler_name or (config and config.scheduler_name) or "kubegpu-scheduler"
     key = read_key(args.allocation_key_file)
     plugins = make_plugin_manager("scheduler")
     for failure in plugins.failures:
         log.error("%s", failure)
     client = KubeClient.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
     writer = AsyncKubeClient(client.credentials, client.limiter, connections=args.binders)
-    engine = Engine(plugins, policy=args.policy, signing_key=key)
+    engine = Engine(plugins, policy=policy, signing_key=key, scoring=config.profile if config else None)
     service = SchedulerService(
         client, writer, engine, name=args.scheduler_name, key=key, leases=liveness.from_args(args)
     )
+    if config is not None:
+        service.initial_backoff, service.max_backoff = config.initial_backoff, config.max_backoff
     server = serve_health(service, args.metrics_address)
     log.info("kubegpu scheduler %s starting; metrics on %s:%d", args.scheduler_name, *server.server_address[:2])
 
@@ -842,9 +907,16 @@ def add_scheduler_parser(sub: Any) -> argparse.ArgumentParser:
         "before the Binding is created.",
     )
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
-    parser.add_argument("--scheduler-name", default="kubegpu-scheduler", help="spec.schedulerName to serve")
+    parser.add_argument(
+        "--scheduler-name", help="spec.schedulerName to serve (default: the --config profile's, else kubegpu-scheduler)"
+    )
     parser.add_argument("--allocation-key-file", required=True, help="HMAC key shared with the CRI shim")
-    parser.add_argument("--policy", choices=POLICIES, default="binpack", help="node preference (default binpack)")
+    parser.add_argument("--policy", choices=POLICIES, help="node preference (default binpack)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1beta1): score weights, plugins on and off",
+    )
     parser.add_argument(
         "--no-leader-elect", dest="leader_elect", action="store_false", help="schedule without taking the Lease"
     )

@@ -55,6 +55,7 @@ from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.status import Code
 from kubegpu.scheduler import objects
+from kubegpu.scheduler.config import ConfigError, Policy, load_config
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine
 from kubegpu.scheduler.preemption import Budget
 from kubegpu.scheduler.report import draw_text
@@ -553,10 +554,18 @@ def _run(args: argparse.Namespace) -> int:
     except SimulationError as exc:
         print(f"kubegpu simulate: invalid input: {exc}", file=sys.stderr)
         return 2
+    config = None
+    policy: Policy = args.policy or "binpack"
+    if args.config:
+        try:
+            config, policy = load_config(args.config, args.policy)
+        except ConfigError as exc:
+            print(f"kubegpu simulate: invalid --config: {exc}", file=sys.stderr)
+            return 2
     plugins = make_plugin_manager("scheduler")
     for failure in plugins.failures:
         print(f"kubegpu simulate: warning: {failure}", file=sys.stderr)
-    engine = Engine(plugins, policy=args.policy)
+    engine = Engine(plugins, policy=policy, scoring=config.profile if config else None)
     started = time.perf_counter()
     for info in nodes:
         engine.add_node(info)
@@ -621,7 +630,12 @@ def add_simulate_parser(sub: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("files", nargs="+", metavar="FILE", help="YAML (multi-document) or JSON / JSON lines")
     parser.add_argument("--json", action="store_true", help="print one JSON object per pod document")
-    parser.add_argument("--policy", choices=POLICIES, default="binpack", help="node preference (default binpack)")
+    parser.add_argument("--policy", choices=POLICIES, help="node preference (default binpack)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1beta1): score weights, plugins on and off",
+    )
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report of the devices to FILE")
     parser.add_argument(
         "--stats", action="store_true", help="print throughput, p50/p99 decision latency and peak memory to stderr"

@@ -1,0 +1,171 @@
+"""`--config FILE`: a KubeSchedulerConfiguration an operator already has, read as kube-scheduler reads it.
+
+Each case is a file a platform team might write: turn a score off, weigh node affinity up, choose spread by
+enabling NodeResourcesLeastAllocated, disable a filter; and the mistakes they make, refused with the field named.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kubegpu.scheduler import scores
+from kubegpu.scheduler.config import ConfigError, load_config, parse_config
+
+HEAD = {"apiVersion": "kubescheduler.config.k8s.io/v1beta1", "kind": "KubeSchedulerConfiguration"}
+
+
+def profile(**plugins: Any) -> dict[str, Any]:
+    return {**HEAD, "profiles": [{"schedulerName": "kubegpu", "plugins": plugins}]}
+
+
+def test_no_plugins_section_is_kube_schedulers_default_profile_with_kubegpus_scores() -> None:
+    config = parse_config(HEAD)
+    assert config.profile == scores.Profile.default("binpack")
+    assert dict(config.profile.weights) == {
+        "NodeResourcesBalancedAllocation": 1,
+        "NodeAffinity": 1,
+        "TaintToleration": 1,
+        "InterPodAffinity": 1,
+        "PodTopologySpread": 2,
+        "KubegpuDevices": 1,
+        "NodeResourcesMostAllocated": 1,
+    }
+    assert config.policy is None and config.scheduler_name is None
+
+
+@pytest.mark.parametrize(
+    ("score", "expected"),
+    [
+        ({"disabled": [{"name": "NodeResourcesBalancedAllocation"}]}, {"NodeResourcesBalancedAllocation": 0}),
+        ({"enabled": [{"name": "NodeAffinity", "weight": 5}]}, {"NodeAffinity": 5, "PodTopologySpread": 2}),
+        ({"disabled": [{"name": "*"}], "enabled": [{"name": "NodeAffinity"}]},
+         {"NodeAffinity": 1, "TaintToleration": 0}),
+        ({"disabled": [{"name": "ImageLocality"}, {"name": "NodePreferAvoidPods"}]}, {"InterPodAffinity": 1}),
+        ({"disabled": [{"name": "PodTopologySpread"}], "enabled": [{"name": "PodTopologySpread", "weight": 7}]},
+         {"PodTopologySpread": 7}),
+    ],
+    ids=["disable-one", "reweigh-a-default", "disable-all-then-enable", "disable-what-kubegpu-lacks", "re-enable"],
+)  # fmt: skip
+def test_score_plugins_merge_as_kube_scheduler_merges_them(score: dict[str, Any], expected: dict[str, int]) -> None:
+    weights = parse_config(profile(score=score)).profile
+    assert {name: weights.weight(name) for name in expected} == expected
+
+
+def test_enabling_least_allocated_chooses_spread_and_replaces_binpacks_score() -> None:
+    config = parse_config(profile(score={"enabled": [{"name": "NodeResourcesLeastAllocated"}]}))
+    assert config.policy == "spread"
+    assert config.profile.weight(scores.LEAST_ALLOCATED) == 1 and config.profile.weight(scores.MOST_ALLOCATED) == 0
+
+
+def test_filters_can_be_turned_off_by_name_or_all_at_once() -> None:
+    config = parse_config(profile(filter={"disabled": [{"name": "NodePorts"}, {"name": "VolumeZone"}]}))
+    assert config.profile.filters_off == {"NodePorts"}
+    everything = parse_config(profile(filter={"disabled": [{"name": "*"}], "enabled": [{"name": "NodeResourcesFit"}]}))
+    assert "NodeResourcesFit" not in everything.profile.filters_off and "NodeAffinity" in everything.profile.filters_off
+
+
+def test_other_settings_are_read() -> None:
+    document = {
+        **HEAD,
+        "percentageOfNodesToScore": 30,
+        "podInitialBackoffSeconds": 2,
+        "podMaxBackoffSeconds": 20,
+        "clientConnection": {"qps": 100},
+        "profiles": [{"plugins": {"queueSort": {"enabled": [{"name": "PrioritySort"}]}},
+                      "pluginConfig": [{"name": "InterPodAffinity", "args": {"hardPodAffinityWeight": 3}}]}],
+    }  # fmt: skip
+    config = parse_config(document)
+    assert config.profile.percentage_of_nodes_to_score == 30 and config.profile.hard_pod_affinity_weight == 3
+    assert (config.initial_backoff, config.max_backoff) == (2.0, 20.0)
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({**HEAD, "apiVersion": "kubescheduler.config.k8s.io/v1"}, "apiVersion"),
+        ({**HEAD, "profile": []}, "profile"),
+        (profile(score={"enabled": [{"name": "NodeAfinity"}]}),
+         "profiles[0].plugins.score.enabled[0].name: unknown score plugin 'NodeAfinity'"),
+        (profile(score={"enabled": [{"name": "ImageLocality"}]}),
+         "profiles[0].plugins.score.enabled[0].name: kubegpu does not implement the score plugin 'ImageLocality'"),
+        (profile(score={"disabled": [{"name": "Nope"}]}), "profiles[0].plugins.score.disabled[0].name"),
+        (profile(score={"enabled": [{"name": "NodeAffinity", "weight": -1}]}), "weight"),
+        (profile(score={"enabled": [{"name": "NodeResourcesLeastAllocated"}, {"name": "NodeResourcesMostAllocated"}]}),
+         "exclude each other"),
+        (profile(filter={"disabled": [{"name": "NodePort"}]}),
+         "profiles[0].plugins.filter.disabled[0].name: unknown filter plugin 'NodePort'"),
+        (profile(filter={"enabled": [{"name": "VolumeZone"}]}), "profiles[0].plugins.filter.enabled[0].name"),
+        (profile(sorce={}), "sorce"),
+        ({**HEAD, "profiles": [{}, {}]}, "profiles"),
+        ({**HEAD, "profiles": [{"pluginConfig": [{"name": "InterPodAffinity",
+                                                  "args": {"hardPodAffinityWeight": 101}}]}]},
+         "pluginConfig[0].args.hardPodAffinityWeight"),
+        ({**HEAD, "podInitialBackoffSeconds": 5, "podMaxBackoffSeconds": 2}, "podMaxBackoffSeconds"),
+        ([], "expected a KubeSchedulerConfiguration object"),
+    ],
+    ids=["api-version", "unknown-field", "unknown-score", "unimplemented-score", "unknown-disabled", "negative-weight",
+         "two-policies", "unknown-filter", "enable-unknown-filter", "unknown-extension-point", "two-profiles",
+         "plugin-args", "backoff-order", "not-an-object"],
+)  # fmt: skip
+def test_mistakes_are_refused_naming_the_field(document: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config(document)
+    assert message in str(refused.value)
+
+
+def test_a_file_and_policy_flag_must_agree(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(profile(score={"enabled": [{"name": "NodeResourcesLeastAllocated"}]})))
+    assert load_config(path, None)[1] == "spread"
+    assert load_config(path, "spread")[1] == "spread"
+    with pytest.raises(ConfigError, match="--policy binpack"):
+        load_config(path, "binpack")
+    path.write_text("apiVersion: [unclosed\n")
+    with pytest.raises(ConfigError, match="line 2"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="No such file"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_simulate_reads_the_same_file(tmp_path: Path) -> None:
+    """A profile that weighs node affinity at zero makes the simulator ignore a preference, as the live scheduler
+    would with the same file."""
+    nodes = [
+        {"kind": "Node", "metadata": {"name": name, "labels": {"zone": zone}},
+         "status": {"allocatable": {"cpu": "8", "memory": "16Gi", "pods": "10"}}}
+        for name, zone in (("a1", "a"), ("b1", "b"))
+    ]  # fmt: skip
+    preference = {
+        "weight": 10,
+        "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+    }
+    pod = {"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [{"name": "m"}], "affinity": {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [preference]}}}}  # fmt: skip
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump_all([*nodes, pod]))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(profile(score={"disabled": [{"name": "NodeAffinity"}]})))
+
+    def placed(*extra: str) -> str:
+        run = subprocess.run(
+            [sys.executable, "-m", "kubegpu", "simulate", "--json", *extra, str(cluster)],
+            capture_output=True, text=True, check=True, env={"KUBEGPU_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": ""},
+        )  # fmt: skip
+        return str(yaml.safe_load(run.stdout)["node"])
+
+    assert placed() == "b1"
+    assert placed("--config", str(config)) == "a1"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(profile(score={"enabled": [{"name": "Nope"}]})))
+    refused = subprocess.run(
+        [sys.executable, "-m", "kubegpu", "simulate", "--config", str(bad), str(cluster)],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2 and "unknown score plugin 'Nope'" in refused.stderr

@@ -1,0 +1,189 @@
+"""The custom scheduler's queue, as kube-scheduler's: backoff per attempt, and unschedulable pods brought back by the
+cluster events that can help them, not by any event and not in a loop.
+
+The service runs without a cluster (as in test_service_guards.py): informer events are handed to it directly and a
+recording writer stands in for the API server. The clock is the service's `time.monotonic`, moved by the test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.testing import node_manifest, pod_manifest
+from kubegpu.scheduler import custom
+from kubegpu.scheduler.custom import SchedulerService
+from kubegpu.scheduler.engine import Engine
+
+from .test_service_guards import KEY, RecordingWriter
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(custom.time, "monotonic", fake)
+    return fake
+
+
+@pytest.fixture
+def service(clock: Clock) -> SchedulerService:
+    engine = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), signing_key=KEY)
+    svc = SchedulerService(None, RecordingWriter(), engine, name="kubegpu", key=KEY)  # type: ignore[arg-type]
+    svc._on_nodes("SYNC", [node_manifest("n1", labels={ZONE: "a"}, cpu="2")])
+    svc._on_pods("SYNC", [])
+    return svc
+
+
+def pod(name: str, cpu: str = "1", *, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    manifest = pod_manifest(name, {"main": {"cpu": cpu}}, scheduler_name="kubegpu")
+    manifest["metadata"].update(uid=f"uid-{name}", resourceVersion="1", labels=labels or {})
+    manifest["spec"].update(spec)
+    return manifest
+
+
+def bound(name: str, node: str, cpu: str = "1", **meta: Any) -> dict[str, Any]:
+    manifest = pod(name, cpu, **meta)
+    manifest["spec"]["nodeName"] = node
+    manifest["spec"]["schedulerName"] = "someone-else"
+    return manifest
+
+
+def run_once(service: SchedulerService) -> None:
+    """One turn of the loop: due pods promoted, the active ones scheduled, binding results applied."""
+    service._promote()
+    service._schedule_active(100)
+    while not service.events.empty():
+        service._handle(service.events.get_nowait())
+
+
+def waiting(service: SchedulerService) -> dict[str, str]:
+    where = {key: "unschedulable" for key in service.unschedulable}
+    where.update({entry.key: "backoff" for entry in service.backoff})
+    where.update({key: "active" for key in service.active})
+    return where
+
+
+def test_backoff_doubles_per_attempt_from_one_second_to_ten(service: SchedulerService, clock: Clock) -> None:
+    service._on_pods("ADDED", pod("big", cpu="4"))
+    waits = []
+    for _ in range(6):
+        run_once(service)
+        entry = service.unschedulable["default/big"]
+        waits.append(entry.ready_at - clock.now)
+        service._wake()  # as if the cluster changed each time: the pod still waits out its backoff
+        clock.now = entry.ready_at
+    assert waits == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+
+
+def test_the_configured_backoff_is_used(service: SchedulerService, clock: Clock) -> None:
+    service.initial_backoff, service.max_backoff = 2.0, 5.0
+    service._on_pods("ADDED", pod("big", cpu="4"))
+    waits = []
+    for _ in range(3):
+        run_once(service)
+        entry = service.unschedulable["default/big"]
+        waits.append(entry.ready_at - clock.now)
+        service._wake()
+        clock.now = entry.ready_at
+    assert waits == [2.0, 4.0, 5.0]
+
+
+def test_an_unrelated_pod_added_leaves_an_unschedulable_pod_waiting(service: SchedulerService, clock: Clock) -> None:
+    service._on_pods("ADDED", pod("big", cpu="4"))
+    run_once(service)
+    service._on_pods("ADDED", bound("other", "n1", cpu="100m", labels={"app": "db"}))
+    assert waiting(service) == {"default/big": "unschedulable"}
+
+
+@pytest.mark.parametrize(
+    "event",
+    ["node-added", "node-changed", "pod-deleted", "pod-finished"],
+)
+def test_events_that_free_or_add_room_bring_unschedulable_pods_back(
+    service: SchedulerService, clock: Clock, event: str
+) -> None:
+    service._on_pods("ADDED", bound("holder", "n1", cpu="1"))
+    service._on_pods("ADDED", pod("wants-two", cpu="2"))
+    run_once(service)
+    assert waiting(service) == {"default/wants-two": "unschedulable"}
+    if event == "node-added":
+        service._on_nodes("ADDED", node_manifest("n2", cpu="4"))
+    elif event == "node-changed":
+        service._on_nodes("MODIFIED", node_manifest("n1", labels={ZONE: "a"}, cpu="8"))
+    elif event == "pod-deleted":
+        service._on_pods("DELETED", bound("holder", "n1", cpu="1"))
+    else:
+        finished = bound("holder", "n1", cpu="1")
+        finished["status"] = {"phase": "Succeeded"}
+        service._on_pods("MODIFIED", finished)
+    assert waiting(service) == {"default/wants-two": "backoff"}
+    clock.now += 1.0
+    run_once(service)
+    assert service.writer.bindings() == ["wants-two"]  # type: ignore[attr-defined]
+
+
+def affinity_to(labels: dict[str, str]) -> dict[str, Any]:
+    term = {"topologyKey": ZONE, "labelSelector": {"matchLabels": labels}}
+    return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+
+
+def test_a_pod_added_that_its_affinity_selects_brings_it_back(service: SchedulerService, clock: Clock) -> None:
+    service._on_pods("ADDED", pod("follower", "100m", labels={"app": "web"}, affinity=affinity_to({"app": "db"})))
+    run_once(service)
+    assert waiting(service) == {"default/follower": "unschedulable"}
+    service._on_pods("ADDED", bound("cache", "n1", "100m", labels={"app": "cache"}))
+    assert waiting(service) == {"default/follower": "unschedulable"}, "a pod it does not select does not help"
+    service._on_pods("ADDED", bound("db", "n1", "100m", labels={"app": "db"}))
+    assert waiting(service) == {"default/follower": "backoff"}
+    clock.now += 1.0
+    run_once(service)
+    assert service.writer.bindings() == ["follower"]  # type: ignore[attr-defined]
+
+
+def test_a_pod_kubegpu_itself_places_brings_back_pods_drawn_to_it(service: SchedulerService, clock: Clock) -> None:
+    service._on_pods("ADDED", pod("follower", "100m", labels={"app": "web"}, affinity=affinity_to({"app": "db"})))
+    run_once(service)
+    service._on_pods("ADDED", pod("db", "100m", labels={"app": "db"}))
+    run_once(service)
+    assert waiting(service) == {"default/follower": "backoff"}
+    clock.now += 1.0
+    run_once(service)
+    assert service.writer.bindings() == ["db", "follower"]  # type: ignore[attr-defined]
+
+
+def test_a_changed_pending_pod_is_tried_again(service: SchedulerService, clock: Clock) -> None:
+    service._on_pods("ADDED", pod("big", cpu="4"))
+    run_once(service)
+    service._on_pods("MODIFIED", pod("big", cpu="4"))
+    assert waiting(service) == {"default/big": "unschedulable"}, "the same pod again is no news"
+    service._on_pods("MODIFIED", pod("big", cpu="1"))
+    assert waiting(service) == {"default/big": "backoff"}
+    clock.now += 1.0
+    run_once(service)
+    assert service.writer.bindings() == ["big"]  # type: ignore[attr-defined]
+
+
+def test_a_pod_nothing_helps_is_tried_again_after_a_minute_not_sooner(service: SchedulerService, clock: Clock) -> None:
+    service._on_pods("ADDED", pod("big", cpu="4"))
+    run_once(service)
+    clock.now += 30.0
+    service._on_pods("ADDED", pod("late", cpu="4"))
+    run_once(service)
+    clock.now += 31.0
+    run_once(service)  # big, unschedulable for 61 s, goes back through the backoff heap
+    run_once(service)
+    assert waiting(service) == {"default/big": "unschedulable", "default/late": "unschedulable"}
+    assert service.unschedulable["default/big"].attempts == 2, "big was tried again after 60 s; late was not"
+    assert service.unschedulable["default/late"].attempts == 1
