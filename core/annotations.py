@@ -41,15 +41,19 @@ from kubegpu.core.models import NodeDevices, PluginAllocation
 __all__ = [
     "ALLOCATION_KEY",
     "DEVICES_KEY",
+    "FOREIGN_DEVICES_KEY",
     "NODE_LEASE_LABEL",
     "NODE_LEASE_NAMESPACE",
     "NODE_LEASE_PREFIX",
     "AllocationRecord",
     "AnnotationError",
+    "ForeignDevices",
     "decode_allocation",
     "decode_devices",
+    "decode_foreign_devices",
     "encode_allocation",
     "encode_devices",
+    "encode_foreign_devices",
     "merge_allocations",
     "sign_allocation",
     "verify_allocation",
@@ -62,6 +66,9 @@ DEVICES_KEY = "kubegpu.io/devices"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 NODE_LEASE_PREFIX = "kubegpu-"
 NODE_LEASE_LABEL = "kubegpu.io/node-lease"
+# The device ids a node's kubelet gave pods that kubegpu did not place (its PodResources API), published by the node
+# side (`kubegpu.crishim.podresources`) so that the scheduler side counts exactly those ids (`Engine.set_held_devices`).
+FOREIGN_DEVICES_KEY = "kubegpu.io/foreign-devices"
 SUPPORTED_VERSION = 1
 MAX_ANNOTATION_BYTES = 256 * 1024
 MAX_DEPTH = 32
@@ -208,3 +215,27 @@ def decode_devices(text: object) -> NodeDevices:
         return NodeDevices.model_validate(document)
     except ValidationError as exc:
         raise AnnotationError(describe_validation_error(exc, DEVICES_KEY)) from None
+
+
+class ForeignDevices(BaseModel):
+    """The decoded `kubegpu.io/foreign-devices` node annotation: `pods` is pod key (`namespace/name`) -> container ->
+    resource -> the device ids the kubelet gave it."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    version: Literal[1]
+    pods: dict[str, dict[str, dict[str, list[str]]]] = Field(default_factory=dict)
+
+
+def encode_foreign_devices(pods: dict[str, dict[str, dict[str, list[str]]]]) -> str:
+    document = {"version": SUPPORTED_VERSION, "pods": pods}
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+def decode_foreign_devices(text: object) -> ForeignDevices:
+    """Decode the node annotation `kubegpu.io/foreign-devices`, naming the bad field on error."""
+    document = _load_json_object(text, FOREIGN_DEVICES_KEY)
+    try:
+        return ForeignDevices.model_validate(document)
+    except ValidationError as exc:
+        raise AnnotationError(describe_validation_error(exc, FOREIGN_DEVICES_KEY)) from None

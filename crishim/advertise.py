@@ -29,6 +29,11 @@ on a sysfs read, say), renewing stops and the node goes out of service until a r
 Lease is left to expire, not deleted, so a restarting advertiser (a DaemonSet rollout) keeps its node in service when
 it is back within the duration.
 
+With `--pod-resources-socket` (the kubelet's `pod-resources/kubelet.sock`), each round also reads the kubelet's
+PodResources `List` and publishes the device ids of the pods kubegpu did not place as `kubegpu.io/foreign-devices`
+(`kubegpu.crishim.podresources`), so the scheduler counts exactly those ids. Without the socket the annotation is
+left as it is.
+
 API calls go through `kubegpu.scheduler.kube.KubeClient` (a kubeconfig, or the in-cluster service account).
 """
 
@@ -49,16 +54,19 @@ from typing import Any
 
 from kubegpu.core.annotations import (
     DEVICES_KEY,
+    FOREIGN_DEVICES_KEY,
     NODE_LEASE_LABEL,
     NODE_LEASE_NAMESPACE,
     NODE_LEASE_PREFIX,
     decode_devices,
     encode_devices,
+    encode_foreign_devices,
 )
 from kubegpu.core.errors import InputError
 from kubegpu.core.models import Advertisement, DeviceInfo, DeviceInventory, NodeDevices
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
 from kubegpu.core.quantity import QuantityError, to_int
+from kubegpu.crishim import podresources
 from kubegpu.scheduler.kube import ApiError, KubeClient, now_rfc3339
 
 __all__ = [
@@ -117,8 +125,10 @@ class Advertiser:
         host_root: Path,
         *,
         update_capacity: bool = False,
+        pod_resources: Path | None = None,
     ) -> None:
         self.client = client
+        self.pod_resources = pod_resources  # the kubelet's PodResources socket, None: not read
         self.plugins = plugins
         self.node_name = node_name
         self.host_root = host_root
@@ -150,6 +160,11 @@ class Advertiser:
         encoded = encode_devices(devices)
         if published is None or encode_devices(published) != encoded:
             patch["annotations"] = {DEVICES_KEY: encoded}
+        foreign = self._foreign_devices()
+        if foreign is not None:
+            value = encode_foreign_devices(foreign) if foreign else None
+            if annotations.get(FOREIGN_DEVICES_KEY) != value:
+                patch.setdefault("annotations", {})[FOREIGN_DEVICES_KEY] = value  # None: removed (merge patch)
         if self.update_capacity:
             labels = self._label_changes(metadata.get("labels") or {}, advertisements)
             if labels:
@@ -181,6 +196,21 @@ class Advertiser:
             return self.run_once()
         finally:
             self.last_round = time.monotonic()
+
+    def _foreign_devices(self) -> podresources.Held | None:
+        """The ids the kubelet gave pods kubegpu did not place, or None when that cannot be known this round."""
+        socket = self.pod_resources
+        if socket is None or not socket.exists():
+            return None
+        try:
+            held = podresources.list_pod_resources(socket)
+            pods: list[dict[str, Any]] = []
+            if held:
+                pods, _ = self.client.list("/api/v1/pods", fieldSelector=f"spec.nodeName={self.node_name}")
+        except (ConnectionError, ApiError) as exc:
+            log.warning("foreign devices left as published: %s", exc, extra={"node": self.node_name})
+            return None
+        return podresources.foreign_devices(held, pods)
 
     def collect(self, published: NodeDevices | None) -> tuple[NodeDevices, dict[str, Advertisement]]:
         """Every plugin's inventory (missing devices kept as unhealthy) and, with `update_capacity`, its
@@ -443,6 +473,12 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         "(leave off where a vendor device plugin advertises the same resources)",
     )
     parser.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        help="the kubelet's PodResources socket (usually /var/lib/kubelet/pod-resources/kubelet.sock): publish the "
+        "device ids of pods kubegpu did not place as kubegpu.io/foreign-devices",
+    )
+    parser.add_argument(
         "--lease-namespace",
         default=NODE_LEASE_NAMESPACE,
         help=f"namespace of the node's kubegpu-NODE Lease (default {NODE_LEASE_NAMESPACE}; the scheduler's and the "
@@ -484,7 +520,14 @@ def run(args: argparse.Namespace, *, client_factory: Callable[[str | None], Kube
         log.error("%s", failure)
     factory = client_factory or (lambda kubeconfig: KubeClient.from_kubeconfig(kubeconfig, connections=2))
     client = factory(args.kubeconfig)
-    advertiser = Advertiser(client, plugins, args.node_name, args.host_root, update_capacity=args.update_capacity)
+    advertiser = Advertiser(
+        client,
+        plugins,
+        args.node_name,
+        args.host_root,
+        update_capacity=args.update_capacity,
+        pod_resources=args.pod_resources_socket,
+    )
     stop = threading.Event()
     if args.node_lease and not args.once:
         if args.lease_renew_interval >= args.lease_duration:

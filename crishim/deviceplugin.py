@@ -44,6 +44,15 @@ Races, and what happens:
 * A pod whose preferred ids are no longer all available (a device went unhealthy, or the kubelet still counts a
   finished pod's devices): no preference, and Allocate refuses ids the scheduler did not sign.
 
+Pods kubegpu did not place (bound by another scheduler, or with `spec.nodeName` written by hand) are refused by
+default, as above. With `--foreign-pods allow`, Allocate grants such a pod the ids the kubelet chose (the kubelet
+still never hands one id to two pods; GetPreferredAllocation states no preference for them), and answers what the
+owning plugin applies for those ids without any allocation fields (whole devices: device nodes and env; NeuronCores,
+which need the scheduler's `coresPerDevice`, are still refused). The ids those pods hold reach the scheduler
+through the advertiser's PodResources publication (`podresources.py`), so kubegpu places nothing else on them. Use it
+where workloads that bypass kubegpu must keep running on kubegpu nodes; leave it off where every device pod should
+carry kubegpu's signed choice.
+
 The API server is read with `--kubeconfig` (default: the in-cluster service account); the process needs `get`/`list`
 on pods of its node only.
 """
@@ -378,6 +387,8 @@ class ResourcePlugin:
         if found is None:
             pods.refresh()
             found = pods.claim(self.resource, ids)
+        if found is None and self.service.foreign_pods == "allow":
+            found = _foreign(pods.node, self.resource, ids)
         if found is None:
             raise AllocationRefused(
                 "missing",
@@ -404,6 +415,15 @@ class ResourcePlugin:
         return response
 
 
+FOREIGN = "(a pod kubegpu did not place)"
+
+
+def _foreign(node: str, resource: str, ids: Sequence[str]) -> tuple[Candidate, str]:
+    """With `--foreign-pods allow`: a stand-in for a pod without a kubegpu allocation, holding the kubelet's ids."""
+    record = AllocationRecord(version=1, node=node, podUID=FOREIGN, containers={FOREIGN: {resource: list(ids)}})
+    return Candidate(PodIdentity("", FOREIGN, FOREIGN), "", record, [FOREIGN]), FOREIGN
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The process: servers, registration, re-registration
 # ---------------------------------------------------------------------------------------------------------------
@@ -421,8 +441,10 @@ class DevicePluginService:
         host_root: Path,
         dev_root: Path,
         interval: float = 10.0,
+        foreign_pods: str = "refuse",
     ) -> None:
         self.plugins = plugins
+        self.foreign_pods = foreign_pods
         self.pods = pods
         self.directory = directory
         self.dev_root = dev_root
@@ -559,6 +581,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval", type=parse_interval, default=parse_interval("10s"), help="discovery interval (default 10s)"
     )
+    parser.add_argument(
+        "--foreign-pods",
+        choices=["refuse", "allow"],
+        default="refuse",
+        help="pods without a verified kubegpu allocation: refuse their admission (default), or allow them the ids "
+        "the kubelet chose (see the module documentation)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -597,6 +626,7 @@ def run(args: argparse.Namespace) -> int:
         host_root=args.host_root,
         dev_root=args.dev_root,
         interval=args.interval,
+        foreign_pods=args.foreign_pods,
     )
     stop = threading.Event()
 

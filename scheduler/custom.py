@@ -42,7 +42,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from kubegpu.core.annotations import ALLOCATION_KEY, AnnotationError, decode_allocation
+from kubegpu.core.annotations import (
+    ALLOCATION_KEY,
+    FOREIGN_DEVICES_KEY,
+    AnnotationError,
+    decode_allocation,
+    decode_foreign_devices,
+)
 from kubegpu.core.errors import InputError
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
@@ -302,10 +308,24 @@ class SchedulerService:
         if info is None:
             return False
         record = self.engine.nodes.get(name)
-        if record is not None and record.info == info:
-            return False
-        self.engine.add_node(info)
-        return True
+        changed = record is None or record.info != info
+        if changed:
+            self.engine.add_node(info)
+        self._apply_foreign_devices(name, obj)
+        return changed
+
+    def _apply_foreign_devices(self, name: str, obj: dict[str, Any]) -> None:
+        """The device ids the node's kubelet gave pods kubegpu did not place, as its node side publishes them
+        (`kubegpu.io/foreign-devices`, `kubegpu.crishim.podresources`): those pods hold exactly these ids."""
+        raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(FOREIGN_DEVICES_KEY)
+        held: dict[str, dict[str, dict[str, list[str]]]] = {}
+        if raw is not None:
+            try:
+                held = decode_foreign_devices(raw).pods
+            except AnnotationError as exc:
+                log.warning("node's foreign devices ignored: %s", exc, extra={"node": name})
+        for key in self.engine.set_held_devices(name, held):
+            log.info("pod holds the devices its kubelet reports", extra={"pod": key, "node": name})
 
     def _on_nodes(self, kind: str, payload: Any) -> None:
         changed = False

@@ -55,6 +55,11 @@ NEURONDEVICE = "aws.amazon.com/neurondevice"
 NEURONCORE = "aws.amazon.com/neuroncore"
 RESOURCES = [NEURON, NEURONDEVICE, NEURONCORE]
 
+# Seed 000's flow (the Neuron scheduler extension with the stock Neuron device plugin): the extension writes the whole
+# devices it chose as the pod annotation NEURON_DEVS (`2,3`), which the device plugin reads at Allocate and exports as
+# AWS_NEURON_VISIBLE_DEVICES. kubegpu writes it too, so extender-mode users can keep that device plugin.
+DEVICES_ANNOTATION = "NEURON_DEVS"
+
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 # Multi-device sizes a 4x4 torus takes too: on a ring they score RING_SHARE of their fit (module docstring).
 TORUS_SHARED_SIZES = frozenset(size for size in topo.valid_sizes(topo.make_topology("torus", 16, 4, 4)) if size > 1)
@@ -185,12 +190,16 @@ def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest) -> Plugi
     if not plan.status.ok:
         return None
     containers: dict[str, dict[str, list[str]]] = {}
+    whole: set[int] = set()
     for container, resource, ids in plan.placements:
         containers.setdefault(container, {})[resource] = [str(i) for i in ids]
+        if resource != NEURONCORE:
+            whole.update(ids)
     return PluginAllocation(
         plugin=NAME,
         containers=containers,
         fields={"coresPerDevice": s.cores_per_device, "instanceType": s.instance_type},
+        annotations={DEVICES_ANNOTATION: ",".join(str(d) for d in sorted(whole))} if whole else {},
     )
 
 

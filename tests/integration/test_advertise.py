@@ -162,6 +162,8 @@ def apply(cluster: Cluster, documents: list[dict[str, Any]]) -> None:
         "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
         "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
         "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+        "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
         "DaemonSet": "/apis/apps/v1/namespaces/{ns}/daemonsets",
     }
     for document in documents:
