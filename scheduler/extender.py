@@ -413,14 +413,22 @@ class ExtenderServer:
         kept: dict[str, Any] = {}
         with self.service.lock:
             by_uid = {record.request.uid: key for key, record in self.engine.pods.items()}
+            budgets = list(self.service.budgets.values())
             for node, (uids, violations) in proposals.items():
                 if node not in self.engine.nodes:
                     continue
                 keys = [by_uid[u] for u in uids if u in by_uid and self.engine.pods[by_uid[u]].node == node]
                 with self.engine.pods_removed(keys):
                     fits = self.engine.filter_node(node, pod).ok
-                if fits:
-                    kept[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": violations}
+                if not fits:
+                    # kube-scheduler's victims do not free a valid device set: the engine's own choice
+                    # (DefaultPreemption's rules, devices included) is added to them, or the node is dropped.
+                    candidate = self.engine.select_victims(pod, node, budgets)
+                    if candidate is None:
+                        continue
+                    uids += [p.uid for p in candidate.victims if p.uid not in uids]
+                    violations = max(violations, candidate.violations)
+                kept[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": violations}
         return {"NodeNameToMetaVictims": kept}
 
     # -- the monitoring API -----------------------------------------------------------------------------------------

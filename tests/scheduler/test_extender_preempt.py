@@ -1,0 +1,73 @@
+"""The extender's `/preempt` answers from the engine's own victim choice (`Engine.select_victims`).
+
+kube-scheduler proposes, per node, the victims that satisfy its own filters; kubegpu keeps a node only where those
+victims, or those plus the engine's choice, leave a valid device set, and never names a pod of equal or higher
+priority.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from kubegpu.core.manifests import node_info
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.plugins.neuron import scheduler as neuron
+from kubegpu.scheduler.custom import SchedulerService
+from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.extender import ExtenderServer
+
+from .test_preemption import pod, pod_doc, trn1
+
+KEY = b"k" * 32
+
+
+def extender(*nodes: str) -> tuple[Engine, ExtenderServer]:
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("neuron", neuron)], autoload=False))
+    for name in nodes:
+        engine.add_node(node_info(trn1(name)))
+    service = SchedulerService(None, None, engine, name="", key=KEY, queue_pods=False)  # type: ignore[arg-type]
+    return engine, ExtenderServer(service)
+
+
+def place(engine: Engine, name: str, devices: int, priority: int, node: str) -> str:
+    request = pod(name, devices, priority, uid=f"uid-{name}")
+    assert engine.reserve(request, node).scheduled
+    return request.uid
+
+
+def preempt(server: ExtenderServer, preemptor: dict[str, Any], proposals: dict[str, list[str]]) -> dict[str, Any]:
+    body = {
+        "Pod": preemptor,
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": 0} for node, uids in proposals.items()
+        },
+    }
+    answer: dict[str, Any] = server.preempt(orjson.dumps(body))["NodeNameToMetaVictims"]
+    return {node: sorted(p["UID"] for p in victims["Pods"]) for node, victims in answer.items()}
+
+
+def test_victims_that_free_a_valid_set_are_kept_as_proposed() -> None:
+    engine, server = extender("trn-0")
+    uids = [place(engine, f"low-{i}", 4, 0, "trn-0") for i in range(4)]
+    big = pod_doc("big", 16, priority=1000, uid="uid-big")
+    assert preempt(server, big, {"trn-0": uids}) == {"trn-0": sorted(uids)}
+
+
+def test_too_few_victims_get_the_engines_choice_added() -> None:
+    """kube-scheduler counts devices, not sets: evicting one 4-device holder frees four devices, but an 8-device
+    pod on a torus needs a whole half, so the engine adds the neighbour that shares it."""
+    engine, server = extender("trn-0")
+    uids = [place(engine, f"low-{i}", 4, 0, "trn-0") for i in range(4)]
+    eight = pod_doc("eight", 8, priority=1000, uid="uid-eight")
+    answer = preempt(server, eight, {"trn-0": [uids[3]]})
+    assert len(answer["trn-0"]) == 2 and uids[3] in answer["trn-0"]
+
+
+def test_a_node_where_only_equal_or_higher_priority_pods_would_do_is_dropped() -> None:
+    engine, server = extender("trn-0", "trn-1")
+    place(engine, "vip", 16, 2000, "trn-0")
+    low = place(engine, "low", 16, 0, "trn-1")
+    big = pod_doc("big", 16, priority=1000, uid="uid-big")
+    assert preempt(server, big, {"trn-0": [], "trn-1": [low]}) == {"trn-1": [low]}
