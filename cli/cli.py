@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 
 from kubegpu import __version__
@@ -51,6 +52,68 @@ def _plugins_list(args: argparse.Namespace) -> int:
                 print(f"    {side} hooks: {', '.join(hooks)}")
         for failure in failures:
             print(f"FAILED {failure}")
+    return 1 if failures else 0
+
+
+def _plugins_check(args: argparse.Namespace) -> int:
+    """Load each named plugin (default: every installed one) and run the conformance suite on generated nodes."""
+    from kubegpu.core.conformance import check_device, check_scheduler
+    from kubegpu.core.models import PluginAllocation, PodRequest
+    from kubegpu.core.plugin_manager import make_plugin_manager
+
+    allow = args.names or None
+    scheduler = make_plugin_manager("scheduler", allow=allow)
+    device = make_plugin_manager("device", allow=allow)
+    names = args.names or sorted(set(scheduler.names) | set(device.names) | {f.name for f in scheduler.failures})
+    failed = False
+    for failure in scheduler.failures + device.failures:
+        print(f"FAIL {failure.name}: load: {failure}")
+        failed = True
+    for name in names:
+        if name not in scheduler.names and name not in device.names:
+            if not any(f.name == name for f in scheduler.failures + device.failures):
+                print(f"FAIL {name}: load: no plugin of that name is installed (see `kubegpu plugins list`)")
+            failed = True
+            continue
+        allocations: list[tuple[PodRequest, PluginAllocation]] = []
+        found = []
+        if name in scheduler.names:
+            plugin = scheduler.pm.get_plugin(name)
+            found += check_scheduler(plugin, name, manager=scheduler, collect=allocations)
+        if name in device.names:
+            found += check_device(device.pm.get_plugin(name), name, allocations, manager=device)
+        by_rule: dict[str, list[object]] = {}
+        for problem in found:
+            by_rule.setdefault(problem.rule, []).append(problem)
+        for problems in by_rule.values():
+            more = f" (and {len(problems) - 1} more like it)" if len(problems) > 1 else ""
+            print(f"FAIL {problems[0]}{more}")
+        if found:
+            failed = True
+        else:
+            sides = " and ".join(s for s, m in (("scheduler", scheduler), ("device", device)) if name in m.names)
+            print(f"ok   {name}: {sides} side(s) conform ({len(allocations)} placements checked)")
+    return 1 if failed else 0
+
+
+def _plugins_new(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kubegpu.core.scaffold import ScaffoldError, new_plugin, tokens
+
+    target = Path(args.directory or args.name)
+    try:
+        written = new_plugin(args.name, target)
+    except ScaffoldError as exc:
+        print(f"kubegpu plugins new: {exc}", file=sys.stderr)
+        return 2
+    values = tokens(args.name)
+    for path in written:
+        print(f"wrote {target / path}")
+    print(
+        f"\nNext: pip install {target} && pytest {target} && kubegpu plugins check {args.name}\n"
+        f"The plugin schedules {values['RESOURCE_NAME']}; edit {values['PACKAGE_NAME']}/__init__.py to rename it."
+    )
     return 0
 
 
@@ -70,6 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("--json", action="store_true", help="print one JSON document")
     listing.set_defaults(func=_plugins_list)
+    check = plugins_sub.add_parser(
+        "check",
+        help="run kubegpu's conformance suite on installed plugins (exit 1 naming each broken rule)",
+        description="Load each named plugin (default: every installed one), run the conformance suite on generated "
+        "nodes and pods (the plugin's own `conformance_nodes` when it has them) and exit 1 on any failure, naming "
+        "the plugin and the rule.",
+    )
+    check.add_argument("names", nargs="*", metavar="NAME", help="plugin (entry-point) names")
+    check.set_defaults(func=_plugins_check)
+    new = plugins_sub.add_parser(
+        "new", help="write a ready plugin distribution (both sides, tests using the kit) from kubegpu's template"
+    )
+    new.add_argument("name", metavar="NAME", help="the plugin's name: lower-case letters, digits and dashes")
+    new.add_argument("--directory", metavar="DIR", help="where to write it (default: ./NAME)")
+    new.set_defaults(func=_plugins_new)
 
     from kubegpu.scheduler.simulate import add_simulate_parser
 

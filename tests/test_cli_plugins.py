@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +114,116 @@ def test_no_top_level_core_plugins_scheduler_or_crishim_module_is_installed(tmp_
     assert found["top"] == dict.fromkeys(["core", "plugins", "scheduler", "crishim"], False)
     assert found["namespaced"] == dict.fromkeys(["core", "plugins", "scheduler", "crishim"], True)
     assert found["files"] == []
+
+
+# ------------------------------------------------------------------------------------------------------------
+# `plugins new`, `plugins check` and a failing `plugins list`, as a plugin author runs them in a fresh venv
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _fresh_venv(path: Path) -> Path:
+    """A virtual environment that sees the running one's packages (kubegpu from this checkout and its
+    dependencies) through a `.pth` file, so that only the new distributions are installed, offline."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
+    python = path / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    parent = sysconfig.get_paths()["purelib"]
+    Path(purelib, "_kubegpu_parent.pth").write_text(f"import site; site.addsitedir({parent!r})\n")
+    return python
+
+
+def _in(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("KUBEGPU_", "PYTHON"))}
+    return subprocess.run(
+        [str(python), *args], cwd=cwd, env=environment, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def _pip_install(python: Path, source: Path) -> None:
+    command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-input"]
+    command += ["--disable-pip-version-check", "--quiet", "--no-build-isolation", str(source)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_plugins_new_writes_a_distribution_that_installs_passes_its_tests_and_plugins_check(tmp_path: Path) -> None:
+    python = _fresh_venv(tmp_path / "venv")
+
+    new = _in(python, "-m", "kubegpu", "plugins", "new", "acme", cwd=tmp_path)
+    assert new.returncode == 0, new.stderr
+    assert "wrote acme/pyproject.toml" in new.stdout
+    _pip_install(python, tmp_path / "acme")
+
+    tests = _in(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "acme", cwd=tmp_path)
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+    assert "3 passed" in tests.stdout
+    check = _in(python, "-m", "kubegpu", "plugins", "check", "acme", cwd=tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.startswith("ok   acme: scheduler and device side(s) conform")
+    listed = _in(python, "-m", "kubegpu", "plugins", "list", "--json", cwd=tmp_path)
+    rows = {row["name"]: row for row in json.loads(listed.stdout)["plugins"]}
+    assert rows["acme"]["resources"] == ["acme.example.com/device"]
+
+    # A copy whose node side sets an env variable it does not declare: `plugins check` names the rule.
+    assert _in(python, "-m", "kubegpu", "plugins", "new", "broken", cwd=tmp_path).returncode == 0
+    device = tmp_path / "broken" / "kubegpu_broken" / "device.py"
+    device.write_text(
+        device.read_text().replace(
+            "\n\nplugin = ",
+            "\n\n    def edit(self, allocation, edit, ids):\n        edit.envs['LD_LIBRARY_PATH'] = '/opt/broken'\n"
+            "\n\nplugin = ",
+        )
+    )
+    _pip_install(python, tmp_path / "broken")
+    check = _in(python, "-m", "kubegpu", "plugins", "check", "broken", cwd=tmp_path)
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert "FAIL broken: edits-owned-only: container main: env LD_LIBRARY_PATH changed" in check.stdout
+
+    # A distribution whose module cannot be imported: `plugins list` and `plugins check` exit 1 naming it.
+    missing = tmp_path / "missing"
+    (missing / "kubegpu_missing").mkdir(parents=True)
+    (missing / "kubegpu_missing" / "__init__.py").write_text("import vendor_sdk_that_is_not_installed\n")
+    (missing / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "kubegpu-missing"\nversion = "0.1.0"\n'
+        '[project.entry-points."kubegpu.scheduler"]\nmissing = "kubegpu_missing"\n'
+        "[tool.setuptools]\npackages = ['kubegpu_missing']\n"
+    )
+    _pip_install(python, missing)
+    listed = _in(python, "-m", "kubegpu", "plugins", "list", cwd=tmp_path)
+    assert listed.returncode == 1
+    assert "FAILED plugin 'missing' (scheduler) failed at load: ModuleNotFoundError" in listed.stdout
+    check = _in(python, "-m", "kubegpu", "plugins", "check", "missing", "acme", cwd=tmp_path)
+    assert check.returncode == 1
+    assert "FAIL missing: load:" in check.stdout and "ok   acme" in check.stdout
+
+
+def test_plugins_new_refuses_a_name_that_cannot_be_a_package_and_an_occupied_directory(tmp_path: Path) -> None:
+    bad = run_kubegpu("plugins", "new", "Acme_GPU", cwd=tmp_path)
+    assert bad.returncode == 2
+    assert "'Acme_GPU' cannot name a plugin" in bad.stderr
+
+    (tmp_path / "acme").mkdir()
+    (tmp_path / "acme" / "notes.txt").write_text("mine")
+    occupied = run_kubegpu("plugins", "new", "acme", cwd=tmp_path)
+    assert occupied.returncode == 2
+    assert "already exists" in occupied.stderr
+    assert (tmp_path / "acme" / "notes.txt").read_text() == "mine"
+
+
+def test_plugins_check_passes_for_the_built_in_plugins_and_fails_for_an_unknown_name(tmp_path: Path) -> None:
+    result = run_kubegpu("plugins", "check", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in BUILT_INS:
+        assert f"ok   {name}: scheduler and device side(s) conform" in result.stdout
+
+    unknown = run_kubegpu("plugins", "check", "nonesuch", cwd=tmp_path)
+    assert unknown.returncode == 1
+    assert "FAIL nonesuch: load: no plugin of that name is installed" in unknown.stdout

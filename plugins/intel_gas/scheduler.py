@@ -71,7 +71,13 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
 from kubegpu.core.status import Status
-from kubegpu.plugins.intel_gas.cards import card_sort_key, cards_from_labels, format_amount, parse_card_names
+from kubegpu.plugins.intel_gas.cards import (
+    GPU_NUMBERS_LABEL,
+    card_sort_key,
+    cards_from_labels,
+    format_amount,
+    parse_card_names,
+)
 
 NAME = "intel-gas"
 RESOURCES = ["gpu.intel.com/*"]
@@ -94,6 +100,16 @@ NO_FIT = "Not enough GPU-resources for deployment: will not fit"
 # GAS leaves a pod requesting gpu.intel.com/* without i915/xe to the default scheduler; kubegpu refuses it unless
 # this environment variable says `ignore` (`kubegpu extender --intel-without-i915 ignore` sets it).
 WITHOUT_I915_ENV = "KUBEGPU_INTEL_WITHOUT_I915"
+
+# The nodes `kubegpu plugins check` runs the conformance suite on: a node's cards come from labels it cannot guess.
+conformance_nodes = [
+    {
+        "kind": "Node",
+        "metadata": {"name": f"intel-{cards}", "labels": {GPU_NUMBERS_LABEL: ".".join(map(str, range(cards)))}},
+        "status": {"allocatable": {I915: str(2 * cards), "gpu.intel.com/memory.max": str(8_000_000_000 * cards)}},
+    }
+    for cards in (1, 2, 4)
+]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -275,9 +291,11 @@ def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: 
     if not entries:
         return Status.success()
     held = s.held.get(pod_key, {})
+    # Idempotent (Unreserve): shares the pod no longer holds are left alone.
+    entries = {key: value for key, value in entries.items() if key in held}
     for (i, resource), (amount, refs) in entries.items():
-        have = held.get((i, resource))
-        if have is None or have[0] < amount or have[1] < refs:
+        have = held[(i, resource)]
+        if have[0] < amount or have[1] < refs:
             return Status.error(
                 f"{pod_key} does not hold {format_amount(resource, amount)} of {resource} on {s.cards[i]}",
                 plugin=NAME,

@@ -249,12 +249,9 @@ def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: 
     if isinstance(parsed, Status):
         return parsed
     devices, cores = parsed
-    for device in devices:
-        if s.device_holder.get(device) != pod_key:
-            return _error(f"device {device} is not held by {pod_key}")
-    for core in cores:
-        if s.core_holder.get(core) != pod_key:
-            return _error(f"core {core} is not held by {pod_key}")
+    # Idempotent (Unreserve): what the pod no longer holds is left alone.
+    devices = [device for device in devices if s.device_holder.get(device) == pod_key]
+    cores = [core for core in cores if s.core_holder.get(core) == pod_key]
     k = s.cores_per_device
     for device in devices:
         del s.device_holder[device]

@@ -254,14 +254,11 @@ def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: Plu
 def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status | None:
     assert isinstance(state, NvidiaNodeState)
     bits, error = allocation_bits(state, allocation)
-    if error is None:
-        for bit in bits:
-            if state.holders[bit] != pod_key:
-                error = f"device {state.ids[bit]} is not held by {pod_key}"
-                break
     if error:
         return Status.error(error, plugin=NAME)
     for bit in bits:
+        if state.holders[bit] != pod_key:  # idempotent (Unreserve): what the pod no longer holds is left alone
+            continue
         state.holders[bit] = None
         state.free |= (1 << bit) & state.healthy
     state.version += 1

@@ -597,7 +597,7 @@ def test_release_restores_headroom_exactly(gas: Gas) -> None:
     assert gas.snapshot(state) == empty
 
     again = gas.release(state=state, pod_key="default/a", allocation=first)
-    assert again.code is Code.ERROR and "default/a does not hold" in again.message
+    assert again.ok, "release is idempotent (Unreserve): a second one changes nothing"
     assert gas.snapshot(state) == empty
 
 

@@ -551,13 +551,11 @@ def test_release_restores_headroom_exactly(node_of: Callable[..., Node]) -> None
     assert (node.headroom(), node.picture()) == fresh
 
 
-def test_release_refuses_what_the_pod_does_not_hold(node_of: Callable[..., Node]) -> None:
+def test_release_leaves_alone_what_the_pod_does_not_hold(node_of: Callable[..., Node]) -> None:
     node = node_of("inf2.48xlarge")
     assert node.hold("ns/a", DEVICE, ["0"]).ok
     stranger = PluginAllocation(plugin="neuron", containers={"main": {DEVICE: ["0"]}})
-    assert node.call("release", pod_key="ns/b", allocation=stranger) == Status.error(
-        "device 0 is not held by ns/b", plugin="neuron"
-    )
+    assert node.call("release", pod_key="ns/b", allocation=stranger).ok  # idempotent, as Unreserve
     assert node.headroom().free[DEVICE] == 11
 
 
