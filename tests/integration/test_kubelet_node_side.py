@@ -229,7 +229,7 @@ def test_seed_000_steps_1_to_11_on_kube_scheduler_the_extender_the_kubelet_and_t
     second = cluster.client.get(f"/api/v1/namespaces/{space}/pods/second")
     # Steps 4 to 8: kube-scheduler asked the extender to filter and to bind; the extender wrote the annotations.
     log = extender.output()
-    assert f"pod={space}/second" in log and "filter" in log and "bind" in log
+    assert f"msg=filter pod={space}/second" in log and f"msg=bound pod={space}/second" in log
     annotations = second["metadata"]["annotations"]
     assert annotations["NEURON_DEVS"] == "2,3"
     assert decode_allocation(annotations["kubegpu.io/allocation"]).containers == {"main": {NEURON: ["2", "3"]}}
