@@ -37,7 +37,14 @@ from kubegpu.core.annotations import (
     sign_allocation,
     verify_allocation,
 )
-from kubegpu.core.models import NodeInfo, NodeSelectorTerm, Occupancy, PluginAllocation, PodRequest
+from kubegpu.core.models import (
+    NodeInfo,
+    NodeSelectorTerm,
+    Occupancy,
+    PluginAllocation,
+    PodAffinityTerm,
+    PodRequest,
+)
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Code, Status
@@ -183,7 +190,10 @@ class Engine:
         # The score plugins and their weights, the filters turned off (`kubegpu.scheduler.scores`).
         self.scoring = scoring if scoring is not None else scores.Profile.default(policy)
         self.filters_off = self.scoring.filters_off
-        self._affine: dict[str, None] = {}  # placed pods with affinity terms: they score other pods' nodes
+        # Placed pods with affinity terms that score other pods' nodes, with those terms; and every such term with
+        # the number of pods holding it (few distinct terms: replicas share theirs).
+        self._affine: dict[str, tuple[PodAffinityTerm, ...]] = {}
+        self._affine_terms: Counter[PodAffinityTerm] = Counter()
         self._soft_tainted: set[str] = set()  # nodes with a PreferNoSchedule taint
         self.signing_key = signing_key
         self.nodes: dict[str, NodeRecord] = {}
@@ -284,7 +294,7 @@ class Engine:
         return gone
 
     def _forget_anti(self, key: str) -> None:
-        self._affine.pop(key, None)
+        self._forget_affine(key)
         if self._anti.pop(key, 0) is None:
             self._anti_epoch += 1
 
@@ -753,7 +763,7 @@ class Engine:
                 values = [raw[column] for raw in local]
                 add(plugin, values if reverse is None else scores.normalize_default(values, reverse=reverse))
         preferred = bool(pod.preferred_affinity or pod.preferred_anti_affinity)
-        if profile.weight(scores.INTER_POD_AFFINITY) and (preferred or self._affine):
+        if profile.weight(scores.INTER_POD_AFFINITY) and (preferred or self._drawn(pod)):
             keys: Iterable[str] = pods if preferred else self._affine
             existing = ((pods[k].request, nodes[pods[k].node].info.labels) for k in keys if pods[k].node in nodes)
             table = scores.affinity_prescore(pod, existing, profile.hard_pod_affinity_weight)
@@ -774,6 +784,16 @@ class Engine:
                 add(scores.SPREAD, scores.normalize_spread(raw_scores, [r.name in state.ignored for r in records]))
         return feasible[max(range(len(records)), key=totals.__getitem__)]
 
+    def _forget_affine(self, key: str) -> None:
+        terms = self._affine.pop(key, ())
+        if terms:
+            self._affine_terms.subtract(terms)
+            self._affine_terms = +self._affine_terms
+
+    def _drawn(self, pod: PodRequest) -> bool:
+        """Whether an affinity term of a placed pod selects `pod` (so that InterPodAffinity scores it)."""
+        return any(filters.pod_matches_term(term, pod) for term in self._affine_terms)
+
     def _sample_size(self, pod: PodRequest) -> int:
         """How many feasible nodes to find before scoring. Without preferences the candidates come in policy order,
         best first, so `sample` do; when scores read labels, taints or other pods (or a configuration sets
@@ -784,7 +804,7 @@ class Engine:
             or pod.preferred_node_affinity
             or pod.preferred_affinity
             or pod.preferred_anti_affinity
-            or self._affine
+            or self._drawn(pod)
             or self._soft_tainted
             or scores.soft_constraints(pod)
         ):
@@ -1180,9 +1200,10 @@ class Engine:
         self._priorities[pod.priority] += sign
         if scores.has_affinity_terms(pod):
             if sign > 0:
-                self._affine[pod.key] = None
+                self._affine[pod.key] = terms = tuple(scores.scoring_terms(pod))
+                self._affine_terms.update(terms)
             else:
-                self._affine.pop(pod.key, None)
+                self._forget_affine(pod.key)
         if pod.pod_anti_affinity:
             if sign > 0:
                 self._anti[pod.key] = None

@@ -209,8 +209,18 @@ def taint_raw(pod: PodRequest, taints: Iterable[Taint]) -> int:
 
 
 def has_affinity_terms(pod: PodRequest) -> bool:
-    """Whether an existing pod can change other pods' InterPodAffinity score (kube-scheduler's PodsWithAffinity)."""
-    return bool(pod.pod_affinity or pod.pod_anti_affinity or pod.preferred_affinity or pod.preferred_anti_affinity)
+    """Whether an existing pod can change other pods' InterPodAffinity score: required affinity terms and preferred
+    terms count (kube-scheduler visits its PodsWithAffinity, whose required anti-affinity scores nothing)."""
+    return bool(pod.pod_affinity or pod.preferred_affinity or pod.preferred_anti_affinity)
+
+
+def scoring_terms(pod: PodRequest) -> list[PodAffinityTerm]:
+    """The pod's terms that score other pods' nodes (`has_affinity_terms`)."""
+    return [
+        *pod.pod_affinity,
+        *(term for _, term in pod.preferred_affinity),
+        *(term for _, term in pod.preferred_anti_affinity),
+    ]
 
 
 def _add(
