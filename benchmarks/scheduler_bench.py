@@ -6,11 +6,14 @@ nodes, 3000 pending pods each requesting `aws.amazon.com/neurondevice: 1` are sc
 1. by kube-scheduler 1.20.2 (client QPS/burst 1000/1000), and
 2. by `kubegpu scheduler` (the same QPS/burst), which also picks concrete devices and writes the signed allocation,
 
-each timed from the scheduler's launch to the last Binding, as seen by a pod watch. It also measures the API server's
+each timed from the scheduler's launch to the last Binding, as seen by a pod watch. The same is done for a second
+workload without devices on the same nodes (spread over three zones): replicas of 30 apps with required pod
+anti-affinity by host, `DoNotSchedule` and `ScheduleAnyway` zone spread and preferred pod affinity to another app's
+zone, cpu and memory requests. It also measures the API server's
 raw ceiling (a plain client posting Bindings over 8 keep-alive connections) and kubegpu on a mixed topology workload
 (trn1, inf2, Intel and NVIDIA nodes). Needs the binaries from scripts/k8s-binaries.sh.
 
-    .venv/bin/python benchmarks/scheduler_bench.py [--nodes 1000] [--pods 3000]
+    .venv/bin/python benchmarks/scheduler_bench.py [--nodes 1000] [--pods 3000] [--workloads devices,affinity]
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from integration.cluster import Cluster, free_port, running_cluster  # noqa: E40
 from kubegpu.scheduler.kube import ApiError, KubeClient  # noqa: E402
 
 TRN1 = {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
+ZONE = "topology.kubernetes.io/zone"
+APPS = 30
 
 
 class BindWatch(threading.Thread):
@@ -87,7 +92,7 @@ def add_trn1_nodes(cluster: Cluster, count: int) -> None:
     """`count` Ready trn1.32xlarge nodes named trn1-0000, trn1-0001, ..., 16 Neuron devices each."""
     parallel(
         lambda i: cluster.create_ready_node(
-            f"trn1-{i:04d}", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16}
+            f"trn1-{i:04d}", labels={**TRN1, ZONE: f"zone-{i % 3}"}, allocatable={"aws.amazon.com/neurondevice": 16}
         ),
         count,
     )
@@ -97,6 +102,46 @@ def make_pods(cluster: Cluster, namespace: str, count: int, scheduler: str, shap
     cluster.create_namespace(namespace)
     parallel(
         lambda i: cluster.create_pod(namespace, f"p{i:05d}", {"main": shapes[i % len(shapes)]}, scheduler=scheduler),
+        count,
+    )
+
+
+def affinity_pod(namespace: str, i: int, scheduler: str) -> dict[str, Any]:
+    """Pod `i` of the affinity workload: app `i % APPS`; a third of the apps one replica per host, a third spread
+    evenly over zones (and softly over hosts), a third drawn to the zone of the next app's pods."""
+    app = i % APPS
+    labels = {"app": f"app-{app}"}
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "containers": [{"name": "main", "image": "busybox",
+                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}],
+    }  # fmt: skip
+    if app % 3 == 0:
+        term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": labels}}
+        spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    elif app % 3 == 1:
+        spec["topologySpreadConstraints"] = [
+            {"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule",
+             "labelSelector": {"matchLabels": labels}},
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+             "labelSelector": {"matchLabels": labels}},
+        ]  # fmt: skip
+    else:
+        other = {"app": f"app-{(app + 1) % APPS}"}
+        term = {"topologyKey": ZONE, "labelSelector": {"matchLabels": other}}
+        spec["affinity"] = {
+            "podAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50, "podAffinityTerm": term}]
+            }
+        }
+    return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
+            "metadata": {"name": f"p{i:05d}", "namespace": namespace, "labels": labels}}  # fmt: skip
+
+
+def make_affinity_pods(cluster: Cluster, namespace: str, count: int, scheduler: str) -> None:
+    cluster.create_namespace(namespace)
+    parallel(
+        lambda i: cluster.client.post(f"/api/v1/namespaces/{namespace}/pods", affinity_pod(namespace, i, scheduler)),
         count,
     )
 
@@ -203,6 +248,31 @@ def raw_bindings(cluster: Cluster, namespace: str, count: int) -> float:
     return count / (time.monotonic() - started)
 
 
+def compare(
+    cluster: Cluster, args: argparse.Namespace, work: Path, workload: str, create: Any
+) -> dict[str, list[float]]:
+    """Both schedulers on the same nodes, one after the other, `args.rounds` times alternating who goes first (a
+    later run finds a larger etcd, which would favour whoever goes first)."""
+    runs: dict[str, list[float]] = {"kube-scheduler": [], "kubegpu": []}
+    for round_ in range(args.rounds):
+        order = ["kube-scheduler", "kubegpu"] if round_ % 2 == 0 else ["kubegpu", "kube-scheduler"]
+        if args.only_kubegpu:
+            order = ["kubegpu"]
+        for who in order:
+            namespace = f"bench-{workload}-{who}-{round_}"
+            create(namespace, "kubegpu" if who == "kubegpu" else "default-scheduler")
+            command = (
+                kubegpu_scheduler(cluster, work, args.qps, args.binders)
+                if who == "kubegpu"
+                else kube_scheduler(cluster, work, args.qps)
+            )
+            seconds, _ = run_scheduler(cluster, command, namespace, args.pods, work / f"{namespace}.log")
+            clear_pods(cluster, namespace)
+            runs[who].append(args.pods / seconds)
+            print(f"  {workload} round {round_ + 1}: {who:15} {seconds:6.1f} s  {args.pods / seconds:7.1f} pods/s")
+    return runs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -211,6 +281,8 @@ def main() -> int:
     parser.add_argument("--binders", type=int, default=16, help="kubegpu's concurrent binders")
     parser.add_argument("--only-kubegpu", action="store_true", help="skip kube-scheduler, the ceiling and mixed runs")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of both schedulers, alternating who goes first")
+    parser.add_argument("--workloads", default="devices,affinity", help="comma-separated: devices, affinity")
+    parser.add_argument("--no-mixed", dest="mixed", action="store_false", help="skip the mixed topology run")
     args = parser.parse_args()
     one_device = [{"aws.amazon.com/neurondevice": 1}]
     with tempfile.TemporaryDirectory() as tmp, running_cluster(Path(tmp) / "k8s") as cluster:
@@ -221,25 +293,20 @@ def main() -> int:
         print(f"{args.nodes} Ready trn1.32xlarge nodes created in {time.monotonic() - started:.0f}s")
         list_nodes(cluster)
 
-        runs: dict[str, list[float]] = {"kube-scheduler": [], "kubegpu": []}
-        for round_ in range(args.rounds):
-            # Alternate the order: a later run finds a larger etcd, which would favour whoever goes first.
-            order = ["kube-scheduler", "kubegpu"] if round_ % 2 == 0 else ["kubegpu", "kube-scheduler"]
+        workloads = args.workloads.split(",")
+        results: dict[str, tuple[float, float]] = {}
+        for workload in workloads:
+
+            def create(namespace: str, scheduler: str, workload: str = workload) -> None:
+                if workload == "devices":
+                    make_pods(cluster, namespace, args.pods, scheduler, one_device)
+                else:
+                    make_affinity_pods(cluster, namespace, args.pods, scheduler)
+
+            runs = compare(cluster, args, work, workload, create)
             if args.only_kubegpu:
-                order = ["kubegpu"]
-            for who in order:
-                namespace = f"bench-{who}-{round_}"
-                scheduler_name = "kubegpu" if who == "kubegpu" else "default-scheduler"
-                make_pods(cluster, namespace, args.pods, scheduler_name, one_device)
-                command = (
-                    kubegpu_scheduler(cluster, work, args.qps, args.binders)
-                    if who == "kubegpu"
-                    else kube_scheduler(cluster, work, args.qps)
-                )
-                seconds, _ = run_scheduler(cluster, command, namespace, args.pods, work / f"{namespace}.log")
-                clear_pods(cluster, namespace)
-                runs[who].append(args.pods / seconds)
-                print(f"  round {round_ + 1}: {who:15} {seconds:6.1f} s  {args.pods / seconds:7.1f} pods/s")
+                continue
+            results[workload] = statistics.median(runs["kube-scheduler"]), statistics.median(runs["kubegpu"])
         if args.only_kubegpu:
             return 0
 
@@ -247,18 +314,21 @@ def main() -> int:
         ceiling = raw_bindings(cluster, "bench-raw", args.pods)
         clear_pods(cluster, "bench-raw")
 
-        kube_rate, ours_rate = statistics.median(runs["kube-scheduler"]), statistics.median(runs["kubegpu"])
-        print(
-            f"\n{args.pods} pods x neurondevice: 1 on {args.nodes} nodes, client QPS/burst {args.qps}, "
-            f"median of {args.rounds} rounds:"
-        )
-        print(f"  kube-scheduler 1.20.2   {kube_rate:7.1f} pods/s")
-        print(
-            f"  kubegpu scheduler       {ours_rate:7.1f} pods/s   ratio {ours_rate / kube_rate:.2f}x "
-            "(goal >= 1.0x; kubegpu also allocates devices and patches pods)"
-        )
+        goals = {"devices": "goal >= 1.0x, 2.0x; kubegpu also allocates devices", "affinity": "goal >= 1.0x"}
+        for workload, (kube_rate, ours_rate) in results.items():
+            print(
+                f"\n{workload}: {args.pods} pods on {args.nodes} nodes, client QPS/burst {args.qps}, "
+                f"median of {args.rounds} rounds:"
+            )
+            print(f"  kube-scheduler 1.20.2   {kube_rate:7.1f} pods/s")
+            print(
+                f"  kubegpu scheduler       {ours_rate:7.1f} pods/s   ratio {ours_rate / kube_rate:.2f}x "
+                f"({goals[workload]})"
+            )
         print(f"  raw Binding ceiling     {ceiling:7.1f} Bindings/s (plain client, 8 keep-alive connections)")
 
+        if not args.mixed:
+            return 0
         cluster.cleanup()
         kinds = [
             ("trn1", TRN1, {"aws.amazon.com/neurondevice": 16}),
