@@ -91,9 +91,12 @@ def bound_devices(cluster: Cluster, namespace: str, pod: str, timeout: float = 3
 def test_a_removed_device_is_marked_unhealthy_and_no_new_pod_gets_it(
     cluster: Cluster, namespace: str, start_scheduler: Any, tmp_path: Path
 ) -> None:
-    cluster.create_ready_node("trn-adv")  # no instance-type label, no Neuron capacity: the annotation says it all
+    # No instance-type label: the annotation says what the devices are, and --update-capacity publishes how many the
+    # kubelet may admit (without a vendor device plugin, nothing else would, and the scheduler places device pods
+    # only where allocatable has the resource).
+    cluster.create_ready_node("trn-adv")
     host = trn_host(tmp_path)
-    advertise(cluster, "trn-adv", host)
+    advertise(cluster, "trn-adv", host, "--update-capacity")
     inventory = published(cluster, "trn-adv").inventories["neuron"]
     assert [d.id for d in inventory.devices] == [str(i) for i in range(16)]
     assert inventory.topology == {"kind": "torus", "rows": 4, "columns": 4}
@@ -104,7 +107,7 @@ def test_a_removed_device_is_marked_unhealthy_and_no_new_pod_gets_it(
     cluster.delete_pod(namespace, "all-16")
 
     host.remove("dev/neuron3")
-    advertise(cluster, "trn-adv", host)
+    advertise(cluster, "trn-adv", host, "--update-capacity")
     devices = published(cluster, "trn-adv").inventories["neuron"].devices
     assert [d.id for d in devices if not d.healthy] == ["3"]
     assert len(devices) == 16, "the missing device stays listed, so the scheduler knows not to use it"
