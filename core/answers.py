@@ -220,6 +220,13 @@ def _release(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any
     if answer is None:
         return Status.success()
     if isinstance(answer, Status):
+        if not answer.ok:
+            manager.warn_once(
+                plugin,
+                "release-idempotent",
+                f"plugin {plugin!r} refused a release ({answer.message}): deprecated since release became idempotent "
+                "(Kubernetes' Unreserve); answer success for what the pod no longer holds",
+            )
         return answer
     raise WrongAnswer(
         f"returned {_kind(answer)}; a Status is due (release is idempotent: success when nothing is held)"

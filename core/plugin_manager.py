@@ -139,6 +139,7 @@ class KubegpuPluginManager:
         if name in self.records:
             self._fail(name, "register", f"another plugin is already registered as {name!r}")
             return False
+        plugin = _hook_object(plugin, self.project)
         try:
             self.pm.register(plugin, name=name)
         except Exception as exc:
@@ -316,6 +317,18 @@ class KubegpuPluginManager:
                 log.error("%s", exc)
                 results[name] = exc
         return results
+
+
+def _hook_object(plugin: object, project: str) -> object:
+    """The object whose hooks to register: a module that defines none itself but has a `plugin` object (a kit
+    instance) stands for that object, so an entry point may name the module or `module:plugin` alike."""
+    if not isinstance(plugin, ModuleType):
+        return plugin
+    marker = f"{project}_impl"
+    if any(hasattr(value, marker) for value in vars(plugin).values() if callable(value)):
+        return plugin
+    inner = getattr(plugin, "plugin", None)
+    return inner if inner is not None and not isinstance(inner, ModuleType) else plugin
 
 
 # Hooks whose "not implemented" answer is the checked form of None (release: a success).

@@ -1,15 +1,18 @@
 """The third-party plugin example (`examples/fpga`): a separate distribution that kubegpu uses with no change.
 
-The first part tests the plugin in-process, the way a plugin author would, with kubegpu's pytest fixtures
-(`make_plugin_manager`, `fake_host_root`) and helpers (`make_node`, `make_pod`, `assert_allocation`). The last
-test is the story of a user: in a fresh virtual environment `kubegpu plugins list` does not know `fpga`; after
-`pip install examples/fpga` it does, and `kubegpu simulate` places FPGA pods by the plugin's rule.
+The first part tests the plugin in-process, the way a plugin author would, with kubegpu's testing kit: the
+conformance suite in one line (`assert_conforms`), the scheduler-side driver (`SchedulerDriver`), the pytest fixtures
+(`make_plugin_manager`, `fake_host_root`) and helpers (`make_node`, `make_pod`, `assert_allocation`). The example as
+it was before the kit (`tests/fixtures/fpga_v0`, module-level hooks) still works unchanged. The last test is the story
+of a user: in a fresh virtual environment `kubegpu plugins list` does not know `fpga`; after `pip install
+examples/fpga` it does, and `kubegpu simulate` places FPGA pods by the plugin's rule.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -37,13 +40,31 @@ from kubegpu.core.models import (
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
 from kubegpu.core.scheduler_hooks import Headroom
 from kubegpu.core.status import Code
-from kubegpu.core.testing import FakeHost, assert_allocation, make_node, make_pod, node_manifest, pod_manifest
+from kubegpu.core.testing import (
+    FakeHost,
+    SchedulerDriver,
+    assert_allocation,
+    assert_conforms,
+    make_node,
+    make_pod,
+    node_manifest,
+    pod_manifest,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "fpga"
 FPGA = "example.com/fpga"
 BITSTREAM = "example.com/fpga-bitstream"
 LOADED = {"example.com/fpga.count": "4", "example.com/fpga.bitstream": "resnet50"}
 BLANK = {"example.com/fpga.count": "4"}
+
+
+@pytest.fixture(autouse=True)
+def _kubegpu_loggers_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A front-end run earlier in the session may have disabled kubegpu's loggers or raised their level."""
+    for name in ("kubegpu", "kubegpu.plugins", "kubegpu.engine"):
+        logger = logging.getLogger(name)
+        monkeypatch.setattr(logger, "disabled", False)
+        monkeypatch.setattr(logger, "level", logging.NOTSET)
 
 
 @pytest.fixture(scope="module")
@@ -75,17 +96,52 @@ def fpga_pod(name: str = "p", cards: int = 1, bitstream: str | None = None, **co
 
 
 def build(manager: KubegpuPluginManager, labels: dict[str, str], **kwargs: Any) -> Any:
-    state = manager.call("fpga", "kubegpu_scheduler_build_node", node=make_node("fpga-0", labels=labels, **kwargs))
+    state = SchedulerDriver(None, "fpga", manager=manager).build("fpga-0", labels=labels, **kwargs)
     assert state is not None
     return state
 
 
 def place(manager: KubegpuPluginManager, state: Any, pod: Any) -> PluginAllocation:
     """What the engine does once it chose the node: allocate, then take."""
-    allocation = manager.call("fpga", "kubegpu_scheduler_allocate", state=state, pod=pod)
-    assert isinstance(allocation, PluginAllocation)
-    assert manager.call("fpga", "kubegpu_scheduler_take", state=state, pod_key=pod.key, allocation=allocation).ok
-    return allocation
+    return SchedulerDriver(None, "fpga", manager=manager).place(state, pod)
+
+
+def test_the_example_conforms_to_what_kubegpu_assumes(fpga: tuple[ModuleType, ModuleType]) -> None:
+    assert_conforms(scheduler=fpga[0].plugin, device=fpga[1].plugin, name="fpga")
+
+
+@pytest.fixture(scope="module")
+def fpga_v0() -> tuple[ModuleType, ModuleType]:
+    """The example as it was before the kit: module-level hooks, a non-idempotent release."""
+    fixtures = Path(__file__).parent / "fixtures"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(EXAMPLE))
+        patch.syspath_prepend(str(fixtures))
+        return importlib.import_module("fpga_v0.scheduler"), importlib.import_module("fpga_v0.device")
+
+
+def test_the_example_written_before_the_kit_keeps_working_with_a_deprecation_warning(
+    fpga_v0: tuple[ModuleType, ModuleType], caplog: pytest.LogCaptureFixture
+) -> None:
+    from kubegpu.core.conformance import check_device, check_scheduler
+    from kubegpu.scheduler.testing import simulate
+
+    records = simulate(
+        [
+            node_manifest("fpga-0", labels=LOADED, allocatable={FPGA: 4}),
+            pod_manifest("infer", {"main": {FPGA: 2}}, annotations={BITSTREAM: "resnet50"}),
+            pod_manifest("translate", {"main": {FPGA: 1}}, annotations={BITSTREAM: "bert"}),
+        ],
+        plugins={"fpga": fpga_v0[0]},
+    )
+    assert (records[0]["event"], records[0]["devices"]) == ("scheduled", {"main": {FPGA: ["fpga0", "fpga1"]}})
+    assert "FPGA bitstream 'bert'" in records[1]["reason"]
+
+    allocations: list[Any] = []
+    failures = check_scheduler(fpga_v0[0], "fpga", collect=allocations) + check_device(fpga_v0[1], "fpga", allocations)
+    assert {f.rule for f in failures} == {"take-release-restores"}, failures
+    assert all("second release" in f.message for f in failures)
+    assert any("deprecated since release became idempotent" in r.getMessage() for r in caplog.records)
 
 
 def cards(*ids: str) -> PluginAllocation:
@@ -120,7 +176,7 @@ def test_a_node_gets_its_cards_from_the_count_label(
 ) -> None:
     state = scheduler.call("fpga", "kubegpu_scheduler_build_node", node=make_node(labels=labels))
 
-    assert (None if state is None else list(state.cards)) == cards
+    assert (None if state is None else list(state.ids)) == cards
 
 
 def test_an_advertised_inventory_wins_over_the_label_and_its_unhealthy_cards_are_never_given(
@@ -133,12 +189,10 @@ def test_an_advertised_inventory_wins_over_the_label_and_its_unhealthy_cards_are
     annotation = encode_devices(NodeDevices(inventories={"fpga": inventory}))
     state = build(scheduler, {"example.com/fpga.count": "8"}, annotations={DEVICES_KEY: annotation})
 
-    assert list(state.cards) == ["fpga0", "fpga1"]
+    assert list(state.ids) == ["fpga0", "fpga1"]
     assert scheduler.call("fpga", "kubegpu_scheduler_headroom", state=state) == Headroom(free={FPGA: 1})
     assert_allocation(place(scheduler, state, fpga_pod()), {"main": {FPGA: ["fpga1"]}})
-    refusal = scheduler.call("fpga", "kubegpu_scheduler_take", state=state, pod_key="ns/q", allocation=cards("fpga0"))
-    assert refusal.code is Code.ERROR
-    assert refusal.message == "card fpga0 is unhealthy"
+    assert scheduler.call("fpga", "kubegpu_scheduler_fit", state=state, pod=fpga_pod()).code is Code.UNSCHEDULABLE
 
 
 @pytest.mark.parametrize(
@@ -253,12 +307,12 @@ def test_a_pod_without_a_bitstream_prefers_nodes_with_none_loaded(
 @pytest.mark.parametrize(
     ("allocation", "message"),
     [
-        (cards("fpga9"), "card 'fpga9' does not exist on the node"),
-        (cards("fpga1", "fpga1"), "card fpga1 is allocated twice"),
-        (cards("fpga0"), "card fpga0 is already held by default/first"),
+        (cards("fpga9"), "device fpga9 does not exist on this node"),
+        (cards("fpga1", "fpga1"), "device fpga1 appears twice in the allocation"),
+        (cards("fpga0"), "device fpga0 is already held by default/first"),
         (
             PluginAllocation(plugin="fpga", containers={"main": {"nvidia.com/gpu": ["0"]}}),
-            "resource 'nvidia.com/gpu'",
+            "container main: resource nvidia.com/gpu is not scheduled by plugin fpga",
         ),
     ],
     ids=["unknown-card", "same-card-twice", "held-card", "foreign-resource"],
@@ -276,13 +330,13 @@ def test_take_refuses_a_bad_allocation_and_changes_nothing(
     assert scheduler.call("fpga", "kubegpu_scheduler_headroom", state=state).free == {FPGA: 3}
 
 
-def test_release_refuses_cards_the_pod_does_not_hold(scheduler: KubegpuPluginManager) -> None:
+def test_release_leaves_alone_cards_the_pod_does_not_hold(scheduler: KubegpuPluginManager) -> None:
     state = build(scheduler, BLANK)
     held = place(scheduler, state, fpga_pod("first"))
 
     status = scheduler.call("fpga", "kubegpu_scheduler_release", state=state, pod_key="default/other", allocation=held)
 
-    assert (status.code, status.message) == (Code.ERROR, "card 'fpga0' is not held by default/other")
+    assert status.ok  # idempotent, as Kubernetes' Unreserve: another pod's release frees nothing
     assert scheduler.call("fpga", "kubegpu_scheduler_headroom", state=state).free == {FPGA: 3}
 
 

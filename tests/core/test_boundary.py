@@ -8,7 +8,6 @@ called at a time (wrappers, ordering markers, generators) with a message.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kubegpu.cli import build_parser
 from kubegpu.core import device_hooks, scheduler_hooks
 from kubegpu.core.kit import WholeDevicePlugin, label_devices
 from kubegpu.core.models import (
@@ -39,6 +39,15 @@ from kubegpu.scheduler.testing import simulate
 
 CARD = "cards.example/card"
 OTHER = "other.example/gpu"
+
+
+@pytest.fixture(autouse=True)
+def _kubegpu_loggers_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A front-end run earlier in the session may have disabled kubegpu's loggers or raised their level."""
+    for name in ("kubegpu", "kubegpu.plugins", "kubegpu.engine"):
+        logger = logging.getLogger(name)
+        monkeypatch.setattr(logger, "disabled", False)
+        monkeypatch.setattr(logger, "level", logging.NOTSET)
 
 
 class Cards(WholeDevicePlugin):
@@ -124,7 +133,7 @@ def _run_simulate(
     path.write_text(yaml.safe_dump_all(cluster()))
     built = manager(cards=plugin, gpus=Gpus())
     monkeypatch.setattr(simulate_cli, "make_plugin_manager", lambda side: built)
-    args = argparse.Namespace(files=[str(path)], json=json_out, policy="binpack", html=None, stats=False)
+    args = build_parser().parse_args(["simulate", str(path), *(["--json"] if json_out else [])])
     code = simulate_cli.run(args)
     out, err = capsys.readouterr()
     return code, out, err

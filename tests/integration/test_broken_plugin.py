@@ -1,0 +1,130 @@
+"""A broken third-party plugin installed next to kubegpu, against a real kube-apiserver: the scheduler stays up.
+
+The plugin is a real distribution as far as `importlib.metadata` can tell (a `.dist-info` with entry points on the
+scheduler process's PYTHONPATH). Its `fit` answers `True` instead of a `Status`, its `score` answers `"high"`, and on
+one node its `build_node` raises: every one of these used to crash a front-end or hide behind "Insufficient ...".
+The story an operator sees: the built-in plugins' pods are bound as usual, the broken plugin's pod stays pending with
+a FailedScheduling event naming the plugin and the hook, and `/metrics` counts the failures.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import urllib3
+
+from .cluster import Cluster, free_port, wait_for
+
+BROKEN = '''
+from kubegpu.core.kit import WholeDevicePlugin, label_devices
+from kubegpu.core.scheduler_hooks import hookimpl
+
+
+class Broken(WholeDevicePlugin):
+    resources = ("broken.example/card",)
+
+    def devices(self, node):
+        if node.name == "broken-raises":
+            raise RuntimeError("vendor library crashed")
+        return label_devices(node.labels, "broken.example/card.count", "card"), None
+
+    @hookimpl
+    def kubegpu_scheduler_fit(self, state, pod, prepared):
+        return True
+
+    @hookimpl
+    def kubegpu_scheduler_score(self, state, pod, prepared):
+        return "high"
+
+
+plugin = Broken()
+'''
+
+
+def _install_broken(directory: Path) -> Path:
+    package = directory / "kubegpu_broken"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(BROKEN)
+    dist_info = directory / "kubegpu_broken-0.1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: kubegpu-broken\nVersion: 0.1.0\n")
+    (dist_info / "entry_points.txt").write_text("[kubegpu.scheduler]\nbroken = kubegpu_broken:plugin\n")
+    return directory
+
+
+def _events(cluster: Cluster, namespace: str, pod: str) -> list[str]:
+    return [e.get("message", "") for e in cluster.events(namespace) if e["involvedObject"].get("name") == pod]
+
+
+def test_a_broken_third_party_plugin_leaves_the_scheduler_up_and_other_plugins_pods_bound(
+    cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path
+) -> None:
+    cluster.create_ready_node(
+        "inf2-broken", labels={"node.kubernetes.io/instance-type": "inf2.48xlarge"}, allocatable={"aws.amazon.com/neuron": 12}
+    )
+    for name in ("broken-a", "broken-b", "broken-raises"):
+        cluster.create_ready_node(
+            name, labels={"broken.example/card.count": "2"}, allocatable={"broken.example/card": 2}
+        )
+    port = free_port()
+    environment = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join([str(_install_broken(tmp_path / "site")), os.environ.get("PYTHONPATH", "")]),
+    }
+    log = tmp_path / "scheduler.log"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kubegpu",
+            "scheduler",
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--scheduler-name",
+            "kubegpu",
+            "--allocation-key-file",
+            str(key_file),
+            "--metrics-address",
+            f"127.0.0.1:{port}",
+            "--no-leader-elect",
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env=environment,
+    )
+    try:
+        cluster.create_pod(namespace, "broken-pod", {"main": {"broken.example/card": 1}}, scheduler="kubegpu")
+        cluster.create_pod(namespace, "neuron-pod", {"main": {"aws.amazon.com/neuron": 2}}, scheduler="kubegpu")
+
+        def bound(name: str) -> Any:
+            pods = {p["metadata"]["name"]: p for p in cluster.pods(namespace)}
+            return pods.get(name, {}).get("spec", {}).get("nodeName")
+
+        assert wait_for(lambda: bound("neuron-pod"), 60, "the neuron pod bound") == "inf2-broken"
+        messages = wait_for(
+            lambda: [m for m in _events(cluster, namespace, "broken-pod") if "plugin 'broken'" in m],
+            60,
+            "a FailedScheduling event naming the broken plugin",
+        )
+        assert any("kubegpu_scheduler_fit: WrongAnswer: returned True (bool)" in m for m in messages), messages
+        assert any(
+            "plugin 'broken' failed on node broken-raises in kubegpu_scheduler_build_node: RuntimeError" in m
+            for m in messages
+        ), messages
+        assert bound("broken-pod") is None
+
+        cluster.create_pod(namespace, "neuron-later", {"main": {"aws.amazon.com/neuron": 4}}, scheduler="kubegpu")
+        assert wait_for(lambda: bound("neuron-later"), 60, "a later neuron pod bound") == "inf2-broken"
+        assert process.poll() is None, log.read_text()
+        metrics = urllib3.PoolManager().request("GET", f"http://127.0.0.1:{port}/metrics").data.decode()
+        assert 'kubegpu_scheduler_plugin_failures_total{hook="kubegpu_scheduler_fit",plugin="broken"}' in metrics
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=20)
