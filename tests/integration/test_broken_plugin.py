@@ -20,7 +20,7 @@ import urllib3
 
 from .cluster import Cluster, free_port, wait_for
 
-BROKEN = '''
+BROKEN = """
 from kubegpu.core.kit import WholeDevicePlugin, label_devices
 from kubegpu.core.scheduler_hooks import hookimpl
 
@@ -43,7 +43,7 @@ class Broken(WholeDevicePlugin):
 
 
 plugin = Broken()
-'''
+"""
 
 
 def _install_broken(directory: Path) -> Path:
@@ -65,7 +65,9 @@ def test_a_broken_third_party_plugin_leaves_the_scheduler_up_and_other_plugins_p
     cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path
 ) -> None:
     cluster.create_ready_node(
-        "inf2-broken", labels={"node.kubernetes.io/instance-type": "inf2.48xlarge"}, allocatable={"aws.amazon.com/neuron": 12}
+        "inf2-broken",
+        labels={"node.kubernetes.io/instance-type": "inf2.48xlarge"},
+        allocatable={"aws.amazon.com/neuron": 12},
     )
     for name in ("broken-a", "broken-b", "broken-raises"):
         cluster.create_ready_node(
