@@ -17,6 +17,7 @@ COPY pyproject.toml README.md ./
 COPY cli cli
 COPY core core
 COPY plugins plugins
+COPY kube kube
 COPY scheduler scheduler
 COPY crishim crishim
 RUN python3 -m venv /opt/kubegpu && /opt/kubegpu/bin/pip install --no-compile . \

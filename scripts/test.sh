@@ -16,7 +16,7 @@ mkdir -p build
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy (strict on kubegpu.core)"
-.venv/bin/mypy -p kubegpu.core -p kubegpu.scheduler -p kubegpu.plugins -p kubegpu.crishim
+.venv/bin/mypy -p kubegpu.core -p kubegpu.kube -p kubegpu.scheduler -p kubegpu.plugins -p kubegpu.crishim
 echo "== import-linter (layering contracts, run on a plain copy: grimp does not follow link trees)"
 rm -rf build/lint-site
 .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation --target build/lint-site . > build/lint.log 2>&1 \

@@ -163,7 +163,7 @@ class IntelGasState(DeviceNodeState):
         # pod key -> (card index, resource) -> [amount, number of container entries]
         self.held: dict[str, dict[tuple[int, str], list[int]]] = {}
         self.version = 0
-        self.memo: tuple[int, PodRequest, _Placement | Status] | None = None
+        self.memo: tuple[int, _PodNeeds, _Placement | Status] | None = None
 
 
 def _own(state: DeviceNodeState) -> IntelGasState:
@@ -220,24 +220,29 @@ def kubegpu_scheduler_validate(pod: PodRequest) -> Status | None:
 
 
 @hookimpl
-def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest) -> Status:
-    result = _placement(_own(state), pod, choose=False)
+def kubegpu_scheduler_prepare(pod: PodRequest) -> _PodNeeds:
+    return pod_needs(pod)
+
+
+@hookimpl
+def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: _PodNeeds) -> Status:
+    result = _placement(_own(state), pod, prepared, choose=False)
     return result if isinstance(result, Status) else Status.success()
 
 
 @hookimpl
-def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest) -> float:
-    result = _placement(_own(state), pod, choose=True)
+def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: _PodNeeds) -> float:
+    result = _placement(_own(state), pod, prepared, choose=True)
     return 0.0 if isinstance(result, Status) else result.score
 
 
 @hookimpl
-def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest) -> PluginAllocation | None:
+def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared: _PodNeeds) -> PluginAllocation | None:
     s = _own(state)
-    result = _placement(s, pod, choose=True)
+    result = _placement(s, pod, prepared, choose=True)
     if isinstance(result, Status):
         return None
-    needs = pod_needs(pod).needs
+    needs = prepared.needs
     if not any(needs):
         return PluginAllocation(plugin=NAME)
     containers: dict[str, dict[str, list[str]]] = {}
@@ -350,20 +355,20 @@ def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy]:
 _FITS = _Placement(cards=(), score=0.0)
 
 
-def _placement(state: IntelGasState, pod: PodRequest, *, choose: bool) -> _Placement | Status:
-    """fit, score and allocate ask in turn about the same pod and node: compute once per state version."""
+def _placement(state: IntelGasState, pod: PodRequest, needs: _PodNeeds, *, choose: bool) -> _Placement | Status:
+    """fit, score and allocate ask in turn about the same pod and node: compute once per state version. The engine
+    prepares one `needs` per pod signature (annotations included), so it keys the memo for every equal pod."""
     memo = state.memo
-    if memo is not None and memo[0] == state.version and memo[1] is pod:
+    if memo is not None and memo[0] == state.version and memo[1] is needs:
         cached = memo[2]
         if cached is not _FITS or not choose:
             return cached
-    result = _place(state, pod, choose)
-    state.memo = (state.version, pod, result)
+    result = _place(state, pod, needs, choose)
+    state.memo = (state.version, needs, result)
     return result
 
 
-def _place(state: IntelGasState, pod: PodRequest, choose: bool) -> _Placement | Status:
-    needs = pod_needs(pod)
+def _place(state: IntelGasState, pod: PodRequest, needs: _PodNeeds, choose: bool) -> _Placement | Status:
     if needs.problem:
         return Status.unresolvable(needs.problem, plugin=NAME)
     intel = [need for need in needs.needs if need is not None]
@@ -606,19 +611,11 @@ def container_need(container: ContainerRequest, *, ignore_without_count: bool = 
     return Need(container.name, count, cards, per_card)
 
 
-# PodRequest is frozen but not hashable; the engine asks about one pod object on many nodes, so its needs
-# are cached by the identity of its containers tuple (the entry keeps the tuple alive: the id stays unique).
-_NEEDS_CACHE: dict[int, tuple[tuple[ContainerRequest, ...], tuple[bool, str | None], _PodNeeds]] = {}
-_NEEDS_CACHE_SIZE = 4096
-
-
 def pod_needs(pod: PodRequest) -> _PodNeeds:
-    """Every container's need, in spec order, the `gas-same-gpu` group, and the first validation refusal."""
+    """Every container's need, in spec order, the `gas-same-gpu` group, and the first validation refusal (read once
+    per pod signature: `kubegpu_scheduler_prepare`)."""
     ignore = os.environ.get(WITHOUT_I915_ENV, "").strip().lower() == "ignore"
     same_text = pod.annotations.get(SAME_GPU_ANNOTATION)
-    hit = _NEEDS_CACHE.get(id(pod.containers))
-    if hit is not None and hit[0] is pod.containers and hit[1] == (ignore, same_text):
-        return hit[2]
     needs: list[Need | None] = []
     problem: str | None = None
     for container in pod.containers:
@@ -635,11 +632,7 @@ def pod_needs(pod: PodRequest) -> _PodNeeds:
             problem = problem or group
         else:
             same = group
-    result = _PodNeeds(tuple(needs), problem, same)
-    if len(_NEEDS_CACHE) >= _NEEDS_CACHE_SIZE:
-        _NEEDS_CACHE.clear()
-    _NEEDS_CACHE[id(pod.containers)] = (pod.containers, (ignore, same_text), result)
-    return result
+    return _PodNeeds(tuple(needs), problem, same)
 
 
 def same_gpu_containers(

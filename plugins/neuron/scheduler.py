@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import DeviceCell, NodeInfo, Occupancy, PluginAllocation, PodRequest
@@ -67,6 +66,8 @@ RING_SHARE = 0.5
 
 # (container name, resource name, amount) for every container asking for Neuron resources, in spec order.
 Requests = tuple[tuple[str, str, int], ...]
+# A pod's Neuron requests and the refusal of a container that mixes resources: `kubegpu_scheduler_prepare`'s answer.
+Asked = tuple[Requests, Status | None]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -173,20 +174,25 @@ def kubegpu_scheduler_validate(pod: PodRequest) -> Status | None:
 
 
 @hookimpl
-def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest) -> Status:
-    return _plan(_state(state), pod).status
+def kubegpu_scheduler_prepare(pod: PodRequest) -> Asked:
+    return neuron_requests(pod)
 
 
 @hookimpl
-def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest) -> float:
-    plan = _plan(_state(state), pod)
+def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: Asked) -> Status:
+    return _plan(_state(state), prepared).status
+
+
+@hookimpl
+def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: Asked) -> float:
+    plan = _plan(_state(state), prepared)
     return plan.score if plan.status.ok else 0.0
 
 
 @hookimpl
-def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest) -> PluginAllocation | None:
+def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared: Asked) -> PluginAllocation | None:
     s = _state(state)
-    plan = _plan(s, pod)
+    plan = _plan(s, prepared)
     if not plan.status.ok:
         return None
     containers: dict[str, dict[str, list[str]]] = {}
@@ -346,17 +352,10 @@ def _int(value: object, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
-_last_requests: list[Any] = [None, None]  # the last pod asked about and its answer: fit and score ask in turn
-
-
-def neuron_requests(pod: PodRequest) -> tuple[Requests, Status | None]:
-    """The pod's Neuron requests in container order, or the refusal of a container that mixes resources."""
-    if _last_requests[0] is pod:
-        cached: tuple[Requests, Status | None] = _last_requests[1]
-        return cached
-    answer = _neuron_requests(pod)
-    _last_requests[0], _last_requests[1] = pod, answer
-    return answer
+def neuron_requests(pod: PodRequest) -> Asked:
+    """The pod's Neuron requests in container order, or the refusal of a container that mixes resources (read once
+    per pod signature: `kubegpu_scheduler_prepare`)."""
+    return _neuron_requests(pod)
 
 
 def _neuron_requests(pod: PodRequest) -> tuple[Requests, Status | None]:
@@ -388,8 +387,8 @@ def _amounts(resources: Mapping[str, int]) -> dict[str, int]:
     return {r: resources[r] for r in RESOURCES if resources.get(r, 0) > 0}
 
 
-def _plan(state: _NeuronNode, pod: PodRequest) -> _Plan:
-    requests, refusal = neuron_requests(pod)
+def _plan(state: _NeuronNode, asked: Asked) -> _Plan:
+    requests, refusal = asked
     if refusal is not None:
         return _Plan(refusal)
     key = (state.version, requests)

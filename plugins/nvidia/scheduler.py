@@ -184,9 +184,14 @@ def kubegpu_scheduler_validate(pod: PodRequest) -> Status | None:
 
 
 @hookimpl
-def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest) -> Status | None:
+def kubegpu_scheduler_prepare(pod: PodRequest) -> Ask:
+    return read_ask(pod)
+
+
+@hookimpl
+def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: Ask) -> Status:
     assert isinstance(state, NvidiaNodeState)
-    ask = read_ask(pod)
+    ask = prepared
     if ask.error:
         return Status.unresolvable(ask.error, plugin=NAME)
     if not ask.total:
@@ -202,9 +207,9 @@ def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest) -> Status | N
 
 
 @hookimpl
-def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest) -> float | None:
+def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: Ask) -> float | None:
     assert isinstance(state, NvidiaNodeState)
-    ask = read_ask(pod)
+    ask = prepared
     if ask.error or not ask.total:
         return 0.0 if ask.error else 100.0
     plan = state.plan(ask)
@@ -212,9 +217,9 @@ def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest) -> float | 
 
 
 @hookimpl
-def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest) -> PluginAllocation | None:
+def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared: Ask) -> PluginAllocation | None:
     assert isinstance(state, NvidiaNodeState)
-    ask = read_ask(pod)
+    ask = prepared
     if ask.error:
         return None
     plan = state.plan(ask) if ask.total else ()
@@ -305,17 +310,9 @@ def owns(resource: str) -> bool:
     return resource == RESOURCE
 
 
-_last_ask: tuple[PodRequest | None, Ask] = (None, Ask())
-
-
 def read_ask(pod: PodRequest) -> Ask:
-    """The nvidia part of a pod. The engine asks about one pod on many nodes, so the last answer is kept."""
-    global _last_ask
-    if _last_ask[0] is pod:
-        return _last_ask[1]
-    ask = parse_ask(pod.containers, pod.annotations)
-    _last_ask = (pod, ask)
-    return ask
+    """The nvidia part of a pod (the engine reads it once per pod signature: `kubegpu_scheduler_prepare`)."""
+    return parse_ask(pod.containers, pod.annotations)
 
 
 def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, str]) -> Ask:

@@ -681,8 +681,9 @@ def test_random_workloads_never_put_a_card_over_its_share(
                 assert scheduler.kubegpu_scheduler_release(state, key, live.pop(key)).ok
             continue
         pod = _pod(f"p{step}", arg, allow)
-        fit = scheduler.kubegpu_scheduler_fit(state, pod)
-        allocation = scheduler.kubegpu_scheduler_allocate(state, pod)
+        prepared = scheduler.kubegpu_scheduler_prepare(pod)
+        fit = scheduler.kubegpu_scheduler_fit(state, pod, prepared)
+        allocation = scheduler.kubegpu_scheduler_allocate(state, pod, prepared)
         assert fit.ok == (allocation is not None)
         if allocation is None:
             _assert_truly_full(pod, live, capacity, cards, fit.code)
