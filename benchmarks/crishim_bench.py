@@ -182,7 +182,7 @@ class ByteRelay:
     def __init__(self, listen: Path, upstream: Path) -> None:
         import asyncio
 
-        from kubegpu.scheduler.kube import new_event_loop
+        from kubegpu.kube.client import new_event_loop
 
         self.loop = new_event_loop()
         self.loop_name = type(self.loop).__module__.split(".")[0]

@@ -18,8 +18,8 @@ from typing import Any
 
 import orjson
 
+from kubegpu.kube.client import ApiError, AsyncKubeClient, KubeClient
 from kubegpu.scheduler.extender import HttpServer
-from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, KubeClient
 
 
 class NullExtender:

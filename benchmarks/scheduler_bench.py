@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from integration.cluster import Cluster, free_port, running_cluster  # noqa: E402
 
-from kubegpu.scheduler.kube import ApiError, KubeClient  # noqa: E402
+from kubegpu.kube.client import ApiError, KubeClient  # noqa: E402
 
 TRN1 = {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
 ZONE = "topology.kubernetes.io/zone"

@@ -34,7 +34,7 @@ PodResources `List` and publishes the device ids of the pods kubegpu did not pla
 (`kubegpu.crishim.podresources`), so the scheduler counts exactly those ids. Without the socket the annotation is
 left as it is.
 
-API calls go through `kubegpu.scheduler.kube.KubeClient` (a kubeconfig, or the in-cluster service account).
+API calls go through `kubegpu.kube.client.KubeClient` (a kubeconfig, or the in-cluster service account).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from kubegpu.core.models import Advertisement, DeviceInfo, DeviceInventory, Node
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
 from kubegpu.core.quantity import QuantityError, to_int
 from kubegpu.crishim import podresources
-from kubegpu.scheduler.kube import ApiError, KubeClient, now_rfc3339
+from kubegpu.kube.client import ApiError, KubeClient, now_rfc3339
 
 __all__ = [
     "Advertiser",

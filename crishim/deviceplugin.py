@@ -602,7 +602,7 @@ def add_device_plugin_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from kubegpu.core.process import configure_logging, read_key
-    from kubegpu.scheduler.kube import ApiError, KubeClient
+    from kubegpu.kube.client import ApiError, KubeClient
 
     configure_logging(args.log_level)
     key = read_key(args.allocation_key_file)

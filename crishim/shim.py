@@ -148,7 +148,7 @@ class ApiPods:
         self.client = client
 
     def get_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        from kubegpu.scheduler.kube import ApiError
+        from kubegpu.kube.client import ApiError
 
         try:
             pod: Mapping[str, Any] = self.client.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
@@ -1022,7 +1022,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", failure)
     pods: PodSource | None = None
     if args.kubeconfig:
-        from kubegpu.scheduler.kube import KubeClient
+        from kubegpu.kube.client import KubeClient
 
         pods = ApiPods(KubeClient.from_kubeconfig(args.kubeconfig, connections=4, timeout=5.0))
     editor = ContainerEditor(

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kubegpu.scheduler.kube import ApiError, KubeClient, now_rfc3339
+from kubegpu.kube.client import ApiError, KubeClient, now_rfc3339
 
 __all__ = ["LeaderElector"]
 

@@ -54,12 +54,12 @@ from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
+from kubegpu.kube.client import ApiError, AsyncKubeClient, Informer, KubeClient, now_rfc3339
+from kubegpu.kube.leader import LeaderElector
 from kubegpu.scheduler import liveness, objects
 from kubegpu.scheduler.config import ConfigError, Policy, load_config
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine
 from kubegpu.scheduler.filters import pod_matches_term, selector_matches
-from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, Informer, KubeClient, now_rfc3339
-from kubegpu.scheduler.leader import LeaderElector
 from kubegpu.scheduler.preemption import Budget, Preemption
 
 __all__ = ["SchedulerService", "add_scheduler_parser", "write_placement"]

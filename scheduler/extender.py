@@ -57,12 +57,12 @@ from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
 from kubegpu.core.status import Code
+from kubegpu.kube.client import ApiError, AsyncKubeClient, KubeClient
 from kubegpu.plugins.intel_gas.scheduler import WITHOUT_I915_ENV
 from kubegpu.scheduler import compat, liveness
 from kubegpu.scheduler.custom import SchedulerService, bound_as_decided, write_placement
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Plan
 from kubegpu.scheduler.http_server import Answer, HttpServer, Limits, tls_context
-from kubegpu.scheduler.kube import ApiError, AsyncKubeClient, KubeClient
 
 __all__ = ["ExtenderHttpServer", "ExtenderServer", "add_extender_parser"]
 

@@ -38,7 +38,7 @@ from typing import Any, cast
 import httptools
 import orjson
 
-from kubegpu.scheduler.kube import new_event_loop
+from kubegpu.kube.client import new_event_loop
 
 __all__ = ["Answer", "HttpServer", "Limits", "Waiting", "tls_context"]
 

@@ -50,7 +50,7 @@ from kubegpu.scheduler.report import (
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
-    from kubegpu.scheduler.kube import KubeClient
+    from kubegpu.kube.client import KubeClient
 
 __all__ = ["ClusterView", "add_top_parser", "render_terminal", "run"]
 
@@ -362,7 +362,7 @@ def _watch(view: ClusterView, client: KubeClient, args: argparse.Namespace, cons
     from rich.live import Live
     from rich.text import Text
 
-    from kubegpu.scheduler.kube import Informer
+    from kubegpu.kube.client import Informer
 
     changes: queue.Queue[tuple[str, str, Any]] = queue.Queue()
     stop = threading.Event()
@@ -423,7 +423,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kubegpu.core.process import read_key
-    from kubegpu.scheduler.kube import ApiError, KubeClient
+    from kubegpu.kube.client import ApiError, KubeClient
 
     key = read_key(args.allocation_key_file) if args.allocation_key_file else None
     client = KubeClient.from_kubeconfig(args.kubeconfig)

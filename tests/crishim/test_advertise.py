@@ -26,9 +26,9 @@ from kubegpu.core.plugin_manager import KubegpuPluginManager, make_plugin_manage
 from kubegpu.core.testing import FakeHost, node_manifest
 from kubegpu.crishim import advertise
 from kubegpu.crishim.advertise import Advertiser, RoundResult, add_advertise_parser, mark_missing, parse_interval
+from kubegpu.kube.client import ApiError
 from kubegpu.plugins.intel_gas import device as intel
 from kubegpu.plugins.neuron import device as neuron
-from kubegpu.scheduler.kube import ApiError
 
 NODE = "trn-0"
 TORUS = {"kind": "torus", "rows": 4, "columns": 4}

@@ -11,7 +11,7 @@ import pytest
 from kubegpu.core.annotations import NODE_LEASE_LABEL
 from kubegpu.crishim import advertise
 from kubegpu.crishim.advertise import NodeLease, add_advertise_parser
-from kubegpu.scheduler.kube import ApiError
+from kubegpu.kube.client import ApiError
 from kubegpu.scheduler.liveness import parse_time
 
 PATH = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/kubegpu-trn-0"

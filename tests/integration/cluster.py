@@ -23,7 +23,7 @@ from typing import Any
 
 import urllib3
 
-from kubegpu.scheduler.kube import ApiError, Credentials, KubeClient
+from kubegpu.kube.client import ApiError, Credentials, KubeClient
 
 __all__ = ["Cluster", "ClusterError", "free_port", "wait_for"]
 

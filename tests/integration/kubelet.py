@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kubegpu.scheduler.kube import ApiError
+from kubegpu.kube.client import ApiError
 
 from .cluster import Cluster, binary_dir, free_port, wait_for
 from .containerd import IMAGE

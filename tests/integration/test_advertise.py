@@ -21,7 +21,7 @@ from kubegpu.core.annotations import ALLOCATION_KEY, DEVICES_KEY, decode_allocat
 from kubegpu.core.models import NodeDevices
 from kubegpu.core.quantity import to_int
 from kubegpu.core.testing import FakeHost
-from kubegpu.scheduler.kube import ApiError
+from kubegpu.kube.client import ApiError
 
 from .cluster import Cluster, wait_for
 

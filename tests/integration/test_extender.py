@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, verify_allocation
 from kubegpu.core.testing import node_manifest
+from kubegpu.kube.client import ApiError
 from kubegpu.scheduler.extender import UNKNOWN_NODE
-from kubegpu.scheduler.kube import ApiError
 
 from .cluster import Cluster, free_port, wait_for
 from .test_scheduler import INTEL, P3, ROOT, SEVEN, TRN1, _apply, bound, wait_bound

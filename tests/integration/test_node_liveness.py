@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from kubegpu.core.testing import FakeHost
-from kubegpu.scheduler.kube import ApiError
+from kubegpu.kube.client import ApiError
 from kubegpu.scheduler.liveness import TICK
 
 from .cluster import Cluster, wait_for

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
-from kubegpu.scheduler.kube import ApiError
+from kubegpu.kube.client import ApiError
 
 from .cluster import Cluster, wait_for
 

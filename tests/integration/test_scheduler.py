@@ -13,7 +13,7 @@ import urllib3
 import yaml
 
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, verify_allocation
-from kubegpu.scheduler.kube import ApiError
+from kubegpu.kube.client import ApiError
 
 from .cluster import Cluster, wait_for
 

@@ -24,7 +24,7 @@ from kubegpu.core.annotations import (
     sign_allocation,
     verify_allocation,
 )
-from kubegpu.scheduler.kube import ApiError, KubeClient
+from kubegpu.kube.client import ApiError, KubeClient
 
 from .cluster import Cluster, wait_for
 

@@ -12,11 +12,11 @@ import pytest
 from kubegpu.core.manifests import pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node, pod_manifest
+from kubegpu.kube.client import ApiError
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler.custom import SchedulerService
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.extender import ExtenderServer
-from kubegpu.scheduler.kube import ApiError
 
 from .test_properties import NODE_KINDS
 
