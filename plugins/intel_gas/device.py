@@ -58,22 +58,15 @@ from kubegpu.core.models import (
     DeviceOwnership,
     Scalar,
 )
+from kubegpu.plugins.intel_gas import I915, MEMORY, MILLICORES, NAME, PREFIX, RESOURCES, XE
 from kubegpu.plugins.intel_gas.cards import CARDS_LABEL, CONTINUATION_MARK, GPU_NUMBERS_LABEL, card_sort_key
 
 __all__ = ["CARDS_ENV", "CDI_KIND", "NAME", "OWNED", "RESOURCES", "discover", "split_label"]
-
-NAME = "intel-gas"
-RESOURCES = ["gpu.intel.com/*"]
 
 # ----------------------------------------------------------------------------------------------------------
 # Configuration
 # ----------------------------------------------------------------------------------------------------------
 
-PREFIX = "gpu.intel.com/"
-I915 = "gpu.intel.com/i915"
-XE = "gpu.intel.com/xe"
-MILLICORES = "gpu.intel.com/millicores"
-MEMORY = "gpu.intel.com/memory.max"
 INTEL_VENDOR = "0x8086"
 DRM = Path("sys/class/drm")
 CARDS_ENV = "KUBEGPU_INTEL_CARDS"

@@ -55,14 +55,11 @@ The rules, in the order the engine meets them:
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import (
-    ContainerRequest,
     DeviceCell,
     NodeInfo,
     Occupancy,
@@ -71,35 +68,31 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
 from kubegpu.core.status import Status
-from kubegpu.plugins.intel_gas.cards import (
-    GPU_NUMBERS_LABEL,
-    card_sort_key,
-    cards_from_labels,
-    format_amount,
-    parse_card_names,
+from kubegpu.plugins.intel_gas import (
+    CARDS_ANNOTATION,
+    COUNT_RESOURCES,
+    I915,
+    NAME,
+    PREFIX,
+    RESOURCES,
+    TS_ANNOTATION,
+    WITHOUT_I915_ENV,
+    XE,
+)
+from kubegpu.plugins.intel_gas.cards import GPU_NUMBERS_LABEL, card_sort_key, cards_from_labels, format_amount
+from kubegpu.plugins.intel_gas.placement import (
+    Placement,
+    PodNeeds,
+    Refusal,
+    candidate_cards,
+    card_fullness,
+    card_rows,
+    choose_cards,
+    fits_alone,
+    pod_needs,
 )
 
-NAME = "intel-gas"
-RESOURCES = ["gpu.intel.com/*"]
-
-# ----------------------------------------------------------------------------------------------------------
-# Configuration: the resource and annotation names GAS defines
-# ----------------------------------------------------------------------------------------------------------
-
-PREFIX = "gpu.intel.com/"
-I915 = "gpu.intel.com/i915"
-XE = "gpu.intel.com/xe"
-COUNT_RESOURCES = (I915, XE)  # "on how many cards": one unit per chosen card
-ALLOW_ANNOTATION = "gas-allow"
-DENY_ANNOTATION = "gas-deny"
-TS_ANNOTATION = "gas-ts"
-CARDS_ANNOTATION = "gas-container-cards"
-SAME_GPU_ANNOTATION = "gas-same-gpu"
-SAME_GPU_FORBIDDEN = ("gpu.intel.com/tiles", "gpu.intel.com/i915_monitoring", "gpu.intel.com/xe_monitoring")
-NO_FIT = "Not enough GPU-resources for deployment: will not fit"
-# GAS leaves a pod requesting gpu.intel.com/* without i915/xe to the default scheduler; kubegpu refuses it unless
-# this environment variable says `ignore` (`kubegpu extender --intel-without-i915 ignore` sets it).
-WITHOUT_I915_ENV = "KUBEGPU_INTEL_WITHOUT_I915"
+__all__ = ["NAME", "RESOURCES", "WITHOUT_I915_ENV", "IntelGasState", "conformance_nodes"]
 
 # The nodes `kubegpu plugins check` runs the conformance suite on: a node's cards come from labels it cannot guess.
 conformance_nodes = [
@@ -115,35 +108,6 @@ conformance_nodes = [
 # ----------------------------------------------------------------------------------------------------------
 # Private state
 # ----------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Need:
-    """What one container asks of each of its cards: `per_card` lists every requested resource, by name."""
-
-    container: str
-    count_resource: str
-    cards: int
-    per_card: tuple[tuple[str, int], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _PodNeeds:
-    needs: tuple[Need | None, ...]  # aligned with pod.containers; None: the container asks nothing of ours
-    problem: str | None  # the validation refusal, if any
-    same: tuple[int, ...] = ()  # indices of the `gas-same-gpu` containers, in spec order
-
-
-@dataclass(frozen=True, slots=True)
-class _Placement:
-    cards: tuple[tuple[int, ...] | None, ...]  # per container, chosen card indices in card order
-    score: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Refusal:
-    reason: str
-    final: bool  # True: no freeing of shares can help on this node
 
 
 class IntelGasState(DeviceNodeState):
@@ -163,7 +127,7 @@ class IntelGasState(DeviceNodeState):
         # pod key -> (card index, resource) -> [amount, number of container entries]
         self.held: dict[str, dict[tuple[int, str], list[int]]] = {}
         self.version = 0
-        self.memo: tuple[int, _PodNeeds, _Placement | Status] | None = None
+        self.memo: tuple[int, PodNeeds, Placement | Status] | None = None
 
 
 def _own(state: DeviceNodeState) -> IntelGasState:
@@ -220,24 +184,24 @@ def kubegpu_scheduler_validate(pod: PodRequest) -> Status | None:
 
 
 @hookimpl
-def kubegpu_scheduler_prepare(pod: PodRequest) -> _PodNeeds:
+def kubegpu_scheduler_prepare(pod: PodRequest) -> PodNeeds:
     return pod_needs(pod)
 
 
 @hookimpl
-def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: _PodNeeds) -> Status:
+def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: PodNeeds) -> Status:
     result = _placement(_own(state), pod, prepared, choose=False)
     return result if isinstance(result, Status) else Status.success()
 
 
 @hookimpl
-def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: _PodNeeds) -> float:
+def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: PodNeeds) -> float:
     result = _placement(_own(state), pod, prepared, choose=True)
     return 0.0 if isinstance(result, Status) else result.score
 
 
 @hookimpl
-def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared: _PodNeeds) -> PluginAllocation | None:
+def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared: PodNeeds) -> PluginAllocation | None:
     s = _own(state)
     result = _placement(s, pod, prepared, choose=True)
     if isinstance(result, Status):
@@ -326,9 +290,9 @@ def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy]:
     for pod_key, entries in s.held.items():
         for i, _ in entries:
             holders[i].add(pod_key)
-    rows = _rows(s, s.used)
+    rows = card_rows(s, s.used)
     cells = [
-        DeviceCell(id=card, holders=sorted(holders[i]), used=_fullness(rows, {}, i), healthy=ok)
+        DeviceCell(id=card, holders=sorted(holders[i]), used=card_fullness(rows, {}, i), healthy=ok)
         for i, (card, ok) in enumerate(zip(s.cards, s.healthy, strict=True))
     ]
     counts = [r for r in COUNT_RESOURCES if r in s.used]
@@ -352,10 +316,10 @@ def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy]:
 
 
 # fit on a one-container pod only needs to know that enough cards fit; the choice waits for score/allocate.
-_FITS = _Placement(cards=(), score=0.0)
+_FITS = Placement(cards=(), score=0.0)
 
 
-def _placement(state: IntelGasState, pod: PodRequest, needs: _PodNeeds, *, choose: bool) -> _Placement | Status:
+def _placement(state: IntelGasState, pod: PodRequest, needs: PodNeeds, *, choose: bool) -> Placement | Status:
     """fit, score and allocate ask in turn about the same pod and node: compute once per state version. The engine
     prepares one `needs` per pod signature (annotations included), so it keys the memo for every equal pod."""
     memo = state.memo
@@ -368,172 +332,25 @@ def _placement(state: IntelGasState, pod: PodRequest, needs: _PodNeeds, *, choos
     return result
 
 
-def _place(state: IntelGasState, pod: PodRequest, needs: _PodNeeds, choose: bool) -> _Placement | Status:
+def _place(state: IntelGasState, pod: PodRequest, needs: PodNeeds, choose: bool) -> Placement | Status:
     if needs.problem:
         return Status.unresolvable(needs.problem, plugin=NAME)
     intel = [need for need in needs.needs if need is not None]
     if not intel:
-        return _Placement(cards=tuple(None for _ in needs.needs), score=0.0)
+        return Placement(cards=tuple(None for _ in needs.needs), score=0.0)
     pool = candidate_cards(state, pod.annotations)
-    if not choose and len(intel) == 1 and _fits_alone(state, intel[0], pool):
+    if not choose and len(intel) == 1 and fits_alone(state, intel[0], pool):
         return _FITS
     result = choose_cards(state, needs.needs, pool, state.used, needs.same)
-    if isinstance(result, _Placement):
+    if isinstance(result, Placement):
         return result
     if result.final:
         return Status.unresolvable(result.reason, plugin=NAME)
     # A pod whose own containers crowd each other out would not fit on this node even with every card free.
     on_free_node = choose_cards(state, needs.needs, pool, state.unused, needs.same)
-    if isinstance(on_free_node, _Refusal):
+    if isinstance(on_free_node, Refusal):
         return Status.unresolvable(on_free_node.reason, plugin=NAME)
     return Status.unschedulable(result.reason, plugin=NAME)
-
-
-def candidate_cards(state: IntelGasState, annotations: Mapping[str, str]) -> tuple[int, ...]:
-    """Healthy cards the pod's `gas-allow` / `gas-deny` annotations leave, in card order."""
-    allow = parse_card_names(annotations.get(ALLOW_ANNOTATION))
-    deny = parse_card_names(annotations.get(DENY_ANNOTATION))
-    if not allow and not deny:
-        return state.healthy_cards
-    return tuple(
-        i for i in state.healthy_cards if (not allow or state.cards[i] in allow) and state.cards[i] not in deny
-    )
-
-
-def choose_cards(
-    state: IntelGasState,
-    needs: Sequence[Need | None],
-    pool: Sequence[int],
-    used: Mapping[str, Sequence[int]],
-    same: Sequence[int] = (),
-) -> _Placement | _Refusal:
-    """Place the containers in order on the `pool` cards, given per-card `used` amounts (none: a free node).
-
-    Each container takes the fullest fitting cards (see the module docstring); the shares taken by earlier
-    containers of the pod count for later ones. The `same` containers (`gas-same-gpu`) are placed together, as
-    one container asking for their summed needs on one card, where the first of them stands.
-    """
-    overlay: dict[tuple[int, str], int] = {}
-    chosen: list[tuple[int, ...] | None] = []
-    rows = _rows(state, used)
-    grouped = same_gpu_need(needs, same)
-    for position, need in enumerate(needs):
-        if need is None:
-            chosen.append(None)
-            continue
-        if grouped is not None and position in same:
-            if position != same[0]:
-                chosen.append(chosen[same[0]])
-                continue
-            need = grouped
-        refusal = _impossible(state, need, pool)
-        if refusal is not None:
-            return refusal
-        # A resource the node does not advertise can only be asked for in a zero amount here (`_impossible`).
-        checks = [(r, x, state.capacity[r], used[r]) for r, x in need.per_card if r in state.capacity]
-        fitting = [i for i in pool if all(c - u[i] - overlay.get((i, r), 0) >= x for r, x, c, u in checks)]
-        if len(fitting) < need.cards:
-            return _Refusal(_shortage(state, need, pool, used, overlay, len(fitting)), final=False)
-        if len(fitting) > need.cards:
-            extra = dict(need.per_card)
-            fitting.sort(key=lambda i: (-_fullness(rows, overlay, i, extra), i))
-        picked = tuple(sorted(fitting[: need.cards]))
-        for i in picked:
-            for r, amount, _, _ in checks:
-                overlay[(i, r)] = overlay.get((i, r), 0) + amount
-        chosen.append(picked)
-    distinct = {i for picked in chosen if picked for i in picked}
-    fullness = [_fullness(rows, overlay, i) for i in distinct]
-    score = 100.0 * sum(fullness) / len(fullness) if fullness else 0.0
-    return _Placement(cards=tuple(chosen), score=min(100.0, score))
-
-
-def _fits_alone(state: IntelGasState, need: Need, pool: Sequence[int]) -> bool:
-    """Whether enough pool cards have the container's per-card need free now (no choice made)."""
-    if _impossible(state, need, pool) is not None:
-        return False
-    checks = [(x, state.capacity[r], state.used[r]) for r, x in need.per_card if r in state.capacity]
-    enough = 0
-    for i in pool:
-        if all(c - u[i] >= x for x, c, u in checks):
-            enough += 1
-            if enough == need.cards:
-                return True
-    return False
-
-
-def _impossible(state: IntelGasState, need: Need, pool: Sequence[int]) -> _Refusal | None:
-    """Why this node can never give the container its cards, whatever is released; None if it could."""
-    healthy = len(state.healthy_cards)
-    if need.cards > healthy:
-        kind = "Intel GPU card(s)" if healthy == len(state.cards) else "healthy Intel GPU card(s)"
-        return _Refusal(f"node has {healthy} {kind}; the container asks for {need.cards}", final=True)
-    if need.cards > len(pool):
-        if not pool:
-            reason = "the pod's gas-allow/gas-deny annotations exclude every Intel GPU card of this node"
-        else:
-            reason = (
-                f"the pod's gas-allow/gas-deny annotations leave {len(pool)} Intel GPU card(s) on this node; "
-                f"the container asks for {need.cards}"
-            )
-        return _Refusal(reason, final=True)
-    for resource, amount in need.per_card:
-        cap = state.capacity.get(resource, 0)
-        if amount > cap:
-            has = f"a card of this node has {format_amount(resource, cap)}" if cap else "the node has none"
-            wanted = f"{resource}: needs {format_amount(resource, amount)} on each of {need.cards} card(s)"
-            return _Refusal(f"{NO_FIT} ({wanted}; {has})", final=True)
-    return None
-
-
-def _shortage(
-    state: IntelGasState,
-    need: Need,
-    pool: Sequence[int],
-    used: Mapping[str, Sequence[int]],
-    overlay: Mapping[tuple[int, str], int],
-    fitting: int,
-) -> str:
-    """The per-card shortage keeping the container off this node, naming the first resource that is short."""
-    for resource, amount in need.per_card:
-        if resource not in state.capacity:
-            continue
-        cap, u = state.capacity[resource], used[resource]
-        free = [cap - u[i] - overlay.get((i, resource), 0) for i in pool]
-        enough = sum(1 for f in free if f >= amount)
-        if enough < need.cards:
-            wanted = f"{resource}: needs {format_amount(resource, amount)} on each of {need.cards} card(s)"
-            if enough:
-                return f"{NO_FIT} ({wanted}; only {enough} card(s) have that much free)"
-            return f"{NO_FIT} ({wanted}; the most free on any card is {format_amount(resource, max(free))})"
-    wanted = ", ".join(f"{format_amount(r, amount)} {r}" for r, amount in need.per_card)
-    have = f"only {fitting} card(s) have" if fitting else "no card has"
-    detail = f"needs {wanted} on each of {need.cards} card(s); {have} all of it free"
-    return f"{NO_FIT} ({detail})"
-
-
-_Rows = list[tuple[str, int, Sequence[int]]]
-
-
-def _rows(state: IntelGasState, used: Mapping[str, Sequence[int]]) -> _Rows:
-    """(resource, per-card capacity, per-card used) for every resource a card has, for `_fullness`."""
-    return [(r, cap, used[r]) for r, cap in state.capacity.items() if cap > 0]
-
-
-def _fullness(
-    rows: _Rows, overlay: Mapping[tuple[int, str], int], i: int, extra: Mapping[str, int] | None = None
-) -> float:
-    """The used fraction of card i's busiest resource, counting `overlay` and an `extra` placement."""
-    fullest = 0.0
-    for resource, cap, used in rows:
-        amount = used[i]
-        if overlay:
-            amount += overlay.get((i, resource), 0)
-        if extra:
-            amount += extra.get(resource, 0)
-        if amount > fullest * cap:
-            fullest = amount / cap
-    return fullest
 
 
 def _utilization(state: IntelGasState) -> float:
@@ -581,97 +398,3 @@ def _entries(
                 entry[0] += amount
                 entry[1] += 1
     return totals
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Pure helpers
-# ----------------------------------------------------------------------------------------------------------
-
-
-def container_need(container: ContainerRequest, *, ignore_without_count: bool = False) -> Need | str | None:
-    """The container's per-card need: None if it asks no `gpu.intel.com/*` resource (or, with
-    `ignore_without_count`, none of i915/xe, as GAS ignores it); a refusal if invalid."""
-    owned = {r: amount for r, amount in container.resources.items() if r.startswith(PREFIX) and amount > 0}
-    if not owned:
-        return None
-    counts = [r for r in COUNT_RESOURCES if r in owned]
-    if len(counts) == 2:
-        return f"a container may request {I915} or {XE}, not both: keep the one its node advertises"
-    if not counts and ignore_without_count:
-        return None
-    if not counts:
-        others = ", ".join(sorted(owned))
-        return (
-            f"a container requesting {others} must also request {I915} (the number of cards to spread it "
-            f"over): add {I915}: 1"
-        )
-    count = counts[0]
-    cards = owned[count]
-    per_card = tuple(sorted((r, 1 if r == count else amount // cards) for r, amount in owned.items()))
-    return Need(container.name, count, cards, per_card)
-
-
-def pod_needs(pod: PodRequest) -> _PodNeeds:
-    """Every container's need, in spec order, the `gas-same-gpu` group, and the first validation refusal (read once
-    per pod signature: `kubegpu_scheduler_prepare`)."""
-    ignore = os.environ.get(WITHOUT_I915_ENV, "").strip().lower() == "ignore"
-    same_text = pod.annotations.get(SAME_GPU_ANNOTATION)
-    needs: list[Need | None] = []
-    problem: str | None = None
-    for container in pod.containers:
-        need = container_need(container, ignore_without_count=ignore)
-        if isinstance(need, str):
-            problem = problem or need
-            needs.append(None)
-        else:
-            needs.append(need)
-    same: tuple[int, ...] = ()
-    if same_text is not None:
-        group = same_gpu_containers(same_text, pod.containers, needs)
-        if isinstance(group, str):
-            problem = problem or group
-        else:
-            same = group
-    return _PodNeeds(tuple(needs), problem, same)
-
-
-def same_gpu_containers(
-    text: str, containers: Sequence[ContainerRequest], needs: Sequence[Need | None]
-) -> tuple[int, ...] | str:
-    """The indices (spec order) of the containers a `gas-same-gpu` value names, or why it is refused: as in GAS,
-    at least two distinct names of the pod's containers, each requesting exactly one i915 (or xe) and no tiles or
-    monitoring resource."""
-    names = [name.strip() for name in text.split(",")]
-    if len(names) < 2 or "" in names or len(set(names)) != len(names):
-        return (
-            f"the {SAME_GPU_ANNOTATION} annotation {text!r} is malformed: list at least two distinct container names, "
-            "separated by commas"
-        )
-    index = {c.name: i for i, c in enumerate(containers)}
-    absent = [name for name in names if name not in index]
-    if absent:
-        return f"the {SAME_GPU_ANNOTATION} annotation names {absent[0]!r}, which is not a container of the pod"
-    for name in names:
-        container, need = containers[index[name]], needs[index[name]]
-        if need is None or need.cards != 1:
-            return f"container {name} is listed in {SAME_GPU_ANNOTATION}: it must request exactly 1 {I915} (or {XE})"
-        forbidden = [r for r in SAME_GPU_FORBIDDEN if container.resources.get(r, 0) > 0]
-        if forbidden:
-            return f"container {name} is listed in {SAME_GPU_ANNOTATION}: it cannot request {forbidden[0]}"
-    return tuple(sorted(index[name] for name in names))
-
-
-def same_gpu_need(needs: Sequence[Need | None], same: Sequence[int]) -> Need | None:
-    """The `gas-same-gpu` containers as one container on one card: their per-card needs summed."""
-    if not same:
-        return None
-    totals: dict[str, int] = {}
-    members = [needs[i] for i in same]
-    for need in members:
-        assert need is not None  # same_gpu_containers checked it
-        for resource, amount in need.per_card:
-            totals[resource] = totals.get(resource, 0) + amount
-    first = members[0]
-    assert first is not None
-    name = "+".join(n.container for n in members if n is not None)
-    return Need(name, first.count_resource, 1, tuple(sorted(totals.items())))
