@@ -2,25 +2,36 @@
 # `top`, `simulate` (examples/deploy/kustomize names it `kubegpu:0.1.0`).
 #
 #   docker build -t kubegpu:0.1.0 .                                          # any Debian/Ubuntu base with Python 3.10+
-#   buildah bud --build-arg BASE=localhost/debian-python:bookworm -t kubegpu:0.1.0 .   # a base made offline
+#   ./scripts/image.sh                                                       # no registry: base made with mmdebstrap
 #
-# BASE needs python3 (3.10 or later) with venv and pip. With no registry at hand, make one with mmdebstrap:
-#   mmdebstrap --variant=apt --include=python3,python3-venv,python3-pip bookworm - | podman import - debian-python:bookworm
-# Build dependencies are installed from PyPI (or the index PIP_INDEX_URL names), the wheels kept in one layer.
+# BASE needs python3 (3.10 or later) with venv and libstdc++ (grpcio's wheels); on Debian: python3, python3-venv,
+# libstdc++6, and ca-certificates for HTTPS indexes.
+# With no registry at hand, scripts/image.sh makes one with mmdebstrap, imports it into buildah's storage and runs
+#   buildah bud --layers --network host --build-arg BASE=localhost/kubegpu-base:bookworm-KEY -t kubegpu:0.1.0 .
+# Dependencies come from PyPI, or from the index the build arguments PIP_INDEX_URL / PIP_EXTRA_INDEX_URL /
+# PIP_TRUSTED_HOST name, PIP_CERT naming a CA bundle mounted into the build (they reach the build stage only, never the
+# image).
 ARG BASE=python:3.11-slim-bookworm
 
 FROM ${BASE} AS build
-ARG PIP_INDEX_URL=https://pypi.org/simple
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_INDEX_URL=${PIP_INDEX_URL}
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_TRUSTED_HOST
+ARG PIP_CERT
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY cli cli
-COPY core core
-COPY plugins plugins
-COPY kube kube
-COPY scheduler scheduler
-COPY crishim crishim
-RUN python3 -m venv /opt/kubegpu && /opt/kubegpu/bin/pip install --no-compile . \
+# Dependencies first, in a layer of their own keyed by pyproject.toml alone: a change to kubegpu's code rebuilds only
+# the small layer below. (tomllib needs Python 3.11; on 3.10 the last step installs the dependencies instead.)
+COPY pyproject.toml ./
+RUN python3 -m venv /opt/kubegpu \
+    && { python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
+print("\n".join(p["build-system"]["requires"] + p["project"]["dependencies"]))' > /tmp/requirements.txt || :; } \
+    && if [ -s /tmp/requirements.txt ]; then /opt/kubegpu/bin/pip install -r /tmp/requirements.txt; fi
+# The package folders (.dockerignore leaves out tests, docs, examples, scripts and caches): a package folder added to
+# pyproject.toml's package-dir needs no line here.
+COPY . ./
+RUN if [ -s /tmp/requirements.txt ]; then /opt/kubegpu/bin/pip install --no-deps --no-build-isolation . ; \
+    else /opt/kubegpu/bin/pip install . ; fi \
     && /opt/kubegpu/bin/kubegpu plugins list
 
 FROM ${BASE}

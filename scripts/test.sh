@@ -57,6 +57,11 @@ else
   ./scripts/containerd-env.sh | tee build/containerd-env.out
   KUBEGPU_BUSYBOX_OCI="$(tail -n 1 build/containerd-env.out)"
   export KUBEGPU_BUSYBOX_OCI
+  # The kubegpu image: the Dockerfile built with buildah on an mmdebstrap base (cached; test_image.py runs it).
+  echo "== the kubegpu image (mmdebstrap base, buildah build of the Dockerfile)"
+  ./scripts/image.sh | tee build/image.out
+  KUBEGPU_IMAGE_OCI="$(tail -n 1 build/image.out)"
+  export KUBEGPU_IMAGE_OCI
   echo "== pytest"
   .venv/bin/pytest "$@"
 fi
