@@ -129,6 +129,7 @@ class KubegpuPluginManager:
         self.hook_failures: Counter[tuple[str, str]] = Counter()
         self.on_hook_failure: list[Callable[[PluginHookError], None]] = []
         self._warned: set[tuple[str, str]] = set()
+        self.warnings: list[str] = []  # what `warn_once` logged: corrected answers, deprecated behaviour
 
     # -- registration ------------------------------------------------------------------------------------------
 
@@ -186,6 +187,7 @@ class KubegpuPluginManager:
         """Log a warning about a plugin once per topic (a corrected answer, a deprecated hook)."""
         if (plugin, topic) not in self._warned:
             self._warned.add((plugin, topic))
+            self.warnings.append(message)
             log.warning("%s", message)
 
     def _fail(self, name: str, stage: str, error: str) -> None:

@@ -121,9 +121,10 @@ def fpga_v0() -> tuple[ModuleType, ModuleType]:
 
 
 def test_the_example_written_before_the_kit_keeps_working_with_a_deprecation_warning(
-    fpga_v0: tuple[ModuleType, ModuleType], caplog: pytest.LogCaptureFixture
+    fpga_v0: tuple[ModuleType, ModuleType],
 ) -> None:
     from kubegpu.core.conformance import check_device, check_scheduler
+    from kubegpu.core.plugin_manager import make_plugin_manager
     from kubegpu.scheduler.testing import simulate
 
     records = simulate(
@@ -138,10 +139,12 @@ def test_the_example_written_before_the_kit_keeps_working_with_a_deprecation_war
     assert "FPGA bitstream 'bert'" in records[1]["reason"]
 
     allocations: list[Any] = []
-    failures = check_scheduler(fpga_v0[0], "fpga", collect=allocations) + check_device(fpga_v0[1], "fpga", allocations)
+    manager = make_plugin_manager("scheduler", plugins=[("fpga", fpga_v0[0])], autoload=False)
+    failures = check_scheduler(fpga_v0[0], "fpga", manager=manager, collect=allocations)
+    failures += check_device(fpga_v0[1], "fpga", allocations)
     assert {f.rule for f in failures} == {"take-release-restores"}, failures
     assert all("second release" in f.message for f in failures)
-    assert any("deprecated since release became idempotent" in r.getMessage() for r in caplog.records)
+    assert any("deprecated since release became idempotent" in warning for warning in manager.warnings)
 
 
 def cards(*ids: str) -> PluginAllocation:

@@ -68,6 +68,7 @@ from kubegpu.core.models import (
     DeviceOwnership,
     Scalar,
 )
+from kubegpu.plugins.neuron import NAME, NEURON, NEURONCORE, NEURONDEVICE, RESOURCES
 from kubegpu.plugins.neuron import topology as topo
 
 __all__ = [
@@ -82,11 +83,6 @@ __all__ = [
     "parse_neuron_ls",
 ]
 
-NAME = "neuron"
-NEURON = "aws.amazon.com/neuron"
-NEURONDEVICE = "aws.amazon.com/neurondevice"
-NEURONCORE = "aws.amazon.com/neuroncore"
-RESOURCES = [NEURON, NEURONDEVICE, NEURONCORE]
 
 # ------------------------------------------------------------------------------------------------------------
 # Configuration

@@ -45,14 +45,9 @@ from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import DeviceCell, NodeInfo, Occupancy, PluginAllocation, PodRequest
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
 from kubegpu.core.status import Code, Status
+from kubegpu.plugins.neuron import NAME, NEURON, NEURONCORE, NEURONDEVICE, RESOURCES
 from kubegpu.plugins.neuron import topology as topo
 from kubegpu.plugins.neuron.topology import Topology
-
-NAME = "neuron"
-NEURON = "aws.amazon.com/neuron"
-NEURONDEVICE = "aws.amazon.com/neurondevice"
-NEURONCORE = "aws.amazon.com/neuroncore"
-RESOURCES = [NEURON, NEURONDEVICE, NEURONCORE]
 
 # Seed 000's flow (the Neuron scheduler extension with the stock Neuron device plugin): the extension writes the whole
 # devices it chose as the pod annotation NEURON_DEVS (`2,3`), which the device plugin reads at Allocate and exports as

@@ -1,1 +1,15 @@
-"""NVIDIA GPUs: model selection, minimum memory, and NVLink/NVSwitch-aware multi-GPU sets."""
+"""NVIDIA GPUs: whole GPUs, model selection, NVLink cube-mesh and NVSwitch sets.
+
+The names both sides share live here; `scheduler.py` places pods, `topology.py` holds the pure placement rule,
+`device.py` the node side.
+"""
+
+from __future__ import annotations
+
+NAME = "nvidia"
+RESOURCE = "nvidia.com/gpu"
+RESOURCES = [RESOURCE]
+# NVIDIA GPU Feature Discovery's labels, read by the scheduler side and written by the advertiser.
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+COUNT_LABEL = "nvidia.com/gpu.count"
+MEMORY_LABEL = "nvidia.com/gpu.memory"

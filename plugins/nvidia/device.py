@@ -65,12 +65,10 @@ from kubegpu.core.models import (
     DeviceOwnership,
     Scalar,
 )
+from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE, RESOURCES
 
 __all__ = ["CDI_KIND", "NAME", "OWNED", "RESOURCES", "VISIBLE_ENV", "discover", "link_groups", "product_label"]
 
-NAME = "nvidia"
-RESOURCES = ["nvidia.com/gpu"]
-RESOURCE = "nvidia.com/gpu"
 
 # ----------------------------------------------------------------------------------------------------------
 # Configuration
@@ -85,9 +83,6 @@ OWNED = DeviceOwnership(
     mount_paths=(r"/var/run/nvidia-container-devices(/.*)?",),
     cdi_kinds=(CDI_KIND,),
 )
-PRODUCT_LABEL = "nvidia.com/gpu.product"
-COUNT_LABEL = "nvidia.com/gpu.count"
-MEMORY_LABEL = "nvidia.com/gpu.memory"
 MIB = 1024 * 1024
 LABEL_LIMIT = 63
 FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED

@@ -42,6 +42,7 @@ from kubegpu.core.models import (
 from kubegpu.core.quantity import QuantityError, to_int
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
 from kubegpu.core.status import Status
+from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE, RESOURCES
 from kubegpu.plugins.nvidia.topology import (
     CATALOG,
     CUBE_MESH,
@@ -59,15 +60,10 @@ from kubegpu.plugins.nvidia.topology import (
     tree_from_inventory,
 )
 
-NAME = "nvidia"
-RESOURCES = ["nvidia.com/gpu"]
-RESOURCE = "nvidia.com/gpu"
+__all__ = ["NAME", "RESOURCE", "RESOURCES", "Ask", "NvidiaNodeState", "parse_ask", "read_ask"]
 
 MODEL_ANNOTATION = "nvidia-gpu-scheduler/gpu.model"
 MEMORY_ANNOTATION = "kubegpu.io/gpu-memory"
-PRODUCT_LABEL = "nvidia.com/gpu.product"
-COUNT_LABEL = "nvidia.com/gpu.count"
-MEMORY_LABEL = "nvidia.com/gpu.memory"
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 
 INSUFFICIENT = f"Insufficient {RESOURCE}"

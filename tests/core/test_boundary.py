@@ -205,14 +205,15 @@ def test_allocate_returning_a_dict_is_allocates_failure_not_takes() -> None:
     assert "take" not in reason
 
 
-def test_an_allocation_under_another_name_is_renamed_to_the_entry_point_name(caplog: pytest.LogCaptureFixture) -> None:
+def test_an_allocation_under_another_name_is_renamed_to_the_entry_point_name() -> None:
     answer = PluginAllocation(plugin="typo", containers={"main": {CARD: ["card0"]}}, fields={"k": "v"})
+    built = manager(cards=broken("allocate", answer))
 
-    records = simulate(cluster()[:4], plugins={"cards": broken("allocate", answer)})
+    records = simulate(cluster()[:4], manager=built)
 
     assert records[0]["event"] == "scheduled"
     assert json.loads(records[0]["annotations"]["kubegpu.io/allocation"])["plugins"] == {"cards": {"k": "v"}}
-    assert any("names its allocations 'typo'" in r.getMessage() for r in caplog.records)
+    assert any("names its allocations 'typo'" in warning for warning in built.warnings)
 
 
 # ------------------------------------------------------------------------------------------------------------
