@@ -218,6 +218,13 @@ if [[ -n "$previous_id" && "$previous_id" != "$image_id" ]]; then
   bh rmi "$previous_id" >> "$LOG" 2>&1 || true
 fi
 
+# Build-stage layers of earlier pyproject.toml versions are no longer used but stay (each about 250 MB): past a bound,
+# drop every untagged image (the next build then installs the dependencies again, about a minute).
+if [[ "$(du -sm "$CACHE_DIR/storage" 2> /dev/null | cut -f1)" -gt "${KUBEGPU_IMAGE_STORAGE_MAX_MB:-4096}" ]]; then
+  log "buildah storage above ${KUBEGPU_IMAGE_STORAGE_MAX_MB:-4096} MiB: removing untagged images"
+  bh rmi --prune >> "$LOG" 2>&1 || true
+fi
+
 # -- 4. the archive -------------------------------------------------------------------------------------------------
 if [[ -s "$IMAGE_OCI" && "$(cat "$IMAGE_OCI.id" 2> /dev/null)" == "$image_id $IMAGE_NAME" ]]; then
   log "archive up to date: $IMAGE_OCI"
