@@ -655,11 +655,29 @@ class Engine:
         return status
 
     def filter_node(self, name: str, pod: PodRequest) -> Status:
-        """Run the filter phase for one node (the extender's filter verb uses this per node)."""
+        """Run the filter phase for one node."""
         record = self.nodes.get(name)
         if record is None:
             return Status.unresolvable("node(s) unknown to kubegpu")
         return self.check(record, pod, self.plan(pod))
+
+    def filter_nodes(self, pod: PodRequest, names: Iterable[str], plan: Plan | None = None) -> dict[str, Status]:
+        """Run the filter phase on each named node (all known to the engine), for a front-end handed its candidates
+        (the extender's filter and prioritize). As in `schedule`, one unresolvable answer settles every node of its
+        class (a trn1 refusing 7 devices refuses them all) without asking the others."""
+        plan = plan or self.plan(pod)
+        settled: dict[int, Status] = {}
+        statuses: dict[str, Status] = {}
+        for name in names:
+            record = self.nodes[name]
+            known = settled.get(record.klass)
+            if known is not None:
+                statuses[name] = known
+                continue
+            status = statuses[name] = self.check(record, pod, plan)
+            if status.code is Code.UNRESOLVABLE and plan.settles:
+                settled[record.klass] = status
+        return statuses
 
     def _candidates(self, pod: PodRequest, plan: Plan) -> tuple[Iterator[tuple[int, dict[str, None]]], str]:
         """(node class, nodes) worth filtering, in policy order, and the resource the index selected them by.
@@ -1267,7 +1285,7 @@ class Engine:
         """Where evicting pods of lower priority would let `pod` fit, devices included, and whom to evict there
         (`kubegpu.scheduler.preemption` has the rules). Changes nothing: the front-end evicts the victims (the
         simulator at once, the scheduler by deleting them and nominating the node) and schedules the pod again.
-        The extender's `/preempt` can answer from `select_victims` per proposed node."""
+        The extender's `/preempt` answers from `complete_victims` per proposed node."""
         if not may_preempt(pod):
             return Preemption(None, reason="the pod's preemptionPolicy is Never")
         if pod.key in self.pods:
@@ -1327,6 +1345,24 @@ class Engine:
         finally:
             for released in out.values():
                 self._restore(released)
+
+    def complete_victims(
+        self, pod: PodRequest, name: str, uids: Iterable[str], budgets: Sequence[Budget] = ()
+    ) -> Candidate | None:
+        """Check a preemption someone else proposed (kube-scheduler's victims, through the extender's `/preempt`):
+        what must be evicted from node `name` besides the proposed pods (those of `uids` that hold resources there)
+        for `pod` to fit, devices included. An empty candidate when the proposed victims free enough; else the
+        engine's own choice there (`select_victims`), which may name some of them again; None when no eviction lets
+        the pod fit or the node is unknown. What-if only: every pod is back as it was on return."""
+        record = self.nodes.get(name)
+        if record is None:
+            return None
+        proposed = set(uids)
+        keys = [key for key in record.pods if self.pods[key].request.uid in proposed]
+        with self.pods_removed(keys):
+            if self.check(record, pod, self.plan(pod)).ok:
+                return Candidate(name, (), 0)
+        return self.select_victims(pod, name, budgets)
 
     def nominate(self, pod: PodRequest, name: str | None) -> None:
         """Hold node `name` for a preempting pod while its victims leave (None: release the hold): pods of equal or

@@ -2,12 +2,15 @@
 
 Many clusters (EKS among them) cannot replace the default scheduler; kube-scheduler can still delegate device
 decisions to an extender (`urlPrefix` `http(s)://HOST:PORT`, verbs `filter`, `prioritize`, `bind`, `preempt`). The
-cluster state comes from the same informers as the custom scheduler (`SchedulerService` with pod queueing off), so
-`nodeCacheCapable: true` works; a full `Nodes` list works too.
+extender is wired from the parts it shares with the custom scheduler: the cluster mirror (`mirror.py`, the same
+informers into the same engine, so `nodeCacheCapable: true` works; a full `Nodes` list works too), the binder
+(`binder.py`) and the health and metrics routes (`health.py`). kube-scheduler queues the pods; the extender only
+remembers the pending ones (`UnboundPods`), so that its verbs need no GET.
 
-* `/filter` (ExtenderArgs -> ExtenderFilterResult): the engine's filter per candidate node; nodes that devices in use
-  block go to `FailedNodes`, nodes that can never take the pod (a trn1 asked for 7 devices) to
-  `FailedAndUnresolvableNodes`; kube-scheduler puts these messages in its FailedScheduling event.
+* `/filter` (ExtenderArgs -> ExtenderFilterResult): the engine's filter over the candidate nodes
+  (`Engine.filter_nodes`); nodes that devices in use block go to `FailedNodes`, nodes that can never take the pod (a
+  trn1 asked for 7 devices) to `FailedAndUnresolvableNodes`; kube-scheduler puts these messages in its
+  FailedScheduling event.
 * `/prioritize` (ExtenderArgs -> HostPriorityList): the engine's score (plugin topology score plus binpack/spread)
   scaled to kube-scheduler's 0..10; hosts scoring 0 are left out of the list (kube-scheduler counts them as 0).
 
@@ -18,15 +21,15 @@ cluster state comes from the same informers as the custom scheduler (`SchedulerS
   annotations in its metadata (the API server copies them onto the pod in the same write, guarded by the pod's
   UID), and rolls the reservation back on any failure.
 * `/preempt` (ExtenderPreemptionArgs -> ExtenderPreemptionResult): keeps only candidate nodes where evicting the
-  proposed victims would free a valid device set for the pod.
+  proposed victims, or those plus the engine's own choice (`Engine.complete_victims`), frees a valid device set.
 * `GET /apis/kubegpu/v1/nodes` and `/apis/kubegpu/v1/pods` (`?watch=true` streams changes as JSON lines): each node's
   devices and who holds them. Each view is brought up to date once per engine change and shared by every watcher.
 
 Only the informers add nodes: a node a caller names that kubegpu does not know fails with a reason, and is never
 added to the engine or remembered. Callers authenticate with a client certificate (kube-scheduler's extender
 `tlsConfig`); without `--client-ca` the server refuses to start unless told `--insecure-no-client-auth`. Only the
-probes (`/healthz`, `/readyz`) answer a client without one. The HTTP server (`http_server.py`) bounds what any
-client may hold: sizes, timeouts, a body budget, connections, and unread answers.
+probes (`/healthz`, `/readyz`) and `/metrics` answer a client without one. The HTTP server (`http_server.py`) bounds
+what any client may hold: sizes, timeouts, a body budget, connections, and unread answers.
 
 Bad input never takes the server down: malformed JSON, a body of the wrong shape or over the size limit get a 4xx
 with a JSON message naming the problem; a pod the protocol can answer about (an unknown node, an invalid quantity)
@@ -42,9 +45,9 @@ import os
 import signal
 import ssl
 import threading
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qs
 
 import httptools
@@ -60,15 +63,15 @@ from kubegpu.core.status import Code
 from kubegpu.kube.client import ApiError, AsyncKubeClient, KubeClient
 from kubegpu.plugins.intel_gas.scheduler import WITHOUT_I915_ENV
 from kubegpu.scheduler import compat, liveness
-from kubegpu.scheduler.custom import SchedulerService, bound_as_decided, write_placement
+from kubegpu.scheduler.binder import Binder
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Plan
+from kubegpu.scheduler.health import HEALTH_PATHS, Metrics, answer_health
 from kubegpu.scheduler.http_server import Answer, HttpServer, Limits, tls_context
+from kubegpu.scheduler.mirror import ClusterMirror
 
-__all__ = ["ExtenderHttpServer", "ExtenderServer", "add_extender_parser"]
+__all__ = ["ExtenderHttpServer", "ExtenderServer", "UnboundPods", "add_extender_parser"]
 
 log = logging.getLogger("kubegpu.extender")
-
-T = TypeVar("T")
 
 MAX_EXTENDER_PRIORITY = 10
 DEFAULT_LISTEN = "0.0.0.0:8888"
@@ -172,12 +175,62 @@ def _node_name(item: Any) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-class ExtenderServer:
-    """The protocol logic, independent of the HTTP server that carries it."""
+class UnboundPods:
+    """The pods that wait for a node, as the informer last reported them, with their resourceVersion: kube-scheduler
+    queues them and names them in its calls, and the extender reads them from here instead of parsing or fetching
+    them again. The mirror's `PendingPods` for the extender."""
 
-    def __init__(self, service: SchedulerService, *, policy: str | None = None) -> None:
-        self.service = service
-        self.engine: Engine = service.engine
+    def __init__(self) -> None:
+        self.pods: dict[str, tuple[str, PodRequest]] = {}
+
+    def get(self, key: str) -> tuple[str, PodRequest] | None:
+        return self.pods.get(key)
+
+    def observe(self, key: str, request: PodRequest, version: str, *, deleting: bool, held: bool) -> bool:
+        if deleting:
+            self.pods.pop(key, None)
+            return False
+        self.pods[key] = (version, request)
+        return True
+
+    def binding(self, key: str) -> str | None:
+        return None  # the bind verb reserves in the engine; the engine's record of the pod settles its events
+
+    def drop(self, key: str) -> None:
+        self.pods.pop(key, None)
+
+    def keep_only(self, live: set[str]) -> None:
+        for key in [k for k in self.pods if k not in live]:
+            del self.pods[key]
+
+    def wake(self) -> None:
+        return None  # kube-scheduler's queue retries its pods on the cluster's events
+
+    def wake_for(self, added: PodRequest) -> None:
+        return None
+
+    def answers_for(self, scheduler_name: object) -> bool:
+        return False  # kube-scheduler tells its pods why it cannot schedule them
+
+
+class ExtenderServer:
+    """The protocol logic, independent of the HTTP server that carries it: the cluster mirror, the binder and the
+    extender's remembered answers around one engine."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        client: KubeClient,
+        writer: AsyncKubeClient,
+        *,
+        policy: str | None = None,
+        leases: liveness.NodeLeases | None = None,
+    ) -> None:
+        self.engine = engine
+        self.metrics = Metrics()
+        self.binder = Binder(writer, self.metrics, component="")
+        self.unbound = UnboundPods()
+        self.mirror = ClusterMirror(client, engine, self.binder, self.unbound, leases=leases)
         # The score /prioritize answers with: the engine's (its binpack or spread policy plus the plugins' topology
         # score), or nvidia-gpu-scheduler's (`compat.FREE_MODEL_GPUS`: free GPUs of the pod's model).
         self.free_model_gpus = policy == compat.FREE_MODEL_GPUS
@@ -190,7 +243,7 @@ class ExtenderServer:
         prioritize ask about a pending pod the informer has already read), else parsed from the document."""
         meta = document.get("metadata")
         if isinstance(meta, dict) and meta.get("resourceVersion"):
-            known = self.service.unbound.get(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
+            known = self.unbound.get(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
             if known is not None and known[0] == str(meta["resourceVersion"]) and known[1].uid == meta.get("uid"):
                 return known[1]
         try:
@@ -222,7 +275,7 @@ class ExtenderServer:
 
     def _answered(self, pod: PodRequest, plan: Plan, wanted: set[str]) -> _Answers:
         """The pod shape's answers, with every node of `wanted` (names the engine knows) decided (call with the
-        service lock held)."""
+        mirror's lock held)."""
         if self._swept != self.engine.generation:
             self._sweep()
         answers = self._answers.pop(plan.signature, None)  # re-inserted last: the dict is kept in LRU order
@@ -238,23 +291,14 @@ class ExtenderServer:
                 del self._answers[next(iter(self._answers))]
         answers.generation = self.engine.generation
         self._answers[plan.signature] = answers
-        settled: dict[int, str] = {}
-        for name in wanted - answers.passing - answers.failing.keys():
-            record = self.engine.nodes[name]
-            # One unresolvable answer settles every node of the class (a trn1 refusing 7 devices refuses them all).
-            known = settled.get(record.klass)
-            if known is not None:
-                answers.failing[name] = known
-                answers.unresolvable.add(name)
-                continue
-            status = self.engine.check(record, pod, plan)
+        undecided = wanted - answers.passing - answers.failing.keys()
+        for name, status in self.engine.filter_nodes(pod, undecided, plan).items():
             if status.ok:
                 answers.passing.add(name)
             else:
                 answers.failing[name] = status.message
                 if status.code is Code.UNRESOLVABLE:
                     answers.unresolvable.add(name)
-                    settled[record.klass] = status.message
         return answers
 
     def filter(self, body: bytes) -> dict[str, Any]:
@@ -265,7 +309,7 @@ class ExtenderServer:
             return {"NodeNames": None, "Nodes": None, "FailedNodes": {}, "Error": f"invalid pod: {exc}"}
         names = self._candidates(args)
         wanted = set(names)
-        with self.service.lock:
+        with self.mirror.lock:
             unknown = wanted - self.engine.nodes.keys()
             answers = self._answered(pod, self.engine.plan(pod), wanted - unknown if unknown else wanted)
             failing = answers.failing
@@ -303,7 +347,7 @@ class ExtenderServer:
         except _PodError as exc:
             raise BadRequest(422, f"invalid pod: {exc}") from None
         candidates = set(self._candidates(args))
-        with self.service.lock:
+        with self.mirror.lock:
             wanted = candidates & self.engine.nodes.keys()  # an unknown node is not scored (kube-scheduler: 0)
             plan = self.engine.plan(pod)
             answers = self._answered(pod, plan, wanted)
@@ -321,22 +365,15 @@ class ExtenderServer:
                     answers.unscored.add(name)
             return [scored[name] for name in sorted(wanted & scored.keys())]
 
-    async def _on_writer(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run an API call on the writer's event loop: directly when the HTTP server shares it (as `run` sets it up),
-        else handed over to it."""
-        writer = self.service.writer
-        if asyncio.get_running_loop() is writer.loop:
-            return await coroutine
-        return await asyncio.wrap_future(writer.submit(coroutine))
-
     async def _pending(self, key: str, uid: str) -> tuple[str, PodRequest]:
         """The pod to bind and its resourceVersion: from the informer's cache, else from the API server."""
-        with self.service.lock:
-            cached = self.service.unbound.get(key)
+        with self.mirror.lock:
+            cached = self.unbound.get(key)
         if cached is not None and (not uid or cached[1].uid == uid):
             return cached
         namespace, name = key.split("/", 1)
-        obj = await self._on_writer(self.service.writer.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}"))
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        obj = await self.binder.on_writer(self.binder.writer.request("GET", path))
         if uid and (obj.get("metadata") or {}).get("uid") != uid:
             raise _PodError(f"it has another UID than the one to bind ({uid}); it was recreated")
         return str((obj.get("metadata") or {}).get("resourceVersion", "")), self._pod(obj)
@@ -350,7 +387,7 @@ class ExtenderServer:
             _, pod = await self._pending(key, args.PodUID)
         except (ApiError, _PodError) as exc:
             return {"Error": f"pod {key}: {exc}"}
-        with self.service.lock:
+        with self.mirror.lock:
             held = self.engine.pods.get(key)
             if held is not None and held.request.uid == pod.uid:
                 if held.node == args.Node:
@@ -366,36 +403,17 @@ class ExtenderServer:
         task.add_done_callback(self._placing.discard)
         return {"Error": await asyncio.shield(task)}
 
-    async def _bound_as_decided(self, pod: PodRequest, decision: Decision) -> bool:
-        try:
-            return await self._on_writer(bound_as_decided(self.service.writer, pod, decision))
-        except Exception:  # cannot tell: the reservation is rolled back, and the informer corrects it if bound
-            log.exception("could not read back pod %s/%s after a lost Binding answer", pod.namespace, pod.name)
-            return False
-
     async def _place(self, key: str, pod: PodRequest, decision: Decision) -> str:
         """Write the Binding; on any failure roll the reservation back. Returns the error for kube-scheduler, or ""."""
         try:
-            await self._on_writer(write_placement(self.service.writer, pod, decision))
-        except Exception as exc:
-            # Any exception: an ApiError, a timeout (asyncio's TimeoutError is not the builtin one before Python
-            # 3.11), a bug. A Binding whose answer was lost may have been written: one the API server holds stays.
-            error = exc if isinstance(exc, ApiError) else ApiError(0, "ClientError", repr(exc))
-            if error.status == 0 and await self._bound_as_decided(pod, decision):
-                log.info("bound (the answer was lost)", extra={"pod": key, "node": decision.node})
-                return ""
-            with self.service.lock:
-                held = self.engine.pods.get(key)
-                if held is not None and held.request.uid == pod.uid:
-                    self.engine.release(key)
-            self.service.metrics.bind_errors.inc()
-            log.warning(
-                "binding failed; reservation rolled back", extra={"pod": key, "node": decision.node, "error": error}
-            )
-            return f"binding {key} to {decision.node} failed: {error}"
-        devices = decision.allocation.containers if decision.allocation else None
-        log.info("bound", extra={"pod": key, "node": decision.node, "devices": devices})
-        return ""
+            error = await self.binder.on_writer(self.binder.bind(pod, decision))
+        except Exception as exc:  # the hand-over to the writer's loop failed (it is closing)
+            error = ApiError(0, "ClientError", repr(exc))
+            self.metrics.bind_errors.inc()
+        if error is None:
+            return ""
+        self.mirror.roll_back(pod, decision.node, error)
+        return f"binding {key} to {decision.node} failed: {error}"
 
     def preempt(self, body: bytes) -> dict[str, Any]:
         args: PreemptionArgs = _parse(PreemptionArgs, body)
@@ -411,23 +429,17 @@ class ExtenderServer:
             uids = [str((p.get("metadata") or {}).get("uid", "")) for p in victims.Pods]
             proposals[node] = (uids, victims.NumPDBViolations)
         kept: dict[str, Any] = {}
-        with self.service.lock:
-            by_uid = {record.request.uid: key for key, record in self.engine.pods.items()}
-            budgets = list(self.service.budgets.values())
+        with self.mirror.lock:
+            budgets = list(self.mirror.budgets.values())
             for node, (uids, violations) in proposals.items():
-                if node not in self.engine.nodes:
+                # When kube-scheduler's victims do not free a valid device set, the engine's own choice
+                # (DefaultPreemption's rules, devices included) is added to them, or the node is dropped.
+                extra = self.engine.complete_victims(pod, node, uids, budgets)
+                if extra is None:
                     continue
-                keys = [by_uid[u] for u in uids if u in by_uid and self.engine.pods[by_uid[u]].node == node]
-                with self.engine.pods_removed(keys):
-                    fits = self.engine.filter_node(node, pod).ok
-                if not fits:
-                    # kube-scheduler's victims do not free a valid device set: the engine's own choice
-                    # (DefaultPreemption's rules, devices included) is added to them, or the node is dropped.
-                    candidate = self.engine.select_victims(pod, node, budgets)
-                    if candidate is None:
-                        continue
-                    uids += [p.uid for p in candidate.victims if p.uid not in uids]
-                    violations = max(violations, candidate.violations)
+                if extra.victims:
+                    uids += [p.uid for p in extra.victims if p.uid not in uids]
+                    violations = max(violations, extra.violations)
                 kept[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": violations}
         return {"NodeNameToMetaVictims": kept}
 
@@ -435,7 +447,7 @@ class ExtenderServer:
 
     def node_views(self, changed: set[str] | None) -> dict[str, dict[str, Any] | None]:
         """The monitoring objects of the nodes in `changed` (every node when None); None for a node that is gone or
-        has no devices. Call with the service lock held."""
+        has no devices. Call with the mirror's lock held."""
         views: dict[str, dict[str, Any] | None] = {}
         for name in self.engine.nodes if changed is None else changed:
             record = self.engine.nodes.get(name)
@@ -451,7 +463,7 @@ class ExtenderServer:
 
     def pod_views(self, changed: set[str] | None) -> dict[str, dict[str, Any] | None]:
         """The monitoring objects of the pods holding devices on the nodes in `changed` (every node when None). Call
-        with the service lock held."""
+        with the mirror's lock held."""
         if changed is None:
             keys: Any = self.engine.pods
         else:
@@ -514,10 +526,10 @@ class _Feed:
     POLL = 0.5  # seconds between looks at the engine's change number while someone watches
 
     def __init__(
-        self, service: SchedulerService, views: Callable[[set[str] | None], dict[str, dict[str, Any] | None]]
+        self, mirror: ClusterMirror, views: Callable[[set[str] | None], dict[str, dict[str, Any] | None]]
     ) -> None:
-        self.service = service
-        self.engine = service.engine
+        self.mirror = mirror
+        self.engine = mirror.engine
         self.views = views
         self.objects: dict[str, tuple[str, bytes]] = {}  # key -> (its node, the encoded object)
         self.by_node: dict[str, set[str]] = {}
@@ -530,7 +542,7 @@ class _Feed:
         """Catch up with the engine, and hand the events of what changed to the watchers."""
         if self.generation == self.engine.generation and self.generation >= 0:
             return
-        with self.service.lock:
+        with self.mirror.lock:
             changed = None if self.generation < 0 else self.engine.changed_since(self.generation)
             self.generation = self.engine.generation
             views = self.views(changed)
@@ -596,10 +608,10 @@ class _Feed:
 
     async def _poll(self) -> None:
         try:
-            while self.watchers and not self.service.stop.is_set():
+            while self.watchers and not self.mirror.stop.is_set():
                 await asyncio.sleep(self.POLL)
                 self.refresh()
-            if self.service.stop.is_set() and self.head is not None:
+            if self.mirror.stop.is_set() and self.head is not None:
                 self._publish(None)  # every watch ends
         finally:
             self.poller = None
@@ -607,14 +619,14 @@ class _Feed:
                 self.head = None  # nobody waits on the chain; a new watcher starts a fresh one
 
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # the kubelet's probes carry no client certificate
+OPEN_PATHS = HEALTH_PATHS  # the kubelet's probes and a metrics scraper carry no client certificate; none names a pod
 
 
 class ExtenderHttpServer(HttpServer):
     """The extender's routes on kubegpu's HTTP server (see `http_server.py` for its limits).
 
-    With `client_auth`, every path but the probes needs a verified client certificate (401 without one): binding
-    pods, and the monitoring API, which names every namespace's pods and their UIDs."""
+    With `client_auth`, every path but the probes and `/metrics` needs a verified client certificate (401 without
+    one): binding pods, and the monitoring API, which names every namespace's pods and their UIDs."""
 
     def __init__(
         self,
@@ -633,12 +645,12 @@ class ExtenderHttpServer(HttpServer):
             "prioritize": server.prioritize,
             "preempt": server.preempt,
         }
-        engine = server.engine
+        engine, mirror = server.engine, server.mirror
         self.feeds = {
-            "/apis/kubegpu/v1/nodes": _Feed(server.service, server.node_views),
-            "/apis/kubegpu/v1/pods": _Feed(server.service, server.pod_views),
-            compat.GPUNODES: _Feed(server.service, lambda changed: compat.gpu_node_views(engine, changed)),
-            compat.GPUPODS: _Feed(server.service, lambda changed: compat.gpu_pod_views(engine, changed)),
+            "/apis/kubegpu/v1/nodes": _Feed(mirror, server.node_views),
+            "/apis/kubegpu/v1/pods": _Feed(mirror, server.pod_views),
+            compat.GPUNODES: _Feed(mirror, lambda changed: compat.gpu_node_views(engine, changed)),
+            compat.GPUPODS: _Feed(mirror, lambda changed: compat.gpu_pod_views(engine, changed)),
         }
         super().__init__(self.answer, listen, tls, loop, limits)
 
@@ -661,12 +673,9 @@ class ExtenderHttpServer(HttpServer):
             return self._call(verb, handler, body)
         if method != b"GET":
             return 405, {"error": f"method {method.decode(errors='replace')} is not allowed; use POST or GET"}
-        if path == "/healthz":  # the event loop answers and the informers' consumer keeps beating
-            healthy = self.server.service.healthy()
-            return (200, {"status": "ok"}) if healthy else (503, {"status": "the event consumer is stuck"})
-        if path == "/readyz":  # ready once the informers have listed nodes and pods
-            ready = self.server.service.ready()
-            return (200, {"status": "ready"}) if ready else (503, {"status": "syncing nodes and pods"})
+        health = answer_health(path, self.server.mirror, self.server.metrics)
+        if health is not None:
+            return health
         if path == compat.PREFIX:  # the aggregation layer's discovery (examples/deploy: the APIService)
             return 200, compat.DISCOVERY
         feed = self.feeds.get(path)
@@ -759,10 +768,8 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(
         plugins, policy="binpack" if args.policy == compat.FREE_MODEL_GPUS else args.policy, signing_key=key
     )
-    service = SchedulerService(
-        client, writer, engine, name="", key=key, queue_pods=False, leases=liveness.from_args(args)
-    )
-    extender = ExtenderServer(service, policy=args.policy)
+    extender = ExtenderServer(engine, client, writer, policy=args.policy, leases=liveness.from_args(args))
+    mirror = extender.mirror
     limits = Limits(max_body=args.max_body_bytes, body_budget=max(Limits.body_budget, 4 * args.max_body_bytes))
     tls = tls_context(args.tls_cert, args.tls_key, args.client_ca)
     httpd = ExtenderHttpServer(extender, args.listen, tls, writer.loop, limits, client_auth=bool(args.client_ca))
@@ -778,12 +785,12 @@ def run(args: argparse.Namespace) -> int:
 
     def terminate(signum: int, _frame: Any) -> None:
         log.info("received signal %d, shutting down", signum)
-        service.stop.set()
+        mirror.stop.set()
 
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, terminate)
-    threading.Thread(target=service.start_informers, name="informers", daemon=True).start()
-    service.run_loop()
+    threading.Thread(target=mirror.start_informers, name="informers", daemon=True).start()
+    mirror.run()
     httpd.shutdown()
     writer.close()
     return 0

@@ -1,5 +1,6 @@
-"""The extender's HTTP/1.1 server: httptools (llhttp, in C) on an asyncio event loop, every resource a client can
-hold bounded.
+"""kubegpu's HTTP/1.1 server: httptools (llhttp, in C) on an asyncio event loop, every resource a client can hold
+bounded. It carries the extender's verbs and monitoring API, and both live front-ends' `/metrics`, `/healthz` and
+`/readyz` (`health.py`).
 
 kube-scheduler waits for filter and prioritize before it moves on to the next pod, so the server hands a completed
 request straight to its `answer` function, on the event loop, with no task or framework in between; only answers
@@ -40,7 +41,7 @@ import orjson
 
 from kubegpu.kube.client import new_event_loop
 
-__all__ = ["Answer", "HttpServer", "Limits", "Waiting", "tls_context"]
+__all__ = ["Answer", "HttpServer", "Limits", "Text", "Waiting", "tls_context"]
 
 log = logging.getLogger("kubegpu.http")
 
@@ -51,6 +52,15 @@ Handler = Callable[[bytes, bytes, bytes, str | None], Answer]
 
 KiB = 1024
 MiB = 1024 * KiB
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    """A document that is not JSON (an answer's document is encoded with orjson otherwise): Prometheus' exposition
+    format, for one."""
+
+    body: bytes
+    content_type: bytes = b"text/plain; charset=utf-8"
 
 
 @dataclass(frozen=True)
@@ -127,7 +137,7 @@ class HttpServer:
         self.own_loop = loop is None
         self.loop = loop or new_event_loop()
         if self.own_loop:
-            threading.Thread(target=self.loop.run_forever, name="extender-http", daemon=True).start()
+            threading.Thread(target=self.loop.run_forever, name="http", daemon=True).start()
         options: dict[str, Any] = {"ssl": tls}
         if tls is not None:
             options["ssl_handshake_timeout"] = self.limits.header_timeout
@@ -500,12 +510,15 @@ class _Connection(asyncio.Protocol):
         self._proceed()
 
     def _respond(self, status: int, document: Any, *, keep_alive: bool, extra: bytes = b"") -> None:
-        payload = orjson.dumps(document)
+        if isinstance(document, Text):
+            payload, kind = document.body, document.content_type
+        else:
+            payload, kind = orjson.dumps(document), b"application/json"
         if not keep_alive:
-            self._send(_head(status, extra + b"Connection: close\r\n", payload))
+            self._send(_head(status, extra + b"Connection: close\r\n", payload, kind))
             self.close()
         else:
-            self._send(_head(status, extra, payload))
+            self._send(_head(status, extra, payload, kind))
 
     def _send(self, data: bytes) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -527,10 +540,10 @@ class _Connection(asyncio.Protocol):
             self.close()
 
 
-def _head(status: int, headers: bytes, payload: bytes) -> bytes:
+def _head(status: int, headers: bytes, payload: bytes, kind: bytes = b"application/json") -> bytes:
     return (
-        b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
-        % (status, HTTPStatus(status).phrase.encode(), len(payload), headers)
+        b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n"
+        % (status, HTTPStatus(status).phrase.encode(), kind, len(payload), headers)
         + payload
     )
 

@@ -6,8 +6,8 @@ the node's name, `leaseDurationSeconds` its `--lease-duration` (default 8 s), re
 (default 2 s): nvidia-gpu-scheduler's figures (`kubegpu.crishim.advertise.NodeLease`).
 
 The custom scheduler and the extender watch those Leases (by label, so the kubelets' Leases in the same namespace
-cost nothing) and judge every node once a second in their loop (`SchedulerService`), because a Lease expires with
-time, not with an event. `--node-leases` says which nodes are judged:
+cost nothing) and judge every node once a second in their cluster mirror's loop (`ClusterMirror.judge_nodes`),
+because a Lease expires with time, not with an event. `--node-leases` says which nodes are judged:
 
 * `auto` (the default): a node with a kubegpu Lease is live while its Lease is; a node without one is not judged
   (nodes whose devices a vendor device plugin advertises, clusters part-way through a rollout). Deleting a node's

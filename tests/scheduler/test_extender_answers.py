@@ -19,7 +19,6 @@ from kubegpu.plugins.intel_gas import scheduler as intel
 from kubegpu.plugins.neuron import scheduler as neuron
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler import engine as engine_module
-from kubegpu.scheduler.custom import SchedulerService
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.extender import UNKNOWN_NODE, ExtenderServer
 
@@ -29,8 +28,8 @@ KEY = b"k" * 32
 
 
 def make_extender(engine: Engine) -> ExtenderServer:
-    # filter and prioritize touch only the engine and the service's lock; no API client is needed.
-    return ExtenderServer(SchedulerService(None, None, engine, name="", key=KEY, queue_pods=False))  # type: ignore[arg-type]
+    # filter and prioritize touch only the engine and the mirror's lock; no API client is needed.
+    return ExtenderServer(engine, None, None)  # type: ignore[arg-type]
 
 
 def body(pod: dict[str, Any], names: list[str]) -> bytes:
@@ -45,7 +44,7 @@ def answers(extender: ExtenderServer, pod: dict[str, Any], names: list[str]) -> 
 
 def fresh_answers(engine: Engine, pod: dict[str, Any], names: list[str]) -> tuple[Any, Any]:
     for record in engine.nodes.values():  # no memo at all: every node is asked again
-        record.last_check = record.last_score = None
+        record.last_check, record.last_score = {}, None
     return answers(make_extender(engine), pod, names)
 
 
@@ -154,7 +153,7 @@ def test_the_informers_parse_of_a_pending_pod_is_used_only_at_the_same_version()
     # The informer saw this pod at version 1 asking for 16 GPUs (more than any node has).
     sixteen = pod_manifest("p1", {"main": {"nvidia.com/gpu": 16}}, namespace="ns")
     sixteen["metadata"].update(uid="uid-1", resourceVersion="1")
-    extender.service.unbound["ns/p1"] = ("1", pod_request(sixteen)[0])
+    extender.unbound.pods["ns/p1"] = ("1", pod_request(sixteen)[0])
     # Same UID and version: the informer's parse stands for the document (they are the same object in a cluster).
     assert extender.filter(body(two, ["p3-0"]))["NodeNames"] == []
     # A newer version of the pod than the informer's: the document is read.
@@ -207,3 +206,29 @@ def test_remembered_answers_hold_only_nodes_the_engine_knows() -> None:
             | answers_of_shape.unscored
         )
         assert remembered <= set(engine.nodes), remembered - set(engine.nodes)
+
+
+def test_settling_a_node_class_answers_as_each_node_would_alone() -> None:
+    """`Engine.filter_nodes` asks one node of a class that cannot take the pod and answers for the others; each
+    answer equals the node's own (`filter_node`, no memo), and only nodes of that class are settled."""
+    pm = make_plugin_manager("scheduler", plugins=[("neuron", neuron)], autoload=False)
+    engine = Engine(pm, signing_key=KEY)
+    names = [f"trn1-{i}" for i in range(3)] + [f"inf2-{i}" for i in range(2)]
+    for name in names:
+        engine.add_node(make_node(name, **NODE_KINDS[name.split("-")[0]]))
+    seven = pod_request(pod_manifest("p", {"main": {"aws.amazon.com/neurondevice": 7}}, namespace="ns"))[0]
+    asked: list[str] = []
+    check = engine.check
+
+    def counted(record: Any, *args: Any, **kwargs: Any) -> Any:
+        asked.append(record.name)
+        return check(record, *args, **kwargs)
+
+    engine.check = counted  # type: ignore[method-assign]
+    settled = engine.filter_nodes(seven, names)
+    engine.check = check  # type: ignore[method-assign]
+    for record in engine.nodes.values():
+        record.last_check = {}
+    alone = {name: engine.filter_node(name, seven) for name in names}
+    assert {n: (s.code, s.message) for n, s in settled.items()} == {n: (s.code, s.message) for n, s in alone.items()}
+    assert asked.count("trn1-0") == 1 and "trn1-1" not in asked and "trn1-2" not in asked, asked

@@ -14,7 +14,6 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node, pod_manifest
 from kubegpu.kube.client import ApiError
 from kubegpu.plugins.nvidia import scheduler as nvidia
-from kubegpu.scheduler.custom import SchedulerService
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.extender import ExtenderServer
 
@@ -51,12 +50,12 @@ class Writer:
 def extender_with(writer: Writer) -> tuple[ExtenderServer, bytes]:
     engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), signing_key=KEY)
     engine.add_node(make_node("p3-0", **NODE_KINDS["p3"]))
-    service = SchedulerService(None, writer, engine, name="", key=KEY, queue_pods=False)  # type: ignore[arg-type]
+    extender = ExtenderServer(engine, None, writer)  # type: ignore[arg-type]
     pod = pod_manifest("p", {"main": {"nvidia.com/gpu": 8}}, namespace="ns")
     pod["metadata"].update(uid="uid-1", resourceVersion="1")
-    service.unbound["ns/p"] = ("1", pod_request(pod)[0])
+    extender.unbound.pods["ns/p"] = ("1", pod_request(pod)[0])
     body = orjson.dumps({"PodName": "p", "PodNamespace": "ns", "PodUID": "uid-1", "Node": "p3-0"})
-    return ExtenderServer(service), body
+    return extender, body
 
 
 @pytest.mark.parametrize(
@@ -78,7 +77,7 @@ def test_any_failure_of_the_binding_rolls_the_reservation_back(failure: BaseExce
     assert answer["Error"].startswith("binding ns/p to p3-0 failed"), answer
     assert "ns/p" not in extender.engine.pods
     # The devices are free again: the same pod binds once the API server answers.
-    extender.service.writer.failure = None  # type: ignore[attr-defined]
+    extender.binder.writer.failure = None  # type: ignore[attr-defined]
     assert asyncio.run(extender.bind(body)) == {"Error": ""}
     assert extender.engine.pods["ns/p"].node == "p3-0"
 

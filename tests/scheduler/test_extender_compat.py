@@ -19,7 +19,6 @@ from kubegpu.core.testing import make_node, make_pod, pod_manifest
 from kubegpu.plugins.neuron import scheduler as neuron
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler import compat
-from kubegpu.scheduler.custom import SchedulerService
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.extender import ExtenderHttpServer, ExtenderServer, _gas_flags
 
@@ -96,8 +95,7 @@ def stack() -> Iterator[tuple[ExtenderServer, ExtenderHttpServer]]:
     engine.add_node(gpu_node("v100-0", V100))  # type: ignore[arg-type]
     engine.add_node(gpu_node("v100-1", V100))  # type: ignore[arg-type]
     engine.add_node(gpu_node("a100-0", A100))  # type: ignore[arg-type]
-    service = SchedulerService(None, None, engine, name="", key=b"k" * 32, queue_pods=False)  # type: ignore[arg-type]
-    server = ExtenderServer(service, policy=compat.FREE_MODEL_GPUS)
+    server = ExtenderServer(engine, None, None, policy=compat.FREE_MODEL_GPUS)  # type: ignore[arg-type]
     http = ExtenderHttpServer(server, "127.0.0.1:0", None)
     yield server, http
     http.shutdown()
@@ -148,7 +146,7 @@ def test_a_gpupods_watch_streams_the_pod_when_it_is_placed(stack: tuple[Extender
         buffer = b""
         while b"\r\n\r\n" not in buffer:
             buffer += sock.recv(4096)
-        with server.service.lock:
+        with server.mirror.lock:
             server.engine.reserve(
                 make_pod("watched", {"main": {"nvidia.com/gpu": 1}}, annotations={MODEL: A100}), "a100-0"
             )
@@ -168,8 +166,8 @@ def test_the_aggregation_layer_finds_its_discovery_document(stack: tuple[Extende
 
 def test_the_views_need_a_client_certificate_like_the_monitoring_api() -> None:
     pm = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
-    service = SchedulerService(None, None, Engine(pm), name="", key=b"k" * 32, queue_pods=False)  # type: ignore[arg-type]
-    guarded = ExtenderHttpServer(ExtenderServer(service), "127.0.0.1:0", None, client_auth=True)
+    extender = ExtenderServer(Engine(pm), None, None)  # type: ignore[arg-type]
+    guarded = ExtenderHttpServer(extender, "127.0.0.1:0", None, client_auth=True)
     try:
         for path in (compat.GPUPODS, compat.GPUNODES, f"{compat.GPUPODS}?watch=true", compat.PREFIX):
             status, document = get(guarded, path)

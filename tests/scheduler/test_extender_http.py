@@ -18,7 +18,6 @@ import pytest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node, pod_manifest
 from kubegpu.plugins.nvidia import scheduler as nvidia
-from kubegpu.scheduler.custom import SchedulerService
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.extender import ExtenderHttpServer, ExtenderServer
 from kubegpu.scheduler.http_server import Limits, tls_context
@@ -34,8 +33,7 @@ def server() -> Iterator[ExtenderHttpServer]:
     engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
     for i in range(2):
         engine.add_node(make_node(f"p3-{i}", **NODE_KINDS["p3"]))
-    service = SchedulerService(None, None, engine, name="", key=b"k" * 32, queue_pods=False)  # type: ignore[arg-type]
-    http = ExtenderHttpServer(ExtenderServer(service), "127.0.0.1:0", None)
+    http = ExtenderHttpServer(ExtenderServer(engine, None, None), "127.0.0.1:0", None)  # type: ignore[arg-type]
     yield http
     http.shutdown()
 
@@ -177,18 +175,18 @@ def test_the_watch_streams_chunks_and_ends_when_the_client_leaves(server: Extend
 
 
 def test_readiness_waits_for_the_informers_and_health_for_the_consumer(server: ExtenderHttpServer) -> None:
-    service = server.server.service
+    mirror = server.server.mirror
     with connect(server) as sock:
         buffer = bytearray()
         sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock, buffer)[0] == 503  # nothing listed yet
-        service.nodes_synced.set()
-        service.pods_synced.set()
+        mirror.nodes_synced.set()
+        mirror.pods_synced.set()
         sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock, buffer)[0] == 200
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock, buffer)[0] == 200
-        service.heartbeat -= 60  # the loop that consumes informer events has not beaten for a minute
+        mirror.heartbeat -= 60  # the loop that consumes informer events has not beaten for a minute
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock, buffer)[0] == 503
 

@@ -23,7 +23,6 @@ from kubegpu.core.manifests import pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node
 from kubegpu.plugins.nvidia import scheduler as nvidia
-from kubegpu.scheduler.custom import SchedulerService
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.extender import ExtenderHttpServer, ExtenderServer
 from kubegpu.scheduler.http_server import Limits
@@ -40,8 +39,8 @@ def start(limits: Limits, p3: dict[str, dict[str, str]] = NODE_KINDS["p3"]) -> E
     engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
     for i in range(NODES):
         engine.add_node(make_node(f"p3-{i}", **p3))
-    service = SchedulerService(None, None, engine, name="", key=b"k" * 32, queue_pods=False)  # type: ignore[arg-type]
-    return ExtenderHttpServer(ExtenderServer(service), "127.0.0.1:0", None, limits=limits)
+    extender = ExtenderServer(engine, None, None)  # type: ignore[arg-type]
+    return ExtenderHttpServer(extender, "127.0.0.1:0", None, limits=limits)
 
 
 # The same server in a process of its own, for latency figures that the attacking client's threads (sharing this
@@ -427,7 +426,7 @@ def test_watchers_share_one_view_and_get_only_what_changed(
             assert len(read_chunk(sock, buffer)) == NODES  # every node ADDED, once
         assert len(described) == NODES  # described once for all five
         request = pod_request(POD)[0]
-        with server.server.service.lock:
+        with server.server.mirror.lock:
             assert engine.reserve(request, "p3-7").scheduled
         for sock, buffer in zip(nodes, buffers, strict=False):
             events = read_chunk(sock, buffer)
@@ -435,7 +434,7 @@ def test_watchers_share_one_view_and_get_only_what_changed(
         (event,) = read_chunk(pods, buffers[5])
         assert (event["type"], event["object"]["pod"]) == ("ADDED", "ns/p")  # type: ignore[index]
         assert described.count("p3-7") == 2 and len(described) == NODES + 1
-        with server.server.service.lock:
+        with server.server.mirror.lock:
             engine.release("ns/p")
         (event,) = read_chunk(pods, buffers[5])
         assert (event["type"], event["object"]["pod"]) == ("DELETED", "ns/p")  # type: ignore[index]

@@ -1,4 +1,4 @@
-"""The extender's `/preempt` answers from the engine's own victim choice (`Engine.select_victims`).
+"""The extender's `/preempt` answers from the engine's own victim choice (`Engine.complete_victims`).
 
 kube-scheduler proposes, per node, the victims that satisfy its own filters; kubegpu keeps a node only where those
 victims, or those plus the engine's choice, leave a valid device set, and never names a pod of equal or higher
@@ -14,7 +14,6 @@ import orjson
 from kubegpu.core.manifests import node_info
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.plugins.neuron import scheduler as neuron
-from kubegpu.scheduler.custom import SchedulerService
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.extender import ExtenderServer
 
@@ -27,8 +26,7 @@ def extender(*nodes: str) -> tuple[Engine, ExtenderServer]:
     engine = Engine(make_plugin_manager("scheduler", plugins=[("neuron", neuron)], autoload=False))
     for name in nodes:
         engine.add_node(node_info(trn1(name)))
-    service = SchedulerService(None, None, engine, name="", key=KEY, queue_pods=False)  # type: ignore[arg-type]
-    return engine, ExtenderServer(service)
+    return engine, ExtenderServer(engine, None, None)  # type: ignore[arg-type]
 
 
 def place(engine: Engine, name: str, devices: int, priority: int, node: str) -> str:

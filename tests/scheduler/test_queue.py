@@ -1,8 +1,8 @@
 """The custom scheduler's queue, as kube-scheduler's: backoff per attempt, and unschedulable pods brought back by the
 cluster events that can help them, not by any event and not in a loop.
 
-The service runs without a cluster (as in test_service_guards.py): informer events are handed to it directly and a
-recording writer stands in for the API server. The clock is the service's `time.monotonic`, moved by the test.
+The scheduler runs without a cluster (as in test_service_guards.py): informer events are handed to its mirror directly
+and a recording writer stands in for the API server. The clock is the queue's `time.monotonic`, moved by the test.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest, pod_manifest
-from kubegpu.scheduler import custom
-from kubegpu.scheduler.custom import SchedulerService
+from kubegpu.scheduler import queue
+from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
 
 from .test_service_guards import KEY, RecordingWriter
@@ -33,16 +33,16 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(custom.time, "monotonic", fake)
+    monkeypatch.setattr(queue.time, "monotonic", fake)
     return fake
 
 
 @pytest.fixture
-def service(clock: Clock) -> SchedulerService:
+def service(clock: Clock) -> CustomScheduler:
     engine = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), signing_key=KEY)
-    svc = SchedulerService(None, RecordingWriter(), engine, name="kubegpu", key=KEY)  # type: ignore[arg-type]
-    svc._on_nodes("SYNC", [node_manifest("n1", labels={ZONE: "a"}, cpu="2")])
-    svc._on_pods("SYNC", [])
+    svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
+    svc.mirror.on_nodes("SYNC", [node_manifest("n1", labels={ZONE: "a"}, cpu="2")])
+    svc.mirror.on_pods("SYNC", [])
     return svc
 
 
@@ -60,50 +60,50 @@ def bound(name: str, node: str, cpu: str = "1", **meta: Any) -> dict[str, Any]:
     return manifest
 
 
-def run_once(service: SchedulerService) -> None:
+def run_once(service: CustomScheduler) -> None:
     """One turn of the loop: due pods promoted, the active ones scheduled, binding results applied."""
-    service._promote()
-    service._schedule_active(100)
-    while not service.events.empty():
-        service._handle(service.events.get_nowait())
+    service.queue.promote()
+    service.schedule_active(100)
+    while not service.mirror.events.empty():
+        service.mirror.handle(service.mirror.events.get_nowait())
 
 
-def waiting(service: SchedulerService) -> dict[str, str]:
-    where = {key: "unschedulable" for key in service.unschedulable}
-    where.update({entry.key: "backoff" for entry in service.backoff})
-    where.update({key: "active" for key in service.active})
+def waiting(service: CustomScheduler) -> dict[str, str]:
+    where = {key: "unschedulable" for key in service.queue.unschedulable}
+    where.update({entry.key: "backoff" for entry in service.queue.backoff})
+    where.update({key: "active" for key in service.queue.active})
     return where
 
 
-def test_backoff_doubles_per_attempt_from_one_second_to_ten(service: SchedulerService, clock: Clock) -> None:
-    service._on_pods("ADDED", pod("big", cpu="4"))
+def test_backoff_doubles_per_attempt_from_one_second_to_ten(service: CustomScheduler, clock: Clock) -> None:
+    service.mirror.on_pods("ADDED", pod("big", cpu="4"))
     waits = []
     for _ in range(6):
         run_once(service)
-        entry = service.unschedulable["default/big"]
+        entry = service.queue.unschedulable["default/big"]
         waits.append(entry.ready_at - clock.now)
-        service._wake()  # as if the cluster changed each time: the pod still waits out its backoff
+        service.queue.wake()  # as if the cluster changed each time: the pod still waits out its backoff
         clock.now = entry.ready_at
     assert waits == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
 
 
-def test_the_configured_backoff_is_used(service: SchedulerService, clock: Clock) -> None:
-    service.initial_backoff, service.max_backoff = 2.0, 5.0
-    service._on_pods("ADDED", pod("big", cpu="4"))
+def test_the_configured_backoff_is_used(service: CustomScheduler, clock: Clock) -> None:
+    service.queue.initial_backoff, service.queue.max_backoff = 2.0, 5.0
+    service.mirror.on_pods("ADDED", pod("big", cpu="4"))
     waits = []
     for _ in range(3):
         run_once(service)
-        entry = service.unschedulable["default/big"]
+        entry = service.queue.unschedulable["default/big"]
         waits.append(entry.ready_at - clock.now)
-        service._wake()
+        service.queue.wake()
         clock.now = entry.ready_at
     assert waits == [2.0, 4.0, 5.0]
 
 
-def test_an_unrelated_pod_added_leaves_an_unschedulable_pod_waiting(service: SchedulerService, clock: Clock) -> None:
-    service._on_pods("ADDED", pod("big", cpu="4"))
+def test_an_unrelated_pod_added_leaves_an_unschedulable_pod_waiting(service: CustomScheduler, clock: Clock) -> None:
+    service.mirror.on_pods("ADDED", pod("big", cpu="4"))
     run_once(service)
-    service._on_pods("ADDED", bound("other", "n1", cpu="100m", labels={"app": "db"}))
+    service.mirror.on_pods("ADDED", bound("other", "n1", cpu="100m", labels={"app": "db"}))
     assert waiting(service) == {"default/big": "unschedulable"}
 
 
@@ -112,26 +112,26 @@ def test_an_unrelated_pod_added_leaves_an_unschedulable_pod_waiting(service: Sch
     ["node-added", "node-changed", "pod-deleted", "pod-finished"],
 )
 def test_events_that_free_or_add_room_bring_unschedulable_pods_back(
-    service: SchedulerService, clock: Clock, event: str
+    service: CustomScheduler, clock: Clock, event: str
 ) -> None:
-    service._on_pods("ADDED", bound("holder", "n1", cpu="1"))
-    service._on_pods("ADDED", pod("wants-two", cpu="2"))
+    service.mirror.on_pods("ADDED", bound("holder", "n1", cpu="1"))
+    service.mirror.on_pods("ADDED", pod("wants-two", cpu="2"))
     run_once(service)
     assert waiting(service) == {"default/wants-two": "unschedulable"}
     if event == "node-added":
-        service._on_nodes("ADDED", node_manifest("n2", cpu="4"))
+        service.mirror.on_nodes("ADDED", node_manifest("n2", cpu="4"))
     elif event == "node-changed":
-        service._on_nodes("MODIFIED", node_manifest("n1", labels={ZONE: "a"}, cpu="8"))
+        service.mirror.on_nodes("MODIFIED", node_manifest("n1", labels={ZONE: "a"}, cpu="8"))
     elif event == "pod-deleted":
-        service._on_pods("DELETED", bound("holder", "n1", cpu="1"))
+        service.mirror.on_pods("DELETED", bound("holder", "n1", cpu="1"))
     else:
         finished = bound("holder", "n1", cpu="1")
         finished["status"] = {"phase": "Succeeded"}
-        service._on_pods("MODIFIED", finished)
+        service.mirror.on_pods("MODIFIED", finished)
     assert waiting(service) == {"default/wants-two": "backoff"}
     clock.now += 1.0
     run_once(service)
-    assert service.writer.bindings() == ["wants-two"]  # type: ignore[attr-defined]
+    assert service.binder.writer.bindings() == ["wants-two"]  # type: ignore[attr-defined]
 
 
 def affinity_to(labels: dict[str, str]) -> dict[str, Any]:
@@ -139,51 +139,51 @@ def affinity_to(labels: dict[str, str]) -> dict[str, Any]:
     return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
 
 
-def test_a_pod_added_that_its_affinity_selects_brings_it_back(service: SchedulerService, clock: Clock) -> None:
-    service._on_pods("ADDED", pod("follower", "100m", labels={"app": "web"}, affinity=affinity_to({"app": "db"})))
+def test_a_pod_added_that_its_affinity_selects_brings_it_back(service: CustomScheduler, clock: Clock) -> None:
+    service.mirror.on_pods("ADDED", pod("follower", "100m", labels={"app": "web"}, affinity=affinity_to({"app": "db"})))
     run_once(service)
     assert waiting(service) == {"default/follower": "unschedulable"}
-    service._on_pods("ADDED", bound("cache", "n1", "100m", labels={"app": "cache"}))
+    service.mirror.on_pods("ADDED", bound("cache", "n1", "100m", labels={"app": "cache"}))
     assert waiting(service) == {"default/follower": "unschedulable"}, "a pod it does not select does not help"
-    service._on_pods("ADDED", bound("db", "n1", "100m", labels={"app": "db"}))
+    service.mirror.on_pods("ADDED", bound("db", "n1", "100m", labels={"app": "db"}))
     assert waiting(service) == {"default/follower": "backoff"}
     clock.now += 1.0
     run_once(service)
-    assert service.writer.bindings() == ["follower"]  # type: ignore[attr-defined]
+    assert service.binder.writer.bindings() == ["follower"]  # type: ignore[attr-defined]
 
 
-def test_a_pod_kubegpu_itself_places_brings_back_pods_drawn_to_it(service: SchedulerService, clock: Clock) -> None:
-    service._on_pods("ADDED", pod("follower", "100m", labels={"app": "web"}, affinity=affinity_to({"app": "db"})))
+def test_a_pod_kubegpu_itself_places_brings_back_pods_drawn_to_it(service: CustomScheduler, clock: Clock) -> None:
+    service.mirror.on_pods("ADDED", pod("follower", "100m", labels={"app": "web"}, affinity=affinity_to({"app": "db"})))
     run_once(service)
-    service._on_pods("ADDED", pod("db", "100m", labels={"app": "db"}))
+    service.mirror.on_pods("ADDED", pod("db", "100m", labels={"app": "db"}))
     run_once(service)
     assert waiting(service) == {"default/follower": "backoff"}
     clock.now += 1.0
     run_once(service)
-    assert service.writer.bindings() == ["db", "follower"]  # type: ignore[attr-defined]
+    assert service.binder.writer.bindings() == ["db", "follower"]  # type: ignore[attr-defined]
 
 
-def test_a_changed_pending_pod_is_tried_again(service: SchedulerService, clock: Clock) -> None:
-    service._on_pods("ADDED", pod("big", cpu="4"))
+def test_a_changed_pending_pod_is_tried_again(service: CustomScheduler, clock: Clock) -> None:
+    service.mirror.on_pods("ADDED", pod("big", cpu="4"))
     run_once(service)
-    service._on_pods("MODIFIED", pod("big", cpu="4"))
+    service.mirror.on_pods("MODIFIED", pod("big", cpu="4"))
     assert waiting(service) == {"default/big": "unschedulable"}, "the same pod again is no news"
-    service._on_pods("MODIFIED", pod("big", cpu="1"))
+    service.mirror.on_pods("MODIFIED", pod("big", cpu="1"))
     assert waiting(service) == {"default/big": "backoff"}
     clock.now += 1.0
     run_once(service)
-    assert service.writer.bindings() == ["big"]  # type: ignore[attr-defined]
+    assert service.binder.writer.bindings() == ["big"]  # type: ignore[attr-defined]
 
 
-def test_a_pod_nothing_helps_is_tried_again_after_a_minute_not_sooner(service: SchedulerService, clock: Clock) -> None:
-    service._on_pods("ADDED", pod("big", cpu="4"))
+def test_a_pod_nothing_helps_is_tried_again_after_a_minute_not_sooner(service: CustomScheduler, clock: Clock) -> None:
+    service.mirror.on_pods("ADDED", pod("big", cpu="4"))
     run_once(service)
     clock.now += 30.0
-    service._on_pods("ADDED", pod("late", cpu="4"))
+    service.mirror.on_pods("ADDED", pod("late", cpu="4"))
     run_once(service)
     clock.now += 31.0
     run_once(service)  # big, unschedulable for 61 s, goes back through the backoff heap
     run_once(service)
     assert waiting(service) == {"default/big": "unschedulable", "default/late": "unschedulable"}
-    assert service.unschedulable["default/big"].attempts == 2, "big was tried again after 60 s; late was not"
-    assert service.unschedulable["default/late"].attempts == 1
+    assert service.queue.unschedulable["default/big"].attempts == 2, "big was tried again after 60 s; late was not"
+    assert service.queue.unschedulable["default/late"].attempts == 1

@@ -1,6 +1,6 @@
 """The custom scheduler's loop boundaries: one object that raises, or that a tenant wrote badly, costs only itself.
 
-The service runs here without a cluster: informer events are handed to it directly and the asynchronous writer is
+The scheduler runs here without a cluster: informer events are handed to it directly and the asynchronous writer is
 replaced by one that records what would have been written (Events, Bindings), so each test reads as what an operator
 and a tenant would see.
 """
@@ -16,7 +16,7 @@ import pytest
 from kubegpu.core.annotations import ALLOCATION_KEY
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest, pod_manifest
-from kubegpu.scheduler.custom import SchedulerService
+from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
 
 from . import toy_plugin as toy
@@ -51,11 +51,12 @@ class RecordingWriter:
 
 
 @pytest.fixture
-def service() -> SchedulerService:
+def service() -> CustomScheduler:
     plugins = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
     engine = Engine(plugins, signing_key=KEY)
-    svc = SchedulerService(None, RecordingWriter(), engine, name="kubegpu", key=KEY)  # type: ignore[arg-type]
-    svc._on_nodes("SYNC", [node_manifest("n1", labels={"toy.example/cards": "2"}, allocatable={"toy.example/card": 2})])
+    svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
+    node = node_manifest("n1", labels={"toy.example/cards": "2"}, allocatable={"toy.example/card": 2})
+    svc.mirror.on_nodes("SYNC", [node])
     return svc
 
 
@@ -65,19 +66,19 @@ def pod(name: str, cards: int = 1, **meta: Any) -> dict[str, Any]:
     return manifest
 
 
-def schedule_all(service: SchedulerService) -> None:
-    service._schedule_active(100)
-    while not service.events.empty():  # binding results
-        service._handle(service.events.get_nowait())
+def schedule_all(service: CustomScheduler) -> None:
+    service.schedule_active(100)
+    while not service.mirror.events.empty():  # binding results
+        service.mirror.handle(service.mirror.events.get_nowait())
 
 
-def errors(service: SchedulerService, stage: str) -> float:
+def errors(service: CustomScheduler, stage: str) -> float:
     value = service.metrics.registry.get_sample_value("kubegpu_scheduler_internal_errors_total", {"stage": stage})
     return value or 0.0
 
 
-def test_a_pod_whose_cycle_raises_costs_only_itself(service: SchedulerService, monkeypatch: Any) -> None:
-    writer: RecordingWriter = service.writer  # type: ignore[assignment]
+def test_a_pod_whose_cycle_raises_costs_only_itself(service: CustomScheduler, monkeypatch: Any) -> None:
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
     original = service.engine.schedule
 
     def exploding(request: Any) -> Any:
@@ -86,58 +87,58 @@ def test_a_pod_whose_cycle_raises_costs_only_itself(service: SchedulerService, m
         return original(request)
 
     monkeypatch.setattr(service.engine, "schedule", exploding)
-    service._on_pods("SYNC", [pod("cursed"), pod("fine")])
+    service.mirror.on_pods("SYNC", [pod("cursed"), pod("fine")])
     schedule_all(service)
     assert writer.bindings() == ["fine"]
     assert errors(service, "schedule") == 1
     [event] = writer.events("KubegpuInternalError")
     assert event["involvedObject"]["name"] == "cursed" and "RuntimeError('boom')" in event["message"]
-    assert any(entry.key == "default/cursed" for entry in service.backoff), "retried later, not dropped"
+    assert any(entry.key == "default/cursed" for entry in service.queue.backoff), "retried later, not dropped"
 
 
 def test_a_pod_event_that_raises_skips_that_pod_and_the_sync_goes_on(
-    service: SchedulerService, monkeypatch: Any
+    service: CustomScheduler, monkeypatch: Any
 ) -> None:
-    writer: RecordingWriter = service.writer  # type: ignore[assignment]
-    original = service._apply_pod
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+    original = service.mirror._apply_pod
 
     def exploding(kind: str, obj: dict[str, Any]) -> None:
         if obj["metadata"]["name"] == "cursed":
             raise KeyError("surprise")
         original(kind, obj)
 
-    monkeypatch.setattr(service, "_apply_pod", exploding)
-    service._on_pods("SYNC", [pod("cursed"), pod("fine")])
-    assert service.pods_synced.is_set()
+    monkeypatch.setattr(service.mirror, "_apply_pod", exploding)
+    service.mirror.on_pods("SYNC", [pod("cursed"), pod("fine")])
+    assert service.mirror.pods_synced.is_set()
     schedule_all(service)
     assert writer.bindings() == ["fine"]
     assert errors(service, "pod_event") == 1
     assert [e["involvedObject"]["name"] for e in writer.events("KubegpuInternalError")] == ["cursed"]
 
 
-def test_a_refused_allocation_is_reported_once_and_holds_nothing(service: SchedulerService) -> None:
-    writer: RecordingWriter = service.writer  # type: ignore[assignment]
+def test_a_refused_allocation_is_reported_once_and_holds_nothing(service: CustomScheduler) -> None:
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
     claim = '{"version":1,"node":"n1","podUID":"uid-squatter","containers":{"main":{"toy.example/card":["0","1"]}}}'
     squatter = pod("squatter", cards=0, annotations={ALLOCATION_KEY: claim})
     squatter["spec"]["nodeName"] = "n1"
-    service._on_pods("SYNC", [squatter])
+    service.mirror.on_pods("SYNC", [squatter])
     for version in ("2", "3"):
         squatter["metadata"]["resourceVersion"] = version
-        service._on_pods("MODIFIED", squatter)
+        service.mirror.on_pods("MODIFIED", squatter)
     [event] = writer.events("AllocationRefused")
     assert "signature does not verify" in event["message"]
-    service._on_pods("ADDED", pod("honest", cards=2))
+    service.mirror.on_pods("ADDED", pod("honest", cards=2))
     schedule_all(service)
     assert writer.bindings() == ["honest"]
 
 
-def test_an_unreadable_pod_gets_one_event_naming_the_field(service: SchedulerService) -> None:
-    writer: RecordingWriter = service.writer  # type: ignore[assignment]
+def test_an_unreadable_pod_gets_one_event_naming_the_field(service: CustomScheduler) -> None:
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
     huge = pod("huge")
     huge["spec"]["containers"][0]["resources"]["limits"][toy.RESOURCE] = "1e600000"
-    service._on_pods("ADDED", huge)
-    service._on_pods("MODIFIED", huge)
-    service._on_pods("ADDED", pod("fine"))
+    service.mirror.on_pods("ADDED", huge)
+    service.mirror.on_pods("MODIFIED", huge)
+    service.mirror.on_pods("ADDED", pod("fine"))
     schedule_all(service)
     [event] = writer.events("FailedScheduling")
     assert event["involvedObject"]["name"] == "huge" and toy.RESOURCE in event["message"]

@@ -1,0 +1,194 @@
+"""Everything kubegpu writes to the API server about a pod: its Binding, its Events, its `PodScheduled` condition,
+and a preemption's nominated node and evictions. Both live front-ends bind through it.
+
+The Binding is guarded by the pod's UID and carries the placement's annotations (the signed `kubegpu.io/allocation`
+and the plugins' annotations) in its metadata: the API server copies them onto the pod in the same write that sets
+`spec.nodeName`, so an allocation is only ever seen on a pod bound where it says (docs/security.md, "freshness"). A
+Binding whose answer was lost (a timeout, a dropped connection) is looked up before anyone rolls the reservation
+back: a placement the API server holds stays. The reservation itself is the caller's to roll back
+(`ClusterMirror.roll_back`), on the thread that owns the engine.
+
+Every write goes through the asynchronous client on its event loop (`AsyncKubeClient`); nothing here blocks the
+thread that owns the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from kubegpu.core.annotations import ALLOCATION_KEY
+from kubegpu.core.models import PodRequest
+from kubegpu.kube.client import ApiError, AsyncKubeClient, now_rfc3339
+from kubegpu.scheduler.engine import Decision
+from kubegpu.scheduler.health import Metrics
+
+__all__ = ["Binder", "bound_as_decided", "write_placement"]
+
+log = logging.getLogger("kubegpu.binder")
+
+T = TypeVar("T")
+
+
+async def write_placement(writer: AsyncKubeClient, pod: PodRequest, decision: Decision) -> None:
+    """Create the Binding, guarded by the pod's UID, carrying the placement's annotations in its metadata."""
+    metadata: dict[str, Any] = {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid}
+    if decision.annotations:
+        metadata["annotations"] = decision.annotations
+    await writer.post(
+        f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding",
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": metadata,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": decision.node},
+        },
+    )
+
+
+async def bound_as_decided(writer: AsyncKubeClient, pod: PodRequest, decision: Decision) -> bool:
+    """After a Binding whose outcome is unknown (a timeout, a dropped connection): whether the API server holds the
+    pod bound to the decided node with the decided allocation. False when it does not, or cannot tell."""
+    try:
+        current = await writer.request("GET", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}")
+    except ApiError:
+        return False
+    meta = current.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    return (
+        meta.get("uid") == pod.uid
+        and (current.get("spec") or {}).get("nodeName") == decision.node
+        and annotations.get(ALLOCATION_KEY) == decision.annotations.get(ALLOCATION_KEY)
+    )
+
+
+class Binder:
+    """The API writes about pods, for one component (the name its Events carry as their source)."""
+
+    def __init__(self, writer: AsyncKubeClient, metrics: Metrics, *, component: str) -> None:
+        self.writer = writer
+        self.metrics = metrics
+        self.component = component
+
+    def submit(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        """Run a write on the writer's event loop; the caller does not wait (the loop thread never blocks)."""
+        self.writer.submit(coroutine)
+
+    async def on_writer(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Await a write from any event loop: directly when the caller runs on the writer's loop (as both front-ends
+        set their HTTP server up), else handed over to it."""
+        if asyncio.get_running_loop() is self.writer.loop:
+            return await coroutine
+        return await asyncio.wrap_future(self.writer.submit(coroutine))
+
+    # -- the Binding ---------------------------------------------------------------------------------------------
+
+    async def bind(self, pod: PodRequest, decision: Decision) -> ApiError | None:
+        """Create the Binding (on the writer's loop). Returns None when the API server holds the placement, else the
+        error; the caller then rolls the reservation back."""
+        started = time.perf_counter()
+        key = pod.key
+        try:
+            await write_placement(self.writer, pod, decision)
+        except Exception as exc:
+            # Any exception: an ApiError, a timeout (asyncio's TimeoutError is not the builtin one before Python
+            # 3.11), a bug. A Binding whose answer was lost may have been written: one the API server holds stays.
+            error = exc if isinstance(exc, ApiError) else ApiError(0, "ClientError", repr(exc))
+            if error.status != 0 or not await self._bound_as_decided(pod, decision):
+                self.metrics.bind_errors.inc()
+                return error
+            log.info("bound (the answer was lost)", extra={"pod": key, "node": decision.node})
+        else:
+            devices = (decision.allocation.containers if decision.allocation else None) or None
+            log.info("bound", extra={"pod": key, "node": decision.node, "devices": devices})
+        self.metrics.bind_latency.observe(time.perf_counter() - started)
+        return None
+
+    async def _bound_as_decided(self, pod: PodRequest, decision: Decision) -> bool:
+        try:
+            return await bound_as_decided(self.writer, pod, decision)
+        except Exception:  # cannot tell: the reservation is rolled back, and the informer corrects it if bound
+            log.exception("could not read back pod %s after a lost Binding answer", pod.key)
+            return False
+
+    # -- what the pod's owner reads --------------------------------------------------------------------------------
+
+    def event(self, pod: PodRequest, reason: str, message: str) -> None:
+        """A Warning Event on the pod, written by the asynchronous writer (never blocking the caller)."""
+        self.submit(self.post_event(pod, reason, message))
+
+    async def post_event(self, pod: PodRequest, reason: str, message: str, kind: str = "Warning") -> None:
+        now = now_rfc3339()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "uid": pod.uid,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.writer.post(f"/api/v1/namespaces/{pod.namespace}/events", event)
+        except ApiError as exc:
+            log.warning("could not write the %s event: %s", reason, exc, extra={"pod": pod.key})
+
+    async def report_unschedulable(self, pod: PodRequest, message: str) -> None:
+        """kube-scheduler's two signs of a pod that fits nowhere: a `FailedScheduling` Event and the condition
+        `PodScheduled=False/Unschedulable`."""
+        await self.post_event(pod, "FailedScheduling", message)
+        condition = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": message,
+                        "lastTransitionTime": now_rfc3339(),
+                    }
+                ]
+            }
+        }
+        try:
+            path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
+            await self.writer.patch(path, condition, strategic=True)
+        except ApiError as exc:
+            log.warning("could not set the PodScheduled condition: %s", exc, extra={"pod": pod.key})
+
+    # -- preemption ----------------------------------------------------------------------------------------------
+
+    async def evict(self, pod: PodRequest, node: str, victims: Sequence[PodRequest]) -> None:
+        """Set the preemptor's `status.nominatedNodeName`, then give each victim a `Preempted` Event and delete it
+        gracefully (guarded by its UID)."""
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
+        try:
+            await self.writer.patch(path, {"status": {"nominatedNodeName": node}})
+        except ApiError as exc:
+            log.warning("could not set nominatedNodeName: %s", exc, extra={"pod": pod.key})
+        for victim in victims:
+            message = f"Preempted by {pod.namespace}/{pod.name} on node {node}"
+            await self.post_event(victim, "Preempted", message, kind="Normal")
+            try:
+                await self.writer.request(
+                    "DELETE",
+                    f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}",
+                    {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": victim.uid}},
+                )
+            except ApiError as exc:
+                if exc.status != 404:
+                    log.warning("could not delete a preemption victim: %s", exc, extra={"pod": victim.key})

@@ -1,0 +1,444 @@
+"""The cluster as kubegpu sees it: informers feeding one engine, shared by both live front-ends.
+
+Informers (`kubegpu.kube.client.Informer`) list and watch Nodes and Pods, and, where asked, the advertisers' node
+Leases and PodDisruptionBudgets; their threads only enqueue. The thread that owns the engine applies what they
+report (`apply_events`) under `lock`, which the extender's HTTP handlers take too:
+
+* nodes become engine nodes (an inventory kubegpu cannot read is ignored with an error log, the node kept);
+* a bound pod is counted with the devices it holds (`_assume`): on start that rebuilds the device ledger from the
+  `kubegpu.io/allocation` annotations of bound, running pods, so a restarted scheduler never hands out a device a
+  live pod holds. Only a verified allocation holds devices; a refused one gets an `AllocationRefused` Event, once;
+* a pod deleted or finished releases what it held;
+* a pod that waits for a node goes to the front-end's `PendingPods`: the custom scheduler's queue, or the
+  extender's record of pending pods; either is told when the cluster changed in a way that may help them.
+
+One object that raises costs only itself: an error log, `kubegpu_scheduler_internal_errors_total{stage}` and, for a
+pod, a `KubegpuInternalError` Event; a tenant's pod must not be able to stop scheduling for everyone.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from kubegpu.core.annotations import (
+    ALLOCATION_KEY,
+    FOREIGN_DEVICES_KEY,
+    AnnotationError,
+    decode_allocation,
+    decode_foreign_devices,
+)
+from kubegpu.core.errors import InputError
+from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.models import NodeInfo, PodRequest
+from kubegpu.kube.client import ApiError, Informer, KubeClient
+from kubegpu.scheduler import liveness, objects
+from kubegpu.scheduler.binder import Binder
+from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.health import Metrics
+from kubegpu.scheduler.preemption import Budget
+
+__all__ = ["ClusterMirror", "PendingPods"]
+
+log = logging.getLogger("kubegpu.scheduler")
+
+FINISHED = frozenset({"Succeeded", "Failed"})
+STALL = 30.0  # seconds without a beat of the loop applying informer events after which /healthz fails
+BATCH = 2000  # informer events applied under one taking of the lock
+
+
+class PendingPods(Protocol):
+    """What a front-end does with the pods that wait for a node: the custom scheduler queues them
+    (`queue.SchedulingQueue`), the extender remembers them for its verbs (`extender.UnboundPods`)."""
+
+    def observe(self, key: str, request: PodRequest, version: str, *, deleting: bool, held: bool) -> bool:
+        """A pod without a node, as the informer reports it at resourceVersion `version` (`held`: the engine
+        already counts it). False: the front-end has nothing to do with it, and the mirror drops it."""
+        ...
+
+    def binding(self, key: str) -> str | None:
+        """The UID of the pod whose Binding the front-end is writing under this key, if any."""
+        ...
+
+    def drop(self, key: str) -> None:
+        """The pod no longer waits (bound, deleted, finished, or not this front-end's)."""
+        ...
+
+    def keep_only(self, live: set[str]) -> None:
+        """After a relist: only these pods exist."""
+        ...
+
+    def wake(self) -> None:
+        """The cluster changed in a way that may help any pod (a node added or changed, a pod's resources freed)."""
+        ...
+
+    def wake_for(self, added: PodRequest) -> None:
+        """A pod now counts on a node (pods its affinity or spread selects may fit now)."""
+        ...
+
+    def answers_for(self, scheduler_name: object) -> bool:
+        """Whether kubegpu tells a pod naming this scheduler that it cannot be read (else its own scheduler does)."""
+        ...
+
+
+class ClusterMirror:
+    """Informers into one engine. `binder` writes the Events the mirror reports; `pending` is the front-end's."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        engine: Engine,
+        binder: Binder,
+        pending: PendingPods,
+        *,
+        leases: liveness.NodeLeases | None = None,
+        watch_budgets: bool = False,
+    ) -> None:
+        self.client = client
+        self.engine = engine
+        self.binder = binder
+        self.metrics: Metrics = binder.metrics
+        self.pending = pending
+        # The engine belongs to the thread applying events; other threads (the extender's HTTP handlers) take this.
+        self.lock = threading.RLock()
+        self.events: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]]] = queue.Queue()
+        self.stop = threading.Event()
+        engine.plugins.on_hook_failure.append(lambda e: self.metrics.plugin_failures.labels(e.plugin, e.hook).inc())
+        self.nodes_synced = threading.Event()
+        self.pods_synced = threading.Event()
+        self.heartbeat = time.monotonic()
+        self._refused: dict[str, str] = {}  # pod key -> why its allocation holds no devices (one Event per reason)
+        # PodDisruptionBudgets by namespace/name: the custom scheduler's preemptions honour them. The extender does
+        # not watch them: kube-scheduler counts the violations of the victims it proposes.
+        self.watch_budgets = watch_budgets
+        self.budgets: dict[str, Budget] = {}
+        self.evicting: set[str] = set()  # victims deleted by a preemption, until their pods are gone
+        self.leases = leases  # the advertisers' node Leases (`kubegpu.scheduler.liveness`), None: not judged
+        self._next_judgement = 0.0
+
+    # -- the loop -------------------------------------------------------------------------------------------------
+
+    def post(self, handler: Callable[..., None], *args: Any) -> None:
+        """Have the loop thread run `handler(*args)` under the lock (informer threads, the binder's results)."""
+        self.events.put((handler, args))
+
+    def handle(self, item: tuple[Callable[..., None], tuple[Any, ...]]) -> None:
+        handler, args = item
+        handler(*args)
+
+    def beat(self) -> None:
+        self.heartbeat = time.monotonic()
+
+    def apply_events(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for an event (0: do not wait), then apply it and what else is queued, up to
+        `BATCH` events, under the lock."""
+        try:
+            item = self.events.get(timeout=timeout) if timeout else self.events.get_nowait()
+            with self.lock:
+                self.handle(item)
+                for _ in range(BATCH):
+                    self.handle(self.events.get_nowait())
+        except queue.Empty:
+            pass
+
+    def run(self) -> None:
+        """The loop of a front-end that only mirrors (the extender): apply events, judge node liveness."""
+        while not self.stop.is_set():
+            self.beat()
+            self.apply_events(0.2)
+            with self.lock:
+                self.judge_nodes()
+
+    def start_informers(self) -> None:
+        """Start the informers (call on a thread of its own: it waits for the nodes' list before watching pods)."""
+        nodes = Informer(self.client, "/api/v1/nodes", self._consume(self.on_nodes), self.stop, "nodes")
+        pods = Informer(self.client, "/api/v1/pods", self._consume(self.on_pods), self.stop, "pods")
+        if self.watch_budgets:
+            path = "/apis/policy/v1beta1/poddisruptionbudgets"
+            Informer(self.client, path, self._consume(self.on_budgets), self.stop, "poddisruptionbudgets").start()
+        if self.leases is not None:
+            selector = self.leases.selector
+            consume = self._consume(self.leases.observe)
+            Informer(self.client, self.leases.path, consume, self.stop, "leases", label_selector=selector).start()
+        nodes.start()
+        # Nodes first, so that the ledger rebuild finds every bound pod's node.
+        while not nodes.synced.wait(0.2):
+            if self.stop.is_set():
+                return
+        pods.start()
+
+    def _consume(self, handler: Callable[[str, Any], None]) -> Callable[[str, Any], None]:
+        """An informer's consumer (it runs on the informer's thread): only enqueue."""
+        return lambda kind, payload: self.post(handler, kind, payload)
+
+    def ready(self) -> bool:
+        return self.nodes_synced.is_set() and self.pods_synced.is_set()
+
+    def healthy(self) -> bool:
+        return time.monotonic() - self.heartbeat < STALL
+
+    # -- node liveness (`kubegpu.scheduler.liveness`): the advertisers' Leases, judged on a one-second tick --------
+
+    def judge_nodes(self) -> None:
+        """Tell the engine which nodes may take new device pods. Leases expire with time, not with an event, so
+        this runs on a tick (`liveness.TICK`); a node that comes back wakes the pending pods."""
+        if self.leases is None or not self.leases.synced:
+            return
+        now = time.monotonic()
+        if now < self._next_judgement:
+            return
+        self._next_judgement = now + liveness.TICK
+        revived = False
+        for name, reason in self.leases.verdicts(self.engine.nodes).items():
+            if self.engine.set_node_live(name, reason is None, reason):
+                revived |= reason is None
+        if revived:
+            self.pending.wake()
+
+    # -- PodDisruptionBudgets ---------------------------------------------------------------------------------------
+
+    def on_budgets(self, kind: str, payload: Any) -> None:
+        if kind == "SYNC":
+            self.budgets.clear()
+            for obj in payload:
+                self._apply_budget("ADDED", obj)
+            return
+        self._apply_budget(kind, payload)
+
+    def _apply_budget(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+        if kind == "DELETED":
+            self.budgets.pop(key, None)
+            return
+        try:
+            self.budgets[key] = objects.budget(obj)
+        except InputError as exc:
+            log.warning("PodDisruptionBudget %s ignored: %s", key, exc)
+
+    # -- node events ------------------------------------------------------------------------------------------------
+
+    def on_nodes(self, kind: str, payload: Any) -> None:
+        changed = False
+        if kind == "SYNC":
+            seen = set()
+            for obj in payload:
+                changed |= self._guarded("node_event", obj, self._apply_node, "ADDED") is True
+                seen.add((obj.get("metadata") or {}).get("name"))
+            for name in list(self.engine.nodes):
+                if name not in seen:
+                    self.engine.remove_node(name)
+            self.nodes_synced.set()
+        else:
+            changed = self._guarded("node_event", payload, self._apply_node, kind) is True
+        if changed:
+            self.pending.wake()
+
+    def _node_info(self, obj: dict[str, Any]) -> NodeInfo | None:
+        try:
+            return node_info(obj)
+        except InputError as exc:
+            name = (obj.get("metadata") or {}).get("name")
+            log.error("node ignored the advertised inventory: %s", exc, extra={"node": name})
+            annotations = dict((obj.get("metadata") or {}).get("annotations") or {})
+            annotations.pop("kubegpu.io/devices", None)
+            try:
+                return node_info({**obj, "metadata": {**obj["metadata"], "annotations": annotations}})
+            except (InputError, KeyError):
+                return None
+
+    def _apply_node(self, kind: str, obj: dict[str, Any]) -> bool:
+        name = (obj.get("metadata") or {}).get("name")
+        if not name:
+            return False
+        if kind == "DELETED":
+            gone = self.engine.remove_node(name)
+            for key in gone:
+                log.info("node deleted; pod forgotten", extra={"pod": key, "node": name})
+            return False
+        info = self._node_info(obj)
+        if info is None:
+            return False
+        record = self.engine.nodes.get(name)
+        changed = record is None or record.info != info
+        if changed:
+            self.engine.add_node(info)
+        self._apply_foreign_devices(name, obj)
+        return changed
+
+    def _apply_foreign_devices(self, name: str, obj: dict[str, Any]) -> None:
+        """The device ids the node's kubelet gave pods kubegpu did not place, as its node side publishes them
+        (`kubegpu.io/foreign-devices`, `kubegpu.crishim.podresources`): those pods hold exactly these ids."""
+        raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(FOREIGN_DEVICES_KEY)
+        held: dict[str, dict[str, dict[str, list[str]]]] = {}
+        if raw is not None:
+            try:
+                held = decode_foreign_devices(raw).pods
+            except AnnotationError as exc:
+                log.warning("node's foreign devices ignored: %s", exc, extra={"node": name})
+        for key in self.engine.set_held_devices(name, held):
+            log.info("pod holds the devices its kubelet reports", extra={"pod": key, "node": name})
+
+    # -- pod events -------------------------------------------------------------------------------------------------
+
+    def on_pods(self, kind: str, payload: Any) -> None:
+        if kind == "SYNC":
+            live = set()
+            for obj in payload:
+                self._guarded("pod_event", obj, self._apply_pod, "ADDED")
+                meta = obj.get("metadata") or {}
+                live.add(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
+            for key in [k for k in self.engine.pods if k not in live and self.pending.binding(k) is None]:
+                self.release(key)
+            self.pending.keep_only(live)
+            self.pods_synced.set()
+            return
+        self._guarded("pod_event", payload, self._apply_pod, kind)
+
+    def _guarded(self, stage: str, obj: dict[str, Any], apply: Any, kind: str) -> Any:
+        """Apply one informer object; an unexpected error costs that object an error log, a metric and an Event,
+        never the loop (a tenant's pod must not be able to stop scheduling for everyone)."""
+        try:
+            return apply(kind, obj)
+        except Exception as exc:
+            meta = obj.get("metadata") or {}
+            self.internal_error(stage, meta, exc)
+            return None
+
+    def internal_error(self, stage: str, meta: dict[str, Any], exc: Exception) -> None:
+        """Report an object whose handling raised: an error log, the metric and, for a pod, an Event on it."""
+        self.metrics.internal_errors.labels(stage).inc()
+        name, namespace = str(meta.get("name", "")), str(meta.get("namespace", ""))
+        what = {"pod": f"{namespace}/{name}"} if namespace else {"node": name}
+        log.error("%s failed; the object is skipped: %r", stage, exc, exc_info=exc, extra=what)
+        if namespace and name:
+            pod = PodRequest(namespace=namespace, name=name, uid=str(meta.get("uid", "")), containers=())
+            self.binder.event(pod, "KubegpuInternalError", f"kubegpu could not handle this pod ({stage}): {exc!r}")
+
+    def release(self, key: str) -> None:
+        """The pod's resources are free again (it is gone, or its Binding failed); the pending pods may fit now."""
+        self.evicting.discard(key)
+        if self.engine.release(key) is not None:
+            self.pending.wake()
+
+    def roll_back(self, pod: PodRequest, node: str | None, error: ApiError) -> None:
+        """Undo the reservation of a pod whose Binding failed, if the engine still holds it (and not a newer pod of
+        the same name). Takes the lock: the extender calls this from its HTTP loop."""
+        with self.lock:
+            held = self.engine.pods.get(pod.key)
+            if held is not None and held.request.uid == pod.uid:
+                self.release(pod.key)
+        log.warning("binding failed; reservation rolled back", extra={"pod": pod.key, "node": node, "error": error})
+
+    def drop_pending(self, key: str) -> None:
+        self.engine.unnominate(key)
+        self.pending.drop(key)
+
+    def _apply_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+        if kind == "MODIFIED" and not meta.get("deletionTimestamp"):
+            # Most events are our own writes (the Binding) to pods we already account for: settle them from the raw
+            # object without parsing the whole pod again.
+            uid = self.pending.binding(key)
+            if uid is not None and uid == meta.get("uid"):
+                return
+            held = self.engine.pods.get(key)
+            phase = (obj.get("status") or {}).get("phase")
+            if held is not None and held.request.uid == meta.get("uid") and phase not in FINISHED:
+                return
+        try:
+            request, deleting = pod_request(obj)
+        except InputError as exc:
+            self._unreadable_pod(kind, key, obj, str(exc))
+            return
+        held = self.engine.pods.get(key)
+        if held is not None and held.request.uid != request.uid:
+            self.release(key)  # a new pod took an old pod's name
+            held = None
+        binding = self.pending.binding(key) is not None
+        if kind == "DELETED" or request.phase in FINISHED:
+            self._refused.pop(key, None)
+            self.drop_pending(key)
+            if not binding:
+                self.release(key)
+            return
+        if request.node_name:
+            self.drop_pending(key)
+            if held is None and not binding:
+                self._assume(request)
+            return
+        version = str(meta.get("resourceVersion", ""))
+        if not self.pending.observe(key, request, version, deleting=deleting, held=held is not None):
+            self.drop_pending(key)
+
+    def _unreadable_pod(self, kind: str, key: str, obj: dict[str, Any], problem: str) -> None:
+        """A pod kubegpu cannot read (a tenant wrote it): it is left alone, and if it was waiting for this scheduler
+        its owner is told why, once."""
+        meta = obj.get("metadata") or {}
+        held = self.engine.pods.get(key)
+        if kind == "DELETED" or (held is not None and held.request.uid != meta.get("uid")):
+            self._refused.pop(key, None)
+            self.drop_pending(key)
+            if held is not None and held.request.uid == meta.get("uid") and self.pending.binding(key) is None:
+                self.release(key)
+            return
+        log.error("pod ignored: %s", problem, extra={"pod": key})
+        spec = obj.get("spec") or {}
+        if (
+            self.pending.answers_for(spec.get("schedulerName"))
+            and not spec.get("nodeName")
+            and self._refused.get(key) != problem
+        ):
+            self._refused[key] = problem
+            pod = PodRequest(
+                namespace=str(meta.get("namespace", "default")),
+                name=str(meta.get("name", "")),
+                uid=str(meta.get("uid", "")),
+                containers=(),
+            )
+            self.binder.event(pod, "FailedScheduling", f"kubegpu cannot schedule this pod: {problem}")
+
+    def _assume(self, request: PodRequest) -> None:
+        """Count a bound pod (ledger rebuild, or a pod bound by someone else) with the devices it holds.
+
+        Only a verified allocation holds devices (`Engine.allocation_problem`). A bound pod whose allocation is
+        missing, malformed, unverified, copied or stale is counted as a pod bound without one: the devices it
+        requests are set aside on its node (the kubelet admits it by count), and the devices its annotation names are
+        not, so they go to other pods while the CRI shim refuses to start it.
+        """
+        node = request.node_name or ""
+        raw = request.annotations.get(ALLOCATION_KEY)
+        extra = {"pod": request.key, "node": node}
+        if raw is not None:
+            try:
+                record = decode_allocation(raw)
+            except AnnotationError as exc:
+                problem = str(exc)
+            else:
+                status = self.engine.assume(request, node, record)
+                if status.ok:
+                    self._refused.pop(request.key, None)
+                    return
+                problem = status.message
+            self.metrics.refused_allocations.inc()
+            log.warning("bound pod's allocation holds no devices: %s", problem, extra=extra)
+            if self._refused.get(request.key) != problem:
+                self._refused[request.key] = problem
+                self.binder.event(request, "AllocationRefused", f"kubegpu.io/allocation holds no devices: {problem}")
+        if any(self.engine.plugins.owner_of(r) for r in request.requested_resources()):
+            decision = self.engine.hold(request, node)
+            if not decision.scheduled:
+                log.error("bound pod without an allocation does not fit its node: %s", decision.reason, extra=extra)
+            else:
+                self.pending.wake_for(request)
+            return
+        status = self.engine.assume(request, node, None)
+        if not status.ok:
+            log.error("bound pod could not be counted: %s", status.message, extra=extra)
+        else:
+            self.pending.wake_for(request)

@@ -1,0 +1,183 @@
+"""The custom scheduler's queue of pending pods, after kube-scheduler's scheduling queue.
+
+Three places a pod waits:
+
+* `active`: ready to be tried, taken by priority (higher first), then arrival;
+* `backoff`: a heap by the time its backoff ends (1 s doubling per attempt to 10 s, `--config` can change both);
+* `unschedulable`: it fits nowhere; it waits for a cluster event that can help it (a node added or changed, a pod
+  deleted or finished, a pod added that its pod affinity or spread selects, a change to the pod itself) or 60 s,
+  whichever comes first, then goes back through the backoff heap. Never a hot loop.
+
+`in_flight` holds the pods whose Binding is being written. The queue is the mirror's `PendingPods`
+(`mirror.py`): the mirror hands it every pod that waits for a node and tells it when the cluster changed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from kubegpu.core.models import PodRequest
+from kubegpu.scheduler.filters import pod_matches_term, selector_matches
+from kubegpu.scheduler.health import Metrics
+
+__all__ = ["Entry", "SchedulingQueue"]
+
+INITIAL_BACKOFF, MAX_BACKOFF = 1.0, 10.0  # kube-scheduler's podInitialBackoffSeconds, podMaxBackoffSeconds
+UNSCHEDULABLE_FLUSH = 60.0  # a pod unschedulable this long is tried again even if nothing changed
+FLUSH_CHECK = 1.0
+
+
+@dataclass(order=True)
+class Entry:
+    """A pending pod as the queues hold it."""
+
+    ready_at: float
+    key: str = field(compare=False)
+    request: PodRequest = field(compare=False)
+    attempts: int = field(default=0, compare=False)
+    message: str | None = field(default=None, compare=False)
+    arrival: float = field(default_factory=time.monotonic, compare=False)
+    since: float = field(default=0.0, compare=False)  # when it was last found unschedulable
+
+
+def drawn_to(pending: PodRequest, added: PodRequest) -> bool:
+    """Whether a pod added to a node can help `pending`: one of its pod affinity terms (required or preferred) or
+    its topology spread constraints select the added pod."""
+    terms = [*pending.pod_affinity, *(term for _, term in pending.preferred_affinity)]
+    if any(pod_matches_term(term, added) for term in terms):
+        return True
+    return any(
+        added.namespace == pending.namespace and selector_matches(c.selector, added.labels) for c in pending.spread
+    )
+
+
+class SchedulingQueue:
+    """The pods that name scheduler `name` and wait for a node."""
+
+    def __init__(self, name: str, metrics: Metrics) -> None:
+        self.name = name
+        self.metrics = metrics
+        self.active: dict[str, Entry] = {}
+        self.backoff: list[Entry] = []
+        self.unschedulable: dict[str, Entry] = {}
+        self.in_flight: dict[str, Entry] = {}
+        self.initial_backoff, self.max_backoff = INITIAL_BACKOFF, MAX_BACKOFF
+        self._last_flush = time.monotonic()
+
+    # -- what the mirror hands over (`mirror.PendingPods`) ------------------------------------------------------------
+
+    def observe(self, key: str, request: PodRequest, version: str, *, deleting: bool, held: bool) -> bool:
+        """A pod without a node, as the informer reports it (`held`: the engine already counts it). False when the
+        pod is not this scheduler's to place (it is being deleted, or names another scheduler): the mirror drops it."""
+        if deleting or request.scheduler_name != self.name:
+            return False
+        if key in self.in_flight or held:
+            return True
+        entry = self.active.get(key)
+        if entry is not None:
+            entry.request = request
+            return True
+        entry = self.unschedulable.get(key)
+        if entry is not None:
+            changed = entry.request != request
+            entry.request = request
+            if changed:
+                # Its owner changed it (labels, tolerations, affinity ...): it may fit now (kube-scheduler's
+                # isPodUpdated), once its backoff has passed.
+                self._requeue(self.unschedulable.pop(key), time.monotonic())
+            return True
+        for waiting in self.backoff:
+            if waiting.key == key:
+                waiting.request = request
+                return True
+        self.active[key] = Entry(time.monotonic(), key, request)
+        return True
+
+    def binding(self, key: str) -> str | None:
+        """The UID of the pod whose Binding is being written under this key (its events are our own writes)."""
+        entry = self.in_flight.get(key)
+        return None if entry is None else entry.request.uid
+
+    def answers_for(self, scheduler_name: object) -> bool:
+        return scheduler_name == self.name
+
+    def drop(self, key: str) -> None:
+        """The pod was bound, deleted, finished, or handed to another scheduler."""
+        self.active.pop(key, None)
+        self.unschedulable.pop(key, None)
+        if any(e.key == key for e in self.backoff):
+            self.backoff = [e for e in self.backoff if e.key != key]
+            heapq.heapify(self.backoff)
+
+    def keep_only(self, live: set[str]) -> None:
+        """After a relist: forget the waiting pods that are gone."""
+        for table in (self.active, self.unschedulable):
+            for key in [k for k in table if k not in live]:
+                del table[key]
+
+    def wake(self) -> None:
+        """The cluster changed in a way that may help any pod: unschedulable pods get another try once their
+        backoff has passed."""
+        now = time.monotonic()
+        for entry in self.unschedulable.values():
+            self._requeue(entry, now)
+        self.unschedulable.clear()
+
+    def wake_for(self, added: PodRequest) -> None:
+        """A pod now counts on a node: the unschedulable pods whose pod affinity (or topology spread) selects it may
+        fit now; no other pod can (kube-scheduler's AssignedPodAdd)."""
+        if not self.unschedulable:
+            return
+        now = time.monotonic()
+        for key in [k for k, e in self.unschedulable.items() if drawn_to(e.request, added)]:
+            self._requeue(self.unschedulable.pop(key), now)
+
+    # -- what the scheduler does with it -----------------------------------------------------------------------------
+
+    def pop_batch(self, limit: int) -> list[Entry]:
+        """Up to `limit` active pods, by priority then arrival, taken out of the active queue."""
+        if any(entry.request.priority for entry in self.active.values()):
+            batch = heapq.nsmallest(limit, self.active.values(), key=lambda e: (-e.request.priority, e.arrival))
+            keys = [entry.key for entry in batch]
+        else:
+            keys = list(itertools.islice(self.active, limit))
+        return [self.active.pop(key) for key in keys]
+
+    def backoff_for(self, attempts: int) -> float:
+        return min(self.max_backoff, self.initial_backoff * (1 << min(30, max(0, attempts - 1))))
+
+    def retry_later(self, entry: Entry) -> None:
+        """The pod's attempt failed (its cycle raised, its Binding failed): it waits out its backoff."""
+        entry.attempts += 1
+        entry.ready_at = time.monotonic() + self.backoff_for(entry.attempts)
+        heapq.heappush(self.backoff, entry)
+
+    def park(self, entry: Entry) -> None:
+        """The pod fits nowhere: it waits for a cluster event that can help it, and its backoff."""
+        entry.attempts += 1
+        entry.since = time.monotonic()
+        entry.ready_at = entry.since + self.backoff_for(entry.attempts)
+        self.unschedulable[entry.key] = entry
+
+    def promote(self) -> None:
+        """Move the pods whose backoff ended to the active queue, and the pods unschedulable for a minute back to
+        the backoff heap; update the pending gauges."""
+        now = time.monotonic()
+        while self.backoff and self.backoff[0].ready_at <= now:
+            entry = heapq.heappop(self.backoff)
+            self.active.setdefault(entry.key, entry)
+        if now - self._last_flush >= FLUSH_CHECK:
+            self._last_flush = now
+            stale = [k for k, e in self.unschedulable.items() if now - e.since >= UNSCHEDULABLE_FLUSH]
+            for key in stale:
+                self._requeue(self.unschedulable.pop(key), now)
+        self.metrics.pending.labels("active").set(len(self.active))
+        self.metrics.pending.labels("backoff").set(len(self.backoff))
+        self.metrics.pending.labels("unschedulable").set(len(self.unschedulable))
+
+    def _requeue(self, entry: Entry, now: float) -> None:
+        entry.ready_at = max(now, entry.ready_at)
+        heapq.heappush(self.backoff, entry)
