@@ -71,6 +71,7 @@ CPU_MEMORY = frozenset({"cpu", "memory"})
 NOMINATED = "node(s) were nominated for a pending pod of equal or higher priority that is preempting pods there"
 CPU_INDEX = "cpu"
 NAME_LABELS = frozenset({"kubernetes.io/hostname"})
+CHECKS_REMEMBERED = 8  # filter answers a node remembers (pod shapes)
 MAX_CHANGES = 1 << 16  # node changes remembered by `Engine.changed_since`
 UNKNOWN_FREE = 1 << 62  # the headroom of a plugin that failed on a node: unknown, so never the reason to skip it
 PREPARE_HOOK = "kubegpu_scheduler_prepare"
@@ -88,7 +89,9 @@ class NodeRecord:
     problems: dict[str, str] = field(default_factory=dict)
     klass: int = 0
     version: int = 0  # bumped on every change of the node's usage or devices
-    last_check: tuple[int, tuple[object, ...], Status] | None = None
+    # The node's recent filter answers, by pod signature (its id; the signature itself is kept to confirm it):
+    # (node version, signature, answer). A few shapes alternate in a workload, so one slot would thrash.
+    last_check: dict[int, tuple[int, tuple[object, ...], Status]] = field(default_factory=dict)
     last_score: tuple[int, tuple[object, ...], float] | None = None
     last_raw: tuple[int, tuple[object, ...], tuple[float, ...]] | None = None  # `Engine._local_scores`
 
@@ -201,6 +204,7 @@ class Engine:
         self._index: dict[str, CapacityIndex] = {CPU_INDEX: CapacityIndex()}
         self._routes: dict[frozenset[str], dict[str, list[str]]] = {}
         self._classes: dict[tuple[object, ...], int] = {}
+        self._class_nodes: dict[int, dict[str, None]] = {}  # node class -> its nodes
         # Every change of a node's state is numbered; `changed_since` names the nodes changed after a number, so a
         # caller can keep answers per node and redo only the nodes that changed (the extender does).
         self.generation = 0
@@ -244,6 +248,7 @@ class Engine:
             if state is not None:
                 record.states[plugin] = state
         self.nodes[info.name] = record
+        self._join_class(info.name, previous.klass if previous is not None else None, record.klass)
         if any(t.effect == "PreferNoSchedule" for t in info.taints):
             self._soft_tainted.add(info.name)
         else:
@@ -276,6 +281,16 @@ class Engine:
         )
         return self._classes.setdefault(key, len(self._classes))
 
+    def _join_class(self, name: str, old: int | None, new: int | None) -> None:
+        if old is not None and old != new:
+            members = self._class_nodes.get(old)
+            if members is not None:
+                members.pop(name, None)
+                if not members:
+                    del self._class_nodes[old]
+        if new is not None:
+            self._class_nodes.setdefault(new, {})[name] = None
+
     def remove_node(self, name: str) -> list[str]:
         """Remove a node; the pods it held are forgotten (their devices went with it). Returns their keys."""
         record = self.nodes.pop(name, None)
@@ -284,6 +299,7 @@ class Engine:
         if record is None:
             return []
         self._soft_tainted.discard(name)
+        self._join_class(name, record.klass, None)
         self._changed(name)
         for index in self._index.values():
             index.discard(name)
@@ -479,8 +495,10 @@ class Engine:
         return prepared
 
     def _basic_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
-        """Kubernetes' node-local filters in kube-scheduler's order (`kubegpu.scheduler.filters`); the first that
-        refuses answers. Reasons about the node itself are unresolvable; capacity and ports are unschedulable."""
+        """Kubernetes' node-local filters in kube-scheduler 1.20's order (NodeUnschedulable, TaintToleration,
+        NodeAffinity, NodePorts, NodeResourcesFit, VolumeBinding; `kubegpu.scheduler.filters`); the first that refuses
+        answers, so each node is counted under the reason kube-scheduler would give. Reasons about the node itself
+        are unresolvable; capacity and ports are unschedulable."""
         info = record.info
         off = self.filters_off  # filters a configuration turned off (usually none)
         if (
@@ -491,6 +509,21 @@ class Engine:
             return Status.unresolvable(filters.UNSCHEDULABLE)
         if not info.ready:
             return Status.unresolvable("node(s) had condition Ready=False")
+        for taint in info.taints:
+            if taint.effect == "PreferNoSchedule" or "TaintToleration" in off:
+                continue
+            if not any(t.tolerates(taint) for t in pod.tolerations):
+                return Status.unresolvable(
+                    f"node(s) had taint {{{taint.key}: {taint.value or ''}}}, that the pod didn't tolerate"
+                )
+        if (
+            (pod.node_selector or pod.node_affinity is not None)
+            and not filters.matches_node_affinity(pod, info.name, info.labels)
+            and "NodeAffinity" not in off
+        ):
+            return Status.unresolvable(filters.NODE_SELECTOR)
+        if pod.host_ports and filters.ports_conflict(pod.host_ports, record.ports) and "NodePorts" not in off:
+            return Status.unschedulable(filters.PORTS)
         allocatable, used = info.allocatable, record.used
         short: list[str] = []
         hopeless = False
@@ -503,21 +536,6 @@ class Engine:
                 hopeless = hopeless or have < need
         if short and "NodeResourcesFit" not in off:
             return Status.unresolvable(*short) if hopeless and len(short) == 1 else Status.unschedulable(*short)
-        if pod.host_ports and filters.ports_conflict(pod.host_ports, record.ports) and "NodePorts" not in off:
-            return Status.unschedulable(filters.PORTS)
-        if (
-            (pod.node_selector or pod.node_affinity is not None)
-            and not filters.matches_node_affinity(pod, info.name, info.labels)
-            and "NodeAffinity" not in off
-        ):
-            return Status.unresolvable(filters.NODE_SELECTOR)
-        for taint in info.taints:
-            if taint.effect == "PreferNoSchedule" or "TaintToleration" in off:
-                continue
-            if not any(t.tolerates(taint) for t in pod.tolerations):
-                return Status.unresolvable(
-                    f"node(s) had taint {{{taint.key}: {taint.value or ''}}}, that the pod didn't tolerate"
-                )
         if pod.claims and self.track_volumes and "VolumeBinding" not in off:
             return self._volume_fit(info, pod)
         return None
@@ -615,9 +633,7 @@ class Engine:
             if isinstance(prepared, PluginHookError):
                 return Status.error(str(prepared), plugin=plugin)
             free = record.headroom[plugin].free
-            for resource, need in needs:
-                if free.get(resource, 0) < need:
-                    return Status.unschedulable(f"Insufficient {resource}", plugin=plugin)
+            short = next((r for r, need in needs if free.get(r, 0) < need), None)
             try:
                 status: Status = self.plugins.call(
                     plugin, "kubegpu_scheduler_fit", state=state, pod=pod, prepared=prepared
@@ -625,7 +641,11 @@ class Engine:
             except PluginHookError as exc:
                 return Status.error(str(exc), plugin=plugin)
             if not status.ok:
+                # The plugin's own reason: on a ring with enough free devices but no contiguous window it names
+                # contiguity, where the headroom (the largest valid set) would only say "Insufficient".
                 return status
+            if short is not None:
+                return Status.unschedulable(f"Insufficient {short}", plugin=plugin)
         return Status.success()
 
     def check(self, record: NodeRecord, pod: PodRequest, plan: Plan, *, placing: bool = True) -> Status:
@@ -639,7 +659,7 @@ class Engine:
             return Status.unschedulable(NOMINATED)
         if self._dead and plan.devices and placing and (dead := self._dead.get(record.name)) is not None:
             return Status.unresolvable(dead)
-        remembered = record.last_check
+        remembered = record.last_check.get(id(plan.signature))
         if remembered is not None and remembered[0] == record.version and remembered[1] is plan.signature:
             return remembered[2]
         status = self._basic_fit(record, pod, plan)
@@ -651,7 +671,9 @@ class Engine:
             # The answer depends on the node's name or on other nodes: nodes of one class may answer differently,
             # so it must not settle the class (here or in the extender's answers).
             status = Status(Code.UNSCHEDULABLE, status.reasons, status.plugin)
-        record.last_check = (record.version, plan.signature, status)
+        if len(record.last_check) >= CHECKS_REMEMBERED:
+            record.last_check.clear()
+        record.last_check[id(plan.signature)] = (record.version, plan.signature, status)
         return status
 
     def filter_node(self, name: str, pod: PodRequest) -> Status:
@@ -871,7 +893,9 @@ class Engine:
         resolvable = False
         candidates, resource = self._candidates(pod, plan)
         sample = self._sample_size(pod)
+        visited: dict[int, list[dict[str, None]]] = {}  # node class -> the groups of its nodes filtered above
         for klass, members in candidates:
+            visited.setdefault(klass, []).append(members)
             known = settled.get(klass)
             if known is not None:
                 for reason in known:
@@ -901,14 +925,45 @@ class Engine:
             if len(feasible) >= sample:
                 break
         if not feasible:
-            skipped = len(nodes) - evaluated
-            if skipped:
-                reasons[f"Insufficient {resource}"] += skipped
-                resolvable = True
+            if evaluated < len(nodes):
+                resolvable |= self._explain_skipped(pod, plan, visited, resource, reasons)
             code = Code.UNSCHEDULABLE if resolvable else Code.UNRESOLVABLE
             return Decision(pod.key, False, reason=summarize_reasons(len(nodes), reasons), code=code)
         best = feasible[0] if len(feasible) == 1 else self._rank(feasible, pod, plan)
         return self._reserve(nodes[best], pod, plan)
+
+    def _explain_skipped(
+        self,
+        pod: PodRequest,
+        plan: Plan,
+        visited: dict[int, list[dict[str, None]]],
+        resource: str,
+        reasons: Counter[str],
+    ) -> bool:
+        """Count the nodes the capacity index skipped under their own reasons, as kube-scheduler would report them
+        (a node that fails the node selector says so, not "Insufficient ..."). Only a pod that fits nowhere pays for
+        this, and a class whose nodes answer alike (unresolvable) costs one check. True when some reason may change
+        as pods leave."""
+        resolvable = False
+        for klass, members in self._class_nodes.items():
+            groups = visited.get(klass, ())
+            left = len(members) - sum(len(group) for group in groups)
+            for name in members:
+                if left <= 0:
+                    break
+                if any(name in group for group in groups):
+                    continue
+                status = self.check(self.nodes[name], pod, plan)
+                answer = status.reasons if not status.ok else (f"Insufficient {resource}",)
+                if status.code is Code.UNRESOLVABLE and plan.settles:
+                    for reason in answer:
+                        reasons[reason] += left  # every other skipped node of the class answers alike
+                    break
+                resolvable = True
+                for reason in answer:
+                    reasons[reason] += 1
+                left -= 1
+        return resolvable
 
     # -- reserve, assume, release --------------------------------------------------------------------------------
 
@@ -1110,7 +1165,9 @@ class Engine:
         if record is None:
             return True
         if (previous is None) != (wanted is None):
-            record.klass = self._klass(record.info)
+            klass = self._klass(record.info)
+            self._join_class(name, record.klass, klass)
+            record.klass = klass
             self._refresh(record)
         else:  # only the wording changed (the lease's age)
             record.version += 1

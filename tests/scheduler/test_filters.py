@@ -454,7 +454,7 @@ def test_remembered_answers_equal_fresh_ones_after_every_change(
         for probe in pods:
             remembered = {name: e.filter_node(name, probe) for name in e.nodes}
             for record in e.nodes.values():
-                record.last_check = None
+                record.last_check = {}
             e._plans.clear()
             fresh = {name: e.filter_node(name, probe) for name in e.nodes}
             assert {n: s.ok for n, s in remembered.items()} == {n: s.ok for n, s in fresh.items()}

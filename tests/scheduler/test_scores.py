@@ -360,7 +360,7 @@ def test_remembered_scores_equal_fresh_ones_after_every_change(
         for probe in pods:
             remembered = ranking(e, probe)
             for record in e.nodes.values():
-                record.last_check = record.last_raw = None
+                record.last_check, record.last_raw = {}, None
             e._plans.clear()
             assert ranking(e, probe) == remembered
         if e.schedule(request).scheduled:
