@@ -91,11 +91,19 @@ def read_key(path: str) -> bytes:
             f"kubegpu: the allocation key in {path} is {len(key)} bytes; at least {MIN_KEY_BYTES} are needed: "
             f"{_HOW_TO_CREATE}"
         )
-    if status.st_mode & 0o077:
+    if _readable_by_others(status):
         logging.getLogger("kubegpu").warning(
-            "the allocation key file %s may be read by group or others (mode %o); `chmod 600` it, or mount its "
-            "Secret with defaultMode 0400",
+            "the allocation key file %s may be read by users outside this process's groups (mode %o); `chmod 600` "
+            "it, or mount its Secret with defaultMode 0440 and the pod's securityContext.fsGroup",
             path,
             stat.S_IMODE(status.st_mode),
         )
     return key
+
+
+def _readable_by_others(status: os.stat_result) -> bool:
+    """World-readable, or group-readable by a group this process is not in. A Secret mounted with the pod's
+    `fsGroup` is group-readable by design: only that pod's processes carry the group."""
+    if status.st_mode & 0o007:
+        return True
+    return bool(status.st_mode & 0o070) and status.st_gid not in {os.getegid(), *os.getgroups()}

@@ -87,11 +87,26 @@ def test_a_device_or_a_fifo_is_refused_at_once_rather_than_read_forever(tmp_path
     assert f"the allocation key file {path} is not a regular file" in done.stderr
 
 
-@pytest.mark.parametrize(("mode", "warned"), [(0o600, False), (0o400, False), (0o640, True), (0o644, True)])
+FOREIGN_GROUP = next(g for g in range(54321, 60000) if g != os.getegid() and g not in os.getgroups())
+
+
+@pytest.mark.parametrize(
+    ("mode", "foreign_group", "warned"),
+    [
+        (0o600, False, False),
+        (0o400, False, False),
+        (0o440, False, False),  # a Secret mounted with the pod's fsGroup: only this pod's processes have the group
+        (0o640, True, True),
+        (0o644, False, True),
+    ],
+    ids=["owner-rw", "owner-r", "own-group", "foreign-group", "world"],
+)
 def test_a_key_others_may_read_is_used_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, mode: int, warned: bool
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, mode: int, foreign_group: bool, warned: bool
 ) -> None:
     path = _key_file(tmp_path, GOOD, mode)
+    if foreign_group:
+        os.chown(path, -1, FOREIGN_GROUP)  # the tests run as root (real components need it)
 
     with caplog.at_level(logging.WARNING, logger="kubegpu"):
         assert read_key(path) == GOOD
@@ -99,4 +114,4 @@ def test_a_key_others_may_read_is_used_with_a_warning(
     warnings = [r.getMessage() for r in caplog.records if r.name == "kubegpu" and r.levelno == logging.WARNING]
     assert bool(warnings) == warned
     if warned:
-        assert f"mode {mode:o}" in warnings[0] and "chmod 600" in warnings[0]
+        assert f"mode {mode:o}" in warnings[0] and "chmod 600" in warnings[0] and "fsGroup" in warnings[0]

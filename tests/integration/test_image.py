@@ -163,9 +163,8 @@ def scheduler_pod(kubeconfig_dir: Path, metrics_port: int) -> dict[str, Any]:
             port["containerPort"] = metrics_port
     container["volumeMounts"].append({"name": "kubeconfig", "mountPath": "/etc/kubegpu-kubeconfig", "readOnly": True})
     spec["volumes"].append({"name": "kubeconfig", "hostPath": {"path": str(kubeconfig_dir), "type": "Directory"}})
-    # The image's user (65532) reads the 0400 Secret only through the pod's fsGroup (the kubelet then makes the file
-    # 0440, group 65532); the shipped template gets it from here if it does not say it itself.
-    spec.setdefault("securityContext", {}).setdefault("fsGroup", 65532)
+    # The image's user (65532) reads the key Secret only through the pod's fsGroup: the shipped template must say so.
+    assert spec.get("securityContext", {}).get("fsGroup") == 65532, spec.get("securityContext")
     spec.update(
         nodeName=NODE,
         hostNetwork=True,
