@@ -210,12 +210,16 @@ def test_remembered_answers_hold_only_nodes_the_engine_knows() -> None:
 
 def test_settling_a_node_class_answers_as_each_node_would_alone() -> None:
     """`Engine.filter_nodes` asks one node of a class that cannot take the pod and answers for the others; each
-    answer equals the node's own (`filter_node`, no memo), and only nodes of that class are settled."""
-    pm = make_plugin_manager("scheduler", plugins=[("neuron", neuron)], autoload=False)
-    engine = Engine(pm, signing_key=KEY)
+    answer equals the node's own (`filter_node` on a fresh engine), and only nodes of that class are settled."""
     names = [f"trn1-{i}" for i in range(3)] + [f"inf2-{i}" for i in range(2)]
-    for name in names:
-        engine.add_node(make_node(name, **NODE_KINDS[name.split("-")[0]]))
+
+    def cluster() -> Engine:
+        engine = Engine(make_plugin_manager("scheduler", plugins=[("neuron", neuron)], autoload=False), signing_key=KEY)
+        for name in names:
+            engine.add_node(make_node(name, **NODE_KINDS[name.split("-")[0]]))
+        return engine
+
+    engine = cluster()
     seven = pod_request(pod_manifest("p", {"main": {"aws.amazon.com/neurondevice": 7}}, namespace="ns"))[0]
     asked: list[str] = []
     check = engine.check
@@ -227,8 +231,7 @@ def test_settling_a_node_class_answers_as_each_node_would_alone() -> None:
     engine.check = counted  # type: ignore[method-assign]
     settled = engine.filter_nodes(seven, names)
     engine.check = check  # type: ignore[method-assign]
-    for record in engine.nodes.values():
-        record.last_check = {}
-    alone = {name: engine.filter_node(name, seven) for name in names}
+    fresh = cluster()  # the oracle: each node asked on its own, nothing remembered
+    alone = {name: fresh.filter_node(name, seven) for name in names}
     assert {n: (s.code, s.message) for n, s in settled.items()} == {n: (s.code, s.message) for n, s in alone.items()}
     assert asked.count("trn1-0") == 1 and "trn1-1" not in asked and "trn1-2" not in asked, asked
