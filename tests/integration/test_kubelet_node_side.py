@@ -200,7 +200,10 @@ def test_a_pod_that_bypassed_the_scheduler_holds_exactly_the_ids_the_kubelet_gav
             return None
 
         message = wait_for(refused, 30, "the extra pod refused")
-        assert message.startswith("0/") and NEURONDEVICE in message, message
+        # Too few devices left, or enough left but no free row among them (the kubelet chose the bypassing pod's ids).
+        assert message.startswith("0/1 nodes are available: 1 ") and (
+            f"Insufficient {NEURONDEVICE}" in message or "no free aligned torus block of 4 Neuron devices" in message
+        ), message
         assert not cluster.client.get(f"/api/v1/namespaces/{space}/pods/extra")["spec"].get("nodeName")
     finally:
         scheduler.kill(signal.SIGTERM)
