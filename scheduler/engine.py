@@ -42,14 +42,15 @@ from kubegpu.core.models import (
     NodeSelectorTerm,
     Occupancy,
     PluginAllocation,
-    PodAffinityTerm,
     PodRequest,
+    SpreadConstraint,
 )
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Code, Status
-from kubegpu.scheduler import filters, scores
+from kubegpu.scheduler import filters, podindex, scores
 from kubegpu.scheduler.index import CapacityIndex
+from kubegpu.scheduler.podindex import Domains, PodIndex
 from kubegpu.scheduler.preemption import (
     Budget,
     Candidate,
@@ -89,9 +90,13 @@ class NodeRecord:
     problems: dict[str, str] = field(default_factory=dict)
     klass: int = 0
     version: int = 0  # bumped on every change of the node's usage or devices
-    # The node's recent filter answers, by pod signature (its id; the signature itself is kept to confirm it):
-    # (node version, signature, answer). A few shapes alternate in a workload, so one slot would thrash.
-    last_check: dict[int, tuple[int, tuple[object, ...], Status]] = field(default_factory=dict)
+    # The cpu and memory of its pods as the scores count them (`scores.nonzero_requests`), kept as pods come and go.
+    nonzero_cpu: int = 0
+    nonzero_memory: int = 0
+    # The node's recent node-local filter answers, by pod shape (`Plan.local`: its id; the shape itself is kept to
+    # confirm it): (node version, shape, Kubernetes' node filters (None: they pass), the device fit (None: not asked
+    # yet)). A few shapes alternate in a workload, so one slot would thrash.
+    last_check: dict[int, tuple[int, tuple[object, ...], Status | None, Status | None]] = field(default_factory=dict)
     last_score: tuple[int, tuple[object, ...], float] | None = None
     last_raw: tuple[int, tuple[object, ...], tuple[float, ...]] | None = None  # `Engine._local_scores`
 
@@ -128,6 +133,10 @@ class Plan:
     # answers from an unchanged node (plugins decide from the pod's spec and annotations, never its name or UID).
     # A pod whose answer depends on other nodes too (`volatile`) has the cluster's generation in its signature.
     signature: tuple[object, ...] = ()
+    # What the node-local answers (Kubernetes' node filters, the device fit, the node-local scores) depend on besides
+    # the node: the signature without the parts that read other pods; for a pod that asks for no plugin's devices,
+    # only what those filters and scores read (so replicas of different apps alike in resources share it).
+    local: tuple[object, ...] = ()
     # Every resource the pod requests, with the pod's total, in kube-scheduler's order (NodeResourcesFit).
     fit: tuple[tuple[str, int], ...] = ()
     # The answer depends on pods on other nodes (inter-pod affinity, topology spread, existing anti-affinity).
@@ -193,10 +202,13 @@ class Engine:
         # The score plugins and their weights, the filters turned off (`kubegpu.scheduler.scores`).
         self.scoring = scoring if scoring is not None else scores.Profile.default(policy)
         self.filters_off = self.scoring.filters_off
-        # Placed pods with affinity terms that score other pods' nodes, with those terms; and every such term with
-        # the number of pods holding it (few distinct terms: replicas share theirs).
-        self._affine: dict[str, tuple[PodAffinityTerm, ...]] = {}
-        self._affine_terms: Counter[PodAffinityTerm] = Counter()
+        # The placed pods by namespace and labels, and their inter-pod terms by distinct term (replicas share theirs):
+        # a cycle's affinity and spread counts visit only the pods a term can select (`kubegpu.scheduler.podindex`).
+        self._placed = PodIndex()
+        # The nodes whose pods count for a spread constraint, per (topology keys, node selector, node affinity), as of
+        # `_node_epoch` (bumped whenever a node is added, changed or removed).
+        self._domains: dict[tuple[object, ...], tuple[int, Domains]] = {}
+        self._node_epoch = 0
         self._soft_tainted: set[str] = set()  # nodes with a PreferNoSchedule taint
         self.signing_key = signing_key
         self.nodes: dict[str, NodeRecord] = {}
@@ -214,9 +226,9 @@ class Engine:
         self._plans: dict[int, tuple[PodRequest, Plan]] = {}  # by id(pod), holding the pod so the id stays its own
         self._prepared: dict[tuple[object, ...], dict[str, object]] = {}  # by pod signature (without volatile parts)
         self._issued = 0  # the `issued` stamp of the last signed allocation: stamps strictly increase
-        # Placed pods with required anti-affinity terms: they can refuse an incoming pod on nodes other than theirs.
-        self._anti: dict[str, None] = {}
-        self._anti_epoch = 0  # bumped whenever `_anti` changes: plans made before are made again
+        # Bumped whenever a placed pod with required anti-affinity terms (which can refuse an incoming pod on nodes
+        # other than its own) comes or goes: plans made before are made again.
+        self._anti_epoch = 0
         self._cluster: tuple[PodRequest, int, filters.AffinityState | None, filters.SpreadState | None] | None = None
         # Volumes, when a front-end supplies them (`track_volumes`): claim (namespace, name) -> bound volume name
         # ("" while unbound), volume name -> its required node affinity terms (None: any node).
@@ -237,6 +249,7 @@ class Engine:
         """Add a node, or replace it (a changed Node), keeping the pods placed on it."""
         previous = self.nodes.get(info.name)
         record = NodeRecord(info, klass=self._klass(info))
+        self._node_epoch += 1
         for plugin in self.plugins.names:
             try:
                 state = self.plugins.call(plugin, "kubegpu_scheduler_build_node", node=info)
@@ -298,6 +311,7 @@ class Engine:
         self._published.pop(name, None)
         if record is None:
             return []
+        self._node_epoch += 1
         self._soft_tainted.discard(name)
         self._join_class(name, record.klass, None)
         self._changed(name)
@@ -310,8 +324,10 @@ class Engine:
         return gone
 
     def _forget_anti(self, key: str) -> None:
-        self._forget_affine(key)
-        if self._anti.pop(key, 0) is None:
+        """A pod that held resources is gone without being charged back (its node went, or changed under it)."""
+        held = self._placed.pods.get(key)
+        self._placed.discard(key)
+        if held is not None and held.pod_anti_affinity:
             self._anti_epoch += 1
 
     def _changed(self, name: str) -> None:
@@ -423,12 +439,8 @@ class Engine:
             if plugin
         )
         volatile = bool(pod.pod_affinity or pod.pod_anti_affinity or filters.hard_constraints(pod))
-        if not volatile and self._anti:
-            volatile = any(
-                filters.pod_matches_term(term, pod)
-                for key in self._anti
-                for term in self.pods[key].request.pod_anti_affinity
-            )
+        if not volatile and self._placed.anti:
+            volatile = any(filters.pod_matches_term(term, pod) for term in self._placed.anti)
         signature: tuple[object, ...] = (
             tuple((c.name, tuple(sorted(c.resources.items()))) for c in pod.containers),
             pod.cpu_milli,
@@ -447,6 +459,19 @@ class Engine:
         prepared = self._prepare(pod, routes, signature)
         if pod.claims:
             signature += (pod.namespace, pod.claims, self._volume_epoch)
+        local = signature
+        if not devices:
+            local = (
+                _fit_order(pod),
+                scores.nonzero_requests(pod),
+                tuple((t.key, t.operator, t.value, t.effect) for t in pod.tolerations),
+                tuple(sorted(pod.node_selector.items())),
+                pod.node_affinity,
+                pod.host_ports,
+                pod.preferred_node_affinity,
+                *((pod.namespace, pod.claims, self._volume_epoch) if pod.claims else ()),
+            )
+        local = self._signatures.setdefault(local, local)
         if volatile:
             signature += (
                 self.generation,
@@ -467,6 +492,7 @@ class Engine:
             devices,
             tuple((r, pod.total(r)) for r in routes.get("", ())),
             signature,
+            local,
             fit=_fit_order(pod),
             volatile=volatile,
             settles=not (volatile or by_name or pod.claims),
@@ -598,28 +624,31 @@ class Engine:
         cached = self._cluster
         if cached is not None and cached[0] is pod and cached[1] == self.generation:
             return cached[2], cached[3]
-        nodes, pods = self.nodes, self.pods
-        affinity: filters.AffinityState | None = None
-        if pod.pod_affinity or pod.pod_anti_affinity:
-            placed = ((p.request, nodes[p.node].info.labels) for p in pods.values() if p.node in nodes)
-            affinity = filters.affinity_counts(pod, placed)
-        if self._anti:
-            holders = [
-                (pods[key].request, nodes[pods[key].node].info.labels) for key in self._anti if pods[key].node in nodes
-            ]
-            existing: set[tuple[str, str]] = set()
-            filters.anti_affinity_matches(pod, holders, existing)
-            if existing:
-                affinity = affinity or filters.AffinityState()
-                affinity.existing = existing
+        affinity = podindex.affinity_state(pod, self._placed, self._labels)
         spread: filters.SpreadState | None = None
-        if filters.hard_constraints(pod):
-            spread = filters.spread_counts(
-                pod,
-                ((r.name, r.info.labels, (pods[k].request for k in r.pods)) for r in nodes.values()),
-            )
+        constraints = filters.hard_constraints(pod)
+        if constraints:
+            spread = podindex.spread_state(pod, self._placed, self._spread_domains(pod, constraints))
         self._cluster = (pod, self.generation, affinity, spread)
         return affinity, spread
+
+    def _labels(self, name: str) -> Mapping[str, str] | None:
+        record = self.nodes.get(name)
+        return record.info.labels if record is not None else None
+
+    def _spread_domains(self, pod: PodRequest, constraints: Iterable[SpreadConstraint]) -> Domains:
+        """The nodes whose pods count for the pod's spread constraints (`podindex.Domains`), remembered until a node
+        is added, changed or removed."""
+        keys = tuple(c.topology_key for c in constraints)
+        slot = (keys, tuple(sorted(pod.node_selector.items())), pod.node_affinity)
+        known = self._domains.get(slot)
+        if known is not None and known[0] == self._node_epoch:
+            return known[1]
+        domains = Domains.of(pod, keys, ((r.name, r.info.labels) for r in self.nodes.values()))
+        if len(self._domains) >= 256:
+            self._domains.clear()
+        self._domains[slot] = (self._node_epoch, domains)
+        return domains
 
     def _device_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status:
         for plugin, needs in plan.devices:
@@ -651,29 +680,33 @@ class Engine:
     def check(self, record: NodeRecord, pod: PodRequest, plan: Plan, *, placing: bool = True) -> Status:
         """The whole filter phase for one node: Kubernetes' own filters, then each plugin's device fit.
 
-        The node remembers its last answer; an unchanged node asked about an equal pod (the next replica of a
-        workload, the extender's prioritize after its filter) answers from memory. A node that is not live
-        (`set_node_live`) refuses device pods unless `placing` is false (counting a pod its kubelet already runs).
+        The node remembers its last node-local answers (`Plan.local`); an unchanged node asked about a pod alike in
+        what they read (the next replica of a workload, the extender's prioritize after its filter) answers from
+        memory, and only the filters that read other pods run again. A node that is not live (`set_node_live`)
+        refuses device pods unless `placing` is false (counting a pod its kubelet already runs).
         """
         if record.nominees and any(p >= pod.priority and k != pod.key for k, p in record.nominees.items()):
             return Status.unschedulable(NOMINATED)
         if self._dead and plan.devices and placing and (dead := self._dead.get(record.name)) is not None:
             return Status.unresolvable(dead)
-        remembered = record.last_check.get(id(plan.signature))
-        if remembered is not None and remembered[0] == record.version and remembered[1] is plan.signature:
-            return remembered[2]
-        status = self._basic_fit(record, pod, plan)
+        memo = record.last_check
+        remembered = memo.get(id(plan.local))
+        if remembered is None or remembered[0] != record.version or remembered[1] is not plan.local:
+            if len(memo) >= CHECKS_REMEMBERED:
+                memo.clear()
+            remembered = memo[id(plan.local)] = (record.version, plan.local, self._basic_fit(record, pod, plan), None)
+        status = remembered[2]
         if status is None and plan.volatile:
             status = self._cluster_fit(record, pod)
         if status is None:
-            status = self._device_fit(record, pod, plan)
+            status = remembered[3]
+            if status is None:
+                status = self._device_fit(record, pod, plan)
+                memo[id(plan.local)] = (remembered[0], remembered[1], None, status)
         if not plan.settles and status.code is Code.UNRESOLVABLE:
             # The answer depends on the node's name or on other nodes: nodes of one class may answer differently,
             # so it must not settle the class (here or in the extender's answers).
             status = Status(Code.UNSCHEDULABLE, status.reasons, status.plugin)
-        if len(record.last_check) >= CHECKS_REMEMBERED:
-            record.last_check.clear()
-        record.last_check[id(plan.signature)] = (record.version, plan.signature, status)
         return status
 
     def filter_node(self, name: str, pod: PodRequest) -> Status:
@@ -753,13 +786,11 @@ class Engine:
         """The raw scores that depend only on the node and the pod's spec (`scores`: BalancedAllocation,
         NodeAffinity, TaintToleration, the policy, the devices), remembered per node version and pod signature."""
         remembered = record.last_raw
-        if remembered is not None and remembered[0] == record.version and remembered[1] is plan.signature:
+        if remembered is not None and remembered[0] == record.version and remembered[1] is plan.local:
             return remembered[2]
         info = record.info
         cpu, memory = scores.nonzero_requests(pod)
-        for key in record.pods:
-            held = scores.nonzero_requests(self.pods[key].request)
-            cpu, memory = cpu + held[0], memory + held[1]
+        cpu, memory = cpu + record.nonzero_cpu, memory + record.nonzero_memory
         cpu_capacity, memory_capacity = info.allocatable.get("cpu", 0), info.allocatable.get("memory", 0)
         device_score, used = self._device_scores(record, pod, self._route(pod))
         binpack = self.policy == "binpack"
@@ -775,21 +806,21 @@ class Engine:
             policy,
             device_score,
         )
-        record.last_raw = (record.version, plan.signature, raw)
+        record.last_raw = (record.version, plan.local, raw)
         return raw
 
     def _rank(self, feasible: list[str], pod: PodRequest, plan: Plan) -> str:
         """kube-scheduler's score phase over the feasible nodes: every enabled plugin's raw scores normalized over
         them and weighed (`kubegpu.scheduler.scores`); the best node, the first in candidate order on a tie."""
-        profile, nodes, pods = self.scoring, self.nodes, self.pods
+        profile, nodes = self.scoring, self.nodes
         records = [nodes[name] for name in feasible]
         local = [self._local_scores(record, pod, plan) for record in records]
         totals = [0.0] * len(records)
 
         def add(plugin: str, values: Iterable[float]) -> None:
+            nonlocal totals
             weight = profile.weight(plugin)
-            for i, value in enumerate(values):
-                totals[i] += weight * value
+            totals = [total + weight * value for total, value in zip(totals, values, strict=True)]
 
         columns = (
             (scores.BALANCED, None),
@@ -804,35 +835,26 @@ class Engine:
                 add(plugin, values if reverse is None else scores.normalize_default(values, reverse=reverse))
         preferred = bool(pod.preferred_affinity or pod.preferred_anti_affinity)
         if profile.weight(scores.INTER_POD_AFFINITY) and (preferred or self._drawn(pod)):
-            keys: Iterable[str] = pods if preferred else self._affine
-            existing = ((pods[k].request, nodes[pods[k].node].info.labels) for k in keys if pods[k].node in nodes)
-            table = scores.affinity_prescore(pod, existing, profile.hard_pod_affinity_weight)
+            table = podindex.affinity_scores(pod, self._placed, self._labels, profile.hard_pod_affinity_weight)
             if table:
                 raw_scores = [scores.affinity_raw(table, record.info.labels) for record in records]
                 add(scores.INTER_POD_AFFINITY, scores.normalize_affinity(raw_scores))
-        if profile.weight(scores.SPREAD) and scores.soft_constraints(pod):
-            state = scores.spread_prescore(
+        soft = scores.soft_constraints(pod)
+        if profile.weight(scores.SPREAD) and soft:
+            state = podindex.spread_scores(
                 pod,
+                self._placed,
                 [(record.name, record.info.labels) for record in records],
-                ((r.name, r.info.labels, [pods[k].request for k in r.pods]) for r in nodes.values()),
+                self._spread_domains(pod, soft),
             )
             if state is not None:
-                raw_scores = [
-                    scores.spread_raw(state, pod, r.name, r.info.labels, [pods[k].request for k in r.pods])
-                    for r in records
-                ]
+                raw_scores = [scores.spread_raw(state, pod, r.name, r.info.labels) for r in records]
                 add(scores.SPREAD, scores.normalize_spread(raw_scores, [r.name in state.ignored for r in records]))
         return feasible[max(range(len(records)), key=totals.__getitem__)]
 
-    def _forget_affine(self, key: str) -> None:
-        terms = self._affine.pop(key, ())
-        if terms:
-            self._affine_terms.subtract(terms)
-            self._affine_terms = +self._affine_terms
-
     def _drawn(self, pod: PodRequest) -> bool:
         """Whether an affinity term of a placed pod selects `pod` (so that InterPodAffinity scores it)."""
-        return any(filters.pod_matches_term(term, pod) for term in self._affine_terms)
+        return self._placed.drawn(pod)
 
     def _sample_size(self, pod: PodRequest) -> int:
         """How many feasible nodes to find before scoring. Without preferences the candidates come in policy order,
@@ -1273,17 +1295,14 @@ class Engine:
             if record.ports[(port.ip, port.protocol, port.port)] <= 0:
                 del record.ports[(port.ip, port.protocol, port.port)]
         self._priorities[pod.priority] += sign
-        if scores.has_affinity_terms(pod):
-            if sign > 0:
-                self._affine[pod.key] = terms = tuple(scores.scoring_terms(pod))
-                self._affine_terms.update(terms)
-            else:
-                self._forget_affine(pod.key)
+        cpu, memory = scores.nonzero_requests(pod)
+        record.nonzero_cpu += sign * cpu
+        record.nonzero_memory += sign * memory
+        if sign > 0:
+            self._placed.add(pod.key, pod, record.name)
+        else:
+            self._placed.discard(pod.key)
         if pod.pod_anti_affinity:
-            if sign > 0:
-                self._anti[pod.key] = None
-            else:
-                self._anti.pop(pod.key, None)
             self._anti_epoch += 1
 
     def _place(self, record: NodeRecord, pod_record: PodRecord) -> None:

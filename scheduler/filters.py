@@ -241,11 +241,13 @@ def affinity_fits(pod: PodRequest, state: AffinityState, labels: Mapping[str, st
 
 @dataclass(slots=True)
 class SpreadState:
-    """Per `DoNotSchedule` constraint: matching pods per topology value over the eligible nodes, and the minimum."""
+    """Per `DoNotSchedule` constraint: matching pods per topology value over the eligible nodes, the minimum, and
+    whether the incoming pod itself matches (1) or not (0)."""
 
     constraints: tuple[SpreadConstraint, ...] = ()
     counts: tuple[dict[str, int], ...] = ()
     minimum: tuple[int, ...] = ()
+    own: tuple[int, ...] = ()
 
 
 def hard_constraints(pod: PodRequest) -> tuple[SpreadConstraint, ...]:
@@ -270,16 +272,20 @@ def spread_counts(pod: PodRequest, nodes: Iterable[tuple[str, Mapping[str, str],
                 1 for p in members if selector_matches(constraint.selector, p.labels)
             )
     minimum = tuple(min(count.values()) if count else 0 for count in counts)
-    return SpreadState(constraints, counts, minimum)
+    return SpreadState(constraints, counts, minimum, own_matches(pod, constraints))
+
+
+def own_matches(pod: PodRequest, constraints: Iterable[SpreadConstraint]) -> tuple[int, ...]:
+    """Per constraint, 1 when it selects the pod itself (placing it adds one to its domain), else 0."""
+    return tuple(1 if selector_matches(c.selector, pod.labels) else 0 for c in constraints)
 
 
 def spread_fits(pod: PodRequest, state: SpreadState, labels: Mapping[str, str]) -> tuple[str, bool] | None:
     """None when the node keeps every constraint's skew within maxSkew, else (reason, resolvable)."""
-    for constraint, count, minimum in zip(state.constraints, state.counts, state.minimum, strict=True):
+    for constraint, count, minimum, own in zip(state.constraints, state.counts, state.minimum, state.own, strict=True):
         value = labels.get(constraint.topology_key)
         if value is None:
             return SPREAD_LABEL, False
-        own = 1 if selector_matches(constraint.selector, pod.labels) else 0
         if not count:
             continue
         if count.get(value, 0) + own - minimum > constraint.max_skew:

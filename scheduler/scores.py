@@ -262,12 +262,15 @@ def affinity_raw(scores: Mapping[tuple[str, str], int], labels: Mapping[str, str
 @dataclass(slots=True)
 class SpreadScores:
     """PodTopologySpread's PreScore: the pod's `ScheduleAnyway` constraints, the feasible nodes lacking one of their
-    topology keys (they score 0), matching pods per topology pair and each constraint's normalizing weight."""
+    topology keys (they score 0), matching pods per topology pair and each constraint's normalizing weight; and,
+    when the engine counted them from its index, per constraint by hostname its matching pods per node (None for
+    the other constraints; empty: `spread_raw` counts the node's pods itself)."""
 
     constraints: tuple[SpreadConstraint, ...]
     ignored: set[str]
     counts: dict[tuple[str, str], int]
     weights: tuple[float, ...]
+    hosts: tuple[Mapping[str, int] | None, ...] = ()
 
 
 def soft_constraints(pod: PodRequest) -> tuple[SpreadConstraint, ...]:
@@ -325,17 +328,21 @@ def spread_prescore(
 
 
 def spread_raw(
-    state: SpreadScores, pod: PodRequest, name: str, labels: Mapping[str, str], pods: Iterable[PodRequest]
+    state: SpreadScores, pod: PodRequest, name: str, labels: Mapping[str, str], pods: Iterable[PodRequest] = ()
 ) -> int:
+    """A feasible node's raw score; `pods` are the pods on it, read only when `state.hosts` is empty."""
     if name in state.ignored:
         return 0
     score = 0.0
-    for c, weight in zip(state.constraints, state.weights, strict=True):
+    hosts = state.hosts or (None,) * len(state.constraints)
+    for c, weight, on in zip(state.constraints, state.weights, hosts, strict=True):
         value = labels.get(c.topology_key)
         if value is None:
             continue
-        hostname = c.topology_key == HOSTNAME
-        count = _matching(pods, c, pod.namespace) if hostname else state.counts[(c.topology_key, value)]
+        if c.topology_key != HOSTNAME:
+            count = state.counts[(c.topology_key, value)]
+        else:
+            count = on.get(name, 0) if on is not None else _matching(pods, c, pod.namespace)
         score += count * weight + (c.max_skew - 1)
     return int(score)
 

@@ -1,0 +1,303 @@
+"""The placed pods, indexed by what inter-pod terms select them by.
+
+Pod affinity, pod anti-affinity and topology spread ask, for every incoming pod, which placed pods a label selector
+picks out in some namespaces (kube-scheduler's PreFilter and PreScore gather those counts by visiting every pod on
+every node). The engine keeps a `PodIndex` beside its ledger instead, updated as pods are placed and released, so a
+cycle visits only the pods a term can select:
+
+* placed pods by namespace, by (namespace, label key) and by (namespace, label key, value): `selected` starts from
+  the narrowest of these sets that a selector's requirements allow (a `matchLabels` entry is one value's set) and
+  checks the whole selector on each pod in it;
+* the placed pods' required anti-affinity terms, each distinct term with the pods holding it (`anti`): an incoming
+  pod is checked against each distinct term once, not against every holder;
+* the placed pods' terms that score other pods' nodes (required and preferred affinity, preferred anti-affinity),
+  likewise (`scoring`).
+
+The index holds pod keys only; the topology values come from the nodes' current labels when a cycle reads them, so a
+relabelled node needs nothing here. Answers equal a scan of every placed pod (`tests/scheduler/test_podindex.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from kubegpu.core.models import LabelSelector, PodAffinityTerm, PodRequest, SpreadConstraint
+from kubegpu.scheduler import filters, scores
+from kubegpu.scheduler.filters import pod_matches_term, selector_matches
+
+__all__ = ["Domains", "PodIndex", "ScoringTerm", "affinity_scores", "affinity_state", "spread_scores", "spread_state"]
+
+# A node's labels by its name (None for a node the engine does not know).
+Labels = Callable[[str], "Mapping[str, str] | None"]
+
+_EMPTY: Mapping[str, None] = {}
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringTerm:
+    """A placed pod's term that scores other pods' nodes: `weight` for a preferred term (negative for preferred
+    anti-affinity), `required` for a required affinity term (weighted by `hardPodAffinityWeight`)."""
+
+    term: PodAffinityTerm
+    weight: int = 0
+    required: bool = False
+
+
+class PodIndex:
+    """Placed pods by namespace and labels, and their inter-pod terms by distinct term (module docstring)."""
+
+    __slots__ = ("_by_key", "_by_label", "_by_namespace", "_held", "anti", "node", "pods", "scoring")
+
+    def __init__(self) -> None:
+        self.pods: dict[str, PodRequest] = {}
+        self.node: dict[str, str] = {}  # the node each pod is placed on
+        self._by_namespace: dict[str, dict[str, None]] = {}
+        self._by_key: dict[tuple[str, str], dict[str, None]] = {}
+        self._by_label: dict[tuple[str, str, str], dict[str, None]] = {}
+        # Distinct term -> holder -> how many times the holder states it (a pod may repeat a preferred term).
+        self.anti: dict[PodAffinityTerm, dict[str, int]] = {}
+        self.scoring: dict[ScoringTerm, dict[str, int]] = {}
+        self._held: dict[str, tuple[tuple[PodAffinityTerm, ...], tuple[ScoringTerm, ...]]] = {}
+
+    def __len__(self) -> int:
+        return len(self.pods)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.pods
+
+    def add(self, key: str, pod: PodRequest, node: str) -> None:
+        """Index a pod placed on `node` (again: a pod indexed before under `key` is replaced)."""
+        if key in self.pods:
+            self.discard(key)
+        self.pods[key] = pod
+        self.node[key] = node
+        namespace = pod.namespace
+        _put(self._by_namespace, namespace, key)
+        for label, value in pod.labels.items():
+            _put(self._by_key, (namespace, label), key)
+            _put(self._by_label, (namespace, label, value), key)
+        anti = pod.pod_anti_affinity
+        scoring = (
+            *(ScoringTerm(term, required=True) for term in pod.pod_affinity),
+            *(ScoringTerm(term, weight) for weight, term in pod.preferred_affinity),
+            *(ScoringTerm(term, -weight) for weight, term in pod.preferred_anti_affinity),
+        )
+        if anti or scoring:
+            self._held[key] = (anti, scoring)
+            for term in anti:
+                holders = self.anti.setdefault(term, {})
+                holders[key] = holders.get(key, 0) + 1
+            for entry in scoring:
+                holders = self.scoring.setdefault(entry, {})
+                holders[key] = holders.get(key, 0) + 1
+
+    def discard(self, key: str) -> None:
+        pod = self.pods.pop(key, None)
+        if pod is None:
+            return
+        del self.node[key]
+        namespace = pod.namespace
+        _drop(self._by_namespace, namespace, key)
+        for label, value in pod.labels.items():
+            _drop(self._by_key, (namespace, label), key)
+            _drop(self._by_label, (namespace, label, value), key)
+        anti, scoring = self._held.pop(key, ((), ()))
+        for term in anti:
+            _drop(self.anti, term, key)
+        for entry in scoring:
+            _drop(self.scoring, entry, key)
+
+    def selected(self, namespaces: Iterable[str], selector: LabelSelector | None) -> Iterator[str]:
+        """The keys of the placed pods in `namespaces` whose labels `selector` matches (None selects none)."""
+        if selector is None:
+            return
+        pods = self.pods
+        for namespace in namespaces:
+            for key in self._narrowest(namespace, selector):
+                if selector_matches(selector, pods[key].labels):
+                    yield key
+
+    def matching(self, term: PodAffinityTerm) -> Iterator[str]:
+        """The keys of the placed pods that `term` selects (`filters.pod_matches_term`)."""
+        return self.selected(term.namespaces, term.selector)
+
+    def anti_holders(self, pod: PodRequest) -> dict[str, None]:
+        """The placed pods with a required anti-affinity term that selects `pod`."""
+        found: dict[str, None] = {}
+        for term, holders in self.anti.items():
+            if pod_matches_term(term, pod):
+                found.update(dict.fromkeys(holders))
+        return found
+
+    def scoring_holders(self, pod: PodRequest) -> dict[str, None]:
+        """The placed pods with a scoring term (`ScoringTerm`) that selects `pod`."""
+        found: dict[str, None] = {}
+        matched: dict[PodAffinityTerm, bool] = {}
+        for entry, holders in self.scoring.items():
+            hit = matched.get(entry.term)
+            if hit is None:
+                hit = matched[entry.term] = pod_matches_term(entry.term, pod)
+            if hit:
+                found.update(dict.fromkeys(holders))
+        return found
+
+    def drawn(self, pod: PodRequest) -> bool:
+        """Whether a placed pod's scoring term selects `pod` (InterPodAffinity then scores it)."""
+        return any(pod_matches_term(entry.term, pod) for entry in self.scoring)
+
+    def _narrowest(self, namespace: str, selector: LabelSelector) -> Collection[str]:
+        """A set of the namespace's pods that holds every pod `selector` can match, as small as its requirements
+        allow: `In` limits to those values' pods, `Exists` to the key's; the others need the whole namespace."""
+        best: Collection[str] = self._by_namespace.get(namespace, _EMPTY)
+        size = len(best)
+        for requirement in selector.requirements:
+            if size == 0:
+                break
+            if requirement.operator == "In":
+                values = dict.fromkeys(requirement.values)  # a value listed twice must not list its pods twice
+                sets = [self._by_label.get((namespace, requirement.key, v), _EMPTY) for v in values]
+                found = sum(len(s) for s in sets)
+                if found < size:
+                    size = found
+                    best = sets[0] if len(sets) == 1 else [key for s in sets for key in s]
+            elif requirement.operator == "Exists":
+                members = self._by_key.get((namespace, requirement.key), _EMPTY)
+                if len(members) < size:
+                    best, size = members, len(members)
+        return best
+
+
+def _put(table: dict[K, dict[str, None]], slot: K, key: str) -> None:
+    members = table.get(slot)
+    if members is None:
+        table[slot] = {key: None}
+    else:
+        members[key] = None
+
+
+def _drop(table: dict[K, dict[str, V]], slot: K, key: str) -> None:
+    members = table.get(slot)
+    if members is not None:
+        members.pop(key, None)
+        if not members:
+            del table[slot]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The cluster-wide states of one cycle, from the index (each equals its scan over every pod in `filters`/`scores`)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Domains:
+    """The nodes whose pods count for a pod's topology spread (every constraint's topology key, and the pod's node
+    selector and required node affinity, hold there) with their labels, and each key's values over them."""
+
+    nodes: Mapping[str, Mapping[str, str]]
+    values: Mapping[str, tuple[str, ...]]
+
+    @classmethod
+    def of(cls, pod: PodRequest, keys: Iterable[str], nodes: Iterable[tuple[str, Mapping[str, str]]]) -> Domains:
+        wanted = tuple(dict.fromkeys(keys))
+        eligible = {
+            name: labels
+            for name, labels in nodes
+            if all(k in labels for k in wanted) and filters.matches_node_affinity(pod, name, labels)
+        }
+        values = {k: tuple(dict.fromkeys(labels[k] for labels in eligible.values())) for k in wanted}
+        return cls(eligible, values)
+
+
+def affinity_state(pod: PodRequest, index: PodIndex, labels: Labels) -> filters.AffinityState | None:
+    """InterPodAffinity's PreFilter (`filters.affinity_counts` and `filters.anti_affinity_matches`) over only the
+    placed pods a term can select: those the pod's first affinity term selects (a pod must match all of them), those
+    one of its anti-affinity terms selects, and the holders of anti-affinity terms that select the pod."""
+    state: filters.AffinityState | None = None
+    if pod.pod_affinity or pod.pod_anti_affinity:
+        candidates: dict[str, None] = {}
+        if pod.pod_affinity:
+            candidates.update(dict.fromkeys(index.matching(pod.pod_affinity[0])))
+        for term in pod.pod_anti_affinity:
+            candidates.update(dict.fromkeys(index.matching(term)))
+        state = filters.affinity_counts(pod, _located(candidates, index, labels))
+    if index.anti:
+        existing: set[tuple[str, str]] = set()
+        filters.anti_affinity_matches(pod, _located(index.anti_holders(pod), index, labels), existing)
+        if existing:
+            state = state or filters.AffinityState()
+            state.existing = existing
+    return state
+
+
+def affinity_scores(pod: PodRequest, index: PodIndex, labels: Labels, hard_weight: int) -> dict[tuple[str, str], int]:
+    """InterPodAffinity's PreScore (`scores.affinity_prescore`) over only the placed pods that the pod's preferred
+    terms select and those holding a scoring term that selects the pod: no other pod adds to any topology pair."""
+    candidates: dict[str, None] = {}
+    for _, term in (*pod.preferred_affinity, *pod.preferred_anti_affinity):
+        candidates.update(dict.fromkeys(index.matching(term)))
+    candidates.update(index.scoring_holders(pod))
+    return scores.affinity_prescore(pod, _located(candidates, index, labels), hard_weight)
+
+
+def spread_state(pod: PodRequest, index: PodIndex, domains: Domains) -> filters.SpreadState:
+    """PodTopologySpread's PreFilter (`filters.spread_counts`): per `DoNotSchedule` constraint, the matching pods
+    (the pod's namespace, not terminating) on the `domains` nodes per topology value, every value counted."""
+    constraints = filters.hard_constraints(pod)
+    counts = []
+    for constraint in constraints:
+        key = constraint.topology_key
+        count = dict.fromkeys(domains.values.get(key, ()), 0)
+        for node, found in _members(pod, constraint, index).items():
+            node_labels = domains.nodes.get(node)
+            if node_labels is not None:
+                count[node_labels[key]] += found
+        counts.append(count)
+    minimum = tuple(min(count.values()) if count else 0 for count in counts)
+    return filters.SpreadState(constraints, tuple(counts), minimum, filters.own_matches(pod, constraints))
+
+
+def spread_scores(
+    pod: PodRequest, index: PodIndex, feasible: Sequence[tuple[str, Mapping[str, str]]], domains: Domains
+) -> scores.SpreadScores | None:
+    """PodTopologySpread's PreScore (`scores.spread_prescore`) from the index: the pairs of the feasible nodes,
+    counted over the `domains` nodes; for a hostname constraint, the matching pods per node (`SpreadScores.hosts`)."""
+    state = scores.spread_prescore(pod, feasible, ())
+    if state is None:
+        return None
+    hosts: list[Mapping[str, int] | None] = []
+    for constraint in state.constraints:
+        on = _members(pod, constraint, index)
+        if constraint.topology_key == scores.HOSTNAME:
+            hosts.append(on)
+            continue
+        hosts.append(None)
+        key, counts = constraint.topology_key, state.counts
+        for node, found in on.items():
+            node_labels = domains.nodes.get(node)
+            if node_labels is not None and (pair := (key, node_labels[key])) in counts:
+                counts[pair] += found
+    state.hosts = tuple(hosts)
+    return state
+
+
+def _members(pod: PodRequest, constraint: SpreadConstraint, index: PodIndex) -> dict[str, int]:
+    """Per node, the placed pods a spread constraint counts: in the pod's namespace, selected, not terminating."""
+    on: dict[str, int] = {}
+    pods, where = index.pods, index.node
+    for key in index.selected((pod.namespace,), constraint.selector):
+        if not pods[key].terminating:
+            node = where[key]
+            on[node] = on.get(node, 0) + 1
+    return on
+
+
+def _located(keys: Iterable[str], index: PodIndex, labels: Labels) -> Iterator[tuple[PodRequest, Mapping[str, str]]]:
+    pods, where = index.pods, index.node
+    for key in keys:
+        node_labels = labels(where[key])
+        if node_labels is not None:
+            yield pods[key], node_labels

@@ -1,0 +1,215 @@
+"""The placed-pod index (`kubegpu.scheduler.podindex`) answers exactly as a scan of every placed pod would.
+
+The engine's pod affinity, anti-affinity and topology spread counts come from the index, which visits only the pods
+a term can select. Here random clusters go through random placements, releases, node relabels and removals, and
+after every step each answer of the index is compared with the scan that `filters` and `scores` define: the oracle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kubegpu.core.manifests import label_selector, node_info, pod_request
+from kubegpu.core.models import PodRequest
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.testing import node_manifest
+from kubegpu.scheduler import filters, podindex, scores
+from kubegpu.scheduler.engine import Engine
+
+ZONE = "topology.kubernetes.io/zone"
+HOST = "kubernetes.io/hostname"
+NAMESPACES = ["a", "b"]
+SPEC = {"containers": [{"name": "main"}]}
+
+label_sets = st.dictionaries(st.sampled_from(["app", "tier"]), st.sampled_from(["x", "y", "z"]), max_size=2)
+requirements = st.one_of(
+    st.builds(
+        lambda key, op, values: {"key": key, "operator": op, "values": values},
+        st.sampled_from(["app", "tier"]),
+        st.sampled_from(["In", "NotIn"]),
+        st.lists(st.sampled_from(["x", "y", "z"]), min_size=1, max_size=3),  # a value may be listed twice
+    ),
+    st.builds(
+        lambda key, op: {"key": key, "operator": op},
+        st.sampled_from(["app", "tier"]),
+        st.sampled_from(["Exists", "DoesNotExist"]),
+    ),
+)
+selectors = st.one_of(
+    st.none(),  # no labelSelector: selects no pod
+    st.builds(lambda labels: {"matchLabels": labels}, label_sets),  # {} selects every pod
+    st.builds(lambda exprs: {"matchExpressions": exprs}, st.lists(requirements, min_size=1, max_size=2)),
+)
+
+
+@st.composite
+def terms(draw: st.DrawFn) -> dict[str, Any]:
+    term: dict[str, Any] = {"topologyKey": draw(st.sampled_from([ZONE, HOST, "rack"]))}
+    selector = draw(selectors)
+    if selector is not None:
+        term["labelSelector"] = selector
+    if draw(st.booleans()):
+        term["namespaces"] = draw(st.lists(st.sampled_from(NAMESPACES), min_size=1, max_size=2))
+    return term
+
+
+@st.composite
+def pod_documents(draw: st.DrawFn) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "main"}]}
+    affinity: dict[str, Any] = {}
+    for kind in ("podAffinity", "podAntiAffinity"):
+        required = draw(st.lists(terms(), max_size=2))
+        preferred = [
+            {"weight": w, "podAffinityTerm": t}
+            for w, t in draw(st.lists(st.tuples(st.integers(1, 100), terms()), max_size=2))
+        ]
+        if required or preferred:
+            affinity[kind] = {
+                "requiredDuringSchedulingIgnoredDuringExecution": required,
+                "preferredDuringSchedulingIgnoredDuringExecution": preferred,
+            }
+    if affinity:
+        spec["affinity"] = affinity
+    spread = []
+    for _ in range(draw(st.integers(0, 2))):
+        constraint: dict[str, Any] = {
+            "maxSkew": draw(st.integers(1, 3)),
+            "topologyKey": draw(st.sampled_from([ZONE, HOST, "rack"])),
+            "whenUnsatisfiable": draw(st.sampled_from(["DoNotSchedule", "ScheduleAnyway"])),
+        }
+        selector = draw(selectors)
+        if selector is not None:
+            constraint["labelSelector"] = selector
+        spread.append(constraint)
+    if spread:
+        spec["topologySpreadConstraints"] = spread
+    if draw(st.booleans()):
+        spec["nodeSelector"] = {ZONE: draw(st.sampled_from(["z1", "z2"]))}
+    metadata: dict[str, Any] = {"namespace": draw(st.sampled_from(NAMESPACES)), "labels": draw(label_sets)}
+    if draw(st.integers(0, 5)) == 0:
+        metadata["deletionTimestamp"] = "2024-01-01T00:00:00Z"
+    return {"kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def node_labels(name: str, zone: str | None, rack: str | None, hostname: bool) -> dict[str, str]:
+    labels = {HOST: name} if hostname else {}
+    if zone is not None:
+        labels[ZONE] = zone
+    if rack is not None:
+        labels["rack"] = rack
+    return labels
+
+
+node_shapes = st.tuples(st.sampled_from([None, "z1", "z2", "z3"]), st.sampled_from([None, "r1", "r2"]), st.booleans())
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("place"), pod_documents(), st.integers(0, 5)),
+        st.tuples(st.just("release"), st.integers(0, 100)),
+        st.tuples(st.just("relabel"), st.integers(0, 5), node_shapes),
+        st.tuples(st.just("remove"), st.integers(0, 5)),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+def request(document: dict[str, Any], name: str) -> PodRequest:
+    document = {**document, "metadata": {**document["metadata"], "name": name}}
+    return pod_request(document)[0]
+
+
+def located(e: Engine) -> list[tuple[PodRequest, dict[str, str]]]:
+    return [(p.request, dict(e.nodes[p.node].info.labels)) for p in e.pods.values() if p.node in e.nodes]
+
+
+def on_nodes(e: Engine) -> list[tuple[str, dict[str, str], list[PodRequest]]]:
+    return [(r.name, dict(r.info.labels), [e.pods[k].request for k in r.pods]) for r in e.nodes.values()]
+
+
+def scanned_affinity(e: Engine, pod: PodRequest) -> filters.AffinityState | None:
+    """InterPodAffinity's PreFilter as a scan of every placed pod."""
+    state = filters.affinity_counts(pod, located(e)) if pod.pod_affinity or pod.pod_anti_affinity else None
+    existing: set[tuple[str, str]] = set()
+    filters.anti_affinity_matches(pod, [(p, labels) for p, labels in located(e) if p.pod_anti_affinity], existing)
+    if existing:
+        state = state or filters.AffinityState()
+        state.existing = existing
+    return state
+
+
+def check_against_scans(e: Engine, probe: PodRequest) -> None:
+    index = e._placed
+    assert podindex.affinity_state(probe, index, e._labels) == scanned_affinity(e, probe)
+    assert podindex.affinity_scores(probe, index, e._labels, 1) == scores.affinity_prescore(probe, located(e), 1)
+    assert index.drawn(probe) == any(
+        filters.pod_matches_term(t, probe) for p, _ in located(e) for t in scores.scoring_terms(p)
+    )
+    hard = filters.hard_constraints(probe)
+    if hard:
+        indexed = podindex.spread_state(probe, index, e._spread_domains(probe, hard))
+        assert indexed == filters.spread_counts(probe, on_nodes(e))
+    soft = scores.soft_constraints(probe)
+    if soft:
+        feasible = [(r.name, dict(r.info.labels)) for r in e.nodes.values()]
+        scanned = scores.spread_prescore(probe, feasible, on_nodes(e))
+        indexed_scores = podindex.spread_scores(probe, index, feasible, e._spread_domains(probe, soft))
+        assert scanned is not None and indexed_scores is not None
+        assert (indexed_scores.ignored, indexed_scores.counts, indexed_scores.weights) == (
+            scanned.ignored,
+            scanned.counts,
+            scanned.weights,
+        )
+        for name, labels, pods in on_nodes(e):
+            raw = scores.spread_raw(indexed_scores, probe, name, labels)
+            assert raw == scores.spread_raw(scanned, probe, name, labels, pods)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(node_shapes, min_size=1, max_size=6), operations, st.lists(pod_documents(), min_size=1, max_size=4))
+def test_index_answers_equal_a_scan_of_every_placed_pod(
+    shapes: list[tuple[str | None, str | None, bool]],
+    ops: list[tuple[Any, ...]],
+    probes: list[dict[str, Any]],
+) -> None:
+    e = Engine(make_plugin_manager("scheduler", plugins=[], autoload=False))
+    for i, (zone, rack, hostname) in enumerate(shapes):
+        e.add_node(node_info(node_manifest(f"n{i}", labels=node_labels(f"n{i}", zone, rack, hostname))))
+    requests = [request(document, f"probe{i}") for i, document in enumerate(probes)]
+    for step, op in enumerate(ops):
+        if op[0] == "place" and f"n{op[2]}" in e.nodes:
+            e.assume(request(op[1], f"p{step}"), f"n{op[2]}", None)
+        elif op[0] == "release" and e.pods:
+            e.release(sorted(e.pods)[op[1] % len(e.pods)])
+        elif op[0] == "relabel" and f"n{op[1]}" in e.nodes:
+            e.add_node(node_info(node_manifest(f"n{op[1]}", labels=node_labels(f"n{op[1]}", *op[2]))))
+        elif op[0] == "remove":
+            e.remove_node(f"n{op[1]}")
+        assert set(e._placed.pods) == set(e.pods)
+        for probe in requests:
+            check_against_scans(e, probe)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(NAMESPACES), label_sets), max_size=24), st.integers(0, 24), selectors)
+def test_selected_pods_are_exactly_those_the_selector_matches(
+    pods: list[tuple[str, dict[str, str]]], released: int, selector: dict[str, Any] | None
+) -> None:
+    index = podindex.PodIndex()
+    requests = [request({"kind": "Pod", "metadata": {"namespace": ns, "labels": labels}, "spec": SPEC}, f"p{i}")
+                for i, (ns, labels) in enumerate(pods)]  # fmt: skip
+    for pod in requests:
+        index.add(pod.key, pod, "n0")
+    for pod in requests[:released]:
+        index.discard(pod.key)
+    parsed = label_selector(selector, "selector") if selector is not None else None
+    for namespaces in (["a"], ["b"], ["a", "b"]):
+        found = list(index.selected(namespaces, parsed))
+        assert len(found) == len(set(found))
+        assert set(found) == {
+            p.key
+            for p in requests[released:]
+            if p.namespace in namespaces and filters.selector_matches(parsed, p.labels)
+        }
