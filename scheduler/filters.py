@@ -167,28 +167,29 @@ class AffinityState:
 
     * `affinity`: (topology key, value) -> existing pods matching *all* of the pod's affinity terms there;
     * `anti`: (topology key, value) -> existing pods matching one of the pod's anti-affinity terms there;
-    * `existing`: (topology key, value) pairs where an existing pod's anti-affinity term matches the pod;
+    * `existing`: topology key -> the values where an existing pod's anti-affinity term matches the pod (by key, so
+      a node is judged by a lookup per key, not a pass over every pair);
     * `self_match`: whether the pod matches all its own affinity terms (the first pod of a group may go anywhere
       that has the topology labels when no pod matches yet).
     """
 
     affinity: dict[tuple[str, str], int] = field(default_factory=dict)
     anti: dict[tuple[str, str], int] = field(default_factory=dict)
-    existing: set[tuple[str, str]] = field(default_factory=set)
+    existing: dict[str, set[str]] = field(default_factory=dict)
     self_match: bool = False
 
 
 def anti_affinity_matches(
-    pod: PodRequest, holders: Iterable[tuple[PodRequest, Mapping[str, str]]], into: set[tuple[str, str]]
+    pod: PodRequest, holders: Iterable[tuple[PodRequest, Mapping[str, str]]], into: dict[str, set[str]]
 ) -> None:
-    """Add to `into` the topology pairs where an existing pod's required anti-affinity term selects `pod`.
-    `holders` are (existing pod with anti-affinity terms, its node's labels)."""
+    """Add to `into` (topology key -> values) the topology pairs where an existing pod's required anti-affinity term
+    selects `pod`. `holders` are (existing pod with anti-affinity terms, its node's labels)."""
     for existing, labels in holders:
         for term in existing.pod_anti_affinity:
             if pod_matches_term(term, pod):
                 value = labels.get(term.topology_key)
                 if value is not None:
-                    into.add((term.topology_key, value))
+                    into.setdefault(term.topology_key, set()).add(value)
 
 
 def affinity_counts(pod: PodRequest, placed: Iterable[tuple[PodRequest, Mapping[str, str]]]) -> AffinityState:
@@ -228,8 +229,8 @@ def affinity_fits(pod: PodRequest, state: AffinityState, labels: Mapping[str, st
         value = labels.get(term.topology_key)
         if value is not None and state.anti.get((term.topology_key, value), 0) > 0:
             return (AFFINITY, ANTI_AFFINITY_RULES)
-    for key, value in state.existing:
-        if labels.get(key) == value:
+    for key, values in state.existing.items():
+        if labels.get(key) in values:
             return (AFFINITY, EXISTING_ANTI_AFFINITY)
     return ()
 

@@ -225,7 +225,7 @@ def affinity_state(pod: PodRequest, index: PodIndex, labels: Labels) -> filters.
             candidates.update(dict.fromkeys(index.matching(term)))
         state = filters.affinity_counts(pod, _located(candidates, index, labels))
     if index.anti:
-        existing: set[tuple[str, str]] = set()
+        existing: dict[str, set[str]] = {}
         filters.anti_affinity_matches(pod, _located(index.anti_holders(pod), index, labels), existing)
         if existing:
             state = state or filters.AffinityState()

@@ -132,7 +132,7 @@ def on_nodes(e: Engine) -> list[tuple[str, dict[str, str], list[PodRequest]]]:
 def scanned_affinity(e: Engine, pod: PodRequest) -> filters.AffinityState | None:
     """InterPodAffinity's PreFilter as a scan of every placed pod."""
     state = filters.affinity_counts(pod, located(e)) if pod.pod_affinity or pod.pod_anti_affinity else None
-    existing: set[tuple[str, str]] = set()
+    existing: dict[str, set[str]] = {}
     filters.anti_affinity_matches(pod, [(p, labels) for p, labels in located(e) if p.pod_anti_affinity], existing)
     if existing:
         state = state or filters.AffinityState()
