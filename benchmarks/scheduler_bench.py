@@ -9,11 +9,15 @@ nodes, 3000 pending pods each requesting `aws.amazon.com/neurondevice: 1` are sc
 each timed from the scheduler's launch to the last Binding, as seen by a pod watch. The same is done for a second
 workload without devices on the same nodes (spread over three zones): replicas of 30 apps with required pod
 anti-affinity by host, `DoNotSchedule` and `ScheduleAnyway` zone spread and preferred pod affinity to another app's
-zone, cpu and memory requests. It also measures the API server's
-raw ceiling (a plain client posting Bindings over 8 keep-alive connections) and kubegpu on a mixed topology workload
-(trn1, inf2, Intel and NVIDIA nodes). Needs the binaries from scripts/k8s-binaries.sh.
+zone, cpu and memory requests. Who goes first rotates each round; the summary gives medians and each side's
+range. On the device workload a null scheduler (benchmarks/null_scheduler.py: one LIST, then a Binding per pod with
+no decision, through kubegpu's client) runs in the rotation too: the floor no scheduler written in Python passes on
+the machine. It also measures the API server's raw ceiling (a plain client posting Bindings over 8 keep-alive
+connections) and kubegpu on a mixed topology workload (trn1, inf2, Intel and NVIDIA nodes). Needs the binaries from
+scripts/k8s-binaries.sh.
 
     .venv/bin/python benchmarks/scheduler_bench.py [--nodes 1000] [--pods 3000] [--workloads devices,affinity]
+                                                   [--rounds 3] [--no-floor] [--no-mixed]
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from kubegpu.kube.client import ApiError, KubeClient  # noqa: E402
 
 TRN1 = {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
 ZONE = "topology.kubernetes.io/zone"
+HOSTNAME = "kubernetes.io/hostname"
 APPS = 30
 
 
@@ -89,10 +94,13 @@ def parallel(work: Callable[[int], Any], count: int, threads: int = 8) -> None:
 
 
 def add_trn1_nodes(cluster: Cluster, count: int) -> None:
-    """`count` Ready trn1.32xlarge nodes named trn1-0000, trn1-0001, ..., 16 Neuron devices each."""
+    """`count` Ready trn1.32xlarge nodes named trn1-0000, trn1-0001, ..., 16 Neuron devices each, over three zones,
+    each with the hostname label a kubelet gives its node (the affinity workload's per-host rules read it)."""
     parallel(
         lambda i: cluster.create_ready_node(
-            f"trn1-{i:04d}", labels={**TRN1, ZONE: f"zone-{i % 3}"}, allocatable={"aws.amazon.com/neurondevice": 16}
+            f"trn1-{i:04d}",
+            labels={**TRN1, ZONE: f"zone-{i % 3}", HOSTNAME: f"trn1-{i:04d}"},
+            allocatable={"aws.amazon.com/neurondevice": 16},
         ),
         count,
     )
@@ -117,13 +125,13 @@ def affinity_pod(namespace: str, i: int, scheduler: str) -> dict[str, Any]:
                         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}],
     }  # fmt: skip
     if app % 3 == 0:
-        term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": labels}}
+        term = {"topologyKey": HOSTNAME, "labelSelector": {"matchLabels": labels}}
         spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
     elif app % 3 == 1:
         spec["topologySpreadConstraints"] = [
             {"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule",
              "labelSelector": {"matchLabels": labels}},
-            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+            {"maxSkew": 1, "topologyKey": HOSTNAME, "whenUnsatisfiable": "ScheduleAnyway",
              "labelSelector": {"matchLabels": labels}},
         ]  # fmt: skip
     else:
@@ -248,24 +256,37 @@ def raw_bindings(cluster: Cluster, namespace: str, count: int) -> float:
     return count / (time.monotonic() - started)
 
 
+def null_scheduler(cluster: Cluster, qps: int, binders: int) -> list[str]:
+    """benchmarks/null_scheduler.py: Bindings for the pending pods with no decision, kubegpu's client and settings."""
+    return [
+        sys.executable, str(ROOT / "benchmarks" / "null_scheduler.py"), "--kubeconfig", str(cluster.kubeconfig),
+        "--scheduler-name", "kubegpu", "--binders", str(binders), "--qps", str(qps),
+    ]  # fmt: skip
+
+
 def compare(
     cluster: Cluster, args: argparse.Namespace, work: Path, workload: str, create: Any
 ) -> dict[str, list[float]]:
-    """Both schedulers on the same nodes, one after the other, `args.rounds` times alternating who goes first (a
-    later run finds a larger etcd, which would favour whoever goes first)."""
-    runs: dict[str, list[float]] = {"kube-scheduler": [], "kubegpu": []}
+    """The schedulers on the same nodes, one after the other, `args.rounds` times, who goes first rotating each round
+    (a later run finds a larger etcd, which would favour whoever goes first). On the device workload the null
+    scheduler (`--floor`) runs in the rotation too."""
+    contestants = ["kube-scheduler", "kubegpu"]
+    if args.floor and workload == "devices":
+        contestants.append("null")
+    if args.only_kubegpu:
+        contestants = ["kubegpu"]
+    runs: dict[str, list[float]] = {who: [] for who in contestants}
     for round_ in range(args.rounds):
-        order = ["kube-scheduler", "kubegpu"] if round_ % 2 == 0 else ["kubegpu", "kube-scheduler"]
-        if args.only_kubegpu:
-            order = ["kubegpu"]
-        for who in order:
+        shift = round_ % len(contestants)
+        for who in contestants[shift:] + contestants[:shift]:
             namespace = f"bench-{workload}-{who}-{round_}"
-            create(namespace, "kubegpu" if who == "kubegpu" else "default-scheduler")
-            command = (
-                kubegpu_scheduler(cluster, work, args.qps, args.binders)
-                if who == "kubegpu"
-                else kube_scheduler(cluster, work, args.qps)
-            )
+            create(namespace, "default-scheduler" if who == "kube-scheduler" else "kubegpu")
+            if who == "kubegpu":
+                command = kubegpu_scheduler(cluster, work, args.qps, args.binders)
+            elif who == "null":
+                command = null_scheduler(cluster, args.qps, args.binders)
+            else:
+                command = kube_scheduler(cluster, work, args.qps)
             seconds, _ = run_scheduler(cluster, command, namespace, args.pods, work / f"{namespace}.log")
             clear_pods(cluster, namespace)
             runs[who].append(args.pods / seconds)
@@ -283,6 +304,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of both schedulers, alternating who goes first")
     parser.add_argument("--workloads", default="devices,affinity", help="comma-separated: devices, affinity")
     parser.add_argument("--no-mixed", dest="mixed", action="store_false", help="skip the mixed topology run")
+    parser.add_argument(
+        "--no-floor", dest="floor", action="store_false", help="skip the null scheduler on the device workload"
+    )
     args = parser.parse_args()
     one_device = [{"aws.amazon.com/neurondevice": 1}]
     with tempfile.TemporaryDirectory() as tmp, running_cluster(Path(tmp) / "k8s") as cluster:
@@ -294,7 +318,7 @@ def main() -> int:
         list_nodes(cluster)
 
         workloads = args.workloads.split(",")
-        results: dict[str, tuple[float, float]] = {}
+        results: dict[str, dict[str, list[float]]] = {}
         for workload in workloads:
 
             def create(namespace: str, scheduler: str, workload: str = workload) -> None:
@@ -306,7 +330,7 @@ def main() -> int:
             runs = compare(cluster, args, work, workload, create)
             if args.only_kubegpu:
                 continue
-            results[workload] = statistics.median(runs["kube-scheduler"]), statistics.median(runs["kubegpu"])
+            results[workload] = runs
         if args.only_kubegpu:
             return 0
 
@@ -315,16 +339,26 @@ def main() -> int:
         clear_pods(cluster, "bench-raw")
 
         goals = {"devices": "goal >= 1.0x, 2.0x; kubegpu also allocates devices", "affinity": "goal >= 1.0x"}
-        for workload, (kube_rate, ours_rate) in results.items():
+        for workload, runs in results.items():
+            kube_rate, ours_rate = statistics.median(runs["kube-scheduler"]), statistics.median(runs["kubegpu"])
             print(
                 f"\n{workload}: {args.pods} pods on {args.nodes} nodes, client QPS/burst {args.qps}, "
                 f"median of {args.rounds} rounds:"
             )
-            print(f"  kube-scheduler 1.20.2   {kube_rate:7.1f} pods/s")
+            print(
+                f"  kube-scheduler 1.20.2   {kube_rate:7.1f} pods/s   "
+                f"(rounds {min(runs['kube-scheduler']):.0f}-{max(runs['kube-scheduler']):.0f})"
+            )
             print(
                 f"  kubegpu scheduler       {ours_rate:7.1f} pods/s   ratio {ours_rate / kube_rate:.2f}x "
-                f"({goals[workload]})"
+                f"(rounds {min(runs['kubegpu']):.0f}-{max(runs['kubegpu']):.0f}; {goals[workload]})"
             )
+            if "null" in runs:
+                floor = statistics.median(runs["null"])
+                print(
+                    f"  null scheduler (floor)  {floor:7.1f} pods/s   ratio {floor / kube_rate:.2f}x "
+                    "(Bindings with no decision: no Python scheduler passes it here)"
+                )
         print(f"  raw Binding ceiling     {ceiling:7.1f} Bindings/s (plain client, 8 keep-alive connections)")
 
         if not args.mixed:

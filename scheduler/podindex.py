@@ -13,8 +13,11 @@ cycle visits only the pods a term can select:
 * the placed pods' terms that score other pods' nodes (required and preferred affinity, preferred anti-affinity),
   likewise (`scoring`).
 
-The index holds pod keys only; the topology values come from the nodes' current labels when a cycle reads them, so a
-relabelled node needs nothing here. Answers equal a scan of every placed pod (`tests/scheduler/test_podindex.py`).
+The index holds pod keys and their nodes' names; the topology values come from the nodes' current labels when a
+cycle reads them, so a relabelled node needs nothing here. The functions at the end compute a cycle's states from it
+(InterPodAffinity's and PodTopologySpread's PreFilter and PreScore), each handing the pure function of `filters` or
+`scores` only the pods that can count, or producing exactly what that function's scan over every pod would; the
+hypothesis tests in `tests/scheduler/test_podindex.py` hold every answer to the scan.
 """
 
 from __future__ import annotations
