@@ -269,11 +269,11 @@ class Engine:
         if previous is not None:
             for key in list(previous.pods):
                 pod = self.pods[key]
+                self._forget_anti(key)  # its charges went with the old record; taken again below if it still fits
                 status = self._take(record, pod.request, pod.parts)
                 if not status.ok:
                     log.error("node %s changed: pod %s no longer fits its devices: %s", info.name, key, status.message)
                     self.pods.pop(key)
-                    self._forget_anti(key)
                 else:
                     record.pods[key] = None
                     self._charge(record, pod.request, +1)
@@ -324,11 +324,14 @@ class Engine:
         return gone
 
     def _forget_anti(self, key: str) -> None:
-        """A pod that held resources is gone without being charged back (its node went, or changed under it)."""
+        """A pod that held resources is gone without being charged back (its node went, or changed under it): it
+        leaves the index of placed pods and the count of placed priorities."""
         held = self._placed.pods.get(key)
         self._placed.discard(key)
-        if held is not None and held.pod_anti_affinity:
-            self._anti_epoch += 1
+        if held is not None:
+            self._priorities[held.priority] -= 1
+            if held.pod_anti_affinity:
+                self._anti_epoch += 1
 
     def _changed(self, name: str) -> None:
         self.generation += 1

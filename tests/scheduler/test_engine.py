@@ -222,3 +222,15 @@ def test_node_update_keeps_the_pods_it_holds() -> None:
 
 def test_summary_without_reasons() -> None:
     assert summarize_reasons(0, __import__("collections").Counter()) == "0/0 nodes are available."
+
+
+def test_a_replaced_or_removed_node_keeps_the_count_of_placed_priorities_true() -> None:
+    """Preemption's quick check ("nothing of lower priority anywhere") reads that count."""
+    e = engine()
+    e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
+    assert e.schedule(make_pod("a", {"main": {CARD: 1}})).scheduled
+    e.add_node(toy_node("n1", 2, labels={"changed": "yes"}))  # type: ignore[arg-type]
+    assert "default/a" in e.pods
+    assert +e._priorities == {0: 1}
+    e.remove_node("n1")
+    assert +e._priorities == {}
