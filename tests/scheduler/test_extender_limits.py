@@ -444,19 +444,28 @@ def test_watchers_share_one_view_and_get_only_what_changed(
         assert len(described) == NODES + 2
 
 
+PIPELINED = 12_000  # answers well past what the kernel buffers on loopback (4 MiB of send buffer here)
+
+
 def test_a_long_pipeline_read_late_is_answered_whole_and_in_order(
     serve: Callable[[Limits], ExtenderHttpServer],
 ) -> None:
-    """Pausing and resuming loses nothing: 3000 pipelined requests, sent before the client reads any answer (so
+    """Pausing and resuming loses nothing: 12,000 pipelined requests, sent before the client reads any answer (so
     reading pauses, with requests left unparsed), are all answered, in order, once it reads."""
     server = serve(Limits())
-    requests = [post("/filter", FILTER) if i % 3 else GET_HEALTH for i in range(3000)]
-    with connect(server, timeout=10) as sock:
+    requests = [post("/filter", FILTER) if i % 3 else GET_HEALTH for i in range(PIPELINED)]
+    # A small receive window, so the answers back up in the server whatever this machine's socket buffer sizes are
+    # (loopback buffers of several MiB would otherwise take thousands of answers without the server ever pausing).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    sock.settimeout(10)
+    sock.connect(server.address)  # type: ignore[arg-type]
+    with sock:
         sender = threading.Thread(target=sock.sendall, args=(b"".join(requests),), daemon=True)
         sender.start()
         wait_until(lambda: any(c.read_paused for c in server.connections), 10, "reading paused")
         buffer = bytearray()
-        for i in range(3000):
+        for i in range(PIPELINED):
             status, _, body = read_response(sock, buffer)
             assert status == 200
             assert ("NodeNames" in orjson.loads(body)) == bool(i % 3), i
