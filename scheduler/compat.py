@@ -21,7 +21,8 @@ nvidia-gpu-scheduler-apiservice`): `GET /apis/nvidia-gpu-scheduler/v1` lists the
 finds the APIService available, and the extender verbs answer under `/apis/nvidia-gpu-scheduler/v1/schedule/` (the
 last path segment names the verb, as for any `urlPrefix`).
 
-Calls take the engine's state through `Engine.nodes` and `Engine.pods`: hold the service lock.
+Calls read the engine's state through its queries (`Engine.device_state`, `Engine.placements`): hold the mirror's
+lock.
 """
 
 from __future__ import annotations
@@ -66,8 +67,7 @@ DISCOVERY: dict[str, Any] = {
 
 
 def _state(engine: Engine, name: str) -> NvidiaNodeState | None:
-    record = engine.nodes.get(name)
-    state = record.states.get(NVIDIA) if record is not None else None
+    state = engine.device_state(name, NVIDIA)
     return state if isinstance(state, NvidiaNodeState) else None
 
 
@@ -75,7 +75,7 @@ def gpu_node_views(engine: Engine, changed: set[str] | None) -> dict[str, dict[s
     """The `GpuNode` objects of the nodes in `changed` (every node when None); None for a node that is gone or has
     no NVIDIA GPU."""
     views: dict[str, dict[str, Any] | None] = {}
-    for name in engine.nodes if changed is None else changed:
+    for name in engine.node_names() if changed is None else changed:
         state = _state(engine, name)
         if state is None:
             views[name] = None
@@ -110,14 +110,10 @@ def gpu_node_views(engine: Engine, changed: set[str] | None) -> dict[str, dict[s
 
 def gpu_pod_views(engine: Engine, changed: set[str] | None) -> dict[str, dict[str, Any] | None]:
     """The `GpuPod` objects of the pods holding NVIDIA GPUs on the nodes in `changed` (every node when None)."""
-    if changed is None:
-        keys: Any = engine.pods
-    else:
-        keys = [key for name in changed if (record := engine.nodes.get(name)) for key in record.pods]
+    keys = None if changed is None else [key for name in changed for key in engine.holders(name)]
     views: dict[str, dict[str, Any] | None] = {}
-    for key in keys:
-        pod = engine.pods.get(key)
-        if pod is None or pod.allocation is None:
+    for pod in engine.placements(keys):
+        if pod.allocation is None:
             continue
         state = _state(engine, pod.node)
         gpus = []
@@ -129,7 +125,7 @@ def gpu_pod_views(engine: Engine, changed: set[str] | None) -> dict[str, dict[st
         if not gpus:
             continue
         request = pod.request
-        views[key] = {
+        views[request.key] = {
             "apiVersion": API_VERSION,
             "kind": "GpuPod",
             "metadata": {"namespace": request.namespace, "name": request.name, "uid": request.uid},

@@ -126,22 +126,16 @@ class CustomScheduler:
         """DefaultPreemption's PostFilter: evict pods of lower priority where that lets the pod fit. A pod whose
         nominated node still has victims terminating waits for them instead of preempting again."""
         pod, mirror = entry.request, self.mirror
-        nominated = self.engine.nominated.get(entry.key)
-        if (
-            nominated is not None
-            and nominated in self.engine.nodes
-            and any(key in mirror.evicting for key in self.engine.holders(nominated))
-        ):
+        if self.engine.awaits_victims(entry.key, mirror.evicting):
             return
         preemption = self.engine.preempt(pod, list(mirror.budgets.values()))
         if preemption.node is None:
-            if nominated is not None:
-                self.engine.unnominate(entry.key)
+            self.engine.unnominate(entry.key)
             return
         self.engine.nominate(pod, preemption.node)
         mirror.evicting.update(preemption.victims)
         log.info("preempting", extra={"pod": entry.key, "node": preemption.node, "victims": list(preemption.victims)})
-        victims = [self.engine.pods[key].request for key in preemption.victims if key in self.engine.pods]
+        victims = [placed.request for placed in self.engine.placements(preemption.victims)]
         self.binder.submit(self.binder.evict(pod, preemption.node, victims))
 
     # -- the Binding, and what its result does to the queue ---------------------------------------------------------

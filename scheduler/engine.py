@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -61,7 +61,7 @@ from kubegpu.scheduler.preemption import (
     split_by_budget,
 )
 
-__all__ = ["Decision", "Engine", "NodeRecord", "PodRecord", "Policy", "summarize_reasons"]
+__all__ = ["Decision", "Engine", "NodeRecord", "Placement", "PodRecord", "Policy", "summarize_reasons"]
 
 log = logging.getLogger("kubegpu.engine")
 
@@ -161,6 +161,16 @@ class Decision:
     allocation: AllocationRecord | None = None
     annotations: dict[str, str] = field(default_factory=dict)
     code: Code = Code.SUCCESS
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A pod that holds resources, as a front-end sees it (`Engine.placement`): its request, its node, and the
+    allocation it took (None: bound without a verified one, or it asks for no plugin's devices)."""
+
+    request: PodRequest
+    node: str
+    allocation: AllocationRecord | None
 
 
 def _fit_order(pod: PodRequest) -> tuple[tuple[str, int], ...]:
@@ -1462,7 +1472,57 @@ class Engine:
             record.nominees.pop(key, None)
             self._refresh(record)
 
-    # -- reporting -----------------------------------------------------------------------------------------------
+    # -- what the front-ends read --------------------------------------------------------------------------------
+    # Queries that return values or read-only views: a front-end never reads the records themselves
+    # (tests/scheduler/test_front_end_boundary.py holds this).
+
+    def node_names(self) -> KeysView[str]:
+        """The nodes the engine knows, as a live view (`in` and set operations work on it; no copy)."""
+        return self.nodes.keys()
+
+    def node_info(self, name: str) -> NodeInfo | None:
+        """Node `name` as it was last added (None: unknown), so a front-end can tell whether a Node changed."""
+        record = self.nodes.get(name)
+        return record.info if record is not None else None
+
+    def has_devices(self, name: str) -> bool:
+        """Whether some plugin keeps device state for node `name`."""
+        record = self.nodes.get(name)
+        return record is not None and bool(record.states)
+
+    def device_state(self, name: str, plugin: str) -> DeviceNodeState | None:
+        """`plugin`'s device state for node `name` (None: unknown node, or none kept there), for a view in that
+        plugin's own terms (`compat`'s GpuNode). Read it only: the engine changes it as pods come and go."""
+        record = self.nodes.get(name)
+        return record.states.get(plugin) if record is not None else None
+
+    def holders(self, name: str) -> list[str]:
+        """The pods holding resources on node `name`, in the order they were placed (none for an unknown node)."""
+        record = self.nodes.get(name)
+        return list(record.pods) if record is not None else []
+
+    def pod_keys(self) -> KeysView[str]:
+        """The pods that hold resources on some node, as a live view (no copy)."""
+        return self.pods.keys()
+
+    def placement(self, key: str) -> Placement | None:
+        """Where pod `key` holds resources and what it took; None when it holds none."""
+        record = self.pods.get(key)
+        return None if record is None else Placement(record.request, record.node, record.allocation)
+
+    def placements(self, keys: Iterable[str] | None = None) -> Iterator[Placement]:
+        """The placements of those of `keys` that hold resources, in their order (None: of every pod that does)."""
+        for key in self.pods if keys is None else keys:
+            record = self.pods.get(key)
+            if record is not None:
+                yield Placement(record.request, record.node, record.allocation)
+
+    def awaits_victims(self, key: str, leaving: Container[str]) -> bool:
+        """Whether the node held for preempting pod `key` (`nominate`) still holds one of `leaving` (victims deleted
+        but not gone yet): the pod waits for them instead of preempting again."""
+        name = self.nominated.get(key)
+        record = self.nodes.get(name) if name is not None else None
+        return record is not None and any(held in leaving for held in record.pods)
 
     def describe(self, name: str) -> list[Occupancy]:
         record = self.nodes[name]
@@ -1473,9 +1533,6 @@ class Engine:
             except PluginHookError as exc:
                 log.error("node %s: %s", name, exc)
         return pictures
-
-    def holders(self, name: str) -> Iterable[str]:
-        return list(self.nodes[name].pods)
 
 
 def _whole_devices(allocation: AllocationRecord) -> set[tuple[str, str]]:

@@ -268,7 +268,7 @@ class ExtenderServer:
         if changed is None:
             self._answers.clear()
             return
-        gone = {name for name in changed if name not in self.engine.nodes}
+        gone = changed - self.engine.node_names()
         if gone:
             for answers in self._answers.values():
                 answers.forget(gone)
@@ -310,7 +310,7 @@ class ExtenderServer:
         names = self._candidates(args)
         wanted = set(names)
         with self.mirror.lock:
-            unknown = wanted - self.engine.nodes.keys()
+            unknown = wanted - self.engine.node_names()
             answers = self._answered(pod, self.engine.plan(pod), wanted - unknown if unknown else wanted)
             failing = answers.failing
             if not unknown and failing.keys().isdisjoint(wanted):
@@ -348,7 +348,7 @@ class ExtenderServer:
             raise BadRequest(422, f"invalid pod: {exc}") from None
         candidates = set(self._candidates(args))
         with self.mirror.lock:
-            wanted = candidates & self.engine.nodes.keys()  # an unknown node is not scored (kube-scheduler: 0)
+            wanted = candidates & self.engine.node_names()  # an unknown node is not scored (kube-scheduler: 0)
             plan = self.engine.plan(pod)
             answers = self._answered(pod, plan, wanted)
             scored = answers.scored
@@ -388,12 +388,12 @@ class ExtenderServer:
         except (ApiError, _PodError) as exc:
             return {"Error": f"pod {key}: {exc}"}
         with self.mirror.lock:
-            held = self.engine.pods.get(key)
+            held = self.engine.placement(key)
             if held is not None and held.request.uid == pod.uid:
                 if held.node == args.Node:
                     return {"Error": ""}  # already bound here (a retried bind)
                 return {"Error": f"pod {key} already holds devices on {held.node}"}
-            if args.Node not in self.engine.nodes:
+            if args.Node not in self.engine.node_names():
                 return {"Error": f"node {args.Node} is unknown to kubegpu"}
             decision = self.engine.reserve(pod, args.Node)
         if not decision.scheduled:
@@ -449,30 +449,26 @@ class ExtenderServer:
         """The monitoring objects of the nodes in `changed` (every node when None); None for a node that is gone or
         has no devices. Call with the mirror's lock held."""
         views: dict[str, dict[str, Any] | None] = {}
-        for name in self.engine.nodes if changed is None else changed:
-            record = self.engine.nodes.get(name)
-            if record is None or not record.states:
+        for name in self.engine.node_names() if changed is None else changed:
+            if not self.engine.has_devices(name):
                 views[name] = None
                 continue
             views[name] = {
                 "name": name,
                 "devices": [o.model_dump(mode="json") for o in self.engine.describe(name)],
-                "pods": sorted(record.pods),
+                "pods": sorted(self.engine.holders(name)),
             }
         return views
 
     def pod_views(self, changed: set[str] | None) -> dict[str, dict[str, Any] | None]:
         """The monitoring objects of the pods holding devices on the nodes in `changed` (every node when None). Call
         with the mirror's lock held."""
-        if changed is None:
-            keys: Any = self.engine.pods
-        else:
-            keys = [key for name in changed if (record := self.engine.nodes.get(name)) for key in record.pods]
+        keys = None if changed is None else [key for name in changed for key in self.engine.holders(name)]
         views: dict[str, dict[str, Any] | None] = {}
-        for key in keys:
-            pod = self.engine.pods.get(key)
-            if pod is None or pod.allocation is None:
+        for pod in self.engine.placements(keys):
+            if pod.allocation is None:
                 continue
+            key = pod.request.key
             views[key] = {"pod": key, "uid": pod.request.uid, "node": pod.node, "devices": pod.allocation.containers}
         return views
 

@@ -193,7 +193,7 @@ class ClusterMirror:
             return
         self._next_judgement = now + liveness.TICK
         revived = False
-        for name, reason in self.leases.verdicts(self.engine.nodes).items():
+        for name, reason in self.leases.verdicts(self.engine.node_names()).items():
             if self.engine.set_node_live(name, reason is None, reason):
                 revived |= reason is None
         if revived:
@@ -229,7 +229,7 @@ class ClusterMirror:
             for obj in payload:
                 changed |= self._guarded("node_event", obj, self._apply_node, "ADDED") is True
                 seen.add((obj.get("metadata") or {}).get("name"))
-            for name in list(self.engine.nodes):
+            for name in list(self.engine.node_names()):
                 if name not in seen:
                     self.engine.remove_node(name)
             self.nodes_synced.set()
@@ -263,8 +263,7 @@ class ClusterMirror:
         info = self._node_info(obj)
         if info is None:
             return False
-        record = self.engine.nodes.get(name)
-        changed = record is None or record.info != info
+        changed = self.engine.node_info(name) != info
         if changed:
             self.engine.add_node(info)
         self._apply_foreign_devices(name, obj)
@@ -292,7 +291,7 @@ class ClusterMirror:
                 self._guarded("pod_event", obj, self._apply_pod, "ADDED")
                 meta = obj.get("metadata") or {}
                 live.add(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
-            for key in [k for k in self.engine.pods if k not in live and self.pending.binding(k) is None]:
+            for key in [k for k in self.engine.pod_keys() if k not in live and self.pending.binding(k) is None]:
                 self.release(key)
             self.pending.keep_only(live)
             self.pods_synced.set()
@@ -329,7 +328,7 @@ class ClusterMirror:
         """Undo the reservation of a pod whose Binding failed, if the engine still holds it (and not a newer pod of
         the same name). Takes the lock: the extender calls this from its HTTP loop."""
         with self.lock:
-            held = self.engine.pods.get(pod.key)
+            held = self.engine.placement(pod.key)
             if held is not None and held.request.uid == pod.uid:
                 self.release(pod.key)
         log.warning("binding failed; reservation rolled back", extra={"pod": pod.key, "node": node, "error": error})
@@ -347,7 +346,7 @@ class ClusterMirror:
             uid = self.pending.binding(key)
             if uid is not None and uid == meta.get("uid"):
                 return
-            held = self.engine.pods.get(key)
+            held = self.engine.placement(key)
             phase = (obj.get("status") or {}).get("phase")
             if held is not None and held.request.uid == meta.get("uid") and phase not in FINISHED:
                 return
@@ -356,7 +355,7 @@ class ClusterMirror:
         except InputError as exc:
             self._unreadable_pod(kind, key, obj, str(exc))
             return
-        held = self.engine.pods.get(key)
+        held = self.engine.placement(key)
         if held is not None and held.request.uid != request.uid:
             self.release(key)  # a new pod took an old pod's name
             held = None
@@ -380,7 +379,7 @@ class ClusterMirror:
         """A pod kubegpu cannot read (a tenant wrote it): it is left alone, and if it was waiting for this scheduler
         its owner is told why, once."""
         meta = obj.get("metadata") or {}
-        held = self.engine.pods.get(key)
+        held = self.engine.placement(key)
         if kind == "DELETED" or (held is not None and held.request.uid != meta.get("uid")):
             self._refused.pop(key, None)
             self.drop_pending(key)

@@ -180,10 +180,10 @@ def build_report(
     over those nodes."""
     views: list[NodeView] = []
     tallies: dict[str, list[int]] = {}
-    names = [only] if only is not None else sorted(engine.nodes)
+    names = [only] if only is not None else sorted(engine.node_names())
     for name in names:
-        record = engine.nodes.get(name)
-        if record is None or not record.states:
+        info = engine.node_info(name)
+        if info is None or not engine.has_devices(name):
             continue
         pictures = tuple(engine.describe(name))
         if not pictures:
@@ -194,8 +194,8 @@ def build_report(
             tally[1] += sum(1 for c in picture.cells if c.used > 0)
             tally[2] += picture.free
             tally[3] += max(0, picture.free - picture.largest_fit)
-        instance_type = record.info.labels.get("node.kubernetes.io/instance-type", "")
-        views.append(NodeView(name, instance_type, len(record.pods), pictures, holder_colours(pictures)))
+        instance_type = info.labels.get("node.kubernetes.io/instance-type", "")
+        views.append(NodeView(name, instance_type, len(engine.holders(name)), pictures, holder_colours(pictures)))
     families = tuple(FamilyUsage(family, *tally) for family, tally in sorted(tallies.items()))
     return Report(
         title=title,
@@ -203,7 +203,7 @@ def build_report(
         nodes=tuple(views),
         pending=tuple(pending),
         families=families,
-        nodes_total=len(engine.nodes),
+        nodes_total=len(engine.node_names()),
         counts=dict(counts or {}),
         unverified=dict(unverified or {}),
         problems=tuple(problems),

@@ -398,7 +398,7 @@ class Cluster:
         return replace(pod, priority=named.value, preemption_policy=policy)
 
     def budgets_for(self, engine: Engine) -> list[Budget]:
-        placed = [record.request for record in engine.pods.values()]
+        placed = [placement.request for placement in engine.placements()]
         return [objects.budget(document, placed) for document in self.budgets]
 
 
@@ -482,7 +482,7 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
     write = out.write
     placed = [e for e in events if e["event"] == "scheduled"]
     write(
-        f"kubegpu simulate: {len(engine.nodes)} nodes, {len(events)} pod documents, "
+        f"kubegpu simulate: {len(engine.node_names())} nodes, {len(events)} pod documents, "
         f"policy {engine.policy}, {elapsed:.2f}s\n\n"
     )
     write("PLACEMENTS\n")
@@ -497,7 +497,7 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
     families: dict[str, Counter[str]] = {}
     fragmentation: Counter[str] = Counter()
     shown = 0
-    busy = [n for n in engine.nodes if engine.nodes[n].states]
+    busy = [n for n in engine.node_names() if engine.has_devices(n)]
     for name in busy:
         pictures = engine.describe(name)
         for picture in pictures:
@@ -506,9 +506,10 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
             tally["free"] += picture.free
             tally["used"] += sum(1 for c in picture.cells if c.used > 0)
             fragmentation[picture.family] += max(0, picture.free - picture.largest_fit)
-        if pictures and shown < MAX_MAPS and (engine.nodes[name].pods or len(busy) <= MAX_MAPS):
+        holders = engine.holders(name)
+        if pictures and shown < MAX_MAPS and (holders or len(busy) <= MAX_MAPS):
             shown += 1
-            write(f"  {name} ({len(engine.nodes[name].pods)} pods)\n")
+            write(f"  {name} ({len(holders)} pods)\n")
             for picture in pictures:
                 for line in draw_text(picture):
                     write(line + "\n")

@@ -87,7 +87,7 @@ class ClusterView:
         for obj in items:
             self.apply_node("ADDED", obj)
             seen.add((obj.get("metadata") or {}).get("name"))
-        for name in [n for n in self.engine.nodes if n not in seen]:
+        for name in [n for n in self.engine.node_names() if n not in seen]:
             self._forget_node(name)
 
     def apply_node(self, kind: str, obj: dict[str, Any]) -> None:
@@ -109,8 +109,7 @@ class ClusterView:
                 return
         else:
             self.hidden.pop(f"node {name}", None)
-        record = self.engine.nodes.get(name)
-        if record is None or record.info != info:
+        if self.engine.node_info(name) != info:
             # add_node keeps the pods already drawn on a changed node; pods seen before their node are drawn now.
             self.engine.add_node(info)
             for obj in self.early.pop(name, {}).values():
@@ -150,10 +149,10 @@ class ClusterView:
             self.waiting[key] = _Waiting(uid, str(spec.get("schedulerName") or "default-scheduler"), condition)
             return
         text = (meta.get("annotations") or {}).get(ALLOCATION_KEY)
-        if self.bound.get(key) == (uid, node, text) and key in self.engine.pods:
+        if self.bound.get(key) == (uid, node, text) and key in self.engine.pod_keys():
             return
         self._forget_pod(key)
-        if node not in self.engine.nodes:
+        if node not in self.engine.node_names():
             self.early.setdefault(node, {})[key] = obj
             return
         self.bound[key] = (uid, node, text)
@@ -347,7 +346,7 @@ def _once(view: ClusterView, client: KubeClient, args: argparse.Namespace, conso
     view.sync_nodes(client.list(NODES)[0])
     view.sync_pods(client.list(PODS)[0])
     view.sync_events(client.list(EVENTS)[0])
-    if args.node and args.node not in view.engine.nodes:
+    if args.node and args.node not in view.engine.node_names():
         print(f"kubegpu top: node {args.node} not found", file=sys.stderr)
         return 1
     report = _emit(view, args)
