@@ -144,7 +144,7 @@ class Plan:
     # One unresolvable answer may settle every node of its class (false when the answer depends on the node's name
     # or on other nodes).
     settles: bool = True
-    stamp: int = 0  # the generation (volatile) or anti-affinity epoch (otherwise) the plan was made at
+    stamp: int = 0  # `Engine._stamp` when the plan was made
     # Each owning plugin's `kubegpu_scheduler_prepare` answer (its PluginHookError when it failed), for fit, score
     # and allocate: computed once per pod signature (Kubernetes' PreFilter writing CycleState).
     prepared: dict[str, object] = field(default_factory=dict)
@@ -432,17 +432,24 @@ class Engine:
     def plan(self, pod: PodRequest) -> Plan:
         """The pod's requests grouped for the filter phase. Remembered for the last pods asked about: the extender
         asks for the same pod's plan in filter, prioritize and bind. A plan whose answers depend on other nodes is
-        made again after every change; any other after a change of the placed pods' anti-affinity terms."""
+        made again after every change; any other after a change of the placed pods' anti-affinity terms; a pod's that
+        names claims after a change of the claims or volumes too."""
         known = self._plans.get(id(pod))
         if known is not None and known[0] is pod:
             plan = known[1]
-            if plan.stamp == (self.generation if plan.volatile else self._anti_epoch):
+            if plan.stamp == self._stamp(plan.volatile, pod):
                 return plan
         plan = self._plan(pod)
         if len(self._plans) >= 256:
             self._plans.clear()
         self._plans[id(pod)] = (pod, plan)
         return plan
+
+    def _stamp(self, volatile: bool, pod: PodRequest) -> int:
+        """What a plan is made again after: the generation (volatile) or the anti-affinity epoch, plus the volume
+        epoch for a pod naming claims (the counters only grow, so the sum moves whenever one of them does)."""
+        stamp = self.generation if volatile else self._anti_epoch
+        return stamp + self._volume_epoch if pod.claims else stamp
 
     def _plan(self, pod: PodRequest) -> Plan:
         routes = self._route(pod)
@@ -509,7 +516,7 @@ class Engine:
             fit=_fit_order(pod),
             volatile=volatile,
             settles=not (volatile or by_name or pod.claims),
-            stamp=self.generation if volatile else self._anti_epoch,
+            stamp=self._stamp(volatile, pod),
             prepared=prepared,
         )
 
@@ -598,22 +605,41 @@ class Engine:
                 return Status.unresolvable(filters.VOLUME_NODE_AFFINITY)
         return None
 
-    def set_claim(self, namespace: str, name: str, volume: str | None) -> None:
+    def set_claim(self, namespace: str, name: str, volume: str | None) -> bool:
         """A PersistentVolumeClaim added or changed (`volume`: the bound volume's name, "" while unbound), or deleted
-        (None). Pods naming claims are judged by them once `track_volumes` is set."""
+        (None). Pods naming claims are judged by them once `track_volumes` is set. Returns whether the record
+        changed (the answers of pods naming claims are then made again)."""
+        key = (namespace, name)
+        if self.claims.get(key) == volume:
+            return False
         if volume is None:
-            self.claims.pop((namespace, name), None)
+            del self.claims[key]
         else:
-            self.claims[(namespace, name)] = volume
+            self.claims[key] = volume
         self._volume_epoch += 1
+        return True
 
-    def set_volume(self, name: str, terms: tuple[NodeSelectorTerm, ...] | None, *, deleted: bool = False) -> None:
-        """A PersistentVolume added or changed, with its required node affinity terms (None: any node), or deleted."""
+    def set_volume(self, name: str, terms: tuple[NodeSelectorTerm, ...] | None, *, deleted: bool = False) -> bool:
+        """A PersistentVolume added or changed, with its required node affinity terms (None: any node), or deleted.
+        Returns whether the record changed."""
         if deleted:
-            self.volumes.pop(name, None)
+            if name not in self.volumes:
+                return False
+            del self.volumes[name]
+        elif name in self.volumes and self.volumes[name] == terms:
+            return False
         else:
             self.volumes[name] = terms
         self._volume_epoch += 1
+        return True
+
+    def claim_keys(self) -> list[tuple[str, str]]:
+        """The claims the engine knows, as (namespace, name) (`set_claim`)."""
+        return list(self.claims)
+
+    def volume_names(self) -> list[str]:
+        """The volumes the engine knows (`set_volume`)."""
+        return list(self.volumes)
 
     def _cluster_fit(self, record: NodeRecord, pod: PodRequest) -> Status | None:
         """PodTopologySpread and InterPodAffinity, judged from counts gathered over the whole cluster once per pod

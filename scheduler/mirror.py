@@ -1,8 +1,9 @@
 """The cluster as kubegpu sees it: informers feeding one engine, shared by both live front-ends.
 
 Informers (`kubegpu.kube.client.Informer`) list and watch Nodes and Pods, and, where asked, the advertisers' node
-Leases and PodDisruptionBudgets; their threads only enqueue. The thread that owns the engine applies what they
-report (`apply_events`) under `lock`, which the extender's HTTP handlers take too:
+Leases, PodDisruptionBudgets, PersistentVolumeClaims and PersistentVolumes; their threads only enqueue. The thread
+that owns the engine applies what they report (`apply_events`) under `lock`, which the extender's HTTP handlers take
+too:
 
 * nodes become engine nodes (an inventory kubegpu cannot read is ignored with an error log, the node kept);
 * a bound pod is counted with the devices it holds (`_assume`): on start that rebuilds the device ledger from the
@@ -10,10 +11,13 @@ report (`apply_events`) under `lock`, which the extender's HTTP handlers take to
   live pod holds. Only a verified allocation holds devices; a refused one gets an `AllocationRefused` Event, once;
 * a pod deleted or finished releases what it held;
 * a pod that waits for a node goes to the front-end's `PendingPods`: the custom scheduler's queue, or the
-  extender's record of pending pods; either is told when the cluster changed in a way that may help them.
+  extender's record of pending pods; either is told when the cluster changed in a way that may help them;
+* claims and volumes (`watch_volumes`) become the engine's VolumeBinding records: a claim's volume once it is
+  Bound, a volume's required node affinity; a change to either wakes the pending pods. A claim or volume kubegpu
+  cannot read is left out with a warning, so only the pods that name it are refused.
 
 One object that raises costs only itself: an error log, `kubegpu_scheduler_internal_errors_total{stage}` and, for a
-pod, a `KubegpuInternalError` Event; a tenant's pod must not be able to stop scheduling for everyone.
+pod, a `KubegpuInternalError` Event; a tenant's pod (or claim) must not be able to stop scheduling for everyone.
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ class ClusterMirror:
         *,
         leases: liveness.NodeLeases | None = None,
         watch_budgets: bool = False,
+        watch_volumes: bool = False,
     ) -> None:
         self.client = client
         self.engine = engine
@@ -118,6 +123,13 @@ class ClusterMirror:
         self.budgets: dict[str, Budget] = {}
         self.evicting: set[str] = set()  # victims deleted by a preemption, until their pods are gone
         self.leases = leases  # the advertisers' node Leases (`kubegpu.scheduler.liveness`), None: not judged
+        # PersistentVolumeClaims and PersistentVolumes into the engine's VolumeBinding filter, for the custom
+        # scheduler. The extender does not watch them: kube-scheduler runs VolumeBinding itself, and binds the claims
+        # that wait for their first consumer, which the engine (binding no volume) would refuse.
+        self.watch_volumes = watch_volumes
+        engine.track_volumes = engine.track_volumes or watch_volumes
+        self.claims_synced = threading.Event()
+        self.volumes_synced = threading.Event()
         self._next_judgement = 0.0
 
     # -- the loop -------------------------------------------------------------------------------------------------
@@ -160,6 +172,11 @@ class ClusterMirror:
         if self.watch_budgets:
             path = "/apis/policy/v1beta1/poddisruptionbudgets"
             Informer(self.client, path, self._consume(self.on_budgets), self.stop, "poddisruptionbudgets").start()
+        if self.watch_volumes:
+            consume = self._consume(self.on_claims)
+            Informer(self.client, "/api/v1/persistentvolumeclaims", consume, self.stop, "claims").start()
+            consume = self._consume(self.on_volumes)
+            Informer(self.client, "/api/v1/persistentvolumes", consume, self.stop, "volumes").start()
         if self.leases is not None:
             selector = self.leases.selector
             consume = self._consume(self.leases.observe)
@@ -176,7 +193,9 @@ class ClusterMirror:
         return lambda kind, payload: self.post(handler, kind, payload)
 
     def ready(self) -> bool:
-        return self.nodes_synced.is_set() and self.pods_synced.is_set()
+        """Every informer the engine's answers read has applied its first list."""
+        volumes = not self.watch_volumes or (self.claims_synced.is_set() and self.volumes_synced.is_set())
+        return self.nodes_synced.is_set() and self.pods_synced.is_set() and volumes
 
     def healthy(self) -> bool:
         return time.monotonic() - self.heartbeat < STALL
@@ -219,6 +238,67 @@ class ClusterMirror:
             self.budgets[key] = objects.budget(obj)
         except InputError as exc:
             log.warning("PodDisruptionBudget %s ignored: %s", key, exc)
+
+    # -- PersistentVolumeClaims and PersistentVolumes (`watch_volumes`) ---------------------------------------------
+
+    def on_claims(self, kind: str, payload: Any) -> None:
+        if kind == "SYNC":
+            changed, seen = False, set()
+            for obj in payload:
+                changed |= self._guarded("claim_event", obj, self._apply_claim, "ADDED", on_pod=False) is True
+                meta = obj.get("metadata") or {}
+                seen.add((str(meta.get("namespace", "default")), str(meta.get("name"))))
+            for namespace, name in self.engine.claim_keys():
+                if (namespace, name) not in seen:
+                    changed |= self.engine.set_claim(namespace, name, None)
+            self.claims_synced.set()
+        else:
+            changed = self._guarded("claim_event", payload, self._apply_claim, kind, on_pod=False) is True
+        if changed:
+            self.pending.wake()
+
+    def _apply_claim(self, kind: str, obj: dict[str, Any]) -> bool:
+        """A claim's bound volume ("" until it is Bound) into the engine; a claim kubegpu cannot read is left out, as
+        if absent, so only the pods naming it are refused. True when the engine's record changed."""
+        meta = obj.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "default")), meta.get("name")
+        if not isinstance(name, str) or not name:
+            return False
+        volume: str | None = None
+        if kind != "DELETED":
+            try:
+                volume = objects.claim(obj)[2]
+            except InputError as exc:
+                log.warning("PersistentVolumeClaim %s/%s ignored: %s", namespace, name, exc)
+        return self.engine.set_claim(namespace, name, volume)
+
+    def on_volumes(self, kind: str, payload: Any) -> None:
+        if kind == "SYNC":
+            changed, seen = False, set()
+            for obj in payload:
+                changed |= self._guarded("volume_event", obj, self._apply_volume, "ADDED", on_pod=False) is True
+                seen.add(str((obj.get("metadata") or {}).get("name")))
+            for name in self.engine.volume_names():
+                if name not in seen:
+                    changed |= self.engine.set_volume(name, None, deleted=True)
+            self.volumes_synced.set()
+        else:
+            changed = self._guarded("volume_event", payload, self._apply_volume, kind, on_pod=False) is True
+        if changed:
+            self.pending.wake()
+
+    def _apply_volume(self, kind: str, obj: dict[str, Any]) -> bool:
+        """A volume's required node affinity into the engine; a volume kubegpu cannot read is left out, as if absent,
+        so only the pods whose claims it binds are refused. True when the engine's record changed."""
+        name = (obj.get("metadata") or {}).get("name")
+        if not isinstance(name, str) or not name:
+            return False
+        if kind != "DELETED":
+            try:
+                return self.engine.set_volume(name, objects.volume(obj)[1])
+            except InputError as exc:
+                log.warning("PersistentVolume %s ignored: %s", name, exc)
+        return self.engine.set_volume(name, None, deleted=True)
 
     # -- node events ------------------------------------------------------------------------------------------------
 
@@ -298,20 +378,25 @@ class ClusterMirror:
             return
         self._guarded("pod_event", payload, self._apply_pod, kind)
 
-    def _guarded(self, stage: str, obj: dict[str, Any], apply: Any, kind: str) -> Any:
-        """Apply one informer object; an unexpected error costs that object an error log, a metric and an Event,
-        never the loop (a tenant's pod must not be able to stop scheduling for everyone)."""
+    def _guarded(self, stage: str, obj: dict[str, Any], apply: Any, kind: str, *, on_pod: bool = True) -> Any:
+        """Apply one informer object; an unexpected error costs that object an error log, a metric and, for a pod,
+        an Event, never the loop (a tenant's object must not be able to stop scheduling for everyone)."""
         try:
             return apply(kind, obj)
         except Exception as exc:
             meta = obj.get("metadata") or {}
-            self.internal_error(stage, meta, exc)
+            self.internal_error(stage, meta, exc, on_pod=on_pod)
             return None
 
-    def internal_error(self, stage: str, meta: dict[str, Any], exc: Exception) -> None:
-        """Report an object whose handling raised: an error log, the metric and, for a pod, an Event on it."""
+    def internal_error(self, stage: str, meta: dict[str, Any], exc: Exception, *, on_pod: bool = True) -> None:
+        """Report an object whose handling raised: an error log, the metric and, for a pod, an Event on it (`on_pod`
+        false: a claim or a volume, named in the log only)."""
         self.metrics.internal_errors.labels(stage).inc()
         name, namespace = str(meta.get("name", "")), str(meta.get("namespace", ""))
+        if not on_pod:
+            where = f"{namespace}/{name}" if namespace else name
+            log.error("%s failed for %s; the object is skipped: %r", stage, where, exc, exc_info=exc)
+            return
         what = {"pod": f"{namespace}/{name}"} if namespace else {"node": name}
         log.error("%s failed; the object is skipped: %r", stage, exc, exc_info=exc, extra=what)
         if namespace and name:
