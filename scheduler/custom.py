@@ -70,7 +70,9 @@ class CustomScheduler:
         self.metrics = Metrics()
         self.binder = Binder(writer, self.metrics, component=name)
         self.queue = SchedulingQueue(name, self.metrics)
-        self.mirror = ClusterMirror(client, engine, self.binder, self.queue, leases=leases, watch_budgets=True)
+        self.mirror = ClusterMirror(
+            client, engine, self.binder, self.queue, leases=leases, watch_budgets=True, watch_volumes=True
+        )
         self.stop = self.mirror.stop
         self.leading = threading.Event()
         self.exit_code = 0
@@ -79,7 +81,7 @@ class CustomScheduler:
         mirror, queue = self.mirror, self.queue
         while not self.stop.is_set():
             mirror.beat()
-            ready = self.leading.is_set() and mirror.pods_synced.is_set()
+            ready = self.leading.is_set() and mirror.ready()
             mirror.apply_events(0.0 if ready and queue.active else 0.2)
             with mirror.lock:
                 queue.promote()
