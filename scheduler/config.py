@@ -21,6 +21,9 @@ profiles:
   pluginConfig:
   - name: InterPodAffinity
     args: {hardPodAffinityWeight: 2}
+  - name: PodTopologySpread           # constraints for pods that set none (selectors: from the pod's owners)
+    args:
+      defaultConstraints: [{maxSkew: 2, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}]
 ```
 
 Plugins merge as kube-scheduler merges them: the defaults (`kubegpu.scheduler.scores.DEFAULT_WEIGHTS` and the
@@ -28,13 +31,17 @@ policy's plugin) minus the disabled ones, an enabled default taking the weight g
 Enabling NodeResourcesMostAllocated or NodeResourcesLeastAllocated chooses the policy (binpack or spread) and
 replaces the other; `--policy`, when given too, must agree. Plugin names kubegpu does not know are refused;
 kube-scheduler plugins kubegpu does not implement (ImageLocality, NodePreferAvoidPods, volume limits, ...) may be
-disabled, never enabled. The other extension points (queueSort, preFilter, bind, ...) and client settings
+disabled, never enabled. PodTopologySpread's `defaultConstraints` and `defaultingType` read as 1.20 reads them with
+DefaultPodTopologySpread on: without `defaultingType`, an empty list means `System` (kube-scheduler's defaults,
+`scores.SYSTEM_DEFAULT_SPREAD`) and a list means `List`; `defaultingType: List` with no constraints turns defaulting
+off. The other extension points (queueSort, preFilter, bind, ...) and client settings
 (clientConnection, leaderElection, ...) are accepted and ignored: kubegpu has its own flags for those. Every error
 names the field: `profiles[0].plugins.score.enabled[1].name: unknown score plugin 'NodeAfinity'`.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -43,11 +50,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kubegpu.core.errors import InputError, describe_validation_error, shorten
+from kubegpu.core.models import SpreadConstraint
 from kubegpu.scheduler import scores
 
 __all__ = ["ConfigError", "SchedulerConfig", "load_config", "parse_config"]
 
 API_VERSION = "kubescheduler.config.k8s.io/v1beta1"
+# A label name: an optional DNS subdomain prefix and `/`, then up to 63 alphanumerics, `-`, `_`, `.` (alphanumeric at
+# both ends).
+_LABEL_NAME = re.compile(
+    r"(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
 KIND = "KubeSchedulerConfiguration"
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -95,6 +108,20 @@ class _PluginConfig(_Strict):
 
 class _InterPodAffinityArgs(_Strict):
     hardPodAffinityWeight: int = Field(default=1, ge=0, le=100)
+    apiVersion: str | None = None
+    kind: str | None = None
+
+
+class _DefaultConstraint(_Strict):
+    maxSkew: int = Field(ge=1, le=2**31 - 1)
+    topologyKey: str = Field(min_length=1, max_length=317)  # a qualified label name: prefix/name
+    whenUnsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
+    labelSelector: Any = None
+
+
+class _PodTopologySpreadArgs(_Strict):
+    defaultConstraints: list[_DefaultConstraint] = Field(default_factory=list, max_length=64)
+    defaultingType: Literal["System", "List"] | None = None
     apiVersion: str | None = None
     kind: str | None = None
 
@@ -192,6 +219,32 @@ def _merge_filters(plugins: _PluginSet, where: str) -> frozenset[str]:
     return frozenset(off - {p.name for p in plugins.enabled})
 
 
+def _default_spread(document: dict[str, Any], where: str) -> tuple[SpreadConstraint, ...]:
+    """PodTopologySpreadArgs, validated as kube-scheduler 1.20 validates them, into the profile's default
+    constraints (their selectors None: each pod's owners give it)."""
+    try:
+        args = _PodTopologySpreadArgs.model_validate(document)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, where)) from None
+    constraints = args.defaultConstraints
+    defaulting = args.defaultingType or ("List" if constraints else "System")
+    if defaulting == "System":
+        if constraints:
+            raise ConfigError(f"{where}.defaultingType: System takes no defaultConstraints; set List to use them")
+        return scores.SYSTEM_DEFAULT_SPREAD
+    seen: set[tuple[str, str]] = set()
+    for j, c in enumerate(constraints):
+        here = f"{where}.defaultConstraints[{j}]"
+        if c.labelSelector is not None:
+            raise ConfigError(f"{here}.labelSelector: must not be set: each pod's selector comes from its owners")
+        if not _LABEL_NAME.fullmatch(c.topologyKey) or len(c.topologyKey.rpartition("/")[2]) > 63:
+            raise ConfigError(f"{here}.topologyKey: {shorten(c.topologyKey)!r} is not a valid label name")
+        if (c.topologyKey, c.whenUnsatisfiable) in seen:
+            raise ConfigError(f"{here}: a second constraint for {c.topologyKey} with {c.whenUnsatisfiable}")
+        seen.add((c.topologyKey, c.whenUnsatisfiable))
+    return tuple(SpreadConstraint(c.maxSkew, c.topologyKey, c.whenUnsatisfiable, None) for c in constraints)
+
+
 def parse_config(document: Any, policy: str = "binpack", where: str = "KubeSchedulerConfiguration") -> SchedulerConfig:
     """A loaded YAML document -> `SchedulerConfig`; `policy` is the one `--policy` gives (or the default)."""
     if not isinstance(document, dict):
@@ -207,6 +260,7 @@ def parse_config(document: Any, policy: str = "binpack", where: str = "KubeSched
     weights, chosen = _merge_scores(profile.plugins.score, policy, f"{here}.score")
     filters_off = _merge_filters(profile.plugins.filter, f"{here}.filter")
     hard_weight = 1
+    default_spread = scores.SYSTEM_DEFAULT_SPREAD
     for i, entry in enumerate(profile.pluginConfig):
         name = entry.name
         if name not in scores.SCORE_PLUGINS and name not in scores.FILTER_PLUGINS and name != "DefaultPreemption":
@@ -219,8 +273,10 @@ def parse_config(document: Any, policy: str = "binpack", where: str = "KubeSched
                     describe_validation_error(exc, f"{where}.profiles[0].pluginConfig[{i}].args")
                 ) from None
             hard_weight = args.hardPodAffinityWeight
+        if name == scores.SPREAD:
+            default_spread = _default_spread(entry.args, f"{where}.profiles[0].pluginConfig[{i}].args")
     return SchedulerConfig(
-        scores.Profile(weights, filters_off, config.percentageOfNodesToScore, hard_weight),
+        scores.Profile(weights, filters_off, config.percentageOfNodesToScore, hard_weight, default_spread),
         policy=chosen,
         scheduler_name=profile.schedulerName,
         initial_backoff=float(config.podInitialBackoffSeconds),

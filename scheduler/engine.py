@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Container, Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kubegpu.core.annotations import (
@@ -38,6 +38,7 @@ from kubegpu.core.annotations import (
     verify_allocation,
 )
 from kubegpu.core.models import (
+    LabelSelector,
     NodeInfo,
     NodeSelectorTerm,
     Occupancy,
@@ -50,6 +51,7 @@ from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Code, Status
 from kubegpu.scheduler import filters, podindex, scores
 from kubegpu.scheduler.index import CapacityIndex
+from kubegpu.scheduler.owners import Owners
 from kubegpu.scheduler.podindex import Domains, PodIndex
 from kubegpu.scheduler.preemption import (
     Budget,
@@ -145,6 +147,11 @@ class Plan:
     # or on other nodes).
     settles: bool = True
     stamp: int = 0  # `Engine._stamp` when the plan was made
+    # The pod's topology spread constraints (`Engine.spread_constraints`: its own, or the defaults its owners give
+    # it), DoNotSchedule and ScheduleAnyway, and the generation of the owners they were read at.
+    hard_spread: tuple[SpreadConstraint, ...] = ()
+    soft_spread: tuple[SpreadConstraint, ...] = ()
+    owners: int = 0
     # Each owning plugin's `kubegpu_scheduler_prepare` answer (its PluginHookError when it failed), for fit, score
     # and allocate: computed once per pod signature (Kubernetes' PreFilter writing CycleState).
     prepared: dict[str, object] = field(default_factory=dict)
@@ -239,7 +246,12 @@ class Engine:
         # Bumped whenever a placed pod with required anti-affinity terms (which can refuse an incoming pod on nodes
         # other than its own) comes or goes: plans made before are made again.
         self._anti_epoch = 0
-        self._cluster: tuple[PodRequest, int, filters.AffinityState | None, filters.SpreadState | None] | None = None
+        self._cluster: tuple[PodRequest, Plan, int, filters.AffinityState | None, filters.SpreadState | None] | None
+        self._cluster = None
+        # The Services, ReplicationControllers, ReplicaSets and StatefulSets a front-end reports (`set_owner`): a
+        # pod with no spread constraints of its own gets the profile's default ones, selecting what they select.
+        self._owners = Owners()
+        self._defaulted: dict[LabelSelector, tuple[SpreadConstraint, ...]] = {}
         # Volumes, when a front-end supplies them (`track_volumes`): claim (namespace, name) -> bound volume name
         # ("" while unbound), volume name -> its required node affinity terms (None: any node).
         self.track_volumes = False
@@ -437,7 +449,7 @@ class Engine:
         known = self._plans.get(id(pod))
         if known is not None and known[0] is pod:
             plan = known[1]
-            if plan.stamp == self._stamp(plan.volatile, pod):
+            if plan.stamp == self._stamp(plan.volatile, pod) and plan.owners == self._owners.epoch:
                 return plan
         plan = self._plan(pod)
         if len(self._plans) >= 256:
@@ -458,7 +470,9 @@ class Engine:
             for plugin, resources in routes.items()
             if plugin
         )
-        volatile = bool(pod.pod_affinity or pod.pod_anti_affinity or filters.hard_constraints(pod))
+        spread = self.spread_constraints(pod)
+        hard = tuple(c for c in spread if c.when_unsatisfiable == "DoNotSchedule")
+        volatile = bool(pod.pod_affinity or pod.pod_anti_affinity or hard)
         if not volatile and self._placed.anti:
             volatile = any(filters.pod_matches_term(term, pod) for term in self._placed.anti)
         signature: tuple[object, ...] = (
@@ -499,7 +513,7 @@ class Engine:
                 tuple(sorted(pod.labels.items())),
                 pod.pod_affinity,
                 pod.pod_anti_affinity,
-                pod.spread,
+                spread,
             )
         # Interned, so that comparing a node's remembered signature with this one is mostly an identity check.
         signature = self._signatures.setdefault(signature, signature)
@@ -518,6 +532,9 @@ class Engine:
             settles=not (volatile or by_name or pod.claims),
             stamp=self._stamp(volatile, pod),
             prepared=prepared,
+            hard_spread=hard,
+            soft_spread=tuple(c for c in spread if c.when_unsatisfiable == "ScheduleAnyway"),
+            owners=self._owners.epoch,
         )
 
     def _prepare(self, pod: PodRequest, routes: dict[str, list[str]], key: tuple[object, ...]) -> dict[str, object]:
@@ -641,10 +658,42 @@ class Engine:
         """The volumes the engine knows (`set_volume`)."""
         return list(self.volumes)
 
-    def _cluster_fit(self, record: NodeRecord, pod: PodRequest) -> Status | None:
+    def set_owner(self, kind: str, namespace: str, name: str, selector: LabelSelector | None) -> bool:
+        """A Service, ReplicationController, ReplicaSet or StatefulSet added or changed, with its `spec.selector`
+        (None or empty: it selects no pod), or deleted (None). The pods it selects that set no spread constraints of
+        their own get the profile's default ones with its selector (`kubegpu.scheduler.owners`). Returns whether
+        anything changed."""
+        changed = self._owners.set(kind, namespace, name, selector)
+        if changed:
+            self._defaulted.clear()
+        return changed
+
+    def owner_keys(self) -> list[tuple[str, str, str]]:
+        """(kind, namespace, name) of the owners the engine knows (`set_owner`) that select some pod."""
+        return self._owners.keys()
+
+    def spread_constraints(self, pod: PodRequest) -> tuple[SpreadConstraint, ...]:
+        """The topology spread constraints the pod is scheduled by: its own; else the profile's default constraints
+        (`scores.Profile.default_spread`) with the combined selector of its owners (`set_owner`), as kube-scheduler
+        1.20 builds them; none when no owner selects it."""
+        defaults = self.scoring.default_spread
+        if pod.spread or not defaults or not self._owners:
+            return pod.spread
+        selector = self._owners.selector_for(pod.namespace, pod.labels)
+        if selector is None:
+            return ()
+        constraints = self._defaulted.get(selector)
+        if constraints is None:
+            constraints = tuple(replace(c, selector=selector) for c in defaults)
+            if len(self._defaulted) >= 256:
+                self._defaulted.clear()
+            self._defaulted[selector] = constraints
+        return constraints
+
+    def _cluster_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
         """PodTopologySpread and InterPodAffinity, judged from counts gathered over the whole cluster once per pod
         and generation (kube-scheduler's PreFilter)."""
-        affinity, spread = self._cluster_state(pod)
+        affinity, spread = self._cluster_state(pod, plan)
         labels = record.info.labels
         if spread is not None and "PodTopologySpread" not in self.filters_off:
             refused = filters.spread_fits(pod, spread, labels)
@@ -659,16 +708,18 @@ class Engine:
                 return Status.unschedulable(*reasons)
         return None
 
-    def _cluster_state(self, pod: PodRequest) -> tuple[filters.AffinityState | None, filters.SpreadState | None]:
+    def _cluster_state(
+        self, pod: PodRequest, plan: Plan
+    ) -> tuple[filters.AffinityState | None, filters.SpreadState | None]:
         cached = self._cluster
-        if cached is not None and cached[0] is pod and cached[1] == self.generation:
-            return cached[2], cached[3]
+        if cached is not None and cached[0] is pod and cached[1] is plan and cached[2] == self.generation:
+            return cached[3], cached[4]
         affinity = podindex.affinity_state(pod, self._placed, self._labels)
         spread: filters.SpreadState | None = None
-        constraints = filters.hard_constraints(pod)
+        constraints = plan.hard_spread
         if constraints:
-            spread = podindex.spread_state(pod, self._placed, self._spread_domains(pod, constraints))
-        self._cluster = (pod, self.generation, affinity, spread)
+            spread = podindex.spread_state(pod, self._placed, self._spread_domains(pod, constraints), constraints)
+        self._cluster = (pod, plan, self.generation, affinity, spread)
         return affinity, spread
 
     def _labels(self, name: str) -> Mapping[str, str] | None:
@@ -736,7 +787,7 @@ class Engine:
             remembered = memo[id(plan.local)] = (record.version, plan.local, self._basic_fit(record, pod, plan), None)
         status = remembered[2]
         if status is None and plan.volatile:
-            status = self._cluster_fit(record, pod)
+            status = self._cluster_fit(record, pod, plan)
         if status is None:
             status = remembered[3]
             if status is None:
@@ -878,13 +929,14 @@ class Engine:
             if table:
                 raw_scores = [scores.affinity_raw(table, record.info.labels) for record in records]
                 add(scores.INTER_POD_AFFINITY, scores.normalize_affinity(raw_scores))
-        soft = scores.soft_constraints(pod)
+        soft = plan.soft_spread  # the pod's own or, when it has none, the defaults its owners give it
         if profile.weight(scores.SPREAD) and soft:
             state = podindex.spread_scores(
                 pod,
                 self._placed,
                 [(record.name, record.info.labels) for record in records],
                 self._spread_domains(pod, soft),
+                soft,
             )
             if state is not None:
                 raw_scores = [scores.spread_raw(state, pod, r.name, r.info.labels) for r in records]
@@ -895,7 +947,7 @@ class Engine:
         """Whether an affinity term of a placed pod selects `pod` (so that InterPodAffinity scores it)."""
         return self._placed.drawn(pod)
 
-    def _sample_size(self, pod: PodRequest) -> int:
+    def _sample_size(self, pod: PodRequest, plan: Plan) -> int:
         """How many feasible nodes to find before scoring. Without preferences the candidates come in policy order,
         best first, so `sample` do; when scores read labels, taints or other pods (or a configuration sets
         `percentageOfNodesToScore`), as many as kube-scheduler finds."""
@@ -907,7 +959,7 @@ class Engine:
             or pod.preferred_anti_affinity
             or self._drawn(pod)
             or self._soft_tainted
-            or scores.soft_constraints(pod)
+            or plan.soft_spread
         ):
             return max(self.sample, scores.feasible_to_find(len(self.nodes), percentage))
         return self.sample
@@ -953,7 +1005,7 @@ class Engine:
         settled: dict[int, tuple[str, ...]] = {}  # node class -> the unresolvable reasons its nodes share
         resolvable = False
         candidates, resource = self._candidates(pod, plan)
-        sample = self._sample_size(pod)
+        sample = self._sample_size(pod, plan)
         visited: dict[int, list[dict[str, None]]] = {}  # node class -> the groups of its nodes filtered above
         for klass, members in candidates:
             visited.setdefault(klass, []).append(members)

@@ -17,7 +17,7 @@ sentence saying so), CSI volume limits, VolumeZone and VolumeRestrictions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kubegpu.core.models import (
@@ -255,11 +255,16 @@ def hard_constraints(pod: PodRequest) -> tuple[SpreadConstraint, ...]:
     return tuple(c for c in pod.spread if c.when_unsatisfiable == "DoNotSchedule")
 
 
-def spread_counts(pod: PodRequest, nodes: Iterable[tuple[str, Mapping[str, str], Iterable[PodRequest]]]) -> SpreadState:
+def spread_counts(
+    pod: PodRequest,
+    nodes: Iterable[tuple[str, Mapping[str, str], Iterable[PodRequest]]],
+    constraints: Sequence[SpreadConstraint] | None = None,
+) -> SpreadState:
     """kube-scheduler's PreFilter for spread: only nodes passing the pod's node selector and required node affinity
     and carrying every constraint's topology key count; pods count when in the pod's namespace, not terminating and
-    selected. `nodes` are (name, labels, pods on it)."""
-    constraints = hard_constraints(pod)
+    selected. `nodes` are (name, labels, pods on it); `constraints` the hard constraints to apply (a pod's defaulted
+    ones), None: the pod's own."""
+    constraints = hard_constraints(pod) if constraints is None else tuple(constraints)
     counts: tuple[dict[str, int], ...] = tuple({} for _ in constraints)
     for name, labels, pods in nodes:
         if not all(c.topology_key in labels for c in constraints):

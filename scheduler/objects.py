@@ -1,8 +1,10 @@
 """The cluster objects besides Nodes and Pods that scheduling reads, as the engine wants them.
 
 PodDisruptionBudgets (policy/v1beta1) for preemption, PersistentVolumeClaims and PersistentVolumes for volume binding,
-PriorityClasses for pods that name one. The simulator reads them from its input files, the custom scheduler from its
-informers; both hand the engine the same records. Each reader raises `ManifestError` naming the field.
+PriorityClasses for pods that name one, and the Services, ReplicationControllers, ReplicaSets and StatefulSets whose
+selectors give a pod its default spread constraints (`kubegpu.scheduler.owners`). The simulator reads them from its
+input files, the custom scheduler from its informers; both hand the engine the same records. Each reader raises
+`ManifestError` naming the field.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ from typing import Any
 
 from kubegpu.core.errors import shorten
 from kubegpu.core.manifests import ManifestError, label_selector, node_selector_terms
-from kubegpu.core.models import NodeSelectorTerm, PodRequest
+from kubegpu.core.models import LabelSelector, NodeSelectorTerm, PodRequest, Requirement
+from kubegpu.scheduler.owners import OWNER_KINDS
 from kubegpu.scheduler.preemption import Budget
 
-__all__ = ["PriorityClass", "budget", "claim", "disruptions_allowed", "priority_class", "volume"]
+__all__ = ["PriorityClass", "budget", "claim", "disruptions_allowed", "owner", "priority_class", "volume"]
+
+# The owners whose `spec.selector` is a plain map of labels (the others have a `metav1.LabelSelector`).
+MAP_SELECTORS = frozenset({"Service", "ReplicationController"})
 
 
 def _meta(document: Mapping[str, Any], kind: str) -> tuple[str, str]:
@@ -117,3 +123,22 @@ def priority_class(document: Mapping[str, Any]) -> PriorityClass:
     if policy not in ("PreemptLowerPriority", "Never"):
         raise ManifestError(f"{kind}.preemptionPolicy: expected PreemptLowerPriority or Never")
     return PriorityClass(name, value, bool(document.get("globalDefault")), policy)
+
+
+def owner(kind: str, document: Mapping[str, Any]) -> tuple[str, str, str, LabelSelector | None]:
+    """A Service, ReplicationController, ReplicaSet or StatefulSet of `kind` (a watch's items carry no kind):
+    (kind, namespace, name, its `spec.selector`; None when it has none), for `Engine.set_owner`."""
+    if kind not in OWNER_KINDS:
+        raise ManifestError(f"kind: expected one of {', '.join(OWNER_KINDS)}, got {shorten(str(kind))!r}")
+    namespace, name = _meta(document, kind)
+    raw = _section(document, "spec", kind).get("selector")
+    where = f"{kind}.spec.selector"
+    if kind not in MAP_SELECTORS:
+        return kind, namespace, name, label_selector(raw, where)
+    if raw is not None and not isinstance(raw, Mapping):
+        raise ManifestError(f"{where}: expected a map of labels")
+    for key, value in (raw or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ManifestError(f"{where}.{shorten(str(key))}: expected a string label value")
+    requirements = tuple(Requirement(key, "In", (value,)) for key, value in sorted((raw or {}).items()))
+    return kind, namespace, name, LabelSelector(requirements) if requirements else None

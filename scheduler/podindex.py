@@ -246,10 +246,13 @@ def affinity_scores(pod: PodRequest, index: PodIndex, labels: Labels, hard_weigh
     return scores.affinity_prescore(pod, _located(candidates, index, labels), hard_weight)
 
 
-def spread_state(pod: PodRequest, index: PodIndex, domains: Domains) -> filters.SpreadState:
-    """PodTopologySpread's PreFilter (`filters.spread_counts`): per `DoNotSchedule` constraint, the matching pods
-    (the pod's namespace, not terminating) on the `domains` nodes per topology value, every value counted."""
-    constraints = filters.hard_constraints(pod)
+def spread_state(
+    pod: PodRequest, index: PodIndex, domains: Domains, constraints: Sequence[SpreadConstraint] | None = None
+) -> filters.SpreadState:
+    """PodTopologySpread's PreFilter (`filters.spread_counts`): per `DoNotSchedule` constraint (`constraints`, or
+    the pod's own), the matching pods (the pod's namespace, not terminating) on the `domains` nodes per topology
+    value, every value counted."""
+    constraints = filters.hard_constraints(pod) if constraints is None else tuple(constraints)
     counts = []
     for constraint in constraints:
         key = constraint.topology_key
@@ -264,11 +267,16 @@ def spread_state(pod: PodRequest, index: PodIndex, domains: Domains) -> filters.
 
 
 def spread_scores(
-    pod: PodRequest, index: PodIndex, feasible: Sequence[tuple[str, Mapping[str, str]]], domains: Domains
+    pod: PodRequest,
+    index: PodIndex,
+    feasible: Sequence[tuple[str, Mapping[str, str]]],
+    domains: Domains,
+    constraints: Sequence[SpreadConstraint] | None = None,
 ) -> scores.SpreadScores | None:
-    """PodTopologySpread's PreScore (`scores.spread_prescore`) from the index: the pairs of the feasible nodes,
-    counted over the `domains` nodes; for a hostname constraint, the matching pods per node (`SpreadScores.hosts`)."""
-    state = scores.spread_prescore(pod, feasible, ())
+    """PodTopologySpread's PreScore (`scores.spread_prescore`, with the same `constraints`) from the index: the pairs
+    of the feasible nodes, counted over the `domains` nodes; for a hostname constraint, the matching pods per node
+    (`SpreadScores.hosts`)."""
+    state = scores.spread_prescore(pod, feasible, (), constraints)
     if state is None:
         return None
     hosts: list[Mapping[str, int] | None] = []

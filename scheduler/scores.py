@@ -15,15 +15,17 @@ wins (the engine's candidate order breaks ties). The plugins, with kube-schedule
   that match the pod (1 for their required ones; - for their preferred anti-affinity); min..max, 0 included,
   stretched to 0..100.
 * PodTopologySpread (2): per `ScheduleAnyway` constraint, the matching pods in the node's domain x log(domains + 2)
-  + maxSkew - 1; reversed to 100 x (max + min - raw) / max, nodes lacking a topology key 0.
+  + maxSkew - 1; reversed to 100 x (max + min - raw) / max, nodes lacking a topology key 0. A pod with no
+  constraints of its own gets the profile's default constraints (`Profile.default_spread`; kube-scheduler's system
+  defaults unless a configuration lists others), selecting what the Services, ReplicationControllers, ReplicaSets
+  and StatefulSets that select it select (`kubegpu.scheduler.owners`); 1.20 scores them as the pod's own.
 * NodeResourcesMostAllocated (`--policy binpack`) or NodeResourcesLeastAllocated (`spread`) (1): kubegpu's policy,
   the used share of the devices the pod asks for, or kube-scheduler's cpu and memory formula for a pod without
   devices; used as is.
 * KubegpuDevices (1): the device plugins' topology score (0..100); used as is.
 
 kube-scheduler's ImageLocality and NodePreferAvoidPods are not implemented (kubegpu sees no images and no
-`preferAvoidPods` annotations); nor are the system default spread constraints, which need the Services and
-ReplicaSets that own a pod. Requests count as the scores count them: a container without a cpu or memory request
+`preferAvoidPods` annotations). Requests count as the scores count them: a container without a cpu or memory request
 counts 100 millicores and 200 MiB (kube-scheduler's non-zero requests).
 
 Raw scores that depend only on the node and the pod's spec are remembered by the engine per node version and pod
@@ -91,6 +93,12 @@ DEFAULT_WEIGHTS: Mapping[str, int] = {
     DEVICES: 1,
 }
 POLICY_WEIGHT = 1
+# PodTopologySpread's default constraints in kube-scheduler 1.20 (DefaultPodTopologySpread, `defaultingType: System`):
+# for a pod with no constraints of its own, soft spread over hosts and zones; the selector comes from the pod's owners.
+SYSTEM_DEFAULT_SPREAD = (
+    SpreadConstraint(3, HOSTNAME, "ScheduleAnyway", None),
+    SpreadConstraint(5, "topology.kubernetes.io/zone", "ScheduleAnyway", None),
+)
 # kube-scheduler's score plugins that kubegpu does not implement: a configuration may disable them, not enable them.
 UNSUPPORTED_SCORES = frozenset(
     {"ImageLocality", "NodePreferAvoidPods", "SelectorSpread", "RequestedToCapacityRatio", "NodeLabel",
@@ -118,12 +126,14 @@ UNSUPPORTED_FILTERS = frozenset(
 @dataclass(frozen=True, slots=True)
 class Profile:
     """Which score plugins are on with their weights (a plugin absent or weighted 0 is off), which filters are off,
-    and kube-scheduler's `percentageOfNodesToScore` (0: its adaptive default) and `hardPodAffinityWeight`."""
+    and kube-scheduler's `percentageOfNodesToScore` (0: its adaptive default), `hardPodAffinityWeight` and
+    PodTopologySpread's default constraints (their selectors None: each pod's owners give it; empty: none)."""
 
     weights: Mapping[str, int] = field(default_factory=dict)
     filters_off: frozenset[str] = frozenset()
     percentage_of_nodes_to_score: int = 0
     hard_pod_affinity_weight: int = 1
+    default_spread: tuple[SpreadConstraint, ...] = SYSTEM_DEFAULT_SPREAD
 
     @classmethod
     def default(cls, policy: str = "binpack") -> Profile:
@@ -289,10 +299,12 @@ def spread_prescore(
     pod: PodRequest,
     feasible: Sequence[tuple[str, Mapping[str, str]]],
     nodes: Iterable[tuple[str, Mapping[str, str], Iterable[PodRequest]]],
+    constraints: Sequence[SpreadConstraint] | None = None,
 ) -> SpreadScores | None:
     """None when the pod has no `ScheduleAnyway` constraint. `feasible` are (name, labels) of the nodes to score,
-    `nodes` (name, labels, pods on it) of every node: pods count on nodes passing the pod's node affinity."""
-    constraints = soft_constraints(pod)
+    `nodes` (name, labels, pods on it) of every node: pods count on nodes passing the pod's node affinity.
+    `constraints` are the soft constraints to apply (a pod's defaulted ones); None: the pod's own."""
+    constraints = soft_constraints(pod) if constraints is None else tuple(constraints)
     if not constraints:
         return None
     ignored: set[str] = set()

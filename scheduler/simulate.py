@@ -14,7 +14,9 @@ value, else the global default class's), then in document order.
 A pod that fits nowhere preempts pods of lower priority where that makes it fit (`kubegpu.scheduler.preemption`):
 each victim is removed at once and reported first as `{"pod", "event": "preempted", "node", "by": "ns/name"}`
 (with its released `devices`), then the preemptor's `scheduled`. PodDisruptionBudget (`status.disruptionsAllowed`,
-else computed from its spec), PersistentVolumeClaim, PersistentVolume and PriorityClass documents are read too.
+else computed from its spec), PersistentVolumeClaim, PersistentVolume and PriorityClass documents are read too, and
+Service, ReplicationController, ReplicaSet and StatefulSet documents, whose selectors give the pods they select that
+set no `topologySpreadConstraints` kube-scheduler's default spread over hosts and zones (`kubegpu.scheduler.owners`).
 Without `--json` it prints a report: placements, per-node device occupancy maps and a summary. Invalid input exits
 with status 2 and a message naming the document and field, before anything is scheduled; unschedulable pods are not
 an error.
@@ -39,6 +41,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -57,6 +60,7 @@ from kubegpu.core.status import Code
 from kubegpu.scheduler import objects
 from kubegpu.scheduler.config import ConfigError, Policy, load_config
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine
+from kubegpu.scheduler.owners import OWNER_KINDS
 from kubegpu.scheduler.preemption import Budget
 from kubegpu.scheduler.report import draw_text
 
@@ -359,6 +363,7 @@ OBJECT_KINDS: dict[str, Callable[[dict[str, Any]], object]] = {
     "PersistentVolumeClaim": objects.claim,
     "PersistentVolume": objects.volume,
     "PriorityClass": objects.priority_class,
+    **{kind: partial(objects.owner, kind) for kind in OWNER_KINDS},
 }
 
 
@@ -383,6 +388,8 @@ class Cluster:
             elif kind == "PriorityClass":
                 found_class = objects.priority_class(document)
                 cluster.classes[found_class.name] = found_class
+            elif kind in OWNER_KINDS:
+                engine.set_owner(*objects.owner(kind, document))
         return cluster
 
     def resolve(self, pod: PodRequest) -> PodRequest:

@@ -154,13 +154,22 @@ def test_input_formats_give_the_same_result(form: str, tmp_path: Path, capsys: p
             "#2: Pod.spec.containers: List should have at least 1 item",
         ),
         (
-            {"kind": "Service", "metadata": {"name": "x"}},
+            {"kind": "ConfigMap", "metadata": {"name": "x"}},
             "#2: kind: expected Node, Pod, PodDisruptionBudget, PersistentVolumeClaim, PersistentVolume, "
-            "PriorityClass or List, got 'Service'",
+            "PriorityClass, Service, ReplicationController, ReplicaSet, StatefulSet or List, got 'ConfigMap'",
         ),
         (pod_manifest("q", {"main": {"cpu": "lots"}}), "'lots' is not a Kubernetes quantity"),
+        (
+            {"kind": "Service", "metadata": {"name": "web"}, "spec": {"selector": ["app", "web"]}},
+            "#2: Service.spec.selector: expected a map of labels",
+        ),
+        (
+            {"kind": "ReplicaSet", "metadata": {"name": "web"}, "spec": {"selector": {"matchExpressions": [
+                {"key": "app", "operator": "In"}]}}},
+            "#2: ReplicaSet.spec.selector.matchExpressions[0].values: operator In needs at least one value",
+        ),  # fmt: skip
     ],
-    ids=["negative-quantity", "no-containers", "unknown-kind", "bad-quantity"],
+    ids=["negative-quantity", "no-containers", "unknown-kind", "bad-quantity", "service-selector", "replicaset-selector"],
 )
 def test_invalid_input_names_document_and_field(
     document: dict[str, Any], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
