@@ -79,7 +79,7 @@ def kubegpu(nodes: list[tuple[str, str]], sizes: list[int]) -> Result:
     for name, kind in nodes:
         engine.add_node(node_info(node_document(name, kind)))
     placed = sum(engine.schedule(pod_request(pod_document(f"p{i}", s))[0]).scheduled for i, s in enumerate(sizes))
-    stranded = sum(o.free - o.largest_fit for name in engine.nodes for o in engine.describe(name))
+    stranded = sum(o.free - o.largest_fit for name in engine.node_names() for o in engine.describe(name))
     return Result(placed, stranded)
 
 
