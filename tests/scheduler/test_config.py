@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kubegpu.core.models import SpreadConstraint
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.config import ConfigError, load_config, parse_config
 
@@ -83,6 +84,64 @@ def test_other_settings_are_read() -> None:
     config = parse_config(document)
     assert config.profile.percentage_of_nodes_to_score == 30 and config.profile.hard_pod_affinity_weight == 3
     assert (config.initial_backoff, config.max_backoff) == (2.0, 20.0)
+
+
+def spread_args(**args: Any) -> dict[str, Any]:
+    return {**HEAD, "profiles": [{"pluginConfig": [{"name": "PodTopologySpread", "args": args}]}]}
+
+
+ZONE_SOFT = {"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+RACK_HARD = {"maxSkew": 1, "topologyKey": "example.com/rack", "whenUnsatisfiable": "DoNotSchedule"}
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ({}, scores.SYSTEM_DEFAULT_SPREAD),
+        ({"defaultingType": "System"}, scores.SYSTEM_DEFAULT_SPREAD),
+        ({"defaultConstraints": []}, scores.SYSTEM_DEFAULT_SPREAD),  # 1.20: no defaultingType and no list is System
+        ({"defaultingType": "List"}, ()),
+        ({"defaultingType": "List", "defaultConstraints": []}, ()),
+        (
+            {"defaultConstraints": [ZONE_SOFT, RACK_HARD]},
+            (
+                SpreadConstraint(2, "topology.kubernetes.io/zone", "ScheduleAnyway", None),
+                SpreadConstraint(1, "example.com/rack", "DoNotSchedule", None),
+            ),
+        ),
+    ],
+    ids=["absent", "system", "empty-list-alone", "list-without-constraints", "list-empty", "a-list"],
+)
+def test_pod_topology_spread_default_constraints_are_read_as_kube_scheduler_1_20_reads_them(
+    args: dict[str, Any], expected: tuple[SpreadConstraint, ...]
+) -> None:
+    assert parse_config(spread_args(**args)).profile.default_spread == expected
+    assert parse_config(HEAD).profile.default_spread == scores.SYSTEM_DEFAULT_SPREAD
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"defaultingType": "System", "defaultConstraints": [ZONE_SOFT]}, "args.defaultingType: System takes no"),
+        ({"defaultingType": "Custom"}, "args.defaultingType"),
+        ({"defaultConstraints": [{**ZONE_SOFT, "maxSkew": 0}]}, "args.defaultConstraints[0].maxSkew"),
+        ({"defaultConstraints": [{**ZONE_SOFT, "topologyKey": "no spaces"}]},
+         "args.defaultConstraints[0].topologyKey: 'no spaces' is not a valid label name"),
+        ({"defaultConstraints": [{**ZONE_SOFT, "whenUnsatisfiable": "Never"}]},
+         "args.defaultConstraints[0].whenUnsatisfiable"),
+        ({"defaultConstraints": [{**ZONE_SOFT, "labelSelector": {"matchLabels": {"app": "web"}}}]},
+         "args.defaultConstraints[0].labelSelector: must not be set"),
+        ({"defaultConstraints": [ZONE_SOFT, {**ZONE_SOFT, "maxSkew": 3}]},
+         "args.defaultConstraints[1]: a second constraint for topology.kubernetes.io/zone with ScheduleAnyway"),
+        ({"defaultConstraints": [ZONE_SOFT], "defaultSpread": True}, "args.defaultSpread"),
+    ],
+    ids=["system-with-a-list", "unknown-type", "zero-skew", "bad-key", "bad-action", "a-selector", "repeated",
+         "unknown-arg"],
+)  # fmt: skip
+def test_pod_topology_spread_args_mistakes_name_the_field(args: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config(spread_args(**args))
+    assert f"KubeSchedulerConfiguration.profiles[0].pluginConfig[0].{message}" in str(refused.value)
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,9 @@
 
 The engine's pod affinity, anti-affinity and topology spread counts come from the index, which visits only the pods
 a term can select. Here random clusters go through random placements, releases, node relabels and removals, and
-after every step each answer of the index is compared with the scan that `filters` and `scores` define: the oracle.
+owners (Services, ReplicaSets, ...) come and go, and after every step each answer of the index is compared with the
+scan that `filters` and `scores` define: the oracle. A probe without spread constraints of its own is checked with
+the default constraints its owners give it, whose selector is itself checked against a scan of every owner.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubegpu.core.manifests import label_selector, node_info, pod_request
-from kubegpu.core.models import PodRequest
+from kubegpu.core.models import LabelSelector, PodRequest, Requirement, SpreadConstraint
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest
-from kubegpu.scheduler import filters, podindex, scores
+from kubegpu.scheduler import filters, objects, podindex, scores
 from kubegpu.scheduler.engine import Engine
 
 ZONE = "topology.kubernetes.io/zone"
@@ -104,16 +106,40 @@ def node_labels(name: str, zone: str | None, rack: str | None, hostname: bool) -
 
 
 node_shapes = st.tuples(st.sampled_from([None, "z1", "z2", "z3"]), st.sampled_from([None, "r1", "r2"]), st.booleans())
+# An owner set or deleted (selector None): Services and ReplicationControllers select by a map, the others by a
+# LabelSelector; an empty one selects no pod.
+owner_changes = st.one_of(
+    st.tuples(
+        st.just("own"),
+        st.sampled_from(["Service", "ReplicationController"]),
+        st.sampled_from(NAMESPACES),
+        st.integers(0, 2),
+        st.one_of(st.none(), label_sets),
+    ),
+    st.tuples(
+        st.just("own"),
+        st.sampled_from(["ReplicaSet", "StatefulSet"]),
+        st.sampled_from(NAMESPACES),
+        st.integers(0, 2),
+        selectors,
+    ),
+)
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("place"), pod_documents(), st.integers(0, 5)),
         st.tuples(st.just("release"), st.integers(0, 100)),
         st.tuples(st.just("relabel"), st.integers(0, 5), node_shapes),
         st.tuples(st.just("remove"), st.integers(0, 5)),
+        owner_changes,
     ),
     min_size=1,
     max_size=25,
 )
+# The profile's default constraints: kube-scheduler's, or a list with a DoNotSchedule one (filters read it too).
+DEFAULTS = [
+    scores.SYSTEM_DEFAULT_SPREAD,
+    (SpreadConstraint(1, "rack", "DoNotSchedule", None), SpreadConstraint(2, ZONE, "ScheduleAnyway", None)),
+]
 
 
 def request(document: dict[str, Any], name: str) -> PodRequest:
@@ -140,22 +166,64 @@ def scanned_affinity(e: Engine, pod: PodRequest) -> filters.AffinityState | None
     return state
 
 
-def check_against_scans(e: Engine, probe: PodRequest) -> None:
+def own(e: Engine, owners: dict[tuple[str, str, str], LabelSelector | None], op: tuple[Any, ...]) -> None:
+    """Apply an `own` operation to the engine, and to `owners`, the oracle's plain record of every owner."""
+    _, kind, namespace, number, selector = op
+    name = f"{kind.lower()}-{number}"
+    parsed = None
+    if selector is not None:
+        document = {"metadata": {"name": name, "namespace": namespace}, "spec": {"selector": selector}}
+        parsed = objects.owner(kind, document)[3]
+    e.set_owner(kind, namespace, name, parsed)
+    owners[(kind, namespace, name)] = parsed
+
+
+def scanned_defaults(
+    e: Engine, owners: dict[tuple[str, str, str], LabelSelector | None], probe: PodRequest
+) -> tuple[SpreadConstraint, ...]:
+    """kube-scheduler's buildDefaultConstraints as a scan of every owner: the requirements of every owner in the
+    pod's namespace whose non-empty selector matches the pod, all on each default constraint."""
+    if probe.spread:
+        return probe.spread
+    found: set[Requirement] = set()
+    for (_, namespace, _), selector in owners.items():
+        if namespace != probe.namespace or selector is None or not selector.requirements or not probe.labels:
+            continue
+        if filters.selector_matches(selector, probe.labels):
+            found.update(selector.requirements)
+    if not found:
+        return ()
+    constraints = e.spread_constraints(probe)
+    assert all(c.selector is not None and set(c.selector.requirements) == found for c in constraints)
+    expected = e.scoring.default_spread
+    assert [(c.max_skew, c.topology_key, c.when_unsatisfiable) for c in constraints] == [
+        (c.max_skew, c.topology_key, c.when_unsatisfiable) for c in expected
+    ]
+    return constraints
+
+
+def check_against_scans(e: Engine, probe: PodRequest, owners: dict[tuple[str, str, str], Any] | None = None) -> None:
     index = e._placed
     assert podindex.affinity_state(probe, index, e._labels) == scanned_affinity(e, probe)
     assert podindex.affinity_scores(probe, index, e._labels, 1) == scores.affinity_prescore(probe, located(e), 1)
     assert index.drawn(probe) == any(
         filters.pod_matches_term(t, probe) for p, _ in located(e) for t in scores.scoring_terms(p)
     )
-    hard = filters.hard_constraints(probe)
+    constraints = scanned_defaults(e, owners or {}, probe)
+    assert e.spread_constraints(probe) == constraints
+    plan = e.plan(probe)
+    hard = tuple(c for c in constraints if c.when_unsatisfiable == "DoNotSchedule")
+    assert plan.hard_spread == hard
     if hard:
-        indexed = podindex.spread_state(probe, index, e._spread_domains(probe, hard))
-        assert indexed == filters.spread_counts(probe, on_nodes(e))
-    soft = scores.soft_constraints(probe)
+        indexed = podindex.spread_state(probe, index, e._spread_domains(probe, hard), hard)
+        assert indexed == filters.spread_counts(probe, on_nodes(e), hard)
+        assert e._cluster_state(probe, plan)[1] == indexed  # the cycle's remembered state is the fresh one
+    soft = tuple(c for c in constraints if c.when_unsatisfiable == "ScheduleAnyway")
+    assert plan.soft_spread == soft
     if soft:
         feasible = [(r.name, dict(r.info.labels)) for r in e.nodes.values()]
-        scanned = scores.spread_prescore(probe, feasible, on_nodes(e))
-        indexed_scores = podindex.spread_scores(probe, index, feasible, e._spread_domains(probe, soft))
+        scanned = scores.spread_prescore(probe, feasible, on_nodes(e), soft)
+        indexed_scores = podindex.spread_scores(probe, index, feasible, e._spread_domains(probe, soft), soft)
         assert scanned is not None and indexed_scores is not None
         assert (indexed_scores.ignored, indexed_scores.counts, indexed_scores.weights) == (
             scanned.ignored,
@@ -168,15 +236,30 @@ def check_against_scans(e: Engine, probe: PodRequest) -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(node_shapes, min_size=1, max_size=6), operations, st.lists(pod_documents(), min_size=1, max_size=4))
+@given(
+    st.lists(node_shapes, min_size=1, max_size=6),
+    operations,
+    st.lists(pod_documents(), min_size=1, max_size=4),
+    st.sampled_from(DEFAULTS),
+    st.lists(owner_changes, max_size=8),
+    st.lists(st.tuples(st.sampled_from(NAMESPACES), label_sets), max_size=3),  # probes with no constraints
+)
 def test_index_answers_equal_a_scan_of_every_placed_pod(
     shapes: list[tuple[str | None, str | None, bool]],
     ops: list[tuple[Any, ...]],
     probes: list[dict[str, Any]],
+    defaults: tuple[SpreadConstraint, ...],
+    initial_owners: list[tuple[Any, ...]],
+    plain: list[tuple[str, dict[str, str]]],
 ) -> None:
-    e = Engine(make_plugin_manager("scheduler", plugins=[], autoload=False))
+    profile = scores.Profile(scores.DEFAULT_WEIGHTS, default_spread=defaults)
+    e = Engine(make_plugin_manager("scheduler", plugins=[], autoload=False), scoring=profile)
+    owners: dict[tuple[str, str, str], LabelSelector | None] = {}
+    for change in initial_owners:
+        own(e, owners, change)
     for i, (zone, rack, hostname) in enumerate(shapes):
         e.add_node(node_info(node_manifest(f"n{i}", labels=node_labels(f"n{i}", zone, rack, hostname))))
+    probes += [{"kind": "Pod", "metadata": {"namespace": ns, "labels": labels}, "spec": SPEC} for ns, labels in plain]
     requests = [request(document, f"probe{i}") for i, document in enumerate(probes)]
     for step, op in enumerate(ops):
         if op[0] == "place" and f"n{op[2]}" in e.nodes:
@@ -187,9 +270,11 @@ def test_index_answers_equal_a_scan_of_every_placed_pod(
             e.add_node(node_info(node_manifest(f"n{op[1]}", labels=node_labels(f"n{op[1]}", *op[2]))))
         elif op[0] == "remove":
             e.remove_node(f"n{op[1]}")
+        elif op[0] == "own":
+            own(e, owners, op)
         assert set(e._placed.pods) == set(e.pods)
         for probe in requests:
-            check_against_scans(e, probe)
+            check_against_scans(e, probe, owners)
 
 
 @settings(max_examples=200, deadline=None)

@@ -17,7 +17,7 @@ from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest
-from kubegpu.scheduler import scores
+from kubegpu.scheduler import objects, scores
 from kubegpu.scheduler.engine import Engine
 
 ZONE = "topology.kubernetes.io/zone"
@@ -320,6 +320,7 @@ def shapes(draw: st.DrawFn) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
     found = []
     for i in range(draw(st.integers(3, 10))):
         app, other = draw(st.sampled_from(APPS)), draw(st.sampled_from(APPS))
+        # "plain" pods set no spread constraints: when an owner selects their app they get the default ones.
         kind = draw(st.sampled_from(["plain", "prefer-zone", "prefer-pod", "avoid-pod", "soft-spread", "cpu"]))
         spec: dict[str, Any] = {}
         if kind == "prefer-zone":
@@ -341,10 +342,30 @@ def ranking(e: Engine, probe: PodRequest) -> str | None:
     return e._rank(feasible, probe, e.plan(probe)) if feasible else None
 
 
+# Owners toggled between steps (`Engine.set_owner`): a ReplicaSet of web pods, a Service of db pods, a Service
+# selecting both apps' pods by an expression.
+OWNERS = [
+    ("ReplicaSet", "web", {"matchLabels": {"app": "web"}}),
+    ("Service", "db", {"app": "db"}),
+    ("StatefulSet", "both", {"matchExpressions": [{"key": "app", "operator": "In", "values": APPS}]}),
+]
+
+
+def toggle_owner(e: Engine, which: int) -> None:
+    kind, name, selector = OWNERS[which]
+    if (kind, "default", name) in e.owner_keys():
+        e.set_owner(kind, "default", name, None)
+    else:
+        document = {"metadata": {"name": name}, "spec": {"selector": selector}}
+        e.set_owner(*objects.owner(kind, document))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shapes(), st.lists(st.integers(0, 9), max_size=3))
+@given(shapes(), st.lists(st.integers(0, 9), max_size=3), st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2))))
 def test_remembered_scores_equal_fresh_ones_after_every_change(
-    workload: list[tuple[str, dict[str, Any], dict[str, str]]], deletions: list[int]
+    workload: list[tuple[str, dict[str, Any], dict[str, str]]],
+    deletions: list[int],
+    owners: list[tuple[int, int]],
 ) -> None:
     e = cluster(
         node("a1", "a", cpu="4", memory="8Gi"),
@@ -357,11 +378,16 @@ def test_remembered_scores_equal_fresh_ones_after_every_change(
     for index, request in enumerate(pods):
         if index in deletions and placed:
             e.release(placed.pop(0))
+        for step, which in owners:
+            if step == index:
+                toggle_owner(e, which)
         for probe in pods:
             remembered = ranking(e, probe)
             for record in e.nodes.values():
                 record.last_check, record.last_raw = {}, None
             e._plans.clear()
+            e._defaulted.clear()
+            e._owners._memo.clear()
             assert ranking(e, probe) == remembered
         if e.schedule(request).scheduled:
             placed.append(request.key)

@@ -142,6 +142,9 @@ def test_input_formats_give_the_same_result(form: str, tmp_path: Path, capsys: p
     assert events[1]["reason"] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
 
 
+IN_WITHOUT_VALUES = {"matchExpressions": [{"key": "app", "operator": "In"}]}
+
+
 @pytest.mark.parametrize(
     ("document", "message"),
     [
@@ -164,12 +167,18 @@ def test_input_formats_give_the_same_result(form: str, tmp_path: Path, capsys: p
             "#2: Service.spec.selector: expected a map of labels",
         ),
         (
-            {"kind": "ReplicaSet", "metadata": {"name": "web"}, "spec": {"selector": {"matchExpressions": [
-                {"key": "app", "operator": "In"}]}}},
+            {"kind": "ReplicaSet", "metadata": {"name": "web"}, "spec": {"selector": IN_WITHOUT_VALUES}},
             "#2: ReplicaSet.spec.selector.matchExpressions[0].values: operator In needs at least one value",
-        ),  # fmt: skip
+        ),
     ],
-    ids=["negative-quantity", "no-containers", "unknown-kind", "bad-quantity", "service-selector", "replicaset-selector"],
+    ids=[
+        "negative-quantity",
+        "no-containers",
+        "unknown-kind",
+        "bad-quantity",
+        "service-selector",
+        "replicaset-selector",
+    ],
 )
 def test_invalid_input_names_document_and_field(
     document: dict[str, Any], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
