@@ -102,6 +102,50 @@ def test_deletion_releases_devices_for_a_later_pod(tmp_path: Path, capsys: pytes
     assert events[3]["devices"]["main"]["aws.amazon.com/neurondevice"] == [str(i) for i in range(16)]
 
 
+def _replicas_documents(owner: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Six 8-GPU nodes, two per zone, and six one-GPU replicas of a training job (app=trainer), with their owner."""
+    zone, host = "topology.kubernetes.io/zone", "kubernetes.io/hostname"
+    nodes = [
+        node_manifest(f"gpu-{z}{i}", labels={zone: f"zone-{z}", host: f"gpu-{z}{i}"}, allocatable={"nvidia.com/gpu": 8})
+        for z in "abc"
+        for i in (1, 2)
+    ]
+    pods = []
+    for i in range(6):
+        manifest = pod_manifest(f"trainer-{i}", {"main": {"nvidia.com/gpu": 1}}, namespace="ml")
+        manifest["metadata"]["labels"] = {"app": "trainer", "pod-template-hash": "7c9b"}
+        pods.append(manifest)
+    return [*nodes, *([owner] if owner else []), *pods]
+
+
+REPLICA_SET = {
+    "apiVersion": "apps/v1",
+    "kind": "ReplicaSet",
+    "metadata": {"name": "trainer-7c9b", "namespace": "ml"},
+    "spec": {"selector": {"matchLabels": {"app": "trainer", "pod-template-hash": "7c9b"}}},
+}
+SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "trainer", "namespace": "ml"},
+           "spec": {"selector": {"app": "trainer"}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("owner", [REPLICA_SET, SERVICE], ids=["replicaset", "service"])
+def test_replicas_with_an_owner_spread_over_zones_and_hosts_and_without_one_follow_binpack(
+    owner: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    alone, owned = tmp_path / "alone.yaml", tmp_path / "owned.yaml"
+    alone.write_text(yaml.safe_dump_all(_replicas_documents(None)))
+    owned.write_text(yaml.safe_dump_all(_replicas_documents(owner)))
+    code, events, err = simulate(capsys, str(alone))
+    assert code == 0, err
+    assert [e["node"] for e in events] == ["gpu-a1"] * 6  # binpack: every replica on the node already in use
+    code, events, err = simulate(capsys, str(owned))
+    assert code == 0, err
+    nodes = [e["node"] for e in events]
+    assert sorted(nodes) == ["gpu-a1", "gpu-a2", "gpu-b1", "gpu-b2", "gpu-c1", "gpu-c2"]  # one per host
+    assert sorted(node[4] for node in nodes[:3]) == ["a", "b", "c"]  # the first three in three zones
+    assert all(e["devices"]["main"]["nvidia.com/gpu"] for e in events)
+
+
 def _documents() -> list[dict[str, Any]]:
     return [
         node_manifest(
