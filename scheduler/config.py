@@ -260,7 +260,7 @@ def parse_config(document: Any, policy: str = "binpack", where: str = "KubeSched
     weights, chosen = _merge_scores(profile.plugins.score, policy, f"{here}.score")
     filters_off = _merge_filters(profile.plugins.filter, f"{here}.filter")
     hard_weight = 1
-    default_spread = scores.SYSTEM_DEFAULT_SPREAD
+    default_spread: tuple[SpreadConstraint, ...] = scores.SYSTEM_DEFAULT_SPREAD
     for i, entry in enumerate(profile.pluginConfig):
         name = entry.name
         if name not in scores.SCORE_PLUGINS and name not in scores.FILTER_PLUGINS and name != "DefaultPreemption":

@@ -71,7 +71,14 @@ class CustomScheduler:
         self.binder = Binder(writer, self.metrics, component=name)
         self.queue = SchedulingQueue(name, self.metrics)
         self.mirror = ClusterMirror(
-            client, engine, self.binder, self.queue, leases=leases, watch_budgets=True, watch_volumes=True
+            client,
+            engine,
+            self.binder,
+            self.queue,
+            leases=leases,
+            watch_budgets=True,
+            watch_volumes=True,
+            watch_owners=True,
         )
         self.stop = self.mirror.stop
         self.leading = threading.Event()

@@ -672,6 +672,11 @@ class Engine:
         """(kind, namespace, name) of the owners the engine knows (`set_owner`) that select some pod."""
         return self._owners.keys()
 
+    def spreads_by_owners(self) -> bool:
+        """Whether the profile gives pods without spread constraints default ones (`spread_constraints`), so that a
+        front-end should report the owners that select pods (`set_owner`); kube-scheduler watches them only then."""
+        return bool(self.scoring.default_spread)
+
     def spread_constraints(self, pod: PodRequest) -> tuple[SpreadConstraint, ...]:
         """The topology spread constraints the pod is scheduled by: its own; else the profile's default constraints
         (`scores.Profile.default_spread`) with the combined selector of its owners (`set_owner`), as kube-scheduler

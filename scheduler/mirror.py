@@ -14,7 +14,11 @@ too:
   extender's record of pending pods; either is told when the cluster changed in a way that may help them;
 * claims and volumes (`watch_volumes`) become the engine's VolumeBinding records: a claim's volume once it is
   Bound, a volume's required node affinity; a change to either wakes the pending pods. A claim or volume kubegpu
-  cannot read is left out with a warning, so only the pods that name it are refused.
+  cannot read is left out with a warning, so only the pods that name it are refused;
+* Services, ReplicationControllers, ReplicaSets and StatefulSets (`watch_owners`, when the profile has default
+  spread constraints) become the engine's owners: their selectors give the pods they select that set no
+  `topologySpreadConstraints` kube-scheduler's default spread over hosts and zones (`kubegpu.scheduler.owners`).
+  One kubegpu cannot read selects nothing, with a warning: only its pods lose their default spread.
 
 One object that raises costs only itself: an error log, `kubegpu_scheduler_internal_errors_total{stage}` and, for a
 pod, a `KubegpuInternalError` Event; a tenant's pod (or claim) must not be able to stop scheduling for everyone.
@@ -27,6 +31,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 from kubegpu.core.annotations import (
@@ -51,6 +56,13 @@ __all__ = ["ClusterMirror", "PendingPods"]
 log = logging.getLogger("kubegpu.scheduler")
 
 FINISHED = frozenset({"Succeeded", "Failed"})
+# Where each owner kind is listed and watched (`watch_owners`).
+OWNER_PATHS = {
+    "Service": "/api/v1/services",
+    "ReplicationController": "/api/v1/replicationcontrollers",
+    "ReplicaSet": "/apis/apps/v1/replicasets",
+    "StatefulSet": "/apis/apps/v1/statefulsets",
+}
 STALL = 30.0  # seconds without a beat of the loop applying informer events after which /healthz fails
 BATCH = 2000  # informer events applied under one taking of the lock
 
@@ -102,6 +114,7 @@ class ClusterMirror:
         leases: liveness.NodeLeases | None = None,
         watch_budgets: bool = False,
         watch_volumes: bool = False,
+        watch_owners: bool = False,
     ) -> None:
         self.client = client
         self.engine = engine
@@ -130,6 +143,10 @@ class ClusterMirror:
         engine.track_volumes = engine.track_volumes or watch_volumes
         self.claims_synced = threading.Event()
         self.volumes_synced = threading.Event()
+        # The owners that give pods their default spread constraints, for the custom scheduler when its profile has
+        # them (the extender leaves PodTopologySpread to kube-scheduler); each kind's first list, as for volumes.
+        self.watch_owners = watch_owners and engine.spreads_by_owners()
+        self.owners_synced = {kind: threading.Event() for kind in OWNER_PATHS} if self.watch_owners else {}
         self._next_judgement = 0.0
 
     # -- the loop -------------------------------------------------------------------------------------------------
@@ -177,6 +194,9 @@ class ClusterMirror:
             Informer(self.client, "/api/v1/persistentvolumeclaims", consume, self.stop, "claims").start()
             consume = self._consume(self.on_volumes)
             Informer(self.client, "/api/v1/persistentvolumes", consume, self.stop, "volumes").start()
+        for owner in self.owners_synced:
+            consume = self._consume(partial(self.on_owners, owner))
+            Informer(self.client, OWNER_PATHS[owner], consume, self.stop, owner.lower()).start()
         if self.leases is not None:
             selector = self.leases.selector
             consume = self._consume(self.leases.observe)
@@ -195,7 +215,8 @@ class ClusterMirror:
     def ready(self) -> bool:
         """Every informer the engine's answers read has applied its first list."""
         volumes = not self.watch_volumes or (self.claims_synced.is_set() and self.volumes_synced.is_set())
-        return self.nodes_synced.is_set() and self.pods_synced.is_set() and volumes
+        owners = all(synced.is_set() for synced in self.owners_synced.values())
+        return self.nodes_synced.is_set() and self.pods_synced.is_set() and volumes and owners
 
     def healthy(self) -> bool:
         return time.monotonic() - self.heartbeat < STALL
@@ -299,6 +320,42 @@ class ClusterMirror:
             except InputError as exc:
                 log.warning("PersistentVolume %s ignored: %s", name, exc)
         return self.engine.set_volume(name, None, deleted=True)
+
+    # -- Services, ReplicationControllers, ReplicaSets and StatefulSets (`watch_owners`) -------------------------------
+
+    def on_owners(self, owner: str, kind: str, payload: Any) -> None:
+        """An informer's report for one owner kind (`OWNER_PATHS`). A change can only matter to a pod whose default
+        constraints include a DoNotSchedule one (a configured list): the pending pods are woken then."""
+        apply = partial(self._apply_owner, owner)
+        if kind == "SYNC":
+            changed, seen = False, set()
+            for obj in payload:
+                changed |= self._guarded("owner_event", obj, apply, "ADDED", on_pod=False) is True
+                meta = obj.get("metadata") or {}
+                seen.add((str(meta.get("namespace", "default")), str(meta.get("name"))))
+            for known, namespace, name in self.engine.owner_keys():
+                if known == owner and (namespace, name) not in seen:
+                    changed |= self.engine.set_owner(owner, namespace, name, None)
+            self.owners_synced[owner].set()
+        else:
+            changed = self._guarded("owner_event", payload, apply, kind, on_pod=False) is True
+        if changed:
+            self.pending.wake()
+
+    def _apply_owner(self, owner: str, kind: str, obj: dict[str, Any]) -> bool:
+        """An owner's selector into the engine; one kubegpu cannot read selects nothing (as client-go's listers skip
+        a selector they cannot parse). True when the engine's record changed."""
+        meta = obj.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "default")), meta.get("name")
+        if not isinstance(name, str) or not name:
+            return False
+        selector = None
+        if kind != "DELETED":
+            try:
+                selector = objects.owner(owner, obj)[3]
+            except InputError as exc:
+                log.warning("%s %s/%s selects no pod here: %s", owner, namespace, name, exc)
+        return self.engine.set_owner(owner, namespace, name, selector)
 
     # -- node events ------------------------------------------------------------------------------------------------
 

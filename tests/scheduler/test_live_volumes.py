@@ -16,6 +16,7 @@ from kubegpu.core.testing import node_manifest, pod_manifest
 from kubegpu.scheduler import objects
 from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.mirror import OWNER_PATHS
 
 from .test_service_guards import KEY, RecordingWriter, errors, schedule_all
 
@@ -27,6 +28,8 @@ def service() -> CustomScheduler:
     engine = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), signing_key=KEY)
     svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
     svc.mirror.on_nodes("SYNC", [node_manifest(n, labels={HOST: n}) for n in ("n1", "n2", "n3")])
+    for kind in OWNER_PATHS:  # no Service, ReplicaSet, ...: readiness waits only for what each test leaves out
+        svc.mirror.on_owners(kind, "SYNC", [])
     return svc
 
 
