@@ -336,3 +336,48 @@ def test_a_finished_pod_releases_its_devices_and_a_new_node_wakes_waiting_pods(
     cluster.create_ready_node("p3-e", labels=P3, allocatable={"nvidia.com/gpu": 8})
     placed = wait_bound(cluster, namespace, 3, timeout=30)
     assert {p["spec"]["nodeName"] for n, p in placed.items() if n != "job"} == {"p3-d", "p3-e"}
+
+
+def test_replicas_a_service_selects_spread_over_three_zones_and_the_others_pack(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    """kube-scheduler 1.20 spreads the pods a Service (or ReplicaSet, ...) selects over hosts and zones unless they
+    set constraints of their own; kubegpu scheduler does too, and pods nothing selects still follow binpack."""
+    for zone in "abc":
+        for i in (1, 2):
+            name = f"p3-{zone}{i}"
+            labels = {**P3, "kubernetes.io/hostname": name, "topology.kubernetes.io/zone": f"zone-{zone}"}
+            cluster.create_ready_node(name, labels=labels, allocatable={"nvidia.com/gpu": 8})
+    cluster.client.post(
+        f"/api/v1/namespaces/{namespace}/services",
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
+        },
+    )
+    start_scheduler("kubegpu", "--no-leader-elect")
+
+    def create(name: str, app: str) -> None:
+        container = {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": app}},
+            "spec": {"schedulerName": "kubegpu", "containers": [container]},
+        }
+        cluster.client.post(f"/api/v1/namespaces/{namespace}/pods", body)
+
+    for i in range(3):
+        create(f"solo-{i}", "solo")
+    solo = wait_bound(cluster, namespace, 3)
+    assert len({pod["spec"]["nodeName"] for pod in solo.values()}) == 1, "binpack: one node for pods nothing selects"
+    for i in range(6):
+        create(f"web-{i}", "web")
+    placed = wait_bound(cluster, namespace, 9)
+    web = [pod["spec"]["nodeName"] for name, pod in placed.items() if name.startswith("web-")]
+    assert Counter(node[3] for node in web) == {"a": 2, "b": 2, "c": 2}, "two replicas per zone"
+    # Hosts count too, against binpack: a replica may join the solo pods' node (half its GPUs in use: policy 50 to
+    # an empty node's 0) rather than an empty host of its zone (PodTopologySpread 2 x (100 - 77) = 46), never a third.
+    assert max(Counter(web).values()) <= 2 and len(set(web)) >= 5, web
