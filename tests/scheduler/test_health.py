@@ -52,6 +52,10 @@ def test_the_scheduler_is_ready_once_its_informers_listed_and_healthy_while_its_
     assert get(server.address, "/readyz")[0] == 503  # type: ignore[arg-type]  # claims and volumes not listed yet
     custom.mirror.on_claims("SYNC", [])
     custom.mirror.on_volumes("SYNC", [])
+    assert custom.mirror.owners_synced, "the owners a pod's default spread reads are watched too"
+    for owner in custom.mirror.owners_synced:
+        assert get(server.address, "/readyz")[0] == 503  # type: ignore[arg-type]
+        custom.mirror.on_owners(owner, "SYNC", [])
     assert get(server.address, "/readyz")[0] == 200  # type: ignore[arg-type]
     assert get(server.address, "/healthz")[0] == 200  # type: ignore[arg-type]
     custom.mirror.heartbeat -= 60  # the loop applying informer events has not beaten for a minute
