@@ -24,12 +24,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from kubegpu.core.annotations import DEVICES_KEY, decode_devices
 from kubegpu.core.errors import InputError, describe_validation_error, shorten
+from kubegpu.core.limits import MAX_IMAGE_NAME_LENGTH, MAX_NODE_IMAGE_NAMES
 from kubegpu.core.models import (
     ContainerRequest,
     HostPort,
     LabelSelector,
     NodeInfo,
     NodeSelectorTerm,
+    OwnerReference,
     PodAffinityTerm,
     PodRequest,
     Requirement,
@@ -43,6 +45,7 @@ __all__ = [
     "ManifestError",
     "is_extended_resource",
     "label_selector",
+    "node_images",
     "node_info",
     "node_selector_terms",
     "pod_request",
@@ -73,6 +76,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+class _OwnerReference(_Model):
+    kind: str = ""
+    name: str = ""
+    uid: str = ""
+    controller: bool | None = None
+
+
 class _Meta(_Model):
     name: str = Field(min_length=1)
     namespace: str = "default"
@@ -80,6 +90,7 @@ class _Meta(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     deletionTimestamp: str | None = None
+    ownerReferences: list[_OwnerReference] = Field(default_factory=list)
 
 
 class _Resources(_Model):
@@ -96,6 +107,7 @@ class _Port(_Model):
 
 class _Container(_Model):
     name: str = Field(min_length=1)
+    image: str = ""
     resources: _Resources = _Resources()
     ports: list[_Port] = Field(default_factory=list)
 
@@ -348,6 +360,8 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
         preferred_node_affinity=_preferred_node_terms(affinity.nodeAffinity),
         preferred_affinity=_preferred_terms(affinity.podAffinity, meta.namespace, "podAffinity"),
         preferred_anti_affinity=_preferred_terms(affinity.podAntiAffinity, meta.namespace, "podAntiAffinity"),
+        owner_references=tuple(OwnerReference(o.kind, o.name, o.uid, bool(o.controller)) for o in meta.ownerReferences),
+        images=tuple(c.image for c in spec.containers),
     )
     return request, meta.deletionTimestamp is not None
 
@@ -482,7 +496,35 @@ def node_info(document: Mapping[str, Any]) -> NodeInfo:
         unschedulable=node.spec.unschedulable,
         ready=ready,
         inventories=inventories,
+        images=node_images(document),
     )
+
+
+def node_images(document: Mapping[str, Any]) -> dict[str, int]:
+    """A Node's `status.images` as image name -> size in bytes, every name of each image, in the kubelet's order
+    (largest first). Read leniently and within bounds (`kubegpu.core.limits`): the first `MAX_NODE_IMAGE_NAMES`
+    names are looked at, and a name too long, an entry of the wrong shape or a size that is not a count is skipped,
+    so a Node's image list never refuses the node nor costs what it claims."""
+    status = document.get("status")
+    images = status.get("images") if isinstance(status, Mapping) else None
+    found: dict[str, int] = {}
+    if not isinstance(images, list):
+        return found
+    budget = MAX_NODE_IMAGE_NAMES  # names left to look at (an entry without usable names costs one)
+    for image in images:
+        if budget <= 0:
+            break
+        names = image.get("names") if isinstance(image, Mapping) else None
+        size = image.get("sizeBytes", 0) if isinstance(image, Mapping) else None
+        if not isinstance(names, list) or not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            budget -= 1
+            continue
+        looked = names[:budget]
+        for name in looked:
+            if isinstance(name, str) and 0 < len(name) <= MAX_IMAGE_NAME_LENGTH:
+                found.setdefault(name, min(size, 1 << 62))
+        budget -= max(1, len(looked))
+    return found
 
 
 def label_selector(document: Any, where: str) -> LabelSelector | None:

@@ -43,6 +43,7 @@ __all__ = [
     "NodeInfo",
     "NodeSelectorTerm",
     "Occupancy",
+    "OwnerReference",
     "PluginAllocation",
     "PodAffinityTerm",
     "PodRequest",
@@ -142,7 +143,9 @@ class NodeInfo:
 
     `allocatable` holds integers: `cpu` in millicores, every other resource in its base unit (bytes, devices).
     `inventories` are the advertised `kubegpu.io/devices` inventories, keyed by plugin name (empty when the node
-    has no advertiser; plugins then fall back to labels and allocatable).
+    has no advertiser; plugins then fall back to labels and allocatable). `images` are the container images the
+    kubelet reports in `status.images`: each name of each image with the image's size in bytes, bounded by
+    `kubegpu.core.limits.MAX_NODE_IMAGE_NAMES` (kube-scheduler's ImageLocality score reads them).
     """
 
     name: str
@@ -153,6 +156,7 @@ class NodeInfo:
     unschedulable: bool = False
     ready: bool = True
     inventories: Mapping[str, DeviceInventory] = field(default_factory=dict)
+    images: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def instance_type(self) -> str | None:
@@ -233,6 +237,16 @@ class HostPort:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnerReference:
+    """One of a pod's `metadata.ownerReferences`: the object that owns it (`controller`: the one that manages it)."""
+
+    kind: str
+    name: str
+    uid: str
+    controller: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class PodRequest:
     """What a pod asks of the scheduler, built once from its manifest (`kubegpu.core.manifests.pod_request`).
 
@@ -241,6 +255,8 @@ class PodRequest:
     and memory entries. `node_affinity` is the required node affinity's terms (ORed; None when the pod has none).
     `priority` is `spec.priority` (the API server resolves `priorityClassName` into it). The `preferred_*` fields are
     the `preferredDuringSchedulingIgnoredDuringExecution` terms with their weights (1-100), which only scores read.
+    `owner_references` are `metadata.ownerReferences`; `images` the images of `spec.containers`, in order (init
+    containers' are not scored).
     """
 
     namespace: str
@@ -271,10 +287,17 @@ class PodRequest:
     preferred_node_affinity: tuple[tuple[int, NodeSelectorTerm], ...] = ()
     preferred_affinity: tuple[tuple[int, PodAffinityTerm], ...] = ()
     preferred_anti_affinity: tuple[tuple[int, PodAffinityTerm], ...] = ()
+    owner_references: tuple[OwnerReference, ...] = ()
+    images: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def controller(self) -> OwnerReference | None:
+        """The owner that manages the pod: the first owner reference marked `controller` (None: none is)."""
+        return next((owner for owner in self.owner_references if owner.controller), None)
 
     def total(self, resource: str) -> int:
         """The sum of one resource over the pod's containers."""

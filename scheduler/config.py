@@ -30,7 +30,7 @@ Plugins merge as kube-scheduler merges them: the defaults (`kubegpu.scheduler.sc
 policy's plugin) minus the disabled ones, an enabled default taking the weight given, then the other enabled ones.
 Enabling NodeResourcesMostAllocated or NodeResourcesLeastAllocated chooses the policy (binpack or spread) and
 replaces the other; `--policy`, when given too, must agree. Plugin names kubegpu does not know are refused;
-kube-scheduler plugins kubegpu does not implement (ImageLocality, NodePreferAvoidPods, volume limits, ...) may be
+kube-scheduler plugins kubegpu does not implement (SelectorSpread, RequestedToCapacityRatio, volume limits, ...) may be
 disabled, never enabled. PodTopologySpread's `defaultConstraints` and `defaultingType` read as 1.20 reads them with
 DefaultPodTopologySpread on: without `defaultingType`, an empty list means `System` (kube-scheduler's defaults,
 `scores.SYSTEM_DEFAULT_SPREAD`) and a list means `List`; `defaultingType: List` with no constraints turns defaulting

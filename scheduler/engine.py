@@ -227,6 +227,13 @@ class Engine:
         self._domains: dict[tuple[object, ...], tuple[int, Domains]] = {}
         self._node_epoch = 0
         self._soft_tainted: set[str] = set()  # nodes with a PreferNoSchedule taint
+        # What ImageLocality and NodePreferAvoidPods read beyond one node (`_note_scored`): how many nodes list each
+        # image name, and the largest size any node listed for it while some node does (a bound, for `_sample_size`);
+        # the controllers each node's preferAvoidPods names, and on how many nodes each is named.
+        self._image_nodes: Counter[str] = Counter()
+        self._image_sizes: dict[str, int] = {}
+        self._avoid: dict[str, frozenset[tuple[str, str]]] = {}
+        self._avoided: Counter[tuple[str, str]] = Counter()
         self.signing_key = signing_key
         self.nodes: dict[str, NodeRecord] = {}
         self.pods: dict[str, PodRecord] = {}
@@ -288,6 +295,7 @@ class Engine:
             self._soft_tainted.add(info.name)
         else:
             self._soft_tainted.discard(info.name)
+        self._note_scored(info, previous.info if previous is not None else None)
         if previous is not None:
             for key in list(previous.pods):
                 pod = self.pods[key]
@@ -300,6 +308,41 @@ class Engine:
                     record.pods[key] = None
                     self._charge(record, pod.request, +1)
         self._refresh(record)
+
+    def _note_scored(self, info: NodeInfo | None, previous: NodeInfo | None) -> None:
+        """Count a node's images and the controllers its `preferAvoidPods` annotation names, in place of what its
+        `previous` self counted (None: a new node; `info` None: a removed one). An annotation kubegpu cannot read
+        counts as absent, with one warning per value."""
+        if previous is not None:
+            for image in previous.images:
+                self._image_nodes[image] -= 1
+                if self._image_nodes[image] <= 0:
+                    del self._image_nodes[image]
+                    self._image_sizes.pop(image, None)
+            before = self._avoid.pop(previous.name, frozenset())
+            self._avoided.subtract(before)
+            for key in before:
+                if self._avoided[key] <= 0:
+                    del self._avoided[key]
+        if info is None:
+            return
+        for image, size in info.images.items():
+            self._image_nodes[image] += 1
+            self._image_sizes[image] = max(size, self._image_sizes.get(image, 0))
+        raw = info.annotations.get(scores.PREFER_AVOID_KEY)
+        if raw is None:
+            return
+        if previous is not None and previous.annotations.get(scores.PREFER_AVOID_KEY) == raw:
+            avoided = before  # unchanged: read once (and warned about once)
+        else:
+            try:
+                avoided = scores.avoided_controllers(raw)
+            except ValueError as exc:
+                log.warning("node %s: annotation %s ignored: %s", info.name, scores.PREFER_AVOID_KEY, exc)
+                return
+        if avoided:
+            self._avoid[info.name] = avoided
+            self._avoided.update(avoided)
 
     def _klass(self, info: NodeInfo) -> int:
         """The node's equivalence class. Nodes alike in everything but their name give the same answer to a request
@@ -335,6 +378,7 @@ class Engine:
             return []
         self._node_epoch += 1
         self._soft_tainted.discard(name)
+        self._note_scored(None, record.info)
         self._join_class(name, record.klass, None)
         self._changed(name)
         for index in self._index.values():
@@ -946,7 +990,46 @@ class Engine:
             if state is not None:
                 raw_scores = [scores.spread_raw(state, pod, r.name, r.info.labels) for r in records]
                 add(scores.SPREAD, scores.normalize_spread(raw_scores, [r.name in state.ignored for r in records]))
+        # NodePreferAvoidPods and ImageLocality, used as they are; skipped where every node would score alike.
+        avoiding = self._avoiding(pod)
+        if avoiding is not None and profile.weight(scores.PREFER_AVOID):
+            none: frozenset[tuple[str, str]] = frozenset()
+            avoided = [scores.prefer_avoid_score(avoiding, self._avoid.get(r.name, none)) for r in records]
+            add(scores.PREFER_AVOID, map(float, avoided))
+        images = self._listed_images(pod)
+        if images and profile.weight(scores.IMAGE_LOCALITY):
+            listed, count = self._image_nodes, len(nodes)
+            held = [scores.image_locality(images, r.info.images, listed, count) for r in records]
+            add(scores.IMAGE_LOCALITY, map(float, held))
         return feasible[max(range(len(records)), key=totals.__getitem__)]
+
+    def _avoiding(self, pod: PodRequest) -> tuple[str, str] | None:
+        """The pod's controller (kind, UID) when some node's preferAvoidPods names it (NodePreferAvoidPods), else
+        None."""
+        if not self._avoided:
+            return None
+        key = scores.avoidance_key(pod)
+        return key if key is not None and self._avoided[key] > 0 else None
+
+    def _listed_images(self, pod: PodRequest) -> tuple[str, ...]:
+        """The pod's images, normalized, when some node lists one of them (ImageLocality), else ()."""
+        if not self._image_nodes or not pod.images:
+            return ()
+        images = tuple(scores.normalized_image(image) for image in pod.images)
+        return images if any(image in self._image_nodes for image in images) else ()
+
+    def _images_matter(self, pod: PodRequest) -> bool:
+        """Whether ImageLocality may tell nodes apart for the pod: one of its images is listed by some nodes but not
+        all, and what the nodes could hold of them, scaled as the score scales it, passes the score's floor."""
+        images = self._listed_images(pod)
+        if not images or not self.scoring.weight(scores.IMAGE_LOCALITY):
+            return False
+        total = len(self.nodes)
+        counts = [self._image_nodes[image] for image in images]
+        if all(count in (0, total) for count in counts):
+            return False
+        most = sum(int(self._image_sizes.get(i, 0) * (c / total)) for i, c in zip(images, counts, strict=True))
+        return most > scores.IMAGE_FLOOR
 
     def _drawn(self, pod: PodRequest) -> bool:
         """Whether an affinity term of a placed pod selects `pod` (so that InterPodAffinity scores it)."""
@@ -965,6 +1048,8 @@ class Engine:
             or self._drawn(pod)
             or self._soft_tainted
             or plan.soft_spread
+            or (self._avoiding(pod) is not None and self.scoring.weight(scores.PREFER_AVOID))
+            or self._images_matter(pod)
         ):
             return max(self.sample, scores.feasible_to_find(len(self.nodes), percentage))
         return self.sample

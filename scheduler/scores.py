@@ -23,14 +23,21 @@ wins (the engine's candidate order breaks ties). The plugins, with kube-schedule
   the used share of the devices the pod asks for, or kube-scheduler's cpu and memory formula for a pod without
   devices; used as is.
 * KubegpuDevices (1): the device plugins' topology score (0..100); used as is.
+* ImageLocality (1): the sizes of the pod's container images the node lists in `status.images` (a name without a
+  tag read as `:latest`), each scaled by the share of all nodes that list it, summed and clamped between 23 MiB and
+  1000 MiB x the pod's containers, stretched to 0..100; used as is.
+* NodePreferAvoidPods (10000): 0 on a node whose `scheduler.alpha.kubernetes.io/preferAvoidPods` annotation names
+  the ReplicationController or ReplicaSet that controls the pod (by kind and UID), else 100; used as is. An annotation
+  that is not the JSON kube-scheduler reads counts as absent.
 
-kube-scheduler's ImageLocality and NodePreferAvoidPods are not implemented (kubegpu sees no images and no
-`preferAvoidPods` annotations). Requests count as the scores count them: a container without a cpu or memory request
-counts 100 millicores and 200 MiB (kube-scheduler's non-zero requests).
+Requests count as the scores count them: a container without a cpu or memory request counts 100 millicores and
+200 MiB (kube-scheduler's non-zero requests).
 
 Raw scores that depend only on the node and the pod's spec are remembered by the engine per node version and pod
 signature; InterPodAffinity and PodTopologySpread depend on other pods and are computed once per cycle. Normalized
-scores are never remembered: they depend on which other nodes are feasible.
+scores are never remembered: they depend on which other nodes are feasible. Nor are ImageLocality's (how many nodes
+list an image moves with every node added or removed) and NodePreferAvoidPods' (one lookup): both cost a lookup per
+image or controller, and the engine skips them where they would score every node alike.
 
 The `Profile` says which plugins are on and their weights; `kubegpu.scheduler.config` reads it from a
 KubeSchedulerConfiguration file.
@@ -38,6 +45,7 @@ KubeSchedulerConfiguration file.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,8 +61,11 @@ __all__ = [
     "SpreadScores",
     "affinity_prescore",
     "affinity_raw",
+    "avoidance_key",
+    "avoided_controllers",
     "balanced_allocation",
     "feasible_to_find",
+    "image_locality",
     "least_allocated",
     "most_allocated",
     "node_affinity_raw",
@@ -62,6 +73,8 @@ __all__ = [
     "normalize_affinity",
     "normalize_default",
     "normalize_spread",
+    "normalized_image",
+    "prefer_avoid_score",
     "spread_prescore",
     "spread_raw",
     "taint_raw",
@@ -80,8 +93,13 @@ SPREAD = "PodTopologySpread"
 MOST_ALLOCATED = "NodeResourcesMostAllocated"
 LEAST_ALLOCATED = "NodeResourcesLeastAllocated"
 DEVICES = "KubegpuDevices"
+IMAGE_LOCALITY = "ImageLocality"
+PREFER_AVOID = "NodePreferAvoidPods"
 
-SCORE_PLUGINS = (BALANCED, NODE_AFFINITY, TAINTS, INTER_POD_AFFINITY, SPREAD, MOST_ALLOCATED, LEAST_ALLOCATED, DEVICES)
+SCORE_PLUGINS = (
+    BALANCED, NODE_AFFINITY, TAINTS, INTER_POD_AFFINITY, SPREAD, MOST_ALLOCATED, LEAST_ALLOCATED, DEVICES,
+    IMAGE_LOCALITY, PREFER_AVOID,
+)  # fmt: skip
 # kube-scheduler 1.20's default profile, kubegpu's policy and device scores added; the policy plugin is chosen by
 # `--policy` (binpack: MostAllocated, spread: LeastAllocated, kube-scheduler's default).
 DEFAULT_WEIGHTS: Mapping[str, int] = {
@@ -91,6 +109,8 @@ DEFAULT_WEIGHTS: Mapping[str, int] = {
     INTER_POD_AFFINITY: 1,
     SPREAD: 2,
     DEVICES: 1,
+    IMAGE_LOCALITY: 1,
+    PREFER_AVOID: 10000,
 }
 POLICY_WEIGHT = 1
 # PodTopologySpread's default constraints in kube-scheduler 1.20 (DefaultPodTopologySpread, `defaultingType: System`):
@@ -101,8 +121,7 @@ SYSTEM_DEFAULT_SPREAD = (
 )
 # kube-scheduler's score plugins that kubegpu does not implement: a configuration may disable them, not enable them.
 UNSUPPORTED_SCORES = frozenset(
-    {"ImageLocality", "NodePreferAvoidPods", "SelectorSpread", "RequestedToCapacityRatio", "NodeLabel",
-     "ServiceAffinity"}
+    {"SelectorSpread", "RequestedToCapacityRatio", "NodeLabel", "ServiceAffinity"}
 )  # fmt: skip
 # The filters the engine runs (kube-scheduler's names), each of which a configuration may disable.
 FILTER_PLUGINS = (
@@ -211,6 +230,109 @@ def taint_raw(pod: PodRequest, taints: Iterable[Taint]) -> int:
     return sum(
         1 for taint in taints if taint.effect == "PreferNoSchedule" and not any(t.tolerates(taint) for t in tolerations)
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ImageLocality and NodePreferAvoidPods
+# ---------------------------------------------------------------------------------------------------------------
+
+MIB = 1024 * 1024
+IMAGE_FLOOR = 23 * MIB  # image bytes a node must hold for ImageLocality to score above 0
+IMAGE_CEILING = 1000 * MIB  # ... per container, for it to score 100
+PREFER_AVOID_KEY = "scheduler.alpha.kubernetes.io/preferAvoidPods"
+AVOIDABLE_KINDS = frozenset({"ReplicationController", "ReplicaSet"})
+
+
+def normalized_image(name: str) -> str:
+    """The name a node lists a pod's image under: `:latest` added when no tag follows the last `/`."""
+    return name if name.rfind(":") > name.rfind("/") else f"{name}:latest"
+
+
+def image_locality(images: Sequence[str], node_images: Mapping[str, int], listed: Mapping[str, int], nodes: int) -> int:
+    """ImageLocality's score of one node: `images` are the pod's containers' images, normalized; `node_images` the
+    node's image names with their sizes; `listed` how many of the cluster's `nodes` list each image. Each image the
+    node holds adds its size x the share of nodes that list it (so that an image few nodes hold does not draw every
+    replica to them); the sum, clamped to [23 MiB, 1000 MiB x containers], is stretched to 0..100."""
+    total = 0
+    for image in images:
+        size = node_images.get(image)
+        if size is not None and nodes > 0:
+            total += int(size * (listed.get(image, 0) / nodes))
+    ceiling = IMAGE_CEILING * len(images)
+    if ceiling <= IMAGE_FLOOR:
+        return 0
+    total = min(max(total, IMAGE_FLOOR), ceiling)
+    return MAX_NODE_SCORE * (total - IMAGE_FLOOR) // (ceiling - IMAGE_FLOOR)
+
+
+def _field(document: Mapping[str, object], name: str) -> object:
+    """A JSON object's field as Go's decoder finds it: the exact key, else one that differs only in case."""
+    if name in document:
+        return document[name]
+    folded = name.casefold()
+    return next((value for key, value in document.items() if key.casefold() == folded), None)
+
+
+def avoided_controllers(raw: str) -> frozenset[tuple[str, str]]:
+    """The (kind, UID) of each ReplicationController or ReplicaSet a node's `preferAvoidPods` annotation names
+    (`{"preferAvoidPods": [{"podSignature": {"podController": {"kind": ..., "uid": ...}}}, ...]}`). ValueError,
+    naming the problem, when the annotation is not that JSON (kube-scheduler then scores the node as if it had none)."""
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON: {str(exc)[:200]}") from None
+    if document is None:
+        return frozenset()
+    if not isinstance(document, dict):
+        raise ValueError("expected a JSON object")
+    entries = _field(document, "preferAvoidPods")
+    if entries is None:
+        return frozenset()
+    if not isinstance(entries, list):
+        raise ValueError("preferAvoidPods: expected a list")
+    found: set[tuple[str, str]] = set()
+    for i, entry in enumerate(entries):
+        where = f"preferAvoidPods[{i}]"
+        if entry is None:
+            continue
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: expected an object")
+        for text in ("reason", "message"):
+            if not isinstance(_field(entry, text), str | None):
+                raise ValueError(f"{where}.{text}: expected a string")
+        signature = _field(entry, "podSignature")
+        if signature is None:
+            continue
+        if not isinstance(signature, dict):
+            raise ValueError(f"{where}.podSignature: expected an object")
+        controller = _field(signature, "podController")
+        if controller is None:
+            continue
+        if not isinstance(controller, dict):
+            raise ValueError(f"{where}.podSignature.podController: expected an object")
+        values = {}
+        for text in ("apiVersion", "kind", "name", "uid"):
+            value = _field(controller, text)
+            if not isinstance(value, str | None):
+                raise ValueError(f"{where}.podSignature.podController.{text}: expected a string")
+            values[text] = value or ""
+        if values["kind"] in AVOIDABLE_KINDS:
+            found.add((values["kind"], values["uid"]))
+    return frozenset(found)
+
+
+def avoidance_key(pod: PodRequest) -> tuple[str, str] | None:
+    """The (kind, UID) NodePreferAvoidPods looks for: the pod's controller when it is a ReplicationController or a
+    ReplicaSet; None for any other pod (which scores 100 everywhere)."""
+    controller = pod.controller
+    if controller is None or controller.kind not in AVOIDABLE_KINDS:
+        return None
+    return controller.kind, controller.uid
+
+
+def prefer_avoid_score(key: tuple[str, str] | None, avoided: frozenset[tuple[str, str]]) -> int:
+    """NodePreferAvoidPods: 0 where the node asks to avoid the pod's controller, else 100."""
+    return 0 if key is not None and key in avoided else MAX_NODE_SCORE
 
 
 # ---------------------------------------------------------------------------------------------------------------

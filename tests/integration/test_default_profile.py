@@ -1,0 +1,58 @@
+"""kubegpu's default score weights are kube-scheduler 1.20.2's, read from the real binary.
+
+`kube-scheduler --write-config-to` writes the configuration it would run with, its default profile spelled out
+(every extension point's plugins and the score weights); no API server is needed for that. kubegpu's default profile
+(`scores.Profile.default("spread")`: LeastAllocated is kube-scheduler's own policy) must weigh every score plugin as
+that file does, with kubegpu's device score as the one addition, and every filter kube-scheduler runs must be one the
+engine runs or one it declares it has nothing to do for.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kubegpu.scheduler import scores
+
+from .cluster import binary_dir
+
+
+def written_profile(tmp_path: Path) -> dict[str, Any]:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: unused}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+    )
+    written = tmp_path / "kube-scheduler.yaml"
+    subprocess.run(
+        [str(binary_dir() / "kube-scheduler"), f"--kubeconfig={kubeconfig}", f"--write-config-to={written}"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    config = yaml.safe_load(written.read_text())
+    [profile] = config["profiles"]
+    assert profile["schedulerName"] == "default-scheduler"
+    plugins: dict[str, Any] = profile["plugins"]
+    return plugins
+
+
+def test_the_default_score_weights_are_kube_scheduler_1_20s(tmp_path: Path) -> None:
+    plugins = written_profile(tmp_path)
+    theirs = {p["name"]: p["weight"] for p in plugins["score"]["enabled"]}
+    ours = dict(scores.Profile.default("spread").weights)
+    assert ours.pop(scores.DEVICES) == 1  # kubegpu's own: the device plugins' topology score
+    assert ours == theirs
+    assert theirs["NodePreferAvoidPods"] == 10000 and theirs["ImageLocality"] == 1
+
+
+def test_every_filter_kube_scheduler_runs_is_run_or_declared_moot(tmp_path: Path) -> None:
+    plugins = written_profile(tmp_path)
+    theirs = {p["name"] for p in plugins["filter"]["enabled"]}
+    assert theirs <= set(scores.FILTER_PLUGINS) | scores.UNSUPPORTED_FILTERS
+    assert set(scores.FILTER_PLUGINS) <= theirs
