@@ -9,7 +9,7 @@ claim, and binding the claim lets it schedule without restarting anything.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -112,8 +112,12 @@ def test_pods_follow_their_bound_volume_and_an_unbound_claim_waits_until_it_is_b
     # Three pods share the bound claim: each goes to vol-y, the only node its volume reaches.
     for i in range(3):
         create_pod_with_claim(cluster, namespace, f"db-{i}", "data")
-    for i in range(3):
-        assert wait_for(lambda i=i: node_of(cluster, namespace, f"db-{i}"), 30, f"db-{i} bound") == "vol-y"
+
+    def placed(name: str) -> Callable[[], str | None]:
+        return lambda: node_of(cluster, namespace, name)
+
+    for name in ("db-0", "db-1", "db-2"):
+        assert wait_for(placed(name), 30, f"{name} bound") == "vol-y"
 
     # A pod whose claim has no volume yet stays pending, told which claim holds it back.
     create_pod_with_claim(cluster, namespace, "worker", "scratch")
