@@ -515,7 +515,10 @@ class Engine:
             if plugin
         )
         spread = self.spread_constraints(pod)
-        hard = tuple(c for c in spread if c.when_unsatisfiable == "DoNotSchedule")
+        hard = soft = spread  # () for most pods: no constraint of their own, no owner
+        if spread:
+            hard = tuple(c for c in spread if c.when_unsatisfiable == "DoNotSchedule")
+            soft = tuple(c for c in spread if c.when_unsatisfiable == "ScheduleAnyway")
         volatile = bool(pod.pod_affinity or pod.pod_anti_affinity or hard)
         if not volatile and self._placed.anti:
             volatile = any(filters.pod_matches_term(term, pod) for term in self._placed.anti)
@@ -577,7 +580,7 @@ class Engine:
             stamp=self._stamp(volatile, pod),
             prepared=prepared,
             hard_spread=hard,
-            soft_spread=tuple(c for c in spread if c.when_unsatisfiable == "ScheduleAnyway"),
+            soft_spread=soft,
             owners=self._owners.epoch,
         )
 
@@ -725,9 +728,11 @@ class Engine:
         """The topology spread constraints the pod is scheduled by: its own; else the profile's default constraints
         (`scores.Profile.default_spread`) with the combined selector of its owners (`set_owner`), as kube-scheduler
         1.20 builds them; none when no owner selects it."""
-        defaults = self.scoring.default_spread
-        if pod.spread or not defaults or not self._owners:
+        if pod.spread or not self._owners:
             return pod.spread
+        defaults = self.scoring.default_spread
+        if not defaults:
+            return ()
         selector = self._owners.selector_for(pod.namespace, pod.labels)
         if selector is None:
             return ()
