@@ -7,7 +7,10 @@ The simulator, the custom scheduler and the extender are thin adapters around `E
 * the ledger: for every placed pod, exactly which plugin allocations it took on which node, so deleting a pod (or
   rolling back a failed bind) returns exactly what was taken;
 * a `CapacityIndex` per resource, so a cycle visits only nodes that could offer enough, tightest first for binpack
-  and emptiest first for spread.
+  and emptiest first for spread;
+* what else the front-ends report that scheduling reads: claims and volumes (`set_claim`, `set_volume`), and the
+  Services, ReplicationControllers, ReplicaSets and StatefulSets whose selectors give a pod without spread
+  constraints the profile's default ones (`set_owner`, `spread_constraints`).
 
 A cycle follows the Kubernetes scheduler framework: pre-check (each owning plugin validates the request), filter
 (ready/unschedulable, node selector, taints, cpu/memory/pods and plain extended resources, then each plugin's device
