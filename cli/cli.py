@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from importlib import import_module
 
 from kubegpu import __version__
 
@@ -117,7 +118,31 @@ def _plugins_new(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Each front-end's subcommand: the module that defines it, and the function that adds its parser.
+FRONT_ENDS = {
+    "simulate": ("kubegpu.scheduler.simulate", "add_simulate_parser"),
+    "scheduler": ("kubegpu.scheduler.custom", "add_scheduler_parser"),
+    "extender": ("kubegpu.scheduler.extender", "add_extender_parser"),
+    "top": ("kubegpu.scheduler.top", "add_top_parser"),
+    "crishim": ("kubegpu.crishim.shim", "add_crishim_parser"),
+    "advertise": ("kubegpu.crishim.advertise", "add_advertise_parser"),
+    "device-plugin": ("kubegpu.crishim.deviceplugin", "add_device_plugin_parser"),
+}
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand `argv` names (its first word: the top level takes no option with a value), or None."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; given the arguments, only the front-end they name is imported (a scheduler's start
+    does not pay for importing the simulator, the extender, the shim ...), else every one, for `--help`."""
+    command = _command(sys.argv[1:] if argv is None else argv)
+    only = command if command in FRONT_ENDS or command == "plugins" else None
     parser = argparse.ArgumentParser(
         prog="kubegpu", description="Topology-aware scheduling of accelerator devices on Kubernetes."
     )
@@ -149,39 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--directory", metavar="DIR", help="where to write it (default: ./NAME)")
     new.set_defaults(func=_plugins_new)
 
-    from kubegpu.scheduler.simulate import add_simulate_parser
-
-    add_simulate_parser(sub)
-
-    from kubegpu.scheduler.custom import add_scheduler_parser
-
-    add_scheduler_parser(sub)
-
-    from kubegpu.scheduler.extender import add_extender_parser
-
-    add_extender_parser(sub)
-
-    from kubegpu.scheduler.top import add_top_parser
-
-    add_top_parser(sub)
-
-    from kubegpu.crishim.shim import add_crishim_parser
-
-    add_crishim_parser(sub)
-
-    from kubegpu.crishim.advertise import add_advertise_parser
-
-    add_advertise_parser(sub)
-
-    from kubegpu.crishim.deviceplugin import add_device_plugin_parser
-
-    add_device_plugin_parser(sub)
+    for command, (module, function) in FRONT_ENDS.items():
+        if only is None or command == only:
+            getattr(import_module(module), function)(sub)
 
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

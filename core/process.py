@@ -1,4 +1,5 @@
-"""What every kubegpu process does the same way: logfmt logging and reading the allocation key.
+"""What every kubegpu process does the same way: logfmt logging, reading the allocation key, and durations on the
+command line (`parse_interval`).
 
 The scheduler, the extender, the CRI shim and the advertiser all log one greppable line per record with `pod=` and
 `node=` fields, and the first three read the HMAC key that signs and verifies `kubegpu.io/allocation` from a file,
@@ -13,13 +14,18 @@ group or others may read is accepted with a warning.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import re
 import stat
 import sys
 import time
 
-__all__ = ["MAX_KEY_FILE_BYTES", "MIN_KEY_BYTES", "LogfmtFormatter", "configure_logging", "read_key"]
+__all__ = ["MAX_KEY_FILE_BYTES", "MIN_KEY_BYTES", "LogfmtFormatter", "configure_logging", "parse_interval", "read_key"]
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 MIN_KEY_BYTES = 32
 MAX_KEY_FILE_BYTES = 64 * 1024
@@ -107,3 +113,18 @@ def _readable_by_others(status: os.stat_result) -> bool:
     if status.st_mode & 0o007:
         return True
     return bool(status.st_mode & 0o070) and status.st_gid not in {os.getegid(), *os.getgroups()}
+
+
+def parse_interval(text: str) -> float:
+    """A duration as Kubernetes tools write it: `20s`, `1m`, `500ms`, `1m30s`, `1h`; a bare number is seconds."""
+    value = text.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        parts = _DURATION.findall(value)
+        if not parts or "".join(n + u for n, u in parts) != value:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a duration (examples: 20s, 1m, 500ms, 1m30s)") from None
+        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the interval must be longer than zero")
+    return seconds

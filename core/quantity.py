@@ -1,8 +1,10 @@
 """Kubernetes resource quantities (`16Gi`, `500m`, `2`) as plain integers.
 
-Parsing is delegated to the `kubernetes` client's own `parse_quantity`, so kubegpu reads a manifest as the API
-server's users expect; this module only fixes the units kubegpu computes in, bounds what it accepts, and caches the
-results, because the same few strings recur in every pod of a workload.
+A quantity is read as the `kubernetes` client's `parse_quantity` reads it (a number times its suffix's power of 1000
+or 1024, in `Decimal`), so kubegpu reads a manifest as the API server's users expect; tests/core/test_quantity.py
+holds the two equal over the whole grammar. The few lines are kubegpu's own because importing the client costs every
+process about 0.2 s of start-up (its package loads the whole API). This module also fixes the units kubegpu computes
+in, bounds what it accepts, and caches the results, because the same few strings recur in every pod of a workload.
 
 Quantities come from tenants (a pod's `resources`) and from files someone handed over, so every one is checked
 before any arithmetic that could grow with it (kube-apiserver 1.20 admits `nvidia.com/gpu: 1e600000`, which as an
@@ -25,8 +27,6 @@ import re
 from decimal import Decimal
 from functools import lru_cache
 
-from kubernetes.utils.quantity import parse_quantity as _parse_k8s_quantity
-
 from kubegpu.core.errors import InputError, shorten
 
 __all__ = ["MAX_QUANTITY", "MAX_TEXT_CHARS", "QuantityError", "parse_quantity", "to_int", "to_milli"]
@@ -37,6 +37,8 @@ _NANO = Decimal("1e-9")
 # Kubernetes' grammar (apimachinery's resource.Quantity) plus the client's `K`: sign, digits with an optional
 # fraction, then a decimal exponent or one suffix. ASCII only: `Decimal` alone would take `1_000` and `١٢`.
 _GRAMMAR = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+|[KMGTPE]i|[numkKMGTPE])?")
+# Each suffix's multiplier, as a power: `Ki` = 1024**1, `m` = 1000**-1.
+_POWERS = {"n": -3, "u": -2, "m": -1, "k": 1, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
 
 
 class QuantityError(InputError):
@@ -65,10 +67,20 @@ def _parse_text(text: str) -> Decimal:
             raise QuantityError(f"{text!r} is not a finite quantity")
         raise QuantityError(f"{text!r} is not a Kubernetes quantity (examples: 2, 500m, 16Gi)")
     try:
-        value: Decimal = _parse_k8s_quantity(text)  # type: ignore[no-untyped-call]  # the client is untyped
-    except (ValueError, ArithmeticError):
+        value = _grammatical(text)
+    except ArithmeticError:
         raise QuantityError(f"{text!r} is too large or not a Kubernetes quantity (examples: 2, 500m, 16Gi)") from None
     return _bounded(value, repr(text))
+
+
+def _grammatical(text: str) -> Decimal:
+    """The value of text that matches `_GRAMMAR`: the number times its suffix's power of 1024 (`Ki`..`Ei`) or 1000
+    (`n`..`E`); an exponent (`5e3`) is the number's own. Computed in `Decimal`'s default context, as the client does."""
+    if text.endswith("i"):
+        return Decimal(text[:-2]) * (1024 ** Decimal(_POWERS[text[-2]]))
+    if text[-1] in _POWERS:
+        return Decimal(text[:-1]) * (1000 ** Decimal(_POWERS[text[-1]]))
+    return Decimal(text)
 
 
 def parse_quantity(value: object) -> Decimal:

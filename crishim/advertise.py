@@ -65,6 +65,7 @@ from kubegpu.core.annotations import (
 from kubegpu.core.errors import InputError
 from kubegpu.core.models import Advertisement, DeviceInfo, DeviceInventory, NodeDevices
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
+from kubegpu.core.process import parse_interval
 from kubegpu.core.quantity import QuantityError, to_int
 from kubegpu.crishim import podresources
 from kubegpu.kube.client import ApiError, KubeClient, now_rfc3339
@@ -90,8 +91,6 @@ DESCRIPTION = (
     "annotation (and, with --update-capacity, its extended-resource capacity and labels) up to date; devices that "
     "disappear are kept, marked unhealthy, so that no new pod is placed on them."
 )
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -431,21 +430,6 @@ def _summary(devices: NodeDevices) -> str:
 # ------------------------------------------------------------------------------------------------------------
 # The command
 # ------------------------------------------------------------------------------------------------------------
-
-
-def parse_interval(text: str) -> float:
-    """A duration as Kubernetes tools write it: `20s`, `1m`, `500ms`, `1m30s`, `1h`; a bare number is seconds."""
-    value = text.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        parts = _DURATION.findall(value)
-        if not parts or "".join(n + u for n, u in parts) != value:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a duration (examples: 20s, 1m, 500ms, 1m30s)") from None
-        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the interval must be longer than zero")
-    return seconds
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:

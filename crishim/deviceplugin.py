@@ -76,6 +76,7 @@ import grpc
 from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord
 from kubegpu.core.models import ContainerAllocation, ContainerEdit, DeviceInventory
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
+from kubegpu.core.process import parse_interval
 from kubegpu.crishim.protos import (
     DEVICE_PLUGIN,
     DEVICE_PLUGIN_PACKAGE,
@@ -568,8 +569,6 @@ def _summary(ids: Mapping[str, Mapping[str, bool]]) -> str:
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kubegpu.crishim.advertise import parse_interval
-
     parser.add_argument("--node-name", required=True, help="this node's name, as allocations name it")
     parser.add_argument("--allocation-key-file", required=True, help="HMAC key shared with the kubegpu scheduler")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")

@@ -298,6 +298,22 @@ class AsyncKubeClient:
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
+    def warm(self, count: int) -> concurrent.futures.Future[int]:
+        """Open `count` connections in the background (each a GET of `/version`, which every client may read), so
+        that the first writes do not wait for TLS handshakes. The future's result is how many answered."""
+
+        async def one() -> bool:
+            try:
+                await self.request("GET", "/version")
+            except ApiError:
+                return False
+            return True
+
+        async def every() -> int:
+            return sum(await asyncio.gather(*(one() for _ in range(count))))
+
+        return self.submit(every())
+
     async def request(self, method: str, path: str, body: Any = None, content_type: str = JSON) -> Any:
         wait = self.limiter.reserve()
         if wait:
@@ -342,7 +358,8 @@ Consumer = Callable[[str, Any], None]
 
 
 class Informer(threading.Thread):
-    """List-then-watch one collection, handing `("SYNC", items)` and `(event type, object)` to `consume`."""
+    """List-then-watch one collection, handing `("SYNC", items)` and `(event type, object)` to `consume` (after
+    `after`, another informer's `synced`, is set, when given)."""
 
     def __init__(
         self,
@@ -353,6 +370,7 @@ class Informer(threading.Thread):
         name: str,
         *,
         label_selector: str | None = None,
+        after: threading.Event | None = None,
     ) -> None:
         super().__init__(name=f"informer-{name}", daemon=True)
         self.client = client
@@ -362,12 +380,18 @@ class Informer(threading.Thread):
         self.stop_event = stop
         self.kind = name
         self.synced = threading.Event()
+        # Another informer whose first list the consumer must have before this one's: the list is still read at
+        # once (the two lists overlap), and handed over when `after` is set.
+        self.after = after
 
     def run(self) -> None:
         backoff = 0.5
         while not self.stop_event.is_set():
             try:
                 items, version = self.client.list(self.path, **self.selectors)
+                while self.after is not None and not self.after.wait(0.05):
+                    if self.stop_event.is_set():
+                        return
                 self.consume("SYNC", items)
                 self.synced.set()
                 backoff = 0.5

@@ -40,8 +40,7 @@ from kubegpu.kube.client import ApiError, AsyncKubeClient, KubeClient
 from kubegpu.kube.leader import LeaderElector
 from kubegpu.scheduler import liveness
 from kubegpu.scheduler.binder import Binder
-from kubegpu.scheduler.config import ConfigError, Policy, load_config
-from kubegpu.scheduler.engine import POLICIES, Decision, Engine
+from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Policy
 from kubegpu.scheduler.health import HealthServer, Metrics
 from kubegpu.scheduler.mirror import ClusterMirror
 from kubegpu.scheduler.queue import Entry, SchedulingQueue
@@ -178,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
     config = None
     policy: Policy = args.policy or "binpack"
     if args.config:
+        from kubegpu.scheduler.config import ConfigError, load_config  # pydantic and YAML: only for a --config
+
         try:
             config, policy = load_config(args.config, args.policy)
         except ConfigError as exc:
@@ -185,15 +186,17 @@ def run(args: argparse.Namespace) -> int:
             return 2
     args.scheduler_name = args.scheduler_name or (config and config.scheduler_name) or "kubegpu-scheduler"
     key = read_key(args.allocation_key_file)
+    client = KubeClient.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
+    writer = AsyncKubeClient(client.credentials, client.limiter, connections=args.binders)
+    writer.warm(args.binders)  # the TLS handshakes happen while the plugins load and the informers list
     plugins = make_plugin_manager("scheduler")
     for failure in plugins.failures:
         log.error("%s", failure)
-    client = KubeClient.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
-    writer = AsyncKubeClient(client.credentials, client.limiter, connections=args.binders)
     engine = Engine(plugins, policy=policy, signing_key=key, scoring=config.profile if config else None)
     scheduler = CustomScheduler(client, writer, engine, name=args.scheduler_name, leases=liveness.from_args(args))
     if config is not None:
         scheduler.queue.initial_backoff, scheduler.queue.max_backoff = config.initial_backoff, config.max_backoff
+    scheduler.mirror.start_informers()  # on every replica: a standby keeps its mirror warm
     server = HealthServer(scheduler.mirror, scheduler.metrics, args.metrics_address, writer.loop)
     log.info("kubegpu scheduler %s starting; metrics on %s:%d", args.scheduler_name, *server.address)
 
@@ -230,7 +233,6 @@ def run(args: argparse.Namespace) -> int:
         ).start()
     else:
         started()
-    threading.Thread(target=scheduler.mirror.start_informers, name="informers", daemon=True).start()
     scheduler.run_loop()
     server.shutdown()
     writer.close()

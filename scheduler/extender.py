@@ -44,7 +44,6 @@ import logging
 import os
 import signal
 import ssl
-import threading
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -785,7 +784,7 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, terminate)
-    threading.Thread(target=mirror.start_informers, name="informers", daemon=True).start()
+    mirror.start_informers()
     mirror.run()
     httpd.shutdown()
     writer.close()

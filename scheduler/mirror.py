@@ -183,9 +183,11 @@ class ClusterMirror:
                 self.judge_nodes()
 
     def start_informers(self) -> None:
-        """Start the informers (call on a thread of its own: it waits for the nodes' list before watching pods)."""
+        """Start the informers. Pods are listed while nodes are, and handed over after the nodes' list, so that the
+        ledger rebuild finds every bound pod's node."""
         nodes = Informer(self.client, "/api/v1/nodes", self._consume(self.on_nodes), self.stop, "nodes")
-        pods = Informer(self.client, "/api/v1/pods", self._consume(self.on_pods), self.stop, "pods")
+        consume = self._consume(self.on_pods)
+        pods = Informer(self.client, "/api/v1/pods", consume, self.stop, "pods", after=nodes.synced)
         if self.watch_budgets:
             path = "/apis/policy/v1beta1/poddisruptionbudgets"
             Informer(self.client, path, self._consume(self.on_budgets), self.stop, "poddisruptionbudgets").start()
@@ -202,10 +204,6 @@ class ClusterMirror:
             consume = self._consume(self.leases.observe)
             Informer(self.client, self.leases.path, consume, self.stop, "leases", label_selector=selector).start()
         nodes.start()
-        # Nodes first, so that the ledger rebuild finds every bound pod's node.
-        while not nodes.synced.wait(0.2):
-            if self.stop.is_set():
-                return
         pods.start()
 
     def _consume(self, handler: Callable[[str, Any], None]) -> Callable[[str, Any], None]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kubegpu.core.quantity import QuantityError, parse_quantity, to_int, to_milli
 
@@ -85,3 +87,50 @@ def test_a_value_that_is_not_a_quantity_is_refused_quoting_it(value: object, mes
 def test_quantity_errors_are_value_errors_so_callers_can_report_them_as_bad_input() -> None:
     with pytest.raises(ValueError, match="not a Kubernetes quantity"):
         to_int("lots")
+
+
+# Every string kubegpu's grammar admits, built from its parts: a sign, digits with an optional fraction, then an
+# exponent or a suffix.
+_digits = st.text("0123456789", min_size=1, max_size=6)
+_number = st.one_of(
+    _digits,
+    st.builds(lambda a, b: f"{a}.{b}", _digits, st.text("0123456789", max_size=6)),
+    st.builds(lambda b: f".{b}", _digits),
+)
+_tail = st.one_of(
+    st.just(""),
+    st.sampled_from(["Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "K", "M", "G", "T", "P", "E"]),
+    st.builds(lambda e, sign, n: f"{e}{sign}{n}", st.sampled_from("eE"), st.sampled_from(["", "+", "-"]),
+              st.integers(0, 30).map(str)),
+)  # fmt: skip
+_quantity = st.builds(
+    lambda sign, number, tail: f"{sign}{number}{tail}", st.sampled_from(["", "+", "-"]), _number, _tail
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_quantity)
+def test_every_quantity_reads_as_the_kubernetes_client_reads_it(text: str) -> None:
+    """kubegpu parses quantities itself (importing the client costs every process 0.2 s of start-up): the value is
+    the client's `parse_quantity` for every string of the grammar, or both refuse it."""
+    from kubernetes.utils.quantity import parse_quantity as client_parse
+
+    try:
+        expected: Decimal | None = client_parse(text)
+    except ValueError:
+        expected = None
+    try:
+        ours: Decimal | None = parse_quantity(text)
+    except QuantityError:
+        ours = None
+    if expected is None or ours is None:
+        # Refused by the client means refused here; kubegpu also refuses what is too large to be meant.
+        assert ours is None, f"{text!r}: kubegpu read {ours}, the client refuses it"
+        return
+    if expected.is_zero() or abs(expected) > 2**63 - 1:
+        assert ours == 0 or ours is None
+        return
+    if abs(expected) < Decimal("1e-9"):
+        assert ours == Decimal("1e-9").copy_sign(expected)  # Kubernetes rounds a nonzero nano-fraction up
+        return
+    assert ours == expected

@@ -1,0 +1,63 @@
+"""How the `kubegpu` command starts: a front-end's process imports only what that front-end needs, so the custom
+scheduler, the shim and the advertiser are scheduling, proxying and advertising sooner after a (re)start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FRONT_ENDS = {
+    "simulate": "kubegpu.scheduler.simulate",
+    "scheduler": "kubegpu.scheduler.custom",
+    "extender": "kubegpu.scheduler.extender",
+    "top": "kubegpu.scheduler.top",
+    "crishim": "kubegpu.crishim.shim",
+    "advertise": "kubegpu.crishim.advertise",
+    "device-plugin": "kubegpu.crishim.deviceplugin",
+}
+
+
+def modules_after_parsing(tmp_path: Path, *argv: str) -> set[str]:
+    """The modules a fresh interpreter holds after `kubegpu ARGV` built its parser (the command does not run)."""
+    code = (
+        "import json, sys\n"
+        "from kubegpu.cli import build_parser\n"
+        f"build_parser({list(argv)!r})\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    return set(json.loads(done.stdout))
+
+
+@pytest.mark.parametrize("command", sorted(FRONT_ENDS))
+def test_a_front_end_imports_none_of_the_others(tmp_path: Path, command: str) -> None:
+    loaded = modules_after_parsing(tmp_path, command, "--help")
+    assert FRONT_ENDS[command] in loaded
+    others = {module for name, module in FRONT_ENDS.items() if name != command} & loaded
+    assert not others, f"`kubegpu {command}` imported other front-ends: {sorted(others)}"
+
+
+def test_the_scheduler_does_not_import_the_kubernetes_client_package(tmp_path: Path) -> None:
+    """The `kubernetes` package loads its whole API on import (about 0.2 s); the scheduler's hot paths use kubegpu's
+    own client and quantity parser."""
+    loaded = modules_after_parsing(tmp_path, "scheduler")
+    assert "kubernetes" not in loaded
+
+
+def test_help_without_a_command_lists_every_front_end(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kubegpu", "--help"], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    for command in [*FRONT_ENDS, "plugins"]:
+        assert command in done.stdout
+
+
+def test_an_unknown_command_is_refused_naming_the_valid_ones(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "kubegpu", "schedulr"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "invalid choice: 'schedulr'" in done.stderr
+    assert "scheduler" in done.stderr and "crishim" in done.stderr
