@@ -27,10 +27,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Container, Iterable, Iterator, KeysView, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from kubegpu.core.annotations import (
     ALLOCATION_KEY,
@@ -160,6 +160,18 @@ class Plan:
     prepared: dict[str, object] = field(default_factory=dict)
 
 
+class ClusterState(NamedTuple):
+    """One pod's cluster-wide filter state (kube-scheduler's PreFilter for PodTopologySpread and InterPodAffinity)
+    at one generation, with the judge of one node's labels made from it."""
+
+    pod: PodRequest
+    plan: Plan
+    generation: int
+    judge: Callable[[Mapping[str, str]], Status | None]
+    affinity: filters.AffinityState | None
+    spread: filters.SpreadState | None
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The outcome of one cycle. `annotations` are the pod annotations to write when `scheduled`."""
@@ -256,8 +268,7 @@ class Engine:
         # Bumped whenever a placed pod with required anti-affinity terms (which can refuse an incoming pod on nodes
         # other than its own) comes or goes: plans made before are made again.
         self._anti_epoch = 0
-        self._cluster: tuple[PodRequest, Plan, int, filters.AffinityState | None, filters.SpreadState | None] | None
-        self._cluster = None
+        self._cluster: ClusterState | None = None
         # The Services, ReplicationControllers, ReplicaSets and StatefulSets a front-end reports (`set_owner`): a
         # pod with no spread constraints of its own gets the profile's default ones, selecting what they select.
         self._owners = Owners()
@@ -747,37 +758,44 @@ class Engine:
             self._defaulted[selector] = constraints
         return constraints
 
-    def _cluster_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
-        """PodTopologySpread and InterPodAffinity, judged from counts gathered over the whole cluster once per pod
-        and generation (kube-scheduler's PreFilter)."""
-        affinity, spread = self._cluster_state(pod, plan)
-        labels = record.info.labels
-        if spread is not None and "PodTopologySpread" not in self.filters_off:
-            refused = filters.spread_fits(pod, spread, labels)
-            if refused is not None:
-                reason, resolvable = refused
-                return Status.unschedulable(reason) if resolvable else Status.unresolvable(reason)
-        if affinity is not None and "InterPodAffinity" not in self.filters_off:
-            reasons = filters.affinity_fits(pod, affinity, labels)
-            if reasons:
-                if reasons[1] == filters.AFFINITY_RULES:
-                    return Status.unresolvable(*reasons)
-                return Status.unschedulable(*reasons)
-        return None
-
-    def _cluster_state(
-        self, pod: PodRequest, plan: Plan
-    ) -> tuple[filters.AffinityState | None, filters.SpreadState | None]:
+    def _cluster_state(self, pod: PodRequest, plan: Plan) -> ClusterState:
+        """The pod's PreFilter state for both filters, remembered for the generation, and the judge of one node's
+        labels made from it: called for every node a cycle visits, so the filters switched off, and the states that
+        cannot refuse any node, are settled here once, and each refusal is a status made once."""
         cached = self._cluster
-        if cached is not None and cached[0] is pod and cached[1] is plan and cached[2] == self.generation:
-            return cached[3], cached[4]
+        if cached is not None and cached.pod is pod and cached.plan is plan and cached.generation == self.generation:
+            return cached
         affinity = podindex.affinity_state(pod, self._placed, self._labels)
         spread: filters.SpreadState | None = None
         constraints = plan.hard_spread
-        if constraints:
+        if constraints and "PodTopologySpread" not in self.filters_off:
             spread = podindex.spread_state(pod, self._placed, self._spread_domains(pod, constraints), constraints)
-        self._cluster = (pod, plan, self.generation, affinity, spread)
-        return affinity, spread
+        judged = affinity
+        if "InterPodAffinity" in self.filters_off or not filters.affinity_can_refuse(pod, affinity):
+            judged = None
+        refusals: dict[tuple[str, ...], Status] = {}
+
+        def refusal(reasons: tuple[str, ...], resolvable: bool) -> Status:
+            status = refusals.get(reasons)
+            if status is None:
+                status = refusals[reasons] = Status(Code.UNSCHEDULABLE if resolvable else Code.UNRESOLVABLE, reasons)
+            return status
+
+        spread_fits = filters.spread_judge(spread) if spread is not None else None
+
+        def judge(labels: Mapping[str, str]) -> Status | None:
+            if spread_fits is not None:
+                refused = spread_fits(labels)
+                if refused is not None:
+                    return refusal((refused[0],), refused[1])
+            if judged is not None:
+                reasons = filters.affinity_fits(pod, judged, labels)
+                if reasons:
+                    return refusal(reasons, reasons[1] != filters.AFFINITY_RULES)
+            return None
+
+        self._cluster = state = ClusterState(pod, plan, self.generation, judge, affinity, spread)
+        return state
 
     def _labels(self, name: str) -> Mapping[str, str] | None:
         record = self.nodes.get(name)
@@ -824,7 +842,15 @@ class Engine:
                 return Status.unschedulable(f"Insufficient {short}", plugin=plugin)
         return Status.success()
 
-    def check(self, record: NodeRecord, pod: PodRequest, plan: Plan, *, placing: bool = True) -> Status:
+    def check(
+        self,
+        record: NodeRecord,
+        pod: PodRequest,
+        plan: Plan,
+        *,
+        placing: bool = True,
+        judge: Callable[[Mapping[str, str]], Status | None] | None = None,
+    ) -> Status:
         """The whole filter phase for one node: Kubernetes' own filters, then each plugin's device fit.
 
         The node remembers its last node-local answers (`Plan.local`); an unchanged node asked about a pod alike in
@@ -844,7 +870,8 @@ class Engine:
             remembered = memo[id(plan.local)] = (record.version, plan.local, self._basic_fit(record, pod, plan), None)
         status = remembered[2]
         if status is None and plan.volatile:
-            status = self._cluster_fit(record, pod, plan)
+            # `judge`: the cluster-wide filters' judge for this pod, when the caller took it for a pass over nodes.
+            status = (judge or self._cluster_state(pod, plan).judge)(record.info.labels)
         if status is None:
             status = remembered[3]
             if status is None:
@@ -962,12 +989,14 @@ class Engine:
         profile, nodes = self.scoring, self.nodes
         records = [nodes[name] for name in feasible]
         local = [self._local_scores(record, pod, plan) for record in records]
-        totals = [0.0] * len(records)
+        weighed: list[list[float]] = []  # each plugin's weighed scores, in plugin order; summed per node at the end
 
         def add(plugin: str, values: Iterable[float]) -> None:
-            nonlocal totals
+            column = values if isinstance(values, list) else list(values)
+            if min(column) == max(column):
+                return  # the same for every node: it cannot change which node is best
             weight = profile.weight(plugin)
-            totals = [total + weight * value for total, value in zip(totals, values, strict=True)]
+            weighed.append(column if weight == 1 else [weight * value for value in column])
 
         columns = (
             (scores.BALANCED, None),
@@ -979,13 +1008,16 @@ class Engine:
         for column, (plugin, reverse) in enumerate(columns):
             if profile.weight(plugin):
                 values = [raw[column] for raw in local]
+                if min(values) == max(values):
+                    continue  # normalized alike too
                 add(plugin, values if reverse is None else scores.normalize_default(values, reverse=reverse))
         preferred = bool(pod.preferred_affinity or pod.preferred_anti_affinity)
         if profile.weight(scores.INTER_POD_AFFINITY) and (preferred or self._drawn(pod)):
             table = podindex.affinity_scores(pod, self._placed, self._labels, profile.hard_pod_affinity_weight)
             if table:
-                raw_scores = [scores.affinity_raw(table, record.info.labels) for record in records]
-                add(scores.INTER_POD_AFFINITY, scores.normalize_affinity(raw_scores))
+                raw_scores = scores.affinity_raws(table, [record.info.labels for record in records])
+                if min(raw_scores) != max(raw_scores):  # else normalized alike too
+                    add(scores.INTER_POD_AFFINITY, scores.normalize_affinity(raw_scores))
         soft = plan.soft_spread  # the pod's own or, when it has none, the defaults its owners give it
         if profile.weight(scores.SPREAD) and soft:
             state = podindex.spread_scores(
@@ -996,7 +1028,7 @@ class Engine:
                 soft,
             )
             if state is not None:
-                raw_scores = [scores.spread_raw(state, pod, r.name, r.info.labels) for r in records]
+                raw_scores = scores.spread_raws(state, pod, [(r.name, r.info.labels) for r in records])
                 add(scores.SPREAD, scores.normalize_spread(raw_scores, [r.name in state.ignored for r in records]))
         # NodePreferAvoidPods and ImageLocality, used as they are; skipped where every node would score alike.
         avoiding = self._avoiding(pod)
@@ -1009,6 +1041,9 @@ class Engine:
             listed, count = self._image_nodes, len(nodes)
             held = [scores.image_locality(images, r.info.images, listed, count) for r in records]
             add(scores.IMAGE_LOCALITY, map(float, held))
+        if not weighed:
+            return feasible[0]
+        totals = list(map(sum, zip(*weighed, strict=True))) if len(weighed) > 1 else weighed[0]
         return feasible[max(range(len(records)), key=totals.__getitem__)]
 
     def _avoiding(self, pod: PodRequest) -> tuple[str, str] | None:
@@ -1105,6 +1140,8 @@ class Engine:
         candidates, resource = self._candidates(pod, plan)
         sample = self._sample_size(pod, plan)
         visited: dict[int, list[dict[str, None]]] = {}  # node class -> the groups of its nodes filtered above
+        judge = self._cluster_state(pod, plan).judge if plan.volatile else None
+        check = self.check
         for klass, members in candidates:
             visited.setdefault(klass, []).append(members)
             known = settled.get(klass)
@@ -1116,8 +1153,8 @@ class Engine:
             for position, name in enumerate(members, 1):
                 record = nodes[name]
                 evaluated += 1
-                status = self.check(record, pod, plan)
-                if status.ok:
+                status = check(record, pod, plan, judge=judge)
+                if status.code is Code.SUCCESS:
                     feasible.append(name)
                     if len(feasible) >= sample:
                         break

@@ -17,7 +17,7 @@ sentence saying so), CSI volume limits, VolumeZone and VolumeRestrictions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kubegpu.core.models import (
@@ -235,6 +235,12 @@ def affinity_fits(pod: PodRequest, state: AffinityState, labels: Mapping[str, st
     return ()
 
 
+def affinity_can_refuse(pod: PodRequest, state: AffinityState | None) -> bool:
+    """Whether `affinity_fits` can refuse any node: without affinity terms of its own, anti-affinity pairs found for
+    its terms, or existing pods' anti-affinity against it, the pod fits every node."""
+    return state is not None and bool(pod.pod_affinity or (pod.pod_anti_affinity and state.anti) or state.existing)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Topology spread
 # ---------------------------------------------------------------------------------------------------------------
@@ -284,6 +290,27 @@ def spread_counts(
 def own_matches(pod: PodRequest, constraints: Iterable[SpreadConstraint]) -> tuple[int, ...]:
     """Per constraint, 1 when it selects the pod itself (placing it adds one to its domain), else 0."""
     return tuple(1 if selector_matches(c.selector, pod.labels) else 0 for c in constraints)
+
+
+def spread_judge(state: SpreadState) -> Callable[[Mapping[str, str]], tuple[str, bool] | None]:
+    """`spread_fits` for one state, with each constraint's limit worked out once: the judge of every node a cycle
+    visits."""
+    # A node's domain may hold at most `maxSkew + minimum - own` matching pods before the pod lands there.
+    limits = tuple(
+        (c.topology_key, count, c.max_skew + minimum - own)
+        for c, count, minimum, own in zip(state.constraints, state.counts, state.minimum, state.own, strict=True)
+    )
+
+    def judge(labels: Mapping[str, str]) -> tuple[str, bool] | None:
+        for key, count, limit in limits:
+            value = labels.get(key)
+            if value is None:
+                return SPREAD_LABEL, False
+            if count and count.get(value, 0) > limit:
+                return SPREAD, True
+        return None
+
+    return judge
 
 
 def spread_fits(pod: PodRequest, state: SpreadState, labels: Mapping[str, str]) -> tuple[str, bool] | None:

@@ -217,7 +217,7 @@ def check_against_scans(e: Engine, probe: PodRequest, owners: dict[tuple[str, st
     if hard:
         indexed = podindex.spread_state(probe, index, e._spread_domains(probe, hard), hard)
         assert indexed == filters.spread_counts(probe, on_nodes(e), hard)
-        assert e._cluster_state(probe, plan)[1] == indexed  # the cycle's remembered state is the fresh one
+        assert e._cluster_state(probe, plan).spread == indexed  # the cycle's remembered state is the fresh one
     soft = tuple(c for c in constraints if c.when_unsatisfiable == "ScheduleAnyway")
     assert plan.soft_spread == soft
     if soft:
