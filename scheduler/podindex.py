@@ -239,11 +239,36 @@ def affinity_state(pod: PodRequest, index: PodIndex, labels: Labels) -> filters.
 def affinity_scores(pod: PodRequest, index: PodIndex, labels: Labels, hard_weight: int) -> dict[tuple[str, str], int]:
     """InterPodAffinity's PreScore (`scores.affinity_prescore`) over only the placed pods that the pod's preferred
     terms select and those holding a scoring term that selects the pod: no other pod adds to any topology pair."""
-    candidates: dict[str, None] = {}
-    for _, term in (*pod.preferred_affinity, *pod.preferred_anti_affinity):
-        candidates.update(dict.fromkeys(index.matching(term)))
-    candidates.update(index.scoring_holders(pod))
-    return scores.affinity_prescore(pod, _located(candidates, index, labels), hard_weight)
+    # The same sums as the scan, one term at a time: the pods a term selects are the index's to name, so no pod is
+    # matched against a term twice.
+    found: dict[tuple[str, str], int] = {}
+    where = index.node
+
+    def add(term: PodAffinityTerm, keys: Iterable[str], weight: int, times: Mapping[str, int] | None = None) -> None:
+        key = term.topology_key
+        for pod_key in keys:
+            node_labels = labels(where[pod_key])
+            if not node_labels:
+                continue
+            value = node_labels.get(key)
+            if value is not None:
+                pair = (key, value)
+                found[pair] = found.get(pair, 0) + weight * (times[pod_key] if times is not None else 1)
+
+    for weight, term in pod.preferred_affinity:
+        add(term, index.matching(term), weight)
+    for weight, term in pod.preferred_anti_affinity:
+        add(term, index.matching(term), -weight)
+    matched: dict[PodAffinityTerm, bool] = {}
+    for entry, holders in index.scoring.items():
+        if entry.required and hard_weight <= 0:
+            continue
+        hit = matched.get(entry.term)
+        if hit is None:
+            hit = matched[entry.term] = pod_matches_term(entry.term, pod)
+        if hit:
+            add(entry.term, holders, hard_weight if entry.required else entry.weight, holders)
+    return found
 
 
 def spread_state(
