@@ -243,10 +243,11 @@ class Engine:
         self._node_epoch = 0
         self._soft_tainted: set[str] = set()  # nodes with a PreferNoSchedule taint
         # What ImageLocality and NodePreferAvoidPods read beyond one node (`_note_scored`): how many nodes list each
-        # image name, and the largest size any node listed for it while some node does (a bound, for `_sample_size`);
-        # the controllers each node's preferAvoidPods names, and on how many nodes each is named.
+        # image name, and how many list it at each size (each node scores its own size, so an image every node lists
+        # still tells them apart when the sizes differ: `_images_matter`); the controllers each node's
+        # preferAvoidPods names, and on how many nodes each is named.
         self._image_nodes: Counter[str] = Counter()
-        self._image_sizes: dict[str, int] = {}
+        self._image_sizes: dict[str, Counter[int]] = {}
         self._avoid: dict[str, frozenset[tuple[str, str]]] = {}
         self._avoided: Counter[tuple[str, str]] = Counter()
         self.signing_key = signing_key
@@ -328,11 +329,16 @@ class Engine:
         `previous` self counted (None: a new node; `info` None: a removed one). An annotation kubegpu cannot read
         counts as absent, with one warning per value."""
         if previous is not None:
-            for image in previous.images:
+            for image, size in previous.images.items():
                 self._image_nodes[image] -= 1
                 if self._image_nodes[image] <= 0:
                     del self._image_nodes[image]
                     self._image_sizes.pop(image, None)
+                else:
+                    sizes = self._image_sizes[image]
+                    sizes[size] -= 1
+                    if sizes[size] <= 0:
+                        del sizes[size]
             before = self._avoid.pop(previous.name, frozenset())
             self._avoided.subtract(before)
             for key in before:
@@ -342,7 +348,7 @@ class Engine:
             return
         for image, size in info.images.items():
             self._image_nodes[image] += 1
-            self._image_sizes[image] = max(size, self._image_sizes.get(image, 0))
+            self._image_sizes.setdefault(image, Counter())[size] += 1
         raw = info.annotations.get(scores.PREFER_AVOID_KEY)
         if raw is None:
             return
@@ -1063,15 +1069,17 @@ class Engine:
 
     def _images_matter(self, pod: PodRequest) -> bool:
         """Whether ImageLocality may tell nodes apart for the pod: one of its images is listed by some nodes but not
-        all, and what the nodes could hold of them, scaled as the score scales it, passes the score's floor."""
+        all, or by all at different sizes, and what the nodes could hold of them, scaled as the score scales it,
+        passes the score's floor."""
         images = self._listed_images(pod)
         if not images or not self.scoring.weight(scores.IMAGE_LOCALITY):
             return False
         total = len(self.nodes)
         counts = [self._image_nodes[image] for image in images]
-        if all(count in (0, total) for count in counts):
+        sizes = [self._image_sizes.get(image) or Counter() for image in images]
+        if all(c == 0 or (c == total and len(s) == 1) for c, s in zip(counts, sizes, strict=True)):
             return False
-        most = sum(int(self._image_sizes.get(i, 0) * (c / total)) for i, c in zip(images, counts, strict=True))
+        most = sum(int(max(s, default=0) * (c / total)) for s, c in zip(sizes, counts, strict=True))
         return most > scores.IMAGE_FLOOR
 
     def _drawn(self, pod: PodRequest) -> bool:

@@ -132,6 +132,15 @@ def test_the_node_holding_the_pods_image_is_preferred() -> None:
     assert e.schedule(pod("q", "team/app")).node == "a"
 
 
+def test_an_image_every_node_lists_at_different_sizes_still_tells_the_nodes_apart() -> None:
+    # Ten nodes (more than the engine's sample of 8) all list app:v1, the last one at 900 MiB, the others at 30 MiB:
+    # 900 x 10/10 -> 100 x 877 / 977 = 89 points on n9, 30 -> 0 points elsewhere. Every other score is alike, so n9
+    # wins, as it does when an eleventh node without the image is added.
+    nodes = [node(f"n{i}", {"app:v1": 30}) for i in range(9)] + [node("n9", {"app:v1": 900})]
+    assert engine(*nodes).schedule(pod("p", "app:v1")).node == "n9"
+    assert engine(node("m"), *nodes).schedule(pod("p", "app:v1")).node == "n9"
+
+
 def test_a_profile_without_image_locality_ignores_images() -> None:
     profile = scores.Profile({scores.MOST_ALLOCATED: 1})
     e = engine(node("a"), node("b", {"team/app:v1": 600}), profile=profile)
