@@ -285,3 +285,18 @@ def test_a_configured_do_not_schedule_default_refuses_a_node_that_would_skew_the
     assert "node(s) didn't match pod topology spread constraints" in (decision.reason or "")
     e.set_owner("Service", "shop", "web", None)  # no owner: no default constraint, so a1 takes it
     assert e.schedule(pod("web-1", WEB)).node == "a1"
+
+
+def test_a_service_changing_its_selector_changes_the_spread_filters_answer_for_the_same_pod() -> None:
+    # The custom scheduler asks again about the same pending pod; between the two asks only a Service changes (no
+    # node, no placed pod), and the zones' counts must follow its new selector.
+    args = {"defaultConstraints": [{"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule"}]}
+    e = cluster(node("a1", "a"), node("b1", "b"), profile=configured(args))
+    place(e, "web-0", "a1", WEB)
+    waiting = pod("web-1", {**WEB, "tier": "front"})
+    own(e, "Service", "web", {"tier": "front"})  # selects web-1 alone: zone a 0 + itself 1 - zone b 0 = 1, fits
+    assert e.filter_node("a1", waiting).ok
+    own(e, "Service", "web", {"app": "web"})  # selects web-0 too: zone a 1 + 1 - 0 = 2 > maxSkew 1
+    status = e.filter_node("a1", waiting)
+    assert status.reasons == ("node(s) didn't match pod topology spread constraints",)
+    assert e.filter_node("b1", waiting).ok  # zone b 0 + 1 - 0 = 1

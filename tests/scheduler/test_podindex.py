@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -298,3 +299,28 @@ def test_selected_pods_are_exactly_those_the_selector_matches(
             for p in requests[released:]
             if p.namespace in namespaces and filters.selector_matches(parsed, p.labels)
         }
+
+
+@pytest.mark.parametrize("hard_weight", [0, 1, 5])
+def test_a_term_a_placed_pod_states_twice_scores_twice_as_in_the_scan(hard_weight: int) -> None:
+    # The index keeps each distinct term once with how many times each holder states it; the scan visits the
+    # holder's terms one by one, so a repeated term adds its weight (or hardPodAffinityWeight) once per statement.
+    term = {"topologyKey": ZONE, "labelSelector": {"matchLabels": {"app": "x"}}}
+    affinity = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [term, term],
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 7, "podAffinityTerm": term}] * 2,
+        },
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 3, "podAffinityTerm": term}] * 2,
+        },
+    }
+    metadata = {"namespace": "a", "labels": {"app": "y"}}
+    holder = {"kind": "Pod", "metadata": metadata, "spec": {**SPEC, "affinity": affinity}}
+    e = Engine(make_plugin_manager("scheduler", plugins=[], autoload=False))
+    e.add_node(node_info(node_manifest("n0", labels=node_labels("n0", "z1", None, True))))
+    e.assume(request(holder, "holder"), "n0", None)
+    probe = request({"kind": "Pod", "metadata": {"namespace": "a", "labels": {"app": "x"}}, "spec": SPEC}, "probe")
+    scanned = scores.affinity_prescore(probe, located(e), hard_weight)
+    assert scanned == {(ZONE, "z1"): 2 * hard_weight + 2 * 7 - 2 * 3}
+    assert podindex.affinity_scores(probe, e._placed, e._labels, hard_weight) == scanned
