@@ -300,3 +300,15 @@ def test_a_service_changing_its_selector_changes_the_spread_filters_answer_for_t
     status = e.filter_node("a1", waiting)
     assert status.reasons == ("node(s) didn't match pod topology spread constraints",)
     assert e.filter_node("b1", waiting).ok  # zone b 0 + 1 - 0 = 1
+
+
+def test_a_pod_gets_the_selector_of_its_own_namespaces_owners_only() -> None:
+    # Pods with the same labels in two namespaces, each selected by its own namespace's owners.
+    e = cluster(node("a1", "a"))
+    own(e, "Service", "web", {"app": "web"}, namespace="shop")
+    own(e, "ReplicaSet", "web-5d8f", {"matchLabels": WEB}, namespace="blog")
+    assert e.spread_constraints(pod("web-0", WEB, namespace="shop")) == defaults(requirement("app", "web"))
+    assert e.spread_constraints(pod("web-0", WEB, namespace="blog")) == defaults(
+        requirement("app", "web"), requirement("pod-template-hash", "5d8f")
+    )
+    assert e.spread_constraints(pod("web-0", WEB, namespace="shop")) == defaults(requirement("app", "web"))
