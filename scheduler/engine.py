@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from kubegpu.core.annotations import (
     ALLOCATION_KEY,
@@ -77,7 +77,15 @@ CPU_MEMORY = frozenset({"cpu", "memory"})
 NOMINATED = "node(s) were nominated for a pending pod of equal or higher priority that is preempting pods there"
 CPU_INDEX = "cpu"
 NAME_LABELS = frozenset({"kubernetes.io/hostname"})
-CHECKS_REMEMBERED = 8  # filter answers a node remembers (pod shapes)
+# Pod shapes whose filter answers and node-local scores a node remembers; past it the shape asked about longest ago
+# goes. Device pods' shapes include their labels (a plugin may read them), so each Deployment's replicas are a shape.
+CHECKS_REMEMBERED = 32
+
+
+def _make_room(memo: dict[int, Any], slot: int) -> None:
+    """Before `memo[slot]` is (re)written: the slot moves to the newest end; a full memo drops its oldest slot."""
+    if memo.pop(slot, None) is None and len(memo) >= CHECKS_REMEMBERED:
+        del memo[next(iter(memo))]
 MAX_CHANGES = 1 << 16  # node changes remembered by `Engine.changed_since`
 UNKNOWN_FREE = 1 << 62  # the headroom of a plugin that failed on a node: unknown, so never the reason to skip it
 PREPARE_HOOK = "kubegpu_scheduler_prepare"
@@ -103,7 +111,7 @@ class NodeRecord:
     # yet)). A few shapes alternate in a workload, so one slot would thrash.
     last_check: dict[int, tuple[int, tuple[object, ...], Status | None, Status | None]] = field(default_factory=dict)
     last_score: tuple[int, tuple[object, ...], float] | None = None
-    last_raw: tuple[int, tuple[object, ...], tuple[float, ...]] | None = None  # `Engine._local_scores`
+    last_raw: dict[int, tuple[int, tuple[object, ...], tuple[float, ...]]] = field(default_factory=dict)  # scores
 
     @property
     def name(self) -> str:
@@ -871,8 +879,7 @@ class Engine:
         memo = record.last_check
         remembered = memo.get(id(plan.local))
         if remembered is None or remembered[0] != record.version or remembered[1] is not plan.local:
-            if len(memo) >= CHECKS_REMEMBERED:
-                memo.clear()
+            _make_room(memo, id(plan.local))
             remembered = memo[id(plan.local)] = (record.version, plan.local, self._basic_fit(record, pod, plan), None)
         status = remembered[2]
         if status is None and plan.volatile:
@@ -965,7 +972,8 @@ class Engine:
     def _local_scores(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> tuple[float, ...]:
         """The raw scores that depend only on the node and the pod's spec (`scores`: BalancedAllocation,
         NodeAffinity, TaintToleration, the policy, the devices), remembered per node version and pod signature."""
-        remembered = record.last_raw
+        memo = record.last_raw
+        remembered = memo.get(id(plan.local))
         if remembered is not None and remembered[0] == record.version and remembered[1] is plan.local:
             return remembered[2]
         info = record.info
@@ -986,7 +994,8 @@ class Engine:
             policy,
             device_score,
         )
-        record.last_raw = (record.version, plan.local, raw)
+        _make_room(memo, id(plan.local))
+        memo[id(plan.local)] = (record.version, plan.local, raw)
         return raw
 
     def _rank(self, feasible: list[str], pod: PodRequest, plan: Plan) -> str:
