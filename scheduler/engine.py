@@ -86,6 +86,8 @@ def _make_room(memo: dict[int, Any], slot: int) -> None:
     """Before `memo[slot]` is (re)written: the slot moves to the newest end; a full memo drops its oldest slot."""
     if memo.pop(slot, None) is None and len(memo) >= CHECKS_REMEMBERED:
         del memo[next(iter(memo))]
+
+
 MAX_CHANGES = 1 << 16  # node changes remembered by `Engine.changed_since`
 UNKNOWN_FREE = 1 << 62  # the headroom of a plugin that failed on a node: unknown, so never the reason to skip it
 PREPARE_HOOK = "kubegpu_scheduler_prepare"

@@ -305,8 +305,11 @@ def spread_scores(
     if state is None:
         return None
     hosts: list[Mapping[str, int] | None] = []
+    counted: dict[LabelSelector | None, dict[str, int]] = {}  # constraints often share a selector (the defaults do)
     for constraint in state.constraints:
-        on = _members(pod, constraint, index)
+        on = counted.get(constraint.selector)
+        if on is None:
+            on = counted[constraint.selector] = _members(pod, constraint, index)
         if constraint.topology_key == scores.HOSTNAME:
             hosts.append(on)
             continue

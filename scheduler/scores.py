@@ -448,17 +448,19 @@ def spread_prescore(
     ignored: set[str] = set()
     counts: dict[tuple[str, str], int] = {}
     sizes = [0] * len(constraints)
-    for name, labels in feasible:
-        if not all(c.topology_key in labels for c in constraints):
-            ignored.add(name)
-            continue
-        for i, c in enumerate(constraints):
-            if c.topology_key == HOSTNAME:
-                continue
-            pair = (c.topology_key, labels[c.topology_key])
-            if pair not in counts:
-                counts[pair] = 0
-                sizes[i] += 1
+    keys = [c.topology_key for c in constraints]
+    counted = [(i, key) for i, key in enumerate(keys) if key != HOSTNAME]  # a host's pair is its own: not counted
+    for name, labels in feasible:  # every node the pod may go to, each cycle: no generators here
+        for key in keys:
+            if key not in labels:
+                ignored.add(name)
+                break
+        else:
+            for i, key in counted:
+                pair = (key, labels[key])
+                if pair not in counts:
+                    counts[pair] = 0
+                    sizes[i] += 1
     weights = tuple(
         math.log((len(feasible) - len(ignored) if c.topology_key == HOSTNAME else sizes[i]) + 2)
         for i, c in enumerate(constraints)
