@@ -9,15 +9,17 @@ nodes, 3000 pending pods each requesting `aws.amazon.com/neurondevice: 1` are sc
 each timed from the scheduler's launch to the last Binding, as seen by a pod watch. The same is done for a second
 workload without devices on the same nodes (spread over three zones): replicas of 30 apps with required pod
 anti-affinity by host, `DoNotSchedule` and `ScheduleAnyway` zone spread and preferred pod affinity to another app's
-zone, cpu and memory requests. Who goes first rotates each round; the summary gives medians and each side's
-range. On the device workload a null scheduler (benchmarks/null_scheduler.py: one LIST, then a Binding per pod with
-no decision, through kubegpu's client) runs in the rotation too: the floor no scheduler written in Python passes on
-the machine. It also measures the API server's raw ceiling (a plain client posting Bindings over 8 keep-alive
+zone, cpu and memory requests. A third, `replicasets`, is the device workload's pods labelled as the replicas of 13
+ReplicaSets (objects only: no controller runs), so that both schedulers spread them over zones and hosts by
+kube-scheduler 1.20's default constraints, as they do a Deployment's. Who goes first rotates each round; the
+summary gives medians and each side's range. On the device workload a null scheduler (benchmarks/null_scheduler.py:
+one LIST, then a Binding per pod with no decision, through kubegpu's client) runs in the rotation too: the floor no
+scheduler written in Python passes on the machine. It also measures the API server's raw ceiling (a plain client posting Bindings over 8 keep-alive
 connections) and kubegpu on a mixed topology workload (trn1, inf2, Intel and NVIDIA nodes). Needs the binaries from
 scripts/k8s-binaries.sh.
 
-    .venv/bin/python benchmarks/scheduler_bench.py [--nodes 1000] [--pods 3000] [--workloads devices,affinity]
-                                                   [--rounds 3] [--no-floor] [--no-mixed]
+    .venv/bin/python benchmarks/scheduler_bench.py [--nodes 1000] [--pods 3000] [--rounds 3] [--no-floor]
+                                                   [--no-mixed] [--workloads devices,affinity,replicasets]
 """
 
 from __future__ import annotations
@@ -144,6 +146,34 @@ def affinity_pod(namespace: str, i: int, scheduler: str) -> dict[str, Any]:
         }
     return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
             "metadata": {"name": f"p{i:05d}", "namespace": namespace, "labels": labels}}  # fmt: skip
+
+
+REPLICASETS = 13
+
+
+def make_replicaset_pods(cluster: Cluster, namespace: str, count: int, scheduler: str) -> None:
+    """`count` one-device pods, pod `i` labelled as a replica of ReplicaSet `i % 13`, and the 13 ReplicaSets."""
+    cluster.create_namespace(namespace)
+    for k in range(REPLICASETS):
+        labels = {"app": f"rs-{k}"}
+        cluster.client.post(
+            f"/apis/apps/v1/namespaces/{namespace}/replicasets",
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": f"rs-{k}"},
+             "spec": {"replicas": 0, "selector": {"matchLabels": labels},
+                      "template": {"metadata": {"labels": labels},
+                                   "spec": {"containers": [{"name": "main", "image": "busybox"}]}}}},
+        )  # fmt: skip
+    limits = {"aws.amazon.com/neurondevice": "1"}
+    parallel(
+        lambda i: cluster.client.post(
+            f"/api/v1/namespaces/{namespace}/pods",
+            {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": f"p{i:05d}", "namespace": namespace, "labels": {"app": f"rs-{i % REPLICASETS}"}},
+             "spec": {"schedulerName": scheduler,
+                      "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}]}},
+        ),
+        count,
+    )  # fmt: skip
 
 
 def make_affinity_pods(cluster: Cluster, namespace: str, count: int, scheduler: str) -> None:
@@ -302,7 +332,9 @@ def main() -> int:
     parser.add_argument("--binders", type=int, default=16, help="kubegpu's concurrent binders")
     parser.add_argument("--only-kubegpu", action="store_true", help="skip kube-scheduler, the ceiling and mixed runs")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of both schedulers, alternating who goes first")
-    parser.add_argument("--workloads", default="devices,affinity", help="comma-separated: devices, affinity")
+    parser.add_argument(
+        "--workloads", default="devices,affinity,replicasets", help="comma-separated: devices, affinity, replicasets"
+    )
     parser.add_argument("--no-mixed", dest="mixed", action="store_false", help="skip the mixed topology run")
     parser.add_argument(
         "--no-floor", dest="floor", action="store_false", help="skip the null scheduler on the device workload"
@@ -324,6 +356,8 @@ def main() -> int:
             def create(namespace: str, scheduler: str, workload: str = workload) -> None:
                 if workload == "devices":
                     make_pods(cluster, namespace, args.pods, scheduler, one_device)
+                elif workload == "replicasets":
+                    make_replicaset_pods(cluster, namespace, args.pods, scheduler)
                 else:
                     make_affinity_pods(cluster, namespace, args.pods, scheduler)
 
@@ -338,7 +372,11 @@ def main() -> int:
         ceiling = raw_bindings(cluster, "bench-raw", args.pods)
         clear_pods(cluster, "bench-raw")
 
-        goals = {"devices": "goal >= 1.0x, 2.0x; kubegpu also allocates devices", "affinity": "goal >= 1.0x"}
+        goals = {
+            "devices": "goal >= 1.0x, 2.0x; kubegpu also allocates devices",
+            "affinity": "goal >= 1.0x",
+            "replicasets": "both spread by default; kubegpu also allocates devices",
+        }
         for workload, runs in results.items():
             kube_rate, ours_rate = statistics.median(runs["kube-scheduler"]), statistics.median(runs["kubegpu"])
             print(
