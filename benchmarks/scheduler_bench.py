@@ -11,12 +11,12 @@ workload without devices on the same nodes (spread over three zones): replicas o
 anti-affinity by host, `DoNotSchedule` and `ScheduleAnyway` zone spread and preferred pod affinity to another app's
 zone, cpu and memory requests. A third, `replicasets`, is the device workload's pods labelled as the replicas of 13
 ReplicaSets (objects only: no controller runs), so that both schedulers spread them over zones and hosts by
-kube-scheduler 1.20's default constraints, as they do a Deployment's. Who goes first rotates each round; the
-summary gives medians and each side's range. On the device workload a null scheduler (benchmarks/null_scheduler.py:
-one LIST, then a Binding per pod with no decision, through kubegpu's client) runs in the rotation too: the floor no
-scheduler written in Python passes on the machine. It also measures the API server's raw ceiling (a plain client posting Bindings over 8 keep-alive
-connections) and kubegpu on a mixed topology workload (trn1, inf2, Intel and NVIDIA nodes). Needs the binaries from
-scripts/k8s-binaries.sh.
+kube-scheduler 1.20's default constraints, as they do a Deployment's. Who goes first rotates each round; the summary
+gives medians and each side's range. On the device workload a null scheduler (benchmarks/null_scheduler.py: one LIST,
+then a Binding per pod with no decision, through kubegpu's client) runs in the rotation too: the floor no scheduler
+written in Python passes on the machine. It also measures the API server's raw ceiling (a plain client posting Bindings
+over 8 keep-alive connections) and kubegpu on a mixed topology workload (trn1, inf2, Intel and NVIDIA nodes). Needs the
+binaries from scripts/k8s-binaries.sh.
 
     .venv/bin/python benchmarks/scheduler_bench.py [--nodes 1000] [--pods 3000] [--rounds 3] [--no-floor]
                                                    [--no-mixed] [--workloads devices,affinity,replicasets]
