@@ -78,9 +78,9 @@ class Metrics:
 
 
 class Watched(Protocol):
-    """What the probes ask: the cluster mirror (`mirror.ClusterMirror`) answers both."""
+    """What the probes ask: the cluster mirror (`mirror.ClusterMirror`) answers them."""
 
-    def ready(self) -> bool: ...
+    def syncing(self) -> list[str]: ...
 
     def healthy(self) -> bool: ...
 
@@ -93,8 +93,9 @@ def answer_health(path: str, watched: Watched, metrics: Metrics) -> tuple[int, A
         if watched.healthy():
             return 200, {"status": "ok"}
         return 503, {"status": "the loop consuming informer events is stuck"}
-    if path == "/readyz":  # ready once the informers have listed nodes and pods
-        return (200, {"status": "ready"}) if watched.ready() else (503, {"status": "syncing nodes and pods"})
+    if path == "/readyz":  # ready once every informer the engine reads has listed its collection
+        waiting = watched.syncing()
+        return (503, {"status": f"syncing {', '.join(waiting)}"}) if waiting else (200, {"status": "ready"})
     return None
 
 

@@ -212,9 +212,15 @@ class ClusterMirror:
 
     def ready(self) -> bool:
         """Every informer the engine's answers read has applied its first list."""
-        volumes = not self.watch_volumes or (self.claims_synced.is_set() and self.volumes_synced.is_set())
-        owners = all(synced.is_set() for synced in self.owners_synced.values())
-        return self.nodes_synced.is_set() and self.pods_synced.is_set() and volumes and owners
+        return not self.syncing()
+
+    def syncing(self) -> list[str]:
+        """The collections whose first list the engine still waits for (what `/readyz` names), in listing order."""
+        waiting = [("nodes", self.nodes_synced), ("pods", self.pods_synced)]
+        if self.watch_volumes:
+            waiting += [("persistentvolumeclaims", self.claims_synced), ("persistentvolumes", self.volumes_synced)]
+        waiting += [(OWNER_PATHS[kind].rsplit("/", 1)[1], synced) for kind, synced in self.owners_synced.items()]
+        return [name for name, synced in waiting if not synced.is_set()]
 
     def healthy(self) -> bool:
         return time.monotonic() - self.heartbeat < STALL
