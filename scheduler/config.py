@@ -237,7 +237,8 @@ def _default_spread(document: dict[str, Any], where: str) -> tuple[SpreadConstra
         here = f"{where}.defaultConstraints[{j}]"
         if c.labelSelector is not None:
             raise ConfigError(f"{here}.labelSelector: must not be set: each pod's selector comes from its owners")
-        if not _LABEL_NAME.fullmatch(c.topologyKey) or len(c.topologyKey.rpartition("/")[2]) > 63:
+        prefix, _, name = c.topologyKey.rpartition("/")
+        if not _LABEL_NAME.fullmatch(c.topologyKey) or len(name) > 63 or len(prefix) > 253:
             raise ConfigError(f"{here}.topologyKey: {shorten(c.topologyKey)!r} is not a valid label name")
         if (c.topologyKey, c.whenUnsatisfiable) in seen:
             raise ConfigError(f"{here}: a second constraint for {c.topologyKey} with {c.whenUnsatisfiable}")

@@ -129,6 +129,8 @@ def test_pod_topology_spread_default_constraints_are_read_as_kube_scheduler_1_20
         ({"defaultConstraints": [{**ZONE_SOFT, "maxSkew": 0}]}, "args.defaultConstraints[0].maxSkew"),
         ({"defaultConstraints": [{**ZONE_SOFT, "topologyKey": "no spaces"}]},
          "args.defaultConstraints[0].topologyKey: 'no spaces' is not a valid label name"),
+        ({"defaultConstraints": [{**ZONE_SOFT, "topologyKey": f"{'a' * 254}/zone"}]},
+         "args.defaultConstraints[0].topologyKey: 'aaaa"),
         ({"defaultConstraints": [{**ZONE_SOFT, "whenUnsatisfiable": "Never"}]},
          "args.defaultConstraints[0].whenUnsatisfiable"),
         ({"defaultConstraints": [{**ZONE_SOFT, "labelSelector": {"matchLabels": {"app": "web"}}}]},
@@ -137,8 +139,8 @@ def test_pod_topology_spread_default_constraints_are_read_as_kube_scheduler_1_20
          "args.defaultConstraints[1]: a second constraint for topology.kubernetes.io/zone with ScheduleAnyway"),
         ({"defaultConstraints": [ZONE_SOFT], "defaultSpread": True}, "args.defaultSpread"),
     ],
-    ids=["system-with-a-list", "unknown-type", "zero-skew", "bad-key", "bad-action", "a-selector", "repeated",
-         "unknown-arg"],
+    ids=["system-with-a-list", "unknown-type", "zero-skew", "bad-key", "long-prefix", "bad-action", "a-selector",
+         "repeated", "unknown-arg"],
 )  # fmt: skip
 def test_pod_topology_spread_args_mistakes_name_the_field(args: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as refused:
