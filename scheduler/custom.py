@@ -68,7 +68,7 @@ class CustomScheduler:
         self.name = name
         self.metrics = Metrics()
         self.binder = Binder(writer, self.metrics, component=name)
-        self.queue = SchedulingQueue(name, self.metrics)
+        self.queue = SchedulingQueue(name, self.metrics, spread_of=engine.spread_constraints)
         self.mirror = ClusterMirror(
             client,
             engine,

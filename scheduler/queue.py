@@ -17,9 +17,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kubegpu.core.models import PodRequest
+from kubegpu.core.models import PodRequest, SpreadConstraint
 from kubegpu.scheduler.filters import pod_matches_term, selector_matches
 from kubegpu.scheduler.health import Metrics
 
@@ -43,23 +44,35 @@ class Entry:
     since: float = field(default=0.0, compare=False)  # when it was last found unschedulable
 
 
-def drawn_to(pending: PodRequest, added: PodRequest) -> bool:
+def drawn_to(pending: PodRequest, added: PodRequest, spread: Sequence[SpreadConstraint] | None = None) -> bool:
     """Whether a pod added to a node can help `pending`: one of its pod affinity terms (required or preferred) or
-    its topology spread constraints select the added pod."""
+    one of its `DoNotSchedule` topology spread constraints selects the added pod. `spread`: the constraints that
+    apply to `pending` (its own, or the profile's defaults for the owners that select it); None: its own. A
+    `ScheduleAnyway` constraint never refuses a node, so a pod matching it cannot help."""
     terms = [*pending.pod_affinity, *(term for _, term in pending.preferred_affinity)]
     if any(pod_matches_term(term, added) for term in terms):
         return True
-    return any(
-        added.namespace == pending.namespace and selector_matches(c.selector, added.labels) for c in pending.spread
+    return added.namespace == pending.namespace and any(
+        c.when_unsatisfiable == "DoNotSchedule" and selector_matches(c.selector, added.labels)
+        for c in (pending.spread if spread is None else spread)
     )
 
 
 class SchedulingQueue:
     """The pods that name scheduler `name` and wait for a node."""
 
-    def __init__(self, name: str, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        name: str,
+        metrics: Metrics,
+        *,
+        spread_of: Callable[[PodRequest], Sequence[SpreadConstraint]] | None = None,
+    ) -> None:
         self.name = name
         self.metrics = metrics
+        # The spread constraints that apply to a pod (the engine's `spread_constraints`: its own or its owners'
+        # defaults), for waking it when a pod they count is placed; by default the pod's own.
+        self.spread_of = spread_of
         self.active: dict[str, Entry] = {}
         self.backoff: list[Entry] = []
         self.unschedulable: dict[str, Entry] = {}
@@ -132,7 +145,13 @@ class SchedulingQueue:
         if not self.unschedulable:
             return
         now = time.monotonic()
-        for key in [k for k, e in self.unschedulable.items() if drawn_to(e.request, added)]:
+        spread_of = self.spread_of
+        drawn = [
+            key
+            for key, entry in self.unschedulable.items()
+            if drawn_to(entry.request, added, spread_of(entry.request) if spread_of else None)
+        ]
+        for key in drawn:
             self._requeue(self.unschedulable.pop(key), now)
 
     # -- what the scheduler does with it -----------------------------------------------------------------------------

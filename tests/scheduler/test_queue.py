@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from kubegpu.core.models import LabelSelector, Requirement
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest, pod_manifest
 from kubegpu.scheduler import queue
+from kubegpu.scheduler.config import parse_config
 from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
 
@@ -187,3 +189,53 @@ def test_a_pod_nothing_helps_is_tried_again_after_a_minute_not_sooner(service: C
     assert waiting(service) == {"default/big": "unschedulable", "default/late": "unschedulable"}
     assert service.queue.unschedulable["default/big"].attempts == 2, "big was tried again after 60 s; late was not"
     assert service.queue.unschedulable["default/late"].attempts == 1
+
+
+def spread_service(clock: Clock, constraint: dict[str, Any]) -> CustomScheduler:
+    """A scheduler whose profile spreads the pods a Service selects by `constraint` (PodTopologySpread's
+    defaultConstraints), over n1 in zone a (2 cpu) and n2 in zone b (1 cpu)."""
+    document = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
+        "kind": "KubeSchedulerConfiguration",
+        "profiles": [
+            {
+                "schedulerName": "kubegpu",
+                "pluginConfig": [{"name": "PodTopologySpread", "args": {"defaultConstraints": [constraint]}}],
+            }
+        ],
+    }
+    config = parse_config(document)
+    engine = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), signing_key=KEY,
+                    scoring=config.profile)  # fmt: skip
+    svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
+    engine.set_owner("Service", "default", "web", LabelSelector((Requirement("app", "In", ("web",)),)))
+    svc.mirror.on_nodes(
+        "SYNC", [node_manifest("n1", labels={ZONE: "a"}, cpu="2"), node_manifest("n2", labels={ZONE: "b"}, cpu="1")]
+    )
+    svc.mirror.on_pods("SYNC", [bound("web-0", "n1", labels={"app": "web"}), bound("filler", "n2")])
+    return svc
+
+
+@pytest.mark.parametrize(("when", "woken"), [("DoNotSchedule", True), ("ScheduleAnyway", False)])
+def test_a_pod_its_default_spread_counts_brings_it_back_when_that_can_refuse_nodes(
+    clock: Clock, when: str, woken: bool
+) -> None:
+    # web-1 fits no node: n2 is full, and on n1 zone a would hold 2 of the Service's pods against zone b's 0 (maxSkew
+    # 1, a DoNotSchedule default). A web pod placed in zone b can change that; a ScheduleAnyway default refuses no
+    # node, so its pods are no news for a pod that waits.
+    svc = spread_service(clock, {"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": when})
+    svc.mirror.on_pods("ADDED", pod("web-1", "1", labels={"app": "web"}))
+    run_once(svc)
+    if not woken:
+        assert svc.binder.writer.bindings() == ["web-1"]  # type: ignore[attr-defined]  # nothing refused it
+        svc.mirror.on_pods("ADDED", pod("web-2", "2", labels={"app": "web"}))  # too big for any node now
+        run_once(svc)
+        svc.mirror.on_pods("ADDED", bound("web-3", "n2", "0", labels={"app": "web"}))
+        assert waiting(svc) == {"default/web-2": "unschedulable"}
+        return
+    assert waiting(svc) == {"default/web-1": "unschedulable"}
+    svc.mirror.on_pods("ADDED", bound("web-2", "n2", "0", labels={"app": "web"}))  # another scheduler's, in zone b
+    assert waiting(svc) == {"default/web-1": "backoff"}
+    clock.now += 1.0
+    run_once(svc)
+    assert svc.binder.writer.bindings() == ["web-1"]  # type: ignore[attr-defined]
