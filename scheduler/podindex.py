@@ -136,18 +136,6 @@ class PodIndex:
                 found.update(dict.fromkeys(holders))
         return found
 
-    def scoring_holders(self, pod: PodRequest) -> dict[str, None]:
-        """The placed pods with a scoring term (`ScoringTerm`) that selects `pod`."""
-        found: dict[str, None] = {}
-        matched: dict[PodAffinityTerm, bool] = {}
-        for entry, holders in self.scoring.items():
-            hit = matched.get(entry.term)
-            if hit is None:
-                hit = matched[entry.term] = pod_matches_term(entry.term, pod)
-            if hit:
-                found.update(dict.fromkeys(holders))
-        return found
-
     def drawn(self, pod: PodRequest) -> bool:
         """Whether a placed pod's scoring term selects `pod` (InterPodAffinity then scores it)."""
         return any(pod_matches_term(entry.term, pod) for entry in self.scoring)

@@ -44,17 +44,24 @@ class Entry:
     since: float = field(default=0.0, compare=False)  # when it was last found unschedulable
 
 
-def drawn_to(pending: PodRequest, added: PodRequest, spread: Sequence[SpreadConstraint] | None = None) -> bool:
+def drawn_to(
+    pending: PodRequest,
+    added: PodRequest,
+    spread_of: Callable[[PodRequest], Sequence[SpreadConstraint]] | None = None,
+) -> bool:
     """Whether a pod added to a node can help `pending`: one of its pod affinity terms (required or preferred) or
-    one of its `DoNotSchedule` topology spread constraints selects the added pod. `spread`: the constraints that
-    apply to `pending` (its own, or the profile's defaults for the owners that select it); None: its own. A
-    `ScheduleAnyway` constraint never refuses a node, so a pod matching it cannot help."""
+    one of its `DoNotSchedule` topology spread constraints selects the added pod. `spread_of`: the constraints that
+    apply to a pod (its own, or the profile's defaults for the owners that select it), asked only for a pod in the
+    added pod's namespace; None: its own. A `ScheduleAnyway` constraint never refuses a node, so a pod matching it
+    cannot help."""
     terms = [*pending.pod_affinity, *(term for _, term in pending.preferred_affinity)]
     if any(pod_matches_term(term, added) for term in terms):
         return True
-    return added.namespace == pending.namespace and any(
+    if added.namespace != pending.namespace:
+        return False
+    return any(
         c.when_unsatisfiable == "DoNotSchedule" and selector_matches(c.selector, added.labels)
-        for c in (pending.spread if spread is None else spread)
+        for c in (spread_of(pending) if spread_of is not None else pending.spread)
     )
 
 
@@ -145,12 +152,7 @@ class SchedulingQueue:
         if not self.unschedulable:
             return
         now = time.monotonic()
-        spread_of = self.spread_of
-        drawn = [
-            key
-            for key, entry in self.unschedulable.items()
-            if drawn_to(entry.request, added, spread_of(entry.request) if spread_of else None)
-        ]
+        drawn = [key for key, entry in self.unschedulable.items() if drawn_to(entry.request, added, self.spread_of)]
         for key in drawn:
             self._requeue(self.unschedulable.pop(key), now)
 
