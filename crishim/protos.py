@@ -121,9 +121,7 @@ _DEVICE_PLUGIN = _file(
             ("must_include_deviceIDs", 2, STRING, MANY),
             ("allocation_size", 3, INT32, ONE),
         ],
-        "PreferredAllocationRequest": [
-            ("container_requests", 1, MESSAGE, MANY, "ContainerPreferredAllocationRequest")
-        ],
+        "PreferredAllocationRequest": [("container_requests", 1, MESSAGE, MANY, "ContainerPreferredAllocationRequest")],
         "ContainerPreferredAllocationResponse": [("deviceIDs", 1, STRING, MANY)],
         "PreferredAllocationResponse": [
             ("container_responses", 1, MESSAGE, MANY, "ContainerPreferredAllocationResponse")

@@ -772,7 +772,6 @@ class RuntimeVersions:
                 return other
         return None
 
-
     def _speaks(self, version: str) -> bool:
         try:
             self._method(f"/runtime.{version}.{RUNTIME}/Version")(b"", timeout=5.0)

@@ -128,7 +128,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{cni_bin or f'{base}/cni/bin'}"
+    bin_dir = "{cni_bin or f"{base}/cni/bin"}"
     conf_dir = "{base}/cni/conf"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
