@@ -26,7 +26,9 @@ message naming the file: at most `MAX_INPUT_BYTES` (64 MiB) per file and `MAX_DO
 UTF-8 text only (no NUL bytes); YAML nested at most `MAX_DEPTH` (100) levels (libyaml's composer recurses on the C
 stack and crashes the process some 25,000 levels down), aliases and merge keys standing for at most
 `MAX_ALIAS_NODES` (100,000) nodes per document (an 800-byte chain of anchors doubles at every level), integers of at
-most 64 characters; JSON nested at most 1024 levels (orjson's own limit). A reader that goes away early
+most 64 characters; JSON nested at most 1024 levels (orjson's own limit). Too deep is worded one way, "nested more
+than N levels deep" with the file and line, whichever layer stops it first (libyaml's scanner, PyYAML, orjson or
+kubegpu's composer). A reader that goes away early
 (`kubegpu simulate ... | head`) ends the run quietly with status 0.
 """
 
@@ -71,6 +73,7 @@ MAX_MAPS = 40
 MAX_INPUT_BYTES = 64 * 1024 * 1024
 MAX_DOCUMENTS = 1_000_000
 MAX_DEPTH = 100
+MAX_JSON_DEPTH = 1024  # orjson's own limit, which it words as "depth limit exceeded"
 MAX_ALIAS_NODES = 100_000
 MAX_INTEGER_CHARS = 64
 
@@ -179,9 +182,14 @@ class _CheckedComposer(Composer):
         return node
 
 
+class _PurePythonCheckedLoader(_CheckedComposer, yaml.SafeLoader):
+    """PyYAML's pure-Python scanner and parser under the checking composer: used where PyYAML has no libyaml."""
+
+
+_CheckedLoader: type[Any] = _PurePythonCheckedLoader
 if _EventSource is not None:
 
-    class _CheckedLoader(_CheckedComposer, _EventSource, SafeConstructor, Resolver):
+    class _LibyamlCheckedLoader(_CheckedComposer, _EventSource, SafeConstructor, Resolver):
         """libyaml's parser (events only: it does not recurse) under the checking composer."""
 
         def __init__(self, stream: str) -> None:
@@ -190,14 +198,12 @@ if _EventSource is not None:
             SafeConstructor.__init__(self)
             Resolver.__init__(self)
 
-else:
+    _CheckedLoader = _LibyamlCheckedLoader
 
-    class _CheckedLoader(_CheckedComposer, yaml.SafeLoader):  # type: ignore[no-redef]
-        """The pure-Python loader under the checking composer."""
-
-
-for _tag, _construct in _SCALARS.items():
-    _CheckedLoader.add_constructor(_tag, _scalar(_construct))
+_CHECKED_LOADERS: tuple[type[Any], ...] = (_PurePythonCheckedLoader, _CheckedLoader)
+for _loader in set(_CHECKED_LOADERS):
+    for _tag, _construct in _SCALARS.items():
+        _loader.add_constructor(_tag, _scalar(_construct))
 
 # Where a document ends: `---` or `...` at the start of a line. libyaml ends a document there whatever came before
 # (a scalar stops, a flow collection is an error), so no document spans two of these pieces.
@@ -225,8 +231,15 @@ def _plainly_shallow(text: str) -> bool:
     return all(piece.count("[") + piece.count("{") <= _FLOW_LIMIT for piece in _DOCUMENT_MARKER.split(text))
 
 
-def _load_yaml(text: str, name: str) -> Iterator[Any]:
-    loader: Any = _FastLoader if _plainly_shallow(text) else _CheckedLoader
+# How the layers under the composer word their own nesting limits (libyaml 0.2.5's "exceeded maximum nesting depth",
+# orjson's "depth limit exceeded", "recursion limit" elsewhere): a user reads kubegpu's wording whichever stops first.
+_NESTING_PROBLEM = re.compile(r"nesting|depth limit|recursion limit|too deep", re.IGNORECASE)
+
+
+def _load_yaml(text: str, name: str, checked: type[Any] | None = None) -> Iterator[Any]:
+    """The documents of a YAML text; `checked` is the loader for text that may nest deeply or use aliases (the
+    libyaml-backed one where PyYAML has libyaml; the tests also pass the pure-Python one)."""
+    loader: Any = _FastLoader if _plainly_shallow(text) else (checked or _CheckedLoader)
     try:
         for count, document in enumerate(yaml.load_all(text, Loader=loader), 1):
             if count > MAX_DOCUMENTS:
@@ -236,8 +249,12 @@ def _load_yaml(text: str, name: str) -> Iterator[Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or type(exc).__name__
-        raise SimulationError(f"{name}:{where}: not valid YAML ({shorten(str(problem), 200)})") from None
+        problem = str(getattr(exc, "problem", None) or getattr(exc, "reason", None) or type(exc).__name__)
+        if _NESTING_PROBLEM.search(problem):  # libyaml's or PyYAML's own limit stopped it before the composer's
+            problem = f"nested more than {MAX_DEPTH} levels deep"
+        raise SimulationError(f"{name}:{where}: not valid YAML ({shorten(problem, 200)})") from None
+    except RecursionError:  # a PyYAML whose scanner or parser recurses, before the composer saw the depth
+        raise SimulationError(f"{name}: not valid YAML (nested more than {MAX_DEPTH} levels deep)") from None
 
 
 def _read_text(path: Path) -> str:
@@ -284,7 +301,10 @@ def _read_documents(path: Path) -> Iterator[tuple[str, Any]]:
                 try:
                     documents.append(orjson.loads(line))
                 except orjson.JSONDecodeError as exc:
-                    raise SimulationError(f"{path}: line {number}: not valid JSON ({exc})") from None
+                    problem = (
+                        f"nested more than {MAX_JSON_DEPTH} levels deep" if _NESTING_PROBLEM.search(str(exc)) else exc
+                    )
+                    raise SimulationError(f"{path}: line {number}: not valid JSON ({problem})") from None
     else:
         documents = _load_yaml(text, str(path))
     number = 0

@@ -341,6 +341,65 @@ def test_a_nesting_or_alias_bomb_exits_2_with_a_message_in_bounded_time_and_memo
     assert cpu < CPU_SECONDS and peak < PEAK_MIB
 
 
+NESTING = f"nested more than {simulate_module.MAX_DEPTH} levels deep"
+
+
+@pytest.mark.parametrize("loader", simulate_module._CHECKED_LOADERS, ids=lambda loader: loader.__name__)
+@pytest.mark.parametrize("depth", [101, 999, 1001, 30_000])
+@pytest.mark.parametrize("shape", ["flow", "mapping", "block"])
+def test_one_wording_for_too_deep_whichever_yaml_layer_stops_it(
+    shape: str, depth: int, loader: type[Any], tmp_path: Path
+) -> None:
+    """libyaml's scanner stops flow collections at 1000 levels (PyYAML 6.0.4 and later), PyYAML's pure-Python parser
+    recurses, and the composer counts to `MAX_DEPTH`: a user reads the same sentence, with the file and the line,
+    whichever gives up first, on each loader the installed PyYAML offers."""
+    text = {
+        "flow": "x: " + "[" * depth + "]" * depth + "\n",
+        "mapping": "x: " + "{a: " * depth + "}" * depth + "\n",
+        "block": "- " * depth + "x\n",
+    }[shape]
+
+    with pytest.raises(simulate_module.SimulationError) as refused:
+        list(simulate_module._load_yaml(text, "deep.yaml", checked=loader))
+
+    assert str(refused.value) == f"deep.yaml: line 1: not valid YAML ({NESTING})"
+
+
+def test_yaml_nested_to_the_limit_is_read_by_every_loader() -> None:
+    depth = simulate_module.MAX_DEPTH - 2  # with the document's mapping and the scalar: a hundred levels
+    text = "x: " + "[" * depth + "1" + "]" * depth + "\n"
+    for loader in simulate_module._CHECKED_LOADERS:
+        (document,) = simulate_module._load_yaml(text, "deep.yaml", checked=loader)
+        inner = document["x"]
+        for _ in range(depth - 1):
+            (inner,) = inner
+        assert inner == [1]
+
+
+@pytest.mark.parametrize("depth", [1025, 30_000])
+def test_json_nested_past_orjsons_limit_is_refused_in_kubegpus_words(depth: int, tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * depth + "]" * depth + "\n")
+
+    with pytest.raises(simulate_module.SimulationError) as refused:
+        simulate_module.load_documents([path])
+
+    assert str(refused.value) == (
+        f"{path}: line 1: not valid JSON (nested more than {simulate_module.MAX_JSON_DEPTH} levels deep)"
+    )
+
+
+def test_json_nested_to_orjsons_limit_is_read_as_json(tmp_path: Path) -> None:
+    depth = simulate_module.MAX_JSON_DEPTH
+    path = tmp_path / "deep.json"
+    path.write_text("[" * depth + "]" * depth + "\n")
+
+    with pytest.raises(simulate_module.SimulationError) as refused:
+        simulate_module.load_documents([path])
+
+    assert str(refused.value) == f"{path}#1: expected a Node or Pod object, got list"  # read, then judged
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -417,7 +476,10 @@ def test_head_reading_one_line_of_a_long_answer_ends_the_run_quietly(tmp_path: P
         ("a: &a [*a]\n", "#1: kind: expected Node, Pod"),
         ('n: !!int ""\n', "line 1: not valid YAML (int '': string index out of range)"),
         ("t: 2001-02-30\n", "line 1: not valid YAML (timestamp '2001-02-30': day is out of range for month)"),
-        ('{"kind": "List", "items": ' + "[" * 2000 + "]" * 2000 + "}", "not valid JSON (depth limit exceeded"),
+        (
+            '{"kind": "List", "items": ' + "[" * 2000 + "]" * 2000 + "}",
+            "not valid JSON (nested more than 1024 levels deep)",
+        ),
     ],
     ids=[
         "5000-digit-integer",
