@@ -8,8 +8,8 @@
 #      ${KUBEGPU_IMAGE_CACHE:-$HOME/.cache/kubegpu/image} keyed by a hash of its recipe (suite, packages,
 #      exclusions): made again only when the recipe changes (about 40 s).
 #   3. The image: `buildah bud --layers --network host --build-arg BASE=<that base> -t kubegpu:VERSION .` in a buildah
-#      storage of its own under the same cache. The dependencies' layer is keyed by pyproject.toml alone, so a change
-#      to kubegpu's code rebuilds in seconds. pip inside the build reaches PyPI over the host's network, or the
+#      storage of its own under the same cache. The dependencies' layer is keyed by the lock
+#      (requirements/runtime.txt) alone, so a change to kubegpu's code rebuilds in seconds. pip inside the build reaches PyPI over the host's network, or the
 #      http(s) index this machine's pip is set up with (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST or
 #      `pip config`), passed as build arguments, and trusts the CA bundle pip is told to (PIP_CERT or `pip config`
 #      cert), mounted into the build only. A local file:// index is not visible inside the build and is left out.
@@ -218,7 +218,7 @@ if [[ -n "$previous_id" && "$previous_id" != "$image_id" ]]; then
   bh rmi "$previous_id" >> "$LOG" 2>&1 || true
 fi
 
-# Build-stage layers of earlier pyproject.toml versions are no longer used but stay (each about 250 MB): past a bound,
+# Build-stage layers of earlier locks are no longer used but stay (each about 250 MB): past a bound,
 # drop every untagged image (the next build then installs the dependencies again, about a minute).
 if [[ "$(du -sm "$CACHE_DIR/storage" 2> /dev/null | cut -f1)" -gt "${KUBEGPU_IMAGE_STORAGE_MAX_MB:-4096}" ]]; then
   log "buildah storage above ${KUBEGPU_IMAGE_STORAGE_MAX_MB:-4096} MiB: removing untagged images"

@@ -1,27 +1,59 @@
 #!/usr/bin/env bash
-# The whole test suite from a fresh machine: creates .venv, installs kubegpu with its test tools, then runs the
+# The whole test suite from a fresh machine: creates .venv from the lock, installs kubegpu into it, then runs the
 # linters, the type checker, the architecture contracts and pytest. `.ci/run` calls exactly this.
+#
+#   ./scripts/test.sh [PYTEST ARGS]            the locked environment: requirements/test.txt, every file's hash checked
+#   ./scripts/test.sh --latest [PYTEST ARGS]   the same suite in .venv-latest, on the newest versions pyproject.toml's
+#                                              ranges admit today, with a list of what differs from the lock
+#
+# The lock (uv.lock, and the two files pip installs from, exported from it) is refreshed only by scripts/lock.sh,
+# as a change reviewed like any other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== setting up .venv (log: build/setup.log)"
+LATEST=0
+if [[ "${1:-}" == "--latest" ]]; then
+  LATEST=1
+  shift
+fi
 mkdir -p build
-{
-  python3 -m venv .venv
-  .venv/bin/python -m pip install --upgrade pip
-  # strict editable mode: a link tree under build/ that mypy follows like an installed package.
-  .venv/bin/python -m pip install -e '.[test]' --config-settings editable_mode=strict
-} > build/setup.log 2>&1 || { cat build/setup.log; echo "setting up .venv failed (see above)"; exit 1; }
+if [[ "$LATEST" == "1" ]]; then
+  VENV=.venv-latest
+  echo "== setting up $VENV with the newest versions the ranges admit (log: build/setup-latest.log)"
+  {
+    python3 -m venv --clear "$VENV"
+    "$VENV/bin/python" -m pip install --upgrade pip
+    "$VENV/bin/python" -m pip install --upgrade --upgrade-strategy eager -e '.[test]' --config-settings editable_mode=strict
+  } > build/setup-latest.log 2>&1 || { cat build/setup-latest.log; echo "setting up $VENV failed (see above)"; exit 1; }
+  "$VENV/bin/python" scripts/lock_drift.py requirements/test.txt
+else
+  VENV=.venv
+  # The venv is made anew whenever the lock or pyproject.toml changed since it was made: it holds the locked set and
+  # nothing else. pip checks every file against the lock's hashes (--require-hashes) and resolves nothing.
+  STAMP="$(cat requirements/test.txt pyproject.toml | sha256sum | cut -c1-16)"
+  if [[ "$(cat "$VENV/.kubegpu-lock" 2> /dev/null)" != "$STAMP" ]]; then
+    echo "== setting up $VENV from requirements/test.txt (log: build/setup.log)"
+    {
+      python3 -m venv --clear "$VENV"
+      "$VENV/bin/python" -m pip install --require-hashes --no-deps -r requirements/test.txt
+      # strict editable mode: a link tree under build/ that mypy follows like an installed package.
+      "$VENV/bin/python" -m pip install --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
+      "$VENV/bin/python" -m pip check
+    } > build/setup.log 2>&1 || { cat build/setup.log; echo "setting up $VENV failed (see above)"; exit 1; }
+    echo "$STAMP" > "$VENV/.kubegpu-lock"
+  fi
+fi
 
 echo "== ruff"
-.venv/bin/ruff check .
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
 echo "== mypy (strict on kubegpu.core)"
-.venv/bin/mypy -p kubegpu.core -p kubegpu.kube -p kubegpu.scheduler -p kubegpu.plugins -p kubegpu.crishim
+"$VENV/bin/mypy" -p kubegpu.core -p kubegpu.kube -p kubegpu.scheduler -p kubegpu.plugins -p kubegpu.crishim
 echo "== import-linter (layering contracts, run on a plain copy: grimp does not follow link trees)"
 rm -rf build/lint-site
-.venv/bin/python -m pip install --quiet --no-deps --no-build-isolation --target build/lint-site . > build/lint.log 2>&1 \
+"$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation --target build/lint-site . > build/lint.log 2>&1 \
   || { cat build/lint.log; exit 1; }
-(cd build/lint-site && ../../.venv/bin/lint-imports --config ../../pyproject.toml --no-cache)
+(cd build/lint-site && "../../$VENV/bin/lint-imports" --config ../../pyproject.toml --no-cache)
 # The HTML report's tests open it in headless Chromium and `kubegpu top --watch`'s test drives a tmux pane.
 if ! command -v chromium > /dev/null || ! command -v chromedriver > /dev/null || ! command -v tmux > /dev/null; then
   echo "== installing chromium, chromium-driver, tmux (log: build/report-tools.log)"
@@ -47,7 +79,7 @@ export KUBEGPU_KUBECTL="$KUBECTL_DIR/kubectl"
 # clone (about 7 minutes the first time). KUBEGPU_SKIP_INTEGRATION=1 is the explicit opt-out for quick local runs.
 if [[ "${KUBEGPU_SKIP_INTEGRATION:-0}" == "1" ]]; then
   echo "== pytest (integration tests deselected: KUBEGPU_SKIP_INTEGRATION=1)"
-  .venv/bin/pytest -m "not integration" "$@"
+  "$VENV/bin/pytest" -m "not integration" "$@"
 else
   echo "== real components (kube-apiserver, kube-scheduler, etcd)"
   ./scripts/k8s-binaries.sh | tee build/k8s-binaries.out
@@ -63,5 +95,5 @@ else
   KUBEGPU_IMAGE_OCI="$(tail -n 1 build/image.out)"
   export KUBEGPU_IMAGE_OCI
   echo "== pytest"
-  .venv/bin/pytest "$@"
+  "$VENV/bin/pytest" "$@"
 fi
