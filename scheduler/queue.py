@@ -3,7 +3,8 @@
 Three places a pod waits:
 
 * `active`: ready to be tried, taken by priority (higher first), then arrival;
-* `backoff`: a heap by the time its backoff ends (1 s doubling per attempt to 10 s, `--config` can change both);
+* `backoff`: by the time its backoff ends (1 s doubling per attempt to 10 s, `--config` can change both), first
+  waiting first among equal ends (`Backoff`: a heap indexed by pod key, so a pod leaves it in O(1));
 * `unschedulable`: it fits nowhere; it waits for a cluster event that can help it (a node added or changed, a pod
   deleted or finished, a pod added that its pod affinity or spread selects, a change to the pod itself) or 60 s,
   whichever comes first, then goes back through the backoff heap. Never a hot loop.
@@ -17,18 +18,19 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kubegpu.core.models import PodRequest, SpreadConstraint
 from kubegpu.scheduler.filters import pod_matches_term, selector_matches
 from kubegpu.scheduler.health import Metrics
 
-__all__ = ["Entry", "SchedulingQueue"]
+__all__ = ["Backoff", "Entry", "SchedulingQueue"]
 
 INITIAL_BACKOFF, MAX_BACKOFF = 1.0, 10.0  # kube-scheduler's podInitialBackoffSeconds, podMaxBackoffSeconds
 UNSCHEDULABLE_FLUSH = 60.0  # a pod unschedulable this long is tried again even if nothing changed
 FLUSH_CHECK = 1.0
+STALE_SLACK = 64  # heap items of pods gone from `Backoff` tolerated beyond one per waiting pod before a rebuild
 
 
 @dataclass(order=True)
@@ -65,6 +67,65 @@ def drawn_to(
     )
 
 
+class Backoff:
+    """The pods waiting out their backoff: a heap by the time it ends, indexed by pod key.
+
+    A pod leaves early (bound, deleted, gone at a relist) by its key being forgotten; its heap item stays, stale, and
+    is skipped when it comes to the top (lazy deletion). When stale items outnumber the waiting pods (plus
+    `STALE_SLACK`) the heap is rebuilt from the waiting ones, so it holds at most about twice the pods, and adding,
+    removing and taking the pods that are due cost O(log n) each, amortized: 10,000 deletions no longer rebuild the
+    heap 10,000 times on the scheduling thread. Items carry a sequence number, so equal ends keep their order."""
+
+    def __init__(self) -> None:
+        # key -> its live heap item (ends, sequence, entry); an item in the heap that is not here is stale.
+        self._live: dict[str, tuple[float, int, Entry]] = {}
+        self._heap: list[tuple[float, int, Entry]] = []
+        self._sequence = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._live
+
+    def __iter__(self) -> Iterator[Entry]:
+        """The waiting pods, in no particular order."""
+        return (entry for _, _, entry in self._live.values())
+
+    def get(self, key: str) -> Entry | None:
+        item = self._live.get(key)
+        return None if item is None else item[2]
+
+    def push(self, entry: Entry) -> None:
+        """The pod waits until `entry.ready_at` (in place of any wait it had)."""
+        item = (entry.ready_at, next(self._sequence), entry)
+        self._live[entry.key] = item
+        heapq.heappush(self._heap, item)
+        self._compact_if_stale()
+
+    def remove(self, key: str) -> Entry | None:
+        item = self._live.pop(key, None)
+        if item is None:
+            return None
+        self._compact_if_stale()
+        return item[2]
+
+    def pop_due(self, now: float) -> Iterator[Entry]:
+        """Take out the pods whose backoff ended by `now`, in the order it ended."""
+        heap, live = self._heap, self._live
+        while heap and heap[0][0] <= now:
+            item = heapq.heappop(heap)
+            key = item[2].key
+            if live.get(key) is item:
+                del live[key]
+                yield item[2]
+
+    def _compact_if_stale(self) -> None:
+        if len(self._heap) > 2 * len(self._live) + STALE_SLACK:
+            self._heap = list(self._live.values())
+            heapq.heapify(self._heap)
+
+
 class SchedulingQueue:
     """The pods that name scheduler `name` and wait for a node."""
 
@@ -81,7 +142,7 @@ class SchedulingQueue:
         # defaults), for waking it when a pod they count is placed; by default the pod's own.
         self.spread_of = spread_of
         self.active: dict[str, Entry] = {}
-        self.backoff: list[Entry] = []
+        self.backoff = Backoff()
         self.unschedulable: dict[str, Entry] = {}
         self.in_flight: dict[str, Entry] = {}
         self.initial_backoff, self.max_backoff = INITIAL_BACKOFF, MAX_BACKOFF
@@ -109,11 +170,12 @@ class SchedulingQueue:
                 # isPodUpdated), once its backoff has passed.
                 self._requeue(self.unschedulable.pop(key), time.monotonic())
             return True
-        for waiting in self.backoff:
-            if waiting.key == key:
-                waiting.request = request
-                return True
-        self.active[key] = Entry(time.monotonic(), key, request)
+        waiting = self.backoff.get(key)
+        if waiting is not None:
+            waiting.request = request
+            return True
+        now = time.monotonic()
+        self.active[key] = Entry(now, key, request, arrival=now)
         return True
 
     def binding(self, key: str) -> str | None:
@@ -128,15 +190,15 @@ class SchedulingQueue:
         """The pod was bound, deleted, finished, or handed to another scheduler."""
         self.active.pop(key, None)
         self.unschedulable.pop(key, None)
-        if any(e.key == key for e in self.backoff):
-            self.backoff = [e for e in self.backoff if e.key != key]
-            heapq.heapify(self.backoff)
+        self.backoff.remove(key)
 
     def keep_only(self, live: set[str]) -> None:
         """After a relist: forget the waiting pods that are gone."""
         for table in (self.active, self.unschedulable):
             for key in [k for k in table if k not in live]:
                 del table[key]
+        for key in [entry.key for entry in self.backoff if entry.key not in live]:
+            self.backoff.remove(key)
 
     def wake(self) -> None:
         """The cluster changed in a way that may help any pod: unschedulable pods get another try once their
@@ -174,7 +236,7 @@ class SchedulingQueue:
         """The pod's attempt failed (its cycle raised, its Binding failed): it waits out its backoff."""
         entry.attempts += 1
         entry.ready_at = time.monotonic() + self.backoff_for(entry.attempts)
-        heapq.heappush(self.backoff, entry)
+        self.backoff.push(entry)
 
     def park(self, entry: Entry) -> None:
         """The pod fits nowhere: it waits for a cluster event that can help it, and its backoff."""
@@ -187,8 +249,7 @@ class SchedulingQueue:
         """Move the pods whose backoff ended to the active queue, and the pods unschedulable for a minute back to
         the backoff heap; update the pending gauges."""
         now = time.monotonic()
-        while self.backoff and self.backoff[0].ready_at <= now:
-            entry = heapq.heappop(self.backoff)
+        for entry in self.backoff.pop_due(now):
             self.active.setdefault(entry.key, entry)
         if now - self._last_flush >= FLUSH_CHECK:
             self._last_flush = now
@@ -201,4 +262,4 @@ class SchedulingQueue:
 
     def _requeue(self, entry: Entry, now: float) -> None:
         entry.ready_at = max(now, entry.ready_at)
-        heapq.heappush(self.backoff, entry)
+        self.backoff.push(entry)

@@ -7,13 +7,14 @@ a pod goes where its volume is, waits with a reason naming its claim, and is pla
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest, pod_manifest
-from kubegpu.scheduler import objects
+from kubegpu.scheduler import objects, queue
 from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.mirror import OWNER_PATHS
@@ -92,7 +93,15 @@ def test_a_volume_any_node_can_reach_leaves_the_choice_to_the_scores(service: Cu
     assert set(bound_to(service)) == {"web"}
 
 
-def test_a_pod_with_an_unbound_claim_waits_and_is_placed_once_it_is_bound(service: CustomScheduler) -> None:
+def backoff_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queue's clock moved past any pod's backoff."""
+    later = time.monotonic() + queue.MAX_BACKOFF
+    monkeypatch.setattr(queue.time, "monotonic", lambda: later)
+
+
+def test_a_pod_with_an_unbound_claim_waits_and_is_placed_once_it_is_bound(
+    service: CustomScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sync(service, [claim("data")], [])
     service.mirror.on_pods("SYNC", [pod("db", "data")])
     schedule_all(service)
@@ -104,7 +113,7 @@ def test_a_pod_with_an_unbound_claim_waits_and_is_placed_once_it_is_bound(servic
     service.mirror.on_volumes("ADDED", volume("pv-data", "n3"))
     service.mirror.on_claims("MODIFIED", claim("data", "pv-data", "Bound"))
     assert "default/db" not in service.queue.unschedulable
-    service.queue.backoff[0].ready_at = 0.0  # its backoff over
+    backoff_over(monkeypatch)
     service.queue.promote()
     schedule_all(service)
     assert bound_to(service) == {"db": "n3"}
@@ -137,7 +146,7 @@ def test_deleted_claims_and_volumes_and_those_a_relist_misses_are_forgotten(serv
 
 
 def test_malformed_claims_and_volumes_cost_only_the_pods_that_name_them(
-    service: CustomScheduler, caplog: pytest.LogCaptureFixture
+    service: CustomScheduler, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     broken_claim = claim("broken", "pv-ok", "Bound")
     broken_claim["spec"]["volumeName"] = ["not", "a", "name"]
@@ -159,7 +168,7 @@ def test_malformed_claims_and_volumes_cost_only_the_pods_that_name_them(
     assert any("PersistentVolume pv-broken ignored: " in w and "operator" in w for w in warnings)
     # A claim fixed by its owner counts again.
     service.mirror.on_claims("MODIFIED", claim("broken", "pv-ok", "Bound"))
-    service.queue.backoff[0].ready_at = 0.0
+    backoff_over(monkeypatch)
     service.queue.promote()
     schedule_all(service)
     assert bound_to(service)["a"] == "n1"
