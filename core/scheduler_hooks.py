@@ -106,8 +106,9 @@ def kubegpu_scheduler_build_node(node: NodeInfo) -> DeviceNodeState | None:
         the engine when a node is added or changes (simulator input, scheduler and extender node watches); every
         plugin. The engine then re-applies the allocations of the pods already on the node with
         `kubegpu_scheduler_take`. A failure here is recorded for the node: pods that need the plugin get the reason
-        "plugin NAME failed on node X in kubegpu_scheduler_build_node: ...". Kubernetes: the scheduler cache's
-        NodeInfo update.
+        "plugin NAME failed on node X in kubegpu_scheduler_build_node: ...". Read only the node's labels,
+        allocatable and inventories: a change to anything else (images, other annotations) rebuilds the state but
+        does not bring back the pods that fit nowhere. Kubernetes: the scheduler cache's NodeInfo update.
     """
     raise NotImplementedError
 

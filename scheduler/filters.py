@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from kubegpu.core.models import (
     HostPort,
     LabelSelector,
+    NodeInfo,
     NodeSelectorTerm,
     PodAffinityTerm,
     PodRequest,
@@ -38,6 +39,7 @@ __all__ = [
     "affinity_counts",
     "anti_affinity_matches",
     "matches_node_affinity",
+    "node_change_may_help",
     "node_matches_terms",
     "pod_matches_term",
     "ports_conflict",
@@ -67,6 +69,34 @@ BIND_ALL = "0.0.0.0"
 # ---------------------------------------------------------------------------------------------------------------
 # Selectors
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def node_change_may_help(previous: NodeInfo | None, info: NodeInfo) -> str | None:
+    """What changed in a node that can make a pod which fit nowhere fit now, or None: kube-scheduler 1.20's
+    `nodeSchedulingPropertiesChange`, which decides whether a Node update moves the unschedulable pods back.
+
+    A new node can; so can a change to what the filters read: allocatable, labels, taints, the advertised device
+    inventories (the plugins build their node state from labels, allocatable and inventory), `spec.unschedulable`
+    lifted and the Ready condition regained (a node cordoned or gone NotReady refuses more, never less). Images and
+    every other annotation (`preferAvoidPods`, the device side's reports) feed only scores (ImageLocality,
+    NodePreferAvoidPods), which rank the nodes a pod fits and never make it fit one: a kubelet reporting a pulled
+    image must not send every waiting pod through a cycle. Liveness (the node lease) is judged apart
+    (`ClusterMirror.judge_nodes` wakes the pods when a node comes back)."""
+    if previous is None:
+        return "added"
+    if previous.unschedulable and not info.unschedulable:
+        return "unschedulable"
+    if info.ready and not previous.ready:
+        return "ready"
+    if previous.allocatable != info.allocatable:
+        return "allocatable"
+    if previous.labels != info.labels:
+        return "labels"
+    if previous.taints != info.taints:
+        return "taints"
+    if previous.inventories != info.inventories:
+        return "inventories"
+    return None
 
 
 def requirement_matches(requirement: Requirement, labels: Mapping[str, str]) -> bool:

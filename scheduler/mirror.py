@@ -5,7 +5,9 @@ Leases, PodDisruptionBudgets, PersistentVolumeClaims and PersistentVolumes; thei
 that owns the engine applies what they report (`apply_events`) under `lock`, which the extender's HTTP handlers take
 too:
 
-* nodes become engine nodes (an inventory kubegpu cannot read is ignored with an error log, the node kept);
+* nodes become engine nodes (an inventory kubegpu cannot read is ignored with an error log, the node kept); a node
+  change wakes the pending pods only when it can make one fit (`filters.node_change_may_help`: not a pulled image
+  nor an annotation, which only scores read);
 * a bound pod is counted with the devices it holds (`_assume`): on start that rebuilds the device ledger from the
   `kubegpu.io/allocation` annotations of bound, running pods, so a restarted scheduler never hands out a device a
   live pod holds. Only a verified allocation holds devices; a refused one gets an `AllocationRefused` Event, once;
@@ -45,7 +47,7 @@ from kubegpu.core.errors import InputError
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.kube.client import ApiError, Informer, KubeClient
-from kubegpu.scheduler import liveness, objects
+from kubegpu.scheduler import filters, liveness, objects
 from kubegpu.scheduler.binder import Binder
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.health import Metrics
@@ -404,15 +406,16 @@ class ClusterMirror:
         info = self._node_info(obj)
         if info is None:
             return False
-        changed = self.engine.node_info(name) != info
-        if changed:
-            self.engine.add_node(info)
-        self._apply_foreign_devices(name, obj)
-        return changed
+        previous = self.engine.node_info(name)
+        if previous != info:
+            self.engine.add_node(info)  # images and annotations too: scores read them
+        moved = self._apply_foreign_devices(name, obj)
+        return filters.node_change_may_help(previous, info) is not None or bool(moved)
 
-    def _apply_foreign_devices(self, name: str, obj: dict[str, Any]) -> None:
+    def _apply_foreign_devices(self, name: str, obj: dict[str, Any]) -> list[str]:
         """The device ids the node's kubelet gave pods kubegpu did not place, as its node side publishes them
-        (`kubegpu.io/foreign-devices`, `kubegpu.crishim.podresources`): those pods hold exactly these ids."""
+        (`kubegpu.io/foreign-devices`, `kubegpu.crishim.podresources`): those pods hold exactly these ids. Returns the
+        pods moved from a count to exact ids (the devices free on the node may differ now)."""
         raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(FOREIGN_DEVICES_KEY)
         held: dict[str, dict[str, dict[str, list[str]]]] = {}
         if raw is not None:
@@ -420,8 +423,10 @@ class ClusterMirror:
                 held = decode_foreign_devices(raw).pods
             except AnnotationError as exc:
                 log.warning("node's foreign devices ignored: %s", exc, extra={"node": name})
-        for key in self.engine.set_held_devices(name, held):
+        moved = self.engine.set_held_devices(name, held)
+        for key in moved:
             log.info("pod holds the devices its kubelet reports", extra={"pod": key, "node": name})
+        return moved
 
     # -- pod events -------------------------------------------------------------------------------------------------
 

@@ -338,6 +338,31 @@ def test_a_finished_pod_releases_its_devices_and_a_new_node_wakes_waiting_pods(
     assert {p["spec"]["nodeName"] for n, p in placed.items() if n != "job"} == {"p3-d", "p3-e"}
 
 
+def test_a_node_that_grows_takes_the_pod_waiting_for_it_and_a_pulled_image_changes_nothing(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    cluster.create_ready_node("small", labels={"kubegpu.test/pool": "grows"}, allocatable={"cpu": "2"})
+    start_scheduler("kubegpu", "--no-leader-elect")
+    cluster.create_pod(
+        namespace, "big", {"main": {"cpu": "4"}}, scheduler="kubegpu", node_selector={"kubegpu.test/pool": "grows"}
+    )
+    wait_for(
+        lambda: any(e["reason"] == "FailedScheduling" for e in cluster.events(namespace)),
+        30,
+        "the pod reported unschedulable",
+    )
+    # The kubelet reports a pulled image and someone annotates the node: nothing the filters read, the pod waits.
+    images = [{"names": ["registry.example/app:1"], "sizeBytes": 500_000_000}]
+    cluster.client.patch("/api/v1/nodes/small/status", {"status": {"images": images}})
+    cluster.client.patch("/api/v1/nodes/small", {"metadata": {"annotations": {"example.com/owner": "team-a"}}})
+    assert not bound(cluster, namespace)
+    # The node is resized: the waiting pod is tried again and placed there.
+    grown = {"cpu": "8", "memory": "768Gi", "pods": "250"}
+    cluster.client.patch("/api/v1/nodes/small/status", {"status": {"capacity": grown, "allocatable": grown}})
+    placed = wait_bound(cluster, namespace, 1, timeout=30)
+    assert placed["big"]["spec"]["nodeName"] == "small"
+
+
 def test_replicas_a_service_selects_spread_over_three_zones_and_the_others_pack(
     cluster: Cluster, namespace: str, start_scheduler: Any
 ) -> None:

@@ -7,17 +7,37 @@ and a recording writer stands in for the API server. The clock is the queue's `t
 
 from __future__ import annotations
 
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
-from kubegpu.core.models import LabelSelector, Requirement
+from kubegpu.core.annotations import DEVICES_KEY, FOREIGN_DEVICES_KEY, encode_devices, encode_foreign_devices
+from kubegpu.core.manifests import node_info
+from kubegpu.core.models import (
+    DeviceInfo,
+    DeviceInventory,
+    LabelSelector,
+    NodeDevices,
+    NodeInfo,
+    PodRequest,
+    Requirement,
+    Taint,
+    Toleration,
+)
 from kubegpu.core.plugin_manager import make_plugin_manager
-from kubegpu.core.testing import node_manifest, pod_manifest
+from kubegpu.core.testing import make_pod, node_manifest, pod_manifest
 from kubegpu.scheduler import queue
 from kubegpu.scheduler.config import parse_config
 from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.filters import node_change_may_help
+from kubegpu.scheduler.scores import PREFER_AVOID_KEY
 
 from .test_service_guards import KEY, RecordingWriter
 
@@ -239,3 +259,136 @@ def test_a_pod_its_default_spread_counts_brings_it_back_when_that_can_refuse_nod
     clock.now += 1.0
     run_once(svc)
     assert svc.binder.writer.bindings() == ["web-1"]  # type: ignore[attr-defined]
+
+
+# What a node change may do to pods that fit nowhere, as kube-scheduler 1.20's nodeSchedulingPropertiesChange judges
+# it: only a change to what the filters read (allocatable, labels, taints, unschedulable lifted, Ready regained, the
+# advertised inventory) can make such a pod fit. Images and annotations feed scores (ImageLocality,
+# NodePreferAvoidPods), which rank the nodes a pod fits and never make it fit one.
+TAINT = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+INVENTORY = NodeDevices(inventories={"neuron": DeviceInventory(plugin="neuron", devices=[DeviceInfo(id="0")])})
+AVOID = {"preferAvoidPods": [{"podSignature": {"podController": {"kind": "ReplicaSet", "uid": "u1"}}}]}
+
+
+def with_images(node: dict[str, Any]) -> None:
+    node["status"]["images"] = [{"names": ["registry.example/app:1"], "sizeBytes": 500_000_000}]
+
+
+def annotated(key: str, value: str) -> Callable[[dict[str, Any]], None]:
+    return lambda node: node["metadata"]["annotations"].__setitem__(key, value)
+
+
+def ready(status: str) -> Callable[[dict[str, Any]], None]:
+    return lambda node: node["status"].__setitem__("conditions", [{"type": "Ready", "status": status}])
+
+
+def unschedulable(value: bool) -> Callable[[dict[str, Any]], None]:
+    return lambda node: node["spec"].__setitem__("unschedulable", value)
+
+
+def nothing(node: dict[str, Any]) -> None:
+    pass
+
+
+NODE_CHANGES = [
+    # (id, the node before, the node after, whether the pods waiting are tried again)
+    ("image-pulled", nothing, with_images, False),
+    ("annotation-added", nothing, annotated("example.com/owner", "team-a"), False),
+    ("prefer-avoid-pods", nothing, annotated(PREFER_AVOID_KEY, json.dumps(AVOID)), False),
+    (
+        "foreign-devices-of-no-pod-kubegpu-counts",
+        nothing,
+        annotated(FOREIGN_DEVICES_KEY, encode_foreign_devices({})),
+        False,
+    ),
+    (
+        "heartbeat",
+        nothing,
+        lambda node: node["status"]["conditions"][0].update(lastHeartbeatTime="2026-01-01T00:00:00Z"),
+        False,
+    ),
+    ("cordoned", nothing, unschedulable(True), False),
+    ("not-ready", nothing, ready("False"), False),
+    ("allocatable-grows", nothing, lambda node: node["status"]["allocatable"].update(cpu="8"), True),
+    ("label-added", nothing, lambda node: node["metadata"]["labels"].update(disktype="ssd"), True),
+    (
+        "taint-removed",
+        lambda node: node["spec"].update(taints=[TAINT]),
+        lambda node: node["spec"].update(taints=[]),
+        True,
+    ),
+    ("uncordoned", unschedulable(True), unschedulable(False), True),
+    ("ready-again", ready("False"), ready("True"), True),
+    ("inventory-advertised", nothing, annotated(DEVICES_KEY, encode_devices(INVENTORY)), True),
+]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "woken"), [row[1:] for row in NODE_CHANGES], ids=[r[0] for r in NODE_CHANGES]
+)
+def test_a_node_change_brings_back_the_unschedulable_pods_only_when_it_can_help(
+    clock: Clock,
+    before: Callable[[dict[str, Any]], None],
+    after: Callable[[dict[str, Any]], None],
+    woken: bool,
+) -> None:
+    engine = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), signing_key=KEY)
+    svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
+    node = node_manifest("n1", labels={ZONE: "a"}, cpu="2")
+    before(node)
+    svc.mirror.on_nodes("SYNC", [node])
+    svc.mirror.on_pods("SYNC", [pod(f"big-{i}", cpu="4") for i in range(3)])
+    run_once(svc)
+    assert set(waiting(svc).values()) == {"unschedulable"}
+    changed = copy.deepcopy(node)
+    after(changed)
+    svc.mirror.on_nodes("MODIFIED", changed)
+    assert engine.node_info("n1") == node_info(changed), "the engine sees the node as it is now, woken or not"
+    assert list(waiting(svc).values()) == ["backoff" if woken else "unschedulable"] * 3
+
+
+TOLERATIONS = {
+    "none": (),
+    "dedicated": (Toleration("dedicated", "Equal", "ml", "NoSchedule"),),
+    "cordon": (Toleration("node.kubernetes.io/unschedulable", "Exists", None, "NoSchedule"),),
+    "everything": (Toleration(None, "Exists"),),
+}
+NODE_FIELDS = {
+    "labels": st.sampled_from([{}, {"disktype": "ssd"}, {"disktype": "hdd"}]),
+    "annotations": st.sampled_from([{}, {"example.com/owner": "a"}, {PREFER_AVOID_KEY: json.dumps(AVOID)}]),
+    "allocatable": st.sampled_from([{"cpu": 2000, "pods": 110}, {"cpu": 4000, "pods": 110}, {"cpu": 4000, "pods": 0}]),
+    "taints": st.sampled_from(
+        [(), (Taint("dedicated", "ml", "NoSchedule"),), (Taint("dedicated", "ml", "NoExecute"),)]
+    ),
+    "unschedulable": st.sampled_from([False, False, True]),
+    "ready": st.sampled_from([True, True, False]),
+    "images": st.sampled_from([{}, {"registry.example/app:1": 500_000_000}]),
+}
+NO_PLUGINS = make_plugin_manager("scheduler", plugins=(), autoload=False)
+pods = st.builds(
+    lambda cpu, selector, tolerations: replace(
+        make_pod("p", {"main": {"cpu": cpu}}, node_selector=selector), tolerations=TOLERATIONS[tolerations]
+    ),
+    st.sampled_from(["1", "3"]),
+    st.sampled_from([{}, {"disktype": "ssd"}]),
+    st.sampled_from(["none", "none", "dedicated", "cordon", "everything"]),
+)
+
+
+def fits(node: NodeInfo, pod: PodRequest) -> bool:
+    engine = Engine(NO_PLUGINS, signing_key=KEY)
+    engine.add_node(node)
+    return engine.schedule(pod).scheduled
+
+
+@settings(max_examples=1000, deadline=None)
+@given(before=st.fixed_dictionaries(NODE_FIELDS), data=st.data(), pod=pods)
+def test_a_node_change_judged_unhelpful_never_lets_a_pod_that_fit_nowhere_fit(
+    before: dict[str, Any], data: st.DataObject, pod: PodRequest
+) -> None:
+    # The node after: each field as it was or drawn again (so most changes touch a field or two).
+    changed = data.draw(st.sets(st.sampled_from(sorted(NODE_FIELDS)), min_size=1, max_size=2), label="changed")
+    after = {**before, **{name: data.draw(NODE_FIELDS[name], label=name) for name in sorted(changed)}}
+    old, new = NodeInfo(name="n1", **before), NodeInfo(name="n1", **after)
+    assume(node_change_may_help(old, new) is None)
+    assert fits(old, pod) or not fits(new, pod)
