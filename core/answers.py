@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from kubegpu.core.errors import describe_validation_error
+from kubegpu.core.limits import MAX_DEVICES_PER_NODE
 from kubegpu.core.models import (
     Advertisement,
     ContainerAllocation,
@@ -213,6 +214,14 @@ def _describe(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, An
         return None
     if not isinstance(answer, list) or not all(isinstance(o, Occupancy) for o in answer):
         raise WrongAnswer(f"returned {_kind(answer)}; a list of Occupancy is due")
+    for occupancy in answer:
+        # Reports draw every cell: a picture of more devices than kubegpu handles is refused, not drawn.
+        count = max(len(occupancy.cells), occupancy.total if _is_int(occupancy.total) else 0)
+        if count > MAX_DEVICES_PER_NODE:
+            raise WrongAnswer(
+                f"described {count} devices; kubegpu handles at most {MAX_DEVICES_PER_NODE} devices of one kind per "
+                "node (kubegpu.core.limits)"
+            )
     return answer
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kubegpu.core import device_hooks, scheduler_hooks
+from kubegpu.core.limits import bounded_count, check_device_count
 from kubegpu.core.models import (
     Advertisement,
     ContainerAllocation,
@@ -236,6 +237,8 @@ class WholeDevicePlugin:
         if found is None or not found[0]:
             return None
         devices, extra = found
+        # Before the bitmasks and holder lists: whatever `devices` read, at most MAX_DEVICES_PER_NODE of them.
+        check_device_count(node.name, f"{self.name} devices", len(devices))
         return WholeDeviceState(self.name, node.name, devices, extra)
 
     @scheduler_hooks.hookimpl
@@ -467,8 +470,8 @@ class DeviceFilesPlugin:
 
 
 def label_devices(labels: Mapping[str, str], label: str, prefix: str) -> list[DeviceInfo]:
-    """`prefix0`..`prefix<n-1>` from a count label (`acme.example/count: "4"`); none when absent or not a count."""
-    value = labels.get(label, "")
-    if not (value.isascii() and value.isdigit()) or len(value) > 4:
-        return []
-    return [DeviceInfo(id=f"{prefix}{i}") for i in range(int(value))]
+    """`prefix0`..`prefix<n-1>` from a count label (`acme.example/count: "4"`); none when absent or not a count.
+    A count over `kubegpu.core.limits.MAX_DEVICES_PER_NODE` raises `ValueError` before any device is made (the
+    engine turns it into the reason the node's pods get)."""
+    count = bounded_count(labels.get(label, ""), f"label {label}")
+    return [DeviceInfo(id=f"{prefix}{i}") for i in range(count or 0)]

@@ -96,11 +96,14 @@ def kubegpu_scheduler_build_node(node: NodeInfo) -> DeviceNodeState | None:
 
     Args:
         node: the node; `node.inventories[<plugin>]` is the advertised inventory when an advertiser runs, which
-            takes precedence over labels (an unhealthy advertised device is never allocated).
+            takes precedence over labels (an unhealthy advertised device is never allocated). An inventory of more
+            than `kubegpu.core.limits.MAX_DEVICES_PER_NODE` devices never gets here: the engine refuses the node
+            for this plugin.
 
     Returns:
         A fresh `DeviceNodeState` (subclass) with every device free, or None when the node has none of this
-        plugin's devices.
+        plugin's devices. Raise `ValueError` for a node that claims more devices than kubegpu handles, before
+        building anything (`kubegpu.core.limits.check_device_count`, `bounded_count` for a count label).
 
     Called by:
         the engine when a node is added or changes (simulator input, scheduler and extender node watches); every
@@ -299,7 +302,8 @@ def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy] | None
         state: this plugin's state of the node.
 
     Returns:
-        A list with one `Occupancy` per device family on the node (layout, cells, free and largest-fit counts).
+        A list with one `Occupancy` per device family on the node (layout, cells, free and largest-fit counts), each
+        of at most `kubegpu.core.limits.MAX_DEVICES_PER_NODE` devices (more is a wrong answer).
 
     Called by:
         the simulator's report, `kubegpu top` and the extender's monitoring API; the owning plugin only.

@@ -40,6 +40,7 @@ from kubegpu.core.annotations import (
     sign_allocation,
     verify_allocation,
 )
+from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import (
     LabelSelector,
     NodeInfo,
@@ -305,6 +306,16 @@ class Engine:
         record = NodeRecord(info, klass=self._klass(info))
         self._node_epoch += 1
         for plugin in self.plugins.names:
+            inventory = info.inventories.get(plugin)
+            try:
+                # Refused here, for every plugin, before it builds per-device structures (`kubegpu.core.limits`).
+                check_device_count(
+                    info.name, f"advertised {plugin} devices", len(inventory.devices if inventory else ())
+                )
+            except ValueError as exc:
+                log.error("%s", exc)
+                record.problems[plugin] = str(exc)
+                continue
             try:
                 state = self.plugins.call(plugin, "kubegpu_scheduler_build_node", node=info)
             except PluginHookError as exc:

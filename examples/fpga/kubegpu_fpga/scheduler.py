@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kubegpu.core.kit import Refused, WholeDevicePlugin, WholeDeviceState, WholeRequest
+from kubegpu.core.limits import bounded_count
 from kubegpu.core.models import DeviceInfo, NodeInfo, PodRequest
 from kubegpu_fpga import BITSTREAM_ANNOTATION, BITSTREAM_LABEL, COUNT_LABEL, RESOURCE, card_index
 
@@ -65,13 +66,16 @@ class FpgaScheduler(WholeDevicePlugin):
 
 
 def cards_from_label(value: str | None) -> tuple[str, ...]:
-    """`fpga0`..`fpga<n-1>` from the `example.com/fpga.count` label; none when it is absent or not a count."""
+    """`fpga0`..`fpga<n-1>` from the `example.com/fpga.count` label; none when it is absent or not a count. A count
+    over kubegpu's bound (`kubegpu.core.limits.MAX_DEVICES_PER_NODE`) raises `ValueError`, judged on the text before
+    any card is made."""
     if value is None:
         return ()
-    if not value.isdigit():
-        log.warning("ignoring label %s=%r: not a card count", COUNT_LABEL, value)
+    count = bounded_count(value, f"label {COUNT_LABEL}")
+    if count is None:
+        log.warning("ignoring label %s=%r: not a card count", COUNT_LABEL, value[:64])
         return ()
-    return tuple(f"fpga{i}" for i in range(int(value)))
+    return tuple(f"fpga{i}" for i in range(count))
 
 
 plugin = FpgaScheduler()
