@@ -30,7 +30,15 @@ def written_profile(tmp_path: Path) -> dict[str, Any]:
     )
     written = tmp_path / "kube-scheduler.yaml"
     subprocess.run(
-        [str(binary_dir() / "kube-scheduler"), f"--kubeconfig={kubeconfig}", f"--write-config-to={written}"],
+        # No listener: kube-scheduler opens its default ports (10251, 10259) before writing, and another scheduler
+        # on the machine (a test or a benchmark running beside this one) holds them.
+        [
+            str(binary_dir() / "kube-scheduler"),
+            f"--kubeconfig={kubeconfig}",
+            f"--write-config-to={written}",
+            "--port=0",
+            "--secure-port=0",
+        ],
         check=True,
         capture_output=True,
         timeout=60,
