@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from kubegpu.core.text import escape_controls
+
 __all__ = ["InputError", "describe_validation_error", "shorten"]
 
 MAX_NAME_CHARS = 80  # one field name (a dict key from the input) inside a message
@@ -23,7 +25,7 @@ class InputError(ValueError):
 def shorten(text: str, limit: int = MAX_NAME_CHARS) -> str:
     """`text` on one line and at most `limit` characters: control characters escaped, the middle elided."""
     if not text.isprintable():
-        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: 4 * limit])
+        text = escape_controls(text[: 4 * limit])
     if len(text) > limit:
         tail = (limit - 1) // 3
         text = text[: limit - 1 - tail] + "…" + (text[-tail:] if tail else "")

@@ -2,8 +2,10 @@
 command line (`parse_interval`).
 
 The scheduler, the extender, the CRI shim and the advertiser all log one greppable line per record with `pod=` and
-`node=` fields, and the first three read the HMAC key that signs and verifies `kubegpu.io/allocation` from a file,
-so the scheduler side and the node side must read it byte for byte alike.
+`node=` fields, each value one line of at most `MAX_TEXT_CHARS` characters with its control characters escaped
+(`safe_text`: a tenant's text can neither forge a line nor fill the log; a traceback may take `MAX_TRACEBACK_CHARS`).
+The first three read the HMAC key that signs and verifies `kubegpu.io/allocation` from a file, so the scheduler side
+and the node side must read it byte for byte alike.
 
 Whoever holds the key can sign an allocation that any node's shim obeys, so a key that is easy to guess is refused:
 fewer than `MIN_KEY_BYTES` (32) bytes once a trailing newline is stripped, a blank one, or the placeholder of the
@@ -22,6 +24,8 @@ import stat
 import sys
 import time
 
+from kubegpu.core.text import MAX_TEXT_CHARS, safe_text
+
 __all__ = ["MAX_KEY_FILE_BYTES", "MIN_KEY_BYTES", "LogfmtFormatter", "configure_logging", "parse_interval", "read_key"]
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -29,6 +33,7 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 MIN_KEY_BYTES = 32
 MAX_KEY_FILE_BYTES = 64 * 1024
+MAX_TRACEBACK_CHARS = 16 * MAX_TEXT_CHARS
 PLACEHOLDER_KEY = b"REPLACE-WITH-RANDOM-BYTES"  # examples/deploy/scheduler/secret.yaml, until replaced
 _HOW_TO_CREATE = "create one from random bytes, e.g. `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`"
 
@@ -47,14 +52,17 @@ class LogfmtFormatter(logging.Formatter):
             if value is not None:
                 parts.append(f"{name}={_quote(str(value))}")
         if record.exc_info:
-            parts.append(f"exception={_quote(self.formatException(record.exc_info))}")
+            parts.append(f"exception={_quote(self.formatException(record.exc_info), MAX_TRACEBACK_CHARS)}")
         return " ".join(parts)
 
 
-def _quote(text: str) -> str:
-    if text and all(c not in text for c in ' "=\n'):
+def _quote(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """A logfmt value: bare when it holds nothing to quote, else in quotes with `\\` and `\"` escaped; control
+    characters escaped (`\\n`, `\\r`, `\\x1b`) and the length bounded either way (`safe_text`)."""
+    body = safe_text(text, limit, also='\\"')
+    if body == text and text and " " not in text and "=" not in text:
         return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return f'"{body}"'
 
 
 def configure_logging(level: str) -> None:

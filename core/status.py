@@ -3,12 +3,18 @@
 Every refusal a user can hit travels as a `Status` with a code and sentences that say what to change. The codes
 decide what the engine does next: `UNSCHEDULABLE` may change when pods leave (preemption or deletion could help),
 `UNRESOLVABLE` will not (the node can never take this request), `ERROR` is a fault in kubegpu or a plugin.
+
+Reasons quote what tenants wrote (the GPU model a pod asks for) and go to logs, Events, pod conditions and
+terminals, so a `Status` keeps each reason, and gives its `message`, as `kubegpu.core.text.safe_text` makes it: one
+line, control characters escaped, at most `MAX_TEXT_CHARS` characters.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+
+from kubegpu.core.text import MAX_TEXT_CHARS, safe_text
 
 __all__ = ["Code", "Status"]
 
@@ -26,13 +32,19 @@ class Status:
     reasons: tuple[str, ...] = ()
     plugin: str | None = None
 
+    def __post_init__(self) -> None:
+        for reason in self.reasons:
+            if len(reason) > MAX_TEXT_CHARS or not reason.isprintable():
+                object.__setattr__(self, "reasons", tuple(safe_text(str(r)) for r in self.reasons))
+                return
+
     @property
     def ok(self) -> bool:
         return self.code is Code.SUCCESS
 
     @property
     def message(self) -> str:
-        return "; ".join(self.reasons)
+        return safe_text("; ".join(self.reasons)) if len(self.reasons) > 1 else "".join(self.reasons)
 
     @classmethod
     def success(cls) -> Status:

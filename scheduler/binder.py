@@ -9,7 +9,8 @@ back: a placement the API server holds stays. The reservation itself is the call
 (`ClusterMirror.roll_back`), on the thread that owns the engine.
 
 Every write goes through the asynchronous client on its event loop (`AsyncKubeClient`); nothing here blocks the
-thread that owns the engine.
+thread that owns the engine. Event and condition messages quote what tenants wrote (a reason, an exception), so each
+is written as `safe_text` makes it: one line of at most `MAX_TEXT_CHARS` characters, control characters escaped.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 
 from kubegpu.core.annotations import ALLOCATION_KEY
 from kubegpu.core.models import PodRequest
+from kubegpu.core.text import safe_text
 from kubegpu.kube.client import ApiError, AsyncKubeClient, now_rfc3339
 from kubegpu.scheduler.engine import Decision
 from kubegpu.scheduler.health import Metrics
@@ -134,7 +136,7 @@ class Binder:
                 "uid": pod.uid,
             },
             "reason": reason,
-            "message": message[:1024],
+            "message": safe_text(message),
             "type": kind,
             "source": {"component": self.component},
             "reportingComponent": self.component,
@@ -150,6 +152,7 @@ class Binder:
     async def report_unschedulable(self, pod: PodRequest, message: str) -> None:
         """kube-scheduler's two signs of a pod that fits nowhere: a `FailedScheduling` Event and the condition
         `PodScheduled=False/Unschedulable`."""
+        message = safe_text(message)
         await self.post_event(pod, "FailedScheduling", message)
         condition = {
             "status": {

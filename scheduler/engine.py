@@ -53,6 +53,7 @@ from kubegpu.core.models import (
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Code, Status
+from kubegpu.core.text import MAX_TEXT_CHARS, safe_text
 from kubegpu.scheduler import filters, podindex, scores
 from kubegpu.scheduler.index import CapacityIndex
 from kubegpu.scheduler.owners import Owners
@@ -185,7 +186,8 @@ class ClusterState(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The outcome of one cycle. `annotations` are the pod annotations to write when `scheduled`."""
+    """The outcome of one cycle. `annotations` are the pod annotations to write when `scheduled`; `reason` is one
+    line of at most `MAX_TEXT_CHARS` characters, control characters escaped (`safe_text`), whatever it quotes."""
 
     pod: str
     scheduled: bool
@@ -194,6 +196,11 @@ class Decision:
     allocation: AllocationRecord | None = None
     annotations: dict[str, str] = field(default_factory=dict)
     code: Code = Code.SUCCESS
+
+    def __post_init__(self) -> None:
+        reason = self.reason
+        if reason is not None and (len(reason) > MAX_TEXT_CHARS or not reason.isprintable()):
+            object.__setattr__(self, "reason", safe_text(reason))
 
 
 @dataclass(frozen=True, slots=True)
@@ -1323,7 +1330,9 @@ class Engine:
         atomically; a device that is unknown is refused with a reason, and nothing is taken. When a device is held by
         another pod, the allocation the scheduler issued later wins (`issued`): the earlier one is stale (its
         devices were given out again after it was rolled back or replayed), so its pod is displaced from the ledger
-        and holds nothing; a stale allocation arriving second is refused.
+        and holds nothing; a stale allocation arriving second is refused. An engine without a signing key (`kubegpu
+        top` without a key file) verifies nothing, and a stamp nobody verified settles nothing: there an allocation
+        naming a held device is refused, naming the holders, and displaces no one.
         """
         if pod.key in self.pods:
             return Status.error(f"pod {pod.key} already holds resources")
@@ -1339,6 +1348,12 @@ class Engine:
         status = self._take(record, pod, parts)
         if not status.ok and allocation is not None:
             rivals = self._holders_of(record, allocation)
+            if self.signing_key is None and rivals:
+                claimants = ", ".join(p.request.key for p in rivals)
+                return Status.error(
+                    f"the {ALLOCATION_KEY} of pod {pod.key} names devices that {claimants} also claim; neither is "
+                    "verified (no key), so neither displaces the other"
+                )
             newer = [
                 p.request.key
                 for p in rivals

@@ -10,7 +10,8 @@ pending" with the same numbers.
 
 The glyphs of the text maps are the simulator's: `#` held, `+` partly held, `.` free, `x` unhealthy. Holders get a
 colour per node from a fixed palette, in the order their first device appears, so two pods on one node never share
-a colour (a pod holds devices on one node only).
+a colour (a pod holds devices on one node only). A device id is a node's word (a lying node may advertise anything):
+the text maps show at most `MAX_CELL_ID_CHARS` characters of it, control characters escaped (`cell_label`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from kubegpu.core.errors import shorten
 from kubegpu.core.models import DeviceCell, Occupancy
 from kubegpu.scheduler.engine import Engine
 
@@ -32,6 +34,7 @@ __all__ = [
     "PendingPod",
     "Report",
     "build_report",
+    "cell_label",
     "cell_state",
     "draw_text",
     "holder_colours",
@@ -42,6 +45,7 @@ __all__ = [
 CellState = Literal["held", "partly", "free", "unhealthy"]
 MARKS: Mapping[CellState, str] = {"held": "#", "partly": "+", "free": ".", "unhealthy": "x"}
 LEGEND = "# held, + partly held, . free, x unhealthy"
+MAX_CELL_ID_CHARS = 12  # of a device id in a text map (real ids: "0".."15", "card3")
 # Twelve hues spaced for contrast, then the same hues darker: distinct colours for up to 24 holders on one node.
 _HUES = (210, 30, 120, 0, 270, 180, 60, 330, 90, 240, 150, 300)
 
@@ -92,7 +96,8 @@ class FamilyUsage:
 @dataclass(frozen=True, slots=True)
 class Report:
     """A snapshot to draw. `unverified` maps pods whose allocation is shown but could not be checked (or did not
-    verify and is therefore not shown) to the reason; `counts` are the front-end's own tallies (scheduled, deleted)."""
+    verify and is therefore not shown) to the reason; `counts` are the front-end's own tallies (scheduled, deleted);
+    `verified` is False when the allocations drawn could not be verified at all (`kubegpu top` without a key)."""
 
     title: str
     source: str
@@ -103,6 +108,7 @@ class Report:
     counts: Mapping[str, int] = field(default_factory=dict)
     unverified: Mapping[str, str] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
+    verified: bool = True
 
     @property
     def devices(self) -> int:
@@ -117,6 +123,11 @@ def cell_state(cell: DeviceCell) -> CellState:
     if cell.used > 0:
         return "partly"
     return "free"
+
+
+def cell_label(cell: DeviceCell) -> str:
+    """A device in a text map: its id (at most `MAX_CELL_ID_CHARS`, control characters escaped) and its state mark."""
+    return f"{shorten(cell.id, MAX_CELL_ID_CHARS)}{MARKS[cell_state(cell)]}"
 
 
 def _colour(index: int) -> str:
@@ -155,13 +166,13 @@ def shape_name(picture: Occupancy) -> str:
 
 def draw_text(picture: Occupancy) -> list[str]:
     """The simulator's plain-text map of one picture: a header line, then a line per row of cells."""
-    width = max(4, max((len(c.id) for c in picture.cells), default=1) + 2)
+    width = max(4, max((len(cell_label(c)) for c in picture.cells), default=3) + 1)
     rows = grid_rows(picture)
     shape = {"ring": "ring", "grid": f"{picture.columns or len(picture.cells) or 1}-wide grid", "cells": "cards"}[
         picture.layout
     ]
     lines = [f"    {picture.family} ({shape}; {LEGEND})"]
-    lines.extend("    " + "".join(f"{c.id}{MARKS[cell_state(c)]}".rjust(width) for c in row) for row in rows)
+    lines.extend("    " + "".join(cell_label(c).rjust(width) for c in row) for row in rows)
     return lines
 
 
@@ -175,6 +186,7 @@ def build_report(
     unverified: Mapping[str, str] | None = None,
     problems: Iterable[str] = (),
     only: str | None = None,
+    verified: bool = True,
 ) -> Report:
     """Snapshot `engine`: every node that has devices (or just node `only`), sorted by name, and the family totals
     over those nodes."""
@@ -207,6 +219,7 @@ def build_report(
         counts=dict(counts or {}),
         unverified=dict(unverified or {}),
         problems=tuple(problems),
+        verified=verified,
     )
 
 
@@ -242,6 +255,7 @@ def report_json(report: Report) -> dict[str, Any]:
             {"family": f.family, "total": f.total, "used": f.used, "free": f.free, "stranded": f.stranded}
             for f in report.families
         ],
+        "verified": report.verified,
         "unverified": dict(report.unverified),
         "problems": list(report.problems),
         "counts": dict(report.counts),

@@ -17,7 +17,9 @@ each victim is removed at once and reported first as `{"pod", "event": "preempte
 else computed from its spec), PersistentVolumeClaim, PersistentVolume and PriorityClass documents are read too, and
 Service, ReplicationController, ReplicaSet and StatefulSet documents, whose selectors give the pods they select that
 set no `topologySpreadConstraints` kube-scheduler's default spread over hosts and zones (`kubegpu.scheduler.owners`).
-Without `--json` it prints a report: placements, per-node device occupancy maps and a summary. Invalid input exits
+Without `--json` it prints a report: placements, per-node device occupancy maps and a summary, every name, device id
+and reason from the input escaped and bounded as `kubegpu.core.text.safe_text` makes it (a file is someone else's
+text: an escape sequence in a pod name must not reach the terminal). Invalid input exits
 with status 2 and a message naming the document and field, before anything is scheduled; unschedulable pods are not
 an error.
 
@@ -59,6 +61,7 @@ from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.status import Code
+from kubegpu.core.text import safe_text
 from kubegpu.scheduler import objects
 from kubegpu.scheduler.config import ConfigError, Policy, load_config
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine
@@ -519,7 +522,8 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
             f"{c}: " + ", ".join(f"{r.split('/')[-1]}={','.join(ids)}" for r, ids in res.items())
             for c, res in e["devices"].items()
         )
-        write(f"  {e['pod']:40} {e['event']:14} {e['node'] or '-':24} {devices or '-'}\n")
+        pod, node, devices = safe_text(e["pod"]), safe_text(e["node"] or "-"), safe_text(devices or "-")
+        write(f"  {pod:40} {e['event']:14} {node:24} {devices}\n")
     write("\nDEVICE OCCUPANCY\n")
     families: dict[str, Counter[str]] = {}
     fragmentation: Counter[str] = Counter()
@@ -536,7 +540,7 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
         holders = engine.holders(name)
         if pictures and shown < MAX_MAPS and (holders or len(busy) <= MAX_MAPS):
             shown += 1
-            write(f"  {name} ({len(holders)} pods)\n")
+            write(f"  {safe_text(name)} ({len(holders)} pods)\n")
             for picture in pictures:
                 for line in draw_text(picture):
                     write(line + "\n")
@@ -558,7 +562,7 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
     if reasons:
         write("  unschedulable pods by reason:\n")
         for reason, count in reasons.most_common():
-            write(f"    {count:5d}  {reason}\n")
+            write(f"    {count:5d}  {safe_text(str(reason))}\n")
 
 
 def run(args: argparse.Namespace) -> int:

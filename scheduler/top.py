@@ -8,7 +8,14 @@ the plugins' own `Occupancy` maps, drawn like the simulator's (`report.py`): a r
 cards and GPUs as cells; `#` held, `+` partly held, `.` free, `x` unhealthy, each holder in its own colour.
 
 With `--allocation-key-file` only allocations whose signature verifies (and that name the pod's node and UID) are
-drawn; the others are listed as not shown. Without it every allocation is drawn and marked unverified.
+drawn; the others are listed as not shown. Without it every allocation is drawn as its pod claims it, marked
+unverified, and `top` says it cannot verify them; as nothing is verified, no claim displaces another (a self-made
+`issued` stamp settles nothing): of two pods claiming one device the first seen is drawn, the other listed as not
+shown naming it, and drawn once the first is gone.
+
+Everything a tenant or a node wrote (reasons quoting annotations, Event messages, device ids, an allocation's node)
+reaches the terminal as `safe_text` makes it (control characters escaped, bounded) and as `rich.text.Text`, never as
+rich markup, so `[/]` cannot crash `top` nor `[blink]` style it, and no escape sequence reaches the terminal.
 
 `--watch` lists and watches Nodes, Pods and Events with the scheduler's informers and redraws in place (rich's
 `Live`) as soon as a change arrives; `--json` prints one document (a line per change with `--watch`); `--html FILE`
@@ -30,17 +37,18 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from kubegpu.core.annotations import ALLOCATION_KEY, AnnotationError, decode_allocation, verify_allocation
-from kubegpu.core.errors import InputError
+from kubegpu.core.errors import InputError, shorten
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.plugin_manager import KubegpuPluginManager, make_plugin_manager
+from kubegpu.core.text import safe_text
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.report import (
     LEGEND,
-    MARKS,
     NodeView,
     PendingPod,
     Report,
     build_report,
+    cell_label,
     cell_state,
     grid_rows,
     report_json,
@@ -78,6 +86,7 @@ class ClusterView:
         self.failures: dict[str, tuple[int, str, str]] = {}  # pod key -> (resourceVersion, uid, message)
         self.unverified: dict[str, str] = {}
         self.hidden: dict[str, str] = {}  # allocations not drawn, and why
+        self.contested: dict[str, dict[str, Any]] = {}  # without a key: pods whose claim another pod's claim blocks
         self.early: dict[str, dict[str, dict[str, Any]]] = {}  # node -> pods bound to it, seen before the node
 
     # -- nodes ------------------------------------------------------------------------------------------------
@@ -172,7 +181,7 @@ class ClusterView:
                 self.hidden[key] = f"allocation not shown: {exc}"
             else:
                 if record.node != node or record.podUID != uid:
-                    self.hidden[key] = f"allocation not shown: it names node {record.node} and another pod UID"
+                    self.hidden[key] = f"allocation not shown: it names node {shorten(record.node)} and another pod UID"
                     record = None
                 elif self.key is None:
                     self.unverified[key] = "no --allocation-key-file to check its signature"
@@ -184,6 +193,8 @@ class ClusterView:
             self.hidden[key] = f"allocation not shown: {status.message}"
             self.unverified.pop(key, None)
             self.engine.assume(request, node, None)
+            if self.key is None:
+                self.contested[key] = obj  # drawn when the pod drawn in its place leaves
 
     def _forget_pod(self, key: str) -> None:
         for early in self.early.values():
@@ -191,8 +202,19 @@ class ClusterView:
         self.waiting.pop(key, None)
         self.unverified.pop(key, None)
         self.hidden.pop(key, None)
-        if self.bound.pop(key, None) is not None:
+        self.contested.pop(key, None)
+        bound = self.bound.pop(key, None)
+        if bound is not None:
             self.engine.release(key)
+            self._retry_contested(bound[1])
+
+    def _retry_contested(self, node: str) -> None:
+        """Draw again the claims on `node` that a claim now gone may have blocked (no key: neither was verified)."""
+        for key in [k for k, obj in self.contested.items() if obj["spec"].get("nodeName") == node]:
+            obj = self.contested.pop(key)
+            if self.bound.pop(key, None) is not None:
+                self.engine.release(key)
+            self.apply_pod("MODIFIED", obj)
 
     # -- events -----------------------------------------------------------------------------------------------
 
@@ -219,12 +241,14 @@ class ClusterView:
     # -- the snapshot -----------------------------------------------------------------------------------------
 
     def reason(self, key: str, waiting: _Waiting) -> str:
+        """Why pod `key` waits: its latest FailedScheduling Event, else its PodScheduled condition (text anyone with
+        access to the namespace may have written: escaped and bounded)."""
         failure = self.failures.get(key)
         if failure is not None and (not failure[1] or failure[1] == waiting.uid):
-            return failure[2]
+            return safe_text(failure[2])
         if waiting.condition:
-            return waiting.condition
-        return f"waiting for scheduler {waiting.scheduler} (no FailedScheduling event yet)"
+            return safe_text(waiting.condition)
+        return f"waiting for scheduler {safe_text(waiting.scheduler)} (no FailedScheduling event yet)"
 
     def report(self, only: str | None = None) -> Report:
         pending = [PendingPod(key, self.reason(key, w)) for key, w in sorted(self.waiting.items())]
@@ -236,8 +260,9 @@ class ClusterView:
             pending=pending,
             counts={"bound pods": len(self.bound)},
             unverified=self.unverified,
-            problems=[f"{what}: {why}" for what, why in sorted(self.hidden.items())],
+            problems=[safe_text(f"{what}: {why}") for what, why in sorted(self.hidden.items())],
             only=only,
+            verified=self.key is not None,
         )
 
 
@@ -260,12 +285,12 @@ def _node_panel(node: NodeView, unverified: dict[str, str]) -> RenderableType:
         if number:
             text.append("\n")
         text.append(f"{picture.family} · {shape_name(picture)} · {picture.free}/{picture.total} free", style="dim")
-        width = max(4, max((len(c.id) for c in picture.cells), default=1) + 2)
+        width = max(4, max((len(cell_label(c)) for c in picture.cells), default=3) + 1)
         for row in grid_rows(picture):
             text.append("\n")
             for cell in row:
                 state = cell_state(cell)
-                label = f"{cell.id}{MARKS[state]}".rjust(width)
+                label = cell_label(cell).rjust(width)
                 if state == "unhealthy":
                     style = "bold red"
                 elif state == "free":
@@ -276,12 +301,12 @@ def _node_panel(node: NodeView, unverified: dict[str, str]) -> RenderableType:
                 text.append(label, style=style)
     for pod, colour in node.colours.items():
         text.append("\n■ ", style=colour)
-        text.append(pod)
+        text.append(safe_text(pod))
         if pod in unverified:
             text.append(" (unverified)", style="yellow")
-    kind = f"{node.instance_type} · " if node.instance_type else ""
-    # A Text title, not markup: names and labels come from the cluster and are shown as they are.
-    title = Text.assemble((node.name, "bold"), f" {kind}{node.pods} pod{'s' if node.pods != 1 else ''}")
+    kind = f"{safe_text(node.instance_type)} · " if node.instance_type else ""
+    # Text, never markup, everywhere: names, ids and reasons come from the cluster (`safe_text` escapes the rest).
+    title = Text.assemble((safe_text(node.name), "bold"), f" {kind}{node.pods} pod{'s' if node.pods != 1 else ''}")
     return Panel(text, title=title, title_align="left", expand=False)
 
 
@@ -299,14 +324,23 @@ def render_terminal(report: Report, *, max_nodes: int = MAX_NODES) -> Renderable
             f" · {time.strftime('%H:%M:%S')} · {report.nodes_total} nodes, {report.devices} devices, "
             f"{in_use} in use, {len(report.pending)} pending · {LEGEND}",
         ),
-        Text(report.source, style="dim"),
+        Text(safe_text(report.source), style="dim"),
     ]
+    if not report.verified:
+        parts.append(
+            Text(
+                "cannot verify allocations without --allocation-key-file: each is drawn as its pod claims it, and of "
+                "two claims on one device the first seen is drawn, the other listed below",
+                style="yellow",
+            )
+        )
     if report.families:
         families = Table(box=None, pad_edge=False, header_style="bold")
         for column in ("FAMILY", "DEVICES", "IN USE", "UTIL", "FREE", "STRANDED"):
             families.add_column(column, justify="left" if column == "FAMILY" else "right")
         for f in report.families:
-            families.add_row(f.family, str(f.total), str(f.used), f"{f.utilisation:.0%}", str(f.free), str(f.stranded))
+            numbers = (str(f.total), str(f.used), f"{f.utilisation:.0%}", str(f.free), str(f.stranded))
+            families.add_row(Text(safe_text(f.family)), *numbers)
         parts.append(families)
     unverified = dict(report.unverified)
     panels = [_node_panel(node, unverified) for node in report.nodes[:max_nodes]]
@@ -321,10 +355,10 @@ def render_terminal(report: Report, *, max_nodes: int = MAX_NODES) -> Renderable
         pending.add_column("PENDING POD", no_wrap=True)
         pending.add_column("REASON", overflow="fold")
         for pod in report.pending:
-            pending.add_row(pod.pod, pod.reason)
+            pending.add_row(Text(safe_text(pod.pod)), Text(safe_text(pod.reason)))
         parts.append(pending)
     for problem in report.problems:
-        parts.append(Text(f"not shown: {problem}", style="yellow"))
+        parts.append(Text(f"not shown: {safe_text(problem)}", style="yellow"))
     return Group(*parts)
 
 

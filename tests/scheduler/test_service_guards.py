@@ -8,6 +8,7 @@ and a tenant would see.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
@@ -15,7 +16,10 @@ import pytest
 
 from kubegpu.core.annotations import ALLOCATION_KEY
 from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.process import LogfmtFormatter
 from kubegpu.core.testing import node_manifest, pod_manifest
+from kubegpu.core.text import MAX_TEXT_CHARS
+from kubegpu.plugins.nvidia.scheduler import MODEL_ANNOTATION
 from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
 
@@ -143,3 +147,37 @@ def test_an_unreadable_pod_gets_one_event_naming_the_field(service: CustomSchedu
     [event] = writer.events("FailedScheduling")
     assert event["involvedObject"]["name"] == "huge" and toy.RESOURCE in event["message"]
     assert writer.bindings() == ["fine"]
+
+
+def test_a_tenants_200_kb_reason_is_logged_and_reported_bounded_and_escaped(caplog: pytest.LogCaptureFixture) -> None:
+    # The nvidia plugin quotes the model a pod asks for in its refusal; the tenant writes 200 KB with a carriage
+    # return that, printed raw, overwrites the line with a forged one, and terminal escapes.
+    forged_line = '\rts=2021-01-01T00:00:00.000Z level=error logger=kubegpu msg="forged" \x1b[2J\x1b]52;c;aGk=\x07'
+    model = ("A100" + forged_line + "m" * 1000) * 200
+    engine = Engine(make_plugin_manager("scheduler"), signing_key=KEY)
+    svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
+    svc.queue.initial_backoff = 0.0
+    p4d = {"node.kubernetes.io/instance-type": "p4d.24xlarge"}
+    svc.mirror.on_nodes("SYNC", [node_manifest("p4d-1", labels=p4d, allocatable={"nvidia.com/gpu": 8})])
+    picky = pod_manifest("picky", {"main": {"nvidia.com/gpu": 1}}, scheduler_name="kubegpu")
+    picky["metadata"].update(uid="uid-picky", resourceVersion="1", annotations={MODEL_ANNOTATION: model})
+    svc.mirror.on_pods("SYNC", [picky])
+    caplog.set_level(logging.INFO, logger="kubegpu")
+    for _ in range(3):
+        svc.queue.promote()
+        schedule_all(svc)
+        svc.queue.wake()
+
+    lines = [LogfmtFormatter().format(r) for r in caplog.records if r.getMessage() == "unschedulable"]
+    assert len(lines) == 3
+    for line in lines:
+        assert len(line) < 2 * MAX_TEXT_CHARS, f"a log line of {len(line)} characters"
+        assert line.isprintable(), "a control character in a log line"
+        assert '"A100\\\\rts=2021' in line  # the reason's escape, its backslash escaped by logfmt
+    writer: RecordingWriter = svc.binder.writer  # type: ignore[assignment]
+    [event] = writer.events("FailedScheduling")  # one Event: the reason did not change between attempts
+    [condition] = [b["status"]["conditions"][0] for m, p, b in writer.writes if p.endswith("/status")]
+    for message in (event["message"], condition["message"]):
+        assert len(message) <= MAX_TEXT_CHARS and message.isprintable()
+        assert message.startswith('0/1 nodes are available: 1 node(s) have no GPU of model "A100\\rts=2021')
+        assert message.endswith(" more characters)")

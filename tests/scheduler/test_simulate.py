@@ -252,6 +252,27 @@ def test_report_draws_occupancy_and_summary(capsys: pytest.CaptureFixture[str]) 
     assert "does not support requests for device: 7" in report
 
 
+ESCAPES = "\x1b]52;c;aGk=\x07\x1b[2J\r\u202e\x9b2J"
+
+
+def test_the_report_shows_names_and_reasons_from_the_input_escaped_and_bounded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p4d = {"node.kubernetes.io/instance-type": "p4d.24xlarge"}
+    documents = [node_manifest(f"p4d-{ESCAPES}[blink]" + "n" * 5000, labels=p4d, allocatable={"nvidia.com/gpu": 8})]
+    documents.append(pod_manifest(f"gpu-{ESCAPES}", {"main": {"nvidia.com/gpu": 1}}))
+    model = {"nvidia-gpu-scheduler/gpu.model": ESCAPES * 20_000}
+    documents.append(pod_manifest("picky", {"main": {"nvidia.com/gpu": 1}}, annotations=model))
+    path = tmp_path / "hostile.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    assert main(["simulate", str(path)]) == 0
+    report = capsys.readouterr().out
+    control = sorted({c for c in report if not c.isprintable() and c != "\n"})
+    assert not control, f"control characters in the report: {control!r}"
+    assert "gpu-\\x1b]52;c;aGk=\\x07\\x1b[2J\\r\\u202e\\x9b2J" in report and "more characters)" in report
+    assert len(report) < 20_000, f"{len(report)} characters"
+
+
 def test_stats_are_printed_on_request(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = simulate(capsys, "--stats", str(EXAMPLES / "nvidia.yaml"))
     stats = json.loads(err.strip().splitlines()[-1])

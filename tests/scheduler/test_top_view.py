@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import io
+import re
 from typing import Any
 
-from kubegpu.core.annotations import ALLOCATION_KEY, encode_allocation, merge_allocations, sign_allocation
-from kubegpu.core.models import PluginAllocation
+import pytest
+from rich.console import Console
+
+from kubegpu.core.annotations import (
+    ALLOCATION_KEY,
+    DEVICES_KEY,
+    decode_allocation,
+    encode_allocation,
+    encode_devices,
+    merge_allocations,
+    sign_allocation,
+)
+from kubegpu.core.models import DeviceInfo, DeviceInventory, NodeDevices, PluginAllocation
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest, pod_manifest
+from kubegpu.core.text import MAX_TEXT_CHARS
 from kubegpu.scheduler.report import report_json
-from kubegpu.scheduler.top import ClusterView
+from kubegpu.scheduler.top import ClusterView, render_terminal
 
 KEY = b"k" * 32
 TRN1 = {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
+NEURON_16 = {"aws.amazon.com/neurondevice": 16}
+MODEL = "nvidia-gpu-scheduler/gpu.model"
 
 
 def bound_pod(name: str, devices: list[str], *, key: bytes | None = KEY, node: str = "trn1-a") -> dict[str, Any]:
@@ -39,7 +55,7 @@ def holders(view: ClusterView) -> dict[str, list[str]]:
 def view_of(pods: list[dict[str, Any]], key: bytes | None = KEY) -> ClusterView:
     view = ClusterView(make_plugin_manager("scheduler"), key)
     view.sync_pods(pods)  # pods before their node, as two informers may deliver them
-    view.sync_nodes([node_manifest("trn1-a", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16})])
+    view.sync_nodes([node_manifest("trn1-a", labels=TRN1, allocatable=NEURON_16)])
     return view
 
 
@@ -84,3 +100,117 @@ def test_a_pending_pod_shows_its_latest_failed_scheduling_event_then_its_conditi
             },
         )
     assert view.report().pending[0].reason == "newer"
+
+
+# -- what a tenant or a node writes, on the operator's terminal ------------------------------------------------------
+
+CLEAR_SCREEN = "\x1b[2J\x1b[H"
+CLIPBOARD = "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07"  # OSC 52: "put this in the operator's clipboard"
+HOSTILE_MODEL = f"[/] [blink]blinking[/blink] {CLIPBOARD}{CLEAR_SCREEN}\rforged\u202eesrever\x9b2J"
+SGR = re.compile(r"\x1b\[([0-9;]*)m")
+
+
+def terminal_output(view: ClusterView) -> str:
+    """What `kubegpu top` writes to a colour terminal 200 columns wide."""
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system="standard", width=200)
+    console.print(render_terminal(view.report()))
+    return out.getvalue()
+
+
+def assert_inert(output: str) -> None:
+    """Nothing but rich's own colours reaches the terminal: no other escape, no control character, no blinking."""
+    for match in SGR.finditer(output):
+        assert not {"5", "6"} & set(match.group(1).split(";")), f"blinking text: {match.group(0)!r}"
+    rest = SGR.sub("", output)
+    forbidden = [c for c in rest if not c.isprintable() and c != "\n"]
+    assert not forbidden, f"control characters reach the terminal: {sorted(set(forbidden))!r}"
+
+
+def lying_node() -> dict[str, Any]:
+    """A p4d node whose advertised inventory names its GPUs with terminal escapes, rich markup and 10,000 characters."""
+    ids = [CLEAR_SCREEN + "0", "[blink]1", CLIPBOARD, "\u202e3", "x" * 10_000, "5", "6", "7"]
+    inventory = DeviceInventory(plugin="nvidia", devices=[DeviceInfo(id=i, model="A100") for i in ids])
+    return node_manifest(
+        "p4d-a",
+        labels={"node.kubernetes.io/instance-type": "p4d.24xlarge"},
+        annotations={DEVICES_KEY: encode_devices(NodeDevices(inventories={"nvidia": inventory}))},
+        allocatable={"nvidia.com/gpu": 8},
+    )
+
+
+def test_a_tenants_and_a_nodes_text_is_shown_escaped_and_bounded_never_obeyed() -> None:
+    view = view_of([])
+    view.sync_nodes([lying_node(), node_manifest("trn1-a", labels=TRN1, allocatable=NEURON_16)])
+    # A pending pod whose refusal quotes its annotation (the PodScheduled condition), another told by an Event.
+    waiting = pod_manifest("model", {"main": {"nvidia.com/gpu": 1}}, annotations={MODEL: HOSTILE_MODEL})
+    waiting["metadata"]["uid"] = "uid-model"
+    message = f'0/2 nodes are available: 2 node(s) have no GPU of model "{HOSTILE_MODEL}".'
+    waiting["status"] = {"conditions": [{"type": "PodScheduled", "status": "False", "message": message}]}
+    view.apply_pod("ADDED", waiting)
+    told = pod_manifest("told", {"main": {"nvidia.com/gpu": 1}})
+    view.apply_pod("ADDED", told)
+    view.apply_event(
+        "ADDED",
+        {
+            "metadata": {"resourceVersion": "7"},
+            "reason": "FailedScheduling",
+            "message": HOSTILE_MODEL * 5000,
+            "involvedObject": {"kind": "Pod", "namespace": "default", "name": "told"},
+        },
+    )
+    # A bound pod whose allocation names a 100 KB node full of escapes: listed as not shown, in a bounded line.
+    squatter = bound_pod("squatter", ["0"], node="trn1-a")
+    record = decode_allocation(squatter["metadata"]["annotations"][ALLOCATION_KEY])
+    forged = record.model_copy(update={"node": (CLEAR_SCREEN + CLIPBOARD + "[blink]n") * 4000})
+    squatter["metadata"]["annotations"][ALLOCATION_KEY] = encode_allocation(forged)
+    view.apply_pod("ADDED", squatter)
+
+    output = terminal_output(view)  # before: rich.errors.MarkupError on "[/]"
+    assert_inert(output)
+    assert "[blink]blinking[/blink]" in output and "\\x1b]52;c;" in output and "\\x1b[2J" in output
+    assert "\\u202e" in output and "\\x9b2J" in output and "\\rforged" in output
+    assert "default/squatter: allocation not shown" in output
+    assert "more characters)" in output
+    assert len(output) < 30_000, f"{len(output)} characters on the terminal"
+    report = view.report()
+    assert all(len(p.reason) <= MAX_TEXT_CHARS for p in report.pending)
+    assert all(len(p) <= MAX_TEXT_CHARS for p in report.problems)
+
+
+# -- without the key file ---------------------------------------------------------------------------------------
+
+
+def forged_stamp(pod: dict[str, Any]) -> dict[str, Any]:
+    record = decode_allocation(pod["metadata"]["annotations"][ALLOCATION_KEY])
+    pod["metadata"]["annotations"][ALLOCATION_KEY] = encode_allocation(record.model_copy(update={"issued": 2**63 - 1}))
+    return pod
+
+
+@pytest.mark.parametrize("squatter_first", [True, False], ids=["squatter-listed-first", "holder-listed-first"])
+def test_without_a_key_a_forged_stamp_never_hides_the_pod_that_holds_the_devices(squatter_first: bool) -> None:
+    holder = bound_pod("holder", ["0", "1", "2", "3"], key=None)
+    squatter = forged_stamp(bound_pod("squatter", ["0", "1"], key=None))
+    view = view_of([squatter, holder] if squatter_first else [holder, squatter], key=None)
+    report = view.report()
+    drawn = holders(view)
+    # The holder is drawn on its devices or listed with the squatter's claim: never gone from both.
+    holder_drawn = all(drawn.get(d) == ["default/holder"] for d in "0123")
+    holder_listed = any(p.startswith("default/holder:") and "default/squatter" in p for p in report.problems)
+    assert holder_drawn or holder_listed, (drawn, report.problems)
+    if not squatter_first:
+        assert holder_drawn  # what was drawn first stays: an unverified stamp displaces nothing
+        assert any(p.startswith("default/squatter:") and "default/holder" in p for p in report.problems)
+    # The squatter's stamp is never what settles it.
+    assert set(report.unverified) >= {"default/holder"} if holder_drawn else {"default/squatter"}
+    text = SGR.sub("", terminal_output(view))
+    assert "cannot verify" in text
+
+
+def test_without_a_key_a_claim_not_drawn_is_drawn_once_the_pod_drawn_in_its_place_leaves() -> None:
+    holder = bound_pod("holder", ["0", "1", "2", "3"], key=None)
+    squatter = forged_stamp(bound_pod("squatter", ["0", "1"], key=None))
+    view = view_of([squatter, holder], key=None)
+    view.apply_pod("DELETED", squatter)
+    assert holders(view) == {d: ["default/holder"] for d in "0123"}
+    assert view.report().problems == ()
