@@ -18,6 +18,7 @@ paths (computed once per shape), and nodes off screen are left unrendered by the
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -385,14 +386,27 @@ def _quoter() -> Callable[[str], str]:
 
 
 def write_html(report: Report, path: str | Path) -> None:
-    """Write the page atomically (a watcher reloading the file never sees half of it)."""
+    """Write the page atomically (a watcher reloading the file never sees half of it).
+
+    The page is written to a new file of a random name next to the target (`tempfile.mkstemp`: created exclusively,
+    so a link planted in a folder others may write to is never followed), then renamed over the target, which
+    replaces a link planted there rather than writing through it. The page gets the mode a new file would (0666
+    less the umask), not mkstemp's 0600."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     text = render_html(report)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        temporary.write_text(text, encoding="utf-8")
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), 0o666 & ~_umask())
+            handle.write(text)
         os.replace(temporary, target)
     except BaseException:
-        temporary.unlink(missing_ok=True)
+        Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it: set, then restore at once
+    os.umask(mask)
+    return mask

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import time
 from collections.abc import Iterator
 from html.parser import HTMLParser
@@ -16,7 +18,7 @@ import pytest
 
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.scheduler.engine import Engine
-from kubegpu.scheduler.html import render_html
+from kubegpu.scheduler.html import render_html, write_html
 from kubegpu.scheduler.report import build_report
 from kubegpu.scheduler.simulate import add_simulate_parser, load_documents
 
@@ -149,6 +151,27 @@ def test_names_and_reasons_from_the_input_cannot_inject_markup(
     assert [tag for tag, _ in tags if tag in ("script", "img", "svg") and tag != "svg"] == ["script"]
     handlers = [(tag, name) for tag, attrs in tags for name, _ in attrs if name.startswith("on")]
     assert handlers == [], "no event-handler attribute may come from the input"
+
+
+def test_writing_into_a_shared_folder_follows_no_planted_link(tmp_path: Path) -> None:
+    # Someone else who may write to the folder plants links where a writer might put its temporary file (the name
+    # the writer used to build from its pid, and any other name) and at the report's own name.
+    shared, victim = tmp_path / "shared", tmp_path / "victim.txt"
+    shared.mkdir()
+    victim.write_text("precious")
+    planted = [shared / f".top.html.{os.getpid()}.tmp", shared / ".top.html.k3j9x2.tmp", shared / "top.html"]
+    for link in planted:
+        link.symlink_to(victim)
+    engine = Engine(make_plugin_manager("scheduler"))
+    write_html(build_report(engine, title="t", source="s"), shared / "top.html")
+    assert victim.read_text() == "precious"
+    report = shared / "top.html"
+    assert report.is_file() and not report.is_symlink() and "<html" in report.read_text()
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(report.stat().st_mode) == 0o666 & ~umask, "the mode of any new file, not mkstemp's 0600"
+    assert all(link.is_symlink() for link in planted[:2]), "the planted links are left alone"
+    assert sorted(p.name for p in shared.iterdir()) == sorted(p.name for p in planted)
 
 
 # ---------------------------------------------------------------------------------------------------------------
