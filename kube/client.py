@@ -27,7 +27,7 @@ import aiohttp
 import orjson
 import urllib3
 
-__all__ = ["ApiError", "AsyncKubeClient", "Informer", "KubeClient", "RateLimiter"]
+__all__ = ["ApiError", "AsyncKubeClient", "Fenced", "Informer", "KubeClient", "RateLimiter"]
 
 T = TypeVar("T")
 
@@ -45,6 +45,14 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason
         super().__init__(f"{status} {reason}: {message}" if status else message)
+
+
+class Fenced(ApiError):
+    """A write the asynchronous client refused to send: its fence (the replica's term as leader) ran out while the
+    write waited for the rate limiter or a connection. It never reached the API server."""
+
+    def __init__(self, method: str, path: str) -> None:
+        super().__init__(0, "Fenced", f"{method} {path}: not sent, this replica's term as leader ended")
 
 
 @dataclass(frozen=True)
@@ -164,13 +172,14 @@ class KubeClient:
         if body is not None:
             payload = orjson.dumps(body)
             headers["Content-Type"] = content_type
+        read = timeout or self.timeout
         try:
             response = self.pool.request(
                 method,
                 self._url(path, params),
                 body=payload,
                 headers=headers,
-                timeout=urllib3.Timeout(connect=5.0, read=timeout or self.timeout),
+                timeout=urllib3.Timeout(connect=min(5.0, read), read=read),
             )
         except urllib3.exceptions.HTTPError as exc:
             raise ApiError(0, "Unreachable", f"{method} {path}: {exc}") from None
@@ -268,11 +277,27 @@ class AsyncKubeClient:
     Many bindings are in flight at once; aiohttp parses responses in C, where `http.client` spends most of a call's
     CPU in the `email` header parser, and the scheduler's CPU is shared with the API server on small machines.
     Coroutines are submitted from other threads with `submit`; the session shares the rate limiter of the sync client.
+
+    `fence`, when given, returns the seconds this client may still send writes (`Leadership.remaining`, which the
+    elector moves on with every renewal): every request but a GET reads it after it has waited for its rate-limiter
+    token and for a free connection, the last waits before it is written to a socket, and is refused with `Fenced`
+    if the fence has run out. A backlog of writes therefore drains into refusals, never into the API server, once the
+    replica stops leading. The connections are counted by a semaphore of the connector's size, so that aiohttp itself
+    never queues a request after the check.
     """
 
-    def __init__(self, credentials: Credentials, limiter: RateLimiter, *, connections: int = 64) -> None:
+    def __init__(
+        self,
+        credentials: Credentials,
+        limiter: RateLimiter,
+        *,
+        connections: int = 64,
+        fence: Callable[[], float] | None = None,
+    ) -> None:
         self.credentials = credentials
         self.limiter = limiter
+        self.fence = fence
+        self.slots: asyncio.Semaphore
         self.loop = new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="kube-async", daemon=True)
         self.thread.start()
@@ -292,6 +317,7 @@ class AsyncKubeClient:
         headers = {"Accept": JSON, "User-Agent": "kubegpu"}
         if self.credentials.authorization:
             headers["Authorization"] = self.credentials.authorization
+        self.slots = asyncio.Semaphore(connections)
         connector = aiohttp.TCPConnector(limit=connections, ssl=context)
         return aiohttp.ClientSession(connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=30))
 
@@ -315,10 +341,14 @@ class AsyncKubeClient:
         return self.submit(every())
 
     async def request(self, method: str, path: str, body: Any = None, content_type: str = JSON) -> Any:
+        fence = self.fence if method != "GET" else None
         wait = self.limiter.reserve()
         if wait:
-            await asyncio.sleep(wait)
+            await asyncio.sleep(wait)  # the fence may move on meanwhile: it is read once the wait is over
+        await self._take_slot(method, path, fence)
         try:
+            if fence is not None and fence() <= 0:
+                raise Fenced(method, path)
             async with self.session.request(
                 method,
                 f"{self.credentials.host}{path}",
@@ -330,6 +360,8 @@ class AsyncKubeClient:
                 reason = response.reason or ""
         except (TimeoutError, asyncio.TimeoutError, aiohttp.ClientError) as exc:  # distinct before Python 3.11
             raise ApiError(0, "Unreachable", f"{method} {path}: {exc!r}") from None
+        finally:
+            self.slots.release()
         if status >= 400:
             message = data.decode(errors="replace")[:500]
             try:
@@ -339,6 +371,20 @@ class AsyncKubeClient:
                 pass
             raise ApiError(status, str(reason), str(message))
         return orjson.loads(data) if data else None
+
+    async def _take_slot(self, method: str, path: str, fence: Callable[[], float] | None) -> None:
+        """One of the connections, waiting no longer than the fence allows (`Fenced` once it has run out; a fence
+        moved on while waiting is waited for again)."""
+        if fence is None or not self.slots.locked():
+            await self.slots.acquire()
+            return
+        while (left := fence()) > 0:
+            try:
+                await asyncio.wait_for(self.slots.acquire(), left)
+                return
+            except (TimeoutError, asyncio.TimeoutError):
+                pass
+        raise Fenced(method, path)
 
     async def patch(self, path: str, body: Any, *, strategic: bool = False) -> Any:
         return await self.request("PATCH", path, body, STRATEGIC_PATCH if strategic else MERGE_PATCH)

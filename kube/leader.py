@@ -2,14 +2,33 @@
 
 The rules follow client-go's leader election: a candidate takes the Lease when it is absent, already its own, or
 when its record has not changed for `lease_duration` as observed on the candidate's own clock (so clock skew between
-machines does not matter). The leader renews every `retry_period`; if it cannot renew within `renew_deadline` it
-gives leadership up and the process exits, as kube-scheduler does, rather than risk a second binder. Updates carry the
-Lease's resourceVersion, so two candidates racing for an expired Lease cannot both win.
+machines does not matter). Updates carry the Lease's resourceVersion, so two candidates racing for an expired Lease
+cannot both win.
+
+What the leader may do is bounded by time, not by what the election thread last managed to report. `Leadership`
+holds a deadline on this process's monotonic clock: `renew_deadline` after the start of the last successful renewal.
+The scheduling loop checks it before each pod and the writer before it hands each write to a connection
+(`AsyncKubeClient`'s fence), so a renewal that hangs, or answers late, or a thread that is slow to notice, cannot
+stretch it. When the deadline passes without a renewal the elector gives leadership up and the process exits, as
+kube-scheduler does, rather than risk a second binder.
+
+Why that is enough. The record another candidate watches was stored after the renewal that wrote it started, and
+the candidate takes the Lease only once it has seen that record unchanged for `lease_duration`; so nobody else can
+hold the Lease before `start + lease_duration`. The leader hands its last write to a connection before
+`start + renew_deadline`. The difference (5 s with the defaults) is the time such a write has to reach the API server
+and be stored: a write that takes longer (a network or API server that holds a request for seconds, a process
+paused between its check and the socket write) could still land after a standby took over. Both clocks are assumed
+to run at the same rate, as client-go assumes.
+
+Renewals never wait behind other traffic: the elector is given a client of its own (its own connections, no rate
+limiter shared with the writer), and each attempt is bounded by `renew_deadline / 2` and by the time left before the
+deadline, so an attempt that hangs is abandoned and retried while there is time.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -17,12 +36,71 @@ from typing import Any
 
 from kubegpu.kube.client import ApiError, KubeClient, now_rfc3339
 
-__all__ = ["LeaderElector"]
+__all__ = ["LeaderElector", "Leadership", "timing_problem"]
 
 log = logging.getLogger("kubegpu.leader")
 
 
+class Leadership:
+    """Until when this replica may act as the leader: decide placements and write about pods.
+
+    Only the elector moves the deadline; anyone may read it. Reading is a clock read and a comparison, cheap enough
+    for every pod and every write.
+    """
+
+    def __init__(self, until: float = -math.inf) -> None:
+        self._until = until
+
+    @classmethod
+    def unconditional(cls) -> Leadership:
+        """Held for good: a replica that runs without leader election (`--no-leader-elect`)."""
+        return cls(math.inf)
+
+    @property
+    def deadline(self) -> float:
+        """The monotonic time at which this replica stops acting (-inf: not leading)."""
+        return self._until
+
+    def holds(self) -> bool:
+        return time.monotonic() < self._until
+
+    def remaining(self) -> float:
+        """Seconds left to act; zero or less once the deadline has passed."""
+        return self._until - time.monotonic()
+
+    def extend(self, until: float) -> None:
+        self._until = until
+
+    def end(self) -> None:
+        self._until = -math.inf
+
+
+def timing_problem(lease_duration: float, renew_deadline: float, retry_period: float) -> str | None:
+    """Why these durations cannot keep two replicas from binding at once, or None when they can."""
+    if min(lease_duration, renew_deadline, retry_period) <= 0:
+        return "--lease-duration, --renew-deadline and --retry-period must be positive"
+    if renew_deadline >= lease_duration:
+        return (
+            f"--renew-deadline ({renew_deadline:g}s) must be shorter than --lease-duration ({lease_duration:g}s): "
+            "the difference is the time a Binding sent just before the deadline has to land before another replica "
+            "may take the Lease"
+        )
+    if retry_period >= renew_deadline:
+        return (
+            f"--retry-period ({retry_period:g}s) must be shorter than --renew-deadline ({renew_deadline:g}s), "
+            "or a failed renewal is never retried before the leader must stop"
+        )
+    return None
+
+
 class LeaderElector(threading.Thread):
+    """Takes the Lease, renews it while `stop` is unset, and moves `leadership`'s deadline on every renewal.
+
+    `client` must be the elector's own (no rate limiter or connection pool shared with other traffic).
+    `on_started` runs once the Lease is taken; `on_stopped` once it is lost or could not be renewed in time, unless
+    `stop` was set first. By then `leadership` has already stopped holding.
+    """
+
     def __init__(
         self,
         client: KubeClient,
@@ -36,8 +114,12 @@ class LeaderElector(threading.Thread):
         lease_duration: float = 15.0,
         renew_deadline: float = 10.0,
         retry_period: float = 2.0,
+        leadership: Leadership | None = None,
     ) -> None:
         super().__init__(name="leader-election", daemon=True)
+        problem = timing_problem(lease_duration, renew_deadline, retry_period)
+        if problem:
+            raise ValueError(problem)
         self.client = client
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
         self.collection = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
@@ -45,6 +127,8 @@ class LeaderElector(threading.Thread):
         self.on_started, self.on_stopped = on_started, on_stopped
         self.stop_event = stop
         self.lease_duration, self.renew_deadline, self.retry_period = lease_duration, renew_deadline, retry_period
+        self.attempt_timeout = renew_deadline / 2  # a hung attempt leaves time for another before the deadline
+        self.leadership = leadership or Leadership()
         self.is_leader = threading.Event()
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
@@ -53,15 +137,24 @@ class LeaderElector(threading.Thread):
         now = now_rfc3339(micro=True)
         return {
             "holderIdentity": self.identity,
-            "leaseDurationSeconds": max(1, round(self.lease_duration)),
+            # Rounded up: a candidate waits at least as long as this replica may lead and then some.
+            "leaseDurationSeconds": max(1, math.ceil(self.lease_duration)),
             "acquireTime": acquire_time or now,
             "renewTime": now,
             "leaseTransitions": transitions,
         }
 
-    def try_acquire_or_renew(self) -> bool:
+    def _call(self, method: str, path: str, deadline: float, body: Any = None) -> Any:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ApiError(0, "Timeout", f"{method} {path}: no time left for this attempt")
+        return self.client.request(method, path, body=body, timeout=left)
+
+    def try_acquire_or_renew(self, deadline: float) -> bool:
+        """One attempt at taking or renewing the Lease, every request of it answered before `deadline` (monotonic)
+        or abandoned. False when another candidate holds it or won a race for it."""
         try:
-            lease = self.client.get(self.path)
+            lease = self._call("GET", self.path, deadline)
         except ApiError as exc:
             if exc.status != 404:
                 raise
@@ -72,7 +165,7 @@ class LeaderElector(threading.Thread):
                 "spec": self._spec(None, 0),
             }
             try:
-                self.client.post(self.collection, body)
+                self._call("POST", self.collection, deadline, body)
             except ApiError as create_error:
                 if create_error.status == 409:
                     return False
@@ -91,7 +184,7 @@ class LeaderElector(threading.Thread):
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if mine else 1)
         lease["spec"] = self._spec(spec.get("acquireTime") if mine else None, transitions)
         try:
-            self.client.put(self.path, lease)
+            self._call("PUT", self.path, deadline, lease)
         except ApiError as exc:
             if exc.status == 409:
                 return False
@@ -99,33 +192,55 @@ class LeaderElector(threading.Thread):
         return True
 
     def run(self) -> None:
-        while not self.stop_event.is_set():
-            try:
-                acquired = self.try_acquire_or_renew()
-            except ApiError as exc:
-                log.warning("leader election: %s", exc)
-                acquired = False
-            if acquired:
-                break
-            self.stop_event.wait(self.retry_period)
-        if self.stop_event.is_set():
+        if not self._acquire():
             return
         log.info("leader election: %s became the leader (lease %s/%s)", self.identity, self.namespace, self.name)
         self.is_leader.set()
         self.on_started()
-        last_renewal = time.monotonic()
-        while not self.stop_event.wait(self.retry_period):
-            try:
-                if self.try_acquire_or_renew():
-                    last_renewal = time.monotonic()
-                    continue
-                log.error("leader election: %s lost the lease to another candidate", self.identity)
-            except ApiError as exc:
-                log.warning("leader election: renewing failed: %s", exc)
-                if time.monotonic() - last_renewal < self.renew_deadline:
-                    continue
-                log.error("leader election: could not renew within %.0fs", self.renew_deadline)
-            break
+        self._renew()
+        self.leadership.end()
         self.is_leader.clear()
         if not self.stop_event.is_set():
             self.on_stopped()
+
+    def _acquire(self) -> bool:
+        """Try every `retry_period` until the Lease is ours (True) or `stop` is set (False)."""
+        while not self.stop_event.is_set():
+            started = time.monotonic()
+            try:
+                if self.try_acquire_or_renew(started + self.attempt_timeout):
+                    self.leadership.extend(started + self.renew_deadline)
+                    return True
+            except ApiError as exc:
+                log.warning("leader election: %s", exc)
+            self.stop_event.wait(self.retry_period)
+        return False
+
+    def _renew(self) -> None:
+        """Renew every `retry_period` until the deadline passes without a renewal, the Lease is someone else's, or
+        `stop` is set. An attempt never runs past the deadline, and one answered after it does not count."""
+        leadership = self.leadership
+        while not self.stop_event.wait(min(self.retry_period, max(0.0, leadership.remaining()))):
+            started = time.monotonic()
+            renewed = False
+            if started < leadership.deadline:
+                try:
+                    renewed = self.try_acquire_or_renew(min(started + self.attempt_timeout, leadership.deadline))
+                except ApiError as exc:
+                    log.warning("leader election: renewing failed: %s", exc)
+            if not leadership.holds():
+                log.error(
+                    "leader election: %s could not renew the lease within the renew deadline (%gs); it stopped "
+                    "acting at the deadline",
+                    self.identity,
+                    self.renew_deadline,
+                )
+                return
+            if renewed:
+                leadership.extend(started + self.renew_deadline)
+                continue
+            holder = self._observed[0] if self._observed else ""
+            if holder != self.identity:
+                log.error("leader election: %s lost the lease to %s", self.identity, holder or "another candidate")
+                return
+            # A conflict on our own record (a renewal whose answer was lost moved it on): read it again.

@@ -11,6 +11,8 @@ back: a placement the API server holds stays. The reservation itself is the call
 Every write goes through the asynchronous client on its event loop (`AsyncKubeClient`); nothing here blocks the
 thread that owns the engine. Event and condition messages quote what tenants wrote (a reason, an exception), so each
 is written as `safe_text` makes it: one line of at most `MAX_TEXT_CHARS` characters, control characters escaped.
+The custom scheduler's client is fenced by its leadership: a write still waiting for its turn when the replica stops
+leading is refused unsent (`Fenced`), a Binding among them returned as that error.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, TypeVar
 from kubegpu.core.annotations import ALLOCATION_KEY
 from kubegpu.core.models import PodRequest
 from kubegpu.core.text import safe_text
-from kubegpu.kube.client import ApiError, AsyncKubeClient, now_rfc3339
+from kubegpu.kube.client import ApiError, AsyncKubeClient, Fenced, now_rfc3339
 from kubegpu.scheduler.engine import Decision
 from kubegpu.scheduler.health import Metrics
 
@@ -95,6 +97,9 @@ class Binder:
         key = pod.key
         try:
             await write_placement(self.writer, pod, decision)
+        except Fenced as exc:  # never sent: this replica stopped leading while the Binding waited its turn
+            log.debug("not bound: %s", exc, extra={"pod": key, "node": decision.node})
+            return exc
         except Exception as exc:
             # Any exception: an ApiError, a timeout (asyncio's TimeoutError is not the builtin one before Python
             # 3.11), a bug. A Binding whose answer was lost may have been written: one the API server holds stays.
@@ -147,7 +152,7 @@ class Binder:
         try:
             await self.writer.post(f"/api/v1/namespaces/{pod.namespace}/events", event)
         except ApiError as exc:
-            log.warning("could not write the %s event: %s", reason, exc, extra={"pod": pod.key})
+            _not_written(f"write the {reason} event", exc, pod)
 
     async def report_unschedulable(self, pod: PodRequest, message: str) -> None:
         """kube-scheduler's two signs of a pod that fits nowhere: a `FailedScheduling` Event and the condition
@@ -171,7 +176,7 @@ class Binder:
             path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
             await self.writer.patch(path, condition, strategic=True)
         except ApiError as exc:
-            log.warning("could not set the PodScheduled condition: %s", exc, extra={"pod": pod.key})
+            _not_written("set the PodScheduled condition", exc, pod)
 
     # -- preemption ----------------------------------------------------------------------------------------------
 
@@ -182,7 +187,7 @@ class Binder:
         try:
             await self.writer.patch(path, {"status": {"nominatedNodeName": node}})
         except ApiError as exc:
-            log.warning("could not set nominatedNodeName: %s", exc, extra={"pod": pod.key})
+            _not_written("set nominatedNodeName", exc, pod)
         for victim in victims:
             message = f"Preempted by {pod.namespace}/{pod.name} on node {node}"
             await self.post_event(victim, "Preempted", message, kind="Normal")
@@ -194,4 +199,11 @@ class Binder:
                 )
             except ApiError as exc:
                 if exc.status != 404:
-                    log.warning("could not delete a preemption victim: %s", exc, extra={"pod": victim.key})
+                    _not_written("delete a preemption victim", exc, victim)
+
+
+def _not_written(what: str, error: ApiError, pod: PodRequest) -> None:
+    """A report that could not be written: a warning, or a debug line when it was refused unsent because this
+    replica stopped leading (the process is on its way out, and a backlog may hold thousands)."""
+    level = logging.DEBUG if isinstance(error, Fenced) else logging.WARNING
+    log.log(level, "could not %s: %s", what, error, extra={"pod": pod.key})

@@ -1,5 +1,6 @@
 """kubegpu's own API client: the informers' start-up order and the writer's warm connections, as the scheduler
-relies on them when it (re)starts."""
+relies on them when it (re)starts, and the writer's fence, which keeps a replica that stopped leading from sending
+the writes it had queued."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kubegpu.kube.client import AsyncKubeClient, Credentials, Informer, RateLimiter
+from kubegpu.kube.client import AsyncKubeClient, Credentials, Fenced, Informer, RateLimiter
 
 
 class SlowNodeList:
@@ -107,3 +108,101 @@ def test_warm_opens_the_writers_connections_before_the_first_write() -> None:
     finally:
         writer.close()
         loop.call_soon_threadsafe(loop.stop)
+
+
+class LoopbackApi:
+    """An aiohttp server on its own loop thread that records what reaches it; `/slow` answers after 0.5 s."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.site = asyncio.run_coroutine_threadsafe(self._serve(), self.loop).result(5)
+        self.port = self.site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _serve(self) -> web.TCPSite:
+        async def handle(request: web.Request) -> web.Response:
+            self.seen.append(f"{request.method} {request.path}")
+            if request.path == "/slow":
+                await asyncio.sleep(0.5)
+            return web.json_response({"ok": True})
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return site
+
+    def writer(self, limiter: RateLimiter, fence: Any, connections: int = 4) -> AsyncKubeClient:
+        credentials = Credentials(f"http://127.0.0.1:{self.port}", None, None, None, False, None)
+        return AsyncKubeClient(credentials, limiter, connections=connections, fence=fence)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class Fence:
+    """A deadline the test moves, as the elector moves `Leadership`'s."""
+
+    def __init__(self, seconds: float) -> None:
+        self.until = time.monotonic() + seconds
+
+    def __call__(self) -> float:
+        return self.until - time.monotonic()
+
+
+async def outcome(coroutine: Any) -> str:
+    try:
+        await coroutine
+    except Fenced:
+        return "fenced"
+    return "sent"
+
+
+def test_writes_still_waiting_for_the_rate_limiter_when_the_fence_runs_out_are_never_sent() -> None:
+    """A backlog owed to the rate limiter (5 a second here) drains into refusals once the replica stops leading;
+    reads still go."""
+    api, fence = LoopbackApi(), Fence(60)
+    writer = api.writer(RateLimiter(5, 1), fence)
+    try:
+
+        async def backlog() -> list[str]:
+            fence.until = time.monotonic() + 0.5
+            writes = [outcome(writer.post(f"/write/{n}", {"n": n})) for n in range(5)]  # due at 0, .2, .4, .6, .8 s
+            return await asyncio.gather(*writes, outcome(writer.request("GET", "/read")))
+
+        results = writer.submit(backlog()).result(5)
+        assert results == ["sent", "sent", "sent", "fenced", "fenced", "sent"]
+        assert sorted(api.seen) == ["GET /read", "POST /write/0", "POST /write/1", "POST /write/2"]
+    finally:
+        writer.close()
+        api.close()
+
+
+def test_a_write_waiting_for_a_connection_is_sent_only_while_the_fence_holds() -> None:
+    """With every connection busy, a write waits for one; it goes if the fence was moved on meanwhile (a renewal),
+    and is refused unsent if the fence ran out first: aiohttp never queues it past the check."""
+    api = LoopbackApi()
+    renewed, lapsed = Fence(60), Fence(60)
+    writers = [api.writer(RateLimiter(0, 1), fence, connections=1) for fence in (renewed, lapsed)]
+    try:
+
+        async def behind_a_slow_request(writer: AsyncKubeClient) -> tuple[str, str]:
+            fence = renewed if writer.fence is renewed else lapsed
+            fence.until = time.monotonic() + 0.25  # runs out while the slow request (0.5 s) holds the connection
+            slow = asyncio.ensure_future(outcome(writer.post("/slow", {})))
+            await asyncio.sleep(0.05)
+            return await asyncio.gather(slow, outcome(writer.post("/after", {})))
+
+        pending = [w.submit(behind_a_slow_request(w)) for w in writers]
+        time.sleep(0.1)
+        renewed.until = time.monotonic() + 5
+        assert list(pending[0].result(5)) == ["sent", "sent"]
+        assert list(pending[1].result(5)) == ["sent", "fenced"]
+        assert sorted(api.seen) == ["POST /after", "POST /slow", "POST /slow"]
+    finally:
+        for writer in writers:
+            writer.close()
+        api.close()
