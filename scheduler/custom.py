@@ -20,7 +20,11 @@ its own queue (`queue.py`, after kube-scheduler's). One thread owns the engine a
    preempt again.
 
 With leader election (the default) informers run on every replica, keeping a standby warm, but only the holder of the
-Lease schedules. `/metrics`, `/healthz` and `/readyz` are served on `--metrics-address`.
+Lease schedules, and only until its `Leadership` deadline (`kube/leader.py`): the loop checks it before each pod and
+the writer before sending each write, so the leader stops deciding and binding at the renew deadline whatever its
+renewals and its backlog of writes do; queued writes are then refused unsent, and the process exits. Renewals use a
+client of their own, so they never wait behind the writer's rate limiter. `/metrics`, `/healthz` and `/readyz` are
+served on `--metrics-address`.
 """
 
 from __future__ import annotations
@@ -30,14 +34,13 @@ import logging
 import os
 import signal
 import socket
-import threading
 import time
 from typing import Any
 
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
 from kubegpu.kube.client import ApiError, AsyncKubeClient, KubeClient
-from kubegpu.kube.leader import LeaderElector
+from kubegpu.kube.leader import LeaderElector, Leadership, timing_problem
 from kubegpu.scheduler import liveness
 from kubegpu.scheduler.binder import Binder
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Policy
@@ -63,6 +66,7 @@ class CustomScheduler:
         *,
         name: str,
         leases: liveness.NodeLeases | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
         self.engine = engine
         self.name = name
@@ -80,14 +84,15 @@ class CustomScheduler:
             watch_owners=True,
         )
         self.stop = self.mirror.stop
-        self.leading = threading.Event()
+        # Until when this replica may decide and bind (the elector's; held for good without leader election).
+        self.leadership = leadership or Leadership.unconditional()
         self.exit_code = 0
 
     def run_loop(self) -> None:
         mirror, queue = self.mirror, self.queue
         while not self.stop.is_set():
             mirror.beat()
-            ready = self.leading.is_set() and mirror.ready()
+            ready = self.leadership.holds() and mirror.ready()
             mirror.apply_events(0.0 if ready and queue.active else 0.2)
             with mirror.lock:
                 queue.promote()
@@ -96,9 +101,13 @@ class CustomScheduler:
                     self.schedule_active(BATCH)
 
     def schedule_active(self, limit: int) -> None:
-        """Run the cycle for up to `limit` active pods, by priority then arrival; a pod whose cycle raises costs only
-        itself."""
-        for entry in self.queue.pop_batch(limit):
+        """Run the cycle for up to `limit` active pods, by priority then arrival, while this replica leads; a pod whose
+        cycle raises costs only itself."""
+        batch = self.queue.pop_batch(limit)
+        for done, entry in enumerate(batch):
+            if not self.leadership.holds():
+                self.queue.put_back(batch[done:])
+                return
             try:
                 self._schedule(entry)
             except Exception as exc:
@@ -174,6 +183,10 @@ class CustomScheduler:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
+    problem = timing_problem(args.lease_duration, args.renew_deadline, args.retry_period) if args.leader_elect else None
+    if problem:
+        log.error("%s", problem)
+        return 2
     config = None
     policy: Policy = args.policy or "binpack"
     if args.config:
@@ -186,14 +199,18 @@ def run(args: argparse.Namespace) -> int:
             return 2
     args.scheduler_name = args.scheduler_name or (config and config.scheduler_name) or "kubegpu-scheduler"
     key = read_key(args.allocation_key_file)
+    leadership = Leadership() if args.leader_elect else Leadership.unconditional()
     client = KubeClient.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
-    writer = AsyncKubeClient(client.credentials, client.limiter, connections=args.binders)
+    fence = leadership.remaining if args.leader_elect else None
+    writer = AsyncKubeClient(client.credentials, client.limiter, connections=args.binders, fence=fence)
     writer.warm(args.binders)  # the TLS handshakes happen while the plugins load and the informers list
     plugins = make_plugin_manager("scheduler")
     for failure in plugins.failures:
         log.error("%s", failure)
     engine = Engine(plugins, policy=policy, signing_key=key, scoring=config.profile if config else None)
-    scheduler = CustomScheduler(client, writer, engine, name=args.scheduler_name, leases=liveness.from_args(args))
+    scheduler = CustomScheduler(
+        client, writer, engine, name=args.scheduler_name, leases=liveness.from_args(args), leadership=leadership
+    )
     if config is not None:
         scheduler.queue.initial_backoff, scheduler.queue.max_backoff = config.initial_backoff, config.max_backoff
     scheduler.mirror.start_informers()  # on every replica: a standby keeps its mirror warm
@@ -209,30 +226,29 @@ def run(args: argparse.Namespace) -> int:
 
     def lost() -> None:
         log.error("leadership lost; exiting so that a fresh process can stand by")
-        scheduler.leading.clear()
         scheduler.metrics.leader.set(0)
         scheduler.stop.set()
         scheduler.exit_code = 1
 
-    def started() -> None:
-        scheduler.metrics.leader.set(1)
-        scheduler.leading.set()
-
     if args.leader_elect:
+        # The Lease's own client: its own connection and no rate limiter, so a renewal never waits behind the
+        # writer's backlog (a burst of Bindings and Events can owe the shared limiter tens of seconds).
+        elector_client = KubeClient(client.credentials, connections=1)
         LeaderElector(
-            client,
+            elector_client,
             namespace=args.lease_namespace,
             name=args.lease_name or args.scheduler_name,
             identity=args.identity or f"{socket.gethostname()}_{os.getpid()}",
-            on_started=started,
+            on_started=lambda: scheduler.metrics.leader.set(1),
             on_stopped=lost,
             stop=scheduler.stop,
             lease_duration=args.lease_duration,
             renew_deadline=args.renew_deadline,
             retry_period=args.retry_period,
+            leadership=leadership,
         ).start()
     else:
-        started()
+        scheduler.metrics.leader.set(1)
     scheduler.run_loop()
     server.shutdown()
     writer.close()
@@ -263,9 +279,17 @@ def add_scheduler_parser(sub: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--lease-namespace", default="kube-system", help="namespace of the leader-election Lease")
     parser.add_argument("--lease-name", help="name of the Lease (default: the scheduler name)")
-    parser.add_argument("--lease-duration", type=float, default=15.0, help="seconds (default 15)")
-    parser.add_argument("--renew-deadline", type=float, default=10.0, help="seconds (default 10)")
-    parser.add_argument("--retry-period", type=float, default=2.0, help="seconds (default 2)")
+    parser.add_argument(
+        "--lease-duration", type=float, default=15.0, help="seconds a standby waits for a silent leader (default 15)"
+    )
+    parser.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=10.0,
+        help="seconds after its last renewal began at which a leader stops binding; shorter than --lease-duration "
+        "(default 10)",
+    )
+    parser.add_argument("--retry-period", type=float, default=2.0, help="seconds between renewals (default 2)")
     parser.add_argument("--identity", help="leader-election identity (default: hostname_pid)")
     parser.add_argument(
         "--metrics-address", default="0.0.0.0:10261", help="HOST:PORT for /metrics, /healthz, /readyz (port 0: any)"

@@ -229,6 +229,11 @@ class SchedulingQueue:
             keys = list(itertools.islice(self.active, limit))
         return [self.active.pop(key) for key in keys]
 
+    def put_back(self, entries: list[Entry]) -> None:
+        """Popped pods that were not tried (the replica stopped leading mid-batch): active again, as they were."""
+        for entry in entries:
+            self.active.setdefault(entry.key, entry)
+
     def backoff_for(self, attempts: int) -> float:
         return min(self.max_backoff, self.initial_backoff * (1 << min(30, max(0, attempts - 1))))
 

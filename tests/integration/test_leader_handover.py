@@ -1,0 +1,194 @@
+"""Two `kubegpu scheduler` replicas on the real API server: at no time do both bind, whatever the write backlog.
+
+The story each test tells: a tenant creates a few hundred pods no node can take (each costs the leader a
+`FailedScheduling` Event and a `PodScheduled=False` patch, written at `--kube-api-qps 50`), then device pods the
+cluster has room for. The writer's backlog grows to many seconds. The Lease must stay with the leader through it,
+and when the leader really stops (paused here with SIGSTOP, as a starved or frozen process is), the Bindings it had
+queued must never reach the API server after the standby took the Lease.
+
+"Both act" is read from the API server itself: a watch records the resourceVersion at which each pod was bound and
+at which the Lease changed hands (etcd orders every write in one sequence, so those versions compare), and the
+replicas' logs say which of them posted each Binding. The Lease is shortened (4 s, renew deadline 3 s) to keep the
+tests short; the backlog is several times longer than the lease.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import urllib3
+
+from .cluster import Cluster, wait_for
+from .conftest import SchedulerProcess
+from .test_scheduler import P3, bound, devices_by_node
+
+NAME = "ha-burst"
+NODES, GPUS = 4, 8
+FITTING = 40  # one-GPU pods: NODES * GPUS of them fit
+LEASE = ["--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5"]
+BOUND = re.compile(r'msg=(?:bound|"bound \(the answer was lost\)") pod=(\S+)')
+
+
+class Recorder:
+    """Watches the namespace's pods and Leases: the resourceVersion (and the time) at which each pod was first seen
+    bound, and every change of the Lease's holder."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster, self.namespace = cluster, namespace
+        self.bound: dict[str, tuple[int, float]] = {}  # pod name -> (resourceVersion, monotonic time seen)
+        self.holders: list[tuple[int, float, str]] = []  # (resourceVersion, monotonic time seen, holder)
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._watch, args=(f"/api/v1/namespaces/{namespace}/pods", self._pod), daemon=True),
+            threading.Thread(
+                target=self._watch,
+                args=(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases", self._lease),
+                daemon=True,
+            ),
+        ]
+
+    def __enter__(self) -> Recorder:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+
+    def _watch(self, path: str, record: Any) -> None:
+        items, version = self.cluster.client.list(path)
+        for item in items:
+            record(item)
+        while not self.stop.is_set():
+            for event in self.cluster.client.watch(path, version, timeout=5):
+                obj = event["object"]
+                version = obj["metadata"]["resourceVersion"]
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    record(obj)
+                if self.stop.is_set():
+                    return
+
+    def _pod(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        if pod["spec"].get("nodeName") and name not in self.bound:
+            self.bound[name] = (int(pod["metadata"]["resourceVersion"]), time.monotonic())
+
+    def _lease(self, lease: dict[str, Any]) -> None:
+        holder = lease["spec"].get("holderIdentity") or ""
+        if not self.holders or self.holders[-1][2] != holder:
+            self.holders.append((int(lease["metadata"]["resourceVersion"]), time.monotonic(), holder))
+
+
+def bindings_by(replica: SchedulerProcess) -> set[str]:
+    return {key.split("/", 1)[1] for key in BOUND.findall(replica.output())}
+
+
+def assert_never_both_bound(recorder: Recorder, one: SchedulerProcess, two: SchedulerProcess) -> None:
+    """Every Binding a replica posted was stored while the Lease named that replica."""
+    assert recorder.holders, "the watch never saw the Lease"
+    for replica, identity in ((one, "one"), (two, "two")):
+        late = []
+        for pod in bindings_by(replica):
+            version, seen = recorder.bound[pod]
+            earlier = [change for change in recorder.holders if change[0] <= version]
+            if not earlier or earlier[-1][2] != identity:
+                since = f"{seen - earlier[-1][1]:.1f}s after {earlier[-1][2]} took the Lease" if earlier else "unled"
+                late.append(f"{pod} ({since})")
+        assert not late, f"{identity} bound {len(late)} pods while it did not hold the Lease: {sorted(late)[-5:]}"
+
+
+def create_burst(cluster: Cluster, namespace: str, unschedulable: int) -> None:
+    """The tenant's pods that fit nowhere (9 GPUs on 8-GPU nodes), then the device pods the cluster has room for."""
+    for i in range(unschedulable):
+        cluster.create_pod(namespace, f"big-{i:04d}", {"main": {"nvidia.com/gpu": 9}}, scheduler=NAME)
+    for i in range(FITTING):
+        cluster.create_pod(namespace, f"gpu-{i:02d}", {"main": {"nvidia.com/gpu": 1}}, scheduler=NAME)
+
+
+def assert_no_device_held_twice(cluster: Cluster, namespace: str) -> None:
+    placed = bound(cluster, namespace)
+    for node, devices in devices_by_node(placed).items():
+        doubles = [d for d, n in devices.items() if n > 1]
+        assert not doubles, f"{node}: devices held by two pods: {doubles}"
+
+
+@pytest.fixture
+def replicas(cluster: Cluster, namespace: str, start_scheduler: Any) -> Iterator[tuple[SchedulerProcess, ...]]:
+    for i in range(NODES):
+        cluster.create_ready_node(f"p3-ha-{i}", labels=P3, allocatable={"nvidia.com/gpu": GPUS})
+    timing = ["--lease-namespace", namespace, *LEASE]
+    one = start_scheduler(NAME, *timing, "--identity", "one")
+    one.wait_logged("became the leader")
+    two = start_scheduler(NAME, *timing, "--identity", "two")
+    http = urllib3.PoolManager()
+    wait_for(
+        lambda: http.request("GET", f"http://127.0.0.1:{two.metrics_port}/readyz", retries=False).status == 200,
+        30,
+        "the standby's informers to list the cluster",
+    )
+    yield one, two
+    one.process.send_signal(signal.SIGCONT)  # a paused replica could not handle the fixture's SIGTERM
+
+
+def test_a_burst_of_writes_neither_moves_the_lease_nor_lets_two_replicas_bind(
+    cluster: Cluster, namespace: str, replicas: tuple[SchedulerProcess, SchedulerProcess]
+) -> None:
+    """About 800 writes owed to the rate limiter (16 s at 50 a second, four lease durations): the leader's
+    renewals do not queue behind them, so the Lease stays where it is and the standby never binds."""
+    one, two = replicas
+    with Recorder(cluster, namespace) as recorder:
+        create_burst(cluster, namespace, unschedulable=400)
+        wait_for(lambda: len(bound(cluster, namespace)) >= NODES * GPUS, 120, "the device pods to be bound")
+
+        def reported() -> bool:
+            pods = cluster.pods(namespace)
+            return all(any(c["type"] == "PodScheduled" for c in p["status"].get("conditions") or []) for p in pods)
+
+        wait_for(reported, 120, "every pod's PodScheduled condition (the burst written out)")
+    assert_never_both_bound(recorder, one, two)
+    assert_no_device_held_twice(cluster, namespace)
+    lease = cluster.client.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{NAME}")
+    assert lease["spec"]["holderIdentity"] == "one", f"the burst moved the Lease: {recorder.holders}"
+    assert lease["spec"].get("leaseTransitions", 0) == 0
+    assert "became the leader" not in two.output()
+    assert one.process.poll() is None, one.output()[-2000:]
+
+
+def test_a_paused_leader_never_posts_its_queued_bindings_after_the_standby_took_over(
+    cluster: Cluster, namespace: str, replicas: tuple[SchedulerProcess, SchedulerProcess]
+) -> None:
+    """The leader decides every device pod, its Bindings queued behind the burst's writes, and is frozen for longer
+    than the lease. The standby takes over and binds; when the old leader resumes, its queue is refused unsent,
+    and it exits."""
+    one, two = replicas
+    http = urllib3.PoolManager()
+
+    def decided_by_one() -> float:
+        text = http.request("GET", f"http://127.0.0.1:{one.metrics_port}/metrics").data.decode()
+        found = re.search(r'kubegpu_scheduler_schedule_attempts_total\{result="scheduled"\} (\S+)', text)
+        return float(found.group(1)) if found else 0.0
+
+    with Recorder(cluster, namespace) as recorder:
+        create_burst(cluster, namespace, unschedulable=500)
+        wait_for(lambda: decided_by_one() >= NODES * GPUS, 60, "the leader to decide every device pod")
+        one.process.send_signal(signal.SIGSTOP)
+        try:
+            queued = NODES * GPUS - len(bound(cluster, namespace))
+            assert queued > 0, "every Binding landed before the pause: the backlog was too short to test anything"
+            wait_for(lambda: recorder.holders and recorder.holders[-1][2] == "two", 30, "the standby to take over")
+        finally:
+            one.process.send_signal(signal.SIGCONT)
+        wait_for(lambda: one.process.poll() is not None, 30, "the old leader to exit")
+        wait_for(lambda: len(bound(cluster, namespace)) >= NODES * GPUS, 60, "the device pods to be bound")
+        wait_for(lambda: len(recorder.bound) >= NODES * GPUS, 10, "the watch to see every Binding")
+    assert_never_both_bound(recorder, one, two)
+    assert_no_device_held_twice(cluster, namespace)
+    assert one.process.returncode == 1
+    assert "stopped acting at the deadline" in one.output() or "lost the lease" in one.output()
+    assert bindings_by(two), "the standby bound nothing after taking over"

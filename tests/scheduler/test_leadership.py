@@ -1,0 +1,112 @@
+"""The custom scheduler decides and binds only while it leads (`kubegpu.kube.leader.Leadership`).
+
+As in test_service_guards.py, the scheduler runs without a cluster. Its leadership is a deadline the elector moves;
+here the tests set it, as a lapse would leave it: a replica past its deadline decides nothing, keeps its pods for the
+next leader, and a Binding refused unsent by the fenced writer is rolled back without asking the API server about it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from kubegpu.cli import main
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.testing import node_manifest
+from kubegpu.kube.client import Fenced
+from kubegpu.kube.leader import Leadership
+from kubegpu.scheduler.custom import CustomScheduler
+from kubegpu.scheduler.engine import Engine
+
+from . import toy_plugin as toy
+from .test_service_guards import KEY, RecordingWriter, pod, schedule_all
+
+
+class LapsingLeadership(Leadership):
+    """Holds for the first `checks` reads, then lapses (as the deadline passing mid-batch does)."""
+
+    def __init__(self, checks: int) -> None:
+        super().__init__(time.monotonic() + 60)
+        self.checks = checks
+
+    def holds(self) -> bool:
+        self.checks -= 1
+        return self.checks >= 0
+
+
+class FencedWriter(RecordingWriter):
+    """A writer whose fence has run out: every write is refused unsent, as `AsyncKubeClient` refuses it."""
+
+    async def request(self, method: str, path: str, body: Any = None, content_type: str = "") -> Any:
+        if method == "GET":
+            self.writes.append((method, path, body))
+            return {}
+        raise Fenced(method, path)
+
+
+def service(leadership: Leadership, writer: RecordingWriter | None = None) -> CustomScheduler:
+    plugins = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
+    svc = CustomScheduler(
+        None,  # type: ignore[arg-type]
+        writer or RecordingWriter(),  # type: ignore[arg-type]
+        Engine(plugins, signing_key=KEY),
+        name="kubegpu",
+        leadership=leadership,
+    )
+    node = node_manifest("n1", labels={"toy.example/cards": "4"}, allocatable={"toy.example/card": 4})
+    svc.mirror.on_nodes("SYNC", [node])
+    return svc
+
+
+def bindings(svc: CustomScheduler) -> list[str]:
+    return svc.binder.writer.bindings()  # type: ignore[attr-defined,no-any-return]
+
+
+def test_a_replica_past_its_deadline_decides_nothing_and_keeps_its_pods() -> None:
+    svc = service(Leadership())  # never led, or its deadline passed
+    svc.mirror.on_pods("SYNC", [pod("a"), pod("b")])
+    schedule_all(svc)
+    assert bindings(svc) == [] and svc.binder.writer.writes == []  # type: ignore[attr-defined]
+    assert set(svc.queue.active) == {"default/a", "default/b"}
+    assert list(svc.engine.placements(["default/a", "default/b"])) == []
+    svc.leadership.extend(time.monotonic() + 10)  # the Lease taken (again, by a fresh process in practice)
+    schedule_all(svc)
+    assert sorted(bindings(svc)) == ["a", "b"]
+
+
+def test_a_deadline_passing_mid_batch_leaves_the_untried_pods_queued() -> None:
+    svc = service(LapsingLeadership(checks=2))
+    svc.mirror.on_pods("SYNC", [pod(name) for name in ("a", "b", "c", "d")])
+    schedule_all(svc)
+    assert bindings(svc) == ["a", "b"]
+    assert set(svc.queue.active) == {"default/c", "default/d"}, "the untried pods must wait for the next leader"
+
+
+def test_without_leader_election_the_scheduler_always_acts() -> None:
+    svc = service(Leadership.unconditional())
+    svc.mirror.on_pods("SYNC", [pod("a")])
+    schedule_all(svc)
+    assert bindings(svc) == ["a"]
+
+
+def test_a_binding_refused_unsent_is_rolled_back_without_reading_the_pod() -> None:
+    """A Binding whose answer was lost is read back before anyone rolls it back; one the fence refused was never
+    sent, so it is rolled back at once (no GET behind a backlog of writes)."""
+    writer = FencedWriter()
+    svc = service(Leadership.unconditional(), writer)
+    svc.mirror.on_pods("SYNC", [pod("a", cards=4)])
+    schedule_all(svc)
+    assert writer.writes == [], "the pod was read back after a Binding that was never sent"
+    assert list(svc.engine.placements(["default/a"])) == [], "the reservation was kept"
+    assert any(entry.key == "default/a" for entry in svc.queue.backoff)
+    value = svc.metrics.registry.get_sample_value("kubegpu_scheduler_bind_errors_total")
+    assert not value
+
+
+def test_timings_without_a_margin_stop_the_scheduler_before_it_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    """A renew deadline as long as the lease would let a standby take over while the leader still binds."""
+    argv = ["scheduler", "--allocation-key-file", "/nonexistent", "--lease-duration", "10", "--renew-deadline", "10"]
+    assert main(argv) == 2
+    assert "--renew-deadline (10s) must be shorter than --lease-duration (10s)" in capsys.readouterr().err
