@@ -4,14 +4,21 @@ command line (`parse_interval`).
 The scheduler, the extender, the CRI shim and the advertiser all log one greppable line per record with `pod=` and
 `node=` fields, each value one line of at most `MAX_TEXT_CHARS` characters with its control characters escaped
 (`safe_text`: a tenant's text can neither forge a line nor fill the log; a traceback may take `MAX_TRACEBACK_CHARS`).
-The first three read the HMAC key that signs and verifies `kubegpu.io/allocation` from a file, so the scheduler side
-and the node side must read it byte for byte alike.
+The scheduler side (scheduler, extender, `kubegpu top`) and the node side (CRI shim, device plugin) read the HMAC key
+that signs and verifies `kubegpu.io/allocation` from a file with `read_key`, so both read it byte for byte alike.
+
+The key file's format (`key_from_file`): a file that is one line of text, printable ASCII (0x20-0x7e) followed by
+nothing but CR and LF bytes, holds that text as the key, line end dropped (`head -c 32 /dev/urandom | base64 > FILE`,
+or a Secret made `--from-literal`); any other file holds its bytes, all of them, as the key (`head -c 32
+/dev/urandom > FILE`, whose last byte is a newline's once in 128). A raw key loses bytes to this rule only when it
+ends in CR or LF and all its other bytes are printable: about once in 10^15 random 32-byte keys, and then every
+process reads the same shorter key (refused when under 32 bytes).
 
 Whoever holds the key can sign an allocation that any node's shim obeys, so a key that is easy to guess is refused:
-fewer than `MIN_KEY_BYTES` (32) bytes once a trailing newline is stripped, a blank one, or the placeholder of the
-shipped `secret.yaml`. The file is read without trusting it either: a regular file of at most `MAX_KEY_FILE_BYTES`
-(64 KiB), opened without blocking on a FIFO, so `/dev/zero` or a pipe is refused rather than read forever; a file that
-group or others may read is accepted with a warning.
+fewer than `MIN_KEY_BYTES` (32) bytes, a blank one, or the placeholder of the shipped `secret.yaml`. The file is
+read without trusting it either: a regular file of at most `MAX_KEY_FILE_BYTES` (64 KiB), opened without blocking
+on a FIFO, so `/dev/zero` or a pipe is refused rather than read forever; a file that group or others may read is
+accepted with a warning.
 """
 
 from __future__ import annotations
@@ -26,10 +33,19 @@ import time
 
 from kubegpu.core.text import MAX_TEXT_CHARS, safe_text
 
-__all__ = ["MAX_KEY_FILE_BYTES", "MIN_KEY_BYTES", "LogfmtFormatter", "configure_logging", "parse_interval", "read_key"]
+__all__ = [
+    "MAX_KEY_FILE_BYTES",
+    "MIN_KEY_BYTES",
+    "LogfmtFormatter",
+    "configure_logging",
+    "key_from_file",
+    "parse_interval",
+    "read_key",
+]
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_TEXT_KEY = re.compile(rb"([\x20-\x7e]+)[\r\n]*")
 
 MIN_KEY_BYTES = 32
 MAX_KEY_FILE_BYTES = 64 * 1024
@@ -73,8 +89,16 @@ def configure_logging(level: str) -> None:
     root.setLevel(level.upper())
 
 
+def key_from_file(data: bytes) -> bytes:
+    """The key a key file's bytes hold: one line of printable ASCII without its line end, else all the bytes."""
+    text = _TEXT_KEY.fullmatch(data)
+    if text is not None:
+        return text.group(1)
+    return b"" if not data.strip(b"\r\n") else data
+
+
 def read_key(path: str) -> bytes:
-    """The HMAC key shared with the CRI shim: the file's bytes without a trailing newline.
+    """The HMAC key shared by the scheduler side and the node side, in the format `key_from_file` reads.
 
     Exits (`SystemExit` with a one-line reason) unless the file is a regular file of at most `MAX_KEY_FILE_BYTES`
     holding at least `MIN_KEY_BYTES` that are neither blank nor the shipped placeholder.
@@ -90,7 +114,7 @@ def read_key(path: str) -> bytes:
         raise SystemExit(f"kubegpu: cannot read the allocation key file {path}: {exc.strerror}") from None
     if len(data) > MAX_KEY_FILE_BYTES:
         raise SystemExit(f"kubegpu: the allocation key file {path} is larger than {MAX_KEY_FILE_BYTES} bytes")
-    key = data.rstrip(b"\r\n")
+    key = key_from_file(data)
     if not key:
         raise SystemExit(f"kubegpu: the allocation key file {path} is empty; {_HOW_TO_CREATE}")
     if not key.strip():

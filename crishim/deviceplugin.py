@@ -22,31 +22,56 @@ plugin that names device ids for it (`kubegpu_device_plugin_ids`): one socket pe
   a new `kubelet.sock`. The process checks once a second whether its sockets are still there and whether
   `kubelet.sock` is a new file; if not, it serves on fresh sockets and registers again.
 
-Which pod is being admitted: the kubelet's device manager does not say. GetPreferredAllocation gets the available ids
-and a count; Allocate gets the ids. Both are matched against the pods on this node (one LIST of the API server's pods
-with `spec.nodeName` = this node, made at GetPreferredAllocation, and again at Allocate when its ids name no known
-allocation) that are bound, not running or finished, not being deleted, and carry a verified allocation. The pod
-being admitted is taken to be the first such pod, in the kubelet's own admission order (creation time, then the
-scheduler's `issued` stamp), with a container whose allocation of the resource has exactly the requested count, has
-not been allocated by this process yet, and whose ids are all available; containers are taken in the kubelet's order
-(init containers, then containers).
+Which pod is being admitted: the kubelet's device manager does not say. It admits pods one at a time, in the order
+they reach it (a batch, such as the pods found at its start, in creation order), and allocates each container's
+devices in turn (init containers, then containers): GetPreferredAllocation gets the available ids and a count,
+Allocate gets the ids. Both are matched against the pods on this node (one LIST of the API server's pods with
+`spec.nodeName` = this node, made at GetPreferredAllocation, and again at Allocate when its ids name no known
+allocation) that are bound, not running or finished, not being deleted, and request some resource: those with a
+verified allocation and those without (kubegpu did not place them, or their allocation failed a check). For each
+such pod, the container it would be allocated next is the first one requesting the resource that this process has
+not answered for; a pod is a possible match for a call when that container asks exactly the call's count.
+
+* GetPreferredAllocation answers the signed ids of the first possible match, in creation order (then the
+  scheduler's `issued` stamp), whose ids are all available; nothing when a possible match has no verified
+  allocation of the resource: the kubelet must never be steered onto a placed pod's devices for a pod that may be
+  another.
+* Allocate is answered from the possible match whose verified ids are exactly the requested ones (or, for an app
+  container, an init container's of the same pod, which the kubelet hands on), and only when no possible match
+  lacks a verified allocation. Otherwise the call is refused (`missing`: no allocation names these ids;
+  `ambiguous`: a pod kubegpu did not place asks the same count and may be the one admitted), and the kubelet fails
+  the pod's admission with the message. A pod without a verified allocation never gets anything of kubegpu's.
+* Settling: the kubelet writes a pod it refused as Failed a moment after refusing it, and may already be admitting
+  the next. While both a placed pod and one kubegpu did not place are possible matches, both calls list the pods
+  again every 0.2 s for up to 2 s, so that the placed pod admitted right after a refused one gets its devices.
 
 Races, and what happens:
 
-* Two pods on one node pending at once, asking the same count of the same resource, admitted by the kubelet in the
-  other order (rare: it sorts new pods by creation time too): each gets the other's devices. Both sets were valid
-  sets for this node, and Allocate hands each container exactly the ids the kubelet recorded, so no device is given
-  twice; but the scheduler's record names the other pod. The swap is logged (`allocated pod X's devices ...`), and
-  the PodResources publication (`podresources.py`) makes the ledger count what the kubelet really allocated.
+* A pod kubegpu did not place pending at the same time as a placed pod with the same count, the first still
+  pending after the settling time (its admission is the call being answered, or it reached the kubelet later):
+  the call is refused, whichever pod it is for; the placed pod fails admission if the call was its own (its
+  controller, if any, creates it again). Never a device of the placed pod's for the other.
+* Two placed pods on one node pending at once, asking the same count of the same resource, admitted by the kubelet
+  in the other order (a pod bound later but created earlier, and both waiting for the kubelet): each gets the
+  other's signed devices. Both sets were signed for this node, Allocate hands each container exactly the ids the
+  kubelet recorded, and no device is given twice, but the scheduler's record names the other pod; nothing in the
+  device plugin API tells the two apart. The PodResources publication (`podresources.py`) makes the ledger count
+  what the kubelet really allocated.
 * The pod's allocation is not yet visible (the kubelet saw the binding first): GetPreferredAllocation lists pods
   again; if it still finds nothing it answers no preference, the kubelet picks ids itself, and Allocate refuses them
   unless they happen to be the scheduler's.
 * A pod whose preferred ids are no longer all available (a device went unhealthy, or the kubelet still counts a
   finished pod's devices): no preference, and Allocate refuses ids the scheduler did not sign.
 
+What the mode cannot do: the env a tenant writes in a container (`NVIDIA_VISIBLE_DEVICES=all` in the pod spec, an
+`envFrom`, or the image's own `ENV`) reaches the runtime untouched; a device plugin only adds to a container. The
+CRI shim removes it (T8 in docs/security.md); here the cluster must refuse it: `examples/deploy/admission/` and
+docs/security.md (T22) say how.
+
 Pods kubegpu did not place (bound by another scheduler, or with `spec.nodeName` written by hand) are refused by
 default, as above. With `--foreign-pods allow`, Allocate grants such a pod the ids the kubelet chose (the kubelet
-still never hands one id to two pods; GetPreferredAllocation states no preference for them), and answers what the
+still never hands one id to two pods; GetPreferredAllocation states no preference for them; an `ambiguous` call is
+answered this way too, whichever pod it is for), and answers what the
 owning plugin applies for those ids without any allocation fields (whole devices: device nodes and env; NeuronCores,
 which need the scheduler's `coresPerDevice`, are still refused). The ids those pods hold reach the scheduler
 through the advertiser's PodResources publication (`podresources.py`), so kubegpu places nothing else on them. Use it
@@ -100,6 +125,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("kubegpu.deviceplugin")
+
+SETTLE_INTERVAL = 0.2  # seconds between listings while a pod kubegpu did not place may be the one being admitted
 
 IDS_HOOK = "kubegpu_device_plugin_ids"
 EDIT_HOOK = "kubegpu_device_edit_container"
@@ -182,15 +209,34 @@ class Inventory:
 
 @dataclass
 class Candidate:
-    """A pod bound to this node, not started, with a verified allocation; `order` is its containers' admission order."""
+    """A pod bound to this node and not started, that requests some resource: `record` is its verified allocation,
+    None when it has none (kubegpu did not place it, or its allocation failed a check: `unverified` says which);
+    `order` is its containers' admission order and `requests` what each asks (None: a count that cannot be read)."""
 
     pod: PodIdentity
     created: str
-    record: AllocationRecord
+    record: AllocationRecord | None
     order: list[str]
+    requests: dict[str, dict[str, int | None]]
+    unverified: str = ""
 
     def ids(self, container: str, resource: str) -> list[str]:
+        if self.record is None:
+            return []
         return list(self.record.containers.get(container, {}).get(resource, []))
+
+
+@dataclass(frozen=True)
+class Slot:
+    """The container of a pending pod that the kubelet allocates `resource` for next, if it admits that pod now."""
+
+    candidate: Candidate
+    container: str
+    count: int | None  # None: any count
+    ids: tuple[str, ...]  # the verified ids; () when the pod has no verified allocation of them
+
+    def fits(self, size: int) -> bool:
+        return self.count is None or self.count == size
 
 
 @dataclass
@@ -211,50 +257,146 @@ class PendingPods:
         for pod in pods:
             metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
             phase = (pod.get("status") or {}).get("phase")
+            if metadata.get("deletionTimestamp") or phase not in (None, "Pending"):
+                continue
+            containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+            requests = {str(c.get("name", "")): _requests(c) for c in containers}
             text = (metadata.get("annotations") or {}).get(ALLOCATION_KEY)
-            if text is None or metadata.get("deletionTimestamp") or phase not in (None, "Pending"):
-                continue
+            if text is None and not any(requests.values()):
+                continue  # asks for no device: the kubelet never calls a device plugin for it
             identity = PodIdentity(metadata.get("namespace", ""), metadata.get("name", ""), metadata.get("uid", ""))
-            try:
-                record = verified_allocation(str(text), key=self.key, node=self.node, pod=identity)
-            except AllocationRefused as refused:
-                log.warning("pod %s: allocation ignored: %s", identity.key, refused, extra={"reason": refused.check})
-                continue
-            order = [c.get("name", "") for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]]
-            candidates.append(Candidate(identity, str(metadata.get("creationTimestamp", "")), record, order))
-        candidates.sort(key=lambda c: (c.created, c.record.issued, c.pod.key))
+            record, unverified = None, f"no {ALLOCATION_KEY}"
+            if text is not None:
+                try:
+                    record = verified_allocation(str(text), key=self.key, node=self.node, pod=identity)
+                except AllocationRefused as refused:
+                    log.warning(
+                        "pod %s: allocation ignored: %s", identity.key, refused, extra={"reason": refused.check}
+                    )
+                    unverified = f"its {ALLOCATION_KEY} failed the {refused.check} check"
+            created = str(metadata.get("creationTimestamp", ""))
+            candidates.append(Candidate(identity, created, record, list(requests), requests, unverified))
+        candidates.sort(key=lambda c: (c.created, c.record.issued if c.record else 0, c.pod.key))
         with self.lock:
             self.candidates = candidates
             live = {c.pod.uid for c in candidates}
             self.allocated = {entry for entry in self.allocated if entry[0] in live}
 
+    def _slots(self, resource: str, size: int) -> list[Slot]:
+        """For each pending pod, in the kubelet's admission order, the container it would allocate `size` of
+        `resource` for next (init containers, then containers; the ones this process answered for are done)."""
+        slots = []
+        for candidate in self.candidates:
+            for container in candidate.order:
+                ids = candidate.ids(container, resource)
+                count = candidate.requests[container].get(resource, len(ids) if ids else 0)
+                if count == 0 or (candidate.pod.uid, container, resource) in self.allocated:
+                    continue
+                slot = Slot(candidate, container, count, tuple(ids) if count in (None, len(ids)) else ())
+                if slot.fits(size):
+                    slots.append(slot)
+                break
+        return slots
+
+    def settle(self, resource: str, size: int, budget: float) -> None:
+        """While a pod kubegpu did not place and one it placed both ask `size` of `resource` next, list the pods again
+        every `SETTLE_INTERVAL` for at most `budget` seconds. The kubelet writes a pod whose admission failed as
+        Failed within moments: the pod admitted after it must not be refused because it still looked pending."""
+        deadline = time.monotonic() + budget
+        while True:
+            with self.lock:
+                slots = self._slots(resource, size)
+            if all(slot.ids for slot in slots) or not any(slot.ids for slot in slots):
+                return
+            if time.monotonic() + SETTLE_INTERVAL > deadline:
+                return
+            time.sleep(SETTLE_INTERVAL)
+            try:
+                self.refresh()
+            except ConnectionError:
+                return
+
     def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
-        """The ids the scheduler signed for the next container the kubelet admits, or [] when none fits."""
+        """The ids the scheduler signed for the next container the kubelet admits, or [] when none fits, or when a
+        pod kubegpu did not place could be the one being admitted (it must not be steered onto another's ids)."""
         free = set(available) | set(must_include)
         with self.lock:
-            for candidate in self.candidates:
-                for container in candidate.order:
-                    ids = candidate.ids(container, resource)
-                    if not ids or (candidate.pod.uid, container, resource) in self.allocated:
-                        continue
-                    if len(ids) == size and free.issuperset(ids) and set(must_include) <= set(ids):
-                        return ids
+            slots = self._slots(resource, size)
+            if any(not slot.ids for slot in slots):
+                return []
+            for slot in slots:
+                if free.issuperset(slot.ids) and set(must_include) <= set(slot.ids):
+                    return list(slot.ids)
         return []
 
     def claim(self, resource: str, ids: Sequence[str]) -> tuple[Candidate, str] | None:
-        """The pod container whose verified allocation of `resource` is exactly `ids` (not yet allocated first)."""
+        """The pod container whose verified allocation of `resource` is exactly `ids`, now marked allocated; None
+        when no pending pod's is.
+
+        Raises `AllocationRefused` (`ambiguous`) when a pending pod without a verified allocation of `resource` asks
+        the same count: the kubelet does not say which pod it admits, and that pod must never get another's
+        signed devices, so neither gets any until it has left the pending pods (refused, started or deleted).
+        An app container given its init container's ids (the kubelet reuses them) gets that container's answer.
+        """
         wanted = sorted(ids)
         with self.lock:
-            found: tuple[Candidate, str] | None = None
-            for candidate in self.candidates:
-                for container in candidate.order:
-                    if sorted(candidate.ids(container, resource)) != wanted:
-                        continue
-                    if (candidate.pod.uid, container, resource) not in self.allocated:
-                        self.allocated.add((candidate.pod.uid, container, resource))
-                        return candidate, container
-                    found = found or (candidate, container)
-            return found
+            slots = self._slots(resource, len(wanted))
+            match = next((slot for slot in slots if sorted(slot.ids) == wanted), None)
+            if match is None:
+                match = self._reused(slots, resource, wanted)
+            if match is None:
+                return None
+            unplaced = [slot for slot in slots if not slot.ids]
+            if unplaced:
+                raise AllocationRefused("ambiguous", _ambiguous(resource, wanted, match, unplaced))
+            self.allocated.add((match.candidate.pod.uid, match.container, resource))
+            for container in match.candidate.order:
+                if sorted(match.candidate.ids(container, resource)) == wanted:
+                    return match.candidate, container
+            return match.candidate, match.container
+
+    def _reused(self, slots: list[Slot], resource: str, wanted: list[str]) -> Slot | None:
+        """The slot of a pod one of whose allocated init containers holds exactly `wanted` (the kubelet hands an
+        init container's devices on to the containers that follow it)."""
+        for slot in slots:
+            uid = slot.candidate.pod.uid
+            for container in slot.candidate.order:
+                done = (uid, container, resource) in self.allocated
+                if done and sorted(slot.candidate.ids(container, resource)) == wanted:
+                    return slot
+        return None
+
+
+def _requests(container: Mapping[str, Any]) -> dict[str, int | None]:
+    """What a container asks of each resource, as the kubelet's device manager reads it (limits; requests where
+    no limit is given); None for a count that is not a whole number."""
+    resources = container.get("resources") or {}
+    asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    counts: dict[str, int | None] = {}
+    for resource, quantity in asked.items():
+        if "/" not in str(resource):
+            continue  # cpu, memory, ephemeral-storage, hugepages-*: never a device plugin's
+        text = str(quantity).strip()
+        counts[str(resource)] = int(text) if text.isascii() and text.isdigit() and len(text) < 10 else None
+    return {r: n for r, n in counts.items() if n != 0}
+
+
+def _unplaced_because(slot: Slot, resource: str) -> str:
+    if slot.candidate.record is None:
+        return slot.candidate.unverified
+    return f"its {ALLOCATION_KEY} signs no {slot.count} {resource} for container {slot.container}"
+
+
+def _ambiguous(resource: str, ids: Sequence[str], match: Slot, unplaced: Sequence[Slot]) -> str:
+    others = ", ".join(f"{s.candidate.pod.key} ({_unplaced_because(s, resource)})" for s in unplaced[:3])
+    more = f" and {len(unplaced) - 3} more" if len(unplaced) > 3 else ""
+    return (
+        f"{resource} {','.join(ids)}: these are the devices the scheduler signed for pod {match.candidate.pod.key}, "
+        f"but pod {others}{more} is pending on this node too, asks the same count, and may be the one the kubelet "
+        "is admitting; the kubelet does not say which, so neither gets devices while both are pending. Pods "
+        "requesting kubegpu resources must be scheduled by kubegpu (its scheduler, or kube-scheduler with the "
+        "kubegpu extender), not placed with spec.nodeName"
+    )
 
 
 def allocate_response(
@@ -268,6 +410,8 @@ def allocate_response(
 ) -> Any:
     """The ContainerAllocateResponse for one container: what the CRI shim would add to it for these ids."""
     record = candidate.record
+    if record is None:  # `claim` matches verified allocations only
+        raise AllocationRefused("missing", f"pod {candidate.pod.key} has no verified {ALLOCATION_KEY}")
     shares = record.shares.get(container, {})
     allocation = ContainerAllocation(
         pod_uid=record.podUID,
@@ -357,10 +501,12 @@ class ResourcePlugin:
         responses = []
         for entry in request.container_requests:
             available, included = list(entry.available_deviceIDs), list(entry.must_include_deviceIDs)
+            pods.settle(self.resource, entry.allocation_size, self.service.settle_seconds)
             ids = pods.preferred(self.resource, available, included, entry.allocation_size)
             if not ids:
                 log.warning(
-                    "no pending pod on this node has a verified allocation of %d %s among the available ids",
+                    "no preference: no pending pod on this node has a verified allocation of %d %s among the available "
+                    "ids, or a pod kubegpu did not place asks the same and may be the one being admitted",
                     entry.allocation_size,
                     self.resource,
                 )
@@ -384,10 +530,18 @@ class ResourcePlugin:
 
     def _allocate_one(self, ids: list[str]) -> Any:
         pods = self.service.pods
-        found = pods.claim(self.resource, ids)
+        found: tuple[Candidate, str] | None = None
+        try:
+            found = pods.claim(self.resource, ids)
+        except AllocationRefused:  # a pod kubegpu did not place looked pending: it may have been refused since
+            pods.settle(self.resource, len(ids), self.service.settle_seconds)
         if found is None:
             pods.refresh()
-            found = pods.claim(self.resource, ids)
+            try:
+                found = pods.claim(self.resource, ids)
+            except AllocationRefused:
+                if self.service.foreign_pods != "allow":
+                    raise
         if found is None and self.service.foreign_pods == "allow":
             found = _foreign(pods.node, self.resource, ids)
         if found is None:
@@ -422,7 +576,8 @@ FOREIGN = "(a pod kubegpu did not place)"
 def _foreign(node: str, resource: str, ids: Sequence[str]) -> tuple[Candidate, str]:
     """With `--foreign-pods allow`: a stand-in for a pod without a kubegpu allocation, holding the kubelet's ids."""
     record = AllocationRecord(version=1, node=node, podUID=FOREIGN, containers={FOREIGN: {resource: list(ids)}})
-    return Candidate(PodIdentity("", FOREIGN, FOREIGN), "", record, [FOREIGN]), FOREIGN
+    asks: dict[str, dict[str, int | None]] = {FOREIGN: {resource: len(ids)}}
+    return Candidate(PodIdentity("", FOREIGN, FOREIGN), "", record, [FOREIGN], asks), FOREIGN
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -443,9 +598,11 @@ class DevicePluginService:
         dev_root: Path,
         interval: float = 10.0,
         foreign_pods: str = "refuse",
+        settle_seconds: float = 2.0,
     ) -> None:
         self.plugins = plugins
         self.foreign_pods = foreign_pods
+        self.settle_seconds = settle_seconds
         self.pods = pods
         self.directory = directory
         self.dev_root = dev_root

@@ -31,7 +31,18 @@ from kubegpu.core.annotations import verify_allocation as signature_verifies
 __all__ = ["AllocationRefused", "Check", "PodIdentity", "managed_resources", "verified_allocation"]
 
 Check = Literal[
-    "request", "missing", "malformed", "unsigned", "signature", "node", "pod", "stale", "in-use", "plugin", "error"
+    "request",
+    "missing",
+    "malformed",
+    "unsigned",
+    "signature",
+    "node",
+    "pod",
+    "stale",
+    "in-use",
+    "plugin",
+    "error",
+    "ambiguous",
 ]
 
 _HEX_SIGNATURE = re.compile(r"[0-9a-f]{64}")

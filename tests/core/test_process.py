@@ -15,6 +15,8 @@ import pytest
 
 from kubegpu.core.process import MAX_KEY_FILE_BYTES, MIN_KEY_BYTES, read_key
 
+PACKAGE = Path(__file__).resolve().parents[2]
+
 GOOD = b"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="  # `head -c 32 /dev/urandom | base64` looks like this
 SECRET_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "deploy" / "scheduler" / "secret.yaml"
 
@@ -114,3 +116,39 @@ def test_a_key_others_may_read_is_used_with_a_warning(
     assert bool(warnings) == warned
     if warned:
         assert f"mode {mode:o}" in warnings[0] and "chmod 600" in warnings[0] and "fsGroup" in warnings[0]
+
+
+# A raw key: `head -c 32 /dev/urandom > FILE`. Its first 31 bytes here include bytes no text key has.
+RAW_PREFIX = bytes([0x00, 0xFF, 0x0A, 0x0D, 0x80, 0x20]) + bytes(range(0xC0, 0xC0 + 25))
+
+
+@pytest.mark.parametrize("last", range(256), ids=lambda b: f"0x{b:02x}")
+def test_a_raw_random_key_is_read_whole_whatever_its_last_byte(tmp_path: Path, last: int) -> None:
+    key = RAW_PREFIX + bytes([last])
+    assert len(key) == MIN_KEY_BYTES
+    assert read_key(_key_file(tmp_path, key)) == key
+
+
+@pytest.mark.parametrize("last", range(0x20, 0x7F), ids=lambda b: f"0x{b:02x}")
+@pytest.mark.parametrize("line_end", [b"", b"\n", b"\r\n"], ids=["no-newline", "newline", "crlf"])
+def test_a_text_key_is_read_without_its_line_end_whatever_its_last_character(
+    tmp_path: Path, last: int, line_end: bytes
+) -> None:
+    key = GOOD[:-1] + bytes([last])
+    assert read_key(_key_file(tmp_path, key + line_end)) == key
+
+
+def test_every_process_that_signs_or_verifies_reads_the_key_with_read_key() -> None:
+    """The scheduler side (scheduler, extender, top) and the node side (shim, device plugin) read one format."""
+    readers = []
+    for path in sorted(PACKAGE.glob("*/*.py")):
+        if ".venv" in path.parts or "tests" in path.parts or "build" in path.parts:
+            continue
+        text = path.read_text()
+        if "args.allocation_key_file" in text:
+            readers.append(path.relative_to(PACKAGE).as_posix())
+            assert "read_key(args.allocation_key_file)" in text, path
+            assert "open(args.allocation_key_file" not in text and "Path(args.allocation_key_file)" not in text, path
+    assert {"scheduler/custom.py", "scheduler/extender.py", "crishim/shim.py", "crishim/deviceplugin.py"} <= set(
+        readers
+    )

@@ -3,8 +3,9 @@
 What a node operator would notice: every kubegpu resource registers with the kubelet and lists the ids the scheduler
 allocates; the kubelet is steered to the ids the scheduler signed for the pod it admits (init containers and
 containers in the kubelet's order, the oldest pod first); Allocate answers exactly the device nodes and env the CRI
-shim would apply, and refuses ids no verified allocation names; a kubelet restart (its sockets removed, a new
-`kubelet.sock`) is followed by a new registration. The real kubelet 1.20 runs the same code in
+shim would apply, and refuses ids no verified allocation names; a pod kubegpu did not place that the kubelet
+admits first (older, same count) is steered nowhere and gets nothing signed for another pod; a kubelet restart (its
+sockets removed, a new `kubelet.sock`) is followed by a new registration. The real kubelet 1.20 runs the same code in
 tests/integration/test_kubelet_deviceplugin.py.
 """
 
@@ -27,6 +28,7 @@ from kubegpu.core.models import DeviceInfo, DeviceInventory, PluginAllocation
 from kubegpu.core.plugin_manager import KubegpuPluginManager
 from kubegpu.crishim.deviceplugin import DevicePluginService, PendingPods, socket_name
 from kubegpu.crishim.protos import DEVICE_PLUGIN, DEVICE_PLUGIN_PACKAGE, POD_RESOURCES, method_path
+from kubegpu.crishim.verify import AllocationRefused
 from kubegpu.plugins.intel_gas import device as intel_device
 from kubegpu.plugins.neuron import device as neuron_device
 from kubegpu.plugins.nvidia import device as nvidia_device
@@ -51,9 +53,9 @@ def allocated_pod(
     record = merge_allocations(
         NODE, uid, [PluginAllocation(plugin="neuron", containers=allocation, fields={"coresPerDevice": 2})]
     )
-    spec: dict[str, Any] = {"nodeName": NODE, "containers": [{"name": c} for c in containers]}
+    spec: dict[str, Any] = {"nodeName": NODE, "containers": [asking(c, len(ids)) for c, ids in containers.items()]}
     if init:
-        spec["initContainers"] = [{"name": c} for c in init]
+        spec["initContainers"] = [asking(c, len(ids)) for c, ids in init.items()]
     return {
         "metadata": {
             "name": name,
@@ -63,6 +65,19 @@ def allocated_pod(
             "annotations": {ALLOCATION_KEY: encode_allocation(sign_allocation(record, key))},
         },
         "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def asking(container: str, count: int, resource: str = NEURONDEVICE) -> dict[str, Any]:
+    return {"name": container, "resources": {"limits": {resource: str(count)}}}
+
+
+def unplaced_pod(name: str, containers: dict[str, int], *, created: str, phase: str = "Pending") -> dict[str, Any]:
+    """A pod kubegpu did not place: `spec.nodeName` written by its owner (or another scheduler), no allocation."""
+    return {
+        "metadata": {"name": name, "namespace": "tenant", "uid": f"uid-{name}", "creationTimestamp": created},
+        "spec": {"nodeName": NODE, "containers": [asking(c, n) for c, n in containers.items()]},
         "status": {"phase": phase},
     }
 
@@ -121,7 +136,7 @@ def test_the_oldest_pending_pods_containers_are_preferred_in_the_kubelets_order(
         "first", {"main": ["4", "5", "6", "7"]}, init={"warmup": ["0", "1", "2", "3"]}, created="2025-01-01T00:00:01Z"
     )
     running = allocated_pod("running", {"main": ["12", "13", "14", "15"]}, phase="Running")
-    forged = allocated_pod("forged", {"main": ["12", "13", "14", "15"]}, key=b"someone-else")
+    forged = allocated_pod("forged", {"main": ["12", "13"]}, key=b"someone-else")  # another count: not in the way
     pods = pending(later, first, running, forged)
     pods.refresh()
     everything = [str(i) for i in range(16)]
@@ -135,6 +150,65 @@ def test_the_oldest_pending_pods_containers_are_preferred_in_the_kubelets_order(
     assert pods.preferred(NEURONDEVICE, [str(i) for i in range(9)], [], 4) == []
     assert pods.preferred(NEURONDEVICE, everything, [], 2) == []
     assert pods.claim(NEURONDEVICE, ["12", "13", "14", "15"]) is None
+    assert pods.claim(NEURONDEVICE, ["12", "13"]) is None
+
+
+EVERYTHING = [str(i) for i in range(16)]
+PLACED_IDS = ["4", "5", "6", "7"]
+
+
+def test_a_pod_kubegpu_did_not_place_never_gets_the_devices_signed_for_another_pod() -> None:
+    # The tenant's pod was created first with spec.nodeName written by hand and asks the same count as the pod
+    # kubegpu placed on devices 4-7: the kubelet admits it first (creation order) and takes the preferred ids.
+    squatter = unplaced_pod("squatter", {"main": 4}, created="2025-01-01T00:00:01Z")
+    placed = allocated_pod("placed", {"main": PLACED_IDS}, created="2025-01-01T00:00:02Z")
+    pods = pending(squatter, placed)
+    pods.refresh()
+
+    assert pods.preferred(NEURONDEVICE, EVERYTHING, [], 4) == []  # no steering onto 4-7 while it could be the squatter
+    with pytest.raises(AllocationRefused) as refused:
+        pods.claim(NEURONDEVICE, PLACED_IDS)  # the kubelet chose 4-7 itself (say, the only free ones)
+
+    assert refused.value.check == "ambiguous"
+    message = str(refused.value)
+    assert "tenant/squatter" in message and "team/placed" in message and "4,5,6,7" in message
+
+
+@pytest.mark.parametrize(
+    ("squatter", "granted"),
+    [
+        (unplaced_pod("squatter", {"main": 4}, created="2025-01-01T00:00:01Z", phase="Failed"), True),
+        (unplaced_pod("squatter", {"main": 2}, created="2025-01-01T00:00:01Z"), True),
+        (unplaced_pod("squatter", {"main": 4}, created="2025-01-01T00:00:03Z"), False),
+        (allocated_pod("squatter", {"main": ["0", "1", "2", "3"]}, key=b"someone-else"), False),
+    ],
+    ids=["squatter-already-refused", "another-count", "squatter-newer", "forged-allocation"],
+)
+def test_the_placed_pod_gets_its_devices_only_when_no_unplaced_pod_could_be_the_one_admitted(
+    squatter: dict[str, Any], granted: bool
+) -> None:
+    pods = pending(squatter, allocated_pod("placed", {"main": PLACED_IDS}, created="2025-01-01T00:00:02Z"))
+    pods.refresh()
+
+    if granted:
+        assert pods.preferred(NEURONDEVICE, EVERYTHING, [], 4) == PLACED_IDS
+        candidate, container = pods.claim(NEURONDEVICE, PLACED_IDS) or (None, "")
+        assert candidate is not None and candidate.pod.name == "placed" and container == "main"
+    else:
+        assert pods.preferred(NEURONDEVICE, EVERYTHING, [], 4) == []
+        with pytest.raises(AllocationRefused, match="squatter"):
+            pods.claim(NEURONDEVICE, PLACED_IDS)
+
+
+def test_a_container_whose_allocation_lacks_the_resource_is_a_pod_kubegpu_did_not_place_for_it() -> None:
+    placed = allocated_pod("placed", {"main": PLACED_IDS}, created="2025-01-01T00:00:02Z")
+    partial = allocated_pod("partial", {"main": ["0", "1"]}, created="2025-01-01T00:00:01Z")
+    partial["spec"]["containers"].insert(0, asking("sidecar", 4))  # asks 4 devices the scheduler never signed
+    pods = pending(partial, placed)
+    pods.refresh()
+
+    with pytest.raises(AllocationRefused, match=r"team/partial \(its kubegpu.io/allocation signs no 4 .* sidecar"):
+        pods.claim(NEURONDEVICE, PLACED_IDS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -273,6 +347,78 @@ def test_registration_listing_preference_allocation_and_reregistration(
         while not (directory / socket_name(NEURONDEVICE)).exists():
             assert time.monotonic() < deadline
             time.sleep(0.05)
+    finally:
+        service.stop()
+        kubelet.stop()
+
+
+def admit(directory: Path, available: list[str], size: int) -> Any:
+    """What the kubelet's device manager does for one container: ask for a preference, take it if it is usable
+    (else the first free ids), then Allocate. The AllocateResponse, or the RpcError that fails the pod's admission."""
+    ask = M["PreferredAllocationRequest"](
+        container_requests=[
+            M["ContainerPreferredAllocationRequest"](available_deviceIDs=available, allocation_size=size)
+        ]
+    )
+    preferred = call(directory, NEURONDEVICE, "GetPreferredAllocation", ask, "PreferredAllocationResponse")
+    ids = list(preferred.container_responses[0].deviceIDs) or available[:size]
+    grant = M["AllocateRequest"](container_requests=[M["ContainerAllocateRequest"](devicesIDs=ids)])
+    try:
+        return call(directory, NEURONDEVICE, "Allocate", grant, "AllocateResponse").container_responses[0]
+    except grpc.RpcError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("foreign_pods", ["refuse", "allow"])
+def test_the_kubelet_admitting_an_older_unplaced_pod_first_gives_it_nothing_signed_for_the_placed_one(
+    directory: Path, neuron_plugins: KubegpuPluginManager, tmp_path: Path, foreign_pods: str
+) -> None:
+    host = tmp_path / "host"
+    (host / "dev").mkdir(parents=True)
+    for i in range(16):
+        (host / "dev" / f"neuron{i}").touch()
+    squatter = unplaced_pod("squatter", {"main": 4}, created="2025-01-01T00:00:01Z")
+    placed = allocated_pod("placed", {"main": PLACED_IDS}, created="2025-01-01T00:00:02Z")
+    status_written = threading.Event()  # the kubelet wrote the squatter's new phase ...
+    stale_listings = [2]  # ... but the API server still answers the old one to the next two listings
+
+    def list_pods() -> list[dict[str, Any]]:
+        if status_written.is_set() and stale_listings[0] > 0:
+            stale_listings[0] -= 1
+            return [unplaced_pod("squatter", {"main": 4}, created="2025-01-01T00:00:01Z"), placed]
+        return [squatter, placed]
+
+    pods = PendingPods(list_pods, NODE, KEY)
+    kubelet = FakeKubelet(directory)
+    kubelet.start()
+    service = DevicePluginService(
+        neuron_plugins, pods, directory=directory, host_root=host, dev_root=Path("/dev"), interval=3600,
+        foreign_pods=foreign_pods, settle_seconds=1.5,
+    )  # fmt: skip
+    service.start()
+    try:
+        kubelet.wait_registrations(2)
+        # Only devices 4-7 are free (the others are busy): whatever the preference, the kubelet gives the squatter 4-7.
+        # While both pods look pending, the device plugin lists them again for up to settle_seconds, then refuses.
+        started = time.monotonic()
+        answer = admit(directory, PLACED_IDS, 4)
+        assert time.monotonic() - started < 2 * 1.5 + 1
+        if foreign_pods == "refuse":
+            assert isinstance(answer, grpc.RpcError) and answer.code() is grpc.StatusCode.FAILED_PRECONDITION
+            assert "kubegpu: ambiguous check failed" in (answer.details() or "")
+            assert "tenant/squatter" in (answer.details() or "")
+        else:  # the ids the kubelet chose, as for any pod kubegpu did not place: nothing of the placed pod's record
+            assert not isinstance(answer, grpc.RpcError), answer
+            assert dict(answer.envs) == {"AWS_NEURON_VISIBLE_DEVICES": "4,5,6,7"}
+            assert "coresPerDevice" not in str(answer) and "uid-placed" not in str(answer)
+
+        # The kubelet writes the squatter's status (Failed, or Running) and admits the placed pod at once: the device
+        # plugin lists the pods again until the squatter is no longer pending, then steers the kubelet to 4-7.
+        squatter["status"]["phase"] = "Failed" if foreign_pods == "refuse" else "Running"
+        status_written.set()
+        answer = admit(directory, EVERYTHING, 4)
+        assert not isinstance(answer, grpc.RpcError), answer
+        assert dict(answer.envs) == {"AWS_NEURON_VISIBLE_DEVICES": "4,5,6,7"}
     finally:
         service.stop()
         kubelet.stop()

@@ -15,13 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from kubegpu.core.annotations import ALLOCATION_KEY, DEVICES_KEY, decode_allocation, decode_devices
 from kubegpu.core.models import NodeDevices
 from kubegpu.core.quantity import to_int
 from kubegpu.core.testing import FakeHost
-from kubegpu.kube.client import ApiError
+from kubegpu.kube.client import ApiError, KubeClient
 
 from .cluster import Cluster, wait_for
 
@@ -162,6 +163,8 @@ def test_capacity_and_labels_are_published_once_and_an_unchanged_node_is_not_wri
 
 def apply(cluster: Cluster, documents: list[dict[str, Any]]) -> None:
     paths = {
+        "Namespace": "/api/v1/namespaces",
+        "ResourceQuota": "/api/v1/namespaces/{ns}/resourcequotas",
         "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
         "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
         "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
@@ -176,6 +179,63 @@ def apply(cluster: Cluster, documents: list[dict[str, Any]]) -> None:
         except ApiError as exc:
             if exc.status != 409:  # 409: created by an earlier test of this session
                 raise
+
+
+def service_account_kubeconfig(cluster: Cluster, name: str, path: Path) -> Path:
+    token = cluster.client.post(
+        f"/api/v1/namespaces/kube-system/serviceaccounts/{name}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600},
+        },
+    )["status"]["token"]
+    return cluster.write_kubeconfig(path, token)
+
+
+def test_the_shipped_rbac_renews_the_advertisers_lease_and_reaches_no_kubelets_heartbeat(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    apply(cluster, list(yaml.safe_load_all((DEPLOY / "advertiser-rbac.yaml").read_text())))
+    args = yaml.safe_load((DEPLOY / "advertiser-daemonset.yaml").read_text())["spec"]["template"]["spec"]
+    args = args["containers"][0]["args"]
+    lease_args = [a for a in args if a.startswith("--lease-")]
+    namespace = next((a.split("=", 1)[1] for a in lease_args if a.startswith("--lease-namespace=")), "kube-node-lease")
+    kubeconfig = service_account_kubeconfig(cluster, "kubegpu-advertiser", tmp_path / "sa.kubeconfig")
+    cluster.create_ready_node("trn-lease")
+    heartbeats = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+    try:  # the kubelet's own Lease, as every kubelet renews one
+        cluster.client.post(heartbeats, {"metadata": {"name": "trn-lease"}, "spec": {"holderIdentity": "trn-lease"}})
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+    log = tmp_path / "advertiser.log"
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent), "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "kubegpu.crishim.advertise", "--kubeconfig", str(kubeconfig)]
+    command += ["--node-name", "trn-lease", "--host-root", str(trn_host(tmp_path).root), *lease_args]
+    command += ["--lease-renew-interval", "0.5s"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/kubegpu-trn-lease"
+        first = wait_for(lambda: cluster.client.get(path)["spec"]["renewTime"], 30, f"the advertiser's Lease {path}")
+        wait_for(lambda: cluster.client.get(path)["spec"]["renewTime"] != first, 30, "the Lease renewed")
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+    assert "forbidden" not in log.read_text().lower(), log.read_text()
+
+    # The same identity may not touch a kubelet's heartbeat, nor create Leases where the kubelets keep theirs.
+    advertiser = KubeClient.from_kubeconfig(str(kubeconfig))
+    renewal = {"spec": {"holderIdentity": "trn-lease", "renewTime": "2020-01-01T00:00:00.000000Z"}}
+    for write in (
+        lambda: advertiser.patch(f"{heartbeats}/trn-lease", renewal),
+        lambda: advertiser.get(f"{heartbeats}/trn-lease"),
+        lambda: advertiser.post(heartbeats, {"metadata": {"name": "kubegpu-x"}, "spec": {"holderIdentity": "x"}}),
+    ):
+        with pytest.raises(ApiError) as refused:
+            write()
+        assert refused.value.status == 403, refused.value
 
 
 def test_the_example_rbac_is_enough_and_the_daemonset_is_a_valid_object(

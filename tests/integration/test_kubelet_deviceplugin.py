@@ -7,7 +7,9 @@ them, and runs the container with what Allocate answered. A 4-device pod on the 
 row, a 3-device pod on it as an inf2.48xlarge gets three ring neighbours, and a two-container Intel pod gets one
 card per container: in each case exactly the ids the scheduler chose, as the containers themselves report them and
 as the kubelet's own checkpoint records them. A pod bound with a forged allocation fails admission with kubegpu's
-reason. The kubelet restarts and the device plugin registers again.
+reason, and so does a tenant's pod with `spec.nodeName` written by hand that the kubelet admits just before a pod
+kubegpu placed (a gate plugin holds the kubelet's admission queue so that both wait in it): the placed pod then
+runs with its own devices. The kubelet restarts and the device plugin registers again.
 """
 
 from __future__ import annotations
@@ -20,13 +22,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord, encode_allocation, sign_allocation
+from kubegpu.crishim.protos import DEVICE_PLUGIN, DEVICE_PLUGIN_PACKAGE, DEVICE_PLUGIN_VERSION, method_path
 
 from .cluster import Cluster, free_port, wait_for
 from .conftest import SchedulerProcess
@@ -38,6 +44,7 @@ NODE = "kubegpu-dp-0"
 SCHEDULER = "kubegpu-dp"
 NEURON = "aws.amazon.com/neurondevice"
 I915 = "gpu.intel.com/i915"
+M = DEVICE_PLUGIN
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +222,138 @@ def test_pods_get_exactly_the_ids_the_scheduler_chose(
     devices, env = read_output(out, "ring", "main")
     assert family(devices, "neuron") == sorted(f"neuron{i}" for i in ids)
     assert checkpoint(kubelet, ring["metadata"]["uid"], NEURON) == sorted(ids)
+
+
+class GatePlugin:
+    """A device plugin for one fake device of `example.com/gate` whose Allocate waits until `release()`. The kubelet
+    admits one pod at a time: while it waits on the gate, the pods bound to the node meanwhile queue up behind it
+    and are admitted in the order they arrived, as after a kubelet restart or a busy moment."""
+
+    RESOURCE = "example.com/gate"
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.socket = directory / "test-gate.sock"
+        self.called = threading.Event()
+        self.released = threading.Event()
+        self.stopped = threading.Event()
+        self.server: grpc.Server | None = None
+
+    def start(self) -> None:
+        def list_and_watch(_request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            yield M["ListAndWatchResponse"](devices=[M["Device"](ID="g0", health="Healthy")])
+            while context.is_active() and not self.stopped.wait(1.0):
+                pass  # the device stays listed until the kubelet hangs up or the test stops the plugin
+
+        def allocate(request: Any, _context: grpc.ServicerContext) -> Any:
+            self.called.set()
+            self.released.wait(120)
+            return M["AllocateResponse"](
+                container_responses=[M["ContainerAllocateResponse"]() for _ in request.container_requests]
+            )
+
+        def unary(function: Any, request: str) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                function,
+                request_deserializer=M[request].FromString,
+                response_serializer=lambda m: m.SerializeToString(),
+            )
+
+        methods = {
+            "GetDevicePluginOptions": unary(lambda _r, _c: M["DevicePluginOptions"](), "Empty"),
+            "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+                list_and_watch,
+                request_deserializer=M["Empty"].FromString,
+                response_serializer=lambda m: m.SerializeToString(),
+            ),
+            "Allocate": unary(allocate, "AllocateRequest"),
+            "PreStartContainer": unary(lambda _r, _c: M["PreStartContainerResponse"](), "PreStartContainerRequest"),
+        }
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(f"{DEVICE_PLUGIN_PACKAGE}.DevicePlugin", methods),)
+        )
+        self.socket.unlink(missing_ok=True)
+        self.server.add_insecure_port(f"unix://{self.socket}")
+        self.server.start()
+        with grpc.insecure_channel(f"unix://{self.directory / 'kubelet.sock'}") as channel:
+            channel.unary_unary(
+                method_path(DEVICE_PLUGIN_PACKAGE, "Registration", "Register"),
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=M["Empty"].FromString,
+            )(
+                M["RegisterRequest"](
+                    version=DEVICE_PLUGIN_VERSION,
+                    endpoint=self.socket.name,
+                    resource_name=self.RESOURCE,
+                    options=M["DevicePluginOptions"](),
+                ),
+                timeout=10,
+            )
+
+    def release(self) -> None:
+        self.released.set()
+
+    def stop(self) -> None:
+        self.released.set()
+        self.stopped.set()
+        if self.server is not None:
+            self.server.stop(0).wait()
+        self.socket.unlink(missing_ok=True)
+
+
+def test_a_pod_kubegpu_did_not_place_admitted_first_gets_nothing_signed_for_the_pod_it_placed(
+    cluster: Cluster,
+    kubelet: Kubelet,
+    device_plugin: DevicePluginProcess,
+    scheduler: SchedulerProcess,
+    host: Path,
+    space: str,
+) -> None:
+    out = host / "out"
+    wait_for(lambda: capacity(cluster).get(NEURON) == "16", 60, "neurondevice capacity")
+    label(cluster, {"node.kubernetes.io/instance-type": "trn1.32xlarge"})
+    gate = GatePlugin(kubelet.device_plugin_dir)
+    gate.start()
+    try:
+        wait_for(lambda: capacity(cluster).get(GatePlugin.RESOURCE) == "1", 60, "the gate's capacity")
+        # The kubelet starts admitting a pod and waits on the gate's Allocate.
+        keeper = pod(space, "keeper", {"main": {GatePlugin.RESOURCE: 1}}, scheduler=SCHEDULER, out=out, node=NODE)
+        cluster.client.post(f"/api/v1/namespaces/{space}/pods", keeper)
+        assert gate.called.wait(60), "the kubelet never called the gate's Allocate"
+        # Meanwhile: a tenant's pod, its spec.nodeName written by hand, no allocation; then a pod kubegpu places.
+        squatter = pod(space, "squatter", {"main": {NEURON: 4}}, scheduler=SCHEDULER, out=out, node=NODE)
+        cluster.client.post(f"/api/v1/namespaces/{space}/pods", squatter)
+        placed = pod(space, "placed", {"main": {NEURON: 4}}, scheduler=SCHEDULER, out=out)
+        cluster.client.post(f"/api/v1/namespaces/{space}/pods", placed)
+
+        def bound() -> dict[str, Any] | None:
+            found: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{space}/pods/placed")
+            return found if ALLOCATION_KEY in (found["metadata"].get("annotations") or {}) else None
+
+        signed = allocated(wait_for(bound, 60, "the placed pod bound with its allocation"), "main")[NEURON]
+        gate.release()  # the kubelet admits the squatter (older, first in the queue), then the placed pod
+
+        def admitted_or_refused() -> dict[str, Any] | None:
+            found: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{space}/pods/squatter")
+            return found if found["status"].get("phase") in ("Failed", "Running") else None
+
+        refused = wait_for(admitted_or_refused, 60, "the kubelet to admit or refuse the squatter")
+        if refused["status"]["phase"] == "Running":
+            taken = read_output(out, "squatter", "main")[1].get("AWS_NEURON_VISIBLE_DEVICES")
+            raise AssertionError(
+                f"the squatter runs with AWS_NEURON_VISIBLE_DEVICES={taken}; the placed pod's: {signed}"
+            )
+        assert "kubegpu:" in refused["status"].get("message", ""), refused["status"]
+        assert checkpoint(kubelet, refused["metadata"]["uid"], NEURON) == []
+        running = wait_running(cluster, space, "placed", timeout=90)
+        devices, env = read_output(out, "placed", "main")
+        assert env["AWS_NEURON_VISIBLE_DEVICES"] == ",".join(signed)
+        assert family(devices, "neuron") == sorted(f"neuron{i}" for i in signed)
+        assert checkpoint(kubelet, running["metadata"]["uid"], NEURON) == sorted(signed)
+        assert not (out / "squatter.main.env").exists()
+    finally:
+        gate.stop()
 
 
 def test_a_forged_allocation_fails_admission_and_a_restarted_kubelet_is_registered_with_again(
