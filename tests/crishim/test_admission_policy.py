@@ -4,8 +4,8 @@ Device-plugin mode cannot remove the env a tenant writes into a container (docs/
 refuses it with a ValidatingAdmissionPolicy. The API server these tests run against (1.20) does not serve that kind,
 so the objects are checked here against the fields and values of `admissionregistration.k8s.io/v1` as the upstream
 types declare them (k8s.io/api/admissionregistration/v1/types.go, introduced in 1.30), and the names the policy
-refuses are held equal to the env every built-in plugin declares it owns. Where the CEL evaluator `celpy`
-(cel-python) is installed, the expressions are also run on the pods a tenant would write.
+refuses are held equal to the env every built-in plugin declares it owns. The CEL expressions are run with cel-python
+(a test dependency, in the lock) on the pods a tenant would write.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import celpy  # cel-python: a CEL evaluator, as the API server's admission evaluates the policies
 import pytest
 import yaml
 
@@ -162,7 +163,6 @@ TENANT_PODS = [
 def test_the_cel_expressions_refuse_exactly_the_device_selecting_env(
     manifest: dict[str, Any], env_ok: bool, env_from_ok: bool
 ) -> None:
-    celpy = pytest.importorskip("celpy", reason="the CEL evaluator cel-python is not installed")
     environment = celpy.Environment()
 
     def evaluate(policy: dict[str, Any]) -> bool:
