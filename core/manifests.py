@@ -193,6 +193,10 @@ class _Volume(_Model):
     persistentVolumeClaim: _ClaimSource | None = None
 
 
+class _SchedulingGate(_Model):
+    name: str = Field(min_length=1)
+
+
 class _PodSpec(_Model):
     containers: list[_Container] = Field(min_length=1)
     initContainers: list[_Container] = Field(default_factory=list)
@@ -207,6 +211,7 @@ class _PodSpec(_Model):
     priority: int | None = None
     priorityClassName: str | None = None
     preemptionPolicy: Literal["PreemptLowerPriority", "Never"] | None = None
+    schedulingGates: list[_SchedulingGate] = Field(default_factory=list)  # Kubernetes 1.26+
 
 
 class _PodStatus(_Model):
@@ -372,6 +377,7 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
         preferred_anti_affinity=_preferred_terms(affinity.podAntiAffinity, meta.namespace, "podAntiAffinity"),
         owner_references=tuple(OwnerReference(o.kind, o.name, o.uid, bool(o.controller)) for o in meta.ownerReferences),
         images=tuple(c.image for c in spec.containers),
+        scheduling_gates=tuple(gate.name for gate in spec.schedulingGates),
     )
     return request, meta.deletionTimestamp is not None
 

@@ -259,7 +259,8 @@ class PodRequest:
     `priority` is `spec.priority` (the API server resolves `priorityClassName` into it). The `preferred_*` fields are
     the `preferredDuringSchedulingIgnoredDuringExecution` terms with their weights (1-100), which only scores read.
     `owner_references` are `metadata.ownerReferences`; `images` the images of `spec.containers`, in order (init
-    containers' are not scored).
+    containers' are not scored). `scheduling_gates` are the names of `spec.schedulingGates` (1.26+): while any
+    remains, the pod is not to be scheduled (`kubegpu.scheduler.gates`).
     """
 
     namespace: str
@@ -292,6 +293,7 @@ class PodRequest:
     preferred_anti_affinity: tuple[tuple[int, PodAffinityTerm], ...] = ()
     owner_references: tuple[OwnerReference, ...] = ()
     images: tuple[str, ...] = ()
+    scheduling_gates: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

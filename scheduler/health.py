@@ -52,7 +52,8 @@ class Metrics:
         )
         self.pending = Gauge(
             "kubegpu_scheduler_pending_pods",
-            "Pods waiting to be scheduled, by queue.",
+            "Pods waiting to be scheduled, by queue (active, backoff, unschedulable; gated: held by their scheduling "
+            "gates, outside the queue).",
             ["queue"],
             registry=self.registry,
         )

@@ -15,7 +15,9 @@ too:
   live pod holds. Only a verified allocation holds devices; a refused one gets an `AllocationRefused` Event, once;
 * a pod deleted or finished releases what it held;
 * a pod that waits for a node goes to the front-end's `PendingPods`: the custom scheduler's queue, or the
-  extender's record of pending pods; either is told when the cluster changed in a way that may help them;
+  extender's record of pending pods; either is told when the cluster changed in a way that may help them. A pod
+  with scheduling gates (`kubegpu.scheduler.gates`) is kept out of them, counted as gated, until an update removes
+  its last gate (kube-scheduler's PreEnqueue);
 * claims and volumes (`watch_volumes`) become the engine's VolumeBinding records: a claim's volume once it is
   Bound, a volume's required node affinity; a change to either wakes the pending pods. A claim or volume kubegpu
   cannot read is left out with a warning, so only the pods that name it are refused;
@@ -138,6 +140,8 @@ class ClusterMirror:
         self.pods_synced = threading.Event()
         self.heartbeat = time.monotonic()
         self._refused: dict[str, str] = {}  # pod key -> why its allocation holds no devices (one Event per reason)
+        self.gated: dict[str, tuple[str, ...]] = {}  # this front-end's pods held back by their scheduling gates
+        self.metrics.pending.labels("gated").set(0)
         # PodDisruptionBudgets by namespace/name: the custom scheduler's preemptions honour them. The extender does
         # not watch them: kube-scheduler counts the violations of the victims it proposes.
         self.watch_budgets = watch_budgets
@@ -490,6 +494,8 @@ class ClusterMirror:
             for key in [k for k in self.engine.pod_keys() if k not in live and self.pending.binding(k) is None]:
                 self.release(key)
             self.pending.keep_only(live)
+            for key in [k for k in self.gated if k not in live]:
+                self._ungate(key)
             self.pods_synced.set()
             return
         self._guarded("pod_event", payload, self._apply_pod, kind)
@@ -537,6 +543,17 @@ class ClusterMirror:
     def drop_pending(self, key: str) -> None:
         self.engine.unnominate(key)
         self.pending.drop(key)
+        self._ungate(key)
+
+    def _gate(self, key: str, gates: tuple[str, ...]) -> None:
+        """kube-scheduler's PreEnqueue for SchedulingGates: the pod waits outside the queue, tried by no cycle."""
+        self.drop_pending(key)
+        self.gated[key] = gates
+        self.metrics.pending.labels("gated").set(len(self.gated))
+
+    def _ungate(self, key: str) -> None:
+        if self.gated.pop(key, None) is not None:
+            self.metrics.pending.labels("gated").set(len(self.gated))
 
     def _apply_pod(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -572,6 +589,10 @@ class ClusterMirror:
             if held is None and not binding:
                 self._assume(request)
             return
+        if request.scheduling_gates and not deleting and self.pending.answers_for(request.scheduler_name):
+            self._gate(key, request.scheduling_gates)
+            return
+        self._ungate(key)  # its last gate removed: it enters the queue as a new pod would
         version = str(meta.get("resourceVersion", ""))
         if not self.pending.observe(key, request, version, deleting=deleting, held=held is not None):
             self.drop_pending(key)
