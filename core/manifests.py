@@ -3,8 +3,12 @@
 Only the fields scheduling needs are read; everything else in a manifest is ignored, so real objects from the API
 server and hand-written example files both load. Validation errors name the field (`spec.containers[0].resources.
 limits.nvidia.com/gpu: ...`). Requests follow Kubernetes: an extended resource comes from `limits` (falling back to
-`requests`); cpu and memory from `requests` (falling back to `limits`); the pod's cpu and memory are the larger of
-the sum over containers and the largest init container.
+`requests`); cpu and memory from `requests` (falling back to `limits`). The pod's request of each resource is
+kube-scheduler's (1.29+ `resource.PodRequests`): sidecars (init containers with `restartPolicy: Always`, 1.28+) run
+for the pod's life, so their requests add to the containers'; each classic init container runs beside the sidecars
+started before it; the pod needs the larger of the two, plus `spec.overhead`. Devices follow the same rule: a sidecar
+holds its own devices beside the app containers' (the kubelet's device manager does not hand them on), so sidecars
+join `PodRequest.containers`; a classic init container holds none of its own (its count only raises the pod's).
 
 Manifests are input from tenants and from files someone handed over, so reading one costs time bounded by its size:
 every quantity is bounded by `kubegpu.core.quantity` before any arithmetic, and Kubernetes' own rules that kubegpu
@@ -53,6 +57,7 @@ __all__ = [
 ]
 
 DEFAULT_PODS = 110
+SIDECAR_RESTART_POLICY = "Always"  # an init container with this restartPolicy is a sidecar
 
 
 class ManifestError(InputError):
@@ -110,6 +115,7 @@ class _Container(_Model):
     image: str = ""
     resources: _Resources = _Resources()
     ports: list[_Port] = Field(default_factory=list)
+    restartPolicy: str | None = None  # on an init container, "Always" makes it a sidecar (Kubernetes 1.28+)
 
 
 class _Toleration(_Model):
@@ -187,6 +193,10 @@ class _Volume(_Model):
     persistentVolumeClaim: _ClaimSource | None = None
 
 
+class _SchedulingGate(_Model):
+    name: str = Field(min_length=1)
+
+
 class _PodSpec(_Model):
     containers: list[_Container] = Field(min_length=1)
     initContainers: list[_Container] = Field(default_factory=list)
@@ -201,6 +211,7 @@ class _PodSpec(_Model):
     priority: int | None = None
     priorityClassName: str | None = None
     preemptionPolicy: Literal["PreemptLowerPriority", "Never"] | None = None
+    schedulingGates: list[_SchedulingGate] = Field(default_factory=list)  # Kubernetes 1.26+
 
 
 class _PodStatus(_Model):
@@ -306,11 +317,15 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
     pod: _Pod = _parse(_Pod, document, "Pod")
     _unique_container_names(pod.spec)
     containers = tuple(_container_request(c, f"Pod.spec.containers[{i}]") for i, c in enumerate(pod.spec.containers))
-    init = [_container_request(c, f"Pod.spec.initContainers[{i}]") for i, c in enumerate(pod.spec.initContainers)]
+    init = [
+        (_container_request(c, f"Pod.spec.initContainers[{i}]"), c.restartPolicy == SIDECAR_RESTART_POLICY)
+        for i, c in enumerate(pod.spec.initContainers)
+    ]
     overhead = {
         name: _units(name, value, f"Pod.spec.overhead.{shorten(name)}") for name, value in pod.spec.overhead.items()
     }
     requests = _pod_requests(containers, init, overhead)
+    containers += tuple(container for container, sidecar in init if sidecar)
     meta = pod.metadata
     spec = pod.spec
     affinity = spec.affinity or _Affinity()
@@ -362,21 +377,34 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
         preferred_anti_affinity=_preferred_terms(affinity.podAntiAffinity, meta.namespace, "podAntiAffinity"),
         owner_references=tuple(OwnerReference(o.kind, o.name, o.uid, bool(o.controller)) for o in meta.ownerReferences),
         images=tuple(c.image for c in spec.containers),
+        scheduling_gates=tuple(gate.name for gate in spec.schedulingGates),
     )
     return request, meta.deletionTimestamp is not None
 
 
 def _pod_requests(
-    containers: tuple[ContainerRequest, ...], init: list[ContainerRequest], overhead: Mapping[str, int]
+    containers: tuple[ContainerRequest, ...], init: list[tuple[ContainerRequest, bool]], overhead: Mapping[str, int]
 ) -> dict[str, int]:
-    """Kubernetes' pod request per resource: the containers' sum, at least any one init container's, plus overhead."""
+    """Kubernetes' pod request per resource (`resource.PodRequests`): the sum over the containers and the sidecars
+    (`init` entries marked True), at least what any init step needs (a classic init container with the sidecars
+    started before it, or the sidecars started so far), plus overhead."""
     totals: dict[str, int] = {}
     for container in containers:
         for name, amount in container.resources.items():
             totals[name] = totals.get(name, 0) + amount
-    for container in init:
+    # A step of the sidecars alone never needs more than `totals`, which holds them all; nor does a classic init
+    # container's step in a resource it does not request. So each init container costs only its own resources.
+    steps: dict[str, int] = {}  # the most a classic init container's step needs
+    sidecars: dict[str, int] = {}  # the sidecars started so far
+    for container, sidecar in init:
         for name, amount in container.resources.items():
-            totals[name] = max(totals.get(name, 0), amount)
+            if sidecar:
+                sidecars[name] = sidecars.get(name, 0) + amount
+                totals[name] = totals.get(name, 0) + amount
+            else:
+                steps[name] = max(steps.get(name, 0), sidecars.get(name, 0) + amount)
+    for name, amount in steps.items():
+        totals[name] = max(totals.get(name, 0), amount)
     for name, amount in overhead.items():
         totals[name] = totals.get(name, 0) + amount
     return {name: amount for name, amount in totals.items() if amount > 0}

@@ -250,13 +250,17 @@ class OwnerReference:
 class PodRequest:
     """What a pod asks of the scheduler, built once from its manifest (`kubegpu.core.manifests.pod_request`).
 
-    `requests` is the pod's request of every resource as Kubernetes computes it for fitting (the sum over
-    containers, at least the largest init container, plus `spec.overhead`); `cpu_milli` and `memory` are its cpu
-    and memory entries. `node_affinity` is the required node affinity's terms (ORed; None when the pod has none).
+    `containers` are the containers that run for the pod's life and hold devices: `spec.containers`, then the
+    sidecars (init containers with `restartPolicy: Always`). `requests` is the pod's request of every resource as
+    kube-scheduler 1.29+ computes it for fitting (`resource.PodRequests`: the containers' and sidecars' sum, at least
+    any classic init container's with the sidecars started before it, plus `spec.overhead`); `cpu_milli` and `memory`
+    are its cpu and memory entries. `node_affinity` is the required node affinity's terms (ORed; None when the pod
+    has none).
     `priority` is `spec.priority` (the API server resolves `priorityClassName` into it). The `preferred_*` fields are
     the `preferredDuringSchedulingIgnoredDuringExecution` terms with their weights (1-100), which only scores read.
     `owner_references` are `metadata.ownerReferences`; `images` the images of `spec.containers`, in order (init
-    containers' are not scored).
+    containers' are not scored). `scheduling_gates` are the names of `spec.schedulingGates` (1.26+): while any
+    remains, the pod is not to be scheduled (`kubegpu.scheduler.gates`).
     """
 
     namespace: str
@@ -289,6 +293,7 @@ class PodRequest:
     preferred_anti_affinity: tuple[tuple[int, PodAffinityTerm], ...] = ()
     owner_references: tuple[OwnerReference, ...] = ()
     images: tuple[str, ...] = ()
+    scheduling_gates: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

@@ -3,8 +3,10 @@ routes, served by kubegpu's HTTP server (`http_server.py`) for both of them.
 
 `kubegpu scheduler` serves these routes alone on `--metrics-address` (`HealthServer`); `kubegpu extender` serves them
 beside its verbs on its one port, where the probes and `/metrics` answer without a client certificate (they name no
-pod). Readiness: the informers have listed nodes and pods. Health: the loop that consumes informer events beat within
-the last `STALL` seconds.
+pod). Readiness: the informers have listed nodes and pods (and what else the front-end watches: budgets, claims,
+volumes, owners); once ready, `/readyz` also shows the API versions chosen by discovery and names a collection the
+API server does not serve at all (the front-end goes on without it). Health: the loop that consumes informer events
+beat within the last `STALL` seconds.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class Metrics:
         )
         self.pending = Gauge(
             "kubegpu_scheduler_pending_pods",
-            "Pods waiting to be scheduled, by queue.",
+            "Pods waiting to be scheduled, by queue (active, backoff, unschedulable; gated: held by their scheduling "
+            "gates, outside the queue).",
             ["queue"],
             registry=self.registry,
         )
@@ -84,6 +87,8 @@ class Watched(Protocol):
 
     def healthy(self) -> bool: ...
 
+    def apis(self) -> dict[str, str | None]: ...
+
 
 def answer_health(path: str, watched: Watched, metrics: Metrics) -> tuple[int, Any] | None:
     """The answer to `GET path` for the three paths this module serves, else None."""
@@ -95,7 +100,20 @@ def answer_health(path: str, watched: Watched, metrics: Metrics) -> tuple[int, A
         return 503, {"status": "the loop consuming informer events is stuck"}
     if path == "/readyz":  # ready once every informer the engine reads has listed its collection
         waiting = watched.syncing()
-        return (503, {"status": f"syncing {', '.join(waiting)}"}) if waiting else (200, {"status": "ready"})
+        if waiting:
+            return 503, {"status": f"syncing {', '.join(waiting)}"}
+        answer: dict[str, Any] = {"status": "ready"}
+        apis = watched.apis()
+        if apis:  # the versions discovery chose, and what the API server does not serve at all
+            answer["apis"] = apis
+            missing = [
+                f"the API server serves no version of {name} that kubegpu reads"
+                for name, v in apis.items()
+                if v is None
+            ]
+            if missing:
+                answer["missing"] = missing
+        return 200, answer
     return None
 
 

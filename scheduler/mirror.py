@@ -1,7 +1,9 @@
 """The cluster as kubegpu sees it: informers feeding one engine, shared by both live front-ends.
 
 Informers (`kubegpu.kube.client.Informer`) list and watch Nodes and Pods, and, where asked, the advertisers' node
-Leases, PodDisruptionBudgets, PersistentVolumeClaims and PersistentVolumes; their threads only enqueue. The thread
+Leases, PodDisruptionBudgets, PersistentVolumeClaims and PersistentVolumes; their threads only enqueue. Budgets are
+read in the version the API server serves (`policy/v1` where it does, from 1.21; else `policy/v1beta1`, which 1.25
+removed), found in its discovery document first (`kubegpu.kube.discovery`). The thread
 that owns the engine applies what they report (`apply_events`) under `lock`, which the extender's HTTP handlers take
 too:
 
@@ -13,7 +15,9 @@ too:
   live pod holds. Only a verified allocation holds devices; a refused one gets an `AllocationRefused` Event, once;
 * a pod deleted or finished releases what it held;
 * a pod that waits for a node goes to the front-end's `PendingPods`: the custom scheduler's queue, or the
-  extender's record of pending pods; either is told when the cluster changed in a way that may help them;
+  extender's record of pending pods; either is told when the cluster changed in a way that may help them. A pod
+  with scheduling gates (`kubegpu.scheduler.gates`) is kept out of them, counted as gated, until an update removes
+  its last gate (kube-scheduler's PreEnqueue);
 * claims and volumes (`watch_volumes`) become the engine's VolumeBinding records: a claim's volume once it is
   Bound, a volume's required node affinity; a change to either wakes the pending pods. A claim or volume kubegpu
   cannot read is left out with a warning, so only the pods that name it are refused;
@@ -46,6 +50,7 @@ from kubegpu.core.annotations import (
 from kubegpu.core.errors import InputError
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
+from kubegpu.kube import discovery
 from kubegpu.kube.client import ApiError, Informer, KubeClient
 from kubegpu.scheduler import filters, liveness, objects
 from kubegpu.scheduler.binder import Binder
@@ -65,6 +70,9 @@ OWNER_PATHS = {
     "ReplicaSet": "/apis/apps/v1/replicasets",
     "StatefulSet": "/apis/apps/v1/statefulsets",
 }
+# The PodDisruptionBudget versions kubegpu reads, most preferred first (the two have the fields preemption reads).
+BUDGET_VERSIONS = ("v1", "v1beta1")
+BUDGETS = "poddisruptionbudgets"
 STALL = 30.0  # seconds without a beat of the loop applying informer events after which /healthz fails
 BATCH = 2000  # informer events applied under one taking of the lock
 
@@ -132,10 +140,15 @@ class ClusterMirror:
         self.pods_synced = threading.Event()
         self.heartbeat = time.monotonic()
         self._refused: dict[str, str] = {}  # pod key -> why its allocation holds no devices (one Event per reason)
+        self.gated: dict[str, tuple[str, ...]] = {}  # this front-end's pods held back by their scheduling gates
+        self.metrics.pending.labels("gated").set(0)
         # PodDisruptionBudgets by namespace/name: the custom scheduler's preemptions honour them. The extender does
         # not watch them: kube-scheduler counts the violations of the victims it proposes.
         self.watch_budgets = watch_budgets
         self.budgets: dict[str, Budget] = {}
+        self.budgets_synced = threading.Event()
+        # The group/version each discovered collection is read in; None: the server serves no version kubegpu reads.
+        self.versions: dict[str, str | None] = {}
         self.evicting: set[str] = set()  # victims deleted by a preemption, until their pods are gone
         self.leases = leases  # the advertisers' node Leases (`kubegpu.scheduler.liveness`), None: not judged
         # PersistentVolumeClaims and PersistentVolumes into the engine's VolumeBinding filter, for the custom
@@ -191,8 +204,9 @@ class ClusterMirror:
         consume = self._consume(self.on_pods)
         pods = Informer(self.client, "/api/v1/pods", consume, self.stop, "pods", after=nodes.synced)
         if self.watch_budgets:
-            path = "/apis/policy/v1beta1/poddisruptionbudgets"
-            Informer(self.client, path, self._consume(self.on_budgets), self.stop, "poddisruptionbudgets").start()
+            threading.Thread(
+                target=self.watch_budget_versions, name="informer-poddisruptionbudgets", daemon=True
+            ).start()
         if self.watch_volumes:
             consume = self._consume(self.on_claims)
             Informer(self.client, "/api/v1/persistentvolumeclaims", consume, self.stop, "claims").start()
@@ -219,6 +233,8 @@ class ClusterMirror:
     def syncing(self) -> list[str]:
         """The collections whose first list the engine still waits for (what `/readyz` names), in listing order."""
         waiting = [("nodes", self.nodes_synced), ("pods", self.pods_synced)]
+        if self.watch_budgets:
+            waiting.append((BUDGETS, self.budgets_synced))
         if self.watch_volumes:
             waiting += [("persistentvolumeclaims", self.claims_synced), ("persistentvolumes", self.volumes_synced)]
         waiting += [(OWNER_PATHS[kind].rsplit("/", 1)[1], synced) for kind, synced in self.owners_synced.items()]
@@ -226,6 +242,11 @@ class ClusterMirror:
 
     def healthy(self) -> bool:
         return time.monotonic() - self.heartbeat < STALL
+
+    def apis(self) -> dict[str, str | None]:
+        """The group/version each discovered collection is read in (what `/readyz` shows); None: the API server
+        serves none that kubegpu reads, so that collection is taken as empty."""
+        return dict(self.versions)
 
     # -- node liveness (`kubegpu.scheduler.liveness`): the advertisers' Leases, judged on a one-second tick --------
 
@@ -247,11 +268,44 @@ class ClusterMirror:
 
     # -- PodDisruptionBudgets ---------------------------------------------------------------------------------------
 
+    def watch_budget_versions(self) -> None:
+        """The budgets' informer thread: find the version the API server serves (retrying while it cannot be asked),
+        then list and watch it. A server that serves none (a future one, or one with policy turned off) has no
+        budgets: an error says so once, `/readyz` names it, and preemption goes on without them."""
+        version = self.discover_version("policy", BUDGET_VERSIONS)
+        if self.stop.is_set():
+            return
+        self.versions[BUDGETS] = None if version is None else f"policy/{version}"
+        if version is None:
+            log.error(
+                "the API server serves PodDisruptionBudgets in none of %s; preemption ignores budgets",
+                ", ".join(f"policy/{v}" for v in BUDGET_VERSIONS),
+            )
+            self.post(self.on_budgets, "SYNC", [])
+            return
+        log.info("PodDisruptionBudgets read as policy/%s", version)
+        path = f"/apis/policy/{version}/{BUDGETS}"
+        Informer(self.client, path, self._consume(self.on_budgets), self.stop, BUDGETS).run()
+
+    def discover_version(self, group: str, wanted: tuple[str, ...]) -> str | None:
+        """The first of `wanted` the API server serves for `group`, asked again with a backoff that doubles to 30 s
+        while the discovery document cannot be read (None as well once stopped)."""
+        backoff = 0.5
+        while not self.stop.is_set():
+            try:
+                return discovery.discover(self.client, group, wanted)
+            except ApiError as exc:
+                log.warning("discovery of /apis/%s: %s; retrying in %.1fs", group, exc, backoff)
+            self.stop.wait(backoff)
+            backoff = min(30.0, backoff * 2)
+        return None
+
     def on_budgets(self, kind: str, payload: Any) -> None:
         if kind == "SYNC":
             self.budgets.clear()
             for obj in payload:
                 self._apply_budget("ADDED", obj)
+            self.budgets_synced.set()
             return
         self._apply_budget(kind, payload)
 
@@ -440,6 +494,8 @@ class ClusterMirror:
             for key in [k for k in self.engine.pod_keys() if k not in live and self.pending.binding(k) is None]:
                 self.release(key)
             self.pending.keep_only(live)
+            for key in [k for k in self.gated if k not in live]:
+                self._ungate(key)
             self.pods_synced.set()
             return
         self._guarded("pod_event", payload, self._apply_pod, kind)
@@ -487,6 +543,17 @@ class ClusterMirror:
     def drop_pending(self, key: str) -> None:
         self.engine.unnominate(key)
         self.pending.drop(key)
+        self._ungate(key)
+
+    def _gate(self, key: str, gates: tuple[str, ...]) -> None:
+        """kube-scheduler's PreEnqueue for SchedulingGates: the pod waits outside the queue, tried by no cycle."""
+        self.drop_pending(key)
+        self.gated[key] = gates
+        self.metrics.pending.labels("gated").set(len(self.gated))
+
+    def _ungate(self, key: str) -> None:
+        if self.gated.pop(key, None) is not None:
+            self.metrics.pending.labels("gated").set(len(self.gated))
 
     def _apply_pod(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -522,6 +589,10 @@ class ClusterMirror:
             if held is None and not binding:
                 self._assume(request)
             return
+        if request.scheduling_gates and not deleting and self.pending.answers_for(request.scheduler_name):
+            self._gate(key, request.scheduling_gates)
+            return
+        self._ungate(key)  # its last gate removed: it enters the queue as a new pod would
         version = str(meta.get("resourceVersion", ""))
         if not self.pending.observe(key, request, version, deleting=deleting, held=held is not None):
             self.drop_pending(key)

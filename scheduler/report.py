@@ -274,7 +274,7 @@ def simulation_report(engine: Engine, events: Iterable[Mapping[str, Any]], files
     pending = [
         PendingPod(pod, str(event.get("reason") or "no node fits"))
         for pod, event in last.items()
-        if event["event"] == "unschedulable"
+        if event["event"] in ("unschedulable", "gated")
     ]
     names = [str(f) for f in files]
     source = "kubegpu simulate " + " ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
@@ -283,5 +283,5 @@ def simulation_report(engine: Engine, events: Iterable[Mapping[str, Any]], files
         title="simulation of " + ", ".join(Path(n).name for n in names[:3]) + ("…" if len(names) > 3 else ""),
         source=f"{source}, policy {engine.policy}",
         pending=pending,
-        counts={kind: counts[kind] for kind in ("scheduled", "unschedulable", "deleted")},
+        counts={kind: counts[kind] for kind in ("scheduled", "unschedulable", "gated", "deleted")},
     )

@@ -65,6 +65,7 @@ from kubegpu.core.text import safe_text
 from kubegpu.scheduler import objects
 from kubegpu.scheduler.config import ConfigError, Policy, load_config
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine
+from kubegpu.scheduler.gates import gated_reason
 from kubegpu.scheduler.owners import OWNER_KINDS
 from kubegpu.scheduler.preemption import Budget
 from kubegpu.scheduler.report import draw_text
@@ -478,6 +479,16 @@ def _process(
                 f"{event.where}: metadata.name: pod {request.key} is already scheduled; delete it first "
                 "(a Pod document with metadata.deletionTimestamp)"
             )
+        if request.scheduling_gates:  # kube-scheduler's PreEnqueue: no cycle until a later document lifts the gates
+            yield {
+                "pod": request.key,
+                "event": "gated",
+                "node": None,
+                "reason": gated_reason(request.scheduling_gates),
+                "devices": {},
+                "annotations": {},
+            }
+            continue
         decision = engine.schedule(request)
         if not decision.scheduled and decision.code is not Code.ERROR:
             preemption = engine.preempt(request, cluster.budgets_for(engine) if cluster.budgets else ())
@@ -549,6 +560,7 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
     write("\nSUMMARY\n")
     write(
         f"  scheduled {len(placed)}, unschedulable {sum(1 for e in events if e['event'] == 'unschedulable')}, "
+        f"gated {sum(1 for e in events if e['event'] == 'gated')}, "
         f"deleted {sum(1 for e in events if e['event'] == 'deleted')}\n"
     )
     for family, tally in sorted(families.items()):

@@ -2,7 +2,8 @@
 
 It reads what the scheduler and the advertisers leave in the cluster and nothing else: each Node's inventory (the
 `kubegpu.io/devices` annotation, or the labels the plugins fall back to), each bound pod's `kubegpu.io/allocation`,
-and for pods without a node the last `FailedScheduling` Event (or their `PodScheduled` condition). `ClusterView`
+and for pods without a node their scheduling gates (`spec.schedulingGates`, shown as kube-scheduler words them), else
+the last `FailedScheduling` Event (or their `PodScheduled` condition). `ClusterView`
 feeds these into an `Engine` of its own, exactly as a restarting scheduler rebuilds its ledger, so the pictures are
 the plugins' own `Occupancy` maps, drawn like the simulator's (`report.py`): a ring as a row, a torus as a grid,
 cards and GPUs as cells; `#` held, `+` partly held, `.` free, `x` unhealthy, each holder in its own colour.
@@ -42,6 +43,7 @@ from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.plugin_manager import KubegpuPluginManager, make_plugin_manager
 from kubegpu.core.text import safe_text
 from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.gates import gated_reason
 from kubegpu.scheduler.report import (
     LEGEND,
     NodeView,
@@ -72,6 +74,7 @@ class _Waiting:
     uid: str
     scheduler: str
     condition: str | None
+    gates: tuple[str, ...] = ()
 
 
 class ClusterView:
@@ -155,7 +158,12 @@ class ClusterView:
             conditions = (obj.get("status") or {}).get("conditions") or []
             unscheduled = [c for c in conditions if c.get("type") == "PodScheduled" and c.get("status") == "False"]
             condition = unscheduled[0].get("message") if unscheduled else None
-            self.waiting[key] = _Waiting(uid, str(spec.get("schedulerName") or "default-scheduler"), condition)
+            gates = spec.get("schedulingGates")
+            names = tuple(
+                str(gate.get("name")) for gate in (gates if isinstance(gates, list) else []) if isinstance(gate, dict)
+            )
+            scheduler = str(spec.get("schedulerName") or "default-scheduler")
+            self.waiting[key] = _Waiting(uid, scheduler, condition, names)
             return
         text = (meta.get("annotations") or {}).get(ALLOCATION_KEY)
         if self.bound.get(key) == (uid, node, text) and key in self.engine.pod_keys():
@@ -241,8 +249,10 @@ class ClusterView:
     # -- the snapshot -----------------------------------------------------------------------------------------
 
     def reason(self, key: str, waiting: _Waiting) -> str:
-        """Why pod `key` waits: its latest FailedScheduling Event, else its PodScheduled condition (text anyone with
-        access to the namespace may have written: escaped and bounded)."""
+        """Why pod `key` waits: its scheduling gates, else its latest FailedScheduling Event, else its PodScheduled
+        condition (text anyone with access to the namespace may have written: escaped and bounded)."""
+        if waiting.gates:  # no scheduler tries a gated pod: an older failure is not why it waits now
+            return safe_text(gated_reason(waiting.gates))
         failure = self.failures.get(key)
         if failure is not None and (not failure[1] or failure[1] == waiting.uid):
             return safe_text(failure[2])

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kubegpu.core.annotations import DEVICES_KEY
 from kubegpu.core.manifests import ManifestError, node_info, pod_request, pod_uid
@@ -74,6 +76,82 @@ def test_the_pods_cpu_and_memory_are_the_larger_of_its_containers_and_its_larges
     assert request.cpu_milli == 2000  # the init container "setup" needs more cpu than a + b together
     assert request.memory == 2 * 2**30  # a + b need more memory than any init container
     assert [c.name for c in request.containers] == ["a", "b"]  # init containers hold no devices
+
+
+def _sidecar(name: str, **resources: dict[str, Any]) -> dict[str, Any]:
+    return {**_container(name, **resources), "restartPolicy": "Always"}
+
+
+@pytest.mark.parametrize(
+    ("containers", "init", "expected_cpu"),
+    [
+        ([_container("app", requests={"cpu": "3"})], [_sidecar("proxy", requests={"cpu": "2"})], 5000),
+        (
+            [_container("app", requests={"cpu": "1"})],
+            [_sidecar("proxy", requests={"cpu": "2"}), _container("migrate", requests={"cpu": "4"})],
+            6000,
+        ),
+        (
+            [_container("app", requests={"cpu": "1"})],
+            [_container("migrate", requests={"cpu": "4"}), _sidecar("proxy", requests={"cpu": "2"})],
+            4000,
+        ),
+        (
+            [_container("app", requests={"cpu": "1"})],
+            [
+                _sidecar("log", requests={"cpu": "1"}),
+                _container("migrate", requests={"cpu": "2"}),
+                _sidecar("proxy", requests={"cpu": "1"}),
+            ],
+            3000,
+        ),
+        (
+            [_container("app", requests={"cpu": "1"})],
+            [{**_container("setup", requests={"cpu": "2"}), "restartPolicy": "OnFailure"}],
+            2000,
+        ),
+    ],
+    ids=[
+        "sidecar-adds-to-the-app",
+        "init-after-a-sidecar-runs-beside-it",
+        "init-before-a-sidecar-runs-alone",
+        "each-init-counts-the-sidecars-started-before-it",
+        "only-restartPolicy-Always-makes-a-sidecar",
+    ],
+)
+def test_sidecar_containers_count_as_kube_scheduler_1_29_counts_them(
+    containers: list[dict[str, Any]], init: list[dict[str, Any]], expected_cpu: int
+) -> None:
+    """resource.PodRequests: sidecars (init containers with restartPolicy Always) run for the pod's life, so their
+    requests add to the containers'; each classic init container runs beside the sidecars started before it."""
+    request, _ = pod_request(_pod(*containers, init=tuple(init)))
+
+    assert request.cpu_milli == expected_cpu
+
+
+def test_a_sidecars_devices_are_held_beside_the_apps_and_a_classic_init_containers_are_not() -> None:
+    pod = _pod(
+        _container("app", limits={"nvidia.com/gpu": "2"}),
+        init=(
+            _sidecar("monitor", limits={"nvidia.com/gpu": "1"}),
+            _container("warmup", limits={"nvidia.com/gpu": "3"}),
+        ),
+    )
+
+    request, _ = pod_request(pod)
+
+    assert [c.name for c in request.containers] == ["app", "monitor"]  # the sidecar holds its own device
+    assert request.total("nvidia.com/gpu") == 3
+    assert request.requests["nvidia.com/gpu"] == 4  # warmup runs beside monitor: 3 + 1 > app + monitor
+
+
+def test_pod_overhead_is_added_to_a_pod_with_sidecars() -> None:
+    pod = _pod(_container("app", requests={"cpu": "1"}), init=(_sidecar("proxy", requests={"cpu": "500m"}),))
+    pod["spec"]["overhead"] = {"cpu": "250m"}
+
+    request, _ = pod_request(pod)
+
+    assert request.cpu_milli == 1750
 
 
 def test_a_pods_totals_and_requested_resources_span_its_containers() -> None:
@@ -285,3 +363,41 @@ def test_a_node_kubegpu_cannot_read_is_refused_naming_the_field(change: dict[str
         node_info(manifest)
 
     assert str(caught.value).startswith(message)
+
+
+def _upstream_pod_cpu(containers: list[int], init: list[tuple[int, bool]], overhead: int) -> int:
+    """kube-scheduler's aggregateContainerResourcesByFn for one resource, step by step as upstream writes it."""
+    result = sum(containers)
+    sidecars, steps = 0, 0
+    for amount, sidecar in init:
+        if sidecar:
+            result += amount
+            sidecars += amount
+            step = sidecars
+        else:
+            step = amount + sidecars
+        steps = max(steps, step)
+    return max(result, steps) + overhead
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    containers=st.lists(st.integers(0, 8), min_size=1, max_size=4),
+    init=st.lists(st.tuples(st.integers(0, 8), st.booleans()), max_size=6),
+    overhead=st.integers(0, 3),
+)
+def test_pod_requests_match_kube_schedulers_step_by_step_rule(
+    containers: list[int], init: list[tuple[int, bool]], overhead: int
+) -> None:
+    pod = _pod(
+        *(_container(f"c{i}", requests={"cpu": str(cpu)}) for i, cpu in enumerate(containers)),
+        init=tuple(
+            {**_container(f"i{i}", requests={"cpu": str(cpu)}), **({"restartPolicy": "Always"} if sidecar else {})}
+            for i, (cpu, sidecar) in enumerate(init)
+        ),
+    )
+    pod["spec"]["overhead"] = {"cpu": str(overhead)}
+
+    request, _ = pod_request(pod)
+
+    assert request.cpu_milli == 1000 * _upstream_pod_cpu(containers, init, overhead)

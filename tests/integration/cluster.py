@@ -73,8 +73,9 @@ def binary_dir() -> Path:
 class Cluster:
     """etcd + kube-apiserver in `workdir`, with an admin token and a kubeconfig."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *apiserver_flags: str) -> None:
         self.workdir = workdir
+        self.apiserver_flags = apiserver_flags  # beyond the usual ones (`--runtime-config` to turn an API off)
         self.bin = binary_dir()
         self.etcd_port, self.peer_port, self.port = free_port(), free_port(), free_port()
         self.url = f"https://127.0.0.1:{self.port}"
@@ -153,6 +154,7 @@ class Cluster:
                 "--max-requests-inflight=2000",
                 "--max-mutating-requests-inflight=1000",
                 "--v=0",
+                *self.apiserver_flags,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -295,8 +297,8 @@ def _terminate(process: subprocess.Popen[bytes] | None) -> None:
 
 
 @contextlib.contextmanager
-def running_cluster(workdir: Path) -> Iterator[Cluster]:
-    cluster = Cluster(workdir)
+def running_cluster(workdir: Path, *apiserver_flags: str) -> Iterator[Cluster]:
+    cluster = Cluster(workdir, *apiserver_flags)
     try:
         cluster.start()
         yield cluster

@@ -7,12 +7,16 @@ the bind once they are gone) are what is checked.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import orjson
+import urllib3
 
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
 from kubegpu.kube.client import ApiError
 
-from .cluster import Cluster, wait_for
+from .cluster import Cluster, running_cluster, wait_for
 
 TRN1 = {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
 DEVICE = "aws.amazon.com/neurondevice"
@@ -70,6 +74,26 @@ def wait_bound(cluster: Cluster, namespace: str, *names: str, timeout: float = 3
     wait_for(lambda: all(bound_to(cluster, namespace, n) for n in names), timeout, f"{names} bound")
 
 
+def readiness(scheduler: Any) -> tuple[int, dict[str, Any]]:
+    """The scheduler's `/readyz`: its status and its JSON body."""
+    answer = urllib3.request("GET", f"http://127.0.0.1:{scheduler.metrics_port}/readyz", timeout=2.0)
+    return answer.status, orjson.loads(answer.data)
+
+
+def ready(scheduler: Any) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+
+    def answered() -> bool:
+        try:
+            status, found["body"] = readiness(scheduler)
+        except (urllib3.exceptions.HTTPError, orjson.JSONDecodeError):
+            return False
+        return status == 200
+
+    wait_for(answered, 30, "the scheduler's /readyz 200")
+    return found["body"]
+
+
 def test_a_priority_1000_pod_evicts_the_low_priority_pods_filling_a_trn1_and_binds_all_16_devices(
     cluster: Cluster, namespace: str, start_scheduler: Any
 ) -> None:
@@ -121,7 +145,9 @@ def test_a_disruption_budget_and_equal_priority_are_respected(
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
     }
     cluster.client.post(f"/apis/policy/v1beta1/namespaces/{namespace}/poddisruptionbudgets", budget)
-    start_scheduler("kubegpu-preempt-3", "--no-leader-elect")
+    scheduler = start_scheduler("kubegpu-preempt-3", "--no-leader-elect")
+    # 1.20 serves budgets only as policy/v1beta1: discovery finds it (policy/v1 would be chosen where served, 1.21+).
+    assert ready(scheduler)["apis"] == {"poddisruptionbudgets": "policy/v1beta1"}
     create(cluster, namespace, "db", 16, "kubegpu-preempt-3", labels={"app": "db"})
     create(cluster, namespace, "batch", 16, "kubegpu-preempt-3", labels={"app": "batch"})
     wait_bound(cluster, namespace, "db", "batch")
@@ -147,3 +173,26 @@ def test_a_disruption_budget_and_equal_priority_are_respected(
     )
     left = pods(cluster, namespace)
     assert bound_to(cluster, namespace, "urgent") and not left["peer"]["spec"].get("nodeName")
+
+
+def test_an_api_server_serving_no_budget_api_is_named_and_preemption_goes_on_without_budgets(
+    start_scheduler: Any, tmp_path: Path
+) -> None:
+    """A kube-apiserver 1.20.2 with policy/v1beta1 turned off serves no PodDisruptionBudget version at all (as a
+    1.25+ server would serve no v1beta1): the scheduler says so once, becomes ready, and still preempts."""
+    with running_cluster(tmp_path / "k8s", "--runtime-config=policy/v1beta1=false") as bare:
+        namespace = bare.create_namespace("no-budgets")
+        priority_classes(bare)
+        bare.create_ready_node("trn1-t", labels=TRN1, allocatable={DEVICE: 16})
+        scheduler = start_scheduler("kubegpu-preempt-4", "--no-leader-elect", kubeconfig=bare.kubeconfig)
+        body = ready(scheduler)
+        assert body["apis"] == {"poddisruptionbudgets": None}
+        assert body["missing"] == ["the API server serves no version of poddisruptionbudgets that kubegpu reads"]
+        scheduler.wait_logged("serves PodDisruptionBudgets in none of policy/v1, policy/v1beta1")
+
+        create(bare, namespace, "batch", 16, "kubegpu-preempt-4", labels={"app": "batch"})
+        wait_bound(bare, namespace, "batch")
+        create(bare, namespace, "urgent", 16, "kubegpu-preempt-4", "kubegpu-test-top")
+        wait_bound(bare, namespace, "urgent")
+        assert set(pods(bare, namespace)) == {"urgent"}
+        assert scheduler.output().count("serves PodDisruptionBudgets in none") == 1, "said once, not in a loop"

@@ -205,6 +205,20 @@ def container(name: str, requests: dict[str, str]) -> dict[str, Any]:
         ({"containers": [container("a", {"cpu": "3"}), container("b", {"cpu": "2"})]}, False),
         ({"containers": [container("a", {"cpu": "1"})], "initContainers": [container("i", {"cpu": "4"})]}, True),
         ({"containers": [container("a", {"cpu": "1"})], "initContainers": [container("i", {"cpu": "5"})]}, False),
+        (
+            {
+                "containers": [container("app", {"cpu": "3"})],
+                "initContainers": [{**container("proxy", {"cpu": "2"}), "restartPolicy": "Always"}],
+            },
+            False,
+        ),
+        (
+            {
+                "containers": [container("app", {"cpu": "2"})],
+                "initContainers": [{**container("proxy", {"cpu": "2"}), "restartPolicy": "Always"}],
+            },
+            True,
+        ),
         ({"containers": [container("a", {"cpu": "3"})], "overhead": {"cpu": "1"}}, True),
         ({"containers": [container("a", {"cpu": "3500m"})], "overhead": {"cpu": "1"}}, False),
         ({"containers": [container("a", {"example.com/widget": "2"})]}, True),
@@ -217,6 +231,8 @@ def container(name: str, requests: dict[str, str]) -> dict[str, Any]:
         "containers-sum-too-large",
         "init-container-max",
         "init-container-too-large",
+        "sidecar-beside-the-app-too-large",
+        "sidecar-beside-the-app",
         "overhead-added",
         "overhead-tips-it-over",
         "extended",
@@ -260,6 +276,26 @@ def test_device_pods_go_only_where_allocatable_advertises_the_resource(
     e = cluster(node("n1", labels=labels, allocatable=allocatable), neuron=neuron, nvidia=nvidia)
     decision = e.schedule(pod("p", {"containers": [{"name": "main", "resources": {"limits": {resource: "1"}}}]}))
     assert decision.reason == f"0/1 nodes are available: 1 Insufficient {resource}."
+
+
+def test_a_sidecars_gpus_are_allocated_beside_the_apps_on_one_node() -> None:
+    """A sidecar runs for the pod's life, so the kubelet keeps its devices apart from the app's: a 3-GPU app with a
+    2-GPU sidecar needs 5 GPUs, and each container gets its own."""
+    gpus = {"nvidia.com/gpu.count": "4"}
+    e = cluster(node("n1", labels=gpus, allocatable={nvidia.RESOURCE: 4}), nvidia=nvidia)
+
+    def spec(app: int, sidecar: int) -> dict[str, Any]:
+        limits = {"resources": {"limits": {nvidia.RESOURCE: str(app)}}}
+        side = {"name": "monitor", "restartPolicy": "Always", "resources": {"limits": {nvidia.RESOURCE: str(sidecar)}}}
+        return {"containers": [{"name": "main", **limits}], "initContainers": [side]}
+
+    refused = e.schedule(pod("big", spec(3, 2)))
+    assert refused.reason == f"0/1 nodes are available: 1 Insufficient {nvidia.RESOURCE}."
+    placed = e.schedule(pod("small", spec(2, 1)))
+    assert placed.allocation is not None
+    devices = placed.allocation.containers
+    assert len(devices["main"][nvidia.RESOURCE]) == 2 and len(devices["monitor"][nvidia.RESOURCE]) == 1
+    assert not set(devices["main"][nvidia.RESOURCE]) & set(devices["monitor"][nvidia.RESOURCE])
 
 
 def test_a_cordoned_node_takes_only_pods_tolerating_unschedulable() -> None:

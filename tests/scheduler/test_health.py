@@ -47,9 +47,12 @@ def test_the_scheduler_is_ready_once_its_informers_listed_and_healthy_while_its_
     custom, server = scheduler
     status, _, body = get(server.address, "/readyz")  # type: ignore[arg-type]
     assert status == 503
-    assert orjson.loads(body)["status"].startswith("syncing nodes, pods, persistentvolumeclaims, persistentvolumes, ")
+    assert orjson.loads(body)["status"].startswith(
+        "syncing nodes, pods, poddisruptionbudgets, persistentvolumeclaims, persistentvolumes, "
+    )
     custom.mirror.on_nodes("SYNC", [])
     custom.mirror.on_pods("SYNC", [])
+    custom.mirror.on_budgets("SYNC", [])
     status, _, body = get(server.address, "/readyz")  # type: ignore[arg-type]
     assert status == 503  # the operator reads what is still being listed
     assert orjson.loads(body)["status"] == (

@@ -31,6 +31,7 @@ def service() -> CustomScheduler:
     svc.mirror.on_nodes("SYNC", [node_manifest(n, labels={HOST: n}) for n in ("n1", "n2", "n3")])
     for kind in OWNER_PATHS:  # no Service, ReplicaSet, ...: readiness waits only for what each test leaves out
         svc.mirror.on_owners(kind, "SYNC", [])
+    svc.mirror.on_budgets("SYNC", [])
     return svc
 
 
