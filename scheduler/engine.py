@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator, KeysView, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from typing import Any, Literal, NamedTuple
 
 from kubegpu.core.annotations import (
@@ -55,7 +56,7 @@ from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Code, Status
 from kubegpu.core.text import MAX_TEXT_CHARS, safe_text
 from kubegpu.scheduler import filters, podindex, scores
-from kubegpu.scheduler.index import CapacityIndex
+from kubegpu.scheduler.index import CapacityIndex, NodeTree, zone_key
 from kubegpu.scheduler.owners import Owners
 from kubegpu.scheduler.podindex import Domains, PodIndex
 from kubegpu.scheduler.preemption import (
@@ -172,6 +173,51 @@ class Plan:
     prepared: dict[str, object] = field(default_factory=dict)
 
 
+class Settled(NamedTuple):
+    """What one node's unresolvable answer says about the other nodes of its class in a cycle: none of them fits.
+    `by_node`: the filters that read only the node gave it (`Engine._node_fit`), so it is every one's answer; else
+    each may be stopped earlier, or lack more, by what is in use on it (`Engine._refused_like`)."""
+
+    status: Status
+    by_node: bool
+
+
+@dataclass(slots=True)
+class Refusals:
+    """A cycle's count of refusals, as kube-scheduler counts them when no node fits: each node under its own answer.
+    Nodes are counted one by one (`Engine._refuse`), or a class at once after one of its nodes settled it."""
+
+    reasons: Counter[str] = field(default_factory=Counter)
+    resolvable: bool = False  # some reason may change as pods leave
+    settled: dict[int, Settled] = field(default_factory=dict)
+    counted: dict[int, list[str]] = field(default_factory=dict)  # node class -> its nodes counted one by one
+
+
+@dataclass(slots=True)
+class ClassTally:
+    """Every node's answer in one node class to one pod shape (`Plan.local`), the class settled by `status`
+    (`Engine._refused_like`), with their reasons summed; brought up to date from the engine's change log
+    (`Engine.changed_since`) rather than asked again, so a pod that fits nowhere costs what changed since."""
+
+    local: tuple[object, ...]
+    status: Status
+    generation: int
+    answers: dict[str, Status] = field(default_factory=dict)
+    reasons: Counter[str] = field(default_factory=Counter)
+    resolvable: int = 0  # answers that may change as pods leave
+
+    def forget(self, name: str) -> None:
+        old = self.answers.pop(name, None)
+        if old is not None:
+            self.reasons.subtract(old.reasons)
+            self.resolvable -= old.code is not Code.UNRESOLVABLE
+
+    def learn(self, name: str, answer: Status) -> None:
+        self.answers[name] = answer
+        self.reasons.update(answer.reasons)
+        self.resolvable += answer.code is not Code.UNRESOLVABLE
+
+
 class ClusterState(NamedTuple):
     """One pod's cluster-wide filter state (kube-scheduler's PreFilter for PodTopologySpread and InterPodAffinity)
     at one generation, with the judge of one node's labels made from it."""
@@ -275,6 +321,13 @@ class Engine:
         self._routes: dict[frozenset[str], dict[str, list[str]]] = {}
         self._classes: dict[tuple[object, ...], int] = {}
         self._class_nodes: dict[int, dict[str, None]] = {}  # node class -> its nodes
+        # The nodes zone by zone in turn, and where the next sample taken from them starts (kube-scheduler's node tree
+        # and `nextStartNodeIndex`): a pod whose scores read more than its node is scored on such a sample.
+        self._tree = NodeTree()
+        self._next_start = 0
+        # (node class, id(Plan.local)) -> every node's answer in a class settled by an unresolvable answer its nodes
+        # may give apart (`_tally`); kept current from the change log, dropped all at once past 256.
+        self._tallies: dict[tuple[int, int], ClassTally] = {}
         # Every change of a node's state is numbered; `changed_since` names the nodes changed after a number, so a
         # caller can keep answers per node and redo only the nodes that changed (the extender does).
         self.generation = 0
@@ -333,6 +386,7 @@ class Engine:
             if state is not None:
                 record.states[plugin] = state
         self.nodes[info.name] = record
+        self._tree.set(info.name, zone_key(info.labels))
         self._join_class(info.name, previous.klass if previous is not None else None, record.klass)
         if any(t.effect == "PreferNoSchedule" for t in info.taints):
             self._soft_tainted.add(info.name)
@@ -428,6 +482,7 @@ class Engine:
         self._soft_tainted.discard(name)
         self._note_scored(None, record.info)
         self._join_class(name, record.klass, None)
+        self._tree.discard(name)
         self._changed(name)
         for index in self._index.values():
             index.discard(name)
@@ -657,6 +712,11 @@ class Engine:
         NodeAffinity, NodePorts, NodeResourcesFit, VolumeBinding; `kubegpu.scheduler.filters`); the first that refuses
         answers, so each node is counted under the reason kube-scheduler would give. Reasons about the node itself
         are unresolvable; capacity and ports are unschedulable."""
+        return self._node_fit(record, pod) or self._usage_fit(record, pod, plan)
+
+    def _node_fit(self, record: NodeRecord, pod: PodRequest) -> Status | None:
+        """The filters that read only the node, not what is in use on it: NodeUnschedulable, the Ready condition,
+        TaintToleration and NodeAffinity. They run first, so a refusal of theirs is every node of the class's."""
         info = record.info
         off = self.filters_off  # filters a configuration turned off (usually none)
         if (
@@ -680,6 +740,13 @@ class Engine:
             and "NodeAffinity" not in off
         ):
             return Status.unresolvable(filters.NODE_SELECTOR)
+        return None
+
+    def _usage_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
+        """The filters after `_node_fit` that read what is in use on the node: NodePorts, NodeResourcesFit (every
+        resource it lacks) and VolumeBinding."""
+        info = record.info
+        off = self.filters_off
         if pod.host_ports and filters.ports_conflict(pod.host_ports, record.ports) and "NodePorts" not in off:
             return Status.unschedulable(filters.PORTS)
         allocatable, used = info.allocatable, record.used
@@ -926,38 +993,111 @@ class Engine:
     def filter_nodes(self, pod: PodRequest, names: Iterable[str], plan: Plan | None = None) -> dict[str, Status]:
         """Run the filter phase on each named node (all known to the engine), for a front-end handed its candidates
         (the extender's filter and prioritize). As in `schedule`, one unresolvable answer settles every node of its
-        class (a trn1 refusing 7 devices refuses them all) without asking the others."""
+        class (a trn1 refusing 7 devices refuses them all) without running every filter on the others."""
         plan = plan or self.plan(pod)
-        settled: dict[int, Status] = {}
+        settled: dict[int, Settled] = {}
         statuses: dict[str, Status] = {}
         for name in names:
             record = self.nodes[name]
             known = settled.get(record.klass)
             if known is not None:
-                statuses[name] = known
+                statuses[name] = (
+                    known.status if known.by_node else self._tally(record.klass, pod, plan, known.status).answers[name]
+                )
                 continue
             status = statuses[name] = self.check(record, pod, plan)
             if status.code is Code.UNRESOLVABLE and plan.settles:
-                settled[record.klass] = status
+                settled[record.klass] = Settled(status, self._node_fit(record, pod) is not None)
         return statuses
 
-    def _candidates(self, pod: PodRequest, plan: Plan) -> tuple[Iterator[tuple[int, dict[str, None]]], str]:
-        """(node class, nodes) worth filtering, in policy order, and the resource the index selected them by.
+    def _refuse(self, refusals: Refusals, record: NodeRecord, pod: PodRequest, plan: Plan, status: Status) -> bool:
+        """Count one node's refusal; True when it settles the node's class (`Settled`): no other node of it fits."""
+        refusals.reasons.update(status.reasons)
+        counted = refusals.counted.get(record.klass)
+        if counted is None:
+            counted = refusals.counted[record.klass] = []
+        counted.append(record.name)
+        if status.code is Code.UNRESOLVABLE and plan.settles:
+            refusals.settled[record.klass] = Settled(status, self._node_fit(record, pod) is not None)
+            return True
+        refusals.resolvable = True
+        return False
+
+    def _refused(self, refusals: Refusals, pod: PodRequest, plan: Plan, total: int) -> Decision:
+        """The decision of a cycle in which no node fits: each class settled by an answer its nodes may give apart
+        adds the answers of its nodes not counted one by one (`_tally`)."""
+        reasons, resolvable = refusals.reasons, refusals.resolvable
+        for klass, known in refusals.settled.items():
+            if known.by_node:
+                continue
+            tally = self._tally(klass, pod, plan, known.status)
+            reasons.update(tally.reasons)
+            counted = refusals.counted.get(klass, ())
+            for name in counted:
+                reasons.subtract(tally.answers[name].reasons)
+            resolvable = resolvable or tally.resolvable > sum(
+                tally.answers[name].code is not Code.UNRESOLVABLE for name in counted
+            )
+        code = Code.UNSCHEDULABLE if resolvable else Code.UNRESOLVABLE
+        return Decision(pod.key, False, reason=summarize_reasons(total, +reasons), code=code)
+
+    def _refused_like(self, record: NodeRecord, pod: PodRequest, plan: Plan, status: Status) -> Status:
+        """The answer of a node whose class another node refused with `status`, unresolvable but not by the filters
+        that read only the node: the filters that read what is in use may stop this node first, or name what else it
+        lacks (kube-scheduler reports each node under the first filter that refuses it, NodeResourcesFit under every
+        resource short); else the class's answer is its own (a hopeless size, a device rule)."""
+        if record.nominees:
+            return self.check(record, pod, plan)
+        return self._usage_fit(record, pod, plan) or status
+
+    def _tally(self, klass: int, pod: PodRequest, plan: Plan, status: Status) -> ClassTally:
+        """The answers of the class's nodes (`ClassTally`), remembered per (class, pod shape) and brought up to date
+        with the nodes changed since; nodes awaiting a preempting pod are asked again each time (nominating one
+        is no change of the node)."""
+        key = (klass, id(plan.local))
+        tally = self._tallies.get(key)
+        changed: Iterable[str] | None = None
+        if tally is not None and tally.local is plan.local and tally.status == status:
+            changed = self.changed_since(tally.generation)
+        members = self._class_nodes.get(klass, {})
+        if tally is None or changed is None:
+            tally = ClassTally(plan.local, status, self.generation)
+            if len(self._tallies) >= 256:
+                self._tallies.clear()
+            self._tallies[key] = tally
+            changed = members
+        elif self.nominated:
+            changed = {*changed, *self.nominated.values()}
+        for name in changed:
+            tally.forget(name)
+            if name in members:
+                tally.learn(name, self._refused_like(self.nodes[name], pod, plan, status))
+        tally.generation = self.generation
+        return tally
+
+    def _selector(self, pod: PodRequest, plan: Plan) -> tuple[CapacityIndex, str, int]:
+        """The capacity index a cycle selects its candidates by, its resource, and the amount a node must offer.
 
         With several device resources the most selective index is used: the one with the fewest nodes that could
-        offer the amount asked (an Intel pod's memory per card, rather than its card count).
+        offer the amount asked (an Intel pod's memory per card, rather than its card count). A pod without devices is
+        selected by cpu, unless NodeResourcesFit is off: then no node is refused for what it lacks.
         """
-        ascending = self.policy == "binpack"
         needs = [pair for _, pairs in plan.devices for pair in pairs]
         if not needs:
-            return self._index[CPU_INDEX].groups_at_least(pod.cpu_milli, ascending=ascending), "cpu"
+            cpu = -UNKNOWN_FREE if "NodeResourcesFit" in self.filters_off else pod.cpu_milli
+            return self._index[CPU_INDEX], "cpu", cpu
         empty = CapacityIndex()
         if len(needs) > 1:
             resource, need = min(needs, key=lambda p: self._index.get(p[0], empty).count_at_least(p[1]))
         else:
             resource, need = needs[0]
-        index = self._index.get(resource, empty)
-        return index.groups_at_least(need, ascending=ascending), resource
+        return self._index.get(resource, empty), resource, need
+
+    def _candidates(self, pod: PodRequest, plan: Plan) -> tuple[Iterator[tuple[int, dict[str, None]]], str]:
+        """(node class, nodes) worth filtering, in policy order, and the resource the index selected them by
+        (`_selector`)."""
+        index, resource, need = self._selector(pod, plan)
+        return index.groups_at_least(need, ascending=self.policy == "binpack"), resource
 
     def _device_scores(
         self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]
@@ -1169,22 +1309,25 @@ class Engine:
             if not status.ok:
                 return Decision(pod.key, False, reason=summarize_reasons(1, Counter(status.reasons)), code=status.code)
             return self._reserve(record, pod, plan)
+        sample = self._sample_size(pod, plan)
+        if self.sample < sample < len(nodes):
+            return self._schedule_sampled(pod, plan, sample)
         feasible: list[str] = []
         evaluated = 0
-        reasons: Counter[str] = Counter()
-        settled: dict[int, tuple[str, ...]] = {}  # node class -> the unresolvable reasons its nodes share
-        resolvable = False
+        refusals = Refusals()
+        settled = refusals.settled  # node class -> what one of its nodes' unresolvable answer says of the others
+        reasons = refusals.reasons
         candidates, resource = self._candidates(pod, plan)
-        sample = self._sample_size(pod, plan)
         visited: dict[int, list[dict[str, None]]] = {}  # node class -> the groups of its nodes filtered above
         judge = self._cluster_state(pod, plan).judge if plan.volatile else None
-        check = self.check
+        check, refuse = self.check, self._refuse
         for klass, members in candidates:
             visited.setdefault(klass, []).append(members)
             known = settled.get(klass)
             if known is not None:
-                for reason in known:
-                    reasons[reason] += len(members)
+                if known.by_node:
+                    for reason in known.status.reasons:
+                        reasons[reason] += len(members)
                 evaluated += len(members)
                 continue
             for position, name in enumerate(members, 1):
@@ -1196,24 +1339,20 @@ class Engine:
                     if len(feasible) >= sample:
                         break
                     continue
-                for reason in status.reasons:
-                    reasons[reason] += 1
-                if status.code is Code.UNRESOLVABLE and plan.settles:
-                    # Every other node of this class answers alike: count them without asking.
-                    settled[klass] = status.reasons
+                if refuse(refusals, record, pod, plan, status):
+                    # No other node of this class fits: counted without filtering (`_refused`).
                     rest = len(members) - position
-                    for reason in status.reasons:
-                        reasons[reason] += rest
+                    if settled[klass].by_node:
+                        for reason in status.reasons:
+                            reasons[reason] += rest
                     evaluated += rest
                     break
-                resolvable = True
             if len(feasible) >= sample:
                 break
         if not feasible:
             if evaluated < len(nodes):
-                resolvable |= self._explain_skipped(pod, plan, visited, resource, reasons)
-            code = Code.UNSCHEDULABLE if resolvable else Code.UNRESOLVABLE
-            return Decision(pod.key, False, reason=summarize_reasons(len(nodes), reasons), code=code)
+                self._explain_skipped(pod, plan, visited, refusals, resource)
+            return self._refused(refusals, pod, plan, len(nodes))
         best = feasible[0] if len(feasible) == 1 else self._rank(feasible, pod, plan)
         return self._reserve(nodes[best], pod, plan)
 
@@ -1222,33 +1361,89 @@ class Engine:
         pod: PodRequest,
         plan: Plan,
         visited: dict[int, list[dict[str, None]]],
+        refusals: Refusals,
         resource: str,
-        reasons: Counter[str],
-    ) -> bool:
+    ) -> None:
         """Count the nodes the capacity index skipped under their own reasons, as kube-scheduler would report them
         (a node that fails the node selector says so, not "Insufficient ..."). Only a pod that fits nowhere pays for
-        this, and a class whose nodes answer alike (unresolvable) costs one check. True when some reason may change
-        as pods leave."""
-        resolvable = False
+        this, and a class whose nodes answer alike (unresolvable) costs one check."""
+        settled = refusals.settled
         for klass, members in self._class_nodes.items():
             groups = visited.get(klass, ())
             left = len(members) - sum(len(group) for group in groups)
-            for name in members:
-                if left <= 0:
+            if left <= 0:
+                continue
+            known = settled.get(klass)
+            if known is None:
+                for name in members:
+                    if any(name in group for group in groups):
+                        continue
+                    record = self.nodes[name]
+                    status = self.check(record, pod, plan)
+                    if status.ok:
+                        status = Status.unschedulable(f"Insufficient {resource}")
+                    left -= 1
+                    if self._refuse(refusals, record, pod, plan, status) or left <= 0:
+                        break
+                known = settled.get(klass)
+            if known is not None and known.by_node and left > 0:
+                for reason in known.status.reasons:
+                    refusals.reasons[reason] += left  # every other skipped node of the class answers alike
+
+    def _schedule_sampled(self, pod: PodRequest, plan: Plan, sample: int) -> Decision:
+        """The cycle of a pod scored on kube-scheduler's sample of a larger cluster (`_sample_size`): the first
+        `sample` feasible nodes in the node tree's order (zone by zone in turn), from where the last such sample
+        stopped, as kube-scheduler 1.20 takes them (`findNodesThatPassFilters`, `nextStartNodeIndex`). Every zone
+        is in every sample; a sample in capacity order would hold the first zones only. Nodes the capacity index
+        rules out are passed over, and filtered for their reasons only when no node fits."""
+        nodes, check, refuse = self.nodes, self.check, self._refuse
+        judge = self._cluster_state(pod, plan).judge if plan.volatile else None
+        index, resource, need = self._selector(pod, plan)
+        offers = index.get
+        order = self._tree.order()
+        start = self._next_start % len(order)
+        feasible: list[str] = []
+        refusals = Refusals()
+        settled = refusals.settled
+        passed: list[str] = []  # nodes the index ruled out
+        processed = 0
+        for processed, name in enumerate(chain(order[start:], order[:start]), 1):  # noqa: B007 (read after)
+            free = offers(name)
+            if free is None or free < need:
+                passed.append(name)
+                continue
+            record = nodes[name]
+            if record.klass in settled:
+                continue  # counted with its class if no node fits (`_refused`)
+            status = check(record, pod, plan, judge=judge)
+            if status.code is Code.SUCCESS:
+                feasible.append(name)
+                if len(feasible) >= sample:
                     break
-                if any(name in group for group in groups):
-                    continue
-                status = self.check(self.nodes[name], pod, plan)
-                answer = status.reasons if not status.ok else (f"Insufficient {resource}",)
-                if status.code is Code.UNRESOLVABLE and plan.settles:
-                    for reason in answer:
-                        reasons[reason] += left  # every other skipped node of the class answers alike
-                    break
-                resolvable = True
-                for reason in answer:
-                    reasons[reason] += 1
-                left -= 1
-        return resolvable
+                continue
+            refuse(refusals, record, pod, plan, status)
+        self._next_start = (start + processed) % len(order)
+        if feasible:
+            best = feasible[0] if len(feasible) == 1 else self._rank(feasible, pod, plan)
+            return self._reserve(nodes[best], pod, plan)
+        for name in passed:
+            record = nodes[name]
+            if record.klass in settled:
+                continue
+            status = check(record, pod, plan, judge=judge)
+            refuse(
+                refusals,
+                record,
+                pod,
+                plan,
+                status if not status.ok else Status.unschedulable(f"Insufficient {resource}"),
+            )
+        for klass, known in settled.items():
+            if known.by_node:  # its nodes not counted one by one, all alike
+                rest = len(self._class_nodes.get(klass, ())) - len(refusals.counted.get(klass, ()))
+                for reason in known.status.reasons:
+                    refusals.reasons[reason] += rest
+        return self._refused(refusals, pod, plan, len(nodes))
 
     # -- reserve, assume, release --------------------------------------------------------------------------------
 

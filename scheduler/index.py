@@ -7,14 +7,17 @@ largest visits the emptiest first (spread).
 
 Within a bucket, nodes are grouped by their equivalence class (nodes alike in all but name), so the engine can pass
 over a whole class at once once one of its nodes has answered that a request can never fit there.
+
+A `NodeTree` keeps the other order kube-scheduler reads nodes in: zone by zone in turn (its node tree), the order
+its sample of feasible nodes is taken from when a cluster is larger than the sample (`Engine.schedule`).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
-__all__ = ["CapacityIndex"]
+__all__ = ["CapacityIndex", "NodeTree", "zone_key"]
 
 
 class CapacityIndex:
@@ -84,3 +87,63 @@ class CapacityIndex:
     def count_at_least(self, amount: int) -> int:
         start = bisect_left(self._keys, amount)
         return sum(len(members) for key in self._keys[start:] for members in self._buckets[key].values())
+
+
+ZONE_LABELS = ("failure-domain.beta.kubernetes.io/zone", "topology.kubernetes.io/zone")  # first found wins
+REGION_LABELS = ("failure-domain.beta.kubernetes.io/region", "topology.kubernetes.io/region")
+
+
+def zone_key(labels: Mapping[str, str]) -> str:
+    """The node's zone as kube-scheduler 1.20 groups nodes (`GetZoneKey`): region and zone, the beta labels before
+    the stable ones; "" for a node with neither."""
+    zone = next((labels[key] for key in ZONE_LABELS if key in labels), "")
+    region = next((labels[key] for key in REGION_LABELS if key in labels), "")
+    return f"{region}:\x00:{zone}" if region or zone else ""
+
+
+class NodeTree:
+    """Node names by zone, listed zone by zone in turn: the first node of each zone, then the second of each, and so
+    on (kube-scheduler's node tree). Zones keep the order they first appeared in, nodes the order they joined their
+    zone; a node that moves to another zone joins it last."""
+
+    __slots__ = ("_order", "_where", "_zones")
+
+    def __init__(self) -> None:
+        self._zones: dict[str, list[str]] = {}
+        self._where: dict[str, str] = {}
+        self._order: list[str] | None = []
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def set(self, node: str, zone: str) -> None:
+        old = self._where.get(node)
+        if old == zone:
+            return
+        if old is not None:
+            self.discard(node)
+        self._zones.setdefault(zone, []).append(node)
+        self._where[node] = zone
+        self._order = None
+
+    def discard(self, node: str) -> None:
+        zone = self._where.pop(node, None)
+        if zone is None:
+            return
+        members = self._zones[zone]
+        members.remove(node)
+        if not members:
+            del self._zones[zone]
+        self._order = None
+
+    def order(self) -> list[str]:
+        """Every node, zone by zone in turn. Made again only after a node joined, left or changed zone; the caller
+        must not change the list."""
+        if self._order is None:
+            order: list[str] = []
+            zones = list(self._zones.values())
+            depth = max(map(len, zones), default=0)
+            for position in range(depth):
+                order.extend(members[position] for members in zones if position < len(members))
+            self._order = order
+        return self._order

@@ -6,6 +6,7 @@ replicas, and the engine answers as kube-scheduler would, with the same `0/N nod
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest
 from kubegpu.plugins.neuron import scheduler as neuron
 from kubegpu.plugins.nvidia import scheduler as nvidia
-from kubegpu.scheduler import filters
+from kubegpu.scheduler import filters, scores
 from kubegpu.scheduler.engine import Engine
 
 ZONE = "topology.kubernetes.io/zone"
@@ -498,3 +499,14 @@ def test_remembered_answers_equal_fresh_ones_after_every_change(
             placed.append(request.key)
     for key in placed:
         assert filters.ports_conflict((), e.nodes[e.pods[key].node].ports) is False
+
+
+def test_with_node_resources_fit_disabled_a_pod_larger_than_free_cpu_is_placed_as_kube_scheduler_places_it() -> None:
+    """kube-scheduler with NodeResourcesFit disabled reads no requests in its filters: a 16-cpu pod goes on a 4-cpu
+    node. The engine's cpu capacity index must not filter in its place, nor name `Insufficient cpu`."""
+    profile = replace(scores.Profile.default(), filters_off=frozenset({"NodeResourcesFit"}))
+    e = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), scoring=profile)
+    e.add_node(node_info(node("small", cpu="4")))
+    big = pod("big", {"containers": [{"name": "main", "resources": {"requests": {"cpu": "16"}}}]})
+    decision = e.schedule(big)
+    assert decision.node == "small", decision.reason

@@ -58,3 +58,63 @@ def fragment(e: Engine, node: str, zone: str) -> None:
         assert e.schedule(pod).node == node
     for i in (0, 2, 4):
         assert e.release(f"default/{node}-pair-{i}") is not None
+
+
+def test_a_class_is_not_counted_under_one_nodes_reasons_when_its_other_nodes_also_lack_what_is_in_use() -> None:
+    """Two nodes alike in all but name, 4 cpus each, one with its memory taken: a pod asking for 8 cpus can never
+    fit either, but kube-scheduler counts each node under every resource it lacks (NodeResourcesFit), so the full
+    node is counted under memory too."""
+    e = engine()
+    for name in ("n1", "n2"):
+        e.add_node(make_node(name, cpu="4", memory="8Gi"))
+    assert e.reserve(make_pod("hog", {"main": {"cpu": "100m", "memory": "8Gi"}}), "n2").scheduled
+    decision = e.schedule(make_pod("big", {"main": {"cpu": "8", "memory": "1Gi"}}))
+    assert decision.reason == "0/2 nodes are available: 1 Insufficient memory, 2 Insufficient cpu."
+
+
+def test_a_device_refusal_does_not_stand_for_a_node_of_its_class_that_a_filter_before_it_refuses() -> None:
+    """No trn1 ever gives a container 7 Neuron devices (the plugin's own rule); a trn1 with its cpus taken is stopped
+    earlier, by NodeResourcesFit, and says so: kube-scheduler runs the filters in order and reports the first that
+    refuses each node."""
+    e = engine()
+    for name in ("trn1-a", "trn1-b"):
+        e.add_node(make_node(name, labels=TRN1, cpu="4", allocatable={DEVICE: 16}))
+    assert e.reserve(make_pod("hog", {"main": {"cpu": "4"}}), "trn1-b").scheduled
+    decision = e.schedule(make_pod("seven", {"main": {DEVICE: 7, "cpu": "1"}}))
+    assert not decision.scheduled
+    assert decision.reason == (
+        "0/2 nodes are available: 1 Instance type trn1.32xlarge does not support requests for device: 7. Please "
+        "request a different number of devices., 1 Insufficient cpu."
+    )
+
+
+def test_a_remembered_class_count_equals_a_fresh_one_after_pods_come_and_go() -> None:
+    """The count of a class settled by a hopeless size is remembered per pod shape and kept current from the nodes
+    that changed (`Engine._tally`); after each placement and release it equals a fresh engine's count."""
+    import random
+
+    chance = random.Random(21)
+    names = [f"n{i}" for i in range(8)]
+
+    def cluster() -> Engine:
+        e = engine()
+        for name in names:
+            e.add_node(make_node(name, cpu="4", memory="8Gi", allocatable={"pods": "3"}))
+        return e
+
+    live, placed = cluster(), {}
+    big = make_pod("big", {"main": {"cpu": "8", "memory": "1Gi"}})
+    for step in range(40):
+        if placed and chance.random() < 0.4:
+            key = chance.choice(sorted(placed))
+            assert live.release(key) is not None
+            del placed[key]
+        else:
+            hog = make_pod(f"hog-{step}", {"main": {"cpu": "100m", "memory": f"{chance.choice([1, 4, 8])}Gi"}})
+            node = chance.choice(names)
+            if live.reserve(hog, node).scheduled:
+                placed[hog.key] = (hog, node)
+        fresh = cluster()
+        for hog, node in placed.values():
+            assert fresh.reserve(hog, node).scheduled
+        assert live.schedule(big).reason == fresh.schedule(big).reason, step
