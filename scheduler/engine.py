@@ -349,6 +349,7 @@ class Engine:
         # ("" while unbound), volume name -> its required node affinity terms (None: any node).
         self.track_volumes = False
         self.claims: dict[tuple[str, str], str] = {}
+        self.deleting_claims: set[tuple[str, str]] = set()  # claims with a deletionTimestamp
         self.volumes: dict[str, tuple[NodeSelectorTerm, ...] | None] = {}
         self._volume_epoch = 0
         self._priorities: Counter[int] = Counter()  # priorities of the placed pods, for preemption's quick no
@@ -767,34 +768,44 @@ class Engine:
 
     def _volume_fit(self, info: NodeInfo, pod: PodRequest) -> Status | None:
         """VolumeBinding for claims already bound: the volume's node affinity must select the node. Claims that
-        still need a volume are refused: kubegpu does not bind volumes."""
+        still need a volume are refused: kubegpu does not bind volumes. A claim missing or being deleted is named
+        first, bound or not, as kube-scheduler 1.20's PreFilter names it (`podHasPVCs`)."""
         for claim in pod.claims:
-            volume = self.claims.get((pod.namespace, claim))
-            if volume is None:
+            key = (pod.namespace, claim)
+            if key not in self.claims:
                 return Status.unresolvable(f'persistentvolumeclaim "{claim}" not found')
+            if key in self.deleting_claims:
+                return Status.unresolvable(f'persistentvolumeclaim "{claim}" is being deleted')
+        for claim in pod.claims:
+            volume = self.claims[(pod.namespace, claim)]
             if not volume:
                 return Status.unresolvable(
                     f"pod has unbound immediate PersistentVolumeClaims (claim {claim!r} has no volume yet; kubegpu "
                     "places pods only with claims already bound to a volume)"
                 )
             if volume not in self.volumes:
-                return Status.unresolvable(f'persistentvolume "{volume}" not found')
+                return Status.unresolvable(filters.PV_NOT_EXIST)
             terms = self.volumes[volume]
             if terms is not None and not filters.node_matches_terms(terms, info.name, info.labels):
                 return Status.unresolvable(filters.VOLUME_NODE_AFFINITY)
         return None
 
-    def set_claim(self, namespace: str, name: str, volume: str | None) -> bool:
-        """A PersistentVolumeClaim added or changed (`volume`: the bound volume's name, "" while unbound), or deleted
-        (None). Pods naming claims are judged by them once `track_volumes` is set. Returns whether the record
-        changed (the answers of pods naming claims are then made again)."""
+    def set_claim(self, namespace: str, name: str, volume: str | None, deleting: bool = False) -> bool:
+        """A PersistentVolumeClaim added or changed (`volume`: the bound volume's name, "" while unbound; `deleting`:
+        it has a deletionTimestamp), or deleted (None). Pods naming claims are judged by them once `track_volumes`
+        is set. Returns whether the record changed (the answers of pods naming claims are then made again)."""
         key = (namespace, name)
-        if self.claims.get(key) == volume:
+        deleting = deleting and volume is not None
+        if self.claims.get(key) == volume and (key in self.deleting_claims) == deleting:
             return False
         if volume is None:
             del self.claims[key]
         else:
             self.claims[key] = volume
+        if deleting:
+            self.deleting_claims.add(key)
+        else:
+            self.deleting_claims.discard(key)
         self._volume_epoch += 1
         return True
 

@@ -61,6 +61,7 @@ EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity rul
 SPREAD = "node(s) didn't match pod topology spread constraints"
 SPREAD_LABEL = SPREAD + " (missing required label)"
 VOLUME_NODE_AFFINITY = "node(s) had volume node affinity conflict"
+PV_NOT_EXIST = "pvc(s) bound to non-existent pv(s)"  # kube-scheduler 1.20's VolumeBinding, ErrReasonPVNotExist
 TOO_MANY_PODS = "Too many pods"
 UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", None, "NoSchedule")
 BIND_ALL = "0.0.0.0"

@@ -346,12 +346,13 @@ class ClusterMirror:
         if not isinstance(name, str) or not name:
             return False
         volume: str | None = None
+        deleting = False
         if kind != "DELETED":
             try:
-                volume = objects.claim(obj)[2]
+                _, _, volume, deleting = objects.claim(obj)
             except InputError as exc:
                 log.warning("PersistentVolumeClaim %s/%s ignored: %s", namespace, name, exc)
-        return self.engine.set_claim(namespace, name, volume)
+        return self.engine.set_claim(namespace, name, volume, deleting)
 
     def on_volumes(self, kind: str, payload: Any) -> None:
         if kind == "SYNC":

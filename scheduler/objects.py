@@ -81,8 +81,9 @@ def disruptions_allowed(spec: Mapping[str, Any], healthy: int, kind: str = "PodD
     return 0
 
 
-def claim(document: Mapping[str, Any]) -> tuple[str, str, str]:
-    """A PersistentVolumeClaim: (namespace, name, the bound volume's name or "" while unbound)."""
+def claim(document: Mapping[str, Any]) -> tuple[str, str, str, bool]:
+    """A PersistentVolumeClaim: (namespace, name, the bound volume's name or "" while unbound, whether it is being
+    deleted: it has a deletionTimestamp)."""
     kind = "PersistentVolumeClaim"
     namespace, name = _meta(document, kind)
     spec, status = _section(document, "spec", kind), _section(document, "status", kind)
@@ -91,7 +92,8 @@ def claim(document: Mapping[str, Any]) -> tuple[str, str, str]:
         bound = ""
     if not isinstance(bound, str):
         raise ManifestError(f"{kind}.spec.volumeName: expected a string")
-    return namespace, name, bound
+    deleting = bool((document.get("metadata") or {}).get("deletionTimestamp"))
+    return namespace, name, bound, deleting
 
 
 def volume(document: Mapping[str, Any]) -> tuple[str, tuple[NodeSelectorTerm, ...] | None]:

@@ -143,7 +143,19 @@ def test_deleted_claims_and_volumes_and_those_a_relist_misses_are_forgotten(serv
     schedule_all(service)
     assert bound_to(service) == {}
     assert refusals(service, "uses-a") == ['0/3 nodes are available: 3 persistentvolumeclaim "a" not found.']
-    assert refusals(service, "uses-b") == ['0/3 nodes are available: 3 persistentvolume "pv-b" not found.']
+    assert refusals(service, "uses-b") == ["0/3 nodes are available: 3 pvc(s) bound to non-existent pv(s)."]
+
+
+def test_a_bound_claim_being_deleted_refuses_its_pods_as_kube_scheduler_1_20_does(service: CustomScheduler) -> None:
+    """kube-scheduler 1.20's VolumeBinding PreFilter refuses a pod whose claim has a deletionTimestamp, bound or
+    not (the claim is kept by its finalizer while a pod uses it); the claim's deletion finishing leaves it not found."""
+    deleting = claim("data", "pv-data", "Bound")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    sync(service, [deleting], [volume("pv-data", "n1")])
+    service.mirror.on_pods("SYNC", [pod("db", "data")])
+    schedule_all(service)
+    assert bound_to(service) == {}
+    assert refusals(service, "db") == ['0/3 nodes are available: 3 persistentvolumeclaim "data" is being deleted.']
 
 
 def test_malformed_claims_and_volumes_cost_only_the_pods_that_name_them(
@@ -163,7 +175,7 @@ def test_malformed_claims_and_volumes_cost_only_the_pods_that_name_them(
     schedule_all(service)
     assert bound_to(service) == {"c": "n1"}
     assert refusals(service, "a") == ['0/3 nodes are available: 3 persistentvolumeclaim "broken" not found.']
-    assert refusals(service, "b") == ['0/3 nodes are available: 3 persistentvolume "pv-broken" not found.']
+    assert refusals(service, "b") == ["0/3 nodes are available: 3 pvc(s) bound to non-existent pv(s)."]
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("PersistentVolumeClaim default/broken ignored: " in w and "volumeName" in w for w in warnings)
     assert any("PersistentVolume pv-broken ignored: " in w and "operator" in w for w in warnings)
