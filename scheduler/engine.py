@@ -1410,8 +1410,10 @@ class Engine:
         nodes, check, refuse = self.nodes, self.check, self._refuse
         judge = self._cluster_state(pod, plan).judge if plan.volatile else None
         index, resource, need = self._selector(pod, plan)
-        offers = index.get
         order = self._tree.order()
+        least = index.least()
+        # None when every node offers enough (the usual case): then no node is looked up in the index.
+        offers = None if len(index) == len(order) and least is not None and least >= need else index.get
         start = self._next_start % len(order)
         feasible: list[str] = []
         refusals = Refusals()
@@ -1419,12 +1421,11 @@ class Engine:
         passed: list[str] = []  # nodes the index ruled out
         processed = 0
         for processed, name in enumerate(chain(order[start:], order[:start]), 1):  # noqa: B007 (read after)
-            free = offers(name)
-            if free is None or free < need:
+            if offers is not None and ((free := offers(name)) is None or free < need):
                 passed.append(name)
                 continue
             record = nodes[name]
-            if record.klass in settled:
+            if settled and record.klass in settled:
                 continue  # counted with its class if no node fits (`_refused`)
             status = check(record, pod, plan, judge=judge)
             if status.code is Code.SUCCESS:

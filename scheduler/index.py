@@ -69,6 +69,10 @@ class CapacityIndex:
                 del self._buckets[key]
                 del self._keys[bisect_left(self._keys, key)]
 
+    def least(self) -> int | None:
+        """The smallest amount any node offers (None: no node)."""
+        return self._keys[0] if self._keys else None
+
     def groups_at_least(self, amount: int, *, ascending: bool = True) -> Iterator[tuple[int, dict[str, None]]]:
         """(group, nodes) for nodes offering at least `amount`, tightest first (emptiest first when not ascending).
 
