@@ -596,7 +596,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         nodes, pods = load_documents([Path(f) for f in args.files], found)
     except SimulationError as exc:
-        print(f"kubegpu simulate: invalid input: {exc}", file=sys.stderr)
+        print(f"kubegpu simulate: invalid input: {safe_text(str(exc))}", file=sys.stderr)  # names from the file
         return 2
     config = None
     policy: Policy = args.policy or "binpack"
@@ -635,7 +635,7 @@ def _run(args: argparse.Namespace) -> int:
             events = list(_process(engine, pods, latencies, cluster))
     except SimulationError as exc:
         out.flush()
-        print(f"kubegpu simulate: invalid input: {exc}", file=sys.stderr)
+        print(f"kubegpu simulate: invalid input: {safe_text(str(exc))}", file=sys.stderr)  # names from the file
         return 2
     elapsed = time.perf_counter() - started
     if not args.json:

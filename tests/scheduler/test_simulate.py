@@ -273,6 +273,29 @@ def test_the_report_shows_names_and_reasons_from_the_input_escaped_and_bounded(
     assert len(report) < 20_000, f"{len(report)} characters"
 
 
+@pytest.mark.parametrize("hostile", ["twice-scheduled-pod", "twice-defined-node", "unknown-kind"])
+def test_a_refusal_quotes_names_from_the_input_escaped_and_bounded(
+    hostile: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = f"p-{ESCAPES}" + "n" * 200_000
+    documents = [node_manifest("n0", allocatable={"nvidia.com/gpu": 8})]
+    if hostile == "twice-scheduled-pod":
+        documents += [pod_manifest(name[:250], {"main": {"nvidia.com/gpu": 1}})] * 2
+    elif hostile == "twice-defined-node":
+        documents += [node_manifest(name, allocatable={"nvidia.com/gpu": 8})] * 2
+    else:
+        documents.append({"kind": name, "metadata": {"name": "x"}})
+    path = tmp_path / "hostile.jsonl"
+    path.write_text("".join(json.dumps(document) + "\n" for document in documents))
+
+    assert main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kubegpu simulate: invalid input: {path}")
+    control = sorted({c for c in err if not c.isprintable() and c != "\n"})
+    assert not control, f"control characters reach the terminal: {control!r}"
+    assert len(err) < 2_000, f"{len(err)} characters"
+
+
 def test_stats_are_printed_on_request(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = simulate(capsys, "--stats", str(EXAMPLES / "nvidia.yaml"))
     stats = json.loads(err.strip().splitlines()[-1])
