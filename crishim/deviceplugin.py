@@ -127,6 +127,9 @@ __all__ = [
 log = logging.getLogger("kubegpu.deviceplugin")
 
 SETTLE_INTERVAL = 0.2  # seconds between listings while a pod kubegpu did not place may be the one being admitted
+# How long a pod kubegpu did not place is still counted as possibly being admitted after it left the listing without
+# being seen Failed or Succeeded (force-deleted): the kubelet admits the pod object it already has.
+VANISHED_MEMORY = 30.0
 
 IDS_HOOK = "kubegpu_device_plugin_ids"
 EDIT_HOOK = "kubegpu_device_edit_container"
@@ -249,15 +252,27 @@ class PendingPods:
     candidates: list[Candidate] = field(default_factory=list)
     allocated: set[tuple[str, str, str]] = field(default_factory=set)  # (pod uid, container, resource)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    clock: Callable[[], float] = time.monotonic
+    # Pods kubegpu did not place that left the listing while pending (force-deleted), by uid, with when they left:
+    # still counted until a refusal has been answered on their account or `VANISHED_MEMORY` has passed.
+    vanished: dict[str, tuple[Candidate, float]] = field(default_factory=dict)
+    blamed: set[str] = field(default_factory=set)  # uids of unplaced pods a refusal has been answered on account of
 
     def refresh(self) -> None:
-        """List the node's pods again (raises `ConnectionError` when the API server cannot say)."""
+        """List the node's pods again (raises `ConnectionError` when the API server cannot say).
+
+        A pod being deleted still counts while its phase is pending: the kubelet may be admitting it (a tenant's
+        finalizer keeps it so as long as it likes). One kubegpu did not place that disappears from the listing
+        unseen in a final phase (force-deleted) counts as `vanished` (above): deleting its own pod in the middle
+        of its admission must not make the kubelet's call look like the placed pod's."""
         pods = self.list_pods()
         candidates = []
+        listed: set[str] = set()
         for pod in pods:
             metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
             phase = (pod.get("status") or {}).get("phase")
-            if metadata.get("deletionTimestamp") or phase not in (None, "Pending"):
+            listed.add(str(metadata.get("uid", "")))
+            if phase not in (None, "Pending"):
                 continue
             containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
             requests = {str(c.get("name", "")): _requests(c) for c in containers}
@@ -276,11 +291,23 @@ class PendingPods:
                     unverified = f"its {ALLOCATION_KEY} failed the {refused.check} check"
             created = str(metadata.get("creationTimestamp", ""))
             candidates.append(Candidate(identity, created, record, list(requests), requests, unverified))
-        candidates.sort(key=lambda c: (c.created, c.record.issued if c.record else 0, c.pod.key))
+        now = self.clock()
         with self.lock:
+            for candidate in self.candidates:
+                uid = candidate.pod.uid
+                if candidate.record is None and uid not in listed and uid not in self.blamed:
+                    self.vanished.setdefault(uid, (candidate, now))
+            self.vanished = {
+                uid: (candidate, since)
+                for uid, (candidate, since) in self.vanished.items()
+                if uid not in listed and now - since < VANISHED_MEMORY
+            }
+            candidates += [candidate for candidate, _ in self.vanished.values()]
+            candidates.sort(key=lambda c: (c.created, c.record.issued if c.record else 0, c.pod.key))
             self.candidates = candidates
             live = {c.pod.uid for c in candidates}
             self.allocated = {entry for entry in self.allocated if entry[0] in live}
+            self.blamed &= live
 
     def _slots(self, resource: str, size: int) -> list[Slot]:
         """For each pending pod, in the kubelet's admission order, the container it would allocate `size` of
@@ -348,6 +375,11 @@ class PendingPods:
                 return None
             unplaced = [slot for slot in slots if not slot.ids]
             if unplaced:
+                # This refusal may be the answer to an unplaced pod's own admission: a vanished one is then done with.
+                self.blamed.update(slot.candidate.pod.uid for slot in unplaced)
+                for slot in unplaced:
+                    if self.vanished.pop(slot.candidate.pod.uid, None) is not None:
+                        self.candidates.remove(slot.candidate)
                 raise AllocationRefused("ambiguous", _ambiguous(resource, wanted, match, unplaced))
             self.allocated.add((match.candidate.pod.uid, match.container, resource))
             for container in match.candidate.order:

@@ -26,7 +26,7 @@ import pytest
 from kubegpu.core.annotations import ALLOCATION_KEY, encode_allocation, merge_allocations, sign_allocation
 from kubegpu.core.models import DeviceInfo, DeviceInventory, PluginAllocation
 from kubegpu.core.plugin_manager import KubegpuPluginManager
-from kubegpu.crishim.deviceplugin import DevicePluginService, PendingPods, socket_name
+from kubegpu.crishim.deviceplugin import VANISHED_MEMORY, DevicePluginService, PendingPods, socket_name
 from kubegpu.crishim.protos import DEVICE_PLUGIN, DEVICE_PLUGIN_PACKAGE, POD_RESOURCES, method_path
 from kubegpu.crishim.verify import AllocationRefused
 from kubegpu.plugins.intel_gas import device as intel_device
@@ -172,6 +172,57 @@ def test_a_pod_kubegpu_did_not_place_never_gets_the_devices_signed_for_another_p
     assert refused.value.check == "ambiguous"
     message = str(refused.value)
     assert "tenant/squatter" in message and "team/placed" in message and "4,5,6,7" in message
+
+
+def test_a_tenant_deleting_its_pod_during_its_admission_still_gets_nothing_signed_for_another() -> None:
+    # The kubelet is admitting the squatter (creation order) when its owner deletes it: a finalizer keeps the object,
+    # pending and marked for deletion, or a force-delete makes it disappear from the listing. Either way the call
+    # being answered may still be the squatter's: it is refused, and only the next one goes to the placed pod.
+    squatter = unplaced_pod("squatter", {"main": 4}, created="2025-01-01T00:00:01Z")
+    placed = allocated_pod("placed", {"main": PLACED_IDS}, created="2025-01-01T00:00:02Z")
+    listed = [squatter, placed]
+    now = [0.0]
+    pods = PendingPods(lambda: list(listed), NODE, KEY, clock=lambda: now[0])
+    pods.refresh()
+
+    squatter["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:09Z"  # held by the tenant's finalizer
+    pods.refresh()
+    assert pods.preferred(NEURONDEVICE, EVERYTHING, [], 4) == []
+
+    listed.remove(squatter)  # force-deleted, never seen Failed
+    pods.refresh()
+    assert pods.preferred(NEURONDEVICE, EVERYTHING, [], 4) == []
+    with pytest.raises(AllocationRefused) as refused:
+        pods.claim(NEURONDEVICE, PLACED_IDS)  # the answer to the squatter's admission
+    assert refused.value.check == "ambiguous" and "tenant/squatter" in str(refused.value)
+
+    pods.refresh()  # the kubelet's next call is the placed pod's
+    assert pods.preferred(NEURONDEVICE, EVERYTHING, [], 4) == PLACED_IDS
+    candidate, _ = pods.claim(NEURONDEVICE, PLACED_IDS) or (None, "")
+    assert candidate is not None and candidate.pod.name == "placed"
+
+
+def test_a_vanished_unplaced_pod_stops_counting_once_refused_or_after_a_while() -> None:
+    now = [0.0]
+
+    def placed_after(squatter_refused_first: bool, waited: float) -> list[str]:
+        squatter = unplaced_pod("squatter", {"main": 4}, created="2025-01-01T00:00:01Z")
+        placed = allocated_pod("placed", {"main": PLACED_IDS}, created="2025-01-01T00:00:02Z")
+        listed = [squatter, placed]
+        pods = PendingPods(lambda: list(listed), NODE, KEY, clock=lambda: now[0])
+        pods.refresh()
+        if squatter_refused_first:  # its own admission was answered while it was listed, then it was force-deleted
+            with pytest.raises(AllocationRefused):
+                pods.claim(NEURONDEVICE, PLACED_IDS)
+        listed.remove(squatter)
+        pods.refresh()
+        now[0] += waited
+        pods.refresh()
+        return pods.preferred(NEURONDEVICE, EVERYTHING, [], 4)
+
+    assert placed_after(squatter_refused_first=True, waited=0.0) == PLACED_IDS
+    assert placed_after(squatter_refused_first=False, waited=1.0) == []
+    assert placed_after(squatter_refused_first=False, waited=VANISHED_MEMORY) == PLACED_IDS
 
 
 @pytest.mark.parametrize(
