@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from kubegpu.core.errors import shorten
 from kubegpu.core.models import DeviceCell, Occupancy
+from kubegpu.core.text import safe_text
 from kubegpu.scheduler.engine import Engine
 
 __all__ = [
@@ -171,7 +172,7 @@ def draw_text(picture: Occupancy) -> list[str]:
     shape = {"ring": "ring", "grid": f"{picture.columns or len(picture.cells) or 1}-wide grid", "cells": "cards"}[
         picture.layout
     ]
-    lines = [f"    {picture.family} ({shape}; {LEGEND})"]
+    lines = [f"    {safe_text(picture.family)} ({shape}; {LEGEND})"]
     lines.extend("    " + "".join(cell_label(c).rjust(width) for c in row) for row in rows)
     return lines
 

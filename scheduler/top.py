@@ -294,7 +294,8 @@ def _node_panel(node: NodeView, unverified: dict[str, str]) -> RenderableType:
     for number, picture in enumerate(node.pictures):
         if number:
             text.append("\n")
-        text.append(f"{picture.family} · {shape_name(picture)} · {picture.free}/{picture.total} free", style="dim")
+        family = safe_text(picture.family)  # a plugin's word: a buggy plugin's too
+        text.append(f"{family} · {shape_name(picture)} · {picture.free}/{picture.total} free", style="dim")
         width = max(4, max((len(cell_label(c)) for c in picture.cells), default=3) + 1)
         for row in grid_rows(picture):
             text.append("\n")
