@@ -83,3 +83,30 @@ def verdict(status: Status) -> tuple[str, tuple[str, ...]]:
 def case_id(test: str, case: str) -> str:
     """The pytest id of a transcribed case: the upstream Go test and its case name."""
     return f"{test}/{case}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NodeResources scores: the tables' nodes, pods and the sums both schedulers score
+# ---------------------------------------------------------------------------------------------------------------
+
+Requests = list[dict[str, str]]  # one dict of requests per container; [] is upstream's pod without containers
+
+
+def requesting(name: str, containers: Requests, node_name: str | None = None) -> PodRequest:
+    spec: dict[str, Any] = {}
+    if containers:
+        spec["containers"] = [container(f"c{i}", requests=r) for i, r in enumerate(containers)]
+    if node_name is not None:
+        spec["nodeName"] = node_name
+    return pod(name, spec)
+
+
+def scored_sums(incoming: PodRequest, placed: Sequence[tuple[PodRequest, str]], name: str) -> tuple[int, int]:
+    """The cpu (millicores) and memory NodeResources scores read on `name`: the incoming pod's non-zero requests and
+    those of the pods placed there (kube-scheduler's `NonZeroRequested`)."""
+    cpu, memory = scores.nonzero_requests(incoming)
+    for other, where in placed:
+        if where == name:
+            more_cpu, more_memory = scores.nonzero_requests(other)
+            cpu, memory = cpu + more_cpu, memory + more_memory
+    return cpu, memory
