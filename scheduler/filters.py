@@ -17,6 +17,7 @@ sentence saying so), CSI volume limits, VolumeZone and VolumeRestrictions.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -141,10 +142,63 @@ def _field_matches(requirement: Requirement, node_name: str) -> bool:
     return False
 
 
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_VALUES_WANTED = {"In": None, "NotIn": None, "Exists": 0, "DoesNotExist": 0, "Gt": 1, "Lt": 1}
+
+
+def _valid_label_key(key: str) -> bool:
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (0 < len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return False
+    return 0 < len(name) <= 63 and _LABEL_NAME.fullmatch(name) is not None
+
+
+def _valid_label_value(value: str) -> bool:
+    return value == "" or (len(value) <= 63 and _LABEL_NAME.fullmatch(value) is not None)
+
+
+def _valid_expression(requirement: Requirement) -> bool:
+    """Whether kube-scheduler 1.20 can turn a node selector expression into a label selector
+    (`NodeSelectorRequirementsAsSelector`): a qualified key, a known operator with the number of values it takes
+    (`In`/`NotIn` at least one, `Gt`/`Lt` one integer), each a valid label value. One that cannot makes its term
+    select nothing."""
+    if requirement.operator not in _VALUES_WANTED or not _valid_label_key(requirement.key):
+        return False
+    wanted, values = _VALUES_WANTED[requirement.operator], requirement.values
+    if (wanted is None and not values) or (wanted is not None and len(values) != wanted):
+        return False
+    if wanted == 1:
+        try:
+            int(values[0])
+        except ValueError:
+            return False
+    return all(_valid_label_value(v) for v in values)
+
+
+# Each term's `_valid_term` answer, keyed by the term's id and holding the term (so the id stays its own while
+# remembered); nothing invalidates an answer (terms are immutable); emptied all at once past 4096 terms. An id lookup
+# costs a tenth of hashing the term, and this runs for every node a pod with node affinity visits.
+_TERMS_CHECKED: dict[int, tuple[NodeSelectorTerm, bool]] = {}
+
+
+def _valid_term(term: NodeSelectorTerm) -> bool:
+    """A term kube-scheduler evaluates: not empty, and every label expression valid (`_valid_expression`)."""
+    hit = _TERMS_CHECKED.get(id(term))
+    if hit is not None and hit[0] is term:
+        return hit[1]
+    valid = bool(term.expressions or term.fields) and all(_valid_expression(r) for r in term.expressions)
+    if len(_TERMS_CHECKED) >= 4096:
+        _TERMS_CHECKED.clear()
+    _TERMS_CHECKED[id(term)] = (term, valid)
+    return valid
+
+
 def node_matches_terms(terms: Iterable[NodeSelectorTerm], name: str, labels: Mapping[str, str]) -> bool:
-    """Required node affinity: terms are ORed, a term's requirements ANDed; an empty term selects nothing."""
+    """Required node affinity: terms are ORed, a term's requirements ANDed; an empty term, or one with an
+    expression kube-scheduler rejects (an invalid key or value, a wrong number of values), selects nothing."""
     for term in terms:
-        if not term.expressions and not term.fields:
+        if not _valid_term(term):
             continue
         if all(requirement_matches(r, labels) for r in term.expressions) and all(
             _field_matches(r, name) for r in term.fields
