@@ -276,6 +276,7 @@ def test_a_failed_binding_leaves_no_allocation_to_replay(
         {"apiGroups": [""], "resources": ["persistentvolumeclaims", "persistentvolumes"], "verbs": ["list", "watch"]},
         {"apiGroups": [""], "resources": ["services", "replicationcontrollers"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["apps"], "resources": ["replicasets", "statefulsets"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list", "watch"]},  # preemption's
     ]
     name = f"no-binding-{namespace}"
     rbac = "/apis/rbac.authorization.k8s.io/v1"
