@@ -115,12 +115,23 @@ def requirement_matches(requirement: Requirement, labels: Mapping[str, str]) -> 
     if operator == "DoesNotExist":
         return value is None
     if operator in ("Gt", "Lt") and value is not None and len(requirement.values) == 1:
-        try:
-            have, bound = int(value), int(requirement.values[0])
-        except ValueError:
+        have, bound = _go_int(value), _go_int(requirement.values[0])
+        if have is None or bound is None:
             return False
         return have > bound if operator == "Gt" else have < bound
     return False
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _go_int(text: str) -> int | None:
+    """`text` as Go's `strconv.ParseInt(text, 10, 64)` reads it (an optional sign, ASCII digits, within int64), else
+    None. Python's `int` also takes spaces, underscores and other scripts' digits, which kube-scheduler refuses."""
+    if not _INTEGER.fullmatch(text):
+        return None
+    number = int(text)
+    return number if -(2**63) <= number < 2**63 else None
 
 
 def selector_matches(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:
@@ -168,11 +179,8 @@ def _valid_expression(requirement: Requirement) -> bool:
     wanted, values = _VALUES_WANTED[requirement.operator], requirement.values
     if (wanted is None and not values) or (wanted is not None and len(values) != wanted):
         return False
-    if wanted == 1:
-        try:
-            int(values[0])
-        except ValueError:
-            return False
+    if wanted == 1 and _go_int(values[0]) is None:
+        return False
     return all(_valid_label_value(v) for v in values)
 
 
@@ -198,10 +206,12 @@ def node_matches_terms(terms: Iterable[NodeSelectorTerm], name: str, labels: Map
     """Required node affinity: terms are ORed, a term's requirements ANDed; an empty term, or one with an
     expression kube-scheduler rejects (an invalid key or value, a wrong number of values), selects nothing."""
     for term in terms:
-        if not _valid_term(term):
-            continue
-        if all(requirement_matches(r, labels) for r in term.expressions) and all(
-            _field_matches(r, name) for r in term.fields
+        # Validity is asked only of a term that matches: most terms a pod visits a node with do not.
+        if (
+            (term.expressions or term.fields)
+            and all(requirement_matches(r, labels) for r in term.expressions)
+            and all(_field_matches(r, name) for r in term.fields)
+            and _valid_term(term)
         ):
             return True
     return False

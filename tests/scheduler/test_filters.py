@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubegpu.core.manifests import node_info, pod_request
-from kubegpu.core.models import PodRequest
+from kubegpu.core.models import PodRequest, Requirement
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest
 from kubegpu.plugins.neuron import scheduler as neuron
@@ -95,6 +95,14 @@ NODES = [
             {"b1"},
         ),
         ([{}], set()),
+        ([{"matchExpressions": [expr(ZONE, "NotIn", "a", "not a label value")]}], set()),
+        ([{"matchExpressions": [expr(ZONE, "In", "b", "x" * 64)]}], set()),
+        ([{"matchExpressions": [expr("gen", "Gt", "+4")]}], set()),
+        ([{"matchExpressions": [expr("no spaces in keys", "DoesNotExist")]}], set()),
+        (
+            [{"matchExpressions": [expr(ZONE, "NotIn", "a b")]}, {"matchExpressions": [expr(ZONE, "In", "c")]}],
+            {"c1"},
+        ),
     ],
     ids=[
         "in",
@@ -111,6 +119,11 @@ NODES = [
         "match-fields-two-values-invalid",
         "expressions-and-fields",
         "empty-term-selects-nothing",
+        "notin-invalid-value-term-selects-nothing",
+        "in-value-too-long-term-selects-nothing",
+        "gt-signed-value-is-no-label-value",
+        "invalid-key-term-selects-nothing",
+        "invalid-term-skipped-next-term-holds",
     ],
 )
 def test_required_node_affinity_selects_nodes_as_kube_scheduler(terms: list[dict[str, Any]], placed: set[str]) -> None:
@@ -120,6 +133,36 @@ def test_required_node_affinity_selects_nodes_as_kube_scheduler(terms: list[dict
     assert fits == placed
     if not placed:
         assert e.schedule(probe).reason == "0/3 nodes are available: 3 node(s) didn't match node selector."
+
+
+@pytest.mark.parametrize(
+    ("label", "matches"),
+    [("10", True), ("1_0", False), (" 10", False), ("+10", True), ("99999999999999999999", False)],
+    ids=["digits", "underscore", "space", "sign", "beyond-int64"],
+)
+def test_gt_reads_a_node_label_as_go_parses_an_integer(label: str, matches: bool) -> None:
+    """kube-scheduler compares with `strconv.ParseInt`: Python's `int` would read `1_0` and ` 10` as 10."""
+    requirement = Requirement("gen", "Gt", ("4",))
+    assert filters.requirement_matches(requirement, {"gen": label}) is matches
+
+
+def test_remembered_term_validity_agrees_with_judging_afresh() -> None:
+    """The per-term memo of validity (`filters._TERMS_CHECKED`) against the same question asked with the memo
+    emptied: terms asked in turn, equal terms built apart, and terms made and dropped so that a new one may take a
+    dropped one's id."""
+    labels = {ZONE: "b", HOST: "n1"}
+    asked = []
+    for i in range(200):
+        value = "a b" if i % 3 == 0 else "a"
+        [term] = pod(f"p{i}", required({"matchExpressions": [expr(ZONE, "NotIn", value)]})).node_affinity or ()
+        asked.append(term)
+        remembered = filters.node_matches_terms((term,), "n1", labels)
+        again = filters.node_matches_terms((asked[i // 2],), "n1", labels)
+        filters._TERMS_CHECKED.clear()
+        assert remembered == filters.node_matches_terms((term,), "n1", labels) == (value == "a")
+        assert again == filters.node_matches_terms((asked[i // 2],), "n1", labels)
+        if i % 2:
+            asked[i] = asked[i - 1]  # drop this term object: its id may be reused by the next one
 
 
 def test_a_pod_asking_for_zone_b_never_lands_in_zone_a() -> None:

@@ -99,8 +99,17 @@ THREE_ZONES = [node("a1", "a", labels={"disk": "hdd"}), node("b1", "b", labels={
         ([(20, matching("disk", "DoesNotExist"))], "c1"),
         ([(20, {"matchFields": [expr("metadata.name", "In", "b1")]})], "b1"),
         ([(100, {})], "a1"),
+        ([(50, matching(ZONE, "NotIn", "c", "not a label value")), (10, matching(ZONE, "In", "c"))], "c1"),
     ],
-    ids=["one-term", "weights-add-up", "heavier-term-wins", "does-not-exist", "match-fields", "empty-term-none"],
+    ids=[
+        "one-term",
+        "weights-add-up",
+        "heavier-term-wins",
+        "does-not-exist",
+        "match-fields",
+        "empty-term-none",
+        "invalid-term-scores-nothing",
+    ],
 )
 def test_preferred_node_affinity_picks_the_node_with_the_most_weight(
     preferences: list[tuple[int, dict[str, Any]]], chosen: str
