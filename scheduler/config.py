@@ -1,8 +1,9 @@
 """`--config FILE`: kube-scheduler's KubeSchedulerConfiguration, read for what kubegpu's engine can honour.
 
 `kubegpu scheduler --config FILE` and `kubegpu simulate --config FILE` read the same file, so a profile tried in the
-simulator behaves the same live. The format is kube-scheduler 1.20's (`kubescheduler.config.k8s.io/v1beta1`), with
-one profile:
+simulator behaves the same live. Four versions are read, each as the kube-scheduler that has it reads it, with one
+profile: `kubescheduler.config.k8s.io/v1beta1` (1.20), `v1beta2`, `v1beta3` and `v1` (1.25 on; a file a 1.34
+kube-scheduler writes with `--write-config-to` is its default profile here). In v1beta1:
 
 ```yaml
 apiVersion: kubescheduler.config.k8s.io/v1beta1
@@ -37,11 +38,27 @@ DefaultPodTopologySpread on: without `defaultingType`, an empty list means `Syst
 off. The other extension points (queueSort, preFilter, bind, ...) and client settings
 (clientConnection, leaderElection, ...) are accepted and ignored: kubegpu has its own flags for those. Every error
 names the field: `profiles[0].plugins.score.enabled[1].name: unknown score plugin 'NodeAfinity'`.
+
+From v1beta2 on, NodeResourcesFit scores too: its `scoringStrategy` type MostAllocated chooses binpack and
+LeastAllocated spread (at NodeResourcesFit's score weight), and the Least/MostAllocated and RequestedToCapacityRatio
+plugins are gone. v1beta2 merges each extension point with its defaults (1.20's weights, NodePreferAvoidPods no
+longer among them). v1beta3 and v1 list the defaults once, in `multiPoint` (TaintToleration 3, NodeAffinity 2,
+PodTopologySpread 2, InterPodAffinity 2, NodeResourcesFit, NodeResourcesBalancedAllocation and ImageLocality 1,
+kubegpu's KubegpuDevices 1), and a plugin enabled or disabled at `score` or `filter` overrides its `multiPoint`
+entry; a weight absent or 0 is 1, as kube-scheduler's framework reads it. PodTopologySpread's `defaultingType`
+defaults to System, which takes no list. NodePreferAvoidPods and SelectorSpread are gone from v1beta3, EBSLimits,
+GCEPDLimits, AzureDiskLimits and CinderLimits from v1: naming one is refused, as is an argument kubegpu does not
+implement (NodeAffinity `addedAffinity`, NodeResourcesFit `ignoredResources`/`ignoredResourceGroups`, a
+RequestedToCapacityRatio strategy, resources other than cpu and memory in equal parts, InterPodAffinity
+`ignorePreferredTermsOfExistingPods: true`, VolumeBinding `shape`): never accepted and ignored. DefaultPreemption's
+candidate counts and VolumeBinding's `bindTimeoutSeconds` are validated and have nothing to change in kubegpu
+(its preemption weighs every node; it binds no volumes).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -55,7 +72,10 @@ from kubegpu.scheduler import scores
 
 __all__ = ["ConfigError", "SchedulerConfig", "load_config", "parse_config"]
 
-API_VERSION = "kubescheduler.config.k8s.io/v1beta1"
+GROUP = "kubescheduler.config.k8s.io"
+V1BETA1, V1BETA2, V1BETA3, V1 = (f"{GROUP}/{v}" for v in ("v1beta1", "v1beta2", "v1beta3", "v1"))
+VERSIONS = (V1BETA1, V1BETA2, V1BETA3, V1)
+API_VERSION = V1BETA1
 # A label name: an optional DNS subdomain prefix and `/`, then up to 63 alphanumerics, `-`, `_`, `.` (alphanumeric at
 # both ends).
 _LABEL_NAME = re.compile(
@@ -63,7 +83,7 @@ _LABEL_NAME = re.compile(
 )
 KIND = "KubeSchedulerConfiguration"
 MAX_CONFIG_BYTES = 1 << 20
-
+INT32_MAX = 2**31 - 1
 
 Policy = Literal["binpack", "spread"]
 
@@ -76,8 +96,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class _Plugin(_Strict):
+# ---------------------------------------------------------------------------------------------------------------
+# The document, per version
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Named(_Strict):
     name: str = Field(min_length=1)
+
+
+class _Plugin(_Named):
     weight: int | None = Field(default=None, ge=1, le=1000)
 
 
@@ -101,15 +129,99 @@ class _Plugins(_Strict):
     postBind: _PluginSet | None = None
 
 
+class _ModernPlugin(_Named):
+    # 0 or absent: 1, as kube-scheduler's framework reads it (`--write-config-to` writes `weight: 0` for plugins
+    # that do not score).
+    weight: int | None = Field(default=None, ge=0, le=INT32_MAX)
+
+
+class _ModernPluginSet(_Strict):
+    enabled: list[_ModernPlugin] = Field(default_factory=list)
+    disabled: list[_ModernPlugin] = Field(default_factory=list)
+
+
+class _ModernPlugins(_Strict):
+    """v1beta2 and later. `multiPoint` (v1beta3 and later) is checked per version in `_modern_plugins`."""
+
+    score: _ModernPluginSet = _ModernPluginSet()
+    filter: _ModernPluginSet = _ModernPluginSet()
+    multiPoint: _ModernPluginSet | None = None
+    preEnqueue: _ModernPluginSet | None = None
+    queueSort: _ModernPluginSet | None = None
+    preFilter: _ModernPluginSet | None = None
+    postFilter: _ModernPluginSet | None = None
+    preScore: _ModernPluginSet | None = None
+    reserve: _ModernPluginSet | None = None
+    permit: _ModernPluginSet | None = None
+    preBind: _ModernPluginSet | None = None
+    bind: _ModernPluginSet | None = None
+    postBind: _ModernPluginSet | None = None
+
+
 class _PluginConfig(_Strict):
     name: str = Field(min_length=1)
-    args: dict[str, Any] = Field(default_factory=dict)
+    args: dict[str, Any] | None = None
 
 
-class _InterPodAffinityArgs(_Strict):
-    hardPodAffinityWeight: int = Field(default=1, ge=0, le=100)
+class _Profile(_Strict):
+    schedulerName: str | None = Field(default=None, min_length=1)
+    plugins: _Plugins = _Plugins()
+    pluginConfig: list[_PluginConfig] = Field(default_factory=list)
+
+
+class _ModernProfile(_Strict):
+    schedulerName: str | None = Field(default=None, min_length=1)
+    percentageOfNodesToScore: int | None = Field(default=None, ge=0, le=100)  # v1beta3 and later
+    plugins: _ModernPlugins = _ModernPlugins()
+    pluginConfig: list[_PluginConfig] = Field(default_factory=list)
+
+
+class _Common(_Strict):
+    kind: Literal["KubeSchedulerConfiguration"]
+    percentageOfNodesToScore: int = Field(default=0, ge=0, le=100)
+    podInitialBackoffSeconds: int = Field(default=1, ge=1)
+    podMaxBackoffSeconds: int = Field(default=10, ge=1)
+    # kube-scheduler's process settings: kubegpu takes these from its flags.
+    clientConnection: Any = None
+    leaderElection: Any = None
+    enableProfiling: Any = None
+    enableContentionProfiling: Any = None
+    parallelism: Any = None
+    extenders: Any = None
+
+
+class _Configuration(_Common):
+    apiVersion: Literal["kubescheduler.config.k8s.io/v1beta1"]
+    profiles: list[_Profile] = Field(default_factory=lambda: [_Profile()], max_length=1)
+    healthzBindAddress: Any = None
+    metricsBindAddress: Any = None
+
+
+class _ConfigurationV1beta2(_Common):
+    apiVersion: Literal["kubescheduler.config.k8s.io/v1beta2"]
+    profiles: list[_ModernProfile] = Field(default_factory=lambda: [_ModernProfile()], max_length=1)
+    healthzBindAddress: Any = None  # removed in v1beta3
+    metricsBindAddress: Any = None
+
+
+class _ConfigurationV1(_Common):
+    apiVersion: Literal["kubescheduler.config.k8s.io/v1beta3", "kubescheduler.config.k8s.io/v1"]
+    profiles: list[_ModernProfile] = Field(default_factory=lambda: [_ModernProfile()], max_length=1)
+    delayCacheUntilActive: Any = None  # v1 (1.28)
+
+
+# Plugin arguments. Every field kube-scheduler reads is named; one kubegpu cannot honour is refused where it is read
+# (`_plugin_args`), never silently ignored.
+
+
+class _Args(_Strict):
     apiVersion: str | None = None
     kind: str | None = None
+
+
+class _InterPodAffinityArgs(_Args):
+    hardPodAffinityWeight: int = Field(default=1, ge=0, le=100)
+    ignorePreferredTermsOfExistingPods: bool = False  # v1beta3 and later (1.26)
 
 
 class _DefaultConstraint(_Strict):
@@ -119,35 +231,108 @@ class _DefaultConstraint(_Strict):
     labelSelector: Any = None
 
 
-class _PodTopologySpreadArgs(_Strict):
+class _PodTopologySpreadArgs(_Args):
     defaultConstraints: list[_DefaultConstraint] = Field(default_factory=list, max_length=64)
     defaultingType: Literal["System", "List"] | None = None
-    apiVersion: str | None = None
-    kind: str | None = None
 
 
-class _Profile(_Strict):
-    schedulerName: str | None = Field(default=None, min_length=1)
-    plugins: _Plugins = _Plugins()
-    pluginConfig: list[_PluginConfig] = Field(default_factory=list)
+class _NodeAffinityArgs(_Args):
+    addedAffinity: Any = None
 
 
-class _Configuration(_Strict):
-    apiVersion: Literal["kubescheduler.config.k8s.io/v1beta1"]
-    kind: Literal["KubeSchedulerConfiguration"]
-    profiles: list[_Profile] = Field(default_factory=lambda: [_Profile()], max_length=1)
-    percentageOfNodesToScore: int = Field(default=0, ge=0, le=100)
-    podInitialBackoffSeconds: int = Field(default=1, ge=1)
-    podMaxBackoffSeconds: int = Field(default=10, ge=1)
-    # kube-scheduler's process settings: kubegpu takes these from its flags.
-    clientConnection: Any = None
-    leaderElection: Any = None
-    healthzBindAddress: Any = None
-    metricsBindAddress: Any = None
-    enableProfiling: Any = None
-    enableContentionProfiling: Any = None
-    parallelism: Any = None
-    extenders: Any = None
+class _ResourceSpec(_Strict):
+    name: str = Field(min_length=1, max_length=317)
+    weight: int = Field(default=0, ge=0, le=100)  # 0: 1
+
+
+class _ScoringStrategy(_Strict):
+    type: Literal["LeastAllocated", "MostAllocated", "RequestedToCapacityRatio"] = "LeastAllocated"
+    resources: list[_ResourceSpec] = Field(default_factory=list, max_length=64)
+    requestedToCapacityRatio: Any = None
+
+
+class _NodeResourcesFitArgs(_Args):
+    ignoredResources: list[str] = Field(default_factory=list)
+    ignoredResourceGroups: list[str] = Field(default_factory=list)
+    scoringStrategy: _ScoringStrategy | None = None  # v1beta2 and later
+
+
+class _ResourcesArgs(_Args):
+    """NodeResourcesBalancedAllocationArgs (v1beta2 and later), v1beta1's NodeResourcesLeast/MostAllocatedArgs."""
+
+    resources: list[_ResourceSpec] = Field(default_factory=list, max_length=64)
+
+
+class _DefaultPreemptionArgs(_Args):
+    minCandidateNodesPercentage: int = Field(default=10, ge=0, le=100)
+    minCandidateNodesAbsolute: int = Field(default=100, ge=0)
+
+
+class _VolumeBindingArgs(_Args):
+    bindTimeoutSeconds: int = Field(default=600, ge=0)
+    shape: Any = None
+
+
+class _DynamicResourcesArgs(_Args):
+    filterTimeout: Any = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Plugins per version
+# ---------------------------------------------------------------------------------------------------------------
+
+FIT = "NodeResourcesFit"
+# v1beta2 and later score the policy through NodeResourcesFit's scoringStrategy; these plugins are gone.
+RESOURCE_SCORES = frozenset({scores.MOST_ALLOCATED, scores.LEAST_ALLOCATED, "RequestedToCapacityRatio"})
+# kube-scheduler's plugins with nothing to run in kubegpu: the queue, binder and preemption are kubegpu's own,
+# `spec.nodeName` is always obeyed, volume limits and zones and dynamic resources are not checked (README). They
+# are in kube-scheduler's default multiPoint set, so a configuration copied from it names them.
+NOTHING_TO_RUN = frozenset(
+    {"PrioritySort", "SchedulingGates", "DefaultPreemption", "DefaultBinder", "NodeName", "VolumeRestrictions",
+     "NodeVolumeLimits", "VolumeZone", "DynamicResources", "EBSLimits", "GCEPDLimits", "AzureDiskLimits",
+     "CinderLimits"}
+)  # fmt: skip
+# Plugins a version no longer has, with what replaced them: naming one is refused.
+REMOVED: dict[str, dict[str, str]] = {
+    V1BETA2: {
+        scores.MOST_ALLOCATED: "use NodeResourcesFit's scoringStrategy type MostAllocated",
+        scores.LEAST_ALLOCATED: "use NodeResourcesFit's scoringStrategy type LeastAllocated",
+        "RequestedToCapacityRatio": "use NodeResourcesFit's scoringStrategy",
+        "NodeLabel": "use NodeAffinity",
+        "ServiceAffinity": "use InterPodAffinity",
+    },
+}
+REMOVED[V1BETA3] = {
+    **REMOVED[V1BETA2],
+    "NodePreferAvoidPods": "use node taints (kube-scheduler removed the plugin in 1.24)",
+    "SelectorSpread": "PodTopologySpread's system defaults spread the same pods",
+}
+REMOVED[V1] = {
+    **REMOVED[V1BETA3],
+    **{name: "kube-scheduler 1.34 refuses it in v1; NodeVolumeLimits covers it"
+       for name in ("EBSLimits", "GCEPDLimits", "AzureDiskLimits", "CinderLimits")},
+}  # fmt: skip
+MODERN_SCORES = (
+    scores.BALANCED, scores.NODE_AFFINITY, scores.TAINTS, scores.INTER_POD_AFFINITY, scores.SPREAD, FIT,
+    scores.DEVICES, scores.IMAGE_LOCALITY, scores.PREFER_AVOID,
+)  # fmt: skip
+# kube-scheduler's default score weights per version, kubegpu's device score added (weight 1). v1beta3 raised
+# TaintToleration to 3 and NodeAffinity and InterPodAffinity to 2; its defaults are one multiPoint set.
+V1BETA2_SCORES: Mapping[str, int] = {
+    scores.BALANCED: 1, scores.IMAGE_LOCALITY: 1, scores.INTER_POD_AFFINITY: 1, FIT: 1, scores.NODE_AFFINITY: 1,
+    scores.SPREAD: 2, scores.TAINTS: 1, scores.DEVICES: 1,
+}  # fmt: skip
+V1_MULTI_POINT: tuple[tuple[str, int], ...] = (
+    ("SchedulingGates", 0), ("PrioritySort", 0), ("NodeUnschedulable", 0), ("NodeName", 0), (scores.TAINTS, 3),
+    (scores.NODE_AFFINITY, 2), ("NodePorts", 0), (FIT, 1), ("VolumeRestrictions", 0), ("NodeVolumeLimits", 0),
+    ("VolumeBinding", 0), ("VolumeZone", 0), (scores.SPREAD, 2), (scores.INTER_POD_AFFINITY, 2),
+    ("DefaultPreemption", 0), (scores.BALANCED, 1), (scores.IMAGE_LOCALITY, 1), ("DefaultBinder", 0),
+    (scores.DEVICES, 1),
+)  # fmt: skip
+
+
+POLICY_PLUGINS: dict[str, Policy] = {scores.MOST_ALLOCATED: "binpack", scores.LEAST_ALLOCATED: "spread"}
+STRATEGY_POLICIES: dict[str, Policy] = {"MostAllocated": "binpack", "LeastAllocated": "spread"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,9 +345,6 @@ class SchedulerConfig:
     scheduler_name: str | None = None
     initial_backoff: float = 1.0
     max_backoff: float = 10.0
-
-
-POLICY_PLUGINS: dict[str, Policy] = {scores.MOST_ALLOCATED: "binpack", scores.LEAST_ALLOCATED: "spread"}
 
 
 def _merge_scores(plugins: _PluginSet, policy: str, where: str) -> tuple[dict[str, int], Policy | None]:
@@ -201,33 +383,117 @@ def _merge_scores(plugins: _PluginSet, policy: str, where: str) -> tuple[dict[st
     return weights, chosen
 
 
-def _merge_filters(plugins: _PluginSet, where: str) -> frozenset[str]:
-    for i, plugin in enumerate(plugins.enabled):
+def _merge_filters(plugins: _PluginSet | _ModernPluginSet, where: str) -> frozenset[str]:
+    enabled: Sequence[_Named] = plugins.enabled
+    disabled: Sequence[_Named] = plugins.disabled
+    for i, plugin in enumerate(enabled):
         if plugin.name not in scores.FILTER_PLUGINS:
             raise ConfigError(
                 f"{where}.enabled[{i}].name: {shorten(plugin.name)!r} is not a filter kubegpu runs (known: "
                 f"{', '.join(scores.FILTER_PLUGINS)}); every filter kubegpu runs is on by default"
             )
     off: set[str] = set()
-    for i, plugin in enumerate(plugins.disabled):
+    for i, plugin in enumerate(disabled):
         if plugin.name == "*":
             off.update(scores.FILTER_PLUGINS)
         elif plugin.name in scores.FILTER_PLUGINS:
             off.add(plugin.name)
-        elif plugin.name not in scores.UNSUPPORTED_FILTERS:
+        elif plugin.name not in scores.UNSUPPORTED_FILTERS and plugin.name not in NOTHING_TO_RUN:
             raise ConfigError(f"{where}.disabled[{i}].name: unknown filter plugin {shorten(plugin.name)!r}")
-    return frozenset(off - {p.name for p in plugins.enabled})
+    return frozenset(off - {p.name for p in enabled})
 
 
-def _default_spread(document: dict[str, Any], where: str) -> tuple[SpreadConstraint, ...]:
-    """PodTopologySpreadArgs, validated as kube-scheduler 1.20 validates them, into the profile's default
-    constraints (their selectors None: each pod's owners give it)."""
+def _check_modern_name(name: str, version: str, here: str, *, score: bool = False) -> None:
+    """A plugin a v1beta2-or-later profile enables: refused when the version removed it, when kubegpu does not
+    implement it, or when it is unknown."""
+    removed = REMOVED[version].get(name)
+    if removed is not None:
+        raise ConfigError(f"{here}: {version} has no plugin {name!r}; {removed}")
+    if name in scores.UNSUPPORTED_SCORES or name in RESOURCE_SCORES:
+        raise ConfigError(f"{here}: kubegpu does not implement the plugin {name!r}; disable it instead")
+    if score and name not in MODERN_SCORES:
+        raise ConfigError(
+            f"{here}: {shorten(name)!r} is not a score plugin kubegpu runs (known: {', '.join(MODERN_SCORES)})"
+        )
+    if name not in MODERN_SCORES and name not in scores.FILTER_PLUGINS and name not in NOTHING_TO_RUN:
+        raise ConfigError(f"{here}: unknown plugin {shorten(name)!r}")
+
+
+def _merge_set(defaults: Sequence[tuple[str, int | None]], custom: _ModernPluginSet) -> list[tuple[str, int | None]]:
+    """kube-scheduler's mergePluginSet: the defaults less the disabled ones (all with `*`), a default the custom set
+    enables again taking its place (and its weight), then the other enabled ones."""
+    disabled = {p.name for p in custom.disabled}
+    enabled = {p.name: p for p in custom.enabled}
+    merged: list[tuple[str, int | None]] = []
+    replaced: set[str] = set()
+    if "*" not in disabled:
+        for name, weight in defaults:
+            if name in disabled:
+                continue
+            if name in enabled:
+                weight = enabled[name].weight
+                replaced.add(name)
+            merged.append((name, weight))
+    merged.extend((p.name, p.weight) for p in custom.enabled if p.name not in replaced)
+    return merged
+
+
+def _modern_plugins(plugins: _ModernPlugins, version: str, where: str) -> tuple[dict[str, int], frozenset[str]]:
+    """The score weights (NodeResourcesFit's under its own name) and the filters turned off, from a v1beta2 or later
+    profile: v1beta2 merges each extension point with its defaults; v1beta3 and v1 merge `multiPoint` with the
+    default set, and a plugin an extension point enables or disables there overrides `multiPoint`."""
+    sets: tuple[tuple[str, _ModernPluginSet | None], ...] = (
+        ("score", plugins.score), ("filter", plugins.filter), ("multiPoint", plugins.multiPoint),
+    )  # fmt: skip
+    known = MODERN_SCORES + scores.FILTER_PLUGINS
+    ignorable = NOTHING_TO_RUN | scores.UNSUPPORTED_SCORES | scores.UNSUPPORTED_FILTERS | REMOVED[version].keys()
+    for point, plugin_set in sets:
+        if plugin_set is None:
+            continue
+        if point != "filter":  # the filters are checked by `_merge_filters`
+            for i, plugin in enumerate(plugin_set.enabled):
+                _check_modern_name(plugin.name, version, f"{where}.{point}.enabled[{i}].name", score=point == "score")
+        for i, plugin in enumerate(plugin_set.disabled):
+            if plugin.name != "*" and plugin.name not in known and plugin.name not in ignorable:
+                raise ConfigError(f"{where}.{point}.disabled[{i}].name: unknown plugin {shorten(plugin.name)!r}")
+    filters_off = _merge_filters(plugins.filter, f"{where}.filter")
+    if version == V1BETA2:
+        if plugins.multiPoint is not None:
+            raise ConfigError(f"{where}.multiPoint: v1beta3 and later have multiPoint; {version} does not")
+        merged = _merge_set(tuple(V1BETA2_SCORES.items()), plugins.score)
+        return {name: weight or 1 for name, weight in merged}, filters_off
+    multi = _merge_set(V1_MULTI_POINT, plugins.multiPoint or _ModernPluginSet())
+    score_off = {p.name for p in plugins.score.disabled}
+    score_on = {p.name for p in plugins.score.enabled}
+    weights: dict[str, int] = {}
+    if "*" not in score_off:
+        for name, weight in multi:
+            if name in MODERN_SCORES and name not in score_off and name not in score_on:
+                weights[name] = weight or 1
+    for plugin in plugins.score.enabled:
+        weights[plugin.name] = plugin.weight or 1
+    filter_set = plugins.filter
+    filter_off = {p.name for p in filter_set.disabled}
+    from_multi = set()
+    if "*" not in filter_off:
+        from_multi = {name for name, _ in multi if name in scores.FILTER_PLUGINS and name not in filter_off}
+    running = from_multi | {p.name for p in filter_set.enabled}
+    return weights, frozenset(scores.FILTER_PLUGINS) - running
+
+
+def _default_spread(document: dict[str, Any], where: str, version: str = V1BETA1) -> tuple[SpreadConstraint, ...]:
+    """PodTopologySpreadArgs, validated as kube-scheduler validates them, into the profile's default constraints
+    (their selectors None: each pod's owners give it). 1.20 (v1beta1) reads a list without `defaultingType` as
+    List; later versions default `defaultingType` to System, which takes no list."""
     try:
         args = _PodTopologySpreadArgs.model_validate(document)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, where)) from None
     constraints = args.defaultConstraints
-    defaulting = args.defaultingType or ("List" if constraints else "System")
+    if version == V1BETA1:
+        defaulting = args.defaultingType or ("List" if constraints else "System")
+    else:
+        defaulting = args.defaultingType or "System"
     if defaulting == "System":
         if constraints:
             raise ConfigError(f"{where}.defaultingType: System takes no defaultConstraints; set List to use them")
@@ -246,40 +512,165 @@ def _default_spread(document: dict[str, Any], where: str) -> tuple[SpreadConstra
     return tuple(SpreadConstraint(c.maxSkew, c.topologyKey, c.whenUnsatisfiable, None) for c in constraints)
 
 
+def _check_resources(resources: list[_ResourceSpec], where: str) -> None:
+    """kubegpu scores cpu and memory in equal parts (and the devices a pod asks for): a resource list must say the
+    same (empty: kube-scheduler's default, cpu and memory with weight 1)."""
+    names = [r.name for r in resources]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"{where}[{i}].name: {shorten(name)!r} is listed twice")
+    weights = {r.weight or 1 for r in resources}
+    if resources and (sorted(names) != ["cpu", "memory"] or len(weights) != 1):
+        raise ConfigError(
+            f"{where}: kubegpu scores cpu and memory with equal weights (and the devices a pod asks for); other "
+            "resources or weights are not implemented"
+        )
+
+
+@dataclass(slots=True)
+class _Args_:
+    """What a profile's pluginConfig set."""
+
+    hard_weight: int = 1
+    default_spread: tuple[SpreadConstraint, ...] = scores.SYSTEM_DEFAULT_SPREAD
+    strategy: Policy | None = None
+
+
+ARGS_MODELS: dict[str, type[_Args]] = {
+    scores.INTER_POD_AFFINITY: _InterPodAffinityArgs,
+    scores.NODE_AFFINITY: _NodeAffinityArgs,
+    FIT: _NodeResourcesFitArgs,
+    scores.BALANCED: _ResourcesArgs,
+    scores.MOST_ALLOCATED: _ResourcesArgs,
+    scores.LEAST_ALLOCATED: _ResourcesArgs,
+    "DefaultPreemption": _DefaultPreemptionArgs,
+    "VolumeBinding": _VolumeBindingArgs,
+    "DynamicResources": _DynamicResourcesArgs,
+}
+# Arguments each version has (v1beta1 is kube-scheduler 1.20's).
+V1BETA1_ARGS = frozenset(
+    {scores.INTER_POD_AFFINITY, scores.NODE_AFFINITY, FIT, scores.MOST_ALLOCATED, scores.LEAST_ALLOCATED,
+     "DefaultPreemption", "VolumeBinding", scores.SPREAD}
+)  # fmt: skip
+MODERN_ARGS = frozenset(
+    {scores.INTER_POD_AFFINITY, scores.NODE_AFFINITY, FIT, scores.BALANCED, "DefaultPreemption", "VolumeBinding",
+     scores.SPREAD, "DynamicResources"}
+)  # fmt: skip
+
+
+def _plugin_args(entries: list[_PluginConfig], version: str, where: str) -> _Args_:
+    """Each pluginConfig entry's arguments, validated as kube-scheduler validates them; an argument kubegpu does
+    not implement is refused naming it (never accepted and ignored)."""
+    found = _Args_()
+    seen: set[str] = set()
+    takes_args = V1BETA1_ARGS if version == V1BETA1 else MODERN_ARGS
+    for i, entry in enumerate(entries):
+        name, here = entry.name, f"{where}[{i}]"
+        if name in seen:
+            raise ConfigError(f"{here}.name: a second pluginConfig for {shorten(name)!r}")
+        seen.add(name)
+        if version == V1BETA1:
+            if name not in scores.SCORE_PLUGINS and name not in scores.FILTER_PLUGINS and name != "DefaultPreemption":
+                raise ConfigError(f"{here}.name: unknown plugin {shorten(name)!r}")
+        else:
+            _check_modern_name(name, version, f"{here}.name")
+        document = entry.args or {}
+        here = f"{here}.args"
+        kind = document.get("kind")
+        if kind is not None and kind != f"{name}Args":
+            raise ConfigError(f"{here}.kind: {shorten(str(kind))!r} is not {name}Args")
+        if name not in takes_args:
+            extra = sorted(set(document) - {"apiVersion", "kind"})
+            if extra:
+                raise ConfigError(f"{here}.{shorten(extra[0])}: {name} takes no arguments in {version}")
+            continue
+        if name == scores.SPREAD:
+            found.default_spread = _default_spread(document, here, version)
+            continue
+        try:
+            args = ARGS_MODELS[name].model_validate(document)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(exc, here)) from None
+        if isinstance(args, _InterPodAffinityArgs):
+            if version == V1BETA1 and "ignorePreferredTermsOfExistingPods" in document:
+                raise ConfigError(f"{here}.ignorePreferredTermsOfExistingPods: not in {version}")
+            if args.ignorePreferredTermsOfExistingPods:
+                raise ConfigError(f"{here}.ignorePreferredTermsOfExistingPods: kubegpu does not implement it")
+            found.hard_weight = args.hardPodAffinityWeight
+        elif isinstance(args, _NodeAffinityArgs):
+            if args.addedAffinity is not None:
+                raise ConfigError(
+                    f"{here}.addedAffinity: kubegpu does not implement it; put the affinity in the pods (a "
+                    "mutating webhook or the workloads' templates)"
+                )
+        elif isinstance(args, _NodeResourcesFitArgs):
+            for field in ("ignoredResources", "ignoredResourceGroups"):
+                if getattr(args, field):
+                    raise ConfigError(
+                        f"{here}.{field}: kubegpu does not implement it; every resource a pod requests is checked"
+                    )
+            strategy = args.scoringStrategy
+            if strategy is not None:
+                if version == V1BETA1:
+                    raise ConfigError(f"{here}.scoringStrategy: v1beta2 and later have it; {version} does not")
+                if strategy.type == "RequestedToCapacityRatio" or strategy.requestedToCapacityRatio is not None:
+                    raise ConfigError(
+                        f"{here}.scoringStrategy.type: kubegpu does not implement RequestedToCapacityRatio; use "
+                        "MostAllocated (binpack) or LeastAllocated (spread)"
+                    )
+                _check_resources(strategy.resources, f"{here}.scoringStrategy.resources")
+                found.strategy = STRATEGY_POLICIES[strategy.type]
+        elif isinstance(args, _ResourcesArgs):
+            _check_resources(args.resources, f"{here}.resources")
+        elif isinstance(args, _VolumeBindingArgs) and args.shape is not None:
+            raise ConfigError(f"{here}.shape: kubegpu does not score volumes")
+    return found
+
+
 def parse_config(document: Any, policy: str = "binpack", where: str = "KubeSchedulerConfiguration") -> SchedulerConfig:
     """A loaded YAML document -> `SchedulerConfig`; `policy` is the one `--policy` gives (or the default)."""
     if not isinstance(document, dict):
         raise ConfigError(f"{where}: expected a KubeSchedulerConfiguration object")
+    version = document.get("apiVersion")
+    if version not in VERSIONS:
+        raise ConfigError(
+            f"{where}.apiVersion: {shorten(str(version))!r} is not one kubegpu reads ({', '.join(VERSIONS)})"
+        )
+    model: type[_Configuration | _ConfigurationV1beta2 | _ConfigurationV1] = (
+        _Configuration if version == V1BETA1 else _ConfigurationV1beta2 if version == V1BETA2 else _ConfigurationV1
+    )
     try:
-        config = _Configuration.model_validate(document)
+        config = model.model_validate(document)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, where)) from None
     if config.podMaxBackoffSeconds < config.podInitialBackoffSeconds:
         raise ConfigError(f"{where}.podMaxBackoffSeconds: must be at least podInitialBackoffSeconds")
-    profile = config.profiles[0] if config.profiles else _Profile()
-    here = f"{where}.profiles[0].plugins"
-    weights, chosen = _merge_scores(profile.plugins.score, policy, f"{here}.score")
-    filters_off = _merge_filters(profile.plugins.filter, f"{here}.filter")
-    hard_weight = 1
-    default_spread: tuple[SpreadConstraint, ...] = scores.SYSTEM_DEFAULT_SPREAD
-    for i, entry in enumerate(profile.pluginConfig):
-        name = entry.name
-        if name not in scores.SCORE_PLUGINS and name not in scores.FILTER_PLUGINS and name != "DefaultPreemption":
-            raise ConfigError(f"{where}.profiles[0].pluginConfig[{i}].name: unknown plugin {shorten(name)!r}")
-        if name == scores.INTER_POD_AFFINITY:
-            try:
-                args = _InterPodAffinityArgs.model_validate(entry.args)
-            except ValidationError as exc:
-                raise ConfigError(
-                    describe_validation_error(exc, f"{where}.profiles[0].pluginConfig[{i}].args")
-                ) from None
-            hard_weight = args.hardPodAffinityWeight
-        if name == scores.SPREAD:
-            default_spread = _default_spread(entry.args, f"{where}.profiles[0].pluginConfig[{i}].args")
+    here = f"{where}.profiles[0]"
+    percentage = config.percentageOfNodesToScore
+    if isinstance(config, _Configuration):
+        profile = config.profiles[0] if config.profiles else _Profile()
+        weights, chosen = _merge_scores(profile.plugins.score, policy, f"{here}.plugins.score")
+        filters_off = _merge_filters(profile.plugins.filter, f"{here}.plugins.filter")
+        args = _plugin_args(profile.pluginConfig, version, f"{here}.pluginConfig")
+        name = profile.schedulerName
+    else:
+        modern = config.profiles[0] if config.profiles else _ModernProfile()
+        if modern.percentageOfNodesToScore is not None:
+            if version == V1BETA2:
+                raise ConfigError(f"{here}.percentageOfNodesToScore: v1beta3 and later have it; {version} does not")
+            percentage = modern.percentageOfNodesToScore
+        weights, filters_off = _modern_plugins(modern.plugins, version, f"{here}.plugins")
+        args = _plugin_args(modern.pluginConfig, version, f"{here}.pluginConfig")
+        chosen = args.strategy
+        # NodeResourcesFit scores with the policy: kubegpu's MostAllocated (binpack) or LeastAllocated (spread).
+        fit = weights.pop(FIT, 0)
+        if fit:
+            weights[scores.policy_plugin(chosen or policy)] = fit
+        name = modern.schedulerName
     return SchedulerConfig(
-        scores.Profile(weights, filters_off, config.percentageOfNodesToScore, hard_weight, default_spread),
+        scores.Profile(weights, filters_off, percentage, args.hard_weight, args.default_spread),
         policy=chosen,
-        scheduler_name=profile.schedulerName,
+        scheduler_name=name,
         initial_backoff=float(config.podInitialBackoffSeconds),
         max_backoff=float(config.podMaxBackoffSeconds),
     )

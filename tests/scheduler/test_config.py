@@ -151,7 +151,8 @@ def test_pod_topology_spread_args_mistakes_name_the_field(args: dict[str, Any], 
 @pytest.mark.parametrize(
     ("document", "message"),
     [
-        ({**HEAD, "apiVersion": "kubescheduler.config.k8s.io/v1"}, "apiVersion"),
+        ({**HEAD, "apiVersion": "kubescheduler.config.k8s.io/v1alpha1"},
+         "apiVersion: 'kubescheduler.config.k8s.io/v1alpha1' is not one kubegpu reads"),
         ({**HEAD, "profile": []}, "profile"),
         (profile(score={"enabled": [{"name": "NodeAfinity"}]}),
          "profiles[0].plugins.score.enabled[0].name: unknown score plugin 'NodeAfinity'"),
