@@ -383,7 +383,10 @@ def _merge_scores(plugins: _PluginSet, policy: str, where: str) -> tuple[dict[st
     return weights, chosen
 
 
-def _merge_filters(plugins: _PluginSet | _ModernPluginSet, where: str) -> frozenset[str]:
+def _merge_filters(
+    plugins: _PluginSet | _ModernPluginSet, where: str, ignorable: frozenset[str] = scores.UNSUPPORTED_FILTERS
+) -> frozenset[str]:
+    """The filters turned off; `ignorable` are the names a disabled list may hold besides kubegpu's filters."""
     enabled: Sequence[_Named] = plugins.enabled
     disabled: Sequence[_Named] = plugins.disabled
     for i, plugin in enumerate(enabled):
@@ -398,7 +401,7 @@ def _merge_filters(plugins: _PluginSet | _ModernPluginSet, where: str) -> frozen
             off.update(scores.FILTER_PLUGINS)
         elif plugin.name in scores.FILTER_PLUGINS:
             off.add(plugin.name)
-        elif plugin.name not in scores.UNSUPPORTED_FILTERS and plugin.name not in NOTHING_TO_RUN:
+        elif plugin.name not in ignorable:
             raise ConfigError(f"{where}.disabled[{i}].name: unknown filter plugin {shorten(plugin.name)!r}")
     return frozenset(off - {p.name for p in enabled})
 
@@ -445,8 +448,9 @@ def _modern_plugins(plugins: _ModernPlugins, version: str, where: str) -> tuple[
     sets: tuple[tuple[str, _ModernPluginSet | None], ...] = (
         ("score", plugins.score), ("filter", plugins.filter), ("multiPoint", plugins.multiPoint),
     )  # fmt: skip
-    known = MODERN_SCORES + scores.FILTER_PLUGINS
-    ignorable = NOTHING_TO_RUN | scores.UNSUPPORTED_SCORES | scores.UNSUPPORTED_FILTERS | REMOVED[version].keys()
+    ignorable = frozenset(
+        {*NOTHING_TO_RUN, *scores.UNSUPPORTED_SCORES, *scores.UNSUPPORTED_FILTERS, *REMOVED[version], *MODERN_SCORES}
+    )
     for point, plugin_set in sets:
         if plugin_set is None:
             continue
@@ -454,9 +458,9 @@ def _modern_plugins(plugins: _ModernPlugins, version: str, where: str) -> tuple[
             for i, plugin in enumerate(plugin_set.enabled):
                 _check_modern_name(plugin.name, version, f"{where}.{point}.enabled[{i}].name", score=point == "score")
         for i, plugin in enumerate(plugin_set.disabled):
-            if plugin.name != "*" and plugin.name not in known and plugin.name not in ignorable:
+            if plugin.name != "*" and plugin.name not in scores.FILTER_PLUGINS and plugin.name not in ignorable:
                 raise ConfigError(f"{where}.{point}.disabled[{i}].name: unknown plugin {shorten(plugin.name)!r}")
-    filters_off = _merge_filters(plugins.filter, f"{where}.filter")
+    filters_off = _merge_filters(plugins.filter, f"{where}.filter", ignorable)
     if version == V1BETA2:
         if plugins.multiPoint is not None:
             raise ConfigError(f"{where}.multiPoint: v1beta3 and later have multiPoint; {version} does not")
@@ -528,7 +532,7 @@ def _check_resources(resources: list[_ResourceSpec], where: str) -> None:
 
 
 @dataclass(slots=True)
-class _Args_:
+class _PluginArgs:
     """What a profile's pluginConfig set."""
 
     hard_weight: int = 1
@@ -558,10 +562,10 @@ MODERN_ARGS = frozenset(
 )  # fmt: skip
 
 
-def _plugin_args(entries: list[_PluginConfig], version: str, where: str) -> _Args_:
+def _plugin_args(entries: list[_PluginConfig], version: str, where: str) -> _PluginArgs:
     """Each pluginConfig entry's arguments, validated as kube-scheduler validates them; an argument kubegpu does
     not implement is refused naming it (never accepted and ignored)."""
-    found = _Args_()
+    found = _PluginArgs()
     seen: set[str] = set()
     takes_args = V1BETA1_ARGS if version == V1BETA1 else MODERN_ARGS
     for i, entry in enumerate(entries):

@@ -10,6 +10,8 @@ each version removed, PodTopologySpread's defaulting) and each version's refusal
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -394,3 +396,33 @@ def test_the_1_34_file_round_trips_through_the_simulator_flag(tmp_path: Path) ->
     path = tmp_path / "binpack.yaml"
     path.write_text(yaml.safe_dump(document))
     assert load_config(path, "binpack")[1] == "binpack"
+
+
+def test_simulate_reads_a_v1_file(tmp_path: Path) -> None:
+    """`kubegpu simulate --config` with a v1 profile that turns NodeAffinity's score off at `multiPoint`: the pod's
+    preference for zone b no longer decides, as with the same file live."""
+    nodes = [
+        {"kind": "Node", "metadata": {"name": name, "labels": {"zone": zone}},
+         "status": {"allocatable": {"cpu": "8", "memory": "16Gi", "pods": "10"}}}
+        for name, zone in (("a1", "a"), ("b1", "b"))
+    ]  # fmt: skip
+    preference = {
+        "weight": 10,
+        "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+    }
+    pod = {"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [{"name": "m"}], "affinity": {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [preference]}}}}  # fmt: skip
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump_all([*nodes, pod]))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(with_profile(V1, {"score": {"disabled": [{"name": "NodeAffinity"}]}})))
+
+    def placed(*extra: str) -> str:
+        run = subprocess.run(
+            [sys.executable, "-m", "kubegpu", "simulate", "--json", *extra, str(cluster)],
+            capture_output=True, text=True, check=True, env={"KUBEGPU_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": ""},
+        )  # fmt: skip
+        return str(yaml.safe_load(run.stdout)["node"])
+
+    assert placed() == "b1"
+    assert placed("--config", str(config)) == "a1"
