@@ -106,7 +106,9 @@ class _Named(_Strict):
 
 
 class _Plugin(_Named):
-    weight: int | None = Field(default=None, ge=1, le=1000)
+    # kube-scheduler bounds a weight only by int32 and the total score's int64 (1.20 writes NodePreferAvoidPods'
+    # 10000 into every file it dumps).
+    weight: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
 
 class _PluginSet(_Strict):

@@ -377,6 +377,20 @@ def test_empty_arguments_kubegpu_lacks_are_the_defaults_and_accepted(version: st
     assert parse_config(with_profile(version, None, *entries)).profile.filters_off == frozenset()
 
 
+def test_a_v1beta1_score_list_as_1_20_writes_it_keeps_node_prefer_avoid_pods_at_10000() -> None:
+    """kube-scheduler 1.20's `--write-config-to` lists every default score plugin with its weight; kubegpu refused
+    NodePreferAvoidPods' 10000 (weights were capped at 1000)."""
+    enabled = [
+        {"name": "NodeResourcesBalancedAllocation", "weight": 1}, {"name": "ImageLocality", "weight": 1},
+        {"name": "InterPodAffinity", "weight": 1}, {"name": "NodeResourcesLeastAllocated", "weight": 1},
+        {"name": "NodeAffinity", "weight": 1}, {"name": "NodePreferAvoidPods", "weight": 10000},
+        {"name": "PodTopologySpread", "weight": 2}, {"name": "TaintToleration", "weight": 1},
+    ]  # fmt: skip
+    score = {"disabled": [{"name": "SelectorSpread"}], "enabled": enabled}
+    config = parse_config(with_profile(V1BETA1, {"score": score}))
+    assert config.policy == "spread" and config.profile.weight("NodePreferAvoidPods") == 10000
+
+
 def test_v1beta1_refuses_what_later_versions_added() -> None:
     with pytest.raises(ConfigError, match=r"pluginConfig\[0\]\.args\.scoringStrategy: v1beta2 and later"):
         parse_config(with_profile(V1BETA1, None, strategy("MostAllocated")))
