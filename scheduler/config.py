@@ -106,9 +106,9 @@ class _Named(_Strict):
 
 
 class _Plugin(_Named):
-    # kube-scheduler bounds a weight only by int32 and the total score's int64 (1.20 writes NodePreferAvoidPods'
-    # 10000 into every file it dumps).
-    weight: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    # kube-scheduler bounds a weight only by int32 and the total score's int64: 1.20's `--write-config-to` writes
+    # NodePreferAvoidPods' 10000, and `weight: 0` (absent: the default weight) for the plugins that do not score.
+    weight: int | None = Field(default=None, ge=0, le=INT32_MAX)
 
 
 class _PluginSet(_Strict):
@@ -294,6 +294,11 @@ NOTHING_TO_RUN = frozenset(
      "NodeVolumeLimits", "VolumeZone", "DynamicResources", "EBSLimits", "GCEPDLimits", "AzureDiskLimits",
      "CinderLimits"}
 )  # fmt: skip
+# kube-scheduler's default filters kubegpu has nothing to run for (README: volume limits and zones are not checked;
+# every pod with `spec.nodeName` obeys it). NodeLabel and ServiceAffinity filter by their arguments: never moot.
+DEFAULT_MOOT_FILTERS = frozenset(
+    {"NodeName", "VolumeRestrictions", "EBSLimits", "GCEPDLimits", "NodeVolumeLimits", "AzureDiskLimits", "VolumeZone"}
+)
 # Plugins a version no longer has, with what replaced them: naming one is refused.
 REMOVED: dict[str, dict[str, str]] = {
     V1BETA2: {
@@ -386,13 +391,21 @@ def _merge_scores(plugins: _PluginSet, policy: str, where: str) -> tuple[dict[st
 
 
 def _merge_filters(
-    plugins: _PluginSet | _ModernPluginSet, where: str, ignorable: frozenset[str] = scores.UNSUPPORTED_FILTERS
+    plugins: _PluginSet | _ModernPluginSet,
+    where: str,
+    ignorable: frozenset[str] = scores.UNSUPPORTED_FILTERS,
+    version: str = V1BETA1,
 ) -> frozenset[str]:
-    """The filters turned off; `ignorable` are the names a disabled list may hold besides kubegpu's filters."""
+    """The filters turned off; `ignorable` are the names a disabled list may hold besides kubegpu's filters. An
+    enabled list may name kubegpu's filters and kube-scheduler's filters kubegpu has nothing to run for (its
+    default profile names them: a file it wrote enables VolumeZone and the volume limits)."""
+    moot = DEFAULT_MOOT_FILTERS
     enabled: Sequence[_Named] = plugins.enabled
     disabled: Sequence[_Named] = plugins.disabled
     for i, plugin in enumerate(enabled):
-        if plugin.name not in scores.FILTER_PLUGINS:
+        if plugin.name in REMOVED.get(version, {}):
+            raise ConfigError(f"{where}.enabled[{i}].name: {version} has no plugin {plugin.name!r}")
+        if plugin.name not in scores.FILTER_PLUGINS and plugin.name not in moot:
             raise ConfigError(
                 f"{where}.enabled[{i}].name: {shorten(plugin.name)!r} is not a filter kubegpu runs (known: "
                 f"{', '.join(scores.FILTER_PLUGINS)}); every filter kubegpu runs is on by default"
@@ -462,7 +475,7 @@ def _modern_plugins(plugins: _ModernPlugins, version: str, where: str) -> tuple[
         for i, plugin in enumerate(plugin_set.disabled):
             if plugin.name != "*" and plugin.name not in scores.FILTER_PLUGINS and plugin.name not in ignorable:
                 raise ConfigError(f"{where}.{point}.disabled[{i}].name: unknown plugin {shorten(plugin.name)!r}")
-    filters_off = _merge_filters(plugins.filter, f"{where}.filter", ignorable)
+    filters_off = _merge_filters(plugins.filter, f"{where}.filter", ignorable, version)
     if version == V1BETA2:
         if plugins.multiPoint is not None:
             raise ConfigError(f"{where}.multiPoint: v1beta3 and later have multiPoint; {version} does not")

@@ -16,11 +16,12 @@ from typing import Any
 import yaml
 
 from kubegpu.scheduler import scores
+from kubegpu.scheduler.config import load_config
 
 from .cluster import binary_dir
 
 
-def written_profile(tmp_path: Path) -> dict[str, Any]:
+def written_file(tmp_path: Path) -> Path:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\n"
@@ -43,7 +44,11 @@ def written_profile(tmp_path: Path) -> dict[str, Any]:
         capture_output=True,
         timeout=60,
     )
-    config = yaml.safe_load(written.read_text())
+    return written
+
+
+def written_profile(tmp_path: Path) -> dict[str, Any]:
+    config = yaml.safe_load(written_file(tmp_path).read_text())
     [profile] = config["profiles"]
     assert profile["schedulerName"] == "default-scheduler"
     plugins: dict[str, Any] = profile["plugins"]
@@ -64,3 +69,12 @@ def test_every_filter_kube_scheduler_runs_is_run_or_declared_moot(tmp_path: Path
     theirs = {p["name"] for p in plugins["filter"]["enabled"]}
     assert theirs <= set(scores.FILTER_PLUGINS) | scores.UNSUPPORTED_FILTERS
     assert set(scores.FILTER_PLUGINS) <= theirs
+
+
+def test_the_file_kube_scheduler_writes_is_read_whole_as_its_default_profile(tmp_path: Path) -> None:
+    """An operator copies the file as it is into `--config`: every plugin with its weight (NodePreferAvoidPods
+    10000, which kubegpu once refused above 1000), every extension point, the client settings."""
+    config, policy = load_config(written_file(tmp_path))
+    assert policy == "spread"  # the file enables NodeResourcesLeastAllocated
+    assert config.profile.weights == scores.Profile.default("spread").weights
+    assert config.profile.filters_off == frozenset()

@@ -377,18 +377,19 @@ def test_empty_arguments_kubegpu_lacks_are_the_defaults_and_accepted(version: st
     assert parse_config(with_profile(version, None, *entries)).profile.filters_off == frozenset()
 
 
-def test_a_v1beta1_score_list_as_1_20_writes_it_keeps_node_prefer_avoid_pods_at_10000() -> None:
-    """kube-scheduler 1.20's `--write-config-to` lists every default score plugin with its weight; kubegpu refused
-    NodePreferAvoidPods' 10000 (weights were capped at 1000)."""
-    enabled = [
-        {"name": "NodeResourcesBalancedAllocation", "weight": 1}, {"name": "ImageLocality", "weight": 1},
-        {"name": "InterPodAffinity", "weight": 1}, {"name": "NodeResourcesLeastAllocated", "weight": 1},
-        {"name": "NodeAffinity", "weight": 1}, {"name": "NodePreferAvoidPods", "weight": 10000},
-        {"name": "PodTopologySpread", "weight": 2}, {"name": "TaintToleration", "weight": 1},
-    ]  # fmt: skip
-    score = {"disabled": [{"name": "SelectorSpread"}], "enabled": enabled}
-    config = parse_config(with_profile(V1BETA1, {"score": score}))
-    assert config.policy == "spread" and config.profile.weight("NodePreferAvoidPods") == 10000
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "scheduler-config"
+
+
+def test_the_file_kube_scheduler_1_20_2_wrote_is_its_default_profile() -> None:
+    """`kube-scheduler --write-config-to` output of the real 1.20.2 binary (recorded by
+    `tests/integration/test_default_profile.py`'s run; the kubeconfig path replaced): `weight: 0` on every plugin
+    that does not score, NodePreferAvoidPods at 10000, the volume filters kubegpu has nothing to run for. kubegpu
+    refused it (weights were 1..1000, VolumeZone could not be enabled)."""
+    config, policy = load_config(FIXTURES / "kube-scheduler-1.20.2.yaml")
+    assert policy == "spread"  # it enables NodeResourcesLeastAllocated, kube-scheduler's policy
+    assert config.profile.weights == scores.Profile.default("spread").weights
+    assert config.profile.weight("NodePreferAvoidPods") == 10000
+    assert config.profile.filters_off == frozenset()
 
 
 def test_v1beta1_refuses_what_later_versions_added() -> None:
