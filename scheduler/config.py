@@ -27,17 +27,18 @@ profiles:
       defaultConstraints: [{maxSkew: 2, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}]
 ```
 
-Plugins merge as kube-scheduler merges them: the defaults (`kubegpu.scheduler.scores.DEFAULT_WEIGHTS` and the
-policy's plugin) minus the disabled ones, an enabled default taking the weight given, then the other enabled ones.
-Enabling NodeResourcesMostAllocated or NodeResourcesLeastAllocated chooses the policy (binpack or spread) and
-replaces the other; `--policy`, when given too, must agree. Plugin names kubegpu does not know are refused;
-kube-scheduler plugins kubegpu does not implement (SelectorSpread, RequestedToCapacityRatio, volume limits, ...) may be
-disabled, never enabled. PodTopologySpread's `defaultConstraints` and `defaultingType` read as 1.20 reads them with
-DefaultPodTopologySpread on: without `defaultingType`, an empty list means `System` (kube-scheduler's defaults,
-`scores.SYSTEM_DEFAULT_SPREAD`) and a list means `List`; `defaultingType: List` with no constraints turns defaulting
-off. The other extension points (queueSort, preFilter, bind, ...) and client settings
-(clientConnection, leaderElection, ...) are accepted and ignored: kubegpu has its own flags for those. Every error
-names the field: `profiles[0].plugins.score.enabled[1].name: unknown score plugin 'NodeAfinity'`.
+Plugins merge as kube-scheduler merges them: the defaults (`kubegpu.scheduler.scores.DEFAULT_WEIGHTS` and the policy's
+plugin) minus the disabled ones, an enabled default taking the weight given, then the other enabled ones. Enabling
+NodeResourcesMostAllocated or NodeResourcesLeastAllocated chooses the policy (binpack or spread) and replaces the other;
+`--policy`, when given too, must agree. Plugin names kubegpu does not know are refused; kube-scheduler plugins kubegpu
+does not implement (SelectorSpread, RequestedToCapacityRatio, NodeLabel, ...) may be disabled, never enabled; its
+default filters kubegpu has nothing to run for (volume limits and zones, NodeName) may be named in either list, as the
+file kube-scheduler writes names them. PodTopologySpread's `defaultConstraints` and `defaultingType` read as 1.20 reads
+them with DefaultPodTopologySpread on: without `defaultingType`, an empty list means `System` (kube-scheduler's
+defaults, `scores.SYSTEM_DEFAULT_SPREAD`) and a list means `List`; `defaultingType: List` with no constraints turns
+defaulting off. The other extension points (queueSort, preFilter, bind, ...) and client settings (clientConnection,
+leaderElection, ...) are accepted and ignored: kubegpu has its own flags for those. Every error names the field:
+`profiles[0].plugins.score.enabled[1].name: unknown score plugin 'NodeAfinity'`.
 
 From v1beta2 on, NodeResourcesFit scores too: its `scoringStrategy` type MostAllocated chooses binpack and
 LeastAllocated spread (at NodeResourcesFit's score weight), and the Least/MostAllocated and RequestedToCapacityRatio
