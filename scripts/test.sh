@@ -53,7 +53,10 @@ echo "== import-linter (layering contracts, run on a plain copy: grimp does not 
 rm -rf build/lint-site
 "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation --target build/lint-site . > build/lint.log 2>&1 \
   || { cat build/lint.log; exit 1; }
-(cd build/lint-site && "../../$VENV/bin/lint-imports" --config ../../pyproject.toml --no-cache)
+# import-linter takes the file as an argument from 2.16 on and deprecates --config (the lock for Python 3.10 has 2.15).
+LINT_CONFIG=(--config ../../pyproject.toml)
+"$VENV/bin/lint-imports" --help | grep -q CONFIG_FILES && LINT_CONFIG=(../../pyproject.toml)
+(cd build/lint-site && "../../$VENV/bin/lint-imports" "${LINT_CONFIG[@]}" --no-cache)
 # The HTML report's tests open it in headless Chromium and `kubegpu top --watch`'s test drives a tmux pane.
 if ! command -v chromium > /dev/null || ! command -v chromedriver > /dev/null || ! command -v tmux > /dev/null; then
   echo "== installing chromium, chromium-driver, tmux (log: build/report-tools.log)"
