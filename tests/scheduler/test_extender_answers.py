@@ -18,8 +18,8 @@ from kubegpu.core.testing import make_node, node_manifest, pod_manifest
 from kubegpu.plugins.intel_gas import scheduler as intel
 from kubegpu.plugins.neuron import scheduler as neuron
 from kubegpu.plugins.nvidia import scheduler as nvidia
-from kubegpu.scheduler import engine as engine_module
 from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.engine import cache as engine_cache
 from kubegpu.scheduler.extender import UNKNOWN_NODE, ExtenderServer
 
 from .test_properties import NODE_KINDS, SHAPES
@@ -132,7 +132,7 @@ def test_a_full_node_leaves_the_remembered_answer() -> None:
 
 
 def test_the_change_log_forgets_old_changes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_module, "MAX_CHANGES", 8)
+    monkeypatch.setattr(engine_cache, "MAX_CHANGES", 8)
     engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
     engine.add_node(make_node("a", **NODE_KINDS["p3"]))
     start = engine.generation

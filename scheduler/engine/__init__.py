@@ -1,0 +1,54 @@
+"""The scheduling engine: one cluster state, one scheduling cycle, used unchanged by every front-end.
+
+The simulator, the custom scheduler and the extender are thin adapters around `Engine`. Its parts, each a module
+named after what it owns (the Kubernetes scheduler framework splits the same work alike: `internal/cache`, the
+framework's extension points, its plugins):
+
+* `records`: the records and results (`NodeRecord`, `PodRecord`, `Plan`, `Decision`, `Placement`);
+* `state`: every attribute the parts share, and every memo with its key and what invalidates it;
+* `ledger`: which devices each placed pod holds, taken and given back atomically; an allocation's provenance;
+* `cache`: the nodes, their usage, capacity indexes, classes and node tree, and the numbered change log;
+* `plan`: a pod's plan, made once (PreFilter), and the claims, volumes and owners it reads;
+* `filtering`: Kubernetes' node filters and the device plugins' fit (Filter), and counting refusals;
+* `scoring`: the score plugins over the feasible nodes (PreScore, Score);
+* `cycle`: one pod's cycle, from its plan to a reserved node (Reserve);
+* `admission`: recording pods that are already bound (`assume`, `hold`);
+* `preempt`: the what-ifs of preemption (PostFilter) and nomination;
+* `queries`: what the front-ends read.
+
+The engine knows no HTTP, gRPC or Kubernetes client; it calls plugins only through the plugin manager, and a plugin
+that raises becomes a reason naming it, never a crash.
+"""
+
+from __future__ import annotations
+
+from kubegpu.scheduler.engine.queries import Queries
+from kubegpu.scheduler.engine.records import (
+    CHECKS_REMEMBERED,
+    POLICIES,
+    Decision,
+    NodeRecord,
+    Placement,
+    Plan,
+    PodRecord,
+    Policy,
+    summarize_reasons,
+)
+
+__all__ = [
+    "CHECKS_REMEMBERED",
+    "POLICIES",
+    "Decision",
+    "Engine",
+    "NodeRecord",
+    "Placement",
+    "Plan",
+    "PodRecord",
+    "Policy",
+    "summarize_reasons",
+]
+
+
+class Engine(Queries):
+    """The cluster state and the scheduling cycle: the facade the front-ends hold. Its methods are the parts' own
+    (see the module docstring); the state they share is set in `kubegpu.scheduler.engine.state`."""

@@ -1,0 +1,170 @@
+"""Admission of pods that are already bound (a restart, or pods bound by someone else): a verified
+allocation is taken as it is (`assume`); a pod without one is held by count (`hold`), or by the exact device ids its
+node side published (`set_held_devices`). The opposite of kube-scheduler's AssumePod, which records a decision
+before its binding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from kubegpu.core.annotations import (
+    ALLOCATION_KEY,
+    AllocationRecord,
+)
+from kubegpu.core.models import (
+    PluginAllocation,
+    PodRequest,
+)
+from kubegpu.core.status import Status
+from kubegpu.scheduler.engine.cycle import Cycle
+from kubegpu.scheduler.engine.records import Decision, NodeRecord, PodRecord, log
+
+
+class Admission(Cycle):
+    """Recording pods that are already bound."""
+
+    def assume(self, pod: PodRequest, name: str, allocation: AllocationRecord | None) -> Status:
+        """Record a pod that is already bound (restart, or a pod bound by someone else) with its allocation.
+
+        Only a verified allocation (`allocation_problem`) is taken. Its devices are split by owning plugin and taken
+        atomically; a device that is unknown is refused with a reason, and nothing is taken. When a device is held by
+        another pod, the allocation the scheduler issued later wins (`issued`): the earlier one is stale (its
+        devices were given out again after it was rolled back or replayed), so its pod is displaced from the ledger
+        and holds nothing; a stale allocation arriving second is refused. An engine without a signing key (`kubegpu
+        top` without a key file) verifies nothing, and a stamp nobody verified settles nothing: there an allocation
+        naming a held device is refused, naming the holders, and displaces no one.
+        """
+        if pod.key in self.pods:
+            return Status.error(f"pod {pod.key} already holds resources")
+        record = self.nodes.get(name)
+        if record is None:
+            return Status.error(f"node {name} is unknown")
+        parts: dict[str, PluginAllocation] = {}
+        if allocation is not None:
+            problem = self.allocation_problem(pod, name, allocation)
+            if problem is not None:
+                return Status.error(f"the {ALLOCATION_KEY} of pod {pod.key} holds no devices: {problem}")
+            parts = self._split(allocation)
+        status = self._take(record, pod, parts)
+        if not status.ok and allocation is not None:
+            rivals = self._holders_of(record, allocation)
+            if self.signing_key is None and rivals:
+                claimants = ", ".join(p.request.key for p in rivals)
+                return Status.error(
+                    f"the {ALLOCATION_KEY} of pod {pod.key} names devices that {claimants} also claim; neither is "
+                    "verified (no key), so neither displaces the other"
+                )
+            newer = [
+                p.request.key
+                for p in rivals
+                if not p.by_count and p.allocation is not None and p.allocation.issued >= allocation.issued
+            ]
+            if newer:
+                return Status.error(
+                    f"the {ALLOCATION_KEY} of pod {pod.key} (issued {allocation.issued}) is stale: its devices are "
+                    f"held by {', '.join(newer)}, whose allocation the scheduler issued later"
+                )
+            displaced = [held for p in rivals if (held := self.release(p.request.key)) is not None]
+            status = self._take(record, pod, parts)
+            if status.ok:
+                self._place(record, PodRecord(pod, name, parts, allocation, {}))
+            for held in displaced:
+                if not status.ok:
+                    self._restore(held)
+                elif held.by_count:
+                    self.hold(held.request, name)
+                else:
+                    log.warning(
+                        "allocation is stale: a later allocation (issued %d) holds its devices; the pod holds none",
+                        allocation.issued,
+                        extra={"pod": held.request.key, "node": name},
+                    )
+            return status
+        if not status.ok:
+            return status
+        self._place(record, PodRecord(pod, name, parts, allocation, {}))
+        return Status.success()
+
+    def hold(self, pod: PodRequest, name: str) -> Decision:
+        """Set devices aside by count for a pod bound to `name` without a verified allocation (bound by another
+        scheduler, or carrying a claim that does not verify): the kubelet admits it by count, so its count is not
+        free, but no container was given these particular devices, so a verified allocation may take them over.
+
+        When the node side published the ids the kubelet gave this pod (`set_held_devices`), the pod holds exactly
+        those instead, and nothing may take them over."""
+        record = self.nodes.get(name)
+        exact = self._published.get(name, {}).get(pod.key)
+        if (
+            exact is not None
+            and record is not None
+            and pod.key not in self.pods
+            and self._hold_exact(record, pod, exact)
+        ):
+            return Decision(pod.key, True, node=name)
+        decision = self.reserve(pod, name, placing=False)
+        if decision.scheduled:
+            self.pods[pod.key].by_count = True
+        return decision
+
+    def _hold_exact(self, record: NodeRecord, pod: PodRequest, containers: dict[str, dict[str, list[str]]]) -> bool:
+        """Take exactly the published ids for a pod kubegpu did not place; False (nothing taken) when they do not fit.
+        Devices set aside by count for other pods may be these very ids: those pods are held again around them."""
+        parts: dict[str, PluginAllocation] = {}
+        for container, resources in containers.items():
+            for resource, ids in resources.items():
+                plugin = self.plugins.owner_of(resource)
+                if plugin is None or plugin not in record.states:
+                    continue
+                part = parts.setdefault(plugin, PluginAllocation(plugin=plugin))
+                part.containers.setdefault(container, {})[resource] = list(ids)
+        if not parts:
+            return False
+        status = self._take(record, pod, parts)
+        if status.ok:
+            self._place(record, PodRecord(pod, record.name, parts, None, {}))
+            return True
+        keys = [key for key in record.pods if self.pods[key].by_count]
+        movable = [held for key in keys if (held := self.release(key)) is not None]
+        status = self._take(record, pod, parts)
+        if status.ok:
+            self._place(record, PodRecord(pod, record.name, parts, None, {}))
+        else:
+            log.warning(
+                "the devices the kubelet reports for the pod do not fit kubegpu's ledger; held by count: %s",
+                status.message,
+                extra={"pod": pod.key, "node": record.name},
+            )
+        for held in movable:
+            if not self.hold(held.request, record.name).scheduled:
+                log.error("pod held by count no longer fits its node", extra={"pod": held.request.key})
+        return status.ok
+
+    def set_held_devices(self, name: str, held: Mapping[str, Mapping[str, Mapping[str, Sequence[str]]]]) -> list[str]:
+        """The device ids node `name`'s kubelet gave pods that kubegpu did not place, as its PodResources API reports
+        them (published by the node side as `kubegpu.io/foreign-devices`): pod key -> container -> resource -> ids.
+        A pod held by count there (`hold`) whose ids are published holds exactly those from now on, and so does one
+        held later. Returns the keys of the pods moved from a count to exact ids."""
+        table = {
+            key: {container: {r: [str(i) for i in ids] for r, ids in per.items()} for container, per in pod.items()}
+            for key, pod in held.items()
+        }
+        if self._published.get(name, {}) == table:
+            return []
+        if table:
+            self._published[name] = table
+        else:
+            self._published.pop(name, None)
+        record = self.nodes.get(name)
+        if record is None:
+            return []
+        moved = []
+        for key in [k for k in record.pods if self.pods[k].by_count and k in table]:
+            released = self.release(key)
+            if released is None:
+                continue
+            if not self.hold(released.request, name).scheduled:
+                self._restore(released)
+            elif not self.pods[key].by_count:
+                moved.append(key)
+        return moved

@@ -1,0 +1,323 @@
+"""The node cache (kube-scheduler's `internal/cache`): a `NodeRecord` per node with each plugin's device
+state, its headroom and usage; the capacity indexes, node classes and node tree a cycle selects candidates from; the
+numbered change log (`changed_since`) every memo keyed by a node's version or the generation is checked against; and
+placing and releasing a pod's usage there (`_place`, `release`, `pods_removed`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from kubegpu.core.limits import check_device_count
+from kubegpu.core.models import (
+    NodeInfo,
+    PodRequest,
+)
+from kubegpu.core.plugin_manager import PluginHookError
+from kubegpu.core.scheduler_hooks import Headroom
+from kubegpu.scheduler import scores
+from kubegpu.scheduler.engine.ledger import Ledger
+from kubegpu.scheduler.engine.records import CPU_INDEX, NAME_LABELS, UNKNOWN_FREE, NodeRecord, PodRecord, log
+from kubegpu.scheduler.index import CapacityIndex, zone_key
+
+MAX_CHANGES = 1 << 16  # node changes remembered by `changed_since`
+CPU_MEMORY = frozenset({"cpu", "memory"})
+
+
+class NodeCache(Ledger):
+    """Nodes, their usage and indexes, and the change log."""
+
+    def add_node(self, info: NodeInfo) -> None:
+        """Add a node, or replace it (a changed Node), keeping the pods placed on it."""
+        previous = self.nodes.get(info.name)
+        record = NodeRecord(info, klass=self._klass(info))
+        self._node_epoch += 1
+        for plugin in self.plugins.names:
+            inventory = info.inventories.get(plugin)
+            try:
+                # Refused here, for every plugin, before it builds per-device structures (`kubegpu.core.limits`).
+                check_device_count(
+                    info.name, f"advertised {plugin} devices", len(inventory.devices if inventory else ())
+                )
+            except ValueError as exc:
+                log.error("%s", exc)
+                record.problems[plugin] = str(exc)
+                continue
+            try:
+                state = self.plugins.call(plugin, "kubegpu_scheduler_build_node", node=info)
+            except PluginHookError as exc:
+                problem = exc.on_node(info.name)
+                log.error("%s", problem)
+                record.problems[plugin] = str(problem)
+                continue
+            if state is not None:
+                record.states[plugin] = state
+        self.nodes[info.name] = record
+        self._tree.set(info.name, zone_key(info.labels))
+        self._join_class(info.name, previous.klass if previous is not None else None, record.klass)
+        if any(t.effect == "PreferNoSchedule" for t in info.taints):
+            self._soft_tainted.add(info.name)
+        else:
+            self._soft_tainted.discard(info.name)
+        self._note_scored(info, previous.info if previous is not None else None)
+        if previous is not None:
+            for key in list(previous.pods):
+                pod = self.pods[key]
+                self._forget_anti(key)  # its charges went with the old record; taken again below if it still fits
+                status = self._take(record, pod.request, pod.parts)
+                if not status.ok:
+                    log.error("node %s changed: pod %s no longer fits its devices: %s", info.name, key, status.message)
+                    self.pods.pop(key)
+                else:
+                    record.pods[key] = None
+                    self._charge(record, pod.request, +1)
+        self._refresh(record)
+
+    def _note_scored(self, info: NodeInfo | None, previous: NodeInfo | None) -> None:
+        """Count a node's images and the controllers its `preferAvoidPods` annotation names, in place of what its
+        `previous` self counted (None: a new node; `info` None: a removed one). An annotation kubegpu cannot read
+        counts as absent, with one warning per value."""
+        if previous is not None:
+            for image, size in previous.images.items():
+                self._image_nodes[image] -= 1
+                if self._image_nodes[image] <= 0:
+                    del self._image_nodes[image]
+                    self._image_sizes.pop(image, None)
+                else:
+                    sizes = self._image_sizes[image]
+                    sizes[size] -= 1
+                    if sizes[size] <= 0:
+                        del sizes[size]
+            before = self._avoid.pop(previous.name, frozenset())
+            self._avoided.subtract(before)
+            for key in before:
+                if self._avoided[key] <= 0:
+                    del self._avoided[key]
+        if info is None:
+            return
+        for image, size in info.images.items():
+            self._image_nodes[image] += 1
+            self._image_sizes.setdefault(image, Counter())[size] += 1
+        raw = info.annotations.get(scores.PREFER_AVOID_KEY)
+        if raw is None:
+            return
+        if previous is not None and previous.annotations.get(scores.PREFER_AVOID_KEY) == raw:
+            avoided = before  # unchanged: read once (and warned about once)
+        else:
+            try:
+                avoided = scores.avoided_controllers(raw)
+            except ValueError as exc:
+                log.warning("node %s: annotation %s ignored: %s", info.name, scores.PREFER_AVOID_KEY, exc)
+                return
+        if avoided:
+            self._avoid[info.name] = avoided
+            self._avoided.update(avoided)
+
+    def _klass(self, info: NodeInfo) -> int:
+        """The node's equivalence class. Nodes alike in everything but their name give the same answer to a request
+        whenever the answer does not depend on what is in use, so one unresolvable answer in a cycle settles the
+        whole class (a trn1 refusing 7 devices refuses them on every trn1)."""
+        key = (
+            tuple(sorted((k, v) for k, v in info.labels.items() if k not in NAME_LABELS)),
+            tuple(sorted(info.allocatable.items())),
+            info.taints,
+            info.unschedulable,
+            info.ready,
+            tuple(sorted((p, inv.model_dump_json()) for p, inv in info.inventories.items())),
+            info.name if info.name in self._dead else None,  # a node that is not live answers unlike its class
+        )
+        return self._classes.setdefault(key, len(self._classes))
+
+    def _join_class(self, name: str, old: int | None, new: int | None) -> None:
+        if old is not None and old != new:
+            members = self._class_nodes.get(old)
+            if members is not None:
+                members.pop(name, None)
+                if not members:
+                    del self._class_nodes[old]
+        if new is not None:
+            self._class_nodes.setdefault(new, {})[name] = None
+
+    def remove_node(self, name: str) -> list[str]:
+        """Remove a node; the pods it held are forgotten (their devices went with it). Returns their keys."""
+        record = self.nodes.pop(name, None)
+        self._dead.pop(name, None)
+        self._published.pop(name, None)
+        if record is None:
+            return []
+        self._node_epoch += 1
+        self._soft_tainted.discard(name)
+        self._note_scored(None, record.info)
+        self._join_class(name, record.klass, None)
+        self._tree.discard(name)
+        self._changed(name)
+        for index in self._index.values():
+            index.discard(name)
+        gone = list(record.pods)
+        for key in gone:
+            self.pods.pop(key, None)
+            self._forget_anti(key)
+        return gone
+
+    def _forget_anti(self, key: str) -> None:
+        """A pod that held resources is gone without being charged back (its node went, or changed under it): it
+        leaves the index of placed pods and the count of placed priorities."""
+        held = self._placed.pods.get(key)
+        self._placed.discard(key)
+        if held is not None:
+            self._priorities[held.priority] -= 1
+            if held.pod_anti_affinity:
+                self._anti_epoch += 1
+
+    def _changed(self, name: str) -> None:
+        self.generation += 1
+        self._changes.append(name)
+        if len(self._changes) > MAX_CHANGES:
+            drop = len(self._changes) // 2
+            del self._changes[:drop]
+            self._first += drop
+
+    def changed_since(self, generation: int) -> set[str] | None:
+        """The nodes changed (added, removed, used or freed) after change number `generation`, or None when that is
+        too long ago to tell."""
+        if generation < self._first:
+            return None
+        return set(self._changes[generation - self._first :])
+
+    def _refresh(self, record: NodeRecord) -> None:
+        """Recompute the node's headroom after a change and move it in the capacity indexes."""
+        self._changed(record.name)
+        record.version += 1
+        name = record.name
+        self._index[CPU_INDEX].set(name, record.free("cpu"), record.klass)
+        for plugin in record.problems.keys() - record.states.keys():  # build_node failed
+            for resource in self._unknown_headroom(record, plugin).free:
+                self._index.setdefault(resource, CapacityIndex()).set(name, UNKNOWN_FREE, record.klass)
+        for plugin, state in record.states.items():
+            try:
+                headroom = self.plugins.call(plugin, "kubegpu_scheduler_headroom", state=state) or Headroom()
+                record.problems.pop(plugin, None)
+            except PluginHookError as exc:
+                problem = exc.on_node(name)
+                log.error("%s", problem)
+                record.problems[plugin] = str(problem)
+                headroom = self._unknown_headroom(record, plugin)
+            old = record.headroom.get(plugin)
+            record.headroom[plugin] = headroom
+            if old is not None:
+                for resource in old.free.keys() - headroom.free.keys():
+                    self._index[resource].discard(name)
+            for resource, free in headroom.free.items():
+                index = self._index.get(resource)
+                if index is None:
+                    index = self._index[resource] = CapacityIndex()
+                index.set(name, free, record.klass)
+
+    def _unknown_headroom(self, record: NodeRecord, plugin: str) -> Headroom:
+        """Headroom for a plugin that failed on the node: every resource it could own there looks free, so the
+        node stays a candidate and its pods are told the failure (`_device_fit`) rather than `Insufficient ...`."""
+        claimed = self.plugins.records[plugin].resources if plugin in self.plugins.records else []
+        resources = {r for r in claimed if not r.endswith("/*")}
+        resources.update(r for r in record.info.allocatable if self.plugins.owner_of(r) == plugin)
+        return Headroom(free=dict.fromkeys(sorted(resources), UNKNOWN_FREE))
+
+    def _charge(self, record: NodeRecord, pod: PodRequest, sign: int) -> None:
+        used = record.used
+        used["pods"] += sign
+        used["cpu"] += sign * pod.cpu_milli
+        used["memory"] += sign * pod.memory
+        for resource, amount in pod.requests.items():
+            if resource not in CPU_MEMORY:
+                used[resource] += sign * amount
+        for port in pod.host_ports:
+            record.ports[(port.ip, port.protocol, port.port)] += sign
+            if record.ports[(port.ip, port.protocol, port.port)] <= 0:
+                del record.ports[(port.ip, port.protocol, port.port)]
+        self._priorities[pod.priority] += sign
+        cpu, memory = scores.nonzero_requests(pod)
+        record.nonzero_cpu += sign * cpu
+        record.nonzero_memory += sign * memory
+        if sign > 0:
+            self._placed.add(pod.key, pod, record.name)
+        else:
+            self._placed.discard(pod.key)
+        if pod.pod_anti_affinity:
+            self._anti_epoch += 1
+
+    def _place(self, record: NodeRecord, pod_record: PodRecord) -> None:
+        key = pod_record.request.key
+        nominated = self.nominated.pop(key, None)
+        if nominated is not None and (held := self.nodes.get(nominated)) is not None:
+            held.nominees.pop(key, None)
+            if held is not record:
+                self._refresh(held)
+        self.pods[key] = pod_record
+        record.pods[key] = None
+        self._charge(record, pod_record.request, +1)
+        self._refresh(record)
+
+    def release(self, key: str) -> PodRecord | None:
+        """Forget a pod (deleted, finished, or its binding rolled back) and return exactly what it held."""
+        pod_record = self.pods.pop(key, None)
+        if pod_record is None:
+            return None
+        record = self.nodes.get(pod_record.node)
+        if record is None:
+            self._forget_anti(key)
+            return pod_record
+        for plugin, part in pod_record.parts.items():
+            if plugin in record.states:
+                self._release_part(record, plugin, key, part)
+        record.pods.pop(key, None)
+        self._charge(record, pod_record.request, -1)
+        self._refresh(record)
+        return pod_record
+
+    @contextmanager
+    def pods_removed(self, keys: Iterable[str]) -> Iterator[list[PodRecord]]:
+        """Pretend the pods are gone (preemption what-ifs), then put back exactly what they held."""
+        removed = [record for key in keys if (record := self.release(key)) is not None]
+        try:
+            yield removed
+        finally:
+            for record in removed:
+                self._restore(record)
+
+    def _restore(self, pod_record: PodRecord) -> None:
+        """Put back exactly what a released pod held."""
+        node = self.nodes.get(pod_record.node)
+        if node is None:
+            return
+        status = self._take(node, pod_record.request, pod_record.parts)
+        if status.ok:
+            self._place(node, pod_record)
+        else:
+            log.error("could not restore %s: %s", pod_record.request.key, status.message)
+
+    def set_node_live(self, name: str, live: bool, reason: str | None = None) -> bool:
+        """Whether node `name` takes new device pods: not while its node side has stopped reporting (its kubegpu
+        node lease expired, `kubegpu.scheduler.liveness`); `reason` is what each device pod refused there is told.
+        Pods already on the node stay, and pods that request no device resource are not affected. Returns whether
+        anything changed; the node's remembered answers are then stale (its version and the generation move on)."""
+        wanted = None if live else (reason or "node(s) had an expired kubegpu node lease")
+        previous = self._dead.get(name)
+        if previous == wanted:
+            return False
+        if wanted is None:
+            del self._dead[name]
+        else:
+            self._dead[name] = wanted
+        record = self.nodes.get(name)
+        if record is None:
+            return True
+        if (previous is None) != (wanted is None):
+            klass = self._klass(record.info)
+            self._join_class(name, record.klass, klass)
+            record.klass = klass
+            self._refresh(record)
+        else:  # only the wording changed (the lease's age)
+            record.version += 1
+            self._changed(name)
+        return True

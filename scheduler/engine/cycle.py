@@ -1,0 +1,279 @@
+"""The scheduling cycle: validate (PreFilter), find feasible nodes in capacity order or on kube-scheduler's
+zone-by-zone sample (Filter), rank them (Score), and reserve the best one's devices (Reserve: each plugin allocates,
+taken atomically, the allocation signed). When no node fits, the decision carries kube-scheduler's summary,
+`0/5 nodes are available: 3 Insufficient ..., 2 ....`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from itertools import chain
+
+from kubegpu.core.annotations import (
+    ALLOCATION_KEY,
+    AllocationRecord,
+    encode_allocation,
+    merge_allocations,
+    sign_allocation,
+)
+from kubegpu.core.models import (
+    PluginAllocation,
+    PodRequest,
+)
+from kubegpu.core.plugin_manager import PluginHookError
+from kubegpu.core.status import Code, Status
+from kubegpu.scheduler.engine.records import (
+    CPU_INDEX,
+    UNKNOWN_FREE,
+    Decision,
+    NodeRecord,
+    Plan,
+    PodRecord,
+    Refusals,
+    summarize_reasons,
+)
+from kubegpu.scheduler.engine.scoring import Scoring
+from kubegpu.scheduler.index import CapacityIndex
+
+
+class Cycle(Scoring):
+    """One pod's scheduling cycle, from its plan to a reserved node."""
+
+    def schedule(self, pod: PodRequest) -> Decision:
+        """Run one full cycle for a pod and, when a node fits, reserve its devices there."""
+        if pod.key in self.pods:
+            return Decision(
+                pod.key, False, reason=f"pod {pod.key} already holds resources on a node", code=Code.UNRESOLVABLE
+            )
+        routes = self._route(pod)
+        status = self._validate(pod, routes)
+        if not status.ok:
+            return Decision(pod.key, False, reason=status.message, code=status.code)
+        plan = self.plan(pod)
+        nodes = self.nodes
+        if pod.node_name:
+            record = nodes.get(pod.node_name)
+            if record is None:
+                return Decision(pod.key, False, reason=f"node {pod.node_name} is unknown", code=Code.UNRESOLVABLE)
+            status = self.check(record, pod, plan)
+            if not status.ok:
+                return Decision(pod.key, False, reason=summarize_reasons(1, Counter(status.reasons)), code=status.code)
+            return self._reserve(record, pod, plan)
+        sample = self._sample_size(pod, plan)
+        if self.sample < sample < len(nodes):
+            return self._schedule_sampled(pod, plan, sample)
+        feasible: list[str] = []
+        evaluated = 0
+        refusals = Refusals()
+        settled = refusals.settled  # node class -> what one of its nodes' unresolvable answer says of the others
+        reasons = refusals.reasons
+        candidates, resource = self._candidates(pod, plan)
+        visited: dict[int, list[dict[str, None]]] = {}  # node class -> the groups of its nodes filtered above
+        judge = self._cluster_state(pod, plan).judge if plan.volatile else None
+        check, refuse = self.check, self._refuse
+        for klass, members in candidates:
+            visited.setdefault(klass, []).append(members)
+            known = settled.get(klass)
+            if known is not None:
+                if known.by_node:
+                    for reason in known.status.reasons:
+                        reasons[reason] += len(members)
+                evaluated += len(members)
+                continue
+            for position, name in enumerate(members, 1):
+                record = nodes[name]
+                evaluated += 1
+                status = check(record, pod, plan, judge=judge)
+                if status.code is Code.SUCCESS:
+                    feasible.append(name)
+                    if len(feasible) >= sample:
+                        break
+                    continue
+                if refuse(refusals, record, pod, plan, status):
+                    # No other node of this class fits: counted without filtering (`_refused`).
+                    rest = len(members) - position
+                    if settled[klass].by_node:
+                        for reason in status.reasons:
+                            reasons[reason] += rest
+                    evaluated += rest
+                    break
+            if len(feasible) >= sample:
+                break
+        if not feasible:
+            if evaluated < len(nodes):
+                self._explain_skipped(pod, plan, visited, refusals, resource)
+            return self._refused(refusals, pod, plan, len(nodes))
+        best = feasible[0] if len(feasible) == 1 else self._rank(feasible, pod, plan)
+        return self._reserve(nodes[best], pod, plan)
+
+    def _explain_skipped(
+        self,
+        pod: PodRequest,
+        plan: Plan,
+        visited: dict[int, list[dict[str, None]]],
+        refusals: Refusals,
+        resource: str,
+    ) -> None:
+        """Count the nodes the capacity index skipped under their own reasons, as kube-scheduler would report them
+        (a node that fails the node selector says so, not "Insufficient ..."). Only a pod that fits nowhere pays for
+        this, and a class whose nodes answer alike (unresolvable) costs one check."""
+        settled = refusals.settled
+        for klass, members in self._class_nodes.items():
+            groups = visited.get(klass, ())
+            left = len(members) - sum(len(group) for group in groups)
+            if left <= 0:
+                continue
+            known = settled.get(klass)
+            if known is None:
+                for name in members:
+                    if any(name in group for group in groups):
+                        continue
+                    record = self.nodes[name]
+                    status = self.check(record, pod, plan)
+                    if status.ok:
+                        status = Status.unschedulable(f"Insufficient {resource}")
+                    left -= 1
+                    if self._refuse(refusals, record, pod, plan, status) or left <= 0:
+                        break
+                known = settled.get(klass)
+            if known is not None and known.by_node and left > 0:
+                for reason in known.status.reasons:
+                    refusals.reasons[reason] += left  # every other skipped node of the class answers alike
+
+    def _schedule_sampled(self, pod: PodRequest, plan: Plan, sample: int) -> Decision:
+        """The cycle of a pod scored on kube-scheduler's sample of a larger cluster (`_sample_size`): the first
+        `sample` feasible nodes in the node tree's order (zone by zone in turn), from where the last such sample
+        stopped, as kube-scheduler 1.20 takes them (`findNodesThatPassFilters`, `nextStartNodeIndex`). Every zone
+        is in every sample; a sample in capacity order would hold the first zones only. Nodes the capacity index
+        rules out are passed over, and filtered for their reasons only when no node fits."""
+        nodes, check, refuse = self.nodes, self.check, self._refuse
+        judge = self._cluster_state(pod, plan).judge if plan.volatile else None
+        index, resource, need = self._selector(pod, plan)
+        order = self._tree.order()
+        least = index.least()
+        # None when every node offers enough (the usual case): then no node is looked up in the index.
+        offers = None if len(index) == len(order) and least is not None and least >= need else index.get
+        start = self._next_start % len(order)
+        feasible: list[str] = []
+        refusals = Refusals()
+        settled = refusals.settled
+        passed: list[str] = []  # nodes the index ruled out
+        processed = 0
+        for processed, name in enumerate(chain(order[start:], order[:start]), 1):  # noqa: B007 (read after)
+            if offers is not None and ((free := offers(name)) is None or free < need):
+                passed.append(name)
+                continue
+            record = nodes[name]
+            if settled and record.klass in settled:
+                continue  # counted with its class if no node fits (`_refused`)
+            status = check(record, pod, plan, judge=judge)
+            if status.code is Code.SUCCESS:
+                feasible.append(name)
+                if len(feasible) >= sample:
+                    break
+                continue
+            refuse(refusals, record, pod, plan, status)
+        self._next_start = (start + processed) % len(order)
+        if feasible:
+            best = feasible[0] if len(feasible) == 1 else self._rank(feasible, pod, plan)
+            return self._reserve(nodes[best], pod, plan)
+        for name in passed:
+            record = nodes[name]
+            if record.klass in settled:
+                continue
+            status = check(record, pod, plan, judge=judge)
+            refuse(
+                refusals,
+                record,
+                pod,
+                plan,
+                status if not status.ok else Status.unschedulable(f"Insufficient {resource}"),
+            )
+        for klass, known in settled.items():
+            if known.by_node:  # its nodes not counted one by one, all alike
+                rest = len(self._class_nodes.get(klass, ())) - len(refusals.counted.get(klass, ()))
+                for reason in known.status.reasons:
+                    refusals.reasons[reason] += rest
+        return self._refused(refusals, pod, plan, len(nodes))
+
+    def _selector(self, pod: PodRequest, plan: Plan) -> tuple[CapacityIndex, str, int]:
+        """The capacity index a cycle selects its candidates by, its resource, and the amount a node must offer.
+
+        With several device resources the most selective index is used: the one with the fewest nodes that could
+        offer the amount asked (an Intel pod's memory per card, rather than its card count). A pod without devices is
+        selected by cpu, unless NodeResourcesFit is off: then no node is refused for what it lacks.
+        """
+        needs = [pair for _, pairs in plan.devices for pair in pairs]
+        if not needs:
+            cpu = -UNKNOWN_FREE if "NodeResourcesFit" in self.filters_off else pod.cpu_milli
+            return self._index[CPU_INDEX], "cpu", cpu
+        empty = CapacityIndex()
+        if len(needs) > 1:
+            resource, need = min(needs, key=lambda p: self._index.get(p[0], empty).count_at_least(p[1]))
+        else:
+            resource, need = needs[0]
+        return self._index.get(resource, empty), resource, need
+
+    def _candidates(self, pod: PodRequest, plan: Plan) -> tuple[Iterator[tuple[int, dict[str, None]]], str]:
+        """(node class, nodes) worth filtering, in policy order, and the resource the index selected them by
+        (`_selector`)."""
+        index, resource, need = self._selector(pod, plan)
+        return index.groups_at_least(need, ascending=self.policy == "binpack"), resource
+
+    def reserve(self, pod: PodRequest, name: str, *, placing: bool = True) -> Decision:
+        """Re-check the fit on one node, then allocate and take the pod's devices there, atomically (all plugins or
+        none). The extender's bind verb and the custom scheduler's retries use this directly; `hold` with `placing`
+        false, for a pod already bound there."""
+        record = self.nodes.get(name)
+        if record is None:
+            return Decision(pod.key, False, reason=f"node {name} is unknown", code=Code.UNRESOLVABLE)
+        if pod.key in self.pods:
+            return Decision(
+                pod.key, False, reason=f"pod {pod.key} already holds resources on a node", code=Code.UNRESOLVABLE
+            )
+        plan = self.plan(pod)
+        status = self.check(record, pod, plan, placing=placing)
+        if not status.ok:
+            return Decision(pod.key, False, reason=status.message, code=status.code)
+        return self._reserve(record, pod, plan)
+
+    def _reserve(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Decision:
+        name = record.name
+        parts: dict[str, PluginAllocation] = {}
+        for plugin, _ in plan.devices:
+            try:
+                allocation = self.plugins.call(
+                    plugin,
+                    "kubegpu_scheduler_allocate",
+                    state=record.states[plugin],
+                    pod=pod,
+                    prepared=plan.prepared.get(plugin),
+                )
+            except PluginHookError as exc:
+                return Decision(pod.key, False, reason=str(exc), code=Code.ERROR)
+            if allocation is None:
+                return Decision(
+                    pod.key,
+                    False,
+                    reason=f"plugin {plugin!r} could not allocate devices on {name}",
+                    code=Code.UNSCHEDULABLE,
+                )
+            parts[plugin] = allocation
+        status = self._take(record, pod, parts)
+        if not status.ok:
+            return Decision(pod.key, False, reason=status.message, code=status.code)
+        annotations: dict[str, str] = {}
+        allocation_record: AllocationRecord | None = None
+        if parts:
+            allocation_record = merge_allocations(name, pod.uid, list(parts.values()))
+            if self.signing_key is not None:
+                self._issued = max(time.time_ns(), self._issued + 1)
+                allocation_record = allocation_record.model_copy(update={"issued": self._issued})
+                allocation_record = sign_allocation(allocation_record, self.signing_key)
+            for part in parts.values():
+                annotations.update(part.annotations)
+            annotations[ALLOCATION_KEY] = encode_allocation(allocation_record)
+        self._place(record, PodRecord(pod, name, parts, allocation_record, annotations))
+        return Decision(pod.key, True, node=name, allocation=allocation_record, annotations=annotations)

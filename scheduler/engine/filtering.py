@@ -1,0 +1,335 @@
+"""The Filter extension point: kube-scheduler 1.20's node filters in its order (NodeUnschedulable,
+TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit, VolumeBinding), the cluster-wide ones made once per pod
+and generation (InterPodAffinity, PodTopologySpread: `_cluster_state`), then each device plugin's fit. Also how a
+cycle counts refusals as kube-scheduler reports them (`_refuse`, `_refused`, `_tally`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from kubegpu.core.models import (
+    NodeInfo,
+    PodRequest,
+    SpreadConstraint,
+)
+from kubegpu.core.plugin_manager import PluginHookError
+from kubegpu.core.status import Code, Status
+from kubegpu.scheduler import filters, podindex
+from kubegpu.scheduler.engine.plan import Planning
+from kubegpu.scheduler.engine.records import (
+    ClassTally,
+    ClusterState,
+    Decision,
+    NodeRecord,
+    Plan,
+    Refusals,
+    Settled,
+    make_room,
+    summarize_reasons,
+)
+from kubegpu.scheduler.podindex import Domains
+
+NOMINATED = "node(s) were nominated for a pending pod of equal or higher priority that is preempting pods there"
+
+
+class Filtering(Planning):
+    """Kubernetes' filters and the device plugins' fit for one node, and counting refusals."""
+
+    def _basic_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
+        """Kubernetes' node-local filters in kube-scheduler 1.20's order (NodeUnschedulable, TaintToleration,
+        NodeAffinity, NodePorts, NodeResourcesFit, VolumeBinding; `kubegpu.scheduler.filters`); the first that refuses
+        answers, so each node is counted under the reason kube-scheduler would give. Reasons about the node itself
+        are unresolvable; capacity and ports are unschedulable."""
+        return self._node_fit(record, pod) or self._usage_fit(record, pod, plan)
+
+    def _node_fit(self, record: NodeRecord, pod: PodRequest) -> Status | None:
+        """The filters that read only the node, not what is in use on it: NodeUnschedulable, the Ready condition,
+        TaintToleration and NodeAffinity. They run first, so a refusal of theirs is every node of the class's."""
+        info = record.info
+        off = self.filters_off  # filters a configuration turned off (usually none)
+        if (
+            info.unschedulable
+            and not filters.tolerates_unschedulable(pod.tolerations)
+            and "NodeUnschedulable" not in off
+        ):
+            return Status.unresolvable(filters.UNSCHEDULABLE)
+        if not info.ready:
+            return Status.unresolvable("node(s) had condition Ready=False")
+        for taint in info.taints:
+            if taint.effect == "PreferNoSchedule" or "TaintToleration" in off:
+                continue
+            if not any(t.tolerates(taint) for t in pod.tolerations):
+                return Status.unresolvable(
+                    f"node(s) had taint {{{taint.key}: {taint.value or ''}}}, that the pod didn't tolerate"
+                )
+        if (
+            (pod.node_selector or pod.node_affinity is not None)
+            and not filters.matches_node_affinity(pod, info.name, info.labels)
+            and "NodeAffinity" not in off
+        ):
+            return Status.unresolvable(filters.NODE_SELECTOR)
+        return None
+
+    def _usage_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
+        """The filters after `_node_fit` that read what is in use on the node: NodePorts, NodeResourcesFit (every
+        resource it lacks) and VolumeBinding."""
+        info = record.info
+        off = self.filters_off
+        if pod.host_ports and filters.ports_conflict(pod.host_ports, record.ports) and "NodePorts" not in off:
+            return Status.unschedulable(filters.PORTS)
+        allocatable, used = info.allocatable, record.used
+        short: list[str] = []
+        hopeless = False
+        if allocatable.get("pods", 0) - used["pods"] < 1:
+            short.append(filters.TOO_MANY_PODS)
+        for resource, need in plan.fit:
+            have = allocatable.get(resource, 0)
+            if have - used[resource] < need:
+                short.append(f"Insufficient {resource}")
+                hopeless = hopeless or have < need
+        if short and "NodeResourcesFit" not in off:
+            return Status.unresolvable(*short) if hopeless and len(short) == 1 else Status.unschedulable(*short)
+        if pod.claims and self.track_volumes and "VolumeBinding" not in off:
+            return self._volume_fit(info, pod)
+        return None
+
+    def _volume_fit(self, info: NodeInfo, pod: PodRequest) -> Status | None:
+        """VolumeBinding for claims already bound: the volume's node affinity must select the node. Claims that
+        still need a volume are refused: kubegpu does not bind volumes. A claim missing or being deleted is named
+        first, bound or not, as kube-scheduler 1.20's PreFilter names it (`podHasPVCs`)."""
+        for claim in pod.claims:
+            key = (pod.namespace, claim)
+            if key not in self.claims:
+                return Status.unresolvable(f'persistentvolumeclaim "{claim}" not found')
+            if key in self.deleting_claims:
+                return Status.unresolvable(f'persistentvolumeclaim "{claim}" is being deleted')
+        for claim in pod.claims:
+            volume = self.claims[(pod.namespace, claim)]
+            if not volume:
+                return Status.unresolvable(
+                    f"pod has unbound immediate PersistentVolumeClaims (claim {claim!r} has no volume yet; kubegpu "
+                    "places pods only with claims already bound to a volume)"
+                )
+            if volume not in self.volumes:
+                return Status.unresolvable(filters.PV_NOT_EXIST)
+            terms = self.volumes[volume]
+            if terms is not None and not filters.node_matches_terms(terms, info.name, info.labels):
+                return Status.unresolvable(filters.VOLUME_NODE_AFFINITY)
+        return None
+
+    def _cluster_state(self, pod: PodRequest, plan: Plan) -> ClusterState:
+        """The pod's PreFilter state for both filters, remembered for the generation, and the judge of one node's
+        labels made from it: called for every node a cycle visits, so the filters switched off, and the states that
+        cannot refuse any node, are settled here once, and each refusal is a status made once."""
+        cached = self._cluster
+        if cached is not None and cached.pod is pod and cached.plan is plan and cached.generation == self.generation:
+            return cached
+        affinity = podindex.affinity_state(pod, self._placed, self._labels)
+        spread: filters.SpreadState | None = None
+        constraints = plan.hard_spread
+        if constraints and "PodTopologySpread" not in self.filters_off:
+            spread = podindex.spread_state(pod, self._placed, self._spread_domains(pod, constraints), constraints)
+        judged = affinity
+        if "InterPodAffinity" in self.filters_off or not filters.affinity_can_refuse(pod, affinity):
+            judged = None
+        refusals: dict[tuple[str, ...], Status] = {}
+
+        def refusal(reasons: tuple[str, ...], resolvable: bool) -> Status:
+            status = refusals.get(reasons)
+            if status is None:
+                status = refusals[reasons] = Status(Code.UNSCHEDULABLE if resolvable else Code.UNRESOLVABLE, reasons)
+            return status
+
+        spread_fits = filters.spread_judge(spread) if spread is not None else None
+
+        def judge(labels: Mapping[str, str]) -> Status | None:
+            if spread_fits is not None:
+                refused = spread_fits(labels)
+                if refused is not None:
+                    return refusal((refused[0],), refused[1])
+            if judged is not None:
+                reasons = filters.affinity_fits(pod, judged, labels)
+                if reasons:
+                    return refusal(reasons, reasons[1] != filters.AFFINITY_RULES)
+            return None
+
+        self._cluster = state = ClusterState(pod, plan, self.generation, judge, affinity, spread)
+        return state
+
+    def _labels(self, name: str) -> Mapping[str, str] | None:
+        record = self.nodes.get(name)
+        return record.info.labels if record is not None else None
+
+    def _spread_domains(self, pod: PodRequest, constraints: Iterable[SpreadConstraint]) -> Domains:
+        """The nodes whose pods count for the pod's spread constraints (`podindex.Domains`), remembered until a node
+        is added, changed or removed."""
+        keys = tuple(c.topology_key for c in constraints)
+        slot = (keys, tuple(sorted(pod.node_selector.items())), pod.node_affinity)
+        known = self._domains.get(slot)
+        if known is not None and known[0] == self._node_epoch:
+            return known[1]
+        domains = Domains.of(pod, keys, ((r.name, r.info.labels) for r in self.nodes.values()))
+        if len(self._domains) >= 256:
+            self._domains.clear()
+        self._domains[slot] = (self._node_epoch, domains)
+        return domains
+
+    def _device_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status:
+        for plugin, needs in plan.devices:
+            problem = record.problems.get(plugin)
+            if problem:
+                return Status.error(problem, plugin=plugin)
+            state = record.states.get(plugin)
+            if state is None:
+                return Status.unresolvable(f"Insufficient {needs[0][0]}", plugin=plugin)
+            prepared = plan.prepared.get(plugin)
+            if isinstance(prepared, PluginHookError):
+                return Status.error(str(prepared), plugin=plugin)
+            free = record.headroom[plugin].free
+            short = next((r for r, need in needs if free.get(r, 0) < need), None)
+            try:
+                status: Status = self.plugins.call(
+                    plugin, "kubegpu_scheduler_fit", state=state, pod=pod, prepared=prepared
+                )
+            except PluginHookError as exc:
+                return Status.error(str(exc), plugin=plugin)
+            if not status.ok:
+                # The plugin's own reason: on a ring with enough free devices but no contiguous window it names
+                # contiguity, where the headroom (the largest valid set) would only say "Insufficient".
+                return status
+            if short is not None:
+                return Status.unschedulable(f"Insufficient {short}", plugin=plugin)
+        return Status.success()
+
+    def check(
+        self,
+        record: NodeRecord,
+        pod: PodRequest,
+        plan: Plan,
+        *,
+        placing: bool = True,
+        judge: Callable[[Mapping[str, str]], Status | None] | None = None,
+    ) -> Status:
+        """The whole filter phase for one node: Kubernetes' own filters, then each plugin's device fit.
+
+        The node remembers its last node-local answers (`Plan.local`); an unchanged node asked about a pod alike in
+        what they read (the next replica of a workload, the extender's prioritize after its filter) answers from
+        memory, and only the filters that read other pods run again. A node that is not live (`set_node_live`)
+        refuses device pods unless `placing` is false (counting a pod its kubelet already runs).
+        """
+        if record.nominees and any(p >= pod.priority and k != pod.key for k, p in record.nominees.items()):
+            return Status.unschedulable(NOMINATED)
+        if self._dead and plan.devices and placing and (dead := self._dead.get(record.name)) is not None:
+            return Status.unresolvable(dead)
+        memo = record.last_check
+        remembered = memo.get(id(plan.local))
+        if remembered is None or remembered[0] != record.version or remembered[1] is not plan.local:
+            make_room(memo, id(plan.local))
+            remembered = memo[id(plan.local)] = (record.version, plan.local, self._basic_fit(record, pod, plan), None)
+        status = remembered[2]
+        if status is None and plan.volatile:
+            # `judge`: the cluster-wide filters' judge for this pod, when the caller took it for a pass over nodes.
+            status = (judge or self._cluster_state(pod, plan).judge)(record.info.labels)
+        if status is None:
+            status = remembered[3]
+            if status is None:
+                status = self._device_fit(record, pod, plan)
+                memo[id(plan.local)] = (remembered[0], remembered[1], None, status)
+        if not plan.settles and status.code is Code.UNRESOLVABLE:
+            # The answer depends on the node's name or on other nodes: nodes of one class may answer differently,
+            # so it must not settle the class (here or in the extender's answers).
+            status = Status(Code.UNSCHEDULABLE, status.reasons, status.plugin)
+        return status
+
+    def filter_node(self, name: str, pod: PodRequest) -> Status:
+        """Run the filter phase for one node."""
+        record = self.nodes.get(name)
+        if record is None:
+            return Status.unresolvable("node(s) unknown to kubegpu")
+        return self.check(record, pod, self.plan(pod))
+
+    def filter_nodes(self, pod: PodRequest, names: Iterable[str], plan: Plan | None = None) -> dict[str, Status]:
+        """Run the filter phase on each named node (all known to the engine), for a front-end handed its candidates
+        (the extender's filter and prioritize). As in `schedule`, one unresolvable answer settles every node of its
+        class (a trn1 refusing 7 devices refuses them all) without running every filter on the others."""
+        plan = plan or self.plan(pod)
+        settled: dict[int, Settled] = {}
+        statuses: dict[str, Status] = {}
+        for name in names:
+            record = self.nodes[name]
+            known = settled.get(record.klass)
+            if known is not None:
+                statuses[name] = (
+                    known.status if known.by_node else self._tally(record.klass, pod, plan, known.status).answers[name]
+                )
+                continue
+            status = statuses[name] = self.check(record, pod, plan)
+            if status.code is Code.UNRESOLVABLE and plan.settles:
+                settled[record.klass] = Settled(status, self._node_fit(record, pod) is not None)
+        return statuses
+
+    def _refuse(self, refusals: Refusals, record: NodeRecord, pod: PodRequest, plan: Plan, status: Status) -> bool:
+        """Count one node's refusal; True when it settles the node's class (`Settled`): no other node of it fits."""
+        refusals.reasons.update(status.reasons)
+        counted = refusals.counted.get(record.klass)
+        if counted is None:
+            counted = refusals.counted[record.klass] = []
+        counted.append(record.name)
+        if status.code is Code.UNRESOLVABLE and plan.settles:
+            refusals.settled[record.klass] = Settled(status, self._node_fit(record, pod) is not None)
+            return True
+        refusals.resolvable = True
+        return False
+
+    def _refused(self, refusals: Refusals, pod: PodRequest, plan: Plan, total: int) -> Decision:
+        """The decision of a cycle in which no node fits: each class settled by an answer its nodes may give apart
+        adds the answers of its nodes not counted one by one (`_tally`)."""
+        reasons, resolvable = refusals.reasons, refusals.resolvable
+        for klass, known in refusals.settled.items():
+            if known.by_node:
+                continue
+            tally = self._tally(klass, pod, plan, known.status)
+            reasons.update(tally.reasons)
+            counted = refusals.counted.get(klass, ())
+            for name in counted:
+                reasons.subtract(tally.answers[name].reasons)
+            resolvable = resolvable or tally.resolvable > sum(
+                tally.answers[name].code is not Code.UNRESOLVABLE for name in counted
+            )
+        code = Code.UNSCHEDULABLE if resolvable else Code.UNRESOLVABLE
+        return Decision(pod.key, False, reason=summarize_reasons(total, +reasons), code=code)
+
+    def _refused_like(self, record: NodeRecord, pod: PodRequest, plan: Plan, status: Status) -> Status:
+        """The answer of a node whose class another node refused with `status`, unresolvable but not by the filters
+        that read only the node: the filters that read what is in use may stop this node first, or name what else it
+        lacks (kube-scheduler reports each node under the first filter that refuses it, NodeResourcesFit under every
+        resource short); else the class's answer is its own (a hopeless size, a device rule)."""
+        if record.nominees:
+            return self.check(record, pod, plan)
+        return self._usage_fit(record, pod, plan) or status
+
+    def _tally(self, klass: int, pod: PodRequest, plan: Plan, status: Status) -> ClassTally:
+        """The answers of the class's nodes (`ClassTally`), remembered per (class, pod shape) and brought up to date
+        with the nodes changed since; nodes awaiting a preempting pod are asked again each time (nominating one
+        is no change of the node)."""
+        key = (klass, id(plan.local))
+        tally = self._tallies.get(key)
+        changed: Iterable[str] | None = None
+        if tally is not None and tally.local is plan.local and tally.status == status:
+            changed = self.changed_since(tally.generation)
+        members = self._class_nodes.get(klass, {})
+        if tally is None or changed is None:
+            tally = ClassTally(plan.local, status, self.generation)
+            if len(self._tallies) >= 256:
+                self._tallies.clear()
+            self._tallies[key] = tally
+            changed = members
+        elif self.nominated:
+            changed = {*changed, *self.nominated.values()}
+        for name in changed:
+            tally.forget(name)
+            if name in members:
+                tally.learn(name, self._refused_like(self.nodes[name], pod, plan, status))
+        tally.generation = self.generation
+        return tally

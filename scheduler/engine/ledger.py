@@ -1,0 +1,108 @@
+"""The device ledger: which plugin allocation each placed pod holds on which node, taken and given back
+atomically through the plugins (`kubegpu_scheduler_take` / `kubegpu_scheduler_release`), and the check that an
+allocation found on a bound pod is one this scheduler signed for it (`allocation_problem`).
+
+Pure bookkeeping over `NodeRecord.states`: no decision is made here.
+"""
+
+from __future__ import annotations
+
+from kubegpu.core.annotations import (
+    AllocationRecord,
+    verify_allocation,
+)
+from kubegpu.core.models import (
+    PluginAllocation,
+    PodRequest,
+)
+from kubegpu.core.plugin_manager import PluginHookError
+from kubegpu.core.status import Status
+from kubegpu.scheduler.engine.records import NodeRecord, PodRecord, log
+from kubegpu.scheduler.engine.state import EngineState
+
+
+class Ledger(EngineState):
+    """Taking and giving back one pod's device allocations on one node; checking an allocation's provenance."""
+
+    def allocation_problem(self, pod: PodRequest, name: str, allocation: AllocationRecord) -> str | None:
+        """Why `allocation` may not hold devices for `pod` bound to node `name`, or None when it may.
+
+        Pod annotations are written by tenants: only an allocation that this scheduler's key signed, for this pod's
+        UID, on the node the pod is bound to, holds devices. Anything else (unsigned, forged, copied from another
+        pod, naming another node) is a claim, not an allocation.
+        """
+        if allocation.node != name:
+            return f"it names node {allocation.node!r} but the pod is bound to {name!r}"
+        if allocation.podUID != pod.uid:
+            return f"it was issued to the pod with UID {allocation.podUID!r}, not to this pod (UID {pod.uid!r})"
+        if self.signing_key is not None and not verify_allocation(allocation, self.signing_key):
+            return "its signature does not verify with the scheduler's key (unsigned, changed, or signed elsewhere)"
+        return None
+
+    def _split(self, allocation: AllocationRecord) -> dict[str, PluginAllocation]:
+        parts: dict[str, PluginAllocation] = {}
+        for container, resources in allocation.containers.items():
+            for resource, ids in resources.items():
+                plugin = self.plugins.owner_of(resource) or ""
+                part = parts.get(plugin)
+                if part is None:
+                    part = parts[plugin] = PluginAllocation(
+                        plugin=plugin, fields=dict(allocation.plugins.get(plugin, {}))
+                    )
+                part.containers.setdefault(container, {})[resource] = list(ids)
+                share = allocation.shares.get(container, {}).get(resource)
+                if share is not None:
+                    part.shares.setdefault(container, {})[resource] = dict(share)
+        return parts
+
+    def _take(self, record: NodeRecord, pod: PodRequest, parts: dict[str, PluginAllocation]) -> Status:
+        taken: list[str] = []
+        for plugin, part in parts.items():
+            state = record.states.get(plugin) if plugin else None
+            if state is None:
+                status = Status.error(f"node {record.name} has no devices for plugin {plugin or '(none)'!r}")
+            else:
+                try:
+                    status = self.plugins.call(
+                        plugin, "kubegpu_scheduler_take", state=state, pod_key=pod.key, allocation=part
+                    ) or Status.error(f"plugin {plugin!r} gave no answer to kubegpu_scheduler_take")
+                except PluginHookError as exc:
+                    status = Status.error(str(exc), plugin=plugin)
+            if not status.ok:
+                for done in taken:
+                    self._release_part(record, done, pod.key, parts[done])
+                return status
+            taken.append(plugin)
+        return Status.success()
+
+    def _release_part(self, record: NodeRecord, plugin: str, key: str, part: PluginAllocation) -> None:
+        try:
+            status = self.plugins.call(
+                plugin, "kubegpu_scheduler_release", state=record.states[plugin], pod_key=key, allocation=part
+            )
+        except PluginHookError as exc:
+            log.error("releasing %s on %s: %s", key, record.name, exc)
+            return
+        if status is not None and not status.ok:
+            log.error("releasing %s on %s: %s", key, record.name, status.message)
+
+    def _holders_of(self, record: NodeRecord, allocation: AllocationRecord) -> list[PodRecord]:
+        """The pods on the node whose allocations name a whole device of `allocation`."""
+        wanted = whole_devices(allocation)
+        holders = []
+        for key in record.pods:
+            held = self.pods[key]
+            if held.allocation is not None and not wanted.isdisjoint(whole_devices(held.allocation)):
+                holders.append(held)
+        return holders
+
+
+def whole_devices(allocation: AllocationRecord) -> set[tuple[str, str]]:
+    """(resource, device id) of each whole device in an allocation (shared ones, with `shares`, have co-holders)."""
+    return {
+        (resource, device)
+        for container, resources in allocation.containers.items()
+        for resource, ids in resources.items()
+        if resource not in allocation.shares.get(container, {})
+        for device in ids
+    }

@@ -1,0 +1,258 @@
+"""The per-pod plan (kube-scheduler's PreFilter writing CycleState): a pod's requests grouped by owning
+plugin, its signatures (what node answers may be shared by), its spread constraints (its own, or the defaults its
+owners give it), and each owning plugin's prepared request. Also what the plan reads beyond the pod: claims and
+volumes (`set_claim`, `set_volume`) and the owners that select pods (`set_owner`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kubegpu.core.models import (
+    LabelSelector,
+    NodeSelectorTerm,
+    PodRequest,
+    SpreadConstraint,
+)
+from kubegpu.core.plugin_manager import PluginHookError
+from kubegpu.core.status import Status
+from kubegpu.scheduler import filters, scores
+from kubegpu.scheduler.engine.cache import NodeCache
+from kubegpu.scheduler.engine.records import BASIC_RESOURCES, NAME_LABELS, Plan, fit_order, log
+
+PREPARE_HOOK = "kubegpu_scheduler_prepare"
+
+
+class Planning(NodeCache):
+    """Planning a pod once per cycle, and the claims, volumes and owners a plan reads."""
+
+    def _route(self, pod: PodRequest) -> dict[str, list[str]]:
+        """Group the pod's requested extended resources by owning plugin (`""` for resources no plugin owns)."""
+        requested = frozenset(pod.requested_resources() - BASIC_RESOURCES)
+        routes = self._routes.get(requested)
+        if routes is None:
+            routes = {}
+            for resource in sorted(requested):
+                owner = self.plugins.owner_of(resource) or ""
+                routes.setdefault(owner, []).append(resource)
+            self._routes[requested] = routes
+        return routes
+
+    def _validate(self, pod: PodRequest, routes: dict[str, list[str]]) -> Status:
+        for plugin in routes:
+            if not plugin:
+                continue
+            try:
+                status: Status | None = self.plugins.call(plugin, "kubegpu_scheduler_validate", pod=pod)
+            except PluginHookError as exc:
+                return Status.error(str(exc), plugin=plugin)
+            if status is not None and not status.ok:
+                return status
+        unowned = routes.get("")
+        if unowned and self.plugins.failures:
+            known = any(unowned[0] in r.info.allocatable for r in self.nodes.values())
+            if not known:
+                broken = ", ".join(sorted({f.name for f in self.plugins.failures}))
+                return Status.unresolvable(
+                    f"no plugin schedules {unowned[0]}; plugin(s) {broken} failed to load (see `kubegpu plugins list`)"
+                )
+        return Status.success()
+
+    def plan(self, pod: PodRequest) -> Plan:
+        """The pod's requests grouped for the filter phase. Remembered for the last pods asked about: the extender
+        asks for the same pod's plan in filter, prioritize and bind. A plan whose answers depend on other nodes is
+        made again after every change; any other after a change of the placed pods' anti-affinity terms; a pod's that
+        names claims after a change of the claims or volumes too."""
+        known = self._plans.get(id(pod))
+        if known is not None and known[0] is pod:
+            plan = known[1]
+            if plan.stamp == self._stamp(plan.volatile, pod) and plan.owners == self._owners.epoch:
+                return plan
+        plan = self._plan(pod)
+        if len(self._plans) >= 256:
+            self._plans.clear()
+        self._plans[id(pod)] = (pod, plan)
+        return plan
+
+    def _stamp(self, volatile: bool, pod: PodRequest) -> int:
+        """What a plan is made again after: the generation (volatile) or the anti-affinity epoch, plus the volume
+        epoch for a pod naming claims (the counters only grow, so the sum moves whenever one of them does)."""
+        stamp = self.generation if volatile else self._anti_epoch
+        return stamp + self._volume_epoch if pod.claims else stamp
+
+    def _plan(self, pod: PodRequest) -> Plan:
+        routes = self._route(pod)
+        devices = tuple(
+            (plugin, tuple((r, max(c.resources.get(r, 0) for c in pod.containers)) for r in resources))
+            for plugin, resources in routes.items()
+            if plugin
+        )
+        spread = self.spread_constraints(pod)
+        hard = soft = spread  # () for most pods: no constraint of their own, no owner
+        if spread:
+            hard = tuple(c for c in spread if c.when_unsatisfiable == "DoNotSchedule")
+            soft = tuple(c for c in spread if c.when_unsatisfiable == "ScheduleAnyway")
+        volatile = bool(pod.pod_affinity or pod.pod_anti_affinity or hard)
+        if not volatile and self._placed.anti:
+            volatile = any(filters.pod_matches_term(term, pod) for term in self._placed.anti)
+        signature: tuple[object, ...] = (
+            tuple((c.name, tuple(sorted(c.resources.items()))) for c in pod.containers),
+            pod.cpu_milli,
+            pod.memory,
+            tuple(sorted(pod.node_selector.items())),
+            tuple((t.key, t.operator, t.value, t.effect) for t in pod.tolerations),
+            tuple(sorted(pod.annotations.items())),
+            tuple(sorted(pod.requests.items())),
+            pod.node_affinity,
+            pod.host_ports,
+            pod.namespace,
+            tuple(sorted(pod.labels.items())),
+            pod.priority,
+            pod.preferred_node_affinity,
+        )
+        prepared = self._prepare(pod, routes, signature)
+        if pod.claims:
+            signature += (pod.namespace, pod.claims, self._volume_epoch)
+        local = signature
+        if not devices:
+            local = (
+                fit_order(pod),
+                scores.nonzero_requests(pod),
+                tuple((t.key, t.operator, t.value, t.effect) for t in pod.tolerations),
+                tuple(sorted(pod.node_selector.items())),
+                pod.node_affinity,
+                pod.host_ports,
+                pod.preferred_node_affinity,
+                *((pod.namespace, pod.claims, self._volume_epoch) if pod.claims else ()),
+            )
+        local = self._signatures.setdefault(local, local)
+        if volatile:
+            signature += (
+                self.generation,
+                pod.namespace,
+                tuple(sorted(pod.labels.items())),
+                pod.pod_affinity,
+                pod.pod_anti_affinity,
+                spread,
+            )
+        # Interned, so that comparing a node's remembered signature with this one is mostly an identity check.
+        signature = self._signatures.setdefault(signature, signature)
+        if len(self._signatures) > 4096:
+            self._signatures.clear()
+        by_name = any(key in NAME_LABELS for key in pod.node_selector) or any(
+            term.fields or any(r.key in NAME_LABELS for r in term.expressions) for term in pod.node_affinity or ()
+        )
+        return Plan(
+            devices,
+            tuple((r, pod.total(r)) for r in routes.get("", ())),
+            signature,
+            local,
+            fit=fit_order(pod),
+            volatile=volatile,
+            settles=not (volatile or by_name or pod.claims),
+            stamp=self._stamp(volatile, pod),
+            prepared=prepared,
+            hard_spread=hard,
+            soft_spread=soft,
+            owners=self._owners.epoch,
+        )
+
+    def _prepare(self, pod: PodRequest, routes: dict[str, list[str]], key: tuple[object, ...]) -> dict[str, object]:
+        """Each owning plugin's prepared request, remembered per pod signature (`key`)."""
+        plugins = [p for p in routes if p and self.plugins.implements(p, PREPARE_HOOK)]
+        if not plugins:
+            return {}
+        known = self._prepared.get(key)
+        if known is not None:
+            return known
+        prepared: dict[str, object] = {}
+        for plugin in plugins:
+            try:
+                prepared[plugin] = self.plugins.call(plugin, PREPARE_HOOK, pod=pod)
+            except PluginHookError as exc:
+                log.error("%s", exc)
+                prepared[plugin] = exc
+        if len(self._prepared) >= 4096:
+            self._prepared.clear()
+        self._prepared[key] = prepared
+        return prepared
+
+    def set_claim(self, namespace: str, name: str, volume: str | None, deleting: bool = False) -> bool:
+        """A PersistentVolumeClaim added or changed (`volume`: the bound volume's name, "" while unbound; `deleting`:
+        it has a deletionTimestamp), or deleted (None). Pods naming claims are judged by them once `track_volumes`
+        is set. Returns whether the record changed (the answers of pods naming claims are then made again)."""
+        key = (namespace, name)
+        deleting = deleting and volume is not None
+        if self.claims.get(key) == volume and (key in self.deleting_claims) == deleting:
+            return False
+        if volume is None:
+            del self.claims[key]
+        else:
+            self.claims[key] = volume
+        if deleting:
+            self.deleting_claims.add(key)
+        else:
+            self.deleting_claims.discard(key)
+        self._volume_epoch += 1
+        return True
+
+    def set_volume(self, name: str, terms: tuple[NodeSelectorTerm, ...] | None, *, deleted: bool = False) -> bool:
+        """A PersistentVolume added or changed, with its required node affinity terms (None: any node), or deleted.
+        Returns whether the record changed."""
+        if deleted:
+            if name not in self.volumes:
+                return False
+            del self.volumes[name]
+        elif name in self.volumes and self.volumes[name] == terms:
+            return False
+        else:
+            self.volumes[name] = terms
+        self._volume_epoch += 1
+        return True
+
+    def claim_keys(self) -> list[tuple[str, str]]:
+        """The claims the engine knows, as (namespace, name) (`set_claim`)."""
+        return list(self.claims)
+
+    def volume_names(self) -> list[str]:
+        """The volumes the engine knows (`set_volume`)."""
+        return list(self.volumes)
+
+    def set_owner(self, kind: str, namespace: str, name: str, selector: LabelSelector | None) -> bool:
+        """A Service, ReplicationController, ReplicaSet or StatefulSet added or changed, with its `spec.selector`
+        (None or empty: it selects no pod), or deleted (None). The pods it selects that set no spread constraints of
+        their own get the profile's default ones with its selector (`kubegpu.scheduler.owners`). Returns whether
+        anything changed."""
+        changed = self._owners.set(kind, namespace, name, selector)
+        if changed:
+            self._defaulted.clear()
+        return changed
+
+    def owner_keys(self) -> list[tuple[str, str, str]]:
+        """(kind, namespace, name) of the owners the engine knows (`set_owner`) that select some pod."""
+        return self._owners.keys()
+
+    def spreads_by_owners(self) -> bool:
+        """Whether the profile gives pods without spread constraints default ones (`spread_constraints`), so that a
+        front-end should report the owners that select pods (`set_owner`); kube-scheduler watches them only then."""
+        return bool(self.scoring.default_spread)
+
+    def spread_constraints(self, pod: PodRequest) -> tuple[SpreadConstraint, ...]:
+        """The topology spread constraints the pod is scheduled by: its own; else the profile's default constraints
+        (`scores.Profile.default_spread`) with the combined selector of its owners (`set_owner`), as kube-scheduler
+        1.20 builds them; none when no owner selects it."""
+        if pod.spread or not self._owners:
+            return pod.spread
+        defaults = self.scoring.default_spread
+        if not defaults:
+            return ()
+        selector = self._owners.selector_for(pod.namespace, pod.labels)
+        if selector is None:
+            return ()
+        constraints = self._defaulted.get(selector)
+        if constraints is None:
+            constraints = tuple(replace(c, selector=selector) for c in defaults)
+            if len(self._defaulted) >= 256:
+                self._defaulted.clear()
+            self._defaulted[selector] = constraints
+        return constraints

@@ -1,0 +1,137 @@
+"""The PostFilter extension point: where evicting pods of lower priority would let a pod fit, and whom
+(`kubegpu.scheduler.preemption` has the rules; these are the what-ifs against the cache, which leave it as it was),
+and nominating the node held for a preempting pod while its victims leave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterable, Sequence
+
+from kubegpu.core.models import (
+    PodRequest,
+)
+from kubegpu.core.status import Code
+from kubegpu.scheduler.engine.admission import Admission
+from kubegpu.scheduler.engine.records import PodRecord
+from kubegpu.scheduler.preemption import (
+    Budget,
+    Candidate,
+    Preemption,
+    by_importance,
+    may_preempt,
+    pick,
+    split_by_budget,
+)
+
+
+class Preempting(Admission):
+    """Preemption what-ifs and nomination."""
+
+    def preempt(self, pod: PodRequest, budgets: Sequence[Budget] = ()) -> Preemption:
+        """Where evicting pods of lower priority would let `pod` fit, devices included, and whom to evict there
+        (`kubegpu.scheduler.preemption` has the rules). Changes nothing: the front-end evicts the victims (the
+        simulator at once, the scheduler by deleting them and nominating the node) and schedules the pod again.
+        The extender's `/preempt` answers from `complete_victims` per proposed node."""
+        if not may_preempt(pod):
+            return Preemption(None, reason="the pod's preemptionPolicy is Never")
+        if pod.key in self.pods:
+            return Preemption(None, reason=f"pod {pod.key} already holds resources on a node")
+        if not any(priority < pod.priority for priority, count in self._priorities.items() if count > 0):
+            return Preemption(None, reason="no pod of lower priority runs anywhere")
+        status = self._validate(pod, self._route(pod))
+        if not status.ok:
+            return Preemption(None, reason=status.message)
+        candidates = []
+        for name, record in list(self.nodes.items()):
+            if not any(self.pods[key].request.priority < pod.priority for key in record.pods):
+                continue
+            status = self.check(record, pod, self.plan(pod))
+            if status.ok or status.code in (Code.UNRESOLVABLE, Code.ERROR):
+                continue
+            candidate = self.select_victims(pod, name, budgets)
+            if candidate is not None:
+                candidates.append(candidate)
+        chosen = pick(candidates)
+        if chosen is None:
+            return Preemption(None, reason="no node would fit the pod even without the pods of lower priority")
+        victims = tuple(p.key for p in chosen.victims)
+        return Preemption(chosen.node, victims, chosen.violations, candidates=tuple(candidates))
+
+    def select_victims(self, pod: PodRequest, name: str, budgets: Sequence[Budget] = ()) -> Candidate | None:
+        """The fewest pods of lower priority to evict from node `name` so that `pod` fits there, or None when even
+        evicting all of them would not do. What-if only: every pod is back as it was on return."""
+        record = self.nodes.get(name)
+        if record is None:
+            return None
+        lower = [key for key in record.pods if key != pod.key and self.pods[key].request.priority < pod.priority]
+        if not lower:
+            return None
+        held = {key: self.pods[key] for key in lower}
+        out: dict[str, PodRecord] = {}
+        try:
+            for key in lower:
+                released = self.release(key)
+                if released is not None:
+                    out[key] = released
+            if not self.check(record, pod, self.plan(pod)).ok:
+                return None
+            violating, others = split_by_budget(by_importance(h.request for h in held.values()), budgets)
+            victims: list[PodRequest] = []
+            violations = 0
+            for request in violating + others:
+                self._restore(out.pop(request.key))
+                if self.check(record, pod, self.plan(pod)).ok:
+                    continue  # reprieved
+                released = self.release(request.key)
+                if released is not None:
+                    out[request.key] = released
+                victims.append(request)
+                violations += request in violating
+            return Candidate(name, tuple(victims), violations)
+        finally:
+            for released in out.values():
+                self._restore(released)
+
+    def complete_victims(
+        self, pod: PodRequest, name: str, uids: Iterable[str], budgets: Sequence[Budget] = ()
+    ) -> Candidate | None:
+        """Check a preemption someone else proposed (kube-scheduler's victims, through the extender's `/preempt`):
+        what must be evicted from node `name` besides the proposed pods (those of `uids` that hold resources there)
+        for `pod` to fit, devices included. An empty candidate when the proposed victims free enough; else the
+        engine's own choice there (`select_victims`), which may name some of them again; None when no eviction lets
+        the pod fit or the node is unknown. What-if only: every pod is back as it was on return."""
+        record = self.nodes.get(name)
+        if record is None:
+            return None
+        proposed = set(uids)
+        keys = [key for key in record.pods if self.pods[key].request.uid in proposed]
+        with self.pods_removed(keys):
+            if self.check(record, pod, self.plan(pod)).ok:
+                return Candidate(name, (), 0)
+        return self.select_victims(pod, name, budgets)
+
+    def nominate(self, pod: PodRequest, name: str | None) -> None:
+        """Hold node `name` for a preempting pod while its victims leave (None: release the hold): pods of equal or
+        lower priority are kept off it, as kube-scheduler counts nominated pods when it filters."""
+        previous = self.nominated.pop(pod.key, None)
+        if previous is not None and (record := self.nodes.get(previous)) is not None:
+            record.nominees.pop(pod.key, None)
+            self._refresh(record)
+        if name is not None and (record := self.nodes.get(name)) is not None:
+            self.nominated[pod.key] = name
+            record.nominees[pod.key] = pod.priority
+            self._refresh(record)
+
+    def unnominate(self, key: str) -> None:
+        """Release the node held for a preempting pod (it was deleted, bound elsewhere, or gave up)."""
+        name = self.nominated.pop(key, None)
+        if name is not None and (record := self.nodes.get(name)) is not None:
+            record.nominees.pop(key, None)
+            self._refresh(record)
+
+    def awaits_victims(self, key: str, leaving: Container[str]) -> bool:
+        """Whether the node held for preempting pod `key` (`nominate`) still holds one of `leaving` (victims deleted
+        but not gone yet): the pod waits for them instead of preempting again."""
+        name = self.nominated.get(key)
+        record = self.nodes.get(name) if name is not None else None
+        return record is not None and any(held in leaving for held in record.pods)

@@ -1,0 +1,71 @@
+"""What the front-ends read: values and read-only views, never the records themselves
+(tests/scheduler/test_front_end_boundary.py holds this).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, KeysView
+
+from kubegpu.core.models import (
+    NodeInfo,
+    Occupancy,
+)
+from kubegpu.core.plugin_manager import PluginHookError
+from kubegpu.core.scheduler_hooks import DeviceNodeState
+from kubegpu.scheduler.engine.preempt import Preempting
+from kubegpu.scheduler.engine.records import Placement, log
+
+
+class Queries(Preempting):
+    """Read-only queries for the front-ends."""
+
+    def node_names(self) -> KeysView[str]:
+        """The nodes the engine knows, as a live view (`in` and set operations work on it; no copy)."""
+        return self.nodes.keys()
+
+    def node_info(self, name: str) -> NodeInfo | None:
+        """Node `name` as it was last added (None: unknown), so a front-end can tell whether a Node changed."""
+        record = self.nodes.get(name)
+        return record.info if record is not None else None
+
+    def has_devices(self, name: str) -> bool:
+        """Whether some plugin keeps device state for node `name`."""
+        record = self.nodes.get(name)
+        return record is not None and bool(record.states)
+
+    def device_state(self, name: str, plugin: str) -> DeviceNodeState | None:
+        """`plugin`'s device state for node `name` (None: unknown node, or none kept there), for a view in that
+        plugin's own terms (`compat`'s GpuNode). Read it only: the engine changes it as pods come and go."""
+        record = self.nodes.get(name)
+        return record.states.get(plugin) if record is not None else None
+
+    def holders(self, name: str) -> list[str]:
+        """The pods holding resources on node `name`, in the order they were placed (none for an unknown node)."""
+        record = self.nodes.get(name)
+        return list(record.pods) if record is not None else []
+
+    def pod_keys(self) -> KeysView[str]:
+        """The pods that hold resources on some node, as a live view (no copy)."""
+        return self.pods.keys()
+
+    def placement(self, key: str) -> Placement | None:
+        """Where pod `key` holds resources and what it took; None when it holds none."""
+        record = self.pods.get(key)
+        return None if record is None else Placement(record.request, record.node, record.allocation)
+
+    def placements(self, keys: Iterable[str] | None = None) -> Iterator[Placement]:
+        """The placements of those of `keys` that hold resources, in their order (None: of every pod that does)."""
+        for key in self.pods if keys is None else keys:
+            record = self.pods.get(key)
+            if record is not None:
+                yield Placement(record.request, record.node, record.allocation)
+
+    def describe(self, name: str) -> list[Occupancy]:
+        record = self.nodes[name]
+        pictures: list[Occupancy] = []
+        for plugin, state in record.states.items():
+            try:
+                pictures.extend(self.plugins.call(plugin, "kubegpu_scheduler_describe", state=state) or [])
+            except PluginHookError as exc:
+                log.error("node %s: %s", name, exc)
+        return pictures

@@ -1,0 +1,224 @@
+"""The engine's records and results: what it keeps per node and per pod, the per-pod plan, a cycle's tallies,
+and what it answers (`Decision`, `Placement`). Plain dataclasses: validation happened at the boundary."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from kubegpu.core.annotations import (
+    AllocationRecord,
+)
+from kubegpu.core.models import (
+    NodeInfo,
+    PluginAllocation,
+    PodRequest,
+    SpreadConstraint,
+)
+from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
+from kubegpu.core.status import Code, Status
+from kubegpu.core.text import MAX_TEXT_CHARS, safe_text
+from kubegpu.scheduler import filters
+
+log = logging.getLogger("kubegpu.engine")
+
+Policy = Literal["binpack", "spread"]
+POLICIES: tuple[Policy, ...] = ("binpack", "spread")
+BASIC_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
+CPU_INDEX = "cpu"
+NAME_LABELS = frozenset({"kubernetes.io/hostname"})
+# Pod shapes whose filter answers and node-local scores a node remembers; past it the shape asked about longest ago
+# goes. Device pods' shapes include their labels (a plugin may read them), so each Deployment's replicas are a shape.
+CHECKS_REMEMBERED = 32
+UNKNOWN_FREE = 1 << 62  # the headroom of a plugin that failed on a node: unknown, so never the reason to skip it
+
+
+def make_room(memo: dict[int, Any], slot: int) -> None:
+    """Before `memo[slot]` is (re)written: the slot moves to the newest end; a full memo drops its oldest slot."""
+    if memo.pop(slot, None) is None and len(memo) >= CHECKS_REMEMBERED:
+        del memo[next(iter(memo))]
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    info: NodeInfo
+    states: dict[str, DeviceNodeState] = field(default_factory=dict)
+    headroom: dict[str, Headroom] = field(default_factory=dict)
+    used: Counter[str] = field(default_factory=Counter)
+    pods: dict[str, None] = field(default_factory=dict)
+    ports: Counter[tuple[str, str, int]] = field(default_factory=Counter)  # (host IP, protocol, port) in use
+    nominees: dict[str, int] = field(default_factory=dict)  # preempting pods waiting for this node -> priority
+    problems: dict[str, str] = field(default_factory=dict)
+    klass: int = 0
+    version: int = 0  # bumped on every change of the node's usage or devices
+    # The cpu and memory of its pods as the scores count them (`scores.nonzero_requests`), kept as pods come and go.
+    nonzero_cpu: int = 0
+    nonzero_memory: int = 0
+    # The node's recent node-local filter answers, by pod shape (`Plan.local`: its id; the shape itself is kept to
+    # confirm it): (node version, shape, Kubernetes' node filters (None: they pass), the device fit (None: not asked
+    # yet)). A few shapes alternate in a workload, so one slot would thrash.
+    last_check: dict[int, tuple[int, tuple[object, ...], Status | None, Status | None]] = field(default_factory=dict)
+    last_score: tuple[int, tuple[object, ...], float] | None = None
+    last_raw: dict[int, tuple[int, tuple[object, ...], tuple[float, ...]]] = field(default_factory=dict)  # scores
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def free(self, resource: str) -> int:
+        return self.info.allocatable.get(resource, 0) - self.used[resource]
+
+
+@dataclass(slots=True)
+class PodRecord:
+    """A pod that holds resources on a node: its request and the ledger entry of what it took."""
+
+    request: PodRequest
+    node: str
+    parts: dict[str, PluginAllocation]
+    allocation: AllocationRecord | None
+    annotations: dict[str, str]
+    # Set aside by count for a bound pod without a verified allocation: no container was given these devices, so
+    # any verified allocation naming them takes them over (`Engine.hold`).
+    by_count: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a cycle needs to know about a pod, computed once: for each owning plugin, its resources with the largest
+    amount one container asks for, and the requested extended resources no plugin owns with their totals."""
+
+    devices: tuple[tuple[str, tuple[tuple[str, int], ...]], ...]
+    unowned: tuple[tuple[str, int], ...]
+    # Everything a node's answer may depend on besides the node itself: pods with equal signatures get equal
+    # answers from an unchanged node (plugins decide from the pod's spec and annotations, never its name or UID).
+    # A pod whose answer depends on other nodes too (`volatile`) has the cluster's generation in its signature.
+    signature: tuple[object, ...] = ()
+    # What the node-local answers (Kubernetes' node filters, the device fit, the node-local scores) depend on besides
+    # the node: the signature without the parts that read other pods; for a pod that asks for no plugin's devices,
+    # only what those filters and scores read (so replicas of different apps alike in resources share it).
+    local: tuple[object, ...] = ()
+    # Every resource the pod requests, with the pod's total, in kube-scheduler's order (NodeResourcesFit).
+    fit: tuple[tuple[str, int], ...] = ()
+    # The answer depends on pods on other nodes (inter-pod affinity, topology spread, existing anti-affinity).
+    volatile: bool = False
+    # One unresolvable answer may settle every node of its class (false when the answer depends on the node's name
+    # or on other nodes).
+    settles: bool = True
+    stamp: int = 0  # `Engine._stamp` when the plan was made
+    # The pod's topology spread constraints (`Engine.spread_constraints`: its own, or the defaults its owners give
+    # it), DoNotSchedule and ScheduleAnyway, and the generation of the owners they were read at.
+    hard_spread: tuple[SpreadConstraint, ...] = ()
+    soft_spread: tuple[SpreadConstraint, ...] = ()
+    owners: int = 0
+    # Each owning plugin's `kubegpu_scheduler_prepare` answer (its PluginHookError when it failed), for fit, score
+    # and allocate: computed once per pod signature (Kubernetes' PreFilter writing CycleState).
+    prepared: dict[str, object] = field(default_factory=dict)
+
+
+class Settled(NamedTuple):
+    """What one node's unresolvable answer says about the other nodes of its class in a cycle: none of them fits.
+    `by_node`: the filters that read only the node gave it (`Engine._node_fit`), so it is every one's answer; else
+    each may be stopped earlier, or lack more, by what is in use on it (`Engine._refused_like`)."""
+
+    status: Status
+    by_node: bool
+
+
+@dataclass(slots=True)
+class Refusals:
+    """A cycle's count of refusals, as kube-scheduler counts them when no node fits: each node under its own answer.
+    Nodes are counted one by one (`Engine._refuse`), or a class at once after one of its nodes settled it."""
+
+    reasons: Counter[str] = field(default_factory=Counter)
+    resolvable: bool = False  # some reason may change as pods leave
+    settled: dict[int, Settled] = field(default_factory=dict)
+    counted: dict[int, list[str]] = field(default_factory=dict)  # node class -> its nodes counted one by one
+
+
+@dataclass(slots=True)
+class ClassTally:
+    """Every node's answer in one node class to one pod shape (`Plan.local`), the class settled by `status`
+    (`Engine._refused_like`), with their reasons summed; brought up to date from the engine's change log
+    (`Engine.changed_since`) rather than asked again, so a pod that fits nowhere costs what changed since."""
+
+    local: tuple[object, ...]
+    status: Status
+    generation: int
+    answers: dict[str, Status] = field(default_factory=dict)
+    reasons: Counter[str] = field(default_factory=Counter)
+    resolvable: int = 0  # answers that may change as pods leave
+
+    def forget(self, name: str) -> None:
+        old = self.answers.pop(name, None)
+        if old is not None:
+            self.reasons.subtract(old.reasons)
+            self.resolvable -= old.code is not Code.UNRESOLVABLE
+
+    def learn(self, name: str, answer: Status) -> None:
+        self.answers[name] = answer
+        self.reasons.update(answer.reasons)
+        self.resolvable += answer.code is not Code.UNRESOLVABLE
+
+
+class ClusterState(NamedTuple):
+    """One pod's cluster-wide filter state (kube-scheduler's PreFilter for PodTopologySpread and InterPodAffinity)
+    at one generation, with the judge of one node's labels made from it."""
+
+    pod: PodRequest
+    plan: Plan
+    generation: int
+    judge: Callable[[Mapping[str, str]], Status | None]
+    affinity: filters.AffinityState | None
+    spread: filters.SpreadState | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one cycle. `annotations` are the pod annotations to write when `scheduled`; `reason` is one
+    line of at most `MAX_TEXT_CHARS` characters, control characters escaped (`safe_text`), whatever it quotes."""
+
+    pod: str
+    scheduled: bool
+    node: str | None = None
+    reason: str | None = None
+    allocation: AllocationRecord | None = None
+    annotations: dict[str, str] = field(default_factory=dict)
+    code: Code = Code.SUCCESS
+
+    def __post_init__(self) -> None:
+        reason = self.reason
+        if reason is not None and (len(reason) > MAX_TEXT_CHARS or not reason.isprintable()):
+            object.__setattr__(self, "reason", safe_text(reason))
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A pod that holds resources, as a front-end sees it (`Engine.placement`): its request, its node, and the
+    allocation it took (None: bound without a verified one, or it asks for no plugin's devices)."""
+
+    request: PodRequest
+    node: str
+    allocation: AllocationRecord | None
+
+
+def fit_order(pod: PodRequest) -> tuple[tuple[str, int], ...]:
+    """Every resource the pod requests with its amount, cpu, memory and ephemeral storage first (kube-scheduler's
+    order of NodeResourcesFit reasons)."""
+    fit = [("cpu", pod.cpu_milli), ("memory", pod.memory)]
+    requests = pod.requests
+    if "ephemeral-storage" in requests:
+        fit.append(("ephemeral-storage", requests["ephemeral-storage"]))
+    fit.extend(sorted((r, a) for r, a in requests.items() if r not in BASIC_RESOURCES))
+    return tuple((r, a) for r, a in fit if a > 0)
+
+
+def summarize_reasons(total: int, reasons: Counter[str]) -> str:
+    """kube-scheduler's wording: `0/5 nodes are available: 3 Insufficient cpu, 2 node(s) were unschedulable.`"""
+    parts = sorted(f"{count} {reason}" for reason, count in reasons.items())
+    if not parts:
+        return f"0/{total} nodes are available."
+    return f"0/{total} nodes are available: {', '.join(parts)}."
