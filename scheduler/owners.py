@@ -65,6 +65,10 @@ class Owners:
         self._memo.clear()
         return True
 
+    def forget_memos(self) -> None:
+        """Drop the remembered combined selectors (the engine's `forget_memos`)."""
+        self._memo.clear()
+
     def keys(self) -> list[tuple[str, str, str]]:
         """(kind, namespace, name) of every owner kept."""
         return [(kind, namespace, name) for namespace, owners in self._by_namespace.items() for kind, name in owners]

@@ -47,19 +47,30 @@ class EngineState:
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+        # -- settings ------------------------------------------------------------------------------------------------
         self.plugins = plugins
         self.policy: Policy = policy
         self.sample = max(1, sample)
         # The score plugins and their weights, the filters turned off (`kubegpu.scheduler.scores`).
         self.scoring = scoring if scoring is not None else scores.Profile.default(policy)
         self.filters_off = self.scoring.filters_off
+        self.signing_key = signing_key
+        self._issued = 0  # ledger: the `issued` stamp of the last signed allocation; stamps strictly increase
+
+        # -- the cluster state (cache, ledger) -----------------------------------------------------------------------
+        self.nodes: dict[str, NodeRecord] = {}
+        self.pods: dict[str, PodRecord] = {}
         # The placed pods by namespace and labels, and their inter-pod terms by distinct term (replicas share theirs):
         # a cycle's affinity and spread counts visit only the pods a term can select (`kubegpu.scheduler.podindex`).
         self._placed = PodIndex()
-        # The nodes whose pods count for a spread constraint, per (topology keys, node selector, node affinity), as of
-        # `_node_epoch` (bumped whenever a node is added, changed or removed).
-        self._domains: dict[tuple[object, ...], tuple[int, Domains]] = {}
-        self._node_epoch = 0
+        self._priorities: Counter[int] = Counter()  # priorities of the placed pods, for preemption's quick no
+        self._index: dict[str, CapacityIndex] = {CPU_INDEX: CapacityIndex()}  # free amount per resource, per node
+        self._classes: dict[tuple[object, ...], int] = {}  # node class key (`NodeCache._klass`) -> class number
+        self._class_nodes: dict[int, dict[str, None]] = {}  # node class -> its nodes
+        # The nodes zone by zone in turn, and where the next sample taken from them starts (kube-scheduler's node tree
+        # and `nextStartNodeIndex`): a pod whose scores read more than its node is scored on such a sample.
+        self._tree = NodeTree()
+        self._next_start = 0
         self._soft_tainted: set[str] = set()  # nodes with a PreferNoSchedule taint
         # What ImageLocality and NodePreferAvoidPods read beyond one node (`_note_scored`): how many nodes list each
         # image name, and how many list it at each size (each node scores its own size, so an image every node lists
@@ -69,47 +80,75 @@ class EngineState:
         self._image_sizes: dict[str, Counter[int]] = {}
         self._avoid: dict[str, frozenset[tuple[str, str]]] = {}
         self._avoided: Counter[tuple[str, str]] = Counter()
-        self.signing_key = signing_key
-        self.nodes: dict[str, NodeRecord] = {}
-        self.pods: dict[str, PodRecord] = {}
-        self._index: dict[str, CapacityIndex] = {CPU_INDEX: CapacityIndex()}
-        self._routes: dict[frozenset[str], dict[str, list[str]]] = {}
-        self._classes: dict[tuple[object, ...], int] = {}
-        self._class_nodes: dict[int, dict[str, None]] = {}  # node class -> its nodes
-        # The nodes zone by zone in turn, and where the next sample taken from them starts (kube-scheduler's node tree
-        # and `nextStartNodeIndex`): a pod whose scores read more than its node is scored on such a sample.
-        self._tree = NodeTree()
-        self._next_start = 0
-        # (node class, id(Plan.local)) -> every node's answer in a class settled by an unresolvable answer its nodes
-        # may give apart (`_tally`); kept current from the change log, dropped all at once past 256.
-        self._tallies: dict[tuple[int, int], ClassTally] = {}
-        # Every change of a node's state is numbered; `changed_since` names the nodes changed after a number, so a
-        # caller can keep answers per node and redo only the nodes that changed (the extender does).
-        self.generation = 0
-        self._changes: list[str] = []  # the most recent changes: _changes[i] is change number _first + i + 1
-        self._first = 0
-        self._signatures: dict[tuple[object, ...], tuple[object, ...]] = {}
-        self._plans: dict[int, tuple[PodRequest, Plan]] = {}  # by id(pod), holding the pod so the id stays its own
-        self._prepared: dict[tuple[object, ...], dict[str, object]] = {}  # by pod signature (without volatile parts)
-        self._issued = 0  # the `issued` stamp of the last signed allocation: stamps strictly increase
-        # Bumped whenever a placed pod with required anti-affinity terms (which can refuse an incoming pod on nodes
-        # other than its own) comes or goes: plans made before are made again.
-        self._anti_epoch = 0
-        self._cluster: ClusterState | None = None
+        # What the node side reports (`set_node_live`, `set_held_devices`): the nodes whose kubegpu node lease expired,
+        # with the reason device pods are refused there; per node, the ids its kubelet gave pods kubegpu did not place.
+        self._dead: dict[str, str] = {}
+        self._published: dict[str, dict[str, dict[str, dict[str, list[str]]]]] = {}
+        self.nominated: dict[str, str] = {}  # preempting pod -> the node its victims are leaving
+
+        # -- what a plan reads beyond the pod (plan) -----------------------------------------------------------------
         # The Services, ReplicationControllers, ReplicaSets and StatefulSets a front-end reports (`set_owner`): a
         # pod with no spread constraints of its own gets the profile's default ones, selecting what they select.
         self._owners = Owners()
-        self._defaulted: dict[LabelSelector, tuple[SpreadConstraint, ...]] = {}
         # Volumes, when a front-end supplies them (`track_volumes`): claim (namespace, name) -> bound volume name
         # ("" while unbound), volume name -> its required node affinity terms (None: any node).
         self.track_volumes = False
         self.claims: dict[tuple[str, str], str] = {}
         self.deleting_claims: set[tuple[str, str]] = set()  # claims with a deletionTimestamp
         self.volumes: dict[str, tuple[NodeSelectorTerm, ...] | None] = {}
-        self._volume_epoch = 0
-        self._priorities: Counter[int] = Counter()  # priorities of the placed pods, for preemption's quick no
-        self.nominated: dict[str, str] = {}  # preempting pod -> the node its victims are leaving
-        # What the node side reports (`set_node_live`, `set_held_devices`): the nodes whose kubegpu node lease expired,
-        # with the reason device pods are refused there; per node, the ids its kubelet gave pods kubegpu did not place.
-        self._dead: dict[str, str] = {}
-        self._published: dict[str, dict[str, dict[str, dict[str, list[str]]]]] = {}
+
+        # -- epochs: counters that only grow, bumped by the changes the memos below depend on ----------------------
+        # Every change of a node's state is numbered; `changed_since` names the nodes changed after a number, so a
+        # caller can keep answers per node and redo only the nodes that changed (the extender does).
+        self.generation = 0
+        self._changes: list[str] = []  # the most recent changes: _changes[i] is change number _first + i + 1
+        self._first = 0
+        self._node_epoch = 0  # a node added, changed or removed (not its usage)
+        self._anti_epoch = 0  # a placed pod with required anti-affinity terms came or went
+        self._volume_epoch = 0  # a claim or volume changed
+        # (`Owners.epoch`: an owner that selects pods changed.)
+
+        # -- memos: each one's key, and what invalidates it. `forget_memos` drops them all; the engine must answer
+        # alike with and without them (tests/scheduler/test_engine_memos.py holds each against a fresh engine). -----
+        # pod's requested extended resources -> {owning plugin ("" for none): resources}. Never stale: ownership is
+        # fixed when the plugin manager is built.
+        self._routes: dict[frozenset[str], dict[str, list[str]]] = {}
+        # id(pod) -> (pod, its Plan), the pod held so the id stays its own. Stale when `Plan.stamp` differs from
+        # `_stamp` (the generation for a volatile plan, else the anti-affinity epoch; plus the volume epoch for a
+        # pod naming claims) or `Plan.owners` from the owners' epoch. Past 256 pods, dropped all at once.
+        self._plans: dict[int, tuple[PodRequest, Plan]] = {}
+        # pod signature (its non-volatile part) -> each owning plugin's `kubegpu_scheduler_prepare` answer. Never
+        # stale: the signature holds all a plugin may read of the pod. Past 4096, dropped all at once.
+        self._prepared: dict[tuple[object, ...], dict[str, object]] = {}
+        # signature -> itself: interning, so comparing signatures is mostly an identity check. Past 4096, cleared.
+        self._signatures: dict[tuple[object, ...], tuple[object, ...]] = {}
+        # owners' combined selector -> the profile's default spread constraints with it. Cleared by `set_owner`.
+        self._defaulted: dict[LabelSelector, tuple[SpreadConstraint, ...]] = {}
+        # (topology keys, node selector, node affinity) -> (node epoch, the nodes whose pods count for a spread
+        # constraint). Stale when the node epoch moved. Past 256, dropped all at once.
+        self._domains: dict[tuple[object, ...], tuple[int, Domains]] = {}
+        # The last pod's cluster-wide filter state (InterPodAffinity, PodTopologySpread PreFilter): keyed by the pod
+        # and its plan (identity) and the generation; stale when any of them differs.
+        self._cluster: ClusterState | None = None
+        # (node class, id(Plan.local)) -> every node's answer in a class settled by an unresolvable answer its nodes
+        # may give apart (`_tally`). Kept current from the change log (`changed_since`; nodes holding a nominee are
+        # asked again each time); rebuilt when the log no longer reaches back. Past 256, dropped all at once.
+        self._tallies: dict[tuple[int, int], ClassTally] = {}
+        # Per node (`NodeRecord`): `last_check` and `last_raw`, id(Plan.local) -> (node version, Plan.local, answer),
+        # the node-local filter answers and raw scores, stale when the node's version moved (every change of its
+        # usage, devices or liveness) or the shape is another's; `CHECKS_REMEMBERED` shapes per node, oldest out.
+        # `last_score`: (node version, Plan.signature, the extender's device score), one slot.
+
+    def forget_memos(self) -> None:
+        """Drop every memo listed above: the engine then answers from its state alone (the tests' oracle)."""
+        self._routes.clear()
+        self._plans.clear()
+        self._prepared.clear()
+        self._signatures.clear()
+        self._defaulted.clear()
+        self._domains.clear()
+        self._cluster = None
+        self._tallies.clear()
+        self._owners.forget_memos()
+        for record in self.nodes.values():
+            record.last_check, record.last_raw, record.last_score = {}, {}, None

@@ -1,0 +1,156 @@
+"""Every memo of the engine is a cache and nothing more: an engine that forgets them all before each question answers
+alike (`EngineState.forget_memos` names each memo, its key and what invalidates it, in one place).
+
+Two engines take the same random story of nodes coming, changing and going, pods placed (with and without devices,
+with required anti-affinity and spread constraints, so the cluster-wide and class-wide memos are exercised), pods
+released, nodes cordoned and nominated; one keeps its memos, the other, the oracle, forgets them before every
+question. Every answer (a cycle's decision, each node's filter status, the extender's score) must be the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kubegpu.core.models import LabelSelector, PodAffinityTerm, PodRequest, Requirement, SpreadConstraint
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.testing import make_node, make_pod
+from kubegpu.plugins.intel_gas import scheduler as intel
+from kubegpu.plugins.neuron import scheduler as neuron
+from kubegpu.plugins.nvidia import scheduler as nvidia
+from kubegpu.scheduler.engine import Decision, Engine
+
+from .test_properties import NODE_KINDS, SHAPES
+
+ZONES = ("a", "b")
+APP = LabelSelector((Requirement("app", "In", ("web",)),))
+# A pod's flavour beside its device shape: none, required anti-affinity per node, a hard spread over zones.
+FLAVOURS = ("plain", "anti", "spread", "cpu")
+
+
+def engine() -> Engine:
+    pm = make_plugin_manager(
+        "scheduler", plugins=[("neuron", neuron), ("intel-gas", intel), ("nvidia", nvidia)], autoload=False
+    )
+    return Engine(pm)
+
+
+# Small nodes, so that a short story fills some of them (a memo kept past a change shows only then).
+NEURON = {
+    "trn1": {"aws.amazon.com/neurondevice": "16", "aws.amazon.com/neuroncore": "32"},
+    "inf2": {"aws.amazon.com/neurondevice": "6", "aws.amazon.com/neuroncore": "12"},
+}
+
+
+def node(kind: str, serial: int, cordoned: bool = False) -> Any:
+    name = f"{kind}-{serial}"
+    spec = NODE_KINDS[kind]
+    labels = {
+        **spec.get("labels", {}),
+        "topology.kubernetes.io/zone": ZONES[serial % 2],
+        "kubernetes.io/hostname": name,
+    }
+    allocatable = {**spec.get("allocatable", {}), **NEURON.get(kind, {}), "pods": "6"}
+    info = make_node(name, labels=labels, allocatable=allocatable, cpu="3")
+    return dataclasses.replace(info, unschedulable=cordoned)
+
+
+def pod(serial: int, shape: int, flavour: str) -> PodRequest:
+    resources = {"cpu": "1"} if flavour == "cpu" else SHAPES[shape]
+    request = make_pod(f"p{serial}", {"main": resources}, namespace="ns")
+    request = dataclasses.replace(request, labels={"app": "web"}, uid=f"uid-{serial}")
+    if flavour == "anti":
+        term = PodAffinityTerm(APP, frozenset({"ns"}), "kubernetes.io/hostname")
+        request = dataclasses.replace(request, pod_anti_affinity=(term,))
+    elif flavour == "spread":
+        request = dataclasses.replace(
+            request, spread=(SpreadConstraint(1, "topology.kubernetes.io/zone", "DoNotSchedule", APP),)
+        )
+    return request
+
+
+def outcome(decision: Decision) -> tuple[object, ...]:
+    return decision.scheduled, decision.node, decision.reason, decision.code
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("place"), st.integers(0, len(SHAPES) - 1), st.sampled_from(FLAVOURS)),
+        st.tuples(st.just("ask"), st.integers(0, len(SHAPES) - 1), st.sampled_from(FLAVOURS)),
+        st.tuples(st.just("again"), st.integers(0, 1000), st.just("")),
+        st.tuples(st.just("delete"), st.integers(0, 1000), st.just("")),
+        st.tuples(st.just("add-node"), st.integers(0, len(NODE_KINDS) - 1), st.just("")),
+        st.tuples(st.just("remove-node"), st.integers(0, 1000), st.just("")),
+        st.tuples(st.just("cordon"), st.integers(0, 1000), st.just("")),
+        st.tuples(st.just("nominate"), st.integers(0, 1000), st.just("")),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kinds=st.lists(st.sampled_from(sorted(NODE_KINDS)), min_size=1, max_size=6), ops=operations)
+def test_an_engine_that_forgets_its_memos_answers_alike(kinds: list[str], ops: list[tuple[str, int, str]]) -> None:
+    memoized, oracle = engine(), engine()
+    both = (memoized, oracle)
+    cordoned: dict[str, bool] = {}
+    for serial, kind in enumerate(kinds):
+        for e in both:
+            e.add_node(node(kind, serial))
+        cordoned[f"{kind}-{serial}"] = False
+    live: list[str] = []
+    asked: list[PodRequest] = []  # the same request object asked again, as the extender asks in filter and bind
+    for serial, (op, arg, flavour) in enumerate(ops, len(kinds)):
+        names = sorted(memoized.node_names())
+        if op in ("place", "ask", "again"):
+            if op == "again" and not asked:
+                continue
+            request = asked[arg % len(asked)] if op == "again" else pod(serial, arg, flavour)
+            asked.append(request)
+            oracle.forget_memos()
+            assert memoized.filter_nodes(request, names) == oracle.filter_nodes(request, names)
+            if op != "place" or request.key in live:
+                continue
+            oracle.forget_memos()
+            decision = memoized.schedule(request)
+            assert outcome(decision) == outcome(oracle.schedule(request))
+            if decision.scheduled:
+                live.append(request.key)
+                scored = [n for n in names if memoized.filter_node(n, request).ok]
+                oracle.forget_memos()
+                assert [memoized.score_node(n, request) for n in scored] == [
+                    oracle.score_node(n, request) for n in scored
+                ]
+        elif op == "delete" and live:
+            key = live.pop(arg % len(live))
+            for e in both:
+                e.release(key)
+        elif op == "add-node":
+            kind = sorted(NODE_KINDS)[arg]
+            for e in both:
+                e.add_node(node(kind, serial))
+            cordoned[f"{kind}-{serial}"] = False
+        elif op == "remove-node" and names:
+            name = names[arg % len(names)]
+            gone, _ = memoized.remove_node(name), oracle.remove_node(name)
+            live = [key for key in live if key not in gone]
+        elif op == "cordon" and names:
+            name = names[arg % len(names)]
+            cordoned[name] = not cordoned[name]
+            kind, number = name.rsplit("-", 1)
+            for e in both:
+                e.add_node(node(kind, int(number), cordoned[name]))
+        elif op == "nominate" and names:
+            preemptor = pod(10_000 + serial, 0, "plain")
+            for e in both:
+                e.nominate(dataclasses.replace(preemptor, priority=1000), names[arg % len(names)])
+    for shape in range(len(SHAPES)):
+        for flavour in FLAVOURS:
+            request = pod(20_000 + shape, shape, flavour)
+            names = sorted(memoized.node_names())
+            oracle.forget_memos()
+            assert memoized.filter_nodes(request, names) == oracle.filter_nodes(request, names)
