@@ -1,8 +1,8 @@
 """Which device ids the kubelet gave pods that kubegpu did not place, from its PodResources API.
 
 A pod bound outside kubegpu (by another scheduler, or with `spec.nodeName` written by hand) and admitted by the
-kubelet holds devices the kubegpu scheduler cannot see: it holds them "by count" (`Engine.hold`), setting aside
-devices of its own choosing, which may not be the ones the kubelet chose. The kubelet's PodResources API (`v1`,
+kubelet holds devices the kubegpu scheduler cannot see: it holds them "by count" (`Engine.admit_by_count`), setting
+aside devices of its own choosing, which may not be the ones the kubelet chose. The kubelet's PodResources API (`v1`,
 `List`, on `pod-resources/kubelet.sock` under its root directory; messages in `protos.py`) says exactly which ids
 each container of each pod holds.
 

@@ -536,9 +536,9 @@ class ClusterMirror:
         """Undo the reservation of a pod whose Binding failed, if the engine still holds it (and not a newer pod of
         the same name). Takes the lock: the extender calls this from its HTTP loop."""
         with self.lock:
-            held = self.engine.placement(pod.key)
-            if held is not None and held.request.uid == pod.uid:
-                self.release(pod.key)
+            if self.engine.unreserve(pod, node):  # only this very pod's reservation, never a newer one's
+                self.evicting.discard(pod.key)
+                self.pending.wake()
         log.warning("binding failed; reservation rolled back", extra={"pod": pod.key, "node": node, "error": error})
 
     def drop_pending(self, key: str) -> None:
@@ -642,7 +642,7 @@ class ClusterMirror:
             except AnnotationError as exc:
                 problem = str(exc)
             else:
-                status = self.engine.assume(request, node, record)
+                status = self.engine.admit_bound(request, node, record)
                 if status.ok:
                     self._refused.pop(request.key, None)
                     return
@@ -653,13 +653,13 @@ class ClusterMirror:
                 self._refused[request.key] = problem
                 self.binder.event(request, "AllocationRefused", f"kubegpu.io/allocation holds no devices: {problem}")
         if any(self.engine.plugins.owner_of(r) for r in request.requested_resources()):
-            decision = self.engine.hold(request, node)
+            decision = self.engine.admit_by_count(request, node)
             if not decision.scheduled:
                 log.error("bound pod without an allocation does not fit its node: %s", decision.reason, extra=extra)
             else:
                 self.pending.wake_for(request)
             return
-        status = self.engine.assume(request, node, None)
+        status = self.engine.admit_bound(request, node, None)
         if not status.ok:
             log.error("bound pod could not be counted: %s", status.message, extra=extra)
         else:

@@ -196,11 +196,11 @@ class ClusterView:
                 elif not verify_allocation(record, self.key):
                     self.hidden[key] = "allocation not shown: its signature does not verify with the key file"
                     record = None
-        status = self.engine.assume(request, node, record)
+        status = self.engine.admit_bound(request, node, record)
         if not status.ok and record is not None:
             self.hidden[key] = f"allocation not shown: {status.message}"
             self.unverified.pop(key, None)
-            self.engine.assume(request, node, None)
+            self.engine.admit_bound(request, node, None)
             if self.key is None:
                 self.contested[key] = obj  # drawn when the pod drawn in its place leaves
 

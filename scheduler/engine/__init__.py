@@ -11,10 +11,16 @@ framework's extension points, its plugins):
 * `plan`: a pod's plan, made once (PreFilter), and the claims, volumes and owners it reads;
 * `filtering`: Kubernetes' node filters and the device plugins' fit (Filter), and counting refusals;
 * `scoring`: the score plugins over the feasible nodes (PreScore, Score);
-* `cycle`: one pod's cycle, from its plan to a reserved node (Reserve);
-* `admission`: recording pods that are already bound (`assume`, `hold`);
+* `reserving`: holding a decided pod's devices, and giving them back (Reserve, Unreserve; both idempotent);
+* `cycle`: one pod's cycle: `decide` (PreFilter, Filter, Score) returns a decision, `schedule` decides and reserves;
+* `admission`: recording pods that are already bound (`admit_bound`, `admit_by_count`);
 * `preempt`: the what-ifs of preemption (PostFilter) and nomination;
 * `queries`: what the front-ends read.
+
+The parts are layers of one class, in the order above from `ledger` up: each builds on the ones below it and never
+on one above (an import-linter contract holds this). One verb per act, in Kubernetes' sense: a cycle *decides*, a
+decided pod's devices are *reserved* (and *unreserved*), a pod already bound is *admitted*; whatever the act, the
+ledger *holds* a pod's devices and *gives them back*, and a deleted pod is *released*.
 
 The engine knows no HTTP, gRPC or Kubernetes client; it calls plugins only through the plugin manager, and a plugin
 that raises becomes a reason naming it, never a crash.

@@ -1,7 +1,7 @@
-"""Admission of pods that are already bound (a restart, or pods bound by someone else): a verified
-allocation is taken as it is (`assume`); a pod without one is held by count (`hold`), or by the exact device ids its
-node side published (`set_held_devices`). The opposite of kube-scheduler's AssumePod, which records a decision
-before its binding.
+"""Admission of pods that are already bound (a restart, or pods bound by someone else): a verified allocation is
+held as it is (`admit_bound`); a pod without one is held by count (`admit_by_count`), or by the exact device ids its
+node side published (`set_held_devices`). The opposite of kube-scheduler's AssumePod, which records a decision before
+its binding.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kubegpu.scheduler.engine.records import Decision, NodeRecord, PodRecord, lo
 class Admission(Cycle):
     """Recording pods that are already bound."""
 
-    def assume(self, pod: PodRequest, name: str, allocation: AllocationRecord | None) -> Status:
+    def admit_bound(self, pod: PodRequest, name: str, allocation: AllocationRecord | None) -> Status:
         """Record a pod that is already bound (restart, or a pod bound by someone else) with its allocation.
 
         Only a verified allocation (`allocation_problem`) is taken. Its devices are split by owning plugin and taken
@@ -46,7 +46,7 @@ class Admission(Cycle):
             if problem is not None:
                 return Status.error(f"the {ALLOCATION_KEY} of pod {pod.key} holds no devices: {problem}")
             parts = self._split(allocation)
-        status = self._take(record, pod, parts)
+        status = self._hold_devices(record, pod, parts)
         if not status.ok and allocation is not None:
             rivals = self._holders_of(record, allocation)
             if self.signing_key is None and rivals:
@@ -66,14 +66,14 @@ class Admission(Cycle):
                     f"held by {', '.join(newer)}, whose allocation the scheduler issued later"
                 )
             displaced = [held for p in rivals if (held := self.release(p.request.key)) is not None]
-            status = self._take(record, pod, parts)
+            status = self._hold_devices(record, pod, parts)
             if status.ok:
-                self._place(record, PodRecord(pod, name, parts, allocation, {}))
+                self._enter(record, PodRecord(pod, name, parts, allocation, {}))
             for held in displaced:
                 if not status.ok:
-                    self._restore(held)
+                    self._put_back(held)
                 elif held.by_count:
-                    self.hold(held.request, name)
+                    self.admit_by_count(held.request, name)
                 else:
                     log.warning(
                         "allocation is stale: a later allocation (issued %d) holds its devices; the pod holds none",
@@ -83,10 +83,10 @@ class Admission(Cycle):
             return status
         if not status.ok:
             return status
-        self._place(record, PodRecord(pod, name, parts, allocation, {}))
+        self._enter(record, PodRecord(pod, name, parts, allocation, {}))
         return Status.success()
 
-    def hold(self, pod: PodRequest, name: str) -> Decision:
+    def admit_by_count(self, pod: PodRequest, name: str) -> Decision:
         """Set devices aside by count for a pod bound to `name` without a verified allocation (bound by another
         scheduler, or carrying a claim that does not verify): the kubelet admits it by count, so its count is not
         free, but no container was given these particular devices, so a verified allocation may take them over.
@@ -99,7 +99,7 @@ class Admission(Cycle):
             exact is not None
             and record is not None
             and pod.key not in self.pods
-            and self._hold_exact(record, pod, exact)
+            and self._admit_exact(record, pod, exact)
         ):
             return Decision(pod.key, True, node=name)
         decision = self.reserve(pod, name, placing=False)
@@ -107,7 +107,7 @@ class Admission(Cycle):
             self.pods[pod.key].by_count = True
         return decision
 
-    def _hold_exact(self, record: NodeRecord, pod: PodRequest, containers: dict[str, dict[str, list[str]]]) -> bool:
+    def _admit_exact(self, record: NodeRecord, pod: PodRequest, containers: dict[str, dict[str, list[str]]]) -> bool:
         """Take exactly the published ids for a pod kubegpu did not place; False (nothing taken) when they do not fit.
         Devices set aside by count for other pods may be these very ids: those pods are held again around them."""
         parts: dict[str, PluginAllocation] = {}
@@ -120,15 +120,15 @@ class Admission(Cycle):
                 part.containers.setdefault(container, {})[resource] = list(ids)
         if not parts:
             return False
-        status = self._take(record, pod, parts)
+        status = self._hold_devices(record, pod, parts)
         if status.ok:
-            self._place(record, PodRecord(pod, record.name, parts, None, {}))
+            self._enter(record, PodRecord(pod, record.name, parts, None, {}))
             return True
         keys = [key for key in record.pods if self.pods[key].by_count]
         movable = [held for key in keys if (held := self.release(key)) is not None]
-        status = self._take(record, pod, parts)
+        status = self._hold_devices(record, pod, parts)
         if status.ok:
-            self._place(record, PodRecord(pod, record.name, parts, None, {}))
+            self._enter(record, PodRecord(pod, record.name, parts, None, {}))
         else:
             log.warning(
                 "the devices the kubelet reports for the pod do not fit kubegpu's ledger; held by count: %s",
@@ -136,15 +136,15 @@ class Admission(Cycle):
                 extra={"pod": pod.key, "node": record.name},
             )
         for held in movable:
-            if not self.hold(held.request, record.name).scheduled:
+            if not self.admit_by_count(held.request, record.name).scheduled:
                 log.error("pod held by count no longer fits its node", extra={"pod": held.request.key})
         return status.ok
 
     def set_held_devices(self, name: str, held: Mapping[str, Mapping[str, Mapping[str, Sequence[str]]]]) -> list[str]:
         """The device ids node `name`'s kubelet gave pods that kubegpu did not place, as its PodResources API reports
         them (published by the node side as `kubegpu.io/foreign-devices`): pod key -> container -> resource -> ids.
-        A pod held by count there (`hold`) whose ids are published holds exactly those from now on, and so does one
-        held later. Returns the keys of the pods moved from a count to exact ids."""
+        A pod held by count there (`admit_by_count`) whose ids are published holds exactly those from now on, and so
+        does one held later. Returns the keys of the pods moved from a count to exact ids."""
         table = {
             key: {container: {r: [str(i) for i in ids] for r, ids in per.items()} for container, per in pod.items()}
             for key, pod in held.items()
@@ -163,8 +163,8 @@ class Admission(Cycle):
             released = self.release(key)
             if released is None:
                 continue
-            if not self.hold(released.request, name).scheduled:
-                self._restore(released)
+            if not self.admit_by_count(released.request, name).scheduled:
+                self._put_back(released)
             elif not self.pods[key].by_count:
                 moved.append(key)
         return moved

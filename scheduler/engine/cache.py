@@ -1,7 +1,7 @@
 """The node cache (kube-scheduler's `internal/cache`): a `NodeRecord` per node with each plugin's device
 state, its headroom and usage; the capacity indexes, node classes and node tree a cycle selects candidates from; the
 numbered change log (`changed_since`) every memo keyed by a node's version or the generation is checked against; and
-placing and releasing a pod's usage there (`_place`, `release`, `pods_removed`).
+placing and releasing a pod's usage there (`_enter`, `release`, `pods_removed`).
 """
 
 from __future__ import annotations
@@ -66,13 +66,13 @@ class NodeCache(Ledger):
             for key in list(previous.pods):
                 pod = self.pods[key]
                 self._forget_anti(key)  # its charges went with the old record; taken again below if it still fits
-                status = self._take(record, pod.request, pod.parts)
+                status = self._hold_devices(record, pod.request, pod.parts)
                 if not status.ok:
                     log.error("node %s changed: pod %s no longer fits its devices: %s", info.name, key, status.message)
                     self.pods.pop(key)
                 else:
                     record.pods[key] = None
-                    self._charge(record, pod.request, +1)
+                    self._count_usage(record, pod.request, +1)
         self._refresh(record)
 
     def _note_scored(self, info: NodeInfo | None, previous: NodeInfo | None) -> None:
@@ -223,7 +223,9 @@ class NodeCache(Ledger):
         resources.update(r for r in record.info.allocatable if self.plugins.owner_of(r) == plugin)
         return Headroom(free=dict.fromkeys(sorted(resources), UNKNOWN_FREE))
 
-    def _charge(self, record: NodeRecord, pod: PodRequest, sign: int) -> None:
+    def _count_usage(self, record: NodeRecord, pod: PodRequest, sign: int) -> None:
+        """Add (`sign` +1) or remove (-1) the pod's cpu, memory, pods, extended resources and host ports in the
+        node's usage, and the pod in the index of placed pods."""
         used = record.used
         used["pods"] += sign
         used["cpu"] += sign * pod.cpu_milli
@@ -246,7 +248,9 @@ class NodeCache(Ledger):
         if pod.pod_anti_affinity:
             self._anti_epoch += 1
 
-    def _place(self, record: NodeRecord, pod_record: PodRecord) -> None:
+    def _enter(self, record: NodeRecord, pod_record: PodRecord) -> None:
+        """Enter a pod whose devices are held (`_hold_devices`) in the ledger and the node's usage; a nomination
+        the pod had ends."""
         key = pod_record.request.key
         nominated = self.nominated.pop(key, None)
         if nominated is not None and (held := self.nodes.get(nominated)) is not None:
@@ -255,7 +259,7 @@ class NodeCache(Ledger):
                 self._refresh(held)
         self.pods[key] = pod_record
         record.pods[key] = None
-        self._charge(record, pod_record.request, +1)
+        self._count_usage(record, pod_record.request, +1)
         self._refresh(record)
 
     def release(self, key: str) -> PodRecord | None:
@@ -269,9 +273,9 @@ class NodeCache(Ledger):
             return pod_record
         for plugin, part in pod_record.parts.items():
             if plugin in record.states:
-                self._release_part(record, plugin, key, part)
+                self._give_back_devices(record, plugin, key, part)
         record.pods.pop(key, None)
-        self._charge(record, pod_record.request, -1)
+        self._count_usage(record, pod_record.request, -1)
         self._refresh(record)
         return pod_record
 
@@ -283,16 +287,16 @@ class NodeCache(Ledger):
             yield removed
         finally:
             for record in removed:
-                self._restore(record)
+                self._put_back(record)
 
-    def _restore(self, pod_record: PodRecord) -> None:
+    def _put_back(self, pod_record: PodRecord) -> None:
         """Put back exactly what a released pod held."""
         node = self.nodes.get(pod_record.node)
         if node is None:
             return
-        status = self._take(node, pod_record.request, pod_record.parts)
+        status = self._hold_devices(node, pod_record.request, pod_record.parts)
         if status.ok:
-            self._place(node, pod_record)
+            self._enter(node, pod_record)
         else:
             log.error("could not restore %s: %s", pod_record.request.key, status.message)
 

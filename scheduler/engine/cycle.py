@@ -6,43 +6,40 @@ taken atomically, the allocation signed). When no node fits, the decision carrie
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterator
 from itertools import chain
 
-from kubegpu.core.annotations import (
-    ALLOCATION_KEY,
-    AllocationRecord,
-    encode_allocation,
-    merge_allocations,
-    sign_allocation,
-)
 from kubegpu.core.models import (
-    PluginAllocation,
     PodRequest,
 )
-from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.status import Code, Status
 from kubegpu.scheduler.engine.records import (
     CPU_INDEX,
     UNKNOWN_FREE,
     Decision,
-    NodeRecord,
     Plan,
-    PodRecord,
     Refusals,
     summarize_reasons,
 )
-from kubegpu.scheduler.engine.scoring import Scoring
+from kubegpu.scheduler.engine.reserving import Reserving
 from kubegpu.scheduler.index import CapacityIndex
 
 
-class Cycle(Scoring):
+class Cycle(Reserving):
     """One pod's scheduling cycle, from its plan to a reserved node."""
 
     def schedule(self, pod: PodRequest) -> Decision:
-        """Run one full cycle for a pod and, when a node fits, reserve its devices there."""
+        """Run one full cycle for a pod (`decide`) and, when a node fits, reserve its devices there (`reserve`, without
+        filtering the node again)."""
+        decision = self.decide(pod)
+        if not decision.scheduled or decision.node is None:
+            return decision
+        return self._allocate_and_hold(self.nodes[decision.node], pod, self.plan(pod))
+
+    def decide(self, pod: PodRequest) -> Decision:
+        """The scheduling cycle up to Reserve (PreFilter, Filter, Score): the node the pod should go to, or why none
+        fits. Changes nothing but the memos and where the next sample starts; `reserve` holds the devices."""
         if pod.key in self.pods:
             return Decision(
                 pod.key, False, reason=f"pod {pod.key} already holds resources on a node", code=Code.UNRESOLVABLE
@@ -60,7 +57,7 @@ class Cycle(Scoring):
             status = self.check(record, pod, plan)
             if not status.ok:
                 return Decision(pod.key, False, reason=summarize_reasons(1, Counter(status.reasons)), code=status.code)
-            return self._reserve(record, pod, plan)
+            return Decision(pod.key, True, node=record.name)
         sample = self._sample_size(pod, plan)
         if self.sample < sample < len(nodes):
             return self._schedule_sampled(pod, plan, sample)
@@ -106,7 +103,7 @@ class Cycle(Scoring):
                 self._explain_skipped(pod, plan, visited, refusals, resource)
             return self._refused(refusals, pod, plan, len(nodes))
         best = feasible[0] if len(feasible) == 1 else self._rank(feasible, pod, plan)
-        return self._reserve(nodes[best], pod, plan)
+        return Decision(pod.key, True, node=best)
 
     def _explain_skipped(
         self,
@@ -178,7 +175,7 @@ class Cycle(Scoring):
         self._next_start = (start + processed) % len(order)
         if feasible:
             best = feasible[0] if len(feasible) == 1 else self._rank(feasible, pod, plan)
-            return self._reserve(nodes[best], pod, plan)
+            return Decision(pod.key, True, node=best)
         for name in passed:
             record = nodes[name]
             if record.klass in settled:
@@ -221,59 +218,3 @@ class Cycle(Scoring):
         (`_selector`)."""
         index, resource, need = self._selector(pod, plan)
         return index.groups_at_least(need, ascending=self.policy == "binpack"), resource
-
-    def reserve(self, pod: PodRequest, name: str, *, placing: bool = True) -> Decision:
-        """Re-check the fit on one node, then allocate and take the pod's devices there, atomically (all plugins or
-        none). The extender's bind verb and the custom scheduler's retries use this directly; `hold` with `placing`
-        false, for a pod already bound there."""
-        record = self.nodes.get(name)
-        if record is None:
-            return Decision(pod.key, False, reason=f"node {name} is unknown", code=Code.UNRESOLVABLE)
-        if pod.key in self.pods:
-            return Decision(
-                pod.key, False, reason=f"pod {pod.key} already holds resources on a node", code=Code.UNRESOLVABLE
-            )
-        plan = self.plan(pod)
-        status = self.check(record, pod, plan, placing=placing)
-        if not status.ok:
-            return Decision(pod.key, False, reason=status.message, code=status.code)
-        return self._reserve(record, pod, plan)
-
-    def _reserve(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Decision:
-        name = record.name
-        parts: dict[str, PluginAllocation] = {}
-        for plugin, _ in plan.devices:
-            try:
-                allocation = self.plugins.call(
-                    plugin,
-                    "kubegpu_scheduler_allocate",
-                    state=record.states[plugin],
-                    pod=pod,
-                    prepared=plan.prepared.get(plugin),
-                )
-            except PluginHookError as exc:
-                return Decision(pod.key, False, reason=str(exc), code=Code.ERROR)
-            if allocation is None:
-                return Decision(
-                    pod.key,
-                    False,
-                    reason=f"plugin {plugin!r} could not allocate devices on {name}",
-                    code=Code.UNSCHEDULABLE,
-                )
-            parts[plugin] = allocation
-        status = self._take(record, pod, parts)
-        if not status.ok:
-            return Decision(pod.key, False, reason=status.message, code=status.code)
-        annotations: dict[str, str] = {}
-        allocation_record: AllocationRecord | None = None
-        if parts:
-            allocation_record = merge_allocations(name, pod.uid, list(parts.values()))
-            if self.signing_key is not None:
-                self._issued = max(time.time_ns(), self._issued + 1)
-                allocation_record = allocation_record.model_copy(update={"issued": self._issued})
-                allocation_record = sign_allocation(allocation_record, self.signing_key)
-            for part in parts.values():
-                annotations.update(part.annotations)
-            annotations[ALLOCATION_KEY] = encode_allocation(allocation_record)
-        self._place(record, PodRecord(pod, name, parts, allocation_record, annotations))
-        return Decision(pod.key, True, node=name, allocation=allocation_record, annotations=annotations)

@@ -55,7 +55,9 @@ class Ledger(EngineState):
                     part.shares.setdefault(container, {})[resource] = dict(share)
         return parts
 
-    def _take(self, record: NodeRecord, pod: PodRequest, parts: dict[str, PluginAllocation]) -> Status:
+    def _hold_devices(self, record: NodeRecord, pod: PodRequest, parts: dict[str, PluginAllocation]) -> Status:
+        """Hold the pod's allocation on the node, plugin by plugin (`kubegpu_scheduler_take`): all, or none and the
+        first refusal. "Hold" is the engine's one verb for devices a pod has; `_give_back_devices` undoes it."""
         taken: list[str] = []
         for plugin, part in parts.items():
             state = record.states.get(plugin) if plugin else None
@@ -70,12 +72,12 @@ class Ledger(EngineState):
                     status = Status.error(str(exc), plugin=plugin)
             if not status.ok:
                 for done in taken:
-                    self._release_part(record, done, pod.key, parts[done])
+                    self._give_back_devices(record, done, pod.key, parts[done])
                 return status
             taken.append(plugin)
         return Status.success()
 
-    def _release_part(self, record: NodeRecord, plugin: str, key: str, part: PluginAllocation) -> None:
+    def _give_back_devices(self, record: NodeRecord, plugin: str, key: str, part: PluginAllocation) -> None:
         try:
             status = self.plugins.call(
                 plugin, "kubegpu_scheduler_release", state=record.states[plugin], pod_key=key, allocation=part

@@ -79,7 +79,7 @@ class Preempting(Admission):
             victims: list[PodRequest] = []
             violations = 0
             for request in violating + others:
-                self._restore(out.pop(request.key))
+                self._put_back(out.pop(request.key))
                 if self.check(record, pod, self.plan(pod)).ok:
                     continue  # reprieved
                 released = self.release(request.key)
@@ -90,7 +90,7 @@ class Preempting(Admission):
             return Candidate(name, tuple(victims), violations)
         finally:
             for released in out.values():
-                self._restore(released)
+                self._put_back(released)
 
     def complete_victims(
         self, pod: PodRequest, name: str, uids: Iterable[str], budgets: Sequence[Budget] = ()

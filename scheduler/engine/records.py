@@ -82,7 +82,7 @@ class PodRecord:
     allocation: AllocationRecord | None
     annotations: dict[str, str]
     # Set aside by count for a bound pod without a verified allocation: no container was given these devices, so
-    # any verified allocation naming them takes them over (`Engine.hold`).
+    # any verified allocation naming them takes them over (`Engine.admit_by_count`).
     by_count: bool = False
 
 

@@ -1,9 +1,10 @@
 """The engine's state, all of it set in one place: what each part owns, and every memo with its key and what
 invalidates it.
 
-The parts (`cache`, `ledger`, `plan`, `filtering`, `scoring`, `cycle`, `admission`, `preempt`, `queries`) are layers
-of one `Engine`; each owns the attributes its module docstring names and reads the others' only through their
-methods or as documented here. Memos are listed under "memos" below: a memo not listed here is a bug.
+The parts (`ledger`, `cache`, `plan`, `filtering`, `scoring`, `reserving`, `cycle`, `admission`, `preempt`,
+`queries`) are layers of one `Engine` (the package's docstring has the layering); each owns the attributes its module
+docstring names and reads the others' only through their methods or as documented here. The memos are listed under
+"memos" below, and `forget_memos` drops each: a memo not listed there is a bug.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def test_assume_refuses_a_device_already_held() -> None:
     first = e.schedule(make_pod("a", {"main": {CARD: 1}}))
     assert first.allocation is not None and first.allocation.containers == allocation_b.containers  # type: ignore[attr-defined]
     # a's allocation was issued after b's: b's is the stale one and holds nothing.
-    status = e.assume(pod_b, "n1", allocation_b)  # type: ignore[arg-type]
+    status = e.admit_bound(pod_b, "n1", allocation_b)  # type: ignore[arg-type]
     assert not status.ok and "is stale: its devices are held by default/a" in status.message
     assert "default/b" not in e.pods and "default/a" in e.pods
 
@@ -146,7 +146,7 @@ def test_only_a_verified_allocation_holds_devices(tamper: dict[str, object], pro
     e.add_node(toy_node("n2", 2))  # type: ignore[arg-type]
     pod, allocation = signed_placement(e, "squatter", 1)
     claim = allocation.model_copy(update=tamper)  # type: ignore[attr-defined]
-    status = e.assume(pod, "n1", claim)  # type: ignore[arg-type]
+    status = e.admit_bound(pod, "n1", claim)  # type: ignore[arg-type]
     assert not status.ok and problem in status.message
     assert "default/squatter" not in e.pods
     # The claimed devices stay free for everyone else.
@@ -161,14 +161,14 @@ def test_a_later_allocation_displaces_a_stale_one_and_a_count_hold() -> None:
     assert fresh.issued > stale.issued  # type: ignore[attr-defined]
     counted = make_pod("counted", {"main": {CARD: 1}})
     # Restart order: the stale allocation and a pod bound without one are seen first.
-    assert e.assume(stale_pod, "n1", stale).ok  # type: ignore[arg-type]
-    assert not e.hold(counted, "n1").scheduled  # both cards are taken by the stale allocation
-    assert e.assume(fresh_pod, "n1", fresh).ok  # type: ignore[arg-type]
+    assert e.admit_bound(stale_pod, "n1", stale).ok  # type: ignore[arg-type]
+    assert not e.admit_by_count(counted, "n1").scheduled  # both cards are taken by the stale allocation
+    assert e.admit_bound(fresh_pod, "n1", fresh).ok  # type: ignore[arg-type]
     assert "default/stale" not in e.pods
     assert e.pods["default/fresh"].allocation == fresh
     # The freed card is not handed out twice: the pod bound by count takes it, and a count hold yields to a
     # verified allocation that names its card.
-    assert e.hold(counted, "n1").scheduled
+    assert e.admit_by_count(counted, "n1").scheduled
     assert e.pods["default/counted"].by_count
     assert not e.schedule(make_pod("late", {"main": {CARD: 1}})).scheduled
 
@@ -177,8 +177,8 @@ def test_a_verified_allocation_takes_over_a_card_held_by_count() -> None:
     e = engine(signing_key=KEY)
     e.add_node(toy_node("n1", 1))  # type: ignore[arg-type]
     pod, allocation = signed_placement(e, "real", 1)
-    assert e.hold(make_pod("counted", {"main": {CARD: 1}}), "n1").scheduled
-    assert e.assume(pod, "n1", allocation).ok  # type: ignore[arg-type]
+    assert e.admit_by_count(make_pod("counted", {"main": {CARD: 1}}), "n1").scheduled
+    assert e.admit_bound(pod, "n1", allocation).ok  # type: ignore[arg-type]
     assert e.pods["default/real"].allocation == allocation
     assert "default/counted" not in e.pods  # no card left to set aside for it: logged, not double-counted
 

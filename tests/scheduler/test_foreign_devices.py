@@ -30,7 +30,7 @@ def held(e: Engine, key: str) -> list[str]:
 def test_a_pod_held_by_count_moves_to_the_ids_its_kubelet_reports() -> None:
     e = engine()
     foreign = make_pod("foreign", {"main": {CARD: 2}})
-    assert e.hold(foreign, "n1").scheduled and e.pods[foreign.key].by_count
+    assert e.admit_by_count(foreign, "n1").scheduled and e.pods[foreign.key].by_count
     assert held(e, foreign.key) == ["0", "1"]  # a guess: the first free cards
     assert e.set_held_devices("n1", {foreign.key: {"main": {CARD: ["2", "3"]}}}) == [foreign.key]
     assert held(e, foreign.key) == ["2", "3"] and not e.pods[foreign.key].by_count
@@ -42,10 +42,10 @@ def test_a_pod_held_by_count_moves_to_the_ids_its_kubelet_reports() -> None:
 def test_a_pod_held_after_publication_takes_its_ids_at_once_and_displaces_a_count_hold() -> None:
     e = engine()
     counted = make_pod("counted", {"main": {CARD: 1}})
-    assert e.hold(counted, "n1").scheduled and held(e, counted.key) == ["0"]
+    assert e.admit_by_count(counted, "n1").scheduled and held(e, counted.key) == ["0"]
     foreign = make_pod("foreign", {"main": {CARD: 1}})
     e.set_held_devices("n1", {foreign.key: {"main": {CARD: ["0"]}}})
-    assert e.hold(foreign, "n1").scheduled
+    assert e.admit_by_count(foreign, "n1").scheduled
     assert held(e, foreign.key) == ["0"] and not e.pods[foreign.key].by_count
     assert e.pods[counted.key].by_count and held(e, counted.key) == ["1"]  # set aside again, elsewhere
 
@@ -58,8 +58,8 @@ def test_a_verified_allocation_cannot_take_over_ids_the_kubelet_reports_for_anot
     e.release(pod.key)
     foreign = make_pod("foreign", {"main": {CARD: 1}})
     e.set_held_devices("n1", {foreign.key: {"main": {CARD: ["0"]}}})
-    assert e.hold(foreign, "n1").scheduled
-    assert not e.assume(pod, "n1", decision.allocation).ok  # the card is really in use by the foreign pod
+    assert e.admit_by_count(foreign, "n1").scheduled
+    assert not e.admit_bound(pod, "n1", decision.allocation).ok  # the card is really in use by the foreign pod
     assert held(e, foreign.key) == ["0"]
 
 
@@ -67,4 +67,4 @@ def test_published_ids_that_do_not_fit_leave_the_pod_held_by_count() -> None:
     e = engine()
     foreign = make_pod("foreign", {"main": {CARD: 1}})
     e.set_held_devices("n1", {foreign.key: {"main": {CARD: ["9"]}}})  # no such card
-    assert e.hold(foreign, "n1").scheduled and e.pods[foreign.key].by_count
+    assert e.admit_by_count(foreign, "n1").scheduled and e.pods[foreign.key].by_count

@@ -60,7 +60,7 @@ def test_a_pod_bound_to_a_dead_node_is_still_counted() -> None:
     e = engine()
     e.add_node(toy_node("a", 1))  # type: ignore[arg-type]
     e.set_node_live("a", False, DEAD)
-    assert e.hold(make_pod("bound-elsewhere", {"main": {CARD: 1}}), "a").scheduled
+    assert e.admit_by_count(make_pod("bound-elsewhere", {"main": {CARD: 1}}), "a").scheduled
     e.set_node_live("a", True)
     assert not e.schedule(make_pod("new", {"main": {CARD: 1}})).scheduled
 

@@ -264,7 +264,7 @@ def test_index_answers_equal_a_scan_of_every_placed_pod(
     requests = [request(document, f"probe{i}") for i, document in enumerate(probes)]
     for step, op in enumerate(ops):
         if op[0] == "place" and f"n{op[2]}" in e.nodes:
-            e.assume(request(op[1], f"p{step}"), f"n{op[2]}", None)
+            e.admit_bound(request(op[1], f"p{step}"), f"n{op[2]}", None)
         elif op[0] == "release" and e.pods:
             e.release(sorted(e.pods)[op[1] % len(e.pods)])
         elif op[0] == "relabel" and f"n{op[1]}" in e.nodes:
@@ -319,7 +319,7 @@ def test_a_term_a_placed_pod_states_twice_scores_twice_as_in_the_scan(hard_weigh
     holder = {"kind": "Pod", "metadata": metadata, "spec": {**SPEC, "affinity": affinity}}
     e = Engine(make_plugin_manager("scheduler", plugins=[], autoload=False))
     e.add_node(node_info(node_manifest("n0", labels=node_labels("n0", "z1", None, True))))
-    e.assume(request(holder, "holder"), "n0", None)
+    e.admit_bound(request(holder, "holder"), "n0", None)
     probe = request({"kind": "Pod", "metadata": {"namespace": "a", "labels": {"app": "x"}}, "spec": SPEC}, "probe")
     scanned = scores.affinity_prescore(probe, located(e), hard_weight)
     assert scanned == {(ZONE, "z1"): 2 * hard_weight + 2 * 7 - 2 * 3}

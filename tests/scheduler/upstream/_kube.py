@@ -1,5 +1,5 @@
 """Shared builders for the transcribed kube-scheduler 1.20 plugin tables: nodes and pods from the few fields the
-upstream tables set, and an engine holding them, driven only through public APIs (`Engine.add_node`, `assume`,
+upstream tables set, and an engine holding them, driven only through public APIs (`Engine.add_node`, `admit_bound`,
 `filter_node`, `schedule`; the pure functions of `kubegpu.scheduler.filters` and `scores`).
 
 Upstream builds `v1.Pod`/`v1.Node` objects in Go; here each case is a Kubernetes manifest fragment, parsed by the
@@ -69,7 +69,7 @@ def engine(
     for manifest in nodes:
         e.add_node(node_info(manifest))
     for placed, where in existing:
-        status = e.assume(placed, where, None)
+        status = e.admit_bound(placed, where, None)
         assert status.ok, status
     return e
 

@@ -1,0 +1,100 @@
+"""The Reserve extension point: on the node a cycle decided (or kube-scheduler did, through the extender), each
+owning plugin allocates concrete devices, held atomically (all plugins or none), and the allocation is signed for the
+node side to verify. `reserve` and `unreserve` are idempotent, so a front-end may retry either, and `unreserve` gives
+back only what this very pod holds: a front-end never undoes a reservation it did not make.
+"""
+
+from __future__ import annotations
+
+import time
+
+from kubegpu.core.annotations import (
+    ALLOCATION_KEY,
+    AllocationRecord,
+    encode_allocation,
+    merge_allocations,
+    sign_allocation,
+)
+from kubegpu.core.models import PluginAllocation, PodRequest
+from kubegpu.core.plugin_manager import PluginHookError
+from kubegpu.core.status import Code
+from kubegpu.scheduler.engine.records import Decision, NodeRecord, Plan, PodRecord
+from kubegpu.scheduler.engine.scoring import Scoring
+
+
+class Reserving(Scoring):
+    """Reserve and Unreserve: holding a decided pod's devices, and giving them back."""
+
+    def reserve(self, pod: PodRequest, name: str, *, placing: bool = True) -> Decision:
+        """Reserve: re-check the fit on node `name`, then allocate the pod's devices there and hold them, atomically
+        (all plugins or none). Idempotent: reserving again what this very pod (same UID) already holds on `name`
+        answers the same decision and takes nothing more. The extender's bind verb uses this after kube-scheduler
+        decided; `admit_by_count` with `placing` false, for a pod already bound there."""
+        record = self.nodes.get(name)
+        if record is None:
+            return Decision(pod.key, False, reason=f"node {name} is unknown", code=Code.UNRESOLVABLE)
+        held = self.pods.get(pod.key)
+        if held is not None:
+            if held.node == name and held.request.uid == pod.uid and not held.by_count:
+                return Decision(
+                    pod.key, True, node=name, allocation=held.allocation, annotations=dict(held.annotations)
+                )
+            return Decision(
+                pod.key, False, reason=f"pod {pod.key} already holds resources on a node", code=Code.UNRESOLVABLE
+            )
+        plan = self.plan(pod)
+        status = self.check(record, pod, plan, placing=placing)
+        if not status.ok:
+            return Decision(pod.key, False, reason=status.message, code=status.code)
+        return self._allocate_and_hold(record, pod, plan)
+
+    def unreserve(self, pod: PodRequest, name: str | None = None) -> bool:
+        """Unreserve: give back what `reserve` holds for this very pod (same UID), on node `name` when given (a
+        failed Binding's rollback). Idempotent: False, and nothing changes, when the pod holds nothing, or when what
+        is held under its key is another pod's (a newer pod of the same name) or on another node."""
+        held = self.pods.get(pod.key)
+        if held is None or held.request.uid != pod.uid or (name is not None and held.node != name):
+            return False
+        self.release(pod.key)
+        return True
+
+    def _allocate_and_hold(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Decision:
+        """Each owning plugin allocates concrete devices on the chosen node; all are held, or none; the allocation
+        is signed and entered in the ledger."""
+        name = record.name
+        parts: dict[str, PluginAllocation] = {}
+        for plugin, _ in plan.devices:
+            try:
+                allocation = self.plugins.call(
+                    plugin,
+                    "kubegpu_scheduler_allocate",
+                    state=record.states[plugin],
+                    pod=pod,
+                    prepared=plan.prepared.get(plugin),
+                )
+            except PluginHookError as exc:
+                return Decision(pod.key, False, reason=str(exc), code=Code.ERROR)
+            if allocation is None:
+                return Decision(
+                    pod.key,
+                    False,
+                    reason=f"plugin {plugin!r} could not allocate devices on {name}",
+                    code=Code.UNSCHEDULABLE,
+                )
+            parts[plugin] = allocation
+        status = self._hold_devices(record, pod, parts)
+        if not status.ok:
+            return Decision(pod.key, False, reason=status.message, code=status.code)
+        annotations: dict[str, str] = {}
+        allocation_record: AllocationRecord | None = None
+        if parts:
+            allocation_record = merge_allocations(name, pod.uid, list(parts.values()))
+            if self.signing_key is not None:
+                self._issued = max(time.time_ns(), self._issued + 1)
+                allocation_record = allocation_record.model_copy(update={"issued": self._issued})
+                allocation_record = sign_allocation(allocation_record, self.signing_key)
+            for part in parts.values():
+                annotations.update(part.annotations)
+            annotations[ALLOCATION_KEY] = encode_allocation(allocation_record)
+        self._enter(record, PodRecord(pod, name, parts, allocation_record, annotations))
+        return Decision(pod.key, True, node=name, allocation=allocation_record, annotations=annotations)
