@@ -124,7 +124,7 @@ class CustomScheduler:
         self.metrics.latency.observe(time.perf_counter() - started)
         if decision.scheduled:
             self.metrics.attempts.labels("scheduled").inc()
-            self.queue.in_flight[entry.key] = entry
+            self.queue.binding_started(entry)
             self.queue.wake_for(entry.request)
             self.binder.submit(self._bind(entry, decision))
             return
@@ -150,7 +150,7 @@ class CustomScheduler:
             self.engine.unnominate(entry.key)
             return
         self.engine.nominate(pod, preemption.node)
-        mirror.evicting.update(preemption.victims)
+        mirror.evicting_started(preemption.victims)
         log.info("preempting", extra={"pod": entry.key, "node": preemption.node, "victims": list(preemption.victims)})
         victims = [placed.request for placed in self.engine.placements(preemption.victims)]
         self.binder.submit(self.binder.evict(pod, preemption.node, victims))
@@ -164,7 +164,7 @@ class CustomScheduler:
     def _bound(self, entry: Entry, decision: Decision, error: ApiError | None) -> None:
         """A Binding's result, on the loop thread; anything unexpected costs only this pod."""
         try:
-            self.queue.in_flight.pop(entry.key, None)
+            self.queue.binding_done(entry.key)
             if error is not None:
                 self._bind_failed(entry, decision, error)
         except Exception as exc:

@@ -36,7 +36,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from functools import partial
 from typing import Any, Protocol
 
@@ -149,7 +150,7 @@ class ClusterMirror:
         self.budgets_synced = threading.Event()
         # The group/version each discovered collection is read in; None: the server serves no version kubegpu reads.
         self.versions: dict[str, str | None] = {}
-        self.evicting: set[str] = set()  # victims deleted by a preemption, until their pods are gone
+        self._evicting: set[str] = set()  # victims deleted by a preemption, until their pods are gone
         self.leases = leases  # the advertisers' node Leases (`kubegpu.scheduler.liveness`), None: not judged
         # PersistentVolumeClaims and PersistentVolumes into the engine's VolumeBinding filter, for the custom
         # scheduler. The extender does not watch them: kube-scheduler runs VolumeBinding itself, and binds the claims
@@ -526,9 +527,18 @@ class ClusterMirror:
             pod = PodRequest(namespace=namespace, name=name, uid=str(meta.get("uid", "")), containers=())
             self.binder.event(pod, "KubegpuInternalError", f"kubegpu could not handle this pod ({stage}): {exc!r}")
 
+    @property
+    def evicting(self) -> AbstractSet[str]:
+        """The victims a preemption deleted whose pods are not gone yet (read-only: `evicting_started` adds)."""
+        return self._evicting
+
+    def evicting_started(self, victims: Iterable[str]) -> None:
+        """A preemption deleted these pods; they count as leaving until their pods are gone (`release`)."""
+        self._evicting.update(victims)
+
     def release(self, key: str) -> None:
         """The pod's resources are free again (it is gone, or its Binding failed); the pending pods may fit now."""
-        self.evicting.discard(key)
+        self._evicting.discard(key)
         if self.engine.release(key) is not None:
             self.pending.wake()
 
@@ -537,7 +547,7 @@ class ClusterMirror:
         the same name). Takes the lock: the extender calls this from its HTTP loop."""
         with self.lock:
             if self.engine.unreserve(pod, node):  # only this very pod's reservation, never a newer one's
-                self.evicting.discard(pod.key)
+                self._evicting.discard(pod.key)
                 self.pending.wake()
         log.warning("binding failed; reservation rolled back", extra={"pod": pod.key, "node": node, "error": error})
 

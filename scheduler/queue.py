@@ -9,8 +9,9 @@ Three places a pod waits:
   deleted or finished, a pod added that its pod affinity or spread selects, a change to the pod itself) or 60 s,
   whichever comes first, then goes back through the backoff heap. Never a hot loop.
 
-`in_flight` holds the pods whose Binding is being written. The queue is the mirror's `PendingPods`
-(`mirror.py`): the mirror hands it every pod that waits for a node and tells it when the cluster changed.
+The pods whose Binding is being written wait in none of them (`binding_started`, `binding_done`). The queue is
+the mirror's `PendingPods` (`mirror.py`): the mirror hands it every pod that waits for a node and tells it when the
+cluster changed.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class SchedulingQueue:
         self.active: dict[str, Entry] = {}
         self.backoff = Backoff()
         self.unschedulable: dict[str, Entry] = {}
-        self.in_flight: dict[str, Entry] = {}
+        self._in_flight: dict[str, Entry] = {}  # pods whose Binding is being written
         self.initial_backoff, self.max_backoff = INITIAL_BACKOFF, MAX_BACKOFF
         self._last_flush = time.monotonic()
 
@@ -155,7 +156,7 @@ class SchedulingQueue:
         pod is not this scheduler's to place (it is being deleted, or names another scheduler): the mirror drops it."""
         if deleting or request.scheduler_name != self.name:
             return False
-        if key in self.in_flight or held:
+        if key in self._in_flight or held:
             return True
         entry = self.active.get(key)
         if entry is not None:
@@ -178,9 +179,18 @@ class SchedulingQueue:
         self.active[key] = Entry(now, key, request, arrival=now)
         return True
 
+    def binding_started(self, entry: Entry) -> None:
+        """A cycle reserved a node for the pod and its Binding is being written: it waits nowhere meanwhile, and the
+        informer's reports of it are the scheduler's own writes (`binding`)."""
+        self._in_flight[entry.key] = entry
+
+    def binding_done(self, key: str) -> None:
+        """The pod's Binding was written or failed (a failure puts it back through `retry_later`)."""
+        self._in_flight.pop(key, None)
+
     def binding(self, key: str) -> str | None:
         """The UID of the pod whose Binding is being written under this key (its events are our own writes)."""
-        entry = self.in_flight.get(key)
+        entry = self._in_flight.get(key)
         return None if entry is None else entry.request.uid
 
     def answers_for(self, scheduler_name: object) -> bool:

@@ -113,3 +113,68 @@ def test_the_front_ends_do_use_the_engine() -> None:
     """The names the check looks for are the names the front-ends use: each of these reaches its engine."""
     for module in ("custom.py", "extender.py", "mirror.py", "simulate.py", "top.py", "compat.py", "report.py"):
         assert reaches_in((SCHEDULER / module).read_text(), frozenset()), module
+
+
+# Collaborators a front-end holds besides the engine: it asks them (`queue.binding_started`, `mirror.evicting_started`)
+# and never edits their state, nor reads what they keep private.
+COLLABORATORS = ("queue", "mirror", "binder")
+MUTATORS = frozenset(
+    {"add", "append", "clear", "discard", "extend", "pop", "popitem", "remove", "setdefault", "update"}
+)
+
+
+def _is_collaborator(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Name) and node.id in COLLABORATORS) or (
+        isinstance(node, ast.Attribute) and node.attr in COLLABORATORS
+    )
+
+
+def _collaborator_state(node: ast.expr) -> bool:
+    """`queue.x`, `self.mirror.x`: an attribute of a collaborator, or something inside one (`queue.x[key]`)."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return isinstance(node, ast.Attribute) and _is_collaborator(node.value)
+
+
+def edits_collaborators(source: str) -> list[str]:
+    """`line: text` for every write into a collaborator's state, mutating call on it, or read of its private parts."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        bad = any(_collaborator_state(target) for target in targets)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+            bad = bad or _collaborator_state(node.func.value)
+        if isinstance(node, ast.Attribute) and _is_collaborator(node.value) and node.attr.startswith("_"):
+            bad = True
+        if bad:
+            found.append((node.lineno, ast.unparse(node)))
+    return [f"{line}: {text}" for line, text in sorted(found)]
+
+
+def test_the_collaborator_checker_sees_edits() -> None:
+    source = (
+        "def f(self, mirror):\n"
+        "    self.queue.in_flight[key] = entry\n"
+        "    mirror.evicting.update(victims)\n"
+        "    self.queue.in_flight.pop(key, None)\n"
+        "    self.mirror._evicting\n"
+        "    mirror.evicting_started(victims)\n"
+        "    self.queue.binding_done(key)\n"
+        "    if key in mirror.evicting: pass\n"
+    )
+    assert [line.split(":")[0] for line in edits_collaborators(source)] == ["2", "3", "4", "5"]
+
+
+@pytest.mark.parametrize("module", ["custom.py", "extender.py", "simulate.py", "top.py"])
+def test_front_end_asks_its_collaborators_instead_of_editing_their_state(module: str) -> None:
+    found = edits_collaborators((SCHEDULER / module).read_text())
+    assert not found, (
+        f"scheduler/{module} edits the state of its queue, mirror or binder; add a method to the collaborator that "
+        "owns it and call that instead:\n  " + "\n  ".join(found)
+    )
