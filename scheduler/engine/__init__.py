@@ -5,6 +5,7 @@ named after what it owns (the Kubernetes scheduler framework splits the same wor
 framework's extension points, its plugins):
 
 * `records`: the records and results (`NodeRecord`, `PodRecord`, `Plan`, `Decision`, `Placement`);
+* `framework`, `kubefilters`: the shape of a node filter, and kube-scheduler's node-local filters in it, by name;
 * `state`: every attribute the parts share, and every memo with its key and what invalidates it;
 * `ledger`: which devices each placed pod holds, taken and given back atomically; an allocation's provenance;
 * `cache`: the nodes, their usage, capacity indexes, classes and node tree, and the numbered change log;
@@ -17,7 +18,7 @@ framework's extension points, its plugins):
 * `preempt`: the what-ifs of preemption (PostFilter) and nomination;
 * `queries`: what the front-ends read.
 
-The parts are layers of one class, in the order above from `ledger` up: each builds on the ones below it and never
+The parts are layers of one class, in the order above from `records` up: each builds on the ones below it and never
 on one above (an import-linter contract holds this). One verb per act, in Kubernetes' sense: a cycle *decides*, a
 decided pod's devices are *reserved* (and *unreserved*), a pod already bound is *admitted*; whatever the act, the
 ledger *holds* a pod's devices and *gives them back*, and a deleted pod is *released*.

@@ -18,6 +18,7 @@ from kubegpu.scheduler.engine.records import (
     CPU_INDEX,
     UNKNOWN_FREE,
     Decision,
+    NodeRecord,
     Plan,
     Refusals,
     summarize_reasons,
@@ -32,14 +33,20 @@ class Cycle(Reserving):
     def schedule(self, pod: PodRequest) -> Decision:
         """Run one full cycle for a pod (`decide`) and, when a node fits, reserve its devices there (`reserve`, without
         filtering the node again)."""
-        decision = self.decide(pod)
-        if not decision.scheduled or decision.node is None:
-            return decision
-        return self._allocate_and_hold(self.nodes[decision.node], pod, self.plan(pod))
+        chosen = self._decide(pod)
+        if isinstance(chosen, Decision):
+            return chosen
+        record, plan = chosen
+        return self._allocate_and_hold(record, pod, plan)
 
     def decide(self, pod: PodRequest) -> Decision:
         """The scheduling cycle up to Reserve (PreFilter, Filter, Score): the node the pod should go to, or why none
         fits. Changes nothing but the memos and where the next sample starts; `reserve` holds the devices."""
+        chosen = self._decide(pod)
+        return chosen if isinstance(chosen, Decision) else Decision(pod.key, True, node=chosen[0].name)
+
+    def _decide(self, pod: PodRequest) -> Decision | tuple[NodeRecord, Plan]:
+        """`decide`'s cycle: the chosen node with the pod's plan, or the refusal."""
         if pod.key in self.pods:
             return Decision(
                 pod.key, False, reason=f"pod {pod.key} already holds resources on a node", code=Code.UNRESOLVABLE
@@ -57,7 +64,7 @@ class Cycle(Reserving):
             status = self.check(record, pod, plan)
             if not status.ok:
                 return Decision(pod.key, False, reason=summarize_reasons(1, Counter(status.reasons)), code=status.code)
-            return Decision(pod.key, True, node=record.name)
+            return record, plan
         sample = self._sample_size(pod, plan)
         if self.sample < sample < len(nodes):
             return self._schedule_sampled(pod, plan, sample)
@@ -103,7 +110,7 @@ class Cycle(Reserving):
                 self._explain_skipped(pod, plan, visited, refusals, resource)
             return self._refused(refusals, pod, plan, len(nodes))
         best = feasible[0] if len(feasible) == 1 else self._rank(feasible, pod, plan)
-        return Decision(pod.key, True, node=best)
+        return nodes[best], plan
 
     def _explain_skipped(
         self,
@@ -139,7 +146,7 @@ class Cycle(Reserving):
                 for reason in known.status.reasons:
                     refusals.reasons[reason] += left  # every other skipped node of the class answers alike
 
-    def _schedule_sampled(self, pod: PodRequest, plan: Plan, sample: int) -> Decision:
+    def _schedule_sampled(self, pod: PodRequest, plan: Plan, sample: int) -> Decision | tuple[NodeRecord, Plan]:
         """The cycle of a pod scored on kube-scheduler's sample of a larger cluster (`_sample_size`): the first
         `sample` feasible nodes in the node tree's order (zone by zone in turn), from where the last such sample
         stopped, as kube-scheduler 1.20 takes them (`findNodesThatPassFilters`, `nextStartNodeIndex`). Every zone
@@ -175,7 +182,7 @@ class Cycle(Reserving):
         self._next_start = (start + processed) % len(order)
         if feasible:
             best = feasible[0] if len(feasible) == 1 else self._rank(feasible, pod, plan)
-            return Decision(pod.key, True, node=best)
+            return nodes[best], plan
         for name in passed:
             record = nodes[name]
             if record.klass in settled:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from kubegpu.core.models import (
-    NodeInfo,
     PodRequest,
     SpreadConstraint,
 )
@@ -37,85 +36,27 @@ class Filtering(Planning):
     """Kubernetes' filters and the device plugins' fit for one node, and counting refusals."""
 
     def _basic_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
-        """Kubernetes' node-local filters in kube-scheduler 1.20's order (NodeUnschedulable, TaintToleration,
-        NodeAffinity, NodePorts, NodeResourcesFit, VolumeBinding; `kubegpu.scheduler.filters`); the first that refuses
-        answers, so each node is counted under the reason kube-scheduler would give. Reasons about the node itself
-        are unresolvable; capacity and ports are unschedulable."""
-        return self._node_fit(record, pod) or self._usage_fit(record, pod, plan)
+        """Kubernetes' node-local filters in kube-scheduler 1.20's order (`kubefilters.KUBE_FILTERS`, then the
+        engine's own `filters`, less those the profile turns off); the first that refuses answers, so each node is
+        counted under the reason kube-scheduler would give."""
+        return self._node_fit(record, pod, plan) or self._usage_fit(record, pod, plan)
 
-    def _node_fit(self, record: NodeRecord, pod: PodRequest) -> Status | None:
-        """The filters that read only the node, not what is in use on it: NodeUnschedulable, the Ready condition,
-        TaintToleration and NodeAffinity. They run first, so a refusal of theirs is every node of the class's."""
-        info = record.info
-        off = self.filters_off  # filters a configuration turned off (usually none)
-        if (
-            info.unschedulable
-            and not filters.tolerates_unschedulable(pod.tolerations)
-            and "NodeUnschedulable" not in off
-        ):
-            return Status.unresolvable(filters.UNSCHEDULABLE)
-        if not info.ready:
-            return Status.unresolvable("node(s) had condition Ready=False")
-        for taint in info.taints:
-            if taint.effect == "PreferNoSchedule" or "TaintToleration" in off:
-                continue
-            if not any(t.tolerates(taint) for t in pod.tolerations):
-                return Status.unresolvable(
-                    f"node(s) had taint {{{taint.key}: {taint.value or ''}}}, that the pod didn't tolerate"
-                )
-        if (
-            (pod.node_selector or pod.node_affinity is not None)
-            and not filters.matches_node_affinity(pod, info.name, info.labels)
-            and "NodeAffinity" not in off
-        ):
-            return Status.unresolvable(filters.NODE_SELECTOR)
+    def _node_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
+        """The filters that read only the node, not what is in use on it (NodeUnschedulable, the Ready condition,
+        TaintToleration, NodeAffinity). They run first, so a refusal of theirs is every node of the class's."""
+        for rule in plan.node_rules:
+            status = rule(self, record, pod, plan)
+            if status is not None:
+                return status
         return None
 
     def _usage_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
-        """The filters after `_node_fit` that read what is in use on the node: NodePorts, NodeResourcesFit (every
-        resource it lacks) and VolumeBinding."""
-        info = record.info
-        off = self.filters_off
-        if pod.host_ports and filters.ports_conflict(pod.host_ports, record.ports) and "NodePorts" not in off:
-            return Status.unschedulable(filters.PORTS)
-        allocatable, used = info.allocatable, record.used
-        short: list[str] = []
-        hopeless = False
-        if allocatable.get("pods", 0) - used["pods"] < 1:
-            short.append(filters.TOO_MANY_PODS)
-        for resource, need in plan.fit:
-            have = allocatable.get(resource, 0)
-            if have - used[resource] < need:
-                short.append(f"Insufficient {resource}")
-                hopeless = hopeless or have < need
-        if short and "NodeResourcesFit" not in off:
-            return Status.unresolvable(*short) if hopeless and len(short) == 1 else Status.unschedulable(*short)
-        if pod.claims and self.track_volumes and "VolumeBinding" not in off:
-            return self._volume_fit(info, pod)
-        return None
-
-    def _volume_fit(self, info: NodeInfo, pod: PodRequest) -> Status | None:
-        """VolumeBinding for claims already bound: the volume's node affinity must select the node. Claims that
-        still need a volume are refused: kubegpu does not bind volumes. A claim missing or being deleted is named
-        first, bound or not, as kube-scheduler 1.20's PreFilter names it (`podHasPVCs`)."""
-        for claim in pod.claims:
-            key = (pod.namespace, claim)
-            if key not in self.claims:
-                return Status.unresolvable(f'persistentvolumeclaim "{claim}" not found')
-            if key in self.deleting_claims:
-                return Status.unresolvable(f'persistentvolumeclaim "{claim}" is being deleted')
-        for claim in pod.claims:
-            volume = self.claims[(pod.namespace, claim)]
-            if not volume:
-                return Status.unresolvable(
-                    f"pod has unbound immediate PersistentVolumeClaims (claim {claim!r} has no volume yet; kubegpu "
-                    "places pods only with claims already bound to a volume)"
-                )
-            if volume not in self.volumes:
-                return Status.unresolvable(filters.PV_NOT_EXIST)
-            terms = self.volumes[volume]
-            if terms is not None and not filters.node_matches_terms(terms, info.name, info.labels):
-                return Status.unresolvable(filters.VOLUME_NODE_AFFINITY)
+        """The filters after `_node_fit` that read what is in use on the node (NodePorts, NodeResourcesFit,
+        VolumeBinding)."""
+        for rule in plan.usage_rules:
+            status = rule(self, record, pod, plan)
+            if status is not None:
+                return status
         return None
 
     def _cluster_state(self, pod: PodRequest, plan: Plan) -> ClusterState:
@@ -266,7 +207,7 @@ class Filtering(Planning):
                 continue
             status = statuses[name] = self.check(record, pod, plan)
             if status.code is Code.UNRESOLVABLE and plan.settles:
-                settled[record.klass] = Settled(status, self._node_fit(record, pod) is not None)
+                settled[record.klass] = Settled(status, self._node_fit(record, pod, plan) is not None)
         return statuses
 
     def _refuse(self, refusals: Refusals, record: NodeRecord, pod: PodRequest, plan: Plan, status: Status) -> bool:
@@ -277,7 +218,7 @@ class Filtering(Planning):
             counted = refusals.counted[record.klass] = []
         counted.append(record.name)
         if status.code is Code.UNRESOLVABLE and plan.settles:
-            refusals.settled[record.klass] = Settled(status, self._node_fit(record, pod) is not None)
+            refusals.settled[record.klass] = Settled(status, self._node_fit(record, pod, plan) is not None)
             return True
         refusals.resolvable = True
         return False

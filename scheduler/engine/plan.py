@@ -113,8 +113,14 @@ class Planning(NodeCache):
         prepared = self._prepare(pod, routes, signature)
         if pod.claims:
             signature += (pod.namespace, pod.claims, self._volume_epoch)
+        node_rules = tuple(rule.filter for rule in self._node_filters if rule.applies(pod))
+        usage_rules = tuple(rule.filter for rule in self._usage_filters if rule.applies(pod))
         local = signature
-        if not devices:
+        # A rule a third party added may read anything of the pod's spec: the pod's answers are then shared only with
+        # pods alike in all of it (its signature), never by the few fields kube-scheduler's own filters read.
+        if not devices and not (
+            self._added_filters and any(r in self._added_filters for r in (*node_rules, *usage_rules))
+        ):
             local = (
                 fit_order(pod),
                 scores.nonzero_requests(pod),
@@ -155,6 +161,8 @@ class Planning(NodeCache):
             hard_spread=hard,
             soft_spread=soft,
             owners=self._owners.epoch,
+            node_rules=node_rules,
+            usage_rules=usage_rules,
         )
 
     def _prepare(self, pod: PodRequest, routes: dict[str, list[str]], key: tuple[object, ...]) -> dict[str, object]:

@@ -86,6 +86,10 @@ class PodRecord:
     by_count: bool = False
 
 
+# A node filter's bound `filter` method (`framework.NodeFilter`): (engine, node, pod, plan) -> refusal or None.
+NodeRule = Callable[[Any, "NodeRecord", PodRequest, "Plan"], "Status | None"]
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What a cycle needs to know about a pod, computed once: for each owning plugin, its resources with the largest
@@ -117,6 +121,10 @@ class Plan:
     # Each owning plugin's `kubegpu_scheduler_prepare` answer (its PluginHookError when it failed), for fit, score
     # and allocate: computed once per pod signature (Kubernetes' PreFilter writing CycleState).
     prepared: dict[str, object] = field(default_factory=dict)
+    # The node filters that apply to the pod (`NodeFilter.applies`, its PreFilter): those that read only the node,
+    # and those that read what is in use, each its bound `filter` method, in the order they run.
+    node_rules: tuple[NodeRule, ...] = ()
+    usage_rules: tuple[NodeRule, ...] = ()
 
 
 class Settled(NamedTuple):

@@ -10,6 +10,7 @@ docstring names and reads the others' only through their methods or as documente
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 from kubegpu.core.models import (
     LabelSelector,
@@ -19,6 +20,8 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import KubegpuPluginManager
 from kubegpu.scheduler import scores
+from kubegpu.scheduler.engine.framework import NodeFilter
+from kubegpu.scheduler.engine.kubefilters import KUBE_FILTERS, enabled_filters
 from kubegpu.scheduler.engine.records import (
     CPU_INDEX,
     POLICIES,
@@ -45,6 +48,7 @@ class EngineState:
         sample: int = 8,
         signing_key: bytes | None = None,
         scoring: scores.Profile | None = None,
+        filters: Sequence[NodeFilter] = (),
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
@@ -55,6 +59,12 @@ class EngineState:
         # The score plugins and their weights, the filters turned off (`kubegpu.scheduler.scores`).
         self.scoring = scoring if scoring is not None else scores.Profile.default(policy)
         self.filters_off = self.scoring.filters_off
+        # The Filter extension point's node-local rules by name (`kubefilters`), then the caller's `filters`, less
+        # those the profile turns off: the ones that read only the node, and the ones that read what is in use.
+        enabled = enabled_filters(tuple(filters), self.filters_off)
+        self._node_filters = tuple(rule for rule in enabled if not rule.reads_usage)
+        self._usage_filters = tuple(rule for rule in enabled if rule.reads_usage)
+        self._added_filters = frozenset(rule.filter for rule in enabled if rule not in KUBE_FILTERS)  # a third party's
         self.signing_key = signing_key
         self._issued = 0  # ledger: the `issued` stamp of the last signed allocation; stamps strictly increase
 
@@ -135,6 +145,8 @@ class EngineState:
         # may give apart (`_tally`). Kept current from the change log (`changed_since`; nodes holding a nominee are
         # asked again each time); rebuilt when the log no longer reaches back. Past 256, dropped all at once.
         self._tallies: dict[tuple[int, int], ClassTally] = {}
+        # (`Plan.local` is what kube-scheduler's node filters and the node-local scores read of a pod without devices,
+        # else, or when a rule a third party added applies to it, the pod's whole signature.)
         # Per node (`NodeRecord`): `last_check` and `last_raw`, id(Plan.local) -> (node version, Plan.local, answer),
         # the node-local filter answers and raw scores, stale when the node's version moved (every change of its
         # usage, devices or liveness) or the shape is another's; `CHECKS_REMEMBERED` shapes per node, oldest out.
