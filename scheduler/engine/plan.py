@@ -18,7 +18,7 @@ from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.status import Status
 from kubegpu.scheduler import filters, scores
 from kubegpu.scheduler.engine.cache import NodeCache
-from kubegpu.scheduler.engine.records import BASIC_RESOURCES, NAME_LABELS, Plan, fit_order, log
+from kubegpu.scheduler.engine.records import BASIC_RESOURCES, NAME_LABELS, NodeRule, Plan, fit_order, log
 
 PREPARE_HOOK = "kubegpu_scheduler_prepare"
 
@@ -113,14 +113,17 @@ class Planning(NodeCache):
         prepared = self._prepare(pod, routes, signature)
         if pod.claims:
             signature += (pod.namespace, pod.claims, self._volume_epoch)
-        node_rules = tuple(rule.filter for rule in self._node_filters if rule.applies(pod))
-        usage_rules = tuple(rule.filter for rule in self._usage_filters if rule.applies(pod))
+        added, third_party = self._added_filters, False
+        node_rules: tuple[NodeRule, ...] = ()
+        usage_rules: tuple[NodeRule, ...] = ()
+        if added:
+            node_rules = tuple(rule.filter for rule in self._node_filters if rule.applies(pod))
+            usage_rules = tuple(rule.filter for rule in self._usage_filters if rule.applies(pod))
+            third_party = any(rule in added for rule in (*node_rules, *usage_rules))
         local = signature
         # A rule a third party added may read anything of the pod's spec: the pod's answers are then shared only with
         # pods alike in all of it (its signature), never by the few fields kube-scheduler's own filters read.
-        if not devices and not (
-            self._added_filters and any(r in self._added_filters for r in (*node_rules, *usage_rules))
-        ):
+        if not devices and not third_party:
             local = (
                 fit_order(pod),
                 scores.nonzero_requests(pod),
@@ -132,6 +135,15 @@ class Planning(NodeCache):
                 *((pod.namespace, pod.claims, self._volume_epoch) if pod.claims else ()),
             )
         local = self._signatures.setdefault(local, local)
+        if not added:  # kube-scheduler's filters alone: which apply follows from what `local` holds
+            known = self._rules.get(id(local))
+            if known is None or known[0] is not local:
+                node_rules = tuple(rule.filter for rule in self._node_filters if rule.applies(pod))
+                usage_rules = tuple(rule.filter for rule in self._usage_filters if rule.applies(pod))
+                if len(self._rules) >= 4096:
+                    self._rules.clear()
+                known = self._rules[id(local)] = (local, node_rules, usage_rules)
+            node_rules, usage_rules = known[1], known[2]
         if volatile:
             signature += (
                 self.generation,

@@ -28,6 +28,7 @@ from kubegpu.scheduler.engine.records import (
     ClassTally,
     ClusterState,
     NodeRecord,
+    NodeRule,
     Plan,
     PodRecord,
     Policy,
@@ -131,6 +132,10 @@ class EngineState:
         # pod signature (its non-volatile part) -> each owning plugin's `kubegpu_scheduler_prepare` answer. Never
         # stale: the signature holds all a plugin may read of the pod. Past 4096, dropped all at once.
         self._prepared: dict[tuple[object, ...], dict[str, object]] = {}
+        # id(Plan.local) -> (Plan.local, the node filters that apply to such pods: `Plan.node_rules`, `usage_rules`),
+        # when no third party added a filter (kube-scheduler's decide from fields `local` holds). Never stale: the
+        # filters are fixed when the engine is built. Past 4096, dropped all at once.
+        self._rules: dict[int, tuple[tuple[object, ...], tuple[NodeRule, ...], tuple[NodeRule, ...]]] = {}
         # signature -> itself: interning, so comparing signatures is mostly an identity check. Past 4096, cleared.
         self._signatures: dict[tuple[object, ...], tuple[object, ...]] = {}
         # owners' combined selector -> the profile's default spread constraints with it. Cleared by `set_owner`.
@@ -158,6 +163,7 @@ class EngineState:
         self._plans.clear()
         self._prepared.clear()
         self._signatures.clear()
+        self._rules.clear()
         self._defaulted.clear()
         self._domains.clear()
         self._cluster = None
