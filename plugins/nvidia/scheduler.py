@@ -24,6 +24,7 @@ can be placed.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -42,7 +43,19 @@ from kubegpu.core.models import (
 from kubegpu.core.quantity import QuantityError, to_int
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
 from kubegpu.core.status import Status
-from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE, RESOURCES
+from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE
+from kubegpu.plugins.nvidia.sharing import (
+    CORES,
+    MEMORY,
+    MEMORY_PERCENT,
+    SHARE_RESOURCES,
+    WHOLE,
+    Share,
+    ShareError,
+    Workload,
+    fragmentation_delta,
+    read_share,
+)
 from kubegpu.plugins.nvidia.topology import (
     CATALOG,
     CUBE_MESH,
@@ -60,7 +73,13 @@ from kubegpu.plugins.nvidia.topology import (
     tree_from_inventory,
 )
 
-__all__ = ["NAME", "RESOURCE", "RESOURCES", "Ask", "NvidiaNodeState", "parse_ask", "read_ask"]
+__all__ = ["NAME", "RESOURCE", "RESOURCES", "WORKLOAD", "Ask", "NvidiaNodeState", "parse_ask", "read_ask"]
+
+RESOURCES = [RESOURCE, *SHARE_RESOURCES]
+POLICY_ENV = "KUBEGPU_NVIDIA_SHARE_POLICY"
+POLICIES = ("fgd", "bestfit")
+# The mix of pods the fragmentation policy weighs, learned from every pod the plugin's states take (`Workload`).
+WORKLOAD = Workload()
 
 MODEL_ANNOTATION = "nvidia-gpu-scheduler/gpu.model"
 MEMORY_ANNOTATION = "kubegpu.io/gpu-memory"
@@ -87,6 +106,7 @@ class Ask:
 
     containers: tuple[tuple[str, int], ...] = ()
     total: int = 0
+    shares: tuple[Share, ...] = ()
     model: str | None = None
     model_key: str | None = None
     memory: int | None = None
@@ -96,6 +116,19 @@ class Ask:
 
 Plan = tuple[tuple[str, int, int, int], ...]
 """Per container: (name, GPU count, chosen mask, size of the group the GPUs lie in)."""
+
+SharePlan = tuple[tuple[Share, tuple[int, ...], int, tuple[int, ...]], ...]
+"""Per share container: (its share, the GPU positions chosen, cores per GPU, memory on each chosen GPU in the GPU's
+unit: MiB, or percent where the GPU's memory is unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A pod's GPUs on one node: whole containers (`whole`), share containers (`shares`), and the score."""
+
+    whole: Plan
+    shares: SharePlan
+    score: float
 
 
 class NvidiaNodeState(DeviceNodeState):
@@ -111,6 +144,8 @@ class NvidiaNodeState(DeviceNodeState):
         memories: list[int | None],
         healthy: list[bool],
         tree: GroupTree,
+        split: int = 1,
+        offered: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__(node)
         self.ids = tuple(ids)
@@ -122,9 +157,20 @@ class NvidiaNodeState(DeviceNodeState):
         self.tree = tree
         self.free = self.healthy
         self.holders: list[str | None] = [None] * len(ids)
+        # Shares: a GPU hosts at most `split` of them; compute in percent, memory in MiB (in percent when the
+        # GPU's memory is unknown: `memory_cap`). `free` holds only GPUs that nobody holds whole and nobody shares.
+        self.split = max(1, split)
+        self.offered = offered
+        self.memory_known = tuple(m is not None for m in memories)
+        self.memory_cap = tuple(100 if m is None else m // MIB for m in memories)
+        self.cores_used = [0] * len(ids)
+        self.memory_used = [0] * len(ids)
+        self.tasks = [0] * len(ids)
+        self.shared: dict[str, list[tuple[int, int, int]]] = {}  # pod key -> (GPU, cores, memory) per share
+        self.policy = os.environ.get(POLICY_ENV, "fgd").strip().lower()
         self.version = 0
         self._eligible: dict[tuple[str | None, str | None], tuple[int, str | None]] = {}
-        self._plan: tuple[int, Ask, Plan | None] | None = None
+        self._plan: tuple[tuple[int, int], Ask, Placement | None] | None = None
 
     def eligible(self, ask: Ask) -> tuple[int, str | None]:
         """(healthy GPUs of the asked model and memory, the unresolvable reason when the node has none)."""
@@ -136,15 +182,34 @@ class NvidiaNodeState(DeviceNodeState):
             cached = self._eligible[key] = eligible_gpus(self, ask)
         return cached
 
-    def plan(self, ask: Ask) -> Plan | None:
-        """The placement for the ask on the current state, computed once per (state version, ask)."""
+    def plan(self, ask: Ask) -> Placement | None:
+        """The placement for the ask on the current state, computed once per (state version, mix version, ask)."""
+        stamp = (self.version, WORKLOAD.version)
         cached = self._plan
-        if cached is not None and cached[0] == self.version and cached[1] == ask:
+        if cached is not None and cached[0] == stamp and cached[1] == ask:
             return cached[2]
         mask, reason = self.eligible(ask)
-        result = None if reason else plan_containers(self.tree, mask & self.free, ask.containers)
-        self._plan = (self.version, ask, result)
+        result = None if reason else place(self, mask, ask)
+        self._plan = (stamp, ask, result)
         return result
+
+    def shareable(self, bit: int) -> bool:
+        """Whether GPU `bit` may take another share: healthy, nobody holds it whole, fewer than `split` shares."""
+        return bool(self.healthy >> bit & 1) and self.holders[bit] is None and self.tasks[bit] < self.split
+
+    def free_milli(self, bit: int) -> int:
+        """What another pod could still get of GPU `bit`, in thousandths (the lesser of compute and memory)."""
+        if not self.shareable(bit):
+            return 0
+        memory = (self.memory_cap[bit] - self.memory_used[bit]) * WHOLE // max(1, self.memory_cap[bit])
+        return min((100 - self.cores_used[bit]) * 10, memory)
+
+    def memory_of(self, share: Share, bit: int) -> int | None:
+        """The share's memory on GPU `bit` in the GPU's unit, None when it cannot be told (MiB of unknown memory)."""
+        if share.memory_percent is not None:
+            cap = self.memory_cap[bit]
+            return cap * share.memory_percent // 100 if self.memory_known[bit] else share.memory_percent
+        return share.memory_mib if self.memory_known[bit] else None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -161,16 +226,28 @@ def kubegpu_scheduler_resources() -> list[str]:
 def kubegpu_scheduler_build_node(node: NodeInfo) -> NvidiaNodeState | None:
     inventory = node.inventories.get(NAME)
     if inventory is not None:
-        return state_from_inventory(node.name, inventory, instance_type(node.labels))
+        return state_from_inventory(node.name, inventory, instance_type(node.labels), node.allocatable)
     return state_from_labels(node.name, node.labels, node.allocatable)
 
 
 @hookimpl
 def kubegpu_scheduler_headroom(state: DeviceNodeState) -> Headroom | None:
-    assert isinstance(state, NvidiaNodeState)
-    free = state.free.bit_count()
-    healthy = state.healthy.bit_count()
-    return Headroom(free={RESOURCE: free}, utilization=(healthy - free) / healthy if healthy else 0.0)
+    s = _own(state)
+    shareable = [bit for bit in range(len(s.ids)) if s.shareable(bit)]
+    cores = max((100 - s.cores_used[bit] for bit in shareable), default=0)
+    percent = max(((s.memory_cap[b] - s.memory_used[b]) * 100 // max(1, s.memory_cap[b]) for b in shareable), default=0)
+    mib = max((s.memory_cap[b] - s.memory_used[b] for b in shareable if s.memory_known[b]), default=0)
+    healthy = s.healthy.bit_count()
+    held = sum(1 for bit in range(len(s.ids)) if s.holders[bit] is not None and s.healthy >> bit & 1)
+    used = held + sum(s.cores_used[bit] for bit in range(len(s.ids)) if s.healthy >> bit & 1) / 100
+    free = {RESOURCE: len(shareable)}
+    for resource, amount in ((CORES, cores), (MEMORY, mib), (MEMORY_PERCENT, percent)):
+        if resource in s.offered:  # others the kubelet would refuse: nothing free
+            free[resource] = amount
+    return Headroom(
+        free=free,
+        utilization=min(1.0, used / healthy) if healthy else 0.0,
+    )
 
 
 @hookimpl
@@ -186,97 +263,146 @@ def kubegpu_scheduler_prepare(pod: PodRequest) -> Ask:
 
 @hookimpl
 def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: Ask) -> Status:
-    assert isinstance(state, NvidiaNodeState)
+    s = _own(state)
     ask = prepared
     if ask.error:
         return Status.unresolvable(ask.error, plugin=NAME)
-    if not ask.total:
+    if not ask.total and not ask.shares:
         return Status.success()
-    mask, reason = state.eligible(ask)
+    mask, reason = s.eligible(ask)
     if reason:
         return Status.unresolvable(reason, plugin=NAME)
     if ask.total > mask.bit_count():
         return Status.unresolvable(INSUFFICIENT, plugin=NAME)
-    if ask.total > (mask & state.free).bit_count():
+    if ask.shares:
+        never = share_never_fits(s, mask, ask)
+        if never:
+            return Status.unresolvable(never, plugin=NAME)
+    if ask.total > (mask & s.free).bit_count():
         return Status.unschedulable(INSUFFICIENT, plugin=NAME)
+    if ask.shares and s.plan(ask) is None:
+        return Status.unschedulable(share_shortage(s, mask, ask), plugin=NAME)
     return Status.success()
 
 
 @hookimpl
 def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: Ask) -> float | None:
-    assert isinstance(state, NvidiaNodeState)
+    s = _own(state)
     ask = prepared
-    if ask.error or not ask.total:
+    if ask.error or not (ask.total or ask.shares):
         return 0.0 if ask.error else 100.0
-    plan = state.plan(ask)
-    return 0.0 if plan is None else plan_score(state.tree, plan)
+    plan = s.plan(ask)
+    return 0.0 if plan is None else plan.score
 
 
 @hookimpl
 def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared: Ask) -> PluginAllocation | None:
-    assert isinstance(state, NvidiaNodeState)
+    s = _own(state)
     ask = prepared
     if ask.error:
         return None
-    plan = state.plan(ask) if ask.total else ()
+    plan = s.plan(ask) if ask.total or ask.shares else Placement((), (), 100.0)
     if plan is None:
         return None
     chosen = 0
     containers: dict[str, dict[str, list[str]]] = {}
-    for name, _, mask, _ in plan:
-        containers[name] = {RESOURCE: ids_of(mask, state.ids)}
+    shares: dict[str, dict[str, dict[str, int]]] = {}
+    for name, _, mask, _ in plan.whole:
+        containers[name] = {RESOURCE: ids_of(mask, s.ids)}
         chosen |= mask
-    models = {state.models[bit] for bit in range(len(state.ids)) if chosen >> bit & 1}
+    for share, bits, cores, memories in plan.shares:
+        ids = [s.ids[bit] for bit in bits]
+        memory_resource = MEMORY if all(s.memory_known[bit] for bit in bits) else MEMORY_PERCENT
+        if memory_resource == MEMORY_PERCENT:  # a mixed or unknown node: percent of each GPU, as asked
+            memories = tuple(share.memory_percent or 100 for _ in bits)
+        containers[share.container] = {RESOURCE: list(ids), CORES: list(ids), memory_resource: list(ids)}
+        shares[share.container] = {
+            RESOURCE: dict.fromkeys(ids, 1),
+            CORES: dict.fromkeys(ids, cores),
+            memory_resource: dict(zip(ids, memories, strict=True)),
+        }
+        chosen |= sum(1 << bit for bit in bits)
+    models = {s.models[bit] for bit in range(len(s.ids)) if chosen >> bit & 1}
     fields = {"model": models.pop()} if len(models) == 1 and None not in models else {}
-    return PluginAllocation(plugin=NAME, containers=containers, fields=fields)
+    return PluginAllocation(plugin=NAME, containers=containers, shares=shares, fields=fields)
 
 
 @hookimpl
 def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status | None:
-    assert isinstance(state, NvidiaNodeState)
-    bits, error = allocation_bits(state, allocation)
+    s = _own(state)
+    read = read_allocation(s, allocation)
+    if isinstance(read, str):
+        return Status.error(read, plugin=NAME)
+    bits, parts = read
     # An unhealthy GPU is never allocated (it is not free), but a pod that already holds one keeps it: the engine
     # re-takes running pods when a node's inventory changes, and dropping them would free their other GPUs.
-    if error is None:
-        for bit in bits:
-            if state.holders[bit] is not None:
-                error = f"device {state.ids[bit]} is already held by {state.holders[bit]}"
-                break
+    error = None
+    for bit in bits:
+        if s.holders[bit] is not None:
+            error = f"device {s.ids[bit]} is already held by {s.holders[bit]}"
+        elif s.tasks[bit]:
+            error = f"GPU {s.ids[bit]} is shared ({s.tasks[bit]} share(s)); a whole-GPU pod never shares"
+        if error:
+            return Status.error(error, plugin=NAME)
+    error = check_shares(s, parts)
     if error:
         return Status.error(error, plugin=NAME)
     for bit in bits:
-        state.holders[bit] = pod_key
-        state.free &= ~(1 << bit)
-    state.version += 1
+        s.holders[bit] = pod_key
+        s.free &= ~(1 << bit)
+    if bits:
+        WORKLOAD.add((len(bits), WHOLE))
+    if parts:
+        held = s.shared.setdefault(pod_key, [])
+        for bit, cores, memory in parts:
+            s.cores_used[bit] += cores
+            s.memory_used[bit] += memory
+            s.tasks[bit] += 1
+            s.free &= ~(1 << bit)
+            held.append((bit, cores, memory))
+        for kind in share_kinds(s, allocation):
+            WORKLOAD.add(kind)
+    s.version += 1
     return Status.success()
 
 
 @hookimpl
 def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status | None:
-    assert isinstance(state, NvidiaNodeState)
-    bits, error = allocation_bits(state, allocation)
-    if error:
-        return Status.error(error, plugin=NAME)
+    s = _own(state)
+    read = read_allocation(s, allocation)
+    if isinstance(read, str):
+        return Status.error(read, plugin=NAME)
+    bits, _ = read
     for bit in bits:
-        if state.holders[bit] != pod_key:  # idempotent (Unreserve): what the pod no longer holds is left alone
+        if s.holders[bit] != pod_key:  # idempotent (Unreserve): what the pod no longer holds is left alone
             continue
-        state.holders[bit] = None
-        state.free |= (1 << bit) & state.healthy
-    state.version += 1
+        s.holders[bit] = None
+        s.free |= (1 << bit) & s.healthy
+    for bit, cores, memory in s.shared.pop(pod_key, ()):  # exactly what the pod took, once
+        s.cores_used[bit] -= cores
+        s.memory_used[bit] -= memory
+        s.tasks[bit] -= 1
+        if not s.tasks[bit] and s.holders[bit] is None:
+            s.free |= (1 << bit) & s.healthy
+    s.version += 1
     return Status.success()
 
 
 @hookimpl
 def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy] | None:
-    assert isinstance(state, NvidiaNodeState)
+    state = _own(state)
+    sharers: list[list[str]] = [[] for _ in state.ids]
+    for key, parts in state.shared.items():
+        for bit, _, _ in parts:
+            sharers[bit].append(key)
     cells = []
     for bit, device in enumerate(state.ids):
         holder = state.holders[bit]
         cells.append(
             DeviceCell(
                 id=device,
-                holders=[holder] if holder else [],
-                used=1.0 if holder else 0.0,
+                holders=[holder] if holder else sorted(set(sharers[bit])),
+                used=1.0 if holder else min(1.0, 1 - state.free_milli(bit) / WHOLE) if sharers[bit] else 0.0,
                 healthy=bool(state.healthy >> bit & 1),
             )
         )
@@ -302,8 +428,13 @@ def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy] | None
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _own(state: DeviceNodeState) -> NvidiaNodeState:
+    assert isinstance(state, NvidiaNodeState), f"nvidia was given a {type(state).__name__}"
+    return state
+
+
 def owns(resource: str) -> bool:
-    return resource == RESOURCE
+    return resource in RESOURCES
 
 
 def read_ask(pod: PodRequest) -> Ask:
@@ -314,15 +445,24 @@ def read_ask(pod: PodRequest) -> Ask:
 def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, str]) -> Ask:
     """`Ask` from a pod's containers and annotations."""
     wanted: list[tuple[str, int]] = []
+    shares: list[Share] = []
+    error = None
     for container in containers:
+        try:
+            share = read_share(container.name, container.resources)
+        except ShareError as exc:
+            error = error or str(exc)
+            continue
+        if share is not None:
+            shares.append(share)
+            continue
         amount = container.resources.get(RESOURCE, 0)
         if amount > 0:
             wanted.append((container.name, amount))
     model = (annotations.get(MODEL_ANNOTATION) or "").strip() or None
     memory_text = (annotations.get(MEMORY_ANNOTATION) or "").strip() or None
     memory = None
-    error = None
-    if memory_text is not None:
+    if memory_text is not None and error is None:
         try:
             memory = to_int(memory_text)
         except QuantityError as exc:
@@ -333,6 +473,7 @@ def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, 
     return Ask(
         containers=tuple(wanted),
         total=sum(n for _, n in wanted),
+        shares=tuple(shares),
         model=model,
         model_key=normalize_model(model) if model else None,
         memory=memory,
@@ -363,6 +504,213 @@ def eligible_gpus(state: NvidiaNodeState, ask: Ask) -> tuple[int, str | None]:
         model = f' of model "{ask.model}"' if ask.model else ""
         return 0, f"node(s) have no GPU{model} with at least {ask.memory_text} of memory"
     return matching & state.healthy, None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Shares: placement, refusals, the books
+# ----------------------------------------------------------------------------------------------------------
+
+
+def place(state: NvidiaNodeState, eligible: int, ask: Ask) -> Placement | None:
+    """Whole containers first (topology sets of untouched GPUs), then each share container on its own GPUs, by the
+    state's policy: `bestfit` takes the fullest GPUs that fit, `fgd` those whose use fragments the node least."""
+    whole = plan_containers(state.tree, eligible & state.free, ask.containers)
+    if whole is None:
+        return None
+    if not ask.shares and state.split == 1:  # a node that does not share: the topology decides, as before sharing
+        return Placement(whole, (), plan_score(state.tree, whole))
+    taken = sum(mask for _, _, mask, _ in whole)
+    fgd = state.policy != "bestfit"
+    mix = WORKLOAD.mix() if fgd else []
+    cores_extra: dict[int, int] = {}
+    memory_extra: dict[int, int] = {}
+    tasks_extra: dict[int, int] = {}
+    milli: dict[int, int] = {}
+    chosen_shares: list[tuple[Share, tuple[int, ...], int, tuple[int, ...]]] = []
+    free = [state.free_milli(bit) for bit in range(len(state.ids))] if fgd else []
+    for share in ask.shares:
+        fits: list[tuple[float, int, int]] = []
+        memory = 0
+        for bit in range(len(state.ids)):
+            if not (eligible >> bit & 1) or taken >> bit & 1 or not state.shareable(bit):
+                continue
+            memory = state.memory_of(share, bit) or 0
+            if state.tasks[bit] + tasks_extra.get(bit, 0) >= state.split:
+                continue
+            if state.cores_used[bit] + cores_extra.get(bit, 0) + share.cores > 100:
+                continue
+            if state.memory_used[bit] + memory_extra.get(bit, 0) + memory > state.memory_cap[bit]:
+                continue
+            amount = max(share.cores * 10, memory * WHOLE // max(1, state.memory_cap[bit]))
+            if fgd:
+                rank = fragmentation_delta(free, {bit: amount}, mix) if mix else 0.0
+            else:
+                rank = -(state.cores_used[bit] + cores_extra.get(bit, 0) + share.cores) / 100
+            fits.append((rank, bit, memory))
+        if len(fits) < share.count:
+            return None
+        fits.sort()
+        picked_fits = sorted((bit, memory) for _, bit, memory in fits[: share.count])
+        picked = tuple(bit for bit, _ in picked_fits)
+        for bit, memory in picked_fits:
+            amount = max(share.cores * 10, memory * WHOLE // max(1, state.memory_cap[bit]))
+            cores_extra[bit] = cores_extra.get(bit, 0) + share.cores
+            memory_extra[bit] = memory_extra.get(bit, 0) + memory
+            tasks_extra[bit] = tasks_extra.get(bit, 0) + 1
+            milli[bit] = milli.get(bit, 0) + amount
+            if fgd:
+                free[bit] -= amount
+        chosen_shares.append((share, picked, share.cores, tuple(memory for _, memory in picked_fits)))
+    if fgd:
+        for bit in bit_list(taken):
+            milli[bit] = WHOLE
+        before = [state.free_milli(bit) for bit in range(len(state.ids))]
+        delta = fragmentation_delta(before, milli, mix) if mix else 0.0
+        # 50 for no change; a whole node of 16 GPUs fragmenting completely is 0
+        score = max(0.0, min(100.0, 50.0 - 50.0 * delta / (16 * WHOLE)))
+        if whole:
+            score = (score + plan_score(state.tree, whole)) / 2
+    else:
+        used = [(state.cores_used[b] + cores_extra[b]) / 100 for b in cores_extra]
+        fullness = 100.0 * sum(used) / len(used) if used else 100.0
+        score = (
+            fullness
+            if not whole
+            else (fullness + plan_score(state.tree, whole)) / 2
+            if used
+            else plan_score(state.tree, whole)
+        )
+    return Placement(whole, tuple(chosen_shares), score)
+
+
+def bit_list(mask: int) -> list[int]:
+    return [bit for bit in range(mask.bit_length()) if mask >> bit & 1]
+
+
+def share_never_fits(state: NvidiaNodeState, eligible: int, ask: Ask) -> str | None:
+    """Why the node could not take the shares even with every GPU free, or None."""
+    for share in ask.shares:
+        for resource in share.asked:
+            if resource not in state.offered:
+                return f"node(s) do not offer {resource} (the kubelet would not admit the pod)"
+        bits = bit_list(eligible)
+        if share.count > len(bits):
+            return f"node(s) have fewer than {share.count} GPUs for container {share.container}"
+        if share.memory_mib is not None:
+            known = [b for b in bits if state.memory_known[b]]
+            if not known:
+                return f"node(s) do not say how much memory their GPUs have; ask {MEMORY_PERCENT} instead of {MEMORY}"
+            largest = max(state.memory_cap[b] for b in known)
+            if share.memory_mib > largest:
+                return f"node(s) have GPUs of {largest} MiB; the pod asks {share.memory_mib} MiB of {MEMORY} per GPU"
+    return None
+
+
+def share_shortage(state: NvidiaNodeState, eligible: int, ask: Ask) -> str:
+    """What is short on the GPU that comes closest to the first share that does not fit."""
+    for share in ask.shares:
+        candidates = [b for b in bit_list(eligible) if state.healthy >> b & 1]
+        open_ = [b for b in candidates if state.holders[b] is None]
+        if not open_:
+            return f"every GPU is held whole by another pod; the pod asks a share of {share.count}"
+        room = [b for b in open_ if state.tasks[b] < state.split]
+        if not room:
+            return f"every GPU already runs {state.split} shares (the node's split count)"
+        best = max(room, key=lambda b: (100 - state.cores_used[b], -b))
+        if 100 - state.cores_used[best] < share.cores:
+            return (
+                f"GPU {state.ids[best]} has {100 - state.cores_used[best]}% compute free, the pod asks {share.cores}%"
+            )
+        fit_cores = [b for b in room if 100 - state.cores_used[b] >= share.cores]
+        best = max(fit_cores, key=lambda b: (state.memory_cap[b] - state.memory_used[b], -b))
+        memory = state.memory_of(share, best) or 0
+        free = state.memory_cap[best] - state.memory_used[best]
+        if free < memory:
+            unit = "MiB" if state.memory_known[best] else "%"
+            return f"GPU {state.ids[best]} has {free} {unit} memory free, the pod asks {memory} {unit}"
+        if len(fit_cores) < share.count:
+            return f"{len(fit_cores)} GPU(s) have room for the share, the pod asks {share.count}"
+    return INSUFFICIENT
+
+
+def read_allocation(
+    state: NvidiaNodeState, allocation: PluginAllocation
+) -> tuple[list[int], list[tuple[int, int, int]]] | str:
+    """(whole GPU positions, (GPU, cores, memory) per share) that an allocation names, or why it cannot be read on
+    this node (a decoded annotation may hold anything)."""
+    bits: list[int] = []
+    parts: list[tuple[int, int, int]] = []
+    for container, resources in allocation.containers.items():
+        shares = allocation.shares.get(container)
+        for resource in resources:
+            if not owns(resource):
+                return f"container {container}: resource {resource} is not scheduled by plugin {NAME}"
+        if not shares:
+            if set(resources) - {RESOURCE}:
+                return f"container {container}: {', '.join(sorted(set(resources) - {RESOURCE}))} without shares"
+            for device in resources.get(RESOURCE, []):
+                bit = state.index.get(device)
+                if bit is None:
+                    return f"device {device} does not exist on this node"
+                if bit in bits:
+                    return f"device {device} appears twice in the allocation"
+                bits.append(bit)
+            continue
+        ids = resources.get(RESOURCE, [])
+        cores = shares.get(CORES, {})
+        memory_resource = MEMORY if MEMORY in shares else MEMORY_PERCENT
+        memory = shares.get(memory_resource)
+        if memory is None or set(cores) != set(ids) or set(memory) != set(ids) or len(set(ids)) != len(ids):
+            return f"container {container}: the shares must name each of its GPUs once with {CORES} and memory"
+        for device in ids:
+            bit = state.index.get(device)
+            if bit is None:
+                return f"device {device} does not exist on this node"
+            c, m = cores[device], memory[device]
+            if not 0 <= c <= 100 or m < 0:
+                return f"container {container}: share of GPU {device} out of range ({c}% compute, {m} memory)"
+            if memory_resource == MEMORY and not state.memory_known[bit]:
+                return f"GPU {device}: memory unknown on this node, the share names {MEMORY}"
+            if memory_resource == MEMORY_PERCENT and state.memory_known[bit]:
+                m = state.memory_cap[bit] * m // 100
+            parts.append((bit, c, m))
+    if set(bits) & {bit for bit, _, _ in parts}:
+        return "a GPU is named both whole and shared in the allocation"
+    return bits, parts
+
+
+def check_shares(state: NvidiaNodeState, parts: list[tuple[int, int, int]]) -> str | None:
+    """Why taking the shares would break a GPU's books (over 100%, over the split count, on a whole GPU), or None."""
+    cores: dict[int, int] = {}
+    memory: dict[int, int] = {}
+    tasks: dict[int, int] = {}
+    for bit, c, m in parts:
+        cores[bit] = cores.get(bit, 0) + c
+        memory[bit] = memory.get(bit, 0) + m
+        tasks[bit] = tasks.get(bit, 0) + 1
+    for bit in cores:
+        device = state.ids[bit]
+        if state.holders[bit] is not None:
+            return f"GPU {device} is held whole by {state.holders[bit]}; a share never lands on it"
+        if state.cores_used[bit] + cores[bit] > 100:
+            return f"GPU {device} has {100 - state.cores_used[bit]}% compute free, the allocation takes {cores[bit]}%"
+        if state.memory_used[bit] + memory[bit] > state.memory_cap[bit]:
+            unit = "MiB" if state.memory_known[bit] else "%"
+            free = state.memory_cap[bit] - state.memory_used[bit]
+            return f"GPU {device} has {free} {unit} memory free, the allocation takes {memory[bit]} {unit}"
+        if state.tasks[bit] + tasks[bit] > state.split:
+            return f"GPU {device} already runs {state.tasks[bit]} of at most {state.split} shares"
+    return None
+
+
+def share_kinds(state: NvidiaNodeState, allocation: PluginAllocation) -> list[tuple[int, int]]:
+    """The kind of each share container of an allocation, for the fragmentation policy's mix."""
+    kinds = []
+    for shares in allocation.shares.values():
+        cores = shares.get(CORES, {})
+        if cores:
+            kinds.append((len(cores), max(10, min(WHOLE, max(cores.values()) * 10))))
+    return kinds
 
 
 def plan_containers(tree: GroupTree, available: int, containers: tuple[tuple[str, int], ...]) -> Plan | None:
@@ -423,6 +771,7 @@ class LabelInventory:
     count: int
     model: str | None
     memory: int | None
+    split: int = 1
 
 
 def gpus_from_labels(labels: Mapping[str, str], allocatable: Mapping[str, int]) -> LabelInventory | None:
@@ -431,13 +780,22 @@ def gpus_from_labels(labels: Mapping[str, str], allocatable: Mapping[str, int]) 
     malformed number is ignored as if absent. None when the node has no GPUs."""
     count = _label_int(labels.get(COUNT_LABEL))
     offered = allocatable.get(RESOURCE)
+    if count is None:  # a HAMi node offers 100 compute (or memory) percent per physical GPU
+        percent = allocatable.get(CORES) or allocatable.get(MEMORY_PERCENT)
+        count = percent // 100 if percent and offered and percent // 100 <= offered else None
     if count is None or (offered is not None and offered < count):
         count = offered
     if not count or count < 1:
         return None
     model = (labels.get(PRODUCT_LABEL) or "").strip() or None
     memory_mib = _label_int(labels.get(MEMORY_LABEL))
-    return LabelInventory(count, model, memory_mib * MIB if memory_mib is not None else None)
+    split = offered // count if offered else 1
+    return LabelInventory(count, model, memory_mib * MIB if memory_mib is not None else None, split)
+
+
+def offered_shares(allocatable: Mapping[str, int]) -> frozenset[str]:
+    """The share resources a node offers (the kubelet admits a pod only for resources its node advertises)."""
+    return frozenset(r for r in SHARE_RESOURCES if allocatable.get(r, 0) > 0)
 
 
 def _label_int(value: str | None) -> int | None:
@@ -471,7 +829,14 @@ def state_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping
     n = found.count
     check_device_count(node, "NVIDIA GPUs", n)
     return NvidiaNodeState(
-        node, [str(i) for i in range(n)], [model] * n, [memory] * n, [True] * n, catalog_tree(kind, n)
+        node,
+        [str(i) for i in range(n)],
+        [model] * n,
+        [memory] * n,
+        [True] * n,
+        catalog_tree(kind, n),
+        split=found.split,
+        offered=offered_shares(allocatable),
     )
 
 
@@ -481,7 +846,9 @@ def _id_order(device: DeviceInfo) -> tuple[bool, int, str]:
     return (not numeric, int(device.id) if numeric else 0, device.id)
 
 
-def state_from_inventory(node: str, inventory: DeviceInventory, kind: str | None) -> NvidiaNodeState | None:
+def state_from_inventory(
+    node: str, inventory: DeviceInventory, kind: str | None, allocatable: Mapping[str, int] | None = None
+) -> NvidiaNodeState | None:
     """The state from an advertised inventory; its topology wins over the catalog, a malformed one is flat."""
     check_device_count(node, "advertised NVIDIA GPUs", len(inventory.devices))
     if not inventory.devices:
@@ -495,6 +862,15 @@ def state_from_inventory(node: str, inventory: DeviceInventory, kind: str | None
         tree = build_tree(FLAT, len(ids))
     if tree is None:
         tree = catalog_tree(kind, len(ids))
+    allocatable = allocatable or {}
+    offered = allocatable.get(RESOURCE, 0)
     return NvidiaNodeState(
-        node, ids, [d.model for d in devices], [d.memory for d in devices], [d.healthy for d in devices], tree
+        node,
+        ids,
+        [d.model for d in devices],
+        [d.memory for d in devices],
+        [d.healthy for d in devices],
+        tree,
+        split=offered // len(ids) if offered > len(ids) else 1,
+        offered=offered_shares(allocatable),
     )

@@ -481,7 +481,7 @@ def test_well_formed_pod_passes_validation(pm: KubegpuPluginManager) -> None:
         ({"main": {GPU: ["5", "8"]}}, {}, "device 8 does not exist on this node"),
         ({"main": {GPU: ["5"]}, "side": {GPU: ["5"]}}, {}, "device 5 appears twice in the allocation"),
         ({"main": {"nvidia.com/mig-1g.5gb": ["5"]}}, {}, "resource nvidia.com/mig-1g.5gb is not scheduled"),
-        ({"main": {GPU: ["5"]}}, {"main": {GPU: {"5": 1}}}, "must not carry shares"),
+        ({"main": {GPU: ["5"]}}, {"main": {GPU: {"5": 1}}}, "must name each of its GPUs once"),
     ],
     ids=["double-allocation", "unknown-id", "same-id-twice", "foreign-resource", "shares"],
 )

@@ -1,0 +1,306 @@
+"""GPU sharing in the nvidia plugin: HAMi-style requests (`nvidia.com/gpu` with `nvidia.com/gpucores` and
+`nvidia.com/gpumem` / `nvidia.com/gpumem-percentage`), per-GPU books that never go over 100 %, whole GPUs that
+never share, refusals that say what is short, and the fragmentation policy's measure."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.models import NodeInfo, PluginAllocation, PodRequest
+from kubegpu.core.plugin_manager import KubegpuPluginManager
+from kubegpu.core.plugin_manager import make_plugin_manager as build_plugin_manager
+from kubegpu.core.status import Code
+from kubegpu.core.testing import make_node, make_pod
+from kubegpu.plugins.nvidia import scheduler as nvidia
+from kubegpu.plugins.nvidia.sharing import node_fragmentation
+from kubegpu.scheduler.engine import Engine
+
+GPU = "nvidia.com/gpu"
+CORES = "nvidia.com/gpucores"
+MEM = "nvidia.com/gpumem"
+MEM_PCT = "nvidia.com/gpumem-percentage"
+
+
+def hami_node(gpus: int = 2, *, split: int = 10, memory_mib: int | None = 16384, name: str = "gpu-0") -> NodeInfo:
+    """A node as HAMi's device plugin and GPU Feature Discovery advertise it."""
+    labels = {"nvidia.com/gpu.count": str(gpus)}
+    if memory_mib is not None:
+        labels["nvidia.com/gpu.memory"] = str(memory_mib)
+    allocatable: dict[str, int] = {GPU: gpus * split, CORES: 100 * gpus, MEM_PCT: 100 * gpus}
+    if memory_mib is not None:
+        allocatable[MEM] = memory_mib * gpus
+    return make_node(name, labels=labels, allocatable=allocatable)
+
+
+def share_pod(name: str = "job", **containers: Mapping[str, int]) -> PodRequest:
+    return make_pod(name, {c: dict(r) for c, r in containers.items()})
+
+
+@pytest.fixture(autouse=True)
+def fresh_mix() -> Iterator[None]:
+    nvidia.WORKLOAD.clear()
+    yield
+    nvidia.WORKLOAD.clear()
+
+
+@pytest.fixture
+def pm(make_plugin_manager: Callable[..., KubegpuPluginManager]) -> KubegpuPluginManager:
+    return make_plugin_manager("scheduler", nvidia=nvidia)
+
+
+def build(pm: KubegpuPluginManager, node: NodeInfo) -> nvidia.NvidiaNodeState:
+    state = pm.call("nvidia", "kubegpu_scheduler_build_node", node=node)
+    assert isinstance(state, nvidia.NvidiaNodeState)
+    return state
+
+
+def place(pm: KubegpuPluginManager, state: nvidia.NvidiaNodeState, pod: PodRequest) -> PluginAllocation:
+    assert pm.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=pod).ok
+    allocation = pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=pod)
+    assert allocation is not None
+    assert pm.call("nvidia", "kubegpu_scheduler_take", state=state, pod_key=f"ns/{pod.name}", allocation=allocation).ok
+    return allocation
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What nodes advertise and pods ask
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_plugin_owns_the_share_resources(pm: KubegpuPluginManager) -> None:
+    assert {pm.owner_of(r) for r in (GPU, CORES, MEM, MEM_PCT)} == {"nvidia"}
+
+
+@pytest.mark.parametrize(
+    ("labels", "allocatable", "gpus", "split"),
+    [
+        ({"nvidia.com/gpu.count": "8"}, {GPU: 80, CORES: 800}, 8, 10),
+        ({}, {GPU: 40, CORES: 400}, 4, 10),
+        ({}, {GPU: 20, MEM_PCT: 200}, 2, 10),
+        ({"nvidia.com/gpu.count": "8"}, {GPU: 8}, 8, 1),
+        ({}, {GPU: 3}, 3, 1),
+    ],
+    ids=["gfd-count-and-split", "count-from-gpucores", "count-from-gpumem-percentage", "whole-gpus", "no-labels"],
+)
+def test_physical_gpus_and_split_count(
+    pm: KubegpuPluginManager, labels: dict[str, str], allocatable: dict[str, int], gpus: int, split: int
+) -> None:
+    state = build(pm, make_node("n", labels=labels, allocatable=allocatable))
+    assert (len(state.ids), state.split) == (gpus, split)
+
+
+@pytest.mark.parametrize(
+    ("resources", "fragment"),
+    [
+        ({GPU: 1, CORES: 150}, "nvidia.com/gpucores is 150; give a percent of each GPU's compute, 1-100"),
+        ({GPU: 1, MEM_PCT: 101}, "nvidia.com/gpumem-percentage is 101"),
+        ({GPU: 1, MEM: 1000, MEM_PCT: 10}, "requests both nvidia.com/gpumem and nvidia.com/gpumem-percentage"),
+        ({CORES: 30}, "requests nvidia.com/gpucores without nvidia.com/gpu"),
+    ],
+    ids=["cores-over-100", "memory-percent-over-100", "both-memories", "share-without-gpu"],
+)
+def test_malformed_share_is_refused_naming_the_field(
+    pm: KubegpuPluginManager, resources: dict[str, int], fragment: str
+) -> None:
+    status = pm.call("nvidia", "kubegpu_scheduler_validate", pod=share_pod(main=resources))
+    assert status is not None and status.code is Code.UNRESOLVABLE
+    assert fragment in status.message and "container main" in status.message
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Books, allocations and refusals
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_two_half_gpu_pods_share_one_gpu_and_the_allocation_names_each_share(pm: KubegpuPluginManager) -> None:
+    state = build(pm, hami_node(2))
+    first = place(pm, state, share_pod("a", main={GPU: 1, CORES: 50, MEM_PCT: 50}))
+    second = place(pm, state, share_pod("b", main={GPU: 1, CORES: 50, MEM: 8192}))
+    assert first.shares == {"main": {GPU: {"0": 1}, CORES: {"0": 50}, MEM: {"0": 8192}}}
+    assert second.shares == {"main": {GPU: {"0": 1}, CORES: {"0": 50}, MEM: {"0": 8192}}}
+    assert first.containers["main"][GPU] == ["0"]
+    assert state.cores_used == [100, 0] and state.memory_used == [16384, 0]
+    # a whole-GPU pod gets the untouched GPU, never the shared one
+    assert place(pm, state, share_pod("c", main={GPU: 1})).containers["main"][GPU] == ["1"]
+
+
+def test_refusal_says_what_is_short(pm: KubegpuPluginManager) -> None:
+    state = build(pm, hami_node(1))
+    place(pm, state, share_pod("a", main={GPU: 1, CORES: 60, MEM_PCT: 10}))
+    status = pm.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=share_pod(main={GPU: 1, CORES: 50}))
+    assert status.code is Code.UNSCHEDULABLE
+    assert "GPU 0 has 40% compute free, the pod asks 50%" in status.message
+    status = pm.call(
+        "nvidia", "kubegpu_scheduler_fit", state=state, pod=share_pod(main={GPU: 1, CORES: 10, MEM: 16000})
+    )
+    assert "GPU 0 has 14746 MiB memory free, the pod asks 16000 MiB" in status.message
+
+
+def test_absent_memory_takes_the_whole_memory_as_in_hami(pm: KubegpuPluginManager) -> None:
+    state = build(pm, hami_node(1))
+    place(pm, state, share_pod("a", main={GPU: 1, CORES: 20}))
+    status = pm.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=share_pod(main={GPU: 1, CORES: 20}))
+    assert not status.ok and "memory free" in status.message
+
+
+def test_a_share_never_lands_on_a_gpu_held_whole(pm: KubegpuPluginManager) -> None:
+    state = build(pm, hami_node(1))
+    place(pm, state, share_pod("whole", main={GPU: 1}))
+    status = pm.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=share_pod(main={GPU: 1, CORES: 10}))
+    assert status.code is Code.UNSCHEDULABLE and "held whole" in status.message
+    forged = PluginAllocation(
+        plugin="nvidia",
+        containers={"main": {GPU: ["0"], CORES: ["0"], MEM_PCT: ["0"]}},
+        shares={"main": {GPU: {"0": 1}, CORES: {"0": 10}, MEM_PCT: {"0": 10}}},
+    )
+    status = pm.call("nvidia", "kubegpu_scheduler_take", state=state, pod_key="ns/forged", allocation=forged)
+    assert status.code is Code.ERROR and "held whole" in status.message
+
+
+def test_a_node_that_does_not_offer_gpucores_is_never_chosen_for_them(pm: KubegpuPluginManager) -> None:
+    state = build(pm, make_node("plain", labels={"nvidia.com/gpu.count": "2"}, allocatable={GPU: 2}))
+    status = pm.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=share_pod(main={GPU: 1, CORES: 10}))
+    assert status.code is Code.UNRESOLVABLE and "do not offer nvidia.com/gpucores" in status.message
+
+
+def test_bestfit_packs_onto_the_fullest_gpu_that_fits(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(nvidia.POLICY_ENV, "bestfit")
+    state = build(pm, hami_node(3))
+    place(pm, state, share_pod("a", main={GPU: 1, CORES: 30, MEM_PCT: 30}))  # GPU 0
+    place(pm, state, share_pod("b", main={GPU: 3, CORES: 10, MEM_PCT: 10}))  # every GPU
+    # GPU 0 is the fullest (40 %), and 50 % more fit there
+    allocation = place(pm, state, share_pod("c", main={GPU: 1, CORES: 50, MEM_PCT: 50}))
+    assert allocation.containers["main"][GPU] == ["0"]
+
+
+@pytest.mark.parametrize(
+    ("free", "mix", "expected"),
+    [
+        ([1000, 300], [(1, 500, 1.0)], 300),
+        ([1000, 300], [(1, 200, 1.0)], 0),
+        ([1000, 300], [(1, 1000, 1.0)], 300),
+        ([1000, 300], [(2, 1000, 1.0)], 1300),
+        ([1000, 300], [(1, 500, 0.5), (2, 1000, 0.5)], 800),
+    ],
+    ids=["share-too-small", "share-fits", "whole-loses-partial", "too-few-whole", "weighted"],
+)
+def test_fragmentation_is_the_capacity_each_kind_cannot_use(
+    free: list[int], mix: list[tuple[int, int, float]], expected: float
+) -> None:
+    assert node_fragmentation(free, mix) == pytest.approx(expected)
+
+
+def test_fgd_keeps_whole_gpus_for_whole_pods() -> None:
+    """With whole-GPU pods in the mix, a share goes where it breaks no untouched GPU, on a node of its own kind."""
+    pm = build_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
+    state = build(pm, hami_node(2))
+    place(pm, state, share_pod("a", main={GPU: 1, CORES: 50, MEM_PCT: 50}))
+    nvidia.WORKLOAD.add((1, 1000))
+    allocation = place(pm, state, share_pod("b", main={GPU: 1, CORES: 20, MEM_PCT: 20}))
+    assert allocation.containers["main"][GPU] == ["0"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Invariants under random workloads
+# ----------------------------------------------------------------------------------------------------------
+
+_PM = build_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
+_REQUESTS = st.one_of(
+    st.fixed_dictionaries({GPU: st.integers(1, 3)}),
+    st.fixed_dictionaries({GPU: st.integers(1, 2), CORES: st.integers(1, 100), MEM_PCT: st.integers(1, 100)}),
+    st.fixed_dictionaries({GPU: st.just(1), CORES: st.integers(1, 100), MEM: st.integers(1, 20000)}),
+    st.fixed_dictionaries({GPU: st.just(1), CORES: st.integers(1, 100)}),
+)
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("schedule"), st.lists(_REQUESTS, min_size=1, max_size=2)),
+        st.tuples(st.just("delete"), st.integers(0, 30)),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(policy=st.sampled_from(["fgd", "bestfit"]), split=st.sampled_from([1, 3, 10]), ops=_OPS)
+def test_random_workloads_never_exceed_a_gpu_nor_share_a_whole_one(
+    policy: str, split: int, ops: list[tuple[str, Any]]
+) -> None:
+    os.environ[nvidia.POLICY_ENV] = policy
+    try:
+        state = build(_PM, hami_node(4, split=split))
+    finally:
+        del os.environ[nvidia.POLICY_ENV]
+    live: dict[str, PluginAllocation] = {}
+    for step, (op, arg) in enumerate(ops):
+        if op == "schedule":
+            pod = share_pod(f"p{step}", **{f"c{i}": r for i, r in enumerate(arg)})
+            fits = _PM.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=pod)
+            allocation = _PM.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=pod)
+            assert fits.ok == (allocation is not None), fits.message
+            if allocation is None:
+                assert fits.message
+                continue
+            key = f"ns/p{step}"
+            assert _PM.call("nvidia", "kubegpu_scheduler_take", state=state, pod_key=key, allocation=allocation).ok
+            live[key] = allocation
+        elif op == "delete" and live:
+            victim = sorted(live)[arg % len(live)]
+            assert _PM.call(
+                "nvidia", "kubegpu_scheduler_release", state=state, pod_key=victim, allocation=live.pop(victim)
+            ).ok
+        cores = [0] * 4
+        memory = [0] * 4
+        tasks = [0] * 4
+        whole: dict[str, str] = {}
+        for key, allocation in live.items():
+            for container, resources in allocation.containers.items():
+                shares = allocation.shares.get(container)
+                for device in resources[GPU]:
+                    if shares is None:
+                        assert device not in whole, "a GPU held whole twice"
+                        whole[device] = key
+                    else:
+                        cores[int(device)] += shares[CORES][device]
+                        memory[int(device)] += shares[MEM][device] if MEM in shares else 0
+                        tasks[int(device)] += 1
+        for gpu in range(4):
+            assert cores[gpu] <= 100 and memory[gpu] <= 16384 and tasks[gpu] <= split
+            assert not (str(gpu) in whole and tasks[gpu]), "a share on a GPU held whole"
+        assert state.cores_used == cores and state.memory_used == memory and state.tasks == tasks
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Through the engine
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_engine_places_shares_and_deleting_a_pod_frees_its_share() -> None:
+    engine = Engine(build_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    labels = {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "16384"}
+    allocatable = {"cpu": "8", "memory": "32Gi", "pods": "110", GPU: "10", CORES: "100", MEM_PCT: "100"}
+    engine.add_node(
+        node_info({"kind": "Node", "metadata": {"name": "n", "labels": labels}, "status": {"allocatable": allocatable}})
+    )
+
+    def pod(name: str, cores: int) -> PodRequest:
+        limits = {GPU: "1", CORES: str(cores), MEM_PCT: str(cores)}
+        container = {"name": "main", "resources": {"limits": limits}}
+        return pod_request(
+            {"kind": "Pod", "metadata": {"name": name, "namespace": "ns"}, "spec": {"containers": [container]}}
+        )[0]
+
+    assert engine.schedule(pod("a", 60)).scheduled
+    refused = engine.schedule(pod("b", 50))
+    # the engine's capacity index already knows no GPU has 50 % free: kube-scheduler's wording
+    assert not refused.scheduled and "1 Insufficient nvidia.com/gpucores" in refused.reason
+    assert engine.release("ns/a") is not None
+    assert engine.schedule(pod("b", 50)).scheduled
