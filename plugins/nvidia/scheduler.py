@@ -566,8 +566,9 @@ def place(state: NvidiaNodeState, eligible: int, ask: Ask) -> Placement | None:
             milli[bit] = WHOLE
         before = [state.free_milli(bit) for bit in range(len(state.ids))]
         delta = fragmentation_delta(before, milli, mix) if mix else 0.0
-        # 50 for no change; a whole node of 16 GPUs fragmenting completely is 0
-        score = max(0.0, min(100.0, 50.0 - 50.0 * delta / (16 * WHOLE)))
+        # 50 for no change, 0 when a whole GPU's worth more is lost to fragments, 100 when one is won back: the
+        # engine adds its binpack score (0-100) to this, and fragmentation is to weigh more than fullness
+        score = max(0.0, min(100.0, 50.0 - 50.0 * delta / WHOLE))
         if whole:
             score = (score + plan_score(state.tree, whole)) / 2
     else:

@@ -1,0 +1,192 @@
+"""Benchmark: GPU sharing on the FGD paper's workload, kubegpu's figures beside the paper's.
+
+Replays Alibaba's `openb` trace (`../shared/traces/openb/`, see its README) as the FGD paper (USENIX ATC'23) does:
+every trace pod arrives once in a random order per seed, the workload inflated to 130 % of the cluster's GPU
+capacity with copies of randomly drawn trace pods, each pod scheduled at once or failed for good, nobody leaves.
+The figure is the share of GPU capacity allocated when the arrived pods have asked for 100 % of it (the mean over
+the pods whose arrived share rounds to 100 %).
+
+Pods and nodes go through the real engine as `kubegpu simulate` would take them, as manifests:
+
+* nodes advertise as HAMi's device plugin does: `nvidia.com/gpu` = GPUs x 10 (HAMi's default split count),
+  `nvidia.com/gpucores` and `nvidia.com/gpumem-percentage` = 100 x GPUs, GFD's `nvidia.com/gpu.count` and
+  `nvidia.com/gpu.product`, the trace's cpu and memory;
+* a pod asking a fraction of one GPU asks `nvidia.com/gpu: 1` with `gpucores` and `gpumem-percentage` of that
+  fraction; other GPU pods `nvidia.com/gpu: N`; a GPU model constraint (`A|B`) is a required node affinity on
+  `nvidia.com/gpu.product`; cpu and memory are requested as the trace says.
+
+Variants: `whole` (today's kubegpu: every GPU pod takes whole GPUs on nodes that do not share), `bestfit` and `fgd`
+(`KUBEGPU_NVIDIA_SHARE_POLICY`), each under the engine's binpack policy and default score profile.
+
+    .venv/bin/python benchmarks/sharing_bench.py [--seeds 42 43 ...] [--variants whole bestfit fgd]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.plugins.nvidia import scheduler as nvidia
+from kubegpu.scheduler import scores
+from kubegpu.scheduler.engine import Engine
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
+PAPER = {"fgd": 95.2, "bestfit": 92.9, "gpupacking": 91.8, "random": 86.3}
+SPLIT = 10
+INFLATION = 1.3
+
+
+@dataclass(frozen=True)
+class TraceNode:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    model: str
+
+
+@dataclass(frozen=True)
+class TracePod:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    milli: int  # thousandths of each GPU
+    models: tuple[str, ...]
+
+    @property
+    def gpu_milli(self) -> int:
+        return self.gpus * self.milli
+
+
+def read_trace(folder: Path) -> tuple[list[TraceNode], list[TracePod]]:
+    with (folder / "openb_node_list_gpu_node.csv").open() as f:
+        nodes = [
+            TraceNode(r["sn"], int(r["cpu_milli"]), int(r["memory_mib"]), int(r["gpu"]), r["model"])
+            for r in csv.DictReader(f)
+        ]
+    with (folder / "openb_pod_list_default.csv").open() as f:
+        pods = [
+            TracePod(
+                r["name"],
+                int(r["cpu_milli"]),
+                int(r["memory_mib"]),
+                int(r["num_gpu"]),
+                int(r["gpu_milli"]) if int(r["num_gpu"]) else 0,
+                tuple(m for m in r["gpu_spec"].split("|") if m),
+            )
+            for r in csv.DictReader(f)
+        ]
+    return nodes, pods
+
+
+def node_document(node: TraceNode, *, share: bool) -> dict[str, object]:
+    allocatable = {"cpu": f"{node.cpu_milli}m", "memory": f"{node.memory_mib}Mi", "pods": "1000"}
+    labels = {"nvidia.com/gpu.product": node.model}
+    if node.gpus:
+        labels["nvidia.com/gpu.count"] = str(node.gpus)
+        allocatable[nvidia.RESOURCE] = str(node.gpus * (SPLIT if share else 1))
+        if share:
+            allocatable["nvidia.com/gpucores"] = str(100 * node.gpus)
+            allocatable["nvidia.com/gpumem-percentage"] = str(100 * node.gpus)
+    return {"kind": "Node", "metadata": {"name": node.name, "labels": labels}, "status": {"allocatable": allocatable}}
+
+
+def pod_document(pod: TracePod, name: str, *, share: bool) -> dict[str, object]:
+    limits = {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"}
+    if pod.gpus:
+        limits[nvidia.RESOURCE] = str(pod.gpus)
+        if share and pod.gpus == 1 and pod.milli < 1000:
+            percent = str(pod.milli // 10)
+            limits["nvidia.com/gpucores"] = percent
+            limits["nvidia.com/gpumem-percentage"] = percent
+    spec: dict[str, object] = {"containers": [{"name": "main", "resources": {"limits": limits, "requests": limits}}]}
+    if pod.models:
+        term = {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": list(pod.models)}]}
+        spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+        }
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "openb"}, "spec": spec}
+
+
+def arrivals(pods: list[TracePod], capacity: int, seed: int) -> list[TracePod]:
+    """The trace in the seed's order, inflated with random copies to 130 % of the GPU capacity."""
+    rng = random.Random(seed)
+    order = list(pods)
+    rng.shuffle(order)
+    asked = sum(p.gpu_milli for p in order)
+    while asked < INFLATION * capacity:
+        pod = rng.choice(pods)
+        order.append(pod)
+        asked += pod.gpu_milli
+    return order
+
+
+def replay(
+    nodes: list[TraceNode], pods: list[TracePod], seed: int, variant: str, sample: int, devices_only: bool
+) -> tuple[float, float, int]:
+    """(GPU allocated % at arrived 100 %, seconds, pods scheduled)."""
+    share = variant != "whole"
+    if share:
+        os.environ[nvidia.POLICY_ENV] = variant
+    nvidia.WORKLOAD.clear()
+    profile = scores.Profile({scores.DEVICES: 1}) if devices_only else None
+    try:
+        engine = Engine(
+            make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False),
+            sample=sample,
+            scoring=profile,
+        )
+        for node in nodes:
+            engine.add_node(node_info(node_document(node, share=share)))
+    finally:
+        os.environ.pop(nvidia.POLICY_ENV, None)
+    capacity = sum(n.gpus for n in nodes) * 1000
+    arrived = allocated = scheduled = 0
+    at_full: list[float] = []
+    started = time.perf_counter()
+    for i, pod in enumerate(arrivals(pods, capacity, seed)):
+        arrived += pod.gpu_milli
+        if engine.schedule(pod_request(pod_document(pod, f"p{i}", share=share))[0]).scheduled:
+            allocated += pod.gpu_milli
+            scheduled += 1
+        if round(100 * arrived / capacity) == 100:
+            at_full.append(100 * allocated / capacity)
+        elif arrived > capacity * 1.01:
+            break
+    seconds = time.perf_counter() - started
+    return (sum(at_full) / len(at_full) if at_full else float("nan")), seconds, scheduled
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(42, 52)))
+    parser.add_argument("--variants", nargs="+", default=["whole", "bestfit", "fgd"])
+    parser.add_argument("--devices-only", action="store_true", help="score by the nvidia plugin alone")
+    parser.add_argument("--sample", type=int, default=8, help="feasible nodes scored per pod (the engine's default: 8)")
+    args = parser.parse_args()
+    nodes, pods = read_trace(args.trace)
+    scoring = "plugin score only" if args.devices_only else "default score profile"
+    print(f"{len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs, {len(pods)} pods; seeds {args.seeds}")
+    print(f"engine: binpack, sample {args.sample}, {scoring}")
+    print(f"{'variant':10} {'kubegpu %':>10} {'paper %':>8} {'seconds':>8}")
+    for variant in args.variants:
+        figures = [replay(nodes, pods, seed, variant, args.sample, args.devices_only) for seed in args.seeds]
+        mean = sum(f[0] for f in figures) / len(figures)
+        seconds = sum(f[1] for f in figures)
+        paper = PAPER.get(variant)
+        print(f"{variant:10} {mean:10.1f} {paper if paper else '':>8} {seconds:8.0f}", flush=True)
+    print(f"{'random':10} {'':>10} {PAPER['random']:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
