@@ -101,7 +101,12 @@ def test_a_fresh_virtualenv_lists_the_builtin_plugins(wheel: Path, tmp_path: Pat
         "aws.amazon.com/neuroncore",
     ]
     assert listing["intel-gas"]["resources"] == ["gpu.intel.com/*"]
-    assert listing["nvidia"]["resources"] == ["nvidia.com/gpu"]
+    assert listing["nvidia"]["resources"] == [
+        "nvidia.com/gpu",
+        "nvidia.com/gpucores",
+        "nvidia.com/gpumem",
+        "nvidia.com/gpumem-percentage",
+    ]
     for module in ("core", "plugins", "scheduler", "crishim"):
         probe = subprocess.run([python, "-I", "-c", f"import {module}"], capture_output=True, cwd=tmp_path)
         assert probe.returncode != 0, f"a top-level module {module!r} is importable"

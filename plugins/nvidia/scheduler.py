@@ -572,15 +572,11 @@ def place(state: NvidiaNodeState, eligible: int, ask: Ask) -> Placement | None:
         if whole:
             score = (score + plan_score(state.tree, whole)) / 2
     else:
-        used = [(state.cores_used[b] + cores_extra[b]) / 100 for b in cores_extra]
-        fullness = 100.0 * sum(used) / len(used) if used else 100.0
-        score = (
-            fullness
-            if not whole
-            else (fullness + plan_score(state.tree, whole)) / 2
-            if used
-            else plan_score(state.tree, whole)
-        )
+        # how full the shared GPUs end up (100: each share fills its GPU), beside the whole containers' topology
+        parts = [100.0 * (state.cores_used[b] + cores_extra[b]) / 100 for b in cores_extra]
+        if whole:
+            parts.append(plan_score(state.tree, whole))
+        score = sum(parts) / len(parts)
     return Placement(whole, tuple(chosen_shares), score)
 
 
