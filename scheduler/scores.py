@@ -146,8 +146,9 @@ UNSUPPORTED_FILTERS = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """Which score plugins are on with their weights (a plugin absent or weighted 0 is off), which filters are off,
-    and kube-scheduler's `percentageOfNodesToScore` (0: its adaptive default), `hardPodAffinityWeight` and
+    """Which score plugins are on with their weights (kube-scheduler's plugin absent or weighted 0 is off; a third
+    party's is on with weight 1 unless `weights` or `scores_off` name it), which filters are off, and
+    kube-scheduler's `percentageOfNodesToScore` (0: its adaptive default), `hardPodAffinityWeight` and
     PodTopologySpread's default constraints (their selectors None: each pod's owners give it; empty: none)."""
 
     weights: Mapping[str, int] = field(default_factory=dict)
@@ -155,6 +156,7 @@ class Profile:
     percentage_of_nodes_to_score: int = 0
     hard_pod_affinity_weight: int = 1
     default_spread: tuple[SpreadConstraint, ...] = SYSTEM_DEFAULT_SPREAD
+    scores_off: frozenset[str] = frozenset()
 
     @classmethod
     def default(cls, policy: str = "binpack") -> Profile:

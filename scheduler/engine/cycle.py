@@ -211,7 +211,7 @@ class Cycle(Reserving):
         """
         needs = [pair for _, pairs in plan.devices for pair in pairs]
         if not needs:
-            cpu = -UNKNOWN_FREE if "NodeResourcesFit" in self.filters_off else pod.cpu_milli
+            cpu = pod.cpu_milli if self._fit_by_index else -UNKNOWN_FREE
             return self._index[CPU_INDEX], "cpu", cpu
         empty = CapacityIndex()
         if len(needs) > 1:

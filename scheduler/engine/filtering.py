@@ -1,12 +1,13 @@
-"""The Filter extension point: kube-scheduler 1.20's node filters in its order (NodeUnschedulable,
-TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit, VolumeBinding), the cluster-wide ones made once per pod
-and generation (InterPodAffinity, PodTopologySpread: `_cluster_state`), then each device plugin's fit. Also how a
+"""The Filter extension point: the enabled node filters in kube-scheduler 1.20's order (NodeUnschedulable,
+TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit, VolumeBinding, then a third party's), the cluster-wide
+ones with their PreFilter state made once per pod and generation (PodTopologySpread, InterPodAffinity:
+`_cluster_state`), then each device plugin's fit. Also how a
 cycle counts refusals as kube-scheduler reports them (`_refuse`, `_refused`, `_tally`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from kubegpu.core.models import (
     PodRequest,
@@ -14,7 +15,7 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.status import Code, Status
-from kubegpu.scheduler import filters, podindex
+from kubegpu.scheduler.engine.framework import Judge
 from kubegpu.scheduler.engine.plan import Planning
 from kubegpu.scheduler.engine.records import (
     ClassTally,
@@ -27,7 +28,12 @@ from kubegpu.scheduler.engine.records import (
     make_room,
     summarize_reasons,
 )
-from kubegpu.scheduler.podindex import Domains
+from kubegpu.scheduler.podindex import Domains, PodIndex
+
+
+def _passes(labels: Mapping[str, str]) -> Status | None:
+    return None
+
 
 NOMINATED = "node(s) were nominated for a pending pod of equal or higher priority that is preempting pods there"
 
@@ -60,43 +66,42 @@ class Filtering(Planning):
         return None
 
     def _cluster_state(self, pod: PodRequest, plan: Plan) -> ClusterState:
-        """The pod's PreFilter state for both filters, remembered for the generation, and the judge of one node's
-        labels made from it: called for every node a cycle visits, so the filters switched off, and the states that
-        cannot refuse any node, are settled here once, and each refusal is a status made once."""
+        """The pod's PreFilter state for the enabled cluster-wide filters (`kubefilters.CLUSTER_FILTERS`),
+        remembered for the generation, as one judge of a node's labels: called for every node a cycle visits, so the
+        filters that cannot refuse any node are left out here once."""
         cached = self._cluster
         if cached is not None and cached.pod is pod and cached.plan is plan and cached.generation == self.generation:
             return cached
-        affinity = podindex.affinity_state(pod, self._placed, self._labels)
-        spread: filters.SpreadState | None = None
-        constraints = plan.hard_spread
-        if constraints and "PodTopologySpread" not in self.filters_off:
-            spread = podindex.spread_state(pod, self._placed, self._spread_domains(pod, constraints), constraints)
-        judged = affinity
-        if "InterPodAffinity" in self.filters_off or not filters.affinity_can_refuse(pod, affinity):
-            judged = None
-        refusals: dict[tuple[str, ...], Status] = {}
+        judges = [j for rule in self._cluster_filters if (j := rule.prefilter(self, pod, plan)) is not None]
+        judge: Judge
+        if not judges:
+            judge = _passes
+        elif len(judges) == 1:
+            judge = judges[0]
+        else:
 
-        def refusal(reasons: tuple[str, ...], resolvable: bool) -> Status:
-            status = refusals.get(reasons)
-            if status is None:
-                status = refusals[reasons] = Status(Code.UNSCHEDULABLE if resolvable else Code.UNRESOLVABLE, reasons)
-            return status
+            def judge(labels: Mapping[str, str]) -> Status | None:
+                for one in judges:
+                    status = one(labels)
+                    if status is not None:
+                        return status
+                return None
 
-        spread_fits = filters.spread_judge(spread) if spread is not None else None
-
-        def judge(labels: Mapping[str, str]) -> Status | None:
-            if spread_fits is not None:
-                refused = spread_fits(labels)
-                if refused is not None:
-                    return refusal((refused[0],), refused[1])
-            if judged is not None:
-                reasons = filters.affinity_fits(pod, judged, labels)
-                if reasons:
-                    return refusal(reasons, reasons[1] != filters.AFFINITY_RULES)
-            return None
-
-        self._cluster = state = ClusterState(pod, plan, self.generation, judge, affinity, spread)
+        self._cluster = state = ClusterState(pod, plan, self.generation, judge)
         return state
+
+    @property
+    def placed(self) -> PodIndex:
+        """The placed pods, indexed by namespace, labels and inter-pod terms (the cluster-wide rules read them)."""
+        return self._placed
+
+    def node_labels(self, name: str) -> Mapping[str, str] | None:
+        """A node's labels by name; None for a node the engine does not know."""
+        return self._labels(name)
+
+    def spread_domains(self, pod: PodRequest, constraints: Sequence[SpreadConstraint]) -> Domains:
+        """The nodes whose pods count for the pod's spread constraints (`_spread_domains`)."""
+        return self._spread_domains(pod, constraints)
 
     def _labels(self, name: str) -> Mapping[str, str] | None:
         record = self.nodes.get(name)

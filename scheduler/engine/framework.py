@@ -1,18 +1,27 @@
-"""The Filter extension point's shape: a node filter is a named object with one method, enabled, disabled and
-ordered by name through the profile (`scores.Profile.filters_off`), kube-scheduler's own as much as a third party's.
+"""The shapes of the engine's rules: every rule is a named object, enabled, disabled and weighed by name through
+the profile (`scores.Profile`), kube-scheduler's own as much as a third party's.
 
-The built-in ones are kube-scheduler 1.20's node-local filters (`kubefilters.py`); an `Engine` takes more through
-its `filters` argument, run after them. Plain objects on the hot path, called only when a node's remembered answer
-is stale (`Filtering.check`); pluggy stays the boundary for the device plugins' own fit.
+* `NodeFilter` (PreFilter, Filter) judges one node from the node and what is in use on it; kube-scheduler 1.20's
+  node-local filters are in `kubefilters.py`.
+* `ClusterFilter` (PreFilter, Filter) reads the pods on other nodes: its PreFilter state is made once per pod and
+  generation, and judges a node by its labels (PodTopologySpread, InterPodAffinity, in `kubefilters.py` too).
+* `ScorePlugin` (PreScore, Score, NormalizeScore) ranks the feasible nodes; kube-scheduler's are in `kubescores.py`.
+
+An `Engine` takes more through its `filters` and `scores` arguments, and a plugin adds them through the
+`kubegpu_scheduler_rules` hook (`rules.py` guards those). Plain objects on the hot path, called only when a node's
+remembered answer is stale (`Filtering.check`); pluggy stays the boundary for external code.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Protocol
 
-from kubegpu.core.models import NodeSelectorTerm, PodRequest
+from kubegpu.core.models import NodeSelectorTerm, PodRequest, SpreadConstraint
 from kubegpu.core.status import Status
 from kubegpu.scheduler.engine.records import NodeRecord, Plan
+from kubegpu.scheduler.podindex import Domains, PodIndex
+from kubegpu.scheduler.scores import Profile
 
 
 class FilterContext(Protocol):
@@ -42,3 +51,90 @@ class NodeFilter(Protocol):
     def applies(self, pod: PodRequest) -> bool: ...
 
     def filter(self, engine: FilterContext, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None: ...
+
+
+# A cluster-wide filter's judge of one node, by its labels: None when the node passes, else the refusal.
+Judge = Callable[[Mapping[str, str]], "Status | None"]
+
+
+class ClusterFilter(Protocol):
+    """One rule of the Filter extension point that reads pods on other nodes (kube-scheduler's PodTopologySpread and
+    InterPodAffinity).
+
+    `name`: the plugin's name, by which a profile disables it.
+    `prefilter` is its PreFilter: the pod's state over the placed pods, made once per pod and generation, as the judge
+    of one node's labels; None when the rule cannot refuse the pod on any node (the cycle then skips it).
+    """
+
+    name: str
+
+    def prefilter(self, engine: ClusterContext, pod: PodRequest, plan: Plan) -> Judge | None: ...
+
+
+class ClusterContext(FilterContext, Protocol):
+    """What a cluster-wide rule reads of the engine besides the node: the placed pods, a node's labels by name, and
+    the nodes whose pods a spread constraint counts."""
+
+    @property
+    def placed(self) -> PodIndex: ...
+
+    def node_labels(self, name: str) -> Mapping[str, str] | None: ...
+
+    def spread_domains(self, pod: PodRequest, constraints: Sequence[SpreadConstraint]) -> Domains: ...
+
+
+class ScoreContext(ClusterContext, Protocol):
+    """What a score plugin reads of the engine: the above, and what the engine keeps for the scores (the profile,
+    the nodes with a PreferNoSchedule taint, the device plugins' score and usage on a node, the images nodes list and
+    the controllers their preferAvoidPods annotations name)."""
+
+    nodes: dict[str, NodeRecord]
+    scoring: Profile
+
+    @property
+    def soft_tainted(self) -> Set[str]: ...
+
+    @property
+    def image_nodes(self) -> Mapping[str, int]: ...
+
+    def device_score(self, record: NodeRecord, pod: PodRequest) -> float: ...
+
+    def device_usage(self, record: NodeRecord, pod: PodRequest) -> float | None: ...
+
+    def avoiding(self, pod: PodRequest) -> tuple[str, str] | None: ...
+
+    def avoided_on(self, name: str) -> frozenset[tuple[str, str]]: ...
+
+    def listed_images(self, pod: PodRequest) -> tuple[str, ...]: ...
+
+    def images_matter(self, pod: PodRequest) -> bool: ...
+
+
+class ScorePlugin(Protocol):
+    """One rule of the PreScore, Score and NormalizeScore extension points.
+
+    `name`: the plugin's name; a profile weighs it by that name (weight 0 or absent: off).
+    `local`: True when its raw score reads only the node and the pod's spec (what `Plan.local` holds): the engine
+    remembers such raw scores per node version and pod shape, and asks only about nodes that changed. Else it is asked
+    about every feasible node in each cycle.
+    `prescore` is its PreScore: the pod's state for the cycle, or None when the plugin would score every node alike
+    (it is then skipped). A local plugin's state must follow from the pod's spec alone.
+    `score` gives the raw scores of `records`, in their order; `normalize` maps the raw scores of every feasible node
+    to 0..100 (kube-scheduler's NormalizeScore; the identity where the raw score is already one).
+    `matters`: whether the plugin may rank the pod's feasible nodes otherwise than the capacity order a cycle finds
+    them in (the policy's): a cycle then scores as many feasible nodes as kube-scheduler would find, else the first
+    few (`Scoring._sample_size`). Cheaper than `prescore`, and asked before the cycle filters.
+    """
+
+    name: str
+    local: bool
+
+    def matters(self, engine: ScoreContext, pod: PodRequest, plan: Plan) -> bool: ...
+
+    def prescore(self, engine: ScoreContext, pod: PodRequest, plan: Plan) -> object | None: ...
+
+    def score(
+        self, engine: ScoreContext, state: object, records: Sequence[NodeRecord], pod: PodRequest, plan: Plan
+    ) -> list[float]: ...
+
+    def normalize(self, state: object, raw: list[float]) -> list[float]: ...

@@ -1,15 +1,18 @@
-"""kube-scheduler 1.20's node-local filters as `NodeFilter` objects, in its order: NodeUnschedulable, the Ready
-condition, TaintToleration, NodeAffinity (those read only the node), then NodePorts, NodeResourcesFit and VolumeBinding
-(those read what is in use). The rules themselves are pure functions in `kubegpu.scheduler.filters`; the cluster-wide
-filters (InterPodAffinity, PodTopologySpread) need a PreFilter state and stay in `Filtering._cluster_state`.
+"""kube-scheduler 1.20's filters in its order: the node-local ones as `NodeFilter` objects (NodeUnschedulable, the
+Ready condition, TaintToleration, NodeAffinity, which read only the node, then NodePorts, NodeResourcesFit and
+VolumeBinding, which read what is in use), then the cluster-wide ones as `ClusterFilter` objects (PodTopologySpread,
+InterPodAffinity), whose PreFilter state the engine makes once per pod and generation (`Filtering._cluster_state`).
+The rules themselves are pure functions in `kubegpu.scheduler.filters` and `kubegpu.scheduler.podindex`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from kubegpu.core.models import PodRequest
-from kubegpu.core.status import Status
-from kubegpu.scheduler import filters
-from kubegpu.scheduler.engine.framework import FilterContext, NodeFilter
+from kubegpu.core.status import Code, Status
+from kubegpu.scheduler import filters, podindex
+from kubegpu.scheduler.engine.framework import ClusterContext, ClusterFilter, FilterContext, Judge, NodeFilter
 from kubegpu.scheduler.engine.records import NodeRecord, Plan
 
 NOT_READY = "node(s) had condition Ready=False"
@@ -85,7 +88,8 @@ class NodePorts:
 
 class NodeResourcesFit:
     """Every resource the node lacks, as kube-scheduler lists them; unresolvable only when the one resource short
-    exceeds what the node has at all."""
+    exceeds what the node has at all. The cycle's capacity index stands in for it (a node offering too little is
+    not filtered): with it off, the index refuses no node."""
 
     name, reads_usage = "NodeResourcesFit", True
 
@@ -156,10 +160,74 @@ KUBE_FILTERS: tuple[NodeFilter, ...] = (
 )
 
 
-def enabled_filters(extra: tuple[NodeFilter, ...], off: frozenset[str]) -> tuple[NodeFilter, ...]:
-    """The built-in filters then `extra`, less those the profile turns off by name; a name given twice is refused."""
-    names = [f.name for f in (*KUBE_FILTERS, *extra)]
+class _Refusals:
+    """A cluster-wide filter's refusals in one cycle, each a status made once: a judge is asked about every node."""
+
+    __slots__ = ("known",)
+
+    def __init__(self) -> None:
+        self.known: dict[tuple[str, ...], Status] = {}
+
+    def __call__(self, reasons: tuple[str, ...], resolvable: bool) -> Status:
+        status = self.known.get(reasons)
+        if status is None:
+            status = self.known[reasons] = Status(Code.UNSCHEDULABLE if resolvable else Code.UNRESOLVABLE, reasons)
+        return status
+
+
+class PodTopologySpread:
+    """The pod's DoNotSchedule constraints (its own, or the defaults its owners give it): a node whose domain would
+    exceed the allowed skew is refused, unresolvable when it lacks a topology key."""
+
+    name = "PodTopologySpread"
+
+    def prefilter(self, engine: ClusterContext, pod: PodRequest, plan: Plan) -> Judge | None:
+        constraints = plan.hard_spread
+        if not constraints:
+            return None
+        state = podindex.spread_state(pod, engine.placed, engine.spread_domains(pod, constraints), constraints)
+        fits, refusal = filters.spread_judge(state), _Refusals()
+
+        def judge(labels: Mapping[str, str]) -> Status | None:
+            refused = fits(labels)
+            return None if refused is None else refusal((refused[0],), refused[1])
+
+        return judge
+
+
+class InterPodAffinity:
+    """The pod's required affinity and anti-affinity terms against the placed pods, and the placed pods'
+    anti-affinity terms against it."""
+
+    name = "InterPodAffinity"
+
+    def prefilter(self, engine: ClusterContext, pod: PodRequest, plan: Plan) -> Judge | None:
+        state = podindex.affinity_state(pod, engine.placed, engine.node_labels)
+        if state is None or not filters.affinity_can_refuse(pod, state):
+            return None
+        refusal = _Refusals()
+
+        def judge(labels: Mapping[str, str]) -> Status | None:
+            reasons = filters.affinity_fits(pod, state, labels)
+            return refusal(reasons, reasons[1] != filters.AFFINITY_RULES) if reasons else None
+
+        return judge
+
+
+# kube-scheduler's cluster-wide filters by name, in the order they run (after every node-local one).
+CLUSTER_FILTERS: tuple[ClusterFilter, ...] = (PodTopologySpread(), InterPodAffinity())
+
+
+def enabled_filters(
+    extra: tuple[NodeFilter, ...], off: frozenset[str]
+) -> tuple[tuple[NodeFilter, ...], tuple[ClusterFilter, ...]]:
+    """The built-in node filters then `extra`, and the cluster-wide filters, less those the profile turns off by
+    name; a name given twice is refused."""
+    names = [f.name for f in (*KUBE_FILTERS, *extra)] + [f.name for f in CLUSTER_FILTERS]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
-        raise ValueError(f"node filter(s) named twice: {', '.join(twice)}")
-    return tuple(f for f in (*KUBE_FILTERS, *extra) if f.name not in off)
+        raise ValueError(f"filter(s) named twice: {', '.join(twice)}")
+    return (
+        tuple(f for f in (*KUBE_FILTERS, *extra) if f.name not in off),
+        tuple(f for f in CLUSTER_FILTERS if f.name not in off),
+    )

@@ -121,12 +121,13 @@ class Planning(NodeCache):
             usage_rules = tuple(rule.filter for rule in self._usage_filters if rule.applies(pod))
             third_party = any(rule in added for rule in (*node_rules, *usage_rules))
         local = signature
+        nonzero = scores.nonzero_requests(pod)
         # A rule a third party added may read anything of the pod's spec: the pod's answers are then shared only with
-        # pods alike in all of it (its signature), never by the few fields kube-scheduler's own filters read.
-        if not devices and not third_party:
+        # pods alike in all of it (its signature), never by the few fields kube-scheduler's own rules read.
+        if not devices and not third_party and not self._added_scores:
             local = (
                 fit_order(pod),
-                scores.nonzero_requests(pod),
+                nonzero,
                 tuple((t.key, t.operator, t.value, t.effect) for t in pod.tolerations),
                 tuple(sorted(pod.node_selector.items())),
                 pod.node_affinity,
@@ -175,6 +176,7 @@ class Planning(NodeCache):
             owners=self._owners.epoch,
             node_rules=node_rules,
             usage_rules=usage_rules,
+            nonzero=nonzero,
         )
 
     def _prepare(self, pod: PodRequest, routes: dict[str, list[str]], key: tuple[object, ...]) -> dict[str, object]:

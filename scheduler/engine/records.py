@@ -21,7 +21,6 @@ from kubegpu.core.models import (
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Code, Status
 from kubegpu.core.text import MAX_TEXT_CHARS, safe_text
-from kubegpu.scheduler import filters
 
 log = logging.getLogger("kubegpu.engine")
 
@@ -125,6 +124,8 @@ class Plan:
     # and those that read what is in use, each its bound `filter` method, in the order they run.
     node_rules: tuple[NodeRule, ...] = ()
     usage_rules: tuple[NodeRule, ...] = ()
+    # The pod's cpu (millicores) and memory as the scores count them (`scores.nonzero_requests`).
+    nonzero: tuple[int, int] = (0, 0)
 
 
 class Settled(NamedTuple):
@@ -173,15 +174,13 @@ class ClassTally:
 
 
 class ClusterState(NamedTuple):
-    """One pod's cluster-wide filter state (kube-scheduler's PreFilter for PodTopologySpread and InterPodAffinity)
-    at one generation, with the judge of one node's labels made from it."""
+    """One pod's cluster-wide filter state (the enabled `ClusterFilter`s' PreFilter) at one generation: the judge of
+    one node's labels made from it."""
 
     pod: PodRequest
     plan: Plan
     generation: int
     judge: Callable[[Mapping[str, str]], Status | None]
-    affinity: filters.AffinityState | None
-    spread: filters.SpreadState | None
 
 
 @dataclass(frozen=True, slots=True)

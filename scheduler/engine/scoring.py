@@ -1,33 +1,32 @@
-"""The PreScore/Score extension points: every enabled score plugin's raw scores over the feasible nodes,
-normalized and weighed (`kubegpu.scheduler.scores` has the rules), the device plugins' topology score among them; and
+"""The PreScore/Score/NormalizeScore extension points: every enabled score plugin (`kubescores`, then a third
+party's) over the feasible nodes, normalized and weighed; what the plugins read of the engine (`ScoreContext`); and
 how many feasible nodes a cycle finds before scoring (`_sample_size`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Mapping, Set
 
 from kubegpu.core.models import (
     PodRequest,
 )
 from kubegpu.core.plugin_manager import PluginHookError
-from kubegpu.scheduler import podindex, scores
+from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine.filtering import Filtering
 from kubegpu.scheduler.engine.records import NodeRecord, Plan, log, make_room
+
+_NONE: frozenset[tuple[str, str]] = frozenset()
 
 
 class Scoring(Filtering):
     """Scoring and ranking the feasible nodes."""
 
-    def _device_scores(
-        self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]
-    ) -> tuple[float, float | None]:
-        """The device plugins' mean topology score (0..100) on the node, and the mean used share of their devices
-        there (None when the pod asks for no device the node has)."""
+    def device_score(self, record: NodeRecord, pod: PodRequest) -> float:
+        """The device plugins' mean topology score (0..100) on the node (KubegpuDevices); 0 when the pod asks for no
+        device the node has. A plugin that fails scores 0, logged naming it."""
         device_scores: list[float] = []
-        utilization: list[float] = []
-        for plugin in routes:
+        for plugin in self._route(pod):
             state = record.states.get(plugin) if plugin else None
             if state is None:
                 continue
@@ -38,111 +37,99 @@ class Scoring(Filtering):
                 log.error("node %s: %s", record.name, exc)
                 score = 0.0
             device_scores.append(min(100.0, max(0.0, float(score or 0.0))))
-            utilization.append(record.headroom[plugin].utilization)
-        device_score = sum(device_scores) / len(device_scores) if device_scores else 0.0
-        return device_score, (sum(utilization) / len(utilization) if utilization else None)
+        return sum(device_scores) / len(device_scores) if device_scores else 0.0
 
-    def _score(self, record: NodeRecord, pod: PodRequest, routes: dict[str, list[str]]) -> float:
-        device_score, used = self._device_scores(record, pod, routes)
+    def device_usage(self, record: NodeRecord, pod: PodRequest) -> float | None:
+        """The mean used share (0..1) of the node's devices of the plugins the pod asks for (the policy's score);
+        None when the pod asks for no device the node has."""
+        utilization = [
+            record.headroom[plugin].utilization for plugin in self._route(pod) if plugin and plugin in record.states
+        ]
+        return sum(utilization) / len(utilization) if utilization else None
+
+    def _score(self, record: NodeRecord, pod: PodRequest) -> float:
+        used = self.device_usage(record, pod)
         if used is None:
             allocatable = record.info.allocatable.get("cpu", 0)
             used = record.used["cpu"] / allocatable if allocatable else 0.0
         policy_score = 100.0 * (used if self.policy == "binpack" else 1.0 - used)
-        return device_score + policy_score
+        return self.device_score(record, pod) + policy_score
 
-    def _local_scores(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> tuple[float, ...]:
-        """The raw scores that depend only on the node and the pod's spec (`scores`: BalancedAllocation,
-        NodeAffinity, TaintToleration, the policy, the devices), remembered per node version and pod signature."""
-        memo = record.last_raw
-        remembered = memo.get(id(plan.local))
-        if remembered is not None and remembered[0] == record.version and remembered[1] is plan.local:
-            return remembered[2]
-        info = record.info
-        cpu, memory = scores.nonzero_requests(pod)
-        cpu, memory = cpu + record.nonzero_cpu, memory + record.nonzero_memory
-        cpu_capacity, memory_capacity = info.allocatable.get("cpu", 0), info.allocatable.get("memory", 0)
-        device_score, used = self._device_scores(record, pod, self._route(pod))
-        binpack = self.policy == "binpack"
-        if used is not None:
-            policy = 100.0 * (used if binpack else 1.0 - used)
-        else:
-            allocated = scores.most_allocated if binpack else scores.least_allocated
-            policy = float((allocated(cpu, cpu_capacity) + allocated(memory, memory_capacity)) // 2)
-        raw = (
-            float(scores.balanced_allocation(cpu, memory, cpu_capacity, memory_capacity)),
-            float(scores.node_affinity_raw(pod, info.name, info.labels)) if pod.preferred_node_affinity else 0.0,
-            float(scores.taint_raw(pod, info.taints)) if info.name in self._soft_tainted else 0.0,
-            policy,
-            device_score,
-        )
-        make_room(memo, id(plan.local))
-        memo[id(plan.local)] = (record.version, plan.local, raw)
-        return raw
+    def _local_raw(self, records: list[NodeRecord], pod: PodRequest, plan: Plan) -> list[tuple[float, ...]]:
+        """The local score plugins' raw scores on each node (a tuple in `_local_scorers`' order; 0 for a plugin with
+        nothing to say of the pod), remembered per node version and pod shape (`Plan.local`): only the nodes changed
+        since are asked."""
+        slot, local = id(plan.local), plan.local
+        raws: list[tuple[float, ...] | None] = []
+        stale: list[NodeRecord] = []
+        for record in records:
+            remembered = record.last_raw.get(slot)
+            if remembered is not None and remembered[0] == record.version and remembered[1] is local:
+                raws.append(remembered[2])
+            else:
+                raws.append(None)
+                stale.append(record)
+        if stale:
+            columns = []
+            for plugin in self._local_scorers:
+                state = plugin.prescore(self, pod, plan)
+                columns.append(plugin.score(self, state, stale, pod, plan) if state is not None else [0.0] * len(stale))
+            fresh = iter(zip(*columns, strict=True) if columns else [() for _ in stale])
+            for i, raw in enumerate(raws):
+                if raw is None:
+                    record = records[i]
+                    raws[i] = raw = tuple(next(fresh))
+                    make_room(record.last_raw, slot)
+                    record.last_raw[slot] = (record.version, local, raw)
+        return raws  # type: ignore[return-value]  # every None was filled above
 
     def _rank(self, feasible: list[str], pod: PodRequest, plan: Plan) -> str:
         """kube-scheduler's score phase over the feasible nodes: every enabled plugin's raw scores normalized over
-        them and weighed (`kubegpu.scheduler.scores`); the best node, the first in candidate order on a tie."""
-        profile, nodes = self.scoring, self.nodes
+        them and weighed; the best node, the first in candidate order on a tie. A plugin whose scores are the same on
+        every node is skipped: it cannot change which node is best."""
+        nodes = self.nodes
         records = [nodes[name] for name in feasible]
-        local = [self._local_scores(record, pod, plan) for record in records]
-        weighed: list[list[float]] = []  # each plugin's weighed scores, in plugin order; summed per node at the end
-
-        def add(plugin: str, values: Iterable[float]) -> None:
-            column = values if isinstance(values, list) else list(values)
-            if min(column) == max(column):
-                return  # the same for every node: it cannot change which node is best
-            weight = profile.weight(plugin)
-            weighed.append(column if weight == 1 else [weight * value for value in column])
-
-        columns = (
-            (scores.BALANCED, None),
-            (scores.NODE_AFFINITY, False),
-            (scores.TAINTS, True),
-            (scores.policy_plugin(self.policy), None),
-            (scores.DEVICES, None),
-        )
-        for column, (plugin, reverse) in enumerate(columns):
-            if profile.weight(plugin):
+        local = self._local_raw(records, pod, plan) if self._local_scorers else []
+        weighed: list[list[float]] = []  # each plugin's weighed scores; summed per node at the end
+        column = 0
+        for plugin, weight in self._scorers:
+            if plugin.local:
                 values = [raw[column] for raw in local]
+                column += 1
                 if min(values) == max(values):
-                    continue  # normalized alike too
-                add(plugin, values if reverse is None else scores.normalize_default(values, reverse=reverse))
-        preferred = bool(pod.preferred_affinity or pod.preferred_anti_affinity)
-        if profile.weight(scores.INTER_POD_AFFINITY) and (preferred or self._drawn(pod)):
-            table = podindex.affinity_scores(pod, self._placed, self._labels, profile.hard_pod_affinity_weight)
-            if table:
-                raw_scores = scores.affinity_raws(table, [record.info.labels for record in records])
-                if min(raw_scores) != max(raw_scores):  # else normalized alike too
-                    add(scores.INTER_POD_AFFINITY, scores.normalize_affinity(raw_scores))
-        soft = plan.soft_spread  # the pod's own or, when it has none, the defaults its owners give it
-        if profile.weight(scores.SPREAD) and soft:
-            state = podindex.spread_scores(
-                pod,
-                self._placed,
-                [(record.name, record.info.labels) for record in records],
-                self._spread_domains(pod, soft),
-                soft,
-            )
-            if state is not None:
-                raw_scores = scores.spread_raws(state, pod, [(r.name, r.info.labels) for r in records])
-                add(scores.SPREAD, scores.normalize_spread(raw_scores, [r.name in state.ignored for r in records]))
-        # NodePreferAvoidPods and ImageLocality, used as they are; skipped where every node would score alike.
-        avoiding = self._avoiding(pod)
-        if avoiding is not None and profile.weight(scores.PREFER_AVOID):
-            none: frozenset[tuple[str, str]] = frozenset()
-            avoided = [scores.prefer_avoid_score(avoiding, self._avoid.get(r.name, none)) for r in records]
-            add(scores.PREFER_AVOID, map(float, avoided))
-        images = self._listed_images(pod)
-        if images and profile.weight(scores.IMAGE_LOCALITY):
-            listed, count = self._image_nodes, len(nodes)
-            held = [scores.image_locality(images, r.info.images, listed, count) for r in records]
-            add(scores.IMAGE_LOCALITY, map(float, held))
+                    continue
+                state: object = True
+            else:
+                state = plugin.prescore(self, pod, plan)
+                if state is None:
+                    continue
+                values = plugin.score(self, state, records, pod, plan)
+            values = plugin.normalize(state, values)
+            if min(values) == max(values):
+                continue
+            weighed.append(values if weight == 1 else [weight * value for value in values])
         if not weighed:
             return feasible[0]
         totals = list(map(sum, zip(*weighed, strict=True))) if len(weighed) > 1 else weighed[0]
         return feasible[max(range(len(records)), key=totals.__getitem__)]
 
-    def _avoiding(self, pod: PodRequest) -> tuple[str, str] | None:
+    # -- what the score plugins read (`framework.ScoreContext`) ------------------------------------------------------
+
+    @property
+    def soft_tainted(self) -> Set[str]:
+        """The nodes with a PreferNoSchedule taint."""
+        return self._soft_tainted
+
+    @property
+    def image_nodes(self) -> Mapping[str, int]:
+        """How many nodes list each image name (ImageLocality)."""
+        return self._image_nodes
+
+    def avoided_on(self, name: str) -> frozenset[tuple[str, str]]:
+        """The controllers (kind, UID) a node's preferAvoidPods annotation names."""
+        return self._avoid.get(name, _NONE)
+
+    def avoiding(self, pod: PodRequest) -> tuple[str, str] | None:
         """The pod's controller (kind, UID) when some node's preferAvoidPods names it (NodePreferAvoidPods), else
         None."""
         if not self._avoided:
@@ -150,19 +137,19 @@ class Scoring(Filtering):
         key = scores.avoidance_key(pod)
         return key if key is not None and self._avoided[key] > 0 else None
 
-    def _listed_images(self, pod: PodRequest) -> tuple[str, ...]:
+    def listed_images(self, pod: PodRequest) -> tuple[str, ...]:
         """The pod's images, normalized, when some node lists one of them (ImageLocality), else ()."""
         if not self._image_nodes or not pod.images:
             return ()
         images = tuple(scores.normalized_image(image) for image in pod.images)
         return images if any(image in self._image_nodes for image in images) else ()
 
-    def _images_matter(self, pod: PodRequest) -> bool:
+    def images_matter(self, pod: PodRequest) -> bool:
         """Whether ImageLocality may tell nodes apart for the pod: one of its images is listed by some nodes but not
         all, or by all at different sizes, and what the nodes could hold of them, scaled as the score scales it,
         passes the score's floor."""
-        images = self._listed_images(pod)
-        if not images or not self.scoring.weight(scores.IMAGE_LOCALITY):
+        images = self.listed_images(pod)
+        if not images:
             return False
         total = len(self.nodes)
         counts = [self._image_nodes[image] for image in images]
@@ -172,26 +159,12 @@ class Scoring(Filtering):
         most = sum(int(max(s, default=0) * (c / total)) for s, c in zip(sizes, counts, strict=True))
         return most > scores.IMAGE_FLOOR
 
-    def _drawn(self, pod: PodRequest) -> bool:
-        """Whether an affinity term of a placed pod selects `pod` (so that InterPodAffinity scores it)."""
-        return self._placed.drawn(pod)
-
     def _sample_size(self, pod: PodRequest, plan: Plan) -> int:
-        """How many feasible nodes to find before scoring. Without preferences the candidates come in policy order,
-        best first, so `sample` do; when scores read labels, taints or other pods (or a configuration sets
-        `percentageOfNodesToScore`), as many as kube-scheduler finds."""
+        """How many feasible nodes to find before scoring. When no enabled score plugin may rank them otherwise than
+        the policy's order the candidates come in (`ScorePlugin.matters`), `sample` do; else (or when a
+        configuration sets `percentageOfNodesToScore`) as many as kube-scheduler finds."""
         percentage = self.scoring.percentage_of_nodes_to_score
-        if (
-            percentage
-            or pod.preferred_node_affinity
-            or pod.preferred_affinity
-            or pod.preferred_anti_affinity
-            or self._drawn(pod)
-            or self._soft_tainted
-            or plan.soft_spread
-            or (self._avoiding(pod) is not None and self.scoring.weight(scores.PREFER_AVOID))
-            or self._images_matter(pod)
-        ):
+        if percentage or any(plugin.matters(self, pod, plan) for plugin, _ in self._scorers):
             return max(self.sample, scores.feasible_to_find(len(self.nodes), percentage))
         return self.sample
 
@@ -206,6 +179,6 @@ class Scoring(Filtering):
         remembered = record.last_score
         if remembered is not None and remembered[0] == record.version and remembered[1] is signature:
             return remembered[2]
-        score = self._score(record, pod, self._route(pod))
+        score = self._score(record, pod)
         record.last_score = (record.version, signature, score)
         return score

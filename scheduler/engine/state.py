@@ -20,8 +20,9 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import KubegpuPluginManager
 from kubegpu.scheduler import scores
-from kubegpu.scheduler.engine.framework import NodeFilter
-from kubegpu.scheduler.engine.kubefilters import KUBE_FILTERS, enabled_filters
+from kubegpu.scheduler.engine.framework import NodeFilter, ScorePlugin
+from kubegpu.scheduler.engine.kubefilters import KUBE_FILTERS, NodeResourcesFit, enabled_filters
+from kubegpu.scheduler.engine.kubescores import KUBE_SCORES, enabled_scores
 from kubegpu.scheduler.engine.records import (
     CPU_INDEX,
     POLICIES,
@@ -50,6 +51,7 @@ class EngineState:
         signing_key: bytes | None = None,
         scoring: scores.Profile | None = None,
         filters: Sequence[NodeFilter] = (),
+        score_plugins: Sequence[ScorePlugin] = (),
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
@@ -57,15 +59,23 @@ class EngineState:
         self.plugins = plugins
         self.policy: Policy = policy
         self.sample = max(1, sample)
-        # The score plugins and their weights, the filters turned off (`kubegpu.scheduler.scores`).
+        # The profile: which rules are on, by name, and the score plugins' weights (`kubegpu.scheduler.scores`).
         self.scoring = scoring if scoring is not None else scores.Profile.default(policy)
-        self.filters_off = self.scoring.filters_off
-        # The Filter extension point's node-local rules by name (`kubefilters`), then the caller's `filters`, less
-        # those the profile turns off: the ones that read only the node, and the ones that read what is in use.
-        enabled = enabled_filters(tuple(filters), self.filters_off)
-        self._node_filters = tuple(rule for rule in enabled if not rule.reads_usage)
-        self._usage_filters = tuple(rule for rule in enabled if rule.reads_usage)
-        self._added_filters = frozenset(rule.filter for rule in enabled if rule not in KUBE_FILTERS)  # a third party's
+        # The Filter extension point's rules by name (`kubefilters`), then the caller's `filters`, less those the
+        # profile turns off: the ones that read only the node, the ones that read what is in use, the cluster-wide
+        # ones; and whether NodeResourcesFit is among them (else the capacity index refuses no node).
+        node_filters, self._cluster_filters = enabled_filters(tuple(filters), self.scoring.filters_off)
+        self._node_filters = tuple(rule for rule in node_filters if not rule.reads_usage)
+        self._usage_filters = tuple(rule for rule in node_filters if rule.reads_usage)
+        self._added_filters = frozenset(
+            rule.filter for rule in node_filters if rule not in KUBE_FILTERS
+        )  # a third party's
+        self._fit_by_index = any(isinstance(rule, NodeResourcesFit) for rule in node_filters)
+        # The score plugins (`kubescores`, then the caller's `scores`) with their weights, the local ones first: a
+        # node remembers their raw scores in that order (`NodeRecord.last_raw`).
+        self._scorers = enabled_scores(tuple(score_plugins), self.scoring, policy)
+        self._local_scorers = tuple(plugin for plugin, _ in self._scorers if plugin.local)
+        self._added_scores = any(plugin not in KUBE_SCORES for plugin, _ in self._scorers)
         self.signing_key = signing_key
         self._issued = 0  # ledger: the `issued` stamp of the last signed allocation; stamps strictly increase
 

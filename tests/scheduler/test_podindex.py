@@ -21,6 +21,7 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest
 from kubegpu.scheduler import filters, objects, podindex, scores
 from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.engine.kubefilters import PodTopologySpread
 
 ZONE = "topology.kubernetes.io/zone"
 HOST = "kubernetes.io/hostname"
@@ -218,7 +219,12 @@ def check_against_scans(e: Engine, probe: PodRequest, owners: dict[tuple[str, st
     if hard:
         indexed = podindex.spread_state(probe, index, e._spread_domains(probe, hard), hard)
         assert indexed == filters.spread_counts(probe, on_nodes(e), hard)
-        assert e._cluster_state(probe, plan).spread == indexed  # the cycle's remembered state is the fresh one
+        # The cycle's remembered judge refuses as a fresh PodTopologySpread PreFilter does (it runs first).
+        judge, fresh = e._cluster_state(probe, plan).judge, PodTopologySpread().prefilter(e, probe, plan)
+        assert fresh is not None
+        for record in e.nodes.values():
+            refused = fresh(record.info.labels)
+            assert refused is None or judge(record.info.labels) == refused
     soft = tuple(c for c in constraints if c.when_unsatisfiable == "ScheduleAnyway")
     assert plan.soft_spread == soft
     if soft:
