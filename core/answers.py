@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -39,7 +40,14 @@ from kubegpu.core.models import (
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Status
 
-__all__ = ["CHECKS", "RESERVED_ANNOTATION_PREFIX", "Router", "WrongAnswer"]
+__all__ = [
+    "CHECKS",
+    "RESERVED_ANNOTATION_PREFIX",
+    "Router",
+    "WrongAnswer",
+    "rule_filter_answer",
+    "rule_score_answer",
+]
 
 log = logging.getLogger("kubegpu.plugins")
 
@@ -138,6 +146,42 @@ def _headroom(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, An
     if not _is_number(utilization) or not 0.0 <= utilization <= 1.0:  # NaN fails both comparisons
         raise WrongAnswer(f"returned a Headroom with utilization {_kind(utilization)}; a number in [0, 1] is due")
     return answer
+
+
+RULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def _rules(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> list[Any]:
+    if answer is None:
+        return []
+    if not isinstance(answer, (list, tuple)):
+        raise WrongAnswer(f"returned {_kind(answer)}; a list of rule objects is due")
+    for rule in answer:
+        name = getattr(rule, "name", None)
+        if not isinstance(name, str) or not RULE_NAME.fullmatch(name):
+            raise WrongAnswer(
+                f"returned a rule named {_kind(name)}; each rule needs a name of letters, digits, '-', '_', '.' "
+                "(at most 63)"
+            )
+        if not callable(getattr(rule, "filter", None)) and not callable(getattr(rule, "score", None)):
+            raise WrongAnswer(f"returned the rule {name!r} with neither a filter nor a score method")
+    return list(answer)
+
+
+def rule_filter_answer(answer: Any) -> Status | None:
+    """A `FilterRule.filter` answer, checked: None or a `Status`."""
+    if answer is None or isinstance(answer, Status):
+        return answer
+    raise WrongAnswer(f"returned {_kind(answer)}; None or a Status is due")
+
+
+def rule_score_answer(answer: Any) -> float:
+    """A `ScoreRule.score` answer, checked: a number in [0, 100], None read as 0."""
+    if answer is None:
+        return 0.0
+    if not _is_number(answer) or not math.isfinite(answer) or not 0 <= answer <= 100:
+        raise WrongAnswer(f"returned {_kind(answer)}; a number in [0, 100] (or None) is due")
+    return float(answer)
 
 
 def _score(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
@@ -339,6 +383,7 @@ CHECKS: dict[str, Check] = {
     "kubegpu_scheduler_allocate": _allocation,
     "kubegpu_scheduler_take": _status("success, or an error naming the device", none_ok=False),
     "kubegpu_scheduler_release": _release,
+    "kubegpu_scheduler_rules": _rules,
     "kubegpu_scheduler_describe": _describe,
     "kubegpu_device_resources": _resources,
     "kubegpu_device_owned": _owned_answer,

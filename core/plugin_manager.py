@@ -300,14 +300,19 @@ class KubegpuPluginManager:
             answer = function(*[kwargs[a] for a in argnames])
             return CHECKS[hook](self, plugin, answer, kwargs) if hook in CHECKS else answer
         except Exception as exc:
-            error = PluginHookError(plugin, hook, exc)
-            self.hook_failures[(plugin, hook)] += 1
-            for listener in self.on_hook_failure:
-                try:
-                    listener(error)
-                except Exception:
-                    log.exception("a plugin-failure listener failed")
-            raise error from exc
+            raise self.failed(plugin, hook, exc) from exc
+
+    def failed(self, plugin: str, hook: str, exc: BaseException) -> PluginHookError:
+        """Count a plugin's failure in a hook (or in a rule it added: `hook` names it) and tell the listeners;
+        returns the error to raise or to turn into a reason."""
+        error = PluginHookError(plugin, hook, exc)
+        self.hook_failures[(plugin, hook)] += 1
+        for listener in self.on_hook_failure:
+            try:
+                listener(error)
+            except Exception:
+                log.exception("a plugin-failure listener failed")
+        return error
 
     def call_each(self, hook: str, **kwargs: Any) -> dict[str, Any]:
         """Call every plugin's implementation; a failing plugin's entry is its PluginHookError."""

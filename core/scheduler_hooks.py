@@ -29,7 +29,16 @@ import pluggy
 from kubegpu.core.models import NodeInfo, Occupancy, PluginAllocation, PodRequest
 from kubegpu.core.status import Status
 
-__all__ = ["PROJECT", "DeviceNodeState", "DeviceScheduler", "Headroom", "hookimpl", "hookspec"]
+__all__ = [
+    "PROJECT",
+    "DeviceNodeState",
+    "DeviceScheduler",
+    "FilterRule",
+    "Headroom",
+    "ScoreRule",
+    "hookimpl",
+    "hookspec",
+]
 
 PROJECT = "kubegpu.scheduler"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -290,6 +299,54 @@ def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: 
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Rules beyond devices
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class FilterRule(Protocol):
+    """A node filter a plugin adds (`kubegpu_scheduler_rules`): `name` (by which a profile turns it off; letters,
+    digits, `-`, `_`, `.`, at most 63) and `filter`, None when the node passes, else a `Status` saying why not:
+    unresolvable only when the answer follows from what nodes of one kind share (labels other than the hostname,
+    taints, allocatable, readiness), since such an answer is taken for every node alike; else unschedulable."""
+
+    name: str
+
+    def filter(self, node: NodeInfo, pod: PodRequest) -> Status | None: ...
+
+
+class ScoreRule(Protocol):
+    """A score plugin a plugin adds (`kubegpu_scheduler_rules`): `name` (by which a profile weighs it or turns it
+    off) and `score`, the node's score for the pod in [0, 100] (None: 0), used as it is and weighed (weight 1 unless
+    the profile says otherwise)."""
+
+    name: str
+
+    def score(self, node: NodeInfo, pod: PodRequest) -> float | None: ...
+
+
+@hookspec
+def kubegpu_scheduler_rules() -> list[FilterRule | ScoreRule] | None:
+    """Add rules that are not about devices: node filters and score plugins the engine runs for every pod.
+
+    Args:
+        (none)
+
+    Returns:
+        A list of rule objects, each a `FilterRule` (a `name` and a `filter(node, pod)` method), a `ScoreRule` (a
+        `name` and a `score(node, pod)` method) or both. None or an empty list adds nothing. A rule reads only the
+        node (`NodeInfo`) and the pod's spec, and must decide from them alone, never from the pod's name or UID:
+        its answers are remembered per node and pod shape. A rule named like another rule is left out (an error
+        naming it is logged). A rule that raises, or answers what its contract does not allow, refuses the node
+        with an error naming the plugin and the rule (a filter) or scores it 0 (a score), logged once.
+
+    Called by:
+        the engine when it is built (every front-end); every plugin that implements it, once.
+        Kubernetes: Filter and Score (a profile's plugins, enabled, disabled and weighed by name).
+    """
+    raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Reporting
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -348,5 +405,7 @@ class DeviceScheduler(Protocol):
     def kubegpu_scheduler_release(
         self, state: DeviceNodeState, pod_key: str, allocation: PluginAllocation
     ) -> Status | None: ...
+
+    def kubegpu_scheduler_rules(self) -> list[FilterRule | ScoreRule] | None: ...
 
     def kubegpu_scheduler_describe(self, state: DeviceNodeState) -> list[Occupancy] | None: ...

@@ -594,3 +594,47 @@ def test_installing_the_example_distribution_adds_fpga_scheduling_with_no_change
     assert (translate["event"], translate["node"]) == ("unschedulable", None)
     assert "FPGA bitstream 'bert'" in translate["reason"]
     assert BITSTREAM in translate["reason"]
+
+
+SPOT_RULES = Path(__file__).resolve().parent / "fixtures" / "spot_rules"
+
+
+def labelled(manifest: dict[str, Any], **labels: str) -> dict[str, Any]:
+    manifest["metadata"]["labels"] = labels
+    return manifest
+
+
+@pytest.mark.slow
+def test_installing_a_distribution_adds_its_non_device_rules_to_kubegpu_simulate(tmp_path: Path) -> None:
+    """`tests/fixtures/spot_rules` adds a filter, a score and a broken filter (`kubegpu_scheduler_rules`)."""
+    python = _fresh_venv(tmp_path / "venv")
+    cluster_file = tmp_path / "cluster.yaml"
+    cluster_file.write_text(
+        yaml.safe_dump_all(
+            [
+                node_manifest("spot-0", labels={"node.example.com/spot": "true"}),
+                node_manifest("steady"),
+                node_manifest("cheap", labels={"node.example.com/spot": "true", "node.example.com/cost": "low"}),
+                labelled(pod_manifest("db", {"main": {"cpu": "1"}}), tier="critical"),
+                pod_manifest("batch", {"main": {"cpu": "1"}}),
+                labelled(pod_manifest("probe", {"main": {"cpu": "1"}}), probe="broken"),
+            ]
+        )
+    )
+    before = _simulate(python, cluster_file, tmp_path)
+    assert before["default/probe"]["event"] == "scheduled"
+
+    source = shutil.copytree(SPOT_RULES, tmp_path / "spot_rules", ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-input"]
+    install += ["--disable-pip-version-check", "--quiet"]
+    if _can_build_wheels_offline():
+        install.append("--no-build-isolation")
+    result = subprocess.run([*install, str(source)], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    after = _simulate(python, cluster_file, tmp_path)
+    assert (after["default/db"]["event"], after["default/db"]["node"]) == ("scheduled", "steady")
+    assert (after["default/batch"]["event"], after["default/batch"]["node"]) == ("scheduled", "cheap")
+    probe = after["default/probe"]
+    assert probe["event"] == "unschedulable"
+    assert "plugin 'spot' failed in rule Broken (filter)" in probe["reason"]

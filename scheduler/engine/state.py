@@ -21,7 +21,7 @@ from kubegpu.core.models import (
 from kubegpu.core.plugin_manager import KubegpuPluginManager
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine.framework import NodeFilter, ScorePlugin
-from kubegpu.scheduler.engine.kubefilters import KUBE_FILTERS, NodeResourcesFit, enabled_filters
+from kubegpu.scheduler.engine.kubefilters import CLUSTER_FILTERS, KUBE_FILTERS, NodeResourcesFit, enabled_filters
 from kubegpu.scheduler.engine.kubescores import KUBE_SCORES, enabled_scores
 from kubegpu.scheduler.engine.records import (
     CPU_INDEX,
@@ -34,6 +34,7 @@ from kubegpu.scheduler.engine.records import (
     PodRecord,
     Policy,
 )
+from kubegpu.scheduler.engine.rules import plugin_rules
 from kubegpu.scheduler.index import CapacityIndex, NodeTree
 from kubegpu.scheduler.owners import Owners
 from kubegpu.scheduler.podindex import Domains, PodIndex
@@ -64,7 +65,11 @@ class EngineState:
         # The Filter extension point's rules by name (`kubefilters`), then the caller's `filters`, less those the
         # profile turns off: the ones that read only the node, the ones that read what is in use, the cluster-wide
         # ones; and whether NodeResourcesFit is among them (else the capacity index refuses no node).
-        node_filters, self._cluster_filters = enabled_filters(tuple(filters), self.scoring.filters_off)
+        # The rules plugins add (`kubegpu_scheduler_rules`, guarded: `rules`) come after the caller's.
+        taken = {rule.name for rule in (*KUBE_FILTERS, *filters)} | {rule.name for rule in CLUSTER_FILTERS}
+        taken |= {plugin.name for plugin in (*KUBE_SCORES, *score_plugins)}
+        added_filters, added_scores = plugin_rules(plugins, taken)
+        node_filters, self._cluster_filters = enabled_filters((*filters, *added_filters), self.scoring.filters_off)
         self._node_filters = tuple(rule for rule in node_filters if not rule.reads_usage)
         self._usage_filters = tuple(rule for rule in node_filters if rule.reads_usage)
         self._added_filters = frozenset(
@@ -73,7 +78,7 @@ class EngineState:
         self._fit_by_index = any(isinstance(rule, NodeResourcesFit) for rule in node_filters)
         # The score plugins (`kubescores`, then the caller's `scores`) with their weights, the local ones first: a
         # node remembers their raw scores in that order (`NodeRecord.last_raw`).
-        self._scorers = enabled_scores(tuple(score_plugins), self.scoring, policy)
+        self._scorers = enabled_scores((*score_plugins, *added_scores), self.scoring, policy)
         self._local_scorers = tuple(plugin for plugin, _ in self._scorers if plugin.local)
         self._added_scores = any(plugin not in KUBE_SCORES for plugin, _ in self._scorers)
         self.signing_key = signing_key

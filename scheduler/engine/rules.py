@@ -1,0 +1,112 @@
+"""The rules a plugin adds through `kubegpu_scheduler_rules`, guarded: each `FilterRule` becomes a `NodeFilter`,
+each `ScoreRule` a local `ScorePlugin`, and a rule that raises or answers what its contract does not allow costs only
+itself.
+
+A filter that fails refuses the node with an error naming the plugin and the rule (a policy a rule holds must not
+fail open); a score that fails scores the node 0. Either failure is counted per plugin and rule
+(`KubegpuPluginManager.failed`, the custom scheduler's `kubegpu_scheduler_plugin_failures_total`) and logged once
+per rule; every other rule and plugin keeps working. A rule named like a built-in rule, or like a rule added before
+it, is left out with an error naming it; so is a plugin whose hook fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kubegpu.core.answers import rule_filter_answer, rule_score_answer
+from kubegpu.core.models import PodRequest
+from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
+from kubegpu.core.scheduler_hooks import FilterRule, ScoreRule
+from kubegpu.core.status import Status
+from kubegpu.scheduler.engine.framework import FilterContext, NodeFilter, ScoreContext, ScorePlugin
+from kubegpu.scheduler.engine.records import NodeRecord, Plan, log
+
+RULES_HOOK = "kubegpu_scheduler_rules"
+
+
+class GuardedFilter:
+    """A plugin's `FilterRule` as a node filter: asked for every pod, after kube-scheduler's node filters."""
+
+    reads_usage = False
+
+    def __init__(self, plugins: KubegpuPluginManager, plugin: str, rule: FilterRule) -> None:
+        self.plugins, self.plugin, self.rule, self.name = plugins, plugin, rule, rule.name
+        self.where = f"rule {rule.name} (filter)"
+
+    def applies(self, pod: PodRequest) -> bool:
+        return True
+
+    def filter(self, engine: FilterContext, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
+        try:
+            return rule_filter_answer(self.rule.filter(record.info, pod))
+        except Exception as exc:
+            error = _failed(self.plugins, self.plugin, self.where, exc)
+            return Status.error(str(error), plugin=self.plugin)
+
+
+class GuardedScore:
+    """A plugin's `ScoreRule` as a local score plugin: its raw score is used as it is."""
+
+    local = True
+
+    def __init__(self, plugins: KubegpuPluginManager, plugin: str, rule: ScoreRule) -> None:
+        self.plugins, self.plugin, self.rule, self.name = plugins, plugin, rule, rule.name
+        self.where = f"rule {rule.name} (score)"
+
+    def matters(self, engine: ScoreContext, pod: PodRequest, plan: Plan) -> bool:
+        return True
+
+    def prescore(self, engine: ScoreContext, pod: PodRequest, plan: Plan) -> object | None:
+        return True
+
+    def score(
+        self, engine: ScoreContext, state: object, records: Sequence[NodeRecord], pod: PodRequest, plan: Plan
+    ) -> list[float]:
+        out = []
+        for record in records:
+            try:
+                out.append(rule_score_answer(self.rule.score(record.info, pod)))
+            except Exception as exc:
+                _failed(self.plugins, self.plugin, self.where, exc)
+                out.append(0.0)
+        return out
+
+    def normalize(self, state: object, raw: list[float]) -> list[float]:
+        return raw
+
+
+def _failed(plugins: KubegpuPluginManager, plugin: str, where: str, exc: BaseException) -> PluginHookError:
+    error = plugins.failed(plugin, where, exc)
+    plugins.warn_once(plugin, where, f"{error} (counted; logged once per rule)")
+    return error
+
+
+def plugin_rules(
+    plugins: KubegpuPluginManager, taken: set[str]
+) -> tuple[tuple[NodeFilter, ...], tuple[ScorePlugin, ...]]:
+    """Every plugin's `kubegpu_scheduler_rules`, guarded; `taken` are the names already in use (a filter's and a
+    score's names are separate, as in a profile). A rule whose name is taken is left out, logged."""
+    node_filters: list[NodeFilter] = []
+    score_plugins: list[ScorePlugin] = []
+    filter_names, score_names = set(taken), set(taken)
+    for plugin in plugins.names:
+        if not plugins.implements(plugin, RULES_HOOK):
+            continue
+        try:
+            rules = plugins.call(plugin, RULES_HOOK)
+        except PluginHookError as exc:
+            log.error("%s; its rules are left out", exc)
+            continue
+        for rule in rules:
+            for method, names in (("filter", filter_names), ("score", score_names)):
+                if not callable(getattr(rule, method, None)):
+                    continue
+                if rule.name in names:
+                    log.error("plugin %r: its %s rule %r is left out: the name is taken", plugin, method, rule.name)
+                    continue
+                names.add(rule.name)
+                if method == "filter":
+                    node_filters.append(GuardedFilter(plugins, plugin, rule))
+                else:
+                    score_plugins.append(GuardedScore(plugins, plugin, rule))
+    return tuple(node_filters), tuple(score_plugins)
