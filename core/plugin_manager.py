@@ -280,7 +280,8 @@ class KubegpuPluginManager:
         """Call one plugin's implementation of a hook and check its answer against the hook's contract.
 
         Returns the answer (or the correction the contract allows, `kubegpu.core.answers`), or None when the plugin
-        does not implement the hook. An exception raised inside the hook, and an answer the contract does not
+        does not implement the hook; for fit, allocate and take, which the engine asks only of a plugin that built
+        a node state, a missing implementation is the plugin's failure (`PluginHookError`, naming the hook). An exception raised inside the hook, and an answer the contract does not
         allow, raise `PluginHookError` naming the plugin and the hook. A hook name that is not in the spec raises
         `ValueError` (the caller's mistake, not the plugin's).
 
@@ -292,6 +293,15 @@ class KubegpuPluginManager:
             raise ValueError(f"{hook!r} is not a hook of {self.project} (known: {', '.join(sorted(self.hooks))})")
         impl = self._impl(plugin, hook)
         if impl is None:
+            if hook in _PLACING:
+                raise self.failed(
+                    plugin,
+                    hook,
+                    NotImplementedError(
+                        f"the plugin owns resources but does not implement {hook}; a plugin that builds node states "
+                        f"must implement {', '.join(sorted(_PLACING))} for kubegpu to place its pods"
+                    ),
+                )
             return CHECKS[hook](self, plugin, None, kwargs) if hook in _NONE_CHECKED else None
         function, argnames = impl
         if "prepared" in argnames and "prepared" not in kwargs and hook in _PREPARED_BY:
@@ -340,6 +350,8 @@ def _hook_object(plugin: object, project: str) -> object:
 
 # Hooks whose "not implemented" answer is the checked form of None (release: a success).
 _NONE_CHECKED = frozenset({"kubegpu_scheduler_release"})
+# Hooks the engine calls only for a plugin that built a node state: one missing is that plugin's failure.
+_PLACING = frozenset({"kubegpu_scheduler_fit", "kubegpu_scheduler_allocate", "kubegpu_scheduler_take"})
 
 
 def _env_allowlist() -> set[str] | None:

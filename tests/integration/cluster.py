@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -25,7 +26,7 @@ import urllib3
 
 from kubegpu.kube.client import ApiError, Credentials, KubeClient
 
-__all__ = ["Cluster", "ClusterError", "free_port", "wait_for"]
+__all__ = ["Cluster", "ClusterError", "free_port", "process", "wait_for"]
 
 TOKEN = "kubegpu-test-admin-token"
 
@@ -294,6 +295,22 @@ def _terminate(process: subprocess.Popen[bytes] | None) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def process(command: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run a scheduler (or any command) for the `with` block, its output in `log`; stopped with SIGTERM (as the
+    kubelet stops it), killed after 20 s."""
+    started = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        yield started
+    finally:
+        started.send_signal(signal.SIGTERM)
+        try:
+            started.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            started.kill()
+            started.wait()
 
 
 @contextlib.contextmanager

@@ -15,17 +15,14 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cluster import Cluster, free_port, wait_for
+from .cluster import Cluster, free_port, process, wait_for
 
 SEED = 20201
 ZONE = "topology.kubernetes.io/zone"
@@ -223,20 +220,6 @@ def settle(cluster: Cluster, namespace: str, count: int, quiet: float = 4.0, tim
             return
         time.sleep(0.25)
     raise AssertionError(f"the scheduler in {namespace} did not settle within {timeout:.0f}s")
-
-
-@contextlib.contextmanager
-def process(command: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    started = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    try:
-        yield started
-    finally:
-        started.send_signal(signal.SIGTERM)
-        try:
-            started.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            started.kill()
-            started.wait()
 
 
 def run(cluster: Cluster, nodes: list[dict[str, Any]], pods: list[dict[str, Any]], namespace: str,

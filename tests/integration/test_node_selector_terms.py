@@ -8,31 +8,13 @@ taking the pods that name it; each pod's fate is the same under both.
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .cluster import Cluster, free_port, wait_for
+from .cluster import Cluster, free_port, process, wait_for
 
 ZONE = "topology.kubernetes.io/zone"
-
-
-@contextlib.contextmanager
-def process(command: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    started = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    try:
-        yield started
-    finally:
-        started.send_signal(signal.SIGTERM)
-        try:
-            started.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            started.kill()
-            started.wait()
 
 
 def terms(*expressions: dict[str, Any]) -> dict[str, Any]:
