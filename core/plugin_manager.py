@@ -281,8 +281,9 @@ class KubegpuPluginManager:
 
         Returns the answer (or the correction the contract allows, `kubegpu.core.answers`), or None when the plugin
         does not implement the hook; for fit, allocate and take, which the engine asks only of a plugin that built
-        a node state, a missing implementation is the plugin's failure (`PluginHookError`, naming the hook). An exception raised inside the hook, and an answer the contract does not
-        allow, raise `PluginHookError` naming the plugin and the hook. A hook name that is not in the spec raises
+        a node state, a missing implementation is the plugin's failure (`PluginHookError`, naming the hook). An
+        exception raised inside the hook, and an answer the contract does not allow, raise `PluginHookError` naming
+        the plugin and the hook. A hook name that is not in the spec raises
         `ValueError` (the caller's mistake, not the plugin's).
 
         pluggy lets an implementation accept a subset of the spec's arguments; only those are passed. `prepared`,
