@@ -27,6 +27,7 @@ from kubegpu.scheduler.engine.permit import Permitting
 from kubegpu.scheduler.engine.records import Decision, GangPlacement, GangPreemption, NodeRecord, Plan, PodRecord
 from kubegpu.scheduler.podgroups import (
     HOSTNAME,
+    MAX_LEVELS,
     MAX_MEMBERS,
     PodGroup,
     gang_key,
@@ -47,6 +48,13 @@ def rank(pod: PodRequest) -> tuple[bool, int, tuple[object, ...]]:
 
 class Gangs(Permitting):
     """Placing a gang whole, and preempting for one."""
+
+    def set_topology(self, levels: Sequence[str] | None) -> None:
+        """The topology levels, widest first (a Kueue `Topology`'s `podgroups.topology_levels`); None: the known
+        labels (`podgroups.KNOWN_LEVELS`) found on the nodes."""
+        if levels is not None and len(levels) > MAX_LEVELS:
+            raise ValueError(f"at most {MAX_LEVELS} topology levels")
+        self.levels = None if levels is None else tuple(levels)
 
     def topology_levels(self) -> tuple[str, ...]:
         """The levels gangs are placed by, widest first, without the hostname (`podgroups.profile_levels`)."""
