@@ -332,6 +332,30 @@ _SCRIPT = """
 """
 
 
+def _gangs(report: Report, quote: Callable[[str], str]) -> str:
+    """The domains that hold gangs (racks, NVLink cliques) with their gangs, and the gangs left unplaced."""
+    if not report.domains and not report.unplaced_gangs:
+        return ""
+    level = quote(report.domains[0].level) if report.domains else "-"
+    rows = "".join(
+        f"<tr><td>{quote(d.name)}</td><td>{d.nodes}</td><td>"
+        + ", ".join(f"{quote(gang)} ({count})" for gang, count in d.gangs)
+        + "</td></tr>"
+        for d in report.domains
+    )
+    table = (
+        f"<table class=pods><thead><tr><th>{level}</th><th>nodes</th><th>gangs (members)</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+    )
+    unplaced = "".join(f"<tr><td>{quote(g.pod)}</td><td>{quote(g.reason)}</td></tr>" for g in report.unplaced_gangs)
+    if unplaced:
+        table += (
+            "<h3>Gangs not placed</h3><table class=pods><thead><tr><th>gang</th><th>reason</th></tr></thead>"
+            f"<tbody>{unplaced}</tbody></table>"
+        )
+    return f'<section id="gangs"><h2>Gangs by {level}</h2>{table}</section>'
+
+
 def render_html(report: Report, *, generated: float | None = None) -> str:
     """The whole page for `report`."""
     quote = _quoter()
@@ -357,6 +381,7 @@ def render_html(report: Report, *, generated: float | None = None) -> str:
         "</div></header><main>",
         f'<section id="families"><h2>Devices per family</h2>{_families(report, quote)}</section>',
         f'<section id="pending"><h2>Pending pods ({len(report.pending)})</h2>{_pending(report, quote)}</section>',
+        _gangs(report, quote),
         _unverified(report, quote),
         '<section id="nodes"><h2>Nodes</h2><div class="tools">',
         '<input id="filter" type="search" placeholder="filter by node or pod name" aria-label="filter nodes">',

@@ -95,6 +95,17 @@ class FamilyUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class DomainView:
+    """One topology domain (a rack, an NVLink clique) as the gang reports draw it: its nodes and, per gang, how many
+    of the gang's members run there."""
+
+    level: str
+    name: str
+    nodes: int
+    gangs: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """A snapshot to draw. `unverified` maps pods whose allocation is shown but could not be checked (or did not
     verify and is therefore not shown) to the reason; `counts` are the front-end's own tallies (scheduled, deleted);
@@ -110,6 +121,8 @@ class Report:
     unverified: Mapping[str, str] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
     verified: bool = True
+    domains: tuple[DomainView, ...] = ()  # the narrowest level's domains that hold gangs
+    unplaced_gangs: tuple[PendingPod, ...] = ()  # gangs none of whose members holds a place, with why
 
     @property
     def devices(self) -> int:
@@ -188,6 +201,8 @@ def build_report(
     problems: Iterable[str] = (),
     only: str | None = None,
     verified: bool = True,
+    domains: Iterable[DomainView] = (),
+    unplaced_gangs: Iterable[PendingPod] = (),
 ) -> Report:
     """Snapshot `engine`: every node that has devices (or just node `only`), sorted by name, and the family totals
     over those nodes."""
@@ -221,6 +236,8 @@ def build_report(
         unverified=dict(unverified or {}),
         problems=tuple(problems),
         verified=verified,
+        domains=tuple(domains),
+        unplaced_gangs=tuple(unplaced_gangs),
     )
 
 
@@ -264,9 +281,55 @@ def report_json(report: Report) -> dict[str, Any]:
     }
 
 
+MAX_DOMAINS = 256  # domains drawn; the rest are counted
+
+
+def gang_domains(
+    engine: Engine, events: Iterable[Mapping[str, Any]]
+) -> tuple[tuple[DomainView, ...], tuple[PendingPod, ...]]:
+    """The domains of the narrowest topology level (`Engine.topology_levels`; nodes with none) that hold gangs,
+    with each gang's members there, and the gangs left unplaced with their reason, from the simulator's events
+    (a member's last event decides)."""
+    last: dict[str, Mapping[str, Any]] = {}
+    gang_of: dict[str, str] = {}
+    for event in events:
+        last[event["pod"]] = event
+        if event.get("gang"):
+            gang_of[event["pod"]] = str(event["gang"])
+    if not gang_of:
+        return (), ()
+    levels = engine.topology_levels()
+    level = levels[-1] if levels else "kubernetes.io/hostname"
+    held: dict[str, Counter[str]] = {}
+    unplaced: dict[str, str] = {}
+    for pod, gang in gang_of.items():
+        event = last[pod]
+        placement = engine.placement(pod) if event["event"] == "scheduled" else None
+        if placement is not None:
+            info = engine.node_info(placement.node)
+            labels = info.labels if info is not None else {}
+            domain = placement.node if level == "kubernetes.io/hostname" else labels.get(level, "(none)")
+            held.setdefault(domain, Counter())[gang] += 1
+        elif event["event"] == "unschedulable":
+            unplaced.setdefault(gang, str(event.get("reason") or "no place"))
+    nodes: Counter[str] = Counter()
+    if level != "kubernetes.io/hostname":
+        for name in engine.node_names():
+            info = engine.node_info(name)
+            if info is not None:
+                nodes[info.labels.get(level, "(none)")] += 1
+    views = tuple(
+        DomainView(level, domain, nodes.get(domain, 1), tuple(sorted(gangs.items())))
+        for domain, gangs in sorted(held.items())[:MAX_DOMAINS]
+    )
+    placed = {gang for gangs in held.values() for gang in gangs}
+    return views, tuple(PendingPod(gang, reason) for gang, reason in sorted(unplaced.items()) if gang not in placed)
+
+
 def simulation_report(engine: Engine, events: Iterable[Mapping[str, Any]], files: Iterable[str]) -> Report:
     """The report after a simulation: `events` are the simulator's per-document events, in order (a pod's last
     event decides whether it is still pending)."""
+    events = list(events)
     last: dict[str, Mapping[str, Any]] = {}
     counts: Counter[str] = Counter()
     for event in events:
@@ -277,6 +340,8 @@ def simulation_report(engine: Engine, events: Iterable[Mapping[str, Any]], files
         for pod, event in last.items()
         if event["event"] in ("unschedulable", "gated")
     ]
+    events = list(events) if not isinstance(events, list) else events
+    domains, unplaced = gang_domains(engine, events)
     names = [str(f) for f in files]
     source = "kubegpu simulate " + " ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
     return build_report(
@@ -285,4 +350,6 @@ def simulation_report(engine: Engine, events: Iterable[Mapping[str, Any]], files
         source=f"{source}, policy {engine.policy}",
         pending=pending,
         counts={kind: counts[kind] for kind in ("scheduled", "unschedulable", "gated", "deleted")},
+        domains=domains,
+        unplaced_gangs=unplaced,
     )

@@ -17,6 +17,14 @@ each victim is removed at once and reported first as `{"pod", "event": "preempte
 else computed from its spec), PersistentVolumeClaim, PersistentVolume and PriorityClass documents are read too, and
 Service, ReplicationController, ReplicaSet and StatefulSet documents, whose selectors give the pods they select that
 set no `topologySpreadConstraints` kube-scheduler's default spread over hosts and zones (`kubegpu.scheduler.owners`).
+Gangs (docs/gangs.md): `PodGroup` documents (`scheduling.x-k8s.io/v1alpha1`) and one Kueue `Topology` document
+(`spec.levels[].nodeLabel`, widest first; without one, AWS's network-node-layer labels and `nvidia.com/gpu.clique`
+are the levels) are read; a pod labelled `scheduling.x-k8s.io/pod-group` or `kueue.x-k8s.io/pod-group-name` waits
+until its gang's `minMember` members have arrived, then the gang is placed whole (`Engine.place_gang`), or after
+evicting pods of lower priority from one domain (`preempted` events with `"by": "ns/gang"`), or not at all. Each
+member's event carries `"gang": "ns/name"`; members whose gang never completes are reported unschedulable at the
+end. The report lists the domains of the narrowest level (racks, cliques) with their gangs, and the gangs unplaced
+with their reason.
 Without `--json` it prints a report: placements, per-node device occupancy maps and a summary, every name, device id
 and reason from the input escaped and bounded as `kubegpu.core.text.safe_text` makes it (a file is someone else's
 text: an escape sequence in a pod name must not reach the terminal). Invalid input exits
@@ -62,13 +70,13 @@ from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.status import Code
 from kubegpu.core.text import safe_text
-from kubegpu.scheduler import objects
+from kubegpu.scheduler import objects, podgroups
 from kubegpu.scheduler.config import ConfigError, Policy, load_config
-from kubegpu.scheduler.engine import POLICIES, Decision, Engine
+from kubegpu.scheduler.engine import POLICIES, Decision, Engine, PermitCode
 from kubegpu.scheduler.gates import gated_reason
 from kubegpu.scheduler.owners import OWNER_KINDS
 from kubegpu.scheduler.preemption import Budget
-from kubegpu.scheduler.report import draw_text
+from kubegpu.scheduler.report import draw_text, gang_domains
 
 __all__ = ["SimulationError", "add_simulate_parser", "load_documents", "run"]
 
@@ -388,6 +396,8 @@ OBJECT_KINDS: dict[str, Callable[[dict[str, Any]], object]] = {
     "PersistentVolume": objects.volume,
     "PriorityClass": objects.priority_class,
     **{kind: partial(objects.owner, kind) for kind in OWNER_KINDS},
+    "PodGroup": podgroups.pod_group,
+    "Topology": podgroups.topology_levels,
 }
 
 
@@ -397,13 +407,23 @@ class Cluster:
 
     budgets: list[dict[str, Any]]
     classes: dict[str, objects.PriorityClass]
+    topology: str | None = None  # where the Topology came from (one per run)
 
     @classmethod
     def load(cls, engine: Engine, found: list[tuple[str, str, dict[str, Any]]]) -> Cluster:
         cluster = cls([], {})
         engine.track_volumes = True
-        for kind, _, document in found:
-            if kind == "PodDisruptionBudget":
+        for kind, label, document in found:
+            if kind == "PodGroup":
+                engine.set_pod_group(podgroups.pod_group(document))
+            elif kind == "Topology":
+                if cluster.topology is not None:
+                    raise SimulationError(
+                        f"{label}: kind: a second Topology (the first is {cluster.topology}); gangs are placed by one"
+                    )
+                cluster.topology = label
+                engine.set_topology(podgroups.topology_levels(document))
+            elif kind == "PodDisruptionBudget":
                 cluster.budgets.append(document)
             elif kind == "PersistentVolumeClaim":
                 engine.set_claim(*objects.claim(document))
@@ -458,10 +478,13 @@ def _process(
     clock = time.perf_counter
     live: set[str] = set()
     cluster = cluster or Cluster([], {})
+    gathering: dict[str, list[PodRequest]] = {}  # gang -> its members arrived, not placed yet
     for event in _arrivals(pods, cluster):
         request = event.request
         started = clock()
         if event.deleting:
+            for members in gathering.values():
+                members[:] = [m for m in members if m.key != request.key]
             released = engine.release(request.key)
             latencies.append(clock() - started)
             live.discard(request.key)
@@ -489,6 +512,20 @@ def _process(
                 "annotations": {},
             }
             continue
+        if podgroups.gang_key(request) is not None:
+            try:
+                group = engine.gang_of(request)
+            except InputError as exc:
+                yield {**_event(Decision(request.key, False, reason=str(exc))), "gang": podgroups.gang_key(request)}
+                continue
+            if group is not None:
+                members = gathering.setdefault(group.key, [])
+                members.append(request)
+                if len(members) + len(engine.gang_holders(group)) >= group.min_member:
+                    del gathering[group.key]
+                    yield from _place_gang(engine, group, members, cluster, live)
+                    latencies.extend([(clock() - started) / len(members)] * len(members))
+                continue
         decision = engine.schedule(request)
         if not decision.scheduled and decision.code is not Code.ERROR:
             preemption = engine.preempt(request, cluster.budgets_for(engine) if cluster.budgets else ())
@@ -510,6 +547,50 @@ def _process(
         if decision.scheduled:
             live.add(request.key)
         yield _event(decision)
+    for key, members in gathering.items():
+        group = engine.gang_of(members[0]) if members else None
+        if group is None:
+            continue
+        reason = (
+            f"gang {key}: {len(members) + len(engine.gang_holders(group))} of minMember {group.min_member} members "
+            f"arrived; none holds a place (a live scheduler waits {group.timeout_seconds}s for the others)"
+        )
+        for member in members:
+            yield {**_event(Decision(member.key, False, reason=reason)), "gang": key}
+
+
+def _place_gang(
+    engine: Engine, group: podgroups.PodGroup, members: list[PodRequest], cluster: Cluster, live: set[str]
+) -> Iterator[dict[str, Any]]:
+    """A gang whose `minMember` members have arrived: placed whole, or after evicting pods of lower priority
+    from one domain (`Engine.preempt_gang`), or none of it placed. Each member's event names its gang."""
+    placement = engine.place_gang(members, group)
+    if not placement.placed and placement.code is Code.UNSCHEDULABLE:
+        preemption = engine.preempt_gang(members, group, cluster.budgets_for(engine) if cluster.budgets else ())
+        if preemption.domain is not None:
+            priority = min(m.priority for m in members)
+            for key in preemption.victims:
+                released = engine.release(key)
+                live.discard(key)
+                yield {
+                    "pod": key,
+                    "event": "preempted",
+                    "node": released.node if released else None,
+                    "by": group.key,
+                    "reason": f"preempted by gang {group.key} (priority {priority}) for {preemption.domain}",
+                    "devices": released.allocation.containers if released and released.allocation else {},
+                    "annotations": {},
+                }
+            placement = engine.place_gang(members, group)
+    requests = {m.key: m for m in members}
+    for decision in placement.decisions:
+        if decision.scheduled and decision.pod in requests:
+            answer = engine.permit(requests[decision.pod], now=0.0)
+            if answer.code is PermitCode.REJECT:
+                decision = Decision(decision.pod, False, reason=answer.reason, code=Code.UNSCHEDULABLE)
+            else:
+                live.add(decision.pod)
+        yield {**_event(decision), "gang": group.key}
 
 
 def _percentile(values: list[float], fraction: float) -> float:
@@ -570,6 +651,15 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
             f"{tally['free']} free, {fragmentation[family]} stranded (free but outside the largest request that "
             "still fits its node)\n"
         )
+    domains, unplaced = gang_domains(engine, events)
+    if domains or unplaced:
+        level = domains[0].level if domains else "-"
+        write(f"\nGANGS (domains by {safe_text(level)})\n")
+        for domain in domains:
+            gangs = ", ".join(f"{safe_text(gang)} ({count})" for gang, count in domain.gangs)
+            write(f"  {safe_text(domain.name):24} {domain.nodes:5d} nodes  {gangs}\n")
+        for gang in unplaced:
+            write(f"  unplaced {safe_text(gang.pod)}: {safe_text(gang.reason)}\n")
     reasons = Counter(e["reason"] for e in events if e["event"] == "unschedulable")
     if reasons:
         write("  unschedulable pods by reason:\n")

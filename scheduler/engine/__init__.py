@@ -16,6 +16,8 @@ framework's extension points, its plugins):
 * `cycle`: one pod's cycle: `decide` (PreFilter, Filter, Score) returns a decision, `schedule` decides and reserves;
 * `admission`: recording pods that are already bound (`admit_bound`, `admit_by_count`);
 * `preempt`: the what-ifs of preemption (PostFilter) and nomination;
+* `permit`: the Permit stage (approve, wait with a timeout, reject) and its built-in Coscheduling rule;
+* `gangs`: placing a gang whole in a topology (`place_gang`) and preempting for one (`preempt_gang`);
 * `queries`: what the front-ends read.
 
 The parts are layers of one class, in the order above from `records` up: each builds on the ones below it and never
@@ -29,16 +31,23 @@ that raises becomes a reason naming it, never a crash.
 
 from __future__ import annotations
 
+from kubegpu.scheduler.engine.framework import PermitPlugin
 from kubegpu.scheduler.engine.queries import Queries
 from kubegpu.scheduler.engine.records import (
     CHECKS_REMEMBERED,
     POLICIES,
     Decision,
+    GangPlacement,
+    GangPreemption,
     NodeRecord,
+    PermitAnswer,
+    PermitCode,
     Placement,
     Plan,
     PodRecord,
     Policy,
+    Verdict,
+    Waiting,
     summarize_reasons,
 )
 
@@ -47,11 +56,18 @@ __all__ = [
     "POLICIES",
     "Decision",
     "Engine",
+    "GangPlacement",
+    "GangPreemption",
     "NodeRecord",
+    "PermitAnswer",
+    "PermitCode",
+    "PermitPlugin",
     "Placement",
     "Plan",
     "PodRecord",
     "Policy",
+    "Verdict",
+    "Waiting",
     "summarize_reasons",
 ]
 

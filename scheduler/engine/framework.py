@@ -15,11 +15,11 @@ remembered answer is stale (`Filtering.check`); pluggy stays the boundary for ex
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence, Set
-from typing import Protocol
+from typing import Any, Protocol
 
 from kubegpu.core.models import NodeSelectorTerm, PodRequest, SpreadConstraint
 from kubegpu.core.status import Status
-from kubegpu.scheduler.engine.records import NodeRecord, Plan
+from kubegpu.scheduler.engine.records import NodeRecord, Plan, Verdict
 from kubegpu.scheduler.podindex import Domains, PodIndex
 from kubegpu.scheduler.scores import Profile
 
@@ -138,3 +138,17 @@ class ScorePlugin(Protocol):
     ) -> list[float]: ...
 
     def normalize(self, state: object, raw: list[float]) -> list[float]: ...
+
+
+class PermitPlugin(Protocol):
+    """One rule of the Permit extension point, asked after a pod's devices are reserved (`Engine.permit`).
+
+    `name`: the rule's name, given in its refusals. `permit` answers a `Verdict`: APPROVE, WAIT with a timeout in
+    seconds (the pod keeps its reservation; the front-end binds it once approved, `Engine.allow`), or REJECT with a
+    reason (the engine gives the reservation back). It reads the engine (`engine.pods`, `engine.waiting`) and never
+    changes it. The built-in Coscheduling rule (`permit.py`) runs first; an `Engine` takes more through `permits`.
+    """
+
+    name: str
+
+    def permit(self, engine: Any, pod: PodRequest, node: str) -> Verdict: ...

@@ -12,11 +12,12 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.scheduler_hooks import DeviceNodeState
-from kubegpu.scheduler.engine.preempt import Preempting
-from kubegpu.scheduler.engine.records import Placement, log
+from kubegpu.scheduler.engine.gangs import Gangs
+from kubegpu.scheduler.engine.records import Placement, Waiting, log
+from kubegpu.scheduler.podgroups import PodGroup
 
 
-class Queries(Preempting):
+class Queries(Gangs):
     """Read-only queries for the front-ends."""
 
     def node_names(self) -> KeysView[str]:
@@ -59,6 +60,14 @@ class Queries(Preempting):
             record = self.pods.get(key)
             if record is not None:
                 yield Placement(record.request, record.node, record.allocation)
+
+    def waiting_pods(self) -> list[Waiting]:
+        """The pods waiting at Permit whose reservations still hold, earliest deadline first."""
+        return sorted((w for w in self.waiting.values() if self._still_held(w)), key=lambda w: w.deadline)
+
+    def pod_group(self, key: str) -> PodGroup | None:
+        """The PodGroup `namespace/name` as last reported (`set_pod_group`); None when none is."""
+        return self.pod_groups.get(key)
 
     def describe(self, name: str) -> list[Occupancy]:
         record = self.nodes[name]

@@ -7,6 +7,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Literal, NamedTuple
 
 from kubegpu.core.annotations import (
@@ -229,3 +230,76 @@ def summarize_reasons(total: int, reasons: Counter[str]) -> str:
     if not parts:
         return f"0/{total} nodes are available."
     return f"0/{total} nodes are available: {', '.join(parts)}."
+
+
+# -- Permit and gangs ---------------------------------------------------------------------------------------------
+
+
+class PermitCode(Enum):
+    """kube-scheduler's Permit answers: bind now, wait (holding the reservation), or give the reservation back."""
+
+    APPROVE = "approve"
+    WAIT = "wait"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One Permit plugin's answer for one reserved pod. `timeout`: seconds a WAIT may last at most; `release`: pods
+    waiting at Permit that this APPROVE lets go too (the last member of a gang approves the others)."""
+
+    code: PermitCode
+    reason: str | None = None
+    timeout: float | None = None
+    release: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PermitAnswer:
+    """The Permit stage's answer for a reserved pod (`Engine.permit`): APPROVE (bind it, and `approved`, the waiting
+    pods let go with it), WAIT until `deadline` (its reservation kept), or REJECT (its reservation given back)."""
+
+    pod: str
+    code: PermitCode
+    node: str | None = None
+    reason: str | None = None
+    deadline: float | None = None
+    approved: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A reserved pod waiting at Permit: its request, node, deadline (the caller's clock), and why it waits."""
+
+    pod: PodRequest
+    node: str
+    deadline: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GangPlacement:
+    """The outcome of `Engine.place_gang`: every member's decision (`decisions`, in rank order; the unplaced ones
+    refused), whether at least `minMember` hold places (`placed`), the domain chosen (`level`, `domain`: None when
+    the gang asked for none), and else one line saying why nothing is held."""
+
+    gang: str
+    placed: bool
+    decisions: tuple[Decision, ...] = ()
+    level: str | None = None
+    domain: str | None = None
+    reason: str | None = None
+    code: Code = Code.SUCCESS
+
+
+@dataclass(frozen=True, slots=True)
+class GangPreemption:
+    """The outcome of `Engine.preempt_gang`: the domain (`level`, `domain`) whose `victims` (pod keys) to evict so
+    the gang fits there whole, with the budgets that eviction violates; or why no domain would do (`reason`)."""
+
+    gang: str
+    level: str | None = None
+    domain: str | None = None
+    victims: tuple[str, ...] = ()
+    violations: int = 0
+    reason: str | None = None

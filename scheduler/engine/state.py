@@ -20,7 +20,7 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import KubegpuPluginManager
 from kubegpu.scheduler import scores
-from kubegpu.scheduler.engine.framework import NodeFilter, ScorePlugin
+from kubegpu.scheduler.engine.framework import NodeFilter, PermitPlugin, ScorePlugin
 from kubegpu.scheduler.engine.kubefilters import CLUSTER_FILTERS, KUBE_FILTERS, NodeResourcesFit, enabled_filters
 from kubegpu.scheduler.engine.kubescores import KUBE_SCORES, enabled_scores
 from kubegpu.scheduler.engine.records import (
@@ -33,10 +33,12 @@ from kubegpu.scheduler.engine.records import (
     Plan,
     PodRecord,
     Policy,
+    Waiting,
 )
 from kubegpu.scheduler.engine.rules import plugin_rules
 from kubegpu.scheduler.index import CapacityIndex, NodeTree
 from kubegpu.scheduler.owners import Owners
+from kubegpu.scheduler.podgroups import MAX_LEVELS, PodGroup
 from kubegpu.scheduler.podindex import Domains, PodIndex
 
 
@@ -53,6 +55,8 @@ class EngineState:
         scoring: scores.Profile | None = None,
         filters: Sequence[NodeFilter] = (),
         score_plugins: Sequence[ScorePlugin] = (),
+        permits: Sequence[PermitPlugin] = (),
+        levels: Sequence[str] | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
@@ -112,6 +116,18 @@ class EngineState:
         self._dead: dict[str, str] = {}
         self._published: dict[str, dict[str, dict[str, dict[str, list[str]]]]] = {}
         self.nominated: dict[str, str] = {}  # preempting pod -> the node its victims are leaving
+
+        # -- gangs and the Permit stage (permit, gangs) ------------------------------------------------------------
+        # The Permit rules after the built-in Coscheduling one; the pods waiting at Permit, by key, with their
+        # reservations held (an entry whose pod no longer holds that reservation is dropped when next read).
+        self._permits = tuple(permits)
+        self.waiting: dict[str, Waiting] = {}
+        # The PodGroups a front-end reports (`set_pod_group`), by `namespace/name`; a Kueue group needs none.
+        self.pod_groups: dict[str, PodGroup] = {}
+        # The topology levels, widest first, without the hostname (None: the known labels, `podgroups.KNOWN_LEVELS`).
+        if levels is not None and len(tuple(levels)) > MAX_LEVELS:
+            raise ValueError(f"at most {MAX_LEVELS} topology levels")
+        self.levels: tuple[str, ...] | None = None if levels is None else tuple(levels)
 
         # -- what a plan reads beyond the pod (plan) -----------------------------------------------------------------
         # The Services, ReplicationControllers, ReplicaSets and StatefulSets a front-end reports (`set_owner`): a

@@ -36,7 +36,16 @@ FRONT_ENDS = (
     "top.py",
 )
 # The engine and what it is built from (it may read its own records); and modules that never see an engine.
-ENGINE_PARTS = ("filters.py", "index.py", "owners.py", "podindex.py", "preemption.py", "scores.py")
+ENGINE_PARTS = (
+    "filters.py",
+    "gangfit.py",
+    "index.py",
+    "owners.py",
+    "podgroups.py",
+    "podindex.py",
+    "preemption.py",
+    "scores.py",
+)
 NO_ENGINE = ("__init__.py", "config.py", "gates.py", "http_server.py", "objects.py")
 
 # Plain settings a front-end gives the engine or reads back; not the cluster state.

@@ -1,0 +1,354 @@
+"""Gangs: all-or-nothing placement in a topology (`place_gang`) and gang-aware preemption (`preempt_gang`).
+
+`place_gang` measures each node's room for the gang's members (how many copies of its most demanding member fit,
+on a node that passes every filter for it), lets `kubegpu.scheduler.gangfit` choose the domain and the nodes (best
+fit, rank by rank in domain order), then reserves member by member (each plugin still chooses the devices inside its
+node). Room is an estimate from counts; the reservation is the truth: when one fails, the node's room is corrected
+and the choice made again. Either at least `minMember` members hold places, or nothing is held and the answer says
+why, in a user's words ("gang ns/train-7: 16 members need 8 nvidia.com/gpu each; the largest rack (rack-3) has 12
+such nodes free"). Members already holding places count towards `minMember` and stay where they are.
+
+`preempt_gang` is PostFilter for a gang that fits nowhere: per domain of the gang's level, the lowest-priority
+minimal set of pods whose eviction lets the whole gang in (PodDisruptionBudgets respected as `Engine.preempt` does:
+pods whose eviction would violate one are kept first), never a set that still leaves the gang unplaceable, and never
+a victim gang cut below its own `minMember` (then all of it goes, or the domain is no candidate). A what-if: every
+pod is back as it was on return; the front-end evicts and places the gang again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from kubegpu.core.manifests import ManifestError
+from kubegpu.core.models import PodRequest
+from kubegpu.core.status import Code
+from kubegpu.scheduler import gangfit
+from kubegpu.scheduler.engine.permit import Permitting
+from kubegpu.scheduler.engine.records import Decision, GangPlacement, GangPreemption, NodeRecord, Plan, PodRecord
+from kubegpu.scheduler.podgroups import (
+    HOSTNAME,
+    MAX_LEVELS,
+    MAX_MEMBERS,
+    PodGroup,
+    gang_key,
+    member_index,
+    member_topology,
+    profile_levels,
+)
+from kubegpu.scheduler.preemption import Budget, Candidate, by_importance, may_preempt, pick, split_by_budget
+
+MAX_ATTEMPTS = 8  # choices made again after a reservation corrected a node's room
+
+
+def rank(pod: PodRequest) -> tuple[bool, int, tuple[object, ...]]:
+    """Members in rank order: by index (`podgroups.member_index`), the unindexed last, by name."""
+    index = member_index(pod)
+    return index is None, index or 0, gangfit.natural(pod.name)
+
+
+class Gangs(Permitting):
+    """Placing a gang whole, and preempting for one."""
+
+    def set_topology(self, levels: Sequence[str] | None) -> None:
+        """The topology levels, widest first (a Kueue `Topology`'s `podgroups.topology_levels`); None: the known
+        labels (`podgroups.KNOWN_LEVELS`) found on the nodes."""
+        if levels is not None and len(levels) > MAX_LEVELS:
+            raise ValueError(f"at most {MAX_LEVELS} topology levels")
+        self.levels = None if levels is None else tuple(levels)
+
+    def topology_levels(self) -> tuple[str, ...]:
+        """The levels gangs are placed by, widest first, without the hostname (`podgroups.profile_levels`)."""
+        return profile_levels(self.levels, (record.info.labels for record in self.nodes.values()))
+
+    def place_gang(self, members: Sequence[PodRequest], group: PodGroup | None = None) -> GangPlacement:
+        """Reserve places for the gang's members, all or nothing: at least `minMember` of them (with those already
+        holding places) hold reservations on return, every one in the domain the gang asks for, or none does and
+        the answer says why. `group`: the gang (None: the first member's, `gang_of`). Members go rank by rank in
+        domain order. The front-end then asks Permit (`permit`) for each and binds the approved ones."""
+        if not members:
+            return GangPlacement("", False, reason="a gang of no members", code=Code.UNRESOLVABLE)
+        try:
+            group = group or self.gang_of(members[0])
+            asked = self._asked_topology(group, members)
+        except ManifestError as exc:
+            return self._refuse_gang(gang_key(members[0]) or members[0].key, members, str(exc), Code.UNRESOLVABLE)
+        if group is None:
+            group = PodGroup(members[0].namespace, members[0].name, len(members))
+        if len(members) > MAX_MEMBERS:
+            return self._refuse_gang(group.key, members, f"more than {MAX_MEMBERS} members", Code.UNRESOLVABLE)
+        holders = self.gang_holders(group)
+        todo = sorted((m for m in members if m.key not in self.pods), key=rank)
+        least = max(0, group.min_member - len(holders))
+        if len(todo) < least:
+            reason = (
+                f"gang {group.key}: {len(todo) + len(holders)} of minMember {group.min_member} members present; "
+                "waiting for the others"
+            )
+            return self._refuse_gang(group.key, members, reason, Code.UNSCHEDULABLE)
+        if not todo:
+            return GangPlacement(group.key, True, tuple(self._held(m) for m in members))
+        representative = max(todo, key=lambda m: (sum(a for _, a in self.plan(m).fit if _ != "cpu"), m.cpu_milli))
+        plan = self.plan(representative)
+        rooms = self._rooms(representative, plan, self.nodes)
+        levels = self.topology_levels()
+        targets = [len(todo)] + ([least] if 0 < least < len(todo) else [])
+        shortfall: gangfit.Shortfall | None = None
+        for target in targets:
+            for _ in range(MAX_ATTEMPTS):
+                labels = {name: self.nodes[name].info.labels for name, room in rooms.items() if room > 0}
+                fit = gangfit.choose(rooms, labels, levels, target, required=asked[0], preferred=asked[1])
+                if isinstance(fit, gangfit.Shortfall):
+                    shortfall = shortfall or fit
+                    break
+                decisions, corrected = self._reserve_slots(todo, fit)
+                if decisions is not None:
+                    placed = {d.pod: d for d in decisions}
+                    answer = tuple(
+                        placed.get(m.key)
+                        or (
+                            self._held(m)
+                            if m.key in self.pods
+                            else Decision(
+                                m.key, False, reason=f"gang {group.key}: placed without it", code=Code.UNSCHEDULABLE
+                            )
+                        )
+                        for m in sorted(members, key=rank)
+                    )
+                    return GangPlacement(group.key, True, answer, fit.level, fit.domain)
+                rooms.update(corrected)
+        reason = self._shortfall_reason(group, representative, plan, len(todo), shortfall, asked)
+        return self._refuse_gang(group.key, members, reason, Code.UNSCHEDULABLE)
+
+    def preempt_gang(
+        self, members: Sequence[PodRequest], group: PodGroup | None = None, budgets: Sequence[Budget] = ()
+    ) -> GangPreemption:
+        """Whom to evict so that the gang fits whole in one domain of its level (its required level, else its
+        preferred one, else the narrowest level; the whole cluster without levels): the lowest-priority minimal
+        set, budgets respected, victim gangs never cut below their minMember. Changes nothing."""
+        todo = sorted((m for m in members if m.key not in self.pods), key=rank)
+        if not todo:
+            return GangPreemption("", reason="every member already holds a place")
+        try:
+            group = group or self.gang_of(todo[0])
+            asked = self._asked_topology(group, todo)
+        except ManifestError as exc:
+            return GangPreemption(gang_key(todo[0]) or "", reason=str(exc))
+        if group is None:
+            group = PodGroup(todo[0].namespace, todo[0].name, len(todo))
+        priority = min(m.priority for m in todo)
+        if not all(may_preempt(m) for m in todo):
+            return GangPreemption(group.key, reason="a member's preemptionPolicy is Never")
+        if not any(p < priority for p, count in self._priorities.items() if count > 0):
+            return GangPreemption(group.key, reason="no pod of lower priority runs anywhere")
+        need = max(len(todo), 1)
+        levels = self.topology_levels()
+        level = asked[0] or asked[1] or (levels[-1] if levels else None)
+        representative = max(todo, key=lambda m: (sum(a for _, a in self.plan(m).fit if _ != "cpu"), m.cpu_milli))
+        gang_keys = {m.key for m in members}
+        domains: dict[str, list[str]] = {}
+        for name, record in self.nodes.items():
+            value = "cluster" if level is None else name if level == HOSTNAME else record.info.labels.get(level)
+            if value:
+                domains.setdefault(value, []).append(name)
+        candidates: list[Candidate] = []
+        for value, names in sorted(domains.items(), key=lambda item: gangfit.natural(item[0])):
+            lower = [
+                key
+                for name in names
+                for key in self.nodes[name].pods
+                if key not in gang_keys and self.pods[key].request.priority < priority
+            ]
+            if lower:
+                candidate = self._gang_victims(representative, names, lower, need, levels, priority, budgets)
+                if candidate is not None:
+                    candidates.append(Candidate(value, candidate[0], candidate[1]))
+        chosen = pick(candidates)
+        if chosen is None:
+            return GangPreemption(
+                group.key,
+                level,
+                reason=f"gang {group.key}: no domain would fit it even without the pods of lower priority",
+            )
+        return GangPreemption(group.key, level, chosen.node, tuple(p.key for p in chosen.victims), chosen.violations)
+
+    # -- what the two share ----------------------------------------------------------------------------------------
+
+    def _asked_topology(self, group: PodGroup | None, members: Sequence[PodRequest]) -> tuple[str | None, str | None]:
+        """(required, preferred) level: the PodGroup's annotations, else the first member's that has any."""
+        if group is not None and (group.required or group.preferred):
+            return group.required, group.preferred
+        for member in members:
+            asked = member_topology(member)
+            if asked != (None, None):
+                return asked
+        return None, None
+
+    def _rooms(self, pod: PodRequest, plan: Plan, names: Iterable[str]) -> dict[str, int]:
+        """Each node's room for copies of `pod`: 0 where a filter refuses it, else how many fit by the counts of
+        what it requests (at least 1); the reservation checks each copy."""
+        judge = self._cluster_state(pod, plan).judge if plan.volatile else None
+        rooms: dict[str, int] = {}
+        for name in names:
+            record = self.nodes[name]
+            rooms[name] = self._room(record, pod, plan) if self.check(record, pod, plan, judge=judge).ok else 0
+        return rooms
+
+    @staticmethod
+    def _room(record: NodeRecord, pod: PodRequest, plan: Plan) -> int:
+        allocatable = record.info.allocatable
+        room = allocatable.get("pods", 110) - record.used["pods"]
+        for resource, amount in plan.fit:
+            if amount > 0 and resource in allocatable:
+                room = min(room, record.free(resource) // amount)
+        return max(room, 1)
+
+    def _reserve_slots(
+        self, todo: Sequence[PodRequest], fit: gangfit.Fit
+    ) -> tuple[list[Decision] | None, dict[str, int]]:
+        """Reserve the members along the chosen slots. All reserved: their decisions. Else everything reserved here
+        is given back, with each node's room corrected to what it took."""
+        decisions: list[Decision] = []
+        corrected: dict[str, int] = {}
+        members = iter(todo)
+        for node, count in fit.slots:
+            for took in range(count):
+                member = next(members, None)
+                if member is None:
+                    break
+                decision = self.reserve(member, node)
+                if not decision.scheduled:
+                    corrected[node] = took
+                    break
+                decisions.append(decision)
+            if node in corrected:
+                break
+        if len(decisions) == sum(count for _, count in fit.slots):
+            return decisions, corrected
+        for decision in decisions:
+            self.unreserve(next(m for m in todo if m.key == decision.pod), decision.node)
+        return None, corrected
+
+    def _held(self, member: PodRequest) -> Decision:
+        held = self.pods[member.key]
+        return Decision(
+            member.key, True, node=held.node, allocation=held.allocation, annotations=dict(held.annotations)
+        )
+
+    @staticmethod
+    def _refuse_gang(key: str, members: Sequence[PodRequest], reason: str, code: Code) -> GangPlacement:
+        refused = tuple(Decision(m.key, False, reason=reason, code=code) for m in sorted(members, key=rank))
+        return GangPlacement(key, False, refused, reason=refused[0].reason if refused else reason, code=code)
+
+    def _shortfall_reason(
+        self,
+        group: PodGroup,
+        pod: PodRequest,
+        plan: Plan,
+        need: int,
+        shortfall: gangfit.Shortfall | None,
+        asked: tuple[str | None, str | None],
+    ) -> str:
+        wants = [(r, a) for r, a in plan.fit if r not in ("cpu", "memory", "ephemeral-storage")]
+        what = ", ".join(f"{a} {r}" for r, a in wants) or f"{pod.cpu_milli}m cpu"
+        head = f"gang {group.key}: {need} members need {what} each"
+        if shortfall is None:
+            return f"{head}; their reservations failed on every choice"
+        if shortfall.room == 0 and shortfall.level is None:
+            decision = self.decide(pod)
+            return f"{head}; no node fits one: {decision.reason}"
+        if shortfall.level is None:
+            where = "the cluster"
+        elif shortfall.domain is None:
+            where = f"no node has the label {shortfall.level}, so no"
+            return f"{head} in one {shortfall.level} domain; {where} domain exists"
+        else:
+            where = f"the largest {shortfall.level.rsplit('/', 1)[-1]} ({shortfall.domain})"
+        if shortfall.room == shortfall.nodes:
+            return f"{head}; {where} has {shortfall.room} such nodes free"
+        return f"{head}; {where} has room for {shortfall.room} of them on {shortfall.nodes} nodes"
+
+    def _gang_victims(
+        self,
+        pod: PodRequest,
+        names: Sequence[str],
+        lower: Sequence[str],
+        need: int,
+        levels: Sequence[str],
+        priority: int,
+        budgets: Sequence[Budget],
+    ) -> tuple[tuple[PodRequest, ...], int] | None:
+        """In one domain (`names`): the fewest of `lower` to evict so that `need` copies of `pod` fit there, with
+        the victims' gangs kept whole or evicted whole; (victims, budget violations), or None."""
+        plan = self.plan(pod)
+        out: dict[str, PodRecord] = {}
+        requests = {key: self.pods[key].request for key in lower}
+
+        def fits() -> bool:
+            rooms = self._rooms(pod, self.plan(pod), names)
+            labels = {name: self.nodes[name].info.labels for name in names}
+            return isinstance(gangfit.choose(rooms, labels, levels, need), gangfit.Fit)
+
+        try:
+            for key in lower:
+                if (released := self.release(key)) is not None:
+                    out[key] = released
+            if not fits():
+                return None
+            violating, others = split_by_budget(by_importance(requests.values()), budgets)
+            victims: list[PodRequest] = []
+            violations = 0
+            for request in violating + others:
+                self._put_back(out.pop(request.key))
+                if fits():
+                    continue  # reprieved
+                if (released := self.release(request.key)) is not None:
+                    out[request.key] = released
+                victims.append(request)
+                violations += request in violating
+            whole = self._whole_gangs(victims, priority)
+            if whole is None:
+                return None
+            for request in whole:
+                if (released := self.release(request.key)) is not None:
+                    out[request.key] = released
+            del plan
+            return (*victims, *whole), violations
+        finally:
+            for released in out.values():
+                self._put_back(released)
+
+    def _whole_gangs(self, victims: Sequence[PodRequest], priority: int) -> list[PodRequest] | None:
+        """The other members of the victims' gangs that must go too: a gang left below its minMember goes whole.
+        None when such a member is not of lower priority (the gang cannot go, so neither can its victim)."""
+        extra: dict[str, PodRequest] = {}
+        chosen = {v.key for v in victims}
+        gangs: dict[str, PodGroup] = {}
+        for victim in victims:
+            try:
+                group = self.gang_of(victim)
+            except ManifestError:
+                group = None
+            if group is not None:
+                gangs[group.key] = group
+        for group in gangs.values():
+            holders = [key for key in self.gang_holders(group) if key not in chosen]
+            if not holders or len(holders) >= group.min_member:
+                continue
+            for key in holders:
+                request = self.pods[key].request
+                if request.priority >= priority:
+                    return None
+                extra[key] = request
+        return list(extra.values())
+
+
+def summary(placement: GangPlacement) -> Mapping[str, object]:
+    """A gang placement as plain values (for reports and logs)."""
+    return {
+        "gang": placement.gang,
+        "placed": placement.placed,
+        "level": placement.level,
+        "domain": placement.domain,
+        "members": [d.pod for d in placement.decisions if d.scheduled],
+        "reason": placement.reason,
+    }

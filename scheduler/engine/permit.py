@@ -1,0 +1,161 @@
+"""The Permit extension point: after a pod's devices are reserved, may it be bound now?
+
+Each rule (`framework.PermitPlugin`) answers APPROVE, WAIT (with a timeout) or REJECT (with a reason), as
+kube-scheduler's Permit plugins do. A waiting pod keeps its reservation (`waiting`) until a rule lets it go
+(`allow`, or a later pod's APPROVE naming it), it is rejected (`reject_waiting`), or its deadline passes
+(`expire`); a rejected or expired pod's reservation is given back (`unreserve`: idempotent, only this very pod's).
+Time is the caller's clock, passed in (`now`): the engine keeps none.
+
+The built-in rule is Coscheduling (scheduler-plugins' Permit): a member of a gang (`podgroups`) waits until
+`minMember` members of its gang hold reservations, and the member that completes the gang approves the others. At
+most one gang is partly held at any time: a member of a second gang is refused rather than left waiting, so two
+gangs competing for the same nodes never both hold part (the deadlock of scheduler-plugins issue #117). A gang whose
+members all arrived is placed whole instead (`gangs.place_gang`), which holds nothing unless every member has a place.
+"""
+
+from __future__ import annotations
+
+from kubegpu.core.manifests import ManifestError
+from kubegpu.core.models import LabelSelector, PodRequest, Requirement
+from kubegpu.core.text import safe_text
+from kubegpu.scheduler.engine.preempt import Preempting
+from kubegpu.scheduler.engine.records import PermitAnswer, PermitCode, Verdict, Waiting
+from kubegpu.scheduler.podgroups import KUEUE_GROUP_LABEL, POD_GROUP_LABEL, PodGroup, gang_key, kueue_group
+
+COSCHEDULING = "Coscheduling"
+
+
+class Permitting(Preempting):
+    """The Permit stage, the gangs the engine knows, and their members that hold reservations."""
+
+    # -- the gangs -----------------------------------------------------------------------------------------------
+
+    def set_pod_group(self, group: PodGroup | None, key: str | None = None) -> None:
+        """Record a PodGroup (`podgroups.pod_group`), or forget the one named `key` (`namespace/name`) when None."""
+        if group is None:
+            if key is not None:
+                self.pod_groups.pop(key, None)
+            return
+        self.pod_groups[group.key] = group
+
+    def gang_of(self, pod: PodRequest) -> PodGroup | None:
+        """The gang a pod belongs to: its PodGroup when one is known, else what its Kueue labels say; None for a pod
+        of no gang, or of a PodGroup not reported yet (kube-scheduler's coscheduling schedules such a pod alone,
+        too). Raises `ManifestError` for a Kueue member whose labels are malformed."""
+        key = gang_key(pod)
+        if key is None:
+            return None
+        group = self.pod_groups.get(key)
+        if group is not None:
+            return group
+        return kueue_group(pod)
+
+    def gang_holders(self, group: PodGroup) -> list[str]:
+        """The pods of the gang that hold resources (reserved, waiting at Permit, or bound), in placement order."""
+        found: dict[str, None] = {}
+        for label in (POD_GROUP_LABEL, KUEUE_GROUP_LABEL):
+            selector = LabelSelector((Requirement(label, "In", (group.name,)),))
+            for key in self._placed.selected((group.namespace,), selector):
+                if gang_key(self.pods[key].request) == group.key:
+                    found[key] = None
+        return list(found)
+
+    # -- Permit --------------------------------------------------------------------------------------------------
+
+    def permit(self, pod: PodRequest, *, now: float) -> PermitAnswer:
+        """Permit for a pod that holds a reservation (`reserve`, `schedule`, `place_gang`): APPROVE, WAIT until a
+        deadline (the reservation kept), or REJECT (the reservation given back). `now`: the caller's clock, in
+        seconds, against which deadlines count. A pod that holds no reservation is rejected and nothing changes."""
+        held = self.pods.get(pod.key)
+        if held is None or held.request.uid != pod.uid:
+            return PermitAnswer(pod.key, PermitCode.REJECT, reason=f"pod {pod.key} holds no reservation")
+        node = held.node
+        verdicts = [(COSCHEDULING, self._coscheduling(pod))]
+        verdicts.extend((rule.name, rule.permit(self, pod, node)) for rule in self._permits)
+        timeout: float | None = None
+        reasons: list[str] = []
+        released: list[str] = []
+        for name, verdict in verdicts:
+            if verdict.code is PermitCode.REJECT:
+                self.waiting.pop(pod.key, None)
+                self.unreserve(pod, node)
+                reason = safe_text(f"{name}: {verdict.reason or 'rejected'}")
+                return PermitAnswer(pod.key, PermitCode.REJECT, node, reason=reason)
+            if verdict.code is PermitCode.WAIT:
+                wait = verdict.timeout if verdict.timeout is not None else 0.0
+                timeout = wait if timeout is None else min(timeout, wait)
+                reasons.append(f"{name}: {verdict.reason or 'waiting'}")
+            released.extend(verdict.release)
+        if timeout is not None:
+            reason = safe_text("; ".join(reasons))
+            self.waiting[pod.key] = Waiting(pod, node, now + timeout, reason)
+            return PermitAnswer(pod.key, PermitCode.WAIT, node, reason=reason, deadline=now + timeout)
+        self.waiting.pop(pod.key, None)
+        approved = tuple(key for key in dict.fromkeys(released) if key != pod.key and self.allow(key) is not None)
+        return PermitAnswer(pod.key, PermitCode.APPROVE, node, approved=approved)
+
+    def allow(self, key: str) -> Waiting | None:
+        """Let a pod waiting at Permit go (bind it): its entry, or None when it was not waiting or no longer holds
+        the reservation it waited with."""
+        waiting = self.waiting.pop(key, None)
+        if waiting is None or not self._still_held(waiting):
+            return None
+        return waiting
+
+    def reject_waiting(self, key: str) -> Waiting | None:
+        """Refuse a pod waiting at Permit: its reservation is given back. Its entry, or None when it was not
+        waiting. Idempotent."""
+        waiting = self.waiting.pop(key, None)
+        if waiting is None:
+            return None
+        self.unreserve(waiting.pod, waiting.node)
+        return waiting
+
+    def expire(self, now: float) -> list[Waiting]:
+        """Refuse every pod waiting at Permit past its deadline (`now`, the caller's clock): each one's reservation
+        is given back, and with it the reservations of its gang's other waiting members (a gang waits as one)."""
+        due = [key for key, waiting in self.waiting.items() if waiting.deadline <= now]
+        expired: list[Waiting] = []
+        for key in due:
+            waiting = self.waiting.get(key)
+            if waiting is None:
+                continue
+            gang = gang_key(waiting.pod)
+            keys = [key] if gang is None else [k for k, w in self.waiting.items() if gang_key(w.pod) == gang]
+            for each in keys:
+                if (gone := self.reject_waiting(each)) is not None:
+                    expired.append(gone)
+        return expired
+
+    def _still_held(self, waiting: Waiting) -> bool:
+        held = self.pods.get(waiting.pod.key)
+        return held is not None and held.request.uid == waiting.pod.uid and held.node == waiting.node
+
+    def _coscheduling(self, pod: PodRequest) -> Verdict:
+        """The built-in Permit rule: a gang member waits until `minMember` members hold reservations; the member
+        that completes the gang approves the waiting ones. Only one gang may be partly held at a time."""
+        try:
+            group = self.gang_of(pod)
+        except ManifestError as exc:
+            return Verdict(PermitCode.REJECT, str(exc))
+        if group is None:
+            return Verdict(PermitCode.APPROVE)
+        for key, waiting in list(self.waiting.items()):
+            if not self._still_held(waiting):
+                del self.waiting[key]
+        holders = self.gang_holders(group)
+        if len(holders) >= group.min_member:
+            mine = tuple(key for key, w in self.waiting.items() if gang_key(w.pod) == group.key)
+            return Verdict(PermitCode.APPROVE, release=mine)
+        other = next((gang_key(w.pod) for w in self.waiting.values() if gang_key(w.pod) != group.key), None)
+        if other is not None:
+            return Verdict(
+                PermitCode.REJECT,
+                f"gang {group.key}: gang {other} is partly held; one gang waits at a time, so that two never "
+                "both hold part",
+            )
+        return Verdict(
+            PermitCode.WAIT,
+            f"gang {group.key}: {len(holders)} of minMember {group.min_member} members hold places",
+            timeout=float(group.timeout_seconds),
+        )

@@ -1,0 +1,400 @@
+"""Gangs, as a user meets them: a training job placed whole in one rack (or not at all), two jobs competing for
+the same racks, a job whose members arrive slowly, and a high-priority job that needs a rack others hold.
+
+The engine's side (`Engine.place_gang`, `permit`, `preempt_gang`); the simulator's in `test_simulate_gangs.py`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kubegpu.core.manifests import ManifestError, node_info, pod_request
+from kubegpu.core.models import LabelSelector, PodRequest, Requirement
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.testing import node_manifest, pod_manifest
+from kubegpu.plugins.nvidia import scheduler as nvidia
+from kubegpu.scheduler import gangfit
+from kubegpu.scheduler.engine import Engine, PermitCode, Verdict
+from kubegpu.scheduler.podgroups import (
+    CLIQUE,
+    KUEUE_GROUP_LABEL,
+    KUEUE_TOTAL,
+    POD_GROUP_LABEL,
+    PREFERRED_TOPOLOGY,
+    REQUIRED_TOPOLOGY,
+    kueue_group,
+    member_index,
+    pod_group,
+    topology_levels,
+)
+from kubegpu.scheduler.preemption import Budget
+
+GPU = "nvidia.com/gpu"
+RACK = "example.com/rack"
+BLOCK = "example.com/block"
+
+
+def engine(racks: list[int], *, levels: tuple[str, ...] | None = (RACK,), label: str = RACK, gpus: int = 8) -> Engine:
+    """Racks of 8-GPU nodes: `racks[r]` nodes in rack r, named r{r}-n{i}."""
+    e = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), levels=levels)
+    for r, count in enumerate(racks):
+        for i in range(count):
+            name = f"r{r}-n{i}"
+            labels = {label: f"rack-{r}", "kubernetes.io/hostname": name, BLOCK: f"block-{r // 2}"}
+            e.add_node(node_info(node_manifest(name, labels=labels, allocatable={GPU: gpus})))
+    return e
+
+
+def member(
+    gang: str,
+    index: int,
+    *,
+    gpus: int = 8,
+    total: int | None = None,
+    priority: int = 0,
+    annotations: Mapping[str, str] | None = None,
+    coscheduling: bool = False,
+) -> PodRequest:
+    document = pod_manifest(f"{gang}-{index}", {"main": {GPU: gpus}}, annotations=dict(annotations or {}))
+    labels = {"batch.kubernetes.io/job-completion-index": str(index)}
+    if coscheduling:
+        labels[POD_GROUP_LABEL] = gang
+    else:
+        labels[KUEUE_GROUP_LABEL] = gang
+        document["metadata"]["annotations"][KUEUE_TOTAL] = str(total)
+    document["metadata"]["labels"] = labels
+    document["spec"]["priority"] = priority
+    return pod_request(document)[0]
+
+
+def gang(name: str, size: int, **kwargs: Any) -> list[PodRequest]:
+    return [member(name, i, total=size, **kwargs) for i in range(size)]
+
+
+def required(label: str = RACK) -> dict[str, str]:
+    return {REQUIRED_TOPOLOGY: label}
+
+
+def racks_of(e: Engine, keys: list[str]) -> Counter[str]:
+    return Counter(e.placement(key).node.split("-")[0] for key in keys)  # type: ignore[union-attr]
+
+
+# -- the shapes users write ------------------------------------------------------------------------------------------
+
+
+def podgroup_document(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "train-7", "namespace": "ml", "annotations": required()},
+        "spec": spec,
+    }
+
+
+def test_a_scheduler_plugins_podgroup_is_read_as_written() -> None:
+    group = pod_group(podgroup_document(minMember=16, scheduleTimeoutSeconds=30, minResources={"cpu": "1500m"}))
+    assert (group.key, group.min_member, group.timeout_seconds) == ("ml/train-7", 16, 30)
+    assert group.min_resources == {"cpu": 1500}
+    assert group.required == RACK
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"minMember": 0}, "PodGroup.spec.minMember: 0 is out of range"),
+        ({"minMember": "16"}, "PodGroup.spec.minMember: expected an integer"),
+        ({"minMember": 10**9}, "PodGroup.spec.minMember: 1000000000 is out of range"),
+        ({"minMember": 2, "scheduleTimeoutSeconds": -1}, "PodGroup.spec.scheduleTimeoutSeconds: -1 is out of range"),
+        ({"minMember": 2, "minResources": {"cpu": "lots"}}, "PodGroup.spec.minResources[cpu]"),
+        ({"minMember": 2, "minResources": ["cpu"]}, "PodGroup.spec.minResources: expected a mapping"),
+    ],
+    ids=["zero", "string", "huge", "negative-timeout", "bad-quantity", "not-a-mapping"],
+)
+def test_a_malformed_podgroup_is_refused_naming_the_field(spec: dict[str, Any], field: str) -> None:
+    with pytest.raises(ManifestError, match=r"^" + field.replace("[", r"\[").replace("]", r"\]")):
+        pod_group(podgroup_document(**spec))
+
+
+def test_a_podgroup_asking_for_two_topologies_or_a_bad_label_is_refused() -> None:
+    document = podgroup_document(minMember=2)
+    document["metadata"]["annotations"] = {REQUIRED_TOPOLOGY: RACK, PREFERRED_TOPOLOGY: RACK}
+    with pytest.raises(ManifestError, match="both set"):
+        pod_group(document)
+    document["metadata"]["annotations"] = {REQUIRED_TOPOLOGY: "not a label\x1b[31m"}
+    with pytest.raises(ManifestError, match=r"podset-required-topology\]: .* is not a node label key") as raised:
+        pod_group(document)
+    assert "\x1b" not in str(raised.value)
+
+
+def test_kueue_members_describe_their_gang_and_their_rank() -> None:
+    pod = member("job", 3, total=4, annotations={PREFERRED_TOPOLOGY: CLIQUE})
+    group = kueue_group(pod)
+    assert group is not None and (group.key, group.min_member, group.preferred) == ("default/job", 4, CLIQUE)
+    assert member_index(pod) == 3
+    bad = member("job", 0, total=4)
+    bad = PodRequest(**{**bad.__dict__, "annotations": {KUEUE_TOTAL: "four"}}) if False else bad
+    document = pod_manifest("lone", {"main": {GPU: 1}})
+    document["metadata"]["labels"] = {KUEUE_GROUP_LABEL: "job"}
+    with pytest.raises(ManifestError, match=r"annotations\[kueue.x-k8s.io/pod-group-total-count\]: required"):
+        kueue_group(pod_request(document)[0])
+    document["metadata"]["annotations"] = {KUEUE_TOTAL: "99999999999"}
+    with pytest.raises(ManifestError, match="pod-group-total-count"):
+        kueue_group(pod_request(document)[0])
+
+
+def test_a_kueue_topology_gives_the_levels_widest_first() -> None:
+    document = {
+        "spec": {"levels": [{"nodeLabel": BLOCK}, {"nodeLabel": RACK}, {"nodeLabel": "kubernetes.io/hostname"}]}
+    }
+    assert topology_levels(document) == (BLOCK, RACK, "kubernetes.io/hostname")
+    with pytest.raises(ManifestError, match=r"Topology.spec.levels\[1\].nodeLabel: .* is named twice"):
+        topology_levels({"spec": {"levels": [{"nodeLabel": RACK}, {"nodeLabel": RACK}]}})
+
+
+# -- all or nothing, best fit, rank by rank ----------------------------------------------------------------------
+
+
+def test_a_four_node_gang_leaves_the_only_free_sixteen_node_rack_whole() -> None:
+    e = engine([16, 6, 4])
+    placed = e.place_gang(gang("small", 4))
+    assert placed.placed and (placed.level, placed.domain) == (RACK, "rack-2")
+    big = e.place_gang(gang("big", 16, annotations=required()))
+    assert big.placed and big.domain == "rack-0"
+
+
+def test_neighbouring_ranks_are_neighbours() -> None:
+    e = engine([4, 4, 4], levels=(BLOCK, RACK))
+    members = gang("ranks", 8)[::-1]  # arrive in any order
+    placed = e.place_gang(members)
+    assert placed.placed
+    nodes = [d.node for d in placed.decisions]
+    assert [d.pod for d in placed.decisions] == [f"default/ranks-{i}" for i in range(8)]
+    assert nodes[:4] == [f"r0-n{i}" for i in range(4)] and nodes[4:] == [f"r1-n{i}" for i in range(4)]
+
+
+def test_a_gang_that_fits_no_rack_holds_nothing_and_says_why() -> None:
+    e = engine([12, 8, 4])
+    placed = e.place_gang(gang("train-7", 16, annotations=required()))
+    assert not placed.placed
+    assert placed.reason == (
+        "gang default/train-7: 16 members need 8 nvidia.com/gpu each; the largest rack (rack-0) has 12 such nodes free"
+    )
+    assert all(not d.scheduled and d.reason == placed.reason for d in placed.decisions)
+    assert not e.pod_keys()
+
+
+def test_two_gangs_competing_for_one_rack_never_both_hold_part() -> None:
+    e = engine([8, 3])
+    first = e.place_gang(gang("a", 6, annotations=required()))
+    second = e.place_gang(gang("b", 6, annotations=required()))
+    assert first.placed and not second.placed
+    assert len(e.pod_keys()) == 6 and all(key.startswith("default/a-") for key in e.pod_keys())
+
+
+def test_members_already_holding_places_count_and_stay() -> None:
+    e = engine([4])
+    members = gang("g", 4)
+    assert e.place_gang(members[:2], kueue_group(members[0])).placed is False  # 2 of 4: waits, holds nothing
+    assert not e.pod_keys()
+    first = e.place_gang(members)
+    again = e.place_gang(members)
+    assert again.placed and [d.node for d in again.decisions] == [d.node for d in first.decisions]
+
+
+def test_nvlink_cliques_and_aws_layers_are_levels_with_no_configuration() -> None:
+    e = engine([2, 4], levels=None, label=CLIQUE)
+    placed = e.place_gang(gang("nvl", 2, annotations=required(CLIQUE)))
+    assert placed.placed and (placed.level, placed.domain) == (CLIQUE, "rack-0")
+    aws = "topology.k8s.aws/network-node-layer-3"
+    e = engine([3, 5], levels=None, label=aws)
+    assert e.topology_levels() == (aws,)
+    placed = e.place_gang(gang("efa", 4))
+    assert placed.placed and placed.domain == "rack-1"
+
+
+def test_a_gang_member_with_a_malformed_group_is_refused_naming_the_field() -> None:
+    e = engine([2])
+    bad = member("g", 0, total=2, annotations={REQUIRED_TOPOLOGY: RACK, PREFERRED_TOPOLOGY: RACK})
+    placed = e.place_gang([bad, member("g", 1, total=2)])
+    assert not placed.placed and "both set" in (placed.reason or "")
+
+
+# -- Permit ------------------------------------------------------------------------------------------------------
+
+
+def test_members_wait_at_permit_until_the_gang_is_complete_then_all_are_approved() -> None:
+    e = engine([4])
+    members = gang("slow", 3)
+    answers = []
+    for pod in members:
+        assert e.schedule(pod).scheduled
+        answers.append(e.permit(pod, now=100.0))
+    assert [a.code for a in answers] == [PermitCode.WAIT, PermitCode.WAIT, PermitCode.APPROVE]
+    assert answers[0].deadline == 160.0 and "1 of minMember 3 members hold places" in (answers[0].reason or "")
+    assert set(answers[2].approved) == {"default/slow-0", "default/slow-1"}
+    assert not e.waiting_pods()
+
+
+def test_a_gang_whose_members_arrive_too_slowly_releases_on_its_timeout() -> None:
+    e = engine([4])
+    members = gang("late", 3)
+    for pod in members[:2]:
+        assert e.schedule(pod).scheduled
+        assert e.permit(pod, now=0.0).code is PermitCode.WAIT
+    assert e.expire(59.0) == []
+    expired = e.expire(60.0)
+    assert sorted(w.pod.key for w in expired) == ["default/late-0", "default/late-1"]
+    assert not e.pod_keys() and not e.waiting_pods()
+    assert e.reject_waiting("default/late-0") is None  # idempotent
+
+
+def test_while_one_gang_is_partly_held_a_second_gang_is_refused_not_left_waiting() -> None:
+    e = engine([4])
+    a, b = gang("a", 3), gang("b", 3)
+    assert e.schedule(a[0]).scheduled and e.permit(a[0], now=0).code is PermitCode.WAIT
+    assert e.schedule(b[0]).scheduled
+    refused = e.permit(b[0], now=0)
+    assert refused.code is PermitCode.REJECT and "gang default/a is partly held" in (refused.reason or "")
+    assert e.placement("default/b-0") is None  # its reservation went back
+
+
+def test_a_third_party_permit_rule_can_reject_and_its_reason_names_it() -> None:
+    class NoFridays:
+        name = "NoFridays"
+
+        def permit(self, engine: Any, pod: PodRequest, node: str) -> Verdict:
+            return Verdict(PermitCode.REJECT, f"{pod.key} may not start on {node} today")
+
+    e = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), permits=[NoFridays()])
+    e.add_node(node_info(node_manifest("n0", allocatable={GPU: 8})))
+    pod = pod_request(pod_manifest("p", {"main": {GPU: 1}}))[0]
+    assert e.schedule(pod).scheduled
+    answer = e.permit(pod, now=0)
+    assert answer.code is PermitCode.REJECT and answer.reason == "NoFridays: default/p may not start on n0 today"
+    assert not e.pod_keys()
+
+
+def test_an_ordinary_pod_is_approved_at_once() -> None:
+    e = engine([1])
+    pod = pod_request(pod_manifest("web", {"main": {GPU: 1}}))[0]
+    assert e.schedule(pod).scheduled
+    assert e.permit(pod, now=0).code is PermitCode.APPROVE
+
+
+# -- gang-aware preemption ---------------------------------------------------------------------------------------
+
+
+def test_a_high_priority_gang_evicts_the_low_priority_pods_of_one_rack_only() -> None:
+    e = engine([4, 4])
+    for r in range(2):
+        for i in range(4):
+            document = pod_manifest(f"low-{r}{i}", {"main": {GPU: 8}})
+            document["spec"]["priority"] = 500 if r == 0 else 0
+            assert e.reserve(pod_request(document)[0], f"r{r}-n{i}").scheduled
+    urgent = gang("urgent", 4, priority=1000, annotations=required())
+    assert not e.place_gang(urgent).placed
+    preemption = e.preempt_gang(urgent)
+    assert preemption.domain == "rack-1"  # the rack of the lowest priority
+    assert sorted(preemption.victims) == [f"default/low-1{i}" for i in range(4)]
+    assert len(e.pod_keys()) == 8  # a what-if
+    for key in preemption.victims:
+        e.release(key)
+    assert e.place_gang(urgent).placed
+
+
+def test_gang_preemption_prefers_the_rack_whose_victims_break_no_budget() -> None:
+    e = engine([2, 2])
+    for r in range(2):
+        for i in range(2):
+            document = pod_manifest(f"low-{r}{i}", {"main": {GPU: 8}})
+            document["metadata"]["labels"] = {"app": f"app-{r}"}
+            assert e.reserve(pod_request(document)[0], f"r{r}-n{i}").scheduled
+    guarded = Budget("default", "pdb", LabelSelector((Requirement("app", "In", ("app-0",)),)), allowed=0)
+    preemption = e.preempt_gang(gang("hi", 2, priority=10, annotations=required()), budgets=[guarded])
+    assert preemption.domain == "rack-1" and preemption.violations == 0
+
+
+def test_a_victim_gang_goes_whole_or_not_at_all() -> None:
+    e = engine([2, 2])
+    victims = gang("old", 4, priority=1)  # spans both racks
+    assert e.place_gang(victims).placed
+    preemption = e.preempt_gang(gang("new", 2, priority=100, annotations=required()))
+    assert preemption.domain is not None
+    assert sorted(preemption.victims) == sorted(p.key for p in victims)  # not just the two in one rack
+
+
+def test_no_eviction_that_still_leaves_the_gang_unplaceable() -> None:
+    e = engine([2, 2])
+    for r in range(2):
+        for i in range(2):
+            assert e.reserve(pod_request(pod_manifest(f"low-{r}{i}", {"main": {GPU: 8}}))[0], f"r{r}-n{i}").scheduled
+    preemption = e.preempt_gang(gang("wide", 3, priority=100, annotations=required()))
+    assert preemption.domain is None and preemption.victims == ()
+    assert "no domain would fit it" in (preemption.reason or "")
+
+
+# -- properties --------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    racks=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    gangs=st.lists(
+        st.tuples(st.integers(1, 10), st.sampled_from([1, 2, 4, 8]), st.booleans(), st.booleans()),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_never_a_partial_gang_and_never_a_device_held_twice(
+    racks: list[int], gangs: list[tuple[int, int, bool, bool]]
+) -> None:
+    e = engine(racks)
+    nodes = set(e.node_names())
+    for number, (size, gpus, strict, drop) in enumerate(gangs):
+        members = gang(f"g{number}", size, gpus=gpus, annotations=required() if strict else {})
+        placed = e.place_gang(members)
+        held = [key for key in e.pod_keys() if key.startswith(f"default/g{number}-")]
+        assert len(held) == (size if placed.placed else 0)
+        if placed.placed and strict:
+            assert len({e.placement(key).node.split("-")[0] for key in held}) == 1  # type: ignore[union-attr]
+        if placed.placed and drop:
+            for key in held[: size // 2]:
+                e.release(key)
+        devices: Counter[tuple[str, str]] = Counter()
+        for placement in e.placements():
+            assert placement.node in nodes and placement.allocation is not None
+            for resources in placement.allocation.containers.values():
+                for device in resources.get(GPU, []):
+                    devices[(placement.node, device)] += 1
+        assert not [d for d, n in devices.items() if n > 1]
+
+
+@given(
+    rooms=st.lists(st.integers(0, 4), min_size=1, max_size=24),
+    need=st.integers(1, 30),
+    width=st.integers(1, 5),
+)
+def test_a_fit_holds_exactly_what_is_needed_within_each_nodes_room(rooms: list[int], need: int, width: int) -> None:
+    names = [f"n{i}" for i in range(len(rooms))]
+    labels = {name: {RACK: f"rack-{i // width}"} for i, name in enumerate(names)}
+    room = dict(zip(names, rooms, strict=True))
+    fit = gangfit.choose(room, labels, (RACK,), need, required=RACK)
+    best = max(sum(r for n, r in room.items() if labels[n][RACK] == f"rack-{k}") for k in range(len(rooms)))
+    if isinstance(fit, gangfit.Shortfall):
+        assert best < need and fit.room == best
+        return
+    assert sum(count for _, count in fit.slots) == need
+    assert all(0 < count <= room[node] for node, count in fit.slots)
+    assert len({labels[node][RACK] for node, _ in fit.slots}) == 1
+    chosen = sum(r for n, r in room.items() if labels[n][RACK] == fit.domain)
+    assert chosen == min(
+        total
+        for k in range(len(rooms))
+        if (total := sum(r for n, r in room.items() if labels[n][RACK] == f"rack-{k}")) >= need
+    )
