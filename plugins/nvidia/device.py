@@ -28,7 +28,9 @@ for `nvidia.com/gpu`.
 Owned (`kubegpu_device_owned`; the CRI shim removes these from every container not granted NVIDIA GPUs):
 `NVIDIA_VISIBLE_DEVICES` (the NVIDIA container runtime hands a container the GPUs it names, `all` included), the GPU
 device nodes `/dev/nvidiaN`, mounts under `/var/run/nvidia-container-devices` (the runtime's volume-mount form of the
-same list) and CDI names of kind `nvidia.com/gpu`. Not owned: `CUDA_VISIBLE_DEVICES` (it only narrows, inside the
+same list), CDI names of kind `nvidia.com/gpu`, and the GPU share limits with what would lift them (`limits.py`:
+`CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_MEMORY_LIMIT*`, `CUDA_MPS_*`, HAMi-core's switches, the `/etc/ld.so.preload`,
+`/usr/local/vgpu`, `/tmp/vgpulock` and MPS pipe and log mounts). Not owned: `CUDA_VISIBLE_DEVICES` (it only narrows, inside the
 container, the GPUs the container already has; a user's value in a GPU container is legitimate), the control devices
 and `NVIDIA_DRIVER_CAPABILITIES` (neither gives access to a GPU).
 
@@ -40,7 +42,10 @@ Container edit (the CRI shim, after it verified the allocation):
   when present under `dev_root` and not already there;
 * env `NVIDIA_VISIBLE_DEVICES="0,1"` (GPU indexes), which also tells the NVIDIA container runtime hook what to mount;
 * CDI names `nvidia.com/gpu=N` (the index names of `nvidia-ctk cdi generate`), replacing any other name of that
-  kind (`nvidia.com/gpu=all`, UUID names) in the CDI device list and in `cdi.k8s.io/*` annotations.
+  kind (`nvidia.com/gpu=all`, UUID names) in the CDI device list and in `cdi.k8s.io/*` annotations;
+* for a share (the allocation's `shares` name `nvidia.com/gpucores` and memory), the env and mounts of the node's
+  enforcement, HAMi-core or MPS (`limits.py`, chosen by `KUBEGPU_NVIDIA_SHARE_LIMITS`); a share the node cannot
+  enforce or read fails the edit, so the container is refused. Whole GPUs get no limits.
 """
 
 from __future__ import annotations
@@ -65,7 +70,17 @@ from kubegpu.core.models import (
     DeviceOwnership,
     Scalar,
 )
-from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE, RESOURCES
+from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE
+from kubegpu.plugins.nvidia.limits import (
+    OWNED_ENV_PREFIXES,
+    OWNED_ENVS,
+    OWNED_MOUNTS,
+    ShareLimitError,
+    limits,
+    node_sharing,
+    read_container_share,
+)
+from kubegpu.plugins.nvidia.sharing import SHARE_RESOURCES
 
 __all__ = ["CDI_KIND", "NAME", "OWNED", "RESOURCES", "VISIBLE_ENV", "discover", "link_groups", "product_label"]
 
@@ -77,10 +92,12 @@ __all__ = ["CDI_KIND", "NAME", "OWNED", "RESOURCES", "VISIBLE_ENV", "discover", 
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
 CDI_KIND = "nvidia.com/gpu"
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+RESOURCES = [RESOURCE, *SHARE_RESOURCES]
 OWNED = DeviceOwnership(
-    envs=(VISIBLE_ENV,),
+    envs=(VISIBLE_ENV, *OWNED_ENVS),
+    env_prefixes=OWNED_ENV_PREFIXES,
     device_paths=(r"/dev/nvidia(0|[1-9][0-9]*)",),
-    mount_paths=(r"/var/run/nvidia-container-devices(/.*)?",),
+    mount_paths=(r"/var/run/nvidia-container-devices(/.*)?", *OWNED_MOUNTS),
     cdi_kinds=(CDI_KIND,),
 )
 MIB = 1024 * 1024
@@ -94,8 +111,9 @@ _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 log = logging.getLogger(__name__)
 
-# (the pynvml module it was read from, index -> minor number): one NVML session per shim process, not per container.
-_minor_cache: tuple[ModuleType, dict[int, int]] | None = None
+# (the pynvml module it was read from, index -> minor number, index -> memory in bytes): one NVML session per shim
+# process, not per container.
+_gpu_cache: tuple[ModuleType, dict[int, int], dict[int, int]] | None = None
 _init_failures: set[str] = set()
 
 
@@ -167,6 +185,11 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
             raise ValueError(f"allocation names GPU {gpu!r}, which is not an NVIDIA GPU index (0, 1, ...)")
         indexes.append(int(gpu))
     indexes = sorted(set(indexes))
+    try:
+        share = read_container_share(allocation, [str(i) for i in indexes], lambda i: memory_totals().get(i))
+        envs, mounts = limits(share, node_sharing()) if share is not None else ({}, [])
+    except ShareLimitError as exc:
+        raise ValueError(f"GPU share: {exc}") from None
     minors = minor_numbers()
 
     edit.devices = [d for d in edit.devices if not (_is_gpu_file(d.container_path) or _is_gpu_file(d.host_path))]
@@ -180,6 +203,9 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
         if f"/dev/{name}" not in present and (dev_root / name).exists():
             edit.devices.append(DeviceNode(host_path=str(dev_root / name), container_path=f"/dev/{name}"))
     edit.envs[VISIBLE_ENV] = ",".join(str(i) for i in indexes)
+    edit.envs.update(envs)
+    paths = {m.container_path for m in mounts}
+    edit.mounts = [m for m in edit.mounts if m.container_path not in paths] + mounts
     edit.replace_cdi_devices(CDI_KIND, [f"{CDI_KIND}={i}" for i in indexes])
     return True
 
@@ -337,27 +363,39 @@ def _live_uuids(nvml: ModuleType, inventory: DeviceInventory) -> set[str]:
 
 def minor_numbers() -> dict[int, int]:
     """GPU index -> minor number from NVML, read once per process (and per pynvml module); {} without NVML."""
-    global _minor_cache
+    return _node_gpus()[0]
+
+
+def memory_totals() -> dict[int, int]:
+    """GPU index -> memory in bytes from NVML, read with `minor_numbers`; {} without NVML."""
+    return _node_gpus()[1]
+
+
+def _node_gpus() -> tuple[dict[int, int], dict[int, int]]:
+    global _gpu_cache
     nvml = _load_nvml()
     if nvml is None:
-        return {}
-    if _minor_cache is not None and _minor_cache[0] is nvml:
-        return _minor_cache[1]
+        return {}, {}
+    if _gpu_cache is not None and _gpu_cache[0] is nvml:
+        return _gpu_cache[1], _gpu_cache[2]
 
-    def read(n: ModuleType) -> dict[int, int]:
-        found = {}
+    def read(n: ModuleType) -> tuple[dict[int, int], dict[int, int]]:
+        minors, memories = {}, {}
         for index in range(n.nvmlDeviceGetCount()):
             handle = n.nvmlDeviceGetHandleByIndex(index)
             minor = _optional(n, "nvmlDeviceGetMinorNumber", handle)
             if isinstance(minor, int):
-                found[index] = minor
-        return found
+                minors[index] = minor
+            memory = _optional(n, "nvmlDeviceGetMemoryInfo", handle)
+            if memory is not None and isinstance(getattr(memory, "total", None), int):
+                memories[index] = memory.total
+        return minors, memories
 
-    minors: dict[int, int] | None = _with_nvml(nvml, read, None)
-    if minors is None:
-        return {}
-    _minor_cache = (nvml, minors)
-    return minors
+    found: tuple[dict[int, int], dict[int, int]] | None = _with_nvml(nvml, read, None)
+    if found is None:
+        return {}, {}
+    _gpu_cache = (nvml, *found)
+    return found
 
 
 def _optional(nvml: ModuleType, function: str, *args: Any) -> Any:
