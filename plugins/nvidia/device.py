@@ -20,8 +20,11 @@ nvidia-ml-py`.
 Health: a GPU is healthy while NVML still finds its UUID and, when the driver's device files are visible under the
 host root (`dev/nvidiactl` exists), its `dev/nvidiaN` file exists.
 
-Advertisement: `nvidia.com/gpu` = healthy GPUs; labels as GPU Feature Discovery writes them, for the healthy GPUs:
-`nvidia.com/gpu.product` (the first healthy GPU's model with spaces as `-`: `Tesla-V100-SXM2-16GB`),
+Advertisement: `nvidia.com/gpu` = healthy GPUs; on a node configured for shares (`KUBEGPU_NVIDIA_SHARE_LIMITS` set)
+GPUs x `KUBEGPU_NVIDIA_SPLIT_COUNT` (default 10, HAMi's `deviceSplitCount`), with `nvidia.com/gpucores` and
+`nvidia.com/gpumem-percentage` = 100 x GPUs and `nvidia.com/gpumem` = their MiB (`share_capacity`: what the scheduler
+side reads as the split count and the offered share resources). Labels as GPU Feature Discovery writes them, for the
+healthy GPUs: `nvidia.com/gpu.product` (the first healthy GPU's model with spaces as `-`: `Tesla-V100-SXM2-16GB`),
 `nvidia.com/gpu.count`, `nvidia.com/gpu.memory` (MiB). Device-plugin ids (`kubegpu device-plugin`): the GPU indexes
 for `nvidia.com/gpu`.
 
@@ -30,9 +33,10 @@ Owned (`kubegpu_device_owned`; the CRI shim removes these from every container n
 device nodes `/dev/nvidiaN`, mounts under `/var/run/nvidia-container-devices` (the runtime's volume-mount form of the
 same list), CDI names of kind `nvidia.com/gpu`, and the GPU share limits with what would lift them (`limits.py`:
 `CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_MEMORY_LIMIT*`, `CUDA_MPS_*`, HAMi-core's switches, the `/etc/ld.so.preload`,
-`/usr/local/vgpu`, `/tmp/vgpulock` and MPS pipe and log mounts). Not owned: `CUDA_VISIBLE_DEVICES` (it only narrows, inside the
-container, the GPUs the container already has; a user's value in a GPU container is legitimate), the control devices
-and `NVIDIA_DRIVER_CAPABILITIES` (neither gives access to a GPU).
+`/usr/local/vgpu`, `/tmp/vgpulock` and MPS pipe and log mounts; a share container gets the allocation's values back).
+Not owned: `CUDA_VISIBLE_DEVICES` (it only narrows, inside the container, the GPUs the container already has; a
+user's value in a GPU container is legitimate), the control devices and `NVIDIA_DRIVER_CAPABILITIES` (neither gives
+access to a GPU).
 
 Container edit (the CRI shim, after it verified the allocation):
 
@@ -53,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -80,7 +85,7 @@ from kubegpu.plugins.nvidia.limits import (
     node_sharing,
     read_container_share,
 )
-from kubegpu.plugins.nvidia.sharing import SHARE_RESOURCES
+from kubegpu.plugins.nvidia.sharing import CORES, MEMORY, MEMORY_PERCENT, SHARE_RESOURCES
 
 __all__ = ["CDI_KIND", "NAME", "OWNED", "RESOURCES", "VISIBLE_ENV", "discover", "link_groups", "product_label"]
 
@@ -101,6 +106,9 @@ OWNED = DeviceOwnership(
     cdi_kinds=(CDI_KIND,),
 )
 MIB = 1024 * 1024
+SPLIT_ENV = "KUBEGPU_NVIDIA_SPLIT_COUNT"  # shares per GPU on a node configured for shares (HAMi's deviceSplitCount)
+DEFAULT_SPLIT = 10
+MAX_SPLIT = 1000
 LABEL_LIMIT = 63
 FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED
 DEVICE_TYPE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
@@ -166,7 +174,9 @@ def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement:
         labels[PRODUCT_LABEL] = product_label(healthy[0].model)
     if healthy and healthy[0].memory:
         labels[MEMORY_LABEL] = str(healthy[0].memory // MIB)
-    return Advertisement(capacity={RESOURCE: len(healthy)}, labels=labels)
+    return Advertisement(
+        capacity=share_capacity(healthy, node_sharing().mode, os.environ.get(SPLIT_ENV)), labels=labels
+    )
 
 
 @hookimpl
@@ -436,6 +446,29 @@ def product_label(model: str) -> str:
     not hold) as `-`, at most 63 characters, starting and ending alphanumeric."""
     value = _LABEL_UNSAFE.sub("-", model.strip())[:LABEL_LIMIT]
     return value.strip("-_.")
+
+
+def share_capacity(healthy: Sequence[DeviceInfo], mode: str | None, split_text: str | None) -> dict[str, int]:
+    """The extended resources of the healthy GPUs: `nvidia.com/gpu` = GPUs, or on a node configured for shares
+    (`mode` set), as HAMi's device plugin counts them: `nvidia.com/gpu` = GPUs x the split count (`split_text`,
+    default 10), `nvidia.com/gpucores` and `nvidia.com/gpumem-percentage` = 100 x GPUs and `nvidia.com/gpumem` = their
+    MiB (when every GPU's memory is known), so that the kubelet's admission counts shares as the scheduler does."""
+    count = len(healthy)
+    if mode is None:
+        return {RESOURCE: count}
+    split = DEFAULT_SPLIT
+    if split_text is not None and split_text.strip():
+        text = split_text.strip()
+        split = int(text) if text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_SPLIT else 0
+        if not split:
+            log.warning(
+                "%s is %r, not a count from 1 to %d; shares are not advertised", SPLIT_ENV, text[:20], MAX_SPLIT
+            )
+            return {RESOURCE: count}
+    capacity = {RESOURCE: count * split, CORES: 100 * count, MEMORY_PERCENT: 100 * count}
+    if healthy and all(d.memory for d in healthy):
+        capacity[MEMORY] = sum((d.memory or 0) // MIB for d in healthy)
+    return capacity
 
 
 def _is_gpu_file(path: str) -> bool:

@@ -299,3 +299,45 @@ def test_the_device_plugin_mode_answers_the_share_limits_too(
         "/etc/ld.so.preload",
         "/tmp/vgpulock",
     }
+
+
+# ------------------------------------------------------------------------------------------------------------
+# What a node configured for shares advertises
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "capacity"),
+    [
+        pytest.param({}, {GPU: 2}, id="not-configured"),
+        pytest.param(
+            {limits.MODE_ENV: "hami-core"},
+            {GPU: 20, CORES: 200, MEM_PCT: 200, MEM: 32320},
+            id="hami-core-default-split",
+        ),
+        pytest.param(
+            {limits.MODE_ENV: "mps", device.SPLIT_ENV: "4"}, {GPU: 8, CORES: 200, MEM_PCT: 200, MEM: 32320}, id="mps-4"
+        ),
+        pytest.param({limits.MODE_ENV: "mps", device.SPLIT_ENV: "0"}, {GPU: 2}, id="bad-split-advertises-whole"),
+    ],
+)
+def test_a_node_configured_for_shares_advertises_them_as_the_scheduler_reads_them(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], capacity: dict[str, int]
+) -> None:
+    from kubegpu.core.models import DeviceInfo, DeviceInventory
+    from kubegpu.core.testing import make_node
+    from kubegpu.plugins.nvidia import scheduler
+
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    gpus = [DeviceInfo(id=str(i), model="Tesla V100-SXM2-16GB", memory=16160 * MIB) for i in range(2)]
+    inventory = DeviceInventory(
+        plugin="nvidia", devices=[*gpus, gpus[0].model_copy(update={"id": "2", "healthy": False})]
+    )
+    advertised = pm.call("nvidia", "kubegpu_device_advertise", inventory=inventory)
+    assert advertised.capacity == capacity and advertised.labels["nvidia.com/gpu.count"] == "2"
+
+    node = make_node("n", labels=advertised.labels, allocatable=advertised.capacity)
+    state = scheduler.kubegpu_scheduler_build_node(node=node)
+    assert state is not None and state.split == capacity[GPU] // 2
+    assert (CORES in state.offered) is (CORES in capacity)
