@@ -444,13 +444,19 @@ def allocate_response(
     record = candidate.record
     if record is None:  # `claim` matches verified allocations only
         raise AllocationRefused("missing", f"pod {candidate.pod.key} has no verified {ALLOCATION_KEY}")
-    shares = record.shares.get(container, {})
+    # A GPU share names its amounts under resources of its own (nvidia.com/gpucores beside nvidia.com/gpu), which
+    # the kubelet does not allocate through a device plugin: the container's shares of the same plugin go along.
+    shares = {
+        r: dict(s)
+        for r, s in record.shares.get(container, {}).items()
+        if r == resource or plugins.owner_of(r) == plugin
+    }
     allocation = ContainerAllocation(
         pod_uid=record.podUID,
         node=record.node,
         container=container,
         resources={resource: list(ids)},
-        shares={resource: dict(shares[resource])} if resource in shares else {},
+        shares=shares,
         fields=dict(record.plugins.get(plugin, {})),
     )
     edit = ContainerEdit()

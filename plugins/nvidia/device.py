@@ -20,17 +20,23 @@ nvidia-ml-py`.
 Health: a GPU is healthy while NVML still finds its UUID and, when the driver's device files are visible under the
 host root (`dev/nvidiactl` exists), its `dev/nvidiaN` file exists.
 
-Advertisement: `nvidia.com/gpu` = healthy GPUs; labels as GPU Feature Discovery writes them, for the healthy GPUs:
-`nvidia.com/gpu.product` (the first healthy GPU's model with spaces as `-`: `Tesla-V100-SXM2-16GB`),
+Advertisement: `nvidia.com/gpu` = healthy GPUs; on a node configured for shares (`KUBEGPU_NVIDIA_SHARE_LIMITS` set)
+GPUs x `KUBEGPU_NVIDIA_SPLIT_COUNT` (default 10, HAMi's `deviceSplitCount`), with `nvidia.com/gpucores` and
+`nvidia.com/gpumem-percentage` = 100 x GPUs and `nvidia.com/gpumem` = their MiB (`share_capacity`: what the scheduler
+side reads as the split count and the offered share resources). Labels as GPU Feature Discovery writes them, for the
+healthy GPUs: `nvidia.com/gpu.product` (the first healthy GPU's model with spaces as `-`: `Tesla-V100-SXM2-16GB`),
 `nvidia.com/gpu.count`, `nvidia.com/gpu.memory` (MiB). Device-plugin ids (`kubegpu device-plugin`): the GPU indexes
 for `nvidia.com/gpu`.
 
 Owned (`kubegpu_device_owned`; the CRI shim removes these from every container not granted NVIDIA GPUs):
 `NVIDIA_VISIBLE_DEVICES` (the NVIDIA container runtime hands a container the GPUs it names, `all` included), the GPU
 device nodes `/dev/nvidiaN`, mounts under `/var/run/nvidia-container-devices` (the runtime's volume-mount form of the
-same list) and CDI names of kind `nvidia.com/gpu`. Not owned: `CUDA_VISIBLE_DEVICES` (it only narrows, inside the
-container, the GPUs the container already has; a user's value in a GPU container is legitimate), the control devices
-and `NVIDIA_DRIVER_CAPABILITIES` (neither gives access to a GPU).
+same list), CDI names of kind `nvidia.com/gpu`, and the GPU share limits with what would lift them (`limits.py`:
+`CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_MEMORY_LIMIT*`, `CUDA_MPS_*`, HAMi-core's switches, the `/etc/ld.so.preload`,
+`/usr/local/vgpu`, `/tmp/vgpulock` and MPS pipe and log mounts; a share container gets the allocation's values back).
+Not owned: `CUDA_VISIBLE_DEVICES` (it only narrows, inside the container, the GPUs the container already has; a
+user's value in a GPU container is legitimate), the control devices and `NVIDIA_DRIVER_CAPABILITIES` (neither gives
+access to a GPU).
 
 Container edit (the CRI shim, after it verified the allocation):
 
@@ -40,7 +46,10 @@ Container edit (the CRI shim, after it verified the allocation):
   when present under `dev_root` and not already there;
 * env `NVIDIA_VISIBLE_DEVICES="0,1"` (GPU indexes), which also tells the NVIDIA container runtime hook what to mount;
 * CDI names `nvidia.com/gpu=N` (the index names of `nvidia-ctk cdi generate`), replacing any other name of that
-  kind (`nvidia.com/gpu=all`, UUID names) in the CDI device list and in `cdi.k8s.io/*` annotations.
+  kind (`nvidia.com/gpu=all`, UUID names) in the CDI device list and in `cdi.k8s.io/*` annotations;
+* for a share (the allocation's `shares` name `nvidia.com/gpucores` and memory), the env and mounts of the node's
+  enforcement, HAMi-core or MPS (`limits.py`, chosen by `KUBEGPU_NVIDIA_SHARE_LIMITS`); a share the node cannot
+  enforce or read fails the edit, so the container is refused. Whole GPUs get no limits.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -65,7 +75,17 @@ from kubegpu.core.models import (
     DeviceOwnership,
     Scalar,
 )
-from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE, RESOURCES
+from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE
+from kubegpu.plugins.nvidia.limits import (
+    OWNED_ENV_PREFIXES,
+    OWNED_ENVS,
+    OWNED_MOUNTS,
+    ShareLimitError,
+    limits,
+    node_sharing,
+    read_container_share,
+)
+from kubegpu.plugins.nvidia.sharing import CORES, MEMORY, MEMORY_PERCENT, SHARE_RESOURCES
 
 __all__ = ["CDI_KIND", "NAME", "OWNED", "RESOURCES", "VISIBLE_ENV", "discover", "link_groups", "product_label"]
 
@@ -77,13 +97,18 @@ __all__ = ["CDI_KIND", "NAME", "OWNED", "RESOURCES", "VISIBLE_ENV", "discover", 
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
 CDI_KIND = "nvidia.com/gpu"
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+RESOURCES = [RESOURCE, *SHARE_RESOURCES]
 OWNED = DeviceOwnership(
-    envs=(VISIBLE_ENV,),
+    envs=tuple(sorted((VISIBLE_ENV, *OWNED_ENVS))),
+    env_prefixes=OWNED_ENV_PREFIXES,
     device_paths=(r"/dev/nvidia(0|[1-9][0-9]*)",),
-    mount_paths=(r"/var/run/nvidia-container-devices(/.*)?",),
+    mount_paths=(r"/var/run/nvidia-container-devices(/.*)?", *OWNED_MOUNTS),
     cdi_kinds=(CDI_KIND,),
 )
 MIB = 1024 * 1024
+SPLIT_ENV = "KUBEGPU_NVIDIA_SPLIT_COUNT"  # shares per GPU on a node configured for shares (HAMi's deviceSplitCount)
+DEFAULT_SPLIT = 10
+MAX_SPLIT = 1000
 LABEL_LIMIT = 63
 FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED
 DEVICE_TYPE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
@@ -94,8 +119,9 @@ _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 log = logging.getLogger(__name__)
 
-# (the pynvml module it was read from, index -> minor number): one NVML session per shim process, not per container.
-_minor_cache: tuple[ModuleType, dict[int, int]] | None = None
+# (the pynvml module it was read from, index -> minor number, index -> memory in bytes): one NVML session per shim
+# process, not per container.
+_gpu_cache: tuple[ModuleType, dict[int, int], dict[int, int]] | None = None
 _init_failures: set[str] = set()
 
 
@@ -148,7 +174,9 @@ def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement:
         labels[PRODUCT_LABEL] = product_label(healthy[0].model)
     if healthy and healthy[0].memory:
         labels[MEMORY_LABEL] = str(healthy[0].memory // MIB)
-    return Advertisement(capacity={RESOURCE: len(healthy)}, labels=labels)
+    return Advertisement(
+        capacity=share_capacity(healthy, node_sharing().mode, os.environ.get(SPLIT_ENV)), labels=labels
+    )
 
 
 @hookimpl
@@ -167,6 +195,11 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
             raise ValueError(f"allocation names GPU {gpu!r}, which is not an NVIDIA GPU index (0, 1, ...)")
         indexes.append(int(gpu))
     indexes = sorted(set(indexes))
+    try:
+        share = read_container_share(allocation, [str(i) for i in indexes], lambda i: memory_totals().get(i))
+        envs, mounts = limits(share, node_sharing()) if share is not None else ({}, [])
+    except ShareLimitError as exc:
+        raise ValueError(f"GPU share: {exc}") from None
     minors = minor_numbers()
 
     edit.devices = [d for d in edit.devices if not (_is_gpu_file(d.container_path) or _is_gpu_file(d.host_path))]
@@ -180,6 +213,9 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
         if f"/dev/{name}" not in present and (dev_root / name).exists():
             edit.devices.append(DeviceNode(host_path=str(dev_root / name), container_path=f"/dev/{name}"))
     edit.envs[VISIBLE_ENV] = ",".join(str(i) for i in indexes)
+    edit.envs.update(envs)
+    paths = {m.container_path for m in mounts}
+    edit.mounts = [m for m in edit.mounts if m.container_path not in paths] + mounts
     edit.replace_cdi_devices(CDI_KIND, [f"{CDI_KIND}={i}" for i in indexes])
     return True
 
@@ -337,27 +373,39 @@ def _live_uuids(nvml: ModuleType, inventory: DeviceInventory) -> set[str]:
 
 def minor_numbers() -> dict[int, int]:
     """GPU index -> minor number from NVML, read once per process (and per pynvml module); {} without NVML."""
-    global _minor_cache
+    return _node_gpus()[0]
+
+
+def memory_totals() -> dict[int, int]:
+    """GPU index -> memory in bytes from NVML, read with `minor_numbers`; {} without NVML."""
+    return _node_gpus()[1]
+
+
+def _node_gpus() -> tuple[dict[int, int], dict[int, int]]:
+    global _gpu_cache
     nvml = _load_nvml()
     if nvml is None:
-        return {}
-    if _minor_cache is not None and _minor_cache[0] is nvml:
-        return _minor_cache[1]
+        return {}, {}
+    if _gpu_cache is not None and _gpu_cache[0] is nvml:
+        return _gpu_cache[1], _gpu_cache[2]
 
-    def read(n: ModuleType) -> dict[int, int]:
-        found = {}
+    def read(n: ModuleType) -> tuple[dict[int, int], dict[int, int]]:
+        minors, memories = {}, {}
         for index in range(n.nvmlDeviceGetCount()):
             handle = n.nvmlDeviceGetHandleByIndex(index)
             minor = _optional(n, "nvmlDeviceGetMinorNumber", handle)
             if isinstance(minor, int):
-                found[index] = minor
-        return found
+                minors[index] = minor
+            memory = _optional(n, "nvmlDeviceGetMemoryInfo", handle)
+            if memory is not None and isinstance(getattr(memory, "total", None), int):
+                memories[index] = memory.total
+        return minors, memories
 
-    minors: dict[int, int] | None = _with_nvml(nvml, read, None)
-    if minors is None:
-        return {}
-    _minor_cache = (nvml, minors)
-    return minors
+    found: tuple[dict[int, int], dict[int, int]] | None = _with_nvml(nvml, read, None)
+    if found is None:
+        return {}, {}
+    _gpu_cache = (nvml, *found)
+    return found
 
 
 def _optional(nvml: ModuleType, function: str, *args: Any) -> Any:
@@ -398,6 +446,29 @@ def product_label(model: str) -> str:
     not hold) as `-`, at most 63 characters, starting and ending alphanumeric."""
     value = _LABEL_UNSAFE.sub("-", model.strip())[:LABEL_LIMIT]
     return value.strip("-_.")
+
+
+def share_capacity(healthy: Sequence[DeviceInfo], mode: str | None, split_text: str | None) -> dict[str, int]:
+    """The extended resources of the healthy GPUs: `nvidia.com/gpu` = GPUs, or on a node configured for shares
+    (`mode` set), as HAMi's device plugin counts them: `nvidia.com/gpu` = GPUs x the split count (`split_text`,
+    default 10), `nvidia.com/gpucores` and `nvidia.com/gpumem-percentage` = 100 x GPUs and `nvidia.com/gpumem` = their
+    MiB (when every GPU's memory is known), so that the kubelet's admission counts shares as the scheduler does."""
+    count = len(healthy)
+    if mode is None:
+        return {RESOURCE: count}
+    split = DEFAULT_SPLIT
+    if split_text is not None and split_text.strip():
+        text = split_text.strip()
+        split = int(text) if text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_SPLIT else 0
+        if not split:
+            log.warning(
+                "%s is %r, not a count from 1 to %d; shares are not advertised", SPLIT_ENV, text[:20], MAX_SPLIT
+            )
+            return {RESOURCE: count}
+    capacity = {RESOURCE: count * split, CORES: 100 * count, MEMORY_PERCENT: 100 * count}
+    if healthy and all(d.memory for d in healthy):
+        capacity[MEMORY] = sum((d.memory or 0) // MIB for d in healthy)
+    return capacity
 
 
 def _is_gpu_file(path: str) -> bool:

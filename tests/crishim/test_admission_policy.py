@@ -25,6 +25,7 @@ from kubegpu.plugins.nvidia import device as nvidia_device
 ADMISSION = Path(__file__).resolve().parents[2] / "examples" / "deploy" / "admission"
 API_VERSION = "admissionregistration.k8s.io/v1"
 OWNED_ENV = {name for module in (nvidia_device, neuron_device, intel_device) for name in module.OWNED.envs}
+OWNED_PREFIXES = {p for module in (nvidia_device, neuron_device, intel_device) for p in module.OWNED.env_prefixes}
 
 # The json fields of the upstream v1 types, and the values their enums allow.
 FIELDS: dict[str, set[str]] = {
@@ -122,8 +123,11 @@ def test_the_device_env_policies_name_exactly_the_env_the_plugins_own(policy: st
     spec = found["spec"]
     owned = next(v["expression"] for v in spec["variables"] if v["name"] == "owned")
     assert set(re.findall(r"'([A-Z0-9_]+)'", owned)) == OWNED_ENV
+    prefixes = next(v["expression"] for v in spec["variables"] if v["name"] == "ownedPrefixes")
+    assert set(re.findall(r"'([A-Z0-9_]+)'", prefixes)) == OWNED_PREFIXES
     (validation,) = spec["validations"]
     assert all(name in validation["message"] for name in OWNED_ENV)
+    assert all(f"{prefix.rstrip('_')}" in validation["message"] for prefix in OWNED_PREFIXES)
     containers = next(v["expression"] for v in spec["variables"] if v["name"] == "containers")
     assert all(kind in containers for kind in ("containers", "initContainers", "ephemeralContainers"))
     (rule,) = spec["matchConstraints"]["resourceRules"]
@@ -151,6 +155,12 @@ TENANT_PODS = [
         False,
         True,
     ),
+    ("share-limit", pod(env=[{"name": "CUDA_DEVICE_SM_LIMIT", "value": "100"}]), False, True),
+    ("share-memory-limit", pod(env=[{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "80g"}]), False, True),
+    ("mps-threads", pod(env=[{"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "100"}]), False, True),
+    ("cuda-cache-path", pod(env=[{"name": "CUDA_CACHE_PATH", "value": "/tmp"}]), True, True),
+    ("env-from-cuda-prefix", pod(envFrom=[{"prefix": "CUDA_", "configMapRef": {"name": "x"}}]), True, False),
+    ("env-from-mps-prefix", pod(envFrom=[{"prefix": "CUDA_MPS_X", "configMapRef": {"name": "x"}}]), True, False),
     ("env-from-without-prefix", pod(envFrom=[{"configMapRef": {"name": "x"}}]), True, False),
     ("env-from-app-prefix", pod(envFrom=[{"prefix": "APP_", "configMapRef": {"name": "x"}}]), True, True),
     ("env-from-nvidia-prefix", pod(envFrom=[{"prefix": "NVIDIA_", "configMapRef": {"name": "x"}}]), True, False),

@@ -8,9 +8,11 @@ with, copied from another pod, made for another node or never signed are refused
 the check, and no container is created. So are allocations the codec chokes on, and a stale allocation (rolled
 back, then put back by the pod's owner) whose device the scheduler has since given to a live pod: the shim reads the
 allocation from containerd's own record of the sandbox, and no device goes to two live pods. A container that sets
-`NVIDIA_VISIBLE_DEVICES=all` without an allocation runs without it. Everything else passes through as containerd
-answers it, including while containerd restarts. The last test runs the real `kubegpu crishim` command: a private
-socket, the same result, and a clean exit on SIGTERM.
+`NVIDIA_VISIBLE_DEVICES=all` without an allocation runs without it. Two shares of one GPU (the real engine with the
+nvidia plugin, a HAMi-style node) each run with the GPU's device node and their own HAMi-core limits, whatever limit
+the tenant wrote in the spec; a share the node cannot enforce is refused and the shim keeps serving. Everything
+else passes through as containerd answers it, including while containerd restarts. The last test runs the real
+`kubegpu crishim` command: a private socket, the same result, and a clean exit on SIGTERM.
 
 The device files are character devices made with mknod under a temporary dev root (`--dev-root`), so nothing on the
 host is touched. Every pod uses the host network: no CNI is needed.
@@ -39,6 +41,8 @@ from kubegpu.core.testing import make_node, pod_manifest
 from kubegpu.crishim.shim import ContainerEditor, RunningShim, start_shim
 from kubegpu.plugins.neuron import device as neuron_device
 from kubegpu.plugins.nvidia import device as nvidia_device
+from kubegpu.plugins.nvidia import scheduler as nvidia_scheduler
+from kubegpu.plugins.nvidia.limits import HAMI_DIR_ENV, MODE_ENV
 from kubegpu.scheduler.engine import Engine
 
 from .containerd import (
@@ -57,6 +61,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fpga"
 FPGA = "example.com/fpga"
 NODE = "node-a"
 CARDS = ["fpga0", "fpga1", "fpga2", "fpga3"]
+GPU_FILES = ["nvidia0", "nvidiactl"]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +81,7 @@ def containerd() -> Iterator[Containerd]:
 def node_dir() -> Iterator[Path]:
     """A short per-module directory: the dev root with four cards, the key file and the shim's socket."""
     directory = Path(tempfile.mkdtemp(prefix="kubegpu-node-"))
-    make_char_devices(directory / "dev", CARDS)
+    make_char_devices(directory / "dev", [*CARDS, *GPU_FILES])
     (directory / "allocation.key").write_text(secrets.token_hex(32) + "\n")
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
@@ -173,6 +178,101 @@ def test_a_container_sees_exactly_its_allocated_cards(
         )
     finally:
         kubelet.remove_pod(sandbox_id)
+
+
+def _gpu_scheduler(key: bytes) -> Engine:
+    """The real engine with the nvidia plugin and one GPU of 16 GiB offered as HAMi's device plugin offers it."""
+    nvidia_scheduler.WORKLOAD.clear()
+    plugins = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia_scheduler)], autoload=False)
+    engine = Engine(plugins, signing_key=key)
+    labels = {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "16384"}
+    allocatable = {"nvidia.com/gpu": 10, "nvidia.com/gpucores": 100, "nvidia.com/gpumem": 16384}
+    engine.add_node(make_node(NODE, labels=labels, allocatable=allocatable))
+    return engine
+
+
+def _place_share(engine: Engine, name: str, cores: int, mib: int) -> tuple[str, dict[str, str]]:
+    uid = f"uid-{name}-{secrets.token_hex(4)}"
+    manifest = pod_manifest(
+        name, {"main": {"nvidia.com/gpu": 1, "nvidia.com/gpucores": cores, "nvidia.com/gpumem": mib}}
+    )
+    manifest["metadata"]["uid"] = uid
+    decision = engine.schedule(pod_request(manifest)[0])
+    assert decision.scheduled, decision.reason
+    return uid, dict(decision.annotations)
+
+
+@pytest.fixture
+def hami_core(node_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The node runs HAMi-core: its library directory as an operator installs it (the library itself is a stand-in:
+    no GPU here, and busybox is static, so nothing is preloaded)."""
+    directory = node_dir / "vgpu"
+    (directory / "vgpulock").mkdir(parents=True, exist_ok=True)
+    (directory / "libvgpu.so").write_bytes(b"")
+    (directory / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
+    monkeypatch.setenv(MODE_ENV, "hami-core")
+    monkeypatch.setenv(HAMI_DIR_ENV, str(directory))
+    return directory
+
+
+def test_two_shares_of_one_gpu_each_run_with_the_gpu_and_their_own_limits(
+    kubelet: Cri, key: bytes, hami_core: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = _gpu_scheduler(key)
+    shares = {"notebook": (30, 4096), "inference": (60, 8192)}
+    placed = {name: _place_share(engine, name, cores, mib) for name, (cores, mib) in shares.items()}
+    for _, written in placed.values():
+        record = decode_allocation(written[ALLOCATION_KEY])
+        assert record.containers["main"]["nvidia.com/gpu"] == ["0"]  # both on the node's one GPU
+
+    seen: dict[str, dict[str, str]] = {}
+    sandboxes = []
+    try:
+        for name, (uid, written) in placed.items():
+            sandbox = host_network_sandbox(name, uid, annotations=written, log_directory=tmp_path)
+            sandbox_id = kubelet.run_pod(sandbox)
+            sandboxes.append(sandbox_id)
+            # the tenant asks for the whole GPU's compute and memory in the spec, and to switch HAMi-core off
+            greedy = {
+                "CUDA_DEVICE_SM_LIMIT": "100",
+                "CUDA_DEVICE_MEMORY_LIMIT_0": "16384m",
+                "CUDA_DISABLE_CONTROL": "1",
+            }
+            container_id = kubelet.create(sandbox_id, container_config("main", envs=greedy), sandbox)
+            kubelet.start(container_id)
+            seen[name] = _env(kubelet, container_id)
+            assert sorted(n for n in kubelet.exec(container_id, "ls", "/dev").split() if n.startswith("nvidia")) == [
+                "nvidia0",
+                "nvidiactl",
+            ]
+            assert kubelet.exec(container_id, "cat", "/etc/ld.so.preload").strip() == "/usr/local/vgpu/libvgpu.so"
+            assert kubelet.exec(container_id, "ls", "/usr/local/vgpu").split() == ["libvgpu.so"]
+
+        for name, (cores, mib) in shares.items():
+            limits = {k: v for k, v in seen[name].items() if k.startswith(("CUDA_", "NVIDIA_"))}
+            assert limits == {
+                "NVIDIA_VISIBLE_DEVICES": "0",
+                "CUDA_DEVICE_SM_LIMIT": str(cores),
+                "CUDA_DEVICE_MEMORY_LIMIT_0": f"{mib}m",
+            }, name
+
+        # the same allocation on a node that enforces no shares: refused, saying how to configure the node
+        monkeypatch.delenv(MODE_ENV)
+        uid, written = _place_share(engine, "late", 10, 1024)
+        sandbox = host_network_sandbox("late", uid, annotations=written, log_directory=tmp_path)
+        sandbox_id = kubelet.run_pod(sandbox)
+        sandboxes.append(sandbox_id)
+        with pytest.raises(grpc.RpcError) as refused:
+            kubelet.create(sandbox_id, container_config("main"), sandbox)
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "this node enforces no GPU shares: set KUBEGPU_NVIDIA_SHARE_LIMITS" in str(refused.value.details())
+        assert kubelet.containers(sandbox_id) == []
+        # ...and the shim keeps serving: the running shares still answer
+        assert kubelet.exec(container_id, "true") == ""
+    finally:
+        for sandbox_id in sandboxes:
+            kubelet.remove_pod(sandbox_id)
+        nvidia_scheduler.WORKLOAD.clear()
 
 
 def _tampered(annotations: dict[str, str], **_: Any) -> dict[str, str]:

@@ -25,7 +25,24 @@ from kubegpu.kube.client import ApiError
 from kubegpu.scheduler.extender import UNKNOWN_NODE
 
 from .cluster import Cluster, free_port, wait_for
-from .test_scheduler import INTEL, P3, ROOT, SEVEN, TRN1, _apply, bound, wait_bound
+from .test_scheduler import (
+    HAMI_ALLOCATABLE,
+    HAMI_GPU,
+    INTEL,
+    LATE,
+    LATE_REASON,
+    P3,
+    ROOT,
+    SEVEN,
+    SHARES,
+    TRN1,
+    _apply,
+    assert_shares_add_up,
+    bound,
+    create_shares,
+    share_refusal,
+    wait_bound,
+)
 
 DEPLOY = ROOT / "examples" / "deploy" / "extender"
 
@@ -211,6 +228,25 @@ def test_kube_scheduler_binds_device_pods_through_the_extender(
         the_callers_own_choice(url, namespace, tmp_path)
         assert "seven" not in bound(cluster, namespace)
         assert extender.process.poll() is None
+
+
+def test_kube_scheduler_binds_two_shares_to_one_gpu_and_refuses_a_third_with_kubegpus_reason(
+    cluster: Cluster, namespace: str, extender_stack: Any, key_file: Path
+) -> None:
+    cluster.create_ready_node("hami-x", labels=HAMI_GPU, allocatable=HAMI_ALLOCATABLE)
+    _, extender, scheduler = extender_stack(False)
+    create_shares(cluster, namespace, "gpu-scheduler")
+    try:
+        placed = wait_bound(cluster, namespace, len(SHARES), timeout=60)
+    except AssertionError:
+        raise AssertionError(f"{extender.output()[-3000:]}\n---\n{scheduler.output()[-3000:]}") from None
+    assert_shares_add_up(placed, key_file.read_text().strip().encode())
+
+    # kube-scheduler's own sums let it through (100 of 100 gpucores); kubegpu's books of GPU 0 do not
+    cluster.create_pod(namespace, "late", LATE, scheduler="gpu-scheduler")
+    message = wait_for(lambda: share_refusal(cluster, namespace), 60, "late's FailedScheduling event")
+    assert message == f"0/1 nodes are available: 1 {LATE_REASON}.", message
+    assert "late" not in bound(cluster, namespace)
 
 
 def the_callers_own_choice(url: str, namespace: str, tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ at the shim, and the shim in front of containerd. The node's devices are charact
 temporary dev root (the shim's `--dev-root`): sixteen Neuron devices (trn1.32xlarge), two Intel cards with their
 render nodes and eight NVIDIA GPUs; its labels and extended capacity are what the advertiser and GPU Feature
 Discovery would publish. A Neuron pod, a two-container Intel pod and an NVIDIA pod reach Running, and every container
-writes what it has (its `/dev` and env, to a hostPath directory): exactly the devices and env of its allocation. A pod
+writes what it has (its `/dev` and env, to a hostPath directory): exactly the devices and env of its allocation. The
+node offers GPU shares as HAMi-core enforces them (ten per GPU, the shim told `KUBEGPU_NVIDIA_SHARE_LIMITS=hami-core`):
+two share pods run with their GPU and the HAMi-core limits of their own share, whatever the spec says. A pod
 put on the node with a forged allocation shows kubegpu's refusal in its Events and never runs. The kubelet and
 containerd restart under running pods, and a new device pod still gets its devices.
 
@@ -50,7 +52,9 @@ CAPACITY = {
     "aws.amazon.com/neuron": "16",
     "aws.amazon.com/neurondevice": "16",
     "gpu.intel.com/i915": "2",
-    "nvidia.com/gpu": "8",
+    "nvidia.com/gpu": "80",  # eight GPUs, each split ten ways
+    "nvidia.com/gpucores": "800",
+    "nvidia.com/gpumem": str(8 * 16160),
 }
 DEVICES = [
     *(f"neuron{i}" for i in range(16)),
@@ -71,6 +75,10 @@ def node_dir() -> Iterator[Path]:
     (directory / "out").mkdir()
     (directory / "out").chmod(0o777)
     (directory / "allocation.key").write_text(secrets.token_hex(32) + "\n")
+    # HAMi-core's directory as an operator installs it (the library a stand-in: there is no GPU here)
+    (directory / "vgpu" / "vgpulock").mkdir(parents=True)
+    (directory / "vgpu" / "libvgpu.so").write_bytes(b"")
+    (directory / "vgpu" / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
 
@@ -91,6 +99,7 @@ def shim(cluster: Cluster, containerd: Containerd, node_dir: Path) -> Iterator[S
         dev_root=node_dir / "dev",
         log=node_dir / "shim.log",
         kubeconfig=cluster.kubeconfig,
+        env={"KUBEGPU_NVIDIA_SHARE_LIMITS": "hami-core", "KUBEGPU_HAMI_CORE_DIR": str(node_dir / "vgpu")},
     )
     yield process
     process.terminate()
@@ -104,7 +113,7 @@ def kubelet(cluster: Cluster, shim: ShimProcess) -> Iterator[Kubelet]:
         cluster.client.patch(f"/api/v1/nodes/{NODE}", {"metadata": {"labels": LABELS}})
         cluster.client.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": CAPACITY}})
         wait_for(
-            lambda: cluster.client.get(f"/api/v1/nodes/{NODE}")["status"]["allocatable"].get("nvidia.com/gpu") == "8",
+            lambda: cluster.client.get(f"/api/v1/nodes/{NODE}")["status"]["allocatable"].get("nvidia.com/gpu") == "80",
             30,
             "the node's extended resources allocatable",
         )
@@ -199,6 +208,36 @@ def test_neuron_intel_and_nvidia_pods_run_with_exactly_their_devices(
     assert "nvidiactl" in devices
     assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(gpus)
     assert not family(devices, "neuron")
+
+
+def test_two_gpu_shares_run_each_with_its_gpu_and_its_own_hami_core_limits(
+    cluster: Cluster, kubelet: Kubelet, scheduler: SchedulerProcess, node_dir: Path, space: str
+) -> None:
+    out = node_dir / "out"
+    shares = {"notebook": (30, 4096), "inference": (60, 8192)}
+    running = {}
+    for name, (cores, mib) in shares.items():
+        limits = {"nvidia.com/gpu": 1, "nvidia.com/gpucores": cores, "nvidia.com/gpumem": mib}
+        manifest = pod(space, name, {"main": limits}, scheduler=SCHEDULER, out=out)
+        # the tenant writes the whole GPU's compute and memory into its spec, and HAMi-core's off switch
+        manifest["spec"]["containers"][0]["env"] += [
+            {"name": "CUDA_DEVICE_SM_LIMIT", "value": "100"},
+            {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "16160m"},
+            {"name": "CUDA_DISABLE_CONTROL", "value": "true"},
+        ]
+        running[name] = run(cluster, space, manifest)
+
+    for name, (cores, mib) in shares.items():
+        record = decode_allocation(running[name]["metadata"]["annotations"][ALLOCATION_KEY])
+        (gpu,) = record.containers["main"]["nvidia.com/gpu"]
+        assert record.shares["main"]["nvidia.com/gpucores"] == {gpu: cores}
+        devices, env = read_output(out, name, "main")
+        assert family(devices, "nvidia") == [f"nvidia{gpu}"] and "nvidiactl" in devices
+        assert {k: v for k, v in env.items() if k.startswith(("CUDA_", "NVIDIA_"))} == {
+            "NVIDIA_VISIBLE_DEVICES": gpu,
+            "CUDA_DEVICE_SM_LIMIT": str(cores),
+            "CUDA_DEVICE_MEMORY_LIMIT_0": f"{mib}m",
+        }, name
 
 
 def test_a_forged_allocation_is_refused_in_the_pods_events_and_never_runs(

@@ -30,6 +30,14 @@ SEVEN = (
     "Instance type trn1.32xlarge does not support requests for device: 7. Please request a different number of devices."
 )
 ROOT = Path(__file__).resolve().parents[2]
+# One 16 GiB GPU offered as HAMi's device plugin and GPU Feature Discovery offer it (split into 10).
+HAMI_GPU = {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "16384"}
+HAMI_ALLOCATABLE = {"nvidia.com/gpu": 10, "nvidia.com/gpucores": 100, "nvidia.com/gpumem": 16384}
+SHARES = {"notebook": (30, 8192), "inference": (60, 8192)}
+# 10 % more compute fits (90 + 10), and kube-scheduler's own sums pass; but without gpumem a share takes all of the
+# GPU's memory, as in HAMi, and none is left.
+LATE = {"main": {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 10}}
+LATE_REASON = "GPU 0 has 0 MiB memory free, the pod asks 16384 MiB"
 
 
 def bound(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
@@ -55,6 +63,49 @@ def devices_by_node(pods: dict[str, dict[str, Any]]) -> dict[str, Counter[str]]:
                 family = "neuroncore" if resource.endswith("neuroncore") else resource.split("/")[0]
                 counter.update(f"{family}:{i}" for i in ids)
     return held
+
+
+def create_shares(cluster: Cluster, namespace: str, scheduler: str) -> None:
+    for name, (cores, mib) in SHARES.items():
+        limits = {"nvidia.com/gpu": 1, "nvidia.com/gpucores": cores, "nvidia.com/gpumem": mib}
+        cluster.create_pod(namespace, name, {"main": limits}, scheduler=scheduler)
+
+
+def assert_shares_add_up(placed: dict[str, dict[str, Any]], key: bytes) -> None:
+    """Both shares on the node's one GPU, each allocation naming the share taken of it, together within the GPU."""
+    cores = mib = 0
+    for name, (want_cores, want_mib) in SHARES.items():
+        record = decode_allocation(placed[name]["metadata"]["annotations"][ALLOCATION_KEY])
+        assert verify_allocation(record, key) and record.node == placed[name]["spec"]["nodeName"], name
+        assert record.containers["main"]["nvidia.com/gpu"] == ["0"], name
+        assert record.shares["main"]["nvidia.com/gpucores"] == {"0": want_cores}, name
+        assert record.shares["main"]["nvidia.com/gpumem"] == {"0": want_mib}, name
+        cores += want_cores
+        mib += want_mib
+    assert cores <= 100 and mib <= 16384
+
+
+def share_refusal(cluster: Cluster, namespace: str) -> str | None:
+    """The message of the FailedScheduling event of pod `late` that carries the per-GPU reason, once there."""
+    events = [e for e in cluster.events(namespace) if e["involvedObject"]["name"] == "late"]
+    return next(
+        (e["message"] for e in events if e["reason"] == "FailedScheduling" and LATE_REASON in e["message"]), None
+    )
+
+
+def test_two_shares_are_bound_to_one_gpu_and_a_third_is_refused_saying_what_the_gpu_lacks(
+    cluster: Cluster, namespace: str, start_scheduler: Any, key_file: Path
+) -> None:
+    cluster.create_ready_node("hami-a", labels=HAMI_GPU, allocatable=HAMI_ALLOCATABLE)
+    start_scheduler("kubegpu", "--no-leader-elect")
+    create_shares(cluster, namespace, "kubegpu")
+    placed = wait_bound(cluster, namespace, len(SHARES))
+    assert_shares_add_up(placed, key_file.read_text().strip().encode())
+
+    cluster.create_pod(namespace, "late", LATE, scheduler="kubegpu")
+    message = wait_for(lambda: share_refusal(cluster, namespace), 30, "late's FailedScheduling event")
+    assert message == f"0/1 nodes are available: 1 {LATE_REASON}."
+    assert "late" not in bound(cluster, namespace)
 
 
 def test_mixed_device_pods_are_bound_with_valid_sets_and_signed_allocations(

@@ -304,3 +304,38 @@ def test_engine_places_shares_and_deleting_a_pod_frees_its_share() -> None:
     assert not refused.scheduled and "1 Insufficient nvidia.com/gpucores" in refused.reason
     assert engine.release("ns/a") is not None
     assert engine.schedule(pod("b", 50)).scheduled
+
+
+def test_a_share_that_fits_nowhere_is_refused_with_each_nodes_per_gpu_reason_counted() -> None:
+    """Nodes whose totals would hold the pod but no single GPU can: each says which GPU comes closest and what it
+    lacks, and the summary counts the nodes under their reasons as kube-scheduler counts them."""
+    engine = Engine(build_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    labels = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.memory": "16384"}
+    allocatable = {"cpu": "8", "memory": "32Gi", "pods": "110", GPU: "20", CORES: "200", MEM_PCT: "200"}
+    for name in ("a", "b", "c"):
+        engine.add_node(
+            node_info(
+                {
+                    "kind": "Node",
+                    "metadata": {"name": name, "labels": {**labels, "kubernetes.io/hostname": name}},
+                    "status": {"allocatable": allocatable},
+                }
+            )
+        )
+
+    def pod(name: str, cores: int, node: str | None = None) -> PodRequest:
+        limits = {GPU: "1", CORES: str(cores), MEM_PCT: "10"}
+        spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"limits": limits}}]}
+        if node:
+            spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        return pod_request({"kind": "Pod", "metadata": {"name": name, "namespace": "ns"}, "spec": spec})[0]
+
+    for node, used in (("a", 60), ("b", 60), ("c", 70)):
+        for gpu in range(2):
+            assert engine.schedule(pod(f"{node}-{gpu}", used, node)).scheduled
+    refused = engine.schedule(pod("wants-half", 50))
+    assert not refused.scheduled
+    assert refused.reason == (
+        "0/3 nodes are available: 1 GPU 0 has 30% compute free, the pod asks 50%, "
+        "2 GPU 0 has 40% compute free, the pod asks 50%."
+    )

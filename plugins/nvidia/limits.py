@@ -1,0 +1,229 @@
+"""GPU shares on the node: the limits that hold a container to the share its allocation names.
+
+The scheduler side (`scheduler.py`) writes each share container's share into the allocation's `shares`: per GPU id,
+`nvidia.com/gpucores` (percent of compute, 0: none reserved) and `nvidia.com/gpumem` (MiB) or
+`nvidia.com/gpumem-percentage` (percent of the GPU's memory, where the scheduler did not know the GPU's memory). The
+node side (the CRI shim and the device-plugin mode, through `device.py`'s container edit) turns it into what the
+node's enforcement reads, chosen by the node's configuration: `KUBEGPU_NVIDIA_SHARE_LIMITS` in the environment of
+`kubegpu crishim` / `kubegpu device-plugin`:
+
+* `hami-core`: HAMi-core (`libvgpu.so`, the CUDA hook HAMi's device plugin uses) preloaded in the container.
+  Env `CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m` for the container's i-th GPU (0, 1, ... in ascending index order, as
+  CUDA numbers them inside the container) and `CUDA_DEVICE_SM_LIMIT=<percent>`; mounts, all from the host directory
+  `KUBEGPU_HAMI_CORE_DIR` (default `/usr/local/vgpu`): `libvgpu.so` read-only at `/usr/local/vgpu/libvgpu.so`,
+  `ld.so.preload` (one line naming that path) read-only at `/etc/ld.so.preload`, and `vgpulock/` at
+  `/tmp/vgpulock` (HAMi-core's node-wide lock directory).
+* `mps`: an NVIDIA MPS control daemon on the node. Env `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<percent>` and
+  `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M,1=<MiB>M` (the same per-GPU order), `CUDA_MPS_PIPE_DIRECTORY` and
+  `CUDA_MPS_LOG_DIRECTORY`; mounts: the daemon's pipe directory `KUBEGPU_MPS_PIPE_DIRECTORY` (default
+  `/tmp/nvidia-mps`) at `/tmp/nvidia-mps` and its log directory `KUBEGPU_MPS_LOG_DIRECTORY` (default
+  `/var/log/nvidia-mps`) read-only at `/var/log/nvidia-mps`.
+* `none`: shares run without limits (a scheduling promise only), by the operator's explicit choice.
+
+Unset, a container with a share is refused with a message that says how to configure the node: a share that nothing
+enforces is never started silently. A container of whole GPUs gets no limits whatever the mode. A memory share in
+percent becomes MiB from the GPU's memory as NVML reports it in this process; 100 % needs no limit. No compute
+reserved (`gpucores` 0, or absent) sets no compute limit.
+
+The plugin owns every variable and mount named here (`device.OWNED`): the shim removes them from every container
+before the plugin writes the allocation's values, so a tenant cannot raise its limit from the pod spec. It also owns
+the knobs that would switch HAMi-core's limits off (`CUDA_DISABLE_CONTROL`, `GPU_CORE_UTILIZATION_POLICY`,
+`CUDA_OVERSUBSCRIBE`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`) and every `CUDA_MPS_*` variable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from kubegpu.core.models import ContainerAllocation, Mount
+from kubegpu.plugins.nvidia import RESOURCE
+from kubegpu.plugins.nvidia.sharing import CORES, MEMORY, MEMORY_PERCENT
+
+__all__ = [
+    "HAMI_CORE",
+    "MODES",
+    "MODE_ENV",
+    "MPS",
+    "NO_LIMITS",
+    "OWNED_ENVS",
+    "OWNED_ENV_PREFIXES",
+    "OWNED_MOUNTS",
+    "ContainerShare",
+    "NodeSharing",
+    "ShareLimitError",
+    "limits",
+    "node_sharing",
+    "read_container_share",
+]
+
+# ----------------------------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------------------------
+
+MODE_ENV = "KUBEGPU_NVIDIA_SHARE_LIMITS"
+HAMI_DIR_ENV = "KUBEGPU_HAMI_CORE_DIR"
+MPS_PIPE_ENV = "KUBEGPU_MPS_PIPE_DIRECTORY"
+MPS_LOG_ENV = "KUBEGPU_MPS_LOG_DIRECTORY"
+DEFAULT_HAMI_DIR, DEFAULT_MPS_PIPE, DEFAULT_MPS_LOG = "/usr/local/vgpu", "/tmp/nvidia-mps", "/var/log/nvidia-mps"
+HAMI_CORE, MPS, NO_LIMITS = "hami-core", "mps", "none"
+MODES = (HAMI_CORE, MPS, NO_LIMITS)
+
+# What the container sees (fixed, so that the shim can own the paths whatever the host's layout).
+HAMI_LIBRARY = "/usr/local/vgpu/libvgpu.so"
+PRELOAD = "/etc/ld.so.preload"
+HAMI_LOCK = "/tmp/vgpulock"
+MPS_PIPE = "/tmp/nvidia-mps"
+MPS_LOG = "/var/log/nvidia-mps"
+
+MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"  # HAMi-core: bare (every GPU) or `_<i>`
+SM_LIMIT = "CUDA_DEVICE_SM_LIMIT"
+MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+MPS_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+OWNED_ENVS = (
+    SM_LIMIT,
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+    "CUDA_OVERSUBSCRIBE",
+    "CUDA_DISABLE_CONTROL",
+    "GPU_CORE_UTILIZATION_POLICY",
+)
+OWNED_ENV_PREFIXES = (MEMORY_LIMIT, "CUDA_MPS_")
+OWNED_MOUNTS = (
+    r"/etc/ld\.so\.preload",
+    r"/usr/local/vgpu(/.*)?",
+    r"/tmp/vgpulock(/.*)?",
+    r"/tmp/nvidia-mps(/.*)?",
+    r"/var/log/nvidia-mps(/.*)?",
+)
+
+
+class ShareLimitError(ValueError):
+    """A share that cannot be applied on this node; the message names what is wrong and what to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSharing:
+    """How this node enforces shares: `mode` one of `MODES`, None when the node is not configured."""
+
+    mode: str | None
+    hami_dir: str = DEFAULT_HAMI_DIR
+    mps_pipe: str = DEFAULT_MPS_PIPE
+    mps_log: str = DEFAULT_MPS_LOG
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerShare:
+    """One container's share: `cores` percent of each GPU's compute (0: no limit) and, per GPU in the container's
+    order, its memory limit in MiB (None: the whole memory, no limit)."""
+
+    cores: int
+    memory_mib: tuple[int | None, ...]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading the node and the allocation
+# ----------------------------------------------------------------------------------------------------------
+
+
+def node_sharing(environ: Mapping[str, str] = os.environ) -> NodeSharing:
+    """The node's configuration from the environment (read at each share container: a handful of lookups)."""
+    raw = environ.get(MODE_ENV, "").strip().lower()
+    return NodeSharing(
+        mode=raw or None,
+        hami_dir=environ.get(HAMI_DIR_ENV, "").strip() or DEFAULT_HAMI_DIR,
+        mps_pipe=environ.get(MPS_PIPE_ENV, "").strip() or DEFAULT_MPS_PIPE,
+        mps_log=environ.get(MPS_LOG_ENV, "").strip() or DEFAULT_MPS_LOG,
+    )
+
+
+def read_container_share(
+    allocation: ContainerAllocation, gpus: list[str], memory_total: Callable[[int], int | None]
+) -> ContainerShare | None:
+    """The container's share over `gpus` (its GPU ids in the container's order), None for whole GPUs; raises
+    `ShareLimitError` for a share that is malformed (a decoded annotation may hold anything) or that this node
+    cannot turn into limits. `memory_total(index)` is the GPU's memory in bytes, None when unknown here."""
+    shares = allocation.shares
+    if not any(r in shares for r in (CORES, MEMORY, MEMORY_PERCENT)):
+        if shares.get(RESOURCE):
+            raise ShareLimitError(f"the share names no {CORES} and no memory for GPU(s) {', '.join(gpus)}")
+        return None
+    if MEMORY in shares and MEMORY_PERCENT in shares:
+        raise ShareLimitError(f"the share names both {MEMORY} and {MEMORY_PERCENT}")
+    memory_resource = MEMORY if MEMORY in shares else MEMORY_PERCENT
+    cores_of = shares.get(CORES, {})
+    memory_of = shares.get(memory_resource, {})
+    for resource, named in ((CORES, cores_of), (memory_resource, memory_of)):
+        if set(named) != set(gpus):
+            listed = ", ".join(sorted(named)) or "none"
+            raise ShareLimitError(f"{resource} names GPU(s) {listed}, the container has GPU(s) {', '.join(gpus)}")
+    cores = set(cores_of.values())
+    if len(cores) != 1:
+        raise ShareLimitError(f"{CORES} differs between the container's GPUs ({sorted(cores)}); a share takes one")
+    (percent,) = cores
+    if not 0 <= percent <= 100:
+        raise ShareLimitError(f"{CORES} is {percent}; a share takes 0-100 percent of each GPU's compute")
+    limits: list[int | None] = []
+    for gpu in gpus:
+        amount = memory_of[gpu]
+        if memory_resource == MEMORY:
+            if amount < 1:
+                raise ShareLimitError(f"{MEMORY} of GPU {gpu} is {amount} MiB; a share takes at least 1 MiB")
+            limits.append(amount)
+            continue
+        if not 1 <= amount <= 100:
+            raise ShareLimitError(f"{MEMORY_PERCENT} of GPU {gpu} is {amount}; a share takes 1-100 percent")
+        if amount == 100:
+            limits.append(None)
+            continue
+        total = memory_total(int(gpu))
+        if total is None:
+            raise ShareLimitError(
+                f"the share is {amount}% of GPU {gpu}'s memory and NVML in this process cannot say how much memory "
+                "the GPU has (install nvidia-ml-py where the driver is, or advertise nvidia.com/gpu.memory so that "
+                f"the scheduler writes {MEMORY} in MiB)"
+            )
+        limits.append(max(1, total // (1024 * 1024) * amount // 100))
+    return ContainerShare(percent, tuple(limits))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The limits
+# ----------------------------------------------------------------------------------------------------------
+
+
+def limits(share: ContainerShare, sharing: NodeSharing) -> tuple[dict[str, str], list[Mount]]:
+    """The env and mounts that hold a container to `share` on a node configured as `sharing`; raises
+    `ShareLimitError` when the node is not configured for shares."""
+    if sharing.mode == NO_LIMITS:
+        return {}, []
+    if sharing.mode == HAMI_CORE:
+        envs = {f"{MEMORY_LIMIT}_{i}": f"{mib}m" for i, mib in enumerate(share.memory_mib) if mib is not None}
+        if share.cores:
+            envs[SM_LIMIT] = str(share.cores)
+        root = sharing.hami_dir.rstrip("/") or "/"
+        mounts = [
+            Mount(host_path=f"{root}/libvgpu.so", container_path=HAMI_LIBRARY, readonly=True),
+            Mount(host_path=f"{root}/ld.so.preload", container_path=PRELOAD, readonly=True),
+            Mount(host_path=f"{root}/vgpulock", container_path=HAMI_LOCK),
+        ]
+        return envs, mounts
+    if sharing.mode == MPS:
+        envs = {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE, "CUDA_MPS_LOG_DIRECTORY": MPS_LOG}
+        if share.cores:
+            envs[MPS_THREADS] = str(share.cores)
+        pinned = [f"{i}={mib}M" for i, mib in enumerate(share.memory_mib) if mib is not None]
+        if pinned:
+            envs[MPS_MEMORY] = ",".join(pinned)
+        mounts = [
+            Mount(host_path=sharing.mps_pipe, container_path=MPS_PIPE),
+            Mount(host_path=sharing.mps_log, container_path=MPS_LOG, readonly=True),
+        ]
+        return envs, mounts
+    if sharing.mode is None:
+        raise ShareLimitError(
+            f"this node enforces no GPU shares: set {MODE_ENV}=hami-core (HAMi-core's libvgpu.so) or =mps (an MPS "
+            f"daemon) for kubegpu's CRI shim or device plugin ({MODE_ENV}=none runs shares without limits)"
+        )
+    raise ShareLimitError(f"{MODE_ENV} is {sharing.mode[:40]!r}; give one of {', '.join(MODES)}")

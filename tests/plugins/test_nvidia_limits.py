@@ -1,0 +1,343 @@
+"""GPU shares on the node: the env and mounts a share container gets, by the node's enforcement, through the CRI shim.
+
+What an operator would notice: on a HAMi-core node, a container with 30 % of two GPUs and 4 GiB of each runs with
+`CUDA_DEVICE_SM_LIMIT=30` and `CUDA_DEVICE_MEMORY_LIMIT_0/1=4096m` and libvgpu.so preloaded; on an MPS node with
+`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30` and `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M,1=4096M` and the daemon's pipe;
+a whole-GPU container gets none of it; a tenant who writes a larger limit into the pod spec runs with the
+allocation's; a share on a node that enforces none, or a malformed share, is refused with a sentence that says what
+is wrong, and the shim goes on serving.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from cri_api.v1 import api_pb2
+
+from kubegpu.core.annotations import ALLOCATION_KEY, encode_allocation, merge_allocations, sign_allocation
+from kubegpu.core.models import ContainerAllocation, ContainerEdit, Mount, PluginAllocation
+from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
+from kubegpu.crishim.deviceplugin import allocate_response
+from kubegpu.crishim.shim import ContainerEditor
+from kubegpu.crishim.verify import AllocationRefused, PodIdentity
+from kubegpu.plugins.nvidia import device, limits
+
+from .test_nvidia_device import MIB, FakeGpu, fake_nvml
+
+GPU = "nvidia.com/gpu"
+CORES = "nvidia.com/gpucores"
+MEM = "nvidia.com/gpumem"
+MEM_PCT = "nvidia.com/gpumem-percentage"
+KEY = b"node-and-scheduler-share-this"
+NODE = "gpu-node-0"
+POD = PodIdentity("team-a", "notebook", "uid-notebook")
+
+
+@pytest.fixture
+def pm(make_plugin_manager: Callable[..., KubegpuPluginManager]) -> KubegpuPluginManager:
+    manager: KubegpuPluginManager = make_plugin_manager("device", nvidia=device)
+    return manager
+
+
+@pytest.fixture(autouse=True)
+def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No NVML unless a test installs the fake; no enforcement configured unless a test sets one."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    for name in (limits.MODE_ENV, limits.HAMI_DIR_ENV, limits.MPS_PIPE_ENV, limits.MPS_LOG_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def share(ids: list[str], cores: int = 30, memory: int = 4096, memory_resource: str = MEM) -> ContainerAllocation:
+    return ContainerAllocation(
+        pod_uid=POD.uid,
+        node=NODE,
+        container="main",
+        resources={GPU: ids, CORES: ids, memory_resource: ids},
+        shares={
+            GPU: dict.fromkeys(ids, 1),
+            CORES: dict.fromkeys(ids, cores),
+            memory_resource: dict.fromkeys(ids, memory),
+        },
+    )
+
+
+def edit_with(pm: KubegpuPluginManager, allocation: ContainerAllocation, dev_root: Path) -> ContainerEdit:
+    edit = ContainerEdit(envs={"PATH": "/bin"})
+    pm.call("nvidia", "kubegpu_device_edit_container", allocation=allocation, edit=edit, dev_root=dev_root)
+    return edit
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The limits each mode writes
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_a_share_on_a_hami_core_node_gets_hami_cores_limits_and_library(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(limits.MODE_ENV, "hami-core")
+    monkeypatch.setenv(limits.HAMI_DIR_ENV, "/opt/hami")
+    edit = edit_with(pm, share(["3", "1"]), tmp_path)
+    assert edit.envs == {
+        "PATH": "/bin",
+        "NVIDIA_VISIBLE_DEVICES": "1,3",
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
+        "CUDA_DEVICE_MEMORY_LIMIT_1": "4096m",
+        "CUDA_DEVICE_SM_LIMIT": "30",
+    }
+    assert edit.mounts == [
+        Mount(host_path="/opt/hami/libvgpu.so", container_path="/usr/local/vgpu/libvgpu.so", readonly=True),
+        Mount(host_path="/opt/hami/ld.so.preload", container_path="/etc/ld.so.preload", readonly=True),
+        Mount(host_path="/opt/hami/vgpulock", container_path="/tmp/vgpulock"),
+    ]
+
+
+def test_a_share_on_an_mps_node_gets_the_daemons_limits_and_pipe(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(limits.MODE_ENV, "mps")
+    monkeypatch.setenv(limits.MPS_PIPE_ENV, "/run/nvidia/mps")
+    edit = edit_with(pm, share(["0", "2"], cores=50, memory=2048), tmp_path)
+    assert edit.envs == {
+        "PATH": "/bin",
+        "NVIDIA_VISIBLE_DEVICES": "0,2",
+        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
+        "CUDA_MPS_LOG_DIRECTORY": "/var/log/nvidia-mps",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M,1=2048M",
+    }
+    assert edit.mounts == [
+        Mount(host_path="/run/nvidia/mps", container_path="/tmp/nvidia-mps"),
+        Mount(host_path="/var/log/nvidia-mps", container_path="/var/log/nvidia-mps", readonly=True),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["hami-core", "mps", "none", None])
+def test_a_whole_gpu_container_gets_no_limits(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode: str | None
+) -> None:
+    if mode:
+        monkeypatch.setenv(limits.MODE_ENV, mode)
+    whole = ContainerAllocation(pod_uid=POD.uid, node=NODE, container="main", resources={GPU: ["0", "1"]})
+    edit = edit_with(pm, whole, tmp_path)
+    assert edit.envs == {"PATH": "/bin", "NVIDIA_VISIBLE_DEVICES": "0,1"} and edit.mounts == []
+
+
+def test_a_memory_percent_is_turned_into_mib_from_nvml_and_a_whole_memory_needs_no_limit(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(limits.MODE_ENV, "hami-core")
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([FakeGpu(memory=16160 * MIB)] * 2))
+    edit = edit_with(pm, share(["1"], memory=25, memory_resource=MEM_PCT), tmp_path)
+    assert edit.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "4040m"
+    edit = edit_with(pm, share(["1"], cores=0, memory=100, memory_resource=MEM_PCT), tmp_path)
+    assert not [name for name in edit.envs if name.startswith("CUDA_")]
+
+
+@pytest.mark.parametrize(
+    ("environ", "allocation", "words"),
+    [
+        pytest.param({}, share(["0"]), "this node enforces no GPU shares: set KUBEGPU_NVIDIA_SHARE_LIMITS", id="unset"),
+        pytest.param({limits.MODE_ENV: "vgpu"}, share(["0"]), "is 'vgpu'; give one of hami-core, mps, none", id="typo"),
+        pytest.param(
+            {limits.MODE_ENV: "mps"}, share(["0"], memory=50, memory_resource=MEM_PCT), "NVML", id="percent-unknown"
+        ),
+        pytest.param({limits.MODE_ENV: "mps"}, share(["0"], cores=150), "gpucores is 150", id="cores-over-100"),
+        pytest.param({limits.MODE_ENV: "mps"}, share(["0"], memory=0), "gpumem of GPU 0 is 0 MiB", id="no-memory"),
+        pytest.param(
+            {limits.MODE_ENV: "mps"},
+            ContainerAllocation(
+                pod_uid="u", node=NODE, container="main", resources={GPU: ["0"]}, shares={GPU: {"0": 1}}
+            ),
+            "names no nvidia.com/gpucores and no memory",
+            id="share-without-amounts",
+        ),
+        pytest.param(
+            {limits.MODE_ENV: "mps"},
+            share(["0"]).model_copy(update={"shares": {**share(["0"]).shares, CORES: {"1": 30}}}),
+            "gpucores names GPU(s) 1, the container has GPU(s) 0",
+            id="other-gpu",
+        ),
+    ],
+)
+def test_a_share_the_node_cannot_hold_is_refused_saying_why(
+    pm: KubegpuPluginManager,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    environ: dict[str, str],
+    allocation: ContainerAllocation,
+    words: str,
+) -> None:
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(PluginHookError) as caught:
+        edit_with(pm, allocation, tmp_path)
+    assert words in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("entry", "owned"),
+    [
+        pytest.param(("env", "CUDA_DEVICE_SM_LIMIT"), True, id="sm-limit"),
+        pytest.param(("env", "CUDA_DEVICE_MEMORY_LIMIT_0"), True, id="memory-limit-0"),
+        pytest.param(("env", "CUDA_DEVICE_MEMORY_LIMIT"), True, id="memory-limit"),
+        pytest.param(("env", "CUDA_DISABLE_CONTROL"), True, id="hami-off-switch"),
+        pytest.param(("env", "GPU_CORE_UTILIZATION_POLICY"), True, id="hami-core-policy"),
+        pytest.param(("env", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), True, id="mps-threads"),
+        pytest.param(("env", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), True, id="mps-memory"),
+        pytest.param(("env", "CUDA_MPS_PIPE_DIRECTORY"), True, id="mps-pipe"),
+        pytest.param(("env", "CUDA_CACHE_PATH"), False, id="other-cuda-env"),
+        pytest.param(("mount", "/etc/ld.so.preload"), True, id="preload"),
+        pytest.param(("mount", "/usr/local/vgpu/libvgpu.so"), True, id="libvgpu"),
+        pytest.param(("mount", "/tmp/nvidia-mps"), True, id="mps-pipe-mount"),
+        pytest.param(("mount", "/etc/ld.so.conf"), False, id="other-etc"),
+    ],
+)
+def test_the_plugin_owns_the_limits(pm: KubegpuPluginManager, entry: tuple[str, str], owned: bool) -> None:
+    ownership = pm.call("nvidia", "kubegpu_device_owned")
+    kind, value = entry
+    assert (ownership.owns_env if kind == "env" else ownership.owns_mount)(value) is owned
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Through the CRI shim and the device-plugin mode
+# ------------------------------------------------------------------------------------------------------------
+
+
+def signed(containers: dict[str, ContainerAllocation]) -> str:
+    part = PluginAllocation(
+        plugin="nvidia",
+        containers={name: dict(a.resources) for name, a in containers.items()},
+        shares={name: dict(a.shares) for name, a in containers.items() if a.shares},
+    )
+    return encode_allocation(sign_allocation(merge_allocations(NODE, POD.uid, [part]), KEY))
+
+
+def create(text: str, container: str = "main", envs: dict[str, str] | None = None) -> api_pb2.CreateContainerRequest:
+    sandbox = api_pb2.PodSandboxConfig(
+        metadata=api_pb2.PodSandboxMetadata(name=POD.name, namespace=POD.namespace, uid=POD.uid),
+        annotations={ALLOCATION_KEY: text},
+    )
+    config = api_pb2.ContainerConfig(
+        metadata=api_pb2.ContainerMetadata(name=container),
+        envs=[api_pb2.KeyValue(key=k, value=v) for k, v in (envs or {}).items()],
+        mounts=[api_pb2.Mount(host_path="/tmp/empty", container_path="/etc/ld.so.preload", readonly=True)],
+    )
+    return api_pb2.CreateContainerRequest(pod_sandbox_id="sandbox-1", config=config, sandbox_config=sandbox)
+
+
+def test_a_tenant_cannot_raise_its_limit_from_the_pod_spec(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(limits.MODE_ENV, "hami-core")
+    editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=tmp_path)
+    raised = {
+        "CUDA_DEVICE_SM_LIMIT": "100",
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "81920m",
+        "CUDA_DEVICE_MEMORY_LIMIT": "81920m",
+        "CUDA_DISABLE_CONTROL": "true",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
+        "GREETING": "hello",
+    }
+    sent = create(signed({"main": share(["0"])}), envs=raised)
+    edited = api_pb2.CreateContainerRequest.FromString(editor.create_container(sent.SerializeToString()))
+    envs = {kv.key: kv.value for kv in edited.config.envs}
+    assert envs == {
+        "GREETING": "hello",
+        "NVIDIA_VISIBLE_DEVICES": "0",
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
+        "CUDA_DEVICE_SM_LIMIT": "30",
+    }
+    # the tenant's empty file over /etc/ld.so.preload (which would skip libvgpu.so) is replaced by the node's
+    preload = [m.host_path for m in edited.config.mounts if m.container_path == "/etc/ld.so.preload"]
+    assert preload == ["/usr/local/vgpu/ld.so.preload"]
+
+    # ...and a container of the pod without GPUs keeps none of it
+    text = signed({"main": share(["0"])})
+    sidecar = api_pb2.CreateContainerRequest.FromString(
+        editor.create_container(create(text, container="sidecar", envs=raised).SerializeToString())
+    )
+    assert {kv.key for kv in sidecar.config.envs} == {"GREETING"} and not list(sidecar.config.mounts)
+
+
+def test_a_malformed_share_refuses_its_container_and_the_shim_keeps_serving(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(limits.MODE_ENV, "mps")
+    editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=tmp_path)
+    bad = signed({"main": share(["0"], cores=250)})
+    with pytest.raises(AllocationRefused) as caught:
+        editor.create_container(create(bad).SerializeToString())
+    assert caught.value.check == "plugin"
+    assert "pod team-a/notebook container main" in str(caught.value) and "gpucores is 250" in str(caught.value)
+    good = api_pb2.CreateContainerRequest.FromString(
+        editor.create_container(create(signed({"main": share(["0"])})).SerializeToString())
+    )
+    assert {kv.key: kv.value for kv in good.config.envs}["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+
+
+def test_the_device_plugin_mode_answers_the_share_limits_too(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from kubegpu.core.annotations import decode_allocation
+    from kubegpu.crishim.deviceplugin import Candidate
+
+    monkeypatch.setenv(limits.MODE_ENV, "hami-core")
+    record = decode_allocation(signed({"main": share(["1"])}))
+    candidate = Candidate(pod=POD, created="", record=record, order=["main"], requests={"main": {GPU: 1}})
+    response = allocate_response(pm, "nvidia", candidate, "main", GPU, ["1"], tmp_path)
+    assert dict(response.envs) == {
+        "NVIDIA_VISIBLE_DEVICES": "1",
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
+        "CUDA_DEVICE_SM_LIMIT": "30",
+    }
+    assert {m.container_path for m in response.mounts} == {
+        "/usr/local/vgpu/libvgpu.so",
+        "/etc/ld.so.preload",
+        "/tmp/vgpulock",
+    }
+
+
+# ------------------------------------------------------------------------------------------------------------
+# What a node configured for shares advertises
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "capacity"),
+    [
+        pytest.param({}, {GPU: 2}, id="not-configured"),
+        pytest.param(
+            {limits.MODE_ENV: "hami-core"},
+            {GPU: 20, CORES: 200, MEM_PCT: 200, MEM: 32320},
+            id="hami-core-default-split",
+        ),
+        pytest.param(
+            {limits.MODE_ENV: "mps", device.SPLIT_ENV: "4"}, {GPU: 8, CORES: 200, MEM_PCT: 200, MEM: 32320}, id="mps-4"
+        ),
+        pytest.param({limits.MODE_ENV: "mps", device.SPLIT_ENV: "0"}, {GPU: 2}, id="bad-split-advertises-whole"),
+    ],
+)
+def test_a_node_configured_for_shares_advertises_them_as_the_scheduler_reads_them(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], capacity: dict[str, int]
+) -> None:
+    from kubegpu.core.models import DeviceInfo, DeviceInventory
+    from kubegpu.core.testing import make_node
+    from kubegpu.plugins.nvidia import scheduler
+
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    gpus = [DeviceInfo(id=str(i), model="Tesla V100-SXM2-16GB", memory=16160 * MIB) for i in range(2)]
+    inventory = DeviceInventory(
+        plugin="nvidia", devices=[*gpus, gpus[0].model_copy(update={"id": "2", "healthy": False})]
+    )
+    advertised = pm.call("nvidia", "kubegpu_device_advertise", inventory=inventory)
+    assert advertised.capacity == capacity and advertised.labels["nvidia.com/gpu.count"] == "2"
+
+    node = make_node("n", labels=advertised.labels, allocatable=advertised.capacity)
+    state = scheduler.kubegpu_scheduler_build_node(node=node)
+    assert state is not None and state.split == capacity[GPU] // 2
+    assert (CORES in state.offered) is (CORES in capacity)
