@@ -16,7 +16,10 @@ Pods and nodes go through the real engine as `kubegpu simulate` would take them,
   `nvidia.com/gpu.product`; cpu and memory are requested as the trace says.
 
 Variants: `whole` (today's kubegpu: every GPU pod takes whole GPUs on nodes that do not share), `bestfit` and `fgd`
-(`KUBEGPU_NVIDIA_SHARE_POLICY`), each under the engine's binpack policy and default score profile.
+(`KUBEGPU_NVIDIA_SHARE_POLICY`), each under the engine's binpack policy and default score profile (with
+`KubegpuFragmentation`: cpu-only pods keep off the cpu that free GPUs need); `--devices-only` scores by
+KubegpuDevices and KubegpuFragmentation alone, as the paper scores by one policy. `KUBEGPU_BENCH_BREAKDOWN=1`
+prints where capacity is lost: the allocation curve, idle GPU capacity by node cpu left, and the commonest refusals.
 
     .venv/bin/python benchmarks/sharing_bench.py [--seeds 42 43 ...] [--variants whole bestfit fgd]
 """
@@ -28,6 +31,7 @@ import csv
 import os
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +45,7 @@ TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
 PAPER = {"fgd": 95.2, "bestfit": 92.9, "gpupacking": 91.8, "random": 86.3}
 SPLIT = 10
 INFLATION = 1.3
+BREAKDOWN = bool(os.environ.get("KUBEGPU_BENCH_BREAKDOWN"))  # where capacity is lost, printed per replay
 
 
 @dataclass(frozen=True)
@@ -136,8 +141,10 @@ def replay(
     share = variant != "whole"
     if share:
         os.environ[nvidia.POLICY_ENV] = variant
-    nvidia.WORKLOAD.clear()
-    profile = scores.Profile({scores.DEVICES: 1}) if devices_only else None
+    default = scores.Profile.default("binpack")
+    profile = None
+    if devices_only:
+        profile = scores.Profile({p: default.weight(p) for p in (scores.DEVICES, scores.FRAGMENTATION)})
     try:
         engine = Engine(
             make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False),
@@ -151,17 +158,42 @@ def replay(
     capacity = sum(n.gpus for n in nodes) * 1000
     arrived = allocated = scheduled = 0
     at_full: list[float] = []
+    failures: Counter[tuple[int, bool, str]] = Counter()
+    curve: dict[int, float] = {}
     started = time.perf_counter()
     for i, pod in enumerate(arrivals(pods, capacity, seed)):
         arrived += pod.gpu_milli
-        if engine.schedule(pod_request(pod_document(pod, f"p{i}", share=share))[0]).scheduled:
+        decision = engine.schedule(pod_request(pod_document(pod, f"p{i}", share=share))[0])
+        if decision.scheduled:
             allocated += pod.gpu_milli
             scheduled += 1
+        elif BREAKDOWN and arrived > 0.9 * capacity:
+            failures[(pod.gpus, pod.milli < 1000, (decision.reason or "")[:140])] += 1
+        percent = round(100 * arrived / capacity)
+        if BREAKDOWN and percent in (70, 80, 85, 90, 95) and percent not in curve:
+            curve[percent] = round(100 * allocated / capacity, 2)
         if round(100 * arrived / capacity) == 100:
             at_full.append(100 * allocated / capacity)
         elif arrived > capacity * 1.01:
             break
     seconds = time.perf_counter() - started
+    if BREAKDOWN:
+        idle = Counter()
+        for name in engine.node_names():
+            record = engine.nodes[name]
+            state = record.states.get("nvidia")
+            if state is None:
+                continue
+            cpu = record.free("cpu")
+            for f in state.free_millis():
+                band = "cpu<4" if cpu < 4000 else "cpu<12" if cpu < 12000 else "cpu>=12"
+                idle[("whole" if f >= 1000 else "partial", band)] += f
+        print(f"  curve {curve}")
+        print(f"  seed {seed} {variant}: idle GPU milli by kind and node cpu free (cores):")
+        for key, value in sorted(idle.items()):
+            print(f"    {key}: {value / 1000:.0f} GPUs")
+        for key, count in failures.most_common(8):
+            print(f"    failed {count}: {key}")
     return (sum(at_full) / len(at_full) if at_full else float("nan")), seconds, scheduled
 
 
@@ -170,7 +202,9 @@ def main() -> int:
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(42, 52)))
     parser.add_argument("--variants", nargs="+", default=["whole", "bestfit", "fgd"])
-    parser.add_argument("--devices-only", action="store_true", help="score by the nvidia plugin alone")
+    parser.add_argument(
+        "--devices-only", action="store_true", help="score by the device plugins' scores alone (the paper's setting)"
+    )
     parser.add_argument("--sample", type=int, default=8, help="feasible nodes scored per pod (the engine's default: 8)")
     args = parser.parse_args()
     nodes, pods = read_trace(args.trace)

@@ -192,6 +192,14 @@ def _score(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any])
     return answer
 
 
+def _fragmentation(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None:
+        return None
+    if not _is_number(answer) or not math.isfinite(answer):
+        raise WrongAnswer(f"returned {_kind(answer)}; a finite number of devices (or None) is due")
+    return answer
+
+
 def _allocation(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
     if answer is None:
         return None
@@ -380,6 +388,7 @@ CHECKS: dict[str, Check] = {
     "kubegpu_scheduler_validate": _status("None or a success when the request is well formed", none_ok=True),
     "kubegpu_scheduler_fit": _status("success, or why the pod does not fit", none_ok=False),
     "kubegpu_scheduler_score": _score,
+    "kubegpu_scheduler_fragmentation": _fragmentation,
     "kubegpu_scheduler_allocate": _allocation,
     "kubegpu_scheduler_take": _status("success, or an error naming the device", none_ok=False),
     "kubegpu_scheduler_release": _release,

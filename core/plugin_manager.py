@@ -56,7 +56,20 @@ ALLOW_ENV = "KUBEGPU_PLUGINS"
 _SPECS: Mapping[str, ModuleType] = {"scheduler": scheduler_hooks, "device": device_hooks}
 PREPARE_HOOK = "kubegpu_scheduler_prepare"
 # Arguments a caller may leave out: the manager computes them from the others the way the engine would.
-_PREPARED_BY = frozenset({"kubegpu_scheduler_fit", "kubegpu_scheduler_score", "kubegpu_scheduler_allocate"})
+_PREPARED_BY = frozenset(
+    {
+        "kubegpu_scheduler_fit",
+        "kubegpu_scheduler_score",
+        "kubegpu_scheduler_fragmentation",
+        "kubegpu_scheduler_allocate",
+    }
+)
+# Inputs added to a hook after its first release, and what an implementation that takes them gets from a caller that
+# leaves them out (a test, a front-end written before them): `None`, which each hook's docstring allows.
+_OPTIONAL_INPUTS: Mapping[str, frozenset[str]] = {
+    "kubegpu_scheduler_build_node": frozenset({"shared"}),
+    "kubegpu_scheduler_take": frozenset({"pod"}),
+}
 
 
 def _spec_hooks(module: ModuleType) -> frozenset[str]:
@@ -307,6 +320,11 @@ class KubegpuPluginManager:
         function, argnames = impl
         if "prepared" in argnames and "prepared" not in kwargs and hook in _PREPARED_BY:
             kwargs["prepared"] = self.call(plugin, PREPARE_HOOK, pod=kwargs["pod"])
+        optional = _OPTIONAL_INPUTS.get(hook)
+        if optional is not None:
+            for name in optional:
+                if name in argnames and name not in kwargs:
+                    kwargs[name] = None
         try:
             answer = function(*[kwargs[a] for a in argnames])
             return CHECKS[hook](self, plugin, answer, kwargs) if hook in CHECKS else answer

@@ -21,6 +21,7 @@ Called by.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -100,7 +101,7 @@ def kubegpu_scheduler_resources() -> list[str]:
 
 
 @hookspec
-def kubegpu_scheduler_build_node(node: NodeInfo) -> DeviceNodeState | None:
+def kubegpu_scheduler_build_node(node: NodeInfo, shared: dict[str, object] | None) -> DeviceNodeState | None:
     """Build this plugin's state for one node from its labels, allocatable and advertised inventory.
 
     Args:
@@ -108,6 +109,10 @@ def kubegpu_scheduler_build_node(node: NodeInfo) -> DeviceNodeState | None:
             takes precedence over labels (an unhealthy advertised device is never allocated). An inventory of more
             than `kubegpu.core.limits.MAX_DEVICES_PER_NODE` devices never gets here: the engine refuses the node
             for this plugin.
+        shared: a dict the engine keeps for this plugin, the same one for every node of that engine and another
+            for every other engine (None from a caller without an engine, e.g. a test): what the plugin learns
+            across a cluster (the mix of pods it places) lives here, never in a module global, so two engines in
+            one process (a simulator beside a scheduler, two tests) learn apart. Optional: take it or leave it out.
 
     Returns:
         A fresh `DeviceNodeState` (subclass) with every device free, or None when the node has none of this
@@ -236,6 +241,35 @@ def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: o
 
 
 @hookspec
+def kubegpu_scheduler_fragmentation(
+    state: DeviceNodeState, pod: PodRequest, prepared: object, free: Mapping[str, int]
+) -> float | None:
+    """Measure how much of the node's free devices placing the pod there would leave unusable (optional).
+
+    Args:
+        state: this plugin's state of the node.
+        pod: the pod: one that asks for this plugin's resources (on a node where `kubegpu_scheduler_fit`
+            succeeded), or one that asks for none of them and would take only cpu and memory beside the devices.
+        prepared: the answer of this plugin's `kubegpu_scheduler_prepare` for the pod; None for a pod that asks for
+            none of the plugin's resources.
+        free: what the node has left before the pod, as NodeResourcesFit counts it: `cpu` in millicores and
+            `memory` in bytes (allocatable less the requests of the pods on it).
+
+    Returns:
+        The growth of the node's stranded devices, in devices (0.5: half a device more could not be used by the
+        pods the cluster sees; negative: the placement makes free capacity usable again), a finite number; None
+        when the plugin has nothing to say (counts 0). The engine scores 50 less 50 per device (0..100) under the
+        profile's `KubegpuFragmentation` weight: a pod goes where it strands least, a cpu-only pod off the node
+        whose devices its cpu would strand.
+
+    Called by:
+        the engine's score phase for feasible nodes that hold a state of this plugin, for every pod; every plugin
+        with a state on the node. Kubernetes: Score (with NormalizeScore done by the engine).
+    """
+    raise NotImplementedError
+
+
+@hookspec
 def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared: object) -> PluginAllocation | None:
     """Choose concrete devices for every container of the pod that requests this plugin's resources.
 
@@ -258,7 +292,9 @@ def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared
 
 
 @hookspec
-def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status:
+def kubegpu_scheduler_take(
+    state: DeviceNodeState, pod_key: str, allocation: PluginAllocation, pod: PodRequest | None
+) -> Status:
     """Mark the allocation's devices (or device shares) as held by the pod.
 
     Args:
@@ -266,6 +302,8 @@ def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: Plu
         pod_key: `namespace/name` of the holder.
         allocation: this plugin's part of the pod's allocation, fresh from `kubegpu_scheduler_allocate` or decoded
             from a bound pod's `kubegpu.io/allocation` annotation at restart.
+        pod: the holder's request (its cpu and memory, for a plugin that learns the mix of pods it places); None
+            from a caller that has only the allocation. Optional: take it or leave it out.
 
     Returns:
         Success, or an error `Status` naming the device when it is unknown, unhealthy, already held or over its
@@ -384,7 +422,9 @@ class DeviceScheduler(Protocol):
 
     def kubegpu_scheduler_resources(self) -> list[str]: ...
 
-    def kubegpu_scheduler_build_node(self, node: NodeInfo) -> DeviceNodeState | None: ...
+    def kubegpu_scheduler_build_node(
+        self, node: NodeInfo, shared: dict[str, object] | None
+    ) -> DeviceNodeState | None: ...
 
     def kubegpu_scheduler_headroom(self, state: DeviceNodeState) -> Headroom | None: ...
 
@@ -396,11 +436,17 @@ class DeviceScheduler(Protocol):
 
     def kubegpu_scheduler_score(self, state: DeviceNodeState, pod: PodRequest, prepared: object) -> float | None: ...
 
+    def kubegpu_scheduler_fragmentation(
+        self, state: DeviceNodeState, pod: PodRequest, prepared: object, free: Mapping[str, int]
+    ) -> float | None: ...
+
     def kubegpu_scheduler_allocate(
         self, state: DeviceNodeState, pod: PodRequest, prepared: object
     ) -> PluginAllocation | None: ...
 
-    def kubegpu_scheduler_take(self, state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status: ...
+    def kubegpu_scheduler_take(
+        self, state: DeviceNodeState, pod_key: str, allocation: PluginAllocation, pod: PodRequest | None
+    ) -> Status: ...
 
     def kubegpu_scheduler_release(
         self, state: DeviceNodeState, pod_key: str, allocation: PluginAllocation

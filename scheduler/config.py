@@ -322,20 +322,20 @@ REMOVED[V1] = {
 }  # fmt: skip
 MODERN_SCORES = (
     scores.BALANCED, scores.NODE_AFFINITY, scores.TAINTS, scores.INTER_POD_AFFINITY, scores.SPREAD, FIT,
-    scores.DEVICES, scores.IMAGE_LOCALITY, scores.PREFER_AVOID,
+    scores.DEVICES, scores.FRAGMENTATION, scores.IMAGE_LOCALITY, scores.PREFER_AVOID,
 )  # fmt: skip
-# kube-scheduler's default score weights per version, kubegpu's device score added (weight 1). v1beta3 raised
-# TaintToleration to 3 and NodeAffinity and InterPodAffinity to 2; its defaults are one multiPoint set.
+# kube-scheduler's default score weights per version, kubegpu's device (1) and fragmentation (5) scores added.
+# v1beta3 raised TaintToleration to 3 and NodeAffinity and InterPodAffinity to 2; its defaults are one multiPoint set.
 V1BETA2_SCORES: Mapping[str, int] = {
     scores.BALANCED: 1, scores.IMAGE_LOCALITY: 1, scores.INTER_POD_AFFINITY: 1, FIT: 1, scores.NODE_AFFINITY: 1,
-    scores.SPREAD: 2, scores.TAINTS: 1, scores.DEVICES: 1,
+    scores.SPREAD: 2, scores.TAINTS: 1, scores.DEVICES: 1, scores.FRAGMENTATION: 5,
 }  # fmt: skip
 V1_MULTI_POINT: tuple[tuple[str, int], ...] = (
     ("SchedulingGates", 0), ("PrioritySort", 0), ("NodeUnschedulable", 0), ("NodeName", 0), (scores.TAINTS, 3),
     (scores.NODE_AFFINITY, 2), ("NodePorts", 0), (FIT, 1), ("VolumeRestrictions", 0), ("NodeVolumeLimits", 0),
     ("VolumeBinding", 0), ("VolumeZone", 0), (scores.SPREAD, 2), (scores.INTER_POD_AFFINITY, 2),
     ("DefaultPreemption", 0), (scores.BALANCED, 1), (scores.IMAGE_LOCALITY, 1), ("DefaultBinder", 0),
-    (scores.DEVICES, 1),
+    (scores.DEVICES, 1), (scores.FRAGMENTATION, 5),
 )  # fmt: skip
 
 

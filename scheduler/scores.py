@@ -23,6 +23,10 @@ wins (the engine's candidate order breaks ties). The plugins, with kube-schedule
   the used share of the devices the pod asks for, or kube-scheduler's cpu and memory formula for a pod without
   devices; used as is.
 * KubegpuDevices (1): the device plugins' topology score (0..100); used as is.
+* KubegpuFragmentation (5): 100 x sigmoid(-d), d the devices the pod would leave unusable on the node by the device
+  plugins' measure against the mix of pods the cluster sees (`kubegpu_scheduler_fragmentation`; the nvidia plugin's
+  is the FGD paper's): 50 for none, 27 for one more; asked for every pod, so a cpu-only pod keeps off the node whose
+  GPUs its cpu would strand; used as is. Its weight makes one device stranded outweigh the policy's whole range.
 * ImageLocality (1): the sizes of the pod's container images the node lists in `status.images` (a name without a
   tag read as `:latest`), each scaled by the share of all nodes that list it, summed and clamped between 23 MiB and
   1000 MiB x the pod's containers, stretched to 0..100; used as is.
@@ -95,12 +99,13 @@ SPREAD = "PodTopologySpread"
 MOST_ALLOCATED = "NodeResourcesMostAllocated"
 LEAST_ALLOCATED = "NodeResourcesLeastAllocated"
 DEVICES = "KubegpuDevices"
+FRAGMENTATION = "KubegpuFragmentation"
 IMAGE_LOCALITY = "ImageLocality"
 PREFER_AVOID = "NodePreferAvoidPods"
 
 SCORE_PLUGINS = (
     BALANCED, NODE_AFFINITY, TAINTS, INTER_POD_AFFINITY, SPREAD, MOST_ALLOCATED, LEAST_ALLOCATED, DEVICES,
-    IMAGE_LOCALITY, PREFER_AVOID,
+    FRAGMENTATION, IMAGE_LOCALITY, PREFER_AVOID,
 )  # fmt: skip
 # kube-scheduler 1.20's default profile, kubegpu's policy and device scores added; the policy plugin is chosen by
 # `--policy` (binpack: MostAllocated, spread: LeastAllocated, kube-scheduler's default).
@@ -111,6 +116,7 @@ DEFAULT_WEIGHTS: Mapping[str, int] = {
     INTER_POD_AFFINITY: 1,
     SPREAD: 2,
     DEVICES: 1,
+    FRAGMENTATION: 5,
     IMAGE_LOCALITY: 1,
     PREFER_AVOID: 10000,
 }

@@ -45,6 +45,7 @@ from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
 from kubegpu.core.status import Status
 from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE
 from kubegpu.plugins.nvidia.sharing import (
+    ANY_CPU,
     CORES,
     MEMORY,
     MEMORY_PERCENT,
@@ -54,6 +55,7 @@ from kubegpu.plugins.nvidia.sharing import (
     ShareError,
     Workload,
     fragmentation_delta,
+    node_fragmentation,
     read_share,
 )
 from kubegpu.plugins.nvidia.topology import (
@@ -73,13 +75,12 @@ from kubegpu.plugins.nvidia.topology import (
     tree_from_inventory,
 )
 
-__all__ = ["NAME", "RESOURCE", "RESOURCES", "WORKLOAD", "Ask", "NvidiaNodeState", "parse_ask", "read_ask"]
+__all__ = ["NAME", "RESOURCE", "RESOURCES", "Ask", "NvidiaNodeState", "parse_ask", "read_ask"]
 
 RESOURCES = [RESOURCE, *SHARE_RESOURCES]
 POLICY_ENV = "KUBEGPU_NVIDIA_SHARE_POLICY"
 POLICIES = ("fgd", "bestfit")
-# The mix of pods the fragmentation policy weighs, learned from every pod the plugin's states take (`Workload`).
-WORKLOAD = Workload()
+WORKLOAD_KEY = "workload"  # in the engine's `shared` dict: the mix of pods its states took (`Workload`)
 
 MODEL_ANNOTATION = "nvidia-gpu-scheduler/gpu.model"
 MEMORY_ANNOTATION = "kubegpu.io/gpu-memory"
@@ -146,6 +147,7 @@ class NvidiaNodeState(DeviceNodeState):
         tree: GroupTree,
         split: int = 1,
         offered: frozenset[str] = frozenset(),
+        workload: Workload | None = None,
     ) -> None:
         super().__init__(node)
         self.ids = tuple(ids)
@@ -168,7 +170,10 @@ class NvidiaNodeState(DeviceNodeState):
         self.tasks = [0] * len(ids)
         self.shared: dict[str, list[tuple[int, int, int]]] = {}  # pod key -> (GPU, cores, memory) per share
         self.policy = os.environ.get(POLICY_ENV, "fgd").strip().lower()
+        # The mix of pods the engine's states took, shared by them (a state built without an engine learns alone).
+        self.workload = workload if workload is not None else Workload()
         self.version = 0
+        self._free: tuple[int, tuple[int, ...]] | None = None
         self._eligible: dict[tuple[str | None, str | None], tuple[int, str | None]] = {}
         self._plan: tuple[tuple[int, int], Ask, Placement | None] | None = None
 
@@ -184,7 +189,7 @@ class NvidiaNodeState(DeviceNodeState):
 
     def plan(self, ask: Ask) -> Placement | None:
         """The placement for the ask on the current state, computed once per (state version, mix version, ask)."""
-        stamp = (self.version, WORKLOAD.version)
+        stamp = (self.version, self.workload.version)
         cached = self._plan
         if cached is not None and cached[0] == stamp and cached[1] == ask:
             return cached[2]
@@ -196,6 +201,13 @@ class NvidiaNodeState(DeviceNodeState):
     def shareable(self, bit: int) -> bool:
         """Whether GPU `bit` may take another share: healthy, nobody holds it whole, fewer than `split` shares."""
         return bool(self.healthy >> bit & 1) and self.holders[bit] is None and self.tasks[bit] < self.split
+
+    def free_millis(self) -> tuple[int, ...]:
+        """`free_milli` of every GPU, remembered per state version."""
+        cached = self._free
+        if cached is None or cached[0] != self.version:
+            cached = self._free = (self.version, tuple(self.free_milli(bit) for bit in range(len(self.ids))))
+        return cached[1]
 
     def free_milli(self, bit: int) -> int:
         """What another pod could still get of GPU `bit`, in thousandths (the lesser of compute and memory)."""
@@ -223,11 +235,18 @@ def kubegpu_scheduler_resources() -> list[str]:
 
 
 @hookimpl
-def kubegpu_scheduler_build_node(node: NodeInfo) -> NvidiaNodeState | None:
+def kubegpu_scheduler_build_node(node: NodeInfo, shared: dict[str, object] | None) -> NvidiaNodeState | None:
+    workload = shared.get(WORKLOAD_KEY) if shared is not None else None
+    if shared is not None and not isinstance(workload, Workload):
+        workload = shared[WORKLOAD_KEY] = Workload()
     inventory = node.inventories.get(NAME)
     if inventory is not None:
-        return state_from_inventory(node.name, inventory, instance_type(node.labels), node.allocatable)
-    return state_from_labels(node.name, node.labels, node.allocatable)
+        state = state_from_inventory(node.name, inventory, instance_type(node.labels), node.allocatable)
+    else:
+        state = state_from_labels(node.name, node.labels, node.allocatable)
+    if state is not None and isinstance(workload, Workload):
+        state.workload = workload
+    return state
 
 
 @hookimpl
@@ -296,6 +315,35 @@ def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: A
 
 
 @hookimpl
+def kubegpu_scheduler_fragmentation(
+    state: DeviceNodeState, pod: PodRequest, prepared: Ask | None, free: Mapping[str, int]
+) -> float | None:
+    s = _own(state)
+    table = s.workload.table()
+    if not table.cpus:
+        return None
+    before = s.free_millis()
+    cpu = free.get("cpu", ANY_CPU)
+    ask = prepared
+    if ask is None or not (ask.total or ask.shares):  # the pod takes cpu beside the GPUs, none of them
+        grown = node_fragmentation(before, table, cpu - pod.cpu_milli) - node_fragmentation(before, table, cpu)
+        return grown / WHOLE
+    if ask.error:
+        return None
+    plan = s.plan(ask)
+    if plan is None:
+        return None
+    taken: dict[int, int] = {}
+    for _, _, mask, _ in plan.whole:
+        for bit in bit_list(mask):
+            taken[bit] = before[bit]
+    for share, bits, _, memories in plan.shares:
+        for bit, memory in zip(bits, memories, strict=True):
+            taken[bit] = taken.get(bit, 0) + share_amount(s, share.cores, memory, bit)
+    return fragmentation_delta(before, taken, table, cpu, pod.cpu_milli) / WHOLE
+
+
+@hookimpl
 def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared: Ask) -> PluginAllocation | None:
     s = _own(state)
     ask = prepared
@@ -328,7 +376,9 @@ def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared
 
 
 @hookimpl
-def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status | None:
+def kubegpu_scheduler_take(
+    state: DeviceNodeState, pod_key: str, allocation: PluginAllocation, pod: PodRequest | None
+) -> Status | None:
     s = _own(state)
     read = read_allocation(s, allocation)
     if isinstance(read, str):
@@ -350,8 +400,9 @@ def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: Plu
     for bit in bits:
         s.holders[bit] = pod_key
         s.free &= ~(1 << bit)
+    cpu = pod.cpu_milli if pod is not None else 0
     if bits:
-        WORKLOAD.add((len(bits), WHOLE))
+        s.workload.add((len(bits), WHOLE, cpu))
     if parts:
         held = s.shared.setdefault(pod_key, [])
         for bit, cores, memory in parts:
@@ -360,8 +411,8 @@ def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: Plu
             s.tasks[bit] += 1
             s.free &= ~(1 << bit)
             held.append((bit, cores, memory))
-        for kind in share_kinds(s, allocation):
-            WORKLOAD.add(kind)
+        for gpus, milli in share_kinds(s, allocation):
+            s.workload.add((gpus, milli, cpu))
     s.version += 1
     return Status.success()
 
@@ -513,7 +564,11 @@ def eligible_gpus(state: NvidiaNodeState, ask: Ask) -> tuple[int, str | None]:
 
 def place(state: NvidiaNodeState, eligible: int, ask: Ask) -> Placement | None:
     """Whole containers first (topology sets of untouched GPUs), then each share container on its own GPUs, by the
-    state's policy: `bestfit` takes the fullest GPUs that fit, `fgd` those whose use fragments the node least."""
+    state's policy: `bestfit` takes the fullest GPUs that fit, `fgd` those whose use fragments the node least against
+    the engine's mix of pods (which node fragments least is `kubegpu_scheduler_fragmentation`'s, with the node's cpu).
+
+    The score: the whole containers' topology and, under `bestfit`, how full the shared GPUs end up (100: each share
+    fills its GPU)."""
     whole = plan_containers(state.tree, eligible & state.free, ask.containers)
     if whole is None:
         return None
@@ -521,13 +576,12 @@ def place(state: NvidiaNodeState, eligible: int, ask: Ask) -> Placement | None:
         return Placement(whole, (), plan_score(state.tree, whole))
     taken = sum(mask for _, _, mask, _ in whole)
     fgd = state.policy != "bestfit"
-    mix = WORKLOAD.mix() if fgd else []
+    table = state.workload.table() if fgd else None
     cores_extra: dict[int, int] = {}
     memory_extra: dict[int, int] = {}
     tasks_extra: dict[int, int] = {}
-    milli: dict[int, int] = {}
     chosen_shares: list[tuple[Share, tuple[int, ...], int, tuple[int, ...]]] = []
-    free = [state.free_milli(bit) for bit in range(len(state.ids))] if fgd else []
+    free = list(state.free_millis()) if fgd else []
     for share in ask.shares:
         fits: list[tuple[float, int, int]] = []
         memory = 0
@@ -541,9 +595,9 @@ def place(state: NvidiaNodeState, eligible: int, ask: Ask) -> Placement | None:
                 continue
             if state.memory_used[bit] + memory_extra.get(bit, 0) + memory > state.memory_cap[bit]:
                 continue
-            amount = max(share.cores * 10, memory * WHOLE // max(1, state.memory_cap[bit]))
-            if fgd:
-                rank = fragmentation_delta(free, {bit: amount}, mix) if mix else 0.0
+            if table is not None:
+                amount = share_amount(state, share.cores, memory, bit)
+                rank = fragmentation_delta(free, {bit: amount}, table) if table.cpus else 0.0
             else:
                 rank = -(state.cores_used[bit] + cores_extra.get(bit, 0) + share.cores) / 100
             fits.append((rank, bit, memory))
@@ -553,31 +607,21 @@ def place(state: NvidiaNodeState, eligible: int, ask: Ask) -> Placement | None:
         picked_fits = sorted((bit, memory) for _, bit, memory in fits[: share.count])
         picked = tuple(bit for bit, _ in picked_fits)
         for bit, memory in picked_fits:
-            amount = max(share.cores * 10, memory * WHOLE // max(1, state.memory_cap[bit]))
             cores_extra[bit] = cores_extra.get(bit, 0) + share.cores
             memory_extra[bit] = memory_extra.get(bit, 0) + memory
             tasks_extra[bit] = tasks_extra.get(bit, 0) + 1
-            milli[bit] = milli.get(bit, 0) + amount
-            if fgd:
-                free[bit] -= amount
+            if table is not None:
+                free[bit] -= share_amount(state, share.cores, memory, bit)
         chosen_shares.append((share, picked, share.cores, tuple(memory for _, memory in picked_fits)))
-    if fgd:
-        for bit in bit_list(taken):
-            milli[bit] = WHOLE
-        before = [state.free_milli(bit) for bit in range(len(state.ids))]
-        delta = fragmentation_delta(before, milli, mix) if mix else 0.0
-        # 50 for no change, 0 when a whole GPU's worth more is lost to fragments, 100 when one is won back: the
-        # engine adds its binpack score (0-100) to this, and fragmentation is to weigh more than fullness
-        score = max(0.0, min(100.0, 50.0 - 50.0 * delta / WHOLE))
-        if whole:
-            score = (score + plan_score(state.tree, whole)) / 2
-    else:
-        # how full the shared GPUs end up (100: each share fills its GPU), beside the whole containers' topology
-        parts = [100.0 * (state.cores_used[b] + cores_extra[b]) / 100 for b in cores_extra]
-        if whole:
-            parts.append(plan_score(state.tree, whole))
-        score = sum(parts) / len(parts)
-    return Placement(whole, tuple(chosen_shares), score)
+    parts = [] if fgd else [100.0 * (state.cores_used[b] + cores_extra[b]) / 100 for b in cores_extra]
+    if whole or not parts:
+        parts.append(plan_score(state.tree, whole))
+    return Placement(whole, tuple(chosen_shares), sum(parts) / len(parts))
+
+
+def share_amount(state: NvidiaNodeState, cores: int, memory: int, bit: int) -> int:
+    """What a share of `cores` percent and `memory` (the GPU's unit) takes of GPU `bit`, in thousandths."""
+    return max(cores * 10, memory * WHOLE // max(1, state.memory_cap[bit]))
 
 
 def bit_list(mask: int) -> list[int]:

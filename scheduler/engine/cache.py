@@ -46,7 +46,9 @@ class NodeCache(Ledger):
                 record.problems[plugin] = str(exc)
                 continue
             try:
-                state = self.plugins.call(plugin, "kubegpu_scheduler_build_node", node=info)
+                state = self.plugins.call(
+                    plugin, "kubegpu_scheduler_build_node", node=info, shared=self._shared.setdefault(plugin, {})
+                )
             except PluginHookError as exc:
                 problem = exc.on_node(info.name)
                 log.error("%s", problem)

@@ -135,6 +135,18 @@ class KubegpuDevices(Local):
         return [engine.device_score(record, pod) for record in records]
 
 
+class KubegpuFragmentation(Local):
+    """100 x sigmoid(-d), d the devices the pod would strand on the node by the device plugins' measure
+    (`kubegpu_scheduler_fragmentation`), asked for every pod: a cpu-only pod keeps off the cpu free GPUs need."""
+
+    name = scores.FRAGMENTATION
+
+    def score(
+        self, engine: ScoreContext, state: object, records: Sequence[NodeRecord], pod: PodRequest, plan: Plan
+    ) -> list[float]:
+        return [engine.fragmentation_score(record, pod, plan) for record in records]
+
+
 class InterPodAffinity:
     """Per topology pair, the weights of the pod's preferred terms that pods there match and of placed pods' terms
     that match the pod; min..max, 0 included, stretched to 0..100."""
@@ -254,6 +266,7 @@ KUBE_SCORES: tuple[ScorePlugin, ...] = (
     Allocated(scores.MOST_ALLOCATED, "binpack"),
     Allocated(scores.LEAST_ALLOCATED, "spread"),
     KubegpuDevices(),
+    KubegpuFragmentation(),
     InterPodAffinity(),
     PodTopologySpread(),
     NodePreferAvoidPods(),

@@ -66,7 +66,7 @@ class Ledger(EngineState):
             else:
                 try:
                     status = self.plugins.call(
-                        plugin, "kubegpu_scheduler_take", state=state, pod_key=pod.key, allocation=part
+                        plugin, "kubegpu_scheduler_take", state=state, pod_key=pod.key, allocation=part, pod=pod
                     ) or Status.error(f"plugin {plugin!r} gave no answer to kubegpu_scheduler_take")
                 except PluginHookError as exc:
                     status = Status.error(str(exc), plugin=plugin)

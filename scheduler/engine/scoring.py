@@ -5,6 +5,7 @@ how many feasible nodes a cycle finds before scoring (`_sample_size`).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Set
 
@@ -17,6 +18,7 @@ from kubegpu.scheduler.engine.filtering import Filtering
 from kubegpu.scheduler.engine.records import NodeRecord, Plan, log, make_room
 
 _NONE: frozenset[tuple[str, str]] = frozenset()
+FRAGMENTATION_HOOK = "kubegpu_scheduler_fragmentation"
 
 
 class Scoring(Filtering):
@@ -46,6 +48,27 @@ class Scoring(Filtering):
             record.headroom[plugin].utilization for plugin in self._route(pod) if plugin and plugin in record.states
         ]
         return sum(utilization) / len(utilization) if utilization else None
+
+    def fragmentation_score(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> float:
+        """KubegpuFragmentation's raw score (0..100): 100 x sigmoid(-d), d the devices the pod would strand on the node
+        summed over the plugins with a state there (`kubegpu_scheduler_fragmentation`; a cpu-only pod included), as
+        the FGD paper scores: 50 for none, 27 for one more, 73 for one fewer, every difference kept in order."""
+        if not record.states:
+            return 50.0
+        free = {"cpu": record.free("cpu"), "memory": record.free("memory")}
+        stranded = 0.0
+        for plugin, state in record.states.items():
+            if not self.plugins.implements(plugin, FRAGMENTATION_HOOK):
+                continue
+            try:
+                grown = self.plugins.call(
+                    plugin, FRAGMENTATION_HOOK, state=state, pod=pod, prepared=plan.prepared.get(plugin), free=free
+                )
+            except PluginHookError as exc:
+                log.error("node %s: %s", record.name, exc)
+                continue
+            stranded += float(grown or 0.0)
+        return 100.0 / (1.0 + math.exp(min(50.0, stranded)))
 
     def _score(self, record: NodeRecord, pod: PodRequest) -> float:
         used = self.device_usage(record, pod)

@@ -86,6 +86,8 @@ class EngineState:
         self._local_scorers = tuple(plugin for plugin, _ in self._scorers if plugin.local)
         self._added_scores = any(plugin not in KUBE_SCORES for plugin, _ in self._scorers)
         self.signing_key = signing_key
+        # Per plugin, the dict its states share across this engine's nodes (`kubegpu_scheduler_build_node`'s `shared`).
+        self._shared: dict[str, dict[str, object]] = {}
         self._issued = 0  # ledger: the `issued` stamp of the last signed allocation; stamps strictly increase
 
         # -- the cluster state (cache, ledger) -----------------------------------------------------------------------

@@ -5,7 +5,7 @@ never share, refusals that say what is short, and the fragmentation policy's mea
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -19,7 +19,7 @@ from kubegpu.core.plugin_manager import make_plugin_manager as build_plugin_mana
 from kubegpu.core.status import Code
 from kubegpu.core.testing import make_node, make_pod
 from kubegpu.plugins.nvidia import scheduler as nvidia
-from kubegpu.plugins.nvidia.sharing import node_fragmentation
+from kubegpu.plugins.nvidia.sharing import FragmentationTable, Kind, Workload, node_fragmentation
 from kubegpu.scheduler.engine import Engine
 
 GPU = "nvidia.com/gpu"
@@ -41,13 +41,6 @@ def hami_node(gpus: int = 2, *, split: int = 10, memory_mib: int | None = 16384,
 
 def share_pod(name: str = "job", **containers: Mapping[str, int]) -> PodRequest:
     return make_pod(name, {c: dict(r) for c, r in containers.items()})
-
-
-@pytest.fixture(autouse=True)
-def fresh_mix() -> Iterator[None]:
-    nvidia.WORKLOAD.clear()
-    yield
-    nvidia.WORKLOAD.clear()
 
 
 @pytest.fixture
@@ -183,20 +176,55 @@ def test_bestfit_packs_onto_the_fullest_gpu_that_fits(
 
 
 @pytest.mark.parametrize(
-    ("free", "mix", "expected"),
+    ("free", "cpu", "mix", "expected"),
     [
-        ([1000, 300], [(1, 500, 1.0)], 300),
-        ([1000, 300], [(1, 200, 1.0)], 0),
-        ([1000, 300], [(1, 1000, 1.0)], 300),
-        ([1000, 300], [(2, 1000, 1.0)], 1300),
-        ([1000, 300], [(1, 500, 0.5), (2, 1000, 0.5)], 800),
+        ([1000, 300], 8000, [(1, 500, 4000, 1.0)], 300),
+        ([1000, 300], 8000, [(1, 200, 4000, 1.0)], 0),
+        ([1000, 300], 8000, [(1, 1000, 4000, 1.0)], 300),
+        ([1000, 300], 8000, [(2, 1000, 4000, 1.0)], 1300),
+        ([1000, 300], 8000, [(1, 500, 4000, 0.5), (2, 1000, 4000, 0.5)], 800),
+        ([1000, 300], 2000, [(1, 200, 4000, 1.0)], 1300),
+        ([1000, 300], 6000, [(1, 200, 4000, 0.5), (1, 200, 8000, 0.5)], 650),
+        ([1000, 300], 8000, [], 0),
     ],
-    ids=["share-too-small", "share-fits", "whole-loses-partial", "too-few-whole", "weighted"],
-)
+    ids=[
+        "share-too-small", "share-fits", "whole-loses-partial", "too-few-whole", "weighted", "cpu-gone-strands-all",
+        "cpu-for-half-the-mix", "no-pods-seen",
+    ],
+)  # fmt: skip
 def test_fragmentation_is_the_capacity_each_kind_cannot_use(
-    free: list[int], mix: list[tuple[int, int, float]], expected: float
+    free: list[int], cpu: int, mix: list[tuple[int, int, int, float]], expected: float
 ) -> None:
-    assert node_fragmentation(free, mix) == pytest.approx(expected)
+    assert node_fragmentation(free, FragmentationTable.of(mix), cpu) == pytest.approx(expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    free=st.lists(st.integers(0, 1000), min_size=1, max_size=8),
+    cpu=st.integers(0, 20000),
+    mix=st.lists(
+        st.tuples(st.integers(1, 4), st.sampled_from([100, 250, 500, 750, 1000]), st.integers(0, 16000)),
+        min_size=1,
+        max_size=12,
+    ),
+)
+def test_fragmentation_table_agrees_with_the_definition(free: list[int], cpu: int, mix: list[Kind]) -> None:
+    """The table's one-pass sum equals the paper's definition computed kind by kind."""
+    workload = Workload()
+    for kind in mix:
+        workload.add(kind)
+    expected = 0.0
+    total = sum(free)
+    for n, milli, need, p in workload.mix():
+        if need > cpu:
+            lost = total
+        elif n == 1 and milli < 1000:
+            lost = sum(f for f in free if f < milli)
+        else:
+            whole = sum(1 for f in free if f >= 1000)
+            lost = total if whole < n else sum(f for f in free if f < 1000)
+        expected += p * lost
+    assert node_fragmentation(free, workload.table(), cpu) == pytest.approx(expected)
 
 
 def test_fgd_keeps_whole_gpus_for_whole_pods() -> None:
@@ -204,7 +232,7 @@ def test_fgd_keeps_whole_gpus_for_whole_pods() -> None:
     pm = build_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
     state = build(pm, hami_node(2))
     place(pm, state, share_pod("a", main={GPU: 1, CORES: 50, MEM_PCT: 50}))
-    nvidia.WORKLOAD.add((1, 1000))
+    state.workload.add((1, 1000, 0))
     allocation = place(pm, state, share_pod("b", main={GPU: 1, CORES: 20, MEM_PCT: 20}))
     assert allocation.containers["main"][GPU] == ["0"]
 
@@ -339,3 +367,45 @@ def test_a_share_that_fits_nowhere_is_refused_with_each_nodes_per_gpu_reason_cou
         "0/3 nodes are available: 1 GPU 0 has 30% compute free, the pod asks 50%, "
         "2 GPU 0 has 40% compute free, the pod asks 50%."
     )
+
+
+def test_fragmentation_hook_counts_gpus_a_pod_strands(pm: KubegpuPluginManager) -> None:
+    """A cpu-only pod that leaves the node too little cpu for any GPU pod of the mix strands every free GPU; a share
+    that fills what a partly used GPU had left strands nothing."""
+    state = build(pm, hami_node(2))
+    place(pm, state, share_pod("a", main={GPU: 1, CORES: 70, MEM_PCT: 70}))
+    state.workload.clear()
+    state.workload.add((1, 300, 4000))  # the mix: shares of 30 % with 4 cores
+    cpu_only = make_pod("batch", {"main": {"cpu": 6}})  # cores
+
+    def strands(pod: PodRequest, cpu: int) -> float:
+        grown = pm.call(
+            "nvidia", "kubegpu_scheduler_fragmentation", state=state, pod=pod, prepared=None, free={"cpu": cpu}
+        )
+        return float(grown)
+
+    assert strands(cpu_only, 8000) == pytest.approx(1.3)  # 2 cores left: the 30 % of GPU 0 and GPU 1 go unused
+    assert strands(cpu_only, 16000) == pytest.approx(0.0)
+    fills = share_pod("b", main={GPU: 1, CORES: 30, MEM_PCT: 30})
+    grown = pm.call(
+        "nvidia", "kubegpu_scheduler_fragmentation", state=state, pod=fills, prepared=nvidia.read_ask(fills),
+        free={"cpu": 16000},
+    )  # fmt: skip
+    assert grown == pytest.approx(0.0)  # it fills GPU 0's 30 %, and GPU 1 stays whole
+    allocation = pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=fills)
+    assert allocation.containers["main"][GPU] == ["0"]
+
+
+def test_the_mix_stays_bounded_whatever_shapes_pods_come_in() -> None:
+    """Pods of ever new shapes (a tenant varying its cpu request) never grow the mix past its bound; the rarest
+    kind makes room, and the probabilities still sum to 1."""
+    workload = Workload(most=8)
+    for _ in range(5):
+        workload.add((1, 1000, 8000))
+    for cpu in range(1, 1000):
+        workload.add((1, 500, cpu))
+    mix = workload.mix()
+    assert len(mix) == 8
+    assert (1, 1000, 8000) in {(n, milli, cpu) for n, milli, cpu, _ in mix}
+    assert sum(p for *_, p in mix) == pytest.approx(1.0)
+    assert len(workload.table().cpus) <= 8

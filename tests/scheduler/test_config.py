@@ -35,6 +35,7 @@ def test_no_plugins_section_is_kube_schedulers_default_profile_with_kubegpus_sco
         "InterPodAffinity": 1,
         "PodTopologySpread": 2,
         "KubegpuDevices": 1,
+        "KubegpuFragmentation": 5,
         "ImageLocality": 1,
         "NodePreferAvoidPods": 10000,
         "NodeResourcesMostAllocated": 1,

@@ -197,7 +197,12 @@ def test_a_configuration_written_by_kube_scheduler_1_34_is_its_default_profile(t
     config, policy = load_config(path)
     # NodeResourcesFit's LeastAllocated strategy is kubegpu's spread policy, at NodeResourcesFit's weight.
     assert policy == "spread" and config.policy == "spread"
-    assert dict(config.profile.weights) == {**V1_WEIGHTS, scores.LEAST_ALLOCATED: 1, scores.DEVICES: 1}
+    assert dict(config.profile.weights) == {
+        **V1_WEIGHTS,
+        scores.LEAST_ALLOCATED: 1,
+        scores.DEVICES: 1,
+        scores.FRAGMENTATION: 5,
+    }
     assert config.profile.filters_off == frozenset()
     assert config.profile.default_spread == scores.SYSTEM_DEFAULT_SPREAD
     assert config.profile.hard_pod_affinity_weight == 1
@@ -210,7 +215,12 @@ def test_a_configuration_written_by_kube_scheduler_1_34_is_its_default_profile(t
 def test_no_plugins_section_gives_the_v1beta3_weights_and_leaves_the_policy_to_the_flag(version: str) -> None:
     config = parse_config(head(version), "binpack")
     assert config.policy is None
-    assert dict(config.profile.weights) == {**V1_WEIGHTS, scores.MOST_ALLOCATED: 1, scores.DEVICES: 1}
+    assert dict(config.profile.weights) == {
+        **V1_WEIGHTS,
+        scores.MOST_ALLOCATED: 1,
+        scores.DEVICES: 1,
+        scores.FRAGMENTATION: 5,
+    }
 
 
 def test_v1beta2_keeps_the_1_20_weights_without_node_prefer_avoid_pods() -> None:
@@ -224,6 +234,7 @@ def test_v1beta2_keeps_the_1_20_weights_without_node_prefer_avoid_pods() -> None
         "PodTopologySpread": 2,
         "TaintToleration": 1,
         scores.DEVICES: 1,
+        scores.FRAGMENTATION: 5,
     }
 
 

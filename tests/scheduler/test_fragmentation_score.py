@@ -1,0 +1,72 @@
+"""KubegpuFragmentation: the engine asks the device plugins how much of a node's free devices a pod would strand,
+for every pod (a cpu-only one included), and keeps pods off the capacity they would strand. The mix of pods the
+nvidia plugin measures against is learned per engine."""
+
+from __future__ import annotations
+
+from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.plugins.nvidia import scheduler as nvidia
+from kubegpu.scheduler import scores
+from kubegpu.scheduler.engine import Engine
+
+
+def gpu_node(name: str, gpus: int, cpu: int, memory_gi: int) -> dict[str, object]:
+    allocatable = {"cpu": str(cpu), "memory": f"{memory_gi}Gi", "pods": "110"}
+    labels = {}
+    if gpus:
+        allocatable["nvidia.com/gpu"] = str(gpus)
+        labels["nvidia.com/gpu.count"] = str(gpus)
+    return {"kind": "Node", "metadata": {"name": name, "labels": labels}, "status": {"allocatable": allocatable}}
+
+
+def pod(name: str, cpu: int, memory_gi: int, gpus: int = 0, node: str | None = None) -> dict[str, object]:
+    requests = {"cpu": str(cpu), "memory": f"{memory_gi}Gi"}
+    if gpus:
+        requests["nvidia.com/gpu"] = str(gpus)
+    spec: dict[str, object] = {
+        "containers": [{"name": "main", "resources": {"requests": requests, "limits": requests}}]
+    }
+    if node:
+        spec["nodeName"] = node
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "team"}, "spec": spec}
+
+
+def engine(profile: scores.Profile | None = None) -> Engine:
+    built = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), scoring=profile)
+    built.add_node(node_info(gpu_node("gpu-a", 4, 32, 128)))
+    built.add_node(node_info(gpu_node("cpu-b", 0, 64, 256)))
+    return built
+
+
+def test_a_cpu_only_pod_keeps_off_the_cpu_that_free_gpus_need() -> None:
+    """Binpack alone puts the cpu-only pod on the fuller GPU node, leaving its three free GPUs 4 cores: no GPU pod
+    the cluster runs (8 cores each) could use them again. The fragmentation score sends it to the cpu node."""
+    scheduler = engine()
+    assert scheduler.schedule(pod_request(pod("trainer", 8, 32, gpus=1, node="gpu-a"))[0]).scheduled
+    decision = scheduler.schedule(pod_request(pod("batch", 20, 80))[0])
+    assert decision.node == "cpu-b"
+    assert scheduler.schedule(pod_request(pod("trainer-2", 8, 32, gpus=1))[0]).node == "gpu-a"
+
+
+def test_the_profile_weighs_the_fragmentation_score() -> None:
+    """Weighed 0 by the profile, the score is off and binpack decides alone."""
+    default = scores.Profile.default("binpack")
+    scheduler = engine(scores.Profile({**default.weights, scores.FRAGMENTATION: 0}))
+    assert scheduler.schedule(pod_request(pod("trainer", 8, 32, gpus=1, node="gpu-a"))[0]).scheduled
+    assert scheduler.schedule(pod_request(pod("batch", 20, 80))[0]).node == "gpu-a"
+
+
+def test_each_engine_learns_its_own_mix_of_pods() -> None:
+    """Two engines in one process: the pods one places are not in the other's mix."""
+    first, second = engine(), engine()
+    assert first.schedule(pod_request(pod("trainer", 8, 32, gpus=1, node="gpu-a"))[0]).scheduled
+    first_state = first.nodes["gpu-a"].states["nvidia"]
+    second_state = second.nodes["gpu-a"].states["nvidia"]
+    assert isinstance(first_state, nvidia.NvidiaNodeState) and isinstance(second_state, nvidia.NvidiaNodeState)
+    assert first_state.workload.mix() == [(1, 1000, 8000, 1.0)]
+    assert second_state.workload.mix() == []
+    # the engine's other nodes share the first engine's mix, and a rebuilt node keeps it
+    first.add_node(node_info(gpu_node("gpu-c", 2, 16, 64)))
+    assert first.nodes["gpu-c"].states["nvidia"].workload is first_state.workload  # type: ignore[attr-defined]
+    assert second.schedule(pod_request(pod("batch", 20, 80))[0]).node == "gpu-a"  # nothing learned: binpack
