@@ -208,6 +208,9 @@ class UnboundPods:
     def wake_for(self, added: PodRequest) -> None:
         return None
 
+    def wake_group(self, key: str) -> None:
+        return None
+
     def answers_for(self, scheduler_name: object) -> bool:
         return False  # kube-scheduler tells its pods why it cannot schedule them
 

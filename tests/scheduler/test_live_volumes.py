@@ -32,6 +32,7 @@ def service() -> CustomScheduler:
     for kind in OWNER_PATHS:  # no Service, ReplicaSet, ...: readiness waits only for what each test leaves out
         svc.mirror.on_owners(kind, "SYNC", [])
     svc.mirror.on_budgets("SYNC", [])
+    svc.mirror.on_podgroups("SYNC", [])
     return svc
 
 
