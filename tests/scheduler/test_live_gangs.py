@@ -282,3 +282,51 @@ def test_without_the_crd_readyz_names_podgroups_the_log_says_so_once_and_kueue_g
 )
 def test_the_phase_of_a_gang_of_min_member_3_follows_its_members(counts: Counts, expected: str) -> None:
     assert phase(3, counts) == expected
+
+
+# -- the extender: kube-scheduler binds members one by one; kubegpu answers every member alike --------------------
+
+
+def extender_with_racks() -> Any:
+    from kubegpu.scheduler.extender import ExtenderServer
+
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), signing_key=KEY)
+    engine.set_topology([RACK])
+    extender = ExtenderServer(engine, None, None)  # type: ignore[arg-type]
+    extender.mirror.on_nodes("SYNC", [node(f"{rack}-n{i}", rack) for rack in ("r1", "r2") for i in range(2)])
+    extender.mirror.on_podgroups("SYNC", [podgroup("train", 2), podgroup("big", 3, uid="b")])
+    return extender
+
+
+def filtered(extender: Any, pod: dict[str, Any]) -> dict[str, Any]:
+    import orjson
+
+    names = ["r1-n0", "r1-n1", "r2-n0", "r2-n1"]
+    answer: dict[str, Any] = extender.filter(orjson.dumps({"Pod": pod, "NodeNames": names}))
+    return answer
+
+
+def test_the_extender_passes_no_member_before_the_gang_exists_then_only_the_nodes_of_its_one_rack() -> None:
+    extender = extender_with_racks()
+    first = member("train-0", "train")
+    extender.mirror.on_pods("ADDED", first)
+    answer = filtered(extender, first)
+    assert answer["NodeNames"] == []
+    assert "1 of minMember 2 members exist" in answer["FailedNodes"]["r1-n0"]
+
+    second = member("train-1", "train")
+    extender.mirror.on_pods("ADDED", second)
+    answers = [filtered(extender, pod)["NodeNames"] for pod in (first, second)]
+    assert answers[0] == answers[1] and len(answers[0]) == 2, answers
+    assert len({name.split("-")[0] for name in answers[0]}) == 1, "one rack"
+    assert extender.engine.placement("ml/train-0") is None, "a filter holds nothing"
+
+
+def test_the_extender_refuses_every_node_to_a_gang_that_fits_in_no_rack() -> None:
+    extender = extender_with_racks()
+    pods = [member(f"big-{i}", "big") for i in range(3)]
+    for pod in pods:
+        extender.mirror.on_pods("ADDED", pod)
+    answer = filtered(extender, pods[0])
+    assert answer["NodeNames"] == []
+    assert "gang ml/big: 3 members need 8 nvidia.com/gpu each" in answer["FailedNodes"]["r2-n1"]
