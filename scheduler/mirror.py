@@ -318,28 +318,47 @@ class ClusterMirror:
 
     def watch_podgroup_versions(self) -> None:
         """The PodGroups' informer thread: the version the API server serves, then list and watch it. While it serves
-        none (no CRD), the collection counts as listed and empty, an error says so once, `/readyz` names it, and
-        discovery is asked again every `PODGROUP_RECHECK` seconds."""
-        said = False
-        version = self.discover_version(PODGROUP_GROUP, PODGROUP_VERSIONS)
-        while version is None and not self.stop.is_set():
+        none (no CRD), or this scheduler may not list them (its role predates gangs), the collection counts as listed
+        and empty, a warning says why once, `/readyz` names it, and both are asked again every `PODGROUP_RECHECK`
+        seconds."""
+        said: str | None = None
+        while not self.stop.is_set():
+            version = self.discover_version(PODGROUP_GROUP, PODGROUP_VERSIONS)
+            if self.stop.is_set():
+                return
+            path = f"/apis/{PODGROUP_GROUP}/{version}/{PODGROUPS}"
+            problem = "absent" if version is None else self._podgroups_forbidden(path)
+            if problem is None:
+                break
             self.versions[PODGROUPS] = None
-            if not said:
-                said = True
-                log.error(
-                    "the API server serves no PodGroups (%s); gangs are read from Kueue's pod-group labels only "
-                    "until the CRD is installed (examples/deploy/kustomize/base/podgroup-crd.yaml)",
-                    ", ".join(f"{PODGROUP_GROUP}/{v}" for v in PODGROUP_VERSIONS),
+            if said != problem:
+                said = problem
+                log.warning(
+                    "%s; gangs are read from Kueue's pod-group labels only until %s",
+                    "the API server serves no PodGroups (scheduling.x-k8s.io/v1alpha1)"
+                    if problem == "absent"
+                    else f"this scheduler may not list PodGroups ({problem})",
+                    "the CRD is installed (examples/deploy/kustomize/base/podgroup-crd.yaml)"
+                    if problem == "absent"
+                    else "its role allows it (examples/deploy/scheduler/rbac.yaml)",
                 )
                 self.post(self.on_podgroups, "SYNC", [])
             self.stop.wait(PODGROUP_RECHECK)
-            version = self.discover_version(PODGROUP_GROUP, PODGROUP_VERSIONS)
-        if version is None:
+        else:  # stopped before the PodGroups could be read
             return
         self.versions[PODGROUPS] = f"{PODGROUP_GROUP}/{version}"
         log.info("PodGroups read as %s/%s", PODGROUP_GROUP, version)
-        path = f"/apis/{PODGROUP_GROUP}/{version}/{PODGROUPS}"
         Informer(self.client, path, self._consume(self.on_podgroups), self.stop, PODGROUPS).run()
+
+    def _podgroups_forbidden(self, path: str) -> str | None:
+        """Why this scheduler may not list PodGroups (a 401 or 403), or None; other failures are the informer's to
+        retry."""
+        try:
+            self.client.get(path, limit=1)
+        except ApiError as exc:
+            if exc.status in (401, 403):
+                return f"{exc.status} {safe_text(exc.reason)}"
+        return None
 
     def on_podgroups(self, kind: str, payload: Any) -> None:
         """A PodGroup informer's report: each group's spec (or why it cannot be read) into `podgroups`, and its

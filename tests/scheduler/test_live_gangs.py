@@ -255,6 +255,36 @@ def test_without_the_crd_readyz_names_podgroups_the_log_says_so_once_and_kueue_g
     assert sorted(writer(service).bindings()) == ["k-0", "k-1"]
 
 
+class Forbidden(NoCrd):
+    """A server that serves PodGroups to a scheduler whose role predates gangs: listing them answers 403."""
+
+    def get(self, path: str, **_params: Any) -> Any:
+        self.asked += 1
+        if path == "/apis/scheduling.x-k8s.io":
+            version = {"groupVersion": "scheduling.x-k8s.io/v1alpha1", "version": "v1alpha1"}
+            return {"kind": "APIGroup", "name": "scheduling.x-k8s.io", "versions": [version]}
+        raise ApiError(403, "Forbidden", 'podgroups.scheduling.x-k8s.io is forbidden: User "x" cannot list')
+
+
+def test_a_role_that_may_not_list_podgroups_leaves_the_scheduler_ready_and_says_so(
+    service: CustomScheduler, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = Forbidden()
+    service.mirror.client = client  # type: ignore[assignment]
+    thread = threading.Thread(target=service.mirror.watch_podgroup_versions, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while service.mirror.events.empty():
+        assert time.monotonic() < deadline, "the PodGroups given up for now"
+        time.sleep(0.01)
+    service.stop.set()
+    thread.join(5)
+    cycle(service)
+    status, body = answer_health("/readyz", service.mirror, service.metrics)  # type: ignore[misc]
+    assert status == 200 and body["apis"]["podgroups"] is None
+    assert "this scheduler may not list PodGroups (403 Forbidden)" in caplog.text
+
+
 @pytest.mark.parametrize(
     ("counts", "expected"),
     [
