@@ -128,18 +128,20 @@ class Binder:
         self.submit(self.post_event(pod, reason, message))
 
     async def post_event(self, pod: PodRequest, reason: str, message: str, kind: str = "Warning") -> None:
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace, "uid": pod.uid}
+        await self.post_object_event(involved, reason, message, kind)
+
+    async def post_object_event(
+        self, involved: dict[str, str], reason: str, message: str, kind: str = "Warning"
+    ) -> None:
+        """An Event on any namespaced object (`involved`: its apiVersion, kind, name, namespace and uid)."""
+        name, namespace = involved["name"], involved["namespace"]
         now = now_rfc3339()
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": pod.name,
-                "namespace": pod.namespace,
-                "uid": pod.uid,
-            },
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": involved,
             "reason": reason,
             "message": safe_text(message),
             "type": kind,
@@ -150,9 +152,9 @@ class Binder:
             "count": 1,
         }
         try:
-            await self.writer.post(f"/api/v1/namespaces/{pod.namespace}/events", event)
+            await self.writer.post(f"/api/v1/namespaces/{namespace}/events", event)
         except ApiError as exc:
-            _not_written(f"write the {reason} event", exc, pod)
+            _not_written(f"write the {reason} event", exc, f"{namespace}/{name}")
 
     async def report_unschedulable(self, pod: PodRequest, message: str) -> None:
         """kube-scheduler's two signs of a pod that fits nowhere: a `FailedScheduling` Event and the condition
@@ -176,7 +178,7 @@ class Binder:
             path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
             await self.writer.patch(path, condition, strategic=True)
         except ApiError as exc:
-            _not_written("set the PodScheduled condition", exc, pod)
+            _not_written("set the PodScheduled condition", exc, pod.key)
 
     # -- preemption ----------------------------------------------------------------------------------------------
 
@@ -187,23 +189,33 @@ class Binder:
         try:
             await self.writer.patch(path, {"status": {"nominatedNodeName": node}})
         except ApiError as exc:
-            _not_written("set nominatedNodeName", exc, pod)
+            _not_written("set nominatedNodeName", exc, pod.key)
         for victim in victims:
             message = f"Preempted by {pod.namespace}/{pod.name} on node {node}"
             await self.post_event(victim, "Preempted", message, kind="Normal")
-            try:
-                await self.writer.request(
-                    "DELETE",
-                    f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}",
-                    {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": victim.uid}},
-                )
-            except ApiError as exc:
-                if exc.status != 404:
-                    _not_written("delete a preemption victim", exc, victim)
+            await self._delete(victim)
+
+    async def evict_for(self, preemptor: str, where: str, victims: Sequence[PodRequest]) -> None:
+        """A gang's preemption: each victim gets a `Preempted` Event naming the gang and the domain, and is deleted
+        gracefully (guarded by its UID). No nominated node: a gang waits for a domain, not one node."""
+        for victim in victims:
+            await self.post_event(victim, "Preempted", f"Preempted by {preemptor} in {where}", kind="Normal")
+            await self._delete(victim)
+
+    async def _delete(self, victim: PodRequest) -> None:
+        try:
+            await self.writer.request(
+                "DELETE",
+                f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}",
+                {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": victim.uid}},
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                _not_written("delete a preemption victim", exc, victim.key)
 
 
-def _not_written(what: str, error: ApiError, pod: PodRequest) -> None:
+def _not_written(what: str, error: ApiError, key: str) -> None:
     """A report that could not be written: a warning, or a debug line when it was refused unsent because this
     replica stopped leading (the process is on its way out, and a backlog may hold thousands)."""
     level = logging.DEBUG if isinstance(error, Fenced) else logging.WARNING
-    log.log(level, "could not %s: %s", what, error, extra={"pod": pod.key})
+    log.log(level, "could not %s: %s", what, error, extra={"pod": key})

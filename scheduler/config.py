@@ -71,7 +71,7 @@ from kubegpu.core.errors import InputError, describe_validation_error, shorten
 from kubegpu.core.models import SpreadConstraint
 from kubegpu.scheduler import scores
 
-__all__ = ["ConfigError", "SchedulerConfig", "load_config", "parse_config"]
+__all__ = ["ConfigError", "SchedulerConfig", "load_config", "load_topology", "parse_config"]
 
 GROUP = "kubescheduler.config.k8s.io"
 V1BETA1, V1BETA2, V1BETA3, V1 = (f"{GROUP}/{v}" for v in ("v1beta1", "v1beta2", "v1beta3", "v1"))
@@ -696,25 +696,44 @@ def parse_config(document: Any, policy: str = "binpack", where: str = "KubeSched
     )
 
 
-def load_config(path: str | Path, policy: str | None = None) -> tuple[SchedulerConfig, Policy]:
-    """Read `--config FILE`; returns the configuration and the policy to run (`--policy` when given, which must agree
-    with a policy plugin the file enables)."""
-    path = Path(path)
+def _read_yaml(path: Path, what: str) -> Any:
     try:
         with path.open("rb") as handle:
             raw = handle.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror or exc}") from None
     if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a scheduler configuration")
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not {what}")
     try:
-        document = yaml.safe_load(raw)
+        return yaml.safe_load(raw)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}:{line} not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
     except (ValueError, RecursionError) as exc:
         raise ConfigError(f"{path}: not valid YAML: {shorten(str(exc))}") from None
+
+
+def load_topology(path: str | Path) -> tuple[str, ...]:
+    """Read `--topology FILE`: a Kueue `Topology` document (kueue.x-k8s.io, `spec.levels[].nodeLabel`, widest
+    first); returns its levels (docs/gangs.md)."""
+    from kubegpu.scheduler.podgroups import topology_levels
+
+    path = Path(path)
+    document = _read_yaml(path, "a Topology")
+    if not isinstance(document, Mapping) or document.get("kind") != "Topology":
+        raise ConfigError(f"{path}: expected a Kueue Topology document (kind: Topology)")
+    try:
+        return topology_levels(document)
+    except InputError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def load_config(path: str | Path, policy: str | None = None) -> tuple[SchedulerConfig, Policy]:
+    """Read `--config FILE`; returns the configuration and the policy to run (`--policy` when given, which must agree
+    with a policy plugin the file enables)."""
+    path = Path(path)
+    document = _read_yaml(path, "a scheduler configuration")
     config = parse_config(document, policy or "binpack", str(path))
     if policy is not None and config.policy is not None and policy != config.policy:
         raise ConfigError(

@@ -17,7 +17,15 @@ its own queue (`queue.py`, after kube-scheduler's). One thread owns the engine a
    the pods of lower priority to evict there, with PodDisruptionBudgets from their own informer: the pod's
    `status.nominatedNodeName` is set, the node is held for it (`Engine.nominate`), each victim gets a `Preempted`
    Event and is deleted gracefully, and the pod binds once they are gone. While its victims terminate it does not
-   preempt again.
+   preempt again;
+6. a member of a gang (a PodGroup's label, or Kueue's pod-group labels; docs/gangs.md) is tried with every pending
+   member of its gang at once (`Engine.place_gang`): either every one of them gets a place in the domain the gang
+   asks for and passes Permit, and all are bound, or none holds anything and each is told why. A gang with fewer
+   members than its `minMember` so far holds places for those it has and waits at Permit (one such gang at a time,
+   so that two gangs never both hold part) until the rest arrive or its `scheduleTimeoutSeconds` pass, when its
+   places are given back. A gang that fits nowhere may evict pods of lower priority from one domain
+   (`Engine.preempt_gang`). The PodGroup's `status` and Events say where it stands (`gangstatus`). After a restart,
+   members already bound count towards `minMember` and the rest go beside them.
 
 With leader election (the default) informers run on every replica, keeping a standby warm, but only the holder of the
 Lease schedules, and only until its `Leadership` deadline (`kube/leader.py`): the loop checks it before each pod and
@@ -37,15 +45,18 @@ import socket
 import time
 from typing import Any
 
+from kubegpu.core.manifests import ManifestError
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
 from kubegpu.kube.client import ApiError, AsyncKubeClient, KubeClient
 from kubegpu.kube.leader import LeaderElector, Leadership, timing_problem
 from kubegpu.scheduler import liveness
 from kubegpu.scheduler.binder import Binder
-from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Policy
+from kubegpu.scheduler.engine import POLICIES, Decision, Engine, PermitCode, Policy
+from kubegpu.scheduler.gangstatus import GroupStatus
 from kubegpu.scheduler.health import HealthServer, Metrics
 from kubegpu.scheduler.mirror import ClusterMirror
+from kubegpu.scheduler.podgroups import PodGroup, gang_key
 from kubegpu.scheduler.queue import Entry, SchedulingQueue
 
 __all__ = ["CustomScheduler", "add_scheduler_parser"]
@@ -53,6 +64,7 @@ __all__ = ["CustomScheduler", "add_scheduler_parser"]
 log = logging.getLogger("kubegpu.scheduler")
 
 BATCH = 64  # pods scheduled between two looks at the informer events
+GANG_TICK = 1.0  # seconds between two looks at the gangs waiting at Permit and the PodGroups' counts
 
 
 class CustomScheduler:
@@ -82,7 +94,12 @@ class CustomScheduler:
             watch_budgets=True,
             watch_volumes=True,
             watch_owners=True,
+            watch_podgroups=True,
         )
+        self.groups = GroupStatus(self.binder, self.mirror.podgroup)
+        self._gang_victims: dict[str, tuple[str, ...]] = {}  # gang -> the victims of its last preemption
+        self._at_permit: dict[str, Decision] = {}  # gang members waiting at Permit: the decision to bind, once let go
+        self._next_gang_tick = 0.0
         self.stop = self.mirror.stop
         # Until when this replica may decide and bind (the elector's; held for good without leader election).
         self.leadership = leadership or Leadership.unconditional()
@@ -98,18 +115,31 @@ class CustomScheduler:
                 queue.promote()
                 mirror.judge_nodes()
                 if ready:
+                    self.tend_gangs()
                     self.schedule_active(BATCH)
 
     def schedule_active(self, limit: int) -> None:
         """Run the cycle for up to `limit` active pods, by priority then arrival, while this replica leads; a pod whose
         cycle raises costs only itself."""
         batch = self.queue.pop_batch(limit)
+        gangs: dict[str, list[Entry]] = {}  # the batch's gang members by gang: a gang is tried once, as one
+        for entry in batch:
+            if (gang := gang_key(entry.request)) is not None:
+                gangs.setdefault(gang, []).append(entry)
+        tried: set[str] = set()
         for done, entry in enumerate(batch):
+            gang = gang_key(entry.request) if gangs else None
+            if gang in tried:
+                continue
             if not self.leadership.holds():
-                self.queue.put_back(batch[done:])
+                self.queue.put_back([e for e in batch[done:] if gang_key(e.request) not in tried])
                 return
             try:
-                self._schedule(entry)
+                if gang is None:
+                    self._schedule(entry)
+                else:
+                    tried.add(gang)
+                    self._schedule_gang(gang, gangs[gang])
             except Exception as exc:
                 request = entry.request
                 meta = {"name": request.name, "namespace": request.namespace, "uid": request.uid}
@@ -155,6 +185,150 @@ class CustomScheduler:
         victims = [placed.request for placed in self.engine.placements(preemption.victims)]
         self.binder.submit(self.binder.evict(pod, preemption.node, victims))
 
+    # -- gangs -----------------------------------------------------------------------------------------------------
+
+    def _schedule_gang(self, gang: str, batch: list[Entry]) -> None:
+        """One cycle for a gang: its pending members (these, and the others the queue holds) placed whole, then
+        Permit for each; or nothing held and every member told why."""
+        entries = [*batch, *self.queue.take_gang(gang)]
+        group, problem = self._gang_of(gang, entries[0])
+        if group is None:
+            if problem is None:  # a PodGroup label naming no PodGroup: its members go alone, as with coscheduling
+                for entry in entries:
+                    self._schedule(entry)
+                return
+            self._gang_refused(gang, entries, problem)
+            return
+        engine = self.engine
+        self.groups.tried(gang)
+        present = len(engine.gang_holders(group)) + len(entries)
+        # Fewer members than minMember so far: those here go where the whole gang has room, and wait at Permit.
+        started = time.perf_counter()
+        placement = engine.place_gang([entry.request for entry in entries], group, partial=True)
+        self.metrics.latency.observe(time.perf_counter() - started)
+        if not placement.placed:
+            self.metrics.attempts.labels("unschedulable").inc(len(entries))
+            reason = placement.reason or f"gang {gang} cannot be placed"
+            if present >= group.min_member:
+                self._preempt_gang(group, entries)
+            self._gang_refused(gang, entries, reason)
+            return
+        decisions = {decision.pod: decision for decision in placement.decisions}
+        now = time.monotonic()
+        for number, entry in enumerate(entries):
+            decision = decisions.get(entry.key)
+            if decision is None or not decision.scheduled:
+                self._gang_refused(gang, [entry], (decision and decision.reason) or f"gang {gang}: no place left")
+                continue
+            answer = engine.permit(entry.request, now=now)
+            if answer.code is PermitCode.REJECT:
+                # Another gang is partly held: this one holds nothing either (two never both hold part).
+                for other in entries[number + 1 :]:
+                    held = decisions.get(other.key)
+                    if held is not None and held.scheduled:
+                        engine.unreserve(other.request, held.node)
+                self._gang_refused(gang, entries[number:], answer.reason or f"gang {gang}: refused at Permit")
+                return
+            self.metrics.attempts.labels("scheduled").inc()
+            if answer.code is PermitCode.WAIT:
+                self.queue.hold(entry)
+                self._at_permit[entry.key] = decision
+                message = f"waiting at Permit: {answer.reason} (up to {group.timeout_seconds}s)"
+                if message != entry.message:
+                    entry.message = message
+                    self.binder.submit(self.binder.post_event(entry.request, "WaitingForGang", message, "Normal"))
+                continue
+            self._bind_decided(entry, decision)
+            for key in answer.approved:
+                waiting, held = self.queue.unhold(key), self._at_permit.pop(key, None)
+                if waiting is not None and held is not None:
+                    self._bind_decided(waiting, held)
+        if placement.domain is not None:
+            log.info("gang placed", extra={"pod": gang, "node": f"{placement.level}={placement.domain}"})
+
+    def _gang_of(self, gang: str, entry: Entry) -> tuple[PodGroup | None, str | None]:
+        """The gang's spec, or why its members cannot be placed (a PodGroup kubegpu cannot read, a malformed Kueue
+        label); (None, None): a PodGroup label naming no PodGroup."""
+        known = self.mirror.podgroups.get(gang)
+        if isinstance(known, str):
+            return None, known
+        try:
+            return self.engine.gang_of(entry.request), None
+        except ManifestError as exc:
+            return None, str(exc)
+
+    def _gang_refused(self, gang: str, entries: list[Entry], reason: str) -> None:
+        """Every one of these members waits, holding nothing, told why (once per distinct reason)."""
+        for entry in entries:
+            self.queue.park(entry)
+            if reason != entry.message:
+                entry.message = reason
+                self.binder.submit(self.binder.report_unschedulable(entry.request, reason))
+        log.info("gang unschedulable", extra={"pod": gang, "reason": reason})
+        self.groups.event(gang, "FailedScheduling", reason)
+
+    def _preempt_gang(self, group: PodGroup, entries: list[Entry]) -> None:
+        """PostFilter for a gang that fits nowhere: evict the pods of lower priority that keep one domain from it,
+        unless the victims of an earlier preemption for it are still leaving."""
+        mirror = self.mirror
+        leaving = self._gang_victims.get(group.key)
+        if leaving and any(key in mirror.evicting for key in leaving):
+            return
+        preemption = self.engine.preempt_gang(
+            [entry.request for entry in entries], group, list(mirror.budgets.values())
+        )
+        if not preemption.victims:
+            self._gang_victims.pop(group.key, None)
+            return
+        self._gang_victims[group.key] = preemption.victims
+        mirror.evicting_started(preemption.victims)
+        where = f"{preemption.level}={preemption.domain}" if preemption.level else "the cluster"
+        log.info("preempting for a gang", extra={"pod": group.key, "node": where, "victims": list(preemption.victims)})
+        victims = [placed.request for placed in self.engine.placements(preemption.victims)]
+        self.binder.submit(self.binder.evict_for(f"gang {group.key}", where, victims))
+        self.groups.event(
+            group.key, "Preempting", f"evicting {len(victims)} pods of lower priority in {where}", "Normal"
+        )
+
+    def tend_gangs(self) -> None:
+        """Once a tick: the members waiting at Permit past their gang's timeout give their places back (and wait
+        for a change in the cluster before they try again); the PodGroups whose counts changed get their status."""
+        now = time.monotonic()
+        if now < self._next_gang_tick:
+            return
+        self._next_gang_tick = now + GANG_TICK
+        expired = self.engine.expire(now)
+        if expired:
+            self.mirror.pending.wake()  # their places are free for others, before they park
+        by_gang: dict[str, list[Entry]] = {}
+        for waiting in expired:
+            entry = self.queue.unhold(waiting.pod.key)
+            self._at_permit.pop(waiting.pod.key, None)
+            gang = gang_key(waiting.pod)
+            if entry is not None and gang is not None:
+                by_gang.setdefault(gang, []).append(entry)
+        for gang, entries in by_gang.items():
+            try:
+                group = self.engine.gang_of(entries[0].request)
+            except ManifestError:
+                group = None
+            timeout = f"{group.timeout_seconds}s" if group else "its timeout"
+            minimum = f" of minMember {group.min_member}" if group else ""
+            reason = (
+                f"gang {gang} timed out after {timeout} waiting at Permit: {len(entries)}{minimum} members held "
+                "places; they are given back"
+            )
+            self._gang_refused(gang, entries, reason)
+        members = self.mirror.gang_members
+        if members is not None:
+            for gang in members.take_changed():
+                self.groups.update(gang, members.counts(gang))
+
+    def _bind_decided(self, entry: Entry, decision: Decision) -> None:
+        self.queue.binding_started(entry)
+        self.queue.wake_for(entry.request)
+        self.binder.submit(self._bind(entry, decision))
+
     # -- the Binding, and what its result does to the queue ---------------------------------------------------------
 
     async def _bind(self, entry: Entry, decision: Decision) -> None:
@@ -197,6 +371,15 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             log.error("--config: %s", exc)
             return 2
+    levels = None
+    if args.topology:
+        from kubegpu.scheduler.config import ConfigError, load_topology
+
+        try:
+            levels = load_topology(args.topology)
+        except ConfigError as exc:
+            log.error("--topology: %s", exc)
+            return 2
     args.scheduler_name = args.scheduler_name or (config and config.scheduler_name) or "kubegpu-scheduler"
     key = read_key(args.allocation_key_file)
     leadership = Leadership() if args.leader_elect else Leadership.unconditional()
@@ -208,6 +391,7 @@ def run(args: argparse.Namespace) -> int:
     for failure in plugins.failures:
         log.error("%s", failure)
     engine = Engine(plugins, policy=policy, signing_key=key, scoring=config.profile if config else None)
+    engine.set_topology(levels)
     scheduler = CustomScheduler(
         client, writer, engine, name=args.scheduler_name, leases=liveness.from_args(args), leadership=leadership
     )
@@ -273,6 +457,12 @@ def add_scheduler_parser(sub: Any) -> argparse.ArgumentParser:
         "--config",
         metavar="FILE",
         help="a KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1beta1): score weights, plugins on and off",
+    )
+    parser.add_argument(
+        "--topology",
+        metavar="FILE",
+        help="a Kueue Topology document: the node labels gangs are placed by, widest first (default: AWS's network "
+        "layers and nvidia.com/gpu.clique where nodes carry them; docs/gangs.md)",
     )
     parser.add_argument(
         "--no-leader-elect", dest="leader_elect", action="store_false", help="schedule without taking the Lease"

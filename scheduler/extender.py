@@ -54,7 +54,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kubegpu.core.errors import InputError, describe_validation_error
-from kubegpu.core.manifests import pod_request
+from kubegpu.core.manifests import ManifestError, pod_request
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
@@ -67,6 +67,7 @@ from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Plan
 from kubegpu.scheduler.health import HEALTH_PATHS, Metrics, answer_health
 from kubegpu.scheduler.http_server import Answer, HttpServer, Limits, tls_context
 from kubegpu.scheduler.mirror import ClusterMirror
+from kubegpu.scheduler.podgroups import gang_key
 
 __all__ = ["ExtenderHttpServer", "ExtenderServer", "UnboundPods", "add_extender_parser"]
 
@@ -166,6 +167,7 @@ class _Answers:
 
 MAX_SHAPES = 256  # pod shapes whose answers are kept
 UNKNOWN_NODE = "node(s) unknown to kubegpu (not in its node cache yet)"
+GANG_ELSEWHERE = "node(s) outside the place kubegpu found for the whole gang"
 
 
 def _node_name(item: Any) -> str | None:
@@ -208,6 +210,9 @@ class UnboundPods:
     def wake_for(self, added: PodRequest) -> None:
         return None
 
+    def wake_group(self, key: str) -> None:
+        return None
+
     def answers_for(self, scheduler_name: object) -> bool:
         return False  # kube-scheduler tells its pods why it cannot schedule them
 
@@ -229,7 +234,7 @@ class ExtenderServer:
         self.metrics = Metrics()
         self.binder = Binder(writer, self.metrics, component="")
         self.unbound = UnboundPods()
-        self.mirror = ClusterMirror(client, engine, self.binder, self.unbound, leases=leases)
+        self.mirror = ClusterMirror(client, engine, self.binder, self.unbound, leases=leases, watch_podgroups=True)
         # The score /prioritize answers with: the engine's (its binpack or spread policy plus the plugins' topology
         # score), or nvidia-gpu-scheduler's (`compat.FREE_MODEL_GPUS`: free GPUs of the pod's model).
         self.free_model_gpus = policy == compat.FREE_MODEL_GPUS
@@ -312,6 +317,11 @@ class ExtenderServer:
             unknown = wanted - self.engine.node_names()
             answers = self._answered(pod, self.engine.plan(pod), wanted - unknown if unknown else wanted)
             failing = answers.failing
+            gang = self._gang_nodes(pod) if gang_key(pod) is not None else None
+            if isinstance(gang, str):  # a gang member whose gang cannot be placed whole: no node
+                failing = {**dict.fromkeys(names, gang), **failing}
+            elif gang is not None:  # only the nodes its gang's whole placement names
+                failing = {**{n: GANG_ELSEWHERE for n in names if n not in gang}, **failing}
             if not unknown and failing.keys().isdisjoint(wanted):
                 passed, failed = names, {}  # the usual case: every candidate passes
             else:
@@ -336,6 +346,44 @@ class ExtenderServer:
             items = [n for n in (args.Nodes.items if args.Nodes else []) if _node_name(n) in keep]
             result["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
         return result
+
+    def _gang_nodes(self, pod: PodRequest) -> str | set[str] | None:
+        """For a gang member: the nodes its gang's whole placement would use (a what-if: `place_gang` for the gang's
+        unbound members, given back at once), or why the gang cannot be placed whole, so that every member gets the
+        same answer; None for a pod of no gang. kube-scheduler binds members one by one, so none is let through before
+        `minMember` members exist (docs/gangs.md: what holds in extender mode)."""
+        engine = self.engine
+        try:
+            group = engine.gang_of(pod)
+        except ManifestError as exc:
+            return str(exc)
+        problem = self.mirror.podgroups.get(gang_key(pod) or "")
+        if isinstance(problem, str):
+            return problem
+        if group is None:
+            return None
+        members = {key: request for key, (_, request) in self.unbound.pods.items() if gang_key(request) == group.key}
+        members.setdefault(pod.key, pod)
+        todo = [request for key, request in members.items() if engine.placement(key) is None]
+        present = len(engine.gang_holders(group)) + len(todo)
+        if present < group.min_member:
+            return (
+                f"gang {group.key}: {present} of minMember {group.min_member} members exist; kube-scheduler binds "
+                "members one by one, so none goes before all have places"
+            )
+        if not todo:
+            return None
+        placement = engine.place_gang(todo, group)
+        if not placement.placed:
+            return placement.reason or f"gang {group.key} cannot be placed whole"
+        reserved = {request.key: request for request in todo}
+        nodes = set()
+        for decision in placement.decisions:
+            if decision.scheduled and decision.node is not None:
+                nodes.add(decision.node)
+                if decision.pod in reserved:
+                    engine.unreserve(reserved[decision.pod], decision.node)
+        return nodes
 
     def prioritize(self, body: bytes) -> list[orjson.Fragment]:
         """Hosts that score 0 are left out: kube-scheduler counts a host missing from the list as 0, and with binpack

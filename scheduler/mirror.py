@@ -21,6 +21,10 @@ too:
 * claims and volumes (`watch_volumes`) become the engine's VolumeBinding records: a claim's volume once it is
   Bound, a volume's required node affinity; a change to either wakes the pending pods. A claim or volume kubegpu
   cannot read is left out with a warning, so only the pods that name it are refused;
+* PodGroups (`watch_podgroups`; scheduler-plugins' `scheduling.x-k8s.io/v1alpha1`, a CRD) are read where the API
+  server serves them, found by discovery, which is asked again every `PODGROUP_RECHECK` seconds while it does not
+  (the CRD may be installed after the scheduler starts): meanwhile an error says so once, `/readyz` names the API,
+  and gangs are read from Kueue's labels alone. Each change goes to the front-end's `PendingPods.group_changed`;
 * Services, ReplicationControllers, ReplicaSets and StatefulSets (`watch_owners`, when the profile has default
   spread constraints) become the engine's owners: their selectors give the pods they select that set no
   `topologySpreadConstraints` kube-scheduler's default spread over hosts and zones (`kubegpu.scheduler.owners`).
@@ -51,12 +55,15 @@ from kubegpu.core.annotations import (
 from kubegpu.core.errors import InputError
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
+from kubegpu.core.text import safe_text
 from kubegpu.kube import discovery
 from kubegpu.kube.client import ApiError, Informer, KubeClient
-from kubegpu.scheduler import filters, liveness, objects
+from kubegpu.scheduler import filters, liveness, objects, podgroups
 from kubegpu.scheduler.binder import Binder
 from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.gangstatus import GangMembers, gang_of, member_state
 from kubegpu.scheduler.health import Metrics
+from kubegpu.scheduler.podgroups import PodGroup
 from kubegpu.scheduler.preemption import Budget
 
 __all__ = ["ClusterMirror", "PendingPods"]
@@ -74,6 +81,10 @@ OWNER_PATHS = {
 # The PodDisruptionBudget versions kubegpu reads, most preferred first (the two have the fields preemption reads).
 BUDGET_VERSIONS = ("v1", "v1beta1")
 BUDGETS = "poddisruptionbudgets"
+# scheduler-plugins' PodGroups: the group and the versions kubegpu reads, and how often discovery is asked again while
+# the API server serves none (the CRD may be installed later).
+PODGROUP_GROUP, PODGROUP_VERSIONS, PODGROUPS = "scheduling.x-k8s.io", ("v1alpha1",), "podgroups"
+PODGROUP_RECHECK = 60.0
 STALL = 30.0  # seconds without a beat of the loop applying informer events after which /healthz fails
 BATCH = 2000  # informer events applied under one taking of the lock
 
@@ -111,6 +122,10 @@ class PendingPods(Protocol):
         """Whether kubegpu tells a pod naming this scheduler that it cannot be read (else its own scheduler does)."""
         ...
 
+    def wake_group(self, key: str) -> None:
+        """The PodGroup `namespace/name` was added, changed or deleted: its waiting members are judged again."""
+        ...
+
 
 class ClusterMirror:
     """Informers into one engine. `binder` writes the Events the mirror reports; `pending` is the front-end's."""
@@ -126,6 +141,7 @@ class ClusterMirror:
         watch_budgets: bool = False,
         watch_volumes: bool = False,
         watch_owners: bool = False,
+        watch_podgroups: bool = False,
     ) -> None:
         self.client = client
         self.engine = engine
@@ -163,6 +179,14 @@ class ClusterMirror:
         # them (the extender leaves PodTopologySpread to kube-scheduler); each kind's first list, as for volumes.
         self.watch_owners = watch_owners and engine.spreads_by_owners()
         self.owners_synced = {kind: threading.Event() for kind in OWNER_PATHS} if self.watch_owners else {}
+        # scheduler-plugins' PodGroups, where the API server serves them (`watch_podgroup_versions`): by
+        # namespace/name, the group's spec or why it cannot be read (its members are refused with that reason).
+        self.watch_podgroups = watch_podgroups
+        self.podgroups: dict[str, PodGroup | str] = {}
+        self.podgroup_uids: dict[str, str] = {}
+        # Every gang's members by state, for the PodGroups' status (`gangstatus`); None: not kept.
+        self.gang_members: GangMembers | None = GangMembers() if watch_podgroups else None
+        self.podgroups_synced = threading.Event()
         self._next_judgement = 0.0
 
     # -- the loop -------------------------------------------------------------------------------------------------
@@ -208,6 +232,8 @@ class ClusterMirror:
             threading.Thread(
                 target=self.watch_budget_versions, name="informer-poddisruptionbudgets", daemon=True
             ).start()
+        if self.watch_podgroups:
+            threading.Thread(target=self.watch_podgroup_versions, name="informer-podgroups", daemon=True).start()
         if self.watch_volumes:
             consume = self._consume(self.on_claims)
             Informer(self.client, "/api/v1/persistentvolumeclaims", consume, self.stop, "claims").start()
@@ -239,6 +265,8 @@ class ClusterMirror:
         if self.watch_volumes:
             waiting += [("persistentvolumeclaims", self.claims_synced), ("persistentvolumes", self.volumes_synced)]
         waiting += [(OWNER_PATHS[kind].rsplit("/", 1)[1], synced) for kind, synced in self.owners_synced.items()]
+        if self.watch_podgroups:  # a gang is read whole before any of its members is tried
+            waiting.append((PODGROUPS, self.podgroups_synced))
         return [name for name, synced in waiting if not synced.is_set()]
 
     def healthy(self) -> bool:
@@ -287,6 +315,103 @@ class ClusterMirror:
         log.info("PodDisruptionBudgets read as policy/%s", version)
         path = f"/apis/policy/{version}/{BUDGETS}"
         Informer(self.client, path, self._consume(self.on_budgets), self.stop, BUDGETS).run()
+
+    def watch_podgroup_versions(self) -> None:
+        """The PodGroups' informer thread: the version the API server serves, then list and watch it. While it serves
+        none (no CRD), or this scheduler may not list them (its role predates gangs), the collection counts as listed
+        and empty, a warning says why once, `/readyz` names it, and both are asked again every `PODGROUP_RECHECK`
+        seconds."""
+        said: str | None = None
+        while not self.stop.is_set():
+            version = self.discover_version(PODGROUP_GROUP, PODGROUP_VERSIONS)
+            if self.stop.is_set():
+                return
+            path = f"/apis/{PODGROUP_GROUP}/{version}/{PODGROUPS}"
+            problem = "absent" if version is None else self._podgroups_forbidden(path)
+            if problem is None:
+                break
+            self.versions[PODGROUPS] = None
+            if said != problem:
+                said = problem
+                log.warning(
+                    "%s; gangs are read from Kueue's pod-group labels only until %s",
+                    "the API server serves no PodGroups (scheduling.x-k8s.io/v1alpha1)"
+                    if problem == "absent"
+                    else f"this scheduler may not list PodGroups ({problem})",
+                    "the CRD is installed (examples/deploy/kustomize/base/podgroup-crd.yaml)"
+                    if problem == "absent"
+                    else "its role allows it (examples/deploy/scheduler/rbac.yaml)",
+                )
+                self.post(self.on_podgroups, "SYNC", [])
+            self.stop.wait(PODGROUP_RECHECK)
+        else:  # stopped before the PodGroups could be read
+            return
+        self.versions[PODGROUPS] = f"{PODGROUP_GROUP}/{version}"
+        log.info("PodGroups read as %s/%s", PODGROUP_GROUP, version)
+        Informer(self.client, path, self._consume(self.on_podgroups), self.stop, PODGROUPS).run()
+
+    def _podgroups_forbidden(self, path: str) -> str | None:
+        """Why this scheduler may not list PodGroups (a 401 or 403), or None; other failures are the informer's to
+        retry."""
+        try:
+            self.client.get(path, limit=1)
+        except ApiError as exc:
+            if exc.status in (401, 403):
+                return f"{exc.status} {safe_text(exc.reason)}"
+        return None
+
+    def on_podgroups(self, kind: str, payload: Any) -> None:
+        """A PodGroup informer's report: each group's spec (or why it cannot be read) into `podgroups`, and its
+        waiting members woken. One that raises costs only itself."""
+        if kind == "SYNC":
+            seen = set()
+            for obj in payload:
+                seen.add(self._guarded("podgroup_event", obj, self._apply_podgroup, "ADDED", on_pod=False))
+            for key in [k for k in self.podgroups if k not in seen]:
+                self._forget_podgroup(key)
+            self.podgroups_synced.set()
+            return
+        self._guarded("podgroup_event", payload, self._apply_podgroup, kind, on_pod=False)
+
+    def _apply_podgroup(self, kind: str, obj: dict[str, Any]) -> str | None:
+        """One PodGroup into `podgroups`: its spec, or the reason it cannot be read (which its members are told).
+        Returns its key."""
+        meta = obj.get("metadata") or {}
+        namespace, name = meta.get("namespace"), meta.get("name")
+        if not isinstance(namespace, str) or not isinstance(name, str) or not name:
+            return None
+        key = f"{namespace}/{name}"
+        if kind == "DELETED":
+            self._forget_podgroup(key)
+            return key
+        self.podgroup_uids[key] = str(meta.get("uid", ""))
+        try:
+            group: PodGroup | str = podgroups.pod_group(obj)
+        except InputError as exc:
+            group = safe_text(f"PodGroup {key} cannot be read: {exc}")
+            if self.podgroups.get(key) != group:
+                log.warning("%s", group)
+        if self.podgroups.get(key) == group:
+            return key
+        self.podgroups[key] = group
+        # The engine knows only the groups it can place; a member of one it cannot read is refused by the front-end.
+        self.engine.set_pod_group(group if isinstance(group, PodGroup) else None, key)
+        self.pending.wake_group(key)
+        return key
+
+    def _forget_podgroup(self, key: str) -> None:
+        self.podgroups.pop(key, None)
+        self.podgroup_uids.pop(key, None)
+        self.engine.set_pod_group(None, key)
+        self.pending.wake_group(key)
+
+    def podgroup(self, key: str) -> tuple[str, int] | None:
+        """The uid and minMember of the PodGroup `key` (`namespace/name`); None when it does not exist or cannot be
+        read (`gangstatus.GroupStatus` writes only on these)."""
+        group = self.podgroups.get(key)
+        if not isinstance(group, PodGroup):
+            return None
+        return self.podgroup_uids.get(key, ""), group.min_member
 
     def discover_version(self, group: str, wanted: tuple[str, ...]) -> str | None:
         """The first of `wanted` the API server serves for `group`, asked again with a backoff that doubles to 30 s
@@ -496,6 +621,8 @@ class ClusterMirror:
             for key in [k for k in self.engine.pod_keys() if k not in live and self.pending.binding(k) is None]:
                 self.release(key)
             self.pending.keep_only(live)
+            if self.gang_members is not None:
+                self.gang_members.keep_only(live)
             for key in [k for k in self.gated if k not in live]:
                 self._ungate(key)
             self.pods_synced.set()
@@ -569,6 +696,9 @@ class ClusterMirror:
     def _apply_pod(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+        members = self.gang_members
+        if members is not None and ((gang := gang_of(obj)) is not None or key in members):
+            members.observe(key, gang, None if kind == "DELETED" else member_state(obj))
         if kind == "MODIFIED" and not meta.get("deletionTimestamp"):
             # Most events are our own writes (the Binding) to pods we already account for: settle them from the raw
             # object without parsing the whole pod again.

@@ -9,7 +9,9 @@ Three places a pod waits:
   deleted or finished, a pod added that its pod affinity or spread selects, a change to the pod itself) or 60 s,
   whichever comes first, then goes back through the backoff heap. Never a hot loop.
 
-The pods whose Binding is being written wait in none of them (`binding_started`, `binding_done`). The queue is
+The pods whose Binding is being written wait in none of them (`binding_started`, `binding_done`), nor do gang
+members that hold a reservation while they wait at Permit for the rest of their gang (`hold`, `unhold`). The queue
+indexes the pending members of each gang, so that a gang's cycle takes all of them at once (`take_gang`). It is
 the mirror's `PendingPods` (`mirror.py`): the mirror hands it every pod that waits for a node and tells it when the
 cluster changed.
 """
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from kubegpu.core.models import PodRequest, SpreadConstraint
 from kubegpu.scheduler.filters import pod_matches_term, selector_matches
 from kubegpu.scheduler.health import Metrics
+from kubegpu.scheduler.podgroups import gang_key
 
 __all__ = ["Backoff", "Entry", "SchedulingQueue"]
 
@@ -146,6 +149,10 @@ class SchedulingQueue:
         self.backoff = Backoff()
         self.unschedulable: dict[str, Entry] = {}
         self._in_flight: dict[str, Entry] = {}  # pods whose Binding is being written
+        self._held: dict[str, Entry] = {}  # gang members holding a reservation at Permit
+        # gang (namespace/name) -> its members waiting in active, backoff or unschedulable, and each one's gang
+        self._gangs: dict[str, dict[str, None]] = {}
+        self._gang_of: dict[str, str] = {}
         self.initial_backoff, self.max_backoff = INITIAL_BACKOFF, MAX_BACKOFF
         self._last_flush = time.monotonic()
 
@@ -158,6 +165,7 @@ class SchedulingQueue:
             return False
         if key in self._in_flight or held:
             return True
+        self._index_gang(key, request)
         entry = self.active.get(key)
         if entry is not None:
             entry.request = request
@@ -201,14 +209,60 @@ class SchedulingQueue:
         self.active.pop(key, None)
         self.unschedulable.pop(key, None)
         self.backoff.remove(key)
+        self._held.pop(key, None)
+        self._index_gang(key, None)
+
+    # -- gangs ---------------------------------------------------------------------------------------------------
+
+    def _index_gang(self, key: str, request: PodRequest | None) -> None:
+        gang = None if request is None else gang_key(request)
+        before = self._gang_of.get(key)
+        if before == gang:
+            return
+        if before is not None:
+            members = self._gangs[before]
+            del members[key], self._gang_of[key]
+            if not members:
+                del self._gangs[before]
+        if gang is not None:
+            self._gangs.setdefault(gang, {})[key] = None
+            self._gang_of[key] = gang
+
+    def take_gang(self, gang: str) -> list[Entry]:
+        """Take the gang's members out of the active queue, the backoff heap and the unschedulable pods, whatever
+        their backoff: a gang is tried as one, when any member's turn comes."""
+        taken = []
+        for key in self._gangs.get(gang, ()):
+            entry = self.active.pop(key, None) or self.unschedulable.pop(key, None) or self.backoff.remove(key)
+            if entry is not None:
+                taken.append(entry)
+        return taken
+
+    def wake_group(self, gang: str) -> None:
+        """The gang's PodGroup changed: its unschedulable members are tried again once their backoff has passed."""
+        now = time.monotonic()
+        for key in self._gangs.get(gang, ()):
+            entry = self.unschedulable.pop(key, None)
+            if entry is not None:
+                self._requeue(entry, now)
+
+    def hold(self, entry: Entry) -> None:
+        """The gang member holds a reservation and waits at Permit for the rest of its gang."""
+        self._held[entry.key] = entry
+
+    def unhold(self, key: str) -> Entry | None:
+        """The member waits at Permit no more (approved, expired, rejected): its entry, if it was waiting."""
+        return self._held.pop(key, None)
 
     def keep_only(self, live: set[str]) -> None:
         """After a relist: forget the waiting pods that are gone."""
-        for table in (self.active, self.unschedulable):
+        for table in (self.active, self.unschedulable, self._held):
             for key in [k for k in table if k not in live]:
                 del table[key]
         for key in [entry.key for entry in self.backoff if entry.key not in live]:
             self.backoff.remove(key)
+        for key in [k for k in self._gang_of if k not in live]:
+            self._index_gang(key, None)
 
     def wake(self) -> None:
         """The cluster changed in a way that may help any pod: unschedulable pods get another try once their
@@ -274,6 +328,7 @@ class SchedulingQueue:
         self.metrics.pending.labels("active").set(len(self.active))
         self.metrics.pending.labels("backoff").set(len(self.backoff))
         self.metrics.pending.labels("unschedulable").set(len(self.unschedulable))
+        self.metrics.pending.labels("permit").set(len(self._held))
 
     def _requeue(self, entry: Entry, now: float) -> None:
         entry.ready_at = max(now, entry.ready_at)

@@ -60,11 +60,18 @@ class Gangs(Permitting):
         """The levels gangs are placed by, widest first, without the hostname (`podgroups.profile_levels`)."""
         return profile_levels(self.levels, (record.info.labels for record in self.nodes.values()))
 
-    def place_gang(self, members: Sequence[PodRequest], group: PodGroup | None = None) -> GangPlacement:
+    def place_gang(
+        self, members: Sequence[PodRequest], group: PodGroup | None = None, *, partial: bool = False
+    ) -> GangPlacement:
         """Reserve places for the gang's members, all or nothing: at least `minMember` of them (with those already
         holding places) hold reservations on return, every one in the domain the gang asks for, or none does and
         the answer says why. `group`: the gang (None: the first member's, `gang_of`). Members go rank by rank in
-        domain order. The front-end then asks Permit (`permit`) for each and binds the approved ones."""
+        domain order. The front-end then asks Permit (`permit`) for each and binds the approved ones.
+
+        `partial`: a gang with fewer members than `minMember` so far (the live scheduler's, whose members arrive one
+        by one) places those it has, all of them, in a domain with room for `minMember`, for Permit to hold while
+        the others arrive; without it such a gang is refused ("waiting for the others")."""
+
         if not members:
             return GangPlacement("", False, reason="a gang of no members", code=Code.UNRESOLVABLE)
         try:
@@ -79,7 +86,7 @@ class Gangs(Permitting):
         holders = self.gang_holders(group)
         todo = sorted((m for m in members if m.key not in self.pods), key=rank)
         least = max(0, group.min_member - len(holders))
-        if len(todo) < least:
+        if len(todo) < least and not partial:
             reason = (
                 f"gang {group.key}: {len(todo) + len(holders)} of minMember {group.min_member} members present; "
                 "waiting for the others"
@@ -90,8 +97,10 @@ class Gangs(Permitting):
         representative = max(todo, key=lambda m: (sum(a for _, a in self.plan(m).fit if _ != "cpu"), m.cpu_milli))
         plan = self.plan(representative)
         rooms = self._rooms(representative, plan, self.nodes)
+        if holders and asked[0] is not None:
+            rooms = self._beside(holders, asked[0], rooms)
         levels = self.topology_levels()
-        targets = [len(todo)] + ([least] if 0 < least < len(todo) else [])
+        targets = [least] if len(todo) < least else [len(todo)] + ([least] if 0 < least < len(todo) else [])
         shortfall: gangfit.Shortfall | None = None
         for target in targets:
             for _ in range(MAX_ATTEMPTS):
@@ -183,6 +192,18 @@ class Gangs(Permitting):
                 return asked
         return None, None
 
+    def _beside(self, holders: Sequence[str], level: str, rooms: dict[str, int]) -> dict[str, int]:
+        """The rooms in the domain of `level` where the gang's members already hold places (a gang bound in part
+        by a scheduler that restarted, or members that waited at Permit): the rest of a gang that requires one
+        domain goes where its first members are."""
+
+        def domain(name: str) -> str | None:
+            record = self.nodes.get(name)
+            return None if record is None else name if level == HOSTNAME else record.info.labels.get(level)
+
+        held = {domain(self.pods[key].node) for key in holders}
+        return {name: room for name, room in rooms.items() if domain(name) in held}
+
     def _rooms(self, pod: PodRequest, plan: Plan, names: Iterable[str]) -> dict[str, int]:
         """Each node's room for copies of `pod`: 0 where a filter refuses it, else how many fit by the counts of
         what it requests (at least 1); the reservation checks each copy."""
@@ -222,7 +243,7 @@ class Gangs(Permitting):
                 decisions.append(decision)
             if node in corrected:
                 break
-        if len(decisions) == sum(count for _, count in fit.slots):
+        if len(decisions) == min(len(todo), sum(count for _, count in fit.slots)):
             return decisions, corrected
         for decision in decisions:
             self.unreserve(next(m for m in todo if m.key == decision.pod), decision.node)

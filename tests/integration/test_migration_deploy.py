@@ -100,6 +100,7 @@ def test_each_overlay_renders_with_kubectl_1_20_and_the_api_server_accepts_it(
     names = {f"{d['kind']}/{d['metadata']['name']}" for d in documents}  # type: ignore[index]
     assert EXPECTED[overlay] <= names, names
     assert "Secret/kubegpu-allocation-key" in names  # the base's key, from the file the guide has you create
+    assert "CustomResourceDefinition/podgroups.scheduling.x-k8s.io" in names  # gangs, in either scheduler mode
     for workload in workloads(documents):
         spec = workload["spec"]["template"]["spec"]
         for container in spec["containers"]:

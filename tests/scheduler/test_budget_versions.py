@@ -106,7 +106,7 @@ def test_budgets_are_listed_in_the_version_the_server_serves_and_reach_preemptio
     assert [p for p in server.listed if "poddisruptionbudgets" in p] == [path]
     assert mirror.budgets["team/db"].allowed == 0
     assert "poddisruptionbudgets" not in mirror.syncing()
-    assert mirror.apis() == {"poddisruptionbudgets": version}
+    assert mirror.apis()["poddisruptionbudgets"] == version
 
 
 def test_readyz_waits_for_the_budgets_first_list_then_shows_their_version(stopped: list[CustomScheduler]) -> None:
@@ -117,6 +117,7 @@ def test_readyz_waits_for_the_budgets_first_list_then_shows_their_version(stoppe
     mirror.on_pods("SYNC", [])
     mirror.on_claims("SYNC", [])
     mirror.on_volumes("SYNC", [])
+    mirror.on_podgroups("SYNC", [])
     for owner in mirror.owners_synced:
         mirror.on_owners(owner, "SYNC", [])
 
@@ -137,7 +138,7 @@ def test_a_server_serving_no_budget_api_is_named_by_readyz_and_scheduling_goes_o
     mirror = custom.mirror
     threading.Thread(target=mirror.watch_budget_versions, daemon=True).start()
     wait_until(lambda: (mirror.apply_events(0.05), mirror.budgets_synced.is_set())[1], "the budgets given up")
-    for synced in (mirror.on_nodes, mirror.on_pods, mirror.on_claims, mirror.on_volumes):
+    for synced in (mirror.on_nodes, mirror.on_pods, mirror.on_claims, mirror.on_volumes, mirror.on_podgroups):
         synced("SYNC", [])
     for owner in mirror.owners_synced:
         mirror.on_owners(owner, "SYNC", [])

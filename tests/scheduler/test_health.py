@@ -56,7 +56,8 @@ def test_the_scheduler_is_ready_once_its_informers_listed_and_healthy_while_its_
     status, _, body = get(server.address, "/readyz")  # type: ignore[arg-type]
     assert status == 503  # the operator reads what is still being listed
     assert orjson.loads(body)["status"] == (
-        "syncing persistentvolumeclaims, persistentvolumes, services, replicationcontrollers, replicasets, statefulsets"
+        "syncing persistentvolumeclaims, persistentvolumes, services, replicationcontrollers, replicasets, "
+        "statefulsets, podgroups"
     )
     custom.mirror.on_claims("SYNC", [])
     custom.mirror.on_volumes("SYNC", [])
@@ -64,6 +65,8 @@ def test_the_scheduler_is_ready_once_its_informers_listed_and_healthy_while_its_
     for owner in custom.mirror.owners_synced:
         assert get(server.address, "/readyz")[0] == 503  # type: ignore[arg-type]
         custom.mirror.on_owners(owner, "SYNC", [])
+    assert get(server.address, "/readyz")[0] == 503  # type: ignore[arg-type]
+    custom.mirror.on_podgroups("SYNC", [])  # gangs: a member is never tried before its PodGroup is known
     assert get(server.address, "/readyz")[0] == 200  # type: ignore[arg-type]
     assert get(server.address, "/healthz")[0] == 200  # type: ignore[arg-type]
     custom.mirror.heartbeat -= 60  # the loop applying informer events has not beaten for a minute

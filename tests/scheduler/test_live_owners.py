@@ -31,6 +31,7 @@ def start(profile: Any = None) -> CustomScheduler:
     nodes = [node_manifest(n, labels={HOST: n, ZONE: f"zone-{n[0]}"}, cpu="8", memory="32Gi") for n in NODES]
     svc.mirror.on_nodes("SYNC", nodes)
     svc.mirror.on_budgets("SYNC", [])  # no PodDisruptionBudget: readiness waits only for what each test leaves out
+    svc.mirror.on_podgroups("SYNC", [])
     return svc
 
 

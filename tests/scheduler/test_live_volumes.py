@@ -32,6 +32,7 @@ def service() -> CustomScheduler:
     for kind in OWNER_PATHS:  # no Service, ReplicaSet, ...: readiness waits only for what each test leaves out
         svc.mirror.on_owners(kind, "SYNC", [])
     svc.mirror.on_budgets("SYNC", [])
+    svc.mirror.on_podgroups("SYNC", [])
     return svc
 
 
@@ -226,4 +227,5 @@ def test_the_extender_leaves_volumes_to_kube_scheduler() -> None:
     assert not server.mirror.watch_volumes and not engine.track_volumes
     server.mirror.on_nodes("SYNC", [node_manifest("n1")])
     server.mirror.on_pods("SYNC", [])
+    server.mirror.on_podgroups("SYNC", [])  # the gangs it answers for
     assert server.mirror.ready()

@@ -1,0 +1,362 @@
+"""The custom scheduler with PodGroups, as the owner of a training job sees it: members held until the gang is
+whole, then bound together; the PodGroup's status and Events; a malformed PodGroup refused to its own members only;
+a gang that waits too long giving its places back; a cluster without the CRD still scheduling Kueue's gangs.
+
+As in test_service_guards.py the scheduler runs without a cluster: informer events are handed to its mirror and the
+writer records what it would have written. The same stories on a real API server, with Kueue's labels (the 1.20.2
+server built here cannot store a custom resource), are tests/integration/test_gangs.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.testing import node_manifest, pod_manifest
+from kubegpu.core.text import MAX_TEXT_CHARS
+from kubegpu.kube.client import ApiError
+from kubegpu.plugins.nvidia import scheduler as nvidia
+from kubegpu.scheduler import custom as custom_module
+from kubegpu.scheduler.custom import CustomScheduler
+from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.gangstatus import Counts, phase
+from kubegpu.scheduler.health import answer_health
+from kubegpu.scheduler.mirror import OWNER_PATHS
+
+from .test_service_guards import KEY, RecordingWriter
+
+GPU = "nvidia.com/gpu"
+RACK = "example.com/rack"
+P5 = {"node.kubernetes.io/instance-type": "p5.48xlarge", "nvidia.com/gpu.count": "8"}
+
+
+def node(name: str, rack: str) -> dict[str, Any]:
+    return node_manifest(name, labels={**P5, RACK: rack}, allocatable={GPU: 8})
+
+
+@pytest.fixture
+def service() -> CustomScheduler:
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), signing_key=KEY)
+    engine.set_topology([RACK])
+    svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
+    svc.mirror.on_nodes("SYNC", [node(f"{rack}-n{i}", rack) for rack in ("r1", "r2") for i in range(2)])
+    svc.mirror.on_pods("SYNC", [])
+    svc.mirror.on_budgets("SYNC", [])
+    svc.mirror.on_claims("SYNC", [])
+    svc.mirror.on_volumes("SYNC", [])
+    for kind in OWNER_PATHS:
+        svc.mirror.on_owners(kind, "SYNC", [])
+    return svc
+
+
+def writer(service: CustomScheduler) -> RecordingWriter:
+    return service.binder.writer  # type: ignore[return-value]
+
+
+def podgroup(name: str, min_member: Any, timeout: int | None = None, uid: str = "pg-uid") -> dict[str, Any]:
+    spec: dict[str, Any] = {"minMember": min_member}
+    if timeout is not None:
+        spec["scheduleTimeoutSeconds"] = timeout
+    meta = {"name": name, "namespace": "ml", "uid": uid, "resourceVersion": "1"}
+    annotations = {"kueue.x-k8s.io/podset-required-topology": RACK}
+    return {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {**meta,
+            "annotations": annotations}, "spec": spec}  # fmt: skip
+
+
+def member(name: str, group: str, gpus: int = 8, **labels: str) -> dict[str, Any]:
+    manifest = pod_manifest(name, {"main": {GPU: gpus}}, namespace="ml", scheduler_name="kubegpu")
+    manifest["metadata"].update(uid=f"uid-{name}", resourceVersion="1")
+    manifest["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": group, **labels} if group else labels
+    return manifest
+
+
+def cycle(service: CustomScheduler) -> None:
+    """One turn of the loop: the gangs' tick, the active pods, the binding results."""
+    service._next_gang_tick = 0.0
+    service.tend_gangs()
+    service.queue.promote()
+    service.schedule_active(100)
+    while not service.mirror.events.empty():
+        service.mirror.handle(service.mirror.events.get_nowait())
+
+
+def bound_as_the_api_server_reports(service: CustomScheduler, name: str) -> None:
+    """The pod informer's report of a Binding the writer recorded (its node and annotations copied onto the pod)."""
+    binding = next(b for _, p, b in writer(service).writes if p.endswith(f"/pods/{name}/binding"))
+    obj = member(name, "train")
+    obj["metadata"]["annotations"] = binding["metadata"].get("annotations", {})
+    obj["metadata"]["resourceVersion"] = "2"
+    obj["spec"]["nodeName"] = binding["target"]["name"]
+    service.mirror.on_pods("MODIFIED", obj)
+
+
+def status_patches(service: CustomScheduler, name: str) -> list[dict[str, Any]]:
+    path = f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ml/podgroups/{name}/status"
+    return [b["status"] for m, p, b in writer(service).writes if m == "PATCH" and p == path]
+
+
+def test_members_wait_at_permit_until_the_podgroup_is_whole_then_bind_in_one_rack_and_the_status_says_so(
+    service: CustomScheduler,
+) -> None:
+    service.mirror.on_podgroups("SYNC", [podgroup("train", 3)])
+    for name in ("train-0", "train-1"):
+        service.mirror.on_pods("ADDED", member(name, "train", 4))
+    cycle(service)
+    assert writer(service).bindings() == [], "no member is bound before minMember have places"
+    waiting = writer(service).events("WaitingForGang")
+    assert {e["involvedObject"]["name"] for e in waiting} == {"train-0", "train-1"}
+    assert "2 of minMember 3 members hold places" in waiting[0]["message"]
+    assert "(up to 60s)" in waiting[0]["message"]
+
+    service.mirror.on_pods("ADDED", member("train-2", "train", 4))
+    cycle(service)
+    assert sorted(writer(service).bindings()) == ["train-0", "train-1", "train-2"]
+    racks = {service.engine.placement(f"ml/train-{i}").node.split("-")[0] for i in range(3)}  # type: ignore[union-attr]
+    assert len(racks) == 1, racks
+
+    for name in ("train-0", "train-1", "train-2"):
+        bound_as_the_api_server_reports(service, name)
+    cycle(service)
+    last = status_patches(service, "train")[-1]
+    assert last["phase"] == "Scheduled" and last["scheduled"] == 3 and last["running"] == 0, last
+    assert "scheduleStartTime" in last
+    (placed,) = writer(service).events("Scheduled")
+    assert placed["involvedObject"] == {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "name": "train",
+        "namespace": "ml",
+        "uid": "pg-uid",
+    }
+    assert placed["type"] == "Normal" and placed["metadata"]["namespace"] == "ml"
+    writes = len(writer(service).writes)
+    cycle(service)
+    assert len(writer(service).writes) == writes, "an unchanged status is not written again"
+
+
+def test_a_malformed_podgroup_refuses_its_own_members_only_with_the_field_named(service: CustomScheduler) -> None:
+    service.mirror.on_podgroups("SYNC", [podgroup("broken", -3), podgroup("fine", 1, uid="fine-uid")])
+    service.mirror.on_pods("ADDED", member("broken-0", "broken", 1))
+    service.mirror.on_pods("ADDED", member("fine-0", "fine", 1))
+    service.mirror.on_pods("ADDED", member("plain", "", 1))
+    cycle(service)
+    assert sorted(writer(service).bindings()) == ["fine-0", "plain"]
+    (refused,) = writer(service).events("FailedScheduling")
+    assert refused["involvedObject"]["name"] == "broken-0"
+    assert "PodGroup ml/broken cannot be read: PodGroup.spec.minMember: -3 is out of range" in refused["message"]
+
+    service.mirror.on_podgroups("MODIFIED", podgroup("broken", 1))  # its owner fixes it: the member is woken
+    waiting = service.queue.backoff.remove("ml/broken-0")
+    assert waiting is not None, "woken by its PodGroup's change"
+    waiting.ready_at = 0.0  # its backoff passed
+    service.queue.backoff.push(waiting)
+    cycle(service)
+    assert "broken-0" in writer(service).bindings()
+
+
+def test_a_tenants_oversized_podgroup_is_reported_bounded(service: CustomScheduler) -> None:
+    service.mirror.on_podgroups("SYNC", [podgroup("huge", "\x1b[2J" + "9" * 200_000)])
+    service.mirror.on_pods("ADDED", member("huge-0", "huge", 1))
+    cycle(service)
+    (refused,) = writer(service).events("FailedScheduling")
+    assert len(refused["message"]) <= MAX_TEXT_CHARS and "\x1b" not in refused["message"]
+
+
+def test_a_gang_waiting_past_its_timeout_gives_its_places_back_and_says_so(
+    service: CustomScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service.mirror.on_podgroups("SYNC", [podgroup("slow", 4, timeout=5)])
+    for i in range(3):
+        service.mirror.on_pods("ADDED", member(f"slow-{i}", "slow", 4))
+    cycle(service)
+    assert all(service.engine.placement(f"ml/slow-{i}") is not None for i in range(3)), "held at Permit"
+    later = time.monotonic() + 6
+    monkeypatch.setattr(custom_module.time, "monotonic", lambda: later)  # the scheduler's clock, 6 s on
+    cycle(service)
+    assert all(service.engine.placement(f"ml/slow-{i}") is None for i in range(3)), "places given back"
+    timed_out = [e for e in writer(service).events("FailedScheduling") if "timed out" in e["message"]]
+    assert {e["involvedObject"]["name"] for e in timed_out} == {"slow", "slow-0", "slow-1", "slow-2"}
+    assert "timed out after 5s waiting at Permit: 3 of minMember 4 members held places" in timed_out[0]["message"]
+    assert {e["involvedObject"]["kind"] for e in timed_out} == {"Pod", "PodGroup"}, "the PodGroup is told too"
+    assert writer(service).bindings() == []
+
+
+def test_a_second_gang_holds_nothing_while_the_first_is_partly_held(service: CustomScheduler) -> None:
+    service.mirror.on_podgroups("SYNC", [podgroup("blue", 2), podgroup("green", 2, uid="g")])
+    service.mirror.on_pods("ADDED", member("blue-0", "blue"))
+    cycle(service)
+    service.mirror.on_pods("ADDED", member("green-0", "green"))
+    cycle(service)
+    assert service.engine.placement("ml/blue-0") is not None
+    assert service.engine.placement("ml/green-0") is None, "two gangs never both hold part"
+    refused = {e["involvedObject"]["name"]: e["message"] for e in writer(service).events("FailedScheduling")}
+    assert set(refused) == {"green-0", "green"}, "the member and its PodGroup are told"
+    assert "gang ml/blue is partly held" in refused["green-0"]
+
+
+def test_a_gang_that_fits_in_no_rack_holds_nothing_and_every_member_is_told_why(service: CustomScheduler) -> None:
+    service.mirror.on_podgroups("SYNC", [podgroup("big", 3)])
+    for i in range(3):
+        service.mirror.on_pods("ADDED", member(f"big-{i}", "big"))
+    cycle(service)
+    assert writer(service).bindings() == []
+    assert all(service.engine.placement(f"ml/big-{i}") is None for i in range(3))
+    refused = writer(service).events("FailedScheduling")
+    assert {e["involvedObject"]["name"] for e in refused if e["involvedObject"]["kind"] == "Pod"} == {
+        "big-0",
+        "big-1",
+        "big-2",
+    }
+    assert "gang ml/big: 3 members need 8 nvidia.com/gpu each" in refused[0]["message"]
+
+
+class NoCrd:
+    """Stands in for `KubeClient` on a server without the PodGroup CRD: discovery of its group answers 404."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def get(self, path: str, **_params: Any) -> Any:
+        self.asked += 1
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+
+def test_without_the_crd_readyz_names_podgroups_the_log_says_so_once_and_kueue_gangs_still_bind(
+    service: CustomScheduler, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubegpu.scheduler import mirror as mirror_module
+
+    monkeypatch.setattr(mirror_module, "PODGROUP_RECHECK", 0.01)
+    client = NoCrd()
+    service.mirror.client = client  # type: ignore[assignment]
+    thread = threading.Thread(target=service.mirror.watch_podgroup_versions, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while client.asked < 3 or service.mirror.events.empty():
+        assert time.monotonic() < deadline, "discovery asked again"
+        time.sleep(0.01)
+    service.stop.set()
+    thread.join(5)
+    cycle(service)
+    status, body = answer_health("/readyz", service.mirror, service.metrics)  # type: ignore[misc]
+    assert status == 200
+    assert body["missing"] == ["the API server serves no version of podgroups that kubegpu reads"]
+    assert caplog.text.count("the API server serves no PodGroups") == 1
+
+    for i in range(2):
+        pod = member(f"k-{i}", "", 8, **{"kueue.x-k8s.io/pod-group-name": "k"})
+        pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] = "2"
+        service.mirror.on_pods("ADDED", pod)
+    cycle(service)
+    assert sorted(writer(service).bindings()) == ["k-0", "k-1"]
+
+
+class Forbidden(NoCrd):
+    """A server that serves PodGroups to a scheduler whose role predates gangs: listing them answers 403."""
+
+    def get(self, path: str, **_params: Any) -> Any:
+        self.asked += 1
+        if path == "/apis/scheduling.x-k8s.io":
+            version = {"groupVersion": "scheduling.x-k8s.io/v1alpha1", "version": "v1alpha1"}
+            return {"kind": "APIGroup", "name": "scheduling.x-k8s.io", "versions": [version]}
+        raise ApiError(403, "Forbidden", 'podgroups.scheduling.x-k8s.io is forbidden: User "x" cannot list')
+
+
+def test_a_role_that_may_not_list_podgroups_leaves_the_scheduler_ready_and_says_so(
+    service: CustomScheduler, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = Forbidden()
+    service.mirror.client = client  # type: ignore[assignment]
+    thread = threading.Thread(target=service.mirror.watch_podgroup_versions, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while service.mirror.events.empty():
+        assert time.monotonic() < deadline, "the PodGroups given up for now"
+        time.sleep(0.01)
+    service.stop.set()
+    thread.join(5)
+    cycle(service)
+    status, body = answer_health("/readyz", service.mirror, service.metrics)  # type: ignore[misc]
+    assert status == 200 and body["apis"]["podgroups"] is None
+    assert "this scheduler may not list PodGroups (403 Forbidden)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("counts", "expected"),
+    [
+        (Counts(members=2), "Pending"),
+        (Counts(members=3), "PreScheduling"),
+        (Counts(members=3, scheduled=1), "Scheduling"),
+        (Counts(members=3, scheduled=3), "Scheduled"),
+        (Counts(members=3, scheduled=3, running=3), "Running"),
+        (Counts(members=3, scheduled=3, running=2, succeeded=1), "Running"),
+        (Counts(members=3, scheduled=3, succeeded=3), "Finished"),
+        (Counts(members=3, scheduled=3, running=2, failed=1), "Failed"),
+        (Counts(members=4, scheduled=4, running=3, failed=1), "Running"),
+    ],
+    ids=[
+        "too-few",
+        "enough",
+        "one-bound",
+        "bound",
+        "running",
+        "running-and-done",
+        "finished",
+        "failed",
+        "spare-failed",
+    ],
+)
+def test_the_phase_of_a_gang_of_min_member_3_follows_its_members(counts: Counts, expected: str) -> None:
+    assert phase(3, counts) == expected
+
+
+# -- the extender: kube-scheduler binds members one by one; kubegpu answers every member alike --------------------
+
+
+def extender_with_racks() -> Any:
+    from kubegpu.scheduler.extender import ExtenderServer
+
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), signing_key=KEY)
+    engine.set_topology([RACK])
+    extender = ExtenderServer(engine, None, None)  # type: ignore[arg-type]
+    extender.mirror.on_nodes("SYNC", [node(f"{rack}-n{i}", rack) for rack in ("r1", "r2") for i in range(2)])
+    extender.mirror.on_podgroups("SYNC", [podgroup("train", 2), podgroup("big", 3, uid="b")])
+    return extender
+
+
+def filtered(extender: Any, pod: dict[str, Any]) -> dict[str, Any]:
+    import orjson
+
+    names = ["r1-n0", "r1-n1", "r2-n0", "r2-n1"]
+    answer: dict[str, Any] = extender.filter(orjson.dumps({"Pod": pod, "NodeNames": names}))
+    return answer
+
+
+def test_the_extender_passes_no_member_before_the_gang_exists_then_only_the_nodes_of_its_one_rack() -> None:
+    extender = extender_with_racks()
+    first = member("train-0", "train")
+    extender.mirror.on_pods("ADDED", first)
+    answer = filtered(extender, first)
+    assert answer["NodeNames"] == []
+    assert "1 of minMember 2 members exist" in answer["FailedNodes"]["r1-n0"]
+
+    second = member("train-1", "train")
+    extender.mirror.on_pods("ADDED", second)
+    answers = [filtered(extender, pod)["NodeNames"] for pod in (first, second)]
+    assert answers[0] == answers[1] and len(answers[0]) == 2, answers
+    assert len({name.split("-")[0] for name in answers[0]}) == 1, "one rack"
+    assert extender.engine.placement("ml/train-0") is None, "a filter holds nothing"
+
+
+def test_the_extender_refuses_every_node_to_a_gang_that_fits_in_no_rack() -> None:
+    extender = extender_with_racks()
+    pods = [member(f"big-{i}", "big") for i in range(3)]
+    for pod in pods:
+        extender.mirror.on_pods("ADDED", pod)
+    answer = filtered(extender, pods[0])
+    assert answer["NodeNames"] == []
+    assert "gang ml/big: 3 members need 8 nvidia.com/gpu each" in answer["FailedNodes"]["r2-n1"]
