@@ -6,7 +6,8 @@ capacity with copies of randomly drawn trace pods, each pod scheduled at once or
 The figure is the share of GPU capacity allocated when the arrived pods have asked for 100 % of it (the mean over
 the pods whose arrived share rounds to 100 %).
 
-Pods and nodes go through the real engine as `kubegpu simulate` would take them, as manifests:
+Pods and nodes go through the real engine as `kubegpu simulate --trace-nodes ... --trace-pods ...` takes them
+(`kubegpu.scheduler.traces` reads the CSV files and writes the manifests):
 
 * nodes advertise as HAMi's device plugin does: `nvidia.com/gpu` = GPUs x 10 (HAMi's default split count),
   `nvidia.com/gpucores` and `nvidia.com/gpumem-percentage` = 100 x GPUs, GFD's `nvidia.com/gpu.count` and
@@ -27,12 +28,9 @@ prints where capacity is lost: the allocation curve, idle GPU capacity by node c
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import random
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 from kubegpu.core.manifests import node_info, pod_request
@@ -40,98 +38,29 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.traces import (
+    TraceNode,
+    TracePod,
+    experiment_order,
+    node_document,
+    pod_document,
+    read_nodes,
+    read_pods,
+)
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
 PAPER = {"fgd": 95.2, "bestfit": 92.9, "gpupacking": 91.8, "random": 86.3}
-SPLIT = 10
 INFLATION = 1.3
 BREAKDOWN = bool(os.environ.get("KUBEGPU_BENCH_BREAKDOWN"))  # where capacity is lost, printed per replay
 
 
-@dataclass(frozen=True)
-class TraceNode:
-    name: str
-    cpu_milli: int
-    memory_mib: int
-    gpus: int
-    model: str
-
-
-@dataclass(frozen=True)
-class TracePod:
-    name: str
-    cpu_milli: int
-    memory_mib: int
-    gpus: int
-    milli: int  # thousandths of each GPU
-    models: tuple[str, ...]
-
-    @property
-    def gpu_milli(self) -> int:
-        return self.gpus * self.milli
-
-
 def read_trace(folder: Path) -> tuple[list[TraceNode], list[TracePod]]:
-    with (folder / "openb_node_list_gpu_node.csv").open() as f:
-        nodes = [
-            TraceNode(r["sn"], int(r["cpu_milli"]), int(r["memory_mib"]), int(r["gpu"]), r["model"])
-            for r in csv.DictReader(f)
-        ]
-    with (folder / "openb_pod_list_default.csv").open() as f:
-        pods = [
-            TracePod(
-                r["name"],
-                int(r["cpu_milli"]),
-                int(r["memory_mib"]),
-                int(r["num_gpu"]),
-                int(r["gpu_milli"]) if int(r["num_gpu"]) else 0,
-                tuple(m for m in r["gpu_spec"].split("|") if m),
-            )
-            for r in csv.DictReader(f)
-        ]
-    return nodes, pods
-
-
-def node_document(node: TraceNode, *, share: bool) -> dict[str, object]:
-    allocatable = {"cpu": f"{node.cpu_milli}m", "memory": f"{node.memory_mib}Mi", "pods": "1000"}
-    labels = {"nvidia.com/gpu.product": node.model}
-    if node.gpus:
-        labels["nvidia.com/gpu.count"] = str(node.gpus)
-        allocatable[nvidia.RESOURCE] = str(node.gpus * (SPLIT if share else 1))
-        if share:
-            allocatable["nvidia.com/gpucores"] = str(100 * node.gpus)
-            allocatable["nvidia.com/gpumem-percentage"] = str(100 * node.gpus)
-    return {"kind": "Node", "metadata": {"name": node.name, "labels": labels}, "status": {"allocatable": allocatable}}
-
-
-def pod_document(pod: TracePod, name: str, *, share: bool) -> dict[str, object]:
-    limits = {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"}
-    if pod.gpus:
-        limits[nvidia.RESOURCE] = str(pod.gpus)
-        if share and pod.gpus == 1 and pod.milli < 1000:
-            percent = str(pod.milli // 10)
-            limits["nvidia.com/gpucores"] = percent
-            limits["nvidia.com/gpumem-percentage"] = percent
-    spec: dict[str, object] = {"containers": [{"name": "main", "resources": {"limits": limits, "requests": limits}}]}
-    if pod.models:
-        term = {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": list(pod.models)}]}
-        spec["affinity"] = {
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
-        }
-    return {"kind": "Pod", "metadata": {"name": name, "namespace": "openb"}, "spec": spec}
+    return read_nodes(folder / "openb_node_list_gpu_node.csv"), read_pods(folder / "openb_pod_list_default.csv")
 
 
 def arrivals(pods: list[TracePod], capacity: int, seed: int) -> list[TracePod]:
     """The trace in the seed's order, inflated with random copies to 130 % of the GPU capacity."""
-    rng = random.Random(seed)
-    order = list(pods)
-    rng.shuffle(order)
-    asked = sum(p.gpu_milli for p in order)
-    while asked < INFLATION * capacity:
-        pod = rng.choice(pods)
-        order.append(pod)
-        asked += pod.gpu_milli
-    return order
+    return experiment_order(pods, capacity, INFLATION, seed)
 
 
 def replay(

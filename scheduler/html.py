@@ -7,7 +7,9 @@ a cube whose faces carry the quads' diagonals, an NVSwitch machine as GPUs aroun
 Every device is one `rect.dev` shape, coloured by its holder (the node's holder colours, see `report.py`); a partly
 held device fills to its used fraction. Hovering a device names it, its state and its holders (a tooltip fed from
 the shape's `data-tip`). Tables list the pending pods with their reasons and the utilisation and stranded devices
-of each family; a filter box narrows the nodes by node or pod name.
+of each family; a filter box narrows the nodes by node or pod name. After a trace replay (`kubegpu simulate
+--trace-nodes ... --trace-pods ...`) an SVG chart draws the allocation curve: GPU capacity allocated against GPU
+capacity asked for, with the allocation at 100 % asked.
 
 Everything that comes from a manifest or the cluster (node, pod and device names, reasons, labels, plugin names) is
 HTML-escaped, attributes included, so a hostile name renders as text. Pictures of the same shape share their link
@@ -301,6 +303,10 @@ svg.map text{font-size:11px;text-anchor:middle;pointer-events:none;fill:#1f2933}
 .lvl,.bad{pointer-events:none}.bad{stroke:var(--bad);stroke-width:2}
 .link{stroke:var(--line);stroke-width:2;fill:none}.wrap{stroke:var(--line);stroke-width:1.5;fill:none;
 stroke-dasharray:4 3}.switch{fill:#52606d}svg.map text.sw{fill:#fff;font-size:9px}
+svg.chart text{font-size:11px;fill:#616e7c}svg.chart .ytick{text-anchor:end}svg.chart .xtick,
+svg.chart .xlabel{text-anchor:middle}svg.chart .ylabel{text-anchor:middle}.grid{stroke:#eef0f2}.axis{stroke:#9aa5b1;
+fill:none}.ideal{stroke:#9aa5b1;stroke-dasharray:5 4;fill:none}.full{stroke:#cbd2d9;stroke-dasharray:2 3}
+.alloc{stroke:#3e7bd6;stroke-width:2;fill:none}.at-full{fill:#c62828}.headline{font-weight:600;margin:4px 0}
 #tip{position:fixed;z-index:10;max-width:420px;background:#1f2933;color:#fff;padding:5px 8px;border-radius:5px;
 font-size:12px;pointer-events:none;overflow-wrap:anywhere}
 """
@@ -356,6 +362,60 @@ def _gangs(report: Report, quote: Callable[[str], str]) -> str:
     return f'<section id="gangs"><h2>Gangs by {level}</h2>{table}</section>'
 
 
+CHART_WIDTH, CHART_HEIGHT = 600, 320
+_PLOT = (52.0, 16.0, 580.0, 284.0)  # left, top, right, bottom of the plotting area
+
+
+def _curve(report: Report, quote: Callable[[str], str]) -> str:
+    """A trace replay's allocation curve as an inline SVG chart: allocated share (y) against arrived share (x), the
+    line where every pod would be placed dashed, the arrived 100 % mark with the allocation there."""
+    curve = report.curve
+    if curve is None or not curve.points:
+        return ""
+    left, top, right, bottom = _PLOT
+    x_max = max(100, curve.points[-1][0])
+    x_max = -(-x_max // 10) * 10
+
+    def x(value: float) -> float:
+        return left + (right - left) * value / x_max
+
+    def y(value: float) -> float:
+        return bottom - (bottom - top) * min(value, 100.0) / 100
+
+    grid = []
+    for value in range(0, 101, 20):
+        grid.append(f'<path class="grid" d="M{left:.0f} {y(value):.1f}H{right:.0f}"/>')
+        grid.append(f'<text class="ytick" x="{left - 6:.0f}" y="{y(value) + 4:.1f}">{value}%</text>')
+    step = 10 if x_max <= 150 else 20 if x_max <= 300 else 50 if x_max <= 1000 else 100
+    for value in range(0, x_max + 1, step):
+        grid.append(f'<text class="xtick" x="{x(value):.1f}" y="{bottom + 16:.0f}">{value}%</text>')
+    line = " ".join(f"{x(a):.1f},{y(v):.1f}" for a, v in curve.points)
+    ideal = f"M{x(0):.1f} {y(0):.1f}L{x(100):.1f} {y(100):.1f}H{x(x_max):.1f}"
+    full = ""
+    headline = "the pods never asked for all of the GPU capacity"
+    if curve.at_full is not None:
+        headline = f"{curve.at_full:.1f}% of the GPU capacity allocated when the pods have asked for 100%"
+        full = (
+            f'<path class="full" d="M{x(100):.1f} {top:.0f}V{bottom:.0f}"/>'
+            f'<circle class="at-full" cx="{x(100):.1f}" cy="{y(curve.at_full):.1f}" r="4">'
+            f"<title>{curve.at_full:.1f}% allocated at 100% arrived</title></circle>"
+        )
+    return (
+        f'<section id="curve"><h2>Allocation curve</h2><p class="src">{quote(curve.caption)}</p>'
+        f'<p class="headline">{headline}</p>'
+        f'<svg class="chart" width="{CHART_WIDTH}" height="{CHART_HEIGHT}" viewBox="0 0 {CHART_WIDTH} {CHART_HEIGHT}" '
+        f'role="img" aria-label="GPU capacity allocated against GPU capacity asked for">'
+        + "".join(grid)
+        + f'<path class="axis" d="M{left:.0f} {top:.0f}V{bottom:.0f}H{right:.0f}"/>'
+        f'<path class="ideal" d="{ideal}"><title>every pod placed</title></path>{full}'
+        f'<polyline class="alloc" points="{line}" data-points="{len(curve.points)}"/>'
+        f'<text class="xlabel" x="{(left + right) / 2:.0f}" y="{CHART_HEIGHT - 4}">GPU capacity asked for by the '
+        "pods arrived</text>"
+        f'<text class="ylabel" transform="translate(12 {(top + bottom) / 2:.0f}) rotate(-90)">allocated</text>'
+        "</svg></section>"
+    )
+
+
 def render_html(report: Report, *, generated: float | None = None) -> str:
     """The whole page for `report`."""
     quote = _quoter()
@@ -379,6 +439,7 @@ def render_html(report: Report, *, generated: float | None = None) -> str:
         f'<p class="src">{quote(report.source)} · {stamp}</p><div class="stats">',
         "".join(f'<div class="stat"><b>{v}</b>{k}</div>' for k, v in stats),
         "</div></header><main>",
+        _curve(report, quote),
         f'<section id="families"><h2>Devices per family</h2>{_families(report, quote)}</section>',
         f'<section id="pending"><h2>Pending pods ({len(report.pending)})</h2>{_pending(report, quote)}</section>',
         _gangs(report, quote),

@@ -30,6 +30,7 @@ from kubegpu.scheduler.engine import Engine
 
 __all__ = [
     "CellState",
+    "CurveView",
     "FamilyUsage",
     "NodeView",
     "PendingPod",
@@ -106,6 +107,16 @@ class DomainView:
 
 
 @dataclass(frozen=True, slots=True)
+class CurveView:
+    """An allocation curve to draw (`kubegpu simulate --trace-...`): (arrived %, allocated %) points ascending, the
+    allocated share at arrived 100 % (None when the pods never asked that much) and what the replay was."""
+
+    points: tuple[tuple[int, float], ...]
+    at_full: float | None
+    caption: str
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """A snapshot to draw. `unverified` maps pods whose allocation is shown but could not be checked (or did not
     verify and is therefore not shown) to the reason; `counts` are the front-end's own tallies (scheduled, deleted);
@@ -123,6 +134,7 @@ class Report:
     verified: bool = True
     domains: tuple[DomainView, ...] = ()  # the narrowest level's domains that hold gangs
     unplaced_gangs: tuple[PendingPod, ...] = ()  # gangs none of whose members holds a place, with why
+    curve: CurveView | None = None  # a trace replay's allocation curve
 
     @property
     def devices(self) -> int:
@@ -203,6 +215,7 @@ def build_report(
     verified: bool = True,
     domains: Iterable[DomainView] = (),
     unplaced_gangs: Iterable[PendingPod] = (),
+    curve: CurveView | None = None,
 ) -> Report:
     """Snapshot `engine`: every node that has devices (or just node `only`), sorted by name, and the family totals
     over those nodes."""
@@ -238,6 +251,7 @@ def build_report(
         verified=verified,
         domains=tuple(domains),
         unplaced_gangs=tuple(unplaced_gangs),
+        curve=curve,
     )
 
 
@@ -326,9 +340,11 @@ def gang_domains(
     return views, tuple(PendingPod(gang, reason) for gang, reason in sorted(unplaced.items()) if gang not in placed)
 
 
-def simulation_report(engine: Engine, events: Iterable[Mapping[str, Any]], files: Iterable[str]) -> Report:
+def simulation_report(
+    engine: Engine, events: Iterable[Mapping[str, Any]], files: Iterable[str], curve: CurveView | None = None
+) -> Report:
     """The report after a simulation: `events` are the simulator's per-document events, in order (a pod's last
-    event decides whether it is still pending)."""
+    event decides whether it is still pending); `curve` a trace replay's allocation curve."""
     events = list(events)
     last: dict[str, Mapping[str, Any]] = {}
     counts: Counter[str] = Counter()
@@ -352,4 +368,5 @@ def simulation_report(engine: Engine, events: Iterable[Mapping[str, Any]], files
         counts={kind: counts[kind] for kind in ("scheduled", "unschedulable", "gated", "deleted")},
         domains=domains,
         unplaced_gangs=unplaced,
+        curve=curve,
     )

@@ -70,7 +70,7 @@ from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.status import Code
 from kubegpu.core.text import safe_text
-from kubegpu.scheduler import objects, podgroups
+from kubegpu.scheduler import objects, podgroups, traces
 from kubegpu.scheduler.config import ConfigError, Policy, load_config
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine, PermitCode
 from kubegpu.scheduler.gates import gated_reason
@@ -681,13 +681,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
 
-def _run(args: argparse.Namespace) -> int:
-    found: list[tuple[str, str, dict[str, Any]]] = []
-    try:
-        nodes, pods = load_documents([Path(f) for f in args.files], found)
-    except SimulationError as exc:
-        print(f"kubegpu simulate: invalid input: {safe_text(str(exc))}", file=sys.stderr)  # names from the file
-        return 2
+def _engine(args: argparse.Namespace) -> Engine | None:
+    """The engine the arguments ask for (`--policy`, `--config`); None after printing why the configuration is bad."""
     config = None
     policy: Policy = args.policy or "binpack"
     if args.config:
@@ -695,11 +690,137 @@ def _run(args: argparse.Namespace) -> int:
             config, policy = load_config(args.config, args.policy)
         except ConfigError as exc:
             print(f"kubegpu simulate: invalid --config: {exc}", file=sys.stderr)
-            return 2
+            return None
     plugins = make_plugin_manager("scheduler")
     for failure in plugins.failures:
         print(f"kubegpu simulate: warning: {failure}", file=sys.stderr)
-    engine = Engine(plugins, policy=policy, scoring=config.profile if config else None)
+    return Engine(plugins, policy=policy, scoring=config.profile if config else None)
+
+
+def _run_trace(args: argparse.Namespace) -> int:
+    """`--trace-nodes N --trace-pods P`: the trace replayed, its allocation curve printed (module docstring)."""
+    if not (args.trace_nodes and args.trace_pods) or args.files:
+        print(
+            "kubegpu simulate: a trace is two files, --trace-nodes NODES.csv and --trace-pods PODS.csv, and no "
+            "manifest FILE beside them",
+            file=sys.stderr,
+        )
+        return 2
+    mode: traces.Mode = "timeline" if args.timeline else "experiment"
+    try:
+        nodes = traces.read_nodes(Path(args.trace_nodes))
+        pods = traces.read_pods(Path(args.trace_pods), times=mode == "timeline")
+    except traces.TraceError as exc:
+        print(f"kubegpu simulate: invalid trace: {safe_text(str(exc))}", file=sys.stderr)
+        return 2
+    engine = _engine(args)
+    if engine is None:
+        return 2
+    latencies: list[float] = []
+    started = time.perf_counter()
+    try:
+        result = traces.replay(
+            engine, nodes, pods, mode, inflate=args.inflate, seed=args.seed, keep_events=bool(args.html),
+            latencies=latencies, clock=time.perf_counter,
+        )  # fmt: skip
+    except traces.TraceError as exc:
+        print(f"kubegpu simulate: invalid trace: {safe_text(str(exc))}", file=sys.stderr)
+        return 2
+    elapsed = time.perf_counter() - started
+    summary = result.summary()
+    caption = _trace_caption(args, result, engine)
+    if args.json:
+        sys.stdout.buffer.write(
+            orjson.dumps({"trace": {"nodes": args.trace_nodes, "pods": args.trace_pods}, **summary})
+        )
+        sys.stdout.buffer.write(b"\n")
+        sys.stdout.flush()
+    else:
+        _trace_report(result, caption, elapsed, sys.stdout)
+    if args.html:
+        from kubegpu.scheduler.html import write_html
+        from kubegpu.scheduler.report import CurveView, simulation_report
+
+        curve = CurveView(tuple(result.curve.points()), result.curve.at(100), caption)
+        write_html(simulation_report(engine, result.events, [args.trace_nodes, args.trace_pods], curve), args.html)
+    if args.stats:
+        _print_stats(len(nodes), result.pods, elapsed, latencies)
+    return 0
+
+
+def _trace_caption(args: argparse.Namespace, result: traces.ReplayResult, engine: Engine) -> str:
+    what = (
+        "timeline (pods leave at their deletion time)"
+        if result.mode == "timeline"
+        else f"FGD experiment (seed {result.seed}, no departures, inflated to {100 * (result.inflate or 0):.0f}% of "
+        "the GPU capacity)"
+    )
+    return (
+        f"{Path(args.trace_pods).name} on {Path(args.trace_nodes).name}: {result.nodes} nodes, {result.gpus} GPUs; "
+        f"{what}; policy {engine.policy}"
+    )
+
+
+CURVE_STEP = 5  # percent of arrived share between two rows of the text curve
+
+
+def _trace_report(result: traces.ReplayResult, caption: str, elapsed: float, out: IO[str]) -> None:
+    write = out.write
+    write(f"kubegpu simulate: {safe_text(caption)}, {elapsed:.2f}s\n")
+    write(
+        f"  {result.pods} pods arrived, {result.scheduled} scheduled, {result.failed} failed"
+        + (f", {result.deleted} deleted" if result.mode == "timeline" else "")
+        + "\n\nALLOCATION CURVE (GPU capacity allocated against GPU capacity asked for by the pods arrived)\n"
+    )
+    write(f"  {'ARRIVED':>8} {'ALLOCATED':>10}\n")
+    for arrived, allocated in result.curve.points():
+        if arrived % CURVE_STEP == 0:
+            write(f"  {arrived:7d}% {allocated:9.1f}% {'#' * round(allocated / 2)}\n")
+    full = result.curve.at(100)
+    if full is None:
+        write("  the pods never asked for all of the GPU capacity\n")
+    else:
+        write(f"  allocated at arrived 100%: {full:.1f}%\n")
+    reasons = Counter(str(e.get("reason")) for e in result.events if e["event"] == "unschedulable")
+    if reasons:
+        write("  failed pods by reason:\n")
+        for reason, count in reasons.most_common(5):
+            write(f"    {count:6d}  {safe_text(reason)}\n")
+
+
+def _print_stats(nodes: int, pods: int, elapsed: float, latencies: list[float]) -> None:
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(
+        orjson.dumps(
+            {
+                "nodes": nodes,
+                "pod_documents": pods,
+                "seconds": round(elapsed, 4),
+                "pods_per_second": round(pods / elapsed, 1) if elapsed else None,
+                "p50_ms": round(_percentile(latencies, 0.50) * 1000, 4),
+                "p99_ms": round(_percentile(latencies, 0.99) * 1000, 4),
+                "peak_rss_mib": round(peak_kib / 1024, 1),
+            }
+        ).decode(),
+        file=sys.stderr,
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.trace_nodes or args.trace_pods:
+        return _run_trace(args)
+    if not args.files:
+        print("kubegpu simulate: give manifest FILEs, or a trace (--trace-nodes and --trace-pods)", file=sys.stderr)
+        return 2
+    found: list[tuple[str, str, dict[str, Any]]] = []
+    try:
+        nodes, pods = load_documents([Path(f) for f in args.files], found)
+    except SimulationError as exc:
+        print(f"kubegpu simulate: invalid input: {safe_text(str(exc))}", file=sys.stderr)  # names from the file
+        return 2
+    engine = _engine(args)
+    if engine is None:
+        return 2
     started = time.perf_counter()
     for info in nodes:
         engine.add_node(info)
@@ -736,21 +857,7 @@ def _run(args: argparse.Namespace) -> int:
 
         write_html(simulation_report(engine, events, args.files), args.html)
     if args.stats:
-        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        print(
-            orjson.dumps(
-                {
-                    "nodes": len(nodes),
-                    "pod_documents": len(pods),
-                    "seconds": round(elapsed, 4),
-                    "pods_per_second": round(len(pods) / elapsed, 1) if elapsed else None,
-                    "p50_ms": round(_percentile(latencies, 0.50) * 1000, 4),
-                    "p99_ms": round(_percentile(latencies, 0.99) * 1000, 4),
-                    "peak_rss_mib": round(peak_kib / 1024, 1),
-                }
-            ).decode(),
-            file=sys.stderr,
-        )
+        _print_stats(len(nodes), len(pods), elapsed, latencies)
     return 0
 
 
@@ -760,9 +867,32 @@ def add_simulate_parser(sub: Any) -> argparse.ArgumentParser:
         help="schedule Node and Pod manifests offline with the real engine and plugins",
         description="Schedule Node and Pod manifests offline with the same engine and plugins as the scheduler. "
         "Nodes are added first; pods are processed in document order; a pod with metadata.deletionTimestamp "
-        "deletes the earlier pod of that name.",
+        "deletes the earlier pod of that name. Or replay a GPU cluster trace in Alibaba's cluster-trace-gpu-v2023 "
+        "(openb) CSV format and print its allocation curve.",
     )
-    parser.add_argument("files", nargs="+", metavar="FILE", help="YAML (multi-document) or JSON / JSON lines")
+    parser.add_argument("files", nargs="*", metavar="FILE", help="YAML (multi-document) or JSON / JSON lines")
+    trace = parser.add_argument_group("trace replay (instead of FILEs)")
+    trace.add_argument(
+        "--trace-nodes", metavar="NODES.csv", help="the trace's node list (sn,cpu_milli,memory_mib,gpu,model)"
+    )
+    trace.add_argument(
+        "--trace-pods",
+        metavar="PODS.csv",
+        help="the trace's pod list (name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,creation_time,deletion_time)",
+    )
+    trace.add_argument(
+        "--timeline",
+        action="store_true",
+        help="create and delete each pod at its trace times (default: the FGD experiment)",
+    )
+    trace.add_argument(
+        "--inflate",
+        type=float,
+        default=1.3,
+        metavar="X",
+        help="the experiment: add copies of random trace pods until they ask for X x the GPU capacity (default 1.3)",
+    )
+    trace.add_argument("--seed", type=int, default=42, help="the experiment: the arrival order's seed (default 42)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per pod document")
     parser.add_argument("--policy", choices=POLICIES, help="node preference (default binpack)")
     parser.add_argument(

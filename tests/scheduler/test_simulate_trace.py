@@ -1,0 +1,298 @@
+"""`kubegpu simulate --trace-nodes NODES.csv --trace-pods PODS.csv`: replaying a GPU cluster trace in Alibaba's
+openb format, as the FGD paper's experiment or as a timeline, and reading its allocation curve in text, JSON and the
+HTML report. Every trace here is written by the test (the suite runs without ../shared)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubegpu.cli import main
+from kubegpu.scheduler import traces
+
+from .chromium import Chromium, ChromiumMissing
+from .test_html_report import elements
+
+NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"
+POD_HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
+)
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "build" / "html-report"
+
+
+def write_trace(
+    folder: Path, nodes: Iterable[str], pods: Iterable[str], *, node_header: str = NODE_HEADER
+) -> tuple[Path, Path]:
+    """Write a node list and a pod list (CSV rows without the header) into `folder`."""
+    node_path, pod_path = folder / "nodes.csv", folder / "pods.csv"
+    node_path.write_text("\n".join([node_header, *nodes]) + "\n")
+    pod_path.write_text("\n".join([POD_HEADER, *pods]) + "\n")
+    return node_path, pod_path
+
+
+def pod_row(name: str, gpus: int, milli: int, created: int = 0, deleted: int | str = "", spec: str = "") -> str:
+    return f"{name},1000,1024,{gpus},{milli},{spec},LS,Running,{created},{deleted},{created}"
+
+
+def four_nodes_of_two_gpus() -> list[str]:
+    return [f"n{i},32000,131072,2,V100M16" for i in range(4)]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["simulate", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def replay_json(capsys: pytest.CaptureFixture[str], nodes: Path, pods: Path, *argv: str) -> dict[str, Any]:
+    code, out, err = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods), "--json", *argv)
+    assert code == 0, err
+    document: dict[str, Any] = json.loads(out)
+    return document
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The experiment and the timeline
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_half_gpu_shares_fill_every_gpu_and_the_curve_reaches_100_percent_at_100_arrived(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Eight GPUs and pods asking half a GPU each: two share every GPU, so the sixteenth pod fills the cluster
+    # exactly when the pods have asked for all of it; the five copies that follow (to 130 %) find no room.
+    nodes, pods = write_trace(tmp_path, four_nodes_of_two_gpus(), [pod_row(f"half-{i}", 1, 500) for i in range(16)])
+    summary = replay_json(capsys, nodes, pods, "--inflate", "1.3", "--seed", "7")
+    assert (summary["mode"], summary["gpus"], summary["pods"]) == ("experiment", 8, 21)
+    assert (summary["scheduled"], summary["failed"], summary["deleted"]) == (16, 5, 0)
+    assert summary["allocatedAtFull"] == 100.0
+    curve = {point["arrived"]: point["allocated"] for point in summary["curve"]}
+    assert curve[50] == 50.0 and curve[100] == 100.0 and max(curve) == 131 and curve[131] == 100.0
+
+    code, out, err = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods))
+    assert code == 0, err
+    assert "ALLOCATION CURVE" in out and "allocated at arrived 100%: 100.0%" in out
+    assert "21 pods arrived, 16 scheduled, 5 failed" in out
+    assert "     50%      50.0% #########################" in out
+
+
+def test_the_experiment_inflates_to_the_target_share_in_the_seeds_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [pod_row(f"whole-{i}", 1, 1000) for i in range(3)] + [pod_row(f"quarter-{i}", 1, 250) for i in range(4)]
+    nodes, pods = write_trace(tmp_path, four_nodes_of_two_gpus(), rows)
+    first = replay_json(capsys, nodes, pods, "--inflate", "2", "--seed", "1")
+    again = replay_json(capsys, nodes, pods, "--inflate", "2", "--seed", "1")
+    other = replay_json(capsys, nodes, pods, "--inflate", "0.5", "--seed", "1")
+    assert first == again, "one seed, one replay"
+    assert max(p["arrived"] for p in first["curve"]) >= 200 > max(p["arrived"] for p in first["curve"]) - 13
+    assert other["pods"] == 7, "below the trace's own share nothing is copied"
+    assert first["scheduled"] <= 8 * 4 and first["curve"][-1]["allocated"] <= 100.0
+
+
+def test_the_timeline_deletes_each_pod_at_its_deletion_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # One GPU: the first pod holds it from 0 to 10; the second (at 5) finds it taken; the third, created at 10, the
+    # second the first leaves, gets it and leaves at 11; a cpu-only pod "deleted" before its creation leaves at once.
+    nodes, pods = write_trace(
+        tmp_path,
+        ["solo,32000,131072,1,T4"],
+        [
+            pod_row("first", 1, 1000, created=0, deleted=10),
+            pod_row("second", 1, 1000, created=5, deleted=20),
+            pod_row("third", 1, 1000, created=10, deleted=11),
+            pod_row("blink", 0, 0, created=12, deleted=3),
+        ],
+    )
+    summary = replay_json(capsys, nodes, pods, "--timeline")
+    assert (summary["mode"], summary["pods"], summary["scheduled"], summary["failed"]) == ("timeline", 4, 3, 1)
+    assert summary["deleted"] == 3
+    # Arrived 100 % (first), 200 % (second, failed), 300 % twice: the third (holding it) and the cpu-only pod,
+    # after the third has left (allocated 0): a mean of 50.
+    assert [(p["arrived"], p["allocated"]) for p in summary["curve"]] == [(100, 100.0), (200, 100.0), (300, 50.0)]
+    assert summary["allocatedAtFull"] == 100.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input: a clear error naming file:line and the column, nothing scheduled
+# ---------------------------------------------------------------------------------------------------------------
+
+GOOD_NODE = "n0,32000,131072,2,V100M16"
+
+
+@pytest.mark.parametrize(
+    ("node_rows", "pod_rows", "expected"),
+    [
+        ([GOOD_NODE, "n1,lots,131072,2,V100M16"], [], "nodes.csv:3: cpu_milli: 'lots' is not a whole number"),
+        ([GOOD_NODE, "n1,-5,131072,2,V100M16"], [], "nodes.csv:3: cpu_milli: '-5' is not a whole number"),
+        ([GOOD_NODE, "n1,32000,131072,5000,V100M16"], [], "nodes.csv:3: gpu: 5000 is outside 0..1024"),
+        ([GOOD_NODE, "n0,32000,131072,2,T4"], [], "nodes.csv:3: sn: node 'n0' is listed twice (first at"),
+        ([GOOD_NODE, "n1,32000"], [], "nodes.csv:3: 2 fields, the header names 5"),
+        ([GOOD_NODE, "\x1b[31mred,32000,131072,2,T4"], [], "nodes.csv:3: sn: '\\x1b[31mred' is not a name"),
+        ([GOOD_NODE, '"n1,32000,131072,2,T4'], [], "nodes.csv:3: not valid CSV"),
+        ([GOOD_NODE], [pod_row("p", 1, 1500)], "pods.csv:2: gpu_milli: 1500 is outside 0..1000"),
+        ([GOOD_NODE], [pod_row("p", 2, 500)], "pods.csv:2: gpu_milli: 500 for a pod asking 2 GPUs"),
+        ([GOOD_NODE], [pod_row("p", 1, 0)], "pods.csv:2: gpu_milli: 0 for a pod asking 1 GPU(s)"),
+        ([GOOD_NODE], [pod_row("p", 1, 500), pod_row("p", 1, 500)], "pods.csv:3: name: pod 'p' is listed twice"),
+        ([GOOD_NODE], [pod_row("p" * 300, 1, 500)], "pods.csv:2: name: 300 characters (at most 253)"),
+        (
+            [GOOD_NODE],
+            [pod_row("p", 1, 500, created=10**16)],
+            "pods.csv:2: creation_time: 10000000000000000 is outside",
+        ),
+    ],
+    ids=[
+        "word-for-number",
+        "negative",
+        "too-many-gpus",
+        "node-twice",
+        "short-row",
+        "escape-in-name",
+        "unclosed-quote",
+        "milli-over-1000",
+        "multi-gpu-share",
+        "gpu-without-milli",
+        "pod-twice",
+        "long-name",
+        "huge-time",
+    ],
+)
+def test_a_malformed_row_exits_2_naming_the_file_line_and_column(
+    node_rows: list[str], pod_rows: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = write_trace(tmp_path, node_rows, pod_rows or [pod_row("p", 1, 500)])
+    code, out, err = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods), "--timeline")
+    assert code == 2 and out == ""
+    assert err.startswith("kubegpu simulate: invalid trace: ") and expected in err, err
+    assert "\x1b" not in err, "the terminal never gets an escape sequence from the file"
+
+
+def test_a_header_without_a_needed_column_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, pods = write_trace(
+        tmp_path, ["n0,32000,2,V100"], [pod_row("p", 1, 500)], node_header="sn,cpu_milli,gpu,model"
+    )
+    code, _, err = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods))
+    assert code == 2 and "nodes.csv:1: the header lacks column memory_mib" in err
+
+
+def test_the_timeline_needs_the_time_columns_the_experiment_does_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(f"{NODE_HEADER}\n{GOOD_NODE}\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np,1000,1024,1,500,\n")
+    code, _, err = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods), "--timeline")
+    assert code == 2 and "pods.csv:1: the header lacks column creation_time, deletion_time" in err
+    assert replay_json(capsys, nodes, pods)["scheduled"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("limit", "value", "expected"),
+    [("MAX_ROWS", 3, "pods.csv:5: more than 3 rows"), ("MAX_TRACE_BYTES", 200, "pods.csv: larger than")],
+    ids=["rows", "bytes"],
+)
+def test_a_trace_past_the_bounds_is_refused_before_it_is_read_whole(
+    limit: str, value: int, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(traces, limit, value)
+    nodes, pods = write_trace(tmp_path, [GOOD_NODE], [pod_row(f"p{i}", 1, 500) for i in range(10)])
+    code, _, err = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods))
+    assert code == 2 and expected in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--trace-nodes", "{nodes}"], "a trace is two files"),
+        (["--trace-nodes", "{nodes}", "--trace-pods", "{pods}", "extra.yaml"], "no manifest FILE beside them"),
+        (["--trace-nodes", "{nodes}", "--trace-pods", "{pods}", "--inflate", "0"], "--inflate: 0.0 is outside"),
+        (["--trace-nodes", "{nodes}", "--trace-pods", "{missing}"], "missing.csv: cannot read"),
+        ([], "give manifest FILEs, or a trace"),
+    ],
+    ids=["one-file", "manifests-too", "no-inflation", "missing-file", "nothing"],
+)
+def test_arguments_that_make_no_replay_exit_2_saying_what_to_give(
+    argv: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = write_trace(tmp_path, [GOOD_NODE], [pod_row("p", 1, 500)])
+    paths = {"nodes": str(nodes), "pods": str(pods), "missing": str(tmp_path / "missing.csv")}
+    code, _, err = run(capsys, *(a.format(**paths) for a in argv))
+    assert code == 2 and expected in err, err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The HTML report: the curve as a picture, names from the trace as text
+# ---------------------------------------------------------------------------------------------------------------
+
+HOSTILE_NODE = '"><img src=x onerror=alert(1)>'
+HOSTILE_MODEL = "</p><script>alert(2)</script>"
+HOSTILE_POD = "<svg onload=alert(3)>"
+
+
+def hostile_trace(folder: Path) -> tuple[Path, Path]:
+    # The csv module quotes nothing here: the fields hold no comma or quote the CSV reader would need escaped.
+    return write_trace(
+        folder,
+        [f"{HOSTILE_NODE.replace(chr(34), '')},32000,131072,2,{HOSTILE_MODEL}", "plain,32000,131072,2,V100M16"],
+        [pod_row(HOSTILE_POD, 1, 500), *(pod_row(f"p{i}", 1, 1000) for i in range(4))],
+    )
+
+
+def test_the_page_draws_the_curve_and_escapes_every_name_from_the_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = hostile_trace(tmp_path)
+    page_path = tmp_path / "trace.html"
+    summary = replay_json(capsys, nodes, pods, "--html", str(page_path))
+    page = page_path.read_text()
+    tags = elements(page)
+    (polyline,) = [dict(attrs) for tag, attrs in tags if tag == "polyline"]
+    assert polyline["class"] == "alloc" and int(polyline["data-points"] or 0) == len(summary["curve"])
+    assert len((polyline["points"] or "").split()) == len(summary["curve"])
+    assert [tag for tag, _ in tags if tag in ("script", "img")] == ["script"]
+    assert [(tag, name) for tag, attrs in tags for name, _ in attrs if name.startswith("on")] == []
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Chromium]:
+    try:
+        chromium = Chromium()
+    except ChromiumMissing as exc:
+        pytest.fail(str(exc))
+    with chromium:
+        yield chromium
+
+
+CHART = """
+(function () {
+  var line = document.querySelector("#curve polyline.alloc");
+  var box = line.getBoundingClientRect();
+  var dot = document.querySelector("#curve circle.at-full");
+  return {width: box.width, height: box.height, points: line.points.numberOfItems,
+          headline: document.querySelector("#curve .headline").textContent, dot: dot ? dot.getAttribute("cy") : null};
+})()
+"""
+
+
+def test_the_curve_opens_in_chromium_and_hostile_names_run_no_script(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], browser: Chromium
+) -> None:
+    nodes, pods = hostile_trace(tmp_path)
+    page_path = tmp_path / "trace.html"
+    summary = replay_json(capsys, nodes, pods, "--html", str(page_path), "--inflate", "1.5")
+    mark = len(browser.events)
+    browser.open(page_path.as_uri())
+    assert browser.errors(mark) == [] and browser.dialogs(mark) == []
+    chart = browser.evaluate(CHART)
+    assert chart["points"] == len(summary["curve"]) and chart["width"] > 300 and chart["height"] > 50
+    assert chart["headline"].startswith(f"{summary['allocatedAtFull']:.1f}% of the GPU capacity allocated")
+    assert chart["dot"] is not None
+    assert browser.evaluate('document.querySelectorAll("script, img").length') == 1
+    text = browser.evaluate("document.body.textContent")
+    assert HOSTILE_NODE.replace('"', "") in text and HOSTILE_POD in text
+    screenshot = browser.screenshot(SCREENSHOTS / "trace-curve.png")
+    assert screenshot.stat().st_size > 10_000
