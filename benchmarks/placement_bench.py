@@ -1,22 +1,28 @@
 """Benchmark: placement quality of kubegpu against naive first-fit, on Neuron rings and tori.
 
 Both place the same pods in arrival order on the same nodes (trn1.32xlarge 4x4 tori and inf2.48xlarge / inf2.24xlarge
-rings); no pod leaves. First-fit takes the first node, in node order, with a valid free device set of the requested
-size, and the lowest such set; kubegpu is the real engine with the neuron plugin (binpack policy). For each workload
-it prints pods placed and stranded devices (free devices outside the largest request their node could still take)
-for both, side by side:
+rings). First-fit takes the first node, in node order, with a valid free device set of the requested size, and the
+lowest such set; kubegpu is the real engine with the neuron plugin (binpack policy). For each workload it prints pods
+placed and stranded devices (free devices outside the largest request their node could still take) for both, side by
+side; in the first table no pod leaves:
 
 * `issue-example`: one trn1 and one inf2, pods of 4, 8, 1, 3, 2 and 4 devices;
 * `random-N`: sizes drawn uniformly from every size some node takes;
 * `fragmenting-N`: torus-and-ring sizes (4, 8) and ring-only sizes (2, 3, 5, 6) interleaved on rings listed before
-  tori, the mix where a greedy choice of node spends ring capacity on sizes a torus would take.
+  tori, the mix where a greedy choice of node spends ring capacity on sizes a torus would take;
+* `departures-N` (a second table): 12 nodes of random types and 400 pods of the random sizes, arriving one per step;
+  each leaves after a lifetime of its own (exponential, mean 300 steps, placed or not: the lifetime belongs to the
+  workload, as in a trace), so about 30 % of the events are departures. Besides pods placed it prints
+  device-steps (the devices held, summed over the events: GPU-hours in the small), the pods of 12 or 16 devices
+  placed (the whole-node pods only an empty inf2.48xlarge or trn1.32xlarge takes) and the stranded devices at the end.
 
-    .venv/bin/python benchmarks/placement_bench.py [--seeds 10]
+    .venv/bin/python benchmarks/placement_bench.py [--seeds 10] [--departure-mixes 30]
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import random
 from dataclasses import dataclass
 
@@ -28,12 +34,21 @@ from kubegpu.scheduler.engine import Engine
 
 RESOURCE = neuron.NEURON
 SHAPES = {"trn1.32xlarge": 16, "inf2.48xlarge": 12, "inf2.24xlarge": 6}
+RANDOM_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16)  # every size some node takes
+
+
+# A workload event: ("arrive", pod index, devices) or ("leave", pod index, 0).
+Event = tuple[str, int, int]
+LARGE = 12  # pods of at least this many devices take a whole inf2.48xlarge or trn1.32xlarge
+WIDTHS = (10, 10, 13, 13, 8, 8, 10, 10)  # the departures table's columns after the first two
 
 
 @dataclass(frozen=True)
 class Result:
     placed: int
     stranded: int
+    busy: int = 0  # devices held, summed over the events
+    large: int = 0  # pods of LARGE devices or more placed
 
 
 def node_document(name: str, kind: str) -> dict[str, object]:
@@ -59,28 +74,81 @@ def topology_of(kind: str) -> topo.Topology:
     return topo.make_topology(shape.kind, shape.devices, shape.rows, shape.columns)
 
 
+def arrivals(sizes: list[int]) -> list[Event]:
+    return [("arrive", i, size) for i, size in enumerate(sizes)]
+
+
 def first_fit(nodes: list[tuple[str, str]], sizes: list[int]) -> Result:
-    free = {name: (1 << SHAPES[kind]) - 1 for name, kind in nodes}
-    shapes = {name: topology_of(kind) for name, kind in nodes}
-    placed = 0
-    for size in sizes:
-        for name, _ in nodes:
-            block = next((b for b in topo.valid_sets(shapes[name], size) if free[name] & b == b), None)
-            if block is not None:
-                free[name] &= ~block
-                placed += 1
-                break
-    stranded = sum(free[n].bit_count() - topo.largest_device_set(shapes[n], free[n]) for n, _ in nodes)
-    return Result(placed, stranded)
+    return first_fit_replay(nodes, arrivals(sizes))
 
 
 def kubegpu(nodes: list[tuple[str, str]], sizes: list[int]) -> Result:
+    return kubegpu_replay(nodes, arrivals(sizes))
+
+
+def first_fit_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
+    free = {name: (1 << SHAPES[kind]) - 1 for name, kind in nodes}
+    shapes = {name: topology_of(kind) for name, kind in nodes}
+    held: dict[int, tuple[str, int]] = {}
+    placed = busy = large = 0
+    for what, pod, size in events:
+        if what == "leave":
+            if pod in held:
+                name, block = held.pop(pod)
+                free[name] |= block
+        else:
+            for name, _ in nodes:
+                block = next((b for b in topo.valid_sets(shapes[name], size) if free[name] & b == b), None)
+                if block is not None:
+                    free[name] &= ~block
+                    held[pod] = (name, block)
+                    placed += 1
+                    large += size >= LARGE
+                    break
+        busy += sum(block.bit_count() for _, block in held.values())
+    stranded = sum(free[n].bit_count() - topo.largest_device_set(shapes[n], free[n]) for n, _ in nodes)
+    return Result(placed, stranded, busy, large)
+
+
+def kubegpu_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
     engine = Engine(make_plugin_manager("scheduler", plugins=[("neuron", neuron)], autoload=False))
     for name, kind in nodes:
         engine.add_node(node_info(node_document(name, kind)))
-    placed = sum(engine.schedule(pod_request(pod_document(f"p{i}", s))[0]).scheduled for i, s in enumerate(sizes))
+    held: dict[int, int] = {}
+    placed = busy = large = 0
+    for what, pod, size in events:
+        if what == "leave":
+            if engine.release(f"bench/p{pod}") is not None:
+                del held[pod]
+        elif engine.schedule(pod_request(pod_document(f"p{pod}", size))[0]).scheduled:
+            held[pod] = size
+            placed += 1
+            large += size >= LARGE
+        busy += sum(held.values())
     stranded = sum(o.free - o.largest_fit for name in engine.node_names() for o in engine.describe(name))
-    return Result(placed, stranded)
+    return Result(placed, stranded, busy, large)
+
+
+def departure_mixes(
+    count: int, nodes: int = 12, pods: int = 400, lifetime: float = 300.0
+) -> list[tuple[str, list[tuple[str, str]], list[Event]]]:
+    """`departures-N`: `nodes` nodes of random types and `pods` arrivals of the random sizes, one per step; each pod
+    leaves `lifetime` steps after it arrived on average (exponentially distributed, placed or not), so about 30 % of
+    the events are departures."""
+    found = []
+    for seed in range(count):
+        rng = random.Random(seed)
+        kinds = [rng.choice(list(SHAPES)) for _ in range(nodes)]
+        members = [(f"{kind.split('.')[0]}-{i}", kind) for i, kind in enumerate(kinds)]
+        events: list[Event] = []
+        leaving: list[tuple[float, int]] = []
+        for pod in range(pods):
+            while leaving and leaving[0][0] <= pod:
+                events.append(("leave", heapq.heappop(leaving)[1], 0))
+            events.append(("arrive", pod, rng.choice(RANDOM_SIZES)))
+            heapq.heappush(leaving, (pod + rng.expovariate(1 / lifetime), pod))
+        found.append((f"departures-{seed}", members, events))
+    return found
 
 
 def workloads(seeds: int) -> list[tuple[str, list[tuple[str, str]], list[int]]]:
@@ -92,7 +160,7 @@ def workloads(seeds: int) -> list[tuple[str, list[tuple[str, str]], list[int]]]:
         capacity = sum(SHAPES[k] for k in kinds)
         sizes: list[int] = []
         while sum(sizes) < capacity * 1.3:
-            sizes.append(rng.choice([1, 2, 3, 4, 5, 6, 8, 12, 16]))
+            sizes.append(rng.choice(RANDOM_SIZES))
         found.append((f"random-{seed}", nodes, sizes))
     for seed in range(seeds):
         rng = random.Random(1000 + seed)
@@ -110,6 +178,7 @@ def workloads(seeds: int) -> list[tuple[str, list[tuple[str, str]], list[int]]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--departure-mixes", type=int, default=6, help="departures-N mixes (12 nodes x 400 pods)")
     args = parser.parse_args()
     print(
         f"{'workload':16} {'pods':>5} {'first-fit placed':>17} {'kubegpu placed':>15} "
@@ -124,6 +193,25 @@ def main() -> int:
             totals[i] += value
     print(f"{'total':16} {totals[0]:5} {totals[1]:17} {totals[2]:15} {totals[3]:12} {totals[4]:12}")
     print(f"kubegpu / first-fit pods placed: {totals[2] / totals[1]:.3f}")
+    print()
+    print(
+        f"{'workload':16} {'events':>6} {'ff placed':>10} {'kg placed':>10} {'ff dev-steps':>13} {'kg dev-steps':>13} "
+        f"{'ff >=12':>8} {'kg >=12':>8} {'ff strand':>10} {'kg strand':>10}"
+    )
+    sums = [0] * 8
+    fewer = 0
+    for name, nodes, events in departure_mixes(args.departure_mixes):
+        ff, kg = first_fit_replay(nodes, events), kubegpu_replay(nodes, events)
+        fewer += kg.placed < ff.placed
+        row = (ff.placed, kg.placed, ff.busy, kg.busy, ff.large, kg.large, ff.stranded, kg.stranded)
+        print(f"{name:16} {len(events):6} " + " ".join(f"{v:{w}}" for v, w in zip(row, WIDTHS, strict=True)))
+        sums = [a + b for a, b in zip(sums, row, strict=True)]
+    print(f"{'total':16} {'':6} " + " ".join(f"{v:{w}}" for v, w in zip(sums, WIDTHS, strict=True)))
+    print(
+        f"kubegpu / first-fit with departures: pods placed {sums[1] / sums[0]:.3f} (fewer on {fewer} of "
+        f"{args.departure_mixes} mixes), device-steps {sums[3] / sums[2]:.3f}, pods of >=12 devices "
+        f"{sums[5] / max(sums[4], 1):.3f}"
+    )
     return 0
 
 

@@ -45,3 +45,17 @@ def test_fragmentation_prone_mixes_place_more_than_first_fit() -> None:
     assert kubegpu > first_fit
     wins = sum(bench.kubegpu(n, s).placed > bench.first_fit(n, s).placed for _, n, s in fragmenting)
     assert wins >= len(fragmenting) // 2
+
+
+DEPARTURES = bench.departure_mixes(6)
+
+
+def test_with_departures_kubegpu_keeps_more_devices_busy_and_more_whole_nodes_than_first_fit() -> None:
+    # Pods that come and go (each with its own lifetime): first-fit breaks empty inf2.48xlarge and trn1.32xlarge
+    # nodes with one-device pods, so it refuses more 12- and 16-device pods and, in the room they would have held,
+    # places more small ones; kubegpu keeps whole nodes for them, holds more devices over time and strands fewer.
+    ff = [bench.first_fit_replay(nodes, events) for _, nodes, events in DEPARTURES]
+    kg = [bench.kubegpu_replay(nodes, events) for _, nodes, events in DEPARTURES]
+    assert sum(r.busy for r in kg) > sum(r.busy for r in ff)
+    assert sum(r.large for r in kg) >= sum(r.large for r in ff)
+    assert sum(r.stranded for r in kg) < sum(r.stranded for r in ff)
