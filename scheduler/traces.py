@@ -38,12 +38,13 @@ import io
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 from kubegpu.core.errors import InputError, shorten
-from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.manifests import node_info, pod_request, pod_uid
+from kubegpu.core.models import PodRequest
 from kubegpu.scheduler.engine import Engine
 
 __all__ = [
@@ -360,6 +361,26 @@ class ReplayResult:
         }
 
 
+class _Requests:
+    """The `PodRequest` of each arrival, parsed from its manifest once per shape (resources and models): the pods of
+    a trace come in a few hundred shapes, and an arrival differs from its shape's first only by name."""
+
+    LIMIT = 4096  # shapes remembered; a trace with more parses the others each time
+
+    def __init__(self) -> None:
+        self._shapes: dict[tuple[int, int, int, int, tuple[str, ...]], PodRequest] = {}
+
+    def get(self, pod: TracePod, name: str) -> PodRequest:
+        shape = (pod.cpu_milli, pod.memory_mib, pod.gpus, pod.milli, pod.models)
+        known = self._shapes.get(shape)
+        if known is not None:
+            return replace(known, name=name, uid=pod_uid(NAMESPACE, name))
+        request, _ = pod_request(pod_document(pod, name))
+        if len(self._shapes) < self.LIMIT:
+            self._shapes[shape] = request
+        return request
+
+
 def _timeline(pods: list[TracePod]) -> list[tuple[bool, int, TracePod]]:
     """(deleting, index, pod) in time order: deletions before creations of the same second, but a pod whose
     deletion is not after its creation leaves right after it arrives."""
@@ -407,6 +428,7 @@ def replay(
         seed=seed if mode == "experiment" else None, inflate=inflate if mode == "experiment" else None,
     )  # fmt: skip
     seen: Counter[str] = Counter()
+    requests = _Requests()
     held: dict[int, tuple[str, int]] = {}  # arrival index -> (pod key, GPU-milli) of pods placed
     arrived = allocated = 0
     events = result.events
@@ -424,7 +446,7 @@ def replay(
         copies = seen[pod.name]
         seen[pod.name] += 1
         name = pod.name if not copies else f"{pod.name}-copy{copies}"
-        request, _ = pod_request(pod_document(pod, name))
+        request = requests.get(pod, name)
         decision = engine.schedule(request)
         arrived += pod.gpu_milli
         result.pods += 1

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from kubegpu.cli import main
+from kubegpu.core.manifests import pod_request
 from kubegpu.scheduler import traces
 
 from .chromium import Chromium, ChromiumMissing
@@ -296,3 +297,15 @@ def test_the_curve_opens_in_chromium_and_hostile_names_run_no_script(
     assert HOSTILE_NODE.replace('"', "") in text and HOSTILE_POD in text
     screenshot = browser.screenshot(SCREENSHOTS / "trace-curve.png")
     assert screenshot.stat().st_size > 10_000
+
+
+def test_requests_remembered_per_shape_equal_each_pod_parsed_afresh() -> None:
+    # The replay parses one manifest per shape and renames it for the other pods of that shape (`_Requests`); a
+    # fresh parse of every pod's own manifest is the oracle.
+    shapes = [(1000, 1024, 1, 500, ()), (8000, 65536, 2, 1000, ("V100M16", "V100M32")), (4000, 2048, 0, 0, ())]
+    remembered = traces._Requests()
+    for i in range(30):
+        cpu, memory, gpus, milli, models = shapes[i % len(shapes)]
+        pod = traces.TracePod(f"pod-{i}", cpu, memory, gpus, milli, models)
+        fresh, _ = pod_request(traces.pod_document(pod, f"pod-{i}"))
+        assert remembered.get(pod, f"pod-{i}") == fresh
