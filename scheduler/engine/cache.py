@@ -262,6 +262,8 @@ class NodeCache(Ledger):
         self.pods[key] = pod_record
         record.pods[key] = None
         self._count_usage(record, pod_record.request, +1)
+        if pod_record.claims is not None:
+            self._refresh_others(record, self.dra.hold(pod_record.claims))
         self._refresh(record)
 
     def release(self, key: str) -> PodRecord | None:
@@ -272,14 +274,28 @@ class NodeCache(Ledger):
         record = self.nodes.get(pod_record.node)
         if record is None:
             self._forget_anti(key)
+            if pod_record.claims is not None:
+                self._refresh_others(None, self.dra.give_back(pod_record.claims, pod_record.request.uid))
             return pod_record
         for plugin, part in pod_record.parts.items():
             if plugin in record.states:
                 self._give_back_devices(record, plugin, key, part)
+        if pod_record.claims is not None:
+            self._refresh_others(record, self.dra.give_back(pod_record.claims, pod_record.request.uid))
         record.pods.pop(key, None)
         self._count_usage(record, pod_record.request, -1)
         self._refresh(record)
         return pod_record
+
+    def _refresh_others(self, record: NodeRecord | None, touched: set[str]) -> None:
+        """A pod's DRA claims were held or given back on `record`'s node: other nodes whose devices they name (a
+        device shared between nodes) answer anew."""
+        if "*" in touched:
+            touched = set(self.nodes)
+        for name in touched:
+            other = self.nodes.get(name)
+            if other is not None and other is not record:
+                self._refresh(other)
 
     @contextmanager
     def pods_removed(self, keys: Iterable[str]) -> Iterator[list[PodRecord]]:

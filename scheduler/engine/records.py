@@ -22,6 +22,7 @@ from kubegpu.core.models import (
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Code, Status
 from kubegpu.core.text import MAX_TEXT_CHARS, safe_text
+from kubegpu.scheduler.dra import PodClaims
 
 log = logging.getLogger("kubegpu.engine")
 
@@ -84,6 +85,8 @@ class PodRecord:
     # Set aside by count for a bound pod without a verified allocation: no container was given these devices, so
     # any verified allocation naming them takes them over (`Engine.admit_by_count`).
     by_count: bool = False
+    # The DRA claims the pod holds (`kubegpu.scheduler.dra`): entered and given back with the pod.
+    claims: PodClaims | None = None
 
 
 # A node filter's bound `filter` method (`framework.NodeFilter`): (engine, node, pod, plan) -> refusal or None.
@@ -196,6 +199,9 @@ class Decision:
     allocation: AllocationRecord | None = None
     annotations: dict[str, str] = field(default_factory=dict)
     code: Code = Code.SUCCESS
+    # The pod's DRA claims once reserved: pod claim name -> {name, allocation (upstream `status.allocation`),
+    # reservedFor}, what a front-end writes to each ResourceClaim's status.
+    claims: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         reason = self.reason

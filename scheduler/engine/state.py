@@ -20,6 +20,7 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import KubegpuPluginManager
 from kubegpu.scheduler import scores
+from kubegpu.scheduler.dra import DraBook
 from kubegpu.scheduler.engine.framework import NodeFilter, PermitPlugin, ScorePlugin
 from kubegpu.scheduler.engine.kubefilters import CLUSTER_FILTERS, KUBE_FILTERS, NodeResourcesFit, enabled_filters
 from kubegpu.scheduler.engine.kubescores import KUBE_SCORES, enabled_scores
@@ -141,6 +142,9 @@ class EngineState:
         self.claims: dict[tuple[str, str], str] = {}
         self.deleting_claims: set[tuple[str, str]] = set()  # claims with a deletionTimestamp
         self.volumes: dict[str, tuple[NodeSelectorTerm, ...] | None] = {}
+        # DRA (`kubegpu.scheduler.dra`): DeviceClasses, ResourceSlices, ResourceClaims and their templates, and the
+        # devices allocated; a pod's claims are held with it (`PodRecord.claims`).
+        self.dra = DraBook()
 
         # -- epochs: counters that only grow, bumped by the changes the memos below depend on ----------------------
         # Every change of a node's state is numbered; `changed_since` names the nodes changed after a number, so a
