@@ -2,7 +2,8 @@
 Ready condition, TaintToleration, NodeAffinity, which read only the node, then NodePorts, NodeResourcesFit and
 VolumeBinding, which read what is in use, and 1.34's DynamicResources: DRA claims, `kubegpu.scheduler.dra`), then the
 cluster-wide ones as `ClusterFilter` objects (PodTopologySpread, InterPodAffinity), whose PreFilter state the engine
-makes once per pod and generation (`Filtering._cluster_state`). The rules themselves are pure functions in `kubegpu.scheduler.filters` and `kubegpu.scheduler.podindex`.
+makes once per pod and generation (`Filtering._cluster_state`). The rules themselves are pure functions in
+`kubegpu.scheduler.filters` and `kubegpu.scheduler.podindex`.
 """
 
 from __future__ import annotations

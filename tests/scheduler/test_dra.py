@@ -514,3 +514,26 @@ def test_no_device_is_ever_held_by_two_claims(story: list[tuple[str, int, int]])
         elif event["event"] == "deleted":
             for key in [k for k, pod in holders.items() if pod == event["pod"]]:
                 del holders[key]
+
+
+def test_the_text_and_html_reports_show_each_claims_devices(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from kubegpu.cli import main
+
+    path = tmp_path / "cluster.yaml"
+    documents = [
+        node_manifest("n1"),
+        NEURON_CLASS,
+        neuron_slice("n1", 2),
+        template("t", claim_spec(exactly("d", "neuron", 2))),
+        claim_pod("trainer", templates={"dev": "t"}),
+    ]
+    path.write_text(yaml.safe_dump_all(documents))
+    assert main(["simulate", str(path), "--html", str(tmp_path / "report.html")]) == 0
+    text = capsys.readouterr().out
+    line = next(line for line in text.splitlines() if "default/trainer" in line)
+    assert f"claims: dev={NEURON}/n1/neuron-0,{NEURON}/n1/neuron-1" in line, line
+    html = (tmp_path / "report.html").read_text()
+    assert '<section id="claims"><h2>DRA claims (1)</h2>' in html
+    assert f"<td>trainer-dev</td><td>n1</td><td>{NEURON}/n1/neuron-0, {NEURON}/n1/neuron-1</td>" in html
