@@ -372,6 +372,10 @@ class DraBook:
     def __bool__(self) -> bool:
         return bool(self.slices or self.claims or self.classes)
 
+    def forget_memos(self) -> None:
+        """Drop the remembered selector answers (the engine's oracle tests)."""
+        self._answers.clear()
+
     # -- objects --------------------------------------------------------------------------------------------------
 
     def set_class(self, name: str, found: DeviceClass | None) -> None:

@@ -193,6 +193,9 @@ class EngineState:
         # the node-local filter answers and raw scores, stale when the node's version moved (every change of its
         # usage, devices or liveness) or the shape is another's; `CHECKS_REMEMBERED` shapes per node, oldest out.
         # `last_score`: (node version, Plan.signature, the extender's device score), one slot.
+        # `dra._answers` (`DraBook`): (CEL expression, device facts) -> the selector's answer. Never stale: the facts
+        # are all a selector reads of a device. Past 65536, cleared. A pod's DRA answers are in `last_check` under its
+        # plan's `local`, which holds its claims' specs and the DRA epochs (`DraBook.demand_key`).
 
     def forget_memos(self) -> None:
         """Drop every memo listed above: the engine then answers from its state alone (the tests' oracle)."""
@@ -206,5 +209,6 @@ class EngineState:
         self._cluster = None
         self._tallies.clear()
         self._owners.forget_memos()
+        self.dra.forget_memos()
         for record in self.nodes.values():
             record.last_check, record.last_raw, record.last_score = {}, {}, None

@@ -537,3 +537,54 @@ def test_the_text_and_html_reports_show_each_claims_devices(tmp_path: Any, capsy
     html = (tmp_path / "report.html").read_text()
     assert '<section id="claims"><h2>DRA claims (1)</h2>' in html
     assert f"<td>trainer-dev</td><td>n1</td><td>{NEURON}/n1/neuron-0, {NEURON}/n1/neuron-1</td>" in html
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["add", "delete"]), st.integers(0, 9), st.sampled_from(["t1", "t2", "t4", "shared"])),
+        max_size=25,
+    )
+)
+def test_the_engine_answers_alike_with_and_without_its_memos(story: list[tuple[str, int, str]]) -> None:
+    """Every decision with DRA pods equals a fresh engine's (memos forgotten before each cycle): the node answers
+    remembered per pod shape never outlive a claim or device change."""
+    from kubegpu.core import dra as decode
+    from kubegpu.core.manifests import node_info, pod_request
+    from kubegpu.core.plugin_manager import make_plugin_manager
+    from kubegpu.scheduler.engine import Engine
+
+    engines = [Engine(make_plugin_manager("scheduler", plugins=(), autoload=False)) for _ in range(2)]
+    for engine in engines:
+        for name in ("a", "b", "c"):
+            engine.add_node(node_info(node_manifest(name)))
+        found = decode.device_class(NEURON_CLASS)
+        engine.set_device_class(found.name, found)
+        for node, count, shape in (("a", 4, "ring"), ("b", 16, "torus"), ("c", 2, "ring")):
+            piece = decode.resource_slice(neuron_slice(node, count, topology=shape, rows=4, columns=4))
+            engine.set_resource_slice(piece.name, piece)
+        for n in (1, 2, 4):
+            made = decode.resource_claim_template(template(f"t{n}", claim_spec(exactly("d", "neuron", n))))
+            engine.set_resource_claim_template(made.namespace, made.name, made)
+        shared = decode.resource_claim(claim("shared", claim_spec(exactly("d", "neuron", 2))))
+        engine.set_resource_claim(shared.namespace, shared.name, shared)
+    live: set[int] = set()
+    for verb, number, source in story:
+        refs = {"claims": {"dev": "shared"}} if source == "shared" else {"templates": {"dev": source}}
+        pod = pod_request(claim_pod(f"p{number}", **refs))[0]
+        if verb == "add" and number not in live:
+            fast = engines[0].schedule(pod)
+            engines[1].forget_memos()
+            slow = engines[1].schedule(pod)
+            assert (fast.scheduled, fast.node, fast.reason, fast.claims) == (
+                slow.scheduled,
+                slow.node,
+                slow.reason,
+                slow.claims,
+            )
+            if fast.scheduled:
+                live.add(number)
+        elif verb == "delete" and number in live:
+            for engine in engines:
+                engine.release(pod.key)
+            live.discard(number)
