@@ -21,17 +21,13 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from kubegpu.core.manifests import node_info, pod_request  # noqa: E402
-from kubegpu.core.plugin_manager import make_plugin_manager  # noqa: E402
-from kubegpu.scheduler.engine import Engine  # noqa: E402
-from kubegpu.scheduler.simulate import OBJECT_KINDS, Cluster, PodEvent, _process  # noqa: E402
-from tests.scheduler.dra_objects import claim_pod, claim_spec, device_class, exactly, neuron_slice, template  # noqa: E402
+from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.simulate import OBJECT_KINDS, Cluster, PodEvent, _process
+from kubegpu.scheduler.testing import claim_pod, claim_spec, device_class, exactly, neuron_slice, template
 
 GOAL_PODS_PER_SECOND = 800
 

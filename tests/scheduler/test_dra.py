@@ -12,9 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kubegpu.core import dra
-from kubegpu.scheduler.testing import simulate
-
-from .dra_objects import (
+from kubegpu.core.testing import node_manifest
+from kubegpu.scheduler.testing import (
     NEURON,
     claim,
     claim_pod,
@@ -23,7 +22,7 @@ from .dra_objects import (
     exactly,
     generic_slice,
     neuron_slice,
-    node_manifest,
+    simulate,
     template,
 )
 
