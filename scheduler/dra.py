@@ -69,6 +69,7 @@ IN_USE = "resourceclaim in use"
 MAX_CEL_TOKENS = 1000
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 MAX_REMEMBERED = 1 << 16
+SHARED_FREE = 1 << 40  # a node's free devices when slices are shared between nodes: not counted, never the reason
 NEURON_DRIVER = "neuron.kubegpu.io"
 NVIDIA_DRIVER = "nvidia.kubegpu.io"
 INTEL_DRIVER = "gpu.intel.kubegpu.io"
@@ -368,6 +369,9 @@ class DraBook:
         self.shared_epoch = 0  # a device of a shared slice was allocated or freed: any node's answers may change
         # (selector expression, device facts) -> True, False, or the error message. Past MAX_REMEMBERED, cleared.
         self._answers: dict[tuple[str, tuple[object, ...]], bool | str] = {}
+        # (class selectors, request selectors, device facts) -> whether both accept (a refusal is never remembered
+        # here: it raises). Past MAX_REMEMBERED, cleared.
+        self._both: dict[tuple[tuple[str, ...], tuple[str, ...], tuple[object, ...]], bool] = {}
 
     def __bool__(self) -> bool:
         return bool(self.slices or self.claims or self.classes)
@@ -375,6 +379,7 @@ class DraBook:
     def forget_memos(self) -> None:
         """Drop the remembered selector answers (the engine's oracle tests)."""
         self._answers.clear()
+        self._both.clear()
 
     # -- objects --------------------------------------------------------------------------------------------------
 
@@ -465,9 +470,35 @@ class DraBook:
         return found
 
     def nodes_of(self, devices: Iterable[tuple[str, str, str]]) -> set[str]:
+        """The nodes that see the devices' pools ("*": a shared slice's, any node)."""
         pools = {(d[0], d[1]) for d in devices}
-        nodes = {s.node_name or "*" for s in self.slices.values() if (s.driver, s.pool) in pools}
-        return nodes
+        return {s.node_name or "*" for pool in pools for s in self._pools.get(pool, {}).values()}
+
+    def free_devices(self, node: str) -> int:
+        """How many devices the node sees that no claim holds: the capacity index DRA pods are selected by (a lower
+        bound is all it must be; with shared slices, any node may see more: `SHARED_FREE`)."""
+        if self._shared:
+            return SHARED_FREE
+        in_use = self.in_use
+        return sum(1 for v in self._local.get(node, ()) if v.device.id not in in_use)
+
+    def min_devices(self, pod: PodRequest) -> int:
+        """The fewest devices the pod's claims not yet allocated can take (0 when a claim or template is missing:
+        the PreFilter refuses the pod then)."""
+        total = 0
+        for ref in pod.resource_claims:
+            if ref.claim_name is not None or ref.generated is not None:
+                claim = self.claims.get((pod.namespace, ref.claim_name or ref.generated or ""))
+                spec = claim.spec if claim is not None and claim.allocation is None else None
+            else:
+                template = self.templates.get((pod.namespace, ref.template_name or ""))
+                spec = template.spec if template is not None else None
+            for request in spec.requests if spec is not None else ():
+                total += min(
+                    0 if r.admin_access else 1 if r.mode == "All" else r.count
+                    for r in request.alternatives or (request,)
+                )
+        return total
 
     def _take(self, claim: Claim) -> set[str]:
         held = [d for d, admin in claim.allocated_devices() if not admin]
@@ -655,13 +686,23 @@ class DraBook:
         rules the request out (`All`)."""
         device_class = self.classes[request.class_name]
         found = []
+        both = self._both
+        in_use = self.in_use
         for v in visible:
             device = v.device
-            if not self._accepts(device_class.selectors, device, f"class {device_class.name}"):
+            # Both lists' answer for devices alike in facts, in one look-up (the first of each facts asks each list).
+            key = (device_class.selectors, request.selectors, device.facts)
+            accepted = both.get(key)
+            if accepted is None:
+                accepted = self._accepts(device_class.selectors, device, f"class {device_class.name}") and (
+                    self._accepts(request.selectors, device, f"{where}, request {request.name}")
+                )
+                if len(both) >= MAX_REMEMBERED:
+                    both.clear()
+                both[key] = accepted
+            if not accepted:
                 continue
-            if not self._accepts(request.selectors, device, f"{where}, request {request.name}"):
-                continue
-            if not request.admin_access and device.id in self.in_use:
+            if not request.admin_access and device.id in in_use:
                 if request.mode == "All":
                     return None
                 continue

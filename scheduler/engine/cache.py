@@ -19,7 +19,7 @@ from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.scheduler_hooks import Headroom
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine.ledger import Ledger
-from kubegpu.scheduler.engine.records import CPU_INDEX, NAME_LABELS, UNKNOWN_FREE, NodeRecord, PodRecord, log
+from kubegpu.scheduler.engine.records import CPU_INDEX, DRA_INDEX, NAME_LABELS, UNKNOWN_FREE, NodeRecord, PodRecord, log
 from kubegpu.scheduler.index import CapacityIndex, zone_key
 
 MAX_CHANGES = 1 << 16  # node changes remembered by `changed_since`
@@ -194,6 +194,8 @@ class NodeCache(Ledger):
         record.version += 1
         name = record.name
         self._index[CPU_INDEX].set(name, record.free("cpu"), record.klass)
+        if self.dra.slices:
+            self._index.setdefault(DRA_INDEX, CapacityIndex()).set(name, self.dra.free_devices(name), record.klass)
         for plugin in record.problems.keys() - record.states.keys():  # build_node failed
             for resource in self._unknown_headroom(record, plugin).free:
                 self._index.setdefault(resource, CapacityIndex()).set(name, UNKNOWN_FREE, record.klass)

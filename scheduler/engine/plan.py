@@ -40,7 +40,7 @@ class Planning(NodeCache):
         return routes
 
     def _validate(self, pod: PodRequest, routes: dict[str, list[str]]) -> Status:
-        if pod.resource_claims and "DynamicResources" not in self.filters_off:
+        if pod.resource_claims and self._dra_on:
             # DynamicResources' PreFilter: every claim (or template) and class it names exists.
             demands = self.dra.demands(pod)
             if isinstance(demands, Status):

@@ -30,6 +30,7 @@ Policy = Literal["binpack", "spread"]
 POLICIES: tuple[Policy, ...] = ("binpack", "spread")
 BASIC_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
 CPU_INDEX = "cpu"
+DRA_INDEX = "resource.k8s.io/devices"  # a node's DRA devices no claim holds (`DraBook.free_devices`)
 NAME_LABELS = frozenset({"kubernetes.io/hostname"})
 # Pod shapes whose filter answers and node-local scores a node remembers; past it the shape asked about longest ago
 # goes. Device pods' shapes include their labels (a plugin may read them), so each Deployment's replicas are a shape.

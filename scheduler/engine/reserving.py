@@ -88,7 +88,7 @@ class Reserving(Scoring):
                 )
             parts[plugin] = allocation
         claims = None
-        if pod.resource_claims and "DynamicResources" not in self.filters_off:
+        if pod.resource_claims and self._dra_on:
             # DynamicResources' Reserve: the devices of the claims not yet allocated, chosen on this node.
             outcome = self.dra.allocate(name, record.info.labels, pod)
             if isinstance(outcome, Status):

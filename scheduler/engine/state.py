@@ -77,6 +77,8 @@ class EngineState:
         node_filters, self._cluster_filters = enabled_filters((*filters, *added_filters), self.scoring.filters_off)
         self._node_filters = tuple(rule for rule in node_filters if not rule.reads_usage)
         self._usage_filters = tuple(rule for rule in node_filters if rule.reads_usage)
+        # DynamicResources on: its PreFilter (`_validate`) and Reserve (`_allocate_and_hold`) run with its Filter.
+        self._dra_on = any(rule.name == "DynamicResources" for rule in node_filters)
         self._added_filters = frozenset(
             rule.filter for rule in node_filters if rule not in KUBE_FILTERS
         )  # a third party's
@@ -193,8 +195,9 @@ class EngineState:
         # the node-local filter answers and raw scores, stale when the node's version moved (every change of its
         # usage, devices or liveness) or the shape is another's; `CHECKS_REMEMBERED` shapes per node, oldest out.
         # `last_score`: (node version, Plan.signature, the extender's device score), one slot.
-        # `dra._answers` (`DraBook`): (CEL expression, device facts) -> the selector's answer. Never stale: the facts
-        # are all a selector reads of a device. Past 65536, cleared. A pod's DRA answers are in `last_check` under its
+        # `dra._answers` (`DraBook`): (CEL expression, device facts) -> the selector's answer, and `dra._both`:
+        # (class selectors, request selectors, device facts) -> both accept. Never stale: the facts are all a
+        # selector reads of a device. Past 65536, cleared. A pod's DRA answers are in `last_check` under its
         # plan's `local`, which holds its claims' specs and the DRA epochs (`DraBook.demand_key`).
 
     def forget_memos(self) -> None:
