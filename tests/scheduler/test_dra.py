@@ -456,6 +456,12 @@ def _slice_with(**device: Any) -> dict[str, Any]:
             id="constraint-request",
         ),
         pytest.param(
+            dra.resource_claim,
+            claim("c", claim_spec({"name": "d", "exactly": {"deviceClassName": "x", "adminAccess": True}})),
+            "ResourceClaim.spec.devices.requests[0].exactly: adminAccess is not supported",
+            id="admin-access",
+        ),
+        pytest.param(
             dra.resource_claim_template,
             template("t", claim_spec({"name": "d"})),
             "exactly one of exactly or firstAvailable",
