@@ -24,12 +24,13 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from kubegpu.core.annotations import DEVICES_KEY, decode_devices
 from kubegpu.core.errors import InputError, describe_validation_error, shorten
 from kubegpu.core.limits import MAX_IMAGE_NAME_LENGTH, MAX_NODE_IMAGE_NAMES
 from kubegpu.core.models import (
+    ClaimRef,
     ContainerRequest,
     HostPort,
     LabelSelector,
@@ -57,6 +58,7 @@ __all__ = [
 ]
 
 DEFAULT_PODS = 110
+MAX_POD_CLAIMS = 32  # spec.resourceClaims, and one container's resources.claims
 SIDECAR_RESTART_POLICY = "Always"  # an init container with this restartPolicy is a sidecar
 
 
@@ -98,9 +100,15 @@ class _Meta(_Model):
     ownerReferences: list[_OwnerReference] = Field(default_factory=list)
 
 
+class _ContainerClaim(_Model):
+    name: str = Field(min_length=1)
+    request: str | None = None
+
+
 class _Resources(_Model):
     limits: dict[str, Quantity] = Field(default_factory=dict)
     requests: dict[str, Quantity] = Field(default_factory=dict)
+    claims: list[_ContainerClaim] = Field(default_factory=list, max_length=MAX_POD_CLAIMS)
 
 
 class _Port(_Model):
@@ -193,6 +201,25 @@ class _Volume(_Model):
     persistentVolumeClaim: _ClaimSource | None = None
 
 
+class _PodResourceClaim(_Model):
+    """One of `spec.resourceClaims` (DRA, 1.34+): exactly one of a claim's name and a template's name."""
+
+    name: str = Field(min_length=1, max_length=63)
+    resourceClaimName: str | None = Field(default=None, min_length=1, max_length=253)
+    resourceClaimTemplateName: str | None = Field(default=None, min_length=1, max_length=253)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> _PodResourceClaim:
+        if (self.resourceClaimName is None) == (self.resourceClaimTemplateName is None):
+            raise ValueError("exactly one of resourceClaimName or resourceClaimTemplateName must be set")
+        return self
+
+
+class _ClaimStatus(_Model):
+    name: str = Field(min_length=1)
+    resourceClaimName: str | None = None
+
+
 class _SchedulingGate(_Model):
     name: str = Field(min_length=1)
 
@@ -212,11 +239,13 @@ class _PodSpec(_Model):
     priorityClassName: str | None = None
     preemptionPolicy: Literal["PreemptLowerPriority", "Never"] | None = None
     schedulingGates: list[_SchedulingGate] = Field(default_factory=list)  # Kubernetes 1.26+
+    resourceClaims: list[_PodResourceClaim] = Field(default_factory=list, max_length=MAX_POD_CLAIMS)  # 1.34+ (DRA)
 
 
 class _PodStatus(_Model):
     phase: str | None = None
     startTime: str | None = None
+    resourceClaimStatuses: list[_ClaimStatus] = Field(default_factory=list, max_length=MAX_POD_CLAIMS)
 
 
 class _Pod(_Model):
@@ -378,8 +407,33 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
         owner_references=tuple(OwnerReference(o.kind, o.name, o.uid, bool(o.controller)) for o in meta.ownerReferences),
         images=tuple(c.image for c in spec.containers),
         scheduling_gates=tuple(gate.name for gate in spec.schedulingGates),
+        resource_claims=_resource_claims(pod),
     )
     return request, meta.deletionTimestamp is not None
+
+
+def _resource_claims(pod: _Pod) -> tuple[ClaimRef, ...]:
+    """The pod's `spec.resourceClaims`, with the claims made from templates (`status.resourceClaimStatuses`). A
+    container's `resources.claims` must name one of them, as the API server's validation holds."""
+    spec = pod.spec
+    names: set[str] = set()
+    for i, ref in enumerate(spec.resourceClaims):
+        if ref.name in names:
+            raise ManifestError(f"Pod.spec.resourceClaims[{i}].name: {shorten(ref.name)!r} appears twice")
+        names.add(ref.name)
+    for kind, containers in (("containers", spec.containers), ("initContainers", spec.initContainers)):
+        for i, container in enumerate(containers):
+            for j, claim in enumerate(container.resources.claims):
+                if claim.name not in names:
+                    raise ManifestError(
+                        f"Pod.spec.{kind}[{i}].resources.claims[{j}].name: {shorten(claim.name)!r} must be the name "
+                        "of one of the pod's spec.resourceClaims"
+                    )
+    generated = {s.name: s.resourceClaimName for s in pod.status.resourceClaimStatuses}
+    return tuple(
+        ClaimRef(ref.name, ref.resourceClaimName, ref.resourceClaimTemplateName, generated.get(ref.name))
+        for ref in spec.resourceClaims
+    )
 
 
 def _pod_requests(

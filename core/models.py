@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "Advertisement",
+    "ClaimRef",
     "ContainerAllocation",
     "ContainerEdit",
     "ContainerRequest",
@@ -247,6 +248,17 @@ class OwnerReference:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """One of a pod's `spec.resourceClaims`: exactly one of `claim_name` and `template_name`; `generated` is the
+    claim made from the template (`status.resourceClaimStatuses`), when one was."""
+
+    name: str
+    claim_name: str | None = None
+    template_name: str | None = None
+    generated: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PodRequest:
     """What a pod asks of the scheduler, built once from its manifest (`kubegpu.core.manifests.pod_request`).
 
@@ -260,7 +272,8 @@ class PodRequest:
     the `preferredDuringSchedulingIgnoredDuringExecution` terms with their weights (1-100), which only scores read.
     `owner_references` are `metadata.ownerReferences`; `images` the images of `spec.containers`, in order (init
     containers' are not scored). `scheduling_gates` are the names of `spec.schedulingGates` (1.26+): while any
-    remains, the pod is not to be scheduled (`kubegpu.scheduler.gates`).
+    remains, the pod is not to be scheduled (`kubegpu.scheduler.gates`). `resource_claims` are
+    `spec.resourceClaims` (DRA, 1.34+), each naming a ResourceClaim or a ResourceClaimTemplate (`kubegpu.core.dra`).
     """
 
     namespace: str
@@ -294,6 +307,7 @@ class PodRequest:
     owner_references: tuple[OwnerReference, ...] = ()
     images: tuple[str, ...] = ()
     scheduling_gates: tuple[str, ...] = ()
+    resource_claims: tuple[ClaimRef, ...] = ()
 
     @property
     def key(self) -> str:

@@ -34,6 +34,10 @@ PodResources `List` and publishes the device ids of the pods kubegpu did not pla
 (`kubegpu.crishim.podresources`), so the scheduler counts exactly those ids. Without the socket the annotation is
 left as it is.
 
+DRA (`kubegpu.crishim.slices`): where the API server serves `resource.k8s.io/v1` (Kubernetes 1.34+), each round
+also keeps one ResourceSlice per plugin (`neuron.kubegpu.io`, `nvidia.kubegpu.io`, `gpu.intel.kubegpu.io`) equal to
+the healthy devices found, with the attributes kubegpu's topology rules read; `--resource-slices off` turns it off.
+
 API calls go through `kubegpu.kube.client.KubeClient` (a kubeconfig, or the in-cluster service account).
 """
 
@@ -68,6 +72,7 @@ from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, m
 from kubegpu.core.process import parse_interval
 from kubegpu.core.quantity import QuantityError, to_int
 from kubegpu.crishim import podresources
+from kubegpu.crishim.slices import SlicePublisher
 from kubegpu.kube.client import ApiError, KubeClient, now_rfc3339
 
 __all__ = [
@@ -105,6 +110,7 @@ class RoundResult:
     annotation: bool = False
     labels: bool = False
     status: bool = False
+    slices: int = 0  # ResourceSlices created, replaced or deleted
     error: str | None = None
     devices: NodeDevices = field(default_factory=NodeDevices)
 
@@ -125,7 +131,9 @@ class Advertiser:
         *,
         update_capacity: bool = False,
         pod_resources: Path | None = None,
+        resource_slices: bool = True,
     ) -> None:
+        self.slices = SlicePublisher(client, node_name) if resource_slices else None
         self.client = client
         self.pod_resources = pod_resources  # the kubelet's PodResources socket, None: not read
         self.plugins = plugins
@@ -186,6 +194,12 @@ class Advertiser:
             result.error = f"cannot patch node {self.node_name}: {exc}"
             log.error("%s", result.error, extra={"node": self.node_name})
             return result
+        if self.slices is not None:
+            try:
+                result.slices = self.slices.publish(str(metadata.get("uid") or ""), devices)
+            except ApiError as exc:
+                result.error = f"cannot publish the resource slices of node {self.node_name}: {exc}"
+                log.error("%s", result.error, extra={"node": self.node_name})
         self.labels_set = {k for a in advertisements.values() for k in a.labels}
         return result
 
@@ -481,6 +495,12 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         help=f"time between renewals, well under the duration (default {DEFAULT_LEASE_RENEW})",
     )
     parser.add_argument("--no-node-lease", dest="node_lease", action="store_false", help="do not renew a node Lease")
+    parser.add_argument(
+        "--resource-slices",
+        choices=["auto", "off"],
+        default="auto",
+        help="publish the devices as DRA ResourceSlices where the API server serves resource.k8s.io/v1 (default auto)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run)
 
@@ -511,6 +531,7 @@ def run(args: argparse.Namespace, *, client_factory: Callable[[str | None], Kube
         args.host_root,
         update_capacity=args.update_capacity,
         pod_resources=args.pod_resources_socket,
+        resource_slices=args.resource_slices == "auto",
     )
     stop = threading.Event()
     if args.node_lease and not args.once:

@@ -288,11 +288,11 @@ FIT = "NodeResourcesFit"
 # v1beta2 and later score the policy through NodeResourcesFit's scoringStrategy; these plugins are gone.
 RESOURCE_SCORES = frozenset({scores.MOST_ALLOCATED, scores.LEAST_ALLOCATED, "RequestedToCapacityRatio"})
 # kube-scheduler's plugins with nothing to run in kubegpu: the queue, binder and preemption are kubegpu's own,
-# `spec.nodeName` is always obeyed, volume limits and zones and dynamic resources are not checked (README). They
+# `spec.nodeName` is always obeyed, volume limits and zones are not checked (README). They
 # are in kube-scheduler's default multiPoint set, so a configuration copied from it names them.
 NOTHING_TO_RUN = frozenset(
     {"PrioritySort", "SchedulingGates", "DefaultPreemption", "DefaultBinder", "NodeName", "VolumeRestrictions",
-     "NodeVolumeLimits", "VolumeZone", "DynamicResources", "EBSLimits", "GCEPDLimits", "AzureDiskLimits",
+     "NodeVolumeLimits", "VolumeZone", "EBSLimits", "GCEPDLimits", "AzureDiskLimits",
      "CinderLimits"}
 )  # fmt: skip
 # kube-scheduler's default filters kubegpu has nothing to run for (README: volume limits and zones are not checked;
@@ -333,7 +333,8 @@ V1BETA2_SCORES: Mapping[str, int] = {
 V1_MULTI_POINT: tuple[tuple[str, int], ...] = (
     ("SchedulingGates", 0), ("PrioritySort", 0), ("NodeUnschedulable", 0), ("NodeName", 0), (scores.TAINTS, 3),
     (scores.NODE_AFFINITY, 2), ("NodePorts", 0), (FIT, 1), ("VolumeRestrictions", 0), ("NodeVolumeLimits", 0),
-    ("VolumeBinding", 0), ("VolumeZone", 0), (scores.SPREAD, 2), (scores.INTER_POD_AFFINITY, 2),
+    ("VolumeBinding", 0), ("VolumeZone", 0), ("DynamicResources", 0), (scores.SPREAD, 2),
+    (scores.INTER_POD_AFFINITY, 2),
     ("DefaultPreemption", 0), (scores.BALANCED, 1), (scores.IMAGE_LOCALITY, 1), ("DefaultBinder", 0),
     (scores.DEVICES, 1), (scores.FRAGMENTATION, 5),
 )  # fmt: skip

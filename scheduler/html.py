@@ -241,6 +241,23 @@ def _families(report: Report, quote: Callable[[str], str]) -> str:
     )
 
 
+def _claims(report: Report, quote: Callable[[str], str]) -> str:
+    """DRA claims and the devices allocated to them, one row per claim (none: no section)."""
+    if not report.claims:
+        return ""
+    rows = "".join(
+        f"<tr><td>{quote(pod)}</td><td>{quote(claim)}</td><td>{quote(node)}</td><td>{quote(', '.join(found))}</td></tr>"
+        for pod, claim, node, found in report.claims
+    )
+    table = (
+        "<table class=pods><thead><tr><th>pod</th><th>claim</th><th>node</th><th>devices</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+    )
+    if len(report.claims) > 50:
+        table = f"<details><summary>every claim ({len(report.claims)})</summary>{table}</details>"
+    return f'<section id="claims"><h2>DRA claims ({len(report.claims)})</h2>{table}</section>'
+
+
 def _pending(report: Report, quote: Callable[[str], str]) -> str:
     if not report.pending:
         return "<p>No pod is waiting.</p>"
@@ -444,6 +461,7 @@ def render_html(report: Report, *, generated: float | None = None) -> str:
         f'<section id="pending"><h2>Pending pods ({len(report.pending)})</h2>{_pending(report, quote)}</section>',
         _gangs(report, quote),
         _unverified(report, quote),
+        _claims(report, quote),
         '<section id="nodes"><h2>Nodes</h2><div class="tools">',
         '<input id="filter" type="search" placeholder="filter by node or pod name" aria-label="filter nodes">',
         '<span class="legend"><span><i style="background:#3e7bd6"></i>held (colour per pod)</span>',

@@ -19,7 +19,7 @@ from __future__ import annotations
 import colorsys
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -135,6 +135,8 @@ class Report:
     domains: tuple[DomainView, ...] = ()  # the narrowest level's domains that hold gangs
     unplaced_gangs: tuple[PendingPod, ...] = ()  # gangs none of whose members holds a place, with why
     curve: CurveView | None = None  # a trace replay's allocation curve
+    # DRA claims held by placed pods (the simulator's): (pod, claim, node, its devices as driver/pool/device).
+    claims: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()
 
     @property
     def devices(self) -> int:
@@ -358,9 +360,20 @@ def simulation_report(
     ]
     events = list(events) if not isinstance(events, list) else events
     domains, unplaced = gang_domains(engine, events)
+    claims = tuple(
+        (
+            pod,
+            str(claim["name"]),
+            str(event["node"]),
+            tuple(f"{r['driver']}/{r['pool']}/{r['device']}" for r in claim["allocation"]["devices"]["results"]),
+        )
+        for pod, event in last.items()
+        if event["event"] == "scheduled"
+        for claim in (event.get("claims") or {}).values()
+    )
     names = [str(f) for f in files]
     source = "kubegpu simulate " + " ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
-    return build_report(
+    report = build_report(
         engine,
         title="simulation of " + ", ".join(Path(n).name for n in names[:3]) + ("…" if len(names) > 3 else ""),
         source=f"{source}, policy {engine.policy}",
@@ -370,3 +383,4 @@ def simulation_report(
         unplaced_gangs=unplaced,
         curve=curve,
     )
+    return replace(report, claims=claims)

@@ -139,6 +139,7 @@ FILTER_PLUGINS = (
     "NodeAffinity",
     "TaintToleration",
     "VolumeBinding",
+    "DynamicResources",
     "PodTopologySpread",
     "InterPodAffinity",
 )

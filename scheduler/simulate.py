@@ -25,6 +25,10 @@ evicting pods of lower priority from one domain (`preempted` events with `"by": 
 member's event carries `"gang": "ns/name"`; members whose gang never completes are reported unschedulable at the
 end. The report lists the domains of the narrowest level (racks, cliques) with their gangs, and the gangs unplaced
 with their reason.
+DRA's DeviceClass, ResourceSlice, ResourceClaim and ResourceClaimTemplate documents (`resource.k8s.io/v1`) are read
+too: a pod's `spec.resourceClaims` are allocated as kube-scheduler 1.34 would (`kubegpu.scheduler.dra`; a claim from
+a template is named `<pod>-<claim>` and goes with its pod), and its event carries `"claims"`: each pod claim name ->
+`{"name", "allocation", "reservedFor"}`, the allocation in the upstream shape of the claim's `status.allocation`.
 Without `--json` it prints a report: placements, per-node device occupancy maps and a summary, every name, device id
 and reason from the input escaped and bounded as `kubegpu.core.text.safe_text` makes it (a file is someone else's
 text: an escape sequence in a pod name must not reach the terminal). Invalid input exits
@@ -64,6 +68,7 @@ from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.nodes import Node
 from yaml.resolver import Resolver
 
+from kubegpu.core import dra
 from kubegpu.core.errors import InputError, shorten
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
@@ -380,7 +385,7 @@ def load_documents(
 
 
 def _event(decision: Decision) -> dict[str, Any]:
-    return {
+    event = {
         "pod": decision.pod,
         "event": "scheduled" if decision.scheduled else "unschedulable",
         "node": decision.node,
@@ -388,6 +393,18 @@ def _event(decision: Decision) -> dict[str, Any]:
         "devices": decision.allocation.containers if decision.allocation is not None else {},
         "annotations": decision.annotations,
     }
+    if decision.claims:
+        event["claims"] = decision.claims
+    return event
+
+
+def claim_devices(claims: dict[str, Any]) -> str:
+    """A pod's DRA claims on one line: `gpu=neuron.kubegpu.io/node-1/neuron-0,...; ...`."""
+    return "; ".join(
+        f"{ref}="
+        + ",".join(f"{r['driver']}/{r['pool']}/{r['device']}" for r in claim["allocation"]["devices"]["results"])
+        for ref, claim in claims.items()
+    )
 
 
 OBJECT_KINDS: dict[str, Callable[[dict[str, Any]], object]] = {
@@ -398,6 +415,10 @@ OBJECT_KINDS: dict[str, Callable[[dict[str, Any]], object]] = {
     **{kind: partial(objects.owner, kind) for kind in OWNER_KINDS},
     "PodGroup": podgroups.pod_group,
     "Topology": podgroups.topology_levels,
+    "DeviceClass": dra.device_class,
+    "ResourceSlice": dra.resource_slice,
+    "ResourceClaim": dra.resource_claim,
+    "ResourceClaimTemplate": dra.resource_claim_template,
 }
 
 
@@ -434,6 +455,18 @@ class Cluster:
                 cluster.classes[found_class.name] = found_class
             elif kind in OWNER_KINDS:
                 engine.set_owner(*objects.owner(kind, document))
+            elif kind == "DeviceClass":
+                device_class = dra.device_class(document)
+                engine.set_device_class(device_class.name, device_class)
+            elif kind == "ResourceSlice":
+                piece = dra.resource_slice(document)
+                engine.set_resource_slice(piece.name, piece)
+            elif kind == "ResourceClaim":
+                claim = dra.resource_claim(document)
+                engine.set_resource_claim(claim.namespace, claim.name, claim)
+            elif kind == "ResourceClaimTemplate":
+                template = dra.resource_claim_template(document)
+                engine.set_resource_claim_template(template.namespace, template.name, template)
         return cluster
 
     def resolve(self, pod: PodRequest) -> PodRequest:
@@ -614,6 +647,8 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
             f"{c}: " + ", ".join(f"{r.split('/')[-1]}={','.join(ids)}" for r, ids in res.items())
             for c, res in e["devices"].items()
         )
+        if e.get("claims"):
+            devices = "; ".join(filter(None, (devices, "claims: " + claim_devices(e["claims"]))))
         pod, node, devices = safe_text(e["pod"]), safe_text(e["node"] or "-"), safe_text(devices or "-")
         write(f"  {pod:40} {e['event']:14} {node:24} {devices}\n")
     write("\nDEVICE OCCUPANCY\n")

@@ -19,7 +19,7 @@ from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.scheduler_hooks import Headroom
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine.ledger import Ledger
-from kubegpu.scheduler.engine.records import CPU_INDEX, NAME_LABELS, UNKNOWN_FREE, NodeRecord, PodRecord, log
+from kubegpu.scheduler.engine.records import CPU_INDEX, DRA_INDEX, NAME_LABELS, UNKNOWN_FREE, NodeRecord, PodRecord, log
 from kubegpu.scheduler.index import CapacityIndex, zone_key
 
 MAX_CHANGES = 1 << 16  # node changes remembered by `changed_since`
@@ -194,6 +194,8 @@ class NodeCache(Ledger):
         record.version += 1
         name = record.name
         self._index[CPU_INDEX].set(name, record.free("cpu"), record.klass)
+        if self.dra.slices:
+            self._index.setdefault(DRA_INDEX, CapacityIndex()).set(name, self.dra.free_devices(name), record.klass)
         for plugin in record.problems.keys() - record.states.keys():  # build_node failed
             for resource in self._unknown_headroom(record, plugin).free:
                 self._index.setdefault(resource, CapacityIndex()).set(name, UNKNOWN_FREE, record.klass)
@@ -262,6 +264,8 @@ class NodeCache(Ledger):
         self.pods[key] = pod_record
         record.pods[key] = None
         self._count_usage(record, pod_record.request, +1)
+        if pod_record.claims is not None:
+            self._refresh_others(record, self.dra.hold(pod_record.claims))
         self._refresh(record)
 
     def release(self, key: str) -> PodRecord | None:
@@ -272,14 +276,28 @@ class NodeCache(Ledger):
         record = self.nodes.get(pod_record.node)
         if record is None:
             self._forget_anti(key)
+            if pod_record.claims is not None:
+                self._refresh_others(None, self.dra.give_back(pod_record.claims, pod_record.request.uid))
             return pod_record
         for plugin, part in pod_record.parts.items():
             if plugin in record.states:
                 self._give_back_devices(record, plugin, key, part)
+        if pod_record.claims is not None:
+            self._refresh_others(record, self.dra.give_back(pod_record.claims, pod_record.request.uid))
         record.pods.pop(key, None)
         self._count_usage(record, pod_record.request, -1)
         self._refresh(record)
         return pod_record
+
+    def _refresh_others(self, record: NodeRecord | None, touched: set[str]) -> None:
+        """A pod's DRA claims were held or given back on `record`'s node: other nodes whose devices they name (a
+        device shared between nodes) answer anew."""
+        if "*" in touched:
+            touched = set(self.nodes)
+        for name in touched:
+            other = self.nodes.get(name)
+            if other is not None and other is not record:
+                self._refresh(other)
 
     @contextmanager
     def pods_removed(self, keys: Iterable[str]) -> Iterator[list[PodRecord]]:

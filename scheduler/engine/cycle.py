@@ -16,6 +16,7 @@ from kubegpu.core.models import (
 from kubegpu.core.status import Code, Status
 from kubegpu.scheduler.engine.records import (
     CPU_INDEX,
+    DRA_INDEX,
     UNKNOWN_FREE,
     Decision,
     NodeRecord,
@@ -210,6 +211,11 @@ class Cycle(Reserving):
         selected by cpu, unless NodeResourcesFit is off: then no node is refused for what it lacks.
         """
         needs = [pair for _, pairs in plan.devices for pair in pairs]
+        if not needs and pod.resource_claims and self._dra_on and DRA_INDEX in self._index:
+            # DRA pods by the devices no claim holds: a node with fewer than the claims can take is no candidate.
+            need = self.dra.min_devices(pod)
+            if need > 0:
+                return self._index[DRA_INDEX], DRA_INDEX, need
         if not needs:
             cpu = pod.cpu_milli if self._fit_by_index else -UNKNOWN_FREE
             return self._index[CPU_INDEX], "cpu", cpu

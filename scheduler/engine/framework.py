@@ -19,18 +19,21 @@ from typing import Any, Protocol
 
 from kubegpu.core.models import NodeSelectorTerm, PodRequest, SpreadConstraint
 from kubegpu.core.status import Status
+from kubegpu.scheduler.dra import DraBook
 from kubegpu.scheduler.engine.records import NodeRecord, Plan, Verdict
 from kubegpu.scheduler.podindex import Domains, PodIndex
 from kubegpu.scheduler.scores import Profile
 
 
 class FilterContext(Protocol):
-    """What a node filter may read of the engine besides the node: the claims and volumes a front-end reports."""
+    """What a node filter may read of the engine besides the node: the claims and volumes a front-end reports, and
+    the DRA objects (`DraBook`)."""
 
     track_volumes: bool
     claims: dict[tuple[str, str], str]
     deleting_claims: set[tuple[str, str]]
     volumes: dict[str, tuple[NodeSelectorTerm, ...] | None]
+    dra: DraBook
 
 
 class NodeFilter(Protocol):

@@ -1,8 +1,9 @@
 """kube-scheduler 1.20's filters in its order: the node-local ones as `NodeFilter` objects (NodeUnschedulable, the
 Ready condition, TaintToleration, NodeAffinity, which read only the node, then NodePorts, NodeResourcesFit and
-VolumeBinding, which read what is in use), then the cluster-wide ones as `ClusterFilter` objects (PodTopologySpread,
-InterPodAffinity), whose PreFilter state the engine makes once per pod and generation (`Filtering._cluster_state`).
-The rules themselves are pure functions in `kubegpu.scheduler.filters` and `kubegpu.scheduler.podindex`.
+VolumeBinding, which read what is in use, and 1.34's DynamicResources: DRA claims, `kubegpu.scheduler.dra`), then the
+cluster-wide ones as `ClusterFilter` objects (PodTopologySpread, InterPodAffinity), whose PreFilter state the engine
+makes once per pod and generation (`Filtering._cluster_state`). The rules themselves are pure functions in
+`kubegpu.scheduler.filters` and `kubegpu.scheduler.podindex`.
 """
 
 from __future__ import annotations
@@ -148,6 +149,19 @@ class VolumeBinding:
         return None
 
 
+class DynamicResources:
+    """kube-scheduler's DynamicResources Filter: the pod's ResourceClaims can all be allocated (or are allocated)
+    for the node (`kubegpu.scheduler.dra`)."""
+
+    name, reads_usage = "DynamicResources", True
+
+    def applies(self, pod: PodRequest) -> bool:
+        return bool(pod.resource_claims)
+
+    def filter(self, engine: FilterContext, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
+        return engine.dra.fit(record.info.name, record.info.labels, pod)
+
+
 # The built-in node filters by name, in the order they run.
 KUBE_FILTERS: tuple[NodeFilter, ...] = (
     NodeUnschedulable(),
@@ -157,6 +171,7 @@ KUBE_FILTERS: tuple[NodeFilter, ...] = (
     NodePorts(),
     NodeResourcesFit(),
     VolumeBinding(),
+    DynamicResources(),
 )
 
 

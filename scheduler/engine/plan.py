@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kubegpu.core import dra
 from kubegpu.core.models import (
     LabelSelector,
     NodeSelectorTerm,
@@ -39,6 +40,11 @@ class Planning(NodeCache):
         return routes
 
     def _validate(self, pod: PodRequest, routes: dict[str, list[str]]) -> Status:
+        if pod.resource_claims and self._dra_on:
+            # DynamicResources' PreFilter: every claim (or template) and class it names exists.
+            demands = self.dra.demands(pod)
+            if isinstance(demands, Status):
+                return Status(demands.code, (f"0/{len(self.nodes)} nodes are available: {demands.message}.",))
         for plugin in routes:
             if not plugin:
                 continue
@@ -78,6 +84,8 @@ class Planning(NodeCache):
         """What a plan is made again after: the generation (volatile) or the anti-affinity epoch, plus the volume
         epoch for a pod naming claims (the counters only grow, so the sum moves whenever one of them does)."""
         stamp = self.generation if volatile else self._anti_epoch
+        if pod.resource_claims:
+            stamp += self.dra.epoch + self.dra.shared_epoch
         return stamp + self._volume_epoch if pod.claims else stamp
 
     def _plan(self, pod: PodRequest) -> Plan:
@@ -113,6 +121,9 @@ class Planning(NodeCache):
         prepared = self._prepare(pod, routes, signature)
         if pod.claims:
             signature += (pod.namespace, pod.claims, self._volume_epoch)
+        drakey = self.dra.demand_key(pod) if pod.resource_claims else ()
+        if drakey:
+            signature += ("dra", pod.namespace, drakey)
         added, third_party = self._added_filters, False
         node_rules: tuple[NodeRule, ...] = ()
         usage_rules: tuple[NodeRule, ...] = ()
@@ -134,6 +145,7 @@ class Planning(NodeCache):
                 pod.host_ports,
                 pod.preferred_node_affinity,
                 *((pod.namespace, pod.claims, self._volume_epoch) if pod.claims else ()),
+                *(("dra", pod.namespace, drakey) if drakey else ()),
             )
         local = self._signatures.setdefault(local, local)
         if not added:  # kube-scheduler's filters alone: which apply follows from what `local` holds
@@ -168,7 +180,7 @@ class Planning(NodeCache):
             local,
             fit=fit_order(pod),
             volatile=volatile,
-            settles=not (volatile or by_name or pod.claims),
+            settles=not (volatile or by_name or pod.claims or pod.resource_claims),
             stamp=self._stamp(volatile, pod),
             prepared=prepared,
             hard_spread=hard,
@@ -231,6 +243,35 @@ class Planning(NodeCache):
             self.volumes[name] = terms
         self._volume_epoch += 1
         return True
+
+    # -- DRA objects (`kubegpu.scheduler.dra`): a change makes the answers of the nodes it touches stale -------------
+
+    def set_device_class(self, name: str, found: dra.DeviceClass | None) -> None:
+        """A DeviceClass added, changed or deleted (None)."""
+        self.dra.set_class(name, found)
+
+    def set_resource_claim_template(self, namespace: str, name: str, found: dra.Template | None) -> None:
+        """A ResourceClaimTemplate added, changed or deleted (None)."""
+        self.dra.set_template((namespace, name), found)
+
+    def set_resource_claim(self, namespace: str, name: str, found: dra.Claim | None) -> None:
+        """A ResourceClaim added, changed (allocated or reserved by someone) or deleted (None): the devices its
+        allocation names are in use, or free again."""
+        self._refresh_nodes(self.dra.set_claim((namespace, name), found))
+
+    def set_resource_slice(self, name: str, found: dra.Slice | None) -> None:
+        """A ResourceSlice added, changed or deleted (None): the devices of its node (or of every node it is
+        shared with) change."""
+        self._refresh_nodes(self.dra.set_slice(name, found))
+
+    def _refresh_nodes(self, names: set[str]) -> None:
+        if "*" in names:
+            names = set(self.nodes)
+            self.dra.shared_epoch += 1
+        for name in names:
+            record = self.nodes.get(name)
+            if record is not None:
+                self._refresh(record)
 
     def claim_keys(self) -> list[tuple[str, str]]:
         """The claims the engine knows, as (namespace, name) (`set_claim`)."""

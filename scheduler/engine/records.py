@@ -22,6 +22,7 @@ from kubegpu.core.models import (
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Code, Status
 from kubegpu.core.text import MAX_TEXT_CHARS, safe_text
+from kubegpu.scheduler.dra import PodClaims
 
 log = logging.getLogger("kubegpu.engine")
 
@@ -29,6 +30,7 @@ Policy = Literal["binpack", "spread"]
 POLICIES: tuple[Policy, ...] = ("binpack", "spread")
 BASIC_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
 CPU_INDEX = "cpu"
+DRA_INDEX = "resource.k8s.io/devices"  # a node's DRA devices no claim holds (`DraBook.free_devices`)
 NAME_LABELS = frozenset({"kubernetes.io/hostname"})
 # Pod shapes whose filter answers and node-local scores a node remembers; past it the shape asked about longest ago
 # goes. Device pods' shapes include their labels (a plugin may read them), so each Deployment's replicas are a shape.
@@ -84,6 +86,8 @@ class PodRecord:
     # Set aside by count for a bound pod without a verified allocation: no container was given these devices, so
     # any verified allocation naming them takes them over (`Engine.admit_by_count`).
     by_count: bool = False
+    # The DRA claims the pod holds (`kubegpu.scheduler.dra`): entered and given back with the pod.
+    claims: PodClaims | None = None
 
 
 # A node filter's bound `filter` method (`framework.NodeFilter`): (engine, node, pod, plan) -> refusal or None.
@@ -196,6 +200,9 @@ class Decision:
     allocation: AllocationRecord | None = None
     annotations: dict[str, str] = field(default_factory=dict)
     code: Code = Code.SUCCESS
+    # The pod's DRA claims once reserved: pod claim name -> {name, allocation (upstream `status.allocation`),
+    # reservedFor}, what a front-end writes to each ResourceClaim's status.
+    claims: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         reason = self.reason

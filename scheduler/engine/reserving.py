@@ -17,7 +17,7 @@ from kubegpu.core.annotations import (
 )
 from kubegpu.core.models import PluginAllocation, PodRequest
 from kubegpu.core.plugin_manager import PluginHookError
-from kubegpu.core.status import Code
+from kubegpu.core.status import Code, Status
 from kubegpu.scheduler.engine.records import Decision, NodeRecord, Plan, PodRecord
 from kubegpu.scheduler.engine.scoring import Scoring
 
@@ -37,7 +37,12 @@ class Reserving(Scoring):
         if held is not None:
             if held.node == name and held.request.uid == pod.uid and not held.by_count:
                 return Decision(
-                    pod.key, True, node=name, allocation=held.allocation, annotations=dict(held.annotations)
+                    pod.key,
+                    True,
+                    node=name,
+                    allocation=held.allocation,
+                    annotations=dict(held.annotations),
+                    claims=held.claims.shown() if held.claims is not None else {},
                 )
             return Decision(
                 pod.key, False, reason=f"pod {pod.key} already holds resources on a node", code=Code.UNRESOLVABLE
@@ -82,6 +87,13 @@ class Reserving(Scoring):
                     code=Code.UNSCHEDULABLE,
                 )
             parts[plugin] = allocation
+        claims = None
+        if pod.resource_claims and self._dra_on:
+            # DynamicResources' Reserve: the devices of the claims not yet allocated, chosen on this node.
+            outcome = self.dra.allocate(name, record.info.labels, pod)
+            if isinstance(outcome, Status):
+                return Decision(pod.key, False, reason=outcome.message, code=outcome.code)
+            claims = outcome
         status = self._hold_devices(record, pod, parts)
         if not status.ok:
             return Decision(pod.key, False, reason=status.message, code=status.code)
@@ -96,5 +108,12 @@ class Reserving(Scoring):
             for part in parts.values():
                 annotations.update(part.annotations)
             annotations[ALLOCATION_KEY] = encode_allocation(allocation_record)
-        self._enter(record, PodRecord(pod, name, parts, allocation_record, annotations))
-        return Decision(pod.key, True, node=name, allocation=allocation_record, annotations=annotations)
+        self._enter(record, PodRecord(pod, name, parts, allocation_record, annotations, claims=claims))
+        return Decision(
+            pod.key,
+            True,
+            node=name,
+            allocation=allocation_record,
+            annotations=annotations,
+            claims=claims.shown() if claims is not None else {},
+        )

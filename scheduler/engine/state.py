@@ -20,6 +20,7 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import KubegpuPluginManager
 from kubegpu.scheduler import scores
+from kubegpu.scheduler.dra import DraBook
 from kubegpu.scheduler.engine.framework import NodeFilter, PermitPlugin, ScorePlugin
 from kubegpu.scheduler.engine.kubefilters import CLUSTER_FILTERS, KUBE_FILTERS, NodeResourcesFit, enabled_filters
 from kubegpu.scheduler.engine.kubescores import KUBE_SCORES, enabled_scores
@@ -76,6 +77,8 @@ class EngineState:
         node_filters, self._cluster_filters = enabled_filters((*filters, *added_filters), self.scoring.filters_off)
         self._node_filters = tuple(rule for rule in node_filters if not rule.reads_usage)
         self._usage_filters = tuple(rule for rule in node_filters if rule.reads_usage)
+        # DynamicResources on: its PreFilter (`_validate`) and Reserve (`_allocate_and_hold`) run with its Filter.
+        self._dra_on = any(rule.name == "DynamicResources" for rule in node_filters)
         self._added_filters = frozenset(
             rule.filter for rule in node_filters if rule not in KUBE_FILTERS
         )  # a third party's
@@ -141,6 +144,9 @@ class EngineState:
         self.claims: dict[tuple[str, str], str] = {}
         self.deleting_claims: set[tuple[str, str]] = set()  # claims with a deletionTimestamp
         self.volumes: dict[str, tuple[NodeSelectorTerm, ...] | None] = {}
+        # DRA (`kubegpu.scheduler.dra`): DeviceClasses, ResourceSlices, ResourceClaims and their templates, and the
+        # devices allocated; a pod's claims are held with it (`PodRecord.claims`).
+        self.dra = DraBook()
 
         # -- epochs: counters that only grow, bumped by the changes the memos below depend on ----------------------
         # Every change of a node's state is numbered; `changed_since` names the nodes changed after a number, so a
@@ -189,6 +195,10 @@ class EngineState:
         # the node-local filter answers and raw scores, stale when the node's version moved (every change of its
         # usage, devices or liveness) or the shape is another's; `CHECKS_REMEMBERED` shapes per node, oldest out.
         # `last_score`: (node version, Plan.signature, the extender's device score), one slot.
+        # `dra._answers` (`DraBook`): (CEL expression, device facts) -> the selector's answer, and `dra._both`:
+        # (class selectors, request selectors, device facts) -> both accept. Never stale: the facts are all a
+        # selector reads of a device. Past 65536, cleared. A pod's DRA answers are in `last_check` under its
+        # plan's `local`, which holds its claims' specs and the DRA epochs (`DraBook.demand_key`).
 
     def forget_memos(self) -> None:
         """Drop every memo listed above: the engine then answers from its state alone (the tests' oracle)."""
@@ -202,5 +212,6 @@ class EngineState:
         self._cluster = None
         self._tallies.clear()
         self._owners.forget_memos()
+        self.dra.forget_memos()
         for record in self.nodes.values():
             record.last_check, record.last_raw, record.last_score = {}, {}, None

@@ -62,6 +62,7 @@ def test_kube_schedulers_node_filters_are_registered_by_name_in_its_order() -> N
         "NodePorts",
         "NodeResourcesFit",
         "VolumeBinding",
+        "DynamicResources",
     ]
     configurable = set(scores.FILTER_PLUGINS) - {"PodTopologySpread", "InterPodAffinity"}  # cluster-wide: PreFilter
     assert configurable <= {rule.name for rule in KUBE_FILTERS}

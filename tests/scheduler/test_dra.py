@@ -1,0 +1,595 @@
+"""DRA in the engine and the simulator: pods' ResourceClaims (named, or made from ResourceClaimTemplates) allocated
+against ResourceSlices by DeviceClass and request CEL selectors, counts, `allocationMode: All`, `matchAttribute`, and
+kubegpu's own topology rules for its drivers' devices; the allocation in the upstream shape of `status.allocation`.
+Every object is in the exact upstream shape of `resource.k8s.io/v1` (Kubernetes 1.34), as `dra_objects` builds it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubegpu.core import dra
+from kubegpu.core.testing import node_manifest
+from kubegpu.scheduler.testing import (
+    NEURON,
+    claim,
+    claim_pod,
+    claim_spec,
+    device_class,
+    exactly,
+    generic_slice,
+    neuron_slice,
+    simulate,
+    template,
+)
+
+NEURON_CLASS = device_class("neuron", f'device.driver == "{NEURON}"')
+
+
+def run(*documents: dict[str, Any]) -> list[dict[str, Any]]:
+    return simulate(documents, plugins={})
+
+
+def devices(event: dict[str, Any], ref: str = "dev") -> list[str]:
+    return [r["device"] for r in event["claims"][ref]["allocation"]["devices"]["results"]]
+
+
+def test_a_pod_with_a_template_claim_gets_its_devices_in_the_upstream_allocation_shape() -> None:
+    events = run(
+        node_manifest("n1"),
+        NEURON_CLASS,
+        neuron_slice("n1", 4),
+        template("two", claim_spec(exactly("devs", "neuron", 2))),
+        claim_pod("p", templates={"dev": "two"}),
+    )
+    (event,) = events
+    assert event["event"] == "scheduled" and event["node"] == "n1"
+    assert event["claims"] == {
+        "dev": {
+            "name": "p-dev",
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "devs", "driver": NEURON, "pool": "n1", "device": "neuron-0"},
+                        {"request": "devs", "driver": NEURON, "pool": "n1", "device": "neuron-1"},
+                    ],
+                    "config": [],
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+                    ]
+                },
+            },
+            "reservedFor": [
+                {"resource": "pods", "name": "p", "uid": events[0]["claims"]["dev"]["reservedFor"][0]["uid"]}
+            ],
+        }
+    }
+
+
+def test_a_device_is_never_allocated_twice_and_comes_back_with_its_pod() -> None:
+    one = template("one", claim_spec(exactly("d", "neuron")))
+    events = run(
+        node_manifest("n1"),
+        NEURON_CLASS,
+        neuron_slice("n1", 2),
+        one,
+        claim_pod("a", templates={"dev": "one"}),
+        claim_pod("b", templates={"dev": "one"}),
+        claim_pod("c", templates={"dev": "one"}),
+        claim_pod("a", templates={"dev": "one"}, deleted=True),
+        claim_pod("d", templates={"dev": "one"}),
+    )
+    by_pod = {(e["pod"], e["event"]): e for e in events}
+    held = devices(by_pod[("default/a", "scheduled")]), devices(by_pod[("default/b", "scheduled")])
+    assert sorted(held[0] + held[1]) == ["neuron-0", "neuron-1"]
+    assert by_pod[("default/c", "unschedulable")]["reason"] == "0/1 nodes are available: 1 cannot allocate all claims."
+    assert devices(by_pod[("default/d", "scheduled")]) == held[0]  # a's device, given back with a
+
+
+@pytest.mark.parametrize(
+    ("class_selector", "request_selector", "expected"),
+    [
+        pytest.param('device.attributes["gpu.example.com"].model == "a100"', None, ["g1"], id="class-selector"),
+        pytest.param(
+            None,
+            'device.capacity["gpu.example.com"].memory.compareTo(quantity("60Gi")) >= 0',
+            ["g1"],
+            id="capacity-quantity",
+        ),
+        pytest.param(None, '"nvlink" in device.attributes["other.example.com"]', None, id="missing-domain-empty-map"),
+        pytest.param(None, 'device.attributes["gpu.example.com"].index > 0', ["g1"], id="int-attribute"),
+    ],
+)
+def test_class_and_request_selectors_choose_devices(
+    class_selector: str | None, request_selector: str | None, expected: list[str] | None
+) -> None:
+    piece = generic_slice(
+        "n1",
+        "gpu.example.com",
+        [
+            ("g0", {"model": {"string": "t4"}, "index": {"int": 0}}),
+            ("g1", {"model": {"string": "a100"}, "index": {"int": 1}}),
+        ],
+    )
+    piece["spec"]["devices"][0]["capacity"] = {"memory": {"value": "16Gi"}}
+    piece["spec"]["devices"][1]["capacity"] = {"memory": {"value": "80Gi"}}
+    selectors = (request_selector,) if request_selector else ()
+    events = run(
+        node_manifest("n1"),
+        device_class("gpu", *((class_selector,) if class_selector else ())),
+        piece,
+        template("t", claim_spec(exactly("gpu", "gpu", 1, *selectors))),
+        claim_pod("p", templates={"dev": "t"}),
+    )
+    if expected is None:
+        assert events[0]["event"] == "unschedulable"
+    else:
+        assert devices(events[0]) == expected
+
+
+def test_a_failing_expression_refuses_with_its_error_naming_the_claim_request_and_selector() -> None:
+    events = run(
+        node_manifest("n1"),
+        NEURON_CLASS,
+        neuron_slice("n1", 2),
+        template("t", claim_spec(exactly("devs", "neuron", 1, 'device.attributes["neuron.kubegpu.io"].nope == 1'))),
+        claim_pod("p", templates={"dev": "t"}),
+    )
+    reason = events[0]["reason"]
+    assert events[0]["event"] == "unschedulable"
+    assert "claim default/p-dev, request devs: selector #0: CEL runtime error" in reason, reason
+    assert "nope" in reason
+
+
+@pytest.mark.parametrize(
+    ("expression", "problem"),
+    [
+        pytest.param("[1, 2].all(x, [3, 4].exists(y, y > x))", "a comprehension inside another", id="nested"),
+        pytest.param(" || ".join(["true"] * 1001), "more than 1000 tokens", id="too-many-tokens"),
+        pytest.param("device.driver ==", "compilation failed", id="does-not-compile"),
+        pytest.param("device.driver", "must evaluate to bool", id="not-a-bool"),
+    ],
+)
+def test_an_expression_over_the_cost_bound_or_wrong_is_refused_with_why(expression: str, problem: str) -> None:
+    events = run(
+        node_manifest("n1"),
+        device_class("bad", expression),
+        neuron_slice("n1", 1),
+        template("t", claim_spec(exactly("devs", "bad"))),
+        claim_pod("p", templates={"dev": "t"}),
+    )
+    assert events[0]["event"] == "unschedulable"
+    assert "class bad: selector #0: " in events[0]["reason"] and problem in events[0]["reason"], events[0]["reason"]
+
+
+def test_allocation_mode_all_takes_every_matching_device_and_waits_while_one_is_in_use() -> None:
+    events = run(
+        node_manifest("n1"),
+        NEURON_CLASS,
+        neuron_slice("n1", 3),
+        template("one", claim_spec(exactly("d", "neuron"))),
+        template("all", claim_spec(exactly("d", "neuron", mode="All"))),
+        claim_pod("everything", templates={"dev": "all"}),
+        claim_pod("everything", templates={"dev": "all"}, deleted=True),
+        claim_pod("single", templates={"dev": "one"}),
+        claim_pod("everything-again", templates={"dev": "all"}),
+    )
+    assert devices(events[0]) == ["neuron-0", "neuron-1", "neuron-2"]
+    assert events[2]["event"] == "scheduled"
+    assert events[3]["event"] == "unschedulable"
+    assert events[3]["reason"] == "0/1 nodes are available: 1 cannot allocate all claims."
+
+
+def test_match_attribute_puts_the_devices_of_two_requests_on_one_value() -> None:
+    domain = "gpu.example.com"
+    piece = generic_slice(
+        "n1",
+        domain,
+        [
+            ("g0", {"numa": {"int": 0}, "kind": {"string": "gpu"}}),
+            ("nic1", {"numa": {"int": 1}, "kind": {"string": "nic"}}),
+            ("g1", {"numa": {"int": 1}, "kind": {"string": "gpu"}}),
+        ],
+    )
+    spec = claim_spec(
+        exactly("gpu", "any", 1, f'device.attributes["{domain}"].kind == "gpu"'),
+        exactly("nic", "any", 1, f'device.attributes["{domain}"].kind == "nic"'),
+        constraints=[{"requests": ["gpu", "nic"], "matchAttribute": f"{domain}/numa"}],
+    )
+    events = run(
+        node_manifest("n1"), device_class("any"), piece, template("t", spec), claim_pod("p", templates={"dev": "t"})
+    )
+    assert devices(events[0]) == ["g1", "nic1"]  # g0 is first, but no NIC shares its NUMA node
+
+
+@pytest.mark.parametrize(
+    ("counts", "expected"),
+    [
+        pytest.param(
+            [4, 8],
+            [["neuron-0", "neuron-1", "neuron-2", "neuron-3"], [f"neuron-{i}" for i in range(8, 16)]],
+            id="torus-rows-then-half",
+        ),
+        pytest.param([1, 4], [["neuron-0"], ["neuron-4", "neuron-5", "neuron-6", "neuron-7"]], id="a-row-left-whole"),
+        pytest.param([7], None, id="seven-is-no-torus-set"),
+    ],
+)
+def test_neuron_devices_are_chosen_by_the_torus_rule(counts: list[int], expected: list[list[str]] | None) -> None:
+    documents: list[dict[str, Any]] = [
+        node_manifest("trn"),
+        NEURON_CLASS,
+        neuron_slice("trn", 16, topology="torus", rows=4, columns=4),
+    ]
+    for i, count in enumerate(counts):
+        documents.append(template(f"t{i}", claim_spec(exactly("d", "neuron", count))))
+        documents.append(claim_pod(f"p{i}", templates={"dev": f"t{i}"}))
+    events = run(*documents)
+    if expected is None:
+        assert events[0]["event"] == "unschedulable"
+        assert events[0]["reason"] == "0/1 nodes are available: 1 cannot allocate all claims."
+        return
+    assert [devices(e) for e in events] == expected
+
+
+def test_neuron_ring_windows_are_contiguous() -> None:
+    """Devices 0 and 3 of a ring of 7 are taken: a request for 3 gets the window 4-6 (the first three free devices,
+    1, 2 and 4, are no window), then a request for 2 the run 1-2."""
+    taken = claim(
+        "taken",
+        claim_spec(exactly("d", "neuron", 2)),
+        allocation={
+            "devices": {
+                "results": [{"request": "d", "driver": NEURON, "pool": "inf", "device": f"neuron-{i}"} for i in (0, 3)]
+            }
+        },
+    )
+    events = run(
+        node_manifest("inf"),
+        NEURON_CLASS,
+        neuron_slice("inf", 7),
+        taken,
+        template("three", claim_spec(exactly("d", "neuron", 3))),
+        template("two", claim_spec(exactly("d", "neuron", 2))),
+        claim_pod("p", templates={"dev": "three"}),
+        claim_pod("q", templates={"dev": "two"}),
+    )
+    assert devices(events[0]) == ["neuron-4", "neuron-5", "neuron-6"]
+    assert devices(events[1]) == ["neuron-1", "neuron-2"]
+
+
+def test_nvidia_gpus_are_chosen_within_an_nvlink_group() -> None:
+    driver = "nvidia.kubegpu.io"
+    piece = generic_slice(
+        "p3",
+        driver,
+        [
+            (f"gpu-{i}", {"index": {"int": i}, "gpuCount": {"int": 4}, "nvlinkGroup": {"string": str(i // 2)}})
+            for i in range(4)
+        ],
+    )
+    events = run(
+        node_manifest("p3"),
+        device_class("gpu", f'device.driver == "{driver}"'),
+        piece,
+        template("one", claim_spec(exactly("g", "gpu", 1))),
+        template("two", claim_spec(exactly("g", "gpu", 2))),
+        claim_pod("single", templates={"dev": "one"}),
+        claim_pod("pair", templates={"dev": "two"}),
+    )
+    assert devices(events[0]) == ["gpu-0"]
+    assert devices(events[1]) == ["gpu-2", "gpu-3"]  # one NVLink group, not gpu-1 and gpu-2
+
+
+def test_a_named_claim_is_shared_by_its_pods_on_its_node() -> None:
+    events = run(
+        node_manifest("n1"),
+        node_manifest("n2"),
+        NEURON_CLASS,
+        neuron_slice("n2", 1),
+        claim("shared", claim_spec(exactly("d", "neuron"))),
+        claim_pod("a", claims={"dev": "shared"}),
+        claim_pod("b", claims={"dev": "shared"}),
+    )
+    assert [e["node"] for e in events] == ["n2", "n2"]
+    assert devices(events[0]) == devices(events[1]) == ["neuron-0"]
+    assert [c["name"] for c in events[1]["claims"]["dev"]["reservedFor"]] == ["a", "b"]
+
+
+def test_a_claim_allocated_for_another_node_keeps_the_pod_off_this_one() -> None:
+    allocated = claim(
+        "elsewhere",
+        claim_spec(exactly("d", "neuron")),
+        allocation={
+            "devices": {"results": [{"request": "d", "driver": NEURON, "pool": "n2", "device": "neuron-0"}]},
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]}]
+            },
+        },
+    )
+    events = run(
+        node_manifest("n1"),
+        node_manifest("n2", taints=[{"key": "busy", "value": "yes", "effect": "NoSchedule"}]),
+        NEURON_CLASS,
+        neuron_slice("n1", 1),
+        neuron_slice("n2", 1),
+        allocated,
+        claim_pod("p", claims={"dev": "elsewhere"}),
+    )
+    assert events[0]["event"] == "unschedulable"
+    assert "1 resourceclaim not available on the node" in events[0]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("documents", "reason"),
+    [
+        pytest.param([claim_pod("p", claims={"dev": "missing"})], 'resourceclaim "missing" not found', id="claim"),
+        pytest.param(
+            [template("t", claim_spec(exactly("devs", "missing"))), claim_pod("p", templates={"dev": "t"})],
+            "request devs: device class missing does not exist",
+            id="class",
+        ),
+        pytest.param([claim_pod("p", templates={"dev": "nope"})], 'resourceclaimtemplate "nope" not found', id="tmpl"),
+    ],
+)
+def test_prefilter_refusals_in_kube_schedulers_words(documents: list[dict[str, Any]], reason: str) -> None:
+    events = run(node_manifest("n1"), NEURON_CLASS, neuron_slice("n1", 1), *documents)
+    assert events[-1]["event"] == "unschedulable"
+    assert events[-1]["reason"] == f"0/1 nodes are available: {reason}."
+
+
+def test_first_available_takes_the_first_alternative_that_fits() -> None:
+    spec = claim_spec(
+        {
+            "name": "gpu",
+            "firstAvailable": [
+                {"name": "big", "deviceClassName": "neuron", "count": 4},
+                {"name": "small", "deviceClassName": "neuron", "count": 1},
+            ],
+        }
+    )
+    events = run(
+        node_manifest("n1"),
+        NEURON_CLASS,
+        neuron_slice("n1", 2),
+        template("t", spec),
+        claim_pod("p", templates={"dev": "t"}),
+    )
+    results = events[0]["claims"]["dev"]["allocation"]["devices"]["results"]
+    assert [(r["request"], r["device"]) for r in results] == [("gpu/small", "neuron-0")]
+
+
+def test_only_the_newest_generation_of_a_pool_is_used() -> None:
+    old = neuron_slice("n1", 4, generation=1)
+    new = neuron_slice("n1", 1, generation=2)
+    new["metadata"]["name"] = "n1-newer"
+    events = run(
+        node_manifest("n1"),
+        NEURON_CLASS,
+        old,
+        new,
+        template("two", claim_spec(exactly("d", "neuron", 2))),
+        claim_pod("p", templates={"dev": "two"}),
+    )
+    assert events[0]["event"] == "unschedulable"
+
+
+def test_class_config_and_claim_config_are_written_with_their_source() -> None:
+    opaque = {"driver": NEURON, "parameters": {"sharing": "none"}}
+    spec = claim_spec(exactly("d", "neuron"))
+    spec["devices"]["config"] = [{"requests": ["d"], "opaque": {"driver": NEURON, "parameters": {"x": 1}}}]
+    events = run(
+        node_manifest("n1"),
+        device_class("neuron", f'device.driver == "{NEURON}"', config=[{"opaque": opaque}]),
+        neuron_slice("n1", 1),
+        template("t", spec),
+        claim_pod("p", templates={"dev": "t"}),
+    )
+    assert events[0]["claims"]["dev"]["allocation"]["devices"]["config"] == [
+        {"source": "FromClass", "requests": ["d"], "opaque": opaque},
+        {"source": "FromClaim", "requests": ["d"], "opaque": {"driver": NEURON, "parameters": {"x": 1}}},
+    ]
+
+
+# -- the decoders: upstream's bounds, errors naming the field ---------------------------------------------------------
+
+
+def _slice_with(**device: Any) -> dict[str, Any]:
+    piece = neuron_slice("n1", 1)
+    piece["spec"]["devices"][0].update(device)
+    return piece
+
+
+@pytest.mark.parametrize(
+    ("decode", "document", "message"),
+    [
+        pytest.param(
+            dra.resource_slice,
+            {**neuron_slice("n1", 129)},
+            "ResourceSlice.spec.devices: List should have at most 128",
+            id="too-many-devices",
+        ),
+        pytest.param(
+            dra.resource_slice,
+            _slice_with(attributes={"model": {"string": "x" * 65}}),
+            "ResourceSlice.spec.devices[0].attributes.model.string: String should have at most 64",
+            id="long-attribute",
+        ),
+        pytest.param(
+            dra.resource_slice,
+            _slice_with(attributes={"index": {"int": 1, "bool": True}}),
+            "ResourceSlice.spec.devices[0].attributes.index: exactly one of",
+            id="two-values",
+        ),
+        pytest.param(
+            dra.resource_slice,
+            _slice_with(name="Neuron_0"),
+            "ResourceSlice.spec.devices[0].name: ",
+            id="bad-device-name",
+        ),
+        pytest.param(
+            dra.resource_slice,
+            _slice_with(consumesCounters=[{"counterSet": "x", "counters": {}}]),
+            "consumesCounters (partitionable devices) is not supported",
+            id="counters",
+        ),
+        pytest.param(
+            dra.device_class,
+            device_class("c", "x" * (10 * 1024 + 1)),
+            "DeviceClass.spec.selectors[0].cel.expression: String should have at most 10240",
+            id="long-cel",
+        ),
+        pytest.param(
+            dra.resource_claim,
+            claim("c", claim_spec(exactly("d", "x", 33))),
+            "ResourceClaim.spec.devices.requests[0].exactly.count: Input should be less than or equal to 32",
+            id="count",
+        ),
+        pytest.param(
+            dra.resource_claim,
+            claim("c", claim_spec(exactly("d", "x"), constraints=[{"requests": ["e"], "matchAttribute": "a.b/c"}])),
+            "'e' names no request of this claim",
+            id="constraint-request",
+        ),
+        pytest.param(
+            dra.resource_claim,
+            claim("c", claim_spec({"name": "d", "exactly": {"deviceClassName": "x", "adminAccess": True}})),
+            "ResourceClaim.spec.devices.requests[0].exactly: adminAccess is not supported",
+            id="admin-access",
+        ),
+        pytest.param(
+            dra.resource_claim_template,
+            template("t", claim_spec({"name": "d"})),
+            "exactly one of exactly or firstAvailable",
+            id="no-exactly",
+        ),
+    ],
+)
+def test_decoders_refuse_naming_the_field(decode: Any, document: dict[str, Any], message: str) -> None:
+    with pytest.raises(dra.DraError) as raised:
+        decode(document)
+    assert message in str(raised.value), str(raised.value)
+
+
+def test_simulate_reads_the_dra_kinds_and_names_the_bad_document(tmp_path: Any) -> None:
+    import yaml
+
+    from kubegpu.scheduler.simulate import SimulationError, load_documents
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all([node_manifest("n1"), _slice_with(name="BAD")]))
+    with pytest.raises(SimulationError, match=r"cluster.yaml#2: ResourceSlice.spec.devices\[0\].name"):
+        load_documents([path], [])
+
+
+# -- the invariant: a device is never allocated to two claims ---------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "delete"]), st.integers(0, 7), st.integers(1, 3)), max_size=30))
+def test_no_device_is_ever_held_by_two_claims(story: list[tuple[str, int, int]]) -> None:
+    documents: list[dict[str, Any]] = [
+        node_manifest("a"),
+        node_manifest("b"),
+        NEURON_CLASS,
+        neuron_slice("a", 4),
+        neuron_slice("b", 3),
+        *(template(f"t{n}", claim_spec(exactly("d", "neuron", n))) for n in (1, 2, 3)),
+    ]
+    live: set[int] = set()
+    for verb, pod, count in story:
+        if verb == "add" and pod not in live:
+            documents.append(claim_pod(f"p{pod}", templates={"dev": f"t{count}"}))
+            live.add(pod)
+        elif verb == "delete" and pod in live:
+            documents.append(claim_pod(f"p{pod}", templates={"dev": "t1"}, deleted=True))
+            live.discard(pod)
+    holders: dict[tuple[str, str], str] = {}
+    for event in run(*documents):
+        if event["event"] == "scheduled":
+            for result in event["claims"]["dev"]["allocation"]["devices"]["results"]:
+                key = (result["pool"], result["device"])
+                assert key not in holders, f"{key} held by {holders[key]} and {event['pod']}"
+                assert result["pool"] == event["node"]
+                holders[key] = event["pod"]
+        elif event["event"] == "deleted":
+            for key in [k for k, pod in holders.items() if pod == event["pod"]]:
+                del holders[key]
+
+
+def test_the_text_and_html_reports_show_each_claims_devices(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from kubegpu.cli import main
+
+    path = tmp_path / "cluster.yaml"
+    documents = [
+        node_manifest("n1"),
+        NEURON_CLASS,
+        neuron_slice("n1", 2),
+        template("t", claim_spec(exactly("d", "neuron", 2))),
+        claim_pod("trainer", templates={"dev": "t"}),
+    ]
+    path.write_text(yaml.safe_dump_all(documents))
+    assert main(["simulate", str(path), "--html", str(tmp_path / "report.html")]) == 0
+    text = capsys.readouterr().out
+    line = next(line for line in text.splitlines() if "default/trainer" in line)
+    assert f"claims: dev={NEURON}/n1/neuron-0,{NEURON}/n1/neuron-1" in line, line
+    html = (tmp_path / "report.html").read_text()
+    assert '<section id="claims"><h2>DRA claims (1)</h2>' in html
+    assert f"<td>trainer-dev</td><td>n1</td><td>{NEURON}/n1/neuron-0, {NEURON}/n1/neuron-1</td>" in html
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["add", "delete"]), st.integers(0, 9), st.sampled_from(["t1", "t2", "t4", "shared"])),
+        max_size=25,
+    )
+)
+def test_the_engine_answers_alike_with_and_without_its_memos(story: list[tuple[str, int, str]]) -> None:
+    """Every decision with DRA pods equals a fresh engine's (memos forgotten before each cycle): the node answers
+    remembered per pod shape never outlive a claim or device change."""
+    from kubegpu.core import dra as decode
+    from kubegpu.core.manifests import node_info, pod_request
+    from kubegpu.core.plugin_manager import make_plugin_manager
+    from kubegpu.scheduler.engine import Engine
+
+    engines = [Engine(make_plugin_manager("scheduler", plugins=(), autoload=False)) for _ in range(2)]
+    for engine in engines:
+        for name in ("a", "b", "c"):
+            engine.add_node(node_info(node_manifest(name)))
+        found = decode.device_class(NEURON_CLASS)
+        engine.set_device_class(found.name, found)
+        for node, count, shape in (("a", 4, "ring"), ("b", 16, "torus"), ("c", 2, "ring")):
+            piece = decode.resource_slice(neuron_slice(node, count, topology=shape, rows=4, columns=4))
+            engine.set_resource_slice(piece.name, piece)
+        for n in (1, 2, 4):
+            made = decode.resource_claim_template(template(f"t{n}", claim_spec(exactly("d", "neuron", n))))
+            engine.set_resource_claim_template(made.namespace, made.name, made)
+        shared = decode.resource_claim(claim("shared", claim_spec(exactly("d", "neuron", 2))))
+        engine.set_resource_claim(shared.namespace, shared.name, shared)
+    live: set[int] = set()
+    for verb, number, source in story:
+        refs = {"claims": {"dev": "shared"}} if source == "shared" else {"templates": {"dev": source}}
+        pod = pod_request(claim_pod(f"p{number}", **refs))[0]
+        if verb == "add" and number not in live:
+            fast = engines[0].schedule(pod)
+            engines[1].forget_memos()
+            slow = engines[1].schedule(pod)
+            assert (fast.scheduled, fast.node, fast.reason, fast.claims) == (
+                slow.scheduled,
+                slow.node,
+                slow.reason,
+                slow.claims,
+            )
+            if fast.scheduled:
+                live.add(number)
+        elif verb == "delete" and number in live:
+            for engine in engines:
+                engine.release(pod.key)
+            live.discard(number)
