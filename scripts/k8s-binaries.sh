@@ -34,8 +34,14 @@ run_logged() {
   "$@" >> "$LOG" 2>&1 || die "$what (command: $*)"
 }
 
+# How the binaries are built; a cached binary built by an older recipe is built again. 2: the vendored
+# github.com/modern-go/reflect2 1.0.1 replaced by Debian's 1.0.2 (1.0.1 breaks on Go 1.18+ map internals:
+# kube-apiserver built with Debian's Go 1.19 died with SIGSEGV on the first write of any custom resource).
+RECIPE=2
+
 cached_one() {
-  [[ -x "$CACHE_DIR/$1" ]] && "$CACHE_DIR/$1" --version > /dev/null 2>&1
+  [[ -x "$CACHE_DIR/$1" ]] && "$CACHE_DIR/$1" --version > /dev/null 2>&1 \
+    && [[ "$(cat "$CACHE_DIR/$1.recipe" 2> /dev/null)" == "$RECIPE" ]]
 }
 
 cached_ok() {
@@ -188,6 +194,24 @@ KUBE_GIT_MAJOR='$MAJOR'
 KUBE_GIT_MINOR='$MINOR'
 EOF
 
+# reflect2 1.0.1, vendored by Kubernetes 1.20, reads Go's map internals as they were before Go 1.18; Debian's
+# golang-github-modern-go-reflect2-dev (1.0.2, same API) replaces its files. go.mod and vendor/modules.txt keep
+# naming v1.0.1, which is all `go build -mod=vendor` compares.
+VENDORED="$SRC/vendor/github.com/modern-go/reflect2"
+if grep -Eq '^# github.com/modern-go/reflect2 v1\.0\.1( |$)' "$SRC/vendor/modules.txt"; then
+  log "replacing the vendored reflect2 1.0.1 with Debian's golang-github-modern-go-reflect2-dev"
+  (cd "$WORK" && run_logged "apt-get download golang-github-modern-go-reflect2-dev failed (mirror reachable?)" \
+    apt-get download golang-github-modern-go-reflect2-dev)
+  run_logged "unpacking golang-github-modern-go-reflect2-dev failed" \
+    dpkg-deb -x "$(ls "$WORK"/golang-github-modern-go-reflect2-dev_*.deb)" "$WORK/reflect2-deb"
+  FIXED="$WORK/reflect2-deb/usr/share/gocode/src/github.com/modern-go/reflect2"
+  [[ -f "$FIXED/reflect2.go" ]] || die "golang-github-modern-go-reflect2-dev holds no reflect2.go under $FIXED"
+  rm -f "$VENDORED"/*.go "$VENDORED"/*.s
+  cp "$FIXED"/*.go "$VENDORED"/
+  cp "$FIXED"/*.s "$VENDORED"/ 2> /dev/null || true
+  rm -f "$VENDORED"/*_test.go
+fi
+
 WHAT="$(printf 'cmd/%s ' "${MISSING[@]}")"
 WHAT="${WHAT% }"
 log "building ${MISSING[*]} (make WHAT=\"$WHAT\", CGO_ENABLED=0)"
@@ -203,6 +227,7 @@ for b in "${MISSING[@]}"; do
   [[ -x "$OUT/$b" ]] || die "the build finished but $OUT/$b is missing"
   install -m 755 "$OUT/$b" "$CACHE_DIR/$b.tmp"
   mv -f "$CACHE_DIR/$b.tmp" "$CACHE_DIR/$b"
+  echo "$RECIPE" > "$CACHE_DIR/$b.recipe"
 done
 for b in "${BINARIES[@]}"; do
   v="$("$CACHE_DIR/$b" --version 2>&1 | head -n 1)" || die "$CACHE_DIR/$b --version failed: $v"
