@@ -283,16 +283,9 @@ def existing(rows: list[tuple[str, str, str, bool]]) -> list[tuple[Any, str]]:
     return out
 
 
-# The engine answers a node lacking the constraint's topology key Unschedulable: a spread plan does not settle a node
-# class, so `Engine.check` downgrades its unresolvable answers (as for matchFields in test_nodeaffinity).
-MISSING_KEY = (
-    "the engine answers Unschedulable, not UnschedulableAndUnresolvable, for a node lacking the topology key "
-    "(Engine.check downgrades answers of plans that do not settle a node class); filters.spread_fits agrees with 1.20"
-)
-ENGINE_XFAIL: dict[str, str] = {
-    "pods spread across zones as 1/2 due to absence of label 'zone' on node-b": MISSING_KEY,
-    "pod cannot be scheduled as all nodes don't have label 'rack'": MISSING_KEY,
-}
+# A node lacking the constraint's topology key is UnschedulableAndUnresolvable in the engine too; a spread plan never
+# settles a node class (`Plan.settles`).
+ENGINE_XFAIL: dict[str, str] = {}
 
 
 def answers(probe: Any, nodes: list[tuple[str, dict[str, str]]], pods: list[tuple[Any, str]]) -> dict[str, str]:
@@ -402,9 +395,7 @@ MULTIPLE_CASES: list[MultipleRow] = [
      ("foo", "foo"), FOUR_NODES_X_UNLABELLED, [("node-a", ("foo",)), ("node-y", ("foo",))],
      {"node-a": NO, "node-b": OK, "node-x": NEVER, "node-y": NO}),
 ]  # fmt: skip
-MULTIPLE_ENGINE_XFAIL = {
-    "two Constraints on zone and node, absence of label 'node' on node-x, spreads = [1/1, 1/0/0/1]": MISSING_KEY,
-}
+MULTIPLE_ENGINE_XFAIL: dict[str, str] = {}
 
 
 def two_constraints(labels: tuple[str, ...], selected: tuple[str, str]) -> Any:

@@ -75,13 +75,6 @@ def persistent_volume(name: str, required: dict[str, Any] | None) -> dict[str, A
     return {"metadata": {"name": name}, "spec": spec}
 
 
-DOWNGRADED = (
-    "the engine's whole filter phase answers Unschedulable, not UnschedulableAndUnresolvable, for a pod whose plan "
-    "reads claims (Engine.check downgrades answers of plans that do not settle a node class); the plugin agrees with "
-    "1.20 (test_volume_binding)"
-)
-
-
 def cluster(labels: dict[str, str], pvcs: list[tuple[str, str]], pvs: list[tuple[str, dict[str, Any] | None]]) -> Any:
     e = engine([node("node-a", labels=labels)])
     e.track_volumes = True
@@ -106,12 +99,10 @@ def holds(status: Status | None, expected: tuple[str, tuple[str, ...]]) -> None:
         assert got.startswith(want), (got, want)
 
 
-def params(downgraded: bool) -> list[Any]:
+def params() -> list[Any]:
     out = []
     for c in CASES:
         why, tag = XFAIL.get(c[0]), " [xfail: kubegpu binds no volumes]"
-        if why is None and downgraded and c[5][0] == NEVER:
-            why, tag = DOWNGRADED, " [xfail: unresolvable read as unschedulable]"
         marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
         out.append(pytest.param(*c[1:], id=case_id(TEST, c[0]) + (tag if why else ""), marks=marks))
     return out
@@ -120,7 +111,7 @@ def params(downgraded: bool) -> list[Any]:
 ARGS = ("claims", "labels", "pvcs", "pvs", "expected")
 
 
-@pytest.mark.parametrize(ARGS, params(downgraded=False))
+@pytest.mark.parametrize(ARGS, params())
 def test_volume_binding(
     claims: list[str],
     labels: dict[str, str],
@@ -134,7 +125,7 @@ def test_volume_binding(
     holds(VolumeBinding().filter(e, e.nodes["node-a"], probe, e.plan(probe)), expected)
 
 
-@pytest.mark.parametrize(ARGS, params(downgraded=True))
+@pytest.mark.parametrize(ARGS, params())
 def test_volume_binding_in_the_engine(
     claims: list[str],
     labels: dict[str, str],
