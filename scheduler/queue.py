@@ -292,11 +292,10 @@ class SchedulingQueue:
     def pop_batch(self, limit: int) -> list[Entry]:
         """Up to `limit` active pods, in the QueueSort plugin's order, taken out of the active queue."""
         sort = self.sort
-        if sort.arrival_order(entry.request for entry in self.active.values()):
+        if sort.arrival_order(self.active.values()):
             keys = list(itertools.islice(self.active, limit))
         else:
-            batch = heapq.nsmallest(limit, self.active.values(), key=lambda e: sort.key(e.request, e.arrival))
-            keys = [entry.key for entry in batch]
+            keys = [entry.key for entry in heapq.nsmallest(limit, self.active.values(), key=sort.key)]
         return [self.active.pop(key) for key in keys]
 
     def put_back(self, entries: list[Entry]) -> None:

@@ -32,7 +32,7 @@ that raises becomes a reason naming it, never a crash.
 
 from __future__ import annotations
 
-from kubegpu.scheduler.engine.framework import PermitPlugin, PreEnqueuePlugin, QueueSortPlugin
+from kubegpu.scheduler.engine.framework import PermitPlugin, PreEnqueuePlugin, QueuedPod, QueueSortPlugin
 from kubegpu.scheduler.engine.queries import Queries
 from kubegpu.scheduler.engine.records import (
     CHECKS_REMEMBERED,
@@ -70,6 +70,7 @@ __all__ = [
     "Policy",
     "PreEnqueuePlugin",
     "QueueSortPlugin",
+    "QueuedPod",
     "Verdict",
     "Waiting",
     "rule_names",

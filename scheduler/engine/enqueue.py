@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from kubegpu.core.models import PodRequest
 from kubegpu.core.status import Status
 from kubegpu.scheduler import scores
-from kubegpu.scheduler.engine.framework import PreEnqueuePlugin, QueueSortPlugin
+from kubegpu.scheduler.engine.framework import PreEnqueuePlugin, QueuedPod, QueueSortPlugin
 from kubegpu.scheduler.gates import gated_reason
 
 
@@ -36,11 +36,11 @@ class PrioritySort:
 
     name = scores.PRIORITY_SORT
 
-    def key(self, pod: PodRequest, arrival: float) -> tuple[int, float]:
-        return -pod.priority, arrival
+    def key(self, queued: QueuedPod) -> tuple[int, float]:
+        return -queued.request.priority, queued.arrival
 
-    def arrival_order(self, pods: Iterable[PodRequest]) -> bool:
-        return not any(pod.priority for pod in pods)
+    def arrival_order(self, queued: Iterable[QueuedPod]) -> bool:
+        return not any(entry.request.priority for entry in queued)
 
 
 PRE_ENQUEUE: tuple[PreEnqueuePlugin, ...] = (SchedulingGates(),)

@@ -177,18 +177,29 @@ class PreEnqueuePlugin(Protocol):
     def pre_enqueue(self, pod: PodRequest) -> Status | None: ...
 
 
+class QueuedPod(Protocol):
+    """A pod as a queue holds it, what a QueueSort plugin orders (kube-scheduler's `QueuedPodInfo`): the pod and when
+    it entered the queue (a monotonic time)."""
+
+    @property
+    def request(self) -> PodRequest: ...
+
+    @property
+    def arrival(self) -> float: ...
+
+
 class QueueSortPlugin(Protocol):
     """The QueueSort extension point: the order in which the queue's ready pods are tried (one per profile, as
     kube-scheduler requires; the built-in PrioritySort is in `enqueue.py`).
 
-    `name`: kube-scheduler's plugin name. `key` is the pod's sort key: the queue tries the smallest first
-    (kube-scheduler's `Less(a, b)` is `key(a) < key(b)`); `arrival` is when the pod entered the queue (a monotonic
-    time). `arrival_order` says whether `pods` are in this order when taken in the order they entered the queue (the
-    queue then takes them without sorting: the common case of pods that all share one priority).
+    `name`: kube-scheduler's plugin name. `key` is a queued pod's sort key: the queue tries the smallest first
+    (kube-scheduler's `Less(a, b)` is `key(a) < key(b)`). `arrival_order` says whether `queued` are in this order
+    when taken in the order they entered the queue (the queue then takes them without sorting: the common case of pods
+    that all share one priority). Both run on the scheduling thread for every ready pod: keep them plain.
     """
 
     name: str
 
-    def key(self, pod: PodRequest, arrival: float) -> Any: ...
+    def key(self, queued: QueuedPod) -> Any: ...
 
-    def arrival_order(self, pods: Iterable[PodRequest]) -> bool: ...
+    def arrival_order(self, queued: Iterable[QueuedPod]) -> bool: ...

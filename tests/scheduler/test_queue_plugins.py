@@ -28,7 +28,7 @@ from kubegpu.core.testing import make_pod, node_manifest
 from kubegpu.scheduler import scores, simulate
 from kubegpu.scheduler.config import ConfigError, RuleNames, parse_config
 from kubegpu.scheduler.custom import CustomScheduler
-from kubegpu.scheduler.engine import Engine, rule_names
+from kubegpu.scheduler.engine import Engine, QueuedPod, rule_names
 from kubegpu.scheduler.health import Metrics
 from kubegpu.scheduler.queue import SchedulingQueue
 
@@ -115,8 +115,8 @@ def test_the_queue_takes_pods_in_its_queue_sort_plugins_order() -> None:
     class ByName:
         name = "ByName"
 
-        def key(self, pod: PodRequest, arrival: float) -> str:
-            return pod.name
+        def key(self, queued: QueuedPod) -> str:
+            return queued.request.name
 
         def arrival_order(self, pods: Any) -> bool:
             return False
@@ -298,7 +298,10 @@ def test_a_pre_enqueue_plugin_that_raises_costs_only_the_pod_it_was_asked_about(
             return None
 
     service = CustomScheduler(
-        None, RecordingWriter(), bare_engine(pre_enqueue=[Fragile()]), name="kubegpu"  # type: ignore[arg-type]
+        None,
+        RecordingWriter(),
+        bare_engine(pre_enqueue=[Fragile()]),
+        name="kubegpu",  # type: ignore[arg-type]
     )
     service.mirror.on_nodes("SYNC", [node_manifest("n1", cpu="8")])
     service.mirror.on_pods("SYNC", [])
