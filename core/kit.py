@@ -52,7 +52,9 @@ from kubegpu.core.status import Status
 __all__ = [
     "DeviceFilesPlugin",
     "Refused",
+    "WholeDeviceNodeState",
     "WholeDevicePlugin",
+    "WholeDevicePodState",
     "WholeDeviceState",
     "WholeRequest",
     "bit_indices",
@@ -87,7 +89,7 @@ def bit_indices(bits: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class WholeDeviceState(DeviceNodeState):
+class WholeDeviceNodeState(DeviceNodeState):
     """One node's whole devices: bit i of `healthy` and `free` stands for `ids[i]`; `holders[i]` holds it.
 
     `extra` is the plugin's own per-node information (a topology, a loaded bitstream), from `devices(node)`.
@@ -105,14 +107,14 @@ class WholeDeviceState(DeviceNodeState):
         self.holders: list[str | None] = [None] * len(self.ids)
         self.extra = extra
         self.version = 0
-        self._placed: tuple[int, WholeRequest, tuple[int, ...] | None] | None = None
+        self._placed: tuple[int, WholeDevicePodState, tuple[int, ...] | None] | None = None
 
     def ids_of(self, mask: int) -> list[str]:
         return [self.ids[i] for i in bit_indices(mask)]
 
 
 @dataclass(frozen=True, slots=True)
-class WholeRequest:
+class WholeDevicePodState:
     """The plugin's part of one pod, read once per pod signature (`kubegpu_scheduler_prepare`).
 
     `containers`: (container, resource, count) for each container asking for the plugin's devices, in spec order;
@@ -126,6 +128,11 @@ class WholeRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "total", sum(count for _, _, count in self.containers))
+
+
+# The names before the naming scheme of plugin state classes (docs/hooks.md): kept for plugins written against them.
+WholeDeviceState = WholeDeviceNodeState
+WholeRequest = WholeDevicePodState
 
 
 class WholeDevicePlugin:
@@ -155,35 +162,37 @@ class WholeDevicePlugin:
         Raise `Refused` for a request that can never be scheduled. Must not depend on the pod's name or UID."""
         return None
 
-    def eligible(self, state: WholeDeviceState, request: WholeRequest) -> tuple[int, str | None]:
+    def eligible(self, state: WholeDeviceNodeState, request: WholeDevicePodState) -> tuple[int, str | None]:
         """The healthy devices this request may use, and the reason when the node can never serve it (a model the
         node lacks). The default: every healthy device."""
         return state.healthy, None
 
-    def choose(self, state: WholeDeviceState, free: int, count: int, request: WholeRequest) -> int | None:
+    def choose(self, state: WholeDeviceNodeState, free: int, count: int, request: WholeDevicePodState) -> int | None:
         """A mask of `count` devices out of `free` for one container, or None when none will do. The default takes
         the lowest free devices (devices are interchangeable)."""
         return lowest_bits(free, count)
 
-    def score(self, state: WholeDeviceState, request: WholeRequest, chosen: Sequence[int]) -> float:
+    def score(self, state: WholeDeviceNodeState, request: WholeDevicePodState, chosen: Sequence[int]) -> float:
         """0..100 for a placement (`chosen`: one mask per container). The default: 100."""
         return 100.0
 
-    def fields(self, state: WholeDeviceState, request: WholeRequest, chosen: Sequence[int]) -> dict[str, Any]:
+    def fields(
+        self, state: WholeDeviceNodeState, request: WholeDevicePodState, chosen: Sequence[int]
+    ) -> dict[str, Any]:
         """The allocation's fields, which the node side reads back (`ContainerAllocation.fields`)."""
         return {}
 
-    def largest(self, state: WholeDeviceState, free: int) -> int:
+    def largest(self, state: WholeDeviceNodeState, free: int) -> int:
         """The largest request one container could get from `free` (headroom and describe's `largest_fit`)."""
         return free.bit_count()
 
-    def picture(self, state: WholeDeviceState) -> dict[str, Any]:
+    def picture(self, state: WholeDeviceNodeState) -> dict[str, Any]:
         """Extra `Occupancy` fields for reports: `layout`, `columns`, `topology`, `links`."""
         return {}
 
     # -- the plan: one placement per (state version, request), shared by fit, score and allocate ----------------
 
-    def _plan(self, state: WholeDeviceState, request: WholeRequest) -> tuple[int, ...] | None:
+    def _plan(self, state: WholeDeviceNodeState, request: WholeDevicePodState) -> tuple[int, ...] | None:
         placed = state._placed
         if placed is not None and placed[0] == state.version and placed[1] == request:
             return placed[2]
@@ -192,7 +201,9 @@ class WholeDevicePlugin:
         state._placed = (state.version, request, plan)
         return plan
 
-    def _place(self, state: WholeDeviceState, request: WholeRequest, available: int) -> tuple[int, ...] | None:
+    def _place(
+        self, state: WholeDeviceNodeState, request: WholeDevicePodState, available: int
+    ) -> tuple[int, ...] | None:
         chosen = []
         for _, _, count in request.containers:
             mask = self.choose(state, available, count, request)
@@ -202,16 +213,16 @@ class WholeDevicePlugin:
             available &= ~mask
         return tuple(chosen)
 
-    def _request(self, pod: PodRequest, prepared: object) -> WholeRequest:
-        return prepared if isinstance(prepared, WholeRequest) else self._parse(pod)
+    def _request(self, pod: PodRequest, prepared: object) -> WholeDevicePodState:
+        return prepared if isinstance(prepared, WholeDevicePodState) else self._parse(pod)
 
-    def _parse(self, pod: PodRequest) -> WholeRequest:
+    def _parse(self, pod: PodRequest) -> WholeDevicePodState:
         wanted: list[tuple[str, str, int]] = []
         for container in pod.containers:
             asked = [(r, n) for r in self.resources if (n := container.resources.get(r, 0)) > 0]
             if len(asked) > 1:
                 names = " and ".join(r for r, _ in asked)
-                return WholeRequest(
+                return WholeDevicePodState(
                     error=f"container {container.name} requests {names}, which count the same devices; request one"
                 )
             if asked:
@@ -219,8 +230,8 @@ class WholeDevicePlugin:
         try:
             extra = self.read(pod)
         except Refused as exc:
-            return WholeRequest(tuple(wanted), error=str(exc))
-        return WholeRequest(tuple(wanted), extra)
+            return WholeDevicePodState(tuple(wanted), error=str(exc))
+        return WholeDevicePodState(tuple(wanted), extra)
 
     def _refuse(self, reason: str) -> Status:
         return Status.unresolvable(reason, plugin=self.name)
@@ -232,17 +243,17 @@ class WholeDevicePlugin:
         return list(self.resources)
 
     @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_build_node(self, node: NodeInfo) -> WholeDeviceState | None:
+    def kubegpu_scheduler_build_node(self, node: NodeInfo) -> WholeDeviceNodeState | None:
         found = self.devices(node)
         if found is None or not found[0]:
             return None
         devices, extra = found
         # Before the bitmasks and holder lists: whatever `devices` read, at most MAX_DEVICES_PER_NODE of them.
         check_device_count(node.name, f"{self.name} devices", len(devices))
-        return WholeDeviceState(self.name, node.name, devices, extra)
+        return WholeDeviceNodeState(self.name, node.name, devices, extra)
 
     @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_headroom(self, state: WholeDeviceState) -> Headroom:
+    def kubegpu_scheduler_headroom(self, state: WholeDeviceNodeState) -> Headroom:
         largest = self.largest(state, state.free)
         held = sum(1 for holder in state.holders if holder is not None)
         return Headroom(free=dict.fromkeys(self.resources, largest), utilization=held / len(state.ids))
@@ -253,11 +264,11 @@ class WholeDevicePlugin:
         return self._refuse(error) if error else None
 
     @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_prepare(self, pod: PodRequest) -> WholeRequest:
+    def kubegpu_scheduler_prepare(self, pod: PodRequest) -> WholeDevicePodState:
         return self._parse(pod)
 
     @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_fit(self, state: WholeDeviceState, pod: PodRequest, prepared: object) -> Status:
+    def kubegpu_scheduler_fit(self, state: WholeDeviceNodeState, pod: PodRequest, prepared: object) -> Status:
         request = self._request(pod, prepared)
         if request.error:
             return self._refuse(request.error)
@@ -276,7 +287,7 @@ class WholeDevicePlugin:
         return Status.unschedulable(f"Insufficient {resource}", plugin=self.name)
 
     @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_score(self, state: WholeDeviceState, pod: PodRequest, prepared: object) -> float:
+    def kubegpu_scheduler_score(self, state: WholeDeviceNodeState, pod: PodRequest, prepared: object) -> float:
         request = self._request(pod, prepared)
         if not request.total or request.error:
             return 100.0 if not request.error else 0.0
@@ -285,7 +296,7 @@ class WholeDevicePlugin:
 
     @scheduler_hooks.hookimpl
     def kubegpu_scheduler_allocate(
-        self, state: WholeDeviceState, pod: PodRequest, prepared: object
+        self, state: WholeDeviceNodeState, pod: PodRequest, prepared: object
     ) -> PluginAllocation | None:
         request = self._request(pod, prepared)
         if request.error:
@@ -299,7 +310,7 @@ class WholeDevicePlugin:
         return PluginAllocation(plugin=self.name, containers=containers, fields=self.fields(state, request, plan))
 
     @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_take(self, state: WholeDeviceState, pod_key: str, allocation: PluginAllocation) -> Status:
+    def kubegpu_scheduler_take(self, state: WholeDeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status:
         bits, error = self._bits(state, allocation)
         # An unhealthy device is never allocated (it is not free), but a pod that holds one keeps it: the engine
         # re-takes running pods when a node's inventory changes, and refusing would free their other devices.
@@ -316,7 +327,9 @@ class WholeDevicePlugin:
         return Status.success()
 
     @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_release(self, state: WholeDeviceState, pod_key: str, allocation: PluginAllocation) -> Status:
+    def kubegpu_scheduler_release(
+        self, state: WholeDeviceNodeState, pod_key: str, allocation: PluginAllocation
+    ) -> Status:
         bits, error = self._bits(state, allocation)
         if error:
             return Status.error(error, plugin=self.name)
@@ -328,7 +341,7 @@ class WholeDevicePlugin:
         return Status.success()
 
     @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_describe(self, state: WholeDeviceState) -> list[Occupancy]:
+    def kubegpu_scheduler_describe(self, state: WholeDeviceNodeState) -> list[Occupancy]:
         cells = [
             DeviceCell(
                 id=device,
@@ -350,7 +363,7 @@ class WholeDevicePlugin:
             )
         ]
 
-    def _bits(self, state: WholeDeviceState, allocation: PluginAllocation) -> tuple[list[int], str | None]:
+    def _bits(self, state: WholeDeviceNodeState, allocation: PluginAllocation) -> tuple[list[int], str | None]:
         """The device positions an allocation names, or why it cannot be read on this node (a decoded annotation
         may hold anything): another plugin's resource, shares, an unknown id, an id named twice."""
         if allocation.shares:

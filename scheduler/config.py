@@ -36,9 +36,15 @@ default filters kubegpu has nothing to run for (volume limits and zones, NodeNam
 file kube-scheduler writes names them. PodTopologySpread's `defaultConstraints` and `defaultingType` read as 1.20 reads
 them with DefaultPodTopologySpread on: without `defaultingType`, an empty list means `System` (kube-scheduler's
 defaults, `scores.SYSTEM_DEFAULT_SPREAD`) and a list means `List`; `defaultingType: List` with no constraints turns
-defaulting off. The other extension points (queueSort, preFilter, bind, ...) and client settings (clientConnection,
-leaderElection, ...) are accepted and ignored: kubegpu has its own flags for those. Every error names the field:
-`profiles[0].plugins.score.enabled[1].name: unknown score plugin 'NodeAfinity'`.
+defaulting off. `queueSort` names the one QueueSort plugin (PrioritySort, kubegpu's only one: disabling it without
+enabling another is refused as kube-scheduler refuses it, "no queue sort plugin is enabled", and a file whose profiles
+differ in it with "has to match for all profiles"); from v1beta2 on `preEnqueue` may disable SchedulingGates (a gated
+pod is then tried, and a 1.26+ API server refuses its Binding, as behind kube-scheduler). The other extension points
+(preFilter, bind, ...) and client settings (clientConnection, leaderElection, ...) are accepted and ignored: kubegpu
+has its own flags for those. The rules installed plugins add (`kubegpu_scheduler_rules`) are named like
+kube-scheduler's plugins: a filter rule in `filter` (on unless disabled), a score rule in `score` with its weight
+(1 unless given); the caller passes their names (`RuleNames`), and any other name is refused. Every error names the
+field: `profiles[0].plugins.score.enabled[1].name: unknown score plugin 'NodeAfinity'`.
 
 From v1beta2 on, NodeResourcesFit scores too: its `scoringStrategy` type MostAllocated chooses binpack and
 LeastAllocated spread (at NodeResourcesFit's score weight), and the Least/MostAllocated and RequestedToCapacityRatio
@@ -71,7 +77,7 @@ from kubegpu.core.errors import InputError, describe_validation_error, shorten
 from kubegpu.core.models import SpreadConstraint
 from kubegpu.scheduler import scores
 
-__all__ = ["ConfigError", "SchedulerConfig", "load_config", "load_topology", "parse_config"]
+__all__ = ["ConfigError", "RuleNames", "SchedulerConfig", "load_config", "load_topology", "parse_config"]
 
 GROUP = "kubescheduler.config.k8s.io"
 V1BETA1, V1BETA2, V1BETA3, V1 = (f"{GROUP}/{v}" for v in ("v1beta1", "v1beta2", "v1beta3", "v1"))
@@ -291,10 +297,14 @@ RESOURCE_SCORES = frozenset({scores.MOST_ALLOCATED, scores.LEAST_ALLOCATED, "Req
 # `spec.nodeName` is always obeyed, volume limits and zones are not checked (README). They
 # are in kube-scheduler's default multiPoint set, so a configuration copied from it names them.
 NOTHING_TO_RUN = frozenset(
-    {"PrioritySort", "SchedulingGates", "DefaultPreemption", "DefaultBinder", "NodeName", "VolumeRestrictions",
+    {"DefaultPreemption", "DefaultBinder", "NodeName", "VolumeRestrictions",
      "NodeVolumeLimits", "VolumeZone", "EBSLimits", "GCEPDLimits", "AzureDiskLimits",
      "CinderLimits"}
 )  # fmt: skip
+# kube-scheduler's PreEnqueue and QueueSort plugins, each kubegpu's too (`kubegpu.scheduler.engine.enqueue`).
+PRE_ENQUEUE_PLUGINS = (scores.SCHEDULING_GATES,)
+QUEUE_SORT_PLUGINS = (scores.PRIORITY_SORT,)
+QUEUE_PLUGINS = frozenset({*PRE_ENQUEUE_PLUGINS, *QUEUE_SORT_PLUGINS})
 # kube-scheduler's default filters kubegpu has nothing to run for (README: volume limits and zones are not checked;
 # every pod with `spec.nodeName` obeys it). NodeLabel and ServiceAffinity filter by their arguments: never moot.
 DEFAULT_MOOT_FILTERS = frozenset(
@@ -356,13 +366,113 @@ class SchedulerConfig:
     max_backoff: float = 10.0
 
 
-def _merge_scores(plugins: _PluginSet, policy: str, where: str) -> tuple[dict[str, int], Policy | None]:
+@dataclass(frozen=True, slots=True)
+class RuleNames:
+    """The names of the rules installed plugins add (`kubegpu_scheduler_rules`: `engine.rules.rule_names`): a
+    profile may enable, weigh and disable them as it does kube-scheduler's own plugins."""
+
+    filters: frozenset[str] = frozenset()
+    scores: frozenset[str] = frozenset()
+
+
+NO_RULES = RuleNames()
+
+
+def _rule_settings(
+    rules: RuleNames,
+    score_sets: Sequence[_PluginSet | _ModernPluginSet],
+    filter_sets: Sequence[_PluginSet | _ModernPluginSet],
+) -> tuple[dict[str, int], frozenset[str], frozenset[str]]:
+    """A third party's rules as the profile's sets leave them: each is on (weight 1) unless a set disables it (by name
+    or `*`), a later set (an extension point's over multiPoint) overriding an earlier one. Returns the weights of
+    the score rules enabled with one, the score rules off and the filter rules off."""
+
+    def state(name: str, sets: Sequence[_PluginSet | _ModernPluginSet]) -> tuple[bool, int | None]:
+        on, weight = True, None
+        for plugin_set in sets:
+            if "*" in {p.name for p in plugin_set.disabled} or name in {p.name for p in plugin_set.disabled}:
+                on, weight = False, None
+            for plugin in plugin_set.enabled:
+                if plugin.name == name:
+                    on, weight = True, plugin.weight
+        return on, weight
+
+    weights: dict[str, int] = {}
+    scores_off: set[str] = set()
+    for name in rules.scores:
+        on, weight = state(name, score_sets)
+        if not on:
+            scores_off.add(name)
+        elif weight:
+            weights[name] = weight
+    filters_off = {name for name in rules.filters if not state(name, filter_sets)[0]}
+    return weights, frozenset(scores_off), frozenset(filters_off)
+
+
+def _queue_plugins(
+    queue_sort: _PluginSet | _ModernPluginSet | None,
+    pre_enqueue: _ModernPluginSet | None,
+    multi: Sequence[tuple[str, int | None]] | None,
+    where: str,
+) -> tuple[str, frozenset[str]]:
+    """The QueueSort plugin and the PreEnqueue plugins turned off, merged as kube-scheduler merges them: the defaults
+    (v1beta3 and v1: what `multiPoint` leaves of them) less the disabled ones, then the enabled ones. Exactly one
+    QueueSort plugin must be left, as kube-scheduler requires."""
+    if multi is None:
+        sort_defaults: Sequence[str] = QUEUE_SORT_PLUGINS
+        gate_defaults: Sequence[str] = PRE_ENQUEUE_PLUGINS
+    else:
+        sort_defaults = [name for name, _ in multi if name in QUEUE_SORT_PLUGINS]
+        gate_defaults = [name for name, _ in multi if name in PRE_ENQUEUE_PLUGINS]
+    for point, plugin_set, known in (
+        ("queueSort", queue_sort, QUEUE_SORT_PLUGINS), ("preEnqueue", pre_enqueue, PRE_ENQUEUE_PLUGINS),
+    ):  # fmt: skip
+        if plugin_set is None:
+            continue
+        for list_name, plugins in (("enabled", plugin_set.enabled), ("disabled", plugin_set.disabled)):
+            for i, plugin in enumerate(plugins):
+                if plugin.name not in known and not (list_name == "disabled" and plugin.name == "*"):
+                    raise ConfigError(
+                        f"{where}.{point}.{list_name}[{i}].name: unknown {point} plugin {shorten(plugin.name)!r} "
+                        f"(known: {', '.join(known)})"
+                    )
+    empty = _ModernPluginSet()
+    sorts = [name for name, _ in _merge_set([(n, None) for n in sort_defaults], queue_sort or empty)]
+    if not sorts:
+        raise ConfigError(f"{where}.queueSort: no queue sort plugin is enabled")
+    if len(sorts) > 1:
+        raise ConfigError(f"{where}.queueSort: only one queue sort plugin can be enabled")
+    gates = {name for name, _ in _merge_set([(n, None) for n in gate_defaults], pre_enqueue or empty)}
+    return sorts[0], frozenset(PRE_ENQUEUE_PLUGINS) - gates
+
+
+def _same_queue_sort(document: Mapping[str, Any], where: str) -> None:
+    """kube-scheduler requires one QueueSort for all profiles; kubegpu reads one profile, and a file with several
+    whose queueSort differs is refused with kube-scheduler's reason first."""
+    profiles = document.get("profiles")
+    if not isinstance(profiles, list) or len(profiles) < 2:
+        return
+
+    def queue_sort(profile: object) -> object:
+        plugins = profile.get("plugins") if isinstance(profile, Mapping) else None
+        return plugins.get("queueSort") if isinstance(plugins, Mapping) else None
+
+    first = queue_sort(profiles[0])
+    for i, profile in enumerate(profiles[1:], 1):
+        if queue_sort(profile) != first:
+            raise ConfigError(f"{where}.profiles[{i}].plugins.queueSort: has to match for all profiles")
+
+
+def _merge_scores(
+    plugins: _PluginSet, policy: str, where: str, rules: RuleNames = NO_RULES
+) -> tuple[dict[str, int], Policy | None]:
     disabled = {p.name for p in plugins.disabled}
     for i, plugin in enumerate(plugins.disabled):
         if (
             plugin.name != "*"
             and plugin.name not in scores.SCORE_PLUGINS
             and plugin.name not in scores.UNSUPPORTED_SCORES
+            and plugin.name not in rules.scores
         ):
             raise ConfigError(f"{where}.disabled[{i}].name: unknown score plugin {shorten(plugin.name)!r}")
     chosen: Policy | None = None
@@ -372,8 +482,10 @@ def _merge_scores(plugins: _PluginSet, policy: str, where: str) -> tuple[dict[st
             raise ConfigError(
                 f"{here}: kubegpu does not implement the score plugin {plugin.name!r}; disable it instead"
             )
+        if plugin.name in rules.scores:
+            continue
         if plugin.name not in scores.SCORE_PLUGINS:
-            known = ", ".join(scores.SCORE_PLUGINS)
+            known = ", ".join((*scores.SCORE_PLUGINS, *sorted(rules.scores)))
             raise ConfigError(f"{here}: unknown score plugin {shorten(plugin.name)!r} (known: {known})")
         if plugin.name in POLICY_PLUGINS:
             if chosen is not None and chosen != POLICY_PLUGINS[plugin.name]:
@@ -388,7 +500,8 @@ def _merge_scores(plugins: _PluginSet, policy: str, where: str) -> tuple[dict[st
     if "*" not in disabled:
         weights = {name: weight for name, weight in defaults.items() if name not in disabled}
     for plugin in plugins.enabled:
-        weights[plugin.name] = plugin.weight or defaults.get(plugin.name, 1)
+        if plugin.name not in rules.scores:
+            weights[plugin.name] = plugin.weight or defaults.get(plugin.name, 1)
     return weights, chosen
 
 
@@ -397,6 +510,7 @@ def _merge_filters(
     where: str,
     ignorable: frozenset[str] = scores.UNSUPPORTED_FILTERS,
     version: str = V1BETA1,
+    rules: RuleNames = NO_RULES,
 ) -> frozenset[str]:
     """The filters turned off; `ignorable` are the names a disabled list may hold besides kubegpu's filters. An
     enabled list may name kubegpu's filters and kube-scheduler's filters kubegpu has nothing to run for (its
@@ -407,10 +521,11 @@ def _merge_filters(
     for i, plugin in enumerate(enabled):
         if plugin.name in REMOVED.get(version, {}):
             raise ConfigError(f"{where}.enabled[{i}].name: {version} has no plugin {plugin.name!r}")
-        if plugin.name not in scores.FILTER_PLUGINS and plugin.name not in moot:
+        if plugin.name not in scores.FILTER_PLUGINS and plugin.name not in moot and plugin.name not in rules.filters:
+            known = ", ".join((*scores.FILTER_PLUGINS, *sorted(rules.filters)))
             raise ConfigError(
                 f"{where}.enabled[{i}].name: {shorten(plugin.name)!r} is not a filter kubegpu runs (known: "
-                f"{', '.join(scores.FILTER_PLUGINS)}); every filter kubegpu runs is on by default"
+                f"{known}); every filter kubegpu runs is on by default"
             )
     off: set[str] = set()
     for i, plugin in enumerate(disabled):
@@ -418,12 +533,12 @@ def _merge_filters(
             off.update(scores.FILTER_PLUGINS)
         elif plugin.name in scores.FILTER_PLUGINS:
             off.add(plugin.name)
-        elif plugin.name not in ignorable:
+        elif plugin.name not in ignorable and plugin.name not in rules.filters:
             raise ConfigError(f"{where}.disabled[{i}].name: unknown filter plugin {shorten(plugin.name)!r}")
     return frozenset(off - {p.name for p in enabled})
 
 
-def _check_modern_name(name: str, version: str, here: str, *, score: bool = False) -> None:
+def _check_modern_name(name: str, version: str, here: str, *, score: bool = False, rules: RuleNames = NO_RULES) -> None:
     """A plugin a v1beta2-or-later profile enables: refused when the version removed it, when kubegpu does not
     implement it, or when it is unknown."""
     removed = REMOVED[version].get(name)
@@ -431,15 +546,23 @@ def _check_modern_name(name: str, version: str, here: str, *, score: bool = Fals
         raise ConfigError(f"{here}: {version} has no plugin {name!r}; {removed}")
     if name in scores.UNSUPPORTED_SCORES or name in RESOURCE_SCORES:
         raise ConfigError(f"{here}: kubegpu does not implement the plugin {name!r}; disable it instead")
-    if score and name not in MODERN_SCORES:
-        raise ConfigError(
-            f"{here}: {shorten(name)!r} is not a score plugin kubegpu runs (known: {', '.join(MODERN_SCORES)})"
-        )
-    if name not in MODERN_SCORES and name not in scores.FILTER_PLUGINS and name not in NOTHING_TO_RUN:
+    if score and name not in MODERN_SCORES and name not in rules.scores:
+        known = ", ".join((*MODERN_SCORES, *sorted(rules.scores)))
+        raise ConfigError(f"{here}: {shorten(name)!r} is not a score plugin kubegpu runs (known: {known})")
+    if (
+        name not in MODERN_SCORES
+        and name not in scores.FILTER_PLUGINS
+        and name not in NOTHING_TO_RUN
+        and name not in QUEUE_PLUGINS
+        and name not in rules.filters
+        and name not in rules.scores
+    ):
         raise ConfigError(f"{here}: unknown plugin {shorten(name)!r}")
 
 
-def _merge_set(defaults: Sequence[tuple[str, int | None]], custom: _ModernPluginSet) -> list[tuple[str, int | None]]:
+def _merge_set(
+    defaults: Sequence[tuple[str, int | None]], custom: _PluginSet | _ModernPluginSet
+) -> list[tuple[str, int | None]]:
     """kube-scheduler's mergePluginSet: the defaults less the disabled ones (all with `*`), a default the custom set
     enables again taking its place (and its weight), then the other enabled ones."""
     disabled = {p.name for p in custom.disabled}
@@ -458,31 +581,36 @@ def _merge_set(defaults: Sequence[tuple[str, int | None]], custom: _ModernPlugin
     return merged
 
 
-def _modern_plugins(plugins: _ModernPlugins, version: str, where: str) -> tuple[dict[str, int], frozenset[str]]:
-    """The score weights (NodeResourcesFit's under its own name) and the filters turned off, from a v1beta2 or later
-    profile: v1beta2 merges each extension point with its defaults; v1beta3 and v1 merge `multiPoint` with the
-    default set, and a plugin an extension point enables or disables there overrides `multiPoint`."""
+def _modern_plugins(
+    plugins: _ModernPlugins, version: str, where: str, rules: RuleNames = NO_RULES
+) -> tuple[dict[str, int], frozenset[str], list[tuple[str, int | None]] | None]:
+    """The score weights (NodeResourcesFit's under its own name), the filters turned off and, for v1beta3 and v1,
+    the merged `multiPoint` set, from a v1beta2 or later profile: v1beta2 merges each extension point with its
+    defaults; v1beta3 and v1 merge `multiPoint` with the default set, and a plugin an extension point enables or
+    disables there overrides `multiPoint`."""
     sets: tuple[tuple[str, _ModernPluginSet | None], ...] = (
         ("score", plugins.score), ("filter", plugins.filter), ("multiPoint", plugins.multiPoint),
     )  # fmt: skip
     ignorable = frozenset(
-        {*NOTHING_TO_RUN, *scores.UNSUPPORTED_SCORES, *scores.UNSUPPORTED_FILTERS, *REMOVED[version], *MODERN_SCORES}
-    )
+        {*NOTHING_TO_RUN, *QUEUE_PLUGINS, *scores.UNSUPPORTED_SCORES, *scores.UNSUPPORTED_FILTERS, *REMOVED[version],
+         *MODERN_SCORES, *rules.scores, *rules.filters}
+    )  # fmt: skip
     for point, plugin_set in sets:
         if plugin_set is None:
             continue
         if point != "filter":  # the filters are checked by `_merge_filters`
             for i, plugin in enumerate(plugin_set.enabled):
-                _check_modern_name(plugin.name, version, f"{where}.{point}.enabled[{i}].name", score=point == "score")
+                here = f"{where}.{point}.enabled[{i}].name"
+                _check_modern_name(plugin.name, version, here, score=point == "score", rules=rules)
         for i, plugin in enumerate(plugin_set.disabled):
             if plugin.name != "*" and plugin.name not in scores.FILTER_PLUGINS and plugin.name not in ignorable:
                 raise ConfigError(f"{where}.{point}.disabled[{i}].name: unknown plugin {shorten(plugin.name)!r}")
-    filters_off = _merge_filters(plugins.filter, f"{where}.filter", ignorable, version)
+    filters_off = _merge_filters(plugins.filter, f"{where}.filter", ignorable, version, rules)
     if version == V1BETA2:
         if plugins.multiPoint is not None:
             raise ConfigError(f"{where}.multiPoint: v1beta3 and later have multiPoint; {version} does not")
         merged = _merge_set(tuple(V1BETA2_SCORES.items()), plugins.score)
-        return {name: weight or 1 for name, weight in merged}, filters_off
+        return {name: weight or 1 for name, weight in merged if name not in rules.scores}, filters_off, None
     multi = _merge_set(V1_MULTI_POINT, plugins.multiPoint or _ModernPluginSet())
     score_off = {p.name for p in plugins.score.disabled}
     score_on = {p.name for p in plugins.score.enabled}
@@ -492,14 +620,15 @@ def _modern_plugins(plugins: _ModernPlugins, version: str, where: str) -> tuple[
             if name in MODERN_SCORES and name not in score_off and name not in score_on:
                 weights[name] = weight or 1
     for plugin in plugins.score.enabled:
-        weights[plugin.name] = plugin.weight or 1
+        if plugin.name not in rules.scores:
+            weights[plugin.name] = plugin.weight or 1
     filter_set = plugins.filter
     filter_off = {p.name for p in filter_set.disabled}
     from_multi = set()
     if "*" not in filter_off:
         from_multi = {name for name, _ in multi if name in scores.FILTER_PLUGINS and name not in filter_off}
     running = from_multi | {p.name for p in filter_set.enabled}
-    return weights, frozenset(scores.FILTER_PLUGINS) - running
+    return weights, frozenset(scores.FILTER_PLUGINS) - running, multi
 
 
 def _default_spread(document: dict[str, Any], where: str, version: str = V1BETA1) -> tuple[SpreadConstraint, ...]:
@@ -579,7 +708,7 @@ MODERN_ARGS = frozenset(
 )  # fmt: skip
 
 
-def _plugin_args(entries: list[_PluginConfig], version: str, where: str) -> _PluginArgs:
+def _plugin_args(entries: list[_PluginConfig], version: str, where: str, rules: RuleNames = NO_RULES) -> _PluginArgs:
     """Each pluginConfig entry's arguments, validated as kube-scheduler validates them; an argument kubegpu does
     not implement is refused naming it (never accepted and ignored)."""
     found = _PluginArgs()
@@ -591,10 +720,11 @@ def _plugin_args(entries: list[_PluginConfig], version: str, where: str) -> _Plu
             raise ConfigError(f"{here}.name: a second pluginConfig for {shorten(name)!r}")
         seen.add(name)
         if version == V1BETA1:
-            if name not in scores.SCORE_PLUGINS and name not in scores.FILTER_PLUGINS and name != "DefaultPreemption":
+            known = name in scores.SCORE_PLUGINS or name in scores.FILTER_PLUGINS or name in QUEUE_PLUGINS
+            if not known and name != "DefaultPreemption" and name not in rules.filters and name not in rules.scores:
                 raise ConfigError(f"{here}.name: unknown plugin {shorten(name)!r}")
         else:
-            _check_modern_name(name, version, f"{here}.name")
+            _check_modern_name(name, version, f"{here}.name", rules=rules)
         document = entry.args or {}
         here = f"{here}.args"
         kind = document.get("kind")
@@ -648,8 +778,11 @@ def _plugin_args(entries: list[_PluginConfig], version: str, where: str) -> _Plu
     return found
 
 
-def parse_config(document: Any, policy: str = "binpack", where: str = "KubeSchedulerConfiguration") -> SchedulerConfig:
-    """A loaded YAML document -> `SchedulerConfig`; `policy` is the one `--policy` gives (or the default)."""
+def parse_config(
+    document: Any, policy: str = "binpack", where: str = "KubeSchedulerConfiguration", rules: RuleNames = NO_RULES
+) -> SchedulerConfig:
+    """A loaded YAML document -> `SchedulerConfig`; `policy` is the one `--policy` gives (or the default); `rules`
+    the names of the rules installed plugins add, which the profile may name besides kube-scheduler's plugins."""
     if not isinstance(document, dict):
         raise ConfigError(f"{where}: expected a KubeSchedulerConfiguration object")
     version = document.get("apiVersion")
@@ -660,6 +793,7 @@ def parse_config(document: Any, policy: str = "binpack", where: str = "KubeSched
     model: type[_Configuration | _ConfigurationV1beta2 | _ConfigurationV1] = (
         _Configuration if version == V1BETA1 else _ConfigurationV1beta2 if version == V1BETA2 else _ConfigurationV1
     )
+    _same_queue_sort(document, where)
     try:
         config = model.model_validate(document)
     except ValidationError as exc:
@@ -670,9 +804,12 @@ def parse_config(document: Any, policy: str = "binpack", where: str = "KubeSched
     percentage = config.percentageOfNodesToScore
     if isinstance(config, _Configuration):
         profile = config.profiles[0] if config.profiles else _Profile()
-        weights, chosen = _merge_scores(profile.plugins.score, policy, f"{here}.plugins.score")
-        filters_off = _merge_filters(profile.plugins.filter, f"{here}.plugins.filter")
-        args = _plugin_args(profile.pluginConfig, version, f"{here}.pluginConfig")
+        plugins = profile.plugins
+        weights, chosen = _merge_scores(plugins.score, policy, f"{here}.plugins.score", rules)
+        filters_off = _merge_filters(plugins.filter, f"{here}.plugins.filter", rules=rules)
+        args = _plugin_args(profile.pluginConfig, version, f"{here}.pluginConfig", rules)
+        sort, gates_off = _queue_plugins(plugins.queueSort, None, None, f"{here}.plugins")
+        rule_weights, rules_off, rule_filters_off = _rule_settings(rules, [plugins.score], [plugins.filter])
         name = profile.schedulerName
     else:
         modern = config.profiles[0] if config.profiles else _ModernProfile()
@@ -680,8 +817,14 @@ def parse_config(document: Any, policy: str = "binpack", where: str = "KubeSched
             if version == V1BETA2:
                 raise ConfigError(f"{here}.percentageOfNodesToScore: v1beta3 and later have it; {version} does not")
             percentage = modern.percentageOfNodesToScore
-        weights, filters_off = _modern_plugins(modern.plugins, version, f"{here}.plugins")
-        args = _plugin_args(modern.pluginConfig, version, f"{here}.pluginConfig")
+        plugins_ = modern.plugins
+        weights, filters_off, multi = _modern_plugins(plugins_, version, f"{here}.plugins", rules)
+        args = _plugin_args(modern.pluginConfig, version, f"{here}.pluginConfig", rules)
+        sort, gates_off = _queue_plugins(plugins_.queueSort, plugins_.preEnqueue, multi, f"{here}.plugins")
+        multi_set = [plugins_.multiPoint] if plugins_.multiPoint is not None else []
+        rule_weights, rules_off, rule_filters_off = _rule_settings(
+            rules, [*multi_set, plugins_.score], [*multi_set, plugins_.filter]
+        )
         chosen = args.strategy
         # NodeResourcesFit scores with the policy: kubegpu's MostAllocated (binpack) or LeastAllocated (spread).
         fit = weights.pop(FIT, 0)
@@ -689,7 +832,16 @@ def parse_config(document: Any, policy: str = "binpack", where: str = "KubeSched
             weights[scores.policy_plugin(chosen or policy)] = fit
         name = modern.schedulerName
     return SchedulerConfig(
-        scores.Profile(weights, filters_off, percentage, args.hard_weight, args.default_spread),
+        scores.Profile(
+            {**weights, **rule_weights},
+            filters_off | rule_filters_off,
+            percentage,
+            args.hard_weight,
+            args.default_spread,
+            scores_off=rules_off,
+            pre_enqueue_off=gates_off,
+            queue_sort=sort,
+        ),
         policy=chosen,
         scheduler_name=name,
         initial_backoff=float(config.podInitialBackoffSeconds),
@@ -730,12 +882,14 @@ def load_topology(path: str | Path) -> tuple[str, ...]:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def load_config(path: str | Path, policy: str | None = None) -> tuple[SchedulerConfig, Policy]:
+def load_config(
+    path: str | Path, policy: str | None = None, rules: RuleNames = NO_RULES
+) -> tuple[SchedulerConfig, Policy]:
     """Read `--config FILE`; returns the configuration and the policy to run (`--policy` when given, which must agree
-    with a policy plugin the file enables)."""
+    with a policy plugin the file enables). `rules`: the names of the rules installed plugins add."""
     path = Path(path)
     document = _read_yaml(path, "a scheduler configuration")
-    config = parse_config(document, policy or "binpack", str(path))
+    config = parse_config(document, policy or "binpack", str(path), rules)
     if policy is not None and config.policy is not None and policy != config.policy:
         raise ConfigError(
             f"{path}: the profile enables the {config.policy} policy's plugin but --policy {policy} was given"

@@ -52,7 +52,7 @@ from kubegpu.kube.client import ApiError, AsyncKubeClient, KubeClient
 from kubegpu.kube.leader import LeaderElector, Leadership, timing_problem
 from kubegpu.scheduler import liveness
 from kubegpu.scheduler.binder import Binder
-from kubegpu.scheduler.engine import POLICIES, Decision, Engine, PermitCode, Policy
+from kubegpu.scheduler.engine import POLICIES, Decision, Engine, PermitCode, Policy, rule_names
 from kubegpu.scheduler.gangstatus import GroupStatus
 from kubegpu.scheduler.health import HealthServer, Metrics
 from kubegpu.scheduler.mirror import ClusterMirror
@@ -84,7 +84,7 @@ class CustomScheduler:
         self.name = name
         self.metrics = Metrics()
         self.binder = Binder(writer, self.metrics, component=name)
-        self.queue = SchedulingQueue(name, self.metrics, spread_of=engine.spread_constraints)
+        self.queue = SchedulingQueue(name, self.metrics, spread_of=engine.spread_constraints, sort=engine.queue_sort)
         self.mirror = ClusterMirror(
             client,
             engine,
@@ -361,13 +361,16 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         log.error("%s", problem)
         return 2
+    plugins = make_plugin_manager("scheduler")
+    for failure in plugins.failures:
+        log.error("%s", failure)
     config = None
     policy: Policy = args.policy or "binpack"
     if args.config:
-        from kubegpu.scheduler.config import ConfigError, load_config  # pydantic and YAML: only for a --config
+        from kubegpu.scheduler.config import ConfigError, RuleNames, load_config  # pydantic and YAML: for a --config
 
         try:
-            config, policy = load_config(args.config, args.policy)
+            config, policy = load_config(args.config, args.policy, RuleNames(*rule_names(plugins)))
         except ConfigError as exc:
             log.error("--config: %s", exc)
             return 2
@@ -386,10 +389,7 @@ def run(args: argparse.Namespace) -> int:
     client = KubeClient.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
     fence = leadership.remaining if args.leader_elect else None
     writer = AsyncKubeClient(client.credentials, client.limiter, connections=args.binders, fence=fence)
-    writer.warm(args.binders)  # the TLS handshakes happen while the plugins load and the informers list
-    plugins = make_plugin_manager("scheduler")
-    for failure in plugins.failures:
-        log.error("%s", failure)
+    writer.warm(args.binders)  # the TLS handshakes happen while the informers list
     engine = Engine(plugins, policy=policy, signing_key=key, scoring=config.profile if config else None)
     engine.set_topology(levels)
     scheduler = CustomScheduler(

@@ -17,7 +17,7 @@ too:
 * a pod that waits for a node goes to the front-end's `PendingPods`: the custom scheduler's queue, or the
   extender's record of pending pods; either is told when the cluster changed in a way that may help them. A pod
   with scheduling gates (`kubegpu.scheduler.gates`) is kept out of them, counted as gated, until an update removes
-  its last gate (kube-scheduler's PreEnqueue);
+  its last gate (the engine's PreEnqueue rules, `Engine.pre_enqueue`: SchedulingGates unless the profile turns it off);
 * claims and volumes (`watch_volumes`) become the engine's VolumeBinding records: a claim's volume once it is
   Bound, a volume's required node affinity; a change to either wakes the pending pods. A claim or volume kubegpu
   cannot read is left out with a warning, so only the pods that name it are refused;
@@ -157,7 +157,8 @@ class ClusterMirror:
         self.pods_synced = threading.Event()
         self.heartbeat = time.monotonic()
         self._refused: dict[str, str] = {}  # pod key -> why its allocation holds no devices (one Event per reason)
-        self.gated: dict[str, tuple[str, ...]] = {}  # this front-end's pods held back by their scheduling gates
+        # This front-end's pods held back at PreEnqueue (their scheduling gates), with the reason.
+        self.gated: dict[str, str] = {}
         self.metrics.pending.labels("gated").set(0)
         # PodDisruptionBudgets by namespace/name: the custom scheduler's preemptions honour them. The extender does
         # not watch them: kube-scheduler counts the violations of the victims it proposes.
@@ -683,10 +684,10 @@ class ClusterMirror:
         self.pending.drop(key)
         self._ungate(key)
 
-    def _gate(self, key: str, gates: tuple[str, ...]) -> None:
-        """kube-scheduler's PreEnqueue for SchedulingGates: the pod waits outside the queue, tried by no cycle."""
+    def _gate(self, key: str, reason: str) -> None:
+        """A PreEnqueue rule refused the pod (`Engine.pre_enqueue`): it waits outside the queue, tried by no cycle."""
         self.drop_pending(key)
-        self.gated[key] = gates
+        self.gated[key] = reason
         self.metrics.pending.labels("gated").set(len(self.gated))
 
     def _ungate(self, key: str) -> None:
@@ -730,9 +731,11 @@ class ClusterMirror:
             if held is None and not binding:
                 self._assume(request)
             return
-        if request.scheduling_gates and not deleting and self.pending.answers_for(request.scheduler_name):
-            self._gate(key, request.scheduling_gates)
-            return
+        if not deleting and self.pending.answers_for(request.scheduler_name):
+            refusal = self.engine.pre_enqueue(request)  # PreEnqueue: SchedulingGates
+            if refusal is not None:
+                self._gate(key, refusal.message)
+                return
         self._ungate(key)  # its last gate removed: it enters the queue as a new pod would
         version = str(meta.get("resourceVersion", ""))
         if not self.pending.observe(key, request, version, deleting=deleting, held=held is not None):

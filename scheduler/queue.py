@@ -2,7 +2,7 @@
 
 Three places a pod waits:
 
-* `active`: ready to be tried, taken by priority (higher first), then arrival;
+* `active`: ready to be tried, in the profile's QueueSort order (PrioritySort: higher priority first, then arrival);
 * `backoff`: by the time its backoff ends (1 s doubling per attempt to 10 s, `--config` can change both), first
   waiting first among equal ends (`Backoff`: a heap indexed by pod key, so a pod leaves it in O(1));
 * `unschedulable`: it fits nowhere; it waits for a cluster event that can help it (a node added or changed, a pod
@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kubegpu.core.models import PodRequest, SpreadConstraint
+from kubegpu.scheduler.engine.enqueue import PrioritySort
+from kubegpu.scheduler.engine.framework import QueueSortPlugin
 from kubegpu.scheduler.filters import pod_matches_term, selector_matches
 from kubegpu.scheduler.health import Metrics
 from kubegpu.scheduler.podgroups import gang_key
@@ -131,7 +133,8 @@ class Backoff:
 
 
 class SchedulingQueue:
-    """The pods that name scheduler `name` and wait for a node."""
+    """The pods that name scheduler `name` and wait for a node, taken in `sort`'s order (the profile's QueueSort
+    plugin, `Engine.queue_sort`)."""
 
     def __init__(
         self,
@@ -139,9 +142,11 @@ class SchedulingQueue:
         metrics: Metrics,
         *,
         spread_of: Callable[[PodRequest], Sequence[SpreadConstraint]] | None = None,
+        sort: QueueSortPlugin | None = None,
     ) -> None:
         self.name = name
         self.metrics = metrics
+        self.sort: QueueSortPlugin = sort if sort is not None else PrioritySort()
         # The spread constraints that apply to a pod (the engine's `spread_constraints`: its own or its owners'
         # defaults), for waking it when a pod they count is placed; by default the pod's own.
         self.spread_of = spread_of
@@ -285,12 +290,12 @@ class SchedulingQueue:
     # -- what the scheduler does with it -----------------------------------------------------------------------------
 
     def pop_batch(self, limit: int) -> list[Entry]:
-        """Up to `limit` active pods, by priority then arrival, taken out of the active queue."""
-        if any(entry.request.priority for entry in self.active.values()):
-            batch = heapq.nsmallest(limit, self.active.values(), key=lambda e: (-e.request.priority, e.arrival))
-            keys = [entry.key for entry in batch]
-        else:
+        """Up to `limit` active pods, in the QueueSort plugin's order, taken out of the active queue."""
+        sort = self.sort
+        if sort.arrival_order(self.active.values()):
             keys = list(itertools.islice(self.active, limit))
+        else:
+            keys = [entry.key for entry in heapq.nsmallest(limit, self.active.values(), key=sort.key)]
         return [self.active.pop(key) for key in keys]
 
     def put_back(self, entries: list[Entry]) -> None:

@@ -102,6 +102,8 @@ DEVICES = "KubegpuDevices"
 FRAGMENTATION = "KubegpuFragmentation"
 IMAGE_LOCALITY = "ImageLocality"
 PREFER_AVOID = "NodePreferAvoidPods"
+SCHEDULING_GATES = "SchedulingGates"  # PreEnqueue
+PRIORITY_SORT = "PrioritySort"  # QueueSort
 
 SCORE_PLUGINS = (
     BALANCED, NODE_AFFINITY, TAINTS, INTER_POD_AFFINITY, SPREAD, MOST_ALLOCATED, LEAST_ALLOCATED, DEVICES,
@@ -156,7 +158,8 @@ class Profile:
     """Which score plugins are on with their weights (kube-scheduler's plugin absent or weighted 0 is off; a third
     party's is on with weight 1 unless `weights` or `scores_off` name it), which filters are off, and
     kube-scheduler's `percentageOfNodesToScore` (0: its adaptive default), `hardPodAffinityWeight` and
-    PodTopologySpread's default constraints (their selectors None: each pod's owners give it; empty: none)."""
+    PodTopologySpread's default constraints (their selectors None: each pod's owners give it; empty: none); the
+    PreEnqueue plugins turned off (`SchedulingGates`) and the one QueueSort plugin (`PrioritySort`)."""
 
     weights: Mapping[str, int] = field(default_factory=dict)
     filters_off: frozenset[str] = frozenset()
@@ -164,6 +167,8 @@ class Profile:
     hard_pod_affinity_weight: int = 1
     default_spread: tuple[SpreadConstraint, ...] = SYSTEM_DEFAULT_SPREAD
     scores_off: frozenset[str] = frozenset()
+    pre_enqueue_off: frozenset[str] = frozenset()
+    queue_sort: str = PRIORITY_SORT
 
     @classmethod
     def default(cls, policy: str = "binpack") -> Profile:

@@ -76,9 +76,8 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.status import Code
 from kubegpu.core.text import safe_text
 from kubegpu.scheduler import objects, podgroups, traces
-from kubegpu.scheduler.config import ConfigError, Policy, load_config
-from kubegpu.scheduler.engine import POLICIES, Decision, Engine, PermitCode
-from kubegpu.scheduler.gates import gated_reason
+from kubegpu.scheduler.config import ConfigError, Policy, RuleNames, load_config
+from kubegpu.scheduler.engine import POLICIES, Decision, Engine, PermitCode, rule_names
 from kubegpu.scheduler.owners import OWNER_KINDS
 from kubegpu.scheduler.preemption import Budget
 from kubegpu.scheduler.report import draw_text, gang_domains
@@ -535,12 +534,13 @@ def _process(
                 f"{event.where}: metadata.name: pod {request.key} is already scheduled; delete it first "
                 "(a Pod document with metadata.deletionTimestamp)"
             )
-        if request.scheduling_gates:  # kube-scheduler's PreEnqueue: no cycle until a later document lifts the gates
+        refusal = engine.pre_enqueue(request)  # PreEnqueue (SchedulingGates): no cycle until a later document lifts it
+        if refusal is not None:
             yield {
                 "pod": request.key,
                 "event": "gated",
                 "node": None,
-                "reason": gated_reason(request.scheduling_gates),
+                "reason": refusal.message,
                 "devices": {},
                 "annotations": {},
             }
@@ -718,17 +718,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _engine(args: argparse.Namespace) -> Engine | None:
     """The engine the arguments ask for (`--policy`, `--config`); None after printing why the configuration is bad."""
+    plugins = make_plugin_manager("scheduler")
+    for failure in plugins.failures:
+        print(f"kubegpu simulate: warning: {failure}", file=sys.stderr)
     config = None
     policy: Policy = args.policy or "binpack"
     if args.config:
         try:
-            config, policy = load_config(args.config, args.policy)
+            config, policy = load_config(args.config, args.policy, RuleNames(*rule_names(plugins)))
         except ConfigError as exc:
             print(f"kubegpu simulate: invalid --config: {exc}", file=sys.stderr)
             return None
-    plugins = make_plugin_manager("scheduler")
-    for failure in plugins.failures:
-        print(f"kubegpu simulate: warning: {failure}", file=sys.stderr)
     return Engine(plugins, policy=policy, scoring=config.profile if config else None)
 
 

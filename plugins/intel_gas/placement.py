@@ -51,7 +51,7 @@ class Need:
 
 
 @dataclass(frozen=True, slots=True)
-class PodNeeds:
+class IntelGasPodState:
     needs: tuple[Need | None, ...]  # aligned with pod.containers; None: the container asks nothing of ours
     problem: str | None  # the validation refusal, if any
     same: tuple[int, ...] = ()  # indices of the `gas-same-gpu` containers, in spec order
@@ -239,7 +239,7 @@ def container_need(container: ContainerRequest, *, ignore_without_count: bool = 
     return Need(container.name, count, cards, per_card)
 
 
-def pod_needs(pod: PodRequest) -> PodNeeds:
+def pod_needs(pod: PodRequest) -> IntelGasPodState:
     """Every container's need, in spec order, the `gas-same-gpu` group, and the first validation refusal (read once
     per pod signature: `kubegpu_scheduler_prepare`)."""
     ignore = os.environ.get(WITHOUT_I915_ENV, "").strip().lower() == "ignore"
@@ -260,7 +260,7 @@ def pod_needs(pod: PodRequest) -> PodNeeds:
             problem = problem or group
         else:
             same = group
-    return PodNeeds(tuple(needs), problem, same)
+    return IntelGasPodState(tuple(needs), problem, same)
 
 
 def same_gpu_containers(

@@ -81,8 +81,8 @@ from kubegpu.plugins.intel_gas import (
 )
 from kubegpu.plugins.intel_gas.cards import GPU_NUMBERS_LABEL, card_sort_key, cards_from_labels, format_amount
 from kubegpu.plugins.intel_gas.placement import (
+    IntelGasPodState,
     Placement,
-    PodNeeds,
     Refusal,
     candidate_cards,
     card_fullness,
@@ -92,7 +92,7 @@ from kubegpu.plugins.intel_gas.placement import (
     pod_needs,
 )
 
-__all__ = ["NAME", "RESOURCES", "WITHOUT_I915_ENV", "IntelGasState", "conformance_nodes"]
+__all__ = ["NAME", "RESOURCES", "WITHOUT_I915_ENV", "IntelGasNodeState", "conformance_nodes"]
 
 # The nodes `kubegpu plugins check` runs the conformance suite on: a node's cards come from labels it cannot guess.
 conformance_nodes = [
@@ -110,7 +110,7 @@ conformance_nodes = [
 # ----------------------------------------------------------------------------------------------------------
 
 
-class IntelGasState(DeviceNodeState):
+class IntelGasNodeState(DeviceNodeState):
     """One node's cards and the amounts of each `gpu.intel.com/*` resource used on each card."""
 
     plugin = NAME
@@ -127,11 +127,11 @@ class IntelGasState(DeviceNodeState):
         # pod key -> (card index, resource) -> [amount, number of container entries]
         self.held: dict[str, dict[tuple[int, str], list[int]]] = {}
         self.version = 0
-        self.memo: tuple[int, PodNeeds, Placement | Status] | None = None
+        self.memo: tuple[int, IntelGasPodState, Placement | Status] | None = None
 
 
-def _own(state: DeviceNodeState) -> IntelGasState:
-    assert isinstance(state, IntelGasState), f"intel-gas was given a {type(state).__name__}"
+def _own(state: DeviceNodeState) -> IntelGasNodeState:
+    assert isinstance(state, IntelGasNodeState), f"intel-gas was given a {type(state).__name__}"
     return state
 
 
@@ -161,7 +161,7 @@ def kubegpu_scheduler_build_node(node: NodeInfo) -> DeviceNodeState | None:
     # Allocatable counts the cards a device plugin or the advertiser can serve, so an unhealthy card is not in it.
     serving = max(1, sum(healthy))
     capacity = {r: amount // serving for r, amount in node.allocatable.items() if r.startswith(PREFIX)}
-    return IntelGasState(node.name, cards, healthy, capacity)
+    return IntelGasNodeState(node.name, cards, healthy, capacity)
 
 
 @hookimpl
@@ -184,24 +184,26 @@ def kubegpu_scheduler_validate(pod: PodRequest) -> Status | None:
 
 
 @hookimpl
-def kubegpu_scheduler_prepare(pod: PodRequest) -> PodNeeds:
+def kubegpu_scheduler_prepare(pod: PodRequest) -> IntelGasPodState:
     return pod_needs(pod)
 
 
 @hookimpl
-def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: PodNeeds) -> Status:
+def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: IntelGasPodState) -> Status:
     result = _placement(_own(state), pod, prepared, choose=False)
     return result if isinstance(result, Status) else Status.success()
 
 
 @hookimpl
-def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: PodNeeds) -> float:
+def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: IntelGasPodState) -> float:
     result = _placement(_own(state), pod, prepared, choose=True)
     return 0.0 if isinstance(result, Status) else result.score
 
 
 @hookimpl
-def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared: PodNeeds) -> PluginAllocation | None:
+def kubegpu_scheduler_allocate(
+    state: DeviceNodeState, pod: PodRequest, prepared: IntelGasPodState
+) -> PluginAllocation | None:
     s = _own(state)
     result = _placement(s, pod, prepared, choose=True)
     if isinstance(result, Status):
@@ -319,7 +321,9 @@ def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy]:
 _FITS = Placement(cards=(), score=0.0)
 
 
-def _placement(state: IntelGasState, pod: PodRequest, needs: PodNeeds, *, choose: bool) -> Placement | Status:
+def _placement(
+    state: IntelGasNodeState, pod: PodRequest, needs: IntelGasPodState, *, choose: bool
+) -> Placement | Status:
     """fit, score and allocate ask in turn about the same pod and node: compute once per state version. The engine
     prepares one `needs` per pod signature (annotations included), so it keys the memo for every equal pod."""
     memo = state.memo
@@ -332,7 +336,7 @@ def _placement(state: IntelGasState, pod: PodRequest, needs: PodNeeds, *, choose
     return result
 
 
-def _place(state: IntelGasState, pod: PodRequest, needs: PodNeeds, choose: bool) -> Placement | Status:
+def _place(state: IntelGasNodeState, pod: PodRequest, needs: IntelGasPodState, choose: bool) -> Placement | Status:
     if needs.problem:
         return Status.unresolvable(needs.problem, plugin=NAME)
     intel = [need for need in needs.needs if need is not None]
@@ -353,7 +357,7 @@ def _place(state: IntelGasState, pod: PodRequest, needs: PodNeeds, choose: bool)
     return Status.unschedulable(result.reason, plugin=NAME)
 
 
-def _utilization(state: IntelGasState) -> float:
+def _utilization(state: IntelGasNodeState) -> float:
     basis = next((r for r in (I915, XE) if state.capacity.get(r)), None)
     if basis is None:
         basis = next((r for r in sorted(state.capacity) if "memory" in r and state.capacity[r]), None)
@@ -364,7 +368,7 @@ def _utilization(state: IntelGasState) -> float:
 
 
 def _entries(
-    state: IntelGasState, allocation: PluginAllocation, *, taking: bool
+    state: IntelGasNodeState, allocation: PluginAllocation, *, taking: bool
 ) -> dict[tuple[int, str], list[int]] | str:
     """The allocation's shares summed per (card, resource) as [amount, entries], or why it is refused."""
     if allocation.plugin != NAME:

@@ -62,7 +62,7 @@ RING_SHARE = 0.5
 # (container name, resource name, amount) for every container asking for Neuron resources, in spec order.
 Requests = tuple[tuple[str, str, int], ...]
 # A pod's Neuron requests and the refusal of a container that mixes resources: `kubegpu_scheduler_prepare`'s answer.
-Asked = tuple[Requests, Status | None]
+NeuronPodState = tuple[Requests, Status | None]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -71,7 +71,7 @@ Asked = tuple[Requests, Status | None]
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
+class NeuronPlacement:
     """The placement of one pod's Neuron containers: (container, resource, ids) in order, and its score."""
 
     status: Status
@@ -79,7 +79,7 @@ class _Plan:
     score: float = 0.0
 
 
-class _NeuronNode(DeviceNodeState):
+class NeuronNodeState(DeviceNodeState):
     """One node's Neuron devices. Device d is bit d of `free_devices`; core c is bit c of `free_cores`.
 
     Invariants kept by take/release: a device is in `free_devices` iff it is healthy, not in `device_holder`
@@ -114,7 +114,7 @@ class _NeuronNode(DeviceNodeState):
         self.cores_held_on: dict[int, int] = {}
         self.version = 0
         self._plan_key: tuple[int, Requests] | None = None
-        self._plan: _Plan | None = None
+        self._plan: NeuronPlacement | None = None
 
     def holder_of_device(self, device: int) -> str | None:
         """Who keeps `device` from being taken whole: its whole holder, or the first holder of its cores."""
@@ -128,8 +128,8 @@ class _NeuronNode(DeviceNodeState):
         return bool(self.free_devices >> device & 1)
 
 
-def _state(state: DeviceNodeState) -> _NeuronNode:
-    assert isinstance(state, _NeuronNode), f"not a neuron state: {state!r}"
+def _state(state: DeviceNodeState) -> NeuronNodeState:
+    assert isinstance(state, NeuronNodeState), f"not a neuron state: {state!r}"
     return state
 
 
@@ -149,7 +149,7 @@ def kubegpu_scheduler_build_node(node: NodeInfo) -> DeviceNodeState | None:
     if shape is None:
         return None
     topology, cores_per_device, instance_type, present, healthy = shape
-    return _NeuronNode(node.name, topology, cores_per_device, instance_type, present, healthy)
+    return NeuronNodeState(node.name, topology, cores_per_device, instance_type, present, healthy)
 
 
 @hookimpl
@@ -169,23 +169,25 @@ def kubegpu_scheduler_validate(pod: PodRequest) -> Status | None:
 
 
 @hookimpl
-def kubegpu_scheduler_prepare(pod: PodRequest) -> Asked:
+def kubegpu_scheduler_prepare(pod: PodRequest) -> NeuronPodState:
     return neuron_requests(pod)
 
 
 @hookimpl
-def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: Asked) -> Status:
+def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: NeuronPodState) -> Status:
     return _plan(_state(state), prepared).status
 
 
 @hookimpl
-def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: Asked) -> float:
+def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: NeuronPodState) -> float:
     plan = _plan(_state(state), prepared)
     return plan.score if plan.status.ok else 0.0
 
 
 @hookimpl
-def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared: Asked) -> PluginAllocation | None:
+def kubegpu_scheduler_allocate(
+    state: DeviceNodeState, pod: PodRequest, prepared: NeuronPodState
+) -> PluginAllocation | None:
     s = _state(state)
     plan = _plan(s, prepared)
     if not plan.status.ok:
@@ -347,7 +349,7 @@ def _int(value: object, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
-def neuron_requests(pod: PodRequest) -> Asked:
+def neuron_requests(pod: PodRequest) -> NeuronPodState:
     """The pod's Neuron requests in container order, or the refusal of a container that mixes resources (read once
     per pod signature: `kubegpu_scheduler_prepare`)."""
     return _neuron_requests(pod)
@@ -382,10 +384,10 @@ def _amounts(resources: Mapping[str, int]) -> dict[str, int]:
     return {r: resources[r] for r in RESOURCES if resources.get(r, 0) > 0}
 
 
-def _plan(state: _NeuronNode, asked: Asked) -> _Plan:
+def _plan(state: NeuronNodeState, asked: NeuronPodState) -> NeuronPlacement:
     requests, refusal = asked
     if refusal is not None:
-        return _Plan(refusal)
+        return NeuronPlacement(refusal)
     key = (state.version, requests)
     if state._plan_key == key and state._plan is not None:
         return state._plan
@@ -394,14 +396,14 @@ def _plan(state: _NeuronNode, asked: Asked) -> _Plan:
         # Would the pod fit this node if nothing else ran on it? If not, waiting will not help.
         empty = place(state, requests, state.healthy, state.healthy_cores, empty_node=True)
         if not empty.status.ok:
-            plan = _Plan(Status.unresolvable(*empty.status.reasons, plugin=NAME))
+            plan = NeuronPlacement(Status.unresolvable(*empty.status.reasons, plugin=NAME))
     state._plan_key, state._plan = key, plan
     return plan
 
 
 def place(
-    state: _NeuronNode, requests: Requests, free_devices: int, free_cores: int, *, empty_node: bool = False
-) -> _Plan:
+    state: NeuronNodeState, requests: Requests, free_devices: int, free_cores: int, *, empty_node: bool = False
+) -> NeuronPlacement:
     """Place the containers' requests one after the other on the given free devices and cores."""
     t, k = state.topology, state.cores_per_device
     placements = []
@@ -410,11 +412,11 @@ def place(
         cores = resource == NEURONCORE
         total = state.healthy_core_count if cores else state.healthy_device_count
         if count > total:
-            return _Plan(Status.unresolvable(f"Insufficient {resource}", plugin=NAME))
+            return NeuronPlacement(Status.unresolvable(f"Insufficient {resource}", plugin=NAME))
         if cores and not topo.core_request_supported(t, k, count):
-            return _Plan(Status.unresolvable(_unsupported_cores(state, count), plugin=NAME))
+            return NeuronPlacement(Status.unresolvable(_unsupported_cores(state, count), plugin=NAME))
         if not cores and count not in topo.valid_sizes(t):
-            return _Plan(Status.unresolvable(_unsupported_devices(state, count), plugin=NAME))
+            return NeuronPlacement(Status.unresolvable(_unsupported_devices(state, count), plugin=NAME))
         if cores:
             chosen = topo.choose_cores(t, k, free_devices, free_cores, count)
         else:
@@ -423,7 +425,7 @@ def place(
             available = (free_cores if cores else free_devices).bit_count()
             reason = f"Insufficient {resource}" if available < count else _no_set(state, cores, count, empty_node)
             code = Status.unresolvable if empty_node else Status.unschedulable
-            return _Plan(code(reason, plugin=NAME))
+            return NeuronPlacement(code(reason, plugin=NAME))
         start = (chosen & -chosen).bit_length() - 1
         if cores:
             score += count / topo.core_host(free_cores, start)
@@ -436,10 +438,10 @@ def place(
             free_cores &= ~topo.interval(start * k, count * k)
         placements.append((container, resource, tuple(range(start, start + count))))
     mean = 100.0 * score / len(requests) if requests else 100.0
-    return _Plan(Status.success(), tuple(placements), mean)
+    return NeuronPlacement(Status.success(), tuple(placements), mean)
 
 
-def _unsupported_devices(state: _NeuronNode, count: int) -> str:
+def _unsupported_devices(state: NeuronNodeState, count: int) -> str:
     instance_type = state.instance_type or "of this node"
     return (
         f"Instance type {instance_type} does not support requests for device: {count}. "
@@ -447,7 +449,7 @@ def _unsupported_devices(state: _NeuronNode, count: int) -> str:
     )
 
 
-def _unsupported_cores(state: _NeuronNode, count: int) -> str:
+def _unsupported_cores(state: NeuronNodeState, count: int) -> str:
     ranges = [
         f"{lo}-{hi}" if hi > lo else str(lo)
         for lo, hi in topo.core_request_ranges(state.topology, state.cores_per_device)
@@ -459,7 +461,7 @@ def _unsupported_cores(state: _NeuronNode, count: int) -> str:
     )
 
 
-def _no_set(state: _NeuronNode, cores: bool, count: int, empty_node: bool) -> str:
+def _no_set(state: NeuronNodeState, cores: bool, count: int, empty_node: bool) -> str:
     """`no free contiguous set of 4 Neuron devices`; on an empty node `no contiguous set of 4 healthy ...`."""
     free, healthy = ("", " healthy") if empty_node else (" free", "")
     if cores:

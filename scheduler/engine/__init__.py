@@ -5,7 +5,8 @@ named after what it owns (the Kubernetes scheduler framework splits the same wor
 framework's extension points, its plugins):
 
 * `records`: the records and results (`NodeRecord`, `PodRecord`, `Plan`, `Decision`, `Placement`);
-* `framework`, `kubefilters`: the shape of a node filter, and kube-scheduler's node-local filters in it, by name;
+* `framework`, `enqueue`, `kubefilters`, `kubescores`: the shapes of a rule, and kube-scheduler's PreEnqueue, QueueSort,
+  filters and scores in them, by name;
 * `state`: every attribute the parts share, and every memo with its key and what invalidates it;
 * `ledger`: which devices each placed pod holds, taken and given back atomically; an allocation's provenance;
 * `cache`: the nodes, their usage, capacity indexes, classes and node tree, and the numbered change log;
@@ -31,7 +32,7 @@ that raises becomes a reason naming it, never a crash.
 
 from __future__ import annotations
 
-from kubegpu.scheduler.engine.framework import PermitPlugin
+from kubegpu.scheduler.engine.framework import PermitPlugin, PreEnqueuePlugin, QueuedPod, QueueSortPlugin
 from kubegpu.scheduler.engine.queries import Queries
 from kubegpu.scheduler.engine.records import (
     CHECKS_REMEMBERED,
@@ -50,6 +51,7 @@ from kubegpu.scheduler.engine.records import (
     Waiting,
     summarize_reasons,
 )
+from kubegpu.scheduler.engine.rules import rule_names
 
 __all__ = [
     "CHECKS_REMEMBERED",
@@ -66,8 +68,12 @@ __all__ = [
     "Plan",
     "PodRecord",
     "Policy",
+    "PreEnqueuePlugin",
+    "QueueSortPlugin",
+    "QueuedPod",
     "Verdict",
     "Waiting",
+    "rule_names",
     "summarize_reasons",
 ]
 

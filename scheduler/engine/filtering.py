@@ -182,10 +182,6 @@ class Filtering(Planning):
             if status is None:
                 status = self._device_fit(record, pod, plan)
                 memo[id(plan.local)] = (remembered[0], remembered[1], None, status)
-        if not plan.settles and status.code is Code.UNRESOLVABLE:
-            # The answer depends on the node's name or on other nodes: nodes of one class may answer differently,
-            # so it must not settle the class (here or in the extender's answers).
-            status = Status(Code.UNSCHEDULABLE, status.reasons, status.plugin)
         return status
 
     def filter_node(self, name: str, pod: PodRequest) -> Status:

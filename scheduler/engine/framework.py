@@ -6,6 +6,8 @@ the profile (`scores.Profile`), kube-scheduler's own as much as a third party's.
 * `ClusterFilter` (PreFilter, Filter) reads the pods on other nodes: its PreFilter state is made once per pod and
   generation, and judges a node by its labels (PodTopologySpread, InterPodAffinity, in `kubefilters.py` too).
 * `ScorePlugin` (PreScore, Score, NormalizeScore) ranks the feasible nodes; kube-scheduler's are in `kubescores.py`.
+* `PreEnqueuePlugin` (PreEnqueue) keeps a pod out of the queue until it may be tried, and `QueueSortPlugin`
+  (QueueSort) orders the queue; kube-scheduler's SchedulingGates and PrioritySort are in `enqueue.py`.
 
 An `Engine` takes more through its `filters` and `scores` arguments, and a plugin adds them through the
 `kubegpu_scheduler_rules` hook (`rules.py` guards those). Plain objects on the hot path, called only when a node's
@@ -14,7 +16,7 @@ remembered answer is stale (`Filtering.check`); pluggy stays the boundary for ex
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any, Protocol
 
 from kubegpu.core.models import NodeSelectorTerm, PodRequest, SpreadConstraint
@@ -157,3 +159,47 @@ class PermitPlugin(Protocol):
     name: str
 
     def permit(self, engine: Any, pod: PodRequest, node: str) -> Verdict: ...
+
+
+class PreEnqueuePlugin(Protocol):
+    """One rule of the PreEnqueue extension point: whether a pending pod may enter the scheduling queue at all.
+
+    `name`: kube-scheduler's plugin name (or the rule's own), by which a profile disables it. `pre_enqueue` returns
+    None when the pod may be queued, else a `Status` (unresolvable: no cycle can help) whose reason says what the pod
+    waits for; the front-end keeps the pod out of its queue, counted as gated, until an update to the pod makes every
+    rule answer None. Asked on every add or update of a pending pod, from its spec alone: it must be cheap and must
+    not read the cluster. The built-in SchedulingGates is in `enqueue.py`; an `Engine` takes more through
+    `pre_enqueue`.
+    """
+
+    name: str
+
+    def pre_enqueue(self, pod: PodRequest) -> Status | None: ...
+
+
+class QueuedPod(Protocol):
+    """A pod as a queue holds it, what a QueueSort plugin orders (kube-scheduler's `QueuedPodInfo`): the pod and when
+    it entered the queue (a monotonic time)."""
+
+    @property
+    def request(self) -> PodRequest: ...
+
+    @property
+    def arrival(self) -> float: ...
+
+
+class QueueSortPlugin(Protocol):
+    """The QueueSort extension point: the order in which the queue's ready pods are tried (one per profile, as
+    kube-scheduler requires; the built-in PrioritySort is in `enqueue.py`).
+
+    `name`: kube-scheduler's plugin name. `key` is a queued pod's sort key: the queue tries the smallest first
+    (kube-scheduler's `Less(a, b)` is `key(a) < key(b)`). `arrival_order` says whether `queued` are in this order
+    when taken in the order they entered the queue (the queue then takes them without sorting: the common case of pods
+    that all share one priority). Both run on the scheduling thread for every ready pod: keep them plain.
+    """
+
+    name: str
+
+    def key(self, queued: QueuedPod) -> Any: ...
+
+    def arrival_order(self, queued: Iterable[QueuedPod]) -> bool: ...

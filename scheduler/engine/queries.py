@@ -9,9 +9,12 @@ from collections.abc import Iterable, Iterator, KeysView
 from kubegpu.core.models import (
     NodeInfo,
     Occupancy,
+    PodRequest,
 )
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.scheduler_hooks import DeviceNodeState
+from kubegpu.core.status import Status
+from kubegpu.scheduler.engine.framework import QueueSortPlugin
 from kubegpu.scheduler.engine.gangs import Gangs
 from kubegpu.scheduler.engine.records import Placement, Waiting, log
 from kubegpu.scheduler.podgroups import PodGroup
@@ -19,6 +22,21 @@ from kubegpu.scheduler.podgroups import PodGroup
 
 class Queries(Gangs):
     """Read-only queries for the front-ends."""
+
+    def pre_enqueue(self, pod: PodRequest) -> Status | None:
+        """PreEnqueue: None when `pod` may enter the scheduling queue, else the first enabled rule's refusal (a
+        gated pod: "SchedulingGated: waiting for scheduling gates: [a b]"); the front-end keeps the pod out of its
+        queue until an update makes this None."""
+        for plugin in self._pre_enqueue:
+            status = plugin.pre_enqueue(pod)
+            if status is not None:
+                return status
+        return None
+
+    @property
+    def queue_sort(self) -> QueueSortPlugin:
+        """The profile's QueueSort plugin (PrioritySort unless a profile names another), for a front-end's queue."""
+        return self._queue_sort
 
     def node_names(self) -> KeysView[str]:
         """The nodes the engine knows, as a live view (`in` and set operations work on it; no copy)."""

@@ -110,3 +110,26 @@ def plugin_rules(
                 else:
                     score_plugins.append(GuardedScore(plugins, plugin, rule))
     return tuple(node_filters), tuple(score_plugins)
+
+
+def rule_names(plugins: KubegpuPluginManager) -> tuple[frozenset[str], frozenset[str]]:
+    """The names of the filter rules and of the score rules plugins add, for a configuration file that names them
+    (`config.RuleNames`); a plugin whose hook fails adds none (the engine logs it when it is built)."""
+    filters: set[str] = set()
+    scores: set[str] = set()
+    for plugin in plugins.names:
+        if not plugins.implements(plugin, RULES_HOOK):
+            continue
+        try:
+            rules = plugins.call(plugin, RULES_HOOK)
+        except PluginHookError:
+            continue
+        for rule in rules:
+            name = getattr(rule, "name", None)
+            if not isinstance(name, str):
+                continue
+            if callable(getattr(rule, "filter", None)):
+                filters.add(name)
+            if callable(getattr(rule, "score", None)):
+                scores.add(name)
+    return frozenset(filters), frozenset(scores)

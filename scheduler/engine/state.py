@@ -21,7 +21,8 @@ from kubegpu.core.models import (
 from kubegpu.core.plugin_manager import KubegpuPluginManager
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.dra import DraBook
-from kubegpu.scheduler.engine.framework import NodeFilter, PermitPlugin, ScorePlugin
+from kubegpu.scheduler.engine.enqueue import enabled_pre_enqueue, queue_sort
+from kubegpu.scheduler.engine.framework import NodeFilter, PermitPlugin, PreEnqueuePlugin, ScorePlugin
 from kubegpu.scheduler.engine.kubefilters import CLUSTER_FILTERS, KUBE_FILTERS, NodeResourcesFit, enabled_filters
 from kubegpu.scheduler.engine.kubescores import KUBE_SCORES, enabled_scores
 from kubegpu.scheduler.engine.records import (
@@ -57,6 +58,7 @@ class EngineState:
         filters: Sequence[NodeFilter] = (),
         score_plugins: Sequence[ScorePlugin] = (),
         permits: Sequence[PermitPlugin] = (),
+        pre_enqueue: Sequence[PreEnqueuePlugin] = (),
         levels: Sequence[str] | None = None,
     ) -> None:
         if policy not in POLICIES:
@@ -67,6 +69,11 @@ class EngineState:
         self.sample = max(1, sample)
         # The profile: which rules are on, by name, and the score plugins' weights (`kubegpu.scheduler.scores`).
         self.scoring = scoring if scoring is not None else scores.Profile.default(policy)
+        # PreEnqueue's rules (`enqueue`: SchedulingGates, then the caller's) less those the profile turns off, and the
+        # profile's QueueSort plugin, which a front-end's queue orders its pods by (`Engine.pre_enqueue`,
+        # `queue_sort`).
+        self._pre_enqueue = enabled_pre_enqueue(pre_enqueue, self.scoring.pre_enqueue_off)
+        self._queue_sort = queue_sort(self.scoring.queue_sort)
         # The Filter extension point's rules by name (`kubefilters`), then the caller's `filters`, less those the
         # profile turns off: the ones that read only the node, the ones that read what is in use, the cluster-wide
         # ones; and whether NodeResourcesFit is among them (else the capacity index refuses no node).

@@ -246,6 +246,9 @@ def test_most_allocated_strategy_chooses_binpack_at_node_resources_fits_weight(v
     assert config.profile.weight(scores.MOST_ALLOCATED) == 5 and config.profile.weight(scores.LEAST_ALLOCATED) == 0
 
 
+SORTED = {"queueSort": {"enabled": [{"name": "PrioritySort"}]}}
+
+
 @pytest.mark.parametrize(
     ("plugins", "expected", "off"),
     [
@@ -256,10 +259,11 @@ def test_most_allocated_strategy_chooses_binpack_at_node_resources_fits_weight(v
         ({"score": {"enabled": [{"name": "NodeAffinity"}]}}, {"NodeAffinity": 1}, set()),
         ({"score": {"disabled": [{"name": "*"}], "enabled": [{"name": "ImageLocality", "weight": 4}]}},
          {"ImageLocality": 4, "TaintToleration": 0, scores.MOST_ALLOCATED: 0}, set()),
-        ({"multiPoint": {"disabled": [{"name": "*"}]}}, {"TaintToleration": 0, scores.DEVICES: 0},
+        # kube-scheduler needs its one QueueSort plugin back after `*` ("no queue sort plugin is enabled")
+        ({"multiPoint": {"disabled": [{"name": "*"}]}, **SORTED}, {"TaintToleration": 0, scores.DEVICES: 0},
          set(scores.FILTER_PLUGINS)),
-        ({"multiPoint": {"disabled": [{"name": "*"}]}, "filter": {"enabled": [{"name": "NodeResourcesFit"}]}},
-         {}, set(scores.FILTER_PLUGINS) - {"NodeResourcesFit"}),
+        ({"multiPoint": {"disabled": [{"name": "*"}]}, "filter": {"enabled": [{"name": "NodeResourcesFit"}]},
+          **SORTED}, {}, set(scores.FILTER_PLUGINS) - {"NodeResourcesFit"}),
         ({"filter": {"disabled": [{"name": "NodePorts"}, {"name": "VolumeZone"}]}}, {"NodeAffinity": 2},
          {"NodePorts"}),
     ],

@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from kubegpu.core.kit import Refused, WholeDevicePlugin, WholeDeviceState, WholeRequest
+from kubegpu.core.kit import Refused, WholeDeviceNodeState, WholeDevicePlugin, WholeDevicePodState
 from kubegpu.core.limits import bounded_count
 from kubegpu.core.models import DeviceInfo, NodeInfo, PodRequest
 from kubegpu_fpga import BITSTREAM_ANNOTATION, BITSTREAM_LABEL, COUNT_LABEL, RESOURCE, card_index
@@ -53,15 +53,17 @@ class FpgaScheduler(WholeDevicePlugin):
             )
         return wanted
 
-    def eligible(self, state: WholeDeviceState, request: WholeRequest) -> tuple[int, str | None]:
+    def eligible(self, state: WholeDeviceNodeState, request: WholeDevicePodState) -> tuple[int, str | None]:
         if request.extra is not None and request.extra != state.extra:
             return 0, f"node(s) didn't have FPGA bitstream {request.extra!r} (annotation {BITSTREAM_ANNOTATION})"
         return state.healthy, None
 
-    def score(self, state: WholeDeviceState, request: WholeRequest, chosen: Sequence[int]) -> float:
+    def score(self, state: WholeDeviceNodeState, request: WholeDevicePodState, chosen: Sequence[int]) -> float:
         return SCORE_LOADED_UNUSED if request.extra is None and state.extra is not None else SCORE_MATCHED
 
-    def fields(self, state: WholeDeviceState, request: WholeRequest, chosen: Sequence[int]) -> dict[str, Any]:
+    def fields(
+        self, state: WholeDeviceNodeState, request: WholeDevicePodState, chosen: Sequence[int]
+    ) -> dict[str, Any]:
         return {"bitstream": state.extra} if state.extra else {}
 
 

@@ -179,17 +179,9 @@ NOT_EXPRESSIBLE: dict[str, str] = {
     "Doesn't satisfy the PodAffinity because of unmatching labelSelector with the existing pod": NO_TOPOLOGY_KEY,
 }
 
-# The engine answers a refusal by the pod's own affinity terms Unschedulable: such a plan does not settle a node
-# class, so `Engine.check` downgrades its unresolvable answers (as for matchFields in test_nodeaffinity).
-DOWNGRADED = (
-    "kubegpu answers Unschedulable, not UnschedulableAndUnresolvable, when the pod's own affinity terms refuse "
-    "(Engine.check downgrades answers of plans that do not settle a node class)"
-)
-XFAIL: dict[str, str] = {
-    "The labelSelector requirements(items of matchExpressions) are ANDed, the pod cannot schedule onto the node "
-    "because one of the matchExpression item don't match.": DOWNGRADED,
-    "pod matches its own Label in PodAffinity and that matches the existing pod Labels": DOWNGRADED,
-}
+# A refusal by the pod's own affinity terms is UnschedulableAndUnresolvable, as in kube-scheduler; such a plan never
+# settles a node class (`Plan.settles`).
+XFAIL: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(

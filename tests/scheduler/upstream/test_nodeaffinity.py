@@ -269,19 +269,9 @@ SCORE_CASES: list[tuple[str, list[tuple[int, dict[str, Any]]], dict[str, dict[st
     ),
 ]
 
-# A refusal that depends on the node's name (matchFields) comes back as Unschedulable: the engine downgrades an
-# unresolvable answer that nodes of one class may give apart, so that it does not settle the class (`Engine.check`).
-# kube-scheduler keeps UnschedulableAndUnresolvable, which also keeps preemption off such a node.
-BY_NAME = (
-    "kubegpu answers Unschedulable, not UnschedulableAndUnresolvable, when the refusal depends on the node's name "
-    "(Engine.check downgrades answers that do not settle a node class)"
-)
-XFAIL: dict[str, str] = {
-    "Pod with matchFields using In operator that does not match the existing node": BY_NAME,
-    "Pod with one term: matchFields does not match, but matchExpressions matches": BY_NAME,
-    "Pod with two terms: both matchFields and matchExpressions do not match": BY_NAME,
-    "Pod with two conflicting mach field requirements": BY_NAME,
-}
+# A refusal that depends on the node's name (matchFields) is UnschedulableAndUnresolvable, as in kube-scheduler (it
+# keeps preemption off such a node); such an answer never settles the node's class (`Plan.settles`).
+XFAIL: dict[str, str] = {}
 
 NOT_EXPRESSIBLE: dict[str, str] = {
     f"{FILTER}/Matches added affinity and Pod's node affinity": "NodeAffinityArgs.addedAffinity (kubegpu has none)",
