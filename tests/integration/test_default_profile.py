@@ -3,7 +3,7 @@
 `kube-scheduler --write-config-to` writes the configuration it would run with, its default profile spelled out
 (every extension point's plugins and the score weights); no API server is needed for that. kubegpu's default profile
 (`scores.Profile.default("spread")`: LeastAllocated is kube-scheduler's own policy) must weigh every score plugin as
-that file does, with kubegpu's device score as the one addition, and every filter kube-scheduler runs must be one the
+that file does, with kubegpu's device and fragmentation scores as the additions, and every filter kube-scheduler runs must be one the
 engine runs or one it declares it has nothing to do for.
 """
 
@@ -60,6 +60,7 @@ def test_the_default_score_weights_are_kube_scheduler_1_20s(tmp_path: Path) -> N
     theirs = {p["name"]: p["weight"] for p in plugins["score"]["enabled"]}
     ours = dict(scores.Profile.default("spread").weights)
     assert ours.pop(scores.DEVICES) == 1  # kubegpu's own: the device plugins' topology score
+    assert ours.pop(scores.FRAGMENTATION) == 5  # and the devices a pod would strand (FGD's measure)
     assert ours == theirs
     assert theirs["NodePreferAvoidPods"] == 10000 and theirs["ImageLocality"] == 1
 
@@ -68,7 +69,8 @@ def test_every_filter_kube_scheduler_runs_is_run_or_declared_moot(tmp_path: Path
     plugins = written_profile(tmp_path)
     theirs = {p["name"] for p in plugins["filter"]["enabled"]}
     assert theirs <= set(scores.FILTER_PLUGINS) | scores.UNSUPPORTED_FILTERS
-    assert set(scores.FILTER_PLUGINS) <= theirs
+    # DynamicResources (DRA) arrived after 1.20 (kube-scheduler 1.26): the one filter kubegpu runs that 1.20 lacks.
+    assert set(scores.FILTER_PLUGINS) - theirs == {"DynamicResources"}
 
 
 def test_the_file_kube_scheduler_writes_is_read_whole_as_its_default_profile(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ FRONT_ENDS = (
     "report.py",
     "simulate.py",
     "testing.py",
+    "traces.py",
     "top.py",
 )
 # The engine and what it is built from (it may read its own records); and modules that never see an engine.
