@@ -62,6 +62,7 @@ __all__ = [
     "device_host",
     "device_key",
     "devices_of_cores",
+    "has_free_set",
     "interval",
     "largest_core_request",
     "largest_device_set",
@@ -345,6 +346,13 @@ def largest_core_request(topology: Topology, cores_per_device: int, free_cores: 
             if free_cores & bridge == bridge:
                 best = max(best, run_around(free_cores & interval(start * k, size * k), bridge_start))
     return best
+
+
+def has_free_set(topology: Topology, free: int, size: int) -> bool:
+    """Whether some valid set of `size` devices is all free (never for a size the topology does not take)."""
+    if topology.kind == "ring":
+        return 0 < size <= topology.devices and window_starts(free, size) != 0
+    return any(free & block == block for block in valid_sets(topology, size))
 
 
 def device_host(topology: Topology, free: int, start: int) -> int:
