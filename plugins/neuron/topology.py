@@ -62,6 +62,7 @@ __all__ = [
     "device_host",
     "device_key",
     "devices_of_cores",
+    "fitting_sizes",
     "has_free_set",
     "interval",
     "largest_core_request",
@@ -350,9 +351,20 @@ def largest_core_request(topology: Topology, cores_per_device: int, free_cores: 
 
 def has_free_set(topology: Topology, free: int, size: int) -> bool:
     """Whether some valid set of `size` devices is all free (never for a size the topology does not take)."""
-    if topology.kind == "ring":
-        return 0 < size <= topology.devices and window_starts(free, size) != 0
-    return any(free & block == block for block in valid_sets(topology, size))
+    return size > 0 and bool(fitting_sizes(topology, free) >> size & 1)
+
+
+@lru_cache(maxsize=1 << 16)
+def fitting_sizes(topology: Topology, free: int) -> int:
+    """The sizes with a valid set all free, as a mask: bit s for a request of s devices."""
+    found = 0
+    for size in valid_sizes(topology):
+        if topology.kind == "ring":
+            if window_starts(free, size):
+                found |= 1 << size
+        elif any(free & block == block for block in valid_sets(topology, size)):
+            found |= 1 << size
+    return found
 
 
 def device_host(topology: Topology, free: int, start: int) -> int:
