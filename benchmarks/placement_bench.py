@@ -110,6 +110,70 @@ def first_fit_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Resul
     return Result(placed, stranded, busy, large)
 
 
+def first_fit_count(
+    nodes: list[tuple[str, str]],
+    shapes: dict[str, topo.Topology],
+    free: dict[str, int],
+    held: dict[int, tuple[str, int]],
+    events: list[Event],
+) -> int:
+    """The pods first-fit places over `events` from the given state (left as it was)."""
+    free, held = dict(free), dict(held)
+    placed = 0
+    for what, pod, size in events:
+        if what == "leave":
+            if pod in held:
+                name, block = held.pop(pod)
+                free[name] |= block
+            continue
+        for name, _ in nodes:
+            block = next((b for b in topo.valid_sets(shapes[name], size) if free[name] & b == b), None)
+            if block is not None:
+                free[name] &= ~block
+                held[pod] = (name, block)
+                placed += 1
+                break
+    return placed
+
+
+def lookahead_replay(nodes: list[tuple[str, str]], events: list[Event], horizon: int) -> Result:
+    """An oracle that knows the next `horizon` events: at each arrival it tries every node that fits (its lowest
+    valid set), replays the next `horizon` events with first-fit from there, and keeps the node that places most
+    (the first on a tie). Not a scheduler (no scheduler knows the future): the floor of what looking ahead buys."""
+    free = {name: (1 << SHAPES[kind]) - 1 for name, kind in nodes}
+    shapes = {name: topology_of(kind) for name, kind in nodes}
+    held: dict[int, tuple[str, int]] = {}
+    placed = busy = large = 0
+    for step, (what, pod, size) in enumerate(events):
+        if what == "leave":
+            if pod in held:
+                name, block = held.pop(pod)
+                free[name] |= block
+        else:
+            best: tuple[int, str, int] | None = None
+            future = events[step + 1 : step + 1 + horizon]
+            for name, _ in nodes:
+                block = next((b for b in topo.valid_sets(shapes[name], size) if free[name] & b == b), None)
+                if block is None:
+                    continue
+                free[name] &= ~block
+                held[pod] = (name, block)
+                count = first_fit_count(nodes, shapes, free, held, future)
+                free[name] |= block
+                del held[pod]
+                if best is None or count > best[0]:
+                    best = (count, name, block)
+            if best is not None:
+                _, name, block = best
+                free[name] &= ~block
+                held[pod] = (name, block)
+                placed += 1
+                large += size >= LARGE
+        busy += sum(block.bit_count() for _, block in held.values())
+    stranded = sum(free[n].bit_count() - topo.largest_device_set(shapes[n], free[n]) for n, _ in nodes)
+    return Result(placed, stranded, busy, large)
+
+
 def kubegpu_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
     engine = Engine(make_plugin_manager("scheduler", plugins=[("neuron", neuron)], autoload=False))
     for name, kind in nodes:
@@ -179,6 +243,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--departure-mixes", type=int, default=6, help="departures-N mixes (12 nodes x 400 pods)")
+    parser.add_argument(
+        "--lookahead",
+        type=int,
+        default=0,
+        metavar="EVENTS",
+        help="also print an oracle that knows the next EVENTS events (first-fit looking ahead; 0: none)",
+    )
     args = parser.parse_args()
     print(
         f"{'workload':16} {'pods':>5} {'first-fit placed':>17} {'kubegpu placed':>15} "
@@ -194,24 +265,36 @@ def main() -> int:
     print(f"{'total':16} {totals[0]:5} {totals[1]:17} {totals[2]:15} {totals[3]:12} {totals[4]:12}")
     print(f"kubegpu / first-fit pods placed: {totals[2] / totals[1]:.3f}")
     print()
+    oracle = f" {'oracle':>7}" if args.lookahead else ""
     print(
         f"{'workload':16} {'events':>6} {'ff placed':>10} {'kg placed':>10} {'ff dev-steps':>13} {'kg dev-steps':>13} "
-        f"{'ff >=12':>8} {'kg >=12':>8} {'ff strand':>10} {'kg strand':>10}"
+        f"{'ff >=12':>8} {'kg >=12':>8} {'ff strand':>10} {'kg strand':>10}{oracle}"
     )
-    sums = [0] * 8
-    fewer = 0
+    widths = WIDTHS + ((7,) if args.lookahead else ())
+    sums = [0] * len(widths)
+    fewer = worst = oracle_fewer = 0
     for name, nodes, events in departure_mixes(args.departure_mixes):
         ff, kg = first_fit_replay(nodes, events), kubegpu_replay(nodes, events)
         fewer += kg.placed < ff.placed
-        row = (ff.placed, kg.placed, ff.busy, kg.busy, ff.large, kg.large, ff.stranded, kg.stranded)
-        print(f"{name:16} {len(events):6} " + " ".join(f"{v:{w}}" for v, w in zip(row, WIDTHS, strict=True)))
+        worst = min(worst, kg.placed - ff.placed)
+        row: tuple[int, ...] = (ff.placed, kg.placed, ff.busy, kg.busy, ff.large, kg.large, ff.stranded, kg.stranded)
+        if args.lookahead:
+            ahead = lookahead_replay(nodes, events, args.lookahead).placed
+            oracle_fewer += ahead < ff.placed
+            row += (ahead,)
+        print(f"{name:16} {len(events):6} " + " ".join(f"{v:{w}}" for v, w in zip(row, widths, strict=True)))
         sums = [a + b for a, b in zip(sums, row, strict=True)]
-    print(f"{'total':16} {'':6} " + " ".join(f"{v:{w}}" for v, w in zip(sums, WIDTHS, strict=True)))
+    print(f"{'total':16} {'':6} " + " ".join(f"{v:{w}}" for v, w in zip(sums, widths, strict=True)))
     print(
         f"kubegpu / first-fit with departures: pods placed {sums[1] / sums[0]:.3f} (fewer on {fewer} of "
-        f"{args.departure_mixes} mixes), device-steps {sums[3] / sums[2]:.3f}, pods of >=12 devices "
-        f"{sums[5] / max(sums[4], 1):.3f}"
+        f"{args.departure_mixes} mixes, at worst {-worst}), device-steps {sums[3] / sums[2]:.3f}, pods of >=12 "
+        f"devices {sums[5] / max(sums[4], 1):.3f}"
     )
+    if args.lookahead:
+        print(
+            f"oracle (first-fit knowing the next {args.lookahead} events) / first-fit: pods placed "
+            f"{sums[8] / sums[0]:.3f} (fewer on {oracle_fewer} of {args.departure_mixes} mixes)"
+        )
     return 0
 
 

@@ -10,7 +10,8 @@ that part, so a plugin writes
   interchangeable, `choose(state, free, count, request)` (a bitmask of `count` devices from `free`, or None). Optional:
   `read(pod)` (the plugin's own part of the request, e.g. an annotation; raise `Refused` for a malformed one),
   `eligible(state, request)` (the devices this request may use, or the reason none qualify), `score(...)`,
-  `fields(...)`, `largest(state, free)` and `picture(state)`;
+  `fields(...)`, `largest(state, free)`, `fits(state, free, count)` (whether `count` devices of `free` form a
+  valid set, for the fragmentation measure) and `picture(state)`;
 * `DeviceFilesPlugin`: `resource`, `pattern` (the device file names under `/dev`) and `env`; optional `cdi_kind`,
   `model`, `count_label`.
 
@@ -20,12 +21,18 @@ instance its entry-point name (`bind_plugin_name`), which is the name of its all
 
 State is bitmasks: device i of a node (in the order `devices` lists them) is bit i of `healthy` and `free`; `holders[i]`
 is the pod holding it. Every answer is deterministic: ties go to the lowest device.
+
+Expected fragmentation (`kubegpu_scheduler_fragmentation`, the engine's KubegpuFragmentation score) comes with the
+kit: the states of one engine learn how often each request size comes (`SizeMix`), and a placement is measured by
+how much more likely it makes the node turn away the next request of that mix (`turned_away`,
+`fragmentation_growth`). docs/hooks.md says why that measure and what it does.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,16 +57,21 @@ from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Status
 
 __all__ = [
+    "MIX_KEY",
     "DeviceFilesPlugin",
     "Refused",
+    "SizeMix",
     "WholeDeviceNodeState",
     "WholeDevicePlugin",
     "WholeDevicePodState",
     "WholeDeviceState",
     "WholeRequest",
     "bit_indices",
+    "fragmentation_growth",
     "label_devices",
     "lowest_bits",
+    "turned_away",
+    "turned_away_growth",
 ]
 
 
@@ -85,6 +97,96 @@ def bit_indices(bits: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Expected fragmentation of whole devices
+# ---------------------------------------------------------------------------------------------------------------
+
+MIX_KEY = "kit.size-mix"  # in the engine's `shared` dict of a plugin: the `SizeMix` its states learn together
+MAX_SIZES = 64  # request sizes a `SizeMix` keeps: its memory and the cost of the measure stay bounded
+# How many of the mix's mean requests one request turned away weighs in the engine's fragmentation score: twice
+# (measured with the neuron plugin on benchmarks/placement_bench.py: 1x places as many pods with departures but
+# fewer in the static mixes, 175 against 177; 3x no more).
+TURNED_AWAY_WEIGHT = 2.0
+_RESCALE = 1e100  # where `SizeMix` brings its growing weights back down
+
+
+class SizeMix:
+    """How often each size of whole-device request comes: the mix the fragmentation measure expects.
+
+    Learned from the containers the engine's states take, each counting `1 + 1/memory` times the one before, so a
+    container `memory` placements old counts 1/e of a new one and the mix follows the recent workload (the FGD
+    paper takes its mix from the cluster's recent history). One per engine and plugin (in the engine's `shared`
+    dict), so two engines in one process learn apart. Past `most` sizes, a new size pushes out the rarest.
+    `version` grows with every change; `mix()` is remade once per version.
+    """
+
+    def __init__(self, memory: float = 1000.0, most: int = MAX_SIZES) -> None:
+        self.growth = 1.0 + 1.0 / memory
+        self.most = most
+        self.weights: dict[int, float] = {}
+        self.total = 0.0
+        self.version = 0
+        self._next = 1.0
+        self._mix: tuple[int, tuple[tuple[int, float], ...], float] = (0, (), 0.0)
+
+    def add(self, size: int) -> None:
+        """Count one container of `size` devices (sizes below 1 are not requests and are ignored)."""
+        if size < 1:
+            return
+        if size not in self.weights and len(self.weights) >= self.most:
+            rarest = min(self.weights, key=self.weights.__getitem__)
+            self.total -= self.weights.pop(rarest)
+        self.weights[size] = self.weights.get(size, 0.0) + self._next
+        self.total += self._next
+        self._next *= self.growth
+        if self._next > _RESCALE:  # only ratios matter: scale every weight down alike
+            for known in self.weights:
+                self.weights[known] /= _RESCALE
+            self.total /= _RESCALE
+            self._next /= _RESCALE
+        self.version += 1
+
+    def mix(self) -> tuple[tuple[int, float], ...]:
+        """(size, probability) of each size seen, by size; empty before any container."""
+        return self._remade()[1]
+
+    def mean(self) -> float:
+        """The mean request of the mix, in devices (0 before any container)."""
+        return self._remade()[2]
+
+    def _remade(self) -> tuple[int, tuple[tuple[int, float], ...], float]:
+        if self._mix[0] != self.version:
+            total = self.total
+            mix = tuple((size, weight / total) for size, weight in sorted(self.weights.items())) if total > 0 else ()
+            self._mix = (self.version, mix, math.fsum(size * p for size, p in mix))
+        return self._mix
+
+
+def turned_away(free: int, mix: Sequence[tuple[int, float]], fits: Callable[[int, int], bool]) -> float:
+    """The chance that the next container, its size drawn from `mix`, finds no valid set of that size among the free
+    devices `free` (`fits(free, size)` says whether it does): the sum of the probabilities of the sizes that do not
+    fit. 0 on an empty node that takes every size; 1 on a full one."""
+    return math.fsum(p for size, p in mix if not fits(free, size))
+
+
+def turned_away_growth(
+    before: int, after: int, mix: Sequence[tuple[int, float]], fits: Callable[[int, int], bool]
+) -> float:
+    """How much more likely the next container is turned away once only `after` of the free devices `before` are
+    left: `turned_away(after) - turned_away(before)`, the probabilities of the sizes that fit before and no longer
+    do. Never negative: taking devices never makes a size fit that did not."""
+    return math.fsum(p for size, p in mix if fits(before, size) and not fits(after, size))
+
+
+def fragmentation_growth(
+    before: int, after: int, mix: SizeMix, fits: Callable[[int, int], bool], weight: float = TURNED_AWAY_WEIGHT
+) -> float:
+    """What leaving `after` of the free devices `before` costs the coming pods, in devices, as the engine's
+    KubegpuFragmentation score reads it: `turned_away_growth` times `weight` of the mix's mean request. 0 before
+    the mix knows any pod."""
+    return turned_away_growth(before, after, mix.mix(), fits) * weight * mix.mean()
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Scheduler side
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -93,10 +195,13 @@ class WholeDeviceNodeState(DeviceNodeState):
     """One node's whole devices: bit i of `healthy` and `free` stands for `ids[i]`; `holders[i]` holds it.
 
     `extra` is the plugin's own per-node information (a topology, a loaded bitstream), from `devices(node)`.
-    `version` grows on every take and release; it keys the per-request placement kept in `_placed`.
+    `version` grows on every take and release; it keys the per-request placement kept in `_placed`. `mix` is the
+    mix of request sizes the engine's states of this plugin learn together (a state built alone learns alone).
     """
 
-    def __init__(self, plugin: str, node: str, devices: Sequence[DeviceInfo], extra: Any = None) -> None:
+    def __init__(
+        self, plugin: str, node: str, devices: Sequence[DeviceInfo], extra: Any = None, mix: SizeMix | None = None
+    ) -> None:
         super().__init__(node)
         self.plugin = plugin
         self.devices = tuple(devices)
@@ -106,6 +211,7 @@ class WholeDeviceNodeState(DeviceNodeState):
         self.free = self.healthy
         self.holders: list[str | None] = [None] * len(self.ids)
         self.extra = extra
+        self.mix = mix if mix is not None else SizeMix()
         self.version = 0
         self._placed: tuple[int, WholeDevicePodState, tuple[int, ...] | None] | None = None
 
@@ -190,6 +296,12 @@ class WholeDevicePlugin:
         """Extra `Occupancy` fields for reports: `layout`, `columns`, `topology`, `links`."""
         return {}
 
+    def fits(self, state: WholeDeviceNodeState, free: int, count: int) -> bool:
+        """Whether a container asking for `count` devices could get a valid set of them out of `free` (the
+        fragmentation measure). The default: `free` holds `count` devices (devices are interchangeable); a plugin
+        with a topology says whether one of its valid sets of that size is free."""
+        return free.bit_count() >= count
+
     # -- the plan: one placement per (state version, request), shared by fit, score and allocate ----------------
 
     def _plan(self, state: WholeDeviceNodeState, request: WholeDevicePodState) -> tuple[int, ...] | None:
@@ -243,14 +355,19 @@ class WholeDevicePlugin:
         return list(self.resources)
 
     @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_build_node(self, node: NodeInfo) -> WholeDeviceNodeState | None:
+    def kubegpu_scheduler_build_node(
+        self, node: NodeInfo, shared: dict[str, object] | None = None
+    ) -> WholeDeviceNodeState | None:
         found = self.devices(node)
         if found is None or not found[0]:
             return None
         devices, extra = found
         # Before the bitmasks and holder lists: whatever `devices` read, at most MAX_DEVICES_PER_NODE of them.
         check_device_count(node.name, f"{self.name} devices", len(devices))
-        return WholeDeviceNodeState(self.name, node.name, devices, extra)
+        mix = shared.get(MIX_KEY) if shared is not None else None
+        if shared is not None and not isinstance(mix, SizeMix):
+            mix = shared[MIX_KEY] = SizeMix()
+        return WholeDeviceNodeState(self.name, node.name, devices, extra, mix if isinstance(mix, SizeMix) else None)
 
     @scheduler_hooks.hookimpl
     def kubegpu_scheduler_headroom(self, state: WholeDeviceNodeState) -> Headroom:
@@ -295,6 +412,26 @@ class WholeDevicePlugin:
         return 0.0 if plan is None else self.score(state, request, plan)
 
     @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_fragmentation(
+        self, state: WholeDeviceNodeState, pod: PodRequest, prepared: object, free: Mapping[str, int]
+    ) -> float | None:
+        """How much more often the node turns away the next container of the learned mix once the pod is placed,
+        in devices (`fragmentation_growth` of its plan); None before any pod was placed, or for a pod that asks for
+        none of these devices (cpu is not in the kit's measure)."""
+        request = self._request(pod, prepared)
+        if not state.mix.total or request.error or not request.total:
+            return None
+        plan = self._plan(state, request)
+        if plan is None:
+            return None
+        taken = 0
+        for mask in plan:
+            taken |= mask
+        return fragmentation_growth(
+            state.free, state.free & ~taken, state.mix, lambda free, count: self.fits(state, free, count)
+        )
+
+    @scheduler_hooks.hookimpl
     def kubegpu_scheduler_allocate(
         self, state: WholeDeviceNodeState, pod: PodRequest, prepared: object
     ) -> PluginAllocation | None:
@@ -324,6 +461,8 @@ class WholeDevicePlugin:
             state.holders[i] = pod_key
             state.free &= ~(1 << i)
         state.version += 1
+        for resources in allocation.containers.values():  # the mix the fragmentation measure expects
+            state.mix.add(sum(len(ids) for ids in resources.values()))
         return Status.success()
 
     @scheduler_hooks.hookimpl

@@ -258,7 +258,9 @@ def kubegpu_scheduler_fragmentation(
     Returns:
         The growth of the node's stranded devices, in devices (0.5: half a device more could not be used by the
         pods the cluster sees; negative: the placement makes free capacity usable again), a finite number; None
-        when the plugin has nothing to say (counts 0). The engine scores 50 less 50 per device (0..100) under the
+        when the plugin has nothing to say (counts 0). The kit's whole-device plugins and neuron answer the growth of
+        the chance that the node turns away the next request of their learned mix, times twice its mean request
+        (`kubegpu.core.kit.fragmentation_growth`). The engine scores 50 less 50 per device (0..100) under the
         profile's `KubegpuFragmentation` weight: a pod goes where it strands least, a cpu-only pod off the node
         whose devices its cpu would strand.
 

@@ -29,7 +29,13 @@ largest free valid set the placement breaks into (whole devices) or the length o
 from (cores). Consuming a free set exactly scores 100; one device out of a free 16-device torus scores 6.25.
 A multi-device request of a size a torus also takes (4 or 8 on trn1) scores half on a ring: rings are the only
 home of the other sizes (2, 3, 5, ...), so those requests go to tori first and leave rings' runs for sizes only a
-ring can take (`TORUS_SHARED_SIZES`).
+ring can take (`TORUS_SHARED_SIZES`). The score then shrinks by 5 x the chance the placement adds that the node
+turns away the next whole-device request of the mix the engine learned (`_turned_away`).
+
+Fragmentation (`kubegpu_scheduler_fragmentation`): the kit's measure (`kubegpu.core.kit.fragmentation_growth`) over
+the node's free devices, a size fitting where one of its valid sets is free (`topology.has_free_set`); the mix is
+the whole-device containers the engine's neuron states took (core requests are not in it, but the devices their
+cores touch stop being free).
 
 State is two bitmasks (free devices, free cores) plus holder maps; a device is free for whole-device requests
 only when none of its cores is held, and a device held whole offers no cores. The plan for a request is cached
@@ -38,9 +44,11 @@ per state version, so fit, score and allocate of one pod on one node compute it 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kubegpu.core.kit import MIX_KEY, TURNED_AWAY_WEIGHT, SizeMix
 from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import DeviceCell, NodeInfo, Occupancy, PluginAllocation, PodRequest
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
@@ -58,6 +66,9 @@ INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/
 # Multi-device sizes a 4x4 torus takes too: on a ring they score RING_SHARE of their fit (module docstring).
 TORUS_SHARED_SIZES = frozenset(size for size in topo.valid_sizes(topo.make_topology("torus", 16, 4, 4)) if size > 1)
 RING_SHARE = 0.5
+# The topology score of a placement shrinks by this much per unit of turned-away chance it adds (`_turned_away`):
+# a placement that turns away a fifth of the learned mix scores 0 (measured on placement_bench's departures mixes).
+TURNED_AWAY_DISCOUNT = 5.0
 
 # (container name, resource name, amount) for every container asking for Neuron resources, in spec order.
 Requests = tuple[tuple[str, str, int], ...]
@@ -97,6 +108,7 @@ class NeuronNodeState(DeviceNodeState):
         instance_type: str,
         present: int,
         healthy: int,
+        mix: SizeMix | None = None,
     ) -> None:
         super().__init__(node)
         self.topology = topology
@@ -112,9 +124,11 @@ class NeuronNodeState(DeviceNodeState):
         self.device_holder: dict[int, str] = {}
         self.core_holder: dict[int, str] = {}
         self.cores_held_on: dict[int, int] = {}
+        self.mix = mix if mix is not None else SizeMix()
         self.version = 0
         self._plan_key: tuple[int, Requests] | None = None
         self._plan: NeuronPlacement | None = None
+        self._turned_away: tuple[object, float] = (None, 0.0)
 
     def holder_of_device(self, device: int) -> str | None:
         """Who keeps `device` from being taken whole: its whole holder, or the first holder of its cores."""
@@ -144,12 +158,16 @@ def kubegpu_scheduler_resources() -> list[str]:
 
 
 @hookimpl
-def kubegpu_scheduler_build_node(node: NodeInfo) -> DeviceNodeState | None:
+def kubegpu_scheduler_build_node(node: NodeInfo, shared: dict[str, object] | None) -> DeviceNodeState | None:
     shape = node_shape(node)
     if shape is None:
         return None
     topology, cores_per_device, instance_type, present, healthy = shape
-    return NeuronNodeState(node.name, topology, cores_per_device, instance_type, present, healthy)
+    mix = shared.get(MIX_KEY) if shared is not None else None
+    if shared is not None and not isinstance(mix, SizeMix):
+        mix = shared[MIX_KEY] = SizeMix()
+    mix = mix if isinstance(mix, SizeMix) else None
+    return NeuronNodeState(node.name, topology, cores_per_device, instance_type, present, healthy, mix)
 
 
 @hookimpl
@@ -180,8 +198,24 @@ def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: Neu
 
 @hookimpl
 def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: NeuronPodState) -> float:
-    plan = _plan(_state(state), prepared)
-    return plan.score if plan.status.ok else 0.0
+    s = _state(state)
+    plan = _plan(s, prepared)
+    if not plan.status.ok:
+        return 0.0
+    return plan.score * max(0.0, 1.0 - TURNED_AWAY_DISCOUNT * _turned_away(s, plan))
+
+
+@hookimpl
+def kubegpu_scheduler_fragmentation(
+    state: DeviceNodeState, pod: PodRequest, prepared: NeuronPodState | None, free: Mapping[str, int]
+) -> float | None:
+    s = _state(state)
+    if not s.mix.total or prepared is None:
+        return None
+    plan = _plan(s, prepared)
+    if not plan.status.ok or not plan.placements:
+        return None
+    return _turned_away(s, plan) * TURNED_AWAY_WEIGHT * s.mix.mean()
 
 
 @hookimpl
@@ -242,6 +276,8 @@ def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: Plu
         s.free_cores &= ~(1 << core)
         s.free_devices &= ~(1 << device)
     s.version += 1
+    for resources in allocation.containers.values():  # the mix of whole-device sizes the measure expects
+        s.mix.add(sum(len(ids) for resource, ids in resources.items() if resource != NEURONCORE))
     return Status.success()
 
 
@@ -343,6 +379,24 @@ def node_shape(node: NodeInfo) -> tuple[Topology, int, str, int, int] | None:
     cores = max(node.allocatable.get(NEURONCORE, 0) // count, 1)
     every = (1 << count) - 1
     return topo.make_topology("ring", count), cores, instance_type, every, every
+
+
+def _turned_away(state: NeuronNodeState, plan: NeuronPlacement) -> float:
+    """How much more likely the plan makes the node turn away the next whole-device container of the learned mix
+    (`kubegpu.core.kit.turned_away_growth`); kept per (state version, plan, mix version)."""
+    key = (state.version, plan, state.mix.version)
+    if state._turned_away[0] == key:
+        return state._turned_away[1]
+    k = state.cores_per_device
+    after = state.free_devices
+    for _, resource, ids in plan.placements:
+        for i in ids:
+            after &= ~(1 << (i // k if resource == NEURONCORE else i))
+    # `kubegpu.core.kit.turned_away_growth` with the fitting sizes of both as masks (one cached lookup each).
+    lost = topo.fitting_sizes(state.topology, state.free_devices) & ~topo.fitting_sizes(state.topology, after)
+    grown = math.fsum(p for size, p in state.mix.mix() if lost >> size & 1) if lost else 0.0
+    state._turned_away = (key, grown)
+    return grown
 
 
 def _int(value: object, default: int) -> int:

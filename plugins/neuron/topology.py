@@ -62,6 +62,8 @@ __all__ = [
     "device_host",
     "device_key",
     "devices_of_cores",
+    "fitting_sizes",
+    "has_free_set",
     "interval",
     "largest_core_request",
     "largest_device_set",
@@ -345,6 +347,24 @@ def largest_core_request(topology: Topology, cores_per_device: int, free_cores: 
             if free_cores & bridge == bridge:
                 best = max(best, run_around(free_cores & interval(start * k, size * k), bridge_start))
     return best
+
+
+def has_free_set(topology: Topology, free: int, size: int) -> bool:
+    """Whether some valid set of `size` devices is all free (never for a size the topology does not take)."""
+    return size > 0 and bool(fitting_sizes(topology, free) >> size & 1)
+
+
+@lru_cache(maxsize=1 << 16)
+def fitting_sizes(topology: Topology, free: int) -> int:
+    """The sizes with a valid set all free, as a mask: bit s for a request of s devices."""
+    found = 0
+    for size in valid_sizes(topology):
+        if topology.kind == "ring":
+            if window_starts(free, size):
+                found |= 1 << size
+        elif any(free & block == block for block in valid_sets(topology, size)):
+            found |= 1 << size
+    return found
 
 
 def device_host(topology: Topology, free: int, start: int) -> int:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubegpu.core.annotations import DEVICES_KEY, encode_devices
+from kubegpu.core.kit import TURNED_AWAY_WEIGHT, SizeMix
 from kubegpu.core.models import (
     DeviceInfo,
     DeviceInventory,
@@ -472,7 +473,17 @@ def test_score_rewards_consuming_free_sets_exactly(
     node = node_of(instance_type)
     for i, devices in enumerate(taken):
         assert node.hold(f"ns/taken-{i}", DEVICE, devices).ok
+    cast(Any, node.state).mix = SizeMix()  # the topology score alone: forget the sizes the holds taught the node
     assert node.call("score", pod=asked) == pytest.approx(expected)
+
+
+def test_a_placement_that_turns_away_a_learned_size_scores_less(pm: KubegpuPluginManager) -> None:
+    """Half of a free 8-block for a 4-device pod scores 50 by topology; once the node has seen 8-device pods come,
+    the placement turns that size away from the node and scores 0 (50 x (1 - 5 x 1))."""
+    node = Node(pm, make_node(labels={TYPE_LABEL: "trn1.32xlarge"}))
+    assert node.hold("ns/eight", DEVICE, ids(0, 7)).ok  # an 8-device pod: the mix is all 8s
+    assert node.call("score", pod=pod(4)) == 0.0
+    assert node.call("fragmentation", pod=pod(4), free={}) == pytest.approx(1.0 * TURNED_AWAY_WEIGHT * 8)
 
 
 def test_headroom_and_describe_follow_takes(node_of: Callable[..., Node]) -> None:

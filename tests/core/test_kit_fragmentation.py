@@ -1,0 +1,232 @@
+"""Expected fragmentation of whole devices (`kubegpu.core.kit`): the mix of request sizes an engine learns, the
+chance that the next container is turned away, and what the engine does with it. The kit gives it to every
+whole-device plugin (a third party's included); the neuron plugin measures it on its rings and tori."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kubegpu.core.kit import (
+    TURNED_AWAY_WEIGHT,
+    SizeMix,
+    WholeDevicePlugin,
+    fragmentation_growth,
+    label_devices,
+    turned_away,
+    turned_away_growth,
+)
+from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.models import DeviceInfo, NodeInfo
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.plugins.neuron import scheduler as neuron
+from kubegpu.plugins.neuron import topology as topo
+from kubegpu.scheduler.engine import Engine
+
+CARD = "cards.example/card"
+TOPOLOGIES = [
+    topo.make_topology("ring", 6),
+    topo.make_topology("ring", 12),
+    topo.make_topology("torus", 16, 4, 4),
+]
+
+
+class Cards(WholeDevicePlugin):
+    """Interchangeable cards from the label `cards.example/card.count`: the kit's defaults throughout."""
+
+    resources = (CARD,)
+
+    def devices(self, node: NodeInfo) -> tuple[list[DeviceInfo], None] | None:
+        return label_devices(node.labels, f"{CARD}.count", "card"), None
+
+
+def node_document(name: str, labels: dict[str, str], allocatable: dict[str, str]) -> dict[str, object]:
+    status = {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110", **allocatable}}
+    return {"kind": "Node", "metadata": {"name": name, "labels": labels}, "status": status}
+
+
+def pod_document(name: str, resource: str, count: int, node: str | None = None) -> dict[str, object]:
+    spec: dict[str, object] = {"containers": [{"name": "main", "resources": {"limits": {resource: str(count)}}}]}
+    if node:
+        spec["nodeName"] = node
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "team"}, "spec": spec}
+
+
+def schedule(engine: Engine, name: str, resource: str, count: int, node: str | None = None) -> str | None:
+    return engine.schedule(pod_request(pod_document(name, resource, count, node))[0]).node
+
+
+def learn(engine: Engine, resource: str, sizes: Sequence[int]) -> None:
+    """Place pods of these sizes and let them go again: the engine's mix has seen them, its nodes are as before."""
+    for i, size in enumerate(sizes):
+        assert schedule(engine, f"seen-{i}", resource, size) is not None
+        assert engine.release(f"team/seen-{i}") is not None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The mix
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_the_mix_is_the_share_of_each_size_seen() -> None:
+    mix = SizeMix(memory=1e12)  # no fading to speak of
+    assert mix.mix() == () and mix.mean() == 0.0
+    for size in (1, 1, 1, 4):
+        mix.add(size)
+    assert dict(mix.mix()) == pytest.approx({1: 0.75, 4: 0.25})
+    assert mix.mean() == pytest.approx(1.75)
+
+
+def test_the_mix_follows_the_recent_workload() -> None:
+    """A thousand 16-device pods, then a thousand single devices: the singles are most of what the mix expects."""
+    mix = SizeMix(memory=200)
+    for _ in range(1000):
+        mix.add(16)
+    for _ in range(1000):
+        mix.add(1)
+    shares = dict(mix.mix())
+    assert shares[1] > 0.99
+
+
+def test_the_mix_keeps_a_bounded_number_of_sizes() -> None:
+    mix = SizeMix(most=4)
+    for size in range(1, 100):
+        mix.add(size)
+    assert len(mix.mix()) == 4
+    assert sum(p for _, p in mix.mix()) == pytest.approx(1.0)
+
+
+def test_the_weights_of_a_long_history_stay_finite() -> None:
+    mix = SizeMix(memory=2)  # each container weighs 1.5 times the one before: rescaled every ~570
+    for i in range(5000):
+        mix.add(1 + i % 3)
+    assert sum(p for _, p in mix.mix()) == pytest.approx(1.0)
+    assert all(0 < p < 1 for _, p in mix.mix())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The measure, against its definition computed kind by kind
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def turned_away_by_definition(topology: topo.Topology, free: int, mix: Sequence[tuple[int, float]]) -> float:
+    """For each size, is one of the topology's valid sets of that size all free? The sizes with none add up."""
+    chance = 0.0
+    for size, p in mix:
+        if not any(free & block == block for block in topo.valid_sets(topology, size)):
+            chance += p
+    return chance
+
+
+mixes = st.lists(
+    st.tuples(st.integers(1, 17), st.floats(0.001, 1.0)), min_size=1, max_size=9, unique_by=lambda pair: pair[0]
+).map(lambda pairs: tuple((size, w / sum(w for _, w in pairs)) for size, w in pairs))
+
+
+@given(st.sampled_from(TOPOLOGIES), st.integers(0, (1 << 16) - 1), st.integers(0, (1 << 16) - 1), mixes)
+def test_turned_away_is_the_chance_of_sizes_without_a_free_valid_set(
+    topology: topo.Topology, free: int, taken: int, mix: tuple[tuple[int, float], ...]
+) -> None:
+    free &= (1 << topology.devices) - 1
+    after = free & ~taken
+
+    def fits(devices: int, size: int) -> bool:
+        return topo.has_free_set(topology, devices, size)
+
+    assert turned_away(free, mix, fits) == pytest.approx(turned_away_by_definition(topology, free, mix))
+    grown = turned_away_growth(free, after, mix, fits)
+    assert grown >= 0.0
+    assert grown == pytest.approx(
+        turned_away_by_definition(topology, after, mix) - turned_away_by_definition(topology, free, mix)
+    )
+
+
+@given(st.sampled_from(TOPOLOGIES), st.integers(0, (1 << 16) - 1), st.integers(0, 17))
+def test_has_free_set_is_some_valid_set_all_free(topology: topo.Topology, free: int, size: int) -> None:
+    free &= (1 << topology.devices) - 1
+    expected = any(free & block == block for block in topo.valid_sets(topology, size))
+    assert topo.has_free_set(topology, free, size) is expected
+
+
+def test_the_growth_in_devices_weighs_the_mean_request() -> None:
+    """Four free interchangeable cards, a mix of pairs (3/4) and quads (1/4): taking one card turns the quads away,
+    a quarter of the mix; in devices, twice the mean request (2.5) of that."""
+    mix = SizeMix(memory=1e12)
+    for size in (2, 2, 2, 4):
+        mix.add(size)
+
+    def fits(free: int, size: int) -> bool:
+        return free.bit_count() >= size
+
+    assert fragmentation_growth(0b1111, 0b1110, mix, fits) == pytest.approx(0.25 * TURNED_AWAY_WEIGHT * 2.5)
+    assert fragmentation_growth(0b1111, 0b1111, mix, fits) == 0.0
+    assert fragmentation_growth(0b1111, 0b1110, SizeMix(), fits) == 0.0  # nothing seen: nothing to expect
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the engine does with it
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def cards_engine() -> Engine:
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("cards", Cards())], autoload=False))
+    for name in ("busy", "empty"):
+        engine.add_node(node_info(node_document(name, {f"{CARD}.count": "8"}, {CARD: "8"})))
+    return engine
+
+
+def test_a_learned_small_pod_mix_stops_reserving_the_empty_node() -> None:
+    """Pairs are what come. Binpack alone puts a single card on the busy node and leaves it one card: no pair fits
+    there any more. Breaking into the empty node turns nothing away, so the single goes there."""
+    engine = cards_engine()
+    learn(engine, CARD, [2] * 10)
+    assert schedule(engine, "holder", CARD, 6, node="busy") == "busy"
+    assert schedule(engine, "single", CARD, 1) == "empty"
+
+
+def test_a_learned_big_pod_mix_keeps_the_empty_node_whole() -> None:
+    """Whole nodes are what come: the single goes beside the holder, where no 8-card pod fits anyway, and the
+    next 8-card pod finds the empty node whole."""
+    engine = cards_engine()
+    learn(engine, CARD, [8] * 10)
+    assert schedule(engine, "holder", CARD, 6, node="busy") == "busy"
+    assert schedule(engine, "single", CARD, 1) == "busy"
+    assert schedule(engine, "whole", CARD, 8) == "empty"
+
+
+def neuron_engine() -> Engine:
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("neuron", neuron)], autoload=False))
+    for name, kind in (("inf2-small", "inf2.24xlarge"), ("trn1-big", "trn1.32xlarge")):
+        devices = str(topo.CATALOG[kind].devices)
+        labels = {"node.kubernetes.io/instance-type": kind}
+        engine.add_node(node_info(node_document(name, labels, {neuron.NEURON: devices})))
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("seen", "expected"),
+    [([2] * 12, "trn1-big"), ([16, 1] * 6, "inf2-small")],
+    ids=["pairs-come-break-the-torus", "whole-tori-come-keep-it"],
+)
+def test_neuron_reserves_the_empty_torus_only_when_whole_torus_pods_come(seen: list[int], expected: str) -> None:
+    """The 6-device ring has its last two devices free. A single device there leaves no pair of neighbours: when
+    pairs are what comes, it goes to the empty 4x4 torus instead (which takes no pairs at all, so nothing is turned
+    away). When 16-device pods come, the torus is kept whole for them and the single takes the ring's gap."""
+    engine = neuron_engine()
+    learn(engine, neuron.NEURON, seen)
+    assert schedule(engine, "holder", neuron.NEURON, 4, node="inf2-small") == "inf2-small"
+    assert schedule(engine, "single", neuron.NEURON, 1) == expected
+
+
+def test_each_engine_learns_its_own_mix() -> None:
+    """Two engines in one process: what one has seen does not move the other's pods."""
+    pairs, wholes = cards_engine(), cards_engine()
+    learn(pairs, CARD, [2] * 10)
+    learn(wholes, CARD, [8] * 10)
+    for engine in (pairs, wholes):
+        assert schedule(engine, "holder", CARD, 6, node="busy") == "busy"
+    assert schedule(pairs, "single", CARD, 1) == "empty"
+    assert schedule(wholes, "single", CARD, 1) == "busy"
