@@ -1,6 +1,12 @@
 """The PostFilter extension point: where evicting pods of lower priority would let a pod fit, and whom
 (`kubegpu.scheduler.preemption` has the rules; these are the what-ifs against the cache, which leave it as it was),
 and nominating the node held for a preempting pod while its victims leave.
+
+As kube-scheduler's DefaultPreemption dry-runs victims on a cloned node and stops at enough candidates, `preempt`
+tries nodes in turn from where the last one stopped until it has `candidates_wanted` of them, and a pod whose fit
+reads only the node's usage is tried on a copy of it (`NodeRecord.usage_copy`): no node, memo or change log moves.
+A pod asking for devices or with inter-pod rules is tried on the node itself, its victims released through the
+ledger and put back (`_victims_in_place`), since the plugins' fit and the inter-pod rules read more than a copy.
 """
 
 from __future__ import annotations
@@ -12,12 +18,14 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.status import Code
 from kubegpu.scheduler.engine.admission import Admission
-from kubegpu.scheduler.engine.records import PodRecord
+from kubegpu.scheduler.engine.cache import count_on_node
+from kubegpu.scheduler.engine.records import NodeRecord, Plan, PodRecord
 from kubegpu.scheduler.preemption import (
     Budget,
     Candidate,
     Preemption,
     by_importance,
+    candidates_wanted,
     may_preempt,
     pick,
     split_by_budget,
@@ -31,7 +39,10 @@ class Preempting(Admission):
         """Where evicting pods of lower priority would let `pod` fit, devices included, and whom to evict there
         (`kubegpu.scheduler.preemption` has the rules). Changes nothing: the front-end evicts the victims (the
         simulator at once, the scheduler by deleting them and nominating the node) and schedules the pod again.
-        The extender's `/preempt` answers from `complete_victims` per proposed node."""
+        The extender's `/preempt` answers from `complete_victims` per proposed node.
+
+        As kube-scheduler's dry run, nodes are tried in turn from where the last preemption stopped, until enough
+        candidates are found (`candidates_wanted`, with one that violates no budget), not every node."""
         if not may_preempt(pod):
             return Preemption(None, reason="the pod's preemptionPolicy is Never")
         if pod.key in self.pods:
@@ -41,16 +52,29 @@ class Preempting(Admission):
         status = self._validate(pod, self._route(pod))
         if not status.ok:
             return Preemption(None, reason=status.message)
-        candidates = []
-        for name, record in list(self.nodes.items()):
+        plan = self.plan(pod)
+        names = list(self.nodes)
+        total = len(names)
+        wanted = candidates_wanted(total)
+        start = self._preempt_start % total if total else 0
+        candidates: list[Candidate] = []
+        harmless = 0  # candidates that violate no budget
+        tried = 0
+        for tried in range(1, total + 1):
+            record = self.nodes[names[(start + tried - 1) % total]]
             if not any(self.pods[key].request.priority < pod.priority for key in record.pods):
                 continue
-            status = self.check(record, pod, self.plan(pod))
+            status = self.check(record, pod, plan)
             if status.ok or status.code in (Code.UNRESOLVABLE, Code.ERROR):
                 continue
-            candidate = self.select_victims(pod, name, budgets)
-            if candidate is not None:
-                candidates.append(candidate)
+            candidate = self._select_victims(record, pod, plan, budgets)
+            if candidate is None:
+                continue
+            candidates.append(candidate)
+            harmless += not candidate.violations
+            if harmless and len(candidates) >= wanted:
+                break
+        self._preempt_start = start + tried
         chosen = pick(candidates)
         if chosen is None:
             return Preemption(None, reason="no node would fit the pod even without the pods of lower priority")
@@ -63,19 +87,68 @@ class Preempting(Admission):
         record = self.nodes.get(name)
         if record is None:
             return None
-        lower = [key for key in record.pods if key != pod.key and self.pods[key].request.priority < pod.priority]
+        return self._select_victims(record, pod, self.plan(pod), budgets)
+
+    def _select_victims(
+        self, record: NodeRecord, pod: PodRequest, plan: Plan, budgets: Sequence[Budget]
+    ) -> Candidate | None:
+        """`select_victims` on a copy of the node's usage when nothing but the node's own usage decides whether
+        the pod fits there (no devices, no inter-pod rules, no filter a third party added); else on the node itself,
+        each pod taken out and put back through the ledger."""
+        lower = [self.pods[key] for key in record.pods if key != pod.key]
+        lower = [held for held in lower if held.request.priority < pod.priority]
         if not lower:
             return None
-        held = {key: self.pods[key] for key in lower}
+        if (
+            plan.devices
+            or plan.volatile
+            or (self._added_filters and self._added_filters.intersection((*plan.node_rules, *plan.usage_rules)))
+        ):
+            return self._victims_in_place(record, pod, plan, lower, budgets)
+        return self._victims_on_copy(record, pod, plan, lower, budgets)
+
+    def _victims_on_copy(
+        self, record: NodeRecord, pod: PodRequest, plan: Plan, lower: list[PodRecord], budgets: Sequence[Budget]
+    ) -> Candidate | None:
+        """kube-scheduler's `selectVictimsOnNode` on a copy of the node: every pod of lower priority out, then back
+        one at a time, most important first, those whose eviction would violate a budget first; each pod whose
+        return still leaves room stays."""
+        copy = record.usage_copy()
+
+        def count(request: PodRequest, sign: int) -> None:
+            count_on_node(copy, request, sign)
+            copy.version += 1  # its remembered answers are stale
+
+        for held in lower:
+            count(held.request, -1)
+        if not self.check(copy, pod, plan).ok:
+            return None
+        violating, others = split_by_budget(by_importance(h.request for h in lower), budgets)
+        victims: list[PodRequest] = []
+        violations = 0
+        for request in violating + others:
+            count(request, +1)
+            if self.check(copy, pod, plan).ok:
+                continue  # reprieved
+            count(request, -1)
+            victims.append(request)
+            violations += request in violating
+        return Candidate(record.name, tuple(victims), violations)
+
+    def _victims_in_place(
+        self, record: NodeRecord, pod: PodRequest, plan: Plan, lower: list[PodRecord], budgets: Sequence[Budget]
+    ) -> Candidate | None:
+        """`_victims_on_copy`'s search on the node itself: the plugins' device fit and the inter-pod rules read
+        the ledger and every placed pod, so each pod is released and put back exactly as it was."""
         out: dict[str, PodRecord] = {}
         try:
-            for key in lower:
-                released = self.release(key)
+            for held in lower:
+                released = self.release(held.request.key)
                 if released is not None:
-                    out[key] = released
+                    out[held.request.key] = released
             if not self.check(record, pod, self.plan(pod)).ok:
                 return None
-            violating, others = split_by_budget(by_importance(h.request for h in held.values()), budgets)
+            violating, others = split_by_budget(by_importance(h.request for h in lower), budgets)
             victims: list[PodRequest] = []
             violations = 0
             for request in violating + others:
@@ -87,7 +160,7 @@ class Preempting(Admission):
                     out[request.key] = released
                 victims.append(request)
                 violations += request in violating
-            return Candidate(name, tuple(victims), violations)
+            return Candidate(record.name, tuple(victims), violations)
         finally:
             for released in out.values():
                 self._put_back(released)

@@ -73,6 +73,25 @@ class NodeRecord:
     def free(self, resource: str) -> int:
         return self.info.allocatable.get(resource, 0) - self.used[resource]
 
+    def usage_copy(self) -> NodeRecord:
+        """A copy to count pods in and out of without touching this node (kube-scheduler's `NodeInfo.Clone` for
+        preemption's dry runs): its own usage, pods, ports and nominees, no remembered answers; the devices are
+        shared, so a what-if on the copy may not hold or give back devices."""
+        return NodeRecord(
+            self.info,
+            self.states,
+            self.headroom,
+            Counter(self.used),
+            dict(self.pods),
+            Counter(self.ports),
+            dict(self.nominees),
+            self.problems,
+            self.klass,
+            self.version,
+            self.nonzero_cpu,
+            self.nonzero_memory,
+        )
+
 
 @dataclass(slots=True)
 class PodRecord:

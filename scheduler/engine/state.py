@@ -128,6 +128,7 @@ class EngineState:
         self._dead: dict[str, str] = {}
         self._published: dict[str, dict[str, dict[str, dict[str, list[str]]]]] = {}
         self.nominated: dict[str, str] = {}  # preempting pod -> the node its victims are leaving
+        self._preempt_start = 0  # where the next preemption starts trying nodes (`Preempting.preempt`)
 
         # -- gangs and the Permit stage (permit, gangs) ------------------------------------------------------------
         # The Permit rules after the built-in Coscheduling one; the pods waiting at Permit, by key, with their
