@@ -231,6 +231,9 @@ class NodeCache(Ledger):
         """Add (`sign` +1) or remove (-1) the pod in the node's usage (`count_on_node`), and in the index of placed
         pods and the count of their priorities."""
         count_on_node(record, pod, sign)
+        cpu, memory = scores.nonzero_requests(pod)
+        record.nonzero_cpu += sign * cpu
+        record.nonzero_memory += sign * memory
         self._priorities[pod.priority] += sign
         if sign > 0:
             self._placed.add(pod.key, pod, record.name)
@@ -336,8 +339,8 @@ class NodeCache(Ledger):
 
 def count_on_node(record: NodeRecord, pod: PodRequest, sign: int) -> None:
     """Add (`sign` +1) or remove (-1) the pod's cpu, memory, pods, extended resources and host ports in the node's
-    usage, and its cpu and memory as the scores count them: all a node's own filters and scores read of its pods, so
-    preemption's what-ifs count pods in and out of a copy of the node (`NodeRecord.usage_copy`) the same way."""
+    usage: all the node's own filters read of its pods, so preemption's what-ifs count pods in and out of a copy of
+    the node (`NodeRecord.usage_copy`) the same way."""
     used = record.used
     used["pods"] += sign
     used["cpu"] += sign * pod.cpu_milli
@@ -349,6 +352,3 @@ def count_on_node(record: NodeRecord, pod: PodRequest, sign: int) -> None:
         record.ports[(port.ip, port.protocol, port.port)] += sign
         if record.ports[(port.ip, port.protocol, port.port)] <= 0:
             del record.ports[(port.ip, port.protocol, port.port)]
-    cpu, memory = scores.nonzero_requests(pod)
-    record.nonzero_cpu += sign * cpu
-    record.nonzero_memory += sign * memory

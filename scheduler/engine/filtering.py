@@ -164,7 +164,7 @@ class Filtering(Planning):
         memory, and only the filters that read other pods run again. A node that is not live (`set_node_live`)
         refuses device pods unless `placing` is false (counting a pod its kubelet already runs).
         """
-        if record.nominees and any(p >= pod.priority and k != pod.key for k, p in record.nominees.items()):
+        if held_for_another(record, pod):
             return Status.unschedulable(NOMINATED)
         if self._dead and plan.devices and placing and (dead := self._dead.get(record.name)) is not None:
             return Status.unresolvable(dead)
@@ -275,3 +275,9 @@ class Filtering(Planning):
                 tally.learn(name, self._refused_like(self.nodes[name], pod, plan, status))
         tally.generation = self.generation
         return tally
+
+
+def held_for_another(record: NodeRecord, pod: PodRequest) -> bool:
+    """Whether the node is held for another preempting pod of equal or higher priority (`nominate`): it refuses the
+    pod whatever is evicted there."""
+    return bool(record.nominees) and any(p >= pod.priority and k != pod.key for k, p in record.nominees.items())

@@ -19,6 +19,7 @@ from kubegpu.core.models import (
 from kubegpu.core.status import Code
 from kubegpu.scheduler.engine.admission import Admission
 from kubegpu.scheduler.engine.cache import count_on_node
+from kubegpu.scheduler.engine.filtering import held_for_another
 from kubegpu.scheduler.engine.records import NodeRecord, Plan, PodRecord
 from kubegpu.scheduler.preemption import (
     Budget,
@@ -62,7 +63,9 @@ class Preempting(Admission):
         tried = 0
         for tried in range(1, total + 1):
             record = self.nodes[names[(start + tried - 1) % total]]
-            if not any(self.pods[key].request.priority < pod.priority for key in record.pods):
+            if held_for_another(record, pod) or not any(
+                self.pods[key].request.priority < pod.priority for key in record.pods
+            ):
                 continue
             status = self.check(record, pod, plan)
             if status.ok or status.code in (Code.UNRESOLVABLE, Code.ERROR):
@@ -93,19 +96,56 @@ class Preempting(Admission):
         self, record: NodeRecord, pod: PodRequest, plan: Plan, budgets: Sequence[Budget]
     ) -> Candidate | None:
         """`select_victims` on a copy of the node's usage when nothing but the node's own usage decides whether
-        the pod fits there (no devices, no inter-pod rules, no filter a third party added); else on the node itself,
-        each pod taken out and put back through the ledger."""
-        lower = [self.pods[key] for key in record.pods if key != pod.key]
-        lower = [held for held in lower if held.request.priority < pod.priority]
-        if not lower:
+        the pod fits there (no devices, no inter-pod rules, no claims, no filter a third party added), remembered on
+        the node (`NodeRecord.last_victims`); else on the node itself, each pod taken out and put back through the
+        ledger."""
+        if held_for_another(record, pod):
             return None
-        if (
+        in_place = (
             plan.devices
             or plan.volatile
+            or pod.claims
             or (self._added_filters and self._added_filters.intersection((*plan.node_rules, *plan.usage_rules)))
-        ):
+        )
+        if not in_place:
+            known = record.last_victims
+            budgets = tuple(budgets)
+            if (
+                known is not None
+                and known[0] == record.version
+                and known[1] is plan.local
+                and known[2] == pod.priority
+                and known[3] == budgets
+            ):
+                return known[4]
+        lower = [self.pods[key] for key in record.pods if key != pod.key]
+        lower = [held for held in lower if held.request.priority < pod.priority]
+        if not lower or not self._frees_enough(record, plan, lower):
+            candidate = None
+        elif in_place:
             return self._victims_in_place(record, pod, plan, lower, budgets)
-        return self._victims_on_copy(record, pod, plan, lower, budgets)
+        else:
+            candidate = self._victims_on_copy(record, pod, plan, lower, budgets)
+        if not in_place:
+            record.last_victims = (record.version, plan.local, pod.priority, tuple(budgets), candidate)
+        return candidate
+
+    def _frees_enough(self, record: NodeRecord, plan: Plan, lower: list[PodRecord]) -> bool:
+        """Whether evicting every pod of `lower` would leave room for the pod by NodeResourcesFit's arithmetic: where
+        it would not, the node is no candidate, and no what-if is needed to tell."""
+        if not self._fit_by_index:  # NodeResourcesFit is off
+            return True
+        allocatable, used = record.info.allocatable, record.used
+        if allocatable.get("pods", 0) - used["pods"] + len(lower) < 1:
+            return False
+        for resource, need in plan.fit:
+            free = allocatable.get(resource, 0) - used[resource]
+            if free >= need:
+                continue
+            free += sum(requested(held.request, resource) for held in lower)
+            if free < need:
+                return False
+        return True
 
     def _victims_on_copy(
         self, record: NodeRecord, pod: PodRequest, plan: Plan, lower: list[PodRecord], budgets: Sequence[Budget]
@@ -113,26 +153,24 @@ class Preempting(Admission):
         """kube-scheduler's `selectVictimsOnNode` on a copy of the node: every pod of lower priority out, then back
         one at a time, most important first, those whose eviction would violate a budget first; each pod whose
         return still leaves room stays."""
-        copy = record.usage_copy()
-
-        def count(request: PodRequest, sign: int) -> None:
-            count_on_node(copy, request, sign)
-            copy.version += 1  # its remembered answers are stale
-
-        for held in lower:
-            count(held.request, -1)
-        if not self.check(copy, pod, plan).ok:
+        if self._node_fit(record, pod, plan) is not None:
             return None
-        violating, others = split_by_budget(by_importance(h.request for h in lower), budgets)
+        # What `check` asks of such a pod, less the rules above, which read only the node: the usage filters.
+        fits = self._usage_fit
+        copy = record.usage_copy()
+        for held in lower:
+            count_on_node(copy, held.request, -1)
+        if fits(copy, pod, plan) is not None:
+            return None
         victims: list[PodRequest] = []
         violations = 0
-        for request in violating + others:
-            count(request, +1)
-            if self.check(copy, pod, plan).ok:
+        for request, violating in by_budget(lower, budgets):
+            count_on_node(copy, request, +1)
+            if fits(copy, pod, plan) is None:
                 continue  # reprieved
-            count(request, -1)
+            count_on_node(copy, request, -1)
             victims.append(request)
-            violations += request in violating
+            violations += violating
         return Candidate(record.name, tuple(victims), violations)
 
     def _victims_in_place(
@@ -148,10 +186,9 @@ class Preempting(Admission):
                     out[held.request.key] = released
             if not self.check(record, pod, self.plan(pod)).ok:
                 return None
-            violating, others = split_by_budget(by_importance(h.request for h in lower), budgets)
             victims: list[PodRequest] = []
             violations = 0
-            for request in violating + others:
+            for request, violating in by_budget(lower, budgets):
                 self._put_back(out.pop(request.key))
                 if self.check(record, pod, self.plan(pod)).ok:
                     continue  # reprieved
@@ -159,7 +196,7 @@ class Preempting(Admission):
                 if released is not None:
                     out[request.key] = released
                 victims.append(request)
-                violations += request in violating
+                violations += violating
             return Candidate(record.name, tuple(victims), violations)
         finally:
             for released in out.values():
@@ -208,3 +245,19 @@ class Preempting(Admission):
         name = self.nominated.get(key)
         record = self.nodes.get(name) if name is not None else None
         return record is not None and any(held in leaving for held in record.pods)
+
+
+def requested(pod: PodRequest, resource: str) -> int:
+    """How much of `resource` the pod counts for in a node's usage (`count_on_node`)."""
+    if resource == "cpu":
+        return pod.cpu_milli
+    if resource == "memory":
+        return pod.memory
+    return pod.requests.get(resource, 0)
+
+
+def by_budget(lower: list[PodRecord], budgets: Sequence[Budget]) -> list[tuple[PodRequest, bool]]:
+    """The order in which pods set aside are put back: those whose eviction would violate a budget first, each part
+    most important first (`split_by_budget`, `by_importance`), each with whether it violates one."""
+    violating, others = split_by_budget(by_importance(held.request for held in lower), budgets)
+    return [(request, True) for request in violating] + [(request, False) for request in others]

@@ -23,6 +23,7 @@ from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Code, Status
 from kubegpu.core.text import MAX_TEXT_CHARS, safe_text
 from kubegpu.scheduler.dra import PodClaims
+from kubegpu.scheduler.preemption import Budget, Candidate
 
 log = logging.getLogger("kubegpu.engine")
 
@@ -65,6 +66,9 @@ class NodeRecord:
     last_check: dict[int, tuple[int, tuple[object, ...], Status | None, Status | None]] = field(default_factory=dict)
     last_score: tuple[int, tuple[object, ...], float] | None = None
     last_raw: dict[int, tuple[int, tuple[object, ...], tuple[float, ...]]] = field(default_factory=dict)  # scores
+    # The last preemption dry run here (`Preempting._select_victims`): (node version, pod shape, the pod's priority,
+    # the budgets, the candidate or None).
+    last_victims: tuple[int, tuple[object, ...], int, tuple[Budget, ...], Candidate | None] | None = None
 
     @property
     def name(self) -> str:

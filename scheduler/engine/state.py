@@ -207,6 +207,10 @@ class EngineState:
         # (class selectors, request selectors, device facts) -> both accept. Never stale: the facts are all a
         # selector reads of a device. Past 65536, cleared. A pod's DRA answers are in `last_check` under its
         # plan's `local`, which holds its claims' specs and the DRA epochs (`DraBook.demand_key`).
+        # `last_victims`: (node version, Plan.local, the pod's priority, the budgets, the victims a preemption's dry
+        # run chose there), one slot, for pods tried on a copy (`Preempting._select_victims`); stale when the node's
+        # version moved (its pods, or a nomination) or any of the rest differs. Consecutive preemptions try mostly
+        # unchanged nodes, so each asks again only the nodes that changed.
 
     def forget_memos(self) -> None:
         """Drop every memo listed above: the engine then answers from its state alone (the tests' oracle)."""
@@ -222,4 +226,4 @@ class EngineState:
         self._owners.forget_memos()
         self.dra.forget_memos()
         for record in self.nodes.values():
-            record.last_check, record.last_raw, record.last_score = {}, {}, None
+            record.last_check, record.last_raw, record.last_score, record.last_victims = {}, {}, None, None

@@ -233,3 +233,44 @@ def test_the_victims_are_those_a_plain_search_chooses(
     assert criteria(victims, violations) == best
     assert sorted(preemption.victims) == sorted(f"default/{v.name}" for v in victims)
     assert preemption.violations == violations
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["place", "place", "release", "preempt", "preempt", "nominate"]),
+            st.integers(0, 60),
+            st.sampled_from([500, 900, 1500]),
+        ),
+        max_size=40,
+    )
+)
+def test_a_remembered_dry_run_answers_as_a_fresh_one(story: list[tuple[str, int, int]]) -> None:
+    """Each node remembers its last dry run (`NodeRecord.last_victims`); an engine that forgets it must agree."""
+    memoized, oracle = engine(), engine()
+    for e in (memoized, oracle):
+        for n in range(3):
+            add_node(e, f"n{n}", cpu_milli=2000, pods=4)
+    preemptors = [pod("want-a", 1500, 5), pod("want-b", 900, 5), pod("want-c", 1500, 3)]
+    placed: list[str] = []
+    for serial, (op, arg, cpu) in enumerate(story):
+        if op == "place":
+            request = pod(f"p{serial}", cpu, priority=arg % 5, app="a" if arg % 2 else None)
+            decision = memoized.schedule(request)
+            assert oracle.schedule(request).node == decision.node
+            if decision.scheduled:
+                placed.append(request.key)
+        elif op == "release" and placed:
+            key = placed.pop(arg % len(placed))
+            for e in (memoized, oracle):
+                e.release(key)
+        elif op == "nominate":
+            node = f"n{arg % 4}" if arg % 4 < 3 else None
+            for e in (memoized, oracle):
+                e.nominate(preemptors[arg % 3], node)
+        elif op == "preempt":
+            budgets = [Budget("default", "a", LabelSelector((Requirement("app", "In", ("a",)),)), allowed=arg % 2)]
+            oracle.forget_memos()
+            request = preemptors[arg % 3]
+            assert memoized.preempt(request, budgets) == oracle.preempt(request, budgets)
