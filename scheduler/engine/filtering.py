@@ -276,6 +276,36 @@ class Filtering(Planning):
         tally.generation = self.generation
         return tally
 
+    def _skipped_tally(self, klass: int, pod: PodRequest, plan: Plan, resource: str) -> ClassTally | None:
+        """Every node's answer in the class to the pod's shape (a node that would fit counted short of `resource`),
+        for a cycle explaining the nodes its capacity index passed over: remembered per (class, pod shape, resource)
+        and brought up to date with the nodes changed since, so a pod that fits nowhere costs what changed, not every
+        node again. Nodes holding a nominee answer per pod and are asked again each time. None for a pod whose
+        answers read more than the node (inter-pod rules, claims)."""
+        if plan.volatile or pod.claims:
+            return None
+        key = (klass, id(plan.local), resource)
+        tally = self._skipped.get(key)
+        changed: Iterable[str] | None = None
+        if tally is not None and tally.local is plan.local:
+            changed = self.changed_since(tally.generation)
+        members = self._class_nodes.get(klass, {})
+        if tally is None or changed is None:
+            tally = ClassTally(plan.local, Status.unschedulable(f"Insufficient {resource}"), self.generation)
+            if len(self._skipped) >= 256:
+                self._skipped.clear()
+            self._skipped[key] = tally
+            changed = members
+        elif self.nominated:
+            changed = {*changed, *self.nominated.values()}
+        for name in changed:
+            tally.forget(name)
+            if name in members:
+                status = self.check(self.nodes[name], pod, plan)
+                tally.learn(name, status if not status.ok else tally.status)
+        tally.generation = self.generation
+        return tally
+
 
 def held_for_another(record: NodeRecord, pod: PodRequest) -> bool:
     """Whether the node is held for another preempting pod of equal or higher priority (`nominate`): it refuses the

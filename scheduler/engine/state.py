@@ -197,6 +197,11 @@ class EngineState:
         # may give apart (`_tally`). Kept current from the change log (`changed_since`; nodes holding a nominee are
         # asked again each time); rebuilt when the log no longer reaches back. Past 256, dropped all at once.
         self._tallies: dict[tuple[int, int], ClassTally] = {}
+        # (node class, id(Plan.local), the capacity index's resource) -> every node's answer in the class, for a cycle
+        # that explains the nodes its index passed over (`_skipped_tally`; a node that would fit is counted short of
+        # that resource). Kept current from the change log like `_tallies`, nodes holding a nominee asked again each
+        # time; none for a pod with inter-pod rules or claims. Past 256, dropped all at once.
+        self._skipped: dict[tuple[int, int, str], ClassTally] = {}
         # (`Plan.local` is what kube-scheduler's node filters and the node-local scores read of a pod without devices,
         # else, or when a rule a third party added applies to it, the pod's whole signature.)
         # Per node (`NodeRecord`): `last_check` and `last_raw`, id(Plan.local) -> (node version, Plan.local, answer),
@@ -223,6 +228,7 @@ class EngineState:
         self._domains.clear()
         self._cluster = None
         self._tallies.clear()
+        self._skipped.clear()
         self._owners.forget_memos()
         self.dra.forget_memos()
         for record in self.nodes.values():
