@@ -176,6 +176,8 @@ class Cycle(Reserving):
         refusals = Refusals()
         settled = refusals.settled
         passed: list[str] = []  # nodes the index ruled out
+        refused: list[tuple[NodeRecord, Status]] = []  # counted only if no node fits
+        settles = plan.settles
         processed = 0
         for processed, name in enumerate(chain(order[start:], order[:start]), 1):  # noqa: B007 (read after)
             if offers is not None and ((free := offers(name)) is None or free < need):
@@ -190,11 +192,16 @@ class Cycle(Reserving):
                 if len(feasible) >= sample:
                     break
                 continue
-            refuse(refusals, record, pod, plan, status)
+            if settles and status.code is Code.UNRESOLVABLE:
+                refuse(refusals, record, pod, plan, status)  # settles the class: its other nodes are passed over
+            else:
+                refused.append((record, status))
         self._next_start = (start + processed) % len(order)
         if feasible:
             best = feasible[0] if len(feasible) == 1 else self._rank(feasible, pod, plan)
             return nodes[best], plan
+        for record, status in refused:
+            refuse(refusals, record, pod, plan, status)
         for name in passed:
             record = nodes[name]
             if record.klass in settled:

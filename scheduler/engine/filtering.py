@@ -30,11 +30,6 @@ from kubegpu.scheduler.engine.records import (
 )
 from kubegpu.scheduler.podindex import Domains, PodIndex
 
-
-def _passes(labels: Mapping[str, str]) -> Status | None:
-    return None
-
-
 NOMINATED = "node(s) were nominated for a pending pod of equal or higher priority that is preempting pods there"
 
 
@@ -73,9 +68,9 @@ class Filtering(Planning):
         if cached is not None and cached.pod is pod and cached.plan is plan and cached.generation == self.generation:
             return cached
         judges = [j for rule in self._cluster_filters if (j := rule.prefilter(self, pod, plan)) is not None]
-        judge: Judge
+        judge: Judge | None
         if not judges:
-            judge = _passes
+            judge = None  # no rule can refuse a node: a cycle then asks no node's labels
         elif len(judges) == 1:
             judge = judges[0]
         else:
@@ -164,8 +159,8 @@ class Filtering(Planning):
         memory, and only the filters that read other pods run again. A node that is not live (`set_node_live`)
         refuses device pods unless `placing` is false (counting a pod its kubelet already runs).
         """
-        if held_for_another(record, pod):
-            return Status.unschedulable(NOMINATED)
+        if record.nominees and any(p >= pod.priority and k != pod.key for k, p in record.nominees.items()):
+            return Status.unschedulable(NOMINATED)  # `held_for_another`, inline on the hot path
         if self._dead and plan.devices and placing and (dead := self._dead.get(record.name)) is not None:
             return Status.unresolvable(dead)
         memo = record.last_check
@@ -176,7 +171,9 @@ class Filtering(Planning):
         status = remembered[2]
         if status is None and plan.volatile:
             # `judge`: the cluster-wide filters' judge for this pod, when the caller took it for a pass over nodes.
-            status = (judge or self._cluster_state(pod, plan).judge)(record.info.labels)
+            judging = judge or self._cluster_state(pod, plan).judge
+            if judging is not None:
+                status = judging(record.info.labels)
         if status is None:
             status = remembered[3]
             if status is None:

@@ -208,7 +208,7 @@ class ClusterState(NamedTuple):
     pod: PodRequest
     plan: Plan
     generation: int
-    judge: Callable[[Mapping[str, str]], Status | None]
+    judge: Callable[[Mapping[str, str]], Status | None] | None  # None: no node's labels can be refused
 
 
 @dataclass(frozen=True, slots=True)
