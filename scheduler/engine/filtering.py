@@ -279,7 +279,7 @@ class Filtering(Planning):
         and brought up to date with the nodes changed since, so a pod that fits nowhere costs what changed, not every
         node again. Nodes holding a nominee answer per pod and are asked again each time. None for a pod whose
         answers read more than the node (inter-pod rules, claims)."""
-        if plan.volatile or pod.claims:
+        if plan.volatile or pod.claims or pod.resource_claims:
             return None
         key = (klass, id(plan.local), resource)
         tally = self._skipped.get(key)

@@ -105,6 +105,7 @@ class Preempting(Admission):
             plan.devices
             or plan.volatile
             or pod.claims
+            or pod.resource_claims
             or (self._added_filters and self._added_filters.intersection((*plan.node_rules, *plan.usage_rules)))
         )
         if not in_place:
