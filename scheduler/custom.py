@@ -161,20 +161,22 @@ class CustomScheduler:
         result = "error" if decision.code.name == "ERROR" else "unschedulable"
         self.metrics.attempts.labels(result).inc()
         message = decision.reason or "no node fits"
-        if result == "unschedulable":
+        # A pod whose nominated node still has victims terminating waits for them instead of preempting again.
+        waiting = result == "unschedulable" and self.engine.awaits_victims(entry.key, self.mirror.evicting)
+        if result == "unschedulable" and not waiting:
             self._preempt(entry)
         log.info("unschedulable", extra={"pod": entry.key, "node": decision.node, "reason": message})
-        self.queue.park(entry)
+        if waiting:
+            self.queue.wait_for_victims(entry)
+        else:
+            self.queue.park(entry)
         if message != entry.message:
             entry.message = message
             self.binder.submit(self.binder.report_unschedulable(entry.request, message))
 
     def _preempt(self, entry: Entry) -> None:
-        """DefaultPreemption's PostFilter: evict pods of lower priority where that lets the pod fit. A pod whose
-        nominated node still has victims terminating waits for them instead of preempting again."""
+        """DefaultPreemption's PostFilter: evict pods of lower priority where that lets the pod fit."""
         pod, mirror = entry.request, self.mirror
-        if self.engine.awaits_victims(entry.key, mirror.evicting):
-            return
         preemption = self.engine.preempt(pod, list(mirror.budgets.values()))
         if preemption.node is None:
             self.engine.unnominate(entry.key)

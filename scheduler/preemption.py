@@ -9,6 +9,12 @@ no candidate. Otherwise the pods set aside are put back one at a time, most impo
 the earlier start), those whose eviction would violate a PodDisruptionBudget before the others, and every pod whose
 return still leaves room stays (is reprieved); the rest are the victims.
 
+Which nodes are tried (`Engine.preempt`): as kube-scheduler's dry run does, the nodes where the pod failed but not
+for good, in turn from a start that moves on each time, until enough candidates are found (`candidates_wanted`: a
+tenth of the nodes, at least 100, at most all; with at least one that violates no budget), not every node.
+A pod without devices or inter-pod rules is tried on a copy of the node's usage (kube-scheduler's cloned node), so
+a what-if changes nothing the next cycle reads; other pods are tried on the node itself, and put back.
+
 Between candidate nodes (`pick`), in order: the fewest budget violations, the lowest highest victim priority, the
 smallest sum of victim priorities, the fewest victims, the latest start among the most important victims, then the
 first node met. Pods whose `preemptionPolicy` is `Never` never preempt; pods of equal or higher priority are never
@@ -25,9 +31,22 @@ from dataclasses import dataclass, field
 from kubegpu.core.models import LabelSelector, PodRequest
 from kubegpu.scheduler.filters import selector_matches
 
-__all__ = ["Budget", "Candidate", "Preemption", "by_importance", "may_preempt", "pick", "split_by_budget"]
+__all__ = [
+    "Budget",
+    "Candidate",
+    "Preemption",
+    "by_importance",
+    "candidates_wanted",
+    "may_preempt",
+    "pick",
+    "split_by_budget",
+]
 
 PRIORITY_OFFSET = 1 << 31  # keeps sums of priorities positive (priorities are int32), as kube-scheduler does
+# How many candidate nodes a preemption looks for before it chooses (kube-scheduler 1.20's DefaultPreemption
+# defaults, `minCandidateNodesPercentage` and `minCandidateNodesAbsolute`).
+MIN_CANDIDATES_PERCENT = 10
+MIN_CANDIDATES = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +90,11 @@ class Preemption:
 def may_preempt(pod: PodRequest) -> bool:
     """kube-scheduler's PodEligibleToPreemptOthers, less the nominated-node check the front-end makes."""
     return pod.preemption_policy != "Never"
+
+
+def candidates_wanted(nodes: int) -> int:
+    """How many candidates to find among `nodes` before choosing: a tenth of them, at least 100, at most all."""
+    return min(nodes, max(nodes * MIN_CANDIDATES_PERCENT // 100, MIN_CANDIDATES))
 
 
 def by_importance(pods: Iterable[PodRequest]) -> list[PodRequest]:

@@ -319,6 +319,14 @@ class SchedulingQueue:
         entry.ready_at = entry.since + self.backoff_for(entry.attempts)
         self.unschedulable[entry.key] = entry
 
+    def wait_for_victims(self, entry: Entry) -> None:
+        """The pod fits nowhere while the victims of its own preemption are still leaving: it waits like a parked
+        pod, woken as they go, but this attempt does not count, so its backoff stays the first one's (a pod that
+        preempted would otherwise wait 2, 4, 8 s for victims a slow API server took a moment to delete)."""
+        entry.since = time.monotonic()
+        entry.ready_at = entry.since + self.backoff_for(max(1, entry.attempts))
+        self.unschedulable[entry.key] = entry
+
     def promote(self) -> None:
         """Move the pods whose backoff ended to the active queue, and the pods unschedulable for a minute back to
         the backoff heap; update the pending gauges."""

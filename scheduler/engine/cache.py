@@ -228,23 +228,13 @@ class NodeCache(Ledger):
         return Headroom(free=dict.fromkeys(sorted(resources), UNKNOWN_FREE))
 
     def _count_usage(self, record: NodeRecord, pod: PodRequest, sign: int) -> None:
-        """Add (`sign` +1) or remove (-1) the pod's cpu, memory, pods, extended resources and host ports in the
-        node's usage, and the pod in the index of placed pods."""
-        used = record.used
-        used["pods"] += sign
-        used["cpu"] += sign * pod.cpu_milli
-        used["memory"] += sign * pod.memory
-        for resource, amount in pod.requests.items():
-            if resource not in CPU_MEMORY:
-                used[resource] += sign * amount
-        for port in pod.host_ports:
-            record.ports[(port.ip, port.protocol, port.port)] += sign
-            if record.ports[(port.ip, port.protocol, port.port)] <= 0:
-                del record.ports[(port.ip, port.protocol, port.port)]
-        self._priorities[pod.priority] += sign
+        """Add (`sign` +1) or remove (-1) the pod in the node's usage (`count_on_node`), and in the index of placed
+        pods and the count of their priorities."""
+        count_on_node(record, pod, sign)
         cpu, memory = scores.nonzero_requests(pod)
         record.nonzero_cpu += sign * cpu
         record.nonzero_memory += sign * memory
+        self._priorities[pod.priority] += sign
         if sign > 0:
             self._placed.add(pod.key, pod, record.name)
         else:
@@ -345,3 +335,20 @@ class NodeCache(Ledger):
             record.version += 1
             self._changed(name)
         return True
+
+
+def count_on_node(record: NodeRecord, pod: PodRequest, sign: int) -> None:
+    """Add (`sign` +1) or remove (-1) the pod's cpu, memory, pods, extended resources and host ports in the node's
+    usage: all the node's own filters read of its pods, so preemption's what-ifs count pods in and out of a copy of
+    the node (`NodeRecord.usage_copy`) the same way."""
+    used = record.used
+    used["pods"] += sign
+    used["cpu"] += sign * pod.cpu_milli
+    used["memory"] += sign * pod.memory
+    for resource, amount in pod.requests.items():
+        if resource not in CPU_MEMORY:
+            used[resource] += sign * amount
+    for port in pod.host_ports:
+        record.ports[(port.ip, port.protocol, port.port)] += sign
+        if record.ports[(port.ip, port.protocol, port.port)] <= 0:
+            del record.ports[(port.ip, port.protocol, port.port)]

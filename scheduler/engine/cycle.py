@@ -123,7 +123,8 @@ class Cycle(Reserving):
     ) -> None:
         """Count the nodes the capacity index skipped under their own reasons, as kube-scheduler would report them
         (a node that fails the node selector says so, not "Insufficient ..."). Only a pod that fits nowhere pays for
-        this, and a class whose nodes answer alike (unresolvable) costs one check."""
+        this, a class whose nodes answer alike (unresolvable) costs one check, and one whose answers are remembered
+        (`_skipped_tally`) what changed since."""
         settled = refusals.settled
         for klass, members in self._class_nodes.items():
             groups = visited.get(klass, ())
@@ -131,6 +132,16 @@ class Cycle(Reserving):
             if left <= 0:
                 continue
             known = settled.get(klass)
+            tally = self._skipped_tally(klass, pod, plan, resource) if known is None else None
+            if tally is not None and tally.resolvable == len(tally.answers):
+                # No answer there settles the class: each node skipped counts under its own, as below, from memory.
+                reasons = refusals.reasons
+                reasons.update(tally.reasons)
+                for group in groups:
+                    for name in group:
+                        reasons.subtract(tally.answers[name].reasons)  # counted when the cycle filtered it
+                refusals.resolvable = True
+                continue
             if known is None:
                 for name in members:
                     if any(name in group for group in groups):
@@ -165,6 +176,8 @@ class Cycle(Reserving):
         refusals = Refusals()
         settled = refusals.settled
         passed: list[str] = []  # nodes the index ruled out
+        refused: list[tuple[NodeRecord, Status]] = []  # counted only if no node fits
+        settles = plan.settles
         processed = 0
         for processed, name in enumerate(chain(order[start:], order[:start]), 1):  # noqa: B007 (read after)
             if offers is not None and ((free := offers(name)) is None or free < need):
@@ -179,11 +192,16 @@ class Cycle(Reserving):
                 if len(feasible) >= sample:
                     break
                 continue
-            refuse(refusals, record, pod, plan, status)
+            if settles and status.code is Code.UNRESOLVABLE:
+                refuse(refusals, record, pod, plan, status)  # settles the class: its other nodes are passed over
+            else:
+                refused.append((record, status))
         self._next_start = (start + processed) % len(order)
         if feasible:
             best = feasible[0] if len(feasible) == 1 else self._rank(feasible, pod, plan)
             return nodes[best], plan
+        for record, status in refused:
+            refuse(refusals, record, pod, plan, status)
         for name in passed:
             record = nodes[name]
             if record.klass in settled:

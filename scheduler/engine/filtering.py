@@ -30,11 +30,6 @@ from kubegpu.scheduler.engine.records import (
 )
 from kubegpu.scheduler.podindex import Domains, PodIndex
 
-
-def _passes(labels: Mapping[str, str]) -> Status | None:
-    return None
-
-
 NOMINATED = "node(s) were nominated for a pending pod of equal or higher priority that is preempting pods there"
 
 
@@ -73,9 +68,9 @@ class Filtering(Planning):
         if cached is not None and cached.pod is pod and cached.plan is plan and cached.generation == self.generation:
             return cached
         judges = [j for rule in self._cluster_filters if (j := rule.prefilter(self, pod, plan)) is not None]
-        judge: Judge
+        judge: Judge | None
         if not judges:
-            judge = _passes
+            judge = None  # no rule can refuse a node: a cycle then asks no node's labels
         elif len(judges) == 1:
             judge = judges[0]
         else:
@@ -165,7 +160,7 @@ class Filtering(Planning):
         refuses device pods unless `placing` is false (counting a pod its kubelet already runs).
         """
         if record.nominees and any(p >= pod.priority and k != pod.key for k, p in record.nominees.items()):
-            return Status.unschedulable(NOMINATED)
+            return Status.unschedulable(NOMINATED)  # `held_for_another`, inline on the hot path
         if self._dead and plan.devices and placing and (dead := self._dead.get(record.name)) is not None:
             return Status.unresolvable(dead)
         memo = record.last_check
@@ -176,7 +171,9 @@ class Filtering(Planning):
         status = remembered[2]
         if status is None and plan.volatile:
             # `judge`: the cluster-wide filters' judge for this pod, when the caller took it for a pass over nodes.
-            status = (judge or self._cluster_state(pod, plan).judge)(record.info.labels)
+            judging = judge or self._cluster_state(pod, plan).judge
+            if judging is not None:
+                status = judging(record.info.labels)
         if status is None:
             status = remembered[3]
             if status is None:
@@ -275,3 +272,39 @@ class Filtering(Planning):
                 tally.learn(name, self._refused_like(self.nodes[name], pod, plan, status))
         tally.generation = self.generation
         return tally
+
+    def _skipped_tally(self, klass: int, pod: PodRequest, plan: Plan, resource: str) -> ClassTally | None:
+        """Every node's answer in the class to the pod's shape (a node that would fit counted short of `resource`),
+        for a cycle explaining the nodes its capacity index passed over: remembered per (class, pod shape, resource)
+        and brought up to date with the nodes changed since, so a pod that fits nowhere costs what changed, not every
+        node again. Nodes holding a nominee answer per pod and are asked again each time. None for a pod whose
+        answers read more than the node (inter-pod rules, claims)."""
+        if plan.volatile or pod.claims or pod.resource_claims:
+            return None
+        key = (klass, id(plan.local), resource)
+        tally = self._skipped.get(key)
+        changed: Iterable[str] | None = None
+        if tally is not None and tally.local is plan.local:
+            changed = self.changed_since(tally.generation)
+        members = self._class_nodes.get(klass, {})
+        if tally is None or changed is None:
+            tally = ClassTally(plan.local, Status.unschedulable(f"Insufficient {resource}"), self.generation)
+            if len(self._skipped) >= 256:
+                self._skipped.clear()
+            self._skipped[key] = tally
+            changed = members
+        elif self.nominated:
+            changed = {*changed, *self.nominated.values()}
+        for name in changed:
+            tally.forget(name)
+            if name in members:
+                status = self.check(self.nodes[name], pod, plan)
+                tally.learn(name, status if not status.ok else tally.status)
+        tally.generation = self.generation
+        return tally
+
+
+def held_for_another(record: NodeRecord, pod: PodRequest) -> bool:
+    """Whether the node is held for another preempting pod of equal or higher priority (`nominate`): it refuses the
+    pod whatever is evicted there."""
+    return bool(record.nominees) and any(p >= pod.priority and k != pod.key for k, p in record.nominees.items())

@@ -1,6 +1,12 @@
 """The PostFilter extension point: where evicting pods of lower priority would let a pod fit, and whom
 (`kubegpu.scheduler.preemption` has the rules; these are the what-ifs against the cache, which leave it as it was),
 and nominating the node held for a preempting pod while its victims leave.
+
+As kube-scheduler's DefaultPreemption dry-runs victims on a cloned node and stops at enough candidates, `preempt`
+tries nodes in turn from where the last one stopped until it has `candidates_wanted` of them, and a pod whose fit
+reads only the node's usage is tried on a copy of it (`NodeRecord.usage_copy`): no node, memo or change log moves.
+A pod asking for devices or with inter-pod rules is tried on the node itself, its victims released through the
+ledger and put back (`_victims_in_place`), since the plugins' fit and the inter-pod rules read more than a copy.
 """
 
 from __future__ import annotations
@@ -12,12 +18,15 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.status import Code
 from kubegpu.scheduler.engine.admission import Admission
-from kubegpu.scheduler.engine.records import PodRecord
+from kubegpu.scheduler.engine.cache import count_on_node
+from kubegpu.scheduler.engine.filtering import held_for_another
+from kubegpu.scheduler.engine.records import NodeRecord, Plan, PodRecord
 from kubegpu.scheduler.preemption import (
     Budget,
     Candidate,
     Preemption,
     by_importance,
+    candidates_wanted,
     may_preempt,
     pick,
     split_by_budget,
@@ -31,7 +40,10 @@ class Preempting(Admission):
         """Where evicting pods of lower priority would let `pod` fit, devices included, and whom to evict there
         (`kubegpu.scheduler.preemption` has the rules). Changes nothing: the front-end evicts the victims (the
         simulator at once, the scheduler by deleting them and nominating the node) and schedules the pod again.
-        The extender's `/preempt` answers from `complete_victims` per proposed node."""
+        The extender's `/preempt` answers from `complete_victims` per proposed node.
+
+        As kube-scheduler's dry run, nodes are tried in turn from where the last preemption stopped, until enough
+        candidates are found (`candidates_wanted`, with one that violates no budget), not every node."""
         if not may_preempt(pod):
             return Preemption(None, reason="the pod's preemptionPolicy is Never")
         if pod.key in self.pods:
@@ -41,16 +53,31 @@ class Preempting(Admission):
         status = self._validate(pod, self._route(pod))
         if not status.ok:
             return Preemption(None, reason=status.message)
-        candidates = []
-        for name, record in list(self.nodes.items()):
-            if not any(self.pods[key].request.priority < pod.priority for key in record.pods):
+        plan = self.plan(pod)
+        names = list(self.nodes)
+        total = len(names)
+        wanted = candidates_wanted(total)
+        start = self._preempt_start % total if total else 0
+        candidates: list[Candidate] = []
+        harmless = 0  # candidates that violate no budget
+        tried = 0
+        for tried in range(1, total + 1):
+            record = self.nodes[names[(start + tried - 1) % total]]
+            if held_for_another(record, pod) or not any(
+                self.pods[key].request.priority < pod.priority for key in record.pods
+            ):
                 continue
-            status = self.check(record, pod, self.plan(pod))
+            status = self.check(record, pod, plan)
             if status.ok or status.code in (Code.UNRESOLVABLE, Code.ERROR):
                 continue
-            candidate = self.select_victims(pod, name, budgets)
-            if candidate is not None:
-                candidates.append(candidate)
+            candidate = self._select_victims(record, pod, plan, budgets)
+            if candidate is None:
+                continue
+            candidates.append(candidate)
+            harmless += not candidate.violations
+            if harmless and len(candidates) >= wanted:
+                break
+        self._preempt_start = start + tried
         chosen = pick(candidates)
         if chosen is None:
             return Preemption(None, reason="no node would fit the pod even without the pods of lower priority")
@@ -63,22 +90,106 @@ class Preempting(Admission):
         record = self.nodes.get(name)
         if record is None:
             return None
-        lower = [key for key in record.pods if key != pod.key and self.pods[key].request.priority < pod.priority]
-        if not lower:
+        return self._select_victims(record, pod, self.plan(pod), budgets)
+
+    def _select_victims(
+        self, record: NodeRecord, pod: PodRequest, plan: Plan, budgets: Sequence[Budget]
+    ) -> Candidate | None:
+        """`select_victims` on a copy of the node's usage when nothing but the node's own usage decides whether
+        the pod fits there (no devices, no inter-pod rules, no claims, no filter a third party added), remembered on
+        the node (`NodeRecord.last_victims`); else on the node itself, each pod taken out and put back through the
+        ledger."""
+        if held_for_another(record, pod):
             return None
-        held = {key: self.pods[key] for key in lower}
+        in_place = (
+            plan.devices
+            or plan.volatile
+            or pod.claims
+            or pod.resource_claims
+            or (self._added_filters and self._added_filters.intersection((*plan.node_rules, *plan.usage_rules)))
+        )
+        if not in_place:
+            known = record.last_victims
+            budgets = tuple(budgets)
+            if (
+                known is not None
+                and known[0] == record.version
+                and known[1] is plan.local
+                and known[2] == pod.priority
+                and known[3] == budgets
+            ):
+                return known[4]
+        lower = [self.pods[key] for key in record.pods if key != pod.key]
+        lower = [held for held in lower if held.request.priority < pod.priority]
+        if not lower or not self._frees_enough(record, plan, lower):
+            candidate = None
+        elif in_place:
+            return self._victims_in_place(record, pod, plan, lower, budgets)
+        else:
+            candidate = self._victims_on_copy(record, pod, plan, lower, budgets)
+        if not in_place:
+            record.last_victims = (record.version, plan.local, pod.priority, tuple(budgets), candidate)
+        return candidate
+
+    def _frees_enough(self, record: NodeRecord, plan: Plan, lower: list[PodRecord]) -> bool:
+        """Whether evicting every pod of `lower` would leave room for the pod by NodeResourcesFit's arithmetic: where
+        it would not, the node is no candidate, and no what-if is needed to tell."""
+        if not self._fit_by_index:  # NodeResourcesFit is off
+            return True
+        allocatable, used = record.info.allocatable, record.used
+        if allocatable.get("pods", 0) - used["pods"] + len(lower) < 1:
+            return False
+        for resource, need in plan.fit:
+            free = allocatable.get(resource, 0) - used[resource]
+            if free >= need:
+                continue
+            free += sum(requested(held.request, resource) for held in lower)
+            if free < need:
+                return False
+        return True
+
+    def _victims_on_copy(
+        self, record: NodeRecord, pod: PodRequest, plan: Plan, lower: list[PodRecord], budgets: Sequence[Budget]
+    ) -> Candidate | None:
+        """kube-scheduler's `selectVictimsOnNode` on a copy of the node: every pod of lower priority out, then back
+        one at a time, most important first, those whose eviction would violate a budget first; each pod whose
+        return still leaves room stays."""
+        if self._node_fit(record, pod, plan) is not None:
+            return None
+        # What `check` asks of such a pod, less the rules above, which read only the node: the usage filters.
+        fits = self._usage_fit
+        copy = record.usage_copy()
+        for held in lower:
+            count_on_node(copy, held.request, -1)
+        if fits(copy, pod, plan) is not None:
+            return None
+        victims: list[PodRequest] = []
+        violations = 0
+        for request, violating in by_budget(lower, budgets):
+            count_on_node(copy, request, +1)
+            if fits(copy, pod, plan) is None:
+                continue  # reprieved
+            count_on_node(copy, request, -1)
+            victims.append(request)
+            violations += violating
+        return Candidate(record.name, tuple(victims), violations)
+
+    def _victims_in_place(
+        self, record: NodeRecord, pod: PodRequest, plan: Plan, lower: list[PodRecord], budgets: Sequence[Budget]
+    ) -> Candidate | None:
+        """`_victims_on_copy`'s search on the node itself: the plugins' device fit and the inter-pod rules read
+        the ledger and every placed pod, so each pod is released and put back exactly as it was."""
         out: dict[str, PodRecord] = {}
         try:
-            for key in lower:
-                released = self.release(key)
+            for held in lower:
+                released = self.release(held.request.key)
                 if released is not None:
-                    out[key] = released
+                    out[held.request.key] = released
             if not self.check(record, pod, self.plan(pod)).ok:
                 return None
-            violating, others = split_by_budget(by_importance(h.request for h in held.values()), budgets)
             victims: list[PodRequest] = []
             violations = 0
-            for request in violating + others:
+            for request, violating in by_budget(lower, budgets):
                 self._put_back(out.pop(request.key))
                 if self.check(record, pod, self.plan(pod)).ok:
                     continue  # reprieved
@@ -86,8 +197,8 @@ class Preempting(Admission):
                 if released is not None:
                     out[request.key] = released
                 victims.append(request)
-                violations += request in violating
-            return Candidate(name, tuple(victims), violations)
+                violations += violating
+            return Candidate(record.name, tuple(victims), violations)
         finally:
             for released in out.values():
                 self._put_back(released)
@@ -135,3 +246,19 @@ class Preempting(Admission):
         name = self.nominated.get(key)
         record = self.nodes.get(name) if name is not None else None
         return record is not None and any(held in leaving for held in record.pods)
+
+
+def requested(pod: PodRequest, resource: str) -> int:
+    """How much of `resource` the pod counts for in a node's usage (`count_on_node`)."""
+    if resource == "cpu":
+        return pod.cpu_milli
+    if resource == "memory":
+        return pod.memory
+    return pod.requests.get(resource, 0)
+
+
+def by_budget(lower: list[PodRecord], budgets: Sequence[Budget]) -> list[tuple[PodRequest, bool]]:
+    """The order in which pods set aside are put back: those whose eviction would violate a budget first, each part
+    most important first (`split_by_budget`, `by_importance`), each with whether it violates one."""
+    violating, others = split_by_budget(by_importance(held.request for held in lower), budgets)
+    return [(request, True) for request in violating] + [(request, False) for request in others]

@@ -23,6 +23,7 @@ from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
 from kubegpu.core.status import Code, Status
 from kubegpu.core.text import MAX_TEXT_CHARS, safe_text
 from kubegpu.scheduler.dra import PodClaims
+from kubegpu.scheduler.preemption import Budget, Candidate
 
 log = logging.getLogger("kubegpu.engine")
 
@@ -65,6 +66,9 @@ class NodeRecord:
     last_check: dict[int, tuple[int, tuple[object, ...], Status | None, Status | None]] = field(default_factory=dict)
     last_score: tuple[int, tuple[object, ...], float] | None = None
     last_raw: dict[int, tuple[int, tuple[object, ...], tuple[float, ...]]] = field(default_factory=dict)  # scores
+    # The last preemption dry run here (`Preempting._select_victims`): (node version, pod shape, the pod's priority,
+    # the budgets, the candidate or None).
+    last_victims: tuple[int, tuple[object, ...], int, tuple[Budget, ...], Candidate | None] | None = None
 
     @property
     def name(self) -> str:
@@ -72,6 +76,25 @@ class NodeRecord:
 
     def free(self, resource: str) -> int:
         return self.info.allocatable.get(resource, 0) - self.used[resource]
+
+    def usage_copy(self) -> NodeRecord:
+        """A copy to count pods in and out of without touching this node (kube-scheduler's `NodeInfo.Clone` for
+        preemption's dry runs): its own usage, pods, ports and nominees, no remembered answers; the devices are
+        shared, so a what-if on the copy may not hold or give back devices."""
+        return NodeRecord(
+            self.info,
+            self.states,
+            self.headroom,
+            Counter(self.used),
+            dict(self.pods),
+            Counter(self.ports),
+            dict(self.nominees),
+            self.problems,
+            self.klass,
+            self.version,
+            self.nonzero_cpu,
+            self.nonzero_memory,
+        )
 
 
 @dataclass(slots=True)
@@ -185,7 +208,7 @@ class ClusterState(NamedTuple):
     pod: PodRequest
     plan: Plan
     generation: int
-    judge: Callable[[Mapping[str, str]], Status | None]
+    judge: Callable[[Mapping[str, str]], Status | None] | None  # None: no node's labels can be refused
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,7 @@ class EngineState:
         self._dead: dict[str, str] = {}
         self._published: dict[str, dict[str, dict[str, dict[str, list[str]]]]] = {}
         self.nominated: dict[str, str] = {}  # preempting pod -> the node its victims are leaving
+        self._preempt_start = 0  # where the next preemption starts trying nodes (`Preempting.preempt`)
 
         # -- gangs and the Permit stage (permit, gangs) ------------------------------------------------------------
         # The Permit rules after the built-in Coscheduling one; the pods waiting at Permit, by key, with their
@@ -196,6 +197,11 @@ class EngineState:
         # may give apart (`_tally`). Kept current from the change log (`changed_since`; nodes holding a nominee are
         # asked again each time); rebuilt when the log no longer reaches back. Past 256, dropped all at once.
         self._tallies: dict[tuple[int, int], ClassTally] = {}
+        # (node class, id(Plan.local), the capacity index's resource) -> every node's answer in the class, for a cycle
+        # that explains the nodes its index passed over (`_skipped_tally`; a node that would fit is counted short of
+        # that resource). Kept current from the change log like `_tallies`, nodes holding a nominee asked again each
+        # time; none for a pod with inter-pod rules or claims. Past 256, dropped all at once.
+        self._skipped: dict[tuple[int, int, str], ClassTally] = {}
         # (`Plan.local` is what kube-scheduler's node filters and the node-local scores read of a pod without devices,
         # else, or when a rule a third party added applies to it, the pod's whole signature.)
         # Per node (`NodeRecord`): `last_check` and `last_raw`, id(Plan.local) -> (node version, Plan.local, answer),
@@ -206,6 +212,10 @@ class EngineState:
         # (class selectors, request selectors, device facts) -> both accept. Never stale: the facts are all a
         # selector reads of a device. Past 65536, cleared. A pod's DRA answers are in `last_check` under its
         # plan's `local`, which holds its claims' specs and the DRA epochs (`DraBook.demand_key`).
+        # `last_victims`: (node version, Plan.local, the pod's priority, the budgets, the victims a preemption's dry
+        # run chose there), one slot, for pods tried on a copy (`Preempting._select_victims`); stale when the node's
+        # version moved (its pods, or a nomination) or any of the rest differs. Consecutive preemptions try mostly
+        # unchanged nodes, so each asks again only the nodes that changed.
 
     def forget_memos(self) -> None:
         """Drop every memo listed above: the engine then answers from its state alone (the tests' oracle)."""
@@ -218,7 +228,8 @@ class EngineState:
         self._domains.clear()
         self._cluster = None
         self._tallies.clear()
+        self._skipped.clear()
         self._owners.forget_memos()
         self.dra.forget_memos()
         for record in self.nodes.values():
-            record.last_check, record.last_raw, record.last_score = {}, {}, None
+            record.last_check, record.last_raw, record.last_score, record.last_victims = {}, {}, None, None

@@ -3,8 +3,9 @@ alike (`EngineState.forget_memos` names each memo, its key and what invalidates 
 
 Two engines take the same random story of nodes coming, changing and going, pods placed (with and without devices,
 with required anti-affinity and spread constraints, so the cluster-wide and class-wide memos are exercised), pods
-released, nodes cordoned and nominated; one keeps its memos, the other, the oracle, forgets them before every
-question. Every answer (a cycle's decision, each node's filter status, the extender's score) must be the same.
+released, nodes cordoned and nominated, preemptions asked; one keeps its memos, the other, the oracle, forgets them
+before every question. Every answer (a cycle's decision, each node's filter status, the extender's score, a
+preemption) must be the same.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ operations = st.lists(
         st.tuples(st.just("remove-node"), st.integers(0, 1000), st.just("")),
         st.tuples(st.just("cordon"), st.integers(0, 1000), st.just("")),
         st.tuples(st.just("nominate"), st.integers(0, 1000), st.just("")),
+        st.tuples(st.just("preempt"), st.integers(0, 1000), st.sampled_from(FLAVOURS)),
     ),
     min_size=1,
     max_size=30,
@@ -104,6 +106,7 @@ def test_an_engine_that_forgets_its_memos_answers_alike(kinds: list[str], ops: l
         cordoned[f"{kind}-{serial}"] = False
     live: list[str] = []
     asked: list[PodRequest] = []  # the same request object asked again, as the extender asks in filter and bind
+    preemptors: list[PodRequest] = []
     for serial, (op, arg, flavour) in enumerate(ops, len(kinds)):
         names = sorted(memoized.node_names())
         if op in ("place", "ask", "again"):
@@ -144,6 +147,15 @@ def test_an_engine_that_forgets_its_memos_answers_alike(kinds: list[str], ops: l
             kind, number = name.rsplit("-", 1)
             for e in both:
                 e.add_node(node(kind, int(number), cordoned[name]))
+        elif op == "preempt":
+            # A preemption's dry runs are remembered per node and pod shape: half the time, one asked before again.
+            if preemptors and arg % 2:
+                request = preemptors[arg % len(preemptors)]
+            else:
+                request = dataclasses.replace(pod(serial, arg % len(SHAPES), flavour), priority=1000)
+                preemptors.append(request)
+            oracle.forget_memos()
+            assert memoized.preempt(request) == oracle.preempt(request)
         elif op == "nominate" and names:
             preemptor = pod(10_000 + serial, 0, "plain")
             for e in both:

@@ -109,6 +109,22 @@ def test_backoff_doubles_per_attempt_from_one_second_to_ten(service: CustomSched
     assert waits == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
 
 
+def test_a_pod_waiting_for_its_victims_to_leave_keeps_its_first_backoff(service: CustomScheduler, clock: Clock) -> None:
+    """A pod that preempted fits nowhere until its victims are gone; the attempts made while they leave do not
+    double its backoff (a slow API server would otherwise make it wait 2, 4, 8 s after they left)."""
+    service.mirror.on_pods("ADDED", bound("low", "n1", cpu="2"))
+    service.mirror.on_pods("ADDED", pod("big", cpu="2", priority=10))
+    waits = []
+    for _ in range(4):
+        run_once(service)
+        entry = service.queue.unschedulable["default/big"]
+        waits.append(entry.ready_at - clock.now)
+        service.queue.wake()
+        clock.now = entry.ready_at
+    assert service.engine.nominated == {"default/big": "n1"}
+    assert waits == [1.0, 1.0, 1.0, 1.0]
+
+
 def test_the_configured_backoff_is_used(service: CustomScheduler, clock: Clock) -> None:
     service.queue.initial_backoff, service.queue.max_backoff = 2.0, 5.0
     service.mirror.on_pods("ADDED", pod("big", cpu="4"))

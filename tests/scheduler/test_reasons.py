@@ -3,6 +3,8 @@ stops it, in kube-scheduler's filter order, and the device rule named when free 
 
 from __future__ import annotations
 
+from kubegpu.core.manifests import pod_request
+from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node, make_pod
 from kubegpu.scheduler.engine import Engine
@@ -118,3 +120,28 @@ def test_a_remembered_class_count_equals_a_fresh_one_after_pods_come_and_go() ->
         for hog, node in placed.values():
             assert fresh.reserve(hog, node).scheduled
         assert live.schedule(big).reason == fresh.schedule(big).reason, step
+
+
+def test_the_reasons_of_a_pod_that_fits_nowhere_follow_the_nodes_as_they_change() -> None:
+    """The nodes the cpu index passes over are explained from remembered answers, brought up to date with the
+    nodes changed since (`_skipped_tally`): a node that took a pod holding the port since is counted under it."""
+
+    def pod(name: str, cpu: str, port: int = 0) -> PodRequest:
+        container: dict[str, object] = {"name": "c", "resources": {"requests": {"cpu": cpu}}}
+        if port:
+            container["ports"] = [{"containerPort": port, "hostPort": port}]
+        return pod_request({"kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+                            "spec": {"containers": [container]}})[0]  # fmt: skip
+
+    e = engine()
+    for name in ("n0", "n1", "n2"):
+        e.add_node(make_node(name, cpu="4"))
+        assert e.reserve(pod(f"fill-{name}", "3500m"), name).scheduled
+    big = pod("big", "3", port=80)
+    first = e.schedule(big)
+    assert first.reason == "0/3 nodes are available: 3 Insufficient cpu."
+    assert e.reserve(pod("web", "100m", port=80), "n1").scheduled
+    again = e.schedule(big)
+    assert again.reason == (
+        "0/3 nodes are available: 1 node(s) didn't have free ports for the requested pod ports, 2 Insufficient cpu."
+    )

@@ -1,0 +1,98 @@
+"""Benchmark: the engine's cost per pod on scheduler_bench.py's affinity workload, checkouts side by side.
+
+No API server: the affinity workload's pods (benchmarks/scheduler_bench.py's `affinity_pod`: required anti-affinity
+per host, zone spread, preferred affinity to another app's zone) go through `Engine.schedule` directly on the same
+1,000 nodes over three zones, as `kubegpu scheduler` decides them. Each checkout given (`--tree`, a worktree with
+its own .venv; default this one) runs in its own process with its own code, in turn, `--rounds` times, and the
+median per-pod cost of each is printed, with its ratio to the first. Comparing a branch with main in one run:
+
+    .venv/bin/python benchmarks/affinity_engine_bench.py --tree /path/to/main --tree . [--pods 3000] [--rounds 3]
+
+With `--profile`, one run of the first tree under cProfile prints the 25 costliest functions instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+# Run in the checkout's own interpreter: build the engine and the pods, then time `schedule` alone.
+CHILD = r"""
+import cProfile, json, pstats, sys, time
+sys.path.insert(0, sys.argv[1])
+from scheduler_bench import HOSTNAME, TRN1, ZONE, affinity_pod
+from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.testing import node_manifest
+from kubegpu.scheduler.engine import Engine
+
+nodes, pods, profile = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+engine = Engine(make_plugin_manager("scheduler"))
+for i in range(nodes):
+    name = f"trn1-{i:04d}"
+    labels = {**TRN1, ZONE: f"zone-{i % 3}", HOSTNAME: name}
+    engine.add_node(node_info(node_manifest(name, labels=labels, allocatable={"aws.amazon.com/neurondevice": 16},
+                                            memory="768Gi", cpu="96")))
+requests = [pod_request(affinity_pod("bench", i, "kubegpu"))[0] for i in range(pods)]
+profiler = cProfile.Profile() if profile else None
+started = time.perf_counter()
+if profiler:
+    profiler.enable()
+placed = sum(engine.schedule(request).scheduled for request in requests)
+if profiler:
+    profiler.disable()
+    order = sys.argv[5] if len(sys.argv) > 5 else "tottime"
+    pstats.Stats(profiler, stream=sys.stderr).sort_stats(order).print_stats(40)
+print(json.dumps({"seconds": time.perf_counter() - started, "placed": placed}))
+"""
+
+
+def run(tree: Path, nodes: int, pods: int, profile: bool = False) -> dict[str, float]:
+    python = tree / ".venv" / "bin" / "python"
+    out = subprocess.run(
+        [str(python), "-c", CHILD, str(HERE.parent), str(nodes), str(pods), "1" if profile else "0", "cumulative"],
+        cwd=tree,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    if profile:
+        print(out.stderr)
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", action="append", type=Path, help="a checkout with its .venv (repeatable)")
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    trees = [t.resolve() for t in (args.tree or [HERE.parents[1]])]
+    if args.profile:
+        run(trees[0], args.nodes, args.pods, profile=True)
+        return 0
+    costs: dict[Path, list[float]] = {tree: [] for tree in trees}
+    for round_ in range(args.rounds):
+        for tree in trees[round_ % len(trees) :] + trees[: round_ % len(trees)]:
+            result = run(tree, args.nodes, args.pods)
+            costs[tree].append(result["seconds"] / args.pods * 1e6)
+            print(f"  round {round_ + 1}: {tree}: {costs[tree][-1]:7.1f} us/pod ({int(result['placed'])} placed)")
+    first = statistics.median(costs[trees[0]])
+    print(f"\naffinity workload, {args.pods} pods on {args.nodes} nodes, engine only, median of {args.rounds}:")
+    for tree in trees:
+        cost = statistics.median(costs[tree])
+        print(f"  {tree!s:50} {cost:7.1f} us/pod  {cost / first:5.2f}x of the first")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
