@@ -182,7 +182,6 @@ def test_a_container_sees_exactly_its_allocated_cards(
 
 def _gpu_scheduler(key: bytes) -> Engine:
     """The real engine with the nvidia plugin and one GPU of 16 GiB offered as HAMi's device plugin offers it."""
-    nvidia_scheduler.WORKLOAD.clear()
     plugins = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia_scheduler)], autoload=False)
     engine = Engine(plugins, signing_key=key)
     labels = {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "16384"}
@@ -272,7 +271,6 @@ def test_two_shares_of_one_gpu_each_run_with_the_gpu_and_their_own_limits(
     finally:
         for sandbox_id in sandboxes:
             kubelet.remove_pod(sandbox_id)
-        nvidia_scheduler.WORKLOAD.clear()
 
 
 def _tampered(annotations: dict[str, str], **_: Any) -> dict[str, str]:

@@ -3,8 +3,8 @@
 `kube-scheduler --write-config-to` writes the configuration it would run with, its default profile spelled out
 (every extension point's plugins and the score weights); no API server is needed for that. kubegpu's default profile
 (`scores.Profile.default("spread")`: LeastAllocated is kube-scheduler's own policy) must weigh every score plugin as
-that file does, with kubegpu's device and fragmentation scores as the additions, and every filter kube-scheduler runs must be one the
-engine runs or one it declares it has nothing to do for.
+that file does, with kubegpu's device and fragmentation scores as the additions, and every filter kube-scheduler runs
+must be one the engine runs or one it declares it has nothing to do for.
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ def test_a_disruption_budget_and_equal_priority_are_respected(
     cluster.client.post(f"/apis/policy/v1beta1/namespaces/{namespace}/poddisruptionbudgets", budget)
     scheduler = start_scheduler("kubegpu-preempt-3", "--no-leader-elect")
     # 1.20 serves budgets only as policy/v1beta1: discovery finds it (policy/v1 would be chosen where served, 1.21+).
-    assert ready(scheduler)["apis"] == {"poddisruptionbudgets": "policy/v1beta1"}
+    assert ready(scheduler)["apis"]["poddisruptionbudgets"] == "policy/v1beta1"
     create(cluster, namespace, "db", 16, "kubegpu-preempt-3", labels={"app": "db"})
     create(cluster, namespace, "batch", 16, "kubegpu-preempt-3", labels={"app": "batch"})
     wait_bound(cluster, namespace, "db", "batch")
