@@ -19,6 +19,7 @@ container names are unique within a pod, so no container's devices are lost to a
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from decimal import Decimal
@@ -167,6 +168,8 @@ class _PodAffinityTerm(_Model):
     labelSelector: _LabelSelector | None = None
     namespaces: list[str] = Field(default_factory=list)
     topologyKey: str = Field(min_length=1)
+    matchLabelKeys: list[str] = Field(default_factory=list)  # 1.29+: `key In (the pod's value)`
+    mismatchLabelKeys: list[str] = Field(default_factory=list)  # 1.29+: `key NotIn (the pod's value)`
 
 
 class _WeightedPodAffinityTerm(_Model):
@@ -190,6 +193,10 @@ class _SpreadConstraint(_Model):
     topologyKey: str = Field(min_length=1)
     whenUnsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
     labelSelector: _LabelSelector | None = None
+    minDomains: int | None = Field(default=None, ge=1, le=2**31 - 1)  # 1.24+, GA 1.30
+    nodeAffinityPolicy: Literal["Honor", "Ignore"] | None = None  # 1.25+, GA 1.33
+    nodeTaintsPolicy: Literal["Honor", "Ignore"] | None = None  # 1.25+, GA 1.33
+    matchLabelKeys: list[str] = Field(default_factory=list)  # 1.27+
 
 
 class _ClaimSource(_Model):
@@ -378,15 +385,10 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
         phase=pod.status.phase,
         requests=requests,
         node_affinity=None if required is None else tuple(_node_term(t) for t in required.nodeSelectorTerms),
-        pod_affinity=_affinity_terms(affinity.podAffinity, meta.namespace, "podAffinity"),
-        pod_anti_affinity=_affinity_terms(affinity.podAntiAffinity, meta.namespace, "podAntiAffinity"),
+        pod_affinity=_affinity_terms(affinity.podAffinity, meta, "podAffinity"),
+        pod_anti_affinity=_affinity_terms(affinity.podAntiAffinity, meta, "podAntiAffinity"),
         spread=tuple(
-            SpreadConstraint(
-                c.maxSkew,
-                c.topologyKey,
-                c.whenUnsatisfiable,
-                _selector(c.labelSelector, f"Pod.spec.topologySpreadConstraints[{i}].labelSelector"),
-            )
+            _spread_constraint(c, meta.labels, f"Pod.spec.topologySpreadConstraints[{i}]")
             for i, c in enumerate(spec.topologySpreadConstraints)
         ),
         host_ports=tuple(
@@ -402,8 +404,8 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
         start_time=pod.status.startTime,
         terminating=meta.deletionTimestamp is not None,
         preferred_node_affinity=_preferred_node_terms(affinity.nodeAffinity),
-        preferred_affinity=_preferred_terms(affinity.podAffinity, meta.namespace, "podAffinity"),
-        preferred_anti_affinity=_preferred_terms(affinity.podAntiAffinity, meta.namespace, "podAntiAffinity"),
+        preferred_affinity=_preferred_terms(affinity.podAffinity, meta, "podAffinity"),
+        preferred_anti_affinity=_preferred_terms(affinity.podAntiAffinity, meta, "podAntiAffinity"),
         owner_references=tuple(OwnerReference(o.kind, o.name, o.uid, bool(o.controller)) for o in meta.ownerReferences),
         images=tuple(c.image for c in spec.containers),
         scheduling_gates=tuple(gate.name for gate in spec.schedulingGates),
@@ -508,21 +510,12 @@ def _preferred_node_terms(affinity: _NodeAffinity | None) -> tuple[tuple[int, No
     )
 
 
-def _preferred_terms(
-    affinity: _PodAffinity | None, namespace: str, kind: str
-) -> tuple[tuple[int, PodAffinityTerm], ...]:
+def _preferred_terms(affinity: _PodAffinity | None, meta: _Meta, kind: str) -> tuple[tuple[int, PodAffinityTerm], ...]:
     if affinity is None:
         return ()
     where = f"Pod.spec.affinity.{kind}.preferredDuringSchedulingIgnoredDuringExecution"
     return tuple(
-        (
-            term.weight,
-            PodAffinityTerm(
-                _selector(term.podAffinityTerm.labelSelector, f"{where}[{i}].podAffinityTerm.labelSelector"),
-                frozenset(term.podAffinityTerm.namespaces or (namespace,)),
-                term.podAffinityTerm.topologyKey,
-            ),
-        )
+        (term.weight, _affinity_term(term.podAffinityTerm, meta, f"{where}[{i}].podAffinityTerm"))
         for i, term in enumerate(affinity.preferredDuringSchedulingIgnoredDuringExecution)
     )
 
@@ -535,18 +528,93 @@ def _selector(selector: _LabelSelector | None, where: str) -> LabelSelector | No
     return LabelSelector(labels + expressions)
 
 
-def _affinity_terms(affinity: _PodAffinity | None, namespace: str, kind: str) -> tuple[PodAffinityTerm, ...]:
+def _affinity_terms(affinity: _PodAffinity | None, meta: _Meta, kind: str) -> tuple[PodAffinityTerm, ...]:
     if affinity is None:
         return ()
     where = f"Pod.spec.affinity.{kind}.requiredDuringSchedulingIgnoredDuringExecution"
     return tuple(
-        PodAffinityTerm(
-            _selector(term.labelSelector, f"{where}[{i}].labelSelector"),
-            frozenset(term.namespaces or (namespace,)),
-            term.topologyKey,
-        )
+        _affinity_term(term, meta, f"{where}[{i}]")
         for i, term in enumerate(affinity.requiredDuringSchedulingIgnoredDuringExecution)
     )
+
+
+def _affinity_term(term: _PodAffinityTerm, meta: _Meta, where: str) -> PodAffinityTerm:
+    """A pod (anti-)affinity term with its `matchLabelKeys` and `mismatchLabelKeys` (1.29+, beta and on by default
+    from 1.31) merged into its selector as the API server merges them when it creates the pod: `key In (value)` and
+    `key NotIn (value)` with the pod's own label value, a key the pod lacks skipped, nothing when the selector is
+    unset (which the API server refuses). A key the selector already holds with that operator is the server's merge,
+    seen again: it is not added twice."""
+    selector = _selector(term.labelSelector, f"{where}.labelSelector")
+    both = set(term.matchLabelKeys) & set(term.mismatchLabelKeys)
+    if both:
+        raise ManifestError(
+            f"{where}.mismatchLabelKeys: {shorten(sorted(both)[0])!r} is also in matchLabelKeys; a key may be in "
+            "only one of them"
+        )
+    for field, keys, operator in (
+        ("matchLabelKeys", term.matchLabelKeys, "In"),
+        ("mismatchLabelKeys", term.mismatchLabelKeys, "NotIn"),
+    ):
+        _check_label_keys(keys, f"{where}.{field}")
+        if keys and selector is None:
+            raise ManifestError(f"{where}.{field}: must not be set when labelSelector is not set")
+        if selector is not None:
+            selector = _merge_label_keys(selector, keys, operator, meta.labels)
+    return PodAffinityTerm(selector, frozenset(term.namespaces or (meta.namespace,)), term.topologyKey)
+
+
+def _spread_constraint(constraint: _SpreadConstraint, labels: Mapping[str, str], where: str) -> SpreadConstraint:
+    """A topology spread constraint as kube-scheduler 1.33+ reads it: `minDomains` (only with DoNotSchedule, as the
+    API server requires), the node inclusion policies (absent: Honor node affinity, Ignore taints) and
+    `matchLabelKeys` merged into the selector as `key In (the pod's value)` (a key the pod lacks skipped; an unset
+    selector then selects by those labels alone, as kube-scheduler's merge gives)."""
+    if constraint.minDomains is not None and constraint.whenUnsatisfiable != "DoNotSchedule":
+        raise ManifestError(
+            f"{where}.minDomains: can only be used with whenUnsatisfiable: DoNotSchedule, not "
+            f"{constraint.whenUnsatisfiable}"
+        )
+    _check_label_keys(constraint.matchLabelKeys, f"{where}.matchLabelKeys")
+    selector = _selector(constraint.labelSelector, f"{where}.labelSelector")
+    if constraint.matchLabelKeys and any(key in labels for key in constraint.matchLabelKeys):
+        selector = _merge_label_keys(selector or LabelSelector(), constraint.matchLabelKeys, "In", labels)
+    return SpreadConstraint(
+        constraint.maxSkew,
+        constraint.topologyKey,
+        constraint.whenUnsatisfiable,
+        selector,
+        constraint.minDomains or 1,
+        constraint.nodeAffinityPolicy or "Honor",
+        constraint.nodeTaintsPolicy or "Ignore",
+    )
+
+
+def _merge_label_keys(
+    selector: LabelSelector, keys: list[str], operator: str, labels: Mapping[str, str]
+) -> LabelSelector:
+    have = {(r.key, r.operator) for r in selector.requirements}
+    added = tuple(
+        Requirement(key, operator, (labels[key],)) for key in keys if key in labels and (key, operator) not in have
+    )
+    return LabelSelector(selector.requirements + added) if added else selector
+
+
+def _check_label_keys(keys: list[str], where: str) -> None:
+    for index, key in enumerate(keys):
+        if not _valid_label_key(key):
+            raise ManifestError(f"{where}[{index}]: {shorten(key)!r} is not a valid label key")
+
+
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _valid_label_key(key: str) -> bool:
+    """Kubernetes' qualified name: an optional DNS subdomain prefix (253 at most) and `/`, then a name of 63 at
+    most, alphanumeric at both ends."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (0 < len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return False
+    return 0 < len(name) <= 63 and _LABEL_NAME.fullmatch(name) is not None
 
 
 def node_info(document: Mapping[str, Any]) -> NodeInfo:
