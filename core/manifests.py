@@ -247,12 +247,30 @@ class _PodSpec(_Model):
     preemptionPolicy: Literal["PreemptLowerPriority", "Never"] | None = None
     schedulingGates: list[_SchedulingGate] = Field(default_factory=list)  # Kubernetes 1.26+
     resourceClaims: list[_PodResourceClaim] = Field(default_factory=list, max_length=MAX_POD_CLAIMS)  # 1.34+ (DRA)
+    resources: _Resources | None = None  # pod-level resources, 1.32+ (beta 1.34)
+
+
+class _ContainerStatus(_Model):
+    """What the kubelet reports of a container's resources after an in-place resize (1.27+, beta 1.33): those it
+    runs with (`resources`) and those it set aside (`allocatedResources`)."""
+
+    name: str = ""
+    resources: _Resources | None = None
+    allocatedResources: dict[str, Quantity] | None = None
+
+
+class _PodCondition(_Model):
+    type: str = ""
+    reason: str | None = None
 
 
 class _PodStatus(_Model):
     phase: str | None = None
     startTime: str | None = None
     resourceClaimStatuses: list[_ClaimStatus] = Field(default_factory=list, max_length=MAX_POD_CLAIMS)
+    containerStatuses: list[_ContainerStatus] = Field(default_factory=list)
+    initContainerStatuses: list[_ContainerStatus] = Field(default_factory=list)
+    conditions: list[_PodCondition] = Field(default_factory=list)
 
 
 class _Pod(_Model):
@@ -352,15 +370,21 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
     """The `PodRequest` of a Pod manifest, and whether the manifest marks the pod as being deleted."""
     pod: _Pod = _parse(_Pod, document, "Pod")
     _unique_container_names(pod.spec)
-    containers = tuple(_container_request(c, f"Pod.spec.containers[{i}]") for i, c in enumerate(pod.spec.containers))
+    resized = _Resized.of(pod.status)
+    containers = tuple(resized.request(c, f"Pod.spec.containers[{i}]") for i, c in enumerate(pod.spec.containers))
     init = [
-        (_container_request(c, f"Pod.spec.initContainers[{i}]"), c.restartPolicy == SIDECAR_RESTART_POLICY)
+        (
+            resized.request(c, f"Pod.spec.initContainers[{i}]")
+            if c.restartPolicy == SIDECAR_RESTART_POLICY
+            else _container_request(c, f"Pod.spec.initContainers[{i}]"),
+            c.restartPolicy == SIDECAR_RESTART_POLICY,
+        )
         for i, c in enumerate(pod.spec.initContainers)
     ]
     overhead = {
         name: _units(name, value, f"Pod.spec.overhead.{shorten(name)}") for name, value in pod.spec.overhead.items()
     }
-    requests = _pod_requests(containers, init, overhead)
+    requests = _pod_requests(containers, init, overhead, _pod_level(pod.spec.resources))
     containers += tuple(container for container, sidecar in init if sidecar)
     meta = pod.metadata
     spec = pod.spec
@@ -438,12 +462,73 @@ def _resource_claims(pod: _Pod) -> tuple[ClaimRef, ...]:
     )
 
 
+class _Resized:
+    """The containers' requests as kube-scheduler 1.33+ counts them (`resource.PodRequests` with
+    `UseStatusResources`, the InPlacePodVerticalScaling gate on by default): a container whose status reports
+    `resources` counts the largest of its spec's requests, the status' `resources.requests` and its
+    `allocatedResources`, resource by resource; while the kubelet calls the resize infeasible (the `PodResizePending`
+    condition with reason `Infeasible`) the spec's new requests are not counted, only the two the kubelet reports.
+    Sidecars follow the same rule; classic init containers count their spec. Devices (extended resources) cannot be
+    resized: the spec's count stays the floor, so a resize never frees devices a container holds."""
+
+    def __init__(self, statuses: dict[str, tuple[_ContainerStatus, str]], infeasible: bool) -> None:
+        self.statuses, self.infeasible = statuses, infeasible
+
+    @classmethod
+    def of(cls, status: _PodStatus) -> _Resized:
+        statuses = {}
+        for field, group in (
+            ("containerStatuses", status.containerStatuses),
+            ("initContainerStatuses", status.initContainerStatuses),
+        ):
+            for index, entry in enumerate(group):
+                if entry.resources is not None:
+                    statuses[entry.name] = (entry, f"Pod.status.{field}[{index}]")
+        infeasible = next((c.reason == "Infeasible" for c in status.conditions if c.type == "PodResizePending"), False)
+        return cls(statuses, infeasible)
+
+    def request(self, container: _Container, where: str) -> ContainerRequest:
+        spec = _container_request(container, where)
+        found = self.statuses.get(container.name)
+        if found is None:
+            return spec
+        status, at = found
+        counted = dict(spec.resources)
+        if self.infeasible:
+            counted = {name: amount for name, amount in counted.items() if is_extended_resource(name)}
+        reported = (status.resources.requests if status.resources else {}, f"{at}.resources.requests")
+        for amounts, here in (reported, (status.allocatedResources or {}, f"{at}.allocatedResources")):
+            for name, value in amounts.items():
+                amount = _units(name, value, f"{here}.{shorten(name)}")
+                counted[name] = max(counted.get(name, 0), amount)
+        return ContainerRequest(name=container.name, resources=counted)
+
+
+POD_LEVEL = ("cpu", "memory")  # and hugepages-*: kube-scheduler's IsSupportedPodLevelResource
+
+
+def _pod_level(resources: _Resources | None) -> dict[str, int]:
+    """`spec.resources.requests` (pod-level resources, 1.32+, beta 1.34) of the resources that may be set per pod;
+    each replaces the containers' sum for the pod's request (kube-scheduler's `applyPodLevelResources`)."""
+    if resources is None:
+        return {}
+    return {
+        name: _units(name, value, f"Pod.spec.resources.requests.{shorten(name)}")
+        for name, value in resources.requests.items()
+        if name in POD_LEVEL or name.startswith("hugepages-")
+    }
+
+
 def _pod_requests(
-    containers: tuple[ContainerRequest, ...], init: list[tuple[ContainerRequest, bool]], overhead: Mapping[str, int]
+    containers: tuple[ContainerRequest, ...],
+    init: list[tuple[ContainerRequest, bool]],
+    overhead: Mapping[str, int],
+    pod_level: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Kubernetes' pod request per resource (`resource.PodRequests`): the sum over the containers and the sidecars
     (`init` entries marked True), at least what any init step needs (a classic init container with the sidecars
-    started before it, or the sidecars started so far), plus overhead."""
+    started before it, or the sidecars started so far), the pod-level requests in place of that where set, plus
+    overhead."""
     totals: dict[str, int] = {}
     for container in containers:
         for name, amount in container.resources.items():
@@ -461,6 +546,7 @@ def _pod_requests(
                 steps[name] = max(steps.get(name, 0), sidecars.get(name, 0) + amount)
     for name, amount in steps.items():
         totals[name] = max(totals.get(name, 0), amount)
+    totals.update(pod_level or {})
     for name, amount in overhead.items():
         totals[name] = totals.get(name, 0) + amount
     return {name: amount for name, amount in totals.items() if amount > 0}

@@ -71,6 +71,32 @@ __all__ = ["ClusterMirror", "PendingPods"]
 log = logging.getLogger("kubegpu.scheduler")
 
 FINISHED = frozenset({"Succeeded", "Failed"})
+
+
+def sizes_of(obj: dict[str, Any]) -> tuple[object, ...]:
+    """What a pod's requests are computed from, raw (`pod_request`): its containers' and the pod-level resources,
+    the resources the kubelet reports per container after an in-place resize, and the resize condition. Two equal
+    answers give equal requests, so a bound pod's update is parsed again only when this changed."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+
+    def each(items: Any, *fields: str) -> list[object]:
+        return [tuple(i.get(f) for f in fields) for i in items or () if isinstance(i, dict)]
+
+    return (
+        each(spec.get("containers"), "resources"),
+        each(spec.get("initContainers"), "resources", "restartPolicy"),
+        spec.get("resources"),
+        spec.get("overhead"),
+        each(status.get("containerStatuses"), "name", "resources", "allocatedResources"),
+        each(status.get("initContainerStatuses"), "name", "resources", "allocatedResources"),
+        [
+            c.get("reason")
+            for c in status.get("conditions") or ()
+            if isinstance(c, dict) and c.get("type") == "PodResizePending"
+        ],
+    )
+
+
 # Where each owner kind is listed and watched (`watch_owners`).
 OWNER_PATHS = {
     "Service": "/api/v1/services",
@@ -157,6 +183,8 @@ class ClusterMirror:
         self.pods_synced = threading.Event()
         self.heartbeat = time.monotonic()
         self._refused: dict[str, str] = {}  # pod key -> why its allocation holds no devices (one Event per reason)
+        # Bound pod key -> what its requests were computed from (`sizes_of`), to see an in-place resize (1.33+).
+        self._sizes: dict[str, tuple[object, ...]] = {}
         # This front-end's pods held back at PreEnqueue (their scheduling gates), with the reason.
         self.gated: dict[str, str] = {}
         self.metrics.pending.labels("gated").set(0)
@@ -667,6 +695,7 @@ class ClusterMirror:
     def release(self, key: str) -> None:
         """The pod's resources are free again (it is gone, or its Binding failed); the pending pods may fit now."""
         self._evicting.discard(key)
+        self._sizes.pop(key, None)
         if self.engine.release(key) is not None:
             self.pending.wake()
 
@@ -708,7 +737,12 @@ class ClusterMirror:
                 return
             held = self.engine.placement(key)
             phase = (obj.get("status") or {}).get("phase")
-            if held is not None and held.request.uid == meta.get("uid") and phase not in FINISHED:
+            if (
+                held is not None
+                and held.request.uid == meta.get("uid")
+                and phase not in FINISHED
+                and self._sizes.get(key) == sizes_of(obj)  # not resized in place
+            ):
                 return
         try:
             request, deleting = pod_request(obj)
@@ -728,8 +762,16 @@ class ClusterMirror:
             return
         if request.node_name:
             self.drop_pending(key)
+            self._sizes[key] = sizes_of(obj)
             if held is None and not binding:
                 self._assume(request)
+            elif held is not None and (held.request.requests, held.request.containers) != (
+                request.requests,
+                request.containers,
+            ):
+                # Resized in place: kube-scheduler counts the new requests at once (the cache's UpdatePod).
+                self.engine.update_bound(request)
+                self.pending.wake()
             return
         if not deleting and self.pending.answers_for(request.scheduler_name):
             refusal = self.engine.pre_enqueue(request)  # PreEnqueue: SchedulingGates
