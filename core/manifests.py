@@ -264,13 +264,19 @@ class _PodCondition(_Model):
     reason: str | None = None
 
 
+class _ResizeStatus(_Model):
+    """The part of a pod's status an in-place resize writes; read only when some container status reports
+    `resources` (every running pod has container statuses and conditions: most need not be parsed at all)."""
+
+    containerStatuses: list[_ContainerStatus] = Field(default_factory=list)
+    initContainerStatuses: list[_ContainerStatus] = Field(default_factory=list)
+    conditions: list[_PodCondition] = Field(default_factory=list)
+
+
 class _PodStatus(_Model):
     phase: str | None = None
     startTime: str | None = None
     resourceClaimStatuses: list[_ClaimStatus] = Field(default_factory=list, max_length=MAX_POD_CLAIMS)
-    containerStatuses: list[_ContainerStatus] = Field(default_factory=list)
-    initContainerStatuses: list[_ContainerStatus] = Field(default_factory=list)
-    conditions: list[_PodCondition] = Field(default_factory=list)
 
 
 class _Pod(_Model):
@@ -370,7 +376,7 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
     """The `PodRequest` of a Pod manifest, and whether the manifest marks the pod as being deleted."""
     pod: _Pod = _parse(_Pod, document, "Pod")
     _unique_container_names(pod.spec)
-    resized = _Resized.of(pod.status)
+    resized = _Resized.of(document.get("status"))
     containers = tuple(resized.request(c, f"Pod.spec.containers[{i}]") for i, c in enumerate(pod.spec.containers))
     init = [
         (
@@ -475,7 +481,14 @@ class _Resized:
         self.statuses, self.infeasible = statuses, infeasible
 
     @classmethod
-    def of(cls, status: _PodStatus) -> _Resized:
+    def of(cls, raw: Any) -> _Resized:
+        if not isinstance(raw, Mapping) or not any(
+            isinstance(entry, Mapping) and "resources" in entry
+            for field in ("containerStatuses", "initContainerStatuses")
+            for entry in _list(raw.get(field))
+        ):
+            return _NOT_RESIZED
+        status: _ResizeStatus = _parse(_ResizeStatus, raw, "Pod.status")
         statuses = {}
         for field, group in (
             ("containerStatuses", status.containerStatuses),
@@ -502,6 +515,13 @@ class _Resized:
                 amount = _units(name, value, f"{here}.{shorten(name)}")
                 counted[name] = max(counted.get(name, 0), amount)
         return ContainerRequest(name=container.name, resources=counted)
+
+
+_NOT_RESIZED = _Resized({}, False)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 POD_LEVEL = ("cpu", "memory")  # and hugepages-*: kube-scheduler's IsSupportedPodLevelResource
