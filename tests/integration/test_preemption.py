@@ -147,7 +147,7 @@ def test_a_disruption_budget_and_equal_priority_are_respected(
     cluster.client.post(f"/apis/policy/v1beta1/namespaces/{namespace}/poddisruptionbudgets", budget)
     scheduler = start_scheduler("kubegpu-preempt-3", "--no-leader-elect")
     # 1.20 serves budgets only as policy/v1beta1: discovery finds it (policy/v1 would be chosen where served, 1.21+).
-    assert ready(scheduler)["apis"] == {"poddisruptionbudgets": "policy/v1beta1"}
+    assert ready(scheduler)["apis"]["poddisruptionbudgets"] == "policy/v1beta1"
     create(cluster, namespace, "db", 16, "kubegpu-preempt-3", labels={"app": "db"})
     create(cluster, namespace, "batch", 16, "kubegpu-preempt-3", labels={"app": "batch"})
     wait_bound(cluster, namespace, "db", "batch")
@@ -186,7 +186,7 @@ def test_an_api_server_serving_no_budget_api_is_named_and_preemption_goes_on_wit
         bare.create_ready_node("trn1-t", labels=TRN1, allocatable={DEVICE: 16})
         scheduler = start_scheduler("kubegpu-preempt-4", "--no-leader-elect", kubeconfig=bare.kubeconfig)
         body = ready(scheduler)
-        assert body["apis"] == {"poddisruptionbudgets": None}
+        assert body["apis"]["poddisruptionbudgets"] is None
         assert body["missing"] == ["the API server serves no version of poddisruptionbudgets that kubegpu reads"]
         scheduler.wait_logged("serves PodDisruptionBudgets in none of policy/v1, policy/v1beta1")
 
