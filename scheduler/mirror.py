@@ -211,6 +211,7 @@ class ClusterMirror:
         self.server_warnings: list[str] = []
         self.refusal: str | None = None
         self.needs_leases = needs_leases or leases is not None
+        self.surveyed: threading.Event | None = None  # set once `survey_server` answered (None: not started)
         self._evicting: set[str] = set()  # victims deleted by a preemption, until their pods are gone
         self.leases = leases  # the advertisers' node Leases (`kubegpu.scheduler.liveness`), None: not judged
         # PersistentVolumeClaims and PersistentVolumes into the engine's VolumeBinding filter, for the custom
@@ -273,6 +274,7 @@ class ClusterMirror:
         nodes = Informer(self.client, "/api/v1/nodes", self._consume(self.on_nodes), self.stop, "nodes")
         consume = self._consume(self.on_pods)
         pods = Informer(self.client, "/api/v1/pods", consume, self.stop, "pods", after=nodes.synced)
+        self.surveyed = threading.Event()  # nothing is scheduled before the server's version is judged
         threading.Thread(target=self.survey_server, name="discovery", daemon=True).start()
         if self.watch_budgets:
             threading.Thread(
@@ -306,6 +308,8 @@ class ClusterMirror:
     def syncing(self) -> list[str]:
         """The collections whose first list the engine still waits for (what `/readyz` names), in listing order."""
         waiting = [("nodes", self.nodes_synced), ("pods", self.pods_synced)]
+        if self.surveyed is not None:
+            waiting.insert(0, ("discovery", self.surveyed))
         if self.watch_budgets:
             waiting.append((BUDGETS, self.budgets_synced))
         if self.watch_volumes:
@@ -333,6 +337,13 @@ class ClusterMirror:
         """The discovery thread: the server's version (one older than kubegpu supports is refused: the front-end
         stops and exits 2; a newer one is served with a warning), then the API Events are written in, and the
         Leases' where this front-end takes any. Each question is retried while the server cannot answer it."""
+        try:
+            self._survey()
+        finally:
+            if self.surveyed is not None and self.refusal is None:
+                self.surveyed.set()
+
+    def _survey(self) -> None:
         document = self._asked("/version", lambda: self.client.get("/version"))
         version = discovery.server_version(document)
         if version is None:

@@ -247,3 +247,16 @@ def test_core_v1_events_keep_their_shape() -> None:
 def test_events_are_written_in_the_newest_api_the_server_serves(document: str | None, api: str) -> None:
     server = ApiServer({"/apis/events.k8s.io": recorded(document)} if document else {})
     assert discovery.events_api(server) == api  # type: ignore[arg-type]
+
+
+def test_nothing_is_scheduled_before_the_server_is_judged() -> None:
+    """`/readyz` (and the scheduling loop, which waits for it) waits for the survey as for the first lists: no pod is
+    bound by a scheduler that has not yet seen it is talking to a server older than it supports."""
+    engine = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False))
+    custom = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
+    custom.mirror.client = ApiServer(SERVER_1_34)  # type: ignore[assignment]
+    custom.mirror.surveyed = threading.Event()  # what start_informers sets before it starts the survey's thread
+    assert ready(custom) == (503, {"status": "syncing discovery"})
+    assert not custom.mirror.ready()
+    custom.mirror.survey_server()
+    assert ready(custom)[0] == 200 and custom.mirror.ready()
