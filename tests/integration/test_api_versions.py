@@ -48,9 +48,8 @@ def test_the_recorded_1_20_2_documents_are_what_the_server_answers(cluster: Clus
 
 
 def test_events_are_written_as_events_k8s_io_v1_and_readyz_shows_the_server(
-    cluster: Cluster, start_scheduler: Any
+    cluster: Cluster, namespace: str, start_scheduler: Any
 ) -> None:
-    namespace = cluster.create_namespace("api-versions")
     cluster.create_ready_node("small-1", allocatable={"cpu": "4"})
     scheduler = start_scheduler("kubegpu-versions")
     body = ready(scheduler)
