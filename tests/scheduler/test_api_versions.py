@@ -99,7 +99,14 @@ def surveyed(documents: dict[str, Any], *, leases: bool = False) -> CustomSchedu
 
 def ready(custom: CustomScheduler) -> tuple[int, Any]:
     mirror = custom.mirror
-    for synced in (mirror.on_nodes, mirror.on_pods, mirror.on_claims, mirror.on_volumes, mirror.on_budgets):
+    for synced in (
+        mirror.on_nodes,
+        mirror.on_pods,
+        mirror.on_claims,
+        mirror.on_volumes,
+        mirror.on_budgets,
+        mirror.on_podgroups,
+    ):
         synced("SYNC", [])
     for owner in mirror.owners_synced:
         mirror.on_owners(owner, "SYNC", [])
