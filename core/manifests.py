@@ -19,6 +19,7 @@ container names are unique within a pod, so no container's devices are lost to a
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from decimal import Decimal
@@ -167,6 +168,8 @@ class _PodAffinityTerm(_Model):
     labelSelector: _LabelSelector | None = None
     namespaces: list[str] = Field(default_factory=list)
     topologyKey: str = Field(min_length=1)
+    matchLabelKeys: list[str] = Field(default_factory=list)  # 1.29+: `key In (the pod's value)`
+    mismatchLabelKeys: list[str] = Field(default_factory=list)  # 1.29+: `key NotIn (the pod's value)`
 
 
 class _WeightedPodAffinityTerm(_Model):
@@ -190,6 +193,10 @@ class _SpreadConstraint(_Model):
     topologyKey: str = Field(min_length=1)
     whenUnsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
     labelSelector: _LabelSelector | None = None
+    minDomains: int | None = Field(default=None, ge=1, le=2**31 - 1)  # 1.24+, GA 1.30
+    nodeAffinityPolicy: Literal["Honor", "Ignore"] | None = None  # 1.25+, GA 1.33
+    nodeTaintsPolicy: Literal["Honor", "Ignore"] | None = None  # 1.25+, GA 1.33
+    matchLabelKeys: list[str] = Field(default_factory=list)  # 1.27+
 
 
 class _ClaimSource(_Model):
@@ -240,6 +247,30 @@ class _PodSpec(_Model):
     preemptionPolicy: Literal["PreemptLowerPriority", "Never"] | None = None
     schedulingGates: list[_SchedulingGate] = Field(default_factory=list)  # Kubernetes 1.26+
     resourceClaims: list[_PodResourceClaim] = Field(default_factory=list, max_length=MAX_POD_CLAIMS)  # 1.34+ (DRA)
+    resources: _Resources | None = None  # pod-level resources, 1.32+ (beta 1.34)
+
+
+class _ContainerStatus(_Model):
+    """What the kubelet reports of a container's resources after an in-place resize (1.27+, beta 1.33): those it
+    runs with (`resources`) and those it set aside (`allocatedResources`)."""
+
+    name: str = ""
+    resources: _Resources | None = None
+    allocatedResources: dict[str, Quantity] | None = None
+
+
+class _PodCondition(_Model):
+    type: str = ""
+    reason: str | None = None
+
+
+class _ResizeStatus(_Model):
+    """The part of a pod's status an in-place resize writes; read only when some container status reports
+    `resources` (every running pod has container statuses and conditions: most need not be parsed at all)."""
+
+    containerStatuses: list[_ContainerStatus] = Field(default_factory=list)
+    initContainerStatuses: list[_ContainerStatus] = Field(default_factory=list)
+    conditions: list[_PodCondition] = Field(default_factory=list)
 
 
 class _PodStatus(_Model):
@@ -345,15 +376,21 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
     """The `PodRequest` of a Pod manifest, and whether the manifest marks the pod as being deleted."""
     pod: _Pod = _parse(_Pod, document, "Pod")
     _unique_container_names(pod.spec)
-    containers = tuple(_container_request(c, f"Pod.spec.containers[{i}]") for i, c in enumerate(pod.spec.containers))
+    resized = _Resized.of(document.get("status"))
+    containers = tuple(resized.request(c, f"Pod.spec.containers[{i}]") for i, c in enumerate(pod.spec.containers))
     init = [
-        (_container_request(c, f"Pod.spec.initContainers[{i}]"), c.restartPolicy == SIDECAR_RESTART_POLICY)
+        (
+            resized.request(c, f"Pod.spec.initContainers[{i}]")
+            if c.restartPolicy == SIDECAR_RESTART_POLICY
+            else _container_request(c, f"Pod.spec.initContainers[{i}]"),
+            c.restartPolicy == SIDECAR_RESTART_POLICY,
+        )
         for i, c in enumerate(pod.spec.initContainers)
     ]
     overhead = {
         name: _units(name, value, f"Pod.spec.overhead.{shorten(name)}") for name, value in pod.spec.overhead.items()
     }
-    requests = _pod_requests(containers, init, overhead)
+    requests = _pod_requests(containers, init, overhead, _pod_level(pod.spec.resources))
     containers += tuple(container for container, sidecar in init if sidecar)
     meta = pod.metadata
     spec = pod.spec
@@ -378,15 +415,10 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
         phase=pod.status.phase,
         requests=requests,
         node_affinity=None if required is None else tuple(_node_term(t) for t in required.nodeSelectorTerms),
-        pod_affinity=_affinity_terms(affinity.podAffinity, meta.namespace, "podAffinity"),
-        pod_anti_affinity=_affinity_terms(affinity.podAntiAffinity, meta.namespace, "podAntiAffinity"),
+        pod_affinity=_affinity_terms(affinity.podAffinity, meta, "podAffinity"),
+        pod_anti_affinity=_affinity_terms(affinity.podAntiAffinity, meta, "podAntiAffinity"),
         spread=tuple(
-            SpreadConstraint(
-                c.maxSkew,
-                c.topologyKey,
-                c.whenUnsatisfiable,
-                _selector(c.labelSelector, f"Pod.spec.topologySpreadConstraints[{i}].labelSelector"),
-            )
+            _spread_constraint(c, meta.labels, f"Pod.spec.topologySpreadConstraints[{i}]")
             for i, c in enumerate(spec.topologySpreadConstraints)
         ),
         host_ports=tuple(
@@ -402,8 +434,8 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
         start_time=pod.status.startTime,
         terminating=meta.deletionTimestamp is not None,
         preferred_node_affinity=_preferred_node_terms(affinity.nodeAffinity),
-        preferred_affinity=_preferred_terms(affinity.podAffinity, meta.namespace, "podAffinity"),
-        preferred_anti_affinity=_preferred_terms(affinity.podAntiAffinity, meta.namespace, "podAntiAffinity"),
+        preferred_affinity=_preferred_terms(affinity.podAffinity, meta, "podAffinity"),
+        preferred_anti_affinity=_preferred_terms(affinity.podAntiAffinity, meta, "podAntiAffinity"),
         owner_references=tuple(OwnerReference(o.kind, o.name, o.uid, bool(o.controller)) for o in meta.ownerReferences),
         images=tuple(c.image for c in spec.containers),
         scheduling_gates=tuple(gate.name for gate in spec.schedulingGates),
@@ -436,12 +468,87 @@ def _resource_claims(pod: _Pod) -> tuple[ClaimRef, ...]:
     )
 
 
+class _Resized:
+    """The containers' requests as kube-scheduler 1.33+ counts them (`resource.PodRequests` with
+    `UseStatusResources`, the InPlacePodVerticalScaling gate on by default): a container whose status reports
+    `resources` counts the largest of its spec's requests, the status' `resources.requests` and its
+    `allocatedResources`, resource by resource; while the kubelet calls the resize infeasible (the `PodResizePending`
+    condition with reason `Infeasible`) the spec's new requests are not counted, only the two the kubelet reports.
+    Sidecars follow the same rule; classic init containers count their spec. Devices (extended resources) cannot be
+    resized: the spec's count stays the floor, so a resize never frees devices a container holds."""
+
+    def __init__(self, statuses: dict[str, tuple[_ContainerStatus, str]], infeasible: bool) -> None:
+        self.statuses, self.infeasible = statuses, infeasible
+
+    @classmethod
+    def of(cls, raw: Any) -> _Resized:
+        if not isinstance(raw, Mapping) or not any(
+            isinstance(entry, Mapping) and "resources" in entry
+            for field in ("containerStatuses", "initContainerStatuses")
+            for entry in _list(raw.get(field))
+        ):
+            return _NOT_RESIZED
+        status: _ResizeStatus = _parse(_ResizeStatus, raw, "Pod.status")
+        statuses = {}
+        for field, group in (
+            ("containerStatuses", status.containerStatuses),
+            ("initContainerStatuses", status.initContainerStatuses),
+        ):
+            for index, entry in enumerate(group):
+                if entry.resources is not None:
+                    statuses[entry.name] = (entry, f"Pod.status.{field}[{index}]")
+        infeasible = next((c.reason == "Infeasible" for c in status.conditions if c.type == "PodResizePending"), False)
+        return cls(statuses, infeasible)
+
+    def request(self, container: _Container, where: str) -> ContainerRequest:
+        spec = _container_request(container, where)
+        found = self.statuses.get(container.name)
+        if found is None:
+            return spec
+        status, at = found
+        counted = dict(spec.resources)
+        if self.infeasible:
+            counted = {name: amount for name, amount in counted.items() if is_extended_resource(name)}
+        reported = (status.resources.requests if status.resources else {}, f"{at}.resources.requests")
+        for amounts, here in (reported, (status.allocatedResources or {}, f"{at}.allocatedResources")):
+            for name, value in amounts.items():
+                amount = _units(name, value, f"{here}.{shorten(name)}")
+                counted[name] = max(counted.get(name, 0), amount)
+        return ContainerRequest(name=container.name, resources=counted)
+
+
+_NOT_RESIZED = _Resized({}, False)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+POD_LEVEL = ("cpu", "memory")  # and hugepages-*: kube-scheduler's IsSupportedPodLevelResource
+
+
+def _pod_level(resources: _Resources | None) -> dict[str, int]:
+    """`spec.resources.requests` (pod-level resources, 1.32+, beta 1.34) of the resources that may be set per pod;
+    each replaces the containers' sum for the pod's request (kube-scheduler's `applyPodLevelResources`)."""
+    if resources is None:
+        return {}
+    return {
+        name: _units(name, value, f"Pod.spec.resources.requests.{shorten(name)}")
+        for name, value in resources.requests.items()
+        if name in POD_LEVEL or name.startswith("hugepages-")
+    }
+
+
 def _pod_requests(
-    containers: tuple[ContainerRequest, ...], init: list[tuple[ContainerRequest, bool]], overhead: Mapping[str, int]
+    containers: tuple[ContainerRequest, ...],
+    init: list[tuple[ContainerRequest, bool]],
+    overhead: Mapping[str, int],
+    pod_level: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Kubernetes' pod request per resource (`resource.PodRequests`): the sum over the containers and the sidecars
     (`init` entries marked True), at least what any init step needs (a classic init container with the sidecars
-    started before it, or the sidecars started so far), plus overhead."""
+    started before it, or the sidecars started so far), the pod-level requests in place of that where set, plus
+    overhead."""
     totals: dict[str, int] = {}
     for container in containers:
         for name, amount in container.resources.items():
@@ -459,6 +566,7 @@ def _pod_requests(
                 steps[name] = max(steps.get(name, 0), sidecars.get(name, 0) + amount)
     for name, amount in steps.items():
         totals[name] = max(totals.get(name, 0), amount)
+    totals.update(pod_level or {})
     for name, amount in overhead.items():
         totals[name] = totals.get(name, 0) + amount
     return {name: amount for name, amount in totals.items() if amount > 0}
@@ -508,21 +616,12 @@ def _preferred_node_terms(affinity: _NodeAffinity | None) -> tuple[tuple[int, No
     )
 
 
-def _preferred_terms(
-    affinity: _PodAffinity | None, namespace: str, kind: str
-) -> tuple[tuple[int, PodAffinityTerm], ...]:
+def _preferred_terms(affinity: _PodAffinity | None, meta: _Meta, kind: str) -> tuple[tuple[int, PodAffinityTerm], ...]:
     if affinity is None:
         return ()
     where = f"Pod.spec.affinity.{kind}.preferredDuringSchedulingIgnoredDuringExecution"
     return tuple(
-        (
-            term.weight,
-            PodAffinityTerm(
-                _selector(term.podAffinityTerm.labelSelector, f"{where}[{i}].podAffinityTerm.labelSelector"),
-                frozenset(term.podAffinityTerm.namespaces or (namespace,)),
-                term.podAffinityTerm.topologyKey,
-            ),
-        )
+        (term.weight, _affinity_term(term.podAffinityTerm, meta, f"{where}[{i}].podAffinityTerm"))
         for i, term in enumerate(affinity.preferredDuringSchedulingIgnoredDuringExecution)
     )
 
@@ -535,18 +634,93 @@ def _selector(selector: _LabelSelector | None, where: str) -> LabelSelector | No
     return LabelSelector(labels + expressions)
 
 
-def _affinity_terms(affinity: _PodAffinity | None, namespace: str, kind: str) -> tuple[PodAffinityTerm, ...]:
+def _affinity_terms(affinity: _PodAffinity | None, meta: _Meta, kind: str) -> tuple[PodAffinityTerm, ...]:
     if affinity is None:
         return ()
     where = f"Pod.spec.affinity.{kind}.requiredDuringSchedulingIgnoredDuringExecution"
     return tuple(
-        PodAffinityTerm(
-            _selector(term.labelSelector, f"{where}[{i}].labelSelector"),
-            frozenset(term.namespaces or (namespace,)),
-            term.topologyKey,
-        )
+        _affinity_term(term, meta, f"{where}[{i}]")
         for i, term in enumerate(affinity.requiredDuringSchedulingIgnoredDuringExecution)
     )
+
+
+def _affinity_term(term: _PodAffinityTerm, meta: _Meta, where: str) -> PodAffinityTerm:
+    """A pod (anti-)affinity term with its `matchLabelKeys` and `mismatchLabelKeys` (1.29+, beta and on by default
+    from 1.31) merged into its selector as the API server merges them when it creates the pod: `key In (value)` and
+    `key NotIn (value)` with the pod's own label value, a key the pod lacks skipped, nothing when the selector is
+    unset (which the API server refuses). A key the selector already holds with that operator is the server's merge,
+    seen again: it is not added twice."""
+    selector = _selector(term.labelSelector, f"{where}.labelSelector")
+    both = set(term.matchLabelKeys) & set(term.mismatchLabelKeys)
+    if both:
+        raise ManifestError(
+            f"{where}.mismatchLabelKeys: {shorten(sorted(both)[0])!r} is also in matchLabelKeys; a key may be in "
+            "only one of them"
+        )
+    for field, keys, operator in (
+        ("matchLabelKeys", term.matchLabelKeys, "In"),
+        ("mismatchLabelKeys", term.mismatchLabelKeys, "NotIn"),
+    ):
+        _check_label_keys(keys, f"{where}.{field}")
+        if keys and selector is None:
+            raise ManifestError(f"{where}.{field}: must not be set when labelSelector is not set")
+        if selector is not None:
+            selector = _merge_label_keys(selector, keys, operator, meta.labels)
+    return PodAffinityTerm(selector, frozenset(term.namespaces or (meta.namespace,)), term.topologyKey)
+
+
+def _spread_constraint(constraint: _SpreadConstraint, labels: Mapping[str, str], where: str) -> SpreadConstraint:
+    """A topology spread constraint as kube-scheduler 1.33+ reads it: `minDomains` (only with DoNotSchedule, as the
+    API server requires), the node inclusion policies (absent: Honor node affinity, Ignore taints) and
+    `matchLabelKeys` merged into the selector as `key In (the pod's value)` (a key the pod lacks skipped; an unset
+    selector then selects by those labels alone, as kube-scheduler's merge gives)."""
+    if constraint.minDomains is not None and constraint.whenUnsatisfiable != "DoNotSchedule":
+        raise ManifestError(
+            f"{where}.minDomains: can only be used with whenUnsatisfiable: DoNotSchedule, not "
+            f"{constraint.whenUnsatisfiable}"
+        )
+    _check_label_keys(constraint.matchLabelKeys, f"{where}.matchLabelKeys")
+    selector = _selector(constraint.labelSelector, f"{where}.labelSelector")
+    if constraint.matchLabelKeys and any(key in labels for key in constraint.matchLabelKeys):
+        selector = _merge_label_keys(selector or LabelSelector(), constraint.matchLabelKeys, "In", labels)
+    return SpreadConstraint(
+        constraint.maxSkew,
+        constraint.topologyKey,
+        constraint.whenUnsatisfiable,
+        selector,
+        constraint.minDomains or 1,
+        constraint.nodeAffinityPolicy or "Honor",
+        constraint.nodeTaintsPolicy or "Ignore",
+    )
+
+
+def _merge_label_keys(
+    selector: LabelSelector, keys: list[str], operator: str, labels: Mapping[str, str]
+) -> LabelSelector:
+    have = {(r.key, r.operator) for r in selector.requirements}
+    added = tuple(
+        Requirement(key, operator, (labels[key],)) for key in keys if key in labels and (key, operator) not in have
+    )
+    return LabelSelector(selector.requirements + added) if added else selector
+
+
+def _check_label_keys(keys: list[str], where: str) -> None:
+    for index, key in enumerate(keys):
+        if not _valid_label_key(key):
+            raise ManifestError(f"{where}[{index}]: {shorten(key)!r} is not a valid label key")
+
+
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _valid_label_key(key: str) -> bool:
+    """Kubernetes' qualified name: an optional DNS subdomain prefix (253 at most) and `/`, then a name of 63 at
+    most, alphanumeric at both ends."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (0 < len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return False
+    return 0 < len(name) <= 63 and _LABEL_NAME.fullmatch(name) is not None
 
 
 def node_info(document: Mapping[str, Any]) -> NodeInfo:

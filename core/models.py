@@ -220,12 +220,24 @@ class PodAffinityTerm:
 
 @dataclass(frozen=True, slots=True)
 class SpreadConstraint:
-    """A topology spread constraint; `selector` None selects no pod."""
+    """A topology spread constraint; `selector` None selects no pod (its `matchLabelKeys` are already merged in).
+
+    `min_domains` (1.30 GA): with fewer eligible domains than this, the global minimum counts as 0.
+    `node_affinity_policy` / `node_taints_policy` (1.33 GA): `Honor` or `Ignore`, whether a node the pod's node
+    affinity refuses / whose untolerated NoSchedule or NoExecute taint refuses it counts toward the spread."""
 
     max_skew: int
     topology_key: str
     when_unsatisfiable: str
     selector: LabelSelector | None
+    min_domains: int = 1
+    node_affinity_policy: str = "Honor"
+    node_taints_policy: str = "Ignore"
+
+    @property
+    def inclusion(self) -> tuple[bool, bool]:
+        """(honour the pod's node affinity, honour the node's taints) when deciding which nodes count."""
+        return self.node_affinity_policy == "Honor", self.node_taints_policy == "Honor"
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import socket
 import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
@@ -33,6 +35,19 @@ from kubegpu.scheduler.health import Metrics
 __all__ = ["Binder", "bound_as_decided", "write_placement"]
 
 log = logging.getLogger("kubegpu.binder")
+
+EVENTS_V1 = "events.k8s.io/v1"
+NOTE_BYTES = 1024  # the API server's limit on an events.k8s.io/v1 Event's note
+ACTIONS = {"Preempted": "Preempting"}  # kube-scheduler's action per reason; "Scheduling" for the others
+_QUALIFIED = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_HOST = re.sub(r"[^-a-z0-9.]", "-", socket.gethostname().lower())[:63]
+
+
+def _bounded_bytes(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, on a character boundary."""
+    data = text.encode()
+    return text if len(data) <= limit else data[:limit].decode(errors="ignore")
+
 
 T = TypeVar("T")
 
@@ -76,6 +91,9 @@ class Binder:
         self.writer = writer
         self.metrics = metrics
         self.component = component
+        # The API Events are written in (`discovery.events_api`): the core "v1" until discovery says the server
+        # serves events.k8s.io/v1, as kube-scheduler writes them since 1.19.
+        self.events_api = "v1"
 
     def submit(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         """Run a write on the writer's event loop; the caller does not wait (the loop thread never blocks)."""
@@ -134,13 +152,47 @@ class Binder:
     async def post_object_event(
         self, involved: dict[str, str], reason: str, message: str, kind: str = "Warning"
     ) -> None:
-        """An Event on any namespaced object (`involved`: its apiVersion, kind, name, namespace and uid)."""
+        """An Event on any namespaced object (`involved`: its apiVersion, kind, name, namespace and uid), in the API
+        discovery chose (`events_api`)."""
         name, namespace = involved["name"], involved["namespace"]
+        if self.events_api == EVENTS_V1:
+            path, event = (
+                f"/apis/{EVENTS_V1}/namespaces/{namespace}/events",
+                self._event_v1(involved, reason, message, kind),
+            )
+        else:
+            path, event = f"/api/v1/namespaces/{namespace}/events", self._core_event(involved, reason, message, kind)
+        try:
+            await self.writer.post(path, event)
+        except ApiError as exc:
+            _not_written(f"write the {reason} event", exc, f"{namespace}/{name}")
+
+    def _event_v1(self, involved: dict[str, str], reason: str, message: str, kind: str) -> dict[str, Any]:
+        """An `events.k8s.io/v1` Event as kube-scheduler writes one: the reporting controller and instance, an
+        action, `eventTime`, and the message as `note`, which the API server takes up to 1024 bytes."""
+        controller = self.component if _QUALIFIED.fullmatch(self.component) else "kubegpu"
+        return {
+            "apiVersion": EVENTS_V1,
+            "kind": "Event",
+            # Named as kube-scheduler names them: the API server validates an events.k8s.io/v1 Event's whole
+            # metadata as a DNS subdomain, which a `generateName` ending in "." is not (refused live on 1.20.2).
+            "metadata": {"name": f"{involved['name'][:236]}.{time.time_ns():x}", "namespace": involved["namespace"]},
+            "eventTime": now_rfc3339(micro=True),
+            "reportingController": controller,
+            "reportingInstance": f"{controller}-{_HOST}"[:128],
+            "action": ACTIONS.get(reason, "Scheduling"),
+            "reason": reason,
+            "regarding": involved,
+            "note": _bounded_bytes(safe_text(message), NOTE_BYTES),
+            "type": kind,
+        }
+
+    def _core_event(self, involved: dict[str, str], reason: str, message: str, kind: str) -> dict[str, Any]:
         now = now_rfc3339()
-        event = {
+        return {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": involved["namespace"]},
             "involvedObject": involved,
             "reason": reason,
             "message": safe_text(message),
@@ -151,10 +203,6 @@ class Binder:
             "lastTimestamp": now,
             "count": 1,
         }
-        try:
-            await self.writer.post(f"/api/v1/namespaces/{namespace}/events", event)
-        except ApiError as exc:
-            _not_written(f"write the {reason} event", exc, f"{namespace}/{name}")
 
     async def report_unschedulable(self, pod: PodRequest, message: str) -> None:
         """kube-scheduler's two signs of a pod that fits nowhere: a `FailedScheduling` Event and the condition

@@ -79,6 +79,7 @@ class CustomScheduler:
         name: str,
         leases: liveness.NodeLeases | None = None,
         leadership: Leadership | None = None,
+        leader_elect: bool = False,
     ) -> None:
         self.engine = engine
         self.name = name
@@ -95,6 +96,7 @@ class CustomScheduler:
             watch_volumes=True,
             watch_owners=True,
             watch_podgroups=True,
+            needs_leases=leader_elect,
         )
         self.groups = GroupStatus(self.binder, self.mirror.podgroup)
         self._gang_victims: dict[str, tuple[str, ...]] = {}  # gang -> the victims of its last preemption
@@ -395,7 +397,13 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(plugins, policy=policy, signing_key=key, scoring=config.profile if config else None)
     engine.set_topology(levels)
     scheduler = CustomScheduler(
-        client, writer, engine, name=args.scheduler_name, leases=liveness.from_args(args), leadership=leadership
+        client,
+        writer,
+        engine,
+        name=args.scheduler_name,
+        leases=liveness.from_args(args),
+        leadership=leadership,
+        leader_elect=args.leader_elect,
     )
     if config is not None:
         scheduler.queue.initial_backoff, scheduler.queue.max_backoff = config.initial_backoff, config.max_backoff
@@ -438,7 +446,7 @@ def run(args: argparse.Namespace) -> int:
     scheduler.run_loop()
     server.shutdown()
     writer.close()
-    return scheduler.exit_code
+    return 2 if scheduler.mirror.refusal is not None else scheduler.exit_code
 
 
 def add_scheduler_parser(sub: Any) -> argparse.ArgumentParser:

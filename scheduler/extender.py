@@ -836,6 +836,8 @@ def run(args: argparse.Namespace) -> int:
     mirror.run()
     httpd.shutdown()
     writer.close()
+    if mirror.refusal is not None:  # an API server older than kubegpu supports
+        return 2
     return 0
 
 

@@ -343,8 +343,8 @@ def affinity_can_refuse(pod: PodRequest, state: AffinityState | None) -> bool:
 
 @dataclass(slots=True)
 class SpreadState:
-    """Per `DoNotSchedule` constraint: matching pods per topology value over the eligible nodes, the minimum, and
-    whether the incoming pod itself matches (1) or not (0)."""
+    """Per `DoNotSchedule` constraint: matching pods per topology value over the eligible nodes, the global minimum
+    (0 with fewer domains than `minDomains`), and whether the incoming pod itself matches (1) or not (0)."""
 
     constraints: tuple[SpreadConstraint, ...] = ()
     counts: tuple[dict[str, int], ...] = ()
@@ -356,29 +356,54 @@ def hard_constraints(pod: PodRequest) -> tuple[SpreadConstraint, ...]:
     return tuple(c for c in pod.spread if c.when_unsatisfiable == "DoNotSchedule")
 
 
+def counts_toward_spread(
+    pod: PodRequest, constraint: SpreadConstraint, name: str, labels: Mapping[str, str], taints: Iterable[Taint]
+) -> bool:
+    """Whether a node's pods count toward one constraint (kube-scheduler 1.33's `matchNodeInclusionPolicies`):
+    with `nodeAffinityPolicy: Honor` (the default) the node must pass the pod's node selector and required node
+    affinity; with `nodeTaintsPolicy: Honor` the pod must tolerate its NoSchedule and NoExecute taints (the default,
+    Ignore, counts a tainted node). The caller has checked that the node carries every constraint's topology key."""
+    honor_affinity, honor_taints = constraint.inclusion
+    if honor_affinity and not matches_node_affinity(pod, name, labels):
+        return False
+    return not honor_taints or all(
+        taint.effect == "PreferNoSchedule" or any(t.tolerates(taint) for t in pod.tolerations) for taint in taints
+    )
+
+
+def global_minimum(count: Mapping[str, int], min_domains: int) -> int:
+    """The smallest count over the eligible domains, or 0 when there are fewer of them than `minDomains` (1.30 GA;
+    kube-scheduler's `minMatchNum`)."""
+    if not count or len(count) < min_domains:
+        return 0
+    return min(count.values())
+
+
 def spread_counts(
     pod: PodRequest,
     nodes: Iterable[tuple[str, Mapping[str, str], Iterable[PodRequest]]],
     constraints: Sequence[SpreadConstraint] | None = None,
+    taints: Mapping[str, Sequence[Taint]] | None = None,
 ) -> SpreadState:
-    """kube-scheduler's PreFilter for spread: only nodes passing the pod's node selector and required node affinity
-    and carrying every constraint's topology key count; pods count when in the pod's namespace, not terminating and
-    selected. `nodes` are (name, labels, pods on it); `constraints` the hard constraints to apply (a pod's defaulted
-    ones), None: the pod's own."""
+    """kube-scheduler's PreFilter for spread: only nodes carrying every constraint's topology key count, and for
+    each constraint only those its node inclusion policies admit (`counts_toward_spread`); pods count when in the
+    pod's namespace, not terminating and selected. `nodes` are (name, labels, pods on it), `taints` each node's
+    taints (None: none); `constraints` the hard constraints to apply (a pod's defaulted ones), None: the pod's own."""
     constraints = hard_constraints(pod) if constraints is None else tuple(constraints)
     counts: tuple[dict[str, int], ...] = tuple({} for _ in constraints)
     for name, labels, pods in nodes:
         if not all(c.topology_key in labels for c in constraints):
             continue
-        if not matches_node_affinity(pod, name, labels):
-            continue
         members = [p for p in pods if p.namespace == pod.namespace and not p.terminating]
+        on = taints.get(name, ()) if taints is not None else ()
         for constraint, count in zip(constraints, counts, strict=True):
+            if not counts_toward_spread(pod, constraint, name, labels, on):
+                continue
             value = labels[constraint.topology_key]
             count[value] = count.get(value, 0) + sum(
                 1 for p in members if selector_matches(constraint.selector, p.labels)
             )
-    minimum = tuple(min(count.values()) if count else 0 for count in counts)
+    minimum = tuple(global_minimum(count, c.min_domains) for c, count in zip(constraints, counts, strict=True))
     return SpreadState(constraints, counts, minimum, own_matches(pod, constraints))
 
 

@@ -57,6 +57,13 @@ class Metrics:
             ["queue"],
             registry=self.registry,
         )
+        self.gated = Gauge(
+            "kubegpu_scheduler_gated_pods",
+            "This scheduler's pods held by scheduling gates, by gate name (a pod with two gates counts under each; "
+            'past 32 names, the others count under gate="(other)").',
+            ["gate"],
+            registry=self.registry,
+        )
         self.internal_errors = Counter(
             "kubegpu_scheduler_internal_errors_total",
             "Objects that raised an unexpected error, by stage (node_event, pod_event, schedule, bind); each cost "
@@ -89,6 +96,8 @@ class Watched(Protocol):
 
     def apis(self) -> dict[str, str | None]: ...
 
+    def server(self) -> tuple[str | None, list[str], str | None]: ...
+
 
 def answer_health(path: str, watched: Watched, metrics: Metrics) -> tuple[int, Any] | None:
     """The answer to `GET path` for the three paths this module serves, else None."""
@@ -99,10 +108,17 @@ def answer_health(path: str, watched: Watched, metrics: Metrics) -> tuple[int, A
             return 200, {"status": "ok"}
         return 503, {"status": "the loop consuming informer events is stuck"}
     if path == "/readyz":  # ready once every informer the engine reads has listed its collection
+        version, warnings, refused = watched.server()
+        if refused is not None:  # a server older than kubegpu supports: the process is exiting
+            return 503, {"status": f"refused: {refused}"}
         waiting = watched.syncing()
         if waiting:
             return 503, {"status": f"syncing {', '.join(waiting)}"}
         answer: dict[str, Any] = {"status": "ready"}
+        if version is not None:
+            answer["kubernetes"] = version
+        if warnings:
+            answer["warnings"] = warnings
         apis = watched.apis()
         if apis:  # the versions discovery chose, and what the API server does not serve at all
             answer["apis"] = apis

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from kubegpu.core.annotations import (
     ALLOCATION_KEY,
@@ -52,7 +52,7 @@ from kubegpu.core.annotations import (
     decode_allocation,
     decode_foreign_devices,
 )
-from kubegpu.core.errors import InputError
+from kubegpu.core.errors import InputError, shorten
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.text import safe_text
@@ -71,6 +71,32 @@ __all__ = ["ClusterMirror", "PendingPods"]
 log = logging.getLogger("kubegpu.scheduler")
 
 FINISHED = frozenset({"Succeeded", "Failed"})
+
+
+def sizes_of(obj: dict[str, Any]) -> tuple[object, ...]:
+    """What a pod's requests are computed from, raw (`pod_request`): its containers' and the pod-level resources,
+    the resources the kubelet reports per container after an in-place resize, and the resize condition. Two equal
+    answers give equal requests, so a bound pod's update is parsed again only when this changed."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+
+    def each(items: Any, *fields: str) -> list[object]:
+        return [tuple(i.get(f) for f in fields) for i in items or () if isinstance(i, dict)]
+
+    return (
+        each(spec.get("containers"), "resources"),
+        each(spec.get("initContainers"), "resources", "restartPolicy"),
+        spec.get("resources"),
+        spec.get("overhead"),
+        each(status.get("containerStatuses"), "name", "resources", "allocatedResources"),
+        each(status.get("initContainerStatuses"), "name", "resources", "allocatedResources"),
+        [
+            c.get("reason")
+            for c in status.get("conditions") or ()
+            if isinstance(c, dict) and c.get("type") == "PodResizePending"
+        ],
+    )
+
+
 # Where each owner kind is listed and watched (`watch_owners`).
 OWNER_PATHS = {
     "Service": "/api/v1/services",
@@ -85,6 +111,10 @@ BUDGETS = "poddisruptionbudgets"
 # the API server serves none (the CRD may be installed later).
 PODGROUP_GROUP, PODGROUP_VERSIONS, PODGROUPS = "scheduling.x-k8s.io", ("v1alpha1",), "podgroups"
 PODGROUP_RECHECK = 60.0
+LEASE_GROUP = "coordination.k8s.io"
+GATE_LABELS = 32  # gate names with a series of their own in kubegpu_scheduler_gated_pods
+OTHER_GATES = "(other)"
+T = TypeVar("T")
 STALL = 30.0  # seconds without a beat of the loop applying informer events after which /healthz fails
 BATCH = 2000  # informer events applied under one taking of the lock
 
@@ -142,6 +172,7 @@ class ClusterMirror:
         watch_volumes: bool = False,
         watch_owners: bool = False,
         watch_podgroups: bool = False,
+        needs_leases: bool = False,
     ) -> None:
         self.client = client
         self.engine = engine
@@ -157,8 +188,14 @@ class ClusterMirror:
         self.pods_synced = threading.Event()
         self.heartbeat = time.monotonic()
         self._refused: dict[str, str] = {}  # pod key -> why its allocation holds no devices (one Event per reason)
+        # Bound pod key -> what its requests were computed from (`sizes_of`), to see an in-place resize (1.33+).
+        self._sizes: dict[str, tuple[object, ...]] = {}
         # This front-end's pods held back at PreEnqueue (their scheduling gates), with the reason.
         self.gated: dict[str, str] = {}
+        # Per gate name (tenants name gates: at most `GATE_LABELS` names get a series of their own), the gated pods
+        # waiting on it, for `kubegpu_scheduler_gated_pods{gate}`.
+        self._per_gate: dict[str, int] = {}
+        self._gate_labels: dict[str, tuple[str, ...]] = {}  # gated pod key -> the labels it counts under
         self.metrics.pending.labels("gated").set(0)
         # PodDisruptionBudgets by namespace/name: the custom scheduler's preemptions honour them. The extender does
         # not watch them: kube-scheduler counts the violations of the victims it proposes.
@@ -167,6 +204,14 @@ class ClusterMirror:
         self.budgets_synced = threading.Event()
         # The group/version each discovered collection is read in; None: the server serves no version kubegpu reads.
         self.versions: dict[str, str | None] = {}
+        # The API server's version (`survey_server`), what is wrong with it (a newer server than kubegpu is verified
+        # against), and why it is refused (an older one: the front-end then exits). Leases are surveyed only for a
+        # front-end that takes them (leader election sets `needs_leases`, node liveness reads them).
+        self.kubernetes: str | None = None
+        self.server_warnings: list[str] = []
+        self.refusal: str | None = None
+        self.needs_leases = needs_leases or leases is not None
+        self.surveyed: threading.Event | None = None  # set once `survey_server` answered (None: not started)
         self._evicting: set[str] = set()  # victims deleted by a preemption, until their pods are gone
         self.leases = leases  # the advertisers' node Leases (`kubegpu.scheduler.liveness`), None: not judged
         # PersistentVolumeClaims and PersistentVolumes into the engine's VolumeBinding filter, for the custom
@@ -229,6 +274,8 @@ class ClusterMirror:
         nodes = Informer(self.client, "/api/v1/nodes", self._consume(self.on_nodes), self.stop, "nodes")
         consume = self._consume(self.on_pods)
         pods = Informer(self.client, "/api/v1/pods", consume, self.stop, "pods", after=nodes.synced)
+        self.surveyed = threading.Event()  # nothing is scheduled before the server's version is judged
+        threading.Thread(target=self.survey_server, name="discovery", daemon=True).start()
         if self.watch_budgets:
             threading.Thread(
                 target=self.watch_budget_versions, name="informer-poddisruptionbudgets", daemon=True
@@ -261,6 +308,8 @@ class ClusterMirror:
     def syncing(self) -> list[str]:
         """The collections whose first list the engine still waits for (what `/readyz` names), in listing order."""
         waiting = [("nodes", self.nodes_synced), ("pods", self.pods_synced)]
+        if self.surveyed is not None:
+            waiting.insert(0, ("discovery", self.surveyed))
         if self.watch_budgets:
             waiting.append((BUDGETS, self.budgets_synced))
         if self.watch_volumes:
@@ -277,6 +326,70 @@ class ClusterMirror:
         """The group/version each discovered collection is read in (what `/readyz` shows); None: the API server
         serves none that kubegpu reads, so that collection is taken as empty."""
         return dict(self.versions)
+
+    def server(self) -> tuple[str | None, list[str], str | None]:
+        """The API server's version, the warnings about it, and why it is refused (None: it is not)."""
+        return self.kubernetes, list(self.server_warnings), self.refusal
+
+    # -- the API server itself (`kubegpu.kube.discovery`) -------------------------------------------------------
+
+    def survey_server(self) -> None:
+        """The discovery thread: the server's version (one older than kubegpu supports is refused: the front-end
+        stops and exits 2; a newer one is served with a warning), then the API Events are written in, and the
+        Leases' where this front-end takes any. Each question is retried while the server cannot answer it."""
+        try:
+            self._survey()
+        finally:
+            if self.surveyed is not None and self.refusal is None:
+                self.surveyed.set()
+
+    def _survey(self) -> None:
+        document = self._asked("/version", lambda: self.client.get("/version"))
+        version = discovery.server_version(document)
+        if version is None:
+            if not self.stop.is_set():
+                log.warning("the API server's /version states no version kubegpu can read; going on")
+        else:
+            self.kubernetes = str(version)
+            verdict = discovery.version_verdict(version)
+            if verdict is not None and verdict[0]:
+                log.error("%s", verdict[1])
+                self.refusal = verdict[1]
+                self.stop.set()
+                return
+            if verdict is not None:
+                log.warning("%s", verdict[1])
+                self.server_warnings.append(verdict[1])
+            log.info("API server is Kubernetes %s", version)
+        events = self._asked("/apis/events.k8s.io", lambda: discovery.events_api(self.client))
+        if events is not None:
+            self.binder.events_api = self.versions["events"] = events
+            log.info("Events written as %s", events if "/" in events else f"core/{events}")
+        if self.needs_leases:
+            leases = self._asked(
+                "/apis/coordination.k8s.io", lambda: discovery.discover(self.client, LEASE_GROUP, ("v1",))
+            )
+            if not self.stop.is_set():
+                self.versions["leases"] = None if leases is None else f"{LEASE_GROUP}/{leases}"
+                if leases is None:
+                    log.error(
+                        "the API server serves no %s/v1: leader election and node liveness cannot work", LEASE_GROUP
+                    )
+
+    def _asked(self, what: str, ask: Callable[[], T]) -> T | None:
+        """`ask()`, asked again with a backoff that doubles to 30 s while the API server cannot answer; None when
+        stopped, or when `what` is not served at all (a 404 the asker did not turn into an answer)."""
+        backoff = 0.5
+        while not self.stop.is_set():
+            try:
+                return ask()
+            except ApiError as exc:
+                if exc.status == 404:
+                    return None
+                log.warning("discovery of %s: %s; retrying in %.1fs", what, exc, backoff)
+            self.stop.wait(backoff)
+            backoff = min(30.0, backoff * 2)
+        return None
 
     # -- node liveness (`kubegpu.scheduler.liveness`): the advertisers' Leases, judged on a one-second tick --------
 
@@ -415,17 +528,9 @@ class ClusterMirror:
         return self.podgroup_uids.get(key, ""), group.min_member
 
     def discover_version(self, group: str, wanted: tuple[str, ...]) -> str | None:
-        """The first of `wanted` the API server serves for `group`, asked again with a backoff that doubles to 30 s
-        while the discovery document cannot be read (None as well once stopped)."""
-        backoff = 0.5
-        while not self.stop.is_set():
-            try:
-                return discovery.discover(self.client, group, wanted)
-            except ApiError as exc:
-                log.warning("discovery of /apis/%s: %s; retrying in %.1fs", group, exc, backoff)
-            self.stop.wait(backoff)
-            backoff = min(30.0, backoff * 2)
-        return None
+        """The first of `wanted` the API server serves for `group`, asked again while the discovery document cannot
+        be read (`_asked`); None when it serves none of them, or once stopped."""
+        return self._asked(f"/apis/{group}", lambda: discovery.discover(self.client, group, wanted))
 
     def on_budgets(self, kind: str, payload: Any) -> None:
         if kind == "SYNC":
@@ -667,6 +772,7 @@ class ClusterMirror:
     def release(self, key: str) -> None:
         """The pod's resources are free again (it is gone, or its Binding failed); the pending pods may fit now."""
         self._evicting.discard(key)
+        self._sizes.pop(key, None)
         if self.engine.release(key) is not None:
             self.pending.wake()
 
@@ -684,15 +790,36 @@ class ClusterMirror:
         self.pending.drop(key)
         self._ungate(key)
 
-    def _gate(self, key: str, reason: str) -> None:
-        """A PreEnqueue rule refused the pod (`Engine.pre_enqueue`): it waits outside the queue, tried by no cycle."""
+    def _gate(self, key: str, reason: str, gates: tuple[str, ...]) -> None:
+        """A PreEnqueue rule refused the pod (`Engine.pre_enqueue`): it waits outside the queue, tried by no cycle;
+        `gates` (its scheduling gates) are counted per name."""
         self.drop_pending(key)
         self.gated[key] = reason
+        self._gate_labels[key] = labels = tuple(dict.fromkeys(self._gate_label(gate) for gate in gates))
+        self._count_gates(labels, +1)
         self.metrics.pending.labels("gated").set(len(self.gated))
 
     def _ungate(self, key: str) -> None:
         if self.gated.pop(key, None) is not None:
+            self._count_gates(self._gate_labels.pop(key, ()), -1)
             self.metrics.pending.labels("gated").set(len(self.gated))
+
+    def _count_gates(self, labels: tuple[str, ...], sign: int) -> None:
+        """Keep `kubegpu_scheduler_gated_pods{gate}`: a series per gate name while any pod waits on it; the first
+        `GATE_LABELS` names get their own (shortened and escaped), the others share `(other)`."""
+        for label in labels:
+            count = self._per_gate.get(label, 0) + sign
+            if count > 0:
+                self._per_gate[label] = count
+                self.metrics.gated.labels(label).set(count)
+            elif self._per_gate.pop(label, None) is not None:
+                self.metrics.gated.remove(label)
+
+    def _gate_label(self, gate: str) -> str:
+        label = safe_text(shorten(gate))
+        if label in self._per_gate or len(self._per_gate) < GATE_LABELS:
+            return label
+        return OTHER_GATES
 
     def _apply_pod(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -708,7 +835,12 @@ class ClusterMirror:
                 return
             held = self.engine.placement(key)
             phase = (obj.get("status") or {}).get("phase")
-            if held is not None and held.request.uid == meta.get("uid") and phase not in FINISHED:
+            if (
+                held is not None
+                and held.request.uid == meta.get("uid")
+                and phase not in FINISHED
+                and self._sizes.get(key) == sizes_of(obj)  # not resized in place
+            ):
                 return
         try:
             request, deleting = pod_request(obj)
@@ -728,13 +860,21 @@ class ClusterMirror:
             return
         if request.node_name:
             self.drop_pending(key)
+            self._sizes[key] = sizes_of(obj)
             if held is None and not binding:
                 self._assume(request)
+            elif held is not None and (held.request.requests, held.request.containers) != (
+                request.requests,
+                request.containers,
+            ):
+                # Resized in place: kube-scheduler counts the new requests at once (the cache's UpdatePod).
+                self.engine.update_bound(request)
+                self.pending.wake()
             return
         if not deleting and self.pending.answers_for(request.scheduler_name):
             refusal = self.engine.pre_enqueue(request)  # PreEnqueue: SchedulingGates
             if refusal is not None:
-                self._gate(key, refusal.message)
+                self._gate(key, refusal.message, request.scheduling_gates)
                 return
         self._ungate(key)  # its last gate removed: it enters the queue as a new pod would
         version = str(meta.get("resourceVersion", ""))

@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kubegpu.core.models import LabelSelector, PodAffinityTerm, PodRequest, SpreadConstraint
+from kubegpu.core.models import LabelSelector, PodAffinityTerm, PodRequest, SpreadConstraint, Taint
 from kubegpu.scheduler import filters, scores
 from kubegpu.scheduler.filters import pod_matches_term, selector_matches
 
@@ -185,22 +185,34 @@ def _drop(table: dict[K, dict[str, V]], slot: K, key: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Domains:
-    """The nodes whose pods count for a pod's topology spread (every constraint's topology key, and the pod's node
-    selector and required node affinity, hold there) with their labels, and each key's values over them."""
+    """The nodes whose pods count for a pod's topology spread constraints of one node inclusion policy (every
+    constraint's topology key is on the node, and `filters.counts_toward_spread` admits it) with their labels, and
+    each key's values over them."""
 
     nodes: Mapping[str, Mapping[str, str]]
     values: Mapping[str, tuple[str, ...]]
 
     @classmethod
-    def of(cls, pod: PodRequest, keys: Iterable[str], nodes: Iterable[tuple[str, Mapping[str, str]]]) -> Domains:
+    def of(
+        cls,
+        pod: PodRequest,
+        keys: Iterable[str],
+        nodes: Iterable[tuple[str, Mapping[str, str], Sequence[Taint]]],
+        constraint: SpreadConstraint | None = None,
+    ) -> Domains:
+        """`constraint` gives the inclusion policy (None: the defaults, node affinity honoured, taints ignored)."""
         wanted = tuple(dict.fromkeys(keys))
+        policy = constraint or _DEFAULT_POLICY
         eligible = {
             name: labels
-            for name, labels in nodes
-            if all(k in labels for k in wanted) and filters.matches_node_affinity(pod, name, labels)
+            for name, labels, taints in nodes
+            if all(k in labels for k in wanted) and filters.counts_toward_spread(pod, policy, name, labels, taints)
         }
         values = {k: tuple(dict.fromkeys(labels[k] for labels in eligible.values())) for k in wanted}
         return cls(eligible, values)
+
+
+_DEFAULT_POLICY = SpreadConstraint(1, "", "DoNotSchedule", None)
 
 
 def affinity_state(pod: PodRequest, index: PodIndex, labels: Labels) -> filters.AffinityState | None:
@@ -260,22 +272,25 @@ def affinity_scores(pod: PodRequest, index: PodIndex, labels: Labels, hard_weigh
 
 
 def spread_state(
-    pod: PodRequest, index: PodIndex, domains: Domains, constraints: Sequence[SpreadConstraint] | None = None
+    pod: PodRequest,
+    index: PodIndex,
+    domains: Sequence[Domains],
+    constraints: Sequence[SpreadConstraint] | None = None,
 ) -> filters.SpreadState:
     """PodTopologySpread's PreFilter (`filters.spread_counts`): per `DoNotSchedule` constraint (`constraints`, or
-    the pod's own), the matching pods (the pod's namespace, not terminating) on the `domains` nodes per topology
-    value, every value counted."""
+    the pod's own), the matching pods (the pod's namespace, not terminating) on that constraint's `domains` nodes
+    (one `Domains` per constraint, in order) per topology value, every value counted."""
     constraints = filters.hard_constraints(pod) if constraints is None else tuple(constraints)
     counts = []
-    for constraint in constraints:
+    for constraint, eligible in zip(constraints, domains, strict=True):
         key = constraint.topology_key
-        count = dict.fromkeys(domains.values.get(key, ()), 0)
+        count = dict.fromkeys(eligible.values.get(key, ()), 0)
         for node, found in _members(pod, constraint, index).items():
-            node_labels = domains.nodes.get(node)
+            node_labels = eligible.nodes.get(node)
             if node_labels is not None:
                 count[node_labels[key]] += found
         counts.append(count)
-    minimum = tuple(min(count.values()) if count else 0 for count in counts)
+    minimum = tuple(filters.global_minimum(n, c.min_domains) for c, n in zip(constraints, counts, strict=True))
     return filters.SpreadState(constraints, tuple(counts), minimum, filters.own_matches(pod, constraints))
 
 
@@ -283,18 +298,18 @@ def spread_scores(
     pod: PodRequest,
     index: PodIndex,
     feasible: Sequence[tuple[str, Mapping[str, str]]],
-    domains: Domains,
+    domains: Sequence[Domains],
     constraints: Sequence[SpreadConstraint] | None = None,
 ) -> scores.SpreadScores | None:
     """PodTopologySpread's PreScore (`scores.spread_prescore`, with the same `constraints`) from the index: the pairs
-    of the feasible nodes, counted over the `domains` nodes; for a hostname constraint, the matching pods per node
-    (`SpreadScores.hosts`)."""
+    of the feasible nodes, counted over each constraint's `domains` nodes (one `Domains` per constraint, in order);
+    for a hostname constraint, the matching pods per node (`SpreadScores.hosts`)."""
     state = scores.spread_prescore(pod, feasible, (), constraints)
     if state is None:
         return None
     hosts: list[Mapping[str, int] | None] = []
     counted: dict[LabelSelector | None, dict[str, int]] = {}  # constraints often share a selector (the defaults do)
-    for constraint in state.constraints:
+    for constraint, eligible in zip(state.constraints, domains, strict=True):
         on = counted.get(constraint.selector)
         if on is None:
             on = counted[constraint.selector] = _members(pod, constraint, index)
@@ -304,7 +319,7 @@ def spread_scores(
         hosts.append(None)
         key, counts = constraint.topology_key, state.counts
         for node, found in on.items():
-            node_labels = domains.nodes.get(node)
+            node_labels = eligible.nodes.get(node)
             if node_labels is not None and (pair := (key, node_labels[key])) in counts:
                 counts[pair] += found
     state.hosts = tuple(hosts)

@@ -452,10 +452,12 @@ def spread_prescore(
     feasible: Sequence[tuple[str, Mapping[str, str]]],
     nodes: Iterable[tuple[str, Mapping[str, str], Iterable[PodRequest]]],
     constraints: Sequence[SpreadConstraint] | None = None,
+    taints: Mapping[str, Sequence[Taint]] | None = None,
 ) -> SpreadScores | None:
     """None when the pod has no `ScheduleAnyway` constraint. `feasible` are (name, labels) of the nodes to score,
-    `nodes` (name, labels, pods on it) of every node: pods count on nodes passing the pod's node affinity.
-    `constraints` are the soft constraints to apply (a pod's defaulted ones); None: the pod's own."""
+    `nodes` (name, labels, pods on it) of every node, `taints` their taints (None: none): pods count for a
+    constraint on nodes its node inclusion policies admit (`filters.counts_toward_spread`). `constraints` are the
+    soft constraints to apply (a pod's defaulted ones); None: the pod's own."""
     constraints = soft_constraints(pod) if constraints is None else tuple(constraints)
     if not constraints:
         return None
@@ -480,14 +482,13 @@ def spread_prescore(
         for i, c in enumerate(constraints)
     )
     for name, labels, pods in nodes:
-        if not all(c.topology_key in labels for c in constraints) or not filters.matches_node_affinity(
-            pod, name, labels
-        ):
+        if not all(c.topology_key in labels for c in constraints):
             continue
         members: list[PodRequest] | None = None
+        on = taints.get(name, ()) if taints is not None else ()
         for c in constraints:
             pair = (c.topology_key, labels[c.topology_key])
-            if pair in counts:
+            if pair in counts and filters.counts_toward_spread(pod, c, name, labels, on):
                 members = list(pods) if members is None else members
                 counts[pair] += _matching(members, c, pod.namespace)
     return SpreadScores(constraints, ignored, counts, weights)

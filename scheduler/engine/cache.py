@@ -289,6 +289,22 @@ class NodeCache(Ledger):
             if other is not None and other is not record:
                 self._refresh(other)
 
+    def update_bound(self, request: PodRequest) -> bool:
+        """A bound pod's requests changed in place (Kubernetes 1.33+ resizes a running pod: its spec, then what the
+        kubelet reports in its status): count the new ones on its node, keeping the devices it holds, as
+        kube-scheduler's cache `UpdatePod` does. False when the engine holds no such pod (another UID, or none)."""
+        held = self.pods.get(request.key)
+        if held is None or held.request.uid != request.uid:
+            return False
+        record = self.nodes.get(held.node)
+        if record is None:
+            return False
+        self._count_usage(record, held.request, -1)
+        held.request = request
+        self._count_usage(record, request, +1)
+        self._refresh(record)
+        return True
+
     @contextmanager
     def pods_removed(self, keys: Iterable[str]) -> Iterator[list[PodRecord]]:
         """Pretend the pods are gone (preemption what-ifs), then put back exactly what they held."""

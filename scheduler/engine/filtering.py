@@ -94,27 +94,41 @@ class Filtering(Planning):
         """A node's labels by name; None for a node the engine does not know."""
         return self._labels(name)
 
-    def spread_domains(self, pod: PodRequest, constraints: Sequence[SpreadConstraint]) -> Domains:
-        """The nodes whose pods count for the pod's spread constraints (`_spread_domains`)."""
+    def spread_domains(self, pod: PodRequest, constraints: Sequence[SpreadConstraint]) -> tuple[Domains, ...]:
+        """Per constraint, the nodes whose pods count for it (`_spread_domains`)."""
         return self._spread_domains(pod, constraints)
 
     def _labels(self, name: str) -> Mapping[str, str] | None:
         record = self.nodes.get(name)
         return record.info.labels if record is not None else None
 
-    def _spread_domains(self, pod: PodRequest, constraints: Iterable[SpreadConstraint]) -> Domains:
-        """The nodes whose pods count for the pod's spread constraints (`podindex.Domains`), remembered until a node
-        is added, changed or removed."""
+    def _spread_domains(self, pod: PodRequest, constraints: Sequence[SpreadConstraint]) -> tuple[Domains, ...]:
+        """Per constraint, the nodes whose pods count for it (`podindex.Domains`, one per node inclusion policy the
+        constraints use), remembered until a node is added, changed or removed."""
         keys = tuple(c.topology_key for c in constraints)
-        slot = (keys, tuple(sorted(pod.node_selector.items())), pod.node_affinity)
-        known = self._domains.get(slot)
-        if known is not None and known[0] == self._node_epoch:
-            return known[1]
-        domains = Domains.of(pod, keys, ((r.name, r.info.labels) for r in self.nodes.values()))
-        if len(self._domains) >= 256:
-            self._domains.clear()
-        self._domains[slot] = (self._node_epoch, domains)
-        return domains
+        found: dict[tuple[bool, bool], Domains] = {}
+        for constraint in constraints:
+            policy = constraint.inclusion
+            if policy in found:
+                continue
+            honor_affinity, honor_taints = policy
+            slot = (
+                keys,
+                policy,
+                tuple(sorted(pod.node_selector.items())) if honor_affinity else (),
+                pod.node_affinity if honor_affinity else None,
+                pod.tolerations if honor_taints else (),
+            )
+            known = self._domains.get(slot)
+            if known is not None and known[0] == self._node_epoch:
+                found[policy] = known[1]
+                continue
+            nodes = ((r.name, r.info.labels, r.info.taints) for r in self.nodes.values())
+            found[policy] = domains = Domains.of(pod, keys, nodes, constraint)
+            if len(self._domains) >= 256:
+                self._domains.clear()
+            self._domains[slot] = (self._node_epoch, domains)
+        return tuple(found[c.inclusion] for c in constraints)
 
     def _device_fit(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status:
         for plugin, needs in plan.devices:

@@ -187,8 +187,9 @@ class EngineState:
         self._signatures: dict[tuple[object, ...], tuple[object, ...]] = {}
         # owners' combined selector -> the profile's default spread constraints with it. Cleared by `set_owner`.
         self._defaulted: dict[LabelSelector, tuple[SpreadConstraint, ...]] = {}
-        # (topology keys, node selector, node affinity) -> (node epoch, the nodes whose pods count for a spread
-        # constraint). Stale when the node epoch moved. Past 256, dropped all at once.
+        # (topology keys, node inclusion policy, and what the policy reads of the pod: node selector and node affinity
+        # when it honours affinity, tolerations when it honours taints) -> (node epoch, the nodes whose pods count
+        # for a spread constraint of that policy). Stale when the node epoch moved. Past 256, dropped all at once.
         self._domains: dict[tuple[object, ...], tuple[int, Domains]] = {}
         # The last pod's cluster-wide filter state (InterPodAffinity, PodTopologySpread PreFilter): keyed by the pod
         # and its plan (identity) and the generation; stale when any of them differs.

@@ -16,7 +16,15 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubegpu.core.models import LabelSelector, PodAffinityTerm, PodRequest, Requirement, SpreadConstraint
+from kubegpu.core.models import (
+    LabelSelector,
+    PodAffinityTerm,
+    PodRequest,
+    Requirement,
+    SpreadConstraint,
+    Taint,
+    Toleration,
+)
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node, make_pod
 from kubegpu.plugins.intel_gas import scheduler as intel
@@ -28,8 +36,11 @@ from .test_properties import NODE_KINDS, SHAPES
 
 ZONES = ("a", "b")
 APP = LabelSelector((Requirement("app", "In", ("web",)),))
-# A pod's flavour beside its device shape: none, required anti-affinity per node, a hard spread over zones.
-FLAVOURS = ("plain", "anti", "spread", "cpu")
+# A pod's flavour beside its device shape: none, required anti-affinity per node, a hard spread over zones; a hard
+# spread over hosts honouring taints (1.33's nodeTaintsPolicy, with minDomains), by a pod tolerating the taint some
+# nodes carry or not (the spread memo's key holds the tolerations only then).
+FLAVOURS = ("plain", "anti", "spread", "cpu", "taints", "tolerant")
+TAINT = Taint("example.com/dedicated", None, "NoSchedule")
 
 
 def engine() -> Engine:
@@ -56,7 +67,7 @@ def node(kind: str, serial: int, cordoned: bool = False) -> Any:
     }
     allocatable = {**spec.get("allocatable", {}), **NEURON.get(kind, {}), "pods": "6"}
     info = make_node(name, labels=labels, allocatable=allocatable, cpu="3")
-    return dataclasses.replace(info, unschedulable=cordoned)
+    return dataclasses.replace(info, unschedulable=cordoned, taints=(TAINT,) if serial % 3 == 2 else ())
 
 
 def pod(serial: int, shape: int, flavour: str) -> PodRequest:
@@ -70,6 +81,10 @@ def pod(serial: int, shape: int, flavour: str) -> PodRequest:
         request = dataclasses.replace(
             request, spread=(SpreadConstraint(1, "topology.kubernetes.io/zone", "DoNotSchedule", APP),)
         )
+    elif flavour in ("taints", "tolerant"):
+        constraint = SpreadConstraint(1, "kubernetes.io/hostname", "DoNotSchedule", APP, 3, "Honor", "Honor")
+        tolerations = (Toleration(TAINT.key, "Exists"),) if flavour == "tolerant" else ()
+        request = dataclasses.replace(request, spread=(constraint,), tolerations=tolerations)
     return request
 
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubegpu.core.manifests import label_selector, node_info, pod_request
-from kubegpu.core.models import LabelSelector, PodRequest, Requirement, SpreadConstraint
+from kubegpu.core.models import LabelSelector, PodRequest, Requirement, SpreadConstraint, Taint
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest
 from kubegpu.scheduler import filters, objects, podindex, scores
@@ -24,6 +24,7 @@ from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.engine.kubefilters import PodTopologySpread
 
 ZONE = "topology.kubernetes.io/zone"
+TAINT = "example.com/dedicated"
 HOST = "kubernetes.io/hostname"
 NAMESPACES = ["a", "b"]
 SPEC = {"containers": [{"name": "main"}]}
@@ -87,15 +88,32 @@ def pod_documents(draw: st.DrawFn) -> dict[str, Any]:
         selector = draw(selectors)
         if selector is not None:
             constraint["labelSelector"] = selector
+        # The fields of 1.27-1.33: minDomains (DoNotSchedule only), the node inclusion policies, matchLabelKeys.
+        if constraint["whenUnsatisfiable"] == "DoNotSchedule" and draw(st.booleans()):
+            constraint["minDomains"] = draw(st.integers(1, 4))
+        for policy in ("nodeAffinityPolicy", "nodeTaintsPolicy"):
+            value = draw(st.sampled_from([None, "Honor", "Ignore"]))
+            if value is not None:
+                constraint[policy] = value
+        if draw(st.booleans()):
+            constraint["matchLabelKeys"] = draw(st.lists(st.sampled_from(["app", "tier"]), max_size=2, unique=True))
         spread.append(constraint)
     if spread:
         spec["topologySpreadConstraints"] = spread
+    if draw(st.booleans()):
+        spec["tolerations"] = [{"key": TAINT, "operator": "Exists"}]
     if draw(st.booleans()):
         spec["nodeSelector"] = {ZONE: draw(st.sampled_from(["z1", "z2"]))}
     metadata: dict[str, Any] = {"namespace": draw(st.sampled_from(NAMESPACES)), "labels": draw(label_sets)}
     if draw(st.integers(0, 5)) == 0:
         metadata["deletionTimestamp"] = "2024-01-01T00:00:00Z"
     return {"kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def shaped_node(name: str, shape: tuple[str | None, str | None, bool, str | None]) -> dict[str, Any]:
+    zone, rack, hostname, effect = shape
+    taints = [{"key": TAINT, "effect": effect}] if effect else []
+    return node_manifest(name, labels=node_labels(name, zone, rack, hostname), taints=taints)
 
 
 def node_labels(name: str, zone: str | None, rack: str | None, hostname: bool) -> dict[str, str]:
@@ -107,7 +125,12 @@ def node_labels(name: str, zone: str | None, rack: str | None, hostname: bool) -
     return labels
 
 
-node_shapes = st.tuples(st.sampled_from([None, "z1", "z2", "z3"]), st.sampled_from([None, "r1", "r2"]), st.booleans())
+node_shapes = st.tuples(
+    st.sampled_from([None, "z1", "z2", "z3"]),
+    st.sampled_from([None, "r1", "r2"]),
+    st.booleans(),
+    st.sampled_from([None, "NoSchedule", "PreferNoSchedule"]),  # a taint the probes may tolerate
+)
 # An owner set or deleted (selector None): Services and ReplicationControllers select by a map, the others by a
 # LabelSelector; an empty one selects no pod.
 owner_changes = st.one_of(
@@ -155,6 +178,10 @@ def located(e: Engine) -> list[tuple[PodRequest, dict[str, str]]]:
 
 def on_nodes(e: Engine) -> list[tuple[str, dict[str, str], list[PodRequest]]]:
     return [(r.name, dict(r.info.labels), [e.pods[k].request for k in r.pods]) for r in e.nodes.values()]
+
+
+def taints_of(e: Engine) -> dict[str, tuple[Taint, ...]]:
+    return {r.name: r.info.taints for r in e.nodes.values()}
 
 
 def scanned_affinity(e: Engine, pod: PodRequest) -> filters.AffinityState | None:
@@ -218,7 +245,7 @@ def check_against_scans(e: Engine, probe: PodRequest, owners: dict[tuple[str, st
     assert plan.hard_spread == hard
     if hard:
         indexed = podindex.spread_state(probe, index, e._spread_domains(probe, hard), hard)
-        assert indexed == filters.spread_counts(probe, on_nodes(e), hard)
+        assert indexed == filters.spread_counts(probe, on_nodes(e), hard, taints_of(e))
         # The cycle's remembered judge refuses as a fresh PodTopologySpread PreFilter does (it runs first).
         judge, fresh = e._cluster_state(probe, plan).judge, PodTopologySpread().prefilter(e, probe, plan)
         assert fresh is not None
@@ -229,7 +256,7 @@ def check_against_scans(e: Engine, probe: PodRequest, owners: dict[tuple[str, st
     assert plan.soft_spread == soft
     if soft:
         feasible = [(r.name, dict(r.info.labels)) for r in e.nodes.values()]
-        scanned = scores.spread_prescore(probe, feasible, on_nodes(e), soft)
+        scanned = scores.spread_prescore(probe, feasible, on_nodes(e), soft, taints_of(e))
         indexed_scores = podindex.spread_scores(probe, index, feasible, e._spread_domains(probe, soft), soft)
         assert scanned is not None and indexed_scores is not None
         assert (indexed_scores.ignored, indexed_scores.counts, indexed_scores.weights) == (
@@ -252,7 +279,7 @@ def check_against_scans(e: Engine, probe: PodRequest, owners: dict[tuple[str, st
     st.lists(st.tuples(st.sampled_from(NAMESPACES), label_sets), max_size=3),  # probes with no constraints
 )
 def test_index_answers_equal_a_scan_of_every_placed_pod(
-    shapes: list[tuple[str | None, str | None, bool]],
+    shapes: list[tuple[str | None, str | None, bool, str | None]],
     ops: list[tuple[Any, ...]],
     probes: list[dict[str, Any]],
     defaults: tuple[SpreadConstraint, ...],
@@ -264,8 +291,8 @@ def test_index_answers_equal_a_scan_of_every_placed_pod(
     owners: dict[tuple[str, str, str], LabelSelector | None] = {}
     for change in initial_owners:
         own(e, owners, change)
-    for i, (zone, rack, hostname) in enumerate(shapes):
-        e.add_node(node_info(node_manifest(f"n{i}", labels=node_labels(f"n{i}", zone, rack, hostname))))
+    for i, shape in enumerate(shapes):
+        e.add_node(node_info(shaped_node(f"n{i}", shape)))
     probes += [{"kind": "Pod", "metadata": {"namespace": ns, "labels": labels}, "spec": SPEC} for ns, labels in plain]
     requests = [request(document, f"probe{i}") for i, document in enumerate(probes)]
     for step, op in enumerate(ops):
@@ -274,7 +301,7 @@ def test_index_answers_equal_a_scan_of_every_placed_pod(
         elif op[0] == "release" and e.pods:
             e.release(sorted(e.pods)[op[1] % len(e.pods)])
         elif op[0] == "relabel" and f"n{op[1]}" in e.nodes:
-            e.add_node(node_info(node_manifest(f"n{op[1]}", labels=node_labels(f"n{op[1]}", *op[2]))))
+            e.add_node(node_info(shaped_node(f"n{op[1]}", op[2])))
         elif op[0] == "remove":
             e.remove_node(f"n{op[1]}")
         elif op[0] == "own":

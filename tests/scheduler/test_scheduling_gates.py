@@ -100,6 +100,37 @@ def test_a_gated_pod_of_another_scheduler_is_not_counted(service: CustomSchedule
     assert gauge(service) == 0.0
 
 
+def per_gate(service: CustomScheduler) -> dict[str, float]:
+    """`kubegpu_scheduler_gated_pods{gate}` as /metrics serves it."""
+    families = service.metrics.registry.collect()
+    samples = [s for f in families if f.name == "kubegpu_scheduler_gated_pods" for s in f.samples]
+    return {s.labels["gate"]: s.value for s in samples}
+
+
+def test_metrics_name_the_gates_pods_wait_on(service: CustomScheduler) -> None:
+    service.mirror.on_pods("ADDED", gated("job-0"))
+    service.mirror.on_pods("ADDED", gated("job-1", GATES[:1]))
+    assert per_gate(service) == {"kueue.x-k8s.io/admission": 2.0, "example.com/quota": 1.0}
+    service.mirror.on_pods("MODIFIED", gated("job-0", GATES[1:]))  # Kueue admitted job-0; quota still holds it
+    assert per_gate(service) == {"kueue.x-k8s.io/admission": 1.0, "example.com/quota": 1.0}
+    service.mirror.on_pods("MODIFIED", gated("job-0", []))
+    service.mirror.on_pods("DELETED", gated("job-1", GATES[:1]))
+    assert per_gate(service) == {}, "a gate no pod waits on has no series"
+
+
+def test_tenant_gate_names_cost_at_most_32_series_each_bounded_and_escaped(service: CustomScheduler) -> None:
+    for i in range(40):
+        service.mirror.on_pods("ADDED", gated(f"p{i}", [f"example.com/g{i}"]))
+    service.mirror.on_pods("ADDED", gated("evil", ["evil\x1b[31m" + "x" * 5000]))
+    found = per_gate(service)
+    assert len(found) == 33 and found["(other)"] == 9.0
+    assert all(len(label) <= 1024 and "\x1b" not in label for label in found)
+    for i in range(40):
+        service.mirror.on_pods("DELETED", gated(f"p{i}", [f"example.com/g{i}"]))
+    service.mirror.on_pods("DELETED", gated("evil", []))
+    assert per_gate(service) == {}
+
+
 def test_kubegpu_top_shows_a_gated_pod_with_its_gate_names() -> None:
     view = ClusterView(make_plugin_manager("scheduler"), None)
     view.sync_pods([gated("job-0")])
