@@ -142,6 +142,12 @@ def _headroom(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, An
             )
         if not _owned(manager, plugin, resource):
             raise WrongAnswer(f"returned a Headroom naming {resource!r}, which plugin {plugin!r} does not own")
+    unlisted = answer.unlisted
+    if not isinstance(unlisted, frozenset) or not all(isinstance(r, str) for r in unlisted):
+        raise WrongAnswer(f"returned a Headroom whose unlisted is {_kind(unlisted)}; a frozenset of resources is due")
+    for resource in unlisted:
+        if not _owned(manager, plugin, resource):
+            raise WrongAnswer(f"returned a Headroom naming {resource!r}, which plugin {plugin!r} does not own")
     utilization = answer.utilization
     if not _is_number(utilization) or not 0.0 <= utilization <= 1.0:  # NaN fails both comparisons
         raise WrongAnswer(f"returned a Headroom with utilization {_kind(utilization)}; a number in [0, 1] is due")

@@ -65,10 +65,15 @@ class Headroom:
 
     `free` maps each owned resource to the largest amount one container could be given now (an upper bound is
     allowed: `fit` decides exactly); `utilization` is the used fraction of the plugin's devices on the node (0..1).
+    `unlisted`: owned resources the node need not list in its allocatable, because the plugin's own books count
+    them (the kubelet admits a request for an extended resource its node does not list: 1.20's
+    `removeMissingExtendedResources`); NodeResourcesFit then leaves them to `fit`, as kube-scheduler leaves an
+    extender's `ignoredByScheduler` resources. HAMi's nodes list `nvidia.com/gpu` but not `nvidia.com/gpucores`.
     """
 
     free: dict[str, int] = field(default_factory=dict)
     utilization: float = 0.0
+    unlisted: frozenset[str] = frozenset()
 
 
 # ---------------------------------------------------------------------------------------------------------------

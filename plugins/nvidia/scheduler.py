@@ -78,6 +78,9 @@ from kubegpu.plugins.nvidia.topology import (
 __all__ = ["NAME", "RESOURCE", "RESOURCES", "Ask", "NvidiaNodeState", "parse_ask", "read_ask"]
 
 RESOURCES = [RESOURCE, *SHARE_RESOURCES]
+# The per-GPU books count the share resources: a node need not list them (HAMi's device plugin lists only
+# nvidia.com/gpu; the kubelet admits requests for extended resources its node does not list).
+UNLISTED = frozenset(SHARE_RESOURCES)
 POLICY_ENV = "KUBEGPU_NVIDIA_SHARE_POLICY"
 POLICIES = ("fgd", "bestfit")
 WORKLOAD_KEY = "workload"  # in the engine's `shared` dict: the mix of pods its states took (`Workload`)
@@ -146,7 +149,6 @@ class NvidiaNodeState(DeviceNodeState):
         healthy: list[bool],
         tree: GroupTree,
         split: int = 1,
-        offered: frozenset[str] = frozenset(),
         workload: Workload | None = None,
     ) -> None:
         super().__init__(node)
@@ -162,7 +164,6 @@ class NvidiaNodeState(DeviceNodeState):
         # Shares: a GPU hosts at most `split` of them; compute in percent, memory in MiB (in percent when the
         # GPU's memory is unknown: `memory_cap`). `free` holds only GPUs that nobody holds whole and nobody shares.
         self.split = max(1, split)
-        self.offered = offered
         self.memory_known = tuple(m is not None for m in memories)
         self.memory_cap = tuple(100 if m is None else m // MIB for m in memories)
         self.cores_used = [0] * len(ids)
@@ -259,12 +260,9 @@ def kubegpu_scheduler_headroom(state: DeviceNodeState) -> Headroom | None:
     healthy = s.healthy.bit_count()
     held = sum(1 for bit in range(len(s.ids)) if s.holders[bit] is not None and s.healthy >> bit & 1)
     used = held + sum(s.cores_used[bit] for bit in range(len(s.ids)) if s.healthy >> bit & 1) / 100
-    free = {RESOURCE: len(shareable)}
-    for resource, amount in ((CORES, cores), (MEMORY, mib), (MEMORY_PERCENT, percent)):
-        if resource in s.offered:  # others the kubelet would refuse: nothing free
-            free[resource] = amount
     return Headroom(
-        free=free,
+        free={RESOURCE: len(shareable), CORES: cores, MEMORY: mib, MEMORY_PERCENT: percent},
+        unlisted=UNLISTED,
         utilization=min(1.0, used / healthy) if healthy else 0.0,
     )
 
@@ -631,9 +629,6 @@ def bit_list(mask: int) -> list[int]:
 def share_never_fits(state: NvidiaNodeState, eligible: int, ask: Ask) -> str | None:
     """Why the node could not take the shares even with every GPU free, or None."""
     for share in ask.shares:
-        for resource in share.asked:
-            if resource not in state.offered:
-                return f"node(s) do not offer {resource} (the kubelet would not admit the pod)"
         bits = bit_list(eligible)
         if share.count > len(bits):
             return f"node(s) have fewer than {share.count} GPUs for container {share.container}"
@@ -834,11 +829,6 @@ def gpus_from_labels(labels: Mapping[str, str], allocatable: Mapping[str, int]) 
     return LabelInventory(count, model, memory_mib * MIB if memory_mib is not None else None, split)
 
 
-def offered_shares(allocatable: Mapping[str, int]) -> frozenset[str]:
-    """The share resources a node offers (the kubelet admits a pod only for resources its node advertises)."""
-    return frozenset(r for r in SHARE_RESOURCES if allocatable.get(r, 0) > 0)
-
-
 def _label_int(value: str | None) -> int | None:
     if value is None:
         return None
@@ -877,7 +867,6 @@ def state_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping
         [True] * n,
         catalog_tree(kind, n),
         split=found.split,
-        offered=offered_shares(allocatable),
     )
 
 
@@ -913,5 +902,4 @@ def state_from_inventory(
         [d.healthy for d in devices],
         tree,
         split=offered // len(ids) if offered > len(ids) else 1,
-        offered=offered_shares(allocatable),
     )

@@ -89,8 +89,9 @@ class NodePorts:
 
 class NodeResourcesFit:
     """Every resource the node lacks, as kube-scheduler lists them; unresolvable only when the one resource short
-    exceeds what the node has at all. The cycle's capacity index stands in for it (a node offering too little is
-    not filtered): with it off, the index refuses no node."""
+    exceeds what the node has at all. A device plugin's resource that the node does not list at all is left to the
+    plugin where the plugin's books count it (`Headroom.unlisted`), as the kubelet leaves it. The cycle's capacity
+    index stands in for it (a node offering too little is not filtered): with it off, the index refuses no node."""
 
     name, reads_usage = "NodeResourcesFit", True
 
@@ -104,7 +105,11 @@ class NodeResourcesFit:
         if allocatable.get("pods", 0) - used["pods"] < 1:
             short.append(filters.TOO_MANY_PODS)
         for resource, need in plan.fit:
-            have = allocatable.get(resource, 0)
+            have = allocatable.get(resource)
+            if have is None:
+                if any(resource in headroom.unlisted for headroom in record.headroom.values()):
+                    continue  # the plugin's books count it (`Headroom.unlisted`), and the kubelet admits it
+                have = 0
             if have - used[resource] < need:
                 short.append(f"Insufficient {resource}")
                 hopeless = hopeless or have < need

@@ -103,6 +103,7 @@ WRONG = [
     ("headroom", Headroom(free={CARD: -1})),
     ("headroom", Headroom(free={CARD: 1}, utilization=math.nan)),
     ("headroom", Headroom(free={OTHER: 5})),
+    ("headroom", Headroom(free={CARD: 1}, unlisted=frozenset({OTHER}))),
     ("validate", False),
     ("validate", "ok"),
     ("fit", True),

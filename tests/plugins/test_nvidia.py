@@ -200,7 +200,7 @@ def test_advertised_inventory_wins_and_unhealthy_gpu_is_skipped(pm: KubegpuPlugi
     state = build(pm, advertised_node(gpus(4, unhealthy=(0,)), {"kind": "nvswitch"}, labels=labels))
     assert state.ids == ("0", "1", "2", "3")
     headroom = pm.call("nvidia", "kubegpu_scheduler_headroom", state=state)
-    assert headroom.free == {GPU: 3}
+    assert headroom.free[GPU] == 3
 
     allocation = pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=gpu_pod(3))
     assert_allocation(allocation, {"c0": {GPU: ["1", "2", "3"]}})
@@ -505,7 +505,7 @@ def test_a_pod_keeps_a_gpu_that_turned_unhealthy_but_it_is_never_handed_out_agai
     running = PluginAllocation(plugin="nvidia", containers={"main": {GPU: ["6", "7"]}})
     assert pm.call("nvidia", "kubegpu_scheduler_take", state=state, pod_key="ns/running", allocation=running).ok
     assert pm.call("nvidia", "kubegpu_scheduler_release", state=state, pod_key="ns/running", allocation=running).ok
-    assert pm.call("nvidia", "kubegpu_scheduler_headroom", state=state).free == {GPU: 7}
+    assert pm.call("nvidia", "kubegpu_scheduler_headroom", state=state).free[GPU] == 7
     everything = pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=gpu_pod(7))
     assert "7" not in everything.containers["c0"][GPU]
 
@@ -535,7 +535,7 @@ def test_headroom_and_describe(pm: KubegpuPluginManager) -> None:
     state = build(pm, gfd_node())
     hold(pm, state, [0, 1, 2], key="ns/a")
     headroom = pm.call("nvidia", "kubegpu_scheduler_headroom", state=state)
-    assert headroom.free == {GPU: 5} and headroom.utilization == pytest.approx(3 / 8)
+    assert headroom.free[GPU] == 5 and headroom.utilization == pytest.approx(3 / 8)
 
     (occupancy,) = pm.call("nvidia", "kubegpu_scheduler_describe", state=state)
     assert (occupancy.family, occupancy.layout, occupancy.columns) == ("nvidia", "grid", 4)

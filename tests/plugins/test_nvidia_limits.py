@@ -340,4 +340,3 @@ def test_a_node_configured_for_shares_advertises_them_as_the_scheduler_reads_the
     node = make_node("n", labels=advertised.labels, allocatable=advertised.capacity)
     state = scheduler.kubegpu_scheduler_build_node(node=node, shared=None)
     assert state is not None and state.split == capacity[GPU] // 2
-    assert (CORES in state.offered) is (CORES in capacity)

@@ -157,12 +157,6 @@ def test_a_share_never_lands_on_a_gpu_held_whole(pm: KubegpuPluginManager) -> No
     assert status.code is Code.ERROR and "held whole" in status.message
 
 
-def test_a_node_that_does_not_offer_gpucores_is_never_chosen_for_them(pm: KubegpuPluginManager) -> None:
-    state = build(pm, make_node("plain", labels={"nvidia.com/gpu.count": "2"}, allocatable={GPU: 2}))
-    status = pm.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=share_pod(main={GPU: 1, CORES: 10}))
-    assert status.code is Code.UNRESOLVABLE and "do not offer nvidia.com/gpucores" in status.message
-
-
 def test_bestfit_packs_onto_the_fullest_gpu_that_fits(
     pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -409,3 +403,31 @@ def test_the_mix_stays_bounded_whatever_shapes_pods_come_in() -> None:
     assert (1, 1000, 8000) in {(n, milli, cpu) for n, milli, cpu, _ in mix}
     assert sum(p for *_, p in mix) == pytest.approx(1.0)
     assert len(workload.table().cpus) <= 8
+
+
+def test_a_node_advertising_only_nvidia_gpu_takes_shares_from_its_gfd_books() -> None:
+    """HAMi's device plugin lists `nvidia.com/gpu` (GPUs x the split) but not `gpucores`/`gpumem` in the node's
+    capacity; the kubelet drops requests for extended resources its node does not list before its own fit check
+    (1.20's `removeMissingExtendedResources`), so such a node runs shares: the per-GPU books come from GFD's labels."""
+    engine = Engine(build_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    labels = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.memory": "16384"}
+    allocatable = {"cpu": "8", "memory": "32Gi", "pods": "110", GPU: "20"}
+    engine.add_node(
+        node_info({"kind": "Node", "metadata": {"name": "n", "labels": labels}, "status": {"allocatable": allocatable}})
+    )
+
+    def pod(name: str, cores: int, mib: int) -> PodRequest:
+        limits = {GPU: "1", CORES: str(cores), MEM: str(mib)}
+        container = {"name": "main", "resources": {"limits": limits}}
+        return pod_request(
+            {"kind": "Pod", "metadata": {"name": name, "namespace": "ns"}, "spec": {"containers": [container]}}
+        )[0]
+
+    placed = [engine.schedule(pod(f"p{i}", 60, 8192)) for i in range(2)]
+    assert all(p.scheduled for p in placed), [p.reason for p in placed]
+    shares = [p.allocation.shares["main"] for p in placed if p.allocation is not None]
+    assert sorted(gpu for s in shares for gpu in s[CORES]) == ["0", "1"]
+    assert all(s[CORES] == {g: 60} and s[MEM] == {g: 8192} for s in shares for g in s[CORES])
+    refused = engine.schedule(pod("third", 50, 1024))
+    assert not refused.scheduled
+    assert "has 40% compute free, the pod asks 50%" in refused.reason
