@@ -43,7 +43,8 @@ from kubegpu.core.models import (
 from kubegpu.core.quantity import QuantityError, to_int
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
 from kubegpu.core.status import Status
-from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE
+from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE, mig
+from kubegpu.plugins.nvidia.mig import MIG_PREFIX, MIG_RESOURCES, MigBooks
 from kubegpu.plugins.nvidia.sharing import (
     ANY_CPU,
     CORES,
@@ -77,7 +78,8 @@ from kubegpu.plugins.nvidia.topology import (
 
 __all__ = ["NAME", "RESOURCE", "RESOURCES", "Ask", "NvidiaNodeState", "parse_ask", "read_ask"]
 
-RESOURCES = [RESOURCE, *SHARE_RESOURCES]
+RESOURCES = [RESOURCE, *SHARE_RESOURCES, *MIG_RESOURCES]
+MIG_OWNED = frozenset(MIG_RESOURCES)
 # The per-GPU books count the share resources: a node need not list them (HAMi's device plugin lists only
 # nvidia.com/gpu; the kubelet admits requests for extended resources its node does not list).
 UNLISTED = frozenset(SHARE_RESOURCES)
@@ -116,6 +118,7 @@ class Ask:
     memory: int | None = None
     memory_text: str | None = None
     error: str | None = None
+    mig: tuple[tuple[str, str, int], ...] = ()  # (container, MIG profile, count) for `nvidia.com/mig-<profile>`
 
 
 Plan = tuple[tuple[str, int, int, int], ...]
@@ -173,6 +176,7 @@ class NvidiaNodeState(DeviceNodeState):
         self.policy = os.environ.get(POLICY_ENV, "fgd").strip().lower()
         # The mix of pods the engine's states took, shared by them (a state built without an engine learns alone).
         self.workload = workload if workload is not None else Workload()
+        self.mig: MigBooks | None = None  # the node's MIG-enabled GPUs, apart from the GPUs above (`mig.py`)
         self.version = 0
         self._free: tuple[int, tuple[int, ...]] | None = None
         self._eligible: dict[tuple[str | None, str | None], tuple[int, str | None]] = {}
@@ -242,9 +246,14 @@ def kubegpu_scheduler_build_node(node: NodeInfo, shared: dict[str, object] | Non
         workload = shared[WORKLOAD_KEY] = Workload()
     inventory = node.inventories.get(NAME)
     if inventory is not None:
+        inventory, books = mig.books_from_inventory(node.name, inventory)
         state = state_from_inventory(node.name, inventory, instance_type(node.labels), node.allocatable)
     else:
+        books = mig.books_from_labels(node.name, node.labels, node.allocatable)
         state = state_from_labels(node.name, node.labels, node.allocatable)
+    if books is not None:
+        state = state or NvidiaNodeState(node.name, [], [], [], [], catalog_tree(None, 1))  # every GPU MIG-enabled
+        state.mig = books
     if state is not None and isinstance(workload, Workload):
         state.workload = workload
     return state
@@ -261,7 +270,13 @@ def kubegpu_scheduler_headroom(state: DeviceNodeState) -> Headroom | None:
     held = sum(1 for bit in range(len(s.ids)) if s.holders[bit] is not None and s.healthy >> bit & 1)
     used = held + sum(s.cores_used[bit] for bit in range(len(s.ids)) if s.healthy >> bit & 1) / 100
     return Headroom(
-        free={RESOURCE: len(shareable), CORES: cores, MEMORY: mib, MEMORY_PERCENT: percent},
+        free={
+            RESOURCE: len(shareable),
+            CORES: cores,
+            MEMORY: mib,
+            MEMORY_PERCENT: percent,
+            **(s.mig.free_counts() if s.mig is not None else {}),
+        },
         unlisted=UNLISTED,
         utilization=min(1.0, used / healthy) if healthy else 0.0,
     )
@@ -284,6 +299,10 @@ def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: Ask
     ask = prepared
     if ask.error:
         return Status.unresolvable(ask.error, plugin=NAME)
+    if ask.mig:
+        refused = mig_refusal(s, ask)
+        if refused is not None:
+            return refused
     if not ask.total and not ask.shares:
         return Status.success()
     mask, reason = s.eligible(ask)
@@ -352,6 +371,12 @@ def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared
         return None
     chosen = 0
     containers: dict[str, dict[str, list[str]]] = {}
+    if ask.mig:
+        devices = s.mig.plan(ask.mig) if s.mig is not None else None
+        if devices is None:
+            return None
+        for container, resource, ids in devices:
+            containers.setdefault(container, {})[resource] = ids
     shares: dict[str, dict[str, dict[str, int]]] = {}
     for name, _, mask, _ in plan.whole:
         containers[name] = {RESOURCE: ids_of(mask, s.ids)}
@@ -378,6 +403,13 @@ def kubegpu_scheduler_take(
     state: DeviceNodeState, pod_key: str, allocation: PluginAllocation, pod: PodRequest | None
 ) -> Status | None:
     s = _own(state)
+    allocation, devices = split_mig(s, allocation)
+    if isinstance(devices, str):
+        return Status.error(devices, plugin=NAME)
+    books = s.mig
+    taken = next((d for d in devices if books is not None and d in books.holders), None)
+    if taken is not None and books is not None:
+        return Status.error(f"MIG device {taken} is already held by {books.holders[taken]}", plugin=NAME)
     read = read_allocation(s, allocation)
     if isinstance(read, str):
         return Status.error(read, plugin=NAME)
@@ -398,6 +430,8 @@ def kubegpu_scheduler_take(
     for bit in bits:
         s.holders[bit] = pod_key
         s.free &= ~(1 << bit)
+    if books is not None:  # split_mig read the devices from it
+        books.holders.update(dict.fromkeys(devices, pod_key))
     cpu = pod.cpu_milli if pod is not None else 0
     if bits:
         s.workload.add((len(bits), WHOLE, cpu))
@@ -418,10 +452,16 @@ def kubegpu_scheduler_take(
 @hookimpl
 def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status | None:
     s = _own(state)
+    allocation, devices = split_mig(s, allocation)
+    if isinstance(devices, str):
+        return Status.error(devices, plugin=NAME)
     read = read_allocation(s, allocation)
     if isinstance(read, str):
         return Status.error(read, plugin=NAME)
     bits, _ = read
+    for device in devices:
+        if s.mig is not None and s.mig.holders.get(device) == pod_key:  # idempotent, as below
+            del s.mig.holders[device]
     for bit in bits:
         if s.holders[bit] != pod_key:  # idempotent (Unreserve): what the pod no longer holds is left alone
             continue
@@ -457,7 +497,7 @@ def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy] | None
         )
     free = state.free.bit_count()
     grid = state.tree.kind == CUBE_MESH and len(cells) == 8
-    return [
+    pictures = [
         Occupancy(
             family=NAME,
             layout="grid" if grid else "cells",
@@ -470,6 +510,21 @@ def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy] | None
             links=list(link_pairs(state.tree)),
         )
     ]
+    if state.mig is not None:  # one cell per MIG device: "GPU@start profile"
+        books = state.mig
+        mig_cells = [
+            DeviceCell(
+                id=f"{device} {instance.profile}",
+                holders=[holder] if (holder := books.holders.get(device)) else [],
+                used=1.0 if holder else 0.0,
+            )
+            for device, instance in books.devices.items()
+        ]
+        unheld = len(books.devices) - len(books.holders)
+        pictures.append(
+            Occupancy(family=f"{NAME}-mig", cells=mig_cells, total=len(mig_cells), free=unheld, largest_fit=unheld)
+        )
+    return pictures if state.ids or state.mig is None else pictures[1:]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -486,6 +541,33 @@ def owns(resource: str) -> bool:
     return resource in RESOURCES
 
 
+def mig_refusal(state: NvidiaNodeState, ask: Ask) -> Status | None:
+    """Why the node cannot give the ask's MIG devices now (unresolvable when it never could), or None."""
+    if state.mig is None:
+        return Status.unresolvable(f"Insufficient {MIG_PREFIX}{ask.mig[0][1]}", plugin=NAME)
+    refused = state.mig.refusal(ask.mig)
+    if refused is None:
+        return None
+    never, reason = refused
+    return Status.unresolvable(reason, plugin=NAME) if never else Status.unschedulable(reason, plugin=NAME)
+
+
+def split_mig(state: NvidiaNodeState, allocation: PluginAllocation) -> tuple[PluginAllocation, list[str] | str]:
+    """The allocation without its MIG resources, and the MIG device ids they name (or why they cannot be read on
+    this node: a decoded annotation may hold anything)."""
+    containers: dict[str, dict[str, list[str]]] = {}
+    found: dict[str, dict[str, list[str]]] = {}
+    for container, resources in allocation.containers.items():
+        for resource, ids in resources.items():
+            (found if resource in MIG_OWNED else containers).setdefault(container, {})[resource] = ids
+    if not found:
+        return allocation, []
+    rest = allocation.model_copy(update={"containers": containers})
+    if state.mig is None:
+        return rest, "the allocation names MIG devices, and this node has none"
+    return rest, state.mig.read(found)
+
+
 def read_ask(pod: PodRequest) -> Ask:
     """The nvidia part of a pod (the engine reads it once per pod signature: `kubegpu_scheduler_prepare`)."""
     return parse_ask(pod.containers, pod.annotations)
@@ -496,7 +578,17 @@ def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, 
     wanted: list[tuple[str, int]] = []
     shares: list[Share] = []
     error = None
+    migs: list[tuple[str, str, int]] = []
     for container in containers:
+        asked_mig = [(r[len(MIG_PREFIX) :], n) for r, n in container.resources.items() if r in MIG_OWNED and n > 0]
+        if asked_mig:
+            if any(container.resources.get(r, 0) > 0 for r in (RESOURCE, *SHARE_RESOURCES)):
+                error = error or (
+                    f"container {container.name} asks {MIG_PREFIX}{asked_mig[0][0]} beside {RESOURCE} or a share; "
+                    f"a container gets MIG devices or GPUs, not both"
+                )
+            migs.extend((container.name, profile, count) for profile, count in sorted(asked_mig))
+            continue
         try:
             share = read_share(container.name, container.resources)
         except ShareError as exc:
@@ -528,6 +620,7 @@ def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, 
         memory=memory,
         memory_text=memory_text,
         error=error,
+        mig=tuple(migs),
     )
 
 

@@ -117,7 +117,8 @@ def snapshot(state: nvidia.NvidiaNodeState) -> tuple[int, list[str | None]]:
 
 def test_plugin_owns_nvidia_gpus(pm: KubegpuPluginManager) -> None:
     assert pm.owner_of(GPU) == "nvidia"
-    assert pm.owner_of("nvidia.com/mig-1g.5gb") is None
+    assert pm.owner_of("nvidia.com/mig-1g.5gb") == "nvidia"  # the profiles of the A100 and H100 placement tables
+    assert pm.owner_of("nvidia.com/mig-1g.18gb") is None  # an H200's: no table, left to kube-scheduler's counting
 
 
 @pytest.mark.parametrize(
@@ -480,7 +481,7 @@ def test_well_formed_pod_passes_validation(pm: KubegpuPluginManager) -> None:
         ({"main": {GPU: ["2"]}}, {}, "device 2 is already held by ns/first"),
         ({"main": {GPU: ["5", "8"]}}, {}, "device 8 does not exist on this node"),
         ({"main": {GPU: ["5"]}, "side": {GPU: ["5"]}}, {}, "device 5 appears twice in the allocation"),
-        ({"main": {"nvidia.com/mig-1g.5gb": ["5"]}}, {}, "resource nvidia.com/mig-1g.5gb is not scheduled"),
+        ({"main": {"aws.amazon.com/neuron": ["5"]}}, {}, "resource aws.amazon.com/neuron is not scheduled"),
         ({"main": {GPU: ["5"]}}, {"main": {GPU: {"5": 1}}}, "must name each of its GPUs once"),
     ],
     ids=["double-allocation", "unknown-id", "same-id-twice", "foreign-resource", "shares"],
