@@ -85,6 +85,15 @@ from kubegpu.plugins.nvidia.limits import (
     node_sharing,
     read_container_share,
 )
+from kubegpu.plugins.nvidia.mig import LAYOUT_ATTRIBUTE, MIG_RESOURCES, format_layout
+from kubegpu.plugins.nvidia.mig_node import (
+    MIG_OWNED,
+    MigDevice,
+    device_key,
+    mig_advertisement,
+    profile_from_name,
+    visible_devices,
+)
 from kubegpu.plugins.nvidia.sharing import CORES, MEMORY, MEMORY_PERCENT, SHARE_RESOURCES
 
 __all__ = ["CDI_KIND", "NAME", "OWNED", "RESOURCES", "VISIBLE_ENV", "discover", "link_groups", "product_label"]
@@ -97,11 +106,12 @@ __all__ = ["CDI_KIND", "NAME", "OWNED", "RESOURCES", "VISIBLE_ENV", "discover", 
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
 CDI_KIND = "nvidia.com/gpu"
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
-RESOURCES = [RESOURCE, *SHARE_RESOURCES]
+RESOURCES = [RESOURCE, *SHARE_RESOURCES, *MIG_RESOURCES]
 OWNED = DeviceOwnership(
     envs=tuple(sorted((VISIBLE_ENV, *OWNED_ENVS))),
     env_prefixes=OWNED_ENV_PREFIXES,
-    device_paths=(r"/dev/nvidia(0|[1-9][0-9]*)",),
+    # the MIG capability devices open a MIG instance to whoever also has its GPU: never from a pod's spec
+    device_paths=(r"/dev/nvidia(0|[1-9][0-9]*)", r"/dev/nvidia-caps/.*"),
     mount_paths=(r"/var/run/nvidia-container-devices(/.*)?", *OWNED_MOUNTS),
     cdi_kinds=(CDI_KIND,),
 )
@@ -122,6 +132,9 @@ log = logging.getLogger(__name__)
 # (the pynvml module it was read from, index -> minor number, index -> memory in bytes): one NVML session per shim
 # process, not per container.
 _gpu_cache: tuple[ModuleType, dict[int, int], dict[int, int]] | None = None
+# (the pynvml module, "GPU@start" -> MIG device): read again when an allocation names a device it lacks.
+_mig_cache: tuple[ModuleType, dict[str, MigDevice]] | None = None
+MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
 _init_failures: set[str] = set()
 
 
@@ -174,19 +187,25 @@ def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement:
         labels[PRODUCT_LABEL] = product_label(healthy[0].model)
     if healthy and healthy[0].memory:
         labels[MEMORY_LABEL] = str(healthy[0].memory // MIB)
-    return Advertisement(
-        capacity=share_capacity(healthy, node_sharing().mode, os.environ.get(SPLIT_ENV)), labels=labels
-    )
+    whole, mig_capacity, mig_labels = mig_advertisement(healthy)  # MIG-enabled GPUs count as their MIG devices
+    capacity = share_capacity(whole, node_sharing().mode, os.environ.get(SPLIT_ENV))
+    return Advertisement(capacity={**capacity, **mig_capacity}, labels={**labels, **mig_labels})
 
 
 @hookimpl
 def kubegpu_device_plugin_ids(inventory: DeviceInventory) -> dict[str, dict[str, bool]]:
-    return {RESOURCE: {d.id: d.healthy for d in inventory.devices}}
+    # MIG devices are not served in device-plugin mode (NVIDIA's device plugin serves them there)
+    return {RESOURCE: {d.id: d.healthy for d in inventory.devices if LAYOUT_ATTRIBUTE not in d.attributes}}
 
 
 @hookimpl
 def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: ContainerEdit, dev_root: Path) -> bool | None:
     ids = allocation.resources.get(RESOURCE)
+    migs = {r: devices for r, devices in allocation.resources.items() if r in MIG_OWNED and devices}
+    if migs:
+        if ids:
+            raise ValueError("the allocation gives the container GPUs and MIG devices; it gets one or the other")
+        return edit_mig(migs, edit, dev_root)
     if not ids:
         return None
     indexes = []
@@ -266,6 +285,9 @@ def discover(nvml: ModuleType) -> DeviceInventory | None:
         attributes: dict[str, Scalar] = {"uuid": _text(nvml.nvmlDeviceGetUUID(handle))}
         minor = _optional(nvml, "nvmlDeviceGetMinorNumber", handle)
         attributes["minor"] = minor if isinstance(minor, int) else index
+        migs = mig_devices_of(nvml, index, handle)
+        if migs is not None:
+            attributes[LAYOUT_ATTRIBUTE] = format_layout([(m.profile, m.start) for m in migs])
         if buses[index]:
             attributes["pciBusId"] = buses[index]
         devices.append(
@@ -371,6 +393,77 @@ def _live_uuids(nvml: ModuleType, inventory: DeviceInventory) -> set[str]:
     return alive
 
 
+def mig_devices_of(nvml: ModuleType, index: int, handle: Any) -> list[MigDevice] | None:
+    """The MIG devices of GPU `index` (call between nvmlInit and nvmlShutdown), None when MIG is not enabled on it:
+    NVML's MIG device handles, each with its profile (from its name), its GPU instance's placement start and UUID."""
+    mode = _optional(nvml, "nvmlDeviceGetMigMode", handle)
+    current = mode[0] if isinstance(mode, (tuple, list)) and mode else mode
+    if current != MIG_ENABLED:
+        return None
+    found = []
+    for slot in range(int(_optional(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle) or 0)):
+        mig = _optional(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+        if mig is None:
+            continue
+        profile = profile_from_name(_text(_optional(nvml, "nvmlDeviceGetName", mig) or ""))
+        instance_id = _optional(nvml, "nvmlDeviceGetGpuInstanceId", mig)
+        instance = _optional(nvml, "nvmlDeviceGetGpuInstanceById", handle, instance_id)
+        info = _optional(nvml, "nvmlGpuInstanceGetInfo", instance) if instance is not None else None
+        start = getattr(getattr(info, "placement", None), "start", None)
+        if profile is None or not isinstance(start, int):
+            log.warning("GPU %d: MIG device %d left out: NVML gives no profile or placement", index, slot)
+            continue
+        found.append(MigDevice(index, profile, start, _text(nvml.nvmlDeviceGetUUID(mig)), slot))
+    return sorted(found, key=lambda m: m.start)
+
+
+def mig_devices(refresh: bool = False) -> dict[str, MigDevice]:
+    """Every MIG device of the node by `GPU@start`, read once per process (again when `refresh`); {} without NVML."""
+    global _mig_cache
+    nvml = _load_nvml()
+    if nvml is None:
+        return {}
+    if _mig_cache is not None and _mig_cache[0] is nvml and not refresh:
+        return _mig_cache[1]
+
+    def read(n: ModuleType) -> dict[str, MigDevice]:
+        listed: dict[str, MigDevice] = {}
+        for index in range(n.nvmlDeviceGetCount()):
+            for device in mig_devices_of(n, index, n.nvmlDeviceGetHandleByIndex(index)) or []:
+                listed[device_key(device.gpu, device.start)] = device
+        return listed
+
+    found: dict[str, MigDevice] | None = _with_nvml(nvml, read, None)
+    if found is None:
+        return {}
+    _mig_cache = (nvml, found)
+    return found
+
+
+def edit_mig(resources: dict[str, list[str]], edit: ContainerEdit, dev_root: Path) -> bool:
+    """Give a container its MIG devices (`mig_node`): their UUIDs in NVIDIA_VISIBLE_DEVICES, their CDI names, the
+    parent GPUs' device nodes and the control devices. Raises `ValueError` when NVML does not list one of them."""
+    devices, missing = visible_devices(resources, mig_devices())
+    if missing:  # the layout may have changed since the shim last read it
+        devices, missing = visible_devices(resources, mig_devices(refresh=True))
+    if missing:
+        raise ValueError(missing)
+    minors = minor_numbers()
+    edit.devices = [d for d in edit.devices if not (_is_gpu_file(d.container_path) or _is_gpu_file(d.host_path))]
+    for gpu in sorted({d.gpu for d in devices}):
+        minor = minors.get(gpu, gpu)
+        edit.devices.append(
+            DeviceNode(host_path=str(dev_root / f"nvidia{minor}"), container_path=f"/dev/nvidia{minor}")
+        )
+    present = {d.container_path for d in edit.devices}
+    for name in CONTROL_DEVICES:
+        if f"/dev/{name}" not in present and (dev_root / name).exists():
+            edit.devices.append(DeviceNode(host_path=str(dev_root / name), container_path=f"/dev/{name}"))
+    edit.envs[VISIBLE_ENV] = ",".join(d.uuid for d in devices)
+    edit.replace_cdi_devices(CDI_KIND, [f"{CDI_KIND}={d.gpu}:{d.index}" for d in devices])
+    return True
+
+
 def minor_numbers() -> dict[int, int]:
     """GPU index -> minor number from NVML, read once per process (and per pynvml module); {} without NVML."""
     return _node_gpus()[0]
@@ -472,4 +565,5 @@ def share_capacity(healthy: Sequence[DeviceInfo], mode: str | None, split_text: 
 
 
 def _is_gpu_file(path: str) -> bool:
-    return _GPU_FILE.fullmatch(Path(path).name) is not None
+    """A GPU's device node, or a MIG capability device (which opens a MIG instance to whoever has its GPU)."""
+    return _GPU_FILE.fullmatch(Path(path).name) is not None or Path(path).parent.name == "nvidia-caps"

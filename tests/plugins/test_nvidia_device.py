@@ -7,6 +7,7 @@ only the library underneath is made up.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import pytest
 from kubegpu.core.annotations import DEVICES_KEY, encode_devices
 from kubegpu.core.models import ContainerAllocation, ContainerEdit, DeviceInventory, DeviceNode, NodeDevices
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
+from kubegpu.core.plugin_manager import make_plugin_manager as build_plugin_manager
 from kubegpu.core.testing import FakeHost, make_node, make_pod
 from kubegpu.plugins.nvidia import device, scheduler
 from kubegpu.plugins.nvidia.topology import CATALOG, build_tree, tree_from_inventory
@@ -40,6 +42,7 @@ class FakeGpu:
     minor: int | None = None  # None: the index
     links: list[int | str] = field(default_factory=list)  # per NVLink: a GPU index, or a switch's bus id
     lost: bool = False
+    mig: list[tuple[str, int]] | None = None  # MIG enabled: its instances as (profile, start slice), in NVML's order
 
 
 def bus(index: int) -> str:
@@ -64,9 +67,31 @@ def fake_nvml(
         return value.encode() if as_bytes else value
 
     def gpu(handle: int) -> FakeGpu:
-        if not 0 <= handle < len(gpus):
+        if not isinstance(handle, int) or not 0 <= handle < len(gpus):
             raise NVMLError("Invalid Argument")
         return gpus[handle]
+
+    # MIG handles are ("mig", GPU, index), GPU instances ("gi", GPU, instance id = index + 1)
+    def mig_handle(handle: int, index: int) -> tuple[str, int, int]:
+        instances = gpu(handle).mig or []
+        if not 0 <= index < len(instances):
+            raise NVMLError("Not Found")
+        return ("mig", handle, index)
+
+    def name(handle: Any) -> str | bytes:
+        if isinstance(handle, tuple):
+            return text(f"{gpu(handle[1]).name} MIG {(gpu(handle[1]).mig or [])[handle[2]][0]}")
+        return text(gpu(handle).name)
+
+    def uuid(handle: Any) -> str | bytes:
+        if isinstance(handle, tuple):
+            return text(f"MIG-{handle[1]:04d}-{handle[2]:04d}")
+        return text(f"GPU-{handle:08d}")
+
+    def instance_info(instance: tuple[str, int, int]) -> Any:
+        profile, start = (gpu(instance[1]).mig or [])[instance[2] - 1]
+        size = {"1": 1, "2": 2, "3": 4, "4": 4, "7": 8}[profile[0]]
+        return SimpleNamespace(id=instance[2], placement=SimpleNamespace(start=start, size=size))
 
     def init() -> None:
         if init_error:
@@ -107,9 +132,15 @@ def fake_nvml(
         "nvmlDeviceGetCount": lambda: len(gpus),
         "nvmlDeviceGetHandleByIndex": lambda i: (gpu(i), i)[1],
         "nvmlDeviceGetHandleByUUID": by_uuid,
-        "nvmlDeviceGetName": lambda h: text(gpu(h).name),
+        "nvmlDeviceGetName": name,
         "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(total=gpu(h).memory, free=gpu(h).memory, used=0),
-        "nvmlDeviceGetUUID": lambda h: text(f"GPU-{h:08d}"),
+        "nvmlDeviceGetUUID": uuid,
+        "nvmlDeviceGetMigMode": lambda h: (1, 1) if gpu(h).mig is not None else (0, 0),
+        "nvmlDeviceGetMaxMigDeviceCount": lambda h: 7 if gpu(h).mig is not None else 0,
+        "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
+        "nvmlDeviceGetGpuInstanceId": lambda m: m[2] + 1,
+        "nvmlDeviceGetGpuInstanceById": lambda h, i: ("gi", (gpu(h), h)[1], i),
+        "nvmlGpuInstanceGetInfo": instance_info,
         "nvmlDeviceGetMinorNumber": lambda h: h if gpu(h).minor is None else gpu(h).minor,
         "nvmlDeviceGetPciInfo": lambda h: SimpleNamespace(busId=text((gpu(h), bus(h))[1])),
         "nvmlDeviceGetNvLinkState": link_state,
@@ -439,6 +470,7 @@ def test_a_garbage_gpu_id_fails_the_edit_naming_the_plugin(pm: KubegpuPluginMana
         pytest.param(("mount", "/var/run/nvidia"), False, id="other-mount"),
         pytest.param(("cdi", "nvidia.com/gpu=all"), True, id="cdi-all"),
         pytest.param(("cdi", "nvidia.com/mig=0"), False, id="cdi-other-kind"),
+        pytest.param(("device", "/dev/nvidia-caps/nvidia-cap12"), True, id="mig-capability"),
     ],
 )
 def test_the_plugin_owns_what_selects_gpus_and_nothing_else(
@@ -511,3 +543,95 @@ def test_a_discovered_cube_mesh_places_quads_and_avoids_a_lost_gpu(
     assert quad.allocation is not None and quad.allocation.containers["main"][GPU] == ["4", "5", "6", "7"]
     assert pair.allocation is not None and pair.allocation.containers["main"][GPU] == ["2", "3"]
     assert not rest.scheduled, "GPU 1 is lost: only GPU 0 is left"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# MIG
+# ------------------------------------------------------------------------------------------------------------
+
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def mig_node_gpus() -> list[FakeGpu]:
+    """GPU 0 whole; GPU 1 in the balanced layout (NVML lists instances in creation order, not by slice); GPU 2
+    as one 7g.80gb."""
+    memory = 81920 * MIB
+    return [
+        FakeGpu(name=A100, memory=memory),
+        FakeGpu(name=A100, memory=memory, mig=[("3g.40gb", 4), ("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3)]),
+        FakeGpu(name=A100, memory=memory, mig=[("7g.80gb", 0)]),
+    ]
+
+
+def test_mig_gpus_are_discovered_and_advertised_as_gfd_mixed_strategy_has_them(
+    pm: KubegpuPluginManager, use_nvml: Callable[..., ModuleType], fake_host_root: FakeHost
+) -> None:
+    use_nvml(mig_node_gpus())
+    inventory = pm.call("nvidia", "kubegpu_device_discover", host_root=fake_host_root.root)
+    assert [d.attributes.get("mig") for d in inventory.devices] == [
+        None,
+        "2g.20gb@0,1g.10gb@2,1g.10gb@3,3g.40gb@4",
+        "7g.80gb@0",
+    ]
+    advertised = pm.call("nvidia", "kubegpu_device_advertise", inventory=inventory)
+    assert advertised.capacity == {
+        GPU: 1,  # only the GPU that is not MIG-enabled
+        "nvidia.com/mig-1g.10gb": 2,
+        "nvidia.com/mig-2g.20gb": 1,
+        "nvidia.com/mig-3g.40gb": 1,
+        "nvidia.com/mig-7g.80gb": 1,
+    }
+    assert advertised.labels["nvidia.com/gpu.count"] == "3"  # GFD counts every GPU
+    assert advertised.labels["nvidia.com/mig.strategy"] == "mixed"
+    assert advertised.labels["nvidia.com/mig-1g.10gb.count"] == "2"
+    assert pm.call("nvidia", "kubegpu_device_plugin_ids", inventory=inventory) == {GPU: {"0": True}}
+
+
+def test_a_mig_allocation_from_the_scheduler_gives_the_container_its_mig_uuid_and_parent_gpu(
+    pm: KubegpuPluginManager, use_nvml: Callable[..., ModuleType], fake_host_root: FakeHost
+) -> None:
+    use_nvml(mig_node_gpus())
+    inventory = pm.call("nvidia", "kubegpu_device_discover", host_root=fake_host_root.root)
+    annotation = encode_devices(NodeDevices(inventories={"nvidia": inventory}))
+    engine = Engine(build_plugin_manager("scheduler", plugins=[("nvidia", scheduler)], autoload=False))
+    capacity = pm.call("nvidia", "kubegpu_device_advertise", inventory=inventory).capacity
+    engine.add_node(make_node("a100", annotations={DEVICES_KEY: annotation}, allocatable=capacity))
+    decision = engine.schedule(make_pod("job", {"main": {"nvidia.com/mig-3g.40gb": 1}}))
+    assert decision.scheduled and decision.allocation is not None
+    assert decision.allocation.containers["main"] == {"nvidia.com/mig-3g.40gb": ["1@4"]}
+
+    dev = gpu_host(fake_host_root, 3).root / "dev"
+    edit = vendor_edit()
+    edit.devices.append(
+        DeviceNode(host_path=str(dev / "nvidia-caps/nvidia-cap99"), container_path="/dev/nvidia-caps/nvidia-cap99")
+    )
+    allocation = ContainerAllocation(
+        pod_uid="u", node="a100", container="main", resources=decision.allocation.containers["main"]
+    )
+    assert pm.call("nvidia", "kubegpu_device_edit_container", allocation=allocation, edit=edit, dev_root=dev)
+    assert edit.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-0001-0000"  # GPU 1's first instance in NVML's order
+    assert edit.cdi_devices == ["aws.amazon.com/neuron=neuron0", "nvidia.com/gpu=1:0"]
+    paths = [d.container_path for d in edit.devices]
+    assert "/dev/nvidia1" in paths and "/dev/nvidia0" not in paths and "/dev/nvidia2" not in paths
+    assert not any(p.startswith("/dev/nvidia-caps/") for p in paths)  # the spec's capability device is gone
+
+
+def test_a_mig_device_the_node_does_not_have_fails_the_edit(
+    pm: KubegpuPluginManager, use_nvml: Callable[..., ModuleType], tmp_path: Path
+) -> None:
+    use_nvml(mig_node_gpus())
+    for resources, reason in (
+        ({"nvidia.com/mig-3g.40gb": ["2@4"]}, "MIG device 2@4 (nvidia.com/mig-3g.40gb) is not on this node"),
+        ({"nvidia.com/mig-3g.40gb": ["2@0"]}, "MIG device 2@0 is a 7g.80gb here"),
+        ({"nvidia.com/mig-3g.40gb": ["1@4"], GPU: ["0"]}, "GPUs and MIG devices"),
+        ({"nvidia.com/mig-3g.40gb": ["all"]}, "which is not GPU@start"),
+    ):
+        allocation = ContainerAllocation(pod_uid="u", node="n", container="c", resources=resources)
+        with pytest.raises(PluginHookError, match=re.escape(reason)):
+            pm.call(
+                "nvidia",
+                "kubegpu_device_edit_container",
+                allocation=allocation,
+                edit=ContainerEdit(),
+                dev_root=tmp_path,
+            )
