@@ -132,8 +132,6 @@ log = logging.getLogger(__name__)
 # (the pynvml module it was read from, index -> minor number, index -> memory in bytes): one NVML session per shim
 # process, not per container.
 _gpu_cache: tuple[ModuleType, dict[int, int], dict[int, int]] | None = None
-# (the pynvml module, "GPU@start" -> MIG device): read again when an allocation names a device it lacks.
-_mig_cache: tuple[ModuleType, dict[str, MigDevice]] | None = None
 MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
 _init_failures: set[str] = set()
 
@@ -417,14 +415,12 @@ def mig_devices_of(nvml: ModuleType, index: int, handle: Any) -> list[MigDevice]
     return sorted(found, key=lambda m: m.start)
 
 
-def mig_devices(refresh: bool = False) -> dict[str, MigDevice]:
-    """Every MIG device of the node by `GPU@start`, read once per process (again when `refresh`); {} without NVML."""
-    global _mig_cache
+def mig_devices() -> dict[str, MigDevice]:
+    """Every MIG device of the node by `GPU@start`, {} without NVML. Read for every MIG container, never cached:
+    the MIG manager may lay a GPU out anew at any time, and an instance made again has a new UUID."""
     nvml = _load_nvml()
     if nvml is None:
         return {}
-    if _mig_cache is not None and _mig_cache[0] is nvml and not refresh:
-        return _mig_cache[1]
 
     def read(n: ModuleType) -> dict[str, MigDevice]:
         listed: dict[str, MigDevice] = {}
@@ -434,18 +430,13 @@ def mig_devices(refresh: bool = False) -> dict[str, MigDevice]:
         return listed
 
     found: dict[str, MigDevice] | None = _with_nvml(nvml, read, None)
-    if found is None:
-        return {}
-    _mig_cache = (nvml, found)
-    return found
+    return found or {}
 
 
 def edit_mig(resources: dict[str, list[str]], edit: ContainerEdit, dev_root: Path) -> bool:
     """Give a container its MIG devices (`mig_node`): their UUIDs in NVIDIA_VISIBLE_DEVICES, their CDI names, the
     parent GPUs' device nodes and the control devices. Raises `ValueError` when NVML does not list one of them."""
     devices, missing = visible_devices(resources, mig_devices())
-    if missing:  # the layout may have changed since the shim last read it
-        devices, missing = visible_devices(resources, mig_devices(refresh=True))
     if missing:
         raise ValueError(missing)
     minors = minor_numbers()

@@ -24,18 +24,20 @@ import importlib
 import secrets
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import grpc
 import pytest
 from cri_api.v1 import api_pb2
 
-from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, encode_allocation
+from kubegpu.core.annotations import ALLOCATION_KEY, DEVICES_KEY, decode_allocation, encode_allocation, encode_devices
 from kubegpu.core.manifests import pod_request
+from kubegpu.core.models import NodeDevices
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node, pod_manifest
 from kubegpu.crishim.shim import ContainerEditor, RunningShim, start_shim
@@ -561,3 +563,118 @@ def test_the_crishim_command_serves_a_private_socket_and_stops_cleanly_on_sigter
     assert code == 0, process.output()
     assert not socket.exists()
     assert "applied allocation" in process.output()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# MIG: a fake NVML (no GPU here) under the real shim and containerd
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _mig_nvml(layouts: dict[int, list[tuple[str, int]]]) -> ModuleType:
+    """A `pynvml` module over two A100 80GB GPUs: GPU 0 whole, GPU 1 MIG-enabled with `layouts[1]` (profile, start)
+    in NVML's order; MIG device i of GPU g has UUID MIG-g-i."""
+    nvml = ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    def instances(gpu: int) -> list[tuple[str, int]]:
+        return layouts.get(gpu, [])
+
+    def mig_handle(gpu: int, index: int) -> tuple[int, int]:
+        if gpu not in layouts or index >= len(instances(gpu)):
+            raise NVMLError("Not Found")
+        return (gpu, index)
+
+    def name(handle: Any) -> str:
+        return (
+            f"NVIDIA A100-SXM4-80GB MIG {instances(handle[0])[handle[1]][0]}"
+            if isinstance(handle, tuple)
+            else ("NVIDIA A100-SXM4-80GB")
+        )
+
+    def info(instance: tuple[int, int]) -> Any:
+        return SimpleNamespace(placement=SimpleNamespace(start=instances(instance[0])[instance[1] - 1][1]))
+
+    functions: dict[str, Any] = {
+        "NVMLError": NVMLError,
+        "nvmlInit": lambda: None,
+        "nvmlShutdown": lambda: None,
+        "nvmlDeviceGetCount": lambda: 2,
+        "nvmlDeviceGetHandleByIndex": lambda i: i,
+        "nvmlDeviceGetMinorNumber": lambda h: h,
+        "nvmlDeviceGetPciInfo": lambda h: SimpleNamespace(busId=f"00000000:{0x10 + h:02X}:00.0"),
+        "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(total=81920 << 20),
+        "nvmlDeviceGetName": name,
+        "nvmlDeviceGetUUID": lambda h: f"MIG-{h[0]}-{h[1]}" if isinstance(h, tuple) else f"GPU-{h}",
+        "nvmlDeviceGetMigMode": lambda h: (1, 1) if h in layouts else (0, 0),
+        "nvmlDeviceGetMaxMigDeviceCount": lambda h: 7 if h in layouts else 0,
+        "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
+        "nvmlDeviceGetGpuInstanceId": lambda m: m[1] + 1,
+        "nvmlDeviceGetGpuInstanceById": lambda h, i: (h, i),
+        "nvmlGpuInstanceGetInfo": info,
+    }
+    for key, value in functions.items():
+        setattr(nvml, key, value)
+    return nvml
+
+
+def test_a_mig_pod_runs_with_its_mig_device_and_a_stale_one_is_refused(
+    kubelet: Cri, key: bytes, node_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_char_devices(node_dir / "dev", ["nvidia1"])
+    caps = make_char_devices(node_dir / "dev" / "nvidia-caps", ["nvidia-cap21"])
+    layouts = {1: [("3g.40gb", 4), ("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3)]}
+    monkeypatch.setitem(sys.modules, "pynvml", _mig_nvml(layouts))
+    monkeypatch.setattr(nvidia_device, "_gpu_cache", None)
+    inventory = nvidia_device.kubegpu_device_discover(host_root=node_dir)
+    assert inventory is not None
+    capacity = nvidia_device.kubegpu_device_advertise(inventory=inventory).capacity
+    engine = Engine(
+        make_plugin_manager("scheduler", plugins=[("nvidia", nvidia_scheduler)], autoload=False), signing_key=key
+    )
+    devices = encode_devices(NodeDevices(inventories={"nvidia": inventory}))
+    engine.add_node(make_node(NODE, annotations={DEVICES_KEY: devices}, allocatable=capacity))
+
+    def place(name: str, profile: str) -> tuple[str, dict[str, str]]:
+        uid = f"uid-{name}-{secrets.token_hex(4)}"
+        manifest = pod_manifest(name, {"main": {f"nvidia.com/mig-{profile}": 1}})
+        manifest["metadata"]["uid"] = uid
+        decision = engine.schedule(pod_request(manifest)[0])
+        assert decision.scheduled, decision.reason
+        return uid, dict(decision.annotations)
+
+    sandboxes = []
+    try:
+        uid, written = place("inference", "3g.40gb")
+        assert decode_allocation(written[ALLOCATION_KEY]).containers["main"] == {"nvidia.com/mig-3g.40gb": ["1@4"]}
+        sandbox = host_network_sandbox("inference", uid, annotations=written, log_directory=tmp_path)
+        sandboxes.append(sandbox_id := kubelet.run_pod(sandbox))
+        # the tenant asks for every GPU, and for another MIG instance's capability device
+        config = container_config(
+            "main",
+            envs={"NVIDIA_VISIBLE_DEVICES": "all"},
+            devices=[(str(caps[0]), "/dev/nvidia-caps/nvidia-cap21")],
+        )
+        container_id = kubelet.create(sandbox_id, config, sandbox)
+        kubelet.start(container_id)
+        assert _env(kubelet, container_id)["NVIDIA_VISIBLE_DEVICES"] == "MIG-1-0"  # GPU 1's 3g.40gb, by MIG UUID
+        listed = kubelet.exec(container_id, "ls", "/dev").split()
+        assert sorted(n for n in listed if n.startswith("nvidia")) == ["nvidia1", "nvidiactl"]  # its parent GPU only
+        assert "nvidia-caps" not in listed  # no other instance's capability device
+
+        # the operator relays GPU 1 out after scheduling: the 2g.20gb at slice 0 is gone
+        uid, written = place("notebook", "2g.20gb")
+        layouts[1] = [("3g.40gb", 4), ("3g.40gb", 0)]
+        sandbox = host_network_sandbox("notebook", uid, annotations=written, log_directory=tmp_path)
+        sandboxes.append(late := kubelet.run_pod(sandbox))
+        with pytest.raises(grpc.RpcError) as refused:
+            kubelet.create(late, container_config("main"), sandbox)
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "MIG device 1@0 is a 3g.40gb here, the allocation names nvidia.com/mig-2g.20gb" in str(
+            refused.value.details()
+        )
+        assert kubelet.exec(container_id, "true") == ""  # the shim serves on
+    finally:
+        for sandbox_id in sandboxes:
+            kubelet.remove_pod(sandbox_id)
