@@ -1,7 +1,7 @@
-"""NVIDIA GPUs: whole GPUs, model selection, NVLink cube-mesh and NVSwitch sets.
+"""NVIDIA GPUs: whole GPUs, shares, MIG devices, model selection, NVLink cube-mesh and NVSwitch sets.
 
-The names both sides share live here; `scheduler.py` places pods, `topology.py` holds the pure placement rule,
-`device.py` the node side.
+The names both sides share live here; `scheduler.py` places pods, `topology.py` and `mig.py` hold the pure placement
+rules, `device.py` (with `mig_node.py`) the node side.
 """
 
 from __future__ import annotations

@@ -47,6 +47,9 @@ Container edit (the CRI shim, after it verified the allocation):
 * env `NVIDIA_VISIBLE_DEVICES="0,1"` (GPU indexes), which also tells the NVIDIA container runtime hook what to mount;
 * CDI names `nvidia.com/gpu=N` (the index names of `nvidia-ctk cdi generate`), replacing any other name of that
   kind (`nvidia.com/gpu=all`, UUID names) in the CDI device list and in `cdi.k8s.io/*` annotations;
+* for MIG devices (`nvidia.com/mig-<profile>`, ids `GPU@start`), `mig_node.py`: their MIG UUIDs in
+  `NVIDIA_VISIBLE_DEVICES`, CDI names `nvidia.com/gpu=GPU:MIG index`, the parent GPU's device node; discovery lists
+  a MIG-enabled GPU's instances in its attribute `mig`, and the advertisement counts them per profile;
 * for a share (the allocation's `shares` name `nvidia.com/gpucores` and memory), the env and mounts of the node's
   enforcement, HAMi-core or MPS (`limits.py`, chosen by `KUBEGPU_NVIDIA_SHARE_LIMITS`); a share the node cannot
   enforce or read fails the edit, so the container is refused. Whole GPUs get no limits.

@@ -27,7 +27,9 @@ layout breaks it (an illegal start, overlapping instances) has no MIG devices in
 A MIG-enabled GPU is never given out whole or shared: a container asking `nvidia.com/gpu` gets one of the node's
 other GPUs. Among free devices of the asked profile, the one on the GPU with the fewest free slots is taken (ties:
 lowest GPU, lowest start), so other GPUs keep their free devices together, and a GPU emptied of pods can be laid out
-anew. A refusal says what each GPU has free when it has no free device of the profile.
+anew. A refusal names the MIG GPU with the most free slices: which are free, and whether the profile has a start
+position among them at all (`GPU 0 has 2 free slices (0,3) but no start position for 3g.40gb`) or only the layout is
+in the way.
 
 Everything here is pure: GPUs are positions, a layout is a tuple of (profile, start) per GPU.
 """
