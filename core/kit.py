@@ -20,7 +20,10 @@ Both are plain classes whose hook methods carry the `hookimpl` markers; register
 instance its entry-point name (`bind_plugin_name`), which is the name of its allocations and inventories.
 
 State is bitmasks: device i of a node (in the order `devices` lists them) is bit i of `healthy` and `free`; `holders[i]`
-is the pod holding it. Every answer is deterministic: ties go to the lowest device.
+is the pod holding it (`WholeDeviceNodeState`, whose `read_whole`, `cannot_hold`, `hold` and `unhold` a plugin writing
+its own hooks uses too). Devices that may also be shared, each share taking an amount of every dimension (compute,
+memory) up to the device's capacity and at most `split` shares per device, keep `SharedDeviceNodeState` (the nvidia
+plugin's GPUs: `cannot_share`, `share`, `unshare`). Every answer is deterministic: ties go to the lowest device.
 
 Expected fragmentation (`kubegpu_scheduler_fragmentation`, the engine's KubegpuFragmentation score) comes with the
 kit: the states of one engine learn how often each request size comes (`SizeMix`), and a placement is measured by
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +62,9 @@ from kubegpu.core.status import Status
 __all__ = [
     "MIX_KEY",
     "DeviceFilesPlugin",
+    "DeviceShare",
     "Refused",
+    "SharedDeviceNodeState",
     "SizeMix",
     "WholeDeviceNodeState",
     "WholeDevicePlugin",
@@ -194,20 +199,35 @@ def fragmentation_growth(
 class WholeDeviceNodeState(DeviceNodeState):
     """One node's whole devices: bit i of `healthy` and `free` stands for `ids[i]`; `holders[i]` holds it.
 
-    `extra` is the plugin's own per-node information (a topology, a loaded bitstream), from `devices(node)`.
-    `version` grows on every take and release; it keys the per-request placement kept in `_placed`. `mix` is the
-    mix of request sizes the engine's states of this plugin learn together (a state built alone learns alone).
+    The books every whole-device plugin keeps, for the kit's own hooks and for a plugin that writes its hooks itself
+    (nvidia): `read_whole` reads the devices an allocation names, `cannot_hold` says why a pod may not take them,
+    `hold` and `unhold` change the books. `extra` is the plugin's own per-node information (a topology, a loaded
+    bitstream), from `devices(node)`. `version` grows on every take and release (the hooks bump it); it keys the
+    per-request placement kept in `_placed`. `mix` is the mix of request sizes the engine's states of this plugin
+    learn together (a state built alone learns alone). `ids` and `healthy` stand for `devices` where a plugin keeps
+    no `DeviceInfo` per device (nvidia's GPUs from labels). `noun` names a device in reasons.
     """
 
+    noun = "device"
+
     def __init__(
-        self, plugin: str, node: str, devices: Sequence[DeviceInfo], extra: Any = None, mix: SizeMix | None = None
+        self,
+        plugin: str,
+        node: str,
+        devices: Sequence[DeviceInfo],
+        extra: Any = None,
+        mix: SizeMix | None = None,
+        *,
+        ids: Sequence[str] | None = None,
+        healthy: Sequence[bool] | None = None,
     ) -> None:
         super().__init__(node)
         self.plugin = plugin
         self.devices = tuple(devices)
-        self.ids = tuple(d.id for d in self.devices)
+        self.ids = tuple(ids) if ids is not None else tuple(d.id for d in self.devices)
+        flags = healthy if healthy is not None else [d.healthy for d in self.devices]
         self.index = {device: i for i, device in enumerate(self.ids)}
-        self.healthy = sum(1 << i for i, d in enumerate(self.devices) if d.healthy)
+        self.healthy = sum(1 << i for i, ok in enumerate(flags) if ok)
         self.free = self.healthy
         self.holders: list[str | None] = [None] * len(self.ids)
         self.extra = extra
@@ -217,6 +237,162 @@ class WholeDeviceNodeState(DeviceNodeState):
 
     def ids_of(self, mask: int) -> list[str]:
         return [self.ids[i] for i in bit_indices(mask)]
+
+    def read_whole(
+        self, allocation: PluginAllocation, owns: Callable[[str], bool] | Collection[str]
+    ) -> tuple[list[int], str | None]:
+        """The device positions an allocation names, or why it cannot be read on this node (a decoded annotation
+        may hold anything): shares, another plugin's resource (`owns`), an unknown id, an id named twice."""
+        owned = owns if callable(owns) else owns.__contains__
+        if allocation.shares:
+            return [], f"{self.plugin} devices are whole devices; the allocation must not carry shares"
+        bits: list[int] = []
+        for container, resources in allocation.containers.items():
+            for resource, ids in resources.items():
+                if not owned(resource):
+                    return [], f"container {container}: resource {resource} is not scheduled by plugin {self.plugin}"
+                for device in ids:
+                    i = self.index.get(device)
+                    if i is None:
+                        return [], f"device {device} does not exist on this node"
+                    if i in bits:
+                        return [], f"device {device} appears twice in the allocation"
+                    bits.append(i)
+        return bits, None
+
+    def cannot_hold(self, bits: Iterable[int]) -> str | None:
+        """Why a pod may not hold the devices `bits` whole (another pod holds one), or None. An unhealthy device is
+        never allocated (it is not free), but a pod that already holds one keeps it: the engine re-takes running
+        pods when a node's inventory changes, and refusing would free their other devices."""
+        for i in bits:
+            if self.holders[i] is not None:
+                return f"device {self.ids[i]} is already held by {self.holders[i]}"
+        return None
+
+    def hold(self, bits: Iterable[int], pod_key: str) -> None:
+        """Record `pod_key` as the holder of `bits` (after `cannot_hold` found nothing)."""
+        for i in bits:
+            self.holders[i] = pod_key
+            self.free &= ~(1 << i)
+
+    def unhold(self, bits: Iterable[int], pod_key: str) -> None:
+        """Give back what `pod_key` holds of `bits`; idempotent (Unreserve may run twice): what the pod no longer
+        holds is left alone."""
+        for i in bits:
+            if self.holders[i] == pod_key:
+                self.holders[i] = None
+                if self._unused(i):
+                    self.free |= (1 << i) & self.healthy
+
+    def _unused(self, i: int) -> bool:
+        """Whether device i, held by nobody, is free again (a subclass's shares may still use it)."""
+        return True
+
+
+DeviceShare = tuple[int, tuple[int, ...]]
+"""One share of a device: (its position, the amount taken of each dimension)."""
+
+
+class SharedDeviceNodeState(WholeDeviceNodeState):
+    """Whole devices that may also be shared: each device hosts at most `split` shares, each taking an amount of
+    every dimension (`dimensions`: name, capacity per device, unit per device; NVIDIA's compute in percent and memory
+    in MiB) without going over the device's capacity. A device held whole takes no share, a shared device is never
+    held whole, and `free` holds only devices nobody holds or shares.
+
+    `used[d][i]` is what the shares use of dimension d on device i, `tasks[i]` how many shares it runs, `shared`
+    what each pod took, so `unshare` gives back exactly that, once.
+    """
+
+    def __init__(
+        self,
+        plugin: str,
+        node: str,
+        ids: Sequence[str],
+        healthy: Sequence[bool],
+        dimensions: Sequence[tuple[str, Sequence[int], Sequence[str]]],
+        split: int = 1,
+        extra: Any = None,
+        devices: Sequence[DeviceInfo] = (),
+    ) -> None:
+        super().__init__(plugin, node, devices, extra, ids=ids, healthy=healthy)
+        self.split = max(1, split)
+        self.dimensions = tuple(name for name, _, _ in dimensions)
+        self.capacity = tuple(tuple(capacity) for _, capacity, _ in dimensions)
+        self.units = tuple(tuple(units) for _, _, units in dimensions)
+        self.used: tuple[list[int], ...] = tuple([0] * len(self.ids) for _ in dimensions)
+        self.tasks = [0] * len(self.ids)
+        self.shared: dict[str, list[DeviceShare]] = {}
+
+    def shareable(self, i: int) -> bool:
+        """Whether device i may take another share: healthy, nobody holds it whole, fewer than `split` shares."""
+        return bool(self.healthy >> i & 1) and self.holders[i] is None and self.tasks[i] < self.split
+
+    def cannot_hold(self, bits: Iterable[int]) -> str | None:
+        for i in bits:
+            if self.holders[i] is not None:
+                return f"device {self.ids[i]} is already held by {self.holders[i]}"
+            if self.tasks[i]:
+                noun = self.noun
+                return f"{noun} {self.ids[i]} is shared ({self.tasks[i]} share(s)); a whole-{noun} pod never shares"
+        return None
+
+    def cannot_share(self, shares: Sequence[DeviceShare]) -> str | None:
+        """Why taking `shares` would break a device's books (held whole, over a capacity, over `split`), or None."""
+        added: dict[int, list[int]] = {}
+        for i, amounts in shares:
+            totals = added.setdefault(i, [0] * (len(self.dimensions) + 1))
+            for d, amount in enumerate(amounts):
+                totals[d] += amount
+            totals[-1] += 1
+        for i, totals in added.items():
+            device = f"{self.noun} {self.ids[i]}"
+            if self.holders[i] is not None:
+                return f"{device} is held whole by {self.holders[i]}; a share never lands on it"
+            for d, name in enumerate(self.dimensions):
+                if self.used[d][i] + totals[d] > self.capacity[d][i]:
+                    unit = _unit(self.units[d][i])
+                    free = self.capacity[d][i] - self.used[d][i]
+                    return f"{device} has {free}{unit} {name} free, the allocation takes {totals[d]}{unit}"
+            if self.tasks[i] + totals[-1] > self.split:
+                return f"{device} already runs {self.tasks[i]} of at most {self.split} shares"
+        return None
+
+    def share(self, pod_key: str, shares: Sequence[DeviceShare]) -> None:
+        """Record `shares` for `pod_key` (after `cannot_share` found nothing)."""
+        if not shares:
+            return
+        held = self.shared.setdefault(pod_key, [])
+        for i, amounts in shares:
+            for d, amount in enumerate(amounts):
+                self.used[d][i] += amount
+            self.tasks[i] += 1
+            self.free &= ~(1 << i)
+            held.append((i, tuple(amounts)))
+
+    def unshare(self, pod_key: str) -> None:
+        """Give back exactly the shares `pod_key` took, once."""
+        for i, amounts in self.shared.pop(pod_key, ()):
+            for d, amount in enumerate(amounts):
+                self.used[d][i] -= amount
+            self.tasks[i] -= 1
+            if not self.tasks[i] and self.holders[i] is None:
+                self.free |= (1 << i) & self.healthy
+
+    def sharers(self) -> list[list[str]]:
+        """The pods sharing each device."""
+        found: list[list[str]] = [[] for _ in self.ids]
+        for key, shares in self.shared.items():
+            for i, _ in shares:
+                found[i].append(key)
+        return found
+
+    def _unused(self, i: int) -> bool:
+        return not self.tasks[i]
+
+
+def _unit(unit: str) -> str:
+    """`%` follows its number, other units after a space: "40% compute", "512 MiB memory"."""
+    return unit if unit == "%" else f" {unit}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,17 +625,10 @@ class WholeDevicePlugin:
     @scheduler_hooks.hookimpl
     def kubegpu_scheduler_take(self, state: WholeDeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status:
         bits, error = self._bits(state, allocation)
-        # An unhealthy device is never allocated (it is not free), but a pod that holds one keeps it: the engine
-        # re-takes running pods when a node's inventory changes, and refusing would free their other devices.
-        for i in [] if error else bits:
-            if state.holders[i] is not None:
-                error = f"device {state.ids[i]} is already held by {state.holders[i]}"
-                break
+        error = error or state.cannot_hold(bits)
         if error:
             return Status.error(error, plugin=self.name)
-        for i in bits:
-            state.holders[i] = pod_key
-            state.free &= ~(1 << i)
+        state.hold(bits, pod_key)
         state.version += 1
         for resources in allocation.containers.values():  # the mix the fragmentation measure expects
             state.mix.add(sum(len(ids) for ids in resources.values()))
@@ -472,10 +641,7 @@ class WholeDevicePlugin:
         bits, error = self._bits(state, allocation)
         if error:
             return Status.error(error, plugin=self.name)
-        for i in bits:
-            if state.holders[i] == pod_key:  # idempotent: what the pod no longer holds is left alone
-                state.holders[i] = None
-                state.free |= (1 << i) & state.healthy
+        state.unhold(bits, pod_key)  # idempotent: what the pod no longer holds is left alone
         state.version += 1
         return Status.success()
 
@@ -503,23 +669,7 @@ class WholeDevicePlugin:
         ]
 
     def _bits(self, state: WholeDeviceNodeState, allocation: PluginAllocation) -> tuple[list[int], str | None]:
-        """The device positions an allocation names, or why it cannot be read on this node (a decoded annotation
-        may hold anything): another plugin's resource, shares, an unknown id, an id named twice."""
-        if allocation.shares:
-            return [], f"{self.name} devices are whole devices; the allocation must not carry shares"
-        bits: list[int] = []
-        for container, resources in allocation.containers.items():
-            for resource, ids in resources.items():
-                if resource not in self.resources:
-                    return [], f"container {container}: resource {resource} is not scheduled by plugin {self.name}"
-                for device in ids:
-                    i = state.index.get(device)
-                    if i is None:
-                        return [], f"device {device} does not exist on this node"
-                    if i in bits:
-                        return [], f"device {device} appears twice in the allocation"
-                    bits.append(i)
-        return bits, None
+        return state.read_whole(allocation, self.resources)
 
 
 # ---------------------------------------------------------------------------------------------------------------

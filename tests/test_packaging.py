@@ -101,12 +101,16 @@ def test_a_fresh_virtualenv_lists_the_builtin_plugins(wheel: Path, tmp_path: Pat
         "aws.amazon.com/neuroncore",
     ]
     assert listing["intel-gas"]["resources"] == ["gpu.intel.com/*"]
-    assert listing["nvidia"]["resources"] == [
+    assert listing["nvidia"]["resources"][:4] == [
         "nvidia.com/gpu",
         "nvidia.com/gpucores",
         "nvidia.com/gpumem",
         "nvidia.com/gpumem-percentage",
     ]
+    # and the MIG profiles of the A100 and H100 placement tables
+    assert {"nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-7g.80gb"} <= set(
+        listing["nvidia"]["resources"]
+    )
     for module in ("core", "plugins", "scheduler", "crishim"):
         probe = subprocess.run([python, "-I", "-c", f"import {module}"], capture_output=True, cwd=tmp_path)
         assert probe.returncode != 0, f"a top-level module {module!r} is importable"

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from kubegpu.core.kit import SharedDeviceNodeState
 from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import (
     ContainerRequest,
@@ -76,10 +77,21 @@ from kubegpu.plugins.nvidia.topology import (
     tree_from_inventory,
 )
 
-__all__ = ["NAME", "RESOURCE", "RESOURCES", "Ask", "NvidiaNodeState", "parse_ask", "read_ask"]
+__all__ = ["NAME", "RESOURCE", "RESOURCES", "NvidiaNodeState", "NvidiaPodState", "parse_ask", "read_ask"]
 
 RESOURCES = [RESOURCE, *SHARE_RESOURCES, *MIG_RESOURCES]
 MIG_OWNED = frozenset(MIG_RESOURCES)
+# The nodes `kubegpu plugins check` runs the conformance suite on: whole GPUs and shares, as the suite generates them
+# (1-8 of each resource). Not MIG devices: the node side gives one only where NVML lists it, which a conformance run
+# has not (tests/plugins/test_nvidia_mig.py and the shim's test hold MIG instead).
+conformance_nodes = [
+    {
+        "kind": "Node",
+        "metadata": {"name": f"conformance-{n}", "labels": {f"{resource}.count": str(count)}},
+        "status": {"allocatable": {"cpu": "96", "memory": "768Gi", "pods": "110", resource: str(count)}},
+    }
+    for n, (resource, count) in enumerate((r, c) for r in (RESOURCE, *SHARE_RESOURCES) for c in (1, 2, 4, 8))
+]
 # The per-GPU books count the share resources: a node need not list them (HAMi's device plugin lists only
 # nvidia.com/gpu; the kubelet admits requests for extended resources its node does not list).
 UNLISTED = frozenset(SHARE_RESOURCES)
@@ -103,7 +115,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class Ask:
+class NvidiaPodState:
     """The nvidia part of one pod: GPU counts per requesting container (spec order), pod-wide refinements.
 
     `error` is set when an annotation is malformed; `model` and `memory_text` are kept as written (trimmed)
@@ -130,7 +142,7 @@ unit: MiB, or percent where the GPU's memory is unknown)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class NvidiaPlacement:
     """A pod's GPUs on one node: whole containers (`whole`), share containers (`shares`), and the score."""
 
     whole: Plan
@@ -138,10 +150,14 @@ class Placement:
     score: float
 
 
-class NvidiaNodeState(DeviceNodeState):
-    """One node's GPUs. GPU i (in id order) is bit i of the masks; `free` holds healthy GPUs nobody holds."""
+class NvidiaNodeState(SharedDeviceNodeState):
+    """One node's GPUs on the plugin kit's books (`kubegpu.core.kit.SharedDeviceNodeState`): GPU i (in id order) is
+    bit i of the masks, `holders[i]` holds it whole; shares take compute (percent) and memory (MiB, or percent where
+    the GPU's memory is unknown: `memory_cap`), at most `split` of them per GPU; `free` holds healthy GPUs nobody
+    holds whole and nobody shares. MIG-enabled GPUs are apart, in `mig`."""
 
     plugin = NAME
+    noun = "GPU"
 
     def __init__(
         self,
@@ -154,35 +170,27 @@ class NvidiaNodeState(DeviceNodeState):
         split: int = 1,
         workload: Workload | None = None,
     ) -> None:
-        super().__init__(node)
-        self.ids = tuple(ids)
-        self.index = {device: bit for bit, device in enumerate(ids)}
+        memory_known = tuple(m is not None for m in memories)
+        memory_cap = tuple(100 if m is None else m // MIB for m in memories)
+        compute = ("compute", [100] * len(ids), ["%"] * len(ids))
+        memory = ("memory", memory_cap, ["MiB" if known else "%" for known in memory_known])
+        super().__init__(NAME, node, ids, healthy, (compute, memory), split, extra=tree)
         self.models = tuple(models)
         self.model_keys = tuple(None if m is None else normalize_model(m) for m in models)
         self.memories = tuple(memories)
-        self.healthy = sum(1 << bit for bit, ok in enumerate(healthy) if ok)
         self.tree = tree
-        self.free = self.healthy
-        self.holders: list[str | None] = [None] * len(ids)
-        # Shares: a GPU hosts at most `split` of them; compute in percent, memory in MiB (in percent when the
-        # GPU's memory is unknown: `memory_cap`). `free` holds only GPUs that nobody holds whole and nobody shares.
-        self.split = max(1, split)
-        self.memory_known = tuple(m is not None for m in memories)
-        self.memory_cap = tuple(100 if m is None else m // MIB for m in memories)
-        self.cores_used = [0] * len(ids)
-        self.memory_used = [0] * len(ids)
-        self.tasks = [0] * len(ids)
-        self.shared: dict[str, list[tuple[int, int, int]]] = {}  # pod key -> (GPU, cores, memory) per share
+        self.memory_known = memory_known
+        self.memory_cap = memory_cap
+        self.cores_used, self.memory_used = self.used  # the kit's books, by the names the rules below read
         self.policy = os.environ.get(POLICY_ENV, "fgd").strip().lower()
         # The mix of pods the engine's states took, shared by them (a state built without an engine learns alone).
         self.workload = workload if workload is not None else Workload()
         self.mig: MigBooks | None = None  # the node's MIG-enabled GPUs, apart from the GPUs above (`mig.py`)
-        self.version = 0
         self._free: tuple[int, tuple[int, ...]] | None = None
         self._eligible: dict[tuple[str | None, str | None], tuple[int, str | None]] = {}
-        self._plan: tuple[tuple[int, int], Ask, Placement | None] | None = None
+        self._plan: tuple[tuple[int, int], NvidiaPodState, NvidiaPlacement | None] | None = None
 
-    def eligible(self, ask: Ask) -> tuple[int, str | None]:
+    def eligible(self, ask: NvidiaPodState) -> tuple[int, str | None]:
         """(healthy GPUs of the asked model and memory, the unresolvable reason when the node has none)."""
         key = (ask.model, ask.memory_text)  # as written: the reason quotes them
         cached = self._eligible.get(key)
@@ -192,7 +200,7 @@ class NvidiaNodeState(DeviceNodeState):
             cached = self._eligible[key] = eligible_gpus(self, ask)
         return cached
 
-    def plan(self, ask: Ask) -> Placement | None:
+    def plan(self, ask: NvidiaPodState) -> NvidiaPlacement | None:
         """The placement for the ask on the current state, computed once per (state version, mix version, ask)."""
         stamp = (self.version, self.workload.version)
         cached = self._plan
@@ -202,10 +210,6 @@ class NvidiaNodeState(DeviceNodeState):
         result = None if reason else place(self, mask, ask)
         self._plan = (stamp, ask, result)
         return result
-
-    def shareable(self, bit: int) -> bool:
-        """Whether GPU `bit` may take another share: healthy, nobody holds it whole, fewer than `split` shares."""
-        return bool(self.healthy >> bit & 1) and self.holders[bit] is None and self.tasks[bit] < self.split
 
     def free_millis(self) -> tuple[int, ...]:
         """`free_milli` of every GPU, remembered per state version."""
@@ -289,12 +293,12 @@ def kubegpu_scheduler_validate(pod: PodRequest) -> Status | None:
 
 
 @hookimpl
-def kubegpu_scheduler_prepare(pod: PodRequest) -> Ask:
+def kubegpu_scheduler_prepare(pod: PodRequest) -> NvidiaPodState:
     return read_ask(pod)
 
 
 @hookimpl
-def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: Ask) -> Status:
+def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: NvidiaPodState) -> Status:
     s = _own(state)
     ask = prepared
     if ask.error:
@@ -322,7 +326,7 @@ def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: Ask
 
 
 @hookimpl
-def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: Ask) -> float | None:
+def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: NvidiaPodState) -> float | None:
     s = _own(state)
     ask = prepared
     if ask.error or not (ask.total or ask.shares):
@@ -333,7 +337,7 @@ def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: A
 
 @hookimpl
 def kubegpu_scheduler_fragmentation(
-    state: DeviceNodeState, pod: PodRequest, prepared: Ask | None, free: Mapping[str, int]
+    state: DeviceNodeState, pod: PodRequest, prepared: NvidiaPodState | None, free: Mapping[str, int]
 ) -> float | None:
     s = _own(state)
     table = s.workload.table()
@@ -361,12 +365,14 @@ def kubegpu_scheduler_fragmentation(
 
 
 @hookimpl
-def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared: Ask) -> PluginAllocation | None:
+def kubegpu_scheduler_allocate(
+    state: DeviceNodeState, pod: PodRequest, prepared: NvidiaPodState
+) -> PluginAllocation | None:
     s = _own(state)
     ask = prepared
     if ask.error:
         return None
-    plan = s.plan(ask) if ask.total or ask.shares else Placement((), (), 100.0)
+    plan = s.plan(ask) if ask.total or ask.shares else NvidiaPlacement((), (), 100.0)
     if plan is None:
         return None
     chosen = 0
@@ -414,35 +420,18 @@ def kubegpu_scheduler_take(
     if isinstance(read, str):
         return Status.error(read, plugin=NAME)
     bits, parts = read
-    # An unhealthy GPU is never allocated (it is not free), but a pod that already holds one keeps it: the engine
-    # re-takes running pods when a node's inventory changes, and dropping them would free their other GPUs.
-    error = None
-    for bit in bits:
-        if s.holders[bit] is not None:
-            error = f"device {s.ids[bit]} is already held by {s.holders[bit]}"
-        elif s.tasks[bit]:
-            error = f"GPU {s.ids[bit]} is shared ({s.tasks[bit]} share(s)); a whole-GPU pod never shares"
-        if error:
-            return Status.error(error, plugin=NAME)
-    error = check_shares(s, parts)
+    shares = [(bit, (cores, memory)) for bit, cores, memory in parts]
+    error = s.cannot_hold(bits) or s.cannot_share(shares)
     if error:
         return Status.error(error, plugin=NAME)
-    for bit in bits:
-        s.holders[bit] = pod_key
-        s.free &= ~(1 << bit)
+    s.hold(bits, pod_key)
+    s.share(pod_key, shares)
     if books is not None:  # split_mig read the devices from it
         books.holders.update(dict.fromkeys(devices, pod_key))
     cpu = pod.cpu_milli if pod is not None else 0
     if bits:
         s.workload.add((len(bits), WHOLE, cpu))
     if parts:
-        held = s.shared.setdefault(pod_key, [])
-        for bit, cores, memory in parts:
-            s.cores_used[bit] += cores
-            s.memory_used[bit] += memory
-            s.tasks[bit] += 1
-            s.free &= ~(1 << bit)
-            held.append((bit, cores, memory))
         for gpus, milli in share_kinds(s, allocation):
             s.workload.add((gpus, milli, cpu))
     s.version += 1
@@ -462,17 +451,8 @@ def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: 
     for device in devices:
         if s.mig is not None and s.mig.holders.get(device) == pod_key:  # idempotent, as below
             del s.mig.holders[device]
-    for bit in bits:
-        if s.holders[bit] != pod_key:  # idempotent (Unreserve): what the pod no longer holds is left alone
-            continue
-        s.holders[bit] = None
-        s.free |= (1 << bit) & s.healthy
-    for bit, cores, memory in s.shared.pop(pod_key, ()):  # exactly what the pod took, once
-        s.cores_used[bit] -= cores
-        s.memory_used[bit] -= memory
-        s.tasks[bit] -= 1
-        if not s.tasks[bit] and s.holders[bit] is None:
-            s.free |= (1 << bit) & s.healthy
+    s.unhold(bits, pod_key)  # idempotent (Unreserve): what the pod no longer holds is left alone
+    s.unshare(pod_key)  # exactly what the pod took, once
     s.version += 1
     return Status.success()
 
@@ -480,10 +460,7 @@ def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: 
 @hookimpl
 def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy] | None:
     state = _own(state)
-    sharers: list[list[str]] = [[] for _ in state.ids]
-    for key, parts in state.shared.items():
-        for bit, _, _ in parts:
-            sharers[bit].append(key)
+    sharers = state.sharers()
     cells = []
     for bit, device in enumerate(state.ids):
         holder = state.holders[bit]
@@ -541,7 +518,7 @@ def owns(resource: str) -> bool:
     return resource in RESOURCES
 
 
-def mig_refusal(state: NvidiaNodeState, ask: Ask) -> Status | None:
+def mig_refusal(state: NvidiaNodeState, ask: NvidiaPodState) -> Status | None:
     """Why the node cannot give the ask's MIG devices now (unresolvable when it never could), or None."""
     if state.mig is None:
         return Status.unresolvable(f"Insufficient {MIG_PREFIX}{ask.mig[0][1]}", plugin=NAME)
@@ -568,13 +545,13 @@ def split_mig(state: NvidiaNodeState, allocation: PluginAllocation) -> tuple[Plu
     return rest, state.mig.read(found)
 
 
-def read_ask(pod: PodRequest) -> Ask:
+def read_ask(pod: PodRequest) -> NvidiaPodState:
     """The nvidia part of a pod (the engine reads it once per pod signature: `kubegpu_scheduler_prepare`)."""
     return parse_ask(pod.containers, pod.annotations)
 
 
-def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, str]) -> Ask:
-    """`Ask` from a pod's containers and annotations."""
+def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, str]) -> NvidiaPodState:
+    """`NvidiaPodState` from a pod's containers and annotations."""
     wanted: list[tuple[str, int]] = []
     shares: list[Share] = []
     error = None
@@ -611,7 +588,7 @@ def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, 
         else:
             if memory < 0:
                 error = f"annotation {MEMORY_ANNOTATION}: {memory_text!r} is negative (give a size: 16Gi)"
-    return Ask(
+    return NvidiaPodState(
         containers=tuple(wanted),
         total=sum(n for _, n in wanted),
         shares=tuple(shares),
@@ -624,7 +601,7 @@ def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, 
     )
 
 
-def eligible_gpus(state: NvidiaNodeState, ask: Ask) -> tuple[int, str | None]:
+def eligible_gpus(state: NvidiaNodeState, ask: NvidiaPodState) -> tuple[int, str | None]:
     """(healthy GPUs matching the ask's model and memory, the reason when no GPU of the node matches at all).
 
     Reasons name the model and memory as the pod wrote them and never the node, so identical situations on
@@ -653,7 +630,7 @@ def eligible_gpus(state: NvidiaNodeState, ask: Ask) -> tuple[int, str | None]:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def place(state: NvidiaNodeState, eligible: int, ask: Ask) -> Placement | None:
+def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaPlacement | None:
     """Whole containers first (topology sets of untouched GPUs), then each share container on its own GPUs, by the
     state's policy: `bestfit` takes the fullest GPUs that fit, `fgd` those whose use fragments the node least against
     the engine's mix of pods (which node fragments least is `kubegpu_scheduler_fragmentation`'s, with the node's cpu).
@@ -664,7 +641,7 @@ def place(state: NvidiaNodeState, eligible: int, ask: Ask) -> Placement | None:
     if whole is None:
         return None
     if not ask.shares and state.split == 1:  # a node that does not share: the topology decides, as before sharing
-        return Placement(whole, (), plan_score(state.tree, whole))
+        return NvidiaPlacement(whole, (), plan_score(state.tree, whole))
     taken = sum(mask for _, _, mask, _ in whole)
     fgd = state.policy != "bestfit"
     table = state.workload.table() if fgd else None
@@ -707,7 +684,7 @@ def place(state: NvidiaNodeState, eligible: int, ask: Ask) -> Placement | None:
     parts = [] if fgd else [100.0 * (state.cores_used[b] + cores_extra[b]) / 100 for b in cores_extra]
     if whole or not parts:
         parts.append(plan_score(state.tree, whole))
-    return Placement(whole, tuple(chosen_shares), sum(parts) / len(parts))
+    return NvidiaPlacement(whole, tuple(chosen_shares), sum(parts) / len(parts))
 
 
 def share_amount(state: NvidiaNodeState, cores: int, memory: int, bit: int) -> int:
@@ -719,7 +696,7 @@ def bit_list(mask: int) -> list[int]:
     return [bit for bit in range(mask.bit_length()) if mask >> bit & 1]
 
 
-def share_never_fits(state: NvidiaNodeState, eligible: int, ask: Ask) -> str | None:
+def share_never_fits(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> str | None:
     """Why the node could not take the shares even with every GPU free, or None."""
     for share in ask.shares:
         bits = bit_list(eligible)
@@ -735,7 +712,7 @@ def share_never_fits(state: NvidiaNodeState, eligible: int, ask: Ask) -> str | N
     return None
 
 
-def share_shortage(state: NvidiaNodeState, eligible: int, ask: Ask) -> str:
+def share_shortage(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> str:
     """What is short on the GPU that comes closest to the first share that does not fit."""
     for share in ask.shares:
         candidates = [b for b in bit_list(eligible) if state.healthy >> b & 1]
@@ -808,30 +785,6 @@ def read_allocation(
     return bits, parts
 
 
-def check_shares(state: NvidiaNodeState, parts: list[tuple[int, int, int]]) -> str | None:
-    """Why taking the shares would break a GPU's books (over 100%, over the split count, on a whole GPU), or None."""
-    cores: dict[int, int] = {}
-    memory: dict[int, int] = {}
-    tasks: dict[int, int] = {}
-    for bit, c, m in parts:
-        cores[bit] = cores.get(bit, 0) + c
-        memory[bit] = memory.get(bit, 0) + m
-        tasks[bit] = tasks.get(bit, 0) + 1
-    for bit in cores:
-        device = state.ids[bit]
-        if state.holders[bit] is not None:
-            return f"GPU {device} is held whole by {state.holders[bit]}; a share never lands on it"
-        if state.cores_used[bit] + cores[bit] > 100:
-            return f"GPU {device} has {100 - state.cores_used[bit]}% compute free, the allocation takes {cores[bit]}%"
-        if state.memory_used[bit] + memory[bit] > state.memory_cap[bit]:
-            unit = "MiB" if state.memory_known[bit] else "%"
-            free = state.memory_cap[bit] - state.memory_used[bit]
-            return f"GPU {device} has {free} {unit} memory free, the allocation takes {memory[bit]} {unit}"
-        if state.tasks[bit] + tasks[bit] > state.split:
-            return f"GPU {device} already runs {state.tasks[bit]} of at most {state.split} shares"
-    return None
-
-
 def share_kinds(state: NvidiaNodeState, allocation: PluginAllocation) -> list[tuple[int, int]]:
     """The kind of each share container of an allocation, for the fragmentation policy's mix."""
     kinds = []
@@ -861,28 +814,6 @@ def plan_score(tree: GroupTree, plan: Plan) -> float:
     if not total:
         return 100.0
     return sum(n * placement_score(tree, n, size) for _, n, _, size in plan) / total
-
-
-def allocation_bits(state: NvidiaNodeState, allocation: PluginAllocation) -> tuple[list[int], str | None]:
-    """The GPU positions an allocation names, or the error that makes it unusable on this node (garbage in a
-    decoded annotation included): another resource, shares, an unknown id, an id named twice."""
-    if allocation.shares:
-        return [], "nvidia GPUs are whole devices; the allocation must not carry shares"
-    bits: list[int] = []
-    seen: set[int] = set()
-    for container, resources in allocation.containers.items():
-        for resource, ids in resources.items():
-            if not owns(resource):
-                return [], f"container {container}: resource {resource} is not scheduled by plugin {NAME}"
-            for device in ids:
-                bit = state.index.get(device)
-                if bit is None:
-                    return [], f"device {device} does not exist on this node"
-                if bit in seen:
-                    return [], f"device {device} appears twice in the allocation"
-                seen.add(bit)
-                bits.append(bit)
-    return bits, None
 
 
 def instance_type(labels: Mapping[str, str]) -> str | None:
