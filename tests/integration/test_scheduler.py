@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import urllib3
 import yaml
 
@@ -93,10 +94,17 @@ def share_refusal(cluster: Cluster, namespace: str) -> str | None:
     )
 
 
+@pytest.mark.parametrize(
+    "allocatable",
+    # the second as HAMi's device plugin leaves a node: nvidia.com/gpu only (the kubelet admits the share
+    # resources it does not list), the per-GPU books from GFD's labels
+    [HAMI_ALLOCATABLE, {"nvidia.com/gpu": 10}],
+    ids=["share-resources-listed", "gpu-only-listed"],
+)
 def test_two_shares_are_bound_to_one_gpu_and_a_third_is_refused_saying_what_the_gpu_lacks(
-    cluster: Cluster, namespace: str, start_scheduler: Any, key_file: Path
+    cluster: Cluster, namespace: str, start_scheduler: Any, key_file: Path, allocatable: dict[str, int]
 ) -> None:
-    cluster.create_ready_node("hami-a", labels=HAMI_GPU, allocatable=HAMI_ALLOCATABLE)
+    cluster.create_ready_node("hami-a", labels=HAMI_GPU, allocatable=allocatable)
     start_scheduler("kubegpu", "--no-leader-elect")
     create_shares(cluster, namespace, "kubegpu")
     placed = wait_bound(cluster, namespace, len(SHARES))
