@@ -44,9 +44,14 @@ _HOST = re.sub(r"[^-a-z0-9.]", "-", socket.gethostname().lower())[:63]
 
 
 def _bounded_bytes(text: str, limit: int) -> str:
-    """`text` cut to at most `limit` UTF-8 bytes, on a character boundary."""
-    data = text.encode()
-    return text if len(data) <= limit else data[:limit].decode(errors="ignore")
+    """`text` (already `safe_text`) in at most `limit` UTF-8 bytes: cut by `safe_text` to fewer characters until it
+    fits, so a cut note still ends with `… (N more characters)` as every other bounded text does."""
+    bounded = text
+    chars = len(text)
+    while (size := len(bounded.encode())) > limit:
+        chars -= max(1, (size - limit + 3) // 4)  # a character is at most 4 bytes: never cuts more than needed
+        bounded = safe_text(text, chars)
+    return bounded
 
 
 T = TypeVar("T")

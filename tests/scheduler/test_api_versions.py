@@ -237,6 +237,9 @@ def test_an_events_k8s_io_v1_event_is_written_as_kube_scheduler_writes_it() -> N
 def test_a_long_note_is_cut_to_the_1024_bytes_the_api_server_takes_and_a_bad_controller_name_replaced() -> None:
     _, body = written("events.k8s.io/v1", "é" * 2000, component="Kubegpu Scheduler!")
     assert len(body["note"].encode()) <= 1024
+    # Cut as every bounded text is, with what was left out counted (`kubectl describe` shows it).
+    kept = body["note"].split("…")[0]
+    assert body["note"] == f"{kept}… ({2000 - len(kept)} more characters)" and len(body["note"].encode()) > 1000
     assert body["reportingController"] == "kubegpu"
 
 
