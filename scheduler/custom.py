@@ -289,7 +289,7 @@ class CustomScheduler:
         # The domain is held for the gang while its victims leave, so that pods of lower priority do not take the
         # room they free one by one (kube-scheduler nominates a preemptor's node the same way).
         priority = min(entry.request.priority for entry in entries)
-        self.engine.nominate_gang(group.key, priority, preemption.level, preemption.domain)
+        self.engine.nominate_gang(group.key, priority, preemption.level, preemption.domain, preemption.victims)
         mirror.evicting_started(preemption.victims)
         where = f"{preemption.level}={preemption.domain}" if preemption.level else "the cluster"
         log.info("preempting for a gang", extra={"pod": group.key, "node": where, "victims": list(preemption.victims)})

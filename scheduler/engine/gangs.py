@@ -105,11 +105,11 @@ class Gangs(Permitting):
         plan = self.plan(representative)
         rooms = self._rooms(representative, plan, self.nodes)
         levels = self.topology_levels()
-        beside: str | None = None
-        if holders:
-            rooms, beside = self._near(holders, asked[0], levels, rooms, len(primary))
         rest = len(todo) - len(primary)
         least_primary = max(0, least - rest)
+        beside: str | None = None
+        if holders:
+            rooms, beside = self._near(holders, asked[0], levels, rooms, max(len(primary), least_primary))
         targets = (
             [least_primary]
             if len(primary) < least_primary
@@ -220,13 +220,16 @@ class Gangs(Permitting):
                 return asked
         return None, None
 
-    def nominate_gang(self, gang: str, priority: int, level: str | None, domain: str | None) -> None:
-        """Hold the nodes of one domain (`level`=`domain`; None: every node) for a preempting gang while its victims
-        leave, as `nominate` holds one node for a pod: pods of equal or lower priority are kept off them, the gang's
-        own members are not. Replaces the gang's earlier hold; `place_gang` ends it when the gang is placed."""
+    def nominate_gang(
+        self, gang: str, priority: int, level: str | None, domain: str | None, victims: Iterable[str] = ()
+    ) -> None:
+        """Hold the nodes of one domain (`level`=`domain`; a gang of no level: the nodes of its `victims`) for a
+        preempting gang while its victims leave, as `nominate` holds one node for a pod: pods of equal or lower
+        priority are kept off them, the gang's own members are not. Replaces the gang's earlier hold; `place_gang`
+        ends it when the gang is placed."""
         self.unnominate_gang(gang)
         if level is None:
-            names = tuple(self.nodes)
+            names = tuple(dict.fromkeys(self.pods[key].node for key in victims if key in self.pods))
         elif level == HOSTNAME:
             names = (domain,) if domain in self.nodes else ()
         else:

@@ -411,6 +411,20 @@ def test_a_domain_freed_for_a_preempting_gang_is_held_for_it_against_pods_of_low
     assert not e.nominated_gangs, "placing the gang ends the hold"
 
 
+def test_a_gang_of_no_topology_level_holds_only_the_nodes_its_victims_leave() -> None:
+    e = engine([4], levels=())
+    for i in range(2):
+        assert e.reserve(pod_request(pod_manifest(f"low-{i}", {"main": {GPU: 8}}))[0], f"r0-n{i}").scheduled
+    for i in range(2, 4):
+        assert e.reserve(pod_request(pod_manifest(f"mid-{i}", {"main": {GPU: 4}}))[0], f"r0-n{i}").scheduled
+    urgent = gang("urgent", 2, priority=100)
+    preemption = e.preempt_gang(urgent)
+    assert preemption.level is None and len(preemption.victims) == 2
+    e.nominate_gang("default/urgent", 100, preemption.level, preemption.domain, preemption.victims)
+    held = {e.placement(key).node for key in preemption.victims}  # type: ignore[union-attr]
+    assert set(e.nominated_gangs["default/urgent"]) == held, "not the whole cluster"
+
+
 # -- properties --------------------------------------------------------------------------------------------------
 
 
