@@ -3,8 +3,9 @@ whole, then bound together; the PodGroup's status and Events; a malformed PodGro
 a gang that waits too long giving its places back; a cluster without the CRD still scheduling Kueue's gangs.
 
 As in test_service_guards.py the scheduler runs without a cluster: informer events are handed to its mirror and the
-writer records what it would have written. The same stories on a real API server, with Kueue's labels (the 1.20.2
-server built here cannot store a custom resource), are tests/integration/test_gangs.py.
+writer records what it would have written, so that a test controls the clock and the order of events (victims
+leaving one by one, a pod arriving between them). The stories on a real API server are
+tests/integration/test_podgroups.py (PodGroup objects) and tests/integration/test_gangs.py (Kueue's labels).
 """
 
 from __future__ import annotations
