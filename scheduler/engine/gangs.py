@@ -257,11 +257,8 @@ class Gangs(Permitting):
             for resource in free:
                 free[resource] += max(0, record.free(resource))
         for key in holders:
-            held = self.pods[key].request
             for resource in free:
-                free[resource] += held.cpu_milli if resource == "cpu" else (
-                    held.memory if resource == "memory" else 1 if resource == "pods" else held.requests.get(resource, 0)
-                )  # fmt: skip
+                free[resource] += _requested(self.pods[key].request, resource)
         short = [
             f"{_amount(resource, need)} {resource} (free: {_amount(resource, free[resource])})"
             for resource, need in sorted(group.min_resources.items())
@@ -510,6 +507,17 @@ class Gangs(Permitting):
                     return None
                 extra[key] = request
         return list(extra.values())
+
+
+def _requested(pod: PodRequest, resource: str) -> int:
+    """What the pod takes of `resource` on its node, as a node's usage counts it (cpu in millicores)."""
+    if resource == "cpu":
+        return pod.cpu_milli
+    if resource == "memory":
+        return pod.memory
+    if resource == "pods":
+        return 1
+    return pod.requests.get(resource, 0)
 
 
 def _amount(resource: str, amount: int) -> str:
