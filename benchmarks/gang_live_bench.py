@@ -3,13 +3,15 @@
 On a fresh etcd + kube-apiserver 1.20.2 (tests/integration/cluster.py) with 4,096 fake Ready 8-GPU nodes in 64 racks
 of 64, the racks in 16 blocks of 4 (the `--topology` levels: block, rack), `kubegpu scheduler` runs with the client
 rate kube-scheduler has by default (50 requests a second, bursts of 100; `--qps` changes both). A training job of
-256 members (8 GPUs each: 256 whole nodes, one block) is created, 8 pods at a time, as Kueue's pod groups write one
-(`pod-group-name`, `pod-group-total-count: 256`, `podset-required-topology: block`, a completion index each). The
+256 members (8 GPUs each: 256 whole nodes, one block) is created, 8 pods at a time, described by a scheduler-plugins
+PodGroup (`minMember: 256`, `podset-required-topology: block` on the PodGroup; each member labelled with its name and
+a completion index), or with `--kueue` as Kueue's pod groups write one (`pod-group-name`, `pod-group-total-count:
+256` and the topology annotation on every member). The
 figure is the time from the last member's creation to the last member bound, as a pod watch sees it; the run also
 checks that the gang was bound whole in one block and that no member was bound before the last was created.
 `benchmarks/gang_bench.py` measures the engine alone (`place_gang`), on the simulator's path.
 
-    .venv/bin/python benchmarks/gang_live_bench.py [--racks 64] [--rack-size 64] [--members 256] [--qps 50]
+    .venv/bin/python benchmarks/gang_live_bench.py [--racks 64] [--rack-size 64] [--members 256] [--qps 50] [--kueue]
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from integration.cluster import Cluster, free_port, running_cluster, wait_for  # noqa: E402
-from integration.gangs import create_pod, install_podgroup_crd  # noqa: E402
+from integration.gangs import create_pod, install_podgroup_crd, podgroups_path  # noqa: E402
 from scheduler_bench import BindWatch, parallel  # noqa: E402
 
 GPU = "nvidia.com/gpu"
@@ -85,6 +87,7 @@ def main() -> int:
     parser.add_argument("--rack-size", type=int, default=64)
     parser.add_argument("--members", type=int, default=256)
     parser.add_argument("--qps", type=int, default=50)
+    parser.add_argument("--kueue", action="store_true", help="Kueue's pod-group labels instead of a PodGroup")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, running_cluster(Path(tmp) / "k8s") as cluster:
         install_podgroup_crd(cluster)
@@ -105,13 +108,19 @@ def main() -> int:
             time.sleep(0.5)  # the watch is established before the first member exists
             created: dict[int, float] = {}
 
+            if not args.kueue:
+                meta = {"name": "llm", "annotations": {"kueue.x-k8s.io/podset-required-topology": BLOCK}}
+                spec = {"minMember": args.members, "scheduleTimeoutSeconds": 600}
+                body = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": meta}
+                cluster.client.post(podgroups_path(namespace), {**body, "spec": spec})
+
             def member(i: int) -> None:
-                annotations = {
-                    "kueue.x-k8s.io/pod-group-total-count": str(args.members),
-                    "kueue.x-k8s.io/podset-required-topology": BLOCK,
-                    "batch.kubernetes.io/job-completion-index": str(i),
-                }
-                labels = {"kueue.x-k8s.io/pod-group-name": "llm"}
+                annotations = {"batch.kubernetes.io/job-completion-index": str(i)}
+                labels = {"scheduling.x-k8s.io/pod-group": "llm"}
+                if args.kueue:
+                    annotations["kueue.x-k8s.io/pod-group-total-count"] = str(args.members)
+                    annotations["kueue.x-k8s.io/podset-required-topology"] = BLOCK
+                    labels = {"kueue.x-k8s.io/pod-group-name": "llm"}
                 create_pod(
                     cluster, namespace, f"llm-{i}", 8, scheduler="kubegpu", labels=labels, annotations=annotations
                 )
@@ -136,6 +145,14 @@ def main() -> int:
                 f"(goal < {GOAL_SECONDS:.0f} s: {'met' if seconds < GOAL_SECONDS else 'MISSED'}); client {args.qps} qps"
             )
             print(f"placed in {len(blocks)} block(s) {dict(blocks)}, {len(racks)} racks; bound early: {len(early)}")
+            if not args.kueue:
+                path = f"{podgroups_path(namespace)}/llm"
+                status = wait_for(
+                    lambda: (s := cluster.client.get(path).get("status") or {}).get("scheduled") == args.members and s,
+                    60,
+                    "the PodGroup's status written",
+                )
+                print(f"PodGroup status: phase {status['phase']}, scheduled {status['scheduled']}")
             return 0 if len(blocks) == 1 and not early else 1
         finally:
             process.terminate()

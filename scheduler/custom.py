@@ -98,7 +98,7 @@ class CustomScheduler:
             watch_podgroups=True,
             needs_leases=leader_elect,
         )
-        self.groups = GroupStatus(self.binder, self.mirror.podgroup)
+        self.groups = GroupStatus(self.binder, self.mirror.podgroup, self.mirror.podgroup_uid)
         self._gang_victims: dict[str, tuple[str, ...]] = {}  # gang -> the victims of its last preemption
         self._at_permit: dict[str, Decision] = {}  # gang members waiting at Permit: the decision to bind, once let go
         self._next_gang_tick = 0.0
@@ -283,8 +283,13 @@ class CustomScheduler:
         )
         if not preemption.victims:
             self._gang_victims.pop(group.key, None)
+            self.engine.unnominate_gang(group.key)
             return
         self._gang_victims[group.key] = preemption.victims
+        # The domain is held for the gang while its victims leave, so that pods of lower priority do not take the
+        # room they free one by one (kube-scheduler nominates a preemptor's node the same way).
+        priority = min(entry.request.priority for entry in entries)
+        self.engine.nominate_gang(group.key, priority, preemption.level, preemption.domain, preemption.victims)
         mirror.evicting_started(preemption.victims)
         where = f"{preemption.level}={preemption.domain}" if preemption.level else "the cluster"
         log.info("preempting for a gang", extra={"pod": group.key, "node": where, "victims": list(preemption.victims)})
@@ -326,7 +331,11 @@ class CustomScheduler:
         members = self.mirror.gang_members
         if members is not None:
             for gang in members.take_changed():
-                self.groups.update(gang, members.counts(gang))
+                counts = members.counts(gang)
+                self.groups.update(gang, counts)
+                if counts.members == counts.scheduled:  # none left to place: a domain held for it is let go
+                    self.engine.unnominate_gang(gang)
+                    self._gang_victims.pop(gang, None)
 
     def _bind_decided(self, entry: Entry, decision: Decision) -> None:
         self.queue.binding_started(entry)

@@ -140,11 +140,18 @@ class GangMembers:
 
 class GroupStatus:
     """Writes the PodGroups' status and Events through the binder's writer; `group_of(key)` is what is known of the
-    PodGroup `key` (its uid and `minMember`; None when it does not exist or cannot be read)."""
+    PodGroup `key` (its uid and `minMember`; None when it does not exist or cannot be read); `uid_of(key)` its uid
+    whenever it exists, read or not (a PodGroup kubegpu cannot read is told why on itself)."""
 
-    def __init__(self, binder: Binder, group_of: Callable[[str], tuple[str, int] | None]) -> None:
+    def __init__(
+        self,
+        binder: Binder,
+        group_of: Callable[[str], tuple[str, int] | None],
+        uid_of: Callable[[str], str | None] | None = None,
+    ) -> None:
         self.binder = binder
         self.group_of = group_of
+        self.uid_of = uid_of or (lambda key: None if (known := group_of(key)) is None else known[0])
         self._written: dict[str, dict[str, Any]] = {}  # gang -> the status last written (never written twice)
         self._started: dict[str, str] = {}  # gang -> when the scheduler first tried it (scheduleStartTime)
         self._said: dict[str, str] = {}  # gang -> the last Event message written on it
@@ -180,15 +187,15 @@ class GroupStatus:
 
     def event(self, gang: str, reason: str, message: str, kind: str = "Warning") -> None:
         """An Event on the PodGroup, unless the last one written on it said the same."""
-        known = self.group_of(gang)
+        uid = self.uid_of(gang)
         message = safe_text(message)
-        if known is None or self._said.get(gang) == message:
+        if uid is None or self._said.get(gang) == message:
             return
         if len(self._said) >= MAX_MESSAGES:
             self._said.clear()
         self._said[gang] = message
         namespace, name = gang.split("/", 1)
-        involved = {"apiVersion": API, "kind": "PodGroup", "name": name, "namespace": namespace, "uid": known[0]}
+        involved = {"apiVersion": API, "kind": "PodGroup", "name": name, "namespace": namespace, "uid": uid}
         self.binder.submit(self.binder.post_object_event(involved, reason, message, kind))
 
     def forget(self, gang: str) -> None:

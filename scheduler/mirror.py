@@ -527,6 +527,10 @@ class ClusterMirror:
             return None
         return self.podgroup_uids.get(key, ""), group.min_member
 
+    def podgroup_uid(self, key: str) -> str | None:
+        """The uid of the PodGroup `key` while it exists, whether kubegpu can read its spec or not; else None."""
+        return self.podgroup_uids.get(key) if key in self.podgroups else None
+
     def discover_version(self, group: str, wanted: tuple[str, ...]) -> str | None:
         """The first of `wanted` the API server serves for `group`, asked again while the discovery document cannot
         be read (`_asked`); None when it serves none of them, or once stopped."""

@@ -28,9 +28,15 @@ from kubegpu.scheduler.engine.records import (
     make_room,
     summarize_reasons,
 )
+from kubegpu.scheduler.podgroups import gang_key
 from kubegpu.scheduler.podindex import Domains, PodIndex
 
 NOMINATED = "node(s) were nominated for a pending pod of equal or higher priority that is preempting pods there"
+
+
+def gang_nominee(gang: str) -> str:
+    """How a preempting gang (`namespace/name`) is named among a node's `nominees` (never a pod's key: no `/` leads)."""
+    return f"/gang/{gang}"
 
 
 class Filtering(Planning):
@@ -173,8 +179,8 @@ class Filtering(Planning):
         memory, and only the filters that read other pods run again. A node that is not live (`set_node_live`)
         refuses device pods unless `placing` is false (counting a pod its kubelet already runs).
         """
-        if record.nominees and any(p >= pod.priority and k != pod.key for k, p in record.nominees.items()):
-            return Status.unschedulable(NOMINATED)  # `held_for_another`, inline on the hot path
+        if record.nominees and held_for_another(record, pod):
+            return Status.unschedulable(NOMINATED)
         if self._dead and plan.devices and placing and (dead := self._dead.get(record.name)) is not None:
             return Status.unresolvable(dead)
         memo = record.last_check
@@ -262,6 +268,13 @@ class Filtering(Planning):
             return self.check(record, pod, plan)
         return self._usage_fit(record, pod, plan) or status
 
+    def _held_nodes(self) -> Iterable[str]:
+        """The nodes held for preempting pods and gangs (`nominate`, `nominate_gang`): their answers depend on the
+        pod asking, so no tally remembers them."""
+        yield from self.nominated.values()
+        for names in self.nominated_gangs.values():
+            yield from names
+
     def _tally(self, klass: int, pod: PodRequest, plan: Plan, status: Status) -> ClassTally:
         """The answers of the class's nodes (`ClassTally`), remembered per (class, pod shape) and brought up to date
         with the nodes changed since; nodes awaiting a preempting pod are asked again each time (nominating one
@@ -278,8 +291,8 @@ class Filtering(Planning):
                 self._tallies.clear()
             self._tallies[key] = tally
             changed = members
-        elif self.nominated:
-            changed = {*changed, *self.nominated.values()}
+        elif self.nominated or self.nominated_gangs:
+            changed = {*changed, *self._held_nodes()}
         for name in changed:
             tally.forget(name)
             if name in members:
@@ -307,8 +320,8 @@ class Filtering(Planning):
                 self._skipped.clear()
             self._skipped[key] = tally
             changed = members
-        elif self.nominated:
-            changed = {*changed, *self.nominated.values()}
+        elif self.nominated or self.nominated_gangs:
+            changed = {*changed, *self._held_nodes()}
         for name in changed:
             tally.forget(name)
             if name in members:
@@ -319,6 +332,14 @@ class Filtering(Planning):
 
 
 def held_for_another(record: NodeRecord, pod: PodRequest) -> bool:
-    """Whether the node is held for another preempting pod of equal or higher priority (`nominate`): it refuses the
-    pod whatever is evicted there."""
-    return bool(record.nominees) and any(p >= pod.priority and k != pod.key for k, p in record.nominees.items())
+    """Whether the node is held (`nominate`, `nominate_gang`) for another preempting pod or gang of equal or higher
+    priority than `pod` (neither `pod` itself nor its own gang): it refuses the pod whatever is evicted there."""
+    mine = None
+    for key, priority in record.nominees.items():
+        if priority >= pod.priority and key != pod.key:
+            if mine is None:
+                gang = gang_key(pod)
+                mine = "" if gang is None else gang_nominee(gang)
+            if key != mine:
+                return True
+    return False

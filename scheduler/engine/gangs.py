@@ -23,6 +23,7 @@ from kubegpu.core.manifests import ManifestError
 from kubegpu.core.models import PodRequest
 from kubegpu.core.status import Code
 from kubegpu.scheduler import gangfit
+from kubegpu.scheduler.engine.filtering import gang_nominee
 from kubegpu.scheduler.engine.permit import Permitting
 from kubegpu.scheduler.engine.records import Decision, GangPlacement, GangPreemption, NodeRecord, Plan, PodRecord
 from kubegpu.scheduler.podgroups import (
@@ -94,14 +95,28 @@ class Gangs(Permitting):
             return self._refuse_gang(group.key, members, reason, Code.UNSCHEDULABLE)
         if not todo:
             return GangPlacement(group.key, True, tuple(self._held(m) for m in members))
-        representative = max(todo, key=lambda m: (sum(a for _, a in self.plan(m).fit if _ != "cpu"), m.cpu_milli))
+        if group.min_resources and (gap := self._resource_gap(group, holders)) is not None:
+            return self._refuse_gang(group.key, members, gap, Code.UNSCHEDULABLE)
+        # Room is counted per member shape: the most demanding shape's members choose the domain and the nodes, the
+        # others (a launcher beside its workers) go beside them.
+        shapes = self._shapes(todo)
+        primary, others = shapes[0], shapes[1:]
+        representative = primary[0]
         plan = self.plan(representative)
         rooms = self._rooms(representative, plan, self.nodes)
-        if holders and asked[0] is not None:
-            rooms = self._beside(holders, asked[0], rooms)
         levels = self.topology_levels()
-        targets = [least] if len(todo) < least else [len(todo)] + ([least] if 0 < least < len(todo) else [])
+        rest = len(todo) - len(primary)
+        least_primary = max(0, least - rest)
+        beside: str | None = None
+        if holders:
+            rooms, beside = self._near(holders, asked[0], levels, rooms, max(len(primary), least_primary))
+        targets = (
+            [least_primary]
+            if len(primary) < least_primary
+            else [len(primary)] + ([least_primary] if 0 < least_primary < len(primary) else [])
+        )
         shortfall: gangfit.Shortfall | None = None
+        others_failed: str | None = None
         for target in targets:
             for _ in range(MAX_ATTEMPTS):
                 labels = {name: self.nodes[name].info.labels for name, room in rooms.items() if room > 0}
@@ -109,23 +124,35 @@ class Gangs(Permitting):
                 if isinstance(fit, gangfit.Shortfall):
                     shortfall = shortfall or fit
                     break
-                decisions, corrected = self._reserve_slots(todo, fit)
-                if decisions is not None:
-                    placed = {d.pod: d for d in decisions}
-                    answer = tuple(
-                        placed.get(m.key)
-                        or (
-                            self._held(m)
-                            if m.key in self.pods
-                            else Decision(
-                                m.key, False, reason=f"gang {group.key}: placed without it", code=Code.UNSCHEDULABLE
-                            )
+                decisions, corrected = self._reserve_slots(primary, fit)
+                if decisions is None:
+                    rooms.update(corrected)
+                    continue
+                placed_others = self._place_beside(others, [*holders, *(d.pod for d in decisions)], asked, levels)
+                if isinstance(placed_others, str):
+                    # The others found no room beside this choice: give it back and choose elsewhere.
+                    others_failed = placed_others
+                    for decision in decisions:
+                        self.unreserve(next(m for m in primary if m.key == decision.pod), decision.node)
+                    rooms.update({node: 0 for node, _ in fit.slots})
+                    continue
+                self.unnominate_gang(group.key)
+                placed = {d.pod: d for d in (*decisions, *placed_others)}
+                answer = tuple(
+                    placed.get(m.key)
+                    or (
+                        self._held(m)
+                        if m.key in self.pods
+                        else Decision(
+                            m.key, False, reason=f"gang {group.key}: placed without it", code=Code.UNSCHEDULABLE
                         )
-                        for m in sorted(members, key=rank)
                     )
-                    return GangPlacement(group.key, True, answer, fit.level, fit.domain)
-                rooms.update(corrected)
-        reason = self._shortfall_reason(group, representative, plan, len(todo), shortfall, asked)
+                    for m in sorted(members, key=rank)
+                )
+                return GangPlacement(group.key, True, answer, fit.level, fit.domain)
+        reason = self._shortfall_reason(group, representative, plan, len(primary), shortfall, asked, beside)
+        if others_failed is not None:  # the most demanding members had places; the others found none beside them
+            reason = others_failed
         return self._refuse_gang(group.key, members, reason, Code.UNSCHEDULABLE)
 
     def preempt_gang(
@@ -149,10 +176,11 @@ class Gangs(Permitting):
             return GangPreemption(group.key, reason="a member's preemptionPolicy is Never")
         if not any(p < priority for p, count in self._priorities.items() if count > 0):
             return GangPreemption(group.key, reason="no pod of lower priority runs anywhere")
-        need = max(len(todo), 1)
+        primary = self._shapes(todo)[0]  # the most demanding members need the domain; the others go beside them
+        need = len(primary)
         levels = self.topology_levels()
         level = asked[0] or asked[1] or (levels[-1] if levels else None)
-        representative = max(todo, key=lambda m: (sum(a for _, a in self.plan(m).fit if _ != "cpu"), m.cpu_milli))
+        representative = primary[0]
         gang_keys = {m.key for m in members}
         domains: dict[str, list[str]] = {}
         for name, record in self.nodes.items():
@@ -192,7 +220,119 @@ class Gangs(Permitting):
                 return asked
         return None, None
 
-    def _beside(self, holders: Sequence[str], level: str, rooms: dict[str, int]) -> dict[str, int]:
+    def nominate_gang(
+        self, gang: str, priority: int, level: str | None, domain: str | None, victims: Iterable[str] = ()
+    ) -> None:
+        """Hold the nodes of one domain (`level`=`domain`; a gang of no level: the nodes of its `victims`) for a
+        preempting gang while its victims leave, as `nominate` holds one node for a pod: pods of equal or lower
+        priority are kept off them, the gang's own members are not. Replaces the gang's earlier hold; `place_gang`
+        ends it when the gang is placed."""
+        self.unnominate_gang(gang)
+        if level is None:
+            names = tuple(dict.fromkeys(self.pods[key].node for key in victims if key in self.pods))
+        elif level == HOSTNAME:
+            names = (domain,) if domain in self.nodes else ()
+        else:
+            names = tuple(name for name, record in self.nodes.items() if record.info.labels.get(level) == domain)
+        nominee = gang_nominee(gang)
+        for name in names:
+            record = self.nodes[name]
+            record.nominees[nominee] = priority
+            self._refresh(record)
+        if names:
+            self.nominated_gangs[gang] = names
+
+    def unnominate_gang(self, gang: str) -> None:
+        """Release the domain held for a preempting gang (placed, gone, or given up)."""
+        nominee = gang_nominee(gang)
+        for name in self.nominated_gangs.pop(gang, ()):
+            if (record := self.nodes.get(name)) is not None and record.nominees.pop(nominee, None) is not None:
+                self._refresh(record)
+
+    def _resource_gap(self, group: PodGroup, holders: Sequence[str]) -> str | None:
+        """scheduler-plugins' coscheduling PreFilter: the PodGroup's `minResources` must be free in the cluster (what
+        the gang's own members hold counts as free), else why not; None when it is."""
+        free = dict.fromkeys(group.min_resources, 0)
+        for record in self.nodes.values():
+            for resource in free:
+                free[resource] += max(0, record.free(resource))
+        for key in holders:
+            for resource in free:
+                free[resource] += _requested(self.pods[key].request, resource)
+        short = [
+            f"{_amount(resource, need)} {resource} (free: {_amount(resource, free[resource])})"
+            for resource, need in sorted(group.min_resources.items())
+            if free[resource] < need
+        ]
+        if not short:
+            return None
+        return f"gang {group.key}: PodGroup.spec.minResources is not free in the cluster: {', '.join(short)}"
+
+    def _shapes(self, todo: Sequence[PodRequest]) -> list[list[PodRequest]]:
+        """The members grouped by what they request (`Plan.fit` and the devices each plugin is asked for), the most
+        demanding shape first, each group in rank order."""
+        groups: dict[tuple[object, ...], list[PodRequest]] = {}
+        for member in todo:
+            plan = self.plan(member)
+            groups.setdefault((plan.fit, plan.devices), []).append(member)
+        if len(groups) == 1:
+            return list(groups.values())
+
+        def demand(group: list[PodRequest]) -> tuple[int, int, int]:
+            fit = self.plan(group[0]).fit
+            return sum(a for r, a in fit if r != "cpu"), group[0].cpu_milli, len(group)
+
+        return sorted(groups.values(), key=demand, reverse=True)
+
+    def _near(
+        self, holders: Sequence[str], required: str | None, levels: Sequence[str], rooms: dict[str, int], need: int
+    ) -> tuple[dict[str, int], str | None]:
+        """Where members join a gang whose other members hold places (they arrived late, the scheduler restarted
+        mid-gang, or they are a launcher placed after its workers): with a required level, only the holders'
+        domain of it; else the narrowest domain of the holders with room for `need` more (the whole cluster when
+        none has). The rooms there, and that domain in words (None: the whole cluster)."""
+        for level in [required] if required is not None else reversed(levels):
+            near, where = self._beside(holders, level, rooms)
+            if required is not None or sum(near.values()) >= need:
+                return near, where
+        return rooms, None
+
+    def _place_beside(
+        self,
+        shapes: Sequence[Sequence[PodRequest]],
+        holders: list[str],
+        asked: tuple[str | None, str | None],
+        levels: Sequence[str],
+    ) -> list[Decision] | str:
+        """Reserve each of `shapes` (members alike in what they request) beside the gang's `holders`: their
+        decisions, or why one shape found no room (then nothing of theirs is held)."""
+        decisions: list[Decision] = []
+        for shape in shapes:
+            plan = self.plan(shape[0])
+            rooms, where = self._near(holders, asked[0], levels, self._rooms(shape[0], plan, self.nodes), len(shape))
+            placed: list[Decision] | None = None
+            for _ in range(MAX_ATTEMPTS):
+                labels = {name: self.nodes[name].info.labels for name, room in rooms.items() if room > 0}
+                fit = gangfit.choose(rooms, labels, levels, len(shape), required=asked[0])
+                if isinstance(fit, gangfit.Shortfall):
+                    break
+                placed, corrected = self._reserve_slots(shape, fit)
+                if placed is not None:
+                    break
+                rooms.update(corrected)
+            if placed is None:
+                for decision in decisions:
+                    self.unreserve(self.pods[decision.pod].request, decision.node)
+                wants = ", ".join(f"{a} {r}" for r, a in plan.fit if a) or "nothing"
+                return (
+                    f"gang {gang_key(shape[0]) or shape[0].key}: {len(shape)} members need {wants} each beside the "
+                    f"{len(holders)} members placed {where or 'in the cluster'}; there is no room for them there"
+                )
+            decisions.extend(placed)
+            holders = [*holders, *(d.pod for d in placed)]
+        return decisions
+
+    def _beside(self, holders: Sequence[str], level: str, rooms: dict[str, int]) -> tuple[dict[str, int], str]:
         """The rooms in the domain of `level` where the gang's members already hold places (a gang bound in part
         by a scheduler that restarted, or members that waited at Permit): the rest of a gang that requires one
         domain goes where its first members are."""
@@ -202,7 +342,9 @@ class Gangs(Permitting):
             return None if record is None else name if level == HOSTNAME else record.info.labels.get(level)
 
         held = {domain(self.pods[key].node) for key in holders}
-        return {name: room for name, room in rooms.items() if domain(name) in held}
+        near = {name: room for name, room in rooms.items() if domain(name) in held}
+        named = ", ".join(sorted(str(value) for value in held)[:3]) + (", ..." if len(held) > 3 else "")
+        return near, f"in {level.rsplit('/', 1)[-1]} {named}"
 
     def _rooms(self, pod: PodRequest, plan: Plan, names: Iterable[str]) -> dict[str, int]:
         """Each node's room for copies of `pod`: 0 where a filter refuses it, else how many fit by the counts of
@@ -268,12 +410,16 @@ class Gangs(Permitting):
         need: int,
         shortfall: gangfit.Shortfall | None,
         asked: tuple[str | None, str | None],
+        beside: str | None = None,
     ) -> str:
         wants = [(r, a) for r, a in plan.fit if r not in ("cpu", "memory", "ephemeral-storage")]
         what = ", ".join(f"{a} {r}" for r, a in wants) or f"{pod.cpu_milli}m cpu"
         head = f"gang {group.key}: {need} members need {what} each"
         if shortfall is None:
             return f"{head}; their reservations failed on every choice"
+        if beside is not None and asked[0] is not None:
+            # Members joining a gang that requires one domain go only where the others hold places.
+            return f"{head} beside the members that hold places {beside}; it has room for {shortfall.room} of them"
         if shortfall.room == 0 and shortfall.level is None:
             decision = self.decide(pod)
             return f"{head}; no node fits one: {decision.reason}"
@@ -361,6 +507,24 @@ class Gangs(Permitting):
                     return None
                 extra[key] = request
         return list(extra.values())
+
+
+def _requested(pod: PodRequest, resource: str) -> int:
+    """What the pod takes of `resource` on its node, as a node's usage counts it (cpu in millicores)."""
+    if resource == "cpu":
+        return pod.cpu_milli
+    if resource == "memory":
+        return pod.memory
+    if resource == "pods":
+        return 1
+    return pod.requests.get(resource, 0)
+
+
+def _amount(resource: str, amount: int) -> str:
+    """An amount as a PodGroup's `minResources` writes it: cpu in cores (kept in millicores), else whole units."""
+    if resource == "cpu":
+        return f"{amount / 1000:g}"
+    return str(amount)
 
 
 def summary(placement: GangPlacement) -> Mapping[str, object]:

@@ -129,6 +129,9 @@ class EngineState:
         self._published: dict[str, dict[str, dict[str, dict[str, list[str]]]]] = {}
         self.nominated: dict[str, str] = {}  # preempting pod -> the node its victims are leaving
         self._preempt_start = 0  # where the next preemption starts trying nodes (`Preempting.preempt`)
+        # A preempting gang (`namespace/name`) -> the nodes of the domain its victims are leaving (`nominate_gang`);
+        # on each of them, `nominees` holds it as `gang_nominee(key)`.
+        self.nominated_gangs: dict[str, tuple[str, ...]] = {}
 
         # -- gangs and the Permit stage (permit, gangs) ------------------------------------------------------------
         # The Permit rules after the built-in Coscheduling one; the pods waiting at Permit, by key, with their

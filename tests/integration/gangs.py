@@ -1,12 +1,10 @@
 """What the gang tests and the gang benchmark share: the PodGroup CRD installed from the deploy manifests, racks of
 GPU nodes, gang members, and a recorder of when each pod was first seen bound.
 
-The members are Kueue pod-group members (a label and a total count on each pod), not PodGroup objects: the
-kube-apiserver 1.20.2 built here (Go 1.19, vendoring json-iterator's reflect2 1.0.1) crashes with SIGSEGV on the first
-write of any custom resource (`objectmeta.GetObjectMeta` iterating a map through reflect2, broken since Go 1.18), so
-a PodGroup can be defined, listed and watched here but never created. The scheduler reads both shapes into the same
-gang (`podgroups.PodGroup`); what only a PodGroup object has (its status, its Events, a malformed spec) is held by
-tests/scheduler/test_live_gangs.py."""
+Members are written either way users write them: as Kueue's plain pod groups (a label and a total count on each
+pod, `create_member`) or as scheduler-plugins' PodGroup objects (`create_podgroup`, members labelled with its name,
+`create_member(..., podgroup=True)`). The kube-apiserver needs scripts/k8s-binaries.sh's recipe 2 (reflect2 1.0.2)
+for the second: the first build crashed on the first write of any custom resource."""
 
 from __future__ import annotations
 
@@ -85,10 +83,12 @@ def create_member(
     scheduler: str,
     index: int | None = None,
     priority: str | None = None,
+    podgroup: bool = False,
 ) -> dict[str, Any]:
     """A gang member as Kueue's plain pod groups write one (the group's name and size on every member), with its
-    rank and the rack it requires."""
-    annotations = {KUEUE_TOTAL: str(total), REQUIRED: RACK}
+    rank and the rack it requires; `podgroup`: as scheduler-plugins' write one instead (only the PodGroup's name: its
+    size and topology are the PodGroup's, `total` is not written)."""
+    annotations = {} if podgroup else {KUEUE_TOTAL: str(total), REQUIRED: RACK}
     if index is not None:
         annotations["batch.kubernetes.io/job-completion-index"] = str(index)
     return create_pod(
@@ -98,9 +98,26 @@ def create_member(
         gpus,
         scheduler=scheduler,
         priority=priority,
-        labels={KUEUE_GROUP: group},
+        labels={PODGROUP_LABEL if podgroup else KUEUE_GROUP: group},
         annotations=annotations,
     )
+
+
+def create_podgroup(
+    cluster: Cluster, namespace: str, name: str, spec: Mapping[str, Any], *, rack: bool = True
+) -> dict[str, Any]:
+    """A scheduler-plugins PodGroup (`rack`: requiring one rack, Kueue's annotation on the PodGroup)."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if rack:
+        meta["annotations"] = {REQUIRED: RACK}
+    body = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": meta, "spec": dict(spec)}
+    created: dict[str, Any] = cluster.client.post(podgroups_path(namespace), body)
+    return created
+
+
+def podgroup_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    status: dict[str, Any] = cluster.client.get(f"{podgroups_path(namespace)}/{name}").get("status") or {}
+    return status
 
 
 def create_pod(

@@ -3,8 +3,8 @@ gang's size and asking for its rack, are bound whole in one rack or not at all, 
 
 No kubelet runs here: pods stay Pending once bound, and run with `terminationGracePeriodSeconds: 0` so that a
 preemption's deletions take effect at once. Racks are the nodes' `topology.kubernetes.io/rack` label, a level of the
-Kueue Topology the scheduler is given (`--topology gang-topology.yaml`). The members are Kueue pod-group members
-(gangs.py says why not PodGroup objects); the PodGroup CRD is installed and watched all the same.
+Kueue Topology the scheduler is given (`--topology gang-topology.yaml`). The members are Kueue pod-group members;
+test_podgroups.py tells the same stories with PodGroup objects.
 """
 
 from __future__ import annotations

@@ -339,6 +339,92 @@ def test_no_eviction_that_still_leaves_the_gang_unplaceable() -> None:
     assert "no domain would fit it" in (preemption.reason or "")
 
 
+# -- members that join a placed gang, minResources, mixed member shapes, a domain held for a preempting gang ------
+
+
+def test_a_member_arriving_after_its_gang_is_placed_joins_its_rack_not_the_tightest_node_elsewhere() -> None:
+    e = engine([4, 1])
+    placed = e.place_gang(gang("g", 2))
+    assert placed.placed and placed.domain == "rack-0"
+    late = e.place_gang([member("g", 2, total=2)])
+    assert late.placed and racks_of(e, ["default/g-2"]) == Counter({"r0": 1}), "beside the gang, not in rack-1"
+
+
+def test_a_member_joining_a_gang_that_requires_a_rack_waits_when_that_rack_is_full_and_says_where() -> None:
+    e = engine([2, 4])
+    group = pod_group(podgroup_document(minMember=2))
+    e.set_pod_group(group)
+    members = []
+    for i in range(3):
+        document = pod_manifest(f"train-7-{i}", {"main": {GPU: 8}}, namespace="ml")
+        document["metadata"]["labels"] = {POD_GROUP_LABEL: "train-7"}
+        members.append(pod_request(document)[0])
+    assert e.place_gang(members[:2], group).domain == "rack-0"
+    late = e.place_gang(members[2:], group, partial=True)
+    assert not late.placed and e.placement("ml/train-7-2") is None, "never outside the gang's rack"
+    assert late.reason == (
+        "gang ml/train-7: 1 members need 8 nvidia.com/gpu each beside the members that hold places in rack rack-0; "
+        "it has room for 0 of them"
+    )
+
+
+def test_a_podgroup_whose_min_resources_are_not_free_is_refused_as_coscheduling_refuses_it() -> None:
+    e = engine([2])  # 16 GPUs in all
+    group = pod_group(podgroup_document(minMember=2, minResources={GPU: 24, "cpu": "500"}))
+    refused = e.place_gang(gang("train-7", 2, gpus=1, coscheduling=True), group)  # 2 GPUs: enough for them
+    assert not refused.placed and not e.pod_keys()
+    assert refused.reason == (
+        "gang ml/train-7: PodGroup.spec.minResources is not free in the cluster: 500 cpu (free: 192), "
+        "24 nvidia.com/gpu (free: 16)"
+    )
+    enough = pod_group(podgroup_document(minMember=2, minResources={GPU: 16}))
+    assert e.place_gang(gang("train-7", 2, gpus=8, coscheduling=True), enough).placed
+
+
+def test_a_launcher_beside_its_workers_is_counted_as_a_launcher_not_as_one_more_worker() -> None:
+    e = engine([4, 6])
+    document = pod_manifest("job-launcher", {"main": {"cpu": "2"}}, annotations={KUEUE_TOTAL: "5", **required()})
+    document["metadata"]["labels"] = {KUEUE_GROUP_LABEL: "job"}
+    launcher = pod_request(document)[0]
+    workers = [member("job", i, total=5, annotations=required()) for i in range(1, 5)]
+    placed = e.place_gang([launcher, *workers])
+    assert placed.placed and placed.domain == "rack-0", "4 workers fit rack-0 exactly; rack-1 stays whole"
+    assert set(racks_of(e, [launcher.key, *(w.key for w in workers)])) == {"r0"}
+
+
+def test_a_domain_freed_for_a_preempting_gang_is_held_for_it_against_pods_of_lower_priority() -> None:
+    e = engine([2, 2])
+    for r in range(2):
+        for i in range(2):
+            assert e.reserve(pod_request(pod_manifest(f"low-{r}{i}", {"main": {GPU: 8}}))[0], f"r{r}-n{i}").scheduled
+    urgent = gang("urgent", 2, priority=100, annotations=required())
+    preemption = e.preempt_gang(urgent)
+    e.nominate_gang("default/urgent", 100, preemption.level, preemption.domain)
+    e.release(preemption.victims[0])  # the first victim is gone, the second still leaving
+    ordinary = pod_request(pod_manifest("web", {"main": {GPU: 8}}))[0]
+    refused = e.schedule(ordinary)
+    assert not refused.scheduled and "nominated for a pending pod" in (refused.reason or "")
+    e.release(preemption.victims[1])
+    placed = e.place_gang(urgent)
+    assert placed.placed and placed.domain == preemption.domain
+    assert e.schedule(ordinary).scheduled is False, "the other rack is still full"
+    assert not e.nominated_gangs, "placing the gang ends the hold"
+
+
+def test_a_gang_of_no_topology_level_holds_only_the_nodes_its_victims_leave() -> None:
+    e = engine([4], levels=())
+    for i in range(2):
+        assert e.reserve(pod_request(pod_manifest(f"low-{i}", {"main": {GPU: 8}}))[0], f"r0-n{i}").scheduled
+    for i in range(2, 4):
+        assert e.reserve(pod_request(pod_manifest(f"mid-{i}", {"main": {GPU: 4}}))[0], f"r0-n{i}").scheduled
+    urgent = gang("urgent", 2, priority=100)
+    preemption = e.preempt_gang(urgent)
+    assert preemption.level is None and len(preemption.victims) == 2
+    e.nominate_gang("default/urgent", 100, preemption.level, preemption.domain, preemption.victims)
+    held = {e.placement(key).node for key in preemption.victims}  # type: ignore[union-attr]
+    assert set(e.nominated_gangs["default/urgent"]) == held, "not the whole cluster"
+
+
 # -- properties --------------------------------------------------------------------------------------------------
 
 

@@ -3,8 +3,9 @@ whole, then bound together; the PodGroup's status and Events; a malformed PodGro
 a gang that waits too long giving its places back; a cluster without the CRD still scheduling Kueue's gangs.
 
 As in test_service_guards.py the scheduler runs without a cluster: informer events are handed to its mirror and the
-writer records what it would have written. The same stories on a real API server, with Kueue's labels (the 1.20.2
-server built here cannot store a custom resource), are tests/integration/test_gangs.py.
+writer records what it would have written, so that a test controls the clock and the order of events (victims
+leaving one by one, a pod arriving between them). The stories on a real API server are
+tests/integration/test_podgroups.py (PodGroup objects) and tests/integration/test_gangs.py (Kueue's labels).
 """
 
 from __future__ import annotations
@@ -145,8 +146,9 @@ def test_a_malformed_podgroup_refuses_its_own_members_only_with_the_field_named(
     service.mirror.on_pods("ADDED", member("plain", "", 1))
     cycle(service)
     assert sorted(writer(service).bindings()) == ["fine-0", "plain"]
-    (refused,) = writer(service).events("FailedScheduling")
+    refused, on_group = writer(service).events("FailedScheduling")
     assert refused["involvedObject"]["name"] == "broken-0"
+    assert on_group["involvedObject"]["kind"] == "PodGroup" and on_group["message"] == refused["message"]
     assert "PodGroup ml/broken cannot be read: PodGroup.spec.minMember: -3 is out of range" in refused["message"]
 
     service.mirror.on_podgroups("MODIFIED", podgroup("broken", 1))  # its owner fixes it: the member is woken
@@ -162,8 +164,8 @@ def test_a_tenants_oversized_podgroup_is_reported_bounded(service: CustomSchedul
     service.mirror.on_podgroups("SYNC", [podgroup("huge", "\x1b[2J" + "9" * 200_000)])
     service.mirror.on_pods("ADDED", member("huge-0", "huge", 1))
     cycle(service)
-    (refused,) = writer(service).events("FailedScheduling")
-    assert len(refused["message"]) <= MAX_TEXT_CHARS and "\x1b" not in refused["message"]
+    for refused in writer(service).events("FailedScheduling"):  # the member and its PodGroup
+        assert len(refused["message"]) <= MAX_TEXT_CHARS and "\x1b" not in refused["message"]
 
 
 def test_a_gang_waiting_past_its_timeout_gives_its_places_back_and_says_so(
@@ -212,6 +214,83 @@ def test_a_gang_that_fits_in_no_rack_holds_nothing_and_every_member_is_told_why(
         "big-2",
     }
     assert "gang ml/big: 3 members need 8 nvidia.com/gpu each" in refused[0]["message"]
+
+
+def report_bound(service: CustomScheduler, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The pod informer's report of a Binding the writer recorded for this pod."""
+    name = manifest["metadata"]["name"]
+    binding = next(b for _, p, b in writer(service).writes if p.endswith(f"/pods/{name}/binding"))
+    manifest["metadata"]["annotations"] = binding["metadata"].get("annotations", {})
+    manifest["metadata"]["resourceVersion"] = "2"
+    manifest["spec"]["nodeName"] = binding["target"]["name"]
+    service.mirror.on_pods("MODIFIED", manifest)
+    return manifest
+
+
+def test_a_rack_freed_for_a_preempting_gang_is_not_taken_by_pods_of_lower_priority_while_its_victims_leave(
+    service: CustomScheduler,
+) -> None:
+    service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    fillers = []
+    for i in range(4):
+        filler = member(f"filler-{i}", "", 8)
+        service.mirror.on_pods("ADDED", filler)
+        fillers.append(filler)
+    cycle(service)
+    fillers = [report_bound(service, filler) for filler in fillers]
+    service.mirror.on_podgroups("SYNC", [podgroup("urgent", 2)])
+    for i in range(2):
+        urgent = member(f"urgent-{i}", "urgent", 8)
+        urgent["spec"]["priority"] = 1000
+        service.mirror.on_pods("ADDED", urgent)
+    cycle(service)
+    evicted = [p.rsplit("/", 1)[1] for m, p, _ in writer(service).writes if m == "DELETE"]
+    assert len(evicted) == 2, evicted
+    gone = {f["metadata"]["name"]: f for f in fillers}
+
+    service.mirror.on_pods("DELETED", gone[evicted[0]])  # the first victim is gone; the second still leaving
+    service.mirror.on_pods("ADDED", member("web", "", 8))  # an ordinary pod of lower priority arrives meanwhile
+    cycle(service)
+    cycle(service)
+    assert "web" not in writer(service).bindings(), "the freed node is held for the gang"
+    refused = [e["message"] for e in writer(service).events("FailedScheduling") if e["involvedObject"]["name"] == "web"]
+    assert refused and "nominated for a pending pod" in refused[-1], refused
+
+    service.mirror.on_pods("DELETED", gone[evicted[1]])
+    cycle(service)
+    cycle(service)
+    assert {"urgent-0", "urgent-1"} <= set(writer(service).bindings())
+    racks = {service.engine.placement(f"ml/urgent-{i}").node.split("-")[0] for i in range(2)}  # type: ignore[union-attr]
+    assert racks == {gone[evicted[0]]["spec"]["nodeName"].split("-")[0]}
+    assert not service.engine.nominated_gangs, "the hold ends when the gang is placed"
+
+
+def test_a_podgroup_whose_min_resources_are_not_free_holds_nothing_and_its_members_are_told(
+    service: CustomScheduler,
+) -> None:
+    group = podgroup("big", 2)
+    group["spec"]["minResources"] = {GPU: "40"}  # the cluster has 32
+    service.mirror.on_podgroups("SYNC", [group])
+    for i in range(2):
+        service.mirror.on_pods("ADDED", member(f"big-{i}", "big", 1))
+    cycle(service)
+    assert writer(service).bindings() == []
+    refused = {e["involvedObject"]["name"]: e["message"] for e in writer(service).events("FailedScheduling")}
+    assert refused.keys() == {"big", "big-0", "big-1"}, "the PodGroup and its members are told"
+    assert refused["big-0"] == (
+        "gang ml/big: PodGroup.spec.minResources is not free in the cluster: 40 nvidia.com/gpu (free: 32)"
+    )
+
+
+def test_a_podgroup_that_cannot_be_read_gets_the_reason_as_an_event_on_itself_too(service: CustomScheduler) -> None:
+    service.mirror.on_podgroups("SYNC", [podgroup("zero", 0)])
+    service.mirror.on_pods("ADDED", member("zero-0", "zero", 1))
+    cycle(service)
+    on_group = [e for e in writer(service).events("FailedScheduling") if e["involvedObject"]["kind"] == "PodGroup"]
+    assert [e["message"] for e in on_group] == [
+        "PodGroup ml/zero cannot be read: PodGroup.spec.minMember: 0 is out of range (1 to 10000)"
+    ]
+    assert on_group[0]["involvedObject"]["uid"] == "pg-uid"
 
 
 class NoCrd:
