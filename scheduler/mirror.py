@@ -924,27 +924,17 @@ class ClusterMirror:
         """The pod's resources are free again (it is gone, or its Binding failed); the pending pods may fit now."""
         self._evicting.discard(key)
         self._sizes.pop(key, None)
+        placed = self.engine.placement(key)
         claims = self.engine.held_claims(key)
-        released = self.engine.release(key)
-        if released is not None:
-            self._claims_given_back(released.request, claims)
+        if self.engine.release(key) is not None:
+            if placed is not None:
+                self._claims_given_back(placed.request, claims)
             self.pending.wake()
 
     def _claims_given_back(self, pod: PodRequest, claims: list[HeldClaim]) -> None:
         """The pod's DRA claims were given back in the engine: the front-end writes it (reservedFor, deallocation)."""
-        if not claims and pod.resource_claims:  # counted bound after a restart: its claims as the cluster says
-            claims = [HeldClaim(ref, claim, owned) for ref, claim, owned in self._reserved_by(pod)]
         if claims and self.claims_released is not None:
             self.claims_released(pod, claims)
-
-    def _reserved_by(self, pod: PodRequest) -> list[HeldClaim]:
-        found = []
-        for ref in pod.resource_claims:
-            name = ref.claim_name or ref.generated or f"{pod.name}-{ref.name}"
-            claim = self.engine.resource_claim(pod.namespace, name)
-            if claim is not None and any(c.get("uid") == pod.uid for c in claim.reserved_for):
-                found.append(HeldClaim(ref.name, claim, ref.claim_name is None and claim.owner == pod.uid))
-        return found
 
     def roll_back(self, pod: PodRequest, node: str | None, error: ApiError) -> None:
         """Undo the reservation of a pod whose Binding failed, if the engine still holds it (and not a newer pod of

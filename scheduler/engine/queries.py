@@ -75,9 +75,16 @@ class Queries(Gangs):
         return None if record is None else Placement(record.request, record.node, record.allocation)
 
     def held_claims(self, key: str) -> list[HeldClaim]:
-        """The DRA claims pod `key` holds, each allocated and reserved for it (none when it holds none)."""
+        """The DRA claims pod `key` holds, each allocated and reserved for it (none when it holds none): those its
+        Reserve made, or for a bound pod counted without being placed here (a restart), those the cluster says are
+        reserved for it."""
         record = self.pods.get(key)
-        return record.claims.held() if record is not None and record.claims is not None else []
+        if record is None:
+            return []
+        claims = record.claims
+        if claims is None and record.request.resource_claims:
+            claims = self.dra.reserved_by(record.request)
+        return claims.held() if claims is not None else []
 
     def resource_claim(self, namespace: str, name: str) -> Claim | None:
         """The ResourceClaim as the engine holds it: as last reported, or as a pod's Reserve made it."""

@@ -407,3 +407,26 @@ def test_without_dra_pods_with_claims_are_told_why_and_the_others_still_bind(
     api = server(service)
     assert api.bindings() == {"plain": "n1"}
     assert api.refusals("with-claims") == [f"the pod's resource claims cannot be allocated: {problem}"]
+
+
+def test_a_bound_pod_counted_after_a_restart_releases_its_claim_when_deleted(service: CustomScheduler) -> None:
+    service.mirror.on_pods("ADDED", pod("p", templates={"dev": "two"}))
+    cycle(service)
+    api = server(service)
+    assert api.bindings() == {"p": "n1"}
+    # A new process: the bound pod is listed before its claim (the two informers race).
+    fresh = CustomScheduler(
+        None,  # type: ignore[arg-type]
+        api,  # type: ignore[arg-type]
+        Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), signing_key=KEY),
+        name="kubegpu",
+    )
+    bound = {**pod("p", templates={"dev": "two"}), "spec": {**pod("p", templates={"dev": "two"})["spec"]}}
+    bound["spec"]["nodeName"] = "n1"
+    fresh.mirror.on_nodes("SYNC", [node_manifest(n) for n in ("n1", "n2")])
+    fresh.mirror.on_pods("SYNC", [bound])
+    fresh.mirror.on_dra("deviceclasses", "SYNC", [NEURON_CLASS])
+    fresh.mirror.on_dra("resourceslices", "SYNC", [neuron_slice("n1", 4), neuron_slice("n2", 4)])
+    watch_claims(fresh)
+    fresh.mirror.on_pods("DELETED", bound)
+    assert "p-dev" not in api.claims, "its claim released and deleted by the new process"
