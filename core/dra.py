@@ -112,12 +112,23 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+class _Owner(_Model):
+    kind: str = ""
+    uid: str = ""
+    controller: bool | None = None
+
+
 class _Meta(_Model):
     name: str = Field(min_length=1, max_length=253)
     namespace: str = Field(default="default", min_length=1, max_length=63)
     uid: str | None = None
     generation: int = 0
     deletionTimestamp: str | None = None
+    ownerReferences: list[_Owner] = Field(default_factory=list)
+
+    def owning_pod(self) -> str | None:
+        """The UID of the pod that controls the object (a claim made from a template for it), if any."""
+        return next((o.uid for o in self.ownerReferences if o.controller and o.kind == "Pod" and o.uid), None)
 
 
 # -- devices (ResourceSlice) -------------------------------------------------------------------------------------
@@ -479,6 +490,7 @@ class Claim:
     reserved_for: tuple[Mapping[str, str], ...] = ()
     deleting: bool = False
     node_terms: tuple[NodeSelectorTerm, ...] | None = None  # the allocation's nodeSelector, read (None: any node)
+    owner: str | None = None  # the UID of the pod it was made for from a template (its controller), if any
 
     @property
     def key(self) -> tuple[str, str]:
@@ -604,6 +616,7 @@ def resource_claim(document: Mapping[str, Any]) -> Claim:
         tuple(c.model_dump() for c in parsed.status.reservedFor),
         meta.deletionTimestamp is not None,
         _terms(allocation.nodeSelector, "ResourceClaim.status.allocation.nodeSelector") if allocation else None,
+        meta.owning_pod(),
     )
 
 

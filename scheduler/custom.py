@@ -46,12 +46,15 @@ import time
 from typing import Any
 
 from kubegpu.core.manifests import ManifestError
+from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
 from kubegpu.kube.client import ApiError, AsyncKubeClient, KubeClient
 from kubegpu.kube.leader import LeaderElector, Leadership, timing_problem
 from kubegpu.scheduler import liveness
 from kubegpu.scheduler.binder import Binder
+from kubegpu.scheduler.dra import HeldClaim
+from kubegpu.scheduler.draclaims import ClaimError, ClaimWriter
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine, PermitCode, Policy, rule_names
 from kubegpu.scheduler.gangstatus import GroupStatus
 from kubegpu.scheduler.health import HealthServer, Metrics
@@ -97,7 +100,10 @@ class CustomScheduler:
             watch_owners=True,
             watch_podgroups=True,
             needs_leases=leader_elect,
+            watch_dra=True,
+            claims_released=self._claims_released,
         )
+        self.claims = ClaimWriter(writer, lambda namespace, name: self.mirror.claim_templates.get((namespace, name)))
         self.groups = GroupStatus(self.binder, self.mirror.podgroup, self.mirror.podgroup_uid)
         self._gang_victims: dict[str, tuple[str, ...]] = {}  # gang -> the victims of its last preemption
         self._at_permit: dict[str, Decision] = {}  # gang members waiting at Permit: the decision to bind, once let go
@@ -151,14 +157,18 @@ class CustomScheduler:
     # -- one cycle ------------------------------------------------------------------------------------------------
 
     def _schedule(self, entry: Entry) -> None:
+        problem = self.mirror.dra_problem
+        if problem is not None and entry.request.resource_claims:
+            # Without the DRA collections the claims can be neither read nor written: the pod waits, told why.
+            self.metrics.attempts.labels("unschedulable").inc()
+            self._refused(entry, f"the pod's resource claims cannot be allocated: {problem}")
+            return
         started = time.perf_counter()
         decision = self.engine.schedule(entry.request)
         self.metrics.latency.observe(time.perf_counter() - started)
         if decision.scheduled:
             self.metrics.attempts.labels("scheduled").inc()
-            self.queue.binding_started(entry)
-            self.queue.wake_for(entry.request)
-            self.binder.submit(self._bind(entry, decision))
+            self._bind_decided(entry, decision)
             return
         result = "error" if decision.code.name == "ERROR" else "unschedulable"
         self.metrics.attempts.labels(result).inc()
@@ -167,7 +177,10 @@ class CustomScheduler:
         waiting = result == "unschedulable" and self.engine.awaits_victims(entry.key, self.mirror.evicting)
         if result == "unschedulable" and not waiting:
             self._preempt(entry)
-        log.info("unschedulable", extra={"pod": entry.key, "node": decision.node, "reason": message})
+        self._refused(entry, message, decision.node, waiting=waiting)
+
+    def _refused(self, entry: Entry, message: str, node: str | None = None, *, waiting: bool = False) -> None:
+        log.info("unschedulable", extra={"pod": entry.key, "node": node, "reason": message})
         if waiting:
             self.queue.wait_for_victims(entry)
         else:
@@ -340,13 +353,25 @@ class CustomScheduler:
     def _bind_decided(self, entry: Entry, decision: Decision) -> None:
         self.queue.binding_started(entry)
         self.queue.wake_for(entry.request)
-        self.binder.submit(self._bind(entry, decision))
+        self.binder.submit(self._bind(entry, decision, self.engine.held_claims(entry.key)))
 
     # -- the Binding, and what its result does to the queue ---------------------------------------------------------
 
-    async def _bind(self, entry: Entry, decision: Decision) -> None:
-        error = await self.binder.bind(entry.request, decision)
+    async def _bind(self, entry: Entry, decision: Decision, claims: list[HeldClaim]) -> None:
+        """PreBind (the pod's DRA claims made, allocated and reserved), then the Binding."""
+        error: ApiError | None = None
+        if claims:
+            try:
+                await self.claims.reserve(entry.request, claims)
+            except ClaimError as exc:
+                error = exc
+        if error is None:
+            error = await self.binder.bind(entry.request, decision)
         self.mirror.post(self._bound, entry, decision, error)
+
+    def _claims_released(self, pod: PodRequest, claims: list[HeldClaim]) -> None:
+        """The engine gave the pod's claims back (the pod is gone, or its Binding failed): write it."""
+        self.binder.submit(self.claims.release(pod, claims))
 
     def _bound(self, entry: Entry, decision: Decision, error: ApiError | None) -> None:
         """A Binding's result, on the loop thread; anything unexpected costs only this pod."""
@@ -360,6 +385,11 @@ class CustomScheduler:
 
     def _bind_failed(self, entry: Entry, decision: Decision, error: ApiError) -> None:
         self.mirror.roll_back(entry.request, decision.node, error)
+        if isinstance(error, ClaimError):  # its claims could not be written: told why, and tried again
+            message = f"the pod's resource claims could not be written: {error}"
+            self.binder.event(entry.request, "FailedScheduling", message)
+            self.queue.retry_later(entry)
+            return
         if error.status == 404:
             return  # the pod is gone
         if error.status == 409 and "resourceVersion" not in str(error) and "modified" not in str(error):

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import celpy
 from celpy import celtypes
@@ -58,6 +58,7 @@ __all__ = [
     "CANNOT_ALLOCATE",
     "NOT_AVAILABLE",
     "DraBook",
+    "HeldClaim",
     "PodClaims",
     "allocation_shape",
 ]
@@ -202,11 +203,22 @@ class Entry:
     owned: bool
 
 
+class HeldClaim(NamedTuple):
+    """A front-end's copy of one of a pod's claims as the engine holds it (`Engine.held_claims`)."""
+
+    ref: str  # the pod's name for the claim (`spec.resourceClaims[].name`)
+    claim: Claim  # allocated and reserved for the pod
+    owned: bool  # made from a template for the pod
+
+
 @dataclass(slots=True)
 class PodClaims:
     """What a pod holds through its claims (`DraBook.allocate`), entered and given back with the pod."""
 
     entries: list[Entry] = field(default_factory=list)
+
+    def held(self) -> list[HeldClaim]:
+        return [HeldClaim(e.ref, e.claim, e.owned) for e in self.entries]
 
     def shown(self) -> dict[str, dict[str, Any]]:
         """Each claim as a front-end shows it: pod claim name -> {name, allocation (upstream shape), reservedFor}."""
@@ -487,11 +499,11 @@ class DraBook:
         the PreFilter refuses the pod then)."""
         total = 0
         for ref in pod.resource_claims:
-            if ref.claim_name is not None or ref.generated is not None:
-                claim = self.claims.get((pod.namespace, ref.claim_name or ref.generated or ""))
+            claim = self.claims.get((pod.namespace, ref.claim_name or ref.generated or claim_for_pod(pod, ref)))
+            if claim is not None or ref.template_name is None:
                 spec = claim.spec if claim is not None and claim.allocation is None else None
             else:
-                template = self.templates.get((pod.namespace, ref.template_name or ""))
+                template = self.templates.get((pod.namespace, ref.template_name))
                 spec = template.spec if template is not None else None
             for request in spec.requests if spec is not None else ():
                 total += min(
@@ -528,23 +540,26 @@ class DraBook:
         exist)."""
         found = []
         for ref in pod.resource_claims:
-            if ref.claim_name is not None or ref.generated is not None:
-                name = ref.claim_name or ref.generated or ""
-                claim = self.claims.get((pod.namespace, name))
-                if claim is None:
-                    return Status.unresolvable(f'resourceclaim "{name}" not found')
-                if claim.deleting:
-                    return Status.unresolvable(f'resourceclaim "{name}" is being deleted')
-                mine = any(c.get("uid") == pod.uid for c in claim.reserved_for)
-                if not mine and len(claim.reserved_for) >= 256:
-                    return Status.unresolvable(IN_USE)
-                found.append(_Demand(ref, claim.key, claim.spec, claim, ref.claim_name is None))
-            else:
+            name = ref.claim_name or ref.generated or claim_for_pod(pod, ref)
+            claim = self.claims.get((pod.namespace, name))
+            if claim is None and ref.claim_name is None and ref.generated is None:
+                # Made from its template for this pod at Reserve (the resourceclaim controller's part).
                 template = self.templates.get((pod.namespace, ref.template_name or ""))
                 if template is None:
                     return Status.unresolvable(f'resourceclaimtemplate "{ref.template_name}" not found')
-                key = (pod.namespace, f"{pod.name}-{ref.name}")
-                found.append(_Demand(ref, key, template.spec, None, True))
+                found.append(_Demand(ref, (pod.namespace, name), template.spec, None, True))
+                continue
+            if claim is None:
+                return Status.unresolvable(f'resourceclaim "{name}" not found')
+            if ref.claim_name is None and claim.owner != pod.uid:
+                # A claim of that name made for another pod (or by anyone else) is never taken as this pod's own.
+                return Status.unresolvable(f'resourceclaim "{name}" was not created for the pod')
+            if claim.deleting:
+                return Status.unresolvable(f'resourceclaim "{name}" is being deleted')
+            mine = any(c.get("uid") == pod.uid for c in claim.reserved_for)
+            if not mine and len(claim.reserved_for) >= 256:
+                return Status.unresolvable(IN_USE)
+            found.append(_Demand(ref, claim.key, claim.spec, claim, ref.claim_name is None))
         for demand in found:
             if demand.claim is not None and demand.claim.allocation is not None:
                 continue
@@ -561,10 +576,10 @@ class DraBook:
         pod made from it) or the claim itself, and the epochs."""
         key: list[object] = [self.epoch, self.shared_epoch]
         for ref in pod.resource_claims:
-            if ref.claim_name is not None or ref.generated is not None:
-                key.append(self.claims.get((pod.namespace, ref.claim_name or ref.generated or "")))
-            else:
-                template = self.templates.get((pod.namespace, ref.template_name or ""))
+            claim = self.claims.get((pod.namespace, ref.claim_name or ref.generated or claim_for_pod(pod, ref)))
+            key.append(claim)
+            if claim is None and ref.template_name is not None:
+                template = self.templates.get((pod.namespace, ref.template_name))
                 key.append(template.spec if template is not None else None)
         return tuple(key)
 
@@ -601,7 +616,9 @@ class DraBook:
             except Refusal as refusal:
                 return refusal.status
             if claim is None:
-                claim = Claim(demand.key[0], demand.key[1], _claim_uid(pod, demand.ref.name), demand.spec, None)
+                claim = Claim(
+                    demand.key[0], demand.key[1], _claim_uid(pod, demand.ref.name), demand.spec, None, owner=pod.uid
+                )
             allocated = replace(claim, allocation=allocation, reserved_for=(consumer,), node_terms=terms)
             entries.append(Entry(demand.ref.name, allocated, demand.owned))
         return PodClaims(entries)
@@ -766,6 +783,16 @@ class DraBook:
                 self.epoch += 1
         return touched
 
+    def reserved_by(self, pod: PodRequest) -> PodClaims | None:
+        """The claims reserved for the pod as the cluster says (a bound pod the engine counted without placing it:
+        after a restart, the claims' informer may report them after the pod), for `give_back`; None: none is."""
+        entries = []
+        for ref in pod.resource_claims:
+            claim = self.claims.get((pod.namespace, ref.claim_name or ref.generated or claim_for_pod(pod, ref)))
+            if claim is not None and any(c.get("uid") == pod.uid for c in claim.reserved_for):
+                entries.append(Entry(ref.name, claim, ref.claim_name is None and claim.owner == pod.uid))
+        return PodClaims(entries) if entries else None
+
     def give_back(self, held: PodClaims, uid: str) -> set[str]:
         """The pod is gone: it leaves each claim's reservedFor; a claim no pod reserves any more is deallocated, one
         made for the pod from a template is deleted (kube-controller-manager's resourceclaim controller)."""
@@ -786,6 +813,13 @@ class DraBook:
                 self.claims[current.key] = replace(current, allocation=None, reserved_for=())
                 self.epoch += 1
         return touched
+
+
+def claim_for_pod(pod: PodRequest, ref: ClaimRef) -> str:
+    """The name of the claim kubegpu makes from a template for the pod (`<pod>-<claim>`): fixed, so that a restarted
+    scheduler, or one whose write's answer was lost, finds the claim it made, where the pod's
+    `status.resourceClaimStatuses` (which the resourceclaim controller writes, and kubegpu too) is not read back."""
+    return f"{pod.name}-{ref.name}"
 
 
 def _claim_uid(pod: PodRequest, ref: str) -> str:

@@ -25,6 +25,12 @@ too:
   server serves them, found by discovery, which is asked again every `PODGROUP_RECHECK` seconds while it does not
   (the CRD may be installed after the scheduler starts): meanwhile an error says so once, `/readyz` names the API,
   and gangs are read from Kueue's labels alone. Each change goes to the front-end's `PendingPods.group_changed`;
+* DRA's DeviceClasses, ResourceSlices, ResourceClaimTemplates and ResourceClaims (`watch_dra`; `resource.k8s.io/v1`)
+  become the engine's `DraBook` where discovery finds all four (rechecked every `DRA_RECHECK` seconds while it does
+  not, or while this scheduler may not list them): meanwhile a warning says why once, `/readyz` names them, and
+  `dra_problem` says why pods with claims wait. A claim the engine holds for a pod whose writes are still on their
+  way keeps the engine's allocation and reservation against an older copy from the watch (`_with_own_reservations`),
+  so its devices are never free in between; a different allocation from the server wins (the write then fails);
 * Services, ReplicationControllers, ReplicaSets and StatefulSets (`watch_owners`, when the profile has default
   spread constraints) become the engine's owners: their selectors give the pods they select that set no
   `topologySpreadConstraints` kube-scheduler's default spread over hosts and zones (`kubegpu.scheduler.owners`).
@@ -40,11 +46,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
+from dataclasses import replace
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
+from kubegpu.core import dra
 from kubegpu.core.annotations import (
     ALLOCATION_KEY,
     FOREIGN_DEVICES_KEY,
@@ -60,6 +68,7 @@ from kubegpu.kube import discovery
 from kubegpu.kube.client import ApiError, Informer, KubeClient
 from kubegpu.scheduler import filters, liveness, objects, podgroups
 from kubegpu.scheduler.binder import Binder
+from kubegpu.scheduler.dra import HeldClaim
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.gangstatus import GangMembers, gang_of, member_state
 from kubegpu.scheduler.health import Metrics
@@ -115,6 +124,11 @@ LEASE_GROUP = "coordination.k8s.io"
 GATE_LABELS = 32  # gate names with a series of their own in kubegpu_scheduler_gated_pods
 OTHER_GATES = "(other)"
 T = TypeVar("T")
+# DRA (`resource.k8s.io/v1`, 1.34): the collections the custom scheduler lists and watches, where discovery finds them
+# all (asked again every `DRA_RECHECK` seconds while it does not: a cluster may be upgraded, a CRD installed).
+DRA_GROUP, DRA_VERSIONS = "resource.k8s.io", ("v1",)
+DRA_KINDS = ("deviceclasses", "resourceslices", "resourceclaimtemplates", "resourceclaims")
+DRA_RECHECK = 60.0
 STALL = 30.0  # seconds without a beat of the loop applying informer events after which /healthz fails
 BATCH = 2000  # informer events applied under one taking of the lock
 
@@ -173,6 +187,8 @@ class ClusterMirror:
         watch_owners: bool = False,
         watch_podgroups: bool = False,
         needs_leases: bool = False,
+        watch_dra: bool = False,
+        claims_released: Callable[[PodRequest, list[HeldClaim]], None] | None = None,
     ) -> None:
         self.client = client
         self.engine = engine
@@ -233,6 +249,14 @@ class ClusterMirror:
         # Every gang's members by state, for the PodGroups' status (`gangstatus`); None: not kept.
         self.gang_members: GangMembers | None = GangMembers() if watch_podgroups else None
         self.podgroups_synced = threading.Event()
+        # DRA (`watch_dra_versions`): why pods with claims cannot be placed (None: the four collections are read),
+        # each collection's first list, the templates' `spec` as written (a claim made from one copies it), and who
+        # writes the claims a released pod held (the custom scheduler; None: nobody here writes claims).
+        self.watch_dra = watch_dra
+        self.dra_problem: str | None = "the DRA collections (resource.k8s.io/v1) are not listed yet"
+        self.dra_synced = {kind: threading.Event() for kind in DRA_KINDS} if watch_dra else {}
+        self.claim_templates: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self.claims_released = claims_released
         self._next_judgement = 0.0
 
     # -- the loop -------------------------------------------------------------------------------------------------
@@ -282,6 +306,8 @@ class ClusterMirror:
             ).start()
         if self.watch_podgroups:
             threading.Thread(target=self.watch_podgroup_versions, name="informer-podgroups", daemon=True).start()
+        if self.watch_dra:
+            threading.Thread(target=self.watch_dra_versions, name="informer-dra", daemon=True).start()
         if self.watch_volumes:
             consume = self._consume(self.on_claims)
             Informer(self.client, "/api/v1/persistentvolumeclaims", consume, self.stop, "claims").start()
@@ -317,6 +343,7 @@ class ClusterMirror:
         waiting += [(OWNER_PATHS[kind].rsplit("/", 1)[1], synced) for kind, synced in self.owners_synced.items()]
         if self.watch_podgroups:  # a gang is read whole before any of its members is tried
             waiting.append((PODGROUPS, self.podgroups_synced))
+        waiting += list(self.dra_synced.items())
         return [name for name, synced in waiting if not synced.is_set()]
 
     def healthy(self) -> bool:
@@ -556,6 +583,130 @@ class ClusterMirror:
         except InputError as exc:
             log.warning("PodDisruptionBudget %s ignored: %s", key, exc)
 
+    # -- DRA: DeviceClasses, ResourceSlices, ResourceClaimTemplates, ResourceClaims (`watch_dra`) ------------------
+
+    def watch_dra_versions(self) -> None:
+        """The DRA collections' thread: wait until the API server serves all four in `resource.k8s.io/v1` and this
+        scheduler may list them, then list and watch each. Meanwhile they count as listed and empty, a warning says
+        why once, `/readyz` names them, and pods with claims are told `dra_problem`."""
+        said: str | None = None
+        while not self.stop.is_set():
+            problem = self._dra_unreadable()
+            if self.stop.is_set():
+                return
+            if problem is None:
+                break
+            for kind in DRA_KINDS:
+                self.versions[kind] = None
+            self.dra_problem = problem
+            if said != problem:
+                said = problem
+                log.warning("%s; pods with resource claims wait until it can", problem)
+                for kind in DRA_KINDS:
+                    self.post(self.on_dra, kind, "SYNC", [])
+            self.stop.wait(DRA_RECHECK)
+        else:
+            return
+        log.info("DRA read as %s/v1", DRA_GROUP)
+        for kind in DRA_KINDS:
+            self.versions[kind] = f"{DRA_GROUP}/v1"
+            consume = self._consume(partial(self.on_dra, kind))
+            Informer(self.client, f"/apis/{DRA_GROUP}/v1/{kind}", consume, self.stop, kind).start()
+        self.dra_problem = None
+
+    def _dra_unreadable(self) -> str | None:
+        """Why the DRA collections cannot be read (not served, some missing, forbidden), or None."""
+        version = self.discover_version(DRA_GROUP, DRA_VERSIONS)
+        if version is None:
+            return f"the API server does not serve {DRA_GROUP}/v1 (DRA, Kubernetes 1.34+)"
+        try:
+            listed = self.client.get(f"/apis/{DRA_GROUP}/v1")
+            served = {r.get("name") for r in listed.get("resources") or () if isinstance(r, dict)}
+            missing = [kind for kind in DRA_KINDS if kind not in served]
+            if missing:
+                return f"the API server serves {DRA_GROUP}/v1 without {', '.join(missing)}"
+            for kind in DRA_KINDS:
+                self.client.get(f"/apis/{DRA_GROUP}/v1/{kind}", limit=1)
+        except ApiError as exc:
+            if exc.status in (401, 403):
+                return f"this scheduler may not list {DRA_GROUP}/v1 objects ({exc.status} {safe_text(exc.reason)})"
+            return f"{DRA_GROUP}/v1 could not be read: {safe_text(str(exc))}"
+        return None
+
+    def on_dra(self, collection: str, kind: str, payload: Any) -> None:
+        """A DRA informer's report into the engine's book; one object that raises, or that kubegpu cannot read,
+        costs only itself (left out with a warning: the pods naming it are refused as if it were absent)."""
+        apply = partial(self._apply_dra, collection)
+        if kind == "SYNC":
+            seen = set()
+            for obj in payload:
+                seen.add(self._guarded("dra_event", obj, apply, "ADDED", on_pod=False))
+            for key in self.engine.dra_keys(collection):
+                if key not in seen and not self._held_unwritten(collection, key):
+                    self._apply_dra(collection, "DELETED", {"metadata": {"namespace": key[0], "name": key[1]}})
+            self.dra_synced[collection].set()
+        else:
+            self._guarded("dra_event", payload, apply, kind, on_pod=False)
+        self.pending.wake()
+
+    def _apply_dra(self, collection: str, kind: str, obj: dict[str, Any]) -> tuple[str, str] | None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            return None
+        namespace = str(meta.get("namespace", "")) if collection in ("resourceclaims", "resourceclaimtemplates") else ""
+        found: Any = None
+        if kind != "DELETED":
+            try:
+                found = DECODERS[collection](obj)
+            except InputError as exc:
+                where = f"{namespace}/{name}" if namespace else name
+                log.warning("%s %s ignored: %s", collection, where, safe_text(str(exc)))
+        engine = self.engine
+        if collection == "deviceclasses":
+            engine.set_device_class(name, found)
+        elif collection == "resourceslices":
+            engine.set_resource_slice(name, found)
+        elif collection == "resourceclaimtemplates":
+            spec = obj.get("spec") if found is not None else None
+            if isinstance(spec, dict):
+                self.claim_templates[(namespace, name)] = spec
+            else:
+                self.claim_templates.pop((namespace, name), None)
+            engine.set_resource_claim_template(namespace, name, found)
+        else:
+            engine.set_resource_claim(namespace, name, None if found is None else self._with_own_reservations(found))
+        return (namespace, name)
+
+    def _held_unwritten(self, collection: str, key: tuple[str, str]) -> bool:
+        """Whether a claim a relist did not name is one the engine made for a pod whose writes are on their way."""
+        current = self.engine.resource_claim(*key) if collection == "resourceclaims" else None
+        return current is not None and any(self._holds(key, c) for c in current.reserved_for)
+
+    def _with_own_reservations(self, found: dra.Claim) -> dra.Claim:
+        """The claim as the server reports it, with the allocation and reservations of the pods the engine holds it
+        for and whose writes may not have landed yet (an older copy must not free their devices meanwhile). A
+        different allocation on the server wins: the pods' writes then fail and they are tried again."""
+        current = self.engine.resource_claim(found.namespace, found.name)
+        if current is None or current.allocation is None:
+            return found
+        ours = [c for c in current.reserved_for if self._holds(found.key, c)]
+        if not ours:
+            return found
+        if found.allocation is None:
+            found = replace(found, allocation=current.allocation, node_terms=current.node_terms)
+        elif _results(found.allocation) != _results(current.allocation):
+            return found
+        uids = {c.get("uid") for c in found.reserved_for}
+        return replace(found, reserved_for=(*found.reserved_for, *(c for c in ours if c.get("uid") not in uids)))
+
+    def _holds(self, key: tuple[str, str], consumer: Mapping[str, str]) -> bool:
+        """Whether the engine holds claim `key` for the pod `consumer` names (same name and UID)."""
+        held = self.engine.held_claims(f"{key[0]}/{consumer.get('name')}")
+        return any(
+            h.claim.key == key and any(c.get("uid") == consumer.get("uid") for c in h.claim.reserved_for) for h in held
+        )
+
     # -- PersistentVolumeClaims and PersistentVolumes (`watch_volumes`) ---------------------------------------------
 
     def on_claims(self, kind: str, payload: Any) -> None:
@@ -777,15 +928,26 @@ class ClusterMirror:
         """The pod's resources are free again (it is gone, or its Binding failed); the pending pods may fit now."""
         self._evicting.discard(key)
         self._sizes.pop(key, None)
+        placed = self.engine.placement(key)
+        claims = self.engine.held_claims(key)
         if self.engine.release(key) is not None:
+            if placed is not None:
+                self._claims_given_back(placed.request, claims)
             self.pending.wake()
+
+    def _claims_given_back(self, pod: PodRequest, claims: list[HeldClaim]) -> None:
+        """The pod's DRA claims were given back in the engine: the front-end writes it (reservedFor, deallocation)."""
+        if claims and self.claims_released is not None:
+            self.claims_released(pod, claims)
 
     def roll_back(self, pod: PodRequest, node: str | None, error: ApiError) -> None:
         """Undo the reservation of a pod whose Binding failed, if the engine still holds it (and not a newer pod of
         the same name). Takes the lock: the extender calls this from its HTTP loop."""
         with self.lock:
+            claims = self.engine.held_claims(pod.key)
             if self.engine.unreserve(pod, node):  # only this very pod's reservation, never a newer one's
                 self._evicting.discard(pod.key)
+                self._claims_given_back(pod, claims)
                 self.pending.wake()
         log.warning("binding failed; reservation rolled back", extra={"pod": pod.key, "node": node, "error": error})
 
@@ -951,3 +1113,17 @@ class ClusterMirror:
             log.error("bound pod could not be counted: %s", status.message, extra=extra)
         else:
             self.pending.wake_for(request)
+
+
+DECODERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "deviceclasses": dra.device_class,
+    "resourceslices": dra.resource_slice,
+    "resourceclaimtemplates": dra.resource_claim_template,
+    "resourceclaims": dra.resource_claim,
+}
+
+
+def _results(allocation: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """The devices an allocation names, as (request, driver, pool, device)."""
+    results = (allocation.get("devices") or {}).get("results") or ()
+    return [(r.get("request"), r.get("driver"), r.get("pool"), r.get("device")) for r in results]

@@ -263,6 +263,8 @@ class NodeCache(Ledger):
         pod_record = self.pods.pop(key, None)
         if pod_record is None:
             return None
+        if pod_record.claims is None and pod_record.request.resource_claims:
+            pod_record.claims = self.dra.reserved_by(pod_record.request)  # counted bound, not placed here
         record = self.nodes.get(pod_record.node)
         if record is None:
             self._forget_anti(key)

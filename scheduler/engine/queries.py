@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, KeysView
 
+from kubegpu.core.dra import Claim
 from kubegpu.core.models import (
     NodeInfo,
     Occupancy,
@@ -14,6 +15,7 @@ from kubegpu.core.models import (
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.scheduler_hooks import DeviceNodeState
 from kubegpu.core.status import Status
+from kubegpu.scheduler.dra import HeldClaim
 from kubegpu.scheduler.engine.framework import QueueSortPlugin
 from kubegpu.scheduler.engine.gangs import Gangs
 from kubegpu.scheduler.engine.records import Placement, Waiting, log
@@ -71,6 +73,34 @@ class Queries(Gangs):
         """Where pod `key` holds resources and what it took; None when it holds none."""
         record = self.pods.get(key)
         return None if record is None else Placement(record.request, record.node, record.allocation)
+
+    def held_claims(self, key: str) -> list[HeldClaim]:
+        """The DRA claims pod `key` holds, each allocated and reserved for it (none when it holds none): those its
+        Reserve made, or for a bound pod counted without being placed here (a restart), those the cluster says are
+        reserved for it."""
+        record = self.pods.get(key)
+        if record is None:
+            return []
+        claims = record.claims
+        if claims is None and record.request.resource_claims:
+            claims = self.dra.reserved_by(record.request)
+        return claims.held() if claims is not None else []
+
+    def resource_claim(self, namespace: str, name: str) -> Claim | None:
+        """The ResourceClaim as the engine holds it: as last reported, or as a pod's Reserve made it."""
+        return self.dra.claims.get((namespace, name))
+
+    def dra_keys(self, collection: str) -> list[tuple[str, str]]:
+        """The DRA objects the engine knows of one collection (`deviceclasses`, `resourceslices`,
+        `resourceclaimtemplates`, `resourceclaims`), as (namespace, name); cluster-scoped ones with namespace ""."""
+        book = self.dra
+        if collection == "deviceclasses":
+            return [("", name) for name in book.classes]
+        if collection == "resourceslices":
+            return [("", name) for name in book.slices]
+        if collection == "resourceclaimtemplates":
+            return list(book.templates)
+        return list(book.claims)
 
     def placements(self, keys: Iterable[str] | None = None) -> Iterator[Placement]:
         """The placements of those of `keys` that hold resources, in their order (None: of every pod that does)."""

@@ -187,7 +187,7 @@ def test_an_api_server_serving_no_budget_api_is_named_and_preemption_goes_on_wit
         scheduler = start_scheduler("kubegpu-preempt-4", "--no-leader-elect", kubeconfig=bare.kubeconfig)
         body = ready(scheduler)
         assert body["apis"]["poddisruptionbudgets"] is None
-        # (PodGroups are missing too: the test server has no scheduler-plugins CRD.)
+        # (PodGroups and DRA are missing too: the test server has neither's CRDs.)
         assert "the API server serves no version of poddisruptionbudgets that kubegpu reads" in body["missing"]
         scheduler.wait_logged("serves PodDisruptionBudgets in none of policy/v1, policy/v1beta1")
 

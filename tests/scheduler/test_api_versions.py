@@ -30,6 +30,7 @@ from kubegpu.scheduler.binder import Binder
 from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.health import Metrics, answer_health
+from kubegpu.scheduler.mirror import DRA_KINDS
 
 from .test_service_guards import RecordingWriter
 
@@ -110,6 +111,8 @@ def ready(custom: CustomScheduler) -> tuple[int, Any]:
         synced("SYNC", [])
     for owner in mirror.owners_synced:
         mirror.on_owners(owner, "SYNC", [])
+    for kind in DRA_KINDS:
+        mirror.on_dra(kind, "SYNC", [])
     return answer_health("/readyz", mirror, custom.metrics)  # type: ignore[return-value,arg-type]
 
 

@@ -21,6 +21,7 @@ from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.health import answer_health
+from kubegpu.scheduler.mirror import DRA_KINDS
 
 from .test_service_guards import RecordingWriter
 
@@ -120,6 +121,8 @@ def test_readyz_waits_for_the_budgets_first_list_then_shows_their_version(stoppe
     mirror.on_podgroups("SYNC", [])
     for owner in mirror.owners_synced:
         mirror.on_owners(owner, "SYNC", [])
+    for kind in DRA_KINDS:
+        mirror.on_dra(kind, "SYNC", [])
 
     status, body = answer_health("/readyz", mirror, custom.metrics)  # type: ignore[misc]
     assert (status, body) == (503, {"status": "syncing poddisruptionbudgets"})
@@ -142,6 +145,8 @@ def test_a_server_serving_no_budget_api_is_named_by_readyz_and_scheduling_goes_o
         synced("SYNC", [])
     for owner in mirror.owners_synced:
         mirror.on_owners(owner, "SYNC", [])
+    for kind in DRA_KINDS:
+        mirror.on_dra(kind, "SYNC", [])
 
     status, body = answer_health("/readyz", mirror, custom.metrics)  # type: ignore[misc]
     assert status == 200

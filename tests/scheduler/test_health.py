@@ -19,6 +19,7 @@ from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.extender import ExtenderHttpServer, ExtenderServer
 from kubegpu.scheduler.health import HealthServer
+from kubegpu.scheduler.mirror import DRA_KINDS
 
 from .test_extender_bind import Writer, extender_with
 from .test_service_guards import RecordingWriter
@@ -57,7 +58,7 @@ def test_the_scheduler_is_ready_once_its_informers_listed_and_healthy_while_its_
     assert status == 503  # the operator reads what is still being listed
     assert orjson.loads(body)["status"] == (
         "syncing persistentvolumeclaims, persistentvolumes, services, replicationcontrollers, replicasets, "
-        "statefulsets, podgroups"
+        "statefulsets, podgroups, deviceclasses, resourceslices, resourceclaimtemplates, resourceclaims"
     )
     custom.mirror.on_claims("SYNC", [])
     custom.mirror.on_volumes("SYNC", [])
@@ -67,6 +68,9 @@ def test_the_scheduler_is_ready_once_its_informers_listed_and_healthy_while_its_
         custom.mirror.on_owners(owner, "SYNC", [])
     assert get(server.address, "/readyz")[0] == 503  # type: ignore[arg-type]
     custom.mirror.on_podgroups("SYNC", [])  # gangs: a member is never tried before its PodGroup is known
+    for kind in DRA_KINDS:  # DRA: a claim's devices are known before any pod is tried
+        assert get(server.address, "/readyz")[0] == 503  # type: ignore[arg-type]
+        custom.mirror.on_dra(kind, "SYNC", [])
     assert get(server.address, "/readyz")[0] == 200  # type: ignore[arg-type]
     assert get(server.address, "/healthz")[0] == 200  # type: ignore[arg-type]
     custom.mirror.heartbeat -= 60  # the loop applying informer events has not beaten for a minute

@@ -26,7 +26,7 @@ from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.gangstatus import Counts, phase
 from kubegpu.scheduler.health import answer_health
-from kubegpu.scheduler.mirror import OWNER_PATHS
+from kubegpu.scheduler.mirror import DRA_KINDS, OWNER_PATHS
 
 from .test_service_guards import KEY, RecordingWriter
 
@@ -51,6 +51,8 @@ def service() -> CustomScheduler:
     svc.mirror.on_volumes("SYNC", [])
     for kind in OWNER_PATHS:
         svc.mirror.on_owners(kind, "SYNC", [])
+    for kind in DRA_KINDS:
+        svc.mirror.on_dra(kind, "SYNC", [])
     return svc
 
 

@@ -17,6 +17,7 @@ from kubegpu.core.testing import node_manifest, pod_manifest
 from kubegpu.scheduler.config import parse_config
 from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.mirror import DRA_KINDS
 
 from .test_service_guards import KEY, RecordingWriter, errors, schedule_all
 
@@ -32,6 +33,8 @@ def start(profile: Any = None) -> CustomScheduler:
     svc.mirror.on_nodes("SYNC", nodes)
     svc.mirror.on_budgets("SYNC", [])  # no PodDisruptionBudget: readiness waits only for what each test leaves out
     svc.mirror.on_podgroups("SYNC", [])
+    for kind in DRA_KINDS:
+        svc.mirror.on_dra(kind, "SYNC", [])
     return svc
 
 

@@ -17,7 +17,7 @@ from kubegpu.core.testing import node_manifest, pod_manifest
 from kubegpu.scheduler import objects, queue
 from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
-from kubegpu.scheduler.mirror import OWNER_PATHS
+from kubegpu.scheduler.mirror import DRA_KINDS, OWNER_PATHS
 
 from .test_service_guards import KEY, RecordingWriter, errors, schedule_all
 
@@ -33,6 +33,8 @@ def service() -> CustomScheduler:
         svc.mirror.on_owners(kind, "SYNC", [])
     svc.mirror.on_budgets("SYNC", [])
     svc.mirror.on_podgroups("SYNC", [])
+    for kind in DRA_KINDS:
+        svc.mirror.on_dra(kind, "SYNC", [])
     return svc
 
 
