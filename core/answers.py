@@ -206,6 +206,12 @@ def _fragmentation(manager: Router, plugin: str, answer: Any, kwargs: Mapping[st
     return answer
 
 
+def _epoch(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None or (isinstance(answer, int) and not isinstance(answer, bool)):
+        return answer
+    raise WrongAnswer(f"returned {_kind(answer)}; a whole number (or None) is due")
+
+
 def _allocation(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
     if answer is None:
         return None
@@ -395,6 +401,7 @@ CHECKS: dict[str, Check] = {
     "kubegpu_scheduler_fit": _status("success, or why the pod does not fit", none_ok=False),
     "kubegpu_scheduler_score": _score,
     "kubegpu_scheduler_fragmentation": _fragmentation,
+    "kubegpu_scheduler_fragmentation_epoch": _epoch,
     "kubegpu_scheduler_allocate": _allocation,
     "kubegpu_scheduler_take": _status("success, or an error naming the device", none_ok=False),
     "kubegpu_scheduler_release": _release,

@@ -277,6 +277,26 @@ def kubegpu_scheduler_fragmentation(
 
 
 @hookspec
+def kubegpu_scheduler_fragmentation_epoch(shared: dict[str, object]) -> int | None:
+    """Say which mix of pods the plugin's fragmentation answers are measured against now (optional).
+
+    Args:
+        shared: the dict this plugin's states share across the engine's nodes (`kubegpu_scheduler_build_node`'s).
+
+    Returns:
+        A whole number that changes whenever `kubegpu_scheduler_fragmentation` may answer otherwise for a node whose
+        state did not change (a mix of pods learned from the pods placed moved on); None when its answers follow
+        from the node's state and the pod alone. The engine remembers fragmentation answers per node version, pod
+        shape and this number.
+
+    Called by:
+        the engine's score phase, once per cycle that scores `KubegpuFragmentation`; every plugin implementing
+        `kubegpu_scheduler_fragmentation`. Kubernetes: PreScore.
+    """
+    raise NotImplementedError
+
+
+@hookspec
 def kubegpu_scheduler_allocate(state: DeviceNodeState, pod: PodRequest, prepared: object) -> PluginAllocation | None:
     """Choose concrete devices for every container of the pod that requests this plugin's resources.
 
@@ -446,6 +466,8 @@ class DeviceScheduler(Protocol):
     def kubegpu_scheduler_fragmentation(
         self, state: DeviceNodeState, pod: PodRequest, prepared: object, free: Mapping[str, int]
     ) -> float | None: ...
+
+    def kubegpu_scheduler_fragmentation_epoch(self, shared: dict[str, object]) -> int | None: ...
 
     def kubegpu_scheduler_allocate(
         self, state: DeviceNodeState, pod: PodRequest, prepared: object

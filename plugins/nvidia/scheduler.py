@@ -365,6 +365,12 @@ def kubegpu_scheduler_fragmentation(
 
 
 @hookimpl
+def kubegpu_scheduler_fragmentation_epoch(shared: dict[str, object]) -> int | None:
+    workload = shared.get(WORKLOAD_KEY)
+    return workload.version if isinstance(workload, Workload) else None
+
+
+@hookimpl
 def kubegpu_scheduler_allocate(
     state: DeviceNodeState, pod: PodRequest, prepared: NvidiaPodState
 ) -> PluginAllocation | None:

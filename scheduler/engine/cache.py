@@ -56,6 +56,7 @@ class NodeCache(Ledger):
                 continue
             if state is not None:
                 record.states[plugin] = state
+        self._fragmenting_nodes += self._fragmenting(record) - (self._fragmenting(previous) if previous else 0)
         self.nodes[info.name] = record
         self._tree.set(info.name, zone_key(info.labels))
         self._join_class(info.name, previous.klass if previous is not None else None, record.klass)
@@ -76,6 +77,10 @@ class NodeCache(Ledger):
                     record.pods[key] = None
                     self._count_usage(record, pod.request, +1)
         self._refresh(record)
+
+    def _fragmenting(self, record: NodeRecord) -> int:
+        """1 when the node holds a state of a plugin that measures fragmentation, else 0."""
+        return 1 if any(plugin in record.states for plugin in self._fragmenters) else 0
 
     def _note_scored(self, info: NodeInfo | None, previous: NodeInfo | None) -> None:
         """Count a node's images and the controllers its `preferAvoidPods` annotation names, in place of what its
@@ -150,6 +155,7 @@ class NodeCache(Ledger):
         if record is None:
             return []
         self._node_epoch += 1
+        self._fragmenting_nodes -= self._fragmenting(record)
         self._soft_tainted.discard(name)
         self._note_scored(None, record.info)
         self._join_class(name, record.klass, None)

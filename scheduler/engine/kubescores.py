@@ -141,6 +141,9 @@ class KubegpuFragmentation(Local):
 
     name = scores.FRAGMENTATION
 
+    def matters(self, engine: ScoreContext, pod: PodRequest, plan: Plan) -> bool:
+        return engine.fragmentation_matters()
+
     def score(
         self, engine: ScoreContext, state: object, records: Sequence[NodeRecord], pod: PodRequest, plan: Plan
     ) -> list[float]:

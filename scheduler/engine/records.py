@@ -36,6 +36,8 @@ NAME_LABELS = frozenset({"kubernetes.io/hostname"})
 # Pod shapes whose filter answers and node-local scores a node remembers; past it the shape asked about longest ago
 # goes. Device pods' shapes include their labels (a plugin may read them), so each Deployment's replicas are a shape.
 CHECKS_REMEMBERED = 32
+FRAGMENTATION_HOOK = "kubegpu_scheduler_fragmentation"
+FRAGMENTATION_EPOCH_HOOK = "kubegpu_scheduler_fragmentation_epoch"
 UNKNOWN_FREE = 1 << 62  # the headroom of a plugin that failed on a node: unknown, so never the reason to skip it
 
 
@@ -65,7 +67,10 @@ class NodeRecord:
     # yet)). A few shapes alternate in a workload, so one slot would thrash.
     last_check: dict[int, tuple[int, tuple[object, ...], Status | None, Status | None]] = field(default_factory=dict)
     last_score: tuple[int, tuple[object, ...], float] | None = None
-    last_raw: dict[int, tuple[int, tuple[object, ...], tuple[float, ...]]] = field(default_factory=dict)  # scores
+    # The node's recent local raw scores by pod shape: (node version, shape, fragmentation epochs, scores).
+    last_raw: dict[int, tuple[int, tuple[object, ...], tuple[int | None, ...], tuple[float, ...]]] = field(
+        default_factory=dict
+    )
     # The last preemption dry run here (`Preempting._select_victims`): (node version, pod shape, the pod's priority,
     # the budgets, the candidate or None).
     last_victims: tuple[int, tuple[object, ...], int, tuple[Budget, ...], Candidate | None] | None = None

@@ -15,10 +15,16 @@ from kubegpu.core.models import (
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine.filtering import Filtering
-from kubegpu.scheduler.engine.records import NodeRecord, Plan, log, make_room
+from kubegpu.scheduler.engine.records import (
+    FRAGMENTATION_EPOCH_HOOK,
+    FRAGMENTATION_HOOK,
+    NodeRecord,
+    Plan,
+    log,
+    make_room,
+)
 
 _NONE: frozenset[tuple[str, str]] = frozenset()
-FRAGMENTATION_HOOK = "kubegpu_scheduler_fragmentation"
 
 
 class Scoring(Filtering):
@@ -70,6 +76,24 @@ class Scoring(Filtering):
             stranded += float(grown or 0.0)
         return 100.0 / (1.0 + math.exp(min(50.0, stranded)))
 
+    def fragmentation_matters(self) -> bool:
+        """Whether a node holds a state of a plugin that measures fragmentation (KubegpuFragmentation may then rank
+        any pod's nodes, a cpu-only one's included, otherwise than the policy's order)."""
+        return self._fragmenting_nodes > 0
+
+    def fragmentation_epochs(self) -> tuple[int | None, ...]:
+        """Each fragmenting plugin's `kubegpu_scheduler_fragmentation_epoch` now (None: its answers follow from the
+        node alone, or it failed, logged)."""
+        epochs: list[int | None] = []
+        for plugin in self._fragmenters:
+            try:
+                epoch = self.plugins.call(plugin, FRAGMENTATION_EPOCH_HOOK, shared=self._shared.setdefault(plugin, {}))
+            except PluginHookError as exc:
+                log.error("%s", exc)
+                epoch = None
+            epochs.append(epoch)
+        return tuple(epochs)
+
     def _score(self, record: NodeRecord, pod: PodRequest) -> float:
         used = self.device_usage(record, pod)
         if used is None:
@@ -80,15 +104,21 @@ class Scoring(Filtering):
 
     def _local_raw(self, records: list[NodeRecord], pod: PodRequest, plan: Plan) -> list[tuple[float, ...]]:
         """The local score plugins' raw scores on each node (a tuple in `_local_scorers`' order; 0 for a plugin with
-        nothing to say of the pod), remembered per node version and pod shape (`Plan.local`): only the nodes changed
-        since are asked."""
+        nothing to say of the pod), remembered per node version, pod shape (`Plan.local`) and, while
+        KubegpuFragmentation scores, the fragmenting plugins' epochs: only the nodes changed since are asked."""
         slot, local = id(plan.local), plan.local
+        epochs = self.fragmentation_epochs() if self._fragmenting_nodes and self._scores_fragmentation else ()
         raws: list[tuple[float, ...] | None] = []
         stale: list[NodeRecord] = []
         for record in records:
             remembered = record.last_raw.get(slot)
-            if remembered is not None and remembered[0] == record.version and remembered[1] is local:
-                raws.append(remembered[2])
+            if (
+                remembered is not None
+                and remembered[0] == record.version
+                and remembered[1] is local
+                and remembered[2] == epochs
+            ):
+                raws.append(remembered[3])
             else:
                 raws.append(None)
                 stale.append(record)
@@ -103,7 +133,7 @@ class Scoring(Filtering):
                     record = records[i]
                     raws[i] = raw = tuple(next(fresh))
                     make_room(record.last_raw, slot)
-                    record.last_raw[slot] = (record.version, local, raw)
+                    record.last_raw[slot] = (record.version, local, epochs, raw)
         return raws  # type: ignore[return-value]  # every None was filled above
 
     def _rank(self, feasible: list[str], pod: PodRequest, plan: Plan) -> str:

@@ -27,6 +27,7 @@ from kubegpu.scheduler.engine.kubefilters import CLUSTER_FILTERS, KUBE_FILTERS, 
 from kubegpu.scheduler.engine.kubescores import KUBE_SCORES, enabled_scores
 from kubegpu.scheduler.engine.records import (
     CPU_INDEX,
+    FRAGMENTATION_HOOK,
     POLICIES,
     ClassTally,
     ClusterState,
@@ -94,10 +95,15 @@ class EngineState:
         # node remembers their raw scores in that order (`NodeRecord.last_raw`).
         self._scorers = enabled_scores((*score_plugins, *added_scores), self.scoring, policy)
         self._local_scorers = tuple(plugin for plugin, _ in self._scorers if plugin.local)
+        self._scores_fragmentation = any(plugin.name == scores.FRAGMENTATION for plugin, _ in self._scorers)
         self._added_scores = any(plugin not in KUBE_SCORES for plugin, _ in self._scorers)
         self.signing_key = signing_key
         # Per plugin, the dict its states share across this engine's nodes (`kubegpu_scheduler_build_node`'s `shared`).
         self._shared: dict[str, dict[str, object]] = {}
+        # The plugins that measure fragmentation (`kubegpu_scheduler_fragmentation`), and how many nodes hold a state
+        # of one of them: while any does, KubegpuFragmentation may rank a pod's nodes otherwise than the policy's order.
+        self._fragmenters = tuple(p for p in plugins.names if plugins.implements(p, FRAGMENTATION_HOOK))
+        self._fragmenting_nodes = 0
         self._issued = 0  # ledger: the `issued` stamp of the last signed allocation; stamps strictly increase
 
         # -- the cluster state (cache, ledger) -----------------------------------------------------------------------
@@ -211,6 +217,8 @@ class EngineState:
         # Per node (`NodeRecord`): `last_check` and `last_raw`, id(Plan.local) -> (node version, Plan.local, answer),
         # the node-local filter answers and raw scores, stale when the node's version moved (every change of its
         # usage, devices or liveness) or the shape is another's; `CHECKS_REMEMBERED` shapes per node, oldest out.
+        # `last_raw`'s answer also holds the fragmentation epochs it was scored at (`kubegpu_scheduler_
+        # fragmentation_epoch` of each plugin in `_fragmenters`): stale when one moved (a learned mix of pods).
         # `last_score`: (node version, Plan.signature, the extender's device score), one slot.
         # `dra._answers` (`DraBook`): (CEL expression, device facts) -> the selector's answer, and `dra._both`:
         # (class selectors, request selectors, device facts) -> both accept. Never stale: the facts are all a

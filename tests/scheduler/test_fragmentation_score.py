@@ -70,3 +70,44 @@ def test_each_engine_learns_its_own_mix_of_pods() -> None:
     first.add_node(node_info(gpu_node("gpu-c", 2, 16, 64)))
     assert first.nodes["gpu-c"].states["nvidia"].workload is first_state.workload  # type: ignore[attr-defined]
     assert second.schedule(pod_request(pod("batch", 20, 80))[0]).node == "gpu-a"  # nothing learned: binpack
+
+
+def test_fragmentation_ranks_as_many_nodes_as_kube_scheduler_scores() -> None:
+    """The fragmentation score may prefer a node late in the policy's capacity order, so a cycle scores as many
+    feasible nodes as kube-scheduler would (all of a cluster under 100 nodes), not only the first few: the cpu-only
+    pod finds the cpu node behind twelve GPU nodes whose free GPUs its cores would strand."""
+    scheduler = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    for i in range(12):
+        scheduler.add_node(node_info(gpu_node(f"gpu-{i:02}", 4, 32, 128)))
+        assert scheduler.schedule(pod_request(pod(f"trainer-{i}", 8, 32, gpus=1, node=f"gpu-{i:02}"))[0]).scheduled
+    scheduler.add_node(node_info(gpu_node("cpu-z", 0, 64, 256)))
+    assert scheduler.schedule(pod_request(pod("batch", 20, 80))[0]).node == "cpu-z"
+
+
+def test_a_node_is_scored_again_when_the_learned_mix_moves_on() -> None:
+    """The fragmentation answers of nodes nothing changed on are remembered only while the mix of pods they were
+    measured against holds (`kubegpu_scheduler_fragmentation_epoch`): once the cluster mostly runs 24-core GPU pods,
+    a 10-core cpu-only pod no longer goes where it would leave 22 cores beside four free GPUs."""
+    scheduler = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    scheduler.add_node(node_info(gpu_node("gpu-a", 4, 32, 128)))
+    scheduler.add_node(node_info(gpu_node("gpu-b", 4, 16, 128)))
+    scheduler.add_node(node_info(gpu_node("gpu-c", 8, 176, 512)))
+    assert scheduler.schedule(pod_request(pod("small", 8, 8, gpus=1, node="gpu-c"))[0]).scheduled
+    batch = pod_request(pod("batch", 10, 8))[0]
+    assert scheduler.decide(batch).node != "gpu-b"  # 8-core GPU pods still fit beside it on gpu-a
+    epochs = scheduler.fragmentation_epochs()
+    for i in range(7):
+        assert scheduler.schedule(pod_request(pod(f"big-{i}", 24, 8, gpus=1, node="gpu-c"))[0]).scheduled
+    assert scheduler.fragmentation_epochs() != epochs
+    assert scheduler.decide(batch).node == "gpu-b"  # on gpu-a it would strand four GPUs for the 24-core pods
+
+
+def test_the_nvidia_epoch_moves_with_its_learned_mix() -> None:
+    """The nvidia plugin's epoch is its engine's mix version: a new kind of pod moves it at once."""
+    pm = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
+    shared: dict[str, object] = {}
+    assert pm.call("nvidia", "kubegpu_scheduler_fragmentation_epoch", shared=shared) is None
+    state = pm.call("nvidia", "kubegpu_scheduler_build_node", node=node_info(gpu_node("g", 2, 8, 8)), shared=shared)
+    before = pm.call("nvidia", "kubegpu_scheduler_fragmentation_epoch", shared=shared)
+    state.workload.add((1, 1000, 4000))
+    assert pm.call("nvidia", "kubegpu_scheduler_fragmentation_epoch", shared=shared) != before
