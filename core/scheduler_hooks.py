@@ -32,10 +32,12 @@ from kubegpu.core.status import Status
 
 __all__ = [
     "PROJECT",
+    "SETTINGS_KEY",
     "DeviceNodeState",
     "DeviceScheduler",
     "FilterRule",
     "Headroom",
+    "ProfileSettings",
     "ScoreRule",
     "hookimpl",
     "hookspec",
@@ -57,6 +59,24 @@ class DeviceNodeState:
 
     def __init__(self, node: str) -> None:
         self.node = node
+
+
+SETTINGS_KEY = "kubegpu.settings"  # in every plugin's `shared` dict (`kubegpu_scheduler_build_node`)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSettings:
+    """What the scheduler's profile sets for the device plugins (its pluginConfig), validated; the engine puts it in
+    each plugin's `shared` dict under `SETTINGS_KEY` before it builds a node.
+
+    `share_policy`: how a plugin that shares devices chooses among a node's devices (KubegpuDevices' `sharePolicy`:
+    "fgd" or "bestfit"); None: the plugin's own default. `mix`: the pods a fragmentation measure should expect, as
+    (devices, thousandths of each device, cpu millicores, weight) (KubegpuFragmentation's `mix`); empty: the plugin
+    learns the mix from the pods it places.
+    """
+
+    share_policy: str | None = None
+    mix: tuple[tuple[int, int, int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +137,8 @@ def kubegpu_scheduler_build_node(node: NodeInfo, shared: dict[str, object] | Non
         shared: a dict the engine keeps for this plugin, the same one for every node of that engine and another
             for every other engine (None from a caller without an engine, e.g. a test): what the plugin learns
             across a cluster (the mix of pods it places) lives here, never in a module global, so two engines in
-            one process (a simulator beside a scheduler, two tests) learn apart. Optional: take it or leave it out.
+            one process (a simulator beside a scheduler, two tests) learn apart. It holds the profile's settings
+            for device plugins under `SETTINGS_KEY` (a `ProfileSettings`). Optional: take it or leave it out.
 
     Returns:
         A fresh `DeviceNodeState` (subclass) with every device free, or None when the node has none of this

@@ -25,6 +25,11 @@ profiles:
   - name: PodTopologySpread           # constraints for pods that set none (selectors: from the pod's owners)
     args:
       defaultConstraints: [{maxSkew: 2, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}]
+  - name: KubegpuDevices              # how a node's shared GPUs are chosen: fgd (default) or bestfit
+    args: {sharePolicy: bestfit}
+  - name: KubegpuFragmentation        # the pods to expect, instead of the mix learned from the pods placed
+    args:
+      mix: [{gpus: 1, gpuMilli: 500, cpuMilli: 4000, weight: 3}, {gpus: 8, cpuMilli: 64000, weight: 1}]
 ```
 
 Plugins merge as kube-scheduler merges them: the defaults (`kubegpu.scheduler.scores.DEFAULT_WEIGHTS` and the policy's
@@ -219,6 +224,10 @@ class _ConfigurationV1(_Common):
     delayCacheUntilActive: Any = None  # v1 (1.28)
 
 
+MAX_MIX_KINDS = 256  # as many kinds as a learned mix keeps (`kubegpu.plugins.nvidia.sharing.MAX_KINDS`)
+MAX_MIX_GPUS = 64
+MAX_MIX_CPU_MILLI = 1 << 40
+
 # Plugin arguments. Every field kube-scheduler reads is named; one kubegpu cannot honour is refused where it is read
 # (`_plugin_args`), never silently ignored.
 
@@ -284,6 +293,28 @@ class _VolumeBindingArgs(_Args):
 
 class _DynamicResourcesArgs(_Args):
     filterTimeout: Any = None
+
+
+class _DevicesArgs(_Args):
+    """kubegpu's KubegpuDevices: how device plugins that share a device choose among a node's devices."""
+
+    sharePolicy: Literal["fgd", "bestfit"] | None = None
+
+
+class _MixKind(_Strict):
+    """One kind of pod KubegpuFragmentation should expect: `gpus` devices, `gpuMilli` thousandths of each (below
+    1000: a share of one device), `cpuMilli` millicores, and how often it comes relative to the others."""
+
+    gpus: int = Field(ge=1, le=MAX_MIX_GPUS)
+    gpuMilli: int = Field(default=1000, ge=1, le=1000)
+    cpuMilli: int = Field(default=0, ge=0, le=MAX_MIX_CPU_MILLI)
+    weight: float = Field(gt=0, le=1e9, allow_inf_nan=False)
+
+
+class _FragmentationArgs(_Args):
+    """kubegpu's KubegpuFragmentation: the mix of pods to measure against instead of the one learned."""
+
+    mix: list[_MixKind] = Field(default_factory=list, max_length=MAX_MIX_KINDS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -684,6 +715,8 @@ class _PluginArgs:
     hard_weight: int = 1
     default_spread: tuple[SpreadConstraint, ...] = scores.SYSTEM_DEFAULT_SPREAD
     strategy: Policy | None = None
+    share_policy: str | None = None
+    mix: tuple[tuple[int, int, int, float], ...] = ()
 
 
 ARGS_MODELS: dict[str, type[_Args]] = {
@@ -696,15 +729,17 @@ ARGS_MODELS: dict[str, type[_Args]] = {
     "DefaultPreemption": _DefaultPreemptionArgs,
     "VolumeBinding": _VolumeBindingArgs,
     "DynamicResources": _DynamicResourcesArgs,
+    scores.DEVICES: _DevicesArgs,
+    scores.FRAGMENTATION: _FragmentationArgs,
 }
 # Arguments each version has (v1beta1 is kube-scheduler 1.20's).
 V1BETA1_ARGS = frozenset(
     {scores.INTER_POD_AFFINITY, scores.NODE_AFFINITY, FIT, scores.MOST_ALLOCATED, scores.LEAST_ALLOCATED,
-     "DefaultPreemption", "VolumeBinding", scores.SPREAD}
+     "DefaultPreemption", "VolumeBinding", scores.SPREAD, scores.DEVICES, scores.FRAGMENTATION}
 )  # fmt: skip
 MODERN_ARGS = frozenset(
     {scores.INTER_POD_AFFINITY, scores.NODE_AFFINITY, FIT, scores.BALANCED, "DefaultPreemption", "VolumeBinding",
-     scores.SPREAD, "DynamicResources"}
+     scores.SPREAD, "DynamicResources", scores.DEVICES, scores.FRAGMENTATION}
 )  # fmt: skip
 
 
@@ -773,6 +808,16 @@ def _plugin_args(entries: list[_PluginConfig], version: str, where: str, rules: 
                 found.strategy = STRATEGY_POLICIES[strategy.type]
         elif isinstance(args, _ResourcesArgs):
             _check_resources(args.resources, f"{here}.resources")
+        elif isinstance(args, _DevicesArgs):
+            found.share_policy = args.sharePolicy
+        elif isinstance(args, _FragmentationArgs):
+            for j, kind in enumerate(args.mix):
+                if kind.gpus > 1 and kind.gpuMilli < 1000:
+                    raise ConfigError(
+                        f"{here}.mix[{j}].gpuMilli: a kind of {kind.gpus} GPUs takes them whole (1000); a share "
+                        "kind asks for one GPU"
+                    )
+            found.mix = tuple((k.gpus, k.gpuMilli, k.cpuMilli, k.weight) for k in args.mix)
         elif isinstance(args, _VolumeBindingArgs) and args.shape is not None:
             raise ConfigError(f"{here}.shape: kubegpu does not score volumes")
     return found
@@ -841,6 +886,8 @@ def parse_config(
             scores_off=rules_off,
             pre_enqueue_off=gates_off,
             queue_sort=sort,
+            share_policy=args.share_policy,
+            fragmentation_mix=args.mix,
         ),
         policy=chosen,
         scheduler_name=name,

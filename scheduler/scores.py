@@ -159,7 +159,8 @@ class Profile:
     party's is on with weight 1 unless `weights` or `scores_off` name it), which filters are off, and
     kube-scheduler's `percentageOfNodesToScore` (0: its adaptive default), `hardPodAffinityWeight` and
     PodTopologySpread's default constraints (their selectors None: each pod's owners give it; empty: none); the
-    PreEnqueue plugins turned off (`SchedulingGates`) and the one QueueSort plugin (`PrioritySort`)."""
+    PreEnqueue plugins turned off (`SchedulingGates`) and the one QueueSort plugin (`PrioritySort`); and what the
+    device plugins are told (`share_policy`, `fragmentation_mix`)."""
 
     weights: Mapping[str, int] = field(default_factory=dict)
     filters_off: frozenset[str] = frozenset()
@@ -169,6 +170,10 @@ class Profile:
     scores_off: frozenset[str] = frozenset()
     pre_enqueue_off: frozenset[str] = frozenset()
     queue_sort: str = PRIORITY_SORT
+    # KubegpuDevices' `sharePolicy` and KubegpuFragmentation's `mix` (`ProfileSettings`): None and () leave the
+    # device plugins' defaults (their own policy, a mix learned from the pods placed).
+    share_policy: str | None = None
+    fragmentation_mix: tuple[tuple[int, int, int, float], ...] = ()
 
     @classmethod
     def default(cls, policy: str = "binpack") -> Profile:

@@ -42,7 +42,7 @@ from kubegpu.core.models import (
     PodRequest,
 )
 from kubegpu.core.quantity import QuantityError, to_int
-from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
+from kubegpu.core.scheduler_hooks import SETTINGS_KEY, DeviceNodeState, Headroom, ProfileSettings, hookimpl
 from kubegpu.core.status import Status
 from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE, mig
 from kubegpu.plugins.nvidia.mig import MIG_PREFIX, MIG_RESOURCES, MigBooks
@@ -53,6 +53,7 @@ from kubegpu.plugins.nvidia.sharing import (
     MEMORY_PERCENT,
     SHARE_RESOURCES,
     WHOLE,
+    FragmentationTable,
     Share,
     ShareError,
     Workload,
@@ -245,9 +246,12 @@ def kubegpu_scheduler_resources() -> list[str]:
 
 @hookimpl
 def kubegpu_scheduler_build_node(node: NodeInfo, shared: dict[str, object] | None) -> NvidiaNodeState | None:
+    settings = shared.get(SETTINGS_KEY) if shared is not None else None
+    if not isinstance(settings, ProfileSettings):
+        settings = ProfileSettings()
     workload = shared.get(WORKLOAD_KEY) if shared is not None else None
     if shared is not None and not isinstance(workload, Workload):
-        workload = shared[WORKLOAD_KEY] = Workload()
+        workload = shared[WORKLOAD_KEY] = Workload.configured(settings.mix) if settings.mix else Workload()
     inventory = node.inventories.get(NAME)
     if inventory is not None:
         inventory, books = mig.books_from_inventory(node.name, inventory)
@@ -260,6 +264,8 @@ def kubegpu_scheduler_build_node(node: NodeInfo, shared: dict[str, object] | Non
         state.mig = books
     if state is not None and isinstance(workload, Workload):
         state.workload = workload
+    if state is not None and settings.share_policy:
+        state.policy = settings.share_policy
     return state
 
 
@@ -657,6 +663,7 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
     chosen_shares: list[tuple[Share, tuple[int, ...], int, tuple[int, ...]]] = []
     free = list(state.free_millis()) if fgd else []
     for share in ask.shares:
+        base = node_fragmentation(free, table) if table is not None and table.cpus else 0.0
         fits: list[tuple[float, int, int]] = []
         memory = 0
         for bit in range(len(state.ids)):
@@ -671,7 +678,7 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
                 continue
             if table is not None:
                 amount = share_amount(state, share.cores, memory, bit)
-                rank = fragmentation_delta(free, {bit: amount}, table) if table.cpus else 0.0
+                rank = fragmentation_after(free, bit, amount, table) - base if table.cpus else 0.0
             else:
                 rank = -(state.cores_used[bit] + cores_extra.get(bit, 0) + share.cores) / 100
             fits.append((rank, bit, memory))
@@ -691,6 +698,15 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
     if whole or not parts:
         parts.append(plan_score(state.tree, whole))
     return NvidiaPlacement(whole, tuple(chosen_shares), sum(parts) / len(parts))
+
+
+def fragmentation_after(free: list[int], bit: int, amount: int, table: FragmentationTable) -> float:
+    """`node_fragmentation` of the node once `amount` thousandths of GPU `bit` are taken (`free` left as it was)."""
+    free[bit] -= amount
+    try:
+        return node_fragmentation(free, table)
+    finally:
+        free[bit] += amount
 
 
 def share_amount(state: NvidiaNodeState, cores: int, memory: int, bit: int) -> int:

@@ -110,7 +110,9 @@ class Workload:
     The policy needs the mix of pods to come; the pods placed so far are its estimate, as the FGD paper takes the
     mix from the cluster's recent history. One per engine (the plugin keeps it in the engine's `shared` dict), so two
     engines in one process learn apart. `version` grows when the mix's shape changes (a new kind, a halving) and
-    every `refresh` pods, so a memo keyed by it is at most that many pods behind; `table` is remade per version.
+    every `refresh` pods or every eighth of the pods it counts, whichever is more (the mix of a busy cluster moves
+    slowly, and each version has the engine score every node again), so a memo keyed by it is at most that many pods
+    behind; `table` is remade per version.
     """
 
     def __init__(self, horizon: int = 4096, refresh: int = 64, most: int = MAX_KINDS) -> None:
@@ -122,6 +124,19 @@ class Workload:
         self.version = 0
         self._since = 0
         self._table: tuple[int, FragmentationTable] | None = None
+        self.learns = True  # False for a configured mix (`configured`)
+
+    @classmethod
+    def configured(cls, mix: Sequence[tuple[int, int, int, float]]) -> Workload:
+        """A mix given by the profile (KubegpuFragmentation's `mix`: GPUs, thousandths per GPU, cpu millicores,
+        weight), which the pods placed do not move: its version never changes."""
+        workload = cls()
+        for gpus, milli, cpu, weight in mix[: workload.most]:
+            kind = (gpus, milli if gpus == 1 else WHOLE, cpu)
+            workload.counts[kind] = workload.counts.get(kind, 0.0) + weight
+            workload.total += weight
+        workload.learns = False
+        return workload
 
     def clear(self) -> None:
         self.counts.clear()
@@ -129,6 +144,8 @@ class Workload:
         self.version += 1
 
     def add(self, kind: Kind) -> None:
+        if not self.learns:
+            return
         self._since += 1
         if kind not in self.counts:
             if len(self.counts) >= self.most:  # bounded: pods of ever new shapes push out the rarest kind
@@ -143,7 +160,7 @@ class Workload:
                 self.counts[key] /= 2
             self.total /= 2
             self._since = self.refresh
-        if self._since >= self.refresh:
+        if self._since >= max(self.refresh, self.total / 8):
             self._since = 0
             self.version += 1
 

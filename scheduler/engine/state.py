@@ -19,6 +19,7 @@ from kubegpu.core.models import (
     SpreadConstraint,
 )
 from kubegpu.core.plugin_manager import KubegpuPluginManager
+from kubegpu.core.scheduler_hooks import SETTINGS_KEY, ProfileSettings
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.dra import DraBook
 from kubegpu.scheduler.engine.enqueue import enabled_pre_enqueue, queue_sort
@@ -98,8 +99,10 @@ class EngineState:
         self._scores_fragmentation = any(plugin.name == scores.FRAGMENTATION for plugin, _ in self._scorers)
         self._added_scores = any(plugin not in KUBE_SCORES for plugin, _ in self._scorers)
         self.signing_key = signing_key
-        # Per plugin, the dict its states share across this engine's nodes (`kubegpu_scheduler_build_node`'s `shared`).
-        self._shared: dict[str, dict[str, object]] = {}
+        # Per plugin, the dict its states share across this engine's nodes (`kubegpu_scheduler_build_node`'s `shared`),
+        # holding the profile's settings for device plugins.
+        settings = ProfileSettings(self.scoring.share_policy, self.scoring.fragmentation_mix)
+        self._shared: dict[str, dict[str, object]] = {name: {SETTINGS_KEY: settings} for name in plugins.names}
         # The plugins that measure fragmentation (`kubegpu_scheduler_fragmentation`), and how many nodes hold a state
         # of one of them: while any does, KubegpuFragmentation may rank a pod's nodes otherwise than the policy's order.
         self._fragmenters = tuple(p for p in plugins.names if plugins.implements(p, FRAGMENTATION_HOOK))

@@ -235,3 +235,37 @@ def test_simulate_reads_the_same_file(tmp_path: Path) -> None:
         text=True,
     )
     assert refused.returncode == 2 and "unknown score plugin 'Nope'" in refused.stderr
+
+
+def kubegpu_args(name: str, args: dict[str, Any], version: str = "v1beta1") -> dict[str, Any]:
+    head = {**HEAD, "apiVersion": f"kubescheduler.config.k8s.io/{version}"}
+    return {**head, "profiles": [{"pluginConfig": [{"name": name, "args": args}]}]}
+
+
+@pytest.mark.parametrize("version", ["v1beta1", "v1beta2", "v1beta3", "v1"])
+def test_the_share_policy_and_the_mix_of_pods_are_read_from_kubegpus_plugin_args(version: str) -> None:
+    """KubegpuDevices' `sharePolicy` and KubegpuFragmentation's `mix`, in every version kubegpu reads."""
+    mix = [{"gpus": 1, "gpuMilli": 500, "cpuMilli": 4000, "weight": 3}, {"gpus": 8, "weight": 1}]
+    devices = parse_config(kubegpu_args("KubegpuDevices", {"sharePolicy": "bestfit"}, version))
+    fragmentation = parse_config(kubegpu_args("KubegpuFragmentation", {"mix": mix}, version))
+    assert devices.profile.share_policy == "bestfit"
+    assert fragmentation.profile.fragmentation_mix == ((1, 500, 4000, 3.0), (8, 1000, 0, 1.0))
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "message"),
+    [
+        ("KubegpuDevices", {"sharePolicy": "worstfit"}, "args.sharePolicy"),
+        ("KubegpuFragmentation", {"mix": [{"gpus": 1, "weight": 0}]}, "args.mix[0].weight"),
+        ("KubegpuFragmentation", {"mix": [{"gpus": 1, "gpuMilli": 1500, "weight": 1}]}, "args.mix[0].gpuMilli"),
+        ("KubegpuFragmentation", {"mix": [{"gpus": 2, "gpuMilli": 500, "weight": 1}]}, "args.mix[0].gpuMilli"),
+        ("KubegpuFragmentation", {"mix": [{"gpus": 0, "weight": 1}]}, "args.mix[0].gpus"),
+        ("KubegpuFragmentation", {"mix": [{"gpus": 1, "weight": 1, "memory": 5}]}, "args.mix[0].memory"),
+        ("KubegpuFragmentation", {"mix": [{"gpus": 1, "weight": 1}] * 257}, "args.mix"),
+    ],
+    ids=["unknown-policy", "zero-weight", "over-a-gpu", "several-gpus-shared", "no-gpu", "unknown-field", "too-many"],
+)
+def test_kubegpu_plugin_args_mistakes_name_the_field(name: str, args: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config(kubegpu_args(name, args))
+    assert f"KubeSchedulerConfiguration.profiles[0].pluginConfig[0].{message}" in str(refused.value)

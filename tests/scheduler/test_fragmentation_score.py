@@ -4,6 +4,10 @@ nvidia plugin measures against is learned per engine."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.plugins.nvidia import scheduler as nvidia
@@ -111,3 +115,44 @@ def test_the_nvidia_epoch_moves_with_its_learned_mix() -> None:
     before = pm.call("nvidia", "kubegpu_scheduler_fragmentation_epoch", shared=shared)
     state.workload.add((1, 1000, 4000))
     assert pm.call("nvidia", "kubegpu_scheduler_fragmentation_epoch", shared=shared) != before
+
+
+def share_node(name: str = "gpu-s") -> dict[str, object]:
+    allocatable = {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "20"}
+    allocatable |= {"nvidia.com/gpucores": "200", "nvidia.com/gpumem-percentage": "200"}
+    labels = {"nvidia.com/gpu.count": "2"}
+    return {"kind": "Node", "metadata": {"name": name, "labels": labels}, "status": {"allocatable": allocatable}}
+
+
+def share(name: str, percent: int) -> dict[str, object]:
+    limits = {"cpu": "1", "nvidia.com/gpu": "1", "nvidia.com/gpucores": str(percent)}
+    limits["nvidia.com/gpumem-percentage"] = str(percent)
+    spec = {"containers": [{"name": "main", "resources": {"limits": limits, "requests": limits}}]}
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "team"}, "spec": spec}
+
+
+HALVES = ((1, 500, 1000, 1.0),)  # the cluster runs half-GPU pods
+
+
+@pytest.mark.parametrize(("policy", "gpu"), [("bestfit", "0"), ("fgd", "1"), (None, "1")])
+def test_the_profile_chooses_how_shares_are_packed(policy: str | None, gpu: str) -> None:
+    """KubegpuDevices' `sharePolicy`, per profile: with half a GPU 0 taken and half-GPU pods to come, bestfit puts a
+    30 % share beside it (GPU 0 the fullest), fgd (the default) on GPU 1, which keeps a half free on both."""
+    profile = dataclasses.replace(scores.Profile.default(), share_policy=policy, fragmentation_mix=HALVES)
+    scheduler = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), scoring=profile)
+    scheduler.add_node(node_info(share_node()))
+    first = scheduler.schedule(pod_request(share("first", 50))[0])
+    assert first.allocation is not None and first.allocation.containers["main"]["nvidia.com/gpu"] == ["0"]
+    decision = scheduler.schedule(pod_request(share("second", 30))[0])
+    assert decision.allocation is not None and decision.allocation.containers["main"]["nvidia.com/gpu"] == [gpu]
+
+
+def test_a_configured_mix_is_measured_against_before_any_pod_and_never_moves() -> None:
+    """KubegpuFragmentation's `mix` from the profile: the cpu-only pod keeps off the GPU node's cpu from the first
+    pod on (nothing learned yet), and the pods placed do not change what is expected."""
+    profile = dataclasses.replace(scores.Profile.default(), fragmentation_mix=((1, 1000, 8000, 1.0),))
+    scheduler = engine(profile)
+    epochs = scheduler.fragmentation_epochs()
+    assert scheduler.schedule(pod_request(pod("batch", 26, 80))[0]).node == "cpu-b"
+    assert scheduler.schedule(pod_request(pod("trainer", 30, 32, gpus=3, node="gpu-a"))[0]).scheduled
+    assert scheduler.fragmentation_epochs() == epochs
