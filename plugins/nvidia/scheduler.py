@@ -664,6 +664,8 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
     free = list(state.free_millis()) if fgd else []
     for share in ask.shares:
         base = node_fragmentation(free, table) if table is not None and table.cpus else 0.0
+        # GPUs with as much free that the share would take as much of leave the node alike: measured once.
+        measured: dict[tuple[int, int], float] = {}
         fits: list[tuple[float, int, int]] = []
         memory = 0
         for bit in range(len(state.ids)):
@@ -678,7 +680,11 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
                 continue
             if table is not None:
                 amount = share_amount(state, share.cores, memory, bit)
-                rank = fragmentation_after(free, bit, amount, table) - base if table.cpus else 0.0
+                known = measured.get((free[bit], amount))
+                if known is None:
+                    known = fragmentation_after(free, bit, amount, table) - base if table.cpus else 0.0
+                    measured[free[bit], amount] = known
+                rank = known
             else:
                 rank = -(state.cores_used[bit] + cores_extra.get(bit, 0) + share.cores) / 100
             fits.append((rank, bit, memory))

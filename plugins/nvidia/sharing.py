@@ -109,10 +109,10 @@ class Workload:
 
     The policy needs the mix of pods to come; the pods placed so far are its estimate, as the FGD paper takes the
     mix from the cluster's recent history. One per engine (the plugin keeps it in the engine's `shared` dict), so two
-    engines in one process learn apart. `version` grows when the mix's shape changes (a new kind, a halving) and
-    every `refresh` pods or every eighth of the pods it counts, whichever is more (the mix of a busy cluster moves
-    slowly, and each version has the engine score every node again), so a memo keyed by it is at most that many pods
-    behind; `table` is remade per version.
+    engines in one process learn apart. `version` grows with the first pod, then every `refresh` pods or every eighth
+    of the pods it counts, whichever is more (the mix of a busy cluster moves slowly, and each version has the engine
+    score every node again; a new kind waits its turn, as rare as it is new), so a memo keyed by it is at most that
+    many pods behind; `table` is remade per version.
     """
 
     def __init__(self, horizon: int = 4096, refresh: int = 64, most: int = MAX_KINDS) -> None:
@@ -152,15 +152,14 @@ class Workload:
                 rarest = min(self.counts, key=self.counts.__getitem__)
                 self.total -= self.counts.pop(rarest)
             self.counts[kind] = 0.0
-            self._since = self.refresh
+        first = not self.total
         self.counts[kind] += 1.0
         self.total += 1.0
-        if self.total > self.horizon:
+        if self.total > self.horizon:  # the older pods count half: the shares of the kinds stay as they were
             for key in self.counts:
                 self.counts[key] /= 2
             self.total /= 2
-            self._since = self.refresh
-        if self._since >= max(self.refresh, self.total / 8):
+        if first or self._since >= max(self.refresh, self.total / 8):
             self._since = 0
             self.version += 1
 

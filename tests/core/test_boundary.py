@@ -405,3 +405,33 @@ def test_the_advertiser_skips_a_plugin_whose_discovery_answers_wrongly(
 
     assert "kubegpu.io/devices" not in manifest["metadata"]["annotations"]
     assert any("plugin 'dev' failed in kubegpu_device_discover: WrongAnswer" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("answer", ["soon", True, 1.5])
+def test_a_wrong_fragmentation_epoch_is_logged_naming_the_hook_and_pods_still_schedule(
+    caplog: pytest.LogCaptureFixture, answer: object
+) -> None:
+    """An epoch that is not a whole number cannot key a memo: the engine logs the plugin and the hook, measures
+    against the node alone, and the pod is placed."""
+
+    def fragmentation(self: Any) -> float:
+        return 0.0
+
+    def epoch(self: Any) -> object:
+        return answer
+
+    cls = type(
+        "Epochs",
+        (Cards,),
+        {
+            "kubegpu_scheduler_fragmentation": scheduler_hooks.hookimpl(fragmentation),
+            "kubegpu_scheduler_fragmentation_epoch": scheduler_hooks.hookimpl(epoch),
+        },
+    )
+    caplog.set_level(logging.ERROR)
+    engine = Engine(manager(cards=cls()))
+    for name in ("cards-0", "cards-1"):
+        engine.add_node(make_node(name, labels={f"{CARD}.count": "2"}, allocatable={CARD: 2}))
+    assert engine.schedule(make_pod("p", {"main": {CARD: 1}})).scheduled
+    told = [r.getMessage() for r in caplog.records]
+    assert any("plugin 'cards' failed" in t and "kubegpu_scheduler_fragmentation_epoch" in t for t in told), told

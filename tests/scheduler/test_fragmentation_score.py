@@ -95,19 +95,20 @@ def test_a_node_is_scored_again_when_the_learned_mix_moves_on() -> None:
     scheduler = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
     scheduler.add_node(node_info(gpu_node("gpu-a", 4, 32, 128)))
     scheduler.add_node(node_info(gpu_node("gpu-b", 4, 16, 128)))
-    scheduler.add_node(node_info(gpu_node("gpu-c", 8, 176, 512)))
-    assert scheduler.schedule(pod_request(pod("small", 8, 8, gpus=1, node="gpu-c"))[0]).scheduled
+    scheduler.add_node(node_info(gpu_node("gpu-c", 80, 10 * 8 + 70 * 24, 1024)))
+    for i in range(10):
+        assert scheduler.schedule(pod_request(pod(f"small-{i}", 8, 8, gpus=1, node="gpu-c"))[0]).scheduled
     batch = pod_request(pod("batch", 10, 8))[0]
     assert scheduler.decide(batch).node != "gpu-b"  # 8-core GPU pods still fit beside it on gpu-a
     epochs = scheduler.fragmentation_epochs()
-    for i in range(7):
+    for i in range(70):  # the mix moves on every 64 pods
         assert scheduler.schedule(pod_request(pod(f"big-{i}", 24, 8, gpus=1, node="gpu-c"))[0]).scheduled
     assert scheduler.fragmentation_epochs() != epochs
     assert scheduler.decide(batch).node == "gpu-b"  # on gpu-a it would strand four GPUs for the 24-core pods
 
 
 def test_the_nvidia_epoch_moves_with_its_learned_mix() -> None:
-    """The nvidia plugin's epoch is its engine's mix version: a new kind of pod moves it at once."""
+    """The nvidia plugin's epoch is its engine's mix version: the first pod moves it at once."""
     pm = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
     shared: dict[str, object] = {}
     assert pm.call("nvidia", "kubegpu_scheduler_fragmentation_epoch", shared=shared) is None
