@@ -16,22 +16,31 @@ Pods and nodes go through the real engine as `kubegpu simulate --trace-nodes ...
   fraction; other GPU pods `nvidia.com/gpu: N`; a GPU model constraint (`A|B`) is a required node affinity on
   `nvidia.com/gpu.product`; cpu and memory are requested as the trace says.
 
-Variants: `whole` (today's kubegpu: every GPU pod takes whole GPUs on nodes that do not share), `bestfit` and `fgd`
-(`KUBEGPU_NVIDIA_SHARE_POLICY`), each under the engine's binpack policy and default score profile (with
-`KubegpuFragmentation`: cpu-only pods keep off the cpu that free GPUs need); `--devices-only` scores by
-KubegpuDevices and KubegpuFragmentation alone, as the paper scores by one policy. `KUBEGPU_BENCH_BREAKDOWN=1`
+Variants: `whole` (kubegpu before sharing: every GPU pod takes whole GPUs on nodes that do not share), `bestfit`
+and `fgd` (the profile's KubegpuDevices `sharePolicy`), each under the engine's binpack policy and default score
+profile (with `KubegpuFragmentation`: cpu-only pods keep off the cpu that free GPUs need), each scoring
+kube-scheduler's adaptive count of feasible nodes and every node (`percentageOfNodesToScore: 100`, as the paper's
+simulator does), side by side with the paper's figure and the replay's pods/s (whole process: documents to
+decisions). `--traces` adds generated traces of the same shape (`openb_family.py`: the share of GPU-sharing pods,
+of multi-GPU pods and of model-constrained pods varied); `--mix trace` measures fragmentation against the trace's
+own mix (KubegpuFragmentation's `mix` argument, as the paper does) instead of learning it; `--devices-only` scores
+by KubegpuDevices and KubegpuFragmentation alone, as the paper scores by one policy. `KUBEGPU_BENCH_BREAKDOWN=1`
 prints where capacity is lost: the allocation curve, idle GPU capacity by node cpu left, and the commonest refusals.
 
     .venv/bin/python benchmarks/sharing_bench.py [--seeds 42 43 ...] [--variants whole bestfit fgd]
+        [--percentages 0 100] [--traces default share-30 ... | all] [--mix learned|trace] [--devices-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 from collections import Counter
 from pathlib import Path
+
+import openb_family as family
 
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
@@ -54,8 +63,23 @@ INFLATION = 1.3
 BREAKDOWN = bool(os.environ.get("KUBEGPU_BENCH_BREAKDOWN"))  # where capacity is lost, printed per replay
 
 
+def trace_pods(rows: list[dict[str, str]]) -> list[TracePod]:
+    """Pods from rows in the trace's format (`openb_family`'s, read and bounded as `read_pods` reads a file)."""
+    return [
+        TracePod(
+            r["name"],
+            int(r["cpu_milli"]),
+            int(r["memory_mib"]),
+            int(r["num_gpu"]),
+            int(r["gpu_milli"]) if int(r["num_gpu"]) else 0,
+            tuple(m for m in r["gpu_spec"].split("|") if m),
+        )
+        for r in rows
+    ]
+
+
 def read_trace(folder: Path) -> tuple[list[TraceNode], list[TracePod]]:
-    return read_nodes(folder / "openb_node_list_gpu_node.csv"), read_pods(folder / "openb_pod_list_default.csv")
+    return read_nodes(folder / family.NODE_FILE), read_pods(folder / family.POD_FILE)
 
 
 def arrivals(pods: list[TracePod], capacity: int, seed: int) -> list[TracePod]:
@@ -63,34 +87,47 @@ def arrivals(pods: list[TracePod], capacity: int, seed: int) -> list[TracePod]:
     return experiment_order(pods, capacity, INFLATION, seed)
 
 
+def trace_mix(pods: list[TracePod]) -> tuple[tuple[int, int, int, float], ...]:
+    """The GPU pods of the trace by kind (GPUs, thousandths of each, cpu), as the FGD paper takes its target workload
+    from the trace: KubegpuFragmentation's `mix` argument."""
+    kinds = Counter((p.gpus, p.milli, p.cpu_milli) for p in pods if p.gpus)
+    return tuple((g, m, c, float(n)) for (g, m, c), n in kinds.most_common(256))
+
+
 def replay(
-    nodes: list[TraceNode], pods: list[TracePod], seed: int, variant: str, sample: int, devices_only: bool
+    nodes: list[TraceNode],
+    pods: list[TracePod],
+    seed: int,
+    variant: str,
+    percentage: int,
+    devices_only: bool,
+    mix: tuple[tuple[int, int, int, float], ...] = (),
+    weight: int | None = None,
 ) -> tuple[float, float, int]:
-    """(GPU allocated % at arrived 100 %, seconds, pods scheduled)."""
+    """(GPU allocated % at arrived 100 %, seconds, pods that arrived)."""
     share = variant != "whole"
-    if share:
-        os.environ[nvidia.POLICY_ENV] = variant
-    default = scores.Profile.default("binpack")
-    profile = None
+    profile = scores.Profile.default("binpack")
     if devices_only:
-        profile = scores.Profile({p: default.weight(p) for p in (scores.DEVICES, scores.FRAGMENTATION)})
-    try:
-        engine = Engine(
-            make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False),
-            sample=sample,
-            scoring=profile,
-        )
-        for node in nodes:
-            engine.add_node(node_info(node_document(node, share=share)))
-    finally:
-        os.environ.pop(nvidia.POLICY_ENV, None)
+        profile = scores.Profile({p: profile.weight(p) for p in (scores.DEVICES, scores.FRAGMENTATION)})
+    if weight is not None:
+        profile = dataclasses.replace(profile, weights={**profile.weights, scores.FRAGMENTATION: weight})
+    profile = dataclasses.replace(
+        profile,
+        percentage_of_nodes_to_score=percentage,
+        share_policy=variant if share else None,
+        fragmentation_mix=mix,
+    )
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), scoring=profile)
+    for node in nodes:
+        engine.add_node(node_info(node_document(node, share=share)))
     capacity = sum(n.gpus for n in nodes) * 1000
-    arrived = allocated = scheduled = 0
+    arrived = allocated = scheduled = tried = 0
     at_full: list[float] = []
     failures: Counter[tuple[int, bool, str]] = Counter()
     curve: dict[int, float] = {}
     started = time.perf_counter()
     for i, pod in enumerate(arrivals(pods, capacity, seed)):
+        tried += 1
         arrived += pod.gpu_milli
         decision = engine.schedule(pod_request(pod_document(pod, f"p{i}", share=share))[0])
         if decision.scheduled:
@@ -123,31 +160,63 @@ def replay(
             print(f"    {key}: {value / 1000:.0f} GPUs")
         for key, count in failures.most_common(8):
             print(f"    failed {count}: {key}")
-    return (sum(at_full) / len(at_full) if at_full else float("nan")), seconds, scheduled
+    return (sum(at_full) / len(at_full) if at_full else float("nan")), seconds, tried
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=TRACE)
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(42, 52)))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42])
     parser.add_argument("--variants", nargs="+", default=["whole", "bestfit", "fgd"])
+    parser.add_argument(
+        "--traces",
+        nargs="+",
+        default=["default"],
+        help=f"the default trace and generated ones (benchmarks/openb_family.py): {', '.join(family.VARIANTS)}, all",
+    )
+    parser.add_argument(
+        "--percentages",
+        type=int,
+        nargs="+",
+        default=[0, 100],
+        help="percentageOfNodesToScore per run (0: kube-scheduler's adaptive default; 100: every node, as the paper)",
+    )
     parser.add_argument(
         "--devices-only", action="store_true", help="score by the device plugins' scores alone (the paper's setting)"
     )
-    parser.add_argument("--sample", type=int, default=8, help="feasible nodes scored per pod (the engine's default: 8)")
+    parser.add_argument(
+        "--mix",
+        choices=["learned", "trace"],
+        default="learned",
+        help="the mix of pods fragmentation is measured against: learned from the pods placed (kubegpu's default) "
+        "or the trace's own (KubegpuFragmentation's mix argument; the paper's setting)",
+    )
+    parser.add_argument(
+        "--fragmentation-weight", type=int, default=None, help="KubegpuFragmentation's weight (the profile's: 5)"
+    )
     args = parser.parse_args()
-    nodes, pods = read_trace(args.trace)
-    scoring = "plugin score only" if args.devices_only else "default score profile"
-    print(f"{len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs, {len(pods)} pods; seeds {args.seeds}")
-    print(f"engine: binpack, sample {args.sample}, {scoring}")
-    print(f"{'variant':10} {'kubegpu %':>10} {'paper %':>8} {'seconds':>8}")
-    for variant in args.variants:
-        figures = [replay(nodes, pods, seed, variant, args.sample, args.devices_only) for seed in args.seeds]
-        mean = sum(f[0] for f in figures) / len(figures)
-        seconds = sum(f[1] for f in figures)
-        paper = PAPER.get(variant)
-        print(f"{variant:10} {mean:10.1f} {paper if paper else '':>8} {seconds:8.0f}", flush=True)
-    print(f"{'random':10} {'':>10} {PAPER['random']:>8}")
+    nodes, default_pods = read_trace(args.trace)
+    names = list(family.VARIANTS) if args.traces == ["all"] else args.traces
+    generated = family.family(args.trace, 7) if any(n != "default" for n in names) else {}
+    scoring = "plugin scores only" if args.devices_only else "default score profile"
+    scoring += f", {args.mix} mix"
+    print(f"{len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs; seeds {args.seeds}; binpack, {scoring}")
+    print(f"{'trace':10} {'variant':8} {'scored':>8} {'kubegpu %':>10} {'paper %':>8} {'pods/s':>7}")
+    for name in names:
+        pods = default_pods if name == "default" else trace_pods(generated[name])
+        for variant in args.variants:
+            for percentage in args.percentages:
+                mix = trace_mix(pods) if args.mix == "trace" else ()
+                figures = [
+                    replay(nodes, pods, seed, variant, percentage, args.devices_only, mix, args.fragmentation_weight)
+                    for seed in args.seeds
+                ]
+                mean = sum(f[0] for f in figures) / len(figures)
+                rate = sum(f[2] for f in figures) / sum(f[1] for f in figures)
+                paper = PAPER.get(variant, "") if name == "default" else ""
+                scored = f"{percentage}%" if percentage else "adaptive"
+                print(f"{name:10} {variant:8} {scored:>8} {mean:10.1f} {paper:>8} {rate:7.0f}", flush=True)
+    print(f"paper, default trace: GpuPacking {PAPER['gpupacking']}, Random {PAPER['random']}")
     return 0
 
 
