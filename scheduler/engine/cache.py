@@ -56,7 +56,9 @@ class NodeCache(Ledger):
                 continue
             if state is not None:
                 record.states[plugin] = state
-        self._fragmenting_nodes += self._fragmenting(record) - (self._fragmenting(previous) if previous else 0)
+        if previous is not None:
+            self._count_fragmenting(previous, -1)
+        self._count_fragmenting(record, +1)
         self.nodes[info.name] = record
         self._tree.set(info.name, zone_key(info.labels))
         self._join_class(info.name, previous.klass if previous is not None else None, record.klass)
@@ -78,9 +80,14 @@ class NodeCache(Ledger):
                     self._count_usage(record, pod.request, +1)
         self._refresh(record)
 
-    def _fragmenting(self, record: NodeRecord) -> int:
-        """1 when the node holds a state of a plugin that measures fragmentation, else 0."""
-        return 1 if any(plugin in record.states for plugin in self._fragmenters) else 0
+    def _count_fragmenting(self, record: NodeRecord, sign: int) -> None:
+        """Count a node holding a state of a plugin that measures fragmentation in (+1) or out (-1) of
+        `_fragmenting_nodes`: under "" and under each plugin with a state there."""
+        if any(plugin in record.states for plugin in self._fragmenters):
+            counts = self._fragmenting_nodes
+            counts[""] += sign
+            for plugin in record.states:
+                counts[plugin] += sign
 
     def _note_scored(self, info: NodeInfo | None, previous: NodeInfo | None) -> None:
         """Count a node's images and the controllers its `preferAvoidPods` annotation names, in place of what its
@@ -155,7 +162,7 @@ class NodeCache(Ledger):
         if record is None:
             return []
         self._node_epoch += 1
-        self._fragmenting_nodes -= self._fragmenting(record)
+        self._count_fragmenting(record, -1)
         self._soft_tainted.discard(name)
         self._note_scored(None, record.info)
         self._join_class(name, record.klass, None)

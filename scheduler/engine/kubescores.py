@@ -142,7 +142,7 @@ class KubegpuFragmentation(Local):
     name = scores.FRAGMENTATION
 
     def matters(self, engine: ScoreContext, pod: PodRequest, plan: Plan) -> bool:
-        return engine.fragmentation_matters()
+        return engine.fragmentation_matters(pod, plan)
 
     def score(
         self, engine: ScoreContext, state: object, records: Sequence[NodeRecord], pod: PodRequest, plan: Plan

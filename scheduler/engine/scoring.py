@@ -76,10 +76,14 @@ class Scoring(Filtering):
             stranded += float(grown or 0.0)
         return 100.0 / (1.0 + math.exp(min(50.0, stranded)))
 
-    def fragmentation_matters(self) -> bool:
-        """Whether a node holds a state of a plugin that measures fragmentation (KubegpuFragmentation may then rank
-        any pod's nodes, a cpu-only one's included, otherwise than the policy's order)."""
-        return self._fragmenting_nodes > 0
+    def fragmentation_matters(self, pod: PodRequest, plan: Plan) -> bool:
+        """Whether KubegpuFragmentation may rank the pod's nodes otherwise than the policy's order: the pod may go to
+        a node holding a state of a plugin that measures fragmentation (a pod without devices to any such node, a
+        device pod to one holding its plugins' states too)."""
+        counts = self._fragmenting_nodes
+        if not plan.devices:
+            return counts[""] > 0
+        return any(counts[plugin] > 0 for plugin, _ in plan.devices)
 
     def fragmentation_epochs(self) -> tuple[int | None, ...]:
         """Each fragmenting plugin's `kubegpu_scheduler_fragmentation_epoch` now (None: its answers follow from the
@@ -107,7 +111,7 @@ class Scoring(Filtering):
         nothing to say of the pod), remembered per node version, pod shape (`Plan.local`) and, while
         KubegpuFragmentation scores, the fragmenting plugins' epochs: only the nodes changed since are asked."""
         slot, local = id(plan.local), plan.local
-        epochs = self.fragmentation_epochs() if self._fragmenting_nodes and self._scores_fragmentation else ()
+        epochs = self.fragmentation_epochs() if self._fragmenting_nodes[""] and self._scores_fragmentation else ()
         raws: list[tuple[float, ...] | None] = []
         stale: list[NodeRecord] = []
         for record in records:

@@ -104,9 +104,10 @@ class EngineState:
         settings = ProfileSettings(self.scoring.share_policy, self.scoring.fragmentation_mix)
         self._shared: dict[str, dict[str, object]] = {name: {SETTINGS_KEY: settings} for name in plugins.names}
         # The plugins that measure fragmentation (`kubegpu_scheduler_fragmentation`), and how many nodes hold a state
-        # of one of them: while any does, KubegpuFragmentation may rank a pod's nodes otherwise than the policy's order.
+        # of one of them (under ""), and of those how many hold a state of each plugin: KubegpuFragmentation may rank
+        # a pod's nodes otherwise than the policy's order only where the pod may go to such a node.
         self._fragmenters = tuple(p for p in plugins.names if plugins.implements(p, FRAGMENTATION_HOOK))
-        self._fragmenting_nodes = 0
+        self._fragmenting_nodes: Counter[str] = Counter()
         self._issued = 0  # ledger: the `issued` stamp of the last signed allocation; stamps strictly increase
 
         # -- the cluster state (cache, ledger) -----------------------------------------------------------------------

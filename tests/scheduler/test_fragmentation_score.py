@@ -10,6 +10,7 @@ import pytest
 
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.plugins.neuron import scheduler as neuron
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine import Engine
@@ -157,3 +158,26 @@ def test_a_configured_mix_is_measured_against_before_any_pod_and_never_moves() -
     assert scheduler.schedule(pod_request(pod("batch", 26, 80))[0]).node == "cpu-b"
     assert scheduler.schedule(pod_request(pod("trainer", 30, 32, gpus=3, node="gpu-a"))[0]).scheduled
     assert scheduler.fragmentation_epochs() == epochs
+
+
+def test_only_pods_that_may_reach_a_gpu_node_score_more_nodes_for_it() -> None:
+    """KubegpuFragmentation can reorder a pod's nodes only among nodes with GPUs: a Neuron pod on a cluster whose
+    Neuron nodes have none is still scored on the policy's first few, a cpu-only or GPU pod on kube-scheduler's
+    count."""
+    pm = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia), ("neuron", neuron)], autoload=False)
+    scheduler = Engine(pm)
+    scheduler.add_node(node_info(gpu_node("gpu-a", 4, 32, 128)))
+    neuron_node = gpu_node("trn-b", 0, 64, 256)
+    neuron_node["status"]["allocatable"]["aws.amazon.com/neurondevice"] = "16"  # type: ignore[index]
+    scheduler.add_node(node_info(neuron_node))
+    neuron_pod = pod("n", 1, 1)
+    neuron_pod["spec"]["containers"][0]["resources"]["requests"]["aws.amazon.com/neurondevice"] = "1"  # type: ignore[index]
+    asked = {
+        "cpu-only": pod_request(pod("c", 1, 1))[0],
+        "gpu": pod_request(pod("g", 1, 1, gpus=1))[0],
+        "neuron": pod_request(neuron_pod)[0],
+    }
+    matters = {name: scheduler.fragmentation_matters(p, scheduler.plan(p)) for name, p in asked.items()}
+    assert matters == {"cpu-only": True, "gpu": True, "neuron": False}
+    scheduler.remove_node("gpu-a")
+    assert not scheduler.fragmentation_matters(asked["cpu-only"], scheduler.plan(asked["cpu-only"]))
