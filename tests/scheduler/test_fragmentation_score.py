@@ -10,7 +10,7 @@ import pytest
 
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
-from kubegpu.plugins.neuron import scheduler as neuron
+from kubegpu.plugins.intel_gas import scheduler as intel
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine import Engine
@@ -160,24 +160,26 @@ def test_a_configured_mix_is_measured_against_before_any_pod_and_never_moves() -
     assert scheduler.fragmentation_epochs() == epochs
 
 
-def test_only_pods_that_may_reach_a_gpu_node_score_more_nodes_for_it() -> None:
-    """KubegpuFragmentation can reorder a pod's nodes only among nodes with GPUs: a Neuron pod on a cluster whose
-    Neuron nodes have none is still scored on the policy's first few, a cpu-only or GPU pod on kube-scheduler's
-    count."""
-    pm = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia), ("neuron", neuron)], autoload=False)
+def test_only_pods_that_may_reach_a_fragmenting_node_score_more_nodes_for_it() -> None:
+    """KubegpuFragmentation can reorder a pod's nodes only among nodes whose plugins measure fragmentation: an Intel
+    GPU pod on a cluster whose Intel nodes have no NVIDIA GPUs is still scored on the policy's first few, a cpu-only
+    or NVIDIA pod on kube-scheduler's count."""
+    pm = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia), ("intel-gas", intel)], autoload=False)
     scheduler = Engine(pm)
     scheduler.add_node(node_info(gpu_node("gpu-a", 4, 32, 128)))
-    neuron_node = gpu_node("trn-b", 0, 64, 256)
-    neuron_node["status"]["allocatable"]["aws.amazon.com/neurondevice"] = "16"  # type: ignore[index]
-    scheduler.add_node(node_info(neuron_node))
-    neuron_pod = pod("n", 1, 1)
-    neuron_pod["spec"]["containers"][0]["resources"]["requests"]["aws.amazon.com/neurondevice"] = "1"  # type: ignore[index]
+    intel_node = gpu_node("intel-b", 0, 64, 256)
+    intel_node["metadata"]["labels"]["gpu.intel.com/cards"] = "card0.card1"  # type: ignore[index]
+    intel_node["status"]["allocatable"] |= {"gpu.intel.com/i915": "8", "gpu.intel.com/memory.max": "16G"}  # type: ignore[index]
+    scheduler.add_node(node_info(intel_node))
+    assert scheduler.device_state("intel-b", "intel-gas") is not None
+    intel_pod = pod("i", 1, 1)
+    intel_pod["spec"]["containers"][0]["resources"]["requests"]["gpu.intel.com/i915"] = "1"  # type: ignore[index]
     asked = {
         "cpu-only": pod_request(pod("c", 1, 1))[0],
-        "gpu": pod_request(pod("g", 1, 1, gpus=1))[0],
-        "neuron": pod_request(neuron_pod)[0],
+        "nvidia": pod_request(pod("g", 1, 1, gpus=1))[0],
+        "intel": pod_request(intel_pod)[0],
     }
     matters = {name: scheduler.fragmentation_matters(p, scheduler.plan(p)) for name, p in asked.items()}
-    assert matters == {"cpu-only": True, "gpu": True, "neuron": False}
+    assert matters == {"cpu-only": True, "nvidia": True, "intel": False}
     scheduler.remove_node("gpu-a")
     assert not scheduler.fragmentation_matters(asked["cpu-only"], scheduler.plan(asked["cpu-only"]))
