@@ -77,16 +77,21 @@ def test_each_engine_learns_its_own_mix_of_pods() -> None:
     assert second.schedule(pod_request(pod("batch", 20, 80))[0]).node == "gpu-a"  # nothing learned: binpack
 
 
-def test_fragmentation_ranks_as_many_nodes_as_kube_scheduler_scores() -> None:
-    """The fragmentation score may prefer a node late in the policy's capacity order, so a cycle scores as many
-    feasible nodes as kube-scheduler would (all of a cluster under 100 nodes), not only the first few: the cpu-only
-    pod finds the cpu node behind twelve GPU nodes whose free GPUs its cores would strand."""
-    scheduler = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+@pytest.mark.parametrize("percentage", [0, 50, 100])
+def test_fragmentation_ranks_as_many_nodes_as_the_profile_asks_kube_scheduler_to_score(percentage: int) -> None:
+    """The fragmentation score may prefer a node late in the policy's capacity order. With `percentageOfNodesToScore`
+    set, a cycle scores as many feasible nodes as kube-scheduler would (all of a cluster under 100 nodes): the
+    cpu-only pod finds the cpu node behind twelve GPU nodes whose free GPUs its cores would strand. Unset, the
+    policy's first few are ranked (the engine's speed on large clusters), and the pod stays on a GPU node."""
+    profile = dataclasses.replace(scores.Profile.default(), percentage_of_nodes_to_score=percentage)
+    pm = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
+    scheduler = Engine(pm, scoring=profile)
     for i in range(12):
         scheduler.add_node(node_info(gpu_node(f"gpu-{i:02}", 4, 32, 128)))
         assert scheduler.schedule(pod_request(pod(f"trainer-{i}", 8, 32, gpus=1, node=f"gpu-{i:02}"))[0]).scheduled
     scheduler.add_node(node_info(gpu_node("cpu-z", 0, 64, 256)))
-    assert scheduler.schedule(pod_request(pod("batch", 20, 80))[0]).node == "cpu-z"
+    chosen = scheduler.schedule(pod_request(pod("batch", 20, 80))[0]).node
+    assert (chosen == "cpu-z") is (percentage > 0)
 
 
 def test_a_node_is_scored_again_when_the_learned_mix_moves_on() -> None:
@@ -165,7 +170,7 @@ def test_only_pods_that_may_reach_a_fragmenting_node_score_more_nodes_for_it() -
     GPU pod on a cluster whose Intel nodes have no NVIDIA GPUs is still scored on the policy's first few, a cpu-only
     or NVIDIA pod on kube-scheduler's count."""
     pm = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia), ("intel-gas", intel)], autoload=False)
-    scheduler = Engine(pm)
+    scheduler = Engine(pm, scoring=dataclasses.replace(scores.Profile.default(), percentage_of_nodes_to_score=100))
     scheduler.add_node(node_info(gpu_node("gpu-a", 4, 32, 128)))
     intel_node = gpu_node("intel-b", 0, 64, 256)
     intel_node["metadata"]["labels"]["gpu.intel.com/cards"] = "card0.card1"  # type: ignore[index]
