@@ -1,5 +1,6 @@
 """Where a gang goes in a topology: pure functions over each node's room (how many members fit there) and its place
-in the levels. The engine (`engine/gangs.py`) measures the room and reserves; this module only chooses.
+in the levels. The engine (`engine/gangdomains.py`) measures the room, `engine/gangs.py` reserves; this module only
+chooses.
 
 The rules, after Kueue's topology-aware scheduling:
 

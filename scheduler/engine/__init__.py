@@ -18,7 +18,9 @@ framework's extension points, its plugins):
 * `admission`: recording pods that are already bound (`admit_bound`, `admit_by_count`);
 * `preempt`: the what-ifs of preemption (PostFilter) and nomination;
 * `permit`: the Permit stage (approve, wait with a timeout, reject) and its built-in Coscheduling rule;
-* `gangs`: placing a gang whole in a topology (`place_gang`) and preempting for one (`preempt_gang`);
+* `gangdomains`: the topology levels, the domains held for a preempting gang, each node's room for a gang's members;
+* `gangpreempt`: preempting for a gang that fits nowhere (`preempt_gang`, PostFilter for a gang);
+* `gangs`: placing a gang whole in a topology (`place_gang`);
 * `queries`: what the front-ends read.
 
 The parts are layers of one class, in the order above from `records` up: each builds on the ones below it and never

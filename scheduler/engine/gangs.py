@@ -1,65 +1,34 @@
-"""Gangs: all-or-nothing placement in a topology (`place_gang`) and gang-aware preemption (`preempt_gang`).
+"""Gangs: all-or-nothing placement in a topology (`place_gang`).
 
 `place_gang` measures each node's room for the gang's members (how many copies of its most demanding member fit,
-on a node that passes every filter for it), lets `kubegpu.scheduler.gangfit` choose the domain and the nodes (best
-fit, rank by rank in domain order), then reserves member by member (each plugin still chooses the devices inside its
-node). Room is an estimate from counts; the reservation is the truth: when one fails, the node's room is corrected
-and the choice made again. Either at least `minMember` members hold places, or nothing is held and the answer says
-why, in a user's words ("gang ns/train-7: 16 members need 8 nvidia.com/gpu each; the largest rack (rack-3) has 12
-such nodes free"). Members already holding places count towards `minMember` and stay where they are.
+on a node that passes every filter for it: `gangdomains`), lets `kubegpu.scheduler.gangfit` choose the domain and the
+nodes (best fit, rank by rank in domain order), then reserves member by member (each plugin still chooses the devices
+inside its node). Room is an estimate from counts; the reservation is the truth: when one fails, the node's room is
+corrected and the choice made again. Either at least `minMember` members hold places, or nothing is held and the
+answer says why, in a user's words ("gang ns/train-7: 16 members need 8 nvidia.com/gpu each; the largest rack (rack-3)
+has 12 such nodes free"). Members already holding places count towards `minMember` and stay where they are.
 
-`preempt_gang` is PostFilter for a gang that fits nowhere: per domain of the gang's level, the lowest-priority
-minimal set of pods whose eviction lets the whole gang in (PodDisruptionBudgets respected as `Engine.preempt` does:
-pods whose eviction would violate one are kept first), never a set that still leaves the gang unplaceable, and never
-a victim gang cut below its own `minMember` (then all of it goes, or the domain is no candidate). A what-if: every
-pod is back as it was on return; the front-end evicts and places the gang again.
+A gang that fits nowhere is preempted for by `gangpreempt.preempt_gang`, below this layer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from kubegpu.core.manifests import ManifestError
 from kubegpu.core.models import PodRequest
 from kubegpu.core.status import Code
 from kubegpu.scheduler import gangfit
-from kubegpu.scheduler.engine.filtering import gang_nominee
-from kubegpu.scheduler.engine.permit import Permitting
-from kubegpu.scheduler.engine.records import Decision, GangPlacement, GangPreemption, NodeRecord, Plan, PodRecord
-from kubegpu.scheduler.podgroups import (
-    HOSTNAME,
-    MAX_LEVELS,
-    MAX_MEMBERS,
-    PodGroup,
-    gang_key,
-    member_index,
-    member_topology,
-    profile_levels,
-)
-from kubegpu.scheduler.preemption import Budget, Candidate, by_importance, may_preempt, pick, split_by_budget
+from kubegpu.scheduler.engine.gangdomains import rank
+from kubegpu.scheduler.engine.gangpreempt import GangPreempting
+from kubegpu.scheduler.engine.records import Decision, GangPlacement, Plan
+from kubegpu.scheduler.podgroups import MAX_MEMBERS, PodGroup, gang_key
 
 MAX_ATTEMPTS = 8  # choices made again after a reservation corrected a node's room
 
 
-def rank(pod: PodRequest) -> tuple[bool, int, tuple[object, ...]]:
-    """Members in rank order: by index (`podgroups.member_index`), the unindexed last, by name."""
-    index = member_index(pod)
-    return index is None, index or 0, gangfit.natural(pod.name)
-
-
-class Gangs(Permitting):
-    """Placing a gang whole, and preempting for one."""
-
-    def set_topology(self, levels: Sequence[str] | None) -> None:
-        """The topology levels, widest first (a Kueue `Topology`'s `podgroups.topology_levels`); None: the known
-        labels (`podgroups.KNOWN_LEVELS`) found on the nodes."""
-        if levels is not None and len(levels) > MAX_LEVELS:
-            raise ValueError(f"at most {MAX_LEVELS} topology levels")
-        self.levels = None if levels is None else tuple(levels)
-
-    def topology_levels(self) -> tuple[str, ...]:
-        """The levels gangs are placed by, widest first, without the hostname (`podgroups.profile_levels`)."""
-        return profile_levels(self.levels, (record.info.labels for record in self.nodes.values()))
+class Gangs(GangPreempting):
+    """Placing a gang whole."""
 
     def place_gang(
         self, members: Sequence[PodRequest], group: PodGroup | None = None, *, partial: bool = False
@@ -155,100 +124,6 @@ class Gangs(Permitting):
             reason = others_failed
         return self._refuse_gang(group.key, members, reason, Code.UNSCHEDULABLE)
 
-    def preempt_gang(
-        self, members: Sequence[PodRequest], group: PodGroup | None = None, budgets: Sequence[Budget] = ()
-    ) -> GangPreemption:
-        """Whom to evict so that the gang fits whole in one domain of its level (its required level, else its
-        preferred one, else the narrowest level; the whole cluster without levels): the lowest-priority minimal
-        set, budgets respected, victim gangs never cut below their minMember. Changes nothing."""
-        todo = sorted((m for m in members if m.key not in self.pods), key=rank)
-        if not todo:
-            return GangPreemption("", reason="every member already holds a place")
-        try:
-            group = group or self.gang_of(todo[0])
-            asked = self._asked_topology(group, todo)
-        except ManifestError as exc:
-            return GangPreemption(gang_key(todo[0]) or "", reason=str(exc))
-        if group is None:
-            group = PodGroup(todo[0].namespace, todo[0].name, len(todo))
-        priority = min(m.priority for m in todo)
-        if not all(may_preempt(m) for m in todo):
-            return GangPreemption(group.key, reason="a member's preemptionPolicy is Never")
-        if not any(p < priority for p, count in self._priorities.items() if count > 0):
-            return GangPreemption(group.key, reason="no pod of lower priority runs anywhere")
-        primary = self._shapes(todo)[0]  # the most demanding members need the domain; the others go beside them
-        need = len(primary)
-        levels = self.topology_levels()
-        level = asked[0] or asked[1] or (levels[-1] if levels else None)
-        representative = primary[0]
-        gang_keys = {m.key for m in members}
-        domains: dict[str, list[str]] = {}
-        for name, record in self.nodes.items():
-            value = "cluster" if level is None else name if level == HOSTNAME else record.info.labels.get(level)
-            if value:
-                domains.setdefault(value, []).append(name)
-        candidates: list[Candidate] = []
-        for value, names in sorted(domains.items(), key=lambda item: gangfit.natural(item[0])):
-            lower = [
-                key
-                for name in names
-                for key in self.nodes[name].pods
-                if key not in gang_keys and self.pods[key].request.priority < priority
-            ]
-            if lower:
-                candidate = self._gang_victims(representative, names, lower, need, levels, priority, budgets)
-                if candidate is not None:
-                    candidates.append(Candidate(value, candidate[0], candidate[1]))
-        chosen = pick(candidates)
-        if chosen is None:
-            return GangPreemption(
-                group.key,
-                level,
-                reason=f"gang {group.key}: no domain would fit it even without the pods of lower priority",
-            )
-        return GangPreemption(group.key, level, chosen.node, tuple(p.key for p in chosen.victims), chosen.violations)
-
-    # -- what the two share ----------------------------------------------------------------------------------------
-
-    def _asked_topology(self, group: PodGroup | None, members: Sequence[PodRequest]) -> tuple[str | None, str | None]:
-        """(required, preferred) level: the PodGroup's annotations, else the first member's that has any."""
-        if group is not None and (group.required or group.preferred):
-            return group.required, group.preferred
-        for member in members:
-            asked = member_topology(member)
-            if asked != (None, None):
-                return asked
-        return None, None
-
-    def nominate_gang(
-        self, gang: str, priority: int, level: str | None, domain: str | None, victims: Iterable[str] = ()
-    ) -> None:
-        """Hold the nodes of one domain (`level`=`domain`; a gang of no level: the nodes of its `victims`) for a
-        preempting gang while its victims leave, as `nominate` holds one node for a pod: pods of equal or lower
-        priority are kept off them, the gang's own members are not. Replaces the gang's earlier hold; `place_gang`
-        ends it when the gang is placed."""
-        self.unnominate_gang(gang)
-        if level is None:
-            names = tuple(dict.fromkeys(self.pods[key].node for key in victims if key in self.pods))
-        elif level == HOSTNAME:
-            names = (domain,) if domain in self.nodes else ()
-        else:
-            names = tuple(name for name, record in self.nodes.items() if record.info.labels.get(level) == domain)
-        nominee = gang_nominee(gang)
-        for name in names:
-            record = self.nodes[name]
-            record.nominees[nominee] = priority
-            self._refresh(record)
-        if names:
-            self.nominated_gangs[gang] = names
-
-    def unnominate_gang(self, gang: str) -> None:
-        """Release the domain held for a preempting gang (placed, gone, or given up)."""
-        nominee = gang_nominee(gang)
-        for name in self.nominated_gangs.pop(gang, ()):
-            if (record := self.nodes.get(name)) is not None and record.nominees.pop(nominee, None) is not None:
-                self._refresh(record)
-
     def _resource_gap(self, group: PodGroup, holders: Sequence[str]) -> str | None:
         """scheduler-plugins' coscheduling PreFilter: the PodGroup's `minResources` must be free in the cluster (what
         the gang's own members hold counts as free), else why not; None when it is."""
@@ -267,35 +142,6 @@ class Gangs(Permitting):
         if not short:
             return None
         return f"gang {group.key}: PodGroup.spec.minResources is not free in the cluster: {', '.join(short)}"
-
-    def _shapes(self, todo: Sequence[PodRequest]) -> list[list[PodRequest]]:
-        """The members grouped by what they request (`Plan.fit` and the devices each plugin is asked for), the most
-        demanding shape first, each group in rank order."""
-        groups: dict[tuple[object, ...], list[PodRequest]] = {}
-        for member in todo:
-            plan = self.plan(member)
-            groups.setdefault((plan.fit, plan.devices), []).append(member)
-        if len(groups) == 1:
-            return list(groups.values())
-
-        def demand(group: list[PodRequest]) -> tuple[int, int, int]:
-            fit = self.plan(group[0]).fit
-            return sum(a for r, a in fit if r != "cpu"), group[0].cpu_milli, len(group)
-
-        return sorted(groups.values(), key=demand, reverse=True)
-
-    def _near(
-        self, holders: Sequence[str], required: str | None, levels: Sequence[str], rooms: dict[str, int], need: int
-    ) -> tuple[dict[str, int], str | None]:
-        """Where members join a gang whose other members hold places (they arrived late, the scheduler restarted
-        mid-gang, or they are a launcher placed after its workers): with a required level, only the holders'
-        domain of it; else the narrowest domain of the holders with room for `need` more (the whole cluster when
-        none has). The rooms there, and that domain in words (None: the whole cluster)."""
-        for level in [required] if required is not None else reversed(levels):
-            near, where = self._beside(holders, level, rooms)
-            if required is not None or sum(near.values()) >= need:
-                return near, where
-        return rooms, None
 
     def _place_beside(
         self,
@@ -331,39 +177,6 @@ class Gangs(Permitting):
             decisions.extend(placed)
             holders = [*holders, *(d.pod for d in placed)]
         return decisions
-
-    def _beside(self, holders: Sequence[str], level: str, rooms: dict[str, int]) -> tuple[dict[str, int], str]:
-        """The rooms in the domain of `level` where the gang's members already hold places (a gang bound in part
-        by a scheduler that restarted, or members that waited at Permit): the rest of a gang that requires one
-        domain goes where its first members are."""
-
-        def domain(name: str) -> str | None:
-            record = self.nodes.get(name)
-            return None if record is None else name if level == HOSTNAME else record.info.labels.get(level)
-
-        held = {domain(self.pods[key].node) for key in holders}
-        near = {name: room for name, room in rooms.items() if domain(name) in held}
-        named = ", ".join(sorted(str(value) for value in held)[:3]) + (", ..." if len(held) > 3 else "")
-        return near, f"in {level.rsplit('/', 1)[-1]} {named}"
-
-    def _rooms(self, pod: PodRequest, plan: Plan, names: Iterable[str]) -> dict[str, int]:
-        """Each node's room for copies of `pod`: 0 where a filter refuses it, else how many fit by the counts of
-        what it requests (at least 1); the reservation checks each copy."""
-        judge = self._cluster_state(pod, plan).judge if plan.volatile else None
-        rooms: dict[str, int] = {}
-        for name in names:
-            record = self.nodes[name]
-            rooms[name] = self._room(record, pod, plan) if self.check(record, pod, plan, judge=judge).ok else 0
-        return rooms
-
-    @staticmethod
-    def _room(record: NodeRecord, pod: PodRequest, plan: Plan) -> int:
-        allocatable = record.info.allocatable
-        room = allocatable.get("pods", 110) - record.used["pods"]
-        for resource, amount in plan.fit:
-            if amount > 0 and resource in allocatable:
-                room = min(room, record.free(resource) // amount)
-        return max(room, 1)
 
     def _reserve_slots(
         self, todo: Sequence[PodRequest], fit: gangfit.Fit
@@ -433,80 +246,6 @@ class Gangs(Permitting):
         if shortfall.room == shortfall.nodes:
             return f"{head}; {where} has {shortfall.room} such nodes free"
         return f"{head}; {where} has room for {shortfall.room} of them on {shortfall.nodes} nodes"
-
-    def _gang_victims(
-        self,
-        pod: PodRequest,
-        names: Sequence[str],
-        lower: Sequence[str],
-        need: int,
-        levels: Sequence[str],
-        priority: int,
-        budgets: Sequence[Budget],
-    ) -> tuple[tuple[PodRequest, ...], int] | None:
-        """In one domain (`names`): the fewest of `lower` to evict so that `need` copies of `pod` fit there, with
-        the victims' gangs kept whole or evicted whole; (victims, budget violations), or None."""
-        plan = self.plan(pod)
-        out: dict[str, PodRecord] = {}
-        requests = {key: self.pods[key].request for key in lower}
-
-        def fits() -> bool:
-            rooms = self._rooms(pod, self.plan(pod), names)
-            labels = {name: self.nodes[name].info.labels for name in names}
-            return isinstance(gangfit.choose(rooms, labels, levels, need), gangfit.Fit)
-
-        try:
-            for key in lower:
-                if (released := self.release(key)) is not None:
-                    out[key] = released
-            if not fits():
-                return None
-            violating, others = split_by_budget(by_importance(requests.values()), budgets)
-            victims: list[PodRequest] = []
-            violations = 0
-            for request in violating + others:
-                self._put_back(out.pop(request.key))
-                if fits():
-                    continue  # reprieved
-                if (released := self.release(request.key)) is not None:
-                    out[request.key] = released
-                victims.append(request)
-                violations += request in violating
-            whole = self._whole_gangs(victims, priority)
-            if whole is None:
-                return None
-            for request in whole:
-                if (released := self.release(request.key)) is not None:
-                    out[request.key] = released
-            del plan
-            return (*victims, *whole), violations
-        finally:
-            for released in out.values():
-                self._put_back(released)
-
-    def _whole_gangs(self, victims: Sequence[PodRequest], priority: int) -> list[PodRequest] | None:
-        """The other members of the victims' gangs that must go too: a gang left below its minMember goes whole.
-        None when such a member is not of lower priority (the gang cannot go, so neither can its victim)."""
-        extra: dict[str, PodRequest] = {}
-        chosen = {v.key for v in victims}
-        gangs: dict[str, PodGroup] = {}
-        for victim in victims:
-            try:
-                group = self.gang_of(victim)
-            except ManifestError:
-                group = None
-            if group is not None:
-                gangs[group.key] = group
-        for group in gangs.values():
-            holders = [key for key in self.gang_holders(group) if key not in chosen]
-            if not holders or len(holders) >= group.min_member:
-                continue
-            for key in holders:
-                request = self.pods[key].request
-                if request.priority >= priority:
-                    return None
-                extra[key] = request
-        return list(extra.values())
 
 
 def _requested(pod: PodRequest, resource: str) -> int:
