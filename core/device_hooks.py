@@ -137,8 +137,10 @@ def kubegpu_device_plugin_ids(inventory: DeviceInventory) -> dict[str, dict[str,
     Returns:
         Resource name -> {device id: healthy}, with the ids the scheduler side allocates for that resource (so the
         kubelet can be asked to choose exactly the scheduler's ids); only resources that are counted in whole ids
-        belong here (not per-card amounts such as memory). None: nothing of this plugin goes through the kubelet's
-        device manager.
+        belong here (not per-card amounts such as memory). A device that several containers share may be named
+        once per share slot instead (`core.models.slot_id(device, slot)`, `0::3`): the kubelet then admits one
+        container per slot, and `kubegpu device-plugin` turns the slots back into the device. None: nothing of this
+        plugin goes through the kubelet's device manager.
 
     Called by:
         `kubegpu device-plugin` after discovery and health, at start-up and every interval, for ListAndWatch; the

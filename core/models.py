@@ -53,6 +53,8 @@ __all__ = [
     "SpreadConstraint",
     "Taint",
     "Toleration",
+    "share_slot",
+    "slot_id",
 ]
 
 Scalar = str | int | float | bool
@@ -63,6 +65,29 @@ INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/
 # ---------------------------------------------------------------------------------------------------------------
 # What a node has
 # ---------------------------------------------------------------------------------------------------------------
+
+
+# A device several containers share, as a Kubernetes device plugin lists it: one id per share slot (HAMi's accounting:
+# a GPU split 10 ways is ten ids), so that the kubelet admits as many share pods per device as the scheduler places.
+# `slot_id("0", 3)` is "0::3"; the device plugin's Allocate turns the kubelet's slot ids back into the devices the
+# scheduler's allocation names (`share_slot`). No device id of any plugin contains the separator.
+SLOT_SEPARATOR = "::"
+MAX_SLOTS = 1000
+
+
+def slot_id(device: str, slot: int) -> str:
+    """The device plugin id of share slot `slot` (0-based) of `device`."""
+    return f"{device}{SLOT_SEPARATOR}{slot}"
+
+
+def share_slot(device_plugin_id: str) -> tuple[str, int] | None:
+    """(device, slot) of a share slot id (`slot_id`), None for any other id (a device id itself, or a malformed one:
+    a slot that is not a number from 0 to `MAX_SLOTS` - 1, or no device before the separator)."""
+    device, separator, slot = device_plugin_id.rpartition(SLOT_SEPARATOR)
+    if not separator or not device or not (slot.isascii() and slot.isdigit() and len(slot) <= 4):
+        return None
+    number = int(slot)
+    return (device, number) if number < MAX_SLOTS else None
 
 
 class DeviceInfo(BaseModel):

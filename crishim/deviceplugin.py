@@ -8,7 +8,14 @@ plugin that names device ids for it (`kubegpu_device_plugin_ids`): one socket pe
 * **ListAndWatch** streams the resource's ids with their health, from the plugins' discovery and health checks under
   `--host-root`, repeated every `--interval`; a change is sent at once. The ids are the ones the scheduler allocates
   (Neuron device or core numbers, Intel card names, NVIDIA GPU indexes), so the kubelet's accounting and kubegpu's
-  speak of the same devices.
+  speak of the same devices. A device several containers share is listed once per share slot instead (`0::3`,
+  `core.models.slot_id`: an NVIDIA GPU on a node configured for shares, split `KUBEGPU_NVIDIA_SPLIT_COUNT` ways, as
+  HAMi's device plugin counts it), so that the kubelet admits as many share pods per device as the scheduler places.
+* **Share slots** are read back as their devices before anything else (`shared_devices`): GetPreferredAllocation
+  answers one free slot of each device the allocation names (the lowest), Allocate matches the slots' devices as it
+  matches device ids and answers the allocation's devices and shares (the GPU share limits of
+  `plugins/nvidia/limits.py`, as in the shim). Two slots of one device for one container, or slots mixed with
+  device ids, are refused (`shares`): the scheduler gives a container at most one share of each device.
 * **GetPreferredAllocation** answers the ids the scheduler signed for the pod being admitted, so the kubelet, which
   takes preferred ids first, allocates exactly the scheduler's choice.
 * **Allocate** looks the requested ids up among the verified allocations (signature, node, pod UID:
@@ -99,7 +106,7 @@ from typing import Any
 import grpc
 
 from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord
-from kubegpu.core.models import ContainerAllocation, ContainerEdit, DeviceInventory
+from kubegpu.core.models import ContainerAllocation, ContainerEdit, DeviceInventory, share_slot
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
 from kubegpu.core.process import parse_interval
 from kubegpu.crishim.protos import (
@@ -540,7 +547,13 @@ class ResourcePlugin:
         for entry in request.container_requests:
             available, included = list(entry.available_deviceIDs), list(entry.must_include_deviceIDs)
             pods.settle(self.resource, entry.allocation_size, self.service.settle_seconds)
-            ids = pods.preferred(self.resource, available, included, entry.allocation_size)
+            if any(share_slot(i) is not None for i in (*available, *included)):  # share slots: prefer by device
+                devices = pods.preferred(
+                    self.resource, _devices_of(available), _devices_of(included), entry.allocation_size
+                )
+                ids = _slots_for(devices, available, included)
+            else:
+                ids = pods.preferred(self.resource, available, included, entry.allocation_size)
             if not ids:
                 log.warning(
                     "no preference: no pending pod on this node has a verified allocation of %d %s among the available "
@@ -566,8 +579,9 @@ class ResourcePlugin:
         self.service.allocate_seconds.append(time.perf_counter() - started)
         return _M["AllocateResponse"](container_responses=responses)
 
-    def _allocate_one(self, ids: list[str]) -> Any:
+    def _allocate_one(self, slots: list[str]) -> Any:
         pods = self.service.pods
+        ids = shared_devices(self.resource, slots)  # the kubelet's ids, as the devices the allocation names
         found: tuple[Candidate, str] | None = None
         try:
             found = pods.claim(self.resource, ids)
@@ -583,11 +597,12 @@ class ResourcePlugin:
         if found is None and self.service.foreign_pods == "allow":
             found = _foreign(pods.node, self.resource, ids)
         if found is None:
+            named = "" if slots == ids else f" (shares of device {','.join(ids)})"
             raise AllocationRefused(
                 "missing",
-                f"{self.resource} {','.join(ids)}: no pod bound to this node has a verified {ALLOCATION_KEY} giving "
-                "one container exactly these devices; pods requesting kubegpu resources must be scheduled by kubegpu "
-                "(its scheduler, or kube-scheduler with the kubegpu extender)",
+                f"{self.resource} {','.join(slots)}{named}: no pod bound to this node has a verified "
+                f"{ALLOCATION_KEY} giving one container exactly these devices; pods requesting kubegpu resources must "
+                "be scheduled by kubegpu (its scheduler, or kube-scheduler with the kubegpu extender)",
             )
         candidate, container = found
         plugin = self.service.inventory.owner.get(self.resource) or self.service.plugins.owner_of(self.resource)
@@ -601,11 +616,62 @@ class ResourcePlugin:
             raise AllocationRefused(
                 "plugin", f"pod {candidate.pod.key} container {container}: the allocation cannot be applied: {exc}"
             ) from None
+        shares = "" if slots == ids else f" (slots {','.join(slots)})"
         log.info(
             "allocated",
-            extra={"pod": candidate.pod.key, "devices": f"{container}:{self.resource}={','.join(ids)}"},
+            extra={"pod": candidate.pod.key, "devices": f"{container}:{self.resource}={','.join(ids)}{shares}"},
         )
         return response
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Share slots: a device several containers share, listed once per slot (`core.models.slot_id`)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def shared_devices(resource: str, ids: Sequence[str]) -> list[str]:
+    """The devices the kubelet's `ids` name: the ids themselves, or for share slot ids (`0::3`), each slot's device.
+
+    Raises `AllocationRefused` (`shares`) when they do not add up to what an allocation can name: slot ids mixed with
+    device ids, or two slots of one device for one container (the scheduler gives a container at most one share of
+    each device, so `nvidia.com/gpu: 2` means shares of two GPUs)."""
+    slots = [share_slot(i) for i in ids]
+    if not any(slots):
+        return list(ids)
+    if not all(slots):
+        plain = ", ".join(i for i, slot in zip(ids, slots, strict=True) if slot is None)
+        raise AllocationRefused(
+            "shares", f"{resource} {','.join(ids)}: share slots mixed with device ids ({plain}) for one container"
+        )
+    devices = [slot[0] for slot in slots if slot is not None]
+    twice = sorted({d for d in devices if devices.count(d) > 1})
+    if twice:
+        raise AllocationRefused(
+            "shares",
+            f"{resource} {','.join(ids)}: {devices.count(twice[0])} share slots of device {twice[0]} for one "
+            f"container; a container gets at most one share of each device, so its {len(ids)} {resource} must be "
+            f"slots of {len(ids)} different devices, the ones the scheduler's {ALLOCATION_KEY} names",
+        )
+    return devices
+
+
+def _devices_of(ids: Sequence[str]) -> list[str]:
+    """The devices of share slot ids, each once, in order (ids that are no slot are left out)."""
+    return list(dict.fromkeys(slot[0] for slot in map(share_slot, ids) if slot is not None))
+
+
+def _slots_for(devices: Sequence[str], available: Sequence[str], included: Sequence[str]) -> list[str]:
+    """One slot id of each of `devices` for the kubelet to prefer: a must-include one where it names the device,
+    else the device's lowest available slot. [] when some device has none."""
+    chosen = []
+    for device in devices:
+        options = [i for i in (*included, *available) if (share_slot(i) or ("", 0))[0] == device]
+        if not options:
+            return []
+        chosen.append(
+            options[0] if options[0] in included else min(options, key=lambda i: (share_slot(i) or ("", 0))[1])
+        )
+    return chosen
 
 
 FOREIGN = "(a pod kubegpu did not place)"

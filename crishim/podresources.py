@@ -4,7 +4,8 @@ A pod bound outside kubegpu (by another scheduler, or with `spec.nodeName` writt
 kubelet holds devices the kubegpu scheduler cannot see: it holds them "by count" (`Engine.admit_by_count`), setting
 aside devices of its own choosing, which may not be the ones the kubelet chose. The kubelet's PodResources API (`v1`,
 `List`, on `pod-resources/kubelet.sock` under its root directory; messages in `protos.py`) says exactly which ids
-each container of each pod holds.
+each container of each pod holds. A device shared through share slots (`0::3`: slot 3 of GPU 0, see
+`core.models.slot_id`) is read as its device, the id allocations and the scheduler use.
 
 `kubegpu advertise --pod-resources-socket S` reads it every round and publishes, as the node annotation
 `kubegpu.io/foreign-devices` (`{"version": 1, "pods": {"ns/name": {"container": {"resource": ["id", ...]}}}}`), the
@@ -28,6 +29,7 @@ from typing import Any
 import grpc
 
 from kubegpu.core.annotations import ALLOCATION_KEY, AnnotationError, decode_allocation
+from kubegpu.core.models import share_slot
 from kubegpu.crishim.protos import POD_RESOURCES, POD_RESOURCES_PACKAGE, method_path
 
 __all__ = ["DEFAULT_SOCKET", "Held", "foreign_devices", "list_pod_resources"]
@@ -71,7 +73,8 @@ def list_pod_resources(socket: Path, *, timeout: float = 5.0) -> Held:
 def foreign_devices(held: Held, pods: Iterable[Mapping[str, Any]], resources: Iterable[str] | None = None) -> Held:
     """The entries of `held` (PodResources) whose pod's `kubegpu.io/allocation` does not name exactly those ids.
 
-    `pods` are the node's pods from the API server (for their annotations); a pod missing there is foreign.
+    `pods` are the node's pods from the API server (for their annotations); a pod missing there is foreign. Share
+    slot ids are compared, and published, as their devices (`0::3` is GPU `0`).
     `resources`, when given, keeps only those resources (the ones kubegpu's plugins schedule).
     """
     wanted = set(resources) if resources is not None else None
@@ -87,7 +90,9 @@ def foreign_devices(held: Held, pods: Iterable[Mapping[str, Any]], resources: It
     foreign: Held = {}
     for key, containers in held.items():
         kept = {
-            name: {r: ids for r, ids in devices.items() if wanted is None or r in wanted}
+            name: {
+                r: sorted(_devices(ids), key=_natural) for r, ids in devices.items() if wanted is None or r in wanted
+            }
             for name, devices in containers.items()
         }
         kept = {name: devices for name, devices in kept.items() if devices}
@@ -102,6 +107,12 @@ def foreign_devices(held: Held, pods: Iterable[Mapping[str, Any]], resources: It
             continue
         foreign[key] = kept
     return foreign
+
+
+def _devices(ids: Iterable[str]) -> list[str]:
+    """The devices the kubelet's ids name, each once: a share slot id (`0::3`, `core.models.slot_id`) is its device,
+    as the allocation and the scheduler name it."""
+    return list(dict.fromkeys(slot[0] if (slot := share_slot(i)) is not None else i for i in ids))
 
 
 def _natural(text: str) -> tuple[int, int | str]:

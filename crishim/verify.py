@@ -43,6 +43,7 @@ Check = Literal[
     "plugin",
     "error",
     "ambiguous",
+    "shares",
 ]
 
 _HEX_SIGNATURE = re.compile(r"[0-9a-f]{64}")

@@ -26,7 +26,10 @@ GPUs x `KUBEGPU_NVIDIA_SPLIT_COUNT` (default 10, HAMi's `deviceSplitCount`), wit
 side reads as the split count and the offered share resources). Labels as GPU Feature Discovery writes them, for the
 healthy GPUs: `nvidia.com/gpu.product` (the first healthy GPU's model with spaces as `-`: `Tesla-V100-SXM2-16GB`),
 `nvidia.com/gpu.count`, `nvidia.com/gpu.memory` (MiB). Device-plugin ids (`kubegpu device-plugin`): the GPU indexes
-for `nvidia.com/gpu`.
+for `nvidia.com/gpu`; on a node configured for shares with a split count above 1, one id per share slot instead,
+`<index>::<slot>` (`core.models.slot_id`: GPU 0 split 10 ways is `0::0` to `0::9`), so that the kubelet admits as
+many share pods per GPU as the scheduler places there, as under HAMi's device plugin; Allocate turns them back into
+the GPUs the allocation names.
 
 Owned (`kubegpu_device_owned`; the CRI shim removes these from every container not granted NVIDIA GPUs):
 `NVIDIA_VISIBLE_DEVICES` (the NVIDIA container runtime hands a container the GPUs it names, `all` included), the GPU
@@ -77,6 +80,7 @@ from kubegpu.core.models import (
     DeviceNode,
     DeviceOwnership,
     Scalar,
+    slot_id,
 )
 from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE
 from kubegpu.plugins.nvidia.limits import (
@@ -196,7 +200,11 @@ def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement:
 @hookimpl
 def kubegpu_device_plugin_ids(inventory: DeviceInventory) -> dict[str, dict[str, bool]]:
     # MIG devices are not served in device-plugin mode (NVIDIA's device plugin serves them there)
-    return {RESOURCE: {d.id: d.healthy for d in inventory.devices if LAYOUT_ATTRIBUTE not in d.attributes}}
+    gpus = [d for d in inventory.devices if LAYOUT_ATTRIBUTE not in d.attributes]
+    split = split_count(os.environ.get(SPLIT_ENV)) if node_sharing().mode is not None else 0
+    if split > 1:  # HAMi's accounting: one id per share slot, so that the kubelet admits `split` share pods per GPU
+        return {RESOURCE: {slot_id(d.id, slot): d.healthy for d in gpus for slot in range(split)}}
+    return {RESOURCE: {d.id: d.healthy for d in gpus}}
 
 
 @hookimpl
@@ -541,21 +549,25 @@ def share_capacity(healthy: Sequence[DeviceInfo], mode: str | None, split_text: 
     default 10), `nvidia.com/gpucores` and `nvidia.com/gpumem-percentage` = 100 x GPUs and `nvidia.com/gpumem` = their
     MiB (when every GPU's memory is known), so that the kubelet's admission counts shares as the scheduler does."""
     count = len(healthy)
-    if mode is None:
+    split = split_count(split_text) if mode is not None else 0
+    if not split:
         return {RESOURCE: count}
-    split = DEFAULT_SPLIT
-    if split_text is not None and split_text.strip():
-        text = split_text.strip()
-        split = int(text) if text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_SPLIT else 0
-        if not split:
-            log.warning(
-                "%s is %r, not a count from 1 to %d; shares are not advertised", SPLIT_ENV, text[:20], MAX_SPLIT
-            )
-            return {RESOURCE: count}
     capacity = {RESOURCE: count * split, CORES: 100 * count, MEMORY_PERCENT: 100 * count}
     if healthy and all(d.memory for d in healthy):
         capacity[MEMORY] = sum((d.memory or 0) // MIB for d in healthy)
     return capacity
+
+
+def split_count(split_text: str | None) -> int:
+    """Shares per GPU on a node configured for shares: `KUBEGPU_NVIDIA_SPLIT_COUNT` (`split_text`), default 10;
+    0 (warned) when it is not a count from 1 to 1000: then shares are not advertised."""
+    if split_text is None or not split_text.strip():
+        return DEFAULT_SPLIT
+    text = split_text.strip()
+    if text.isascii() and text.isdigit() and len(text) <= 4 and 1 <= int(text) <= MAX_SPLIT:
+        return int(text)
+    log.warning("%s is %r, not a count from 1 to %d; shares are not advertised", SPLIT_ENV, text[:20], MAX_SPLIT)
+    return 0
 
 
 def _is_gpu_file(path: str) -> bool:

@@ -11,27 +11,41 @@ tests/integration/test_kubelet_deviceplugin.py.
 
 from __future__ import annotations
 
+import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import grpc
 import pytest
 
 from kubegpu.core.annotations import ALLOCATION_KEY, encode_allocation, merge_allocations, sign_allocation
-from kubegpu.core.models import DeviceInfo, DeviceInventory, PluginAllocation
+from kubegpu.core.manifests import pod_request
+from kubegpu.core.models import DeviceInfo, DeviceInventory, PluginAllocation, share_slot
 from kubegpu.core.plugin_manager import KubegpuPluginManager
-from kubegpu.crishim.deviceplugin import VANISHED_MEMORY, DevicePluginService, PendingPods, socket_name
+from kubegpu.core.plugin_manager import make_plugin_manager as build_plugin_manager
+from kubegpu.core.testing import make_node, pod_manifest
+from kubegpu.crishim.deviceplugin import (
+    VANISHED_MEMORY,
+    DevicePluginService,
+    PendingPods,
+    shared_devices,
+    socket_name,
+)
 from kubegpu.crishim.protos import DEVICE_PLUGIN, DEVICE_PLUGIN_PACKAGE, POD_RESOURCES, method_path
 from kubegpu.crishim.verify import AllocationRefused
 from kubegpu.plugins.intel_gas import device as intel_device
 from kubegpu.plugins.neuron import device as neuron_device
 from kubegpu.plugins.nvidia import device as nvidia_device
+from kubegpu.plugins.nvidia import scheduler as nvidia_scheduler
+from kubegpu.scheduler.engine import Engine
 
 KEY = b"device-plugin-and-scheduler-share-this"
 NODE = "trn1-dp"
@@ -406,16 +420,26 @@ def test_registration_listing_preference_allocation_and_reregistration(
 def admit(directory: Path, available: list[str], size: int) -> Any:
     """What the kubelet's device manager does for one container: ask for a preference, take it if it is usable
     (else the first free ids), then Allocate. The AllocateResponse, or the RpcError that fails the pod's admission."""
+    return admitted(directory, available, size, NEURONDEVICE)[1]
+
+
+def admitted(directory: Path, available: list[str], size: int, resource: str) -> tuple[list[str], Any]:
+    """`admit` for `resource`: the ids the kubelet took, and the AllocateResponse or the RpcError."""
     ask = M["PreferredAllocationRequest"](
         container_requests=[
             M["ContainerPreferredAllocationRequest"](available_deviceIDs=available, allocation_size=size)
         ]
     )
-    preferred = call(directory, NEURONDEVICE, "GetPreferredAllocation", ask, "PreferredAllocationResponse")
+    preferred = call(directory, resource, "GetPreferredAllocation", ask, "PreferredAllocationResponse")
     ids = list(preferred.container_responses[0].deviceIDs) or available[:size]
+    return ids, allocate(directory, resource, ids)
+
+
+def allocate(directory: Path, resource: str, ids: list[str]) -> Any:
+    """The kubelet's Allocate of `ids` for one container: its response, or the RpcError."""
     grant = M["AllocateRequest"](container_requests=[M["ContainerAllocateRequest"](devicesIDs=ids)])
     try:
-        return call(directory, NEURONDEVICE, "Allocate", grant, "AllocateResponse").container_responses[0]
+        return call(directory, resource, "Allocate", grant, "AllocateResponse").container_responses[0]
     except grpc.RpcError as exc:
         return exc
 
@@ -473,3 +497,161 @@ def test_the_kubelet_admitting_an_older_unplaced_pod_first_gives_it_nothing_sign
     finally:
         service.stop()
         kubelet.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU shares: one id per share slot, turned back into the GPU and the share the allocation names
+# ---------------------------------------------------------------------------------------------------------------
+
+GPU = "nvidia.com/gpu"
+
+
+def one_gpu_nvml(count: int = 1) -> ModuleType:
+    """A `pynvml` module over `count` GPUs of 16 GiB (no GPU here: only the library underneath is made up)."""
+    nvml = ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    functions: dict[str, Any] = {
+        "NVMLError": NVMLError,
+        "nvmlInit": lambda: None,
+        "nvmlShutdown": lambda: None,
+        "nvmlDeviceGetCount": lambda: count,
+        "nvmlDeviceGetHandleByIndex": lambda i: i,
+        "nvmlDeviceGetHandleByUUID": lambda uuid: int(uuid.rsplit("-", 1)[1]),
+        "nvmlDeviceGetMinorNumber": lambda h: h,
+        "nvmlDeviceGetPciInfo": lambda h: SimpleNamespace(busId=f"00000000:{0x10 + h:02X}:00.0"),
+        "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(total=16384 << 20),
+        "nvmlDeviceGetName": lambda h: "Tesla V100-SXM2-16GB",
+        "nvmlDeviceGetUUID": lambda h: f"GPU-{h}",
+    }
+    for name, value in functions.items():
+        setattr(nvml, name, value)
+    return nvml
+
+
+@pytest.fixture
+def shared_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A node configured for shares (HAMi-core, split 4) with one fake GPU; its host root."""
+    vgpu = tmp_path / "vgpu"
+    (vgpu / "vgpulock").mkdir(parents=True)
+    (vgpu / "libvgpu.so").write_bytes(b"")
+    (vgpu / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
+    monkeypatch.setenv("KUBEGPU_NVIDIA_SHARE_LIMITS", "hami-core")
+    monkeypatch.setenv("KUBEGPU_HAMI_CORE_DIR", str(vgpu))
+    monkeypatch.setenv("KUBEGPU_NVIDIA_SPLIT_COUNT", "4")
+    monkeypatch.setitem(sys.modules, "pynvml", one_gpu_nvml())
+    host = tmp_path / "host"
+    (host / "dev").mkdir(parents=True)
+    return host
+
+
+def share_pods(shares: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
+    """Pods placed by the real engine on a one-GPU node offered as HAMi offers it (split 4): `name -> (cores, MiB)`."""
+    plugins = build_plugin_manager("scheduler", plugins=[("nvidia", nvidia_scheduler)], autoload=False)
+    engine = Engine(plugins, signing_key=KEY)
+    labels = {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "16384"}
+    engine.add_node(
+        make_node(NODE, labels=labels, allocatable={GPU: 4, "nvidia.com/gpucores": 100, "nvidia.com/gpumem": 16384})
+    )
+    pods = []
+    for second, (name, (cores, mib)) in enumerate(shares.items()):
+        manifest = pod_manifest(
+            name, {"main": {GPU: 1, "nvidia.com/gpucores": cores, "nvidia.com/gpumem": mib}}, namespace="team"
+        )
+        manifest["metadata"].update(uid=f"uid-{name}", creationTimestamp=f"2025-01-01T00:00:0{second}Z")
+        decision = engine.schedule(pod_request(manifest)[0])
+        assert decision.scheduled, decision.reason
+        manifest["metadata"]["annotations"].update(decision.annotations)
+        manifest["spec"]["nodeName"] = NODE
+        manifest["status"] = {"phase": "Pending"}
+        pods.append(manifest)
+    return pods
+
+
+def test_a_node_configured_for_shares_lists_one_id_per_share_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = DeviceInventory(plugin="nvidia", devices=[DeviceInfo(id="0"), DeviceInfo(id="1", healthy=False)])
+    monkeypatch.setenv("KUBEGPU_NVIDIA_SHARE_LIMITS", "hami-core")
+    monkeypatch.setenv("KUBEGPU_NVIDIA_SPLIT_COUNT", "3")
+    assert nvidia_device.kubegpu_device_plugin_ids(gpus) == {
+        GPU: {"0::0": True, "0::1": True, "0::2": True, "1::0": False, "1::1": False, "1::2": False}
+    }
+    monkeypatch.setenv("KUBEGPU_NVIDIA_SPLIT_COUNT", "1")  # one share per GPU: the GPUs themselves
+    assert nvidia_device.kubegpu_device_plugin_ids(gpus) == {GPU: {"0": True, "1": False}}
+    monkeypatch.delenv("KUBEGPU_NVIDIA_SHARE_LIMITS")  # a node that does not share
+    assert nvidia_device.kubegpu_device_plugin_ids(gpus) == {GPU: {"0": True, "1": False}}
+
+
+def test_two_share_pods_on_one_gpu_each_get_a_slot_of_it_and_their_own_limits(
+    directory: Path, shared_node: Path, make_plugin_manager: Callable[..., KubegpuPluginManager]
+) -> None:
+    listed = share_pods({"notebook": (30, 4096), "inference": (60, 8192)})
+    kubelet = FakeKubelet(directory)
+    kubelet.start()
+    service = DevicePluginService(
+        make_plugin_manager("device", nvidia=nvidia_device), PendingPods(lambda: listed, NODE, KEY),
+        directory=directory, host_root=shared_node, dev_root=Path("/host/dev"), interval=3600,
+    )  # fmt: skip
+    service.start()
+    try:
+        assert [r.resource_name for r in kubelet.wait_registrations(1)] == [GPU]
+        with grpc.insecure_channel(f"unix://{directory / socket_name(GPU)}") as channel:
+            stream = channel.unary_stream(
+                method_path(DEVICE_PLUGIN_PACKAGE, "DevicePlugin", "ListAndWatch"),
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=M["ListAndWatchResponse"].FromString,
+            )(M["Empty"](), timeout=5)
+            assert [d.ID for d in next(stream).devices] == ["0::0", "0::1", "0::2", "0::3"]
+            stream.cancel()
+
+        free = ["0::0", "0::1", "0::2", "0::3"]
+        seen = {}
+        for manifest in listed:  # the kubelet admits them in creation order, each taking one slot of GPU 0
+            taken, answer = admitted(directory, free, 1, GPU)
+            assert not isinstance(answer, grpc.RpcError), answer.details()
+            seen[manifest["metadata"]["name"]] = answer
+            free.remove(*taken)
+            manifest["status"]["phase"] = "Running"
+        assert free == ["0::2", "0::3"]  # the lowest free slot preferred each time
+        for name, (cores, mib) in {"notebook": (30, 4096), "inference": (60, 8192)}.items():
+            envs = dict(seen[name].envs)
+            assert {k: v for k, v in envs.items() if k.startswith(("CUDA_", "NVIDIA_"))} == {
+                "NVIDIA_VISIBLE_DEVICES": "0",
+                "CUDA_DEVICE_SM_LIMIT": str(cores),
+                "CUDA_DEVICE_MEMORY_LIMIT_0": f"{mib}m",
+            }, name
+            assert [d.container_path for d in seen[name].devices] == ["/dev/nvidia0"]
+            assert "/usr/local/vgpu/libvgpu.so" in {m.container_path for m in seen[name].mounts}
+
+        # Two slots of GPU 0 for one container: a share of two GPUs cannot be two shares of one.
+        refused = allocate(directory, GPU, ["0::2", "0::3"])
+        assert isinstance(refused, grpc.RpcError) and refused.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "kubegpu: shares check failed: nvidia.com/gpu 0::2,0::3: 2 share slots of device 0" in (
+            refused.details() or ""
+        )
+        # A slot nobody's allocation names (both pods started): refused, naming the GPU the slot is a share of.
+        refused = allocate(directory, GPU, ["0::3"])
+        assert isinstance(refused, grpc.RpcError)
+        assert "nvidia.com/gpu 0::3 (shares of device 0): no pod bound to this node" in (refused.details() or "")
+    finally:
+        service.stop()
+        kubelet.stop()
+
+
+def test_share_slots_are_read_back_as_their_devices_or_refused() -> None:
+    assert shared_devices(GPU, ["1::0", "0::7"]) == ["1", "0"]
+    assert shared_devices(GPU, ["0", "1"]) == ["0", "1"]  # a node that does not share
+    for ids, wrong in ((["0::0", "1"], "mixed with device ids (1)"), (["2::1", "2::0"], "2 share slots of device 2")):
+        with pytest.raises(AllocationRefused, match=re.escape(wrong)) as refused:
+            shared_devices(GPU, ids)
+        assert refused.value.check == "shares"
+    assert [share_slot(i) for i in ("0::3", "card0", "0::", "::3", "0::1000", "0::-1", "a::b::2")] == [
+        ("0", 3),
+        None,
+        None,
+        None,
+        None,
+        None,
+        ("a::b", 2),
+    ]

@@ -43,3 +43,15 @@ def test_resources_kubegpu_does_not_schedule_can_be_left_out() -> None:
     held = {"ns/a": {"main": {NEURON: ["1"], "example.com/nic": ["vf0"]}}}
     assert foreign_devices(held, [], [NEURON]) == {"ns/a": {"main": {NEURON: ["1"]}}}
     assert foreign_devices(held, [], ["nvidia.com/gpu"]) == {}
+
+
+def test_share_slots_the_kubelet_gave_are_compared_and_published_as_their_gpus() -> None:
+    # Device-plugin mode on a node configured for shares: the kubelet holds slot 3 of GPU 0 for a placed share pod
+    # (its allocation names GPU 0) and slots 1 and 2 of GPU 1 for a pod kubegpu did not place.
+    gpu = "nvidia.com/gpu"
+    held = {"ns/share": {"main": {gpu: ["0::3"]}}, "ns/tenant": {"main": {gpu: ["1::2", "1::1"]}}}
+    record = AllocationRecord(version=1, node="n", podUID="u", containers={"main": {gpu: ["0"]}})
+    share = {
+        "metadata": {"namespace": "ns", "name": "share", "annotations": {ALLOCATION_KEY: encode_allocation(record)}}
+    }
+    assert foreign_devices(held, [share]) == {"ns/tenant": {"main": {gpu: ["1"]}}}

@@ -9,7 +9,9 @@ card per container: in each case exactly the ids the scheduler chose, as the con
 as the kubelet's own checkpoint records them. A pod bound with a forged allocation fails admission with kubegpu's
 reason, and so does a tenant's pod with `spec.nodeName` written by hand that the kubelet admits just before a pod
 kubegpu placed (a gate plugin holds the kubelet's admission queue so that both wait in it): the placed pod then
-runs with its own devices. The kubelet restarts and the device plugin registers again.
+runs with its own devices. The kubelet restarts and the device plugin registers again. On a node configured for GPU
+shares (HAMi-core, a fake NVML: no GPU here), the kubelet admits two share pods on the node's one GPU, each holding a
+share slot of it, and each container runs with the GPU and its own limits.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def kubelet(cluster: Cluster, containerd: Containerd) -> Iterator[Kubelet]:
 
 
 class DevicePluginProcess:
-    def __init__(self, host: Path, kubelet: Kubelet, cluster: Cluster) -> None:
+    def __init__(self, host: Path, kubelet: Kubelet, cluster: Cluster, env: dict[str, str] | None = None) -> None:
         self.log = host / "device-plugin.log"
         args = [
             "--node-name", NODE, "--allocation-key-file", str(host / "allocation.key"),
@@ -91,7 +93,7 @@ class DevicePluginProcess:
             [sys.executable, "-m", "kubegpu.crishim.deviceplugin", *args],
             stdout=self.log.open("ab"),
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
 
     def output(self) -> str:
@@ -142,6 +144,11 @@ def space(cluster: Cluster) -> Iterator[str]:
 
 def capacity(cluster: Cluster) -> dict[str, str]:
     found: dict[str, str] = cluster.client.get(f"/api/v1/nodes/{NODE}")["status"].get("capacity") or {}
+    return found
+
+
+def allocatable(cluster: Cluster) -> dict[str, str]:
+    found: dict[str, str] = cluster.client.get(f"/api/v1/nodes/{NODE}")["status"].get("allocatable") or {}
     return found
 
 
@@ -388,3 +395,83 @@ def test_a_forged_allocation_fails_admission_and_a_restarted_kubelet_is_register
         "the device plugin to register again with the restarted kubelet",
     )
     wait_for(lambda: capacity(cluster).get(NEURON) == "16", 60, "neurondevice capacity after the restart")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU shares: the kubelet admits several share pods per GPU
+# ---------------------------------------------------------------------------------------------------------------
+
+GPU = "nvidia.com/gpu"
+FAKE_NVML = """
+# A stand-in for nvidia-ml-py over one 16 GiB GPU (the test host has no GPU): only the library underneath is made up.
+from types import SimpleNamespace
+
+
+class NVMLError(Exception):
+    pass
+
+
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return 1
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetHandleByUUID(uuid): return 0
+def nvmlDeviceGetMinorNumber(h): return h
+def nvmlDeviceGetPciInfo(h): return SimpleNamespace(busId="00000000:10:00.0")
+def nvmlDeviceGetMemoryInfo(h): return SimpleNamespace(total=16384 << 20)
+def nvmlDeviceGetName(h): return "Tesla V100-SXM2-16GB"
+def nvmlDeviceGetUUID(h): return "GPU-0"
+"""
+
+
+def test_two_share_pods_are_admitted_on_one_gpu_each_with_its_own_limits(
+    cluster: Cluster, kubelet: Kubelet, scheduler: SchedulerProcess, host: Path, space: str
+) -> None:
+    # The node's NVIDIA side: one GPU (its device files, a fake NVML), HAMi-core installed, GPUs split 10 ways.
+    gpus = host / "gpu-host"
+    make_char_devices(gpus / "dev", ["nvidia0", "nvidiactl"])
+    (gpus / "python").mkdir(exist_ok=True)
+    (gpus / "python" / "pynvml.py").write_text(FAKE_NVML)
+    vgpu = gpus / "vgpu"
+    (vgpu / "vgpulock").mkdir(parents=True, exist_ok=True)
+    (vgpu / "libvgpu.so").write_bytes(b"")  # a stand-in: busybox is static, nothing is preloaded
+    (vgpu / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
+    (gpus / "allocation.key").write_text((host / "allocation.key").read_text())
+    (gpus / "out").mkdir(exist_ok=True)
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(gpus / "python"), os.environ.get("PYTHONPATH", "")]),
+        "KUBEGPU_NVIDIA_SHARE_LIMITS": "hami-core",
+        "KUBEGPU_HAMI_CORE_DIR": str(vgpu),
+    }
+    plugin = DevicePluginProcess(gpus, kubelet, cluster, env)
+    try:
+        wait_for(lambda: capacity(cluster).get(GPU) == "10", 60, "nvidia.com/gpu capacity of 1 GPU x 10 share slots")
+        # What `kubegpu advertise --update-capacity` and GPU Feature Discovery add beside the device plugin.
+        label(cluster, {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "16384"})
+        shares = {"nvidia.com/gpucores": "100", "nvidia.com/gpumem": "16384"}
+        cluster.client.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": shares}})
+        wait_for(lambda: allocatable(cluster).get("nvidia.com/gpucores") == "100", 60, "gpucores allocatable")
+
+        asked = {"notebook": (30, 4096), "inference": (60, 8192)}
+        for name, (cores, mib) in asked.items():
+            limits = {GPU: 1, "nvidia.com/gpucores": cores, "nvidia.com/gpumem": mib}
+            manifest = pod(space, name, {"main": limits}, scheduler=SCHEDULER, out=gpus / "out")
+            cluster.client.post(f"/api/v1/namespaces/{space}/pods", manifest)
+        slots = {}
+        for name, (cores, mib) in asked.items():
+            placed = wait_running(cluster, space, name, timeout=90)
+            assert allocated(placed, "main")[GPU] == ["0"]  # both shares on the node's one GPU
+            slots[name] = checkpoint(kubelet, placed["metadata"]["uid"], GPU)
+            devices, env_seen = read_output(gpus / "out", name, "main")
+            assert family(devices, "nvidia") == ["nvidia0"] and "nvidiactl" in devices
+            assert {k: v for k, v in env_seen.items() if k.startswith(("CUDA_", "NVIDIA_"))} == {
+                "NVIDIA_VISIBLE_DEVICES": "0",
+                "CUDA_DEVICE_SM_LIMIT": str(cores),
+                "CUDA_DEVICE_MEMORY_LIMIT_0": f"{mib}m",
+            }, name
+        # The kubelet holds one share slot of GPU 0 for each: two pods admitted on one GPU.
+        assert sorted(slots.values()) == [["0::0"], ["0::1"]], slots
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{plugin.output()[-3000:]}") from None
+    finally:
+        plugin.stop()
