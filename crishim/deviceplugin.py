@@ -16,6 +16,8 @@ plugin that names device ids for it (`kubegpu_device_plugin_ids`): one socket pe
   matches device ids and answers the allocation's devices and shares (the GPU share limits of
   `plugins/nvidia/limits.py`, as in the shim). Two slots of one device for one container, or slots mixed with
   device ids, are refused (`shares`): the scheduler gives a container at most one share of each device.
+* **MIG devices** (`nvidia.com/mig-<profile>`, ids `GPU@start`) are served only where the node sets
+  `KUBEGPU_NVIDIA_SERVE_MIG=true` (else NVIDIA's device plugin serves them), and matched like any device ids.
 * **GetPreferredAllocation** answers the ids the scheduler signed for the pod being admitted, so the kubelet, which
   takes preferred ids first, allocates exactly the scheduler's choice.
 * **Allocate** looks the requested ids up among the verified allocations (signature, node, pod UID:

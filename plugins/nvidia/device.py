@@ -29,7 +29,8 @@ healthy GPUs: `nvidia.com/gpu.product` (the first healthy GPU's model with space
 for `nvidia.com/gpu`; on a node configured for shares with a split count above 1, one id per share slot instead,
 `<index>::<slot>` (`core.models.slot_id`: GPU 0 split 10 ways is `0::0` to `0::9`), so that the kubelet admits as
 many share pods per GPU as the scheduler places there, as under HAMi's device plugin; Allocate turns them back into
-the GPUs the allocation names.
+the GPUs the allocation names. With `KUBEGPU_NVIDIA_SERVE_MIG=true` it serves the MIG devices too (instead of NVIDIA's
+device plugin): per owned profile resource, the ids `GPU@start` the scheduler allocates, read from NVML's layout.
 
 Owned (`kubegpu_device_owned`; the CRI shim removes these from every container not granted NVIDIA GPUs):
 `NVIDIA_VISIBLE_DEVICES` (the NVIDIA container runtime hands a container the GPUs it names, `all` included), the GPU
@@ -98,6 +99,7 @@ from kubegpu.plugins.nvidia.mig_node import (
     MigDevice,
     device_key,
     mig_advertisement,
+    mig_plugin_ids,
     profile_from_name,
     visible_devices,
 )
@@ -123,6 +125,7 @@ OWNED = DeviceOwnership(
     cdi_kinds=(CDI_KIND,),
 )
 MIB = 1024 * 1024
+SERVE_MIG_ENV = "KUBEGPU_NVIDIA_SERVE_MIG"  # `kubegpu device-plugin` serves the MIG devices too ("true")
 SPLIT_ENV = "KUBEGPU_NVIDIA_SPLIT_COUNT"  # shares per GPU on a node configured for shares (HAMi's deviceSplitCount)
 DEFAULT_SPLIT = 10
 MAX_SPLIT = 1000
@@ -199,12 +202,15 @@ def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement:
 
 @hookimpl
 def kubegpu_device_plugin_ids(inventory: DeviceInventory) -> dict[str, dict[str, bool]]:
-    # MIG devices are not served in device-plugin mode (NVIDIA's device plugin serves them there)
+    # MIG devices where the node asks for them (`KUBEGPU_NVIDIA_SERVE_MIG`); else NVIDIA's device plugin serves them
+    migs = (
+        mig_plugin_ids(inventory.devices) if os.environ.get(SERVE_MIG_ENV, "").strip().lower() in ("1", "true") else {}
+    )
     gpus = [d for d in inventory.devices if LAYOUT_ATTRIBUTE not in d.attributes]
     split = split_count(os.environ.get(SPLIT_ENV)) if node_sharing().mode is not None else 0
     if split > 1:  # HAMi's accounting: one id per share slot, so that the kubelet admits `split` share pods per GPU
-        return {RESOURCE: {slot_id(d.id, slot): d.healthy for d in gpus for slot in range(split)}}
-    return {RESOURCE: {d.id: d.healthy for d in gpus}}
+        return {RESOURCE: {slot_id(d.id, slot): d.healthy for d in gpus for slot in range(split)}, **migs}
+    return {RESOURCE: {d.id: d.healthy for d in gpus}, **migs}
 
 
 @hookimpl

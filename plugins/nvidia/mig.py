@@ -1,17 +1,20 @@
 """MIG for the nvidia plugin: which slices each profile may take, and how a node's MIG devices are laid out.
 
-A MIG-enabled A100 or H100 is cut into GPU instances. NVML places them in eight *slots* (memory slices; the
-seventh compute slice has no slot of its own): a profile takes `size` consecutive slots and may start only at the
-slots its placement table lists. From NVIDIA's Multi-Instance GPU User Guide, "Supported MIG Profiles" (the
-placements `nvidia-smi mig -lgipp` prints as `{starts}:size`), for the A100-SXM4-40GB:
+A MIG-enabled A100, A30, H100 or H200 is cut into GPU instances. NVML places them in *slots* (memory slices: eight,
+four on the A30; the seventh compute slice has no slot of its own): a profile takes `size` consecutive slots and may
+start only at the slots its placement table lists. From NVIDIA's Multi-Instance GPU User Guide, "Supported MIG
+Profiles" (the placements `nvidia-smi mig -lgipp` prints as `{starts}:size`), for the A100-SXM4-40GB:
 
     1g.5gb   {0,1,2,3,4,5,6}:1   1g.5gb+me {0..6}:1 (one per GPU)   1g.10gb {0,2,4,6}:2
     2g.10gb  {0,2,4}:2           3g.20gb   {0,4}:4                  4g.20gb {0}:4         7g.40gb {0}:8
 
 and with the same placements, under the names of 80 GB, for the A100-SXM4-80GB and the H100 80GB (SXM5 and PCIe):
-1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb. So a GPU with 1g.10gb at slots 4, 5 and 6 has
-three slots free but no start for a 3g.40gb (it starts at 0 or 4 only), and one 1g.10gb at slot 0 leaves room for a
-3g.40gb at 4 but none for a 4g.40gb.
+1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb; the H100 NVL (94 GB: 1g.12gb, 1g.12gb+me,
+1g.24gb, 2g.24gb, 3g.47gb, 4g.47gb, 7g.94gb), the H100 96 GB of the GH200 (the same but 3g.48gb, 4g.48gb, 7g.96gb)
+and the H200 141 GB (1g.18gb, 1g.18gb+me, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb, 7g.141gb) have the same placements too.
+The A30 24 GB has four slots: 1g.6gb and 1g.6gb+me {0,1,2,3}:1, 2g.12gb and 2g.12gb+me {0,2}:2, 4g.24gb {0}:4.
+So an 80 GB GPU with 1g.10gb at slots 4, 5 and 6 has three slots free but no start for a 3g.40gb (it starts at 0 or 4
+only), and one 1g.10gb at slot 0 leaves room for a 3g.40gb at 4 but none for a 4g.40gb.
 
 **Static layouts.** kubegpu does not partition GPUs: it schedules the MIG devices a node has, as NVIDIA's device plugin
 advertises them under GPU Feature Discovery's *mixed* strategy (`nvidia.com/mig.strategy: mixed`): one resource per
@@ -66,6 +69,7 @@ __all__ = [
     "parse_layout",
     "profile_of",
     "shortage",
+    "slots_of",
 ]
 
 MIG_PREFIX = "nvidia.com/mig-"
@@ -96,14 +100,19 @@ class Profile:
     media: bool = False
 
 
+def slots_of(table: Mapping[str, Profile]) -> int:
+    """The memory slices of a GPU with this placement table: 8 (A100, H100, H200), 4 (A30)."""
+    return max(start + profile.size for profile in table.values() for start in profile.starts)
+
+
 def _table(*rows: tuple[str, int, Iterable[int]]) -> dict[str, Profile]:
     return {name: Profile(name, size, tuple(starts), name.endswith("+me")) for name, size, starts in rows}
 
 
 _ONE = range(7)
 CATALOG: dict[str, dict[str, Profile]] = {
-    # NVIDIA Multi-Instance GPU User Guide, "Supported MIG Profiles": A100 placements; the 80 GB A100 and the
-    # H100 80 GB share the shape under 80 GB names.
+    # NVIDIA Multi-Instance GPU User Guide, "Supported MIG Profiles" (placements as `nvidia-smi mig -lgipp` prints
+    # them). Every GPU of eight memory slices shares the A100's shape under names of its own memory; the A30 has four.
     "A100-40GB": _table(
         ("1g.5gb", 1, _ONE),
         ("1g.5gb+me", 1, _ONE),
@@ -113,7 +122,7 @@ CATALOG: dict[str, dict[str, Profile]] = {
         ("4g.20gb", 4, (0,)),
         ("7g.40gb", 8, (0,)),
     ),
-    "80GB": _table(
+    "80GB": _table(  # A100-SXM4-80GB, A100-PCIE-80GB, H100 80GB (SXM5 and PCIe)
         ("1g.10gb", 1, _ONE),
         ("1g.10gb+me", 1, _ONE),
         ("1g.20gb", 2, (0, 2, 4, 6)),
@@ -122,7 +131,48 @@ CATALOG: dict[str, dict[str, Profile]] = {
         ("4g.40gb", 4, (0,)),
         ("7g.80gb", 8, (0,)),
     ),
+    "A30-24GB": _table(  # four slices: the +me profiles share one set of media engines (at most one per GPU)
+        ("1g.6gb", 1, (0, 1, 2, 3)),
+        ("1g.6gb+me", 1, (0, 1, 2, 3)),
+        ("2g.12gb", 2, (0, 2)),
+        ("2g.12gb+me", 2, (0, 2)),
+        ("4g.24gb", 4, (0,)),
+    ),
+    "H100-94GB": _table(  # H100 NVL
+        ("1g.12gb", 1, _ONE),
+        ("1g.12gb+me", 1, _ONE),
+        ("1g.24gb", 2, (0, 2, 4, 6)),
+        ("2g.24gb", 2, (0, 2, 4)),
+        ("3g.47gb", 4, (0, 4)),
+        ("4g.47gb", 4, (0,)),
+        ("7g.94gb", 8, (0,)),
+    ),
+    "H100-96GB": _table(  # H100 96GB of the GH200 Grace Hopper Superchip
+        ("1g.12gb", 1, _ONE),
+        ("1g.12gb+me", 1, _ONE),
+        ("1g.24gb", 2, (0, 2, 4, 6)),
+        ("2g.24gb", 2, (0, 2, 4)),
+        ("3g.48gb", 4, (0, 4)),
+        ("4g.48gb", 4, (0,)),
+        ("7g.96gb", 8, (0,)),
+    ),
+    "H200-141GB": _table(  # H200 SXM and H200 NVL
+        ("1g.18gb", 1, _ONE),
+        ("1g.18gb+me", 1, _ONE),
+        ("1g.35gb", 2, (0, 2, 4, 6)),
+        ("2g.35gb", 2, (0, 2, 4)),
+        ("3g.71gb", 4, (0, 4)),
+        ("4g.71gb", 4, (0,)),
+        ("7g.141gb", 8, (0,)),
+    ),
 }
+# The H100 variants by the memory in their name or as NVML reports it (MiB): the 94 GB NVL reports about 95,830, the
+# 96 GB of a GH200 about 97,900. A GH200 of 144 GB HBM3e has profiles of its own, not in the catalog.
+HOPPER_MEMORY = (
+    ("80GB", "80GB", 70 * 1024, 82 * 1024),
+    ("H100-94GB", "94GB", 90 * 1024, 96_500),
+    ("H100-96GB", "96GB", 96_500, 100 * 1024),
+)
 MIG_RESOURCES = tuple(sorted({MIG_PREFIX + name for table in CATALOG.values() for name in table}))
 
 
@@ -147,8 +197,17 @@ def family_of(model: str | None, memory_mib: int | None, profiles: Iterable[str]
     if "A100" in key:
         big = "80GB" in key or (memory_mib is not None and memory_mib > 48 * 1024)
         return "80GB" if big else "A100-40GB"
-    if "H100" in key and ("80GB" in key or (memory_mib is not None and 70 * 1024 < memory_mib <= 82 * 1024)):
-        return "80GB"
+    if "A30" in key:
+        return "A30-24GB"
+    if "GH200" in key:  # its Hopper GPU: 96 GB HBM3 (the H100 96 GB tables) or 144 GB HBM3e (not in the catalog)
+        big = "144G" in key or (memory_mib is not None and memory_mib > 100 * 1024)
+        return None if big else "H100-96GB"
+    if "H200" in key:
+        return "H200-141GB"
+    if "H100" in key:  # 80 GB (SXM5, PCIe), 94 GB (NVL), 96 GB (GH200)
+        for family, size, low, high in HOPPER_MEMORY:
+            if size in key or (memory_mib is not None and low < memory_mib <= high):
+                return family
     names = set(profiles)
     if names:
         for family, table in CATALOG.items():
@@ -200,7 +259,7 @@ def check_layout(table: Mapping[str, Profile], layout: Sequence[tuple[str, int]]
 def free_slots(table: Mapping[str, Profile], layout: Sequence[tuple[str, int]]) -> int:
     """The slots of a (legal) layout that no instance takes."""
     used = sum(((1 << table[name].size) - 1) << start for name, start in layout)
-    return SLOTS - used.bit_count()
+    return slots_of(table) - used.bit_count()
 
 
 def pack(table: Mapping[str, Profile], names: Sequence[str]) -> tuple[tuple[str, int], ...] | None:
@@ -222,7 +281,7 @@ def pack(table: Mapping[str, Profile], names: Sequence[str]) -> tuple[tuple[str,
                     return [(profile.name, start), *rest]
         return None
 
-    if sum(table[n].size for n in names) > SLOTS or sum(table[n].media for n in names) > 1:
+    if sum(table[n].size for n in names) > slots_of(table) or sum(table[n].media for n in names) > 1:
         return None
     found = place(0, 0)
     return None if found is None else tuple(sorted(found, key=lambda item: item[1]))
@@ -306,7 +365,7 @@ def shortage(
         held = sum(
             ((1 << table[name].size) - 1) << start for name, start in layouts[gpu] if (gpu, name, start) not in free_set
         )
-        mask = ((1 << SLOTS) - 1) & ~held
+        mask = ((1 << slots_of(table)) - 1) & ~held
         if best is None or (mask.bit_count(), -gpu) > best[:2]:
             best = (mask.bit_count(), -gpu, mask)
     if best is None or not best[0]:
@@ -316,7 +375,7 @@ def shortage(
     wanted = table.get(profile) if table is not None else None
     if wanted is None:
         return f"GPU {ids[gpu]} has no {profile} MIG profile"
-    listed = ",".join(str(slot) for slot in range(SLOTS) if mask >> slot & 1)
+    listed = ",".join(str(slot) for slot in range(SLOTS) if mask >> slot & 1)  # the mask holds the GPU's slices only
     fits = any(not ((((1 << wanted.size) - 1) << start) & ~mask) for start in wanted.starts)
     if not fits:
         return f"GPU {ids[gpu]} has {slots} free slices ({listed}) but no start position for {profile}"

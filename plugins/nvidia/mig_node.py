@@ -23,9 +23,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kubegpu.core.models import DeviceInfo
-from kubegpu.plugins.nvidia.mig import LAYOUT_ATTRIBUTE, MIG_PREFIX, MIG_RESOURCES, STRATEGY_LABEL, parse_layout
+from kubegpu.plugins.nvidia.mig import (
+    LAYOUT_ATTRIBUTE,
+    MIG_PREFIX,
+    MIG_RESOURCES,
+    STRATEGY_LABEL,
+    LayoutError,
+    parse_layout,
+)
 
-__all__ = ["MIG_OWNED", "MigDevice", "device_key", "mig_advertisement", "parse_device", "visible_devices"]
+__all__ = [
+    "MIG_OWNED",
+    "MigDevice",
+    "device_key",
+    "mig_advertisement",
+    "mig_plugin_ids",
+    "parse_device",
+    "visible_devices",
+]
 
 MIG_OWNED = frozenset(MIG_RESOURCES)
 _DEVICE = re.compile(r"(0|[1-9][0-9]{0,3})@([0-7])")
@@ -59,6 +74,26 @@ def profile_from_name(name: str) -> str | None:
     """`3g.40gb` from NVML's MIG device name (`NVIDIA A100-SXM4-80GB MIG 3g.40gb`), None when it has none."""
     match = _PROFILE_IN_NAME.search(name)
     return match.group(1) if match else None
+
+
+def mig_plugin_ids(devices: Sequence[DeviceInfo]) -> dict[str, dict[str, bool]]:
+    """For `kubegpu device-plugin` (when it serves MIG): per owned profile resource, the MIG devices of the
+    MIG-enabled GPUs as the scheduler names them (`1@4`), healthy as their GPU is. A GPU whose layout cannot be read
+    lists nothing; a profile kubegpu has no placement table for is left to whoever serves it."""
+    ids: dict[str, dict[str, bool]] = {}
+    for device in devices:
+        text = device.attributes.get(LAYOUT_ATTRIBUTE)
+        if text is None or not device.id.isdigit():
+            continue
+        try:
+            layout = parse_layout(str(text))
+        except LayoutError:
+            continue
+        for profile, start in layout:
+            resource = MIG_PREFIX + profile
+            if resource in MIG_OWNED:
+                ids.setdefault(resource, {})[device_key(int(device.id), start)] = device.healthy
+    return ids
 
 
 def mig_advertisement(devices: Sequence[DeviceInfo]) -> tuple[list[DeviceInfo], dict[str, int], dict[str, str]]:

@@ -506,13 +506,29 @@ def test_the_kubelet_admitting_an_older_unplaced_pod_first_gives_it_nothing_sign
 GPU = "nvidia.com/gpu"
 
 
-def one_gpu_nvml(count: int = 1) -> ModuleType:
-    """A `pynvml` module over `count` GPUs of 16 GiB (no GPU here: only the library underneath is made up)."""
+def one_gpu_nvml(count: int = 1, layouts: dict[int, list[tuple[str, int]]] | None = None) -> ModuleType:
+    """A `pynvml` module over `count` GPUs of 16 GiB, or of 80 GiB with GPU g MIG-enabled as `layouts[g]` (profile,
+    start slice) when given; MIG device i of GPU g has UUID MIG-g-i (no GPU here: only the library is made up)."""
     nvml = ModuleType("pynvml")
+    migs = layouts or {}
 
     class NVMLError(Exception):
         pass
 
+    def mig_handle(gpu: int, index: int) -> tuple[int, int]:
+        if index >= len(migs.get(gpu, [])):
+            raise NVMLError("Not Found")
+        return (gpu, index)
+
+    def name(handle: Any) -> str:
+        if isinstance(handle, tuple):
+            return f"NVIDIA A100-SXM4-80GB MIG {migs[handle[0]][handle[1]][0]}"
+        return "NVIDIA A100-SXM4-80GB" if layouts is not None else "Tesla V100-SXM2-16GB"
+
+    def info(instance: tuple[int, int]) -> Any:
+        return SimpleNamespace(placement=SimpleNamespace(start=migs[instance[0]][instance[1] - 1][1]))
+
+    memory = (81920 if layouts is not None else 16384) << 20
     functions: dict[str, Any] = {
         "NVMLError": NVMLError,
         "nvmlInit": lambda: None,
@@ -522,12 +538,18 @@ def one_gpu_nvml(count: int = 1) -> ModuleType:
         "nvmlDeviceGetHandleByUUID": lambda uuid: int(uuid.rsplit("-", 1)[1]),
         "nvmlDeviceGetMinorNumber": lambda h: h,
         "nvmlDeviceGetPciInfo": lambda h: SimpleNamespace(busId=f"00000000:{0x10 + h:02X}:00.0"),
-        "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(total=16384 << 20),
-        "nvmlDeviceGetName": lambda h: "Tesla V100-SXM2-16GB",
-        "nvmlDeviceGetUUID": lambda h: f"GPU-{h}",
+        "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(total=memory),
+        "nvmlDeviceGetName": name,
+        "nvmlDeviceGetUUID": lambda h: f"MIG-{h[0]}-{h[1]}" if isinstance(h, tuple) else f"GPU-{h}",
+        "nvmlDeviceGetMigMode": lambda h: (1, 1) if h in migs else (0, 0),
+        "nvmlDeviceGetMaxMigDeviceCount": lambda h: 7 if h in migs else 0,
+        "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
+        "nvmlDeviceGetGpuInstanceId": lambda m: m[1] + 1,
+        "nvmlDeviceGetGpuInstanceById": lambda h, i: (h, i),
+        "nvmlGpuInstanceGetInfo": info,
     }
-    for name, value in functions.items():
-        setattr(nvml, name, value)
+    for key, value in functions.items():
+        setattr(nvml, key, value)
     return nvml
 
 
@@ -655,3 +677,70 @@ def test_share_slots_are_read_back_as_their_devices_or_refused() -> None:
         None,
         ("a::b", 2),
     ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MIG devices, where the node serves them from kubegpu's device plugin
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_a_node_serving_mig_lists_each_mig_device_and_a_pod_gets_the_one_its_allocation_names(
+    directory: Path,
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # GPU 0 whole, GPU 1 laid out 3g.40gb@0, 2g.20gb@4, 1g.10gb@6 (NVML's order: the 2g.20gb is MIG device 1).
+    monkeypatch.setitem(sys.modules, "pynvml", one_gpu_nvml(2, {1: [("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)]}))
+    host = tmp_path / "host"
+    (host / "dev").mkdir(parents=True)
+    plugins = make_plugin_manager("device", nvidia=nvidia_device)
+    inventory = nvidia_device.kubegpu_device_discover(host_root=host)
+    assert inventory is not None
+    assert list(nvidia_device.kubegpu_device_plugin_ids(inventory)) == [GPU]  # NVIDIA's device plugin serves MIG
+    monkeypatch.setenv("KUBEGPU_NVIDIA_SERVE_MIG", "true")
+    assert nvidia_device.kubegpu_device_plugin_ids(inventory) == {
+        GPU: {"0": True},
+        "nvidia.com/mig-3g.40gb": {"1@0": True},
+        "nvidia.com/mig-2g.20gb": {"1@4": True},
+        "nvidia.com/mig-1g.10gb": {"1@6": True},
+    }
+
+    record = merge_allocations(
+        NODE, "uid-mig", [PluginAllocation(plugin="nvidia", containers={"main": {"nvidia.com/mig-2g.20gb": ["1@4"]}})]
+    )
+    manifest = {
+        "metadata": {
+            "name": "mig",
+            "namespace": "team",
+            "uid": "uid-mig",
+            "creationTimestamp": "2025-01-01T00:00:00Z",
+            "annotations": {ALLOCATION_KEY: encode_allocation(sign_allocation(record, KEY))},
+        },
+        "spec": {"nodeName": NODE, "containers": [asking("main", 1, "nvidia.com/mig-2g.20gb")]},
+        "status": {"phase": "Pending"},
+    }
+    kubelet = FakeKubelet(directory)
+    kubelet.start()
+    service = DevicePluginService(
+        plugins, PendingPods(lambda: [manifest], NODE, KEY), directory=directory, host_root=host,
+        dev_root=Path("/host/dev"), interval=3600,
+    )  # fmt: skip
+    service.start()
+    try:
+        registered = kubelet.wait_registrations(4)
+        assert sorted(r.resource_name for r in registered) == [
+            GPU, "nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb"
+        ]  # fmt: skip
+        taken, answer = admitted(directory, ["1@4"], 1, "nvidia.com/mig-2g.20gb")
+        assert taken == ["1@4"] and not isinstance(answer, grpc.RpcError), answer
+        assert dict(answer.envs) == {"NVIDIA_VISIBLE_DEVICES": "MIG-1-1"}
+        assert [d.container_path for d in answer.devices] == ["/dev/nvidia1"]
+        assert [d.name for d in answer.cdi_devices] == ["nvidia.com/gpu=1:1"]
+        # A MIG device no verified allocation names (the kubelet's own pick for a pod kubegpu did not place): refused.
+        refused = allocate(directory, "nvidia.com/mig-3g.40gb", ["1@0"])
+        assert isinstance(refused, grpc.RpcError) and refused.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "nvidia.com/mig-3g.40gb 1@0: no pod bound to this node has a verified" in (refused.details() or "")
+    finally:
+        service.stop()
+        kubelet.stop()

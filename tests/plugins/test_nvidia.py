@@ -117,8 +117,9 @@ def snapshot(state: nvidia.NvidiaNodeState) -> tuple[int, list[str | None]]:
 
 def test_plugin_owns_nvidia_gpus(pm: KubegpuPluginManager) -> None:
     assert pm.owner_of(GPU) == "nvidia"
-    assert pm.owner_of("nvidia.com/mig-1g.5gb") == "nvidia"  # the profiles of the A100 and H100 placement tables
-    assert pm.owner_of("nvidia.com/mig-1g.18gb") is None  # an H200's: no table, left to kube-scheduler's counting
+    assert pm.owner_of("nvidia.com/mig-1g.5gb") == "nvidia"  # the profiles of the placement tables
+    assert pm.owner_of("nvidia.com/mig-1g.18gb") == "nvidia"  # an H200's
+    assert pm.owner_of("nvidia.com/mig-1g.23gb") is None  # a B200's: no table, left to kube-scheduler's counting
 
 
 @pytest.mark.parametrize(

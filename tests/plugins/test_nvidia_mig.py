@@ -4,6 +4,7 @@ and refused with what each GPU has free."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -114,6 +115,116 @@ def test_layouts_follow_the_placement_table(table: Mapping[str, mig.Profile], la
             mig.check_layout(table, mig.parse_layout(layout))
 
 
+# NVIDIA's MIG user guide, "Supported MIG Profiles", transcribed independently of `mig.CATALOG`: per GPU, each
+# profile's placements as `nvidia-smi mig -lgipp` prints them ({start slices}:slices taken).
+GUIDE = {
+    "A100-40GB": {
+        "1g.5gb": "{0,1,2,3,4,5,6}:1",
+        "1g.5gb+me": "{0,1,2,3,4,5,6}:1",
+        "1g.10gb": "{0,2,4,6}:2",
+        "2g.10gb": "{0,2,4}:2",
+        "3g.20gb": "{0,4}:4",
+        "4g.20gb": "{0}:4",
+        "7g.40gb": "{0}:8",
+    },
+    "80GB": {
+        "1g.10gb": "{0,1,2,3,4,5,6}:1",
+        "1g.10gb+me": "{0,1,2,3,4,5,6}:1",
+        "1g.20gb": "{0,2,4,6}:2",
+        "2g.20gb": "{0,2,4}:2",
+        "3g.40gb": "{0,4}:4",
+        "4g.40gb": "{0}:4",
+        "7g.80gb": "{0}:8",
+    },
+    "A30-24GB": {
+        "1g.6gb": "{0,1,2,3}:1",
+        "1g.6gb+me": "{0,1,2,3}:1",
+        "2g.12gb": "{0,2}:2",
+        "2g.12gb+me": "{0,2}:2",
+        "4g.24gb": "{0}:4",
+    },
+    "H100-94GB": {
+        "1g.12gb": "{0,1,2,3,4,5,6}:1",
+        "1g.12gb+me": "{0,1,2,3,4,5,6}:1",
+        "1g.24gb": "{0,2,4,6}:2",
+        "2g.24gb": "{0,2,4}:2",
+        "3g.47gb": "{0,4}:4",
+        "4g.47gb": "{0}:4",
+        "7g.94gb": "{0}:8",
+    },
+    "H100-96GB": {
+        "1g.12gb": "{0,1,2,3,4,5,6}:1",
+        "1g.12gb+me": "{0,1,2,3,4,5,6}:1",
+        "1g.24gb": "{0,2,4,6}:2",
+        "2g.24gb": "{0,2,4}:2",
+        "3g.48gb": "{0,4}:4",
+        "4g.48gb": "{0}:4",
+        "7g.96gb": "{0}:8",
+    },
+    "H200-141GB": {
+        "1g.18gb": "{0,1,2,3,4,5,6}:1",
+        "1g.18gb+me": "{0,1,2,3,4,5,6}:1",
+        "1g.35gb": "{0,2,4,6}:2",
+        "2g.35gb": "{0,2,4}:2",
+        "3g.71gb": "{0,4}:4",
+        "4g.71gb": "{0}:4",
+        "7g.141gb": "{0}:8",
+    },
+}
+
+
+@pytest.mark.parametrize("gpu", sorted(GUIDE))
+def test_every_profiles_placements_follow_the_mig_user_guides_table(gpu: str) -> None:
+    table = mig.CATALOG.get(gpu)
+    assert table is not None, f"no placement table for the {gpu}"
+    placements = {name: "{" + ",".join(map(str, p.starts)) + "}:" + str(p.size) for name, p in table.items()}
+    assert placements == GUIDE[gpu]
+    assert {name for name, p in table.items() if p.media} == {name for name in GUIDE[gpu] if name.endswith("+me")}
+    # the largest profile takes the whole GPU, and no placement runs past its slices
+    assert mig.pack(table, [max(table, key=lambda n: table[n].size)]) is not None
+    assert mig.free_slots(table, ()) == (4 if gpu == "A30-24GB" else 8)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "layout", "error"),
+    [
+        ("A30-24GB", "2g.12gb@0,1g.6gb@2,1g.6gb+me@3", None),
+        ("A30-24GB", "4g.24gb@0", None),
+        ("A30-24GB", "2g.12gb@1", "2g.12gb cannot start at slice 1 (it starts at 0, 2)"),
+        ("A30-24GB", "1g.6gb@4", "1g.6gb cannot start at slice 4 (it starts at 0, 1, 2, 3)"),
+        ("A30-24GB", "2g.12gb+me@0,1g.6gb+me@2", "more than one +me instance"),
+        ("H200-141GB", "3g.71gb@4,2g.35gb@0,1g.18gb@2,1g.18gb@3", None),
+        ("H200-141GB", "4g.71gb@4", "4g.71gb cannot start at slice 4 (it starts at 0)"),
+        ("H100-94GB", "7g.94gb@0", None),
+        ("H100-94GB", "3g.48gb@0", "3g.48gb is not a MIG profile of this GPU"),
+        ("H100-96GB", "3g.48gb@0,1g.24gb@4,1g.12gb@6", None),
+    ],
+    ids=["a30-mixed", "a30-whole", "a30-2g-at-1", "a30-no-slice-4", "a30-two-media", "h200-balanced",
+         "h200-4g-at-4", "h100-nvl-whole", "96gb-name-on-94gb", "gh200-mixed"],
+)  # fmt: skip
+def test_layouts_of_the_newer_gpus_follow_their_tables(gpu: str, layout: str, error: str | None) -> None:
+    if error is None:
+        mig.check_layout(mig.CATALOG[gpu], mig.parse_layout(layout))
+    else:
+        with pytest.raises(mig.LayoutError, match=re.escape(error)):
+            mig.check_layout(mig.CATALOG[gpu], mig.parse_layout(layout))
+
+
+def test_an_a30_refusal_names_only_its_four_slices(pm: KubegpuPluginManager) -> None:
+    # An A30 laid out 1g.6gb at 0 and 1 and 2g.12gb at 2, the 1g.6gb at 0 and the 2g.12gb held: slice 1 is free.
+    state = build(pm, inventory_node("1g.6gb@0,1g.6gb@1,2g.12gb@2", model="NVIDIA A30", memory_mib=24576))
+    held = {"nvidia.com/mig-1g.6gb": "0@0", "nvidia.com/mig-2g.12gb": "0@2"}
+    for resource, device in held.items():
+        taken = PluginAllocation(plugin="nvidia", containers={"main": {resource: [device]}})
+        assert pm.call("nvidia", "kubegpu_scheduler_take", state=state, pod_key=f"ns/{device}", allocation=taken).ok
+    status = pm.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=mig_pod(main={"nvidia.com/mig-2g.12gb": 1}))
+    assert status.code is Code.UNSCHEDULABLE
+    assert status.message == "GPU 0 has 1 free slices (1) but no start position for 2g.12gb"
+    assert place(pm, state, mig_pod("small", main={"nvidia.com/mig-1g.6gb": 1})).containers == {
+        "main": {"nvidia.com/mig-1g.6gb": ["0@1"]}
+    }
+
+
 @pytest.mark.parametrize(
     ("model", "memory", "profiles", "family"),
     [
@@ -123,9 +234,35 @@ def test_layouts_follow_the_placement_table(table: Mapping[str, mig.Profile], la
         ("NVIDIA-H100-80GB-HBM3", 81559, (), "80GB"),
         (None, None, ("1g.5gb", "3g.20gb"), "A100-40GB"),
         (None, None, ("1g.10gb", "3g.40gb"), "80GB"),
-        ("NVIDIA-H200", 143771, (), None),
+        ("NVIDIA-H200", 143771, (), "H200-141GB"),
+        ("NVIDIA-H200-NVL", 143771, (), "H200-141GB"),
+        ("NVIDIA-A30", 24576, (), "A30-24GB"),
+        ("NVIDIA-H100-NVL", 95830, (), "H100-94GB"),
+        ("NVIDIA-GH200-480GB", 97871, (), "H100-96GB"),
+        ("NVIDIA-GH200-144G-HBM3e", 146000, (), None),
+        (None, None, ("1g.6gb", "2g.12gb+me"), "A30-24GB"),
+        (None, None, ("3g.71gb",), "H200-141GB"),
+        (None, None, ("1g.12gb", "3g.48gb"), "H100-96GB"),
+        ("NVIDIA-B200", 183359, (), None),
     ],
-    ids=["a100-40", "a100-80", "a100-pcie-80", "h100-80", "by-40gb-names", "by-80gb-names", "h200-unknown"],
+    ids=[
+        "a100-40",
+        "a100-80",
+        "a100-pcie-80",
+        "h100-80",
+        "by-40gb-names",
+        "by-80gb-names",
+        "h200",
+        "h200-nvl",
+        "a30",
+        "h100-nvl-94",
+        "gh200-96",
+        "gh200-144-not-listed",
+        "by-a30-names",
+        "by-h200-names",
+        "by-96gb-names",
+        "b200-unknown",
+    ],
 )
 def test_the_placement_table_is_chosen_by_model_memory_or_profile_names(
     model: str | None, memory: int | None, profiles: tuple[str, ...], family: str | None
