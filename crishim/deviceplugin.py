@@ -599,10 +599,10 @@ class ResourcePlugin:
         if found is None and self.service.foreign_pods == "allow":
             found = _foreign(pods.node, self.resource, ids)
         if found is None:
-            named = "" if slots == ids else f" (shares of device {','.join(ids)})"
+            named = "" if slots == ids else f" (shares of device {_listed(ids)})"
             raise AllocationRefused(
                 "missing",
-                f"{self.resource} {','.join(slots)}{named}: no pod bound to this node has a verified "
+                f"{self.resource} {_listed(slots)}{named}: no pod bound to this node has a verified "
                 f"{ALLOCATION_KEY} giving one container exactly these devices; pods requesting kubegpu resources must "
                 "be scheduled by kubegpu (its scheduler, or kube-scheduler with the kubegpu extender)",
             )
@@ -643,18 +643,24 @@ def shared_devices(resource: str, ids: Sequence[str]) -> list[str]:
     if not all(slots):
         plain = ", ".join(i for i, slot in zip(ids, slots, strict=True) if slot is None)
         raise AllocationRefused(
-            "shares", f"{resource} {','.join(ids)}: share slots mixed with device ids ({plain}) for one container"
+            "shares", f"{resource} {_listed(ids)}: share slots mixed with device ids ({plain[:200]}) for one container"
         )
     devices = [slot[0] for slot in slots if slot is not None]
     twice = sorted({d for d in devices if devices.count(d) > 1})
     if twice:
         raise AllocationRefused(
             "shares",
-            f"{resource} {','.join(ids)}: {devices.count(twice[0])} share slots of device {twice[0]} for one "
+            f"{resource} {_listed(ids)}: {devices.count(twice[0])} share slots of device {twice[0]} for one "
             f"container; a container gets at most one share of each device, so its {len(ids)} {resource} must be "
             f"slots of {len(ids)} different devices, the ones the scheduler's {ALLOCATION_KEY} names",
         )
     return devices
+
+
+def _listed(ids: Sequence[str], limit: int = 8) -> str:
+    """Ids for a message, at most `limit` of them (a container may ask for a thousand share slots)."""
+    more = f" and {len(ids) - limit} more" if len(ids) > limit else ""
+    return ",".join(ids[:limit]) + more
 
 
 def _devices_of(ids: Sequence[str]) -> list[str]:

@@ -668,6 +668,9 @@ def test_share_slots_are_read_back_as_their_devices_or_refused() -> None:
         with pytest.raises(AllocationRefused, match=re.escape(wrong)) as refused:
             shared_devices(GPU, ids)
         assert refused.value.check == "shares"
+    with pytest.raises(AllocationRefused) as many:  # a container asking a thousand slots: the message stays short
+        shared_devices(GPU, [f"0::{slot}" for slot in range(1000)])
+    assert "and 992 more: 1000 share slots of device 0" in str(many.value) and len(str(many.value)) < 400
     assert [share_slot(i) for i in ("0::3", "card0", "0::", "::3", "0::1000", "0::-1", "a::b::2")] == [
         ("0", 3),
         None,
