@@ -35,7 +35,8 @@ turns away the next whole-device request of the mix the engine learned (`_turned
 Fragmentation (`kubegpu_scheduler_fragmentation`): the kit's measure (`kubegpu.core.kit.fragmentation_growth`) over
 the node's free devices, a size fitting where one of its valid sets is free (`topology.has_free_set`); the mix is
 the whole-device containers the engine's neuron states took (core requests are not in it, but the devices their
-cores touch stop being free).
+cores touch stop being free). `kubegpu_scheduler_fragmentation_epoch` is that mix's version: the engine measures a
+node again once the mix moved, not only once the node changed.
 
 State is two bitmasks (free devices, free cores) plus holder maps; a device is free for whole-device requests
 only when none of its cores is held, and a device held whole offers no cores. The plan for a request is cached
@@ -48,7 +49,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kubegpu.core.kit import MIX_KEY, TURNED_AWAY_WEIGHT, SizeMix
+from kubegpu.core.kit import MIX_DRIFT, MIX_KEY, TURNED_AWAY_WEIGHT, SizeMix
 from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import DeviceCell, NodeInfo, Occupancy, PluginAllocation, PodRequest
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
@@ -165,7 +166,7 @@ def kubegpu_scheduler_build_node(node: NodeInfo, shared: dict[str, object] | Non
     topology, cores_per_device, instance_type, present, healthy = shape
     mix = shared.get(MIX_KEY) if shared is not None else None
     if shared is not None and not isinstance(mix, SizeMix):
-        mix = shared[MIX_KEY] = SizeMix()
+        mix = shared[MIX_KEY] = SizeMix(drift=MIX_DRIFT)
     mix = mix if isinstance(mix, SizeMix) else None
     return NeuronNodeState(node.name, topology, cores_per_device, instance_type, present, healthy, mix)
 
@@ -216,6 +217,13 @@ def kubegpu_scheduler_fragmentation(
     if not plan.status.ok or not plan.placements:
         return None
     return _turned_away(s, plan) * TURNED_AWAY_WEIGHT * s.mix.mean()
+
+
+@hookimpl
+def kubegpu_scheduler_fragmentation_epoch(shared: dict[str, object]) -> int | None:
+    """The version of the engine's learned mix of whole-device sizes: `fragmentation` and `score` move with it."""
+    mix = shared.get(MIX_KEY)
+    return mix.version if isinstance(mix, SizeMix) else None
 
 
 @hookimpl

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kubegpu.core.kit import (
     TURNED_AWAY_WEIGHT,
     SizeMix,
+    WholeDeviceNodeState,
     WholeDevicePlugin,
     fragmentation_growth,
     label_devices,
@@ -105,6 +106,27 @@ def test_the_weights_of_a_long_history_stay_finite() -> None:
         mix.add(1 + i % 3)
     assert sum(p for _, p in mix.mix()) == pytest.approx(1.0)
     assert all(0 < p < 1 for _, p in mix.mix())
+
+
+def test_the_published_mix_follows_the_learned_one_within_its_drift() -> None:
+    """With a drift, the mix the measure reads is republished only once the learned one has moved that far (total
+    variation distance): the first container publishes at once, a settled mix stays put for a while, a new workload
+    is followed."""
+    mix = SizeMix(memory=1e12, drift=0.05)
+    mix.add(2)
+    assert (mix.version, mix.mix()) == (1, ((2, 1.0),))
+    for _ in range(99):
+        mix.add(2)
+    mix.add(4)  # 1 in 101: the learned mix moved by 0.01
+    assert mix.version == 1 and mix.mix() == ((2, 1.0),)
+    for _ in range(10):
+        mix.add(4)
+    assert mix.version == 2
+    assert dict(mix.mix()) == pytest.approx({2: 100 / 111, 4: 11 / 111}, abs=0.05)
+    exact = SizeMix(memory=1e12)
+    for size in (2, 2, 4):
+        exact.add(size)
+    assert exact.version == 3  # no drift: every container publishes
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -227,6 +249,46 @@ def test_each_engine_learns_its_own_mix() -> None:
     learn(pairs, CARD, [2] * 10)
     learn(wholes, CARD, [8] * 10)
     for engine in (pairs, wholes):
+        busy, empty = (engine.nodes[name].states["cards"] for name in ("busy", "empty"))
+        assert isinstance(busy, WholeDeviceNodeState) and isinstance(empty, WholeDeviceNodeState)
+        assert busy.mix is empty.mix  # the nodes of one engine learn one mix
         assert schedule(engine, "holder", CARD, 6, node="busy") == "busy"
     assert schedule(pairs, "single", CARD, 1) == "empty"
     assert schedule(wholes, "single", CARD, 1) == "busy"
+
+
+def test_a_node_nothing_changed_on_is_measured_again_once_the_mix_moves_on() -> None:
+    """The kit's plugins too: while 8-card pods come, a single card goes beside the 6-card holder and keeps the empty
+    node whole; once pairs are most of what comes (placed on a third node, so the first two are as they were), it
+    goes to the empty node, where it turns no pair away."""
+    engine = cards_engine()
+    engine.add_node(node_info(node_document("pairs", {f"{CARD}.count": "2"}, {CARD: "2"})))
+    learn(engine, CARD, [8] * 10)
+    assert schedule(engine, "holder", CARD, 6, node="busy") == "busy"
+    single = pod_request(pod_document("single", CARD, 1))[0]
+    assert engine.decide(single).node == "busy"
+    for i in range(40):
+        assert schedule(engine, f"pair-{i}", CARD, 2, node="pairs") == "pairs"
+        assert engine.release(f"team/pair-{i}") is not None
+    assert schedule(engine, "kept", CARD, 2, node="pairs") == "pairs"  # the third node full
+    assert engine.decide(single).node == "empty"
+
+
+def test_neuron_measures_a_node_nothing_changed_on_again_once_the_mix_moves_on() -> None:
+    """The engine remembers a node's scores until the node changes or its plugins' mix moves on
+    (`kubegpu_scheduler_fragmentation_epoch`). While 16-device pods come, a single device takes the ring's gap and
+    keeps the torus whole; once pairs are most of what comes (placed on a third node, so the ring and the torus are
+    as they were), the same single goes to the torus: on the ring it would leave no pair of neighbours."""
+    engine = neuron_engine()
+    labels = {"node.kubernetes.io/instance-type": "inf2.48xlarge"}
+    engine.add_node(node_info(node_document("inf2-pairs", labels, {neuron.NEURON: "12"})))
+    learn(engine, neuron.NEURON, [16, 1] * 6)
+    assert schedule(engine, "holder", neuron.NEURON, 4, node="inf2-small") == "inf2-small"
+    single = pod_request(pod_document("single", neuron.NEURON, 1))[0]
+    assert engine.decide(single).node == "inf2-small"
+    for i in range(30):
+        assert schedule(engine, f"pair-{i}", neuron.NEURON, 2, node="inf2-pairs") == "inf2-pairs"
+        assert engine.release(f"team/pair-{i}") is not None
+    for i in range(6):  # the third node full: the single has the ring and the torus to choose from
+        assert schedule(engine, f"kept-{i}", neuron.NEURON, 2, node="inf2-pairs") == "inf2-pairs"
+    assert engine.decide(single).node == "trn1-big"
