@@ -36,7 +36,7 @@ Owned (`kubegpu_device_owned`; the CRI shim removes these from every container n
 `NVIDIA_VISIBLE_DEVICES` (the NVIDIA container runtime hands a container the GPUs it names, `all` included), the GPU
 device nodes `/dev/nvidiaN`, mounts under `/var/run/nvidia-container-devices` (the runtime's volume-mount form of the
 same list), CDI names of kind `nvidia.com/gpu`, and the GPU share limits with what would lift them (`limits.py`:
-`CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_MEMORY_LIMIT*`, `CUDA_MPS_*`, HAMi-core's switches, the `/etc/ld.so.preload`,
+`CUDA_DEVICE_SM_LIMIT*`, `CUDA_DEVICE_MEMORY_LIMIT*`, `CUDA_MPS_*`, HAMi-core's switches, the `/etc/ld.so.preload`,
 `/usr/local/vgpu`, `/tmp/vgpulock` and MPS pipe and log mounts; a share container gets the allocation's values back).
 Not owned: `CUDA_VISIBLE_DEVICES` (it only narrows, inside the container, the GPUs the container already has; a
 user's value in a GPU container is legitimate), the control devices and `NVIDIA_DRIVER_CAPABILITIES` (neither gives

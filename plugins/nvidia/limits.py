@@ -27,8 +27,10 @@ reserved (`gpucores` 0, or absent) sets no compute limit.
 
 The plugin owns every variable and mount named here (`device.OWNED`): the shim removes them from every container
 before the plugin writes the allocation's values, so a tenant cannot raise its limit from the pod spec. It also owns
-the knobs that would switch HAMi-core's limits off (`CUDA_DISABLE_CONTROL`, `GPU_CORE_UTILIZATION_POLICY`,
-`CUDA_OVERSUBSCRIBE`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`) and every `CUDA_MPS_*` variable.
+the knobs that would switch HAMi-core's limits off or turn them against the GPU's other tenants
+(`CUDA_DISABLE_CONTROL`, `GPU_CORE_UTILIZATION_POLICY`, `CUDA_OVERSUBSCRIBE`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`,
+`CUDA_TASK_PRIORITY`, `ACTIVE_OOM_KILLER`), every `CUDA_DEVICE_SM_LIMIT*` and `CUDA_DEVICE_MEMORY_LIMIT*` (HAMi-core
+reads the per-GPU `_<i>` names first) and every `CUDA_MPS_*` variable.
 """
 
 from __future__ import annotations
@@ -83,13 +85,16 @@ MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 
 OWNED_ENVS = (
-    SM_LIMIT,
     "CUDA_DEVICE_MEMORY_SHARED_CACHE",
     "CUDA_OVERSUBSCRIBE",
     "CUDA_DISABLE_CONTROL",
     "GPU_CORE_UTILIZATION_POLICY",
+    "CUDA_TASK_PRIORITY",  # 0 makes HAMi-core hang the GPU's other tasks (priority 1) while this one runs
+    "ACTIVE_OOM_KILLER",
 )
-OWNED_ENV_PREFIXES = (MEMORY_LIMIT, "CUDA_MPS_")
+# HAMi-core reads `CUDA_DEVICE_SM_LIMIT_<i>` and `CUDA_DEVICE_MEMORY_LIMIT_<i>` before the bare names, so a tenant's
+# `CUDA_DEVICE_SM_LIMIT_0=100` would undo the share's compute limit: both are owned by prefix.
+OWNED_ENV_PREFIXES = (MEMORY_LIMIT, SM_LIMIT, "CUDA_MPS_")
 OWNED_MOUNTS = (
     r"/etc/ld\.so\.preload",
     r"/usr/local/vgpu(/.*)?",

@@ -184,6 +184,9 @@ def test_a_share_the_node_cannot_hold_is_refused_saying_why(
         pytest.param(("env", "CUDA_DEVICE_SM_LIMIT"), True, id="sm-limit"),
         pytest.param(("env", "CUDA_DEVICE_MEMORY_LIMIT_0"), True, id="memory-limit-0"),
         pytest.param(("env", "CUDA_DEVICE_MEMORY_LIMIT"), True, id="memory-limit"),
+        pytest.param(("env", "CUDA_DEVICE_SM_LIMIT_0"), True, id="sm-limit-0"),
+        pytest.param(("env", "CUDA_TASK_PRIORITY"), True, id="hami-priority"),
+        pytest.param(("env", "ACTIVE_OOM_KILLER"), True, id="hami-oom-killer"),
         pytest.param(("env", "CUDA_DISABLE_CONTROL"), True, id="hami-off-switch"),
         pytest.param(("env", "GPU_CORE_UTILIZATION_POLICY"), True, id="hami-core-policy"),
         pytest.param(("env", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), True, id="mps-threads"),
@@ -236,6 +239,8 @@ def test_a_tenant_cannot_raise_its_limit_from_the_pod_spec(
     editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=tmp_path)
     raised = {
         "CUDA_DEVICE_SM_LIMIT": "100",
+        "CUDA_DEVICE_SM_LIMIT_0": "100",  # HAMi-core's per-GPU compute limit wins over CUDA_DEVICE_SM_LIMIT
+        "CUDA_TASK_PRIORITY": "0",  # HAMi-core hangs the GPU's other (priority 1) tasks while this one runs
         "CUDA_DEVICE_MEMORY_LIMIT_0": "81920m",
         "CUDA_DEVICE_MEMORY_LIMIT": "81920m",
         "CUDA_DISABLE_CONTROL": "true",
