@@ -149,10 +149,15 @@ def compile_selector(expression: str) -> Any:
     """The compiled program of a CEL selector (compiled once per expression); raises `SelectorError`."""
     try:
         tree = _ENVIRONMENT.compile(expression)
+        _check_cost(tree)
+        return _ENVIRONMENT.program(tree, functions=CEL_FUNCTIONS)
     except CELParseError as exc:
         raise SelectorError(f"compilation failed: {' '.join(str(exc).split())[:200]}") from None
-    _check_cost(tree)
-    return _ENVIRONMENT.program(tree, functions=CEL_FUNCTIONS)
+    except RecursionError:
+        # cel-python's parser and tree walks recurse once per level: 300 parentheses, 3000 `!` or a chain of
+        # 3000 `+` (all under the API server's 10 KiB) go past Python's stack limit. cel-go refuses such
+        # expressions too (its parser's recursion limit).
+        raise SelectorError("the expression is nested deeper than kubegpu's CEL parser takes") from None
 
 
 def _activation(device: Device) -> dict[str, Any]:

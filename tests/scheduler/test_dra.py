@@ -151,6 +151,9 @@ def test_a_failing_expression_refuses_with_its_error_naming_the_claim_request_an
     [
         pytest.param("[1, 2].all(x, [3, 4].exists(y, y > x))", "a comprehension inside another", id="nested"),
         pytest.param(" || ".join(["true"] * 1001), "more than 1000 tokens", id="too-many-tokens"),
+        pytest.param("(" * 2000 + "true" + ")" * 2000, "nested deeper than kubegpu", id="parentheses-2000-deep"),
+        pytest.param("!" * 5000 + "true", "nested deeper than kubegpu", id="negations-5000-deep"),
+        pytest.param("-" * 3000 + "1 == 1", "nested deeper than kubegpu", id="minus-3000-deep"),
         pytest.param("device.driver ==", "compilation failed", id="does-not-compile"),
         pytest.param("device.driver", "must evaluate to bool", id="not-a-bool"),
     ],
