@@ -53,7 +53,7 @@ class ScoringTerm:
 class PodIndex:
     """Placed pods by namespace and labels, and their inter-pod terms by distinct term (module docstring)."""
 
-    __slots__ = ("_by_key", "_by_label", "_by_namespace", "_held", "anti", "node", "pods", "scoring")
+    __slots__ = ("_by_key", "_by_label", "_by_namespace", "_held", "anti", "node", "pods", "scoring", "version")
 
     def __init__(self) -> None:
         self.pods: dict[str, PodRequest] = {}
@@ -65,6 +65,7 @@ class PodIndex:
         self.anti: dict[PodAffinityTerm, dict[str, int]] = {}
         self.scoring: dict[ScoringTerm, dict[str, int]] = {}
         self._held: dict[str, tuple[tuple[PodAffinityTerm, ...], tuple[ScoringTerm, ...]]] = {}
+        self.version = 0  # moves with every add and discard: a memo of what `selected` answers is keyed by it
 
     def __len__(self) -> int:
         return len(self.pods)
@@ -76,6 +77,7 @@ class PodIndex:
         """Index a pod placed on `node` (again: a pod indexed before under `key` is replaced)."""
         if key in self.pods:
             self.discard(key)
+        self.version += 1
         self.pods[key] = pod
         self.node[key] = node
         namespace = pod.namespace
@@ -102,6 +104,7 @@ class PodIndex:
         pod = self.pods.pop(key, None)
         if pod is None:
             return
+        self.version += 1
         del self.node[key]
         namespace = pod.namespace
         _drop(self._by_namespace, namespace, key)

@@ -52,12 +52,19 @@ class Permitting(Preempting):
 
     def gang_holders(self, group: PodGroup) -> list[str]:
         """The pods of the gang that hold resources (reserved, waiting at Permit, or bound), in placement order."""
+        version = self._placed.version
+        known = self._gang_holders.get(group.key)
+        if known is not None and known[0] == version:
+            return list(known[1])
         found: dict[str, None] = {}
         for label in (POD_GROUP_LABEL, KUEUE_GROUP_LABEL):
             selector = LabelSelector((Requirement(label, "In", (group.name,)),))
             for key in self._placed.selected((group.namespace,), selector):
                 if gang_key(self.pods[key].request) == group.key:
                     found[key] = None
+        if len(self._gang_holders) >= 4096:
+            self._gang_holders.clear()
+        self._gang_holders[group.key] = (version, tuple(found))
         return list(found)
 
     # -- Permit --------------------------------------------------------------------------------------------------
@@ -77,7 +84,7 @@ class Permitting(Preempting):
         released: list[str] = []
         for name, verdict in verdicts:
             if verdict.code is PermitCode.REJECT:
-                self.waiting.pop(pod.key, None)
+                self._unwait(pod.key)
                 self.unreserve(pod, node)
                 reason = safe_text(f"{name}: {verdict.reason or 'rejected'}")
                 return PermitAnswer(pod.key, PermitCode.REJECT, node, reason=reason)
@@ -88,16 +95,16 @@ class Permitting(Preempting):
             released.extend(verdict.release)
         if timeout is not None:
             reason = safe_text("; ".join(reasons))
-            self.waiting[pod.key] = Waiting(pod, node, now + timeout, reason)
+            self._wait(Waiting(pod, node, now + timeout, reason))
             return PermitAnswer(pod.key, PermitCode.WAIT, node, reason=reason, deadline=now + timeout)
-        self.waiting.pop(pod.key, None)
+        self._unwait(pod.key)
         approved = tuple(key for key in dict.fromkeys(released) if key != pod.key and self.allow(key) is not None)
         return PermitAnswer(pod.key, PermitCode.APPROVE, node, approved=approved)
 
     def allow(self, key: str) -> Waiting | None:
         """Let a pod waiting at Permit go (bind it): its entry, or None when it was not waiting or no longer holds
         the reservation it waited with."""
-        waiting = self.waiting.pop(key, None)
+        waiting = self._unwait(key)
         if waiting is None or not self._still_held(waiting):
             return None
         return waiting
@@ -105,7 +112,7 @@ class Permitting(Preempting):
     def reject_waiting(self, key: str) -> Waiting | None:
         """Refuse a pod waiting at Permit: its reservation is given back. Its entry, or None when it was not
         waiting. Idempotent."""
-        waiting = self.waiting.pop(key, None)
+        waiting = self._unwait(key)
         if waiting is None:
             return None
         self.unreserve(waiting.pod, waiting.node)
@@ -121,11 +128,30 @@ class Permitting(Preempting):
             if waiting is None:
                 continue
             gang = gang_key(waiting.pod)
-            keys = [key] if gang is None else [k for k, w in self.waiting.items() if gang_key(w.pod) == gang]
+            keys = [key] if gang is None else list(self._waiting_gangs.get(gang, ()))
             for each in keys:
                 if (gone := self.reject_waiting(each)) is not None:
                     expired.append(gone)
         return expired
+
+    def _wait(self, waiting: Waiting) -> None:
+        """Keep `waiting` (its pod's reservation held) in `waiting` and its gang's index."""
+        key = waiting.pod.key
+        self._unwait(key)
+        self.waiting[key] = waiting
+        self._waiting_gangs.setdefault(gang_key(waiting.pod), {})[key] = None
+
+    def _unwait(self, key: str) -> Waiting | None:
+        """Take the pod `key` out of `waiting` and its gang's index: its entry, None when it was not waiting."""
+        waiting = self.waiting.pop(key, None)
+        if waiting is not None:
+            gang = gang_key(waiting.pod)
+            keys = self._waiting_gangs.get(gang)
+            if keys is not None:
+                keys.pop(key, None)
+                if not keys:
+                    del self._waiting_gangs[gang]
+        return waiting
 
     def _still_held(self, waiting: Waiting) -> bool:
         held = self.pods.get(waiting.pod.key)
@@ -140,14 +166,16 @@ class Permitting(Preempting):
             return Verdict(PermitCode.REJECT, str(exc))
         if group is None:
             return Verdict(PermitCode.APPROVE)
-        for key, waiting in list(self.waiting.items()):
-            if not self._still_held(waiting):
-                del self.waiting[key]
         holders = self.gang_holders(group)
         if len(holders) >= group.min_member:
-            mine = tuple(key for key, w in self.waiting.items() if gang_key(w.pod) == group.key)
-            return Verdict(PermitCode.APPROVE, release=mine)
-        other = next((gang_key(w.pod) for w in self.waiting.values() if gang_key(w.pod) != group.key), None)
+            return Verdict(PermitCode.APPROVE, release=tuple(self._waiting_gangs.get(group.key, ())))
+        # Another gang's members that no longer hold their reservations do not count; this gang's own waiting
+        # members are not looked at (a gang of thousands would cost a pass over them per member).
+        for gang in [g for g in self._waiting_gangs if g is not None and g != group.key]:
+            for key in list(self._waiting_gangs[gang]):
+                if not self._still_held(self.waiting[key]):
+                    self._unwait(key)
+        other = next((g for g in self._waiting_gangs if g is not None and g != group.key), None)
         if other is not None:
             return Verdict(
                 PermitCode.REJECT,

@@ -148,6 +148,9 @@ class EngineState:
         # reservations held (an entry whose pod no longer holds that reservation is dropped when next read).
         self._permits = tuple(permits)
         self.waiting: dict[str, Waiting] = {}
+        # The same keys by their gang (`gang_key`, None for a pod of no gang): Coscheduling asks "is another gang
+        # partly held?" per member without a pass over every waiting pod (`Permitting._wait`, `_unwait`).
+        self._waiting_gangs: dict[str | None, dict[str, None]] = {}
         # The PodGroups a front-end reports (`set_pod_group`), by `namespace/name`; a Kueue group needs none.
         self.pod_groups: dict[str, PodGroup] = {}
         # The topology levels, widest first, without the hostname (None: the known labels, `podgroups.KNOWN_LEVELS`).
@@ -216,6 +219,10 @@ class EngineState:
         # that resource). Kept current from the change log like `_tallies`, nodes holding a nominee asked again each
         # time; none for a pod with inter-pod rules or claims. Past 256, dropped all at once.
         self._skipped: dict[tuple[int, int, str], ClassTally] = {}
+        # gang (`namespace/name`) -> (the placed pods' index version, `gang_holders`' answer): Permit asks it for
+        # every member of a gang, and a gang of thousands is placed at once. Stale when the index version moved
+        # (any pod placed or released). Past 4096 gangs, dropped all at once.
+        self._gang_holders: dict[str, tuple[int, tuple[str, ...]]] = {}
         # (`Plan.local` is what kube-scheduler's node filters and the node-local scores read of a pod without devices,
         # else, or when a rule a third party added applies to it, the pod's whole signature.)
         # Per node (`NodeRecord`): `last_check` and `last_raw`, id(Plan.local) -> (node version, Plan.local, answer),
@@ -245,6 +252,7 @@ class EngineState:
         self._cluster = None
         self._tallies.clear()
         self._skipped.clear()
+        self._gang_holders.clear()
         self._owners.forget_memos()
         self.dra.forget_memos()
         for record in self.nodes.values():
