@@ -181,7 +181,11 @@ class Binder:
             "kind": "Event",
             # Named as kube-scheduler names them: the API server validates an events.k8s.io/v1 Event's whole
             # metadata as a DNS subdomain, which a `generateName` ending in "." is not (refused live on 1.20.2).
-            "metadata": {"name": f"{involved['name'][:236]}.{time.time_ns():x}", "namespace": involved["namespace"]},
+            # A long name is cut to leave room for the time, and never where a '-' or '.' would end a label.
+            "metadata": {
+                "name": f"{involved['name'][:236].rstrip('-.')}.{time.time_ns():x}",
+                "namespace": involved["namespace"],
+            },
             "eventTime": now_rfc3339(micro=True),
             "reportingController": controller,
             "reportingInstance": f"{controller}-{_HOST}"[:128],

@@ -202,11 +202,13 @@ EVENTS_V1_FIELDS = {
 }  # fmt: skip
 
 
-def written(events_api: str, message: str, component: str = "kubegpu-scheduler") -> tuple[str, Any]:
+def written(
+    events_api: str, message: str, component: str = "kubegpu-scheduler", pod: PodRequest = POD
+) -> tuple[str, Any]:
     posts = Posts()
     binder = Binder(posts, Metrics(), component=component)  # type: ignore[arg-type]
     binder.events_api = events_api
-    asyncio.run(binder.post_event(POD, "FailedScheduling", message))
+    asyncio.run(binder.post_event(pod, "FailedScheduling", message))
     (posted,) = posts.posted
     return posted
 
@@ -235,6 +237,23 @@ def test_an_events_k8s_io_v1_event_is_written_as_kube_scheduler_writes_it() -> N
     assert name.startswith("trainer.") and re.fullmatch(
         r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", name
     )
+
+
+DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+
+
+@pytest.mark.parametrize("cut_at", ["-", "."], ids=["dash", "dot"])
+def test_an_event_on_a_pod_of_a_long_name_is_named_as_the_api_server_takes_it(cut_at: str) -> None:
+    # A valid 250-character pod name whose 236th character is '-' or '.': the Event's name was its first 236
+    # characters and ".<time>", "…a-.18f…" or "…a..18f…", which the API server refuses (422): the pod's owner never
+    # saw why it waits.
+    name = "a" * 235 + cut_at + "b" * 14
+    assert re.fullmatch(DNS_SUBDOMAIN, name) and len(name) <= 253
+    pod = PodRequest(namespace="team", name=name, uid="uid-2", containers=())
+    _, body = written("events.k8s.io/v1", "fits nowhere", pod=pod)
+    event_name = body["metadata"]["name"]
+    assert len(event_name) <= 253 and re.fullmatch(DNS_SUBDOMAIN, event_name), event_name
+    assert body["regarding"]["name"] == name
 
 
 def test_a_long_note_is_cut_to_the_1024_bytes_the_api_server_takes_and_a_bad_controller_name_replaced() -> None:
