@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kubegpu.core.errors import InputError, describe_validation_error
@@ -246,6 +247,19 @@ class _Opaque(_Model):
     parameters: Any
 
     _driver = field_validator("driver")(_driver)
+
+    @field_validator("parameters")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        """Upstream's `OpaqueParametersMaxLength`: every allocation of the claim carries a copy of the parameters
+        (in its status, in each pod's `simulate` event), so their size is bounded where they are read."""
+        try:
+            size = len(orjson.dumps(value))
+        except (TypeError, orjson.JSONEncodeError):
+            raise ValueError("must be JSON (an object, list, string, number or boolean)") from None
+        if size > MAX_OPAQUE_BYTES:
+            raise ValueError(f"at most {MAX_OPAQUE_BYTES} bytes of JSON (upstream's bound), not {size}")
+        return value
 
 
 class _ClassConfig(_Model):

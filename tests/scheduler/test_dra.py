@@ -401,6 +401,11 @@ def test_class_config_and_claim_config_are_written_with_their_source() -> None:
 # -- the decoders: upstream's bounds, errors naming the field ---------------------------------------------------------
 
 
+def _with_config(spec: dict[str, Any], opaque: dict[str, Any]) -> dict[str, Any]:
+    spec["devices"]["config"] = [{"opaque": {"driver": "a.example.com", **opaque}}]
+    return spec
+
+
 def _slice_with(**device: Any) -> dict[str, Any]:
     piece = neuron_slice("n1", 1)
     piece["spec"]["devices"][0].update(device)
@@ -445,6 +450,21 @@ def _slice_with(**device: Any) -> dict[str, Any]:
             device_class("c", "x" * (10 * 1024 + 1)),
             "DeviceClass.spec.selectors[0].cel.expression: String should have at most 10240",
             id="long-cel",
+        ),
+        pytest.param(
+            dra.device_class,
+            {
+                **device_class("c", "true"),
+                "spec": {"config": [{"opaque": {"driver": "a.example.com", "parameters": {"x": "y" * 10240}}}]},
+            },
+            "DeviceClass.spec.config[0].opaque.parameters: at most 10240 bytes of JSON (upstream's bound), not 10248",
+            id="large-class-parameters",
+        ),
+        pytest.param(
+            dra.resource_claim_template,
+            template("t", _with_config(claim_spec(exactly("d", "x")), {"parameters": ["y" * 2000] * 6})),
+            "spec.spec.devices.config[0].opaque.parameters: at most 10240 bytes of JSON",
+            id="large-claim-parameters",
         ),
         pytest.param(
             dra.resource_claim,
