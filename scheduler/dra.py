@@ -70,6 +70,7 @@ IN_USE = "resourceclaim in use"
 MAX_CEL_TOKENS = 1000
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 MAX_REMEMBERED = 1 << 16
+_NO_HOLDERS: dict[tuple[str, str], None] = {}
 SHARED_FREE = 1 << 40  # a node's free devices when slices are shared between nodes: not counted, never the reason
 NEURON_DRIVER = "neuron.kubegpu.io"
 NVIDIA_DRIVER = "nvidia.kubegpu.io"
@@ -379,7 +380,10 @@ class DraBook:
         self._node_slices: dict[str, dict[str, Slice]] = {}  # node ("*": shared) -> its slices by name
         self._local: dict[str, list[Visible]] = {}  # node -> the node-local devices it sees (newest generations)
         self._shared: list[Slice] = []  # slices of all nodes or of a node selector
-        self.in_use: dict[tuple[str, str, str], tuple[str, str]] = {}  # device -> the claim allocated it
+        self.in_use: dict[tuple[str, str, str], tuple[str, str]] = {}  # device -> a claim allocated it
+        # device -> every claim whose allocation names it, oldest first: two schedulers racing may allocate one
+        # device to two claims, and it stays in use until the last of them lets it go.
+        self._holders: dict[tuple[str, str, str], dict[tuple[str, str], None]] = {}
         # Bumped when a class, template or claim changes other than by this engine's own Reserve of a pod's claim
         # made from a template (which changes only the node's devices in use, and so its version).
         self.epoch = 0
@@ -520,13 +524,22 @@ class DraBook:
     def _take(self, claim: Claim) -> set[str]:
         held = [d for d, admin in claim.allocated_devices() if not admin]
         for device in held:
-            self.in_use[device] = claim.key
+            holders = self._holders.setdefault(device, {})
+            holders[claim.key] = None
+            self.in_use[device] = next(iter(holders))
         return self._touched(held)
 
     def _free(self, claim: Claim) -> set[str]:
-        held = [d for d, admin in claim.allocated_devices() if not admin and self.in_use.get(d) == claim.key]
+        held = [
+            d for d, admin in claim.allocated_devices() if not admin and claim.key in self._holders.get(d, _NO_HOLDERS)
+        ]
         for device in held:
-            del self.in_use[device]
+            holders = self._holders[device]
+            del holders[claim.key]
+            if holders:
+                self.in_use[device] = next(iter(holders))
+            else:
+                del self._holders[device], self.in_use[device]
         return self._touched(held)
 
     def _touched(self, devices: list[tuple[str, str, str]]) -> set[str]:

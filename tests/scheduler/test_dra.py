@@ -616,3 +616,33 @@ def test_the_engine_answers_alike_with_and_without_its_memos(story: list[tuple[s
             for engine in engines:
                 engine.release(pod.key)
             live.discard(number)
+
+
+def test_a_device_another_scheduler_allocated_beside_this_ones_stays_held_until_both_claims_let_go() -> None:
+    # Two schedulers racing on one device: kubegpu's pod holds neuron-0 by its claim, and another scheduler (which
+    # did not see it yet) allocated neuron-0 to a second claim. The book kept one claim per device: the other's
+    # allocation overwrote kubegpu's, and its deletion freed neuron-0 while kubegpu's pod still held it, so a third
+    # pod was given it too.
+    from kubegpu.core.manifests import node_info, pod_request
+    from kubegpu.core.plugin_manager import make_plugin_manager
+    from kubegpu.scheduler.engine import Engine
+
+    engine = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False))
+    engine.add_node(node_info(node_manifest("n1")))
+    engine.set_device_class("neuron", dra.device_class(NEURON_CLASS))
+    piece = dra.resource_slice(neuron_slice("n1", 1))
+    engine.set_resource_slice(piece.name, piece)
+    spec = claim_spec(exactly("d", "neuron"))
+    engine.set_resource_claim_template("default", "t", dra.resource_claim_template(template("t", spec)))
+    first = engine.schedule(pod_request(claim_pod("first", templates={"dev": "t"}))[0])
+    assert first.scheduled and devices({"claims": first.claims}) == ["neuron-0"]
+
+    results = [{"request": "d", "driver": NEURON, "pool": "n1", "device": "neuron-0"}]
+    racing = dra.resource_claim(claim("racing", spec, allocation={"devices": {"results": results}}))
+    engine.set_resource_claim("default", "racing", racing)
+    engine.set_resource_claim("default", "racing", None)  # the other scheduler's pod is gone
+
+    third = engine.schedule(pod_request(claim_pod("third", templates={"dev": "t"}))[0])
+    assert not third.scheduled, "neuron-0 is still held by the first pod's claim"
+    engine.release("default/first")
+    assert engine.schedule(pod_request(claim_pod("third", templates={"dev": "t"}))[0]).scheduled
