@@ -27,8 +27,8 @@ is the mean allocated share of the pods whose arrived share rounds to each whole
 value at 100 %.
 
 A trace is someone else's file: reading one is bounded (`MAX_TRACE_BYTES`, `MAX_ROWS`, `MAX_FIELD_CHARS`, integers
-below `MAX_VALUE`) and a bad row stops the run before anything is scheduled, with a `TraceError` naming the file,
-the line and the column.
+below `MAX_VALUE`, at most `MAX_NODES` nodes with `MAX_GPUS` GPUs in all) and a bad row stops the run before
+anything is scheduled, with a `TraceError` naming the file, the line and the column.
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ MAX_TRACE_BYTES = 64 * 1024 * 1024
 MAX_ROWS = 1_000_000
 MAX_FIELD_CHARS = 253  # a Kubernetes object name's limit; no field of the format needs more
 MAX_VALUE = 10**15  # any count, millicore, MiB or second of a real trace is far below
+# Nodes and GPUs a node list may build: each node row costs the engine about 1.7 KB, and 270 KB with 1024 GPUs, so
+# the file and row bounds alone let 15 MB ask for hundreds of GB. Ten times the nodes Kubernetes supports in a
+# cluster, sixteen times the GPUs of openb's whole trace.
+MAX_NODES = 50_000
+MAX_GPUS = 100_000
 MAX_INFLATE = 10.0
 MAX_ARRIVALS = 5_000_000  # pods an experiment may replay, copies included
 SPLIT = 10  # shares per GPU a node offers (HAMi's default `deviceSplitCount`)
@@ -182,7 +187,10 @@ def read_nodes(path: Path) -> list[TraceNode]:
     """The node list: one `TraceNode` per row, names unique."""
     nodes: list[TraceNode] = []
     seen: dict[str, str] = {}
+    gpus = 0
     for line, row in _rows(path, NODE_COLUMNS):
+        if len(nodes) >= MAX_NODES:
+            raise TraceError(f"{line}: more than {MAX_NODES} nodes")
         name = _name(line, row, "sn")
         if name in seen:
             raise TraceError(f"{line}: sn: node '{shorten(name)}' is listed twice (first at {seen[name]})")
@@ -190,15 +198,13 @@ def read_nodes(path: Path) -> list[TraceNode]:
         model = row["model"]
         if not model.isprintable():
             raise TraceError(f"{line}: model: '{shorten(model, 40)}' has control characters")
-        nodes.append(
-            TraceNode(
-                name,
-                _int(line, row, "cpu_milli"),
-                _int(line, row, "memory_mib"),
-                _int(line, row, "gpu", high=1024),
-                model,
-            )
+        node = TraceNode(
+            name, _int(line, row, "cpu_milli"), _int(line, row, "memory_mib"), _int(line, row, "gpu", high=1024), model
         )
+        gpus += node.gpus
+        if gpus > MAX_GPUS:
+            raise TraceError(f"{line}: gpu: the trace's nodes have more than {MAX_GPUS} GPUs")
+        nodes.append(node)
     if not nodes:
         raise TraceError(f"{path}: no node rows")
     return nodes

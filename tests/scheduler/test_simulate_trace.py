@@ -206,6 +206,24 @@ def test_a_trace_past_the_bounds_is_refused_before_it_is_read_whole(
 
 
 @pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        (["n{i},1000,1024,1024,A10"] * 98, "nodes.csv:99: gpu: the trace's nodes have more than 100000 GPUs"),
+        (["n{i},1000,1024,0,"] * 50_000 + ["last,32000,131072,2,V100M16"], "nodes.csv:50002: more than 50000 nodes"),
+    ],
+    ids=["gpus", "nodes"],
+)
+def test_a_node_list_that_would_build_more_than_a_cluster_is_refused_at_the_row_that_crosses(
+    rows: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each node row costs the engine 1.7 KB, and 270 KB with 1024 GPUs: a 15 MB node list of 1,000,000 rows of
+    # 1024 GPUs asked for 270 GB and minutes before the first pod, under the 64 MiB and 1,000,000-row bounds.
+    nodes, pods = write_trace(tmp_path, [row.format(i=i) for i, row in enumerate(rows)], [pod_row("p", 1, 500)])
+    code, out, err = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods))
+    assert code == 2 and out == "" and expected in err, err
+
+
+@pytest.mark.parametrize(
     ("argv", "expected"),
     [
         (["--trace-nodes", "{nodes}"], "a trace is two files"),
