@@ -18,12 +18,12 @@ FIXTURES = Path(__file__).parent.parent / "fixtures" / "discovery"
 TOO_BIG = {"cpu": "1000"}  # no node has a thousand CPUs: the pod fits nowhere and gets a FailedScheduling Event
 
 
-def unschedulable_pod(cluster: Cluster, namespace: str, scheduler: str) -> None:
+def unschedulable_pod(cluster: Cluster, namespace: str, scheduler: str, name: str = "too-big") -> None:
     container = {"name": "main", "image": "busybox", "resources": {"requests": TOO_BIG}}
     body = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "too-big", "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {"schedulerName": scheduler, "containers": [container]},
     }
     cluster.client.post(f"/api/v1/namespaces/{namespace}/pods", body)
@@ -70,6 +70,20 @@ def test_events_are_written_as_events_k8s_io_v1_and_readyz_shows_the_server(
     # The same Event through core/v1, where `kubegpu top` and `kubectl describe` read it.
     (legacy, *_) = failed_scheduling(cluster, f"/api/v1/namespaces/{namespace}/events")
     assert legacy["involvedObject"]["name"] == "too-big" and legacy["message"] == event["note"]
+
+
+def test_a_pod_of_a_long_name_gets_its_events_k8s_io_v1_event(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    # A valid 250-character name whose 236th character is '-': the Event, named after the first 236 characters and
+    # ".<time>", was refused by the server (not a DNS subdomain), so the pod's owner never saw why it waits.
+    name = "a" * 235 + "-" + "b" * 14
+    cluster.create_ready_node("small-2", allocatable={"cpu": "4"})
+    start_scheduler("kubegpu-long-names")
+    unschedulable_pod(cluster, namespace, "kubegpu-long-names", name)
+    path = f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"
+    (event, *_) = wait_for(lambda: failed_scheduling(cluster, path), 30, "a FailedScheduling event")
+    assert event["regarding"]["name"] == name and "Insufficient cpu" in event["note"]
 
 
 def test_a_server_with_events_k8s_io_turned_off_gets_core_v1_events(start_scheduler: Any, tmp_path: Path) -> None:
