@@ -68,6 +68,10 @@ CANNOT_ALLOCATE = "cannot allocate all claims"
 NOT_AVAILABLE = "resourceclaim not available on the node"
 IN_USE = "resourceclaim in use"
 MAX_CEL_TOKENS = 1000
+# Tries (an alternative of a request, a group of devices for it) the depth-first search of one claim on one node may
+# make: requests times firstAvailable alternatives times constraint values multiply (8^31 for a tenant's 32 requests
+# of 8 alternatives), and upstream bounds the same search by time (DRASchedulerFilterTimeout, 10 s a pod).
+MAX_SEARCH_STEPS = 2000
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 MAX_REMEMBERED = 1 << 16
 _NO_HOLDERS: dict[tuple[str, str], None] = {}
@@ -351,6 +355,10 @@ TOPOLOGY_RULES: dict[str, Callable[[Sequence[Device], int], list[Device] | None]
 
 
 # -- the book ---------------------------------------------------------------------------------------------------------
+
+
+class _SearchBound(Exception):
+    """The claim's search on this node made `MAX_SEARCH_STEPS` tries."""
 
 
 class Refusal(Exception):
@@ -647,7 +655,18 @@ class DraBook:
         spec = demand.spec
         where = f"claim {demand.key[0]}/{demand.key[1]}"
         chosen: list[tuple[str, Visible, bool]] = []
-        if not self._solve(spec, spec.requests, 0, visible, taken, chosen, {}, where):
+        steps = [MAX_SEARCH_STEPS]
+        try:
+            solved = self._solve(spec, spec.requests, 0, visible, taken, chosen, {}, where, steps)
+        except _SearchBound:  # (`taken` is the refused pod's own: the caller drops it)
+            raise Refusal(
+                Status.unschedulable(
+                    f"{CANNOT_ALLOCATE}: {where}: more than {MAX_SEARCH_STEPS} tries to place its requests on a node "
+                    "(kubegpu's bound on the search: fewer requests, firstAvailable alternatives or constraint values "
+                    "make it cheaper)"
+                )
+            ) from None
+        if not solved:
             raise Refusal(Status.unschedulable(CANNOT_ALLOCATE))
         config: list[dict[str, Any]] = []
         used_classes: list[str] = []
@@ -682,13 +701,18 @@ class DraBook:
         chosen: list[tuple[str, Visible, bool]],
         bound: dict[tuple[str, str], object],
         where: str,
+        steps: list[int],
     ) -> bool:
         """Depth first over the requests: each alternative of a request, each value its unbound constraints may
-        take; True with `chosen` filled (and `taken` grown) when every request is satisfied."""
+        take; True with `chosen` filled (and `taken` grown) when every request is satisfied. `steps`: the tries left
+        (`MAX_SEARCH_STEPS`); raises `_SearchBound` past them."""
         if index == len(requests):
             return True
         request = requests[index]
         for choice in request.alternatives or (request,):
+            steps[0] -= 1
+            if steps[0] < 0:
+                raise _SearchBound
             constraints = [c for c in spec.constraints if _applies(c, choice.name, request.name)]
             candidates = self._candidates(choice, visible, taken, where)
             if candidates is None:
@@ -696,6 +720,9 @@ class DraBook:
             free = [v for v in candidates if v.device.id not in taken]
             attributes = [c.match_attribute for c in constraints]
             for values, group in _groups(free, attributes, bound):
+                steps[0] -= 1
+                if steps[0] < 0:
+                    raise _SearchBound
                 picked = self._pick(choice, group, candidates)
                 if picked is None:
                     continue
@@ -705,7 +732,7 @@ class DraBook:
                 if not choice.admin_access:
                     taken.update(ids)
                 chosen.extend((choice.name, v, choice.admin_access) for v in picked)
-                if self._solve(spec, requests, index + 1, visible, taken, chosen, bound, where):
+                if self._solve(spec, requests, index + 1, visible, taken, chosen, bound, where, steps):
                     return True
                 del chosen[len(chosen) - len(picked) :]
                 if not choice.admin_access:

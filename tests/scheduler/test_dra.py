@@ -646,3 +646,31 @@ def test_a_device_another_scheduler_allocated_beside_this_ones_stays_held_until_
     assert not third.scheduled, "neuron-0 is still held by the first pod's claim"
     engine.release("default/first")
     assert engine.schedule(pod_request(claim_pod("third", templates={"dev": "t"}))[0]).scheduled
+
+
+def test_a_claim_whose_alternatives_multiply_is_refused_within_a_bounded_search() -> None:
+    # Seven requests of eight firstAvailable alternatives each, and a last request no node can meet: the depth-first
+    # search tried every combination of the others before giving up on each node, 8^7 of them (40 s of CPU; one
+    # request more, eight times that): a tenant's template stalled the scheduler.
+    from time import process_time
+
+    requests = [
+        {"name": f"r{i}", "firstAvailable": [{"name": f"a{j}", "deviceClassName": "neuron"} for j in range(8)]}
+        for i in range(7)
+    ]
+    spec = claim_spec(*requests, exactly("last", "neuron", 32))
+    started = process_time()
+    events = run(
+        node_manifest("n1"),
+        NEURON_CLASS,
+        neuron_slice("n1", 16),
+        template("t", spec),
+        claim_pod("p", templates={"dev": "t"}),
+        template("small", claim_spec(exactly("d", "neuron", 2))),
+        claim_pod("q", templates={"dev": "small"}),
+    )
+    elapsed = process_time() - started
+    assert events[0]["event"] == "unschedulable"
+    assert "claim default/p-dev: more than 2000 tries" in events[0]["reason"], events[0]["reason"]
+    assert elapsed < 5, f"{elapsed:.1f} s of CPU"
+    assert events[1]["event"] == "scheduled"  # the next pod's claim is allocated as ever
