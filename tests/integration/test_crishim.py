@@ -236,8 +236,10 @@ def test_two_shares_of_one_gpu_each_run_with_the_gpu_and_their_own_limits(
             # the tenant asks for the whole GPU's compute and memory in the spec, and to switch HAMi-core off
             greedy = {
                 "CUDA_DEVICE_SM_LIMIT": "100",
+                "CUDA_DEVICE_SM_LIMIT_0": "100",  # HAMi-core reads the per-GPU limit first
                 "CUDA_DEVICE_MEMORY_LIMIT_0": "16384m",
                 "CUDA_DISABLE_CONTROL": "1",
+                "CUDA_TASK_PRIORITY": "0",  # would hang the other share's kernels while this one's run
             }
             container_id = kubelet.create(sandbox_id, container_config("main", envs=greedy), sandbox)
             kubelet.start(container_id)
