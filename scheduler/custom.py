@@ -349,6 +349,8 @@ class CustomScheduler:
                 if counts.members == counts.scheduled:  # none left to place: a domain held for it is let go
                     self.engine.unnominate_gang(gang)
                     self._gang_victims.pop(gang, None)
+                if not counts.members:  # its last member is gone: what was remembered of it goes too
+                    self.groups.forget(gang)
 
     def _bind_decided(self, entry: Entry, decision: Decision) -> None:
         self.queue.binding_started(entry)

@@ -441,3 +441,20 @@ def test_the_extender_refuses_every_node_to_a_gang_that_fits_in_no_rack() -> Non
     answer = filtered(extender, pods[0])
     assert answer["NodeNames"] == []
     assert "gang ml/big: 3 members need 8 nvidia.com/gpu each" in answer["FailedNodes"]["r2-n1"]
+
+
+def test_what_the_scheduler_remembers_of_a_gang_goes_with_its_last_member(service: CustomScheduler) -> None:
+    # Every gang tried left its scheduleStartTime (and last status) behind for the scheduler's lifetime: a tenant
+    # whose jobs come and go, each a gang of its own name, grew the scheduler's memory without bound.
+    for i in range(50):
+        pod = member(f"job{i}-0", "", 1, **{"kueue.x-k8s.io/pod-group-name": f"job{i}"})
+        pod["metadata"].setdefault("annotations", {})["kueue.x-k8s.io/pod-group-total-count"] = "1"
+        service.mirror.on_pods("ADDED", pod)
+        cycle(service)
+        assert f"job{i}-0" in writer(service).bindings()
+        report_bound(service, pod)
+        cycle(service)
+        service.mirror.on_pods("DELETED", pod)
+        cycle(service)
+    remembered = {name: len(table) for name, table in vars(service.groups).items() if isinstance(table, dict)}
+    assert remembered == dict.fromkeys(remembered, 0), remembered
