@@ -94,7 +94,7 @@ def placements(percentage: int, policy: str, mode: traces.Mode, seed: int) -> li
 def test_a_replay_places_every_pod_where_the_uncached_computation_does(
     percentage: int, policy: str, mode: traces.Mode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for seed in (1, 2):
+    for seed in (1,):
         fast = placements(percentage, policy, mode, seed)
         with monkeypatch.context() as patched:
             without_memos(patched)
