@@ -99,6 +99,7 @@ UNLISTED = frozenset(SHARE_RESOURCES)
 POLICY_ENV = "KUBEGPU_NVIDIA_SHARE_POLICY"
 POLICIES = ("fgd", "bestfit")
 WORKLOAD_KEY = "workload"  # in the engine's `shared` dict: the mix of pods its states took (`Workload`)
+BOOK_KEY = "placements"  # in the engine's `shared` dict: the placements its states share (`PlacementBook`)
 
 MODEL_ANNOTATION = "nvidia-gpu-scheduler/gpu.model"
 MEMORY_ANNOTATION = "kubegpu.io/gpu-memory"
@@ -151,6 +152,64 @@ class NvidiaPlacement:
     score: float
 
 
+_MISSING = object()
+
+
+class PlacementBook:
+    """The placements (`place`) and fit answers (`kubegpu_scheduler_fit`) the nvidia states of one engine share:
+    nodes whose GPUs are alike in all that `place` and the fit read of them (`NvidiaNodeState.content`) get the same
+    answers for the same ask, so a cycle that scores every node places a pod once per distinct GPU state, not once
+    per node.
+
+    Key: (the state's content number, the ask), the ask by identity (the engine hands the same prepared ask to every
+    node in a cycle) and else by equality. Valid for one version of one mix (`Workload`: the fgd policy ranks GPUs
+    against it): dropped all at once when the mix or its version differs from the one the entries were made under,
+    or past `LIMIT` answers. Content numbers are never reused (`serial`), so a state's remembered number stays its
+    content's even after `contents` is dropped (past `LIMIT`)."""
+
+    LIMIT = 1 << 16
+
+    __slots__ = ("answers", "contents", "serial", "size", "stamp")
+
+    def __init__(self) -> None:
+        self.contents: dict[tuple[object, ...], int] = {}
+        # (what: "place" or "fit", id(ask)) -> (ask, {content number: the answer})
+        self.answers: dict[tuple[str, int], tuple[NvidiaPodState, dict[int, object]]] = {}
+        self.serial = 0
+        self.stamp: tuple[int, int] = (0, -1)  # (id of the mix, its version) the answers were made under
+        self.size = 0
+
+    def number(self, content: tuple[object, ...]) -> int:
+        known = self.contents.get(content)
+        if known is None:
+            if len(self.contents) >= self.LIMIT:
+                self.contents.clear()
+            self.serial += 1
+            known = self.contents[content] = self.serial
+        return known
+
+    def get(self, what: str, workload: Workload, number: int, ask: NvidiaPodState) -> object:
+        """The answer remembered, or `_MISSING`."""
+        if self.stamp != (id(workload), workload.version):
+            return _MISSING
+        entry = self.answers.get((what, id(ask)))
+        if entry is None or not (entry[0] is ask or entry[0] == ask):
+            return _MISSING
+        return entry[1].get(number, _MISSING)
+
+    def put(self, what: str, workload: Workload, number: int, ask: NvidiaPodState, answer: object) -> None:
+        stamp = (id(workload), workload.version)
+        if self.stamp != stamp or self.size >= self.LIMIT:
+            self.answers.clear()
+            self.stamp, self.size = stamp, 0
+        key = (what, id(ask))
+        entry = self.answers.get(key)
+        if entry is None or entry[0] is not ask:
+            entry = self.answers[key] = (ask, {})
+        entry[1][number] = answer
+        self.size += 1
+
+
 class NvidiaNodeState(SharedDeviceNodeState):
     """One node's GPUs on the plugin kit's books (`kubegpu.core.kit.SharedDeviceNodeState`): GPU i (in id order) is
     bit i of the masks, `holders[i]` holds it whole; shares take compute (percent) and memory (MiB, or percent where
@@ -190,6 +249,8 @@ class NvidiaNodeState(SharedDeviceNodeState):
         self._free: tuple[int, tuple[int, ...]] | None = None
         self._eligible: dict[tuple[str | None, str | None], tuple[int, str | None]] = {}
         self._plan: tuple[tuple[int, int], NvidiaPodState, NvidiaPlacement | None] | None = None
+        self.book = PlacementBook()  # shared with the engine's other states (`kubegpu_scheduler_build_node`)
+        self._content: tuple[tuple[int, str], int] | None = None  # ((version, policy), content number)
 
     def eligible(self, ask: NvidiaPodState) -> tuple[int, str | None]:
         """(healthy GPUs of the asked model and memory, the unresolvable reason when the node has none)."""
@@ -207,10 +268,49 @@ class NvidiaNodeState(SharedDeviceNodeState):
         cached = self._plan
         if cached is not None and cached[0] == stamp and cached[1] == ask:
             return cached[2]
-        mask, reason = self.eligible(ask)
-        result = None if reason else place(self, mask, ask)
-        self._plan = (stamp, ask, result)
-        return result
+        book, workload = self.book, self.workload
+        number = self.content()
+        result = book.get("place", workload, number, ask)
+        if result is _MISSING:
+            mask, reason = self.eligible(ask)
+            result = None if reason else place(self, mask, ask)
+            book.put("place", workload, number, ask, result)
+        self._plan = (stamp, ask, result)  # type: ignore[assignment]  # not _MISSING: computed above
+        return result  # type: ignore[return-value]
+
+    def scoring_content(self) -> tuple[object, ...]:
+        """What the engine's local scores read of this state (`Scoring.scoring_content`): `content`, which covers
+        the placement, `free_millis` and the headroom's utilization, and the MIG books where there are some (the
+        state itself: such nodes are scored alone)."""
+        return (self.content(), self.mig if self.mig is not None else None)
+
+    def content(self) -> int:
+        """The number of what `place` (and `eligible`) read of this state, in its `book`: equal numbers, equal
+        placements for equal asks under one mix version. Remembered per state version and policy. A change to
+        `place` that reads more of the state must add it here (tests/plugins/test_nvidia_placement_book.py)."""
+        stamp = (self.version, self.policy)
+        cached = self._content
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        content = (
+            self.ids,  # the fit's reasons name GPUs
+            self.model_keys,
+            self.memories,
+            self.memory_cap,
+            self.memory_known,
+            self.healthy,
+            self.free,
+            tuple(holder is None for holder in self.holders),
+            tuple(self.tasks),
+            tuple(self.cores_used),
+            tuple(self.memory_used),
+            self.split,
+            self.policy,
+            self.tree,
+        )
+        number = self.book.number(content)
+        self._content = (stamp, number)
+        return number
 
     def free_millis(self) -> tuple[int, ...]:
         """`free_milli` of every GPU, remembered per state version."""
@@ -264,6 +364,11 @@ def kubegpu_scheduler_build_node(node: NodeInfo, shared: dict[str, object] | Non
         state.mig = books
     if state is not None and isinstance(workload, Workload):
         state.workload = workload
+    if state is not None and shared is not None:
+        book = shared.get(BOOK_KEY)
+        if not isinstance(book, PlacementBook):
+            book = shared[BOOK_KEY] = PlacementBook()
+        state.book = book
     if state is not None and settings.share_policy:
         state.policy = settings.share_policy
     return state
@@ -307,6 +412,18 @@ def kubegpu_scheduler_prepare(pod: PodRequest) -> NvidiaPodState:
 def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: NvidiaPodState) -> Status:
     s = _own(state)
     ask = prepared
+    if ask.mig or ask.error:  # MIG books are not in the state's content
+        return fit_answer(s, ask)
+    number = s.content()
+    answer = s.book.get("fit", s.workload, number, ask)
+    if answer is _MISSING:
+        answer = fit_answer(s, ask)
+        s.book.put("fit", s.workload, number, ask, answer)
+    return answer  # type: ignore[return-value]  # a Status put above
+
+
+def fit_answer(s: NvidiaNodeState, ask: NvidiaPodState) -> Status:
+    """`kubegpu_scheduler_fit` computed (the hook shares the answers of nodes alike: `PlacementBook`)."""
     if ask.error:
         return Status.unresolvable(ask.error, plugin=NAME)
     if ask.mig:

@@ -35,7 +35,10 @@ DRA_INDEX = "resource.k8s.io/devices"  # a node's DRA devices no claim holds (`D
 NAME_LABELS = frozenset({"kubernetes.io/hostname"})
 # Pod shapes whose filter answers and node-local scores a node remembers; past it the shape asked about longest ago
 # goes. Device pods' shapes include their labels (a plugin may read them), so each Deployment's replicas are a shape.
-CHECKS_REMEMBERED = 32
+# A GPU cluster's trace has a few hundred (the openb trace: 151 of cpu, memory and GPU asks); at 32 a replay that
+# scored every node asked each node afresh for most pods (shapes came back after 32 others had pushed them out),
+# at 256 it runs 1.6x faster with the same placements (`benchmarks/sharing_bench.py`).
+CHECKS_REMEMBERED = 256
 FRAGMENTATION_HOOK = "kubegpu_scheduler_fragmentation"
 FRAGMENTATION_EPOCH_HOOK = "kubegpu_scheduler_fragmentation_epoch"
 UNKNOWN_FREE = 1 << 62  # the headroom of a plugin that failed on a node: unknown, so never the reason to skip it

@@ -13,6 +13,7 @@ import pytest
 from kubegpu.core.plugin_manager import KubegpuPluginManager, make_plugin_manager
 from kubegpu.core.testing import make_node, make_pod
 from kubegpu.scheduler.engine import CHECKS_REMEMBERED, Engine
+from kubegpu.scheduler.engine.records import make_room
 
 from . import toy_plugin as toy
 
@@ -34,7 +35,7 @@ def counting_engine(monkeypatch: pytest.MonkeyPatch) -> tuple[Engine, Counter[st
     return engine, calls
 
 
-@pytest.mark.parametrize("shapes", [2, 13, CHECKS_REMEMBERED])
+@pytest.mark.parametrize("shapes", [2, 13, 32])  # 32 shapes fill no node in two rounds
 def test_interleaved_deployments_are_judged_once_per_node_and_shape(
     monkeypatch: pytest.MonkeyPatch, shapes: int
 ) -> None:
@@ -53,3 +54,17 @@ def test_interleaved_deployments_are_judged_once_per_node_and_shape(
     # nodes a pod; a node that forgot the shape would be asked again).
     assert calls["kubegpu_scheduler_fit"] == shapes
     assert calls["kubegpu_scheduler_score"] == shapes
+
+
+def test_a_node_remembers_its_last_checks_remembered_shapes() -> None:
+    # A trace of a GPU cluster has a few hundred shapes (the openb trace 151): a node keeps the answers of the last
+    # CHECKS_REMEMBERED shapes asked, the one asked longest ago going first.
+    assert CHECKS_REMEMBERED >= 151
+    memo: dict[int, int] = {}
+    for slot in range(CHECKS_REMEMBERED + 1):
+        make_room(memo, slot)
+        memo[slot] = slot
+        make_room(memo, 0)  # shape 0 asked again each time: it stays
+        memo[0] = 0
+    assert len(memo) == CHECKS_REMEMBERED
+    assert 0 in memo and 1 not in memo and CHECKS_REMEMBERED in memo
