@@ -240,17 +240,22 @@ class Binder:
     # -- preemption ----------------------------------------------------------------------------------------------
 
     async def evict(self, pod: PodRequest, node: str, victims: Sequence[PodRequest]) -> None:
-        """Set the preemptor's `status.nominatedNodeName`, then give each victim a `Preempted` Event and delete it
-        gracefully (guarded by its UID)."""
+        """Delete the victims gracefully (guarded by their UIDs), all at once, then give each a `Preempted` Event and
+        set the preemptor's `status.nominatedNodeName` (kube-scheduler's order: the deletions are what the preemptor
+        waits for, and every write waits its turn behind the other pods' writes, so none queues behind another)."""
+        await asyncio.gather(*(self._delete(victim) for victim in victims))
+        message = f"Preempted by {pod.namespace}/{pod.name} on node {node}"
+        await asyncio.gather(
+            self._nominate(pod, node),
+            *(self.post_event(victim, "Preempted", message, kind="Normal") for victim in victims),
+        )
+
+    async def _nominate(self, pod: PodRequest, node: str) -> None:
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
         try:
             await self.writer.patch(path, {"status": {"nominatedNodeName": node}})
         except ApiError as exc:
             _not_written("set nominatedNodeName", exc, pod.key)
-        for victim in victims:
-            message = f"Preempted by {pod.namespace}/{pod.name} on node {node}"
-            await self.post_event(victim, "Preempted", message, kind="Normal")
-            await self._delete(victim)
 
     async def evict_for(self, preemptor: str, where: str, victims: Sequence[PodRequest]) -> None:
         """A gang's preemption: each victim gets a `Preempted` Event naming the gang and the domain, and is deleted

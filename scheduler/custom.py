@@ -14,10 +14,10 @@ its own queue (`queue.py`, after kube-scheduler's). One thread owns the engine a
    and the pod condition `PodScheduled=False/Unschedulable`; the pod waits until the cluster changes in a way that
    can help it instead of being retried in a loop;
 5. when nothing fits and the pod may preempt, the engine's device-aware preemption (`Engine.preempt`) names a node and
-   the pods of lower priority to evict there, with PodDisruptionBudgets from their own informer: the pod's
-   `status.nominatedNodeName` is set, the node is held for it (`Engine.nominate`), each victim gets a `Preempted`
-   Event and is deleted gracefully, and the pod binds once they are gone. While its victims terminate it does not
-   preempt again;
+   the pods of lower priority to evict there, with PodDisruptionBudgets from their own informer: the node is held
+   for it (`Engine.nominate`), the victims are deleted gracefully, all at once, then each gets a `Preempted` Event and
+   the pod's `status.nominatedNodeName` is set, and the pod binds once they are gone. While its victims terminate it
+   does not preempt again, nor is it reported unschedulable again;
 6. a member of a gang (a PodGroup's label, or Kueue's pod-group labels; docs/gangs.md) is tried with every pending
    member of its gang at once (`Engine.place_gang`): either every one of them gets a place in the domain the gang
    asks for and passes Permit, and all are bound, or none holds anything and each is told why. A gang with fewer
@@ -182,10 +182,12 @@ class CustomScheduler:
     def _refused(self, entry: Entry, message: str, node: str | None = None, *, waiting: bool = False) -> None:
         log.info("unschedulable", extra={"pod": entry.key, "node": node, "reason": message})
         if waiting:
+            # Its Event and condition already say it fits nowhere, its nominated node where it waits: written again
+            # for each try while the victims leave, the reports would queue the victims' deletions behind them.
             self.queue.wait_for_victims(entry)
         else:
             self.queue.park(entry)
-        if message != entry.message:
+        if message != entry.message and not (waiting and entry.message is not None):
             entry.message = message
             self.binder.submit(self.binder.report_unschedulable(entry.request, message))
 

@@ -7,6 +7,7 @@ and a recording writer stands in for the API server. The clock is the queue's `t
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from collections.abc import Callable
@@ -123,6 +124,61 @@ def test_a_pod_waiting_for_its_victims_to_leave_keeps_its_first_backoff(service:
         clock.now = entry.ready_at
     assert service.engine.nominated == {"default/big": "n1"}
     assert waits == [1.0, 1.0, 1.0, 1.0]
+
+
+class OverlapWriter(RecordingWriter):
+    """A recording writer whose every request yields to the event loop once, counting the requests in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = 0
+        self.most_in_flight: dict[str, int] = {}
+
+    async def request(self, method: str, path: str, body: Any = None, content_type: str = "") -> Any:
+        self.in_flight += 1
+        self.most_in_flight[method] = max(self.most_in_flight.get(method, 0), self.in_flight)
+        await asyncio.sleep(0)
+        self.in_flight -= 1
+        return await super().request(method, path, body, content_type)
+
+
+def test_a_preemption_deletes_its_victims_at_once_before_its_other_writes(
+    service: CustomScheduler, clock: Clock
+) -> None:
+    """The victims' deletions are what the preemptor waits for: they are sent first and together, not one after
+    another behind the Events and the nominated node (each write waits its turn behind every other pod's writes, so
+    seven writes in a row kept victims on a busy cluster for seconds)."""
+    writer = OverlapWriter()
+    service.binder.writer = writer  # type: ignore[assignment]
+    for name in ("low-a", "low-b"):
+        service.mirror.on_pods("ADDED", bound(name, "n1", cpu="1"))
+    service.mirror.on_pods("ADDED", pod("big", cpu="2", priority=10))
+    run_once(service)
+    first_other = next(i for i, (method, _, _) in enumerate(writer.writes) if method != "DELETE")
+    assert [method for method, _, _ in writer.writes[:first_other]] == ["DELETE", "DELETE"]
+    assert writer.most_in_flight["DELETE"] == 2
+    assert len(writer.events("Preempted")) == 2
+    assert service.engine.nominated == {"default/big": "n1"}
+
+
+def test_a_pod_waiting_for_its_victims_is_not_reported_again(service: CustomScheduler, clock: Clock) -> None:
+    """While its victims leave, a preempting pod tried again (another change woke it) fits nowhere yet: its
+    `FailedScheduling` Event and condition already say so, and its nominated node where it waits. Writing them again
+    for each such try put the victims' own deletions behind thousands of reports on a busy cluster."""
+    service.mirror.on_pods("ADDED", bound("low", "n1", cpu="2"))
+    service.mirror.on_pods("ADDED", pod("big", cpu="2", priority=10))
+    run_once(service)
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+    assert len(writer.events("FailedScheduling")) == 1
+    service.mirror.on_nodes("ADDED", node_manifest("n2", cpu="1"))  # wakes it; changes its message's count
+    assert waiting(service) == {"default/big": "backoff"}
+    clock.now += 1.0
+    run_once(service)  # tried again: still nowhere to go while "low" is leaving
+    assert waiting(service) == {"default/big": "unschedulable"}
+    assert service.engine.nominated == {"default/big": "n1"}
+    assert len(writer.events("FailedScheduling")) == 1
+    conditions = [path for _, path, body in writer.writes if path.endswith("/status") and "conditions" in str(body)]
+    assert len(conditions) == 1
 
 
 def test_the_configured_backoff_is_used(service: CustomScheduler, clock: Clock) -> None:
