@@ -163,8 +163,11 @@ class CustomScheduler:
             self.metrics.attempts.labels("unschedulable").inc()
             self._refused(entry, f"the pod's resource claims cannot be allocated: {problem}")
             return
+        # A pod whose nominated node still has victims terminating waits for them instead of preempting again, and
+        # is not reported again (`_refused`): its cycle need not explain a refusal nobody reads.
+        awaits_victims = self.engine.awaits_victims(entry.key, self.mirror.evicting)
         started = time.perf_counter()
-        decision = self.engine.schedule(entry.request)
+        decision = self.engine.schedule(entry.request, explain=not awaits_victims)
         self.metrics.latency.observe(time.perf_counter() - started)
         if decision.scheduled:
             self.metrics.attempts.labels("scheduled").inc()
@@ -173,8 +176,7 @@ class CustomScheduler:
         result = "error" if decision.code.name == "ERROR" else "unschedulable"
         self.metrics.attempts.labels(result).inc()
         message = decision.reason or "no node fits"
-        # A pod whose nominated node still has victims terminating waits for them instead of preempting again.
-        waiting = result == "unschedulable" and self.engine.awaits_victims(entry.key, self.mirror.evicting)
+        waiting = result == "unschedulable" and awaits_victims
         if result == "unschedulable" and not waiting:
             self._preempt(entry)
         self._refused(entry, message, decision.node, waiting=waiting)

@@ -31,10 +31,11 @@ from kubegpu.scheduler.index import CapacityIndex
 class Cycle(Reserving):
     """One pod's scheduling cycle, from its plan to a reserved node."""
 
-    def schedule(self, pod: PodRequest) -> Decision:
+    def schedule(self, pod: PodRequest, *, explain: bool = True) -> Decision:
         """Run one full cycle for a pod (`decide`) and, when a node fits, reserve its devices there (`reserve`, without
-        filtering the node again)."""
-        chosen = self._decide(pod)
+        filtering the node again). `explain` false: a refusal's reason counts only the nodes filtered, not those the
+        capacity index passed over (for a front-end that will not show it: a pod waiting for its victims to leave)."""
+        chosen = self._decide(pod, explain=explain)
         if isinstance(chosen, Decision):
             return chosen
         record, plan = chosen
@@ -46,7 +47,7 @@ class Cycle(Reserving):
         chosen = self._decide(pod)
         return chosen if isinstance(chosen, Decision) else Decision(pod.key, True, node=chosen[0].name)
 
-    def _decide(self, pod: PodRequest) -> Decision | tuple[NodeRecord, Plan]:
+    def _decide(self, pod: PodRequest, *, explain: bool = True) -> Decision | tuple[NodeRecord, Plan]:
         """`decide`'s cycle: the chosen node with the pod's plan, or the refusal."""
         if pod.key in self.pods:
             return Decision(
@@ -107,7 +108,7 @@ class Cycle(Reserving):
             if len(feasible) >= sample:
                 break
         if not feasible:
-            if evaluated < len(nodes):
+            if explain and evaluated < len(nodes):
                 self._explain_skipped(pod, plan, visited, refusals, resource)
             return self._refused(refusals, pod, plan, len(nodes))
         best = feasible[0] if len(feasible) == 1 else self._rank(feasible, pod, plan)

@@ -85,10 +85,10 @@ def test_a_pod_whose_cycle_raises_costs_only_itself(service: CustomScheduler, mo
     writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
     original = service.engine.schedule
 
-    def exploding(request: Any) -> Any:
+    def exploding(request: Any, **options: Any) -> Any:
         if request.name == "cursed":
             raise RuntimeError("boom")
-        return original(request)
+        return original(request, **options)
 
     monkeypatch.setattr(service.engine, "schedule", exploding)
     service.mirror.on_pods("SYNC", [pod("cursed"), pod("fine")])
