@@ -18,6 +18,7 @@ import logging
 import ssl
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -27,7 +28,7 @@ import aiohttp
 import orjson
 import urllib3
 
-__all__ = ["ApiError", "AsyncKubeClient", "Fenced", "Informer", "KubeClient", "RateLimiter"]
+__all__ = ["ApiError", "AsyncKubeClient", "Connections", "Fenced", "Informer", "KubeClient", "RateLimiter"]
 
 T = TypeVar("T")
 
@@ -36,6 +37,7 @@ log = logging.getLogger("kubegpu.kube")
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+REPORT_TURN = 4  # a report waiting for a connection gets at least one in this many handed out
 
 
 class ApiError(Exception):
@@ -271,6 +273,52 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+def is_report(method: str, path: str) -> bool:
+    """Whether a write only tells what happened (an Event, a status patch such as a condition or a nominated node),
+    rather than moving a pod (a Binding, a deletion): kube-scheduler writes its Events on a client of their own."""
+    return (method == "POST" and path.endswith("/events")) or (method == "PATCH" and path.endswith("/status"))
+
+
+class Connections:
+    """The client's connections, handed to the requests waiting for one in two lines: the writes that move pods
+    first, the reports (`is_report`) after them, yet one in every `REPORT_TURN` to a waiting report, so that none
+    waits for ever. First come, first served within each line. Behind a burst of reports (a thousand pods that fit
+    nowhere) a victim's deletion or a Binding no longer waits for all of them."""
+
+    def __init__(self, count: int) -> None:
+        self.free = count
+        self._lines: tuple[deque[asyncio.Future[None]], deque[asyncio.Future[None]]] = (deque(), deque())
+        self._handed = 0
+
+    def locked(self) -> bool:
+        return self.free <= 0
+
+    async def acquire(self, report: bool = False) -> None:
+        if self.free > 0:
+            self.free -= 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._lines[report].append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed over just as its waiter gave up: it goes to the next one
+            raise
+
+    def release(self) -> None:
+        moving, reports = self._lines
+        while moving or reports:
+            self._handed += 1
+            turn = self._handed % REPORT_TURN == 0
+            line = reports if reports and (turn or not moving) else moving
+            waiter = line.popleft()
+            if not waiter.done():  # else it gave up waiting (cancelled)
+                waiter.set_result(None)
+                return
+        self.free += 1
+
+
 class AsyncKubeClient:
     """The hot write path (annotation patches and Bindings): aiohttp on its own event-loop thread.
 
@@ -282,8 +330,8 @@ class AsyncKubeClient:
     elector moves on with every renewal): every request but a GET reads it after it has waited for its rate-limiter
     token and for a free connection, the last waits before it is written to a socket, and is refused with `Fenced`
     if the fence has run out. A backlog of writes therefore drains into refusals, never into the API server, once the
-    replica stops leading. The connections are counted by a semaphore of the connector's size, so that aiohttp itself
-    never queues a request after the check.
+    replica stops leading. The connections are counted (`Connections`, of the connector's size), so that aiohttp itself
+    never queues a request after the check, and a report waiting for one lets the writes that move pods go first.
     """
 
     def __init__(
@@ -297,7 +345,7 @@ class AsyncKubeClient:
         self.credentials = credentials
         self.limiter = limiter
         self.fence = fence
-        self.slots: asyncio.Semaphore
+        self.slots: Connections
         self.loop = new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="kube-async", daemon=True)
         self.thread.start()
@@ -317,7 +365,7 @@ class AsyncKubeClient:
         headers = {"Accept": JSON, "User-Agent": "kubegpu"}
         if self.credentials.authorization:
             headers["Authorization"] = self.credentials.authorization
-        self.slots = asyncio.Semaphore(connections)
+        self.slots = Connections(connections)
         connector = aiohttp.TCPConnector(limit=connections, ssl=context)
         return aiohttp.ClientSession(connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=30))
 
@@ -375,12 +423,13 @@ class AsyncKubeClient:
     async def _take_slot(self, method: str, path: str, fence: Callable[[], float] | None) -> None:
         """One of the connections, waiting no longer than the fence allows (`Fenced` once it has run out; a fence
         moved on while waiting is waited for again)."""
+        report = is_report(method, path)
         if fence is None or not self.slots.locked():
-            await self.slots.acquire()
+            await self.slots.acquire(report)
             return
         while (left := fence()) > 0:
             try:
-                await asyncio.wait_for(self.slots.acquire(), left)
+                await asyncio.wait_for(self.slots.acquire(report), left)
                 return
             except (TimeoutError, asyncio.TimeoutError):
                 pass

@@ -206,3 +206,37 @@ def test_a_write_waiting_for_a_connection_is_sent_only_while_the_fence_holds() -
         for writer in writers:
             writer.close()
         api.close()
+
+
+def test_a_report_waiting_for_a_connection_lets_the_writes_that_move_pods_go_first() -> None:
+    """Events and status patches wait behind deletions and Bindings for a connection (a thousand pods that fit nowhere
+    kept every preemption's victims waiting behind their reports), yet get one turn in four: none waits for ever."""
+    api = LoopbackApi()
+    writer = api.writer(RateLimiter(0, 1), None, connections=1)
+    pods = "/api/v1/namespaces/ns/pods"
+    try:
+
+        async def queued_behind_a_slow_request() -> None:
+            slow = asyncio.ensure_future(writer.post("/slow", {}))
+            await asyncio.sleep(0.05)  # the only connection is busy from here on
+            reports = [writer.post("/apis/events.k8s.io/v1/namespaces/ns/events", {"n": n}) for n in range(2)]
+            reports.append(writer.patch(f"{pods}/preemptor/status", {"status": {}}))
+            moving = [writer.request("DELETE", f"{pods}/victim-{n}") for n in range(4)]
+            moving.append(writer.post(f"{pods}/preemptor/binding", {}))
+            await asyncio.gather(slow, *reports, *moving)
+
+        writer.submit(queued_behind_a_slow_request()).result(10)
+        assert api.seen == [
+            "POST /slow",
+            "DELETE /api/v1/namespaces/ns/pods/victim-0",
+            "DELETE /api/v1/namespaces/ns/pods/victim-1",
+            "DELETE /api/v1/namespaces/ns/pods/victim-2",
+            "POST /apis/events.k8s.io/v1/namespaces/ns/events",
+            "DELETE /api/v1/namespaces/ns/pods/victim-3",
+            "POST /api/v1/namespaces/ns/pods/preemptor/binding",
+            "POST /apis/events.k8s.io/v1/namespaces/ns/events",
+            "PATCH /api/v1/namespaces/ns/pods/preemptor/status",
+        ]
+    finally:
+        writer.close()
+        api.close()
