@@ -1,12 +1,15 @@
-"""Benchmark: the engine's cost per pod on scheduler_bench.py's affinity workload, checkouts side by side.
+"""Benchmark: the engine's cost per pod on one of scheduler_bench.py's workloads, checkouts side by side.
 
-No API server: the affinity workload's pods (benchmarks/scheduler_bench.py's `affinity_pod`: required anti-affinity
-per host, zone spread, preferred affinity to another app's zone) go through `Engine.schedule` directly on the same
-1,000 nodes over three zones, as `kubegpu scheduler` decides them. Each checkout given (`--tree`, a worktree with
-its own .venv; default this one) runs in its own process with its own code, in turn, `--rounds` times, and the
-median per-pod cost of each is printed, with its ratio to the first. Comparing a branch with main in one run:
+No API server: the workload's pods go through `Engine.schedule` directly on the same 1,000 trn1 nodes over three
+zones, as `kubegpu scheduler` decides them (with an allocation signing key, as it runs). `--workload` picks
+benchmarks/scheduler_bench.py's workload: `affinity` (the default; `affinity_pod`: required anti-affinity per host,
+zone spread, preferred affinity to another app's zone), `devices` (one Neuron device per pod) or `replicasets` (one
+device per pod, pod `i` a replica of ReplicaSet `i % 13`, the ReplicaSets told to the engine, so the profile's
+default spreading applies). Each checkout given (`--tree`, a worktree with its own .venv; default this one) runs in
+its own process with its own code, in turn, `--rounds` times, and the median per-pod cost of each is printed, with
+its ratio to the first. Comparing a branch with main in one run:
 
-    .venv/bin/python benchmarks/affinity_engine_bench.py --tree /path/to/main --tree . [--pods 3000] [--rounds 3]
+    .venv/bin/python benchmarks/affinity_engine_bench.py --tree /path/to/main --tree . [--workload devices]
 
 With `--profile`, one run of the first tree under cProfile prints the 25 costliest functions instead.
 """
@@ -26,20 +29,41 @@ HERE = Path(__file__).resolve()
 CHILD = r"""
 import cProfile, json, pstats, sys, time
 sys.path.insert(0, sys.argv[1])
-from scheduler_bench import HOSTNAME, TRN1, ZONE, affinity_pod
+from scheduler_bench import HOSTNAME, REPLICASETS, TRN1, ZONE, affinity_pod
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest
+from kubegpu.scheduler import objects
 from kubegpu.scheduler.engine import Engine
 
-nodes, pods, profile = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
-engine = Engine(make_plugin_manager("scheduler"))
+nodes, pods, profile, workload = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[6]
+engine = Engine(make_plugin_manager("scheduler"), signing_key=b"k" * 32)
 for i in range(nodes):
     name = f"trn1-{i:04d}"
     labels = {**TRN1, ZONE: f"zone-{i % 3}", HOSTNAME: name}
     engine.add_node(node_info(node_manifest(name, labels=labels, allocatable={"aws.amazon.com/neurondevice": 16},
                                             memory="768Gi", cpu="96")))
-requests = [pod_request(affinity_pod("bench", i, "kubegpu"))[0] for i in range(pods)]
+
+
+def device_pod(i, labels):
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"p{i:05d}", "namespace": "bench", "labels": labels},
+            "spec": {"schedulerName": "kubegpu", "containers": [
+                {"name": "main", "image": "busybox",
+                 "resources": {"limits": {"aws.amazon.com/neurondevice": "1"}}}]}}
+
+
+if workload == "affinity":
+    manifests = [affinity_pod("bench", i, "kubegpu") for i in range(pods)]
+elif workload == "devices":
+    manifests = [device_pod(i, {}) for i in range(pods)]
+else:
+    for k in range(REPLICASETS):
+        selector = {"matchLabels": {"app": f"rs-{k}"}}
+        engine.set_owner(*objects.owner("ReplicaSet", {"metadata": {"name": f"rs-{k}", "namespace": "bench"},
+                                                       "spec": {"selector": selector}}))
+    manifests = [device_pod(i, {"app": f"rs-{i % REPLICASETS}"}) for i in range(pods)]
+requests = [pod_request(manifest)[0] for manifest in manifests]
 profiler = cProfile.Profile() if profile else None
 started = time.perf_counter()
 if profiler:
@@ -47,16 +71,19 @@ if profiler:
 placed = sum(engine.schedule(request).scheduled for request in requests)
 if profiler:
     profiler.disable()
-    order = sys.argv[5] if len(sys.argv) > 5 else "tottime"
+    order = sys.argv[5]
     pstats.Stats(profiler, stream=sys.stderr).sort_stats(order).print_stats(40)
 print(json.dumps({"seconds": time.perf_counter() - started, "placed": placed}))
 """
 
 
-def run(tree: Path, nodes: int, pods: int, profile: bool = False) -> dict[str, float]:
+def run(
+    tree: Path, nodes: int, pods: int, workload: str, profile: bool = False, order: str = "cumulative"
+) -> dict[str, float]:
     python = tree / ".venv" / "bin" / "python"
+    argv = [str(HERE.parent), str(nodes), str(pods), "1" if profile else "0", order, workload]
     out = subprocess.run(
-        [str(python), "-c", CHILD, str(HERE.parent), str(nodes), str(pods), "1" if profile else "0", "cumulative"],
+        [str(python), "-c", CHILD, *argv],
         cwd=tree,
         check=True,
         capture_output=True,
@@ -74,20 +101,22 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workload", choices=("affinity", "devices", "replicasets"), default="affinity")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sort", default="cumulative", help="the profile's order (cumulative, tottime)")
     args = parser.parse_args()
     trees = [t.resolve() for t in (args.tree or [HERE.parents[1]])]
     if args.profile:
-        run(trees[0], args.nodes, args.pods, profile=True)
+        run(trees[0], args.nodes, args.pods, args.workload, profile=True, order=args.sort)
         return 0
     costs: dict[Path, list[float]] = {tree: [] for tree in trees}
     for round_ in range(args.rounds):
         for tree in trees[round_ % len(trees) :] + trees[: round_ % len(trees)]:
-            result = run(tree, args.nodes, args.pods)
+            result = run(tree, args.nodes, args.pods, args.workload)
             costs[tree].append(result["seconds"] / args.pods * 1e6)
             print(f"  round {round_ + 1}: {tree}: {costs[tree][-1]:7.1f} us/pod ({int(result['placed'])} placed)")
     first = statistics.median(costs[trees[0]])
-    print(f"\naffinity workload, {args.pods} pods on {args.nodes} nodes, engine only, median of {args.rounds}:")
+    print(f"\n{args.workload} workload, {args.pods} pods on {args.nodes} nodes, engine only, median of {args.rounds}:")
     for tree in trees:
         cost = statistics.median(costs[tree])
         print(f"  {tree!s:50} {cost:7.1f} us/pod  {cost / first:5.2f}x of the first")
