@@ -123,7 +123,13 @@ CEL_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "add": lambda a, b: Quantity(int(a) + int(b)),
     "sub": lambda a, b: Quantity(int(a) - int(b)),
 }
-_ENVIRONMENT = celpy.Environment()
+
+
+@lru_cache(maxsize=1)
+def _environment() -> celpy.Environment:
+    """The CEL environment, made at the first selector compiled: building its parser costs about half a second,
+    which every start of `kubegpu scheduler` paid at import, DRA in use or not."""
+    return celpy.Environment()
 
 
 def _check_cost(tree: Tree[Token]) -> None:
@@ -153,9 +159,9 @@ def _check_cost(tree: Tree[Token]) -> None:
 def compile_selector(expression: str) -> Any:
     """The compiled program of a CEL selector (compiled once per expression); raises `SelectorError`."""
     try:
-        tree = _ENVIRONMENT.compile(expression)
+        tree = _environment().compile(expression)
         _check_cost(tree)
-        return _ENVIRONMENT.program(tree, functions=CEL_FUNCTIONS)
+        return _environment().program(tree, functions=CEL_FUNCTIONS)
     except CELParseError as exc:
         raise SelectorError(f"compilation failed: {' '.join(str(exc).split())[:200]}") from None
     except RecursionError:
