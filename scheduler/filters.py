@@ -412,14 +412,19 @@ def own_matches(pod: PodRequest, constraints: Iterable[SpreadConstraint]) -> tup
     return tuple(1 if selector_matches(c.selector, pod.labels) else 0 for c in constraints)
 
 
-def spread_judge(state: SpreadState) -> Callable[[Mapping[str, str]], tuple[str, bool] | None]:
-    """`spread_fits` for one state, with each constraint's limit worked out once: the judge of every node a cycle
-    visits."""
-    # A node's domain may hold at most `maxSkew + minimum - own` matching pods before the pod lands there.
-    limits = tuple(
+def spread_limits(state: SpreadState) -> tuple[tuple[str, Mapping[str, int], int], ...]:
+    """Per constraint of the state, in order: its topology key, the matching pods per value, and how many a node's
+    domain may hold before the pod lands there (`maxSkew + minimum - own`): `spread_fits` refuses a node lacking
+    the key (`SPREAD_LABEL`, unresolvable) or whose value holds more (`SPREAD`). A value the counts lack holds none."""
+    return tuple(
         (c.topology_key, count, c.max_skew + minimum - own)
         for c, count, minimum, own in zip(state.constraints, state.counts, state.minimum, state.own, strict=True)
     )
+
+
+def spread_judge(state: SpreadState) -> Callable[[Mapping[str, str]], tuple[str, bool] | None]:
+    """`spread_fits` for one state, with each constraint's limit worked out once (`spread_limits`)."""
+    limits = spread_limits(state)
 
     def judge(labels: Mapping[str, str]) -> tuple[str, bool] | None:
         for key, count, limit in limits:

@@ -166,7 +166,8 @@ class Cycle(Reserving):
         is in every sample; a sample in capacity order would hold the first zones only. Nodes the capacity index
         rules out are passed over, and filtered for their reasons only when no node fits."""
         nodes, check, refuse = self.nodes, self.check, self._refuse
-        judge = self._cluster_state(pod, plan).judge if plan.volatile else None
+        cluster = self._cluster_state(pod, plan) if plan.volatile else None
+        judge, by_name = (cluster.judge, cluster.refused) if cluster is not None else (None, None)
         index, resource, need = self._selector(pod, plan)
         order = self._tree.order()
         least = index.least()
@@ -179,6 +180,9 @@ class Cycle(Reserving):
         passed: list[str] = []  # nodes the index ruled out
         refused: list[tuple[NodeRecord, Status]] = []  # counted only if no node fits
         settles = plan.settles
+        # The nodes known to pass the shape's node-local filters and device fit (`Passing`) are asked only their
+        # nominees and the cluster-wide judge; a dead node refuses device pods whatever it remembers.
+        passing = None if self._dead and plan.devices else self._passing_nodes(plan)
         processed = 0
         for processed, name in enumerate(chain(order[start:], order[:start]), 1):  # noqa: B007 (read after)
             if offers is not None and ((free := offers(name)) is None or free < need):
@@ -187,12 +191,26 @@ class Cycle(Reserving):
             record = nodes[name]
             if settled and record.klass in settled:
                 continue  # counted with its class if no node fits (`_refused`)
-            status = check(record, pod, plan, judge=judge)
-            if status.code is Code.SUCCESS:
-                feasible.append(name)
-                if len(feasible) >= sample:
-                    break
-                continue
+            if passing is not None and name in passing and not record.nominees:
+                if by_name is not None:
+                    judged = by_name.get(name)
+                else:
+                    judged = judge(name, record.info.labels) if judge is not None else None
+                if judged is None:
+                    feasible.append(name)
+                    if len(feasible) >= sample:
+                        break
+                    continue
+                status = judged
+            else:
+                status = check(record, pod, plan, judge=judge)
+                if passing is not None and self._passes_locally(record, plan):
+                    passing.add(name)
+                if status.code is Code.SUCCESS:
+                    feasible.append(name)
+                    if len(feasible) >= sample:
+                        break
+                    continue
             if settles and status.code is Code.UNRESOLVABLE:
                 refuse(refusals, record, pod, plan, status)  # settles the class: its other nodes are passed over
             else:

@@ -15,13 +15,14 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.status import Code, Status
-from kubegpu.scheduler.engine.framework import Judge
 from kubegpu.scheduler.engine.plan import Planning
 from kubegpu.scheduler.engine.records import (
     ClassTally,
     ClusterState,
     Decision,
     NodeRecord,
+    NodesByValue,
+    Passing,
     Plan,
     Refusals,
     Settled,
@@ -68,28 +69,59 @@ class Filtering(Planning):
 
     def _cluster_state(self, pod: PodRequest, plan: Plan) -> ClusterState:
         """The pod's PreFilter state for the enabled cluster-wide filters (`kubefilters.CLUSTER_FILTERS`),
-        remembered for the generation, as one judge of a node's labels: called for every node a cycle visits, so the
-        filters that cannot refuse any node are left out here once."""
+        remembered for the generation, as one judge of a node (by name and labels): called for every node a cycle
+        visits, so the filters that cannot refuse any node are left out here once. When every rule named the nodes it
+        refuses (`framework.Refused`), those are merged, the first rule's refusal of a node kept: a cycle looks a
+        node up there."""
         cached = self._cluster
         if cached is not None and cached.pod is pod and cached.plan is plan and cached.generation == self.generation:
             return cached
-        judges = [j for rule in self._cluster_filters if (j := rule.prefilter(self, pod, plan)) is not None]
-        judge: Judge | None
-        if not judges:
+        parts = [part for rule in self._cluster_filters if (part := rule.prefilter(self, pod, plan)) is not None]
+        judge: Callable[[str, Mapping[str, str]], Status | None] | None
+        refused: Mapping[str, Status] | None = None
+        if not parts:
             judge = None  # no rule can refuse a node: a cycle then asks no node's labels
-        elif len(judges) == 1:
-            judge = judges[0]
+        elif all(isinstance(part, Mapping) for part in parts):
+            merged: dict[str, Status] = {}
+            for part in reversed(parts):  # the first rule's refusal of a node is the one kept
+                if isinstance(part, Mapping):
+                    merged.update(part)
+            refused = merged
+
+            def judge(name: str, labels: Mapping[str, str]) -> Status | None:
+                return merged.get(name)
+
         else:
 
-            def judge(labels: Mapping[str, str]) -> Status | None:
-                for one in judges:
-                    status = one(labels)
+            def judge(name: str, labels: Mapping[str, str]) -> Status | None:
+                for part in parts:
+                    status = part.get(name) if isinstance(part, Mapping) else part(labels)
                     if status is not None:
                         return status
                 return None
 
-        self._cluster = state = ClusterState(pod, plan, self.generation, judge)
+        self._cluster = state = ClusterState(pod, plan, self.generation, judge, refused)
         return state
+
+    def nodes_by_value(self, key: str) -> NodesByValue:
+        """The nodes by their value of label `key`, and those without it (what a rule needs to name the nodes of the
+        topology domains it refuses), remembered until a node is added, changed or removed (`_node_epoch`)."""
+        known = self._by_value.get(key)
+        if known is not None and known[0] == self._node_epoch:
+            return known[1]
+        values: dict[str, list[str]] = {}
+        missing: list[str] = []
+        for name, record in self.nodes.items():
+            value = record.info.labels.get(key)
+            if value is None:
+                missing.append(name)
+            else:
+                values.setdefault(value, []).append(name)
+        found = NodesByValue({value: tuple(names) for value, names in values.items()}, tuple(missing))
+        if len(self._by_value) >= 64:
+            self._by_value.clear()
+        self._by_value[key] = (self._node_epoch, found)
+        return found
 
     @property
     def placed(self) -> PodIndex:
@@ -170,7 +202,7 @@ class Filtering(Planning):
         plan: Plan,
         *,
         placing: bool = True,
-        judge: Callable[[Mapping[str, str]], Status | None] | None = None,
+        judge: Callable[[str, Mapping[str, str]], Status | None] | None = None,
     ) -> Status:
         """The whole filter phase for one node: Kubernetes' own filters, then each plugin's device fit.
 
@@ -193,13 +225,43 @@ class Filtering(Planning):
             # `judge`: the cluster-wide filters' judge for this pod, when the caller took it for a pass over nodes.
             judging = judge or self._cluster_state(pod, plan).judge
             if judging is not None:
-                status = judging(record.info.labels)
+                status = judging(record.name, record.info.labels)
         if status is None:
             status = remembered[3]
             if status is None:
                 status = self._device_fit(record, pod, plan)
                 memo[id(plan.local)] = (remembered[0], remembered[1], None, status)
         return status
+
+    def _passing_nodes(self, plan: Plan) -> set[str]:
+        """The nodes known to pass the shape's node-local filters and device fit now (`Passing`): a cycle asks such
+        a node only its nominees and the cluster-wide filters, without `check`'s memo lookups."""
+        key, generation = id(plan.local), self.generation
+        known = self._passing.get(key)
+        if known is not None and known.local is plan.local:
+            if known.generation != generation:
+                changed = self.changed_since(known.generation)
+                if changed is None:
+                    known.nodes.clear()
+                else:
+                    known.nodes.difference_update(changed)
+                known.generation = generation
+            return known.nodes
+        if len(self._passing) >= 256:
+            self._passing.clear()
+        known = self._passing[key] = Passing(plan.local, generation)
+        return known.nodes
+
+    def _passes_locally(self, record: NodeRecord, plan: Plan) -> bool:
+        """Whether the node's remembered answers (`check`'s memo, at its current version) pass the shape's node-local
+        filters and device fit, so that it may join `Passing`."""
+        remembered = record.last_check.get(id(plan.local))
+        if remembered is None or remembered[0] != record.version or remembered[1] is not plan.local:
+            return False
+        if remembered[2] is not None:
+            return False
+        device = remembered[3]
+        return device.code is Code.SUCCESS if device is not None else not plan.devices
 
     def filter_node(self, name: str, pod: PodRequest) -> Status:
         """Run the filter phase for one node."""

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from kubegpu.core.models import NodeSelectorTerm, PodRequest, SpreadConstraint
 from kubegpu.core.status import Status
 from kubegpu.scheduler.dra import DraBook
-from kubegpu.scheduler.engine.records import NodeRecord, Plan, Verdict
+from kubegpu.scheduler.engine.records import NodeRecord, NodesByValue, Plan, Verdict
 from kubegpu.scheduler.podindex import Domains, PodIndex
 from kubegpu.scheduler.scores import Profile
 
@@ -60,6 +60,10 @@ class NodeFilter(Protocol):
 
 # A cluster-wide filter's judge of one node, by its labels: None when the node passes, else the refusal.
 Judge = Callable[[Mapping[str, str]], "Status | None"]
+# A cluster-wide filter's refusals by node name, when its state names the topology domains it refuses: every node of
+# such a domain (or lacking a topology key it needs) is in it, every node not in it passes. A cycle then looks a node
+# up instead of asking a judge: one result per domain, shared by all its nodes.
+Refused = Mapping[str, "Status"]
 
 
 class ClusterFilter(Protocol):
@@ -68,12 +72,13 @@ class ClusterFilter(Protocol):
 
     `name`: the plugin's name, by which a profile disables it.
     `prefilter` is its PreFilter: the pod's state over the placed pods, made once per pod and generation, as the judge
-    of one node's labels; None when the rule cannot refuse the pod on any node (the cycle then skips it).
+    of one node's labels, or as the nodes it refuses by name (`Refused`); None when the rule cannot refuse the pod on
+    any node (the cycle then skips it).
     """
 
     name: str
 
-    def prefilter(self, engine: ClusterContext, pod: PodRequest, plan: Plan) -> Judge | None: ...
+    def prefilter(self, engine: ClusterContext, pod: PodRequest, plan: Plan) -> Judge | Refused | None: ...
 
 
 class ClusterContext(FilterContext, Protocol):
@@ -86,6 +91,8 @@ class ClusterContext(FilterContext, Protocol):
     def node_labels(self, name: str) -> Mapping[str, str] | None: ...
 
     def spread_domains(self, pod: PodRequest, constraints: Sequence[SpreadConstraint]) -> tuple[Domains, ...]: ...
+
+    def nodes_by_value(self, key: str) -> NodesByValue: ...
 
 
 class ScoreContext(ClusterContext, Protocol):

@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from kubegpu.core.models import PodRequest
 from kubegpu.core.status import Code, Status
 from kubegpu.scheduler import filters, podindex
-from kubegpu.scheduler.engine.framework import ClusterContext, ClusterFilter, FilterContext, Judge, NodeFilter
+from kubegpu.scheduler.engine.framework import (
+    ClusterContext,
+    ClusterFilter,
+    FilterContext,
+    Judge,
+    NodeFilter,
+    Refused,
+)
 from kubegpu.scheduler.engine.records import NodeRecord, Plan
 
 NOT_READY = "node(s) had condition Ready=False"
@@ -197,34 +204,59 @@ class _Refusals:
 
 class PodTopologySpread:
     """The pod's DoNotSchedule constraints (its own, or the defaults its owners give it): a node whose domain would
-    exceed the allowed skew is refused, unresolvable when it lacks a topology key."""
+    exceed the allowed skew is refused, unresolvable when it lacks a topology key. Its PreFilter names the refused
+    nodes (`framework.Refused`): the domains over their limit and the nodes without a key, each looked up once."""
 
     name = "PodTopologySpread"
 
-    def prefilter(self, engine: ClusterContext, pod: PodRequest, plan: Plan) -> Judge | None:
+    def prefilter(self, engine: ClusterContext, pod: PodRequest, plan: Plan) -> Refused | None:
         constraints = plan.hard_spread
         if not constraints:
             return None
         state = podindex.spread_state(pod, engine.placed, engine.spread_domains(pod, constraints), constraints)
-        fits, refusal = filters.spread_judge(state), _Refusals()
-
-        def judge(labels: Mapping[str, str]) -> Status | None:
-            refused = fits(labels)
-            return None if refused is None else refusal((refused[0],), refused[1])
-
-        return judge
+        refused: dict[str, Status] = {}
+        # `filters.spread_fits` per node, a constraint at a time from the last: the first that refuses a node wins.
+        unlabelled = Status.unresolvable(filters.SPREAD_LABEL)
+        skewed = Status.unschedulable(filters.SPREAD)
+        for key, count, limit in reversed(filters.spread_limits(state)):
+            nodes = engine.nodes_by_value(key)
+            if not count:
+                over = []  # no domain counted: the constraint refuses only nodes without its key
+            elif limit < 0:
+                over = list(nodes.values.values())  # even an empty domain is over
+            else:
+                over = [nodes.values.get(value, ()) for value, found in count.items() if found > limit]
+            for names in over:
+                refused.update(dict.fromkeys(names, skewed))
+            refused.update(dict.fromkeys(nodes.missing, unlabelled))
+        return refused
 
 
 class InterPodAffinity:
     """The pod's required affinity and anti-affinity terms against the placed pods, and the placed pods'
-    anti-affinity terms against it."""
+    anti-affinity terms against it. Without required affinity terms of its own, its PreFilter names the refused
+    nodes (`framework.Refused`): those in a domain holding a pod its anti-affinity selects, or one whose
+    anti-affinity selects it."""
 
     name = "InterPodAffinity"
 
-    def prefilter(self, engine: ClusterContext, pod: PodRequest, plan: Plan) -> Judge | None:
+    def prefilter(self, engine: ClusterContext, pod: PodRequest, plan: Plan) -> Judge | Refused | None:
         state = podindex.affinity_state(pod, engine.placed, engine.node_labels)
         if state is None or not filters.affinity_can_refuse(pod, state):
             return None
+        if not pod.pod_affinity:
+            # `filters.affinity_fits` per domain: its own anti-affinity terms' refusal before existing pods'.
+            refused: dict[str, Status] = {}
+            existing = Status.unschedulable(filters.AFFINITY, filters.EXISTING_ANTI_AFFINITY)
+            for key, values in state.existing.items():
+                by_value = engine.nodes_by_value(key).values
+                for value in values:
+                    refused.update(dict.fromkeys(by_value.get(value, ()), existing))
+            anti = Status.unschedulable(filters.AFFINITY, filters.ANTI_AFFINITY_RULES)
+            for (key, value), found in state.anti.items():
+                if found > 0:
+                    refused.update(dict.fromkeys(engine.nodes_by_value(key).values.get(value, ()), anti))
+            return refused
         refusal = _Refusals()
 
         def judge(labels: Mapping[str, str]) -> Status | None:

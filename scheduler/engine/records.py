@@ -70,10 +70,6 @@ class NodeRecord:
     # yet)). A few shapes alternate in a workload, so one slot would thrash.
     last_check: dict[int, tuple[int, tuple[object, ...], Status | None, Status | None]] = field(default_factory=dict)
     last_score: tuple[int, tuple[object, ...], float] | None = None
-    # The node's recent local raw scores by pod shape: (node version, shape, fragmentation epochs, scores).
-    last_raw: dict[int, tuple[int, tuple[object, ...], tuple[int | None, ...], tuple[float, ...]]] = field(
-        default_factory=dict
-    )
     # The last preemption dry run here (`Preempting._select_victims`): (node version, pod shape, the pod's priority,
     # the budgets, the candidate or None).
     last_victims: tuple[int, tuple[object, ...], int, tuple[Budget, ...], Candidate | None] | None = None
@@ -209,14 +205,51 @@ class ClassTally:
         self.resolvable += answer.code is not Code.UNRESOLVABLE
 
 
+@dataclass(slots=True)
+class Passing:
+    """The nodes that pass one pod shape's node-local filters and device fit (`check` short of the cluster-wide
+    filters, the nominees and the dead nodes it asks about apart), by name. The memo `Engine._passing`: key
+    `id(Plan.local)`, confirmed by identity; up to date with the change log at `generation` (`Engine._passing_nodes`
+    drops every node the log names since: a change of its usage, devices, labels or liveness, or its removal, all
+    of which move a node's version too); rebuilt when the log no longer reaches back; a node enters when a cycle's
+    `check` found it passing at its current version."""
+
+    local: tuple[object, ...]
+    generation: int
+    nodes: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class LocalRaws:
+    """The local score plugins' raw scores (`Engine._local_raw`: a tuple per node in `_local_scorers`' order) for
+    one pod shape, by node name. The memo `Engine._raws`: key `id(Plan.local)`, confirmed by identity, and the
+    fragmenting plugins' epochs while KubegpuFragmentation scores (all dropped when one moved: a learned mix of
+    pods); up to date with the change log at `generation` (a node the log names since is dropped: its usage,
+    devices, labels or liveness changed, or it went); rebuilt when the log no longer reaches back."""
+
+    local: tuple[object, ...]
+    epochs: tuple[int | None, ...]
+    generation: int
+    raws: dict[str, tuple[float, ...]] = field(default_factory=dict)
+
+
+class NodesByValue(NamedTuple):
+    """The nodes by their value of one label key (`Engine.nodes_by_value`), and those without the key."""
+
+    values: Mapping[str, tuple[str, ...]]
+    missing: tuple[str, ...]
+
+
 class ClusterState(NamedTuple):
     """One pod's cluster-wide filter state (the enabled `ClusterFilter`s' PreFilter) at one generation: the judge of
-    one node's labels made from it."""
+    one node made from it, and, when every rule named the nodes it refuses (`framework.Refused`), those nodes with
+    the first rule's refusal of each (the judge then only looks a node up there)."""
 
     pod: PodRequest
     plan: Plan
     generation: int
-    judge: Callable[[Mapping[str, str]], Status | None] | None  # None: no node's labels can be refused
+    judge: Callable[[str, Mapping[str, str]], Status | None] | None  # by node name and labels; None: none refused
+    refused: Mapping[str, Status] | None = None  # when every rule named the nodes it refuses: those, by name
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence, Set
 
 from kubegpu.core.models import (
     PodRequest,
@@ -18,10 +18,10 @@ from kubegpu.scheduler.engine.filtering import Filtering
 from kubegpu.scheduler.engine.records import (
     FRAGMENTATION_EPOCH_HOOK,
     FRAGMENTATION_HOOK,
+    LocalRaws,
     NodeRecord,
     Plan,
     log,
-    make_room,
 )
 
 _NONE: frozenset[tuple[str, str]] = frozenset()
@@ -116,28 +116,20 @@ class Scoring(Filtering):
         policy_score = 100.0 * (used if self.policy == "binpack" else 1.0 - used)
         return self.device_score(record, pod) + policy_score
 
-    def _local_raw(self, records: list[NodeRecord], pod: PodRequest, plan: Plan) -> list[tuple[float, ...]]:
-        """The local score plugins' raw scores on each node (a tuple in `_local_scorers`' order; 0 for a plugin with
-        nothing to say of the pod), remembered per node version, pod shape (`Plan.local`) and, while
-        KubegpuFragmentation scores, the fragmenting plugins' epochs: only the nodes changed since are asked."""
-        slot, local = id(plan.local), plan.local
+    def _local_raw(
+        self, names: list[str], records: list[NodeRecord], pod: PodRequest, plan: Plan
+    ) -> list[tuple[float, ...]]:
+        """The local score plugins' raw scores on each node (`names`, their `records`; a tuple in `_local_scorers`'
+        order; 0 for a plugin with nothing to say of the pod), remembered per pod shape (`Plan.local`) and, while
+        KubegpuFragmentation scores, the fragmenting plugins' epochs (`LocalRaws`): only the nodes changed since are
+        asked, and nodes alike in what the plugins read share one computation (`_raw_by_content`)."""
         epochs = self.fragmentation_epochs() if self._fragmenting_nodes[""] and self._scores_fragmentation else ()
-        raws: list[tuple[float, ...] | None] = []
-        stale: list[int] = []
-        for i, record in enumerate(records):
-            remembered = record.last_raw.get(slot)
-            if (
-                remembered is not None
-                and remembered[0] == record.version
-                and remembered[1] is local
-                and remembered[2] == epochs
-            ):
-                raws.append(remembered[3])
-            else:
-                raws.append(None)
-                stale.append(i)
-        if not stale:
+        slot, local = id(plan.local), plan.local
+        remembered = self._local_raws(plan, epochs).raws
+        raws: list[tuple[float, ...] | None] = list(map(remembered.get, names))
+        if None not in raws:
             return raws  # type: ignore[return-value]  # none is None
+        stale = [i for i, raw in enumerate(raws) if raw is None]
         # Nodes alike in all the local scores read share one computation (`_raw_by_content`).
         alike = not self._added_scores and not pod.preferred_node_affinity
         shared = self._raw_by_content
@@ -171,14 +163,12 @@ class Scoring(Filtering):
         if len(shared) >= CONTENTS_REMEMBERED:
             shared.clear()
         for i, content, at in waiting:
-            record = records[i]
             raw = raws[i] if at < 0 else fresh[at]
             assert raw is not None  # remembered above, or computed
             if content is not None:
                 shared[slot, epochs, content] = (local, raw)
             raws[i] = raw
-            make_room(record.last_raw, slot)
-            record.last_raw[slot] = (record.version, local, epochs, raw)
+            remembered[names[i]] = raw
         return raws  # type: ignore[return-value]  # every None was filled above
 
     def scoring_content(self, record: NodeRecord) -> tuple[object, ...] | None:
@@ -209,22 +199,44 @@ class Scoring(Filtering):
         self._contents[record.name] = (record, record.version, content)
         return content
 
+    def _local_raws(self, plan: Plan, epochs: tuple[int | None, ...]) -> LocalRaws:
+        """The shape's remembered raw scores (`LocalRaws`), brought up to date with the change log."""
+        key, generation = id(plan.local), self.generation
+        known = self._raws.get(key)
+        if known is not None and known.local is plan.local and known.epochs == epochs:
+            if known.generation != generation:
+                changed = self.changed_since(known.generation)
+                if changed is None:
+                    known.raws.clear()
+                else:
+                    for name in changed:
+                        known.raws.pop(name, None)
+                known.generation = generation
+            return known
+        if len(self._raws) >= 256:
+            self._raws.clear()
+        known = self._raws[key] = LocalRaws(plan.local, epochs, generation)
+        return known
+
     def _rank(self, feasible: list[str], pod: PodRequest, plan: Plan) -> str:
         """kube-scheduler's score phase over the feasible nodes: every enabled plugin's raw scores normalized over
         them and weighed; the best node, the first in candidate order on a tie. A plugin whose scores are the same on
         every node is skipped: it cannot change which node is best."""
         nodes = self.nodes
         records = [nodes[name] for name in feasible]
-        local = self._local_raw(records, pod, plan) if self._local_scorers else []
+        # The local plugins' raw scores as columns, one per plugin in `_local_scorers`' order.
+        local = list(zip(*self._local_raw(feasible, records, pod, plan), strict=True)) if self._local_scorers else []
         weighed: list[list[float]] = []  # each plugin's weighed scores; summed per node at the end
         column = 0
+        values: Sequence[float]
         for plugin, weight in self._scorers:
             if plugin.local:
-                values = [raw[column] for raw in local]
+                values = local[column]
                 column += 1
                 if min(values) == max(values):
                     continue
                 state: object = True
+                values = list(values)
             else:
                 state = plugin.prescore(self, pod, plan)
                 if state is None:

@@ -32,8 +32,11 @@ from kubegpu.scheduler.engine.records import (
     POLICIES,
     ClassTally,
     ClusterState,
+    LocalRaws,
     NodeRecord,
     NodeRule,
+    NodesByValue,
+    Passing,
     Plan,
     PodRecord,
     Policy,
@@ -93,7 +96,7 @@ class EngineState:
         )  # a third party's
         self._fit_by_index = any(isinstance(rule, NodeResourcesFit) for rule in node_filters)
         # The score plugins (`kubescores`, then the caller's `scores`) with their weights, the local ones first: a
-        # node remembers their raw scores in that order (`NodeRecord.last_raw`).
+        # shape remembers their raw scores in that order (`records.LocalRaws`).
         self._scorers = enabled_scores((*score_plugins, *added_scores), self.scoring, policy)
         self._local_scorers = tuple(plugin for plugin, _ in self._scorers if plugin.local)
         self._scores_fragmentation = any(plugin.name == scores.FRAGMENTATION for plugin, _ in self._scorers)
@@ -207,6 +210,9 @@ class EngineState:
         # when it honours affinity, tolerations when it honours taints) -> (node epoch, the nodes whose pods count
         # for a spread constraint of that policy). Stale when the node epoch moved. Past 256, dropped all at once.
         self._domains: dict[tuple[object, ...], tuple[int, Domains]] = {}
+        # label key -> (node epoch, the nodes by their value of it and those without it: `records.NodesByValue`).
+        # Stale when the node epoch moved (a node added, changed or removed). Past 64 keys, dropped all at once.
+        self._by_value: dict[str, tuple[int, NodesByValue]] = {}
         # The last pod's cluster-wide filter state (InterPodAffinity, PodTopologySpread PreFilter): keyed by the pod
         # and its plan (identity) and the generation; stale when any of them differs.
         self._cluster: ClusterState | None = None
@@ -236,13 +242,18 @@ class EngineState:
         # node name -> (its record, its version, its scoring content or None), for `_raw_by_content`; stale when the
         # record or its version differs. Past `CONTENTS_REMEMBERED`, dropped all at once.
         self._contents: dict[str, tuple[NodeRecord, int, tuple[object, ...] | None]] = {}
+        # id(Plan.local) -> the nodes passing that shape's node-local filters and device fit (`filtering.Passing`):
+        # kept current from the change log, rebuilt when it no longer reaches back. Past 256, dropped all at once.
+        self._passing: dict[int, Passing] = {}
+        # id(Plan.local) -> the local score plugins' raw scores of that shape by node (`records.LocalRaws`), with the
+        # fragmentation epochs they were scored at: kept current from the change log, dropped when an epoch moved or
+        # the log no longer reaches back. Past 256, dropped all at once.
+        self._raws: dict[int, LocalRaws] = {}
         # (`Plan.local` is what kube-scheduler's node filters and the node-local scores read of a pod without devices,
         # else, or when a rule a third party added applies to it, the pod's whole signature.)
-        # Per node (`NodeRecord`): `last_check` and `last_raw`, id(Plan.local) -> (node version, Plan.local, answer),
-        # the node-local filter answers and raw scores, stale when the node's version moved (every change of its
-        # usage, devices or liveness) or the shape is another's; `CHECKS_REMEMBERED` shapes per node, oldest out.
-        # `last_raw`'s answer also holds the fragmentation epochs it was scored at (`kubegpu_scheduler_
-        # fragmentation_epoch` of each plugin in `_fragmenters`): stale when one moved (a learned mix of pods).
+        # Per node (`NodeRecord`): `last_check`, id(Plan.local) -> (node version, Plan.local, answer), the node-local
+        # filter answers, stale when the node's version moved (every change of its usage, devices or liveness) or the
+        # shape is another's; `CHECKS_REMEMBERED` shapes per node, oldest out.
         # `last_score`: (node version, Plan.signature, the extender's device score), one slot.
         # `dra._answers` (`DraBook`): (CEL expression, device facts) -> the selector's answer, and `dra._both`:
         # (class selectors, request selectors, device facts) -> both accept. Never stale: the facts are all a
@@ -262,13 +273,16 @@ class EngineState:
         self._rules.clear()
         self._defaulted.clear()
         self._domains.clear()
+        self._by_value.clear()
         self._cluster = None
         self._tallies.clear()
         self._skipped.clear()
         self._gang_holders.clear()
         self._raw_by_content.clear()
         self._contents.clear()
+        self._passing.clear()
+        self._raws.clear()
         self._owners.forget_memos()
         self.dra.forget_memos()
         for record in self.nodes.values():
-            record.last_check, record.last_raw, record.last_score, record.last_victims = {}, {}, None, None
+            record.last_check, record.last_score, record.last_victims = {}, None, None

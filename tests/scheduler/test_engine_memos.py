@@ -30,6 +30,7 @@ from kubegpu.core.testing import make_node, make_pod
 from kubegpu.plugins.intel_gas import scheduler as intel
 from kubegpu.plugins.neuron import scheduler as neuron
 from kubegpu.plugins.nvidia import scheduler as nvidia
+from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine import Decision, Engine
 
 from .test_properties import NODE_KINDS, SHAPES
@@ -181,3 +182,92 @@ def test_an_engine_that_forgets_its_memos_answers_alike(kinds: list[str], ops: l
             names = sorted(memoized.node_names())
             oracle.forget_memos()
             assert memoized.filter_nodes(request, names) == oracle.filter_nodes(request, names)
+
+
+# A cluster past kube-scheduler's 100 nodes, so that every cycle scores a sample of it (`Cycle._schedule_sampled`):
+# the memos a sampled cycle reads (`Passing`, `LocalRaws`, the cluster-wide filters' `Refused` nodes and
+# `nodes_by_value`) are held against an engine that forgets them before each question.
+BIG = 104
+SAMPLED = ("plain", "anti", "spread", "cpu", "tolerant", "soft")
+
+
+def sampled_pod(serial: int, shape: int, flavour: str) -> PodRequest:
+    if flavour != "soft":
+        return pod(serial, shape, flavour)
+    # Scored by the cluster-wide score plugins: preferred affinity to its own app's zone, a soft spread over hosts.
+    request = pod(serial, shape, "cpu")
+    term = PodAffinityTerm(APP, frozenset({"ns"}), "topology.kubernetes.io/zone")
+    soft = SpreadConstraint(1, "kubernetes.io/hostname", "ScheduleAnyway", APP)
+    return dataclasses.replace(request, preferred_affinity=((50, term),), spread=(soft,))
+
+
+def sampled_engine() -> Engine:
+    pm = make_plugin_manager(
+        "scheduler", plugins=[("neuron", neuron), ("intel-gas", intel), ("nvidia", nvidia)], autoload=False
+    )
+    return Engine(pm, scoring=scores.Profile(percentage_of_nodes_to_score=30))
+
+
+sampled_operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("place"), st.integers(0, len(SHAPES) - 1), st.sampled_from(SAMPLED)),
+        st.tuples(st.just("delete"), st.integers(0, 1000), st.just("")),
+        st.tuples(st.just("cordon"), st.integers(0, 1000), st.just("")),
+        st.tuples(st.just("nominate"), st.integers(0, 1000), st.just("")),
+        st.tuples(st.just("dead"), st.integers(0, 1000), st.just("")),
+        st.tuples(st.just("remove-node"), st.integers(0, 1000), st.just("")),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kinds=st.lists(st.sampled_from(sorted(NODE_KINDS)), min_size=1, max_size=4), ops=sampled_operations)
+def test_a_sampled_cycle_decides_as_an_engine_that_forgets_its_memos(
+    kinds: list[str], ops: list[tuple[str, int, str]]
+) -> None:
+    memoized, oracle = sampled_engine(), sampled_engine()
+    both = (memoized, oracle)
+    cordoned: dict[str, bool] = {}
+    for serial in range(BIG):
+        kind = kinds[serial % len(kinds)]
+        for e in both:
+            e.add_node(node(kind, serial))
+        cordoned[f"{kind}-{serial}"] = False
+    live: list[str] = []
+    dead: set[str] = set()
+    for serial, (op, arg, flavour) in enumerate(ops, BIG):
+        names = sorted(memoized.node_names())
+        if arg % 2 and live:  # half the time a node a pod went to: the nodes a sampled cycle has seen change
+            names = [memoized.pods[live[arg % len(live)]].node]
+        if op == "place":
+            request = sampled_pod(serial, arg, flavour)
+            oracle.forget_memos()
+            decision = memoized.schedule(request)
+            assert outcome(decision) == outcome(oracle.schedule(request))
+            if decision.scheduled:
+                live.append(request.key)
+        elif op == "delete" and live:
+            key = live.pop(arg % len(live))
+            for e in both:
+                e.release(key)
+        elif op == "remove-node" and names:
+            name = names[arg % len(names)]
+            gone, _ = memoized.remove_node(name), oracle.remove_node(name)
+            live = [key for key in live if key not in gone]
+        elif op == "cordon" and names:
+            name = names[arg % len(names)]
+            cordoned[name] = not cordoned[name]
+            kind, number = name.rsplit("-", 1)
+            for e in both:
+                e.add_node(node(kind, int(number), cordoned[name]))
+        elif op == "dead" and names:
+            name = names[arg % len(names)]
+            dead ^= {name}
+            for e in both:
+                e.set_node_live(name, name not in dead)
+        elif op == "nominate" and names:
+            preemptor = pod(10_000 + serial, 0, "plain")
+            for e in both:
+                e.nominate(dataclasses.replace(preemptor, priority=1000), names[arg % len(names)])

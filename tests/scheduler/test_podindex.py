@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from kubegpu.core.manifests import label_selector, node_info, pod_request
 from kubegpu.core.models import LabelSelector, PodRequest, Requirement, SpreadConstraint, Taint
 from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.status import Code
 from kubegpu.core.testing import node_manifest
 from kubegpu.scheduler import filters, objects, podindex, scores
 from kubegpu.scheduler.engine import Engine
@@ -246,12 +247,15 @@ def check_against_scans(e: Engine, probe: PodRequest, owners: dict[tuple[str, st
     if hard:
         indexed = podindex.spread_state(probe, index, e._spread_domains(probe, hard), hard)
         assert indexed == filters.spread_counts(probe, on_nodes(e), hard, taints_of(e))
-        # The cycle's remembered judge refuses as a fresh PodTopologySpread PreFilter does (it runs first).
+        # The nodes a fresh PodTopologySpread PreFilter names are those the filter refuses over a scan, each for the
+        # filter's reason; the cycle's remembered judge refuses them alike (it runs first).
         judge, fresh = e._cluster_state(probe, plan).judge, PodTopologySpread().prefilter(e, probe, plan)
-        assert fresh is not None
+        assert fresh is not None and judge is not None
         for record in e.nodes.values():
-            refused = fresh(record.info.labels)
-            assert refused is None or judge(record.info.labels) == refused
+            refused = fresh.get(record.name)
+            fits = filters.spread_fits(probe, indexed, record.info.labels)
+            assert (refused.reasons[0], refused.code is Code.UNSCHEDULABLE) == fits if refused else fits is None
+            assert refused is None or judge(record.name, record.info.labels) == refused
     soft = tuple(c for c in constraints if c.when_unsatisfiable == "ScheduleAnyway")
     assert plan.soft_spread == soft
     if soft:

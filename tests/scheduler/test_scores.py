@@ -393,7 +393,9 @@ def test_remembered_scores_equal_fresh_ones_after_every_change(
         for probe in pods:
             remembered = ranking(e, probe)
             for record in e.nodes.values():
-                record.last_check, record.last_raw = {}, {}
+                record.last_check = {}
+            e._raws.clear()
+            e._passing.clear()
             e._plans.clear()
             e._defaulted.clear()
             e._owners._memo.clear()
