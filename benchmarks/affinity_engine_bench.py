@@ -7,11 +7,12 @@ zone spread, preferred affinity to another app's zone), `devices` (one Neuron de
 device per pod, pod `i` a replica of ReplicaSet `i % 13`, the ReplicaSets told to the engine, so the profile's
 default spreading applies). Each checkout given (`--tree`, a worktree with its own .venv; default this one) runs in
 its own process with its own code, in turn, `--rounds` times, and the median per-pod cost of each is printed, with
-its ratio to the first. Comparing a branch with main in one run:
+its ratio to the first, in wall-clock time and in the process's CPU time (steadier on a shared machine). Comparing
+a branch with main in one run:
 
     .venv/bin/python benchmarks/affinity_engine_bench.py --tree /path/to/main --tree . [--workload devices]
 
-With `--profile`, one run of the first tree under cProfile prints the 25 costliest functions instead.
+With `--profile`, one run of the first tree under cProfile prints the 40 costliest functions instead (`--sort`).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ else:
     manifests = [device_pod(i, {"app": f"rs-{i % REPLICASETS}"}) for i in range(pods)]
 requests = [pod_request(manifest)[0] for manifest in manifests]
 profiler = cProfile.Profile() if profile else None
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 if profiler:
     profiler.enable()
 placed = sum(engine.schedule(request).scheduled for request in requests)
@@ -73,7 +74,7 @@ if profiler:
     profiler.disable()
     order = sys.argv[5]
     pstats.Stats(profiler, stream=sys.stderr).sort_stats(order).print_stats(40)
-print(json.dumps({"seconds": time.perf_counter() - started, "placed": placed}))
+print(json.dumps({"seconds": time.perf_counter() - started, "cpu": time.process_time() - cpu, "placed": placed}))
 """
 
 
@@ -110,16 +111,24 @@ def main() -> int:
         run(trees[0], args.nodes, args.pods, args.workload, profile=True, order=args.sort)
         return 0
     costs: dict[Path, list[float]] = {tree: [] for tree in trees}
+    cpu: dict[Path, list[float]] = {tree: [] for tree in trees}
     for round_ in range(args.rounds):
         for tree in trees[round_ % len(trees) :] + trees[: round_ % len(trees)]:
             result = run(tree, args.nodes, args.pods, args.workload)
             costs[tree].append(result["seconds"] / args.pods * 1e6)
-            print(f"  round {round_ + 1}: {tree}: {costs[tree][-1]:7.1f} us/pod ({int(result['placed'])} placed)")
-    first = statistics.median(costs[trees[0]])
+            cpu[tree].append(result["cpu"] / args.pods * 1e6)
+            print(
+                f"  round {round_ + 1}: {tree}: {costs[tree][-1]:7.1f} us/pod, {cpu[tree][-1]:7.1f} us of CPU "
+                f"({int(result['placed'])} placed)"
+            )
+    first, first_cpu = statistics.median(costs[trees[0]]), statistics.median(cpu[trees[0]])
     print(f"\n{args.workload} workload, {args.pods} pods on {args.nodes} nodes, engine only, median of {args.rounds}:")
     for tree in trees:
-        cost = statistics.median(costs[tree])
-        print(f"  {tree!s:50} {cost:7.1f} us/pod  {cost / first:5.2f}x of the first")
+        cost, used = statistics.median(costs[tree]), statistics.median(cpu[tree])
+        print(
+            f"  {tree!s:50} {cost:7.1f} us/pod  {cost / first:5.2f}x of the first; "
+            f"CPU {used:7.1f} us/pod  {used / first_cpu:5.2f}x"
+        )
     return 0
 
 
