@@ -97,9 +97,14 @@ class Scoring(Filtering):
 
     def fragmentation_epochs(self) -> tuple[int | None, ...]:
         """Each fragmenting plugin's `kubegpu_scheduler_fragmentation_epoch` now (None: its answers follow from the
-        node alone, or it failed, logged)."""
+        node alone, or it failed, logged, or no node holds its state: then no node's score reads it). Asked in every
+        cycle that ranks nodes, so a plugin without the hook, or without a node, is not called."""
         epochs: list[int | None] = []
+        counts = self._fragmenting_nodes
         for plugin in self._fragmenters:
+            if not counts[plugin] or not self.plugins.implements(plugin, FRAGMENTATION_EPOCH_HOOK):
+                epochs.append(None)
+                continue
             try:
                 epoch = self.plugins.call(plugin, FRAGMENTATION_EPOCH_HOOK, shared=self._shared.setdefault(plugin, {}))
             except PluginHookError as exc:
