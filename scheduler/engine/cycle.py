@@ -183,26 +183,29 @@ class Cycle(Reserving):
         # The nodes known to pass the shape's node-local filters and device fit (`Passing`) are asked only their
         # nominees and the cluster-wide judge; a dead node refuses device pods whatever it remembers.
         passing = None if self._dead and plan.devices else self._passing_nodes(plan)
+        # Of those, the ones no preempting pod or gang holds (`_held_nodes`): asked nothing but the judge.
+        held = set(self._held_nodes())
+        quick = passing - held if passing is not None and held else passing
         processed = 0
         for processed, name in enumerate(chain(order[start:], order[:start]), 1):  # noqa: B007 (read after)
             if offers is not None and ((free := offers(name)) is None or free < need):
                 passed.append(name)
                 continue
-            record = nodes[name]
-            if settled and record.klass in settled:
-                continue  # counted with its class if no node fits (`_refused`)
-            if passing is not None and name in passing and not record.nominees:
+            if quick is not None and not settled and name in quick:
                 if by_name is not None:
                     judged = by_name.get(name)
                 else:
-                    judged = judge(name, record.info.labels) if judge is not None else None
+                    judged = judge(name, nodes[name].info.labels) if judge is not None else None
                 if judged is None:
                     feasible.append(name)
                     if len(feasible) >= sample:
                         break
                     continue
-                status = judged
+                record, status = nodes[name], judged
             else:
+                record = nodes[name]
+                if settled and record.klass in settled:
+                    continue  # counted with its class if no node fits (`_refused`)
                 status = check(record, pod, plan, judge=judge)
                 if passing is not None and self._passes_locally(record, plan):
                     passing.add(name)
