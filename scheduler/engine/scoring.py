@@ -241,14 +241,15 @@ class Scoring(Filtering):
                 if min(values) == max(values):
                     continue
                 state: object = True
-                values = list(values)
+                raw = list(values)
             else:
                 state = plugin.prescore(self, pod, plan)
                 if state is None:
                     continue
-                values = plugin.score(self, state, records, pod, plan)
-            values = plugin.normalize(state, values)
-            if min(values) == max(values):
+                raw = plugin.score(self, state, records, pod, plan)
+            values = plugin.normalize(state, raw)
+            # A local plugin's raw scores differ (above): used as they are (the same list back), so do its scores.
+            if not (plugin.local and values is raw) and min(values) == max(values):
                 continue
             weighed.append(values if weight == 1 else [weight * value for value in values])
         if not weighed:
