@@ -123,7 +123,7 @@ def replay(
     capacity = sum(n.gpus for n in nodes) * 1000
     arrived = allocated = scheduled = tried = 0
     at_full: list[float] = []
-    failures: Counter[tuple[int, bool, str]] = Counter()
+    failures: Counter[tuple[int, int, bool, str]] = Counter()
     curve: dict[int, float] = {}
     started = time.perf_counter()
     for i, pod in enumerate(arrivals(pods, capacity, seed)):
@@ -133,8 +133,10 @@ def replay(
         if decision.scheduled:
             allocated += pod.gpu_milli
             scheduled += 1
-        elif BREAKDOWN and arrived > 0.9 * capacity:
-            failures[(pod.gpus, pod.milli < 1000, (decision.reason or "")[:140])] += 1
+        elif BREAKDOWN:
+            failures[
+                (10 * (100 * arrived // capacity // 10), pod.gpus, pod.milli < 1000, (decision.reason or "")[:90])
+            ] += 1
         percent = round(100 * arrived / capacity)
         if BREAKDOWN and percent in (70, 80, 85, 90, 95) and percent not in curve:
             curve[percent] = round(100 * allocated / capacity, 2)
@@ -158,6 +160,10 @@ def replay(
         print(f"  seed {seed} {variant}: idle GPU milli by kind and node cpu free (cores):")
         for key, value in sorted(idle.items()):
             print(f"    {key}: {value / 1000:.0f} GPUs")
+        lost: Counter[tuple[int, int, bool]] = Counter()
+        for (decile, gpus, share, _), count in failures.items():
+            lost[(decile, gpus, share)] += count
+        print("    failed pods by arrived decile (%), GPUs, share:", dict(sorted(lost.items())))
         for key, count in failures.most_common(8):
             print(f"    failed {count}: {key}")
     return (sum(at_full) / len(at_full) if at_full else float("nan")), seconds, tried
