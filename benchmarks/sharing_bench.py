@@ -29,6 +29,7 @@ prints where capacity is lost: the allocation curve, idle GPU capacity by node c
 
     .venv/bin/python benchmarks/sharing_bench.py [--seeds 42 43 ...] [--variants whole bestfit fgd]
         [--percentages 0 100] [--traces default share-30 ... | all] [--mix learned|trace] [--devices-only]
+        [--fragmentation-weight 5] [--fragmentation-span 23.1]
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler import scores
-from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.engine import Engine, kubescores
 from kubegpu.scheduler.traces import (
     TraceNode,
     TracePod,
@@ -200,7 +201,16 @@ def main() -> int:
     parser.add_argument(
         "--fragmentation-weight", type=int, default=None, help="KubegpuFragmentation's weight (the profile's: 5)"
     )
+    parser.add_argument(
+        "--fragmentation-span",
+        type=float,
+        default=None,
+        help=f"KubegpuFragmentation's raw points stretched to its whole weight (shipped: {kubescores.ONE_DEVICE:.1f}, "
+        "a device's worth; 100: the raw score used as is, as before)",
+    )
     args = parser.parse_args()
+    if args.fragmentation_span is not None:
+        kubescores.ONE_DEVICE = args.fragmentation_span
     nodes, default_pods = read_trace(args.trace)
     names = list(family.VARIANTS) if args.traces == ["all"] else args.traces
     generated = family.family(args.trace, 7) if any(n != "default" for n in names) else {}
