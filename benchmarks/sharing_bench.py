@@ -29,6 +29,7 @@ prints where capacity is lost: the allocation curve, idle GPU capacity by node c
 
     .venv/bin/python benchmarks/sharing_bench.py [--seeds 42 43 ...] [--variants whole bestfit fgd]
         [--percentages 0 100] [--traces default share-30 ... | all] [--mix learned|trace] [--devices-only]
+        [--fragmentation-weight 5] [--fragmentation-span 23.1]
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler import scores
-from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.engine import Engine, kubescores
 from kubegpu.scheduler.traces import (
     TraceNode,
     TracePod,
@@ -123,7 +124,7 @@ def replay(
     capacity = sum(n.gpus for n in nodes) * 1000
     arrived = allocated = scheduled = tried = 0
     at_full: list[float] = []
-    failures: Counter[tuple[int, bool, str]] = Counter()
+    failures: Counter[tuple[int, int, bool, str]] = Counter()
     curve: dict[int, float] = {}
     started = time.perf_counter()
     for i, pod in enumerate(arrivals(pods, capacity, seed)):
@@ -133,8 +134,10 @@ def replay(
         if decision.scheduled:
             allocated += pod.gpu_milli
             scheduled += 1
-        elif BREAKDOWN and arrived > 0.9 * capacity:
-            failures[(pod.gpus, pod.milli < 1000, (decision.reason or "")[:140])] += 1
+        elif BREAKDOWN:
+            failures[
+                (10 * (100 * arrived // capacity // 10), pod.gpus, pod.milli < 1000, (decision.reason or "")[:90])
+            ] += 1
         percent = round(100 * arrived / capacity)
         if BREAKDOWN and percent in (70, 80, 85, 90, 95) and percent not in curve:
             curve[percent] = round(100 * allocated / capacity, 2)
@@ -158,6 +161,10 @@ def replay(
         print(f"  seed {seed} {variant}: idle GPU milli by kind and node cpu free (cores):")
         for key, value in sorted(idle.items()):
             print(f"    {key}: {value / 1000:.0f} GPUs")
+        lost: Counter[tuple[int, int, bool]] = Counter()
+        for (decile, gpus, share, _), count in failures.items():
+            lost[(decile, gpus, share)] += count
+        print("    failed pods by arrived decile (%), GPUs, share:", dict(sorted(lost.items())))
         for key, count in failures.most_common(8):
             print(f"    failed {count}: {key}")
     return (sum(at_full) / len(at_full) if at_full else float("nan")), seconds, tried
@@ -194,7 +201,16 @@ def main() -> int:
     parser.add_argument(
         "--fragmentation-weight", type=int, default=None, help="KubegpuFragmentation's weight (the profile's: 5)"
     )
+    parser.add_argument(
+        "--fragmentation-span",
+        type=float,
+        default=None,
+        help=f"KubegpuFragmentation's raw points stretched to its whole weight (shipped: {kubescores.ONE_DEVICE:.1f}, "
+        "a device's worth; 100: the raw score used as is, as before)",
+    )
     args = parser.parse_args()
+    if args.fragmentation_span is not None:
+        kubescores.ONE_DEVICE = args.fragmentation_span
     nodes, default_pods = read_trace(args.trace)
     names = list(family.VARIANTS) if args.traces == ["all"] else args.traces
     generated = family.family(args.trace, 7) if any(n != "default" for n in names) else {}

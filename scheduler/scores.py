@@ -26,7 +26,10 @@ wins (the engine's candidate order breaks ties). The plugins, with kube-schedule
 * KubegpuFragmentation (5): 100 x sigmoid(-d), d the devices the pod would leave unusable on the node by the device
   plugins' measure against the mix of pods the cluster sees (`kubegpu_scheduler_fragmentation`; the nvidia plugin's
   is the FGD paper's): 50 for none, 27 for one more; asked for every pod, so a cpu-only pod keeps off the node whose
-  GPUs its cpu would strand; used as is. Its weight makes one device stranded outweigh the policy's whole range.
+  GPUs its cpu would strand; stretched over the feasible nodes, the least stranding 100 and a device more (23.1
+  raw points) or the most 0, so that, weighed 5, a quarter of a GPU stranded less outweighs the policy's and
+  NodeResourcesBalancedAllocation's whole ranges (used as is, a tenth of a GPU was 12 weighed points and balance
+  decided most share placements: `benchmarks/sharing_bench.py`).
 * ImageLocality (1): the sizes of the pod's container images the node lists in `status.images` (a name without a
   tag read as `:latest`), each scaled by the share of all nodes that list it, summed and clamped between 23 MiB and
   1000 MiB x the pod's containers, stretched to 0..100; used as is.
@@ -77,6 +80,7 @@ __all__ = [
     "nonzero_requests",
     "normalize_affinity",
     "normalize_default",
+    "normalize_range",
     "normalize_spread",
     "normalized_image",
     "prefer_avoid_score",
@@ -555,6 +559,18 @@ def normalize_default(raw: Sequence[float], *, reverse: bool = False) -> list[fl
         return [float(MAX_NODE_SCORE if reverse else score) for score in raw]
     scaled = [float(MAX_NODE_SCORE * score // top) for score in raw]
     return [MAX_NODE_SCORE - score for score in scaled] if reverse else scaled
+
+
+def normalize_range(raw: Sequence[float], span: float = 0.0) -> list[float]:
+    """The range from min to max stretched to 0..100, or `span` points of it where the range is narrower (all 0 when
+    every score is the same). Scores are compared to a millionth of a point, so that the rounding of equal measures
+    reached by different sums does not read as a lead."""
+    rounded = [round(score, 6) for score in raw]
+    bottom, top = min(rounded, default=0.0), max(rounded, default=0.0)
+    if top <= bottom:
+        return [0.0] * len(rounded)
+    width = max(top - bottom, span)
+    return [MAX_NODE_SCORE * (score - bottom) / width for score in rounded]
 
 
 def normalize_affinity(raw: Sequence[int]) -> list[int]:

@@ -1,0 +1,71 @@
+"""KubegpuFragmentation under the shipped default profile: stretched so that a device's worth of fragmentation is its
+whole weight, a lead of a fraction of a GPU outweighs kube-scheduler's NodeResourcesBalancedAllocation. A small
+generated trace in the Alibaba `openb` format (`kubegpu.scheduler.traces`), replayed as `kubegpu simulate` would."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.plugins.nvidia import scheduler as nvidia
+from kubegpu.scheduler import scores
+from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.traces import TraceNode, TracePod, node_document, pod_document
+
+NODES = [TraceNode("gpu-a", 32000, 131072, 1, "T4"), TraceNode("gpu-b", 32000, 131072, 2, "T4")]
+# The pods to expect (KubegpuFragmentation's `mix`): as many half-GPU pods as whole-GPU ones, 2 cores each.
+MIX = ((1, 500, 2000, 1.0), (1, 1000, 2000, 1.0))
+
+
+def profile(**weights: int) -> scores.Profile:
+    default = scores.Profile.default("binpack")
+    return dataclasses.replace(default, weights={**default.weights, **weights}, fragmentation_mix=MIX)
+
+
+def place(engine: Engine, pod: TracePod, node: str | None = None) -> str | None:
+    document = pod_document(pod, pod.name)
+    if node is not None:
+        document["spec"]["nodeName"] = node  # type: ignore[index]
+    decision = engine.schedule(pod_request(document)[0])
+    return decision.node if decision.scheduled else None
+
+
+def replay(scoring: scores.Profile) -> dict[str, str | None]:
+    """gpu-a's one GPU half taken by a pod that holds most of the node's memory, one of gpu-b's two GPUs held whole;
+    then a half-GPU pod and a whole-GPU pod arrive. Where each lands, by name (None: not placed)."""
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), scoring=scoring)
+    for node in NODES:
+        engine.add_node(node_info(node_document(node)))
+    assert place(engine, TracePod("embedder", 2000, 112640, 1, 500, ()), "gpu-a") == "gpu-a"
+    assert place(engine, TracePod("trainer-0", 2000, 8192, 1, 1000, ()), "gpu-b") == "gpu-b"
+    return {
+        pod.name: place(engine, pod)
+        for pod in (TracePod("inference", 2000, 4096, 1, 500, ()), TracePod("trainer-1", 2000, 8192, 1, 1000, ()))
+    }
+
+
+def test_a_share_fills_the_half_free_gpu_and_keeps_the_whole_one_for_the_next_trainer() -> None:
+    """The shipped profile, told to expect half-GPU and whole-GPU pods alike. The half-GPU pod fits gpu-a's half-free
+    GPU exactly or would break gpu-b's last whole GPU: the first strands a quarter of a GPU less for the mix, the
+    second a quarter more. gpu-b is the better balanced node (gpu-a's memory is 89 % taken): used as is,
+    KubegpuFragmentation's lead (12 points, 62 weighed) lost to balance's 73, the share broke gpu-b's whole GPU and
+    the next trainer found no GPU at all; stretched, the lead is 54 points (268 weighed)."""
+    assert replay(profile()) == {"inference": "gpu-a", "trainer-1": "gpu-b"}
+
+
+def test_weighed_0_the_policy_and_balance_decide_as_before() -> None:
+    assert replay(profile(**{scores.FRAGMENTATION: 0})) == {
+        "inference": "gpu-b",
+        "trainer-1": None,
+    }
+
+
+def test_the_stretch_ignores_rounding_between_equal_measures_and_caps_at_a_span() -> None:
+    """Two nodes whose scores differ by rounding alone are equal, not 0 and 100; a range narrower than the span is
+    stretched as the span would be."""
+    assert scores.normalize_range([50.0, 50.0 + 1e-12, 40.0]) == [100.0, 100.0, 0.0]
+    assert scores.normalize_range([50.0, 50.0 + 1e-12]) == [0.0, 0.0]
+    assert scores.normalize_range([50.0, 45.0], span=20.0) == [25.0, 0.0]
+    assert scores.normalize_range([90.0, 10.0], span=20.0) == [100.0, 0.0]
+    assert scores.normalize_range([]) == []
