@@ -254,9 +254,35 @@ class WholeDeviceNodeState(DeviceNodeState):
         self.mix = mix if mix is not None else SizeMix()
         self.version = 0
         self._placed: tuple[int, WholeDevicePodState, tuple[int, ...] | None] | None = None
+        self._fixed_content: tuple[object, ...] | None = None  # `scoring_content`'s part that never changes
 
     def ids_of(self, mask: int) -> list[str]:
         return [self.ids[i] for i in bit_indices(mask)]
+
+    def scoring_content(self) -> tuple[object, ...]:
+        """What the engine's local scores read of this state (`Scoring.scoring_content`), so that nodes alike share
+        one computation of their scores: the kit's hooks and a plugin's `eligible`, `choose`, `score` and `fits`
+        read the devices (`ids`, `devices`, `extra`), the `healthy` and `free` bits and the learned mix, whose
+        `version` stands for it (one mix per engine and plugin; the version grows with every publication). A
+        plugin whose methods read more of the state (its node's name, its holders) overrides this. Devices or
+        `extra` that cannot be hashed make the state itself the content: such a node is scored alone. Not
+        remembered: the engine keeps it per node version; the devices' part, which never changes, per state."""
+        fixed = self._fixed_content
+        if fixed is None:
+            # Each device's fields, its attributes (a dict) as sorted pairs: a DeviceInfo itself cannot be hashed.
+            devices = tuple(
+                tuple((k, tuple(sorted(v.items())) if isinstance(v, dict) else v) for k, v in device)
+                for device in self.devices
+            )
+            fixed = (self.plugin, self.ids, devices, self.extra)
+            try:
+                hash(fixed)
+            except TypeError:
+                fixed = (self,)
+            self._fixed_content = fixed
+        if fixed[0] is self:
+            return fixed
+        return (*fixed, self.healthy, self.free, self.mix.version)
 
     def read_whole(
         self, allocation: PluginAllocation, owns: Callable[[str], bool] | Collection[str]
@@ -408,6 +434,11 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
 
     def _unused(self, i: int) -> bool:
         return not self.tasks[i]
+
+    def scoring_content(self) -> tuple[object, ...]:
+        """The shares' books are read too (`used`, `tasks`) and carry no content of their own here: each node is
+        scored alone (nvidia's state, which knows what its scores read, says more)."""
+        return (self,)
 
 
 def _unit(unit: str) -> str:

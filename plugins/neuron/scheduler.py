@@ -142,6 +142,24 @@ class NeuronNodeState(DeviceNodeState):
     def device_is_free(self, device: int) -> bool:
         return bool(self.free_devices >> device & 1)
 
+    def scoring_content(self) -> tuple[object, ...]:
+        """What the engine's local scores read of this state (`Scoring.scoring_content`), so that nodes alike share
+        one computation of their scores: `place` (score and fit) reads the topology, the cores per device, the
+        healthy and free devices and cores; `_turned_away` and the fragmentation measure read the free devices and
+        the learned mix, whose version stands for it (the mix is the engine's one per plugin, and its `version`
+        grows with every publication). The instance type and `present` only name things in refusals, which score
+        0 alike. Not remembered: a tuple of a few ints, and the engine keeps it per node version. A change to
+        `place` or `_turned_away` that reads more of the state must add it here (tests/plugins/test_neuron.py's
+        `test_nodes_alike_in_scoring_content_score_alike`)."""
+        return (
+            self.topology,
+            self.cores_per_device,
+            self.healthy,
+            self.free_devices,
+            self.free_cores,
+            self.mix.version,
+        )
+
 
 def _state(state: DeviceNodeState) -> NeuronNodeState:
     assert isinstance(state, NeuronNodeState), f"not a neuron state: {state!r}"

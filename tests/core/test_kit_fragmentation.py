@@ -4,10 +4,11 @@ whole-device plugin (a third party's included); the neuron plugin measures it on
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kubegpu.core.kit import (
@@ -25,7 +26,9 @@ from kubegpu.core.models import DeviceInfo, NodeInfo
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.plugins.neuron import scheduler as neuron
 from kubegpu.plugins.neuron import topology as topo
+from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.engine.scoring import Scoring
 
 CARD = "cards.example/card"
 TOPOLOGIES = [
@@ -292,3 +295,74 @@ def test_neuron_measures_a_node_nothing_changed_on_again_once_the_mix_moves_on()
     for i in range(6):  # the third node full: the single has the ring and the torus to choose from
         assert schedule(engine, f"kept-{i}", neuron.NEURON, 2, node="inf2-pairs") == "inf2-pairs"
     assert engine.decide(single).node == "trn1-big"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Nodes alike share one computation of their scores (`WholeDeviceNodeState.scoring_content`)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class RingCards(Cards):
+    """Cards on a ring (`extra`): a set is valid when contiguous, so which cards are free matters."""
+
+    def devices(self, node: NodeInfo) -> tuple[list[DeviceInfo], object] | None:
+        found = label_devices(node.labels, f"{CARD}.count", "card")
+        return found, topo.make_topology("ring", len(found))
+
+    def choose(self, state: WholeDeviceNodeState, free: int, count: int, request: object) -> int | None:
+        return topo.choose_devices(state.extra, 1, free, free, count)
+
+    def fits(self, state: WholeDeviceNodeState, free: int, count: int) -> bool:
+        return topo.has_free_set(state.extra, free, count)
+
+
+def kit_placements(plugin: WholeDevicePlugin, arrivals: list[tuple[int, int]], percentage: int) -> list[str | None]:
+    """Where an engine of 9 card nodes (4, 6 or 8 cards) places pods of `arrivals` (cards asked, and when the
+    second number is below 3 an earlier pod leaves first)."""
+    profile = dataclasses.replace(scores.Profile.default("binpack"), percentage_of_nodes_to_score=percentage)
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("cards", plugin)], autoload=False), scoring=profile)
+    for i in range(9):
+        count = str(4 + 2 * (i % 3))
+        engine.add_node(node_info(node_document(f"n{i}", {f"{CARD}.count": count}, {CARD: count})))
+    placed: list[str | None] = []
+    for n, (size, leave) in enumerate(arrivals):
+        if leave < 3 and placed:
+            engine.release(f"team/p{(n * 7 + leave) % len(placed)}")
+        placed.append(schedule(engine, f"p{n}", CARD, size))
+    return placed
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    plugin=st.sampled_from([Cards, RingCards]),
+    arrivals=st.lists(st.tuples(st.sampled_from([1, 1, 2, 3, 4, 8]), st.integers(0, 9)), min_size=1, max_size=50),
+    percentage=st.sampled_from([100, 0]),
+)
+def test_nodes_alike_in_the_kits_scoring_content_score_alike(
+    plugin: type[WholeDevicePlugin], arrivals: list[tuple[int, int]], percentage: int
+) -> None:
+    # The oracle of the kit's `scoring_content`: the engine's scores shared by nodes alike in it
+    # (`_raw_by_content`) place every pod where scoring each node alone does, departures and a moving mix included.
+    fast = kit_placements(plugin(), arrivals, percentage)
+    original = Scoring.scoring_content
+    try:
+        Scoring.scoring_content = lambda self, record: None  # type: ignore[method-assign]
+        slow = kit_placements(plugin(), arrivals, percentage)
+    finally:
+        Scoring.scoring_content = original  # type: ignore[method-assign]
+    assert fast == slow
+
+
+def test_the_kits_scoring_content_follows_the_free_cards_and_the_mix() -> None:
+    mix = SizeMix()
+    devices = [DeviceInfo(id=str(i)) for i in range(4)]
+    a = WholeDeviceNodeState("cards", "a", devices, None, mix)
+    b = WholeDeviceNodeState("cards", "b", devices, None, mix)
+    assert a.scoring_content() == b.scoring_content()  # the node's name is not read
+    b.hold([0], "team/p")
+    assert a.scoring_content() != b.scoring_content()
+    before = a.scoring_content()
+    mix.add(2)
+    assert a.scoring_content() != before
+    unhashable = WholeDeviceNodeState("cards", "c", devices, {"rows": 2}, mix)
+    assert unhashable.scoring_content() == (unhashable,)  # scored alone

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -717,3 +718,80 @@ def test_random_workloads_keep_the_ledger_consistent(
     for key in list(node.held):
         assert node.release(key).ok
     assert node.headroom() == fresh
+
+
+NEURON_NODE_KINDS = [("trn1.32xlarge", 16), ("inf2.48xlarge", 12), ("inf2.24xlarge", 6)]  # (type, devices)
+NEURON_ASKS = [(DEVICE, 1), (DEVICE, 1), (DEVICE, 2), (DEVICE, 4), (CORE, 1), (CORE, 2), (DEVICE, 8)]
+
+
+def neuron_placements(arrivals: list[tuple[int, int]], percentage: int) -> list[str | None]:
+    """Where an engine of 12 Neuron nodes (three kinds) places the pods `arrivals` names (an ask of NEURON_ASKS; a
+    second number, when below 3, deletes an earlier pod first)."""
+    from kubegpu.core.manifests import node_info, pod_request
+    from kubegpu.core.plugin_manager import make_plugin_manager
+    from kubegpu.core.testing import node_manifest
+    from kubegpu.scheduler import scores
+    from kubegpu.scheduler.engine import Engine
+
+    profile = dataclasses.replace(scores.Profile.default("binpack"), percentage_of_nodes_to_score=percentage)
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("neuron", scheduler)], autoload=False), scoring=profile)
+    for i in range(12):
+        kind, devices = NEURON_NODE_KINDS[i % len(NEURON_NODE_KINDS)]
+        labels = {"node.kubernetes.io/instance-type": kind}
+        allocatable = {DEVICE: devices, CORE: 2 * devices}
+        engine.add_node(
+            node_info(node_manifest(f"n{i}", labels=labels, allocatable=allocatable, memory="64Gi", cpu="64"))
+        )
+    placed: list[str | None] = []
+    for n, (ask, leave) in enumerate(arrivals):
+        if leave < 3 and placed:
+            engine.release(f"bench/p{(n * 7 + leave) % len(placed)}")
+        resource, amount = NEURON_ASKS[ask]
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"p{n}", "namespace": "bench"},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {resource: str(amount)}}}]},
+        }
+        placed.append(engine.schedule(pod_request(manifest)[0]).node)
+    return placed
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    arrivals=st.lists(st.tuples(st.integers(0, len(NEURON_ASKS) - 1), st.integers(0, 9)), min_size=1, max_size=60),
+    percentage=st.sampled_from([100, 0]),
+)
+def test_nodes_alike_in_scoring_content_score_alike(
+    arrivals: list[tuple[int, int]], percentage: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The oracle of `NeuronNodeState.scoring_content`: the engine's scores shared by nodes alike in it
+    # (`_raw_by_content`) place every pod where scoring each node alone does, deletions and a moving mix included.
+    from kubegpu.scheduler.engine.scoring import Scoring
+
+    fast = neuron_placements(arrivals, percentage)
+    with monkeypatch.context() as patched:
+        patched.setattr(Scoring, "scoring_content", lambda self, record: None)
+        slow = neuron_placements(arrivals, percentage)
+    assert fast == slow
+
+
+def test_scoring_content_covers_what_the_scores_read() -> None:
+    # Two states alike in `scoring_content` give the same score and fragmentation for every ask; one free device
+    # or one mix publication apart, the content differs.
+    shape = topo.make_topology("torus", 16, 4, 4)
+    mix = SizeMix()
+    a = scheduler.NeuronNodeState("a", shape, 2, "trn1.32xlarge", (1 << 16) - 1, (1 << 16) - 1, mix)
+    b = scheduler.NeuronNodeState("b", shape, 2, "other", (1 << 16) - 1, (1 << 16) - 1, mix)
+    mix.add(2)
+    assert a.scoring_content() == b.scoring_content()
+    for resource, amount in NEURON_ASKS:
+        asked = scheduler.neuron_requests(pod(amount, resource))
+        for hook in (scheduler.kubegpu_scheduler_score, scheduler.kubegpu_scheduler_fragmentation):
+            kwargs: dict[str, Any] = {"free": {}} if hook is scheduler.kubegpu_scheduler_fragmentation else {}
+            assert hook(a, pod(amount, resource), asked, **kwargs) == hook(b, pod(amount, resource), asked, **kwargs)
+    b.free_devices &= ~1
+    assert a.scoring_content() != b.scoring_content()
+    before = a.scoring_content()
+    mix.add(8)
+    assert a.scoring_content() != before
