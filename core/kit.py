@@ -144,6 +144,7 @@ class SizeMix:
         self.version = 0
         self._next = 1.0
         self._mix: tuple[tuple[int, float], ...] = ()
+        self._published: dict[int, float] = {}  # `_mix` as a dict, for `_moved`
         self._mean = 0.0
 
     def add(self, size: int) -> None:
@@ -174,14 +175,15 @@ class SizeMix:
 
     def _moved(self) -> float:
         """The total variation distance between the learned mix and the published one."""
-        total = self.total
-        published = dict(self._mix)
-        moved = math.fsum(abs(weight / total - published.pop(size, 0.0)) for size, weight in self.weights.items())
-        return (moved + math.fsum(published.values())) / 2
+        total, published = self.total, self._published
+        moved = math.fsum(abs(weight / total - published.get(size, 0.0)) for size, weight in self.weights.items())
+        gone = math.fsum(p for size, p in self._mix if size not in self.weights)  # sizes pushed out since
+        return (moved + gone) / 2
 
     def _publish(self) -> None:
         total = self.total
         self._mix = tuple((size, weight / total) for size, weight in sorted(self.weights.items())) if total else ()
+        self._published = dict(self._mix)
         self._mean = math.fsum(size * p for size, p in self._mix)
         self.version += 1
 

@@ -132,6 +132,20 @@ def test_the_published_mix_follows_the_learned_one_within_its_drift() -> None:
     assert exact.version == 3  # no drift: every container publishes
 
 
+@given(sizes=st.lists(st.integers(1, 6), max_size=60), drift=st.sampled_from([0.0, 0.02, 0.2]))
+def test_the_distance_to_the_published_mix_is_the_total_variation_distance(sizes: list[int], drift: float) -> None:
+    # The oracle of `SizeMix._moved`, which reads the published mix from a dict kept at publication: half the summed
+    # differences of the learned and the published probabilities, sizes pushed out (`most` 3) included.
+    mix = SizeMix(memory=20, most=3, drift=drift)
+    for size in sizes:
+        mix.add(size)
+        learned = {size: weight / mix.total for size, weight in mix.weights.items()}
+        published = dict(mix.mix())
+        every = learned.keys() | published.keys()
+        expected = sum(abs(learned.get(k, 0.0) - published.get(k, 0.0)) for k in every) / 2
+        assert mix._moved() == pytest.approx(expected, abs=1e-12)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The measure, against its definition computed kind by kind
 # ---------------------------------------------------------------------------------------------------------------
