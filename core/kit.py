@@ -443,6 +443,13 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
         return (self,)
 
 
+def shares_devices(state: object) -> bool:
+    """Whether a node state's devices may be shared: the kit's shared books with more than one share per device. The
+    engine ranks as many nodes as kube-scheduler would for a pod that may reach such a node, where placing a share by
+    its fragmentation is worth the most."""
+    return isinstance(state, SharedDeviceNodeState) and state.split > 1
+
+
 def _unit(unit: str) -> str:
     """`%` follows its number, other units after a space: "40% compute", "512 MiB memory"."""
     return unit if unit == "%" else f" {unit}"

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+from kubegpu.core.kit import shares_devices
 from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import (
     NodeInfo,
@@ -82,12 +83,18 @@ class NodeCache(Ledger):
 
     def _count_fragmenting(self, record: NodeRecord, sign: int) -> None:
         """Count a node holding a state of a plugin that measures fragmentation in (+1) or out (-1) of
-        `_fragmenting_nodes`: under "" and under each plugin with a state there."""
+        `_fragmenting_nodes`: under "" and under each plugin with a state there; and likewise in `_sharing_nodes` when
+        one of those states shares its devices."""
         if any(plugin in record.states for plugin in self._fragmenters):
             counts = self._fragmenting_nodes
             counts[""] += sign
             for plugin in record.states:
                 counts[plugin] += sign
+            if any(shares_devices(state) for state in record.states.values()):
+                sharing = self._sharing_nodes
+                sharing[""] += sign
+                for plugin in record.states:
+                    sharing[plugin] += sign
 
     def _note_scored(self, info: NodeInfo | None, previous: NodeInfo | None) -> None:
         """Count a node's images and the controllers its `preferAvoidPods` annotation names, in place of what its

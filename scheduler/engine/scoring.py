@@ -78,19 +78,18 @@ class Scoring(Filtering):
         return 100.0 / (1.0 + math.exp(min(50.0, stranded)))
 
     def fragmentation_matters(self, pod: PodRequest, plan: Plan) -> bool:
-        """Whether KubegpuFragmentation may rank the pod's nodes otherwise than the policy's order: the pod may go to
-        a node holding a state of a plugin that measures fragmentation (a pod without devices to any such node, a
-        device pod to one holding its plugins' states too), and the profile sets `percentageOfNodesToScore`.
+        """Whether KubegpuFragmentation may rank the pod's nodes otherwise than the policy's order, so that a cycle
+        ranks kube-scheduler's adaptive count of feasible nodes, not the policy's first few: the pod may go to a node
+        holding a state of a plugin that measures fragmentation (a pod without devices to any such node, a device pod
+        to one holding its plugins' states too) and the profile sets `percentageOfNodesToScore`; or, with it unset, the
+        pod may go to a node whose devices are shared (`kubegpu.core.kit.shares_devices`: GPU shares).
 
-        Without that setting a cycle ranks the policy's first few feasible nodes, fragmentation included: scoring
-        kube-scheduler's adaptive count for every pod that may reach a GPU or Neuron node cost 3.4x the engine time
-        on `benchmarks/simulate_bench.py` (370 against 1,253 pods/s), for 3.5 points of GPU capacity on the FGD
-        paper's trace (`benchmarks/sharing_bench.py`); measured again once nodes alike shared their local scores
-        (`_raw_by_content`), still 5x the CPU time (38-40 s against 7.7 s: its Neuron and Intel nodes are scored one
-        by one). An operator who wants that packing asks for it by name."""
-        if self.scoring.percentage_of_nodes_to_score <= 0:
-            return False
-        counts = self._fragmenting_nodes
+        Unset, whole devices keep the first few: the adaptive count for every pod that may reach a GPU or Neuron node
+        cost 3.4x the engine time on `benchmarks/simulate_bench.py`, and still 4-5x once nodes alike shared their local
+        scores (`_raw_by_content`) and the kit's states had a scoring content. For shared GPUs the adaptive count is
+        worth about 3.5 points of GPU capacity on the FGD paper's trace (`benchmarks/sharing_bench.py`: 88.8 % on the
+        first 8 nodes, 92.1-92.4 % on kube-scheduler's count) for about 15 % of the replay's CPU time."""
+        counts = self._fragmenting_nodes if self.scoring.percentage_of_nodes_to_score > 0 else self._sharing_nodes
         if not plan.devices:
             return counts[""] > 0
         return any(counts[plugin] > 0 for plugin, _ in plan.devices)

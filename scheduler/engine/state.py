@@ -111,6 +111,10 @@ class EngineState:
         # a pod's nodes otherwise than the policy's order only where the pod may go to such a node.
         self._fragmenters = tuple(p for p in plugins.names if plugins.implements(p, FRAGMENTATION_HOOK))
         self._fragmenting_nodes: Counter[str] = Counter()
+        # Of those, the nodes whose devices a plugin shares (`kubegpu.core.kit.shares_devices`), counted the same way:
+        # a pod that may reach one has its nodes ranked by kube-scheduler's count even when the profile leaves
+        # `percentageOfNodesToScore` unset (`fragmentation_matters`).
+        self._sharing_nodes: Counter[str] = Counter()
         self._issued = 0  # ledger: the `issued` stamp of the last signed allocation; stamps strictly increase
 
         # -- the cluster state (cache, ledger) -----------------------------------------------------------------------

@@ -94,6 +94,26 @@ def test_fragmentation_ranks_as_many_nodes_as_the_profile_asks_kube_scheduler_to
     assert (chosen == "cpu-z") is (percentage > 0)
 
 
+@pytest.mark.parametrize("split", [1, 10], ids=["whole-gpus", "shared-gpus"])
+def test_with_the_profile_unset_a_pod_that_may_reach_shared_gpus_has_kube_schedulers_count_of_nodes_ranked(
+    split: int,
+) -> None:
+    """With `percentageOfNodesToScore` unset, the policy's first few feasible nodes are ranked, except for a pod that
+    may reach a node whose GPUs are shared (HAMi's accounting: `nvidia.com/gpu` = GPUs x the split count): there the
+    fragmentation score decides most, and kube-scheduler's count is ranked. The cpu-only pod finds the cpu node
+    behind twelve GPU nodes whose free GPUs its cores would strand only where the GPUs are shared."""
+    pm = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
+    scheduler = Engine(pm, scoring=scores.Profile.default())
+    for i in range(12):
+        document = gpu_node(f"gpu-{i:02}", 4, 32, 128)
+        document["status"]["allocatable"]["nvidia.com/gpu"] = str(4 * split)  # type: ignore[index]
+        scheduler.add_node(node_info(document))
+        assert scheduler.schedule(pod_request(pod(f"trainer-{i}", 8, 32, gpus=1, node=f"gpu-{i:02}"))[0]).scheduled
+    scheduler.add_node(node_info(gpu_node("cpu-z", 0, 64, 256)))
+    chosen = scheduler.schedule(pod_request(pod("batch", 20, 80))[0]).node
+    assert (chosen == "cpu-z") is (split > 1)
+
+
 def test_a_node_is_scored_again_when_the_learned_mix_moves_on() -> None:
     """The fragmentation answers of nodes nothing changed on are remembered only while the mix of pods they were
     measured against holds (`kubegpu_scheduler_fragmentation_epoch`): once the cluster mostly runs 24-core GPU pods,
