@@ -69,7 +69,7 @@ class NodeRecord:
     # confirm it): (node version, shape, Kubernetes' node filters (None: they pass), the device fit (None: not asked
     # yet)). A few shapes alternate in a workload, so one slot would thrash.
     last_check: dict[int, tuple[int, tuple[object, ...], Status | None, Status | None]] = field(default_factory=dict)
-    last_score: tuple[int, tuple[object, ...], float] | None = None
+    last_score: tuple[int, tuple[object, ...], tuple[int | None, ...], float] | None = None
     # The last preemption dry run here (`Preempting._select_victims`): (node version, pod shape, the pod's priority,
     # the budgets, the candidate or None).
     last_victims: tuple[int, tuple[object, ...], int, tuple[Budget, ...], Candidate | None] | None = None

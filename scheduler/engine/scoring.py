@@ -127,7 +127,8 @@ class Scoring(Filtering):
         order; 0 for a plugin with nothing to say of the pod), remembered per pod shape (`Plan.local`) and, while
         KubegpuFragmentation scores, the fragmenting plugins' epochs (`LocalRaws`): only the nodes changed since are
         asked, and nodes alike in what the plugins read share one computation (`_raw_by_content`)."""
-        epochs = self.fragmentation_epochs() if self._fragmenting_nodes[""] and self._scores_fragmentation else ()
+        # The epochs whether or not KubegpuFragmentation scores: a device score may read the learned mix too.
+        epochs = self.fragmentation_epochs() if self._fragmenting_nodes[""] else ()
         slot, local = id(plan.local), plan.local
         remembered = self._local_raws(plan, epochs).raws
         raws: list[tuple[float, ...] | None] = list(map(remembered.get, names))
@@ -319,9 +320,15 @@ class Scoring(Filtering):
         """
         record = self.nodes[name]
         signature = (plan or self.plan(pod)).signature
+        epochs = self.fragmentation_epochs() if self._fragmenting_nodes[""] else ()
         remembered = record.last_score
-        if remembered is not None and remembered[0] == record.version and remembered[1] is signature:
-            return remembered[2]
+        if (
+            remembered is not None
+            and remembered[0] == record.version
+            and remembered[1] is signature
+            and remembered[2] == epochs
+        ):
+            return remembered[3]
         score = self._score(record, pod)
-        record.last_score = (record.version, signature, score)
+        record.last_score = (record.version, signature, epochs, score)
         return score

@@ -258,7 +258,8 @@ class EngineState:
         # Per node (`NodeRecord`): `last_check`, id(Plan.local) -> (node version, Plan.local, answer), the node-local
         # filter answers, stale when the node's version moved (every change of its usage, devices or liveness) or the
         # shape is another's; `CHECKS_REMEMBERED` shapes per node, oldest out.
-        # `last_score`: (node version, Plan.signature, the extender's device score), one slot.
+        # `last_score`: (node version, Plan.signature, the fragmentation epochs, the extender's device score), one slot:
+        # a device score may read the plugin's learned mix (neuron's discount for the sizes a placement turns away).
         # `dra._answers` (`DraBook`): (CEL expression, device facts) -> the selector's answer, and `dra._both`:
         # (class selectors, request selectors, device facts) -> both accept. Never stale: the facts are all a
         # selector reads of a device. Past 65536, cleared. A pod's DRA answers are in `last_check` under its

@@ -380,3 +380,41 @@ def test_the_kits_scoring_content_follows_the_free_cards_and_the_mix() -> None:
     assert a.scoring_content() != before
     unhashable = WholeDeviceNodeState("cards", "c", devices, {"rows": 2}, mix)
     assert unhashable.scoring_content() == (unhashable,)  # scored alone
+
+
+@pytest.mark.parametrize("fragmentation", [True, False], ids=["fragmentation-scored", "fragmentation-off"])
+def test_a_remembered_neuron_score_follows_the_learned_mix(fragmentation: bool) -> None:
+    """The neuron plugin's device score discounts a placement by the sizes of the learned mix it would turn away, so
+    a node's remembered score (the extender's prioritize, `Engine.score_node`; a cycle's local raw scores) holds only
+    while that mix does, with KubegpuFragmentation scored or turned off in the profile: after the mix moves on, the
+    remembered answers equal an engine's that forgot its memos."""
+    default = scores.Profile.default()
+    weights = dict(default.weights) if fragmentation else {**default.weights, scores.FRAGMENTATION: 0}
+    engine = Engine(
+        make_plugin_manager("scheduler", plugins=[("neuron", neuron)], autoload=False), scoring=scores.Profile(weights)
+    )
+    for name, kind in (("inf2-small", "inf2.24xlarge"), ("trn1-big", "trn1.32xlarge"), ("inf2-pairs", "inf2.48xlarge")):
+        labels = {"node.kubernetes.io/instance-type": kind}
+        engine.add_node(node_info(node_document(name, labels, {neuron.NEURON: str(topo.CATALOG[kind].devices)})))
+    learn(engine, neuron.NEURON, [16, 1] * 6)
+    assert schedule(engine, "holder", neuron.NEURON, 4, node="inf2-small") == "inf2-small"
+    single = pod_request(pod_document("single", neuron.NEURON, 1))[0]
+    nodes = ("inf2-small", "trn1-big")
+    before = {name: engine.score_node(name, single) for name in nodes}
+
+    def local_raws() -> list[tuple[float, ...]]:  # a cycle's local raw scores, remembered per pod shape
+        return engine._local_raw(list(nodes), [engine.nodes[name] for name in nodes], single, engine.plan(single))
+
+    local_before = local_raws()
+    for i in range(30):  # pairs on the third node: the first two are as they were, the mix is not
+        assert schedule(engine, f"pair-{i}", neuron.NEURON, 2, node="inf2-pairs") == "inf2-pairs"
+        assert engine.release(f"team/pair-{i}") is not None
+    remembered = {name: engine.score_node(name, single) for name in nodes}
+    local_remembered = local_raws()
+    engine.forget_memos()
+    fresh = {name: engine.score_node(name, single) for name in nodes}
+    assert fresh != before  # the mix moved the score: the memo had something to get wrong
+    assert remembered == fresh
+    local_fresh = local_raws()
+    assert local_fresh != local_before
+    assert local_remembered == local_fresh
