@@ -106,8 +106,8 @@ class AllocationRecord(BaseModel):
         return self.containers.get(container, {}).get(resource, [])
 
 
-def merge_allocations(node: str, pod_uid: str, parts: list[PluginAllocation]) -> AllocationRecord:
-    """One record from the plugins' placements of one pod."""
+def merge_allocations(node: str, pod_uid: str, parts: list[PluginAllocation], issued: int = 0) -> AllocationRecord:
+    """One record from the plugins' placements of one pod, stamped `issued` (0: not stamped)."""
     containers: dict[str, dict[str, list[str]]] = {}
     shares: dict[str, dict[str, dict[str, int]]] = {}
     plugins: dict[str, dict[str, Any]] = {}
@@ -118,7 +118,9 @@ def merge_allocations(node: str, pod_uid: str, parts: list[PluginAllocation]) ->
             shares.setdefault(container, {}).update(by_resource)
         if part.fields:
             plugins[part.plugin] = part.fields
-    return AllocationRecord(version=1, node=node, podUID=pod_uid, containers=containers, shares=shares, plugins=plugins)
+    return AllocationRecord(
+        version=1, node=node, podUID=pod_uid, containers=containers, shares=shares, plugins=plugins, issued=issued
+    )
 
 
 def encode_allocation(record: AllocationRecord) -> str:

@@ -100,10 +100,11 @@ class Reserving(Scoring):
         annotations: dict[str, str] = {}
         allocation_record: AllocationRecord | None = None
         if parts:
-            allocation_record = merge_allocations(name, pod.uid, list(parts.values()))
-            if self.signing_key is not None:
+            if self.signing_key is None:
+                allocation_record = merge_allocations(name, pod.uid, list(parts.values()))
+            else:
                 self._issued = max(time.time_ns(), self._issued + 1)
-                allocation_record = allocation_record.model_copy(update={"issued": self._issued})
+                allocation_record = merge_allocations(name, pod.uid, list(parts.values()), issued=self._issued)
                 allocation_record = sign_allocation(allocation_record, self.signing_key)
             for part in parts.values():
                 annotations.update(part.annotations)
