@@ -122,7 +122,7 @@ class _Port(_Model):
 class _Container(_Model):
     name: str = Field(min_length=1)
     image: str = ""
-    resources: _Resources = _Resources()
+    resources: _Resources = Field(default_factory=_Resources)
     ports: list[_Port] = Field(default_factory=list)
     restartPolicy: str | None = None  # on an init container, "Always" makes it a sidecar (Kubernetes 1.28+)
 
@@ -283,7 +283,7 @@ class _Pod(_Model):
     kind: Literal["Pod"] = "Pod"
     metadata: _Meta
     spec: _PodSpec
-    status: _PodStatus = _PodStatus()
+    status: _PodStatus = Field(default_factory=_PodStatus)
 
 
 class _Taint(_Model):
@@ -311,8 +311,8 @@ class _NodeStatus(_Model):
 class _Node(_Model):
     kind: Literal["Node"] = "Node"
     metadata: _Meta
-    spec: _NodeSpec = _NodeSpec()
-    status: _NodeStatus = _NodeStatus()
+    spec: _NodeSpec = Field(default_factory=_NodeSpec)
+    status: _NodeStatus = Field(default_factory=_NodeStatus)
 
 
 def is_extended_resource(resource: str) -> bool:
