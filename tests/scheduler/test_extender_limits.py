@@ -463,7 +463,9 @@ def test_a_long_pipeline_read_late_is_answered_whole_and_in_order(
     with sock:
         sender = threading.Thread(target=sock.sendall, args=(b"".join(requests),), daemon=True)
         sender.start()
-        wait_until(lambda: any(c.read_paused for c in server.connections), 10, "reading paused")
+        # About a second here alone; the whole suite's run once took more than 10 s to get there (one CI run of
+        # 3,169 tests, the server's loop sharing the interpreter with the earlier tests' lingering threads).
+        wait_until(lambda: any(c.read_paused for c in server.connections), 30, "reading paused")
         buffer = bytearray()
         for i in range(PIPELINED):
             status, _, body = read_response(sock, buffer)
