@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kubegpu.core.manifests import node_info, pod_request
@@ -90,28 +91,57 @@ def kubegpu(nodes: list[tuple[str, str]], sizes: list[int]) -> Result:
     return kubegpu_replay(nodes, arrivals(sizes))
 
 
-def first_fit_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
+# A rule of where an arriving pod goes: (its step in the events, its size, the free devices per node, the pods held)
+# -> (node, the devices it takes), or None to refuse it.
+Rule = Callable[[int, int, dict[str, int], dict[int, tuple[str, int]]], "tuple[str, int] | None"]
+
+
+def replay(nodes: list[tuple[str, str]], events: list[Event], rule: Rule) -> Result:
+    """The events on empty nodes, each arrival placed where `rule` says: pods placed, devices stranded at the end,
+    device-steps held and pods of at least `LARGE` devices placed."""
     free = {name: (1 << SHAPES[kind]) - 1 for name, kind in nodes}
     shapes = {name: topology_of(kind) for name, kind in nodes}
     held: dict[int, tuple[str, int]] = {}
     placed = busy = large = 0
-    for what, pod, size in events:
+    for step, (what, pod, size) in enumerate(events):
         if what == "leave":
             if pod in held:
                 name, block = held.pop(pod)
                 free[name] |= block
-        else:
-            for name, _ in nodes:
-                block = next((b for b in topo.valid_sets(shapes[name], size) if free[name] & b == b), None)
-                if block is not None:
-                    free[name] &= ~block
-                    held[pod] = (name, block)
-                    placed += 1
-                    large += size >= LARGE
-                    break
+        elif (chosen := rule(step, size, free, held)) is not None:
+            name, block = chosen
+            free[name] &= ~block
+            held[pod] = (name, block)
+            placed += 1
+            large += size >= LARGE
         busy += sum(block.bit_count() for _, block in held.values())
     stranded = sum(free[n].bit_count() - topo.largest_device_set(shapes[n], free[n]) for n, _ in nodes)
     return Result(placed, stranded, busy, large)
+
+
+def lowest_set(shape: topo.Topology, free: int, size: int) -> int | None:
+    """First-fit's choice on one node: its lowest valid set of `size` free devices."""
+    return next((b for b in topo.valid_sets(shape, size) if free & b == b), None)
+
+
+def first_fit_rule(nodes: list[tuple[str, str]], shapes: dict[str, topo.Topology]) -> Rule:
+    """The first node in order with a valid set free, its lowest one."""
+
+    def rule(step: int, size: int, free: dict[str, int], held: dict[int, tuple[str, int]]) -> tuple[str, int] | None:
+        for name, _ in nodes:
+            if (block := lowest_set(shapes[name], free[name], size)) is not None:
+                return name, block
+        return None
+
+    return rule
+
+
+def shapes_of(nodes: list[tuple[str, str]]) -> dict[str, topo.Topology]:
+    return {name: topology_of(kind) for name, kind in nodes}
+
+
+def first_fit_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
+    return replay(nodes, events, first_fit_rule(nodes, shapes_of(nodes)))
 
 
 def first_fit_count(
@@ -123,20 +153,18 @@ def first_fit_count(
 ) -> int:
     """The pods first-fit places over `events` from the given state (left as it was)."""
     free, held = dict(free), dict(held)
+    rule = first_fit_rule(nodes, shapes)
     placed = 0
     for what, pod, size in events:
         if what == "leave":
             if pod in held:
                 name, block = held.pop(pod)
                 free[name] |= block
-            continue
-        for name, _ in nodes:
-            block = next((b for b in topo.valid_sets(shapes[name], size) if free[name] & b == b), None)
-            if block is not None:
-                free[name] &= ~block
-                held[pod] = (name, block)
-                placed += 1
-                break
+        elif (chosen := rule(0, size, free, held)) is not None:
+            name, block = chosen
+            free[name] &= ~block
+            held[pod] = chosen
+            placed += 1
     return placed
 
 
@@ -144,38 +172,26 @@ def lookahead_replay(nodes: list[tuple[str, str]], events: list[Event], horizon:
     """An oracle that knows the next `horizon` events: at each arrival it tries every node that fits (its lowest
     valid set), replays the next `horizon` events with first-fit from there, and keeps the node that places most
     (the first on a tie). Not a scheduler (no scheduler knows the future): the floor of what looking ahead buys."""
-    free = {name: (1 << SHAPES[kind]) - 1 for name, kind in nodes}
-    shapes = {name: topology_of(kind) for name, kind in nodes}
-    held: dict[int, tuple[str, int]] = {}
-    placed = busy = large = 0
-    for step, (what, pod, size) in enumerate(events):
-        if what == "leave":
-            if pod in held:
-                name, block = held.pop(pod)
-                free[name] |= block
-        else:
-            best: tuple[int, str, int] | None = None
-            future = events[step + 1 : step + 1 + horizon]
-            for name, _ in nodes:
-                block = next((b for b in topo.valid_sets(shapes[name], size) if free[name] & b == b), None)
-                if block is None:
-                    continue
-                free[name] &= ~block
-                held[pod] = (name, block)
-                count = first_fit_count(nodes, shapes, free, held, future)
-                free[name] |= block
-                del held[pod]
-                if best is None or count > best[0]:
-                    best = (count, name, block)
-            if best is not None:
-                _, name, block = best
-                free[name] &= ~block
-                held[pod] = (name, block)
-                placed += 1
-                large += size >= LARGE
-        busy += sum(block.bit_count() for _, block in held.values())
-    stranded = sum(free[n].bit_count() - topo.largest_device_set(shapes[n], free[n]) for n, _ in nodes)
-    return Result(placed, stranded, busy, large)
+    shapes = shapes_of(nodes)
+
+    def rule(step: int, size: int, free: dict[str, int], held: dict[int, tuple[str, int]]) -> tuple[str, int] | None:
+        best: tuple[int, str, int] | None = None
+        future = events[step + 1 : step + 1 + horizon]
+        pod = events[step][1]
+        for name, _ in nodes:
+            block = lowest_set(shapes[name], free[name], size)
+            if block is None:
+                continue
+            free[name] &= ~block
+            held[pod] = (name, block)
+            count = first_fit_count(nodes, shapes, free, held, future)
+            free[name] |= block
+            del held[pod]
+            if best is None or count > best[0]:
+                best = (count, name, block)
+        return None if best is None else best[1:]
+
+    return replay(nodes, events, rule)
 
 
 def loosest_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
@@ -186,38 +202,25 @@ def loosest_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
     than first-fit with departures. What it pays for that: the fewest empty big nodes, so about half first-fit's
     pods of 12 or 16 devices, and in the first table (no departures) fewer pods than first-fit where one node is
     the only home of a size (random-1: the 12-device pods' only inf2.48xlarge takes the first 2-device pod)."""
-    free = {name: (1 << SHAPES[kind]) - 1 for name, kind in nodes}
-    shapes = {name: topology_of(kind) for name, kind in nodes}
+    shapes = shapes_of(nodes)
     sizes = 0
     for shape in shapes.values():
         sizes |= sum(1 << size for size in topo.valid_sizes(shape))
-    held: dict[int, tuple[str, int]] = {}
-    placed = busy = large = 0
-    for what, pod, size in events:
-        if what == "leave":
-            if pod in held:
-                name, block = held.pop(pod)
-                free[name] |= block
-        else:
-            best: tuple[tuple[int, int, int], str, int] | None = None
-            for i, (name, _) in enumerate(nodes):
-                shape, left = shapes[name], free[name]
-                chosen = topo.choose_devices(shape, 1, left, left, size)
-                if chosen is None:
-                    continue
-                lost = topo.fitting_sizes(shape, left) & ~topo.fitting_sizes(shape, left & ~chosen) & sizes
-                key = (lost.bit_count(), -(left & ~chosen).bit_count(), i)
-                if best is None or key < best[0]:
-                    best = (key, name, chosen)
-            if best is not None:
-                _, name, block = best
-                free[name] &= ~block
-                held[pod] = (name, block)
-                placed += 1
-                large += size >= LARGE
-        busy += sum(block.bit_count() for _, block in held.values())
-    stranded = sum(free[n].bit_count() - topo.largest_device_set(shapes[n], free[n]) for n, _ in nodes)
-    return Result(placed, stranded, busy, large)
+
+    def rule(step: int, size: int, free: dict[str, int], held: dict[int, tuple[str, int]]) -> tuple[str, int] | None:
+        best: tuple[tuple[int, int, int], str, int] | None = None
+        for i, (name, _) in enumerate(nodes):
+            shape, left = shapes[name], free[name]
+            chosen = topo.choose_devices(shape, 1, left, left, size)
+            if chosen is None:
+                continue
+            lost = topo.fitting_sizes(shape, left) & ~topo.fitting_sizes(shape, left & ~chosen) & sizes
+            key = (lost.bit_count(), -(left & ~chosen).bit_count(), i)
+            if best is None or key < best[0]:
+                best = (key, name, chosen)
+        return None if best is None else best[1:]
+
+    return replay(nodes, events, rule)
 
 
 def kubegpu_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
