@@ -8,6 +8,7 @@ cycle counts refusals as kube-scheduler reports them (`_refuse`, `_refused`, `_t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from kubegpu.core.models import (
     PodRequest,
@@ -341,26 +342,10 @@ class Filtering(Planning):
         """The answers of the class's nodes (`ClassTally`), remembered per (class, pod shape) and brought up to date
         with the nodes changed since; nodes awaiting a preempting pod are asked again each time (nominating one
         is no change of the node)."""
-        key = (klass, id(plan.local))
-        tally = self._tallies.get(key)
-        changed: Iterable[str] | None = None
-        if tally is not None and tally.local is plan.local and tally.status == status:
-            changed = self.changed_since(tally.generation)
-        members = self._class_nodes.get(klass, {})
-        if tally is None or changed is None:
-            tally = ClassTally(plan.local, status, self.generation)
-            if len(self._tallies) >= 256:
-                self._tallies.clear()
-            self._tallies[key] = tally
-            changed = members
-        elif self.nominated or self.nominated_gangs:
-            changed = {*changed, *self._held_nodes()}
-        for name in changed:
-            tally.forget(name)
-            if name in members:
-                tally.learn(name, self._refused_like(self.nodes[name], pod, plan, status))
-        tally.generation = self.generation
-        return tally
+        return self._up_to_date(
+            self._tallies, (klass, id(plan.local)), klass, plan, status,
+            lambda record: self._refused_like(record, pod, plan, status),
+        )  # fmt: skip
 
     def _skipped_tally(self, klass: int, pod: PodRequest, plan: Plan, resource: str) -> ClassTally | None:
         """Every node's answer in the class to the pod's shape (a node that would fit counted short of `resource`),
@@ -370,25 +355,43 @@ class Filtering(Planning):
         answers read more than the node (inter-pod rules, claims)."""
         if plan.volatile or pod.claims or pod.resource_claims:
             return None
-        key = (klass, id(plan.local), resource)
-        tally = self._skipped.get(key)
+        short = Status.unschedulable(f"Insufficient {resource}")
+
+        def answer(record: NodeRecord) -> Status:
+            status = self.check(record, pod, plan)
+            return status if not status.ok else short
+
+        return self._up_to_date(self._skipped, (klass, id(plan.local), resource), klass, plan, short, answer)
+
+    def _up_to_date(
+        self,
+        memo: dict[Any, ClassTally],
+        key: object,
+        klass: int,
+        plan: Plan,
+        status: Status,
+        answer: Callable[[NodeRecord], Status],
+    ) -> ClassTally:
+        """`memo[key]`, the class's answers to the pod's shape under `status`, made afresh (past 256 kept, all
+        dropped) or brought up to date by asking `answer` of the nodes changed since and of those held for
+        preempting pods and gangs."""
+        tally = memo.get(key)
         changed: Iterable[str] | None = None
-        if tally is not None and tally.local is plan.local:
+        if tally is not None and tally.local is plan.local and tally.status == status:
             changed = self.changed_since(tally.generation)
         members = self._class_nodes.get(klass, {})
         if tally is None or changed is None:
-            tally = ClassTally(plan.local, Status.unschedulable(f"Insufficient {resource}"), self.generation)
-            if len(self._skipped) >= 256:
-                self._skipped.clear()
-            self._skipped[key] = tally
+            tally = ClassTally(plan.local, status, self.generation)
+            if len(memo) >= 256:
+                memo.clear()
+            memo[key] = tally
             changed = members
         elif self.nominated or self.nominated_gangs:
             changed = {*changed, *self._held_nodes()}
         for name in changed:
             tally.forget(name)
             if name in members:
-                status = self.check(self.nodes[name], pod, plan)
-                tally.learn(name, status if not status.ok else tally.status)
+                tally.learn(name, answer(self.nodes[name]))
         tally.generation = self.generation
         return tally
 
