@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kubegpu.cli import main
+from kubegpu.cli import build_parser, main
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
 from kubegpu.core.testing import node_manifest, pod_manifest
 from kubegpu.scheduler import simulate as simulate_module
@@ -301,6 +302,60 @@ def test_stats_are_printed_on_request(capsys: pytest.CaptureFixture[str]) -> Non
     code, _, err = simulate(capsys, "--stats", str(EXAMPLES / "nvidia.yaml"))
     stats = json.loads(err.strip().splitlines()[-1])
     assert code == 0 and stats["pod_documents"] == 4 and stats["p99_ms"] >= stats["p50_ms"] >= 0
+
+
+def test_the_document_path_walks_no_full_collection_and_gives_the_thresholds_back(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Everything the document path builds lives until the run ends, and the engine makes almost no cyclic garbage:
+    a full collection there walks every object built so far for nothing (about a tenth of `simulate_bench`'s run).
+    With thresholds that would collect the oldest generation every few allocations, none runs while the files are
+    read and the pods processed; young ones still do; the caller's thresholds are its own again afterwards."""
+    inside = [False]
+    full: list[str] = []
+    young: list[str] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and inside[0]:
+            (full if info["generation"] == 2 else young).append("x")
+
+    load, process = simulate_module.load_documents, simulate_module._process
+
+    def loading(*args: Any) -> Any:
+        inside[0] = True
+        try:
+            return load(*args)
+        finally:
+            inside[0] = False
+
+    def processing(*args: Any) -> Any:
+        inside[0] = True
+        try:
+            yield from process(*args)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(simulate_module, "load_documents", loading)
+    monkeypatch.setattr(simulate_module, "_process", processing)
+    args = build_parser(None).parse_args(["simulate", "--json", str(EXAMPLES / "mixed.yaml")])
+    before = gc.get_threshold()
+    # The test process's own objects out of sight (a full collection runs once the objects that survived young
+    # ones reach a quarter of those the last full collection kept: none), and the oldest generation due at once.
+    gc.freeze()
+    gc.collect()
+    gc.set_threshold(1, 1, 1)
+    gc.callbacks.append(count)
+    try:
+        code = args.func(args)
+        after = gc.get_threshold()
+    finally:
+        gc.callbacks.remove(count)
+        gc.set_threshold(*before)
+        gc.unfreeze()
+    assert code == 0 and '"event":"scheduled"' in capsys.readouterr().out
+    assert full == [], f"{len(full)} full collections while the simulator ran"
+    assert young, "no young collection either"
+    assert after == (1, 1, 1)
 
 
 def test_every_node_is_counted_once_in_the_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
