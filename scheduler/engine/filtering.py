@@ -388,8 +388,10 @@ class Filtering(Planning):
             changed = members
         elif self.nominated or self.nominated_gangs:
             changed = {*changed, *self._held_nodes()}
-        for name in changed:
-            tally.forget(name)
+        answers = tally.answers
+        for name in changed:  # the whole cluster's changes: most are another class's nodes, in neither
+            if name in answers:
+                tally.forget(name)
             if name in members:
                 tally.learn(name, answer(self.nodes[name]))
         tally.generation = self.generation

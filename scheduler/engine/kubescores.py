@@ -275,6 +275,13 @@ class ImageLocality:
         return raw
 
 
+def may_matter(plugin: ScorePlugin) -> bool:
+    """Whether the plugin's `matters` may answer True: not for a built-in local plugin that keeps `Local.matters`
+    (BalancedAllocation, the policy's, KubegpuDevices: their scores never make a cycle find more feasible nodes than
+    the policy's first few), so that `_sample_size` does not ask them in every cycle."""
+    return getattr(type(plugin), "matters", None) is not Local.matters
+
+
 # The built-in score plugins by name: the local ones first, in the order their raw scores are remembered.
 KUBE_SCORES: tuple[ScorePlugin, ...] = (
     BalancedAllocation(),

@@ -29,6 +29,9 @@ class Planning(NodeCache):
 
     def _route(self, pod: PodRequest) -> dict[str, list[str]]:
         """Group the pod's requested extended resources by owning plugin (`""` for resources no plugin owns)."""
+        last, known = self._routed
+        if last is pod:
+            return known
         requested = frozenset(pod.requested_resources() - BASIC_RESOURCES)
         routes = self._routes.get(requested)
         if routes is None:
@@ -37,6 +40,7 @@ class Planning(NodeCache):
                 owner = self.plugins.owner_of(resource) or ""
                 routes.setdefault(owner, []).append(resource)
             self._routes[requested] = routes
+        self._routed = (pod, routes)
         return routes
 
     def _validate(self, pod: PodRequest, routes: dict[str, list[str]]) -> Status:

@@ -308,7 +308,7 @@ class Scoring(Filtering):
         the policy's order the candidates come in (`ScorePlugin.matters`), `sample` do; else (or when a
         configuration sets `percentageOfNodesToScore`) as many as kube-scheduler finds."""
         percentage = self.scoring.percentage_of_nodes_to_score
-        if percentage or any(plugin.matters(self, pod, plan) for plugin, _ in self._scorers):
+        if percentage or any(plugin.matters(self, pod, plan) for plugin in self._sample_deciders):
             return max(self.sample, scores.feasible_to_find(len(self.nodes), percentage))
         return self.sample
 

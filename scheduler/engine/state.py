@@ -25,7 +25,7 @@ from kubegpu.scheduler.dra import DraBook
 from kubegpu.scheduler.engine.enqueue import enabled_pre_enqueue, queue_sort
 from kubegpu.scheduler.engine.framework import NodeFilter, PermitPlugin, PreEnqueuePlugin, ScorePlugin
 from kubegpu.scheduler.engine.kubefilters import CLUSTER_FILTERS, KUBE_FILTERS, NodeResourcesFit, enabled_filters
-from kubegpu.scheduler.engine.kubescores import KUBE_SCORES, enabled_scores
+from kubegpu.scheduler.engine.kubescores import KUBE_SCORES, enabled_scores, may_matter
 from kubegpu.scheduler.engine.records import (
     CPU_INDEX,
     FRAGMENTATION_HOOK,
@@ -99,6 +99,8 @@ class EngineState:
         # shape remembers their raw scores in that order (`records.LocalRaws`).
         self._scorers = enabled_scores((*score_plugins, *added_scores), self.scoring, policy)
         self._local_scorers = tuple(plugin for plugin, _ in self._scorers if plugin.local)
+        # Those whose `matters` may answer True (`kubescores.may_matter`): asked in every cycle (`_sample_size`).
+        self._sample_deciders = tuple(plugin for plugin, _ in self._scorers if may_matter(plugin))
         self._scores_fragmentation = any(plugin.name == scores.FRAGMENTATION for plugin, _ in self._scorers)
         self._added_scores = any(plugin not in KUBE_SCORES for plugin, _ in self._scorers)
         self.signing_key = signing_key
@@ -195,6 +197,10 @@ class EngineState:
         # pod's requested extended resources -> {owning plugin ("" for none): resources}. Never stale: ownership is
         # fixed when the plugin manager is built.
         self._routes: dict[frozenset[str], dict[str, list[str]]] = {}
+        # The last pod routed, held (compared by identity, so its id cannot pass for another's), with its routes: a
+        # cycle routes the same pod in PreFilter, its plan and on every node its device scores read. Never stale: a
+        # PodRequest is frozen and ownership fixed.
+        self._routed: tuple[PodRequest | None, dict[str, list[str]]] = (None, {})
         # id(pod) -> (pod, its Plan), the pod held so the id stays its own. Stale when `Plan.stamp` differs from
         # `_stamp` (the generation for a volatile plan, else the anti-affinity epoch; plus the volume epoch for a
         # pod naming claims) or `Plan.owners` from the owners' epoch. Past 256 pods, dropped all at once.
@@ -272,6 +278,7 @@ class EngineState:
     def forget_memos(self) -> None:
         """Drop every memo listed above: the engine then answers from its state alone (the tests' oracle)."""
         self._routes.clear()
+        self._routed = (None, {})
         self._plans.clear()
         self._prepared.clear()
         self._signatures.clear()
