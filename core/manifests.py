@@ -19,6 +19,7 @@ container names are unique within a pod, so no container's devices are lost to a
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from collections.abc import Mapping
@@ -320,13 +321,15 @@ def is_extended_resource(resource: str) -> bool:
     return "/" in resource and "kubernetes.io/" not in resource and not resource.startswith("requests.")
 
 
-def _units(resource: str, value: Decimal, where: str) -> int:
+def _units(resource: str, value: Decimal, within: str) -> int:
     """cpu in millicores, everything else in whole base units, rounded up as Kubernetes rounds; extended resources
-    must already be whole. `value` is bounded (`parse_quantity`), so the arithmetic here is cheap."""
+    must already be whole. `value` is bounded (`parse_quantity`), so the arithmetic here is cheap. `within` is where
+    the map of resources lies in the document: an error names `within.<resource>`, a path only spelled out then
+    (every pod and node document passes here for each of its resources)."""
     if is_extended_resource(resource) and value != value.to_integral_value():
         raise ManifestError(
-            f"{where}: {value.normalize():f} is not a whole number; {shorten(resource)} is an extended resource "
-            "(a device), counted in whole units as Kubernetes requires"
+            f"{within}.{shorten(resource)}: {value.normalize():f} is not a whole number; {shorten(resource)} is an "
+            "extended resource (a device), counted in whole units as Kubernetes requires"
         )
     scaled = value * 1000 if resource == "cpu" else value
     integral = int(scaled)
@@ -337,8 +340,10 @@ def _container_request(container: _Container, where: str) -> ContainerRequest:
     limits, requests = container.resources.limits, container.resources.requests
     units: dict[tuple[str, str], int] = {}
     for source, amounts in (("limits", limits), ("requests", requests)):
-        for name, value in amounts.items():
-            units[source, name] = _units(name, value, f"{where}.resources.{source}.{shorten(name)}")
+        if amounts:
+            within = f"{where}.resources.{source}"
+            for name, value in amounts.items():
+                units[source, name] = _units(name, value, within)
     resources: dict[str, int] = {}
     for name in limits.keys() | requests.keys():
         first, second = ("limits", "requests") if is_extended_resource(name) else ("requests", "limits")
@@ -360,9 +365,18 @@ def _unique_container_names(spec: _PodSpec) -> None:
             seen[container.name] = here
 
 
+_POD_UID_SEED = uuid.NAMESPACE_URL.bytes + b"kubegpu:pod:"
+
+
 def pod_uid(namespace: str, name: str) -> str:
-    """A stable UID for a pod that has none yet (simulator input): the same name always gets the same UID."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kubegpu:pod:{namespace}/{name}"))
+    """A stable UID for a pod that has none yet (simulator input): the same name always gets the same UID,
+    `uuid.uuid5(uuid.NAMESPACE_URL, "kubegpu:pod:<namespace>/<name>")` spelled out (RFC 4122's name-based SHA-1
+    UUID: version 5, variant 10), without building a `uuid.UUID` for every pod document the simulator reads."""
+    digest = bytearray(hashlib.sha1(_POD_UID_SEED + f"{namespace}/{name}".encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    text = digest.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
 def _parse(model: type[_Model], document: Mapping[str, Any], what: str) -> Any:
@@ -387,9 +401,7 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
         )
         for i, c in enumerate(pod.spec.initContainers)
     ]
-    overhead = {
-        name: _units(name, value, f"Pod.spec.overhead.{shorten(name)}") for name, value in pod.spec.overhead.items()
-    }
+    overhead = {name: _units(name, value, "Pod.spec.overhead") for name, value in pod.spec.overhead.items()}
     requests = _pod_requests(containers, init, overhead, _pod_level(pod.spec.resources))
     containers += tuple(container for container, sidecar in init if sidecar)
     meta = pod.metadata
@@ -512,7 +524,7 @@ class _Resized:
         reported = (status.resources.requests if status.resources else {}, f"{at}.resources.requests")
         for amounts, here in (reported, (status.allocatedResources or {}, f"{at}.allocatedResources")):
             for name, value in amounts.items():
-                amount = _units(name, value, f"{here}.{shorten(name)}")
+                amount = _units(name, value, here)
                 counted[name] = max(counted.get(name, 0), amount)
         return ContainerRequest(name=container.name, resources=counted)
 
@@ -533,7 +545,7 @@ def _pod_level(resources: _Resources | None) -> dict[str, int]:
     if resources is None:
         return {}
     return {
-        name: _units(name, value, f"Pod.spec.resources.requests.{shorten(name)}")
+        name: _units(name, value, "Pod.spec.resources.requests")
         for name, value in resources.requests.items()
         if name in POD_LEVEL or name.startswith("hugepages-")
     }
@@ -731,8 +743,7 @@ def node_info(document: Mapping[str, Any]) -> NodeInfo:
     node: _Node = _parse(_Node, document, "Node")
     field = "allocatable" if node.status.allocatable else "capacity"
     allocatable = {
-        name: _units(name, value, f"Node.status.{field}.{shorten(name)}")
-        for name, value in getattr(node.status, field).items()
+        name: _units(name, value, f"Node.status.{field}") for name, value in getattr(node.status, field).items()
     }
     allocatable.setdefault("pods", DEFAULT_PODS)
     ready = all(c.status == "True" for c in node.status.conditions if c.type == "Ready")

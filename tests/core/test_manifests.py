@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -222,6 +223,20 @@ def test_a_pod_without_a_uid_gets_a_stable_one_and_a_given_uid_is_kept() -> None
     assert first.uid == again.uid == pod_uid("ml", "p")
     assert other.uid != first.uid
     assert given.uid == "abc-123"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80), st.text(max_size=300))
+def test_a_made_uid_is_the_name_based_uuid_it_always_was(namespace: str, name: str) -> None:
+    """`pod_uid` spells out uuid5 without building a UUID object: the UIDs of simulator pods (and so their allocation
+    annotations) stay those that `uuid.uuid5` gave, for any text."""
+    try:
+        expected = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kubegpu:pod:{namespace}/{name}"))
+    except UnicodeEncodeError:
+        with pytest.raises(UnicodeEncodeError):
+            pod_uid(namespace, name)
+        return
+    assert pod_uid(namespace, name) == expected
 
 
 def test_scheduling_fields_of_a_pod_are_read() -> None:
