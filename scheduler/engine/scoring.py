@@ -308,9 +308,13 @@ class Scoring(Filtering):
         the policy's order the candidates come in (`ScorePlugin.matters`), `sample` do; else (or when a
         configuration sets `percentageOfNodesToScore`) as many as kube-scheduler finds."""
         percentage = self.scoring.percentage_of_nodes_to_score
-        if percentage or any(plugin.matters(self, pod, plan) for plugin in self._sample_deciders):
-            return max(self.sample, scores.feasible_to_find(len(self.nodes), percentage))
-        return self.sample
+        if not percentage:
+            for plugin in self._sample_deciders:
+                if plugin.matters(self, pod, plan):
+                    break
+            else:
+                return self.sample
+        return max(self.sample, scores.feasible_to_find(len(self.nodes), percentage))
 
     def score_node(self, name: str, pod: PodRequest, plan: Plan | None = None) -> float:
         """The device score (0..200) of a node that passed the filter: plugin topology score plus the policy score
