@@ -7,7 +7,9 @@ zone spread, preferred affinity to another app's zone), `devices` (one Neuron de
 device per pod, pod `i` a replica of ReplicaSet `i % 13`, the ReplicaSets told to the engine, so the profile's
 default spreading applies). Each checkout given (`--tree`, a worktree with its own .venv; default this one) runs in
 its own process with its own code, in turn, `--rounds` times, and the median per-pod cost of each is printed, with
-its ratio to the first, in wall-clock time and in the process's CPU time (steadier on a shared machine). Comparing
+its ratio to the first, in wall-clock time and in the process's CPU time (steadier on a shared machine); each
+starts its window right after a full garbage collection, so that a collection its set-up left due is not counted
+as the engine's. Comparing
 a branch with main in one run:
 
     .venv/bin/python benchmarks/affinity_engine_bench.py --tree /path/to/main --tree . [--workload devices]
@@ -28,7 +30,7 @@ HERE = Path(__file__).resolve()
 
 # Run in the checkout's own interpreter: build the engine and the pods, then time `schedule` alone.
 CHILD = r"""
-import cProfile, json, pstats, sys, time
+import cProfile, gc, json, pstats, sys, time
 sys.path.insert(0, sys.argv[1])
 from scheduler_bench import HOSTNAME, REPLICASETS, TRN1, ZONE, affinity_pod
 from kubegpu.core.manifests import node_info, pod_request
@@ -65,6 +67,10 @@ else:
                                                        "spec": {"selector": selector}}))
     manifests = [device_pod(i, {"app": f"rs-{i % REPLICASETS}"}) for i in range(pods)]
 requests = [pod_request(manifest)[0] for manifest in manifests]
+# Collected before the window, so that a checkout's set-up (imports, nodes, documents) leaves no full collection due
+# in it: otherwise whether one falls into the 3,000 pods follows from how many objects the set-up made (one of ~70 ms
+# in main's window at 4f3ca5f, none in 7429e13's), not from what the engine does per pod.
+gc.collect()
 profiler = cProfile.Profile() if profile else None
 started, cpu = time.perf_counter(), time.process_time()
 if profiler:

@@ -216,9 +216,10 @@ class NodeCache(Ledger):
         self._index[CPU_INDEX].set(name, record.free("cpu"), record.klass)
         if self.dra.slices:
             self._index.setdefault(DRA_INDEX, CapacityIndex()).set(name, self.dra.free_devices(name), record.klass)
-        for plugin in record.problems.keys() - record.states.keys():  # build_node failed
-            for resource in self._unknown_headroom(record, plugin).free:
-                self._index.setdefault(resource, CapacityIndex()).set(name, UNKNOWN_FREE, record.klass)
+        if record.problems:
+            for plugin in record.problems.keys() - record.states.keys():  # build_node failed
+                for resource in self._unknown_headroom(record, plugin).free:
+                    self._index.setdefault(resource, CapacityIndex()).set(name, UNKNOWN_FREE, record.klass)
         for plugin, state in record.states.items():
             try:
                 headroom = self.plugins.call(plugin, "kubegpu_scheduler_headroom", state=state) or Headroom()
