@@ -122,7 +122,10 @@ class Planning(NodeCache):
             pod.priority,
             pod.preferred_node_affinity,
         )
-        prepared = self._prepare(pod, routes, signature)
+        # Interned at once: most pods' signature is this and their `local` too, so one hash of it serves them all
+        # (a tuple does not keep its hash; the prepared answers and the identity checks below go by the object).
+        signature = base = self._signatures.setdefault(signature, signature)
+        prepared = self._prepare(pod, routes, base)
         if pod.claims:
             signature += (pod.namespace, pod.claims, self._volume_epoch)
         drakey = self.dra.demand_key(pod) if pod.resource_claims else ()
@@ -151,7 +154,8 @@ class Planning(NodeCache):
                 *((pod.namespace, pod.claims, self._volume_epoch) if pod.claims else ()),
                 *(("dra", pod.namespace, drakey) if drakey else ()),
             )
-        local = self._signatures.setdefault(local, local)
+        if local is not base:
+            local = self._signatures.setdefault(local, local)
         if not added:  # kube-scheduler's filters alone: which apply follows from what `local` holds
             known = self._rules.get(id(local))
             if known is None or known[0] is not local:
@@ -171,7 +175,8 @@ class Planning(NodeCache):
                 spread,
             )
         # Interned, so that comparing a node's remembered signature with this one is mostly an identity check.
-        signature = self._signatures.setdefault(signature, signature)
+        if signature is not base:
+            signature = self._signatures.setdefault(signature, signature)
         if len(self._signatures) > 4096:
             self._signatures.clear()
         by_name = any(key in NAME_LABELS for key in pod.node_selector) or any(
@@ -196,13 +201,13 @@ class Planning(NodeCache):
         )
 
     def _prepare(self, pod: PodRequest, routes: dict[str, list[str]], key: tuple[object, ...]) -> dict[str, object]:
-        """Each owning plugin's prepared request, remembered per pod signature (`key`)."""
+        """Each owning plugin's prepared request, remembered per pod signature (`key`, interned: by identity)."""
         plugins = [p for p in routes if p and self.plugins.implements(p, PREPARE_HOOK)]
         if not plugins:
             return {}
-        known = self._prepared.get(key)
-        if known is not None:
-            return known
+        known = self._prepared.get(id(key))
+        if known is not None and known[0] is key:
+            return known[1]
         prepared: dict[str, object] = {}
         for plugin in plugins:
             try:
@@ -212,7 +217,7 @@ class Planning(NodeCache):
                 prepared[plugin] = exc
         if len(self._prepared) >= 4096:
             self._prepared.clear()
-        self._prepared[key] = prepared
+        self._prepared[id(key)] = (key, prepared)
         return prepared
 
     def set_claim(self, namespace: str, name: str, volume: str | None, deleting: bool = False) -> bool:

@@ -205,9 +205,10 @@ class EngineState:
         # `_stamp` (the generation for a volatile plan, else the anti-affinity epoch; plus the volume epoch for a
         # pod naming claims) or `Plan.owners` from the owners' epoch. Past 256 pods, dropped all at once.
         self._plans: dict[int, tuple[PodRequest, Plan]] = {}
-        # pod signature (its non-volatile part) -> each owning plugin's `kubegpu_scheduler_prepare` answer. Never
-        # stale: the signature holds all a plugin may read of the pod. Past 4096, dropped all at once.
-        self._prepared: dict[tuple[object, ...], dict[str, object]] = {}
+        # id(pod signature, its non-volatile part, interned in `_signatures`) -> (that signature, held so the id stays
+        # its own, each owning plugin's `kubegpu_scheduler_prepare` answer). Never stale: the signature holds all a
+        # plugin may read of the pod. Past 4096, dropped all at once.
+        self._prepared: dict[int, tuple[tuple[object, ...], dict[str, object]]] = {}
         # id(Plan.local) -> (Plan.local, the node filters that apply to such pods: `Plan.node_rules`, `usage_rules`),
         # when no third party added a filter (kube-scheduler's decide from fields `local` holds). Never stale: the
         # filters are fixed when the engine is built. Past 4096, dropped all at once.
