@@ -79,6 +79,13 @@ class Cycle(Reserving):
         visited: dict[int, list[dict[str, None]]] = {}  # node class -> the groups of its nodes filtered above
         judge = self._cluster_state(pod, plan).judge if plan.volatile else None
         check, refuse = self.check, self._refuse
+        # The nodes known to pass the shape's node-local filters and device fit (`Passing`), less those held for a
+        # preempting pod or gang: with no cluster-wide filter to ask, such a node fits without `check` (as in
+        # `_schedule_sampled`); one checked and found passing joins them. A dead node refuses device pods whatever
+        # it remembers.
+        passing = None if judge is not None or (self._dead and plan.devices) else self._passing_nodes(plan)
+        held = set(self._held_nodes()) if passing is not None else ()
+        quick = passing - held if passing is not None and held else passing
         for klass, members in candidates:
             visited.setdefault(klass, []).append(members)
             known = settled.get(klass)
@@ -89,10 +96,17 @@ class Cycle(Reserving):
                 evaluated += len(members)
                 continue
             for position, name in enumerate(members, 1):
-                record = nodes[name]
                 evaluated += 1
+                if quick is not None and name in quick:
+                    feasible.append(name)
+                    if len(feasible) >= sample:
+                        break
+                    continue
+                record = nodes[name]
                 status = check(record, pod, plan, judge=judge)
                 if status.code is Code.SUCCESS:
+                    if passing is not None and self._passes_locally(record, plan):
+                        passing.add(name)
                     feasible.append(name)
                     if len(feasible) >= sample:
                         break

@@ -68,3 +68,27 @@ def test_a_node_remembers_its_last_checks_remembered_shapes() -> None:
         memo[0] = 0
     assert len(memo) == CHECKS_REMEMBERED
     assert 0 in memo and 1 not in memo and CHECKS_REMEMBERED in memo
+
+
+def test_a_cycle_filters_only_the_nodes_changed_since_its_shape_last_passed_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The nodes a shape's last cycles found passing (`Passing`, kept from the change log) fit its next pod without
+    being filtered again: binpacking replicas, each cycle filters the one node the replica before it changed, not
+    the policy's first few again (that was 8 `check`s a pod on every workload without cluster-wide rules)."""
+    engine, _ = counting_engine(monkeypatch)
+    checked: list[str] = []
+    original = Engine.check
+
+    def check(self: Engine, record: Any, *args: Any, **kwargs: Any) -> Any:
+        checked.append(record.name)
+        return original(self, record, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "check", check)
+    placed = [engine.schedule(make_pod(f"warm-{i}", {"main": {toy.RESOURCE: 1}})) for i in range(3)]
+    assert all(decision.scheduled for decision in placed)
+    for i in range(10):
+        checked.clear()
+        decision = engine.schedule(make_pod(f"p{i}", {"main": {toy.RESOURCE: 1}}))
+        assert decision.scheduled and decision.node == placed[0].node  # binpacking: the same node each time
+        assert checked == [decision.node], f"pod {i} filtered {checked}"
