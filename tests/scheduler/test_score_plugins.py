@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+import pytest
+
 from kubegpu.core.models import PodRequest, SpreadConstraint
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node, make_pod
@@ -82,3 +84,29 @@ def test_a_profile_turns_the_cluster_wide_filters_off_by_name() -> None:
     assert not cluster().schedule(spread).scheduled  # no node has the zone label
     off = replace(scores.Profile.default("spread"), filters_off=frozenset({"PodTopologySpread"}))
     assert cluster(profile=off).schedule(spread).scheduled
+
+
+class PreferGreenQuietly(PreferGreen):
+    """PreferGreen, but saying it cannot rank the nodes otherwise than the policy's order."""
+
+    name = "PreferGreenQuietly"
+
+    def matters(self, engine: ScoreContext, pod: PodRequest, plan: Plan) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(("plugin", "found"), [(PreferGreen(), True), (PreferGreenQuietly(), False)])
+def test_a_third_party_score_that_matters_has_kube_schedulers_count_of_nodes_ranked(
+    plugin: ScorePlugin, found: bool
+) -> None:
+    """A cycle finds the policy's first few feasible nodes unless a score plugin says it may rank them otherwise
+    (`matters`); a third party's is asked like kube-scheduler's own (the engine leaves out only the built-in plugins
+    whose `matters` is always False), and its green node, far down the candidates, is then found and chosen."""
+    e = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), policy="spread", score_plugins=(plugin,))
+    for i in range(60):
+        e.add_node(make_node(f"n{i:02d}", cpu="8"))
+    e.add_node(make_node("zz-green", cpu="8", labels={GREEN: "true"}))
+    for i in range(60):
+        e.schedule(replace(make_pod(f"busy{i}", {"main": {"cpu": "1"}}), node_name=f"n{i:02d}"))
+    e.schedule(replace(make_pod("busy-green", {"main": {"cpu": "1"}}), node_name="zz-green"))
+    assert (e.schedule(make_pod("p", {"main": {"cpu": "1"}})).node == "zz-green") is found
