@@ -250,6 +250,9 @@ class ShapeAnswers:
     need: int
     generation: int
     fits: dict[str, bool] = field(default_factory=dict)
+    # A node's content number (`NodeNumbering`) -> the answer below of the nodes with that content, at `numbering`.
+    alike: dict[int, tuple[Status, int, bool, bool]] = field(default_factory=dict)
+    numbering: int = 0
     # node -> (its answer as a refusal, its class, whether it fits, whether the answer is unresolvable by what is in
     # use or the devices, not by the filters that read only the node)
     finals: dict[str, tuple[Status, int, bool, bool]] = field(default_factory=dict)
@@ -258,6 +261,17 @@ class ShapeAnswers:
     fitting: Counter[int] = field(default_factory=Counter)
     unresolvable: Counter[int] = field(default_factory=Counter)
     by_usage: int = 0
+
+
+@dataclass(slots=True)
+class NodeNumbering:
+    """Nodes alike in all their answers to a pod read, numbered (`Sampling._content_number`): the memo
+    `Engine._numbering`. `numbers`: content -> its number, numbered afresh (`epoch` moved) past a bound; `by_node`:
+    node -> (its record, its version, its number), stale when the record or the version differs."""
+
+    numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
+    by_node: dict[str, tuple[NodeRecord, int, int | None]] = field(default_factory=dict)
+    epoch: int = 0
 
 
 class NodesByValue(NamedTuple):

@@ -48,6 +48,7 @@ OWN_FILTERS = (
     kubefilters.NodeResourcesFit,
 )
 SHAPES_REMEMBERED = 256
+CONTENTS_NUMBERED = 1 << 16  # distinct node contents numbered; past it, numbered afresh
 
 
 class Sampling(Reserving):
@@ -107,11 +108,20 @@ class Sampling(Reserving):
         changed: Iterable[str] | None = None
         if book is not None and book.local is plan.local and book.need == need:
             changed = self.changed_since(book.generation)
+        numbering = self._numbering
+        if len(numbering.numbers) + len(self.nodes) > CONTENTS_NUMBERED:
+            numbering.numbers.clear()
+            numbering.by_node.clear()
+            numbering.epoch += 1
         if book is None or changed is None:
             if len(self._shape_memo) >= SHAPES_REMEMBERED:
                 self._shape_memo.clear()
             book = self._shape_memo[key] = ShapeAnswers(plan.local, resource, need, self.generation)
             changed = self.nodes.keys()
+        if book.numbering != numbering.epoch:
+            book.alike.clear()
+            book.numbering = numbering.epoch
+        alike = book.alike
         nodes, check, fits, finals = self.nodes, self.check, book.fits, book.finals
         reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
         short = Status.unschedulable(f"Insufficient {resource}")
@@ -131,26 +141,53 @@ class Sampling(Reserving):
             record = nodes.get(name)
             if record is None:
                 continue
-            status = check(record, pod, plan)
-            free = index.get(name)
-            fit = free is not None and free >= need and status.code is Code.SUCCESS
-            if status.code is Code.SUCCESS:
-                status = short
-            klass = record.klass
-            by_usage = False
+            number = self._content_number(record)
+            answer = alike.get(number) if number is not None else None
+            if answer is None:
+                status = check(record, pod, plan)
+                free = index.get(name)
+                fit = free is not None and free >= need and status.code is Code.SUCCESS
+                if status.code is Code.SUCCESS:
+                    status = short
+                by_usage = status.code is Code.UNRESOLVABLE and self._node_fit(record, pod, plan) is None
+                answer = (status, record.klass, fit, by_usage)
+                if number is not None:
+                    alike[number] = answer
+            status, klass, fit, by_usage = answer
             for reason in status.reasons:
                 reasons[reason] += 1
             if status.code is Code.UNRESOLVABLE:
                 unresolvable[klass] += 1
-                by_usage = self._node_fit(record, pod, plan) is None
             else:
                 book.resolvable += 1
             fitting[klass] += fit
             book.by_usage += by_usage
             fits[name] = fit
-            finals[name] = (status, klass, fit, by_usage)
+            finals[name] = answer
         book.generation = self.generation
         return book
+
+    def _content_number(self, record: NodeRecord) -> int | None:
+        """The number of what a node's answers to a pod read of it (`NodeNumbering`): its scoring content (its class,
+        usage and device states: `Scoring.scoring_content`), its plugin problems, and what it offers in each capacity
+        index; None for a node whose content is its own (a plugin state without one). Remembered per node version."""
+        numbering = self._numbering
+        known = numbering.by_node.get(record.name)
+        if known is not None and known[0] is record and known[1] == record.version:
+            return known[2]
+        content = self.scoring_content(record)
+        number = None
+        if content is not None:
+            name = record.name
+            key = (
+                content,
+                tuple(sorted(record.problems.items())) if record.problems else (),
+                tuple([index.get(name) for index in self._index.values()]),
+                tuple(self._index),
+            )
+            number = numbering.numbers.setdefault(key, len(numbering.numbers))
+        numbering.by_node[record.name] = (record, record.version, number)
+        return number
 
     def _settled_alike(self, pod: PodRequest, plan: Plan, book: ShapeAnswers) -> bool:
         """Whether, in a cycle no node fits, each class an unresolvable answer by what is in use settles counts its

@@ -33,6 +33,7 @@ from kubegpu.scheduler.engine.records import (
     ClassTally,
     ClusterState,
     LocalRaws,
+    NodeNumbering,
     NodeRecord,
     NodeRule,
     NodesByValue,
@@ -258,6 +259,9 @@ class EngineState:
         # sampled cycle reads it (`sampling`, `records.ShapeAnswers`): kept current from the change log, rebuilt when
         # it no longer reaches back. Past 256, dropped all at once.
         self._shape_memo: dict[tuple[int, str], ShapeAnswers] = {}
+        # Each node's content numbered (`records.NodeNumbering`): a shape's answer is remembered per number too, so a
+        # node changed into a content another node had answers from memory. Numbered afresh past 65536 contents.
+        self._numbering = NodeNumbering()
         # (`Plan.local` is what kube-scheduler's node filters and the node-local scores read of a pod without devices,
         # else, or when a rule a third party added applies to it, the pod's whole signature.)
         # Per node (`NodeRecord`): `last_check`, id(Plan.local) -> (node version, Plan.local, answer), the node-local
@@ -293,6 +297,7 @@ class EngineState:
         self._passing.clear()
         self._raws.clear()
         self._shape_memo.clear()
+        self._numbering = NodeNumbering()
         self._owners.forget_memos()
         self.dra.forget_memos()
         for record in self.nodes.values():
