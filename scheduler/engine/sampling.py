@@ -227,11 +227,12 @@ class Sampling(Reserving):
             return feasible[0]
         nodes = self.nodes
         raws = self._local_raw(feasible, [nodes[name] for name in feasible], pod, plan)
-        # Nodes alike in every raw score total alike: each distinct tuple of raw scores, with its first node.
-        first = dict(zip(reversed(raws), range(len(raws) - 1, -1, -1), strict=True))
+        # Nodes alike in every raw score total alike: each tuple of raw scores (nodes alike in content share one
+        # object, `_raw_by_content`), with its first node.
+        first = dict(zip(map(id, reversed(raws)), range(len(raws) - 1, -1, -1), strict=True))
         if len(first) == 1:
             return feasible[0]
-        distinct = list(first)
+        distinct = [raws[at] for at in first.values()]
         columns = list(zip(*distinct, strict=True))
         totals: list[float] | None = None
         column = 0
@@ -250,4 +251,4 @@ class Sampling(Reserving):
         if totals is None:
             return feasible[0]
         top = max(totals)
-        return feasible[min(first[raw] for raw, total in zip(distinct, totals, strict=True) if total == top)]
+        return feasible[min(at for at, total in zip(first.values(), totals, strict=True) if total == top)]
