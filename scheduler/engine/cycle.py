@@ -70,6 +70,11 @@ class Cycle(Sampling):
         sample = self._sample_size(pod, plan)
         if self.sample < sample < len(nodes):
             return self._schedule_sampled(pod, plan, sample)
+        if sample >= len(nodes) and explain:
+            index, resource, need = self._selector(pod, plan)
+            taken = self._every_node_by_shape(pod, plan, index, resource, need)
+            if taken is not None:
+                return taken
         feasible: list[str] = []
         evaluated = 0
         refusals = Refusals()

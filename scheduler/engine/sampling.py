@@ -74,11 +74,10 @@ class Sampling(Reserving):
         if len(found) < sample:
             found += compress(range(start), mask[:start])
         if not found:
-            if book.by_usage and not self._settled_alike(pod, plan, book):
-                return None
-            self._next_start = start
-            code = Code.UNSCHEDULABLE if book.resolvable else Code.UNRESOLVABLE
-            return Decision(pod.key, False, reason=summarize_reasons(count, +book.reasons), code=code)
+            refused = self._refused_by_shape(pod, plan, book, count)
+            if refused is not None:
+                self._next_start = start
+            return refused
         if len(found) >= sample:
             del found[sample:]
             self._next_start = (found[-1] + 1) % count
@@ -88,6 +87,34 @@ class Sampling(Reserving):
             return nodes[order[found[0]]], plan
         feasible = [order[i] for i in found]
         return nodes[self._rank_sampled(feasible, pod, plan)], plan
+
+    def _every_node_by_shape(
+        self, pod: PodRequest, plan: Plan, index: CapacityIndex, resource: str, need: int
+    ) -> Decision | tuple[NodeRecord, Plan] | None:
+        """The cycle of a pod that ranks every feasible node (`percentageOfNodesToScore: 100`, or a cluster no
+        larger than kube-scheduler's count) from the shape's answers: the feasible nodes in the capacity index's
+        order, as `Cycle._decide` finds them, ranked as `_rank` ranks them; a pod no node fits refused as
+        `_refused` and `_explain_skipped` count every node. None where the answers may not give that exactly."""
+        nodes = self.nodes
+        if not nodes or not self._samples_by_shape(pod, plan):
+            return None
+        book = self._shape_answers(pod, plan, index, resource, need)
+        if book.unresolvable and any(n and book.fitting[klass] for klass, n in book.unresolvable.items()):
+            return None
+        fits = book.fits
+        candidates = index.groups_at_least(need, ascending=self.policy == "binpack")
+        feasible = [name for _, members in candidates for name in members if fits[name]]
+        if not feasible:
+            return self._refused_by_shape(pod, plan, book, len(nodes))
+        best = feasible[0] if len(feasible) == 1 else self._rank_sampled(feasible, pod, plan)
+        return nodes[best], plan
+
+    def _refused_by_shape(self, pod: PodRequest, plan: Plan, book: ShapeAnswers, total: int) -> Decision | None:
+        """A pod no node fits, each node counted under its own answer (`_settled_alike`: else None)."""
+        if book.by_usage and not self._settled_alike(pod, plan, book):
+            return None
+        code = Code.UNSCHEDULABLE if book.resolvable else Code.UNRESOLVABLE
+        return Decision(pod.key, False, reason=summarize_reasons(total, +book.reasons), code=code)
 
     def _samples_by_shape(self, pod: PodRequest, plan: Plan) -> bool:
         """Whether each node's answer to the pod is its own, remembered per shape (module docstring)."""

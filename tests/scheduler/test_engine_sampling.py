@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -73,8 +74,9 @@ def engine(percentage: int = 0) -> Engine:
 
 
 def walking(oracle: Engine) -> Engine:
-    """The engine with the shortcut off: every sampled cycle walks the nodes one by one."""
+    """The engine with the shortcuts off: every cycle walks the nodes one by one."""
     oracle._sample_by_shape = lambda *cycle: None  # type: ignore[method-assign]
+    oracle._every_node_by_shape = lambda *cycle: None  # type: ignore[method-assign]
     return oracle
 
 
@@ -95,24 +97,28 @@ def replay(subject: Engine, nodes: list[dict[str, Any]], pods: list[tuple[TraceP
     return seen
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), percentage=st.sampled_from((0, 30)))
-def test_a_sample_from_remembered_answers_places_as_the_walk_node_by_node(seed: int, percentage: int) -> None:
+@pytest.mark.parametrize("percentage", [0, 30, 100], ids=["adaptive", "30%", "every node"])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_remembered_answers_place_as_the_walk_node_by_node(seed: int, percentage: int) -> None:
+    """kube-scheduler's adaptive count and 30 % (a sample from a rotating start), and every node (100 %: the
+    capacity index's order)."""
     rng = random.Random(seed)
     nodes = generated_nodes(rng, rng.randint(130, 170))
     pods = generated_pods(rng, 700)
     taken: list[bool] = []
     subject = engine(percentage)
-    shortcut = subject._sample_by_shape
+    name = "_every_node_by_shape" if percentage == 100 else "_sample_by_shape"
+    shortcut = getattr(subject, name)
 
     def counted(*cycle: Any) -> Any:
         answer = shortcut(*cycle)
         taken.append(answer is not None)
         return answer
 
-    subject._sample_by_shape = counted  # type: ignore[method-assign]
+    setattr(subject, name, counted)
     assert replay(subject, nodes, pods) == replay(walking(engine(percentage)), nodes, pods)
-    assert sum(taken) > len(taken) // 2, "most sampled cycles took the shortcut (else this test holds nothing)"
+    assert sum(taken) > len(taken) // 2, "most cycles took the shortcut (else this test holds nothing)"
 
 
 def test_a_pod_of_a_shape_seen_before_asks_only_the_nodes_changed_since() -> None:
