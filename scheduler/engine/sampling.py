@@ -1,12 +1,13 @@
-"""kube-scheduler's sample of feasible nodes, taken without filtering the nodes one by one (`Cycle._schedule_sampled`).
+"""kube-scheduler's sample of feasible nodes (`Cycle._schedule_sampled`), and every feasible node (`Cycle._decide` at
+`percentageOfNodesToScore: 100`), taken without filtering the nodes one by one.
 
 A cycle that scores kube-scheduler's adaptive count of feasible nodes (41 % of 1,213) walks the node tree from where
 the last sample stopped until it has found that many, then ranks them. Node by node that is ~1,000 filter answers a
 pod even when each is remembered (`check`'s memo), and every node again for a pod that fits nowhere, to count its
 refusals. Between two pods of one shape only the nodes the change log names have changed, so the shape's answers are
 kept per node (`ShapeAnswers`): whether the node fits, and its answer as a refusal counts it, with their sums. A
-cycle asks again only the nodes changed since the shape's last cycle, and takes the sample as a mask over the tree's
-order.
+cycle asks again only the nodes changed since the shape's last cycle (a node changed into a content another node had,
+`NodeNumbering`, is answered from memory), and takes the sample as a mask over the tree's order.
 
 What this keeps of the walk node by node, exactly (the same node, the same refusal, the same next start;
 `tests/scheduler/test_engine_sampling.py` holds the two against each other on generated traces):
@@ -16,13 +17,16 @@ What this keeps of the walk node by node, exactly (the same node, the same refus
 * the ranking (`_rank_sampled`): each score plugin's raw scores over the feasible nodes normalized and weighed as
   `_rank` does them, per distinct raw score (kube-scheduler's normalizations read only the least and the greatest
   and map each score alone), summed in the same order; the best node is the first of the sample with the best total;
-* a pod that fits nowhere is refused with each node counted under its own answer, as `_refused` counts them.
+* a pod that fits nowhere is refused with each node counted under its own answer, as `_refused` counts them;
+* ranking every node (`_every_node_by_shape`), the feasible nodes come in the capacity index's order, as the walk
+  finds them, and ties go to the first.
 
 Pods and clusters for which a node's answer may not be its own are walked node by node (`_samples_by_shape`): pods
 whose filters read a node's name, other pods (inter-pod rules, topology spread) or host ports, pods with claims or
 preferred node affinity; any pod while a node is held for a preempting pod or gang or is not live, or when a third
 party added a filter or a score; a pod whose class-wide unresolvable answer would pass over a node that fits, and
-a refused pod where such an answer came from what is in use (`_refused_like` then counts the others otherwise).
+a refused pod where such an answer came from what is in use (`_refused_like` then counts the others otherwise);
+and a pod ranked on every node whose refusal leaves out the nodes the capacity index passed over (`explain` false).
 """
 
 from __future__ import annotations
