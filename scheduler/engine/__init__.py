@@ -14,6 +14,7 @@ framework's extension points, its plugins):
 * `filtering`: Kubernetes' node filters and the device plugins' fit (Filter), and counting refusals;
 * `scoring`: the score plugins over the feasible nodes (PreScore, Score);
 * `reserving`: holding a decided pod's devices, and giving them back (Reserve, Unreserve; both idempotent);
+* `sampling`: kube-scheduler's sample of feasible nodes from each pod shape's remembered answers;
 * `cycle`: one pod's cycle: `decide` (PreFilter, Filter, Score) returns a decision, `schedule` decides and reserves;
 * `admission`: recording pods that are already bound (`admit_bound`, `admit_by_count`);
 * `preempt`: the what-ifs of preemption (PostFilter) and nomination;

@@ -24,11 +24,11 @@ from kubegpu.scheduler.engine.records import (
     Refusals,
     summarize_reasons,
 )
-from kubegpu.scheduler.engine.reserving import Reserving
+from kubegpu.scheduler.engine.sampling import Sampling
 from kubegpu.scheduler.index import CapacityIndex
 
 
-class Cycle(Reserving):
+class Cycle(Sampling):
     """One pod's scheduling cycle, from its plan to a reserved node."""
 
     def schedule(self, pod: PodRequest, *, explain: bool = True) -> Decision:
@@ -70,6 +70,11 @@ class Cycle(Reserving):
         sample = self._sample_size(pod, plan)
         if self.sample < sample < len(nodes):
             return self._schedule_sampled(pod, plan, sample)
+        if sample >= len(nodes) and explain:
+            index, resource, need = self._selector(pod, plan)
+            taken = self._every_node_by_shape(pod, plan, index, resource, need)
+            if taken is not None:
+                return taken
         feasible: list[str] = []
         evaluated = 0
         refusals = Refusals()
@@ -178,11 +183,15 @@ class Cycle(Reserving):
         `sample` feasible nodes in the node tree's order (zone by zone in turn), from where the last such sample
         stopped, as kube-scheduler 1.20 takes them (`findNodesThatPassFilters`, `nextStartNodeIndex`). Every zone
         is in every sample; a sample in capacity order would hold the first zones only. Nodes the capacity index
-        rules out are passed over, and filtered for their reasons only when no node fits."""
+        rules out are passed over, and filtered for their reasons only when no node fits. Taken from the shape's
+        remembered answers where those are the nodes' own (`Sampling._sample_by_shape`)."""
         nodes, check, refuse = self.nodes, self.check, self._refuse
         cluster = self._cluster_state(pod, plan) if plan.volatile else None
         judge, by_name = (cluster.judge, cluster.refused) if cluster is not None else (None, None)
         index, resource, need = self._selector(pod, plan)
+        taken = self._sample_by_shape(pod, plan, sample, index, resource, need)
+        if taken is not None:
+            return taken
         order = self._tree.order()
         least = index.least()
         # None when every node offers enough (the usual case): then no node is looked up in the index.

@@ -233,6 +233,47 @@ class LocalRaws:
     raws: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class ShapeAnswers:
+    """Every node's answer to one pod shape as a sampled cycle reads it (`sampling`): the memo `Engine._shape_memo`,
+    key (id(Plan.local), the resource the capacity index selects by), confirmed by identity and the amount asked;
+    up to date with the change log at `generation` (each node the log names since is asked again: a change of its
+    usage, devices, labels or liveness, or its removal), rebuilt when the log no longer reaches back.
+
+    Per node: whether it fits (`check` passes and the index offers `need`), and its answer as a refusal counts it
+    (`check`'s, or "Insufficient `resource`" where only the index refuses). Kept with them, for a cycle in which no
+    node fits, the sum of those answers' reasons, how many are resolvable, and per node class how many nodes fit,
+    how many answer unresolvable, and how many of those not by the filters that read only the node."""
+
+    local: tuple[object, ...]
+    resource: str
+    need: int
+    generation: int
+    fits: dict[str, bool] = field(default_factory=dict)
+    # A node's content number (`NodeNumbering`) -> the answer below of the nodes with that content, at `numbering`.
+    alike: dict[int, tuple[Status, int, bool, bool]] = field(default_factory=dict)
+    numbering: int = 0
+    # node -> (its answer as a refusal, its class, whether it fits, whether the answer is unresolvable by what is in
+    # use or the devices, not by the filters that read only the node)
+    finals: dict[str, tuple[Status, int, bool, bool]] = field(default_factory=dict)
+    reasons: Counter[str] = field(default_factory=Counter)
+    resolvable: int = 0
+    fitting: Counter[int] = field(default_factory=Counter)
+    unresolvable: Counter[int] = field(default_factory=Counter)
+    by_usage: int = 0
+
+
+@dataclass(slots=True)
+class NodeNumbering:
+    """Nodes alike in all their answers to a pod read, numbered (`Sampling._content_number`): the memo
+    `Engine._numbering`. `numbers`: content -> its number, numbered afresh (`epoch` moved) past a bound; `by_node`:
+    node -> (its record, its version, its number), stale when the record or the version differs."""
+
+    numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
+    by_node: dict[str, tuple[NodeRecord, int, int | None]] = field(default_factory=dict)
+    epoch: int = 0
+
+
 class NodesByValue(NamedTuple):
     """The nodes by their value of one label key (`Engine.nodes_by_value`), and those without the key."""
 

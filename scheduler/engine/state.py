@@ -33,6 +33,7 @@ from kubegpu.scheduler.engine.records import (
     ClassTally,
     ClusterState,
     LocalRaws,
+    NodeNumbering,
     NodeRecord,
     NodeRule,
     NodesByValue,
@@ -40,6 +41,7 @@ from kubegpu.scheduler.engine.records import (
     Plan,
     PodRecord,
     Policy,
+    ShapeAnswers,
     Waiting,
 )
 from kubegpu.scheduler.engine.rules import plugin_rules
@@ -260,6 +262,13 @@ class EngineState:
         # fragmentation epochs they were scored at: kept current from the change log, dropped when an epoch moved or
         # the log no longer reaches back. Past 256, dropped all at once.
         self._raws: dict[int, LocalRaws] = {}
+        # (id(Plan.local), the resource its capacity index selects by) -> every node's answer to that shape as a
+        # sampled cycle reads it (`sampling`, `records.ShapeAnswers`): kept current from the change log, rebuilt when
+        # it no longer reaches back. Past 256, dropped all at once.
+        self._shape_memo: dict[tuple[int, str], ShapeAnswers] = {}
+        # Each node's content numbered (`records.NodeNumbering`): a shape's answer is remembered per number too, so a
+        # node changed into a content another node had answers from memory. Numbered afresh past 65536 contents.
+        self._numbering = NodeNumbering()
         # (`Plan.local` is what kube-scheduler's node filters and the node-local scores read of a pod without devices,
         # else, or when a rule a third party added applies to it, the pod's whole signature.)
         # Per node (`NodeRecord`): `last_check`, id(Plan.local) -> (node version, Plan.local, answer), the node-local
@@ -295,6 +304,8 @@ class EngineState:
         self._contents.clear()
         self._passing.clear()
         self._raws.clear()
+        self._shape_memo.clear()
+        self._numbering = NodeNumbering()
         self._owners.forget_memos()
         self.dra.forget_memos()
         for record in self.nodes.values():

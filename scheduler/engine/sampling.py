@@ -1,0 +1,285 @@
+"""kube-scheduler's sample of feasible nodes (`Cycle._schedule_sampled`), and every feasible node (`Cycle._decide` at
+`percentageOfNodesToScore: 100`), taken without filtering the nodes one by one.
+
+A cycle that scores kube-scheduler's adaptive count of feasible nodes (41 % of 1,213) walks the node tree from where
+the last sample stopped until it has found that many, then ranks them. Node by node that is ~1,000 filter answers a
+pod even when each is remembered (`check`'s memo), and every node again for a pod that fits nowhere, to count its
+refusals. Between two pods of one shape only the nodes the change log names have changed, so the shape's answers are
+kept per node (`ShapeAnswers`): whether the node fits, and its answer as a refusal counts it, with their sums. A
+cycle asks again only the nodes changed since the shape's last cycle (a node changed into a content another node had,
+`NodeNumbering`, is answered from memory), and takes the sample as a mask over the tree's order.
+
+What this keeps of the walk node by node, exactly (the same node, the same refusal, the same next start;
+`tests/scheduler/test_engine_sampling.py` holds the two against each other on generated traces):
+
+* the feasible nodes are the first `sample` ones that fit in the node tree's order (zone by zone in turn) from
+  `_next_start`, and the next sample starts after the last one found, or where this one started when fewer were;
+* the ranking (`_rank_sampled`): each score plugin's raw scores over the feasible nodes normalized and weighed as
+  `_rank` does them, per distinct raw score (kube-scheduler's normalizations read only the least and the greatest
+  and map each score alone), summed in the same order; the best node is the first of the sample with the best total;
+* a pod that fits nowhere is refused with each node counted under its own answer, as `_refused` counts them;
+* ranking every node (`_every_node_by_shape`), the feasible nodes come in the capacity index's order, as the walk
+  finds them, and ties go to the first.
+
+Pods and clusters for which a node's answer may not be its own are walked node by node (`_samples_by_shape`): pods
+whose filters read a node's name, other pods (inter-pod rules, topology spread) or host ports, pods with claims or
+preferred node affinity; any pod while a node is held for a preempting pod or gang or is not live, or when a third
+party added a filter or a score; a pod whose class-wide unresolvable answer would pass over a node that fits, and
+a refused pod where such an answer came from what is in use (`_refused_like` then counts the others otherwise);
+and a pod ranked on every node whose refusal leaves out the nodes the capacity index passed over (`explain` false).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import compress
+from operator import add
+
+from kubegpu.core.models import PodRequest
+from kubegpu.core.status import Code, Status
+from kubegpu.scheduler.engine import kubefilters
+from kubegpu.scheduler.engine.records import Decision, NodeRecord, Plan, ShapeAnswers, summarize_reasons
+from kubegpu.scheduler.engine.reserving import Reserving
+from kubegpu.scheduler.index import CapacityIndex
+
+# The built-in node filters whose answers are the node's own: they read its labels but the hostname (a plan reading
+# that is not `settles`), its taints, readiness, allocatable and usage, never other pods or its ports.
+OWN_FILTERS = (
+    kubefilters.NodeUnschedulable,
+    kubefilters.NodeReady,
+    kubefilters.TaintToleration,
+    kubefilters.NodeAffinity,
+    kubefilters.NodeResourcesFit,
+)
+SHAPES_REMEMBERED = 256
+CONTENTS_NUMBERED = 1 << 16  # distinct node contents numbered; past it, numbered afresh
+
+
+class Sampling(Reserving):
+    """kube-scheduler's sample from every node's remembered answer to the pod's shape (module docstring)."""
+
+    def _sample_by_shape(
+        self, pod: PodRequest, plan: Plan, sample: int, index: CapacityIndex, resource: str, need: int
+    ) -> Decision | tuple[NodeRecord, Plan] | None:
+        """`_schedule_sampled`'s answer from the shape's answers (`ShapeAnswers`), the candidates those `index`
+        offers at least `need` of `resource`; None where the answers may not give it exactly (`_samples_by_shape`,
+        and the settled classes below): the caller then walks node by node."""
+        nodes = self.nodes
+        order = self._tree.order()
+        count = len(order)
+        if count != len(nodes) or not self._samples_by_shape(pod, plan):
+            return None
+        book = self._shape_answers(pod, plan, index, resource, need)
+        if book.unresolvable and any(n and book.fitting[klass] for klass, n in book.unresolvable.items()):
+            return None  # the walk would pass over the fitting nodes of a class another's answer settled
+        start = self._next_start % count
+        mask = list(map(book.fits.__getitem__, order))
+        found = list(compress(range(start, count), mask[start:]))
+        if len(found) < sample:
+            found += compress(range(start), mask[:start])
+        if not found:
+            refused = self._refused_by_shape(pod, plan, book, count)
+            if refused is not None:
+                self._next_start = start
+            return refused
+        if len(found) >= sample:
+            del found[sample:]
+            self._next_start = (found[-1] + 1) % count
+        else:
+            self._next_start = start
+        if len(found) == 1:
+            return nodes[order[found[0]]], plan
+        feasible = [order[i] for i in found]
+        return nodes[self._rank_sampled(feasible, pod, plan)], plan
+
+    def _every_node_by_shape(
+        self, pod: PodRequest, plan: Plan, index: CapacityIndex, resource: str, need: int
+    ) -> Decision | tuple[NodeRecord, Plan] | None:
+        """The cycle of a pod that ranks every feasible node (`percentageOfNodesToScore: 100`, or a cluster no
+        larger than kube-scheduler's count) from the shape's answers: the feasible nodes in the capacity index's
+        order, as `Cycle._decide` finds them, ranked as `_rank` ranks them; a pod no node fits refused as
+        `_refused` and `_explain_skipped` count every node. None where the answers may not give that exactly."""
+        nodes = self.nodes
+        if not nodes or not self._samples_by_shape(pod, plan):
+            return None
+        book = self._shape_answers(pod, plan, index, resource, need)
+        if book.unresolvable and any(n and book.fitting[klass] for klass, n in book.unresolvable.items()):
+            return None
+        fits = book.fits
+        candidates = index.groups_at_least(need, ascending=self.policy == "binpack")
+        feasible = [name for _, members in candidates for name in members if fits[name]]
+        if not feasible:
+            return self._refused_by_shape(pod, plan, book, len(nodes))
+        best = feasible[0] if len(feasible) == 1 else self._rank_sampled(feasible, pod, plan)
+        return nodes[best], plan
+
+    def _refused_by_shape(self, pod: PodRequest, plan: Plan, book: ShapeAnswers, total: int) -> Decision | None:
+        """A pod no node fits, each node counted under its own answer (`_settled_alike`: else None)."""
+        if book.by_usage and not self._settled_alike(pod, plan, book):
+            return None
+        code = Code.UNSCHEDULABLE if book.resolvable else Code.UNRESOLVABLE
+        return Decision(pod.key, False, reason=summarize_reasons(total, +book.reasons), code=code)
+
+    def _samples_by_shape(self, pod: PodRequest, plan: Plan) -> bool:
+        """Whether each node's answer to the pod is its own, remembered per shape (module docstring)."""
+        if not plan.settles or pod.host_ports or pod.preferred_node_affinity or self._added_scores:
+            return False
+        if self._dead or self.nominated or self.nominated_gangs:
+            return False
+        return all(isinstance(getattr(rule, "__self__", None), OWN_FILTERS) for rule in plan.node_rules) and all(
+            isinstance(getattr(rule, "__self__", None), OWN_FILTERS) for rule in plan.usage_rules
+        )
+
+    def _shape_answers(
+        self, pod: PodRequest, plan: Plan, index: CapacityIndex, resource: str, need: int
+    ) -> ShapeAnswers:
+        """The shape's answers (`ShapeAnswers`), brought up to date with the nodes changed since its last cycle."""
+        key = (id(plan.local), resource)
+        book = self._shape_memo.get(key)
+        changed: Iterable[str] | None = None
+        if book is not None and book.local is plan.local and book.need == need:
+            changed = self.changed_since(book.generation)
+        numbering = self._numbering
+        if len(numbering.numbers) + len(self.nodes) > CONTENTS_NUMBERED:
+            numbering.numbers.clear()
+            numbering.by_node.clear()
+            numbering.epoch += 1
+        if book is None or changed is None:
+            if len(self._shape_memo) >= SHAPES_REMEMBERED:
+                self._shape_memo.clear()
+            book = self._shape_memo[key] = ShapeAnswers(plan.local, resource, need, self.generation)
+            changed = self.nodes.keys()
+        if book.numbering != numbering.epoch:
+            book.alike.clear()
+            book.numbering = numbering.epoch
+        alike = book.alike
+        nodes, check, fits, finals = self.nodes, self.check, book.fits, book.finals
+        reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
+        short = Status.unschedulable(f"Insufficient {resource}")
+        for name in changed:
+            old = finals.pop(name, None)
+            if old is not None:
+                status, klass, fit, by_usage = old
+                for reason in status.reasons:
+                    reasons[reason] -= 1
+                if status.code is Code.UNRESOLVABLE:
+                    unresolvable[klass] -= 1
+                else:
+                    book.resolvable -= 1
+                fitting[klass] -= fit
+                book.by_usage -= by_usage
+                del fits[name]
+            record = nodes.get(name)
+            if record is None:
+                continue
+            number = self._content_number(record)
+            answer = alike.get(number) if number is not None else None
+            if answer is None:
+                status = check(record, pod, plan)
+                free = index.get(name)
+                fit = free is not None and free >= need and status.code is Code.SUCCESS
+                if status.code is Code.SUCCESS:
+                    status = short
+                by_usage = status.code is Code.UNRESOLVABLE and self._node_fit(record, pod, plan) is None
+                answer = (status, record.klass, fit, by_usage)
+                if number is not None:
+                    alike[number] = answer
+            status, klass, fit, by_usage = answer
+            for reason in status.reasons:
+                reasons[reason] += 1
+            if status.code is Code.UNRESOLVABLE:
+                unresolvable[klass] += 1
+            else:
+                book.resolvable += 1
+            fitting[klass] += fit
+            book.by_usage += by_usage
+            fits[name] = fit
+            finals[name] = answer
+        book.generation = self.generation
+        return book
+
+    def _content_number(self, record: NodeRecord) -> int | None:
+        """The number of what a node's answers to a pod read of it (`NodeNumbering`): its scoring content (its class,
+        usage and device states: `Scoring.scoring_content`), its plugin problems, and what it offers in each capacity
+        index; None for a node whose content is its own (a plugin state without one). Remembered per node version."""
+        numbering = self._numbering
+        known = numbering.by_node.get(record.name)
+        if known is not None and known[0] is record and known[1] == record.version:
+            return known[2]
+        content = self.scoring_content(record)
+        number = None
+        if content is not None:
+            name = record.name
+            key = (
+                content,
+                tuple(sorted(record.problems.items())) if record.problems else (),
+                tuple([index.get(name) for index in self._index.values()]),
+                tuple(self._index),
+            )
+            number = numbering.numbers.setdefault(key, len(numbering.numbers))
+        numbering.by_node[record.name] = (record, record.version, number)
+        return number
+
+    def _settled_alike(self, pod: PodRequest, plan: Plan, book: ShapeAnswers) -> bool:
+        """Whether, in a cycle no node fits, each class an unresolvable answer by what is in use settles counts its
+        nodes under their own answers, as the walk would: every such answer in the class is one (whichever node the
+        walk meets first), and each other node of the class answers it or is refused by what is in use
+        (`_refused_like`)."""
+        finals, nodes = book.finals, self.nodes
+        for klass, count in book.unresolvable.items():
+            if not count:
+                continue
+            members = self._class_nodes.get(klass, {})
+            settling: tuple[Code, tuple[str, ...]] | None = None
+            for name in members:
+                status, _, _, by_usage = finals[name]
+                if by_usage:
+                    if settling is None:
+                        settling = (status.code, status.reasons)
+                    elif settling != (status.code, status.reasons):
+                        return False
+            if settling is None:
+                continue
+            for name in members:
+                status = finals[name][0]
+                # The filters that read only the node pass all of the class (one answered by what is in use): the
+                # node's answer is its own where what is in use refuses it.
+                if settling != (status.code, status.reasons) and self._usage_fit(nodes[name], pod, plan) is None:
+                    return False
+        return True
+
+    def _rank_sampled(self, feasible: list[str], pod: PodRequest, plan: Plan) -> str:
+        """`_rank`'s choice (module docstring), each plugin's normalization and weight applied once per distinct raw
+        score; a plugin that reads more than the node and has something to say ranks node by node (`_rank`)."""
+        for plugin, _ in self._scorers:
+            if not plugin.local and plugin.prescore(self, pod, plan) is not None:
+                return self._rank(feasible, pod, plan)
+        if not self._local_scorers:
+            return feasible[0]
+        nodes = self.nodes
+        raws = self._local_raw(feasible, [nodes[name] for name in feasible], pod, plan)
+        # Nodes alike in every raw score total alike: each tuple of raw scores (nodes alike in content share one
+        # object, `_raw_by_content`), with its first node.
+        first = dict(zip(map(id, reversed(raws)), range(len(raws) - 1, -1, -1), strict=True))
+        if len(first) == 1:
+            return feasible[0]
+        distinct = [raws[at] for at in first.values()]
+        columns = list(zip(*distinct, strict=True))
+        totals: list[float] | None = None
+        column = 0
+        for plugin, weight in self._scorers:
+            if not plugin.local:
+                continue
+            values = list(columns[column])
+            column += 1
+            if min(values) == max(values):
+                continue
+            normalized = plugin.normalize(True, values)
+            if normalized is not values and min(normalized) == max(normalized):
+                continue
+            weighed = normalized if weight == 1 else [weight * value for value in normalized]
+            totals = weighed if totals is None else list(map(add, totals, weighed))
+        if totals is None:
+            return feasible[0]
+        top = max(totals)
+        return feasible[min(at for at, total in zip(first.values(), totals, strict=True) if total == top)]

@@ -1,0 +1,151 @@
+"""kube-scheduler's sample taken from each shape's remembered answers (`engine.sampling`) places exactly as the walk
+node by node: the same node for every pod, the same refusal word for word, the same start for the next sample.
+
+The oracle is the same engine with the shortcut off (`_sample_by_shape` answering None: every cycle walks the node
+tree node by node, `Cycle._schedule_sampled`). The traces are generated here (the suite runs without ../shared):
+GPU nodes of three models in three zones, some CPU-only, tainted or unschedulable; shares, whole and multi-GPU pods,
+CPU-only pods, pods bound to a model, pods no node could ever hold; arriving and leaving on a timeline, so nodes
+fill and free again.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.plugins.nvidia import scheduler as nvidia
+from kubegpu.scheduler import scores
+from kubegpu.scheduler.engine import Decision, Engine
+from kubegpu.scheduler.traces import TraceNode, TracePod, node_document, pod_document
+
+MODELS = ("V100M16", "T4", "A100")
+ZONES = ("zone-a", "zone-b", "zone-c")
+
+
+def generated_nodes(rng: random.Random, count: int) -> list[dict[str, Any]]:
+    """Node manifests as the trace reader writes them, some in zones (kube-scheduler's node tree interleaves them),
+    some tainted or cordoned (refused by the filters that read only the node)."""
+    documents = []
+    for i in range(count):
+        gpus = rng.choice((0, 1, 2, 4, 4, 8))
+        node = TraceNode(f"node-{i}", rng.choice((8000, 16000, 32000, 64000)), rng.choice((65536, 262144)), gpus,
+                         rng.choice(MODELS) if gpus else "")  # fmt: skip
+        document: dict[str, Any] = node_document(node)
+        metadata = document["metadata"]
+        if rng.random() < 0.6:
+            metadata["labels"]["topology.kubernetes.io/zone"] = rng.choice(ZONES)
+        if rng.random() < 0.05:
+            document["spec"] = {"taints": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]}
+        elif rng.random() < 0.03:
+            document["spec"] = {"unschedulable": True}
+        documents.append(document)
+    return documents
+
+
+def generated_pods(rng: random.Random, count: int) -> list[tuple[TracePod, int]]:
+    """(pod, how many arrivals later it leaves; 0: never)."""
+    pods = []
+    for i in range(count):
+        kind = rng.random()
+        if kind < 0.45:
+            gpus, milli = 1, rng.choice((100, 250, 300, 500, 700))
+        elif kind < 0.75:
+            gpus, milli = rng.choice((1, 1, 2, 4, 8)), 1000
+        else:
+            gpus, milli = 0, 0
+        cpu = rng.choice((1000, 2000, 4000, 8000, 16000, 128000 if rng.random() < 0.1 else 2000))
+        models = tuple(rng.sample(MODELS, rng.choice((1, 2)))) if gpus and rng.random() < 0.2 else ()
+        pod = TracePod(f"pod-{i}", cpu, rng.choice((1024, 8192, 65536)), gpus, milli, models)
+        pods.append((pod, rng.choice((0, 0, 0, rng.randint(1, 200)))))
+    return pods
+
+
+def engine(percentage: int = 0) -> Engine:
+    profile = scores.Profile.default("binpack")
+    if percentage:
+        profile = scores.Profile(profile.weights, percentage_of_nodes_to_score=percentage)
+    return Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), scoring=profile)
+
+
+def walking(oracle: Engine) -> Engine:
+    """The engine with the shortcuts off: every cycle walks the nodes one by one."""
+    oracle._sample_by_shape = lambda *cycle: None  # type: ignore[method-assign]
+    oracle._every_node_by_shape = lambda *cycle: None  # type: ignore[method-assign]
+    return oracle
+
+
+def replay(subject: Engine, nodes: list[dict[str, Any]], pods: list[tuple[TracePod, int]]) -> list[object]:
+    """Each arrival's decision (node, reason, code) and where the next sample starts, pods leaving on time."""
+    for document in nodes:
+        subject.add_node(node_info(document))
+    seen: list[object] = []
+    leaving: dict[int, list[str]] = {}
+    for step, (pod, stay) in enumerate(pods):
+        for key in leaving.pop(step, ()):
+            subject.release(key)
+        request = pod_request(pod_document(pod, pod.name))[0]
+        decision: Decision = subject.schedule(request)
+        seen.append((pod.name, decision.node, decision.reason, decision.code, subject._next_start))
+        if decision.scheduled and stay:
+            leaving.setdefault(step + stay, []).append(request.key)
+    return seen
+
+
+@pytest.mark.parametrize("percentage", [0, 30, 100], ids=["adaptive", "30%", "every node"])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_remembered_answers_place_as_the_walk_node_by_node(seed: int, percentage: int) -> None:
+    """kube-scheduler's adaptive count and 30 % (a sample from a rotating start), and every node (100 %: the
+    capacity index's order)."""
+    rng = random.Random(seed)
+    nodes = generated_nodes(rng, rng.randint(130, 170))
+    pods = generated_pods(rng, 700)
+    taken: list[bool] = []
+    subject = engine(percentage)
+    name = "_every_node_by_shape" if percentage == 100 else "_sample_by_shape"
+    shortcut = getattr(subject, name)
+
+    def counted(*cycle: Any) -> Any:
+        answer = shortcut(*cycle)
+        taken.append(answer is not None)
+        return answer
+
+    setattr(subject, name, counted)
+    assert replay(subject, nodes, pods) == replay(walking(engine(percentage)), nodes, pods)
+    assert sum(taken) > len(taken) // 2, "most cycles took the shortcut (else this test holds nothing)"
+
+
+def test_a_pod_of_a_shape_seen_before_asks_only_the_nodes_changed_since() -> None:
+    """The point of the shortcut: the second pod of a shape filters the one node the first changed, not the
+    cluster again; a pod no node fits is refused without filtering every node either."""
+    rng = random.Random(7)
+    subject = engine()
+    for document in generated_nodes(rng, 150):
+        subject.add_node(node_info(document))
+    asked: list[str] = []
+    check = subject.check
+
+    def counting(record: Any, pod: Any, plan: Any, **options: Any) -> Any:
+        asked.append(record.name)
+        return check(record, pod, plan, **options)
+
+    subject.check = counting  # type: ignore[method-assign]
+    share = TracePod("share", 1000, 1024, 1, 300, ())
+    first = subject.schedule(pod_request(pod_document(share, "first"))[0])
+    assert first.scheduled
+    asked.clear()
+    second = subject.schedule(pod_request(pod_document(share, "second"))[0])
+    assert second.scheduled
+    assert asked == [first.node]
+    huge = TracePod("huge", 1000, 1024, 64, 1000, ())
+    subject.schedule(pod_request(pod_document(huge, "huge-1"))[0])
+    asked.clear()
+    refused = subject.schedule(pod_request(pod_document(huge, "huge-2"))[0])
+    assert not refused.scheduled and refused.reason.startswith("0/150 nodes are available: ")
+    assert len(asked) <= 1
