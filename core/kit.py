@@ -38,7 +38,7 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from kubegpu.core import device_hooks, scheduler_hooks
 from kubegpu.core.limits import bounded_count, check_device_count
@@ -62,7 +62,9 @@ from kubegpu.core.status import Status
 __all__ = [
     "MIX_DRIFT",
     "MIX_KEY",
+    "Claim",
     "DeviceFilesPlugin",
+    "DevicePlugin",
     "DeviceShare",
     "Refused",
     "SharedDeviceNodeState",
@@ -336,6 +338,51 @@ class WholeDeviceNodeState(DeviceNodeState):
         """Whether device i, held by nobody, is free again (a subclass's shares may still use it)."""
         return True
 
+    # -- one allocation's claim on the books: what the kit's take and release hooks change ---------------------
+
+    def cannot_take(self, claim: Claim) -> str | None:
+        """Why the books cannot take `claim` (`cannot_hold` here; a subclass adds its shares or parts), or None."""
+        return self.cannot_hold(claim.whole)
+
+    def take(self, pod_key: str, claim: Claim) -> None:
+        """Record `claim` for `pod_key` (after `cannot_take` found nothing)."""
+        self.hold(claim.whole, pod_key)
+
+    def give_back(self, pod_key: str, claim: Claim) -> None:
+        """Give back what `pod_key` holds of `claim`; idempotent (Unreserve may run twice)."""
+        self.unhold(claim.whole, pod_key)
+
+    # -- what reports and the engine's capacity index read -----------------------------------------------------
+
+    def utilization(self) -> float:
+        """The held fraction of the node's devices (the headroom's `utilization`)."""
+        held = sum(1 for holder in self.holders if holder is not None)
+        return held / len(self.ids) if self.ids else 0.0
+
+    def cells(self) -> list[DeviceCell]:
+        """One `DeviceCell` per device, in bit order: its holder, how much of it is used, its health."""
+        return [
+            DeviceCell(
+                id=device,
+                holders=[holder] if (holder := self.holders[i]) else [],
+                used=1.0 if holder else 0.0,
+                healthy=bool(self.healthy >> i & 1),
+            )
+            for i, device in enumerate(self.ids)
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What one allocation takes of a node's books, read once by the plugin (`DevicePlugin.claimed`): the device
+    positions it holds whole, its shares (`SharedDeviceNodeState`), the parts of devices it holds
+    (`PartedDeviceNodeState`: Neuron's cores), and the plugin's own part (`extra`: nvidia's MIG devices)."""
+
+    whole: Sequence[int] = ()
+    shares: Sequence[DeviceShare] = ()
+    parts: Sequence[int] = ()
+    extra: Any = None
+
 
 DeviceShare = tuple[int, tuple[int, ...]]
 """One share of a device: (its position, the amount taken of each dimension)."""
@@ -437,6 +484,71 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
     def _unused(self, i: int) -> bool:
         return not self.tasks[i]
 
+    def cannot_take(self, claim: Claim) -> str | None:
+        return self.cannot_hold(claim.whole) or self.cannot_share(claim.shares)
+
+    def take(self, pod_key: str, claim: Claim) -> None:
+        self.hold(claim.whole, pod_key)
+        self.share(pod_key, claim.shares)
+
+    def give_back(self, pod_key: str, claim: Claim) -> None:
+        self.unhold(claim.whole, pod_key)  # what the pod no longer holds is left alone
+        self.unshare(pod_key)  # exactly what the pod took, once
+
+    def free_milli(self, i: int) -> int:
+        """What another share could still get of device i, in thousandths of its tightest dimension; 0 when it
+        takes no more shares (held whole, unhealthy, `split` shares)."""
+        if not self.shareable(i):
+            return 0
+        return min(
+            (
+                (capacity[i] - used[i]) * 1000 // max(1, capacity[i])
+                for capacity, used in zip(self.capacity, self.used, strict=True)
+            ),
+            default=1000,
+        )
+
+    def most_free(self, d: int, devices: Iterable[int], *, percent: bool = False) -> int:
+        """The most of dimension `d` free on any of `devices` (in its unit, or in percent of the device), 0 when
+        none: what one share could get at most (the headroom)."""
+        capacity, used = self.capacity[d], self.used[d]
+        if percent:
+            return max(((capacity[i] - used[i]) * 100 // max(1, capacity[i]) for i in devices), default=0)
+        return max((capacity[i] - used[i] for i in devices), default=0)
+
+    def utilization(self) -> float:
+        """Devices held whole, plus the shares' use of the first dimension (compute), over the healthy devices."""
+        bits = [i for i in range(len(self.ids)) if self.healthy >> i & 1]
+        if not bits:
+            return 0.0
+        held = sum(1 for i in bits if self.holders[i] is not None)
+        shared = 0.0
+        if self.dimensions:
+            capacity, used = self.capacity[0], self.used[0]
+            sizes = {capacity[i] for i in bits}
+            if len(sizes) == 1:
+                shared = sum(used[i] for i in bits) / max(1, sizes.pop())
+            else:
+                shared = sum(used[i] / max(1, capacity[i]) for i in bits)
+        return min(1.0, (held + shared) / len(bits))
+
+    def cells(self) -> list[DeviceCell]:
+        """A device held whole shows its holder and is used up; a shared one its sharers and its tightest
+        dimension's use (`free_milli`)."""
+        sharers = self.sharers()
+        cells = []
+        for i, device in enumerate(self.ids):
+            holder = self.holders[i]
+            cells.append(
+                DeviceCell(
+                    id=device,
+                    holders=[holder] if holder else sorted(set(sharers[i])),
+                    used=1.0 if holder else min(1.0, 1 - self.free_milli(i) / 1000) if sharers[i] else 0.0,
+                    healthy=bool(self.healthy >> i & 1),
+                )
+            )
+        return cells
+
     def scoring_content(self) -> tuple[object, ...]:
         """The shares' books are read too (`used`, `tasks`) and carry no content of their own here: each node is
         scored alone (nvidia's state, which knows what its scores read, says more)."""
@@ -477,15 +589,114 @@ WholeDeviceState = WholeDeviceNodeState
 WholeRequest = WholeDevicePodState
 
 
-class WholeDevicePlugin:
-    """Base of a scheduler-side plugin of whole devices; see the module docstring for what a subclass writes."""
+S = TypeVar("S", bound=WholeDeviceNodeState)
+
+
+class DevicePlugin(Generic[S]):
+    """Base of every scheduler-side plugin on the kit's books (`S`: its node state, a `WholeDeviceNodeState`).
+
+    It implements the hooks that only keep books, the same for every device family: `take` and `release` (an
+    allocation read once into a `Claim`, checked against the books, recorded, given back idempotently),
+    `headroom` and `describe`. A plugin decides where pods go in its own hooks (`build_node`, `prepare`, `fit`,
+    `score`, `allocate`: `WholeDevicePlugin` writes them for whole devices; the nvidia, neuron and intel-gas
+    plugins write their own) and says, where its books differ from whole devices:
+
+    * `claimed(state, allocation)`: the `Claim` an allocation makes, or why it cannot be read on this node;
+    * `learn(state, allocation, pod, claim)`: what a take teaches the plugin's mix (the default: whole-device sizes);
+    * `headroom_free(state)`, `largest(state, free)`, `picture(state)`, `more_occupancy(state)`: what reports say.
+    """
 
     name: str = ""  # the entry-point name, told at registration (`bind_plugin_name`)
     resources: tuple[str, ...] = ()  # resource names that all count these devices (usually one)
     noun: str = "devices"  # in reasons: "node(s) had fewer than 4 healthy example.com/fpga cards"
+    family: str = ""  # `Occupancy.family` of the devices' picture; the first resource when empty
+    unlisted: frozenset[str] = frozenset()  # `Headroom.unlisted`
 
     def bind_plugin_name(self, name: str) -> None:
         self.name = name
+
+    # -- what a subclass may write for its books -----------------------------------------------------------------
+
+    def claimed(self, state: S, allocation: PluginAllocation) -> Claim | str:
+        """The `Claim` an allocation makes on this node's books, or why it cannot be read here (a decoded
+        annotation may hold anything). The default: whole devices of the plugin's resources (`read_whole`)."""
+        bits, error = state.read_whole(allocation, self.resources)
+        return error if error else Claim(bits)
+
+    def learn(self, state: S, allocation: PluginAllocation, pod: PodRequest | None, claim: Claim) -> None:
+        """What a take teaches the plugin (after the books took it). The default: each container's device count
+        joins the mix the fragmentation measure expects."""
+        for resources in allocation.containers.values():
+            state.mix.add(sum(len(ids) for ids in resources.values()))
+
+    def headroom_free(self, state: S) -> dict[str, int]:
+        """The headroom's `free`: the largest amount of each resource one container could get now."""
+        return dict.fromkeys(self.resources, self.largest(state, state.free))
+
+    def largest(self, state: S, free: int) -> int:
+        """The largest request one container could get from `free` (headroom and describe's `largest_fit`)."""
+        return free.bit_count()
+
+    def picture(self, state: S) -> dict[str, Any]:
+        """Extra `Occupancy` fields for reports: `layout`, `columns`, `topology`, `links`."""
+        return {}
+
+    def more_occupancy(self, state: S) -> list[Occupancy]:
+        """Pictures beside the devices' own (nvidia's MIG devices); none by default."""
+        return []
+
+    # -- hooks ---------------------------------------------------------------------------------------------------
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_resources(self) -> list[str]:
+        return list(self.resources)
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_headroom(self, state: S) -> Headroom:
+        return Headroom(free=self.headroom_free(state), utilization=state.utilization(), unlisted=self.unlisted)
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_take(
+        self, state: S, pod_key: str, allocation: PluginAllocation, pod: PodRequest | None
+    ) -> Status:
+        claim = self.claimed(state, allocation)
+        error = claim if isinstance(claim, str) else state.cannot_take(claim)
+        if error or isinstance(claim, str):
+            return Status.error(error or "", plugin=self.name)
+        state.take(pod_key, claim)
+        state.version += 1
+        self.learn(state, allocation, pod, claim)
+        return Status.success()
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_release(self, state: S, pod_key: str, allocation: PluginAllocation) -> Status:
+        claim = self.claimed(state, allocation)
+        if isinstance(claim, str):
+            return Status.error(claim, plugin=self.name)
+        state.give_back(pod_key, claim)  # idempotent: what the pod no longer holds is left alone
+        state.version += 1
+        return Status.success()
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_describe(self, state: S) -> list[Occupancy]:
+        more = self.more_occupancy(state)
+        if not state.ids and more:
+            return more
+        cells = state.cells()
+        family = self.family or (self.resources[0] if self.resources else self.name)
+        devices = Occupancy(
+            family=family,
+            cells=cells,
+            total=len(cells),
+            free=state.free.bit_count(),
+            largest_fit=self.largest(state, state.free),
+            **self.picture(state),
+        )
+        return [devices, *more]
+
+
+class WholeDevicePlugin(DevicePlugin[WholeDeviceNodeState]):
+    """Base of a scheduler-side plugin of whole devices; see the module docstring for what a subclass writes."""
 
     # -- what a subclass writes ----------------------------------------------------------------------------------
 
@@ -522,14 +733,6 @@ class WholeDevicePlugin:
         self, state: WholeDeviceNodeState, request: WholeDevicePodState, chosen: Sequence[int]
     ) -> dict[str, Any]:
         """The allocation's fields, which the node side reads back (`ContainerAllocation.fields`)."""
-        return {}
-
-    def largest(self, state: WholeDeviceNodeState, free: int) -> int:
-        """The largest request one container could get from `free` (headroom and describe's `largest_fit`)."""
-        return free.bit_count()
-
-    def picture(self, state: WholeDeviceNodeState) -> dict[str, Any]:
-        """Extra `Occupancy` fields for reports: `layout`, `columns`, `topology`, `links`."""
         return {}
 
     def fits(self, state: WholeDeviceNodeState, free: int, count: int) -> bool:
@@ -587,10 +790,6 @@ class WholeDevicePlugin:
     # -- hooks ---------------------------------------------------------------------------------------------------
 
     @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_resources(self) -> list[str]:
-        return list(self.resources)
-
-    @scheduler_hooks.hookimpl
     def kubegpu_scheduler_build_node(
         self, node: NodeInfo, shared: dict[str, object] | None
     ) -> WholeDeviceNodeState | None:
@@ -605,12 +804,6 @@ class WholeDevicePlugin:
         if shared is not None and not isinstance(mix, SizeMix):
             mix = shared[MIX_KEY] = SizeMix(drift=MIX_DRIFT)
         return WholeDeviceNodeState(self.name, node.name, devices, extra, mix if isinstance(mix, SizeMix) else None)
-
-    @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_headroom(self, state: WholeDeviceNodeState) -> Headroom:
-        largest = self.largest(state, state.free)
-        held = sum(1 for holder in state.holders if holder is not None)
-        return Headroom(free=dict.fromkeys(self.resources, largest), utilization=held / len(state.ids))
 
     @scheduler_hooks.hookimpl
     def kubegpu_scheduler_validate(self, pod: PodRequest) -> Status | None:
@@ -688,55 +881,6 @@ class WholeDevicePlugin:
         for (container, resource, _), mask in zip(request.containers, plan, strict=True):
             containers.setdefault(container, {})[resource] = state.ids_of(mask)
         return PluginAllocation(plugin=self.name, containers=containers, fields=self.fields(state, request, plan))
-
-    @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_take(self, state: WholeDeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status:
-        bits, error = self._bits(state, allocation)
-        error = error or state.cannot_hold(bits)
-        if error:
-            return Status.error(error, plugin=self.name)
-        state.hold(bits, pod_key)
-        state.version += 1
-        for resources in allocation.containers.values():  # the mix the fragmentation measure expects
-            state.mix.add(sum(len(ids) for ids in resources.values()))
-        return Status.success()
-
-    @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_release(
-        self, state: WholeDeviceNodeState, pod_key: str, allocation: PluginAllocation
-    ) -> Status:
-        bits, error = self._bits(state, allocation)
-        if error:
-            return Status.error(error, plugin=self.name)
-        state.unhold(bits, pod_key)  # idempotent: what the pod no longer holds is left alone
-        state.version += 1
-        return Status.success()
-
-    @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_describe(self, state: WholeDeviceNodeState) -> list[Occupancy]:
-        cells = [
-            DeviceCell(
-                id=device,
-                holders=[holder] if (holder := state.holders[i]) else [],
-                used=1.0 if state.holders[i] else 0.0,
-                healthy=bool(state.healthy >> i & 1),
-            )
-            for i, device in enumerate(state.ids)
-        ]
-        family = self.resources[0] if self.resources else self.name
-        return [
-            Occupancy(
-                family=family,
-                cells=cells,
-                total=len(cells),
-                free=state.free.bit_count(),
-                largest_fit=self.largest(state, state.free),
-                **self.picture(state),
-            )
-        ]
-
-    def _bits(self, state: WholeDeviceNodeState, allocation: PluginAllocation) -> tuple[list[int], str | None]:
-        return state.read_whole(allocation, self.resources)
 
 
 # ---------------------------------------------------------------------------------------------------------------
