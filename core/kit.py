@@ -20,10 +20,18 @@ Both are plain classes whose hook methods carry the `hookimpl` markers; register
 instance its entry-point name (`bind_plugin_name`), which is the name of its allocations and inventories.
 
 State is bitmasks: device i of a node (in the order `devices` lists them) is bit i of `healthy` and `free`; `holders[i]`
-is the pod holding it (`WholeDeviceNodeState`, whose `read_whole`, `cannot_hold`, `hold` and `unhold` a plugin writing
-its own hooks uses too). Devices that may also be shared, each share taking an amount of every dimension (compute,
-memory) up to the device's capacity and at most `split` shares per device, keep `SharedDeviceNodeState` (the nvidia
-plugin's GPUs: `cannot_share`, `share`, `unshare`). Every answer is deterministic: ties go to the lowest device.
+is the pod holding it (`WholeDeviceNodeState`). Devices that may also be shared, each share taking an amount of every
+dimension (compute, memory) up to the device's capacity and at most `split` shares per device, keep
+`SharedDeviceNodeState` (`cannot_share`, `share`, `unshare`); devices made of parts a pod may hold one by one
+(Neuron's cores) keep `PartedDeviceNodeState`. Every answer is deterministic: ties go to the lowest device.
+
+A plugin that decides in hooks of its own (its topology, its shares, its refusals) subclasses `DevicePlugin`, the
+base of `WholeDevicePlugin` too: it implements the hooks that only keep books (`take`, `release`, `headroom`,
+`describe`), reading an allocation once into a `Claim` (`claimed`), which the state checks (`cannot_take`), records
+(`take`) and gives back idempotently (`give_back`). The built-in plugins are written that way: `NvidiaPlugin` on
+`SharedDeviceNodeState` (GPUs, shares of compute and memory; MIG devices in books of its own beside them),
+`NeuronPlugin` on `PartedDeviceNodeState` (devices of NeuronCores), `IntelGasPlugin` on `SharedDeviceNodeState`
+(every `gpu.intel.com/*` resource a dimension of each card).
 
 Expected fragmentation (`kubegpu_scheduler_fragmentation`, the engine's KubegpuFragmentation score) comes with the
 kit: the states of one engine learn how often each request size comes (`SizeMix`), and a placement is measured by
@@ -66,6 +74,7 @@ __all__ = [
     "DeviceFilesPlugin",
     "DevicePlugin",
     "DeviceShare",
+    "PartedDeviceNodeState",
     "Refused",
     "SharedDeviceNodeState",
     "SizeMix",
@@ -443,14 +452,20 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
             device = f"{self.noun} {self.ids[i]}"
             if self.holders[i] is not None:
                 return f"{device} is held whole by {self.holders[i]}; a share never lands on it"
-            for d, name in enumerate(self.dimensions):
+            for d in range(len(self.dimensions)):
                 if self.used[d][i] + totals[d] > self.capacity[d][i]:
-                    unit = _unit(self.units[d][i])
-                    free = self.capacity[d][i] - self.used[d][i]
-                    return f"{device} has {free}{unit} {name} free, the allocation takes {totals[d]}{unit}"
+                    return self.shortage(i, d, self.capacity[d][i] - self.used[d][i], totals[d])
             if self.tasks[i] + totals[-1] > self.split:
                 return f"{device} already runs {self.tasks[i]} of at most {self.split} shares"
         return None
+
+    def shortage(self, i: int, d: int, free: int, taken: int) -> str:
+        """The reason `cannot_share` gives when a claim takes `taken` of dimension d on device i, which has only
+        `free` of it: "GPU 0 has 40% compute free, the allocation takes 60%"."""
+        unit = _unit(self.units[d][i])
+        return (
+            f"{self.noun} {self.ids[i]} has {free}{unit} {self.dimensions[d]} free, the allocation takes {taken}{unit}"
+        )
 
     def share(self, pod_key: str, shares: Sequence[DeviceShare]) -> None:
         """Record `shares` for `pod_key` (after `cannot_share` found nothing)."""
@@ -532,9 +547,12 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
                 shared = sum(used[i] / max(1, capacity[i]) for i in bits)
         return min(1.0, (held + shared) / len(bits))
 
+    def share_used(self, i: int) -> float:
+        """How much of shared device i is used, 0..1, for reports: its tightest dimension's (`free_milli`)."""
+        return min(1.0, 1 - self.free_milli(i) / 1000)
+
     def cells(self) -> list[DeviceCell]:
-        """A device held whole shows its holder and is used up; a shared one its sharers and its tightest
-        dimension's use (`free_milli`)."""
+        """A device held whole shows its holder and is used up; a shared one its sharers and `share_used`."""
         sharers = self.sharers()
         cells = []
         for i, device in enumerate(self.ids):
@@ -543,7 +561,7 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
                 DeviceCell(
                     id=device,
                     holders=[holder] if holder else sorted(set(sharers[i])),
-                    used=1.0 if holder else min(1.0, 1 - self.free_milli(i) / 1000) if sharers[i] else 0.0,
+                    used=1.0 if holder else self.share_used(i) if sharers[i] else 0.0,
                     healthy=bool(self.healthy >> i & 1),
                 )
             )
@@ -553,6 +571,133 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
         """The shares' books are read too (`used`, `tasks`) and carry no content of their own here: each node is
         scored alone (nvidia's state, which knows what its scores read, says more)."""
         return (self,)
+
+
+class PartedDeviceNodeState(WholeDeviceNodeState):
+    """Whole devices each made of `parts` equal parts that a pod may also hold one by one (Neuron's NeuronCores):
+    part p is on device p // parts, bit p of `free_parts`; `part_holders[p]` holds it, `parts_held_on[d]` counts
+    the held parts of device d. A device held whole offers no parts, a device with a held part is not free for
+    whole-device requests, and `free` holds only healthy devices nobody holds in any way. `present` holds the
+    devices the node has (device ids may skip numbers: the others are neither healthy nor present).
+    `part_noun` names a part in reasons ("core 3 is already held by ns/a").
+    """
+
+    part_noun = "part"
+
+    def __init__(
+        self,
+        plugin: str,
+        node: str,
+        ids: Sequence[str],
+        healthy: Sequence[bool],
+        parts: int,
+        present: int | None = None,
+        extra: Any = None,
+        mix: SizeMix | None = None,
+    ) -> None:
+        super().__init__(plugin, node, (), extra, mix, ids=ids, healthy=healthy)
+        self.parts = max(1, parts)
+        self.present = present if present is not None else (1 << len(self.ids)) - 1
+        self.healthy_parts = self.parts_of(self.healthy)
+        self.free_parts = self.healthy_parts
+        self.part_holders: dict[int, str] = {}
+        self.parts_held_on: dict[int, int] = {}
+
+    def parts_of(self, devices: int) -> int:
+        """The parts of the devices `devices` (a mask), as a mask of parts."""
+        k, block, found = self.parts, (1 << self.parts) - 1, 0
+        while devices:
+            low = devices & -devices
+            found |= block << (low.bit_length() - 1) * k
+            devices ^= low
+        return found
+
+    def holder(self, i: int) -> str | None:
+        """Who keeps device i from being taken whole: its whole holder, or the first holder of its parts."""
+        holder = self.holders[i]
+        if holder is None and self.parts_held_on.get(i):
+            k = self.parts
+            holder = min(h for p in range(i * k, i * k + k) if (h := self.part_holders.get(p)))
+        return holder
+
+    def cannot_hold(self, bits: Iterable[int]) -> str | None:
+        for i in bits:
+            if not self.present >> i & 1:
+                return f"device {i} does not exist on this node"
+            holder = self.holder(i)
+            if holder is not None:
+                return f"device {i} is already held by {holder}"
+        return None
+
+    def cannot_hold_parts(self, parts: Iterable[int], whole: Collection[int]) -> str | None:
+        """Why a pod may not hold the parts `parts` beside the devices `whole` of the same claim, or None."""
+        noun = self.part_noun
+        for p in parts:
+            i = p // self.parts
+            if not self.present >> i & 1:
+                return f"{noun} {p} does not exist on this node"
+            holder = self.part_holders.get(p) or self.holders[i]
+            if holder is not None:
+                return f"{noun} {p} is already held by {holder}"
+            if i in whole:
+                return f"{noun} {p} is on device {i}, which the same allocation takes whole"
+        return None
+
+    def cannot_take(self, claim: Claim) -> str | None:
+        return self.cannot_hold(claim.whole) or self.cannot_hold_parts(claim.parts, claim.whole)
+
+    def take(self, pod_key: str, claim: Claim) -> None:
+        self.hold(claim.whole, pod_key)
+        for i in claim.whole:
+            self.free_parts &= ~self.parts_of(1 << i)
+        for p in claim.parts:
+            i = p // self.parts
+            self.part_holders[p] = pod_key
+            self.parts_held_on[i] = self.parts_held_on.get(i, 0) + 1
+            self.free_parts &= ~(1 << p)
+            self.free &= ~(1 << i)
+
+    def give_back(self, pod_key: str, claim: Claim) -> None:
+        """Idempotent (Unreserve): what the pod no longer holds is left alone."""
+        for i in claim.whole:
+            if self.holders[i] == pod_key:
+                self.unhold((i,), pod_key)
+                self.free_parts |= self.parts_of(1 << i) & self.healthy_parts
+        for p in claim.parts:
+            if self.part_holders.get(p) != pod_key:
+                continue
+            i = p // self.parts
+            del self.part_holders[p]
+            self.free_parts |= (1 << p) & self.healthy_parts
+            left = self.parts_held_on[i] - 1
+            if left:
+                self.parts_held_on[i] = left
+            else:
+                del self.parts_held_on[i]
+                if self.holders[i] is None:
+                    self.free |= (1 << i) & self.healthy
+
+    def _unused(self, i: int) -> bool:
+        return not self.parts_held_on.get(i)
+
+    def utilization(self) -> float:
+        """The held fraction of the healthy parts (a device held whole holds all of its parts)."""
+        healthy = self.healthy_parts.bit_count()
+        return (healthy - self.free_parts.bit_count()) / healthy if healthy else 0.0
+
+    def cells(self) -> list[DeviceCell]:
+        """One cell per present device: its whole holder, else the holders of its parts and the share held."""
+        k = self.parts
+        cells = []
+        for i in bit_indices(self.present):
+            whole = self.holders[i]
+            if whole is not None:
+                holders, used = [whole], 1.0
+            else:
+                held = [h for p in range(i * k, i * k + k) if (h := self.part_holders.get(p)) is not None]
+                holders, used = sorted(set(held)), len(held) / k
+            cells.append(DeviceCell(id=self.ids[i], holders=holders, used=used, healthy=bool(self.healthy >> i & 1)))
+        return cells
 
 
 def shares_devices(state: object) -> bool:

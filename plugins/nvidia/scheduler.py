@@ -360,6 +360,7 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
     resources = tuple(RESOURCES)
     family = NAME
     unlisted = UNLISTED
+    conformance_nodes = conformance_nodes  # the nodes `kubegpu plugins check` runs its suite on (above)
 
     # -- the books: what the kit's hooks ask ---------------------------------------------------------------------
 
