@@ -232,13 +232,13 @@ def fragmentation_growth(
 class WholeDeviceNodeState(DeviceNodeState):
     """One node's whole devices: bit i of `healthy` and `free` stands for `ids[i]`; `holders[i]` holds it.
 
-    The books every whole-device plugin keeps, for the kit's own hooks and for a plugin that writes its hooks itself
-    (nvidia): `read_whole` reads the devices an allocation names, `cannot_hold` says why a pod may not take them,
-    `hold` and `unhold` change the books. `extra` is the plugin's own per-node information (a topology, a loaded
-    bitstream), from `devices(node)`. `version` grows on every take and release (the hooks bump it); it keys the
-    per-request placement kept in `_placed`. `mix` is the mix of request sizes the engine's states of this plugin
-    learn together (a state built alone learns alone). `ids` and `healthy` stand for `devices` where a plugin keeps
-    no `DeviceInfo` per device (nvidia's GPUs from labels). `noun` names a device in reasons.
+    The books every whole-device plugin keeps, for the kit's own hooks and for a plugin that decides in hooks of its
+    own (the built-ins): `read_whole` reads the devices an allocation names, `cannot_hold` says why a pod may not
+    take them, `hold` and `unhold` change the books. `extra` is the plugin's own per-node information (a topology,
+    a loaded bitstream), from `devices(node)`. `version` grows on every take and release (the hooks bump it); it
+    keys the per-request placement kept in `_placed`. `mix` is the mix of request sizes the engine's states of this
+    plugin learn together (a state built alone learns alone). `ids` and `healthy` stand for `devices` where a plugin
+    keeps no `DeviceInfo` per device (nvidia's GPUs from labels). `noun` names a device in reasons.
     """
 
     noun = "device"
@@ -751,13 +751,18 @@ class DevicePlugin(Generic[S]):
     * `headroom_free(state)`, `largest(state, free)`, `picture(state)`, `more_occupancy(state)`: what reports say.
     """
 
-    name: str = ""  # the entry-point name, told at registration (`bind_plugin_name`)
+    name: str = ""  # the entry-point name, told at registration (`bind_plugin_name`); a class may fix it
     resources: tuple[str, ...] = ()  # resource names that all count these devices (usually one)
     noun: str = "devices"  # in reasons: "node(s) had fewer than 4 healthy example.com/fpga cards"
     family: str = ""  # `Occupancy.family` of the devices' picture; the first resource when empty
     unlisted: frozenset[str] = frozenset()  # `Headroom.unlisted`
 
     def bind_plugin_name(self, name: str) -> None:
+        """Take the entry-point name. A class that fixes its name (the built-ins: their node side and their
+        annotations use it) refuses another, rather than answer under two names."""
+        fixed = type(self).name
+        if fixed and fixed != name:
+            raise ValueError(f"plugin {fixed!r} must be registered as {fixed!r}, not {name!r}")
         self.name = name
 
     # -- what a subclass may write for its books -----------------------------------------------------------------

@@ -48,6 +48,9 @@ The rules, in the order the engine meets them:
 * **Score.** GAS has none; here it is how full the chosen cards are after the placement (mean over the cards
   of their busiest resource's used fraction, times 100): a node where the pod fills cards already in use
   scores higher than one where it breaks into untouched cards.
+* **Books.** The plugin kit's (`kubegpu.core.kit`): `IntelGasNodeState` is a `SharedDeviceNodeState` whose
+  dimensions are the advertised resources, a container's cards its shares; `IntelGasPlugin` is a `DevicePlugin`,
+  whose take, release (each pod's shares, given back once), headroom and describe hooks are the kit's.
 * **Headroom.** Per advertised resource, an upper bound of what one container could get: the sum of the free
   per-card amounts over healthy cards; for `i915`/`xe`, the number of healthy cards with a free unit.
   Utilization is the used fraction of the `i915` (else `xe`, else memory) shares.

@@ -19,6 +19,10 @@ Which GPUs: `topology.choose`, container by container in spec order, each from w
 The score is the GPU-weighted mean of `topology.placement_score` over the containers (100: every container
 inside the smallest group that can hold it). Fit itself needs no placement: any count of free eligible GPUs
 can be placed.
+
+The books are the plugin kit's (`kubegpu.core.kit`): `NvidiaNodeState` is a `SharedDeviceNodeState` (GPUs held whole
+or shared by compute and memory), with the MIG devices' books beside it, and `NvidiaPlugin` a `DevicePlugin`, whose
+take, release, headroom and describe hooks are the kit's; the entry point names its instance, `plugin`.
 """
 
 from __future__ import annotations

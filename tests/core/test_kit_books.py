@@ -5,6 +5,8 @@ plugins registered through their entry points as instances, as a pip-installed p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +21,8 @@ from kubegpu.core.kit import (
     WholeDeviceNodeState,
 )
 from kubegpu.core.models import DeviceInfo, Occupancy, PluginAllocation
+from kubegpu.core.plugin_manager import KubegpuPluginManager
+from kubegpu.plugins.nvidia import scheduler as nvidia_scheduler
 
 
 def cards(split: int = 2) -> SharedDeviceNodeState:
@@ -225,3 +229,16 @@ def test_the_kits_hooks_keep_a_shared_plugins_books() -> None:
     assert plugin.kubegpu_scheduler_release(state, "ns/a", allocation).ok
     assert plugin.kubegpu_scheduler_release(state, "ns/a", allocation).ok  # idempotent
     assert (state.free, state.used, state.version) == (0b111, ([0, 0, 0], [0, 0, 0]), 3)
+
+
+def test_a_built_in_plugin_refuses_a_name_its_node_side_does_not_use(
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+) -> None:
+    # One object serves every plugin manager: registered as "gpu", the nvidia plugin would answer under two names.
+    pm = make_plugin_manager("scheduler", gpu=nvidia_scheduler)
+    assert "gpu" not in pm.records
+    assert [str(f) for f in pm.failures] == [
+        "plugin 'gpu' (scheduler) failed at register: bind_plugin_name failed: ValueError: "
+        "plugin 'nvidia' must be registered as 'nvidia', not 'gpu'"
+    ]
+    assert nvidia_scheduler.plugin.name == "nvidia"
