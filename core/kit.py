@@ -810,9 +810,11 @@ class DevicePlugin(Generic[S]):
         self, state: S, pod_key: str, allocation: PluginAllocation, pod: PodRequest | None
     ) -> Status:
         claim = self.claimed(state, allocation)
-        error = claim if isinstance(claim, str) else state.cannot_take(claim)
-        if error or isinstance(claim, str):
-            return Status.error(error or "", plugin=self.name)
+        if isinstance(claim, str):
+            return Status.error(claim, plugin=self.name)
+        error = state.cannot_take(claim)
+        if error:
+            return Status.error(error, plugin=self.name)
         state.take(pod_key, claim)
         state.version += 1
         self.learn(state, allocation, pod, claim)
