@@ -46,7 +46,7 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from kubegpu.core import device_hooks, scheduler_hooks
 from kubegpu.core.limits import bounded_count, check_device_count
@@ -381,8 +381,7 @@ class WholeDeviceNodeState(DeviceNodeState):
         ]
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
+class Claim(NamedTuple):
     """What one allocation takes of a node's books, read once by the plugin (`DevicePlugin.claimed`): the device
     positions it holds whole, its shares (`SharedDeviceNodeState`), the parts of devices it holds
     (`PartedDeviceNodeState`: Neuron's cores), and the plugin's own part (`extra`: nvidia's MIG devices)."""

@@ -189,7 +189,7 @@ class NeuronPlugin(DevicePlugin[NeuronNodeState]):
             state.mix.add(sum(len(ids) for resource, ids in resources.items() if resource != NEURONCORE))
 
     def headroom_free(self, state: NeuronNodeState) -> dict[str, int]:
-        devices = self.largest(state, state.free)
+        devices = topo.largest_device_set(state.topology, state.free)
         cores = topo.largest_core_request(state.topology, state.cores_per_device, state.free_parts)
         return {NEURON: devices, NEURONDEVICE: devices, NEURONCORE: cores}
 
