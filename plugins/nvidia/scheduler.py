@@ -555,11 +555,6 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
         return PluginAllocation(plugin=NAME, containers=containers, shares=shares, fields=fields)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Pure helpers
-# ----------------------------------------------------------------------------------------------------------
-
-
 def fit_answer(s: NvidiaNodeState, ask: NvidiaPodState) -> Status:
     """`kubegpu_scheduler_fit` computed (the hook shares the answers of nodes alike: `PlacementBook`)."""
     if ask.error:
@@ -584,6 +579,11 @@ def fit_answer(s: NvidiaNodeState, ask: NvidiaPodState) -> Status:
     if ask.shares and s.plan(ask) is None:
         return Status.unschedulable(share_shortage(s, mask, ask), plugin=NAME)
     return Status.success()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pure helpers
+# ----------------------------------------------------------------------------------------------------------
 
 
 def owns(resource: str) -> bool:
