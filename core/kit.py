@@ -20,10 +20,18 @@ Both are plain classes whose hook methods carry the `hookimpl` markers; register
 instance its entry-point name (`bind_plugin_name`), which is the name of its allocations and inventories.
 
 State is bitmasks: device i of a node (in the order `devices` lists them) is bit i of `healthy` and `free`; `holders[i]`
-is the pod holding it (`WholeDeviceNodeState`, whose `read_whole`, `cannot_hold`, `hold` and `unhold` a plugin writing
-its own hooks uses too). Devices that may also be shared, each share taking an amount of every dimension (compute,
-memory) up to the device's capacity and at most `split` shares per device, keep `SharedDeviceNodeState` (the nvidia
-plugin's GPUs: `cannot_share`, `share`, `unshare`). Every answer is deterministic: ties go to the lowest device.
+is the pod holding it (`WholeDeviceNodeState`). Devices that may also be shared, each share taking an amount of every
+dimension (compute, memory) up to the device's capacity and at most `split` shares per device, keep
+`SharedDeviceNodeState` (`cannot_share`, `share`, `unshare`); devices made of parts a pod may hold one by one
+(Neuron's cores) keep `PartedDeviceNodeState`. Every answer is deterministic: ties go to the lowest device.
+
+A plugin that decides in hooks of its own (its topology, its shares, its refusals) subclasses `DevicePlugin`, the
+base of `WholeDevicePlugin` too: it implements the hooks that only keep books (`take`, `release`, `headroom`,
+`describe`), reading an allocation once into a `Claim` (`claimed`), which the state checks (`cannot_take`), records
+(`take`) and gives back idempotently (`give_back`). The built-in plugins are written that way: `NvidiaPlugin` on
+`SharedDeviceNodeState` (GPUs, shares of compute and memory; MIG devices in books of its own beside them),
+`NeuronPlugin` on `PartedDeviceNodeState` (devices of NeuronCores), `IntelGasPlugin` on `SharedDeviceNodeState`
+(every `gpu.intel.com/*` resource a dimension of each card).
 
 Expected fragmentation (`kubegpu_scheduler_fragmentation`, the engine's KubegpuFragmentation score) comes with the
 kit: the states of one engine learn how often each request size comes (`SizeMix`), and a placement is measured by
@@ -38,7 +46,7 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from kubegpu.core import device_hooks, scheduler_hooks
 from kubegpu.core.limits import bounded_count, check_device_count
@@ -62,8 +70,11 @@ from kubegpu.core.status import Status
 __all__ = [
     "MIX_DRIFT",
     "MIX_KEY",
+    "Claim",
     "DeviceFilesPlugin",
+    "DevicePlugin",
     "DeviceShare",
+    "PartedDeviceNodeState",
     "Refused",
     "SharedDeviceNodeState",
     "SizeMix",
@@ -221,13 +232,13 @@ def fragmentation_growth(
 class WholeDeviceNodeState(DeviceNodeState):
     """One node's whole devices: bit i of `healthy` and `free` stands for `ids[i]`; `holders[i]` holds it.
 
-    The books every whole-device plugin keeps, for the kit's own hooks and for a plugin that writes its hooks itself
-    (nvidia): `read_whole` reads the devices an allocation names, `cannot_hold` says why a pod may not take them,
-    `hold` and `unhold` change the books. `extra` is the plugin's own per-node information (a topology, a loaded
-    bitstream), from `devices(node)`. `version` grows on every take and release (the hooks bump it); it keys the
-    per-request placement kept in `_placed`. `mix` is the mix of request sizes the engine's states of this plugin
-    learn together (a state built alone learns alone). `ids` and `healthy` stand for `devices` where a plugin keeps
-    no `DeviceInfo` per device (nvidia's GPUs from labels). `noun` names a device in reasons.
+    The books every whole-device plugin keeps, for the kit's own hooks and for a plugin that decides in hooks of its
+    own (the built-ins): `read_whole` reads the devices an allocation names, `cannot_hold` says why a pod may not
+    take them, `hold` and `unhold` change the books. `extra` is the plugin's own per-node information (a topology,
+    a loaded bitstream), from `devices(node)`. `version` grows on every take and release (the hooks bump it); it
+    keys the per-request placement kept in `_placed`. `mix` is the mix of request sizes the engine's states of this
+    plugin learn together (a state built alone learns alone). `ids` and `healthy` stand for `devices` where a plugin
+    keeps no `DeviceInfo` per device (nvidia's GPUs from labels). `noun` names a device in reasons.
     """
 
     noun = "device"
@@ -336,6 +347,50 @@ class WholeDeviceNodeState(DeviceNodeState):
         """Whether device i, held by nobody, is free again (a subclass's shares may still use it)."""
         return True
 
+    # -- one allocation's claim on the books: what the kit's take and release hooks change ---------------------
+
+    def cannot_take(self, claim: Claim) -> str | None:
+        """Why the books cannot take `claim` (`cannot_hold` here; a subclass adds its shares or parts), or None."""
+        return self.cannot_hold(claim.whole)
+
+    def take(self, pod_key: str, claim: Claim) -> None:
+        """Record `claim` for `pod_key` (after `cannot_take` found nothing)."""
+        self.hold(claim.whole, pod_key)
+
+    def give_back(self, pod_key: str, claim: Claim) -> None:
+        """Give back what `pod_key` holds of `claim`; idempotent (Unreserve may run twice)."""
+        self.unhold(claim.whole, pod_key)
+
+    # -- what reports and the engine's capacity index read -----------------------------------------------------
+
+    def utilization(self) -> float:
+        """The held fraction of the node's devices (the headroom's `utilization`)."""
+        held = sum(1 for holder in self.holders if holder is not None)
+        return held / len(self.ids) if self.ids else 0.0
+
+    def cells(self) -> list[DeviceCell]:
+        """One `DeviceCell` per device, in bit order: its holder, how much of it is used, its health."""
+        return [
+            DeviceCell(
+                id=device,
+                holders=[holder] if (holder := self.holders[i]) else [],
+                used=1.0 if holder else 0.0,
+                healthy=bool(self.healthy >> i & 1),
+            )
+            for i, device in enumerate(self.ids)
+        ]
+
+
+class Claim(NamedTuple):
+    """What one allocation takes of a node's books, read once by the plugin (`DevicePlugin.claimed`): the device
+    positions it holds whole, its shares (`SharedDeviceNodeState`), the parts of devices it holds
+    (`PartedDeviceNodeState`: Neuron's cores), and the plugin's own part (`extra`: nvidia's MIG devices)."""
+
+    whole: Sequence[int] = ()
+    shares: Sequence[DeviceShare] = ()
+    parts: Sequence[int] = ()
+    extra: Any = None
+
 
 DeviceShare = tuple[int, tuple[int, ...]]
 """One share of a device: (its position, the amount taken of each dimension)."""
@@ -370,6 +425,8 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
         self.used: tuple[list[int], ...] = tuple([0] * len(self.ids) for _ in dimensions)
         self.tasks = [0] * len(self.ids)
         self.shared: dict[str, list[DeviceShare]] = {}
+        sizes = set(self.capacity[0]) if self.capacity else set()
+        self._uniform = max(1, sizes.pop()) if len(sizes) == 1 else 0  # the first dimension's one capacity, if one
 
     def shareable(self, i: int) -> bool:
         """Whether device i may take another share: healthy, nobody holds it whole, fewer than `split` shares."""
@@ -396,14 +453,20 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
             device = f"{self.noun} {self.ids[i]}"
             if self.holders[i] is not None:
                 return f"{device} is held whole by {self.holders[i]}; a share never lands on it"
-            for d, name in enumerate(self.dimensions):
+            for d in range(len(self.dimensions)):
                 if self.used[d][i] + totals[d] > self.capacity[d][i]:
-                    unit = _unit(self.units[d][i])
-                    free = self.capacity[d][i] - self.used[d][i]
-                    return f"{device} has {free}{unit} {name} free, the allocation takes {totals[d]}{unit}"
+                    return self.shortage(i, d, self.capacity[d][i] - self.used[d][i], totals[d])
             if self.tasks[i] + totals[-1] > self.split:
                 return f"{device} already runs {self.tasks[i]} of at most {self.split} shares"
         return None
+
+    def shortage(self, i: int, d: int, free: int, taken: int) -> str:
+        """The reason `cannot_share` gives when a claim takes `taken` of dimension d on device i, which has only
+        `free` of it: "GPU 0 has 40% compute free, the allocation takes 60%"."""
+        unit = _unit(self.units[d][i])
+        return (
+            f"{self.noun} {self.ids[i]} has {free}{unit} {self.dimensions[d]} free, the allocation takes {taken}{unit}"
+        )
 
     def share(self, pod_key: str, shares: Sequence[DeviceShare]) -> None:
         """Record `shares` for `pod_key` (after `cannot_share` found nothing)."""
@@ -437,10 +500,206 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
     def _unused(self, i: int) -> bool:
         return not self.tasks[i]
 
+    def cannot_take(self, claim: Claim) -> str | None:
+        return self.cannot_hold(claim.whole) or self.cannot_share(claim.shares)
+
+    def take(self, pod_key: str, claim: Claim) -> None:
+        self.hold(claim.whole, pod_key)
+        self.share(pod_key, claim.shares)
+
+    def give_back(self, pod_key: str, claim: Claim) -> None:
+        self.unhold(claim.whole, pod_key)  # what the pod no longer holds is left alone
+        self.unshare(pod_key)  # exactly what the pod took, once
+
+    def free_milli(self, i: int) -> int:
+        """What another share could still get of device i, in thousandths of its tightest dimension; 0 when it
+        takes no more shares (held whole, unhealthy, `split` shares). Hot (nvidia's fgd policy reads every GPU's):
+        a plain loop."""
+        if not (self.healthy >> i & 1 and self.holders[i] is None and self.tasks[i] < self.split):
+            return 0
+        least = 1000
+        for capacity, used in zip(self.capacity, self.used, strict=True):
+            size = capacity[i]
+            left = (size - used[i]) * 1000 // (size or 1)
+            if left < least:
+                least = left
+        return least
+
+    def most_free(self, d: int, devices: Iterable[int], *, percent: bool = False) -> int:
+        """The most of dimension `d` free on any of `devices` (in its unit, or in percent of the device), 0 when
+        none: what one share could get at most (the headroom)."""
+        capacity, used = self.capacity[d], self.used[d]
+        if percent:
+            return max(((capacity[i] - used[i]) * 100 // max(1, capacity[i]) for i in devices), default=0)
+        return max((capacity[i] - used[i] for i in devices), default=0)
+
+    def utilization(self) -> float:
+        """Devices held whole, plus the shares' use of the first dimension (compute), over the healthy devices."""
+        healthy = self.healthy
+        count = healthy.bit_count()
+        if not count:
+            return 0.0
+        held = sum(1 for i, holder in enumerate(self.holders) if holder is not None and healthy >> i & 1)
+        shared = 0.0
+        if self.dimensions:
+            capacity, used = self.capacity[0], self.used[0]
+            if self._uniform:  # every device alike (the usual case): one division, as a reader would write it
+                shared = sum(u for i, u in enumerate(used) if healthy >> i & 1) / self._uniform
+            else:
+                shared = sum(u / max(1, capacity[i]) for i, u in enumerate(used) if healthy >> i & 1)
+        return min(1.0, (held + shared) / count)
+
+    def share_used(self, i: int) -> float:
+        """How much of shared device i is used, 0..1, for reports: its tightest dimension's (`free_milli`)."""
+        return min(1.0, 1 - self.free_milli(i) / 1000)
+
+    def cells(self) -> list[DeviceCell]:
+        """A device held whole shows its holder and is used up; a shared one its sharers and `share_used`."""
+        sharers = self.sharers()
+        cells = []
+        for i, device in enumerate(self.ids):
+            holder = self.holders[i]
+            cells.append(
+                DeviceCell(
+                    id=device,
+                    holders=[holder] if holder else sorted(set(sharers[i])),
+                    used=1.0 if holder else self.share_used(i) if sharers[i] else 0.0,
+                    healthy=bool(self.healthy >> i & 1),
+                )
+            )
+        return cells
+
     def scoring_content(self) -> tuple[object, ...]:
         """The shares' books are read too (`used`, `tasks`) and carry no content of their own here: each node is
         scored alone (nvidia's state, which knows what its scores read, says more)."""
         return (self,)
+
+
+class PartedDeviceNodeState(WholeDeviceNodeState):
+    """Whole devices each made of `parts` equal parts that a pod may also hold one by one (Neuron's NeuronCores):
+    part p is on device p // parts, bit p of `free_parts`; `part_holders[p]` holds it, `parts_held_on[d]` counts
+    the held parts of device d. A device held whole offers no parts, a device with a held part is not free for
+    whole-device requests, and `free` holds only healthy devices nobody holds in any way. `present` holds the
+    devices the node has (device ids may skip numbers: the others are neither healthy nor present).
+    `part_noun` names a part in reasons ("core 3 is already held by ns/a").
+    """
+
+    part_noun = "part"
+
+    def __init__(
+        self,
+        plugin: str,
+        node: str,
+        ids: Sequence[str],
+        healthy: Sequence[bool],
+        parts: int,
+        present: int | None = None,
+        extra: Any = None,
+        mix: SizeMix | None = None,
+    ) -> None:
+        super().__init__(plugin, node, (), extra, mix, ids=ids, healthy=healthy)
+        self.parts = max(1, parts)
+        self.present = present if present is not None else (1 << len(self.ids)) - 1
+        self.healthy_parts = self.parts_of(self.healthy)
+        self.free_parts = self.healthy_parts
+        self.part_holders: dict[int, str] = {}
+        self.parts_held_on: dict[int, int] = {}
+
+    def parts_of(self, devices: int) -> int:
+        """The parts of the devices `devices` (a mask), as a mask of parts."""
+        k, block, found = self.parts, (1 << self.parts) - 1, 0
+        while devices:
+            low = devices & -devices
+            found |= block << (low.bit_length() - 1) * k
+            devices ^= low
+        return found
+
+    def holder(self, i: int) -> str | None:
+        """Who keeps device i from being taken whole: its whole holder, or the first holder of its parts."""
+        holder = self.holders[i]
+        if holder is None and self.parts_held_on.get(i):
+            k = self.parts
+            holder = min(h for p in range(i * k, i * k + k) if (h := self.part_holders.get(p)))
+        return holder
+
+    def cannot_hold(self, bits: Iterable[int]) -> str | None:
+        for i in bits:
+            if not self.present >> i & 1:
+                return f"device {i} does not exist on this node"
+            holder = self.holder(i)
+            if holder is not None:
+                return f"device {i} is already held by {holder}"
+        return None
+
+    def cannot_hold_parts(self, parts: Iterable[int], whole: Collection[int]) -> str | None:
+        """Why a pod may not hold the parts `parts` beside the devices `whole` of the same claim, or None."""
+        noun = self.part_noun
+        for p in parts:
+            i = p // self.parts
+            if not self.present >> i & 1:
+                return f"{noun} {p} does not exist on this node"
+            holder = self.part_holders.get(p) or self.holders[i]
+            if holder is not None:
+                return f"{noun} {p} is already held by {holder}"
+            if i in whole:
+                return f"{noun} {p} is on device {i}, which the same allocation takes whole"
+        return None
+
+    def cannot_take(self, claim: Claim) -> str | None:
+        return self.cannot_hold(claim.whole) or self.cannot_hold_parts(claim.parts, claim.whole)
+
+    def take(self, pod_key: str, claim: Claim) -> None:
+        self.hold(claim.whole, pod_key)
+        for i in claim.whole:
+            self.free_parts &= ~self.parts_of(1 << i)
+        for p in claim.parts:
+            i = p // self.parts
+            self.part_holders[p] = pod_key
+            self.parts_held_on[i] = self.parts_held_on.get(i, 0) + 1
+            self.free_parts &= ~(1 << p)
+            self.free &= ~(1 << i)
+
+    def give_back(self, pod_key: str, claim: Claim) -> None:
+        """Idempotent (Unreserve): what the pod no longer holds is left alone."""
+        for i in claim.whole:
+            if self.holders[i] == pod_key:
+                self.unhold((i,), pod_key)
+                self.free_parts |= self.parts_of(1 << i) & self.healthy_parts
+        for p in claim.parts:
+            if self.part_holders.get(p) != pod_key:
+                continue
+            i = p // self.parts
+            del self.part_holders[p]
+            self.free_parts |= (1 << p) & self.healthy_parts
+            left = self.parts_held_on[i] - 1
+            if left:
+                self.parts_held_on[i] = left
+            else:
+                del self.parts_held_on[i]
+                if self.holders[i] is None:
+                    self.free |= (1 << i) & self.healthy
+
+    def _unused(self, i: int) -> bool:
+        return not self.parts_held_on.get(i)
+
+    def utilization(self) -> float:
+        """The held fraction of the healthy parts (a device held whole holds all of its parts)."""
+        healthy = self.healthy_parts.bit_count()
+        return (healthy - self.free_parts.bit_count()) / healthy if healthy else 0.0
+
+    def cells(self) -> list[DeviceCell]:
+        """One cell per present device: its whole holder, else the holders of its parts and the share held."""
+        k = self.parts
+        cells = []
+        for i in bit_indices(self.present):
+            whole = self.holders[i]
+            if whole is not None:
+                holders, used = [whole], 1.0
+            else:
+                held = [h for p in range(i * k, i * k + k) if (h := self.part_holders.get(p)) is not None]
+                holders, used = sorted(set(held)), len(held) / k
+            cells.append(DeviceCell(id=self.ids[i], holders=holders, used=used, healthy=bool(self.healthy >> i & 1)))
+        return cells
 
 
 def shares_devices(state: object) -> bool:
@@ -477,15 +736,121 @@ WholeDeviceState = WholeDeviceNodeState
 WholeRequest = WholeDevicePodState
 
 
-class WholeDevicePlugin:
-    """Base of a scheduler-side plugin of whole devices; see the module docstring for what a subclass writes."""
+S = TypeVar("S", bound=WholeDeviceNodeState)
 
-    name: str = ""  # the entry-point name, told at registration (`bind_plugin_name`)
+
+class DevicePlugin(Generic[S]):
+    """Base of every scheduler-side plugin on the kit's books (`S`: its node state, a `WholeDeviceNodeState`).
+
+    It implements the hooks that only keep books, the same for every device family: `take` and `release` (an
+    allocation read once into a `Claim`, checked against the books, recorded, given back idempotently),
+    `headroom` and `describe`. A plugin decides where pods go in its own hooks (`build_node`, `prepare`, `fit`,
+    `score`, `allocate`: `WholeDevicePlugin` writes them for whole devices; the nvidia, neuron and intel-gas
+    plugins write their own) and says, where its books differ from whole devices:
+
+    * `claimed(state, allocation)`: the `Claim` an allocation makes, or why it cannot be read on this node;
+    * `learn(state, allocation, pod, claim)`: what a take teaches the plugin's mix (the default: whole-device sizes);
+    * `headroom_free(state)`, `largest(state, free)`, `picture(state)`, `more_occupancy(state)`: what reports say.
+    """
+
+    name: str = ""  # the entry-point name, told at registration (`bind_plugin_name`); a class may fix it
     resources: tuple[str, ...] = ()  # resource names that all count these devices (usually one)
     noun: str = "devices"  # in reasons: "node(s) had fewer than 4 healthy example.com/fpga cards"
+    family: str = ""  # `Occupancy.family` of the devices' picture; the first resource when empty
+    unlisted: frozenset[str] = frozenset()  # `Headroom.unlisted`
 
     def bind_plugin_name(self, name: str) -> None:
+        """Take the entry-point name. A class that fixes its name (the built-ins: their node side and their
+        annotations use it) refuses another, rather than answer under two names."""
+        fixed = type(self).name
+        if fixed and fixed != name:
+            raise ValueError(f"plugin {fixed!r} must be registered as {fixed!r}, not {name!r}")
         self.name = name
+
+    # -- what a subclass may write for its books -----------------------------------------------------------------
+
+    def claimed(self, state: S, allocation: PluginAllocation) -> Claim | str:
+        """The `Claim` an allocation makes on this node's books, or why it cannot be read here (a decoded
+        annotation may hold anything). The default: whole devices of the plugin's resources (`read_whole`)."""
+        bits, error = state.read_whole(allocation, self.resources)
+        return error if error else Claim(bits)
+
+    def learn(self, state: S, allocation: PluginAllocation, pod: PodRequest | None, claim: Claim) -> None:
+        """What a take teaches the plugin (after the books took it). The default: each container's device count
+        joins the mix the fragmentation measure expects."""
+        for resources in allocation.containers.values():
+            state.mix.add(sum(len(ids) for ids in resources.values()))
+
+    def headroom_free(self, state: S) -> dict[str, int]:
+        """The headroom's `free`: the largest amount of each resource one container could get now."""
+        return dict.fromkeys(self.resources, self.largest(state, state.free))
+
+    def largest(self, state: S, free: int) -> int:
+        """The largest request one container could get from `free` (headroom and describe's `largest_fit`)."""
+        return free.bit_count()
+
+    def picture(self, state: S) -> dict[str, Any]:
+        """Extra `Occupancy` fields for reports: `layout`, `columns`, `topology`, `links`."""
+        return {}
+
+    def more_occupancy(self, state: S) -> list[Occupancy]:
+        """Pictures beside the devices' own (nvidia's MIG devices); none by default."""
+        return []
+
+    # -- hooks ---------------------------------------------------------------------------------------------------
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_resources(self) -> list[str]:
+        return list(self.resources)
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_headroom(self, state: S) -> Headroom:
+        return Headroom(free=self.headroom_free(state), utilization=state.utilization(), unlisted=self.unlisted)
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_take(
+        self, state: S, pod_key: str, allocation: PluginAllocation, pod: PodRequest | None
+    ) -> Status:
+        claim = self.claimed(state, allocation)
+        if isinstance(claim, str):
+            return Status.error(claim, plugin=self.name)
+        error = state.cannot_take(claim)
+        if error:
+            return Status.error(error, plugin=self.name)
+        state.take(pod_key, claim)
+        state.version += 1
+        self.learn(state, allocation, pod, claim)
+        return Status.success()
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_release(self, state: S, pod_key: str, allocation: PluginAllocation) -> Status:
+        claim = self.claimed(state, allocation)
+        if isinstance(claim, str):
+            return Status.error(claim, plugin=self.name)
+        state.give_back(pod_key, claim)  # idempotent: what the pod no longer holds is left alone
+        state.version += 1
+        return Status.success()
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_describe(self, state: S) -> list[Occupancy]:
+        more = self.more_occupancy(state)
+        if not state.ids and more:
+            return more
+        cells = state.cells()
+        family = self.family or (self.resources[0] if self.resources else self.name)
+        devices = Occupancy(
+            family=family,
+            cells=cells,
+            total=len(cells),
+            free=state.free.bit_count(),
+            largest_fit=self.largest(state, state.free),
+            **self.picture(state),
+        )
+        return [devices, *more]
+
+
+class WholeDevicePlugin(DevicePlugin[WholeDeviceNodeState]):
+    """Base of a scheduler-side plugin of whole devices; see the module docstring for what a subclass writes."""
 
     # -- what a subclass writes ----------------------------------------------------------------------------------
 
@@ -522,14 +887,6 @@ class WholeDevicePlugin:
         self, state: WholeDeviceNodeState, request: WholeDevicePodState, chosen: Sequence[int]
     ) -> dict[str, Any]:
         """The allocation's fields, which the node side reads back (`ContainerAllocation.fields`)."""
-        return {}
-
-    def largest(self, state: WholeDeviceNodeState, free: int) -> int:
-        """The largest request one container could get from `free` (headroom and describe's `largest_fit`)."""
-        return free.bit_count()
-
-    def picture(self, state: WholeDeviceNodeState) -> dict[str, Any]:
-        """Extra `Occupancy` fields for reports: `layout`, `columns`, `topology`, `links`."""
         return {}
 
     def fits(self, state: WholeDeviceNodeState, free: int, count: int) -> bool:
@@ -587,10 +944,6 @@ class WholeDevicePlugin:
     # -- hooks ---------------------------------------------------------------------------------------------------
 
     @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_resources(self) -> list[str]:
-        return list(self.resources)
-
-    @scheduler_hooks.hookimpl
     def kubegpu_scheduler_build_node(
         self, node: NodeInfo, shared: dict[str, object] | None
     ) -> WholeDeviceNodeState | None:
@@ -605,12 +958,6 @@ class WholeDevicePlugin:
         if shared is not None and not isinstance(mix, SizeMix):
             mix = shared[MIX_KEY] = SizeMix(drift=MIX_DRIFT)
         return WholeDeviceNodeState(self.name, node.name, devices, extra, mix if isinstance(mix, SizeMix) else None)
-
-    @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_headroom(self, state: WholeDeviceNodeState) -> Headroom:
-        largest = self.largest(state, state.free)
-        held = sum(1 for holder in state.holders if holder is not None)
-        return Headroom(free=dict.fromkeys(self.resources, largest), utilization=held / len(state.ids))
 
     @scheduler_hooks.hookimpl
     def kubegpu_scheduler_validate(self, pod: PodRequest) -> Status | None:
@@ -688,55 +1035,6 @@ class WholeDevicePlugin:
         for (container, resource, _), mask in zip(request.containers, plan, strict=True):
             containers.setdefault(container, {})[resource] = state.ids_of(mask)
         return PluginAllocation(plugin=self.name, containers=containers, fields=self.fields(state, request, plan))
-
-    @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_take(self, state: WholeDeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status:
-        bits, error = self._bits(state, allocation)
-        error = error or state.cannot_hold(bits)
-        if error:
-            return Status.error(error, plugin=self.name)
-        state.hold(bits, pod_key)
-        state.version += 1
-        for resources in allocation.containers.values():  # the mix the fragmentation measure expects
-            state.mix.add(sum(len(ids) for ids in resources.values()))
-        return Status.success()
-
-    @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_release(
-        self, state: WholeDeviceNodeState, pod_key: str, allocation: PluginAllocation
-    ) -> Status:
-        bits, error = self._bits(state, allocation)
-        if error:
-            return Status.error(error, plugin=self.name)
-        state.unhold(bits, pod_key)  # idempotent: what the pod no longer holds is left alone
-        state.version += 1
-        return Status.success()
-
-    @scheduler_hooks.hookimpl
-    def kubegpu_scheduler_describe(self, state: WholeDeviceNodeState) -> list[Occupancy]:
-        cells = [
-            DeviceCell(
-                id=device,
-                holders=[holder] if (holder := state.holders[i]) else [],
-                used=1.0 if state.holders[i] else 0.0,
-                healthy=bool(state.healthy >> i & 1),
-            )
-            for i, device in enumerate(state.ids)
-        ]
-        family = self.resources[0] if self.resources else self.name
-        return [
-            Occupancy(
-                family=family,
-                cells=cells,
-                total=len(cells),
-                free=state.free.bit_count(),
-                largest_fit=self.largest(state, state.free),
-                **self.picture(state),
-            )
-        ]
-
-    def _bits(self, state: WholeDeviceNodeState, allocation: PluginAllocation) -> tuple[list[int], str | None]:
-        return state.read_whole(allocation, self.resources)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -36,8 +36,8 @@ class CardBooks(Protocol):
 
     cards: tuple[str, ...]
     healthy_cards: tuple[int, ...]
-    capacity: dict[str, int]
-    used: dict[str, list[int]]
+    card_capacity: dict[str, int]
+    usage: dict[str, list[int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,7 @@ class IntelGasPodState:
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class IntelGasPlacement:
     cards: tuple[tuple[int, ...] | None, ...]  # per container, chosen card indices in card order
     score: float
 
@@ -86,7 +86,7 @@ def choose_cards(
     pool: Sequence[int],
     used: Mapping[str, Sequence[int]],
     same: Sequence[int] = (),
-) -> Placement | Refusal:
+) -> IntelGasPlacement | Refusal:
     """Place the containers in order on the `pool` cards, given per-card `used` amounts (none: a free node).
 
     Each container takes the fullest fitting cards (see the module docstring); the shares taken by earlier
@@ -110,7 +110,7 @@ def choose_cards(
         if refusal is not None:
             return refusal
         # A resource the node does not advertise can only be asked for in a zero amount here (`impossible`).
-        checks = [(r, x, state.capacity[r], used[r]) for r, x in need.per_card if r in state.capacity]
+        checks = [(r, x, state.card_capacity[r], used[r]) for r, x in need.per_card if r in state.card_capacity]
         fitting = [i for i in pool if all(c - u[i] - overlay.get((i, r), 0) >= x for r, x, c, u in checks)]
         if len(fitting) < need.cards:
             return Refusal(shortage(state, need, pool, used, overlay, len(fitting)), final=False)
@@ -125,14 +125,14 @@ def choose_cards(
     distinct = {i for picked in chosen if picked for i in picked}
     fullness = [card_fullness(rows, overlay, i) for i in distinct]
     score = 100.0 * sum(fullness) / len(fullness) if fullness else 0.0
-    return Placement(cards=tuple(chosen), score=min(100.0, score))
+    return IntelGasPlacement(cards=tuple(chosen), score=min(100.0, score))
 
 
 def fits_alone(state: CardBooks, need: Need, pool: Sequence[int]) -> bool:
     """Whether enough pool cards have the container's per-card need free now (no choice made)."""
     if impossible(state, need, pool) is not None:
         return False
-    checks = [(x, state.capacity[r], state.used[r]) for r, x in need.per_card if r in state.capacity]
+    checks = [(x, state.card_capacity[r], state.usage[r]) for r, x in need.per_card if r in state.card_capacity]
     enough = 0
     for i in pool:
         if all(c - u[i] >= x for x, c, u in checks):
@@ -158,7 +158,7 @@ def impossible(state: CardBooks, need: Need, pool: Sequence[int]) -> Refusal | N
             )
         return Refusal(reason, final=True)
     for resource, amount in need.per_card:
-        cap = state.capacity.get(resource, 0)
+        cap = state.card_capacity.get(resource, 0)
         if amount > cap:
             has = f"a card of this node has {format_amount(resource, cap)}" if cap else "the node has none"
             wanted = f"{resource}: needs {format_amount(resource, amount)} on each of {need.cards} card(s)"
@@ -176,9 +176,9 @@ def shortage(
 ) -> str:
     """The per-card shortage keeping the container off this node, naming the first resource that is short."""
     for resource, amount in need.per_card:
-        if resource not in state.capacity:
+        if resource not in state.card_capacity:
             continue
-        cap, u = state.capacity[resource], used[resource]
+        cap, u = state.card_capacity[resource], used[resource]
         free = [cap - u[i] - overlay.get((i, resource), 0) for i in pool]
         enough = sum(1 for f in free if f >= amount)
         if enough < need.cards:
@@ -197,7 +197,7 @@ Rows = list[tuple[str, int, Sequence[int]]]
 
 def card_rows(state: CardBooks, used: Mapping[str, Sequence[int]]) -> Rows:
     """(resource, per-card capacity, per-card used) for every resource a card has, for `card_fullness`."""
-    return [(r, cap, used[r]) for r, cap in state.capacity.items() if cap > 0]
+    return [(r, cap, used[r]) for r, cap in state.card_capacity.items() if cap > 0]
 
 
 def card_fullness(

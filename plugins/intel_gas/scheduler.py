@@ -48,6 +48,9 @@ The rules, in the order the engine meets them:
 * **Score.** GAS has none; here it is how full the chosen cards are after the placement (mean over the cards
   of their busiest resource's used fraction, times 100): a node where the pod fills cards already in use
   scores higher than one where it breaks into untouched cards.
+* **Books.** The plugin kit's (`kubegpu.core.kit`): `IntelGasNodeState` is a `SharedDeviceNodeState` whose
+  dimensions are the advertised resources, a container's cards its shares; `IntelGasPlugin` is a `DevicePlugin`,
+  whose take, release (each pod's shares, given back once), headroom and describe hooks are the kit's.
 * **Headroom.** Per advertised resource, an upper bound of what one container could get: the sum of the free
   per-card amounts over healthy cards; for `i915`/`xe`, the number of healthy cards with a free unit.
   Utilization is the used fraction of the `i915` (else `xe`, else memory) shares.
@@ -58,15 +61,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
+from kubegpu.core.kit import Claim, DevicePlugin, DeviceShare, SharedDeviceNodeState, bit_indices
 from kubegpu.core.limits import check_device_count
-from kubegpu.core.models import (
-    DeviceCell,
-    NodeInfo,
-    Occupancy,
-    PluginAllocation,
-    PodRequest,
-)
-from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
+from kubegpu.core.models import NodeInfo, PluginAllocation, PodRequest
+from kubegpu.core.scheduler_hooks import hookimpl
 from kubegpu.core.status import Status
 from kubegpu.plugins.intel_gas import (
     CARDS_ANNOTATION,
@@ -81,8 +79,8 @@ from kubegpu.plugins.intel_gas import (
 )
 from kubegpu.plugins.intel_gas.cards import GPU_NUMBERS_LABEL, card_sort_key, cards_from_labels, format_amount
 from kubegpu.plugins.intel_gas.placement import (
+    IntelGasPlacement,
     IntelGasPodState,
-    Placement,
     Refusal,
     candidate_cards,
     card_fullness,
@@ -92,7 +90,17 @@ from kubegpu.plugins.intel_gas.placement import (
     pod_needs,
 )
 
-__all__ = ["NAME", "RESOURCES", "WITHOUT_I915_ENV", "IntelGasNodeState", "conformance_nodes"]
+__all__ = [
+    "NAME",
+    "RESOURCES",
+    "WITHOUT_I915_ENV",
+    "IntelGasNodeState",
+    "IntelGasPlugin",
+    "conformance_nodes",
+    "plugin",
+]
+
+UNSPLIT = 1 << 30  # a card takes any number of containers' shares: its `i915` units count them
 
 # The nodes `kubegpu plugins check` runs the conformance suite on: a node's cards come from labels it cannot guess.
 conformance_nodes = [
@@ -110,29 +118,57 @@ conformance_nodes = [
 # ----------------------------------------------------------------------------------------------------------
 
 
-class IntelGasNodeState(DeviceNodeState):
-    """One node's cards and the amounts of each `gpu.intel.com/*` resource used on each card."""
+class IntelGasNodeState(SharedDeviceNodeState):
+    """One node's cards on the kit's books (`kubegpu.core.kit.SharedDeviceNodeState`): every advertised
+    `gpu.intel.com/*` resource is a dimension of each card with the same per-card capacity (`card_capacity`), a
+    container's cards are its shares, and a card takes any number of them (no split count: `i915` counts them).
+    `usage` is the kit's `used` by resource name, which the placement rule reads."""
 
     plugin = NAME
+    noun = "card"
 
     def __init__(self, node: str, cards: Sequence[str], healthy: Sequence[bool], capacity: Mapping[str, int]):
-        super().__init__(node)
-        self.cards = tuple(cards)
-        self.index = {card: i for i, card in enumerate(self.cards)}
-        self.healthy = tuple(healthy)
-        self.healthy_cards = tuple(i for i, ok in enumerate(self.healthy) if ok)
-        self.capacity = dict(capacity)  # per card, for every advertised gpu.intel.com resource
-        self.used = {resource: [0] * len(self.cards) for resource in self.capacity}
-        self.unused = {resource: [0] * len(self.cards) for resource in self.capacity}
-        # pod key -> (card index, resource) -> [amount, number of container entries]
-        self.held: dict[str, dict[tuple[int, str], list[int]]] = {}
-        self.version = 0
-        self.memo: tuple[int, IntelGasPodState, Placement | Status] | None = None
+        dimensions = [(resource, [amount] * len(cards), [""] * len(cards)) for resource, amount in capacity.items()]
+        super().__init__(NAME, node, cards, healthy, dimensions, split=UNSPLIT)
+        self.cards = self.ids
+        self.healthy_cards = tuple(bit_indices(self.healthy))
+        self.card_capacity = dict(capacity)  # per card, for every advertised gpu.intel.com resource
+        self.usage = dict(zip(self.dimensions, self.used, strict=True))
+        self.unused = {resource: [0] * len(self.cards) for resource in self.card_capacity}
+        self.memo: tuple[int, IntelGasPodState, IntelGasPlacement | Status] | None = None
 
+    def cannot_take(self, claim: Claim) -> str | None:
+        """An unhealthy card, or a share of a resource the node does not advertise, before the kit's books."""
+        for i, _ in claim.shares:
+            if not self.healthy >> i & 1:
+                return f"{self.cards[i]} is unhealthy"
+        for i, resource, amount in claim.extra or ():
+            return self.shortage_of(i, resource, 0, amount)
+        return super().cannot_take(claim)
 
-def _own(state: DeviceNodeState) -> IntelGasNodeState:
-    assert isinstance(state, IntelGasNodeState), f"intel-gas was given a {type(state).__name__}"
-    return state
+    def shortage(self, i: int, d: int, free: int, taken: int) -> str:
+        return self.shortage_of(i, self.dimensions[d], free, taken)
+
+    def shortage_of(self, i: int, resource: str, free: int, taken: int) -> str:
+        return (
+            f"{self.cards[i]} has {format_amount(resource, free)} of {resource} free; "
+            f"the allocation takes {format_amount(resource, taken)}"
+        )
+
+    def share_used(self, i: int) -> float:
+        """The used fraction of the card's busiest resource."""
+        return card_fullness(card_rows(self, self.usage), {}, i)
+
+    def utilization(self) -> float:
+        """The used fraction of the `i915` (else `xe`, else memory) shares over the healthy cards."""
+        capacity = self.card_capacity
+        basis = next((r for r in (I915, XE) if capacity.get(r)), None)
+        if basis is None:
+            basis = next((r for r in sorted(capacity) if "memory" in r and capacity[r]), None)
+        if basis is None or not self.healthy_cards:
+            return 0.0
+        used = sum(self.usage[basis][i] for i in self.healthy_cards)
+        return min(1.0, used / (capacity[basis] * len(self.healthy_cards)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -140,176 +176,142 @@ def _own(state: DeviceNodeState) -> IntelGasNodeState:
 # ----------------------------------------------------------------------------------------------------------
 
 
-@hookimpl
-def kubegpu_scheduler_resources() -> list[str]:
-    return list(RESOURCES)
+class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
+    """The intel-gas plugin on the kit: the kit keeps the per-card books (take, release, headroom, describe over
+    `SharedDeviceNodeState`); this class reads a node's cards and a pod's needs, places them by the GAS rules
+    (`placement.py`) and reads an allocation back into a `Claim` of one share per container and card."""
 
+    name = NAME
+    resources = tuple(RESOURCES)
+    family = NAME
+    conformance_nodes = conformance_nodes  # the nodes `kubegpu plugins check` runs its suite on (above)
 
-@hookimpl
-def kubegpu_scheduler_build_node(node: NodeInfo) -> DeviceNodeState | None:
-    inventory = node.inventories.get(NAME)
-    if inventory is not None:
-        devices = sorted(inventory.devices, key=lambda d: card_sort_key(d.id))
-        cards = [d.id for d in devices]
-        healthy = [d.healthy for d in devices]
-    else:
-        cards = cards_from_labels(node.labels)
-        healthy = [True] * len(cards)
-    if not cards:
-        return None
-    check_device_count(node.name, "Intel cards", len(cards))
-    # Allocatable counts the cards a device plugin or the advertiser can serve, so an unhealthy card is not in it.
-    serving = max(1, sum(healthy))
-    capacity = {r: amount // serving for r, amount in node.allocatable.items() if r.startswith(PREFIX)}
-    return IntelGasNodeState(node.name, cards, healthy, capacity)
+    # -- the books: what the kit's hooks ask ---------------------------------------------------------------------
 
+    def claimed(self, state: IntelGasNodeState, allocation: PluginAllocation) -> Claim | str:
+        """One share per container and card, of every resource the node advertises; what a share asks of a
+        resource the node does not advertise goes in `Claim.extra`, for `cannot_take` to refuse."""
+        if allocation.plugin != NAME:
+            return f"the allocation belongs to plugin {allocation.plugin!r}, not {NAME!r}"
+        stray = sorted(set(allocation.shares) - set(allocation.containers))
+        if stray:
+            return f"the allocation gives shares to container {stray[0]} but lists no cards for it"
+        position = {resource: d for d, resource in enumerate(state.dimensions)}
+        shares: list[DeviceShare] = []
+        unadvertised: list[tuple[int, str, int]] = []
+        for container, by_resource in allocation.containers.items():
+            given = allocation.shares.get(container, {})
+            if set(by_resource) != set(given):
+                return (
+                    f"container {container}: the allocation lists cards for {sorted(by_resource)} "
+                    f"but shares for {sorted(given)}"
+                )
+            amounts: dict[int, list[int]] = {}
+            for resource, ids in by_resource.items():
+                if not resource.startswith(PREFIX):
+                    return f"container {container}: {resource} is not an Intel GPU resource"
+                per_card = given[resource]
+                if len(set(ids)) != len(ids) or set(ids) != set(per_card):
+                    return f"container {container}: the cards of {resource} ({ids}) do not match its shares"
+                for card, amount in per_card.items():
+                    i = state.index.get(card)
+                    if i is None:
+                        return f"{card} is not an Intel GPU card of this node"
+                    if amount < 0:
+                        return f"container {container}: the share of {resource} on {card} is negative ({amount})"
+                    d = position.get(resource)
+                    if d is None:
+                        if amount:
+                            unadvertised.append((i, resource, amount))
+                        continue
+                    amounts.setdefault(i, [0] * len(position))[d] += amount
+            shares.extend((i, tuple(row)) for i, row in amounts.items())
+        return Claim(shares=shares, extra=unadvertised)
 
-@hookimpl
-def kubegpu_scheduler_headroom(state: DeviceNodeState) -> Headroom:
-    s = _own(state)
-    free: dict[str, int] = {}
-    for resource, cap in s.capacity.items():
-        used = s.used[resource]
-        if resource in COUNT_RESOURCES:
-            free[resource] = sum(1 for i in s.healthy_cards if used[i] < cap)
+    def learn(
+        self, state: IntelGasNodeState, allocation: PluginAllocation, pod: PodRequest | None, claim: Claim
+    ) -> None:
+        """GAS learns no mix."""
+
+    def headroom_free(self, state: IntelGasNodeState) -> dict[str, int]:
+        """Per resource, an upper bound of what one container could get: the free per-card amounts summed over
+        the healthy cards; for `i915`/`xe`, the healthy cards with a free unit."""
+        free: dict[str, int] = {}
+        for resource, cap in state.card_capacity.items():
+            used = state.usage[resource]
+            if resource in COUNT_RESOURCES:
+                free[resource] = sum(1 for i in state.healthy_cards if used[i] < cap)
+            else:
+                free[resource] = sum(cap - used[i] for i in state.healthy_cards)
+        return free
+
+    def largest(self, state: IntelGasNodeState, free: int) -> int:
+        """The healthy cards that could take another container (a free `i915`/`xe` unit)."""
+        counts = [r for r in COUNT_RESOURCES if r in state.usage]
+        return sum(1 for i in state.healthy_cards if any(state.usage[r][i] < state.card_capacity[r] for r in counts))
+
+    # -- deciding: the pod's needs, their cards ------------------------------------------------------------------
+
+    @hookimpl
+    def kubegpu_scheduler_build_node(self, node: NodeInfo) -> IntelGasNodeState | None:
+        inventory = node.inventories.get(NAME)
+        if inventory is not None:
+            devices = sorted(inventory.devices, key=lambda d: card_sort_key(d.id))
+            cards = [d.id for d in devices]
+            healthy = [d.healthy for d in devices]
         else:
-            free[resource] = sum(cap - used[i] for i in s.healthy_cards)
-    return Headroom(free=free, utilization=_utilization(s))
+            cards = cards_from_labels(node.labels)
+            healthy = [True] * len(cards)
+        if not cards:
+            return None
+        check_device_count(node.name, "Intel cards", len(cards))
+        # Allocatable counts the cards a device plugin or the advertiser can serve, so an unhealthy card is not in it.
+        serving = max(1, sum(healthy))
+        capacity = {r: amount // serving for r, amount in node.allocatable.items() if r.startswith(PREFIX)}
+        return IntelGasNodeState(node.name, cards, healthy, capacity)
 
+    @hookimpl
+    def kubegpu_scheduler_validate(self, pod: PodRequest) -> Status | None:
+        problem = pod_needs(pod).problem
+        return Status.unresolvable(problem, plugin=NAME) if problem else None
 
-@hookimpl
-def kubegpu_scheduler_validate(pod: PodRequest) -> Status | None:
-    problem = pod_needs(pod).problem
-    return Status.unresolvable(problem, plugin=NAME) if problem else None
+    @hookimpl
+    def kubegpu_scheduler_prepare(self, pod: PodRequest) -> IntelGasPodState:
+        return pod_needs(pod)
 
+    @hookimpl
+    def kubegpu_scheduler_fit(self, state: IntelGasNodeState, pod: PodRequest, prepared: IntelGasPodState) -> Status:
+        result = _placement(state, pod, prepared, choose=False)
+        return result if isinstance(result, Status) else Status.success()
 
-@hookimpl
-def kubegpu_scheduler_prepare(pod: PodRequest) -> IntelGasPodState:
-    return pod_needs(pod)
+    @hookimpl
+    def kubegpu_scheduler_score(self, state: IntelGasNodeState, pod: PodRequest, prepared: IntelGasPodState) -> float:
+        result = _placement(state, pod, prepared, choose=True)
+        return 0.0 if isinstance(result, Status) else result.score
 
-
-@hookimpl
-def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: IntelGasPodState) -> Status:
-    result = _placement(_own(state), pod, prepared, choose=False)
-    return result if isinstance(result, Status) else Status.success()
-
-
-@hookimpl
-def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: IntelGasPodState) -> float:
-    result = _placement(_own(state), pod, prepared, choose=True)
-    return 0.0 if isinstance(result, Status) else result.score
-
-
-@hookimpl
-def kubegpu_scheduler_allocate(
-    state: DeviceNodeState, pod: PodRequest, prepared: IntelGasPodState
-) -> PluginAllocation | None:
-    s = _own(state)
-    result = _placement(s, pod, prepared, choose=True)
-    if isinstance(result, Status):
-        return None
-    needs = prepared.needs
-    if not any(needs):
-        return PluginAllocation(plugin=NAME)
-    containers: dict[str, dict[str, list[str]]] = {}
-    shares: dict[str, dict[str, dict[str, int]]] = {}
-    columns: list[str] = []
-    for container, need, picked in zip(pod.containers, needs, result.cards, strict=True):
-        if need is None or picked is None:
-            columns.append("")
-            continue
-        names = [s.cards[i] for i in picked]
-        containers[container.name] = {r: list(names) for r, _ in need.per_card}
-        shares[container.name] = {r: dict.fromkeys(names, amount) for r, amount in need.per_card}
-        columns.append(",".join(names))
-    annotations = {TS_ANNOTATION: str(time.time_ns()), CARDS_ANNOTATION: "|".join(columns)}
-    return PluginAllocation(plugin=NAME, containers=containers, shares=shares, annotations=annotations)
-
-
-@hookimpl
-def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status:
-    s = _own(state)
-    entries = _entries(s, allocation, taking=True)
-    if isinstance(entries, str):
-        return Status.error(entries, plugin=NAME)
-    for (i, resource), (amount, _) in entries.items():
-        free = s.capacity.get(resource, 0) - (s.used[resource][i] if resource in s.used else 0)
-        if amount > free:
-            return Status.error(
-                f"{s.cards[i]} has {format_amount(resource, free)} of {resource} free; "
-                f"the allocation takes {format_amount(resource, amount)}",
-                plugin=NAME,
-            )
-    if not entries:
-        return Status.success()
-    held = s.held.setdefault(pod_key, {})
-    for (i, resource), (amount, refs) in entries.items():
-        if resource in s.used:
-            s.used[resource][i] += amount
-        entry = held.setdefault((i, resource), [0, 0])
-        entry[0] += amount
-        entry[1] += refs
-    s.version += 1
-    return Status.success()
-
-
-@hookimpl
-def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status:
-    s = _own(state)
-    entries = _entries(s, allocation, taking=False)
-    if isinstance(entries, str):
-        return Status.error(entries, plugin=NAME)
-    if not entries:
-        return Status.success()
-    held = s.held.get(pod_key, {})
-    # Idempotent (Unreserve): shares the pod no longer holds are left alone.
-    entries = {key: value for key, value in entries.items() if key in held}
-    for (i, resource), (amount, refs) in entries.items():
-        have = held[(i, resource)]
-        if have[0] < amount or have[1] < refs:
-            return Status.error(
-                f"{pod_key} does not hold {format_amount(resource, amount)} of {resource} on {s.cards[i]}",
-                plugin=NAME,
-            )
-    for (i, resource), (amount, refs) in entries.items():
-        if resource in s.used:
-            s.used[resource][i] -= amount
-        entry = held[(i, resource)]
-        entry[0] -= amount
-        entry[1] -= refs
-        if entry[1] == 0:
-            del held[(i, resource)]
-    if not held:
-        s.held.pop(pod_key, None)
-    s.version += 1
-    return Status.success()
-
-
-@hookimpl
-def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy]:
-    s = _own(state)
-    holders: list[set[str]] = [set() for _ in s.cards]
-    for pod_key, entries in s.held.items():
-        for i, _ in entries:
-            holders[i].add(pod_key)
-    rows = card_rows(s, s.used)
-    cells = [
-        DeviceCell(id=card, holders=sorted(holders[i]), used=card_fullness(rows, {}, i), healthy=ok)
-        for i, (card, ok) in enumerate(zip(s.cards, s.healthy, strict=True))
-    ]
-    counts = [r for r in COUNT_RESOURCES if r in s.used]
-    untouched = sum(1 for i in s.healthy_cards if all(s.used[r][i] == 0 for r in s.used))
-    shareable = sum(1 for i in s.healthy_cards if any(s.used[r][i] < s.capacity[r] for r in counts))
-    return [
-        Occupancy(
-            family=NAME,
-            layout="cells",
-            cells=cells,
-            total=len(s.cards),
-            free=untouched,
-            largest_fit=shareable,
-        )
-    ]
+    @hookimpl
+    def kubegpu_scheduler_allocate(
+        self, state: IntelGasNodeState, pod: PodRequest, prepared: IntelGasPodState
+    ) -> PluginAllocation | None:
+        result = _placement(state, pod, prepared, choose=True)
+        if isinstance(result, Status):
+            return None
+        needs = prepared.needs
+        if not any(needs):
+            return PluginAllocation(plugin=NAME)
+        containers: dict[str, dict[str, list[str]]] = {}
+        shares: dict[str, dict[str, dict[str, int]]] = {}
+        columns: list[str] = []
+        for container, need, picked in zip(pod.containers, needs, result.cards, strict=True):
+            if need is None or picked is None:
+                columns.append("")
+                continue
+            names = [state.cards[i] for i in picked]
+            containers[container.name] = {r: list(names) for r, _ in need.per_card}
+            shares[container.name] = {r: dict.fromkeys(names, amount) for r, amount in need.per_card}
+            columns.append(",".join(names))
+        annotations = {TS_ANNOTATION: str(time.time_ns()), CARDS_ANNOTATION: "|".join(columns)}
+        return PluginAllocation(plugin=NAME, containers=containers, shares=shares, annotations=annotations)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -318,12 +320,12 @@ def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy]:
 
 
 # fit on a one-container pod only needs to know that enough cards fit; the choice waits for score/allocate.
-_FITS = Placement(cards=(), score=0.0)
+_FITS = IntelGasPlacement(cards=(), score=0.0)
 
 
 def _placement(
     state: IntelGasNodeState, pod: PodRequest, needs: IntelGasPodState, *, choose: bool
-) -> Placement | Status:
+) -> IntelGasPlacement | Status:
     """fit, score and allocate ask in turn about the same pod and node: compute once per state version. The engine
     prepares one `needs` per pod signature (annotations included), so it keys the memo for every equal pod."""
     memo = state.memo
@@ -336,17 +338,19 @@ def _placement(
     return result
 
 
-def _place(state: IntelGasNodeState, pod: PodRequest, needs: IntelGasPodState, choose: bool) -> Placement | Status:
+def _place(
+    state: IntelGasNodeState, pod: PodRequest, needs: IntelGasPodState, choose: bool
+) -> IntelGasPlacement | Status:
     if needs.problem:
         return Status.unresolvable(needs.problem, plugin=NAME)
     intel = [need for need in needs.needs if need is not None]
     if not intel:
-        return Placement(cards=tuple(None for _ in needs.needs), score=0.0)
+        return IntelGasPlacement(cards=tuple(None for _ in needs.needs), score=0.0)
     pool = candidate_cards(state, pod.annotations)
     if not choose and len(intel) == 1 and fits_alone(state, intel[0], pool):
         return _FITS
-    result = choose_cards(state, needs.needs, pool, state.used, needs.same)
-    if isinstance(result, Placement):
+    result = choose_cards(state, needs.needs, pool, state.usage, needs.same)
+    if isinstance(result, IntelGasPlacement):
         return result
     if result.final:
         return Status.unresolvable(result.reason, plugin=NAME)
@@ -357,48 +361,9 @@ def _place(state: IntelGasNodeState, pod: PodRequest, needs: IntelGasPodState, c
     return Status.unschedulable(result.reason, plugin=NAME)
 
 
-def _utilization(state: IntelGasNodeState) -> float:
-    basis = next((r for r in (I915, XE) if state.capacity.get(r)), None)
-    if basis is None:
-        basis = next((r for r in sorted(state.capacity) if "memory" in r and state.capacity[r]), None)
-    if basis is None or not state.healthy_cards:
-        return 0.0
-    used = sum(state.used[basis][i] for i in state.healthy_cards)
-    return min(1.0, used / (state.capacity[basis] * len(state.healthy_cards)))
+# ----------------------------------------------------------------------------------------------------------
+# Factory
+# ----------------------------------------------------------------------------------------------------------
 
-
-def _entries(
-    state: IntelGasNodeState, allocation: PluginAllocation, *, taking: bool
-) -> dict[tuple[int, str], list[int]] | str:
-    """The allocation's shares summed per (card, resource) as [amount, entries], or why it is refused."""
-    if allocation.plugin != NAME:
-        return f"the allocation belongs to plugin {allocation.plugin!r}, not {NAME!r}"
-    stray = sorted(set(allocation.shares) - set(allocation.containers))
-    if stray:
-        return f"the allocation gives shares to container {stray[0]} but lists no cards for it"
-    totals: dict[tuple[int, str], list[int]] = {}
-    for container, by_resource in allocation.containers.items():
-        shares = allocation.shares.get(container, {})
-        if set(by_resource) != set(shares):
-            return (
-                f"container {container}: the allocation lists cards for {sorted(by_resource)} "
-                f"but shares for {sorted(shares)}"
-            )
-        for resource, ids in by_resource.items():
-            if not resource.startswith(PREFIX):
-                return f"container {container}: {resource} is not an Intel GPU resource"
-            amounts = shares[resource]
-            if len(set(ids)) != len(ids) or set(ids) != set(amounts):
-                return f"container {container}: the cards of {resource} ({ids}) do not match its shares"
-            for card, amount in amounts.items():
-                i = state.index.get(card)
-                if i is None:
-                    return f"{card} is not an Intel GPU card of this node"
-                if taking and not state.healthy[i]:
-                    return f"{card} is unhealthy"
-                if amount < 0:
-                    return f"container {container}: the share of {resource} on {card} is negative ({amount})"
-                entry = totals.setdefault((i, resource), [0, 0])
-                entry[0] += amount
-                entry[1] += 1
-    return totals
+# What the entry point names (`kubegpu.plugins.intel_gas.scheduler:plugin`), as a pip-installed plugin's.
+plugin = IntelGasPlugin()

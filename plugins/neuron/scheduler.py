@@ -38,9 +38,10 @@ the whole-device containers the engine's neuron states took (core requests are n
 cores touch stop being free). `kubegpu_scheduler_fragmentation_epoch` is that mix's version: the engine measures a
 node again once the mix moved, not only once the node changed.
 
-State is two bitmasks (free devices, free cores) plus holder maps; a device is free for whole-device requests
-only when none of its cores is held, and a device held whole offers no cores. The plan for a request is cached
-per state version, so fit, score and allocate of one pod on one node compute it once.
+The books are the plugin kit's (`kubegpu.core.kit.PartedDeviceNodeState`: devices made of cores, each held whole
+or core by core): a device is free for whole-device requests only when none of its cores is held, and a device held
+whole offers no cores; the kit's `DevicePlugin` takes, releases, describes and measures headroom over them. The plan
+for a request is cached per state version, so fit, score and allocate of one pod on one node compute it once.
 """
 
 from __future__ import annotations
@@ -49,10 +50,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kubegpu.core.kit import MIX_DRIFT, MIX_KEY, TURNED_AWAY_WEIGHT, SizeMix
+from kubegpu.core.kit import MIX_DRIFT, MIX_KEY, TURNED_AWAY_WEIGHT, Claim, DevicePlugin, PartedDeviceNodeState, SizeMix
 from kubegpu.core.limits import check_device_count
-from kubegpu.core.models import DeviceCell, NodeInfo, Occupancy, PluginAllocation, PodRequest
-from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom, hookimpl
+from kubegpu.core.models import NodeInfo, PluginAllocation, PodRequest
+from kubegpu.core.scheduler_hooks import hookimpl
 from kubegpu.core.status import Code, Status
 from kubegpu.plugins.neuron import NAME, NEURON, NEURONCORE, NEURONDEVICE, RESOURCES
 from kubegpu.plugins.neuron import topology as topo
@@ -91,15 +92,18 @@ class NeuronPlacement:
     score: float = 0.0
 
 
-class NeuronNodeState(DeviceNodeState):
-    """One node's Neuron devices. Device d is bit d of `free_devices`; core c is bit c of `free_cores`.
+class NeuronNodeState(PartedDeviceNodeState):
+    """One node's Neuron devices on the kit's books (`kubegpu.core.kit.PartedDeviceNodeState`): device d is bit d
+    of `free_devices` (the kit's `free`), core c is bit c of `free_cores` (the kit's `free_parts`), on device
+    c // `cores_per_device`.
 
-    Invariants kept by take/release: a device is in `free_devices` iff it is healthy, not in `device_holder`
-    and has no held core (`cores_held_on`); a core is in `free_cores` iff its device is healthy and not held
-    whole, and the core is not in `core_holder`. `version` grows on every change (it keys the plan cache).
+    Invariants kept by the kit's take and release: a device is free iff it is healthy, held by nobody whole and
+    has no held core; a core is free iff its device is healthy and not held whole, and the core is not held.
+    `version` grows on every change (it keys the plan cache).
     """
 
     plugin = NAME
+    part_noun = "core"
 
     def __init__(
         self,
@@ -111,36 +115,31 @@ class NeuronNodeState(DeviceNodeState):
         healthy: int,
         mix: SizeMix | None = None,
     ) -> None:
-        super().__init__(node)
+        count = present.bit_length()
+        flags = [bool(healthy >> d & 1) for d in range(count)]
+        super().__init__(NAME, node, [str(d) for d in range(count)], flags, cores_per_device, present, topology, mix)
         self.topology = topology
         self.cores_per_device = cores_per_device
         self.instance_type = instance_type
-        self.present = present
-        self.healthy = healthy
-        self.healthy_cores = topo.cores_of_devices(healthy, cores_per_device)
-        self.healthy_device_count = healthy.bit_count()
+        self.healthy_cores = self.healthy_parts
+        self.healthy_device_count = self.healthy.bit_count()
         self.healthy_core_count = self.healthy_cores.bit_count()
-        self.free_devices = healthy
-        self.free_cores = self.healthy_cores
-        self.device_holder: dict[int, str] = {}
-        self.core_holder: dict[int, str] = {}
-        self.cores_held_on: dict[int, int] = {}
-        self.mix = mix if mix is not None else SizeMix()
-        self.version = 0
         self._plan_key: tuple[int, Requests] | None = None
         self._plan: NeuronPlacement | None = None
         self._turned_away: tuple[object, float] = (None, 0.0)
 
-    def holder_of_device(self, device: int) -> str | None:
-        """Who keeps `device` from being taken whole: its whole holder, or the first holder of its cores."""
-        holder = self.device_holder.get(device)
-        if holder is None and self.cores_held_on.get(device):
-            k = self.cores_per_device
-            holder = min(h for c in range(device * k, device * k + k) if (h := self.core_holder.get(c)))
-        return holder
+    # The books by the names the placement rules read.
+    @property
+    def free_devices(self) -> int:
+        return self.free
 
-    def device_is_free(self, device: int) -> bool:
-        return bool(self.free_devices >> device & 1)
+    @free_devices.setter
+    def free_devices(self, value: int) -> None:
+        self.free = value
+
+    @property
+    def free_cores(self) -> int:
+        return self.free_parts
 
     def scoring_content(self) -> tuple[object, ...]:
         """What the engine's local scores read of this state (`Scoring.scoring_content`), so that nodes alike share
@@ -155,15 +154,10 @@ class NeuronNodeState(DeviceNodeState):
             self.topology,
             self.cores_per_device,
             self.healthy,
-            self.free_devices,
-            self.free_cores,
+            self.free,
+            self.free_parts,
             self.mix.version,
         )
-
-
-def _state(state: DeviceNodeState) -> NeuronNodeState:
-    assert isinstance(state, NeuronNodeState), f"not a neuron state: {state!r}"
-    return state
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -171,202 +165,119 @@ def _state(state: DeviceNodeState) -> NeuronNodeState:
 # ------------------------------------------------------------------------------------------------------------
 
 
-@hookimpl
-def kubegpu_scheduler_resources() -> list[str]:
-    return list(RESOURCES)
+class NeuronPlugin(DevicePlugin[NeuronNodeState]):
+    """The neuron plugin on the kit: the kit keeps the books of devices and their cores (take, release, headroom,
+    describe over `PartedDeviceNodeState`); this class reads a node's shape and a pod's requests, places them
+    (`place`) and reads an allocation back into a `Claim` of devices and cores."""
 
+    name = NAME
+    resources = tuple(RESOURCES)
+    family = NAME
 
-@hookimpl
-def kubegpu_scheduler_build_node(node: NodeInfo, shared: dict[str, object] | None) -> DeviceNodeState | None:
-    shape = node_shape(node)
-    if shape is None:
-        return None
-    topology, cores_per_device, instance_type, present, healthy = shape
-    mix = shared.get(MIX_KEY) if shared is not None else None
-    if shared is not None and not isinstance(mix, SizeMix):
-        mix = shared[MIX_KEY] = SizeMix(drift=MIX_DRIFT)
-    mix = mix if isinstance(mix, SizeMix) else None
-    return NeuronNodeState(node.name, topology, cores_per_device, instance_type, present, healthy, mix)
+    # -- the books: what the kit's hooks ask ---------------------------------------------------------------------
 
+    def claimed(self, state: NeuronNodeState, allocation: PluginAllocation) -> Claim | str:
+        parsed = _parse_allocation(allocation)
+        if isinstance(parsed, str):
+            return parsed
+        devices, cores = parsed
+        return Claim(devices, parts=cores)
 
-@hookimpl
-def kubegpu_scheduler_headroom(state: DeviceNodeState) -> Headroom:
-    s = _state(state)
-    devices = topo.largest_device_set(s.topology, s.free_devices)
-    cores = topo.largest_core_request(s.topology, s.cores_per_device, s.free_cores)
-    held = s.healthy_core_count - s.free_cores.bit_count()
-    utilization = held / s.healthy_core_count if s.healthy_core_count else 0.0
-    return Headroom(free={NEURON: devices, NEURONDEVICE: devices, NEURONCORE: cores}, utilization=utilization)
+    def learn(self, state: NeuronNodeState, allocation: PluginAllocation, pod: PodRequest | None, claim: Claim) -> None:
+        """The mix of whole-device sizes the measure expects: core requests are not in it."""
+        for resources in allocation.containers.values():
+            state.mix.add(sum(len(ids) for resource, ids in resources.items() if resource != NEURONCORE))
 
+    def headroom_free(self, state: NeuronNodeState) -> dict[str, int]:
+        devices = topo.largest_device_set(state.topology, state.free)
+        cores = topo.largest_core_request(state.topology, state.cores_per_device, state.free_parts)
+        return {NEURON: devices, NEURONDEVICE: devices, NEURONCORE: cores}
 
-@hookimpl
-def kubegpu_scheduler_validate(pod: PodRequest) -> Status | None:
-    _, refusal = neuron_requests(pod)
-    return refusal
+    def largest(self, state: NeuronNodeState, free: int) -> int:
+        return topo.largest_device_set(state.topology, free)
 
+    def picture(self, state: NeuronNodeState) -> dict[str, object]:
+        """A torus as a grid of its rows, a ring as one row; links between the present devices."""
+        grid = state.topology.kind == "torus"
+        position = {device: i for i, device in enumerate(topo.bit_ids(state.present))}
+        links = [(position[a], position[b]) for a, b in topo.links(state.topology) if a in position and b in position]
+        return {
+            "layout": "grid" if grid else "ring",
+            "columns": state.topology.columns if grid else state.topology.devices,
+            "topology": state.topology.kind,
+            "links": links,
+        }
 
-@hookimpl
-def kubegpu_scheduler_prepare(pod: PodRequest) -> NeuronPodState:
-    return neuron_requests(pod)
+    # -- deciding: the pod's requests, their placement -----------------------------------------------------------
 
+    @hookimpl
+    def kubegpu_scheduler_build_node(self, node: NodeInfo, shared: dict[str, object] | None) -> NeuronNodeState | None:
+        shape = node_shape(node)
+        if shape is None:
+            return None
+        topology, cores_per_device, instance_type, present, healthy = shape
+        mix = shared.get(MIX_KEY) if shared is not None else None
+        if shared is not None and not isinstance(mix, SizeMix):
+            mix = shared[MIX_KEY] = SizeMix(drift=MIX_DRIFT)
+        mix = mix if isinstance(mix, SizeMix) else None
+        return NeuronNodeState(node.name, topology, cores_per_device, instance_type, present, healthy, mix)
 
-@hookimpl
-def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: NeuronPodState) -> Status:
-    return _plan(_state(state), prepared).status
+    @hookimpl
+    def kubegpu_scheduler_validate(self, pod: PodRequest) -> Status | None:
+        _, refusal = neuron_requests(pod)
+        return refusal
 
+    @hookimpl
+    def kubegpu_scheduler_prepare(self, pod: PodRequest) -> NeuronPodState:
+        return neuron_requests(pod)
 
-@hookimpl
-def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: NeuronPodState) -> float:
-    s = _state(state)
-    plan = _plan(s, prepared)
-    if not plan.status.ok:
-        return 0.0
-    return plan.score * max(0.0, 1.0 - TURNED_AWAY_DISCOUNT * _turned_away(s, plan))
+    @hookimpl
+    def kubegpu_scheduler_fit(self, state: NeuronNodeState, pod: PodRequest, prepared: NeuronPodState) -> Status:
+        return _plan(state, prepared).status
 
+    @hookimpl
+    def kubegpu_scheduler_score(self, state: NeuronNodeState, pod: PodRequest, prepared: NeuronPodState) -> float:
+        plan = _plan(state, prepared)
+        if not plan.status.ok:
+            return 0.0
+        return plan.score * max(0.0, 1.0 - TURNED_AWAY_DISCOUNT * _turned_away(state, plan))
 
-@hookimpl
-def kubegpu_scheduler_fragmentation(
-    state: DeviceNodeState, pod: PodRequest, prepared: NeuronPodState | None, free: Mapping[str, int]
-) -> float | None:
-    s = _state(state)
-    if not s.mix.total or prepared is None:
-        return None
-    plan = _plan(s, prepared)
-    if not plan.status.ok or not plan.placements:
-        return None
-    return _turned_away(s, plan) * TURNED_AWAY_WEIGHT * s.mix.mean()
+    @hookimpl
+    def kubegpu_scheduler_fragmentation(
+        self, state: NeuronNodeState, pod: PodRequest, prepared: NeuronPodState | None, free: Mapping[str, int]
+    ) -> float | None:
+        if not state.mix.total or prepared is None:
+            return None
+        plan = _plan(state, prepared)
+        if not plan.status.ok or not plan.placements:
+            return None
+        return _turned_away(state, plan) * TURNED_AWAY_WEIGHT * state.mix.mean()
 
+    @hookimpl
+    def kubegpu_scheduler_fragmentation_epoch(self, shared: dict[str, object]) -> int | None:
+        """The version of the engine's learned mix of whole-device sizes: `fragmentation` and `score` move with it."""
+        mix = shared.get(MIX_KEY)
+        return mix.version if isinstance(mix, SizeMix) else None
 
-@hookimpl
-def kubegpu_scheduler_fragmentation_epoch(shared: dict[str, object]) -> int | None:
-    """The version of the engine's learned mix of whole-device sizes: `fragmentation` and `score` move with it."""
-    mix = shared.get(MIX_KEY)
-    return mix.version if isinstance(mix, SizeMix) else None
-
-
-@hookimpl
-def kubegpu_scheduler_allocate(
-    state: DeviceNodeState, pod: PodRequest, prepared: NeuronPodState
-) -> PluginAllocation | None:
-    s = _state(state)
-    plan = _plan(s, prepared)
-    if not plan.status.ok:
-        return None
-    containers: dict[str, dict[str, list[str]]] = {}
-    whole: set[int] = set()
-    for container, resource, ids in plan.placements:
-        containers.setdefault(container, {})[resource] = [str(i) for i in ids]
-        if resource != NEURONCORE:
-            whole.update(ids)
-    return PluginAllocation(
-        plugin=NAME,
-        containers=containers,
-        fields={"coresPerDevice": s.cores_per_device, "instanceType": s.instance_type},
-        annotations={DEVICES_ANNOTATION: ",".join(str(d) for d in sorted(whole))} if whole else {},
-    )
-
-
-@hookimpl
-def kubegpu_scheduler_take(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status:
-    s = _state(state)
-    parsed = _parse_allocation(allocation)
-    if isinstance(parsed, Status):
-        return parsed
-    devices, cores = parsed
-    k = s.cores_per_device
-    # Unhealthy devices are never allocated (they are not free), but a pod that already holds one keeps it: the
-    # engine re-takes running pods when a node's inventory changes, and dropping them would free their other devices.
-    for device in devices:
-        if not s.present >> device & 1:
-            return _error(f"device {device} does not exist on this node")
-        holder = s.holder_of_device(device)
-        if holder is not None:
-            return _error(f"device {device} is already held by {holder}")
-    for core in cores:
-        device = core // k
-        if not s.present >> device & 1:
-            return _error(f"core {core} does not exist on this node")
-        holder = s.core_holder.get(core) or s.device_holder.get(device)
-        if holder is not None:
-            return _error(f"core {core} is already held by {holder}")
-        if device in devices:
-            return _error(f"core {core} is on device {device}, which the same allocation takes whole")
-    for device in devices:
-        s.device_holder[device] = pod_key
-        s.free_devices &= ~(1 << device)
-        s.free_cores &= ~topo.interval(device * k, k)
-    for core in cores:
-        device = core // k
-        s.core_holder[core] = pod_key
-        s.cores_held_on[device] = s.cores_held_on.get(device, 0) + 1
-        s.free_cores &= ~(1 << core)
-        s.free_devices &= ~(1 << device)
-    s.version += 1
-    for resources in allocation.containers.values():  # the mix of whole-device sizes the measure expects
-        s.mix.add(sum(len(ids) for resource, ids in resources.items() if resource != NEURONCORE))
-    return Status.success()
-
-
-@hookimpl
-def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status:
-    s = _state(state)
-    parsed = _parse_allocation(allocation)
-    if isinstance(parsed, Status):
-        return parsed
-    devices, cores = parsed
-    # Idempotent (Unreserve): what the pod no longer holds is left alone.
-    devices = [device for device in devices if s.device_holder.get(device) == pod_key]
-    cores = [core for core in cores if s.core_holder.get(core) == pod_key]
-    k = s.cores_per_device
-    for device in devices:
-        del s.device_holder[device]
-        s.free_devices |= (1 << device) & s.healthy
-        s.free_cores |= topo.interval(device * k, k) & s.healthy_cores
-    for core in cores:
-        device = core // k
-        del s.core_holder[core]
-        s.free_cores |= (1 << core) & s.healthy_cores
-        left = s.cores_held_on[device] - 1
-        if left:
-            s.cores_held_on[device] = left
-        else:
-            del s.cores_held_on[device]
-            if device not in s.device_holder:
-                s.free_devices |= (1 << device) & s.healthy
-    s.version += 1
-    return Status.success()
-
-
-@hookimpl
-def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy]:
-    s = _state(state)
-    k = s.cores_per_device
-    cells = []
-    for device in topo.bit_ids(s.present):
-        whole = s.device_holder.get(device)
-        if whole is not None:
-            holders, used = [whole], 1.0
-        else:
-            core_holders = [s.core_holder.get(c) for c in range(device * k, device * k + k)]
-            held = [h for h in core_holders if h is not None]
-            holders, used = sorted(set(held)), len(held) / k
-        cells.append(DeviceCell(id=str(device), holders=holders, used=used, healthy=bool(s.healthy >> device & 1)))
-    grid = s.topology.kind == "torus"
-    position = {int(cell.id): i for i, cell in enumerate(cells)}
-    links = [(position[a], position[b]) for a, b in topo.links(s.topology) if a in position and b in position]
-    return [
-        Occupancy(
-            family=NAME,
-            layout="grid" if grid else "ring",
-            columns=s.topology.columns if grid else s.topology.devices,
-            cells=cells,
-            total=len(cells),
-            free=s.free_devices.bit_count(),
-            largest_fit=topo.largest_device_set(s.topology, s.free_devices),
-            topology=s.topology.kind,
-            links=links,
+    @hookimpl
+    def kubegpu_scheduler_allocate(
+        self, state: NeuronNodeState, pod: PodRequest, prepared: NeuronPodState
+    ) -> PluginAllocation | None:
+        plan = _plan(state, prepared)
+        if not plan.status.ok:
+            return None
+        containers: dict[str, dict[str, list[str]]] = {}
+        whole: set[int] = set()
+        for container, resource, ids in plan.placements:
+            containers.setdefault(container, {})[resource] = [str(i) for i in ids]
+            if resource != NEURONCORE:
+                whole.update(ids)
+        return PluginAllocation(
+            plugin=NAME,
+            containers=containers,
+            fields={"coresPerDevice": state.cores_per_device, "instanceType": state.instance_type},
+            annotations={DEVICES_ANNOTATION: ",".join(str(d) for d in sorted(whole))} if whole else {},
         )
-    ]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -414,12 +325,12 @@ def _turned_away(state: NeuronNodeState, plan: NeuronPlacement) -> float:
     if state._turned_away[0] == key:
         return state._turned_away[1]
     k = state.cores_per_device
-    after = state.free_devices
+    after = state.free
     for _, resource, ids in plan.placements:
         for i in ids:
             after &= ~(1 << (i // k if resource == NEURONCORE else i))
     # `kubegpu.core.kit.turned_away_growth` with the fitting sizes of both as masks (one cached lookup each).
-    lost = topo.fitting_sizes(state.topology, state.free_devices) & ~topo.fitting_sizes(state.topology, after)
+    lost = topo.fitting_sizes(state.topology, state.free) & ~topo.fitting_sizes(state.topology, after)
     grown = math.fsum(p for size, p in state.mix.mix() if lost >> size & 1) if lost else 0.0
     state._turned_away = (key, grown)
     return grown
@@ -471,7 +382,7 @@ def _plan(state: NeuronNodeState, asked: NeuronPodState) -> NeuronPlacement:
     key = (state.version, requests)
     if state._plan_key == key and state._plan is not None:
         return state._plan
-    plan = place(state, requests, state.free_devices, state.free_cores)
+    plan = place(state, requests, state.free, state.free_parts)
     if plan.status.code is Code.UNSCHEDULABLE:
         # Would the pod fit this node if nothing else ran on it? If not, waiting will not help.
         empty = place(state, requests, state.healthy, state.healthy_cores, empty_node=True)
@@ -553,25 +464,29 @@ def _no_set(state: NeuronNodeState, cores: bool, count: int, empty_node: bool) -
     return f"no{free} {shape} of {count}{healthy} Neuron devices"
 
 
-def _parse_allocation(allocation: PluginAllocation) -> tuple[list[int], list[int]] | Status:
-    """The whole devices and the cores an allocation names, or an error naming the first bad entry."""
+def _parse_allocation(allocation: PluginAllocation) -> tuple[list[int], list[int]] | str:
+    """The whole devices and the cores an allocation names, or why not, naming the first bad entry."""
     devices: list[int] = []
     cores: list[int] = []
     for resources in allocation.containers.values():
         for resource, ids in resources.items():
             if resource not in RESOURCES:
-                return _error(f"resource {resource} is not a Neuron resource")
+                return f"resource {resource} is not a Neuron resource"
             target, what = (cores, "core") if resource == NEURONCORE else (devices, "device")
             for raw in ids:
                 if not (raw.isascii() and raw.isdigit()):
-                    return _error(f"{what} id {raw!r} is not a Neuron {what} number")
+                    return f"{what} id {raw!r} is not a Neuron {what} number"
                 target.append(int(raw))
     for numbers, what in ((devices, "device"), (cores, "core")):
         if len(set(numbers)) != len(numbers):
             twice = next(i for i in numbers if numbers.count(i) > 1)
-            return _error(f"{what} {twice} is listed twice in the allocation")
+            return f"{what} {twice} is listed twice in the allocation"
     return devices, cores
 
 
-def _error(reason: str) -> Status:
-    return Status.error(reason, plugin=NAME)
+# ------------------------------------------------------------------------------------------------------------
+# Factory
+# ------------------------------------------------------------------------------------------------------------
+
+# What the entry point names (`kubegpu.plugins.neuron.scheduler:plugin`), as a pip-installed plugin's.
+plugin = NeuronPlugin()

@@ -19,6 +19,10 @@ Which GPUs: `topology.choose`, container by container in spec order, each from w
 The score is the GPU-weighted mean of `topology.placement_score` over the containers (100: every container
 inside the smallest group that can hold it). Fit itself needs no placement: any count of free eligible GPUs
 can be placed.
+
+The books are the plugin kit's (`kubegpu.core.kit`): `NvidiaNodeState` is a `SharedDeviceNodeState` (GPUs held whole
+or shared by compute and memory), with the MIG devices' books beside it, and `NvidiaPlugin` a `DevicePlugin`, whose
+take, release, headroom and describe hooks are the kit's; the entry point names its instance, `plugin`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kubegpu.core.kit import SharedDeviceNodeState
+from kubegpu.core.kit import Claim, DevicePlugin, SharedDeviceNodeState
 from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import (
     ContainerRequest,
@@ -42,7 +46,7 @@ from kubegpu.core.models import (
     PodRequest,
 )
 from kubegpu.core.quantity import QuantityError, to_int
-from kubegpu.core.scheduler_hooks import SETTINGS_KEY, DeviceNodeState, Headroom, ProfileSettings, hookimpl
+from kubegpu.core.scheduler_hooks import SETTINGS_KEY, ProfileSettings, hookimpl
 from kubegpu.core.status import Status
 from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE, mig
 from kubegpu.plugins.nvidia.mig import MIG_PREFIX, MIG_RESOURCES, MigBooks
@@ -319,12 +323,24 @@ class NvidiaNodeState(SharedDeviceNodeState):
             cached = self._free = (self.version, tuple(self.free_milli(bit) for bit in range(len(self.ids))))
         return cached[1]
 
-    def free_milli(self, bit: int) -> int:
-        """What another pod could still get of GPU `bit`, in thousandths (the lesser of compute and memory)."""
-        if not self.shareable(bit):
-            return 0
-        memory = (self.memory_cap[bit] - self.memory_used[bit]) * WHOLE // max(1, self.memory_cap[bit])
-        return min((100 - self.cores_used[bit]) * 10, memory)
+    def cannot_take(self, claim: Claim) -> str | None:
+        books = self.mig
+        taken = next((d for d in claim.extra or () if books is not None and d in books.holders), None)
+        if taken is not None and books is not None:
+            return f"MIG device {taken} is already held by {books.holders[taken]}"
+        return super().cannot_take(claim)
+
+    def take(self, pod_key: str, claim: Claim) -> None:
+        """The kit's books, and the MIG devices the claim names (`Claim.extra`, read from `mig`)."""
+        super().take(pod_key, claim)
+        if self.mig is not None and claim.extra:
+            self.mig.holders.update(dict.fromkeys(claim.extra, pod_key))
+
+    def give_back(self, pod_key: str, claim: Claim) -> None:
+        super().give_back(pod_key, claim)
+        for device in claim.extra or ():
+            if self.mig is not None and self.mig.holders.get(device) == pod_key:  # idempotent, as the kit's
+                del self.mig.holders[device]
 
     def memory_of(self, share: Share, bit: int) -> int | None:
         """The share's memory on GPU `bit` in the GPU's unit, None when it cannot be told (MiB of unknown memory)."""
@@ -339,87 +355,204 @@ class NvidiaNodeState(SharedDeviceNodeState):
 # ----------------------------------------------------------------------------------------------------------
 
 
-@hookimpl
-def kubegpu_scheduler_resources() -> list[str]:
-    return list(RESOURCES)
+class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
+    """The nvidia plugin on the kit: the kit keeps the books (take, release, headroom, describe over
+    `SharedDeviceNodeState`); this class says where a node's GPUs come from, reads a pod's ask, places it (`place`,
+    `fit_answer`) and reads an allocation back into the books (`claimed`: whole GPUs, shares, MIG devices)."""
 
+    name = NAME
+    resources = tuple(RESOURCES)
+    family = NAME
+    unlisted = UNLISTED
+    conformance_nodes = conformance_nodes  # the nodes `kubegpu plugins check` runs its suite on (above)
 
-@hookimpl
-def kubegpu_scheduler_build_node(node: NodeInfo, shared: dict[str, object] | None) -> NvidiaNodeState | None:
-    settings = shared.get(SETTINGS_KEY) if shared is not None else None
-    if not isinstance(settings, ProfileSettings):
-        settings = ProfileSettings()
-    workload = shared.get(WORKLOAD_KEY) if shared is not None else None
-    if shared is not None and not isinstance(workload, Workload):
-        workload = shared[WORKLOAD_KEY] = Workload.configured(settings.mix) if settings.mix else Workload()
-    inventory = node.inventories.get(NAME)
-    if inventory is not None:
-        inventory, books = mig.books_from_inventory(node.name, inventory)
-        state = state_from_inventory(node.name, inventory, instance_type(node.labels), node.allocatable)
-    else:
-        books = mig.books_from_labels(node.name, node.labels, node.allocatable)
-        state = state_from_labels(node.name, node.labels, node.allocatable)
-    if books is not None:
-        state = state or NvidiaNodeState(node.name, [], [], [], [], catalog_tree(None, 1))  # every GPU MIG-enabled
-        state.mig = books
-    if state is not None and isinstance(workload, Workload):
-        state.workload = workload
-    if state is not None and shared is not None:
-        book = shared.get(BOOK_KEY)
-        if not isinstance(book, PlacementBook):
-            book = shared[BOOK_KEY] = PlacementBook()
-        state.book = book
-    if state is not None and settings.share_policy:
-        state.policy = settings.share_policy
-    return state
+    # -- the books: what the kit's hooks ask ---------------------------------------------------------------------
 
+    def claimed(self, state: NvidiaNodeState, allocation: PluginAllocation) -> Claim | str:
+        """Whole GPUs, shares (compute, memory in the GPU's unit) and MIG devices (`Claim.extra`)."""
+        allocation, devices = split_mig(state, allocation)
+        if isinstance(devices, str):
+            return devices
+        read = read_allocation(state, allocation)
+        if isinstance(read, str):
+            return read
+        bits, parts = read
+        return Claim(bits, [(bit, (cores, memory)) for bit, cores, memory in parts], extra=devices)
 
-@hookimpl
-def kubegpu_scheduler_headroom(state: DeviceNodeState) -> Headroom | None:
-    s = _own(state)
-    shareable = [bit for bit in range(len(s.ids)) if s.shareable(bit)]
-    cores = max((100 - s.cores_used[bit] for bit in shareable), default=0)
-    percent = max(((s.memory_cap[b] - s.memory_used[b]) * 100 // max(1, s.memory_cap[b]) for b in shareable), default=0)
-    mib = max((s.memory_cap[b] - s.memory_used[b] for b in shareable if s.memory_known[b]), default=0)
-    healthy = s.healthy.bit_count()
-    held = sum(1 for bit in range(len(s.ids)) if s.holders[bit] is not None and s.healthy >> bit & 1)
-    used = held + sum(s.cores_used[bit] for bit in range(len(s.ids)) if s.healthy >> bit & 1) / 100
-    return Headroom(
-        free={
+    def learn(self, state: NvidiaNodeState, allocation: PluginAllocation, pod: PodRequest | None, claim: Claim) -> None:
+        """The kinds of the pod's containers (GPUs, thousandths of each, the pod's cpu) join the engine's mix."""
+        cpu = pod.cpu_milli if pod is not None else 0
+        if claim.whole:
+            state.workload.add((len(claim.whole), WHOLE, cpu))
+        if claim.shares:
+            for gpus, milli in share_kinds(state, allocation):
+                state.workload.add((gpus, milli, cpu))
+
+    def headroom_free(self, state: NvidiaNodeState) -> dict[str, int]:
+        shareable = [bit for bit in range(len(state.ids)) if state.shareable(bit)]
+        return {
             RESOURCE: len(shareable),
-            CORES: cores,
-            MEMORY: mib,
-            MEMORY_PERCENT: percent,
-            **(s.mig.free_counts() if s.mig is not None else {}),
-        },
-        unlisted=UNLISTED,
-        utilization=min(1.0, used / healthy) if healthy else 0.0,
-    )
+            CORES: state.most_free(0, shareable),
+            MEMORY: state.most_free(1, [bit for bit in shareable if state.memory_known[bit]]),
+            MEMORY_PERCENT: state.most_free(1, shareable, percent=True),
+            **(state.mig.free_counts() if state.mig is not None else {}),
+        }
 
+    def picture(self, state: NvidiaNodeState) -> dict[str, object]:
+        """A DGX-1 cube-mesh as a 4x4 grid (two rows of four), the links of the tree."""
+        grid = state.tree.kind == CUBE_MESH and len(state.ids) == 8
+        return {
+            "layout": "grid" if grid else "cells",
+            "columns": 4 if grid else 0,
+            "topology": state.tree.kind if state.tree.kind in (CUBE_MESH, NVSWITCH) else "",
+            "links": list(link_pairs(state.tree)),
+        }
 
-@hookimpl
-def kubegpu_scheduler_validate(pod: PodRequest) -> Status | None:
-    error = read_ask(pod).error
-    return Status.unresolvable(error, plugin=NAME) if error else None
+    def more_occupancy(self, state: NvidiaNodeState) -> list[Occupancy]:
+        """One cell per MIG device: "GPU@start profile"."""
+        books = state.mig
+        if books is None:
+            return []
+        cells = [
+            DeviceCell(
+                id=f"{device} {instance.profile}",
+                holders=[holder] if (holder := books.holders.get(device)) else [],
+                used=1.0 if holder else 0.0,
+            )
+            for device, instance in books.devices.items()
+        ]
+        unheld = len(books.devices) - len(books.holders)
+        return [Occupancy(family=f"{NAME}-mig", cells=cells, total=len(cells), free=unheld, largest_fit=unheld)]
 
+    # -- deciding: the pod's ask, its placement ------------------------------------------------------------------
 
-@hookimpl
-def kubegpu_scheduler_prepare(pod: PodRequest) -> NvidiaPodState:
-    return read_ask(pod)
+    @hookimpl
+    def kubegpu_scheduler_build_node(self, node: NodeInfo, shared: dict[str, object] | None) -> NvidiaNodeState | None:
+        settings = shared.get(SETTINGS_KEY) if shared is not None else None
+        if not isinstance(settings, ProfileSettings):
+            settings = ProfileSettings()
+        workload = shared.get(WORKLOAD_KEY) if shared is not None else None
+        if shared is not None and not isinstance(workload, Workload):
+            workload = shared[WORKLOAD_KEY] = Workload.configured(settings.mix) if settings.mix else Workload()
+        inventory = node.inventories.get(NAME)
+        if inventory is not None:
+            inventory, books = mig.books_from_inventory(node.name, inventory)
+            state = state_from_inventory(node.name, inventory, instance_type(node.labels), node.allocatable)
+        else:
+            books = mig.books_from_labels(node.name, node.labels, node.allocatable)
+            state = state_from_labels(node.name, node.labels, node.allocatable)
+        if books is not None:
+            state = state or NvidiaNodeState(node.name, [], [], [], [], catalog_tree(None, 1))  # every GPU MIG-enabled
+            state.mig = books
+        if state is not None and isinstance(workload, Workload):
+            state.workload = workload
+        if state is not None and shared is not None:
+            book = shared.get(BOOK_KEY)
+            if not isinstance(book, PlacementBook):
+                book = shared[BOOK_KEY] = PlacementBook()
+            state.book = book
+        if state is not None and settings.share_policy:
+            state.policy = settings.share_policy
+        return state
 
+    @hookimpl
+    def kubegpu_scheduler_validate(self, pod: PodRequest) -> Status | None:
+        error = read_ask(pod).error
+        return Status.unresolvable(error, plugin=NAME) if error else None
 
-@hookimpl
-def kubegpu_scheduler_fit(state: DeviceNodeState, pod: PodRequest, prepared: NvidiaPodState) -> Status:
-    s = _own(state)
-    ask = prepared
-    if ask.mig or ask.error:  # MIG books are not in the state's content
-        return fit_answer(s, ask)
-    number = s.content()
-    answer = s.book.get("fit", s.workload, number, ask)
-    if answer is _MISSING:
-        answer = fit_answer(s, ask)
-        s.book.put("fit", s.workload, number, ask, answer)
-    return answer  # type: ignore[return-value]  # a Status put above
+    @hookimpl
+    def kubegpu_scheduler_prepare(self, pod: PodRequest) -> NvidiaPodState:
+        return read_ask(pod)
+
+    @hookimpl
+    def kubegpu_scheduler_fit(self, state: NvidiaNodeState, pod: PodRequest, prepared: NvidiaPodState) -> Status:
+        ask = prepared
+        if ask.mig or ask.error:  # MIG books are not in the state's content
+            return fit_answer(state, ask)
+        number = state.content()
+        answer = state.book.get("fit", state.workload, number, ask)
+        if answer is _MISSING:
+            answer = fit_answer(state, ask)
+            state.book.put("fit", state.workload, number, ask, answer)
+        return answer  # type: ignore[return-value]  # a Status put above
+
+    @hookimpl
+    def kubegpu_scheduler_score(self, state: NvidiaNodeState, pod: PodRequest, prepared: NvidiaPodState) -> float:
+        ask = prepared
+        if ask.error or not (ask.total or ask.shares):
+            return 0.0 if ask.error else 100.0
+        plan = state.plan(ask)
+        return 0.0 if plan is None else plan.score
+
+    @hookimpl
+    def kubegpu_scheduler_fragmentation(
+        self, state: NvidiaNodeState, pod: PodRequest, prepared: NvidiaPodState | None, free: Mapping[str, int]
+    ) -> float | None:
+        table = state.workload.table()
+        if not table.cpus:
+            return None
+        before = state.free_millis()
+        cpu = free.get("cpu", ANY_CPU)
+        ask = prepared
+        if ask is None or not (ask.total or ask.shares):  # the pod takes cpu beside the GPUs, none of them
+            grown = node_fragmentation(before, table, cpu - pod.cpu_milli) - node_fragmentation(before, table, cpu)
+            return grown / WHOLE
+        if ask.error:
+            return None
+        plan = state.plan(ask)
+        if plan is None:
+            return None
+        taken: dict[int, int] = {}
+        for _, _, mask, _ in plan.whole:
+            for bit in bit_list(mask):
+                taken[bit] = before[bit]
+        for share, bits, _, memories in plan.shares:
+            for bit, memory in zip(bits, memories, strict=True):
+                taken[bit] = taken.get(bit, 0) + share_amount(state, share.cores, memory, bit)
+        return fragmentation_delta(before, taken, table, cpu, pod.cpu_milli) / WHOLE
+
+    @hookimpl
+    def kubegpu_scheduler_fragmentation_epoch(self, shared: dict[str, object]) -> int | None:
+        workload = shared.get(WORKLOAD_KEY)
+        return workload.version if isinstance(workload, Workload) else None
+
+    @hookimpl
+    def kubegpu_scheduler_allocate(
+        self, state: NvidiaNodeState, pod: PodRequest, prepared: NvidiaPodState
+    ) -> PluginAllocation | None:
+        s, ask = state, prepared
+        if ask.error:
+            return None
+        plan = s.plan(ask) if ask.total or ask.shares else NvidiaPlacement((), (), 100.0)
+        if plan is None:
+            return None
+        chosen = 0
+        containers: dict[str, dict[str, list[str]]] = {}
+        if ask.mig:
+            devices = s.mig.plan(ask.mig) if s.mig is not None else None
+            if devices is None:
+                return None
+            for container, resource, ids in devices:
+                containers.setdefault(container, {})[resource] = ids
+        shares: dict[str, dict[str, dict[str, int]]] = {}
+        for name, _, mask, _ in plan.whole:
+            containers[name] = {RESOURCE: ids_of(mask, s.ids)}
+            chosen |= mask
+        for share, bits, cores, memories in plan.shares:
+            ids = [s.ids[bit] for bit in bits]
+            memory_resource = MEMORY if all(s.memory_known[bit] for bit in bits) else MEMORY_PERCENT
+            if memory_resource == MEMORY_PERCENT:  # a mixed or unknown node: percent of each GPU, as asked
+                memories = tuple(share.memory_percent or 100 for _ in bits)
+            containers[share.container] = {RESOURCE: list(ids), CORES: list(ids), memory_resource: list(ids)}
+            shares[share.container] = {
+                RESOURCE: dict.fromkeys(ids, 1),
+                CORES: dict.fromkeys(ids, cores),
+                memory_resource: dict(zip(ids, memories, strict=True)),
+            }
+            chosen |= sum(1 << bit for bit in bits)
+        models = {s.models[bit] for bit in range(len(s.ids)) if chosen >> bit & 1}
+        fields = {"model": models.pop()} if len(models) == 1 and None not in models else {}
+        return PluginAllocation(plugin=NAME, containers=containers, shares=shares, fields=fields)
 
 
 def fit_answer(s: NvidiaNodeState, ask: NvidiaPodState) -> Status:
@@ -448,199 +581,9 @@ def fit_answer(s: NvidiaNodeState, ask: NvidiaPodState) -> Status:
     return Status.success()
 
 
-@hookimpl
-def kubegpu_scheduler_score(state: DeviceNodeState, pod: PodRequest, prepared: NvidiaPodState) -> float | None:
-    s = _own(state)
-    ask = prepared
-    if ask.error or not (ask.total or ask.shares):
-        return 0.0 if ask.error else 100.0
-    plan = s.plan(ask)
-    return 0.0 if plan is None else plan.score
-
-
-@hookimpl
-def kubegpu_scheduler_fragmentation(
-    state: DeviceNodeState, pod: PodRequest, prepared: NvidiaPodState | None, free: Mapping[str, int]
-) -> float | None:
-    s = _own(state)
-    table = s.workload.table()
-    if not table.cpus:
-        return None
-    before = s.free_millis()
-    cpu = free.get("cpu", ANY_CPU)
-    ask = prepared
-    if ask is None or not (ask.total or ask.shares):  # the pod takes cpu beside the GPUs, none of them
-        grown = node_fragmentation(before, table, cpu - pod.cpu_milli) - node_fragmentation(before, table, cpu)
-        return grown / WHOLE
-    if ask.error:
-        return None
-    plan = s.plan(ask)
-    if plan is None:
-        return None
-    taken: dict[int, int] = {}
-    for _, _, mask, _ in plan.whole:
-        for bit in bit_list(mask):
-            taken[bit] = before[bit]
-    for share, bits, _, memories in plan.shares:
-        for bit, memory in zip(bits, memories, strict=True):
-            taken[bit] = taken.get(bit, 0) + share_amount(s, share.cores, memory, bit)
-    return fragmentation_delta(before, taken, table, cpu, pod.cpu_milli) / WHOLE
-
-
-@hookimpl
-def kubegpu_scheduler_fragmentation_epoch(shared: dict[str, object]) -> int | None:
-    workload = shared.get(WORKLOAD_KEY)
-    return workload.version if isinstance(workload, Workload) else None
-
-
-@hookimpl
-def kubegpu_scheduler_allocate(
-    state: DeviceNodeState, pod: PodRequest, prepared: NvidiaPodState
-) -> PluginAllocation | None:
-    s = _own(state)
-    ask = prepared
-    if ask.error:
-        return None
-    plan = s.plan(ask) if ask.total or ask.shares else NvidiaPlacement((), (), 100.0)
-    if plan is None:
-        return None
-    chosen = 0
-    containers: dict[str, dict[str, list[str]]] = {}
-    if ask.mig:
-        devices = s.mig.plan(ask.mig) if s.mig is not None else None
-        if devices is None:
-            return None
-        for container, resource, ids in devices:
-            containers.setdefault(container, {})[resource] = ids
-    shares: dict[str, dict[str, dict[str, int]]] = {}
-    for name, _, mask, _ in plan.whole:
-        containers[name] = {RESOURCE: ids_of(mask, s.ids)}
-        chosen |= mask
-    for share, bits, cores, memories in plan.shares:
-        ids = [s.ids[bit] for bit in bits]
-        memory_resource = MEMORY if all(s.memory_known[bit] for bit in bits) else MEMORY_PERCENT
-        if memory_resource == MEMORY_PERCENT:  # a mixed or unknown node: percent of each GPU, as asked
-            memories = tuple(share.memory_percent or 100 for _ in bits)
-        containers[share.container] = {RESOURCE: list(ids), CORES: list(ids), memory_resource: list(ids)}
-        shares[share.container] = {
-            RESOURCE: dict.fromkeys(ids, 1),
-            CORES: dict.fromkeys(ids, cores),
-            memory_resource: dict(zip(ids, memories, strict=True)),
-        }
-        chosen |= sum(1 << bit for bit in bits)
-    models = {s.models[bit] for bit in range(len(s.ids)) if chosen >> bit & 1}
-    fields = {"model": models.pop()} if len(models) == 1 and None not in models else {}
-    return PluginAllocation(plugin=NAME, containers=containers, shares=shares, fields=fields)
-
-
-@hookimpl
-def kubegpu_scheduler_take(
-    state: DeviceNodeState, pod_key: str, allocation: PluginAllocation, pod: PodRequest | None
-) -> Status | None:
-    s = _own(state)
-    allocation, devices = split_mig(s, allocation)
-    if isinstance(devices, str):
-        return Status.error(devices, plugin=NAME)
-    books = s.mig
-    taken = next((d for d in devices if books is not None and d in books.holders), None)
-    if taken is not None and books is not None:
-        return Status.error(f"MIG device {taken} is already held by {books.holders[taken]}", plugin=NAME)
-    read = read_allocation(s, allocation)
-    if isinstance(read, str):
-        return Status.error(read, plugin=NAME)
-    bits, parts = read
-    shares = [(bit, (cores, memory)) for bit, cores, memory in parts]
-    error = s.cannot_hold(bits) or s.cannot_share(shares)
-    if error:
-        return Status.error(error, plugin=NAME)
-    s.hold(bits, pod_key)
-    s.share(pod_key, shares)
-    if books is not None:  # split_mig read the devices from it
-        books.holders.update(dict.fromkeys(devices, pod_key))
-    cpu = pod.cpu_milli if pod is not None else 0
-    if bits:
-        s.workload.add((len(bits), WHOLE, cpu))
-    if parts:
-        for gpus, milli in share_kinds(s, allocation):
-            s.workload.add((gpus, milli, cpu))
-    s.version += 1
-    return Status.success()
-
-
-@hookimpl
-def kubegpu_scheduler_release(state: DeviceNodeState, pod_key: str, allocation: PluginAllocation) -> Status | None:
-    s = _own(state)
-    allocation, devices = split_mig(s, allocation)
-    if isinstance(devices, str):
-        return Status.error(devices, plugin=NAME)
-    read = read_allocation(s, allocation)
-    if isinstance(read, str):
-        return Status.error(read, plugin=NAME)
-    bits, _ = read
-    for device in devices:
-        if s.mig is not None and s.mig.holders.get(device) == pod_key:  # idempotent, as below
-            del s.mig.holders[device]
-    s.unhold(bits, pod_key)  # idempotent (Unreserve): what the pod no longer holds is left alone
-    s.unshare(pod_key)  # exactly what the pod took, once
-    s.version += 1
-    return Status.success()
-
-
-@hookimpl
-def kubegpu_scheduler_describe(state: DeviceNodeState) -> list[Occupancy] | None:
-    state = _own(state)
-    sharers = state.sharers()
-    cells = []
-    for bit, device in enumerate(state.ids):
-        holder = state.holders[bit]
-        cells.append(
-            DeviceCell(
-                id=device,
-                holders=[holder] if holder else sorted(set(sharers[bit])),
-                used=1.0 if holder else min(1.0, 1 - state.free_milli(bit) / WHOLE) if sharers[bit] else 0.0,
-                healthy=bool(state.healthy >> bit & 1),
-            )
-        )
-    free = state.free.bit_count()
-    grid = state.tree.kind == CUBE_MESH and len(cells) == 8
-    pictures = [
-        Occupancy(
-            family=NAME,
-            layout="grid" if grid else "cells",
-            columns=4 if grid else 0,
-            cells=cells,
-            total=len(cells),
-            free=free,
-            largest_fit=free,
-            topology=state.tree.kind if state.tree.kind in (CUBE_MESH, NVSWITCH) else "",
-            links=list(link_pairs(state.tree)),
-        )
-    ]
-    if state.mig is not None:  # one cell per MIG device: "GPU@start profile"
-        books = state.mig
-        mig_cells = [
-            DeviceCell(
-                id=f"{device} {instance.profile}",
-                holders=[holder] if (holder := books.holders.get(device)) else [],
-                used=1.0 if holder else 0.0,
-            )
-            for device, instance in books.devices.items()
-        ]
-        unheld = len(books.devices) - len(books.holders)
-        pictures.append(
-            Occupancy(family=f"{NAME}-mig", cells=mig_cells, total=len(mig_cells), free=unheld, largest_fit=unheld)
-        )
-    return pictures if state.ids or state.mig is None else pictures[1:]
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Pure helpers
 # ----------------------------------------------------------------------------------------------------------
-
-
-def _own(state: DeviceNodeState) -> NvidiaNodeState:
-    assert isinstance(state, NvidiaNodeState), f"nvidia was given a {type(state).__name__}"
-    return state
 
 
 def owns(resource: str) -> bool:
@@ -1072,3 +1015,11 @@ def state_from_inventory(
         tree,
         split=offered // len(ids) if offered > len(ids) else 1,
     )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Factory
+# ----------------------------------------------------------------------------------------------------------
+
+# What the entry point names (`kubegpu.plugins.nvidia.scheduler:plugin`), as a pip-installed plugin's.
+plugin = NvidiaPlugin()

@@ -1,15 +1,28 @@
-"""The plugin kit's books, as a plugin that writes its own hooks uses them (the nvidia plugin does): whole devices
-held and given back, and devices shared by amounts of several dimensions, never over a device's capacity, never
-beside a whole holder, at most `split` shares per device."""
+"""The plugin kit's books, as the built-in plugins use them: whole devices held and given back, devices shared by
+amounts of several dimensions (nvidia, intel-gas), never over a device's capacity, never beside a whole holder, at
+most `split` shares per device, and devices made of parts held one by one (neuron's cores). The built-ins are kit
+plugins registered through their entry points as instances, as a pip-installed plugin is."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from importlib_metadata import entry_points
 
-from kubegpu.core.kit import SharedDeviceNodeState, WholeDeviceNodeState
-from kubegpu.core.models import DeviceInfo, PluginAllocation
+from kubegpu.core import scheduler_hooks
+from kubegpu.core.kit import (
+    Claim,
+    DevicePlugin,
+    PartedDeviceNodeState,
+    SharedDeviceNodeState,
+    WholeDeviceNodeState,
+)
+from kubegpu.core.models import DeviceInfo, Occupancy, PluginAllocation
+from kubegpu.core.plugin_manager import KubegpuPluginManager
+from kubegpu.plugins.nvidia import scheduler as nvidia_scheduler
 
 
 def cards(split: int = 2) -> SharedDeviceNodeState:
@@ -99,3 +112,133 @@ def test_books_never_go_over_capacity_and_free_means_untouched(
             assert 0 <= state.used[0][i] <= 100 and 0 <= state.used[1][i] <= state.capacity[1][i]
             assert 0 <= state.tasks[i] <= 3
             assert bool(state.free >> i & 1) == (state.tasks[i] == 0 and state.holders[i] is None)
+
+
+BUILT_INS = ("nvidia", "neuron", "intel-gas")
+
+
+@pytest.mark.parametrize("name", BUILT_INS)
+def test_a_built_in_plugin_is_a_kit_plugin_registered_as_an_instance(name: str) -> None:
+    # The entry point names an instance of a kit class, and the plugin's module has no hook functions of its own:
+    # take, release, headroom and describe are the kit's, as for a third party's plugin.
+    (point,) = [p for p in entry_points(group="kubegpu.scheduler") if p.name == name]
+    plugin = point.load()
+    assert isinstance(plugin, DevicePlugin), f"{point.value} is a {type(plugin).__name__}, not a kit plugin"
+    assert plugin.name == name
+    module = __import__(point.module, fromlist=["_"])
+    marker = f"{scheduler_hooks.PROJECT}_impl"
+    assert not [n for n, v in vars(module).items() if callable(v) and hasattr(v, marker)]
+    for hook in ("take", "release", "headroom", "describe"):
+        method = getattr(type(plugin), f"kubegpu_scheduler_{hook}")
+        assert method is getattr(DevicePlugin, f"kubegpu_scheduler_{hook}"), f"{name} re-implements {hook}"
+
+
+def cores(parts: int = 2) -> PartedDeviceNodeState:
+    """Devices 0, 1 and 3 (2 missing, 3 unhealthy), each of `parts` cores."""
+    state = PartedDeviceNodeState("acme", "node-a", ["0", "1", "2", "3"], [True, True, False, False], parts, 0b1011)
+    state.part_noun = "core"
+    return state
+
+
+def test_parts_and_whole_devices_never_meet_and_come_back_exactly() -> None:
+    state = cores()
+    assert (state.free, state.free_parts) == (0b0011, 0b1111)
+    assert (
+        state.cannot_take(Claim(parts=[0], whole=[0])) == "core 0 is on device 0, which the same allocation takes whole"
+    )
+    assert state.cannot_take(Claim(whole=[2])) == "device 2 does not exist on this node"
+    assert state.cannot_take(Claim(parts=[5])) == "core 5 does not exist on this node"
+    state.take("ns/a", Claim(parts=[1]))
+    assert (state.free, state.free_parts) == (0b0010, 0b1101)
+    assert state.cannot_take(Claim(whole=[0])) == "device 0 is already held by ns/a"
+    assert state.cannot_take(Claim(parts=[1])) == "core 1 is already held by ns/a"
+    state.take("ns/b", Claim(whole=[1, 3]))  # a pod may keep an unhealthy device it already held
+    assert state.cannot_take(Claim(parts=[2])) == "core 2 is already held by ns/b"
+    assert (state.free, state.free_parts, state.utilization()) == (0, 0b0001, 0.75)
+    cells = state.cells()
+    assert [(c.id, c.holders, c.used, c.healthy) for c in cells] == [
+        ("0", ["ns/a"], 0.5, True),
+        ("1", ["ns/b"], 1.0, True),
+        ("3", ["ns/b"], 1.0, False),
+    ]
+    state.give_back("ns/a", Claim(parts=[1], whole=[1]))  # not ns/a's device: left alone
+    state.give_back("ns/a", Claim(parts=[1]))
+    assert (state.free, state.free_parts) == (0b0001, 0b0011)
+    state.give_back("ns/b", Claim(whole=[1, 3]))
+    assert (state.free, state.free_parts, state.part_holders, state.parts_held_on) == (0b0011, 0b1111, {}, {})
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.booleans(), st.integers(0, 7), st.integers(0, 5)), max_size=30))
+def test_parted_books_keep_free_devices_and_parts_consistent(steps: list[tuple[bool, bool, int, int]]) -> None:
+    state = cores(parts=2)
+    live: list[tuple[str, Claim]] = []
+    for n, (add, whole, at, pick) in enumerate(steps):
+        if add or not live:
+            claim = Claim(whole=[at // 2]) if whole else Claim(parts=[at])
+            if state.cannot_take(claim) is None:
+                state.take(f"p{n}", claim)
+                live.append((f"p{n}", claim))
+        else:
+            key, claim = live.pop(pick % len(live))
+            state.give_back(key, claim)
+            state.give_back(key, claim)  # idempotent
+        for d in (0, 1, 3):
+            held = [p for p in (2 * d, 2 * d + 1) if p in state.part_holders]
+            healthy = bool(state.healthy >> d & 1)
+            assert bool(state.free >> d & 1) == (healthy and state.holders[d] is None and not held)
+            for p in (2 * d, 2 * d + 1):
+                free = healthy and state.holders[d] is None and p not in state.part_holders
+                assert bool(state.free_parts >> p & 1) == free
+    for key, claim in live:
+        state.give_back(key, claim)
+    assert (state.free, state.free_parts, state.holders) == (0b0011, 0b1111, [None] * 4)
+
+
+class Pool(DevicePlugin[SharedDeviceNodeState]):
+    """A plugin that writes no books of its own: shares read from an allocation, a second picture beside its cards."""
+
+    resources = ("acme.com/card",)
+
+    def claimed(self, state: SharedDeviceNodeState, allocation: PluginAllocation) -> Claim | str:
+        shares = [
+            (state.index[card], (compute, 0))
+            for container in allocation.shares.values()
+            for card, compute in container.get("acme.com/compute", {}).items()
+        ]
+        whole, error = state.read_whole(allocation.model_copy(update={"shares": {}, "containers": {}}), self.resources)
+        return error or Claim(whole, shares)
+
+    def more_occupancy(self, state: SharedDeviceNodeState) -> list[Occupancy]:
+        return [Occupancy(family="acme-links", cells=[], total=0, free=0, largest_fit=0)]
+
+
+def test_the_kits_hooks_keep_a_shared_plugins_books() -> None:
+    plugin, state = Pool(), cards()
+    plugin.bind_plugin_name("acme")
+    shares = {"main": {"acme.com/compute": {"card0": 60}}}
+    allocation = PluginAllocation(plugin="acme", containers={"main": {"acme.com/card": ["card0"]}}, shares=shares)
+    assert plugin.kubegpu_scheduler_take(state, "ns/a", allocation, None).ok
+    over = plugin.kubegpu_scheduler_take(state, "ns/b", allocation, None)
+    assert over.message == "card card0 has 40% compute free, the allocation takes 60%"
+    described = plugin.kubegpu_scheduler_describe(state)
+    assert [o.family for o in described] == ["acme.com/card", "acme-links"]
+    assert [(c.holders, c.used) for c in described[0].cells] == [(["ns/a"], 0.6), ([], 0.0), ([], 0.0)]
+    headroom = plugin.kubegpu_scheduler_headroom(state)
+    assert headroom.free == {"acme.com/card": 2} and headroom.utilization == pytest.approx(0.2)
+    assert plugin.kubegpu_scheduler_release(state, "ns/a", allocation).ok
+    assert plugin.kubegpu_scheduler_release(state, "ns/a", allocation).ok  # idempotent
+    assert (state.free, state.used, state.version) == (0b111, ([0, 0, 0], [0, 0, 0]), 3)
+
+
+def test_a_built_in_plugin_refuses_a_name_its_node_side_does_not_use(
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+) -> None:
+    # One object serves every plugin manager: registered as "gpu", the nvidia plugin would answer under two names.
+    pm = make_plugin_manager("scheduler", gpu=nvidia_scheduler)
+    assert "gpu" not in pm.records
+    assert [str(f) for f in pm.failures] == [
+        "plugin 'gpu' (scheduler) failed at register: bind_plugin_name failed: ValueError: "
+        "plugin 'nvidia' must be registered as 'nvidia', not 'gpu'"
+    ]
+    assert nvidia_scheduler.plugin.name == "nvidia"

@@ -669,21 +669,21 @@ def test_random_workloads_never_put_a_card_over_its_share(
 ) -> None:
     node = intel_node(cards, i915=cards * shares, memory=f"{cards * memory}G", extra={MILLI: cards * 1000})
     capacity = {I915: shares, MEM: memory * G, MILLI: 1000}
-    state = scheduler.kubegpu_scheduler_build_node(node)
+    state = scheduler.plugin.kubegpu_scheduler_build_node(node)
     assert state is not None
-    initial = scheduler.kubegpu_scheduler_headroom(state)
+    initial = scheduler.plugin.kubegpu_scheduler_headroom(state)
     live: dict[str, PluginAllocation] = {}
 
     for step, (kind, arg, allow) in enumerate(operations):
         if kind == "delete":
             if live:
                 key = sorted(live)[arg % len(live)]
-                assert scheduler.kubegpu_scheduler_release(state, key, live.pop(key)).ok
+                assert scheduler.plugin.kubegpu_scheduler_release(state, key, live.pop(key)).ok
             continue
         pod = _pod(f"p{step}", arg, allow)
-        prepared = scheduler.kubegpu_scheduler_prepare(pod)
-        fit = scheduler.kubegpu_scheduler_fit(state, pod, prepared)
-        allocation = scheduler.kubegpu_scheduler_allocate(state, pod, prepared)
+        prepared = scheduler.plugin.kubegpu_scheduler_prepare(pod)
+        fit = scheduler.plugin.kubegpu_scheduler_fit(state, pod, prepared)
+        allocation = scheduler.plugin.kubegpu_scheduler_allocate(state, pod, prepared)
         assert fit.ok == (allocation is not None)
         if allocation is None:
             _assert_truly_full(pod, live, capacity, cards, fit.code)
@@ -692,18 +692,18 @@ def test_random_workloads_never_put_a_card_over_its_share(
             i915 = container.resources.get(I915, 0)
             if i915:
                 assert len(set(allocation.containers[container.name][I915])) == i915
-        assert scheduler.kubegpu_scheduler_take(state, pod.key, allocation).ok
+        assert scheduler.plugin.kubegpu_scheduler_take(state, pod.key, allocation, pod).ok
         live[pod.key] = allocation
 
         used = _ledger(live)
         for (_, resource), amount in used.items():
             assert amount <= capacity[resource]
-        free = scheduler.kubegpu_scheduler_headroom(state).free
+        free = scheduler.plugin.kubegpu_scheduler_headroom(state).free
         assert free[MEM] == cards * capacity[MEM] - sum(a for (_, r), a in used.items() if r == MEM)
 
     for key, allocation in list(live.items()):
-        assert scheduler.kubegpu_scheduler_release(state, key, allocation).ok
-    assert scheduler.kubegpu_scheduler_headroom(state) == initial
+        assert scheduler.plugin.kubegpu_scheduler_release(state, key, allocation).ok
+    assert scheduler.plugin.kubegpu_scheduler_headroom(state) == initial
 
 
 def _ledger(live: Mapping[str, PluginAllocation]) -> dict[tuple[str, str], int]:

@@ -787,8 +787,8 @@ def test_scoring_content_covers_what_the_scores_read() -> None:
     assert a.scoring_content() == b.scoring_content()
     for resource, amount in NEURON_ASKS:
         asked = scheduler.neuron_requests(pod(amount, resource))
-        for hook in (scheduler.kubegpu_scheduler_score, scheduler.kubegpu_scheduler_fragmentation):
-            kwargs: dict[str, Any] = {"free": {}} if hook is scheduler.kubegpu_scheduler_fragmentation else {}
+        for hook in (scheduler.plugin.kubegpu_scheduler_score, scheduler.plugin.kubegpu_scheduler_fragmentation):
+            kwargs: dict[str, Any] = {"free": {}} if hook == scheduler.plugin.kubegpu_scheduler_fragmentation else {}
             assert hook(a, pod(amount, resource), asked, **kwargs) == hook(b, pod(amount, resource), asked, **kwargs)
     b.free_devices &= ~1
     assert a.scoring_content() != b.scoring_content()

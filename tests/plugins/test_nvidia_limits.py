@@ -343,5 +343,5 @@ def test_a_node_configured_for_shares_advertises_them_as_the_scheduler_reads_the
     assert advertised.capacity == capacity and advertised.labels["nvidia.com/gpu.count"] == "2"
 
     node = make_node("n", labels=advertised.labels, allocatable=advertised.capacity)
-    state = scheduler.kubegpu_scheduler_build_node(node=node, shared=None)
+    state = scheduler.plugin.kubegpu_scheduler_build_node(node=node, shared=None)
     assert state is not None and state.split == capacity[GPU] // 2

@@ -135,7 +135,7 @@ def test_shared_placements_and_measures_equal_each_node_computed_alone(
             assert isinstance(state, nvidia.NvidiaNodeState)
             mask, reason = nvidia.eligible_gpus(state, ask)
             assert state.plan(ask) == (None if reason else nvidia.place(state, mask, ask))
-            assert nvidia.kubegpu_scheduler_fit(state, request, ask) == nvidia.fit_answer(state, ask)
+            assert nvidia.plugin.kubegpu_scheduler_fit(state, request, ask) == nvidia.fit_answer(state, ask)
             table = state.workload.table()
             for cpu in (0, 4000, sharing.ANY_CPU):
                 assert sharing.node_fragmentation(state.free_millis(), table, cpu) == uncached_fragmentation(
