@@ -258,6 +258,8 @@ class ClusterMirror:
         self.claim_templates: dict[tuple[str, str], Mapping[str, Any]] = {}
         self.claims_released = claims_released
         self._next_judgement = 0.0
+        # A new leader's fresh list of pods (`caught_up`): None until asked for, then set once the loop applied it.
+        self._caught_up: threading.Event | None = None
 
     # -- the loop -------------------------------------------------------------------------------------------------
 
@@ -345,6 +347,36 @@ class ClusterMirror:
             waiting.append((PODGROUPS, self.podgroups_synced))
         waiting += list(self.dra_synced.items())
         return [name for name, synced in waiting if not synced.is_set()]
+
+    def caught_up(self) -> bool:
+        """Whether the pods listed afresh after this call was first made are applied: the first call starts that list
+        on a thread of its own (without a resourceVersion, so the API server reads it from etcd, not from a watch
+        cache) and hands it to the loop as the pod informer hands its lists; True once the loop applied it.
+
+        A replica that has just taken the Lease asks before it decides anything. Its pod watch may still lag behind
+        the Bindings the previous leader made (a half-open connection is read for minutes before it times out; in a
+        cluster of several API servers, the one it watches may be behind): counted late, the devices those pods hold
+        would be given again. Events the watch delivers after the list are older or newer: a pod the engine already
+        counts as bound is not queued again, and an older sight of a bound pod only counts it until its deletion
+        arrives, so the lag can no longer cost more than a wait.
+        """
+        if self._caught_up is None:
+            self._caught_up = threading.Event()
+            log.info("listing every pod before deciding: the pod watch may lag behind the previous leader")
+            threading.Thread(
+                target=self._list_pods_afresh, args=(self._caught_up,), name="catch-up", daemon=True
+            ).start()
+        return self._caught_up.is_set()
+
+    def _list_pods_afresh(self, done: threading.Event) -> None:
+        listed = self._asked("/api/v1/pods", lambda: self.client.list("/api/v1/pods")[0])
+        if listed is not None:
+            self.post(self._apply_fresh_pods, listed, done)
+
+    def _apply_fresh_pods(self, items: list[dict[str, Any]], done: threading.Event) -> None:
+        self.on_pods("SYNC", items)
+        done.set()
+        log.info("caught up with %d pods listed afresh", len(items))
 
     def healthy(self) -> bool:
         return time.monotonic() - self.heartbeat < STALL
