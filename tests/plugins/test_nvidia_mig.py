@@ -416,6 +416,34 @@ def test_the_engine_places_mig_pods_on_a_gfd_mixed_strategy_node_and_refuses_the
     assert engine.schedule(pod("small", "1g.10gb")).scheduled
 
 
+@pytest.mark.parametrize(
+    ("mig_replicas", "mig_allocatable"),
+    [(None, 14), ("2", 28)],
+    ids=["whole-gpus-time-sliced", "mig-devices-time-sliced-too"],
+)
+def test_a_gfd_mixed_strategy_node_that_shares_its_gpus_counts_each_gpu_once(
+    pm: KubegpuPluginManager, mig_replicas: str | None, mig_allocatable: int
+) -> None:
+    """Four GPUs, two whole and two MIG-enabled (seven 1g.10gb each), under the device plugin's time-slicing: the
+    kubelet offers each whole GPU (and, when so configured, each MIG device) as replicas, so allocatable is GPUs x
+    replicas. The node still has two whole GPUs, shared four ways, and two MIG GPUs named after them."""
+    labels = {
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/gpu.count": "4",
+        "nvidia.com/gpu.replicas": "4",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-SHARED",
+        "nvidia.com/gpu.memory": "81920",
+        "nvidia.com/mig-1g.10gb.count": "14",
+    }
+    if mig_replicas is not None:
+        labels["nvidia.com/mig-1g.10gb.replicas"] = mig_replicas
+    node = make_node("shared", labels=labels, allocatable={GPU: 8, "nvidia.com/mig-1g.10gb": mig_allocatable})
+    state = build(pm, node)
+    assert (state.ids, state.split) == (("0", "1"), 4)
+    assert state.mig is not None and state.mig.ids == ("2", "3")
+    assert sorted(state.mig.devices) == [f"{gpu}@{start}" for gpu in "23" for start in range(7)]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Properties
 # ----------------------------------------------------------------------------------------------------------
