@@ -114,6 +114,10 @@ _ONE = range(7)
 CATALOG: dict[str, dict[str, Profile]] = {
     # NVIDIA Multi-Instance GPU User Guide, "Supported MIG Profiles" (placements as `nvidia-smi mig -lgipp` prints
     # them). Every GPU of eight memory slices shares the A100's shape under names of its own memory; the A30 has four.
+    # Checked for the Hoppers: the guide's H100 and H200 tables give each profile the A100 80GB's fraction of memory
+    # and number of instances (1g 7 of 1/8, 1g.2x 4 of 1/4, 2g 3, 3g 2 of 4/8, 4g 1, 7g 1), which eight slices allow
+    # only with these starts; `nvidia-smi mig -lgipp` on an H100 80GB and an H100 NVL prints the A100's placements
+    # ({0..6}:1 twice, {0,2,4,6}:2, {0,2,4}:2, {0,4}:4, {0}:4, {0}:8). test_nvidia_mig.py holds the counts.
     "A100-40GB": _table(
         ("1g.5gb", 1, _ONE),
         ("1g.5gb+me", 1, _ONE),
