@@ -369,9 +369,20 @@ class ClusterMirror:
         return self._caught_up.is_set()
 
     def _list_pods_afresh(self, done: threading.Event) -> None:
-        listed = self._asked("/api/v1/pods", lambda: self.client.list("/api/v1/pods")[0])
-        if listed is not None:
-            self.post(self._apply_fresh_pods, listed, done)
+        """The catch-up thread: the list, asked again while the API server cannot answer it (`_asked`) and after an
+        unexpected error too, since the leader decides nothing until it has it."""
+        backoff = 0.5
+        while not self.stop.is_set():
+            try:
+                listed = self._asked("/api/v1/pods", lambda: self.client.list("/api/v1/pods")[0])
+            except Exception:
+                log.exception("listing every pod failed; retrying in %.1fs", backoff)
+                self.stop.wait(backoff)
+                backoff = min(30.0, backoff * 2)
+                continue
+            if listed is not None:
+                self.post(self._apply_fresh_pods, listed, done)
+            return
 
     def _apply_fresh_pods(self, items: list[dict[str, Any]], done: threading.Event) -> None:
         self.on_pods("SYNC", items)
