@@ -980,9 +980,9 @@ class LabelInventory:
 
 
 def gpus_from_labels(labels: Mapping[str, str], allocatable: Mapping[str, int]) -> LabelInventory | None:
-    """Read GFD labels: `nvidia.com/gpu.count` (capped by allocatable `nvidia.com/gpu`, which is also the
-    fallback: the kubelet admits no more), `nvidia.com/gpu.product`, `nvidia.com/gpu.memory` (MiB). A
-    malformed number is ignored as if absent. None when the node has no GPUs."""
+    """Read GFD labels: `nvidia.com/gpu.count` (capped by allocatable `nvidia.com/gpu` over GFD's
+    `nvidia.com/gpu.replicas`, which is also the fallback: the kubelet admits no more), `nvidia.com/gpu.product`,
+    `nvidia.com/gpu.memory` (MiB). A malformed number is ignored as if absent. None when the node has no GPUs."""
     count = _label_int(labels.get(COUNT_LABEL))
     offered = allocatable.get(RESOURCE)
     # GPUs the device plugin advertises whole: a sharing device plugin offers each `nvidia.com/gpu.replicas` times,
