@@ -28,8 +28,8 @@ its own queue (`queue.py`, after kube-scheduler's). One thread owns the engine a
    members already bound count towards `minMember` and the rest go beside them.
 
 With leader election (the default) informers run on every replica, keeping a standby warm, but only the holder of the
-Lease schedules: first it lists every pod afresh and applies the list (`ClusterMirror.caught_up`), since its pod watch
-may lag behind the Bindings the previous leader made; then it decides, and only until its `Leadership` deadline
+Lease schedules: first it lists the pods and claims afresh and applies the lists (`ClusterMirror.caught_up`), since its
+watches may lag behind the Bindings the previous leader made; then it decides, and only until its `Leadership` deadline
 (`kube/leader.py`): the loop checks it before each pod and the writer before sending each write, so the leader stops
 deciding and binding at the renew deadline whatever its renewals and its backlog of writes do; queued writes are then
 refused unsent, and the process exits. Renewals use a client of their own, so they never wait behind the writer's rate
