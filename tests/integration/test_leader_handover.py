@@ -215,7 +215,7 @@ def test_a_new_leader_counts_the_bindings_its_lagging_pod_watch_has_not_delivere
         gpus = {"main": {"nvidia.com/gpu": 5}}
         cluster.create_pod(namespace, "waiting", gpus, scheduler=NAME, node_selector={"pool": "b"})
         wait_for(lambda: pending_in(two) >= 1, 30, "the standby to see the pod waiting")
-        assert proxy.held_watches, "the standby's pod watch does not go through the proxy"
+        wait_for(lambda: proxy.held_watches > 0, 30, "the standby's pod watch to go through the proxy")
         proxy.hold()
         cluster.create_pod(namespace, "bound", gpus, scheduler=NAME)
         wait_for(lambda: "bound" in bound(cluster, namespace), 30, "the leader to bind the other pod")
