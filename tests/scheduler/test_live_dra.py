@@ -254,31 +254,29 @@ def test_a_write_whose_answer_was_lost_is_read_back_and_not_repeated(service: Cu
     assert sum(1 for m, p, _ in api.writes if m == "POST" and p == CLAIMS) == 1
 
 
-def test_a_restarted_scheduler_keeps_the_claim_it_allocated_for_the_pod(service: CustomScheduler) -> None:
-    api = server(service)
-    api.claims["p-dev"] = {
-        **claim("p-dev", claim_spec(exactly("devs", "neuron", 2))),
+def allocated_claim(name: str, owner: str, node: str, *devices: int) -> dict[str, Any]:
+    """A template claim as kubegpu writes it for pod `owner` (its owner, finalizer, reservation): allocated
+    `neuron-<i>` for each of `devices` on `node`."""
+    results = [{"request": "devs", "driver": NEURON, "pool": node, "device": f"neuron-{i}"} for i in devices]
+    on_node = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    made = {
+        **claim(name, claim_spec(exactly("devs", "neuron", len(devices)))),
         "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "devs", "driver": NEURON, "pool": "n2", "device": f"neuron-{i}"} for i in (2, 3)
-                    ]
-                },
-                "nodeSelector": {
-                    "nodeSelectorTerms": [
-                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]}
-                    ]
-                },
-            },
-            "reservedFor": [{"resource": "pods", "name": "p", "uid": "uid-p"}],
+            "allocation": {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [on_node]}},
+            "reservedFor": [{"resource": "pods", "name": owner, "uid": f"uid-{owner}"}],
         },
     }
-    api.claims["p-dev"]["metadata"].update(
+    made["metadata"].update(
         resourceVersion="7",
         finalizers=[FINALIZER],
-        ownerReferences=[{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "uid-p", "controller": True}],
+        ownerReferences=[{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": f"uid-{owner}", "controller": True}],
     )
+    return made
+
+
+def test_a_restarted_scheduler_keeps_the_claim_it_allocated_for_the_pod(service: CustomScheduler) -> None:
+    api = server(service)
+    api.claims["p-dev"] = allocated_claim("p-dev", "p", "n2", 2, 3)
     watch_claims(service)  # what the new process lists: its claim, allocated before the Binding was written
     service.mirror.on_pods("ADDED", pod("p", templates={"dev": "two"}))
     service.mirror.on_pods("ADDED", pod("q", templates={"dev": "two"}))
@@ -453,29 +451,7 @@ def test_a_new_leader_counts_the_claims_the_previous_leader_allocated_before_it_
     instead of being given the devices `a` holds."""
     service.mirror.on_dra("resourceslices", "SYNC", [neuron_slice("n1", 2)])
     api = server(service)
-    allocated = {
-        **claim("a-dev", claim_spec(exactly("devs", "neuron", 2))),
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "devs", "driver": NEURON, "pool": "n1", "device": f"neuron-{i}"} for i in (0, 1)
-                    ]
-                },
-                "nodeSelector": {
-                    "nodeSelectorTerms": [
-                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
-                    ]
-                },
-            },
-            "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}],
-        },
-    }
-    allocated["metadata"].update(
-        resourceVersion="7",
-        finalizers=[FINALIZER],
-        ownerReferences=[{"apiVersion": "v1", "kind": "Pod", "name": "a", "uid": "uid-a", "controller": True}],
-    )
+    allocated = allocated_claim("a-dev", "a", "n1", 0, 1)
     bound = pod("a", templates={"dev": "two"})
     bound["spec"]["nodeName"] = "n1"
     bound["status"] = {"phase": "Pending", "resourceClaimStatuses": [{"name": "dev", "resourceClaimName": "a-dev"}]}
