@@ -82,8 +82,11 @@ default, as above. With `--foreign-pods allow`, Allocate grants such a pod the i
 still never hands one id to two pods; GetPreferredAllocation states no preference for them; an `ambiguous` call is
 answered this way too, whichever pod it is for), and answers what the
 owning plugin applies for those ids without any allocation fields (whole devices: device nodes and env; NeuronCores,
-which need the scheduler's `coresPerDevice`, are still refused). The ids those pods hold reach the scheduler
-through the advertiser's PodResources publication (`podresources.py`), so kubegpu places nothing else on them. Use it
+which need the scheduler's `coresPerDevice`, are still refused). Share slots (`0::3`) are refused to them too
+(`foreign-share`): a share's limits are the allocation's, and without them the pod would get the whole GPU, over
+the shares the scheduler promised the pods placed on it (T78 in docs/security.md). The ids those pods hold reach the
+scheduler through the advertiser's PodResources publication (`podresources.py`), so kubegpu places nothing else on
+them. Use it
 where workloads that bypass kubegpu must keep running on kubegpu nodes; leave it off where every device pod should
 carry kubegpu's signed choice.
 
@@ -597,6 +600,14 @@ class ResourcePlugin:
                 if self.service.foreign_pods != "allow":
                     raise
         if found is None and self.service.foreign_pods == "allow":
+            if slots != ids:
+                raise AllocationRefused(
+                    "foreign-share",
+                    f"{self.resource} {_listed(slots)} (shares of device {_listed(ids)}): no pod bound to this node "
+                    f"has a verified {ALLOCATION_KEY} for these share slots, and a share's limits come only from one; "
+                    "a pod kubegpu did not place is not given a share even with --foreign-pods allow (it would get "
+                    "the whole device, over the shares of the pods placed on it): schedule it with kubegpu",
+                )
             found = _foreign(pods.node, self.resource, ids)
         if found is None:
             named = "" if slots == ids else f" (shares of device {_listed(ids)})"
@@ -854,7 +865,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["refuse", "allow"],
         default="refuse",
         help="pods without a verified kubegpu allocation: refuse their admission (default), or allow them the ids "
-        "the kubelet chose (see the module documentation)",
+        "the kubelet chose, whole devices only, never GPU share slots (see the module documentation)",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 

@@ -44,6 +44,7 @@ Check = Literal[
     "error",
     "ambiguous",
     "shares",
+    "foreign-share",
 ]
 
 _HEX_SIGNATURE = re.compile(r"[0-9a-f]{64}")

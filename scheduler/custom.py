@@ -28,11 +28,12 @@ its own queue (`queue.py`, after kube-scheduler's). One thread owns the engine a
    members already bound count towards `minMember` and the rest go beside them.
 
 With leader election (the default) informers run on every replica, keeping a standby warm, but only the holder of the
-Lease schedules, and only until its `Leadership` deadline (`kube/leader.py`): the loop checks it before each pod and
-the writer before sending each write, so the leader stops deciding and binding at the renew deadline whatever its
-renewals and its backlog of writes do; queued writes are then refused unsent, and the process exits. Renewals use a
-client of their own, so they never wait behind the writer's rate limiter. `/metrics`, `/healthz` and `/readyz` are
-served on `--metrics-address`.
+Lease schedules: first it lists the pods and claims afresh and applies the lists (`ClusterMirror.caught_up`), since its
+watches may lag behind the Bindings the previous leader made; then it decides, and only until its `Leadership` deadline
+(`kube/leader.py`): the loop checks it before each pod and the writer before sending each write, so the leader stops
+deciding and binding at the renew deadline whatever its renewals and its backlog of writes do; queued writes are then
+refused unsent, and the process exits. Renewals use a client of their own, so they never wait behind the writer's rate
+limiter. `/metrics`, `/healthz` and `/readyz` are served on `--metrics-address`.
 """
 
 from __future__ import annotations
@@ -111,13 +112,15 @@ class CustomScheduler:
         self.stop = self.mirror.stop
         # Until when this replica may decide and bind (the elector's; held for good without leader election).
         self.leadership = leadership or Leadership.unconditional()
+        # Whether the replica took a Lease: its informers' lists may predate its leadership (`_may_decide`).
+        self.leader_elect = leader_elect
         self.exit_code = 0
 
     def run_loop(self) -> None:
         mirror, queue = self.mirror, self.queue
         while not self.stop.is_set():
             mirror.beat()
-            ready = self.leadership.holds() and mirror.ready()
+            ready = self._may_decide()
             mirror.apply_events(0.0 if ready and queue.active else 0.2)
             with mirror.lock:
                 queue.promote()
@@ -125,6 +128,14 @@ class CustomScheduler:
                 if ready:
                     self.tend_gangs()
                     self.schedule_active(BATCH)
+
+    def _may_decide(self) -> bool:
+        """While this replica leads, once its mirror holds the cluster: every informer's first list, and with leader
+        election a list of pods made after the Lease was taken (kube-scheduler waits for its caches to sync; a
+        standby's caches synced long ago, and its pod watch may lag behind the previous leader's Bindings)."""
+        if not (self.leadership.holds() and self.mirror.ready()):
+            return False
+        return not self.leader_elect or self.mirror.caught_up()
 
     def schedule_active(self, limit: int) -> None:
         """Run the cycle for up to `limit` active pods, by priority then arrival, while this replica leads; a pod whose

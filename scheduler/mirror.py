@@ -128,6 +128,7 @@ T = TypeVar("T")
 # all (asked again every `DRA_RECHECK` seconds while it does not: a cluster may be upgraded, a CRD installed).
 DRA_GROUP, DRA_VERSIONS = "resource.k8s.io", ("v1",)
 DRA_KINDS = ("deviceclasses", "resourceslices", "resourceclaimtemplates", "resourceclaims")
+CLAIMS_KIND = DRA_KINDS[3]  # the collection a new leader lists afresh beside the pods (`caught_up`)
 DRA_RECHECK = 60.0
 STALL = 30.0  # seconds without a beat of the loop applying informer events after which /healthz fails
 BATCH = 2000  # informer events applied under one taking of the lock
@@ -258,6 +259,8 @@ class ClusterMirror:
         self.claim_templates: dict[tuple[str, str], Mapping[str, Any]] = {}
         self.claims_released = claims_released
         self._next_judgement = 0.0
+        # A new leader's fresh list of pods (`caught_up`): None until asked for, then set once the loop applied it.
+        self._caught_up: threading.Event | None = None
 
     # -- the loop -------------------------------------------------------------------------------------------------
 
@@ -345,6 +348,60 @@ class ClusterMirror:
             waiting.append((PODGROUPS, self.podgroups_synced))
         waiting += list(self.dra_synced.items())
         return [name for name, synced in waiting if not synced.is_set()]
+
+    def caught_up(self) -> bool:
+        """Whether the pods (and, where DRA is read, the ResourceClaims) listed afresh after this call was first made
+        are applied: the first call starts those lists on a thread of its own (without a resourceVersion, so the API
+        server reads them from etcd, not from a watch cache) and hands them to the loop as the informers hand their
+        lists; True once the loop applied them.
+
+        A replica that has just taken the Lease asks before it decides anything. Its watches may still lag behind the
+        Bindings and claim allocations the previous leader made (a half-open connection is read for minutes before it
+        times out; in a cluster of several API servers, the one it watches may be behind): counted late, the devices
+        those pods hold would be given again. Events the watches deliver after the lists are older or newer: a pod the
+        engine already counts as bound is not queued again, and an older sight of a bound pod only counts it until its
+        deletion arrives, so the lag can no longer cost more than a wait.
+        """
+        if self._caught_up is None:
+            self._caught_up = threading.Event()
+            log.info("listing every pod before deciding: the watches may lag behind the previous leader")
+            threading.Thread(target=self._list_afresh, args=(self._caught_up,), name="catch-up", daemon=True).start()
+        return self._caught_up.is_set()
+
+    def _list_afresh(self, done: threading.Event) -> None:
+        """The catch-up thread: each list, asked again while the API server cannot answer it (`_asked`) and after an
+        unexpected error too, since the leader decides nothing until it has them."""
+        paths = [("pods", "/api/v1/pods")]
+        if self.watch_dra and self.dra_problem is None:  # claims first: the pods' accounting reads them
+            paths.insert(0, (CLAIMS_KIND, f"/apis/{DRA_GROUP}/v1/{CLAIMS_KIND}"))
+        lists: list[tuple[str, list[dict[str, Any]]]] = []
+        backoff = 0.5
+        while len(lists) < len(paths) and not self.stop.is_set():
+            what, path = paths[len(lists)]
+            try:
+                listed = self._asked(path, partial(self._items, path))
+            except Exception:
+                log.exception("listing %s failed; retrying in %.1fs", what, backoff)
+                self.stop.wait(backoff)
+                backoff = min(30.0, backoff * 2)
+                continue
+            if listed is None:
+                return
+            lists.append((what, listed))
+        if len(lists) == len(paths):
+            self.post(self._apply_fresh, lists, done)
+
+    def _items(self, path: str) -> list[dict[str, Any]]:
+        return self.client.list(path)[0]
+
+    def _apply_fresh(self, lists: list[tuple[str, list[dict[str, Any]]]], done: threading.Event) -> None:
+        for what, items in lists:
+            if what == CLAIMS_KIND:
+                self.on_dra(CLAIMS_KIND, "SYNC", items)
+            else:
+                self.on_pods("SYNC", items)
+        done.set()
+        log.info("caught up: %s listed afresh", ", ".join(f"{len(items)} {what}" for what, items in lists))
 
     def healthy(self) -> bool:
         return time.monotonic() - self.heartbeat < STALL

@@ -36,6 +36,7 @@ from __future__ import annotations
 import csv
 import io
 import random
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -76,6 +77,7 @@ SPLIT = 10  # shares per GPU a node offers (HAMi's default `deviceSplitCount`)
 NAMESPACE = "trace"
 GPU = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")  # what a trace's GPU model must become
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "creation_time", "deletion_time")
 Mode = Literal["timeline", "experiment"]
@@ -183,6 +185,19 @@ def _name(line: str, row: dict[str, str], column: str) -> str:
     return text
 
 
+def _model(line: str, column: str, text: str) -> str:
+    """A GPU model as the `nvidia.com/gpu.product` label value both files are matched by: spaces become dashes, as
+    GPU Feature Discovery labels product names (`Tesla V100-SXM2-16GB` is `Tesla-V100-SXM2-16GB`), in the node list
+    and in the pods' `gpu_spec` alike. A model that is still no label value could match no node: refused."""
+    value = text.replace(" ", "-")
+    if not _LABEL_VALUE.fullmatch(value):
+        raise TraceError(
+            f"{line}: {column}: '{shorten(text, 40)}' is not a GPU model kubegpu can match (its spaces made dashes, a "
+            "label value: at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit)"
+        )
+    return value
+
+
 def read_nodes(path: Path) -> list[TraceNode]:
     """The node list: one `TraceNode` per row, names unique."""
     nodes: list[TraceNode] = []
@@ -198,6 +213,7 @@ def read_nodes(path: Path) -> list[TraceNode]:
         model = row["model"]
         if not model.isprintable():
             raise TraceError(f"{line}: model: '{shorten(model, 40)}' has control characters")
+        model = _model(line, "model", model) if model else ""
         node = TraceNode(
             name, _int(line, row, "cpu_milli"), _int(line, row, "memory_mib"), _int(line, row, "gpu", high=1024), model
         )
@@ -231,6 +247,7 @@ def read_pods(path: Path, *, times: bool = False) -> list[TracePod]:
         models = tuple(m.strip() for m in spec.split("|") if m.strip())
         if not all(m.isprintable() for m in models):
             raise TraceError(f"{line}: gpu_spec: '{shorten(spec, 40)}' has control characters")
+        models = tuple(_model(line, "gpu_spec", m) for m in models)
         created, deleted = 0, None
         if "creation_time" in row:
             created = _int(line, row, "creation_time")

@@ -17,7 +17,12 @@ node's enforcement reads, chosen by the node's configuration: `KUBEGPU_NVIDIA_SH
   `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M,1=<MiB>M` (the same per-GPU order), `CUDA_MPS_PIPE_DIRECTORY` and
   `CUDA_MPS_LOG_DIRECTORY`; mounts: the daemon's pipe directory `KUBEGPU_MPS_PIPE_DIRECTORY` (default
   `/tmp/nvidia-mps`) at `/tmp/nvidia-mps` and its log directory `KUBEGPU_MPS_LOG_DIRECTORY` (default
-  `/var/log/nvidia-mps`) read-only at `/var/log/nvidia-mps`.
+  `/var/log/nvidia-mps`) read-only at `/var/log/nvidia-mps`. Only for tenants that trust each other: the CUDA driver
+  reaches the control daemon through the pipe directory's `control` socket, the one `nvidia-cuda-mps-control` sends
+  its commands to (`quit`, `terminate_client`, `set_active_thread_percentage` of the shared server), and NVIDIA
+  documents no check of who sends them; a client that cannot reach the daemon runs without MPS, unlimited. Mounting
+  the directory read-only would not help (connecting to a socket writes nothing to the mount), and NVIDIA's own
+  device plugin mounts it writable too (docs/security.md, T80).
 * `none`: shares run without limits (a scheduling promise only), by the operator's explicit choice.
 
 Unset, a container with a share is refused with a message that says how to configure the node: a share that nothing

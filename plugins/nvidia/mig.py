@@ -68,6 +68,7 @@ __all__ = [
     "pack",
     "parse_layout",
     "profile_of",
+    "replicas",
     "shortage",
     "slots_of",
 ]
@@ -113,6 +114,10 @@ _ONE = range(7)
 CATALOG: dict[str, dict[str, Profile]] = {
     # NVIDIA Multi-Instance GPU User Guide, "Supported MIG Profiles" (placements as `nvidia-smi mig -lgipp` prints
     # them). Every GPU of eight memory slices shares the A100's shape under names of its own memory; the A30 has four.
+    # Checked for the Hoppers: the guide's H100 and H200 tables give each profile the A100 80GB's fraction of memory
+    # and number of instances (1g 7 of 1/8, 1g.2x 4 of 1/4, 2g 3, 3g 2 of 4/8, 4g 1, 7g 1), which eight slices allow
+    # only with these starts; `nvidia-smi mig -lgipp` on an H100 80GB and an H100 NVL prints the A100's placements
+    # ({0..6}:1 twice, {0,2,4,6}:2, {0,2,4}:2, {0,4}:4, {0}:4, {0}:8). test_nvidia_mig.py holds the counts.
     "A100-40GB": _table(
         ("1g.5gb", 1, _ONE),
         ("1g.5gb+me", 1, _ONE),
@@ -506,14 +511,20 @@ def books_from_inventory(node: str, inventory: DeviceInventory) -> tuple[DeviceI
 def books_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping[str, int]) -> MigBooks | None:
     """The books of a node that GPU Feature Discovery labels under the mixed strategy: `nvidia.com/mig-<profile>`
     counts from allocatable (what the kubelet admits), else from the `.count` labels; the MIG-enabled GPUs are
-    `nvidia.com/gpu.count` less allocatable `nvidia.com/gpu` (GFD counts every GPU, the device plugin advertises
-    only whole ones), named after the whole ones (nominal: the kubelet picks the device). None without MIG."""
+    `nvidia.com/gpu.count` less the whole GPUs the device plugin advertises (GFD counts every GPU, the device plugin
+    advertises only whole ones), named after the whole ones (nominal: the kubelet picks the device). None without MIG.
+
+    A device plugin that shares devices (time-slicing, MPS) advertises each one `replicas` times, and GFD says how
+    many in `<resource>.replicas`: allocatable is divided by it, so that a shared GPU counts once (each MIG device
+    is then booked to one pod at a time, fewer than the kubelet would admit, never more)."""
     if not any(key.startswith(MIG_PREFIX) for key in (*allocatable, *labels)):
         return None  # every node the scheduler adds passes here: most have no MIG device, found without 35 lookups
     counts: dict[str, int] = {}
     for resource in MIG_RESOURCES:
         amount = allocatable.get(resource)
-        if amount is None:
+        if amount is not None:
+            amount //= replicas(labels, resource)
+        else:
             amount = _count(labels.get(f"{resource}.count"))
         if amount:
             counts[resource[len(MIG_PREFIX) :]] = amount
@@ -525,7 +536,7 @@ def books_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping
         log.warning("node %s: MIG profiles %s fit no placement table", node, format_counts(counts)[:200])
         return None
     table = CATALOG[family]
-    whole = allocatable.get("nvidia.com/gpu", 0)
+    whole = allocatable.get("nvidia.com/gpu", 0) // replicas(labels, "nvidia.com/gpu")
     gpus = (_count(labels.get("nvidia.com/gpu.count")) or 0) - whole
     tries = [gpus] if gpus > 0 else range(1, MAX_MIG_GPUS + 1)
     for n in tries:
@@ -538,6 +549,12 @@ def books_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping
         return MigBooks([str(whole + i) for i in range(n)], [table] * n, layouts)
     log.warning("node %s: its MIG devices (%s) fit no layout of its GPUs", node, format_counts(counts)[:200])
     return None
+
+
+def replicas(labels: Mapping[str, str], resource: str) -> int:
+    """How many times the device plugin advertises each device of `resource`: GFD's `<resource>.replicas` label
+    (`nvidia.com/gpu.replicas`) under a sharing strategy, 1 without one (or with a malformed label)."""
+    return _count(labels.get(f"{resource}.replicas")) or 1
 
 
 def _count(value: str | None) -> int | None:

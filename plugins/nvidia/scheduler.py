@@ -923,16 +923,19 @@ class LabelInventory:
 
 
 def gpus_from_labels(labels: Mapping[str, str], allocatable: Mapping[str, int]) -> LabelInventory | None:
-    """Read GFD labels: `nvidia.com/gpu.count` (capped by allocatable `nvidia.com/gpu`, which is also the
-    fallback: the kubelet admits no more), `nvidia.com/gpu.product`, `nvidia.com/gpu.memory` (MiB). A
-    malformed number is ignored as if absent. None when the node has no GPUs."""
+    """Read GFD labels: `nvidia.com/gpu.count` (capped by allocatable `nvidia.com/gpu` over GFD's
+    `nvidia.com/gpu.replicas`, which is also the fallback: the kubelet admits no more), `nvidia.com/gpu.product`,
+    `nvidia.com/gpu.memory` (MiB). A malformed number is ignored as if absent. None when the node has no GPUs."""
     count = _label_int(labels.get(COUNT_LABEL))
     offered = allocatable.get(RESOURCE)
+    # GPUs the device plugin advertises whole: a sharing device plugin offers each `nvidia.com/gpu.replicas` times,
+    # and under MIG's mixed strategy the count label also counts the MIG-enabled GPUs.
+    whole = None if offered is None else offered // mig.replicas(labels, RESOURCE)
     if count is None:  # a HAMi node offers 100 compute (or memory) percent per physical GPU
         percent = allocatable.get(CORES) or allocatable.get(MEMORY_PERCENT)
         count = percent // 100 if percent and offered and percent // 100 <= offered else None
-    if count is None or (offered is not None and offered < count):
-        count = offered
+    if count is None or (whole is not None and whole < count):
+        count = whole
     if not count or count < 1:
         return None
     model = (labels.get(PRODUCT_LABEL) or "").strip() or None

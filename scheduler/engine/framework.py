@@ -163,6 +163,7 @@ class PermitPlugin(Protocol):
     seconds (the pod keeps its reservation; the front-end binds it once approved, `Engine.allow`), or REJECT with a
     reason (the engine gives the reservation back). It reads the engine (`engine.pods`, `engine.waiting`) and never
     changes it. The built-in Coscheduling rule (`permit.py`) runs first; an `Engine` takes more through `permits`.
+    A rule that raises or answers anything else rejects that pod only, with a reason naming the rule.
     """
 
     name: str

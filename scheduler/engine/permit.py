@@ -11,18 +11,51 @@ The built-in rule is Coscheduling (scheduler-plugins' Permit): a member of a gan
 most one gang is partly held at any time: a member of a second gang is refused rather than left waiting, so two
 gangs competing for the same nodes never both hold part (the deadlock of scheduler-plugins issue #117). A gang whose
 members all arrived is placed whole instead (`gangs.place_gang`), which holds nothing unless every member has a place.
+
+The rules an embedder adds (`Engine(permits=...)`) are asked after it, guarded as the rules plugins add are: a rule
+that raises, or answers what a `Verdict` may not hold (`permit_answer`), rejects only the pod it was asked about, with
+a reason naming the rule, and the failure is counted and logged once per rule.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+from kubegpu.core.answers import WrongAnswer
 from kubegpu.core.manifests import ManifestError
 from kubegpu.core.models import LabelSelector, PodRequest, Requirement
 from kubegpu.core.text import safe_text
+from kubegpu.scheduler.engine.framework import PermitPlugin
 from kubegpu.scheduler.engine.preempt import Preempting
 from kubegpu.scheduler.engine.records import PermitAnswer, PermitCode, Verdict, Waiting
 from kubegpu.scheduler.podgroups import KUEUE_GROUP_LABEL, POD_GROUP_LABEL, PodGroup, gang_key, kueue_group
 
 COSCHEDULING = "Coscheduling"
+EMBEDDER = "embedder"  # whose failures an embedder's Permit rules count under (`KubegpuPluginManager.failed`)
+
+
+def _kind(value: object) -> str:
+    return f"{safe_text(repr(value), 60)} ({type(value).__name__})"
+
+
+def permit_answer(answer: Any) -> Verdict:
+    """A Permit rule's answer, checked: a `Verdict` whose code is a `PermitCode`, whose reason is text or None, whose
+    WAIT lasts a finite number of seconds (None: none), and whose `release` is a tuple of pod keys."""
+    if not isinstance(answer, Verdict):
+        raise WrongAnswer(f"returned {_kind(answer)}; a Verdict is due")
+    if not isinstance(answer.code, PermitCode):
+        raise WrongAnswer(f"answered {_kind(answer.code)}; a PermitCode is due")
+    if answer.reason is not None and not isinstance(answer.reason, str):
+        raise WrongAnswer(f"gave a reason {_kind(answer.reason)}; a string or None is due")
+    timeout = answer.timeout
+    if answer.code is PermitCode.WAIT and timeout is not None:
+        number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+        if not number or not 0 <= timeout < math.inf:
+            raise WrongAnswer(f"asked to WAIT for {_kind(timeout)}; a number of seconds, 0 or more, is due")
+    if not isinstance(answer.release, tuple) or not all(isinstance(key, str) for key in answer.release):
+        raise WrongAnswer(f"asked for releasing {_kind(answer.release)}; a tuple of pod keys is due")
+    return answer
 
 
 class Permitting(Preempting):
@@ -78,7 +111,7 @@ class Permitting(Preempting):
             return PermitAnswer(pod.key, PermitCode.REJECT, reason=f"pod {pod.key} holds no reservation")
         node = held.node
         verdicts = [(COSCHEDULING, self._coscheduling(pod))]
-        verdicts.extend((rule.name, rule.permit(self, pod, node)) for rule in self._permits)
+        verdicts.extend((rule.name, self._asked(rule, pod, node)) for rule in self._permits)
         timeout: float | None = None
         reasons: list[str] = []
         released: list[str] = []
@@ -100,6 +133,18 @@ class Permitting(Preempting):
         self._unwait(pod.key)
         approved = tuple(key for key in dict.fromkeys(released) if key != pod.key and self.allow(key) is not None)
         return PermitAnswer(pod.key, PermitCode.APPROVE, node, approved=approved)
+
+    def _asked(self, rule: PermitPlugin, pod: PodRequest, node: str) -> Verdict:
+        """An embedder's rule (`Engine(permits=...)`), guarded as the rules plugins add are: one that raises or
+        answers what a `Verdict` may not hold rejects this pod only (its reservation given back), with a reason
+        naming the rule; the failure is counted (`embedder`, `rule <name> (permit)`) and logged once per rule."""
+        try:
+            return permit_answer(rule.permit(self, pod, node))
+        except Exception as exc:
+            where = f"rule {rule.name} (permit)"
+            error = self.plugins.failed(EMBEDDER, where, exc)
+            self.plugins.warn_once(EMBEDDER, where, f"{error} (counted; logged once per rule)")
+            return Verdict(PermitCode.REJECT, f"the rule failed: {type(exc).__name__}: {exc}")
 
     def allow(self, key: str) -> Waiting | None:
         """Let a pod waiting at Permit go (bind it): its entry, or None when it was not waiting or no longer holds

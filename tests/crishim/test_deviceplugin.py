@@ -661,6 +661,41 @@ def test_two_share_pods_on_one_gpu_each_get_a_slot_of_it_and_their_own_limits(
         kubelet.stop()
 
 
+def test_a_pod_kubegpu_did_not_place_is_refused_a_share_slot_even_where_foreign_pods_are_allowed(
+    directory: Path, shared_node: Path, make_plugin_manager: Callable[..., KubegpuPluginManager]
+) -> None:
+    """A share's limits come from the scheduler's signed allocation. A pod kubegpu did not place has none: granted a
+    slot, it would get the whole GPU without limits, over the shares the placed pods on that GPU were promised."""
+    listed = share_pods({"notebook": (30, 4096)})
+    kubelet = FakeKubelet(directory)
+    kubelet.start()
+    service = DevicePluginService(
+        make_plugin_manager("device", nvidia=nvidia_device), PendingPods(lambda: listed, NODE, KEY),
+        directory=directory, host_root=shared_node, dev_root=Path("/host/dev"), interval=3600,
+        foreign_pods="allow", settle_seconds=0.2,
+    )  # fmt: skip
+    service.start()
+    try:
+        kubelet.wait_registrations(1)
+        taken, answer = admitted(directory, ["0::0", "0::1", "0::2", "0::3"], 1, GPU)
+        assert not isinstance(answer, grpc.RpcError), answer.details()
+        assert (taken, dict(answer.envs)["CUDA_DEVICE_SM_LIMIT"]) == (["0::0"], "30")  # the placed pod's share
+        listed[0]["status"]["phase"] = "Running"
+        squatter = unplaced_pod("squatter", {}, created="2025-01-01T00:00:05Z")
+        squatter["spec"]["containers"] = [asking("main", 1, GPU)]
+        listed.append(squatter)
+        answer = allocate(directory, GPU, ["0::1"])  # the kubelet admits the squatter to the next slot of GPU 0
+        assert isinstance(answer, grpc.RpcError), f"a share slot granted without limits: {dict(answer.envs)}"
+        assert answer.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert (
+            "kubegpu: foreign-share check failed: nvidia.com/gpu 0::1 (shares of device 0): no pod bound to this node "
+            "has a verified kubegpu.io/allocation for these share slots, and a share's limits come only from one"
+        ) in (answer.details() or "")
+    finally:
+        service.stop()
+        kubelet.stop()
+
+
 def test_share_slots_are_read_back_as_their_devices_or_refused() -> None:
     assert shared_devices(GPU, ["1::0", "0::7"]) == ["1", "0"]
     assert shared_devices(GPU, ["0", "1"]) == ["0", "1"]  # a node that does not share

@@ -26,6 +26,7 @@ import urllib3
 
 from .cluster import Cluster, wait_for
 from .conftest import SchedulerProcess
+from .stall import StallingProxy
 from .test_scheduler import P3, bound, devices_by_node
 
 NAME = "ha-burst"
@@ -192,3 +193,57 @@ def test_a_paused_leader_never_posts_its_queued_bindings_after_the_standby_took_
     assert one.process.returncode == 1
     assert "stopped acting at the deadline" in one.output() or "lost the lease" in one.output()
     assert bindings_by(two), "the standby bound nothing after taking over"
+
+
+def test_a_new_leader_counts_the_bindings_its_lagging_pod_watch_has_not_delivered(
+    cluster: Cluster, namespace: str, start_scheduler: Any, tmp_path: Any
+) -> None:
+    """A 5-GPU pod waits for a node of pool b. The standby's pod watch falls behind (held in a proxy, as a half-open
+    connection or a lagging API server leaves it); the leader binds another 5-GPU pod on the one 8-GPU node, which
+    then joins pool b. The leader dies and the standby takes over, its watch still silent about that Binding: it must
+    count the bound pod's GPUs before it decides, so the waiting pod still waits, instead of being given GPUs the
+    bound one holds."""
+    cluster.create_ready_node("p3-late", labels={**P3, "pool": "a"}, allocatable={"nvidia.com/gpu": GPUS})
+    proxy = StallingProxy(cluster)
+    timing = ["--lease-namespace", namespace, *LEASE]
+    try:
+        one = start_scheduler(NAME, *timing, "--identity", "one")
+        one.wait_logged("became the leader")
+        two = start_scheduler(
+            NAME, *timing, "--identity", "two", kubeconfig=proxy.kubeconfig(cluster, tmp_path / "proxied")
+        )
+        gpus = {"main": {"nvidia.com/gpu": 5}}
+        cluster.create_pod(namespace, "waiting", gpus, scheduler=NAME, node_selector={"pool": "b"})
+        wait_for(lambda: pending_in(two) >= 1, 30, "the standby to see the pod waiting")
+        wait_for(lambda: proxy.held_watches > 0, 30, "the standby's pod watch to go through the proxy")
+        proxy.hold()
+        cluster.create_pod(namespace, "bound", gpus, scheduler=NAME)
+        wait_for(lambda: "bound" in bound(cluster, namespace), 30, "the leader to bind the other pod")
+        cluster.client.patch("/api/v1/nodes/p3-late", {"metadata": {"labels": {"pool": "b"}}})
+        one.kill()
+        two.wait_logged("became the leader", timeout=30)
+        wait_for(
+            lambda: "waiting" in bound(cluster, namespace) or refusals_by(two) >= 1,
+            30,
+            "the new leader to try the waiting pod",
+        )
+        assert_no_device_held_twice(cluster, namespace)
+        assert set(bound(cluster, namespace)) == {"bound"}, "the new leader bound the waiting pod beside the other"
+    finally:
+        proxy.close()
+
+
+def scraped(replica: SchedulerProcess, pattern: str) -> float:
+    http = urllib3.PoolManager()
+    text = http.request("GET", f"http://127.0.0.1:{replica.metrics_port}/metrics", retries=False).data.decode()
+    return sum(float(value) for value in re.findall(pattern, text))
+
+
+def pending_in(replica: SchedulerProcess) -> float:
+    """The pods the replica's queue holds (a standby's queue follows the cluster too)."""
+    return scraped(replica, r'kubegpu_scheduler_pending_pods\{queue="(?:active|backoff|unschedulable)"\} (\S+)')
+
+
+def refusals_by(replica: SchedulerProcess) -> float:
+    """The scheduling cycles in which the replica found no node for a pod."""
+    return scraped(replica, r'kubegpu_scheduler_schedule_attempts_total\{result="unschedulable"\} (\S+)')

@@ -136,6 +136,11 @@ def test_plugin_owns_nvidia_gpus(pm: KubegpuPluginManager) -> None:
         ({"nvidia.com/gpu.count": "x"}, {GPU: 1}, (1, None, None)),
         ({}, {"cpu": 4000}, None),
         ({"nvidia.com/gpu.count": "0"}, {}, None),
+        (
+            {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.product": "Tesla-T4-SHARED"},
+            {GPU: 8},
+            (2, "Tesla-T4-SHARED", None),
+        ),
     ],
     ids=[
         "all-gfd-labels",
@@ -145,6 +150,7 @@ def test_plugin_owns_nvidia_gpus(pm: KubegpuPluginManager) -> None:
         "malformed-count-falls-back",
         "cpu-node",
         "zero-gpus",
+        "time-sliced-gpus-counted-once",
     ],
 )
 def test_gfd_labels(

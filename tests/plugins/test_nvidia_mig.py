@@ -416,6 +416,79 @@ def test_the_engine_places_mig_pods_on_a_gfd_mixed_strategy_node_and_refuses_the
     assert engine.schedule(pod("small", "1g.10gb")).scheduled
 
 
+@pytest.mark.parametrize(
+    ("mig_replicas", "mig_allocatable"),
+    [(None, 14), ("2", 28)],
+    ids=["whole-gpus-time-sliced", "mig-devices-time-sliced-too"],
+)
+def test_a_gfd_mixed_strategy_node_that_shares_its_gpus_counts_each_gpu_once(
+    pm: KubegpuPluginManager, mig_replicas: str | None, mig_allocatable: int
+) -> None:
+    """Four GPUs, two whole and two MIG-enabled (seven 1g.10gb each), under the device plugin's time-slicing: the
+    kubelet offers each whole GPU (and, when so configured, each MIG device) as replicas, so allocatable is GPUs x
+    replicas. The node still has two whole GPUs, shared four ways, and two MIG GPUs named after them."""
+    labels = {
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/gpu.count": "4",
+        "nvidia.com/gpu.replicas": "4",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-SHARED",
+        "nvidia.com/gpu.memory": "81920",
+        "nvidia.com/mig-1g.10gb.count": "14",
+    }
+    if mig_replicas is not None:
+        labels["nvidia.com/mig-1g.10gb.replicas"] = mig_replicas
+    node = make_node("shared", labels=labels, allocatable={GPU: 8, "nvidia.com/mig-1g.10gb": mig_allocatable})
+    state = build(pm, node)
+    assert (state.ids, state.split) == (("0", "1"), 4)
+    assert state.mig is not None and state.mig.ids == ("2", "3")
+    assert sorted(state.mig.devices) == [f"{gpu}@{start}" for gpu in "23" for start in range(7)]
+
+
+@pytest.mark.parametrize(
+    ("family", "instances"),
+    [
+        (
+            "A100-40GB",
+            {"1g.5gb": 7, "1g.5gb+me": 1, "1g.10gb": 4, "2g.10gb": 3, "3g.20gb": 2, "4g.20gb": 1, "7g.40gb": 1},
+        ),
+        ("80GB", {"1g.10gb": 7, "1g.10gb+me": 1, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1}),
+        (
+            "H100-94GB",
+            {"1g.12gb": 7, "1g.12gb+me": 1, "1g.24gb": 4, "2g.24gb": 3, "3g.47gb": 2, "4g.47gb": 1, "7g.94gb": 1},
+        ),
+        (
+            "H100-96GB",
+            {"1g.12gb": 7, "1g.12gb+me": 1, "1g.24gb": 4, "2g.24gb": 3, "3g.48gb": 2, "4g.48gb": 1, "7g.96gb": 1},
+        ),
+        (
+            "H200-141GB",
+            {"1g.18gb": 7, "1g.18gb+me": 1, "1g.35gb": 4, "2g.35gb": 3, "3g.71gb": 2, "4g.71gb": 1, "7g.141gb": 1},
+        ),
+        ("A30-24GB", {"1g.6gb": 4, "1g.6gb+me": 1, "2g.12gb": 2, "2g.12gb+me": 1, "4g.24gb": 1}),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_each_placement_table_fits_as_many_instances_as_nvidias_mig_user_guide_lists(
+    family: str, instances: dict[str, int]
+) -> None:
+    """The guide's "Number of Instances Available" per profile: as many as the table's starts fit on one GPU
+    (a `+me` profile: one per GPU, whatever its starts)."""
+    table = mig.CATALOG[family]
+    assert set(table) == set(instances)
+    for name, count in instances.items():
+        layout = [(name, start) for start in table[name].starts]
+        fitting = 1 if table[name].media else max(n for n in range(1, len(layout) + 1) if _legal(table, layout[:n]))
+        assert fitting == count, name
+
+
+def _legal(table: Mapping[str, mig.Profile], layout: list[tuple[str, int]]) -> bool:
+    try:
+        mig.check_layout(table, layout)
+    except mig.LayoutError:
+        return False
+    return True
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Properties
 # ----------------------------------------------------------------------------------------------------------

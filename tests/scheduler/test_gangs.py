@@ -325,6 +325,51 @@ def test_a_third_party_permit_rule_can_reject_and_its_reason_names_it() -> None:
     assert not e.pod_keys()
 
 
+class Answering:
+    """An embedder's Permit rule that answers (or raises) what it is given."""
+
+    def __init__(self, name: str, answer: Any) -> None:
+        self.name, self.answer = name, answer
+
+    def permit(self, engine: Any, pod: PodRequest, node: str) -> Any:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (RuntimeError("database down"), "Flaky: the rule failed: RuntimeError: database down"),
+        ("yes", "Flaky: the rule failed: WrongAnswer: returned 'yes' (str); a Verdict is due"),
+        (None, "Flaky: the rule failed: WrongAnswer: returned None (NoneType); a Verdict is due"),
+        (Verdict(PermitCode.WAIT, "later", timeout=float("nan")), "WAIT for nan (float); a number of seconds"),
+        (Verdict(PermitCode.WAIT, "later", timeout=-5), "WAIT for -5 (int); a number of seconds"),
+        (Verdict(PermitCode.WAIT, "later", timeout="10"), "WAIT for '10' (str); a number of seconds"),
+        (Verdict(PermitCode.APPROVE, release="default/q"), "releasing 'default/q' (str); a tuple of pod keys"),
+        (Verdict(PermitCode.REJECT, reason=42), "a reason 42 (int); a string or None"),
+        (Verdict("approve"), "answered 'approve' (str); a PermitCode"),  # type: ignore[arg-type]
+    ],
+    ids=["raises", "a-string", "none", "nan-timeout", "negative-timeout", "text-timeout", "release-a-string",
+         "reason-a-number", "code-a-string"],
+)  # fmt: skip
+def test_an_embedders_permit_rule_that_fails_costs_only_its_pod_with_a_reason_naming_it(
+    answer: Any, reason: str
+) -> None:
+    plugins = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
+    e = Engine(plugins, permits=[Answering("Flaky", answer)])
+    e.add_node(node_info(node_manifest("n0", allocatable={GPU: 8})))
+    pod = pod_request(pod_manifest("p", {"main": {GPU: 1}}))[0]
+    assert e.schedule(pod).scheduled
+    refused = e.permit(pod, now=0)
+    assert refused.code is PermitCode.REJECT and reason in (refused.reason or ""), refused.reason
+    assert not e.pod_keys() and not e.waiting_pods()  # its reservation went back, it waits nowhere
+    assert plugins.hook_failures[("embedder", "rule Flaky (permit)")] == 1
+    other = Engine(plugins, permits=[Answering("Fine", Verdict(PermitCode.APPROVE))])
+    other.add_node(node_info(node_manifest("n0", allocatable={GPU: 8})))
+    assert other.schedule(pod).scheduled and other.permit(pod, now=0).code is PermitCode.APPROVE
+
+
 def test_an_ordinary_pod_is_approved_at_once() -> None:
     e = engine([1])
     pod = pod_request(pod_manifest("web", {"main": {GPU: 1}}))[0]

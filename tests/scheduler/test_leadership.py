@@ -15,7 +15,7 @@ import pytest
 from kubegpu.cli import main
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest
-from kubegpu.kube.client import Fenced
+from kubegpu.kube.client import ApiError, Fenced
 from kubegpu.kube.leader import Leadership
 from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
@@ -89,6 +89,59 @@ def test_without_leader_election_the_scheduler_always_acts() -> None:
     svc.mirror.on_pods("SYNC", [pod("a")])
     schedule_all(svc)
     assert bindings(svc) == ["a"]
+
+
+class ListingClient:
+    """The API server as a new leader's fresh list reads it: `pods` is what etcd holds now."""
+
+    def __init__(self, pods: list[dict[str, Any]], failures: list[Exception] | None = None) -> None:
+        self.pods = pods
+        self.failures = failures or []  # raised by the first lists, one each
+        self.lists: list[str] = []
+
+    def list(self, path: str, **params: Any) -> tuple[list[dict[str, Any]], str]:
+        self.lists.append(path)
+        if self.failures:
+            raise self.failures.pop(0)
+        return list(self.pods), "42"
+
+
+@pytest.mark.parametrize(
+    "failures",
+    [[], [ApiError(503, "ServiceUnavailable", "etcd leader changed"), ValueError("a body that is not JSON")]],
+    ids=["answered", "answered-after-two-failures"],
+)
+def test_a_new_leader_decides_nothing_until_a_list_made_after_it_took_the_lease_is_applied(
+    failures: list[Exception],
+) -> None:
+    """The standby's watch has not delivered the previous leader's last Binding (`bound`, two of the node's four
+    cards): in its mirror `waiting` (three cards) fits. Before deciding, it lists every pod afresh (asking again
+    after a failure, whatever it was) and applies the list, so `waiting` is refused instead of being given cards
+    `bound` holds."""
+    bound = pod("bound", cards=2)
+    bound["spec"]["nodeName"] = "n1"
+    waiting = pod("waiting", cards=3)
+    client = ListingClient([bound, waiting], list(failures))
+    plugins = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
+    svc = CustomScheduler(
+        client,  # type: ignore[arg-type]
+        RecordingWriter(),  # type: ignore[arg-type]
+        Engine(plugins, signing_key=KEY),
+        name="kubegpu",
+        leadership=Leadership(time.monotonic() + 60),
+        leader_elect=True,
+    )
+    node = node_manifest("n1", labels={"toy.example/cards": "4"}, allocatable={"toy.example/card": 4})
+    svc.mirror.on_nodes("SYNC", [node])
+    svc.mirror.on_pods("SYNC", [waiting])  # the informer's view: the Binding of `bound` not delivered yet
+    svc.mirror.ready = lambda: True  # type: ignore[method-assign]  # every informer's first list applied
+    assert not svc._may_decide(), "a new leader decided on its informers' lists alone"
+    svc.mirror.apply_events(10.0)  # the fresh list, once the catch-up thread has it
+    assert client.lists == ["/api/v1/pods"] * (1 + len(failures))
+    assert svc._may_decide()
+    schedule_all(svc)
+    assert bindings(svc) == [], "the new leader gave `waiting` cards the previous leader's pod holds"
+    assert "default/waiting" in svc.queue.unschedulable
 
 
 def test_a_binding_refused_unsent_is_rolled_back_without_reading_the_pod() -> None:

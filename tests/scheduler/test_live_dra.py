@@ -22,6 +22,7 @@ import pytest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest
 from kubegpu.kube.client import ApiError
+from kubegpu.kube.leader import Leadership
 from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.draclaims import FINALIZER, POD_CLAIM_ANNOTATION
 from kubegpu.scheduler.engine import Engine
@@ -253,31 +254,29 @@ def test_a_write_whose_answer_was_lost_is_read_back_and_not_repeated(service: Cu
     assert sum(1 for m, p, _ in api.writes if m == "POST" and p == CLAIMS) == 1
 
 
-def test_a_restarted_scheduler_keeps_the_claim_it_allocated_for_the_pod(service: CustomScheduler) -> None:
-    api = server(service)
-    api.claims["p-dev"] = {
-        **claim("p-dev", claim_spec(exactly("devs", "neuron", 2))),
+def allocated_claim(name: str, owner: str, node: str, *devices: int) -> dict[str, Any]:
+    """A template claim as kubegpu writes it for pod `owner` (its owner, finalizer, reservation): allocated
+    `neuron-<i>` for each of `devices` on `node`."""
+    results = [{"request": "devs", "driver": NEURON, "pool": node, "device": f"neuron-{i}"} for i in devices]
+    on_node = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    made = {
+        **claim(name, claim_spec(exactly("devs", "neuron", len(devices)))),
         "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "devs", "driver": NEURON, "pool": "n2", "device": f"neuron-{i}"} for i in (2, 3)
-                    ]
-                },
-                "nodeSelector": {
-                    "nodeSelectorTerms": [
-                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]}
-                    ]
-                },
-            },
-            "reservedFor": [{"resource": "pods", "name": "p", "uid": "uid-p"}],
+            "allocation": {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [on_node]}},
+            "reservedFor": [{"resource": "pods", "name": owner, "uid": f"uid-{owner}"}],
         },
     }
-    api.claims["p-dev"]["metadata"].update(
+    made["metadata"].update(
         resourceVersion="7",
         finalizers=[FINALIZER],
-        ownerReferences=[{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "uid-p", "controller": True}],
+        ownerReferences=[{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": f"uid-{owner}", "controller": True}],
     )
+    return made
+
+
+def test_a_restarted_scheduler_keeps_the_claim_it_allocated_for_the_pod(service: CustomScheduler) -> None:
+    api = server(service)
+    api.claims["p-dev"] = allocated_claim("p-dev", "p", "n2", 2, 3)
     watch_claims(service)  # what the new process lists: its claim, allocated before the Binding was written
     service.mirror.on_pods("ADDED", pod("p", templates={"dev": "two"}))
     service.mirror.on_pods("ADDED", pod("q", templates={"dev": "two"}))
@@ -430,3 +429,43 @@ def test_a_bound_pod_counted_after_a_restart_releases_its_claim_when_deleted(ser
     watch_claims(fresh)
     fresh.mirror.on_pods("DELETED", bound)
     assert "p-dev" not in api.claims, "its claim released and deleted by the new process"
+
+
+class Listing:
+    """What a new leader's fresh lists read: the pods and claims the API server holds now."""
+
+    def __init__(self, pods: list[dict[str, Any]], claims: list[dict[str, Any]]) -> None:
+        self.answers = {"/api/v1/pods": pods, "/apis/resource.k8s.io/v1/resourceclaims": claims}
+        self.lists: list[str] = []
+
+    def list(self, path: str, **params: Any) -> tuple[list[dict[str, Any]], str]:
+        self.lists.append(path)
+        return copy.deepcopy(self.answers[path]), "42"
+
+
+def test_a_new_leader_counts_the_claims_the_previous_leader_allocated_before_it_decides(
+    service: CustomScheduler,
+) -> None:
+    """The previous leader allocated `a-dev` (both of n1's devices) and bound `a` there; the standby's watches
+    delivered neither. Before deciding, the new leader lists the pods and the claims afresh, so `b` is refused
+    instead of being given the devices `a` holds."""
+    service.mirror.on_dra("resourceslices", "SYNC", [neuron_slice("n1", 2)])
+    api = server(service)
+    allocated = allocated_claim("a-dev", "a", "n1", 0, 1)
+    bound = pod("a", templates={"dev": "two"})
+    bound["spec"]["nodeName"] = "n1"
+    bound["status"] = {"phase": "Pending", "resourceClaimStatuses": [{"name": "dev", "resourceClaimName": "a-dev"}]}
+    waiting = pod("b", templates={"dev": "two"})
+    listing = Listing([bound, waiting], [allocated])
+    service.mirror.client = listing  # type: ignore[assignment]
+    service.leader_elect = True
+    service.leadership = Leadership(time.monotonic() + 60)
+    service.mirror.on_pods("ADDED", waiting)  # the standby's view: `b` waits, `a` and its claim not delivered yet
+    service.mirror.ready = lambda: True  # type: ignore[method-assign]
+    assert not service._may_decide()
+    service.mirror.apply_events(10.0)  # the fresh lists, once the catch-up thread has them
+    assert sorted(listing.lists) == ["/api/v1/pods", "/apis/resource.k8s.io/v1/resourceclaims"]
+    assert service._may_decide()
+    cycle(service)
+    assert "b" not in api.bindings(), "the new leader gave `b` the devices the previous leader allocated to `a`"
+    assert api.refusals("b") == ["0/2 nodes are available: 2 cannot allocate all claims."]

@@ -144,6 +144,22 @@ GOOD_NODE = "n0,32000,131072,2,V100M16"
             [pod_row("p", 1, 500, created=10**16)],
             "pods.csv:2: creation_time: 10000000000000000 is outside",
         ),
+        (
+            [GOOD_NODE, "n1,32000,131072,2,V100/SXM2"],
+            [],
+            "nodes.csv:3: model: 'V100/SXM2' is not a GPU model kubegpu can match (its spaces made dashes",
+        ),
+        (
+            [GOOD_NODE],
+            [pod_row("p", 1, 500, spec="T4|A100 (80GB)")],
+            "pods.csv:2: gpu_spec: 'A100 (80GB)' is not a GPU model kubegpu can match",
+        ),
+        ([GOOD_NODE, "n1,32000,131072,2," + "A" * 64], [], f"nodes.csv:3: model: '{'A' * 26}…{'A' * 13}' is not a"),
+        (
+            [GOOD_NODE, "n1,32000,131072,2,</p><script>alert(2)</script>"],
+            [],
+            "nodes.csv:3: model: '</p><script>alert(2)</script>' is not a GPU model",
+        ),
     ],
     ids=[
         "word-for-number",
@@ -159,6 +175,10 @@ GOOD_NODE = "n0,32000,131072,2,V100M16"
         "pod-twice",
         "long-name",
         "huge-time",
+        "node-model-not-a-label-value",
+        "pod-model-not-a-label-value",
+        "model-too-long",
+        "model-with-markup",
     ],
 )
 def test_a_malformed_row_exits_2_naming_the_file_line_and_column(
@@ -169,6 +189,20 @@ def test_a_malformed_row_exits_2_naming_the_file_line_and_column(
     assert code == 2 and out == ""
     assert err.startswith("kubegpu simulate: invalid trace: ") and expected in err, err
     assert "\x1b" not in err, "the terminal never gets an escape sequence from the file"
+
+
+def test_a_gpu_model_written_with_spaces_matches_in_both_files_as_gfd_labels_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`V100 SXM2` is no label value; GPU Feature Discovery labels such a product with dashes, and so does the replay,
+    in the node list and in the pods' `gpu_spec` alike, so the pods that ask for the model find its nodes."""
+    nodes, pods = write_trace(
+        tmp_path,
+        ["v100,32000,131072,2,V100 SXM2", "t4,32000,131072,1,T4"],
+        [pod_row("a", 1, 1000, spec="V100 SXM2"), pod_row("b", 1, 500, spec="T4|V100 SXM2"), pod_row("c", 1, 500)],
+    )
+    summary = replay_json(capsys, nodes, pods, "--timeline")
+    assert (summary["scheduled"], summary["failed"]) == (3, 0)
 
 
 def test_a_header_without_a_needed_column_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -248,15 +282,15 @@ def test_arguments_that_make_no_replay_exit_2_saying_what_to_give(
 # ---------------------------------------------------------------------------------------------------------------
 
 HOSTILE_NODE = '"><img src=x onerror=alert(1)>'
-HOSTILE_MODEL = "</p><script>alert(2)</script>"
 HOSTILE_POD = "<svg onload=alert(3)>"
 
 
 def hostile_trace(folder: Path) -> tuple[Path, Path]:
-    # The csv module quotes nothing here: the fields hold no comma or quote the CSV reader would need escaped.
+    # The csv module quotes nothing here: the fields hold no comma or quote the CSV reader would need escaped. A GPU
+    # model carries no markup: one that is no label value is refused at its row (`model-with-markup` above).
     return write_trace(
         folder,
-        [f"{HOSTILE_NODE.replace(chr(34), '')},32000,131072,2,{HOSTILE_MODEL}", "plain,32000,131072,2,V100M16"],
+        [f"{HOSTILE_NODE.replace(chr(34), '')},32000,131072,2,V100M16", "plain,32000,131072,2,V100M16"],
         [pod_row(HOSTILE_POD, 1, 500), *(pod_row(f"p{i}", 1, 1000) for i in range(4))],
     )
 
