@@ -82,8 +82,10 @@ default, as above. With `--foreign-pods allow`, Allocate grants such a pod the i
 still never hands one id to two pods; GetPreferredAllocation states no preference for them; an `ambiguous` call is
 answered this way too, whichever pod it is for), and answers what the
 owning plugin applies for those ids without any allocation fields (whole devices: device nodes and env; NeuronCores,
-which need the scheduler's `coresPerDevice`, are still refused). The ids those pods hold reach the scheduler
-through the advertiser's PodResources publication (`podresources.py`), so kubegpu places nothing else on them. Use it
+which need the scheduler's `coresPerDevice`, are still refused; so are share slots, `0::3`: the kubelet hands the
+other slots of that GPU to other pods, so granting one would give a second pod the whole GPU without limits). The
+ids those pods hold reach the scheduler through the advertiser's PodResources publication (`podresources.py`), so
+kubegpu places nothing else on them. Use it
 where workloads that bypass kubegpu must keep running on kubegpu nodes; leave it off where every device pod should
 carry kubegpu's signed choice.
 
@@ -597,6 +599,13 @@ class ResourcePlugin:
                 if self.service.foreign_pods != "allow":
                     raise
         if found is None and self.service.foreign_pods == "allow":
+            if slots != ids:  # a slot is a share of a device whose other slots the kubelet hands to other pods
+                raise AllocationRefused(
+                    "shares",
+                    f"{self.resource} {_listed(slots)}: a share slot of device {_listed(ids)} for a pod without a "
+                    f"verified {ALLOCATION_KEY}; a pod kubegpu did not place gets whole devices only (the device's "
+                    "other slots may be held by other pods, and nothing would limit its share)",
+                )
             found = _foreign(pods.node, self.resource, ids)
         if found is None:
             named = "" if slots == ids else f" (shares of device {_listed(ids)})"

@@ -661,6 +661,39 @@ def test_two_share_pods_on_one_gpu_each_get_a_slot_of_it_and_their_own_limits(
         kubelet.stop()
 
 
+def test_a_pod_kubegpu_did_not_place_gets_no_share_slot_of_a_gpu_another_pod_holds(
+    directory: Path, shared_node: Path, make_plugin_manager: Callable[..., KubegpuPluginManager]
+) -> None:
+    """With `--foreign-pods allow`, a pod kubegpu did not place gets the ids the kubelet chose, which is safe for
+    whole devices (the kubelet never hands one id to two pods) but not for share slots: the kubelet hands slot 0::1
+    of the GPU whose slot 0::0 a placed share pod holds, and the stand-in would be all of GPU 0, without limits."""
+    listed = share_pods({"notebook": (30, 4096)})
+    kubelet = FakeKubelet(directory)
+    kubelet.start()
+    service = DevicePluginService(
+        make_plugin_manager("device", nvidia=nvidia_device), PendingPods(lambda: listed, NODE, KEY),
+        directory=directory, host_root=shared_node, dev_root=Path("/host/dev"), interval=3600,
+        foreign_pods="allow",
+    )  # fmt: skip
+    service.start()
+    try:
+        kubelet.wait_registrations(1)
+        taken, answer = admitted(directory, ["0::0", "0::1", "0::2", "0::3"], 1, GPU)
+        assert taken == ["0::0"] and not isinstance(answer, grpc.RpcError), answer
+        listed[0]["status"]["phase"] = "Running"
+        listed.append(
+            unplaced_pod("squatter", {"main": 1}, created="2025-01-01T00:00:09Z")
+            | {"spec": {"nodeName": NODE, "containers": [asking("main", 1, GPU)]}}
+        )
+        refused = allocate(directory, GPU, ["0::1"])
+        assert isinstance(refused, grpc.RpcError), f"granted {dict(refused.envs)}"
+        assert refused.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "kubegpu: shares check failed: nvidia.com/gpu 0::1: a share slot" in (refused.details() or "")
+    finally:
+        service.stop()
+        kubelet.stop()
+
+
 def test_share_slots_are_read_back_as_their_devices_or_refused() -> None:
     assert shared_devices(GPU, ["1::0", "0::7"]) == ["1", "0"]
     assert shared_devices(GPU, ["0", "1"]) == ["0", "1"]  # a node that does not share
