@@ -421,7 +421,10 @@ def mark_missing(found: DeviceInventory | None, previous: DeviceInventory | None
 def _ordered(devices: Sequence[DeviceInfo]) -> list[DeviceInfo]:
     """Natural order: `card2` before `card10`, `3` before `12`; a stable order keeps the annotation stable."""
     return sorted(
-        devices, key=lambda d: [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", d.id)]
+        devices,
+        key=lambda d: [
+            (0, int(p), "") if p.isascii() and p.isdigit() else (1, 0, p) for p in re.split(r"([0-9]+)", d.id)
+        ],
     )
 
 

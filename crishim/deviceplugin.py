@@ -102,6 +102,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -657,11 +658,12 @@ def shared_devices(resource: str, ids: Sequence[str]) -> list[str]:
             "shares", f"{resource} {_listed(ids)}: share slots mixed with device ids ({plain[:200]}) for one container"
         )
     devices = [slot[0] for slot in slots if slot is not None]
-    twice = sorted({d for d in devices if devices.count(d) > 1})
+    counts = Counter(devices)  # once: a container may ask for every slot of a node (1000 per GPU)
+    twice = sorted(d for d, n in counts.items() if n > 1)
     if twice:
         raise AllocationRefused(
             "shares",
-            f"{resource} {_listed(ids)}: {devices.count(twice[0])} share slots of device {twice[0]} for one "
+            f"{resource} {_listed(ids)}: {counts[twice[0]]} share slots of device {twice[0]} for one "
             f"container; a container gets at most one share of each device, so its {len(ids)} {resource} must be "
             f"slots of {len(ids)} different devices, the ones the scheduler's {ALLOCATION_KEY} names",
         )
@@ -682,14 +684,27 @@ def _devices_of(ids: Sequence[str]) -> list[str]:
 def _slots_for(devices: Sequence[str], available: Sequence[str], included: Sequence[str]) -> list[str]:
     """One slot id of each of `devices` for the kubelet to prefer: a must-include one where it names the device,
     else the device's lowest available slot. [] when some device has none."""
+    wanted = set(devices)
+    must: dict[str, str] = {}  # device -> its first must-include slot
+    lowest: dict[str, tuple[int, str]] = {}  # device -> (its lowest available slot's number, the slot)
+    for i in included:
+        slot = share_slot(i)
+        if slot is not None and slot[0] in wanted:
+            must.setdefault(slot[0], i)
+    for i in available:
+        slot = share_slot(i)
+        if slot is not None and slot[0] in wanted and slot[0] not in must:
+            known = lowest.get(slot[0])
+            if known is None or slot[1] < known[0]:
+                lowest[slot[0]] = (slot[1], i)
     chosen = []
     for device in devices:
-        options = [i for i in (*included, *available) if (share_slot(i) or ("", 0))[0] == device]
-        if not options:
+        if device in must:
+            chosen.append(must[device])
+        elif device in lowest:
+            chosen.append(lowest[device][1])
+        else:
             return []
-        chosen.append(
-            options[0] if options[0] in included else min(options, key=lambda i: (share_slot(i) or ("", 0))[1])
-        )
     return chosen
 
 

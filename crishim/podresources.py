@@ -116,4 +116,4 @@ def _devices(ids: Iterable[str]) -> list[str]:
 
 
 def _natural(text: str) -> tuple[int, int | str]:
-    return (0, int(text)) if text.isdigit() else (1, text)
+    return (0, int(text)) if text.isascii() and text.isdigit() else (1, text)  # `²` is a digit, not a number

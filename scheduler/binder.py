@@ -239,16 +239,22 @@ class Binder:
 
     # -- preemption ----------------------------------------------------------------------------------------------
 
-    async def evict(self, pod: PodRequest, node: str, victims: Sequence[PodRequest]) -> None:
-        """Delete the victims gracefully (guarded by their UIDs), all at once, then give each a `Preempted` Event and
-        set the preemptor's `status.nominatedNodeName` (kube-scheduler's order: the deletions are what the preemptor
-        waits for, and every write waits its turn behind the other pods' writes, so none queues behind another)."""
-        await asyncio.gather(*(self._delete(victim) for victim in victims))
+    async def evict(self, pod: PodRequest, node: str, victims: Sequence[PodRequest]) -> list[str]:
+        """Delete the victims gracefully (guarded by their UIDs), all at once, then give each deleted one a
+        `Preempted` Event and set the preemptor's `status.nominatedNodeName` (kube-scheduler's order: the deletions
+        are what the preemptor waits for, and every write waits its turn behind the other pods' writes, so none
+        queues behind another). Returns the keys of the victims whose deletion failed (they stay)."""
+        deleted = await asyncio.gather(*(self._delete(victim) for victim in victims))
         message = f"Preempted by {pod.namespace}/{pod.name} on node {node}"
         await asyncio.gather(
             self._nominate(pod, node),
-            *(self.post_event(victim, "Preempted", message, kind="Normal") for victim in victims),
+            *(
+                self.post_event(victim, "Preempted", message, kind="Normal")
+                for victim, gone in zip(victims, deleted, strict=True)
+                if gone
+            ),
         )
+        return [victim.key for victim, gone in zip(victims, deleted, strict=True) if not gone]
 
     async def _nominate(self, pod: PodRequest, node: str) -> None:
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
@@ -257,14 +263,19 @@ class Binder:
         except ApiError as exc:
             _not_written("set nominatedNodeName", exc, pod.key)
 
-    async def evict_for(self, preemptor: str, where: str, victims: Sequence[PodRequest]) -> None:
+    async def evict_for(self, preemptor: str, where: str, victims: Sequence[PodRequest]) -> list[str]:
         """A gang's preemption: each victim gets a `Preempted` Event naming the gang and the domain, and is deleted
-        gracefully (guarded by its UID). No nominated node: a gang waits for a domain, not one node."""
+        gracefully (guarded by its UID). No nominated node: a gang waits for a domain, not one node. Returns the keys
+        of the victims whose deletion failed (they stay)."""
+        failed = []
         for victim in victims:
             await self.post_event(victim, "Preempted", f"Preempted by {preemptor} in {where}", kind="Normal")
-            await self._delete(victim)
+            if not await self._delete(victim):
+                failed.append(victim.key)
+        return failed
 
-    async def _delete(self, victim: PodRequest) -> None:
+    async def _delete(self, victim: PodRequest) -> bool:
+        """Whether the victim is deleted (or already gone); a failed deletion is logged."""
         try:
             await self.writer.request(
                 "DELETE",
@@ -274,6 +285,8 @@ class Binder:
         except ApiError as exc:
             if exc.status != 404:
                 _not_written("delete a preemption victim", exc, victim.key)
+                return False
+        return True
 
 
 def _not_written(what: str, error: ApiError, key: str) -> None:

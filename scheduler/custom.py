@@ -17,7 +17,8 @@ its own queue (`queue.py`, after kube-scheduler's). One thread owns the engine a
    the pods of lower priority to evict there, with PodDisruptionBudgets from their own informer: the node is held
    for it (`Engine.nominate`), the victims are deleted gracefully, all at once, then each gets a `Preempted` Event and
    the pod's `status.nominatedNodeName` is set, and the pod binds once they are gone. While its victims terminate it
-   does not preempt again, nor is it reported unschedulable again;
+   does not preempt again, nor is it reported unschedulable again; a victim whose deletion failed stays and no
+   longer counts as terminating, so the pod's next try preempts it again;
 6. a member of a gang (a PodGroup's label, or Kueue's pod-group labels; docs/gangs.md) is tried with every pending
    member of its gang at once (`Engine.place_gang`): either every one of them gets a place in the domain the gang
    asks for and passes Permit, and all are bound, or none holds anything and each is told why. A gang with fewer
@@ -215,7 +216,20 @@ class CustomScheduler:
         mirror.evicting_started(preemption.victims)
         log.info("preempting", extra={"pod": entry.key, "node": preemption.node, "victims": list(preemption.victims)})
         victims = [placed.request for placed in self.engine.placements(preemption.victims)]
-        self.binder.submit(self.binder.evict(pod, preemption.node, victims))
+        self.binder.submit(self._evict(pod, preemption.node, victims))
+
+    async def _evict(self, pod: PodRequest, node: str, victims: list[PodRequest]) -> None:
+        """The victims' deletions; those that failed stay, and no longer count as leaving (`evicting_failed`): the
+        preemptor, which waits for the victims it counts as leaving, would otherwise wait as long as they run."""
+        failed = await self.binder.evict(pod, node, victims)
+        if failed:
+            self.mirror.post(self.mirror.evicting_failed, failed)
+
+    async def _evict_for(self, gang: str, where: str, victims: list[PodRequest]) -> None:
+        """A gang's victims' deletions, as `_evict`: the gang waits for those it counts as leaving."""
+        failed = await self.binder.evict_for(gang, where, victims)
+        if failed:
+            self.mirror.post(self.mirror.evicting_failed, failed)
 
     # -- gangs -----------------------------------------------------------------------------------------------------
 
@@ -322,7 +336,7 @@ class CustomScheduler:
         where = f"{preemption.level}={preemption.domain}" if preemption.level else "the cluster"
         log.info("preempting for a gang", extra={"pod": group.key, "node": where, "victims": list(preemption.victims)})
         victims = [placed.request for placed in self.engine.placements(preemption.victims)]
-        self.binder.submit(self.binder.evict_for(f"gang {group.key}", where, victims))
+        self.binder.submit(self._evict_for(f"gang {group.key}", where, victims))
         self.groups.event(
             group.key, "Preempting", f"evicting {len(victims)} pods of lower priority in {where}", "Normal"
         )

@@ -46,12 +46,16 @@ class Shortfall:
     nodes: int
 
 
-_DIGITS = re.compile(r"(\d+)")
+_DIGITS = re.compile(r"([0-9]+)")
 
 
 def natural(name: str) -> tuple[object, ...]:
-    """A sort key that puts `node-2` before `node-10`."""
-    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(name))
+    """A sort key that puts `node-2` before `node-10`. A run of ASCII digits compares as the number it writes, by
+    its length and text without leading zeros (never `int`: a file's names and labels may hold any printable text,
+    `²`, which is a digit to `str.isdigit` but not to `int`, or digits past what `int` reads)."""
+    return tuple(
+        (len(part.lstrip("0")), part.lstrip("0")) if i % 2 else part for i, part in enumerate(_DIGITS.split(name))
+    )
 
 
 class _Domain:

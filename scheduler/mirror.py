@@ -981,6 +981,12 @@ class ClusterMirror:
         """A preemption deleted these pods; they count as leaving until their pods are gone (`release`)."""
         self._evicting.update(victims)
 
+    def evicting_failed(self, victims: Iterable[str]) -> None:
+        """These victims' deletions failed: they stay, so they no longer count as leaving, and the pods waiting for
+        them are tried again (a preemptor preempts anew)."""
+        self._evicting.difference_update(victims)
+        self.pending.wake()
+
     def release(self, key: str) -> None:
         """The pod's resources are free again (it is gone, or its Binding failed); the pending pods may fit now."""
         self._evicting.discard(key)

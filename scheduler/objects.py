@@ -9,7 +9,6 @@ input files, the custom scheduler from its informers; both hand the engine the s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +57,7 @@ def budget(document: Mapping[str, Any], placed: Iterable[PodRequest] | None = No
     if isinstance(allowed, int) and not isinstance(allowed, bool):
         return Budget(namespace, name, selector, allowed, found.disrupted)
     if placed is None:
+        disruptions_allowed(spec, 0, kind)  # read now: a file's budget is refused where it is read, not mid-run
         return found
     healthy = sum(1 for pod in placed if found.selects(pod))
     return Budget(namespace, name, selector, disruptions_allowed(spec, healthy, kind), found.disrupted)
@@ -69,9 +69,12 @@ def disruptions_allowed(spec: Mapping[str, Any], healthy: int, kind: str = "PodD
     def amount(value: Any, field: str, round_up: bool) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.endswith("%") and value[:-1].isdigit():
-            share = int(value[:-1]) * healthy / 100
-            return math.ceil(share) if round_up else math.floor(share)
+        if isinstance(value, str) and value.endswith("%") and value[:-1].isascii() and value[:-1].isdigit():
+            digits = value[:-1].lstrip("0")  # the API server's ^[0-9]+%$, read as Go's Atoi reads it
+            if len(digits) > 3 or int(digits or "0") > 100:  # refused by the API server too
+                raise ManifestError(f"{kind}.spec.{field}: a percentage over 100 ({shorten(value)!r})")
+            share = int(digits or "0") * healthy  # hundredths of a pod, rounded as the controller rounds
+            return -(-share // 100) if round_up else share // 100
         raise ManifestError(f"{kind}.spec.{field}: {shorten(str(value))!r} is neither a count nor a percentage")
 
     if spec.get("maxUnavailable") is not None:

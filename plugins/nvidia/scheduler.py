@@ -1009,6 +1009,10 @@ def state_from_inventory(
         tree = catalog_tree(kind, len(ids))
     allocatable = allocatable or {}
     offered = allocatable.get(RESOURCE, 0)
+    # On a node offering shares, the kubelet counts the healthy GPUs' share slots only (kubegpu's advertiser and
+    # HAMi's device plugin alike): a GPU gone unhealthy must not lower the split of the others.
+    shares = allocatable.get(CORES) or allocatable.get(MEMORY_PERCENT) or allocatable.get(MEMORY)
+    gpus = sum(d.healthy for d in devices) if shares else len(ids)
     return NvidiaNodeState(
         node,
         ids,
@@ -1016,7 +1020,7 @@ def state_from_inventory(
         [d.memory for d in devices],
         [d.healthy for d in devices],
         tree,
-        split=offered // len(ids) if offered > len(ids) else 1,
+        split=offered // gpus if offered > gpus > 0 else 1,
     )
 
 

@@ -189,7 +189,15 @@ class Scoring(Filtering):
             if method is None:
                 parts = None
                 break
-            parts.append((plugin, method()))  # type: ignore[union-attr]  # a list until None
+            try:
+                part = method()
+                hash(part)  # a key of `_raw_by_content`: a plugin's list (of its holders, say) cannot be one
+            except Exception as exc:  # a plugin's own method: it costs its node the sharing, not the cycle
+                log.error("node %s: plugin %s: scoring_content() is no key, the node is scored alone: %r",
+                          record.name, plugin, exc)  # fmt: skip
+                parts = None
+                break
+            parts.append((plugin, part))  # type: ignore[union-attr]  # a list until None
         content = None
         if parts is not None:
             content = (

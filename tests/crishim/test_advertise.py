@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import logging
 import os
 import signal
@@ -19,7 +20,13 @@ from typing import Any
 import pytest
 
 from kubegpu.core import process
-from kubegpu.core.annotations import DEVICES_KEY, decode_devices, encode_devices
+from kubegpu.core.annotations import (
+    DEVICES_KEY,
+    FOREIGN_DEVICES_KEY,
+    decode_devices,
+    decode_foreign_devices,
+    encode_devices,
+)
 from kubegpu.core.device_hooks import hookimpl
 from kubegpu.core.models import Advertisement, DeviceInfo, DeviceInventory, NodeDevices
 from kubegpu.core.plugin_manager import KubegpuPluginManager, make_plugin_manager
@@ -447,3 +454,44 @@ def test_the_loop_runs_round_after_round_until_sigterm(command: Callable[..., in
 
 def test_round_result_is_ok_without_error() -> None:
     assert RoundResult().ok and not RoundResult(error="x").ok
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The kubelet's PodResources: the ids of pods kubegpu did not place
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_a_tenants_allocation_annotation_of_odd_digits_is_published_as_foreign_not_a_crash(
+    plugins: KubegpuPluginManager, fake_host_root: FakeHost, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A tenant may write its own pod's annotations: an allocation naming device `²` (a digit to `str.isdigit`, not to
+    `int`) made the publication's natural sort raise out of the round, and the advertiser process died with it."""
+    device = "aws.amazon.com/neurondevice"
+    forged = json.dumps({"version": 1, "node": NODE, "podUID": "u", "containers": {"main": {device: ["²", "1"]}}})
+    tenant = {"metadata": {"namespace": "tenant", "name": "odd", "annotations": {"kubegpu.io/allocation": forged}}}
+
+    class Kube(FakeKube):
+        def list(self, path: str, **params: Any) -> tuple[list[dict[str, Any]], str]:
+            return [tenant], "1"
+
+    socket = tmp_path / "kubelet.sock"
+    socket.touch()
+    held = {"tenant/odd": {"main": {device: ["1", "0"]}}, "team/other": {"main": {device: ["²"]}}}
+    monkeypatch.setattr(advertise.podresources, "list_pod_resources", lambda path, **_: held)
+    kube = Kube(node_manifest(NODE))
+    result = advertiser(kube, plugins, trn_host(fake_host_root), pod_resources=socket).run_once()
+    assert result.ok, result.error
+    assert kube.devices().inventories["neuron"].devices  # the round went on to publish the node's devices
+    published = decode_foreign_devices(kube.node["metadata"]["annotations"][FOREIGN_DEVICES_KEY])  # type: ignore[index]
+    assert {key: dict(pod) for key, pod in published.pods.items()} == {
+        "tenant/odd": {"main": {device: ["0", "1"]}},
+        "team/other": {"main": {device: ["²"]}},
+    }
+
+
+def test_a_device_id_of_odd_digits_is_ordered_as_text_not_a_crash() -> None:
+    """A plugin's discovery (or the node's published inventory, read back as the previous round's) naming a device
+    `²`: the natural order read it as a number and raised out of the round."""
+    found = DeviceInventory(plugin="x", devices=[DeviceInfo(id=i) for i in ("10", "²", "card2", "2")])
+    marked = mark_missing(found, None)
+    assert marked is not None and [d.id for d in marked.devices] == ["2", "10", "card2", "²"]

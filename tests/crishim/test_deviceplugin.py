@@ -717,6 +717,17 @@ def test_share_slots_are_read_back_as_their_devices_or_refused() -> None:
     ]
 
 
+def test_a_container_asking_every_share_slot_of_a_big_node_is_refused_in_time_linear_in_its_ids() -> None:
+    """32 GPUs split 1000 ways (`KUBEGPU_NVIDIA_SPLIT_COUNT` allows it) are 32,000 slot ids, and a tenant's
+    `nvidia.com/gpu: 32000` has the kubelet send them all in one Allocate: counting each id's device among all the
+    others was 32,000 x 32,000 steps (6 s of the device plugin's CPU; 64 GPUs, 47 s)."""
+    ids = [f"{gpu}::{slot}" for gpu in range(32) for slot in range(1000)]
+    started = time.process_time()
+    with pytest.raises(AllocationRefused, match="1000 share slots of device 0 for one container"):
+        shared_devices(GPU, ids)
+    assert time.process_time() - started < 1.0
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # MIG devices, where the node serves them from kubegpu's device plugin
 # ---------------------------------------------------------------------------------------------------------------

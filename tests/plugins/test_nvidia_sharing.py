@@ -4,6 +4,7 @@ never share, refusals that say what is short, and the fragmentation policy's mea
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kubegpu.core.manifests import node_info, pod_request
-from kubegpu.core.models import NodeInfo, PluginAllocation, PodRequest
+from kubegpu.core.models import DeviceInfo, DeviceInventory, NodeInfo, PluginAllocation, PodRequest
 from kubegpu.core.plugin_manager import KubegpuPluginManager
 from kubegpu.core.plugin_manager import make_plugin_manager as build_plugin_manager
 from kubegpu.core.status import Code
@@ -431,3 +432,27 @@ def test_a_node_advertising_only_nvidia_gpu_takes_shares_from_its_gfd_books() ->
     refused = engine.schedule(pod("third", 50, 1024))
     assert not refused.scheduled
     assert "has 40% compute free, the pod asks 50%" in refused.reason
+
+
+def test_a_gpu_gone_unhealthy_leaves_the_others_their_full_split() -> None:
+    """An advertised node of 4 GPUs split 10 ways whose GPU 3 went unhealthy offers 30 share slots (kubegpu's
+    advertiser and HAMi's device plugin alike count the healthy GPUs' slots): the split read as 30 // 4 = 7 left the
+    three healthy GPUs 7 shares each, 21 pods where the kubelet admits 30."""
+    engine = Engine(build_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    gpus = [DeviceInfo(id=str(i), model="Tesla V100-SXM2-16GB", memory=16 << 30, healthy=i != 3) for i in range(4)]
+    node = make_node("n", allocatable={GPU: 30, CORES: 300, MEM_PCT: 300, "pods": 110}, cpu="64")
+    engine.add_node(dataclasses.replace(node, inventories={"nvidia": DeviceInventory(plugin="nvidia", devices=gpus)}))
+    placed = 0
+    while engine.schedule(share_pod(f"p{placed}", main={GPU: 1, CORES: 5, MEM_PCT: 5})).scheduled:
+        placed += 1
+    assert placed == 30
+    # A node that offers no shares stays whole, whatever its device plugin counts that kubegpu finds unhealthy.
+    whole = make_node("w", allocatable={GPU: 8})
+    gpus = [DeviceInfo(id=str(i), healthy=i < 4) for i in range(8)]
+    state = engine.plugins.call(
+        "nvidia",
+        "kubegpu_scheduler_build_node",
+        node=dataclasses.replace(whole, inventories={"nvidia": DeviceInventory(plugin="nvidia", devices=gpus)}),
+        shared={},
+    )
+    assert state.split == 1

@@ -267,6 +267,41 @@ def test_a_rack_freed_for_a_preempting_gang_is_not_taken_by_pods_of_lower_priori
     assert not service.engine.nominated_gangs, "the hold ends when the gang is placed"
 
 
+def test_a_gangs_victim_whose_deletion_failed_is_preempted_again(service: CustomScheduler) -> None:
+    """A gang's victim whose deletion failed (a 500, a dropped connection) counted as leaving for as long as it ran:
+    the gang waited for it and never preempted again. It is still there: the gang's next try deletes it again."""
+    service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    fillers = [member(f"filler-{i}", "", 8) for i in range(4)]
+    for filler in fillers:
+        service.mirror.on_pods("ADDED", filler)
+    cycle(service)
+    for filler in fillers:
+        report_bound(service, filler)
+    refused: list[str] = []
+    write = writer(service).request
+
+    async def refusing(method: str, path: str, body: Any = None, content_type: str = "") -> Any:
+        if method == "DELETE" and not refused:
+            refused.append(path.rsplit("/", 1)[1])
+            raise ApiError(500, "InternalError", "etcdserver: request timed out")
+        return await write(method, path, body, content_type)
+
+    writer(service).request = refusing  # type: ignore[method-assign]
+    service.mirror.on_podgroups("SYNC", [podgroup("urgent", 2)])
+    for i in range(2):
+        urgent = member(f"urgent-{i}", "urgent", 8)
+        urgent["spec"]["priority"] = 1000
+        service.mirror.on_pods("ADDED", urgent)
+    cycle(service)
+    deleted = [p.rsplit("/", 1)[1] for m, p, _ in writer(service).writes if m == "DELETE"]
+    assert len(refused) == 1 and len(deleted) == 1
+    service.mirror.on_pods("DELETED", next(f for f in fillers if f["metadata"]["name"] == deleted[0]))  # it left
+    for _ in range(3):
+        cycle(service)
+    deleted = [p.rsplit("/", 1)[1] for m, p, _ in writer(service).writes if m == "DELETE"]
+    assert refused[0] in deleted, f"{refused[0]} was never deleted again: {deleted}"
+
+
 def test_a_podgroup_whose_min_resources_are_not_free_holds_nothing_and_its_members_are_told(
     service: CustomScheduler,
 ) -> None:

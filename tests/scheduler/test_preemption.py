@@ -198,3 +198,38 @@ def test_simulate_honours_disruption_budgets(tmp_path: Path, capsys: pytest.Capt
     preempted = [e["pod"] for e in events if e["event"] == "preempted"]
     assert preempted == ["default/batch"]
     assert events[-1]["event"] == "scheduled" and events[-1]["pod"] == "default/urgent"
+
+
+@pytest.mark.parametrize(
+    ("percent", "error"),
+    [
+        ("²%", "PodDisruptionBudget.spec.minAvailable: '²%' is neither a count nor a percentage"),
+        ("1" + "0" * 400 + "%", "PodDisruptionBudget.spec.minAvailable: a percentage over 100 ('1000000000"),
+        ("0" * 5000 + "1%", None),  # 1 %, as the API server reads it (the 5000 digits were past what int() reads)
+    ],
+    ids=["superscript", "400-digits", "leading-zeros"],
+)
+def test_a_budgets_percentage_is_read_when_the_file_is_or_refused_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], percent: str, error: str | None
+) -> None:
+    """A percentage the disruption arithmetic could not read raised out of the run at the first preemption (a
+    ValueError, or this field's own error, with a traceback); a percentage of 400 digits overflowed the float."""
+    budget = {
+        "kind": "PodDisruptionBudget",
+        "apiVersion": "policy/v1",
+        "metadata": {"name": "db", "namespace": "default"},
+        "spec": {"minAvailable": percent, "selector": {"matchLabels": {"app": "db"}}},
+    }
+    documents = [trn1("trn-0"), trn1("trn-1"), budget]
+    documents.append(pod_doc("db", 16, labels={"app": "db"}, spec={"nodeName": "trn-0"}))  # running already
+    documents.append(pod_doc("batch", 16, labels={"app": "batch"}, spec={"nodeName": "trn-1"}))
+    documents.append(pod_doc("urgent", 16, priority=10))
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    code = main(["simulate", "--json", str(path)])
+    out, err = capsys.readouterr()
+    if error is None:  # 1 % of one pod, rounded up: the budget keeps db, batch makes room
+        assert code == 0
+        assert [json.loads(line)["pod"] for line in out.splitlines() if '"preempted"' in line] == ["default/batch"]
+    else:
+        assert code == 2 and error in err and len(err) < 400

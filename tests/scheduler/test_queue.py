@@ -33,6 +33,7 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_pod, node_manifest, pod_manifest
+from kubegpu.kube.client import ApiError
 from kubegpu.scheduler import queue
 from kubegpu.scheduler.config import parse_config
 from kubegpu.scheduler.custom import CustomScheduler
@@ -159,6 +160,37 @@ def test_a_preemption_deletes_its_victims_at_once_before_its_other_writes(
     assert writer.most_in_flight["DELETE"] == 2
     assert len(writer.events("Preempted")) == 2
     assert service.engine.nominated == {"default/big": "n1"}
+
+
+class RefusingDeletes(RecordingWriter):
+    """A recording writer whose first `refusals` DELETEs the API server answers 500 (the victim stays)."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.refusals = refusals
+
+    async def request(self, method: str, path: str, body: Any = None, content_type: str = "") -> Any:
+        if method == "DELETE" and self.refusals > 0:
+            self.refusals -= 1
+            self.writes.append(("DELETE-REFUSED", path, body))
+            raise ApiError(500, "InternalError", "etcdserver: request timed out")
+        return await super().request(method, path, body, content_type)
+
+
+def test_a_victim_whose_deletion_failed_is_not_waited_for(service: CustomScheduler, clock: Clock) -> None:
+    """One failed deletion (a 500, a dropped connection) kept its victim counted as leaving for as long as the
+    victim ran: the preemptor waited for it, never preempting again nor, since it waits, reported again. The victim
+    is still there: the preemptor's next try preempts it again."""
+    service.binder.writer = writer = RefusingDeletes(1)  # type: ignore[assignment]
+    service.mirror.on_pods("ADDED", bound("low", "n1", cpu="2"))
+    service.mirror.on_pods("ADDED", pod("big", cpu="2", priority=10))
+    run_once(service)
+    assert [m for m, p, _ in writer.writes if "DELETE" in m] == ["DELETE-REFUSED"]
+    for _ in range(3):  # the cluster changes (or the backoff ends): the preemptor is tried again
+        service.queue.wake()
+        clock.now += 10.0
+        run_once(service)
+    assert [m for m, p, _ in writer.writes if "DELETE" in m] == ["DELETE-REFUSED", "DELETE"]
 
 
 def test_a_pod_waiting_for_its_victims_is_not_reported_again(service: CustomScheduler, clock: Clock) -> None:

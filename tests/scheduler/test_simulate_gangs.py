@@ -138,3 +138,26 @@ def test_a_malformed_gang_document_exits_2_naming_the_field(
 ) -> None:
     code, _, err = run(tmp_path, [*nodes([1]), document], capsys=capsys)
     assert code == 2 and message in err
+
+
+def test_names_and_racks_of_odd_digits_are_ordered_as_text(tmp_path: Path, capsys: Any) -> None:
+    """A file's pod named `train-1²` and a rack labelled `rack-1²` (`²` is a digit to `str.isdigit`, not to `int`),
+    another of 5000 digits: the natural order of gang members and domains read them as numbers and the run died
+    with a ValueError."""
+    required = {"kueue.x-k8s.io/podset-required-topology": RACK}
+    racks = nodes([2, 2])
+    for node in racks[:2]:
+        node["metadata"]["labels"][RACK] = "rack-1²"
+    for node in racks[2:]:
+        node["metadata"]["labels"][RACK] = "rack-" + "9" * 5000  # past the 4300 digits int() reads
+    members = workers("train", 2)
+    members[1]["metadata"]["name"] = "train-1²"
+    code, out, err = run(
+        tmp_path, [*racks, topology(), podgroup("train", 2, **required), *members], "--json", capsys=capsys
+    )
+    assert code == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert sorted((e["pod"], e["event"]) for e in events) == [
+        ("default/train-0", "scheduled"),
+        ("default/train-1²", "scheduled"),
+    ]
