@@ -251,9 +251,11 @@ class Sampling(Reserving):
     def _rank_sampled(self, feasible: list[str], pod: PodRequest, plan: Plan) -> str:
         """`_rank`'s choice (module docstring), each plugin's normalization and weight applied once per distinct raw
         score; a plugin that reads more than the node and has something to say ranks node by node (`_rank`)."""
-        for plugin, _ in self._scorers:
-            if not plugin.local and plugin.prescore(self, pod, plan) is not None:
-                return self._rank(feasible, pod, plan)
+        prescored = {
+            at: plugin.prescore(self, pod, plan) for at, (plugin, _) in enumerate(self._scorers) if not plugin.local
+        }
+        if any(state is not None for state in prescored.values()):
+            return self._rank(feasible, pod, plan, prescored)  # each PreScore asked once (InterPodAffinity's is dear)
         if not self._local_scorers:
             return feasible[0]
         nodes = self.nodes

@@ -231,10 +231,13 @@ class Scoring(Filtering):
         known = self._raws[key] = LocalRaws(plan.local, epochs, generation)
         return known
 
-    def _rank(self, feasible: list[str], pod: PodRequest, plan: Plan) -> str:
+    def _rank(
+        self, feasible: list[str], pod: PodRequest, plan: Plan, prescored: dict[int, object] | None = None
+    ) -> str:
         """kube-scheduler's score phase over the feasible nodes: every enabled plugin's raw scores normalized over
         them and weighed; the best node, the first in candidate order on a tie. A plugin whose scores are the same on
-        every node is skipped: it cannot change which node is best."""
+        every node is skipped: it cannot change which node is best. `prescored`: the non-local plugins' PreScore
+        states by the plugin's position in `_scorers`, where the caller has asked them already this cycle."""
         nodes = self.nodes
         records = [nodes[name] for name in feasible]
         # The local plugins' raw scores as columns, one per plugin in `_local_scorers`' order.
@@ -242,7 +245,7 @@ class Scoring(Filtering):
         weighed: list[list[float]] = []  # each plugin's weighed scores; summed per node at the end
         column = 0
         values: Sequence[float]
-        for plugin, weight in self._scorers:
+        for at, (plugin, weight) in enumerate(self._scorers):
             if plugin.local:
                 values = local[column]
                 column += 1
@@ -251,7 +254,7 @@ class Scoring(Filtering):
                 state: object = True
                 raw = list(values)
             else:
-                state = plugin.prescore(self, pod, plan)
+                state = plugin.prescore(self, pod, plan) if prescored is None else prescored[at]
                 if state is None:
                     continue
                 raw = plugin.score(self, state, records, pod, plan)
