@@ -29,7 +29,7 @@ prints where capacity is lost: the allocation curve, idle GPU capacity by node c
 
     .venv/bin/python benchmarks/sharing_bench.py [--seeds 42 43 ...] [--variants whole bestfit fgd]
         [--percentages 0 100] [--traces default share-30 ... | all] [--mix learned|trace] [--devices-only]
-        [--fragmentation-weight 5] [--fragmentation-span 23.1]
+        [--fragmentation-weight 5] [--fragmentation-span 23.1] [--fragmentation-lead on off]
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine import Engine, kubescores
+from kubegpu.scheduler.engine import scoring as engine_scoring
 from kubegpu.scheduler.traces import (
     TraceNode,
     TracePod,
@@ -202,6 +203,14 @@ def main() -> int:
         "--fragmentation-weight", type=int, default=None, help="KubegpuFragmentation's weight (the profile's: 5)"
     )
     parser.add_argument(
+        "--fragmentation-lead",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on"],
+        help="where a pod may reach shared GPUs, KubegpuFragmentation ranks first, the policy's score then the "
+        "others breaking its ties (on, shipped), or is weighed with the others (off, as before); both: side by side",
+    )
+    parser.add_argument(
         "--fragmentation-span",
         type=float,
         default=None,
@@ -217,21 +226,29 @@ def main() -> int:
     scoring = "plugin scores only" if args.devices_only else "default score profile"
     scoring += f", {args.mix} mix"
     print(f"{len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs; seeds {args.seeds}; binpack, {scoring}")
-    print(f"{'trace':10} {'variant':8} {'scored':>8} {'kubegpu %':>10} {'paper %':>8} {'pods/s':>7}")
+    print(f"{'trace':10} {'variant':8} {'scored':>8} {'lead':>4} {'kubegpu %':>10} {'paper %':>8} {'pods/s':>7}  seeds")
     for name in names:
         pods = default_pods if name == "default" else trace_pods(generated[name])
         for variant in args.variants:
             for percentage in args.percentages:
-                mix = trace_mix(pods) if args.mix == "trace" else ()
-                figures = [
-                    replay(nodes, pods, seed, variant, percentage, args.devices_only, mix, args.fragmentation_weight)
-                    for seed in args.seeds
-                ]
-                mean = sum(f[0] for f in figures) / len(figures)
-                rate = sum(f[2] for f in figures) / sum(f[1] for f in figures)
-                paper = PAPER.get(variant, "") if name == "default" else ""
-                scored = f"{percentage}%" if percentage else "adaptive"
-                print(f"{name:10} {variant:8} {scored:>8} {mean:10.1f} {paper:>8} {rate:7.0f}", flush=True)
+                for lead in args.fragmentation_lead:
+                    engine_scoring.FRAGMENTATION_LEADS = lead == "on"
+                    mix = trace_mix(pods) if args.mix == "trace" else ()
+                    figures = [
+                        replay(
+                            nodes, pods, seed, variant, percentage, args.devices_only, mix, args.fragmentation_weight
+                        )
+                        for seed in args.seeds
+                    ]
+                    mean = sum(f[0] for f in figures) / len(figures)
+                    rate = sum(f[2] for f in figures) / sum(f[1] for f in figures)
+                    paper = PAPER.get(variant, "") if name == "default" else ""
+                    scored = f"{percentage}%" if percentage else "adaptive"
+                    each = " ".join(f"{f[0]:.2f}" for f in figures) if len(figures) > 1 else ""
+                    print(
+                        f"{name:10} {variant:8} {scored:>8} {lead:>4} {mean:10.2f} {paper:>8} {rate:7.0f}  {each}",
+                        flush=True,
+                    )
     print(f"paper, default trace: GpuPacking {PAPER['gpupacking']}, Random {PAPER['random']}")
     return 0
 

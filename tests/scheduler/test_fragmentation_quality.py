@@ -69,3 +69,33 @@ def test_the_stretch_ignores_rounding_between_equal_measures_and_caps_at_a_span(
     assert scores.normalize_range([50.0, 45.0], span=20.0) == [25.0, 0.0]
     assert scores.normalize_range([90.0, 10.0], span=20.0) == [100.0, 0.0]
     assert scores.normalize_range([]) == []
+
+
+def test_where_shares_are_common_a_twentieth_of_a_gpu_stranded_less_still_decides() -> None:
+    """Told to expect nine half-GPU pods for each whole-GPU one, filling gpu-a's half-free GPU strands a twentieth of a
+    GPU less for the mix, breaking gpu-b's last whole GPU a twentieth more: weighed with the others (even
+    stretched, 54 points) that lost to NodeResourcesBalancedAllocation's 73 for gpu-b, and the trainer that came
+    next found no whole GPU. Where a pod may reach shared GPUs, KubegpuFragmentation now ranks first."""
+    shares_common = ((1, 500, 2000, 9.0), (1, 1000, 2000, 1.0))
+    assert replay(dataclasses.replace(profile(), fragmentation_mix=shares_common)) == {
+        "inference": "gpu-a",
+        "trainer-1": "gpu-b",
+    }
+
+
+def test_nodes_tied_on_fragmentation_go_to_the_policy_so_a_two_gpu_trainer_still_fits() -> None:
+    """gpu-a's first GPU is held whole by a trainer that also holds most of its memory; gpu-b is empty; gpu-c has one
+    GPU and 3 cores. A half-GPU pod strands as much on gpu-a as on gpu-b (a quarter of a GPU for the mix) and more on
+    gpu-c, whose last core it would take: fragmentation leads but cannot choose between gpu-a and gpu-b. Binpack
+    takes the node whose GPUs are already in use; weighed, balance sent the pod to gpu-b (gpu-a's memory is 78 %
+    taken), and the two-GPU trainer that came next found no node with two whole GPUs."""
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), scoring=profile())
+    for node in (
+        TraceNode("gpu-a", 32000, 131072, 2, "T4"),
+        TraceNode("gpu-b", 32000, 131072, 2, "T4"),
+        TraceNode("gpu-c", 3000, 131072, 1, "T4"),
+    ):
+        engine.add_node(node_info(node_document(node)))
+    assert place(engine, TracePod("trainer-0", 2000, 102400, 1, 1000, ()), "gpu-a") == "gpu-a"
+    assert place(engine, TracePod("inference", 2000, 4096, 1, 500, ())) == "gpu-a"
+    assert place(engine, TracePod("trainer-1", 4000, 16384, 2, 1000, ())) == "gpu-b"
