@@ -31,7 +31,7 @@ FRAGMENTATION_LEADS = True
 # Left out of the weighed sum that breaks the ties the lead and the policy leave: fragmentation within a point, and
 # balance, broke them worse than the order nodes were found in (sharing_bench, seeds 42-44: 94.1 % with them,
 # 94.7 % without).
-_NOT_TIE_BREAKERS = frozenset({scores.FRAGMENTATION, scores.BALANCED})
+NOT_TIE_BREAKERS = frozenset({scores.FRAGMENTATION, scores.BALANCED})
 CONTENTS_REMEMBERED = 1 << 16  # entries of `_raw_by_content` and of `_contents`; past it, each dropped all at once
 
 
@@ -106,7 +106,7 @@ class Scoring(Filtering):
         devices are shared (`kubegpu.core.kit.shares_devices`). There a node leads by a whole point of its raw score
         (100 x sigmoid(-d), d the devices stranded: about a twenty-fifth of a GPU where little is stranded), truncated
         as the FGD paper's integer score is. Where it tells nodes apart, those tied on it are ranked by the policy's
-        score, then by the other scores weighed as usual but NodeResourcesBalancedAllocation (`_NOT_TIE_BREAKERS`),
+        score, then by the other scores weighed as usual but NodeResourcesBalancedAllocation (`NOT_TIE_BREAKERS`),
         then in the order they were found; where it scores every node alike, by the weighed sum as before. Weighed
         with the others instead, NodeResourcesBalancedAllocation decided most share placements
         (`benchmarks/sharing_bench.py`, seeds 42-44, adaptive count: `fgd` 92.1-92.4 %; leading, ties to the weighed
@@ -269,7 +269,7 @@ class Scoring(Filtering):
         lead: list[int] | None = None  # KubegpuFragmentation's whole points, where it leads (`fragmentation_leads`)
         policy: Sequence[float] = ()  # the policy's scores (NodeResourcesMostAllocated under binpack): lead's ties
         policy_name = scores.policy_plugin(self.policy)
-        rest: list[int] = []  # positions in `weighed` of the scores that break the ties left (`_NOT_TIE_BREAKERS`)
+        rest: list[int] = []  # positions in `weighed` of the scores that break the ties left (`NOT_TIE_BREAKERS`)
         column = 0
         values: Sequence[float]
         for at, (plugin, weight) in enumerate(self._scorers):
@@ -293,7 +293,7 @@ class Scoring(Filtering):
                 continue
             if plugin.name == policy_name:  # before KubegpuFragmentation in the profile's order
                 policy = values
-            elif plugin.name not in _NOT_TIE_BREAKERS:
+            elif plugin.name not in NOT_TIE_BREAKERS:
                 rest.append(len(weighed))
             weighed.append(values if weight == 1 else [weight * value for value in values])
         if not weighed:
