@@ -37,7 +37,8 @@ from operator import add
 
 from kubegpu.core.models import PodRequest
 from kubegpu.core.status import Code, Status
-from kubegpu.scheduler.engine import kubefilters
+from kubegpu.scheduler import scores
+from kubegpu.scheduler.engine import kubefilters, scoring
 from kubegpu.scheduler.engine.records import Decision, NodeRecord, Plan, ShapeAnswers, summarize_reasons
 from kubegpu.scheduler.engine.reserving import Reserving
 from kubegpu.scheduler.index import CapacityIndex
@@ -268,6 +269,13 @@ class Sampling(Reserving):
         distinct = [raws[at] for at in first.values()]
         columns = list(zip(*distinct, strict=True))
         totals: list[float] | None = None
+        # Where KubegpuFragmentation leads (`Scoring.fragmentation_leads`), as `_rank` ranks: its whole points, then
+        # the policy's score, then the other scores but `scoring.NOT_TIE_BREAKERS`.
+        leads = scoring.FRAGMENTATION_LEADS and self.fragmentation_leads(pod, plan)
+        lead: list[int] | None = None
+        policy: list[float] | None = None
+        others: list[float] | None = None
+        policy_name = scores.policy_plugin(self.policy)
         column = 0
         for plugin, weight in self._scorers:
             if not plugin.local:
@@ -276,12 +284,23 @@ class Sampling(Reserving):
             column += 1
             if min(values) == max(values):
                 continue
+            if leads and plugin.name == scores.FRAGMENTATION:
+                lead = [int(value) for value in values]
             normalized = plugin.normalize(True, values)
             if normalized is not values and min(normalized) == max(normalized):
                 continue
             weighed = normalized if weight == 1 else [weight * value for value in normalized]
             totals = weighed if totals is None else list(map(add, totals, weighed))
+            if plugin.name == policy_name:
+                policy = normalized
+            elif plugin.name not in scoring.NOT_TIE_BREAKERS:
+                others = weighed if others is None else list(map(add, others, weighed))
         if totals is None:
             return feasible[0]
+        if lead is not None and min(lead) != max(lead):
+            ties = policy or [0.0] * len(distinct)
+            keys = list(zip(lead, ties, others or ties, strict=True))
+            best = max(keys)
+            return feasible[min(at for at, key in zip(first.values(), keys, strict=True) if key == best)]
         top = max(totals)
         return feasible[min(at for at, total in zip(first.values(), totals, strict=True) if total == top)]
