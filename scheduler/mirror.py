@@ -261,6 +261,9 @@ class ClusterMirror:
         self._next_judgement = 0.0
         # A new leader's fresh list of pods (`caught_up`): None until asked for, then set once the loop applied it.
         self._caught_up: threading.Event | None = None
+        # What the watch told of pods while that list was on its way (the keys of those alive, the uids of those
+        # deleted): the list may be older, so it neither brings back a pod deleted since nor forgets one added since.
+        self._since_listing: tuple[set[str], set[str]] | None = None
 
     # -- the loop -------------------------------------------------------------------------------------------------
 
@@ -360,10 +363,13 @@ class ClusterMirror:
         times out; in a cluster of several API servers, the one it watches may be behind): counted late, the devices
         those pods hold would be given again. Events the watches deliver after the lists are older or newer: a pod the
         engine already counts as bound is not queued again, and an older sight of a bound pod only counts it until its
-        deletion arrives, so the lag can no longer cost more than a wait.
+        deletion arrives, so the lag can no longer cost more than a wait. The watch's pod events applied while the
+        lists were on their way may be newer than them: a pod it saw deleted is not brought back by the list (its
+        devices would be held by nobody, for good), one it saw alive is not forgotten for missing from it.
         """
         if self._caught_up is None:
             self._caught_up = threading.Event()
+            self._since_listing = (set(), set())
             log.info("listing every pod before deciding: the watches may lag behind the previous leader")
             threading.Thread(target=self._list_afresh, args=(self._caught_up,), name="catch-up", daemon=True).start()
         return self._caught_up.is_set()
@@ -395,11 +401,13 @@ class ClusterMirror:
         return self.client.list(path)[0]
 
     def _apply_fresh(self, lists: list[tuple[str, list[dict[str, Any]]]], done: threading.Event) -> None:
+        (alive, gone), self._since_listing = self._since_listing or (set(), set()), None
         for what, items in lists:
             if what == CLAIMS_KIND:
                 self.on_dra(CLAIMS_KIND, "SYNC", items)
             else:
-                self.on_pods("SYNC", items)
+                fresh = [obj for obj in items if _uid(obj) not in gone]  # deleted since: the list is older
+                self.on_pods("SYNC", fresh, keep=alive)
         done.set()
         log.info("caught up: %s listed afresh", ", ".join(f"{len(items)} {what}" for what, items in lists))
 
@@ -929,9 +937,10 @@ class ClusterMirror:
 
     # -- pod events -------------------------------------------------------------------------------------------------
 
-    def on_pods(self, kind: str, payload: Any) -> None:
+    def on_pods(self, kind: str, payload: Any, keep: Iterable[str] = ()) -> None:
+        """One pod event, or a list (`SYNC`: the pods not in it are gone, but those in `keep`)."""
         if kind == "SYNC":
-            live = set()
+            live = set(keep)
             for obj in payload:
                 self._guarded("pod_event", obj, self._apply_pod, "ADDED")
                 meta = obj.get("metadata") or {}
@@ -945,6 +954,16 @@ class ClusterMirror:
                 self._ungate(key)
             self.pods_synced.set()
             return
+        seen = self._since_listing
+        if seen is not None and isinstance(payload, dict):
+            meta = payload.get("metadata") or {}
+            key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+            if kind == "DELETED":
+                seen[0].discard(key)
+                if uid := _uid(payload):
+                    seen[1].add(uid)
+            else:
+                seen[0].add(key)
         self._guarded("pod_event", payload, self._apply_pod, kind)
 
     def _guarded(self, stage: str, obj: dict[str, Any], apply: Any, kind: str, *, on_pod: bool = True) -> Any:
@@ -1190,3 +1209,9 @@ def _results(allocation: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """The devices an allocation names, as (request, driver, pool, device)."""
     results = (allocation.get("devices") or {}).get("results") or ()
     return [(r.get("request"), r.get("driver"), r.get("pool"), r.get("device")) for r in results]
+
+
+def _uid(obj: object) -> str:
+    """A listed or watched object's uid ("" when it has none that can be read)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return str(meta.get("uid", "")) if isinstance(meta, dict) else ""
