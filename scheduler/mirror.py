@@ -261,9 +261,10 @@ class ClusterMirror:
         self._next_judgement = 0.0
         # A new leader's fresh list of pods (`caught_up`): None until asked for, then set once the loop applied it.
         self._caught_up: threading.Event | None = None
-        # What the watch told of pods while that list was on its way (the keys of those alive, the uids of those
-        # deleted): the list may be older, so it neither brings back a pod deleted since nor forgets one added since.
-        self._since_listing: tuple[set[str], set[str]] | None = None
+        # What the watches told of pods and claims while those lists were on their way, per list (the keys of those
+        # alive, the uids of those deleted or finished): a list may be older, so it neither brings back an object
+        # deleted or finished since nor forgets one added since.
+        self._since_listing: dict[str, tuple[set[Any], set[str]]] | None = None
 
     # -- the loop -------------------------------------------------------------------------------------------------
 
@@ -369,7 +370,7 @@ class ClusterMirror:
         """
         if self._caught_up is None:
             self._caught_up = threading.Event()
-            self._since_listing = (set(), set())
+            self._since_listing = {"pods": (set(), set()), CLAIMS_KIND: (set(), set())}
             log.info("listing every pod before deciding: the watches may lag behind the previous leader")
             threading.Thread(target=self._list_afresh, args=(self._caught_up,), name="catch-up", daemon=True).start()
         return self._caught_up.is_set()
@@ -401,12 +402,13 @@ class ClusterMirror:
         return self.client.list(path)[0]
 
     def _apply_fresh(self, lists: list[tuple[str, list[dict[str, Any]]]], done: threading.Event) -> None:
-        (alive, gone), self._since_listing = self._since_listing or (set(), set()), None
+        seen, self._since_listing = self._since_listing or {}, None
         for what, items in lists:
+            alive, gone = seen.get(what, (set(), set()))
+            fresh = [obj for obj in items if _uid(obj) not in gone]  # deleted since: the list is older
             if what == CLAIMS_KIND:
-                self.on_dra(CLAIMS_KIND, "SYNC", items)
+                self.on_dra(CLAIMS_KIND, "SYNC", fresh, keep=alive)
             else:
-                fresh = [obj for obj in items if _uid(obj) not in gone]  # deleted since: the list is older
                 self.on_pods("SYNC", fresh, keep=alive)
         done.set()
         log.info("caught up: %s listed afresh", ", ".join(f"{len(items)} {what}" for what, items in lists))
@@ -698,12 +700,13 @@ class ClusterMirror:
             return f"{DRA_GROUP}/v1 could not be read: {safe_text(str(exc))}"
         return None
 
-    def on_dra(self, collection: str, kind: str, payload: Any) -> None:
+    def on_dra(self, collection: str, kind: str, payload: Any, keep: Iterable[tuple[str, str]] = ()) -> None:
         """A DRA informer's report into the engine's book; one object that raises, or that kubegpu cannot read,
-        costs only itself (left out with a warning: the pods naming it are refused as if it were absent)."""
+        costs only itself (left out with a warning: the pods naming it are refused as if it were absent). A list
+        (`SYNC`) forgets the objects not in it, but those in `keep`."""
         apply = partial(self._apply_dra, collection)
         if kind == "SYNC":
-            seen = set()
+            seen: set[tuple[str, str] | None] = set(keep)
             for obj in payload:
                 seen.add(self._guarded("dra_event", obj, apply, "ADDED", on_pod=False))
             for key in self.engine.dra_keys(collection):
@@ -711,6 +714,10 @@ class ClusterMirror:
                     self._apply_dra(collection, "DELETED", {"metadata": {"namespace": key[0], "name": key[1]}})
             self.dra_synced[collection].set()
         else:
+            if collection == CLAIMS_KIND and self._since_listing is not None and isinstance(payload, dict):
+                meta = payload.get("metadata") or {}
+                named = (str(meta.get("namespace", "")), meta.get("name"))
+                self._seen_since_listing(collection, named, kind == "DELETED", payload)
             self._guarded("dra_event", payload, apply, kind, on_pod=False)
         self.pending.wake()
 
@@ -954,17 +961,26 @@ class ClusterMirror:
                 self._ungate(key)
             self.pods_synced.set()
             return
-        seen = self._since_listing
-        if seen is not None and isinstance(payload, dict):
+        if self._since_listing is not None and isinstance(payload, dict):
             meta = payload.get("metadata") or {}
-            key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
-            if kind == "DELETED":
-                seen[0].discard(key)
-                if uid := _uid(payload):
-                    seen[1].add(uid)
-            else:
-                seen[0].add(key)
+            status = payload.get("status")
+            ended = kind == "DELETED" or (isinstance(status, dict) and status.get("phase") in FINISHED)
+            self._seen_since_listing("pods", f"{meta.get('namespace', 'default')}/{meta.get('name')}", ended, payload)
         self._guarded("pod_event", payload, self._apply_pod, kind)
+
+    def _seen_since_listing(self, what: str, key: object, ended: bool, obj: dict[str, Any]) -> None:
+        """Note a watch event that came while a new leader's fresh lists are on their way (`caught_up`): `ended`,
+        the object is deleted or, a pod, finished (for good: an older list's sight of its uid is not applied)."""
+        seen = self._since_listing.get(what) if self._since_listing is not None else None
+        if seen is None:
+            return
+        alive, gone = seen
+        if ended:
+            alive.discard(key)
+            if uid := _uid(obj):
+                gone.add(uid)
+        else:
+            alive.add(key)
 
     def _guarded(self, stage: str, obj: dict[str, Any], apply: Any, kind: str, *, on_pod: bool = True) -> Any:
         """Apply one informer object; an unexpected error costs that object an error log, a metric and, for a pod,

@@ -184,20 +184,23 @@ class RacingClient(ListingClient):
     ("informed", "listed", "racing", "expected"),
     [
         (["bound", "waiting"], ["bound", "waiting"], ("DELETED", "bound"), ["waiting"]),
+        (["bound", "waiting"], ["bound", "waiting"], ("MODIFIED", "finished"), ["waiting"]),
         (["waiting"], ["waiting"], ("ADDED", "bound"), []),
     ],
-    ids=["deleted-while-listing", "bound-while-listing"],
+    ids=["deleted-while-listing", "finished-while-listing", "bound-while-listing"],
 )
 def test_a_watch_event_applied_before_the_older_fresh_list_is_not_undone(
     informed: list[str], listed: list[str], racing: tuple[str, str], expected: list[str]
 ) -> None:
-    """`bound` holds two of n1's four cards, `waiting` asks for three. The watch delivers `bound`'s deletion (or its
-    binding by another scheduler) while the new leader's fresh list, read before it, is on its way; the loop applies
-    the event first. The older list must not bring the deleted pod back (its cards held by nobody, for good: no
-    later event of it comes), nor forget the bound one (its cards given again to `waiting`). Before: the deleted
-    `bound` was counted again and `waiting` refused, and the bound one forgotten and `waiting` bound beside it."""
+    """`bound` holds two of n1's four cards, `waiting` asks for three. The watch delivers `bound`'s deletion (its
+    end, or its binding by another scheduler) while the new leader's fresh list, read before it, is on its way; the
+    loop applies the event first. The older list must not bring the deleted or finished pod back (its cards held by
+    nobody, for good: no later event of it need come), nor forget the bound one (its cards given again to
+    `waiting`). Before: the ended `bound` was counted again and `waiting` refused, and the bound one forgotten and
+    `waiting` bound beside it."""
     pods = {"bound": pod("bound", cards=2), "waiting": pod("waiting", cards=3)}
     pods["bound"]["spec"]["nodeName"] = "n1"
+    pods["finished"] = {**pods["bound"], "status": {"phase": "Succeeded"}}
     client = RacingClient([pods[name] for name in listed], (racing[0], pods[racing[1]]))
     plugins = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
     svc = CustomScheduler(
