@@ -265,6 +265,9 @@ class ClusterMirror:
         # alive, the uids of those deleted or finished): a list may be older, so it neither brings back an object
         # deleted or finished since nor forgets one added since.
         self._since_listing: dict[str, tuple[set[Any], set[str]]] | None = None
+        # The uid of each pod the fresh list showed, until the watch delivers an event of that very pod: a lagging
+        # watch's events of an older pod of the same name (deleted and made again) are not applied over it.
+        self._listed: dict[str, str] = {}
 
     # -- the loop -------------------------------------------------------------------------------------------------
 
@@ -410,6 +413,10 @@ class ClusterMirror:
                 self.on_dra(CLAIMS_KIND, "SYNC", fresh, keep=alive)
             else:
                 self.on_pods("SYNC", fresh, keep=alive)
+                for obj in fresh:
+                    meta = obj.get("metadata") if isinstance(obj, dict) else None
+                    if isinstance(meta, dict) and (uid := _uid(obj)):
+                        self._listed[f"{meta.get('namespace', 'default')}/{meta.get('name')}"] = uid
         done.set()
         log.info("caught up: %s listed afresh", ", ".join(f"{len(items)} {what}" for what, items in lists))
 
@@ -947,6 +954,7 @@ class ClusterMirror:
     def on_pods(self, kind: str, payload: Any, keep: Iterable[str] = ()) -> None:
         """One pod event, or a list (`SYNC`: the pods not in it are gone, but those in `keep`)."""
         if kind == "SYNC":
+            self._listed.clear()  # the informer's own list: its watch goes on from there
             live = set(keep)
             for obj in payload:
                 self._guarded("pod_event", obj, self._apply_pod, "ADDED")
@@ -961,6 +969,16 @@ class ClusterMirror:
                 self._ungate(key)
             self.pods_synced.set()
             return
+        if self._listed and isinstance(payload, dict):
+            meta = payload.get("metadata") or {}
+            key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+            listed = self._listed.get(key)
+            if listed is not None:
+                if listed != _uid(payload):  # an older pod of that name, from a watch behind the fresh list
+                    log.info("an event of an older pod of this name left alone: the watch is behind the fresh list",
+                             extra={"pod": key})  # fmt: skip
+                    return
+                del self._listed[key]  # the watch has caught up with the listed pod
         if self._since_listing is not None and isinstance(payload, dict):
             meta = payload.get("metadata") or {}
             status = payload.get("status")

@@ -223,3 +223,39 @@ def test_a_watch_event_applied_before_the_older_fresh_list_is_not_undone(
     assert svc._may_decide()
     schedule_all(svc)
     assert bindings(svc) == expected
+
+
+@pytest.mark.parametrize("late", [["DELETED"], ["MODIFIED", "DELETED"]], ids=["deleted", "bound-then-deleted"])
+def test_a_late_event_of_an_older_pod_of_the_same_name_leaves_the_listed_one_counted(late: list[str]) -> None:
+    """`web` was deleted and made again (another uid) around the handover, and the previous leader bound the new one
+    to n1 (two of four cards). The new leader's fresh list shows it; the standby's lagging watch then delivers the
+    old `web`'s last events. The old pod's deletion (or its sight bound, then deleted) must not take the listed pod
+    out of the books: `waiting`, asking three cards, waits. Before, the old pod's deletion released the new one's
+    cards and `waiting` was bound beside it."""
+    new = pod("web", cards=2)
+    new["spec"]["nodeName"] = "n1"
+    old = pod("web", cards=2)
+    old["metadata"]["uid"] = "uid-web-old"
+    old["spec"]["nodeName"] = "n1"
+    waiting = pod("waiting", cards=3)
+    client = ListingClient([new, waiting])
+    plugins = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
+    svc = CustomScheduler(
+        client,  # type: ignore[arg-type]
+        RecordingWriter(),  # type: ignore[arg-type]
+        Engine(plugins, signing_key=KEY),
+        name="kubegpu",
+        leadership=Leadership(time.monotonic() + 60),
+        leader_elect=True,
+    )
+    node = node_manifest("n1", labels={"toy.example/cards": "4"}, allocatable={"toy.example/card": 4})
+    svc.mirror.on_nodes("SYNC", [node])
+    svc.mirror.on_pods("SYNC", [waiting])
+    svc.mirror.ready = lambda: True  # type: ignore[method-assign]
+    assert not svc._may_decide()
+    svc.mirror.apply_events(10.0)  # the fresh list
+    assert svc._may_decide()
+    for kind in late:  # the lagging watch catches up with the old pod
+        svc.mirror.on_pods(kind, old)
+    schedule_all(svc)
+    assert bindings(svc) == [], "the new leader gave `waiting` cards the listed `web` holds"
