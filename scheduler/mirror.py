@@ -261,6 +261,13 @@ class ClusterMirror:
         self._next_judgement = 0.0
         # A new leader's fresh list of pods (`caught_up`): None until asked for, then set once the loop applied it.
         self._caught_up: threading.Event | None = None
+        # What the watches told of pods and claims while those lists were on their way, per list (the keys of those
+        # alive, the uids of those deleted or finished): a list may be older, so it neither brings back an object
+        # deleted or finished since nor forgets one added since.
+        self._since_listing: dict[str, tuple[set[Any], set[str]]] | None = None
+        # The uid of each pod the fresh list showed, until the watch delivers an event of that very pod: a lagging
+        # watch's events of an older pod of the same name (deleted and made again) are not applied over it.
+        self._listed: dict[str, str] = {}
 
     # -- the loop -------------------------------------------------------------------------------------------------
 
@@ -360,10 +367,13 @@ class ClusterMirror:
         times out; in a cluster of several API servers, the one it watches may be behind): counted late, the devices
         those pods hold would be given again. Events the watches deliver after the lists are older or newer: a pod the
         engine already counts as bound is not queued again, and an older sight of a bound pod only counts it until its
-        deletion arrives, so the lag can no longer cost more than a wait.
+        deletion arrives, so the lag can no longer cost more than a wait. The watch's pod events applied while the
+        lists were on their way may be newer than them: a pod it saw deleted is not brought back by the list (its
+        devices would be held by nobody, for good), one it saw alive is not forgotten for missing from it.
         """
         if self._caught_up is None:
             self._caught_up = threading.Event()
+            self._since_listing = {"pods": (set(), set()), CLAIMS_KIND: (set(), set())}
             log.info("listing every pod before deciding: the watches may lag behind the previous leader")
             threading.Thread(target=self._list_afresh, args=(self._caught_up,), name="catch-up", daemon=True).start()
         return self._caught_up.is_set()
@@ -395,11 +405,18 @@ class ClusterMirror:
         return self.client.list(path)[0]
 
     def _apply_fresh(self, lists: list[tuple[str, list[dict[str, Any]]]], done: threading.Event) -> None:
+        seen, self._since_listing = self._since_listing or {}, None
         for what, items in lists:
+            alive, gone = seen.get(what, (set(), set()))
+            fresh = [obj for obj in items if _uid(obj) not in gone]  # deleted since: the list is older
             if what == CLAIMS_KIND:
-                self.on_dra(CLAIMS_KIND, "SYNC", items)
+                self.on_dra(CLAIMS_KIND, "SYNC", fresh, keep=alive)
             else:
-                self.on_pods("SYNC", items)
+                self.on_pods("SYNC", fresh, keep=alive)
+                for obj in fresh:
+                    meta = obj.get("metadata") if isinstance(obj, dict) else None
+                    if isinstance(meta, dict) and (uid := _uid(obj)):
+                        self._listed[f"{meta.get('namespace', 'default')}/{meta.get('name')}"] = uid
         done.set()
         log.info("caught up: %s listed afresh", ", ".join(f"{len(items)} {what}" for what, items in lists))
 
@@ -690,12 +707,13 @@ class ClusterMirror:
             return f"{DRA_GROUP}/v1 could not be read: {safe_text(str(exc))}"
         return None
 
-    def on_dra(self, collection: str, kind: str, payload: Any) -> None:
+    def on_dra(self, collection: str, kind: str, payload: Any, keep: Iterable[tuple[str, str]] = ()) -> None:
         """A DRA informer's report into the engine's book; one object that raises, or that kubegpu cannot read,
-        costs only itself (left out with a warning: the pods naming it are refused as if it were absent)."""
+        costs only itself (left out with a warning: the pods naming it are refused as if it were absent). A list
+        (`SYNC`) forgets the objects not in it, but those in `keep`."""
         apply = partial(self._apply_dra, collection)
         if kind == "SYNC":
-            seen = set()
+            seen: set[tuple[str, str] | None] = set(keep)
             for obj in payload:
                 seen.add(self._guarded("dra_event", obj, apply, "ADDED", on_pod=False))
             for key in self.engine.dra_keys(collection):
@@ -703,6 +721,10 @@ class ClusterMirror:
                     self._apply_dra(collection, "DELETED", {"metadata": {"namespace": key[0], "name": key[1]}})
             self.dra_synced[collection].set()
         else:
+            if collection == CLAIMS_KIND and self._since_listing is not None and isinstance(payload, dict):
+                meta = payload.get("metadata") or {}
+                named = (str(meta.get("namespace", "")), meta.get("name"))
+                self._seen_since_listing(collection, named, kind == "DELETED", payload)
             self._guarded("dra_event", payload, apply, kind, on_pod=False)
         self.pending.wake()
 
@@ -929,9 +951,11 @@ class ClusterMirror:
 
     # -- pod events -------------------------------------------------------------------------------------------------
 
-    def on_pods(self, kind: str, payload: Any) -> None:
+    def on_pods(self, kind: str, payload: Any, keep: Iterable[str] = ()) -> None:
+        """One pod event, or a list (`SYNC`: the pods not in it are gone, but those in `keep`)."""
         if kind == "SYNC":
-            live = set()
+            self._listed.clear()  # the informer's own list: its watch goes on from there
+            live = set(keep)
             for obj in payload:
                 self._guarded("pod_event", obj, self._apply_pod, "ADDED")
                 meta = obj.get("metadata") or {}
@@ -945,7 +969,36 @@ class ClusterMirror:
                 self._ungate(key)
             self.pods_synced.set()
             return
+        if self._listed and isinstance(payload, dict):
+            meta = payload.get("metadata") or {}
+            key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+            listed = self._listed.get(key)
+            if listed is not None:
+                if listed != _uid(payload):  # an older pod of that name, from a watch behind the fresh list
+                    log.info("an event of an older pod of this name left alone: the watch is behind the fresh list",
+                             extra={"pod": key})  # fmt: skip
+                    return
+                del self._listed[key]  # the watch has caught up with the listed pod
+        if self._since_listing is not None and isinstance(payload, dict):
+            meta = payload.get("metadata") or {}
+            status = payload.get("status")
+            ended = kind == "DELETED" or (isinstance(status, dict) and status.get("phase") in FINISHED)
+            self._seen_since_listing("pods", f"{meta.get('namespace', 'default')}/{meta.get('name')}", ended, payload)
         self._guarded("pod_event", payload, self._apply_pod, kind)
+
+    def _seen_since_listing(self, what: str, key: object, ended: bool, obj: dict[str, Any]) -> None:
+        """Note a watch event that came while a new leader's fresh lists are on their way (`caught_up`): `ended`,
+        the object is deleted or, a pod, finished (for good: an older list's sight of its uid is not applied)."""
+        seen = self._since_listing.get(what) if self._since_listing is not None else None
+        if seen is None:
+            return
+        alive, gone = seen
+        if ended:
+            alive.discard(key)
+            if uid := _uid(obj):
+                gone.add(uid)
+        else:
+            alive.add(key)
 
     def _guarded(self, stage: str, obj: dict[str, Any], apply: Any, kind: str, *, on_pod: bool = True) -> Any:
         """Apply one informer object; an unexpected error costs that object an error log, a metric and, for a pod,
@@ -1190,3 +1243,9 @@ def _results(allocation: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """The devices an allocation names, as (request, driver, pool, device)."""
     results = (allocation.get("devices") or {}).get("results") or ()
     return [(r.get("request"), r.get("driver"), r.get("pool"), r.get("device")) for r in results]
+
+
+def _uid(obj: object) -> str:
+    """A listed or watched object's uid ("" when it has none that can be read)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return str(meta.get("uid", "")) if isinstance(meta, dict) else ""

@@ -80,6 +80,21 @@ class NodeCache(Ledger):
                     record.pods[key] = None
                     self._count_usage(record, pod.request, +1)
         self._refresh(record)
+        if previous is not None:
+            self._leave_indexes(record)
+
+    def _leave_indexes(self, record: NodeRecord) -> None:
+        """Take a changed node out of the capacity indexes of what it no longer offers (a plugin's devices gone, a
+        resource its headroom no longer names): left there under its old class, a cycle in capacity order met it
+        among that class's nodes, and its refusal settled the new class instead (KeyError out of the cycle)."""
+        offered = {CPU_INDEX, DRA_INDEX} if self.dra.slices else {CPU_INDEX}
+        for headroom in record.headroom.values():
+            offered.update(headroom.free)
+        for plugin in record.problems.keys() - record.states.keys():
+            offered.update(self._unknown_headroom(record, plugin).free)
+        for resource, index in self._index.items():
+            if resource not in offered and record.name in index:
+                index.discard(record.name)
 
     def _count_fragmenting(self, record: NodeRecord, sign: int) -> None:
         """Count a node holding a state of a plugin that measures fragmentation in (+1) or out (-1) of

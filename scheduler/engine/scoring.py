@@ -202,7 +202,9 @@ class Scoring(Filtering):
     def scoring_content(self, record: NodeRecord) -> tuple[object, ...] | None:
         """What the local score plugins read of a node besides its name: its class (`NodeCache._klass`: labels but
         the hostname, allocatable, taints), its usage, and each of its device plugins' states' `scoring_content()`
-        (a plugin state that has none is scored alone: None). Remembered per node version (`_contents`)."""
+        (a plugin state that has none, or whose content is the state itself, `(state,)`, is scored alone: None; the
+        state's identity stays one key while its books change, so answers remembered by it went stale). Remembered
+        per node version (`_contents`)."""
         known = self._contents.get(record.name)
         if known is not None and known[0] is record and known[1] == record.version:
             return known[2]
@@ -215,6 +217,9 @@ class Scoring(Filtering):
             try:
                 part = method()
                 hash(part)  # a key of `_raw_by_content`: a plugin's list (of its holders, say) cannot be one
+                if type(part) is tuple and len(part) == 1 and part[0] is state:
+                    parts = None  # the state is its own content (the kit's shared books): one key while it changes
+                    break
             except Exception as exc:  # a plugin's own method: it costs its node the sharing, not the cycle
                 log.error("node %s: plugin %s: scoring_content() is no key, the node is scored alone: %r",
                           record.name, plugin, exc)  # fmt: skip

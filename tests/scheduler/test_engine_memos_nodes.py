@@ -217,3 +217,25 @@ def test_nodes_changing_under_the_memos_get_the_decisions_of_an_engine_without_t
                 e.add_node(fact.node())
             assert sorted(memoized.pods) == sorted(oracle.pods)
             live = [key for key in live if key in memoized.pods]  # a pod its node no longer fits is let go
+
+
+def test_a_node_that_no_longer_offers_a_device_resource_leaves_its_capacity_index() -> None:
+    """n0's Intel cards are gone (its GPU labels and allocatable removed, as when the GPU plugin is uninstalled) and
+    it is tainted: it must leave the gpu.intel.com indexes, not stay there under its old class. Before, a card pod
+    cycle walking the capacity order (here one that need not explain, as a pod waiting for its victims) met n0
+    among the old class's candidates, settled its new class, and raised KeyError out of `Engine.schedule`, for every
+    such pod; the pod is refused, and once n1 has cards it binds there."""
+    from kubegpu.plugins.intel_gas import scheduler as gas
+
+    i915, memory = "gpu.intel.com/i915", "gpu.intel.com/memory.max"
+    subject = Engine(make_plugin_manager("scheduler", plugins=[("intel-gas", gas)], autoload=False))
+    cards = {"labels": {"gpu.intel.com/gpu-numbers": "0"}, "allocatable": {i915: 4, memory: "8G"}}
+    subject.add_node(make_node("n0", **cards))
+    subject.add_node(make_node("n0", taints=[{"key": "k", "value": "v", "effect": "NoSchedule"}]))
+    subject.add_node(make_node("n1"))
+    assert "n0" not in subject._index[i915]
+    card_pod = make_pod("p", {"main": {i915: 1, memory: "2G"}})
+    refused = subject.schedule(card_pod, explain=False)
+    assert not refused.scheduled
+    subject.add_node(make_node("n1", **cards))
+    assert subject.schedule(card_pod, explain=False).node == "n1"

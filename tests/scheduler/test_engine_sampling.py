@@ -149,3 +149,31 @@ def test_a_pod_of_a_shape_seen_before_asks_only_the_nodes_changed_since() -> Non
     refused = subject.schedule(pod_request(pod_document(huge, "huge-2"))[0])
     assert not refused.scheduled and refused.reason.startswith("0/150 nodes are available: ")
     assert len(asked) <= 1
+
+
+def test_a_node_whose_books_are_their_own_content_is_asked_again_after_they_change() -> None:
+    """A plugin state whose scoring content is the state itself (the kit's shared books, intel-gas's cards: one
+    identity while its books change) numbers no content to remember answers by: card 1 with 4G free after d and e
+    takes the 4G pod that both cards' 2G refused after a and b, though the node's usage (12G, two pods) and its
+    headroom (4G in all) read the same both times. Before, the shape's answer from the first refusal was given
+    again: "the most free on any card is 2G"."""
+    from kubegpu.core.testing import make_node, make_pod
+    from kubegpu.plugins.intel_gas import scheduler as gas
+
+    def gas_pod(name: str, memory: str) -> Any:
+        return make_pod(name, {"main": {"gpu.intel.com/i915": 1, "gpu.intel.com/memory.max": memory}})
+
+    subject = Engine(make_plugin_manager("scheduler", plugins=[("intel-gas", gas)], autoload=False))
+    labels = {"gpu.intel.com/gpu-numbers": "0.1"}
+    allocatable = {"gpu.intel.com/i915": 8, "gpu.intel.com/memory.max": "16G"}
+    subject.add_node(make_node("intel-a", labels=labels, allocatable=allocatable))  # 8G a card
+    for name in ("a", "b"):  # 6G on each card
+        assert subject.schedule(gas_pod(name, "6G")).scheduled
+    refused = subject.schedule(gas_pod("c1", "4G"))
+    assert not refused.scheduled and "the most free on any card is 2G" in refused.reason
+    subject.release("default/a")
+    subject.release("default/b")
+    for name, memory in (("d", "8G"), ("e", "4G")):  # card 0 full, 4G left on card 1
+        assert subject.schedule(gas_pod(name, memory)).scheduled
+    decision = subject.schedule(gas_pod("c2", "4G"))
+    assert (decision.node, decision.reason) == ("intel-a", None)

@@ -163,3 +163,99 @@ def test_timings_without_a_margin_stop_the_scheduler_before_it_starts(capsys: py
     argv = ["scheduler", "--allocation-key-file", "/nonexistent", "--lease-duration", "10", "--renew-deadline", "10"]
     assert main(argv) == 2
     assert "--renew-deadline (10s) must be shorter than --lease-duration (10s)" in capsys.readouterr().err
+
+
+class RacingClient(ListingClient):
+    """The fresh list read from etcd while the watch delivers an event: the loop applies the event (`racing`)
+    before the list, which is older than it."""
+
+    def __init__(self, pods: list[dict[str, Any]], racing: tuple[str, dict[str, Any]]) -> None:
+        super().__init__(pods)
+        self.racing = racing
+        self.mirror: Any = None
+
+    def list(self, path: str, **params: Any) -> tuple[list[dict[str, Any]], str]:
+        listed = super().list(path, **params)
+        self.mirror.post(self.mirror.on_pods, *self.racing)  # the watch, while the list's answer was on its way
+        return listed
+
+
+@pytest.mark.parametrize(
+    ("informed", "listed", "racing", "expected"),
+    [
+        (["bound", "waiting"], ["bound", "waiting"], ("DELETED", "bound"), ["waiting"]),
+        (["bound", "waiting"], ["bound", "waiting"], ("MODIFIED", "finished"), ["waiting"]),
+        (["waiting"], ["waiting"], ("ADDED", "bound"), []),
+    ],
+    ids=["deleted-while-listing", "finished-while-listing", "bound-while-listing"],
+)
+def test_a_watch_event_applied_before_the_older_fresh_list_is_not_undone(
+    informed: list[str], listed: list[str], racing: tuple[str, str], expected: list[str]
+) -> None:
+    """`bound` holds two of n1's four cards, `waiting` asks for three. The watch delivers `bound`'s deletion (its
+    end, or its binding by another scheduler) while the new leader's fresh list, read before it, is on its way; the
+    loop applies the event first. The older list must not bring the deleted or finished pod back (its cards held by
+    nobody, for good: no later event of it need come), nor forget the bound one (its cards given again to
+    `waiting`). Before: the ended `bound` was counted again and `waiting` refused, and the bound one forgotten and
+    `waiting` bound beside it."""
+    pods = {"bound": pod("bound", cards=2), "waiting": pod("waiting", cards=3)}
+    pods["bound"]["spec"]["nodeName"] = "n1"
+    pods["finished"] = {**pods["bound"], "status": {"phase": "Succeeded"}}
+    client = RacingClient([pods[name] for name in listed], (racing[0], pods[racing[1]]))
+    plugins = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
+    svc = CustomScheduler(
+        client,  # type: ignore[arg-type]
+        RecordingWriter(),  # type: ignore[arg-type]
+        Engine(plugins, signing_key=KEY),
+        name="kubegpu",
+        leadership=Leadership(time.monotonic() + 60),
+        leader_elect=True,
+    )
+    client.mirror = svc.mirror
+    node = node_manifest("n1", labels={"toy.example/cards": "4"}, allocatable={"toy.example/card": 4})
+    svc.mirror.on_nodes("SYNC", [node])
+    svc.mirror.on_pods("SYNC", [pods[name] for name in informed])
+    svc.mirror.ready = lambda: True  # type: ignore[method-assign]
+    assert not svc._may_decide()
+    deadline = time.monotonic() + 10
+    while not svc._may_decide() and time.monotonic() < deadline:
+        svc.mirror.apply_events(0.5)  # the watch's event, then the fresh list
+    assert svc._may_decide()
+    schedule_all(svc)
+    assert bindings(svc) == expected
+
+
+@pytest.mark.parametrize("late", [["DELETED"], ["MODIFIED", "DELETED"]], ids=["deleted", "bound-then-deleted"])
+def test_a_late_event_of_an_older_pod_of_the_same_name_leaves_the_listed_one_counted(late: list[str]) -> None:
+    """`web` was deleted and made again (another uid) around the handover, and the previous leader bound the new one
+    to n1 (two of four cards). The new leader's fresh list shows it; the standby's lagging watch then delivers the
+    old `web`'s last events. The old pod's deletion (or its sight bound, then deleted) must not take the listed pod
+    out of the books: `waiting`, asking three cards, waits. Before, the old pod's deletion released the new one's
+    cards and `waiting` was bound beside it."""
+    new = pod("web", cards=2)
+    new["spec"]["nodeName"] = "n1"
+    old = pod("web", cards=2)
+    old["metadata"]["uid"] = "uid-web-old"
+    old["spec"]["nodeName"] = "n1"
+    waiting = pod("waiting", cards=3)
+    client = ListingClient([new, waiting])
+    plugins = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
+    svc = CustomScheduler(
+        client,  # type: ignore[arg-type]
+        RecordingWriter(),  # type: ignore[arg-type]
+        Engine(plugins, signing_key=KEY),
+        name="kubegpu",
+        leadership=Leadership(time.monotonic() + 60),
+        leader_elect=True,
+    )
+    node = node_manifest("n1", labels={"toy.example/cards": "4"}, allocatable={"toy.example/card": 4})
+    svc.mirror.on_nodes("SYNC", [node])
+    svc.mirror.on_pods("SYNC", [waiting])
+    svc.mirror.ready = lambda: True  # type: ignore[method-assign]
+    assert not svc._may_decide()
+    svc.mirror.apply_events(10.0)  # the fresh list
+    assert svc._may_decide()
+    for kind in late:  # the lagging watch catches up with the old pod
+        svc.mirror.on_pods(kind, old)
+    schedule_all(svc)
+    assert bindings(svc) == [], "the new leader gave `waiting` cards the listed `web` holds"

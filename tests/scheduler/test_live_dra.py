@@ -469,3 +469,48 @@ def test_a_new_leader_counts_the_claims_the_previous_leader_allocated_before_it_
     cycle(service)
     assert "b" not in api.bindings(), "the new leader gave `b` the devices the previous leader allocated to `a`"
     assert api.refusals("b") == ["0/2 nodes are available: 2 cannot allocate all claims."]
+
+
+class RacingListing(Listing):
+    """The fresh lists read from etcd while the watches deliver `a`'s and its claim's deletion: the loop applies
+    those first."""
+
+    def __init__(self, pods: list[dict[str, Any]], claims: list[dict[str, Any]], mirror: Any) -> None:
+        super().__init__(pods, claims)
+        self.mirror = mirror
+
+    def list(self, path: str, **params: Any) -> tuple[list[dict[str, Any]], str]:
+        listed = super().list(path, **params)
+        if len(self.lists) == 1:  # the watches, while the first list's answer was on its way
+            pods, claims = self.answers["/api/v1/pods"], self.answers["/apis/resource.k8s.io/v1/resourceclaims"]
+            self.mirror.post(self.mirror.on_pods, "DELETED", copy.deepcopy(pods[0]))
+            self.mirror.post(self.mirror.on_dra, "resourceclaims", "DELETED", copy.deepcopy(claims[0]))
+        return listed
+
+
+def test_a_claim_deleted_while_the_new_leader_lists_is_not_brought_back(service: CustomScheduler) -> None:
+    """`a` held both of n1's devices through `a-dev`; `a` and its claim are deleted while the new leader's fresh
+    lists, read before, are on their way, and the loop applies the deletions first. The older claim list must not
+    allocate `a-dev` again: no later event of it comes, and n1's devices would be held by nobody for good. Before:
+    `b` was refused "cannot allocate all claims" though n1 is empty."""
+    service.mirror.on_dra("resourceslices", "SYNC", [neuron_slice("n1", 2)])
+    api = server(service)
+    allocated = allocated_claim("a-dev", "a", "n1", 0, 1)
+    bound = pod("a", templates={"dev": "two"})
+    bound["spec"]["nodeName"] = "n1"
+    bound["status"] = {"phase": "Running", "resourceClaimStatuses": [{"name": "dev", "resourceClaimName": "a-dev"}]}
+    waiting = pod("b", templates={"dev": "two"})
+    service.mirror.on_dra("resourceclaims", "ADDED", copy.deepcopy(allocated))
+    service.mirror.on_pods("ADDED", copy.deepcopy(bound))
+    service.mirror.on_pods("ADDED", waiting)
+    service.mirror.client = RacingListing([bound, waiting], [allocated], service.mirror)  # type: ignore[assignment]
+    service.leader_elect = True
+    service.leadership = Leadership(time.monotonic() + 60)
+    service.mirror.ready = lambda: True  # type: ignore[method-assign]
+    assert not service._may_decide()
+    deadline = time.monotonic() + 10
+    while not service._may_decide() and time.monotonic() < deadline:
+        service.mirror.apply_events(0.5)  # the deletions, then the fresh lists
+    assert service._may_decide()
+    cycle(service)
+    assert api.bindings().get("b") == "n1", api.refusals("b")
