@@ -48,7 +48,6 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine import Engine, kubescores
-from kubegpu.scheduler.engine import scoring as engine_scoring
 from kubegpu.scheduler.traces import (
     TraceNode,
     TracePod,
@@ -105,6 +104,7 @@ def replay(
     devices_only: bool,
     mix: tuple[tuple[int, int, int, float], ...] = (),
     weight: int | None = None,
+    lead: bool = True,
 ) -> tuple[float, float, int]:
     """(GPU allocated % at arrived 100 %, seconds, pods that arrived)."""
     share = variant != "whole"
@@ -118,6 +118,7 @@ def replay(
         percentage_of_nodes_to_score=percentage,
         share_policy=variant if share else None,
         fragmentation_mix=mix,
+        fragmentation_lead=lead,
     )
     engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), scoring=profile)
     for node in nodes:
@@ -232,11 +233,18 @@ def main() -> int:
         for variant in args.variants:
             for percentage in args.percentages:
                 for lead in args.fragmentation_lead:
-                    engine_scoring.FRAGMENTATION_LEADS = lead == "on"
                     mix = trace_mix(pods) if args.mix == "trace" else ()
                     figures = [
                         replay(
-                            nodes, pods, seed, variant, percentage, args.devices_only, mix, args.fragmentation_weight
+                            nodes,
+                            pods,
+                            seed,
+                            variant,
+                            percentage,
+                            args.devices_only,
+                            mix,
+                            args.fragmentation_weight,
+                            lead == "on",
                         )
                         for seed in args.seeds
                     ]

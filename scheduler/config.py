@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from kubegpu.core.errors import InputError, describe_validation_error, shorten
 from kubegpu.core.models import SpreadConstraint
@@ -312,9 +312,11 @@ class _MixKind(_Strict):
 
 
 class _FragmentationArgs(_Args):
-    """kubegpu's KubegpuFragmentation: the mix of pods to measure against instead of the one learned."""
+    """kubegpu's KubegpuFragmentation: the mix of pods to measure against instead of the one learned, and whether it
+    ranks first where a pod may reach shared devices (`lead`, the default) or is weighed with the other scores."""
 
     mix: list[_MixKind] = Field(default_factory=list, max_length=MAX_MIX_KINDS)
+    lead: StrictBool = True
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -717,6 +719,7 @@ class _PluginArgs:
     strategy: Policy | None = None
     share_policy: str | None = None
     mix: tuple[tuple[int, int, int, float], ...] = ()
+    lead: bool = True
 
 
 ARGS_MODELS: dict[str, type[_Args]] = {
@@ -818,6 +821,7 @@ def _plugin_args(entries: list[_PluginConfig], version: str, where: str, rules: 
                         "kind asks for one GPU"
                     )
             found.mix = tuple((k.gpus, k.gpuMilli, k.cpuMilli, k.weight) for k in args.mix)
+            found.lead = args.lead
         elif isinstance(args, _VolumeBindingArgs) and args.shape is not None:
             raise ConfigError(f"{here}.shape: kubegpu does not score volumes")
     return found
@@ -888,6 +892,7 @@ def parse_config(
             queue_sort=sort,
             share_policy=args.share_policy,
             fragmentation_mix=args.mix,
+            fragmentation_lead=args.lead,
         ),
         policy=chosen,
         scheduler_name=name,

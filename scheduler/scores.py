@@ -164,7 +164,8 @@ class Profile:
     kube-scheduler's `percentageOfNodesToScore` (0: its adaptive default), `hardPodAffinityWeight` and
     PodTopologySpread's default constraints (their selectors None: each pod's owners give it; empty: none); the
     PreEnqueue plugins turned off (`SchedulingGates`) and the one QueueSort plugin (`PrioritySort`); and what the
-    device plugins are told (`share_policy`, `fragmentation_mix`)."""
+    device plugins are told (`share_policy`, `fragmentation_mix`), and whether KubegpuFragmentation leads
+    (`fragmentation_lead`)."""
 
     weights: Mapping[str, int] = field(default_factory=dict)
     filters_off: frozenset[str] = frozenset()
@@ -178,6 +179,9 @@ class Profile:
     # device plugins' defaults (their own policy, a mix learned from the pods placed).
     share_policy: str | None = None
     fragmentation_mix: tuple[tuple[int, int, int, float], ...] = ()
+    # KubegpuFragmentation's `lead`: it ranks first where a pod may reach shared devices
+    # (`Scoring.fragmentation_leads`); False weighs it with the others everywhere.
+    fragmentation_lead: bool = True
 
     @classmethod
     def default(cls, policy: str = "binpack") -> Profile:

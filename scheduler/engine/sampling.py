@@ -271,7 +271,7 @@ class Sampling(Reserving):
         totals: list[float] | None = None
         # Where KubegpuFragmentation leads (`Scoring.fragmentation_leads`), as `_rank` ranks: its whole points, then
         # the policy's score, then the other scores but `scoring.NOT_TIE_BREAKERS`.
-        leads = scoring.FRAGMENTATION_LEADS and self.fragmentation_leads(pod, plan)
+        leads = self.fragmentation_leads(pod, plan)
         lead: list[int] | None = None
         policy: list[float] | None = None
         others: list[float] | None = None

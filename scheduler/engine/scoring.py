@@ -25,9 +25,6 @@ from kubegpu.scheduler.engine.records import (
 )
 
 _NONE: frozenset[tuple[str, str]] = frozenset()
-# Whether KubegpuFragmentation leads where a pod may reach shared devices (`Scoring.fragmentation_leads`); False
-# weighs it with the others everywhere (`benchmarks/sharing_bench.py --fragmentation-lead off`).
-FRAGMENTATION_LEADS = True
 # Left out of the weighed sum that breaks the ties the lead and the policy leave: fragmentation within a point, and
 # balance, broke them worse than the order nodes were found in (sharing_bench, seeds 42-44: 94.1 % with them,
 # 94.7 % without).
@@ -112,6 +109,8 @@ class Scoring(Filtering):
         (`benchmarks/sharing_bench.py`, seeds 42-44, adaptive count: `fgd` 92.1-92.4 %; leading, ties to the weighed
         sum: 93.8 %; to the policy, then the weighed sum: 94.1 %; to the policy, then the order found: 94.7 %). Pods
         that cannot reach a shared device are ranked as before (kube-scheduler's parity)."""
+        if not self.scoring.fragmentation_lead:  # the profile's KubegpuFragmentation `lead: false`
+            return False
         counts = self._sharing_nodes
         if not plan.devices:
             return counts[""] > 0
@@ -285,7 +284,7 @@ class Scoring(Filtering):
                     continue
                 state: object = True
                 raw = list(values)
-                if plugin.name == scores.FRAGMENTATION and FRAGMENTATION_LEADS and self.fragmentation_leads(pod, plan):
+                if plugin.name == scores.FRAGMENTATION and self.fragmentation_leads(pod, plan):
                     lead = [int(value) for value in raw]
             else:
                 state = plugin.prescore(self, pod, plan) if prescored is None else prescored[at]

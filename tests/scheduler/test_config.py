@@ -250,6 +250,9 @@ def test_the_share_policy_and_the_mix_of_pods_are_read_from_kubegpus_plugin_args
     fragmentation = parse_config(kubegpu_args("KubegpuFragmentation", {"mix": mix}, version))
     assert devices.profile.share_policy == "bestfit"
     assert fragmentation.profile.fragmentation_mix == ((1, 500, 4000, 3.0), (8, 1000, 0, 1.0))
+    assert fragmentation.profile.fragmentation_lead is True  # the default
+    weighed = parse_config(kubegpu_args("KubegpuFragmentation", {"lead": False}, version))
+    assert weighed.profile.fragmentation_lead is False
 
 
 @pytest.mark.parametrize(
@@ -262,8 +265,18 @@ def test_the_share_policy_and_the_mix_of_pods_are_read_from_kubegpus_plugin_args
         ("KubegpuFragmentation", {"mix": [{"gpus": 0, "weight": 1}]}, "args.mix[0].gpus"),
         ("KubegpuFragmentation", {"mix": [{"gpus": 1, "weight": 1, "memory": 5}]}, "args.mix[0].memory"),
         ("KubegpuFragmentation", {"mix": [{"gpus": 1, "weight": 1}] * 257}, "args.mix"),
+        ("KubegpuFragmentation", {"lead": "yes"}, "args.lead"),
     ],
-    ids=["unknown-policy", "zero-weight", "over-a-gpu", "several-gpus-shared", "no-gpu", "unknown-field", "too-many"],
+    ids=[
+        "unknown-policy",
+        "zero-weight",
+        "over-a-gpu",
+        "several-gpus-shared",
+        "no-gpu",
+        "unknown-field",
+        "too-many",
+        "lead-not-a-bool",
+    ],
 )
 def test_kubegpu_plugin_args_mistakes_name_the_field(name: str, args: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as refused:

@@ -99,3 +99,11 @@ def test_nodes_tied_on_fragmentation_go_to_the_policy_so_a_two_gpu_trainer_still
     assert place(engine, TracePod("trainer-0", 2000, 102400, 1, 1000, ()), "gpu-a") == "gpu-a"
     assert place(engine, TracePod("inference", 2000, 4096, 1, 500, ())) == "gpu-a"
     assert place(engine, TracePod("trainer-1", 4000, 16384, 2, 1000, ())) == "gpu-b"
+
+
+def test_a_profile_that_sets_lead_false_weighs_fragmentation_with_the_other_scores() -> None:
+    """KubegpuFragmentation's `lead: false` (pluginConfig): the operator's choice of kube-scheduler's weighed sum
+    everywhere; the scenario above then goes as it went before the lead, balance deciding."""
+    shares_common = ((1, 500, 2000, 9.0), (1, 1000, 2000, 1.0))
+    weighed = dataclasses.replace(profile(), fragmentation_mix=shares_common, fragmentation_lead=False)
+    assert replay(weighed) == {"inference": "gpu-b", "trainer-1": None}
