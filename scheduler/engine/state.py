@@ -28,6 +28,7 @@ from kubegpu.scheduler.engine.kubefilters import CLUSTER_FILTERS, KUBE_FILTERS, 
 from kubegpu.scheduler.engine.kubescores import KUBE_SCORES, enabled_scores, may_matter
 from kubegpu.scheduler.engine.records import (
     CPU_INDEX,
+    FRAGMENTATION_EPOCH_HOOK,
     FRAGMENTATION_HOOK,
     POLICIES,
     ClassTally,
@@ -115,6 +116,12 @@ class EngineState:
         # a pod's nodes otherwise than the policy's order only where the pod may go to such a node.
         self._fragmenters = tuple(p for p in plugins.names if plugins.implements(p, FRAGMENTATION_HOOK))
         self._fragmenting_nodes: Counter[str] = Counter()
+        # Of those, the ones with `kubegpu_scheduler_fragmentation_epoch` (the others' answers follow from the node);
+        # and per plugin, how many nodes hold its state beside each fragmenting plugin's: a device pod is ranked only
+        # on nodes holding its plugins' states, so a cycle asks the epochs of just the fragmenting plugins beside its
+        # first one (`Scoring.fragmentation_epochs`), not those of a family it cannot reach.
+        self._epoch_askers = frozenset(p for p in self._fragmenters if plugins.implements(p, FRAGMENTATION_EPOCH_HOOK))
+        self._fragmenting_beside: dict[str, Counter[str]] = {}
         # Of those, the nodes whose devices a plugin shares (`kubegpu.core.kit.shares_devices`), counted the same way:
         # a pod that may reach one has its nodes ranked by kube-scheduler's count even when the profile leaves
         # `percentageOfNodesToScore` unset (`fragmentation_matters`).
