@@ -646,10 +646,11 @@ class PartedDeviceNodeState(WholeDeviceNodeState):
         return holder
 
     def cannot_hold(self, bits: Iterable[int]) -> str | None:
+        holders, parts_held_on = self.holders, self.parts_held_on
         for i in bits:
             if not self.present >> i & 1:
                 return f"device {i} does not exist on this node"
-            holder = self.holder(i)
+            holder = holders[i] if holders[i] is not None or not parts_held_on.get(i) else self.holder(i)
             if holder is not None:
                 return f"device {i} is already held by {holder}"
         return None
@@ -669,12 +670,16 @@ class PartedDeviceNodeState(WholeDeviceNodeState):
         return None
 
     def cannot_take(self, claim: Claim) -> str | None:
-        return self.cannot_hold(claim.whole) or self.cannot_hold_parts(claim.parts, claim.whole)
+        error = self.cannot_hold(claim.whole)
+        if error is None and claim.parts:
+            error = self.cannot_hold_parts(claim.parts, claim.whole)
+        return error
 
     def take(self, pod_key: str, claim: Claim) -> None:
         self.hold(claim.whole, pod_key)
+        k = self.parts
         for i in claim.whole:
-            self.free_parts &= ~self.parts_of(1 << i)
+            self.free_parts &= ~(((1 << k) - 1) << i * k)  # device i's parts (`parts_of(1 << i)`)
         for p in claim.parts:
             i = p // self.parts
             self.part_holders[p] = pod_key
