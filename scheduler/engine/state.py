@@ -253,9 +253,11 @@ class EngineState:
         # nodes alike in all the local score plugins read (`Scoring.scoring_content`: the node's class, its usage,
         # each device plugin state's `scoring_content()`) share one computation, so a cycle that scores every node
         # computes once per distinct node (in the FGD experiment on the openb trace, a few hundred of its 1,213).
-        # Stale when the shape is another's (identity) or an epoch moved (in the key); none for a pod with preferred
-        # node affinity (its score reads the node's name) or when a third party added a score plugin (it may read
-        # anything). Past `CONTENTS_REMEMBERED`, dropped all at once.
+        # Stale when the shape is another's (identity) or an epoch it may reach moved (in the key: the epochs of the
+        # fragmenting plugins beside the nodes the shape may be ranked on, `Scoring.fragmentation_epochs(plan)`; a
+        # node's scores read no other plugin's, and a node gaining one is in the change log); none for a pod with
+        # preferred node affinity (its score reads the node's name) or when a third party added a score plugin (it
+        # may read anything). Past `CONTENTS_REMEMBERED`, dropped all at once.
         self._raw_by_content: dict[
             tuple[int, tuple[int | None, ...], tuple[object, ...]], tuple[tuple[object, ...], tuple[float, ...]]
         ] = {}

@@ -294,3 +294,41 @@ def test_the_epochs_a_cycle_asks_are_those_of_the_plugins_beside_its_first_one(s
             for p in scheduler._fragmenters
         )  # fmt: skip
         assert scheduler.fragmentation_epochs(plan) == expected
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    arrivals=st.lists(st.tuples(st.sampled_from(["cpu", "gpu", "gpu2", "trn", "trn4"]), st.booleans()), max_size=40),
+    percentage=st.sampled_from([0, 100]),
+)
+def test_scores_remembered_under_the_reachable_epochs_place_as_a_fresh_engine(
+    arrivals: list[tuple[str, bool]], percentage: int
+) -> None:
+    """The oracle of the memos keyed by the epochs a pod may reach (`LocalRaws`, `_raw_by_content`): on GPU, Neuron
+    and mixed nodes, with both learned mixes moving, every pod goes where an engine that forgot its memos before
+    each cycle sends it (`forget_memos`); a departure every other pod."""
+
+    def placements(forget: bool) -> list[str | None]:
+        pm = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia), ("neuron", neuron)], autoload=False)
+        profile = dataclasses.replace(scores.Profile.default(), percentage_of_nodes_to_score=percentage)
+        scheduler = Engine(pm, scoring=profile)
+        for i, kind in enumerate(["gpu", "gpu", "trn", "trn", "both", "cpu"]):
+            scheduler.add_node(node_info(KINDS[kind](f"n-{i}")))
+        placed: list[str | None] = []
+        for i, (kind, leaves) in enumerate(arrivals):
+            if kind.startswith("trn"):
+                document = neuron_pod(f"p-{i}")
+                document["spec"]["containers"][0]["resources"]["limits"] = {  # type: ignore[index]
+                    "aws.amazon.com/neurondevice": "4" if kind == "trn4" else "1"
+                }
+            else:
+                document = pod(f"p-{i}", 2, 2, gpus={"cpu": 0, "gpu": 1, "gpu2": 2}[kind])
+            if forget:
+                scheduler.forget_memos()
+            decision = scheduler.schedule(pod_request(document)[0])
+            placed.append(decision.node)
+            if leaves and decision.scheduled and i % 2:
+                scheduler.release(f"team/p-{i}")
+        return placed
+
+    assert placements(forget=False) == placements(forget=True)
