@@ -128,6 +128,11 @@ MAX_SIZES = 64  # request sizes a `SizeMix` keeps: its memory and the cost of th
 # fewer in the static mixes, 175 against 177; 3x no more).
 TURNED_AWAY_WEIGHT = 2.0
 _RESCALE = 1e100  # where `SizeMix` brings its growing weights back down
+# `SizeMix._slack`'s allowances for floating point: per addition, as a share of the total (each rounds each weight
+# and the total by under 1.2e-16 of it), and for the distance `_moved` computes (under 64 + 64 terms, each off by
+# under 2.3e-16), so that a skipped computation could never have published.
+_ROUNDING = 1e-15
+_MARGIN = 1e-12
 
 
 class SizeMix:
@@ -157,6 +162,13 @@ class SizeMix:
         self._mix: tuple[tuple[int, float], ...] = ()
         self._published: dict[int, float] = {}  # `_mix` as a dict, for `_moved`
         self._mean = 0.0
+        # An upper bound of `total` times `_moved()`, kept as containers come, so that `add` computes the distance
+        # only once the bound may pass `drift` (a settled mix: about one add in 20 of a mix of sizes, never while
+        # every container asks the one size published). Taking `n` more of a size the published mix gives `q`
+        # moves the summed differences by at most `2n(1 - q)`: the bound grows by `n(1 - q)`, and by
+        # `_ROUNDING x total` for the additions' rounding. Set from the distance at each computation and at each
+        # publication; unknown (infinite) after a size is pushed out or the weights are scaled down.
+        self._slack = math.inf
 
     def add(self, size: int) -> None:
         """Count one container of `size` devices (sizes below 1 are not requests and are ignored)."""
@@ -165,16 +177,26 @@ class SizeMix:
         if size not in self.weights and len(self.weights) >= self.most:
             rarest = min(self.weights, key=self.weights.__getitem__)
             self.total -= self.weights.pop(rarest)
-        self.weights[size] = self.weights.get(size, 0.0) + self._next
-        self.total += self._next
+            self._slack = math.inf
+        added = self._next
+        self.weights[size] = self.weights.get(size, 0.0) + added
+        total = self.total = self.total + added
+        self._slack += added * (1.0 - self._published.get(size, 0.0)) + _ROUNDING * total
         self._next *= self.growth
         if self._next > _RESCALE:  # only ratios matter: scale every weight down alike
             for known in self.weights:
                 self.weights[known] /= _RESCALE
             self.total /= _RESCALE
             self._next /= _RESCALE
-        if not self._mix or self.drift <= 0 or self._moved() > self.drift:
+            self._slack = math.inf
+        if not self._mix or self.drift <= 0:
             self._publish()
+        elif self._slack >= (self.drift - _MARGIN) * self.total:  # else the distance is surely within `drift`
+            moved = self._moved()
+            if moved > self.drift:
+                self._publish()
+            else:
+                self._slack = (moved + _MARGIN) * self.total
 
     def mix(self) -> tuple[tuple[int, float], ...]:
         """(size, probability) of each size in the published mix, by size; empty before any container."""
@@ -196,6 +218,7 @@ class SizeMix:
         self._mix = tuple((size, weight / total) for size, weight in sorted(self.weights.items())) if total else ()
         self._published = dict(self._mix)
         self._mean = math.fsum(size * p for size, p in self._mix)
+        self._slack = _MARGIN * total  # the probabilities' rounding
         self.version += 1
 
 
@@ -623,10 +646,11 @@ class PartedDeviceNodeState(WholeDeviceNodeState):
         return holder
 
     def cannot_hold(self, bits: Iterable[int]) -> str | None:
+        holders, parts_held_on = self.holders, self.parts_held_on
         for i in bits:
             if not self.present >> i & 1:
                 return f"device {i} does not exist on this node"
-            holder = self.holder(i)
+            holder = holders[i] if holders[i] is not None or not parts_held_on.get(i) else self.holder(i)
             if holder is not None:
                 return f"device {i} is already held by {holder}"
         return None
@@ -646,12 +670,16 @@ class PartedDeviceNodeState(WholeDeviceNodeState):
         return None
 
     def cannot_take(self, claim: Claim) -> str | None:
-        return self.cannot_hold(claim.whole) or self.cannot_hold_parts(claim.parts, claim.whole)
+        error = self.cannot_hold(claim.whole)
+        if error is None and claim.parts:
+            error = self.cannot_hold_parts(claim.parts, claim.whole)
+        return error
 
     def take(self, pod_key: str, claim: Claim) -> None:
         self.hold(claim.whole, pod_key)
+        k = self.parts
         for i in claim.whole:
-            self.free_parts &= ~self.parts_of(1 << i)
+            self.free_parts &= ~(((1 << k) - 1) << i * k)  # device i's parts (`parts_of(1 << i)`)
         for p in claim.parts:
             i = p // self.parts
             self.part_holders[p] = pod_key

@@ -311,8 +311,9 @@ def kubegpu_scheduler_fragmentation_epoch(shared: dict[str, object]) -> int | No
         shape and this number.
 
     Called by:
-        the engine's score phase, once per cycle that scores `KubegpuFragmentation`; every plugin implementing
-        `kubegpu_scheduler_fragmentation`. Kubernetes: PreScore.
+        the engine's score phase, once per cycle that ranks nodes (and once per extender prioritize); every plugin
+        implementing `kubegpu_scheduler_fragmentation` with a state on a node the pod may be ranked on (beside its
+        device plugins' states; any node for a pod without devices). Kubernetes: PreScore.
     """
     raise NotImplementedError
 

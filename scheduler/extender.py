@@ -399,12 +399,15 @@ class ExtenderServer:
             plan = self.engine.plan(pod)
             answers = self._answered(pod, plan, wanted)
             scored = answers.scored
+            epochs = None  # the fragmentation epochs, asked once for every node scored below
             for name in wanted - scored.keys() - answers.unscored:
                 score = 0
                 if name in answers.passing and self.free_model_gpus:
                     score = min(MAX_EXTENDER_PRIORITY, compat.free_model_gpus(self.engine, name, pod))
                 elif name in answers.passing:
-                    raw = self.engine.score_node(name, pod, plan)
+                    if epochs is None:
+                        epochs = self.engine.score_epochs(plan)
+                    raw = self.engine.score_node(name, pod, plan, epochs=epochs)
                     score = round(MAX_EXTENDER_PRIORITY * min(raw, MAX_ENGINE_SCORE) / MAX_ENGINE_SCORE)
                 if score:
                     scored[name] = orjson.Fragment(orjson.dumps({"Host": name, "Score": score}))

@@ -185,7 +185,11 @@ class NeuronPlugin(DevicePlugin[NeuronNodeState]):
 
     def learn(self, state: NeuronNodeState, allocation: PluginAllocation, pod: PodRequest | None, claim: Claim) -> None:
         """The mix of whole-device sizes the measure expects: core requests are not in it."""
-        for resources in allocation.containers.values():
+        containers = allocation.containers
+        if len(containers) == 1:  # the claim's whole devices are its one container's
+            state.mix.add(len(claim.whole))
+            return
+        for resources in containers.values():
             state.mix.add(sum(len(ids) for resource, ids in resources.items() if resource != NEURONCORE))
 
     def headroom_free(self, state: NeuronNodeState) -> dict[str, int]:

@@ -99,12 +99,17 @@ class NodeCache(Ledger):
     def _count_fragmenting(self, record: NodeRecord, sign: int) -> None:
         """Count a node holding a state of a plugin that measures fragmentation in (+1) or out (-1) of
         `_fragmenting_nodes`: under "" and under each plugin with a state there; and likewise in `_sharing_nodes` when
-        one of those states shares its devices."""
+        one of those states shares its devices; and in `_fragmenting_beside`, under each plugin with a state there, each
+        fragmenting plugin with one too."""
         if any(plugin in record.states for plugin in self._fragmenters):
             counts = self._fragmenting_nodes
             counts[""] += sign
             for plugin in record.states:
                 counts[plugin] += sign
+                beside = self._fragmenting_beside.setdefault(plugin, Counter())
+                for fragmenter in self._fragmenters:
+                    if fragmenter in record.states:
+                        beside[fragmenter] += sign
             if any(shares_devices(state) for state in record.states.values()):
                 sharing = self._sharing_nodes
                 sharing[""] += sign

@@ -223,9 +223,10 @@ class Passing:
 class LocalRaws:
     """The local score plugins' raw scores (`Engine._local_raw`: a tuple per node in `_local_scorers`' order) for
     one pod shape, by node name. The memo `Engine._raws`: key `id(Plan.local)`, confirmed by identity, and the
-    fragmenting plugins' epochs while KubegpuFragmentation scores (all dropped when one moved: a learned mix of
-    pods); up to date with the change log at `generation` (a node the log names since is dropped: its usage,
-    devices, labels or liveness changed, or it went); rebuilt when the log no longer reaches back."""
+    epochs of the fragmenting plugins the shape may reach (`Scoring.fragmentation_epochs(plan)`; all dropped when
+    one moved: a learned mix of pods); up to date with the change log at `generation` (a node the log names since
+    is dropped: its usage, devices, labels or liveness changed, or it went); rebuilt when the log no longer reaches
+    back."""
 
     local: tuple[object, ...]
     epochs: tuple[int | None, ...]

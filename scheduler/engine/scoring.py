@@ -29,6 +29,7 @@ _NONE: frozenset[tuple[str, str]] = frozenset()
 # balance, broke them worse than the order nodes were found in (sharing_bench, seeds 42-44: 94.1 % with them,
 # 94.7 % without).
 NOT_TIE_BREAKERS = frozenset({scores.FRAGMENTATION, scores.BALANCED})
+_NOWHERE: Mapping[str, int] = {}
 CONTENTS_REMEMBERED = 1 << 16  # entries of `_raw_by_content` and of `_contents`; past it, each dropped all at once
 
 
@@ -94,9 +95,11 @@ class Scoring(Filtering):
         worth about 3.5 points of GPU capacity on the FGD paper's trace (`benchmarks/sharing_bench.py`: 88.8 % on the
         first 8 nodes, 92.1-92.4 % on kube-scheduler's count) for about 15 % of the replay's CPU time."""
         counts = self._fragmenting_nodes if self.scoring.percentage_of_nodes_to_score > 0 else self._sharing_nodes
+        if not counts:
+            return False
         if not plan.devices:
-            return counts[""] > 0
-        return any(counts[plugin] > 0 for plugin, _ in plan.devices)
+            return counts.get("", 0) > 0
+        return any(counts.get(plugin, 0) > 0 for plugin, _ in plan.devices)
 
     def fragmentation_leads(self, pod: PodRequest, plan: Plan) -> bool:
         """Whether KubegpuFragmentation ranks the pod's nodes before the other scores: the pod may go to a node whose
@@ -116,14 +119,20 @@ class Scoring(Filtering):
             return counts[""] > 0
         return any(counts[plugin] > 0 for plugin, _ in plan.devices)
 
-    def fragmentation_epochs(self) -> tuple[int | None, ...]:
-        """Each fragmenting plugin's `kubegpu_scheduler_fragmentation_epoch` now (None: its answers follow from the
-        node alone, or it failed, logged, or no node holds its state: then no node's score reads it). Asked in every
-        cycle that ranks nodes, so a plugin without the hook, or without a node, is not called."""
+    def fragmentation_epochs(self, plan: Plan | None = None) -> tuple[int | None, ...]:
+        """Each fragmenting plugin's `kubegpu_scheduler_fragmentation_epoch` now, in `_fragmenters`' order (None: its
+        answers follow from the node alone, or it failed, logged, or none of the nodes the pod may be ranked on holds
+        its state: then no score of the pod's reads it). Asked once in every cycle that ranks nodes. With the pod's
+        `plan`, only of the plugins whose states lie beside its first device plugin's (`_fragmenting_beside`: a device
+        pod is ranked only where its plugins' states are); without one, or for a pod without devices, of every plugin
+        with a node."""
+        reach: Mapping[str, int] = self._fragmenting_nodes
+        if plan is not None and plan.devices:
+            reach = self._fragmenting_beside.get(plan.devices[0][0], _NOWHERE)
+        askers = self._epoch_askers
         epochs: list[int | None] = []
-        counts = self._fragmenting_nodes
         for plugin in self._fragmenters:
-            if not counts[plugin] or not self.plugins.implements(plugin, FRAGMENTATION_EPOCH_HOOK):
+            if plugin not in askers or not reach.get(plugin):
                 epochs.append(None)
                 continue
             try:
@@ -133,6 +142,11 @@ class Scoring(Filtering):
                 epoch = None
             epochs.append(epoch)
         return tuple(epochs)
+
+    def score_epochs(self, plan: Plan) -> tuple[int | None, ...]:
+        """The fragmentation epochs a cycle's memos of the pod's scores are keyed by: `fragmentation_epochs(plan)`,
+        () while no node holds a fragmenting plugin's state."""
+        return self.fragmentation_epochs(plan) if self._fragmenting_nodes.get("") else ()
 
     def _score(self, record: NodeRecord, pod: PodRequest) -> float:
         used = self.device_usage(record, pod)
@@ -150,7 +164,7 @@ class Scoring(Filtering):
         KubegpuFragmentation scores, the fragmenting plugins' epochs (`LocalRaws`): only the nodes changed since are
         asked, and nodes alike in what the plugins read share one computation (`_raw_by_content`)."""
         # The epochs whether or not KubegpuFragmentation scores: a device score may read the learned mix too.
-        epochs = self.fragmentation_epochs() if self._fragmenting_nodes[""] else ()
+        epochs = self.score_epochs(plan)
         slot, local = id(plan.local), plan.local
         remembered = self._local_raws(plan, epochs).raws
         raws: list[tuple[float, ...] | None] = list(map(remembered.get, names))
@@ -368,15 +382,20 @@ class Scoring(Filtering):
                 return self.sample
         return max(self.sample, scores.feasible_to_find(len(self.nodes), percentage))
 
-    def score_node(self, name: str, pod: PodRequest, plan: Plan | None = None) -> float:
+    def score_node(
+        self, name: str, pod: PodRequest, plan: Plan | None = None, *, epochs: tuple[int | None, ...] | None = None
+    ) -> float:
         """The device score (0..200) of a node that passed the filter: plugin topology score plus the policy score
         (the extender's prioritize: kube-scheduler adds its own scores; `schedule` ranks with every score plugin).
 
-        Remembered like `check`'s answer, per node version and pod signature.
+        Remembered like `check`'s answer, per node version, pod signature and the fragmentation epochs: `epochs` as
+        `score_epochs` answered for the pod in this cycle (a caller scoring many nodes asks once), else asked here.
         """
         record = self.nodes[name]
-        signature = (plan or self.plan(pod)).signature
-        epochs = self.fragmentation_epochs() if self._fragmenting_nodes[""] else ()
+        plan = plan or self.plan(pod)
+        signature = plan.signature
+        if epochs is None:
+            epochs = self.score_epochs(plan)
         remembered = record.last_score
         if (
             remembered is not None

@@ -28,6 +28,7 @@ from kubegpu.scheduler.engine.kubefilters import CLUSTER_FILTERS, KUBE_FILTERS, 
 from kubegpu.scheduler.engine.kubescores import KUBE_SCORES, enabled_scores, may_matter
 from kubegpu.scheduler.engine.records import (
     CPU_INDEX,
+    FRAGMENTATION_EPOCH_HOOK,
     FRAGMENTATION_HOOK,
     POLICIES,
     ClassTally,
@@ -115,6 +116,12 @@ class EngineState:
         # a pod's nodes otherwise than the policy's order only where the pod may go to such a node.
         self._fragmenters = tuple(p for p in plugins.names if plugins.implements(p, FRAGMENTATION_HOOK))
         self._fragmenting_nodes: Counter[str] = Counter()
+        # Of those, the ones with `kubegpu_scheduler_fragmentation_epoch` (the others' answers follow from the node);
+        # and per plugin, how many nodes hold its state beside each fragmenting plugin's: a device pod is ranked only
+        # on nodes holding its plugins' states, so a cycle asks the epochs of just the fragmenting plugins beside its
+        # first one (`Scoring.fragmentation_epochs`), not those of a family it cannot reach.
+        self._epoch_askers = frozenset(p for p in self._fragmenters if plugins.implements(p, FRAGMENTATION_EPOCH_HOOK))
+        self._fragmenting_beside: dict[str, Counter[str]] = {}
         # Of those, the nodes whose devices a plugin shares (`kubegpu.core.kit.shares_devices`), counted the same way:
         # a pod that may reach one has its nodes ranked by kube-scheduler's count even when the profile leaves
         # `percentageOfNodesToScore` unset (`fragmentation_matters`).
@@ -246,9 +253,11 @@ class EngineState:
         # nodes alike in all the local score plugins read (`Scoring.scoring_content`: the node's class, its usage,
         # each device plugin state's `scoring_content()`) share one computation, so a cycle that scores every node
         # computes once per distinct node (in the FGD experiment on the openb trace, a few hundred of its 1,213).
-        # Stale when the shape is another's (identity) or an epoch moved (in the key); none for a pod with preferred
-        # node affinity (its score reads the node's name) or when a third party added a score plugin (it may read
-        # anything). Past `CONTENTS_REMEMBERED`, dropped all at once.
+        # Stale when the shape is another's (identity) or an epoch it may reach moved (in the key: the epochs of the
+        # fragmenting plugins beside the nodes the shape may be ranked on, `Scoring.fragmentation_epochs(plan)`; a
+        # node's scores read no other plugin's, and a node gaining one is in the change log); none for a pod with
+        # preferred node affinity (its score reads the node's name) or when a third party added a score plugin (it
+        # may read anything). Past `CONTENTS_REMEMBERED`, dropped all at once.
         self._raw_by_content: dict[
             tuple[int, tuple[int | None, ...], tuple[object, ...]], tuple[tuple[object, ...], tuple[float, ...]]
         ] = {}

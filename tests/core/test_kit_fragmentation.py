@@ -146,6 +146,68 @@ def test_the_distance_to_the_published_mix_is_the_total_variation_distance(sizes
         assert mix._moved() == pytest.approx(expected, abs=1e-12)
 
 
+class EveryAddMeasures(SizeMix):
+    """The oracle of `SizeMix.add`'s bound (`_slack`): the mix as it learned before the bound, measuring the
+    distance to the published mix after every container."""
+
+    def add(self, size: int) -> None:
+        if size < 1:
+            return
+        if size not in self.weights and len(self.weights) >= self.most:
+            rarest = min(self.weights, key=self.weights.__getitem__)
+            self.total -= self.weights.pop(rarest)
+        self.weights[size] = self.weights.get(size, 0.0) + self._next
+        self.total += self._next
+        self._next *= self.growth
+        if self._next > 1e100:
+            for known in self.weights:
+                self.weights[known] /= 1e100
+            self.total /= 1e100
+            self._next /= 1e100
+        if not self._mix or self.drift <= 0 or self._moved() > self.drift:
+            self._publish()
+
+
+@settings(max_examples=300)
+@given(
+    sizes=st.lists(st.integers(0, 9), max_size=400)
+    | st.lists(st.sampled_from([1, 1, 1, 1, 2, 8]), min_size=200, max_size=1500),
+    memory=st.sampled_from([1.0, 3.0, 50.0, 1000.0]),
+    most=st.integers(2, 64),
+    drift=st.sampled_from([0.0, 0.001, 0.02, 0.05, 0.2]),
+)
+def test_the_mix_publishes_as_when_every_container_measured_the_distance(
+    sizes: list[int], memory: float, most: int, drift: float
+) -> None:
+    """`add` measures the distance only once its bound may pass the drift: the same mixes are published, with the
+    same versions, after the same containers (weights scaled down at memory 1, sizes pushed out, settled mixes)."""
+    mix, oracle = (
+        SizeMix(memory=memory, most=most, drift=drift),
+        EveryAddMeasures(memory=memory, most=most, drift=drift),
+    )
+    for size in sizes:
+        mix.add(size)
+        oracle.add(size)
+        assert (mix.version, mix.mix(), mix.mean()) == (oracle.version, oracle.mix(), oracle.mean())
+
+
+def test_a_settled_mix_of_one_size_is_not_measured_again() -> None:
+    """Every container asking the one size published cannot move the mix: `add` does not measure the distance."""
+    mix = SizeMix(drift=0.02)
+    mix.add(1)
+    measured = 0
+
+    def counted() -> float:
+        nonlocal measured
+        measured += 1
+        return 0.0
+
+    mix._moved = counted  # type: ignore[method-assign]
+    for _ in range(5000):
+        mix.add(1)
+    assert (measured, mix.version) == (0, 1)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The measure, against its definition computed kind by kind
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,10 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.plugins.intel_gas import scheduler as intel
+from kubegpu.plugins.neuron import scheduler as neuron
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine import Engine
@@ -208,3 +211,124 @@ def test_only_pods_that_may_reach_a_fragmenting_node_score_more_nodes_for_it() -
     assert matters == {"cpu-only": True, "nvidia": True, "intel": False}
     scheduler.remove_node("gpu-a")
     assert not scheduler.fragmentation_matters(asked["cpu-only"], scheduler.plan(asked["cpu-only"]))
+
+
+def neuron_node(name: str, gpus: int = 0) -> dict[str, object]:
+    """A trn1 node (16 Neuron devices), with `gpus` NVIDIA GPUs too."""
+    document = gpu_node(name, gpus, 96, 768)
+    document["metadata"]["labels"]["node.kubernetes.io/instance-type"] = "trn1.32xlarge"  # type: ignore[index]
+    document["status"]["allocatable"]["aws.amazon.com/neurondevice"] = "16"  # type: ignore[index]
+    return document
+
+
+def neuron_pod(name: str) -> dict[str, object]:
+    document = pod(name, 1, 1)
+    document["spec"]["containers"][0]["resources"]["limits"] = {"aws.amazon.com/neurondevice": "1"}  # type: ignore[index]
+    return document
+
+
+def epochs_asked(scheduler: Engine) -> list[str]:
+    """The plugins whose `kubegpu_scheduler_fragmentation_epoch` the engine asks from now on, in order."""
+    asked: list[str] = []
+    call = scheduler.plugins.call
+
+    def spy(plugin: str, hook: str, **kwargs: object) -> object:
+        if hook == "kubegpu_scheduler_fragmentation_epoch":
+            asked.append(plugin)
+        return call(plugin, hook, **kwargs)
+
+    scheduler.plugins.call = spy  # type: ignore[method-assign]
+    return asked
+
+
+def test_a_cycle_asks_the_epochs_of_the_plugins_beside_the_nodes_the_pod_may_reach() -> None:
+    """A Neuron pod is ranked only on nodes holding a Neuron state: its cycle asks the Neuron mix's epoch, not the
+    NVIDIA one of GPU nodes it cannot reach, until a node holds both; a cpu-only pod may go anywhere and asks both."""
+    pm = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia), ("neuron", neuron)], autoload=False)
+    scheduler = Engine(pm)
+    scheduler.add_node(node_info(gpu_node("gpu-a", 4, 32, 128)))
+    scheduler.add_node(node_info(neuron_node("trn-b")))
+    scheduler.add_node(node_info(neuron_node("trn-d")))  # two nodes to rank
+    asked = epochs_asked(scheduler)
+    assert scheduler.schedule(pod_request(neuron_pod("n-1"))[0]).node in ("trn-b", "trn-d")
+    assert asked == ["neuron"]
+    asked.clear()
+    assert scheduler.schedule(pod_request(pod("c-1", 1, 1))[0]).scheduled
+    assert sorted(asked) == ["neuron", "nvidia"]
+    scheduler.add_node(node_info(neuron_node("both-c", gpus=4)))
+    asked.clear()
+    assert scheduler.schedule(pod_request(neuron_pod("n-2"))[0]).scheduled
+    assert sorted(asked) == ["neuron", "nvidia"]
+    scheduler.remove_node("both-c")
+    asked.clear()
+    assert scheduler.schedule(pod_request(neuron_pod("n-3"))[0]).scheduled
+    assert asked == ["neuron"]
+
+
+KINDS = {"gpu": lambda name: gpu_node(name, 4, 32, 128), "cpu": lambda name: gpu_node(name, 0, 32, 128)}
+KINDS |= {"trn": neuron_node, "both": lambda name: neuron_node(name, gpus=4)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from([*sorted(KINDS), "remove"]), st.integers(0, 4)), max_size=25))
+def test_the_epochs_a_cycle_asks_are_those_of_the_plugins_beside_its_first_one(steps: list[tuple[str, int]]) -> None:
+    """The oracle of `_fragmenting_beside`, kept as nodes come, change and go: for each kind of pod, the epochs asked
+    are those of the fragmenting plugins with a state on some node holding the pod's first device plugin's state
+    (every node for a cpu-only pod), counted afresh from the nodes."""
+    pm = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia), ("neuron", neuron)], autoload=False)
+    scheduler = Engine(pm)
+    for kind, i in steps:
+        if kind == "remove":
+            if f"n-{i}" in scheduler.nodes:
+                scheduler.remove_node(f"n-{i}")
+        else:
+            scheduler.add_node(node_info(KINDS[kind](f"n-{i}")))
+    for request in (pod_request(pod("c", 1, 1))[0], pod_request(pod("g", 1, 1, gpus=1))[0],
+                    pod_request(neuron_pod("t"))[0]):  # fmt: skip
+        plan = scheduler.plan(request)
+        first = plan.devices[0][0] if plan.devices else None
+        reached = [r.states for r in scheduler.nodes.values() if first is None or first in r.states]
+        expected = tuple(
+            pm.call(p, "kubegpu_scheduler_fragmentation_epoch", shared=scheduler._shared[p])
+            if any(p in states for states in reached) else None
+            for p in scheduler._fragmenters
+        )  # fmt: skip
+        assert scheduler.fragmentation_epochs(plan) == expected
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    arrivals=st.lists(st.tuples(st.sampled_from(["cpu", "gpu", "gpu2", "trn", "trn4"]), st.booleans()), max_size=40),
+    percentage=st.sampled_from([0, 100]),
+)
+def test_scores_remembered_under_the_reachable_epochs_place_as_a_fresh_engine(
+    arrivals: list[tuple[str, bool]], percentage: int
+) -> None:
+    """The oracle of the memos keyed by the epochs a pod may reach (`LocalRaws`, `_raw_by_content`): on GPU, Neuron
+    and mixed nodes, with both learned mixes moving, every pod goes where an engine that forgot its memos before
+    each cycle sends it (`forget_memos`); a departure every other pod."""
+
+    def placements(forget: bool) -> list[str | None]:
+        pm = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia), ("neuron", neuron)], autoload=False)
+        profile = dataclasses.replace(scores.Profile.default(), percentage_of_nodes_to_score=percentage)
+        scheduler = Engine(pm, scoring=profile)
+        for i, kind in enumerate(["gpu", "gpu", "trn", "trn", "both", "cpu"]):
+            scheduler.add_node(node_info(KINDS[kind](f"n-{i}")))
+        placed: list[str | None] = []
+        for i, (kind, leaves) in enumerate(arrivals):
+            if kind.startswith("trn"):
+                document = neuron_pod(f"p-{i}")
+                document["spec"]["containers"][0]["resources"]["limits"] = {  # type: ignore[index]
+                    "aws.amazon.com/neurondevice": "4" if kind == "trn4" else "1"
+                }
+            else:
+                document = pod(f"p-{i}", 2, 2, gpus={"cpu": 0, "gpu": 1, "gpu2": 2}[kind])
+            if forget:
+                scheduler.forget_memos()
+            decision = scheduler.schedule(pod_request(document)[0])
+            placed.append(decision.node)
+            if leaves and decision.scheduled and i % 2:
+                scheduler.release(f"team/p-{i}")
+        return placed
+
+    assert placements(forget=False) == placements(forget=True)
