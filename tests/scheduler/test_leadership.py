@@ -46,14 +46,18 @@ class FencedWriter(RecordingWriter):
         raise Fenced(method, path)
 
 
-def service(leadership: Leadership, writer: RecordingWriter | None = None) -> CustomScheduler:
+def service(
+    leadership: Leadership, writer: RecordingWriter | None = None, client: Any = None, leader_elect: bool = False
+) -> CustomScheduler:
+    """A scheduler of the toy plugin's pods with node n1 (4 cards) synced."""
     plugins = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
     svc = CustomScheduler(
-        None,  # type: ignore[arg-type]
+        client,
         writer or RecordingWriter(),  # type: ignore[arg-type]
         Engine(plugins, signing_key=KEY),
         name="kubegpu",
         leadership=leadership,
+        leader_elect=leader_elect,
     )
     node = node_manifest("n1", labels={"toy.example/cards": "4"}, allocatable={"toy.example/card": 4})
     svc.mirror.on_nodes("SYNC", [node])
@@ -122,17 +126,7 @@ def test_a_new_leader_decides_nothing_until_a_list_made_after_it_took_the_lease_
     bound["spec"]["nodeName"] = "n1"
     waiting = pod("waiting", cards=3)
     client = ListingClient([bound, waiting], list(failures))
-    plugins = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
-    svc = CustomScheduler(
-        client,  # type: ignore[arg-type]
-        RecordingWriter(),  # type: ignore[arg-type]
-        Engine(plugins, signing_key=KEY),
-        name="kubegpu",
-        leadership=Leadership(time.monotonic() + 60),
-        leader_elect=True,
-    )
-    node = node_manifest("n1", labels={"toy.example/cards": "4"}, allocatable={"toy.example/card": 4})
-    svc.mirror.on_nodes("SYNC", [node])
+    svc = service(Leadership(time.monotonic() + 60), client=client, leader_elect=True)
     svc.mirror.on_pods("SYNC", [waiting])  # the informer's view: the Binding of `bound` not delivered yet
     svc.mirror.ready = lambda: True  # type: ignore[method-assign]  # every informer's first list applied
     assert not svc._may_decide(), "a new leader decided on its informers' lists alone"
@@ -202,18 +196,8 @@ def test_a_watch_event_applied_before_the_older_fresh_list_is_not_undone(
     pods["bound"]["spec"]["nodeName"] = "n1"
     pods["finished"] = {**pods["bound"], "status": {"phase": "Succeeded"}}
     client = RacingClient([pods[name] for name in listed], (racing[0], pods[racing[1]]))
-    plugins = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
-    svc = CustomScheduler(
-        client,  # type: ignore[arg-type]
-        RecordingWriter(),  # type: ignore[arg-type]
-        Engine(plugins, signing_key=KEY),
-        name="kubegpu",
-        leadership=Leadership(time.monotonic() + 60),
-        leader_elect=True,
-    )
+    svc = service(Leadership(time.monotonic() + 60), client=client, leader_elect=True)
     client.mirror = svc.mirror
-    node = node_manifest("n1", labels={"toy.example/cards": "4"}, allocatable={"toy.example/card": 4})
-    svc.mirror.on_nodes("SYNC", [node])
     svc.mirror.on_pods("SYNC", [pods[name] for name in informed])
     svc.mirror.ready = lambda: True  # type: ignore[method-assign]
     assert not svc._may_decide()
@@ -239,17 +223,7 @@ def test_a_late_event_of_an_older_pod_of_the_same_name_leaves_the_listed_one_cou
     old["spec"]["nodeName"] = "n1"
     waiting = pod("waiting", cards=3)
     client = ListingClient([new, waiting])
-    plugins = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
-    svc = CustomScheduler(
-        client,  # type: ignore[arg-type]
-        RecordingWriter(),  # type: ignore[arg-type]
-        Engine(plugins, signing_key=KEY),
-        name="kubegpu",
-        leadership=Leadership(time.monotonic() + 60),
-        leader_elect=True,
-    )
-    node = node_manifest("n1", labels={"toy.example/cards": "4"}, allocatable={"toy.example/card": 4})
-    svc.mirror.on_nodes("SYNC", [node])
+    svc = service(Leadership(time.monotonic() + 60), client=client, leader_elect=True)
     svc.mirror.on_pods("SYNC", [waiting])
     svc.mirror.ready = lambda: True  # type: ignore[method-assign]
     assert not svc._may_decide()
