@@ -347,9 +347,16 @@ class WholeDeviceNodeState(DeviceNodeState):
         never allocated (it is not free), but a pod that already holds one keeps it: the engine re-takes running
         pods when a node's inventory changes, and refusing would free their other devices."""
         for i in bits:
+            if self.lacks(i):
+                return f"device {i} does not exist on this node"
             if self.holders[i] is not None:
                 return f"device {self.ids[i]} is already held by {self.holders[i]}"
         return None
+
+    def lacks(self, i: int) -> bool:
+        """Whether the node has no device of bit i (an allocation read from a stale or hand-written record may name
+        one past the last, or below 0, which a list index would wrap to the last)."""
+        return not 0 <= i < len(self.holders)
 
     def hold(self, bits: Iterable[int], pod_key: str) -> None:
         """Record `pod_key` as the holder of `bits` (after `cannot_hold` found nothing)."""
@@ -360,9 +367,10 @@ class WholeDeviceNodeState(DeviceNodeState):
     def unhold(self, bits: Iterable[int], pod_key: str) -> None:
         """Give back what `pod_key` holds of `bits`; idempotent (Unreserve may run twice): what the pod no longer
         holds is left alone."""
+        holders = self.holders
         for i in bits:
-            if self.holders[i] == pod_key:
-                self.holders[i] = None
+            if not self.lacks(i) and holders[i] == pod_key:  # a device the node lacks: nothing to give back
+                holders[i] = None
                 if self._unused(i):
                     self.free |= (1 << i) & self.healthy
 
@@ -457,6 +465,8 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
 
     def cannot_hold(self, bits: Iterable[int]) -> str | None:
         for i in bits:
+            if self.lacks(i):
+                return f"{self.noun} {i} does not exist on this node"
             if self.holders[i] is not None:
                 return f"device {self.ids[i]} is already held by {self.holders[i]}"
             if self.tasks[i]:
@@ -473,6 +483,8 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
                 totals[d] += amount
             totals[-1] += 1
         for i, totals in added.items():
+            if self.lacks(i):
+                return f"{self.noun} {i} does not exist on this node"
             device = f"{self.noun} {self.ids[i]}"
             if self.holders[i] is not None:
                 return f"{device} is held whole by {self.holders[i]}; a share never lands on it"
@@ -648,7 +660,7 @@ class PartedDeviceNodeState(WholeDeviceNodeState):
     def cannot_hold(self, bits: Iterable[int]) -> str | None:
         holders, parts_held_on = self.holders, self.parts_held_on
         for i in bits:
-            if not self.present >> i & 1:
+            if i < 0 or not self.present >> i & 1:
                 return f"device {i} does not exist on this node"
             holder = holders[i] if holders[i] is not None or not parts_held_on.get(i) else self.holder(i)
             if holder is not None:
@@ -660,7 +672,7 @@ class PartedDeviceNodeState(WholeDeviceNodeState):
         noun = self.part_noun
         for p in parts:
             i = p // self.parts
-            if not self.present >> i & 1:
+            if p < 0 or not self.present >> i & 1:
                 return f"{noun} {p} does not exist on this node"
             holder = self.part_holders.get(p) or self.holders[i]
             if holder is not None:
@@ -690,11 +702,11 @@ class PartedDeviceNodeState(WholeDeviceNodeState):
     def give_back(self, pod_key: str, claim: Claim) -> None:
         """Idempotent (Unreserve): what the pod no longer holds is left alone."""
         for i in claim.whole:
-            if self.holders[i] == pod_key:
+            if not self.lacks(i) and self.holders[i] == pod_key:
                 self.unhold((i,), pod_key)
                 self.free_parts |= self.parts_of(1 << i) & self.healthy_parts
         for p in claim.parts:
-            if self.part_holders.get(p) != pod_key:
+            if p < 0 or self.part_holders.get(p) != pod_key:  # parts are held by their own number: none below 0
                 continue
             i = p // self.parts
             del self.part_holders[p]

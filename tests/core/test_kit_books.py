@@ -168,6 +168,28 @@ def test_parts_and_whole_devices_never_meet_and_come_back_exactly() -> None:
     assert (state.free, state.free_parts, state.part_holders, state.parts_held_on) == (0b0011, 0b1111, {}, {})
 
 
+def test_giving_back_devices_or_parts_the_node_does_not_have_leaves_the_books_alone() -> None:
+    """A release names what the pod holds; one naming devices past the node's last (a stale or hand-written
+    allocation) or below 0 gives back nothing, raises nothing, and never frees the device a negative index would wrap
+    to."""
+    state = cores()
+    state.take("ns/a", Claim(whole=[3]))
+    state.take("ns/b", Claim(parts=[0]))
+    before = (state.free, state.free_parts, list(state.holders), dict(state.part_holders))
+    state.give_back("ns/a", Claim(whole=[99, -1], parts=[99, -1]))
+    state.give_back("ns/b", Claim(whole=[-4], parts=[-8, 40]))
+    assert (state.free, state.free_parts, list(state.holders), dict(state.part_holders)) == before
+    whole = cards()
+    whole.take("ns/a", Claim(whole=[2]))
+    whole.give_back("ns/a", Claim(whole=[-1, 7]))  # -1 would wrap to card 2
+    assert whole.holders[2] == "ns/a"
+    # Taking them is refused naming them (before: card -1 taken as card 2, card 7 an IndexError, a negative shift).
+    assert whole.cannot_take(Claim(whole=[-1])) == "card -1 does not exist on this node"
+    assert whole.cannot_take(Claim(shares=[(7, (10, 10))])) == "card 7 does not exist on this node"
+    assert state.cannot_take(Claim(whole=[-1])) == "device -1 does not exist on this node"
+    assert state.cannot_take(Claim(parts=[-2])) == "core -2 does not exist on this node"
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.booleans(), st.integers(0, 7), st.integers(0, 5)), max_size=30))
 def test_parted_books_keep_free_devices_and_parts_consistent(steps: list[tuple[bool, bool, int, int]]) -> None:
