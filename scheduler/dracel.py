@@ -1,0 +1,156 @@
+"""DRA's CEL selectors (`DeviceClass.spec.selectors`, a request's `selectors`): compiled once per expression, their
+cost bounded before they run (at most `MAX_CEL_TOKENS` tokens, no comprehension inside another), evaluated per device
+with upstream's `device.driver`, `device.attributes` and `device.capacity`. Its own module, imported at the first
+selector evaluated (`kubegpu.scheduler.dra`): cel-python brings pendulum and Lark, which every start of the
+scheduler paid at import, DRA in use or not."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import ROUND_CEILING
+from functools import lru_cache
+from typing import Any
+
+import celpy
+from celpy import celtypes
+from celpy.celparser import CELParseError
+from celpy.evaluation import CELEvalError
+from lark import Token, Tree
+
+from kubegpu.core.dra import Device
+from kubegpu.core.quantity import QuantityError, parse_quantity
+
+MAX_CEL_TOKENS = 1000
+MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+
+
+class SelectorError(Exception):
+    """A CEL selector that does not compile, is over the cost bound, or fails on a device."""
+
+
+# -- CEL --------------------------------------------------------------------------------------------------------------
+
+
+class _Domains(celtypes.MapType):
+    """`device.attributes` and `device.capacity`: a domain the device has nothing in is an empty map (upstream)."""
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            return super().__getitem__(key)
+        except KeyError:
+            return celtypes.MapType({})
+
+
+class Quantity(celtypes.IntType):
+    """A capacity in base units (rounded up), as upstream's `Quantity` CEL type."""
+
+
+def _quantity(text: Any) -> Quantity:
+    try:
+        value = parse_quantity(str(text))
+    except QuantityError as exc:
+        raise ValueError(f"quantity({str(text)[:40]!r}): {exc}") from None
+    return Quantity(int(value.to_integral_value(rounding=ROUND_CEILING)))
+
+
+def _compare(a: Any, b: Any) -> celtypes.IntType:
+    return celtypes.IntType((int(a) > int(b)) - (int(a) < int(b)))
+
+
+CEL_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "quantity": _quantity,
+    "compareTo": _compare,
+    "isGreaterThan": lambda a, b: celtypes.BoolType(int(a) > int(b)),
+    "isLessThan": lambda a, b: celtypes.BoolType(int(a) < int(b)),
+    "asInteger": lambda a: celtypes.IntType(int(a)),
+    "add": lambda a, b: Quantity(int(a) + int(b)),
+    "sub": lambda a, b: Quantity(int(a) - int(b)),
+}
+
+
+@lru_cache(maxsize=1)
+def _environment() -> celpy.Environment:
+    """The CEL environment, made at the first selector compiled: building its parser costs about half a second,
+    which every start of `kubegpu scheduler` paid at import, DRA in use or not."""
+    return celpy.Environment()
+
+
+def _check_cost(tree: Tree[Token]) -> None:
+    """Refuse an expression that could cost more than about a million steps: over `MAX_CEL_TOKENS` tokens, or a
+    comprehension (all, exists, exists_one, map, filter) inside another's body."""
+    tokens = 0
+
+    def walk(node: Tree[Token] | Token, depth: int) -> None:
+        nonlocal tokens
+        if isinstance(node, Token):
+            tokens += 1
+            if tokens > MAX_CEL_TOKENS:
+                raise SelectorError(f"the expression has more than {MAX_CEL_TOKENS} tokens (kubegpu's cost bound)")
+            return
+        inner = depth
+        if node.data == "member_dot_arg" and any(isinstance(c, Token) and str(c) in MACROS for c in node.children):
+            if depth >= 1:
+                raise SelectorError("a comprehension inside another's body is over kubegpu's cost bound")
+            inner = depth + 1
+        for child in node.children:
+            walk(child, inner if child is not node.children[0] else depth)
+
+    walk(tree, 0)
+
+
+@lru_cache(maxsize=4096)
+def compile_selector(expression: str) -> Any:
+    """The compiled program of a CEL selector (compiled once per expression); raises `SelectorError`."""
+    try:
+        tree = _environment().compile(expression)
+        _check_cost(tree)
+        return _environment().program(tree, functions=CEL_FUNCTIONS)
+    except CELParseError as exc:
+        raise SelectorError(f"compilation failed: {' '.join(str(exc).split())[:200]}") from None
+    except RecursionError:
+        # cel-python's parser and tree walks recurse once per level: 300 parentheses, 3000 `!` or a chain of
+        # 3000 `+` (all under the API server's 10 KiB) go past Python's stack limit. cel-go refuses such
+        # expressions too (its parser's recursion limit).
+        raise SelectorError("the expression is nested deeper than kubegpu's CEL parser takes") from None
+
+
+def _activation(device: Device) -> dict[str, Any]:
+    attributes: dict[Any, Any] = {}
+    for (domain, ident), value in device.attributes.items():
+        cel: Any
+        if isinstance(value, bool):
+            cel = celtypes.BoolType(value)
+        elif isinstance(value, int):
+            cel = celtypes.IntType(value)
+        else:
+            cel = celtypes.StringType(value)
+        attributes.setdefault(celtypes.StringType(domain), {})[celtypes.StringType(ident)] = cel
+    capacity: dict[Any, Any] = {}
+    for (domain, ident), amount in device.capacity.items():
+        capacity.setdefault(celtypes.StringType(domain), {})[celtypes.StringType(ident)] = Quantity(amount)
+    return {
+        "device": celtypes.MapType(
+            {
+                celtypes.StringType("driver"): celtypes.StringType(device.driver),
+                celtypes.StringType("attributes"): _Domains({k: celtypes.MapType(v) for k, v in attributes.items()}),
+                celtypes.StringType("capacity"): _Domains({k: celtypes.MapType(v) for k, v in capacity.items()}),
+            }
+        )
+    }
+
+
+def evaluate(expression: str, device: Device) -> bool | str:
+    """The selector's answer for the device, or its error (compile, cost, runtime, not a bool)."""
+    try:
+        program = compile_selector(expression)
+    except SelectorError as exc:
+        return str(exc)
+    try:
+        result = program.evaluate(_activation(device))
+    except Exception as exc:  # cel-python raises several types; each is the expression's error
+        return f"CEL runtime error: {' '.join(str(exc).split())[:200]}"
+    if isinstance(result, CELEvalError):
+        return f"CEL runtime error: {' '.join(str(result.args[0] if result.args else result).split())[:200]}"
+    if not isinstance(result, celtypes.BoolType):
+        return f"must evaluate to bool, not {type(result).__name__}"
+    return bool(result)
