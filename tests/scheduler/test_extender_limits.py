@@ -444,7 +444,7 @@ def test_watchers_share_one_view_and_get_only_what_changed(
         assert len(described) == NODES + 2
 
 
-PIPELINED = 12_000  # answers well past what the kernel buffers on loopback (4 MiB of send buffer here)
+PIPELINED = 12_000  # about 1.9 MB of answers: past both sockets' buffers once they are pinned small (below)
 
 
 def test_a_long_pipeline_read_late_is_answered_whole_and_in_order(
@@ -461,10 +461,15 @@ def test_a_long_pipeline_read_late_is_answered_whole_and_in_order(
     sock.settimeout(10)
     sock.connect(server.address)  # type: ignore[arg-type]
     with sock:
+        # And a small send buffer on the server's side: left to the kernel, it is 3.9 MB on loopback here, which
+        # takes every answer, so the server's writes never paused; reading paused only for moments (a full queue),
+        # which the poll below caught alone but missed twice in whole-suite runs (30 s of waiting in vain).
+        wait_until(lambda: bool(server.connections), 10, "the connection accepted")
+        for connection in list(server.connections):
+            assert connection.transport is not None
+            connection.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
         sender = threading.Thread(target=sock.sendall, args=(b"".join(requests),), daemon=True)
         sender.start()
-        # About a second here alone; the whole suite's run once took more than 10 s to get there (one CI run of
-        # 3,169 tests, the server's loop sharing the interpreter with the earlier tests' lingering threads).
         wait_until(lambda: any(c.read_paused for c in server.connections), 30, "reading paused")
         buffer = bytearray()
         for i in range(PIPELINED):
