@@ -40,6 +40,7 @@ FRONT_ENDS = (
 # The engine and what it is built from (it may read its own records); and modules that never see an engine.
 ENGINE_PARTS = (
     "dra.py",
+    "dracel.py",
     "filters.py",
     "gangfit.py",
     "index.py",
