@@ -7,8 +7,9 @@ taken atomically, the allocation signed). When no node fits, the decision carrie
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from itertools import chain
+from collections.abc import Callable, Iterator, Mapping
+from itertools import chain, compress, filterfalse, islice
+from operator import not_
 
 from kubegpu.core.models import (
     PodRequest,
@@ -26,6 +27,10 @@ from kubegpu.scheduler.engine.records import (
 )
 from kubegpu.scheduler.engine.sampling import Sampling
 from kubegpu.scheduler.index import CapacityIndex
+
+# At most this many nodes changed since a walk last filtered them are filtered ahead of `Cycle._sample_passing`'s
+# sample (usually the one or two nodes the last pods went to); more, and the cycle walks node by node.
+STALE_FILTERED = 32
 
 
 class Cycle(Sampling):
@@ -209,6 +214,11 @@ class Cycle(Sampling):
         # Of those, the ones no preempting pod or gang holds (`_held_nodes`): asked nothing but the judge.
         held = set(self._held_nodes())
         quick = passing - held if passing is not None and held else passing
+        if offers is None and not settles and passing is not None and (judge is None or by_name is not None):
+            found = self._sample_passing(pod, plan, order, start, sample, passing, held, judge, by_name)
+            if found is not None:
+                best = found[0] if len(found) == 1 else self._rank(found, pod, plan)
+                return nodes[best], plan
         processed = 0
         for processed, name in enumerate(chain(order[start:], order[:start]), 1):  # noqa: B007 (read after)
             if offers is not None and ((free := offers(name)) is None or free < need):
@@ -265,6 +275,54 @@ class Cycle(Sampling):
                 for reason in known.status.reasons:
                     refusals.reasons[reason] += rest
         return self._refused(refusals, pod, plan, len(nodes))
+
+    def _sample_passing(
+        self,
+        pod: PodRequest,
+        plan: Plan,
+        order: list[str],
+        start: int,
+        sample: int,
+        passing: set[str],
+        held: set[str],
+        judge: Callable[[str, Mapping[str, str]], Status | None] | None,
+        by_name: Mapping[str, Status] | None,
+    ) -> list[str] | None:
+        """`_schedule_sampled`'s walk where every node offers enough, no answer settles a class and the cluster-wide
+        rules named the nodes they refuse (`ClusterState.refused`; None: they refuse none). The nodes known to pass
+        the shape's node-local filters (`passing`, less those `held` for another pod) are refused only there; the
+        few others (changed since a walk last met them) are filtered here, as the walk would filter them. The
+        feasible nodes are then the first `sample` of the tree's order from `start` that nothing refused, found
+        without a step per node in Python; the next sample starts after the last one found, or where this one
+        started when fewer were. None where more than `STALE_FILTERED` nodes need filtering, or no node fits (the
+        walk then counts the refusals). `judge`: the cluster-wide rules' judge (it looks a node up in `by_name`)."""
+        quick = passing - held if held else passing
+        stale = list(filterfalse(quick.__contains__, order))
+        if len(stale) > STALE_FILTERED:
+            return None
+        refused: Mapping[str, Status] = by_name or {}
+        if stale:
+            nodes, check = self.nodes, self.check
+            failed: dict[str, Status] = {}
+            for name in stale:
+                record = nodes[name]
+                status = check(record, pod, plan, judge=judge)
+                if self._passes_locally(record, plan):
+                    passing.add(name)
+                if status.code is not Code.SUCCESS:
+                    failed[name] = status
+            if failed:
+                refused = {**refused, **failed}
+        count = len(order)
+        rotated = order[start:] + order[:start] if start else order
+        if not refused:
+            self._next_start = (start + sample) % count
+            return rotated[:sample]
+        at = list(islice(compress(range(count), map(not_, map(refused.__contains__, rotated))), sample))
+        if not at:
+            return None
+        self._next_start = (start + at[-1] + 1) % count if len(at) >= sample else start
+        return list(map(rotated.__getitem__, at))
 
     def _selector(self, pod: PodRequest, plan: Plan) -> tuple[CapacityIndex, str, int]:
         """The capacity index a cycle selects its candidates by, its resource, and the amount a node must offer.

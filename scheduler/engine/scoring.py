@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
+from operator import add
 
 from kubegpu.core.models import (
     PodRequest,
@@ -278,7 +279,67 @@ class Scoring(Filtering):
         """kube-scheduler's score phase over the feasible nodes: every enabled plugin's raw scores normalized over
         them and weighed; the best node, the first in candidate order on a tie. A plugin whose scores are the same on
         every node is skipped: it cannot change which node is best. `prescored`: the non-local plugins' PreScore
-        states by the plugin's position in `_scorers`, where the caller has asked them already this cycle."""
+        states by the plugin's position in `_scorers`, where the caller has asked them already this cycle.
+
+        The built-in local plugins' part of each node's total is worked out once per distinct tuple of their raw
+        scores (nodes alike in content share one, `_raw_by_content`; their normalizations read only the least and
+        the greatest score and map each score alone), then summed with the other plugins' scores node by node in the
+        same order as `_rank_by_node` sums them: the same floats, the same best node. Where KubegpuFragmentation
+        leads, or a third party scores, `_rank_by_node` ranks."""
+        if self._added_scores:
+            return self._rank_by_node(feasible, pod, plan, prescored)
+        nodes = self.nodes
+        records = [nodes[name] for name in feasible]
+        raws = self._local_raw(feasible, records, pod, plan) if self._local_scorers else []
+        # Each distinct raw tuple (by identity) once, and each node's position among them.
+        first = dict(zip(map(id, raws), raws, strict=True))  # a later duplicate keeps its first place
+        distinct = list(first.values())
+        slots = dict(zip(first, range(len(first)), strict=True))
+        local_part: list[float] | None = None  # per distinct tuple: the local plugins' weighed scores summed
+        columns = list(zip(*distinct, strict=True)) if distinct else []
+        column = 0
+        totals: list[float] | None = None  # per node
+        for at, (plugin, weight) in enumerate(self._scorers):
+            if plugin.local:
+                values: Sequence[float] = columns[column]
+                column += 1
+                if min(values) == max(values):
+                    continue
+                if plugin.name == scores.FRAGMENTATION and self.fragmentation_leads(pod, plan):
+                    return self._rank_by_node(feasible, pod, plan, prescored)
+                raw = list(values)
+                normalized = plugin.normalize(True, raw)
+                if normalized is not raw and min(normalized) == max(normalized):
+                    continue
+                weighed = normalized if weight == 1 else [weight * value for value in normalized]
+                local_part = [0 + v for v in weighed] if local_part is None else list(map(add, local_part, weighed))
+                continue
+            state = plugin.prescore(self, pod, plan) if prescored is None else prescored[at]
+            if state is None:
+                continue
+            normalized = plugin.normalize(state, plugin.score(self, state, records, pod, plan))
+            if min(normalized) == max(normalized):
+                continue
+            if totals is None:
+                totals = (
+                    list(map(local_part.__getitem__, map(slots.__getitem__, map(id, raws))))
+                    if local_part is not None
+                    else [0] * len(records)
+                )
+            totals = list(map(add, totals, normalized if weight == 1 else [weight * v for v in normalized]))
+        if totals is None:
+            if local_part is None:
+                return feasible[0]
+            by_node = list(map(local_part.__getitem__, map(slots.__getitem__, map(id, raws))))
+            return feasible[by_node.index(max(local_part))]
+        return feasible[totals.index(max(totals))]
+
+    def _rank_by_node(
+        self, feasible: list[str], pod: PodRequest, plan: Plan, prescored: dict[int, object] | None = None
+    ) -> str:
+        """`_rank` node by node: each plugin's scores over the feasible nodes, weighed, summed per node; where
+        KubegpuFragmentation leads (`fragmentation_leads`), its whole points first, then the policy's score, then the
+        other scores but `NOT_TIE_BREAKERS`."""
         nodes = self.nodes
         records = [nodes[name] for name in feasible]
         # The local plugins' raw scores as columns, one per plugin in `_local_scorers`' order.
