@@ -26,9 +26,9 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kubegpu.core.models import LabelSelector, PodAffinityTerm, PodRequest, SpreadConstraint, Taint
+from kubegpu.core.models import LabelSelector, PodAffinityTerm, PodRequest, Requirement, SpreadConstraint, Taint
 from kubegpu.scheduler import filters, scores
-from kubegpu.scheduler.filters import pod_matches_term, selector_matches
+from kubegpu.scheduler.filters import pod_matches_term, requirement_matches
 
 __all__ = ["Domains", "PodIndex", "ScoringTerm", "affinity_scores", "affinity_state", "spread_scores", "spread_state"]
 
@@ -123,30 +123,31 @@ class PodIndex:
             return
         pods = self.pods
         for namespace in namespaces:
-            for key in self._narrowest(namespace, selector):
-                if selector_matches(selector, pods[key].labels):
+            members, chosen = self._narrowest(namespace, selector)
+            # The requirement that chose the set holds for every pod in it: only the others are checked.
+            rest = [r for r in selector.requirements if r is not chosen]
+            if not rest:
+                yield from members
+                continue
+            for key in members:
+                labels = pods[key].labels
+                if all(requirement_matches(r, labels) for r in rest):
                     yield key
 
     def matching(self, term: PodAffinityTerm) -> Iterator[str]:
         """The keys of the placed pods that `term` selects (`filters.pod_matches_term`)."""
         return self.selected(term.namespaces, term.selector)
 
-    def anti_holders(self, pod: PodRequest) -> dict[str, None]:
-        """The placed pods with a required anti-affinity term that selects `pod`."""
-        found: dict[str, None] = {}
-        for term, holders in self.anti.items():
-            if pod_matches_term(term, pod):
-                found.update(dict.fromkeys(holders))
-        return found
-
     def drawn(self, pod: PodRequest) -> bool:
         """Whether a placed pod's scoring term selects `pod` (InterPodAffinity then scores it)."""
         return any(pod_matches_term(entry.term, pod) for entry in self.scoring)
 
-    def _narrowest(self, namespace: str, selector: LabelSelector) -> Collection[str]:
+    def _narrowest(self, namespace: str, selector: LabelSelector) -> tuple[Collection[str], Requirement | None]:
         """A set of the namespace's pods that holds every pod `selector` can match, as small as its requirements
-        allow: `In` limits to those values' pods, `Exists` to the key's; the others need the whole namespace."""
+        allow: `In` limits to those values' pods, `Exists` to the key's; the others need the whole namespace. With
+        the requirement that chose it (every pod in the set meets it; None: the whole namespace)."""
         best: Collection[str] = self._by_namespace.get(namespace, _EMPTY)
+        chosen: Requirement | None = None
         size = len(best)
         for requirement in selector.requirements:
             if size == 0:
@@ -156,13 +157,13 @@ class PodIndex:
                 sets = [self._by_label.get((namespace, requirement.key, v), _EMPTY) for v in values]
                 found = sum(len(s) for s in sets)
                 if found < size:
-                    size = found
+                    size, chosen = found, requirement
                     best = sets[0] if len(sets) == 1 else [key for s in sets for key in s]
             elif requirement.operator == "Exists":
                 members = self._by_key.get((namespace, requirement.key), _EMPTY)
                 if len(members) < size:
-                    best, size = members, len(members)
-        return best
+                    best, size, chosen = members, len(members), requirement
+        return best, chosen
 
 
 def _put(table: dict[K, dict[str, None]], slot: K, key: str) -> None:
@@ -223,16 +224,29 @@ def affinity_state(pod: PodRequest, index: PodIndex, labels: Labels) -> filters.
     placed pods a term can select: those the pod's first affinity term selects (a pod must match all of them), those
     one of its anti-affinity terms selects, and the holders of anti-affinity terms that select the pod."""
     state: filters.AffinityState | None = None
-    if pod.pod_affinity or pod.pod_anti_affinity:
-        candidates: dict[str, None] = {}
-        if pod.pod_affinity:
-            candidates.update(dict.fromkeys(index.matching(pod.pod_affinity[0])))
+    where = index.node
+    if pod.pod_affinity:
+        candidates: dict[str, None] = dict.fromkeys(index.matching(pod.pod_affinity[0]))
         for term in pod.pod_anti_affinity:
             candidates.update(dict.fromkeys(index.matching(term)))
         state = filters.affinity_counts(pod, _located(candidates, index, labels))
+    elif pod.pod_anti_affinity:
+        # `affinity_counts` without affinity terms: per anti-affinity term, the pods it selects counted in their
+        # node's domain (the index names them: none is matched against the term again).
+        state = filters.AffinityState(self_match=True)
+        anti = state.anti
+        for term in pod.pod_anti_affinity:
+            _count_domains(term.topology_key, index.matching(term), where, labels, anti)
     if index.anti:
+        # `anti_affinity_matches` over the holders of the placed terms that select the pod: each such term adds
+        # its holders' domains (a holder's other terms that do not select the pod add nothing).
         existing: dict[str, set[str]] = {}
-        filters.anti_affinity_matches(pod, _located(index.anti_holders(pod), index, labels), existing)
+        for term, holders in index.anti.items():
+            if pod_matches_term(term, pod):
+                found: dict[tuple[str, str], int] = {}
+                _count_domains(term.topology_key, holders, where, labels, found)
+                if found:
+                    existing.setdefault(term.topology_key, set()).update(value for _, value in found)
         if existing:
             state = state or filters.AffinityState()
             state.existing = existing
@@ -338,6 +352,24 @@ def _members(pod: PodRequest, constraint: SpreadConstraint, index: PodIndex) -> 
             node = where[key]
             on[node] = on.get(node, 0) + 1
     return on
+
+
+def _count_domains(
+    key: str, pods: Iterable[str], where: Mapping[str, str], labels: Labels, into: dict[tuple[str, str], int]
+) -> None:
+    """Add to `into` each of `pods` (placed pods' keys) under its node's (`key`, value): its node looked up once
+    however many of them it holds; a node the engine does not know, or without the key, counts none."""
+    per_node: dict[str, int] = {}
+    for pod_key in pods:
+        node = where[pod_key]
+        per_node[node] = per_node.get(node, 0) + 1
+    for node, found in per_node.items():
+        node_labels = labels(node)
+        if node_labels:
+            value = node_labels.get(key)
+            if value is not None:
+                pair = (key, value)
+                into[pair] = into.get(pair, 0) + found
 
 
 def _located(keys: Iterable[str], index: PodIndex, labels: Labels) -> Iterator[tuple[PodRequest, Mapping[str, str]]]:

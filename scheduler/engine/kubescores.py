@@ -8,7 +8,8 @@ scores per node version and pod shape. The others read other pods or other nodes
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import attrgetter
 
 from kubegpu.core.models import PodRequest, SpreadConstraint
 from kubegpu.scheduler import podindex, scores
@@ -185,10 +186,10 @@ class InterPodAffinity:
         self, engine: ScoreContext, state: object, records: Sequence[NodeRecord], pod: PodRequest, plan: Plan
     ) -> list[float]:
         assert isinstance(state, dict)
-        return list(map(float, scores.affinity_raws(state, [record.info.labels for record in records])))
+        return list(map(float, scores.affinity_raws(state, map(_LABELS, records))))
 
     def normalize(self, state: object, raw: list[float]) -> list[float]:
-        return list(map(float, scores.normalize_affinity([int(value) for value in raw])))
+        return _per_distinct(raw, lambda values: scores.normalize_affinity([int(value) for value in values]))
 
 
 class _SpreadCycle:
@@ -219,17 +220,22 @@ class PodTopologySpread:
     ) -> list[float]:
         assert isinstance(state, _SpreadCycle)
         soft = state.constraints
-        nodes = [(record.name, record.info.labels) for record in records]
+        nodes = list(map(_NAME_AND_LABELS, records))
         spread = podindex.spread_scores(pod, engine.placed, nodes, engine.spread_domains(pod, soft), soft)
         if spread is None:
             state.ignored = [False] * len(records)
             return [0.0] * len(records)
-        state.ignored = [name in spread.ignored for name, _ in nodes]
+        ignored = spread.ignored
+        state.ignored = [name in ignored for name, _ in nodes] if ignored else [False] * len(nodes)
         return list(map(float, scores.spread_raws(spread, pod, nodes)))
 
     def normalize(self, state: object, raw: list[float]) -> list[float]:
         assert isinstance(state, _SpreadCycle)
-        return list(map(float, scores.normalize_spread([int(value) for value in raw], state.ignored)))
+        if True in state.ignored:
+            return list(map(float, scores.normalize_spread([int(value) for value in raw], state.ignored)))
+        return _per_distinct(
+            raw, lambda values: scores.normalize_spread([int(value) for value in values], [False] * len(values))
+        )
 
 
 class NodePreferAvoidPods:
@@ -273,6 +279,19 @@ class ImageLocality:
 
     def normalize(self, state: object, raw: list[float]) -> list[float]:
         return raw
+
+
+_LABELS = attrgetter("info.labels")
+_NAME_AND_LABELS = attrgetter("info.name", "info.labels")
+
+
+def _per_distinct(raw: list[float], normalize: Callable[[list[float]], Sequence[float]]) -> list[float]:
+    """`normalize` over `raw` (as floats) worked out once per distinct raw score: for a normalization that reads
+    only the least and the greatest score and maps each score alone (InterPodAffinity's and PodTopologySpread's),
+    the same list as over every node's, at the cost of a lookup per node."""
+    values = list(set(raw))
+    table = dict(zip(values, map(float, normalize(values)), strict=True))
+    return list(map(table.__getitem__, raw))
 
 
 def may_matter(plugin: ScorePlugin) -> bool:

@@ -7,12 +7,14 @@ there without changing an answer:
 * `Cycle._sample_passing`: where every node passes the shape's node-local filters and the cluster-wide rules named
   the nodes they refuse, the sample is the first nodes of the tree's order from the rotating start that no rule
   named, found without a step per node in Python;
-* `Scoring._rank`: the local score plugins' part of the totals worked out once per distinct tuple of raw scores.
+* `Scoring._rank`: the local score plugins' part of the totals worked out once per distinct tuple of raw scores;
+  InterPodAffinity's and PodTopologySpread's normalizations once per distinct raw score, and PodTopologySpread's raw
+  scores a constraint at a time where every node holds every topology key (`scores._spread_raws_keyed`).
 
-The oracle is the same engine with both off (`_sample_passing` answering None, `_rank` ranking node by node), on
-generated event sequences: pods of kube-scheduler's benchmark kinds (anti-affinity per host, zone spread with a soft
-spread over hosts, preferred affinity to another app's zone, plain) arriving and leaving, nodes relabelled into
-another zone or out of every zone, removed and added back.
+The oracle of the first two is the same engine with them off (`_sample_passing` answering None, `_rank` ranking
+node by node), on generated event sequences: pods of kube-scheduler's benchmark kinds (anti-affinity per host, zone
+spread with a soft spread over hosts, preferred affinity to another app's zone, plain) arriving and leaving, nodes
+relabelled into another zone or out of every zone, removed and added back; of the last, the functions node by node.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubegpu.core.manifests import pod_request
-from kubegpu.core.models import PodRequest
+from kubegpu.core.models import LabelSelector, PodRequest, SpreadConstraint
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node
-from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler import scores
+from kubegpu.scheduler.engine import Engine, kubescores
 
 HOSTNAME = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
@@ -158,3 +161,43 @@ def test_a_walk_that_finds_too_few_nodes_starts_the_next_sample_where_it_started
         starts.append(subject._next_start)
     assert starts[0] == 107, "the first 100 nodes from 7 fit"
     assert starts[-1] == starts[-2], "the 61st pod's sample found 90 hosts of 100 wanted: the start stays"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-300, 300), max_size=40), st.lists(st.integers(0, 300), max_size=40))
+def test_normalizing_per_distinct_score_equals_node_by_node(affinity: list[int], spread: list[int]) -> None:
+    """InterPodAffinity's min..max (0 included) and PodTopologySpread's fewer-is-better, over every node's score."""
+    assert kubescores.InterPodAffinity().normalize(None, list(map(float, affinity))) == list(
+        map(float, scores.normalize_affinity(affinity))
+    )
+    cycle = kubescores._SpreadCycle(())
+    cycle.ignored = [False] * len(spread)
+    assert kubescores.PodTopologySpread().normalize(cycle, list(map(float, spread))) == list(
+        map(float, scores.normalize_spread(spread, cycle.ignored))
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(("z1", "z2", "z3")), st.integers(0, 4)), min_size=1, max_size=30),
+    st.lists(st.integers(0, 9), min_size=3, max_size=3),
+    st.integers(1, 3),
+)
+def test_spread_raws_keyed_equal_each_nodes_raw_score(
+    nodes: list[tuple[str, int]], zones: list[int], skew: int
+) -> None:
+    """PodTopologySpread's raw scores a constraint at a time (every node labelled) equal `spread_raw` node by node:
+    a zone constraint counted per pair, a hostname constraint per node."""
+    selector = LabelSelector(())
+    constraints = (
+        SpreadConstraint(skew, ZONE, "ScheduleAnyway", selector),
+        SpreadConstraint(1, HOSTNAME, "ScheduleAnyway", selector),
+    )
+    named = [(f"n{i}", {ZONE: zone, HOSTNAME: f"n{i}"}) for i, (zone, _) in enumerate(nodes)]
+    counts = {(ZONE, zone): found for zone, found in zip(("z1", "z2", "z3"), zones, strict=True)}
+    hosts = {f"n{i}": found for i, (_, found) in enumerate(nodes) if found}
+    state = scores.SpreadScores(constraints, set(), counts, (1.3862943611198906, 3.58351893845611), (None, hosts))
+    probe = pod(0, 0, "plain")
+    assert scores.spread_raws(state, probe, named) == [
+        scores.spread_raw(state, probe, n, labels) for n, labels in named
+    ]

@@ -361,3 +361,28 @@ def test_a_term_a_placed_pod_states_twice_scores_twice_as_in_the_scan(hard_weigh
     scanned = scores.affinity_prescore(probe, located(e), hard_weight)
     assert scanned == {(ZONE, "z1"): 2 * hard_weight + 2 * 7 - 2 * 3}
     assert podindex.affinity_scores(probe, e._placed, e._labels, hard_weight) == scanned
+
+
+def test_anti_affinity_counts_every_selected_pod_on_a_node_as_the_scan() -> None:
+    """InterPodAffinity's PreFilter counts the pods an anti-affinity term selects per domain (the index counts each
+    node's once, by its domain): three pods of app x, two on one node of zone z1 and one on z2, and a pod in zone z1
+    holding a term that selects the probe, count as a scan of every placed pod counts them."""
+    e = Engine(make_plugin_manager("scheduler", plugins=[], autoload=False))
+    for name, zone in (("n0", "z1"), ("n1", "z2"), ("n2", "z1")):
+        e.add_node(node_info(node_manifest(name, labels={ZONE: zone, HOST: name})))
+    term = {"topologyKey": ZONE, "labelSelector": {"matchLabels": {"app": "x"}}}
+    anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+
+    def document(labels: dict[str, str], affinity: dict[str, Any] | None = None) -> dict[str, Any]:
+        spec = {**SPEC, "affinity": affinity} if affinity else SPEC
+        return {"kind": "Pod", "metadata": {"namespace": "a", "labels": labels}, "spec": spec}
+
+    for step, node in enumerate(("n0", "n0", "n1")):
+        e.admit_bound(request(document({"app": "x"}), f"x{step}"), node, None)
+    e.admit_bound(request(document({"app": "w"}, anti), "holder"), "n2", None)
+    probe = request(document({"app": "x"}, anti), "probe")
+    state = podindex.affinity_state(probe, e._placed, e._labels)
+    assert state is not None
+    assert state.anti == {(ZONE, "z1"): 2, (ZONE, "z2"): 1}
+    assert state.existing == {ZONE: {"z1"}}
+    assert state == scanned_affinity(e, probe)
