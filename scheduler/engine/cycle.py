@@ -189,7 +189,8 @@ class Cycle(Sampling):
         stopped, as kube-scheduler 1.20 takes them (`findNodesThatPassFilters`, `nextStartNodeIndex`). Every zone
         is in every sample; a sample in capacity order would hold the first zones only. Nodes the capacity index
         rules out are passed over, and filtered for their reasons only when no node fits. Taken from the shape's
-        remembered answers where those are the nodes' own (`Sampling._sample_by_shape`)."""
+        remembered answers where those are the nodes' own (`Sampling._sample_by_shape`); for a pod the cluster-wide
+        rules judge, past the nodes they named where every other node is known to pass (`_sample_passing`)."""
         nodes, check, refuse = self.nodes, self.check, self._refuse
         cluster = self._cluster_state(pod, plan) if plan.volatile else None
         judge, by_name = (cluster.judge, cluster.refused) if cluster is not None else (None, None)
