@@ -19,9 +19,11 @@ relabelled into another zone or out of every zone, removed and added back; of th
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,8 +31,11 @@ from kubegpu.core.manifests import pod_request
 from kubegpu.core.models import LabelSelector, PodRequest, SpreadConstraint
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node
+from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine import Engine, kubescores
+
+from . import test_engine_sampling as sampling_traces
 
 HOSTNAME = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
@@ -201,3 +206,24 @@ def test_spread_raws_keyed_equal_each_nodes_raw_score(
     assert scores.spread_raws(state, probe, named) == [
         scores.spread_raw(state, probe, n, labels) for n, labels in named
     ]
+
+
+@pytest.mark.parametrize("lead", [True, False], ids=["fragmentation leads", "fragmentation weighed"])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_gpu_cycles_rank_as_node_by_node(seed: int, lead: bool) -> None:
+    """`_rank` over device pods (shares, whole and multi-GPU, CPU-only; nodes filling and freeing) picks the node
+    `_rank_by_node` picks, KubegpuFragmentation leading or weighed with the others."""
+    rng = random.Random(seed)
+    nodes = sampling_traces.generated_nodes(rng, rng.randint(130, 170))
+    pods = sampling_traces.generated_pods(rng, 500)
+
+    def engine() -> Engine:
+        profile = dataclasses.replace(scores.Profile.default("binpack"), fragmentation_lead=lead)
+        plugins = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
+        return Engine(plugins, scoring=profile)
+
+    # Both walk node by node (the shape's remembered answers rank with `_rank_sampled`): every cycle ranks here.
+    subject, oracle = sampling_traces.walking(engine()), sampling_traces.walking(engine())
+    oracle._rank = oracle._rank_by_node  # type: ignore[method-assign]
+    assert sampling_traces.replay(subject, nodes, pods) == sampling_traces.replay(oracle, nodes, pods)
