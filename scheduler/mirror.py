@@ -205,7 +205,10 @@ class ClusterMirror:
         self.pods_synced = threading.Event()
         self.heartbeat = time.monotonic()
         self._refused: dict[str, str] = {}  # pod key -> why its allocation holds no devices (one Event per reason)
-        # Bound pod key -> what its requests were computed from (`sizes_of`), to see an in-place resize (1.33+).
+        # Pod key -> what the request the engine or the queue holds for it was computed from (`sizes_of`), to see an
+        # in-place resize (1.33+): a bound pod's, and this front-end's pending pod's (the request its cycle decides
+        # on, so the event of its own Binding is compared with it, not parsed whole again). Set at each parse that
+        # the engine or the queue keeps; forgotten at `release`.
         self._sizes: dict[str, tuple[object, ...]] = {}
         # This front-end's pods held back at PreEnqueue (their scheduling gates), with the reason.
         self.gated: dict[str, str] = {}
@@ -1160,7 +1163,9 @@ class ClusterMirror:
                 return
         self._ungate(key)  # its last gate removed: it enters the queue as a new pod would
         version = str(meta.get("resourceVersion", ""))
-        if not self.pending.observe(key, request, version, deleting=deleting, held=held is not None):
+        if self.pending.observe(key, request, version, deleting=deleting, held=held is not None):
+            self._sizes[key] = sizes_of(obj)
+        else:
             self.drop_pending(key)
 
     def _unreadable_pod(self, kind: str, key: str, obj: dict[str, Any], problem: str) -> None:
