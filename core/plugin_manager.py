@@ -404,6 +404,9 @@ def make_plugin_manager(
         autoload = _autoload_enabled()
     allowed = set(allow) if allow is not None else _env_allowlist()
     if autoload:
+        # Each distribution's name and version, read once: its metadata is parsed anew at every `name` or `version`
+        # (4-5 ms each; the three built-in plugins' six reads were 27 ms of every start).
+        described: dict[int, tuple[str, str]] = {}
         for ep in sorted(entry_points(group=manager.project), key=lambda e: e.name):
             if allowed is not None and ep.name not in allowed:
                 continue
@@ -413,12 +416,11 @@ def make_plugin_manager(
             except Exception as exc:
                 manager._fail(ep.name, "load", _describe(exc))
                 continue
-            manager.register(
-                plugin,
-                ep.name,
-                distribution=dist.name if dist is not None else None,
-                version=dist.version if dist is not None else None,
-            )
+            if dist is not None and id(dist) not in described:
+                metadata = dist.metadata
+                described[id(dist)] = (metadata["Name"], metadata["Version"])
+            name, version = described[id(dist)] if dist is not None else (None, None)
+            manager.register(plugin, ep.name, distribution=name, version=version)
     for name, plugin in plugins:
         manager.register(plugin, name)
     manager._check_pending()
