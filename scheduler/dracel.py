@@ -6,6 +6,8 @@ scheduler paid at import, DRA in use or not."""
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from decimal import ROUND_CEILING
 from functools import lru_cache
@@ -21,6 +23,10 @@ from kubegpu.core.dra import Device
 from kubegpu.core.quantity import QuantityError, parse_quantity
 
 MAX_CEL_TOKENS = 1000
+# Compiled selectors kept, counted in parse-tree nodes: a program keeps cel-python's Lark tree, about 700 bytes a node
+# and up to ten nodes a token (3.4 MB for a list of 480 numbers), so 2^15 nodes keep at most about 23 MB however many
+# distinct selectors tenants write (a plain `device.driver == "x"` is a dozen nodes).
+MAX_KEPT_NODES = 1 << 15
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 
 
@@ -75,13 +81,15 @@ def _environment() -> celpy.Environment:
     return celpy.Environment()
 
 
-def _check_cost(tree: Tree[Token]) -> None:
+def _check_cost(tree: Tree[Token]) -> int:
     """Refuse an expression that could cost more than about a million steps: over `MAX_CEL_TOKENS` tokens, or a
-    comprehension (all, exists, exists_one, map, filter) inside another's body."""
+    comprehension (all, exists, exists_one, map, filter) inside another's body. Returns the tree's nodes."""
     tokens = 0
+    nodes = 0
 
     def walk(node: Tree[Token] | Token, depth: int) -> None:
-        nonlocal tokens
+        nonlocal tokens, nodes
+        nodes += 1
         if isinstance(node, Token):
             tokens += 1
             if tokens > MAX_CEL_TOKENS:
@@ -96,22 +104,51 @@ def _check_cost(tree: Tree[Token]) -> None:
             walk(child, inner if child is not node.children[0] else depth)
 
     walk(tree, 0)
+    return nodes
 
 
-@lru_cache(maxsize=4096)
+_kept: OrderedDict[str, tuple[Any, int]] = OrderedDict()  # expression -> (program or its error's text, nodes)
+_kept_nodes = 0
+_kept_lock = threading.Lock()
+
+
 def compile_selector(expression: str) -> Any:
-    """The compiled program of a CEL selector (compiled once per expression); raises `SelectorError`."""
+    """The compiled program of a CEL selector; raises `SelectorError`. Programs and errors alike are kept, the least
+    recently used let go past `MAX_KEPT_NODES`: an expression that does not compile, or is over the cost bound, was
+    compiled again for every device of other facts (40-200 ms of Lark each, per node per cycle)."""
+    global _kept_nodes
+    with _kept_lock:
+        kept = _kept.get(expression)
+        if kept is not None:
+            _kept.move_to_end(expression)
+    if kept is None:
+        kept = _compile(expression)
+        with _kept_lock:
+            if expression not in _kept:
+                _kept[expression] = kept
+                _kept_nodes += kept[1]
+                while _kept_nodes > MAX_KEPT_NODES and len(_kept) > 1:
+                    _kept_nodes -= _kept.popitem(last=False)[1][1]
+    if isinstance(kept[0], str):
+        raise SelectorError(kept[0])  # a new one each time: one raised again would grow its traceback
+    return kept[0]
+
+
+def _compile(expression: str) -> tuple[Any, int]:
+    weight = 1 + len(expression) // 700  # the key itself, in nodes' worth of bytes
     try:
         tree = _environment().compile(expression)
-        _check_cost(tree)
-        return _environment().program(tree, functions=CEL_FUNCTIONS)
+        nodes = _check_cost(tree)
+        return _environment().program(tree, functions=CEL_FUNCTIONS), weight + nodes
+    except SelectorError as exc:
+        return str(exc), weight
     except CELParseError as exc:
-        raise SelectorError(f"compilation failed: {' '.join(str(exc).split())[:200]}") from None
+        return f"compilation failed: {' '.join(str(exc).split())[:200]}", weight
     except RecursionError:
         # cel-python's parser and tree walks recurse once per level: 300 parentheses, 3000 `!` or a chain of
         # 3000 `+` (all under the API server's 10 KiB) go past Python's stack limit. cel-go refuses such
         # expressions too (its parser's recursion limit).
-        raise SelectorError("the expression is nested deeper than kubegpu's CEL parser takes") from None
+        return "the expression is nested deeper than kubegpu's CEL parser takes", weight
 
 
 def _activation(device: Device) -> dict[str, Any]:
