@@ -16,13 +16,17 @@ from typing import Any
 import celpy
 from celpy import celtypes
 from celpy.celparser import CELParseError
-from celpy.evaluation import CELEvalError
+from celpy.evaluation import CELEvalError, Evaluator
 from lark import Token, Tree
 
 from kubegpu.core.dra import Device
 from kubegpu.core.quantity import QuantityError, parse_quantity
 
 MAX_CEL_TOKENS = 1000
+# Steps (parse-tree nodes visited) one evaluation may take, about 13 us each in cel-python: 65 ms at most per device.
+# The token bound alone let a comprehension over 300 numbers with a body of 80 comparisons take 360,000 steps (5 s),
+# again for every device of other facts. A comprehension over a device's 32 attributes with a body of 100 steps fits.
+MAX_CEL_STEPS = 5000
 # Compiled selectors kept, counted in parse-tree nodes: a program keeps cel-python's Lark tree, about 700 bytes a node
 # and up to ten nodes a token (3.4 MB for a list of 480 numbers), so 2^15 nodes keep at most about 23 MB however many
 # distinct selectors tenants write (a plain `device.driver == "x"` is a dozen nodes).
@@ -32,6 +36,10 @@ MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 
 class SelectorError(Exception):
     """A CEL selector that does not compile, is over the cost bound, or fails on a device."""
+
+
+class _OverSteps(Exception):
+    """An evaluation past `MAX_CEL_STEPS` (none of the types cel-python turns into a CEL error value)."""
 
 
 # -- CEL --------------------------------------------------------------------------------------------------------------
@@ -74,11 +82,34 @@ CEL_FUNCTIONS: dict[str, Callable[..., Any]] = {
 }
 
 
+class _CountedEvaluator(Evaluator):
+    """cel-python's evaluator, counting the parse-tree nodes it visits (a comprehension's body too: its sub-evaluators
+    share the count) and stopping past `MAX_CEL_STEPS`."""
+
+    def __init__(self, ast: Any, activation: Any, left: list[int] | None = None) -> None:
+        super().__init__(ast, activation)
+        self.left = left if left is not None else [MAX_CEL_STEPS]
+
+    def _visit_tree(self, tree: Any) -> Any:
+        self.left[0] -= 1
+        if self.left[0] < 0:
+            raise _OverSteps
+        return super()._visit_tree(tree)
+
+    def sub_evaluator(self, ast: Any) -> Evaluator:
+        return _CountedEvaluator(ast, self.activation, self.left)
+
+
+class _CountedRunner(celpy.InterpretedRunner):
+    def evaluate(self, context: Any) -> Any:
+        return _CountedEvaluator(self.ast, self.new_activation()).evaluate(context)
+
+
 @lru_cache(maxsize=1)
 def _environment() -> celpy.Environment:
     """The CEL environment, made at the first selector compiled: building its parser costs about half a second,
     which every start of `kubegpu scheduler` paid at import, DRA in use or not."""
-    return celpy.Environment()
+    return celpy.Environment(runner_class=_CountedRunner)
 
 
 def _check_cost(tree: Tree[Token]) -> int:
@@ -184,6 +215,8 @@ def evaluate(expression: str, device: Device) -> bool | str:
         return str(exc)
     try:
         result = program.evaluate(_activation(device))
+    except _OverSteps:
+        return f"more than {MAX_CEL_STEPS} evaluation steps on a device (kubegpu's cost bound)"
     except Exception as exc:  # cel-python raises several types; each is the expression's error
         return f"CEL runtime error: {' '.join(str(exc).split())[:200]}"
     if isinstance(result, CELEvalError):

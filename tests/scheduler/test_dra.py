@@ -720,3 +720,30 @@ def test_the_compiled_selectors_kept_are_bounded_in_memory_not_in_count() -> Non
     finally:
         tracemalloc.stop()
     assert kept < 40 << 20, f"{kept / 2**20:.0f} MiB kept after 16 selectors of a thousand characters"
+
+
+def test_a_selector_within_the_token_bound_is_stopped_within_a_bounded_evaluation() -> None:
+    # A comprehension over a list of 300 numbers whose body holds 80 comparisons is within the token bound (about
+    # 1,000) and has no comprehension inside another; cel-python took 5-7 s to evaluate it, and it is evaluated
+    # again for every device of other facts (each device has its own uuid upstream): hours of the scheduling thread
+    # for one tenant's claim on a cluster of a few hundred GPUs.
+    from time import process_time
+
+    numbers = ",".join(["1"] * 300)
+    expression = f"[{numbers}].all(x, {' && '.join(['x > 0'] * 80)})"
+    slices = [generic_slice(f"n{i}", "gpu.example.com", [("g0", {"uuid": {"string": f"u{i}"}})]) for i in range(3)]
+    started = process_time()
+    events = run(
+        *(node_manifest(f"n{i}") for i in range(3)),
+        device_class("gpu", 'device.driver == "gpu.example.com"'),
+        *slices,
+        template("t", claim_spec(exactly("devs", "gpu", 1, expression))),
+        claim_pod("p", templates={"dev": "t"}),
+        template("plain", claim_spec(exactly("devs", "gpu", 1, "device.driver.startsWith('gpu')"))),
+        claim_pod("q", templates={"dev": "plain"}),
+    )
+    elapsed = process_time() - started
+    assert events[0]["event"] == "unschedulable", events[0]
+    assert "request devs: selector #0: more than 5000 evaluation steps" in events[0]["reason"], events[0]["reason"]
+    assert elapsed < 3, f"{elapsed:.1f} s of CPU"
+    assert events[1]["event"] == "scheduled"  # the next pod's selector runs as ever
