@@ -128,6 +128,7 @@ class ClusterView:
                 self.apply_pod("ADDED", obj)
 
     def _forget_node(self, name: str) -> None:
+        self.hidden.pop(f"node {name}", None)
         for key in self.engine.remove_node(name):
             self.bound.pop(key, None)
 
@@ -147,6 +148,7 @@ class ClusterView:
         phase = (obj.get("status") or {}).get("phase")
         if kind == "DELETED" or phase in FINISHED:
             self._forget_pod(key)
+            self.failures.pop(key, None)  # kept for a pod that waits; an Event coming later is dropped with it
             return
         spec = obj.get("spec") or {}
         node = spec.get("nodeName")
@@ -232,7 +234,10 @@ class ClusterView:
             self.apply_event("ADDED", obj)
 
     def apply_event(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind == "DELETED" or obj.get("reason") != "FailedScheduling":
+        """Keep a pod's latest FailedScheduling message until its pod is deleted, or that Event is while no pod of
+        its name waits (an Event lives an hour): kept for every pod name that ever failed, a long `--watch` grew
+        without bound."""
+        if obj.get("reason") != "FailedScheduling":
             return
         involved = obj.get("involvedObject") or {}
         if involved.get("kind", "Pod") != "Pod":
@@ -243,7 +248,10 @@ class ClusterView:
         except ValueError:
             version = 0
         known = self.failures.get(key)
-        if known is None or version >= known[0]:
+        if kind == "DELETED":
+            if known is not None and known[0] == version and key not in self.waiting:
+                del self.failures[key]
+        elif known is None or version >= known[0]:
             self.failures[key] = (version, str(involved.get("uid") or ""), str(obj.get("message") or ""))
 
     # -- the snapshot -----------------------------------------------------------------------------------------
