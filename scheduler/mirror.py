@@ -396,7 +396,14 @@ class ClusterMirror:
                 backoff = min(30.0, backoff * 2)
                 continue
             if listed is None:
-                return
+                if self.stop.is_set():
+                    return
+                # A 404: an API server behind the same address that does not serve it (mid-upgrade). Ended here,
+                # the leader never decided again.
+                log.warning("listing %s: not found (404); retrying in %.1fs", what, backoff)
+                self.stop.wait(backoff)
+                backoff = min(30.0, backoff * 2)
+                continue
             lists.append((what, listed))
         if len(lists) == len(paths):
             self.post(self._apply_fresh, lists, done)
