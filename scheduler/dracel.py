@@ -1,6 +1,7 @@
-"""DRA's CEL selectors (`DeviceClass.spec.selectors`, a request's `selectors`): compiled once per expression, their
-cost bounded before they run (at most `MAX_CEL_TOKENS` tokens, no comprehension inside another), evaluated per device
-with upstream's `device.driver`, `device.attributes` and `device.capacity`. Its own module, imported at the first
+"""DRA's CEL selectors (`DeviceClass.spec.selectors`, a request's `selectors`): compiled once per expression (the
+programs and errors kept within `MAX_KEPT_NODES`), their cost bounded before they run (at most `MAX_CEL_TOKENS` tokens,
+no comprehension inside another) and while they run (`MAX_CEL_STEPS`), evaluated per device with upstream's
+`device.driver`, `device.attributes` and `device.capacity`. Its own module, imported at the first
 selector evaluated (`kubegpu.scheduler.dra`): cel-python brings pendulum and Lark, which every start of the
 scheduler paid at import, DRA in use or not."""
 
