@@ -204,7 +204,8 @@ class ClusterMirror:
         self.nodes_synced = threading.Event()
         self.pods_synced = threading.Event()
         self.heartbeat = time.monotonic()
-        self._refused: dict[str, str] = {}  # pod key -> why its allocation holds no devices (one Event per reason)
+        # pod key -> (its uid, why it is ignored or its allocation holds no devices): one Event per pod and reason.
+        self._refused: dict[str, tuple[str, str]] = {}
         # Bound pod key -> what its requests were computed from (`sizes_of`), to see an in-place resize (1.33+).
         self._sizes: dict[str, tuple[object, ...]] = {}
         # This front-end's pods held back at PreEnqueue (their scheduling gates), with the reason.
@@ -974,6 +975,8 @@ class ClusterMirror:
                 self.gang_members.keep_only(live)
             for key in [k for k in self.gated if k not in live]:
                 self._ungate(key)
+            for key in [k for k in self._refused if k not in live]:
+                del self._refused[key]
             self.pods_synced.set()
             return
         if self._listed and isinstance(payload, dict):
@@ -1186,9 +1189,9 @@ class ClusterMirror:
         if (
             self.pending.answers_for(spec.get("schedulerName"))
             and not spec.get("nodeName")
-            and self._refused.get(key) != problem
+            and self._refused.get(key) != (str(meta.get("uid", "")), problem)
         ):
-            self._refused[key] = problem
+            self._refused[key] = (str(meta.get("uid", "")), problem)
             pod = PodRequest(
                 namespace=str(meta.get("namespace", "default")),
                 name=str(meta.get("name", "")),
@@ -1221,8 +1224,8 @@ class ClusterMirror:
                 problem = status.message
             self.metrics.refused_allocations.inc()
             log.warning("bound pod's allocation holds no devices: %s", problem, extra=extra)
-            if self._refused.get(request.key) != problem:
-                self._refused[request.key] = problem
+            if self._refused.get(request.key) != (request.uid, problem):
+                self._refused[request.key] = (request.uid, problem)
                 self.binder.event(request, "AllocationRefused", f"kubegpu.io/allocation holds no devices: {problem}")
         if any(self.engine.plugins.owner_of(r) for r in request.requested_resources()):
             decision = self.engine.admit_by_count(request, node)
