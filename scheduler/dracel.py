@@ -24,9 +24,10 @@ from kubegpu.core.dra import Device
 from kubegpu.core.quantity import QuantityError, parse_quantity
 
 MAX_CEL_TOKENS = 1000
-# Steps (parse-tree nodes visited) one evaluation may take, about 13 us each in cel-python: 65 ms at most per device.
-# The token bound alone let a comprehension over 300 numbers with a body of 80 comparisons take 360,000 steps (5 s),
-# again for every device of other facts. A comprehension over a device's 32 attributes with a body of 100 steps fits.
+# Steps (parse-tree nodes visited) the comprehensions' bodies of one evaluation may take over all their elements,
+# about 13 us each in cel-python: 65 ms at most per device. The token bound alone let a comprehension over 300 numbers
+# with a body of 80 comparisons take 360,000 steps (5 s), again for every device of other facts. A comprehension over
+# a device's 32 attributes with a body of 100 steps fits.
 MAX_CEL_STEPS = 5000
 # Compiled selectors kept, counted in parse-tree nodes: a program keeps cel-python's Lark tree, about 700 bytes a node
 # and up to ten nodes a token (3.4 MB for a list of 480 numbers), so 2^15 nodes keep at most about 23 MB however many
@@ -83,27 +84,44 @@ CEL_FUNCTIONS: dict[str, Callable[..., Any]] = {
 }
 
 
-class _CountedEvaluator(Evaluator):
-    """cel-python's evaluator, counting the parse-tree nodes it visits (a comprehension's body too: its sub-evaluators
-    share the count) and stopping past `MAX_CEL_STEPS`."""
+class _Evaluator(Evaluator):
+    """cel-python's evaluator, whose comprehension bodies count the steps they take (`_CountedEvaluator`). Outside a
+    comprehension each parse-tree node is visited once, so the token bound bounds the steps there; a comprehension's
+    body is visited once per element, and only there could steps multiply. One count for all its comprehensions."""
 
-    def __init__(self, ast: Any, activation: Any, left: list[int] | None = None) -> None:
+    def __init__(self, ast: Any, activation: Any) -> None:
         super().__init__(ast, activation)
-        self.left = left if left is not None else [MAX_CEL_STEPS]
-
-    def _visit_tree(self, tree: Any) -> Any:
-        self.left[0] -= 1
-        if self.left[0] < 0:
-            raise _OverSteps
-        return super()._visit_tree(tree)
+        self.left = [MAX_CEL_STEPS]
 
     def sub_evaluator(self, ast: Any) -> Evaluator:
         return _CountedEvaluator(ast, self.activation, self.left)
 
 
+class _CountedEvaluator(Evaluator):
+    """A comprehension body's evaluator: counts the parse-tree nodes it visits, for every element, and stops past
+    `MAX_CEL_STEPS` (`left` is shared by the comprehension's evaluators)."""
+
+    def __init__(self, ast: Any, activation: Any, left: list[int]) -> None:
+        super().__init__(ast, activation)
+        self.left = left
+
+    def _visit_tree(self, tree: Any) -> Any:
+        left = self.left
+        left[0] -= 1
+        if left[0] < 0:
+            raise _OverSteps
+        return _visit(self, tree)
+
+    def sub_evaluator(self, ast: Any) -> Evaluator:
+        return _CountedEvaluator(ast, self.activation, self.left)
+
+
+_visit = Evaluator._visit_tree
+
+
 class _CountedRunner(celpy.InterpretedRunner):
     def evaluate(self, context: Any) -> Any:
-        return _CountedEvaluator(self.ast, self.new_activation()).evaluate(context)
+        return _Evaluator(self.ast, self.new_activation()).evaluate(context)
 
 
 @lru_cache(maxsize=1)
