@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import suppress
 from decimal import ROUND_CEILING
 from functools import lru_cache
 from typing import Any
@@ -33,6 +34,9 @@ MAX_CEL_STEPS = 5000
 # and up to ten nodes a token (3.4 MB for a list of 480 numbers), so 2^15 nodes keep at most about 23 MB however many
 # distinct selectors tenants write (a plain `device.driver == "x"` is a dozen nodes).
 MAX_KEPT_NODES = 1 << 15
+# A pod's selectors together (`dra.py`'s demands): at most half of what is kept, so that none of them is let go, and
+# compiled again per device, while its own cycle evaluates the others.
+MAX_POD_NODES = MAX_KEPT_NODES // 2
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 
 
@@ -160,6 +164,9 @@ def _check_cost(tree: Tree[Token]) -> int:
 _kept: OrderedDict[str, tuple[Any, int]] = OrderedDict()  # expression -> (program or its error's text, nodes)
 _kept_nodes = 0
 _kept_lock = threading.Lock()
+# (hash, length) of each expression compiled -> its nodes, remembered after its program is let go (a few ints each).
+_weights: dict[tuple[int, int], int] = {}
+MAX_WEIGHTS = 1 << 16
 
 
 def compile_selector(expression: str) -> Any:
@@ -174,6 +181,9 @@ def compile_selector(expression: str) -> Any:
     if kept is None:
         kept = _compile(expression)
         with _kept_lock:
+            if len(_weights) >= MAX_WEIGHTS:
+                _weights.clear()
+            _weights[(hash(expression), len(expression))] = kept[1]
             if expression not in _kept:
                 _kept[expression] = kept
                 _kept_nodes += kept[1]
@@ -182,6 +192,16 @@ def compile_selector(expression: str) -> Any:
     if isinstance(kept[0], str):
         raise SelectorError(kept[0])  # a new one each time: one raised again would grow its traceback
     return kept[0]
+
+
+def weight(expression: str) -> int:
+    """What keeping the selector's program costs, in parse-tree nodes (`MAX_KEPT_NODES`); compiled once to tell."""
+    known = _weights.get((hash(expression), len(expression)))
+    if known is None:
+        with suppress(SelectorError):  # an error is kept, and weighed, as a program is
+            compile_selector(expression)
+        known = _weights.get((hash(expression), len(expression)), 1)
+    return known
 
 
 def _compile(expression: str) -> tuple[Any, int]:

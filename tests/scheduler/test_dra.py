@@ -747,3 +747,38 @@ def test_a_selector_within_the_token_bound_is_stopped_within_a_bounded_evaluatio
     assert "request devs: selector #0: more than 5000 evaluation steps" in events[0]["reason"], events[0]["reason"]
     assert elapsed < 3, f"{elapsed:.1f} s of CPU"
     assert events[1]["event"] == "scheduled"  # the next pod's selector runs as ever
+
+
+def test_a_pods_selectors_together_are_bounded_so_none_is_compiled_again_within_its_cycle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The compiled programs kept are bounded in memory (2^15 parse-tree nodes); a pod whose selectors together need
+    # more (seven of 5,000 nodes each: a list of 480 numbers beside a true comparison) evicted its own programs as it
+    # went, and each was compiled again for every device of other facts: 50 ms a compilation, per selector, device
+    # and node. Its selectors together are refused once, each compiled once.
+    import celpy
+
+    compiled = []
+    compile_once = celpy.Environment.compile
+    monkeypatch.setattr(
+        celpy.Environment, "compile", lambda self, text: compiled.append(text) or compile_once(self, text)
+    )
+    requests = [
+        exactly(f"r{number}", "gpu", 1, f'device.driver == "gpu.example.com" || [{number}{",1" * 479}].size() == 0')
+        for number in range(7)
+    ]
+    nodes = [node_manifest(f"n{i}") for i in range(10)]
+    slices = [
+        generic_slice(f"n{i}", "gpu.example.com", [(f"g{d}", {"uuid": {"string": f"u{i}-{d}"}}) for d in range(7)])
+        for i in range(10)
+    ]
+    events = run(
+        *nodes,
+        device_class("gpu", 'device.driver == "gpu.example.com"'),
+        *slices,
+        template("t", claim_spec(*requests)),
+        claim_pod("p", templates={"dev": "t"}),
+    )
+    assert len(compiled) <= 8, f"compiled {len(compiled)} times"
+    assert events[0]["event"] == "unschedulable", events[0]
+    assert "selectors together are over kubegpu's cost bound" in events[0]["reason"], events[0]["reason"]
