@@ -722,10 +722,18 @@ class ClusterMirror:
         apply = partial(self._apply_dra, collection)
         if kind == "SYNC":
             seen: set[tuple[str, str] | None] = set(keep)
+            # The informer's relist of claims, maybe newer than a new leader's fresh list on its way (`caught_up`).
+            noting = collection == CLAIMS_KIND and self._since_listing is not None
             for obj in payload:
-                seen.add(self._guarded("dra_event", obj, apply, "ADDED", on_pod=False))
+                named = self._guarded("dra_event", obj, apply, "ADDED", on_pod=False)
+                seen.add(named)
+                if noting and named is not None:
+                    self._seen_since_listing(collection, named, False, obj)
             for key in self.engine.dra_keys(collection):
                 if key not in seen and not self._held_unwritten(collection, key):
+                    claim = self.engine.dra.claims.get(key) if noting else None
+                    if claim is not None:  # gone for good: the older fresh list must not bring it back
+                        self._seen_since_listing(collection, key, True, {"metadata": {"uid": claim.uid}})
                     self._apply_dra(collection, "DELETED", {"metadata": {"namespace": key[0], "name": key[1]}})
             self.dra_synced[collection].set()
         else:
@@ -964,11 +972,25 @@ class ClusterMirror:
         if kind == "SYNC":
             self._listed.clear()  # the informer's own list: its watch goes on from there
             live = set(keep)
+            noting = self._since_listing is not None  # the informer's relist, maybe newer than a fresh list on its way
             for obj in payload:
                 self._guarded("pod_event", obj, self._apply_pod, "ADDED")
                 meta = obj.get("metadata") or {}
-                live.add(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
+                key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+                live.add(key)
+                if noting and isinstance(obj, dict):
+                    status = obj.get("status")
+                    self._seen_since_listing(
+                        "pods", key, isinstance(status, dict) and status.get("phase") in FINISHED, obj
+                    )
             for key in [k for k in self.engine.pod_keys() if k not in live and self.pending.binding(k) is None]:
+                placed = self.engine.placement(key) if noting else None
+                if placed is not None:  # gone for good, with the claims made for it: the older fresh lists must not
+                    self._seen_since_listing("pods", key, True, {"metadata": {"uid": placed.request.uid}})
+                    for held in self.engine.held_claims(key):  # bring them back
+                        if held.owned:
+                            named = (held.claim.namespace, held.claim.name)
+                            self._seen_since_listing(CLAIMS_KIND, named, True, {"metadata": {"uid": held.claim.uid}})
                 self.release(key)
             self.pending.keep_only(live)
             if self.gang_members is not None:
