@@ -66,6 +66,7 @@ __all__ = ["ClusterView", "add_top_parser", "render_terminal", "run"]
 
 FINISHED = frozenset({"Succeeded", "Failed"})
 MAX_NODES = 40  # node maps drawn in the terminal; --node, --json and --html show any node
+MIN_REASON_COLUMN = 32  # characters the pending pods' reasons keep, whatever the length of a pod's key
 NODES, PODS, EVENTS = "/api/v1/nodes", "/api/v1/pods", "/api/v1/events"
 
 
@@ -371,8 +372,10 @@ def render_terminal(report: Report, *, max_nodes: int = MAX_NODES) -> Renderable
         )
     if report.pending:
         pending = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
-        pending.add_column("PENDING POD", no_wrap=True)
-        pending.add_column("REASON", overflow="fold")
+        # A pod's key may be 317 characters (a 63-character namespace, a 253-character name): kept on one line, its
+        # column took the whole width and no pod's reason was shown. It folds where the reasons need the room.
+        pending.add_column("PENDING POD", overflow="fold")
+        pending.add_column("REASON", overflow="fold", min_width=MIN_REASON_COLUMN)
         for pod in report.pending:
             pending.add_row(Text(safe_text(pod.pod)), Text(safe_text(pod.reason)))
         parts.append(pending)

@@ -250,3 +250,21 @@ def test_a_long_watch_keeps_no_failure_of_a_pod_gone_nor_a_problem_of_a_node_gon
     assert any(p.startswith("node broken: inventory ignored") for p in view.report().problems)
     view.apply_node("DELETED", broken)
     assert view.report().problems == (), view.report().problems
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_a_pod_of_a_long_name_leaves_room_for_every_pending_pods_reason(width: int) -> None:
+    # A namespace of 63 characters and a pod name of 253 are valid; the pending table kept pod names on one line,
+    # so that column took the terminal's whole width and no pending pod's reason was shown, the tenant's or anyone's.
+    view = view_of([])
+    for namespace, name in (("n" * 63, "a" * 253), ("default", "small")):
+        pod = pod_manifest(name, {"main": {"aws.amazon.com/neurondevice": 99}}, scheduler_name="kubegpu")
+        pod["metadata"].update(namespace=namespace, uid=f"uid-{name[:5]}")
+        condition = {"type": "PodScheduled", "status": "False", "message": f"reason of {name[:5]}"}
+        pod["status"] = {"conditions": [condition]}
+        view.apply_pod("ADDED", pod)
+    output = io.StringIO()
+    Console(file=output, width=width, color_system=None).print(render_terminal(view.report()))
+    lines = output.getvalue().splitlines()
+    assert any("default/small" in line and "reason of small" in line for line in lines), "\n".join(lines[-12:])
+    assert max(len(line) for line in lines) <= width
