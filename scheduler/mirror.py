@@ -607,7 +607,10 @@ class ClusterMirror:
         if kind == "DELETED":
             self._forget_podgroup(key)
             return key
-        self.podgroup_uids[key] = str(meta.get("uid", ""))
+        uid = str(meta.get("uid", ""))
+        if self.podgroup_uids.get(key) != uid and self.gang_members is not None:
+            self.gang_members.touch(key)  # a PodGroup made (again): its status is due on it
+        self.podgroup_uids[key] = uid
         try:
             group: PodGroup | str = podgroups.pod_group(obj)
         except InputError as exc:
