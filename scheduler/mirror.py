@@ -734,7 +734,7 @@ class ClusterMirror:
                     self._seen_since_listing(collection, named, False, obj)
             for key in self.engine.dra_keys(collection):
                 if key not in seen and not self._held_unwritten(collection, key):
-                    claim = self.engine.dra.claims.get(key) if noting else None
+                    claim = self.engine.resource_claim(*key) if noting else None
                     if claim is not None:  # gone for good: the older fresh list must not bring it back
                         self._seen_since_listing(collection, key, True, {"metadata": {"uid": claim.uid}})
                     self._apply_dra(collection, "DELETED", {"metadata": {"namespace": key[0], "name": key[1]}})
