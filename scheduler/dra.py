@@ -477,6 +477,27 @@ class DraBook:
                         return Status.unresolvable(
                             f"request {choice.name}: device class {choice.class_name} does not exist"
                         )
+        return self._selectors_bounded(found)
+
+    def _selectors_bounded(self, found: list[_Demand]) -> list[_Demand] | Status:
+        """The demands, unless the selectors they evaluate together are more than kubegpu keeps compiled
+        (`dracel.MAX_POD_NODES`): each would be compiled again for every device of other facts."""
+        expressions: set[str] = set()
+        for demand in found:
+            if demand.claim is None or demand.claim.allocation is None:
+                for request in demand.spec.requests:
+                    for choice in request.alternatives or (request,):
+                        expressions.update(self.classes[choice.class_name].selectors, choice.selectors)
+        if not expressions:
+            return found
+        from kubegpu.scheduler import dracel  # cel-python only once DRA is used
+
+        total = sum(map(dracel.weight, expressions))
+        if total > dracel.MAX_POD_NODES:
+            return Status.unresolvable(
+                f"the pod's CEL selectors together are over kubegpu's cost bound: {total} parse-tree nodes, at most "
+                f"{dracel.MAX_POD_NODES} (fewer or shorter selectors)"
+            )
         return found
 
     def demand_key(self, pod: PodRequest) -> tuple[object, ...]:

@@ -133,6 +133,10 @@ class GangMembers:
         """The gang's members (pod key -> state); read-only."""
         return self._members.get(gang) or {}
 
+    def touch(self, gang: str) -> None:
+        """Count `gang` as changed: its PodGroup was made (again), and its status is due on it."""
+        self._changed.add(gang)
+
     def take_changed(self) -> set[str]:
         changed, self._changed = self._changed, set()
         return changed
@@ -152,9 +156,10 @@ class GroupStatus:
         self.binder = binder
         self.group_of = group_of
         self.uid_of = uid_of or (lambda key: None if (known := group_of(key)) is None else known[0])
-        self._written: dict[str, dict[str, Any]] = {}  # gang -> the status last written (never written twice)
+        # gang -> (the PodGroup's uid, the status last written on it): never written twice on one PodGroup.
+        self._written: dict[str, tuple[str, dict[str, Any]]] = {}
         self._started: dict[str, str] = {}  # gang -> when the scheduler first tried it (scheduleStartTime)
-        self._said: dict[str, str] = {}  # gang -> the last Event message written on it
+        self._said: dict[str, tuple[str, str]] = {}  # gang -> (the PodGroup's uid, the last Event message on it)
 
     def tried(self, gang: str) -> None:
         """The scheduler tried to place the gang (its `scheduleStartTime`, once)."""
@@ -166,7 +171,7 @@ class GroupStatus:
         if known is None:
             self._written.pop(gang, None)
             return
-        _, min_member = known
+        uid, min_member = known
         status: dict[str, Any] = {
             "phase": phase(min_member, counts),
             "scheduled": counts.scheduled,
@@ -176,10 +181,11 @@ class GroupStatus:
         }
         if gang in self._started:
             status["scheduleStartTime"] = self._started[gang]
-        before = self._written.get(gang)
+        written = self._written.get(gang)
+        before = written[1] if written is not None and written[0] == uid else None
         if before == status:
             return
-        self._written[gang] = status
+        self._written[gang] = (uid, status)
         namespace, name = gang.split("/", 1)
         self.binder.submit(self._patch(namespace, name, status))
         if status["phase"] == "Scheduled" and (before or {}).get("phase") != "Scheduled":
@@ -189,11 +195,11 @@ class GroupStatus:
         """An Event on the PodGroup, unless the last one written on it said the same."""
         uid = self.uid_of(gang)
         message = safe_text(message)
-        if uid is None or self._said.get(gang) == message:
+        if uid is None or self._said.get(gang) == (uid, message):
             return
         if len(self._said) >= MAX_MESSAGES:
             self._said.clear()
-        self._said[gang] = message
+        self._said[gang] = (uid, message)
         namespace, name = gang.split("/", 1)
         involved = {"apiVersion": API, "kind": "PodGroup", "name": name, "namespace": namespace, "uid": uid}
         self.binder.submit(self.binder.post_object_event(involved, reason, message, kind))

@@ -204,7 +204,8 @@ class ClusterMirror:
         self.nodes_synced = threading.Event()
         self.pods_synced = threading.Event()
         self.heartbeat = time.monotonic()
-        self._refused: dict[str, str] = {}  # pod key -> why its allocation holds no devices (one Event per reason)
+        # pod key -> (its uid, why it is ignored or its allocation holds no devices): one Event per pod and reason.
+        self._refused: dict[str, tuple[str, str]] = {}
         # Pod key -> what the request the engine or the queue holds for it was computed from (`sizes_of`), to see an
         # in-place resize (1.33+): a bound pod's, and this front-end's pending pod's (the request its cycle decides
         # on, so the event of its own Binding is compared with it, not parsed whole again). Set at each parse that
@@ -399,7 +400,14 @@ class ClusterMirror:
                 backoff = min(30.0, backoff * 2)
                 continue
             if listed is None:
-                return
+                if self.stop.is_set():
+                    return
+                # A 404: an API server behind the same address that does not serve it (mid-upgrade). Ended here,
+                # the leader never decided again.
+                log.warning("listing %s: not found (404); retrying in %.1fs", what, backoff)
+                self.stop.wait(backoff)
+                backoff = min(30.0, backoff * 2)
+                continue
             lists.append((what, listed))
         if len(lists) == len(paths):
             self.post(self._apply_fresh, lists, done)
@@ -602,7 +610,10 @@ class ClusterMirror:
         if kind == "DELETED":
             self._forget_podgroup(key)
             return key
-        self.podgroup_uids[key] = str(meta.get("uid", ""))
+        uid = str(meta.get("uid", ""))
+        if self.podgroup_uids.get(key) != uid and self.gang_members is not None:
+            self.gang_members.touch(key)  # a PodGroup made (again): its status is due on it
+        self.podgroup_uids[key] = uid
         try:
             group: PodGroup | str = podgroups.pod_group(obj)
         except InputError as exc:
@@ -717,10 +728,18 @@ class ClusterMirror:
         apply = partial(self._apply_dra, collection)
         if kind == "SYNC":
             seen: set[tuple[str, str] | None] = set(keep)
+            # The informer's relist of claims, maybe newer than a new leader's fresh list on its way (`caught_up`).
+            noting = collection == CLAIMS_KIND and self._since_listing is not None
             for obj in payload:
-                seen.add(self._guarded("dra_event", obj, apply, "ADDED", on_pod=False))
+                named = self._guarded("dra_event", obj, apply, "ADDED", on_pod=False)
+                seen.add(named)
+                if noting and named is not None:
+                    self._seen_since_listing(collection, named, False, obj)
             for key in self.engine.dra_keys(collection):
                 if key not in seen and not self._held_unwritten(collection, key):
+                    claim = self.engine.resource_claim(*key) if noting else None
+                    if claim is not None:  # gone for good: the older fresh list must not bring it back
+                        self._seen_since_listing(collection, key, True, {"metadata": {"uid": claim.uid}})
                     self._apply_dra(collection, "DELETED", {"metadata": {"namespace": key[0], "name": key[1]}})
             self.dra_synced[collection].set()
         else:
@@ -959,17 +978,33 @@ class ClusterMirror:
         if kind == "SYNC":
             self._listed.clear()  # the informer's own list: its watch goes on from there
             live = set(keep)
+            noting = self._since_listing is not None  # the informer's relist, maybe newer than a fresh list on its way
             for obj in payload:
                 self._guarded("pod_event", obj, self._apply_pod, "ADDED")
                 meta = obj.get("metadata") or {}
-                live.add(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
+                key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+                live.add(key)
+                if noting and isinstance(obj, dict):
+                    status = obj.get("status")
+                    self._seen_since_listing(
+                        "pods", key, isinstance(status, dict) and status.get("phase") in FINISHED, obj
+                    )
             for key in [k for k in self.engine.pod_keys() if k not in live and self.pending.binding(k) is None]:
+                placed = self.engine.placement(key) if noting else None
+                if placed is not None:  # gone for good, with the claims made for it: the older fresh lists must not
+                    self._seen_since_listing("pods", key, True, {"metadata": {"uid": placed.request.uid}})
+                    for held in self.engine.held_claims(key):  # bring them back
+                        if held.owned:
+                            named = (held.claim.namespace, held.claim.name)
+                            self._seen_since_listing(CLAIMS_KIND, named, True, {"metadata": {"uid": held.claim.uid}})
                 self.release(key)
             self.pending.keep_only(live)
             if self.gang_members is not None:
                 self.gang_members.keep_only(live)
             for key in [k for k in self.gated if k not in live]:
                 self._ungate(key)
+            for key in [k for k in self._refused if k not in live]:
+                del self._refused[key]
             self.pods_synced.set()
             return
         if self._listed and isinstance(payload, dict):
@@ -1184,9 +1219,9 @@ class ClusterMirror:
         if (
             self.pending.answers_for(spec.get("schedulerName"))
             and not spec.get("nodeName")
-            and self._refused.get(key) != problem
+            and self._refused.get(key) != (str(meta.get("uid", "")), problem)
         ):
-            self._refused[key] = problem
+            self._refused[key] = (str(meta.get("uid", "")), problem)
             pod = PodRequest(
                 namespace=str(meta.get("namespace", "default")),
                 name=str(meta.get("name", "")),
@@ -1219,8 +1254,8 @@ class ClusterMirror:
                 problem = status.message
             self.metrics.refused_allocations.inc()
             log.warning("bound pod's allocation holds no devices: %s", problem, extra=extra)
-            if self._refused.get(request.key) != problem:
-                self._refused[request.key] = problem
+            if self._refused.get(request.key) != (request.uid, problem):
+                self._refused[request.key] = (request.uid, problem)
                 self.binder.event(request, "AllocationRefused", f"kubegpu.io/allocation holds no devices: {problem}")
         if any(self.engine.plugins.owner_of(r) for r in request.requested_resources()):
             decision = self.engine.admit_by_count(request, node)

@@ -66,6 +66,7 @@ __all__ = ["ClusterView", "add_top_parser", "render_terminal", "run"]
 
 FINISHED = frozenset({"Succeeded", "Failed"})
 MAX_NODES = 40  # node maps drawn in the terminal; --node, --json and --html show any node
+MIN_REASON_COLUMN = 32  # characters the pending pods' reasons keep, whatever the length of a pod's key
 NODES, PODS, EVENTS = "/api/v1/nodes", "/api/v1/pods", "/api/v1/events"
 
 
@@ -128,6 +129,7 @@ class ClusterView:
                 self.apply_pod("ADDED", obj)
 
     def _forget_node(self, name: str) -> None:
+        self.hidden.pop(f"node {name}", None)
         for key in self.engine.remove_node(name):
             self.bound.pop(key, None)
 
@@ -147,6 +149,7 @@ class ClusterView:
         phase = (obj.get("status") or {}).get("phase")
         if kind == "DELETED" or phase in FINISHED:
             self._forget_pod(key)
+            self.failures.pop(key, None)  # kept for a pod that waits; an Event coming later is dropped with it
             return
         spec = obj.get("spec") or {}
         node = spec.get("nodeName")
@@ -232,7 +235,10 @@ class ClusterView:
             self.apply_event("ADDED", obj)
 
     def apply_event(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind == "DELETED" or obj.get("reason") != "FailedScheduling":
+        """Keep a pod's latest FailedScheduling message until its pod is deleted, or that Event is while no pod of
+        its name waits (an Event lives an hour): kept for every pod name that ever failed, a long `--watch` grew
+        without bound."""
+        if obj.get("reason") != "FailedScheduling":
             return
         involved = obj.get("involvedObject") or {}
         if involved.get("kind", "Pod") != "Pod":
@@ -243,7 +249,10 @@ class ClusterView:
         except ValueError:
             version = 0
         known = self.failures.get(key)
-        if known is None or version >= known[0]:
+        if kind == "DELETED":
+            if known is not None and known[0] == version and key not in self.waiting:
+                del self.failures[key]
+        elif known is None or version >= known[0]:
             self.failures[key] = (version, str(involved.get("uid") or ""), str(obj.get("message") or ""))
 
     # -- the snapshot -----------------------------------------------------------------------------------------
@@ -363,8 +372,10 @@ def render_terminal(report: Report, *, max_nodes: int = MAX_NODES) -> Renderable
         )
     if report.pending:
         pending = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
-        pending.add_column("PENDING POD", no_wrap=True)
-        pending.add_column("REASON", overflow="fold")
+        # A pod's key may be 317 characters (a 63-character namespace, a 253-character name): kept on one line, its
+        # column took the whole width and no pod's reason was shown. It folds where the reasons need the room.
+        pending.add_column("PENDING POD", overflow="fold")
+        pending.add_column("REASON", overflow="fold", min_width=MIN_REASON_COLUMN)
         for pod in report.pending:
             pending.add_row(Text(safe_text(pod.pod)), Text(safe_text(pod.reason)))
         parts.append(pending)

@@ -74,11 +74,13 @@ class NodeCache(Ledger):
                 self._forget_anti(key)  # its charges went with the old record; taken again below if it still fits
                 status = self._hold_devices(record, pod.request, pod.parts)
                 if not status.ok:
+                    # Still running, on devices kubegpu can no longer tell apart: dropped, its devices (those still
+                    # listed) and its cpu went to the next pods while it ran. Counted, holding none, and the
+                    # plugins' devices here wait until it leaves.
                     log.error("node %s changed: pod %s no longer fits its devices: %s", info.name, key, status.message)
-                    self.pods.pop(key)
-                else:
-                    record.pods[key] = None
-                    self._count_usage(record, pod.request, +1)
+                    record.unheld[key] = _unheld(key, status.message)
+                record.pods[key] = None
+                self._count_usage(record, pod.request, +1)
         self._refresh(record)
         if previous is not None:
             self._leave_indexes(record)
@@ -259,6 +261,11 @@ class NodeCache(Ledger):
                 if index is None:
                     index = self._index[resource] = CapacityIndex()
                 index.set(name, free, record.klass)
+        if record.unheld:
+            for key, why in record.unheld.items():
+                for plugin in self.pods[key].parts:
+                    if plugin in record.states:
+                        record.problems[plugin] = why
 
     def _unknown_headroom(self, record: NodeRecord, plugin: str) -> Headroom:
         """Headroom for a plugin that failed on the node: every resource it could own there looks free, so the
@@ -312,9 +319,10 @@ class NodeCache(Ledger):
             if pod_record.claims is not None:
                 self._refresh_others(None, self.dra.give_back(pod_record.claims, pod_record.request.uid))
             return pod_record
-        for plugin, part in pod_record.parts.items():
-            if plugin in record.states:
-                self._give_back_devices(record, plugin, key, part)
+        if record.unheld.pop(key, None) is None:  # else it held none here (`add_node`)
+            for plugin, part in pod_record.parts.items():
+                if plugin in record.states:
+                    self._give_back_devices(record, plugin, key, part)
         if pod_record.claims is not None:
             self._refresh_others(record, self.dra.give_back(pod_record.claims, pod_record.request.uid))
         record.pods.pop(key, None)
@@ -364,10 +372,10 @@ class NodeCache(Ledger):
         if node is None:
             return
         status = self._hold_devices(node, pod_record.request, pod_record.parts)
-        if status.ok:
-            self._enter(node, pod_record)
-        else:
+        if not status.ok:  # counted, holding none, as a pod its changed node no longer fits (`add_node`)
             log.error("could not restore %s: %s", pod_record.request.key, status.message)
+            node.unheld[pod_record.request.key] = _unheld(pod_record.request.key, status.message)
+        self._enter(node, pod_record)
 
     def set_node_live(self, name: str, live: bool, reason: str | None = None) -> bool:
         """Whether node `name` takes new device pods: not while its node side has stopped reporting (its kubegpu
@@ -411,3 +419,11 @@ def count_on_node(record: NodeRecord, pod: PodRequest, sign: int) -> None:
         record.ports[(port.ip, port.protocol, port.port)] += sign
         if record.ports[(port.ip, port.protocol, port.port)] <= 0:
             del record.ports[(port.ip, port.protocol, port.port)]
+
+
+def _unheld(key: str, problem: str) -> str:
+    """Why a node's devices of a running pod's plugins are given to no one (`NodeRecord.unheld`)."""
+    return (
+        f"pod {key} runs on devices this node no longer lists as it did ({problem}); its devices here are given to "
+        "no other pod until it leaves"
+    )

@@ -73,6 +73,9 @@ class NodeRecord:
     # The last preemption dry run here (`Preempting._select_victims`): (node version, pod shape, the pod's priority,
     # the budgets, the candidate or None).
     last_victims: tuple[int, tuple[object, ...], int, tuple[Budget, ...], Candidate | None] | None = None
+    # Running pods whose devices the node no longer lists as they were (a device gone) -> why: counted, holding none,
+    # and each of their plugins' devices here refused to other pods until they leave (`NodeCache.add_node`).
+    unheld: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

@@ -465,3 +465,32 @@ def test_replicas_a_service_selects_spread_over_three_zones_and_the_others_pack(
     # Hosts count too, against binpack: a replica may join the solo pods' node (half its GPUs in use: policy 50 to
     # an empty node's 0) rather than an empty host of its zone (PodTopologySpread 2 x (100 - 77) = 46), never a third.
     assert max(Counter(web).values()) <= 2 and len(set(web)) >= 5, web
+
+
+def test_a_gpu_gone_from_a_node_under_a_running_pod_is_not_given_beside_it(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    """`a` runs on two of gpu-shrinks' four GPUs; GPUs fall off the bus and the node is relabelled (and its
+    allocatable set) with one. Before, the scheduler dropped `a` from its books when it could not take its GPUs
+    again on the changed node, and bound `b` to the GPU left beside it. `a` stays counted: `b` waits, told why."""
+    gpus = {"nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.count": "4", "nvidia.com/gpu.memory": "15360"}
+    cluster.create_ready_node("gpu-shrinks", labels=gpus, allocatable={"nvidia.com/gpu": 4})
+    start_scheduler("kubegpu", "--no-leader-elect")
+    cluster.create_pod(namespace, "a", {"main": {"nvidia.com/gpu": 2}}, scheduler="kubegpu")
+    wait_bound(cluster, namespace, 1)
+    cluster.client.patch("/api/v1/nodes/gpu-shrinks", {"metadata": {"labels": {"nvidia.com/gpu.count": "1"}}})
+    shrunk = {"cpu": "96", "memory": "768Gi", "pods": "250", "nvidia.com/gpu": "1"}
+    cluster.client.patch("/api/v1/nodes/gpu-shrinks/status", {"status": {"capacity": shrunk, "allocatable": shrunk}})
+    cluster.create_pod(namespace, "b", {"main": {"nvidia.com/gpu": 1}}, scheduler="kubegpu")
+    wait_for(
+        lambda: (
+            any(
+                e["reason"] == "FailedScheduling" and e["involvedObject"]["name"] == "b"
+                for e in cluster.events(namespace)
+            )
+            or "b" in bound(cluster, namespace)
+        ),
+        30,
+        "b refused or bound",
+    )
+    assert "b" not in bound(cluster, namespace), "b was bound to a GPU beside a, which still runs"

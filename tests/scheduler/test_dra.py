@@ -674,3 +674,111 @@ def test_a_claim_whose_alternatives_multiply_is_refused_within_a_bounded_search(
     assert "claim default/p-dev: more than 2000 tries" in events[0]["reason"], events[0]["reason"]
     assert elapsed < 5, f"{elapsed:.1f} s of CPU"
     assert events[1]["event"] == "scheduled"  # the next pod's claim is allocated as ever
+
+
+def test_a_selector_that_cannot_run_costs_one_compilation_not_one_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A selector over kubegpu's token bound (the API server accepts it: 10 KiB) or one that does not compile was
+    # compiled again for every device of other facts (each device has its own uuid upstream): 40 to 200 ms of Lark
+    # each, per node per cycle, so one tenant's claim cost a 5,000-node cluster minutes of the scheduling thread.
+    import celpy
+
+    compiled = []
+    compile_once = celpy.Environment.compile
+    monkeypatch.setattr(
+        celpy.Environment, "compile", lambda self, text: compiled.append(text) or compile_once(self, text)
+    )
+    over_bound = " || ".join(["false"] * 1001)  # (neither is compiled by another test before)
+    nodes = [node_manifest(f"n{i}") for i in range(30)]
+    slices = [generic_slice(f"n{i}", "gpu.example.com", [("g0", {"uuid": {"string": f"u{i}"}})]) for i in range(30)]
+    for expression, problem in ((over_bound, "more than 1000 tokens"), ("device.driver == ==", "compilation failed")):
+        compiled.clear()
+        events = run(
+            *nodes,
+            device_class("bad", expression),
+            *slices,
+            template("t", claim_spec(exactly("devs", "bad"))),
+            claim_pod("p", templates={"dev": "t"}),
+        )
+        assert events[0]["event"] == "unschedulable" and problem in events[0]["reason"], events[0]["reason"]
+        assert len(compiled) == 1, f"compiled {len(compiled)} times for 30 nodes"
+
+
+def test_the_compiled_selectors_kept_are_bounded_in_memory_not_in_count() -> None:
+    # Each compiled program keeps cel-python's Lark tree, 3.4 MB for a list of 480 numbers (within the token bound,
+    # 1 KiB of text), and 4,096 programs were kept (14 GB) for tenants writing that many distinct request selectors.
+    import tracemalloc
+
+    from kubegpu.scheduler import dracel
+
+    device = dra.Device("gpu.example.com", "p", "g0", {}, {}, ())
+    dracel.evaluate("true", device)  # the CEL environment, made once
+    tracemalloc.start()
+    try:
+        for number in range(16):
+            assert dracel.evaluate(f"[{number}{',1' * 479}].size() == 0", device) is False
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert kept < 40 << 20, f"{kept / 2**20:.0f} MiB kept after 16 selectors of a thousand characters"
+
+
+def test_a_selector_within_the_token_bound_is_stopped_within_a_bounded_evaluation() -> None:
+    # A comprehension over a list of 300 numbers whose body holds 80 comparisons is within the token bound (about
+    # 1,000) and has no comprehension inside another; cel-python took 5-7 s to evaluate it, and it is evaluated
+    # again for every device of other facts (each device has its own uuid upstream): hours of the scheduling thread
+    # for one tenant's claim on a cluster of a few hundred GPUs.
+    from time import process_time
+
+    numbers = ",".join(["1"] * 300)
+    expression = f"[{numbers}].all(x, {' && '.join(['x > 0'] * 80)})"
+    slices = [generic_slice(f"n{i}", "gpu.example.com", [("g0", {"uuid": {"string": f"u{i}"}})]) for i in range(3)]
+    started = process_time()
+    events = run(
+        *(node_manifest(f"n{i}") for i in range(3)),
+        device_class("gpu", 'device.driver == "gpu.example.com"'),
+        *slices,
+        template("t", claim_spec(exactly("devs", "gpu", 1, expression))),
+        claim_pod("p", templates={"dev": "t"}),
+        template("plain", claim_spec(exactly("devs", "gpu", 1, "device.driver.startsWith('gpu')"))),
+        claim_pod("q", templates={"dev": "plain"}),
+    )
+    elapsed = process_time() - started
+    assert events[0]["event"] == "unschedulable", events[0]
+    assert "request devs: selector #0: more than 5000 evaluation steps" in events[0]["reason"], events[0]["reason"]
+    assert elapsed < 3, f"{elapsed:.1f} s of CPU"
+    assert events[1]["event"] == "scheduled"  # the next pod's selector runs as ever
+
+
+def test_a_pods_selectors_together_are_bounded_so_none_is_compiled_again_within_its_cycle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The compiled programs kept are bounded in memory (2^15 parse-tree nodes); a pod whose selectors together need
+    # more (seven of 5,000 nodes each: a list of 480 numbers beside a true comparison) evicted its own programs as it
+    # went, and each was compiled again for every device of other facts: 50 ms a compilation, per selector, device
+    # and node. Its selectors together are refused once, each compiled once.
+    import celpy
+
+    compiled = []
+    compile_once = celpy.Environment.compile
+    monkeypatch.setattr(
+        celpy.Environment, "compile", lambda self, text: compiled.append(text) or compile_once(self, text)
+    )
+    requests = [
+        exactly(f"r{number}", "gpu", 1, f'device.driver == "gpu.example.com" || [{number}{",1" * 479}].size() == 0')
+        for number in range(7)
+    ]
+    nodes = [node_manifest(f"n{i}") for i in range(10)]
+    slices = [
+        generic_slice(f"n{i}", "gpu.example.com", [(f"g{d}", {"uuid": {"string": f"u{i}-{d}"}}) for d in range(7)])
+        for i in range(10)
+    ]
+    events = run(
+        *nodes,
+        device_class("gpu", 'device.driver == "gpu.example.com"'),
+        *slices,
+        template("t", claim_spec(*requests)),
+        claim_pod("p", templates={"dev": "t"}),
+    )
+    assert len(compiled) <= 8, f"compiled {len(compiled)} times"
+    assert events[0]["event"] == "unschedulable", events[0]
+    assert "selectors together are over kubegpu's cost bound" in events[0]["reason"], events[0]["reason"]

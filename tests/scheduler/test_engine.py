@@ -220,6 +220,29 @@ def test_node_update_keeps_the_pods_it_holds() -> None:
     assert not e.schedule(make_pod("c", {"main": {CARD: 1}})).scheduled
 
 
+def test_a_node_that_no_longer_lists_a_device_a_running_pod_holds_gives_none_of_its_devices_until_it_leaves() -> None:
+    """Card 3 fell off the bus: the node lists three cards where it listed four while `a` runs on cards 0 and 3. The
+    re-take of `a` on the changed node failed and `a` was dropped from the books, still running: card 0 went to `b`
+    (two live pods on one card) and a's cpu to `c`. `a` stays counted; the node's cards wait until it leaves."""
+    e = engine()
+    e.add_node(toy_node("n1", 4, allocatable={"cpu": "4"}))  # type: ignore[arg-type]
+    for name, cards in (("p1", 1), ("p2", 2), ("p3", 1)):
+        assert e.schedule(make_pod(name, {"main": {CARD: cards}})).scheduled
+    e.release("default/p1")
+    e.release("default/p3")
+    a = e.schedule(make_pod("a", {"main": {CARD: 2, "cpu": "2"}}))
+    assert a.allocation is not None and a.allocation.containers == {"main": {CARD: ["0", "3"]}}
+    e.release("default/p2")
+    e.add_node(toy_node("n1", 3, allocatable={"cpu": "4"}))  # type: ignore[arg-type]
+    b = e.schedule(make_pod("b", {"main": {CARD: 1}}))
+    assert not b.scheduled, f"b was given {b.allocation.containers if b.allocation else None} beside a"
+    assert "pod default/a runs on devices this node no longer lists" in (b.reason or ""), b.reason
+    assert not e.schedule(make_pod("c", {"main": {"cpu": "3"}})).scheduled, "a's cpu was given to c"
+    e.release("default/a")
+    b = e.schedule(make_pod("b", {"main": {CARD: 1}}))
+    assert b.allocation is not None and b.allocation.containers == {"main": {CARD: ["0"]}}
+
+
 def test_summary_without_reasons() -> None:
     assert summarize_reasons(0, __import__("collections").Counter()) == "0/0 nodes are available."
 

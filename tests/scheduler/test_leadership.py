@@ -233,3 +233,57 @@ def test_a_late_event_of_an_older_pod_of_the_same_name_leaves_the_listed_one_cou
         svc.mirror.on_pods(kind, old)
     schedule_all(svc)
     assert bindings(svc) == [], "the new leader gave `waiting` cards the listed `web` holds"
+
+
+def test_a_new_leader_whose_claims_list_is_not_found_asks_again_rather_than_never_deciding() -> None:
+    """One of several API servers, behind a load balancer, answers the new leader's fresh list of ResourceClaims with
+    404 (resource.k8s.io/v1 not enabled on it yet, mid-upgrade). The catch-up thread took that as "stopped" and
+    ended without a word: the leader never decided anything again until restarted. It asks again, as after any
+    other failure, and decides once the list is answered."""
+    bound = pod("bound", cards=2)
+    bound["spec"]["nodeName"] = "n1"
+    waiting = pod("waiting", cards=3)
+
+    class NotFoundOnce(ListingClient):
+        def list(self, path: str, **params: Any) -> tuple[list[dict[str, Any]], str]:
+            if "resourceclaims" in path:
+                self.lists.append(path)
+                if len(self.lists) == 1:
+                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                return [], "42"
+            return super().list(path, **params)
+
+    client = NotFoundOnce([bound, waiting])
+    svc = service(Leadership(time.monotonic() + 60), client=client, leader_elect=True)
+    svc.mirror.dra_problem = None  # DRA was read when the informers started
+    svc.mirror.on_pods("SYNC", [waiting])
+    svc.mirror.ready = lambda: True  # type: ignore[method-assign]
+    assert not svc._may_decide()
+    deadline = time.monotonic() + 10
+    while not svc._may_decide() and time.monotonic() < deadline:
+        svc.mirror.apply_events(0.5)
+    assert svc._may_decide(), f"the new leader never decided (lists asked: {client.lists})"
+    schedule_all(svc)
+    assert bindings(svc) == []
+
+
+def test_an_informer_relist_applied_before_the_older_fresh_list_is_not_undone() -> None:
+    """`bound` (two of n1's four cards) was deleted while the watch was down; the informer's relist, which no longer
+    shows it, is applied while the new leader's fresh list, read before the deletion, is on its way. The older list
+    must not bring `bound` back: no event of it will ever come again, and its cards would be held by nobody for good.
+    Before, `waiting` (three cards) was refused beside the deleted pod."""
+    bound = pod("bound", cards=2)
+    bound["spec"]["nodeName"] = "n1"
+    waiting = pod("waiting", cards=3)
+    client = RacingClient([bound, waiting], ("SYNC", [waiting]))
+    svc = service(Leadership(time.monotonic() + 60), client=client, leader_elect=True)
+    client.mirror = svc.mirror
+    svc.mirror.on_pods("SYNC", [bound, waiting])
+    svc.mirror.ready = lambda: True  # type: ignore[method-assign]
+    assert not svc._may_decide()
+    deadline = time.monotonic() + 10
+    while not svc._may_decide() and time.monotonic() < deadline:
+        svc.mirror.apply_events(0.5)  # the relist, then the fresh list
+    assert svc._may_decide()
+    schedule_all(svc)
+    assert bindings(svc) == ["waiting"], "the older fresh list brought back a pod the relist showed deleted"

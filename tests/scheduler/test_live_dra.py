@@ -514,3 +514,55 @@ def test_a_claim_deleted_while_the_new_leader_lists_is_not_brought_back(service:
     assert service._may_decide()
     cycle(service)
     assert api.bindings().get("b") == "n1", api.refusals("b")
+
+
+class RelistingListing(Listing):
+    """The fresh lists read from etcd while the informers relist after their watches dropped, `a` and `a-dev`
+    deleted in between: the loop applies the relists first."""
+
+    def __init__(self, pods: list[dict[str, Any]], claims: list[dict[str, Any]], mirror: Any) -> None:
+        super().__init__(pods, claims)
+        self.mirror = mirror
+
+    def list(self, path: str, **params: Any) -> tuple[list[dict[str, Any]], str]:
+        listed = super().list(path, **params)
+        if len(self.lists) == 1:  # the relists, while the first list's answer was on its way
+            pods = self.answers["/api/v1/pods"]
+            self.mirror.post(self.mirror.on_pods, "SYNC", copy.deepcopy(pods[1:]))
+            self.mirror.post(self.mirror.on_dra, "resourceclaims", "SYNC", [])
+        return listed
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["template-claim", "named-claim"])
+def test_a_claim_an_informer_relist_showed_deleted_is_not_brought_back_by_the_older_fresh_list(
+    service: CustomScheduler, named: bool
+) -> None:
+    """As above, but `a` and `a-dev` (made from a template for `a`, or named by it) were deleted while the watches
+    were down, and the informers' relists (not DELETED events) say so while the new leader's fresh lists, read
+    before, are on their way. The older lists must not bring them back: no event of them will ever come. Before:
+    `b` was refused "cannot allocate all claims" though n1 is empty."""
+    service.mirror.on_dra("resourceslices", "SYNC", [neuron_slice("n1", 2)])
+    api = server(service)
+    allocated = allocated_claim("a-dev", "a", "n1", 0, 1)
+    if named:
+        del allocated["metadata"]["ownerReferences"]
+        bound = pod("a", claims={"dev": "a-dev"})
+    else:
+        bound = pod("a", templates={"dev": "two"})
+    bound["spec"]["nodeName"] = "n1"
+    bound["status"] = {"phase": "Running", "resourceClaimStatuses": [{"name": "dev", "resourceClaimName": "a-dev"}]}
+    waiting = pod("b", templates={"dev": "two"})
+    service.mirror.on_dra("resourceclaims", "ADDED", copy.deepcopy(allocated))
+    service.mirror.on_pods("ADDED", copy.deepcopy(bound))
+    service.mirror.on_pods("ADDED", waiting)
+    service.mirror.client = RelistingListing([bound, waiting], [allocated], service.mirror)  # type: ignore[assignment]
+    service.leader_elect = True
+    service.leadership = Leadership(time.monotonic() + 60)
+    service.mirror.ready = lambda: True  # type: ignore[method-assign]
+    assert not service._may_decide()
+    deadline = time.monotonic() + 10
+    while not service._may_decide() and time.monotonic() < deadline:
+        service.mirror.apply_events(0.5)  # the relists, then the fresh lists
+    assert service._may_decide()
+    cycle(service)
+    assert api.bindings().get("b") == "n1", api.refusals("b")

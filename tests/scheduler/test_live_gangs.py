@@ -493,3 +493,22 @@ def test_what_the_scheduler_remembers_of_a_gang_goes_with_its_last_member(servic
         cycle(service)
     remembered = {name: len(table) for name, table in vars(service.groups).items() if isinstance(table, dict)}
     assert remembered == dict.fromkeys(remembered, 0), remembered
+
+
+def test_a_podgroup_made_again_under_its_name_gets_its_status_written(service: CustomScheduler) -> None:
+    # `train` was deleted and made again (kubectl replace, a job controller re-creating it) while its members ran:
+    # the scheduler remembered the status it wrote on the old PodGroup by name, and the new one stayed without a
+    # status (no phase) for as long as its members' counts did not change.
+    service.mirror.on_podgroups("SYNC", [podgroup("train", 1)])
+    service.mirror.on_pods("ADDED", member("train-0", "train", 4))
+    cycle(service)
+    bound_as_the_api_server_reports(service, "train-0")
+    cycle(service)
+    assert status_patches(service, "train")[-1]["phase"] == "Scheduled"
+    written = len(status_patches(service, "train"))
+    service.mirror.on_podgroups("DELETED", podgroup("train", 1))
+    service.mirror.on_podgroups("ADDED", podgroup("train", 1, uid="pg-uid-2"))
+    cycle(service)
+    patches = status_patches(service, "train")
+    assert len(patches) > written and patches[-1]["phase"] == "Scheduled", patches
+    assert [e["involvedObject"]["uid"] for e in writer(service).events("Scheduled")] == ["pg-uid", "pg-uid-2"]

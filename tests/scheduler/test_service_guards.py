@@ -181,3 +181,18 @@ def test_a_tenants_200_kb_reason_is_logged_and_reported_bounded_and_escaped(capl
         assert len(message) <= MAX_TEXT_CHARS and message.isprintable()
         assert message.startswith('0/1 nodes are available: 1 node(s) have no GPU of model "A100\\rts=2021')
         assert message.endswith(" more characters)")
+
+
+def test_an_unreadable_pod_made_again_after_a_relist_is_told_again(service: CustomScheduler) -> None:
+    # `huge` was deleted while the watch was down (the informer's relist, not a DELETED event, says it is gone), then
+    # made again just as unreadable: the scheduler remembered having told the old pod and told the new one nothing,
+    # so it waited without a word (the remembered reasons also grew with every such pod).
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+    huge = pod("huge")
+    huge["spec"]["containers"][0]["resources"]["limits"][toy.RESOURCE] = "1e600000"
+    service.mirror.on_pods("ADDED", huge)
+    service.mirror.on_pods("SYNC", [pod("fine")])  # relisted: `huge` is gone
+    again = {**huge, "metadata": {**huge["metadata"], "uid": "uid-huge-2"}}
+    service.mirror.on_pods("ADDED", again)
+    events = writer.events("FailedScheduling")
+    assert [e["involvedObject"]["uid"] for e in events] == ["uid-huge", "uid-huge-2"], events

@@ -214,3 +214,57 @@ def test_without_a_key_a_claim_not_drawn_is_drawn_once_the_pod_drawn_in_its_plac
     view.apply_pod("DELETED", squatter)
     assert holders(view) == {d: ["default/holder"] for d in "0123"}
     assert view.report().problems == ()
+
+
+def failed_scheduling(pod: str, version: int, message: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{pod}.{version}", "namespace": "default", "resourceVersion": str(version)},
+        "reason": "FailedScheduling",
+        "message": message,
+        "involvedObject": {"kind": "Pod", "namespace": "default", "name": pod, "uid": f"uid-{pod}"},
+    }
+
+
+def test_a_long_watch_keeps_no_failure_of_a_pod_gone_nor_a_problem_of_a_node_gone() -> None:
+    # `top --watch` kept the last FailedScheduling message of every pod name it ever saw fail, its Event expired and
+    # the pod deleted (a tenant's pods of new names failing all day: a KiB each, for as long as `top` ran), and kept
+    # listing a deleted node's unreadable inventory as not shown.
+    view = view_of([])
+    for number in range(300):
+        pod = pod_manifest(f"churn-{number}", {"main": {"aws.amazon.com/neurondevice": 99}}, scheduler_name="kubegpu")
+        pod["metadata"]["uid"] = f"uid-churn-{number}"
+        event = failed_scheduling(f"churn-{number}", number + 1, "x" * 1000)
+        view.apply_pod("ADDED", pod)
+        view.apply_event("ADDED", event)
+        assert view.report().pending[0].reason == "x" * 1000
+        view.apply_pod("DELETED", pod)
+        view.apply_event("DELETED", event)  # the Event's time to live ran out
+    assert view.report().pending == ()
+    for number in range(300):  # Events that come after their pod is gone, and expire
+        view.apply_event("ADDED", failed_scheduling(f"late-{number}", 1000 + number, "y" * 1000))
+        view.apply_event("DELETED", failed_scheduling(f"late-{number}", 1000 + number, "y" * 1000))
+    assert len(view.failures) == 0, f"{len(view.failures)} failures kept of pods gone"
+    broken = node_manifest("broken", labels=TRN1, allocatable=NEURON_16)
+    broken["metadata"]["annotations"] = {"kubegpu.io/devices": "{not json"}
+    view.apply_node("ADDED", broken)
+    assert any(p.startswith("node broken: inventory ignored") for p in view.report().problems)
+    view.apply_node("DELETED", broken)
+    assert view.report().problems == (), view.report().problems
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_a_pod_of_a_long_name_leaves_room_for_every_pending_pods_reason(width: int) -> None:
+    # A namespace of 63 characters and a pod name of 253 are valid; the pending table kept pod names on one line,
+    # so that column took the terminal's whole width and no pending pod's reason was shown, the tenant's or anyone's.
+    view = view_of([])
+    for namespace, name in (("n" * 63, "a" * 253), ("default", "small")):
+        pod = pod_manifest(name, {"main": {"aws.amazon.com/neurondevice": 99}}, scheduler_name="kubegpu")
+        pod["metadata"].update(namespace=namespace, uid=f"uid-{name[:5]}")
+        condition = {"type": "PodScheduled", "status": "False", "message": f"reason of {name[:5]}"}
+        pod["status"] = {"conditions": [condition]}
+        view.apply_pod("ADDED", pod)
+    output = io.StringIO()
+    Console(file=output, width=width, color_system=None).print(render_terminal(view.report()))
+    lines = output.getvalue().splitlines()
+    assert any("default/small" in line and "reason of small" in line for line in lines), "\n".join(lines[-12:])
+    assert max(len(line) for line in lines) <= width
