@@ -259,10 +259,9 @@ class Sampling(Reserving):
             return self._rank(feasible, pod, plan, prescored)  # each PreScore asked once (InterPodAffinity's is dear)
         if not self._local_scorers:
             return feasible[0]
-        nodes = self.nodes
-        raws = self._local_raw(feasible, [nodes[name] for name in feasible], pod, plan)
+        raws = self._local_raw(feasible, None, pod, plan)
         # Nodes alike in every raw score total alike: each tuple of raw scores (nodes alike in content share one
-        # object, `_raw_by_content`), with its first node.
+        # object, `LocalRaws.by_number`), with its first node.
         first = dict(zip(map(id, reversed(raws)), range(len(raws) - 1, -1, -1), strict=True))
         if len(first) == 1:
             return feasible[0]

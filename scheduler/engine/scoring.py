@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from operator import add
 
 from kubegpu.core.models import (
@@ -31,7 +31,7 @@ _NONE: frozenset[tuple[str, str]] = frozenset()
 # 94.7 % without).
 NOT_TIE_BREAKERS = frozenset({scores.FRAGMENTATION, scores.BALANCED})
 _NOWHERE: Mapping[str, int] = {}
-CONTENTS_REMEMBERED = 1 << 16  # entries of `_raw_by_content` and of `_contents`; past it, each dropped all at once
+CONTENTS_REMEMBERED = 1 << 16  # contents numbered, entries of `_contents`, of a shape's `by_number`: past it, dropped
 
 
 class Scoring(Filtering):
@@ -92,7 +92,7 @@ class Scoring(Filtering):
 
         Unset, whole devices keep the first few: the adaptive count for every pod that may reach a GPU or Neuron node
         cost 3.4x the engine time on `benchmarks/simulate_bench.py`, and still 4-5x once nodes alike shared their local
-        scores (`_raw_by_content`) and the kit's states had a scoring content. For shared GPUs the adaptive count is
+        scores (`LocalRaws.by_number`) and the kit's states had a scoring content. For shared GPUs the adaptive count is
         worth about 3.5 points of GPU capacity on the FGD paper's trace (`benchmarks/sharing_bench.py`: 88.8 % on the
         first 8 nodes, 92.1-92.4 % on kube-scheduler's count) for about 15 % of the replay's CPU time."""
         counts = self._fragmenting_nodes if self.scoring.percentage_of_nodes_to_score > 0 else self._sharing_nodes
@@ -158,43 +158,51 @@ class Scoring(Filtering):
         return self.device_score(record, pod) + policy_score
 
     def _local_raw(
-        self, names: list[str], records: list[NodeRecord], pod: PodRequest, plan: Plan
+        self, names: list[str], records: Sequence[NodeRecord] | None, pod: PodRequest, plan: Plan
     ) -> list[tuple[float, ...]]:
-        """The local score plugins' raw scores on each node (`names`, their `records`; a tuple in `_local_scorers`'
-        order; 0 for a plugin with nothing to say of the pod), remembered per pod shape (`Plan.local`) and, while
-        KubegpuFragmentation scores, the fragmenting plugins' epochs (`LocalRaws`): only the nodes changed since are
-        asked, and nodes alike in what the plugins read share one computation (`_raw_by_content`)."""
+        """The local score plugins' raw scores on each node (`names`, their `records`, or None to look up only the
+        nodes scored here; a tuple in `_local_scorers`' order; 0 for a plugin with nothing to say of the pod),
+        remembered per pod shape (`Plan.local`) and, while KubegpuFragmentation scores, the fragmenting plugins'
+        epochs (`LocalRaws`): nodes alike in what the plugins read share one computation, remembered by the number
+        of their content (`_numbers_now`), and the others are remembered by name until the change log names them."""
         # The epochs whether or not KubegpuFragmentation scores: a device score may read the learned mix too.
         epochs = self.score_epochs(plan)
-        slot, local = id(plan.local), plan.local
-        remembered = self._local_raws(plan, epochs).raws
-        raws: list[tuple[float, ...] | None] = list(map(remembered.get, names))
+        book = self._local_raws(plan, epochs)
+        alone = book.raws
+        # Nodes alike in all the local scores read share one computation (`_numbers_now`).
+        numbered: list[int | None] | None = None
+        by_number = book.by_number
+        if not self._added_scores and not pod.preferred_node_affinity:
+            numbers = self._numbers_now()
+            if book.numbering != self._score_numbers.epoch:
+                by_number.clear()
+                book.numbering = self._score_numbers.epoch
+            numbered = list(map(numbers.__getitem__, names))
+            raws: list[tuple[float, ...] | None] = list(map(by_number.get, numbered))  # type: ignore[arg-type]
+        else:
+            raws = list(map(alone.get, names))
         if None not in raws:
             return raws  # type: ignore[return-value]  # none is None
-        stale = [i for i, raw in enumerate(raws) if raw is None]
-        # Nodes alike in all the local scores read share one computation (`_raw_by_content`).
-        alike = not self._added_scores and not pod.preferred_node_affinity
-        shared = self._raw_by_content
+        nodes = self.nodes
         asked: list[NodeRecord] = []  # the nodes to score: one per content not remembered, and those without one
-        first: dict[tuple[object, ...], int] = {}  # content -> its node's position in `asked`
-        waiting: list[tuple[int, tuple[object, ...] | None, int]] = []  # (position in records, content, in asked)
-        for i in stale:
-            record = records[i]
-            content = self.scoring_content(record) if alike else None
-            if content is not None:
-                known = shared.get((slot, epochs, content))
-                if known is not None and known[0] is local:
-                    raws[i] = known[1]
-                    waiting.append((i, None, -1))
+        first: dict[int, int] = {}  # content number -> its node's position in `asked`
+        waiting: list[tuple[int, int]] = []  # (position in names, position in asked)
+        for i in [i for i, raw in enumerate(raws) if raw is None]:
+            number = numbered[i] if numbered is not None else None
+            if number is None:
+                known = alone.get(names[i]) if numbered is not None else None
+                if known is not None:
+                    raws[i] = known
                     continue
-                at = first.get(content)
-                if at is None:
-                    at = first[content] = len(asked)
-                    asked.append(record)
-                waiting.append((i, content, at))
+                waiting.append((i, len(asked)))
             else:
-                waiting.append((i, None, len(asked)))
-                asked.append(record)
+                at = first.get(number)
+                if at is not None:
+                    waiting.append((i, at))
+                    continue
+                at = first[number] = len(asked)
+                waiting.append((i, at))
+            asked.append(records[i] if records is not None else nodes[names[i]])
         fresh: list[tuple[float, ...]] = []
         if asked:
             columns = []
@@ -202,16 +210,40 @@ class Scoring(Filtering):
                 state = plugin.prescore(self, pod, plan)
                 columns.append(plugin.score(self, state, asked, pod, plan) if state is not None else [0.0] * len(asked))
             fresh = list(zip(*columns, strict=True)) if columns else [() for _ in asked]
-        if len(shared) >= CONTENTS_REMEMBERED:
-            shared.clear()
-        for i, content, at in waiting:
-            raw = raws[i] if at < 0 else fresh[at]
-            assert raw is not None  # remembered above, or computed
-            if content is not None:
-                shared[slot, epochs, content] = (local, raw)
-            raws[i] = raw
-            remembered[names[i]] = raw
+        if len(by_number) + len(first) > CONTENTS_REMEMBERED:
+            by_number.clear()
+        for i, at in waiting:
+            raw = raws[i] = fresh[at]
+            number = numbered[i] if numbered is not None else None
+            if number is None:
+                alone[names[i]] = raw
+            else:
+                by_number[number] = raw
         return raws  # type: ignore[return-value]  # every None was filled above
+
+    def _numbers_now(self) -> dict[str, int | None]:
+        """Each node's scoring content's number now (`records.ScoreNumbers`; None: the node is scored alone), kept
+        current from the change log: only the nodes it names since the last call are numbered again."""
+        book = self._score_numbers
+        generation = self.generation
+        if book.generation == generation:
+            return book.by_name
+        changed: Iterable[str] | None = self.changed_since(book.generation) if book.generation >= 0 else None
+        numbers, by_name, nodes = book.numbers, book.by_name, self.nodes
+        if changed is None or len(numbers) + len(nodes) > CONTENTS_REMEMBERED:
+            numbers.clear()
+            by_name.clear()
+            book.epoch += 1
+            changed = nodes.keys()
+        for name in changed:
+            record = nodes.get(name)
+            if record is None:
+                by_name.pop(name, None)
+                continue
+            content = self.scoring_content(record)
+            by_name[name] = None if content is None else numbers.setdefault(content, len(numbers))
+        book.generation = generation
+        return by_name
 
     def scoring_content(self, record: NodeRecord) -> tuple[object, ...] | None:
         """What the local score plugins read of a node besides its name: its class (`NodeCache._klass`: labels but
@@ -230,7 +262,7 @@ class Scoring(Filtering):
                 break
             try:
                 part = method()
-                hash(part)  # a key of `_raw_by_content`: a plugin's list (of its holders, say) cannot be one
+                hash(part)  # numbered by `_numbers_now`: a plugin's list (of its holders, say) cannot be one
                 if type(part) is tuple and len(part) == 1 and part[0] is state:
                     parts = None  # the state is its own content (the kit's shared books): one key while it changes
                     break
@@ -259,7 +291,9 @@ class Scoring(Filtering):
         key, generation = id(plan.local), self.generation
         known = self._raws.get(key)
         if known is not None and known.local is plan.local and known.epochs == epochs:
-            if known.generation != generation:
+            if known.generation != generation and not known.raws:
+                known.generation = generation
+            elif known.generation != generation:
                 changed = self.changed_since(known.generation)
                 if changed is None:
                     known.raws.clear()
@@ -282,7 +316,7 @@ class Scoring(Filtering):
         states by the plugin's position in `_scorers`, where the caller has asked them already this cycle.
 
         The built-in local plugins' part of each node's total is worked out once per distinct tuple of their raw
-        scores (nodes alike in content share one, `_raw_by_content`; their normalizations read only the least and
+        scores (nodes alike in content share one, `LocalRaws.by_number`; their normalizations read only the least and
         the greatest score and map each score alone), then summed with the other plugins' scores node by node in the
         same order as `_rank_by_node` sums them: the same floats, the same best node. Where KubegpuFragmentation
         leads, or a third party scores, `_rank_by_node` ranks."""
