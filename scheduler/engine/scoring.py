@@ -177,12 +177,25 @@ class Scoring(Filtering):
             if book.numbering != self._score_numbers.epoch:
                 by_number.clear()
                 book.numbering = self._score_numbers.epoch
+            if len(by_number) > CONTENTS_REMEMBERED - len(names):
+                by_number.clear()
             numbered = list(map(numbers.__getitem__, names))
             raws: list[tuple[float, ...] | None] = list(map(by_number.get, numbered))  # type: ignore[arg-type]
+            if None not in raws:
+                return raws  # type: ignore[return-value]  # none is None
+            if None not in numbered:  # every node has a content: each one not remembered scored once, at its first
+                firsts = dict(zip(reversed(numbered), range(len(names) - 1, -1, -1), strict=True))
+                todo = {number: i for number, i in firsts.items() if number not in by_number}
+                nodes = self.nodes
+                fresh = self._local_columns(
+                    [records[i] if records is not None else nodes[names[i]] for i in todo.values()], pod, plan
+                )
+                by_number.update(zip(todo, fresh, strict=True))  # type: ignore[arg-type]
+                return list(map(by_number.__getitem__, numbered))  # type: ignore[arg-type]
         else:
             raws = list(map(alone.get, names))
-        if None not in raws:
-            return raws  # type: ignore[return-value]  # none is None
+            if None not in raws:
+                return raws  # type: ignore[return-value]  # none is None
         nodes = self.nodes
         asked: list[NodeRecord] = []  # the nodes to score: one per content not remembered, and those without one
         first: dict[int, int] = {}  # content number -> its node's position in `asked`
@@ -203,15 +216,7 @@ class Scoring(Filtering):
                 at = first[number] = len(asked)
                 waiting.append((i, at))
             asked.append(records[i] if records is not None else nodes[names[i]])
-        fresh: list[tuple[float, ...]] = []
-        if asked:
-            columns = []
-            for plugin in self._local_scorers:
-                state = plugin.prescore(self, pod, plan)
-                columns.append(plugin.score(self, state, asked, pod, plan) if state is not None else [0.0] * len(asked))
-            fresh = list(zip(*columns, strict=True)) if columns else [() for _ in asked]
-        if len(by_number) + len(first) > CONTENTS_REMEMBERED:
-            by_number.clear()
+        fresh = self._local_columns(asked, pod, plan) if asked else []
         for i, at in waiting:
             raw = raws[i] = fresh[at]
             number = numbered[i] if numbered is not None else None
@@ -220,6 +225,14 @@ class Scoring(Filtering):
             else:
                 by_number[number] = raw
         return raws  # type: ignore[return-value]  # every None was filled above
+
+    def _local_columns(self, asked: list[NodeRecord], pod: PodRequest, plan: Plan) -> list[tuple[float, ...]]:
+        """The local score plugins' raw scores on each of the `asked` nodes, a tuple per node."""
+        columns = []
+        for plugin in self._local_scorers:
+            state = plugin.prescore(self, pod, plan)
+            columns.append(plugin.score(self, state, asked, pod, plan) if state is not None else [0.0] * len(asked))
+        return list(zip(*columns, strict=True)) if columns else [() for _ in asked]
 
     def _numbers_now(self) -> dict[str, int | None]:
         """Each node's scoring content's number now (`records.ScoreNumbers`; None: the node is scored alone), kept
