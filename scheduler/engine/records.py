@@ -271,6 +271,9 @@ class ShapeAnswers:
     need: int
     generation: int
     fits: dict[str, bool] = field(default_factory=dict)
+    # `fits` in the order of the node tree's list `masked` (`NodeTree.order()`, by identity; None: not made yet)
+    mask: list[bool] = field(default_factory=list)
+    masked: list[str] | None = None
     # A node's content number (`NodeNumbering`) -> the answer below of the nodes with that content, at `numbering`.
     alike: dict[int, tuple[Status, int, bool, bool]] = field(default_factory=dict)
     numbering: int = 0
@@ -288,11 +291,14 @@ class ShapeAnswers:
 class NodeNumbering:
     """Nodes alike in all their answers to a pod read, numbered (`Sampling._content_number`): the memo
     `Engine._numbering`. `numbers`: content -> its number, numbered afresh (`epoch` moved) past a bound; `by_node`:
-    node -> (its record, its version, its number), stale when the record or the version differs."""
+    node -> (its record, its version, its number), stale when the record or the version differs; `current`: node ->
+    its number now, kept current from the change log at `generation` (-1: to be made for every node)."""
 
     numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
     by_node: dict[str, tuple[NodeRecord, int, int | None]] = field(default_factory=dict)
     epoch: int = 0
+    current: dict[str, int | None] = field(default_factory=dict)
+    generation: int = -1
 
 
 class NodesByValue(NamedTuple):

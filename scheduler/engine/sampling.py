@@ -74,7 +74,10 @@ class Sampling(Reserving):
         if book.unresolvable and any(n and book.fitting[klass] for klass, n in book.unresolvable.items()):
             return None  # the walk would pass over the fitting nodes of a class another's answer settled
         start = self._next_start % count
-        mask = list(map(book.fits.__getitem__, order))
+        if book.masked is not order:
+            book.mask = list(map(book.fits.__getitem__, order))
+            book.masked = order
+        mask = book.mask
         found = list(compress(range(start, count), mask[start:]))
         if len(found) < sample:
             found += compress(range(start), mask[:start])
@@ -144,6 +147,8 @@ class Sampling(Reserving):
         if len(numbering.numbers) + len(self.nodes) > CONTENTS_NUMBERED:
             numbering.numbers.clear()
             numbering.by_node.clear()
+            numbering.current.clear()
+            numbering.generation = -1
             numbering.epoch += 1
         if book is None or changed is None:
             if len(self._shape_memo) >= SHAPES_REMEMBERED:
@@ -154,6 +159,10 @@ class Sampling(Reserving):
             book.alike.clear()
             book.numbering = numbering.epoch
         alike = book.alike
+        numbers = self._numbers_of_nodes()
+        # `mask` follows `fits` where it is in the tree's order now (`_sample_by_shape` makes it again otherwise).
+        positions = self._tree_positions() if book.masked is self._tree.order() else None
+        mask = book.mask
         nodes, check, fits, finals = self.nodes, self.check, book.fits, book.finals
         reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
         short = Status.unschedulable(f"Insufficient {resource}")
@@ -172,8 +181,9 @@ class Sampling(Reserving):
                 del fits[name]
             record = nodes.get(name)
             if record is None:
+                book.masked = None
                 continue
-            number = self._content_number(record)
+            number = numbers[name]
             answer = alike.get(number) if number is not None else None
             if answer is None:
                 status = check(record, pod, plan)
@@ -195,9 +205,45 @@ class Sampling(Reserving):
             fitting[klass] += fit
             book.by_usage += by_usage
             fits[name] = fit
+            if positions is not None:
+                at = positions.get(name)
+                if at is None:
+                    book.masked = positions = None
+                else:
+                    mask[at] = fit
             finals[name] = answer
         book.generation = self.generation
         return book
+
+    def _numbers_of_nodes(self) -> dict[str, int | None]:
+        """Each node's content number now (`_content_number`), kept current from the change log
+        (`NodeNumbering.current`): a node is numbered once per change, not once per shape asking about it."""
+        numbering = self._numbering
+        generation = self.generation
+        current = numbering.current
+        if numbering.generation == generation:
+            return current
+        changed: Iterable[str] | None = self.changed_since(numbering.generation) if numbering.generation >= 0 else None
+        nodes = self.nodes
+        if changed is None:
+            current.clear()
+            changed = nodes.keys()
+        for name in changed:
+            record = nodes.get(name)
+            if record is None:
+                current.pop(name, None)
+            else:
+                current[name] = self._content_number(record)
+        numbering.generation = generation
+        return current
+
+    def _tree_positions(self) -> dict[str, int]:
+        """Each node's position in the node tree's order now (`NodeTree.order()`), made once per order."""
+        order = self._tree.order()
+        known = self._positions
+        if known[0] is not order:
+            known = self._positions = (order, {name: at for at, name in enumerate(order)})
+        return known[1]
 
     def _content_number(self, record: NodeRecord) -> int | None:
         """The number of what a node's answers to a pod read of it (`NodeNumbering`): its scoring content (its class,

@@ -274,6 +274,9 @@ class EngineState:
         # Each node's content numbered (`records.NodeNumbering`): a shape's answer is remembered per number too, so a
         # node changed into a content another node had answers from memory. Numbered afresh past 65536 contents.
         self._numbering = NodeNumbering()
+        # The node tree's order (`NodeTree.order()`, by identity) and each node's position in it, for the masks of
+        # `ShapeAnswers`.
+        self._positions: tuple[list[str] | None, dict[str, int]] = (None, {})
         # (`Plan.local` is what kube-scheduler's node filters and the node-local scores read of a pod without devices,
         # else, or when a rule a third party added applies to it, the pod's whole signature.)
         # Per node (`NodeRecord`): `last_check`, id(Plan.local) -> (node version, Plan.local, answer), the node-local
@@ -311,6 +314,7 @@ class EngineState:
         self._raws.clear()
         self._shape_memo.clear()
         self._numbering = NodeNumbering()
+        self._positions = (None, {})
         self._owners.forget_memos()
         self.dra.forget_memos()
         for record in self.nodes.values():
