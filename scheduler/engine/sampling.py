@@ -311,9 +311,9 @@ class Sampling(Reserving):
         first = dict(zip(map(id, reversed(raws)), range(len(raws) - 1, -1, -1), strict=True))
         if len(first) == 1:
             return feasible[0]
-        distinct = [raws[at] for at in first.values()]
+        distinct = list(map(raws.__getitem__, first.values()))
         columns = list(zip(*distinct, strict=True))
-        totals: list[float] | None = None
+        summed: list[list[float]] = []  # each plugin's weighed scores, summed in the profile's order where needed
         # Where KubegpuFragmentation leads (`Scoring.fragmentation_leads`), as `_rank` ranks: its whole points, then
         # the policy's score, then the other scores but `scoring.NOT_TIE_BREAKERS`.
         leads = self.fragmentation_leads(pod, plan)
@@ -330,22 +330,25 @@ class Sampling(Reserving):
             if min(values) == max(values):
                 continue
             if leads and plugin.name == scores.FRAGMENTATION:
-                lead = [int(value) for value in values]
+                lead = list(map(int, values))
             normalized = plugin.normalize(True, values)
             if normalized is not values and min(normalized) == max(normalized):
                 continue
             weighed = normalized if weight == 1 else [weight * value for value in normalized]
-            totals = weighed if totals is None else list(map(add, totals, weighed))
+            summed.append(weighed)
             if plugin.name == policy_name:
                 policy = normalized
             elif plugin.name not in scoring.NOT_TIE_BREAKERS:
                 others = weighed if others is None else list(map(add, others, weighed))
-        if totals is None:
+        if not summed:
             return feasible[0]
         if lead is not None and min(lead) != max(lead):
             ties = policy or [0.0] * len(distinct)
             keys = list(zip(lead, ties, others or ties, strict=True))
             best = max(keys)
             return feasible[min(at for at, key in zip(first.values(), keys, strict=True) if key == best)]
+        totals = summed[0]
+        for weighed in summed[1:]:
+            totals = list(map(add, totals, weighed))
         top = max(totals)
         return feasible[min(at for at, total in zip(first.values(), totals, strict=True) if total == top)]
