@@ -51,8 +51,16 @@ def safe_text(text: str, limit: int = MAX_TEXT_CHARS, *, also: str = "") -> str:
     an escape, and ends with `… (N more characters)`, N counting the characters of `text` left out; the whole
     result, marker included, fits in `limit`.
     """
-    if len(text) <= limit and text.isprintable() and not (also and any(c in text for c in also)):
+    plain = text.isprintable() and not (also and any(c in text for c in also))
+    if plain and len(text) <= limit:
         return text
+    if plain and _MARKER.search(text) is None:
+        # Each character its own piece and no earlier cut to count: the loop below would keep `limit` characters,
+        # then give them back one by one until the marker fits.
+        kept = limit
+        while kept and kept + len(f"… ({len(text) - kept} more characters)") > limit:
+            kept -= 1
+        return text[:kept] + f"… ({len(text) - kept} more characters)"
     pieces: list[str] = []
     used = 0
     consumed = 0

@@ -168,17 +168,21 @@ class PlacementBook:
     Key: (the state's content number, the ask), the ask by identity (the engine hands the same prepared ask to every
     node in a cycle) and else by equality. Valid for one version of one mix (`Workload`: the fgd policy ranks GPUs
     against it): dropped all at once when the mix or its version differs from the one the entries were made under,
-    or past `LIMIT` answers. Content numbers are never reused (`serial`), so a state's remembered number stays its
-    content's even after `contents` is dropped (past `LIMIT`)."""
+    or past `LIMIT` answers; but the fit answers of an ask no mix decides (`fit_reads_mix`) are kept apart
+    (`steady`), across mix versions, until past `LIMIT`. Content numbers are never reused (`serial`), so a state's
+    remembered number stays its content's even after `contents` is dropped (past `LIMIT`)."""
 
     LIMIT = 1 << 16
 
-    __slots__ = ("answers", "contents", "serial", "size", "stamp")
+    __slots__ = ("answers", "contents", "serial", "size", "stamp", "steady", "steady_size")
 
     def __init__(self) -> None:
         self.contents: dict[tuple[object, ...], int] = {}
         # (what: "place" or "fit", id(ask)) -> (ask, {content number: the answer})
         self.answers: dict[tuple[str, int], tuple[NvidiaPodState, dict[int, object]]] = {}
+        # The same for the fit answers of asks no mix decides (`fit_reads_mix`), whatever the mix's version.
+        self.steady: dict[tuple[str, int], tuple[NvidiaPodState, dict[int, object]]] = {}
+        self.steady_size = 0
         self.serial = 0
         self.stamp: tuple[int, int] = (0, -1)  # (id of the mix, its version) the answers were made under
         self.size = 0
@@ -194,14 +198,27 @@ class PlacementBook:
 
     def get(self, what: str, workload: Workload, number: int, ask: NvidiaPodState) -> object:
         """The answer remembered, or `_MISSING`."""
-        if self.stamp != (id(workload), workload.version):
+        if what == "fit" and not fit_reads_mix(ask):
+            entry = self.steady.get((what, id(ask)))
+        elif self.stamp != (id(workload), workload.version):
             return _MISSING
-        entry = self.answers.get((what, id(ask)))
+        else:
+            entry = self.answers.get((what, id(ask)))
         if entry is None or not (entry[0] is ask or entry[0] == ask):
             return _MISSING
         return entry[1].get(number, _MISSING)
 
     def put(self, what: str, workload: Workload, number: int, ask: NvidiaPodState, answer: object) -> None:
+        if what == "fit" and not fit_reads_mix(ask):
+            if self.steady_size >= self.LIMIT:
+                self.steady.clear()
+                self.steady_size = 0
+            entry = self.steady.get((what, id(ask)))
+            if entry is None or entry[0] is not ask:
+                entry = self.steady[what, id(ask)] = (ask, {})
+            entry[1][number] = answer
+            self.steady_size += 1
+            return
         stamp = (id(workload), workload.version)
         if self.stamp != stamp or self.size >= self.LIMIT:
             self.answers.clear()
@@ -553,6 +570,13 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
         models = {s.models[bit] for bit in range(len(s.ids)) if chosen >> bit & 1}
         fields = {"model": models.pop()} if len(models) == 1 and None not in models else {}
         return PluginAllocation(plugin=NAME, containers=containers, shares=shares, fields=fields)
+
+
+def fit_reads_mix(ask: NvidiaPodState) -> bool:
+    """Whether the mix of pods may decide `fit_answer` for the ask: it reads only whether `place` finds GPUs, and
+    the mix ranks the GPUs that fit a share, never which fit; only a second share container, placed after the
+    first's GPUs were chosen by the mix, may find room or not depending on that choice."""
+    return len(ask.shares) > 1
 
 
 def fit_answer(s: NvidiaNodeState, ask: NvidiaPodState) -> Status:

@@ -225,16 +225,33 @@ class Passing:
 @dataclass(slots=True)
 class LocalRaws:
     """The local score plugins' raw scores (`Engine._local_raw`: a tuple per node in `_local_scorers`' order) for
-    one pod shape, by node name. The memo `Engine._raws`: key `id(Plan.local)`, confirmed by identity, and the
-    epochs of the fragmenting plugins the shape may reach (`Scoring.fragmentation_epochs(plan)`; all dropped when
-    one moved: a learned mix of pods); up to date with the change log at `generation` (a node the log names since
-    is dropped: its usage, devices, labels or liveness changed, or it went); rebuilt when the log no longer reaches
-    back."""
+    one pod shape. The memo `Engine._raws`: key `id(Plan.local)`, confirmed by identity, and the epochs of the
+    fragmenting plugins the shape may reach (`Scoring.fragmentation_epochs(plan)`; all dropped when one moved: a
+    learned mix of pods). `by_number`: by the number of the node's scoring content (`ScoreNumbers`, numbered in
+    its `epoch` `numbering`), for nodes alike in what the scores read; `raws`: by node name, for the nodes scored
+    alone (no content), up to date with the change log at `generation` (a node the log names since is dropped: its
+    usage, devices, labels or liveness changed, or it went); rebuilt when the log no longer reaches back."""
 
     local: tuple[object, ...]
     epochs: tuple[int | None, ...]
     generation: int
     raws: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    by_number: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    numbering: int = 0
+
+
+@dataclass(slots=True)
+class ScoreNumbers:
+    """Each node's scoring content (`Scoring.scoring_content`) numbered, kept current from the change log: the memo
+    `Engine._score_numbers`. `by_name`: node -> the number of its content now (None: scored alone), up to date at
+    change number `generation` (-1: never filled); `numbers`: content -> its number, numbered afresh (`epoch`
+    moved) past a bound or when the log no longer reaches back. A cycle reads a node's number with one lookup, and a
+    content is hashed once per change of the node, not once per shape that ranks it."""
+
+    numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
+    by_name: dict[str, int | None] = field(default_factory=dict)
+    generation: int = -1
+    epoch: int = 0
 
 
 @dataclass(slots=True)
@@ -254,6 +271,9 @@ class ShapeAnswers:
     need: int
     generation: int
     fits: dict[str, bool] = field(default_factory=dict)
+    # `fits` in the order of the node tree's list `masked` (`NodeTree.order()`, by identity; None: not made yet)
+    mask: list[bool] = field(default_factory=list)
+    masked: list[str] | None = None
     # A node's content number (`NodeNumbering`) -> the answer below of the nodes with that content, at `numbering`.
     alike: dict[int, tuple[Status, int, bool, bool]] = field(default_factory=dict)
     numbering: int = 0
@@ -271,11 +291,14 @@ class ShapeAnswers:
 class NodeNumbering:
     """Nodes alike in all their answers to a pod read, numbered (`Sampling._content_number`): the memo
     `Engine._numbering`. `numbers`: content -> its number, numbered afresh (`epoch` moved) past a bound; `by_node`:
-    node -> (its record, its version, its number), stale when the record or the version differs."""
+    node -> (its record, its version, its number), stale when the record or the version differs; `current`: node ->
+    its number now, kept current from the change log at `generation` (-1: to be made for every node)."""
 
     numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
     by_node: dict[str, tuple[NodeRecord, int, int | None]] = field(default_factory=dict)
     epoch: int = 0
+    current: dict[str, int | None] = field(default_factory=dict)
+    generation: int = -1
 
 
 class NodesByValue(NamedTuple):

@@ -74,7 +74,10 @@ class Sampling(Reserving):
         if book.unresolvable and any(n and book.fitting[klass] for klass, n in book.unresolvable.items()):
             return None  # the walk would pass over the fitting nodes of a class another's answer settled
         start = self._next_start % count
-        mask = list(map(book.fits.__getitem__, order))
+        if book.masked is not order:
+            book.mask = list(map(book.fits.__getitem__, order))
+            book.masked = order
+        mask = book.mask
         found = list(compress(range(start, count), mask[start:]))
         if len(found) < sample:
             found += compress(range(start), mask[:start])
@@ -144,6 +147,8 @@ class Sampling(Reserving):
         if len(numbering.numbers) + len(self.nodes) > CONTENTS_NUMBERED:
             numbering.numbers.clear()
             numbering.by_node.clear()
+            numbering.current.clear()
+            numbering.generation = -1
             numbering.epoch += 1
         if book is None or changed is None:
             if len(self._shape_memo) >= SHAPES_REMEMBERED:
@@ -154,6 +159,10 @@ class Sampling(Reserving):
             book.alike.clear()
             book.numbering = numbering.epoch
         alike = book.alike
+        numbers = self._numbers_of_nodes()
+        # `mask` follows `fits` where it is in the tree's order now (`_sample_by_shape` makes it again otherwise).
+        positions = self._tree_positions() if book.masked is self._tree.order() else None
+        mask = book.mask
         nodes, check, fits, finals = self.nodes, self.check, book.fits, book.finals
         reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
         short = Status.unschedulable(f"Insufficient {resource}")
@@ -172,8 +181,9 @@ class Sampling(Reserving):
                 del fits[name]
             record = nodes.get(name)
             if record is None:
+                book.masked = None
                 continue
-            number = self._content_number(record)
+            number = numbers[name]
             answer = alike.get(number) if number is not None else None
             if answer is None:
                 status = check(record, pod, plan)
@@ -195,9 +205,45 @@ class Sampling(Reserving):
             fitting[klass] += fit
             book.by_usage += by_usage
             fits[name] = fit
+            if positions is not None:
+                at = positions.get(name)
+                if at is None:
+                    book.masked = positions = None
+                else:
+                    mask[at] = fit
             finals[name] = answer
         book.generation = self.generation
         return book
+
+    def _numbers_of_nodes(self) -> dict[str, int | None]:
+        """Each node's content number now (`_content_number`), kept current from the change log
+        (`NodeNumbering.current`): a node is numbered once per change, not once per shape asking about it."""
+        numbering = self._numbering
+        generation = self.generation
+        current = numbering.current
+        if numbering.generation == generation:
+            return current
+        changed: Iterable[str] | None = self.changed_since(numbering.generation) if numbering.generation >= 0 else None
+        nodes = self.nodes
+        if changed is None:
+            current.clear()
+            changed = nodes.keys()
+        for name in changed:
+            record = nodes.get(name)
+            if record is None:
+                current.pop(name, None)
+            else:
+                current[name] = self._content_number(record)
+        numbering.generation = generation
+        return current
+
+    def _tree_positions(self) -> dict[str, int]:
+        """Each node's position in the node tree's order now (`NodeTree.order()`), made once per order."""
+        order = self._tree.order()
+        known = self._positions
+        if known[0] is not order:
+            known = self._positions = (order, {name: at for at, name in enumerate(order)})
+        return known[1]
 
     def _content_number(self, record: NodeRecord) -> int | None:
         """The number of what a node's answers to a pod read of it (`NodeNumbering`): its scoring content (its class,
@@ -259,16 +305,15 @@ class Sampling(Reserving):
             return self._rank(feasible, pod, plan, prescored)  # each PreScore asked once (InterPodAffinity's is dear)
         if not self._local_scorers:
             return feasible[0]
-        nodes = self.nodes
-        raws = self._local_raw(feasible, [nodes[name] for name in feasible], pod, plan)
+        raws = self._local_raw(feasible, None, pod, plan)
         # Nodes alike in every raw score total alike: each tuple of raw scores (nodes alike in content share one
-        # object, `_raw_by_content`), with its first node.
+        # object, `LocalRaws.by_number`), with its first node.
         first = dict(zip(map(id, reversed(raws)), range(len(raws) - 1, -1, -1), strict=True))
         if len(first) == 1:
             return feasible[0]
-        distinct = [raws[at] for at in first.values()]
+        distinct = list(map(raws.__getitem__, first.values()))
         columns = list(zip(*distinct, strict=True))
-        totals: list[float] | None = None
+        summed: list[list[float]] = []  # each plugin's weighed scores, summed in the profile's order where needed
         # Where KubegpuFragmentation leads (`Scoring.fragmentation_leads`), as `_rank` ranks: its whole points, then
         # the policy's score, then the other scores but `scoring.NOT_TIE_BREAKERS`.
         leads = self.fragmentation_leads(pod, plan)
@@ -285,22 +330,25 @@ class Sampling(Reserving):
             if min(values) == max(values):
                 continue
             if leads and plugin.name == scores.FRAGMENTATION:
-                lead = [int(value) for value in values]
+                lead = list(map(int, values))
             normalized = plugin.normalize(True, values)
             if normalized is not values and min(normalized) == max(normalized):
                 continue
             weighed = normalized if weight == 1 else [weight * value for value in normalized]
-            totals = weighed if totals is None else list(map(add, totals, weighed))
+            summed.append(weighed)
             if plugin.name == policy_name:
                 policy = normalized
             elif plugin.name not in scoring.NOT_TIE_BREAKERS:
                 others = weighed if others is None else list(map(add, others, weighed))
-        if totals is None:
+        if not summed:
             return feasible[0]
         if lead is not None and min(lead) != max(lead):
             ties = policy or [0.0] * len(distinct)
             keys = list(zip(lead, ties, others or ties, strict=True))
             best = max(keys)
             return feasible[min(at for at, key in zip(first.values(), keys, strict=True) if key == best)]
+        totals = summed[0]
+        for weighed in summed[1:]:
+            totals = list(map(add, totals, weighed))
         top = max(totals)
         return feasible[min(at for at, total in zip(first.values(), totals, strict=True) if total == top)]

@@ -15,7 +15,7 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.scheduler import scores
-from kubegpu.scheduler.engine.filtering import Filtering
+from kubegpu.scheduler.engine.contents import CONTENTS_REMEMBERED, Contents
 from kubegpu.scheduler.engine.records import (
     FRAGMENTATION_EPOCH_HOOK,
     FRAGMENTATION_HOOK,
@@ -31,10 +31,9 @@ _NONE: frozenset[tuple[str, str]] = frozenset()
 # 94.7 % without).
 NOT_TIE_BREAKERS = frozenset({scores.FRAGMENTATION, scores.BALANCED})
 _NOWHERE: Mapping[str, int] = {}
-CONTENTS_REMEMBERED = 1 << 16  # entries of `_raw_by_content` and of `_contents`; past it, each dropped all at once
 
 
-class Scoring(Filtering):
+class Scoring(Contents):
     """Scoring and ranking the feasible nodes."""
 
     def device_score(self, record: NodeRecord, pod: PodRequest) -> float:
@@ -92,7 +91,7 @@ class Scoring(Filtering):
 
         Unset, whole devices keep the first few: the adaptive count for every pod that may reach a GPU or Neuron node
         cost 3.4x the engine time on `benchmarks/simulate_bench.py`, and still 4-5x once nodes alike shared their local
-        scores (`_raw_by_content`) and the kit's states had a scoring content. For shared GPUs the adaptive count is
+        scores (`LocalRaws.by_number`) and the kit's states had a scoring content. For shared GPUs the adaptive count is
         worth about 3.5 points of GPU capacity on the FGD paper's trace (`benchmarks/sharing_bench.py`: 88.8 % on the
         first 8 nodes, 92.1-92.4 % on kube-scheduler's count) for about 15 % of the replay's CPU time."""
         counts = self._fragmenting_nodes if self.scoring.percentage_of_nodes_to_score > 0 else self._sharing_nodes
@@ -158,108 +157,90 @@ class Scoring(Filtering):
         return self.device_score(record, pod) + policy_score
 
     def _local_raw(
-        self, names: list[str], records: list[NodeRecord], pod: PodRequest, plan: Plan
+        self, names: list[str], records: Sequence[NodeRecord] | None, pod: PodRequest, plan: Plan
     ) -> list[tuple[float, ...]]:
-        """The local score plugins' raw scores on each node (`names`, their `records`; a tuple in `_local_scorers`'
-        order; 0 for a plugin with nothing to say of the pod), remembered per pod shape (`Plan.local`) and, while
-        KubegpuFragmentation scores, the fragmenting plugins' epochs (`LocalRaws`): only the nodes changed since are
-        asked, and nodes alike in what the plugins read share one computation (`_raw_by_content`)."""
+        """The local score plugins' raw scores on each node (`names`, their `records`, or None to look up only the
+        nodes scored here; a tuple in `_local_scorers`' order; 0 for a plugin with nothing to say of the pod),
+        remembered per pod shape (`Plan.local`) and, while KubegpuFragmentation scores, the fragmenting plugins'
+        epochs (`LocalRaws`): nodes alike in what the plugins read share one computation, remembered by the number
+        of their content (`_numbers_now`), and the others are remembered by name until the change log names them."""
         # The epochs whether or not KubegpuFragmentation scores: a device score may read the learned mix too.
         epochs = self.score_epochs(plan)
-        slot, local = id(plan.local), plan.local
-        remembered = self._local_raws(plan, epochs).raws
-        raws: list[tuple[float, ...] | None] = list(map(remembered.get, names))
-        if None not in raws:
-            return raws  # type: ignore[return-value]  # none is None
-        stale = [i for i, raw in enumerate(raws) if raw is None]
-        # Nodes alike in all the local scores read share one computation (`_raw_by_content`).
-        alike = not self._added_scores and not pod.preferred_node_affinity
-        shared = self._raw_by_content
+        book = self._local_raws(plan, epochs)
+        alone = book.raws
+        # Nodes alike in all the local scores read share one computation (`_numbers_now`).
+        numbered: list[int | None] | None = None
+        by_number = book.by_number
+        if not self._added_scores and not pod.preferred_node_affinity:
+            numbers = self._numbers_now()
+            if book.numbering != self._score_numbers.epoch:
+                by_number.clear()
+                book.numbering = self._score_numbers.epoch
+            if len(by_number) > CONTENTS_REMEMBERED - len(names):
+                by_number.clear()
+            numbered = list(map(numbers.__getitem__, names))
+            raws: list[tuple[float, ...] | None] = list(map(by_number.get, numbered))  # type: ignore[arg-type]
+            if None not in raws:
+                return raws  # type: ignore[return-value]  # none is None
+            if None not in numbered:  # every node has a content: each one not remembered scored once, at its first
+                firsts = dict(zip(reversed(numbered), range(len(names) - 1, -1, -1), strict=True))
+                todo = {number: i for number, i in firsts.items() if number not in by_number}
+                nodes = self.nodes
+                fresh = self._local_columns(
+                    [records[i] if records is not None else nodes[names[i]] for i in todo.values()], pod, plan
+                )
+                by_number.update(zip(todo, fresh, strict=True))  # type: ignore[arg-type]
+                return list(map(by_number.__getitem__, numbered))  # type: ignore[arg-type]
+        else:
+            raws = list(map(alone.get, names))
+            if None not in raws:
+                return raws  # type: ignore[return-value]  # none is None
+        nodes = self.nodes
         asked: list[NodeRecord] = []  # the nodes to score: one per content not remembered, and those without one
-        first: dict[tuple[object, ...], int] = {}  # content -> its node's position in `asked`
-        waiting: list[tuple[int, tuple[object, ...] | None, int]] = []  # (position in records, content, in asked)
-        for i in stale:
-            record = records[i]
-            content = self.scoring_content(record) if alike else None
-            if content is not None:
-                known = shared.get((slot, epochs, content))
-                if known is not None and known[0] is local:
-                    raws[i] = known[1]
-                    waiting.append((i, None, -1))
+        first: dict[int, int] = {}  # content number -> its node's position in `asked`
+        waiting: list[tuple[int, int]] = []  # (position in names, position in asked)
+        for i in [i for i, raw in enumerate(raws) if raw is None]:
+            number = numbered[i] if numbered is not None else None
+            if number is None:
+                known = alone.get(names[i]) if numbered is not None else None
+                if known is not None:
+                    raws[i] = known
                     continue
-                at = first.get(content)
-                if at is None:
-                    at = first[content] = len(asked)
-                    asked.append(record)
-                waiting.append((i, content, at))
+                waiting.append((i, len(asked)))
             else:
-                waiting.append((i, None, len(asked)))
-                asked.append(record)
-        fresh: list[tuple[float, ...]] = []
-        if asked:
-            columns = []
-            for plugin in self._local_scorers:
-                state = plugin.prescore(self, pod, plan)
-                columns.append(plugin.score(self, state, asked, pod, plan) if state is not None else [0.0] * len(asked))
-            fresh = list(zip(*columns, strict=True)) if columns else [() for _ in asked]
-        if len(shared) >= CONTENTS_REMEMBERED:
-            shared.clear()
-        for i, content, at in waiting:
-            raw = raws[i] if at < 0 else fresh[at]
-            assert raw is not None  # remembered above, or computed
-            if content is not None:
-                shared[slot, epochs, content] = (local, raw)
-            raws[i] = raw
-            remembered[names[i]] = raw
+                at = first.get(number)
+                if at is not None:
+                    waiting.append((i, at))
+                    continue
+                at = first[number] = len(asked)
+                waiting.append((i, at))
+            asked.append(records[i] if records is not None else nodes[names[i]])
+        fresh = self._local_columns(asked, pod, plan) if asked else []
+        for i, at in waiting:
+            raw = raws[i] = fresh[at]
+            number = numbered[i] if numbered is not None else None
+            if number is None:
+                alone[names[i]] = raw
+            else:
+                by_number[number] = raw
         return raws  # type: ignore[return-value]  # every None was filled above
 
-    def scoring_content(self, record: NodeRecord) -> tuple[object, ...] | None:
-        """What the local score plugins read of a node besides its name: its class (`NodeCache._klass`: labels but
-        the hostname, allocatable, taints), its usage, and each of its device plugins' states' `scoring_content()`
-        (a plugin state that has none, or whose content is the state itself, `(state,)`, is scored alone: None; the
-        state's identity stays one key while its books change, so answers remembered by it went stale). Remembered
-        per node version (`_contents`)."""
-        known = self._contents.get(record.name)
-        if known is not None and known[0] is record and known[1] == record.version:
-            return known[2]
-        parts: list[tuple[str, object]] | None = []
-        for plugin, state in record.states.items():
-            method = getattr(state, "scoring_content", None)
-            if method is None:
-                parts = None
-                break
-            try:
-                part = method()
-                hash(part)  # a key of `_raw_by_content`: a plugin's list (of its holders, say) cannot be one
-                if type(part) is tuple and len(part) == 1 and part[0] is state:
-                    parts = None  # the state is its own content (the kit's shared books): one key while it changes
-                    break
-            except Exception as exc:  # a plugin's own method: it costs its node the sharing, not the cycle
-                log.error("node %s: plugin %s: scoring_content() is no key, the node is scored alone: %r",
-                          record.name, plugin, exc)  # fmt: skip
-                parts = None
-                break
-            parts.append((plugin, part))  # type: ignore[union-attr]  # a list until None
-        content = None
-        if parts is not None:
-            content = (
-                record.klass,
-                tuple(sorted(record.used.items())),
-                record.nonzero_cpu,
-                record.nonzero_memory,
-                tuple(parts),
-            )
-        if len(self._contents) >= CONTENTS_REMEMBERED:
-            self._contents.clear()
-        self._contents[record.name] = (record, record.version, content)
-        return content
+    def _local_columns(self, asked: list[NodeRecord], pod: PodRequest, plan: Plan) -> list[tuple[float, ...]]:
+        """The local score plugins' raw scores on each of the `asked` nodes, a tuple per node."""
+        columns = []
+        for plugin in self._local_scorers:
+            state = plugin.prescore(self, pod, plan)
+            columns.append(plugin.score(self, state, asked, pod, plan) if state is not None else [0.0] * len(asked))
+        return list(zip(*columns, strict=True)) if columns else [() for _ in asked]
 
     def _local_raws(self, plan: Plan, epochs: tuple[int | None, ...]) -> LocalRaws:
         """The shape's remembered raw scores (`LocalRaws`), brought up to date with the change log."""
         key, generation = id(plan.local), self.generation
         known = self._raws.get(key)
         if known is not None and known.local is plan.local and known.epochs == epochs:
-            if known.generation != generation:
+            if known.generation != generation and not known.raws:
+                known.generation = generation
+            elif known.generation != generation:
                 changed = self.changed_since(known.generation)
                 if changed is None:
                     known.raws.clear()
@@ -282,7 +263,7 @@ class Scoring(Filtering):
         states by the plugin's position in `_scorers`, where the caller has asked them already this cycle.
 
         The built-in local plugins' part of each node's total is worked out once per distinct tuple of their raw
-        scores (nodes alike in content share one, `_raw_by_content`; their normalizations read only the least and
+        scores (nodes alike in content share one, `LocalRaws.by_number`; their normalizations read only the least and
         the greatest score and map each score alone), then summed with the other plugins' scores node by node in the
         same order as `_rank_by_node` sums them: the same floats, the same best node. Where KubegpuFragmentation
         leads, or a third party scores, `_rank_by_node` ranks."""

@@ -42,6 +42,7 @@ from kubegpu.scheduler.engine.records import (
     Plan,
     PodRecord,
     Policy,
+    ScoreNumbers,
     ShapeAnswers,
     Waiting,
 )
@@ -249,27 +250,22 @@ class EngineState:
         # every member of a gang, and a gang of thousands is placed at once. Stale when the index version moved
         # (any pod placed or released). Past 4096 gangs, dropped all at once.
         self._gang_holders: dict[str, tuple[int, tuple[str, ...]]] = {}
-        # (id(Plan.local), the fragmentation epochs, a node's scoring content) -> (Plan.local, the local raw scores):
-        # nodes alike in all the local score plugins read (`Scoring.scoring_content`: the node's class, its usage,
-        # each device plugin state's `scoring_content()`) share one computation, so a cycle that scores every node
-        # computes once per distinct node (in the FGD experiment on the openb trace, a few hundred of its 1,213).
-        # Stale when the shape is another's (identity) or an epoch it may reach moved (in the key: the epochs of the
-        # fragmenting plugins beside the nodes the shape may be ranked on, `Scoring.fragmentation_epochs(plan)`; a
-        # node's scores read no other plugin's, and a node gaining one is in the change log); none for a pod with
-        # preferred node affinity (its score reads the node's name) or when a third party added a score plugin (it
-        # may read anything). Past `CONTENTS_REMEMBERED`, dropped all at once.
-        self._raw_by_content: dict[
-            tuple[int, tuple[int | None, ...], tuple[object, ...]], tuple[tuple[object, ...], tuple[float, ...]]
-        ] = {}
-        # node name -> (its record, its version, its scoring content or None), for `_raw_by_content`; stale when the
+        # Each node's scoring content numbered, kept current from the change log (`records.ScoreNumbers`): nodes
+        # alike in all the local score plugins read (`Scoring.scoring_content`: the node's class, its usage, each
+        # device plugin state's `scoring_content()`) share one computation of a shape's raw scores
+        # (`LocalRaws.by_number`), so a cycle that scores every node computes once per distinct node (in the FGD
+        # experiment on the openb trace, a few hundred of its 1,213). None for a pod with preferred node affinity
+        # (its score reads the node's name) or when a third party added a score plugin (it may read anything).
+        self._score_numbers = ScoreNumbers()
+        # node name -> (its record, its version, its scoring content or None), for `_score_numbers`; stale when the
         # record or its version differs. Past `CONTENTS_REMEMBERED`, dropped all at once.
         self._contents: dict[str, tuple[NodeRecord, int, tuple[object, ...] | None]] = {}
         # id(Plan.local) -> the nodes passing that shape's node-local filters and device fit (`filtering.Passing`):
         # kept current from the change log, rebuilt when it no longer reaches back. Past 256, dropped all at once.
         self._passing: dict[int, Passing] = {}
-        # id(Plan.local) -> the local score plugins' raw scores of that shape by node (`records.LocalRaws`), with the
-        # fragmentation epochs they were scored at: kept current from the change log, dropped when an epoch moved or
-        # the log no longer reaches back. Past 256, dropped all at once.
+        # id(Plan.local) -> the local score plugins' raw scores of that shape by content number and by node
+        # (`records.LocalRaws`), with the fragmentation epochs they were scored at: dropped when an epoch moved; by
+        # node kept current from the change log, dropped when it no longer reaches back. Past 256, dropped at once.
         self._raws: dict[int, LocalRaws] = {}
         # (id(Plan.local), the resource its capacity index selects by) -> every node's answer to that shape as a
         # sampled cycle reads it (`sampling`, `records.ShapeAnswers`): kept current from the change log, rebuilt when
@@ -278,6 +274,9 @@ class EngineState:
         # Each node's content numbered (`records.NodeNumbering`): a shape's answer is remembered per number too, so a
         # node changed into a content another node had answers from memory. Numbered afresh past 65536 contents.
         self._numbering = NodeNumbering()
+        # The node tree's order (`NodeTree.order()`, by identity) and each node's position in it, for the masks of
+        # `ShapeAnswers`.
+        self._positions: tuple[list[str] | None, dict[str, int]] = (None, {})
         # (`Plan.local` is what kube-scheduler's node filters and the node-local scores read of a pod without devices,
         # else, or when a rule a third party added applies to it, the pod's whole signature.)
         # Per node (`NodeRecord`): `last_check`, id(Plan.local) -> (node version, Plan.local, answer), the node-local
@@ -309,12 +308,13 @@ class EngineState:
         self._tallies.clear()
         self._skipped.clear()
         self._gang_holders.clear()
-        self._raw_by_content.clear()
+        self._score_numbers = ScoreNumbers()
         self._contents.clear()
         self._passing.clear()
         self._raws.clear()
         self._shape_memo.clear()
         self._numbering = NodeNumbering()
+        self._positions = (None, {})
         self._owners.forget_memos()
         self.dra.forget_memos()
         for record in self.nodes.values():

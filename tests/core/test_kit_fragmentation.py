@@ -418,7 +418,7 @@ def test_nodes_alike_in_the_kits_scoring_content_score_alike(
     plugin: type[WholeDevicePlugin], arrivals: list[tuple[int, int]], percentage: int
 ) -> None:
     # The oracle of the kit's `scoring_content`: the engine's scores shared by nodes alike in it
-    # (`_raw_by_content`) place every pod where scoring each node alone does, departures and a moving mix included.
+    # (`LocalRaws.by_number`) place every pod where scoring each node alone does, departures and a moving mix included.
     fast = kit_placements(plugin(), arrivals, percentage)
     original = Scoring.scoring_content
     try:

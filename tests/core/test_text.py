@@ -4,6 +4,8 @@ condition shows it: one bounded line, every character a terminal could act on wr
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kubegpu.core.text import MAX_TEXT_CHARS, safe_text
 
@@ -65,3 +67,41 @@ def test_the_result_is_stable_when_shown_again() -> None:
 
 def test_extra_characters_get_a_backslash() -> None:
     assert safe_text('say "hi" \\ \x1b', also='\\"') == 'say \\"hi\\" \\\\ \\x1b'
+
+
+def cut_char_by_char(text: str, limit: int) -> str:
+    """`safe_text`'s cut written out a character at a time, as it was before its fast path for printable text."""
+    from kubegpu.core.text import _escape, _marker
+
+    if len(text) <= limit and text.isprintable():
+        return text
+    pieces: list[str] = []
+    used = consumed = 0
+    for char in text[: limit + 1]:
+        piece = char if char.isprintable() else _escape(char)
+        if used + len(piece) > limit:
+            break
+        pieces.append(piece)
+        used += len(piece)
+        consumed += 1
+    else:
+        return "".join(pieces)
+    marker = _marker(text, consumed)
+    while pieces and used + len(marker) > limit:
+        used -= len(pieces.pop())
+        consumed -= 1
+        marker = _marker(text, consumed)
+    return "".join(pieces) + marker
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["x", "é", "设", "🚀", " ", "\n", "\x1b", "… (12 more characters)", "… (7"]), max_size=400
+    ),
+    st.integers(0, 300),
+)
+def test_a_long_printable_text_is_cut_as_character_by_character(parts: list[str], limit: int) -> None:
+    # A replay refuses thousands of pods with reasons past the limit: printable ones are cut in one slice.
+    text = "".join(parts)
+    assert safe_text(text, limit) == cut_char_by_char(text, limit)

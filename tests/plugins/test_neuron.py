@@ -766,7 +766,7 @@ def test_nodes_alike_in_scoring_content_score_alike(
     arrivals: list[tuple[int, int]], percentage: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The oracle of `NeuronNodeState.scoring_content`: the engine's scores shared by nodes alike in it
-    # (`_raw_by_content`) place every pod where scoring each node alone does, deletions and a moving mix included.
+    # (`LocalRaws.by_number`) place every pod where scoring each node alone does, deletions and a moving mix included.
     from kubegpu.scheduler.engine.scoring import Scoring
 
     fast = neuron_placements(arrivals, percentage)

@@ -304,7 +304,7 @@ def test_the_epochs_a_cycle_asks_are_those_of_the_plugins_beside_its_first_one(s
 def test_scores_remembered_under_the_reachable_epochs_place_as_a_fresh_engine(
     arrivals: list[tuple[str, bool]], percentage: int
 ) -> None:
-    """The oracle of the memos keyed by the epochs a pod may reach (`LocalRaws`, `_raw_by_content`): on GPU, Neuron
+    """The oracle of the memos keyed by the epochs a pod may reach (`LocalRaws`, its `by_number`): on GPU, Neuron
     and mixed nodes, with both learned mixes moving, every pod goes where an engine that forgot its memos before
     each cycle sends it (`forget_memos`); a departure every other pod."""
 

@@ -1,9 +1,9 @@
 """The memos that make a trace replay fast place every pod where the uncached computation places it.
 
 Three memos stand between a replay and its placements: the engine's local raw scores shared by nodes alike in all the
-scores read (`Scoring.scoring_content`, `_raw_by_content`), the nvidia placements shared by GPU states alike in all
-`place` reads (`PlacementBook`), and the FGD measure remembered per table (`FragmentationTable.measured`). The oracle
-is the same replay with the three of them turned off; the traces are generated here (the suite runs without
+scores read (`Scoring.scoring_content`, numbered: `LocalRaws.by_number`), the nvidia placements shared by GPU states
+alike in all `place` reads (`PlacementBook`), and the FGD measure remembered per table (`FragmentationTable.measured`).
+The oracle is the same replay with the three of them turned off; the traces are generated here (the suite runs without
 ../shared): nodes of the openb trace's kinds, pods of its shapes (shares, whole GPUs, several GPUs, model constraints,
 cpu-only), every node scored and the policy's first few, the experiment and a timeline with departures.
 """

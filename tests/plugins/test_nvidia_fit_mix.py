@@ -1,0 +1,81 @@
+"""The nvidia fit answers kept across the mix's versions (`PlacementBook.steady`) are the answers any mix gives.
+
+A replay's mix of pods moves every few hundred placements (`sharing.Workload.version`), and each move dropped every
+remembered placement and fit answer of every node (`PlacementBook`): the fgd policy ranks a share's GPUs by the mix.
+Whether a node fits an ask reads only whether `place` finds GPUs, which the mix does not decide for an ask with at
+most one share container (`fit_reads_mix`): those answers are kept. The oracle here: nodes of the openb trace's kinds
+take random pods, then every node's fit answer to every shape, through the book, is `fit_answer` computed afresh
+under the learned mix, under a mix of other kinds, and under no mix at all.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.models import ContainerRequest, PodRequest
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.plugins.nvidia import scheduler as nvidia
+from kubegpu.plugins.nvidia.sharing import Workload
+from kubegpu.scheduler import traces
+from kubegpu.scheduler.engine import Engine
+
+NODE_KINDS = [(96000, 393216, 8, "G2"), (16000, 122880, 2, "P100")]
+SHAPES = [(0, 0), (1, 250), (1, 500), (1, 810), (1, 1000), (2, 1000), (4, 1000), (8, 1000)]
+OTHER_MIX = ((1, 900, 1000, 5.0), (4, 1000, 32000, 1.0), (1, 100, 64000, 2.0))
+
+
+def request(gpus: int, milli: int, name: str = "ask", cpu: int = 1000) -> PodRequest:
+    return pod_request(traces.pod_document(traces.TracePod(name, cpu, 1024, gpus, milli, ()), name))[0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from([1000, 8000, 32000])), max_size=40),
+    st.sampled_from(["fgd", "bestfit"]),
+)
+def test_a_fit_answer_kept_across_mix_versions_is_the_answer_under_any_mix(
+    arrivals: list[tuple[int, int]], policy: str
+) -> None:
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    for i in range(6):
+        cpu, memory, gpus, model = NODE_KINDS[i % 2]
+        engine.add_node(node_info(traces.node_document(traces.TraceNode(f"node-{i}", cpu, memory, gpus, model))))
+    for name in engine.node_names():
+        state = engine.nodes[name].states["nvidia"]
+        assert isinstance(state, nvidia.NvidiaNodeState)
+        state.policy = policy
+    asks = [request(gpus, milli) for gpus, milli in SHAPES[1:]]
+    for i, (shape, cpu) in enumerate(arrivals):
+        gpus, milli = SHAPES[shape]
+        engine.schedule(request(gpus, milli, f"p{i}", cpu))
+        for pod in asks:  # asked at every version of the mix the arrivals move through
+            ask = nvidia.read_ask(pod)
+            for name in engine.node_names():
+                state = engine.nodes[name].states["nvidia"]
+                assert isinstance(state, nvidia.NvidiaNodeState)
+                answer = nvidia.plugin.kubegpu_scheduler_fit(state, pod, ask)
+                learned = state.workload
+                try:
+                    for mix in (learned, Workload.configured(OTHER_MIX), Workload()):
+                        state.workload = mix
+                        state._plan = None
+                        assert answer == nvidia.fit_answer(state, ask), (name, SHAPES, mix.mix())
+                finally:
+                    state.workload = learned
+                    state._plan = None
+
+
+def test_only_a_second_share_container_lets_the_mix_decide_the_fit() -> None:
+    # The first share's GPUs are chosen by the mix; the second's room depends on that choice.
+    assert not nvidia.fit_reads_mix(nvidia.read_ask(request(1, 300)))
+    assert not nvidia.fit_reads_mix(nvidia.read_ask(request(4, 1000)))
+    two = nvidia.parse_ask(
+        [
+            ContainerRequest("a", {nvidia.RESOURCE: 1, "nvidia.com/gpucores": 30}),
+            ContainerRequest("b", {nvidia.RESOURCE: 1, "nvidia.com/gpucores": 30}),
+        ],
+        {},
+    )
+    assert len(two.shares) == 2 and nvidia.fit_reads_mix(two)
