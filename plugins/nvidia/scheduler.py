@@ -52,12 +52,14 @@ from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABE
 from kubegpu.plugins.nvidia.mig import MIG_PREFIX, MIG_RESOURCES, MigBooks
 from kubegpu.plugins.nvidia.sharing import (
     ANY_CPU,
+    ANY_MEMORY,
     CORES,
     MEMORY,
     MEMORY_PERCENT,
     SHARE_RESOURCES,
     WHOLE,
     FragmentationTable,
+    Models,
     Share,
     ShareError,
     Workload,
@@ -258,6 +260,7 @@ class NvidiaNodeState(SharedDeviceNodeState):
         super().__init__(NAME, node, ids, healthy, (compute, memory), split, extra=tree)
         self.models = tuple(models)
         self.model_keys = tuple(None if m is None else normalize_model(m) for m in models)
+        self.gpu_models = frozenset(key for key in self.model_keys if key is not None)
         self.memories = tuple(memories)
         self.tree = tree
         self.memory_known = memory_known
@@ -272,6 +275,10 @@ class NvidiaNodeState(SharedDeviceNodeState):
         self._plan: tuple[tuple[int, int], NvidiaPodState, NvidiaPlacement | None] | None = None
         self.book = PlacementBook()  # shared with the engine's other states (`kubegpu_scheduler_build_node`)
         self._content: tuple[tuple[int, str], int] | None = None  # ((version, policy), content number)
+
+    def fragmentation_table(self) -> FragmentationTable:
+        """The engine's mix as the measure reads it on this node (kinds barred from its GPU models apart)."""
+        return self.workload.table(self.gpu_models)
 
     def eligible(self, ask: NvidiaPodState) -> tuple[int, str | None]:
         """(healthy GPUs of the asked model and memory, the unresolvable reason when the node has none)."""
@@ -397,13 +404,14 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
         return Claim(bits, [(bit, (cores, memory)) for bit, cores, memory in parts], extra=devices)
 
     def learn(self, state: NvidiaNodeState, allocation: PluginAllocation, pod: PodRequest | None, claim: Claim) -> None:
-        """The kinds of the pod's containers (GPUs, thousandths of each, the pod's cpu) join the engine's mix."""
-        cpu = pod.cpu_milli if pod is not None else 0
+        """The kinds of the pod's containers (GPUs, thousandths of each, the pod's cpu and memory, the GPU models it
+        may use) join the engine's mix."""
+        cpu, memory, models = (pod.cpu_milli, pod.memory, pod_gpu_models(pod)) if pod is not None else (0, 0, None)
         if claim.whole:
-            state.workload.add((len(claim.whole), WHOLE, cpu))
+            state.workload.add((len(claim.whole), WHOLE, cpu, memory, models))
         if claim.shares:
             for gpus, milli in share_kinds(state, allocation):
-                state.workload.add((gpus, milli, cpu))
+                state.workload.add((gpus, milli, cpu, memory, models))
 
     def headroom_free(self, state: NvidiaNodeState) -> dict[str, int]:
         shareable = [bit for bit in range(len(state.ids)) if state.shareable(bit)]
@@ -505,15 +513,15 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
     def kubegpu_scheduler_fragmentation(
         self, state: NvidiaNodeState, pod: PodRequest, prepared: NvidiaPodState | None, free: Mapping[str, int]
     ) -> float | None:
-        table = state.workload.table()
-        if not table.cpus:
+        table = state.fragmentation_table()
+        if not table.weight:
             return None
         before = state.free_millis()
         cpu = free.get("cpu", ANY_CPU)
+        memory = free.get("memory", ANY_MEMORY)
         ask = prepared
-        if ask is None or not (ask.total or ask.shares):  # the pod takes cpu beside the GPUs, none of them
-            grown = node_fragmentation(before, table, cpu - pod.cpu_milli) - node_fragmentation(before, table, cpu)
-            return grown / WHOLE
+        if ask is None or not (ask.total or ask.shares):  # the pod takes cpu and memory beside the GPUs, none of them
+            return fragmentation_delta(before, {}, table, cpu, pod.cpu_milli, memory, pod.memory) / WHOLE
         if ask.error:
             return None
         plan = state.plan(ask)
@@ -526,7 +534,7 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
         for share, bits, _, memories in plan.shares:
             for bit, memory in zip(bits, memories, strict=True):
                 taken[bit] = taken.get(bit, 0) + share_amount(state, share.cores, memory, bit)
-        return fragmentation_delta(before, taken, table, cpu, pod.cpu_milli) / WHOLE
+        return fragmentation_delta(before, taken, table, cpu, pod.cpu_milli, memory, pod.memory) / WHOLE
 
     @hookimpl
     def kubegpu_scheduler_fragmentation_epoch(self, shared: dict[str, object]) -> int | None:
@@ -740,14 +748,14 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
         return NvidiaPlacement(whole, (), plan_score(state.tree, whole))
     taken = sum(mask for _, _, mask, _ in whole)
     fgd = state.policy != "bestfit"
-    table = state.workload.table() if fgd else None
+    table = state.fragmentation_table() if fgd else None
     cores_extra: dict[int, int] = {}
     memory_extra: dict[int, int] = {}
     tasks_extra: dict[int, int] = {}
     chosen_shares: list[tuple[Share, tuple[int, ...], int, tuple[int, ...]]] = []
     free = list(state.free_millis()) if fgd else []
     for share in ask.shares:
-        base = node_fragmentation(free, table) if table is not None and table.cpus else 0.0
+        base = node_fragmentation(free, table) if table is not None and table.weight else 0.0
         # GPUs with as much free that the share would take as much of leave the node alike: measured once.
         measured: dict[tuple[int, int], float] = {}
         fits: list[tuple[float, int, int]] = []
@@ -766,7 +774,7 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
                 amount = share_amount(state, share.cores, memory, bit)
                 known = measured.get((free[bit], amount))
                 if known is None:
-                    known = fragmentation_after(free, bit, amount, table) - base if table.cpus else 0.0
+                    known = fragmentation_after(free, bit, amount, table) - base if table.weight else 0.0
                     measured[free[bit], amount] = known
                 rank = known
             else:
@@ -905,6 +913,37 @@ def share_kinds(state: NvidiaNodeState, allocation: PluginAllocation) -> list[tu
         if cores:
             kinds.append((len(cores), max(10, min(WHOLE, max(cores.values()) * 10))))
     return kinds
+
+
+def pod_gpu_models(pod: PodRequest) -> Models:
+    """The GPU models a pod may run on, for the fragmentation mix: as its GPU-model annotation, its node selector and
+    its required node affinity on `nvidia.com/gpu.product` (`In` values; a term without one allows any) narrow them;
+    None where nothing does. Keys as `topology.normalize_model` makes them, as `NvidiaNodeState.gpu_models`."""
+    allowed: set[str] | None = None
+    narrowing: list[set[str]] = []
+    annotated = (pod.annotations.get(MODEL_ANNOTATION) or "").strip()
+    if annotated:
+        narrowing.append({normalize_model(annotated)})
+    selected = pod.node_selector.get(PRODUCT_LABEL)
+    if selected is not None:
+        narrowing.append({normalize_model(selected)})
+    if pod.node_affinity:
+        union: set[str] | None = set()
+        for term in pod.node_affinity:
+            values: set[str] | None = None
+            for requirement in term.expressions:
+                if requirement.key == PRODUCT_LABEL and requirement.operator == "In":
+                    keys = {normalize_model(v) for v in requirement.values}
+                    values = keys if values is None else values & keys
+            if values is None:
+                union = None
+                break
+            union |= values  # type: ignore[operator]  # not None: checked above
+        if union is not None:
+            narrowing.append(union)
+    for keys in narrowing:
+        allowed = keys if allowed is None else allowed & keys
+    return frozenset(allowed) if allowed is not None else None
 
 
 def plan_containers(tree: GroupTree, available: int, containers: tuple[tuple[str, int], ...]) -> Plan | None:

@@ -100,9 +100,23 @@ def read_share(name: str, resources: Mapping[str, int]) -> Share | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-Kind = tuple[int, int, int]
-"""A kind of pod for fragmentation: (GPUs, thousandths of each GPU, cpu millicores); (n, 1000, c) asks for n whole
-GPUs."""
+Kind = tuple[int, ...]
+"""A kind of pod for fragmentation: (GPUs, thousandths of each GPU, cpu millicores) or, in full, with (memory bytes,
+the GPU models it may run on) after them; (n, 1000, ...) asks for n whole GPUs. `Workload` keeps kinds in full
+(`full_kind`): memory 0 and models None (any) where not given."""
+
+Models = frozenset[str] | None
+"""The GPU models a kind may run on (`topology.normalize_model` keys), None for any."""
+
+WEIGHT_UNIT = 1 << 24  # a table's kinds weigh their probability in these integer parts: the measure sums exactly
+
+
+def full_kind(kind: Sequence[object]) -> tuple[int, int, int, int, Models]:
+    """(GPUs, thousandths, cpu, memory, models) of a kind given short (GPUs, thousandths, cpu) or in full."""
+    gpus, milli, cpu = (int(kind[0]), int(kind[1]), int(kind[2]))  # type: ignore[call-overload]
+    memory = int(kind[3]) if len(kind) > 3 else 0  # type: ignore[call-overload]
+    models = kind[4] if len(kind) > 4 else None
+    return (gpus, milli if gpus == 1 else WHOLE, cpu, memory, models if isinstance(models, frozenset) else None)
 
 
 class Workload:
@@ -113,27 +127,31 @@ class Workload:
     engines in one process learn apart. `version` grows with the first pod, then every `refresh` pods or every eighth
     of the pods it counts, whichever is more (the mix of a busy cluster moves slowly, and each version has the engine
     score every node again; a new kind waits its turn, as rare as it is new), so a memo keyed by it is at most that
-    many pods behind; `table` is remade per version.
+    many pods behind; `table` is remade per version (one per set of GPU models a node has: kinds barred from that
+    model count all its free capacity, the paper's "no access").
     """
 
     def __init__(self, horizon: int = 4096, refresh: int = 64, most: int = MAX_KINDS) -> None:
         self.horizon = horizon
         self.most = most
         self.refresh = refresh
-        self.counts: dict[Kind, float] = {}
+        self.counts: dict[tuple[int, int, int, int, Models], float] = {}
         self.total = 0.0
         self.version = 0
         self._since = 0
-        self._table: tuple[int, FragmentationTable] | None = None
+        self._tables: dict[Models, FragmentationTable] = {}
+        self._tables_version = -1
         self.learns = True  # False for a configured mix (`configured`)
 
     @classmethod
-    def configured(cls, mix: Sequence[tuple[int, int, int, float]]) -> Workload:
+    def configured(cls, mix: Sequence[Sequence[object]]) -> Workload:
         """A mix given by the profile (KubegpuFragmentation's `mix`: GPUs, thousandths per GPU, cpu millicores,
-        weight), which the pods placed do not move: its version never changes."""
+        weight, and optionally memory bytes and the GPU models), which the pods placed do not move: its version
+        never changes."""
         workload = cls()
-        for gpus, milli, cpu, weight in mix[: workload.most]:
-            kind = (gpus, milli if gpus == 1 else WHOLE, cpu)
+        for entry in mix[: workload.most]:
+            kind = full_kind((*entry[:3], *entry[4:]))
+            weight = float(entry[3])  # type: ignore[arg-type]
             workload.counts[kind] = workload.counts.get(kind, 0.0) + weight
             workload.total += weight
         workload.learns = False
@@ -147,18 +165,19 @@ class Workload:
     def add(self, kind: Kind) -> None:
         if not self.learns:
             return
+        key = full_kind(kind)
         self._since += 1
-        if kind not in self.counts:
+        if key not in self.counts:
             if len(self.counts) >= self.most:  # bounded: pods of ever new shapes push out the rarest kind
                 rarest = min(self.counts, key=self.counts.__getitem__)
                 self.total -= self.counts.pop(rarest)
-            self.counts[kind] = 0.0
+            self.counts[key] = 0.0
         first = not self.total
-        self.counts[kind] += 1.0
+        self.counts[key] += 1.0
         self.total += 1.0
         if self.total > self.horizon:  # the older pods count half: the shares of the kinds stay as they were
-            for key in self.counts:
-                self.counts[key] /= 2
+            for k in self.counts:
+                self.counts[k] /= 2
             self.total /= 2
         if first or self._since >= max(self.refresh, self.total / 8):
             self._since = 0
@@ -166,107 +185,147 @@ class Workload:
 
     def mix(self) -> list[tuple[int, int, int, float]]:
         """(GPUs, thousandths per GPU, cpu millicores, probability) of each kind; empty before any pod."""
-        total = self.total
-        return [(n, milli, cpu, c / total) for (n, milli, cpu), c in self.counts.items()] if total else []
+        return [(n, milli, cpu, p) for n, milli, cpu, _, _, p in self.kinds()]
 
-    def table(self) -> FragmentationTable:
-        """The mix as `node_fragmentation` reads it, made once per version."""
-        cached = self._table
-        if cached is None or cached[0] != self.version:
-            cached = self._table = (self.version, FragmentationTable.of(self.mix()))
-        return cached[1]
+    def kinds(self) -> list[tuple[int, int, int, int, Models, float]]:
+        """(GPUs, thousandths per GPU, cpu millicores, memory bytes, models, probability) of each kind."""
+        total = self.total
+        return [(*kind, c / total) for kind, c in self.counts.items()] if total else []
+
+    def table(self, models: Models = None) -> FragmentationTable:
+        """The mix as `node_fragmentation` reads it on a node whose GPUs are of `models` (None: a kind's models are
+        not asked), made once per version and set of models."""
+        if self._tables_version != self.version:
+            self._tables.clear()
+            self._tables_version = self.version
+        table = self._tables.get(models)
+        if table is None:
+            if len(self._tables) >= 64:
+                self._tables.clear()
+            table = self._tables[models] = FragmentationTable.of(self.kinds(), models)
+        return table
+
+
+Row = tuple[int, tuple[int, ...], tuple[int, ...], int]
+"""A table's sums over the kinds that run on a node (`FragmentationTable.row`)."""
 
 
 @dataclass(frozen=True, slots=True)
 class FragmentationTable:
     """A mix of kinds arranged so that a node's fragmentation costs one pass over its GPUs.
 
-    Kinds run on a node only where its free cpu holds their request: `cpus` are the kinds' cpu requests ascending,
-    and row `j` of each table sums the kinds whose request is at most `cpus[j - 1]` (row 0: none runs). `runs[j]`:
-    their probability; `share_over[j][i]`: that of the share kinds (one GPU, less than all of it) asking more than
-    `millis[i - 1]` thousandths (`millis`: the share kinds' asks ascending; i = 0: every share kind);
-    `whole_upto[j][w]`: that of the kinds needing whole GPUs that need at most `w` of them; `whole[j]`: all of those.
+    Kinds run on a node only where its free cpu and memory hold their requests and its GPU model is one they may
+    use: `cpus` and `memories` are the kinds' requests ascending, and a node's row (`row`: the level `j` its free cpu
+    reaches in `cpus`, `k` its free memory in `memories`) sums the kinds it runs, with each kind's probability in
+    integer parts (`WEIGHT_UNIT` in all, `weight`), so that the measure is exact: equal fragmentation compares equal
+    whatever the order of the sums. A row: (their weight; by `share_over[i]` that of the share kinds (one GPU, less
+    than all of it) asking more than `millis[i - 1]` thousandths, `millis` the share kinds' asks ascending and i = 0
+    every share kind; by `whole_upto[w]` that of the kinds needing whole GPUs that need at most `w` of them; that of
+    all of those). Kinds barred from the node's GPU models never run there (their capacity counts whole).
 
-    `measured` is a memo of `node_fragmentation` on this table: (the GPUs' free thousandths, the row `j` the node's
-    free cpu selects) -> the measure, all the measure reads besides the table. A table is made per mix version
-    (`Workload.table`), so the memo never outlives the mix it measured against; past `MEASURES_REMEMBERED` entries
-    it is dropped all at once. Nodes whose GPUs are alike share one measure: in the FGD experiment over 99 % of the
-    measures a cycle asks for were asked before under the same version (`benchmarks/sharing_bench.py`).
+    `measured` is a memo of `node_fragmentation` on this table: (the GPUs' free thousandths, j, k) -> the measure,
+    all the measure reads besides the table. A table is made per mix version (`Workload.table`), so the memo never
+    outlives the mix it measured against; past `MEASURES_REMEMBERED` entries it is dropped all at once. Nodes whose
+    GPUs are alike share one measure: in the FGD experiment over 99 % of the measures a cycle asks for were asked
+    before under the same version (`benchmarks/sharing_bench.py`).
     """
 
     cpus: tuple[int, ...]
+    memories: tuple[int, ...]
     millis: tuple[int, ...]
-    runs: tuple[float, ...]
-    share_over: tuple[tuple[float, ...], ...]
-    whole_upto: tuple[tuple[float, ...], ...]
-    whole: tuple[float, ...]
     most: int
-    measured: dict[tuple[tuple[int, ...], int], float] = field(default_factory=dict, compare=False, repr=False)
+    weight: int
+    kinds: tuple[tuple[int, int, int, int, int], ...]  # (cpu level, memory level, GPUs, thousandths, weight)
+    rows: dict[tuple[int, int], Row] = field(default_factory=dict, compare=False, repr=False)
+    measured: dict[tuple[tuple[int, ...], int, int], int] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def of(cls, mix: Sequence[tuple[int, int, int, float]]) -> FragmentationTable:
-        cpus = sorted({cpu for _, _, cpu, _ in mix})
-        millis = sorted({milli for n, milli, _, _ in mix if n == 1 and milli < WHOLE})
-        most = max((n for n, milli, _, _ in mix if n > 1 or milli >= WHOLE), default=0)
+    def of(cls, mix: Sequence[Sequence[object]], models: Models = None) -> FragmentationTable:
+        """The table of `mix` ((GPUs, thousandths, cpu, probability) or `Workload.kinds`' (GPUs, thousandths, cpu,
+        memory, models, probability)) on a node whose GPUs are of `models`."""
+        full = [(full_kind(k[:-1]), float(k[-1])) for k in mix]  # type: ignore[arg-type]
+        cpus = sorted({cpu for (_, _, cpu, _, _), _ in full})
+        memories = sorted({memory for (_, _, _, memory, _), _ in full})
         level = {cpu: j for j, cpu in enumerate(cpus, 1)}
+        mem_level = {memory: k for k, memory in enumerate(memories, 1)}
+        weighed = []
+        for (n, milli, cpu, memory, allowed), p in full:
+            weight = round(p * WEIGHT_UNIT)
+            if allowed is not None and (models is None or not allowed & models):
+                continue  # no access: never runs here, its share of the capacity counts whole
+            weighed.append((level[cpu], mem_level[memory], n, milli, weight))
+        millis = sorted({milli for _, _, n, milli, _ in weighed if n == 1 and milli < WHOLE})
+        most = max((n for _, _, n, milli, _ in weighed if n > 1 or milli >= WHOLE), default=0)
+        total = sum(round(p * WEIGHT_UNIT) for _, p in full)
+        return cls(tuple(cpus), tuple(memories), tuple(millis), most, total, tuple(weighed))
+
+    def row(self, j: int, k: int) -> Row:
+        """The sums over the kinds whose cpu level is at most `j` and memory level at most `k`, made once."""
+        known = self.rows.get((j, k))
+        if known is not None:
+            return known
+        millis = self.millis
         where = {milli: i for i, milli in enumerate(millis)}
-        by_level: list[list[tuple[int, int, float]]] = [[] for _ in range(len(cpus) + 1)]
-        for n, milli, cpu, p in mix:
-            by_level[level[cpu]].append((n, milli, p))
-        share = [0.0] * len(millis)
-        whole_by_n = [0.0] * (most + 1)
-        runs, share_over, whole_upto, whole = [], [], [], []
-        ran = 0.0
-        for kinds in by_level:
-            for n, milli, p in kinds:
-                ran += p
-                if n == 1 and milli < WHOLE:
-                    share[where[milli]] += p
-                else:
-                    whole_by_n[n] += p
-            runs.append(ran)
-            over = [0.0] * (len(millis) + 1)
-            for i in range(len(millis) - 1, -1, -1):
-                over[i] = over[i + 1] + share[i]
-            share_over.append(tuple(over))
-            upto = [0.0] * (most + 1)
-            acc = 0.0
-            for w in range(most + 1):
-                acc += whole_by_n[w]
-                upto[w] = acc
-            whole_upto.append(tuple(upto))
-            whole.append(acc)
-        return cls(tuple(cpus), tuple(millis), tuple(runs), tuple(share_over), tuple(whole_upto), tuple(whole), most)
+        share = [0] * len(millis)
+        whole_by_n = [0] * (self.most + 1)
+        runs = 0
+        for cpu_level, mem_level, n, milli, weight in self.kinds:
+            if cpu_level > j or mem_level > k:
+                continue
+            runs += weight
+            if n == 1 and milli < WHOLE:
+                share[where[milli]] += weight
+            else:
+                whole_by_n[n] += weight
+        over = [0] * (len(millis) + 1)
+        for i in range(len(millis) - 1, -1, -1):
+            over[i] = over[i + 1] + share[i]
+        upto = [0] * (self.most + 1)
+        acc = 0
+        for w in range(self.most + 1):
+            acc += whole_by_n[w]
+            upto[w] = acc
+        known = self.rows[j, k] = (runs, tuple(over), tuple(upto), acc)
+        return known
 
 
 EMPTY_TABLE = FragmentationTable.of([])
-ANY_CPU = 1 << 62  # a node's free cpu where cpu is not to limit which kinds run
+ANY_CPU = 1 << 62  # a node's free cpu (or memory) where it is not to limit which kinds run
+ANY_MEMORY = ANY_CPU
 
 
-def node_fragmentation(free: Sequence[int], table: FragmentationTable, cpu: int = ANY_CPU) -> float:
+def node_fragmentation(
+    free: Sequence[int], table: FragmentationTable, cpu: int = ANY_CPU, memory: int = ANY_MEMORY
+) -> float:
     """The expected free GPU capacity (thousandths of a GPU) that the next pod, drawn from the table's mix, could not
-    use on a node whose GPUs have `free` thousandths each free (GPUs the node cannot share out count 0) and `cpu`
-    millicores free: all of it for a kind whose cpu does not fit, a GPU with less free than a share kind asks, partly
-    used GPUs for a kind that needs whole ones, and all of it for a kind that needs more whole GPUs than are free."""
-    if not table.cpus:
+    use on a node whose GPUs have `free` thousandths each free (GPUs the node cannot share out count 0), `cpu`
+    millicores and `memory` bytes free: all of it for a kind whose cpu or memory does not fit or that may not use
+    the node's GPU model, a GPU with less free than a share kind asks, partly used GPUs for a kind that needs whole
+    ones, and all of it for a kind that needs more whole GPUs than are free. Exact: nodes that strand alike measure
+    equal to the last bit."""
+    if not table.weight:
         return 0.0  # no pod seen yet: nothing to measure against
-    j = bisect_right(table.cpus, cpu)
-    key = (tuple(free), j)
+    return _measure(free, table, cpu, memory) / table.weight
+
+
+def _measure(free: Sequence[int], table: FragmentationTable, cpu: int, memory: int) -> int:
+    """`node_fragmentation` in the table's integer parts, remembered (`FragmentationTable.measured`)."""
+    key = (tuple(free), bisect_right(table.cpus, cpu), bisect_right(table.memories, memory))
     measured = table.measured
     known = measured.get(key)
     if known is not None:
         return known
     if len(measured) >= MEASURES_REMEMBERED:
         measured.clear()
-    known = measured[key] = _fragmentation(key[0], table, j)
+    known = measured[key] = _fragmentation(key[0], table, table.row(key[1], key[2]))
     return known
 
 
-def _fragmentation(free: tuple[int, ...], table: FragmentationTable, j: int) -> float:
-    """`node_fragmentation` computed, `j` the table's row for the node's free cpu."""
-    whole = partial = 0
-    share_lost = 0.0
-    over, millis = table.share_over[j], table.millis
+def _fragmentation(free: tuple[int, ...], table: FragmentationTable, row: Row) -> int:
+    """`node_fragmentation` computed in the table's integer parts, `row` the kinds that run on the node."""
+    runs, over, whole_upto, whole_all = row
+    whole = partial = share_lost = 0
+    millis = table.millis
     for f in free:
         if f >= WHOLE:
             whole += 1
@@ -274,16 +333,25 @@ def _fragmentation(free: tuple[int, ...], table: FragmentationTable, j: int) -> 
             partial += f
             share_lost += f * over[bisect_right(millis, f)]
     total = partial + whole * WHOLE
-    upto = table.whole_upto[j][min(whole, table.most)]
-    return total * (1.0 - table.runs[j]) + share_lost + partial * upto + total * (table.whole[j] - upto)
+    upto = whole_upto[min(whole, table.most)]
+    return total * (table.weight - runs) + share_lost + partial * upto + total * (whole_all - upto)
 
 
 def fragmentation_delta(
-    free: Sequence[int], taken: Mapping[int, int], table: FragmentationTable, cpu: int = ANY_CPU, cpu_taken: int = 0
+    free: Sequence[int],
+    taken: Mapping[int, int],
+    table: FragmentationTable,
+    cpu: int = ANY_CPU,
+    cpu_taken: int = 0,
+    memory: int = ANY_MEMORY,
+    memory_taken: int = 0,
 ) -> float:
-    """How much `node_fragmentation` grows when `taken` (GPU index -> thousandths) and `cpu_taken` millicores are
-    placed on the node."""
+    """How much `node_fragmentation` grows when `taken` (GPU index -> thousandths), `cpu_taken` millicores and
+    `memory_taken` bytes are placed on the node; exact, so nodes that strand alike compare equal."""
+    if not table.weight:
+        return 0.0
     after = list(free)
     for i, amount in taken.items():
         after[i] -= amount
-    return node_fragmentation(after, table, cpu - cpu_taken) - node_fragmentation(free, table, cpu)
+    grown = _measure(after, table, cpu - cpu_taken, memory - memory_taken) - _measure(free, table, cpu, memory)
+    return grown / table.weight

@@ -68,17 +68,22 @@ def engine(percentage: int, policy: str) -> Engine:
     return Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), scoring=profile)
 
 
+def uncached_measure(free: Sequence[int], table: sharing.FragmentationTable, cpu: int, memory: int) -> int:
+    j, k = bisect_right(table.cpus, cpu), bisect_right(table.memories, memory)
+    fresh = sharing.FragmentationTable(table.cpus, table.memories, table.millis, table.most, table.weight, table.kinds)
+    return sharing._fragmentation(tuple(free), table, fresh.row(j, k))  # neither the measure nor the row remembered
+
+
 def uncached_fragmentation(free: Sequence[int], table: sharing.FragmentationTable, cpu: int = sharing.ANY_CPU) -> float:
-    if not table.cpus:
+    if not table.weight:
         return 0.0
-    return sharing._fragmentation(tuple(free), table, bisect_right(table.cpus, cpu))
+    return uncached_measure(free, table, cpu, sharing.ANY_MEMORY) / table.weight
 
 
 def without_memos(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Scoring, "scoring_content", lambda self, record: None)
     monkeypatch.setattr(nvidia.PlacementBook, "get", lambda self, what, workload, number, ask: nvidia._MISSING)
-    monkeypatch.setattr(sharing, "node_fragmentation", uncached_fragmentation)
-    monkeypatch.setattr(nvidia, "node_fragmentation", uncached_fragmentation)
+    monkeypatch.setattr(sharing, "_measure", uncached_measure)
 
 
 def placements(percentage: int, policy: str, mode: traces.Mode, seed: int) -> list[tuple[object, object]]:
