@@ -52,7 +52,6 @@ from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABE
 from kubegpu.plugins.nvidia.mig import MIG_PREFIX, MIG_RESOURCES, MigBooks
 from kubegpu.plugins.nvidia.sharing import (
     ANY_CPU,
-    ANY_MEMORY,
     CORES,
     MEMORY,
     MEMORY_PERCENT,
@@ -404,14 +403,14 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
         return Claim(bits, [(bit, (cores, memory)) for bit, cores, memory in parts], extra=devices)
 
     def learn(self, state: NvidiaNodeState, allocation: PluginAllocation, pod: PodRequest | None, claim: Claim) -> None:
-        """The kinds of the pod's containers (GPUs, thousandths of each, the pod's cpu and memory, the GPU models it
-        may use) join the engine's mix."""
-        cpu, memory, models = (pod.cpu_milli, pod.memory, pod_gpu_models(pod)) if pod is not None else (0, 0, None)
+        """The kinds of the pod's containers (GPUs, thousandths of each, the pod's cpu, the GPU models it may use)
+        join the engine's mix."""
+        cpu, models = (pod.cpu_milli, pod_gpu_models(pod)) if pod is not None else (0, None)
         if claim.whole:
-            state.workload.add((len(claim.whole), WHOLE, cpu, memory, models))
+            state.workload.add((len(claim.whole), WHOLE, cpu, models))
         if claim.shares:
             for gpus, milli in share_kinds(state, allocation):
-                state.workload.add((gpus, milli, cpu, memory, models))
+                state.workload.add((gpus, milli, cpu, models))
 
     def headroom_free(self, state: NvidiaNodeState) -> dict[str, int]:
         shareable = [bit for bit in range(len(state.ids)) if state.shareable(bit)]
@@ -518,10 +517,9 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
             return None
         before = state.free_millis()
         cpu = free.get("cpu", ANY_CPU)
-        memory = free.get("memory", ANY_MEMORY)
         ask = prepared
-        if ask is None or not (ask.total or ask.shares):  # the pod takes cpu and memory beside the GPUs, none of them
-            return fragmentation_delta(before, {}, table, cpu, pod.cpu_milli, memory, pod.memory) / WHOLE
+        if ask is None or not (ask.total or ask.shares):  # the pod takes cpu beside the GPUs, none of them
+            return fragmentation_delta(before, {}, table, cpu, pod.cpu_milli) / WHOLE
         if ask.error:
             return None
         plan = state.plan(ask)
@@ -532,9 +530,9 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
             for bit in bit_list(mask):
                 taken[bit] = before[bit]
         for share, bits, _, memories in plan.shares:
-            for bit, memory in zip(bits, memories, strict=True):
-                taken[bit] = taken.get(bit, 0) + share_amount(state, share.cores, memory, bit)
-        return fragmentation_delta(before, taken, table, cpu, pod.cpu_milli, memory, pod.memory) / WHOLE
+            for bit, gpu_memory in zip(bits, memories, strict=True):
+                taken[bit] = taken.get(bit, 0) + share_amount(state, share.cores, gpu_memory, bit)
+        return fragmentation_delta(before, taken, table, cpu, pod.cpu_milli) / WHOLE
 
     @hookimpl
     def kubegpu_scheduler_fragmentation_epoch(self, shared: dict[str, object]) -> int | None:
@@ -808,8 +806,9 @@ def fragmentation_after(free: list[int], bit: int, amount: int, table: Fragmenta
 
 
 def share_amount(state: NvidiaNodeState, cores: int, memory: int, bit: int) -> int:
-    """What a share of `cores` percent and `memory` (the GPU's unit) takes of GPU `bit`, in thousandths."""
-    return max(cores * 10, memory * WHOLE // max(1, state.memory_cap[bit]))
+    """What a share of `cores` percent and `memory` (the GPU's unit) takes of GPU `bit`, in thousandths, rounded up
+    as `free_milli` rounds what is left down."""
+    return max(cores * 10, -(-memory * WHOLE // max(1, state.memory_cap[bit])))
 
 
 def bit_list(mask: int) -> list[int]:
@@ -906,12 +905,25 @@ def read_allocation(
 
 
 def share_kinds(state: NvidiaNodeState, allocation: PluginAllocation) -> list[tuple[int, int]]:
-    """The kind of each share container of an allocation, for the fragmentation policy's mix."""
+    """The kind of each share container of an allocation, for the fragmentation policy's mix: its GPUs and the most
+    it takes of any of them in thousandths of the tighter of compute and memory (`share_amount`, as `free_milli`
+    measures what is left), so a share of 10 % compute with all of a GPU's memory counts as the whole GPU it holds.
+    The allocation has been read (`read_allocation`): its GPUs exist here."""
     kinds = []
     for shares in allocation.shares.values():
         cores = shares.get(CORES, {})
-        if cores:
-            kinds.append((len(cores), max(10, min(WHOLE, max(cores.values()) * 10))))
+        if not cores:
+            continue
+        percent = MEMORY not in shares
+        memory = shares.get(MEMORY_PERCENT if percent else MEMORY, {})
+        most = 10
+        for device, c in cores.items():
+            bit = state.index[device]
+            m = memory.get(device, 0)
+            if percent and state.memory_known[bit]:
+                m = state.memory_cap[bit] * m // 100
+            most = max(most, share_amount(state, c, m, bit))
+        kinds.append((len(cores), min(WHOLE, most)))
     return kinds
 
 

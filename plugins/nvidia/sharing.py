@@ -101,9 +101,9 @@ def read_share(name: str, resources: Mapping[str, int]) -> Share | None:
 
 
 Kind = tuple[int, ...]
-"""A kind of pod for fragmentation: (GPUs, thousandths of each GPU, cpu millicores) or, in full, with (memory bytes,
-the GPU models it may run on) after them; (n, 1000, ...) asks for n whole GPUs. `Workload` keeps kinds in full
-(`full_kind`): memory 0 and models None (any) where not given."""
+"""A kind of pod for fragmentation: (GPUs, thousandths of each GPU, cpu millicores) or, in full, with the GPU models
+it may run on after them; (n, 1000, ...) asks for n whole GPUs. `Workload` keeps kinds in full (`full_kind`): models
+None (any) where not given."""
 
 Models = frozenset[str] | None
 """The GPU models a kind may run on (`topology.normalize_model` keys), None for any."""
@@ -111,12 +111,11 @@ Models = frozenset[str] | None
 WEIGHT_UNIT = 1 << 24  # a table's kinds weigh their probability in these integer parts: the measure sums exactly
 
 
-def full_kind(kind: Sequence[object]) -> tuple[int, int, int, int, Models]:
-    """(GPUs, thousandths, cpu, memory, models) of a kind given short (GPUs, thousandths, cpu) or in full."""
+def full_kind(kind: Sequence[object]) -> tuple[int, int, int, Models]:
+    """(GPUs, thousandths, cpu, models) of a kind given short (GPUs, thousandths, cpu) or in full."""
     gpus, milli, cpu = (int(kind[0]), int(kind[1]), int(kind[2]))  # type: ignore[call-overload]
-    memory = int(kind[3]) if len(kind) > 3 else 0  # type: ignore[call-overload]
-    models = kind[4] if len(kind) > 4 else None
-    return (gpus, milli if gpus == 1 else WHOLE, cpu, memory, models if isinstance(models, frozenset) else None)
+    models = kind[3] if len(kind) > 3 else None
+    return (gpus, milli if gpus == 1 else WHOLE, cpu, models if isinstance(models, frozenset) else None)
 
 
 class Workload:
@@ -135,19 +134,19 @@ class Workload:
         self.horizon = horizon
         self.most = most
         self.refresh = refresh
-        self.counts: dict[tuple[int, int, int, int, Models], float] = {}
+        self.counts: dict[tuple[int, int, int, Models], float] = {}
         self.total = 0.0
         self.version = 0
         self._since = 0
         self._tables: dict[Models, FragmentationTable] = {}
         self._tables_version = -1
+        self._kinds: list[tuple[int, int, int, Models, float]] = []
         self.learns = True  # False for a configured mix (`configured`)
 
     @classmethod
     def configured(cls, mix: Sequence[Sequence[object]]) -> Workload:
         """A mix given by the profile (KubegpuFragmentation's `mix`: GPUs, thousandths per GPU, cpu millicores,
-        weight, and optionally memory bytes and the GPU models), which the pods placed do not move: its version
-        never changes."""
+        weight, and optionally the GPU models), which the pods placed do not move: its version never changes."""
         workload = cls()
         for entry in mix[: workload.most]:
             kind = full_kind((*entry[:3], *entry[4:]))
@@ -185,10 +184,10 @@ class Workload:
 
     def mix(self) -> list[tuple[int, int, int, float]]:
         """(GPUs, thousandths per GPU, cpu millicores, probability) of each kind; empty before any pod."""
-        return [(n, milli, cpu, p) for n, milli, cpu, _, _, p in self.kinds()]
+        return [(n, milli, cpu, p) for n, milli, cpu, _, p in self.kinds()]
 
-    def kinds(self) -> list[tuple[int, int, int, int, Models, float]]:
-        """(GPUs, thousandths per GPU, cpu millicores, memory bytes, models, probability) of each kind."""
+    def kinds(self) -> list[tuple[int, int, int, Models, float]]:
+        """(GPUs, thousandths per GPU, cpu millicores, models, probability) of each kind."""
         total = self.total
         return [(*kind, c / total) for kind, c in self.counts.items()] if total else []
 
@@ -198,11 +197,12 @@ class Workload:
         if self._tables_version != self.version:
             self._tables.clear()
             self._tables_version = self.version
+            self._kinds = self.kinds()  # every node's table of one version reads the same mix
         table = self._tables.get(models)
         if table is None:
             if len(self._tables) >= 64:
                 self._tables.clear()
-            table = self._tables[models] = FragmentationTable.of(self.kinds(), models)
+            table = self._tables[models] = FragmentationTable.of(self._kinds, models)
         return table
 
 
@@ -214,16 +214,16 @@ Row = tuple[int, tuple[int, ...], tuple[int, ...], int]
 class FragmentationTable:
     """A mix of kinds arranged so that a node's fragmentation costs one pass over its GPUs.
 
-    Kinds run on a node only where its free cpu and memory hold their requests and its GPU model is one they may
-    use: `cpus` and `memories` are the kinds' requests ascending, and a node's row (`row`: the level `j` its free cpu
-    reaches in `cpus`, `k` its free memory in `memories`) sums the kinds it runs, with each kind's probability in
+    Kinds run on a node only where its free cpu holds their request and its GPU model is one they may use: `cpus` are
+    the kinds' cpu requests ascending, and a node's row (`row`: the level `j` its free cpu reaches in `cpus`) sums
+    the kinds it runs, with each kind's probability in
     integer parts (`WEIGHT_UNIT` in all, `weight`), so that the measure is exact: equal fragmentation compares equal
     whatever the order of the sums. A row: (their weight; by `share_over[i]` that of the share kinds (one GPU, less
     than all of it) asking more than `millis[i - 1]` thousandths, `millis` the share kinds' asks ascending and i = 0
     every share kind; by `whole_upto[w]` that of the kinds needing whole GPUs that need at most `w` of them; that of
     all of those). Kinds barred from the node's GPU models never run there (their capacity counts whole).
 
-    `measured` is a memo of `node_fragmentation` on this table: (the GPUs' free thousandths, j, k) -> the measure,
+    `measured` is a memo of `node_fragmentation` on this table: (the GPUs' free thousandths, j) -> the measure,
     all the measure reads besides the table. A table is made per mix version (`Workload.table`), so the memo never
     outlives the mix it measured against; past `MEASURES_REMEMBERED` entries it is dropped all at once. Nodes whose
     GPUs are alike share one measure: in the FGD experiment over 99 % of the measures a cycle asks for were asked
@@ -231,37 +231,34 @@ class FragmentationTable:
     """
 
     cpus: tuple[int, ...]
-    memories: tuple[int, ...]
     millis: tuple[int, ...]
     most: int
     weight: int
-    kinds: tuple[tuple[int, int, int, int, int], ...]  # (cpu level, memory level, GPUs, thousandths, weight)
-    rows: dict[tuple[int, int], Row] = field(default_factory=dict, compare=False, repr=False)
-    measured: dict[tuple[tuple[int, ...], int, int], int] = field(default_factory=dict, compare=False, repr=False)
+    kinds: tuple[tuple[int, int, int, int], ...]  # (cpu level, GPUs, thousandths, weight)
+    rows: dict[int, Row] = field(default_factory=dict, compare=False, repr=False)
+    measured: dict[tuple[tuple[int, ...], int], int] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, mix: Sequence[Sequence[object]], models: Models = None) -> FragmentationTable:
         """The table of `mix` ((GPUs, thousandths, cpu, probability) or `Workload.kinds`' (GPUs, thousandths, cpu,
-        memory, models, probability)) on a node whose GPUs are of `models`."""
+        models, probability)) on a node whose GPUs are of `models`."""
         full = [(full_kind(k[:-1]), float(k[-1])) for k in mix]  # type: ignore[arg-type]
-        cpus = sorted({cpu for (_, _, cpu, _, _), _ in full})
-        memories = sorted({memory for (_, _, _, memory, _), _ in full})
+        cpus = sorted({cpu for (_, _, cpu, _), _ in full})
         level = {cpu: j for j, cpu in enumerate(cpus, 1)}
-        mem_level = {memory: k for k, memory in enumerate(memories, 1)}
         weighed = []
-        for (n, milli, cpu, memory, allowed), p in full:
+        for (n, milli, cpu, allowed), p in full:
             weight = round(p * WEIGHT_UNIT)
             if allowed is not None and (models is None or not allowed & models):
                 continue  # no access: never runs here, its share of the capacity counts whole
-            weighed.append((level[cpu], mem_level[memory], n, milli, weight))
-        millis = sorted({milli for _, _, n, milli, _ in weighed if n == 1 and milli < WHOLE})
-        most = max((n for _, _, n, milli, _ in weighed if n > 1 or milli >= WHOLE), default=0)
+            weighed.append((level[cpu], n, milli, weight))
+        millis = sorted({milli for _, n, milli, _ in weighed if n == 1 and milli < WHOLE})
+        most = max((n for _, n, milli, _ in weighed if n > 1 or milli >= WHOLE), default=0)
         total = sum(round(p * WEIGHT_UNIT) for _, p in full)
-        return cls(tuple(cpus), tuple(memories), tuple(millis), most, total, tuple(weighed))
+        return cls(tuple(cpus), tuple(millis), most, total, tuple(weighed))
 
-    def row(self, j: int, k: int) -> Row:
-        """The sums over the kinds whose cpu level is at most `j` and memory level at most `k`, made once."""
-        known = self.rows.get((j, k))
+    def row(self, j: int) -> Row:
+        """The sums over the kinds whose cpu level is at most `j`, made once."""
+        known = self.rows.get(j)
         if known is not None:
             return known
         millis = self.millis
@@ -269,8 +266,8 @@ class FragmentationTable:
         share = [0] * len(millis)
         whole_by_n = [0] * (self.most + 1)
         runs = 0
-        for cpu_level, mem_level, n, milli, weight in self.kinds:
-            if cpu_level > j or mem_level > k:
+        for cpu_level, n, milli, weight in self.kinds:
+            if cpu_level > j:
                 continue
             runs += weight
             if n == 1 and milli < WHOLE:
@@ -285,39 +282,35 @@ class FragmentationTable:
         for w in range(self.most + 1):
             acc += whole_by_n[w]
             upto[w] = acc
-        known = self.rows[j, k] = (runs, tuple(over), tuple(upto), acc)
+        known = self.rows[j] = (runs, tuple(over), tuple(upto), acc)
         return known
 
 
 EMPTY_TABLE = FragmentationTable.of([])
-ANY_CPU = 1 << 62  # a node's free cpu (or memory) where it is not to limit which kinds run
-ANY_MEMORY = ANY_CPU
+ANY_CPU = 1 << 62  # a node's free cpu where it is not to limit which kinds run
 
 
-def node_fragmentation(
-    free: Sequence[int], table: FragmentationTable, cpu: int = ANY_CPU, memory: int = ANY_MEMORY
-) -> float:
+def node_fragmentation(free: Sequence[int], table: FragmentationTable, cpu: int = ANY_CPU) -> float:
     """The expected free GPU capacity (thousandths of a GPU) that the next pod, drawn from the table's mix, could not
-    use on a node whose GPUs have `free` thousandths each free (GPUs the node cannot share out count 0), `cpu`
-    millicores and `memory` bytes free: all of it for a kind whose cpu or memory does not fit or that may not use
-    the node's GPU model, a GPU with less free than a share kind asks, partly used GPUs for a kind that needs whole
-    ones, and all of it for a kind that needs more whole GPUs than are free. Exact: nodes that strand alike measure
-    equal to the last bit."""
+    use on a node whose GPUs have `free` thousandths each free (GPUs the node cannot share out count 0) and `cpu`
+    millicores free: all of it for a kind whose cpu does not fit or that may not use the node's GPU model, a GPU with
+    less free than a share kind asks, partly used GPUs for a kind that needs whole ones, and all of it for a kind
+    that needs more whole GPUs than are free. Exact: nodes that strand alike measure equal to the last bit."""
     if not table.weight:
         return 0.0  # no pod seen yet: nothing to measure against
-    return _measure(free, table, cpu, memory) / table.weight
+    return _measure(free, table, cpu) / table.weight
 
 
-def _measure(free: Sequence[int], table: FragmentationTable, cpu: int, memory: int) -> int:
+def _measure(free: Sequence[int], table: FragmentationTable, cpu: int) -> int:
     """`node_fragmentation` in the table's integer parts, remembered (`FragmentationTable.measured`)."""
-    key = (tuple(free), bisect_right(table.cpus, cpu), bisect_right(table.memories, memory))
+    key = (tuple(free), bisect_right(table.cpus, cpu))
     measured = table.measured
     known = measured.get(key)
     if known is not None:
         return known
     if len(measured) >= MEASURES_REMEMBERED:
         measured.clear()
-    known = measured[key] = _fragmentation(key[0], table, table.row(key[1], key[2]))
+    known = measured[key] = _fragmentation(key[0], table, table.row(key[1]))
     return known
 
 
@@ -343,15 +336,13 @@ def fragmentation_delta(
     table: FragmentationTable,
     cpu: int = ANY_CPU,
     cpu_taken: int = 0,
-    memory: int = ANY_MEMORY,
-    memory_taken: int = 0,
 ) -> float:
-    """How much `node_fragmentation` grows when `taken` (GPU index -> thousandths), `cpu_taken` millicores and
-    `memory_taken` bytes are placed on the node; exact, so nodes that strand alike compare equal."""
+    """How much `node_fragmentation` grows when `taken` (GPU index -> thousandths) and `cpu_taken` millicores are
+    placed on the node; exact, so nodes that strand alike compare equal."""
     if not table.weight:
         return 0.0
     after = list(free)
     for i, amount in taken.items():
         after[i] -= amount
-    grown = _measure(after, table, cpu - cpu_taken, memory - memory_taken) - _measure(free, table, cpu, memory)
+    grown = _measure(after, table, cpu - cpu_taken) - _measure(free, table, cpu)
     return grown / table.weight

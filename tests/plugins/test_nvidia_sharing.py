@@ -456,3 +456,14 @@ def test_a_gpu_gone_unhealthy_leaves_the_others_their_full_split() -> None:
         shared={},
     )
     assert state.split == 1
+
+
+def test_the_mix_counts_a_share_by_the_tighter_of_compute_and_memory() -> None:
+    """A share of 10 % compute without a memory request takes all of its GPU's memory (HAMi's rule): the mix the
+    fgd policy measures against counts it as the whole GPU it holds, not as a tenth of one; a share of 20 % compute
+    and 60 % memory as 60 %."""
+    pm = build_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
+    state = build(pm, hami_node(2))
+    place(pm, state, share_pod("a", main={GPU: 1, CORES: 10}))
+    place(pm, state, share_pod("b", main={GPU: 1, CORES: 20, MEM_PCT: 60}))
+    assert sorted((n, milli) for n, milli, _, _ in state.workload.mix()) == [(1, 600), (1, 1000)]

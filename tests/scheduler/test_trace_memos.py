@@ -68,16 +68,16 @@ def engine(percentage: int, policy: str) -> Engine:
     return Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), scoring=profile)
 
 
-def uncached_measure(free: Sequence[int], table: sharing.FragmentationTable, cpu: int, memory: int) -> int:
-    j, k = bisect_right(table.cpus, cpu), bisect_right(table.memories, memory)
-    fresh = sharing.FragmentationTable(table.cpus, table.memories, table.millis, table.most, table.weight, table.kinds)
-    return sharing._fragmentation(tuple(free), table, fresh.row(j, k))  # neither the measure nor the row remembered
+def uncached_measure(free: Sequence[int], table: sharing.FragmentationTable, cpu: int) -> int:
+    fresh = sharing.FragmentationTable(table.cpus, table.millis, table.most, table.weight, table.kinds)
+    row = fresh.row(bisect_right(table.cpus, cpu))  # neither the measure nor the row remembered
+    return sharing._fragmentation(tuple(free), table, row)
 
 
 def uncached_fragmentation(free: Sequence[int], table: sharing.FragmentationTable, cpu: int = sharing.ANY_CPU) -> float:
     if not table.weight:
         return 0.0
-    return uncached_measure(free, table, cpu, sharing.ANY_MEMORY) / table.weight
+    return uncached_measure(free, table, cpu) / table.weight
 
 
 def without_memos(monkeypatch: pytest.MonkeyPatch) -> None:
