@@ -20,7 +20,14 @@ from kubegpu.core.plugin_manager import make_plugin_manager as build_plugin_mana
 from kubegpu.core.status import Code
 from kubegpu.core.testing import make_node, make_pod
 from kubegpu.plugins.nvidia import scheduler as nvidia
-from kubegpu.plugins.nvidia.sharing import FragmentationTable, Kind, Workload, node_fragmentation
+from kubegpu.plugins.nvidia.sharing import (
+    ANY_CPU,
+    FragmentationTable,
+    Kind,
+    Workload,
+    fragmentation_delta,
+    node_fragmentation,
+)
 from kubegpu.scheduler.engine import Engine
 
 GPU = "nvidia.com/gpu"
@@ -467,3 +474,34 @@ def test_the_mix_counts_a_share_by_the_tighter_of_compute_and_memory() -> None:
     place(pm, state, share_pod("a", main={GPU: 1, CORES: 10}))
     place(pm, state, share_pod("b", main={GPU: 1, CORES: 20, MEM_PCT: 60}))
     assert sorted((n, milli) for n, milli, _, _ in state.workload.mix()) == [(1, 600), (1, 1000)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    free=st.lists(st.integers(0, 1000), min_size=1, max_size=8),
+    cpu=st.integers(0, 20000),
+    taken=st.integers(0, 1000),
+    mix=st.lists(
+        st.tuples(st.integers(1, 8), st.integers(1, 1000), st.sampled_from([0, 4000, 8000, 12000])),
+        min_size=1,
+        max_size=40,
+    ),
+    data=st.data(),
+)
+def test_nodes_that_strand_alike_measure_equal_to_the_last_bit(
+    free: list[int], cpu: int, taken: int, mix: list[Kind], data: st.DataObject
+) -> None:
+    """The engine ranks nodes by whole points of 100 x sigmoid(-growth), so a growth of exactly 0 (50 points) must
+    not come out as a hair above or below it by the order a float sum took: two nodes whose GPUs are free alike in
+    another order measure the same, and taking the same share of the same GPU from either grows it the same."""
+    workload = Workload()
+    for kind in mix:
+        workload.add(kind)
+    table = workload.table()
+    order = data.draw(st.permutations(range(len(free))))
+    other = [free[i] for i in order]
+    assert node_fragmentation(free, table, cpu) == node_fragmentation(other, table, cpu)
+    amount = min(taken, free[order[0]])
+    grown = fragmentation_delta(free, {order[0]: amount}, table, cpu, 1000)
+    assert grown == fragmentation_delta(other, {0: amount}, table, cpu, 1000)
+    assert fragmentation_delta(free, {}, table, ANY_CPU, 1000) == 0.0
