@@ -100,13 +100,13 @@ def read_share(name: str, resources: Mapping[str, int]) -> Share | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-Kind = tuple[int, ...]
+Models = frozenset[str] | None
+"""The GPU models a kind may run on (`topology.normalize_model` keys), None for any."""
+
+Kind = tuple[int, int, int] | tuple[int, int, int, Models]
 """A kind of pod for fragmentation: (GPUs, thousandths of each GPU, cpu millicores) or, in full, with the GPU models
 it may run on after them; (n, 1000, ...) asks for n whole GPUs. `Workload` keeps kinds in full (`full_kind`): models
 None (any) where not given."""
-
-Models = frozenset[str] | None
-"""The GPU models a kind may run on (`topology.normalize_model` keys), None for any."""
 
 WEIGHT_UNIT = 1 << 24  # a table's kinds weigh their probability in these integer parts: the measure sums exactly
 
