@@ -224,7 +224,7 @@ class _ConfigurationV1(_Common):
     delayCacheUntilActive: Any = None  # v1 (1.28)
 
 
-MAX_MIX_KINDS = 256  # as many kinds as a learned mix keeps (`kubegpu.plugins.nvidia.sharing.MAX_KINDS`)
+MAX_MIX_KINDS = 256  # kinds a configured mix may list (a learned one keeps up to `nvidia.sharing.MAX_KINDS`)
 MAX_MIX_GPUS = 64
 MAX_MIX_CPU_MILLI = 1 << 40
 

@@ -46,7 +46,9 @@ MEMORY_PERCENT = "nvidia.com/gpumem-percentage"
 SHARE_RESOURCES = (CORES, MEMORY, MEMORY_PERCENT)
 
 WHOLE = 1000  # a GPU's capacity in thousandths (the unit of `Workload` kinds and of fragmentation)
-MAX_KINDS = 256  # kinds a `Workload` keeps: its memory and the cost of its table stay bounded whatever pods come
+# Kinds a `Workload` keeps: its memory and the cost of its tables stay bounded whatever pods come. A shape counts once
+# per set of GPU models its pods may use (the openb family with half the GPU pods constrained has 514 kinds).
+MAX_KINDS = 1024
 MEASURES_REMEMBERED = 1 << 16  # `FragmentationTable.measured` entries; past it, dropped all at once
 
 
