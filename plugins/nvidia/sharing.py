@@ -10,13 +10,14 @@ Placement of shares (`kubegpu.plugins.nvidia.scheduler`) keeps per-GPU books; th
 
 * `Share` and `read_share`: one container's request, validated with refusals that name the field;
 * fragmentation, after the FGD paper (Weng et al., USENIX ATC 2023), in its own terms here: a node's GPU capacity
-  is *fragmented for a kind of pod* (GPUs, share of each, cpu) when that kind could not use it: all of the node for
-  a kind whose cpu the node no longer has free, a GPU with less free capacity than a share of that kind asks, a
-  partly used GPU for a kind that needs whole GPUs, and all of the node for a kind that needs more whole GPUs than
-  it has free. The *expected* fragmentation weighs each kind by how often it comes (`Workload`, learned per engine
-  from the pods placed; `FragmentationTable` makes it one pass over a node's GPUs). The policy places a pod where
-  it makes the expected fragmentation grow least, and the engine's `KubegpuFragmentation` score keeps every pod,
-  a cpu-only one included, off the node where it would grow most.
+  is *fragmented for a kind of pod* (GPUs, share of each, cpu, the GPU models it may use) when that kind could not
+  use it: all of the node for a kind whose cpu the node no longer has free or that may not use the node's GPU model
+  (the paper's "no access"), a GPU with less free capacity than a share of that kind asks, a partly used GPU for a
+  kind that needs whole GPUs, and all of the node for a kind that needs more whole GPUs than it has free. The
+  *expected* fragmentation weighs each kind by how often it comes (`Workload`, learned per engine from the pods
+  placed; `FragmentationTable` makes it one pass over a node's GPUs, summed in integer parts so that it is exact).
+  The policy places a pod where it makes the expected fragmentation grow least, and the engine's
+  `KubegpuFragmentation` score keeps every pod, a cpu-only one included, off the node where it would grow most.
 """
 
 from __future__ import annotations
