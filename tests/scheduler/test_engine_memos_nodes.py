@@ -127,8 +127,9 @@ def forget(oracle: Engine) -> None:
         book.answers.clear()
         book.size = 0
     workload = shared.get(nvidia.WORKLOAD_KEY)
-    if isinstance(workload, Workload) and workload._table is not None:
-        workload._table[1].measured.clear()
+    if isinstance(workload, Workload):
+        for table in workload._tables.values():  # one per set of GPU models of the mix's version
+            table.measured.clear()
     for record in oracle.nodes.values():
         state = record.states.get("nvidia")
         if isinstance(state, nvidia.NvidiaNodeState):
