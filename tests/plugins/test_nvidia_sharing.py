@@ -505,3 +505,17 @@ def test_nodes_that_strand_alike_measure_equal_to_the_last_bit(
     grown = fragmentation_delta(free, {order[0]: amount}, table, cpu, 1000)
     assert grown == fragmentation_delta(other, {0: amount}, table, cpu, 1000)
     assert fragmentation_delta(free, {}, table, ANY_CPU, 1000) == 0.0
+
+
+def test_the_mix_stays_bounded_whatever_gpu_models_pods_name() -> None:
+    """A tenant's pods naming ever new GPU models in their node affinity (`In` values the nodes may never carry)
+    are each a new kind; the mix keeps its bound, the rarest kind makes room, and a node's table holds only kinds
+    kept."""
+    workload = Workload(most=8)
+    for _ in range(5):
+        workload.add((1, 1000, 8000))
+    for i in range(2000):
+        workload.add((1, 500, 4000, frozenset({"tesla-t4", f"made-up-{i}"})))
+    assert len(workload.kinds()) == 8
+    assert (1, 1000, 8000, None) in {kind[:4] for kind in workload.kinds()}
+    assert len(workload.table(frozenset({"tesla-t4"})).kinds) <= 8
