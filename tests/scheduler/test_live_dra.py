@@ -471,6 +471,37 @@ def test_a_new_leader_counts_the_claims_the_previous_leader_allocated_before_it_
     assert api.refusals("b") == ["0/2 nodes are available: 2 cannot allocate all claims."]
 
 
+def b_placed_after_catching_up(service: CustomScheduler, listing: type[Listing], *, named: bool) -> None:
+    """`a` holds both of n1's devices through `a-dev` (made from a template for `a`, or named by it) and `b` waits;
+    a new leader catches up through `listing`'s fresh lists, racing what the informers deliver meanwhile, and its
+    first cycle must bind `b` to n1: `a` and `a-dev` are gone."""
+    service.mirror.on_dra("resourceslices", "SYNC", [neuron_slice("n1", 2)])
+    api = server(service)
+    allocated = allocated_claim("a-dev", "a", "n1", 0, 1)
+    if named:
+        del allocated["metadata"]["ownerReferences"]
+        bound = pod("a", claims={"dev": "a-dev"})
+    else:
+        bound = pod("a", templates={"dev": "two"})
+    bound["spec"]["nodeName"] = "n1"
+    bound["status"] = {"phase": "Running", "resourceClaimStatuses": [{"name": "dev", "resourceClaimName": "a-dev"}]}
+    waiting = pod("b", templates={"dev": "two"})
+    service.mirror.on_dra("resourceclaims", "ADDED", copy.deepcopy(allocated))
+    service.mirror.on_pods("ADDED", copy.deepcopy(bound))
+    service.mirror.on_pods("ADDED", waiting)
+    service.mirror.client = listing([bound, waiting], [allocated], service.mirror)  # type: ignore[call-arg,assignment]
+    service.leader_elect = True
+    service.leadership = Leadership(time.monotonic() + 60)
+    service.mirror.ready = lambda: True  # type: ignore[method-assign]
+    assert not service._may_decide()
+    deadline = time.monotonic() + 10
+    while not service._may_decide() and time.monotonic() < deadline:
+        service.mirror.apply_events(0.5)
+    assert service._may_decide()
+    cycle(service)
+    assert api.bindings().get("b") == "n1", api.refusals("b")
+
+
 class RacingListing(Listing):
     """The fresh lists read from etcd while the watches deliver `a`'s and its claim's deletion: the loop applies
     those first."""
@@ -493,27 +524,7 @@ def test_a_claim_deleted_while_the_new_leader_lists_is_not_brought_back(service:
     lists, read before, are on their way, and the loop applies the deletions first. The older claim list must not
     allocate `a-dev` again: no later event of it comes, and n1's devices would be held by nobody for good. Before:
     `b` was refused "cannot allocate all claims" though n1 is empty."""
-    service.mirror.on_dra("resourceslices", "SYNC", [neuron_slice("n1", 2)])
-    api = server(service)
-    allocated = allocated_claim("a-dev", "a", "n1", 0, 1)
-    bound = pod("a", templates={"dev": "two"})
-    bound["spec"]["nodeName"] = "n1"
-    bound["status"] = {"phase": "Running", "resourceClaimStatuses": [{"name": "dev", "resourceClaimName": "a-dev"}]}
-    waiting = pod("b", templates={"dev": "two"})
-    service.mirror.on_dra("resourceclaims", "ADDED", copy.deepcopy(allocated))
-    service.mirror.on_pods("ADDED", copy.deepcopy(bound))
-    service.mirror.on_pods("ADDED", waiting)
-    service.mirror.client = RacingListing([bound, waiting], [allocated], service.mirror)  # type: ignore[assignment]
-    service.leader_elect = True
-    service.leadership = Leadership(time.monotonic() + 60)
-    service.mirror.ready = lambda: True  # type: ignore[method-assign]
-    assert not service._may_decide()
-    deadline = time.monotonic() + 10
-    while not service._may_decide() and time.monotonic() < deadline:
-        service.mirror.apply_events(0.5)  # the deletions, then the fresh lists
-    assert service._may_decide()
-    cycle(service)
-    assert api.bindings().get("b") == "n1", api.refusals("b")
+    b_placed_after_catching_up(service, RacingListing, named=False)  # the deletions, then the fresh lists
 
 
 class RelistingListing(Listing):
@@ -541,28 +552,4 @@ def test_a_claim_an_informer_relist_showed_deleted_is_not_brought_back_by_the_ol
     were down, and the informers' relists (not DELETED events) say so while the new leader's fresh lists, read
     before, are on their way. The older lists must not bring them back: no event of them will ever come. Before:
     `b` was refused "cannot allocate all claims" though n1 is empty."""
-    service.mirror.on_dra("resourceslices", "SYNC", [neuron_slice("n1", 2)])
-    api = server(service)
-    allocated = allocated_claim("a-dev", "a", "n1", 0, 1)
-    if named:
-        del allocated["metadata"]["ownerReferences"]
-        bound = pod("a", claims={"dev": "a-dev"})
-    else:
-        bound = pod("a", templates={"dev": "two"})
-    bound["spec"]["nodeName"] = "n1"
-    bound["status"] = {"phase": "Running", "resourceClaimStatuses": [{"name": "dev", "resourceClaimName": "a-dev"}]}
-    waiting = pod("b", templates={"dev": "two"})
-    service.mirror.on_dra("resourceclaims", "ADDED", copy.deepcopy(allocated))
-    service.mirror.on_pods("ADDED", copy.deepcopy(bound))
-    service.mirror.on_pods("ADDED", waiting)
-    service.mirror.client = RelistingListing([bound, waiting], [allocated], service.mirror)  # type: ignore[assignment]
-    service.leader_elect = True
-    service.leadership = Leadership(time.monotonic() + 60)
-    service.mirror.ready = lambda: True  # type: ignore[method-assign]
-    assert not service._may_decide()
-    deadline = time.monotonic() + 10
-    while not service._may_decide() and time.monotonic() < deadline:
-        service.mirror.apply_events(0.5)  # the relists, then the fresh lists
-    assert service._may_decide()
-    cycle(service)
-    assert api.bindings().get("b") == "n1", api.refusals("b")
+    b_placed_after_catching_up(service, RelistingListing, named=named)  # the relists, then the fresh lists
