@@ -1005,6 +1005,9 @@ class ClusterMirror:
                 self._ungate(key)
             for key in [k for k in self._refused if k not in live]:
                 del self._refused[key]
+            # The pending pods the list no longer shows take their sizes along (`release` took the placed ones').
+            for key in [k for k in self._sizes if k not in live and self.engine.placement(k) is None]:
+                del self._sizes[key]
             self.pods_synced.set()
             return
         if self._listed and isinstance(payload, dict):

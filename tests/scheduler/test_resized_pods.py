@@ -291,3 +291,13 @@ def test_a_pod_this_scheduler_bound_and_grown_in_place_counts_its_new_size(servi
     service.mirror.on_pods("ADDED", pending("late", "4"))
     schedule_all(service)
     assert bindings(service) == ["grower"]
+
+
+def test_pending_pods_gone_while_the_watch_was_down_leave_nothing_behind(service: CustomScheduler) -> None:
+    """The sizes a pending pod's parse remembers (so its Binding's event is not parsed again) go with the pod: 300
+    pending pods deleted while the watch was down, seen gone at the relist, leave no entry behind (before: each
+    stayed for good, a relist after every dropped watch adding the pending pods deleted meanwhile)."""
+    for i in range(300):
+        service.mirror.on_pods("ADDED", pending(f"gone-{i}", "100"))
+    service.mirror.on_pods("SYNC", [pending("kept", "100")])  # the relist: only one of them is there
+    assert list(service.mirror._sizes) == ["default/kept"], f"{len(service.mirror._sizes)} pods' sizes kept"
