@@ -53,6 +53,7 @@ from kubegpu.plugins.nvidia.mig import MIG_PREFIX, MIG_RESOURCES, MigBooks
 from kubegpu.plugins.nvidia.sharing import (
     ANY_CPU,
     CORES,
+    MAX_KIND_MODELS,
     MEMORY,
     MEMORY_PERCENT,
     SHARE_RESOURCES,
@@ -930,7 +931,8 @@ def share_kinds(state: NvidiaNodeState, allocation: PluginAllocation) -> list[tu
 def pod_gpu_models(pod: PodRequest) -> Models:
     """The GPU models a pod may run on, for the fragmentation mix: as its GPU-model annotation, its node selector and
     its required node affinity on `nvidia.com/gpu.product` (`In` values; a term without one allows any) narrow them;
-    None where nothing does. Keys as `topology.normalize_model` makes them, as `NvidiaNodeState.gpu_models`."""
+    None where nothing does, or where more than `MAX_KIND_MODELS` are left (the mix keeps its kinds after their pods
+    went). Keys as `topology.normalize_model` makes them, as `NvidiaNodeState.gpu_models`."""
     allowed: set[str] | None = None
     narrowing: list[set[str]] = []
     annotated = (pod.annotations.get(MODEL_ANNOTATION) or "").strip()
@@ -955,7 +957,9 @@ def pod_gpu_models(pod: PodRequest) -> Models:
             narrowing.append(union)
     for keys in narrowing:
         allowed = keys if allowed is None else allowed & keys
-    return frozenset(allowed) if allowed is not None else None
+    if allowed is None or len(allowed) > MAX_KIND_MODELS:
+        return None  # a kind keeps a bounded set (`MAX_KIND_MODELS`): more models than that, any model
+    return frozenset(allowed)
 
 
 def plan_containers(tree: GroupTree, available: int, containers: tuple[tuple[str, int], ...]) -> Plan | None:

@@ -50,6 +50,9 @@ WHOLE = 1000  # a GPU's capacity in thousandths (the unit of `Workload` kinds an
 # Kinds a `Workload` keeps: its memory and the cost of its tables stay bounded whatever pods come. A shape counts once
 # per set of GPU models its pods may use (the openb family with half the GPU pods constrained has 514 kinds).
 MAX_KINDS = 1024
+# GPU models a kind keeps: a pod allowing more (a tenant's `In` list of made-up names) is weighed as one that may use
+# any, so a kind, kept after its pods went, never holds what a pod wrote (50,000 names: 6 MiB a kind).
+MAX_KIND_MODELS = 64
 MEASURES_REMEMBERED = 1 << 16  # `FragmentationTable.measured` entries; past it, dropped all at once
 
 

@@ -65,3 +65,23 @@ def test_the_mix_keeps_the_models_each_kind_may_use() -> None:
     free = [1000, 1000]
     assert sharing.node_fragmentation(free, state.workload.table(frozenset({"tesla-t4"}))) == 2000  # no access
     assert sharing.node_fragmentation(free, state.fragmentation_table()) == 0
+
+
+def test_a_kind_keeps_a_bounded_set_of_gpu_models_whatever_a_pod_names() -> None:
+    """A tenant's pod naming 50,000 made-up GPU models beside the real one (valid label values, an `In` list about
+    as long as the API server takes) is placed and deleted, again and again: each is a kind of the mix, kept after the
+    pod went, so the mix must not keep what the pod wrote. Before, each such kind kept its 50,000 names (about 6 MiB;
+    at the mix's bound of 1,024 kinds, some 6 GiB). A kind keeps at most `MAX_KIND_MODELS` names; a pod allowing
+    more is weighed as one that may use any GPU model (the measure only weighs scores)."""
+    engine = cluster(shared_node("v100", 2, "Tesla-V100"))
+    fakes = tuple(f"made-up-model-number-{i:07d}" for i in range(50_000))
+    for j in range(3):
+        pod = gpu_pod(f"p{j}", models=("Tesla-V100", *fakes[j:]))
+        assert engine.schedule(pod).node == "v100"
+        engine.release(pod.key)
+    assert engine.schedule(gpu_pod("few", models=("Tesla-V100", "Tesla-T4"))).node == "v100"
+    workload = engine._shared["nvidia"][nvidia.WORKLOAD_KEY]
+    kept = [kind[3] for kind in workload.counts]
+    names = sum(len(models) for models in kept if models is not None)
+    assert names <= 3 * sharing.MAX_KIND_MODELS, f"the mix keeps {names} GPU model names of 4 pods' kinds"
+    assert frozenset({"tesla-v100", "tesla-t4"}) in kept  # a pod naming a few models keeps them all
