@@ -1174,11 +1174,14 @@ class ClusterMirror:
         if held is not None and held.request.uid != request.uid:
             self.release(key)  # a new pod took an old pod's name
             held = None
-        binding = self.pending.binding(key) is not None
+        binding_uid = self.pending.binding(key)
+        binding = binding_uid is not None
         if kind == "DELETED" or request.phase in FINISHED:
             self._refused.pop(key, None)
             self.drop_pending(key)
-            if not binding:
+            # The pod whose Binding is being written is gone too: its answer may come after (the watch is another
+            # connection), and a failed one rolls back nothing then.
+            if not binding or binding_uid == request.uid:
                 self.release(key)
             return
         if request.node_name:

@@ -301,3 +301,21 @@ def test_pending_pods_gone_while_the_watch_was_down_leave_nothing_behind(service
         service.mirror.on_pods("ADDED", pending(f"gone-{i}", "100"))
     service.mirror.on_pods("SYNC", [pending("kept", "100")])  # the relist: only one of them is there
     assert list(service.mirror._sizes) == ["default/kept"], f"{len(service.mirror._sizes)} pods' sizes kept"
+
+
+def test_a_pod_deleted_while_its_binding_is_written_frees_its_node(service: CustomScheduler) -> None:
+    """The watch shows a pod bound and then deleted before this scheduler hears its Binding's answer (the answer and
+    the watch come on different connections): the pod is gone, so a 6-CPU pod fits on the 8-CPU node after it.
+    Before, the deletion was taken for our own write and the pod held its node's cpu until a relist."""
+    service.mirror.on_pods("ADDED", pending("a", "6"))
+    service.schedule_active(100)  # the Binding is written; its answer waits in the loop's events
+    document = pending("a", "6")
+    document["metadata"]["resourceVersion"] = "2"
+    document["spec"]["nodeName"] = "n1"
+    service.mirror.on_pods("MODIFIED", document)
+    service.mirror.on_pods("DELETED", document)
+    schedule_all(service)  # the Binding's answer: written
+    assert service.engine.placement("default/a") is None, "the deleted pod still holds n1"
+    service.mirror.on_pods("ADDED", pending("b", "6"))
+    schedule_all(service)
+    assert bindings(service) == ["a", "b"]
