@@ -1163,6 +1163,7 @@ class ClusterMirror:
                 and held.request.uid == meta.get("uid")
                 and phase not in FINISHED
                 and self._sizes.get(key) == sizes_of(obj)  # not resized in place
+                and held.request.labels == (meta.get("labels") or {})  # nor relabelled
             ):
                 return
         try:
@@ -1189,11 +1190,13 @@ class ClusterMirror:
             self._sizes[key] = sizes_of(obj)
             if held is None and not binding:
                 self._assume(request)
-            elif held is not None and (held.request.requests, held.request.containers) != (
+            elif held is not None and (held.request.requests, held.request.containers, held.request.labels) != (
                 request.requests,
                 request.containers,
+                request.labels,
             ):
-                # Resized in place: kube-scheduler counts the new requests at once (the cache's UpdatePod).
+                # Resized in place or relabelled: kube-scheduler counts the new requests and labels at once (the
+                # cache's UpdatePod; inter-pod affinity and spread read the labels).
                 self.engine.update_bound(request)
                 self.pending.wake()
             return

@@ -342,8 +342,9 @@ class NodeCache(Ledger):
 
     def update_bound(self, request: PodRequest) -> bool:
         """A bound pod's requests changed in place (Kubernetes 1.33+ resizes a running pod: its spec, then what the
-        kubelet reports in its status): count the new ones on its node, keeping the devices it holds, as
-        kube-scheduler's cache `UpdatePod` does. False when the engine holds no such pod (another UID, or none)."""
+        kubelet reports in its status), or its labels: count the new ones on its node, keeping the devices it
+        holds, as kube-scheduler's cache `UpdatePod` does. False when the engine holds no such pod (another UID, or
+        none)."""
         held = self.pods.get(request.key)
         if held is None or held.request.uid != request.uid:
             return False

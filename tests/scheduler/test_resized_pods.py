@@ -319,3 +319,22 @@ def test_a_pod_deleted_while_its_binding_is_written_frees_its_node(service: Cust
     service.mirror.on_pods("ADDED", pending("b", "6"))
     schedule_all(service)
     assert bindings(service) == ["a", "b"]
+
+
+def test_a_running_pod_relabelled_counts_under_its_new_labels(service: CustomScheduler) -> None:
+    """kube-scheduler's cache takes a bound pod's update whole (`UpdatePod`): a running pod relabelled from
+    `app: web` to `app: db` no longer repels a pod whose anti-affinity keeps it off zones running `app: web`. Before,
+    a bound pod's update was settled from its sizes alone, and its old labels counted until it left."""
+    service.mirror.on_nodes("SYNC", [node_manifest("n1", cpu="8", labels={"zone": "z1"})])
+    running = bound("a", "1", "1")
+    running["metadata"]["labels"] = {"app": "web"}
+    service.mirror.on_pods("ADDED", running)
+    relabelled = bound("a", "1", "2")
+    relabelled["metadata"]["labels"] = {"app": "db"}
+    service.mirror.on_pods("MODIFIED", relabelled)
+    repelled = pending("b", "1")
+    term = {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "web"}}}
+    repelled["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    service.mirror.on_pods("ADDED", repelled)
+    schedule_all(service)
+    assert bindings(service) == ["b"], "b was kept off n1 by a's old label"
