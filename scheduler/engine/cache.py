@@ -197,6 +197,10 @@ class NodeCache(Ledger):
         self._join_class(name, record.klass, None)
         self._tree.discard(name)
         self._changed(name)
+        # The memos by node name that hold its record (the others follow the change log): a node gone under a name
+        # never seen again (an autoscaler's) would stay in them.
+        self._contents.pop(name, None)
+        self._numbering.by_node.pop(name, None)
         for index in self._index.values():
             index.discard(name)
         gone = list(record.pods)
