@@ -494,3 +494,32 @@ def test_a_gpu_gone_from_a_node_under_a_running_pod_is_not_given_beside_it(
         "b refused or bound",
     )
     assert "b" not in bound(cluster, namespace), "b was bound to a GPU beside a, which still runs"
+
+
+def test_a_running_pod_relabelled_no_longer_repels_an_anti_affine_pod(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    """`a` runs on relabel-zone's only node with `app: web`; `b` keeps off zones running `app: web`. Once `a` is
+    relabelled `app: db`, `b` is bound there (kube-scheduler's cache takes a bound pod's update whole). Before, the
+    scheduler kept counting `a` under its old label: `b` waited for as long as `a` ran."""
+    pin = {"kubernetes.io/hostname": "relabel-node"}
+    cluster.create_ready_node("relabel-node", labels={**pin, "topology.kubernetes.io/zone": "relabel-zone"})
+    cluster.create_pod(namespace, "a", {"main": {"cpu": "1"}}, scheduler="kubegpu", node_selector=pin)
+    cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/a", {"metadata": {"labels": {"app": "web"}}})
+    start_scheduler("kubegpu", "--no-leader-elect")
+    wait_bound(cluster, namespace, 1)
+    cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/a", {"metadata": {"labels": {"app": "db"}}})
+    term = {"topologyKey": "topology.kubernetes.io/zone", "labelSelector": {"matchLabels": {"app": "web"}}}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "b", "namespace": namespace},
+        "spec": {
+            "schedulerName": "kubegpu",
+            "nodeSelector": pin,
+            "containers": [{"name": "main", "image": "busybox", "resources": {"requests": {"cpu": "1"}}}],
+            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}},
+        },
+    }
+    cluster.client.post(f"/api/v1/namespaces/{namespace}/pods", body)
+    wait_for(lambda: "b" in bound(cluster, namespace), 30, "b bound beside the relabelled a")
