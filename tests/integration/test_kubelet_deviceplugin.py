@@ -452,13 +452,15 @@ def test_two_share_pods_are_admitted_on_one_gpu_each_with_its_own_limits(
         cluster.client.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": shares}})
         wait_for(lambda: allocatable(cluster).get("nvidia.com/gpucores") == "100", 60, "gpucores allocatable")
 
+        # One pod after the other: the kubelet does not say which pod it admits, so two share pods of one count
+        # admitted in another order than their creation's swap their signed sets, limits included
+        # (docs/security.md T21, "Left"); admitted in turn, each gets exactly its own.
         asked = {"notebook": (30, 4096), "inference": (60, 8192)}
+        slots = {}
         for name, (cores, mib) in asked.items():
             limits = {GPU: 1, "nvidia.com/gpucores": cores, "nvidia.com/gpumem": mib}
             manifest = pod(space, name, {"main": limits}, scheduler=SCHEDULER, out=gpus / "out")
             cluster.client.post(f"/api/v1/namespaces/{space}/pods", manifest)
-        slots = {}
-        for name, (cores, mib) in asked.items():
             placed = wait_running(cluster, space, name, timeout=90)
             assert allocated(placed, "main")[GPU] == ["0"]  # both shares on the node's one GPU
             slots[name] = checkpoint(kubelet, placed["metadata"]["uid"], GPU)
