@@ -69,7 +69,7 @@ from kubegpu.kube.client import ApiError, Informer, KubeClient
 from kubegpu.scheduler import filters, liveness, objects, podgroups
 from kubegpu.scheduler.binder import Binder
 from kubegpu.scheduler.dra import HeldClaim
-from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.engine import Engine, Placement
 from kubegpu.scheduler.gangstatus import GangMembers, gang_of, member_state
 from kubegpu.scheduler.health import Metrics
 from kubegpu.scheduler.podgroups import PodGroup
@@ -211,6 +211,12 @@ class ClusterMirror:
         # on, so the event of its own Binding is compared with it, not parsed whole again). Set at each parse that
         # the engine or the queue keeps; forgotten at `release`.
         self._sizes: dict[str, tuple[object, ...]] = {}
+        # Pod key -> how a pod bound to a Node that was deleted held its node: the pods keep running (a kubelet
+        # registers its node again; an operator deleted the object), and kube-scheduler's cache keeps a deleted
+        # node's pods until they leave. Counted again when a Node of that name comes back; forgotten when the pod
+        # leaves (deleted, finished, a relist without it) or another pod takes its name. Bounded by the pods that
+        # exist.
+        self._orphans: dict[str, Placement] = {}
         # This front-end's pods held back at PreEnqueue (their scheduling gates), with the reason.
         self.gated: dict[str, str] = {}
         # Per gate name (tenants name gates: at most `GATE_LABELS` names get a series of their own), the gated pods
@@ -917,7 +923,7 @@ class ClusterMirror:
                 seen.add((obj.get("metadata") or {}).get("name"))
             for name in list(self.engine.node_names()):
                 if name not in seen:
-                    self.engine.remove_node(name)
+                    self._node_gone(name)
             self.nodes_synced.set()
         else:
             changed = self._guarded("node_event", payload, self._apply_node, kind) is True
@@ -942,9 +948,7 @@ class ClusterMirror:
         if not name:
             return False
         if kind == "DELETED":
-            gone = self.engine.remove_node(name)
-            for key in gone:
-                log.info("node deleted; pod forgotten", extra={"pod": key, "node": name})
+            self._node_gone(name)
             return False
         info = self._node_info(obj)
         if info is None:
@@ -952,8 +956,34 @@ class ClusterMirror:
         previous = self.engine.node_info(name)
         if previous != info:
             self.engine.add_node(info)  # images and annotations too: scores read them
+        if previous is None and self._orphans:
+            self._count_orphans(name)
         moved = self._apply_foreign_devices(name, obj)
         return filters.node_change_may_help(previous, info) is not None or bool(moved)
+
+    def _node_gone(self, name: str) -> None:
+        """A Node deleted (or absent from a relist): the engine lets go of it; its pods are kept as orphans."""
+        held = [placement for placement in self.engine.placements() if placement.node == name]
+        self.engine.remove_node(name)
+        for placement in held:
+            self._orphans[placement.request.key] = placement
+            log.info("node deleted; its pod is counted again if the node comes back",
+                     extra={"pod": placement.request.key, "node": name})  # fmt: skip
+
+    def _count_orphans(self, name: str) -> None:
+        """A Node of `name` is back: the pods still bound to it hold what they held before it went."""
+        for key, placement in [(k, p) for k, p in self._orphans.items() if p.node == name]:
+            del self._orphans[key]
+            request, allocation = placement.request, placement.allocation
+            extra = {"pod": key, "node": name}
+            if allocation is None and any(self.engine.plugins.owner_of(r) for r in request.requested_resources()):
+                decision = self.engine.admit_by_count(request, name)
+                ok, problem = decision.scheduled, decision.reason
+            else:
+                status = self.engine.admit_bound(request, name, allocation)
+                ok, problem = status.ok, status.message
+            if not ok:
+                log.error("pod of a node made again could not be counted: %s", problem, extra=extra)
 
     def _apply_foreign_devices(self, name: str, obj: dict[str, Any]) -> list[str]:
         """The device ids the node's kubelet gave pods kubegpu did not place, as its node side publishes them
@@ -1005,6 +1035,8 @@ class ClusterMirror:
                 self._ungate(key)
             for key in [k for k in self._refused if k not in live]:
                 del self._refused[key]
+            for key in [k for k in self._orphans if k not in live]:
+                del self._orphans[key]
             # The pending pods the list no longer shows take their sizes along (`release` took the placed ones').
             for key in [k for k in self._sizes if k not in live and self.engine.placement(k) is None]:
                 del self._sizes[key]
@@ -1177,6 +1209,10 @@ class ClusterMirror:
             held = None
         binding_uid = self.pending.binding(key)
         binding = binding_uid is not None
+        orphan = self._orphans.get(key)
+        if orphan is not None and (orphan.request.uid != request.uid or kind == "DELETED" or request.phase in FINISHED):
+            del self._orphans[key]
+            orphan = None
         if kind == "DELETED" or request.phase in FINISHED:
             self._refused.pop(key, None)
             self.drop_pending(key)
@@ -1188,6 +1224,9 @@ class ClusterMirror:
         if request.node_name:
             self.drop_pending(key)
             self._sizes[key] = sizes_of(obj)
+            if orphan is not None and self.engine.node_info(request.node_name) is None:
+                self._orphans[key] = replace(orphan, request=request)  # counted as it is now when its node is back
+                return
             if held is None and not binding:
                 self._assume(request)
             elif held is not None and (held.request.requests, held.request.containers, held.request.labels) != (

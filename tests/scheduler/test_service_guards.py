@@ -196,3 +196,46 @@ def test_an_unreadable_pod_made_again_after_a_relist_is_told_again(service: Cust
     service.mirror.on_pods("ADDED", again)
     events = writer.events("FailedScheduling")
     assert [e["involvedObject"]["uid"] for e in events] == ["uid-huge", "uid-huge-2"], events
+
+
+def test_a_node_deleted_and_made_again_keeps_counting_the_pods_running_on_it(service: CustomScheduler) -> None:
+    """A Node object deleted and registered again under its name (a kubelet re-registering, an operator's `kubectl
+    delete node`): the pods bound there keep running and keep their devices, as kube-scheduler's cache keeps a
+    deleted node's pods. Before: the re-created n1 looked empty until each pod's next event, and `late` was given the
+    cards `holder` runs on."""
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+    service.mirror.on_pods("ADDED", pod("holder", cards=2))
+    schedule_all(service)
+    assert writer.bindings() == ["holder"]
+    running = pod("holder", cards=2)
+    running["metadata"]["resourceVersion"] = "2"
+    running["spec"]["nodeName"] = "n1"
+    running["status"] = {"phase": "Running"}
+    service.mirror.on_pods("MODIFIED", running)
+    node = node_manifest("n1", labels={"toy.example/cards": "2"}, allocatable={"toy.example/card": 2})
+    service.mirror.on_nodes("DELETED", node)
+    service.mirror.on_nodes("ADDED", node)
+    service.mirror.on_pods("ADDED", pod("late"))
+    schedule_all(service)
+    assert writer.bindings() == ["holder"], "late was given the cards holder runs on"
+    assert service.engine.placement("default/holder") is not None
+
+
+def test_a_pod_deleted_while_its_node_is_gone_is_not_counted_when_the_node_comes_back(
+    service: CustomScheduler,
+) -> None:
+    """The pod of a deleted Node leaves before the Node is made again: the node comes back empty, and the pod's
+    record is not kept."""
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+    service.mirror.on_pods("ADDED", pod("holder", cards=2))
+    schedule_all(service)
+    node = node_manifest("n1", labels={"toy.example/cards": "2"}, allocatable={"toy.example/card": 2})
+    service.mirror.on_nodes("DELETED", node)
+    gone = pod("holder", cards=2)
+    gone["spec"]["nodeName"] = "n1"
+    service.mirror.on_pods("DELETED", gone)
+    service.mirror.on_nodes("ADDED", node)
+    service.mirror.on_pods("ADDED", pod("late", cards=2))
+    schedule_all(service)
+    assert writer.bindings() == ["holder", "late"]
+    assert service.mirror._orphans == {}
