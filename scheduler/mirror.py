@@ -963,7 +963,7 @@ class ClusterMirror:
 
     def _node_gone(self, name: str) -> None:
         """A Node deleted (or absent from a relist): the engine lets go of it; its pods are kept as orphans."""
-        held = [placement for placement in self.engine.placements() if placement.node == name]
+        held = list(self.engine.placements(self.engine.holders(name)))
         self.engine.remove_node(name)
         for placement in held:
             self._orphans[placement.request.key] = placement
