@@ -471,7 +471,7 @@ def test_a_new_leader_counts_the_claims_the_previous_leader_allocated_before_it_
     assert api.refusals("b") == ["0/2 nodes are available: 2 cannot allocate all claims."]
 
 
-def b_placed_after_catching_up(service: CustomScheduler, listing: type[Listing], *, named: bool) -> None:
+def b_placed_after_catching_up(service: CustomScheduler, listing: type[ListingWhileEventsCome], *, named: bool) -> None:
     """`a` holds both of n1's devices through `a-dev` (made from a template for `a`, or named by it) and `b` waits;
     a new leader catches up through `listing`'s fresh lists, racing what the informers deliver meanwhile, and its
     first cycle must bind `b` to n1: `a` and `a-dev` are gone."""
@@ -489,7 +489,7 @@ def b_placed_after_catching_up(service: CustomScheduler, listing: type[Listing],
     service.mirror.on_dra("resourceclaims", "ADDED", copy.deepcopy(allocated))
     service.mirror.on_pods("ADDED", copy.deepcopy(bound))
     service.mirror.on_pods("ADDED", waiting)
-    service.mirror.client = listing([bound, waiting], [allocated], service.mirror)  # type: ignore[call-arg,assignment]
+    service.mirror.client = listing([bound, waiting], [allocated], service.mirror)  # type: ignore[assignment]
     service.leader_elect = True
     service.leadership = Leadership(time.monotonic() + 60)
     service.mirror.ready = lambda: True  # type: ignore[method-assign]
@@ -502,9 +502,9 @@ def b_placed_after_catching_up(service: CustomScheduler, listing: type[Listing],
     assert api.bindings().get("b") == "n1", api.refusals("b")
 
 
-class RacingListing(Listing):
-    """The fresh lists read from etcd while the watches deliver `a`'s and its claim's deletion: the loop applies
-    those first."""
+class ListingWhileEventsCome(Listing):
+    """Fresh lists read from etcd while the informers deliver something (`meanwhile`), which the loop applies before
+    the first list's answer."""
 
     def __init__(self, pods: list[dict[str, Any]], claims: list[dict[str, Any]], mirror: Any) -> None:
         super().__init__(pods, claims)
@@ -512,11 +512,21 @@ class RacingListing(Listing):
 
     def list(self, path: str, **params: Any) -> tuple[list[dict[str, Any]], str]:
         listed = super().list(path, **params)
-        if len(self.lists) == 1:  # the watches, while the first list's answer was on its way
-            pods, claims = self.answers["/api/v1/pods"], self.answers["/apis/resource.k8s.io/v1/resourceclaims"]
-            self.mirror.post(self.mirror.on_pods, "DELETED", copy.deepcopy(pods[0]))
-            self.mirror.post(self.mirror.on_dra, "resourceclaims", "DELETED", copy.deepcopy(claims[0]))
+        if len(self.lists) == 1:  # while the first list's answer was on its way
+            self.meanwhile()
         return listed
+
+    def meanwhile(self) -> None:
+        raise NotImplementedError
+
+
+class RacingListing(ListingWhileEventsCome):
+    """The watches deliver `a`'s and its claim's deletion."""
+
+    def meanwhile(self) -> None:
+        pods, claims = self.answers["/api/v1/pods"], self.answers["/apis/resource.k8s.io/v1/resourceclaims"]
+        self.mirror.post(self.mirror.on_pods, "DELETED", copy.deepcopy(pods[0]))
+        self.mirror.post(self.mirror.on_dra, "resourceclaims", "DELETED", copy.deepcopy(claims[0]))
 
 
 def test_a_claim_deleted_while_the_new_leader_lists_is_not_brought_back(service: CustomScheduler) -> None:
@@ -527,21 +537,12 @@ def test_a_claim_deleted_while_the_new_leader_lists_is_not_brought_back(service:
     b_placed_after_catching_up(service, RacingListing, named=False)  # the deletions, then the fresh lists
 
 
-class RelistingListing(Listing):
-    """The fresh lists read from etcd while the informers relist after their watches dropped, `a` and `a-dev`
-    deleted in between: the loop applies the relists first."""
+class RelistingListing(ListingWhileEventsCome):
+    """The informers relist after their watches dropped, `a` and `a-dev` deleted in between."""
 
-    def __init__(self, pods: list[dict[str, Any]], claims: list[dict[str, Any]], mirror: Any) -> None:
-        super().__init__(pods, claims)
-        self.mirror = mirror
-
-    def list(self, path: str, **params: Any) -> tuple[list[dict[str, Any]], str]:
-        listed = super().list(path, **params)
-        if len(self.lists) == 1:  # the relists, while the first list's answer was on its way
-            pods = self.answers["/api/v1/pods"]
-            self.mirror.post(self.mirror.on_pods, "SYNC", copy.deepcopy(pods[1:]))
-            self.mirror.post(self.mirror.on_dra, "resourceclaims", "SYNC", [])
-        return listed
+    def meanwhile(self) -> None:
+        self.mirror.post(self.mirror.on_pods, "SYNC", copy.deepcopy(self.answers["/api/v1/pods"][1:]))
+        self.mirror.post(self.mirror.on_dra, "resourceclaims", "SYNC", [])
 
 
 @pytest.mark.parametrize("named", [False, True], ids=["template-claim", "named-claim"])
