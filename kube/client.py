@@ -8,6 +8,9 @@ keep-alive `urllib3` pool with orjson: GET, LIST with pagination, WATCH as a lin
 `Informer` keeps one resource in sync: it lists (in pages), hands the full list to its consumer, then watches from the
 list's resourceVersion. A `410 Gone` (the version is too old) triggers a relist; any other failure a relist after a
 backoff that doubles up to 30 s, so an API server restart is survived without the caller noticing more than a pause.
+A watch that the server (or a proxy before it) ends within `MIN_WATCH_SECONDS` having delivered nothing is asked
+again only after that backoff, as client-go's reflector does ("very short watch"); the backoff starts again from its
+first step only once a watch has delivered something or lasted that long, not after a list that succeeded.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ log = logging.getLogger("kubegpu.kube")
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+MIN_WATCH_SECONDS = 1.0  # a watch ended sooner with nothing delivered is a failure (client-go's "very short watch")
+FIRST_BACKOFF = 0.5
+MAX_BACKOFF = 30.0
 REPORT_TURN = 4  # a report waiting for a connection gets at least one in this many handed out
 
 
@@ -487,9 +493,9 @@ class Informer(threading.Thread):
         # Another informer whose first list the consumer must have before this one's: the list is still read at
         # once (the two lists overlap), and handed over when `after` is set.
         self.after = after
+        self.backoff = FIRST_BACKOFF  # the wait before the next try after a failure; doubles up to MAX_BACKOFF
 
     def run(self) -> None:
-        backoff = 0.5
         while not self.stop_event.is_set():
             try:
                 items, version = self.client.list(self.path, **self.selectors)
@@ -498,21 +504,24 @@ class Informer(threading.Thread):
                         return
                 self.consume("SYNC", items)
                 self.synced.set()
-                backoff = 0.5
                 while not self.stop_event.is_set():
                     version = self._watch(version)
             except _Relist:
                 log.info("informer %s: resource version expired, relisting", self.kind)
             except ApiError as exc:
-                log.warning("informer %s: %s; retrying in %.1fs", self.kind, exc, backoff)
-                self.stop_event.wait(backoff)
-                backoff = min(30.0, backoff * 2)
+                log.warning("informer %s: %s; retrying in %.1fs", self.kind, exc, self.backoff)
+                self._back_off()
             except Exception:
-                log.exception("informer %s failed; retrying in %.1fs", self.kind, backoff)
-                self.stop_event.wait(backoff)
-                backoff = min(30.0, backoff * 2)
+                log.exception("informer %s failed; retrying in %.1fs", self.kind, self.backoff)
+                self._back_off()
+
+    def _back_off(self) -> None:
+        self.stop_event.wait(self.backoff)
+        self.backoff = min(MAX_BACKOFF, self.backoff * 2)
 
     def _watch(self, version: str) -> str:
+        started = time.monotonic()
+        delivered = False
         for event in self.client.watch(self.path, version, **self.selectors):
             if self.stop_event.is_set():
                 break
@@ -522,9 +531,20 @@ class Informer(threading.Thread):
                 if obj.get("code") == 410:
                     raise _Relist()
                 raise ApiError(int(obj.get("code") or 500), str(obj.get("reason", "")), str(obj.get("message", "")))
+            delivered = True
+            self.backoff = FIRST_BACKOFF  # the watch works: a later failure backs off from the first step again
             version = str((obj.get("metadata") or {}).get("resourceVersion", version))
             if kind != "BOOKMARK":
                 self.consume(str(kind), obj)
+        if delivered or time.monotonic() - started >= MIN_WATCH_SECONDS:
+            self.backoff = FIRST_BACKOFF
+        elif not self.stop_event.is_set():
+            log.warning(
+                "informer %s: the watch ended at once with nothing delivered; watching again in %.1fs",
+                self.kind,
+                self.backoff,
+            )
+            self._back_off()
         return version
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kubegpu.kube.client import AsyncKubeClient, Credentials, Fenced, Informer, RateLimiter
+from kubegpu.kube.client import AsyncKubeClient, Credentials, Fenced, Informer, KubeClient, RateLimiter
 
 
 class SlowNodeList:
@@ -239,4 +239,75 @@ def test_a_report_waiting_for_a_connection_lets_the_writes_that_move_pods_go_fir
         ]
     finally:
         writer.close()
+        api.close()
+
+
+class WatchClosingApi:
+    """An API server (or a proxy before it) that lists pods and ends every watch at once: with nothing sent, or with
+    `watch_status` (a 500 of a server shutting down)."""
+
+    def __init__(self, watch_status: int = 200) -> None:
+        self.watch_status = watch_status
+        self.watches = 0
+        self.lists = 0
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.runner = asyncio.run_coroutine_threadsafe(self._serve(), self.loop).result(5)
+
+    async def _serve(self) -> web.AppRunner:
+        async def pods(request: web.Request) -> web.Response:
+            if request.query.get("watch") == "true":
+                self.watches += 1
+                return web.Response(status=self.watch_status, body=b"", content_type="application/json")
+            self.lists += 1
+            return web.json_response({"items": [], "metadata": {"resourceVersion": "7"}})
+
+        app = web.Application()
+        app.router.add_get("/api/v1/pods", pods)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return runner
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def test_a_watch_the_server_ends_at_once_is_asked_again_only_after_a_backoff() -> None:
+    """client-go's reflector takes a watch that ended within a second with nothing delivered for a failure and backs
+    off; an informer that watched again at once sent the server (and spent the scheduler's GIL on) some hundreds of
+    requests a second for as long as the server or a proxy before it kept closing the stream."""
+    api = WatchClosingApi()
+    stop = threading.Event()
+    credentials = Credentials(f"http://127.0.0.1:{api.port}", None, None, None, False, None)
+    informer = Informer(KubeClient(credentials), "/api/v1/pods", lambda kind, payload: None, stop, "pods")
+    try:
+        informer.start()
+        wait_for(lambda: api.watches >= 1)
+        time.sleep(2.0)  # a window to count in, not a synchronisation: the informer runs on by itself
+        assert api.watches <= 4, f"{api.watches} watches (and {api.lists} lists) in 2 s"
+    finally:
+        stop.set()
+        informer.join(5)
+        api.close()
+
+
+def test_lists_that_succeed_do_not_undo_the_backoff_of_watches_that_fail() -> None:
+    """The backoff doubles while the watch fails, whether or not the list before it succeeded: with a watch that
+    always answers 500 the informer listed the whole collection again every 0.5 s."""
+    api = WatchClosingApi(watch_status=500)
+    stop = threading.Event()
+    credentials = Credentials(f"http://127.0.0.1:{api.port}", None, None, None, False, None)
+    informer = Informer(KubeClient(credentials), "/api/v1/pods", lambda kind, payload: None, stop, "pods")
+    try:
+        informer.start()
+        wait_for(lambda: api.watches >= 1)
+        time.sleep(3.0)  # a window to count in (lists at 0, 0.5 and 1.5 s, the next at 3.5 s)
+        assert api.lists <= 4, f"{api.lists} lists (and {api.watches} watches) in 3 s"
+    finally:
+        stop.set()
+        informer.join(5)
         api.close()
