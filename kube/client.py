@@ -202,16 +202,7 @@ class KubeClient:
             )
         except urllib3.exceptions.HTTPError as exc:
             raise ApiError(0, "Unreachable", f"{method} {path}: {exc}") from None
-        data = response.data
-        if response.status >= 400:
-            reason, message = response.reason or "", data.decode(errors="replace")[:500]
-            try:
-                document = orjson.loads(data)
-                reason, message = document.get("reason", reason), document.get("message", message)
-            except orjson.JSONDecodeError:
-                pass
-            raise ApiError(response.status, str(reason), str(message))
-        return orjson.loads(data) if data else None
+        return _answer(method, path, response.status, response.reason or "", response.data)
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params or None)
@@ -279,6 +270,26 @@ class KubeClient:
             raise ApiError(0, "Unreachable", f"WATCH {path}: {exc}") from None
         finally:
             response.release_conn()
+
+
+def _answer(method: str, path: str, status: int, reason: str, data: bytes) -> Any:
+    """The decoded JSON of an answer; `ApiError` for a failure status (with the server's reason and message when its
+    body is a Status) and for a body that is not JSON (a proxy's page), so that a caller handles one kind of failure.
+    An answer of a success status that cannot be read is an answer lost (status 0, as a timeout): the write may have
+    been made, and a caller that must know (the binder) looks it up."""
+    if status >= 400:
+        message = data.decode(errors="replace")[:500]
+        try:
+            document = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            document = None
+        if isinstance(document, dict):
+            reason, message = document.get("reason", reason), document.get("message", message)
+        raise ApiError(status, str(reason), str(message))
+    try:
+        return orjson.loads(data) if data else None
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(0, "InvalidAnswer", f"{method} {path}: the {status} answer is not JSON: {exc}") from None
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -425,15 +436,7 @@ class AsyncKubeClient:
             raise ApiError(0, "Unreachable", f"{method} {path}: {exc!r}") from None
         finally:
             self.slots.release()
-        if status >= 400:
-            message = data.decode(errors="replace")[:500]
-            try:
-                document = orjson.loads(data)
-                reason, message = document.get("reason", reason), document.get("message", message)
-            except orjson.JSONDecodeError:
-                pass
-            raise ApiError(status, str(reason), str(message))
-        return orjson.loads(data) if data else None
+        return _answer(method, path, status, reason, data)
 
     async def _take_slot(self, method: str, path: str, fence: Callable[[], float] | None) -> None:
         """One of the connections, waiting no longer than the fence allows (`Fenced` once it has run out; a fence

@@ -171,6 +171,8 @@ class LeaderElector(threading.Thread):
                     return False
                 raise
             return True
+        if not isinstance(lease, dict) or not isinstance(lease.get("spec") or {}, dict):
+            raise ApiError(0, "InvalidAnswer", f"GET {self.path}: the answer is not a Lease")
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
         record = (holder, str(spec.get("renewTime", "")))

@@ -50,6 +50,7 @@ class LeaseApi(ThreadingHTTPServer):
         self.data = store or Store()
         self.hang = threading.Event()
         self.release = threading.Event()
+        self.garbled = 0  # the next this many requests get a 200 whose body is not JSON (a proxy's error page)
 
     @property
     def url(self) -> str:
@@ -84,10 +85,21 @@ class LeaseHandler(BaseHTTPRequestHandler):
         with self.server.lock:
             hang = self.server.hang.is_set()
             lease = self.server.data.lease
-            if not hang:
+            if self.server.garbled > 0:
+                self.server.garbled -= 1
+                self.garble()
+            elif not hang:
                 self.respond(lease, body)
         if hang:
             self.server.release.wait(60)
+
+    def garble(self) -> None:
+        data = b"<html><body>502 Bad Gateway</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def respond(self, lease: dict[str, Any] | None, body: Any) -> None:
         """The API server's answer (under the lock: `hang` stops every answer after it is set)."""
@@ -279,6 +291,47 @@ def test_a_standby_takes_over_only_after_the_leader_stopped_acting(serve: Callab
         margin = two_started_acting - one_stopped_acting
         assert margin >= 1.5 - 0.8 - 0.05, f"the standby began {margin:.2f}s after the leader stopped"
         assert lease.lease is not None and lease.lease["spec"]["holderIdentity"] == "two"
+    finally:
+        stop.set()
+
+
+def test_a_standby_answered_garbage_stays_a_candidate(api: LeaseApi) -> None:
+    """A proxy before the API server answers a few requests with a page that is not JSON: the attempt failed, and
+    the candidate tries again (its election thread ended on the decoding error, so the replica never led again)."""
+    callbacks, stop = Callbacks(), threading.Event()
+    with api.lock:
+        api.garbled = 2
+    one = elector(client_for(api), callbacks, stop, lease_duration=2.0, renew_deadline=1.0, retry_period=0.1)
+    one.start()
+    try:
+        assert callbacks.started.wait(5), f"never led (election thread alive: {one.is_alive()})"
+    finally:
+        stop.set()
+
+
+def test_a_leader_whose_renewals_are_answered_garbage_gives_up_at_its_deadline(api: LeaseApi) -> None:
+    """The renewals get a page that is not JSON until the renew deadline passes: the leader gives up (the scheduler
+    exits so that a fresh process stands by) rather than its election thread ending while the replica still
+    reports itself the leader and never acts nor exits."""
+    callbacks, stop, leadership = Callbacks(), threading.Event(), Leadership()
+    one = elector(
+        client_for(api),
+        callbacks,
+        stop,
+        lease_duration=2.0,
+        renew_deadline=1.0,
+        retry_period=0.1,
+        leadership=leadership,
+    )
+    one.start()
+    try:
+        assert callbacks.started.wait(5)
+        with api.lock:
+            api.garbled = 1_000_000
+        assert callbacks.stopped.wait(5), (
+            f"never gave up (election thread alive: {one.is_alive()}, holds: {leadership.holds()})"
+        )
+        assert not one.is_leader.is_set()
     finally:
         stop.set()
 
