@@ -513,12 +513,15 @@ def _process(
     live: set[str] = set()
     cluster = cluster or Cluster([], {})
     gathering: dict[str, list[PodRequest]] = {}  # gang -> its members arrived, not placed yet
+    waiting: set[str] = set()  # the keys of the members in `gathering`
     for event in _arrivals(pods, cluster):
         request = event.request
         started = clock()
         if event.deleting:
-            for members in gathering.values():
-                members[:] = [m for m in members if m.key != request.key]
+            if request.key in waiting:
+                waiting.discard(request.key)
+                for members in gathering.values():
+                    members[:] = [m for m in members if m.key != request.key]
             released = engine.release(request.key)
             latencies.append(clock() - started)
             live.discard(request.key)
@@ -531,9 +534,10 @@ def _process(
                 "annotations": {},
             }
             continue
-        if request.key in live:
+        if request.key in live or request.key in waiting:
+            state = "scheduled" if request.key in live else "waiting for its gang"
             raise SimulationError(
-                f"{event.where}: metadata.name: pod {request.key} is already scheduled; delete it first "
+                f"{event.where}: metadata.name: pod {request.key} is already {state}; delete it first "
                 "(a Pod document with metadata.deletionTimestamp)"
             )
         refusal = engine.pre_enqueue(request)  # PreEnqueue (SchedulingGates): no cycle until a later document lifts it
@@ -556,8 +560,10 @@ def _process(
             if group is not None:
                 members = gathering.setdefault(group.key, [])
                 members.append(request)
+                waiting.add(request.key)
                 if len(members) + len(engine.gang_holders(group)) >= group.min_member:
                     del gathering[group.key]
+                    waiting.difference_update(m.key for m in members)
                     yield from _place_gang(engine, group, members, cluster, live)
                     latencies.extend([(clock() - started) / len(members)] * len(members))
                 continue

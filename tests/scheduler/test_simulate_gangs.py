@@ -125,6 +125,25 @@ def test_a_high_priority_gang_preempts_one_rack(tmp_path: Path, capsys: Any) -> 
     assert [e["event"] for e in events if e.get("gang")] == ["scheduled", "scheduled"]
 
 
+def test_a_member_given_twice_while_its_gang_gathers_is_refused_not_counted_twice(tmp_path: Path, capsys: Any) -> None:
+    """A file that creates `train-0` twice before `train-1` (the API server answers the second AlreadyExists): the
+    gang of minMember 2 was placed with `train-0` counted twice, one member short, and `train-0` printed scheduled
+    twice on the same GPUs; the copy is refused as a copy of a scheduled pod is."""
+    documents = [*nodes([2]), podgroup("train", 2), *workers("train", 1), *workers("train", 2)]
+    code, out, err = run(tmp_path, documents, "--json", capsys=capsys)
+    assert (code, out) == (2, ""), out
+    assert "#5: metadata.name: pod default/train-0 is already waiting for its gang; delete it first" in err
+    deleted = {**workers("train", 1)[0]}
+    deleted["metadata"] = {**deleted["metadata"], "deletionTimestamp": "2024-01-01T00:00:00Z"}
+    code, out, _ = run(tmp_path, [*documents[:4], deleted, *workers("train", 2)], "--json", capsys=capsys)
+    events = [(e["pod"], e["event"]) for e in map(json.loads, out.splitlines())]
+    assert code == 0 and events == [
+        ("default/train-0", "deleted"),
+        ("default/train-0", "scheduled"),
+        ("default/train-1", "scheduled"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("document", "message"),
     [
