@@ -293,16 +293,18 @@ class ContainerEditor:
 
     # -- CreateContainer -----------------------------------------------------------------------------------------
 
-    def create_container(self, body: bytes, *, cdi: CdiMode | None = None) -> bytes:
+    def create_container(self, body: bytes, *, cdi: CdiMode | None = None, wait: float | None = None) -> bytes:
         """The request bytes to forward: `body` itself when nothing changes, else the edited request.
 
         `body` is a CreateContainerRequest of CRI v1 or v1alpha2 (the fields read and edited have the same numbers);
         `cdi` overrides the editor's CDI mode for this call (`annotation` for a runtime spoken to in v1alpha2, whose
-        ContainerConfig has no CDI field).
+        ContainerConfig has no CDI field). `wait`: at most how many seconds to wait for the node's device check that
+        another creation holds (the caller's deadline; None: as long as it takes).
 
         Raises `AllocationRefused` (answer FAILED_PRECONDITION), for a failed check and for anything else that goes
         wrong while reading, verifying or applying the allocation; or `ConnectionError` (the API server or the
-        runtime could not say what the container may have: answer UNAVAILABLE, the kubelet retries).
+        runtime could not say what the container may have, or the check was not free within `wait`: answer
+        UNAVAILABLE, the kubelet retries).
         """
         try:
             request = api_pb2.CreateContainerRequest.FromString(body)
@@ -312,7 +314,7 @@ class ContainerEditor:
         pod = PodIdentity(metadata.namespace, metadata.name, metadata.uid)
         container = request.config.metadata.name
         try:
-            return self._create(request, body, pod, container, cdi or self.cdi)
+            return self._create(request, body, pod, container, cdi or self.cdi, wait)
         except (AllocationRefused, ConnectionError):
             raise
         except Exception as exc:
@@ -323,7 +325,9 @@ class ContainerEditor:
                 f"({_brief(exc)}); the container is not created",
             ) from None
 
-    def _create(self, request: Any, body: bytes, pod: PodIdentity, container: str, cdi: CdiMode) -> bytes:
+    def _create(
+        self, request: Any, body: bytes, pod: PodIdentity, container: str, cdi: CdiMode, wait: float | None = None
+    ) -> bytes:
         # The kubelet's copy of the pod's annotations, else (with --kubeconfig) the API server's.
         fallback = request.sandbox_config.annotations.get(ALLOCATION_KEY)
         from_api = fallback is None
@@ -334,7 +338,15 @@ class ContainerEditor:
         if self.sandboxes is None:
             record = verified_allocation(fallback, key=self.key, node=self.node, pod=pod)
             return self._edit(request, body, pod, container, record, cdi)
-        with self._lock:
+        # A creation that cannot have the check before its caller gives up leaves, rather than hold one of the
+        # shim's workers past the deadline: behind a plugin edit that hangs, the kubelet's retries would otherwise
+        # take every worker, and the shim would answer nothing else for the node (its sandboxes, its status).
+        if not self._lock.acquire(timeout=-1 if wait is None else max(0.0, wait)):
+            raise ConnectionError(
+                f"pod {pod.key} container {container}: another container's creation has held the node's device "
+                "check for longer than this call may wait"
+            )
+        try:
             listed = {s.id: s for s in self.sandboxes.sandboxes()}
             self._forget_all_but(listed)
             own = listed.get(request.pod_sandbox_id)
@@ -349,6 +361,8 @@ class ContainerEditor:
             if wanted:
                 self._applied.setdefault(request.pod_sandbox_id, set()).update(wanted)
             return edited
+        finally:
+            self._lock.release()
 
     @staticmethod
     def _sandbox_allocation(
@@ -785,6 +799,13 @@ def _remaining(context: grpc.ServicerContext) -> float | None:
     return None if remaining is None or remaining > NO_DEADLINE else remaining
 
 
+def _answer_within(context: grpc.ServicerContext) -> float | None:
+    """How long the call may wait and still be answered before its deadline: a tenth (at most a second) is kept for
+    the answer to travel."""
+    remaining = _remaining(context)
+    return None if remaining is None else remaining - min(1.0, remaining / 10)
+
+
 def _metadata(context: grpc.ServicerContext) -> list[tuple[str, str | bytes]]:
     return [
         (k, v)
@@ -856,7 +877,7 @@ def _create_container(
         # v1alpha2's ContainerConfig has no CDI field: CDI names for a runtime spoken to in it go to annotations.
         cdi: CdiMode = "annotation" if editor.cdi == "field" and versions.upstream(served) != "v1" else editor.cdi
         try:
-            edited = editor.create_container(request, cdi=cdi)
+            edited = editor.create_container(request, cdi=cdi, wait=_answer_within(context))
         except AllocationRefused as refused:
             log.warning("refused CreateContainer: %s", refused, extra={"reason": refused.check})
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"kubegpu: {refused.check} check failed: {refused}")

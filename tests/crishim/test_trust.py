@@ -617,6 +617,68 @@ def test_an_unverifiable_claim_on_another_pod_holds_nothing(node: Node) -> None:
     assert [d.container_path for d in node.last().devices] == ["/dev/fpga1"]
 
 
+class _Hangs:
+    """A plugin whose edit waits on something that never answers (a wedged device's sysfs file, a hung NVML call)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    @hookimpl
+    def kubegpu_device_resources(self) -> list[str]:
+        return [FPGA]
+
+    @hookimpl
+    def kubegpu_device_edit_container(self, allocation: ContainerAllocation, edit: ContainerEdit) -> bool:
+        self.entered.set()
+        self.release.wait(60)
+        return True
+
+
+def test_a_plugin_edit_that_hangs_costs_the_shim_one_worker_not_the_node(
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+) -> None:
+    """A plugin's edit hangs while it holds the node's device check: the creations waiting for that check used to
+    wait past their callers' deadlines, each holding one of the shim's workers, so once the kubelet had retried as
+    many times as there are workers the shim answered nothing else (ListPodSandbox, Status: the node goes NotReady).
+    A creation that cannot have the check before its deadline is answered UNAVAILABLE (the kubelet retries) and
+    gives its worker back."""
+    hangs = _Hangs()
+    directory = Path(tempfile.mkdtemp(prefix="kubegpu-trust-"))
+    running = Node(directory, make_plugin_manager("device", bad=hangs))  # the shim has 8 workers
+    stuck = threading.Thread(target=lambda: running.kubelet.refused(running.kubelet.run_pod("s", "uid-s", {
+        ALLOCATION_KEY: signed("uid-s", {"main": {FPGA: ["fpga0"]}})})), daemon=True)  # fmt: skip
+    try:
+        stuck.start()
+        assert hangs.entered.wait(5)
+        answers = []
+        for i in range(9):  # the kubelet's retries of other device pods, one more than the shim has workers
+            sandbox_id, config = running.kubelet.run_pod(f"p{i}", f"uid-p{i}", {
+                ALLOCATION_KEY: signed(f"uid-p{i}", {"main": {FPGA: [f"fpga{1 + i % 3}"]}})})  # fmt: skip
+            request = api_pb2.CreateContainerRequest(
+                pod_sandbox_id=sandbox_id,
+                config=api_pb2.ContainerConfig(metadata=api_pb2.ContainerMetadata(name="main")),
+                sandbox_config=config,
+            )
+            with pytest.raises(grpc.RpcError) as failed:
+                running.kubelet.runtime.CreateContainer(request, timeout=0.6)  # the kubelet's is 2 minutes
+            answers.append(refusal(failed.value))
+        listed = running.kubelet.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=3)
+        assert len(listed.items) == 10
+        # Answered just before the deadline (on a busy machine the deadline may come first: the worker is freed
+        # either way, which the calls above, each through a worker, show).
+        assert {code for code, _ in answers} <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+        assert any(
+            code == grpc.StatusCode.UNAVAILABLE and "held the node's device check for longer" in details
+            for code, details in answers
+        ), answers
+    finally:
+        hangs.release.set()
+        stuck.join(10)
+        running.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def test_concurrent_creations_never_hand_one_device_to_two_pods(node: Node) -> None:
     pods = [
         node.kubelet.run_pod(
