@@ -112,6 +112,7 @@ from typing import Any
 import grpc
 
 from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord
+from kubegpu.core.manifests import SIDECAR_RESTART_POLICY
 from kubegpu.core.models import ContainerAllocation, ContainerEdit, DeviceInventory, share_slot
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
 from kubegpu.core.process import parse_interval
@@ -227,7 +228,8 @@ class Inventory:
 class Candidate:
     """A pod bound to this node and not started, that requests some resource: `record` is its verified allocation,
     None when it has none (kubegpu did not place it, or its allocation failed a check: `unverified` says which);
-    `order` is its containers' admission order and `requests` what each asks (None: a count that cannot be read)."""
+    `order` is its containers' admission order and `requests` what each asks (None: a count that cannot be read);
+    `apps` its app containers (`spec.containers`) and `classic` its init containers that are no sidecars."""
 
     pod: PodIdentity
     created: str
@@ -235,11 +237,35 @@ class Candidate:
     order: list[str]
     requests: dict[str, dict[str, int | None]]
     unverified: str = ""
+    apps: tuple[str, ...] = ()
+    classic: frozenset[str] = frozenset()
 
     def ids(self, container: str, resource: str) -> list[str]:
         if self.record is None:
             return []
+        lender = self.lender(container, resource)
+        if lender is not None:
+            count = self.requests[container][resource] or 0
+            return list(self.record.containers[lender][resource][:count])
         return list(self.record.containers.get(container, {}).get(resource, []))
+
+    def lender(self, container: str, resource: str) -> str | None:
+        """For a classic init container asking `resource` that the allocation names none of: the app container whose
+        devices it is given. The scheduler counts an init container's devices among its pod's and names none of its
+        own, as the kubelet hands an init container's devices on to the containers after it; so the init container
+        gets the first of an app container's (one with as many, and all of them where they are shares, whose limits
+        go with them)."""
+        record = self.record
+        if record is None or container not in self.classic or resource in record.containers.get(container, {}):
+            return None
+        count = self.requests.get(container, {}).get(resource)
+        if not count:
+            return None
+        for app in self.apps:
+            ids = record.containers.get(app, {}).get(resource, [])
+            if len(ids) == count or (len(ids) > count and resource not in record.shares.get(app, {})):
+                return app
+        return None
 
 
 @dataclass(frozen=True)
@@ -287,8 +313,8 @@ class PendingPods:
             listed.add(str(metadata.get("uid", "")))
             if phase not in (None, "Pending"):
                 continue
-            containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
-            requests = {str(c.get("name", "")): _requests(c) for c in containers}
+            init, apps = spec.get("initContainers") or [], spec.get("containers") or []
+            requests = {str(c.get("name", "")): _requests(c) for c in [*init, *apps]}
             text = (metadata.get("annotations") or {}).get(ALLOCATION_KEY)
             if text is None and not any(requests.values()):
                 continue  # asks for no device: the kubelet never calls a device plugin for it
@@ -303,7 +329,13 @@ class PendingPods:
                     )
                     unverified = f"its {ALLOCATION_KEY} failed the {refused.check} check"
             created = str(metadata.get("creationTimestamp", ""))
-            candidates.append(Candidate(identity, created, record, list(requests), requests, unverified))
+            classic = frozenset(
+                str(c.get("name", "")) for c in init if c.get("restartPolicy") != SIDECAR_RESTART_POLICY
+            )
+            apps_named = tuple(str(c.get("name", "")) for c in apps)
+            candidates.append(
+                Candidate(identity, created, record, list(requests), requests, unverified, apps_named, classic)
+            )
         now = self.clock()
         with self.lock:
             for candidate in self.candidates:
@@ -461,7 +493,7 @@ def allocate_response(
     # the kubelet does not allocate through a device plugin: the container's shares of the same plugin go along.
     shares = {
         r: dict(s)
-        for r, s in record.shares.get(container, {}).items()
+        for r, s in record.shares.get(candidate.lender(container, resource) or container, {}).items()
         if r == resource or plugins.owner_of(r) == plugin
     }
     allocation = ContainerAllocation(

@@ -793,3 +793,53 @@ def test_a_node_serving_mig_lists_each_mig_device_and_a_pod_gets_the_one_its_all
     finally:
         service.stop()
         kubelet.stop()
+
+
+def test_a_placed_pods_init_container_asking_gpus_is_admitted_with_gpus_of_its_pod(
+    directory: Path,
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A pod whose init container checks its GPU before the app starts (`nvidia.com/gpu: 1` on both), placed by the
+    real engine: the scheduler counts the init container's devices among the pod's and names none of its own (the
+    kubelet hands an init container's devices on to the containers after it), so the kubelet's Allocate for the init
+    container matched no container and the pod failed admission, told that it must be scheduled by kubegpu. The init
+    container now gets GPUs the allocation names for its pod (an app container's), and the app container the same."""
+    monkeypatch.setitem(sys.modules, "pynvml", one_gpu_nvml(2))
+    host = tmp_path / "host"
+    (host / "dev").mkdir(parents=True)
+    engine = Engine(
+        build_plugin_manager("scheduler", plugins=[("nvidia", nvidia_scheduler)], autoload=False), signing_key=KEY
+    )
+    engine.add_node(make_node(NODE, labels={"nvidia.com/gpu.count": "2"}, allocatable={GPU: 2}))
+    engine.add_node(make_node("elsewhere", labels={"nvidia.com/gpu.count": "2"}, allocatable={GPU: 2}))
+    manifest = pod_manifest("checked", {"main": {GPU: 1}}, namespace="team")
+    manifest["spec"]["initContainers"] = [{"name": "gpu-check", "resources": {"limits": {GPU: "1"}}}]
+    manifest["metadata"].update(uid="uid-checked", creationTimestamp="2025-01-01T00:00:00Z")
+    decision = engine.schedule(pod_request(manifest)[0])
+    assert decision.scheduled and decision.allocation is not None
+    assert list(decision.allocation.containers) == ["main"]  # the scheduler names no device of the init container
+    manifest["metadata"]["annotations"].update(decision.annotations)
+    manifest["spec"]["nodeName"] = NODE
+    manifest["status"] = {"phase": "Pending"}
+    signed_gpu = decision.allocation.containers["main"][GPU]
+
+    kubelet = FakeKubelet(directory)
+    kubelet.start()
+    service = DevicePluginService(
+        make_plugin_manager("device", nvidia=nvidia_device), PendingPods(lambda: [manifest], NODE, KEY),
+        directory=directory, host_root=host, dev_root=Path("/host/dev"), interval=3600,
+    )  # fmt: skip
+    service.start()
+    try:
+        assert [r.resource_name for r in kubelet.wait_registrations(1)] == [GPU]
+        taken, answer = admitted(directory, ["0", "1"], 1, GPU)  # the init container, admitted first
+        assert not isinstance(answer, grpc.RpcError), answer.details()
+        assert taken == signed_gpu and dict(answer.envs)["NVIDIA_VISIBLE_DEVICES"] == signed_gpu[0]
+        answer = allocate(directory, GPU, taken)  # the app container, given the init container's GPU again
+        assert not isinstance(answer, grpc.RpcError), answer.details()
+        assert dict(answer.envs)["NVIDIA_VISIBLE_DEVICES"] == signed_gpu[0]
+    finally:
+        service.stop()
+        kubelet.stop()
