@@ -38,6 +38,7 @@ from kubegpu.core.answers import CHECKS, WrongAnswer
 __all__ = [
     "ALLOW_ENV",
     "DISABLE_AUTOLOAD_ENV",
+    "PLUGIN_ERRORS",
     "KubegpuPluginManager",
     "PluginFailure",
     "PluginHookError",
@@ -48,6 +49,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("kubegpu.plugins")
+
+# What a plugin's code may raise that is the plugin's failure: any exception, and `SystemExit` (a plugin that calls
+# `sys.exit`, or parses its settings with argparse, on import or in a hook), which would otherwise end the process
+# that called it (the scheduler, the shim) instead of costing that plugin. KeyboardInterrupt stays the operator's.
+PLUGIN_ERRORS = (Exception, SystemExit)
 
 Side = Literal["scheduler", "device"]
 DISABLE_AUTOLOAD_ENV = "KUBEGPU_DISABLE_PLUGIN_AUTOLOAD"
@@ -156,7 +162,7 @@ class KubegpuPluginManager:
         plugin = _hook_object(plugin, self.project)
         try:
             self.pm.register(plugin, name=name)
-        except Exception as exc:
+        except PLUGIN_ERRORS as exc:
             self._fail(name, "register", _describe(exc))
             return False
         refusal = self._refusal(plugin)
@@ -168,7 +174,7 @@ class KubegpuPluginManager:
         if callable(bind) and not isinstance(plugin, ModuleType):
             try:
                 bind(name)
-            except Exception as exc:
+            except PLUGIN_ERRORS as exc:
                 self.pm.unregister(plugin)
                 self._fail(name, "register", f"bind_plugin_name failed: {_describe(exc)}")
                 return False
@@ -328,7 +334,7 @@ class KubegpuPluginManager:
         try:
             answer = function(*[kwargs[a] for a in argnames])
             return CHECKS[hook](self, plugin, answer, kwargs) if hook in CHECKS else answer
-        except Exception as exc:
+        except PLUGIN_ERRORS as exc:
             raise self.failed(plugin, hook, exc) from exc
 
     def failed(self, plugin: str, hook: str, exc: BaseException) -> PluginHookError:
@@ -413,7 +419,7 @@ def make_plugin_manager(
             dist = ep.dist
             try:
                 plugin = ep.load()
-            except Exception as exc:
+            except PLUGIN_ERRORS as exc:
                 manager._fail(ep.name, "load", _describe(exc))
                 continue
             if dist is not None and id(dist) not in described:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from kubegpu.core.answers import rule_filter_answer, rule_score_answer
 from kubegpu.core.models import PodRequest
-from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
+from kubegpu.core.plugin_manager import PLUGIN_ERRORS, KubegpuPluginManager, PluginHookError
 from kubegpu.core.scheduler_hooks import FilterRule, ScoreRule
 from kubegpu.core.status import Status
 from kubegpu.scheduler.engine.framework import FilterContext, NodeFilter, ScoreContext, ScorePlugin
@@ -39,7 +39,7 @@ class GuardedFilter:
     def filter(self, engine: FilterContext, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
         try:
             return rule_filter_answer(self.rule.filter(record.info, pod))
-        except Exception as exc:
+        except PLUGIN_ERRORS as exc:
             error = _failed(self.plugins, self.plugin, self.where, exc)
             return Status.error(str(error), plugin=self.plugin)
 
@@ -66,7 +66,7 @@ class GuardedScore:
         for record in records:
             try:
                 out.append(rule_score_answer(self.rule.score(record.info, pod)))
-            except Exception as exc:
+            except PLUGIN_ERRORS as exc:
                 _failed(self.plugins, self.plugin, self.where, exc)
                 out.append(0.0)
         return out

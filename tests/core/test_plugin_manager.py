@@ -199,6 +199,25 @@ def test_a_plugin_that_fails_to_import_is_reported_and_the_others_still_load(
     assert str(failure) == ("plugin 'broken' (scheduler) failed at load: ImportError: No module named 'vendor_sdk'")
 
 
+def _exits_at_import() -> object:
+    raise SystemExit("acme: set ACME_LICENSE first")  # a module that parses its settings (argparse, click) on import
+
+
+def test_a_plugin_that_exits_while_it_is_imported_is_reported_and_the_others_still_load(
+    installed: list[FakeEntryPoint],
+) -> None:
+    """A plugin module that calls `sys.exit` (or argparse's error) while it is imported ended the process that
+    loaded it (the scheduler, the shim, `kubegpu plugins list`) instead of being listed as failed and left out."""
+    installed.append(FakeEntryPoint("exits", _exits_at_import))
+    installed.append(FakeEntryPoint("card", lambda: owning("card", "example.com/card")))
+
+    manager = make_plugin_manager("scheduler")
+
+    assert manager.names == ["card"]
+    [failure] = manager.failures
+    assert str(failure) == "plugin 'exits' (scheduler) failed at load: SystemExit: acme: set ACME_LICENSE first"
+
+
 def test_an_entry_point_outside_the_allowlist_is_never_imported(installed: list[FakeEntryPoint]) -> None:
     installed.append(FakeEntryPoint("broken", _missing_sdk))
     installed.append(FakeEntryPoint("card", lambda: owning("card", "example.com/card"), dist=None))

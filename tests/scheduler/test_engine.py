@@ -195,6 +195,27 @@ def test_a_plugin_raising_in_fit_names_the_plugin_and_the_engine_survives() -> N
     assert e.schedule(make_pod("a", {"main": {CARD: 1}})).scheduled
 
 
+def test_a_plugin_exiting_in_fit_is_its_failure_not_the_schedulers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hook that calls `sys.exit` (a plugin parsing its settings with argparse on first use) ended the engine's
+    caller, the scheduler process, at the first pod that reached the plugin (and again at every restart), where the
+    README promises a reason naming the plugin and the hook; the CRI shim already treated it so."""
+
+    def exits(hook: str) -> None:
+        if hook in toy.BROKEN_HOOKS:
+            raise SystemExit(f"toy {hook}: bad settings")
+
+    monkeypatch.setattr(toy, "_maybe_break", exits)
+    e = engine()
+    e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
+    toy.BROKEN_HOOKS.add("fit")
+    decision = e.schedule(make_pod("a", {"main": {CARD: 1}}))
+    assert not decision.scheduled
+    assert "plugin 'toy' failed in kubegpu_scheduler_fit: SystemExit: toy fit: bad settings" in (decision.reason or "")
+    toy.BROKEN_HOOKS.clear()
+    assert e.schedule(make_pod("plain", {"main": {"cpu": "1"}})).scheduled
+    assert e.schedule(make_pod("a", {"main": {CARD: 1}})).scheduled
+
+
 def test_a_failing_take_rolls_back_and_holds_nothing() -> None:
     e = engine()
     e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
