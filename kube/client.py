@@ -47,7 +47,8 @@ REPORT_TURN = 4  # a report waiting for a connection gets at least one in this m
 
 
 class ApiError(Exception):
-    """An API call that failed: `status` is the HTTP status (0 when the server could not be reached)."""
+    """An API call that failed: `status` is the HTTP status (0 when the server could not be reached, or when a success
+    answer could not be read: the call may have been carried out)."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
         self.status = status

@@ -10,9 +10,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from aiohttp import web
 
-from kubegpu.kube.client import AsyncKubeClient, Credentials, Fenced, Informer, KubeClient, RateLimiter
+from kubegpu.kube.client import ApiError, AsyncKubeClient, Credentials, Fenced, Informer, KubeClient, RateLimiter
 
 
 class SlowNodeList:
@@ -311,3 +312,46 @@ def test_lists_that_succeed_do_not_undo_the_backoff_of_watches_that_fail() -> No
         stop.set()
         informer.join(5)
         api.close()
+
+
+def test_an_answer_that_is_not_json_is_an_answer_lost_for_both_clients() -> None:
+    """A proxy's page with status 200 (or an error page whose body is no Status) is an `ApiError`, the one failure
+    callers handle: status 0 for a success that cannot be read (a write may have been made: the binder looks a
+    Binding up, as after a timeout), the status itself otherwise. Before, orjson's decoding error went through
+    every caller that expects `ApiError` (the leader elector's thread, the advertiser's Lease renewer, discovery)."""
+    pages = {"/page": (200, b"<html>502 Bad Gateway</html>"), "/list-error": (503, b'["not", "a", "Status"]')}
+
+    async def serve() -> web.AppRunner:
+        async def handle(request: web.Request) -> web.Response:
+            status, body = pages[request.path]
+            return web.Response(status=status, body=body, content_type="text/html")
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    runner = asyncio.run_coroutine_threadsafe(serve(), loop).result(5)
+    port = runner.addresses[0][1]
+    credentials = Credentials(f"http://127.0.0.1:{port}", None, None, None, False, None)
+    writer = AsyncKubeClient(credentials, RateLimiter(0.0, 1))
+    try:
+        for ask in (
+            lambda path: KubeClient(credentials).request("POST", path, body={}),
+            lambda path: writer.submit(writer.request("POST", path, {})).result(5),
+        ):
+            with pytest.raises(ApiError) as lost:
+                ask("/page")
+            assert lost.value.status == 0 and "the 200 answer is not JSON" in str(lost.value)
+            with pytest.raises(ApiError) as failed:
+                ask("/list-error")
+            assert failed.value.status == 503 and '["not", "a", "Status"]' in str(failed.value)
+    finally:
+        writer.close()
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
