@@ -361,3 +361,34 @@ def test_requests_remembered_per_shape_equal_each_pod_parsed_afresh() -> None:
         pod = traces.TracePod(f"pod-{i}", cpu, memory, gpus, milli, models)
         fresh, _ = pod_request(traces.pod_document(pod, f"pod-{i}"))
         assert remembered.get(pod, f"pod-{i}") == fresh
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The garbage collector during a replay
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_a_replay_lets_the_collector_pass_over_young_objects_only_and_gives_its_thresholds_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each full pass of the collector walks every memo of the engine (millions of objects on openb, none of them
+    # garbage): `kubegpu simulate` replays a trace as it runs manifests, its oldest generation never collected by
+    # the collector's own rule, the thresholds as they were afterwards.
+    import gc
+
+    from kubegpu.scheduler import simulate
+
+    nodes, pods = write_trace(tmp_path, four_nodes_of_two_gpus(), [pod_row(f"p{i}", 1, 300) for i in range(8)])
+    seen: list[tuple[int, int, int]] = []
+    replay = traces.replay
+
+    def observed(*args: Any, **kwargs: Any) -> traces.ReplayResult:
+        seen.append(gc.get_threshold())
+        return replay(*args, **kwargs)
+
+    monkeypatch.setattr(traces, "replay", observed)
+    found = gc.get_threshold()
+    document = replay_json(capsys, nodes, pods, "--inflate", "1.0")
+    assert document["scheduled"] == 4 * 2 * 3  # three shares of 300 on each GPU of the four nodes
+    assert [threshold[2] for threshold in seen] == [simulate.NO_FULL_COLLECTION]
+    assert gc.get_threshold() == found
