@@ -648,9 +648,21 @@ def split_mig(state: NvidiaNodeState, allocation: PluginAllocation) -> tuple[Plu
     return rest, state.mig.read(found)
 
 
+ASKS_INTERNED = 4096  # distinct asks `read_ask` keeps one object of; past it, dropped all at once
+_asks: dict[NvidiaPodState, NvidiaPodState] = {}
+
+
 def read_ask(pod: PodRequest) -> NvidiaPodState:
-    """The nvidia part of a pod (the engine reads it once per pod signature: `kubegpu_scheduler_prepare`)."""
-    return parse_ask(pod.containers, pod.annotations)
+    """The nvidia part of a pod (the engine reads it once per pod signature: `kubegpu_scheduler_prepare`), one
+    object per distinct ask: the `PlacementBook` keeps answers by the ask's identity, so pod shapes that differ
+    only beside their GPUs (cpu, memory) share their placements and fit answers (openb: 126 shapes, 24 asks)."""
+    ask = parse_ask(pod.containers, pod.annotations)
+    known = _asks.get(ask)
+    if known is None:
+        if len(_asks) >= ASKS_INTERNED:
+            _asks.clear()
+        known = _asks[ask] = ask
+    return known
 
 
 def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, str]) -> NvidiaPodState:

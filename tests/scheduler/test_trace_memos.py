@@ -146,3 +146,23 @@ def test_shared_placements_and_measures_equal_each_node_computed_alone(
                 assert sharing.node_fragmentation(state.free_millis(), table, cpu) == uncached_fragmentation(
                     state.free_millis(), table, cpu
                 )
+
+
+def test_pods_alike_in_their_gpus_share_one_ask_and_so_its_placements(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The PlacementBook keeps answers by the ask's identity: pod shapes that differ only in cpu or memory read one
+    # ask object (`read_ask`), so a placement made for one is the other's; equal in value, they place alike (the
+    # replay oracle above holds the placements against the book turned off).
+    def ask(cpu: int, memory: int, gpus: int, milli: int, models: tuple[str, ...] = ()) -> nvidia.NvidiaPodState:
+        pod = traces.TracePod(f"p-{cpu}-{memory}", cpu, memory, gpus, milli, models)
+        return nvidia.read_ask(pod_request(traces.pod_document(pod, pod.name))[0])
+
+    assert ask(1000, 2048, 1, 500) is ask(32000, 47104, 1, 500)
+    assert ask(1000, 2048, 2, 1000) is ask(8000, 2048, 2, 1000)
+    assert ask(1000, 2048, 1, 500) != ask(1000, 2048, 1, 250)
+    # The trace's GPU model is the pod's node affinity, which the engine's filters answer, not the ask.
+    assert ask(1000, 2048, 1, 500, ("T4",)) is ask(1000, 2048, 1, 500)
+    monkeypatch.setattr(nvidia, "ASKS_INTERNED", 4)
+    monkeypatch.setattr(nvidia, "_asks", {})
+    for milli in range(100, 1000, 50):  # a tenant's ever new asks: the kept ones stay bounded
+        ask(1000, 2048, 1, milli)
+        assert len(nvidia._asks) <= 4
