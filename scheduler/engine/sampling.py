@@ -31,6 +31,7 @@ and a pod ranked on every node whose refusal leaves out the nodes the capacity i
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from itertools import compress
 from operator import add
@@ -160,10 +161,12 @@ class Sampling(Reserving):
             book.numbering = numbering.epoch
         alike = book.alike
         numbers = self._numbers_of_nodes()
+        if not book.finals:
+            return self._every_answer(book, pod, plan, index, need, numbers)
         # `mask` follows `fits` where it is in the tree's order now (`_sample_by_shape` makes it again otherwise).
         positions = self._tree_positions() if book.masked is self._tree.order() else None
         mask = book.mask
-        nodes, check, fits, finals = self.nodes, self.check, book.fits, book.finals
+        nodes, fits, finals = self.nodes, book.fits, book.finals
         reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
         short = Status.unschedulable(f"Insufficient {resource}")
         for name in changed:
@@ -186,13 +189,7 @@ class Sampling(Reserving):
             number = numbers[name]
             answer = alike.get(number) if number is not None else None
             if answer is None:
-                status = check(record, pod, plan)
-                free = index.get(name)
-                fit = free is not None and free >= need and status.code is Code.SUCCESS
-                if status.code is Code.SUCCESS:
-                    status = short
-                by_usage = status.code is Code.UNRESOLVABLE and self._node_fit(record, pod, plan) is None
-                answer = (status, record.klass, fit, by_usage)
+                answer = self._answer(record, pod, plan, index.get(name), need, short)
                 if number is not None:
                     alike[number] = answer
             status, klass, fit, by_usage = answer
@@ -212,6 +209,57 @@ class Sampling(Reserving):
                 else:
                     mask[at] = fit
             finals[name] = answer
+        book.generation = self.generation
+        return book
+
+    def _answer(
+        self, record: NodeRecord, pod: PodRequest, plan: Plan, free: int | None, need: int, short: Status
+    ) -> tuple[Status, int, bool, bool]:
+        """One node's answer to the shape (`ShapeAnswers.finals`), `free` what the capacity index offers on it."""
+        status = self.check(record, pod, plan)
+        fit = free is not None and free >= need and status.code is Code.SUCCESS
+        if status.code is Code.SUCCESS:
+            status = short
+        by_usage = status.code is Code.UNRESOLVABLE and self._node_fit(record, pod, plan) is None
+        return (status, record.klass, fit, by_usage)
+
+    def _every_answer(
+        self,
+        book: ShapeAnswers,
+        pod: PodRequest,
+        plan: Plan,
+        index: CapacityIndex,
+        need: int,
+        numbers: dict[str, int | None],
+    ) -> ShapeAnswers:
+        """A book with no answer yet (`_shape_answers`) filled with every node's: asked once per content number,
+        as the loop node by node asks, and summed once per distinct answer with its count (in the order of their
+        first nodes, so that the sums hold their keys in the same order)."""
+        alike, fits, finals = book.alike, book.fits, book.finals
+        short = Status.unschedulable(f"Insufficient {book.resource}")
+        for name, record in self.nodes.items():
+            number = numbers[name]
+            answer = alike.get(number) if number is not None else None
+            if answer is None:
+                answer = self._answer(record, pod, plan, index.get(name), need, short)
+                if number is not None:
+                    alike[number] = answer
+            fits[name] = answer[2]
+            finals[name] = answer
+        first = {id(answer): answer for answer in finals.values()}
+        counts = Counter(map(id, finals.values()))  # in the order of their first nodes, as `first`
+        reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
+        for key, count in counts.items():
+            status, klass, fit, by_usage = first[key]
+            for reason in status.reasons:
+                reasons[reason] += count
+            if status.code is Code.UNRESOLVABLE:
+                unresolvable[klass] += count
+            else:
+                book.resolvable += count
+            fitting[klass] += fit * count
+            book.by_usage += by_usage * count
+        book.masked = None
         book.generation = self.generation
         return book
 

@@ -177,3 +177,51 @@ def test_a_node_whose_books_are_their_own_content_is_asked_again_after_they_chan
         assert subject.schedule(gas_pod(name, memory)).scheduled
     decision = subject.schedule(gas_pod("c2", "4G"))
     assert (decision.node, decision.reason) == ("intel-a", None)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), arrivals=st.integers(0, 120))
+def test_a_shape_first_asked_sums_its_answers_as_the_nodes_one_by_one(seed: int, arrivals: int) -> None:
+    # A shape's first cycle answers every node (`_every_answer`): once per content number, summed once per distinct
+    # answer with its count. The oracle sums node by node in the nodes' order, as the loop over changed nodes does:
+    # the same answers, the same sums, their keys in the same order (a refusal lists its reasons in that order).
+    from collections import Counter
+
+    from kubegpu.core.status import Code, Status
+    from kubegpu.scheduler.engine.records import CPU_INDEX
+
+    rng = random.Random(seed)
+    subject = engine()
+    for document in generated_nodes(rng, rng.randint(20, 60)):
+        subject.add_node(node_info(document))
+    for pod, _ in generated_pods(rng, arrivals):
+        subject.schedule(pod_request(pod_document(pod, pod.name))[0])
+    for pod, _ in generated_pods(rng, 5):
+        request = pod_request(pod_document(pod, pod.name))[0]
+        plan = subject.plan(request)
+        resource, need = (CPU_INDEX, request.cpu_milli) if not pod.gpus else ("nvidia.com/gpu", pod.gpus)
+        index = subject._index.get(resource)
+        assert index is not None
+        subject._shape_memo.clear()
+        book = subject._shape_answers(request, plan, index, resource, need)
+        short = Status.unschedulable(f"Insufficient {resource}")
+        reasons: Counter[str] = Counter()
+        fitting: Counter[int] = Counter()
+        unresolvable: Counter[int] = Counter()
+        resolvable = by_usage = 0
+        for name, record in subject.nodes.items():
+            answer = subject._answer(record, request, plan, index.get(name), need, short)
+            assert book.finals[name] == answer and book.fits[name] is answer[2]
+            for reason in answer[0].reasons:
+                reasons[reason] += 1
+            if answer[0].code is Code.UNRESOLVABLE:
+                unresolvable[answer[1]] += 1
+            else:
+                resolvable += 1
+            fitting[answer[1]] += answer[2]
+            by_usage += answer[3]
+        assert list(book.finals) == list(subject.nodes)
+        assert list(book.reasons.items()) == list(reasons.items())
+        assert list(book.fitting.items()) == list(fitting.items())
+        assert list(book.unresolvable.items()) == list(unresolvable.items())
+        assert (book.resolvable, book.by_usage) == (resolvable, by_usage)
