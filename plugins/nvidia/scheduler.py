@@ -607,9 +607,28 @@ def fit_answer(s: NvidiaNodeState, ask: NvidiaPodState) -> Status:
             return Status.unresolvable(never, plugin=NAME)
     if ask.total > (mask & s.free).bit_count():
         return Status.unschedulable(INSUFFICIENT, plugin=NAME)
-    if ask.shares and s.plan(ask) is None:
+    if ask.shares and not shares_fit(s, mask, ask):
         return Status.unschedulable(share_shortage(s, mask, ask), plugin=NAME)
     return Status.success()
+
+
+def shares_fit(s: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> bool:
+    """Whether `place` finds GPUs for the ask: for one share container and no whole one, whether enough GPUs have
+    room for the share (`place`'s own tests, without ranking them by the mix: a fit answer needs no placement);
+    otherwise the placement itself."""
+    if ask.containers or len(ask.shares) != 1:
+        return s.plan(ask) is not None
+    share = ask.shares[0]
+    room = 0
+    for bit in range(len(s.ids)):
+        if not (eligible >> bit & 1) or not s.shareable(bit) or s.tasks[bit] >= s.split:
+            continue
+        if s.cores_used[bit] + share.cores > 100:
+            continue
+        if s.memory_used[bit] + (s.memory_of(share, bit) or 0) > s.memory_cap[bit]:
+            continue
+        room += 1
+    return room >= share.count
 
 
 # ----------------------------------------------------------------------------------------------------------

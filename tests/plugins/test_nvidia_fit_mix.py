@@ -79,3 +79,42 @@ def test_only_a_second_share_container_lets_the_mix_decide_the_fit() -> None:
         {},
     )
     assert len(two.shares) == 2 and nvidia.fit_reads_mix(two)
+
+
+SHARE_ASKS = [
+    {nvidia.RESOURCE: 1, "nvidia.com/gpucores": 30},
+    {nvidia.RESOURCE: 1, "nvidia.com/gpucores": 70, "nvidia.com/gpumem-percentage": 20},
+    {nvidia.RESOURCE: 2, "nvidia.com/gpucores": 50},
+    {nvidia.RESOURCE: 1, "nvidia.com/gpumem": 9000},
+    {nvidia.RESOURCE: 3, "nvidia.com/gpumem-percentage": 60},
+]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from([1000, 8000, 32000])), max_size=40),
+    st.sampled_from(["fgd", "bestfit"]),
+)
+def test_a_share_fits_where_place_finds_it_gpus(arrivals: list[tuple[int, int]], policy: str) -> None:
+    # A fit answer of one share container asks whether enough GPUs have room for it (`shares_fit`), without
+    # placing it by the mix: the oracle is `place` itself, on nodes of random fill, for shares of compute, of
+    # memory, and of several GPUs.
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    for i in range(6):
+        cpu, memory, gpus, model = NODE_KINDS[i % 2]
+        engine.add_node(node_info(traces.node_document(traces.TraceNode(f"node-{i}", cpu, memory, gpus, model))))
+    for name in engine.node_names():
+        state = engine.nodes[name].states["nvidia"]
+        assert isinstance(state, nvidia.NvidiaNodeState)
+        state.policy = policy
+    asks = [nvidia.parse_ask([ContainerRequest("main", resources)], {}) for resources in SHARE_ASKS]
+    for i, (shape, cpu) in enumerate(arrivals):
+        gpus, milli = SHAPES[shape]
+        engine.schedule(request(gpus, milli, f"p{i}", cpu))
+    for ask in asks:
+        assert len(ask.shares) == 1 and not ask.containers and not ask.error
+        for name in engine.node_names():
+            state = engine.nodes[name].states["nvidia"]
+            assert isinstance(state, nvidia.NvidiaNodeState)
+            mask, _ = nvidia.eligible_gpus(state, ask)
+            assert nvidia.shares_fit(state, mask, ask) == (nvidia.place(state, mask, ask) is not None)
