@@ -88,11 +88,19 @@ def arrivals(pods: list[TracePod], capacity: int, seed: int) -> list[TracePod]:
     return experiment_order(pods, capacity, INFLATION, seed)
 
 
+POPULAR = 95  # % of the trace's pods the commonest kinds cover in the paper's target workload, added ten at a time
+
+
 def trace_mix(pods: list[TracePod]) -> tuple[tuple[int, int, int, float], ...]:
-    """The GPU pods of the trace by kind (GPUs, thousandths of each, cpu), as the FGD paper takes its target workload
-    from the trace: KubegpuFragmentation's `mix` argument."""
-    kinds = Counter((p.gpus, p.milli, p.cpu_milli) for p in pods if p.gpus)
-    return tuple((g, m, c, float(n)) for (g, m, c), n in kinds.most_common(256))
+    """The pods of the trace by kind (GPUs, thousandths of each, cpu), as the FGD paper takes its target workload
+    from the trace (its simulator's typical pods: cpu-only pods too, the commonest kinds, ten at a time, until they
+    cover `POPULAR` % of the pods): KubegpuFragmentation's `mix` argument."""
+    kinds = Counter((p.gpus, p.milli if p.gpus else 1000, p.cpu_milli) for p in pods).most_common(256)
+    kept = covered = 0
+    while covered * 100 < POPULAR * len(pods) and kept < len(kinds):
+        covered += sum(n for _, n in kinds[kept : kept + 10])
+        kept += 10
+    return tuple((g, m, c, float(n)) for (g, m, c), n in kinds[:kept])
 
 
 def replay(

@@ -302,10 +302,11 @@ class _DevicesArgs(_Args):
 
 
 class _MixKind(_Strict):
-    """One kind of pod KubegpuFragmentation should expect: `gpus` devices, `gpuMilli` thousandths of each (below
-    1000: a share of one device), `cpuMilli` millicores, and how often it comes relative to the others."""
+    """One kind of pod KubegpuFragmentation should expect: `gpus` devices (0: a cpu-only pod, which can use none
+    of a node's free devices), `gpuMilli` thousandths of each (below 1000: a share of one device), `cpuMilli`
+    millicores, and how often it comes relative to the others."""
 
-    gpus: int = Field(ge=1, le=MAX_MIX_GPUS)
+    gpus: int = Field(ge=0, le=MAX_MIX_GPUS)
     gpuMilli: int = Field(default=1000, ge=1, le=1000)
     cpuMilli: int = Field(default=0, ge=0, le=MAX_MIX_CPU_MILLI)
     weight: float = Field(gt=0, le=1e9, allow_inf_nan=False)
@@ -820,6 +821,8 @@ def _plugin_args(entries: list[_PluginConfig], version: str, where: str, rules: 
                         f"{here}.mix[{j}].gpuMilli: a kind of {kind.gpus} GPUs takes them whole (1000); a share "
                         "kind asks for one GPU"
                     )
+                if kind.gpus == 0 and kind.gpuMilli < 1000:
+                    raise ConfigError(f"{here}.mix[{j}].gpuMilli: a kind of 0 GPUs (a cpu-only pod) asks for none")
             found.mix = tuple((k.gpus, k.gpuMilli, k.cpuMilli, k.weight) for k in args.mix)
             found.lead = args.lead
         elif isinstance(args, _VolumeBindingArgs) and args.shape is not None:

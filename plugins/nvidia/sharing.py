@@ -212,7 +212,7 @@ class Workload:
         return table
 
 
-Row = tuple[int, tuple[int, ...], tuple[int, ...], int]
+Row = tuple[int, tuple[int, ...], tuple[int, ...], int, int]
 """A table's sums over the kinds that run on a node (`FragmentationTable.row`)."""
 
 
@@ -271,13 +271,15 @@ class FragmentationTable:
         where = {milli: i for i, milli in enumerate(millis)}
         share = [0] * len(millis)
         whole_by_n = [0] * (self.most + 1)
-        runs = 0
+        runs = cpu_only = 0
         for cpu_level, n, milli, weight in self.kinds:
             if cpu_level > j:
                 continue
             runs += weight
             if n == 1 and milli < WHOLE:
                 share[where[milli]] += weight
+            elif n == 0:
+                cpu_only += weight
             else:
                 whole_by_n[n] += weight
         over = [0] * (len(millis) + 1)
@@ -288,7 +290,7 @@ class FragmentationTable:
         for w in range(self.most + 1):
             acc += whole_by_n[w]
             upto[w] = acc
-        known = self.rows[j] = (runs, tuple(over), tuple(upto), acc)
+        known = self.rows[j] = (runs, tuple(over), tuple(upto), acc, cpu_only)
         return known
 
 
@@ -299,9 +301,10 @@ ANY_CPU = 1 << 62  # a node's free cpu where it is not to limit which kinds run
 def node_fragmentation(free: Sequence[int], table: FragmentationTable, cpu: int = ANY_CPU) -> float:
     """The expected free GPU capacity (thousandths of a GPU) that the next pod, drawn from the table's mix, could not
     use on a node whose GPUs have `free` thousandths each free (GPUs the node cannot share out count 0) and `cpu`
-    millicores free: all of it for a kind whose cpu does not fit or that may not use the node's GPU model, a GPU with
-    less free than a share kind asks, partly used GPUs for a kind that needs whole ones, and all of it for a kind
-    that needs more whole GPUs than are free. Exact: nodes that strand alike measure equal to the last bit."""
+    millicores free: all of it for a kind whose cpu does not fit or that may not use the node's GPU model, or that
+    asks for no GPU (a cpu-only pod, as the FGD paper counts it), a GPU with less free than a share kind asks, partly
+    used GPUs for a kind that needs whole ones, and all of it for a kind that needs more whole GPUs than are free.
+    Exact: nodes that strand alike measure equal to the last bit."""
     if not table.weight:
         return 0.0  # no pod seen yet: nothing to measure against
     return _measure(free, table, cpu) / table.weight
@@ -322,7 +325,7 @@ def _measure(free: Sequence[int], table: FragmentationTable, cpu: int) -> int:
 
 def _fragmentation(free: tuple[int, ...], table: FragmentationTable, row: Row) -> int:
     """`node_fragmentation` computed in the table's integer parts, `row` the kinds that run on the node."""
-    runs, over, whole_upto, whole_all = row
+    runs, over, whole_upto, whole_all, cpu_only = row
     whole = partial = share_lost = 0
     millis = table.millis
     for f in free:
@@ -333,7 +336,8 @@ def _fragmentation(free: tuple[int, ...], table: FragmentationTable, row: Row) -
             share_lost += f * over[bisect_right(millis, f)]
     total = partial + whole * WHOLE
     upto = whole_upto[min(whole, table.most)]
-    return total * (table.weight - runs) + share_lost + partial * upto + total * (whole_all - upto)
+    lost_whole = total * (table.weight - runs + cpu_only + whole_all - upto)
+    return lost_whole + share_lost + partial * upto
 
 
 def fragmentation_delta(

@@ -357,14 +357,16 @@ class Sampling(Reserving):
         # Nodes alike in every raw score total alike: each tuple of raw scores (nodes alike in content share one
         # object, `LocalRaws.by_number`), with its first node.
         first = dict(zip(map(id, reversed(raws)), range(len(raws) - 1, -1, -1), strict=True))
+        packs = self.packs_by_name(pod, plan)
         if len(first) == 1:
-            return feasible[0]
+            return min(feasible) if packs else feasible[0]
         distinct = list(map(raws.__getitem__, first.values()))
         columns = list(zip(*distinct, strict=True))
         summed: list[list[float]] = []  # each plugin's weighed scores, summed in the profile's order where needed
         # Where KubegpuFragmentation leads (`Scoring.fragmentation_leads`), as `_rank` ranks: its whole points, then
-        # the policy's score, then the other scores but `scoring.NOT_TIE_BREAKERS`.
-        leads = self.fragmentation_leads(pod, plan)
+        # (binpack) the other scores but the policy's and `scoring.NOT_TIE_BREAKERS`, then the first by name, or
+        # (else) the policy's score, then those other scores.
+        leads = packs or self.fragmentation_leads(pod, plan)
         lead: list[int] | None = None
         policy: list[float] | None = None
         others: list[float] | None = None
@@ -375,10 +377,10 @@ class Sampling(Reserving):
                 continue
             values = list(columns[column])
             column += 1
-            if min(values) == max(values):
-                continue
             if leads and plugin.name == scores.FRAGMENTATION:
                 lead = list(map(int, values))
+            if min(values) == max(values):
+                continue
             normalized = plugin.normalize(True, values)
             if normalized is not values and min(normalized) == max(normalized):
                 continue
@@ -388,6 +390,10 @@ class Sampling(Reserving):
                 policy = normalized
             elif plugin.name not in scoring.NOT_TIE_BREAKERS:
                 others = weighed if others is None else list(map(add, others, weighed))
+        if packs and lead is not None:
+            keys = list(zip(lead, others or [0.0] * len(distinct), strict=True))
+            slot = dict(zip(first, range(len(first)), strict=True))
+            return scoring.first_by_name(feasible, [keys[slot[id(raw)]] for raw in raws])
         if not summed:
             return feasible[0]
         if lead is not None and min(lead) != max(lead):

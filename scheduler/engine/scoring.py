@@ -105,19 +105,26 @@ class Scoring(Contents):
         """Whether KubegpuFragmentation ranks the pod's nodes before the other scores: the pod may go to a node whose
         devices are shared (`kubegpu.core.kit.shares_devices`). There a node leads by a whole point of its raw score
         (100 x sigmoid(-d), d the devices stranded: about a twenty-fifth of a GPU where little is stranded), truncated
-        as the FGD paper's integer score is. Where it tells nodes apart, those tied on it are ranked by the policy's
-        score, then by the other scores weighed as usual but NodeResourcesBalancedAllocation (`NOT_TIE_BREAKERS`),
-        then in the order they were found; where it scores every node alike, by the weighed sum as before. Weighed
-        with the others instead, NodeResourcesBalancedAllocation decided most share placements
-        (`benchmarks/sharing_bench.py`, seeds 42-44, adaptive count: `fgd` 92.1-92.4 %; leading, ties to the weighed
-        sum: 93.8 %; to the policy, then the weighed sum: 94.1 %; to the policy, then the order found: 94.7 %). Pods
-        that cannot reach a shared device are ranked as before (kube-scheduler's parity)."""
+        as the FGD paper's integer score is. Under the binpack policy (`packs_by_name`) the nodes tied on it, or all of
+        them where it scores every node alike, are ranked by the other scores weighed as usual but the policy's and
+        NodeResourcesBalancedAllocation (`NOT_TIE_BREAKERS`), then the first by name: pods pack onto the same nodes
+        as in the FGD paper's simulator, which picks the first by name among nodes of equal score, and whole GPUs
+        and nodes stay free. Under another policy, ties go to the policy's score, then to those other scores, then
+        to the order the nodes were found, and where it scores every node alike the weighed sum ranks as before.
+        `benchmarks/sharing_bench.py`, seeds 42-51, adaptive count: ties to the policy, then the order found
+        94.75 %; to the first by name 95.06 % (the paper's FGD 95.2 %). Pods that cannot reach a shared device are
+        ranked as before (kube-scheduler's parity)."""
         if not self.scoring.fragmentation_lead:  # the profile's KubegpuFragmentation `lead: false`
             return False
         counts = self._sharing_nodes
         if not plan.devices:
             return counts[""] > 0
         return any(counts[plugin] > 0 for plugin, _ in plan.devices)
+
+    def packs_by_name(self, pod: PodRequest, plan: Plan) -> bool:
+        """Whether the pod's ties on KubegpuFragmentation's whole points go to the first node by name
+        (`fragmentation_leads` under the binpack policy)."""
+        return self.policy == "binpack" and self.fragmentation_leads(pod, plan)
 
     def fragmentation_epochs(self, plan: Plan | None = None) -> tuple[int | None, ...]:
         """Each fragmenting plugin's `kubegpu_scheduler_fragmentation_epoch` now, in `_fragmenters`' order (None: its
@@ -284,6 +291,8 @@ class Scoring(Contents):
             if plugin.local:
                 values: Sequence[float] = columns[column]
                 column += 1
+                if plugin.name == scores.FRAGMENTATION and self.packs_by_name(pod, plan):
+                    return self._rank_by_node(feasible, pod, plan, prescored)
                 if min(values) == max(values):
                     continue
                 if plugin.name == scores.FRAGMENTATION and self.fragmentation_leads(pod, plan):
@@ -319,8 +328,9 @@ class Scoring(Contents):
         self, feasible: list[str], pod: PodRequest, plan: Plan, prescored: dict[int, object] | None = None
     ) -> str:
         """`_rank` node by node: each plugin's scores over the feasible nodes, weighed, summed per node; where
-        KubegpuFragmentation leads (`fragmentation_leads`), its whole points first, then the policy's score, then the
-        other scores but `NOT_TIE_BREAKERS`."""
+        KubegpuFragmentation leads (`fragmentation_leads`), its whole points first, then (under binpack,
+        `packs_by_name`) the other scores but the policy's and `NOT_TIE_BREAKERS`, then the first by name, or (else)
+        the policy's score, then those other scores."""
         nodes = self.nodes
         records = [nodes[name] for name in feasible]
         # The local plugins' raw scores as columns, one per plugin in `_local_scorers`' order.
@@ -330,12 +340,15 @@ class Scoring(Contents):
         policy: Sequence[float] = ()  # the policy's scores (NodeResourcesMostAllocated under binpack): lead's ties
         policy_name = scores.policy_plugin(self.policy)
         rest: list[int] = []  # positions in `weighed` of the scores that break the ties left (`NOT_TIE_BREAKERS`)
+        packs = self.packs_by_name(pod, plan)
         column = 0
         values: Sequence[float]
         for at, (plugin, weight) in enumerate(self._scorers):
             if plugin.local:
                 values = local[column]
                 column += 1
+                if packs and plugin.name == scores.FRAGMENTATION:
+                    lead = [int(value) for value in values]
                 if min(values) == max(values):
                     continue
                 state: object = True
@@ -356,6 +369,9 @@ class Scoring(Contents):
             elif plugin.name not in NOT_TIE_BREAKERS:
                 rest.append(len(weighed))
             weighed.append(values if weight == 1 else [weight * value for value in values])
+        if packs and lead is not None:
+            others = [sum(weighed[k][i] for k in rest) for i in range(len(records))] if rest else [0.0] * len(records)
+            return first_by_name(feasible, list(zip(lead, others, strict=True)))
         if not weighed:
             return feasible[0]
         if lead is not None and min(lead) != max(lead):
@@ -449,3 +465,10 @@ class Scoring(Contents):
         score = self._score(record, pod)
         record.last_score = (record.version, signature, epochs, score)
         return score
+
+
+def first_by_name(feasible: Sequence[str], keys: Sequence[tuple[int, float]]) -> str:
+    """The first node by name among those of the greatest key (KubegpuFragmentation's whole points, then the other
+    scores' sum: `Scoring.packs_by_name`)."""
+    best = max(keys)
+    return min(name for name, key in zip(feasible, keys, strict=True) if key == best)

@@ -188,10 +188,12 @@ def test_bestfit_packs_onto_the_fullest_gpu_that_fits(
         ([1000, 300], 2000, [(1, 200, 4000, 1.0)], 1300),
         ([1000, 300], 6000, [(1, 200, 4000, 0.5), (1, 200, 8000, 0.5)], 650),
         ([1000, 300], 8000, [], 0),
+        ([1000, 300], 8000, [(0, 0, 4000, 1.0)], 1300),
+        ([1000, 300], 8000, [(0, 0, 4000, 0.5), (1, 200, 4000, 0.5)], 650),
     ],
     ids=[
         "share-too-small", "share-fits", "whole-loses-partial", "too-few-whole", "weighted", "cpu-gone-strands-all",
-        "cpu-for-half-the-mix", "no-pods-seen",
+        "cpu-for-half-the-mix", "no-pods-seen", "cpu-only-uses-no-gpu", "cpu-only-beside-shares",
     ],
 )  # fmt: skip
 def test_fragmentation_is_the_capacity_each_kind_cannot_use(
@@ -205,7 +207,7 @@ def test_fragmentation_is_the_capacity_each_kind_cannot_use(
     free=st.lists(st.integers(0, 1000), min_size=1, max_size=8),
     cpu=st.integers(0, 20000),
     mix=st.lists(
-        st.tuples(st.integers(1, 4), st.sampled_from([100, 250, 500, 750, 1000]), st.integers(0, 16000)),
+        st.tuples(st.integers(0, 4), st.sampled_from([100, 250, 500, 750, 1000]), st.integers(0, 16000)),
         min_size=1,
         max_size=12,
     ),
@@ -218,7 +220,7 @@ def test_fragmentation_table_agrees_with_the_definition(free: list[int], cpu: in
     expected = 0.0
     total = sum(free)
     for n, milli, need, p in workload.mix():
-        if need > cpu:
+        if need > cpu or n == 0:  # a cpu-only pod can use none of the free GPUs (the FGD paper's count)
             lost = total
         elif n == 1 and milli < 1000:
             lost = sum(f for f in free if f < milli)

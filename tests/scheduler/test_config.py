@@ -245,11 +245,15 @@ def kubegpu_args(name: str, args: dict[str, Any], version: str = "v1beta1") -> d
 @pytest.mark.parametrize("version", ["v1beta1", "v1beta2", "v1beta3", "v1"])
 def test_the_share_policy_and_the_mix_of_pods_are_read_from_kubegpus_plugin_args(version: str) -> None:
     """KubegpuDevices' `sharePolicy` and KubegpuFragmentation's `mix`, in every version kubegpu reads."""
-    mix = [{"gpus": 1, "gpuMilli": 500, "cpuMilli": 4000, "weight": 3}, {"gpus": 8, "weight": 1}]
+    mix = [
+        {"gpus": 1, "gpuMilli": 500, "cpuMilli": 4000, "weight": 3},
+        {"gpus": 8, "weight": 1},
+        {"gpus": 0, "cpuMilli": 16000, "weight": 2},  # a cpu-only pod: the FGD paper counts those too
+    ]
     devices = parse_config(kubegpu_args("KubegpuDevices", {"sharePolicy": "bestfit"}, version))
     fragmentation = parse_config(kubegpu_args("KubegpuFragmentation", {"mix": mix}, version))
     assert devices.profile.share_policy == "bestfit"
-    assert fragmentation.profile.fragmentation_mix == ((1, 500, 4000, 3.0), (8, 1000, 0, 1.0))
+    assert fragmentation.profile.fragmentation_mix == ((1, 500, 4000, 3.0), (8, 1000, 0, 1.0), (0, 1000, 16000, 2.0))
     assert fragmentation.profile.fragmentation_lead is True  # the default
     weighed = parse_config(kubegpu_args("KubegpuFragmentation", {"lead": False}, version))
     assert weighed.profile.fragmentation_lead is False
@@ -262,7 +266,8 @@ def test_the_share_policy_and_the_mix_of_pods_are_read_from_kubegpus_plugin_args
         ("KubegpuFragmentation", {"mix": [{"gpus": 1, "weight": 0}]}, "args.mix[0].weight"),
         ("KubegpuFragmentation", {"mix": [{"gpus": 1, "gpuMilli": 1500, "weight": 1}]}, "args.mix[0].gpuMilli"),
         ("KubegpuFragmentation", {"mix": [{"gpus": 2, "gpuMilli": 500, "weight": 1}]}, "args.mix[0].gpuMilli"),
-        ("KubegpuFragmentation", {"mix": [{"gpus": 0, "weight": 1}]}, "args.mix[0].gpus"),
+        ("KubegpuFragmentation", {"mix": [{"gpus": -1, "weight": 1}]}, "args.mix[0].gpus"),
+        ("KubegpuFragmentation", {"mix": [{"gpus": 0, "gpuMilli": 500, "weight": 1}]}, "args.mix[0].gpuMilli"),
         ("KubegpuFragmentation", {"mix": [{"gpus": 1, "weight": 1, "memory": 5}]}, "args.mix[0].memory"),
         ("KubegpuFragmentation", {"mix": [{"gpus": 1, "weight": 1}] * 257}, "args.mix"),
         ("KubegpuFragmentation", {"lead": "yes"}, "args.lead"),
@@ -272,7 +277,8 @@ def test_the_share_policy_and_the_mix_of_pods_are_read_from_kubegpus_plugin_args
         "zero-weight",
         "over-a-gpu",
         "several-gpus-shared",
-        "no-gpu",
+        "fewer-than-no-gpu",
+        "cpu-only-with-a-share",
         "unknown-field",
         "too-many",
         "lead-not-a-bool",
