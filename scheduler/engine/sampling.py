@@ -391,9 +391,9 @@ class Sampling(Reserving):
             elif plugin.name not in scoring.NOT_TIE_BREAKERS:
                 others = weighed if others is None else list(map(add, others, weighed))
         if packs and lead is not None:
-            keys = list(zip(lead, others or [0.0] * len(distinct), strict=True))
+            packed = list(zip(lead, others or [0.0] * len(distinct), strict=True))
             slot = dict(zip(first, range(len(first)), strict=True))
-            return scoring.first_by_name(feasible, [keys[slot[id(raw)]] for raw in raws])
+            return scoring.first_by_name(feasible, [packed[slot[id(raw)]] for raw in raws])
         if not summed:
             return feasible[0]
         if lead is not None and min(lead) != max(lead):

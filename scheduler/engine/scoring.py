@@ -370,8 +370,8 @@ class Scoring(Contents):
                 rest.append(len(weighed))
             weighed.append(values if weight == 1 else [weight * value for value in values])
         if packs and lead is not None:
-            others = [sum(weighed[k][i] for k in rest) for i in range(len(records))] if rest else [0.0] * len(records)
-            return first_by_name(feasible, list(zip(lead, others, strict=True)))
+            summed = [float(sum(weighed[k][i] for k in rest)) for i in range(len(records))]
+            return first_by_name(feasible, list(zip(lead, summed, strict=True)))
         if not weighed:
             return feasible[0]
         if lead is not None and min(lead) != max(lead):
