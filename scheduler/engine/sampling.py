@@ -390,10 +390,11 @@ class Sampling(Reserving):
                 policy = normalized
             elif plugin.name not in scoring.NOT_TIE_BREAKERS:
                 others = weighed if others is None else list(map(add, others, weighed))
-        if packs and lead is not None:
+        if packs and lead is not None:  # the first by name among the nodes of the best distinct tuples
             packed = list(zip(lead, others or [0.0] * len(distinct), strict=True))
-            slot = dict(zip(first, range(len(first)), strict=True))
-            return scoring.first_by_name(feasible, [packed[slot[id(raw)]] for raw in raws])
+            best = max(packed)
+            chosen = {key for key, tuple_key in zip(first, packed, strict=True) if tuple_key == best}
+            return min(compress(feasible, map(chosen.__contains__, map(id, raws))))
         if not summed:
             return feasible[0]
         if lead is not None and min(lead) != max(lead):
