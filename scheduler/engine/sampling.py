@@ -392,8 +392,8 @@ class Sampling(Reserving):
                 others = weighed if others is None else list(map(add, others, weighed))
         if packs and lead is not None:  # the first by name among the nodes of the best distinct tuples
             packed = list(zip(lead, others or [0.0] * len(distinct), strict=True))
-            best = max(packed)
-            chosen = {key for key, tuple_key in zip(first, packed, strict=True) if tuple_key == best}
+            top_packed = max(packed)
+            chosen = {key for key, tuple_key in zip(first, packed, strict=True) if tuple_key == top_packed}
             return min(compress(feasible, map(chosen.__contains__, map(id, raws))))
         if not summed:
             return feasible[0]
