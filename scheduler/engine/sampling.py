@@ -186,12 +186,7 @@ class Sampling(Reserving):
             if record is None:
                 book.masked = None
                 continue
-            number = numbers[name]
-            answer = alike.get(number) if number is not None else None
-            if answer is None:
-                answer = self._answer(record, pod, plan, index.get(name), need, short)
-                if number is not None:
-                    alike[number] = answer
+            answer = self._answer_alike(alike, numbers[name], record, pod, plan, index.get(name), need, short)
             status, klass, fit, by_usage = answer
             for reason in status.reasons:
                 reasons[reason] += 1
@@ -211,6 +206,25 @@ class Sampling(Reserving):
             finals[name] = answer
         book.generation = self.generation
         return book
+
+    def _answer_alike(
+        self,
+        alike: dict[int, tuple[Status, int, bool, bool]],
+        number: int | None,
+        record: NodeRecord,
+        pod: PodRequest,
+        plan: Plan,
+        free: int | None,
+        need: int,
+        short: Status,
+    ) -> tuple[Status, int, bool, bool]:
+        """`_answer`, asked once per content number (`alike`: the shape's answers by number; None: not numbered)."""
+        answer = alike.get(number) if number is not None else None
+        if answer is None:
+            answer = self._answer(record, pod, plan, free, need, short)
+            if number is not None:
+                alike[number] = answer
+        return answer
 
     def _answer(
         self, record: NodeRecord, pod: PodRequest, plan: Plan, free: int | None, need: int, short: Status
@@ -238,12 +252,7 @@ class Sampling(Reserving):
         alike, fits, finals = book.alike, book.fits, book.finals
         short = Status.unschedulable(f"Insufficient {book.resource}")
         for name, record in self.nodes.items():
-            number = numbers[name]
-            answer = alike.get(number) if number is not None else None
-            if answer is None:
-                answer = self._answer(record, pod, plan, index.get(name), need, short)
-                if number is not None:
-                    alike[number] = answer
+            answer = self._answer_alike(alike, numbers[name], record, pod, plan, index.get(name), need, short)
             fits[name] = answer[2]
             finals[name] = answer
         first = {id(answer): answer for answer in finals.values()}

@@ -277,41 +277,36 @@ class WatchClosingApi:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def test_a_watch_the_server_ends_at_once_is_asked_again_only_after_a_backoff() -> None:
-    """client-go's reflector takes a watch that ended within a second with nothing delivered for a failure and backs
-    off; an informer that watched again at once sent the server (and spent the scheduler's GIL on) some hundreds of
-    requests a second for as long as the server or a proxy before it kept closing the stream."""
-    api = WatchClosingApi()
+def informer_for(api: WatchClosingApi, seconds: float) -> WatchClosingApi:
+    """`api` after an informer of pods has run against it for `seconds` from its first watch (a window to count the
+    requests in, not a synchronisation), the informer stopped and the server closed."""
     stop = threading.Event()
     credentials = Credentials(f"http://127.0.0.1:{api.port}", None, None, None, False, None)
     informer = Informer(KubeClient(credentials), "/api/v1/pods", lambda kind, payload: None, stop, "pods")
     try:
         informer.start()
         wait_for(lambda: api.watches >= 1)
-        time.sleep(2.0)  # a window to count in, not a synchronisation: the informer runs on by itself
-        assert api.watches <= 4, f"{api.watches} watches (and {api.lists} lists) in 2 s"
+        time.sleep(seconds)
     finally:
         stop.set()
         informer.join(5)
         api.close()
+    return api
+
+
+def test_a_watch_the_server_ends_at_once_is_asked_again_only_after_a_backoff() -> None:
+    """client-go's reflector takes a watch that ended within a second with nothing delivered for a failure and backs
+    off; an informer that watched again at once sent the server (and spent the scheduler's GIL on) some hundreds of
+    requests a second for as long as the server or a proxy before it kept closing the stream."""
+    api = informer_for(WatchClosingApi(), 2.0)  # a window to count in: the informer runs on by itself
+    assert api.watches <= 4, f"{api.watches} watches (and {api.lists} lists) in 2 s"
 
 
 def test_lists_that_succeed_do_not_undo_the_backoff_of_watches_that_fail() -> None:
     """The backoff doubles while the watch fails, whether or not the list before it succeeded: with a watch that
     always answers 500 the informer listed the whole collection again every 0.5 s."""
-    api = WatchClosingApi(watch_status=500)
-    stop = threading.Event()
-    credentials = Credentials(f"http://127.0.0.1:{api.port}", None, None, None, False, None)
-    informer = Informer(KubeClient(credentials), "/api/v1/pods", lambda kind, payload: None, stop, "pods")
-    try:
-        informer.start()
-        wait_for(lambda: api.watches >= 1)
-        time.sleep(3.0)  # a window to count in (lists at 0, 0.5 and 1.5 s, the next at 3.5 s)
-        assert api.lists <= 4, f"{api.lists} lists (and {api.watches} watches) in 3 s"
-    finally:
-        stop.set()
-        informer.join(5)
-        api.close()
+    api = informer_for(WatchClosingApi(watch_status=500), 3.0)  # lists at 0, 0.5 and 1.5 s, the next at 3.5 s
+    assert api.lists <= 4, f"{api.lists} lists (and {api.watches} watches) in 3 s"
 
 
 def test_an_answer_that_is_not_json_is_an_answer_lost_for_both_clients() -> None:

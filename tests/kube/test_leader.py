@@ -192,6 +192,13 @@ def elector(
     )
 
 
+def hasty_elector(client: Any, callbacks: Callbacks, stop: threading.Event, leadership: Leadership) -> LeaderElector:
+    """`elector` with a 2 s lease renewed within 1 s, tried every 0.1 s, reporting to `leadership`."""
+    return elector(
+        client, callbacks, stop, lease_duration=2.0, renew_deadline=1.0, retry_period=0.1, leadership=leadership
+    )
+
+
 def test_a_hanging_renewal_ends_leadership_before_the_lease_can_expire(api: LeaseApi) -> None:
     """The API server stops answering: the renewal in flight must not hold the leader past its deadline (the old
     elector waited out the client's 30 s read timeout, while a standby took the Lease after 2 s)."""
@@ -242,15 +249,7 @@ def test_leadership_ends_at_the_deadline_even_while_the_elector_is_stuck() -> No
             return self.lease
 
     client, callbacks, stop, leadership = StuckClient(), Callbacks(), threading.Event(), Leadership()
-    one = elector(
-        client,
-        callbacks,
-        stop,
-        lease_duration=2.0,
-        renew_deadline=1.0,
-        retry_period=0.1,
-        leadership=leadership,
-    )
+    one = hasty_elector(client, callbacks, stop, leadership)
     one.start()
     try:
         assert callbacks.started.wait(5)
@@ -314,15 +313,7 @@ def test_a_leader_whose_renewals_are_answered_garbage_gives_up_at_its_deadline(a
     exits so that a fresh process stands by) rather than its election thread ending while the replica still
     reports itself the leader and never acts nor exits."""
     callbacks, stop, leadership = Callbacks(), threading.Event(), Leadership()
-    one = elector(
-        client_for(api),
-        callbacks,
-        stop,
-        lease_duration=2.0,
-        renew_deadline=1.0,
-        retry_period=0.1,
-        leadership=leadership,
-    )
+    one = hasty_elector(client_for(api), callbacks, stop, leadership)
     one.start()
     try:
         assert callbacks.started.wait(5)

@@ -30,14 +30,8 @@ def request(gpus: int, milli: int, name: str = "ask", cpu: int = 1000) -> PodReq
     return pod_request(traces.pod_document(traces.TracePod(name, cpu, 1024, gpus, milli, ()), name))[0]
 
 
-@settings(max_examples=30, deadline=None)
-@given(
-    st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from([1000, 8000, 32000])), max_size=40),
-    st.sampled_from(["fgd", "bestfit"]),
-)
-def test_a_fit_answer_kept_across_mix_versions_is_the_answer_under_any_mix(
-    arrivals: list[tuple[int, int]], policy: str
-) -> None:
+def six_nodes(policy: str) -> Engine:
+    """An engine with six nodes of `NODE_KINDS` in turn, their GPUs shared by `policy`."""
     engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
     for i in range(6):
         cpu, memory, gpus, model = NODE_KINDS[i % 2]
@@ -46,6 +40,18 @@ def test_a_fit_answer_kept_across_mix_versions_is_the_answer_under_any_mix(
         state = engine.nodes[name].states["nvidia"]
         assert isinstance(state, nvidia.NvidiaNodeState)
         state.policy = policy
+    return engine
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from([1000, 8000, 32000])), max_size=40),
+    st.sampled_from(["fgd", "bestfit"]),
+)
+def test_a_fit_answer_kept_across_mix_versions_is_the_answer_under_any_mix(
+    arrivals: list[tuple[int, int]], policy: str
+) -> None:
+    engine = six_nodes(policy)
     asks = [request(gpus, milli) for gpus, milli in SHAPES[1:]]
     for i, (shape, cpu) in enumerate(arrivals):
         gpus, milli = SHAPES[shape]
@@ -99,14 +105,7 @@ def test_a_share_fits_where_place_finds_it_gpus(arrivals: list[tuple[int, int]],
     # A fit answer of one share container asks whether enough GPUs have room for it (`shares_fit`), without
     # placing it by the mix: the oracle is `place` itself, on nodes of random fill, for shares of compute, of
     # memory, and of several GPUs.
-    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
-    for i in range(6):
-        cpu, memory, gpus, model = NODE_KINDS[i % 2]
-        engine.add_node(node_info(traces.node_document(traces.TraceNode(f"node-{i}", cpu, memory, gpus, model))))
-    for name in engine.node_names():
-        state = engine.nodes[name].states["nvidia"]
-        assert isinstance(state, nvidia.NvidiaNodeState)
-        state.policy = policy
+    engine = six_nodes(policy)
     asks = [nvidia.parse_ask([ContainerRequest("main", resources)], {}) for resources in SHARE_ASKS]
     for i, (shape, cpu) in enumerate(arrivals):
         gpus, milli = SHAPES[shape]

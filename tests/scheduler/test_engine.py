@@ -183,34 +183,32 @@ def test_a_verified_allocation_takes_over_a_card_held_by_count() -> None:
     assert "default/counted" not in e.pods  # no card left to set aside for it: logged, not double-counted
 
 
-def test_a_plugin_raising_in_fit_names_the_plugin_and_the_engine_survives() -> None:
-    e = engine()
-    e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
-    toy.BROKEN_HOOKS.add("fit")
-    decision = e.schedule(make_pod("a", {"main": {CARD: 1}}))
-    assert not decision.scheduled
-    assert "plugin 'toy' failed in kubegpu_scheduler_fit: RuntimeError: toy fit exploded" in (decision.reason or "")
-    toy.BROKEN_HOOKS.clear()
-    assert e.schedule(make_pod("plain", {"main": {"cpu": "1"}})).scheduled
-    assert e.schedule(make_pod("a", {"main": {CARD: 1}})).scheduled
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        (RuntimeError("toy fit exploded"), "RuntimeError: toy fit exploded"),
+        (SystemExit("toy fit: bad settings"), "SystemExit: toy fit: bad settings"),
+    ],
+    ids=["raising", "exiting"],
+)
+def test_a_plugin_failing_in_fit_names_the_plugin_and_the_engine_survives(
+    failure: BaseException, said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hook that raises, or calls `sys.exit` (a plugin parsing its settings with argparse on first use: that ended
+    the engine's caller, the scheduler process, at the first pod that reached the plugin and again at every
+    restart), is that plugin's failure: the reason names the plugin and the hook, as the README promises."""
 
-
-def test_a_plugin_exiting_in_fit_is_its_failure_not_the_schedulers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A hook that calls `sys.exit` (a plugin parsing its settings with argparse on first use) ended the engine's
-    caller, the scheduler process, at the first pod that reached the plugin (and again at every restart), where the
-    README promises a reason naming the plugin and the hook; the CRI shim already treated it so."""
-
-    def exits(hook: str) -> None:
+    def fails(hook: str) -> None:
         if hook in toy.BROKEN_HOOKS:
-            raise SystemExit(f"toy {hook}: bad settings")
+            raise failure
 
-    monkeypatch.setattr(toy, "_maybe_break", exits)
+    monkeypatch.setattr(toy, "_maybe_break", fails)
     e = engine()
     e.add_node(toy_node("n1", 2))  # type: ignore[arg-type]
     toy.BROKEN_HOOKS.add("fit")
     decision = e.schedule(make_pod("a", {"main": {CARD: 1}}))
     assert not decision.scheduled
-    assert "plugin 'toy' failed in kubegpu_scheduler_fit: SystemExit: toy fit: bad settings" in (decision.reason or "")
+    assert f"plugin 'toy' failed in kubegpu_scheduler_fit: {said}" in (decision.reason or "")
     toy.BROKEN_HOOKS.clear()
     assert e.schedule(make_pod("plain", {"main": {"cpu": "1"}})).scheduled
     assert e.schedule(make_pod("a", {"main": {CARD: 1}})).scheduled
