@@ -114,8 +114,8 @@ class _Resources(_Model):
 
 
 class _Port(_Model):
-    containerPort: int = 0
-    hostPort: int = 0
+    containerPort: int = Field(default=0, ge=0, le=65535)
+    hostPort: int = Field(default=0, ge=0, le=65535)
     protocol: str = "TCP"
     hostIP: str = ""
 
@@ -338,6 +338,7 @@ def _units(resource: str, value: Decimal, within: str) -> int:
 
 def _container_request(container: _Container, where: str) -> ContainerRequest:
     limits, requests = container.resources.limits, container.resources.requests
+    _check_requests_against_limits(requests, limits, f"{where}.resources")
     units: dict[tuple[str, str], int] = {}
     for source, amounts in (("limits", limits), ("requests", requests)):
         if amounts:
@@ -349,6 +350,19 @@ def _container_request(container: _Container, where: str) -> ContainerRequest:
         first, second = ("limits", "requests") if is_extended_resource(name) else ("requests", "limits")
         resources[name] = units[first, name] if (first, name) in units else units[second, name]
     return ContainerRequest(name=container.name, resources=resources)
+
+
+def _check_requests_against_limits(requests: dict[str, Decimal], limits: dict[str, Decimal], where: str) -> None:
+    """A request above its limit, which the API server refuses (`kubegpu simulate`'s input): refused here too,
+    naming the field, rather than counted at the request the cluster would never run. Extended resources are read
+    from their limit first, as before (kube-scheduler's own tests ask them in requests alone)."""
+    for name, asked in requests.items():
+        limit = limits.get(name)
+        if limit is not None and asked > limit and not is_extended_resource(name):
+            raise ManifestError(
+                f"{where}.requests.{shorten(name)}: {asked.normalize():f} is above its limit {limit.normalize():f}, "
+                "which Kubernetes refuses"
+            )
 
 
 def _unique_container_names(spec: _PodSpec) -> None:

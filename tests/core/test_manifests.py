@@ -62,6 +62,29 @@ def test_a_containers_requests_follow_kubernetes_rules(resources: dict[str, Any]
     assert dict(request.containers[0].resources) == expected
 
 
+@pytest.mark.parametrize(
+    ("container", "field"),
+    [
+        (_container(requests={"cpu": "2"}, limits={"cpu": "1"}), "containers[0].resources.requests.cpu: 2 is above"),
+        (
+            _container(requests={"memory": "2Gi"}, limits={"memory": "1Gi"}),
+            "containers[0].resources.requests.memory: 2147483648 is above its limit 1073741824",
+        ),
+        ({**_container(), "ports": [{"containerPort": 80, "hostPort": 99999}]}, "containers[0].ports[0].hostPort"),
+        ({**_container(), "ports": [{"containerPort": -1}]}, "containers[0].ports[0].containerPort"),
+    ],
+    ids=["cpu-above-its-limit", "memory-above-its-limit", "host-port-past-65535", "negative-container-port"],
+)
+def test_a_container_the_api_server_would_refuse_is_refused_naming_the_field(
+    container: dict[str, Any], field: str
+) -> None:
+    """`kubegpu simulate` takes pods no API server has checked: a request above its limit was counted at the request
+    (a pod the cluster would never run placed in the report), a host port of 99999 was a port like any other."""
+    with pytest.raises(ManifestError) as refused:
+        pod_request(_pod(container))
+    assert field in str(refused.value)
+
+
 def test_the_pods_cpu_and_memory_are_the_larger_of_its_containers_and_its_largest_init_container() -> None:
     pod = _pod(
         _container("a", requests={"cpu": "500m", "memory": "1Gi"}),
