@@ -487,6 +487,9 @@ class Cluster:
         return [objects.budget(document, placed) for document in self.budgets]
 
 
+SYSTEM_PRIORITY_CLASSES = frozenset({"system-cluster-critical", "system-node-critical"})  # the API server's own
+
+
 def _queue_order(event: PodEvent) -> tuple[bool, int]:
     return event.request.node_name is None, -event.request.priority
 
@@ -501,6 +504,12 @@ def _arrivals(pods: list[PodEvent], cluster: Cluster) -> Iterator[PodEvent]:
             batch.clear()
             yield event
             continue
+        named = event.request.priority_class
+        if named and named not in cluster.classes and named not in SYSTEM_PRIORITY_CLASSES:
+            raise SimulationError(
+                f"{event.where}: spec.priorityClassName: no PriorityClass {shorten(named)!r} among the documents; "
+                "the API server refuses a pod naming a class that does not exist"
+            )
         request = cluster.resolve(event.request)
         batch.append(event if request is event.request else PodEvent(event.where, request, False))
     yield from sorted(batch, key=_queue_order)

@@ -237,6 +237,24 @@ def test_invalid_input_names_document_and_field(
     assert "Traceback" not in err
 
 
+def test_a_pod_naming_a_priority_class_nobody_made_is_invalid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The API server refuses a pod whose PriorityClass does not exist; the simulator ran it at priority 0. The
+    API server's own classes need no document."""
+    path = tmp_path / "classes.yaml"
+    node, pod = _documents()[:2]
+    path.write_text(yaml.safe_dump_all([node, {**pod, "spec": {**pod["spec"], "priorityClassName": "urgent"}}]))
+    code, events, err = simulate(capsys, str(path))
+    assert code == 2 and events == []
+    assert "#2: spec.priorityClassName: no PriorityClass 'urgent' among the documents" in err
+    path.write_text(
+        yaml.safe_dump_all([node, {**pod, "spec": {**pod["spec"], "priorityClassName": "system-node-critical"}}])
+    )
+    code, events, _ = simulate(capsys, str(path))
+    assert code == 0 and [e["event"] for e in events] == ["scheduled"]
+
+
 def test_a_pod_scheduled_twice_without_deletion_is_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "dup.yaml"
     docs = _documents()
