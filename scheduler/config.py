@@ -200,7 +200,7 @@ class _Common(_Strict):
     leaderElection: Any = None
     enableProfiling: Any = None
     enableContentionProfiling: Any = None
-    parallelism: Any = None
+    parallelism: int | None = Field(default=None, gt=0, le=2**31 - 1)  # kube-scheduler's: a positive int32
     extenders: Any = None
 
 

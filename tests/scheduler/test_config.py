@@ -174,10 +174,13 @@ def test_pod_topology_spread_args_mistakes_name_the_field(args: dict[str, Any], 
          "pluginConfig[0].args.hardPodAffinityWeight"),
         ({**HEAD, "podInitialBackoffSeconds": 5, "podMaxBackoffSeconds": 2}, "podMaxBackoffSeconds"),
         ([], "expected a KubeSchedulerConfiguration object"),
+        ({**HEAD, "parallelism": 99999999999}, "parallelism"),
+        ({**HEAD, "parallelism": 0}, "parallelism"),
     ],
     ids=["api-version", "unknown-field", "unknown-score", "unimplemented-score", "unknown-disabled", "negative-weight",
          "weight-over-int32", "two-policies", "unknown-filter", "enable-unimplemented-filter",
-         "unknown-extension-point", "two-profiles", "plugin-args", "backoff-order", "not-an-object"],
+         "unknown-extension-point", "two-profiles", "plugin-args", "backoff-order", "not-an-object",
+         "parallelism-over-int32", "parallelism-zero"],
 )  # fmt: skip
 def test_mistakes_are_refused_naming_the_field(document: Any, message: str) -> None:
     with pytest.raises(ConfigError) as refused:
