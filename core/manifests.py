@@ -23,7 +23,7 @@ import hashlib
 import re
 import uuid
 from collections.abc import Mapping
-from decimal import Decimal
+from decimal import ROUND_CEILING, Context, Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -358,11 +358,21 @@ def _check_requests_against_limits(requests: dict[str, Decimal], limits: dict[st
     from their limit first, as before (kube-scheduler's own tests ask them in requests alone)."""
     for name, asked in requests.items():
         limit = limits.get(name)
-        if limit is not None and asked > limit and not is_extended_resource(name):
+        if limit is not None and _nano(asked) > _nano(limit) and not is_extended_resource(name):
             raise ManifestError(
                 f"{where}.requests.{shorten(name)}: {asked.normalize():f} is above its limit {limit.normalize():f}, "
                 "which Kubernetes refuses"
             )
+
+
+def _nano(value: Decimal) -> Decimal:
+    """A quantity rounded up to a nano-unit, as the API server reads it (1.0000000001 is 1000000001n) before it
+    compares a request with its limit."""
+    return value.quantize(_NANO, rounding=ROUND_CEILING, context=_EXACT)
+
+
+_NANO = Decimal("1e-9")
+_EXACT = Context(prec=40)  # 2**63 base units to the nano-unit: 28 digits, past the default context's
 
 
 def _unique_container_names(spec: _PodSpec) -> None:

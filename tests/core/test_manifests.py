@@ -85,6 +85,14 @@ def test_a_container_the_api_server_would_refuse_is_refused_naming_the_field(
     assert field in str(refused.value)
 
 
+def test_a_request_equal_to_its_limit_once_rounded_to_the_nano_unit_is_taken() -> None:
+    """The API server reads a quantity rounded up to a nano-unit (apimachinery's ParseQuantity) and compares a
+    request with its limit so: 1.0000000002 and 1.0000000001 are both 1000000001n, a pod it admits, which the
+    manifest check refused ('2 is above its limit')."""
+    container = _container(requests={"cpu": "1.0000000002"}, limits={"cpu": "1.0000000001"})
+    assert pod_request(_pod(container))[0].cpu_milli == 1001
+
+
 def test_the_pods_cpu_and_memory_are_the_larger_of_its_containers_and_its_largest_init_container() -> None:
     pod = _pod(
         _container("a", requests={"cpu": "500m", "memory": "1Gi"}),
