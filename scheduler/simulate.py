@@ -471,10 +471,11 @@ class Cluster:
         return cluster
 
     def resolve(self, pod: PodRequest) -> PodRequest:
-        """The pod's priority from its PriorityClass (or the global default class) when `spec.priority` is unset."""
-        if pod.priority or not self.classes:
+        """The pod's priority from its PriorityClass (the API server's own too: `SYSTEM_PRIORITY_CLASSES`), or the
+        global default class, when `spec.priority` is unset."""
+        if pod.priority or not (self.classes or pod.priority_class in SYSTEM_PRIORITY_CLASSES):
             return pod
-        named = self.classes.get(pod.priority_class) if pod.priority_class else None
+        named = self.classes.get(pod.priority_class) or SYSTEM_PRIORITY_CLASSES.get(pod.priority_class)
         if named is None and not pod.priority_class:
             named = next((c for c in self.classes.values() if c.global_default), None)
         if named is None:
@@ -487,7 +488,11 @@ class Cluster:
         return [objects.budget(document, placed) for document in self.budgets]
 
 
-SYSTEM_PRIORITY_CLASSES = frozenset({"system-cluster-critical", "system-node-critical"})  # the API server's own
+# The API server's own classes, which every cluster has (a pod names them without a document making them).
+SYSTEM_PRIORITY_CLASSES = {
+    name: objects.PriorityClass(name, value)
+    for name, value in (("system-cluster-critical", 2_000_000_000), ("system-node-critical", 2_000_001_000))
+}
 
 
 def _queue_order(event: PodEvent) -> tuple[bool, int]:

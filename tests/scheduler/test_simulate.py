@@ -255,6 +255,28 @@ def test_a_pod_naming_a_priority_class_nobody_made_is_invalid(
     assert code == 0 and [e["event"] for e in events] == ["scheduled"]
 
 
+def test_a_pod_of_the_api_servers_own_priority_class_runs_at_its_priority(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """system-node-critical is 2000001000 on every API server, whether or not the input holds the class: of two pods
+    wanting the same GPUs it is placed first (it would preempt the other); the simulator ran it at priority 0, after
+    the other in document order, and reported it unschedulable."""
+    path = tmp_path / "system.yaml"
+    node = _documents()[0]
+    batch = pod_manifest("batch", {"main": {"nvidia.com/gpu": 2}})
+    agent = pod_manifest("agent", {"main": {"nvidia.com/gpu": 2}})
+    agent["spec"]["priorityClassName"] = "system-node-critical"
+    low = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "low"}, "value": 1}
+    for documents in ([node, batch, agent], [low, node, batch, agent]):
+        path.write_text(yaml.safe_dump_all(documents))
+        code, events, _ = simulate(capsys, str(path))
+        assert code == 0
+        assert {e["pod"]: e["event"] for e in events} == {
+            "default/agent": "scheduled",
+            "default/batch": "unschedulable",
+        }
+
+
 def test_a_pod_scheduled_twice_without_deletion_is_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "dup.yaml"
     docs = _documents()
