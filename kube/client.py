@@ -9,8 +9,9 @@ keep-alive `urllib3` pool with orjson: GET, LIST with pagination, WATCH as a lin
 list's resourceVersion. A `410 Gone` (the version is too old) triggers a relist; any other failure a relist after a
 backoff that doubles up to 30 s, so an API server restart is survived without the caller noticing more than a pause.
 A watch that the server (or a proxy before it) ends within `MIN_WATCH_SECONDS` having delivered nothing is asked
-again only after that backoff, as client-go's reflector does ("very short watch"); the backoff starts again from its
-first step only once a watch has delivered something or lasted that long, not after a list that succeeded.
+again only after that backoff, as client-go's reflector does ("very short watch"), and so is the relist after a
+`410 Gone` that came within `MIN_WATCH_SECONDS` of the list; the backoff starts again from its first step only once a
+watch has delivered something or lasted that long, not after a list that succeeded.
 """
 
 from __future__ import annotations
@@ -500,6 +501,7 @@ class Informer(threading.Thread):
         self.backoff = FIRST_BACKOFF  # the wait before the next try after a failure; doubles up to MAX_BACKOFF
 
     def run(self) -> None:
+        listed = 0.0  # when the last list was handed over (monotonic)
         while not self.stop_event.is_set():
             try:
                 items, version = self.client.list(self.path, **self.selectors)
@@ -508,10 +510,19 @@ class Informer(threading.Thread):
                         return
                 self.consume("SYNC", items)
                 self.synced.set()
+                listed = time.monotonic()
                 while not self.stop_event.is_set():
                     version = self._watch(version)
             except _Relist:
-                log.info("informer %s: resource version expired, relisting", self.kind)
+                if time.monotonic() - listed >= MIN_WATCH_SECONDS:
+                    log.info("informer %s: resource version expired, relisting", self.kind)
+                else:  # the version a list just gave: relisted at once, the server would answer the same
+                    log.warning(
+                        "informer %s: the version just listed expired at once; relisting in %.1fs",
+                        self.kind,
+                        self.backoff,
+                    )
+                    self._back_off()
             except ApiError as exc:
                 log.warning("informer %s: %s; retrying in %.1fs", self.kind, exc, self.backoff)
                 self._back_off()

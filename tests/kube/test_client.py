@@ -244,11 +244,12 @@ def test_a_report_waiting_for_a_connection_lets_the_writes_that_move_pods_go_fir
 
 
 class WatchClosingApi:
-    """An API server (or a proxy before it) that lists pods and ends every watch at once: with nothing sent, or with
-    `watch_status` (a 500 of a server shutting down)."""
+    """An API server (or a proxy before it) that lists pods and ends every watch at once: with nothing sent, with
+    `watch_status` (a 500 of a server shutting down), or with `watch_body` (an ERROR event)."""
 
-    def __init__(self, watch_status: int = 200) -> None:
+    def __init__(self, watch_status: int = 200, watch_body: bytes = b"") -> None:
         self.watch_status = watch_status
+        self.watch_body = watch_body
         self.watches = 0
         self.lists = 0
         self.loop = asyncio.new_event_loop()
@@ -259,7 +260,7 @@ class WatchClosingApi:
         async def pods(request: web.Request) -> web.Response:
             if request.query.get("watch") == "true":
                 self.watches += 1
-                return web.Response(status=self.watch_status, body=b"", content_type="application/json")
+                return web.Response(status=self.watch_status, body=self.watch_body, content_type="application/json")
             self.lists += 1
             return web.json_response({"items": [], "metadata": {"resourceVersion": "7"}})
 
@@ -307,6 +308,16 @@ def test_lists_that_succeed_do_not_undo_the_backoff_of_watches_that_fail() -> No
     always answers 500 the informer listed the whole collection again every 0.5 s."""
     api = informer_for(WatchClosingApi(watch_status=500), 3.0)  # lists at 0, 0.5 and 1.5 s, the next at 3.5 s
     assert api.lists <= 4, f"{api.lists} lists (and {api.watches} watches) in 3 s"
+
+
+def test_a_watch_expired_at_once_after_a_list_relists_only_after_a_backoff() -> None:
+    """A watch from the version a list just gave that answers 410 Gone at once (an API server whose watch cache is
+    behind the one that listed, behind a load balancer) is relisted after the backoff, as client-go's reflector
+    backs off every ListAndWatch that returns: the informer listed the whole collection again at once, some
+    hundreds of lists a second for as long as the server answered so."""
+    gone = b'{"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}\n'
+    api = informer_for(WatchClosingApi(watch_body=gone), 2.0)  # lists at 0, 0.5 and 1.5 s, the next at 3.5 s
+    assert api.lists <= 4, f"{api.lists} lists (and {api.watches} watches) in 2 s"
 
 
 def test_an_answer_that_is_not_json_is_an_answer_lost_for_both_clients() -> None:
