@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kubegpu.core.plugin_manager import PLUGIN_ERRORS
 from kubegpu.scheduler.engine.filtering import Filtering
 from kubegpu.scheduler.engine.records import NodeRecord, log
 
@@ -60,7 +61,7 @@ class Contents(Filtering):
                 if type(part) is tuple and len(part) == 1 and part[0] is state:
                     parts = None  # the state is its own content (the kit's shared books): one key while it changes
                     break
-            except Exception as exc:  # a plugin's own method: it costs its node the sharing, not the cycle
+            except PLUGIN_ERRORS as exc:  # a plugin's own method: it costs its node the sharing, not the cycle
                 log.error("node %s: plugin %s: scoring_content() is no key, the node is scored alone: %r",
                           record.name, plugin, exc)  # fmt: skip
                 parts = None

@@ -1,7 +1,8 @@
 """A device plugin state's `scoring_content()` (`kubegpu.core.kit`): what the engine's local scores read of a node,
 so that nodes alike share one computation of their scores. The kit invites a plugin whose scores read more of its
 state to override it; one that answers what cannot be a key (a list of its holders) or raises costs its own nodes
-their shared computation, never the cycle: each such node is scored alone, and the log names the plugin."""
+their shared computation, never the cycle: each such node is scored alone, and the log names the plugin. A
+`SystemExit` too, as in the plugin's hooks (T105): it ended `Engine.schedule`, and the scheduler, at the first pod."""
 
 from __future__ import annotations
 
@@ -34,6 +35,15 @@ class Failing(WholeDeviceNodeState):
         raise RuntimeError("holders not loaded yet")
 
 
+class Exiting(WholeDeviceNodeState):
+    """A plugin that parses its settings with argparse on first use: its error is `SystemExit` (T105)."""
+
+    __slots__ = ()
+
+    def scoring_content(self) -> tuple[object, ...]:
+        raise SystemExit(2)
+
+
 class Overriding(WholeDevicePlugin):
     """Interchangeable cards from the label `cards.example/card.count`, whose states answer `scoring_content` as
     `kind` does."""
@@ -54,7 +64,7 @@ class Overriding(WholeDevicePlugin):
         return state
 
 
-@pytest.mark.parametrize("kind", [ListingHolders, Failing], ids=["unhashable", "raises"])
+@pytest.mark.parametrize("kind", [ListingHolders, Failing, Exiting], ids=["unhashable", "raises", "exits"])
 def test_a_scoring_content_that_is_no_key_costs_its_nodes_their_sharing_not_the_cycle(
     kind: type[WholeDeviceNodeState], caplog: pytest.LogCaptureFixture
 ) -> None:
