@@ -23,9 +23,11 @@ kube-scheduler's adaptive count of feasible nodes and every node (`percentageOfN
 simulator does), side by side with the paper's figure and the replay's pods/s (whole process: documents to
 decisions). `--traces` adds generated traces of the same shape (`openb_family.py`: the share of GPU-sharing pods,
 of multi-GPU pods and of model-constrained pods varied); `--mix trace` measures fragmentation against the trace's
-own mix (KubegpuFragmentation's `mix` argument, as the paper does) instead of learning it; `--devices-only` scores
-by KubegpuDevices and KubegpuFragmentation alone, as the paper scores by one policy. `KUBEGPU_BENCH_BREAKDOWN=1`
-prints where capacity is lost: the allocation curve, idle GPU capacity by node cpu left, and the commonest refusals.
+own GPU pods by kind (KubegpuFragmentation's `mix` argument: a mix known in advance, as the paper's is) instead of
+learning it, `--mix paper` against the paper's typical pods (cpu-only pods too, the commonest kinds making 95 %);
+`--devices-only` scores by KubegpuDevices and KubegpuFragmentation alone, as the paper scores by one policy.
+`KUBEGPU_BENCH_BREAKDOWN=1` prints where capacity is lost: the allocation curve, idle GPU capacity by node cpu left,
+and the commonest refusals.
 
     .venv/bin/python benchmarks/sharing_bench.py [--seeds 42 43 ...] [--variants whole bestfit fgd]
         [--percentages 0 100] [--traces default share-30 ... | all] [--mix learned|trace] [--devices-only]
@@ -88,19 +90,21 @@ def arrivals(pods: list[TracePod], capacity: int, seed: int) -> list[TracePod]:
     return experiment_order(pods, capacity, INFLATION, seed)
 
 
-POPULAR = 95  # % of the trace's pods the commonest kinds cover in the paper's target workload, added ten at a time
+POPULAR = 95  # % of the trace's pods the commonest kinds cover in the paper's typical pods, added ten at a time
 
 
-def trace_mix(pods: list[TracePod]) -> tuple[tuple[int, int, int, float], ...]:
-    """The pods of the trace by kind (GPUs, thousandths of each, cpu), as the FGD paper takes its target workload
-    from the trace (its simulator's typical pods: cpu-only pods too, the commonest kinds, ten at a time, until they
-    cover `POPULAR` % of the pods): KubegpuFragmentation's `mix` argument."""
-    kinds = Counter((p.gpus, p.milli if p.gpus else 1000, p.cpu_milli) for p in pods).most_common(256)
-    kept = covered = 0
-    while covered * 100 < POPULAR * len(pods) and kept < len(kinds):
-        covered += sum(n for _, n in kinds[kept : kept + 10])
+def trace_mix(pods: list[TracePod], *, paper: bool = False) -> tuple[tuple[int, int, int, float], ...]:
+    """The pods of the trace by kind (GPUs, thousandths of each, cpu): KubegpuFragmentation's `mix` argument. The
+    GPU pods, every kind (`--mix trace`); or, with `paper`, as the FGD paper's simulator takes its typical pods
+    (`--mix paper`): cpu-only pods too, and only the commonest kinds, ten at a time, until they cover `POPULAR` % of
+    the pods."""
+    kinds = Counter((p.gpus, p.milli if p.gpus else 1000, p.cpu_milli) for p in pods if paper or p.gpus)
+    common = kinds.most_common(256)
+    kept, covered = (0, 0) if paper else (len(common), 0)
+    while covered * 100 < POPULAR * len(pods) and kept < len(common):
+        covered += sum(n for _, n in common[kept : kept + 10])
         kept += 10
-    return tuple((g, m, c, float(n)) for (g, m, c), n in kinds[:kept])
+    return tuple((g, m, c, float(n)) for (g, m, c), n in common[:kept])
 
 
 def replay(
@@ -203,10 +207,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--mix",
-        choices=["learned", "trace"],
+        choices=["learned", "trace", "paper"],
         default="learned",
-        help="the mix of pods fragmentation is measured against: learned from the pods placed (kubegpu's default) "
-        "or the trace's own (KubegpuFragmentation's mix argument; the paper's setting)",
+        help="the mix of pods fragmentation is measured against: learned from the pods placed (kubegpu's default), "
+        "the trace's GPU pods by kind (KubegpuFragmentation's mix argument), or the paper's typical pods (cpu-only "
+        "pods too, the commonest kinds making 95 %%)",
     )
     parser.add_argument(
         "--fragmentation-weight", type=int, default=None, help="KubegpuFragmentation's weight (the profile's: 5)"
@@ -241,7 +246,7 @@ def main() -> int:
         for variant in args.variants:
             for percentage in args.percentages:
                 for lead in args.fragmentation_lead:
-                    mix = trace_mix(pods) if args.mix == "trace" else ()
+                    mix = trace_mix(pods, paper=args.mix == "paper") if args.mix != "learned" else ()
                     figures = [
                         replay(
                             nodes,
