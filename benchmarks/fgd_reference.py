@@ -22,6 +22,7 @@ with the policy, not with the paper's random stream of arrivals. Its rules, as t
 the feasible nodes, the tightest GPU) vary one rule each.
 
     .venv/bin/python benchmarks/fgd_reference.py [--seeds 42 43 ...] [--policy fgd|bestfit] [--ties name|random]
+        [--traces default share-30 ... | all]
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+
+import openb_family as family
+from sharing_bench import trace_pods
 
 from kubegpu.scheduler.traces import TraceNode, TracePod, experiment_order, read_nodes, read_pods
 
@@ -174,15 +178,23 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=95.0)
     parser.add_argument("--cpu-pods", choices=["on", "off"], default="on")
     parser.add_argument("--memory", choices=["on", "off"], default="on")
+    parser.add_argument(
+        "--traces", nargs="+", default=["default"], help="the default trace and generated ones, as sharing_bench's"
+    )
     args = parser.parse_args()
-    nodes = read_nodes(args.trace / "openb_node_list_gpu_node.csv")
-    pods = read_pods(args.trace / "openb_pod_list_default.csv")
-    started = time.process_time()
-    figures = [replay(nodes, pods, seed, args) for seed in args.seeds]
-    mean = sum(figures) / len(figures)
-    each = " ".join(f"{f:.2f}" for f in figures)
-    print(f"reference {args.policy}: {mean:.2f} % at 100 % arrived ({each}); the paper {PAPER[args.policy]} %; "
-          f"{time.process_time() - started:.0f} s CPU")  # fmt: skip
+    nodes = read_nodes(args.trace / family.NODE_FILE)
+    default = read_pods(args.trace / family.POD_FILE)
+    names = list(family.VARIANTS) if args.traces == ["all"] else args.traces
+    generated = family.family(args.trace, 7) if any(n != "default" for n in names) else {}
+    for name in names:
+        pods = default if name == "default" else trace_pods(generated[name])
+        started = time.process_time()
+        figures = [replay(nodes, pods, seed, args) for seed in args.seeds]
+        mean = sum(figures) / len(figures)
+        each = " ".join(f"{f:.2f}" for f in figures)
+        paper = f"; the paper {PAPER[args.policy]} %" if name == "default" else ""
+        print(f"{name}: reference {args.policy}: {mean:.2f} % at 100 % arrived ({each}){paper}; "
+              f"{time.process_time() - started:.0f} s CPU", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
