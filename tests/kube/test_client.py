@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -111,6 +111,20 @@ def test_warm_opens_the_writers_connections_before_the_first_write() -> None:
         loop.call_soon_threadsafe(loop.stop)
 
 
+async def loopback_site(
+    handle: Callable[[web.Request], Awaitable[web.StreamResponse]], path: str = "/{tail:.*}"
+) -> tuple[web.AppRunner, int]:
+    """An aiohttp server on a free loopback port answering `path` (every path by default) with `handle`, started:
+    its runner and its port."""
+    app = web.Application()
+    app.router.add_route("*", path, handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
 class LoopbackApi:
     """An aiohttp server on its own loop thread that records what reaches it; `/slow` answers after 0.5 s."""
 
@@ -118,23 +132,16 @@ class LoopbackApi:
         self.seen: list[str] = []
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        self.site = asyncio.run_coroutine_threadsafe(self._serve(), self.loop).result(5)
-        self.port = self.site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.runner, self.port = asyncio.run_coroutine_threadsafe(self._serve(), self.loop).result(5)
 
-    async def _serve(self) -> web.TCPSite:
+    async def _serve(self) -> tuple[web.AppRunner, int]:
         async def handle(request: web.Request) -> web.Response:
             self.seen.append(f"{request.method} {request.path}")
             if request.path == "/slow":
                 await asyncio.sleep(0.5)
             return web.json_response({"ok": True})
 
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return site
+        return await loopback_site(handle)
 
     def writer(self, limiter: RateLimiter, fence: Any, connections: int = 4) -> AsyncKubeClient:
         credentials = Credentials(f"http://127.0.0.1:{self.port}", None, None, None, False, None)
@@ -264,13 +271,7 @@ class WatchClosingApi:
             self.lists += 1
             return web.json_response({"items": [], "metadata": {"resourceVersion": "7"}})
 
-        app = web.Application()
-        app.router.add_get("/api/v1/pods", pods)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, self.port = await loopback_site(pods, "/api/v1/pods")
         return runner
 
     def close(self) -> None:
@@ -327,23 +328,13 @@ def test_an_answer_that_is_not_json_is_an_answer_lost_for_both_clients() -> None
     every caller that expects `ApiError` (the leader elector's thread, the advertiser's Lease renewer, discovery)."""
     pages = {"/page": (200, b"<html>502 Bad Gateway</html>"), "/list-error": (503, b'["not", "a", "Status"]')}
 
-    async def serve() -> web.AppRunner:
-        async def handle(request: web.Request) -> web.Response:
-            status, body = pages[request.path]
-            return web.Response(status=status, body=body, content_type="text/html")
-
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return runner
+    async def handle(request: web.Request) -> web.Response:
+        status, body = pages[request.path]
+        return web.Response(status=status, body=body, content_type="text/html")
 
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
-    runner = asyncio.run_coroutine_threadsafe(serve(), loop).result(5)
-    port = runner.addresses[0][1]
+    runner, port = asyncio.run_coroutine_threadsafe(loopback_site(handle), loop).result(5)
     credentials = Credentials(f"http://127.0.0.1:{port}", None, None, None, False, None)
     writer = AsyncKubeClient(credentials, RateLimiter(0.0, 1))
     try:
