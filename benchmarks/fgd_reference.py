@@ -17,9 +17,10 @@ with the policy, not with the paper's random stream of arrivals. Its rules, as t
 * every node is scored and the best score wins, the first node by name on a tie (its vendored kube-scheduler's
   `selectHost`; upstream picks at random among ties).
 
-`--ties random`, `--quantize exact`, `--gpu-choice exact`, `--threshold 100`, `--cpu-pods off`, `--memory off` and
-`--policy bestfit` (the simulator's BestFit: (1 - (cpu left / 128 cores + GPUs left / 8) / 2) x 100, normalized over
-the feasible nodes, the tightest GPU) vary one rule each.
+`--ties random`, `--quantize exact`, `--gpu-choice exact`, `--threshold 100`, `--cpu-pods off`, `--memory off`,
+`--mix learned` (the typical pods of the pods placed so far, made again as often as kubegpu's learned mix moves) and
+`--policy bestfit` (the simulator's BestFit: (1 - (cpu left / 128 cores + GPUs left / 8) / 2) x 100, normalized
+over the feasible nodes, the tightest GPU) vary one rule each.
 
     .venv/bin/python benchmarks/fgd_reference.py [--seeds 42 43 ...] [--policy fgd|bestfit] [--ties name|random]
         [--traces default share-30 ... | all]
@@ -92,7 +93,10 @@ class Fragmentation:
 
 def replay(nodes: list[TraceNode], pods: list[TracePod], seed: int, args: argparse.Namespace) -> float:
     """GPU capacity allocated (%) at arrived 100 %, the paper's accounting."""
-    measure = Fragmentation(typical(pods, args.threshold, args.cpu_pods == "on"))
+    learned = args.mix == "learned"
+    placed: list[TracePod] = []
+    measure = Fragmentation([] if learned else typical(pods, args.threshold, args.cpu_pods == "on"))
+    since = 0
     capacity = sum(n.gpus for n in nodes) * WHOLE
     state = [[n.cpu_milli, n.memory_mib, [WHOLE] * n.gpus] for n in nodes]
     by_name = sorted(range(len(nodes)), key=lambda i: nodes[i].name)
@@ -156,6 +160,12 @@ def replay(nodes: list[TraceNode], pods: list[TracePod], seed: int, args: argpar
             for g in gpus:
                 state[i][2][g] -= pod.milli
             allocated += pod.gpu_milli
+            if learned:  # as kubegpu's learned mix moves: with the first pod, then every 64 or eighth of those placed
+                placed.append(pod)
+                since += 1
+                if len(placed) == 1 or since >= max(64, len(placed) / 8):
+                    since = 0
+                    measure = Fragmentation(typical(placed, args.threshold, args.cpu_pods == "on"))
         if round(100 * arrived / capacity) == 100:
             at_full.append(100 * allocated / capacity)
         elif arrived > capacity * 1.01:
@@ -176,6 +186,12 @@ def main() -> None:
     parser.add_argument("--quantize", choices=["sigmoid", "exact"], default="sigmoid")
     parser.add_argument("--gpu-choice", choices=["quantized", "exact"], default="quantized")
     parser.add_argument("--threshold", type=float, default=95.0)
+    parser.add_argument(
+        "--mix",
+        choices=["trace", "learned"],
+        default="trace",
+        help="typical pods of the whole trace, or of those placed",
+    )
     parser.add_argument("--cpu-pods", choices=["on", "off"], default="on")
     parser.add_argument("--memory", choices=["on", "off"], default="on")
     parser.add_argument(
