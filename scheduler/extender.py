@@ -65,6 +65,7 @@ from kubegpu.scheduler import compat, liveness
 from kubegpu.scheduler.binder import Binder
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Plan
 from kubegpu.scheduler.gangplans import GangPlan, GangPlans
+from kubegpu.scheduler.gates import gated_reason
 from kubegpu.scheduler.health import HEALTH_PATHS, Metrics, answer_health
 from kubegpu.scheduler.http_server import Answer, HttpServer, Limits, tls_context
 from kubegpu.scheduler.mirror import ClusterMirror
@@ -405,17 +406,24 @@ class ExtenderServer:
             return problem
         if group is None:
             return None
+        if pod.scheduling_gates:  # not schedulable yet (kube-scheduler asks about it only before 1.26)
+            return f"gang {group.key}: this member is not schedulable yet: {gated_reason(pod.scheduling_gates)}"
         epoch = self.unbound.epoch(group.key)
         plan = self.gang_plans.get(group.key, group, engine.generation, epoch)
         if plan is None or pod.key not in plan.waiting:
             members = self.unbound.members(group.key)
             members.setdefault(pod.key, pod)
-            todo = [request for key, request in members.items() if engine.placement(key) is None]
+            # A gated member is not schedulable yet: kube-scheduler keeps it out of its queue, and coscheduling
+            # and Kueue do not count it towards minMember (nor does the custom scheduler: `enqueue.SchedulingGates`).
+            todo = [r for key, r in members.items() if engine.placement(key) is None and not r.scheduling_gates]
             present = len(engine.gang_holders(group)) + len(todo)
             if present < group.min_member:
+                gated = sum(1 for request in members.values() if request.scheduling_gates)
+                waits = f" ({gated} more wait for their scheduling gates)" if gated > 1 else ""
+                waits = " (1 more waits for its scheduling gates)" if gated == 1 else waits
                 return (
-                    f"gang {group.key}: {present} of minMember {group.min_member} members exist; kube-scheduler "
-                    "binds members one by one, so none goes before all have places"
+                    f"gang {group.key}: {present} of minMember {group.min_member} members exist{waits}; "
+                    "kube-scheduler binds members one by one, so none goes before all have places"
                 )
             if not todo:
                 return None
