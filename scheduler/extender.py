@@ -183,14 +183,16 @@ class UnboundPods:
     queues them and names them in its calls, and the extender reads them from here instead of parsing or fetching
     them again. The mirror's `PendingPods` for the extender.
 
-    Per gang: its waiting members' keys, and a count of their changes (`epoch`: a member added, updated or gone) that
-    its plan (`gangplans`) is checked against. A member the extender bound (`bound`) leaves without a change: its
-    gang's plan followed the binding already."""
+    Per gang with waiting members: their keys, and the number of the last change among them (`epoch`: a member
+    added, updated or gone; numbered across gangs, so that a gang that empties and fills again never repeats one)
+    that its plan (`gangplans`) is checked against. A member the extender bound (`bound`) leaves without a change:
+    its gang's plan followed the binding already."""
 
     def __init__(self) -> None:
         self.pods: dict[str, tuple[str, PodRequest]] = {}
         self.gangs: dict[str, dict[str, None]] = {}
         self.epochs: dict[str, int] = {}
+        self._changes = 0
         self._bound: set[str] = set()
 
     def get(self, key: str) -> tuple[str, PodRequest] | None:
@@ -222,7 +224,7 @@ class UnboundPods:
         gang = gang_key(request)
         if gang is not None:
             self.gangs.setdefault(gang, {})[key] = None
-            self.epochs[gang] = self.epochs.get(gang, 0) + 1
+            self._changed(gang)
         return True
 
     def binding(self, key: str) -> str | None:
@@ -237,10 +239,15 @@ class UnboundPods:
             return
         members = self.gangs.get(gang, {})
         members.pop(key, None)
-        if not members:
+        if not members:  # nothing of the gang is kept once none of its members waits
             self.gangs.pop(gang, None)
-        if not followed:
-            self.epochs[gang] = self.epochs.get(gang, 0) + 1
+            self.epochs.pop(gang, None)
+        elif not followed:
+            self._changed(gang)
+
+    def _changed(self, gang: str) -> None:
+        self._changes += 1
+        self.epochs[gang] = self._changes
 
     def keep_only(self, live: set[str]) -> None:
         for key in [k for k in self.pods if k not in live]:

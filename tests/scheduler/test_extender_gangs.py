@@ -248,3 +248,22 @@ def test_a_gated_member_is_not_counted_until_its_gates_are_removed() -> None:
     del ungated["spec"]["schedulingGates"]
     server.mirror.on_pods("MODIFIED", ungated)
     assert len(filtered(server, first)["NodeNames"]) == 2
+
+
+def test_nothing_of_a_gang_is_kept_once_none_of_its_members_waits() -> None:
+    """A long-running extender sees gangs come and go: a gang's index of waiting members and its change number go
+    with its last member, and a gang made again under the same name gets a new number (never its old plan's)."""
+    server = extender(1, 4, [podgroup("train", 2)])
+    pods = [member(f"train-{i}", "train", 8) for i in range(2)]
+    for pod in pods:
+        server.mirror.on_pods("ADDED", pod)
+    bind(server, pods[0], filtered(server, pods[0])["NodeNames"][0])
+    before = server.unbound.epoch("ml/train")
+    for pod in pods:
+        server.mirror.on_pods("DELETED", pod)
+    assert "ml/train" not in server.unbound.gangs and "ml/train" not in server.unbound.epochs
+    again = [member(f"train-{i}", "train", 8, version="5") for i in range(2)]
+    for pod in again:
+        server.mirror.on_pods("ADDED", pod)
+    assert server.unbound.epoch("ml/train") > before
+    assert len(filtered(server, again[1])["NodeNames"]) == 2
