@@ -584,6 +584,8 @@ def _init_holders(
     """For each device (extended resource) that classic init containers ask for and no app container or sidecar
     does, the init container that asks the most of it (the first such) holds it: the kubelet allocates it the
     devices and keeps them for the pod, and the other init containers are given theirs from it."""
+    if not classic:
+        return ()
     asked = {name for container in containers for name in container.resources}
     held: dict[str, dict[str, int]] = {}
     most: dict[str, tuple[int, str]] = {}

@@ -215,7 +215,9 @@ def nonzero_requests(pod: PodRequest) -> tuple[int, int]:
     """The pod's cpu (millicores) and memory as the scores count them: a container without a request of one counts
     kube-scheduler's default; what init containers and overhead add to the pod's request is added as it is."""
     cpu = memory = 0
-    running = [container for container in pod.containers if not container.init]  # an init one holds devices only
+    running = pod.containers
+    if any(container.init for container in running):  # an init container there holds devices only
+        running = tuple(container for container in running if not container.init)
     for container in running:
         resources = container.resources
         cpu += resources.get("cpu", DEFAULT_MILLI_CPU)
