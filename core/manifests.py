@@ -8,7 +8,9 @@ kube-scheduler's (1.29+ `resource.PodRequests`): sidecars (init containers with 
 for the pod's life, so their requests add to the containers'; each classic init container runs beside the sidecars
 started before it; the pod needs the larger of the two, plus `spec.overhead`. Devices follow the same rule: a sidecar
 holds its own devices beside the app containers' (the kubelet's device manager does not hand them on), so sidecars
-join `PodRequest.containers`; a classic init container holds none of its own (its count only raises the pod's).
+join `PodRequest.containers`; a classic init container holds none of its own where the containers after it ask the
+same device (the kubelet hands its devices on to them: its count only raises the pod's), but a device only init
+containers ask for is held by the one that asks the most (`_init_holders`), so that the allocation names it.
 
 Manifests are input from tenants and from files someone handed over, so reading one costs time bounded by its size:
 every quantity is bounded by `kubegpu.core.quantity` before any arithmetic, and Kubernetes' own rules that kubegpu
@@ -428,6 +430,7 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
     overhead = {name: _units(name, value, "Pod.spec.overhead") for name, value in pod.spec.overhead.items()}
     requests = _pod_requests(containers, init, overhead, _pod_level(pod.spec.resources))
     containers += tuple(container for container, sidecar in init if sidecar)
+    containers += _init_holders(containers, [container for container, sidecar in init if not sidecar])
     meta = pod.metadata
     spec = pod.spec
     affinity = spec.affinity or _Affinity()
@@ -573,6 +576,26 @@ def _pod_level(resources: _Resources | None) -> dict[str, int]:
         for name, value in resources.requests.items()
         if name in POD_LEVEL or name.startswith("hugepages-")
     }
+
+
+def _init_holders(
+    containers: tuple[ContainerRequest, ...], classic: list[ContainerRequest]
+) -> tuple[ContainerRequest, ...]:
+    """For each device (extended resource) that classic init containers ask for and no app container or sidecar
+    does, the init container that asks the most of it (the first such) holds it: the kubelet allocates it the
+    devices and keeps them for the pod, and the other init containers are given theirs from it."""
+    if not classic:
+        return ()
+    asked = {name for container in containers for name in container.resources}
+    held: dict[str, dict[str, int]] = {}
+    most: dict[str, tuple[int, str]] = {}
+    for container in classic:
+        for name, amount in container.resources.items():
+            if is_extended_resource(name) and name not in asked and amount > most.get(name, (0, ""))[0]:
+                most[name] = (amount, container.name)
+    for name, (amount, holder) in most.items():
+        held.setdefault(holder, {})[name] = amount
+    return tuple(ContainerRequest(name=c.name, resources=held[c.name], init=True) for c in classic if c.name in held)
 
 
 def _pod_requests(

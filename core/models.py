@@ -202,10 +202,13 @@ class NodeInfo:
 
 @dataclass(frozen=True, slots=True)
 class ContainerRequest:
-    """One container's requests: `cpu` in millicores, `memory` in bytes, extended resources as counts."""
+    """One container's requests: `cpu` in millicores, `memory` in bytes, extended resources as counts. `init`: a
+    classic init container that holds devices no app container asks for (`resources` names only those; its cpu and
+    memory count in `PodRequest.requests` alone)."""
 
     name: str
     resources: Mapping[str, int] = field(default_factory=dict)
+    init: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,8 +302,10 @@ class ClaimRef:
 class PodRequest:
     """What a pod asks of the scheduler, built once from its manifest (`kubegpu.core.manifests.pod_request`).
 
-    `containers` are the containers that run for the pod's life and hold devices: `spec.containers`, then the
-    sidecars (init containers with `restartPolicy: Always`). `requests` is the pod's request of every resource as
+    `containers` are the containers that hold devices: `spec.containers`, then the sidecars (init containers with
+    `restartPolicy: Always`), then, for a device no app container or sidecar asks for, the classic init container
+    that asks the most of it (`ContainerRequest.init`: the kubelet keeps an init container's devices for its pod, so
+    the allocation must name them to it). `requests` is the pod's request of every resource as
     kube-scheduler 1.29+ computes it for fitting (`resource.PodRequests`: the containers' and sidecars' sum, at least
     any classic init container's with the sidecars started before it, plus `spec.overhead`); `cpu_milli` and `memory`
     are its cpu and memory entries. `node_affinity` is the required node affinity's terms (ORed; None when the pod

@@ -254,14 +254,16 @@ class Candidate:
         devices it is given. The scheduler counts an init container's devices among its pod's and names none of its
         own, as the kubelet hands an init container's devices on to the containers after it; so the init container
         gets the first of an app container's (one with as many, and all of them where they are shares, whose limits
-        go with them)."""
+        go with them), or of the init container that holds a device only init containers ask for."""
         record = self.record
         if record is None or container not in self.classic or resource in record.containers.get(container, {}):
             return None
         count = self.requests.get(container, {}).get(resource)
         if not count:
             return None
-        for app in self.apps:
+        # An app container's, else the init container that holds a device no app container asks for (`PodRequest`).
+        holders = sorted(c for c in self.classic if c != container and resource in record.containers.get(c, {}))
+        for app in (*self.apps, *holders):
             ids = record.containers.get(app, {}).get(resource, [])
             if len(ids) == count or (len(ids) > count and resource not in record.shares.get(app, {})):
                 return app

@@ -105,7 +105,9 @@ class ConfigError(InputError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # kube-scheduler decodes its configuration strictly: an unknown field, `true`, `"16"` or `16.0` for an integer
+    # and `"true"` for a boolean stop it, naming the field; a float field takes an integer (JSON's numbers).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -309,7 +311,7 @@ class _MixKind(_Strict):
     gpus: int = Field(ge=0, le=MAX_MIX_GPUS)
     gpuMilli: int = Field(default=1000, ge=1, le=1000)
     cpuMilli: int = Field(default=0, ge=0, le=MAX_MIX_CPU_MILLI)
-    weight: float = Field(gt=0, le=1e9, allow_inf_nan=False)
+    weight: float = Field(gt=0, le=1e9, allow_inf_nan=False, strict=False)
 
 
 class _FragmentationArgs(_Args):

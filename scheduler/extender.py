@@ -44,7 +44,7 @@ import logging
 import os
 import signal
 import ssl
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -64,10 +64,12 @@ from kubegpu.plugins.intel_gas.scheduler import WITHOUT_I915_ENV
 from kubegpu.scheduler import compat, liveness
 from kubegpu.scheduler.binder import Binder
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Plan
+from kubegpu.scheduler.gangplans import GangPlan, GangPlans
+from kubegpu.scheduler.gates import gated_reason
 from kubegpu.scheduler.health import HEALTH_PATHS, Metrics, answer_health
 from kubegpu.scheduler.http_server import Answer, HttpServer, Limits, tls_context
 from kubegpu.scheduler.mirror import ClusterMirror
-from kubegpu.scheduler.podgroups import gang_key
+from kubegpu.scheduler.podgroups import PodGroup, gang_key
 
 __all__ = ["ExtenderHttpServer", "ExtenderServer", "UnboundPods", "add_extender_parser"]
 
@@ -179,30 +181,77 @@ def _node_name(item: Any) -> str | None:
 class UnboundPods:
     """The pods that wait for a node, as the informer last reported them, with their resourceVersion: kube-scheduler
     queues them and names them in its calls, and the extender reads them from here instead of parsing or fetching
-    them again. The mirror's `PendingPods` for the extender."""
+    them again. The mirror's `PendingPods` for the extender.
+
+    Per gang with waiting members: their keys, and the number of the last change among them (`epoch`: a member
+    added, updated or gone; numbered across gangs, so that a gang that empties and fills again never repeats one)
+    that its plan (`gangplans`) is checked against. A member the extender bound (`bound`) leaves without a change:
+    its gang's plan followed the binding already."""
 
     def __init__(self) -> None:
         self.pods: dict[str, tuple[str, PodRequest]] = {}
+        self.gangs: dict[str, dict[str, None]] = {}
+        self.epochs: dict[str, int] = {}
+        self._changes = 0
+        self._bound: set[str] = set()
 
     def get(self, key: str) -> tuple[str, PodRequest] | None:
         return self.pods.get(key)
 
+    def members(self, gang: str) -> dict[str, PodRequest]:
+        """The gang's waiting members, by key."""
+        return {key: self.pods[key][1] for key in self.gangs.get(gang, ())}
+
+    def epoch(self, gang: str) -> int:
+        return self.epochs.get(gang, 0)
+
+    def bound(self, key: str, bound: bool = True) -> None:
+        """The extender bound the member `key` (its gang's plan followed), or the binding failed (`bound` False)."""
+        if bound:
+            self._bound.add(key)
+        else:
+            self._bound.discard(key)
+
     def observe(self, key: str, request: PodRequest, version: str, *, deleting: bool, held: bool) -> bool:
         if deleting:
-            self.pods.pop(key, None)
+            self.drop(key)
             return False
+        known = self.pods.get(key)
+        if known is not None and known[0] == version and known[1] == request:
+            return True  # a relist's report of what is known: no change
+        self.drop(key)
         self.pods[key] = (version, request)
+        gang = gang_key(request)
+        if gang is not None:
+            self.gangs.setdefault(gang, {})[key] = None
+            self._changed(gang)
         return True
 
     def binding(self, key: str) -> str | None:
         return None  # the bind verb reserves in the engine; the engine's record of the pod settles its events
 
     def drop(self, key: str) -> None:
-        self.pods.pop(key, None)
+        known = self.pods.pop(key, None)
+        followed = key in self._bound
+        self._bound.discard(key)
+        gang = gang_key(known[1]) if known is not None else None
+        if gang is None:
+            return
+        members = self.gangs.get(gang, {})
+        members.pop(key, None)
+        if not members:  # nothing of the gang is kept once none of its members waits
+            self.gangs.pop(gang, None)
+            self.epochs.pop(gang, None)
+        elif not followed:
+            self._changed(gang)
+
+    def _changed(self, gang: str) -> None:
+        self._changes += 1
+        self.epochs[gang] = self._changes
 
     def keep_only(self, live: set[str]) -> None:
         for key in [k for k in self.pods if k not in live]:
-            del self.pods[key]
+            self.drop(key)
 
     def wake(self) -> None:
         return None  # kube-scheduler's queue retries its pods on the cluster's events
@@ -241,6 +290,7 @@ class ExtenderServer:
         self._answers: dict[tuple[object, ...], _Answers] = {}
         self._swept = self.engine.generation  # nodes removed up to this change are forgotten by every shape
         self._placing: set[asyncio.Task[str]] = set()  # bindings being written, whoever still waits for them
+        self.gang_plans = GangPlans()  # the gangs' what-if placements their members are answered from
 
     def _pod(self, document: dict[str, Any]) -> PodRequest:
         """The pod kube-scheduler asks about: the informer's parse of it when UID and resourceVersion match (filter and
@@ -347,11 +397,12 @@ class ExtenderServer:
             result["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
         return result
 
-    def _gang_nodes(self, pod: PodRequest) -> str | set[str] | None:
+    def _gang_nodes(self, pod: PodRequest) -> str | Collection[str] | None:
         """For a gang member: the nodes its gang's whole placement would use (a what-if: `place_gang` for the gang's
-        unbound members, given back at once), or why the gang cannot be placed whole, so that every member gets the
-        same answer; None for a pod of no gang. kube-scheduler binds members one by one, so none is let through before
-        `minMember` members exist (docs/gangs.md: what holds in extender mode)."""
+        unbound members, given back at once, kept as the gang's plan while it holds: `gangplans`), or why the gang
+        cannot be placed whole, so that every member gets the same answer; None for a pod of no gang. kube-scheduler
+        binds members one by one, so none is let through before `minMember` members exist (docs/gangs.md: what
+        holds in extender mode)."""
         engine = self.engine
         try:
             group = engine.gang_of(pod)
@@ -362,28 +413,46 @@ class ExtenderServer:
             return problem
         if group is None:
             return None
-        members = {key: request for key, (_, request) in self.unbound.pods.items() if gang_key(request) == group.key}
-        members.setdefault(pod.key, pod)
-        todo = [request for key, request in members.items() if engine.placement(key) is None]
-        present = len(engine.gang_holders(group)) + len(todo)
-        if present < group.min_member:
-            return (
-                f"gang {group.key}: {present} of minMember {group.min_member} members exist; kube-scheduler binds "
-                "members one by one, so none goes before all have places"
-            )
-        if not todo:
-            return None
+        if pod.scheduling_gates:  # not schedulable yet (kube-scheduler asks about it only before 1.26)
+            return f"gang {group.key}: this member is not schedulable yet: {gated_reason(pod.scheduling_gates)}"
+        epoch = self.unbound.epoch(group.key)
+        plan = self.gang_plans.get(group.key, group, engine.generation, epoch)
+        if plan is None or pod.key not in plan.waiting:
+            members = self.unbound.members(group.key)
+            members.setdefault(pod.key, pod)
+            # A gated member is not schedulable yet: kube-scheduler keeps it out of its queue, and coscheduling
+            # and Kueue do not count it towards minMember (nor does the custom scheduler: `enqueue.SchedulingGates`).
+            todo = [r for key, r in members.items() if engine.placement(key) is None and not r.scheduling_gates]
+            present = len(engine.gang_holders(group)) + len(todo)
+            if present < group.min_member:
+                gated = sum(1 for request in members.values() if request.scheduling_gates)
+                waits = f" ({gated} more wait for their scheduling gates)" if gated > 1 else ""
+                waits = " (1 more waits for its scheduling gates)" if gated == 1 else waits
+                return (
+                    f"gang {group.key}: {present} of minMember {group.min_member} members exist{waits}; "
+                    "kube-scheduler binds members one by one, so none goes before all have places"
+                )
+            if not todo:
+                return None
+            plan = self._plan_gang(group, todo, epoch)
+        return plan.answer if plan.answer is not None else plan.on_node.keys()
+
+    def _plan_gang(self, group: PodGroup, todo: list[PodRequest], epoch: int) -> GangPlan:
+        """Place the gang's unbound members (a what-if, given back at once) and keep the answer as its plan."""
+        engine = self.engine
         placement = engine.place_gang(todo, group)
-        if not placement.placed:
-            return placement.reason or f"gang {group.key} cannot be placed whole"
         reserved = {request.key: request for request in todo}
-        nodes = set()
+        plan = GangPlan(group, engine.generation, epoch, set(reserved))
+        if not placement.placed:
+            plan.answer = placement.reason or f"gang {group.key} cannot be placed whole"
         for decision in placement.decisions:
-            if decision.scheduled and decision.node is not None:
-                nodes.add(decision.node)
-                if decision.pod in reserved:
-                    engine.unreserve(reserved[decision.pod], decision.node)
-        return nodes
+            if decision.scheduled and decision.node is not None and decision.pod in reserved:
+                request = reserved[decision.pod]
+                plan.place(decision.pod, decision.node, engine.plan(request).signature)
+                engine.unreserve(request, decision.node)
+        plan.generation = engine.generation  # the what-if given back
+        self.gang_plans.keep(group.key, plan)
+        return plan
 
     def prioritize(self, body: bytes) -> list[orjson.Fragment]:
         """Hosts that score 0 are left out: kube-scheduler counts a host missing from the list as 0, and with binpack
@@ -445,7 +514,11 @@ class ExtenderServer:
                 return {"Error": f"pod {key} already holds devices on {held.node}"}
             if args.Node not in self.engine.node_names():
                 return {"Error": f"node {args.Node} is unknown to kubegpu"}
+            before = self.engine.generation
             decision = self.engine.reserve(pod, args.Node)
+            gang = gang_key(pod) if decision.scheduled else None
+            if gang is not None and self.gang_plans.bound(gang, pod, args.Node, before, self.engine.generation):
+                self.unbound.bound(key)
         if not decision.scheduled:
             return {"Error": f"pod {key} no longer fits node {args.Node}: {decision.reason}"}
         task = asyncio.get_running_loop().create_task(self._place(key, pod, decision))
@@ -462,6 +535,8 @@ class ExtenderServer:
             self.metrics.bind_errors.inc()
         if error is None:
             return ""
+        with self.mirror.lock:
+            self.unbound.bound(key, False)  # still waiting: its leaving later is a change to its gang's plan
         self.mirror.roll_back(pod, decision.node, error)
         return f"binding {key} to {decision.node} failed: {error}"
 

@@ -63,6 +63,7 @@ from kubegpu.core.annotations import (
 from kubegpu.core.errors import InputError, shorten
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
+from kubegpu.core.status import Code
 from kubegpu.core.text import safe_text
 from kubegpu.kube import discovery
 from kubegpu.kube.client import ApiError, Informer, KubeClient
@@ -1242,6 +1243,10 @@ class ClusterMirror:
         if not deleting and self.pending.answers_for(request.scheduler_name):
             refusal = self.engine.pre_enqueue(request)  # PreEnqueue: SchedulingGates
             if refusal is not None:
+                if refusal.code is Code.ERROR:  # a rule failed (`rules.EmbedderPreEnqueue`): the pod is told why
+                    self.metrics.internal_errors.labels("pre_enqueue").inc()
+                    message = f"kubegpu could not handle this pod (pre_enqueue): {refusal.message}"
+                    self.binder.event(request, "KubegpuInternalError", message)
                 self._gate(key, refusal.message, request.scheduling_gates)
                 return
         self._ungate(key)  # its last gate removed: it enters the queue as a new pod would

@@ -215,12 +215,15 @@ def nonzero_requests(pod: PodRequest) -> tuple[int, int]:
     """The pod's cpu (millicores) and memory as the scores count them: a container without a request of one counts
     kube-scheduler's default; what init containers and overhead add to the pod's request is added as it is."""
     cpu = memory = 0
-    for container in pod.containers:
+    running = pod.containers
+    if any(container.init for container in running):  # an init container there holds devices only
+        running = tuple(container for container in running if not container.init)
+    for container in running:
         resources = container.resources
         cpu += resources.get("cpu", DEFAULT_MILLI_CPU)
         memory += resources.get("memory", DEFAULT_MEMORY)
-    plain_cpu = sum(c.resources.get("cpu", 0) for c in pod.containers)
-    plain_memory = sum(c.resources.get("memory", 0) for c in pod.containers)
+    plain_cpu = sum(c.resources.get("cpu", 0) for c in running)
+    plain_memory = sum(c.resources.get("memory", 0) for c in running)
     return cpu + max(0, pod.cpu_milli - plain_cpu), memory + max(0, pod.memory - plain_memory)
 
 

@@ -72,9 +72,10 @@ from yaml.resolver import Resolver
 
 from kubegpu.core import dra
 from kubegpu.core.errors import InputError, shorten
-from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.manifests import ManifestError, is_extended_resource, node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.quantity import parse_quantity
 from kubegpu.core.status import Code
 from kubegpu.core.text import safe_text
 from kubegpu.scheduler import objects, podgroups, traces
@@ -368,6 +369,7 @@ def load_documents(
                     nodes.append(info)
                 elif kind == "Pod":
                     request, deleting = pod_request(document)
+                    _check_not_overcommitted(document)
                     deleting = deleting or request.phase in FINISHED_PHASES
                     pods.append(PodEvent(label, request, deleting))
                 elif kind in OBJECT_KINDS:
@@ -383,6 +385,35 @@ def load_documents(
             except InputError as exc:
                 raise SimulationError(f"{label}: {exc}") from None
     return nodes, pods
+
+
+def _check_not_overcommitted(document: dict[str, Any]) -> None:
+    """The API server's rule for a resource that cannot be overcommitted (an extended resource such as
+    `nvidia.com/gpu`, hugepages): a container that requests it sets a limit, and the request equals it. Checked on
+    the simulator's input, where a pod the API server refuses must not be placed; the shared reader takes a request
+    alone (`core.manifests`), as kube-scheduler's own tests ask them. Call after `pod_request` accepted the
+    document: its shape and quantities are known to be sound."""
+    spec = document.get("spec") or {}
+    for field in ("initContainers", "containers"):
+        for index, container in enumerate(spec.get(field) or ()):
+            resources = container.get("resources") or {}
+            requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+            for name, asked in requests.items():
+                if not (is_extended_resource(name) or name.startswith("hugepages-")):
+                    continue
+                where = f"spec.{field}[{index}].resources"
+                shown, owner = shorten(name), f"container {shorten(str(container.get('name')))!r}"
+                if name not in limits:
+                    raise ManifestError(
+                        f"{where}.limits[{shown}]: a limit must be set for {shown} ({owner} requests it), which "
+                        "cannot be overcommitted; the API server refuses a request alone"
+                    )
+                request, limit = parse_quantity(asked), parse_quantity(limits[name])
+                if request != limit:
+                    raise ManifestError(
+                        f"{where}.requests[{shown}]: {request.normalize():f} must equal its limit "
+                        f"{limit.normalize():f} ({owner}); {shown} cannot be overcommitted"
+                    )
 
 
 def _event(decision: Decision) -> dict[str, Any]:

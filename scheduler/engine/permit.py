@@ -25,14 +25,15 @@ from typing import Any
 from kubegpu.core.answers import WrongAnswer
 from kubegpu.core.manifests import ManifestError
 from kubegpu.core.models import LabelSelector, PodRequest, Requirement
+from kubegpu.core.plugin_manager import PLUGIN_ERRORS
 from kubegpu.core.text import safe_text
 from kubegpu.scheduler.engine.framework import PermitPlugin
 from kubegpu.scheduler.engine.preempt import Preempting
 from kubegpu.scheduler.engine.records import PermitAnswer, PermitCode, Verdict, Waiting
+from kubegpu.scheduler.engine.rules import EMBEDDER
 from kubegpu.scheduler.podgroups import KUEUE_GROUP_LABEL, POD_GROUP_LABEL, PodGroup, gang_key, kueue_group
 
 COSCHEDULING = "Coscheduling"
-EMBEDDER = "embedder"  # whose failures an embedder's Permit rules count under (`KubegpuPluginManager.failed`)
 
 
 def _kind(value: object) -> str:
@@ -140,7 +141,7 @@ class Permitting(Preempting):
         naming the rule; the failure is counted (`embedder`, `rule <name> (permit)`) and logged once per rule."""
         try:
             return permit_answer(rule.permit(self, pod, node))
-        except Exception as exc:
+        except PLUGIN_ERRORS as exc:  # SystemExit too: a rule's library that exits must not end the scheduler
             where = f"rule {rule.name} (permit)"
             error = self.plugins.failed(EMBEDDER, where, exc)
             self.plugins.warn_once(EMBEDDER, where, f"{error} (counted; logged once per rule)")

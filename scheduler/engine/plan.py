@@ -108,7 +108,7 @@ class Planning(NodeCache):
         if not volatile and self._placed.anti:
             volatile = any(filters.pod_matches_term(term, pod) for term in self._placed.anti)
         signature: tuple[object, ...] = (
-            tuple((c.name, tuple(sorted(c.resources.items()))) for c in pod.containers),
+            tuple((c.name, c.init, tuple(sorted(c.resources.items()))) for c in pod.containers),
             pod.cpu_milli,
             pod.memory,
             tuple(sorted(pod.node_selector.items())),

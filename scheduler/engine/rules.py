@@ -1,6 +1,9 @@
 """The rules a plugin adds through `kubegpu_scheduler_rules`, guarded: each `FilterRule` becomes a `NodeFilter`,
 each `ScoreRule` a local `ScorePlugin`, and a rule that raises or answers what its contract does not allow costs only
-itself.
+itself. An embedder's own rules (`Engine(filters=..., score_plugins=..., pre_enqueue=...)`) are guarded alike
+(`guard_embedders`), their failures counted under `embedder`; a PreEnqueue rule that fails keeps its pod out of the
+queue with a reason naming it. `SystemExit` is caught too (`PLUGIN_ERRORS`): a rule's library that exits on a bad
+setting must not end the scheduler.
 
 A filter that fails refuses the node with an error naming the plugin and the rule (a policy a rule holds must not
 fail open); a score that fails scores the node 0. Either failure is counted per plugin and rule
@@ -13,15 +16,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kubegpu.core.answers import rule_filter_answer, rule_score_answer
+from kubegpu.core.answers import WrongAnswer, rule_filter_answer, rule_score_answer
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import PLUGIN_ERRORS, KubegpuPluginManager, PluginHookError
 from kubegpu.core.scheduler_hooks import FilterRule, ScoreRule
 from kubegpu.core.status import Status
-from kubegpu.scheduler.engine.framework import FilterContext, NodeFilter, ScoreContext, ScorePlugin
+from kubegpu.core.text import safe_text
+from kubegpu.scheduler.engine.framework import (
+    FilterContext,
+    NodeFilter,
+    PreEnqueuePlugin,
+    ScoreContext,
+    ScorePlugin,
+)
 from kubegpu.scheduler.engine.records import NodeRecord, Plan, log
 
 RULES_HOOK = "kubegpu_scheduler_rules"
+EMBEDDER = "embedder"  # whose failures an embedder's rules count under (`KubegpuPluginManager.failed`)
 
 
 class GuardedFilter:
@@ -73,6 +84,110 @@ class GuardedScore:
 
     def normalize(self, state: object, raw: list[float]) -> list[float]:
         return raw
+
+
+class EmbedderFilter:
+    """An embedder's `NodeFilter`, guarded: one that fails refuses the node to that pod with an error naming the
+    rule (a policy must not fail open); a PreFilter (`applies`) that fails lets the filter be asked."""
+
+    def __init__(self, plugins: KubegpuPluginManager, rule: NodeFilter) -> None:
+        self.plugins, self.rule, self.name, self.reads_usage = plugins, rule, rule.name, rule.reads_usage
+        self.where = f"rule {rule.name} (filter)"
+
+    def applies(self, pod: PodRequest) -> bool:
+        try:
+            return bool(self.rule.applies(pod))
+        except PLUGIN_ERRORS as exc:
+            _failed(self.plugins, EMBEDDER, self.where, exc)
+            return True
+
+    def filter(self, engine: FilterContext, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
+        try:
+            answer = self.rule.filter(engine, record, pod, plan)
+        except PLUGIN_ERRORS as exc:
+            return Status.error(safe_text(str(_failed(self.plugins, EMBEDDER, self.where, exc))), plugin=self.name)
+        if answer is not None and not isinstance(answer, Status):
+            wrong = WrongAnswer(f"returned {safe_text(repr(answer), 60)} ({type(answer).__name__}); None or a Status")
+            return Status.error(safe_text(str(_failed(self.plugins, EMBEDDER, self.where, wrong))), plugin=self.name)
+        return answer
+
+
+class EmbedderScore:
+    """An embedder's `ScorePlugin`, guarded: one that fails scores the pod's nodes 0 (its PreScore: skipped, every
+    node alike), counted and logged once."""
+
+    def __init__(self, plugins: KubegpuPluginManager, rule: ScorePlugin) -> None:
+        self.plugins, self.rule, self.name, self.local = plugins, rule, rule.name, rule.local
+        self.where = f"rule {rule.name} (score)"
+
+    def matters(self, engine: ScoreContext, pod: PodRequest, plan: Plan) -> bool:
+        try:
+            return bool(self.rule.matters(engine, pod, plan))
+        except PLUGIN_ERRORS as exc:
+            _failed(self.plugins, EMBEDDER, self.where, exc)
+            return False
+
+    def prescore(self, engine: ScoreContext, pod: PodRequest, plan: Plan) -> object | None:
+        try:
+            return self.rule.prescore(engine, pod, plan)
+        except PLUGIN_ERRORS as exc:
+            _failed(self.plugins, EMBEDDER, self.where, exc)
+            return None
+
+    def score(
+        self, engine: ScoreContext, state: object, records: Sequence[NodeRecord], pod: PodRequest, plan: Plan
+    ) -> list[float]:
+        try:
+            raw = list(self.rule.score(engine, state, records, pod, plan))
+        except PLUGIN_ERRORS as exc:
+            _failed(self.plugins, EMBEDDER, self.where, exc)
+            return [0.0] * len(records)
+        if len(raw) != len(records):
+            wrong = WrongAnswer(f"returned {len(raw)} scores for {len(records)} nodes")
+            _failed(self.plugins, EMBEDDER, self.where, wrong)
+            return [0.0] * len(records)
+        return raw
+
+    def normalize(self, state: object, raw: list[float]) -> list[float]:
+        try:
+            scored = list(self.rule.normalize(state, raw))
+        except PLUGIN_ERRORS as exc:
+            _failed(self.plugins, EMBEDDER, self.where, exc)
+            return [0.0] * len(raw)
+        return scored if len(scored) == len(raw) else [0.0] * len(raw)
+
+
+class EmbedderPreEnqueue:
+    """An embedder's `PreEnqueuePlugin`, guarded: one that fails keeps its pod out of the queue, with a reason naming
+    the rule, until an update to the pod lets every rule answer (as a gate would)."""
+
+    def __init__(self, plugins: KubegpuPluginManager, rule: PreEnqueuePlugin) -> None:
+        self.plugins, self.rule, self.name = plugins, rule, rule.name
+        self.where = f"rule {rule.name} (preEnqueue)"
+
+    def pre_enqueue(self, pod: PodRequest) -> Status | None:
+        try:
+            answer = self.rule.pre_enqueue(pod)
+        except PLUGIN_ERRORS as exc:
+            return Status.error(safe_text(str(_failed(self.plugins, EMBEDDER, self.where, exc))), plugin=self.name)
+        if answer is not None and not isinstance(answer, Status):
+            wrong = WrongAnswer(f"returned {safe_text(repr(answer), 60)} ({type(answer).__name__}); None or a Status")
+            return Status.error(safe_text(str(_failed(self.plugins, EMBEDDER, self.where, wrong))), plugin=self.name)
+        return answer
+
+
+def guard_embedders(
+    plugins: KubegpuPluginManager,
+    filters: Sequence[NodeFilter],
+    score_plugins: Sequence[ScorePlugin],
+    pre_enqueue: Sequence[PreEnqueuePlugin],
+) -> tuple[tuple[NodeFilter, ...], tuple[ScorePlugin, ...], tuple[PreEnqueuePlugin, ...]]:
+    """An embedder's rules, each guarded (`EmbedderFilter`, `EmbedderScore`, `EmbedderPreEnqueue`)."""
+    return (
+        tuple(EmbedderFilter(plugins, rule) for rule in filters),
+        tuple(EmbedderScore(plugins, rule) for rule in score_plugins),
+        tuple(EmbedderPreEnqueue(plugins, rule) for rule in pre_enqueue),
+    )
 
 
 def _failed(plugins: KubegpuPluginManager, plugin: str, where: str, exc: BaseException) -> PluginHookError:

@@ -46,7 +46,7 @@ from kubegpu.scheduler.engine.records import (
     ShapeAnswers,
     Waiting,
 )
-from kubegpu.scheduler.engine.rules import plugin_rules
+from kubegpu.scheduler.engine.rules import guard_embedders, plugin_rules
 from kubegpu.scheduler.index import CapacityIndex, NodeTree
 from kubegpu.scheduler.owners import Owners
 from kubegpu.scheduler.podgroups import MAX_LEVELS, PodGroup
@@ -81,6 +81,8 @@ class EngineState:
         # PreEnqueue's rules (`enqueue`: SchedulingGates, then the caller's) less those the profile turns off, and the
         # profile's QueueSort plugin, which a front-end's queue orders its pods by (`Engine.pre_enqueue`,
         # `queue_sort`).
+        # An embedder's rules are guarded as a plugin's are (`rules.guard_embedders`): one that fails costs its pod.
+        filters, score_plugins, pre_enqueue = guard_embedders(plugins, filters, score_plugins, pre_enqueue)
         self._pre_enqueue = enabled_pre_enqueue(pre_enqueue, self.scoring.pre_enqueue_off)
         self._queue_sort = queue_sort(self.scoring.queue_sort)
         # The Filter extension point's rules by name (`kubefilters`), then the caller's `filters`, less those the

@@ -15,6 +15,8 @@ from kubegpu.core.manifests import ManifestError, node_info, pod_request, pod_ui
 from kubegpu.core.models import Taint, Toleration
 from kubegpu.core.testing import node_manifest, pod_manifest
 
+GPU_NAME = "nvidia.com/gpu"
+
 
 def _pod(*containers: dict[str, Any], init: tuple[dict[str, Any], ...] = (), **metadata: Any) -> dict[str, Any]:
     return {
@@ -447,3 +449,26 @@ def test_pod_requests_match_kube_schedulers_step_by_step_rule(
     request, _ = pod_request(pod)
 
     assert request.cpu_milli == 1000 * _upstream_pod_cpu(containers, init, overhead)
+
+
+@pytest.mark.parametrize(
+    ("app", "init", "holders"),
+    [
+        ({"cpu": "1"}, [("check", {GPU_NAME: "1", "cpu": "2"})], [("check", {GPU_NAME: 1})]),
+        ({}, [("small", {GPU_NAME: "1"}), ("big", {GPU_NAME: "2"})], [("big", {GPU_NAME: 2})]),
+        ({GPU_NAME: "1"}, [("check", {GPU_NAME: "1"})], []),
+        ({GPU_NAME: "1"}, [("check", {GPU_NAME: "1", "example.com/fpga": "1"})], [("check", {"example.com/fpga": 1})]),
+    ],
+    ids=["init-only", "largest-of-two-holds", "app-asks-it-too", "only-what-no-app-asks"],
+)  # fmt: skip
+def test_a_device_only_init_containers_ask_for_is_held_by_the_one_that_asks_the_most(
+    app: dict[str, str], init: list[tuple[str, dict[str, str]]], holders: list[tuple[str, dict[str, int]]]
+) -> None:
+    """The kubelet allocates an init container's devices and keeps them for its pod; where no app container asks
+    the device, the scheduler must name them to the init container (before, none held them: no allocation was
+    written). Its cpu and memory stay counted in the pod's requests alone."""
+    document = pod_manifest("p", {"main": app})
+    document["spec"]["initContainers"] = [{"name": n, "resources": {"limits": r}} for n, r in init]
+    pod, _ = pod_request(document)
+    assert [(c.name, dict(c.resources)) for c in pod.containers if c.init] == holders
+    assert [c.name for c in pod.containers if not c.init] == ["main"]

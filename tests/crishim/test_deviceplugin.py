@@ -26,7 +26,13 @@ from typing import Any
 import grpc
 import pytest
 
-from kubegpu.core.annotations import ALLOCATION_KEY, encode_allocation, merge_allocations, sign_allocation
+from kubegpu.core.annotations import (
+    ALLOCATION_KEY,
+    AllocationRecord,
+    encode_allocation,
+    merge_allocations,
+    sign_allocation,
+)
 from kubegpu.core.manifests import pod_request
 from kubegpu.core.models import DeviceInfo, DeviceInventory, PluginAllocation, share_slot
 from kubegpu.core.plugin_manager import KubegpuPluginManager
@@ -34,13 +40,14 @@ from kubegpu.core.plugin_manager import make_plugin_manager as build_plugin_mana
 from kubegpu.core.testing import make_node, pod_manifest
 from kubegpu.crishim.deviceplugin import (
     VANISHED_MEMORY,
+    Candidate,
     DevicePluginService,
     PendingPods,
     shared_devices,
     socket_name,
 )
 from kubegpu.crishim.protos import DEVICE_PLUGIN, DEVICE_PLUGIN_PACKAGE, POD_RESOURCES, method_path
-from kubegpu.crishim.verify import AllocationRefused
+from kubegpu.crishim.verify import AllocationRefused, PodIdentity
 from kubegpu.plugins.intel_gas import device as intel_device
 from kubegpu.plugins.neuron import device as neuron_device
 from kubegpu.plugins.nvidia import device as nvidia_device
@@ -843,3 +850,63 @@ def test_a_placed_pods_init_container_asking_gpus_is_admitted_with_gpus_of_its_p
     finally:
         service.stop()
         kubelet.stop()
+
+
+def test_a_pod_whose_only_gpus_are_its_init_containers_is_placed_with_them_named_and_admitted(
+    directory: Path,
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A pod whose init container alone asks a GPU (a firmware check or a model download before a cpu-only app): the
+    engine counted the GPU among the pod's and named it to no container, so the pod got no allocation annotation and
+    the kubelet's Allocate for the init container failed admission. The scheduler now names the init container's
+    GPU (its own, held for the pod's life as the kubelet keeps it), and the kubelet admits it with that GPU."""
+    monkeypatch.setitem(sys.modules, "pynvml", one_gpu_nvml(2))
+    host = tmp_path / "host"
+    (host / "dev").mkdir(parents=True)
+    engine = Engine(
+        build_plugin_manager("scheduler", plugins=[("nvidia", nvidia_scheduler)], autoload=False), signing_key=KEY
+    )
+    engine.add_node(make_node(NODE, labels={"nvidia.com/gpu.count": "2"}, allocatable={GPU: 2}))
+    manifest = pod_manifest("fetch", {"main": {"cpu": "1"}}, namespace="team")
+    manifest["spec"]["initContainers"] = [{"name": "gpu-check", "resources": {"limits": {GPU: "1"}}}]
+    manifest["metadata"].update(uid="uid-fetch", creationTimestamp="2025-01-01T00:00:00Z")
+    decision = engine.schedule(pod_request(manifest)[0])
+    assert decision.scheduled and decision.allocation is not None, decision
+    assert list(decision.allocation.containers) == ["gpu-check"]
+    signed_gpu = decision.allocation.containers["gpu-check"][GPU]
+    assert len(signed_gpu) == 1
+    # The init container's GPU is held, the node's other one free: a pod of 2 GPUs does not fit.
+    assert not engine.schedule(pod_request(pod_manifest("two", {"main": {GPU: 2}}))[0]).scheduled
+    manifest["metadata"]["annotations"].update(decision.annotations)
+    manifest["spec"]["nodeName"] = NODE
+    manifest["status"] = {"phase": "Pending"}
+
+    kubelet = FakeKubelet(directory)
+    kubelet.start()
+    service = DevicePluginService(
+        make_plugin_manager("device", nvidia=nvidia_device), PendingPods(lambda: [manifest], NODE, KEY),
+        directory=directory, host_root=host, dev_root=Path("/host/dev"), interval=3600,
+    )  # fmt: skip
+    service.start()
+    try:
+        assert [r.resource_name for r in kubelet.wait_registrations(1)] == [GPU]
+        taken, answer = admitted(directory, ["0", "1"], 1, GPU)  # the init container
+        assert not isinstance(answer, grpc.RpcError), answer.details()
+        assert taken == signed_gpu and dict(answer.envs)["NVIDIA_VISIBLE_DEVICES"] == signed_gpu[0]
+    finally:
+        service.stop()
+        kubelet.stop()
+
+
+def test_an_init_container_is_given_its_gpus_from_the_init_container_that_holds_them() -> None:
+    """Two init containers ask GPUs no app container asks (1, then 2): the scheduler names the pod's 2 to the one
+    that asks the most; the other is given the first of them, as the kubelet hands an init container's devices on."""
+    record = AllocationRecord(version=1, node=NODE, podUID="uid-p", containers={"big": {GPU: ["0", "1"]}})
+    candidate = Candidate(
+        PodIdentity("team", "p", "uid-p"), "2025-01-01T00:00:00Z", record, ["small", "big", "main"],
+        {"small": {GPU: 1}, "big": {GPU: 2}}, apps=("main",), classic=frozenset({"small", "big"}),
+    )  # fmt: skip
+    assert candidate.ids("small", GPU) == ["0"]
+    assert candidate.ids("big", GPU) == ["0", "1"]

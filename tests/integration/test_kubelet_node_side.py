@@ -242,3 +242,47 @@ def test_seed_000_steps_1_to_11_on_kube_scheduler_the_extender_the_kubelet_and_t
     assert env["AWS_NEURON_VISIBLE_DEVICES"] == "2,3"
     assert sorted(d for d in devices if d.startswith("neuron")) == ["neuron2", "neuron3"]
     assert scheduler.process.poll() is None
+
+
+def test_a_pod_whose_only_devices_are_its_init_containers_runs_with_them_through_the_extender(
+    cluster: Cluster,
+    kubelet: Kubelet,
+    node_side: Callable[..., NodeProcess],
+    extender_stack: Any,  # noqa: F811
+    host: Path,
+    space: str,
+) -> None:
+    """An init container asks for two Neuron devices (a firmware check before a cpu-only app): kube-scheduler binds
+    the pod through the extender, whose allocation names the init container's devices (before, it named none and the
+    kubelet refused the pod at admission); the kubelet's Allocate for the init container is answered with them, the
+    init container sees exactly them, and the pod runs."""
+    out = host / "out"
+    node_side("deviceplugin")
+    cluster.client.patch(
+        f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {"node.kubernetes.io/instance-type": "inf1.24xlarge"}}}
+    )
+    wait_for(lambda: node(cluster)["status"]["allocatable"].get(NEURON) == "16", 60, "aws.amazon.com/neuron: 16")
+    _, extender, scheduler = extender_stack(https=False)
+    manifest = pod(space, "checked", {"main": {}}, scheduler="gpu-scheduler", out=out)
+    check = {
+        **manifest["spec"]["containers"][0],
+        "name": "check",
+        "command": ["sh", "-c", "{ ls /dev; } > /out/$C.devices; env > /out/$C.env"],
+        "env": [{"name": "C", "value": "checked.check"}],
+        "resources": {"limits": {NEURON: "2"}},
+    }
+    manifest["spec"]["initContainers"] = [check]
+    cluster.client.post(f"/api/v1/namespaces/{space}/pods", manifest)
+    try:
+        running = wait_running(cluster, space, "checked", timeout=90)
+    except AssertionError:
+        events = [e["message"] for e in cluster.events(space)]
+        raise AssertionError(f"{events}\n---\n{extender.output()[-3000:]}") from None
+    record = decode_allocation(running["metadata"]["annotations"]["kubegpu.io/allocation"])
+    ids = record.containers["check"][NEURON]
+    assert len(ids) == 2 and list(record.containers) == ["check"], record.containers
+    assert checkpoint(kubelet, running["metadata"]["uid"], NEURON) == sorted(ids, key=int)
+    devices, env = read_output(out, "checked", "check")
+    assert env["AWS_NEURON_VISIBLE_DEVICES"] == ",".join(ids)
+    assert sorted(d for d in devices if d.startswith("neuron")) == sorted(f"neuron{i}" for i in ids)
+    assert scheduler.process.poll() is None

@@ -291,3 +291,42 @@ def test_kubegpu_plugin_args_mistakes_name_the_field(name: str, args: dict[str, 
     with pytest.raises(ConfigError) as refused:
         parse_config(kubegpu_args(name, args))
     assert f"KubeSchedulerConfiguration.profiles[0].pluginConfig[0].{message}" in str(refused.value)
+
+
+V1 = {**HEAD, "apiVersion": "kubescheduler.config.k8s.io/v1"}
+
+
+@pytest.mark.parametrize(
+    ("document", "field"),
+    [
+        ({**HEAD, "percentageOfNodesToScore": "16"}, "percentageOfNodesToScore"),
+        ({**HEAD, "percentageOfNodesToScore": 16.0}, "percentageOfNodesToScore"),
+        ({**HEAD, "podInitialBackoffSeconds": True}, "podInitialBackoffSeconds"),
+        ({**HEAD, "parallelism": "16"}, "parallelism"),
+        (profile(score={"enabled": [{"name": "NodeAffinity", "weight": True}]}),
+         "profiles[0].plugins.score.enabled[0].weight"),
+        ({**V1, "profiles": [{"percentageOfNodesToScore": 16.0}]}, "profiles[0].percentageOfNodesToScore"),
+        ({**V1, "profiles": [{"plugins": {"multiPoint": {"enabled": [{"name": "NodeAffinity", "weight": "2"}]}}}]},
+         "profiles[0].plugins.multiPoint.enabled[0].weight"),
+        (kubegpu_args("InterPodAffinity", {"hardPodAffinityWeight": True}),
+         "profiles[0].pluginConfig[0].args.hardPodAffinityWeight"),
+        (kubegpu_args("KubegpuFragmentation", {"mix": [{"gpus": 1.0, "weight": 1}]}),
+         "profiles[0].pluginConfig[0].args.mix[0].gpus"),
+        (kubegpu_args("InterPodAffinity", {"ignorePreferredTermsOfExistingPods": "false"}, "v1"),
+         "profiles[0].pluginConfig[0].args.ignorePreferredTermsOfExistingPods"),
+    ],
+    ids=["percentage-string", "percentage-float", "backoff-bool", "parallelism-string", "weight-bool",
+         "profile-percentage-float", "multipoint-weight-string", "args-int-bool", "mix-gpus-float", "args-bool-string"],
+)  # fmt: skip
+def test_integers_and_booleans_are_read_strictly_as_kube_scheduler_reads_them(document: Any, field: str) -> None:
+    """kube-scheduler decodes its configuration strictly: `true`, `"16"` or `16.0` where an integer belongs (and
+    `"true"` where a boolean does) stops it with the field named; kubegpu took them as 1, 16 and 16."""
+    with pytest.raises(ConfigError) as refused:
+        parse_config(document)
+    assert f"KubeSchedulerConfiguration.{field}" in str(refused.value)
+
+
+def test_a_float_setting_takes_an_integer() -> None:
+    """A float field (a mix kind's `weight`) takes `3` as JSON and kube-scheduler's decoding do."""
+    config = parse_config(kubegpu_args("KubegpuFragmentation", {"mix": [{"gpus": 1, "weight": 3}]}))
+    assert config.profile.fragmentation_mix == ((1, 1000, 0, 3.0),)

@@ -50,7 +50,7 @@ ENGINE_PARTS = (
     "preemption.py",
     "scores.py",
 )
-NO_ENGINE = ("__init__.py", "config.py", "draclaims.py", "gates.py", "http_server.py", "objects.py")
+NO_ENGINE = ("__init__.py", "config.py", "draclaims.py", "gangplans.py", "gates.py", "http_server.py", "objects.py")
 
 # Plain settings a front-end gives the engine or reads back; not the cluster state.
 SETTINGS = frozenset({"generation", "plugins", "policy", "track_volumes"})

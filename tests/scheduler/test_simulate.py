@@ -694,3 +694,35 @@ def test_json_lines_break_only_at_newlines(tmp_path: Path, capsys: pytest.Captur
 
     assert code == 0, err
     assert [e["pod"] for e in events] == ["default/a\u2028b"]
+
+
+@pytest.mark.parametrize(
+    ("resources", "field"),
+    [
+        ({"requests": {"nvidia.com/gpu": "1"}},
+         "spec.containers[0].resources.limits[nvidia.com/gpu]: a limit must be set for nvidia.com/gpu"),
+        ({"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}},
+         "spec.containers[0].resources.requests[nvidia.com/gpu]: 1 must equal its limit 2"),
+        ({"requests": {"hugepages-2Mi": "2Mi", "cpu": "1"}, "limits": {"cpu": "1"}},
+         "spec.containers[0].resources.limits[hugepages-2Mi]: a limit must be set for hugepages-2Mi"),
+    ],
+    ids=["gpu-request-alone", "gpu-request-below-limit", "hugepages-request-alone"],
+)  # fmt: skip
+def test_a_device_requested_without_its_limit_is_invalid_as_the_api_server_refuses_it(
+    resources: dict[str, Any], field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The API server refuses a container that requests a resource that cannot be overcommitted (an extended
+    resource such as nvidia.com/gpu, hugepages) without a limit, or with a request other than its limit; the
+    simulator placed it. Its limit alone, or both equal, run."""
+    path = tmp_path / "requests.yaml"
+    node, pod = _documents()[:2]
+    container = {**pod["spec"]["containers"][0], "resources": resources}
+    path.write_text(yaml.safe_dump_all([node, {**pod, "spec": {**pod["spec"], "containers": [container]}}]))
+    code, events, err = simulate(capsys, str(path))
+    assert code == 2 and events == [], err
+    assert f"#2: {field}" in err and "main" in err, err
+    equal = {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
+    container = {**pod["spec"]["containers"][0], "resources": equal}
+    path.write_text(yaml.safe_dump_all([node, {**pod, "spec": {**pod["spec"], "containers": [container]}}]))
+    code, events, err = simulate(capsys, str(path))
+    assert code == 0 and [e["event"] for e in events] == ["scheduled"], err
