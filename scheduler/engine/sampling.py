@@ -40,6 +40,7 @@ from kubegpu.core.models import PodRequest
 from kubegpu.core.status import Code, Status
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine import kubefilters, scoring
+from kubegpu.scheduler.engine.filtering import NOMINATED, held_for_another
 from kubegpu.scheduler.engine.records import Decision, NodeRecord, Plan, ShapeAnswers, summarize_reasons
 from kubegpu.scheduler.engine.reserving import Reserving
 from kubegpu.scheduler.index import CapacityIndex
@@ -169,9 +170,22 @@ class Sampling(Reserving):
         nodes, fits, finals = self.nodes, book.fits, book.finals
         reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
         short = Status.unschedulable(f"Insufficient {resource}")
+        free_of = index.get
         for name in changed:
-            old = finals.pop(name, None)
+            record = nodes.get(name)
+            old = finals.get(name)
+            answer: tuple[Status, int, bool, bool] | None = None
+            if record is not None:
+                number = numbers[name]
+                answer = alike.get(number) if number is not None else None
+                if answer is None:
+                    answer = self._answer(record, pod, plan, free_of(name), need, short)
+                    if number is not None:
+                        alike[number] = answer
+                if old is not None and (old is answer or old == answer):
+                    continue  # the same answer: the sums, `fits` and `mask` hold it already
             if old is not None:
+                del finals[name]
                 status, klass, fit, by_usage = old
                 for reason in status.reasons:
                     reasons[reason] -= 1
@@ -182,11 +196,9 @@ class Sampling(Reserving):
                 fitting[klass] -= fit
                 book.by_usage -= by_usage
                 del fits[name]
-            record = nodes.get(name)
-            if record is None:
+            if answer is None:  # the node is gone
                 book.masked = None
                 continue
-            answer = self._answer_alike(alike, numbers[name], record, pod, plan, index.get(name), need, short)
             status, klass, fit, by_usage = answer
             for reason in status.reasons:
                 reasons[reason] += 1
@@ -229,13 +241,19 @@ class Sampling(Reserving):
     def _answer(
         self, record: NodeRecord, pod: PodRequest, plan: Plan, free: int | None, need: int, short: Status
     ) -> tuple[Status, int, bool, bool]:
-        """One node's answer to the shape (`ShapeAnswers.finals`), `free` what the capacity index offers on it."""
-        status = self.check(record, pod, plan)
-        fit = free is not None and free >= need and status.code is Code.SUCCESS
-        if status.code is Code.SUCCESS:
-            status = short
-        by_usage = status.code is Code.UNRESOLVABLE and self._node_fit(record, pod, plan) is None
-        return (status, record.klass, fit, by_usage)
+        """One node's answer to the shape (`ShapeAnswers.finals`), `free` what the capacity index offers on it:
+        `check`'s answer (a shape sampled has no cluster-wide filter, no dead node: `_samples_by_shape`), asked of
+        the filters themselves, since the node changed since its memo was written."""
+        if record.nominees and held_for_another(record, pod):
+            return (Status.unschedulable(NOMINATED), record.klass, False, False)
+        status = self._node_fit(record, pod, plan)
+        if status is not None:
+            return (status, record.klass, False, False)
+        status = self._usage_fit(record, pod, plan) or self._device_fit(record, pod, plan)
+        code = status.code
+        if code is Code.SUCCESS:
+            return (short, record.klass, free is not None and free >= need, False)
+        return (status, record.klass, False, code is Code.UNRESOLVABLE)
 
     def _every_answer(
         self,
