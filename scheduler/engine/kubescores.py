@@ -134,7 +134,7 @@ class KubegpuDevices(Local):
     def score(
         self, engine: ScoreContext, state: object, records: Sequence[NodeRecord], pod: PodRequest, plan: Plan
     ) -> list[float]:
-        return [engine.device_score(record, pod) for record in records]
+        return engine.device_scores(records, pod)
 
 
 # KubegpuFragmentation's raw points for one device stranded (100 x (sigmoid(0) - sigmoid(-1)), 23.1): its stretch.
@@ -159,7 +159,7 @@ class KubegpuFragmentation(Local):
     def score(
         self, engine: ScoreContext, state: object, records: Sequence[NodeRecord], pod: PodRequest, plan: Plan
     ) -> list[float]:
-        return [engine.fragmentation_score(record, pod, plan) for record in records]
+        return engine.fragmentation_scores(records, pod, plan)
 
     def normalize(self, state: object, raw: list[float]) -> list[float]:
         return scores.normalize_range(raw, ONE_DEVICE)

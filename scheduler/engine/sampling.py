@@ -398,6 +398,8 @@ class Sampling(Reserving):
         policy: list[float] | None = None
         others: list[float] | None = None
         policy_name = scores.policy_plugin(self.policy)
+        # Packing by name ranks by the lead and the other scores alone: the policy's and `NOT_TIE_BREAKERS` unread.
+        unread = {policy_name, *scoring.NOT_TIE_BREAKERS} if packs and self._scores_fragmentation else ()
         column = 0
         for plugin, weight in self._scorers:
             if not plugin.local:
@@ -406,7 +408,7 @@ class Sampling(Reserving):
             column += 1
             if leads and plugin.name == scores.FRAGMENTATION:
                 lead = list(map(int, values))
-            if min(values) == max(values):
+            if plugin.name in unread or min(values) == max(values):
                 continue
             normalized = plugin.normalize(True, values)
             if normalized is not values and min(normalized) == max(normalized):
