@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -54,6 +55,7 @@ from kubegpu.plugins.nvidia.sharing import (
     ANY_CPU,
     CORES,
     MAX_KIND_MODELS,
+    MEASURES_REMEMBERED,
     MEMORY,
     MEMORY_PERCENT,
     SHARE_RESOURCES,
@@ -516,24 +518,28 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
         table = state.fragmentation_table()
         if not table.weight:
             return None
-        before = state.free_millis()
         cpu = free.get("cpu", ANY_CPU)
         ask = prepared
-        if ask is None or not (ask.total or ask.shares):  # the pod takes cpu beside the GPUs, none of them
-            return fragmentation_delta(before, {}, table, cpu, pod.cpu_milli) / WHOLE
-        if ask.error:
+        gpus = ask is not None and bool(ask.total or ask.shares)
+        if gpus and ask is not None and ask.error:
             return None
-        plan = state.plan(ask)
-        if plan is None:
-            return None
-        taken: dict[int, int] = {}
-        for _, _, mask, _ in plan.whole:
-            for bit in bit_list(mask):
-                taken[bit] = before[bit]
-        for share, bits, _, memories in plan.shares:
-            for bit, gpu_memory in zip(bits, memories, strict=True):
-                taken[bit] = taken.get(bit, 0) + share_amount(state, share.cores, gpu_memory, bit)
-        return fragmentation_delta(before, taken, table, cpu, pod.cpu_milli) / WHOLE
+        # The answer reads the state's content (its free GPUs and the placement: `place`), the ask, and of the cpu
+        # only which of the table's kinds it holds before and after (`_measure`): remembered per table so.
+        cpus, asked = table.cpus, ask if gpus else None
+        key = (
+            state.content(),
+            id(asked) if gpus else 0,
+            bisect_right(cpus, cpu),
+            bisect_right(cpus, cpu - pod.cpu_milli),
+        )
+        deltas = table.deltas
+        known = deltas.get(key)
+        if known is not None and known[0] is asked:
+            return known[1]
+        if len(deltas) >= MEASURES_REMEMBERED:
+            deltas.clear()
+        answer = deltas[key] = (asked, fragmentation_grown(state, pod, asked, table, cpu))
+        return answer[1]
 
     @hookimpl
     def kubegpu_scheduler_fragmentation_epoch(self, shared: dict[str, object]) -> int | None:
@@ -826,6 +832,27 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
     if whole or not parts:
         parts.append(plan_score(state.tree, whole))
     return NvidiaPlacement(whole, tuple(chosen_shares), sum(parts) / len(parts))
+
+
+def fragmentation_grown(
+    state: NvidiaNodeState, pod: PodRequest, ask: NvidiaPodState | None, table: FragmentationTable, cpu: int
+) -> float | None:
+    """`kubegpu_scheduler_fragmentation` computed: the devices the pod strands on the node (`ask` None: it takes
+    cpu beside the GPUs, none of them), None where no placement fits."""
+    before = state.free_millis()
+    if ask is None:
+        return fragmentation_delta(before, {}, table, cpu, pod.cpu_milli) / WHOLE
+    plan = state.plan(ask)
+    if plan is None:
+        return None
+    taken: dict[int, int] = {}
+    for _, _, mask, _ in plan.whole:
+        for bit in bit_list(mask):
+            taken[bit] = before[bit]
+    for share, bits, _, memories in plan.shares:
+        for bit, gpu_memory in zip(bits, memories, strict=True):
+            taken[bit] = taken.get(bit, 0) + share_amount(state, share.cores, gpu_memory, bit)
+    return fragmentation_delta(before, taken, table, cpu, pod.cpu_milli) / WHOLE
 
 
 def fragmentation_after(free: list[int], bit: int, amount: int, table: FragmentationTable) -> float:

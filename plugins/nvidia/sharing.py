@@ -243,6 +243,11 @@ class FragmentationTable:
     kinds: tuple[tuple[int, int, int, int], ...]  # (cpu level, GPUs, thousandths, weight)
     rows: dict[int, Row] = field(default_factory=dict, compare=False, repr=False)
     measured: dict[tuple[tuple[int, ...], int], int] = field(default_factory=dict, compare=False, repr=False)
+    # A memo of the plugin's `kubegpu_scheduler_fragmentation` on this table (`NvidiaPlugin`): (the state's content
+    # number, id of the ask or 0 for a pod taking no GPU, the cpu levels before and after) -> (the ask, the answer).
+    deltas: dict[tuple[int, int, int, int], tuple[object, float | None]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def of(cls, mix: Sequence[Sequence[object]], models: Models = None) -> FragmentationTable:

@@ -1,0 +1,69 @@
+"""The nvidia plugin's fragmentation answers remembered per mix table (`FragmentationTable.deltas`) are the answers
+computed afresh.
+
+A replay asks `kubegpu_scheduler_fragmentation` of every node content a shape ranks, again at each move of the
+learned mix; the answer reads the node's GPU content (its free GPUs and where the pod's GPUs go: `place`), the ask,
+and of the node's free cpu and the pod's cpu only which of the mix's kinds still run there before and after. The
+oracle here: nodes of the openb trace's kinds take random pods (the mix moving as they come), then every node's
+answer to pods of every shape and of several cpu requests, through the memo, asked twice, is `fragmentation_grown`
+on a copy of the node's table without its memos (the same mix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubegpu.plugins.nvidia import scheduler as nvidia
+from kubegpu.plugins.nvidia.sharing import Workload
+
+from .test_nvidia_fit_mix import OTHER_MIX, SHAPES, request, six_nodes
+
+CPUS = [0, 1000, 8000, 32000, 90000]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from([1000, 8000, 32000])), max_size=40),
+    st.sampled_from(["fgd", "bestfit"]),
+)
+def test_a_remembered_fragmentation_answer_is_the_answer_computed_afresh(
+    arrivals: list[tuple[int, int]], policy: str
+) -> None:
+    engine = six_nodes(policy)
+    hook = nvidia.plugin.kubegpu_scheduler_fragmentation
+    for i, (shape, cpu) in enumerate(arrivals):
+        gpus, milli = SHAPES[shape]
+        engine.schedule(request(gpus, milli, f"p{i}", cpu))
+        for gpus, milli in SHAPES:
+            for pod_cpu in CPUS:
+                pod = request(gpus, milli, "ask", pod_cpu)
+                ask = nvidia.read_ask(pod) if gpus else None
+                for name in engine.node_names():
+                    record = engine.nodes[name]
+                    state = record.states["nvidia"]
+                    assert isinstance(state, nvidia.NvidiaNodeState)
+                    free = {"cpu": record.free("cpu"), "memory": record.free("memory")}
+                    first = hook(state, pod, ask, free)
+                    again = hook(state, pod, ask, free)
+                    table = replace(state.fragmentation_table(), rows={}, measured={}, deltas={})  # the mix, no memo
+                    fresh = nvidia.fragmentation_grown(state, pod, ask, table, free["cpu"]) if table.weight else None
+                    assert first == again == fresh, (name, gpus, milli, pod_cpu, free)
+
+
+def test_the_answer_follows_the_cpu_levels_of_the_mix_not_the_cpu_itself() -> None:
+    """Two pods of one ask whose cpu leaves the same kinds running share an answer; one whose cpu shuts a kind out
+    of the node gets its own."""
+    engine = six_nodes("fgd")
+    record = engine.nodes["node-0"]  # 96 cores, 8 GPUs, all free
+    state = record.states["nvidia"]
+    assert isinstance(state, nvidia.NvidiaNodeState)
+    state.workload = Workload.configured(OTHER_MIX)  # kinds asking 1, 32 and 64 cores
+    free = {"cpu": record.free("cpu"), "memory": record.free("memory")}
+    hook = nvidia.plugin.kubegpu_scheduler_fragmentation
+    pods = [request(1, 250, "a", 100), request(1, 250, "b", 200), request(1, 250, "c", 40000)]
+    answers = [hook(state, pod, nvidia.read_ask(pod), free) for pod in pods]
+    assert answers[0] == answers[1] != answers[2]  # c leaves 56 cores: the 64-core kind no longer runs there
+    assert len(state.fragmentation_table().deltas) == 2
