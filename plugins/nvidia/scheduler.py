@@ -161,6 +161,7 @@ class NvidiaPlacement:
 
 
 _MISSING = object()
+STEADY = frozenset({"fit", "score"})  # `PlacementBook`'s answers kept across mix versions where no mix decides them
 
 
 class PlacementBook:
@@ -172,9 +173,11 @@ class PlacementBook:
     Key: (the state's content number, the ask), the ask by identity (the engine hands the same prepared ask to every
     node in a cycle) and else by equality. Valid for one version of one mix (`Workload`: the fgd policy ranks GPUs
     against it): dropped all at once when the mix or its version differs from the one the entries were made under,
-    or past `LIMIT` answers; but the fit answers of an ask no mix decides (`fit_reads_mix`) are kept apart
-    (`steady`), across mix versions, until past `LIMIT`. Content numbers are never reused (`serial`), so a state's
-    remembered number stays its content's even after `contents` is dropped (past `LIMIT`)."""
+    or past `LIMIT` answers; but the fit answers and the scores (`kubegpu_scheduler_score`) of an ask no mix
+    decides (`fit_reads_mix`: its score is the whole containers' topology, or under `bestfit`, which reads no mix,
+    how full its GPUs end up) are kept apart (`steady`), across mix versions, until past `LIMIT`. Content numbers
+    are never reused (`serial`), so a state's remembered number stays its content's even after `contents` is dropped
+    (past `LIMIT`)."""
 
     LIMIT = 1 << 16
 
@@ -202,7 +205,7 @@ class PlacementBook:
 
     def get(self, what: str, workload: Workload, number: int, ask: NvidiaPodState) -> object:
         """The answer remembered, or `_MISSING`."""
-        if what == "fit" and not fit_reads_mix(ask):
+        if what in STEADY and not fit_reads_mix(ask):
             entry = self.steady.get((what, id(ask)))
         elif self.stamp != (id(workload), workload.version):
             return _MISSING
@@ -213,7 +216,7 @@ class PlacementBook:
         return entry[1].get(number, _MISSING)
 
     def put(self, what: str, workload: Workload, number: int, ask: NvidiaPodState, answer: object) -> None:
-        if what == "fit" and not fit_reads_mix(ask):
+        if what in STEADY and not fit_reads_mix(ask):
             if self.steady_size >= self.LIMIT:
                 self.steady.clear()
                 self.steady_size = 0
@@ -508,8 +511,16 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
         ask = prepared
         if ask.error or not (ask.total or ask.shares):
             return 0.0 if ask.error else 100.0
-        plan = state.plan(ask)
-        return 0.0 if plan is None else plan.score
+        if ask.mig:  # MIG books are not in the state's content
+            plan = state.plan(ask)
+            return 0.0 if plan is None else plan.score
+        number = state.content()
+        score = state.book.get("score", state.workload, number, ask)
+        if score is _MISSING:
+            plan = state.plan(ask)
+            score = 0.0 if plan is None else plan.score
+            state.book.put("score", state.workload, number, ask, score)
+        return score  # type: ignore[return-value]  # a float put above
 
     @hookimpl
     def kubegpu_scheduler_fragmentation(

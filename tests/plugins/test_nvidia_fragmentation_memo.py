@@ -1,5 +1,5 @@
-"""The nvidia plugin's fragmentation answers remembered per mix table (`FragmentationTable.deltas`) are the answers
-computed afresh.
+"""The nvidia plugin's fragmentation answers remembered per mix table (`FragmentationTable.deltas`), and its device
+scores kept across the mix's versions (`PlacementBook.steady`), are the answers computed afresh.
 
 A replay asks `kubegpu_scheduler_fragmentation` of every node content a shape ranks, again at each move of the
 learned mix; the answer reads the node's GPU content (its free GPUs and where the pod's GPUs go: `place`), the ask,
@@ -16,12 +16,18 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kubegpu.core.models import PodRequest
+from kubegpu.core.testing import make_pod
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.plugins.nvidia.sharing import Workload
 
-from .test_nvidia_fit_mix import OTHER_MIX, SHAPES, request, six_nodes
+from .test_nvidia_fit_mix import OTHER_MIX, SHAPES, SHARE_ASKS, request, six_nodes
 
 CPUS = [0, 1000, 8000, 32000, 90000]
+
+
+def nvidia_pod(containers: dict[str, dict[str, int]]) -> PodRequest:
+    return make_pod("share", containers)
 
 
 @settings(max_examples=30, deadline=None)
@@ -67,3 +73,37 @@ def test_the_answer_follows_the_cpu_levels_of_the_mix_not_the_cpu_itself() -> No
     answers = [hook(state, pod, nvidia.read_ask(pod), free) for pod in pods]
     assert answers[0] == answers[1] != answers[2]  # c leaves 56 cores: the 64-core kind no longer runs there
     assert len(state.fragmentation_table().deltas) == 2
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from([1000, 8000, 32000])), max_size=40),
+    st.sampled_from(["fgd", "bestfit"]),
+)
+def test_a_score_kept_across_mix_versions_is_the_score_under_any_mix(
+    arrivals: list[tuple[int, int]], policy: str
+) -> None:
+    # The device score of an ask no mix decides (`fit_reads_mix`) is kept across the mix's versions
+    # (`PlacementBook.steady`): the oracle is `place` itself, under the learned mix, another, and none.
+    engine = six_nodes(policy)
+    asks = [request(gpus, milli) for gpus, milli in SHAPES[1:]]
+    asks += [nvidia_pod({"main": resources}) for resources in SHARE_ASKS]
+    asks.append(nvidia_pod({"a": SHARE_ASKS[0], "b": SHARE_ASKS[0]}))  # the mix places the second share
+    for i, (shape, cpu) in enumerate(arrivals):
+        gpus, milli = SHAPES[shape]
+        engine.schedule(request(gpus, milli, f"p{i}", cpu))
+        for pod in asks:  # asked at every version of the mix the arrivals move through
+            ask = nvidia.read_ask(pod)
+            for name in engine.node_names():
+                state = engine.nodes[name].states["nvidia"]
+                assert isinstance(state, nvidia.NvidiaNodeState)
+                score = nvidia.plugin.kubegpu_scheduler_score(state, pod, ask)
+                learned = state.workload
+                try:
+                    for mix in (learned, Workload.configured(OTHER_MIX), Workload()):
+                        state.workload = mix
+                        mask, reason = nvidia.eligible_gpus(state, ask)
+                        placed = None if reason else nvidia.place(state, mask, ask)
+                        assert score == (0.0 if placed is None else placed.score), (name, mix.mix())
+                finally:
+                    state.workload = learned
