@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
-from operator import add
+from itertools import compress, repeat
+from operator import add, is_
 
 from kubegpu.core.models import (
     PodRequest,
@@ -44,8 +45,7 @@ class Scoring(Contents):
     def device_scores(self, records: Sequence[NodeRecord], pod: PodRequest) -> list[float]:
         """`device_score` on each node, the pod's plugins and their `prepared` looked up once."""
         routes = [plugin for plugin in self._route(pod) if plugin]
-        call, prepared = self.plugins.call, self.plan(pod).prepared if routes else {}
-        out = []
+        call, prepared, out = self.plugins.call, self.plan(pod).prepared if routes else {}, []
         for record in records:
             states = record.states
             device_scores: list[float] = []
@@ -212,14 +212,18 @@ class Scoring(Contents):
             if None not in raws:
                 return raws  # type: ignore[return-value]  # none is None
             if None not in numbered:  # every node has a content: each one not remembered scored once, at its first
-                firsts = dict(zip(reversed(numbered), range(len(names) - 1, -1, -1), strict=True))
-                todo = {number: i for number, i in firsts.items() if number not in by_number}
+                missing = list(compress(range(len(raws)), map(is_, raws, repeat(None))))
+                todo: dict[int, int] = {}  # number -> its first node (ordered by their last nodes, from the end)
+                for i in reversed(missing):
+                    todo[numbered[i]] = i  # type: ignore[index]  # none is None
                 nodes = self.nodes
                 fresh = self._local_columns(
                     [records[i] if records is not None else nodes[names[i]] for i in todo.values()], pod, plan
                 )
-                by_number.update(zip(todo, fresh, strict=True))  # type: ignore[arg-type]
-                return list(map(by_number.__getitem__, numbered))  # type: ignore[arg-type]
+                by_number.update(zip(todo, fresh, strict=True))
+                for i in missing:
+                    raws[i] = by_number[numbered[i]]  # type: ignore[index]  # none is None
+                return raws  # type: ignore[return-value]  # every None was filled above
         else:
             raws = list(map(alone.get, names))
             if None not in raws:
