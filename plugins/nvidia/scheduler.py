@@ -31,7 +31,7 @@ import logging
 import os
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from kubegpu.core.kit import Claim, DevicePlugin, SharedDeviceNodeState
@@ -153,15 +153,18 @@ unit: MiB, or percent where the GPU's memory is unknown)."""
 
 @dataclass(frozen=True, slots=True)
 class NvidiaPlacement:
-    """A pod's GPUs on one node: whole containers (`whole`), share containers (`shares`), and the score."""
+    """A pod's GPUs on one node: whole containers (`whole`), share containers (`shares`), and the score; `by_mix`:
+    whether the mix of pods chose among GPUs that would leave the node otherwise (fgd, a share with GPUs of two
+    kinds of room to choose from), so that another mix may place it otherwise."""
 
     whole: Plan
     shares: SharePlan
     score: float
+    by_mix: bool = field(default=False, compare=False)
 
 
 _MISSING = object()
-STEADY = frozenset({"fit", "score"})  # `PlacementBook`'s answers kept across mix versions where no mix decides them
+STEADY = frozenset({"fit", "score", "place"})  # `PlacementBook`'s answers kept across versions where no mix decides
 
 
 class PlacementBook:
@@ -175,7 +178,8 @@ class PlacementBook:
     against it): dropped all at once when the mix or its version differs from the one the entries were made under,
     or past `LIMIT` answers; but the fit answers and the scores (`kubegpu_scheduler_score`) of an ask no mix
     decides (`fit_reads_mix`: its score is the whole containers' topology, or under `bestfit`, which reads no mix,
-    how full its GPUs end up) are kept apart (`steady`), across mix versions, until past `LIMIT`. Content numbers
+    how full its GPUs end up), and its placements that no mix chose (`NvidiaPlacement.by_mix` false, or none) are
+    kept apart (`steady`), across mix versions, until past `LIMIT`. Content numbers
     are never reused (`serial`), so a state's remembered number stays its content's even after `contents` is dropped
     (past `LIMIT`)."""
 
@@ -206,17 +210,16 @@ class PlacementBook:
     def get(self, what: str, workload: Workload, number: int, ask: NvidiaPodState) -> object:
         """The answer remembered, or `_MISSING`."""
         if what in STEADY and not fit_reads_mix(ask):
-            entry = self.steady.get((what, id(ask)))
-        elif self.stamp != (id(workload), workload.version):
+            found = _remembered(self.steady, what, number, ask)
+            if found is not _MISSING or what != "place":
+                return found
+        if self.stamp != (id(workload), workload.version):
             return _MISSING
-        else:
-            entry = self.answers.get((what, id(ask)))
-        if entry is None or not (entry[0] is ask or entry[0] == ask):
-            return _MISSING
-        return entry[1].get(number, _MISSING)
+        return _remembered(self.answers, what, number, ask)
 
     def put(self, what: str, workload: Workload, number: int, ask: NvidiaPodState, answer: object) -> None:
-        if what in STEADY and not fit_reads_mix(ask):
+        by_mix = isinstance(answer, NvidiaPlacement) and answer.by_mix
+        if what in STEADY and not fit_reads_mix(ask) and not by_mix:
             if self.steady_size >= self.LIMIT:
                 self.steady.clear()
                 self.steady_size = 0
@@ -236,6 +239,18 @@ class PlacementBook:
             entry = self.answers[key] = (ask, {})
         entry[1][number] = answer
         self.size += 1
+
+
+def _remembered(
+    answers: dict[tuple[str, int], tuple[NvidiaPodState, dict[int, object]]],
+    what: str,
+    number: int,
+    ask: NvidiaPodState,
+) -> object:
+    entry = answers.get((what, id(ask)))
+    if entry is None or not (entry[0] is ask or entry[0] == ask):
+        return _MISSING
+    return entry[1].get(number, _MISSING)
 
 
 class NvidiaNodeState(SharedDeviceNodeState):
@@ -801,6 +816,7 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
     tasks_extra: dict[int, int] = {}
     chosen_shares: list[tuple[Share, tuple[int, ...], int, tuple[int, ...]]] = []
     free = list(state.free_millis()) if fgd else []
+    by_mix = False  # GPUs of two kinds of room to choose from, ranked by the mix
     for share in ask.shares:
         base = node_fragmentation(free, table) if table is not None and table.weight else 0.0
         # GPUs with as much free that the share would take as much of leave the node alike: measured once.
@@ -829,6 +845,7 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
             fits.append((rank, bit, memory))
         if len(fits) < share.count:
             return None
+        by_mix = by_mix or len(measured) > 1
         fits.sort()
         picked_fits = sorted((bit, memory) for _, bit, memory in fits[: share.count])
         picked = tuple(bit for bit, _ in picked_fits)
@@ -842,7 +859,7 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
     parts = [] if fgd else [100.0 * (state.cores_used[b] + cores_extra[b]) / 100 for b in cores_extra]
     if whole or not parts:
         parts.append(plan_score(state.tree, whole))
-    return NvidiaPlacement(whole, tuple(chosen_shares), sum(parts) / len(parts))
+    return NvidiaPlacement(whole, tuple(chosen_shares), sum(parts) / len(parts), by_mix)
 
 
 def fragmentation_grown(

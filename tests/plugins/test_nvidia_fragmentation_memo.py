@@ -107,3 +107,43 @@ def test_a_score_kept_across_mix_versions_is_the_score_under_any_mix(
                         assert score == (0.0 if placed is None else placed.score), (name, mix.mix())
                 finally:
                     state.workload = learned
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from([1000, 8000, 32000])), max_size=40),
+    st.sampled_from(["fgd", "bestfit"]),
+)
+def test_a_placement_kept_across_mix_versions_is_the_placement_under_any_mix(
+    arrivals: list[tuple[int, int]], policy: str
+) -> None:
+    # A placement no mix chose (`NvidiaPlacement.by_mix` false: one kind of room among the GPUs a share may take)
+    # is kept across the mix's versions (`PlacementBook.steady`): through the book it is `place` under the mix of
+    # now, and `place` gives it under another mix and under none; one the mix chose is placed again per version.
+    engine = six_nodes(policy)
+    asks = [request(gpus, milli) for gpus, milli in SHAPES[1:]]
+    asks += [nvidia_pod({"main": resources}) for resources in SHARE_ASKS]
+    asks.append(nvidia_pod({"a": SHARE_ASKS[0], "b": SHARE_ASKS[0]}))
+    for i, (shape, cpu) in enumerate(arrivals):
+        gpus, milli = SHAPES[shape]
+        engine.schedule(request(gpus, milli, f"p{i}", cpu))
+        for pod in asks:
+            ask = nvidia.read_ask(pod)
+            for name in engine.node_names():
+                state = engine.nodes[name].states["nvidia"]
+                assert isinstance(state, nvidia.NvidiaNodeState)
+                state._plan = None
+                planned = state.plan(ask)
+                mask, reason = nvidia.eligible_gpus(state, ask)
+                fresh = None if reason else nvidia.place(state, mask, ask)
+                assert planned == fresh, name
+                if fresh is not None and (fresh.by_mix or nvidia.fit_reads_mix(ask)):
+                    continue
+                learned = state.workload
+                try:
+                    for mix in (Workload.configured(OTHER_MIX), Workload()):
+                        state.workload = mix
+                        assert (None if reason else nvidia.place(state, mask, ask)) == fresh, (name, mix.mix())
+                finally:
+                    state.workload = learned
+                    state._plan = None
