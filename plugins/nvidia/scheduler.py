@@ -210,12 +210,18 @@ class PlacementBook:
     def get(self, what: str, workload: Workload, number: int, ask: NvidiaPodState) -> object:
         """The answer remembered, or `_MISSING`."""
         if what in STEADY and not fit_reads_mix(ask):
-            found = _remembered(self.steady, what, number, ask)
+            entry = self.steady.get((what, id(ask)))
+            found = _MISSING
+            if entry is not None and (entry[0] is ask or entry[0] == ask):
+                found = entry[1].get(number, _MISSING)
             if found is not _MISSING or what != "place":
                 return found
         if self.stamp != (id(workload), workload.version):
             return _MISSING
-        return _remembered(self.answers, what, number, ask)
+        entry = self.answers.get((what, id(ask)))
+        if entry is None or not (entry[0] is ask or entry[0] == ask):
+            return _MISSING
+        return entry[1].get(number, _MISSING)
 
     def put(self, what: str, workload: Workload, number: int, ask: NvidiaPodState, answer: object) -> None:
         by_mix = isinstance(answer, NvidiaPlacement) and answer.by_mix
@@ -239,18 +245,6 @@ class PlacementBook:
             entry = self.answers[key] = (ask, {})
         entry[1][number] = answer
         self.size += 1
-
-
-def _remembered(
-    answers: dict[tuple[str, int], tuple[NvidiaPodState, dict[int, object]]],
-    what: str,
-    number: int,
-    ask: NvidiaPodState,
-) -> object:
-    entry = answers.get((what, id(ask)))
-    if entry is None or not (entry[0] is ask or entry[0] == ask):
-        return _MISSING
-    return entry[1].get(number, _MISSING)
 
 
 class NvidiaNodeState(SharedDeviceNodeState):

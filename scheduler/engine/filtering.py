@@ -181,7 +181,6 @@ class Filtering(Planning):
             if isinstance(prepared, PluginHookError):
                 return Status.error(str(prepared), plugin=plugin)
             free = record.headroom[plugin].free
-            short = next((r for r, need in needs if free.get(r, 0) < need), None)
             try:
                 status: Status = self.plugins.call(
                     plugin, "kubegpu_scheduler_fit", state=state, pod=pod, prepared=prepared
@@ -192,6 +191,7 @@ class Filtering(Planning):
                 # The plugin's own reason: on a ring with enough free devices but no contiguous window it names
                 # contiguity, where the headroom (the largest valid set) would only say "Insufficient".
                 return status
+            short = next((r for r, need in needs if free.get(r, 0) < need), None)
             if short is not None:
                 return Status.unschedulable(f"Insufficient {short}", plugin=plugin)
         return Status.success()

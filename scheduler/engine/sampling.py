@@ -219,25 +219,6 @@ class Sampling(Reserving):
         book.generation = self.generation
         return book
 
-    def _answer_alike(
-        self,
-        alike: dict[int, tuple[Status, int, bool, bool]],
-        number: int | None,
-        record: NodeRecord,
-        pod: PodRequest,
-        plan: Plan,
-        free: int | None,
-        need: int,
-        short: Status,
-    ) -> tuple[Status, int, bool, bool]:
-        """`_answer`, asked once per content number (`alike`: the shape's answers by number; None: not numbered)."""
-        answer = alike.get(number) if number is not None else None
-        if answer is None:
-            answer = self._answer(record, pod, plan, free, need, short)
-            if number is not None:
-                alike[number] = answer
-        return answer
-
     def _answer(
         self, record: NodeRecord, pod: PodRequest, plan: Plan, free: int | None, need: int, short: Status
     ) -> tuple[Status, int, bool, bool]:
@@ -269,8 +250,14 @@ class Sampling(Reserving):
         first nodes, so that the sums hold their keys in the same order)."""
         alike, fits, finals = book.alike, book.fits, book.finals
         short = Status.unschedulable(f"Insufficient {book.resource}")
+        free_of = index.get
         for name, record in self.nodes.items():
-            answer = self._answer_alike(alike, numbers[name], record, pod, plan, index.get(name), need, short)
+            number = numbers[name]
+            answer = alike.get(number) if number is not None else None
+            if answer is None:
+                answer = self._answer(record, pod, plan, free_of(name), need, short)
+                if number is not None:
+                    alike[number] = answer
             fits[name] = answer[2]
             finals[name] = answer
         first = {id(answer): answer for answer in finals.values()}
