@@ -95,7 +95,7 @@ class Sampling(Reserving):
             self._next_start = start
         if len(found) == 1:
             return nodes[order[found[0]]], plan
-        feasible = [order[i] for i in found]
+        feasible = list(map(order.__getitem__, found))
         return nodes[self._rank_sampled(feasible, pod, plan)], plan
 
     def _every_node_by_shape(
