@@ -94,6 +94,10 @@ class NodePorts:
         return None
 
 
+# NodeResourcesFit's refusals by their reasons (and whether unresolvable), made once: ~100,000 of them a replay.
+_SHORT: dict[tuple[bool, tuple[str, ...]], Status] = {}
+
+
 class NodeResourcesFit:
     """Every resource the node lacks, as kube-scheduler lists them; unresolvable only when the one resource short
     exceeds what the node has at all. A device plugin's resource that the node does not list at all is left to the
@@ -122,7 +126,13 @@ class NodeResourcesFit:
                 hopeless = hopeless or have < need
         if not short:
             return None
-        return Status.unresolvable(*short) if hopeless and len(short) == 1 else Status.unschedulable(*short)
+        key = (hopeless and len(short) == 1, tuple(short))  # a status is immutable: each one made once
+        status = _SHORT.get(key)
+        if status is None:
+            if len(_SHORT) >= 4096:
+                _SHORT.clear()
+            status = _SHORT[key] = Status.unresolvable(*short) if key[0] else Status.unschedulable(*short)
+        return status
 
 
 class VolumeBinding:

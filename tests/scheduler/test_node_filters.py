@@ -95,3 +95,33 @@ def test_a_rule_named_twice_is_refused() -> None:
 def replace_name(rule: NoSpotForCritical, name: str) -> NoSpotForCritical:
     rule.name = name
     return rule
+
+
+@pytest.mark.parametrize(
+    ("containers", "want"),
+    [
+        ({"main": {"cpu": "5"}}, Status.unresolvable("Insufficient cpu")),
+        ({"main": {"cpu": "5", "memory": "300Gi"}}, Status.unschedulable("Insufficient cpu", "Insufficient memory")),
+        ({"main": {"memory": "300Gi"}}, Status.unresolvable("Insufficient memory")),
+        ({"main": {"cpu": "2"}}, Status.unschedulable("Insufficient cpu")),
+    ],
+    ids=["more-than-it-has", "two-short", "memory", "taken"],
+)
+def test_node_resources_fit_refuses_nodes_alike_with_one_refusal(
+    containers: dict[str, dict[str, str]], want: Status
+) -> None:
+    # NodeResourcesFit makes each refusal once (a status is immutable): nodes refused alike share it, worded as
+    # kube-scheduler words it (the oracle: the status made afresh), and a node with room is not refused.
+    e = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False))
+    for i in range(3):
+        e.add_node(make_node(f"node-{i}", cpu="4", memory="8Gi"))
+    for i in range(3):
+        assert e.schedule(make_pod(f"filler-{i}", {"main": {"cpu": "3"}})).scheduled
+    pod = make_pod("asker", containers)
+    plan = e.plan(pod)
+    fit = next(rule for rule in KUBE_FILTERS if rule.name == "NodeResourcesFit")
+    answers = [fit.filter(e, e.nodes[name], pod, plan) for name in e.node_names()]
+    assert answers == [want] * 3
+    assert len({id(answer) for answer in answers}) == 1
+    roomy = make_pod("small", {"main": {"cpu": "1"}})
+    assert fit.filter(e, e.nodes["node-0"], roomy, e.plan(roomy)) is None
