@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 from kubegpu.core.errors import InputError, describe_validation_error, shorten
 from kubegpu.core.models import SpreadConstraint
@@ -108,6 +108,15 @@ class _Strict(BaseModel):
     # kube-scheduler decodes its configuration strictly: an unknown field, `true`, `"16"` or `16.0` for an integer
     # and `"true"` for a boolean stop it, naming the field; a float field takes an integer (JSON's numbers).
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_omitted(cls, data: Any) -> Any:
+        """A field set to `null` is left as omitted (Go's encoding/json leaves a field alone on `null`, or sets a
+        pointer, map or slice to nil, which defaulting then fills); an unknown field is refused whatever its value."""
+        if isinstance(data, dict) and None in data.values():
+            return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        return data
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -906,7 +915,31 @@ def parse_config(
     )
 
 
-def _read_yaml(path: Path, what: str) -> Any:
+class _GoYamlLoader(yaml.SafeLoader):
+    """YAML as kube-scheduler's reader (go-yaml v2, in sigs.k8s.io/yaml) resolves it where PyYAML differs on what
+    kube-scheduler's configuration holds: `1e3` and `1.5e3` are floats there (PyYAML: strings)."""
+
+
+_GoYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:(?:\.[0-9]+|[0-9]+\.[0-9]*)(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+)$"),
+    list("-+0123456789."),
+)
+
+
+def _as_json(value: Any) -> Any:
+    """A YAML document as kube-scheduler decodes it: turned into JSON first (sigs.k8s.io/yaml), where a float with
+    no fraction (`16.0`, `1e3`) is written as an integer (Go's encoding/json: `16`), which an integer field takes."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:  # 1e21 and above: written `1e+21`
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _as_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_json(item) for item in value]
+    return value
+
+
+def _read_yaml(path: Path, what: str, loader: type[yaml.SafeLoader] = yaml.SafeLoader) -> Any:
     try:
         with path.open("rb") as handle:
             raw = handle.read(MAX_CONFIG_BYTES + 1)
@@ -915,13 +948,15 @@ def _read_yaml(path: Path, what: str) -> Any:
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not {what}")
     try:
-        return yaml.safe_load(raw)
+        document = yaml.load(raw, Loader=loader)  # a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}:{line} not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
     except (ValueError, RecursionError) as exc:
         raise ConfigError(f"{path}: not valid YAML: {shorten(str(exc))}") from None
+    # kube-scheduler decodes a file that starts with `{` as JSON (`16.0` is then no integer), any other as YAML.
+    return document if loader is yaml.SafeLoader or raw.lstrip(b" \t\r\n").startswith(b"{") else _as_json(document)
 
 
 def load_topology(path: str | Path) -> tuple[str, ...]:
@@ -945,7 +980,7 @@ def load_config(
     """Read `--config FILE`; returns the configuration and the policy to run (`--policy` when given, which must agree
     with a policy plugin the file enables). `rules`: the names of the rules installed plugins add."""
     path = Path(path)
-    document = _read_yaml(path, "a scheduler configuration")
+    document = _read_yaml(path, "a scheduler configuration", _GoYamlLoader)
     config = parse_config(document, policy or "binpack", str(path), rules)
     if policy is not None and config.policy is not None and policy != config.policy:
         raise ConfigError(

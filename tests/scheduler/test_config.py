@@ -330,3 +330,41 @@ def test_a_float_setting_takes_an_integer() -> None:
     """A float field (a mix kind's `weight`) takes `3` as JSON and kube-scheduler's decoding do."""
     config = parse_config(kubegpu_args("KubegpuFragmentation", {"mix": [{"gpus": 1, "weight": 3}]}))
     assert config.profile.fragmentation_mix == ((1, 1000, 0, 3.0),)
+
+
+YAML_HEAD = "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "percentage", "weight"),
+    [
+        ("percentageOfNodesToScore: 16.0\n", 16, 2),
+        ("percentageOfNodesToScore: 1e1\nparallelism: 1.6E+1\npodMaxBackoffSeconds: 2.0e1\n", 10, 2),
+        ("profiles:\n- plugins:\n    score:\n      enabled:\n      - {name: NodeAffinity, weight: 3.0}\n", 0, 3),
+        ("percentageOfNodesToScore: null\nprofiles:\n- schedulerName: null\n  plugins: {score: null}\n"
+         "  pluginConfig:\n  - {name: InterPodAffinity, args: {hardPodAffinityWeight: null}}\n", 0, 2),
+    ],
+    ids=["integral-float", "exponents", "weight-float", "nulls"],
+)  # fmt: skip
+def test_a_yaml_file_kube_scheduler_reads_is_read(tmp_path: Path, body: str, percentage: int, weight: int) -> None:
+    """kube-scheduler turns a YAML file into JSON before its strict decoding (sigs.k8s.io/yaml): `16.0` and `1e1`
+    are numbers there, written to JSON as `16` and `10`, which an integer field takes; and a JSON `null` leaves a
+    field as omitted (Go's encoding/json). kubegpu refused all four with "Input should be a valid integer"."""
+    path = tmp_path / "config.yaml"
+    path.write_text(YAML_HEAD + body)
+    config, _ = load_config(path)
+    assert (config.profile.percentage_of_nodes_to_score or 0) == percentage
+    assert dict(config.profile.weights)["NodeAffinity"] == weight
+
+
+def test_a_json_file_is_decoded_as_json_strictly(tmp_path: Path) -> None:
+    """A file that is JSON (it starts with `{`) is decoded as JSON, where `16.0` is no integer (kube-scheduler
+    refuses it too); an unknown field set to `null` is still unknown."""
+    path = tmp_path / "config.json"
+    path.write_text('{"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration", '
+                    '"percentageOfNodesToScore": 16.0}')  # fmt: skip
+    with pytest.raises(ConfigError, match="percentageOfNodesToScore: Input should be a valid integer"):
+        load_config(path)
+    path.write_text(YAML_HEAD + "percentageOfNodeToScore: null\n")
+    with pytest.raises(ConfigError, match="percentageOfNodeToScore"):
+        load_config(path)
