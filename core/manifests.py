@@ -571,6 +571,7 @@ def _pod_level(resources: _Resources | None) -> dict[str, int]:
     each replaces the containers' sum for the pod's request (kube-scheduler's `applyPodLevelResources`)."""
     if resources is None:
         return {}
+    _check_requests_against_limits(resources.requests, resources.limits, "Pod.spec.resources")
     return {
         name: _units(name, value, "Pod.spec.resources.requests")
         for name, value in resources.requests.items()

@@ -389,31 +389,35 @@ def load_documents(
 
 def _check_not_overcommitted(document: dict[str, Any]) -> None:
     """The API server's rule for a resource that cannot be overcommitted (an extended resource such as
-    `nvidia.com/gpu`, hugepages): a container that requests it sets a limit, and the request equals it. Checked on
-    the simulator's input, where a pod the API server refuses must not be placed; the shared reader takes a request
-    alone (`core.manifests`), as kube-scheduler's own tests ask them. Call after `pod_request` accepted the
-    document: its shape and quantities are known to be sound."""
+    `nvidia.com/gpu`, hugepages): a container (or the pod, in `spec.resources`) that requests it sets a limit, and
+    the request equals it. Checked on the simulator's input, where a pod the API server refuses must not be placed;
+    the shared reader takes a request alone (`core.manifests`), as kube-scheduler's own tests ask them. Call after
+    `pod_request` accepted the document: its shape and quantities are known to be sound."""
     spec = document.get("spec") or {}
-    for field in ("initContainers", "containers"):
-        for index, container in enumerate(spec.get(field) or ()):
-            resources = container.get("resources") or {}
-            requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
-            for name, asked in requests.items():
-                if not (is_extended_resource(name) or name.startswith("hugepages-")):
-                    continue
-                where = f"spec.{field}[{index}].resources"
-                shown, owner = shorten(name), f"container {shorten(str(container.get('name')))!r}"
-                if name not in limits:
-                    raise ManifestError(
-                        f"{where}.limits[{shown}]: a limit must be set for {shown} ({owner} requests it), which "
-                        "cannot be overcommitted; the API server refuses a request alone"
-                    )
-                request, limit = parse_quantity(asked), parse_quantity(limits[name])
-                if request != limit:
-                    raise ManifestError(
-                        f"{where}.requests[{shown}]: {request.normalize():f} must equal its limit "
-                        f"{limit.normalize():f} ({owner}); {shown} cannot be overcommitted"
-                    )
+    # Pod-level resources (`spec.resources`, 1.32+) are checked as a container's are.
+    holders = [("spec.resources", "the pod", spec)] + [
+        (f"spec.{field}[{index}].resources", f"container {shorten(str(container.get('name')))!r}", container)
+        for field in ("initContainers", "containers")
+        for index, container in enumerate(spec.get(field) or ())
+    ]
+    for where, owner, holder in holders:
+        resources = holder.get("resources") or {}
+        requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+        for name, asked in requests.items():
+            if not (is_extended_resource(name) or name.startswith("hugepages-")):
+                continue
+            shown = shorten(name)
+            if name not in limits:
+                raise ManifestError(
+                    f"{where}.limits[{shown}]: a limit must be set for {shown} ({owner} requests it), which "
+                    "cannot be overcommitted; the API server refuses a request alone"
+                )
+            request, limit = parse_quantity(asked), parse_quantity(limits[name])
+            if request != limit:
+                raise ManifestError(
+                    f"{where}.requests[{shown}]: {request.normalize():f} must equal its limit "
+                    f"{limit.normalize():f} ({owner}); {shown} cannot be overcommitted"
+                )
 
 
 def _event(decision: Decision) -> dict[str, Any]:

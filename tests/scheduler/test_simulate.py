@@ -726,3 +726,28 @@ def test_a_device_requested_without_its_limit_is_invalid_as_the_api_server_refus
     path.write_text(yaml.safe_dump_all([node, {**pod, "spec": {**pod["spec"], "containers": [container]}}]))
     code, events, err = simulate(capsys, str(path))
     assert code == 0 and [e["event"] for e in events] == ["scheduled"], err
+
+
+@pytest.mark.parametrize(
+    ("resources", "field"),
+    [
+        ({"requests": {"hugepages-2Mi": "4Mi"}},
+         "spec.resources.limits[hugepages-2Mi]: a limit must be set for hugepages-2Mi"),
+        ({"requests": {"hugepages-2Mi": "2Mi"}, "limits": {"hugepages-2Mi": "4Mi"}},
+         "spec.resources.requests[hugepages-2Mi]: 2097152 must equal its limit 4194304"),
+        ({"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}, "Pod.spec.resources.requests.cpu: 2 is above its limit 1"),
+    ],
+    ids=["hugepages-request-alone", "hugepages-request-below-limit", "cpu-request-above-limit"],
+)  # fmt: skip
+def test_pod_level_resources_the_api_server_refuses_are_invalid(
+    resources: dict[str, Any], field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pod-level resources (`spec.resources`, 1.32+) are checked by the API server as a container's are: hugepages
+    requested without an equal limit, or a request above its limit, are refused; the simulator placed the pod,
+    counting the request the cluster never runs."""
+    path = tmp_path / "pod-level.yaml"
+    node, pod = _documents()[:2]
+    path.write_text(yaml.safe_dump_all([node, {**pod, "spec": {**pod["spec"], "resources": resources}}]))
+    code, events, err = simulate(capsys, str(path))
+    assert code == 2 and events == [], err
+    assert f"#2: {field}" in err, err
