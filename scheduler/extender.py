@@ -186,9 +186,10 @@ class UnboundPods:
     Per gang with waiting members: their keys, and the number of the last change among them (`epoch`: a member
     added, updated or gone; numbered across gangs, so that a gang that empties and fills again never repeats one)
     that its plan (`gangplans`) is checked against. A member the extender bound (`bound`) leaves without a change:
-    its gang's plan followed the binding already."""
+    its gang's plan followed the binding already. `gone` is told of a gang whose last waiting member left."""
 
-    def __init__(self) -> None:
+    def __init__(self, gone: Callable[[str], None] = lambda gang: None) -> None:
+        self.gone = gone
         self.pods: dict[str, tuple[str, PodRequest]] = {}
         self.gangs: dict[str, dict[str, None]] = {}
         self.epochs: dict[str, int] = {}
@@ -239,9 +240,10 @@ class UnboundPods:
             return
         members = self.gangs.get(gang, {})
         members.pop(key, None)
-        if not members:  # nothing of the gang is kept once none of its members waits
+        if not members:  # nothing of the gang is kept once none of its members waits, its plan neither
             self.gangs.pop(gang, None)
             self.epochs.pop(gang, None)
+            self.gone(gang)
         elif not followed:
             self._changed(gang)
 
@@ -282,7 +284,8 @@ class ExtenderServer:
         self.engine = engine
         self.metrics = Metrics()
         self.binder = Binder(writer, self.metrics, component="")
-        self.unbound = UnboundPods()
+        self.gang_plans = GangPlans()  # the gangs' what-if placements their members are answered from
+        self.unbound = UnboundPods(self.gang_plans.drop)
         self.mirror = ClusterMirror(client, engine, self.binder, self.unbound, leases=leases, watch_podgroups=True)
         # The score /prioritize answers with: the engine's (its binpack or spread policy plus the plugins' topology
         # score), or nvidia-gpu-scheduler's (`compat.FREE_MODEL_GPUS`: free GPUs of the pod's model).
@@ -290,7 +293,6 @@ class ExtenderServer:
         self._answers: dict[tuple[object, ...], _Answers] = {}
         self._swept = self.engine.generation  # nodes removed up to this change are forgotten by every shape
         self._placing: set[asyncio.Task[str]] = set()  # bindings being written, whoever still waits for them
-        self.gang_plans = GangPlans()  # the gangs' what-if placements their members are answered from
 
     def _pod(self, document: dict[str, Any]) -> PodRequest:
         """The pod kube-scheduler asks about: the informer's parse of it when UID and resourceVersion match (filter and
@@ -416,7 +418,8 @@ class ExtenderServer:
         if pod.scheduling_gates:  # not schedulable yet (kube-scheduler asks about it only before 1.26)
             return f"gang {group.key}: this member is not schedulable yet: {gated_reason(pod.scheduling_gates)}"
         epoch = self.unbound.epoch(group.key)
-        plan = self.gang_plans.get(group.key, group, engine.generation, epoch)
+        stamp = engine.plan(pod).stamp
+        plan = self.gang_plans.get(group.key, group, engine.generation, epoch, stamp, engine.changed_since)
         if plan is None or pod.key not in plan.waiting:
             members = self.unbound.members(group.key)
             members.setdefault(pod.key, pod)
@@ -451,6 +454,14 @@ class ExtenderServer:
                 plan.place(decision.pod, decision.node, engine.plan(request).signature)
                 engine.unreserve(request, decision.node)
         plan.generation = engine.generation  # the what-if given back
+        # What lets the plan hold across other nodes' changes (`GangPlan.catch_up`): one stamp for every member
+        # whose answers depend on its own node alone, and the nodes where the gang's members hold places.
+        plans = [engine.plan(request) for request in todo]
+        stamps = {member.stamp for member in plans}
+        if len(stamps) == 1 and not any(member.volatile for member in plans):
+            plan.stamp = stamps.pop()
+            holders = (engine.placement(key) for key in engine.gang_holders(group))
+            plan.held_on = {held.node for held in holders if held is not None}
         self.gang_plans.keep(group.key, plan)
         return plan
 
@@ -515,8 +526,11 @@ class ExtenderServer:
             if args.Node not in self.engine.node_names():
                 return {"Error": f"node {args.Node} is unknown to kubegpu"}
             before = self.engine.generation
+            gang = gang_key(pod)
+            if gang is not None:  # other nodes' changes since its /filter leave its gang's plan as it was
+                self.gang_plans.catch_up(gang, before, self.engine.plan(pod).stamp, self.engine.changed_since)
             decision = self.engine.reserve(pod, args.Node)
-            gang = gang_key(pod) if decision.scheduled else None
+            gang = gang if decision.scheduled else None
             if gang is not None and self.gang_plans.bound(gang, pod, args.Node, before, self.engine.generation):
                 self.unbound.bound(key)
         if not decision.scheduled:
