@@ -14,7 +14,9 @@ it, is left out with an error naming it; so is a plugin whose hook fails.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from numbers import Real
 
 from kubegpu.core.answers import WrongAnswer, rule_filter_answer, rule_score_answer
 from kubegpu.core.models import PodRequest
@@ -142,8 +144,8 @@ class EmbedderScore:
         except PLUGIN_ERRORS as exc:
             _failed(self.plugins, EMBEDDER, self.where, exc)
             return [0.0] * len(records)
-        if len(raw) != len(records):
-            wrong = WrongAnswer(f"returned {len(raw)} scores for {len(records)} nodes")
+        wrong = _wrong_scores(raw, len(records))
+        if wrong is not None:
             _failed(self.plugins, EMBEDDER, self.where, wrong)
             return [0.0] * len(records)
         return raw
@@ -154,7 +156,22 @@ class EmbedderScore:
         except PLUGIN_ERRORS as exc:
             _failed(self.plugins, EMBEDDER, self.where, exc)
             return [0.0] * len(raw)
-        return scored if len(scored) == len(raw) else [0.0] * len(raw)
+        wrong = _wrong_scores(scored, len(raw))
+        if wrong is not None:
+            _failed(self.plugins, EMBEDDER, self.where, wrong)
+            return [0.0] * len(raw)
+        return scored
+
+
+def _wrong_scores(scores: list[float], count: int) -> WrongAnswer | None:
+    """Why a score plugin's answer is not `count` finite numbers (None when it is): a None or a string among them
+    ended the engine's cycle comparing them, a NaN or infinity decided the node."""
+    if len(scores) != count:
+        return WrongAnswer(f"returned {len(scores)} scores for {count} nodes")
+    for value in scores:
+        if not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(value):
+            return WrongAnswer(f"returned {safe_text(repr(value), 60)} ({type(value).__name__}); finite numbers")
+    return None
 
 
 class EmbedderPreEnqueue:

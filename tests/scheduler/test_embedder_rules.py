@@ -139,3 +139,24 @@ def test_the_scheduler_serves_on_when_an_embedders_rule_exits(kind: str) -> None
     told = [json.dumps(body) for _, path, body in writer.writes if path.endswith("/events")]
     if kind != "score_plugins":
         assert any("poison" in event and "Exiting" in event for event in told), told
+
+
+class Answering(Failing):
+    """A score plugin whose raw score of the first node is `first` (0 elsewhere), normalized as it is."""
+
+    def __init__(self, first: object) -> None:
+        super().__init__("CostScore", RuntimeError("unused"))
+        self.first = first
+
+    def score(self, engine: Any, state: object, records: Sequence[Any], pod: PodRequest, plan: Any) -> list[float]:
+        return [self.first, *[0.0] * (len(records) - 1)]  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("first", [None, "high", float("nan"), float("inf"), True], ids=repr)
+def test_a_score_plugin_answering_no_finite_number_scores_nothing_and_is_counted(first: object) -> None:
+    """A score of None or a string (a lookup that found nothing) ended `Engine.schedule` with a TypeError comparing
+    it with the other nodes' scores; NaN and infinity silently decided the node. Now the plugin's answer is wrong:
+    it is counted, scores every node 0, and the pod is scheduled."""
+    e = engine(score_plugins=[Answering(first)])
+    assert e.schedule(pod("a", doom=False)).scheduled
+    assert e.plugins.hook_failures[("embedder", "rule CostScore (score)")] >= 1, first
