@@ -70,7 +70,7 @@ candidate counts and VolumeBinding's `bindTimeoutSeconds` are validated and have
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -917,7 +917,22 @@ def parse_config(
 
 class _GoYamlLoader(yaml.SafeLoader):
     """YAML as kube-scheduler's reader (go-yaml v2, in sigs.k8s.io/yaml) resolves it where PyYAML differs on what
-    kube-scheduler's configuration holds: `1e3` and `1.5e3` are floats there (PyYAML: strings)."""
+    kube-scheduler's configuration holds: `1e3` and `1.5e3` are floats there (PyYAML: strings), and a key given
+    twice in a mapping is refused (its strict decoding: `key "..." already set in map`; PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, Hashable):
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"{shorten(str(key))!r} given twice in one mapping", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 _GoYamlLoader.add_implicit_resolver(

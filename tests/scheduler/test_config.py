@@ -368,3 +368,18 @@ def test_a_json_file_is_decoded_as_json_strictly(tmp_path: Path) -> None:
     path.write_text(YAML_HEAD + "percentageOfNodeToScore: null\n")
     with pytest.raises(ConfigError, match="percentageOfNodeToScore"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [YAML_HEAD + "percentageOfNodesToScore: 10\npercentageOfNodesToScore: 20\n",
+     YAML_HEAD + "profiles:\n- schedulerName: gpu\n  plugins: {}\n  schedulerName: kubegpu\n"],
+    ids=["top-level", "in-a-profile"],
+)  # fmt: skip
+def test_a_field_given_twice_is_refused_as_kube_scheduler_refuses_it(tmp_path: Path, body: str) -> None:
+    """kube-scheduler's strict decoding refuses a key set twice in a mapping (`key "..." already set in map`);
+    kubegpu took the last one, so the file ran with whichever value its author did not notice."""
+    path = tmp_path / "config.yaml"
+    path.write_text(body)
+    with pytest.raises(ConfigError, match="given twice"):
+        load_config(path)
