@@ -422,7 +422,7 @@ class ExtenderServer:
         plan = self.gang_plans.get(group.key, group, engine.generation, epoch, stamp, engine.changed_since)
         if plan is None or pod.key not in plan.waiting:
             members = self.unbound.members(group.key)
-            members.setdefault(pod.key, pod)
+            members[pod.key] = pod  # as kube-scheduler asks it: ungated, though the informer may not have said so
             # A gated member is not schedulable yet: kube-scheduler keeps it out of its queue, and coscheduling
             # and Kueue do not count it towards minMember (nor does the custom scheduler: `enqueue.SchedulingGates`).
             todo = [r for key, r in members.items() if engine.placement(key) is None and not r.scheduling_gates]

@@ -348,3 +348,19 @@ def test_a_gangs_plan_goes_with_its_last_waiting_member() -> None:
     for pod in pods:
         server.mirror.on_pods("DELETED", pod)
     assert "ml/train" not in server.gang_plans.plans
+
+
+def test_a_member_asked_about_ungated_counts_though_the_informer_still_has_it_gated() -> None:
+    """Kueue removes a member's scheduling gate and kube-scheduler asks about it before the extender's informer
+    reports the update: the extender counted its own gated copy of the very pod it was asked about, and refused it
+    (`1 of minMember 2 members exist (1 more waits for its scheduling gates)`), leaving it unschedulable until some
+    other event moved it. The pod kube-scheduler asks about is ungated."""
+    server = extender(1, 4, [podgroup("train", 2)])
+    first, second = member("train-0", "train", 8), member("train-1", "train", 8)
+    second["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    for pod in (first, second):
+        server.mirror.on_pods("ADDED", pod)
+    ungated = {**second, "metadata": {**second["metadata"], "resourceVersion": "2"}, "spec": dict(second["spec"])}
+    del ungated["spec"]["schedulingGates"]
+    answer = filtered(server, ungated)  # the informer has not reported the update yet
+    assert len(answer["NodeNames"]) == 2, answer["FailedNodes"]
