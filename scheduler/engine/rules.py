@@ -15,7 +15,7 @@ it, is left out with an error naming it; so is a plugin whose hook fails.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from numbers import Real
 
 from kubegpu.core.answers import WrongAnswer, rule_filter_answer, rule_score_answer
@@ -139,27 +139,22 @@ class EmbedderScore:
     def score(
         self, engine: ScoreContext, state: object, records: Sequence[NodeRecord], pod: PodRequest, plan: Plan
     ) -> list[float]:
-        try:
-            raw = list(self.rule.score(engine, state, records, pod, plan))
-        except PLUGIN_ERRORS as exc:
-            _failed(self.plugins, EMBEDDER, self.where, exc)
-            return [0.0] * len(records)
-        wrong = _wrong_scores(raw, len(records))
-        if wrong is not None:
-            _failed(self.plugins, EMBEDDER, self.where, wrong)
-            return [0.0] * len(records)
-        return raw
+        return self._checked(lambda: self.rule.score(engine, state, records, pod, plan), len(records))
 
     def normalize(self, state: object, raw: list[float]) -> list[float]:
+        return self._checked(lambda: self.rule.normalize(state, raw), len(raw))
+
+    def _checked(self, answer: Callable[[], Iterable[float]], count: int) -> list[float]:
+        """The rule's `count` scores, or 0 for every node where it fails or answers no finite number for each."""
         try:
-            scored = list(self.rule.normalize(state, raw))
+            scored = list(answer())
         except PLUGIN_ERRORS as exc:
             _failed(self.plugins, EMBEDDER, self.where, exc)
-            return [0.0] * len(raw)
-        wrong = _wrong_scores(scored, len(raw))
+            return [0.0] * count
+        wrong = _wrong_scores(scored, count)
         if wrong is not None:
             _failed(self.plugins, EMBEDDER, self.where, wrong)
-            return [0.0] * len(raw)
+            return [0.0] * count
         return scored
 
 

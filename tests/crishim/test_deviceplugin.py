@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -802,6 +803,36 @@ def test_a_node_serving_mig_lists_each_mig_device_and_a_pod_gets_the_one_its_all
         kubelet.stop()
 
 
+@contextmanager
+def serving_gpus(
+    directory: Path, plugins: KubegpuPluginManager, manifest: dict[str, Any], host: Path
+) -> Iterator[FakeKubelet]:
+    """The device-plugin mode serving nvidia GPUs to a fake kubelet, `manifest` the node's one pending pod, once it
+    registered `nvidia.com/gpu`."""
+    kubelet = FakeKubelet(directory)
+    kubelet.start()
+    service = DevicePluginService(
+        plugins, PendingPods(lambda: [manifest], NODE, KEY),
+        directory=directory, host_root=host, dev_root=Path("/host/dev"), interval=3600,
+    )  # fmt: skip
+    service.start()
+    try:
+        assert [r.resource_name for r in kubelet.wait_registrations(1)] == [GPU]
+        yield kubelet
+    finally:
+        service.stop()
+        kubelet.stop()
+
+
+def init_container_admitted_with(directory: Path, signed_gpu: list[str]) -> list[str]:
+    """The GPUs the kubelet's Allocate for the pod's init container (of the node's two) is admitted with: the ones
+    its allocation names, the container seeing them."""
+    taken, answer = admitted(directory, ["0", "1"], 1, GPU)
+    assert not isinstance(answer, grpc.RpcError), answer.details()
+    assert taken == signed_gpu and dict(answer.envs)["NVIDIA_VISIBLE_DEVICES"] == signed_gpu[0]
+    return taken
+
+
 def test_a_placed_pods_init_container_asking_gpus_is_admitted_with_gpus_of_its_pod(
     directory: Path,
     make_plugin_manager: Callable[..., KubegpuPluginManager],
@@ -832,24 +863,11 @@ def test_a_placed_pods_init_container_asking_gpus_is_admitted_with_gpus_of_its_p
     manifest["status"] = {"phase": "Pending"}
     signed_gpu = decision.allocation.containers["main"][GPU]
 
-    kubelet = FakeKubelet(directory)
-    kubelet.start()
-    service = DevicePluginService(
-        make_plugin_manager("device", nvidia=nvidia_device), PendingPods(lambda: [manifest], NODE, KEY),
-        directory=directory, host_root=host, dev_root=Path("/host/dev"), interval=3600,
-    )  # fmt: skip
-    service.start()
-    try:
-        assert [r.resource_name for r in kubelet.wait_registrations(1)] == [GPU]
-        taken, answer = admitted(directory, ["0", "1"], 1, GPU)  # the init container, admitted first
-        assert not isinstance(answer, grpc.RpcError), answer.details()
-        assert taken == signed_gpu and dict(answer.envs)["NVIDIA_VISIBLE_DEVICES"] == signed_gpu[0]
+    with serving_gpus(directory, make_plugin_manager("device", nvidia=nvidia_device), manifest, host):
+        taken = init_container_admitted_with(directory, signed_gpu)
         answer = allocate(directory, GPU, taken)  # the app container, given the init container's GPU again
         assert not isinstance(answer, grpc.RpcError), answer.details()
         assert dict(answer.envs)["NVIDIA_VISIBLE_DEVICES"] == signed_gpu[0]
-    finally:
-        service.stop()
-        kubelet.stop()
 
 
 def test_a_pod_whose_only_gpus_are_its_init_containers_is_placed_with_them_named_and_admitted(
@@ -883,21 +901,8 @@ def test_a_pod_whose_only_gpus_are_its_init_containers_is_placed_with_them_named
     manifest["spec"]["nodeName"] = NODE
     manifest["status"] = {"phase": "Pending"}
 
-    kubelet = FakeKubelet(directory)
-    kubelet.start()
-    service = DevicePluginService(
-        make_plugin_manager("device", nvidia=nvidia_device), PendingPods(lambda: [manifest], NODE, KEY),
-        directory=directory, host_root=host, dev_root=Path("/host/dev"), interval=3600,
-    )  # fmt: skip
-    service.start()
-    try:
-        assert [r.resource_name for r in kubelet.wait_registrations(1)] == [GPU]
-        taken, answer = admitted(directory, ["0", "1"], 1, GPU)  # the init container
-        assert not isinstance(answer, grpc.RpcError), answer.details()
-        assert taken == signed_gpu and dict(answer.envs)["NVIDIA_VISIBLE_DEVICES"] == signed_gpu[0]
-    finally:
-        service.stop()
-        kubelet.stop()
+    with serving_gpus(directory, make_plugin_manager("device", nvidia=nvidia_device), manifest, host):
+        init_container_admitted_with(directory, signed_gpu)
 
 
 def test_an_init_container_is_given_its_gpus_from_the_init_container_that_holds_them() -> None:

@@ -209,6 +209,16 @@ def test_a_pod_that_bypassed_the_scheduler_holds_exactly_the_ids_the_kubelet_gav
         scheduler.kill(signal.SIGTERM)
 
 
+def neuron_devices_advertised(cluster: Cluster, node_side: Callable[..., NodeProcess]) -> None:
+    """The device-plugin mode lists an inf1.24xlarge's 16 Neuron devices to the kubelet, which advertises them on
+    its Node."""
+    node_side("deviceplugin")
+    cluster.client.patch(
+        f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {"node.kubernetes.io/instance-type": "inf1.24xlarge"}}}
+    )
+    wait_for(lambda: node(cluster)["status"]["allocatable"].get(NEURON) == "16", 60, "aws.amazon.com/neuron: 16")
+
+
 def test_seed_000_steps_1_to_11_on_kube_scheduler_the_extender_the_kubelet_and_the_device_plugin(
     cluster: Cluster,
     kubelet: Kubelet,
@@ -218,12 +228,7 @@ def test_seed_000_steps_1_to_11_on_kube_scheduler_the_extender_the_kubelet_and_t
     space: str,
 ) -> None:
     out = host / "out"
-    node_side("deviceplugin")  # step 1: the device list goes to the kubelet
-    cluster.client.patch(
-        f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {"node.kubernetes.io/instance-type": "inf1.24xlarge"}}}
-    )
-    # Step 2: the kubelet advertises them on its Node.
-    wait_for(lambda: node(cluster)["status"]["allocatable"].get(NEURON) == "16", 60, "aws.amazon.com/neuron: 16")
+    neuron_devices_advertised(cluster, node_side)  # steps 1 and 2: the device list to the kubelet, its Node
     _, extender, scheduler = extender_stack(https=True)
     for name in ("first", "second"):  # step 3: pods asking for aws.amazon.com/neuron: 2
         manifest = pod(space, name, {"main": {NEURON: 2}}, scheduler="gpu-scheduler", out=out)
@@ -257,11 +262,7 @@ def test_a_pod_whose_only_devices_are_its_init_containers_runs_with_them_through
     kubelet refused the pod at admission); the kubelet's Allocate for the init container is answered with them, the
     init container sees exactly them, and the pod runs."""
     out = host / "out"
-    node_side("deviceplugin")
-    cluster.client.patch(
-        f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {"node.kubernetes.io/instance-type": "inf1.24xlarge"}}}
-    )
-    wait_for(lambda: node(cluster)["status"]["allocatable"].get(NEURON) == "16", 60, "aws.amazon.com/neuron: 16")
+    neuron_devices_advertised(cluster, node_side)
     _, extender, scheduler = extender_stack(https=False)
     manifest = pod(space, "checked", {"main": {}}, scheduler="gpu-scheduler", out=out)
     check = {

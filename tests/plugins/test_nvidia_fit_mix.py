@@ -10,6 +10,8 @@ under the learned mix, under a mix of other kinds, and under no mix at all.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,6 +45,35 @@ def six_nodes(policy: str) -> Engine:
     return engine
 
 
+def asked_after_each_arrival(
+    engine: Engine, arrivals: list[tuple[int, int]], asks: list[PodRequest]
+) -> Iterator[tuple[str, nvidia.NvidiaNodeState, PodRequest, nvidia.NvidiaPodState]]:
+    """After each arrival (at every version of the mix the arrivals move through), every node with every ask."""
+    for i, (shape, cpu) in enumerate(arrivals):
+        gpus, milli = SHAPES[shape]
+        engine.schedule(request(gpus, milli, f"p{i}", cpu))
+        for pod in asks:
+            ask = nvidia.read_ask(pod)
+            for name in engine.node_names():
+                state = engine.nodes[name].states["nvidia"]
+                assert isinstance(state, nvidia.NvidiaNodeState)
+                yield name, state, pod, ask
+
+
+def under_mixes(state: nvidia.NvidiaNodeState, *mixes: Workload) -> Iterator[Workload]:
+    """The state's learned mix, a mix of other kinds and none (or `mixes`), each the state's in turn; the learned
+    one put back."""
+    learned = state.workload
+    try:
+        for mix in mixes or (learned, Workload.configured(OTHER_MIX), Workload()):
+            state.workload = mix
+            state._plan = None
+            yield mix
+    finally:
+        state.workload = learned
+        state._plan = None
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from([1000, 8000, 32000])), max_size=40),
@@ -53,24 +84,10 @@ def test_a_fit_answer_kept_across_mix_versions_is_the_answer_under_any_mix(
 ) -> None:
     engine = six_nodes(policy)
     asks = [request(gpus, milli) for gpus, milli in SHAPES[1:]]
-    for i, (shape, cpu) in enumerate(arrivals):
-        gpus, milli = SHAPES[shape]
-        engine.schedule(request(gpus, milli, f"p{i}", cpu))
-        for pod in asks:  # asked at every version of the mix the arrivals move through
-            ask = nvidia.read_ask(pod)
-            for name in engine.node_names():
-                state = engine.nodes[name].states["nvidia"]
-                assert isinstance(state, nvidia.NvidiaNodeState)
-                answer = nvidia.plugin.kubegpu_scheduler_fit(state, pod, ask)
-                learned = state.workload
-                try:
-                    for mix in (learned, Workload.configured(OTHER_MIX), Workload()):
-                        state.workload = mix
-                        state._plan = None
-                        assert answer == nvidia.fit_answer(state, ask), (name, SHAPES, mix.mix())
-                finally:
-                    state.workload = learned
-                    state._plan = None
+    for name, state, pod, ask in asked_after_each_arrival(engine, arrivals, asks):
+        answer = nvidia.plugin.kubegpu_scheduler_fit(state, pod, ask)
+        for mix in under_mixes(state):
+            assert answer == nvidia.fit_answer(state, ask), (name, SHAPES, mix.mix())
 
 
 def test_only_a_second_share_container_lets_the_mix_decide_the_fit() -> None:

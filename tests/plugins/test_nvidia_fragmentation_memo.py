@@ -21,13 +21,29 @@ from kubegpu.core.testing import make_pod
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.plugins.nvidia.sharing import Workload
 
-from .test_nvidia_fit_mix import OTHER_MIX, SHAPES, SHARE_ASKS, request, six_nodes
+from .test_nvidia_fit_mix import (
+    OTHER_MIX,
+    SHAPES,
+    SHARE_ASKS,
+    asked_after_each_arrival,
+    request,
+    six_nodes,
+    under_mixes,
+)
 
 CPUS = [0, 1000, 8000, 32000, 90000]
 
 
 def nvidia_pod(containers: dict[str, dict[str, int]]) -> PodRequest:
     return make_pod("share", containers)
+
+
+def every_ask() -> list[PodRequest]:
+    """Pods of every shape, of each share ask, and of two share containers (the mix places the second share)."""
+    asks = [request(gpus, milli) for gpus, milli in SHAPES[1:]]
+    asks += [nvidia_pod({"main": resources}) for resources in SHARE_ASKS]
+    asks.append(nvidia_pod({"a": SHARE_ASKS[0], "b": SHARE_ASKS[0]}))
+    return asks
 
 
 @settings(max_examples=30, deadline=None)
@@ -86,27 +102,12 @@ def test_a_score_kept_across_mix_versions_is_the_score_under_any_mix(
     # The device score of an ask no mix decides (`fit_reads_mix`) is kept across the mix's versions
     # (`PlacementBook.steady`): the oracle is `place` itself, under the learned mix, another, and none.
     engine = six_nodes(policy)
-    asks = [request(gpus, milli) for gpus, milli in SHAPES[1:]]
-    asks += [nvidia_pod({"main": resources}) for resources in SHARE_ASKS]
-    asks.append(nvidia_pod({"a": SHARE_ASKS[0], "b": SHARE_ASKS[0]}))  # the mix places the second share
-    for i, (shape, cpu) in enumerate(arrivals):
-        gpus, milli = SHAPES[shape]
-        engine.schedule(request(gpus, milli, f"p{i}", cpu))
-        for pod in asks:  # asked at every version of the mix the arrivals move through
-            ask = nvidia.read_ask(pod)
-            for name in engine.node_names():
-                state = engine.nodes[name].states["nvidia"]
-                assert isinstance(state, nvidia.NvidiaNodeState)
-                score = nvidia.plugin.kubegpu_scheduler_score(state, pod, ask)
-                learned = state.workload
-                try:
-                    for mix in (learned, Workload.configured(OTHER_MIX), Workload()):
-                        state.workload = mix
-                        mask, reason = nvidia.eligible_gpus(state, ask)
-                        placed = None if reason else nvidia.place(state, mask, ask)
-                        assert score == (0.0 if placed is None else placed.score), (name, mix.mix())
-                finally:
-                    state.workload = learned
+    for name, state, pod, ask in asked_after_each_arrival(engine, arrivals, every_ask()):
+        score = nvidia.plugin.kubegpu_scheduler_score(state, pod, ask)
+        for mix in under_mixes(state):
+            mask, reason = nvidia.eligible_gpus(state, ask)
+            placed = None if reason else nvidia.place(state, mask, ask)
+            assert score == (0.0 if placed is None else placed.score), (name, mix.mix())
 
 
 @settings(max_examples=30, deadline=None)
@@ -121,29 +122,13 @@ def test_a_placement_kept_across_mix_versions_is_the_placement_under_any_mix(
     # is kept across the mix's versions (`PlacementBook.steady`): through the book it is `place` under the mix of
     # now, and `place` gives it under another mix and under none; one the mix chose is placed again per version.
     engine = six_nodes(policy)
-    asks = [request(gpus, milli) for gpus, milli in SHAPES[1:]]
-    asks += [nvidia_pod({"main": resources}) for resources in SHARE_ASKS]
-    asks.append(nvidia_pod({"a": SHARE_ASKS[0], "b": SHARE_ASKS[0]}))
-    for i, (shape, cpu) in enumerate(arrivals):
-        gpus, milli = SHAPES[shape]
-        engine.schedule(request(gpus, milli, f"p{i}", cpu))
-        for pod in asks:
-            ask = nvidia.read_ask(pod)
-            for name in engine.node_names():
-                state = engine.nodes[name].states["nvidia"]
-                assert isinstance(state, nvidia.NvidiaNodeState)
-                state._plan = None
-                planned = state.plan(ask)
-                mask, reason = nvidia.eligible_gpus(state, ask)
-                fresh = None if reason else nvidia.place(state, mask, ask)
-                assert planned == fresh, name
-                if fresh is not None and (fresh.by_mix or nvidia.fit_reads_mix(ask)):
-                    continue
-                learned = state.workload
-                try:
-                    for mix in (Workload.configured(OTHER_MIX), Workload()):
-                        state.workload = mix
-                        assert (None if reason else nvidia.place(state, mask, ask)) == fresh, (name, mix.mix())
-                finally:
-                    state.workload = learned
-                    state._plan = None
+    for name, state, _, ask in asked_after_each_arrival(engine, arrivals, every_ask()):
+        state._plan = None
+        planned = state.plan(ask)
+        mask, reason = nvidia.eligible_gpus(state, ask)
+        fresh = None if reason else nvidia.place(state, mask, ask)
+        assert planned == fresh, name
+        if fresh is not None and (fresh.by_mix or nvidia.fit_reads_mix(ask)):
+            continue
+        for mix in under_mixes(state, Workload.configured(OTHER_MIX), Workload()):
+            assert (None if reason else nvidia.place(state, mask, ask)) == fresh, (name, mix.mix())
