@@ -177,10 +177,12 @@ class PlacementBook:
     Key: (the state's content number, the ask), the ask by identity (the engine hands the same prepared ask to every
     node in a cycle) and else by equality. Valid for one version of one mix (`Workload`: the fgd policy ranks GPUs
     against it): dropped all at once when the mix or its version differs from the one the entries were made under,
-    or past `LIMIT` answers; but the fit answers and the scores (`kubegpu_scheduler_score`) of an ask no mix
-    decides (`fit_reads_mix`: its score is the whole containers' topology, or under `bestfit`, which reads no mix,
-    how full its GPUs end up), and its placements that no mix chose (`NvidiaPlacement.by_mix` false, or none) are
-    kept apart (`steady`), across mix versions, until past `LIMIT`. Content numbers
+    or past `LIMIT` answers; but the fit answers and the scores (`kubegpu_scheduler_score`), which no mix decides
+    (whether `place` finds GPUs: the mix ranks only a lone share container's GPUs, never which fit; the score: the
+    whole containers' topology, or under `bestfit`, which reads no mix, how full the GPUs end up), and the
+    placements that no mix chose (`NvidiaPlacement.by_mix` false, or none) are kept apart (`steady`), across mix
+    versions, until past `LIMIT`. The engine keeps a node's fit answer per node content across the mix's moves
+    too (`check`'s memo, `ShapeAnswers`). Content numbers
     are never reused (`serial`), so a state's remembered number stays its content's even after `contents` is dropped
     (past `LIMIT`)."""
 
@@ -192,7 +194,7 @@ class PlacementBook:
         self.contents: dict[tuple[object, ...], int] = {}
         # (what: "place" or "fit", id(ask)) -> (ask, {content number: the answer})
         self.answers: dict[tuple[str, int], tuple[NvidiaPodState, dict[int, object]]] = {}
-        # The same for the fit answers of asks no mix decides (`fit_reads_mix`), whatever the mix's version.
+        # The same for the fit answers, the scores and the placements no mix decides, whatever the mix's version.
         self.steady: dict[tuple[str, int], tuple[NvidiaPodState, dict[int, object]]] = {}
         self.steady_size = 0
         self.serial = 0
@@ -210,7 +212,7 @@ class PlacementBook:
 
     def get(self, what: str, workload: Workload, number: int, ask: NvidiaPodState) -> object:
         """The answer remembered, or `_MISSING`."""
-        if what in STEADY and not fit_reads_mix(ask):
+        if what in STEADY:
             entry = self.steady.get((what, id(ask)))
             found = _MISSING
             if entry is not None and (entry[0] is ask or entry[0] == ask):
@@ -226,7 +228,7 @@ class PlacementBook:
 
     def put(self, what: str, workload: Workload, number: int, ask: NvidiaPodState, answer: object) -> None:
         by_mix = isinstance(answer, NvidiaPlacement) and answer.by_mix
-        if what in STEADY and not fit_reads_mix(ask) and not by_mix:
+        if what in STEADY and not by_mix:
             if self.steady_size >= self.LIMIT:
                 self.steady.clear()
                 self.steady_size = 0
@@ -606,13 +608,6 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
         return PluginAllocation(plugin=NAME, containers=containers, shares=shares, fields=fields)
 
 
-def fit_reads_mix(ask: NvidiaPodState) -> bool:
-    """Whether the mix of pods may decide `fit_answer` for the ask: it reads only whether `place` finds GPUs, and
-    the mix ranks the GPUs that fit a share, never which fit; only a second share container, placed after the
-    first's GPUs were chosen by the mix, may find room or not depending on that choice."""
-    return len(ask.shares) > 1
-
-
 def fit_answer(s: NvidiaNodeState, ask: NvidiaPodState) -> Status:
     """`kubegpu_scheduler_fit` computed (the hook shares the answers of nodes alike: `PlacementBook`)."""
     if ask.error:
@@ -795,7 +790,10 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
     """Whole containers first (topology sets of untouched GPUs), then each share container on its own GPUs, by the
     state's policy: `bestfit` takes the fullest GPUs that fit, `fgd` those whose use fragments the node least against
     the engine's mix of pods in whole points (`whole_points`), the first by position on a tie (which node fragments
-    least is `kubegpu_scheduler_fragmentation`'s, with the node's cpu).
+    least is `kubegpu_scheduler_fragmentation`'s, with the node's cpu). The GPUs of a pod of two or more share
+    containers are the fullest that fit whatever the policy: where the first share goes decides whether the next
+    finds room, and whether a pod fits a node is the node's own answer, kept across the mix's moves (`fit_answer`,
+    `PlacementBook`, the engine's memos); by the mix, such a pod was refused, or bound where it no longer fit.
 
     The score: the whole containers' topology and, under `bestfit`, how full the shared GPUs end up (100: each share
     fills its GPU)."""
@@ -806,12 +804,12 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
         return NvidiaPlacement(whole, (), plan_score(state.tree, whole))
     taken = sum(mask for _, _, mask, _ in whole)
     fgd = state.policy != "bestfit"
-    table = state.fragmentation_table() if fgd else None
+    table = state.fragmentation_table() if fgd and len(ask.shares) == 1 else None
     cores_extra: dict[int, int] = {}
     memory_extra: dict[int, int] = {}
     tasks_extra: dict[int, int] = {}
     chosen_shares: list[tuple[Share, tuple[int, ...], int, tuple[int, ...]]] = []
-    free = list(state.free_millis()) if fgd else []
+    free = list(state.free_millis()) if table is not None else []
     by_mix = False  # GPUs of two kinds of room to choose from, ranked by the mix
     for share in ask.shares:
         base = node_fragmentation(free, table) if table is not None and table.weight else 0.0

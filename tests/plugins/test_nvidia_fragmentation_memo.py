@@ -99,7 +99,7 @@ def test_the_answer_follows_the_cpu_levels_of_the_mix_not_the_cpu_itself() -> No
 def test_a_score_kept_across_mix_versions_is_the_score_under_any_mix(
     arrivals: list[tuple[int, int]], policy: str
 ) -> None:
-    # The device score of an ask no mix decides (`fit_reads_mix`) is kept across the mix's versions
+    # The device score of an ask, which no mix decides, is kept across the mix's versions
     # (`PlacementBook.steady`): the oracle is `place` itself, under the learned mix, another, and none.
     engine = six_nodes(policy)
     for name, state, pod, ask in asked_after_each_arrival(engine, arrivals, every_ask()):
@@ -128,7 +128,7 @@ def test_a_placement_kept_across_mix_versions_is_the_placement_under_any_mix(
         mask, reason = nvidia.eligible_gpus(state, ask)
         fresh = None if reason else nvidia.place(state, mask, ask)
         assert planned == fresh, name
-        if fresh is not None and (fresh.by_mix or nvidia.fit_reads_mix(ask)):
+        if fresh is not None and fresh.by_mix:
             continue
         for mix in under_mixes(state, Workload.configured(OTHER_MIX), Workload()):
             assert (None if reason else nvidia.place(state, mask, ask)) == fresh, (name, mix.mix())
