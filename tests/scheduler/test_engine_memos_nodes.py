@@ -49,6 +49,10 @@ SHAPES = (
     {"aws.amazon.com/neurondevice": 4},
     {"aws.amazon.com/neurondevice": 1},
     {"cpu": "1"},
+    (  # two share containers: where the first goes decides whether the second finds room
+        {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 40, "nvidia.com/gpumem-percentage": 40},
+        {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 80, "nvidia.com/gpumem-percentage": 40},
+    ),
 )
 FLAVOURS = ("plain", "anti", "spread", "preferred", "hosts", "tolerant")
 
@@ -97,7 +101,9 @@ class Facts:
 
 
 def pod(serial: int, shape: int, flavour: str) -> PodRequest:
-    request = make_pod(f"p{serial}", {"main": SHAPES[shape]}, namespace="ns")
+    asked = SHAPES[shape]
+    containers = dict(zip(("main", "side"), asked, strict=True)) if isinstance(asked, tuple) else {"main": asked}
+    request = make_pod(f"p{serial}", containers, namespace="ns")
     request = dataclasses.replace(request, uid=f"uid-{serial}", labels={"app": "web"})
     if flavour == "anti":
         return dataclasses.replace(request, pod_anti_affinity=(PodAffinityTerm(APP, frozenset({"ns"}), ZONE),))
@@ -114,22 +120,29 @@ def pod(serial: int, shape: int, flavour: str) -> PodRequest:
 
 def engine(percentage: int) -> Engine:
     plugins = make_plugin_manager("scheduler", plugins=[("neuron", neuron), ("nvidia", nvidia)], autoload=False)
-    return Engine(plugins, scoring=scores.Profile(percentage_of_nodes_to_score=percentage))
+    built = Engine(plugins, scoring=scores.Profile(percentage_of_nodes_to_score=percentage))
+    # A mix learned anew after every pod or so (a replay's moves every 64 or more): the memos kept across its
+    # versions (`PlacementBook.steady`, the fragmentation answers per table) meet many of them.
+    built._shared["nvidia"][nvidia.WORKLOAD_KEY] = Workload(refresh=1)
+    return built
 
 
 def forget(oracle: Engine) -> None:
-    """Every memo of the engine, and the nvidia plugin's: the placements its states share, the measures of the
-    fragmentation table, each state's content number, free thousandths, placement and eligible GPUs."""
+    """Every memo of the engine, and the nvidia plugin's: the placements, fit answers and scores its states share
+    (those kept across the mix's versions too), the measures and answers of the fragmentation table, each state's
+    content number, free thousandths, placement and eligible GPUs."""
     oracle.forget_memos()
     shared = oracle._shared.get("nvidia", {})
     book = shared.get(nvidia.BOOK_KEY)
     if isinstance(book, nvidia.PlacementBook):
         book.answers.clear()
-        book.size = 0
+        book.steady.clear()
+        book.size = book.steady_size = 0
     workload = shared.get(nvidia.WORKLOAD_KEY)
     if isinstance(workload, Workload):
         for table in workload._tables.values():  # one per set of GPU models of the mix's version
             table.measured.clear()
+            table.deltas.clear()
     for record in oracle.nodes.values():
         state = record.states.get("nvidia")
         if isinstance(state, nvidia.NvidiaNodeState):

@@ -1,11 +1,13 @@
 """The memos that make a trace replay fast place every pod where the uncached computation places it.
 
-Three memos stand between a replay and its placements: the engine's local raw scores shared by nodes alike in all the
-scores read (`Scoring.scoring_content`, numbered: `LocalRaws.by_number`), the nvidia placements shared by GPU states
-alike in all `place` reads (`PlacementBook`), and the FGD measure remembered per table (`FragmentationTable.measured`).
-The oracle is the same replay with the three of them turned off; the traces are generated here (the suite runs without
-../shared): nodes of the openb trace's kinds, pods of its shapes (shares, whole GPUs, several GPUs, model constraints,
-cpu-only), every node scored and the policy's first few, the experiment and a timeline with departures.
+Four memos stand between a replay and its placements: the engine's local raw scores shared by nodes alike in all the
+scores read (`Scoring.scoring_content`, numbered: `LocalRaws.by_number`), the nvidia placements, fit answers and scores
+shared by GPU states alike in all `place` reads (`PlacementBook`, across the mix's versions where no mix decides them),
+the FGD measure remembered per table (`FragmentationTable.measured`) and the plugin's fragmentation answers per table
+(`FragmentationTable.deltas`). The oracle is the same replay with the four of them turned off; the traces are
+generated here (the suite runs without ../shared): nodes of the openb trace's kinds, pods of its shapes (shares, whole
+GPUs, several GPUs, model constraints, cpu-only), every node scored and the policy's first few, the experiment and a
+timeline with departures.
 """
 
 from __future__ import annotations
@@ -80,10 +82,26 @@ def uncached_fragmentation(free: Sequence[int], table: sharing.FragmentationTabl
     return uncached_measure(free, table, cpu) / table.weight
 
 
+class Forgetful(dict[tuple[int, int, int, int], tuple[object, float | None]]):
+    """A table's fragmentation answers (`FragmentationTable.deltas`) that never answers from memory."""
+
+    def get(self, key: object, default: object = None) -> None:  # type: ignore[override]
+        return None
+
+
 def without_memos(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Scoring, "scoring_content", lambda self, record: None)
     monkeypatch.setattr(nvidia.PlacementBook, "get", lambda self, what, workload, number, ask: nvidia._MISSING)
     monkeypatch.setattr(sharing, "_measure", uncached_measure)
+    table = sharing.Workload.table
+
+    def forgetful_table(self: sharing.Workload, models: sharing.Models = None) -> sharing.FragmentationTable:
+        made = table(self, models)
+        if not isinstance(made.deltas, Forgetful):
+            object.__setattr__(made, "deltas", Forgetful())  # frozen, as the plugin reads it
+        return made
+
+    monkeypatch.setattr(sharing.Workload, "table", forgetful_table)
 
 
 def placements(percentage: int, policy: str, mode: traces.Mode, seed: int) -> list[tuple[object, object]]:
