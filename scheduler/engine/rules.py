@@ -104,14 +104,7 @@ class EmbedderFilter:
             return True
 
     def filter(self, engine: FilterContext, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
-        try:
-            answer = self.rule.filter(engine, record, pod, plan)
-        except PLUGIN_ERRORS as exc:
-            return Status.error(safe_text(str(_failed(self.plugins, EMBEDDER, self.where, exc))), plugin=self.name)
-        if answer is not None and not isinstance(answer, Status):
-            wrong = WrongAnswer(f"returned {safe_text(repr(answer), 60)} ({type(answer).__name__}); None or a Status")
-            return Status.error(safe_text(str(_failed(self.plugins, EMBEDDER, self.where, wrong))), plugin=self.name)
-        return answer
+        return _status_answer(self, lambda: self.rule.filter(engine, record, pod, plan))
 
 
 class EmbedderScore:
@@ -178,14 +171,20 @@ class EmbedderPreEnqueue:
         self.where = f"rule {rule.name} (preEnqueue)"
 
     def pre_enqueue(self, pod: PodRequest) -> Status | None:
-        try:
-            answer = self.rule.pre_enqueue(pod)
-        except PLUGIN_ERRORS as exc:
-            return Status.error(safe_text(str(_failed(self.plugins, EMBEDDER, self.where, exc))), plugin=self.name)
-        if answer is not None and not isinstance(answer, Status):
-            wrong = WrongAnswer(f"returned {safe_text(repr(answer), 60)} ({type(answer).__name__}); None or a Status")
-            return Status.error(safe_text(str(_failed(self.plugins, EMBEDDER, self.where, wrong))), plugin=self.name)
-        return answer
+        return _status_answer(self, lambda: self.rule.pre_enqueue(pod))
+
+
+def _status_answer(guard: EmbedderFilter | EmbedderPreEnqueue, answer: Callable[[], object]) -> Status | None:
+    """An embedder rule's answer (None or a Status), or an error Status naming the rule where it fails or answers
+    anything else, counted and logged once."""
+    try:
+        status = answer()
+    except PLUGIN_ERRORS as exc:
+        return Status.error(safe_text(str(_failed(guard.plugins, EMBEDDER, guard.where, exc))), plugin=guard.name)
+    if status is not None and not isinstance(status, Status):
+        wrong = WrongAnswer(f"returned {safe_text(repr(status), 60)} ({type(status).__name__}); None or a Status")
+        return Status.error(safe_text(str(_failed(guard.plugins, EMBEDDER, guard.where, wrong))), plugin=guard.name)
+    return status
 
 
 def guard_embedders(

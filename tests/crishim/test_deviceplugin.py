@@ -803,6 +803,18 @@ def test_a_node_serving_mig_lists_each_mig_device_and_a_pod_gets_the_one_its_all
         kubelet.stop()
 
 
+def two_gpu_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[Engine, Path]:
+    """An engine with the node of two GPUs (NVML faked for the device-plugin side), and the node's host root."""
+    monkeypatch.setitem(sys.modules, "pynvml", one_gpu_nvml(2))
+    host = tmp_path / "host"
+    (host / "dev").mkdir(parents=True)
+    engine = Engine(
+        build_plugin_manager("scheduler", plugins=[("nvidia", nvidia_scheduler)], autoload=False), signing_key=KEY
+    )
+    engine.add_node(make_node(NODE, labels={"nvidia.com/gpu.count": "2"}, allocatable={GPU: 2}))
+    return engine, host
+
+
 @contextmanager
 def serving_gpus(
     directory: Path, plugins: KubegpuPluginManager, manifest: dict[str, Any], host: Path
@@ -844,13 +856,7 @@ def test_a_placed_pods_init_container_asking_gpus_is_admitted_with_gpus_of_its_p
     kubelet hands an init container's devices on to the containers after it), so the kubelet's Allocate for the init
     container matched no container and the pod failed admission, told that it must be scheduled by kubegpu. The init
     container now gets GPUs the allocation names for its pod (an app container's), and the app container the same."""
-    monkeypatch.setitem(sys.modules, "pynvml", one_gpu_nvml(2))
-    host = tmp_path / "host"
-    (host / "dev").mkdir(parents=True)
-    engine = Engine(
-        build_plugin_manager("scheduler", plugins=[("nvidia", nvidia_scheduler)], autoload=False), signing_key=KEY
-    )
-    engine.add_node(make_node(NODE, labels={"nvidia.com/gpu.count": "2"}, allocatable={GPU: 2}))
+    engine, host = two_gpu_node(monkeypatch, tmp_path)
     engine.add_node(make_node("elsewhere", labels={"nvidia.com/gpu.count": "2"}, allocatable={GPU: 2}))
     manifest = pod_manifest("checked", {"main": {GPU: 1}}, namespace="team")
     manifest["spec"]["initContainers"] = [{"name": "gpu-check", "resources": {"limits": {GPU: "1"}}}]
@@ -880,13 +886,7 @@ def test_a_pod_whose_only_gpus_are_its_init_containers_is_placed_with_them_named
     engine counted the GPU among the pod's and named it to no container, so the pod got no allocation annotation and
     the kubelet's Allocate for the init container failed admission. The scheduler now names the init container's
     GPU (its own, held for the pod's life as the kubelet keeps it), and the kubelet admits it with that GPU."""
-    monkeypatch.setitem(sys.modules, "pynvml", one_gpu_nvml(2))
-    host = tmp_path / "host"
-    (host / "dev").mkdir(parents=True)
-    engine = Engine(
-        build_plugin_manager("scheduler", plugins=[("nvidia", nvidia_scheduler)], autoload=False), signing_key=KEY
-    )
-    engine.add_node(make_node(NODE, labels={"nvidia.com/gpu.count": "2"}, allocatable={GPU: 2}))
+    engine, host = two_gpu_node(monkeypatch, tmp_path)
     manifest = pod_manifest("fetch", {"main": {"cpu": "1"}}, namespace="team")
     manifest["spec"]["initContainers"] = [{"name": "gpu-check", "resources": {"limits": {GPU: "1"}}}]
     manifest["metadata"].update(uid="uid-fetch", creationTimestamp="2025-01-01T00:00:00Z")
