@@ -643,14 +643,21 @@ def shares_fit(s: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> bool:
     share = ask.shares[0]
     room = 0
     for bit in range(len(s.ids)):
-        if not (eligible >> bit & 1) or not s.shareable(bit) or s.tasks[bit] >= s.split:
-            continue
-        if s.cores_used[bit] + share.cores > 100:
-            continue
-        if s.memory_used[bit] + (s.memory_of(share, bit) or 0) > s.memory_cap[bit]:
-            continue
-        room += 1
+        if eligible >> bit & 1 and s.shareable(bit) and share_room(s, bit, share) is not None:
+            room += 1
     return room >= share.count
+
+
+def share_room(
+    state: NvidiaNodeState, bit: int, share: Share, tasks: int = 0, cores: int = 0, memory: int = 0
+) -> int | None:
+    """The memory (the GPU's unit) the share takes of GPU `bit` where the GPU has room for it beside `tasks` more
+    shares, `cores` percent and `memory` more already planned on it (its split count, 100 % of compute, its
+    memory); None where it has not."""
+    if state.tasks[bit] + tasks >= state.split or state.cores_used[bit] + cores + share.cores > 100:
+        return None
+    need = state.memory_of(share, bit) or 0
+    return None if state.memory_used[bit] + memory + need > state.memory_cap[bit] else need
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -816,16 +823,13 @@ def place(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> NvidiaP
         # GPUs with as much free that the share would take as much of leave the node alike: measured once.
         measured: dict[tuple[int, int], int] = {}
         fits: list[tuple[float, int, int]] = []
-        memory = 0
         for bit in range(len(state.ids)):
             if not (eligible >> bit & 1) or taken >> bit & 1 or not state.shareable(bit):
                 continue
-            memory = state.memory_of(share, bit) or 0
-            if state.tasks[bit] + tasks_extra.get(bit, 0) >= state.split:
-                continue
-            if state.cores_used[bit] + cores_extra.get(bit, 0) + share.cores > 100:
-                continue
-            if state.memory_used[bit] + memory_extra.get(bit, 0) + memory > state.memory_cap[bit]:
+            memory = share_room(
+                state, bit, share, tasks_extra.get(bit, 0), cores_extra.get(bit, 0), memory_extra.get(bit, 0)
+            )
+            if memory is None:
                 continue
             if table is not None:
                 amount = share_amount(state, share.cores, memory, bit)

@@ -175,16 +175,12 @@ class EmbedderPreEnqueue:
 
 
 def _status_answer(guard: EmbedderFilter | EmbedderPreEnqueue, answer: Callable[[], object]) -> Status | None:
-    """An embedder rule's answer (None or a Status), or an error Status naming the rule where it fails or answers
-    anything else, counted and logged once."""
+    """An embedder rule's answer (None or a Status: `rule_filter_answer`), or an error Status naming the rule where
+    it fails or answers anything else, counted and logged once."""
     try:
-        status = answer()
+        return rule_filter_answer(answer())
     except PLUGIN_ERRORS as exc:
         return Status.error(safe_text(str(_failed(guard.plugins, EMBEDDER, guard.where, exc))), plugin=guard.name)
-    if status is not None and not isinstance(status, Status):
-        wrong = WrongAnswer(f"returned {safe_text(repr(status), 60)} ({type(status).__name__}); None or a Status")
-        return Status.error(safe_text(str(_failed(guard.plugins, EMBEDDER, guard.where, wrong))), plugin=guard.name)
-    return status
 
 
 def guard_embedders(
