@@ -186,7 +186,10 @@ class UnboundPods:
     Per gang with waiting members: their keys, and the number of the last change among them (`epoch`: a member
     added, updated or gone; numbered across gangs, so that a gang that empties and fills again never repeats one)
     that its plan (`gangplans`) is checked against. A member the extender bound (`bound`) leaves without a change:
-    its gang's plan followed the binding already. `gone` is told of a gang whose last waiting member left."""
+    its gang's plan followed the binding already. `gone` is told of a gang whose last waiting member left.
+
+    Everything kept is of the pods waiting here (`_bound` is a subset of `pods`' keys), so the informer's relist
+    (`keep_only`) bounds it all: a key kept apart from its pod would stay when no event of the pod ever comes."""
 
     def __init__(self, gone: Callable[[str], None] = lambda gang: None) -> None:
         self.gone = gone
@@ -206,12 +209,18 @@ class UnboundPods:
     def epoch(self, gang: str) -> int:
         return self.epochs.get(gang, 0)
 
-    def bound(self, key: str, bound: bool = True) -> None:
-        """The extender bound the member `key` (its gang's plan followed), or the binding failed (`bound` False)."""
-        if bound:
-            self._bound.add(key)
+    def bound(self, pod: PodRequest, bound: bool = True) -> None:
+        """The extender bound the member `pod` (its gang's plan followed), or the binding failed (`bound` False).
+
+        Only a member waiting here is marked. One the informer has not reported (the bind verb read it from the API
+        server) has no waiting entry whose leaving could be a change, and its first report unmarks it anyway
+        (`observe` and `drop` replace what was known of the key); marked, it stayed for good if that report never
+        came (deleted at once, and the watch relisted past it)."""
+        known = self.pods.get(pod.key)
+        if bound and known is not None and known[1].uid == pod.uid:
+            self._bound.add(pod.key)
         else:
-            self._bound.discard(key)
+            self._bound.discard(pod.key)
 
     def observe(self, key: str, request: PodRequest, version: str, *, deleting: bool, held: bool) -> bool:
         if deleting:
@@ -532,7 +541,7 @@ class ExtenderServer:
             decision = self.engine.reserve(pod, args.Node)
             gang = gang if decision.scheduled else None
             if gang is not None and self.gang_plans.bound(gang, pod, args.Node, before, self.engine.generation):
-                self.unbound.bound(key)
+                self.unbound.bound(pod)
         if not decision.scheduled:
             return {"Error": f"pod {key} no longer fits node {args.Node}: {decision.reason}"}
         task = asyncio.get_running_loop().create_task(self._place(key, pod, decision))
@@ -550,7 +559,7 @@ class ExtenderServer:
         if error is None:
             return ""
         with self.mirror.lock:
-            self.unbound.bound(key, False)  # still waiting: its leaving later is a change to its gang's plan
+            self.unbound.bound(pod, False)  # still waiting: its leaving later is a change to its gang's plan
         self.mirror.roll_back(pod, decision.node, error)
         return f"binding {key} to {decision.node} failed: {error}"
 

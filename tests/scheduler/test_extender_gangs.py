@@ -19,6 +19,7 @@ import pytest
 
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest, pod_manifest
+from kubegpu.kube.client import ApiError
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.extender import ExtenderServer
@@ -30,10 +31,12 @@ KEY = b"k" * 32
 
 
 class Writer:
-    """The API writer's call the bind verb makes: each Binding accepted and kept."""
+    """The API writer's calls the bind verb makes: each Binding accepted and kept, and a pod the informer has not
+    reported yet read from `pods` (the API server's objects, by path)."""
 
     def __init__(self) -> None:
         self.bindings: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -42,6 +45,10 @@ class Writer:
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         self.bindings[body["metadata"]["name"]] = body
         return {}
+
+    async def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        assert method == "GET", method
+        return self.pods[path]
 
 
 def extender(racks: int, size: int, groups: list[dict[str, Any]]) -> ExtenderServer:
@@ -364,3 +371,53 @@ def test_a_member_asked_about_ungated_counts_though_the_informer_still_has_it_ga
     del ungated["spec"]["schedulingGates"]
     answer = filtered(server, ungated)  # the informer has not reported the update yet
     assert len(answer["NodeNames"]) == 2, answer["FailedNodes"]
+
+
+def test_members_bound_before_the_informer_reported_them_are_not_remembered_once_gone() -> None:
+    """kube-scheduler binds a member the extender's informer has not reported yet (the bind verb reads it from the
+    API server); the pod is deleted at once, and the informer's watch relists past it, so no event of it ever
+    comes. The extender kept its key as a bound member forever: in a long-running extender, memory that grows with
+    the churn of gangs. After 50 such gangs nothing of them is kept."""
+    server = extender(1, 4, [podgroup("train", 2)])
+    for i in range(50):
+        seen, unseen = member(f"a-{i}", "train", 8), member(f"b-{i}", "train", 8)
+        server.binder.writer.pods[f"/api/v1/namespaces/ml/pods/b-{i}"] = unseen  # type: ignore[attr-defined]
+        server.mirror.on_pods("ADDED", seen)
+        for pod in (unseen, seen):
+            answer = filtered(server, pod)
+            body = {"PodName": pod["metadata"]["name"], "PodNamespace": "ml", "PodUID": pod["metadata"]["uid"]}
+            error = asyncio.run(server.bind(orjson.dumps({**body, "Node": answer["NodeNames"][0]})))["Error"]
+            assert not error, error
+        server.mirror.on_pods("SYNC", [])  # both deleted; the relist is the first the informer says of them
+        assert not list(server.engine.placements())
+    assert not server.unbound.pods and not server.unbound.gangs
+    assert len(server.unbound._bound) == 0, (
+        f"{len(server.unbound._bound)} keys kept: {sorted(server.unbound._bound)[:4]}"
+    )
+
+
+def test_a_member_bound_then_reported_bound_is_no_change_to_its_gang_but_one_whose_binding_failed_is() -> None:
+    """What the bound members' keys are for: a member the extender bound leaves the waiting pods without a change
+    to its gang (its plan followed the binding, and is kept for the next member); one whose Binding failed and that
+    then leaves is a change."""
+    server = extender(1, 4, [podgroup("train", 3)])
+    planned = count_plans(server)
+    pods = [member(f"train-{i}", "train", 8) for i in range(3)]
+    for pod in pods:
+        server.mirror.on_pods("ADDED", pod)
+    epoch = server.unbound.epoch("ml/train")
+    bind(server, pods[0], filtered(server, pods[0])["NodeNames"][0])  # bound, then reported bound
+    assert server.unbound.epoch("ml/train") == epoch
+    nodes = filtered(server, pods[1])["NodeNames"]
+    assert len(nodes) == 2 and planned == ["ml/train"], (nodes, planned)
+
+    async def refused(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        raise ApiError(409, "Conflict", "the pod is being deleted")
+
+    server.binder.writer.post = refused  # type: ignore[attr-defined]
+    meta = pods[1]["metadata"]
+    body = {"PodName": meta["name"], "PodNamespace": "ml", "PodUID": meta["uid"], "Node": nodes[0]}
+    assert "failed" in asyncio.run(server.bind(orjson.dumps(body)))["Error"]
+    assert server.unbound.epoch("ml/train") == epoch
+    server.mirror.on_pods("DELETED", pods[1])
+    assert server.unbound.epoch("ml/train") > epoch
