@@ -69,11 +69,13 @@ candidate counts and VolumeBinding's `bindTimeoutSeconds` are validated and have
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Hashable, Mapping, Sequence
+import struct
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
@@ -113,10 +115,38 @@ class _Strict(BaseModel):
     @classmethod
     def _null_is_omitted(cls, data: Any) -> Any:
         """A field set to `null` is left as omitted (Go's encoding/json leaves a field alone on `null`, or sets a
-        pointer, map or slice to nil, which defaulting then fills); an unknown field is refused whatever its value."""
-        if isinstance(data, dict) and None in data.values():
-            return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        pointer, map or slice to nil, which defaulting then fills); an unknown field is refused whatever its value.
+        A `null` list item is the item left empty (`{}`, `""`, `0`, `false`): the decoder leaves a new item its zero
+        value on `null`, so `profiles: [null]` is one default profile, and an item refused empty is refused so."""
+        if not isinstance(data, dict):
+            return data
+        if None in data.values():
+            data = {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        for name, zero in _list_zeros(cls).items():
+            items = data.get(name)
+            if isinstance(items, list) and any(item is None for item in items):
+                data = {**data, name: [zero() if item is None else item for item in items]}
         return data
+
+
+_ZEROS: dict[type[BaseModel], dict[str, Callable[[], Any]]] = {}
+
+
+def _list_zeros(model: type[BaseModel]) -> dict[str, Callable[[], Any]]:
+    """The model's list fields, each with a maker of its items' zero value (an empty object for a model)."""
+    zeros = _ZEROS.get(model)
+    if zeros is None:
+        zeros = {}
+        for name, info in model.model_fields.items():
+            lists = [a for a in (info.annotation, *get_args(info.annotation)) if get_origin(a) is list]
+            if lists:
+                (item,) = get_args(lists[0])
+                model_item = isinstance(item, type) and issubclass(item, BaseModel)
+                zeros[name] = (
+                    dict if model_item else {str: str, int: int, float: float, bool: bool}.get(item, type(None))
+                )
+        _ZEROS[model] = zeros
+    return zeros
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -916,9 +946,12 @@ def parse_config(
 
 
 class _GoYamlLoader(yaml.SafeLoader):
-    """YAML as kube-scheduler's reader (go-yaml v2, in sigs.k8s.io/yaml) resolves it where PyYAML differs on what
-    kube-scheduler's configuration holds: `1e3` and `1.5e3` are floats there (PyYAML: strings), and a key given
-    twice in a mapping is refused (its strict decoding: `key "..." already set in map`; PyYAML keeps the last)."""
+    """YAML as kube-scheduler's reader resolves it (go-yaml v2, in sigs.k8s.io/yaml), where PyYAML's YAML 1.1
+    differs: its implicit resolvers are go-yaml's (below), and a key given twice in a mapping is refused (its strict
+    decoding: `key "..." already set in map`; PyYAML keeps the last)."""
+
+    yaml_implicit_resolvers: dict[Any, list[tuple[str, re.Pattern[str]]]] = {}  # go-yaml's only, set below
+    bool_values = {**yaml.SafeLoader.bool_values, "y": True, "n": False}
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
@@ -934,23 +967,125 @@ class _GoYamlLoader(yaml.SafeLoader):
                 seen.add(key)
         return super().construct_mapping(node, deep)
 
+    def construct_go_int(self, node: yaml.ScalarNode) -> int:
+        """Go's integer syntax (`strconv.ParseInt`, base 0) once go-yaml has taken the underscores out: `0x1f`,
+        `0o17`, `0b101`, and `017` octal as in YAML 1.1; no sexagesimal `1:30` (a string to go-yaml)."""
+        text = str(self.construct_scalar(node)).replace("_", "")
+        digits = text.lstrip("+-")
+        if len(digits) > 1 and digits[0] == "0" and digits[1].isdigit():
+            value = int(digits, 8)
+            return -value if text.startswith("-") else value
+        return int(text, 0)
 
-_GoYamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:(?:\.[0-9]+|[0-9]+\.[0-9]*)(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+)$"),
-    list("-+0123456789."),
+    def construct_go_float(self, node: yaml.ScalarNode) -> float | str:
+        """Go's `strconv.ParseFloat` after go-yaml's resolution; a number past float64's range fails to parse
+        there, and go-yaml keeps the text as a string."""
+        text = str(self.construct_scalar(node))
+        special = _GO_FLOAT_WORDS.get(text)
+        if special is not None:
+            return special
+        value = float(text.replace("_", ""))
+        return text if math.isinf(value) else value
+
+    def construct_go_timestamp(self, node: yaml.ScalarNode) -> str:
+        """A `!!timestamp` stays its text: go-yaml leaves a timestamp a string in an untyped document."""
+        return str(self.construct_scalar(node))
+
+
+def _digits(klass: str, *, optional: bool = False) -> str:
+    """One or more of `klass` (none too if `optional`), with underscores anywhere between (go-yaml takes them all
+    out before it parses a number)."""
+    return f"(?:_*{klass}){'*' if optional else '+'}"
+
+
+# go-yaml v2's resolution of a plain scalar (its `resolve`), as PyYAML implicit resolvers, tried in this order for
+# the scalar's first character: its table of words (YAML 1.1's booleans with `y`, `Y`, `n`, `N`; nulls; `.inf`,
+# `.nan`; `<<`), then for a scalar starting with a digit or a sign Go's integer syntax and then its float syntax
+# (`[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?`, underscores taken out first), for one starting with `.`
+# Go's float syntax. Anything else is a string: a timestamp too (go-yaml leaves it one in an untyped document).
+_GO_FLOAT_WORDS = {
+    **dict.fromkeys((".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF"), math.inf),
+    **dict.fromkeys(("-.inf", "-.Inf", "-.INF"), -math.inf),
+    **dict.fromkeys((".nan", ".NaN", ".NAN"), math.nan),
+}
+_DECIMAL, _MORE_DECIMAL = _digits("[0-9]"), _digits("[0-9]", optional=True)
+_GO_RESOLVERS: tuple[tuple[str, str, str], ...] = (
+    ("bool", r"y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF", "yYnNtTfFoO"),
+    ("null", r"~|null|Null|NULL|", "~nN"),
+    ("float", "|".join(re.escape(word) for word in _GO_FLOAT_WORDS), "+-."),
+    ("merge", "<<", "<"),
+    (
+        "int",
+        rf"[-+]?_*(?:0_*[bB]{_digits('[01]')}|0_*[oO]{_digits('[0-7]')}|0_*[xX]{_digits('[0-9a-fA-F]')}"
+        rf"|0{_digits('[0-7]', optional=True)}|[1-9]{_MORE_DECIMAL})_*",
+        "+-0123456789",
+    ),
+    (
+        "float",
+        rf"[-+]?_*(?:\.{_DECIMAL}|[0-9]{_MORE_DECIMAL}(?:_*\.{_MORE_DECIMAL})?)(?:_*[eE]_*[-+]?{_DECIMAL})?_*",
+        "+-0123456789",
+    ),
+    ("float", r"\.[0-9]+(?:[eE][-+]?[0-9]+)?", "."),
 )
+for _tag, _pattern, _first in _GO_RESOLVERS:
+    _GoYamlLoader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(f"^(?:{_pattern})$"), [*_first])
+_GoYamlLoader.add_implicit_resolver("tag:yaml.org,2002:null", re.compile("^$"), [""])
+_GoYamlLoader.add_constructor("tag:yaml.org,2002:int", _GoYamlLoader.construct_go_int)
+_GoYamlLoader.add_constructor("tag:yaml.org,2002:float", _GoYamlLoader.construct_go_float)
+_GoYamlLoader.add_constructor("tag:yaml.org,2002:timestamp", _GoYamlLoader.construct_go_timestamp)
 
 
-def _as_json(value: Any) -> Any:
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _json_key(key: Any, where: str) -> str:
+    """A mapping key as sigs.k8s.io/yaml writes it into JSON: a boolean or number as its text (a float as Go's
+    `FormatFloat(f, 'g', -1, 32)` writes it: float32's shortest digits, `e` past 6 digits left of the point or
+    4 zeros right of it), any other key refused."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if isinstance(key, int):
+        return str(key)
+    if isinstance(key, float):
+        if math.isnan(key) or abs(key) > FLOAT32_MAX:
+            return ".nan" if math.isnan(key) else ".inf" if key > 0 else "-.inf"
+        single = struct.unpack("f", struct.pack("f", key))[0]
+        digits = next(
+            n for n in range(1, 10) if struct.unpack("f", struct.pack("f", float(f"{single:.{n - 1}e}")))[0] == single
+        )
+        exponent = int(f"{single:.{digits - 1}e}".split("e")[1])
+        if exponent < -4 or exponent >= 6:
+            return f"{single:.{digits - 1}e}"
+        return f"{single:.{max(digits - exponent - 1, 0)}f}"
+    raise ConfigError(
+        f"{where}: a key of {'null' if key is None else type(key).__name__} cannot be written as JSON "
+        "(kube-scheduler turns the file into JSON first, and refuses it)"
+    )
+
+
+def _as_json(value: Any, where: str) -> Any:
     """A YAML document as kube-scheduler decodes it: turned into JSON first (sigs.k8s.io/yaml), where a float with
-    no fraction (`16.0`, `1e3`) is written as an integer (Go's encoding/json: `16`), which an integer field takes."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:  # 1e21 and above: written `1e+21`
-        return int(value)
+    no fraction (`16.0`, `1e3`) is written as an integer (Go's encoding/json: `16`), which an integer field takes;
+    a key that is a number or boolean becomes its text; and what JSON cannot hold (`.inf`, `.nan`, a null key)
+    stops kube-scheduler, naming the field here."""
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            raise ConfigError(
+                f"{where}: {value} cannot be written as JSON (kube-scheduler turns the file into JSON "
+                "first, and refuses it)"
+            )
+        if value.is_integer() and abs(value) < 1e21:  # 1e21 and above: written `1e+21`
+            return int(value)
     if isinstance(value, dict):
-        return {key: _as_json(item) for key, item in value.items()}
+        converted = {}
+        for key, item in value.items():
+            name = _json_key(key, where)
+            converted[name] = _as_json(item, f"{where}.{name}")
+        return converted
     if isinstance(value, list):
-        return [_as_json(item) for item in value]
+        return [_as_json(item, f"{where}[{i}]") for i, item in enumerate(value)]
     return value
 
 
@@ -971,7 +1106,9 @@ def _read_yaml(path: Path, what: str, loader: type[yaml.SafeLoader] = yaml.SafeL
     except (ValueError, RecursionError) as exc:
         raise ConfigError(f"{path}: not valid YAML: {shorten(str(exc))}") from None
     # kube-scheduler decodes a file that starts with `{` as JSON (`16.0` is then no integer), any other as YAML.
-    return document if loader is yaml.SafeLoader or raw.lstrip(b" \t\r\n").startswith(b"{") else _as_json(document)
+    if loader is yaml.SafeLoader or raw.lstrip(b" \t\r\n").startswith(b"{"):
+        return document
+    return _as_json(document, str(path))
 
 
 def load_topology(path: str | Path) -> tuple[str, ...]:

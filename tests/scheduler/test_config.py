@@ -16,7 +16,7 @@ import yaml
 
 from kubegpu.core.models import SpreadConstraint
 from kubegpu.scheduler import scores
-from kubegpu.scheduler.config import ConfigError, load_config, parse_config
+from kubegpu.scheduler.config import ConfigError, _GoYamlLoader, load_config, parse_config
 
 HEAD = {"apiVersion": "kubescheduler.config.k8s.io/v1beta1", "kind": "KubeSchedulerConfiguration"}
 
@@ -383,3 +383,73 @@ def test_a_field_given_twice_is_refused_as_kube_scheduler_refuses_it(tmp_path: P
     path.write_text(body)
     with pytest.raises(ConfigError, match="given twice"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("body", "read", "expected"),
+    [
+        ("profiles:\n- pluginConfig:\n  - {name: KubegpuFragmentation, args: {lead: n}}\n",
+         lambda c: c.profile.fragmentation_lead, False),
+        ("profiles:\n- pluginConfig:\n  - {name: InterPodAffinity, args: {ignorePreferredTermsOfExistingPods: N}}\n",
+         lambda c: c.profile.hard_pod_affinity_weight, 1),
+        ("profiles:\n- schedulerName: 2024-01-02\n", lambda c: c.scheduler_name, "2024-01-02"),
+        ("percentageOfNodesToScore: 08\n", lambda c: c.profile.percentage_of_nodes_to_score, 8),
+        ("percentageOfNodesToScore: 0o17\n", lambda c: c.profile.percentage_of_nodes_to_score, 15),
+        ("profiles: [null]\n", lambda c: c == parse_config(V1), True),
+    ],
+    ids=["bool-n", "bool-N", "date-string", "leading-zero-decimal", "octal-0o", "null-profile"],
+)  # fmt: skip
+def test_yaml_1_1_scalars_and_null_items_are_read_as_kube_scheduler_reads_them(
+    tmp_path: Path, body: str, read: Any, expected: Any
+) -> None:
+    """kube-scheduler reads YAML with go-yaml v2 (YAML 1.1, through sigs.k8s.io/yaml) and where PyYAML differs, as
+    go-yaml does: `y`, `Y`, `n` and `N` are booleans, a date is a string (go-yaml leaves it one in an untyped
+    document), `08` is the number 8 and `0o17` is 15 (Go's number syntax), and a `null` list item is the item left
+    empty (Go's decoding leaves it its zero value), so `profiles: [null]` is the default profile. kubegpu refused each
+    (`Input should be a valid boolean`, `... a valid string`, `... a valid integer`, `... a valid dictionary`)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(YAML_HEAD + body)
+    config, _ = load_config(path)
+    assert read(config) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ("profiles:\n- schedulerName: y\n", "profiles[0].schedulerName"),
+        ("profiles:\n- schedulerName: 123\n", "profiles[0].schedulerName"),
+        ("percentageOfNodesToScore: 1:10\n", "percentageOfNodesToScore"),
+        ("enableProfiling: .inf\n", "enableProfiling"),
+        ("profiles:\n- plugins:\n    ~: {}\n", "profiles[0].plugins"),
+        ("profiles:\n- pluginConfig: [null]\n", "profiles[0].pluginConfig[0].name"),
+    ],
+    ids=["bool-for-a-string", "number-for-a-string", "sexagesimal", "infinity", "null-key", "null-item-unnamed"],
+)  # fmt: skip
+def test_yaml_kube_scheduler_refuses_is_refused_naming_the_field(tmp_path: Path, body: str, field: str) -> None:
+    """What kube-scheduler refuses when it reads the file: `y` is a boolean, which no string field takes (kubegpu
+    took the scheduler name `y`); `1:10` is a string to go-yaml, not YAML 1.1's sexagesimal 70 (kubegpu scored 70 %
+    of the nodes); `.inf` and a `null` key cannot be written as JSON (kubegpu ignored them). A `null` item is read
+    as the item left empty, which is refused where an empty one is."""
+    path = tmp_path / "config.yaml"
+    path.write_text(YAML_HEAD + body)
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert f"config.yaml.{field}:" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("y", True), ("Y", True), ("yes", True), ("ON", True), ("n", False), ("N", False), ("off", False),
+     ("~", None), ("", None), ("Null", None), ("1_000", 1000), ("0x1F", 31), ("-0x1f", -31), ("0o17", 15),
+     ("017", 15), ("0_7", 7), ("0b101", 5), ("-0b101", -5), ("+12", 12), ("08", 8.0), ("09.5", 9.5), ("1e3", 1e3),
+     ("1.5E-3", 1.5e-3), (".5", 0.5), ("+.5", 0.5), ("1.", 1.0), ("1_0.5", 10.5), ("+.inf", float("inf")),
+     ("-.Inf", float("-inf")), ("1:30", "1:30"), ("2001-12-14", "2001-12-14"), ("2001-12-14T21:59:43Z",
+     "2001-12-14T21:59:43Z"), ("1e400", "1e400"), ("0x1p3", "0x1p3"), ("+.nan", "+.nan"), ("._5", "._5"),
+     ("=", "="), ("0x", "0x"), ("yes please", "yes please")],
+)  # fmt: skip
+def test_a_plain_scalar_resolves_as_go_yaml_v2_resolves_it(text: str, value: Any) -> None:
+    """go-yaml v2's `resolve` (kube-scheduler's YAML reader) scalar by scalar: its words, Go's integer and float
+    syntax once underscores are out, and a string for anything else (a timestamp, a sexagesimal number, a float past
+    float64's range)."""
+    read = yaml.load(f"v: {text}\n", Loader=_GoYamlLoader)["v"]  # a SafeLoader
+    assert read == value and type(read) is type(value), (text, read)
