@@ -75,7 +75,7 @@ import struct
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast, get_args, get_origin
+from typing import Any, ClassVar, Literal, cast, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
@@ -110,6 +110,7 @@ class _Strict(BaseModel):
     # kube-scheduler decodes its configuration strictly: an unknown field, `true`, `"16"` or `16.0` for an integer
     # and `"true"` for a boolean stop it, naming the field; a float field takes an integer (JSON's numbers).
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    _unnamed_ignored: ClassVar[tuple[str, ...]] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -117,16 +118,28 @@ class _Strict(BaseModel):
         """A field set to `null` is left as omitted (Go's encoding/json leaves a field alone on `null`, or sets a
         pointer, map or slice to nil, which defaulting then fills); an unknown field is refused whatever its value.
         A `null` list item is the item left empty (`{}`, `""`, `0`, `false`): the decoder leaves a new item its zero
-        value on `null`, so `profiles: [null]` is one default profile, and an item refused empty is refused so."""
+        value on `null`, so `profiles: [null]` is one default profile, and an item refused empty is refused so. An
+        item of no name in a list of `_unnamed_ignored` changes nothing in kube-scheduler (a disabled plugin or a
+        plugin configuration of no name): it is dropped."""
         if not isinstance(data, dict):
             return data
         if None in data.values():
             data = {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        for name in cls._unnamed_ignored:
+            items = data.get(name)
+            if isinstance(items, list) and any(map(_unnamed, items)):
+                data = {**data, name: [item for item in items if not _unnamed(item)]}
         for name, zero in _list_zeros(cls).items():
             items = data.get(name)
             if isinstance(items, list) and any(item is None for item in items):
                 data = {**data, name: [zero() if item is None else item for item in items]}
         return data
+
+
+def _unnamed(item: Any) -> bool:
+    """A list item of no name as kube-scheduler decodes it: `null`, or an object whose `name` is absent, `null` or
+    empty."""
+    return item is None or (isinstance(item, dict) and item.get("name") in (None, ""))
 
 
 _ZEROS: dict[type[BaseModel], dict[str, Callable[[], Any]]] = {}
@@ -165,6 +178,7 @@ class _Plugin(_Named):
 
 
 class _PluginSet(_Strict):
+    _unnamed_ignored = ("disabled",)
     enabled: list[_Plugin] = Field(default_factory=list)
     disabled: list[_Plugin] = Field(default_factory=list)
 
@@ -191,6 +205,7 @@ class _ModernPlugin(_Named):
 
 
 class _ModernPluginSet(_Strict):
+    _unnamed_ignored = ("disabled",)
     enabled: list[_ModernPlugin] = Field(default_factory=list)
     disabled: list[_ModernPlugin] = Field(default_factory=list)
 
@@ -219,12 +234,14 @@ class _PluginConfig(_Strict):
 
 
 class _Profile(_Strict):
+    _unnamed_ignored = ("pluginConfig",)
     schedulerName: str | None = Field(default=None, min_length=1)
     plugins: _Plugins = _Plugins()
     pluginConfig: list[_PluginConfig] = Field(default_factory=list)
 
 
 class _ModernProfile(_Strict):
+    _unnamed_ignored = ("pluginConfig",)
     schedulerName: str | None = Field(default=None, min_length=1)
     percentageOfNodesToScore: int | None = Field(default=None, ge=0, le=100)  # v1beta3 and later
     plugins: _ModernPlugins = _ModernPlugins()

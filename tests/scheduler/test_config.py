@@ -396,8 +396,10 @@ def test_a_field_given_twice_is_refused_as_kube_scheduler_refuses_it(tmp_path: P
         ("percentageOfNodesToScore: 08\n", lambda c: c.profile.percentage_of_nodes_to_score, 8),
         ("percentageOfNodesToScore: 0o17\n", lambda c: c.profile.percentage_of_nodes_to_score, 15),
         ("profiles: [null]\n", lambda c: c == parse_config(V1), True),
+        ("profiles:\n- plugins:\n    score:\n      disabled: [null, {name: ''}, {name: ImageLocality}]\n"
+         "  pluginConfig: [null, {args: {}}]\n", lambda c: "ImageLocality" in c.profile.weights, False),
     ],
-    ids=["bool-n", "bool-N", "date-string", "leading-zero-decimal", "octal-0o", "null-profile"],
+    ids=["bool-n", "bool-N", "date-string", "leading-zero-decimal", "octal-0o", "null-profile", "unnamed-no-ops"],
 )  # fmt: skip
 def test_yaml_1_1_scalars_and_null_items_are_read_as_kube_scheduler_reads_them(
     tmp_path: Path, body: str, read: Any, expected: Any
@@ -405,8 +407,11 @@ def test_yaml_1_1_scalars_and_null_items_are_read_as_kube_scheduler_reads_them(
     """kube-scheduler reads YAML with go-yaml v2 (YAML 1.1, through sigs.k8s.io/yaml) and where PyYAML differs, as
     go-yaml does: `y`, `Y`, `n` and `N` are booleans, a date is a string (go-yaml leaves it one in an untyped
     document), `08` is the number 8 and `0o17` is 15 (Go's number syntax), and a `null` list item is the item left
-    empty (Go's decoding leaves it its zero value), so `profiles: [null]` is the default profile. kubegpu refused each
-    (`Input should be a valid boolean`, `... a valid string`, `... a valid integer`, `... a valid dictionary`)."""
+    empty (Go's decoding leaves it its zero value), so `profiles: [null]` is the default profile, and a disabled
+    plugin or a plugin configuration of no name changes nothing. kubegpu refused each (`Input should be a valid
+    boolean`, `... a valid string`, `... a valid integer`, `... a valid dictionary`). kube-scheduler 1.20.2 read
+    each of these files so (`--write-config-to`: `percentageOfNodesToScore: 8`, `15`, `schedulerName: "2024-01-02"`,
+    `default-scheduler`), and ran with the no-ops."""
     path = tmp_path / "config.yaml"
     path.write_text(YAML_HEAD + body)
     config, _ = load_config(path)
@@ -421,15 +426,17 @@ def test_yaml_1_1_scalars_and_null_items_are_read_as_kube_scheduler_reads_them(
         ("percentageOfNodesToScore: 1:10\n", "percentageOfNodesToScore"),
         ("enableProfiling: .inf\n", "enableProfiling"),
         ("profiles:\n- plugins:\n    ~: {}\n", "profiles[0].plugins"),
-        ("profiles:\n- pluginConfig: [null]\n", "profiles[0].pluginConfig[0].name"),
+        ("profiles:\n- plugins:\n    score:\n      enabled: [null]\n", "profiles[0].plugins.score.enabled[0].name"),
     ],
-    ids=["bool-for-a-string", "number-for-a-string", "sexagesimal", "infinity", "null-key", "null-item-unnamed"],
+    ids=["bool-for-a-string", "number-for-a-string", "sexagesimal", "infinity", "null-key", "null-enabled-plugin"],
 )  # fmt: skip
 def test_yaml_kube_scheduler_refuses_is_refused_naming_the_field(tmp_path: Path, body: str, field: str) -> None:
     """What kube-scheduler refuses when it reads the file: `y` is a boolean, which no string field takes (kubegpu
     took the scheduler name `y`); `1:10` is a string to go-yaml, not YAML 1.1's sexagesimal 70 (kubegpu scored 70 %
     of the nodes); `.inf` and a `null` key cannot be written as JSON (kubegpu ignored them). A `null` item is read
-    as the item left empty, which is refused where an empty one is."""
+    as the item left empty, which is refused where an empty one is: a plugin of no name enabled. kube-scheduler
+    1.20.2 refused each of these files (`ReadString: expects " or n, but found t`, `readUint32: unexpected character`,
+    `json: unsupported value: +Inf`, `Unsupported map key of type: <nil>`, `ScorePlugin "" does not exist`)."""
     path = tmp_path / "config.yaml"
     path.write_text(YAML_HEAD + body)
     with pytest.raises(ConfigError) as refused:
