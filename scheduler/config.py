@@ -119,8 +119,8 @@ class _Strict(BaseModel):
         pointer, map or slice to nil, which defaulting then fills); an unknown field is refused whatever its value.
         A `null` list item is the item left empty (`{}`, `""`, `0`, `false`): the decoder leaves a new item its zero
         value on `null`, so `profiles: [null]` is one default profile, and an item refused empty is refused so. An
-        item of no name in a list of `_unnamed_ignored` changes nothing in kube-scheduler (a disabled plugin or a
-        plugin configuration of no name): it is dropped."""
+        item of no name in a list of `_unnamed_ignored` (a disabled plugin of no name) changes nothing in
+        kube-scheduler: it is dropped."""
         if not isinstance(data, dict):
             return data
         if None in data.values():
@@ -229,19 +229,17 @@ class _ModernPlugins(_Strict):
 
 
 class _PluginConfig(_Strict):
-    name: str = Field(min_length=1)
+    name: str = ""  # none (`null` item, `{args: ...}`): configures nothing, as in kube-scheduler (once per profile)
     args: dict[str, Any] | None = None
 
 
 class _Profile(_Strict):
-    _unnamed_ignored = ("pluginConfig",)
     schedulerName: str | None = Field(default=None, min_length=1)
     plugins: _Plugins = _Plugins()
     pluginConfig: list[_PluginConfig] = Field(default_factory=list)
 
 
 class _ModernProfile(_Strict):
-    _unnamed_ignored = ("pluginConfig",)
     schedulerName: str | None = Field(default=None, min_length=1)
     percentageOfNodesToScore: int | None = Field(default=None, ge=0, le=100)  # v1beta3 and later
     plugins: _ModernPlugins = _ModernPlugins()
@@ -816,6 +814,8 @@ def _plugin_args(entries: list[_PluginConfig], version: str, where: str, rules: 
         if name in seen:
             raise ConfigError(f"{here}.name: a second pluginConfig for {shorten(name)!r}")
         seen.add(name)
+        if not name:
+            continue
         if version == V1BETA1:
             known = name in scores.SCORE_PLUGINS or name in scores.FILTER_PLUGINS or name in QUEUE_PLUGINS
             if not known and name != "DefaultPreemption" and name not in rules.filters and name not in rules.scores:

@@ -397,7 +397,7 @@ def test_a_field_given_twice_is_refused_as_kube_scheduler_refuses_it(tmp_path: P
         ("percentageOfNodesToScore: 0o17\n", lambda c: c.profile.percentage_of_nodes_to_score, 15),
         ("profiles: [null]\n", lambda c: c == parse_config(V1), True),
         ("profiles:\n- plugins:\n    score:\n      disabled: [null, {name: ''}, {name: ImageLocality}]\n"
-         "  pluginConfig: [null, {args: {}}]\n", lambda c: "ImageLocality" in c.profile.weights, False),
+         "  pluginConfig: [null]\n", lambda c: "ImageLocality" in c.profile.weights, False),
     ],
     ids=["bool-n", "bool-N", "date-string", "leading-zero-decimal", "octal-0o", "null-profile", "unnamed-no-ops"],
 )  # fmt: skip
@@ -427,16 +427,19 @@ def test_yaml_1_1_scalars_and_null_items_are_read_as_kube_scheduler_reads_them(
         ("enableProfiling: .inf\n", "enableProfiling"),
         ("profiles:\n- plugins:\n    ~: {}\n", "profiles[0].plugins"),
         ("profiles:\n- plugins:\n    score:\n      enabled: [null]\n", "profiles[0].plugins.score.enabled[0].name"),
+        ("profiles:\n- pluginConfig: [null, {args: {}}]\n", "profiles[0].pluginConfig[1].name"),
     ],
-    ids=["bool-for-a-string", "number-for-a-string", "sexagesimal", "infinity", "null-key", "null-enabled-plugin"],
+    ids=["bool-for-a-string", "number-for-a-string", "sexagesimal", "infinity", "null-key", "null-enabled-plugin",
+         "two-unnamed-plugin-configs"],
 )  # fmt: skip
 def test_yaml_kube_scheduler_refuses_is_refused_naming_the_field(tmp_path: Path, body: str, field: str) -> None:
     """What kube-scheduler refuses when it reads the file: `y` is a boolean, which no string field takes (kubegpu
     took the scheduler name `y`); `1:10` is a string to go-yaml, not YAML 1.1's sexagesimal 70 (kubegpu scored 70 %
     of the nodes); `.inf` and a `null` key cannot be written as JSON (kubegpu ignored them). A `null` item is read
-    as the item left empty, which is refused where an empty one is: a plugin of no name enabled. kube-scheduler
-    1.20.2 refused each of these files (`ReadString: expects " or n, but found t`, `readUint32: unexpected character`,
-    `json: unsupported value: +Inf`, `Unsupported map key of type: <nil>`, `ScorePlugin "" does not exist`)."""
+    as the item left empty, which is refused where an empty one is: a plugin of no name enabled, two plugin
+    configurations of no name. kube-scheduler 1.20.2 refused each of these files (`ReadString: expects " or n, but
+    found t`, `readUint32: unexpected character`, `json: unsupported value: +Inf`, `Unsupported map key of type:
+    <nil>`, `ScorePlugin "" does not exist`, `repeated config for plugin `)."""
     path = tmp_path / "config.yaml"
     path.write_text(YAML_HEAD + body)
     with pytest.raises(ConfigError) as refused:
