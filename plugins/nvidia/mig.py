@@ -415,6 +415,14 @@ class MigBooks:
                 self.devices[f"{self.ids[gpu]}@{start}"] = Instance(gpu, profile, start)
         self.holders: dict[str, str] = {}
         self.profiles = frozenset(i.profile for i in self.devices.values())
+        tables_by_value = tuple(None if table is None else tuple(sorted(table.items())) for table in self.tables)
+        self._layout = (self.ids, tables_by_value, self.layouts)  # fixed for the books' life
+
+    def content(self) -> tuple[object, ...]:
+        """What deciding on these books reads of them, by value (`NvidiaNodeState.scoring_content`): the GPUs, their
+        placement tables and layouts, and which devices are held (not by whom). Made anew at each call: the holders
+        change in place (`NvidiaNodeState.take`), and the engine asks once per node version."""
+        return (self._layout, frozenset(self.holders))
 
     def device_id(self, instance: Instance) -> str:
         return f"{self.ids[instance.gpu]}@{instance.start}"

@@ -325,9 +325,9 @@ class NvidiaNodeState(SharedDeviceNodeState):
 
     def scoring_content(self) -> tuple[object, ...]:
         """What the engine's local scores read of this state (`Scoring.scoring_content`): `content`, which covers
-        the placement, `free_millis` and the headroom's utilization, and the MIG books where there are some (the
-        state itself: such nodes are scored alone)."""
-        return (self.content(), self.mig if self.mig is not None else None)
+        the placement, `free_millis` and the headroom's utilization, and the MIG books' by value where there are
+        some (`MigBooks.content`: MIG nodes alike share their answers, and a node's changes with its devices held)."""
+        return (self.content(), None if self.mig is None else self.mig.content())
 
     def content(self) -> int:
         """The number of what `place` (and `eligible`) read of this state, in its `book`: equal numbers, equal
