@@ -50,6 +50,7 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine import Engine, kubescores
+from kubegpu.scheduler.simulate import young_collections_only
 from kubegpu.scheduler.traces import (
     TraceNode,
     TracePod,
@@ -118,7 +119,23 @@ def replay(
     weight: int | None = None,
     lead: bool = True,
 ) -> tuple[float, float, int]:
-    """(GPU allocated % at arrived 100 %, seconds, pods that arrived)."""
+    """(GPU allocated % at arrived 100 %, seconds, pods that arrived), replayed as `kubegpu simulate` replays a trace:
+    with the collector's young generations only (`young_collections_only`)."""
+    with young_collections_only():
+        return _replay(nodes, pods, seed, variant, percentage, devices_only, mix, weight, lead)
+
+
+def _replay(
+    nodes: list[TraceNode],
+    pods: list[TracePod],
+    seed: int,
+    variant: str,
+    percentage: int,
+    devices_only: bool,
+    mix: tuple[tuple[int, int, int, float], ...],
+    weight: int | None,
+    lead: bool,
+) -> tuple[float, float, int]:
     share = variant != "whole"
     profile = scores.Profile.default("binpack")
     if devices_only:

@@ -85,7 +85,7 @@ from kubegpu.scheduler.owners import OWNER_KINDS
 from kubegpu.scheduler.preemption import Budget
 from kubegpu.scheduler.report import draw_text, gang_domains
 
-__all__ = ["SimulationError", "add_simulate_parser", "load_documents", "run"]
+__all__ = ["SimulationError", "add_simulate_parser", "load_documents", "run", "young_collections_only"]
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 MAX_MAPS = 40
@@ -898,13 +898,13 @@ def _print_stats(nodes: int, pods: int, elapsed: float, latencies: list[float]) 
     )
 
 
-# The oldest generation's threshold while the document path or a trace replay runs (`_young_collections_only`):
+# The oldest generation's threshold while the document path or a trace replay runs (`young_collections_only`):
 # never reached.
 NO_FULL_COLLECTION = 1 << 30
 
 
 @contextmanager
-def _young_collections_only() -> Iterator[None]:
+def young_collections_only() -> Iterator[None]:
     """Run the block with the cyclic collector's young generations only. What the document path builds (parsed
     documents, node records, placed pods) lives until the run ends, and the engine makes almost no cyclic garbage
     (147 unreachable objects found by one collection after a whole `benchmarks/simulate_bench.py` run with the
@@ -913,7 +913,7 @@ def _young_collections_only() -> Iterator[None]:
     placements, measures) grow to millions of objects, and on the openb experiment the collector's own rule made 11
     full passes that found 20 objects, 1.6-2.3 s of 8 s of CPU. Cycles dropped while a pod is processed are still
     collected young; the thresholds are given back afterwards, also to a caller that runs the simulator in its own
-    process."""
+    process. `benchmarks/sharing_bench.py` replays under it too, so that it measures what the simulator does."""
     thresholds = gc.get_threshold()
     gc.set_threshold(thresholds[0], thresholds[1], NO_FULL_COLLECTION)
     try:
@@ -924,12 +924,12 @@ def _young_collections_only() -> Iterator[None]:
 
 def _run(args: argparse.Namespace) -> int:
     if args.trace_nodes or args.trace_pods:
-        with _young_collections_only():  # the engine's memos: millions of objects over a replay, none garbage
+        with young_collections_only():  # the engine's memos: millions of objects over a replay, none garbage
             return _run_trace(args)
     if not args.files:
         print("kubegpu simulate: give manifest FILEs, or a trace (--trace-nodes and --trace-pods)", file=sys.stderr)
         return 2
-    with _young_collections_only():
+    with young_collections_only():
         return _run_documents(args)
 
 
