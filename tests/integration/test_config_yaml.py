@@ -1,0 +1,93 @@
+"""A KubeSchedulerConfiguration YAML file is read by kubegpu as the real kube-scheduler 1.20.2 reads it (T118, T129).
+
+Each file is given to both: kube-scheduler with `--write-config-to` (it decodes the file, validates it, builds its
+profiles, and writes the configuration it would run with; no API server is needed) and `kubegpu.scheduler.config`'s
+`load_config`. Both take it or both refuse it; what both take reads the same (the scheduler name, the share of nodes
+scored, InterPodAffinity's weight). The bodies are YAML 1.1 scalars go-yaml v2 resolves unlike PyYAML, `null` items
+and keys, and what JSON cannot hold.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kubegpu.scheduler.config import ConfigError, load_config
+
+from .cluster import binary_dir
+
+BODIES = {
+    "bool-for-a-string": "profiles:\n- schedulerName: y\n",
+    "number-for-a-string": "profiles:\n- schedulerName: 123\n",
+    "date-for-a-string": "profiles:\n- schedulerName: 2024-01-02\n",
+    "date-for-an-integer": "percentageOfNodesToScore: 2024-01-02\n",
+    "leading-zero-decimal": "percentageOfNodesToScore: 08\n",
+    "octal-0o": "percentageOfNodesToScore: 0o17\n",
+    "octal": "percentageOfNodesToScore: 017\n",
+    "hex": "percentageOfNodesToScore: 0x1F\n",
+    "underscores": "percentageOfNodesToScore: 1_0\n",
+    "exponent": "percentageOfNodesToScore: 1e1\n",
+    "integral-float": "percentageOfNodesToScore: 16.0\n",
+    "sexagesimal": "percentageOfNodesToScore: 1:10\n",
+    "infinity": "enableProfiling: .inf\n",
+    "null-key": "profiles:\n- plugins:\n    ~: {}\n",
+    "bool-key": "y: 1\n",
+    "null-profile": "profiles: [null]\n",
+    "null-disabled": "profiles:\n- plugins:\n    score:\n      disabled: [null, {name: ''}]\n",
+    "null-enabled": "profiles:\n- plugins:\n    score:\n      enabled: [null]\n",
+    "null-plugin-config": "profiles:\n- pluginConfig: [null]\n",
+    "two-unnamed-plugin-configs": "profiles:\n- pluginConfig: [null, {args: {}}]\n",
+    "args-leading-zero": "profiles:\n- pluginConfig:\n  - name: InterPodAffinity\n"
+    "    args: {hardPodAffinityWeight: 08}\n",
+}
+
+
+def kube_scheduler_reads(path: Path, tmp_path: Path) -> tuple[str | None, int, int] | str:
+    """(scheduler name, percentage of nodes scored, InterPodAffinity's weight) as kube-scheduler runs with the
+    file, or its refusal."""
+    written = tmp_path / "written.yaml"
+    done = subprocess.run(
+        [str(binary_dir() / "kube-scheduler"), f"--config={path}", f"--write-config-to={written}", "--port=0",
+         "--secure-port=0"],
+        capture_output=True, text=True, errors="replace", timeout=60, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 or not written.exists():
+        return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+    config = yaml.safe_load(written.read_text())
+    [profile] = config["profiles"]
+    args = {c["name"]: c.get("args") or {} for c in profile.get("pluginConfig") or []}
+    weight = args.get("InterPodAffinity", {}).get("hardPodAffinityWeight", 1)
+    return profile["schedulerName"], config["percentageOfNodesToScore"], weight
+
+
+def kubegpu_reads(path: Path) -> tuple[str | None, int, int] | str:
+    try:
+        config, _ = load_config(path)
+    except ConfigError as exc:
+        return str(exc)
+    profile = config.profile
+    name = config.scheduler_name or "default-scheduler"
+    return name, profile.percentage_of_nodes_to_score or 0, profile.hard_pod_affinity_weight
+
+
+@pytest.mark.parametrize("case", list(BODIES))
+def test_a_yaml_file_is_taken_or_refused_and_read_as_kube_scheduler_1_20_does(case: str, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: unused}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "apiVersion: kubescheduler.config.k8s.io/v1beta1\nkind: KubeSchedulerConfiguration\n"
+        f"clientConnection: {{kubeconfig: {kubeconfig}}}\n{BODIES[case]}"
+    )
+    theirs, ours = kube_scheduler_reads(path, tmp_path), kubegpu_reads(path)
+    assert isinstance(theirs, str) == isinstance(ours, str), f"kube-scheduler: {theirs}; kubegpu: {ours}"
+    if not isinstance(theirs, str):
+        assert ours == theirs
