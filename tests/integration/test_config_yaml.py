@@ -9,6 +9,7 @@ and keys, and what JSON cannot hold.
 
 from __future__ import annotations
 
+import random
 import subprocess
 from pathlib import Path
 
@@ -73,8 +74,7 @@ def kubegpu_reads(path: Path) -> tuple[str | None, int, int] | str:
     return name, profile.percentage_of_nodes_to_score or 0, profile.hard_pod_affinity_weight
 
 
-@pytest.mark.parametrize("case", list(BODIES))
-def test_a_yaml_file_is_taken_or_refused_and_read_as_kube_scheduler_1_20_does(case: str, tmp_path: Path) -> None:
+def config_file(tmp_path: Path, body: str) -> Path:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\n"
@@ -85,9 +85,36 @@ def test_a_yaml_file_is_taken_or_refused_and_read_as_kube_scheduler_1_20_does(ca
     path = tmp_path / "config.yaml"
     path.write_text(
         "apiVersion: kubescheduler.config.k8s.io/v1beta1\nkind: KubeSchedulerConfiguration\n"
-        f"clientConnection: {{kubeconfig: {kubeconfig}}}\n{BODIES[case]}"
+        f"clientConnection: {{kubeconfig: {kubeconfig}}}\n{body}"
     )
+    return path
+
+
+def read_alike(path: Path, tmp_path: Path) -> None:
     theirs, ours = kube_scheduler_reads(path, tmp_path), kubegpu_reads(path)
-    assert isinstance(theirs, str) == isinstance(ours, str), f"kube-scheduler: {theirs}; kubegpu: {ours}"
+    assert isinstance(theirs, str) == isinstance(ours, str), (
+        f"{path.read_text()}\nkube-scheduler: {theirs}\nkubegpu: {ours}"
+    )
     if not isinstance(theirs, str):
-        assert ours == theirs
+        assert ours == theirs, path.read_text()
+
+
+@pytest.mark.parametrize("case", list(BODIES))
+def test_a_yaml_file_is_taken_or_refused_and_read_as_kube_scheduler_1_20_does(case: str, tmp_path: Path) -> None:
+    read_alike(config_file(tmp_path, BODIES[case]), tmp_path)
+
+
+def test_random_scalars_for_a_number_and_a_string_are_read_as_kube_scheduler_1_20_reads_them(tmp_path: Path) -> None:
+    """Plain scalars of digits, signs, underscores, points, exponents, base prefixes, colons and YAML 1.1's words,
+    as the share of nodes scored (an integer) and as the scheduler name (a string)."""
+    rng = random.Random(1)
+    pieces = [*"0123456789" * 3, *"_.eE+-xXoObB:", "y", "n", "Y", "N", "on", "~", "inf", "nan"]
+    scalars = {"".join(rng.choice(pieces) for _ in range(rng.randint(1, 8))) for _ in range(60)}
+    for scalar in sorted(scalars):
+        for body in (f"percentageOfNodesToScore: {scalar}\n", f"profiles:\n- schedulerName: {scalar}\n"):
+            path = config_file(tmp_path, body)
+            try:
+                yaml.safe_load(path.read_text())
+            except yaml.YAMLError:
+                continue  # not YAML (`- `, `: ` inside): neither reads it
+            read_alike(path, tmp_path)
