@@ -1028,7 +1028,7 @@ _GO_FLOAT_WORDS = {
 _DECIMAL, _MORE_DECIMAL = _digits("[0-9]"), _digits("[0-9]", optional=True)
 _GO_RESOLVERS: tuple[tuple[str, str, str], ...] = (
     ("bool", r"y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF", "yYnNtTfFoO"),
-    ("null", r"~|null|Null|NULL|", "~nN"),
+    ("null", r"~|null|Null|NULL", "~nN"),
     ("float", "|".join(re.escape(word) for word in _GO_FLOAT_WORDS), "+-."),
     ("merge", "<<", "<"),
     (
@@ -1046,7 +1046,7 @@ _GO_RESOLVERS: tuple[tuple[str, str, str], ...] = (
 )
 for _tag, _pattern, _first in _GO_RESOLVERS:
     _GoYamlLoader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(f"^(?:{_pattern})$"), [*_first])
-_GoYamlLoader.add_implicit_resolver("tag:yaml.org,2002:null", re.compile("^$"), [""])
+_GoYamlLoader.add_implicit_resolver("tag:yaml.org,2002:null", re.compile("^$"), [""])  # an empty scalar
 _GoYamlLoader.add_constructor("tag:yaml.org,2002:int", _GoYamlLoader.construct_go_int)
 _GoYamlLoader.add_constructor("tag:yaml.org,2002:float", _GoYamlLoader.construct_go_float)
 _GoYamlLoader.add_constructor("tag:yaml.org,2002:timestamp", _GoYamlLoader.construct_go_timestamp)
