@@ -373,7 +373,7 @@ class Sampling(Reserving):
         first = dict(zip(map(id, reversed(raws)), range(len(raws) - 1, -1, -1), strict=True))
         packs = self.packs_by_name(pod, plan)
         if len(first) == 1:
-            return min(feasible) if packs else feasible[0]
+            return min(feasible, key=scores.tie_order) if packs else feasible[0]
         distinct = list(map(raws.__getitem__, first.values()))
         columns = list(zip(*distinct, strict=True))
         summed: list[list[float]] = []  # each plugin's weighed scores, summed in the profile's order where needed
@@ -410,7 +410,7 @@ class Sampling(Reserving):
             packed = list(zip(lead, others or [0.0] * len(distinct), strict=True))
             top_packed = max(packed)
             chosen = {key for key, tuple_key in zip(first, packed, strict=True) if tuple_key == top_packed}
-            return min(compress(feasible, map(chosen.__contains__, map(id, raws))))
+            return min(compress(feasible, map(chosen.__contains__, map(id, raws))), key=scores.tie_order)
         if not summed:
             return feasible[0]
         if lead is not None and min(lead) != max(lead):

@@ -497,4 +497,4 @@ def first_by_name(feasible: Sequence[str], keys: Sequence[tuple[int, float]]) ->
     """The first node by name among those of the greatest key (KubegpuFragmentation's whole points, then the other
     scores' sum: `Scoring.packs_by_name`)."""
     best = max(keys)
-    return min(name for name, key in zip(feasible, keys, strict=True) if key == best)
+    return min((name for name, key in zip(feasible, keys, strict=True) if key == best), key=scores.tie_order)

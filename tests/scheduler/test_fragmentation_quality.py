@@ -83,13 +83,15 @@ def test_where_shares_are_common_a_twentieth_of_a_gpu_stranded_less_still_decide
     }
 
 
-def test_nodes_tied_on_fragmentation_go_to_the_policy_so_a_two_gpu_trainer_still_fits() -> None:
+def test_a_mix_that_knows_two_gpu_pods_keeps_a_whole_pair_for_the_next_trainer() -> None:
     """gpu-a's first GPU is held whole by a trainer that also holds most of its memory; gpu-b is empty; gpu-c has one
-    GPU and 3 cores. A half-GPU pod strands as much on gpu-a as on gpu-b (a quarter of a GPU for the mix) and more on
-    gpu-c, whose last core it would take: fragmentation leads but cannot choose between gpu-a and gpu-b. Binpack
-    takes the node whose GPUs are already in use; weighed, balance sent the pod to gpu-b (gpu-a's memory is 78 %
-    taken), and the two-GPU trainer that came next found no node with two whole GPUs."""
-    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), scoring=profile())
+    GPU and 3 cores. For a mix of half-GPU and whole-GPU pods alone, a half-GPU pod strands as much on gpu-a as on
+    gpu-b and fragmentation cannot choose: the tie order does, and under it (as under the names' order) the two-GPU
+    trainer that comes next may find no node with two whole GPUs. Told that two-GPU pods come too, breaking gpu-b's
+    pair strands it for them and the share goes to gpu-a whatever the tie order (weighed, balance sent it to gpu-b:
+    gpu-a's memory is 78 % taken)."""
+    with_pairs = dataclasses.replace(profile(), fragmentation_mix=(*MIX, (2, 1000, 4000, 1.0)))
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), scoring=with_pairs)
     for node in (
         TraceNode("gpu-a", 32000, 131072, 2, "T4"),
         TraceNode("gpu-b", 32000, 131072, 2, "T4"),
@@ -122,12 +124,27 @@ def placed_on_a_tie(policy: str) -> str | None:
     return place(engine, TracePod("inference", 2000, 4096, 1, 500, ()))
 
 
-def test_under_binpack_nodes_fragmentation_cannot_tell_apart_go_to_the_first_by_name() -> None:
-    """As the FGD paper's simulator ranks (the first by name among nodes of equal score), so that shares pack onto the
-    same nodes and whole ones stay free: the openb replay places 95.06 % of GPU capacity at 100 % arrived (seeds
-    42-51) where ties broken by NodeResourcesMostAllocated, then the order found, placed 94.75 %. Before, the share
-    went to gpu-b."""
-    assert placed_on_a_tie("binpack") == "gpu-a"
+def test_under_binpack_nodes_fragmentation_cannot_tell_apart_go_to_the_first_in_the_tie_order() -> None:
+    """As the FGD paper's simulator ranks (the first in one fixed order among nodes of equal score), so that pods pack
+    onto the same nodes and whole ones stay free; the order is the CRC-32 of the node's name (`scores.tie_order`),
+    not the order the nodes were registered in nor their names' order (gpu-a would be first by name)."""
+    assert placed_on_a_tie("binpack") == min(("gpu-a", "gpu-b", "gpu-c"), key=scores.tie_order) == "gpu-c"
+
+
+def test_under_binpack_tied_pods_pack_onto_a_few_nodes_as_kube_schedulers_sample_moves() -> None:
+    """300 alike nodes sharing their GPUs: kube-scheduler's adaptive count ranks 144 of them a cycle, each sample
+    starting where the last one stopped, and 40 cpu-only pods that no score tells apart arrive. Nodes join the node
+    tree in their names' order, so the first by name in each sample moved with it and the pods went round the cluster
+    (14 nodes for 40 pods); the first in the tie order is one of the same few nodes in every sample."""
+    engine = Engine(
+        make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False),
+        scoring=scores.Profile.default("binpack"),
+    )
+    for i in range(300):
+        engine.add_node(node_info(node_document(TraceNode(f"node-{i:03}", 64000, 262144, 2, "T4"))))
+    used = {place(engine, TracePod(f"batch-{i}", 1000, 1024, 0, 0, ())) for i in range(40)}
+    assert None not in used
+    assert len(used) <= 4, sorted(used)  # type: ignore[type-var]
 
 
 def test_under_spread_the_policy_still_breaks_those_ties() -> None:
