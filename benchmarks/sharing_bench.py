@@ -248,7 +248,17 @@ def main() -> int:
         help=f"KubegpuFragmentation's raw points stretched to its whole weight (shipped: {kubescores.ONE_DEVICE:.1f}, "
         "a device's worth; 100: the raw score used as is, as before)",
     )
+    parser.add_argument(
+        "--ties",
+        choices=["tie-order", "name"],
+        default="tie-order",
+        help="where KubegpuFragmentation's whole points and the other scores tie under binpack: the first node in "
+        "the shipped tie order (scores.tie_order, the CRC-32 of the name), or the first by name, as the FGD paper's "
+        "simulator takes it (to hold kubegpu's decisions against that simulator's; the shipped order before)",
+    )
     args = parser.parse_args()
+    if args.ties == "name":
+        scores.tie_order = str  # type: ignore[assignment]  # the engine reads scores.tie_order at each tie
     if args.fragmentation_span is not None:
         kubescores.ONE_DEVICE = args.fragmentation_span
     nodes, default_pods = read_trace(args.trace)
