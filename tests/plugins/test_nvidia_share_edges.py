@@ -1,0 +1,170 @@
+"""GPU shares at their edges, as a HAMi user, a tenant and an operator meet them: a node whose labels say less than
+they seem to, a pod whose share containers fit alone but not together, a share asked of a node that offers none.
+Each test is a story a user would notice: a pod placed where the node must refuse it, or refused for a reason that
+names the wrong thing."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+import pytest
+
+from kubegpu.core.models import DeviceInfo, DeviceInventory, NodeInfo, PluginAllocation, PodRequest
+from kubegpu.core.plugin_manager import KubegpuPluginManager
+from kubegpu.core.status import Code, Status
+from kubegpu.core.testing import make_node, make_pod
+from kubegpu.plugins.nvidia import scheduler as nvidia
+
+GPU = "nvidia.com/gpu"
+CORES = "nvidia.com/gpucores"
+MEM = "nvidia.com/gpumem"
+MEM_PCT = "nvidia.com/gpumem-percentage"
+
+
+@pytest.fixture
+def pm(make_plugin_manager: Callable[..., KubegpuPluginManager]) -> KubegpuPluginManager:
+    return make_plugin_manager("scheduler", nvidia=nvidia)
+
+
+def gfd_node(
+    gpus: int, *, split: int = 10, labels: Mapping[str, str] | None = None, offers: Mapping[str, int] | None = None
+) -> NodeInfo:
+    """A node as GPU Feature Discovery labels it and a device plugin advertises it: `nvidia.com/gpu` = GPUs x split,
+    and the share resources in `offers`."""
+    return make_node(
+        "gpu-0",
+        labels={"nvidia.com/gpu.count": str(gpus), **(labels or {})},
+        allocatable={GPU: gpus * split, **(offers or {})},
+    )
+
+
+def pod(name: str, **containers: Mapping[str, int]) -> PodRequest:
+    return make_pod(name, {c: dict(r) for c, r in containers.items()})
+
+
+def build(pm: KubegpuPluginManager, node: NodeInfo) -> nvidia.NvidiaNodeState:
+    state = pm.call("nvidia", "kubegpu_scheduler_build_node", node=node)
+    assert isinstance(state, nvidia.NvidiaNodeState)
+    return state
+
+
+def fit(pm: KubegpuPluginManager, state: nvidia.NvidiaNodeState, request: PodRequest) -> Status:
+    status: Status = pm.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=request)
+    return status
+
+
+def place(pm: KubegpuPluginManager, state: nvidia.NvidiaNodeState, request: PodRequest) -> PluginAllocation:
+    assert fit(pm, state, request).ok
+    allocation = pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=request)
+    assert allocation is not None
+    status = pm.call(
+        "nvidia", "kubegpu_scheduler_take", state=state, pod_key=f"ns/{request.name}", allocation=allocation
+    )
+    assert status.ok, status.message
+    return allocation
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A node's GPU memory that means nothing
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_a_gpu_memory_label_of_zero_is_unknown_memory_not_a_gpu_without_memory(pm: KubegpuPluginManager) -> None:
+    """GFD's `nvidia.com/gpu.memory: "0"` (a label a broken NVML read or a hand edit left): read as a GPU of 0 MiB,
+    every share's memory was 0 MiB of 0, so two shares each asking all of the GPU's memory (no memory request, as
+    HAMi reads it) were placed together, each with an allocation of `nvidia.com/gpumem: 0` that the node refuses
+    (a share takes at least 1 MiB): the pods never ran. Unknown memory is shared out in percent instead."""
+    state = build(pm, gfd_node(1, labels={"nvidia.com/gpu.memory": "0"}))
+    first = place(pm, state, pod("a", main={GPU: 1, CORES: 30}))
+    assert first.shares["main"] == {GPU: {"0": 1}, CORES: {"0": 30}, MEM_PCT: {"0": 100}}
+    second = fit(pm, state, pod("b", main={GPU: 1, CORES: 30}))
+    assert second.code is Code.UNSCHEDULABLE
+    assert "GPU 0 has 0 % memory free, the pod asks 100 %" in second.message
+    asks_mib = fit(pm, state, pod("c", main={GPU: 1, CORES: 10, MEM: 1024}))
+    assert asks_mib.code is Code.UNRESOLVABLE and "do not say how much memory their GPUs have" in asks_mib.message
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A share asked of a node that offers none
+# ----------------------------------------------------------------------------------------------------------
+
+SHARE = {GPU: 1, CORES: 30, MEM: 4096}
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        gfd_node(2, split=1, labels={"nvidia.com/gpu.memory": "16384"}),
+        dataclasses.replace(
+            make_node("gpu-0", allocatable={GPU: 2}),
+            inventories={"nvidia": DeviceInventory(plugin="nvidia", devices=[
+                DeviceInfo(id=str(i), model="Tesla V100-SXM2-16GB", memory=16 << 30) for i in range(2)
+            ])},
+        ),
+    ],
+    ids=["gfd-and-nvidia-device-plugin", "kubegpu-advertiser-without-shares"],
+)  # fmt: skip
+def test_a_share_is_refused_by_a_node_that_offers_whole_gpus_only(pm: KubegpuPluginManager, node: NodeInfo) -> None:
+    """A node of whole GPUs (NVIDIA's device plugin: one `nvidia.com/gpu` per GPU; kubegpu's advertiser where the
+    node enforces no shares, which offers none): a share was placed there, one per GPU, and the node's CRI shim then
+    refused the container ("this node enforces no GPU shares"), so the pod never ran and was never placed elsewhere.
+    Such a node now refuses a share for good, saying so; whole GPUs it still gives."""
+    state = build(pm, node)
+    refused = fit(pm, state, pod("share", main=SHARE))
+    assert refused.code is Code.UNRESOLVABLE
+    assert "node(s) offer whole GPUs only" in refused.message and "container main asks a share" in refused.message
+    assert pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=pod("share", main=SHARE)) is None
+    assert place(pm, state, pod("whole", main={GPU: 2})).containers["main"][GPU] == ["0", "1"]
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        gfd_node(2, split=10, labels={"nvidia.com/gpu.memory": "16384"}),
+        gfd_node(2, split=1, labels={"nvidia.com/gpu.memory": "16384"}, offers={CORES: 200, MEM_PCT: 200}),
+    ],
+    ids=["hami-device-plugin-split-10", "kubegpu-advertiser-split-1"],
+)
+def test_a_node_that_offers_shares_takes_them_whatever_its_split(pm: KubegpuPluginManager, node: NodeInfo) -> None:
+    """HAMi's device plugin lists only `nvidia.com/gpu`, as GPUs x its split count; kubegpu's advertiser on a node
+    enforcing shares lists the share resources too, with a split count of 1 where the operator chose one share per
+    GPU. Both take shares."""
+    state = build(pm, node)
+    assert place(pm, state, pod("share", main=SHARE)).shares["main"][CORES] == {"0": 30}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Share containers that fit alone but not together
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_share_containers_that_never_fit_together_are_refused_for_what_they_ask_together(
+    pm: KubegpuPluginManager,
+) -> None:
+    """An app and its sidecar each asking 60 % of one GPU, on a node of one GPU: each fits alone, so the refusal
+    fell through to "Insufficient nvidia.com/gpu" (the node has ten share slots free) and counted as a node that
+    might fit later. The refusal now names the pod's own first share as what takes the room, and the node never
+    fits the pod."""
+    state = build(pm, gfd_node(1, labels={"nvidia.com/gpu.memory": "16384"}))
+    status = fit(pm, state, pod("pair", app={GPU: 1, CORES: 60, MEM: 4096}, side={GPU: 1, CORES: 60, MEM: 4096}))
+    assert status.code is Code.UNRESOLVABLE
+    assert status.message == "GPU 0 has 40% compute free beside container app of the pod, container side asks 60%"
+
+
+def test_share_containers_that_do_not_fit_together_now_say_what_is_short_beside_each_other(
+    pm: KubegpuPluginManager,
+) -> None:
+    """Two GPUs, one half used: the pod's first share takes the free GPU (the fullest that fits), and the second
+    finds 50 % and 40 % of compute. The refusal says so rather than "Insufficient nvidia.com/gpu", and names the
+    container, since each alone would fit."""
+    state = build(pm, gfd_node(2, labels={"nvidia.com/gpu.memory": "16384"}))
+    place(pm, state, pod("half", main={GPU: 1, CORES: 50, MEM: 4096}))
+    status = fit(pm, state, pod("pair", app={GPU: 1, CORES: 60, MEM: 4096}, side={GPU: 1, CORES: 60, MEM: 4096}))
+    assert status.code is Code.UNSCHEDULABLE
+    assert status.message == "GPU 0 has 50% compute free, container side asks 60%"
+    # the first share takes the free GPU's memory (GPU 0 cannot hold its 14000 MiB): the second finds GPU 0's 12288
+    memory = fit(pm, state, pod("pair", app={GPU: 1, CORES: 10, MEM: 14000}, side={GPU: 1, CORES: 10, MEM: 13000}))
+    assert memory.message == "GPU 0 has 12288 MiB memory free, container side asks 13000 MiB"
+    alone = fit(pm, state, pod("big", main={GPU: 1, CORES: 60, MEM: 4096}))
+    assert alone.ok
