@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kubegpu.core.models import DeviceInventory
+from kubegpu.plugins.nvidia.sharing import CORES, MEMORY_PERCENT
 
 __all__ = [
     "CATALOG",
@@ -71,6 +72,7 @@ __all__ = [
     "replicas",
     "shortage",
     "slots_of",
+    "whole_gpus",
 ]
 
 MIG_PREFIX = "nvidia.com/mig-"
@@ -544,7 +546,7 @@ def books_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping
         log.warning("node %s: MIG profiles %s fit no placement table", node, format_counts(counts)[:200])
         return None
     table = CATALOG[family]
-    whole = allocatable.get("nvidia.com/gpu", 0) // replicas(labels, "nvidia.com/gpu")
+    whole = whole_gpus(labels, allocatable) or 0
     gpus = (_count(labels.get("nvidia.com/gpu.count")) or 0) - whole
     tries = [gpus] if gpus > 0 else range(1, MAX_MIG_GPUS + 1)
     for n in tries:
@@ -557,6 +559,19 @@ def books_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping
         return MigBooks([str(whole + i) for i in range(n)], [table] * n, layouts)
     log.warning("node %s: its MIG devices (%s) fit no layout of its GPUs", node, format_counts(counts)[:200])
     return None
+
+
+def whole_gpus(labels: Mapping[str, str], allocatable: Mapping[str, int]) -> int | None:
+    """The GPUs a node's device plugin offers whole (those not MIG-enabled), from its allocatable: `nvidia.com/gpu`
+    over GFD's replicas, and on a node that lists GPU shares (kubegpu's advertiser on a node enforcing them), at most
+    `nvidia.com/gpucores` (or `gpumem-percentage`) over 100: there `nvidia.com/gpu` counts share slots, each GPU its
+    split count of times. None where the node does not list `nvidia.com/gpu`."""
+    offered = allocatable.get("nvidia.com/gpu")
+    if offered is None:
+        return None
+    whole = offered // replicas(labels, "nvidia.com/gpu")
+    percent = allocatable.get(CORES) or allocatable.get(MEMORY_PERCENT)
+    return min(whole, percent // 100) if percent else whole
 
 
 def replicas(labels: Mapping[str, str], resource: str) -> int:

@@ -1155,14 +1155,16 @@ class LabelInventory:
 
 
 def gpus_from_labels(labels: Mapping[str, str], allocatable: Mapping[str, int]) -> LabelInventory | None:
-    """Read GFD labels: `nvidia.com/gpu.count` (capped by allocatable `nvidia.com/gpu` over GFD's
-    `nvidia.com/gpu.replicas`, which is also the fallback: the kubelet admits no more), `nvidia.com/gpu.product`,
+    """Read GFD labels: `nvidia.com/gpu.count` (capped by the GPUs the device plugin offers, `mig.whole_gpus`:
+    allocatable `nvidia.com/gpu` over GFD's `nvidia.com/gpu.replicas`, or over the split count where the node lists
+    GPU shares, which is also the fallback: the kubelet admits no more), `nvidia.com/gpu.product`,
     `nvidia.com/gpu.memory` (MiB). A malformed number is ignored as if absent. None when the node has no GPUs."""
     count = _label_int(labels.get(COUNT_LABEL))
     offered = allocatable.get(RESOURCE)
-    # GPUs the device plugin advertises whole: a sharing device plugin offers each `nvidia.com/gpu.replicas` times,
-    # and under MIG's mixed strategy the count label also counts the MIG-enabled GPUs.
-    whole = None if offered is None else offered // mig.replicas(labels, RESOURCE)
+    # GPUs the device plugin advertises whole: a sharing device plugin offers each `nvidia.com/gpu.replicas` times (or
+    # its split count of times, 100 % of `nvidia.com/gpucores` each), and under MIG's mixed strategy the count label
+    # also counts the MIG-enabled GPUs.
+    whole = mig.whole_gpus(labels, allocatable)
     if count is None:  # a HAMi node offers 100 compute (or memory) percent per physical GPU
         percent = allocatable.get(CORES) or allocatable.get(MEMORY_PERCENT)
         count = percent // 100 if percent and offered and percent // 100 <= offered else None

@@ -168,3 +168,37 @@ def test_share_containers_that_do_not_fit_together_now_say_what_is_short_beside_
     assert memory.message == "GPU 0 has 12288 MiB memory free, container side asks 13000 MiB"
     alone = fit(pm, state, pod("big", main={GPU: 1, CORES: 60, MEM: 4096}))
     assert alone.ok
+
+
+# ----------------------------------------------------------------------------------------------------------
+# MIG-enabled GPUs beside shared ones, read from labels
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_mig_enabled_gpus_beside_shared_ones_are_neither_shared_nor_given_whole(pm: KubegpuPluginManager) -> None:
+    """Four A100s, two shared ten ways and two MIG-enabled (two 3g.40gb each), as kubegpu's advertiser labels the
+    node (`nvidia.com/gpu.count` counts every GPU, MIG-enabled ones too) and lists its resources, read from the labels
+    (the scheduler's fallback where the node's inventory annotation is missing or unreadable). The count was capped by
+    `nvidia.com/gpu` (20 share slots, not GPUs): four GPUs split 5 ways were booked, so whole-GPU pods and shares were
+    placed on the two MIG-enabled GPUs, and the MIG devices were booked under GPUs "20" and "21", which the node
+    does not have."""
+    labels = {
+        "nvidia.com/gpu.memory": "81920",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig-3g.40gb.count": "4",
+    }
+    offers = {CORES: 200, MEM_PCT: 200, MEM: 2 * 81920, "nvidia.com/mig-3g.40gb": 4}
+    state = build(pm, gfd_node(4, split=5, labels=labels, offers=offers))  # 20 slots: 2 GPUs x 10
+    assert (state.ids, state.split) == (("0", "1"), 10)
+    assert state.mig is not None and state.mig.ids == ("2", "3")
+    for name in ("a", "b"):
+        place(pm, state, pod(name, main={GPU: 1}))
+    third = fit(pm, state, pod("c", main={GPU: 1}))
+    assert not third.ok and third.message == "Insufficient nvidia.com/gpu"
+    assert sorted(
+        place(pm, state, pod(f"m{i}", main={"nvidia.com/mig-3g.40gb": 1})).containers["main"]["nvidia.com/mig-3g.40gb"][
+            0
+        ]
+        for i in range(4)
+    ) == ["2@0", "2@4", "3@0", "3@4"]
