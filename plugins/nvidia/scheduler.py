@@ -662,15 +662,18 @@ def share_room(
 ) -> int | None:
     """The memory (the GPU's unit) the share takes of GPU `bit` where the GPU has room for it beside `tasks` more
     shares, `cores` percent and `memory` more already planned on it (its split count, 100 % of compute, its
-    memory); None where it has not (or the node offers no shares)."""
+    memory); None where it has not, where the node offers no shares, and where the share asks MiB of a GPU whose
+    memory is unknown (booked there as all of it, with no memory limit written on the node)."""
     if (
         not state.offers_shares
         or state.tasks[bit] + tasks >= state.split
         or state.cores_used[bit] + cores + share.cores > 100
     ):
         return None
-    need = state.memory_of(share, bit) or 0
-    return None if state.memory_used[bit] + memory + need > state.memory_cap[bit] else need
+    need = state.memory_of(share, bit)
+    if need is None or state.memory_used[bit] + memory + need > state.memory_cap[bit]:
+        return None
+    return need
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -981,6 +984,10 @@ def shares_short(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState, *, 
         room = [b for b in gpus if tasks[b] < state.split]
         if not room:
             return f"every GPU already runs {state.split} shares (the node's split count)"
+        if share.memory_mib is not None:  # MiB are counted only of GPUs whose memory is known (`share_room`)
+            room = [b for b in room if state.memory_known[b]]
+            if not room:
+                return f"no GPU with room for a share says how much memory it has; {who} asks {MEMORY} in MiB"
 
         def beside(b: int) -> str:
             return f" beside container {', '.join(ours[b])} of the pod" if b in ours else ""

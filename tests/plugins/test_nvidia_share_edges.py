@@ -85,6 +85,31 @@ def test_a_gpu_memory_label_of_zero_is_unknown_memory_not_a_gpu_without_memory(p
     assert asks_mib.code is Code.UNRESOLVABLE and "do not say how much memory their GPUs have" in asks_mib.message
 
 
+@pytest.mark.parametrize("unknown", [None, 0], ids=["no-memory", "memory-0"])
+def test_a_share_in_mib_never_lands_on_a_gpu_whose_memory_is_unknown(
+    pm: KubegpuPluginManager, unknown: int | None
+) -> None:
+    """An advertised node whose GPU 1's memory NVML could not read (0, or none), beside GPU 0 of 16 GiB: a share
+    asking 4096 MiB, finding GPU 0 full, was placed on GPU 1 as `nvidia.com/gpumem-percentage: 100` (what it took of
+    a GPU whose MiB the scheduler cannot count): the node then writes no memory limit at all, and the GPU's memory
+    was booked whole, for a pod that asked 4 GiB. A share in MiB goes only where the MiB can be counted."""
+    gpus = [
+        DeviceInfo(id="0", model="Tesla V100-SXM2-16GB", memory=16 << 30),
+        DeviceInfo(id="1", model="Tesla V100-SXM2-16GB", memory=unknown),
+    ]
+    node = dataclasses.replace(
+        make_node("gpu-0", allocatable={GPU: 20, CORES: 200, MEM_PCT: 200}),
+        inventories={"nvidia": DeviceInventory(plugin="nvidia", devices=gpus)},
+    )
+    state = build(pm, node)
+    place(pm, state, pod("big", main={GPU: 1, CORES: 10, MEM: 16000}))
+    refused = fit(pm, state, pod("small", main={GPU: 1, CORES: 10, MEM: 4096}))
+    assert refused.code is Code.UNSCHEDULABLE
+    assert refused.message == "GPU 0 has 384 MiB memory free, the pod asks 4096 MiB"
+    in_percent = place(pm, state, pod("percent", main={GPU: 1, CORES: 10, MEM_PCT: 25}))
+    assert in_percent.shares["main"][MEM_PCT] == {"1": 25}
+
+
 # ----------------------------------------------------------------------------------------------------------
 # A share asked of a node that offers none
 # ----------------------------------------------------------------------------------------------------------
