@@ -1193,13 +1193,10 @@ def offers_shares(split: int, allocatable: Mapping[str, int]) -> bool:
 
 
 def _label_int(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        number = int(value.strip())
-    except ValueError:
-        return None
-    return number if number >= 0 else None
+    """A label's count as GFD writes it, ASCII digits (at most 18), else None: Python's `int` would also read
+    `1_6384`, `+16384` and other scripts' digits."""
+    text = (value or "").strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
 @lru_cache(maxsize=256)

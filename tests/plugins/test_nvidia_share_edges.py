@@ -227,3 +227,13 @@ def test_mig_enabled_gpus_beside_shared_ones_are_neither_shared_nor_given_whole(
         ]
         for i in range(4)
     ) == ["2@0", "2@4", "3@0", "3@4"]
+
+
+@pytest.mark.parametrize("memory", ["16_384", "+16384", "1_6384", "16384.0", "0x4000"])
+def test_a_gpu_memory_label_that_is_no_number_is_unknown_memory(pm: KubegpuPluginManager, memory: str) -> None:
+    """GFD writes `nvidia.com/gpu.memory` in ASCII digits; a label hand-edited to `16_384` or `1_6384` was read as
+    Python reads an int (16384 MiB), so a mistyped label quietly set the size of every share in MiB. A label that
+    is no count of MiB is unknown memory, as documented: shares are taken in percent."""
+    state = build(pm, gfd_node(1, labels={"nvidia.com/gpu.memory": memory}))
+    assert state.memory_known == (False,)
+    assert place(pm, state, pod("a", main={GPU: 1, CORES: 30})).shares["main"][MEM_PCT] == {"0": 100}
