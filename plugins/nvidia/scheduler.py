@@ -441,11 +441,12 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
 
     def headroom_free(self, state: NvidiaNodeState) -> dict[str, int]:
         shareable = [bit for bit in range(len(state.ids)) if state.shareable(bit)]
+        shared = shareable if state.offers_shares else []  # a node of whole GPUs has no share to offer
         return {
             RESOURCE: len(shareable),
-            CORES: state.most_free(0, shareable),
-            MEMORY: state.most_free(1, [bit for bit in shareable if state.memory_known[bit]]),
-            MEMORY_PERCENT: state.most_free(1, shareable, percent=True),
+            CORES: state.most_free(0, shared),
+            MEMORY: state.most_free(1, [bit for bit in shared if state.memory_known[bit]]),
+            MEMORY_PERCENT: state.most_free(1, shared, percent=True),
             **(state.mig.free_counts() if state.mig is not None else {}),
         }
 

@@ -140,6 +140,8 @@ def test_a_share_is_refused_by_a_node_that_offers_whole_gpus_only(pm: KubegpuPlu
     assert refused.code is Code.UNRESOLVABLE
     assert "node(s) offer whole GPUs only" in refused.message and "container main asks a share" in refused.message
     assert pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=pod("share", main=SHARE)) is None
+    headroom = pm.call("nvidia", "kubegpu_scheduler_headroom", state=state)
+    assert (headroom.free[GPU], headroom.free[CORES], headroom.free[MEM_PCT]) == (2, 0, 0)  # `kubegpu top` says so
     assert place(pm, state, pod("whole", main={GPU: 2})).containers["main"][GPU] == ["0", "1"]
 
 
