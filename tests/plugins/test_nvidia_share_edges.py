@@ -6,6 +6,7 @@ names the wrong thing."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping
 
 import pytest
@@ -239,3 +240,36 @@ def test_a_gpu_memory_label_that_is_no_number_is_unknown_memory(pm: KubegpuPlugi
     state = build(pm, gfd_node(1, labels={"nvidia.com/gpu.memory": memory}))
     assert state.memory_known == (False,)
     assert place(pm, state, pod("a", main={GPU: 1, CORES: 30})).shares["main"][MEM_PCT] == {"0": 100}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# MIG counts no GPUs could hold
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("labels", "devices"),
+    [
+        ({"nvidia.com/mig-1g.10gb.count": "449"}, 0),  # one more than 64 GPUs hold
+        ({"nvidia.com/mig-1g.10gb.count": "999999"}, 0),
+        ({"nvidia.com/mig-1g.10gb.count": "57", "nvidia.com/gpu.count": "8"}, 0),
+        ({"nvidia.com/mig-1g.10gb.count": "56"}, 56),  # eight GPUs of seven, the count label missing
+        ({"nvidia.com/mig-1g.10gb.count": "7", "nvidia.com/mig-1g.10gb+me.count": "1"}, 8),
+    ],
+    ids=["449-devices", "999999-devices", "57-on-8-gpus", "56-devices", "media-beside-seven"],
+)
+def test_mig_counts_no_layout_holds_are_refused_in_bounded_time(
+    pm: KubegpuPluginManager, labels: dict[str, str], devices: int
+) -> None:
+    """GFD's MIG count labels (or a device plugin's allocatable) laid out from counts alone: for counts that fit no
+    layout, each try to place a further 1g instance on a full GPU searched every order of the seven already there
+    (5,040 leaves), for every GPU and every GPU count up to 64: a node labelled with 449 1g.10gb devices cost the
+    scheduler 19 s at each build of its state, 999999 cost 44 s, while every other node waited. Identical
+    instances are now placed in one order only, so that a layout is found, or found impossible, at once."""
+    node = make_node("mig-0", labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", **labels})
+    started = time.perf_counter()
+    state = pm.call("nvidia", "kubegpu_scheduler_build_node", node=node)
+    took = time.perf_counter() - started
+    assert took < 2.0, f"{took:.1f} s to lay out {labels}"
+    found = 0 if state is None or state.mig is None else len(state.mig.devices)
+    assert found == devices
