@@ -929,7 +929,7 @@ def bit_list(mask: int) -> list[int]:
 
 def share_never_fits(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> str | None:
     """Why the node could not take the shares even with every GPU free, or None."""
-    if ask.shares and not state.offers_shares:
+    if ask.shares and not state.offers_shares and eligible:  # (no healthy GPU at all: said below)
         return (
             f"node(s) offer whole GPUs only (one {RESOURCE} per GPU, no {CORES}); "
             f"container {ask.shares[0].container} asks a share"
@@ -980,6 +980,8 @@ def shares_short(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState, *, 
     for share in ask.shares:
         who = f"container {share.container}" if len(ask.shares) > 1 else "the pod"
         gpus = [b for b in bit_list(open_) if not taken >> b & 1]
+        if not gpus and open_ & taken:
+            return f"the pod's own whole-GPU containers leave no GPU for a share; {who} asks a share of {share.count}"
         if not gpus:
             return f"every GPU is held whole by another pod; {who} asks a share of {share.count}"
         room = [b for b in gpus if tasks[b] < state.split]

@@ -196,6 +196,12 @@ def test_share_containers_that_do_not_fit_together_now_say_what_is_short_beside_
     assert memory.message == "GPU 0 has 12288 MiB memory free, container side asks 13000 MiB"
     alone = fit(pm, state, pod("big", main={GPU: 1, CORES: 60, MEM: 4096}))
     assert alone.ok
+    # GPU 0 held whole by another pod, GPU 1 free: the pod's own whole-GPU container takes GPU 1, leaving its share
+    # nothing; not "every GPU is held whole by another pod"
+    state = build(pm, gfd_node(2, labels={"nvidia.com/gpu.memory": "16384"}))
+    place(pm, state, pod("other", main={GPU: 1}))
+    own = fit(pm, state, pod("mixed", whole={GPU: 1}, share={GPU: 1, CORES: 10, MEM: 1024}))
+    assert own.message == "the pod's own whole-GPU containers leave no GPU for a share; the pod asks a share of 1"
 
 
 # ----------------------------------------------------------------------------------------------------------
