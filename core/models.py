@@ -18,6 +18,7 @@ pod and per node are frozen dataclasses built once from validated input.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -469,7 +470,8 @@ class DeviceOwnership(BaseModel):
     * `envs`: env variable names (`NVIDIA_VISIBLE_DEVICES`); `env_prefixes`: name prefixes;
     * `device_paths`: regular expressions a device entry's path must match in full: its container path, or its host
       path with the shim's dev root read as `/dev` (`/dev/nvidia[0-9]+`);
-    * `mount_paths`: regular expressions for a mount's container path (a runtime that reads device ids from mounts);
+    * `mount_paths`: regular expressions for a mount's container path as the runtime mounts it (`mounted_path`:
+      `//x` and `/tmp/../x` are `/x`), matched in full (a runtime that reads device ids from mounts);
     * `cdi_kinds`: CDI kinds (`vendor.com/class`) whose names are removed from the CDI device list and from the
       `cdi.k8s.io/*` annotations.
     """
@@ -551,11 +553,19 @@ class DeviceOwnership(BaseModel):
         return bool(host_path) and pattern.fullmatch(host_path) is not None
 
     def owns_mount(self, container_path: str) -> bool:
+        """Whether a mount is owned, by its container path as the runtime mounts it: the kubelet passes a volume's
+        `mountPath` as written, and the runtime cleans it (`//overrideEnv`, `/tmp/../overrideEnv` mount at
+        `/overrideEnv`)."""
         pattern = self._mount_pattern
-        return pattern is not None and pattern.fullmatch(container_path) is not None
+        return pattern is not None and pattern.fullmatch(mounted_path(container_path)) is not None
 
     def owns_cdi(self, name: str) -> bool:
         return bool(self._cdi_prefixes) and name.startswith(self._cdi_prefixes)
+
+
+def mounted_path(container_path: str) -> str:
+    """Where a runtime mounts `container_path`: absolute, cleaned (`.`, `..` and repeated or trailing `/` gone)."""
+    return "/" + posixpath.normpath("/" + container_path).lstrip("/")
 
 
 def _alternation(patterns: tuple[str, ...]) -> re.Pattern[str] | None:

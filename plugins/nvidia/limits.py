@@ -31,7 +31,10 @@ percent becomes MiB from the GPU's memory as NVML reports it in this process; 10
 reserved (`gpucores` 0, or absent) sets no compute limit.
 
 The plugin owns every variable and mount named here (`device.OWNED`): the shim removes them from every container
-before the plugin writes the allocation's values, so a tenant cannot raise its limit from the pod spec. It also owns
+before the plugin writes the allocation's values, so a tenant cannot raise its limit from the pod spec. The mounts
+include two files HAMi-core reads besides the environment, which no share container is given: `/overrideEnv` (its
+`NAME=value` lines set over the environment) and `/tmp/cudevshr.cache` (its shared region, whose limits once written
+win over the environment). It also owns
 the knobs that would switch HAMi-core's limits off or turn them against the GPU's other tenants
 (`CUDA_DISABLE_CONTROL`, `GPU_CORE_UTILIZATION_POLICY`, `CUDA_OVERSUBSCRIBE`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`,
 `CUDA_TASK_PRIORITY`, `ACTIVE_OOM_KILLER`), every `CUDA_DEVICE_SM_LIMIT*` and `CUDA_DEVICE_MEMORY_LIMIT*` (HAMi-core
@@ -100,8 +103,13 @@ OWNED_ENVS = (
 # HAMi-core reads `CUDA_DEVICE_SM_LIMIT_<i>` and `CUDA_DEVICE_MEMORY_LIMIT_<i>` before the bare names, so a tenant's
 # `CUDA_DEVICE_SM_LIMIT_0=100` would undo the share's compute limit: both are owned by prefix.
 OWNED_ENV_PREFIXES = (MEMORY_LIMIT, SM_LIMIT, "CUDA_MPS_")
+# HAMi-core also reads two files of the container: `/overrideEnv` (`NAME=value` lines it sets over the environment
+# before reading its limits) and its shared region at the default `/tmp/cudevshr.cache` (whose limits, once written,
+# win over the environment of later processes): a tenant's volume mounted at either would lift the share's limits.
 OWNED_MOUNTS = (
     r"/etc/ld\.so\.preload",
+    r"/overrideEnv",
+    r"/tmp/cudevshr\.cache",
     r"/usr/local/vgpu(/.*)?",
     r"/tmp/vgpulock(/.*)?",
     r"/tmp/nvidia-mps(/.*)?",

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kubegpu.core.models import DeviceInventory
+from kubegpu.plugins.nvidia.sharing import CORES, MEMORY_PERCENT
 
 __all__ = [
     "CATALOG",
@@ -71,6 +72,7 @@ __all__ = [
     "replicas",
     "shortage",
     "slots_of",
+    "whole_gpus",
 ]
 
 MIG_PREFIX = "nvidia.com/mig-"
@@ -261,6 +263,22 @@ def check_layout(table: Mapping[str, Profile], layout: Sequence[tuple[str, int]]
         raise LayoutError("more than one +me instance on one GPU (a GPU has one set of media engines)")
 
 
+def most_instances(table: Mapping[str, Profile]) -> int:
+    """The most MIG devices one GPU of this table holds: seven of eight slots (1g profiles start at 0-6 only), four
+    on the A30. One-slot instances take a slot each, at their starts; any other takes two slots at least."""
+    slots = slots_of(table)
+    ones = len({start for profile in table.values() if profile.size == 1 for start in profile.starts})
+    return max(k + (slots - k) // 2 for k in range(min(ones, slots) + 1))
+
+
+def fewest_gpus(table: Mapping[str, Profile], counts: Mapping[str, int]) -> int:
+    """A bound under the GPUs that hold `counts` MIG devices: by their number (`most_instances` a GPU) and by their
+    slots (`slots_of` a GPU). Laying out fewer GPUs is never tried: each failed try costs a search per instance."""
+    number = sum(counts.values())
+    slots = sum((table[name].size if name in table else 1) * count for name, count in counts.items())
+    return max(-(-number // most_instances(table)), -(-slots // slots_of(table)))
+
+
 def free_slots(table: Mapping[str, Profile], layout: Sequence[tuple[str, int]]) -> int:
     """The slots of a (legal) layout that no instance takes."""
     used = sum(((1 << table[name].size) - 1) << start for name, start in layout)
@@ -271,24 +289,27 @@ def pack(table: Mapping[str, Profile], names: Sequence[str]) -> tuple[tuple[str,
     """A legal layout of one GPU holding the profiles `names`, or None when they cannot all be placed.
 
     Largest first, each at its lowest start that still lets the rest fit (a small search: at most seven instances
-    over eight slots). For two 1g.10gb, a 2g.20gb and a 3g.40gb it finds 3g.40gb@4, 2g.20gb@0 and 1g.10gb@2 and @3."""
+    over eight slots). For two 1g.10gb, a 2g.20gb and a 3g.40gb it finds 3g.40gb@4, 2g.20gb@0 and 1g.10gb@2 and @3.
+    Instances of one profile are interchangeable, so each takes a start after the one before it: eight 1g.10gb on a
+    GPU of seven starts fail at once rather than after every order of the first seven (5,040)."""
     order = sorted(names, key=lambda n: (-table[n].size, -len(table[n].starts), n))
 
-    def place(i: int, used: int) -> list[tuple[str, int]] | None:
+    def place(i: int, used: int, after: int) -> list[tuple[str, int]] | None:
         if i == len(order):
             return []
         profile = table[order[i]]
         for start in profile.starts:
             mask = ((1 << profile.size) - 1) << start
-            if not used & mask:
-                rest = place(i + 1, used | mask)
+            if start > after and not used & mask:
+                same = i + 1 < len(order) and order[i + 1] == order[i]
+                rest = place(i + 1, used | mask, start if same else -1)
                 if rest is not None:
                     return [(profile.name, start), *rest]
         return None
 
     if sum(table[n].size for n in names) > slots_of(table) or sum(table[n].media for n in names) > 1:
         return None
-    found = place(0, 0)
+    found = place(0, 0, -1)
     return None if found is None else tuple(sorted(found, key=lambda item: item[1]))
 
 
@@ -301,9 +322,12 @@ def layout_from_counts(
     GPU), as a uniform configuration (`all-balanced`, `all-1g.10gb`) lays them out; raises `LayoutError` when the
     counts cannot be placed on that many GPUs."""
     wanted: list[str] = []
-    for name, count in sorted(counts.items()):
+    for name in counts:
         if name not in table:
             raise LayoutError(f"{name} is not a MIG profile of this GPU (it has {', '.join(table)})")
+    if fewest_gpus(table, counts) > gpus:  # more than that many GPUs ever hold: said at once
+        raise LayoutError(f"{gpus} GPU(s) cannot hold the node's MIG devices ({format_counts(counts)})")
+    for name, count in sorted(counts.items()):
         wanted.extend([name] * count)
     wanted.sort(key=lambda n: (-table[n].size, n))
     per_gpu: list[list[str]] = [[] for _ in range(gpus)]
@@ -544,9 +568,9 @@ def books_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping
         log.warning("node %s: MIG profiles %s fit no placement table", node, format_counts(counts)[:200])
         return None
     table = CATALOG[family]
-    whole = allocatable.get("nvidia.com/gpu", 0) // replicas(labels, "nvidia.com/gpu")
+    whole = whole_gpus(labels, allocatable) or 0
     gpus = (_count(labels.get("nvidia.com/gpu.count")) or 0) - whole
-    tries = [gpus] if gpus > 0 else range(1, MAX_MIG_GPUS + 1)
+    tries = [gpus] if gpus > 0 else range(max(1, fewest_gpus(table, counts)), MAX_MIG_GPUS + 1)
     for n in tries:
         if n > MAX_MIG_GPUS:
             break
@@ -557,6 +581,19 @@ def books_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping
         return MigBooks([str(whole + i) for i in range(n)], [table] * n, layouts)
     log.warning("node %s: its MIG devices (%s) fit no layout of its GPUs", node, format_counts(counts)[:200])
     return None
+
+
+def whole_gpus(labels: Mapping[str, str], allocatable: Mapping[str, int]) -> int | None:
+    """The GPUs a node's device plugin offers whole (those not MIG-enabled), from its allocatable: `nvidia.com/gpu`
+    over GFD's replicas, and on a node that lists GPU shares (kubegpu's advertiser on a node enforcing them), at most
+    `nvidia.com/gpucores` (or `gpumem-percentage`) over 100: there `nvidia.com/gpu` counts share slots, each GPU its
+    split count of times. None where the node does not list `nvidia.com/gpu`."""
+    offered = allocatable.get("nvidia.com/gpu")
+    if offered is None:
+        return None
+    whole = offered // replicas(labels, "nvidia.com/gpu")
+    percent = allocatable.get(CORES) or allocatable.get(MEMORY_PERCENT)
+    return min(whole, percent // 100) if percent else whole
 
 
 def replicas(labels: Mapping[str, str], resource: str) -> int:

@@ -253,8 +253,9 @@ class PlacementBook:
 class NvidiaNodeState(SharedDeviceNodeState):
     """One node's GPUs on the plugin kit's books (`kubegpu.core.kit.SharedDeviceNodeState`): GPU i (in id order) is
     bit i of the masks, `holders[i]` holds it whole; shares take compute (percent) and memory (MiB, or percent where
-    the GPU's memory is unknown: `memory_cap`), at most `split` of them per GPU; `free` holds healthy GPUs nobody
-    holds whole and nobody shares. MIG-enabled GPUs are apart, in `mig`."""
+    the GPU's memory is unknown: `memory_cap`), at most `split` of them per GPU on a node that offers shares
+    (`offers_shares`); `free` holds healthy GPUs nobody holds whole and nobody shares. MIG-enabled GPUs are apart,
+    in `mig`."""
 
     plugin = NAME
     noun = "GPU"
@@ -269,7 +270,11 @@ class NvidiaNodeState(SharedDeviceNodeState):
         tree: GroupTree,
         split: int = 1,
         workload: Workload | None = None,
+        offers_shares: bool = True,
     ) -> None:
+        # Less than a MiB is no GPU's memory (GFD's `nvidia.com/gpu.memory: "0"`, a failed NVML read): unknown, so
+        # shares take it in percent rather than MiB of nothing (each share 0 MiB of 0, every share fitting).
+        memories = [m if m is not None and m >= MIB else None for m in memories]
         memory_known = tuple(m is not None for m in memories)
         memory_cap = tuple(100 if m is None else m // MIB for m in memories)
         compute = ("compute", [100] * len(ids), ["%"] * len(ids))
@@ -282,6 +287,9 @@ class NvidiaNodeState(SharedDeviceNodeState):
         self.tree = tree
         self.memory_known = memory_known
         self.memory_cap = memory_cap
+        # Whether the node takes shares at all: a node of whole GPUs (NVIDIA's device plugin, or kubegpu's advertiser
+        # where the node enforces no shares) refuses a share container on the node, so none is placed there.
+        self.offers_shares = offers_shares
         self.cores_used, self.memory_used = self.used  # the kit's books, by the names the rules below read
         self.policy = os.environ.get(POLICY_ENV, "fgd").strip().lower()
         # The mix of pods the engine's states took, shared by them (a state built without an engine learns alone).
@@ -350,6 +358,7 @@ class NvidiaNodeState(SharedDeviceNodeState):
             tuple(self.cores_used),
             tuple(self.memory_used),
             self.split,
+            self.offers_shares,
             self.policy,
             self.tree,
         )
@@ -432,11 +441,12 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
 
     def headroom_free(self, state: NvidiaNodeState) -> dict[str, int]:
         shareable = [bit for bit in range(len(state.ids)) if state.shareable(bit)]
+        shared = shareable if state.offers_shares else []  # a node of whole GPUs has no share to offer
         return {
             RESOURCE: len(shareable),
-            CORES: state.most_free(0, shareable),
-            MEMORY: state.most_free(1, [bit for bit in shareable if state.memory_known[bit]]),
-            MEMORY_PERCENT: state.most_free(1, shareable, percent=True),
+            CORES: state.most_free(0, shared),
+            MEMORY: state.most_free(1, [bit for bit in shared if state.memory_known[bit]]),
+            MEMORY_PERCENT: state.most_free(1, shared, percent=True),
             **(state.mig.free_counts() if state.mig is not None else {}),
         }
 
@@ -653,11 +663,18 @@ def share_room(
 ) -> int | None:
     """The memory (the GPU's unit) the share takes of GPU `bit` where the GPU has room for it beside `tasks` more
     shares, `cores` percent and `memory` more already planned on it (its split count, 100 % of compute, its
-    memory); None where it has not."""
-    if state.tasks[bit] + tasks >= state.split or state.cores_used[bit] + cores + share.cores > 100:
+    memory); None where it has not, where the node offers no shares, and where the share asks MiB of a GPU whose
+    memory is unknown (booked there as all of it, with no memory limit written on the node)."""
+    if (
+        not state.offers_shares
+        or state.tasks[bit] + tasks >= state.split
+        or state.cores_used[bit] + cores + share.cores > 100
+    ):
         return None
-    need = state.memory_of(share, bit) or 0
-    return None if state.memory_used[bit] + memory + need > state.memory_cap[bit] else need
+    need = state.memory_of(share, bit)
+    if need is None or state.memory_used[bit] + memory + need > state.memory_cap[bit]:
+        return None
+    return need
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -912,6 +929,11 @@ def bit_list(mask: int) -> list[int]:
 
 def share_never_fits(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> str | None:
     """Why the node could not take the shares even with every GPU free, or None."""
+    if ask.shares and not state.offers_shares and eligible:  # (no healthy GPU at all: said below)
+        return (
+            f"node(s) offer whole GPUs only (one {RESOURCE} per GPU, no {CORES}); "
+            f"container {ask.shares[0].container} asks a share"
+        )
     for share in ask.shares:
         bits = bit_list(eligible)
         if share.count > len(bits):
@@ -923,34 +945,81 @@ def share_never_fits(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState)
             largest = max(state.memory_cap[b] for b in known)
             if share.memory_mib > largest:
                 return f"node(s) have GPUs of {largest} MiB; the pod asks {share.memory_mib} MiB of {MEMORY} per GPU"
+    if len(ask.shares) > 1 and eligible.bit_count() == 1 and not ask.containers:
+        # Each fits the GPU alone; together, they have no other GPU to go to. (Where they have, `place`'s greedy
+        # choice on an empty node says nothing of a fuller one: it can fail on the first and fit on the second.)
+        return shares_short(state, eligible, ask, empty=True)
     return None
 
 
 def share_shortage(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState) -> str:
-    """What is short on the GPU that comes closest to the first share that does not fit."""
+    """What is short for the first share container that finds no room on the node's GPUs as they are."""
+    return shares_short(state, eligible, ask) or INSUFFICIENT
+
+
+def shares_short(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState, *, empty: bool = False) -> str | None:
+    """What is short on the GPU that comes closest to the first share container that finds no room, beside the
+    pod's own shares placed before it as `place` places them (a pod of several: each on the fullest GPUs that fit)
+    and apart from its whole containers' GPUs; None when every share finds room. `empty`: on the node's GPUs with
+    nothing on them (whether the pod could ever fit). Two shares of 60 % each fit a GPU apiece, never one together:
+    the second is told what the first left it."""
+    n = len(state.ids)
+    if empty:
+        cores, memory, tasks = [0] * n, [0] * n, [0] * n
+        open_ = available = eligible
+    else:
+        cores, memory, tasks = list(state.cores_used), list(state.memory_used), list(state.tasks)
+        open_ = eligible & sum(1 << b for b in range(n) if state.holders[b] is None and state.healthy >> b & 1)
+        available = eligible & state.free
+    whole = plan_containers(state.tree, available, ask.containers)
+    if whole is None:
+        return INSUFFICIENT
+    taken = sum(mask for _, _, mask, _ in whole)
+    cap = state.memory_cap
+    ours: dict[int, list[str]] = {}  # GPU -> the pod's share containers placed on it so far
     for share in ask.shares:
-        candidates = [b for b in bit_list(eligible) if state.healthy >> b & 1]
-        open_ = [b for b in candidates if state.holders[b] is None]
-        if not open_:
-            return f"every GPU is held whole by another pod; the pod asks a share of {share.count}"
-        room = [b for b in open_ if state.tasks[b] < state.split]
+        who = f"container {share.container}" if len(ask.shares) > 1 else "the pod"
+        gpus = [b for b in bit_list(open_) if not taken >> b & 1]
+        if not gpus and open_ & taken:
+            return f"the pod's own whole-GPU containers leave no GPU for a share; {who} asks a share of {share.count}"
+        if not gpus:
+            return f"every GPU is held whole by another pod; {who} asks a share of {share.count}"
+        room = [b for b in gpus if tasks[b] < state.split]
         if not room:
             return f"every GPU already runs {state.split} shares (the node's split count)"
-        best = max(room, key=lambda b: (100 - state.cores_used[b], -b))
-        if 100 - state.cores_used[best] < share.cores:
+        if share.memory_mib is not None:  # MiB are counted only of GPUs whose memory is known (`share_room`)
+            room = [b for b in room if state.memory_known[b]]
+            if not room:
+                return f"no GPU with room for a share says how much memory it has; {who} asks {MEMORY} in MiB"
+
+        def beside(b: int) -> str:
+            return f" beside container {', '.join(ours[b])} of the pod" if b in ours else ""
+
+        best = max(room, key=lambda b: (100 - cores[b], -b))
+        if 100 - cores[best] < share.cores:
             return (
-                f"GPU {state.ids[best]} has {100 - state.cores_used[best]}% compute free, the pod asks {share.cores}%"
+                f"GPU {state.ids[best]} has {100 - cores[best]}% compute free{beside(best)}, {who} asks {share.cores}%"
             )
-        fit_cores = [b for b in room if 100 - state.cores_used[b] >= share.cores]
-        best = max(fit_cores, key=lambda b: (state.memory_cap[b] - state.memory_used[b], -b))
-        memory = state.memory_of(share, best) or 0
-        free = state.memory_cap[best] - state.memory_used[best]
-        if free < memory:
+        fit_cores = [b for b in room if 100 - cores[b] >= share.cores]
+        best = max(fit_cores, key=lambda b: (cap[b] - memory[b], -b))
+        need = state.memory_of(share, best) or 0
+        if cap[best] - memory[best] < need:
             unit = "MiB" if state.memory_known[best] else "%"
-            return f"GPU {state.ids[best]} has {free} {unit} memory free, the pod asks {memory} {unit}"
-        if len(fit_cores) < share.count:
-            return f"{len(fit_cores)} GPU(s) have room for the share, the pod asks {share.count}"
-    return INSUFFICIENT
+            free = cap[best] - memory[best]
+            return f"GPU {state.ids[best]} has {free} {unit} memory free{beside(best)}, {who} asks {need} {unit}"
+        fits = sorted(
+            (-(cores[b] + share.cores), b, need)
+            for b in fit_cores
+            if memory[b] + (need := state.memory_of(share, b) or 0) <= cap[b]
+        )
+        if len(fits) < share.count:
+            return f"{len(fits)} GPU(s) have room for the share, {who} asks {share.count}"
+        for _, b, need in fits[: share.count]:
+            cores[b] += share.cores
+            memory[b] += need
+            tasks[b] += 1
+            ours.setdefault(b, []).append(share.container)
+    return None
 
 
 def read_allocation(
@@ -1096,14 +1165,16 @@ class LabelInventory:
 
 
 def gpus_from_labels(labels: Mapping[str, str], allocatable: Mapping[str, int]) -> LabelInventory | None:
-    """Read GFD labels: `nvidia.com/gpu.count` (capped by allocatable `nvidia.com/gpu` over GFD's
-    `nvidia.com/gpu.replicas`, which is also the fallback: the kubelet admits no more), `nvidia.com/gpu.product`,
+    """Read GFD labels: `nvidia.com/gpu.count` (capped by the GPUs the device plugin offers, `mig.whole_gpus`:
+    allocatable `nvidia.com/gpu` over GFD's `nvidia.com/gpu.replicas`, or over the split count where the node lists
+    GPU shares, which is also the fallback: the kubelet admits no more), `nvidia.com/gpu.product`,
     `nvidia.com/gpu.memory` (MiB). A malformed number is ignored as if absent. None when the node has no GPUs."""
     count = _label_int(labels.get(COUNT_LABEL))
     offered = allocatable.get(RESOURCE)
-    # GPUs the device plugin advertises whole: a sharing device plugin offers each `nvidia.com/gpu.replicas` times,
-    # and under MIG's mixed strategy the count label also counts the MIG-enabled GPUs.
-    whole = None if offered is None else offered // mig.replicas(labels, RESOURCE)
+    # GPUs the device plugin advertises whole: a sharing device plugin offers each `nvidia.com/gpu.replicas` times (or
+    # its split count of times, 100 % of `nvidia.com/gpucores` each), and under MIG's mixed strategy the count label
+    # also counts the MIG-enabled GPUs.
+    whole = mig.whole_gpus(labels, allocatable)
     if count is None:  # a HAMi node offers 100 compute (or memory) percent per physical GPU
         percent = allocatable.get(CORES) or allocatable.get(MEMORY_PERCENT)
         count = percent // 100 if percent and offered and percent // 100 <= offered else None
@@ -1117,14 +1188,18 @@ def gpus_from_labels(labels: Mapping[str, str], allocatable: Mapping[str, int]) 
     return LabelInventory(count, model, memory_mib * MIB if memory_mib is not None else None, split)
 
 
+def offers_shares(split: int, allocatable: Mapping[str, int]) -> bool:
+    """Whether a node takes GPU shares: its device plugin offers each GPU more than once (HAMi's, kubegpu's on a node
+    enforcing shares: the split count), or it lists a share resource (kubegpu's advertiser on such a node, whatever
+    its split). A node offering neither has whole GPUs only, and its CRI shim refuses a share container."""
+    return split > 1 or any(allocatable.get(resource) for resource in SHARE_RESOURCES)
+
+
 def _label_int(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        number = int(value.strip())
-    except ValueError:
-        return None
-    return number if number >= 0 else None
+    """A label's count as GFD writes it, ASCII digits (at most 18), else None: Python's `int` would also read
+    `1_6384`, `+16384` and other scripts' digits."""
+    text = (value or "").strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
 @lru_cache(maxsize=256)
@@ -1155,6 +1230,7 @@ def state_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping
         [True] * n,
         catalog_tree(kind, n),
         split=found.split,
+        offers_shares=offers_shares(found.split, allocatable),
     )
 
 
@@ -1186,6 +1262,7 @@ def state_from_inventory(
     # HAMi's device plugin alike): a GPU gone unhealthy must not lower the split of the others.
     shares = allocatable.get(CORES) or allocatable.get(MEMORY_PERCENT) or allocatable.get(MEMORY)
     gpus = sum(d.healthy for d in devices) if shares else len(ids)
+    split = offered // gpus if offered > gpus > 0 else 1
     return NvidiaNodeState(
         node,
         ids,
@@ -1193,7 +1270,8 @@ def state_from_inventory(
         [d.memory for d in devices],
         [d.healthy for d in devices],
         tree,
-        split=offered // gpus if offered > gpus > 0 else 1,
+        split=split,
+        offers_shares=offers_shares(split, allocatable),
     )
 
 

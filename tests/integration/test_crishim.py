@@ -277,6 +277,31 @@ def test_two_shares_of_one_gpu_each_run_with_the_gpu_and_their_own_limits(
             kubelet.remove_pod(sandbox_id)
 
 
+def test_a_share_container_never_sees_a_tenant_file_hami_core_would_read_its_limits_from(
+    kubelet: Cri, key: bytes, hami_core: Path, node_dir: Path, tmp_path: Path
+) -> None:
+    """HAMi-core sets each `NAME=value` line of `/overrideEnv` over the environment before it reads its limits. A
+    tenant's volume (a ConfigMap) mounted there, its path spelled `//overrideEnv` as the pod spec allows: containerd
+    mounts it at `/overrideEnv`, and before, the shim, comparing the written path, let it through."""
+    engine = _gpu_scheduler(key)
+    uid, written = _place_share(engine, "notebook", 30, 4096)
+    override = node_dir / "tenant-configmap"
+    override.write_text("CUDA_DEVICE_SM_LIMIT=100\nCUDA_DEVICE_MEMORY_LIMIT_0=16384m\n")
+    sandbox = host_network_sandbox("notebook", uid, annotations=written, log_directory=tmp_path)
+    sandbox_id = kubelet.run_pod(sandbox)
+    try:
+        config = container_config("main")
+        for spelled in ("//overrideEnv", "/tmp/../tmp/cudevshr.cache"):
+            config.mounts.append(api_pb2.Mount(host_path=str(override), container_path=spelled, readonly=True))
+        container_id = kubelet.create(sandbox_id, config, sandbox)
+        kubelet.start(container_id)
+        assert kubelet.exec(container_id, "ls", "/").split().count("overrideEnv") == 0
+        assert "cudevshr.cache" not in kubelet.exec(container_id, "ls", "/tmp").split()
+        assert _env(kubelet, container_id)["CUDA_DEVICE_SM_LIMIT"] == "30"
+    finally:
+        kubelet.remove_pod(sandbox_id)
+
+
 def _tampered(annotations: dict[str, str], **_: Any) -> dict[str, str]:
     record = decode_allocation(annotations[ALLOCATION_KEY])
     grabbed = record.model_copy(update={"containers": {"main": {FPGA: CARDS}}})  # all four cards, signature kept

@@ -268,6 +268,61 @@ def test_a_tenant_cannot_raise_its_limit_from_the_pod_spec(
     assert {kv.key for kv in sidecar.config.envs} == {"GREETING"} and not list(sidecar.config.mounts)
 
 
+@pytest.mark.parametrize(
+    "path",
+    ["/overrideEnv", "/tmp/cudevshr.cache"],
+    ids=["hami-core-override-file", "hami-core-shared-region"],
+)
+def test_a_tenant_cannot_lift_its_limit_with_a_file_hami_core_reads(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, path: str
+) -> None:
+    """HAMi-core reads two files of the container besides its environment: `/overrideEnv`, whose `NAME=value` lines
+    it sets over the environment before anything else (so a ConfigMap mounted there holding
+    `CUDA_DEVICE_MEMORY_LIMIT_0=81920m` and `CUDA_DEVICE_SM_LIMIT=100` undid the share's limits the shim wrote), and
+    its shared region `/tmp/cudevshr.cache`, whose limits, once written, win over the environment of every later
+    process (a volume holding a region written elsewhere did the same). Both came from the pod spec as mounts, which
+    the shim let through; now it owns both paths, as it owns `/etc/ld.so.preload`, and removes them from every
+    container."""
+    monkeypatch.setenv(limits.MODE_ENV, "hami-core")
+    editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=tmp_path)
+    text = signed({"main": share(["0"])})
+    for container in ("main", "sidecar"):  # the share container, and one of its pod without GPUs
+        sent = create(text, container=container)
+        sent.config.mounts.append(api_pb2.Mount(host_path="/var/lib/kubelet/pods/x/volumes/cm", container_path=path))
+        sent.config.mounts.append(api_pb2.Mount(host_path="/data", container_path="/tmp/data"))
+        edited = api_pb2.CreateContainerRequest.FromString(editor.create_container(sent.SerializeToString()))
+        mounts = [m.container_path for m in edited.config.mounts]
+        assert path not in mounts and "/tmp/data" in mounts, mounts
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "//overrideEnv",
+        "/./overrideEnv",
+        "/tmp/../overrideEnv",
+        "/overrideEnv/",
+        "/etc//ld.so.preload",
+        "/tmp//nvidia-mps",
+    ],
+)
+def test_an_owned_path_spelled_otherwise_is_owned_all_the_same(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, path: str
+) -> None:
+    """The API server and the kubelet pass a volume's `mountPath` as the tenant wrote it, and the runtime cleans it
+    (`//overrideEnv` mounts at `/overrideEnv`): the shim compared the written path with the owned ones, so a file
+    mounted at `//overrideEnv` reached HAMi-core in a share container, and the MPS daemon's pipe at `/tmp//nvidia-mps`
+    reached a container without a share. Paths are compared as the runtime mounts them."""
+    monkeypatch.setenv(limits.MODE_ENV, "hami-core")
+    editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=tmp_path)
+    text = signed({"main": share(["0"])})
+    for container in ("main", "sidecar"):
+        sent = create(text, container=container)
+        sent.config.mounts.append(api_pb2.Mount(host_path="/var/lib/tenant/file", container_path=path))
+        edited = api_pb2.CreateContainerRequest.FromString(editor.create_container(sent.SerializeToString()))
+        assert "/var/lib/tenant/file" not in [m.host_path for m in edited.config.mounts], container
+
+
 def test_a_malformed_share_refuses_its_container_and_the_shim_keeps_serving(
     pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
