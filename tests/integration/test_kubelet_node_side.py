@@ -29,7 +29,15 @@ from typing import Any
 
 import pytest
 
-from kubegpu.core.annotations import DEVICES_KEY, FOREIGN_DEVICES_KEY, decode_allocation, decode_foreign_devices
+from kubegpu.core.annotations import (
+    DEVICES_KEY,
+    FOREIGN_DEVICES_KEY,
+    NODE_LEASE_NAMESPACE,
+    NODE_LEASE_PREFIX,
+    decode_allocation,
+    decode_foreign_devices,
+)
+from kubegpu.kube.client import ApiError
 
 from .cluster import Cluster, free_port, wait_for
 from .conftest import SchedulerProcess
@@ -108,10 +116,18 @@ def node_side(
     yield start
     for process in started:
         process.stop()
-    # The Node as its kubelet left it: what an advertiser published goes with it.
+    # The Node as its kubelet left it: what an advertiser published goes with it, its node Lease too (expired, it
+    # would keep the next test's pods off the node).
     cluster.client.patch(
         f"/api/v1/nodes/{NODE}", {"metadata": {"annotations": {DEVICES_KEY: None, FOREIGN_DEVICES_KEY: None}}}
     )
+    try:
+        cluster.client.delete(
+            f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases/{NODE_LEASE_PREFIX}{NODE}"
+        )
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
 
 
 @pytest.fixture
