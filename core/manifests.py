@@ -591,7 +591,9 @@ def _init_holders(
     and sidecars (`containers`) hold together, the init container whose step needs the most (the first such) holds
     the difference: the kubelet gives it that many devices more than the pod's other containers take from it, and
     keeps them for the pod. A step is the init container's count with the sidecars started before it (`init`, in
-    order, True marking a sidecar), which keep theirs while it runs."""
+    order, True marking a sidecar), which keep theirs while it runs. Of the devices the others hold too, the holder
+    holds more only where its step needs more of each it asks (a GPU share asking more memory than the app's, of
+    as many GPUs, holds nothing: its memory is no device alone; it is given the app's share)."""
     if not any(not sidecar for _, sidecar in init):
         return ()
     held: dict[str, int] = {}
@@ -608,8 +610,14 @@ def _init_holders(
                 started[name] = started.get(name, 0) + amount
             elif started.get(name, 0) + amount > max(held.get(name, 0), most.get(name, (0, ""))[0]):
                 most[name] = (started.get(name, 0) + amount, container.name)
+    asks = {c.name: c.resources for c, sidecar in init if not sidecar}
     extra: dict[str, dict[str, int]] = {}
     for name, (step, holder) in most.items():
+        # Beside the devices the others hold, the holder's request must still read as one (a GPU share's memory
+        # is no device without its GPU): only where its step needs more of every such device it asks.
+        shared = [other for other in asks[holder] if held.get(other, 0) and is_extended_resource(other)]
+        if held.get(name, 0) and any(most.get(other, (0, ""))[1] != holder for other in shared):
+            continue
         extra.setdefault(holder, {})[name] = step - held.get(name, 0)
     return tuple(ContainerRequest(name=c.name, resources=extra[c.name], init=True) for c, _ in init if c.name in extra)
 

@@ -513,3 +513,24 @@ def test_a_device_only_init_containers_ask_for_is_held_by_the_one_that_asks_the_
     pod, _ = pod_request(document)
     assert [(c.name, dict(c.resources)) for c in pod.containers if c.init] == holders
     assert [c.name for c in pod.containers if not c.init] == ["main"]
+
+
+def test_an_init_container_asking_more_memory_of_a_gpu_share_holds_nothing_alone() -> None:
+    """A GPU share's memory is no device without its GPU: an init container asking the app's one GPU with more
+    memory (8000 MiB against 4096) holds no memory of its own (a container asking memory without a GPU is refused),
+    and is given the app's share; one asking more GPUs, none of them shares, holds the GPUs the app does not."""
+    share = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}
+    pod = _pod(
+        _container("app", limits=share), init=(_container("check", limits={**share, "nvidia.com/gpumem": "8000"}),)
+    )
+    request, _ = pod_request(pod)
+    assert [c.name for c in request.containers] == ["app"]
+    assert request.requests["nvidia.com/gpumem"] == 8000  # Kubernetes' count still
+
+    pod = _pod(
+        _container("app", limits={"nvidia.com/gpu": "1"}), init=(_container("check", limits={"nvidia.com/gpu": "4"}),)
+    )
+    request, _ = pod_request(pod)
+    assert [(c.name, dict(c.resources)) for c in request.containers] == [
+        ("app", {"nvidia.com/gpu": 1}), ("check", {"nvidia.com/gpu": 3})
+    ]  # fmt: skip
