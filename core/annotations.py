@@ -5,9 +5,17 @@ A placement is written on the pod as `kubegpu.io/allocation`, a JSON document::
     {"version": 1, "node": "trn-0", "podUID": "…",
      "containers": {"main": {"aws.amazon.com/neurondevice": ["4", "5", "6", "7"]}},
      "shares": {"main": {"gpu.intel.com/memory.max": {"card0": 5000000000}}},   # only for shared devices
+     "init": {"check": {"aws.amazon.com/neurondevice": ["4", "5", "6", "7"]}},  # only for init containers' devices
      "plugins": {"neuron": {…}},                                                # each plugin's own fields
      "issued": 1763820000123456789,                                             # when the scheduler issued it
      "signature": "hex HMAC-SHA256"}                                            # set by the custom scheduler
+
+`containers` names each device the pod holds once, under the container that holds it (an app container, a sidecar,
+or the classic init container that holds what the pod needs beyond them: `kubegpu.core.manifests`). `init` names
+what each classic init container asking devices is given, as the kubelet's device manager gives it: ids of its pod's
+(`containers`'), the ones the init containers before it had first, never a sidecar's that runs beside it
+(`init_devices`). The kubelet hands an init container's devices on to the containers after it, so an app
+container's ids are among the init containers' where those ask at least as many.
 
 The simulator, the custom scheduler and the extender write it; the CRI shim verifies the signature and that the
 document names its node and pod before any plugin touches a container. Decoding errors are one line that names the
@@ -21,7 +29,9 @@ raises `AnnotationError` (and `verify_allocation` answers False), in time and me
 * JSON nests at most `MAX_DEPTH` (32) levels (the parser, orjson, stops at 1024 without recursing; the rest is
   checked on the parsed value, so encoding and signing a decoded record never recurse deeply either);
 * integers are within 64 bits (orjson reads nothing wider as an integer) and numbers finite;
-* a signature is 64 lowercase hex digits (HMAC-SHA256), or the allocation simply does not verify.
+* a signature is 64 lowercase hex digits (HMAC-SHA256), or the allocation simply does not verify;
+* every id `init` names is one `containers` names for the same device, so an init container is never given a
+  device its pod does not hold.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kubegpu.core.errors import InputError, describe_validation_error, shorten
-from kubegpu.core.models import NodeDevices, PluginAllocation
+from kubegpu.core.models import InitStep, NodeDevices, PluginAllocation
 
 __all__ = [
     "ALLOCATION_KEY",
@@ -54,6 +64,7 @@ __all__ = [
     "encode_allocation",
     "encode_devices",
     "encode_foreign_devices",
+    "init_devices",
     "merge_allocations",
     "sign_allocation",
     "verify_allocation",
@@ -79,6 +90,15 @@ class AnnotationError(InputError):
     """A malformed kubegpu annotation; the message names the annotation and the field."""
 
 
+# The fields `payload` leaves out, by (whether `issued` is set, whether `init` names anything): sets, which
+# pydantic reads faster than frozensets; never changed.
+_LEFT_OUT: dict[tuple[bool, bool], set[str]] = {
+    (issued, init): {"signature"} | ({"issued"} if not issued else set()) | ({"init"} if not init else set())
+    for issued in (False, True)
+    for init in (False, True)
+}
+
+
 class AllocationRecord(BaseModel):
     """The decoded `kubegpu.io/allocation` value. Unknown top-level fields are kept, so newer writers round-trip."""
 
@@ -90,6 +110,10 @@ class AllocationRecord(BaseModel):
     containers: dict[str, dict[str, list[str]]]
     shares: dict[str, dict[str, dict[str, int]]] = Field(default_factory=dict)
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # What each classic init container asking devices is given of the pod's: container -> resource -> ids, every id
+    # one `containers` names. Empty in allocations written before this field existed, and left out of the payload
+    # while empty, so those still verify.
+    init: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
     # Freshness: the scheduler's clock (Unix nanoseconds, strictly increasing within one scheduler) when it issued
     # the placement. Of two verified allocations that claim the same device, the later one is the scheduler's
     # current decision; the earlier is stale (docs/security.md). 0 in allocations written before this field existed.
@@ -98,16 +122,39 @@ class AllocationRecord(BaseModel):
 
     def payload(self) -> bytes:
         """The canonical bytes the signature covers: every field but the signature, keys sorted (`issued` left out
-        while 0, so allocations signed before the field existed still verify)."""
-        document = self.model_dump(mode="json", exclude={"signature"} if self.issued else {"signature", "issued"})
+        while 0 and `init` while empty, so allocations signed before those fields existed still verify)."""
+        document = self.model_dump(mode="json", exclude=_LEFT_OUT[bool(self.issued), bool(self.init)])
         return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
     def device_ids(self, container: str, resource: str) -> list[str]:
-        return self.containers.get(container, {}).get(resource, [])
+        return self.given(container).get(resource, [])
+
+    def given(self, container: str) -> dict[str, list[str]]:
+        """The ids the node side gives `container` of each device: a classic init container's from `init` (beside
+        any it holds of other devices), any other container's from `containers`."""
+        held = self.containers.get(container, {})
+        init = self.init.get(container)
+        return {**held, **init} if init else held
+
+    def foreign_init_ids(self) -> str | None:
+        """The first `init` id that `containers` does not name for the same device, as `init.<c>.<r>: <id>`."""
+        held: dict[str, set[str]] = {}
+        for resources in self.containers.values():
+            for resource, ids in resources.items():
+                held.setdefault(resource, set()).update(ids)
+        for container, resources in self.init.items():
+            for resource, ids in resources.items():
+                for device in ids:
+                    if device not in held.get(resource, ()):
+                        return f"init.{container}.{resource}: {device}"
+        return None
 
 
-def merge_allocations(node: str, pod_uid: str, parts: list[PluginAllocation], issued: int = 0) -> AllocationRecord:
-    """One record from the plugins' placements of one pod, stamped `issued` (0: not stamped)."""
+def merge_allocations(
+    node: str, pod_uid: str, parts: list[PluginAllocation], issued: int = 0, init: tuple[InitStep, ...] = ()
+) -> AllocationRecord:
+    """One record from the plugins' placements of one pod, stamped `issued` (0: not stamped), naming what each of
+    the pod's classic init containers asking devices (`init`, `PodRequest.init_steps`) is given."""
     containers: dict[str, dict[str, list[str]]] = {}
     shares: dict[str, dict[str, dict[str, int]]] = {}
     plugins: dict[str, dict[str, Any]] = {}
@@ -118,9 +165,77 @@ def merge_allocations(node: str, pod_uid: str, parts: list[PluginAllocation], is
             shares.setdefault(container, {}).update(by_resource)
         if part.fields:
             plugins[part.plugin] = part.fields
+    if not init:
+        return AllocationRecord(
+            version=1, node=node, podUID=pod_uid, containers=containers, shares=shares, plugins=plugins, issued=issued
+        )
+    given, lent = init_devices(containers, shares, init)
+    shares.update(lent)
     return AllocationRecord(
-        version=1, node=node, podUID=pod_uid, containers=containers, shares=shares, plugins=plugins, issued=issued
+        version=1,
+        node=node,
+        podUID=pod_uid,
+        containers=containers,
+        shares=shares,
+        plugins=plugins,
+        init=given,
+        issued=issued,
     )
+
+
+def init_devices(
+    containers: dict[str, dict[str, list[str]]],
+    shares: dict[str, dict[str, dict[str, int]]],
+    steps: tuple[InitStep, ...],
+) -> tuple[dict[str, dict[str, list[str]]], dict[str, dict[str, dict[str, int]]]]:
+    """What the kubelet's device manager gives each classic init container (`steps`, in order) of its pod's devices
+    (`containers`): of each whole device, the ones the init containers before it had first, then others of the
+    pod's, never one of a sidecar started before it (it keeps its own while the init container runs). The pod holds
+    what the largest step needs (`kubegpu.core.manifests`), so each step finds enough. A share of a shared device
+    (`shares`) is given whole, with its limits: the ids of the first container holding exactly as many, its shares
+    of those devices with them (a GPU share's compute and memory amounts too). A device the pod does not hold
+    enough of is named to nobody (the node side then gives the init container none of it). Returns the ids given
+    and the shares lent, each by init container and resource."""
+    pool: dict[str, list[str]] = {}  # resource -> the pod's ids of each whole device, in the containers' order
+    for container, resources in containers.items():
+        for resource, ids in resources.items():
+            if resource not in shares.get(container, {}):
+                pool.setdefault(resource, []).extend(i for i in ids if i not in pool.get(resource, ()))
+    given: dict[str, dict[str, list[str]]] = {}
+    lent: dict[str, dict[str, dict[str, int]]] = {}
+    reuse: dict[str, list[str]] = {}  # resource -> what the init containers so far had, for the next to reuse
+    for step in steps:
+        for resource, count in step.resources.items():
+            if resource not in pool:
+                lender = _share_lender(containers, shares, resource, count)
+                if lender is None:
+                    continue
+                # The share goes with every amount of it the lender has (a GPU share's compute and memory beside it).
+                devices = set(containers[lender][resource])
+                for amount, ids in containers[lender].items():
+                    if amount in shares[lender] and devices.issuperset(ids):
+                        given.setdefault(step.name, {})[amount] = list(ids)
+                        lent.setdefault(step.name, {})[amount] = dict(shares[lender][amount])
+                continue
+            running = {i for sidecar in step.sidecars for i in containers.get(sidecar, {}).get(resource, ())}
+            reusable = [i for i in reuse.get(resource, ()) if i not in running]
+            fresh = [i for i in pool[resource] if i not in running and i not in reusable]
+            ids = (reusable + fresh)[:count]
+            if len(ids) < count:
+                continue
+            given.setdefault(step.name, {})[resource] = ids
+            reuse[resource] = reusable + [i for i in ids if i not in reusable]
+    return given, lent
+
+
+def _share_lender(
+    containers: dict[str, dict[str, list[str]]], shares: dict[str, dict[str, dict[str, int]]], resource: str, count: int
+) -> str | None:
+    """The first container holding exactly `count` shares of `resource`, or None."""
+    for container, resources in containers.items():
+        if resource in shares.get(container, {}) and len(resources.get(resource, ())) == count:
+            return container
+    return None
 
 
 def encode_allocation(record: AllocationRecord) -> str:
@@ -131,6 +246,8 @@ def encode_allocation(record: AllocationRecord) -> str:
         document.pop("plugins", None)
     if not document.get("issued"):
         document.pop("issued", None)
+    if not document.get("init"):
+        document.pop("init", None)
     return json.dumps(document, sort_keys=True, separators=(",", ":"))
 
 
@@ -184,9 +301,16 @@ def decode_allocation(text: object) -> AllocationRecord:
             f"{ALLOCATION_KEY}: version: unsupported value {shorten(repr(version))} (this kubegpu reads version 1)"
         )
     try:
-        return AllocationRecord.model_validate(document)
+        record = AllocationRecord.model_validate(document)
     except ValidationError as exc:
         raise AnnotationError(describe_validation_error(exc, ALLOCATION_KEY)) from None
+    foreign = record.foreign_init_ids() if record.init else None
+    if foreign is not None:
+        raise AnnotationError(
+            f"{ALLOCATION_KEY}: {shorten(foreign)}: an init container is given only devices its pod holds, and "
+            "`containers` names no such device"
+        )
+    return record
 
 
 def _mac(record: AllocationRecord, key: bytes) -> str:

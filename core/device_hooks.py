@@ -174,7 +174,8 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
 
     Called by:
         the CRI shim on CreateContainer, and `kubegpu device-plugin` on the kubelet's Allocate; the plugin owning
-        the allocated resources only.
+        the allocated resources only. Init containers too: a classic init container's `allocation` holds the ids
+        the allocation's `init` names for it, which the containers after it may be given again.
     """
     raise NotImplementedError
 

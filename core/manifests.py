@@ -8,9 +8,12 @@ kube-scheduler's (1.29+ `resource.PodRequests`): sidecars (init containers with 
 for the pod's life, so their requests add to the containers'; each classic init container runs beside the sidecars
 started before it; the pod needs the larger of the two, plus `spec.overhead`. Devices follow the same rule: a sidecar
 holds its own devices beside the app containers' (the kubelet's device manager does not hand them on), so sidecars
-join `PodRequest.containers`; a classic init container holds none of its own where the containers after it ask the
-same device (the kubelet hands its devices on to them: its count only raises the pod's), but a device only init
-containers ask for is held by the one that asks the most (`_init_holders`), so that the allocation names it.
+join `PodRequest.containers`. The kubelet hands a classic init container's devices on to the containers after it, so
+the pod holds of each device the larger of what its app containers and sidecars hold and what an init container's
+step needs (the init container's count with the sidecars started before it): where a step needs more, the init
+container whose step needs the most holds the difference (`_init_holders`; all of it for a device only init
+containers ask for), so that the allocation names every device the kubelet gives the pod, and
+`PodRequest.init_steps` lets the allocation name what each init container is given of them.
 
 Manifests are input from tenants and from files someone handed over, so reading one costs time bounded by its size:
 every quantity is bounded by `kubegpu.core.quantity` before any arithmetic, and Kubernetes' own rules that kubegpu
@@ -37,6 +40,7 @@ from kubegpu.core.models import (
     ClaimRef,
     ContainerRequest,
     HostPort,
+    InitStep,
     LabelSelector,
     NodeInfo,
     NodeSelectorTerm,
@@ -430,7 +434,7 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
     overhead = {name: _units(name, value, "Pod.spec.overhead") for name, value in pod.spec.overhead.items()}
     requests = _pod_requests(containers, init, overhead, _pod_level(pod.spec.resources))
     containers += tuple(container for container, sidecar in init if sidecar)
-    containers += _init_holders(containers, [container for container, sidecar in init if not sidecar])
+    containers += _init_holders(containers, init)
     meta = pod.metadata
     spec = pod.spec
     affinity = spec.affinity or _Affinity()
@@ -479,6 +483,7 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
         images=tuple(c.image for c in spec.containers),
         scheduling_gates=tuple(gate.name for gate in spec.schedulingGates),
         resource_claims=_resource_claims(pod),
+        init_steps=_init_steps(init),
     )
     return request, meta.deletionTimestamp is not None
 
@@ -580,23 +585,55 @@ def _pod_level(resources: _Resources | None) -> dict[str, int]:
 
 
 def _init_holders(
-    containers: tuple[ContainerRequest, ...], classic: list[ContainerRequest]
+    containers: tuple[ContainerRequest, ...], init: list[tuple[ContainerRequest, bool]]
 ) -> tuple[ContainerRequest, ...]:
-    """For each device (extended resource) that classic init containers ask for and no app container or sidecar
-    does, the init container that asks the most of it (the first such) holds it: the kubelet allocates it the
-    devices and keeps them for the pod, and the other init containers are given theirs from it."""
-    if not classic:
+    """For each device (extended resource) whose classic init containers' steps need more than the app containers
+    and sidecars (`containers`) hold together, the init container whose step needs the most (the first such) holds
+    the difference: the kubelet gives it that many devices more than the pod's other containers take from it, and
+    keeps them for the pod. A step is the init container's count with the sidecars started before it (`init`, in
+    order, True marking a sidecar), which keep theirs while it runs. Of the devices the others hold too, the holder
+    holds more only where its step needs more of each it asks (a GPU share asking more memory than the app's, of
+    as many GPUs, holds nothing: its memory is no device alone; it is given the app's share)."""
+    if not any(not sidecar for _, sidecar in init):
         return ()
-    asked = {name for container in containers for name in container.resources}
-    held: dict[str, dict[str, int]] = {}
-    most: dict[str, tuple[int, str]] = {}
-    for container in classic:
+    held: dict[str, int] = {}
+    for container in containers:
         for name, amount in container.resources.items():
-            if is_extended_resource(name) and name not in asked and amount > most.get(name, (0, ""))[0]:
-                most[name] = (amount, container.name)
-    for name, (amount, holder) in most.items():
-        held.setdefault(holder, {})[name] = amount
-    return tuple(ContainerRequest(name=c.name, resources=held[c.name], init=True) for c in classic if c.name in held)
+            held[name] = held.get(name, 0) + amount
+    started: dict[str, int] = {}  # what the sidecars started so far hold
+    most: dict[str, tuple[int, str]] = {}  # device -> (the most a step needs, the init container whose step it is)
+    for container, sidecar in init:
+        for name, amount in container.resources.items():
+            if not is_extended_resource(name):
+                continue
+            if sidecar:
+                started[name] = started.get(name, 0) + amount
+            elif started.get(name, 0) + amount > max(held.get(name, 0), most.get(name, (0, ""))[0]):
+                most[name] = (started.get(name, 0) + amount, container.name)
+    asks = {c.name: c.resources for c, sidecar in init if not sidecar}
+    extra: dict[str, dict[str, int]] = {}
+    for name, (step, holder) in most.items():
+        # Beside the devices the others hold, the holder's request must still read as one (a GPU share's memory
+        # is no device without its GPU): only where its step needs more of every such device it asks.
+        shared = [other for other in asks[holder] if held.get(other, 0) and is_extended_resource(other)]
+        if held.get(name, 0) and any(most.get(other, (0, ""))[1] != holder for other in shared):
+            continue
+        extra.setdefault(holder, {})[name] = step - held.get(name, 0)
+    return tuple(ContainerRequest(name=c.name, resources=extra[c.name], init=True) for c, _ in init if c.name in extra)
+
+
+def _init_steps(init: list[tuple[ContainerRequest, bool]]) -> tuple[InitStep, ...]:
+    """The classic init containers that ask devices, each with the sidecars started before it."""
+    steps = []
+    sidecars: list[str] = []
+    for container, sidecar in init:
+        if sidecar:
+            sidecars.append(container.name)
+            continue
+        devices = {name: n for name, n in container.resources.items() if n > 0 and is_extended_resource(name)}
+        if devices:
+            steps.append(InitStep(container.name, devices, tuple(sidecars)))
+    return tuple(steps)
 
 
 def _pod_requests(

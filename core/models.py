@@ -39,6 +39,7 @@ __all__ = [
     "DeviceNode",
     "DeviceOwnership",
     "HostPort",
+    "InitStep",
     "LabelSelector",
     "Mount",
     "NodeDevices",
@@ -204,12 +205,23 @@ class NodeInfo:
 @dataclass(frozen=True, slots=True)
 class ContainerRequest:
     """One container's requests: `cpu` in millicores, `memory` in bytes, extended resources as counts. `init`: a
-    classic init container that holds devices no app container asks for (`resources` names only those; its cpu and
-    memory count in `PodRequest.requests` alone)."""
+    classic init container that holds the devices the pod needs for it beyond what the app containers and sidecars
+    hold (`resources` names only those; its cpu and memory count in `PodRequest.requests` alone)."""
 
     name: str
     resources: Mapping[str, int] = field(default_factory=dict)
     init: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class InitStep:
+    """A classic init container that asks for devices: its counts of each device (extended resource), and the
+    sidecars started before it, which keep their devices while it runs. The kubelet gives it devices the init
+    containers before it had first, then others of its pod's (`kubegpu.core.annotations.init_devices`)."""
+
+    name: str
+    resources: Mapping[str, int]
+    sidecars: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,9 +316,11 @@ class PodRequest:
     """What a pod asks of the scheduler, built once from its manifest (`kubegpu.core.manifests.pod_request`).
 
     `containers` are the containers that hold devices: `spec.containers`, then the sidecars (init containers with
-    `restartPolicy: Always`), then, for a device no app container or sidecar asks for, the classic init container
-    that asks the most of it (`ContainerRequest.init`: the kubelet keeps an init container's devices for its pod, so
-    the allocation must name them to it). `requests` is the pod's request of every resource as
+    `restartPolicy: Always`), then, for a device a classic init container asks more of than the app containers and
+    sidecars hold, the init container whose step needs the most, holding the difference (`ContainerRequest.init`:
+    the kubelet keeps an init container's devices for its pod, so the allocation must name them). `init_steps` are
+    the classic init containers that ask devices, in order: the allocation names what each is given of its pod's
+    devices. `requests` is the pod's request of every resource as
     kube-scheduler 1.29+ computes it for fitting (`resource.PodRequests`: the containers' and sidecars' sum, at least
     any classic init container's with the sidecars started before it, plus `spec.overhead`); `cpu_milli` and `memory`
     are its cpu and memory entries. `node_affinity` is the required node affinity's terms (ORed; None when the pod
@@ -351,6 +365,7 @@ class PodRequest:
     images: tuple[str, ...] = ()
     scheduling_gates: tuple[str, ...] = ()
     resource_claims: tuple[ClaimRef, ...] = ()
+    init_steps: tuple[InitStep, ...] = ()
 
     @property
     def key(self) -> str:

@@ -41,13 +41,17 @@ verified allocation and those without (kubegpu did not place them, or their allo
 such pod, the container it would be allocated next is the first one requesting the resource that this process has
 not answered for; a pod is a possible match for a call when that container asks exactly the call's count.
 
+* Init containers: a classic init container's ids are the ones the allocation's `init` names for it (every one of
+  them its pod's: `core.annotations.init_devices`). The kubelet gives the containers after it the init containers'
+  devices first, at its own pick among them, and asks the plugin only for the rest (`must_include` the ones it
+  kept): such a container may be allocated any of its pod's ids, once an init container of the pod was.
 * GetPreferredAllocation answers the signed ids of the first possible match, in creation order (then the
-  scheduler's `issued` stamp), whose ids are all available; nothing when a possible match has no verified
-  allocation of the resource: the kubelet must never be steered onto a placed pod's devices for a pod that may be
-  another.
-* Allocate is answered from the possible match whose verified ids are exactly the requested ones (or, for an app
-  container, an init container's of the same pod, which the kubelet hands on), and only when no possible match
-  lacks a verified allocation. Otherwise the call is refused (`missing`: no allocation names these ids;
+  scheduler's `issued` stamp), whose ids are all available (for a container after an init container, the ids the
+  kubelet kept, then its own and its pod's free ones); nothing when a possible match has no verified allocation of
+  the resource: the kubelet must never be steered onto a placed pod's devices for a pod that may be another.
+* Allocate is answered from the possible match whose verified ids are exactly the requested ones (or, for a
+  container after an allocated init container, all ids its pod's), and only when no possible match lacks a
+  verified allocation. Otherwise the call is refused (`missing`: no allocation names these ids;
   `ambiguous`: a pod kubegpu did not place asks the same count and may be the one admitted), and the kubelet fails
   the pod's admission with the message. A pod without a verified allocation never gets anything of kubegpu's.
 * Settling: the kubelet writes a pod it refused as Failed a moment after refusing it, and may already be admitting
@@ -229,7 +233,7 @@ class Candidate:
     """A pod bound to this node and not started, that requests some resource: `record` is its verified allocation,
     None when it has none (kubegpu did not place it, or its allocation failed a check: `unverified` says which);
     `order` is its containers' admission order and `requests` what each asks (None: a count that cannot be read);
-    `apps` its app containers (`spec.containers`) and `classic` its init containers that are no sidecars."""
+    `classic` its init containers that are no sidecars."""
 
     pod: PodIdentity
     created: str
@@ -237,37 +241,20 @@ class Candidate:
     order: list[str]
     requests: dict[str, dict[str, int | None]]
     unverified: str = ""
-    apps: tuple[str, ...] = ()
     classic: frozenset[str] = frozenset()
 
     def ids(self, container: str, resource: str) -> list[str]:
+        """The ids the allocation names for `container` (a classic init container's from `init`)."""
         if self.record is None:
             return []
-        lender = self.lender(container, resource)
-        if lender is not None:
-            count = self.requests[container][resource] or 0
-            return list(self.record.containers[lender][resource][:count])
-        return list(self.record.containers.get(container, {}).get(resource, []))
+        return list(self.record.given(container).get(resource, []))
 
-    def lender(self, container: str, resource: str) -> str | None:
-        """For a classic init container asking `resource` that the allocation names none of: the app container whose
-        devices it is given. The scheduler counts an init container's devices among its pod's and names none of its
-        own, as the kubelet hands an init container's devices on to the containers after it; so the init container
-        gets the first of an app container's (one with as many, and all of them where they are shares, whose limits
-        go with them), or of the init container that holds a device only init containers ask for."""
-        record = self.record
-        if record is None or container not in self.classic or resource in record.containers.get(container, {}):
-            return None
-        count = self.requests.get(container, {}).get(resource)
-        if not count:
-            return None
-        # An app container's, else the init container that holds a device no app container asks for (`PodRequest`).
-        holders = sorted(c for c in self.classic if c != container and resource in record.containers.get(c, {}))
-        for app in (*self.apps, *holders):
-            ids = record.containers.get(app, {}).get(resource, [])
-            if len(ids) == count or (len(ids) > count and resource not in record.shares.get(app, {})):
-                return app
-        return None
+    def pod_ids(self, resource: str) -> list[str]:
+        """Every id of `resource` the allocation names for the pod, each once."""
+        if self.record is None:
+            return []
+        named = [*self.record.containers.values(), *self.record.init.values()]
+        return list(dict.fromkeys(i for resources in named for i in resources.get(resource, ())))
 
 
 @dataclass(frozen=True)
@@ -334,10 +321,7 @@ class PendingPods:
             classic = frozenset(
                 str(c.get("name", "")) for c in init if c.get("restartPolicy") != SIDECAR_RESTART_POLICY
             )
-            apps_named = tuple(str(c.get("name", "")) for c in apps)
-            candidates.append(
-                Candidate(identity, created, record, list(requests), requests, unverified, apps_named, classic)
-            )
+            candidates.append(Candidate(identity, created, record, list(requests), requests, unverified, classic))
         now = self.clock()
         with self.lock:
             for candidate in self.candidates:
@@ -401,6 +385,14 @@ class PendingPods:
             for slot in slots:
                 if free.issuperset(slot.ids) and set(must_include) <= set(slot.ids):
                     return list(slot.ids)
+            for slot in slots:
+                # The kubelet kept some of an init container's devices for this container (`must_include`), not
+                # necessarily the ones named to it: the rest come from its own, then from the pod's other ids.
+                if must_include and set(must_include) <= self._reusable(slot.candidate, resource):
+                    rest = [i for i in (*slot.ids, *slot.candidate.pod_ids(resource)) if i in free]
+                    chosen = list(dict.fromkeys([*must_include, *rest]))[:size]
+                    if len(chosen) == size:
+                        return chosen
         return []
 
     def claim(self, resource: str, ids: Sequence[str]) -> tuple[Candidate, str] | None:
@@ -410,7 +402,8 @@ class PendingPods:
         Raises `AllocationRefused` (`ambiguous`) when a pending pod without a verified allocation of `resource` asks
         the same count: the kubelet does not say which pod it admits, and that pod must never get another's
         signed devices, so neither gets any until it has left the pending pods (refused, started or deleted).
-        An app container given its init container's ids (the kubelet reuses them) gets that container's answer.
+        A container after an allocated init container of its pod may be given any of the pod's ids instead
+        (`_reused`): the kubelet hands it the init containers' devices, picking among them itself.
         """
         wanted = sorted(ids)
         with self.lock:
@@ -429,20 +422,23 @@ class PendingPods:
                         self.candidates.remove(slot.candidate)
                 raise AllocationRefused("ambiguous", _ambiguous(resource, wanted, match, unplaced))
             self.allocated.add((match.candidate.pod.uid, match.container, resource))
-            for container in match.candidate.order:
-                if sorted(match.candidate.ids(container, resource)) == wanted:
-                    return match.candidate, container
             return match.candidate, match.container
 
+    def _reusable(self, candidate: Candidate, resource: str) -> set[str]:
+        """The ids of `resource` the kubelet may hand the pod's next container from its allocated init containers:
+        theirs, and (for what it takes beyond them) the pod's others; empty until one of them is allocated."""
+        uid = candidate.pod.uid
+        if not any((uid, c, resource) in self.allocated for c in candidate.classic):
+            return set()
+        return set(candidate.pod_ids(resource))
+
     def _reused(self, slots: list[Slot], resource: str, wanted: list[str]) -> Slot | None:
-        """The slot of a pod one of whose allocated init containers holds exactly `wanted` (the kubelet hands an
-        init container's devices on to the containers that follow it)."""
+        """The slot of a pod an init container of which was allocated `resource`, and whose allocation names every
+        id of `wanted`: the kubelet gives the containers after an init container its devices (any of them, its own
+        pick) and, where they ask more, others the plugin prefers (`preferred`: the pod's)."""
         for slot in slots:
-            uid = slot.candidate.pod.uid
-            for container in slot.candidate.order:
-                done = (uid, container, resource) in self.allocated
-                if done and sorted(slot.candidate.ids(container, resource)) == wanted:
-                    return slot
+            if slot.ids and set(wanted) <= self._reusable(slot.candidate, resource):
+                return slot
         return None
 
 
@@ -495,7 +491,7 @@ def allocate_response(
     # the kubelet does not allocate through a device plugin: the container's shares of the same plugin go along.
     shares = {
         r: dict(s)
-        for r, s in record.shares.get(candidate.lender(container, resource) or container, {}).items()
+        for r, s in record.shares.get(container, {}).items()
         if r == resource or plugins.owner_of(r) == plugin
     }
     allocation = ContainerAllocation(

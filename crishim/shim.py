@@ -496,7 +496,7 @@ class ContainerEditor:
     ) -> bytes:
         """Remove every plugin's entries from the container, add back what `record` grants it; `body` when that
         changes nothing."""
-        granted = record is not None and bool(record.containers.get(container))
+        granted = record is not None and bool(record.given(container))
         if not granted and not self._carries_owned(request.config):
             return body
         before = edit_from_config(request.config)
@@ -536,7 +536,7 @@ class ContainerEditor:
     def apply(self, record: AllocationRecord, pod: PodIdentity, container: str, edit: ContainerEdit) -> str:
         """Route each allocated resource to its owning plugin and let it edit `edit`; a summary for the log."""
         owned: dict[str, dict[str, list[str]]] = {}
-        for resource, ids in record.containers.get(container, {}).items():
+        for resource, ids in record.given(container).items():
             owner = self.plugins.owner_of(resource)
             if owner is None:
                 raise AllocationRefused(
@@ -596,12 +596,16 @@ class ContainerEditor:
 
 
 def _whole_devices(record: AllocationRecord, container: str | None = None) -> Devices:
-    """(resource, device id) -> containers, for the whole devices of one container (or all) of an allocation.
-    Resources with `shares` are split over shared devices (Intel cards) and are left out."""
+    """(resource, device id) -> containers, for the whole devices one container is given (or all the pod's, with
+    every container, init containers included, that is given each). Resources with `shares` are split over shared
+    devices (Intel cards) and are left out."""
     devices: Devices = {}
-    for name, resources in record.containers.items():
-        if container is not None and name != container:
-            continue
+    named = (
+        [*record.containers.items(), *record.init.items()]
+        if container is None
+        else [(container, record.given(container))]
+    )
+    for name, resources in named:
         shared = record.shares.get(name, {})
         for resource, ids in resources.items():
             if resource not in shared:

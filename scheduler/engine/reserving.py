@@ -101,10 +101,12 @@ class Reserving(Scoring):
         allocation_record: AllocationRecord | None = None
         if parts:
             if self.signing_key is None:
-                allocation_record = merge_allocations(name, pod.uid, list(parts.values()))
+                allocation_record = merge_allocations(name, pod.uid, list(parts.values()), init=pod.init_steps)
             else:
                 self._issued = max(time.time_ns(), self._issued + 1)
-                allocation_record = merge_allocations(name, pod.uid, list(parts.values()), issued=self._issued)
+                allocation_record = merge_allocations(
+                    name, pod.uid, list(parts.values()), issued=self._issued, init=pod.init_steps
+                )
                 allocation_record = sign_allocation(allocation_record, self.signing_key)
             for part in parts.values():
                 annotations.update(part.annotations)

@@ -20,12 +20,13 @@ from kubegpu.core.annotations import (
     decode_devices,
     encode_allocation,
     encode_devices,
+    init_devices,
     merge_allocations,
     sign_allocation,
     verify_allocation,
 )
 from kubegpu.core.errors import InputError
-from kubegpu.core.models import DeviceInfo, DeviceInventory, NodeDevices, PluginAllocation
+from kubegpu.core.models import DeviceInfo, DeviceInventory, InitStep, NodeDevices, PluginAllocation
 
 KEY = b"cluster-signing-key"
 
@@ -123,15 +124,37 @@ def test_a_signed_allocation_verifies_after_an_encode_decode_round_trip() -> Non
         ({"node": "trn-1"}, KEY),
         ({"podUID": "uid-2"}, KEY),
         ({"plugins": {"neuron": {"ring": [4, 5]}}}, KEY),
+        ({"init": {"check": {"aws.amazon.com/neurondevice": ["4"]}}}, KEY),
         ({}, b"another-key"),
     ],
-    ids=["other-devices", "extra-device", "other-node", "other-pod", "added-plugin-field", "wrong-key"],
+    ids=["other-devices", "extra-device", "other-node", "other-pod", "added-plugin-field", "added-init", "wrong-key"],
 )
 def test_a_tampered_allocation_or_a_wrong_key_fails_verification(change: dict[str, Any], key: bytes) -> None:
     signed = sign_allocation(_record(), KEY)
     tampered = signed.model_copy(update=change)
 
     assert not verify_allocation(tampered, key)
+
+
+def test_what_init_containers_are_given_is_signed_and_only_ever_the_pods_own_devices() -> None:
+    """`init` names what each classic init container is given: signed like every field (removing it breaks the
+    signature), left out while empty (an allocation signed before the field existed still verifies), and only ever
+    ids its pod's `containers` name: one naming another device is refused, naming the field."""
+    gpu = "nvidia.com/gpu"
+    record = _record(containers={"main": {gpu: ["0"]}, "check": {gpu: ["1"]}}, init={"check": {gpu: ["1", "0"]}})
+    signed = sign_allocation(record, KEY)
+    assert verify_allocation(decode_allocation(encode_allocation(signed)), KEY)
+    assert decode_allocation(encode_allocation(signed)).given("check") == {gpu: ["1", "0"]}
+    assert not verify_allocation(signed.model_copy(update={"init": {}}), KEY)
+    old = sign_allocation(_record(), KEY)  # signed without the field
+    assert "init" not in encode_allocation(old) and verify_allocation(decode_allocation(encode_allocation(old)), KEY)
+
+    with pytest.raises(AnnotationError) as refused:
+        decode_allocation(_valid(init={"check": {gpu: ["0", "7"]}}))
+    assert str(refused.value) == (
+        f"{ALLOCATION_KEY}: init.check.nvidia.com/gpu: 7: an init container is given only devices its pod holds, "
+        "and `containers` names no such device"
+    )
 
 
 def test_an_unsigned_allocation_never_verifies() -> None:
@@ -259,3 +282,47 @@ def test_a_malformed_devices_annotation_names_the_field(inventory: dict[str, Any
 
     assert str(caught.value).startswith(message)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("containers", "steps", "given"),
+    [
+        ({"app": ["0"], "check": ["1", "2", "3"]}, [("check", 4, ())], {"check": ["0", "1", "2", "3"]}),
+        ({"big": ["0", "1"]}, [("small", 1, ()), ("big", 2, ())], {"small": ["0"], "big": ["0", "1"]}),
+        ({"big": ["0", "1"]}, [("big", 2, ()), ("small", 1, ())], {"big": ["0", "1"], "small": ["0"]}),
+        (
+            {"app": ["0", "1"], "monitor": ["2"], "warmup": ["3"]},
+            [("warmup", 3, ("monitor",))],
+            {"warmup": ["0", "1", "3"]},
+        ),
+        ({"app": ["0"]}, [("check", 2, ())], {}),
+    ],
+    ids=[
+        "init-4-app-1",
+        "the-second-reuses-the-first-and-takes-more",
+        "a-smaller-one-reuses",
+        "never-a-running-sidecars",
+        "too-few-names-nothing",
+    ],
+)
+def test_each_init_container_is_given_its_pods_devices_as_the_kubelet_gives_them(
+    containers: dict[str, list[str]], steps: list[tuple[str, int, tuple[str, ...]]], given: dict[str, list[str]]
+) -> None:
+    gpu = "nvidia.com/gpu"
+    named, lent = init_devices(
+        {c: {gpu: ids} for c, ids in containers.items()},
+        {},
+        tuple(InitStep(name, {gpu: count}, sidecars) for name, count, sidecars in steps),
+    )
+    assert {c: resources[gpu] for c, resources in named.items()} == given and lent == {}
+
+
+def test_an_init_container_asking_a_gpu_share_is_given_the_share_of_the_container_holding_as_many() -> None:
+    """A GPU share (`nvidia.com/gpu: 1` with compute and memory amounts) is given with its limits: the app's share of
+    the same count, every amount of it, so the init container never runs on the whole GPU unlimited."""
+    gpu, cores, mem = "nvidia.com/gpu", "nvidia.com/gpucores", "nvidia.com/gpumem"
+    containers = {"main": {gpu: ["3"], cores: ["3"], mem: ["3"]}}
+    shares = {"main": {gpu: {"3": 1}, cores: {"3": 30}, mem: {"3": 4096}}}
+    named, lent = init_devices(containers, shares, (InitStep("check", {gpu: 1, cores: 30, mem: 4096}),))
+    assert named == {"check": {gpu: ["3"], cores: ["3"], mem: ["3"]}}
+    assert lent == {"check": shares["main"]}

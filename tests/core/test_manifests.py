@@ -174,9 +174,50 @@ def test_a_sidecars_devices_are_held_beside_the_apps_and_a_classic_init_containe
 
     request, _ = pod_request(pod)
 
-    assert [c.name for c in request.containers] == ["app", "monitor"]  # the sidecar holds its own device
-    assert request.total("nvidia.com/gpu") == 3
-    assert request.requests["nvidia.com/gpu"] == 4  # warmup runs beside monitor: 3 + 1 > app + monitor
+    # The sidecar holds its own device; warmup runs beside monitor (3 + 1 > app + monitor): it holds the one more
+    # GPU its step needs beyond what app and monitor hold, as the kubelet gives it that one beside theirs.
+    assert [(c.name, dict(c.resources), c.init) for c in request.containers] == [
+        ("app", {"nvidia.com/gpu": 2}, False), ("monitor", {"nvidia.com/gpu": 1}, False),
+        ("warmup", {"nvidia.com/gpu": 1}, True),
+    ]  # fmt: skip
+    assert request.total("nvidia.com/gpu") == request.requests["nvidia.com/gpu"] == 4
+    assert [(s.name, dict(s.resources), s.sidecars) for s in request.init_steps] == [
+        ("warmup", {"nvidia.com/gpu": 3}, ("monitor",))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("app", "init", "held"),
+    [
+        ((1,), (4,), {"check": 3}),
+        ((2, 2), (4,), {}),
+        ((1,), (2, 4, 3), {"second": 3}),
+        ((3,), (1, 2), {}),
+        ((0,), (2, 2), {"first": 2}),
+    ],
+    ids=[
+        "init-4-app-1-holds-3-more",
+        "apps-hold-what-the-init-asks",
+        "the-init-asking-the-most-holds-the-difference",
+        "inits-asking-less-hold-nothing",
+        "only-inits-ask-the-first-of-the-most-holds-it",
+    ],
+)
+def test_the_devices_a_pod_holds_are_the_count_kubernetes_gives_it(
+    app: tuple[int, ...], init: tuple[int, ...], held: dict[str, int]
+) -> None:
+    """The pod holds what Kubernetes counts for it (the apps' sum or the most an init container asks): the init
+    container asking the most holds what the app containers do not (the kubelet gives it those beside theirs)."""
+    names = ["check", "second", "third"] if len(init) == 1 else ["first", "second", "third"]
+    pod = _pod(
+        *(_container(f"app{i}", limits={"nvidia.com/gpu": str(n)}) for i, n in enumerate(app)),
+        init=tuple(_container(names[i], limits={"nvidia.com/gpu": str(n)}) for i, n in enumerate(init)),
+    )
+
+    request, _ = pod_request(pod)
+
+    assert {c.name: c.resources["nvidia.com/gpu"] for c in request.containers if c.init} == held
+    assert request.total("nvidia.com/gpu") == request.requests["nvidia.com/gpu"] == max(sum(app), *init)
 
 
 def test_pod_overhead_is_added_to_a_pod_with_sidecars() -> None:
@@ -472,3 +513,24 @@ def test_a_device_only_init_containers_ask_for_is_held_by_the_one_that_asks_the_
     pod, _ = pod_request(document)
     assert [(c.name, dict(c.resources)) for c in pod.containers if c.init] == holders
     assert [c.name for c in pod.containers if not c.init] == ["main"]
+
+
+def test_an_init_container_asking_more_memory_of_a_gpu_share_holds_nothing_alone() -> None:
+    """A GPU share's memory is no device without its GPU: an init container asking the app's one GPU with more
+    memory (8000 MiB against 4096) holds no memory of its own (a container asking memory without a GPU is refused),
+    and is given the app's share; one asking more GPUs, none of them shares, holds the GPUs the app does not."""
+    share = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}
+    pod = _pod(
+        _container("app", limits=share), init=(_container("check", limits={**share, "nvidia.com/gpumem": "8000"}),)
+    )
+    request, _ = pod_request(pod)
+    assert [c.name for c in request.containers] == ["app"]
+    assert request.requests["nvidia.com/gpumem"] == 8000  # Kubernetes' count still
+
+    pod = _pod(
+        _container("app", limits={"nvidia.com/gpu": "1"}), init=(_container("check", limits={"nvidia.com/gpu": "4"}),)
+    )
+    request, _ = pod_request(pod)
+    assert [(c.name, dict(c.resources)) for c in request.containers] == [
+        ("app", {"nvidia.com/gpu": 1}), ("check", {"nvidia.com/gpu": 3})
+    ]  # fmt: skip

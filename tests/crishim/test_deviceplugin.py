@@ -29,7 +29,6 @@ import pytest
 
 from kubegpu.core.annotations import (
     ALLOCATION_KEY,
-    AllocationRecord,
     encode_allocation,
     merge_allocations,
     sign_allocation,
@@ -803,15 +802,16 @@ def test_a_node_serving_mig_lists_each_mig_device_and_a_pod_gets_the_one_its_all
         kubelet.stop()
 
 
-def two_gpu_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[Engine, Path]:
-    """An engine with the node of two GPUs (NVML faked for the device-plugin side), and the node's host root."""
-    monkeypatch.setitem(sys.modules, "pynvml", one_gpu_nvml(2))
+def two_gpu_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, count: int = 2) -> tuple[Engine, Path]:
+    """An engine with the node of two GPUs (or `count`; NVML faked for the device-plugin side), and the node's host
+    root."""
+    monkeypatch.setitem(sys.modules, "pynvml", one_gpu_nvml(count))
     host = tmp_path / "host"
     (host / "dev").mkdir(parents=True)
     engine = Engine(
         build_plugin_manager("scheduler", plugins=[("nvidia", nvidia_scheduler)], autoload=False), signing_key=KEY
     )
-    engine.add_node(make_node(NODE, labels={"nvidia.com/gpu.count": "2"}, allocatable={GPU: 2}))
+    engine.add_node(make_node(NODE, labels={"nvidia.com/gpu.count": str(count)}, allocatable={GPU: count}))
     return engine, host
 
 
@@ -906,12 +906,96 @@ def test_a_pod_whose_only_gpus_are_its_init_containers_is_placed_with_them_named
 
 
 def test_an_init_container_is_given_its_gpus_from_the_init_container_that_holds_them() -> None:
-    """Two init containers ask GPUs no app container asks (1, then 2): the scheduler names the pod's 2 to the one
-    that asks the most; the other is given the first of them, as the kubelet hands an init container's devices on."""
-    record = AllocationRecord(version=1, node=NODE, podUID="uid-p", containers={"big": {GPU: ["0", "1"]}})
+    """Two init containers ask GPUs no app container asks (1, then 2): the scheduler has the pod's 2 held by the one
+    that asks the most, and names the first of them to the other too, as the kubelet gives the second init container
+    the first one's device and one more."""
+    manifest = pod_manifest("p", {"main": {"cpu": 1}}, namespace="team")
+    manifest["spec"]["initContainers"] = [
+        {"name": "small", "resources": {"limits": {GPU: "1"}}}, {"name": "big", "resources": {"limits": {GPU: "2"}}}
+    ]  # fmt: skip
+    steps = pod_request(manifest)[0].init_steps
+    record = merge_allocations(
+        NODE, "uid-p", [PluginAllocation(plugin="nvidia", containers={"big": {GPU: ["0", "1"]}})], init=steps
+    )
     candidate = Candidate(
         PodIdentity("team", "p", "uid-p"), "2025-01-01T00:00:00Z", record, ["small", "big", "main"],
-        {"small": {GPU: 1}, "big": {GPU: 2}}, apps=("main",), classic=frozenset({"small", "big"}),
+        {"small": {GPU: 1}, "big": {GPU: 2}}, classic=frozenset({"small", "big"}),
     )  # fmt: skip
     assert candidate.ids("small", GPU) == ["0"]
     assert candidate.ids("big", GPU) == ["0", "1"]
+
+
+def test_an_init_container_asking_more_gpus_than_the_app_is_admitted_and_the_app_with_any_of_them(
+    directory: Path,
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """An init container asks 4 GPUs, the app 1 (a check of the whole node's GPUs before a one-GPU server): the
+    engine counts 4 for the pod, but the allocation named only the app's 1, so the kubelet's Allocate of 4 for the
+    init container matched nothing and the pod failed admission. The allocation now names the init container's 4; the
+    kubelet gives it them, then hands the app any one of them (it picks from the init container's devices at random,
+    without asking the plugin), and that one is what the app is admitted with."""
+    engine, host = two_gpu_node(monkeypatch, tmp_path, count=4)
+    manifest = pod_manifest("checked", {"main": {GPU: 1}}, namespace="team")
+    manifest["spec"]["initContainers"] = [{"name": "gpu-check", "resources": {"limits": {GPU: "4"}}}]
+    manifest["metadata"].update(uid="uid-checked", creationTimestamp="2025-01-01T00:00:00Z")
+    decision = engine.schedule(pod_request(manifest)[0])
+    assert decision.scheduled and decision.allocation is not None, decision
+    manifest["metadata"]["annotations"].update(decision.annotations)
+    manifest["spec"]["nodeName"] = NODE
+    manifest["status"] = {"phase": "Pending"}
+    app_gpu = decision.allocation.containers["main"][GPU]
+
+    with serving_gpus(directory, make_plugin_manager("device", nvidia=nvidia_device), manifest, host):
+        taken, answer = admitted(directory, ["0", "1", "2", "3"], 4, GPU)
+        assert not isinstance(answer, grpc.RpcError), answer.details()
+        assert dict(answer.envs)["NVIDIA_VISIBLE_DEVICES"] == ",".join(taken)
+        # The kubelet's reuse: the app gets one of the init container's GPUs, not necessarily the one named to it.
+        reused = next(i for i in taken if i not in app_gpu)
+        answer = allocate(directory, GPU, [reused])
+        assert not isinstance(answer, grpc.RpcError), answer.details()
+        assert dict(answer.envs)["NVIDIA_VISIBLE_DEVICES"] == reused
+    assert sorted(decision.allocation.init["gpu-check"][GPU]) == sorted(taken) == ["0", "1", "2", "3"]
+
+
+def init_checked_pod(name: str, init: int, apps: dict[str, list[str]], created: str) -> dict[str, Any]:
+    """A pending pod placed by kubegpu whose init container `check` asks `init` Neuron devices before app containers
+    holding `apps`: its allocation names what the init container is given, as the scheduler names it."""
+    manifest = pod_manifest(name, {c: {NEURONDEVICE: len(ids)} for c, ids in apps.items()}, namespace="team")
+    manifest["spec"]["initContainers"] = [asking("check", init)]
+    manifest["spec"]["nodeName"] = NODE
+    manifest["metadata"].update(uid=f"uid-{name}", creationTimestamp=created)
+    manifest["status"] = {"phase": "Pending"}
+    steps = pod_request(manifest)[0].init_steps
+    part = PluginAllocation(plugin="neuron", containers={c: {NEURONDEVICE: ids} for c, ids in apps.items()})
+    record = sign_allocation(merge_allocations(NODE, f"uid-{name}", [part], init=steps), KEY)
+    manifest["metadata"]["annotations"][ALLOCATION_KEY] = encode_allocation(record)
+    return manifest
+
+
+def test_containers_after_an_init_container_get_whichever_of_their_pods_ids_the_kubelet_hands_them() -> None:
+    """The init container asks 2, then app `a` 1 and app `b` 2 (the pod holds 3: 4, 5, 6; the init container is
+    given 4 and 5). The kubelet hands `a` one of the init container's at its own pick (5, not the 4 named to it), and
+    `b` the other (4) with one more it asks the plugin for: `b` is steered to the pod's 6 and admitted with 4 and 6.
+    Ids of another pod's are never taken for this one's, and a pod kubegpu did not place asking the same count
+    still makes the call ambiguous."""
+    pods = pending(init_checked_pod("p", 2, {"a": ["4"], "b": ["5", "6"]}, "2025-01-01T00:00:00Z"))
+    pods.refresh()
+    assert pods.preferred(NEURONDEVICE, EVERYTHING, [], 2) == ["4", "5"]
+    assert pods.claim(NEURONDEVICE, ["5", "4"]) is not None
+    assert pods.claim(NEURONDEVICE, ["9"]) is None  # not the pod's: refused (missing) by the caller
+    candidate, container = pods.claim(NEURONDEVICE, ["5"]) or (None, "")
+    assert candidate is not None and candidate.pod.name == "p" and container == "a"
+    free = [i for i in EVERYTHING if i != "5"]
+    assert pods.preferred(NEURONDEVICE, free, ["4"], 2) == ["4", "6"]
+    candidate, container = pods.claim(NEURONDEVICE, ["6", "4"]) or (None, "")
+    assert candidate is not None and container == "b"
+
+    squatter = unplaced_pod("squatter", {"main": 1}, created="2025-01-01T00:00:01Z")
+    pods = pending(init_checked_pod("p", 2, {"a": ["4"], "b": ["5", "6"]}, "2025-01-01T00:00:00Z"), squatter)
+    pods.refresh()
+    assert pods.claim(NEURONDEVICE, ["4", "5"]) is not None  # the init container asks 2, the squatter 1
+    with pytest.raises(AllocationRefused) as refused:
+        pods.claim(NEURONDEVICE, ["5"])
+    assert refused.value.check == "ambiguous" and "tenant/squatter" in str(refused.value)

@@ -37,11 +37,16 @@ from kubegpu.core.annotations import (
     sign_allocation,
 )
 from kubegpu.core.device_hooks import hookimpl
+from kubegpu.core.manifests import pod_request
 from kubegpu.core.models import ContainerAllocation, ContainerEdit, PluginAllocation
 from kubegpu.core.plugin_manager import KubegpuPluginManager
-from kubegpu.core.testing import pod_manifest
+from kubegpu.core.plugin_manager import make_plugin_manager as build_plugin_manager
+from kubegpu.core.testing import make_node, pod_manifest
 from kubegpu.crishim.shim import CDI_ANNOTATION, ContainerEditor, RunningShim, apply_edit, edit_from_config, start_shim
 from kubegpu.crishim.verify import AllocationRefused, PodIdentity, managed_resources, verified_allocation
+from kubegpu.plugins.nvidia import device as nvidia_device
+from kubegpu.plugins.nvidia import scheduler as nvidia_scheduler
+from kubegpu.scheduler.engine import Engine
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fpga"
 FPGA = "example.com/fpga"
@@ -613,3 +618,43 @@ def test_a_v1_kubelet_is_served_in_front_of_a_v1alpha2_runtime_with_cdi_names_as
     finally:
         shim.stop(0)
         server.stop(0).wait()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Init containers: the devices the kubelet would give them, from the pod's allocation
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_a_placed_pods_init_container_gets_the_gpus_its_allocation_names(
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+) -> None:
+    """A GPU check before the app (`nvidia.com/gpu: 2` on the init container, 1 on the app), placed by the real
+    engine: the shim created the init container without any GPU. It now gets the 2 GPUs the allocation names for it
+    (the app's among them, as the kubelet hands an init container's devices on), and the app its own one of them."""
+    gpu = "nvidia.com/gpu"
+    engine = Engine(
+        build_plugin_manager("scheduler", plugins=[("nvidia", nvidia_scheduler)], autoload=False), signing_key=KEY
+    )
+    engine.add_node(make_node(NODE, labels={"nvidia.com/gpu.count": "4"}, allocatable={gpu: 4}))
+    manifest = pod_manifest(POD.name, {"main": {gpu: 1}}, namespace=POD.namespace)
+    manifest["metadata"]["uid"] = POD.uid
+    manifest["spec"]["initContainers"] = [{"name": "gpu-check", "resources": {"limits": {gpu: "2"}}}]
+    decision = engine.schedule(pod_request(manifest)[0])
+    assert decision.scheduled and decision.allocation is not None, decision
+    editor = ContainerEditor(
+        make_plugin_manager("device", nvidia=nvidia_device), node=NODE, key=KEY, dev_root=Path("/host/dev")
+    )
+
+    def visible(container: str) -> tuple[list[str], list[str]]:
+        config = edited(editor, request(decision.annotations, container=container)).config
+        env = {kv.key: kv.value for kv in config.envs}
+        gpus = env.get("NVIDIA_VISIBLE_DEVICES", "")
+        return (gpus.split(",") if gpus else []), [d.container_path for d in config.devices]
+
+    init_gpus, init_devices = visible("gpu-check")
+    app_gpus, app_devices = visible("main")
+    assert len(init_gpus) == 2 and set(app_gpus) < set(init_gpus) and len(app_gpus) == 1, (init_gpus, app_gpus)
+    assert sorted(d for d in init_devices if d.startswith("/dev/nvidia") and d[11:].isdigit()) == sorted(
+        f"/dev/nvidia{i}" for i in init_gpus
+    )
+    assert f"/dev/nvidia{app_gpus[0]}" in app_devices

@@ -96,6 +96,7 @@ def signed(
     issued: int = T1,
     shares: Mapping[str, Any] | None = None,
     node: str = NODE,
+    init: Mapping[str, Mapping[str, list[str]]] | None = None,
 ) -> str:
     """The annotation the kubegpu scheduler writes: signed with the cluster key, stamped `issued`."""
     record = AllocationRecord(
@@ -104,6 +105,7 @@ def signed(
         podUID=uid,
         containers={c: dict(r) for c, r in containers.items()},
         shares=dict(shares or {}),
+        init={c: dict(r) for c, r in (init or {}).items()},
         issued=issued,
     )
     return encode_allocation(sign_allocation(record, KEY))
@@ -570,6 +572,29 @@ def test_a_device_a_live_container_has_is_never_given_to_another_pod(node: Node)
     node.kubelet.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=stale[0]), timeout=5)
     node.kubelet.create(later)
     assert [d.container_path for d in node.last().devices] == ["/dev/fpga1", "/dev/fpga2"]
+
+
+def test_a_device_a_live_init_container_has_is_never_given_to_another_pod(node: Node) -> None:
+    """An init container is given fpga1 and fpga2 (fpga1 the app's, handed on after it, as the kubelet does): while
+    it lives, a later allocation of fpga1 to another pod is refused, naming the init container."""
+    stale = node.kubelet.run_pod(
+        "stale",
+        "uid-stale",
+        {ALLOCATION_KEY: signed(
+            "uid-stale", {"main": {FPGA: ["fpga1"]}, "check": {FPGA: ["fpga2"]}},
+            init={"check": {FPGA: ["fpga1", "fpga2"]}}, issued=T1,
+        )},
+    )  # fmt: skip
+    node.kubelet.create(stale, "check")
+    assert [d.container_path for d in node.last().devices] == ["/dev/fpga1", "/dev/fpga2"]
+    later = node.kubelet.run_pod(
+        "later", "uid-later", {ALLOCATION_KEY: signed("uid-later", {"main": {FPGA: ["fpga1"]}}, issued=T2)}
+    )
+
+    code, details = refusal(node.kubelet.refused(later))
+
+    assert (code, details.split(":")[1]) == (grpc.StatusCode.FAILED_PRECONDITION, " in-use check failed")
+    assert "fpga1 is in use by container check of pod team-a/stale" in details
 
 
 def test_a_shim_restart_still_sees_which_live_containers_have_a_device(node: Node) -> None:

@@ -210,6 +210,35 @@ def test_neuron_intel_and_nvidia_pods_run_with_exactly_their_devices(
     assert not family(devices, "neuron")
 
 
+def test_an_init_container_runs_with_the_gpus_its_allocation_names_and_the_app_with_one_of_them(
+    cluster: Cluster, kubelet: Kubelet, scheduler: SchedulerProcess, node_dir: Path, space: str
+) -> None:
+    """A GPU check before the app (`nvidia.com/gpu: 2` on the init container, 1 on the app): the shim created the
+    init container with no GPU at all (its allocation named none to it). It now sees the 2 GPUs the allocation
+    names for it, device nodes and env, and the app its own one, among them."""
+    out = node_dir / "out"
+    manifest = pod(space, "checked", {"main": {"nvidia.com/gpu": 1}}, scheduler=SCHEDULER, out=out)
+    check = {
+        **manifest["spec"]["containers"][0],
+        "name": "check",
+        "command": ["sh", "-c", "ls /dev > /out/$C.devices; env > /out/$C.env"],
+        "env": [{"name": "C", "value": "checked.check"}],
+        "resources": {"limits": {"nvidia.com/gpu": "2"}},
+    }
+    manifest["spec"]["initContainers"] = [check]
+    running = run(cluster, space, manifest)
+
+    devices, env = read_output(out, "checked", "check")
+    seen = (family(devices, "nvidia"), env.get("NVIDIA_VISIBLE_DEVICES"))
+    assert len(seen[0]) == 2 and "nvidiactl" in devices, seen
+    record = decode_allocation(running["metadata"]["annotations"][ALLOCATION_KEY])
+    init, (app,) = record.init["check"]["nvidia.com/gpu"], record.containers["main"]["nvidia.com/gpu"]
+    assert len(set(init)) == 2 and app in init, record
+    assert seen == (sorted(f"nvidia{i}" for i in init), ",".join(init))
+    devices, env = read_output(out, "checked", "main")
+    assert family(devices, "nvidia") == [f"nvidia{app}"] and env["NVIDIA_VISIBLE_DEVICES"] == app
+
+
 def test_two_gpu_shares_run_each_with_its_gpu_and_its_own_hami_core_limits(
     cluster: Cluster, kubelet: Kubelet, scheduler: SchedulerProcess, node_dir: Path, space: str
 ) -> None:

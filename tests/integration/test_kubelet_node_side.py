@@ -29,7 +29,15 @@ from typing import Any
 
 import pytest
 
-from kubegpu.core.annotations import DEVICES_KEY, FOREIGN_DEVICES_KEY, decode_allocation, decode_foreign_devices
+from kubegpu.core.annotations import (
+    DEVICES_KEY,
+    FOREIGN_DEVICES_KEY,
+    NODE_LEASE_NAMESPACE,
+    NODE_LEASE_PREFIX,
+    decode_allocation,
+    decode_foreign_devices,
+)
+from kubegpu.kube.client import ApiError
 
 from .cluster import Cluster, free_port, wait_for
 from .conftest import SchedulerProcess
@@ -108,10 +116,18 @@ def node_side(
     yield start
     for process in started:
         process.stop()
-    # The Node as its kubelet left it: what an advertiser published goes with it.
+    # The Node as its kubelet left it: what an advertiser published goes with it, its node Lease too (expired, it
+    # would keep the next test's pods off the node).
     cluster.client.patch(
         f"/api/v1/nodes/{NODE}", {"metadata": {"annotations": {DEVICES_KEY: None, FOREIGN_DEVICES_KEY: None}}}
     )
+    try:
+        cluster.client.delete(
+            f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases/{NODE_LEASE_PREFIX}{NODE}"
+        )
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
 
 
 @pytest.fixture
@@ -286,4 +302,51 @@ def test_a_pod_whose_only_devices_are_its_init_containers_runs_with_them_through
     devices, env = read_output(out, "checked", "check")
     assert env["AWS_NEURON_VISIBLE_DEVICES"] == ",".join(ids)
     assert sorted(d for d in devices if d.startswith("neuron")) == sorted(f"neuron{i}" for i in ids)
+    assert scheduler.process.poll() is None
+
+
+def test_an_init_container_asking_more_devices_than_the_app_runs_with_them_and_the_app_with_one(
+    cluster: Cluster,
+    kubelet: Kubelet,
+    node_side: Callable[..., NodeProcess],
+    extender_stack: Any,  # noqa: F811
+    host: Path,
+    space: str,
+) -> None:
+    """An init container asks for four Neuron devices, the app for one (a check of the devices the pod's node gives it
+    before a one-device server): the kubelet gives the init container four and keeps them for the pod, the app's one
+    taken from them at its own pick. The scheduler counted four but named only the app's one, so the kubelet's
+    Allocate of four for the init container matched no allocation and the pod failed admission. The allocation now
+    names the init container's four (the app's among them); the pod runs, each container with ids the allocation
+    names, and the kubelet holds for the pod exactly the four the scheduler counted."""
+    out = host / "out"
+    neuron_devices_advertised(cluster, node_side)
+    _, extender, scheduler = extender_stack(https=False)
+    manifest = pod(space, "checked", {"main": {NEURON: 1}}, scheduler="gpu-scheduler", out=out)
+    check = {
+        **manifest["spec"]["containers"][0],
+        "name": "check",
+        "command": ["sh", "-c", "ls /dev > /out/$C.devices; env > /out/$C.env"],
+        "env": [{"name": "C", "value": "checked.check"}],
+        "resources": {"limits": {NEURON: "4"}},
+    }
+    manifest["spec"]["initContainers"] = [check]
+    cluster.client.post(f"/api/v1/namespaces/{space}/pods", manifest)
+    try:
+        running = wait_running(cluster, space, "checked", timeout=90)
+    except AssertionError:
+        events = [e["message"] for e in cluster.events(space)]
+        raise AssertionError(f"{events}\n---\n{extender.output()[-3000:]}") from None
+    record = decode_allocation(running["metadata"]["annotations"]["kubegpu.io/allocation"])
+    init = record.init["check"][NEURON]
+    held = sorted({i for resources in record.containers.values() for i in resources.get(NEURON, [])}, key=int)
+    assert len(init) == 4 and sorted(init, key=int) == held, record
+    # What the kubelet holds for the pod (its checkpoint lists the init container's four, then the app's one again).
+    assert sorted(set(checkpoint(kubelet, running["metadata"]["uid"], NEURON)), key=int) == held
+    devices, env = read_output(out, "checked", "check")
+    assert sorted(env["AWS_NEURON_VISIBLE_DEVICES"].split(","), key=int) == held
+    assert sorted(d for d in devices if d.startswith("neuron")) == sorted(f"neuron{i}" for i in held)
+    devices, env = read_output(out, "checked", "main")
+    (app,) = env["AWS_NEURON_VISIBLE_DEVICES"].split(",")
+    assert app in init and [d for d in devices if d.startswith("neuron")] == [f"neuron{app}"]
     assert scheduler.process.poll() is None

@@ -751,3 +751,35 @@ def test_pod_level_resources_the_api_server_refuses_are_invalid(
     code, events, err = simulate(capsys, str(path))
     assert code == 2 and events == [], err
     assert f"#2: {field}" in err, err
+
+
+def test_an_init_container_asking_more_gpus_than_its_app_has_them_named_and_held(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pod whose init container checks 4 GPUs before an app of 1 (`nvidia.com/gpu: 4` on the init container, 1 on
+    the app): Kubernetes counts 4 for the pod, as the kubelet gives the init container 4 and keeps them for the pod,
+    the app's one taken from them. The allocation names the init container's 4 (the app's among them), each held once,
+    so a 4-GPU pod after it gets the other 4 and a fifth GPU is left to nobody."""
+    gpu = "nvidia.com/gpu"
+    checked = pod_manifest("checked", {"main": {gpu: 1}})
+    checked["spec"]["initContainers"] = [{"name": "gpu-check", "resources": {"limits": {gpu: "4"}}}]
+    documents = [
+        node_manifest("p3", labels={"nvidia.com/gpu.count": "8"}, allocatable={gpu: 8}),
+        checked,
+        pod_manifest("next", {"main": {gpu: 4}}),
+        pod_manifest("one-more", {"main": {gpu: 1}}),
+    ]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    code, events, _ = simulate(capsys, str(path))
+    assert code == 0
+    pods = by_pod(events)
+    assert [pods[f"default/{n}"]["event"] for n in ("checked", "next", "one-more")] == [
+        "scheduled", "scheduled", "unschedulable"
+    ]  # fmt: skip
+    record = decode_allocation(pods["default/checked"]["annotations"][ALLOCATION_KEY])
+    held = [i for resources in record.containers.values() for i in resources.get(gpu, [])]
+    assert len(held) == len(set(held)) == 4  # the engine's count of the pod, every GPU named once
+    init = record.init["gpu-check"][gpu]
+    assert sorted(init) == sorted(held) and set(record.containers["main"][gpu]) <= set(init)
+    assert set(pods["default/next"]["devices"]["main"][gpu]).isdisjoint(held)
