@@ -33,6 +33,8 @@ from kubegpu.scheduler.engine.records import (
 from kubegpu.scheduler.podgroups import gang_key
 from kubegpu.scheduler.podindex import Domains, PodIndex
 
+FIT_HOOK = "kubegpu_scheduler_fit"
+STATE_POD_PREPARED = ("state", "pod", "prepared")  # the fit and score hooks' arguments, as the engine gives them
 NOMINATED = "node(s) were nominated for a pending pod of equal or higher priority that is preempting pods there"
 
 
@@ -182,9 +184,7 @@ class Filtering(Planning):
                 return Status.error(str(prepared), plugin=plugin)
             free = record.headroom[plugin].free
             try:
-                status: Status = self.plugins.call(
-                    plugin, "kubegpu_scheduler_fit", state=state, pod=pod, prepared=prepared
-                )
+                status: Status = self.plugins.bound(plugin, FIT_HOOK, STATE_POD_PREPARED)(state, pod, prepared)
             except PluginHookError as exc:
                 return Status.error(str(exc), plugin=plugin)
             if not status.ok:

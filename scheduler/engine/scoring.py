@@ -5,7 +5,6 @@ how many feasible nodes a cycle finds before scoring (`_sample_size`).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
 from itertools import compress, repeat
@@ -19,7 +18,6 @@ from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine.contents import CONTENTS_REMEMBERED, Contents
 from kubegpu.scheduler.engine.records import (
     FRAGMENTATION_EPOCH_HOOK,
-    FRAGMENTATION_HOOK,
     LocalRaws,
     NodeRecord,
     Plan,
@@ -36,73 +34,6 @@ _NOWHERE: Mapping[str, int] = {}
 
 class Scoring(Contents):
     """Scoring and ranking the feasible nodes."""
-
-    def device_score(self, record: NodeRecord, pod: PodRequest) -> float:
-        """The device plugins' mean topology score (0..100) on the node (KubegpuDevices); 0 when the pod asks for no
-        device the node has. A plugin that fails scores 0, logged naming it."""
-        return self.device_scores((record,), pod)[0]
-
-    def device_scores(self, records: Sequence[NodeRecord], pod: PodRequest) -> list[float]:
-        """`device_score` on each node, the pod's plugins and their `prepared` looked up once."""
-        routes = [plugin for plugin in self._route(pod) if plugin]
-        call, prepared, out = self.plugins.call, self.plan(pod).prepared if routes else {}, []
-        for record in records:
-            states = record.states
-            device_scores: list[float] = []
-            for plugin in routes:
-                state = states.get(plugin)
-                if state is None:
-                    continue
-                try:
-                    score = call(plugin, "kubegpu_scheduler_score", state=state, pod=pod, prepared=prepared.get(plugin))
-                except PluginHookError as exc:
-                    log.error("node %s: %s", record.name, exc)
-                    score = 0.0
-                device_scores.append(min(100.0, max(0.0, float(score or 0.0))))
-            out.append(sum(device_scores) / len(device_scores) if device_scores else 0.0)
-        return out
-
-    def device_usage(self, record: NodeRecord, pod: PodRequest) -> float | None:
-        """The mean used share (0..1) of the node's devices of the plugins the pod asks for (the policy's score);
-        None when the pod asks for no device the node has."""
-        utilization = [
-            record.headroom[plugin].utilization for plugin in self._route(pod) if plugin and plugin in record.states
-        ]
-        return sum(utilization) / len(utilization) if utilization else None
-
-    def fragmentation_score(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> float:
-        """KubegpuFragmentation's raw score (0..100): 100 x sigmoid(-d), d the devices the pod would strand on the node
-        summed over the plugins with a state there (`kubegpu_scheduler_fragmentation`; a cpu-only pod included), as
-        the FGD paper scores: 50 for none, 27 for one more, 73 for one fewer, every difference kept in order."""
-        return self.fragmentation_scores((record,), pod, plan)[0]
-
-    def fragmentation_scores(self, records: Sequence[NodeRecord], pod: PodRequest, plan: Plan) -> list[float]:
-        """`fragmentation_score` on each node, which plugins measure asked once per plugin."""
-        measures: dict[str, bool] = {}
-        call, prepared = self.plugins.call, plan.prepared
-        out = []
-        for record in records:
-            if not record.states:
-                out.append(50.0)
-                continue
-            free = {"cpu": record.free("cpu"), "memory": record.free("memory")}
-            stranded = 0.0
-            for plugin, state in record.states.items():
-                measured = measures.get(plugin)
-                if measured is None:
-                    measured = measures[plugin] = self.plugins.implements(plugin, FRAGMENTATION_HOOK)
-                if not measured:
-                    continue
-                try:
-                    grown = call(
-                        plugin, FRAGMENTATION_HOOK, state=state, pod=pod, prepared=prepared.get(plugin), free=free
-                    )
-                except PluginHookError as exc:
-                    log.error("node %s: %s", record.name, exc)
-                    continue
-                stranded += float(grown or 0.0)
-            out.append(100.0 / (1.0 + math.exp(min(50.0, stranded))))
-        return out
 
     def fragmentation_matters(self, pod: PodRequest, plan: Plan) -> bool:
         """Whether KubegpuFragmentation may rank the pod's nodes otherwise than the policy's order, so that a cycle
