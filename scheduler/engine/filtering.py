@@ -191,9 +191,9 @@ class Filtering(Planning):
                 # The plugin's own reason: on a ring with enough free devices but no contiguous window it names
                 # contiguity, where the headroom (the largest valid set) would only say "Insufficient".
                 return status
-            short = next((r for r, need in needs if free.get(r, 0) < need), None)
-            if short is not None:
-                return Status.unschedulable(f"Insufficient {short}", plugin=plugin)
+            for resource, need in needs:  # the first resource short
+                if free.get(resource, 0) < need:
+                    return Status.unschedulable(f"Insufficient {resource}", plugin=plugin)
         return Status.success()
 
     def check(

@@ -111,6 +111,13 @@ class NodeResourcesFit:
 
     def filter(self, engine: FilterContext, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
         allocatable, used = record.info.allocatable, record.used
+        if allocatable.get("pods", 0) - used["pods"] >= 1:  # most nodes have room: told without a list of reasons
+            for resource, need in plan.fit:
+                have = allocatable.get(resource)
+                if have is None or have - used[resource] < need:
+                    break
+            else:
+                return None
         short: list[str] = []
         hopeless = False
         if allocatable.get("pods", 0) - used["pods"] < 1:

@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Iterable
 from itertools import compress
 from operator import add
+from typing import Any
 
 from kubegpu.core.models import PodRequest
 from kubegpu.core.status import Code, Status
@@ -56,6 +57,7 @@ OWN_FILTERS = (
 )
 SHAPES_REMEMBERED = 256
 CONTENTS_NUMBERED = 1 << 16  # distinct node contents numbered; past it, numbered afresh
+_UNASKED: Any = object()
 
 
 class Sampling(Reserving):
@@ -169,7 +171,7 @@ class Sampling(Reserving):
         mask = book.mask
         nodes, fits, finals = self.nodes, book.fits, book.finals
         reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
-        short = Status.unschedulable(f"Insufficient {resource}")
+        short, by_class = Status.unschedulable(f"Insufficient {resource}"), book.by_class
         free_of = index.get
         for name in changed:
             record = nodes.get(name)
@@ -179,7 +181,7 @@ class Sampling(Reserving):
                 number = numbers[name]
                 answer = alike.get(number) if number is not None else None
                 if answer is None:
-                    answer = self._answer(record, pod, plan, free_of(name), need, short)
+                    answer = self._answer(record, pod, plan, free_of(name), need, short, by_class)
                     if number is not None:
                         alike[number] = answer
                 if old is not None and (old is answer or old == answer):
@@ -220,21 +222,32 @@ class Sampling(Reserving):
         return book
 
     def _answer(
-        self, record: NodeRecord, pod: PodRequest, plan: Plan, free: int | None, need: int, short: Status
+        self,
+        record: NodeRecord,
+        pod: PodRequest,
+        plan: Plan,
+        free: int | None,
+        need: int,
+        short: Status,
+        by_class: dict[int, Status | None],
     ) -> tuple[Status, int, bool, bool]:
         """One node's answer to the shape (`ShapeAnswers.finals`), `free` what the capacity index offers on it:
         `check`'s answer (a shape sampled has no cluster-wide filter, no dead node: `_samples_by_shape`), asked of
-        the filters themselves, since the node changed since its memo was written."""
+        the filters themselves, since the node changed since its memo was written; those that read only the node
+        asked once per node class (`ShapeAnswers.by_class`)."""
+        klass = record.klass
         if record.nominees and held_for_another(record, pod):
-            return (Status.unschedulable(NOMINATED), record.klass, False, False)
-        status = self._node_fit(record, pod, plan)
+            return (Status.unschedulable(NOMINATED), klass, False, False)
+        status = by_class.get(klass, _UNASKED)
+        if status is _UNASKED:
+            status = by_class[klass] = self._node_fit(record, pod, plan)
         if status is not None:
-            return (status, record.klass, False, False)
+            return (status, klass, False, False)
         status = self._usage_fit(record, pod, plan) or self._device_fit(record, pod, plan)
         code = status.code
         if code is Code.SUCCESS:
-            return (short, record.klass, free is not None and free >= need, False)
-        return (status, record.klass, False, code is Code.UNRESOLVABLE)
+            return (short, klass, free is not None and free >= need, False)
+        return (status, klass, False, code is Code.UNRESOLVABLE)
 
     def _every_answer(
         self,
@@ -248,14 +261,14 @@ class Sampling(Reserving):
         """A book with no answer yet (`_shape_answers`) filled with every node's: asked once per content number,
         as the loop node by node asks, and summed once per distinct answer with its count (in the order of their
         first nodes, so that the sums hold their keys in the same order)."""
-        alike, fits, finals = book.alike, book.fits, book.finals
+        alike, fits, finals, by_class = book.alike, book.fits, book.finals, book.by_class
         short = Status.unschedulable(f"Insufficient {book.resource}")
         free_of = index.get
         for name, record in self.nodes.items():
             number = numbers[name]
             answer = alike.get(number) if number is not None else None
             if answer is None:
-                answer = self._answer(record, pod, plan, free_of(name), need, short)
+                answer = self._answer(record, pod, plan, free_of(name), need, short, by_class)
                 if number is not None:
                     alike[number] = answer
             fits[name] = answer[2]
@@ -367,14 +380,20 @@ class Sampling(Reserving):
             return self._rank(feasible, pod, plan, prescored)  # each PreScore asked once (InterPodAffinity's is dear)
         if not self._local_scorers:
             return feasible[0]
-        raws = self._local_raw(feasible, None, pod, plan)
-        # Nodes alike in every raw score total alike: each tuple of raw scores (nodes alike in content share one
-        # object, `LocalRaws.by_number`), with its first node.
-        first = dict(zip(map(id, reversed(raws)), range(len(raws) - 1, -1, -1), strict=True))
+        # Nodes alike in every raw score total alike: each content's raw scores (`_local_by_content`), or each tuple
+        # of raw scores (nodes alike in content share one object, `LocalRaws.by_number`), with its first node.
+        by_content = self._local_by_content(feasible, pod, plan)
+        alike: list[int]  # each node's content number, or its raw scores' identity
+        if by_content is not None:
+            alike, first, distinct = by_content
+        else:
+            raws = self._local_raw(feasible, None, pod, plan)
+            alike = list(map(id, raws))
+            first = dict(zip(reversed(alike), range(len(raws) - 1, -1, -1), strict=True))
+            distinct = list(map(raws.__getitem__, first.values()))
         packs = self.packs_by_name(pod, plan)
         if len(first) == 1:
             return min(feasible, key=scores.tie_order) if packs else feasible[0]
-        distinct = list(map(raws.__getitem__, first.values()))
         columns = list(zip(*distinct, strict=True))
         summed: list[list[float]] = []  # each plugin's weighed scores, summed in the profile's order where needed
         # Where KubegpuFragmentation leads (`Scoring.fragmentation_leads`), as `_rank` ranks: its whole points, then
@@ -410,7 +429,7 @@ class Sampling(Reserving):
             packed = list(zip(lead, others or [0.0] * len(distinct), strict=True))
             top_packed = max(packed)
             chosen = {key for key, tuple_key in zip(first, packed, strict=True) if tuple_key == top_packed}
-            return min(compress(feasible, map(chosen.__contains__, map(id, raws))), key=scores.tie_order)
+            return min(compress(feasible, map(chosen.__contains__, alike)), key=scores.tie_order)
         if not summed:
             return feasible[0]
         if lead is not None and min(lead) != max(lead):

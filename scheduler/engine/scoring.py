@@ -189,6 +189,36 @@ class Scoring(Contents):
                 by_number[number] = raw
         return raws  # type: ignore[return-value]  # every None was filled above
 
+    def _local_by_content(
+        self, names: list[str], pod: PodRequest, plan: Plan
+    ) -> tuple[list[int], dict[int, int], list[tuple[float, ...]]] | None:
+        """`_local_raw` per distinct content: each node's content number (`_numbers_now`), each number's first node,
+        and each number's raw scores in that dict's order, remembered as `_local_raw` remembers them; nodes not
+        remembered are scored as there, once per content. None where a node has no content number (a state that is
+        its own content) or the raw scores are not remembered by content (`_local_raw`)."""
+        if self._added_scores or pod.preferred_node_affinity:
+            return None
+        book = self._local_raws(plan, self.score_epochs(plan))
+        numbers = self._numbers_now()
+        by_number = book.by_number
+        if book.numbering != self._score_numbers.epoch:
+            by_number.clear()
+            book.numbering = self._score_numbers.epoch
+        if len(by_number) > CONTENTS_REMEMBERED - len(names):
+            by_number.clear()
+        numbered: list[int] = list(map(numbers.__getitem__, names))  # type: ignore[arg-type]  # None checked below
+        first = dict(zip(reversed(numbered), range(len(numbered) - 1, -1, -1), strict=True))
+        if None in first:
+            return None
+        raws: list[tuple[float, ...] | None] = list(map(by_number.get, first))
+        if None in raws:
+            todo = [number for number, raw in zip(first, raws, strict=True) if raw is None]
+            nodes = self.nodes
+            fresh = self._local_columns([nodes[names[first[number]]] for number in todo], pod, plan)
+            by_number.update(zip(todo, fresh, strict=True))
+            raws = list(map(by_number.__getitem__, first))
+        return numbered, first, raws  # type: ignore[return-value]  # every None was filled above
+
     def _local_columns(self, asked: list[NodeRecord], pod: PodRequest, plan: Plan) -> list[tuple[float, ...]]:
         """The local score plugins' raw scores on each of the `asked` nodes, a tuple per node."""
         columns = []
