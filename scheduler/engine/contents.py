@@ -102,6 +102,20 @@ class Contents(Filtering):
         prepared, out = self.plan(pod).prepared if routes else {}, []
         bound = self.plugins.bound
         calls = [(plugin, bound(plugin, SCORE_HOOK, STATE_POD_PREPARED), prepared.get(plugin)) for plugin in routes]
+        if len(calls) == 1:  # the mean of one score: the score, as the loop below makes it
+            plugin, call, ask = calls[0]
+            for record in records:
+                state = record.states.get(plugin)
+                if state is None:
+                    out.append(0.0)
+                    continue
+                try:
+                    score = float(call(state, pod, ask) or 0.0)
+                except PluginHookError as exc:
+                    log.error("node %s: %s", record.name, exc)
+                    score = 0.0
+                out.append(100.0 if score > 100.0 else score if score > 0.0 else 0.0)
+            return out
         for record in records:
             states = record.states
             device_scores: list[float] = []
@@ -138,13 +152,19 @@ class Contents(Filtering):
         measures: dict[str, tuple[Callable[..., Any], object] | None] = {}
         prepared = plan.prepared
         out = []
+        exp = math.exp
         for record in records:
-            if not record.states:
+            states = record.states
+            if not states:
                 out.append(50.0)
                 continue
-            free = {"cpu": record.free("cpu"), "memory": record.free("memory")}
+            allocatable, used = record.info.allocatable, record.used
+            free = {
+                "cpu": allocatable.get("cpu", 0) - used["cpu"],
+                "memory": allocatable.get("memory", 0) - used["memory"],
+            }
             stranded = 0.0
-            for plugin, state in record.states.items():
+            for plugin, state in states.items():
                 measure = measures.get(plugin, _UNASKED)
                 if measure is _UNASKED:
                     measure = measures[plugin] = (
@@ -159,6 +179,7 @@ class Contents(Filtering):
                 except PluginHookError as exc:
                     log.error("node %s: %s", record.name, exc)
                     continue
-                stranded += float(grown or 0.0)
-            out.append(100.0 / (1.0 + math.exp(min(50.0, stranded))))
+                if grown:
+                    stranded += grown
+            out.append(100.0 / (1.0 + exp(stranded if stranded < 50.0 else 50.0)))
         return out

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from itertools import compress
+from itertools import compress, islice
 from operator import add
 from typing import Any
 
@@ -82,16 +82,16 @@ class Sampling(Reserving):
             book.mask = list(map(book.fits.__getitem__, order))
             book.masked = order
         mask = book.mask
-        found = list(compress(range(start, count), mask[start:]))
+        # The first `sample` that fit from `start` on, round the tree's order.
+        found = list(islice(compress(range(start, count), islice(mask, start, None)), sample))
         if len(found) < sample:
-            found += compress(range(start), mask[:start])
+            found += islice(compress(range(start), mask), sample - len(found))
         if not found:
             refused = self._refused_by_shape(pod, plan, book, count)
             if refused is not None:
                 self._next_start = start
             return refused
         if len(found) >= sample:
-            del found[sample:]
             self._next_start = (found[-1] + 1) % count
         else:
             self._next_start = start
