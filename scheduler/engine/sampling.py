@@ -32,7 +32,7 @@ and a pod ranked on every node whose refusal leaves out the nodes the capacity i
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import compress, islice
 from operator import add
 from typing import Any
@@ -115,7 +115,10 @@ class Sampling(Reserving):
             return None
         fits = book.fits
         candidates = index.groups_at_least(need, ascending=self.policy == "binpack")
-        feasible = [name for _, members in candidates for name in members if fits[name]]
+        feasible: list[str] = []
+        fit = fits.__getitem__
+        for _, members in candidates:
+            feasible += compress(members, map(fit, members))
         if not feasible:
             return self._refused_by_shape(pod, plan, book, len(nodes))
         best = feasible[0] if len(feasible) == 1 else self._rank_sampled(feasible, pod, plan)
@@ -181,7 +184,7 @@ class Sampling(Reserving):
                 number = numbers[name]
                 answer = alike.get(number) if number is not None else None
                 if answer is None:
-                    answer = self._answer(record, pod, plan, free_of(name), need, short, by_class)
+                    answer = self._answer(record, pod, plan, free_of, need, short, by_class)
                     if number is not None:
                         alike[number] = answer
                 if old is not None and (old is answer or old == answer):
@@ -226,12 +229,13 @@ class Sampling(Reserving):
         record: NodeRecord,
         pod: PodRequest,
         plan: Plan,
-        free: int | None,
+        free_of: Callable[[str], int | None],
         need: int,
         short: Status,
         by_class: dict[int, Status | None],
     ) -> tuple[Status, int, bool, bool]:
-        """One node's answer to the shape (`ShapeAnswers.finals`), `free` what the capacity index offers on it:
+        """One node's answer to the shape (`ShapeAnswers.finals`), `free_of` what the capacity index offers on a node
+        (asked of a node that passes the filters):
         `check`'s answer (a shape sampled has no cluster-wide filter, no dead node: `_samples_by_shape`), asked of
         the filters themselves, since the node changed since its memo was written; those that read only the node
         asked once per node class (`ShapeAnswers.by_class`)."""
@@ -246,6 +250,7 @@ class Sampling(Reserving):
         status = self._usage_fit(record, pod, plan) or self._device_fit(record, pod, plan)
         code = status.code
         if code is Code.SUCCESS:
+            free = free_of(record.name)
             return (short, klass, free is not None and free >= need, False)
         return (status, klass, False, code is Code.UNRESOLVABLE)
 
@@ -268,7 +273,7 @@ class Sampling(Reserving):
             number = numbers[name]
             answer = alike.get(number) if number is not None else None
             if answer is None:
-                answer = self._answer(record, pod, plan, free_of(name), need, short, by_class)
+                answer = self._answer(record, pod, plan, free_of, need, short, by_class)
                 if number is not None:
                     alike[number] = answer
             fits[name] = answer[2]

@@ -263,7 +263,7 @@ def test_a_shape_first_asked_sums_its_answers_as_the_nodes_one_by_one(seed: int,
         unresolvable: Counter[int] = Counter()
         resolvable = by_usage = 0
         for name, record in subject.nodes.items():
-            answer = subject._answer(record, request, plan, index.get(name), need, short, {})
+            answer = subject._answer(record, request, plan, index.get, need, short, {})
             assert book.finals[name] == answer and book.fits[name] is answer[2]
             for reason in answer[0].reasons:
                 reasons[reason] += 1
