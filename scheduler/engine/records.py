@@ -238,6 +238,9 @@ class LocalRaws:
     raws: dict[str, tuple[float, ...]] = field(default_factory=dict)
     by_number: dict[int, tuple[float, ...]] = field(default_factory=dict)
     numbering: int = 0
+    # The shape's `by_number` under the epochs before (numbered in `numbering` too): the scores that read no mix
+    # (`reads_mix` false) of a content scored then are taken from it, not scored again (`Scoring._local_by_content`).
+    before: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

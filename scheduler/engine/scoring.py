@@ -200,9 +200,10 @@ class Scoring(Contents):
             return None
         book = self._local_raws(plan, self.score_epochs(plan))
         numbers = self._numbers_now()
-        by_number = book.by_number
+        by_number, before = book.by_number, book.before
         if book.numbering != self._score_numbers.epoch:
             by_number.clear()
+            before.clear()
             book.numbering = self._score_numbers.epoch
         if len(by_number) > CONTENTS_REMEMBERED - len(names):
             by_number.clear()
@@ -214,17 +215,39 @@ class Scoring(Contents):
         if None in raws:
             todo = [number for number, raw in zip(first, raws, strict=True) if raw is None]
             nodes = self.nodes
-            fresh = self._local_columns([nodes[names[first[number]]] for number in todo], pod, plan)
+            asked = [nodes[names[first[number]]] for number in todo]
+            fresh = self._local_columns(asked, pod, plan, list(map(before.get, todo)) if before else None)
             by_number.update(zip(todo, fresh, strict=True))
             raws = list(map(by_number.__getitem__, first))
         return numbered, first, raws  # type: ignore[return-value]  # every None was filled above
 
-    def _local_columns(self, asked: list[NodeRecord], pod: PodRequest, plan: Plan) -> list[tuple[float, ...]]:
-        """The local score plugins' raw scores on each of the `asked` nodes, a tuple per node."""
-        columns = []
+    def _local_columns(
+        self,
+        asked: list[NodeRecord],
+        pod: PodRequest,
+        plan: Plan,
+        before: list[tuple[float, ...] | None] | None = None,
+    ) -> list[tuple[float, ...]]:
+        """The local score plugins' raw scores on each of the `asked` nodes, a tuple per node. `before`: each node's
+        raw scores under the fragmenting plugins' epochs before (`LocalRaws.before`) or None; the plugins whose
+        score reads no mix (`reads_mix` false) are asked only of the nodes without."""
+        columns: list[list[float]] = []
         for plugin in self._local_scorers:
             state = plugin.prescore(self, pod, plan)
-            columns.append(plugin.score(self, state, asked, pod, plan) if state is not None else [0.0] * len(asked))
+            if state is None:
+                columns.append([0.0] * len(asked))
+                continue
+            at = len(columns)
+            if before is not None and not getattr(plugin, "reads_mix", True):
+                missing = [i for i, row in enumerate(before) if row is None]
+                column = [0.0 if row is None else row[at] for row in before]
+                if missing:
+                    scored = plugin.score(self, state, [asked[i] for i in missing], pod, plan)
+                    for i, value in zip(missing, scored, strict=True):
+                        column[i] = value
+                columns.append(column)
+                continue
+            columns.append(plugin.score(self, state, asked, pod, plan))
         return list(zip(*columns, strict=True)) if columns else [() for _ in asked]
 
     def _local_raws(self, plan: Plan, epochs: tuple[int | None, ...]) -> LocalRaws:
@@ -245,8 +268,10 @@ class Scoring(Contents):
             return known
         if len(self._raws) >= 256:
             self._raws.clear()
-        known = self._raws[key] = LocalRaws(plan.local, epochs, generation)
-        return known
+        fresh = self._raws[key] = LocalRaws(plan.local, epochs, generation)
+        if known is not None and known.local is plan.local:  # the epochs moved: a mix was learned
+            fresh.before, fresh.numbering = known.by_number or known.before, known.numbering
+        return fresh
 
     def _rank(
         self, feasible: list[str], pod: PodRequest, plan: Plan, prescored: dict[int, object] | None = None
