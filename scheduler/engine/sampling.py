@@ -234,11 +234,10 @@ class Sampling(Reserving):
         short: Status,
         by_class: dict[int, Status | None],
     ) -> tuple[Status, int, bool, bool]:
-        """One node's answer to the shape (`ShapeAnswers.finals`), `free_of` what the capacity index offers on a node
-        (asked of a node that passes the filters):
-        `check`'s answer (a shape sampled has no cluster-wide filter, no dead node: `_samples_by_shape`), asked of
-        the filters themselves, since the node changed since its memo was written; those that read only the node
-        asked once per node class (`ShapeAnswers.by_class`)."""
+        """One node's answer to the shape (`ShapeAnswers.finals`): `check`'s answer (a shape sampled has no
+        cluster-wide filter, no dead node: `_samples_by_shape`), asked of the filters themselves, since the node
+        changed since its memo was written; those that read only the node asked once per node class
+        (`ShapeAnswers.by_class`), and `free_of` (what the capacity index offers on a node) only where they pass."""
         klass = record.klass
         if record.nominees and held_for_another(record, pod):
             return (Status.unschedulable(NOMINATED), klass, False, False)
