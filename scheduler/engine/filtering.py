@@ -183,8 +183,11 @@ class Filtering(Planning):
             if isinstance(prepared, PluginHookError):
                 return Status.error(str(prepared), plugin=plugin)
             free = record.headroom[plugin].free
+            fit = self._fit_calls.get(plugin)
+            if fit is None:
+                fit = self._fit_calls[plugin] = self.plugins.bound(plugin, FIT_HOOK, STATE_POD_PREPARED)
             try:
-                status: Status = self.plugins.bound(plugin, FIT_HOOK, STATE_POD_PREPARED)(state, pod, prepared)
+                status: Status = fit(state, pod, prepared)
             except PluginHookError as exc:
                 return Status.error(str(exc), plugin=plugin)
             if not status.ok:

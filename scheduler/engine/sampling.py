@@ -175,7 +175,7 @@ class Sampling(Reserving):
         nodes, fits, finals = self.nodes, book.fits, book.finals
         reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
         short, by_class = Status.unschedulable(f"Insufficient {resource}"), book.by_class
-        free_of = index.get
+        free_of, unresolvable_code = index.get, Code.UNRESOLVABLE
         for name in changed:
             record = nodes.get(name)
             old = finals.get(name)
@@ -194,7 +194,7 @@ class Sampling(Reserving):
                 status, klass, fit, by_usage = old
                 for reason in status.reasons:
                     reasons[reason] -= 1
-                if status.code is Code.UNRESOLVABLE:
+                if status.code is unresolvable_code:
                     unresolvable[klass] -= 1
                 else:
                     book.resolvable -= 1
@@ -207,7 +207,7 @@ class Sampling(Reserving):
             status, klass, fit, by_usage = answer
             for reason in status.reasons:
                 reasons[reason] += 1
-            if status.code is Code.UNRESOLVABLE:
+            if status.code is unresolvable_code:
                 unresolvable[klass] += 1
             else:
                 book.resolvable += 1
@@ -246,7 +246,12 @@ class Sampling(Reserving):
             status = by_class[klass] = self._node_fit(record, pod, plan)
         if status is not None:
             return (status, klass, False, False)
-        status = self._usage_fit(record, pod, plan) or self._device_fit(record, pod, plan)
+        for rule in plan.usage_rules:  # `_usage_fit`, then the device fit
+            status = rule(self, record, pod, plan)
+            if status is not None:
+                break
+        else:
+            status = self._device_fit(record, pod, plan)
         code = status.code
         if code is Code.SUCCESS:
             free = free_of(record.name)
