@@ -26,7 +26,7 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any, Literal
 
 import pluggy
@@ -144,6 +144,7 @@ class KubegpuPluginManager:
         self._prefixes: list[tuple[str, str]] = []
         self._owner_cache: dict[str, str | None] = {}
         self._impls: dict[tuple[str, str], tuple[Any, tuple[str, ...]] | None] = {}
+        self._bound: dict[tuple[str, str, tuple[str, ...]], Callable[..., Any]] = {}
         self.hooks = _spec_hooks(_SPECS[side])
         self.hook_failures: Counter[tuple[str, str]] = Counter()
         self.on_hook_failure: list[Callable[[PluginHookError], None]] = []
@@ -337,6 +338,49 @@ class KubegpuPluginManager:
         except PLUGIN_ERRORS as exc:
             raise self.failed(plugin, hook, exc) from exc
 
+    def bound(self, plugin: str, hook: str, names: tuple[str, ...]) -> Callable[..., Any]:
+        """`call(plugin, hook, **dict(zip(names, values)))` as one callable taking the `values` positionally, made once
+        per plugin, hook and `names`: for the engine's hot hooks (`_BOUND`, whose checks read only the answer) the
+        plugin's implementation is called without `call`'s per-call lookups, and its answer is checked against the
+        hook's contract (`CHECKS`) as `call` checks it, a failure raised as `PluginHookError` as `call` raises it.
+        Any other hook, and an implementation that needs an argument `names` leaves out, goes through `call`."""
+        key = (plugin, hook, names)
+        known = self._bound.get(key)
+        if known is None:
+            known = self._bound[key] = self._bind(plugin, hook, names)
+        return known
+
+    def _bind(self, plugin: str, hook: str, names: tuple[str, ...]) -> Callable[..., Any]:
+        if hook not in self.hooks:
+            raise ValueError(f"{hook!r} is not a hook of {self.project} (known: {', '.join(sorted(self.hooks))})")
+        impl = self._impl(plugin, hook)
+        if hook not in _BOUND or impl is None or not set(impl[1]) <= set(names):
+
+            def through_call(*values: Any) -> Any:
+                return self.call(plugin, hook, **dict(zip(names, values, strict=True)))
+
+            return through_call
+        function, argnames = impl
+        check, failed, unread = CHECKS[hook], self.failed, _UNREAD
+        if argnames == names:
+
+            def direct(*values: Any) -> Any:
+                try:
+                    return check(self, plugin, function(*values), unread)
+                except PLUGIN_ERRORS as exc:
+                    raise failed(plugin, hook, exc) from exc
+
+            return direct
+        picks = tuple(names.index(name) for name in argnames)
+
+        def picked(*values: Any) -> Any:
+            try:
+                return check(self, plugin, function(*[values[at] for at in picks]), unread)
+            except PLUGIN_ERRORS as exc:
+                raise failed(plugin, hook, exc) from exc
+
+        return picked
+
     def failed(self, plugin: str, hook: str, exc: BaseException) -> PluginHookError:
         """Count a plugin's failure in a hook (or in a rule it added: `hook` names it) and tell the listeners;
         returns the error to raise or to turn into a reason."""
@@ -373,6 +417,9 @@ def _hook_object(plugin: object, project: str) -> object:
     return inner if inner is not None and not isinstance(inner, ModuleType) else plugin
 
 
+# The engine's hot hooks `bound` calls directly: their checks read the answer alone, never the other arguments.
+_BOUND = frozenset({"kubegpu_scheduler_fit", "kubegpu_scheduler_score", "kubegpu_scheduler_fragmentation"})
+_UNREAD: Mapping[str, Any] = MappingProxyType({})
 # Hooks whose "not implemented" answer is the checked form of None (release: a success).
 _NONE_CHECKED = frozenset({"kubegpu_scheduler_release"})
 # Hooks the engine calls only for a plugin that built a node state: one missing is that plugin's failure.

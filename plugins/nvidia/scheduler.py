@@ -299,7 +299,7 @@ class NvidiaNodeState(SharedDeviceNodeState):
         self._eligible: dict[tuple[str | None, str | None], tuple[int, str | None]] = {}
         self._plan: tuple[tuple[int, int], NvidiaPodState, NvidiaPlacement | None] | None = None
         self.book = PlacementBook()  # shared with the engine's other states (`kubegpu_scheduler_build_node`)
-        self._content: tuple[tuple[int, str], int] | None = None  # ((version, policy), content number)
+        self._content: tuple[int, str, int] | None = None  # (version, policy, content number)
 
     def fragmentation_table(self) -> FragmentationTable:
         """The engine's mix as the measure reads it on this node (kinds barred from its GPU models apart)."""
@@ -341,10 +341,9 @@ class NvidiaNodeState(SharedDeviceNodeState):
         """The number of what `place` (and `eligible`) read of this state, in its `book`: equal numbers, equal
         placements for equal asks under one mix version. Remembered per state version and policy. A change to
         `place` that reads more of the state must add it here (tests/plugins/test_nvidia_placement_book.py)."""
-        stamp = (self.version, self.policy)
         cached = self._content
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
+        if cached is not None and cached[0] == self.version and cached[1] == self.policy:
+            return cached[2]
         content = (
             self.ids,  # the fit's reasons name GPUs
             self.model_keys,
@@ -363,7 +362,7 @@ class NvidiaNodeState(SharedDeviceNodeState):
             self.tree,
         )
         number = self.book.number(content)
-        self._content = (stamp, number)
+        self._content = (self.version, self.policy, number)
         return number
 
     def free_millis(self) -> tuple[int, ...]:

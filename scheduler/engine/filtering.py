@@ -33,6 +33,8 @@ from kubegpu.scheduler.engine.records import (
 from kubegpu.scheduler.podgroups import gang_key
 from kubegpu.scheduler.podindex import Domains, PodIndex
 
+FIT_HOOK = "kubegpu_scheduler_fit"
+STATE_POD_PREPARED = ("state", "pod", "prepared")  # the fit and score hooks' arguments, as the engine gives them
 NOMINATED = "node(s) were nominated for a pending pod of equal or higher priority that is preempting pods there"
 
 
@@ -181,19 +183,20 @@ class Filtering(Planning):
             if isinstance(prepared, PluginHookError):
                 return Status.error(str(prepared), plugin=plugin)
             free = record.headroom[plugin].free
+            fit = self._fit_calls.get(plugin)
+            if fit is None:
+                fit = self._fit_calls[plugin] = self.plugins.bound(plugin, FIT_HOOK, STATE_POD_PREPARED)
             try:
-                status: Status = self.plugins.call(
-                    plugin, "kubegpu_scheduler_fit", state=state, pod=pod, prepared=prepared
-                )
+                status: Status = fit(state, pod, prepared)
             except PluginHookError as exc:
                 return Status.error(str(exc), plugin=plugin)
             if not status.ok:
                 # The plugin's own reason: on a ring with enough free devices but no contiguous window it names
                 # contiguity, where the headroom (the largest valid set) would only say "Insufficient".
                 return status
-            short = next((r for r, need in needs if free.get(r, 0) < need), None)
-            if short is not None:
-                return Status.unschedulable(f"Insufficient {short}", plugin=plugin)
+            for resource, need in needs:  # the first resource short
+                if free.get(resource, 0) < need:
+                    return Status.unschedulable(f"Insufficient {resource}", plugin=plugin)
         return Status.success()
 
     def check(

@@ -95,7 +95,7 @@ class NodePorts:
 
 
 # NodeResourcesFit's refusals by their reasons (and whether unresolvable), made once: ~100,000 of them a replay.
-_SHORT: dict[tuple[bool, tuple[str, ...]], Status] = {}
+_SHORT: dict[tuple[bool, bool, tuple[str, ...]], Status] = {}
 
 
 class NodeResourcesFit:
@@ -111,10 +111,9 @@ class NodeResourcesFit:
 
     def filter(self, engine: FilterContext, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
         allocatable, used = record.info.allocatable, record.used
-        short: list[str] = []
+        room = allocatable.get("pods", 0) - used["pods"] >= 1
+        short: list[str] | None = None  # the resources short, named only where some are
         hopeless = False
-        if allocatable.get("pods", 0) - used["pods"] < 1:
-            short.append(filters.TOO_MANY_PODS)
         for resource, need in plan.fit:
             have = allocatable.get(resource)
             if have is None:
@@ -122,17 +121,26 @@ class NodeResourcesFit:
                     continue  # the plugin's books count it (`Headroom.unlisted`), and the kubelet admits it
                 have = 0
             if have - used[resource] < need:
-                short.append(f"Insufficient {resource}")
+                if short is None:
+                    short = []
+                short.append(resource)
                 hopeless = hopeless or have < need
-        if not short:
-            return None
-        key = (hopeless and len(short) == 1, tuple(short))  # a status is immutable: each one made once
-        status = _SHORT.get(key)
-        if status is None:
-            if len(_SHORT) >= 4096:
-                _SHORT.clear()
-            status = _SHORT[key] = Status.unresolvable(*short) if key[0] else Status.unschedulable(*short)
-        return status
+        if short is None:
+            return None if room else _short(False, room, ())
+        return _short(hopeless and room and len(short) == 1, room, tuple(short))
+
+
+def _short(hopeless: bool, room: bool, resources: tuple[str, ...]) -> Status:
+    """NodeResourcesFit's refusal: too many pods unless there is `room`, then each resource short, unresolvable when
+    `hopeless` (the one resource short exceeds what the node has at all); a status is immutable: each made once."""
+    key = (hopeless, room, resources)
+    status = _SHORT.get(key)
+    if status is None:
+        if len(_SHORT) >= 4096:
+            _SHORT.clear()
+        reasons = ([] if room else [filters.TOO_MANY_PODS]) + [f"Insufficient {resource}" for resource in resources]
+        status = _SHORT[key] = Status.unresolvable(*reasons) if hopeless else Status.unschedulable(*reasons)
+    return status
 
 
 class VolumeBinding:

@@ -21,9 +21,10 @@ ON = True
 
 
 class Local:
-    """What the local plugins share: a state that follows from the pod's spec, and raw scores used as they are."""
+    """What the local plugins share: a state that follows from the pod's spec, and raw scores used as they are.
+    `reads_mix`: whether a raw score may read a fragmenting plugin's learned mix (its epoch: `LocalRaws.before`)."""
 
-    local = True
+    local, reads_mix = True, False
 
     def matters(self, engine: ScoreContext, pod: PodRequest, plan: Plan) -> bool:
         return False
@@ -126,7 +127,7 @@ class Allocated(Local):
 class KubegpuDevices(Local):
     """The device plugins' mean topology score (0..100) on the node (`kubegpu_scheduler_score`)."""
 
-    name = scores.DEVICES
+    name, reads_mix = scores.DEVICES, True  # a plugin's topology score may read its mix (neuron's does)
 
     def prescore(self, engine: ScoreContext, pod: PodRequest, plan: Plan) -> object | None:
         return ON if plan.devices else None
@@ -151,7 +152,7 @@ class KubegpuFragmentation(Local):
     Stretched over the feasible nodes: the node that strands least scores 100, and one that strands a whole device
     more (`ONE_DEVICE` points of the raw score) or the most 0 (`scores.normalize_range`)."""
 
-    name = scores.FRAGMENTATION
+    name, reads_mix = scores.FRAGMENTATION, True
 
     def matters(self, engine: ScoreContext, pod: PodRequest, plan: Plan) -> bool:
         return engine.fragmentation_matters(pod, plan)

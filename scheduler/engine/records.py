@@ -238,6 +238,9 @@ class LocalRaws:
     raws: dict[str, tuple[float, ...]] = field(default_factory=dict)
     by_number: dict[int, tuple[float, ...]] = field(default_factory=dict)
     numbering: int = 0
+    # The shape's `by_number` under the epochs before (numbered in `numbering` too): the scores that read no mix
+    # (`reads_mix` false) of a content scored then are taken from it, not scored again (`Scoring._local_by_content`).
+    before: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -277,6 +280,9 @@ class ShapeAnswers:
     # A node's content number (`NodeNumbering`) -> the answer below of the nodes with that content, at `numbering`.
     alike: dict[int, tuple[Status, int, bool, bool]] = field(default_factory=dict)
     numbering: int = 0
+    # A node class (`NodeRecord.klass`) -> the answer of the filters that read only the node (`_node_fit`): a shape
+    # sampled reads no node's name (`Plan.settles`), so it is the class's.
+    by_class: dict[int, Status | None] = field(default_factory=dict)
     # node -> (its answer as a refusal, its class, whether it fits, whether the answer is unresolvable by what is in
     # use or the devices, not by the filters that read only the node)
     finals: dict[str, tuple[Status, int, bool, bool]] = field(default_factory=dict)

@@ -32,9 +32,10 @@ and a pod ranked on every node whose refusal leaves out the nodes the capacity i
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
-from itertools import compress
+from collections.abc import Callable, Iterable
+from itertools import compress, islice
 from operator import add
+from typing import Any
 
 from kubegpu.core.models import PodRequest
 from kubegpu.core.status import Code, Status
@@ -56,6 +57,7 @@ OWN_FILTERS = (
 )
 SHAPES_REMEMBERED = 256
 CONTENTS_NUMBERED = 1 << 16  # distinct node contents numbered; past it, numbered afresh
+_UNASKED: Any = object()
 
 
 class Sampling(Reserving):
@@ -80,16 +82,16 @@ class Sampling(Reserving):
             book.mask = list(map(book.fits.__getitem__, order))
             book.masked = order
         mask = book.mask
-        found = list(compress(range(start, count), mask[start:]))
+        # The first `sample` that fit from `start` on, round the tree's order.
+        found = list(islice(compress(range(start, count), islice(mask, start, None)), sample))
         if len(found) < sample:
-            found += compress(range(start), mask[:start])
+            found += islice(compress(range(start), mask), sample - len(found))
         if not found:
             refused = self._refused_by_shape(pod, plan, book, count)
             if refused is not None:
                 self._next_start = start
             return refused
         if len(found) >= sample:
-            del found[sample:]
             self._next_start = (found[-1] + 1) % count
         else:
             self._next_start = start
@@ -113,7 +115,10 @@ class Sampling(Reserving):
             return None
         fits = book.fits
         candidates = index.groups_at_least(need, ascending=self.policy == "binpack")
-        feasible = [name for _, members in candidates for name in members if fits[name]]
+        feasible: list[str] = []
+        fit = fits.__getitem__
+        for _, members in candidates:
+            feasible += compress(members, map(fit, members))
         if not feasible:
             return self._refused_by_shape(pod, plan, book, len(nodes))
         best = feasible[0] if len(feasible) == 1 else self._rank_sampled(feasible, pod, plan)
@@ -169,8 +174,8 @@ class Sampling(Reserving):
         mask = book.mask
         nodes, fits, finals = self.nodes, book.fits, book.finals
         reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
-        short = Status.unschedulable(f"Insufficient {resource}")
-        free_of = index.get
+        short, by_class = Status.unschedulable(f"Insufficient {resource}"), book.by_class
+        free_of, unresolvable_code = index.get, Code.UNRESOLVABLE
         for name in changed:
             record = nodes.get(name)
             old = finals.get(name)
@@ -179,7 +184,7 @@ class Sampling(Reserving):
                 number = numbers[name]
                 answer = alike.get(number) if number is not None else None
                 if answer is None:
-                    answer = self._answer(record, pod, plan, free_of(name), need, short)
+                    answer = self._answer(record, pod, plan, free_of, need, short, by_class)
                     if number is not None:
                         alike[number] = answer
                 if old is not None and (old is answer or old == answer):
@@ -189,7 +194,7 @@ class Sampling(Reserving):
                 status, klass, fit, by_usage = old
                 for reason in status.reasons:
                     reasons[reason] -= 1
-                if status.code is Code.UNRESOLVABLE:
+                if status.code is unresolvable_code:
                     unresolvable[klass] -= 1
                 else:
                     book.resolvable -= 1
@@ -202,7 +207,7 @@ class Sampling(Reserving):
             status, klass, fit, by_usage = answer
             for reason in status.reasons:
                 reasons[reason] += 1
-            if status.code is Code.UNRESOLVABLE:
+            if status.code is unresolvable_code:
                 unresolvable[klass] += 1
             else:
                 book.resolvable += 1
@@ -220,21 +225,38 @@ class Sampling(Reserving):
         return book
 
     def _answer(
-        self, record: NodeRecord, pod: PodRequest, plan: Plan, free: int | None, need: int, short: Status
+        self,
+        record: NodeRecord,
+        pod: PodRequest,
+        plan: Plan,
+        free_of: Callable[[str], int | None],
+        need: int,
+        short: Status,
+        by_class: dict[int, Status | None],
     ) -> tuple[Status, int, bool, bool]:
-        """One node's answer to the shape (`ShapeAnswers.finals`), `free` what the capacity index offers on it:
-        `check`'s answer (a shape sampled has no cluster-wide filter, no dead node: `_samples_by_shape`), asked of
-        the filters themselves, since the node changed since its memo was written."""
+        """One node's answer to the shape (`ShapeAnswers.finals`): `check`'s answer (a shape sampled has no
+        cluster-wide filter, no dead node: `_samples_by_shape`), asked of the filters themselves, since the node
+        changed since its memo was written; those that read only the node asked once per node class
+        (`ShapeAnswers.by_class`), and `free_of` (what the capacity index offers on a node) only where they pass."""
+        klass = record.klass
         if record.nominees and held_for_another(record, pod):
-            return (Status.unschedulable(NOMINATED), record.klass, False, False)
-        status = self._node_fit(record, pod, plan)
+            return (Status.unschedulable(NOMINATED), klass, False, False)
+        status = by_class.get(klass, _UNASKED)
+        if status is _UNASKED:
+            status = by_class[klass] = self._node_fit(record, pod, plan)
         if status is not None:
-            return (status, record.klass, False, False)
-        status = self._usage_fit(record, pod, plan) or self._device_fit(record, pod, plan)
+            return (status, klass, False, False)
+        for rule in plan.usage_rules:  # `_usage_fit`, then the device fit
+            status = rule(self, record, pod, plan)
+            if status is not None:
+                break
+        else:
+            status = self._device_fit(record, pod, plan)
         code = status.code
         if code is Code.SUCCESS:
-            return (short, record.klass, free is not None and free >= need, False)
-        return (status, record.klass, False, code is Code.UNRESOLVABLE)
+            free = free_of(record.name)
+            return (short, klass, free is not None and free >= need, False)
+        return (status, klass, False, code is Code.UNRESOLVABLE)
 
     def _every_answer(
         self,
@@ -248,14 +270,14 @@ class Sampling(Reserving):
         """A book with no answer yet (`_shape_answers`) filled with every node's: asked once per content number,
         as the loop node by node asks, and summed once per distinct answer with its count (in the order of their
         first nodes, so that the sums hold their keys in the same order)."""
-        alike, fits, finals = book.alike, book.fits, book.finals
+        alike, fits, finals, by_class = book.alike, book.fits, book.finals, book.by_class
         short = Status.unschedulable(f"Insufficient {book.resource}")
         free_of = index.get
         for name, record in self.nodes.items():
             number = numbers[name]
             answer = alike.get(number) if number is not None else None
             if answer is None:
-                answer = self._answer(record, pod, plan, free_of(name), need, short)
+                answer = self._answer(record, pod, plan, free_of, need, short, by_class)
                 if number is not None:
                     alike[number] = answer
             fits[name] = answer[2]
@@ -367,14 +389,20 @@ class Sampling(Reserving):
             return self._rank(feasible, pod, plan, prescored)  # each PreScore asked once (InterPodAffinity's is dear)
         if not self._local_scorers:
             return feasible[0]
-        raws = self._local_raw(feasible, None, pod, plan)
-        # Nodes alike in every raw score total alike: each tuple of raw scores (nodes alike in content share one
-        # object, `LocalRaws.by_number`), with its first node.
-        first = dict(zip(map(id, reversed(raws)), range(len(raws) - 1, -1, -1), strict=True))
+        # Nodes alike in every raw score total alike: each content's raw scores (`_local_by_content`), or each tuple
+        # of raw scores (nodes alike in content share one object, `LocalRaws.by_number`), with its first node.
+        by_content = self._local_by_content(feasible, pod, plan)
+        alike: list[int]  # each node's content number, or its raw scores' identity
+        if by_content is not None:
+            alike, first, distinct = by_content
+        else:
+            raws = self._local_raw(feasible, None, pod, plan)
+            alike = list(map(id, raws))
+            first = dict(zip(reversed(alike), range(len(raws) - 1, -1, -1), strict=True))
+            distinct = list(map(raws.__getitem__, first.values()))
         packs = self.packs_by_name(pod, plan)
         if len(first) == 1:
             return min(feasible, key=scores.tie_order) if packs else feasible[0]
-        distinct = list(map(raws.__getitem__, first.values()))
         columns = list(zip(*distinct, strict=True))
         summed: list[list[float]] = []  # each plugin's weighed scores, summed in the profile's order where needed
         # Where KubegpuFragmentation leads (`Scoring.fragmentation_leads`), as `_rank` ranks: its whole points, then
@@ -410,7 +438,7 @@ class Sampling(Reserving):
             packed = list(zip(lead, others or [0.0] * len(distinct), strict=True))
             top_packed = max(packed)
             chosen = {key for key, tuple_key in zip(first, packed, strict=True) if tuple_key == top_packed}
-            return min(compress(feasible, map(chosen.__contains__, map(id, raws))), key=scores.tie_order)
+            return min(compress(feasible, map(chosen.__contains__, alike)), key=scores.tie_order)
         if not summed:
             return feasible[0]
         if lead is not None and min(lead) != max(lead):

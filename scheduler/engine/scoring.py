@@ -5,7 +5,6 @@ how many feasible nodes a cycle finds before scoring (`_sample_size`).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
 from itertools import compress, repeat
@@ -19,7 +18,6 @@ from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine.contents import CONTENTS_REMEMBERED, Contents
 from kubegpu.scheduler.engine.records import (
     FRAGMENTATION_EPOCH_HOOK,
-    FRAGMENTATION_HOOK,
     LocalRaws,
     NodeRecord,
     Plan,
@@ -36,73 +34,6 @@ _NOWHERE: Mapping[str, int] = {}
 
 class Scoring(Contents):
     """Scoring and ranking the feasible nodes."""
-
-    def device_score(self, record: NodeRecord, pod: PodRequest) -> float:
-        """The device plugins' mean topology score (0..100) on the node (KubegpuDevices); 0 when the pod asks for no
-        device the node has. A plugin that fails scores 0, logged naming it."""
-        return self.device_scores((record,), pod)[0]
-
-    def device_scores(self, records: Sequence[NodeRecord], pod: PodRequest) -> list[float]:
-        """`device_score` on each node, the pod's plugins and their `prepared` looked up once."""
-        routes = [plugin for plugin in self._route(pod) if plugin]
-        call, prepared, out = self.plugins.call, self.plan(pod).prepared if routes else {}, []
-        for record in records:
-            states = record.states
-            device_scores: list[float] = []
-            for plugin in routes:
-                state = states.get(plugin)
-                if state is None:
-                    continue
-                try:
-                    score = call(plugin, "kubegpu_scheduler_score", state=state, pod=pod, prepared=prepared.get(plugin))
-                except PluginHookError as exc:
-                    log.error("node %s: %s", record.name, exc)
-                    score = 0.0
-                device_scores.append(min(100.0, max(0.0, float(score or 0.0))))
-            out.append(sum(device_scores) / len(device_scores) if device_scores else 0.0)
-        return out
-
-    def device_usage(self, record: NodeRecord, pod: PodRequest) -> float | None:
-        """The mean used share (0..1) of the node's devices of the plugins the pod asks for (the policy's score);
-        None when the pod asks for no device the node has."""
-        utilization = [
-            record.headroom[plugin].utilization for plugin in self._route(pod) if plugin and plugin in record.states
-        ]
-        return sum(utilization) / len(utilization) if utilization else None
-
-    def fragmentation_score(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> float:
-        """KubegpuFragmentation's raw score (0..100): 100 x sigmoid(-d), d the devices the pod would strand on the node
-        summed over the plugins with a state there (`kubegpu_scheduler_fragmentation`; a cpu-only pod included), as
-        the FGD paper scores: 50 for none, 27 for one more, 73 for one fewer, every difference kept in order."""
-        return self.fragmentation_scores((record,), pod, plan)[0]
-
-    def fragmentation_scores(self, records: Sequence[NodeRecord], pod: PodRequest, plan: Plan) -> list[float]:
-        """`fragmentation_score` on each node, which plugins measure asked once per plugin."""
-        measures: dict[str, bool] = {}
-        call, prepared = self.plugins.call, plan.prepared
-        out = []
-        for record in records:
-            if not record.states:
-                out.append(50.0)
-                continue
-            free = {"cpu": record.free("cpu"), "memory": record.free("memory")}
-            stranded = 0.0
-            for plugin, state in record.states.items():
-                measured = measures.get(plugin)
-                if measured is None:
-                    measured = measures[plugin] = self.plugins.implements(plugin, FRAGMENTATION_HOOK)
-                if not measured:
-                    continue
-                try:
-                    grown = call(
-                        plugin, FRAGMENTATION_HOOK, state=state, pod=pod, prepared=prepared.get(plugin), free=free
-                    )
-                except PluginHookError as exc:
-                    log.error("node %s: %s", record.name, exc)
-                    continue
-                stranded += float(grown or 0.0)
-            out.append(100.0 / (1.0 + math.exp(min(50.0, stranded))))
-        return out
 
     def fragmentation_matters(self, pod: PodRequest, plan: Plan) -> bool:
         """Whether KubegpuFragmentation may rank the pod's nodes otherwise than the policy's order, so that a cycle
@@ -258,12 +189,65 @@ class Scoring(Contents):
                 by_number[number] = raw
         return raws  # type: ignore[return-value]  # every None was filled above
 
-    def _local_columns(self, asked: list[NodeRecord], pod: PodRequest, plan: Plan) -> list[tuple[float, ...]]:
-        """The local score plugins' raw scores on each of the `asked` nodes, a tuple per node."""
-        columns = []
+    def _local_by_content(
+        self, names: list[str], pod: PodRequest, plan: Plan
+    ) -> tuple[list[int], dict[int, int], list[tuple[float, ...]]] | None:
+        """`_local_raw` per distinct content: each node's content number (`_numbers_now`), each number's first node,
+        and each number's raw scores in that dict's order, remembered as `_local_raw` remembers them; nodes not
+        remembered are scored as there, once per content. None where a node has no content number (a state that is
+        its own content) or the raw scores are not remembered by content (`_local_raw`)."""
+        if self._added_scores or pod.preferred_node_affinity:
+            return None
+        book = self._local_raws(plan, self.score_epochs(plan))
+        numbers = self._numbers_now()
+        by_number, before = book.by_number, book.before
+        if book.numbering != self._score_numbers.epoch:
+            by_number.clear()
+            before.clear()
+            book.numbering = self._score_numbers.epoch
+        if len(by_number) > CONTENTS_REMEMBERED - len(names):
+            by_number.clear()
+        numbered: list[int] = list(map(numbers.__getitem__, names))  # type: ignore[arg-type]  # None checked below
+        first = dict(zip(reversed(numbered), range(len(numbered) - 1, -1, -1), strict=True))
+        if None in first:
+            return None
+        raws: list[tuple[float, ...] | None] = list(map(by_number.get, first))
+        if None in raws:
+            todo = [number for number, raw in zip(first, raws, strict=True) if raw is None]
+            nodes = self.nodes
+            asked = [nodes[names[first[number]]] for number in todo]
+            fresh = self._local_columns(asked, pod, plan, list(map(before.get, todo)) if before else None)
+            by_number.update(zip(todo, fresh, strict=True))
+            raws = list(map(by_number.__getitem__, first))
+        return numbered, first, raws  # type: ignore[return-value]  # every None was filled above
+
+    def _local_columns(
+        self,
+        asked: list[NodeRecord],
+        pod: PodRequest,
+        plan: Plan,
+        before: list[tuple[float, ...] | None] | None = None,
+    ) -> list[tuple[float, ...]]:
+        """The local score plugins' raw scores on each of the `asked` nodes, a tuple per node. `before`: each node's
+        raw scores under the fragmenting plugins' epochs before (`LocalRaws.before`) or None; the plugins whose
+        score reads no mix (`reads_mix` false) are asked only of the nodes without."""
+        columns: list[list[float]] = []
         for plugin in self._local_scorers:
             state = plugin.prescore(self, pod, plan)
-            columns.append(plugin.score(self, state, asked, pod, plan) if state is not None else [0.0] * len(asked))
+            if state is None:
+                columns.append([0.0] * len(asked))
+                continue
+            at = len(columns)
+            if before is not None and not getattr(plugin, "reads_mix", True):
+                missing = [i for i, row in enumerate(before) if row is None]
+                column = [0.0 if row is None else row[at] for row in before]
+                if missing:
+                    scored = plugin.score(self, state, [asked[i] for i in missing], pod, plan)
+                    for i, value in zip(missing, scored, strict=True):
+                        column[i] = value
+                columns.append(column)
+                continue
+            columns.append(plugin.score(self, state, asked, pod, plan))
         return list(zip(*columns, strict=True)) if columns else [() for _ in asked]
 
     def _local_raws(self, plan: Plan, epochs: tuple[int | None, ...]) -> LocalRaws:
@@ -284,8 +268,10 @@ class Scoring(Contents):
             return known
         if len(self._raws) >= 256:
             self._raws.clear()
-        known = self._raws[key] = LocalRaws(plan.local, epochs, generation)
-        return known
+        fresh = self._raws[key] = LocalRaws(plan.local, epochs, generation)
+        if known is not None and known.local is plan.local:  # the epochs moved: a mix was learned
+            fresh.before, fresh.numbering = known.by_number or known.before, known.numbering
+        return fresh
 
     def _rank(
         self, feasible: list[str], pod: PodRequest, plan: Plan, prescored: dict[int, object] | None = None

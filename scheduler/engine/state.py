@@ -10,7 +10,8 @@ docstring names and reads the others' only through their methods or as documente
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from kubegpu.core.models import (
     LabelSelector,
@@ -114,6 +115,7 @@ class EngineState:
         # holding the profile's settings for device plugins.
         settings = ProfileSettings(self.scoring.share_policy, self.scoring.fragmentation_mix)
         self._shared: dict[str, dict[str, object]] = {name: {SETTINGS_KEY: settings} for name in plugins.names}
+        self._fit_calls: dict[str, Callable[..., Any]] = {}  # each plugin's fit hook (`KubegpuPluginManager.bound`)
         # The plugins that measure fragmentation (`kubegpu_scheduler_fragmentation`), and how many nodes hold a state
         # of one of them (under ""), and of those how many hold a state of each plugin: KubegpuFragmentation may rank
         # a pod's nodes otherwise than the policy's order only where the pod may go to such a node.

@@ -467,11 +467,19 @@ def test_a_remembered_neuron_score_follows_the_learned_mix(fragmentation: bool) 
     def local_raws() -> list[tuple[float, ...]]:  # a cycle's local raw scores, remembered per pod shape
         return engine._local_raw(list(nodes), [engine.nodes[name] for name in nodes], single, engine.plan(single))
 
+    def sampled_raws() -> list[tuple[float, ...]]:  # the same per content, as a sampled cycle ranks them
+        found = engine._local_by_content(list(nodes), single, engine.plan(single))
+        assert found is not None
+        numbered, first, raws = found
+        return [dict(zip(first, raws, strict=True))[number] for number in numbered]
+
+    sampled_before = sampled_raws()  # remembered under the mix before: its scores that read no mix are kept
     local_before = local_raws()
     for i in range(30):  # pairs on the third node: the first two are as they were, the mix is not
         assert schedule(engine, f"pair-{i}", neuron.NEURON, 2, node="inf2-pairs") == "inf2-pairs"
         assert engine.release(f"team/pair-{i}") is not None
     remembered = {name: engine.score_node(name, single) for name in nodes}
+    sampled_remembered = sampled_raws()  # first: the shape's raw scores under the mix now are made here
     local_remembered = local_raws()
     engine.forget_memos()
     fresh = {name: engine.score_node(name, single) for name in nodes}
@@ -480,3 +488,4 @@ def test_a_remembered_neuron_score_follows_the_learned_mix(fragmentation: bool) 
     local_fresh = local_raws()
     assert local_fresh != local_before
     assert local_remembered == local_fresh
+    assert sampled_before == local_before and sampled_remembered == local_fresh

@@ -380,3 +380,59 @@ def test_each_distribution_s_metadata_is_read_once(monkeypatch: pytest.MonkeyPat
     manager = make_plugin_manager("scheduler")
     assert set(BUILT_INS) <= set(manager.names)
     assert len(reads) == 1
+
+
+def _outcome(thunk: Callable[[], object]) -> object:
+    """What a call gives: its answer, or the failure it raised (its text and whether it was counted)."""
+    try:
+        return ("answer", thunk())
+    except PluginHookError as exc:
+        return ("failed", str(exc), exc.plugin, exc.hook, type(exc.original).__name__)
+
+
+@pytest.mark.parametrize(
+    ("hook", "function"),
+    [
+        ("fit", lambda state, pod, prepared: Status.success()),
+        ("fit", lambda state, pod: Status.unschedulable("full")),  # a subset of the arguments
+        ("fit", lambda pod, state: Status.success() if state == "s" else None),  # another order
+        ("fit", lambda state, pod, prepared: True),  # the contract's wrong answer
+        ("fit", lambda state, pod, prepared: 1 / 0),
+        ("fit", None),  # not implemented: a plugin with node states must implement it
+        ("score", lambda state, pod, prepared: 70),
+        ("score", lambda state, pod, prepared: "high"),
+        ("score", lambda pod: 250),
+        ("score", None),
+        ("fragmentation", lambda state, pod, prepared, free: free["cpu"] / 1000),
+        ("fragmentation", lambda state, pod, prepared, free: float("nan")),
+        ("fragmentation", lambda state, free: "many"),
+        ("fragmentation", lambda state, pod, prepared, free: exit(3)),  # a plugin that exits costs only itself
+        ("fragmentation", lambda state, pod: None),
+        ("prepare", None),  # hooks outside `bound`'s fast path go through `call`
+    ],
+)
+def test_a_bound_hook_answers_and_fails_exactly_as_call(hook: str, function: Callable[..., Any] | None) -> None:
+    """`bound`, the engine's direct path to the hot hooks, gives each answer `call` gives, checks it against the
+    hook's contract as `call` does, and raises and counts a plugin's failure as `call` does."""
+    hooks = {hook: function} if function is not None else {}
+    names = {
+        "fit": ("state", "pod", "prepared"),
+        "score": ("state", "pod", "prepared"),
+        "fragmentation": ("state", "pod", "prepared", "free"),
+        "prepare": ("pod",),
+    }[hook]
+    values = {"state": "s", "pod": make_pod(), "prepared": "asked", "free": {"cpu": 4000, "memory": 1}}
+    full = f"kubegpu_scheduler_{hook}"
+    args = [values[name] for name in names]
+    by_call = make_plugin_manager(
+        "scheduler", plugins=[("card", owning("card", "example.com/c", **hooks))], autoload=False
+    )
+    by_bound = make_plugin_manager(
+        "scheduler", plugins=[("card", owning("card", "example.com/c", **hooks))], autoload=False
+    )
+    bound = by_bound.bound("card", full, names)
+    assert by_bound.bound("card", full, names) is bound  # made once
+
+    called = _outcome(lambda: by_call.call("card", full, **dict(zip(names, args, strict=True))))
+    assert _outcome(lambda: bound(*args)) == called
+    assert by_bound.hook_failures == by_call.hook_failures

@@ -10,8 +10,9 @@ fill and free again.
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -121,6 +122,58 @@ def test_remembered_answers_place_as_the_walk_node_by_node(seed: int, percentage
     assert sum(taken) > len(taken) // 2, "most cycles took the shortcut (else this test holds nothing)"
 
 
+def changing(document: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """The node cordoned, uncordoned, tainted, untainted, tolerated or moved to another zone: a change of its class."""
+    changed: dict[str, Any] = {**document, "metadata": {**document["metadata"]}}
+    labels = changed["metadata"]["labels"] = dict(document["metadata"]["labels"])
+    kind = rng.randrange(4)
+    if kind == 0:
+        changed["spec"] = {"unschedulable": True}
+    elif kind == 1:
+        changed["spec"] = {"taints": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]}
+    elif kind == 2:
+        changed["spec"] = {}
+    else:
+        labels["topology.kubernetes.io/zone"] = rng.choice(ZONES)
+    return changed
+
+
+@pytest.mark.parametrize("percentage", [0, 100], ids=["adaptive", "every node"])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_nodes_changing_class_between_arrivals_place_as_the_walk(seed: int, percentage: int) -> None:
+    """A shape's answers of the filters that read only the node are kept per node class (`ShapeAnswers.by_class`):
+    nodes cordoned, tainted, freed of their taint or moved between zones while pods of the shapes seen come and go
+    are answered as their new class answers, as the walk node by node answers them."""
+    rng = random.Random(seed)
+    nodes = generated_nodes(rng, rng.randint(40, 80))
+    pods = generated_pods(rng, 300)
+    changes = {step: rng.randrange(len(nodes)) for step in rng.sample(range(len(pods)), 60)}
+
+    def replayed(subject: Engine) -> list[object]:
+        now = list(nodes)
+        for document in now:
+            subject.add_node(node_info(document))
+        seen: list[object] = []
+        leaving: dict[int, list[str]] = {}
+        change_rng = random.Random(seed)
+        for step, (pod, stay) in enumerate(pods):
+            for key in leaving.pop(step, ()):
+                subject.release(key)
+            if step in changes:
+                at = changes[step]
+                now[at] = changing(now[at], change_rng)
+                subject.add_node(node_info(now[at]))
+            request = pod_request(pod_document(pod, pod.name))[0]
+            decision: Decision = subject.schedule(request)
+            seen.append((pod.name, decision.node, decision.reason, decision.code, subject._next_start))
+            if decision.scheduled and stay:
+                leaving.setdefault(step + stay, []).append(request.key)
+        return seen
+
+    assert replayed(engine(percentage)) == replayed(walking(engine(percentage)))
+
+
 def test_a_pod_of_a_shape_seen_before_asks_only_the_nodes_changed_since() -> None:
     """The point of the shortcut: the second pod of a shape filters the one node the first changed, not the
     cluster again; a pod no node fits is refused without filtering every node either."""
@@ -128,14 +181,14 @@ def test_a_pod_of_a_shape_seen_before_asks_only_the_nodes_changed_since() -> Non
     subject = engine()
     for document in generated_nodes(rng, 150):
         subject.add_node(node_info(document))
-    asked: list[str] = []  # the nodes filtered: the node-only filters run first in every answer
-    node_fit = subject._node_fit
+    asked: list[str] = []  # the nodes answered anew
+    answer = subject._answer
 
-    def counting(record: Any, pod: Any, plan: Any) -> Any:
+    def counting(record: Any, *asking: Any) -> Any:
         asked.append(record.name)
-        return node_fit(record, pod, plan)
+        return answer(record, *asking)
 
-    subject._node_fit = counting  # type: ignore[method-assign]
+    subject._answer = counting  # type: ignore[method-assign]
     share = TracePod("share", 1000, 1024, 1, 300, ())
     first = subject.schedule(pod_request(pod_document(share, "first"))[0])
     assert first.scheduled
@@ -210,7 +263,7 @@ def test_a_shape_first_asked_sums_its_answers_as_the_nodes_one_by_one(seed: int,
         unresolvable: Counter[int] = Counter()
         resolvable = by_usage = 0
         for name, record in subject.nodes.items():
-            answer = subject._answer(record, request, plan, index.get(name), need, short)
+            answer = subject._answer(record, request, plan, index.get, need, short, {})
             assert book.finals[name] == answer and book.fits[name] is answer[2]
             for reason in answer[0].reasons:
                 reasons[reason] += 1
@@ -225,3 +278,36 @@ def test_a_shape_first_asked_sums_its_answers_as_the_nodes_one_by_one(seed: int,
         assert list(book.fitting.items()) == list(fitting.items())
         assert list(book.unresolvable.items()) == list(unresolvable.items())
         assert (book.resolvable, book.by_usage) == (resolvable, by_usage)
+
+
+@pytest.mark.parametrize("lead", [True, False], ids=["fragmentation leads", "weighed sum"])
+@pytest.mark.parametrize("policy", ["binpack", "spread"])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_sample_ranked_per_content_picks_the_node_ranking_node_by_node_picks(
+    seed: int, policy: Literal["binpack", "spread"], lead: bool
+) -> None:
+    """`_rank_sampled` ranks each distinct content once (`Scoring._local_by_content`): on any feasible nodes in any
+    order, nodes of one content apart in the sample and nodes of different contents tied on every score (nodes alike
+    but their zone) among them, it picks the node `_rank` picks node by node, the first in the sample's order on a
+    tie."""
+    rng = random.Random(seed)
+    profile = dataclasses.replace(scores.Profile.default(policy), fragmentation_lead=lead)
+    plugins = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
+    subject = Engine(plugins, policy=policy, scoring=profile)
+    for document in generated_nodes(rng, rng.randint(10, 25)):
+        subject.add_node(node_info(document))
+        for twin in ("twin-a", "twin-b"):  # two of another class, alike in all the scores read
+            metadata = {**document["metadata"], "name": f"{document['metadata']['name']}-{twin}"}
+            metadata["labels"] = {**metadata["labels"], "topology.kubernetes.io/zone": "zone-twin"}
+            subject.add_node(node_info({**document, "metadata": metadata}))
+    for pod, _ in generated_pods(rng, rng.randint(0, 40)):
+        subject.schedule(pod_request(pod_document(pod, pod.name))[0])
+    for pod, _ in generated_pods(rng, 6):
+        request = pod_request(pod_document(pod, pod.name))[0]
+        plan = subject.plan(request)
+        fitting = [name for name, record in subject.nodes.items() if subject.check(record, request, plan).ok]
+        for _ in range(3):
+            feasible = rng.sample(fitting, rng.randint(0, len(fitting)))
+            if len(feasible) > 1:
+                assert subject._rank_sampled(feasible, request, plan) == subject._rank(feasible, request, plan)

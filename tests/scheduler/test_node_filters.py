@@ -125,3 +125,29 @@ def test_node_resources_fit_refuses_nodes_alike_with_one_refusal(
     assert len({id(answer) for answer in answers}) == 1
     roomy = make_pod("small", {"main": {"cpu": "1"}})
     assert fit.filter(e, e.nodes["node-0"], roomy, e.plan(roomy)) is None
+
+
+@pytest.mark.parametrize(
+    ("containers", "want"),
+    [
+        ({"main": {"cpu": "1"}}, Status.unschedulable("Too many pods")),
+        ({"main": {"cpu": "5"}}, Status.unschedulable("Too many pods", "Insufficient cpu")),
+        (
+            {"main": {"cpu": "2", "memory": "300Gi"}},
+            Status.unschedulable("Too many pods", "Insufficient cpu", "Insufficient memory"),
+        ),
+        ({"main": {"example.com/card": "1"}}, Status.unschedulable("Too many pods", "Insufficient example.com/card")),
+    ],
+    ids=["pods-only", "pods-and-more-than-it-has", "pods-and-two-short", "pods-and-unlisted"],
+)
+def test_node_resources_fit_names_too_many_pods_first_and_never_unresolvable(
+    containers: dict[str, dict[str, str]], want: Status
+) -> None:
+    # A node whose pods are all taken refuses every pod, first for that, then for each resource short; never as
+    # unresolvable, since the pods leaving frees it (kube-scheduler: `Too many pods` is one of the reasons).
+    e = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False))
+    e.add_node(make_node("full", cpu="4", memory="8Gi", allocatable={"pods": 1}))
+    assert e.schedule(make_pod("filler", {"main": {"cpu": "3"}})).scheduled
+    pod = make_pod("asker", containers)
+    fit = next(rule for rule in KUBE_FILTERS if rule.name == "NodeResourcesFit")
+    assert fit.filter(e, e.nodes["full"], pod, e.plan(pod)) == want

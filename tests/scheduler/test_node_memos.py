@@ -22,13 +22,22 @@ NODES = 40
 
 def counting_engine(monkeypatch: pytest.MonkeyPatch) -> tuple[Engine, Counter[str]]:
     calls: Counter[str] = Counter()
-    original = KubegpuPluginManager.call
+    original = KubegpuPluginManager._impl
 
-    def call(self: KubegpuPluginManager, plugin: str, hook: str, **kwargs: Any) -> Any:
-        calls[hook] += 1
-        return original(self, plugin, hook, **kwargs)
+    def impl(self: KubegpuPluginManager, plugin: str, hook: str) -> tuple[Any, tuple[str, ...]] | None:
+        """The plugin's implementation, counting its calls (through `call` and `bound` alike)."""
+        found = original(self, plugin, hook)
+        if found is None:
+            return None
+        function, argnames = found
 
-    monkeypatch.setattr(KubegpuPluginManager, "call", call)
+        def counted(*args: Any) -> Any:
+            calls[hook] += 1
+            return function(*args)
+
+        return counted, argnames
+
+    monkeypatch.setattr(KubegpuPluginManager, "_impl", impl)
     engine = Engine(make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False))
     for i in range(NODES):
         engine.add_node(make_node(f"n{i:02d}", labels={"toy.example/cards": "64"}, allocatable={toy.RESOURCE: 64}))
