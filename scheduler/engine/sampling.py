@@ -400,20 +400,20 @@ class Sampling(Reserving):
             alike = list(map(id, raws))
             first = dict(zip(reversed(alike), range(len(raws) - 1, -1, -1), strict=True))
             distinct = list(map(raws.__getitem__, first.values()))
-        packs = self.packs_by_name(pod, plan)
+        packs = self.packs_ties(pod, plan)
         if len(first) == 1:
             return min(feasible, key=scores.tie_order) if packs else feasible[0]
         columns = list(zip(*distinct, strict=True))
         summed: list[list[float]] = []  # each plugin's weighed scores, summed in the profile's order where needed
         # Where KubegpuFragmentation leads (`Scoring.fragmentation_leads`), as `_rank` ranks: its whole points, then
-        # (binpack) the other scores but the policy's and `scoring.NOT_TIE_BREAKERS`, then the first by name, or
+        # (binpack) the other scores but the policy's and `scoring.NOT_TIE_BREAKERS`, then the tie order, or
         # (else) the policy's score, then those other scores.
         leads = packs or self.fragmentation_leads(pod, plan)
         lead: list[int] | None = None
         policy: list[float] | None = None
         others: list[float] | None = None
         policy_name = scores.policy_plugin(self.policy)
-        # Packing by name ranks by the lead and the other scores alone: the policy's and `NOT_TIE_BREAKERS` unread.
+        # Packing ties ranks by the lead and the other scores alone: the policy's and `NOT_TIE_BREAKERS` unread.
         unread = {policy_name, *scoring.NOT_TIE_BREAKERS} if packs and self._scores_fragmentation else ()
         column = 0
         for plugin, weight in self._scorers:
@@ -434,7 +434,7 @@ class Sampling(Reserving):
                 policy = normalized
             elif plugin.name not in scoring.NOT_TIE_BREAKERS:
                 others = weighed if others is None else list(map(add, others, weighed))
-        if packs and lead is not None:  # the first by name among the nodes of the best distinct tuples
+        if packs and lead is not None:  # the first in the tie order among the nodes of the best distinct tuples
             packed = list(zip(lead, others or [0.0] * len(distinct), strict=True))
             top_packed = max(packed)
             chosen = {key for key, tuple_key in zip(first, packed, strict=True) if tuple_key == top_packed}

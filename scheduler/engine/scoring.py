@@ -58,15 +58,15 @@ class Scoring(Contents):
         """Whether KubegpuFragmentation ranks the pod's nodes before the other scores: the pod may go to a node whose
         devices are shared (`kubegpu.core.kit.shares_devices`). There a node leads by a whole point of its raw score
         (100 x sigmoid(-d), d the devices stranded: about a twenty-fifth of a GPU where little is stranded), truncated
-        as the FGD paper's integer score is. Under the binpack policy (`packs_by_name`) the nodes tied on it, or all of
+        as the FGD paper's integer score is. Under the binpack policy (`packs_ties`) the nodes tied on it, or all of
         them where it scores every node alike, are ranked by the other scores weighed as usual but the policy's and
-        NodeResourcesBalancedAllocation (`NOT_TIE_BREAKERS`), then the first by name: pods pack onto the same nodes
-        as in the FGD paper's simulator, which picks the first by name among nodes of equal score, and whole GPUs
-        and nodes stay free. Under another policy, ties go to the policy's score, then to those other scores, then
-        to the order the nodes were found, and where it scores every node alike the weighed sum ranks as before.
+        NodeResourcesBalancedAllocation (`NOT_TIE_BREAKERS`), then by the tie order (`scores.tie_order`): pods pack
+        onto the same nodes, as the FGD paper's simulator packs them by name over every node, and whole GPUs and
+        nodes stay free. Under another policy, ties go to the policy's score, then to those other scores, then to
+        the order the nodes were found, and where it scores every node alike the weighed sum ranks as before.
         `benchmarks/sharing_bench.py`, seeds 42-51, adaptive count: ties to the policy, then the order found
-        94.75 %; to the first by name 95.06 % (the paper's FGD 95.2 %). Pods that cannot reach a shared device are
-        ranked as before (kube-scheduler's parity)."""
+        94.75 %; to the first by name 95.05 %; by the tie order 95.24 % (the paper's FGD 95.2 %). Pods that cannot
+        reach a shared device are ranked as before (kube-scheduler's parity)."""
         if not self.scoring.fragmentation_lead:  # the profile's KubegpuFragmentation `lead: false`
             return False
         counts = self._sharing_nodes
@@ -74,8 +74,8 @@ class Scoring(Contents):
             return counts[""] > 0
         return any(counts[plugin] > 0 for plugin, _ in plan.devices)
 
-    def packs_by_name(self, pod: PodRequest, plan: Plan) -> bool:
-        """Whether the pod's ties on KubegpuFragmentation's whole points go to the first node by name
+    def packs_ties(self, pod: PodRequest, plan: Plan) -> bool:
+        """Whether the pod's ties on KubegpuFragmentation's whole points go to the first node in the tie order
         (`fragmentation_leads` under the binpack policy)."""
         return self.policy == "binpack" and self.fragmentation_leads(pod, plan)
 
@@ -303,7 +303,7 @@ class Scoring(Contents):
             if plugin.local:
                 values: Sequence[float] = columns[column]
                 column += 1
-                if plugin.name == scores.FRAGMENTATION and self.packs_by_name(pod, plan):
+                if plugin.name == scores.FRAGMENTATION and self.packs_ties(pod, plan):
                     return self._rank_by_node(feasible, pod, plan, prescored)
                 if min(values) == max(values):
                     continue
@@ -341,7 +341,7 @@ class Scoring(Contents):
     ) -> str:
         """`_rank` node by node: each plugin's scores over the feasible nodes, weighed, summed per node; where
         KubegpuFragmentation leads (`fragmentation_leads`), its whole points first, then (under binpack,
-        `packs_by_name`) the other scores but the policy's and `NOT_TIE_BREAKERS`, then the first by name, or (else)
+        `packs_ties`) the other scores but the policy's and `NOT_TIE_BREAKERS`, then the tie order, or (else)
         the policy's score, then those other scores."""
         nodes = self.nodes
         records = [nodes[name] for name in feasible]
@@ -352,7 +352,7 @@ class Scoring(Contents):
         policy: Sequence[float] = ()  # the policy's scores (NodeResourcesMostAllocated under binpack): lead's ties
         policy_name = scores.policy_plugin(self.policy)
         rest: list[int] = []  # positions in `weighed` of the scores that break the ties left (`NOT_TIE_BREAKERS`)
-        packs = self.packs_by_name(pod, plan)
+        packs = self.packs_ties(pod, plan)
         column = 0
         values: Sequence[float]
         for at, (plugin, weight) in enumerate(self._scorers):
@@ -383,7 +383,7 @@ class Scoring(Contents):
             weighed.append(values if weight == 1 else [weight * value for value in values])
         if packs and lead is not None:
             summed = [float(sum(weighed[k][i] for k in rest)) for i in range(len(records))]
-            return first_by_name(feasible, list(zip(lead, summed, strict=True)))
+            return first_in_tie_order(feasible, list(zip(lead, summed, strict=True)))
         if not weighed:
             return feasible[0]
         if lead is not None and min(lead) != max(lead):
@@ -479,8 +479,8 @@ class Scoring(Contents):
         return score
 
 
-def first_by_name(feasible: Sequence[str], keys: Sequence[tuple[int, float]]) -> str:
-    """The first node by name among those of the greatest key (KubegpuFragmentation's whole points, then the other
-    scores' sum: `Scoring.packs_by_name`)."""
+def first_in_tie_order(feasible: Sequence[str], keys: Sequence[tuple[int, float]]) -> str:
+    """The first node in the tie order (`scores.tie_order`) among those of the greatest key (KubegpuFragmentation's
+    whole points, then the other scores' sum: `Scoring.packs_ties`)."""
     best = max(keys)
     return min((name for name, key in zip(feasible, keys, strict=True) if key == best), key=scores.tie_order)
