@@ -57,6 +57,19 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: 
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
 
 
+def unreachable_kubeconfig(folder: Path) -> Path:
+    """A kubeconfig naming an API server nobody listens on, for a kube-scheduler that only writes its configuration
+    (`--write-config-to`) and never connects."""
+    kubeconfig = folder / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: unused}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+    )
+    return kubeconfig
+
+
 def binary_dir() -> Path:
     configured = os.environ.get("KUBEGPU_K8S_BIN")
     directory = Path(configured) if configured else Path.home() / ".cache" / "kubegpu" / "k8s-1.20.2"

@@ -18,7 +18,7 @@ import yaml
 
 from kubegpu.scheduler.config import ConfigError, load_config
 
-from .cluster import binary_dir
+from .cluster import binary_dir, unreachable_kubeconfig
 
 BODIES = {
     "bool-for-a-string": "profiles:\n- schedulerName: y\n",
@@ -75,13 +75,7 @@ def kubegpu_reads(path: Path) -> tuple[str | None, int, int] | str:
 
 
 def config_file(tmp_path: Path, body: str) -> Path:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "users: [{name: u, user: {token: unused}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
-    )
+    kubeconfig = unreachable_kubeconfig(tmp_path)
     path = tmp_path / "config.yaml"
     path.write_text(
         "apiVersion: kubescheduler.config.k8s.io/v1beta1\nkind: KubeSchedulerConfiguration\n"

@@ -18,17 +18,11 @@ import yaml
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.config import load_config
 
-from .cluster import binary_dir
+from .cluster import binary_dir, unreachable_kubeconfig
 
 
 def written_file(tmp_path: Path) -> Path:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "users: [{name: u, user: {token: unused}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
-    )
+    kubeconfig = unreachable_kubeconfig(tmp_path)
     written = tmp_path / "kube-scheduler.yaml"
     subprocess.run(
         # No listener: kube-scheduler opens its default ports (10251, 10259) before writing, and another scheduler

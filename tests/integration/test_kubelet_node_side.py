@@ -265,6 +265,37 @@ def test_seed_000_steps_1_to_11_on_kube_scheduler_the_extender_the_kubelet_and_t
     assert scheduler.process.poll() is None
 
 
+def run_checked(
+    cluster: Cluster,
+    node_side: Callable[..., NodeProcess],
+    extender_stack: Any,  # noqa: F811
+    space: str,
+    out: Path,
+    app: dict[str, int],
+    init: int,
+) -> tuple[dict[str, Any], Any]:
+    """Pod `checked` bound through kube-scheduler and the extender on a Neuron node: its app container `main` asking
+    `app`, before it an init container `check` asking `init` Neuron devices and writing what it sees to `out`;
+    the pod once running, and the extender stack's scheduler."""
+    neuron_devices_advertised(cluster, node_side)
+    _, extender, scheduler = extender_stack(https=False)
+    manifest = pod(space, "checked", {"main": app}, scheduler="gpu-scheduler", out=out)
+    check = {
+        **manifest["spec"]["containers"][0],
+        "name": "check",
+        "command": ["sh", "-c", "ls /dev > /out/$C.devices; env > /out/$C.env"],
+        "env": [{"name": "C", "value": "checked.check"}],
+        "resources": {"limits": {NEURON: str(init)}},
+    }
+    manifest["spec"]["initContainers"] = [check]
+    cluster.client.post(f"/api/v1/namespaces/{space}/pods", manifest)
+    try:
+        return wait_running(cluster, space, "checked", timeout=90), scheduler
+    except AssertionError:
+        events = [e["message"] for e in cluster.events(space)]
+        raise AssertionError(f"{events}\n---\n{extender.output()[-3000:]}") from None
+
+
 def test_a_pod_whose_only_devices_are_its_init_containers_runs_with_them_through_the_extender(
     cluster: Cluster,
     kubelet: Kubelet,
@@ -278,23 +309,7 @@ def test_a_pod_whose_only_devices_are_its_init_containers_runs_with_them_through
     kubelet refused the pod at admission); the kubelet's Allocate for the init container is answered with them, the
     init container sees exactly them, and the pod runs."""
     out = host / "out"
-    neuron_devices_advertised(cluster, node_side)
-    _, extender, scheduler = extender_stack(https=False)
-    manifest = pod(space, "checked", {"main": {}}, scheduler="gpu-scheduler", out=out)
-    check = {
-        **manifest["spec"]["containers"][0],
-        "name": "check",
-        "command": ["sh", "-c", "{ ls /dev; } > /out/$C.devices; env > /out/$C.env"],
-        "env": [{"name": "C", "value": "checked.check"}],
-        "resources": {"limits": {NEURON: "2"}},
-    }
-    manifest["spec"]["initContainers"] = [check]
-    cluster.client.post(f"/api/v1/namespaces/{space}/pods", manifest)
-    try:
-        running = wait_running(cluster, space, "checked", timeout=90)
-    except AssertionError:
-        events = [e["message"] for e in cluster.events(space)]
-        raise AssertionError(f"{events}\n---\n{extender.output()[-3000:]}") from None
+    running, scheduler = run_checked(cluster, node_side, extender_stack, space, out, {}, 2)
     record = decode_allocation(running["metadata"]["annotations"]["kubegpu.io/allocation"])
     ids = record.containers["check"][NEURON]
     assert len(ids) == 2 and list(record.containers) == ["check"], record.containers
@@ -320,23 +335,7 @@ def test_an_init_container_asking_more_devices_than_the_app_runs_with_them_and_t
     names the init container's four (the app's among them); the pod runs, each container with ids the allocation
     names, and the kubelet holds for the pod exactly the four the scheduler counted."""
     out = host / "out"
-    neuron_devices_advertised(cluster, node_side)
-    _, extender, scheduler = extender_stack(https=False)
-    manifest = pod(space, "checked", {"main": {NEURON: 1}}, scheduler="gpu-scheduler", out=out)
-    check = {
-        **manifest["spec"]["containers"][0],
-        "name": "check",
-        "command": ["sh", "-c", "ls /dev > /out/$C.devices; env > /out/$C.env"],
-        "env": [{"name": "C", "value": "checked.check"}],
-        "resources": {"limits": {NEURON: "4"}},
-    }
-    manifest["spec"]["initContainers"] = [check]
-    cluster.client.post(f"/api/v1/namespaces/{space}/pods", manifest)
-    try:
-        running = wait_running(cluster, space, "checked", timeout=90)
-    except AssertionError:
-        events = [e["message"] for e in cluster.events(space)]
-        raise AssertionError(f"{events}\n---\n{extender.output()[-3000:]}") from None
+    running, scheduler = run_checked(cluster, node_side, extender_stack, space, out, {NEURON: 1}, 4)
     record = decode_allocation(running["metadata"]["annotations"]["kubegpu.io/allocation"])
     init = record.init["check"][NEURON]
     held = sorted({i for resources in record.containers.values() for i in resources.get(NEURON, [])}, key=int)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 from typing import Any, Literal
 
 import pytest
@@ -81,8 +82,14 @@ def walking(oracle: Engine) -> Engine:
     return oracle
 
 
-def replay(subject: Engine, nodes: list[dict[str, Any]], pods: list[tuple[TracePod, int]]) -> list[object]:
-    """Each arrival's decision (node, reason, code) and where the next sample starts, pods leaving on time."""
+def replay(
+    subject: Engine,
+    nodes: list[dict[str, Any]],
+    pods: list[tuple[TracePod, int]],
+    before: Callable[[Engine, int], None] | None = None,
+) -> list[object]:
+    """Each arrival's decision (node, reason, code) and where the next sample starts, pods leaving on time;
+    `before(subject, step)` changes the cluster before an arrival."""
     for document in nodes:
         subject.add_node(node_info(document))
     seen: list[object] = []
@@ -90,6 +97,8 @@ def replay(subject: Engine, nodes: list[dict[str, Any]], pods: list[tuple[TraceP
     for step, (pod, stay) in enumerate(pods):
         for key in leaving.pop(step, ()):
             subject.release(key)
+        if before is not None:
+            before(subject, step)
         request = pod_request(pod_document(pod, pod.name))[0]
         decision: Decision = subject.schedule(request)
         seen.append((pod.name, decision.node, decision.reason, decision.code, subject._next_start))
@@ -152,24 +161,15 @@ def test_nodes_changing_class_between_arrivals_place_as_the_walk(seed: int, perc
 
     def replayed(subject: Engine) -> list[object]:
         now = list(nodes)
-        for document in now:
-            subject.add_node(node_info(document))
-        seen: list[object] = []
-        leaving: dict[int, list[str]] = {}
         change_rng = random.Random(seed)
-        for step, (pod, stay) in enumerate(pods):
-            for key in leaving.pop(step, ()):
-                subject.release(key)
+
+        def change(engine: Engine, step: int) -> None:
             if step in changes:
                 at = changes[step]
                 now[at] = changing(now[at], change_rng)
-                subject.add_node(node_info(now[at]))
-            request = pod_request(pod_document(pod, pod.name))[0]
-            decision: Decision = subject.schedule(request)
-            seen.append((pod.name, decision.node, decision.reason, decision.code, subject._next_start))
-            if decision.scheduled and stay:
-                leaving.setdefault(step + stay, []).append(request.key)
-        return seen
+                engine.add_node(node_info(now[at]))
+
+        return replay(subject, now, pods, change)
 
     assert replayed(engine(percentage)) == replayed(walking(engine(percentage)))
 
