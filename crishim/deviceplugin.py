@@ -115,9 +115,9 @@ from typing import Any
 
 import grpc
 
-from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord
+from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord, init_devices
 from kubegpu.core.manifests import SIDECAR_RESTART_POLICY
-from kubegpu.core.models import ContainerAllocation, ContainerEdit, DeviceInventory, share_slot
+from kubegpu.core.models import ContainerAllocation, ContainerEdit, DeviceInventory, InitStep, share_slot
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
 from kubegpu.core.process import parse_interval
 from kubegpu.crishim.protos import (
@@ -321,6 +321,8 @@ class PendingPods:
             classic = frozenset(
                 str(c.get("name", "")) for c in init if c.get("restartPolicy") != SIDECAR_RESTART_POLICY
             )
+            if record is not None and not record.init and classic:
+                record = _with_init(record, init, requests)
             candidates.append(Candidate(identity, created, record, list(requests), requests, unverified, classic))
         now = self.clock()
         with self.lock:
@@ -440,6 +442,30 @@ class PendingPods:
             if slot.ids and set(wanted) <= self._reusable(slot.candidate, resource):
                 return slot
         return None
+
+
+def _with_init(
+    record: AllocationRecord, init: list[dict[str, Any]], requests: dict[str, dict[str, int | None]]
+) -> AllocationRecord:
+    """`record` as the scheduler writes it now, for an allocation written before its `init` field existed: what each
+    classic init container asking a device the allocation names none of to it is given of its pod's (`init_devices`,
+    over the pod's init containers), as the device plugin then gave it (an app container's ids). Every id it names is
+    one the signed `containers` names for the pod, so reading it so gives the pod nothing it was not signed."""
+    steps: list[InitStep] = []
+    sidecars: list[str] = []
+    for container in init:
+        name = str(container.get("name", ""))
+        if container.get("restartPolicy") == SIDECAR_RESTART_POLICY:
+            sidecars.append(name)
+            continue
+        own = record.containers.get(name, {})  # a device it held itself then (one only init containers ask)
+        asked = {resource: count for resource, count in requests.get(name, {}).items() if count and resource not in own}
+        if asked:
+            steps.append(InitStep(name, asked, tuple(sidecars)))
+    given, lent = init_devices(record.containers, record.shares, tuple(steps))
+    if not given:
+        return record
+    return record.model_copy(update={"init": given, "shares": {**record.shares, **lent}})
 
 
 def _requests(container: Mapping[str, Any]) -> dict[str, int | None]:

@@ -999,3 +999,26 @@ def test_containers_after_an_init_container_get_whichever_of_their_pods_ids_the_
     with pytest.raises(AllocationRefused) as refused:
         pods.claim(NEURONDEVICE, ["5"])
     assert refused.value.check == "ambiguous" and "tenant/squatter" in str(refused.value)
+
+
+def test_an_allocation_written_before_the_init_field_still_admits_its_init_container_with_its_pods_ids() -> None:
+    """A pod placed by a scheduler from before the allocation named init containers' devices (`init`), pending while
+    the node side is upgraded: its init container asks the app's one device, which the allocation names to the app
+    alone. The device plugin then gave the init container the app's id; reading the missing `init` as "given
+    nothing" refused the pod's admission (no preference, Allocate `missing`) and, its init container reading as
+    unplaced, refused another placed pod asking as many as ambiguous. The pod's own signed ids are still given."""
+    old = allocated_pod("old", {"main": ["4"]})
+    old["spec"]["initContainers"] = [asking("check", 1)]
+    other = allocated_pod("other", {"main": ["5"]}, created="2025-01-01T00:00:01Z")
+    pods = pending(old, other)
+    pods.refresh()
+    assert pods.preferred(NEURONDEVICE, EVERYTHING, [], 1) == ["4"]
+    candidate, container = pods.claim(NEURONDEVICE, ["4"]) or (None, "")
+    assert candidate is not None and (candidate.pod.name, container) == ("old", "check")
+    candidate, container = pods.claim(NEURONDEVICE, ["4"]) or (None, "")  # the app, given the init container's again
+    assert candidate is not None and (candidate.pod.name, container) == ("old", "main")
+
+    pods = pending(old, other)
+    pods.refresh()
+    candidate, container = pods.claim(NEURONDEVICE, ["5"]) or (None, "")
+    assert candidate is not None and (candidate.pod.name, container) == ("other", "main")
