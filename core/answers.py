@@ -38,7 +38,7 @@ from kubegpu.core.models import (
     PodRequest,
 )
 from kubegpu.core.scheduler_hooks import DeviceNodeState, Headroom
-from kubegpu.core.status import Status
+from kubegpu.core.status import Code, Status
 
 __all__ = [
     "CHECKS",
@@ -105,7 +105,15 @@ def _resources(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, A
 
 def _status(hook_answer: str, *, none_ok: bool) -> Check:
     def check(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
-        if answer.__class__ is Status or isinstance(answer, Status):
+        if answer.__class__ is not Status and isinstance(answer, Status):
+            # A subclass may compute its fields on every read, past this check: the engine gets the plain Status
+            # it reads as now (its reasons as plain text).
+            answer = Status(answer.code, tuple(map(str, answer.reasons)), answer.plugin)
+        if answer.__class__ is Status:
+            if answer.code.__class__ is not Code:
+                raise WrongAnswer(
+                    f"returned a Status whose code is {_kind(answer.code)}; a Code is due ({hook_answer})"
+                )
             return answer
         if answer is None and none_ok:
             return None
@@ -193,17 +201,27 @@ def rule_score_answer(answer: Any) -> float:
 def _score(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
     if answer is None:
         return None
-    if not _is_number(answer) or not math.isfinite(answer) or not 0 <= answer <= 100:
+    number = _plain_number(answer)
+    if number is None or not math.isfinite(number) or not 0 <= number <= 100:
         raise WrongAnswer(f"returned {_kind(answer)}; a number in [0, 100] (or None) is due")
-    return answer
+    return number
 
 
 def _fragmentation(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
     if answer is None:
         return None
-    if not _is_number(answer) or not math.isfinite(answer):
+    number = _plain_number(answer)
+    if number is None or not math.isfinite(number):
         raise WrongAnswer(f"returned {_kind(answer)}; a finite number of devices (or None) is due")
-    return answer
+    return number
+
+
+def _plain_number(answer: object) -> int | float | None:
+    """`answer` as a plain int or float, None when it is no number: a subclass may compute on every use (its truth,
+    its comparisons) past the check, so the engine gets the float it converts to, and the check compares that."""
+    if answer.__class__ is float or answer.__class__ is int:
+        return answer
+    return float(answer) if _is_number(answer) else None  # type: ignore[arg-type]  # an int or float subclass
 
 
 def _epoch(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:

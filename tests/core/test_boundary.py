@@ -32,6 +32,7 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
 from kubegpu.core.scheduler_hooks import Headroom
+from kubegpu.core.status import Status
 from kubegpu.core.testing import make_node, make_pod, node_manifest, pod_manifest
 from kubegpu.scheduler import simulate as simulate_cli
 from kubegpu.scheduler.engine import Engine
@@ -109,6 +110,7 @@ WRONG = [
     ("fit", True),
     ("fit", "ok"),
     ("fit", None),
+    ("fit", Status("fits")),  # a Status whose code is no Code
     ("score", "high"),
     ("score", math.inf),
     ("score", 250),
@@ -164,6 +166,37 @@ def test_simulate_survives_every_wrong_answer_and_names_the_plugin_and_the_hook(
     told = [card["reason"] or ""] if hook != "describe" else []
     told += [r.getMessage() for r in caplog.records]
     assert any(named in text and full in text for text in told), (told, err)
+
+
+class _SlyStatus(Status):
+    """A Status that passes for one but fails when the engine reads whether it is a success."""
+
+    @property
+    def ok(self) -> bool:
+        raise RuntimeError("ok read")
+
+
+class _SlyNumber(float):
+    """A float that passes for one but fails when the engine asks whether it is zero."""
+
+    def __bool__(self) -> bool:
+        raise RuntimeError("truth read")
+
+
+@pytest.mark.parametrize(
+    ("hook", "answer"),
+    [("fit", _SlyStatus()), ("score", _SlyNumber(50.0)), ("fragmentation", _SlyNumber(1.0))],
+    ids=["fit-status-subclass", "score-float-subclass", "fragmentation-float-subclass"],
+)
+def test_an_answer_of_a_subclass_is_used_as_the_plain_value_it_stands_for(hook: str, answer: object) -> None:
+    """A third-party answer that passes its hook's contract as an instance of a subclass (a Status, a float) is
+    read by the engine later, outside the plugin's call: a subclass computing on every read raised there, past the
+    engine's guard of the plugin's call, and ended the whole simulation (`RuntimeError: ok read` / `truth read`).
+    The contract's check hands the engine the plain value the answer stands for: every pod is placed."""
+    records = simulate(cluster(), plugins={"cards": broken(hook, answer), "gpus": Gpus()})
+
+    events = {r["pod"]: r["event"] for r in records if r["event"] != "deleted"}
+    assert events == {"default/card-pod": "scheduled", "default/gpu-pod": "scheduled"}
 
 
 def test_a_wrong_answer_from_build_node_reaches_the_pod_naming_the_node() -> None:
