@@ -225,8 +225,10 @@ def _plain_number(answer: object) -> int | float | None:
 
 
 def _epoch(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
-    if answer is None or (isinstance(answer, int) and not isinstance(answer, bool)):
+    if answer is None or answer.__class__ is int:
         return answer
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        return int(answer)  # a subclass may compute on every comparison with the epoch remembered: the plain int
     raise WrongAnswer(f"returned {_kind(answer)}; a whole number (or None) is due")
 
 

@@ -199,6 +199,34 @@ def test_an_answer_of_a_subclass_is_used_as_the_plain_value_it_stands_for(hook: 
     assert events == {"default/card-pod": "scheduled", "default/gpu-pod": "scheduled"}
 
 
+class _SlyEpoch(int):
+    """An int that passes for one but fails when the engine compares it with the epoch it remembered."""
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("epoch compared")
+
+    __hash__ = int.__hash__
+
+
+def test_a_fragmentation_epoch_of_an_int_subclass_is_used_as_the_plain_int() -> None:
+    """The same for `kubegpu_scheduler_fragmentation_epoch`: an int subclass failing when compared ended the
+    simulation (`RuntimeError: epoch compared`) at the second pod, whose cycle compares the epochs with the last."""
+
+    def epoch(self: Any, shared: dict[str, object]) -> int:
+        return _SlyEpoch(3)
+
+    def fragmentation(self: Any, state: object, pod: object) -> float:
+        return 1.0
+
+    hooks = {"kubegpu_scheduler_fragmentation_epoch": epoch, "kubegpu_scheduler_fragmentation": fragmentation}
+    plugin = type("Mixed", (Cards,), {name: scheduler_hooks.hookimpl(hook) for name, hook in hooks.items()})()
+    pods = [pod_manifest(f"card-{i}", {"main": {CARD: 1}}) for i in range(3)]
+
+    records = simulate([*cluster()[:3], *pods], plugins={"cards": plugin, "gpus": Gpus()})
+
+    assert [r["event"] for r in records] == ["scheduled"] * 3
+
+
 def test_a_wrong_answer_from_build_node_reaches_the_pod_naming_the_node() -> None:
     records = simulate(cluster()[:5], plugins={"cards": broken("build_node", "state"), "gpus": Gpus()})
 
