@@ -133,6 +133,9 @@ def test_a_gang_below_its_min_member_binds_nothing_and_gives_its_places_back_at_
         message = next(e for e in events_of(cluster, namespace, "FailedScheduling") if "timed out" in e["message"])
         assert "3 of minMember 4" in message["message"], message["message"]
         wait_for(lambda: placements(cluster, namespace, ["solo"])["solo"], 30, "the whole-node pod bound after it")
+        # The recorder's watch may lag the read that saw the bind: wait until it has seen it too, then it has seen
+        # every bind before it (a watch delivers in order).
+        wait_for(lambda: "solo" in recorder.bound, 30, "the recorder to see the whole-node pod bound")
         assert set(recorder.bound) == {"solo"}, sorted(recorder.bound)
 
 

@@ -99,6 +99,9 @@ def test_a_podgroup_short_of_members_binds_nothing_and_gives_its_places_back_at_
         # Their places are free again: a whole-node pod binds on either node.
         create_pod(cluster, namespace, "solo", 8, scheduler="kubegpu-gangs")
         wait_for(lambda: placements(cluster, namespace, ["solo"])["solo"], 30, "the whole-node pod bound")
+        # The recorder's watch may lag the read that saw the bind: wait until it has seen it too, then it has seen
+        # every bind before it (a watch delivers in order).
+        wait_for(lambda: "solo" in recorder.bound, 30, "the recorder to see the whole-node pod bound")
         assert set(recorder.bound) == {"solo"}, sorted(recorder.bound)
     status = podgroup_status(cluster, namespace, "slow")
     assert status.get("phase") == "Pending" and status.get("scheduled") == 0, status
