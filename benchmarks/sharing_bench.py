@@ -17,10 +17,10 @@ Pods and nodes go through the real engine as `kubegpu simulate --trace-nodes ...
   `nvidia.com/gpu.product`; cpu and memory are requested as the trace says.
 
 Variants: `whole` (kubegpu before sharing: every GPU pod takes whole GPUs on nodes that do not share), `bestfit`
-and `fgd` (the profile's KubegpuDevices `sharePolicy`), each under the engine's binpack policy and default score
-profile (with `KubegpuFragmentation`: cpu-only pods keep off the cpu that free GPUs need), each scoring
-kube-scheduler's adaptive count of feasible nodes and every node (`percentageOfNodesToScore: 100`, as the paper's
-simulator does), side by side with the paper's figure and the replay's pods/s (whole process: documents to
+and `fgd` (the profile's KubegpuDevices `sharePolicy`), each under the engine's binpack policy (`--policy spread`:
+the other) and default score profile (with `KubegpuFragmentation`: cpu-only pods keep off the cpu that free GPUs
+need), each scoring kube-scheduler's adaptive count of feasible nodes and every node (`percentageOfNodesToScore:
+100`, as the paper's simulator does), side by side with the paper's figure and the replay's pods/s (whole process: documents to
 decisions). `--traces` adds generated traces of the same shape (`openb_family.py`: the share of GPU-sharing pods,
 of multi-GPU pods and of model-constrained pods varied); `--mix trace` measures fragmentation against the trace's
 own GPU pods by kind (KubegpuFragmentation's `mix` argument: a mix known in advance, as the paper's is) instead of
@@ -31,7 +31,7 @@ and the commonest refusals.
 
     .venv/bin/python benchmarks/sharing_bench.py [--seeds 42 43 ...] [--variants whole bestfit fgd]
         [--percentages 0 100] [--traces default share-30 ... | all] [--mix learned|trace] [--devices-only]
-        [--fragmentation-weight 5] [--fragmentation-span 23.1] [--fragmentation-lead on off]
+        [--fragmentation-weight 5] [--fragmentation-span 23.1] [--fragmentation-lead on off] [--policy spread]
 """
 
 from __future__ import annotations
@@ -118,11 +118,12 @@ def replay(
     mix: tuple[tuple[int, int, int, float], ...] = (),
     weight: int | None = None,
     lead: bool = True,
+    policy: str = "binpack",
 ) -> tuple[float, float, int]:
     """(GPU allocated % at arrived 100 %, seconds, pods that arrived), replayed as `kubegpu simulate` replays a trace:
     with the collector's young generations only (`young_collections_only`)."""
     with young_collections_only():
-        return _replay(nodes, pods, seed, variant, percentage, devices_only, mix, weight, lead)
+        return _replay(nodes, pods, seed, variant, percentage, devices_only, mix, weight, lead, policy)
 
 
 def _replay(
@@ -135,9 +136,10 @@ def _replay(
     mix: tuple[tuple[int, int, int, float], ...],
     weight: int | None,
     lead: bool,
+    policy: str,
 ) -> tuple[float, float, int]:
     share = variant != "whole"
-    profile = scores.Profile.default("binpack")
+    profile = scores.Profile.default(policy)
     if devices_only:
         profile = scores.Profile({p: profile.weight(p) for p in (scores.DEVICES, scores.FRAGMENTATION)})
     if weight is not None:
@@ -149,7 +151,8 @@ def _replay(
         fragmentation_mix=mix,
         fragmentation_lead=lead,
     )
-    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), scoring=profile)
+    plugins = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
+    engine = Engine(plugins, policy=policy, scoring=profile)  # type: ignore[arg-type]  # argparse's choices
     for node in nodes:
         engine.add_node(node_info(node_document(node, share=share)))
     capacity = sum(n.gpus for n in nodes) * 1000
@@ -206,6 +209,9 @@ def main() -> int:
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
     parser.add_argument("--variants", nargs="+", default=["whole", "bestfit", "fgd"])
+    parser.add_argument(
+        "--policy", choices=["binpack", "spread"], default="binpack", help="the engine's policy (`--policy`)"
+    )
     parser.add_argument(
         "--traces",
         nargs="+",
@@ -266,7 +272,7 @@ def main() -> int:
     generated = family.family(args.trace, 7) if any(n != "default" for n in names) else {}
     scoring = "plugin scores only" if args.devices_only else "default score profile"
     scoring += f", {args.mix} mix"
-    print(f"{len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs; seeds {args.seeds}; binpack, {scoring}")
+    print(f"{len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs; seeds {args.seeds}; {args.policy}, {scoring}")
     print(f"{'trace':10} {'variant':8} {'scored':>8} {'lead':>4} {'kubegpu %':>10} {'paper %':>8} {'pods/s':>7}  seeds")
     for name in names:
         pods = default_pods if name == "default" else trace_pods(generated[name])
@@ -285,6 +291,7 @@ def main() -> int:
                             mix,
                             args.fragmentation_weight,
                             lead == "on",
+                            args.policy,
                         )
                         for seed in args.seeds
                     ]
