@@ -231,7 +231,8 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
     indexes = sorted(set(indexes))
     try:
         share = read_container_share(allocation, [str(i) for i in indexes], lambda i: memory_totals().get(i))
-        envs, mounts = limits(share, node_sharing()) if share is not None else ({}, [])
+        holder = f"{allocation.pod_uid}_{allocation.container}"
+        envs, mounts = limits(share, node_sharing(), holder) if share is not None else ({}, [])
     except ShareLimitError as exc:
         raise ValueError(f"GPU share: {exc}") from None
     minors = minor_numbers()

@@ -8,11 +8,16 @@ node's enforcement reads, chosen by the node's configuration: `KUBEGPU_NVIDIA_SH
 `kubegpu crishim` / `kubegpu device-plugin`:
 
 * `hami-core`: HAMi-core (`libvgpu.so`, the CUDA hook HAMi's device plugin uses) preloaded in the container.
-  Env `CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m` for the container's i-th GPU (0, 1, ... in ascending index order, as
-  CUDA numbers them inside the container) and `CUDA_DEVICE_SM_LIMIT=<percent>`; mounts, all from the host directory
-  `KUBEGPU_HAMI_CORE_DIR` (default `/usr/local/vgpu`): `libvgpu.so` read-only at `/usr/local/vgpu/libvgpu.so`,
-  `ld.so.preload` (one line naming that path) read-only at `/etc/ld.so.preload`, and `vgpulock/` at
-  `/tmp/vgpulock` (HAMi-core's node-wide lock directory).
+  Env, for the container's i-th GPU (0, 1, ... in ascending index order, as CUDA numbers them inside the container):
+  `CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m`, and `CUDA_DEVICE_SM_LIMIT=<percent>` with `CUDA_DEVICE_SM_LIMIT_<i>` the
+  same; HAMi-core's switches at the values that hold the share (`CUDA_OVERSUBSCRIBE=false`,
+  `GPU_CORE_UTILIZATION_POLICY=default`, `CUDA_TASK_PRIORITY=1`, `CUDA_REDIRECT=/usr/local/vgpu/libvgpu.so`); and
+  `CUDA_DEVICE_MEMORY_SHARED_CACHE` naming the shared region in a directory the node makes empty for each container
+  it creates (`region_directory`: `<KUBEGPU_HAMI_CORE_DIR>/containers/<pod uid>_<container>` on the host, at
+  `/usr/local/vgpu/cache` in the container). Mounts, from the host directory `KUBEGPU_HAMI_CORE_DIR` (default
+  `/usr/local/vgpu`): `libvgpu.so` read-only at `/usr/local/vgpu/libvgpu.so`, `ld.so.preload` (one line naming that
+  path) read-only at `/etc/ld.so.preload`, `vgpulock/` at `/tmp/vgpulock` (HAMi-core's node-wide lock directory),
+  that region directory, and `/dev/null` read-only at `/overrideEnv`.
 * `mps`: an NVIDIA MPS control daemon on the node. Env `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<percent>` and
   `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M,1=<MiB>M` (the same per-GPU order), `CUDA_MPS_PIPE_DIRECTORY` and
   `CUDA_MPS_LOG_DIRECTORY`; mounts: the daemon's pipe directory `KUBEGPU_MPS_PIPE_DIRECTORY` (default
@@ -31,21 +36,36 @@ percent becomes MiB from the GPU's memory as NVML reports it in this process; 10
 reserved (`gpucores` 0, or absent) sets no compute limit.
 
 The plugin owns every variable and mount named here (`device.OWNED`): the shim removes them from every container
-before the plugin writes the allocation's values, so a tenant cannot raise its limit from the pod spec. The mounts
-include two files HAMi-core reads besides the environment, which no share container is given: `/overrideEnv` (its
-`NAME=value` lines set over the environment) and `/tmp/cudevshr.cache` (its shared region, whose limits once written
-win over the environment). It also owns
+before the plugin writes the allocation's values, so a tenant cannot raise its limit from the pod spec. It also owns
 the knobs that would switch HAMi-core's limits off or turn them against the GPU's other tenants
 (`CUDA_DISABLE_CONTROL`, `GPU_CORE_UTILIZATION_POLICY`, `CUDA_OVERSUBSCRIBE`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`,
-`CUDA_TASK_PRIORITY`, `ACTIVE_OOM_KILLER`), every `CUDA_DEVICE_SM_LIMIT*` and `CUDA_DEVICE_MEMORY_LIMIT*` (HAMi-core
-reads the per-GPU `_<i>` names first) and every `CUDA_MPS_*` variable.
+`CUDA_TASK_PRIORITY`, `ACTIVE_OOM_KILLER`, `CUDA_REDIRECT`), every `CUDA_DEVICE_SM_LIMIT*` and
+`CUDA_DEVICE_MEMORY_LIMIT*` and every `CUDA_MPS_*` variable.
+
+The image's own `ENV` is not in the container config the shim edits: the runtime merges it under the config's
+(a config variable of the same name wins, an image variable of another name stays), and in device-plugin mode the
+kubelet passes Allocate's env as config env too. So a share container is written a value for every variable HAMi-core
+reads that could lift its share: the per-GPU `_<i>` limit names of every GPU it has (HAMi-core reads them before the
+bare names, and an image's `CUDA_DEVICE_SM_LIMIT_0=100` would win over a bare `CUDA_DEVICE_SM_LIMIT=30`) and each
+switch at its neutral value; the ones it does not write only lower the container's own share
+(`CUDA_DEVICE_MEMORY_LIMIT` where every GPU has its own, a limit for a GPU the container does not have,
+`ACTIVE_OOM_KILLER`, which kills only the processes of the container's own region) or are not HAMi-core's
+(`CUDA_DISABLE_CONTROL`, HAMi's device plugin's switch for mounting the preload file, which kubegpu always mounts).
+The files HAMi-core reads are the node's too: `/overrideEnv` (its `NAME=value` lines set over the environment, an
+image could ship one) is `/dev/null`, and the shared region (whose limits, once written, win over the environment
+of every later process) is in the fresh directory, not at the default `/tmp/cudevshr.cache` where an image or a
+tenant's volume at `/tmp` could have put one. The node's mounts lie deeper than any tenant volume that holds them
+(`/tmp`, `/usr/local`) and come after the tenant's in the config, so the runtime mounts them on top.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from kubegpu.core.models import ContainerAllocation, Mount
 from kubegpu.plugins.nvidia import RESOURCE
@@ -66,6 +86,7 @@ __all__ = [
     "limits",
     "node_sharing",
     "read_container_share",
+    "region_directory",
 ]
 
 # ----------------------------------------------------------------------------------------------------------
@@ -84,6 +105,10 @@ MODES = (HAMI_CORE, MPS, NO_LIMITS)
 HAMI_LIBRARY = "/usr/local/vgpu/libvgpu.so"
 PRELOAD = "/etc/ld.so.preload"
 HAMI_LOCK = "/tmp/vgpulock"
+HAMI_REGION = "/usr/local/vgpu/cache"  # the per-container directory of HAMi-core's shared region
+REGION_FILE = "cudevshr.cache"
+OVERRIDE_FILE = "/overrideEnv"  # HAMi-core sets its `NAME=value` lines over the environment: the node's is empty
+EMPTY_FILE = "/dev/null"
 MPS_PIPE = "/tmp/nvidia-mps"
 MPS_LOG = "/var/log/nvidia-mps"
 
@@ -91,15 +116,17 @@ MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"  # HAMi-core: bare (every GPU) or `_<i
 SM_LIMIT = "CUDA_DEVICE_SM_LIMIT"
 MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+SHARED_CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+# HAMi-core's switches, at the value that holds the share (what HAMi-core does with none set): written into every
+# share container so that the config's value wins over the image's own ENV.
+HAMI_NEUTRAL = {
+    "CUDA_OVERSUBSCRIBE": "false",  # "true" (any case) or "1": allocations over the memory limit go on
+    "GPU_CORE_UTILIZATION_POLICY": "default",  # "disable": no compute limit
+    "CUDA_TASK_PRIORITY": "1",  # "0" hangs the GPU's other (priority 1) tasks while this one runs
+    "CUDA_REDIRECT": HAMI_LIBRARY,  # another library's cu* functions in place of libvgpu.so's hooks
+}
 
-OWNED_ENVS = (
-    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-    "CUDA_OVERSUBSCRIBE",
-    "CUDA_DISABLE_CONTROL",
-    "GPU_CORE_UTILIZATION_POLICY",
-    "CUDA_TASK_PRIORITY",  # 0 makes HAMi-core hang the GPU's other tasks (priority 1) while this one runs
-    "ACTIVE_OOM_KILLER",
-)
+OWNED_ENVS = (SHARED_CACHE, *HAMI_NEUTRAL, "CUDA_DISABLE_CONTROL", "ACTIVE_OOM_KILLER")
 # HAMi-core reads `CUDA_DEVICE_SM_LIMIT_<i>` and `CUDA_DEVICE_MEMORY_LIMIT_<i>` before the bare names, so a tenant's
 # `CUDA_DEVICE_SM_LIMIT_0=100` would undo the share's compute limit: both are owned by prefix.
 OWNED_ENV_PREFIXES = (MEMORY_LIMIT, SM_LIMIT, "CUDA_MPS_")
@@ -115,6 +142,9 @@ OWNED_MOUNTS = (
     r"/tmp/nvidia-mps(/.*)?",
     r"/var/log/nvidia-mps(/.*)?",
 )
+
+
+_HOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,250}")
 
 
 class ShareLimitError(ValueError):
@@ -211,20 +241,26 @@ def read_container_share(
 # ----------------------------------------------------------------------------------------------------------
 
 
-def limits(share: ContainerShare, sharing: NodeSharing) -> tuple[dict[str, str], list[Mount]]:
+def limits(share: ContainerShare, sharing: NodeSharing, holder: str = "") -> tuple[dict[str, str], list[Mount]]:
     """The env and mounts that hold a container to `share` on a node configured as `sharing`; raises
-    `ShareLimitError` when the node is not configured for shares."""
+    `ShareLimitError` when the node is not configured for shares, or cannot make the container's region directory.
+    `holder` names the container on the node (`<pod uid>_<container>`, `region_directory`)."""
     if sharing.mode == NO_LIMITS:
         return {}, []
     if sharing.mode == HAMI_CORE:
         envs = {f"{MEMORY_LIMIT}_{i}": f"{mib}m" for i, mib in enumerate(share.memory_mib) if mib is not None}
         if share.cores:
             envs[SM_LIMIT] = str(share.cores)
+            envs.update({f"{SM_LIMIT}_{i}": str(share.cores) for i in range(len(share.memory_mib))})
+        envs.update(HAMI_NEUTRAL)
+        envs[SHARED_CACHE] = f"{HAMI_REGION}/{REGION_FILE}"
         root = sharing.hami_dir.rstrip("/") or "/"
         mounts = [
             Mount(host_path=f"{root}/libvgpu.so", container_path=HAMI_LIBRARY, readonly=True),
             Mount(host_path=f"{root}/ld.so.preload", container_path=PRELOAD, readonly=True),
             Mount(host_path=f"{root}/vgpulock", container_path=HAMI_LOCK),
+            Mount(host_path=str(region_directory(sharing, holder)), container_path=HAMI_REGION),
+            Mount(host_path=EMPTY_FILE, container_path=OVERRIDE_FILE, readonly=True),
         ]
         return envs, mounts
     if sharing.mode == MPS:
@@ -245,3 +281,30 @@ def limits(share: ContainerShare, sharing: NodeSharing) -> tuple[dict[str, str],
             f"daemon) for kubegpu's CRI shim or device plugin ({MODE_ENV}=none runs shares without limits)"
         )
     raise ShareLimitError(f"{MODE_ENV} is {sharing.mode[:40]!r}; give one of {', '.join(MODES)}")
+
+
+def region_directory(sharing: NodeSharing, holder: str) -> Path:
+    """The host directory of one container's HAMi-core shared region, made empty now:
+    `<hami dir>/containers/<holder>` (HAMi's layout), mode 0777 so that a process of any user in the container can
+    create the region. Made anew at each creation of the container, so that no region written before (by an earlier
+    run of it, whose code could write the limits in its region) is read; one directory per container of the node,
+    left when its pod ends (the next container of the same name and pod UID empties it). Raises `ShareLimitError`
+    for a holder that is no plain name, or a directory that cannot be made."""
+    if not _HOLDER.fullmatch(holder):
+        raise ShareLimitError(f"the container's name on the node ({holder[:80]!r}) is not a plain file name")
+    directory = Path(sharing.hami_dir) / "containers" / holder
+    try:
+        directory.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if directory.is_symlink() or directory.exists():
+            if directory.is_dir() and not directory.is_symlink():
+                shutil.rmtree(directory)  # never follows a link a tenant left inside
+            else:
+                directory.unlink()
+        directory.mkdir(mode=0o755)
+        directory.chmod(0o777)
+    except OSError as exc:
+        raise ShareLimitError(
+            f"cannot make the directory of the container's HAMi-core region {str(directory)[:200]!r}: {exc.strerror}"
+            f" (the node's {HAMI_DIR_ENV} must be writable by kubegpu)"
+        ) from None
+    return directory

@@ -10,9 +10,11 @@ is wrong, and the shim goes on serving.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cri_api.v1 import api_pb2
@@ -34,6 +36,15 @@ MEM_PCT = "nvidia.com/gpumem-percentage"
 KEY = b"node-and-scheduler-share-this"
 NODE = "gpu-node-0"
 POD = PodIdentity("team-a", "notebook", "uid-notebook")
+# What every share container on a HAMi-core node is written besides its limits: HAMi-core's switches at the values
+# that hold the share, and its shared region in the node's directory (so that the image's ENV cannot set them).
+HAMI_NEUTRAL = {
+    "CUDA_OVERSUBSCRIBE": "false",
+    "GPU_CORE_UTILIZATION_POLICY": "default",
+    "CUDA_TASK_PRIORITY": "1",
+    "CUDA_REDIRECT": "/usr/local/vgpu/libvgpu.so",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/cache/cudevshr.cache",
+}
 
 
 @pytest.fixture
@@ -43,11 +54,13 @@ def pm(make_plugin_manager: Callable[..., KubegpuPluginManager]) -> KubegpuPlugi
 
 
 @pytest.fixture(autouse=True)
-def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No NVML unless a test installs the fake; no enforcement configured unless a test sets one."""
+def no_nvml(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No NVML unless a test installs the fake; no enforcement configured unless a test sets one; HAMi-core's
+    directory (where the node makes each share container's region directory) a temporary one, never the host's."""
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    for name in (limits.MODE_ENV, limits.HAMI_DIR_ENV, limits.MPS_PIPE_ENV, limits.MPS_LOG_ENV):
+    for name in (limits.MODE_ENV, limits.MPS_PIPE_ENV, limits.MPS_LOG_ENV):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(limits.HAMI_DIR_ENV, str(tmp_path_factory.mktemp("vgpu")))
 
 
 def share(ids: list[str], cores: int = 30, memory: int = 4096, memory_resource: str = MEM) -> ContainerAllocation:
@@ -78,8 +91,9 @@ def edit_with(pm: KubegpuPluginManager, allocation: ContainerAllocation, dev_roo
 def test_a_share_on_a_hami_core_node_gets_hami_cores_limits_and_library(
     pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    hami = tmp_path / "hami"
     monkeypatch.setenv(limits.MODE_ENV, "hami-core")
-    monkeypatch.setenv(limits.HAMI_DIR_ENV, "/opt/hami")
+    monkeypatch.setenv(limits.HAMI_DIR_ENV, str(hami))
     edit = edit_with(pm, share(["3", "1"]), tmp_path)
     assert edit.envs == {
         "PATH": "/bin",
@@ -87,11 +101,16 @@ def test_a_share_on_a_hami_core_node_gets_hami_cores_limits_and_library(
         "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
         "CUDA_DEVICE_MEMORY_LIMIT_1": "4096m",
         "CUDA_DEVICE_SM_LIMIT": "30",
+        "CUDA_DEVICE_SM_LIMIT_0": "30",
+        "CUDA_DEVICE_SM_LIMIT_1": "30",
+        **HAMI_NEUTRAL,
     }
     assert edit.mounts == [
-        Mount(host_path="/opt/hami/libvgpu.so", container_path="/usr/local/vgpu/libvgpu.so", readonly=True),
-        Mount(host_path="/opt/hami/ld.so.preload", container_path="/etc/ld.so.preload", readonly=True),
-        Mount(host_path="/opt/hami/vgpulock", container_path="/tmp/vgpulock"),
+        Mount(host_path=f"{hami}/libvgpu.so", container_path="/usr/local/vgpu/libvgpu.so", readonly=True),
+        Mount(host_path=f"{hami}/ld.so.preload", container_path="/etc/ld.so.preload", readonly=True),
+        Mount(host_path=f"{hami}/vgpulock", container_path="/tmp/vgpulock"),
+        Mount(host_path=f"{hami}/containers/uid-notebook_main", container_path="/usr/local/vgpu/cache"),
+        Mount(host_path="/dev/null", container_path="/overrideEnv", readonly=True),
     ]
 
 
@@ -134,7 +153,7 @@ def test_a_memory_percent_is_turned_into_mib_from_nvml_and_a_whole_memory_needs_
     edit = edit_with(pm, share(["1"], memory=25, memory_resource=MEM_PCT), tmp_path)
     assert edit.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "4040m"
     edit = edit_with(pm, share(["1"], cores=0, memory=100, memory_resource=MEM_PCT), tmp_path)
-    assert not [name for name in edit.envs if name.startswith("CUDA_")]
+    assert not [name for name in edit.envs if name.startswith(("CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT"))]
 
 
 @pytest.mark.parametrize(
@@ -255,10 +274,12 @@ def test_a_tenant_cannot_raise_its_limit_from_the_pod_spec(
         "NVIDIA_VISIBLE_DEVICES": "0",
         "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
         "CUDA_DEVICE_SM_LIMIT": "30",
+        "CUDA_DEVICE_SM_LIMIT_0": "30",
+        **HAMI_NEUTRAL,
     }
     # the tenant's empty file over /etc/ld.so.preload (which would skip libvgpu.so) is replaced by the node's
     preload = [m.host_path for m in edited.config.mounts if m.container_path == "/etc/ld.so.preload"]
-    assert preload == ["/usr/local/vgpu/ld.so.preload"]
+    assert preload == [f"{os.environ[limits.HAMI_DIR_ENV]}/ld.so.preload"]
 
     # ...and a container of the pod without GPUs keeps none of it
     text = signed({"main": share(["0"])})
@@ -282,7 +303,7 @@ def test_a_tenant_cannot_lift_its_limit_with_a_file_hami_core_reads(
     its shared region `/tmp/cudevshr.cache`, whose limits, once written, win over the environment of every later
     process (a volume holding a region written elsewhere did the same). Both came from the pod spec as mounts, which
     the shim let through; now it owns both paths, as it owns `/etc/ld.so.preload`, and removes them from every
-    container."""
+    container (a share container gets the node's empty `/overrideEnv` instead)."""
     monkeypatch.setenv(limits.MODE_ENV, "hami-core")
     editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=tmp_path)
     text = signed({"main": share(["0"])})
@@ -292,7 +313,8 @@ def test_a_tenant_cannot_lift_its_limit_with_a_file_hami_core_reads(
         sent.config.mounts.append(api_pb2.Mount(host_path="/data", container_path="/tmp/data"))
         edited = api_pb2.CreateContainerRequest.FromString(editor.create_container(sent.SerializeToString()))
         mounts = [m.container_path for m in edited.config.mounts]
-        assert path not in mounts and "/tmp/data" in mounts, mounts
+        tenants = [m.container_path for m in edited.config.mounts if m.host_path.startswith("/var/lib/kubelet")]
+        assert tenants == [] and "/tmp/data" in mounts, mounts
 
 
 @pytest.mark.parametrize(
@@ -353,11 +375,15 @@ def test_the_device_plugin_mode_answers_the_share_limits_too(
         "NVIDIA_VISIBLE_DEVICES": "1",
         "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
         "CUDA_DEVICE_SM_LIMIT": "30",
+        "CUDA_DEVICE_SM_LIMIT_0": "30",
+        **HAMI_NEUTRAL,
     }
     assert {m.container_path for m in response.mounts} == {
         "/usr/local/vgpu/libvgpu.so",
         "/etc/ld.so.preload",
         "/tmp/vgpulock",
+        "/usr/local/vgpu/cache",
+        "/overrideEnv",
     }
 
 
@@ -400,3 +426,139 @@ def test_a_node_configured_for_shares_advertises_them_as_the_scheduler_reads_the
     node = make_node("n", labels=advertised.labels, allocatable=advertised.capacity)
     state = scheduler.plugin.kubegpu_scheduler_build_node(node=node, shared=None)
     assert state is not None and state.split == capacity[GPU] // 2
+
+
+# ------------------------------------------------------------------------------------------------------------
+# What the image and the tenant's volumes cannot change (T133, T134)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _limit(env: dict[str, str], name: str) -> int:
+    """HAMi-core's `get_limit_from_env`: a number with an optional k/m/g suffix, 0 when unset or not a number."""
+    text = env.get(name, "")
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:].lower(), 1)
+    digits = text[:-1] if scale != 1 else text
+    return int(digits) * scale if digits.isascii() and digits.isdigit() else 0
+
+
+def hami_core_reads(env: dict[str, str], gpus: int) -> dict[str, object]:
+    """What HAMi-core (src/multiprocess/multiprocess_memory_limit.c, src/libvgpu.c) takes from an environment: per GPU
+    the `_<i>` limit, else the bare one (compute: else 100, no limit), and its switches."""
+    sm = _limit(env, "CUDA_DEVICE_SM_LIMIT") or 100
+    memory = _limit(env, "CUDA_DEVICE_MEMORY_LIMIT")
+    return {
+        "compute": [_limit(env, f"CUDA_DEVICE_SM_LIMIT_{i}") or sm for i in range(gpus)],
+        "memory MiB": [(_limit(env, f"CUDA_DEVICE_MEMORY_LIMIT_{i}") or memory) // MIB for i in range(gpus)],
+        "oversubscribe": env.get("CUDA_OVERSUBSCRIBE", "").lower() in ("true", "1"),
+        "utilization policy": env.get("GPU_CORE_UTILIZATION_POLICY", "").lower() in ("force", "disable")
+        and env["GPU_CORE_UTILIZATION_POLICY"].lower(),
+        "priority": env.get("CUDA_TASK_PRIORITY", "1"),
+        "library": env.get("CUDA_REDIRECT") or "/usr/local/vgpu/libvgpu.so",
+        "region": env.get("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/cudevshr.cache"),
+    }
+
+
+GREEDY_IMAGE = {  # an image's ENV: what a HAMi setup it was built for, or its author, left there
+    "CUDA_DEVICE_SM_LIMIT": "100",
+    "CUDA_DEVICE_SM_LIMIT_0": "100",
+    "CUDA_DEVICE_SM_LIMIT_1": "100",
+    "CUDA_DEVICE_MEMORY_LIMIT": "80g",
+    "CUDA_DEVICE_MEMORY_LIMIT_0": "81920m",
+    "CUDA_DEVICE_MEMORY_LIMIT_1": "81920m",
+    "CUDA_OVERSUBSCRIBE": "true",
+    "GPU_CORE_UTILIZATION_POLICY": "disable",
+    "CUDA_TASK_PRIORITY": "0",
+    "CUDA_REDIRECT": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/mine.cache",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=81920M,1=81920M",
+    "CUDA_MPS_PIPE_DIRECTORY": "/tmp/my-own-mps",
+    "PATH": "/usr/local/bin:/bin",
+}
+
+
+def test_a_share_holds_on_a_hami_core_node_whatever_the_image_sets(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The runtime merges the image's ENV under the container config's (a config variable of the same name wins, one
+    of another name stays; in device-plugin mode Allocate's env is config env too). The shim wrote only
+    `CUDA_DEVICE_SM_LIMIT` and the memory limits: an image's `CUDA_DEVICE_SM_LIMIT_0=100`, which HAMi-core reads
+    first, lifted the compute limit, and its switches (`GPU_CORE_UTILIZATION_POLICY=disable`, `CUDA_OVERSUBSCRIBE`,
+    `CUDA_TASK_PRIORITY=0`, `CUDA_REDIRECT`, a shared region of its own) stayed as the image set them."""
+    monkeypatch.setenv(limits.MODE_ENV, "hami-core")
+    monkeypatch.setenv(limits.HAMI_DIR_ENV, str(tmp_path / "vgpu"))
+    for edit in (
+        edit_with(pm, share(["3", "1"]), tmp_path),
+        ContainerEdit(envs=dict(allocate_response(pm, "nvidia", candidate_of(share(["1", "3"])), "main", GPU,
+                                                  ["1", "3"], tmp_path).envs)),
+    ):  # fmt: skip
+        effective = {**GREEDY_IMAGE, **edit.envs}  # as containerd merges them
+        assert hami_core_reads(effective, 2) == {
+            "compute": [30, 30],
+            "memory MiB": [4096, 4096],
+            "oversubscribe": False,
+            "utilization policy": False,
+            "priority": "1",
+            "library": "/usr/local/vgpu/libvgpu.so",
+            "region": "/usr/local/vgpu/cache/cudevshr.cache",
+        }
+
+
+def test_a_share_holds_on_an_mps_node_whatever_the_image_sets(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(limits.MODE_ENV, "mps")
+    effective = {**GREEDY_IMAGE, **edit_with(pm, share(["0", "2"], cores=50, memory=2048), tmp_path).envs}
+    assert {k: v for k, v in effective.items() if k.startswith("CUDA_MPS_")} == {
+        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
+        "CUDA_MPS_LOG_DIRECTORY": "/var/log/nvidia-mps",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M,1=2048M",
+    }
+
+
+def test_the_shared_region_lies_in_a_directory_of_the_node_made_empty_for_each_container(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """HAMi-core takes the limits of a shared region already written over the environment's. The region was at the
+    default `/tmp/cudevshr.cache`, in the container's own `/tmp`: a tenant's emptyDir at `/tmp` that an init container
+    filled with a crafted region (or an image shipping one) set the share's limits. Now it is in a directory of the
+    node, mounted over whatever the tenant has at `/tmp` or `/usr/local`, and emptied at each creation of the
+    container (an earlier run's region, which its code could write, is gone)."""
+    hami = tmp_path / "vgpu"
+    monkeypatch.setenv(limits.MODE_ENV, "hami-core")
+    monkeypatch.setenv(limits.HAMI_DIR_ENV, str(hami))
+    editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=tmp_path)
+    text = signed({"main": share(["0"])})
+    tenant = tmp_path / "emptydir"
+    tenant.mkdir()
+    (tenant / "cudevshr.cache").write_bytes(b"a region with the limits the tenant likes")
+    for run in range(2):  # the container, then the same container restarted
+        sent = create(text)
+        sent.config.mounts.append(api_pb2.Mount(host_path=str(tenant), container_path="/tmp"))
+        sent.config.mounts.append(api_pb2.Mount(host_path=str(tenant), container_path="/usr/local"))
+        edited = api_pb2.CreateContainerRequest.FromString(editor.create_container(sent.SerializeToString()))
+        envs = {kv.key: kv.value for kv in edited.config.envs}
+        region = hami_core_reads(envs, 1)["region"]
+        mounts = [(m.container_path, m.host_path, m.readonly) for m in edited.config.mounts]
+        assert region == "/usr/local/vgpu/cache/cudevshr.cache", envs
+        directory = hami / "containers" / f"{POD.uid}_main"
+        assert ("/usr/local/vgpu/cache", str(directory), False) in mounts
+        assert ("/overrideEnv", "/dev/null", True) in mounts  # an image's own /overrideEnv is covered
+        # the node's mounts come after the tenant's /tmp and /usr/local (and lie deeper): mounted on top of them
+        order = [path for path, _, _ in mounts]
+        assert order.index("/tmp") < order.index("/tmp/vgpulock") and order.index("/usr/local") < order.index(
+            "/usr/local/vgpu/cache"
+        )
+        assert list(directory.iterdir()) == [] and directory.stat().st_mode & 0o777 == 0o777, run
+        (directory / "cudevshr.cache").write_bytes(b"written by the first run")  # its code may write its region
+        (directory / "elsewhere").symlink_to(tenant)
+    assert (tenant / "cudevshr.cache").exists()  # emptying the directory never followed the link out of it
+
+
+def candidate_of(allocation: ContainerAllocation) -> Any:
+    from kubegpu.core.annotations import decode_allocation
+    from kubegpu.crishim.deviceplugin import Candidate
+
+    record = decode_allocation(signed({"main": allocation}))
+    return Candidate(pod=POD, created="", record=record, order=["main"], requests={"main": {GPU: 1}})
