@@ -648,6 +648,11 @@ def test_two_share_pods_on_one_gpu_each_get_a_slot_of_it_and_their_own_limits(
             assert {k: v for k, v in envs.items() if k.startswith(("CUDA_", "NVIDIA_"))} == {
                 "NVIDIA_VISIBLE_DEVICES": "0",
                 "CUDA_DEVICE_SM_LIMIT": str(cores),
+                "CUDA_DEVICE_SM_LIMIT_0": str(cores),
+                "CUDA_OVERSUBSCRIBE": "false",
+                "CUDA_TASK_PRIORITY": "1",
+                "CUDA_REDIRECT": "/usr/local/vgpu/libvgpu.so",
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/cache/cudevshr.cache",
                 "CUDA_DEVICE_MEMORY_LIMIT_0": f"{mib}m",
             }, name
             assert [d.container_path for d in seen[name].devices] == ["/dev/nvidia0"]

@@ -18,12 +18,15 @@ plays the kubelet. The end-to-end test with the real scheduler combines them: st
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,6 +44,7 @@ __all__ = [
     "HarnessError",
     "ShimProcess",
     "container_config",
+    "derived_image",
     "fpga_plugin_path",
     "host_network_sandbox",
     "image_tar",
@@ -238,6 +242,62 @@ def container_config(
         labels={"io.kubernetes.container.name": name},
         log_path=f"{name}-{attempt}.log",
     )
+
+
+def derived_image(
+    base: Path, out: Path, name: str, *, env: Mapping[str, str], files: Mapping[str, bytes] | None = None
+) -> Path:
+    """An OCI image layout tar of the busybox image `base` with `env` added to its config's `Env` and a layer of
+    `files` (paths relative to the root), named `name`: what a tenant's image brings beside the pod spec."""
+
+    def digest(data: bytes) -> str:
+        return "sha256:" + hashlib.sha256(data).hexdigest()
+
+    with tarfile.open(base) as tar:
+        blobs = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    (entry,) = json.loads(blobs["index.json"])["manifests"]
+    manifest = json.loads(blobs[f"blobs/sha256/{entry['digest'].split(':', 1)[1]}"])
+    config = json.loads(blobs[f"blobs/sha256/{manifest['config']['digest'].split(':', 1)[1]}"])
+    config["config"]["Env"] = [*config["config"].get("Env", []), *(f"{k}={v}" for k, v in env.items())]
+    layer_buffer = io.BytesIO()
+    with tarfile.open(fileobj=layer_buffer, mode="w", format=tarfile.PAX_FORMAT) as layer:
+        made: set[str] = set()
+        for path, data in (files or {}).items():
+            parts = path.split("/")
+            for depth in range(1, len(parts)):
+                directory = "/".join(parts[:depth])
+                if directory not in made:
+                    made.add(directory)
+                    info = tarfile.TarInfo(directory)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755
+                    layer.addfile(info)
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), 0o644
+            layer.addfile(info, io.BytesIO(data))
+    layer_bytes = layer_buffer.getvalue()
+    config["rootfs"]["diff_ids"].append(digest(layer_bytes))
+    config_bytes = json.dumps(config, sort_keys=True).encode()
+    manifest["config"] = {**manifest["config"], "digest": digest(config_bytes), "size": len(config_bytes)}
+    manifest["layers"].append(
+        {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest(layer_bytes), "size": len(layer_bytes)}
+    )
+    manifest_bytes = json.dumps(manifest, sort_keys=True).encode()
+    annotations = {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]}
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {**entry, "digest": digest(manifest_bytes), "size": len(manifest_bytes), "annotations": annotations}
+        ],
+    }
+    blobs["index.json"] = json.dumps(index, sort_keys=True).encode()
+    for blob in (layer_bytes, config_bytes, manifest_bytes):
+        blobs[f"blobs/sha256/{digest(blob).split(':', 1)[1]}"] = blob
+    with tarfile.open(out, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for path, data in sorted(blobs.items()):
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return out
 
 
 def make_char_devices(dev_root: Path, names: Sequence[str], major: int = 1, minor: int = 3) -> list[Path]:

@@ -44,15 +44,17 @@ from kubegpu.crishim.shim import ContainerEditor, RunningShim, start_shim
 from kubegpu.plugins.neuron import device as neuron_device
 from kubegpu.plugins.nvidia import device as nvidia_device
 from kubegpu.plugins.nvidia import scheduler as nvidia_scheduler
-from kubegpu.plugins.nvidia.limits import HAMI_DIR_ENV, MODE_ENV
+from kubegpu.plugins.nvidia.limits import HAMI_DIR_ENV, MODE_ENV, MPS_LOG_ENV, MPS_PIPE_ENV
 from kubegpu.scheduler.engine import Engine
 
 from .containerd import (
     Containerd,
     Cri,
     container_config,
+    derived_image,
     fpga_plugin_path,
     host_network_sandbox,
+    image_tar,
     make_char_devices,
     running_containerd,
     start_shim_process,
@@ -249,14 +251,19 @@ def test_two_shares_of_one_gpu_each_run_with_the_gpu_and_their_own_limits(
                 "nvidiactl",
             ]
             assert kubelet.exec(container_id, "cat", "/etc/ld.so.preload").strip() == "/usr/local/vgpu/libvgpu.so"
-            assert kubelet.exec(container_id, "ls", "/usr/local/vgpu").split() == ["libvgpu.so"]
+            assert kubelet.exec(container_id, "ls", "/usr/local/vgpu").split() == ["cache", "libvgpu.so"]
 
         for name, (cores, mib) in shares.items():
             limits = {k: v for k, v in seen[name].items() if k.startswith(("CUDA_", "NVIDIA_"))}
             assert limits == {
                 "NVIDIA_VISIBLE_DEVICES": "0",
                 "CUDA_DEVICE_SM_LIMIT": str(cores),
+                "CUDA_DEVICE_SM_LIMIT_0": str(cores),
                 "CUDA_DEVICE_MEMORY_LIMIT_0": f"{mib}m",
+                "CUDA_OVERSUBSCRIBE": "false",
+                "CUDA_TASK_PRIORITY": "1",
+                "CUDA_REDIRECT": "/usr/local/vgpu/libvgpu.so",
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/cache/cudevshr.cache",
             }, name
 
         # the same allocation on a node that enforces no shares: refused, saying how to configure the node
@@ -295,9 +302,126 @@ def test_a_share_container_never_sees_a_tenant_file_hami_core_would_read_its_lim
             config.mounts.append(api_pb2.Mount(host_path=str(override), container_path=spelled, readonly=True))
         container_id = kubelet.create(sandbox_id, config, sandbox)
         kubelet.start(container_id)
-        assert kubelet.exec(container_id, "ls", "/").split().count("overrideEnv") == 0
+        assert kubelet.exec(container_id, "cat", "/overrideEnv") == ""  # the node's empty one, not the tenant's
         assert "cudevshr.cache" not in kubelet.exec(container_id, "ls", "/tmp").split()
         assert _env(kubelet, container_id)["CUDA_DEVICE_SM_LIMIT"] == "30"
+    finally:
+        kubelet.remove_pod(sandbox_id)
+
+
+GREEDY_IMAGE = "docker.io/tenant/greedy:1"
+# What an image built for a HAMi setup (or by a tenant who read HAMi-core's README) may carry in its config's ENV.
+GREEDY_ENV = {
+    "CUDA_DEVICE_SM_LIMIT_0": "100",  # HAMi-core reads the per-GPU name before CUDA_DEVICE_SM_LIMIT
+    "CUDA_DEVICE_MEMORY_LIMIT": "80g",
+    "GPU_CORE_UTILIZATION_POLICY": "disable",
+    "CUDA_OVERSUBSCRIBE": "true",
+    "CUDA_TASK_PRIORITY": "0",
+    "CUDA_REDIRECT": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/mine.cache",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=81920M",
+    "CUDA_MPS_PIPE_DIRECTORY": "/tmp/my-own-mps",
+}
+GREEDY_FILES = {  # and in its layers: files HAMi-core reads
+    "overrideEnv": b"CUDA_DEVICE_SM_LIMIT=100\nCUDA_DEVICE_MEMORY_LIMIT_0=81920m\n",
+    "tmp/cudevshr.cache": b"a shared region with the limits the tenant likes",
+    "usr/local/vgpu/cache/cudevshr.cache": b"a shared region with the limits the tenant likes",
+}
+HAMI_READS = (
+    "CUDA_DEVICE_SM_LIMIT",
+    "CUDA_DEVICE_MEMORY_LIMIT",
+    "GPU_CORE_UTILIZATION_POLICY",
+    "CUDA_OVERSUBSCRIBE",
+    "CUDA_TASK_PRIORITY",
+    "CUDA_REDIRECT",
+)
+
+
+@pytest.fixture(scope="module")
+def greedy_image(containerd: Containerd, node_dir: Path) -> str:
+    containerd.import_image(
+        derived_image(image_tar(), node_dir / "greedy.tar", GREEDY_IMAGE, env=GREEDY_ENV, files=GREEDY_FILES)
+    )
+    return GREEDY_IMAGE
+
+
+def test_a_share_holds_whatever_the_image_sets_and_whatever_the_tenant_mounts_at_tmp(
+    kubelet: Cri, key: bytes, hami_core: Path, node_dir: Path, tmp_path: Path, greedy_image: str
+) -> None:
+    """The runtime merges the image's ENV under the container config's: a variable the config names wins, any other
+    stays. The shim wrote the bare `CUDA_DEVICE_SM_LIMIT`, so the image's `CUDA_DEVICE_SM_LIMIT_0=100` (which
+    HAMi-core reads first) lifted the share's compute limit, and HAMi-core's switches and shared region stayed as
+    the image set them (T133); the image's `/overrideEnv` reached HAMi-core, and with no
+    `CUDA_DEVICE_MEMORY_SHARED_CACHE` of the node's, HAMi-core took its limits from the region at `/tmp/cudevshr.cache`,
+    which the image or a tenant's emptyDir at `/tmp` (filled by an init container) provides (T134). The process
+    inside must see the share's values, an empty `/overrideEnv`, and an empty region directory of the node's, at
+    every creation of the container."""
+    (hami_core / "vgpulock" / "node-lock").write_text("")
+    tenant_tmp = node_dir / "tenant-tmp"
+    tenant_tmp.mkdir(exist_ok=True)
+    (tenant_tmp / "cudevshr.cache").write_bytes(b"a shared region an init container wrote")
+    engine = _gpu_scheduler(key)
+    uid, written = _place_share(engine, "greedy", 30, 4096)
+    sandbox = host_network_sandbox("greedy", uid, annotations=written, log_directory=tmp_path)
+    sandbox_id = kubelet.run_pod(sandbox)
+    try:
+        for attempt in range(2):  # the container, then the kubelet's restart of it
+            config = container_config("main", attempt=attempt)
+            config.image.image = greedy_image
+            config.mounts.append(api_pb2.Mount(host_path=str(tenant_tmp), container_path="/tmp"))
+            container_id = kubelet.create(sandbox_id, config, sandbox)
+            kubelet.start(container_id)
+            env = _env(kubelet, container_id)
+            assert {k: v for k, v in env.items() if k.startswith(HAMI_READS)} == {
+                "CUDA_DEVICE_SM_LIMIT": "30",
+                "CUDA_DEVICE_SM_LIMIT_0": "30",
+                "CUDA_DEVICE_MEMORY_LIMIT": "80g",  # the image's: read only for a GPU without its own limit
+                "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
+                "GPU_CORE_UTILIZATION_POLICY": "default",
+                "CUDA_OVERSUBSCRIBE": "false",
+                "CUDA_TASK_PRIORITY": "1",
+                "CUDA_REDIRECT": "/usr/local/vgpu/libvgpu.so",
+            }, attempt
+            region = env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+            assert region == "/usr/local/vgpu/cache/cudevshr.cache", attempt
+            assert kubelet.exec(container_id, "ls", "-A", "/usr/local/vgpu/cache") == "", attempt
+            assert kubelet.exec(container_id, "cat", "/overrideEnv") == "", attempt
+            assert kubelet.exec(container_id, "ls", "/tmp/vgpulock").split() == ["node-lock"]  # the node's
+            assert "cudevshr.cache" in kubelet.exec(container_id, "ls", "/tmp").split()  # the tenant's /tmp stays
+            # the container's code writes its region (HAMi-core does, and so may the tenant's own code)...
+            kubelet.exec(container_id, "sh", "-c", f"echo written by run {attempt} > {region}")
+            assert (hami_core / "containers" / f"{uid}_main" / "cudevshr.cache").exists()
+            kubelet.runtime.StopContainer(api_pb2.StopContainerRequest(container_id=container_id, timeout=0))
+            # ...and the next creation of the container starts with none
+    finally:
+        kubelet.remove_pod(sandbox_id)
+
+
+def test_a_share_holds_on_an_mps_node_whatever_the_image_sets(
+    kubelet: Cri, key: bytes, node_dir: Path, tmp_path: Path, greedy_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MPS clients read their limits and the daemon's pipe from their environment: the image's
+    `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100` or `CUDA_MPS_PIPE_DIRECTORY` of its own must not reach the process."""
+    (node_dir / "mps-pipe").mkdir(exist_ok=True)
+    (node_dir / "mps-log").mkdir(exist_ok=True)
+    monkeypatch.setenv(MODE_ENV, "mps")
+    monkeypatch.setenv(MPS_PIPE_ENV, str(node_dir / "mps-pipe"))
+    monkeypatch.setenv(MPS_LOG_ENV, str(node_dir / "mps-log"))
+    uid, written = _place_share(_gpu_scheduler(key), "greedy-mps", 30, 4096)
+    sandbox = host_network_sandbox("greedy-mps", uid, annotations=written, log_directory=tmp_path)
+    sandbox_id = kubelet.run_pod(sandbox)
+    try:
+        config = container_config("main")
+        config.image.image = greedy_image
+        container_id = kubelet.create(sandbox_id, config, sandbox)
+        kubelet.start(container_id)
+        assert {k: v for k, v in _env(kubelet, container_id).items() if k.startswith("CUDA_MPS_")} == {
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
+            "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
+            "CUDA_MPS_LOG_DIRECTORY": "/var/log/nvidia-mps",
+        }
     finally:
         kubelet.remove_pod(sandbox_id)
 

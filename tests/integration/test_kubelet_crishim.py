@@ -265,6 +265,11 @@ def test_two_gpu_shares_run_each_with_its_gpu_and_its_own_hami_core_limits(
         assert {k: v for k, v in env.items() if k.startswith(("CUDA_", "NVIDIA_"))} == {
             "NVIDIA_VISIBLE_DEVICES": gpu,
             "CUDA_DEVICE_SM_LIMIT": str(cores),
+            "CUDA_DEVICE_SM_LIMIT_0": str(cores),
+            "CUDA_OVERSUBSCRIBE": "false",
+            "CUDA_TASK_PRIORITY": "1",
+            "CUDA_REDIRECT": "/usr/local/vgpu/libvgpu.so",
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/cache/cudevshr.cache",
             "CUDA_DEVICE_MEMORY_LIMIT_0": f"{mib}m",
         }, name
 

@@ -469,6 +469,11 @@ def test_two_share_pods_are_admitted_on_one_gpu_each_with_its_own_limits(
             assert {k: v for k, v in env_seen.items() if k.startswith(("CUDA_", "NVIDIA_"))} == {
                 "NVIDIA_VISIBLE_DEVICES": "0",
                 "CUDA_DEVICE_SM_LIMIT": str(cores),
+                "CUDA_DEVICE_SM_LIMIT_0": str(cores),
+                "CUDA_OVERSUBSCRIBE": "false",
+                "CUDA_TASK_PRIORITY": "1",
+                "CUDA_REDIRECT": "/usr/local/vgpu/libvgpu.so",
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/cache/cudevshr.cache",
                 "CUDA_DEVICE_MEMORY_LIMIT_0": f"{mib}m",
             }, name
         # The kubelet holds one share slot of GPU 0 for each: two pods admitted on one GPU.
