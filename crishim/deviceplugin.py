@@ -117,7 +117,15 @@ import grpc
 
 from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord, init_devices
 from kubegpu.core.manifests import SIDECAR_RESTART_POLICY
-from kubegpu.core.models import ContainerAllocation, ContainerEdit, DeviceInventory, InitStep, share_slot
+from kubegpu.core.models import (
+    ContainerAllocation,
+    ContainerEdit,
+    DeviceInventory,
+    DeviceOwnership,
+    InitStep,
+    mounted_path,
+    share_slot,
+)
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
 from kubegpu.core.process import parse_interval
 from kubegpu.crishim.protos import (
@@ -151,6 +159,7 @@ VANISHED_MEMORY = 30.0
 
 IDS_HOOK = "kubegpu_device_plugin_ids"
 EDIT_HOOK = "kubegpu_device_edit_container"
+OWNED_HOOK = "kubegpu_device_owned"
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
 DESCRIPTION = (
@@ -233,7 +242,8 @@ class Candidate:
     """A pod bound to this node and not started, that requests some resource: `record` is its verified allocation,
     None when it has none (kubegpu did not place it, or its allocation failed a check: `unverified` says which);
     `order` is its containers' admission order and `requests` what each asks (None: a count that cannot be read);
-    `classic` its init containers that are no sidecars."""
+    `classic` its init containers that are no sidecars; `mounts` where each container mounts its volumes
+    (`mountPath` as the pod spec writes it)."""
 
     pod: PodIdentity
     created: str
@@ -242,6 +252,7 @@ class Candidate:
     requests: dict[str, dict[str, int | None]]
     unverified: str = ""
     classic: frozenset[str] = frozenset()
+    mounts: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def ids(self, container: str, resource: str) -> list[str]:
         """The ids the allocation names for `container` (a classic init container's from `init`)."""
@@ -323,7 +334,10 @@ class PendingPods:
             )
             if record is not None and not record.init and classic:
                 record = _with_init(record, init, requests)
-            candidates.append(Candidate(identity, created, record, list(requests), requests, unverified, classic))
+            mounts = {str(c.get("name", "")): _mount_paths(c) for c in [*init, *apps]}
+            candidates.append(
+                Candidate(identity, created, record, list(requests), requests, unverified, classic, mounts)
+            )
         now = self.clock()
         with self.lock:
             for candidate in self.candidates:
@@ -482,6 +496,37 @@ def _requests(container: Mapping[str, Any]) -> dict[str, int | None]:
     return {r: n for r, n in counts.items() if n != 0}
 
 
+def _mount_paths(container: Mapping[str, Any]) -> tuple[str, ...]:
+    """Where a container of a pod spec mounts its volumes, as written (the runtime cleans the path when it mounts)."""
+    mounts = container.get("volumeMounts") or []
+    return tuple(str(m.get("mountPath", "")) for m in mounts if isinstance(m, Mapping))
+
+
+def refuse_owned_mounts(
+    owned: DeviceOwnership | None, candidate: Candidate, container: str, plugin: str, edit: ContainerEdit
+) -> None:
+    """Refuse (`mount`) a container that mounts one of its pod's volumes where the owning plugin's answer mounts
+    something, or under it, or at a path the plugin owns (`kubegpu_device_owned`).
+
+    The CRI shim removes such a volume from the container; a device plugin cannot: the kubelet mounts the pod's
+    volumes itself, after the device plugin's mounts, and the runtime mounts the later of two mounts at one path on
+    top. A volume at `/overrideEnv`, `/etc/ld.so.preload` or over HAMi-core's region directory would lift the GPU
+    share's limits; so the pod is refused its admission, with the mount named."""
+    answered = [mounted_path(m.container_path) for m in edit.mounts]
+    for written in candidate.mounts.get(container, ()):
+        path = mounted_path(written)
+        covered = next((a for a in answered if path == a or path.startswith(f"{a}/")), None)
+        if covered is None and (owned is None or not owned.owns_mount(written)):
+            continue
+        what = f"the {plugin} plugin mounts {covered} there" if covered else f"the {plugin} plugin owns that path"
+        raise AllocationRefused(
+            "mount",
+            f"pod {candidate.pod.key} container {container} mounts a volume at {written[:200]!r}, where {what} on "
+            "this node (device selection, or the GPU share limits and the files HAMi-core reads): the kubelet would "
+            "mount the volume over the node's, so the container is refused; remove that volumeMount",
+        )
+
+
 def _unplaced_because(slot: Slot, resource: str) -> str:
     if slot.candidate.record is None:
         return slot.candidate.unverified
@@ -531,6 +576,8 @@ def allocate_response(
     edit = ContainerEdit()
     plugins.call(plugin, EDIT_HOOK, allocation=allocation, edit=edit, dev_root=dev_root)
     edit = ContainerEdit.model_validate(edit.model_dump(warnings=False))
+    owned = plugins.call(plugin, OWNED_HOOK)
+    refuse_owned_mounts(owned if isinstance(owned, DeviceOwnership) else None, candidate, container, plugin, edit)
     return _M["ContainerAllocateResponse"](
         envs=edit.envs,
         mounts=[
@@ -682,6 +729,8 @@ class ResourcePlugin:
             response = allocate_response(
                 self.service.plugins, plugin, candidate, container, self.resource, ids, self.service.dev_root
             )
+        except AllocationRefused:
+            raise
         except Exception as exc:
             raise AllocationRefused(
                 "plugin", f"pod {candidate.pod.key} container {container}: the allocation cannot be applied: {exc}"

@@ -45,6 +45,7 @@ Check = Literal[
     "ambiguous",
     "shares",
     "foreign-share",
+    "mount",
 ]
 
 _HEX_SIGNATURE = re.compile(r"[0-9a-f]{64}")

@@ -673,6 +673,63 @@ def test_two_share_pods_on_one_gpu_each_get_a_slot_of_it_and_their_own_limits(
         kubelet.stop()
 
 
+@pytest.mark.parametrize(
+    ("mount_path", "refused"),
+    [
+        ("/overrideEnv", True),
+        ("//overrideEnv", True),
+        ("/tmp/../overrideEnv", True),
+        ("/etc/ld.so.preload", True),
+        ("/usr/local/vgpu/cache", True),
+        ("/usr/local/vgpu/cache/cudevshr.cache", True),
+        ("/tmp/vgpulock/lock", True),
+        ("/tmp", False),  # a parent: the node's mounts lie deeper, and the runtime mounts them on top
+        ("/usr/local", False),
+        ("/data", False),
+    ],
+)
+def test_a_share_container_mounting_a_volume_over_a_path_the_node_owns_is_refused_naming_it(
+    directory: Path,
+    shared_node: Path,
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+    mount_path: str,
+    refused: bool,
+) -> None:
+    """The CRI shim removes a tenant's volume at a path the node owns (`/overrideEnv`, whose lines HAMi-core sets
+    over the environment; `/etc/ld.so.preload`; the shared region's directory); a device plugin cannot, and the
+    kubelet mounts the pod's volumes after the device plugin's mounts, so the runtime mounted the tenant's on top and
+    the share's limits were the tenant's. Such a container is refused its admission, the mount named."""
+    listed = share_pods({"notebook": (30, 4096), "inference": (20, 2048)})
+    listed[0]["spec"]["containers"][0]["volumeMounts"] = [{"name": "settings", "mountPath": mount_path}]
+    kubelet = FakeKubelet(directory)
+    kubelet.start()
+    service = DevicePluginService(
+        make_plugin_manager("device", nvidia=nvidia_device), PendingPods(lambda: listed, NODE, KEY),
+        directory=directory, host_root=shared_node, dev_root=Path("/host/dev"), interval=3600,
+    )  # fmt: skip
+    service.start()
+    try:
+        kubelet.wait_registrations(1)
+        _, answer = admitted(directory, ["0::0", "0::1", "0::2", "0::3"], 1, GPU)
+        if not refused:
+            assert not isinstance(answer, grpc.RpcError), answer.details()
+            assert dict(answer.envs)["CUDA_DEVICE_SM_LIMIT_0"] == "30"
+            return
+        assert isinstance(answer, grpc.RpcError), f"admitted with a volume at {mount_path}"
+        assert answer.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert f"kubegpu: mount check failed: pod team/notebook container main mounts a volume at {mount_path!r}" in (
+            answer.details() or ""
+        ), answer.details()
+        # ...and the device plugin goes on serving: the kubelet fails the pod, and admits the next one
+        listed[0]["status"]["phase"] = "Failed"
+        _, answer = admitted(directory, ["0::0", "0::1", "0::2", "0::3"], 1, GPU)
+        assert not isinstance(answer, grpc.RpcError), answer.details()
+        assert dict(answer.envs)["CUDA_DEVICE_SM_LIMIT_0"] == "20"
+    finally:
+        service.stop()
+        kubelet.stop()
+
+
 def test_a_pod_kubegpu_did_not_place_is_refused_a_share_slot_even_where_foreign_pods_are_allowed(
     directory: Path, shared_node: Path, make_plugin_manager: Callable[..., KubegpuPluginManager]
 ) -> None:

@@ -424,10 +424,10 @@ def nvmlDeviceGetUUID(h): return "GPU-0"
 """
 
 
-def test_two_share_pods_are_admitted_on_one_gpu_each_with_its_own_limits(
-    cluster: Cluster, kubelet: Kubelet, scheduler: SchedulerProcess, host: Path, space: str
-) -> None:
-    # The node's NVIDIA side: one GPU (its device files, a fake NVML), HAMi-core installed, GPUs split 10 ways.
+@pytest.fixture(scope="module")
+def gpu_node(cluster: Cluster, kubelet: Kubelet, host: Path) -> Iterator[tuple[Path, DevicePluginProcess]]:
+    """The node's NVIDIA side for GPU shares: one GPU (its device files, a fake NVML), HAMi-core installed, GPUs split
+    10 ways, the device plugin serving them; the GPU host directory (with `out/`) and the device plugin process."""
     gpus = host / "gpu-host"
     make_char_devices(gpus / "dev", ["nvidia0", "nvidiactl"])
     (gpus / "python").mkdir(exist_ok=True)
@@ -452,6 +452,20 @@ def test_two_share_pods_are_admitted_on_one_gpu_each_with_its_own_limits(
         cluster.client.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": shares}})
         wait_for(lambda: allocatable(cluster).get("nvidia.com/gpucores") == "100", 60, "gpucores allocatable")
 
+        yield gpus, plugin
+    finally:
+        plugin.stop()
+
+
+def test_two_share_pods_are_admitted_on_one_gpu_each_with_its_own_limits(
+    cluster: Cluster,
+    kubelet: Kubelet,
+    scheduler: SchedulerProcess,
+    space: str,
+    gpu_node: tuple[Path, DevicePluginProcess],
+) -> None:
+    gpus, plugin = gpu_node
+    try:
         # One pod after the other: the kubelet does not say which pod it admits, so two share pods of one count
         # admitted in another order than their creation's swap their signed sets, limits included
         # (docs/security.md T21, "Left"); admitted in turn, each gets exactly its own.
@@ -480,5 +494,51 @@ def test_two_share_pods_are_admitted_on_one_gpu_each_with_its_own_limits(
         assert sorted(slots.values()) == [["0::0"], ["0::1"]], slots
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{plugin.output()[-3000:]}") from None
-    finally:
-        plugin.stop()
+
+
+def test_a_share_pod_mounting_a_volume_at_a_path_the_node_owns_fails_admission_naming_it(
+    cluster: Cluster, scheduler: SchedulerProcess, space: str, gpu_node: tuple[Path, DevicePluginProcess]
+) -> None:
+    """Device-plugin mode: the kubelet mounts a pod's volumes itself, after the device plugin's mounts, and the
+    runtime mounts the later of two at one path on top. A share pod with a volume at `/overrideEnv` (HAMi-core sets
+    its `NAME=value` lines over the environment) ran with the tenant's file there, its limits the tenant's (T135). It
+    fails its admission with the mount named; a share pod with its own volume at `/tmp` (a parent of the node's
+    `/tmp/vgpulock`) runs, with the node's lock directory and the node's empty `/overrideEnv`."""
+    gpus, plugin = gpu_node
+    (gpus / "vgpu" / "vgpulock" / "node-lock").write_text("")
+    settings = gpus / "tenant-override"
+    settings.write_text("CUDA_DEVICE_SM_LIMIT=100\nCUDA_DEVICE_SM_LIMIT_0=100\n")
+    share = {GPU: 1, "nvidia.com/gpucores": 10, "nvidia.com/gpumem": 1024}
+    command = (
+        "cat /overrideEnv > /out/$C.override; ls /tmp/vgpulock > /out/$C.lock; ls /dev > /out/$C.devices; "
+        "env > /out/$C.env; sleep 3600"
+    )
+    try:
+        peeker = pod(space, "peeker", {"main": share}, scheduler=SCHEDULER, out=gpus / "out", command=command)
+        peeker["spec"]["volumes"].append({"name": "settings", "hostPath": {"path": str(settings), "type": "File"}})
+        peeker["spec"]["containers"][0]["volumeMounts"].append({"name": "settings", "mountPath": "/overrideEnv"})
+        cluster.client.post(f"/api/v1/namespaces/{space}/pods", peeker)
+
+        def settled() -> dict[str, Any] | None:
+            found: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{space}/pods/peeker")
+            return found if found["status"].get("phase") in ("Failed", "Running") else None
+
+        status = wait_for(settled, 90, "the pod with a volume at /overrideEnv to fail or run")["status"]
+        ran = (gpus / "out" / "peeker.main.override").read_text() if status["phase"] == "Running" else ""
+        assert status["phase"] == "Failed", f"it ran, reading /overrideEnv: {ran!r}"
+        assert (
+            f"kubegpu: mount check failed: pod {space}/peeker container main mounts a volume at '/overrideEnv'"
+            in status.get("message", "")
+        ), status
+
+        scratch = pod(space, "scratch", {"main": share}, scheduler=SCHEDULER, out=gpus / "out", command=command)
+        scratch["spec"]["volumes"].append({"name": "scratch", "emptyDir": {}})
+        scratch["spec"]["containers"][0]["volumeMounts"].append({"name": "scratch", "mountPath": "/tmp"})
+        cluster.client.post(f"/api/v1/namespaces/{space}/pods", scratch)
+        wait_running(cluster, space, "scratch", timeout=90)
+        _, env_seen = read_output(gpus / "out", "scratch", "main")
+        assert env_seen["CUDA_DEVICE_SM_LIMIT_0"] == "10"
+        assert (gpus / "out" / "scratch.main.override").read_text() == ""
+        assert (gpus / "out" / "scratch.main.lock").read_text().split() == ["node-lock"]
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{plugin.output()[-3000:]}") from None
