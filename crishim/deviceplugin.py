@@ -79,7 +79,11 @@ Races, and what happens:
 What the mode cannot do: the env a tenant writes in a container (`NVIDIA_VISIBLE_DEVICES=all` in the pod spec, an
 `envFrom`, or the image's own `ENV`) reaches the runtime untouched; a device plugin only adds to a container. The
 CRI shim removes it (T8 in docs/security.md); here the cluster must refuse it: `examples/deploy/admission/` and
-docs/security.md (T22) say how.
+docs/security.md (T22) say how. (The image's `ENV` ranks below Allocate's env, which for a GPU share names every
+variable HAMi-core reads that could lift it: T133.) Nor can it remove the pod's volumes, which the kubelet mounts
+after the device plugin's mounts, on top of them: a container that mounts one at or under a path the owning plugin
+owns or its answer mounts (`/overrideEnv`, `/etc/ld.so.preload`, HAMi-core's region directory) is refused (`mount`,
+naming it: `refuse_owned_mounts`, T135).
 
 Pods kubegpu did not place (bound by another scheduler, or with `spec.nodeName` written by hand) are refused by
 default, as above. With `--foreign-pods allow`, Allocate grants such a pod the ids the kubelet chose (the kubelet

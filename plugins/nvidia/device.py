@@ -37,7 +37,9 @@ Owned (`kubegpu_device_owned`; the CRI shim removes these from every container n
 device nodes `/dev/nvidiaN`, mounts under `/var/run/nvidia-container-devices` (the runtime's volume-mount form of the
 same list), CDI names of kind `nvidia.com/gpu`, and the GPU share limits with what would lift them (`limits.py`:
 `CUDA_DEVICE_SM_LIMIT*`, `CUDA_DEVICE_MEMORY_LIMIT*`, `CUDA_MPS_*`, HAMi-core's switches, the `/etc/ld.so.preload`,
-`/usr/local/vgpu`, `/tmp/vgpulock` and MPS pipe and log mounts; a share container gets the allocation's values back).
+`/overrideEnv`, `/usr/local/vgpu`, `/tmp/vgpulock` and MPS pipe and log mounts; a share container gets the
+allocation's values back, with every variable HAMi-core reads that could lift its share written, so that the image's
+own ENV, which the runtime ranks below the container config, cannot).
 Not owned: `CUDA_VISIBLE_DEVICES` (it only narrows, inside the container, the GPUs the container already has; a
 user's value in a GPU container is legitimate), the control devices and `NVIDIA_DRIVER_CAPABILITIES` (neither gives
 access to a GPU).
@@ -55,8 +57,9 @@ Container edit (the CRI shim, after it verified the allocation):
   `NVIDIA_VISIBLE_DEVICES`, CDI names `nvidia.com/gpu=GPU:MIG index`, the parent GPU's device node; discovery lists
   a MIG-enabled GPU's instances in its attribute `mig`, and the advertisement counts them per profile;
 * for a share (the allocation's `shares` name `nvidia.com/gpucores` and memory), the env and mounts of the node's
-  enforcement, HAMi-core or MPS (`limits.py`, chosen by `KUBEGPU_NVIDIA_SHARE_LIMITS`); a share the node cannot
-  enforce or read fails the edit, so the container is refused. Whole GPUs get no limits.
+  enforcement, HAMi-core or MPS (`limits.py`, chosen by `KUBEGPU_NVIDIA_SHARE_LIMITS`; on a HAMi-core node the
+  container's shared-region directory `<pod uid>_<container>` is made empty on the host here); a share the node
+  cannot enforce or read fails the edit, so the container is refused. Whole GPUs get no limits.
 """
 
 from __future__ import annotations

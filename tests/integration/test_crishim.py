@@ -10,7 +10,9 @@ back, then put back by the pod's owner) whose device the scheduler has since giv
 allocation from containerd's own record of the sandbox, and no device goes to two live pods. A container that sets
 `NVIDIA_VISIBLE_DEVICES=all` without an allocation runs without it. Two shares of one GPU (the real engine with the
 nvidia plugin, a HAMi-style node) each run with the GPU's device node and their own HAMi-core limits, whatever limit
-the tenant wrote in the spec; a share the node cannot enforce is refused and the shim keeps serving. Everything
+the tenant wrote in the spec or its image carries (HAMi-core's and MPS's variables in its `ENV`, an `/overrideEnv` and
+shared regions in its layers, a volume at `/tmp` with another region); a share the node cannot enforce is refused
+and the shim keeps serving. Everything
 else passes through as containerd answers it, including while containerd restarts. The last test runs the real
 `kubegpu crishim` command: a private socket, the same result, and a clean exit on SIGTERM.
 
