@@ -285,26 +285,28 @@ def limits(share: ContainerShare, sharing: NodeSharing, holder: str = "") -> tup
 
 def region_directory(sharing: NodeSharing, holder: str) -> Path:
     """The host directory of one container's HAMi-core shared region, made empty now:
-    `<hami dir>/containers/<holder>` (HAMi's layout), mode 0777 so that a process of any user in the container can
-    create the region. Made anew at each creation of the container, so that no region written before (by an earlier
-    run of it, whose code could write the limits in its region) is read; one directory per container of the node,
-    left when its pod ends (the next container of the same name and pod UID empties it). Raises `ShareLimitError`
-    for a holder that is no plain name, or a directory that cannot be made."""
+    `<hami dir>/containers/<holder>` (HAMi's layout). Made anew at each creation of the container, so that no region
+    written before (by an earlier run of it, whose code could write the limits in its region) is read; one directory
+    per container of the node, left when its pod ends (the next container of the same name and pod UID empties it).
+    Mode 0777, so that a process of any user in the container can create the region; `containers/` is 0700, so that
+    no user of the host reaches what a container wrote there. Raises `ShareLimitError` for a holder that is no plain
+    name, or a directory that cannot be made (the hami dir missing: HAMi-core is not installed where it says)."""
     if not _HOLDER.fullmatch(holder):
         raise ShareLimitError(f"the container's name on the node ({holder[:80]!r}) is not a plain file name")
-    directory = Path(sharing.hami_dir) / "containers" / holder
+    parent = Path(sharing.hami_dir) / "containers"
+    directory = parent / holder
     try:
-        directory.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        if directory.is_symlink() or directory.exists():
-            if directory.is_dir() and not directory.is_symlink():
-                shutil.rmtree(directory)  # never follows a link a tenant left inside
-            else:
-                directory.unlink()
-        directory.mkdir(mode=0o755)
+        parent.mkdir(mode=0o700, exist_ok=True)
+        parent.chmod(0o700)
+        if directory.is_symlink() or not directory.is_dir():
+            directory.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(directory)  # unlinks the links a container left inside, never follows them
+        directory.mkdir(mode=0o700)
         directory.chmod(0o777)
     except OSError as exc:
         raise ShareLimitError(
-            f"cannot make the directory of the container's HAMi-core region {str(directory)[:200]!r}: {exc.strerror}"
-            f" (the node's {HAMI_DIR_ENV} must be writable by kubegpu)"
+            f"cannot make the directory of the container's HAMi-core region {str(directory)[:200]!r}: {exc.strerror} "
+            f"({HAMI_DIR_ENV} must name the directory HAMi-core is installed in, writable by kubegpu)"
         ) from None
     return directory

@@ -92,6 +92,7 @@ def test_a_share_on_a_hami_core_node_gets_hami_cores_limits_and_library(
     pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     hami = tmp_path / "hami"
+    hami.mkdir()
     monkeypatch.setenv(limits.MODE_ENV, "hami-core")
     monkeypatch.setenv(limits.HAMI_DIR_ENV, str(hami))
     edit = edit_with(pm, share(["3", "1"]), tmp_path)
@@ -179,6 +180,19 @@ def test_a_memory_percent_is_turned_into_mib_from_nvml_and_a_whole_memory_needs_
             share(["0"]).model_copy(update={"shares": {**share(["0"]).shares, CORES: {"1": 30}}}),
             "gpucores names GPU(s) 1, the container has GPU(s) 0",
             id="other-gpu",
+        ),
+        pytest.param(
+            {limits.MODE_ENV: "hami-core", limits.HAMI_DIR_ENV: "/nonexistent/vgpu"},
+            share(["0"]),
+            "/nonexistent/vgpu/containers/uid-notebook_main': No such file or directory (KUBEGPU_HAMI_CORE_DIR must "
+            "name the directory HAMi-core is installed in",
+            id="hami-core-not-installed",
+        ),
+        pytest.param(
+            {limits.MODE_ENV: "hami-core"},
+            share(["0"]).model_copy(update={"container": "../x"}),
+            "the container's name on the node ('uid-notebook_../x') is not a plain file name",
+            id="holder-not-a-name",
         ),
     ],
 )
@@ -486,7 +500,6 @@ def test_a_share_holds_on_a_hami_core_node_whatever_the_image_sets(
     first, lifted the compute limit, and its switches (`GPU_CORE_UTILIZATION_POLICY=disable`, `CUDA_OVERSUBSCRIBE`,
     `CUDA_TASK_PRIORITY=0`, `CUDA_REDIRECT`, a shared region of its own) stayed as the image set them."""
     monkeypatch.setenv(limits.MODE_ENV, "hami-core")
-    monkeypatch.setenv(limits.HAMI_DIR_ENV, str(tmp_path / "vgpu"))
     for edit in (
         edit_with(pm, share(["3", "1"]), tmp_path),
         ContainerEdit(envs=dict(allocate_response(pm, "nvidia", candidate_of(share(["1", "3"])), "main", GPU,
@@ -526,6 +539,7 @@ def test_the_shared_region_lies_in_a_directory_of_the_node_made_empty_for_each_c
     node, mounted over whatever the tenant has at `/tmp` or `/usr/local`, and emptied at each creation of the
     container (an earlier run's region, which its code could write, is gone)."""
     hami = tmp_path / "vgpu"
+    hami.mkdir()
     monkeypatch.setenv(limits.MODE_ENV, "hami-core")
     monkeypatch.setenv(limits.HAMI_DIR_ENV, str(hami))
     editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=tmp_path)
