@@ -18,7 +18,8 @@ node's enforcement reads, chosen by the node's configuration: `KUBEGPU_NVIDIA_SH
   `/usr/local/vgpu`): `libvgpu.so` read-only at `/usr/local/vgpu/libvgpu.so`, `ld.so.preload` (one line naming that
   path) read-only at `/etc/ld.so.preload`, `vgpulock/` at `/tmp/vgpulock` (HAMi-core's node-wide lock directory),
   that region directory, and `/dev/null` read-only at `/overrideEnv`.
-* `mps`: an NVIDIA MPS control daemon on the node. Env `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<percent>` and
+* `mps`: an NVIDIA MPS control daemon on the node. Env `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<percent>` (with
+  `CUDA_MPS_ENABLE_PER_CTX_DEVICE_MULTIPROCESSOR_PARTITIONING=0`, NVIDIA's default) and
   `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M,1=<MiB>M` (the same per-GPU order), `CUDA_MPS_PIPE_DIRECTORY` and
   `CUDA_MPS_LOG_DIRECTORY`; mounts: the daemon's pipe directory `KUBEGPU_MPS_PIPE_DIRECTORY` (default
   `/tmp/nvidia-mps`) at `/tmp/nvidia-mps` and its log directory `KUBEGPU_MPS_LOG_DIRECTORY` (default
@@ -116,6 +117,7 @@ MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"  # HAMi-core: bare (every GPU) or `_<i
 SM_LIMIT = "CUDA_DEVICE_SM_LIMIT"
 MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+MPS_PER_CONTEXT = "CUDA_MPS_ENABLE_PER_CTX_DEVICE_MULTIPROCESSOR_PARTITIONING"
 SHARED_CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
 # HAMi-core's switches, at the value that holds the share (what HAMi-core does with none set): written into every
 # share container so that the config's value wins over the image's own ENV.
@@ -267,6 +269,7 @@ def limits(share: ContainerShare, sharing: NodeSharing, holder: str = "") -> tup
         envs = {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE, "CUDA_MPS_LOG_DIRECTORY": MPS_LOG}
         if share.cores:
             envs[MPS_THREADS] = str(share.cores)
+            envs[MPS_PER_CONTEXT] = "0"  # NVIDIA's default: the percentage holds the client, not each of its contexts
         pinned = [f"{i}={mib}M" for i, mib in enumerate(share.memory_mib) if mib is not None]
         if pinned:
             envs[MPS_MEMORY] = ",".join(pinned)

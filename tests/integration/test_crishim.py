@@ -324,6 +324,7 @@ GREEDY_ENV = {
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=81920M",
     "CUDA_MPS_PIPE_DIRECTORY": "/tmp/my-own-mps",
+    "CUDA_MPS_ENABLE_PER_CTX_DEVICE_MULTIPROCESSOR_PARTITIONING": "1",
 }
 GREEDY_FILES = {  # and in its layers: files HAMi-core reads
     "overrideEnv": b"CUDA_DEVICE_SM_LIMIT=100\nCUDA_DEVICE_MEMORY_LIMIT_0=81920m\n",
@@ -420,6 +421,7 @@ def test_a_share_holds_on_an_mps_node_whatever_the_image_sets(
         kubelet.start(container_id)
         assert {k: v for k, v in _env(kubelet, container_id).items() if k.startswith("CUDA_MPS_")} == {
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+            "CUDA_MPS_ENABLE_PER_CTX_DEVICE_MULTIPROCESSOR_PARTITIONING": "0",
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
             "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
             "CUDA_MPS_LOG_DIRECTORY": "/var/log/nvidia-mps",

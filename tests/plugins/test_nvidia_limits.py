@@ -127,6 +127,7 @@ def test_a_share_on_an_mps_node_gets_the_daemons_limits_and_pipe(
         "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
         "CUDA_MPS_LOG_DIRECTORY": "/var/log/nvidia-mps",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+        "CUDA_MPS_ENABLE_PER_CTX_DEVICE_MULTIPROCESSOR_PARTITIONING": "0",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M,1=2048M",
     }
     assert edit.mounts == [
@@ -487,6 +488,7 @@ GREEDY_IMAGE = {  # an image's ENV: what a HAMi setup it was built for, or its a
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=81920M,1=81920M",
     "CUDA_MPS_PIPE_DIRECTORY": "/tmp/my-own-mps",
+    "CUDA_MPS_ENABLE_PER_CTX_DEVICE_MULTIPROCESSOR_PARTITIONING": "1",
     "PATH": "/usr/local/bin:/bin",
 }
 
@@ -526,6 +528,7 @@ def test_a_share_holds_on_an_mps_node_whatever_the_image_sets(
         "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
         "CUDA_MPS_LOG_DIRECTORY": "/var/log/nvidia-mps",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+        "CUDA_MPS_ENABLE_PER_CTX_DEVICE_MULTIPROCESSOR_PARTITIONING": "0",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M,1=2048M",
     }
 
