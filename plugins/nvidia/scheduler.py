@@ -27,6 +27,7 @@ take, release, headroom and describe hooks are the kit's; the entry point names 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -34,6 +35,7 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from types import MappingProxyType
 
 from kubegpu.core.kit import Claim, DevicePlugin, SharedDeviceNodeState
 from kubegpu.core.limits import check_device_count
@@ -42,6 +44,7 @@ from kubegpu.core.models import (
     DeviceCell,
     DeviceInfo,
     DeviceInventory,
+    InitStep,
     NodeInfo,
     Occupancy,
     PluginAllocation,
@@ -413,6 +416,9 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
     resources = tuple(RESOURCES)
     family = NAME
     unlisted = UNLISTED
+    # A share's compute and memory are amounts of each GPU it asks: an init container asking a share of the app's
+    # whole GPU holds no compute of its own, and is given its share of that GPU (`kubegpu.core.manifests`).
+    qualifiers = MappingProxyType(dict.fromkeys(SHARE_RESOURCES, RESOURCE))
     conformance_nodes = conformance_nodes  # the nodes `kubegpu plugins check` runs its suite on (above)
 
     # -- the books: what the kit's hooks ask ---------------------------------------------------------------------
@@ -721,12 +727,28 @@ def read_ask(pod: PodRequest) -> NvidiaPodState:
     object per distinct ask: the `PlacementBook` keeps answers by the ask's identity, so pod shapes that differ
     only beside their GPUs (cpu, memory) share their placements and fit answers (openb: 126 shapes, 24 asks)."""
     ask = parse_ask(pod.containers, pod.annotations)
+    if pod.init_steps and not ask.error:
+        refused = init_refusal(pod.init_steps, ask)
+        if refused:
+            ask = dataclasses.replace(ask, error=refused)
     known = _asks.get(ask)
     if known is None:
         if len(_asks) >= ASKS_INTERNED:
             _asks.clear()
         known = _asks[ask] = ask
     return known
+
+
+def init_refusal(steps: Sequence[InitStep], ask: NvidiaPodState) -> str | None:
+    """Why the pod cannot give a classic init container the GPUs it asks, or None. An init container's own share is
+    read as an app container's is: it may be lent it of a GPU its pod holds whole (`init_devices`), where no holder
+    read it (`kubegpu.core.manifests`)."""
+    for step in steps:
+        try:
+            read_share(step.name, step.resources)
+        except ShareError as exc:
+            return f"init {exc}"
+    return None
 
 
 def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, str]) -> NvidiaPodState:

@@ -783,3 +783,54 @@ def test_an_init_container_asking_more_gpus_than_its_app_has_them_named_and_held
     init = record.init["gpu-check"][gpu]
     assert sorted(init) == sorted(held) and set(record.containers["main"][gpu]) <= set(init)
     assert set(pods["default/next"]["devices"]["main"][gpu]).isdisjoint(held)
+
+
+def _shared_t4_node(name: str = "gpu-a") -> dict[str, Any]:
+    """Two T4s offered for shares as HAMi's device plugin advertises them: `nvidia.com/gpu` = GPUs x 10."""
+    allocatable = {"nvidia.com/gpu": 20, "nvidia.com/gpucores": 200, "nvidia.com/gpumem-percentage": 200}
+    labels = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "T4"}
+    return node_manifest(name, labels=labels, allocatable=allocatable)
+
+
+def _with_init(name: str, init: dict[str, Any], app: dict[str, Any]) -> dict[str, Any]:
+    document = pod_manifest(name, {"main": app})
+    document["spec"]["initContainers"] = [{"name": "check", "resources": {"limits": init}}]
+    return document
+
+
+def test_an_init_container_asking_a_share_beside_an_app_asking_a_whole_gpu_gets_its_share_of_that_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A HAMi user's pod: an init container checks a 30 % share of a GPU (`nvidia.com/gpu: 1`,
+    `nvidia.com/gpucores: 30`) before the app takes a whole GPU. The kubelet gives the app the init container's GPU
+    slot, so the pod holds one GPU: the app's, whole; the init container is given 30 % of it. A whole-GPU pod after it
+    gets the other GPU and a third finds none, until the pod is deleted: nothing held twice, nothing leaked."""
+    gpu, cores = "nvidia.com/gpu", "nvidia.com/gpucores"
+    checked = _with_init("checked", {gpu: "1", cores: "30"}, {gpu: "1"})
+    gone = _with_init("checked", {gpu: "1", cores: "30"}, {gpu: "1"})
+    gone["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    documents = [
+        _shared_t4_node(),
+        checked,
+        pod_manifest("whole", {"main": {gpu: 1}}),
+        pod_manifest("third", {"main": {gpu: 1}}),
+        gone,
+        pod_manifest("after", {"main": {gpu: 1}}),
+    ]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    code, events, _ = simulate(capsys, str(path))
+    assert code == 0
+    outcomes = [(e["pod"], e["event"], e["reason"]) for e in events]
+    assert [(pod, event) for pod, event, _ in outcomes] == [
+        ("default/checked", "scheduled"), ("default/whole", "scheduled"), ("default/third", "unschedulable"),
+        ("default/checked", "deleted"), ("default/after", "scheduled"),
+    ], outcomes  # fmt: skip
+    pods = by_pod(events)
+    record = decode_allocation(pods["default/checked"]["annotations"][ALLOCATION_KEY])
+    (held,) = record.containers["main"][gpu]
+    assert record.containers == {"main": {gpu: [held]}}  # the pod holds the app's GPU, whole, and nothing else
+    assert record.init == {"check": {gpu: [held]}}
+    assert record.shares == {"check": {cores: {held: 30}}}  # its share of that GPU
+    assert pods["default/whole"]["devices"]["main"][gpu] != [held]
+    assert pods["default/after"]["devices"]["main"][gpu] == [held]
