@@ -834,3 +834,31 @@ def test_an_init_container_asking_a_share_beside_an_app_asking_a_whole_gpu_gets_
     assert record.shares == {"check": {cores: {held: 30}}}  # its share of that GPU
     assert pods["default/whole"]["devices"]["main"][gpu] != [held]
     assert pods["default/after"]["devices"]["main"][gpu] == [held]
+
+
+def test_an_init_container_asking_whole_gpus_beside_an_app_share_is_refused_naming_the_conflict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An init container asking 2 whole GPUs before an app asking a 50 % share, on an empty 2-GPU shared node. The
+    kubelet admits it (its count: 2 of 20 `nvidia.com/gpu`, 50 of 200 `gpucores`) and hands the app one of the init
+    container's GPUs; kubegpu gives a GPU whole or shared, so the pod could hold one GPU whole and a share of the
+    other, and the init container could be given neither as it asks. It was placed with the init container named
+    nothing (the node side then gave it no GPU); it is refused, saying what to change, and the GPUs stay free."""
+    gpu, cores = "nvidia.com/gpu", "nvidia.com/gpucores"
+    documents = [
+        _shared_t4_node(),
+        _with_init("checked", {gpu: "2"}, {gpu: "1", cores: "50"}),
+        pod_manifest("two", {"main": {gpu: 2}}),
+    ]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    code, events, _ = simulate(capsys, str(path))
+    assert code == 0
+    pods = by_pod(events)
+    checked = pods["default/checked"]
+    assert checked["event"] == "unschedulable", checked
+    assert (
+        "init container check asks 2 whole GPU(s), and the pod holds 1 GPU(s) whole beside the GPU share(s) of main"
+        in (checked["reason"])
+    )
+    assert pods["default/two"]["event"] == "scheduled"
