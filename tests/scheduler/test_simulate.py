@@ -862,3 +862,36 @@ def test_an_init_container_asking_whole_gpus_beside_an_app_share_is_refused_nami
         in (checked["reason"])
     )
     assert pods["default/two"]["event"] == "scheduled"
+
+
+def test_a_bound_pod_whose_init_container_was_lent_a_share_is_read_back_holding_the_apps_gpu_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The ledger and the allocation agree: the pod above, read back bound with its allocation (a scheduler that
+    restarts), holds the app's GPU whole and nothing of the init container's share beside it, so a one-GPU pod gets
+    the other GPU and a two-GPU pod finds no room."""
+    gpu, cores = "nvidia.com/gpu", "nvidia.com/gpucores"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all([_shared_t4_node(), _with_init("checked", {gpu: "1", cores: "30"}, {gpu: "1"})]))
+    code, events, _ = simulate(capsys, str(path))
+    assert code == 0 and events[0]["event"] == "scheduled", events
+    bound = _with_init("checked", {gpu: "1", cores: "30"}, {gpu: "1"})
+    bound["metadata"]["annotations"] = events[0]["annotations"]
+    bound["spec"]["nodeName"] = "gpu-a"
+    (held,) = decode_allocation(events[0]["annotations"][ALLOCATION_KEY]).containers["main"][gpu]
+    documents = [
+        _shared_t4_node(),
+        bound,
+        pod_manifest("two", {"main": {gpu: 2}}),
+        pod_manifest("one", {"main": {gpu: 1}}),
+    ]
+    path.write_text(yaml.safe_dump_all(documents))
+    code, events, _ = simulate(capsys, str(path))
+    assert code == 0
+    pods = by_pod(events)
+    assert [pods[f"default/{n}"]["event"] for n in ("checked", "two", "one")] == [
+        "scheduled",
+        "unschedulable",
+        "scheduled",
+    ]
+    assert pods["default/one"]["devices"]["main"][gpu] != [held]
