@@ -16,18 +16,17 @@ Pods and nodes go through the real engine as `kubegpu simulate --trace-nodes ...
   fraction; other GPU pods `nvidia.com/gpu: N`; a GPU model constraint (`A|B`) is a required node affinity on
   `nvidia.com/gpu.product`; cpu and memory are requested as the trace says.
 
-Variants: `whole` (kubegpu before sharing: every GPU pod takes whole GPUs on nodes that do not share), `bestfit`
-and `fgd` (the profile's KubegpuDevices `sharePolicy`), each under the engine's binpack policy (`--policy spread`:
-the other) and default score profile (with `KubegpuFragmentation`: cpu-only pods keep off the cpu that free GPUs
-need), each scoring kube-scheduler's adaptive count of feasible nodes and every node (`percentageOfNodesToScore:
-100`, as the paper's simulator does), side by side with the paper's figure and the replay's pods/s (whole process: documents to
-decisions). `--traces` adds generated traces of the same shape (`openb_family.py`: the share of GPU-sharing pods,
-of multi-GPU pods and of model-constrained pods varied); `--mix trace` measures fragmentation against the trace's
-own GPU pods by kind (KubegpuFragmentation's `mix` argument: a mix known in advance, as the paper's is) instead of
-learning it, `--mix paper` against the paper's typical pods (cpu-only pods too, the commonest kinds making 95 %);
-`--devices-only` scores by KubegpuDevices and KubegpuFragmentation alone, as the paper scores by one policy.
-`KUBEGPU_BENCH_BREAKDOWN=1` prints where capacity is lost: the allocation curve, idle GPU capacity by node cpu left,
-and the commonest refusals.
+Variants: `whole` (kubegpu before sharing: every GPU pod takes whole GPUs on nodes that do not share), `bestfit` and
+`fgd` (the profile's KubegpuDevices `sharePolicy`), each under the engine's binpack policy (`--policy spread`: the
+other) and default score profile (with `KubegpuFragmentation`: cpu-only pods keep off the cpu that free GPUs need), each
+scoring kube-scheduler's adaptive count of feasible nodes and every node (`percentageOfNodesToScore: 100`, as the
+paper's simulator does), side by side with the paper's figure and the replay's pods/s (whole process: documents to
+decisions). `--traces` adds generated traces of the same shape (`openb_family.py`: the share of GPU-sharing pods, of
+multi-GPU pods and of model-constrained pods varied); `--mix trace` measures fragmentation against the trace's own GPU
+pods by kind (KubegpuFragmentation's `mix` argument: a mix known in advance, as the paper's is) instead of learning it,
+`--mix paper` against the paper's typical pods (cpu-only pods too, the commonest kinds making 95 %); `--devices-only`
+scores by KubegpuDevices and KubegpuFragmentation alone, as the paper scores by one policy. `KUBEGPU_BENCH_BREAKDOWN=1`
+prints where capacity is lost: the allocation curve, idle GPU capacity by node cpu left, and the commonest refusals.
 
     .venv/bin/python benchmarks/sharing_bench.py [--seeds 42 43 ...] [--variants whole bestfit fgd]
         [--percentages 0 100] [--traces default share-30 ... | all] [--mix learned|trace] [--devices-only]

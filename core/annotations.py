@@ -15,7 +15,8 @@ or the classic init container that holds what the pod needs beyond them: `kubegp
 what each classic init container asking devices is given, as the kubelet's device manager gives it: ids of its pod's
 (`containers`'), the ones the init containers before it had first, never a sidecar's that runs beside it
 (`init_devices`). The kubelet hands an init container's devices on to the containers after it, so an app
-container's ids are among the init containers' where those ask at least as many.
+container's ids are among the init containers' where those ask at least as many. An init container asking a share of
+a device its pod holds whole (30 % of the app's GPU) is lent the amounts it asks of it in `shares`, under its name.
 
 The simulator, the custom scheduler and the extender write it; the CRI shim verifies the signature and that the
 document names its node and pod before any plugin touches a container. Decoding errors are one line that names the
@@ -40,6 +41,7 @@ import hashlib
 import hmac
 import json
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import orjson
@@ -151,10 +153,16 @@ class AllocationRecord(BaseModel):
 
 
 def merge_allocations(
-    node: str, pod_uid: str, parts: list[PluginAllocation], issued: int = 0, init: tuple[InitStep, ...] = ()
+    node: str,
+    pod_uid: str,
+    parts: list[PluginAllocation],
+    issued: int = 0,
+    init: tuple[InitStep, ...] = (),
+    qualifiers: Mapping[str, str] | None = None,
 ) -> AllocationRecord:
     """One record from the plugins' placements of one pod, stamped `issued` (0: not stamped), naming what each of
-    the pod's classic init containers asking devices (`init`, `PodRequest.init_steps`) is given."""
+    the pod's classic init containers asking devices (`init`, `PodRequest.init_steps`) is given (`init_devices`,
+    with the plugins' `qualifiers`)."""
     containers: dict[str, dict[str, list[str]]] = {}
     shares: dict[str, dict[str, dict[str, int]]] = {}
     plugins: dict[str, dict[str, Any]] = {}
@@ -169,7 +177,7 @@ def merge_allocations(
         return AllocationRecord(
             version=1, node=node, podUID=pod_uid, containers=containers, shares=shares, plugins=plugins, issued=issued
         )
-    given, lent = init_devices(containers, shares, init)
+    given, lent = init_devices(containers, shares, init, qualifiers)
     shares.update(lent)
     return AllocationRecord(
         version=1,
@@ -187,6 +195,7 @@ def init_devices(
     containers: dict[str, dict[str, list[str]]],
     shares: dict[str, dict[str, dict[str, int]]],
     steps: tuple[InitStep, ...],
+    qualifiers: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, dict[str, list[str]]], dict[str, dict[str, dict[str, int]]]]:
     """What the kubelet's device manager gives each classic init container (`steps`, in order) of its pod's devices
     (`containers`): of each whole device, the ones the init containers before it had first, then others of the
@@ -194,8 +203,12 @@ def init_devices(
     what the largest step needs (`kubegpu.core.manifests`), so each step finds enough. A share of a shared device
     (`shares`) is given whole, with its limits: the ids of the first container holding exactly as many, its shares
     of those devices with them (a GPU share's compute and memory amounts too). A device the pod does not hold
-    enough of is named to nobody (the node side then gives the init container none of it). Returns the ids given
-    and the shares lent, each by init container and resource."""
+    enough of is named to nobody (the node side then gives the init container none of it). A qualifier the step
+    asks beside its device (`qualifiers`: `nvidia.com/gpucores` of `nvidia.com/gpu`) is no device: where the step is
+    given whole devices, it is lent its amount of each of them (30 % of the app's whole GPU), and the node side holds
+    it to that share; where it is given a share, the share's own amounts go with it. Returns the ids given and the
+    shares lent, each by init container and resource."""
+    qualifiers = qualifiers or {}
     pool: dict[str, list[str]] = {}  # resource -> the pod's ids of each whole device, in the containers' order
     for container, resources in containers.items():
         for resource, ids in resources.items():
@@ -206,6 +219,8 @@ def init_devices(
     reuse: dict[str, list[str]] = {}  # resource -> what the init containers so far had, for the next to reuse
     for step in steps:
         for resource, count in step.resources.items():
+            if qualifiers.get(resource) in step.resources:
+                continue  # an amount of each device of another the step asks: lent with those (below)
             if resource not in pool:
                 lender = _share_lender(containers, shares, resource, count)
                 if lender is None:
@@ -225,6 +240,9 @@ def init_devices(
                 continue
             given.setdefault(step.name, {})[resource] = ids
             reuse[resource] = reusable + [i for i in ids if i not in reusable]
+            for qualifier, asked in step.resources.items():
+                if qualifiers.get(qualifier) == resource and asked > 0:
+                    lent.setdefault(step.name, {})[qualifier] = dict.fromkeys(ids, asked)
     return given, lent
 
 

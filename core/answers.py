@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from kubegpu.core.errors import describe_validation_error
+from kubegpu.core.errors import describe_validation_error, shorten
 from kubegpu.core.limits import MAX_DEVICES_PER_NODE
 from kubegpu.core.models import (
     Advertisement,
@@ -125,6 +125,37 @@ def _status(hook_answer: str, *, none_ok: bool) -> Check:
 
 def _owned(manager: Router, plugin: str, resource: str) -> bool:
     return manager.owner_of(resource) == plugin
+
+
+MAX_QUALIFIERS = 64  # resources one plugin may declare qualifiers: a declaration is read once, kept for good
+
+
+def _qualifiers(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> dict[str, str]:
+    if answer is None:
+        return {}
+    if not isinstance(answer, Mapping):
+        raise WrongAnswer(f"returned {_kind(answer)}; a mapping of qualifying resource -> qualified resource is due")
+    if len(answer) > MAX_QUALIFIERS:
+        raise WrongAnswer(f"declared {len(answer)} qualifiers; at most {MAX_QUALIFIERS} are read")
+    declared: dict[str, str] = {}
+    for qualifier, qualified in answer.items():
+        for resource in (qualifier, qualified):
+            if resource.__class__ is not str or not resource or resource != resource.strip():
+                raise WrongAnswer(f"named {_kind(resource)} among its qualifiers; each must be a resource name")
+            if not _owned(manager, plugin, resource):
+                raise WrongAnswer(
+                    f"declared {shorten(resource)!r}, which it does not own, in a qualifier; a plugin declares "
+                    "qualifiers among its own resources (kubegpu_scheduler_resources)"
+                )
+        if qualifier == qualified:
+            raise WrongAnswer(f"declared {shorten(qualifier)!r} a qualifier of itself")
+        declared[qualifier] = qualified
+    chained = next((q for q in declared.values() if q in declared), None)
+    if chained is not None:
+        raise WrongAnswer(
+            f"declared {shorten(chained)!r} both qualified and a qualifier; a qualifier qualifies a device alone"
+        )
+    return declared
 
 
 # -- scheduler side -------------------------------------------------------------------------------------------------
@@ -415,6 +446,7 @@ def _edit_container(manager: Router, plugin: str, answer: Any, kwargs: Mapping[s
 
 CHECKS: dict[str, Check] = {
     "kubegpu_scheduler_resources": _resources,
+    "kubegpu_scheduler_qualifiers": _qualifiers,
     "kubegpu_scheduler_build_node": _build_node,
     "kubegpu_scheduler_headroom": _headroom,
     "kubegpu_scheduler_validate": _status("None or a success when the request is well formed", none_ok=True),

@@ -46,6 +46,7 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from kubegpu.core import device_hooks, scheduler_hooks
@@ -798,6 +799,9 @@ class DevicePlugin(Generic[S]):
     noun: str = "devices"  # in reasons: "node(s) had fewer than 4 healthy example.com/fpga cards"
     family: str = ""  # `Occupancy.family` of the devices' picture; the first resource when empty
     unlisted: frozenset[str] = frozenset()  # `Headroom.unlisted`
+    # Resources that are amounts of each device of another of `resources`, no device alone (`{"nvidia.com/gpucores":
+    # "nvidia.com/gpu"}`): `kubegpu_scheduler_qualifiers`. Empty: every resource is a device.
+    qualifiers: Mapping[str, str] = MappingProxyType({})
 
     def bind_plugin_name(self, name: str) -> None:
         """Take the entry-point name. A class that fixes its name (the built-ins: their node side and their
@@ -842,6 +846,10 @@ class DevicePlugin(Generic[S]):
     @scheduler_hooks.hookimpl
     def kubegpu_scheduler_resources(self) -> list[str]:
         return list(self.resources)
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_qualifiers(self) -> dict[str, str]:
+        return dict(self.qualifiers)
 
     @scheduler_hooks.hookimpl
     def kubegpu_scheduler_headroom(self, state: S) -> Headroom:

@@ -13,7 +13,9 @@ the pod holds of each device the larger of what its app containers and sidecars 
 step needs (the init container's count with the sidecars started before it): where a step needs more, the init
 container whose step needs the most holds the difference (`_init_holders`; all of it for a device only init
 containers ask for), so that the allocation names every device the kubelet gives the pod, and
-`PodRequest.init_steps` lets the allocation name what each init container is given of them.
+`PodRequest.init_steps` lets the allocation name what each init container is given of them. A resource a plugin
+declares a qualifier of another (`nvidia.com/gpucores`, an amount of each `nvidia.com/gpu`: `pod_request`'s
+`qualifiers`) is no device alone: it is held only beside more of its device.
 
 Manifests are input from tenants and from files someone handed over, so reading one costs time bounded by its size:
 every quantity is bounded by `kubegpu.core.quantity` before any arithmetic, and Kubernetes' own rules that kubegpu
@@ -416,8 +418,10 @@ def _parse(model: type[_Model], document: Mapping[str, Any], what: str) -> Any:
         raise ManifestError(describe_validation_error(exc, what)) from None
 
 
-def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
-    """The `PodRequest` of a Pod manifest, and whether the manifest marks the pod as being deleted."""
+def pod_request(document: Mapping[str, Any], qualifiers: Mapping[str, str] | None = None) -> tuple[PodRequest, bool]:
+    """The `PodRequest` of a Pod manifest, and whether the manifest marks the pod as being deleted. `qualifiers`:
+    the resources the plugins declare amounts of each device of another (`KubegpuPluginManager.qualifiers`), which
+    no init container holds without that device (`_init_holders`)."""
     pod: _Pod = _parse(_Pod, document, "Pod")
     _unique_container_names(pod.spec)
     resized = _Resized.of(document.get("status"))
@@ -434,7 +438,7 @@ def pod_request(document: Mapping[str, Any]) -> tuple[PodRequest, bool]:
     overhead = {name: _units(name, value, "Pod.spec.overhead") for name, value in pod.spec.overhead.items()}
     requests = _pod_requests(containers, init, overhead, _pod_level(pod.spec.resources))
     containers += tuple(container for container, sidecar in init if sidecar)
-    containers += _init_holders(containers, init)
+    containers += _init_holders(containers, init, qualifiers or {})
     meta = pod.metadata
     spec = pod.spec
     affinity = spec.affinity or _Affinity()
@@ -585,7 +589,9 @@ def _pod_level(resources: _Resources | None) -> dict[str, int]:
 
 
 def _init_holders(
-    containers: tuple[ContainerRequest, ...], init: list[tuple[ContainerRequest, bool]]
+    containers: tuple[ContainerRequest, ...],
+    init: list[tuple[ContainerRequest, bool]],
+    qualifiers: Mapping[str, str] | None = None,
 ) -> tuple[ContainerRequest, ...]:
     """For each device (extended resource) whose classic init containers' steps need more than the app containers
     and sidecars (`containers`) hold together, the init container whose step needs the most (the first such) holds
@@ -593,7 +599,10 @@ def _init_holders(
     keeps them for the pod. A step is the init container's count with the sidecars started before it (`init`, in
     order, True marking a sidecar), which keep theirs while it runs. Of the devices the others hold too, the holder
     holds more only where its step needs more of each it asks (a GPU share asking more memory than the app's, of
-    as many GPUs, holds nothing: its memory is no device alone; it is given the app's share)."""
+    as many GPUs, holds nothing: its memory is no device alone; it is given the app's share). A qualifier (a
+    resource `qualifiers` maps to the device it is an amount of each of: `nvidia.com/gpucores` of `nvidia.com/gpu`)
+    is held only beside more of its device: an init container asking a share of a GPU beside an app asking the whole
+    GPU holds nothing, and is given its share of the app's GPU (`kubegpu.core.annotations.init_devices`)."""
     if not any(not sidecar for _, sidecar in init):
         return ()
     held: dict[str, int] = {}
@@ -612,7 +621,11 @@ def _init_holders(
                 most[name] = (started.get(name, 0) + amount, container.name)
     asks = {c.name: c.resources for c, sidecar in init if not sidecar}
     extra: dict[str, dict[str, int]] = {}
+    qualifiers = qualifiers or {}
     for name, (step, holder) in most.items():
+        qualified = qualifiers.get(name)
+        if qualified is not None and most.get(qualified, (0, ""))[1] != holder:
+            continue  # an amount of each device of `qualified`, which the holder does not hold: no device alone
         # Beside the devices the others hold, the holder's request must still read as one (a GPU share's memory
         # is no device without its GPU): only where its step needs more of every such device it asks.
         shared = [other for other in asks[holder] if held.get(other, 0) and is_extended_resource(other)]

@@ -143,6 +143,8 @@ class KubegpuPluginManager:
         self._exact: dict[str, str] = {}
         self._prefixes: list[tuple[str, str]] = []
         self._owner_cache: dict[str, str | None] = {}
+        # qualifying resource -> the resource it qualifies, as the plugins declared them (`_collect_qualifiers`)
+        self.qualifiers: Mapping[str, str] = MappingProxyType({})
         self._impls: dict[tuple[str, str], tuple[Any, tuple[str, ...]] | None] = {}
         self._bound: dict[tuple[str, str, tuple[str, ...]], Callable[..., Any]] = {}
         self.hooks = _spec_hooks(_SPECS[side])
@@ -253,6 +255,21 @@ class KubegpuPluginManager:
                     self._exact[resource] = name
                 self._owner_cache.clear()
                 self.records[name].resources.append(resource)
+
+    def _collect_qualifiers(self) -> None:
+        """Each plugin's `kubegpu_scheduler_qualifiers`, read once; a wrong answer (or an exception) is recorded as
+        a failure of that plugin's declaration alone: it keeps its resources, and none of its resources qualifies
+        another."""
+        hook = "kubegpu_scheduler_qualifiers"
+        if hook not in self.hooks:
+            return
+        declared: dict[str, str] = {}
+        for name in list(self.records):
+            try:
+                declared.update(self.call(name, hook) or {})
+            except PluginHookError as exc:
+                self._fail(name, hook, _describe(exc.original))
+        self.qualifiers = MappingProxyType(declared)
 
     # -- routing and calls -------------------------------------------------------------------------------------
 
@@ -478,4 +495,5 @@ def make_plugin_manager(
         manager.register(plugin, name)
     manager._check_pending()
     manager._collect_resources()
+    manager._collect_qualifiers()
     return manager

@@ -120,6 +120,32 @@ def kubegpu_scheduler_resources() -> list[str]:
     raise NotImplementedError
 
 
+@hookspec
+def kubegpu_scheduler_qualifiers() -> dict[str, str] | None:
+    """Name the resources that qualify another of this plugin's: amounts of each device of it, no device alone.
+
+    Args:
+        (none)
+
+    Returns:
+        A mapping from each qualifying resource to the resource it qualifies, both owned by this plugin
+        (`{"nvidia.com/gpucores": "nvidia.com/gpu"}`: a container asking `gpucores: 30` asks 30 % of each GPU it
+        asks, and a container asking `gpucores` alone asks nothing it can be given). Core never makes a container
+        hold a qualifier without its device: a classic init container asking more of a qualifier than the app
+        containers hold, of devices they hold, holds nothing; it is given its share of the pod's devices, its
+        qualifiers' amounts of each lent to it in the allocation's `shares` (`kubegpu.core.manifests`,
+        `kubegpu.core.annotations.init_devices`). None or an empty mapping: no resource of the plugin qualifies
+        another (every one is a device alone, as `example.com/fpga`). A qualified resource is never itself a
+        qualifier.
+
+    Called by:
+        the plugin manager once at start-up, after `kubegpu_scheduler_resources`; every plugin. A wrong answer is a
+        failure of this plugin's declaration alone: it is recorded and the plugin keeps its resources.
+        Kubernetes: none (HAMi's scheduler knows its own share resources).
+    """
+    raise NotImplementedError
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Node lifecycle
 # ---------------------------------------------------------------------------------------------------------------
@@ -470,6 +496,8 @@ class DeviceScheduler(Protocol):
     """
 
     def kubegpu_scheduler_resources(self) -> list[str]: ...
+
+    def kubegpu_scheduler_qualifiers(self) -> dict[str, str] | None: ...
 
     def kubegpu_scheduler_build_node(
         self, node: NodeInfo, shared: dict[str, object] | None

@@ -552,7 +552,9 @@ class ContainerEditor:
                 node=record.node,
                 container=container,
                 resources=resources,
-                shares={r: dict(s) for r, s in shares.items() if r in resources},
+                # A GPU share names its amounts under resources of its own (nvidia.com/gpucores beside
+                # nvidia.com/gpu), lent to an init container without ids of them: the plugin's shares go along.
+                shares={r: dict(s) for r, s in shares.items() if r in resources or self.plugins.owner_of(r) == plugin},
                 fields=dict(record.plugins.get(plugin, {})),
             )
             try:

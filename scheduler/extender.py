@@ -312,7 +312,7 @@ class ExtenderServer:
             if known is not None and known[0] == str(meta["resourceVersion"]) and known[1].uid == meta.get("uid"):
                 return known[1]
         try:
-            request, _ = pod_request(document)
+            request, _ = pod_request(document, self.engine.plugins.qualifiers)
         except InputError as exc:
             raise _PodError(str(exc)) from None
         return request

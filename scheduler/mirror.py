@@ -1200,7 +1200,7 @@ class ClusterMirror:
             ):
                 return
         try:
-            request, deleting = pod_request(obj)
+            request, deleting = pod_request(obj, self.engine.plugins.qualifiers)
         except InputError as exc:
             self._unreadable_pod(kind, key, obj, str(exc))
             return

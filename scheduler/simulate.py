@@ -56,7 +56,7 @@ import resource
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -348,10 +348,13 @@ def _read_documents(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def load_documents(
-    paths: list[Path], objects: list[tuple[str, str, dict[str, Any]]] | None = None
+    paths: list[Path],
+    objects: list[tuple[str, str, dict[str, Any]]] | None = None,
+    qualifiers: Mapping[str, str] | None = None,
 ) -> tuple[list[NodeInfo], list[PodEvent]]:
     """Parse and validate every document up front, so bad input fails before anything is scheduled. Documents of
-    the other kinds scheduling reads (`OBJECT_KINDS`) are added to `objects` as (kind, label, document)."""
+    the other kinds scheduling reads (`OBJECT_KINDS`) are added to `objects` as (kind, label, document); pods are
+    read with the plugins' `qualifiers` (`pod_request`)."""
     nodes: list[NodeInfo] = []
     pods: list[PodEvent] = []
     seen_nodes: set[str] = set()
@@ -368,7 +371,7 @@ def load_documents(
                     seen_nodes.add(info.name)
                     nodes.append(info)
                 elif kind == "Pod":
-                    request, deleting = pod_request(document)
+                    request, deleting = pod_request(document, qualifiers)
                     _check_not_overcommitted(document)
                     deleting = deleting or request.phase in FINISHED_PHASES
                     pods.append(PodEvent(label, request, deleting))
@@ -936,13 +939,13 @@ def _run(args: argparse.Namespace) -> int:
 def _run_documents(args: argparse.Namespace) -> int:
     """The document path: load every file, add the nodes, process the pods in order."""
     found: list[tuple[str, str, dict[str, Any]]] = []
-    try:
-        nodes, pods = load_documents([Path(f) for f in args.files], found)
-    except SimulationError as exc:
-        print(f"kubegpu simulate: invalid input: {safe_text(str(exc))}", file=sys.stderr)  # names from the file
-        return 2
     engine = _engine(args)
     if engine is None:
+        return 2
+    try:
+        nodes, pods = load_documents([Path(f) for f in args.files], found, engine.plugins.qualifiers)
+    except SimulationError as exc:
+        print(f"kubegpu simulate: invalid input: {safe_text(str(exc))}", file=sys.stderr)  # names from the file
         return 2
     started = time.perf_counter()
     for info in nodes:

@@ -58,7 +58,7 @@ def simulate(
         if kind == "Node":
             engine.add_node(node_info(document))
         elif kind == "Pod":
-            request, deleting = pod_request(document)
+            request, deleting = pod_request(document, manager.qualifiers)
             pods.append(PodEvent(f"document#{number}", request, deleting or request.phase in ("Succeeded", "Failed")))
         elif kind in OBJECT_KINDS:
             found.append((str(kind), f"document#{number}", dict(document)))

@@ -177,7 +177,7 @@ class ClusterView:
             return
         self.bound[key] = (uid, node, text)
         try:
-            request, _ = pod_request(obj)
+            request, _ = pod_request(obj, self.engine.plugins.qualifiers)
         except InputError as exc:
             self.hidden[key] = f"pod not readable: {exc}"
             return

@@ -202,8 +202,10 @@ def read_container_share(
     if MEMORY in shares and MEMORY_PERCENT in shares:
         raise ShareLimitError(f"the share names both {MEMORY} and {MEMORY_PERCENT}")
     memory_resource = MEMORY if MEMORY in shares else MEMORY_PERCENT
-    cores_of = shares.get(CORES, {})
-    memory_of = shares.get(memory_resource, {})
+    # An amount the share leaves out is HAMi's: all of each GPU's memory, no compute reserved (an init container
+    # lent 30 % of its pod's whole GPU names only the compute it asked: `kubegpu.core.annotations.init_devices`).
+    cores_of = shares.get(CORES, dict.fromkeys(gpus, 0))
+    memory_of = shares.get(memory_resource, dict.fromkeys(gpus, 100) if memory_resource == MEMORY_PERCENT else {})
     for resource, named in ((CORES, cores_of), (memory_resource, memory_of)):
         if set(named) != set(gpus):
             listed = ", ".join(sorted(named)) or "none"

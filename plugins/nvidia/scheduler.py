@@ -27,6 +27,7 @@ take, release, headroom and describe hooks are the kit's; the entry point names 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -34,6 +35,7 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from types import MappingProxyType
 
 from kubegpu.core.kit import Claim, DevicePlugin, SharedDeviceNodeState
 from kubegpu.core.limits import check_device_count
@@ -42,6 +44,7 @@ from kubegpu.core.models import (
     DeviceCell,
     DeviceInfo,
     DeviceInventory,
+    InitStep,
     NodeInfo,
     Occupancy,
     PluginAllocation,
@@ -413,6 +416,9 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
     resources = tuple(RESOURCES)
     family = NAME
     unlisted = UNLISTED
+    # A share's compute and memory are amounts of each GPU it asks: an init container asking a share of the app's
+    # whole GPU holds no compute of its own, and is given its share of that GPU (`kubegpu.core.manifests`).
+    qualifiers = MappingProxyType(dict.fromkeys(SHARE_RESOURCES, RESOURCE))
     conformance_nodes = conformance_nodes  # the nodes `kubegpu plugins check` runs its suite on (above)
 
     # -- the books: what the kit's hooks ask ---------------------------------------------------------------------
@@ -721,12 +727,56 @@ def read_ask(pod: PodRequest) -> NvidiaPodState:
     object per distinct ask: the `PlacementBook` keeps answers by the ask's identity, so pod shapes that differ
     only beside their GPUs (cpu, memory) share their placements and fit answers (openb: 126 shapes, 24 asks)."""
     ask = parse_ask(pod.containers, pod.annotations)
+    if pod.init_steps and not ask.error:
+        refused = init_refusal(pod.init_steps, ask)
+        if refused:
+            ask = dataclasses.replace(ask, error=refused)
     known = _asks.get(ask)
     if known is None:
         if len(_asks) >= ASKS_INTERNED:
             _asks.clear()
         known = _asks[ask] = ask
     return known
+
+
+def init_refusal(steps: Sequence[InitStep], ask: NvidiaPodState) -> str | None:
+    """Why the pod cannot give a classic init container the GPUs it asks, or None.
+
+    The kubelet gives the containers after an init container its GPUs, at its own pick among them; kubegpu gives a
+    GPU whole or shared. So an init container asking n GPUs is given n of the pod's whole ones (the app's, and what
+    it holds beyond them: `kubegpu.core.manifests`), with its share's amounts of each lent where it asks a share, or,
+    in a pod holding no GPU whole, the share of a container holding exactly n (`init_devices`). Where the pod holds
+    fewer whole GPUs beside shares it would be given none (an empty 2-GPU node took an init container of 2 whole
+    GPUs before an app of a 50 % share, and named the init container nothing). An init container's own share is
+    read as an app container's is: it may be lent it where no holder read it."""
+    for step in steps:
+        try:
+            read_share(step.name, step.resources)
+        except ShareError as exc:
+            return f"init {exc}"
+    if not ask.shares:
+        return None
+    whole = sum(count for _, count in ask.containers)
+    lenders = {share.count for share in ask.shares}
+    for step in steps:
+        asked = step.resources.get(RESOURCE, 0)
+        if asked <= whole or (not whole and asked in lenders):
+            continue
+        shared = any(step.resources.get(r, 0) for r in SHARE_RESOURCES)
+        what = f"a share of {asked} GPU(s)" if shared else f"{asked} whole GPU(s)"
+        beside = ", ".join(sorted({share.container for share in ask.shares} - {step.name}))
+        held = f"{whole} GPU(s) whole" + (f" beside the GPU share(s) of {beside}" if beside else "")
+        fewer = (
+            f"at most {whole} GPU(s) in init container {step.name}"
+            if whole or not beside
+            else f"in init container {step.name} as many GPUs as a share of {beside} takes (it is then given it)"
+        )
+        return (
+            f"init container {step.name} asks {what}, and the pod holds {held}: the kubelet gives "
+            "the containers after an init container its GPUs, at its own pick, and a GPU is given whole or shared, "
+            f"not both; ask {fewer}, or whole GPUs in the containers after it"
+        )
+    return None
 
 
 def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, str]) -> NvidiaPodState:

@@ -101,11 +101,18 @@ class Reserving(Scoring):
         allocation_record: AllocationRecord | None = None
         if parts:
             if self.signing_key is None:
-                allocation_record = merge_allocations(name, pod.uid, list(parts.values()), init=pod.init_steps)
+                allocation_record = merge_allocations(
+                    name, pod.uid, list(parts.values()), init=pod.init_steps, qualifiers=self.plugins.qualifiers
+                )
             else:
                 self._issued = max(time.time_ns(), self._issued + 1)
                 allocation_record = merge_allocations(
-                    name, pod.uid, list(parts.values()), issued=self._issued, init=pod.init_steps
+                    name,
+                    pod.uid,
+                    list(parts.values()),
+                    issued=self._issued,
+                    init=pod.init_steps,
+                    qualifiers=self.plugins.qualifiers,
                 )
                 allocation_record = sign_allocation(allocation_record, self.signing_key)
             for part in parts.values():

@@ -326,3 +326,23 @@ def test_an_init_container_asking_a_gpu_share_is_given_the_share_of_the_containe
     named, lent = init_devices(containers, shares, (InitStep("check", {gpu: 1, cores: 30, mem: 4096}),))
     assert named == {"check": {gpu: ["3"], cores: ["3"], mem: ["3"]}}
     assert lent == {"check": shares["main"]}
+
+
+def test_an_init_container_asking_a_share_of_its_pods_whole_gpu_is_lent_its_amounts_of_it() -> None:
+    """A qualifier (`nvidia.com/gpucores` of `nvidia.com/gpu`, as the nvidia plugin declares it) is no device: an
+    init container asking 30 % of a GPU in a pod holding one whole GPU is given that GPU and lent its 30 % of it (the
+    node side holds it to that); without the declaration it is given the whole GPU alone. Every id `init` names is
+    one `containers` names, so the record still decodes."""
+    gpu, cores = "nvidia.com/gpu", "nvidia.com/gpucores"
+    containers = {"main": {gpu: ["1"]}}
+    step = (InitStep("check", {gpu: 1, cores: 30}),)
+
+    named, lent = init_devices(containers, {}, step, {cores: gpu})
+    assert (named, lent) == ({"check": {gpu: ["1"]}}, {"check": {cores: {"1": 30}}})
+
+    named, lent = init_devices(containers, {}, step)
+    assert (named, lent) == ({"check": {gpu: ["1"]}}, {})
+
+    record = merge_allocations("n", "u", [PluginAllocation(plugin="nvidia", containers=containers)], init=step,
+                               qualifiers={cores: gpu})  # fmt: skip
+    assert decode_allocation(encode_allocation(record)) == record

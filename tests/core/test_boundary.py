@@ -302,6 +302,39 @@ def test_a_resources_hook_answering_wrongly_leaves_the_plugin_out(answer: object
     assert built.owner_of("a") is None
 
 
+class SharedGpus(Gpus):
+    """GPUs with a share resource beside them, declared a qualifier of the GPUs (as nvidia's `gpucores`)."""
+
+    resources = (OTHER, f"{OTHER}cores")
+    qualifiers = {f"{OTHER}cores": OTHER}
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        ([CARD], "a mapping of qualifying resource -> qualified resource is due"),
+        ({CARD: CARD}, f"declared {CARD!r} a qualifier of itself"),
+        ({CARD: OTHER}, f"declared {OTHER!r}, which it does not own"),
+        ({f"{OTHER}cores": CARD}, f"declared {OTHER + 'cores'!r}, which it does not own"),
+        ({CARD: 3}, "named 3 (int) among its qualifiers"),
+    ],
+    ids=["list", "itself", "another-plugins-device", "another-plugins-qualifier", "non-string"],
+)
+def test_a_qualifiers_hook_answering_wrongly_costs_only_that_plugins_declaration(answer: object, problem: str) -> None:
+    """A plugin declares which of its resources are amounts of each device of another (kubegpu_scheduler_qualifiers),
+    read once at start-up. A wrong answer (another plugin's resources included: a plugin must not make GPUs'
+    compute count as its own cards' qualifier) is recorded as that plugin's failure: it keeps its resources and
+    declares nothing, and the other plugins' declarations stand."""
+    built = manager(bad=broken("qualifiers", answer), good=SharedGpus())
+
+    assert built.names == ["bad", "good"]
+    [failure] = built.failures
+    assert (failure.name, failure.stage) == ("bad", "kubegpu_scheduler_qualifiers")
+    assert problem in failure.error
+    assert built.owner_of(CARD) == "bad"
+    assert dict(built.qualifiers) == {f"{OTHER}cores": OTHER}
+
+
 @pytest.mark.parametrize(
     ("marker", "words"),
     [

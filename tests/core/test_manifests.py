@@ -515,6 +515,37 @@ def test_a_device_only_init_containers_ask_for_is_held_by_the_one_that_asks_the_
     assert [c.name for c in pod.containers if not c.init] == ["main"]
 
 
+CORES_NAME = "nvidia.com/gpucores"
+SHARE_QUALIFIERS = {CORES_NAME: GPU_NAME, "nvidia.com/gpumem": GPU_NAME}
+
+
+@pytest.mark.parametrize(
+    ("app", "init", "holders"),
+    [
+        ({GPU_NAME: "1"}, {GPU_NAME: "1", CORES_NAME: "30"}, []),
+        ({GPU_NAME: "1"}, {GPU_NAME: "1", "example.com/fpga": "1"}, [("check", {"example.com/fpga": 1})]),
+        ({GPU_NAME: "1"}, {GPU_NAME: "3", CORES_NAME: "30"}, [("check", {GPU_NAME: 2, CORES_NAME: 30})]),
+        ({}, {GPU_NAME: "1", CORES_NAME: "30"}, [("check", {GPU_NAME: 1, CORES_NAME: 30})]),
+    ],
+    ids=["share-of-the-apps-gpu-holds-nothing", "a-device-no-app-asks-is-held", "more-gpus-hold-their-share",
+         "init-only-share-is-held-whole"],
+)  # fmt: skip
+def test_a_qualifier_is_held_only_beside_its_device(
+    app: dict[str, str], init: dict[str, str], holders: list[tuple[str, dict[str, int]]]
+) -> None:
+    """A plugin declares `nvidia.com/gpucores` an amount of each `nvidia.com/gpu` (a qualifier): an init container
+    asking 30 % of a GPU beside an app asking the whole GPU holds no compute of its own (before, the holder asked
+    `gpucores` without a GPU, and the pod was refused for it); a device only the init container asks (an FPGA) is
+    still held by it; where it asks more GPUs than the app, it holds them with its share of each."""
+    document = pod_manifest("p", {"main": app})
+    document["spec"]["initContainers"] = [{"name": "check", "resources": {"limits": init}}]
+    pod, _ = pod_request(document, SHARE_QUALIFIERS)
+    assert [(c.name, dict(c.resources)) for c in pod.containers if c.init] == holders
+    assert pod.requests == {**{r: int(n) for r, n in app.items()}, **{r: int(n) for r, n in init.items()}} | {
+        GPU_NAME: max(int(app.get(GPU_NAME, 0)), int(init[GPU_NAME]))
+    }  # Kubernetes' count, unchanged
+
+
 def test_an_init_container_asking_more_memory_of_a_gpu_share_holds_nothing_alone() -> None:
     """A GPU share's memory is no device without its GPU: an init container asking the app's one GPU with more
     memory (8000 MiB against 4096) holds no memory of its own (a container asking memory without a GPU is refused),

@@ -730,6 +730,45 @@ def test_a_share_container_mounting_a_volume_over_a_path_the_node_owns_is_refuse
         kubelet.stop()
 
 
+def test_an_init_container_asking_a_share_of_its_apps_whole_gpu_is_admitted_held_to_its_share(
+    directory: Path, shared_node: Path, make_plugin_manager: Callable[..., KubegpuPluginManager]
+) -> None:
+    """A HAMi user's check before the app: the init container asks 30 % of a GPU, the app the whole GPU, on a node
+    offering shares (split 4). The kubelet allocates the init container a slot of the GPU the allocation names to it
+    (the app's) and hands the app that slot: the init container is admitted held to 30 % of the GPU's compute, the
+    app with the whole GPU, unlimited."""
+    plugins = build_plugin_manager("scheduler", plugins=[("nvidia", nvidia_scheduler)], autoload=False)
+    engine = Engine(plugins, signing_key=KEY)
+    engine.add_node(
+        make_node(NODE, labels={"nvidia.com/gpu.count": "1"}, allocatable={GPU: 4, "nvidia.com/gpucores": 100})
+    )
+    manifest = pod_manifest("checked", {"main": {GPU: 1}}, namespace="team")
+    manifest["spec"]["initContainers"] = [
+        {"name": "check", "resources": {"limits": {GPU: "1", "nvidia.com/gpucores": "30"}}}
+    ]
+    manifest["metadata"].update(uid="uid-checked", creationTimestamp="2025-01-01T00:00:00Z")
+    decision = engine.schedule(pod_request(manifest, plugins.qualifiers)[0])
+    assert decision.scheduled, decision.reason
+    manifest["metadata"]["annotations"].update(decision.annotations)
+    manifest["spec"]["nodeName"] = NODE
+    manifest["status"] = {"phase": "Pending"}
+
+    with serving_gpus(directory, make_plugin_manager("device", nvidia=nvidia_device), manifest, shared_node):
+        taken, answer = admitted(directory, ["0::0", "0::1", "0::2", "0::3"], 1, GPU)
+        assert not isinstance(answer, grpc.RpcError), answer.details()
+        envs = dict(answer.envs)
+        assert envs["NVIDIA_VISIBLE_DEVICES"] == "0"
+        assert {k: v for k, v in envs.items() if k.startswith("CUDA_DEVICE_SM_LIMIT")} == {
+            "CUDA_DEVICE_SM_LIMIT": "30",
+            "CUDA_DEVICE_SM_LIMIT_0": "30",
+        }
+        answer = allocate(directory, GPU, taken)  # the kubelet hands the app the init container's slot
+        assert not isinstance(answer, grpc.RpcError), answer.details()
+        assert {k: v for k, v in dict(answer.envs).items() if k.startswith(("CUDA_", "NVIDIA_"))} == {
+            "NVIDIA_VISIBLE_DEVICES": "0"
+        }
+
+
 def test_a_pod_kubegpu_did_not_place_is_refused_a_share_slot_even_where_foreign_pods_are_allowed(
     directory: Path, shared_node: Path, make_plugin_manager: Callable[..., KubegpuPluginManager]
 ) -> None:

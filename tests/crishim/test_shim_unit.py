@@ -658,3 +658,37 @@ def test_a_placed_pods_init_container_gets_the_gpus_its_allocation_names(
         f"/dev/nvidia{i}" for i in init_gpus
     )
     assert f"/dev/nvidia{app_gpus[0]}" in app_devices
+
+
+def test_an_init_container_asking_a_share_of_its_apps_whole_gpu_is_held_to_its_share(
+    make_plugin_manager: Callable[..., KubegpuPluginManager], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A HAMi user's check before the app: the init container asks 30 % of a GPU (`nvidia.com/gpu: 1`,
+    `nvidia.com/gpucores: 30`), the app the whole GPU. Placed by the real engine (it was refused), the init container
+    gets the app's GPU held to 30 % of its compute (HAMi-core's `CUDA_DEVICE_SM_LIMIT`), and the app the same GPU
+    whole, with no limit."""
+    monkeypatch.setenv("KUBEGPU_NVIDIA_SHARE_LIMITS", "hami-core")
+    (tmp_path / "libvgpu.so").write_bytes(b"")  # HAMi-core installed: the containers' regions are made beside it
+    monkeypatch.setenv("KUBEGPU_HAMI_CORE_DIR", str(tmp_path))
+    gpu, cores = "nvidia.com/gpu", "nvidia.com/gpucores"
+    plugins = build_plugin_manager("scheduler", plugins=[("nvidia", nvidia_scheduler)], autoload=False)
+    engine = Engine(plugins, signing_key=KEY)
+    engine.add_node(make_node(NODE, labels={"nvidia.com/gpu.count": "2"}, allocatable={gpu: 20, cores: 200}))
+    manifest = pod_manifest(POD.name, {"main": {gpu: 1}}, namespace=POD.namespace)
+    manifest["metadata"]["uid"] = POD.uid
+    manifest["spec"]["initContainers"] = [{"name": "check", "resources": {"limits": {gpu: "1", cores: "30"}}}]
+    decision = engine.schedule(pod_request(manifest, plugins.qualifiers)[0])
+    assert decision.scheduled and decision.allocation is not None, decision
+    editor = ContainerEditor(
+        make_plugin_manager("device", nvidia=nvidia_device), node=NODE, key=KEY, dev_root=Path("/host/dev")
+    )
+
+    def env(container: str) -> dict[str, str]:
+        config = edited(editor, request(decision.annotations, container=container)).config
+        return {kv.key: kv.value for kv in config.envs}
+
+    (held,) = decision.allocation.containers["main"][gpu]
+    init, app = env("check"), env("main")
+    assert (init["NVIDIA_VISIBLE_DEVICES"], init.get("CUDA_DEVICE_SM_LIMIT")) == (held, "30")
+    assert not any(key.startswith("CUDA_DEVICE_MEMORY_LIMIT") for key in init)  # all of the GPU's memory (HAMi)
+    assert (app["NVIDIA_VISIBLE_DEVICES"], app.get("CUDA_DEVICE_SM_LIMIT")) == (held, None)

@@ -239,6 +239,38 @@ def test_an_init_container_runs_with_the_gpus_its_allocation_names_and_the_app_w
     assert family(devices, "nvidia") == [f"nvidia{app}"] and env["NVIDIA_VISIBLE_DEVICES"] == app
 
 
+def test_an_init_container_asking_a_share_of_the_apps_whole_gpu_runs_held_to_its_share(
+    cluster: Cluster, kubelet: Kubelet, scheduler: SchedulerProcess, node_dir: Path, space: str
+) -> None:
+    """A HAMi user's check before the app: the init container asks 30 % of a GPU (`nvidia.com/gpu: 1`,
+    `nvidia.com/gpucores: 30`), the app the whole GPU. The scheduler refused the pod ("container check requests
+    nvidia.com/gpucores without nvidia.com/gpu"); it now runs: the init container on the app's GPU held to 30 % of
+    its compute by HAMi-core, the app on the same GPU whole, unlimited."""
+    out = node_dir / "out"
+    manifest = pod(space, "checked-share", {"main": {"nvidia.com/gpu": 1}}, scheduler=SCHEDULER, out=out)
+    check = {
+        **manifest["spec"]["containers"][0],
+        "name": "check",
+        "command": ["sh", "-c", "ls /dev > /out/$C.devices; env > /out/$C.env"],
+        "env": [{"name": "C", "value": "checked-share.check"}],
+        "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}},
+    }
+    manifest["spec"]["initContainers"] = [check]
+    running = run(cluster, space, manifest)
+
+    record = decode_allocation(running["metadata"]["annotations"][ALLOCATION_KEY])
+    (gpu,) = record.containers["main"]["nvidia.com/gpu"]
+    assert record.init == {"check": {"nvidia.com/gpu": [gpu]}}, record
+    assert record.shares == {"check": {"nvidia.com/gpucores": {gpu: 30}}}, record
+    held = {"CUDA_DEVICE_SM_LIMIT": "30", "CUDA_DEVICE_SM_LIMIT_0": "30"}  # the bare name and the GPU's own
+    for container, limit in (("check", held), ("main", {})):
+        devices, env = read_output(out, "checked-share", container)
+        assert family(devices, "nvidia") == [f"nvidia{gpu}"] and "nvidiactl" in devices, container
+        assert env["NVIDIA_VISIBLE_DEVICES"] == gpu, container
+        assert {k: v for k, v in env.items() if k.startswith("CUDA_DEVICE_SM_LIMIT")} == limit, container
+        assert limit or not any(k.startswith("CUDA_") for k in env), container  # a whole GPU: no limits at all
+
+
 def test_two_gpu_shares_run_each_with_its_gpu_and_its_own_hami_core_limits(
     cluster: Cluster, kubelet: Kubelet, scheduler: SchedulerProcess, node_dir: Path, space: str
 ) -> None:

@@ -11,10 +11,11 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
+from kubegpu.core.manifests import pod_request
 from kubegpu.core.models import DeviceInfo, DeviceInventory, NodeInfo, PluginAllocation, PodRequest
 from kubegpu.core.plugin_manager import KubegpuPluginManager
 from kubegpu.core.status import Code, Status
-from kubegpu.core.testing import make_node, make_pod
+from kubegpu.core.testing import make_node, make_pod, pod_manifest
 from kubegpu.plugins.nvidia import scheduler as nvidia
 
 GPU = "nvidia.com/gpu"
@@ -279,3 +280,28 @@ def test_mig_counts_no_layout_holds_are_refused_in_bounded_time(
     assert took < 2.0, f"{took:.1f} s to lay out {labels}"
     found = 0 if state is None or state.mig is None else len(state.mig.devices)
     assert found == devices
+
+
+@pytest.mark.parametrize(
+    ("init", "reason"),
+    [
+        ({GPU: "1", MEM_PCT: "150"}, f"init container check: {MEM_PCT} is 150; give a percent"),
+        ({GPU: "1", MEM_PCT: "50", MEM: "10"}, f"init container check requests both {MEM} and {MEM_PCT}"),
+        ({CORES: "30"}, f"init container check requests {CORES} without {GPU}"),
+        ({GPU: "1", CORES: "30"}, None),
+        ({GPU: "2", CORES: "30"}, "init container check asks a share of 2 GPU(s), and the pod holds 1 GPU(s) whole:"),
+    ],
+    ids=["memory-over-100", "both-memories", "compute-without-gpu", "a-share-of-the-apps-gpu", "more-gpus-than-whole"],
+)
+def test_an_init_containers_share_of_its_apps_whole_gpu_is_read_as_an_app_containers(
+    pm: KubegpuPluginManager, init: dict[str, str], reason: str | None
+) -> None:
+    """An init container asking a share of the GPU its app takes whole holds nothing (`gpucores` is declared a
+    qualifier of `nvidia.com/gpu`): it is lent its share by the allocation, so its ask is read where no holder reads
+    it, and one that can never be given is refused naming the init container, as an app container's would be; so
+    is one asking a share of more GPUs than its pod holds whole (its pod would hold a share of the other apart from
+    the GPU the kubelet hands the app, and the init container be given none)."""
+    document = pod_manifest("p", {"main": {GPU: "1"}})
+    document["spec"]["initContainers"] = [{"name": "check", "resources": {"limits": init}}]
+    status = pm.call("nvidia", "kubegpu_scheduler_validate", pod=pod_request(document, pm.qualifiers)[0])
+    assert (None if status is None else status.message[: len(reason or "")]) == reason

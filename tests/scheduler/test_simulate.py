@@ -783,3 +783,115 @@ def test_an_init_container_asking_more_gpus_than_its_app_has_them_named_and_held
     init = record.init["gpu-check"][gpu]
     assert sorted(init) == sorted(held) and set(record.containers["main"][gpu]) <= set(init)
     assert set(pods["default/next"]["devices"]["main"][gpu]).isdisjoint(held)
+
+
+def _shared_t4_node(name: str = "gpu-a") -> dict[str, Any]:
+    """Two T4s offered for shares as HAMi's device plugin advertises them: `nvidia.com/gpu` = GPUs x 10."""
+    allocatable = {"nvidia.com/gpu": 20, "nvidia.com/gpucores": 200, "nvidia.com/gpumem-percentage": 200}
+    labels = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "T4"}
+    return node_manifest(name, labels=labels, allocatable=allocatable)
+
+
+def _with_init(name: str, init: dict[str, Any], app: dict[str, Any]) -> dict[str, Any]:
+    document = pod_manifest(name, {"main": app})
+    document["spec"]["initContainers"] = [{"name": "check", "resources": {"limits": init}}]
+    return document
+
+
+def test_an_init_container_asking_a_share_beside_an_app_asking_a_whole_gpu_gets_its_share_of_that_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A HAMi user's pod: an init container checks a 30 % share of a GPU (`nvidia.com/gpu: 1`,
+    `nvidia.com/gpucores: 30`) before the app takes a whole GPU. The kubelet gives the app the init container's GPU
+    slot, so the pod holds one GPU: the app's, whole; the init container is given 30 % of it. A whole-GPU pod after it
+    gets the other GPU and a third finds none, until the pod is deleted: nothing held twice, nothing leaked."""
+    gpu, cores = "nvidia.com/gpu", "nvidia.com/gpucores"
+    checked = _with_init("checked", {gpu: "1", cores: "30"}, {gpu: "1"})
+    gone = _with_init("checked", {gpu: "1", cores: "30"}, {gpu: "1"})
+    gone["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    documents = [
+        _shared_t4_node(),
+        checked,
+        pod_manifest("whole", {"main": {gpu: 1}}),
+        pod_manifest("third", {"main": {gpu: 1}}),
+        gone,
+        pod_manifest("after", {"main": {gpu: 1}}),
+    ]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    code, events, _ = simulate(capsys, str(path))
+    assert code == 0
+    outcomes = [(e["pod"], e["event"], e["reason"]) for e in events]
+    assert [(pod, event) for pod, event, _ in outcomes] == [
+        ("default/checked", "scheduled"), ("default/whole", "scheduled"), ("default/third", "unschedulable"),
+        ("default/checked", "deleted"), ("default/after", "scheduled"),
+    ], outcomes  # fmt: skip
+    pods = by_pod(events)
+    record = decode_allocation(pods["default/checked"]["annotations"][ALLOCATION_KEY])
+    (held,) = record.containers["main"][gpu]
+    assert record.containers == {"main": {gpu: [held]}}  # the pod holds the app's GPU, whole, and nothing else
+    assert record.init == {"check": {gpu: [held]}}
+    assert record.shares == {"check": {cores: {held: 30}}}  # its share of that GPU
+    assert pods["default/whole"]["devices"]["main"][gpu] != [held]
+    assert pods["default/after"]["devices"]["main"][gpu] == [held]
+
+
+def test_an_init_container_asking_whole_gpus_beside_an_app_share_is_refused_naming_the_conflict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An init container asking 2 whole GPUs before an app asking a 50 % share, on an empty 2-GPU shared node. The
+    kubelet admits it (its count: 2 of 20 `nvidia.com/gpu`, 50 of 200 `gpucores`) and hands the app one of the init
+    container's GPUs; kubegpu gives a GPU whole or shared, so the pod could hold one GPU whole and a share of the
+    other, and the init container could be given neither as it asks. It was placed with the init container named
+    nothing (the node side then gave it no GPU); it is refused, saying what to change, and the GPUs stay free."""
+    gpu, cores = "nvidia.com/gpu", "nvidia.com/gpucores"
+    documents = [
+        _shared_t4_node(),
+        _with_init("checked", {gpu: "2"}, {gpu: "1", cores: "50"}),
+        pod_manifest("two", {"main": {gpu: 2}}),
+    ]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    code, events, _ = simulate(capsys, str(path))
+    assert code == 0
+    pods = by_pod(events)
+    checked = pods["default/checked"]
+    assert checked["event"] == "unschedulable", checked
+    assert (
+        "init container check asks 2 whole GPU(s), and the pod holds 1 GPU(s) whole beside the GPU share(s) of main"
+        in (checked["reason"])
+    )
+    assert pods["default/two"]["event"] == "scheduled"
+
+
+def test_a_bound_pod_whose_init_container_was_lent_a_share_is_read_back_holding_the_apps_gpu_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The ledger and the allocation agree: the pod above, read back bound with its allocation (a scheduler that
+    restarts), holds the app's GPU whole and nothing of the init container's share beside it, so a one-GPU pod gets
+    the other GPU and a two-GPU pod finds no room."""
+    gpu, cores = "nvidia.com/gpu", "nvidia.com/gpucores"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all([_shared_t4_node(), _with_init("checked", {gpu: "1", cores: "30"}, {gpu: "1"})]))
+    code, events, _ = simulate(capsys, str(path))
+    assert code == 0 and events[0]["event"] == "scheduled", events
+    bound = _with_init("checked", {gpu: "1", cores: "30"}, {gpu: "1"})
+    bound["metadata"]["annotations"] = events[0]["annotations"]
+    bound["spec"]["nodeName"] = "gpu-a"
+    (held,) = decode_allocation(events[0]["annotations"][ALLOCATION_KEY]).containers["main"][gpu]
+    documents = [
+        _shared_t4_node(),
+        bound,
+        pod_manifest("two", {"main": {gpu: 2}}),
+        pod_manifest("one", {"main": {gpu: 1}}),
+    ]
+    path.write_text(yaml.safe_dump_all(documents))
+    code, events, _ = simulate(capsys, str(path))
+    assert code == 0
+    pods = by_pod(events)
+    assert [pods[f"default/{n}"]["event"] for n in ("checked", "two", "one")] == [
+        "scheduled",
+        "unschedulable",
+        "scheduled",
+    ]
+    assert pods["default/one"]["devices"]["main"][gpu] != [held]
