@@ -701,15 +701,7 @@ def test_a_share_container_mounting_a_volume_over_a_path_the_node_owns_is_refuse
     the share's limits were the tenant's. Such a container is refused its admission, the mount named."""
     listed = share_pods({"notebook": (30, 4096), "inference": (20, 2048)})
     listed[0]["spec"]["containers"][0]["volumeMounts"] = [{"name": "settings", "mountPath": mount_path}]
-    kubelet = FakeKubelet(directory)
-    kubelet.start()
-    service = DevicePluginService(
-        make_plugin_manager("device", nvidia=nvidia_device), PendingPods(lambda: listed, NODE, KEY),
-        directory=directory, host_root=shared_node, dev_root=Path("/host/dev"), interval=3600,
-    )  # fmt: skip
-    service.start()
-    try:
-        kubelet.wait_registrations(1)
+    with serving_gpus(directory, make_plugin_manager("device", nvidia=nvidia_device), listed, shared_node):
         _, answer = admitted(directory, ["0::0", "0::1", "0::2", "0::3"], 1, GPU)
         if not refused:
             assert not isinstance(answer, grpc.RpcError), answer.details()
@@ -725,9 +717,6 @@ def test_a_share_container_mounting_a_volume_over_a_path_the_node_owns_is_refuse
         _, answer = admitted(directory, ["0::0", "0::1", "0::2", "0::3"], 1, GPU)
         assert not isinstance(answer, grpc.RpcError), answer.details()
         assert dict(answer.envs)["CUDA_DEVICE_SM_LIMIT_0"] == "20"
-    finally:
-        service.stop()
-        kubelet.stop()
 
 
 def test_an_init_container_asking_a_share_of_its_apps_whole_gpu_is_admitted_held_to_its_share(
@@ -918,14 +907,15 @@ def two_gpu_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, count: int = 2
 
 @contextmanager
 def serving_gpus(
-    directory: Path, plugins: KubegpuPluginManager, manifest: dict[str, Any], host: Path
+    directory: Path, plugins: KubegpuPluginManager, pods: dict[str, Any] | list[dict[str, Any]], host: Path
 ) -> Iterator[FakeKubelet]:
-    """The device-plugin mode serving nvidia GPUs to a fake kubelet, `manifest` the node's one pending pod, once it
-    registered `nvidia.com/gpu`."""
+    """The device-plugin mode serving nvidia GPUs to a fake kubelet, `pods` the node's pending pod or pods (a list
+    the test may change as it goes), once it registered `nvidia.com/gpu`."""
+    listed = pods if isinstance(pods, list) else [pods]
     kubelet = FakeKubelet(directory)
     kubelet.start()
     service = DevicePluginService(
-        plugins, PendingPods(lambda: [manifest], NODE, KEY),
+        plugins, PendingPods(lambda: listed, NODE, KEY),
         directory=directory, host_root=host, dev_root=Path("/host/dev"), interval=3600,
     )  # fmt: skip
     service.start()

@@ -210,6 +210,22 @@ def test_neuron_intel_and_nvidia_pods_run_with_exactly_their_devices(
     assert not family(devices, "neuron")
 
 
+def checked_pod(space: str, name: str, check: dict[str, str], out: Path) -> dict[str, Any]:
+    """A pod whose app asks one GPU, after a GPU check: an init container `check` asking `check` that writes what
+    it sees (its devices and env) to `out`, as the app does."""
+    manifest = pod(space, name, {"main": {"nvidia.com/gpu": 1}}, scheduler=SCHEDULER, out=out)
+    manifest["spec"]["initContainers"] = [
+        {
+            **manifest["spec"]["containers"][0],
+            "name": "check",
+            "command": ["sh", "-c", "ls /dev > /out/$C.devices; env > /out/$C.env"],
+            "env": [{"name": "C", "value": f"{name}.check"}],
+            "resources": {"limits": check},
+        }
+    ]
+    return manifest
+
+
 def test_an_init_container_runs_with_the_gpus_its_allocation_names_and_the_app_with_one_of_them(
     cluster: Cluster, kubelet: Kubelet, scheduler: SchedulerProcess, node_dir: Path, space: str
 ) -> None:
@@ -217,16 +233,7 @@ def test_an_init_container_runs_with_the_gpus_its_allocation_names_and_the_app_w
     init container with no GPU at all (its allocation named none to it). It now sees the 2 GPUs the allocation
     names for it, device nodes and env, and the app its own one, among them."""
     out = node_dir / "out"
-    manifest = pod(space, "checked", {"main": {"nvidia.com/gpu": 1}}, scheduler=SCHEDULER, out=out)
-    check = {
-        **manifest["spec"]["containers"][0],
-        "name": "check",
-        "command": ["sh", "-c", "ls /dev > /out/$C.devices; env > /out/$C.env"],
-        "env": [{"name": "C", "value": "checked.check"}],
-        "resources": {"limits": {"nvidia.com/gpu": "2"}},
-    }
-    manifest["spec"]["initContainers"] = [check]
-    running = run(cluster, space, manifest)
+    running = run(cluster, space, checked_pod(space, "checked", {"nvidia.com/gpu": "2"}, out))
 
     devices, env = read_output(out, "checked", "check")
     seen = (family(devices, "nvidia"), env.get("NVIDIA_VISIBLE_DEVICES"))
@@ -247,16 +254,8 @@ def test_an_init_container_asking_a_share_of_the_apps_whole_gpu_runs_held_to_its
     nvidia.com/gpucores without nvidia.com/gpu"); it now runs: the init container on the app's GPU held to 30 % of
     its compute by HAMi-core, the app on the same GPU whole, unlimited."""
     out = node_dir / "out"
-    manifest = pod(space, "checked-share", {"main": {"nvidia.com/gpu": 1}}, scheduler=SCHEDULER, out=out)
-    check = {
-        **manifest["spec"]["containers"][0],
-        "name": "check",
-        "command": ["sh", "-c", "ls /dev > /out/$C.devices; env > /out/$C.env"],
-        "env": [{"name": "C", "value": "checked-share.check"}],
-        "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}},
-    }
-    manifest["spec"]["initContainers"] = [check]
-    running = run(cluster, space, manifest)
+    check = {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}
+    running = run(cluster, space, checked_pod(space, "checked-share", check, out))
 
     record = decode_allocation(running["metadata"]["annotations"][ALLOCATION_KEY])
     (gpu,) = record.containers["main"]["nvidia.com/gpu"]
