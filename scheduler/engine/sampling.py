@@ -32,7 +32,7 @@ and a pod ranked on every node whose refusal leaves out the nodes the capacity i
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from itertools import compress, islice
 from operator import add
 from typing import Any
@@ -390,18 +390,20 @@ class Sampling(Reserving):
         if not self._local_scorers:
             return feasible[0]
         # Nodes alike in every raw score total alike: each content's raw scores (`_local_by_content`), or each tuple
-        # of raw scores (nodes alike in content share one object, `LocalRaws.by_number`), with its first node.
+        # of raw scores (nodes alike in content share one object, `LocalRaws.by_number`), each once. Which are best
+        # reads no order among them: the node chosen is the first of the sample (or in the tie order) of the best.
         by_content = self._local_by_content(feasible, pod, plan)
         alike: list[int]  # each node's content number, or its raw scores' identity
+        kinds: Collection[int]  # each of those once, `distinct` their raw scores in that order
         if by_content is not None:
-            alike, first, distinct = by_content
+            alike, kinds, distinct = by_content
         else:
             raws = self._local_raw(feasible, None, pod, plan)
             alike = list(map(id, raws))
-            first = dict(zip(reversed(alike), range(len(raws) - 1, -1, -1), strict=True))
-            distinct = list(map(raws.__getitem__, first.values()))
+            first = dict(zip(alike, raws, strict=True))
+            kinds, distinct = first, list(first.values())
         packs = self.packs_ties(pod, plan)
-        if len(first) == 1:
+        if len(kinds) == 1:
             return min(feasible, key=scores.tie_order) if packs else feasible[0]
         columns = list(zip(*distinct, strict=True))
         summed: list[list[float]] = []  # each plugin's weighed scores, summed in the profile's order where needed
@@ -437,7 +439,7 @@ class Sampling(Reserving):
         if packs and lead is not None:  # the first in the tie order among the nodes of the best distinct tuples
             packed = list(zip(lead, others or [0.0] * len(distinct), strict=True))
             top_packed = max(packed)
-            chosen = {key for key, tuple_key in zip(first, packed, strict=True) if tuple_key == top_packed}
+            chosen = {kind for kind, key in zip(kinds, packed, strict=True) if key == top_packed}
             return min(compress(feasible, map(chosen.__contains__, alike)), key=scores.tie_order)
         if not summed:
             return feasible[0]
@@ -445,9 +447,12 @@ class Sampling(Reserving):
             ties = policy or [0.0] * len(distinct)
             keys = list(zip(lead, ties, others or ties, strict=True))
             best = max(keys)
-            return feasible[min(at for at, key in zip(first.values(), keys, strict=True) if key == best)]
-        totals = summed[0]
-        for weighed in summed[1:]:
-            totals = list(map(add, totals, weighed))
-        top = max(totals)
-        return feasible[min(at for at, total in zip(first.values(), totals, strict=True) if total == top)]
+            chosen = {kind for kind, key in zip(kinds, keys, strict=True) if key == best}
+        else:
+            totals = summed[0]
+            for weighed in summed[1:]:
+                totals = list(map(add, totals, weighed))
+            top = max(totals)
+            chosen = {kind for kind, total in zip(kinds, totals, strict=True) if total == top}
+        # The first node of the sample whose content is among the best.
+        return next(compress(feasible, map(chosen.__contains__, alike)))
