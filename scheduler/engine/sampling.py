@@ -174,7 +174,7 @@ class Sampling(Reserving):
         mask = book.mask
         nodes, fits, finals = self.nodes, book.fits, book.finals
         reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
-        short, by_class = Status.unschedulable(f"Insufficient {resource}"), book.by_class
+        short, by_class = book.short, book.by_class
         free_of, unresolvable_code = index.get, Code.UNRESOLVABLE
         for name in changed:
             record = nodes.get(name)
@@ -271,7 +271,7 @@ class Sampling(Reserving):
         as the loop node by node asks, and summed once per distinct answer with its count (in the order of their
         first nodes, so that the sums hold their keys in the same order)."""
         alike, fits, finals, by_class = book.alike, book.fits, book.finals, book.by_class
-        short = Status.unschedulable(f"Insufficient {book.resource}")
+        short = book.short
         free_of = index.get
         for name, record in self.nodes.items():
             number = numbers[name]
