@@ -175,52 +175,57 @@ class Sampling(Reserving):
         nodes, fits, finals = self.nodes, book.fits, book.finals
         reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
         short, by_class = book.short, book.by_class
-        free_of, unresolvable_code = index.get, Code.UNRESOLVABLE
-        for name in changed:
-            record = nodes.get(name)
-            old = finals.get(name)
-            answer: tuple[Status, int, bool, bool] | None = None
-            if record is not None:
-                number = numbers[name]
-                answer = alike.get(number) if number is not None else None
-                if answer is None:
-                    answer = self._answer(record, pod, plan, free_of, need, short, by_class)
-                    if number is not None:
-                        alike[number] = answer
-                if old is not None and (old is answer or old == answer):
-                    continue  # the same answer: the sums, `fits` and `mask` hold it already
-            if old is not None:
-                del finals[name]
-                status, klass, fit, by_usage = old
+        free_of, unresolvable_code, answer_of = index.get, Code.UNRESOLVABLE, self._answer
+        resolvable = by_usage_count = 0  # what `book.resolvable` and `book.by_usage` gain, added after the loop
+        try:  # the sums stay whole should an answer raise
+            for name in changed:
+                record = nodes.get(name)
+                old = finals.get(name)
+                answer: tuple[Status, int, bool, bool] | None = None
+                if record is not None:
+                    number = numbers[name]
+                    answer = alike.get(number) if number is not None else None
+                    if answer is None:
+                        answer = answer_of(record, pod, plan, free_of, need, short, by_class)
+                        if number is not None:
+                            alike[number] = answer
+                    if old is not None and (old is answer or old == answer):
+                        continue  # the same answer: the sums, `fits` and `mask` hold it already
+                if old is not None:
+                    status, klass, fit, by_usage = old
+                    for reason in status.reasons:
+                        reasons[reason] -= 1
+                    if status.code is unresolvable_code:
+                        unresolvable[klass] -= 1
+                    else:
+                        resolvable -= 1
+                    fitting[klass] -= fit
+                    by_usage_count -= by_usage
+                if answer is None:  # the node is gone
+                    if old is not None:
+                        del finals[name], fits[name]
+                    book.masked = None
+                    continue
+                status, klass, fit, by_usage = answer
                 for reason in status.reasons:
-                    reasons[reason] -= 1
+                    reasons[reason] += 1
                 if status.code is unresolvable_code:
-                    unresolvable[klass] -= 1
+                    unresolvable[klass] += 1
                 else:
-                    book.resolvable -= 1
-                fitting[klass] -= fit
-                book.by_usage -= by_usage
-                del fits[name]
-            if answer is None:  # the node is gone
-                book.masked = None
-                continue
-            status, klass, fit, by_usage = answer
-            for reason in status.reasons:
-                reasons[reason] += 1
-            if status.code is unresolvable_code:
-                unresolvable[klass] += 1
-            else:
-                book.resolvable += 1
-            fitting[klass] += fit
-            book.by_usage += by_usage
-            fits[name] = fit
-            if positions is not None:
-                at = positions.get(name)
-                if at is None:
-                    book.masked = positions = None
-                else:
-                    mask[at] = fit
-            finals[name] = answer
+                    resolvable += 1
+                fitting[klass] += fit
+                by_usage_count += by_usage
+                fits[name] = fit
+                if positions is not None:
+                    at = positions.get(name)
+                    if at is None:
+                        book.masked = positions = None
+                    else:
+                        mask[at] = fit
+                finals[name] = answer
+        finally:
+            book.resolvable += resolvable
+            book.by_usage += by_usage_count
         book.generation = self.generation
         return book
 
