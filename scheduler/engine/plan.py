@@ -6,7 +6,8 @@ volumes (`set_claim`, `set_volume`) and the owners that select pods (`set_owner`
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
+from operator import attrgetter
 
 from kubegpu.core import dra
 from kubegpu.core.models import (
@@ -22,6 +23,8 @@ from kubegpu.scheduler.engine.cache import NodeCache
 from kubegpu.scheduler.engine.records import BASIC_RESOURCES, NAME_LABELS, NodeRule, Plan, fit_order, log
 
 PREPARE_HOOK = "kubegpu_scheduler_prepare"
+# Every field of a pod but its name and uid, which no plan reads (`Planning.plan`).
+ALIKE = attrgetter(*(field.name for field in fields(PodRequest) if field.name not in ("name", "uid")))
 
 
 class Planning(NodeCache):
@@ -70,19 +73,40 @@ class Planning(NodeCache):
 
     def plan(self, pod: PodRequest) -> Plan:
         """The pod's requests grouped for the filter phase. Remembered for the last pods asked about: the extender
-        asks for the same pod's plan in filter, prioritize and bind. A plan whose answers depend on other nodes is
-        made again after every change; any other after a change of the placed pods' anti-affinity terms; a pod's that
-        names claims after a change of the claims or volumes too."""
+        asks for the same pod's plan in filter, prioritize and bind; and for a pod alike in all but its name and uid
+        (`ALIKE`: a plan reads neither), the last such pod's, which a trace's renamed copies and a workload's
+        replicas take. A plan whose answers depend on other nodes is made again after every change; any other after
+        a change of the placed pods' anti-affinity terms; a pod's that names claims after a change of the claims or
+        volumes too."""
         known = self._plans.get(id(pod))
-        if known is not None and known[0] is pod:
+        if known is None or known[0] is not pod:
+            known = self._plans_alike.get(id(pod.containers))
+            if known is not None and (not self._plans_alike_for(pod) or ALIKE(known[0]) != ALIKE(pod)):
+                known = None
+        if known is not None:
             plan = known[1]
             if plan.stamp == self._stamp(plan.volatile, pod) and plan.owners == self._owners.epoch:
+                if known[0] is not pod:
+                    self._keep_plan(pod, plan)
                 return plan
         plan = self._plan(pod)
+        self._keep_plan(pod, plan)
+        return plan
+
+    def _keep_plan(self, pod: PodRequest, plan: Plan) -> None:
         if len(self._plans) >= 256:
             self._plans.clear()
         self._plans[id(pod)] = (pod, plan)
-        return plan
+        if self._plans_alike_for(pod):
+            if len(self._plans_alike) >= 256:
+                self._plans_alike.clear()
+            self._plans_alike[id(pod.containers)] = (pod, plan)
+
+    def _plans_alike_for(self, pod: PodRequest) -> bool:
+        """Whether pods alike in all but their name and uid may share the pod's plan: not with resource claims (a
+        generated claim is named after its pod), nor where a third party added a filter (its `applies` may read any
+        field)."""
+        return not (pod.resource_claims or self._added_filters)
 
     def _stamp(self, volatile: bool, pod: PodRequest) -> int:
         """What a plan is made again after: the generation (volatile) or the anti-affinity epoch, plus the volume

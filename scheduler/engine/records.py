@@ -291,6 +291,12 @@ class ShapeAnswers:
     fitting: Counter[int] = field(default_factory=Counter)
     unresolvable: Counter[int] = field(default_factory=Counter)
     by_usage: int = 0
+    # "Insufficient `resource`", the answer of a node whose filters pass where the index refuses it, made once: the
+    # answers of a node before and after a change compare by identity where both are it.
+    short: Status = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.short = Status.unschedulable(f"Insufficient {self.resource}")
 
 
 @dataclass(slots=True)

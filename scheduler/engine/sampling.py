@@ -32,7 +32,7 @@ and a pod ranked on every node whose refusal leaves out the nodes the capacity i
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from itertools import compress, islice
 from operator import add
 from typing import Any
@@ -174,53 +174,58 @@ class Sampling(Reserving):
         mask = book.mask
         nodes, fits, finals = self.nodes, book.fits, book.finals
         reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
-        short, by_class = Status.unschedulable(f"Insufficient {resource}"), book.by_class
-        free_of, unresolvable_code = index.get, Code.UNRESOLVABLE
-        for name in changed:
-            record = nodes.get(name)
-            old = finals.get(name)
-            answer: tuple[Status, int, bool, bool] | None = None
-            if record is not None:
-                number = numbers[name]
-                answer = alike.get(number) if number is not None else None
-                if answer is None:
-                    answer = self._answer(record, pod, plan, free_of, need, short, by_class)
-                    if number is not None:
-                        alike[number] = answer
-                if old is not None and (old is answer or old == answer):
-                    continue  # the same answer: the sums, `fits` and `mask` hold it already
-            if old is not None:
-                del finals[name]
-                status, klass, fit, by_usage = old
+        short, by_class = book.short, book.by_class
+        free_of, unresolvable_code, answer_of = index.get, Code.UNRESOLVABLE, self._answer
+        resolvable = by_usage_count = 0  # what `book.resolvable` and `book.by_usage` gain, added after the loop
+        try:  # the sums stay whole should an answer raise
+            for name in changed:
+                record = nodes.get(name)
+                old = finals.get(name)
+                answer: tuple[Status, int, bool, bool] | None = None
+                if record is not None:
+                    number = numbers[name]
+                    answer = alike.get(number) if number is not None else None
+                    if answer is None:
+                        answer = answer_of(record, pod, plan, free_of, need, short, by_class)
+                        if number is not None:
+                            alike[number] = answer
+                    if old is not None and (old is answer or old == answer):
+                        continue  # the same answer: the sums, `fits` and `mask` hold it already
+                if old is not None:
+                    status, klass, fit, by_usage = old
+                    for reason in status.reasons:
+                        reasons[reason] -= 1
+                    if status.code is unresolvable_code:
+                        unresolvable[klass] -= 1
+                    else:
+                        resolvable -= 1
+                    fitting[klass] -= fit
+                    by_usage_count -= by_usage
+                if answer is None:  # the node is gone
+                    if old is not None:
+                        del finals[name], fits[name]
+                    book.masked = None
+                    continue
+                status, klass, fit, by_usage = answer
                 for reason in status.reasons:
-                    reasons[reason] -= 1
+                    reasons[reason] += 1
                 if status.code is unresolvable_code:
-                    unresolvable[klass] -= 1
+                    unresolvable[klass] += 1
                 else:
-                    book.resolvable -= 1
-                fitting[klass] -= fit
-                book.by_usage -= by_usage
-                del fits[name]
-            if answer is None:  # the node is gone
-                book.masked = None
-                continue
-            status, klass, fit, by_usage = answer
-            for reason in status.reasons:
-                reasons[reason] += 1
-            if status.code is unresolvable_code:
-                unresolvable[klass] += 1
-            else:
-                book.resolvable += 1
-            fitting[klass] += fit
-            book.by_usage += by_usage
-            fits[name] = fit
-            if positions is not None:
-                at = positions.get(name)
-                if at is None:
-                    book.masked = positions = None
-                else:
-                    mask[at] = fit
-            finals[name] = answer
+                    resolvable += 1
+                fitting[klass] += fit
+                by_usage_count += by_usage
+                fits[name] = fit
+                if positions is not None:
+                    at = positions.get(name)
+                    if at is None:
+                        book.masked = positions = None
+                    else:
+                        mask[at] = fit
+                finals[name] = answer
+        finally:
+            book.resolvable += resolvable
+            book.by_usage += by_usage_count
         book.generation = self.generation
         return book
 
@@ -271,7 +276,7 @@ class Sampling(Reserving):
         as the loop node by node asks, and summed once per distinct answer with its count (in the order of their
         first nodes, so that the sums hold their keys in the same order)."""
         alike, fits, finals, by_class = book.alike, book.fits, book.finals, book.by_class
-        short = Status.unschedulable(f"Insufficient {book.resource}")
+        short = book.short
         free_of = index.get
         for name, record in self.nodes.items():
             number = numbers[name]
@@ -390,18 +395,20 @@ class Sampling(Reserving):
         if not self._local_scorers:
             return feasible[0]
         # Nodes alike in every raw score total alike: each content's raw scores (`_local_by_content`), or each tuple
-        # of raw scores (nodes alike in content share one object, `LocalRaws.by_number`), with its first node.
+        # of raw scores (nodes alike in content share one object, `LocalRaws.by_number`), each once. Which are best
+        # reads no order among them: the node chosen is the first of the sample (or in the tie order) of the best.
         by_content = self._local_by_content(feasible, pod, plan)
         alike: list[int]  # each node's content number, or its raw scores' identity
+        kinds: Collection[int]  # each of those once, `distinct` their raw scores in that order
         if by_content is not None:
-            alike, first, distinct = by_content
+            alike, kinds, distinct = by_content
         else:
             raws = self._local_raw(feasible, None, pod, plan)
             alike = list(map(id, raws))
-            first = dict(zip(reversed(alike), range(len(raws) - 1, -1, -1), strict=True))
-            distinct = list(map(raws.__getitem__, first.values()))
+            first = dict(zip(alike, raws, strict=True))
+            kinds, distinct = first, list(first.values())
         packs = self.packs_ties(pod, plan)
-        if len(first) == 1:
+        if len(kinds) == 1:
             return min(feasible, key=scores.tie_order) if packs else feasible[0]
         columns = list(zip(*distinct, strict=True))
         summed: list[list[float]] = []  # each plugin's weighed scores, summed in the profile's order where needed
@@ -437,7 +444,7 @@ class Sampling(Reserving):
         if packs and lead is not None:  # the first in the tie order among the nodes of the best distinct tuples
             packed = list(zip(lead, others or [0.0] * len(distinct), strict=True))
             top_packed = max(packed)
-            chosen = {key for key, tuple_key in zip(first, packed, strict=True) if tuple_key == top_packed}
+            chosen = {kind for kind, key in zip(kinds, packed, strict=True) if key == top_packed}
             return min(compress(feasible, map(chosen.__contains__, alike)), key=scores.tie_order)
         if not summed:
             return feasible[0]
@@ -445,9 +452,12 @@ class Sampling(Reserving):
             ties = policy or [0.0] * len(distinct)
             keys = list(zip(lead, ties, others or ties, strict=True))
             best = max(keys)
-            return feasible[min(at for at, key in zip(first.values(), keys, strict=True) if key == best)]
-        totals = summed[0]
-        for weighed in summed[1:]:
-            totals = list(map(add, totals, weighed))
-        top = max(totals)
-        return feasible[min(at for at, total in zip(first.values(), totals, strict=True) if total == top)]
+            chosen = {kind for kind, key in zip(kinds, keys, strict=True) if key == best}
+        else:
+            totals = summed[0]
+            for weighed in summed[1:]:
+                totals = list(map(add, totals, weighed))
+            top = max(totals)
+            chosen = {kind for kind, total in zip(kinds, totals, strict=True) if total == top}
+        # The first node of the sample whose content is among the best.
+        return next(compress(feasible, map(chosen.__contains__, alike)))

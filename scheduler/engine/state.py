@@ -219,6 +219,11 @@ class EngineState:
         # `_stamp` (the generation for a volatile plan, else the anti-affinity epoch; plus the volume epoch for a
         # pod naming claims) or `Plan.owners` from the owners' epoch. Past 256 pods, dropped all at once.
         self._plans: dict[int, tuple[PodRequest, Plan]] = {}
+        # id(pod.containers) -> (a pod, its Plan): a pod equal to the one held in every field but its name and uid
+        # (`plan.ALIKE`, by value) takes that plan, as `_plans` gives a pod its own: a trace's renamed copies and a
+        # workload's replicas share their containers. Stale as `_plans`; not for a pod with resource claims, nor with
+        # a third party's filters (`Planning._plans_alike_for`). Past 256, dropped all at once.
+        self._plans_alike: dict[int, tuple[PodRequest, Plan]] = {}
         # id(pod signature, its non-volatile part, interned in `_signatures`) -> (that signature, held so the id stays
         # its own, each owning plugin's `kubegpu_scheduler_prepare` answer). Never stale: the signature holds all a
         # plugin may read of the pod. Past 4096, dropped all at once.
@@ -302,6 +307,7 @@ class EngineState:
         self._routes.clear()
         self._routed = (None, {})
         self._plans.clear()
+        self._plans_alike.clear()
         self._prepared.clear()
         self._signatures.clear()
         self._rules.clear()

@@ -98,6 +98,7 @@ operations = st.lists(
         st.tuples(st.just("place"), st.integers(0, len(SHAPES) - 1), st.sampled_from(FLAVOURS)),
         st.tuples(st.just("ask"), st.integers(0, len(SHAPES) - 1), st.sampled_from(FLAVOURS)),
         st.tuples(st.just("again"), st.integers(0, 1000), st.just("")),
+        st.tuples(st.just("copy"), st.integers(0, 1000), st.sampled_from(("", "tolerations", "labels"))),
         st.tuples(st.just("delete"), st.integers(0, 1000), st.just("")),
         st.tuples(st.just("add-node"), st.integers(0, len(NODE_KINDS) - 1), st.just("")),
         st.tuples(st.just("remove-node"), st.integers(0, 1000), st.just("")),
@@ -125,14 +126,23 @@ def test_an_engine_that_forgets_its_memos_answers_alike(kinds: list[str], ops: l
     preemptors: list[PodRequest] = []
     for serial, (op, arg, flavour) in enumerate(ops, len(kinds)):
         names = sorted(memoized.node_names())
-        if op in ("place", "ask", "again"):
-            if op == "again" and not asked:
+        if op in ("place", "ask", "again", "copy"):
+            if op in ("again", "copy") and not asked:
                 continue
-            request = asked[arg % len(asked)] if op == "again" else pod(serial, arg, flavour)
+            if op == "copy":  # a renamed copy, as a trace replays one: its plan is the original's (`_plans_alike`)
+                original = asked[arg % len(asked)]
+                request = dataclasses.replace(original, name=f"p{serial}", uid=f"uid-{serial}")
+                if flavour == "tolerations":  # its containers shared, but not its tolerations: a plan of its own
+                    tolerations = () if original.tolerations else (Toleration(TAINT.key, "Exists"),)
+                    request = dataclasses.replace(request, tolerations=tolerations)
+                elif flavour == "labels":  # nor its labels, which the anti-affinity and spread terms select by
+                    request = dataclasses.replace(request, labels={"app": "other"})
+            else:
+                request = asked[arg % len(asked)] if op == "again" else pod(serial, arg, flavour)
             asked.append(request)
             oracle.forget_memos()
             assert memoized.filter_nodes(request, names) == oracle.filter_nodes(request, names)
-            if op != "place" or request.key in live:
+            if op not in ("place", "copy") or request.key in live:
                 continue
             oracle.forget_memos()
             decision = memoized.schedule(request)
