@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,11 +290,12 @@ def limits(share: ContainerShare, sharing: NodeSharing, holder: str = "") -> tup
 def region_directory(sharing: NodeSharing, holder: str) -> Path:
     """The host directory of one container's HAMi-core shared region, made empty now:
     `<hami dir>/containers/<holder>` (HAMi's layout). Made anew at each creation of the container, so that no region
-    written before (by an earlier run of it, whose code could write the limits in its region) is read; one directory
-    per container of the node, left when its pod ends (the next container of the same name and pod UID empties it).
-    Mode 0777, so that a process of any user in the container can create the region; `containers/` is 0700, so that
-    no user of the host reaches what a container wrote there. Raises `ShareLimitError` for a holder that is no plain
-    name, or a directory that cannot be made (the hami dir missing: HAMi-core is not installed where it says)."""
+    written before (by an earlier run of it, whose code could write the limits in its region) is read, whatever that
+    run left there (`_remove_tree`: links removed, never followed, at any depth); one directory per container of the
+    node, left when its pod ends (the next container of the same name and pod UID empties it). Mode 0777, so that a
+    process of any user in the container can create the region; `containers/` is 0700, so that no user of the host
+    reaches what a container wrote there. Raises `ShareLimitError` for a holder that is no plain name, or a directory
+    that cannot be made (the hami dir missing: HAMi-core is not installed where it says)."""
     if not _HOLDER.fullmatch(holder):
         raise ShareLimitError(f"the container's name on the node ({holder[:80]!r}) is not a plain file name")
     parent = Path(sharing.hami_dir) / "containers"
@@ -306,7 +306,7 @@ def region_directory(sharing: NodeSharing, holder: str) -> Path:
         if directory.is_symlink() or not directory.is_dir():
             directory.unlink(missing_ok=True)
         else:
-            shutil.rmtree(directory)  # unlinks the links a container left inside, never follows them
+            _remove_tree(parent, holder)
         directory.mkdir(mode=0o700)
         directory.chmod(0o777)
     except OSError as exc:
@@ -315,3 +315,52 @@ def region_directory(sharing: NodeSharing, holder: str) -> Path:
             f"({HAMI_DIR_ENV} must name the directory HAMi-core is installed in, writable by kubegpu)"
         ) from None
     return directory
+
+
+def _remove_tree(parent: Path, name: str) -> None:
+    """Remove the directory `name` of `parent` and all it holds, whatever the container that owned it left there:
+    links are removed, never followed, and nothing recurses or holds a file open per level (`shutil.rmtree` does
+    both: a tree nested 3,000 deep raised RecursionError, 400 deep took 400 of the files the process may open).
+    Each pass removes the files of the directories at its top and moves their own directories up beside them, so
+    every entry is visited once, with two directories open at a time."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    level = os.open(parent / name, flags)  # `parent` is the node's (0700, in no container): only `name` is checked
+    try:
+        moved = 0
+        while pending := _entries(level):
+            for entry, is_directory in pending:
+                if not is_directory:
+                    os.unlink(entry, dir_fd=level)
+                    continue
+                inner = os.open(entry, flags, dir_fd=level)
+                try:
+                    for child, child_is_directory in _entries(inner):
+                        if child_is_directory:
+                            moved = _move_up(inner, child, level, moved)
+                        else:
+                            os.unlink(child, dir_fd=inner)
+                finally:
+                    os.close(inner)
+                os.rmdir(entry, dir_fd=level)
+    finally:
+        os.close(level)
+    os.rmdir(parent / name)
+
+
+def _entries(directory: int) -> list[tuple[str, bool]]:
+    """The names in an open directory, each with whether it is a directory (a link to one is not)."""
+    with os.scandir(directory) as entries:
+        return [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+
+
+def _move_up(source: int, name: str, target: int, moved: int) -> int:
+    """Rename the directory `name` of `source` into `target`, under a name no entry there has; returns the count
+    of names tried so far (the next call starts after it)."""
+    while True:
+        moved += 1
+        fresh = f"~{moved}"
+        try:
+            os.stat(fresh, dir_fd=target, follow_symlinks=False)
+        except FileNotFoundError:
+            os.rename(name, fresh, src_dir_fd=source, dst_dir_fd=target)
+            return moved

@@ -11,6 +11,8 @@ is wrong, and the shim goes on serving.
 from __future__ import annotations
 
 import os
+import resource
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -571,6 +573,52 @@ def test_the_shared_region_lies_in_a_directory_of_the_node_made_empty_for_each_c
         (directory / "cudevshr.cache").write_bytes(b"written by the first run")  # its code may write its region
         (directory / "elsewhere").symlink_to(tenant)
     assert (tenant / "cudevshr.cache").exists()  # emptying the directory never followed the link out of it
+
+
+def _nest(directory: Path, depth: int) -> None:
+    """What a container's code can leave in its region directory: directories nested `depth` deep, a file and a
+    link at the bottom (made relative to each level, as a process inside would, so no path grows too long)."""
+    fd = os.open(directory, os.O_RDONLY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        deeper = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(os.open("cudevshr.cache", os.O_WRONLY | os.O_CREAT, 0o666, dir_fd=fd))
+    os.symlink("/", "root", dir_fd=fd)
+    os.close(fd)
+
+
+def test_a_region_directory_nested_deep_by_its_container_is_emptied_at_its_next_creation(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The container's code owns its region directory while it runs and may leave anything there: directories
+    nested 3,000 deep made the node's emptying (`shutil.rmtree`, one recursion and one open file per level) fail
+    with a RecursionError, so every later creation of the container was refused; 400 deep, under a limit of open
+    files the shim's other calls share, it ran out of them. The directory is emptied, with a few files open."""
+
+    hami = tmp_path / "vgpu"
+    hami.mkdir()
+    monkeypatch.setenv(limits.MODE_ENV, "hami-core")
+    monkeypatch.setenv(limits.HAMI_DIR_ENV, str(hami))
+    editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=tmp_path)
+    text = signed({"main": share(["0"])})
+    directory = hami / "containers" / f"{POD.uid}_main"
+    try:
+        editor.create_container(create(text).SerializeToString())
+        _nest(directory, 3000)
+        editor.create_container(create(text).SerializeToString())  # the container restarted
+        assert list(directory.iterdir()) == []
+        _nest(directory, 400)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 32, hard))
+        try:
+            editor.create_container(create(text).SerializeToString())
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert list(directory.iterdir()) == [] and directory.stat().st_mode & 0o777 == 0o777
+    finally:  # a tree left by a failure would stop pytest's own clean-up of tmp_path (shutil.rmtree)
+        subprocess.run(["rm", "-rf", str(hami)], check=True)
 
 
 def candidate_of(allocation: ContainerAllocation) -> Any:
