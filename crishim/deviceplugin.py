@@ -246,8 +246,8 @@ class Candidate:
     """A pod bound to this node and not started, that requests some resource: `record` is its verified allocation,
     None when it has none (kubegpu did not place it, or its allocation failed a check: `unverified` says which);
     `order` is its containers' admission order and `requests` what each asks (None: a count that cannot be read);
-    `classic` its init containers that are no sidecars; `mounts` where each container mounts its volumes
-    (`mountPath` as the pod spec writes it)."""
+    `classic` its init containers that are no sidecars; `mounts` what the kubelet mounts where in each container
+    from its pod spec (`_mount_paths`)."""
 
     pod: PodIdentity
     created: str
@@ -256,7 +256,7 @@ class Candidate:
     requests: dict[str, dict[str, int | None]]
     unverified: str = ""
     classic: frozenset[str] = frozenset()
-    mounts: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    mounts: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     def ids(self, container: str, resource: str) -> list[str]:
         """The ids the allocation names for `container` (a classic init container's from `init`)."""
@@ -500,34 +500,45 @@ def _requests(container: Mapping[str, Any]) -> dict[str, int | None]:
     return {r: n for r, n in counts.items() if n != 0}
 
 
-def _mount_paths(container: Mapping[str, Any]) -> tuple[str, ...]:
-    """Where a container of a pod spec mounts its volumes, as written (the runtime cleans the path when it mounts)."""
+VOLUME, TERMINATION_FILE = "a volume", "its termination message file"
+
+
+def _mount_paths(container: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """What the kubelet mounts in a container of a pod spec at a path the spec names, as (what, path written; the
+    runtime cleans the path when it mounts): its volumes (`mountPath`) and, at `terminationMessagePath`, a writable
+    file of the kubelet's own, made empty for each run of the container."""
     mounts = container.get("volumeMounts") or []
-    return tuple(str(m.get("mountPath", "")) for m in mounts if isinstance(m, Mapping))
+    paths = tuple((VOLUME, str(m.get("mountPath", ""))) for m in mounts if isinstance(m, Mapping))
+    termination = container.get("terminationMessagePath")
+    return (*paths, (TERMINATION_FILE, str(termination))) if termination else paths
 
 
 def refuse_owned_mounts(
     owned: DeviceOwnership | None, candidate: Candidate, container: str, plugin: str, edit: ContainerEdit
 ) -> None:
-    """Refuse (`mount`) a container that mounts one of its pod's volumes where the owning plugin's answer mounts
-    something, or under it, or at a path the plugin owns (`kubegpu_device_owned`).
+    """Refuse (`mount`) a container that mounts one of its pod's volumes, or its termination message file, where
+    the owning plugin's answer mounts something, or under it, or at a path the plugin owns (`kubegpu_device_owned`).
 
-    The CRI shim removes such a volume from the container; a device plugin cannot: the kubelet mounts the pod's
-    volumes itself, after the device plugin's mounts, and the runtime mounts the later of two mounts at one path on
-    top. A volume at `/overrideEnv`, `/etc/ld.so.preload` or over HAMi-core's region directory would lift the GPU
-    share's limits; so the pod is refused its admission, with the mount named."""
+    The CRI shim removes such a mount from the container; a device plugin cannot: the kubelet mounts the pod's
+    volumes and then the termination message file itself, after the device plugin's mounts, and the runtime mounts
+    the later of two mounts at one path on top. A volume at `/overrideEnv`, `/etc/ld.so.preload` or over HAMi-core's
+    region directory would lift the GPU share's limits, and so would the kubelet's empty termination message file at
+    `/etc/ld.so.preload` (HAMi-core never loaded); so the pod is refused its admission, with the mount named."""
     answered = [mounted_path(m.container_path) for m in edit.mounts]
-    for written in candidate.mounts.get(container, ()):
+    for mount, written in candidate.mounts.get(container, ()):
         path = mounted_path(written)
         covered = next((a for a in answered if path == a or path.startswith(f"{a}/")), None)
         if covered is None and (owned is None or not owned.owns_mount(written)):
             continue
         what = f"the {plugin} plugin mounts {covered} there" if covered else f"the {plugin} plugin owns that path"
+        change = (
+            "remove that volumeMount" if mount == VOLUME else "leave terminationMessagePath at /dev/termination-log"
+        )
         raise AllocationRefused(
             "mount",
-            f"pod {candidate.pod.key} container {container} mounts a volume at {written[:200]!r}, where {what} on "
+            f"pod {candidate.pod.key} container {container} mounts {mount} at {written[:200]!r}, where {what} on "
             "this node (device selection, or the GPU share limits and the files HAMi-core reads): the kubelet would "
-            "mount the volume over the node's, so the container is refused; remove that volumeMount",
+            f"mount it over the node's, so the container is refused; {change}",
         )
 
 

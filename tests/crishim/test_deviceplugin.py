@@ -719,6 +719,31 @@ def test_a_share_container_mounting_a_volume_over_a_path_the_node_owns_is_refuse
         assert dict(answer.envs)["CUDA_DEVICE_SM_LIMIT_0"] == "20"
 
 
+@pytest.mark.parametrize("path", ["/etc/ld.so.preload", "/overrideEnv", "/usr/local/vgpu/cache/cudevshr.cache"])
+def test_a_share_container_whose_termination_message_path_is_one_the_node_owns_is_refused_naming_it(
+    directory: Path, shared_node: Path, make_plugin_manager: Callable[..., KubegpuPluginManager], path: str
+) -> None:
+    """The kubelet mounts a fresh, empty, writable file of its own at a container's `terminationMessagePath`, after
+    the device plugin's mounts and the pod's volumes, so the runtime mounts it on top of whatever the node put
+    there: at `/etc/ld.so.preload` HAMi-core is never loaded and the 30 % share runs with the whole GPU; at
+    `/overrideEnv` or in the region directory the container's own file replaces the node's. The pod spec names the
+    path, no volume: such a container is refused as one mounting a volume there is."""
+    listed = share_pods({"notebook": (30, 4096), "inference": (20, 2048)})
+    listed[0]["spec"]["containers"][0]["terminationMessagePath"] = path
+    with serving_gpus(directory, make_plugin_manager("device", nvidia=nvidia_device), listed, shared_node):
+        _, answer = admitted(directory, ["0::0", "0::1", "0::2", "0::3"], 1, GPU)
+        assert isinstance(answer, grpc.RpcError), f"admitted with its termination message at {path}"
+        assert answer.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert (
+            f"kubegpu: mount check failed: pod team/notebook container main mounts its termination message file at "
+            f"{path!r}" in (answer.details() or "")
+        ), answer.details()
+        listed[0]["status"]["phase"] = "Failed"
+        _, answer = admitted(directory, ["0::0", "0::1", "0::2", "0::3"], 1, GPU)
+        assert not isinstance(answer, grpc.RpcError), answer.details()
+        assert dict(answer.envs)["CUDA_DEVICE_SM_LIMIT_0"] == "20"
+
+
 def test_an_init_container_asking_a_share_of_its_apps_whole_gpu_is_admitted_held_to_its_share(
     directory: Path, shared_node: Path, make_plugin_manager: Callable[..., KubegpuPluginManager]
 ) -> None:

@@ -542,3 +542,36 @@ def test_a_share_pod_mounting_a_volume_at_a_path_the_node_owns_fails_admission_n
         assert (gpus / "out" / "scratch.main.lock").read_text().split() == ["node-lock"]
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{plugin.output()[-3000:]}") from None
+
+
+def test_a_share_pod_whose_termination_message_path_is_the_preload_file_fails_admission_naming_it(
+    cluster: Cluster, scheduler: SchedulerProcess, space: str, gpu_node: tuple[Path, DevicePluginProcess]
+) -> None:
+    """Device-plugin mode: the kubelet mounts a fresh empty file of its own at the container's
+    `terminationMessagePath`, after every other mount, so the runtime mounts it on top of the node's. A share pod
+    naming `/etc/ld.so.preload` there, no volume, ran with that file empty: HAMi-core was never loaded and the 10 %
+    share had the whole GPU. It fails its admission with the mount named."""
+    gpus, plugin = gpu_node
+    share = {GPU: 1, "nvidia.com/gpucores": 10, "nvidia.com/gpumem": 1024}
+    command = "cat /etc/ld.so.preload > /out/$C.preload; env > /out/$C.env; sleep 3600"
+    try:
+        unloaded = pod(space, "unloaded", {"main": share}, scheduler=SCHEDULER, out=gpus / "out", command=command)
+        unloaded["spec"]["containers"][0]["terminationMessagePath"] = "/etc/ld.so.preload"
+        cluster.client.post(f"/api/v1/namespaces/{space}/pods", unloaded)
+
+        def settled() -> dict[str, Any] | None:
+            found: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{space}/pods/unloaded")
+            return found if found["status"].get("phase") in ("Failed", "Running") else None
+
+        status = wait_for(settled, 90, "the pod with its termination message at /etc/ld.so.preload to fail or run")
+        status = status["status"]
+        if status["phase"] == "Running":
+            wait_for(lambda: (gpus / "out" / "unloaded.main.env").exists() or None, 30, "the container's output")
+        ran = (gpus / "out" / "unloaded.main.preload").read_text() if status["phase"] == "Running" else ""
+        assert status["phase"] == "Failed", f"it ran, reading /etc/ld.so.preload: {ran!r}"
+        assert (
+            f"kubegpu: mount check failed: pod {space}/unloaded container main mounts its termination message file "
+            "at '/etc/ld.so.preload'" in status.get("message", "")
+        ), status
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{plugin.output()[-3000:]}") from None
