@@ -444,6 +444,12 @@ def _edit_container(manager: Router, plugin: str, answer: Any, kwargs: Mapping[s
     return answer
 
 
+def _forget_pods(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    if answer is None or (_is_int(answer) and answer >= 0):
+        return answer
+    raise WrongAnswer(f"returned {_kind(answer)}; how many pods' leftovers were removed (an int >= 0) or None is due")
+
+
 CHECKS: dict[str, Check] = {
     "kubegpu_scheduler_resources": _resources,
     "kubegpu_scheduler_qualifiers": _qualifiers,
@@ -466,4 +472,5 @@ CHECKS: dict[str, Check] = {
     "kubegpu_device_advertise": _advertise,
     "kubegpu_device_plugin_ids": _plugin_ids,
     "kubegpu_device_edit_container": _edit_container,
+    "kubegpu_device_forget_pods": _forget_pods,
 }

@@ -181,6 +181,32 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Pod removal
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def kubegpu_device_forget_pods(live_pods: frozenset[str]) -> int | None:
+    """Remove what this plugin keeps on the host for pods that are no longer on the node (optional).
+
+    Args:
+        live_pods: the UIDs of every pod the node still has (any sandbox of it listed by the runtime, ready or not;
+            in device-plugin mode every pod the API server lists on the node). Whatever the plugin keeps for a pod
+            whose UID is not here may go; nothing of a pod whose UID is here may. No container of a pod outside the
+            set is being created while the hook runs: the caller holds the same lock as container creation.
+
+    Returns:
+        How many pods' leftovers were removed (0 when none); None when the plugin keeps nothing per pod. The call
+        must return within a few seconds: what is left over is removed at the next call.
+
+    Called by:
+        the CRI shim after each RemovePodSandbox, and `kubegpu device-plugin` at every interval; every plugin, one at
+        a time (one plugin's failure is logged and costs only that plugin).
+    """
+    raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The same contract as a Protocol
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -203,3 +229,5 @@ class Device(Protocol):
     def kubegpu_device_edit_container(
         self, allocation: ContainerAllocation, edit: ContainerEdit, dev_root: Path
     ) -> bool | None: ...
+
+    def kubegpu_device_forget_pods(self, live_pods: frozenset[str]) -> int | None: ...

@@ -27,6 +27,9 @@ plugin that names device ids for it (`kubegpu_device_plugin_ids`): one socket pe
   CDI names). Ids that no verified allocation names are refused (the kubelet fails the pod's admission with the
   message): a device plugin cannot leave a container without devices it was counted for, so the only safe answer
   to an unsigned or foreign request is no container at all.
+* **Pods gone**: at every interval, the UIDs of the pods the API server lists on the node go to every plugin
+  (`kubegpu_device_forget_pods`), which removes what it keeps on the host for the others (HAMi-core's region
+  directories); one lock spans that listing and the plugins' answers, and each Allocate's edit.
 * Re-registration: the kubelet removes every socket in its `device-plugins/` directory when it starts, and creates
   a new `kubelet.sock`. The process checks once a second whether its sockets are still there and whether
   `kubelet.sock` is a new file; if not, it serves on fresh sockets and registers again.
@@ -164,6 +167,7 @@ VANISHED_MEMORY = 30.0
 IDS_HOOK = "kubegpu_device_plugin_ids"
 EDIT_HOOK = "kubegpu_device_edit_container"
 OWNED_HOOK = "kubegpu_device_owned"
+FORGET_HOOK = "kubegpu_device_forget_pods"
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
 DESCRIPTION = (
@@ -741,9 +745,10 @@ class ResourcePlugin:
         if plugin is None:
             raise AllocationRefused("plugin", f"no installed device plugin handles {self.resource}")
         try:
-            response = allocate_response(
-                self.service.plugins, plugin, candidate, container, self.resource, ids, self.service.dev_root
-            )
+            with self.service.editing:  # never while the pods gone are forgotten (`forget_gone_pods`)
+                response = allocate_response(
+                    self.service.plugins, plugin, candidate, container, self.resource, ids, self.service.dev_root
+                )
         except AllocationRefused:
             raise
         except Exception as exc:
@@ -873,6 +878,8 @@ class DevicePluginService:
         self.allocate_seconds: list[float] = []
         self.stop_event = threading.Event()
         self._thread: threading.Thread | None = None
+        # Held by each Allocate's plugin edit, and by `forget_gone_pods` from its listing to its plugins' return.
+        self.editing = threading.Lock()
 
     @property
     def kubelet_socket(self) -> Path:
@@ -899,9 +906,30 @@ class DevicePluginService:
                     next_refresh = time.monotonic() + self.interval
                     if self.inventory.refresh():
                         log.info("devices changed: %s", _summary(self.inventory.ids))
+                    self.forget_gone_pods()
                 self.sync()
             except Exception:
                 log.exception("device plugin round failed")
+
+    def forget_gone_pods(self) -> None:
+        """Tell every plugin the UIDs of the pods the API server lists on this node, whatever their phase
+        (`kubegpu_device_forget_pods`), so that each removes what it keeps on the host for the others (HAMi-core's
+        region directories). Under `editing`, with the pods listed under it: an Allocate's pod was listed before
+        its edit, and a LIST after the edit lists it too until it is deleted, so no pod whose container is being
+        given its devices is among the gone. Never raises: an API server that cannot say, or a failing plugin, is
+        logged and the work waits for the next interval."""
+        with self.editing:
+            try:
+                pods = self.pods.list_pods()
+            except ConnectionError as exc:
+                log.warning("cannot say which pods are gone from the node: %s", exc)
+                return
+            live = frozenset(str((pod.get("metadata") or {}).get("uid", "")) for pod in pods)
+            for name in self.plugins.names:
+                try:
+                    self.plugins.call(name, FORGET_HOOK, live_pods=live)
+                except PluginHookError as exc:
+                    log.error("%s; what it keeps for gone pods stays until the next interval", exc)
 
     def sync(self) -> None:
         """Serve every resource and register it; again after the kubelet restarted or removed a socket."""

@@ -12,11 +12,15 @@ Each version is forwarded in the same version while the runtime speaks it, else 
 (`RuntimeVersions`): v1 is v1alpha2 graduated, the messages they share have the same field numbers, so the bytes of a
 request of one are a valid request of the other. containerd 1.6 speaks both; containerd 2.0 only v1.
 
-Only CreateContainer is looked at. The pod's `kubegpu.io/allocation` is the one its sandbox was created with, as the
-runtime recorded it (ListPodSandbox reports each sandbox's annotations; containerd 1.6 does), not the copy of the
-pod's current annotations the kubelet puts in the request, which the pod's owner may have changed since; the copy is
-used only when the runtime reports no annotations, and the API server (with `--kubeconfig`) when the sandbox was
-created without one. The allocation must be signed with this node's key, name this node and this pod (`verify.py`),
+Only CreateContainer is looked at, and RemovePodSandbox followed: after the runtime's answer, the shim lists the
+node's sandboxes and tells every plugin the UIDs of the pods left (`Device.kubegpu_device_forget_pods`), so that
+each removes what it keeps on the host for the pods gone (HAMi-core's region directories).
+
+The pod's `kubegpu.io/allocation` is the one its sandbox was created with, as the runtime recorded it
+(ListPodSandbox reports each sandbox's annotations; containerd 1.6 does), not the copy of the pod's current
+annotations the kubelet puts in the request, which the pod's owner may have changed since; the copy is used only when
+the runtime reports no annotations, and the API server (with `--kubeconfig`) when the sandbox was created without
+one. The allocation must be signed with this node's key, name this node and this pod (`verify.py`),
 and no other live (READY) sandbox on the node may hold one of its whole devices: of two verified allocations naming
 one device, the one issued earlier is stale and refused, and a device a live container already has is never given to
 another pod (shared devices, with `shares`, are not compared). One lock spans reading the sandboxes, checking and
@@ -103,6 +107,7 @@ log = logging.getLogger("kubegpu.crishim")
 
 EDIT_HOOK = "kubegpu_device_edit_container"
 OWNED_HOOK = "kubegpu_device_owned"
+FORGET_HOOK = "kubegpu_device_forget_pods"
 # The CRI versions served, each by the generated module that describes it. v1 first: the shim asks the runtime in v1.
 CRI_VERSIONS: dict[str, Any] = {"v1": api_pb2, "v1alpha2": v1alpha2_pb2}
 RUNTIME = "RuntimeService"
@@ -416,6 +421,34 @@ class ContainerEditor:
             record = None
         self._verified[sandbox.id] = (sandbox.allocation, record)
         return record
+
+    # -- RemovePodSandbox ----------------------------------------------------------------------------------------
+
+    def forget_gone_pods(self, wait: float | None = None) -> None:
+        """Tell every plugin the UIDs of the pods still on the node (`kubegpu_device_forget_pods`), so that each
+        removes what it keeps on the host for the others (HAMi-core's region directories). Called after each
+        RemovePodSandbox. Under the creation lock, with the sandboxes listed under it: a container being created
+        holds the lock from its own listing to its plugin edit, so a pod whose sandbox exists when the edit runs is
+        never among the gone. `wait`: at most how long to wait for the lock; a call that cannot have it leaves the
+        work to the next one. Never raises: a failing runtime or plugin is logged."""
+        if self.sandboxes is None:
+            return
+        if not self._lock.acquire(timeout=-1 if wait is None else max(0.0, wait)):
+            log.info("pods gone from the node are forgotten at the next RemovePodSandbox: creation holds the lock")
+            return
+        try:
+            listed = {s.id: s for s in self.sandboxes.sandboxes()}
+            self._forget_all_but(listed)
+            live = frozenset(s.uid for s in listed.values())
+            for name in self.plugins.names:
+                try:
+                    self.plugins.call(name, FORGET_HOOK, live_pods=live)
+                except PluginHookError as exc:
+                    log.error("%s; what it keeps for gone pods stays until the next RemovePodSandbox", exc)
+        except ConnectionError as exc:
+            log.warning("cannot say which pods are gone from the node: %s", exc)
+        finally:
+            self._lock.release()
 
     def _forget_all_but(self, listed: Mapping[str, Sandbox]) -> None:
         for cache in (self._verified, self._applied):
@@ -898,6 +931,23 @@ def _create_container(
     return create
 
 
+def _remove_pod_sandbox(
+    versions: RuntimeVersions, served: str, editor: ContainerEditor
+) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+    forward = _unary(versions, served, RUNTIME, "RemovePodSandbox")
+
+    def remove(request: bytes, context: grpc.ServicerContext) -> bytes:
+        response = forward(request, context)
+        # The runtime's answer comes back unchanged; what the plugins kept for the pods now gone goes first.
+        try:
+            editor.forget_gone_pods(wait=_answer_within(context))
+        except Exception:  # a bug of the shim's own: the sandbox is removed all the same
+            log.exception("forgetting the pods gone from the node failed")
+        return response
+
+    return remove
+
+
 def proxy_handlers(versions: RuntimeVersions, editor: ContainerEditor) -> list[grpc.GenericRpcHandler]:
     """Generic handlers for every method of the RuntimeService and ImageService of every served CRI version."""
     handlers = []
@@ -915,6 +965,10 @@ def proxy_handlers(versions: RuntimeVersions, editor: ContainerEditor) -> list[g
                 elif service.name == RUNTIME and method.name == "CreateContainer":
                     methods[method.name] = grpc.unary_unary_rpc_method_handler(
                         _create_container(versions, served, editor)
+                    )
+                elif service.name == RUNTIME and method.name == "RemovePodSandbox":
+                    methods[method.name] = grpc.unary_unary_rpc_method_handler(
+                        _remove_pod_sandbox(versions, served, editor)
                     )
                 else:
                     methods[method.name] = grpc.unary_unary_rpc_method_handler(

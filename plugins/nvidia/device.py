@@ -58,8 +58,9 @@ Container edit (the CRI shim, after it verified the allocation):
   a MIG-enabled GPU's instances in its attribute `mig`, and the advertisement counts them per profile;
 * for a share (the allocation's `shares` name `nvidia.com/gpucores` and memory), the env and mounts of the node's
   enforcement, HAMi-core or MPS (`limits.py`, chosen by `KUBEGPU_NVIDIA_SHARE_LIMITS`; on a HAMi-core node the
-  container's shared-region directory `<pod uid>_<container>` is made empty on the host here); a share the node
-  cannot enforce or read fails the edit, so the container is refused. Whole GPUs get no limits.
+  container's shared-region directory `<pod uid>_<container>` is made empty on the host here, and removed by
+  `kubegpu_device_forget_pods` once its pod is gone); a share the node cannot enforce or read fails the edit, so the
+  container is refused. Whole GPUs get no limits.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ from kubegpu.plugins.nvidia.limits import (
     limits,
     node_sharing,
     read_container_share,
+    remove_gone_regions,
 )
 from kubegpu.plugins.nvidia.mig import LAYOUT_ATTRIBUTE, MIG_RESOURCES, format_layout
 from kubegpu.plugins.nvidia.mig_node import (
@@ -256,6 +258,12 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
     edit.mounts = [m for m in edit.mounts if m.container_path not in paths] + mounts
     edit.replace_cdi_devices(CDI_KIND, [f"{CDI_KIND}={i}" for i in indexes])
     return True
+
+
+@hookimpl
+def kubegpu_device_forget_pods(live_pods: frozenset[str]) -> int:
+    # HAMi-core's region directories of the pods that are gone (`limits.remove_gone_regions`), within a bounded time.
+    return remove_gone_regions(node_sharing(), live_pods)
 
 
 # ----------------------------------------------------------------------------------------------------------

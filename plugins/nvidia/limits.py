@@ -61,8 +61,10 @@ tenant's volume at `/tmp` could have put one. The node's mounts lie deeper than 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,7 +89,10 @@ __all__ = [
     "node_sharing",
     "read_container_share",
     "region_directory",
+    "remove_gone_regions",
 ]
+
+log = logging.getLogger("kubegpu.nvidia")
 
 # ----------------------------------------------------------------------------------------------------------
 # Configuration
@@ -111,6 +116,9 @@ OVERRIDE_FILE = "/overrideEnv"  # HAMi-core sets its `NAME=value` lines over the
 EMPTY_FILE = "/dev/null"
 MPS_PIPE = "/tmp/nvidia-mps"
 MPS_LOG = "/var/log/nvidia-mps"
+# At most this long per call removing the region directories of pods that are gone (the CRI shim holds its creation
+# lock meanwhile); what is left is removed at the next call.
+REMOVE_BUDGET = 2.0
 
 MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"  # HAMi-core: bare (every GPU) or `_<i>`
 SM_LIMIT = "CUDA_DEVICE_SM_LIMIT"
@@ -292,7 +300,7 @@ def region_directory(sharing: NodeSharing, holder: str) -> Path:
     `<hami dir>/containers/<holder>` (HAMi's layout). Made anew at each creation of the container, so that no region
     written before (by an earlier run of it, whose code could write the limits in its region) is read, whatever that
     run left there (`_remove_tree`: links removed, never followed, at any depth); one directory per container of the
-    node, left when its pod ends (the next container of the same name and pod UID empties it). Mode 0777, so that a
+    node, removed once no sandbox of its pod is left on the node (`remove_gone_regions`). Mode 0777, so that a
     process of any user in the container can create the region; `containers/` is 0700, so that no user of the host
     reaches what a container wrote there. Raises `ShareLimitError` for a holder that is no plain name, or a directory
     that cannot be made (the hami dir missing: HAMi-core is not installed where it says)."""
@@ -317,18 +325,63 @@ def region_directory(sharing: NodeSharing, holder: str) -> Path:
     return directory
 
 
-def _remove_tree(parent: Path, name: str) -> None:
+def remove_gone_regions(
+    sharing: NodeSharing,
+    live_pods: frozenset[str],
+    *,
+    budget: float = REMOVE_BUDGET,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Remove the region directories (`containers/<pod uid>_<container>`, `region_directory`) of every pod whose
+    UID is not in `live_pods`, whatever their containers left there (`_remove_tree`); returns how many pods' were
+    removed. Whatever the node's mode now: a node switched from HAMi-core to MPS still sheds its old directories.
+    Stops after `budget` seconds (a tree of millions of files is removed over several calls: the partial tree keeps
+    its name); one that cannot be removed (still a mount point) is logged and tried again at the next call."""
+    parent = Path(sharing.hami_dir) / "containers"
+    deadline = clock() + budget
+    try:
+        names = sorted(entry.name for entry in os.scandir(parent))
+    except OSError:  # no HAMi-core directory here, or no share container was ever created
+        return 0
+    removed: set[str] = set()
+    for name in names:
+        pod, separator, _ = name.partition("_")
+        if not separator or pod in live_pods:
+            continue
+        try:
+            if (parent / name).is_symlink() or not (parent / name).is_dir():
+                (parent / name).unlink()
+            else:
+                _remove_tree(parent, name, deadline=deadline, clock=clock)
+        except TimeoutError:
+            log.info("the region directories of gone pods are being removed; the rest at the next call")
+            break
+        except OSError as exc:
+            log.warning("cannot remove the HAMi-core region directory %r of a gone pod: %s", name[:80], exc.strerror)
+            continue
+        removed.add(pod)
+        if clock() > deadline:
+            break
+    return len(removed)
+
+
+def _remove_tree(
+    parent: Path, name: str, *, deadline: float | None = None, clock: Callable[[], float] = time.monotonic
+) -> None:
     """Remove the directory `name` of `parent` and all it holds, whatever the container that owned it left there:
     links are removed, never followed, and nothing recurses or holds a file open per level (`shutil.rmtree` does
     both: a tree nested 3,000 deep raised RecursionError, 400 deep took 400 of the files the process may open).
     Each pass removes the files of the directories at its top and moves their own directories up beside them, so
-    every entry is visited once, with two directories open at a time."""
+    every entry is visited once, with two directories open at a time. Past `deadline` (of `clock`) it raises
+    `TimeoutError`, leaving what remains under `name`."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
     level = os.open(parent / name, flags)  # `parent` is the node's (0700, in no container): only `name` is checked
     try:
         moved = 0
         while pending := _entries(level):
             for entry, is_directory in pending:
+                if deadline is not None and clock() > deadline:
+                    raise TimeoutError(f"removing {name}")
                 if not is_directory:
                     os.unlink(entry, dir_fd=level)
                     continue

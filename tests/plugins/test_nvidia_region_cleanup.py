@@ -1,0 +1,353 @@
+"""HAMi-core's region directories go when their pod goes (T140).
+
+Each share container on a HAMi-core node has a directory of the host, `<KUBEGPU_HAMI_CORE_DIR>/containers/<pod
+uid>_<container>`, holding whatever the container's code wrote there, counted in no pod's ephemeral storage. They were
+left when the pod ended, so a node running many short share pods filled its disk. Now the node side tells each plugin
+the pods still on the node (`kubegpu_device_forget_pods`): the CRI shim after each RemovePodSandbox, the device-plugin
+mode at every interval; the nvidia plugin removes the directories of the others, never one of a live pod, nor one of a
+pod whose container is being created.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cri_api.v1 import api_pb2, api_pb2_grpc
+
+from kubegpu.core.annotations import ALLOCATION_KEY, encode_allocation, merge_allocations, sign_allocation
+from kubegpu.core.device_hooks import hookimpl
+from kubegpu.core.models import PluginAllocation
+from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
+from kubegpu.crishim.deviceplugin import DevicePluginService, PendingPods
+from kubegpu.crishim.shim import ContainerEditor, Sandbox, start_shim
+from kubegpu.plugins.nvidia import device, limits
+
+GPU, CORES, MEM = "nvidia.com/gpu", "nvidia.com/gpucores", "nvidia.com/gpumem"
+KEY = b"node-and-scheduler-share-this"
+NODE = "gpu-node-0"
+
+
+@pytest.fixture
+def hami(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A HAMi-core node: its directory a temporary one, never the host's."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    directory = tmp_path / "vgpu"
+    directory.mkdir()
+    monkeypatch.setenv(limits.MODE_ENV, "hami-core")
+    monkeypatch.setenv(limits.HAMI_DIR_ENV, str(directory))
+    return directory
+
+
+@pytest.fixture
+def pm(make_plugin_manager: Callable[..., KubegpuPluginManager]) -> KubegpuPluginManager:
+    manager: KubegpuPluginManager = make_plugin_manager("device", nvidia=device)
+    return manager
+
+
+def region(hami: Path, uid: str, container: str = "main") -> Path:
+    return hami / "containers" / f"{uid}_{container}"
+
+
+def signed(uid: str) -> str:
+    share = {GPU: {"0": 1}, CORES: {"0": 30}, MEM: {"0": 4096}}
+    part = PluginAllocation(
+        plugin="nvidia",
+        containers={"main": {GPU: ["0"], CORES: ["0"], MEM: ["0"]}},
+        shares={"main": share},
+    )
+    return encode_allocation(sign_allocation(merge_allocations(NODE, uid, [part]), KEY))
+
+
+def sandbox_config(uid: str) -> api_pb2.PodSandboxConfig:
+    return api_pb2.PodSandboxConfig(
+        metadata=api_pb2.PodSandboxMetadata(name=f"pod-{uid}", namespace="team-a", uid=uid),
+        annotations={ALLOCATION_KEY: signed(uid)},
+    )
+
+
+def create_request(sandbox_id: str, uid: str) -> api_pb2.CreateContainerRequest:
+    return api_pb2.CreateContainerRequest(
+        pod_sandbox_id=sandbox_id,
+        config=api_pb2.ContainerConfig(metadata=api_pb2.ContainerMetadata(name="main")),
+        sandbox_config=sandbox_config(uid),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Through the shim, in front of a runtime that keeps its sandboxes
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class SandboxRuntime(api_pb2_grpc.RuntimeServiceServicer):
+    """Runs, lists and removes pod sandboxes as a runtime does; creates containers without looking at them."""
+
+    def __init__(self) -> None:
+        self.sandboxes: dict[str, api_pb2.PodSandboxConfig] = {}
+
+    def RunPodSandbox(self, request: Any, context: grpc.ServicerContext) -> api_pb2.RunPodSandboxResponse:
+        sandbox_id = f"sandbox-{len(self.sandboxes) + 1}-{request.config.metadata.uid}"
+        self.sandboxes[sandbox_id] = request.config
+        return api_pb2.RunPodSandboxResponse(pod_sandbox_id=sandbox_id)
+
+    def Version(self, request: Any, context: grpc.ServicerContext) -> api_pb2.VersionResponse:
+        return api_pb2.VersionResponse(version="0.1.0", runtime_name="sandboxes", runtime_api_version="v1")
+
+    def StopPodSandbox(self, request: Any, context: grpc.ServicerContext) -> api_pb2.StopPodSandboxResponse:
+        return api_pb2.StopPodSandboxResponse()  # stopped, still listed: its pod is still the node's
+
+    def RemovePodSandbox(self, request: Any, context: grpc.ServicerContext) -> api_pb2.RemovePodSandboxResponse:
+        self.sandboxes.pop(request.pod_sandbox_id, None)
+        return api_pb2.RemovePodSandboxResponse()
+
+    def ListPodSandbox(self, request: Any, context: grpc.ServicerContext) -> api_pb2.ListPodSandboxResponse:
+        return api_pb2.ListPodSandboxResponse(
+            items=[
+                api_pb2.PodSandbox(
+                    id=sandbox_id,
+                    metadata=config.metadata,
+                    state=api_pb2.PodSandboxState.SANDBOX_READY,
+                    annotations=config.annotations,
+                )
+                for sandbox_id, config in list(self.sandboxes.items())
+            ]
+        )
+
+    def CreateContainer(self, request: Any, context: grpc.ServicerContext) -> api_pb2.CreateContainerResponse:
+        return api_pb2.CreateContainerResponse(container_id=f"c-{request.pod_sandbox_id}")
+
+
+@pytest.fixture
+def kubelet(pm: KubegpuPluginManager, hami: Path) -> Iterator[api_pb2_grpc.RuntimeServiceStub]:
+    """The kubelet's end of a shim in front of `SandboxRuntime`."""
+    sockets = Path(tempfile.mkdtemp(prefix="kubegpu-regions-"))
+    runtime = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    api_pb2_grpc.add_RuntimeServiceServicer_to_server(SandboxRuntime(), runtime)
+    runtime.add_insecure_port(f"unix://{sockets / 'runtime.sock'}")
+    runtime.start()
+    editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=hami)
+    shim = start_shim(f"unix://{sockets / 'shim.sock'}", f"unix://{sockets / 'runtime.sock'}", editor, workers=4)
+    channel = grpc.insecure_channel(f"unix://{shim.socket}")
+    try:
+        yield api_pb2_grpc.RuntimeServiceStub(channel)
+    finally:
+        channel.close()
+        shim.stop(0)
+        runtime.stop(0).wait()
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+def test_a_share_pods_region_directory_goes_when_its_sandbox_is_removed(
+    kubelet: api_pb2_grpc.RuntimeServiceStub, hami: Path
+) -> None:
+    """Two share pods run on a HAMi-core node; the first ends (its sandbox stopped and removed by the kubelet). Its
+    region directory, with what its container wrote there, was left on the host for good; now it goes, and the
+    other pod's stays with its region."""
+    sandboxes = {}
+    for uid in ("uid-ended", "uid-running"):
+        sandboxes[uid] = kubelet.RunPodSandbox(api_pb2.RunPodSandboxRequest(config=sandbox_config(uid))).pod_sandbox_id
+        kubelet.CreateContainer(create_request(sandboxes[uid], uid), timeout=10)
+        (region(hami, uid) / "cudevshr.cache").write_bytes(b"x" * 4096)  # HAMi-core's region, and anything else
+    (region(hami, "uid-ended") / "checkpoints").mkdir()
+
+    kubelet.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandboxes["uid-ended"]), timeout=10)
+    kubelet.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandboxes["uid-ended"]), timeout=10)
+
+    assert not region(hami, "uid-ended").exists(), "the ended pod's region directory was left on the host"
+    assert (region(hami, "uid-running") / "cudevshr.cache").read_bytes() == b"x" * 4096
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The rule: what is live, what is gone
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_only_the_directories_of_pods_not_on_the_node_are_removed(hami: Path, tmp_path: Path) -> None:
+    sharing = limits.node_sharing()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("a file of the host")
+    for uid, container in (("live", "main"), ("live", "sidecar"), ("gone", "main"), ("gone", "tools")):
+        limits.region_directory(sharing, f"{uid}_{container}")
+    (region(hami, "gone") / "link").symlink_to(outside)
+    (region(hami, "gone", "tools") / "a" / "b").mkdir(parents=True)
+    (hami / "containers" / "not-a-holder").mkdir()  # no `<uid>_`: not the plugin's to remove
+    (hami / "containers" / "left_link").symlink_to(outside)  # a link where a directory should be: removed itself
+
+    assert limits.remove_gone_regions(sharing, frozenset({"live"})) == 2
+
+    assert sorted(p.name for p in (hami / "containers").iterdir()) == ["live_main", "live_sidecar", "not-a-holder"]
+    assert (outside / "keep").read_text() == "a file of the host"  # never followed a link
+    assert limits.remove_gone_regions(sharing, frozenset({"live"})) == 0
+
+
+def test_a_node_without_hami_core_directories_has_nothing_to_remove(tmp_path: Path) -> None:
+    sharing = limits.NodeSharing(mode="mps", hami_dir=str(tmp_path / "absent"))
+
+    assert limits.remove_gone_regions(sharing, frozenset()) == 0
+
+
+def test_a_huge_tree_is_removed_over_several_bounded_calls(hami: Path) -> None:
+    """A container can leave millions of files; the removal runs under the shim's creation lock, so each call stops
+    at its budget and the next one goes on where it stopped."""
+    sharing = limits.node_sharing()
+    directory = limits.region_directory(sharing, "gone_main")
+    for i in range(50):
+        (directory / f"f{i}").write_bytes(b"")
+    ticks = iter(range(10_000))
+
+    def clock() -> float:
+        return float(next(ticks))
+
+    calls = 0
+    while region(hami, "gone").exists():
+        calls += 1
+        assert calls < 100
+        limits.remove_gone_regions(sharing, frozenset(), budget=20.0, clock=clock)
+    assert calls > 1
+
+
+def test_a_creation_in_flight_is_never_among_the_gone(pm: KubegpuPluginManager, hami: Path) -> None:
+    """The shim lists the sandboxes, then the plugins remove what is not listed. A pod whose sandbox was created
+    after that listing and whose container is created before the removal would lose the region directory it was just
+    given. The creation waits for the removal (one lock spans both), so its directory is made after it."""
+    sandboxes = [Sandbox("s-old", "team-a", "pod-old", "uid-old", True, None, True)]
+    forget_listed, go_on = threading.Event(), threading.Event()
+
+    class Runtime:
+        def sandboxes(self) -> list[Sandbox]:
+            listed = list(sandboxes)
+            if threading.current_thread().name == "forget":
+                forget_listed.set()
+                assert go_on.wait(10)
+            return listed
+
+        def live_containers(self, sandbox_id: str) -> list[str]:
+            return ["main"]
+
+    editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=hami, sandboxes=Runtime())
+    forget = threading.Thread(target=editor.forget_gone_pods, name="forget")
+    forget.start()
+    assert forget_listed.wait(10)
+    # the kubelet runs the new pod's sandbox and creates its container while the removal is under way
+    config = sandbox_config("uid-new")
+    sandboxes.append(Sandbox("s-new", "team-a", config.metadata.name, "uid-new", True, signed("uid-new"), True))
+    with futures.ThreadPoolExecutor(1) as pool:
+        created = pool.submit(editor.create_container, create_request("s-new", "uid-new").SerializeToString())
+        with pytest.raises(futures.TimeoutError):
+            created.result(timeout=0.2)  # held behind the removal
+        go_on.set()
+        created.result(timeout=10)
+    forget.join(10)
+
+    assert region(hami, "uid-new").is_dir()
+    editor.forget_gone_pods()  # and the next removal keeps it: its sandbox is listed
+    assert region(hami, "uid-new").is_dir()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A plugin's failure costs only that plugin
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Raises:
+    @hookimpl
+    def kubegpu_device_forget_pods(self, live_pods: frozenset[str]) -> int:
+        raise RuntimeError("the plugin's disk is gone")
+
+
+class _Answers:
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    @hookimpl
+    def kubegpu_device_forget_pods(self, live_pods: frozenset[str]) -> object:
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("plugin", "words"),
+    [
+        pytest.param(_Raises(), "RuntimeError: the plugin's disk is gone", id="raises"),
+        pytest.param(_Answers(True), "WrongAnswer: returned True (bool)", id="bool"),
+        pytest.param(_Answers(-1), "WrongAnswer: returned -1 (int)", id="negative"),
+        pytest.param(_Answers("done"), "WrongAnswer: returned 'done' (str)", id="text"),
+    ],
+)
+def test_a_plugin_that_fails_to_forget_costs_only_itself(
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+    hami: Path,
+    plugin: object,
+    words: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    manager: KubegpuPluginManager = make_plugin_manager("device", bad=plugin, nvidia=device)
+    with pytest.raises(PluginHookError, match=re.escape(f"plugin 'bad' failed in kubegpu_device_forget_pods: {words}")):
+        manager.call("bad", "kubegpu_device_forget_pods", live_pods=frozenset())
+    limits.region_directory(limits.node_sharing(), "gone_main")
+    editor = ContainerEditor(manager, node=NODE, key=KEY, dev_root=hami, sandboxes=_NoSandboxes())
+
+    editor.forget_gone_pods()  # never raises
+
+    assert not region(hami, "gone").exists()  # the nvidia plugin still ran
+    assert "plugin 'bad' failed in kubegpu_device_forget_pods" in caplog.text
+
+
+class _NoSandboxes:
+    def sandboxes(self) -> list[Sandbox]:
+        return []
+
+    def live_containers(self, sandbox_id: str) -> list[str]:
+        return []
+
+
+def test_a_runtime_that_cannot_list_removes_nothing(pm: KubegpuPluginManager, hami: Path) -> None:
+    class Down(_NoSandboxes):
+        def sandboxes(self) -> list[Sandbox]:
+            raise ConnectionError("the runtime is down")
+
+    limits.region_directory(limits.node_sharing(), "maybe_main")
+    ContainerEditor(pm, node=NODE, key=KEY, dev_root=hami, sandboxes=Down()).forget_gone_pods()
+
+    assert region(hami, "maybe").is_dir()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The device-plugin mode
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_the_device_plugin_mode_removes_the_directories_of_pods_the_api_server_no_longer_lists(
+    pm: KubegpuPluginManager, hami: Path
+) -> None:
+    listed = [{"metadata": {"uid": "uid-running"}, "status": {"phase": "Running"}}]
+    down = False
+
+    def list_pods() -> list[dict[str, Any]]:
+        if down:
+            raise ConnectionError("the API server is down")
+        return listed
+
+    service = DevicePluginService(
+        pm, PendingPods(list_pods, NODE, KEY), directory=hami / "dp", host_root=hami, dev_root=hami
+    )
+    for uid in ("uid-running", "uid-deleted", "uid-later"):
+        limits.region_directory(limits.node_sharing(), f"{uid}_main")
+
+    down = True
+    service.forget_gone_pods()
+    assert region(hami, "uid-deleted").is_dir()  # nothing is known gone while the API server cannot say
+
+    down = False
+    service.forget_gone_pods()
+    assert sorted(p.name for p in (hami / "containers").iterdir()) == ["uid-running_main"]
