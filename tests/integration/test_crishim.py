@@ -401,6 +401,41 @@ def test_a_share_holds_whatever_the_image_sets_and_whatever_the_tenant_mounts_at
         kubelet.remove_pod(sandbox_id)
 
 
+def test_a_share_pods_region_directory_goes_with_its_pod_and_a_live_pods_stays(
+    kubelet: Cri, key: bytes, hami_core: Path, tmp_path: Path
+) -> None:
+    """Each share container's region directory on the host holds whatever its code wrote there, counted in no pod's
+    ephemeral storage; it was left when the pod ended, so a node running many short share pods filled its disk
+    (T140). The kubelet stops and removes the ended pod's sandbox through the shim: its directory goes, and the
+    directory of the pod still running stays, with the region its container is using."""
+    engine = _gpu_scheduler(key)
+    placed = {name: _place_share(engine, name, 30, 4096) for name in ("ended", "running")}
+    sandboxes: dict[str, str] = {}
+    containers: dict[str, str] = {}
+    try:
+        for name, (uid, written) in placed.items():
+            sandbox = host_network_sandbox(name, uid, annotations=written, log_directory=tmp_path)
+            sandboxes[name] = kubelet.run_pod(sandbox)
+            containers[name] = kubelet.create(sandboxes[name], container_config("main"), sandbox)
+            kubelet.start(containers[name])
+            # HAMi-core's region, and whatever else the container's code leaves there
+            kubelet.exec(containers[name], "sh", "-c", "echo region > /usr/local/vgpu/cache/cudevshr.cache")
+            kubelet.exec(containers[name], "mkdir", "-p", "/usr/local/vgpu/cache/left/behind")
+        directories = {name: hami_core / "containers" / f"{uid}_main" for name, (uid, _) in placed.items()}
+        assert all((d / "cudevshr.cache").exists() for d in directories.values())
+
+        kubelet.remove_pod(sandboxes.pop("ended"))
+
+        assert not directories["ended"].exists(), "the ended pod's region directory was left on the host"
+        assert (directories["running"] / "cudevshr.cache").read_text() == "region\n"
+        assert kubelet.exec(containers["running"], "cat", "/usr/local/vgpu/cache/cudevshr.cache") == "region\n"
+        kubelet.remove_pod(sandboxes.pop("running"))
+        assert not directories["running"].exists()
+    finally:
+        for sandbox_id in sandboxes.values():
+            kubelet.remove_pod(sandbox_id)
+
+
 def test_a_share_holds_on_an_mps_node_whatever_the_image_sets(
     kubelet: Cri, key: bytes, node_dir: Path, tmp_path: Path, greedy_image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
