@@ -11,6 +11,7 @@ tests/integration/test_kubelet_deviceplugin.py.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -717,6 +718,56 @@ def test_a_share_container_mounting_a_volume_over_a_path_the_node_owns_is_refuse
         _, answer = admitted(directory, ["0::0", "0::1", "0::2", "0::3"], 1, GPU)
         assert not isinstance(answer, grpc.RpcError), answer.details()
         assert dict(answer.envs)["CUDA_DEVICE_SM_LIMIT_0"] == "20"
+
+
+def test_a_share_admitted_while_the_pods_gone_are_forgotten_keeps_its_region_directory(
+    directory: Path, shared_node: Path, make_plugin_manager: Callable[..., KubegpuPluginManager]
+) -> None:
+    """At every interval the device plugin lists the node's pods and the nvidia plugin removes the region directories
+    of the others (T140). A pod bound after that listing and admitted before the removal would lose the directory
+    its Allocate just made: the Allocate waits for the removal (one lock spans both), so its directory stays."""
+    pending = share_pods({"notebook": (30, 4096)})
+    listed: list[dict[str, Any]] = []
+    forget_listed, go_on = threading.Event(), threading.Event()
+
+    def list_pods() -> list[dict[str, Any]]:
+        answer = list(listed)
+        if threading.current_thread().name == "forget":
+            forget_listed.set()
+            assert go_on.wait(10)
+        return answer
+
+    kubelet = FakeKubelet(directory)
+    kubelet.start()
+    service = DevicePluginService(
+        make_plugin_manager("device", nvidia=nvidia_device), PendingPods(list_pods, NODE, KEY),
+        directory=directory, host_root=shared_node, dev_root=Path("/host/dev"), interval=3600,
+    )  # fmt: skip
+    service.start()
+    region = Path(os.environ["KUBEGPU_HAMI_CORE_DIR"]) / "containers" / "uid-notebook_main"
+    try:
+        assert [r.resource_name for r in kubelet.wait_registrations(1)] == [GPU]
+        forget = threading.Thread(target=service.forget_gone_pods, name="forget")
+        forget.start()
+        assert forget_listed.wait(10)
+        listed.extend(pending)  # bound after the removal listed the node's pods, admitted at once
+        with futures.ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(allocate, directory, GPU, ["0::0"])
+            with pytest.raises(futures.TimeoutError):
+                answer.result(timeout=0.2)  # held behind the removal
+            go_on.set()
+            assert not isinstance(answer.result(timeout=10), grpc.RpcError)
+        forget.join(10)
+        assert region.is_dir()
+        service.forget_gone_pods()  # the next removal lists the pod: kept
+        assert region.is_dir()
+        listed.clear()  # the pod ended and was deleted
+        service.forget_gone_pods()
+        assert not region.exists()
+    finally:
+        go_on.set()
+        service.stop()
+        kubelet.stop()
 
 
 @pytest.mark.parametrize("path", ["/etc/ld.so.preload", "/overrideEnv", "/usr/local/vgpu/cache/cudevshr.cache"])
