@@ -535,6 +535,18 @@ def test_a_share_holds_on_an_mps_node_whatever_the_image_sets(
     }
 
 
+def hami_core_share(
+    pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> tuple[Path, ContainerEditor, str]:
+    """A HAMi-core node (its directory under `tmp_path`), the shim's editor on it, and a signed allocation of a
+    share of GPU 0 for container main: what a test of the region directory starts from."""
+    hami = tmp_path / "vgpu"
+    hami.mkdir()
+    monkeypatch.setenv(limits.MODE_ENV, "hami-core")
+    monkeypatch.setenv(limits.HAMI_DIR_ENV, str(hami))
+    return hami, ContainerEditor(pm, node=NODE, key=KEY, dev_root=tmp_path), signed({"main": share(["0"])})
+
+
 def test_the_shared_region_lies_in_a_directory_of_the_node_made_empty_for_each_container(
     pm: KubegpuPluginManager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -543,12 +555,7 @@ def test_the_shared_region_lies_in_a_directory_of_the_node_made_empty_for_each_c
     filled with a crafted region (or an image shipping one) set the share's limits. Now it is in a directory of the
     node, mounted over whatever the tenant has at `/tmp` or `/usr/local`, and emptied at each creation of the
     container (an earlier run's region, which its code could write, is gone)."""
-    hami = tmp_path / "vgpu"
-    hami.mkdir()
-    monkeypatch.setenv(limits.MODE_ENV, "hami-core")
-    monkeypatch.setenv(limits.HAMI_DIR_ENV, str(hami))
-    editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=tmp_path)
-    text = signed({"main": share(["0"])})
+    hami, editor, text = hami_core_share(pm, monkeypatch, tmp_path)
     tenant = tmp_path / "emptydir"
     tenant.mkdir()
     (tenant / "cudevshr.cache").write_bytes(b"a region with the limits the tenant likes")
@@ -597,12 +604,7 @@ def test_a_region_directory_nested_deep_by_its_container_is_emptied_at_its_next_
     with a RecursionError, so every later creation of the container was refused; 400 deep, under a limit of open
     files the shim's other calls share, it ran out of them. The directory is emptied, with a few files open."""
 
-    hami = tmp_path / "vgpu"
-    hami.mkdir()
-    monkeypatch.setenv(limits.MODE_ENV, "hami-core")
-    monkeypatch.setenv(limits.HAMI_DIR_ENV, str(hami))
-    editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=tmp_path)
-    text = signed({"main": share(["0"])})
+    hami, editor, text = hami_core_share(pm, monkeypatch, tmp_path)
     directory = hami / "containers" / f"{POD.uid}_main"
     try:
         editor.create_container(create(text).SerializeToString())
