@@ -12,9 +12,10 @@ Each version is forwarded in the same version while the runtime speaks it, else 
 (`RuntimeVersions`): v1 is v1alpha2 graduated, the messages they share have the same field numbers, so the bytes of a
 request of one are a valid request of the other. containerd 1.6 speaks both; containerd 2.0 only v1.
 
-Only CreateContainer is looked at, and RemovePodSandbox followed: after the runtime's answer, the shim lists the
-node's sandboxes and tells every plugin the UIDs of the pods left (`Device.kubegpu_device_forget_pods`), so that
-each removes what it keeps on the host for the pods gone (HAMi-core's region directories).
+Only CreateContainer is looked at, and RemovePodSandbox followed: after the runtime's answer (and once when the shim
+starts serving, for the pods removed while none ran), the shim lists the node's sandboxes and tells every plugin the
+UIDs of the pods left (`Device.kubegpu_device_forget_pods`), so that each removes what it keeps on the host for the
+pods gone (HAMi-core's region directories).
 
 The pod's `kubegpu.io/allocation` is the one its sandbox was created with, as the runtime recorded it
 (ListPodSandbox reports each sandbox's annotations; containerd 1.6 does), not the copy of the pod's current
@@ -1030,7 +1031,8 @@ class RunningShim:
 def start_shim(listen: str, runtime_endpoint: str, editor: ContainerEditor, *, workers: int = 32) -> RunningShim:
     """Serve the shim on `listen` (a unix socket, created with mode 0600) in front of `runtime_endpoint`.
 
-    An editor without a `SandboxSource` gets the runtime's (`RuntimeSandboxes` on the same channel)."""
+    An editor without a `SandboxSource` gets the runtime's (`RuntimeSandboxes` on the same channel). Once serving,
+    it tells the plugins the pods on the node (`ContainerEditor.forget_gone_pods`), as after each RemovePodSandbox."""
     path = unix_path(listen)
     unix_path(runtime_endpoint)  # fail early on a malformed endpoint
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1053,7 +1055,17 @@ def start_shim(listen: str, runtime_endpoint: str, editor: ContainerEditor, *, w
         os.umask(previous)
     path.chmod(0o600)
     server.start()
+    # Pods removed while no shim ran left what the plugins keep for them (HAMi-core's region directories): forget
+    # them once now, beside the calls already served (a runtime not yet up leaves it to the next RemovePodSandbox).
+    threading.Thread(target=_forget_at_start, args=(editor,), name="crishim-forget", daemon=True).start()
     return RunningShim(server, channel, path)
+
+
+def _forget_at_start(editor: ContainerEditor) -> None:
+    try:
+        editor.forget_gone_pods()
+    except Exception:  # a bug of the shim's own: the shim serves all the same, and the next removal tries again
+        log.exception("forgetting the pods gone from the node at start failed")
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,10 +10,12 @@ pod whose container is being created.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -130,9 +132,18 @@ class SandboxRuntime(api_pb2_grpc.RuntimeServiceServicer):
 @pytest.fixture
 def kubelet(pm: KubegpuPluginManager, hami: Path) -> Iterator[api_pb2_grpc.RuntimeServiceStub]:
     """The kubelet's end of a shim in front of `SandboxRuntime`."""
+    with shim_before(SandboxRuntime(), pm, hami) as stub:
+        yield stub
+
+
+@contextlib.contextmanager
+def shim_before(
+    sandboxes: SandboxRuntime, pm: KubegpuPluginManager, hami: Path
+) -> Iterator[api_pb2_grpc.RuntimeServiceStub]:
+    """A shim started in front of `sandboxes`, and the kubelet's end of it."""
     sockets = Path(tempfile.mkdtemp(prefix="kubegpu-regions-"))
     runtime = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    api_pb2_grpc.add_RuntimeServiceServicer_to_server(SandboxRuntime(), runtime)
+    api_pb2_grpc.add_RuntimeServiceServicer_to_server(sandboxes, runtime)
     runtime.add_insecure_port(f"unix://{sockets / 'runtime.sock'}")
     runtime.start()
     editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=hami)
@@ -165,6 +176,26 @@ def test_a_share_pods_region_directory_goes_when_its_sandbox_is_removed(
 
     assert not region(hami, "uid-ended").exists(), "the ended pod's region directory was left on the host"
     assert (region(hami, "uid-running") / "cudevshr.cache").read_bytes() == b"x" * 4096
+
+
+def test_the_directories_of_pods_removed_while_no_shim_ran_go_when_the_shim_starts(
+    pm: KubegpuPluginManager, hami: Path
+) -> None:
+    """The kubelet removed a share pod's sandbox while the shim was down (an upgrade, a crash): no RemovePodSandbox
+    reached the shim, and its region directory stayed until some other pod's removal. The shim now forgets the pods
+    gone once it serves; a pod still on the node keeps its directory."""
+    runtime = SandboxRuntime()
+    runtime.sandboxes["sandbox-running"] = sandbox_config("uid-running")
+    for uid in ("uid-running", "uid-gone"):
+        region(hami, uid).mkdir(parents=True)
+        (region(hami, uid) / "cudevshr.cache").write_bytes(b"x" * 4096)
+
+    with shim_before(runtime, pm, hami):
+        deadline = time.monotonic() + 10
+        while region(hami, "uid-gone").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not region(hami, "uid-gone").exists(), "the directory of a pod removed while no shim ran was left"
+        assert (region(hami, "uid-running") / "cudevshr.cache").read_bytes() == b"x" * 4096
 
 
 # ---------------------------------------------------------------------------------------------------------------
