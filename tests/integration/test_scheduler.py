@@ -159,7 +159,9 @@ def test_mixed_device_pods_are_bound_with_valid_sets_and_signed_allocations(
     assert sorted(gpus.containers["main"]["nvidia.com/gpu"]) in (["0", "1", "2", "3"], ["4", "5", "6", "7"])
     media = placed["media"]["metadata"]["annotations"]
     assert media["gas-container-cards"] in ("card0", "card1") and int(media["gas-ts"]) > 0
-    assert "msg=bound" in scheduler.output() and "pod=" in scheduler.output()
+    # The binds are seen through the API before the scheduler's log line for the last one may be written.
+    scheduler.wait_logged("msg=bound")
+    assert "pod=" in scheduler.output()
 
 
 def test_an_unsupported_torus_request_stays_pending_with_the_neuron_warning(
