@@ -155,7 +155,7 @@ def place_and_edit() -> tuple[dict[str, Any], dict[str, dict[str, Any]], str]:
     edited: dict[str, dict[str, Any]] = {}
     for name, env in (("share-a", None), ("share-b", TENANT_RAISES)):
         manifest = pod(name, SHARE, env)
-        decision = engine.schedule(pod_request(manifest)[0])
+        decision = engine.schedule(pod_request(manifest, engine.plugins.qualifiers)[0])
         if not decision.scheduled:
             raise SystemExit(f"{name} was not placed: {decision.reason}")
         request = api_pb2.CreateContainerRequest(
@@ -178,7 +178,7 @@ def place_and_edit() -> tuple[dict[str, Any], dict[str, dict[str, Any]], str]:
             "devices": sorted(d.host_path for d in config.devices),
             "shares": decision.allocation.shares if decision.allocation else {},
         }
-    refused = engine.schedule(pod_request(pod("share-c", TOO_MUCH))[0])
+    refused = engine.schedule(pod_request(pod("share-c", TOO_MUCH), engine.plugins.qualifiers)[0])
     if refused.scheduled:
         raise SystemExit("share-c (50 % beside two 30 % shares) was placed")
     return node, edited, refused.reason or ""

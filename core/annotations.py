@@ -173,12 +173,10 @@ def merge_allocations(
             shares.setdefault(container, {}).update(by_resource)
         if part.fields:
             plugins[part.plugin] = part.fields
-    if not init:
-        return AllocationRecord(
-            version=1, node=node, podUID=pod_uid, containers=containers, shares=shares, plugins=plugins, issued=issued
-        )
-    given, lent = init_devices(containers, shares, init, qualifiers)
-    shares.update(lent)
+    given: dict[str, dict[str, list[str]]] = {}
+    if init:
+        given, lent = init_devices(containers, shares, init, qualifiers)
+        shares.update(lent)
     return AllocationRecord(
         version=1,
         node=node,
