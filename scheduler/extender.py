@@ -375,6 +375,12 @@ class ExtenderServer:
         names = self._candidates(args)
         wanted = set(names)
         with self.mirror.lock:
+            refused = self.engine.validate_devices(pod)
+            if not refused.ok:  # PreFilter: no node can take the pod, whatever each node's own filters would say
+                failed = dict.fromkeys(names, refused.message)
+                if log.isEnabledFor(logging.INFO):
+                    log.info("filter", extra={"pod": pod.key, "passed": "", "failed": _refusals(failed)})
+                return self._filter_result(args, [], failed, failed if refused.code is Code.UNRESOLVABLE else {})
             unknown = wanted - self.engine.node_names()
             answers = self._answered(pod, self.engine.plan(pod), wanted - unknown if unknown else wanted)
             failing = answers.failing
@@ -397,6 +403,13 @@ class ExtenderServer:
             }
         if log.isEnabledFor(logging.INFO):
             log.info("filter", extra={"pod": pod.key, "passed": _names(passed), "failed": _refusals(failed)})
+        return self._filter_result(args, passed, failed, unresolvable)
+
+    @staticmethod
+    def _filter_result(
+        args: ExtenderArgs, passed: list[str], failed: dict[str, str], unresolvable: dict[str, str]
+    ) -> dict[str, Any]:
+        """The ExtenderFilterResult, in the form the caller asked in (`NodeNames`, or a `Nodes` list)."""
         # Unresolvable nodes are listed in FailedNodes too: schedulers before 1.21 read only FailedNodes; newer ones
         # let FailedAndUnresolvableNodes take precedence and skip preemption there.
         result: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}

@@ -71,6 +71,7 @@ from yaml.nodes import Node
 from yaml.resolver import Resolver
 
 from kubegpu.core import dra
+from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
 from kubegpu.core.errors import InputError, shorten
 from kubegpu.core.manifests import ManifestError, is_extended_resource, node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
@@ -687,6 +688,25 @@ def _place_gang(
         yield {**_event(decision), "gang": group.key}
 
 
+def _shares(annotations: Mapping[str, str]) -> dict[str, dict[str, dict[str, int]]]:
+    """The `shares` of the allocation the engine wrote (`AllocationRecord.shares`), {} for whole devices."""
+    text = annotations.get(ALLOCATION_KEY)
+    return decode_allocation(text).shares if text else {}
+
+
+def _held(resource: str, ids: list[str], amounts: Mapping[str, int] | None, qualifier: bool) -> str:
+    """One resource of a placement: `gpu=0,1`; for a share, the amount of each device with it (`gpucores=30 on 0`,
+    `gpumem=3000 on 0,1`): the ids alone read as amounts (a 30 % share of GPU 0 showed `gpucores=0`). A resource
+    counted one per device (a GPU's share slot) shows its ids, as a whole device's."""
+    name = resource.split("/")[-1]
+    if not amounts or (not qualifier and all(amounts.get(i) == 1 for i in ids)):
+        return f"{name}={','.join(ids)}"
+    values = {amounts.get(i) for i in ids}
+    if len(values) == 1:
+        return f"{name}={values.pop()} on {','.join(ids)}"
+    return f"{name}=" + " + ".join(f"{amounts.get(i)} on {i}" for i in ids)
+
+
 def _percentile(values: list[float], fraction: float) -> float:
     if not values:
         return 0.0
@@ -705,9 +725,11 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
     )
     write("PLACEMENTS\n")
     write(f"  {'POD':40} {'EVENT':14} {'NODE':24} DEVICES\n")
+    qualifiers = engine.plugins.qualifiers
     for e in events:
+        shares = _shares(e["annotations"])
         devices = "; ".join(
-            f"{c}: " + ", ".join(f"{r.split('/')[-1]}={','.join(ids)}" for r, ids in res.items())
+            f"{c}: " + ", ".join(_held(r, ids, shares.get(c, {}).get(r), r in qualifiers) for r, ids in res.items())
             for c, res in e["devices"].items()
         )
         if e.get("claims"):

@@ -32,6 +32,7 @@ __all__ = [
     "CORES",
     "MEMORY",
     "MEMORY_PERCENT",
+    "PRIORITY",
     "SHARE_RESOURCES",
     "FragmentationTable",
     "Share",
@@ -45,6 +46,9 @@ CORES = "nvidia.com/gpucores"
 MEMORY = "nvidia.com/gpumem"
 MEMORY_PERCENT = "nvidia.com/gpumem-percentage"
 SHARE_RESOURCES = (CORES, MEMORY, MEMORY_PERCENT)
+# HAMi's task priority (0 high, 1 low), which HAMi's device plugin hands HAMi-core as `CUDA_TASK_PRIORITY`. kubegpu
+# has no counterpart: the node writes every share's priority at HAMi-core's default (`limits.HAMI_NEUTRAL`).
+PRIORITY = "nvidia.com/priority"
 
 WHOLE = 1000  # a GPU's capacity in thousandths (the unit of `Workload` kinds and of fragmentation)
 # Kinds a `Workload` keeps: its memory and the cost of its tables stay bounded whatever pods come. A shape counts once
@@ -76,6 +80,13 @@ class Share:
 
 def read_share(name: str, resources: Mapping[str, int]) -> Share | None:
     """The share a container asks for, None when it asks for whole GPUs (or none); raises `ShareError`."""
+    if PRIORITY in resources:
+        # Named at all, 0 included: kube-scheduler and the kubelet let a request of 0 of a resource no node lists
+        # through, and the container would run at HAMi-core's low priority where its spec asked for the high one.
+        raise ShareError(
+            f"container {name} requests {PRIORITY} (HAMi's task priority), which kubegpu does not set: every GPU "
+            f"share runs at HAMi-core's default priority; remove {PRIORITY} from the container"
+        )
     asked = [r for r in SHARE_RESOURCES if resources.get(r, 0) > 0]
     if not asked:
         return None

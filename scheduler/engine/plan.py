@@ -46,12 +46,13 @@ class Planning(NodeCache):
         self._routed = (pod, routes)
         return routes
 
-    def _validate(self, pod: PodRequest, routes: dict[str, list[str]]) -> Status:
-        if pod.resource_claims and self._dra_on:
-            # DynamicResources' PreFilter: every claim (or template) and class it names exists.
-            demands = self.dra.demands(pod)
-            if isinstance(demands, Status):
-                return Status(demands.code, (f"0/{len(self.nodes)} nodes are available: {demands.message}.",))
+    def validate_devices(self, pod: PodRequest) -> Status:
+        """The owning plugins' PreFilter of the pod's device requests (`kubegpu_scheduler_validate`), which
+        `schedule` runs before any node: for a front-end that filters the nodes it is handed (the extender), so that
+        a request no node can ever take is refused in the plugin's words, not by whichever node filter runs first."""
+        return self._validate_devices(pod, self._route(pod))
+
+    def _validate_devices(self, pod: PodRequest, routes: dict[str, list[str]]) -> Status:
         for plugin in routes:
             if not plugin:
                 continue
@@ -61,6 +62,17 @@ class Planning(NodeCache):
                 return Status.error(str(exc), plugin=plugin)
             if status is not None and not status.ok:
                 return status
+        return Status.success()
+
+    def _validate(self, pod: PodRequest, routes: dict[str, list[str]]) -> Status:
+        if pod.resource_claims and self._dra_on:
+            # DynamicResources' PreFilter: every claim (or template) and class it names exists.
+            demands = self.dra.demands(pod)
+            if isinstance(demands, Status):
+                return Status(demands.code, (f"0/{len(self.nodes)} nodes are available: {demands.message}.",))
+        status = self._validate_devices(pod, routes)
+        if not status.ok:
+            return status
         unowned = routes.get("")
         if unowned and self.plugins.failures:
             known = any(unowned[0] in r.info.allocatable for r in self.nodes.values())

@@ -139,6 +139,10 @@ def test_the_second_profile_manages_every_kubegpu_resource(tree: Path) -> None:
         "gpu.intel.com/i915",
         "aws.amazon.com/neuroncore",
     } <= managed
+    # as the default kube-scheduler's configuration manages them (it lacked the GPU share resources, so HAMi's share
+    # pods were refused by kube-scheduler's own NodeResourcesFit on every HAMi node)
+    patched = yaml.safe_load((tree / "extender" / "scheduler-config.yaml").read_text())["extenders"][0]
+    assert extender["managedResources"] == patched["managedResources"]
     assert config["profiles"] == [{"schedulerName": "my-scheduler"}]
     assert extender["tlsConfig"]["certFile"] == "/etc/kubegpu/extender/tls.crt"
 

@@ -8,6 +8,9 @@ kube-apiserver and kube-scheduler 1.20.2: what a user switching over sees happen
 * nvidia-gpu-scheduler (seed 004): a `gpu.model` pod through the seed's `.../apis/nvidia-gpu-scheduler/v1/schedule`
   urlPrefix, while a client watches `gpupods` on the seed's path.
 * KubeGPU (seed 003): the custom scheduler with a minimum GPU memory.
+* HAMi: its README's `gpu-pod` (`nvidia.com/gpu: 1`, `gpumem: 3000`, `gpucores: 30`) on a node as HAMi's device
+  plugin leaves it (only `nvidia.com/gpu` listed), through kube-scheduler configured as each shipped extender mode
+  configures it; a pod asking HAMi's `nvidia.com/priority` is refused with kubegpu's reason.
 """
 
 from __future__ import annotations
@@ -26,9 +29,15 @@ from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
 
 from .cluster import Cluster, free_port, wait_for
 from .test_extender import Process, make_certs, tls_client
-from .test_scheduler import ROOT, wait_bound
+from .test_scheduler import HAMI_GPU, ROOT, wait_bound
 
 OVERLAYS = ROOT / "examples" / "deploy" / "kustomize" / "overlays"
+EXTENDER_CONFIGS = {
+    # the default kube-scheduler patched to call the extender (extender-patched-default)
+    "patched-default": ROOT / "examples" / "deploy" / "extender" / "scheduler-config.yaml",
+    # the second kube-scheduler `my-scheduler` (extender-second-profile, EKS)
+    "second-profile": OVERLAYS / "extender-second-profile" / "my-scheduler.yaml",
+}
 GIB = 1024**3
 
 
@@ -132,6 +141,57 @@ def test_gas_two_8g_cards_take_two_5g_pods_and_refuse_the_third(
     )  # fmt: skip
     assert "Not enough GPU-resources for deployment: will not fit" in message and "needs 5G" in message, message
     assert len(wait_bound(cluster, namespace, 2)) == 2
+
+
+def shipped_extender_config(cluster: Cluster, which: str, url: str) -> dict[str, Any]:
+    """A shipped kube-scheduler configuration (a file, or the ConfigMap in a manifest) pointed at `url` over HTTP."""
+    documents = list(yaml.safe_load_all(EXTENDER_CONFIGS[which].read_text()))
+    config_map = next((d for d in documents if d["kind"] == "ConfigMap"), None)
+    config: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"]) if config_map else documents[0]
+    (entry,) = config["extenders"]
+    entry.update(urlPrefix=url, enableHTTPS=False)
+    entry.pop("tlsConfig")
+    config.update(clientConnection={"kubeconfig": str(cluster.kubeconfig)}, leaderElection={"leaderElect": False})
+    return config
+
+
+@pytest.mark.parametrize("which", sorted(EXTENDER_CONFIGS))
+def test_hamis_share_pod_is_placed_and_its_task_priority_refused_through_each_shipped_extender_config(
+    which: str, cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    """The second profile managed `nvidia.com/gpu` alone: kube-scheduler's own NodeResourcesFit refused HAMi's pod
+    on every HAMi node (`Insufficient nvidia.com/gpucores, ... nvidia.com/gpumem`). And `nvidia.com/priority`
+    read `Insufficient nvidia.com/priority` (1) or ran at the low priority (0, which every check lets through)."""
+    extender, port = start_extender(
+        cluster, key_file, tmp_path, "--listen", "127.0.0.1:{port}", "--insecure-no-client-auth"
+    )
+    processes.append(extender)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, urllib3.PoolManager())
+    config = shipped_extender_config(cluster, which, url)
+    (profile,) = (p["schedulerName"] for p in config["profiles"])
+    cluster.create_ready_node("hami-node", labels=HAMI_GPU, allocatable={"nvidia.com/gpu": 10})
+    scheduler = start_kube_scheduler(cluster, tmp_path, config)
+    processes.append(scheduler)
+    hami = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}  # HAMi's README's gpu-pod
+    cluster.create_pod(namespace, "gpu-pod", {"ubuntu-container": hami}, scheduler=profile)
+    try:
+        pod = wait_bound(cluster, namespace, 1, timeout=45)["gpu-pod"]
+    except AssertionError:
+        raise AssertionError(f"{events_of(cluster, namespace, 'gpu-pod')}\n{scheduler.output()[-3000:]}") from None
+    record = decode_allocation(pod["metadata"]["annotations"][ALLOCATION_KEY])
+    assert record.shares["ubuntu-container"] == {
+        "nvidia.com/gpu": {"0": 1}, "nvidia.com/gpucores": {"0": 30}, "nvidia.com/gpumem": {"0": 3000}
+    }  # fmt: skip
+    for name, priority in (("high", 0), ("low", 1)):
+        cluster.create_pod(namespace, name, {"main": {**hami, "nvidia.com/priority": priority}}, scheduler=profile)
+    for name in ("high", "low"):
+        message = wait_for(
+            lambda name=name: next((m for m in events_of(cluster, namespace, name) if "priority" in m), None),
+            45, f"{name}'s FailedScheduling event",
+        )  # fmt: skip
+        assert "remove nvidia.com/priority from the container" in message, message
+    assert set(wait_bound(cluster, namespace, 1)) == {"gpu-pod"}
 
 
 def test_neuron_seed_pod_with_my_scheduler_gets_cores_0_to_8_and_the_decision_is_logged(

@@ -104,8 +104,20 @@ def test_physical_gpus_and_split_count(
         ({GPU: 1, MEM_PCT: 101}, "nvidia.com/gpumem-percentage is 101"),
         ({GPU: 1, MEM: 1000, MEM_PCT: 10}, "requests both nvidia.com/gpumem and nvidia.com/gpumem-percentage"),
         ({CORES: 30}, "requests nvidia.com/gpucores without nvidia.com/gpu"),
+        # HAMi's task priority: 0 (high) passed every fit check unlisted, and ran at HAMi-core's low priority
+        ({GPU: 1, MEM: 3000, "nvidia.com/priority": 0}, "requests nvidia.com/priority (HAMi's task priority)"),
+        ({GPU: 1, CORES: 30, "nvidia.com/priority": 1}, "remove nvidia.com/priority from the container"),
+        ({GPU: 1, "nvidia.com/priority": 0}, "requests nvidia.com/priority"),
     ],
-    ids=["cores-over-100", "memory-percent-over-100", "both-memories", "share-without-gpu"],
+    ids=[
+        "cores-over-100",
+        "memory-percent-over-100",
+        "both-memories",
+        "share-without-gpu",
+        "hami-priority-high",
+        "hami-priority-low",
+        "hami-priority-whole-gpu",
+    ],
 )
 def test_malformed_share_is_refused_naming_the_field(
     pm: KubegpuPluginManager, resources: dict[str, int], fragment: str

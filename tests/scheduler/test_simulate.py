@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import subprocess
 import sys
 import time
@@ -292,6 +293,28 @@ def test_report_draws_occupancy_and_summary(capsys: pytest.CaptureFixture[str]) 
     assert "4-wide grid" in report  # the trn1 torus
     assert "unschedulable pods by reason" in report
     assert "does not support requests for device: 7" in report
+
+
+def test_the_report_shows_each_gpu_share_by_its_amounts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """HAMi's share pods: the placement line showed the GPU ids under the share resources (`gpucores=0, gpumem=0`
+    for 30 % and 3000 MiB of GPU 0), which read as a share of nothing."""
+    node = node_manifest(
+        "gpu-a",
+        labels={"nvidia.com/gpu.count": "3", "nvidia.com/gpu.memory": "16384"},
+        allocatable={"nvidia.com/gpu": 30},
+    )
+    pods = [
+        pod_manifest("gpu-pod", {"main": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}}),
+        pod_manifest("two", {"main": {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 10}}),
+        pod_manifest("whole", {"main": {"nvidia.com/gpu": 1}}),
+    ]
+    path = tmp_path / "hami.yaml"
+    path.write_text(yaml.safe_dump_all([node, *pods]))
+    assert main(["simulate", str(path)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if " scheduled " in line}
+    assert lines["default/gpu-pod"].endswith(" main: gpu=0, gpucores=30 on 0, gpumem=3000 on 0"), lines
+    assert re.search(r" main: gpu=(\d,\d), gpucores=10 on \1, gpumem=2000 on \1$", lines["default/two"]), lines
+    assert re.search(r" main: gpu=\d$", lines["default/whole"]), lines
 
 
 ESCAPES = "\x1b]52;c;aGk=\x07\x1b[2J\r\u202e\x9b2J"
