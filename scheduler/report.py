@@ -81,18 +81,20 @@ class PendingPod:
 
 @dataclass(frozen=True, slots=True)
 class FamilyUsage:
-    """One device family over the cluster. `used` counts devices at least partly held; `stranded` the free devices
-    outside the largest request that still fits their node."""
+    """One device family over the cluster. `used` counts devices at least partly held; `held` sums how much of each
+    device is held (a GPU 60 % shared counts 0.6), so that `utilisation` is the share of the family's capacity held,
+    not of its devices touched; `stranded` the free devices outside the largest request that still fits their node."""
 
     family: str
     total: int
     used: int
     free: int
     stranded: int
+    held: float = 0.0
 
     @property
     def utilisation(self) -> float:
-        return self.used / self.total if self.total else 0.0
+        return self.held / self.total if self.total else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +225,7 @@ def build_report(
     over those nodes."""
     views: list[NodeView] = []
     tallies: dict[str, list[int]] = {}
+    held: dict[str, float] = {}
     names = [only] if only is not None else sorted(engine.node_names())
     for name in names:
         info = engine.node_info(name)
@@ -237,9 +240,15 @@ def build_report(
             tally[1] += sum(1 for c in picture.cells if c.used > 0)
             tally[2] += picture.free
             tally[3] += max(0, picture.free - picture.largest_fit)
+            held[picture.family] = held.get(picture.family, 0.0) + sum(
+                min(1.0, max(0.0, c.used)) for c in picture.cells
+            )
         instance_type = info.labels.get("node.kubernetes.io/instance-type", "")
         views.append(NodeView(name, instance_type, len(engine.holders(name)), pictures, holder_colours(pictures)))
-    families = tuple(FamilyUsage(family, *tally) for family, tally in sorted(tallies.items()))
+    families = tuple(
+        FamilyUsage(family, total, used, free, stranded, held[family])
+        for family, (total, used, free, stranded) in sorted(tallies.items())
+    )
     return Report(
         title=title,
         source=source,
@@ -286,7 +295,14 @@ def report_json(report: Report) -> dict[str, Any]:
         ],
         "pending": [{"pod": p.pod, "reason": p.reason} for p in report.pending],
         "families": [
-            {"family": f.family, "total": f.total, "used": f.used, "free": f.free, "stranded": f.stranded}
+            {
+                "family": f.family,
+                "total": f.total,
+                "used": f.used,
+                "held": round(f.held, 4),
+                "free": f.free,
+                "stranded": f.stranded,
+            }
             for f in report.families
         ],
         "verified": report.verified,

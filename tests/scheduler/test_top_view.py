@@ -268,3 +268,36 @@ def test_a_pod_of_a_long_name_leaves_room_for_every_pending_pods_reason(width: i
     lines = output.getvalue().splitlines()
     assert any("default/small" in line and "reason of small" in line for line in lines), "\n".join(lines[-12:])
     assert max(len(line) for line in lines) <= width
+
+
+def test_a_family_of_shared_gpus_shows_the_capacity_held_not_the_gpus_touched() -> None:
+    """Two pods hold 60 % and 62 % of two T4s, one each: both GPUs are in use, and the family's utilisation is the
+    61 % of its capacity they hold, as the FGD paper and `kubegpu simulate --trace-...` count it. It read 100 % (every
+    GPU touched), so a cluster of half-used shared GPUs looked full. A whole GPU still counts whole."""
+    from kubegpu.core.manifests import node_info, pod_request
+    from kubegpu.scheduler.engine import Engine
+    from kubegpu.scheduler.report import build_report
+
+    gpu, cores, memory = "nvidia.com/gpu", "nvidia.com/gpucores", "nvidia.com/gpumem-percentage"
+    engine = Engine(make_plugin_manager("scheduler"))
+    allocatable = {gpu: 20, cores: 200, memory: 200}
+    labels = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "T4"}
+    engine.add_node(node_info(node_manifest("gpu-a", labels=labels, allocatable=allocatable)))
+    for name, share in (("a", 60), ("b", 62)):
+        request, _ = pod_request(pod_manifest(name, {"main": {gpu: 1, cores: share, memory: share}}))
+        assert engine.schedule(request).scheduled
+    (family,) = build_report(engine, title="t", source="s").families
+    assert (family.total, family.used, family.free) == (2, 2, 0)
+    assert family.utilisation == pytest.approx(0.61)
+    output = io.StringIO()
+    Console(file=output, width=160, color_system=None).print(
+        render_terminal(build_report(engine, title="t", source="s"))
+    )
+    assert re.search(r"nvidia\S*\s+2\s+2\s+61%\s", output.getvalue()), output.getvalue()
+    assert report_json(build_report(engine, title="t", source="s"))["families"][0]["held"] == pytest.approx(1.22)
+
+    whole, _ = pod_request(pod_manifest("whole", {"main": {gpu: 1}}))
+    engine.release("default/b")
+    assert engine.schedule(whole).scheduled
+    (family,) = build_report(engine, title="t", source="s").families
+    assert family.utilisation == pytest.approx(0.8)  # 60 % of one GPU and the other whole
