@@ -556,3 +556,39 @@ def test_the_device_plugin_mode_removes_the_directories_of_pods_the_api_server_n
     down = False
     service.forget_gone_pods()
     assert sorted(p.name for p in (hami / "containers").iterdir()) == ["uid-running_main"]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param([{"metadata": {"uid": "uid-running"}}, {"metadata": None}], id="a-pod-without-metadata"),
+        pytest.param([{"metadata": {"uid": "uid-running"}}, {"metadata": {"uid": 7}}], id="a-uid-not-text"),
+        pytest.param([{"metadata": {"uid": "uid-running"}}, "a proxy's line"], id="not-a-pod"),
+        # `KubeClient.list` on a 200 answer of `[]`, not a PodList
+        pytest.param(AttributeError("'list' object has no attribute 'get'"), id="not-a-list"),
+    ],
+)
+def test_a_pod_listing_the_device_plugin_cannot_read_removes_nothing(
+    pm: KubegpuPluginManager, hami: Path, answer: list[Any] | Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An API server (or a proxy before it) answered a listing with a pod whose UID cannot be read. A pod without
+    metadata counted as UID '' and every other pod's directory went, its own possibly among them; an item that is no
+    pod raised out of the interval's round, which then skipped re-registering with the kubelet (the node's devices
+    gone after the kubelet's next restart, for as long as the listing stayed so). Now such a listing says nothing
+    about which pods are gone."""
+
+    def list_pods() -> list[dict[str, Any]]:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    service = DevicePluginService(
+        pm, PendingPods(list_pods, NODE, KEY), directory=hami / "dp", host_root=hami, dev_root=hami
+    )
+    for uid in ("uid-running", "uid-unreadable"):
+        limits.region_directory(limits.node_sharing(), f"{uid}_main")
+
+    service.forget_gone_pods()  # never raises
+
+    assert sorted(p.name for p in (hami / "containers").iterdir()) == ["uid-running_main", "uid-unreadable_main"]
+    assert "cannot say which pods are gone from the node" in caplog.text
