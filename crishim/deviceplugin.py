@@ -916,15 +916,21 @@ class DevicePluginService:
         (`kubegpu_device_forget_pods`), so that each removes what it keeps on the host for the others (HAMi-core's
         region directories). Under `editing`, with the pods listed under it: an Allocate's pod was listed before
         its edit, and a LIST after the edit lists it too until it is deleted, so no pod whose container is being
-        given its devices is among the gone. Never raises: an API server that cannot say, or a failing plugin, is
-        logged and the work waits for the next interval."""
+        given its devices is among the gone. Never raises: an API server that cannot say (unreachable, or a listing
+        with an item that is no pod with a UID, which could be any pod's), or a failing plugin, is logged and the work
+        waits for the next interval; the interval's other work (re-registering with the kubelet) goes on."""
         with self.editing:
             try:
-                pods = self.pods.list_pods()
-            except ConnectionError as exc:
-                log.warning("cannot say which pods are gone from the node: %s", exc)
+                live = _listed_uids(self.pods.list_pods())
+            except Exception as exc:  # ConnectionError, or an answer not shaped as a list at all
+                log.warning("cannot say which pods are gone from the node: %s: %s", type(exc).__name__, str(exc)[:300])
                 return
-            live = frozenset(str((pod.get("metadata") or {}).get("uid", "")) for pod in pods)
+            if live is None:
+                log.warning(
+                    "cannot say which pods are gone from the node: the API server's listing has an item that is no "
+                    "pod with a UID"
+                )
+                return
             for name in self.plugins.names:
                 try:
                     self.plugins.call(name, FORGET_HOOK, live_pods=live)
@@ -1000,6 +1006,19 @@ def _inode(path: Path) -> int | None:
         return path.stat().st_ino
     except OSError:
         return None
+
+
+def _listed_uids(pods: Any) -> frozenset[str] | None:
+    """The UIDs of the API server's pod listing; None when an item is no pod with a UID: that item could be any pod
+    of the node, so the listing cannot say which are gone."""
+    uids = set()
+    for pod in pods:
+        metadata = pod.get("metadata") if isinstance(pod, dict) else None
+        uid = metadata.get("uid") if isinstance(metadata, dict) else None
+        if not isinstance(uid, str) or not uid:
+            return None
+        uids.add(uid)
+    return frozenset(uids)
 
 
 def _summary(ids: Mapping[str, Mapping[str, bool]]) -> str:

@@ -61,11 +61,13 @@ tenant's volume at `/tmp` could have put one. The node's mounts lie deeper than 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
+import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -295,26 +297,32 @@ def limits(share: ContainerShare, sharing: NodeSharing, holder: str = "") -> tup
     raise ShareLimitError(f"{MODE_ENV} is {sharing.mode[:40]!r}; give one of {', '.join(MODES)}")
 
 
-def region_directory(sharing: NodeSharing, holder: str) -> Path:
+def region_directory(
+    sharing: NodeSharing, holder: str, *, budget: float = REMOVE_BUDGET, clock: Callable[[], float] = time.monotonic
+) -> Path:
     """The host directory of one container's HAMi-core shared region, made empty now:
     `<hami dir>/containers/<holder>` (HAMi's layout). Made anew at each creation of the container, so that no region
-    written before (by an earlier run of it, whose code could write the limits in its region) is read, whatever that
-    run left there (`_remove_tree`: links removed, never followed, at any depth); one directory per container of the
-    node, removed once no sandbox of its pod is left on the node (`remove_gone_regions`). Mode 0777, so that a
-    process of any user in the container can create the region; `containers/` is 0700, so that no user of the host
-    reaches what a container wrote there. Raises `ShareLimitError` for a holder that is no plain name, or a directory
-    that cannot be made (the hami dir missing: HAMi-core is not installed where it says)."""
+    written before (by an earlier run of it, whose code could write the limits in its region) is read: whatever that
+    run left there is set aside at once (renamed `.gone-*` beside it, out of every container's reach) and removed
+    for at most `budget` seconds (`_remove_tree`: links removed, never followed, at any depth), the rest by
+    `remove_gone_regions`, so that a creation, which the CRI shim makes under its creation lock, never waits on a
+    tree of millions of files. One directory per container of the node, removed once no sandbox of its pod is left
+    on the node (`remove_gone_regions`). Mode 0777, so that a process of any user in the container can create the
+    region; `containers/` is 0700, so that no user of the host reaches what a container wrote there. Raises
+    `ShareLimitError` for a holder that is no plain name, or a directory that cannot be made (the hami dir missing:
+    HAMi-core is not installed where it says)."""
     if not _HOLDER.fullmatch(holder):
         raise ShareLimitError(f"the container's name on the node ({holder[:80]!r}) is not a plain file name")
     parent = Path(sharing.hami_dir) / "containers"
     directory = parent / holder
+    aside = None
     try:
         parent.mkdir(mode=0o700, exist_ok=True)
         parent.chmod(0o700)
         if directory.is_symlink() or not directory.is_dir():
             directory.unlink(missing_ok=True)
         else:
-            _remove_tree(parent, holder)
+            aside = _set_aside(parent, holder)
         directory.mkdir(mode=0o700)
         directory.chmod(0o777)
     except OSError as exc:
@@ -322,6 +330,13 @@ def region_directory(sharing: NodeSharing, holder: str) -> Path:
             f"cannot make the directory of the container's HAMi-core region {str(directory)[:200]!r}: {exc.strerror} "
             f"({HAMI_DIR_ENV} must name the directory HAMi-core is installed in, writable by kubegpu)"
         ) from None
+    if aside is not None:
+        try:
+            _remove_tree(parent, aside, deadline=clock() + budget, clock=clock)
+        except TimeoutError:
+            log.info("what the last run of %s left in its region directory is removed later", holder)
+        except OSError as exc:  # out of the new run's reach all the same: tried again with the pods gone
+            log.warning("cannot remove what the last run of %s left in its region directory: %s", holder, exc.strerror)
     return directory
 
 
@@ -333,10 +348,11 @@ def remove_gone_regions(
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Remove the region directories (`containers/<pod uid>_<container>`, `region_directory`) of every pod whose
-    UID is not in `live_pods`, whatever their containers left there (`_remove_tree`); returns how many pods' were
-    removed. Whatever the node's mode now: a node switched from HAMi-core to MPS still sheds its old directories.
-    Stops after `budget` seconds (a tree of millions of files is removed over several calls: the partial tree keeps
-    its name); one that cannot be removed (still a mount point) is logged and tried again at the next call."""
+    UID is not in `live_pods`, and what earlier runs of containers left set aside (`.gone-*`), whatever their
+    containers wrote there (`_remove_tree`); returns how many pods' were removed. Whatever the node's mode now: a
+    node switched from HAMi-core to MPS still sheds its old directories. Stops once `budget` seconds have passed,
+    after at least one entry (a tree of millions of files is removed over several calls: the partial tree keeps its
+    name); one that cannot be removed (still a mount point) is logged and tried again at the next call."""
     parent = Path(sharing.hami_dir) / "containers"
     deadline = clock() + budget
     try:
@@ -345,9 +361,12 @@ def remove_gone_regions(
         return 0
     removed: set[str] = set()
     for name in names:
-        pod, separator, _ = name.partition("_")
-        if not separator or pod in live_pods:
-            continue
+        if name.startswith(_ASIDE):
+            pod = ""  # an earlier run's leftovers (`region_directory`): no pod's any more
+        else:
+            pod, separator, _ = name.partition("_")
+            if not separator or pod in live_pods:
+                continue
         try:
             if (parent / name).is_symlink() or not (parent / name).is_dir():
                 (parent / name).unlink()
@@ -359,61 +378,85 @@ def remove_gone_regions(
         except OSError as exc:
             log.warning("cannot remove the HAMi-core region directory %r of a gone pod: %s", name[:80], exc.strerror)
             continue
-        removed.add(pod)
+        if pod:
+            removed.add(pod)
         if clock() > deadline:
             break
     return len(removed)
 
 
-def _remove_tree(
-    parent: Path, name: str, *, deadline: float | None = None, clock: Callable[[], float] = time.monotonic
-) -> None:
+_ASIDE = ".gone-"  # what a container's earlier run left, set aside (no holder starts with a dot: `_HOLDER`)
+
+
+def _set_aside(parent: Path, name: str) -> str:
+    """Rename the directory `name` of `parent` to a fresh `.gone-*` name there, and return that name."""
+    while True:
+        aside = f"{_ASIDE}{secrets.token_hex(8)}"
+        if not os.path.lexists(parent / aside):
+            os.rename(parent / name, parent / aside)
+            return aside
+
+
+def _remove_tree(parent: Path, name: str, *, deadline: float, clock: Callable[[], float] = time.monotonic) -> None:
     """Remove the directory `name` of `parent` and all it holds, whatever the container that owned it left there:
     links are removed, never followed, and nothing recurses or holds a file open per level (`shutil.rmtree` does
     both: a tree nested 3,000 deep raised RecursionError, 400 deep took 400 of the files the process may open).
     Each pass removes the files of the directories at its top and moves their own directories up beside them, so
-    every entry is visited once, with two directories open at a time. Past `deadline` (of `clock`) it raises
-    `TimeoutError`, leaving what remains under `name`."""
+    every entry is visited once, with two directories open at a time. Entries are removed as they are read, never
+    listed first, so memory does not grow with a directory's size, and a directory whose mere listing takes longer
+    than the budget is still removed, call by call. Once `deadline` (of `clock`) has passed, after at least one
+    entry, it raises `TimeoutError`, leaving what remains under `name`."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
     level = os.open(parent / name, flags)  # `parent` is the node's (0700, in no container): only `name` is checked
+    spare = _spare_names()
     try:
-        moved = 0
-        while pending := _entries(level):
-            for entry, is_directory in pending:
-                if deadline is not None and clock() > deadline:
-                    raise TimeoutError(f"removing {name}")
-                if not is_directory:
-                    os.unlink(entry, dir_fd=level)
-                    continue
-                inner = os.open(entry, flags, dir_fd=level)
-                try:
-                    for child, child_is_directory in _entries(inner):
-                        if child_is_directory:
-                            moved = _move_up(inner, child, level, moved)
-                        else:
-                            os.unlink(child, dir_fd=inner)
-                finally:
-                    os.close(inner)
-                os.rmdir(entry, dir_fd=level)
+        found = True
+        while found:
+            found = False
+            with os.scandir(level) as entries:
+                for entry in entries:
+                    found = True
+                    if entry.is_dir(follow_symlinks=False):
+                        _empty_into(level, entry.name, spare, deadline, clock)
+                        os.rmdir(entry.name, dir_fd=level)
+                    else:
+                        os.unlink(entry.name, dir_fd=level)
+                    if clock() > deadline:
+                        raise TimeoutError(f"removing {name}")
     finally:
         os.close(level)
     os.rmdir(parent / name)
 
 
-def _entries(directory: int) -> list[tuple[str, bool]]:
-    """The names in an open directory, each with whether it is a directory (a link to one is not)."""
-    with os.scandir(directory) as entries:
-        return [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+def _empty_into(level: int, name: str, spare: Iterator[str], deadline: float, clock: Callable[[], float]) -> None:
+    """Remove the files of the directory `name` of `level` as they are read and move its directories up into
+    `level` (links are files here: removed, never followed); `TimeoutError` once `deadline` has passed."""
+    inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=level)
+    try:
+        with os.scandir(inner) as children:
+            for child in children:
+                if child.is_dir(follow_symlinks=False):
+                    _move_up(inner, child.name, level, spare)
+                else:
+                    os.unlink(child.name, dir_fd=inner)
+                if clock() > deadline:
+                    raise TimeoutError(f"removing {name}")
+    finally:
+        os.close(inner)
 
 
-def _move_up(source: int, name: str, target: int, moved: int) -> int:
-    """Rename the directory `name` of `source` into `target`, under a name no entry there has; returns the count
-    of names tried so far (the next call starts after it)."""
-    while True:
-        moved += 1
-        fresh = f"~{moved}"
+def _spare_names() -> Iterator[str]:
+    """Names for directories moved up: this call's own (a random part), so that a call resuming a tree an earlier
+    one left does not try that call's names one by one."""
+    prefix = f"~{secrets.token_hex(4)}."
+    return (f"{prefix}{n}" for n in itertools.count(1))
+
+
+def _move_up(source: int, name: str, target: int, spare: Iterator[str]) -> None:
+    """Rename the directory `name` of `source` into `target`, under a name no entry there has."""
+    for fresh in spare:
         try:
             os.stat(fresh, dir_fd=target, follow_symlinks=False)
         except FileNotFoundError:
             os.rename(name, fresh, src_dir_fd=source, dst_dir_fd=target)
-            return moved
+            return

@@ -11,11 +11,13 @@ pod whose container is being created.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import tempfile
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -248,6 +250,178 @@ def test_a_huge_tree_is_removed_over_several_bounded_calls(hami: Path) -> None:
     assert calls > 1
 
 
+class _FileSystemClock:
+    """Time that passes as the filesystem is read and written: each entry a directory listing returns, and each
+    entry removed, costs `step` seconds (a cold or slow disk, or simply millions of entries). The filesystem is the
+    real one; only the clock is made up, so that a test can tell how far past its budget a call ran."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, step: float) -> None:
+        self.now, self.step = 0.0, step
+        real_scandir, real_unlink, real_rmdir = os.scandir, os.unlink, os.rmdir
+        clock = self
+
+        class Listing:
+            def __init__(self, *args: Any) -> None:
+                self.inner = real_scandir(*args)
+
+            def __enter__(self) -> Listing:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                self.inner.close()
+
+            def __iter__(self) -> Listing:
+                return self
+
+            def __next__(self) -> os.DirEntry[str]:
+                entry = next(self.inner)
+                clock.now += clock.step
+                return entry
+
+            def close(self) -> None:
+                self.inner.close()
+
+        def unlink(*args: Any, **kwargs: Any) -> None:
+            real_unlink(*args, **kwargs)
+            clock.now += clock.step
+
+        def rmdir(*args: Any, **kwargs: Any) -> None:
+            real_rmdir(*args, **kwargs)
+            clock.now += clock.step
+
+        monkeypatch.setattr(limits.os, "scandir", Listing)
+        monkeypatch.setattr(limits.os, "unlink", unlink)
+        monkeypatch.setattr(limits.os, "rmdir", rmdir)
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _entries_under(directory: Path) -> int:
+    return sum(len(dirs) + len(files) for _, dirs, files in os.walk(directory))
+
+
+def test_a_wide_directory_in_a_region_is_removed_within_the_budget_and_little_memory(
+    hami: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container left 6,000 files in one subdirectory of its region directory (millions cost a tenant a minute).
+    The whole subdirectory was emptied in one call whatever the budget (1 ms an entry: 12 s of the shim's creation
+    lock against a budget of 2), and every name in it held in memory at once; now a call stops at its budget, holds
+    no listing, and the next call goes on."""
+    sharing = limits.node_sharing()
+    wide = limits.region_directory(sharing, "gone_main") / "wide"
+    wide.mkdir()
+    for i in range(6000):
+        os.close(os.open(wide / f"file-{i:06d}", os.O_CREAT | os.O_WRONLY, 0o600))
+    clock = _FileSystemClock(monkeypatch, step=0.001)
+
+    tracemalloc.start()
+    try:
+        limits.remove_gone_regions(sharing, frozenset(), budget=2.0, clock=clock)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    assert peak < 200_000, f"one call held {peak} bytes"
+    assert clock.now <= 2.0 + 0.01, f"one call ran {clock.now:.1f} s against a budget of 2 s"
+    calls = 1
+    while region(hami, "gone").exists():
+        calls += 1
+        assert calls < 20
+        clock.now = 0.0
+        limits.remove_gone_regions(sharing, frozenset(), budget=2.0, clock=clock)
+        assert clock.now <= 2.0 + 0.01
+    assert calls >= 3
+
+
+def test_a_directory_whose_listing_outlasts_the_budget_is_still_removed(
+    hami: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each call listed the whole directory before removing anything, and stopped at the first entry once its budget
+    was spent: a region directory whose listing took longer than the budget (200,000 files took 0.3 s to list here,
+    a few million take longer than the 2 s budget) was never removed, and every call paid the listing again. Now
+    every call removes what it reads as it reads it."""
+    sharing = limits.node_sharing()
+    directory = limits.region_directory(sharing, "gone_main")
+    for i in range(3000):
+        os.close(os.open(directory / f"file-{i:06d}", os.O_CREAT | os.O_WRONLY, 0o600))
+    clock = _FileSystemClock(monkeypatch, step=0.001)  # listing all 3,000 takes 3 s
+
+    left = []
+    for _ in range(5):
+        clock.now = 0.0
+        limits.remove_gone_regions(sharing, frozenset(), budget=2.0, clock=clock)
+        left.append(_entries_under(directory) if directory.exists() else 0)
+
+    assert left[0] < 3000, "the first call removed nothing"
+    assert left[-1] == 0 and not directory.exists(), f"entries left after each call: {left}"
+
+
+def test_a_restarted_container_gets_its_empty_directory_within_the_budget(
+    hami: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The container's last run left 6,000 files in its region directory; its next creation (under the shim's
+    creation lock, every other pod's creation waiting) emptied them all before answering, whatever it took. Now what
+    the last run left is set aside at once and removed within the budget, the rest with the pods gone; the new run
+    starts from an empty directory all the same."""
+    sharing = limits.node_sharing()
+    wide = limits.region_directory(sharing, "live_main") / "wide"
+    wide.mkdir()
+    for i in range(6000):
+        os.close(os.open(wide / f"file-{i:06d}", os.O_CREAT | os.O_WRONLY, 0o600))
+    clock = _FileSystemClock(monkeypatch, step=0.001)
+
+    directory = limits.region_directory(sharing, "live_main", budget=2.0, clock=clock)
+
+    assert clock.now <= 2.0 + 0.01, f"the creation ran {clock.now:.1f} s against a budget of 2 s"
+    assert list(directory.iterdir()) == [] and directory.stat().st_mode & 0o777 == 0o777
+    for _ in range(20):  # the pod is still live: only what was set aside goes
+        clock.now = 0.0
+        limits.remove_gone_regions(sharing, frozenset({"live"}), budget=2.0, clock=clock)
+    assert [p.name for p in (hami / "containers").iterdir()] == ["live_main"]
+
+
+def test_what_a_tenant_leaves_in_its_region_never_reaches_outside_it(
+    hami: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A share container writes what it likes in its region directory while it runs: a fifo, links to the host's
+    files and directories, a hard link, names of odd bytes, a directory it may not read, and (a container still
+    running in device-plugin mode after its pod was force-deleted) a directory swapped for a link to the host
+    between the node's listing and its removal. Everything inside goes; nothing outside is removed, emptied or
+    followed."""
+    outside = tmp_path / "host"
+    (outside / "etc").mkdir(parents=True)
+    (outside / "etc" / "passwd").write_text("root:x:0:0")
+    sharing = limits.node_sharing()
+    directory = limits.region_directory(sharing, "gone_main")
+    os.mkfifo(directory / "fifo")
+    (directory / "to-dir").symlink_to(outside / "etc")
+    (directory / "to-file").symlink_to(outside / "etc" / "passwd")
+    os.link(outside / "etc" / "passwd", directory / "hard")
+    os.mkdir(os.fsencode(directory) + b"/odd-\xff\n..")
+    (directory / "closed" / "inner").mkdir(parents=True)
+    (directory / "closed").chmod(0)
+    (directory / "victim").mkdir()
+    (directory / "victim" / "x").write_text("the tenant's")
+    real_open = os.open
+
+    def swapped(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if path == "victim" and dir_fd is not None:  # the tenant swaps it right before the node opens it
+            shutil.rmtree(directory / "victim")
+            (directory / "victim").symlink_to(outside / "etc")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(limits.os, "open", swapped)
+    limits.remove_gone_regions(sharing, frozenset())
+    assert "cannot remove the HAMi-core region directory 'gone_main' of a gone pod" in caplog.text  # not followed
+    monkeypatch.setattr(limits.os, "open", real_open)
+    limits.remove_gone_regions(sharing, frozenset())
+
+    assert not region(hami, "gone").exists()
+    assert (outside / "etc" / "passwd").read_text() == "root:x:0:0"
+    assert sorted(p.name for p in outside.rglob("*")) == ["etc", "passwd"]
+
+
 def test_a_creation_in_flight_is_never_among_the_gone(pm: KubegpuPluginManager, hami: Path) -> None:
     """The shim lists the sandboxes, then the plugins remove what is not listed. A pod whose sandbox was created
     after that listing and whose container is created before the removal would lose the region directory it was just
@@ -382,3 +556,39 @@ def test_the_device_plugin_mode_removes_the_directories_of_pods_the_api_server_n
     down = False
     service.forget_gone_pods()
     assert sorted(p.name for p in (hami / "containers").iterdir()) == ["uid-running_main"]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param([{"metadata": {"uid": "uid-running"}}, {"metadata": None}], id="a-pod-without-metadata"),
+        pytest.param([{"metadata": {"uid": "uid-running"}}, {"metadata": {"uid": 7}}], id="a-uid-not-text"),
+        pytest.param([{"metadata": {"uid": "uid-running"}}, "a proxy's line"], id="not-a-pod"),
+        # `KubeClient.list` on a 200 answer of `[]`, not a PodList
+        pytest.param(AttributeError("'list' object has no attribute 'get'"), id="not-a-list"),
+    ],
+)
+def test_a_pod_listing_the_device_plugin_cannot_read_removes_nothing(
+    pm: KubegpuPluginManager, hami: Path, answer: list[Any] | Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An API server (or a proxy before it) answered a listing with a pod whose UID cannot be read. A pod without
+    metadata counted as UID '' and every other pod's directory went, its own possibly among them; an item that is no
+    pod raised out of the interval's round, which then skipped re-registering with the kubelet (the node's devices
+    gone after the kubelet's next restart, for as long as the listing stayed so). Now such a listing says nothing
+    about which pods are gone."""
+
+    def list_pods() -> list[dict[str, Any]]:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    service = DevicePluginService(
+        pm, PendingPods(list_pods, NODE, KEY), directory=hami / "dp", host_root=hami, dev_root=hami
+    )
+    for uid in ("uid-running", "uid-unreadable"):
+        limits.region_directory(limits.node_sharing(), f"{uid}_main")
+
+    service.forget_gone_pods()  # never raises
+
+    assert sorted(p.name for p in (hami / "containers").iterdir()) == ["uid-running_main", "uid-unreadable_main"]
+    assert "cannot say which pods are gone from the node" in caplog.text
