@@ -55,7 +55,7 @@ import re
 import resource
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -739,6 +739,7 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
     write("\nDEVICE OCCUPANCY\n")
     families: dict[str, Counter[str]] = {}
     fragmentation: Counter[str] = Counter()
+    held: defaultdict[str, float] = defaultdict(float)
     shown = 0
     busy = [n for n in engine.node_names() if engine.has_devices(n)]
     for name in busy:
@@ -748,6 +749,7 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
             tally["total"] += picture.total
             tally["free"] += picture.free
             tally["used"] += sum(1 for c in picture.cells if c.used > 0)
+            held[picture.family] += sum(min(1.0, max(0.0, c.used)) for c in picture.cells)  # as `build_report`
             fragmentation[picture.family] += max(0, picture.free - picture.largest_fit)
         holders = engine.holders(name)
         if pictures and shown < MAX_MAPS and (holders or len(busy) <= MAX_MAPS):
@@ -767,7 +769,8 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
     for family, tally in sorted(families.items()):
         total = tally["total"] or 1
         write(
-            f"  {family}: {tally['used']}/{tally['total']} devices in use ({100 * tally['used'] / total:.0f}%), "
+            f"  {family}: {tally['used']}/{tally['total']} devices in use, {100 * held[family] / total:.0f}% of their "
+            "capacity held, "
             f"{tally['free']} free, {fragmentation[family]} stranded (free but outside the largest request that "
             "still fits its node)\n"
         )

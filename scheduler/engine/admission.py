@@ -7,11 +7,13 @@ its binding.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from kubegpu.core.annotations import (
     ALLOCATION_KEY,
     AllocationRecord,
 )
+from kubegpu.core.manifests import is_extended_resource
 from kubegpu.core.models import (
     PluginAllocation,
     PodRequest,
@@ -102,10 +104,41 @@ class Admission(Cycle):
             and self._admit_exact(record, pod, exact)
         ):
             return Decision(pod.key, True, node=name)
-        decision = self.reserve(pod, name, placing=False)
+        admitted = self._as_admitted(pod, record) if record is not None else pod
+        decision = self.reserve(admitted, name, placing=False)
         if decision.scheduled:
+            if admitted is not pod:
+                self.update_bound(pod)  # the pod as it is (its node's usage too), holding what its count set aside
             self.pods[pod.key].by_count = True
         return decision
+
+    def _as_admitted(self, pod: PodRequest, record: NodeRecord) -> PodRequest:
+        """The pod as its kubelet admitted it: without the extended resources its node does not list and no plugin
+        owns (the kubelet drops them before its own fit: `removeMissingExtendedResources`, for resources a scheduler
+        extender manages, such as HAMi's `nvidia.com/priority`). Counted with them, a pod the kubelet runs was held
+        nowhere (`Insufficient nvidia.com/priority`, or a plugin refusing to place the pod) and the devices it holds
+        went to the next pod."""
+        listed = record.info.allocatable
+
+        def dropped(resources: Mapping[str, int]) -> set[str]:
+            return {
+                r for r in resources if is_extended_resource(r) and r not in listed and self.plugins.owner_of(r) is None
+            }
+
+        gone = dropped(pod.requests).union(*(dropped(c.resources) for c in pod.containers))
+        gone.update(*(dropped(s.resources) for s in pod.init_steps))
+        if not gone:
+            return pod
+
+        def kept(resources: Mapping[str, int]) -> dict[str, int]:
+            return {r: n for r, n in resources.items() if r not in gone}
+
+        return replace(
+            pod,
+            containers=tuple(replace(c, resources=kept(c.resources)) for c in pod.containers),
+            init_steps=tuple(replace(s, resources=kept(s.resources)) for s in pod.init_steps),
+            requests=kept(pod.requests),
+        )
 
     def _admit_exact(self, record: NodeRecord, pod: PodRequest, containers: dict[str, dict[str, list[str]]]) -> bool:
         """Take exactly the published ids for a pod kubegpu did not place; False (nothing taken) when they do not fit.

@@ -55,6 +55,10 @@ class Gangs(GangPreempting):
             return self._refuse_gang(group.key, members, f"more than {MAX_MEMBERS} members", Code.UNRESOLVABLE)
         holders = self.gang_holders(group)
         todo = sorted((m for m in members if m.key not in self.pods), key=rank)
+        for member in todo:  # the PreFilter, as a cycle runs it for one pod: a plugin's fit need not repeat it
+            status = self._validate(member, self._route(member))
+            if not status.ok:
+                return self._refuse_gang(group.key, members, f"{member.key}: {status.message}", status.code)
         least = max(0, group.min_member - len(holders))
         if len(todo) < least and not partial:
             reason = (

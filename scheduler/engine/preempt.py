@@ -210,9 +210,13 @@ class Preempting(Admission):
         what must be evicted from node `name` besides the proposed pods (those of `uids` that hold resources there)
         for `pod` to fit, devices included. An empty candidate when the proposed victims free enough; else the
         engine's own choice there (`select_victims`), which may name some of them again; None when no eviction lets
-        the pod fit or the node is unknown. What-if only: every pod is back as it was on return."""
+        the pod fit or the node is unknown. What-if only: every pod is back as it was on return.
+
+        None too for a pod the PreFilter refuses (`_validate`: the plugins' `kubegpu_scheduler_validate`), as `preempt`
+        does: the extender's `/filter` refused it on every node, as unresolvable, but kube-scheduler before 1.21 reads
+        only `FailedNodes` and asks for victims anyway, and a plugin's fit need not repeat its PreFilter's refusal."""
         record = self.nodes.get(name)
-        if record is None:
+        if record is None or not self._validate(pod, self._route(pod)).ok:
             return None
         proposed = set(uids)
         keys = [key for key in record.pods if self.pods[key].request.uid in proposed]

@@ -116,6 +116,44 @@ def test_two_shares_are_bound_to_one_gpu_and_a_third_is_refused_saying_what_the_
     assert "late" not in bound(cluster, namespace)
 
 
+@pytest.mark.parametrize("priority", [0, 1])
+def test_a_share_bound_by_hand_naming_hamis_task_priority_keeps_its_share_after_a_restart(
+    cluster: Cluster, namespace: str, start_scheduler: Any, priority: int
+) -> None:
+    """A share pod bound without kubegpu (its `spec.nodeName` written by hand, as HAMi's leftovers or another
+    scheduler's pods are) that names `nvidia.com/priority`: its kubelet admits it, without that resource, which the
+    node does not list. kubegpu, started after it, refuses to place such a pod, but counts this one: the next share
+    that would go over the GPU's compute is refused, not bound on top of it (before: bound, 60 % + 60 %)."""
+    cluster.create_ready_node("hami-a", labels=HAMI_GPU, allocatable={"nvidia.com/gpu": 10})
+    share = {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 60, "nvidia.com/gpumem": 4096}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "running", "namespace": namespace},
+        "spec": {
+            "nodeName": "hami-a",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"limits": {**share, "nvidia.com/priority": priority}},
+                }
+            ],
+        },
+    }
+    cluster.client.post(f"/api/v1/namespaces/{namespace}/pods", body)
+    start_scheduler("kubegpu", "--no-leader-elect")
+    cluster.create_pod(namespace, "late", {"main": share}, scheduler="kubegpu")
+
+    def refused() -> str | None:
+        events = [e for e in cluster.events(namespace) if e["involvedObject"]["name"] == "late"]
+        return next((e["message"] for e in events if e["reason"] == "FailedScheduling"), None)
+
+    message = wait_for(refused, 30, "late's FailedScheduling event")
+    assert message == "0/1 nodes are available: 1 GPU 0 has 40% compute free, the pod asks 60%.", message
+    assert set(bound(cluster, namespace)) == {"running"}
+
+
 def test_mixed_device_pods_are_bound_with_valid_sets_and_signed_allocations(
     cluster: Cluster, namespace: str, start_scheduler: Any, key_file: Path
 ) -> None:

@@ -350,6 +350,35 @@ def test_engine_places_shares_and_deleting_a_pod_frees_its_share() -> None:
     assert engine.schedule(pod("b", 50)).scheduled
 
 
+@pytest.mark.parametrize("priority", ["0", "1"])
+def test_a_share_bound_without_an_allocation_is_counted_whatever_task_priority_it_names(priority: str) -> None:
+    """A pod bound without kubegpu's allocation (by HAMi before the switch, or by `spec.nodeName`) holds its share on
+    the node: the kubelet admits it, dropping `nvidia.com/priority`, which its node does not list. kubegpu counts it
+    as the kubelet does; it refuses only to place such a pod. Before, the refusal of `nvidia.com/priority` (whatever
+    its value) left the pod uncounted, and its GPU's share went to the next pod."""
+    engine = Engine(build_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    labels = {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "16384"}
+    allocatable = {"cpu": "8", "memory": "32Gi", "pods": "110", GPU: "10", CORES: "100", MEM_PCT: "100"}
+    engine.add_node(
+        node_info({"kind": "Node", "metadata": {"name": "n", "labels": labels}, "status": {"allocatable": allocatable}})
+    )
+
+    def pod(name: str, **extra: str) -> PodRequest:
+        limits = {GPU: "1", CORES: "60", MEM_PCT: "60", **extra}
+        spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"limits": limits}}]}
+        return pod_request({"kind": "Pod", "metadata": {"name": name, "namespace": "ns", "uid": name}, "spec": spec})[0]
+
+    running = pod("running", **{"nvidia.com/priority": priority})
+    assert not engine.schedule(running).scheduled  # not placed by kubegpu...
+    held = engine.admit_by_count(running, "n")  # ...but counted where it runs
+    assert held.scheduled, held.reason
+    assert engine.placement("ns/running") is not None and engine.placement("ns/running").request is running
+    refused = engine.schedule(pod("next"))
+    assert not refused.scheduled and "Insufficient nvidia.com/gpucores" in refused.reason
+    assert engine.release("ns/running") is not None
+    assert engine.schedule(pod("next")).scheduled
+
+
 def test_a_share_that_fits_nowhere_is_refused_with_each_nodes_per_gpu_reason_counted() -> None:
     """Nodes whose totals would hold the pod but no single GPU can: each says which GPU comes closest and what it
     lacks, and the summary counts the nodes under their reasons as kube-scheduler counts them."""

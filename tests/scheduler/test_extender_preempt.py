@@ -11,12 +11,14 @@ from typing import Any
 
 import orjson
 
-from kubegpu.core.manifests import node_info
+from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.testing import make_node
 from kubegpu.plugins.neuron import scheduler as neuron
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.extender import ExtenderServer
 
+from . import toy_plugin as toy
 from .test_preemption import pod, pod_doc, trn1
 
 KEY = b"k" * 32
@@ -69,3 +71,25 @@ def test_a_node_where_only_equal_or_higher_priority_pods_would_do_is_dropped() -
     low = place(engine, "low", 16, 0, "trn-1")
     big = pod_doc("big", 16, priority=1000, uid="uid-big")
     assert preempt(server, big, {"trn-0": [], "trn-1": [low]}) == {"trn-1": [low]}
+
+
+def test_a_pod_its_plugin_refuses_before_any_node_gets_no_victims() -> None:
+    """kube-scheduler before 1.21 reads no `FailedAndUnresolvableNodes`: a pod whose every node `/filter` refused as
+    unresolvable (the plugin's PreFilter, `kubegpu_scheduler_validate`) still goes to preemption, and proposes
+    victims wherever its own filters would pass. `/preempt` answers as `/filter` did: no node, so nobody is evicted
+    for a pod that is refused again after. Before, a plugin whose fit does not repeat its PreFilter's refusal (as a
+    third-party plugin's need not) had the proposal kept, and the low-priority pod was evicted for nothing."""
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False))
+    engine.add_node(make_node("n", labels={"toy.example/cards": "1"}, allocatable={toy.RESOURCE: 1}))
+    server = ExtenderServer(engine, None, None)  # type: ignore[arg-type]
+
+    def card_pod(name: str, priority: int, **annotations: str) -> dict[str, Any]:
+        container = {"name": "main", "resources": {"limits": {toy.RESOURCE: "1"}}}
+        metadata = {"name": name, "namespace": "default", "uid": f"uid-{name}", "annotations": annotations}
+        return {"kind": "Pod", "metadata": metadata, "spec": {"priority": priority, "containers": [container]}}
+
+    assert engine.reserve(pod_request(card_pod("low", 0))[0], "n").scheduled
+    refused = card_pod("refused", 1000, **{"toy.example/refuse": "yes"})
+    answer = server.filter(orjson.dumps({"Pod": refused, "NodeNames": ["n"]}))
+    assert answer["NodeNames"] == [] and "marked refuse" in answer["FailedAndUnresolvableNodes"]["n"]
+    assert preempt(server, refused, {"n": ["uid-low"]}) == {}

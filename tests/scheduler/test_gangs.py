@@ -574,3 +574,21 @@ def test_a_fit_holds_exactly_what_is_needed_within_each_nodes_room(rooms: list[i
         for k in range(len(rooms))
         if (total := sum(r for n, r in room.items() if labels[n][RACK] == f"rack-{k}")) >= need
     )
+
+
+def test_a_gang_whose_member_a_plugin_refuses_before_any_node_is_refused_in_the_plugins_words() -> None:
+    """The plugins' PreFilter (`kubegpu_scheduler_validate`) refuses a request no node can take; a plugin's fit need
+    not repeat it (a cycle runs it first). A gang's members were placed without it: the toy plugin's refused
+    members were reserved and signed their cards."""
+    from . import toy_plugin as toy
+
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False))
+    engine.add_node(node_info(node_manifest("n", labels={"toy.example/cards": "2"}, allocatable={toy.RESOURCE: 2})))
+    members = [
+        pod_request(pod_manifest(f"m{i}", {"main": {toy.RESOURCE: 1}}, annotations={"toy.example/refuse": "y"}))[0]
+        for i in range(2)
+    ]
+    placement = engine.place_gang(members)
+    assert not placement.placed
+    assert placement.reason == "default/m0: toy requests marked refuse are refused"
+    assert not engine.pods

@@ -317,6 +317,27 @@ def test_the_report_shows_each_gpu_share_by_its_amounts(tmp_path: Path, capsys: 
     assert re.search(r" main: gpu=\d$", lines["default/whole"]), lines
 
 
+def test_the_summary_gives_a_familys_utilisation_as_its_capacity_held(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Four GPUs: one held whole, two each 25 % shared by one pod, one free. The summary said `3/4 devices in use
+    (75%)` while `--html` and `kubegpu top` of the same cluster said 38 %: a share's GPU counted as used up."""
+    node = node_manifest(
+        "gpu-a",
+        labels={"nvidia.com/gpu.count": "4", "nvidia.com/gpu.memory": "16384"},
+        allocatable={"nvidia.com/gpu": 40},
+    )
+    pods = [
+        pod_manifest("whole", {"main": {"nvidia.com/gpu": 1}}),
+        pod_manifest("two", {"main": {"nvidia.com/gpu": 2, "nvidia.com/gpucores": 25, "nvidia.com/gpumem": 1024}}),
+    ]
+    path = tmp_path / "shares.yaml"
+    path.write_text(yaml.safe_dump_all([node, *pods]))
+    assert main(["simulate", str(path)]) == 0
+    (line,) = (line for line in capsys.readouterr().out.splitlines() if line.startswith("  nvidia:"))
+    assert line.startswith("  nvidia: 3/4 devices in use, 38% of their capacity held, 1 free,"), line
+
+
 ESCAPES = "\x1b]52;c;aGk=\x07\x1b[2J\r\u202e\x9b2J"
 
 
