@@ -194,6 +194,11 @@ def shape_name(picture: Occupancy) -> str:
     return {"ring": "ring", "grid": f"{columns}-wide grid", "cells": "cards"}[picture.layout]
 
 
+def capacity_held(picture: Occupancy) -> float:
+    """How many devices' worth of a picture is held: each device's used fraction, 0 to 1 (a GPU 60 % shared: 0.6)."""
+    return sum(min(1.0, max(0.0, c.used)) for c in picture.cells)
+
+
 def draw_text(picture: Occupancy) -> list[str]:
     """The simulator's plain-text map of one picture: a header line, then a line per row of cells."""
     width = max(4, max((len(cell_label(c)) for c in picture.cells), default=3) + 1)
@@ -240,9 +245,7 @@ def build_report(
             tally[1] += sum(1 for c in picture.cells if c.used > 0)
             tally[2] += picture.free
             tally[3] += max(0, picture.free - picture.largest_fit)
-            held[picture.family] = held.get(picture.family, 0.0) + sum(
-                min(1.0, max(0.0, c.used)) for c in picture.cells
-            )
+            held[picture.family] = held.get(picture.family, 0.0) + capacity_held(picture)
         instance_type = info.labels.get("node.kubernetes.io/instance-type", "")
         views.append(NodeView(name, instance_type, len(engine.holders(name)), pictures, holder_colours(pictures)))
     families = tuple(

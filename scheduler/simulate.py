@@ -715,7 +715,11 @@ def _percentile(values: list[float], fraction: float) -> float:
 
 
 def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed: float) -> None:
-    from kubegpu.scheduler.report import draw_text, gang_domains  # only here: a trace's replay starts without it
+    from kubegpu.scheduler.report import (  # only here: a trace's replay starts without it
+        capacity_held,
+        draw_text,
+        gang_domains,
+    )
 
     write = out.write
     placed = [e for e in events if e["event"] == "scheduled"]
@@ -749,7 +753,7 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
             tally["total"] += picture.total
             tally["free"] += picture.free
             tally["used"] += sum(1 for c in picture.cells if c.used > 0)
-            held[picture.family] += sum(min(1.0, max(0.0, c.used)) for c in picture.cells)  # as `build_report`
+            held[picture.family] += capacity_held(picture)
             fragmentation[picture.family] += max(0, picture.free - picture.largest_fit)
         holders = engine.holders(name)
         if pictures and shown < MAX_MAPS and (holders or len(busy) <= MAX_MAPS):
