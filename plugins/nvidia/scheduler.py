@@ -1224,6 +1224,10 @@ def gpus_from_labels(labels: Mapping[str, str], allocatable: Mapping[str, int]) 
     # its split count of times, 100 % of `nvidia.com/gpucores` each), and under MIG's mixed strategy the count label
     # also counts the MIG-enabled GPUs.
     whole = mig.whole_gpus(labels, allocatable)
+    if whole is None and _lists_mig(labels, allocatable):
+        # MIG devices and no `nvidia.com/gpu` listed: every GPU the count label counts is MIG-enabled (`mig.py` books
+        # them, as `books_from_labels` reads them); as whole GPUs too they showed free where no whole-GPU pod runs.
+        whole = 0
     if count is None:  # a HAMi node offers 100 compute (or memory) percent per physical GPU
         percent = allocatable.get(CORES) or allocatable.get(MEMORY_PERCENT)
         count = percent // 100 if percent and offered and percent // 100 <= offered else None
@@ -1235,6 +1239,14 @@ def gpus_from_labels(labels: Mapping[str, str], allocatable: Mapping[str, int]) 
     memory_mib = _label_int(labels.get(MEMORY_LABEL))
     split = offered // count if offered else 1
     return LabelInventory(count, model, memory_mib * MIB if memory_mib is not None else None, split)
+
+
+def _lists_mig(labels: Mapping[str, str], allocatable: Mapping[str, int]) -> bool:
+    """Whether a node has MIG devices, as GFD's mixed strategy lists them: a `nvidia.com/mig-<profile>` in allocatable,
+    or its `.count` label, above 0."""
+    return any(key.startswith(MIG_PREFIX) and amount > 0 for key, amount in allocatable.items()) or any(
+        key.startswith(MIG_PREFIX) and key.endswith(".count") and _label_int(value) for key, value in labels.items()
+    )
 
 
 def offers_shares(split: int, allocatable: Mapping[str, int]) -> bool:

@@ -416,6 +416,37 @@ def test_the_engine_places_mig_pods_on_a_gfd_mixed_strategy_node_and_refuses_the
     assert engine.schedule(pod("small", "1g.10gb")).scheduled
 
 
+@pytest.mark.parametrize("listed", [True, False], ids=["allocatable", "labels-only"])
+def test_a_node_whose_every_gpu_is_mig_enabled_shows_no_whole_gpu_free(listed: bool) -> None:
+    """GFD's mixed strategy on a node whose two A100s are both MIG-enabled: `nvidia.com/gpu.count` is 2, and the
+    device plugin lists no `nvidia.com/gpu` (or, in a simulator file, the node gives labels alone). Its pictures
+    showed two whole GPUs free beside the MIG devices (`kubegpu top`, `--html`, the simulator's maps), counted in the
+    family's free and stranded devices, though no whole-GPU pod can ever run there. Only the MIG devices are shown,
+    and a whole-GPU pod is refused as before."""
+    engine = Engine(build_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    labels = {
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/gpu.count": "2",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "nvidia.com/gpu.memory": "81920",
+        "nvidia.com/mig-3g.40gb.count": "4",
+    }
+    status = {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110", "nvidia.com/mig-3g.40gb": "4"}}
+    engine.add_node(
+        node_info(
+            {"kind": "Node", "metadata": {"name": "a100", "labels": labels}, **({"status": status} if listed else {})}
+        )
+    )
+    pictures = {picture.family: picture for picture in engine.describe("a100")}
+    assert set(pictures) == {"nvidia-mig"}, pictures
+    assert (pictures["nvidia-mig"].total, pictures["nvidia-mig"].free) == (4, 4)
+    whole = pod_request(
+        {"kind": "Pod", "metadata": {"name": "whole", "namespace": "ns"},
+         "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    )[0]  # fmt: skip
+    assert not engine.schedule(whole).scheduled
+
+
 @pytest.mark.parametrize(
     ("mig_replicas", "mig_allocatable"),
     [(None, 14), ("2", 28)],
