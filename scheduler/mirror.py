@@ -978,13 +978,28 @@ class ClusterMirror:
             request, allocation = placement.request, placement.allocation
             extra = {"pod": key, "node": name}
             if allocation is None and any(self.engine.plugins.owner_of(r) for r in request.requested_resources()):
-                decision = self.engine.admit_by_count(request, name)
-                ok, problem = decision.scheduled, decision.reason
-            else:
-                status = self.engine.admit_bound(request, name, allocation)
-                ok, problem = status.ok, status.message
-            if not ok:
-                log.error("pod of a node made again could not be counted: %s", problem, extra=extra)
+                self._admit_by_count(request, name)  # logs what it could not count
+                continue
+            status = self.engine.admit_bound(request, name, allocation)
+            if not status.ok:
+                log.error("pod of a node made again could not be counted: %s", status.message, extra=extra)
+
+    def _admit_by_count(self, request: PodRequest, node: str) -> bool:
+        """Count a device pod bound to `node` without a verified allocation as its kubelet does (`admit_by_count`).
+        Where its plugins set no devices aside for it (a request no plugin would place, such as a share of 200 %
+        compute, or no room left by their books), it is counted without devices: the kubelet admitted it by count,
+        so its cpu, memory and resource counts are in use all the same, and left out the node took a pod of another
+        tenant that its kubelet then refused. Returns whether it is counted (logged where not)."""
+        extra = {"pod": request.key, "node": node}
+        decision = self.engine.admit_by_count(request, node)
+        if decision.scheduled:
+            return True
+        status = self.engine.admit_bound(request, node, None)
+        if status.ok:
+            log.warning("bound pod without an allocation is counted without devices: %s", decision.reason, extra=extra)
+            return True
+        log.error("bound pod without an allocation could not be counted: %s", status.message, extra=extra)
+        return False
 
     def _apply_foreign_devices(self, name: str, obj: dict[str, Any]) -> list[str]:
         """The device ids the node's kubelet gave pods kubegpu did not place, as its node side publishes them
@@ -1311,10 +1326,7 @@ class ClusterMirror:
                 self._refused[request.key] = (request.uid, problem)
                 self.binder.event(request, "AllocationRefused", f"kubegpu.io/allocation holds no devices: {problem}")
         if any(self.engine.plugins.owner_of(r) for r in request.requested_resources()):
-            decision = self.engine.admit_by_count(request, node)
-            if not decision.scheduled:
-                log.error("bound pod without an allocation does not fit its node: %s", decision.reason, extra=extra)
-            else:
+            if self._admit_by_count(request, node):
                 self.pending.wake_for(request)
             return
         status = self.engine.admit_bound(request, node, None)
