@@ -688,10 +688,16 @@ def _place_gang(
         yield {**_event(decision), "gang": group.key}
 
 
-def _shares(annotations: Mapping[str, str]) -> dict[str, dict[str, dict[str, int]]]:
-    """The `shares` of the allocation the engine wrote (`AllocationRecord.shares`), {} for whole devices."""
+def _shares(
+    annotations: Mapping[str, str],
+) -> tuple[dict[str, dict[str, dict[str, int]]], dict[str, dict[str, list[str]]]]:
+    """The `shares` and the init containers' devices (`init`) of the allocation the engine wrote
+    (`AllocationRecord`); empty for a pod of whole devices and no such init container."""
     text = annotations.get(ALLOCATION_KEY)
-    return decode_allocation(text).shares if text else {}
+    if not text:
+        return {}, {}
+    record = decode_allocation(text)
+    return record.shares, record.init
 
 
 def _held(resource: str, ids: list[str], amounts: Mapping[str, int] | None, qualifier: bool) -> str:
@@ -731,10 +737,17 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
     write(f"  {'POD':40} {'EVENT':14} {'NODE':24} DEVICES\n")
     qualifiers = engine.plugins.qualifiers
     for e in events:
-        shares = _shares(e["annotations"])
+        shares, init = _shares(e["annotations"])
+        # The app containers' devices, then what each classic init container is given of them, with the amounts of
+        # a share it is given or lent (an init container's 30 % of the app's whole GPU: `gpucores=30 on 0`).
+        listed = [(c, c, res) for c, res in e["devices"].items()] + [(c, f"{c} (init)", res) for c, res in init.items()]
         devices = "; ".join(
-            f"{c}: " + ", ".join(_held(r, ids, shares.get(c, {}).get(r), r in qualifiers) for r, ids in res.items())
-            for c, res in e["devices"].items()
+            f"{shown}: "
+            + ", ".join(
+                _held(r, ids, shares.get(c, {}).get(r), r in qualifiers)
+                for r, ids in {**res, **{r: list(a) for r, a in shares.get(c, {}).items() if r not in res}}.items()
+            )
+            for c, shown, res in listed
         )
         if e.get("claims"):
             devices = "; ".join(filter(None, (devices, "claims: " + claim_devices(e["claims"]))))

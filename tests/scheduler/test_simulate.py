@@ -317,6 +317,22 @@ def test_the_report_shows_each_gpu_share_by_its_amounts(tmp_path: Path, capsys: 
     assert re.search(r" main: gpu=\d$", lines["default/whole"]), lines
 
 
+def test_the_report_shows_what_an_init_container_is_given_with_its_share(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An init container checking a 30 % share of the GPU its app then takes whole: the placement line named the
+    app's GPU alone, so the report never said the check ran on GPU 0 held to 30 % of it (the allocation's `init` and
+    `shares`, which the node side applies)."""
+    gpu, cores = "nvidia.com/gpu", "nvidia.com/gpucores"
+    document = pod_manifest("checked", {"main": {gpu: 1}})
+    document["spec"]["initContainers"] = [{"name": "check", "resources": {"limits": {gpu: "1", cores: "30"}}}]
+    path = tmp_path / "init.yaml"
+    path.write_text(yaml.safe_dump_all([_shared_t4_node(), document]))
+    assert main(["simulate", str(path)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if " scheduled " in line}
+    assert re.search(r" main: gpu=(\d); check \(init\): gpu=\1, gpucores=30 on \1$", lines["default/checked"]), lines
+
+
 def test_the_summary_gives_a_familys_utilisation_as_its_capacity_held(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
