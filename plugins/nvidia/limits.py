@@ -66,6 +66,7 @@ import logging
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -92,6 +93,7 @@ __all__ = [
     "read_container_share",
     "region_directory",
     "remove_gone_regions",
+    "sweep_set_aside",
 ]
 
 log = logging.getLogger("kubegpu.nvidia")
@@ -118,9 +120,9 @@ OVERRIDE_FILE = "/overrideEnv"  # HAMi-core sets its `NAME=value` lines over the
 EMPTY_FILE = "/dev/null"
 MPS_PIPE = "/tmp/nvidia-mps"
 MPS_LOG = "/var/log/nvidia-mps"
-# At most this long per call removing the region directories of pods that are gone (the CRI shim holds its creation
-# lock meanwhile); what is left is removed at the next call.
-REMOVE_BUDGET = 2.0
+# At most this long per wake of the sweeper removing what is set aside (`sweep_set_aside`, in a thread of its own, no
+# lock held); what is left is removed at its next wake (the next forget or creation).
+SWEEP_BUDGET = 10.0
 
 MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"  # HAMi-core: bare (every GPU) or `_<i>`
 SM_LIMIT = "CUDA_DEVICE_SM_LIMIT"
@@ -156,6 +158,7 @@ OWNED_MOUNTS = (
 
 
 _HOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,250}")
+_ASIDE = ".gone-"  # what a container's earlier run, or a gone pod, left, set aside (no holder starts with a dot)
 
 
 class ShareLimitError(ValueError):
@@ -297,32 +300,30 @@ def limits(share: ContainerShare, sharing: NodeSharing, holder: str = "") -> tup
     raise ShareLimitError(f"{MODE_ENV} is {sharing.mode[:40]!r}; give one of {', '.join(MODES)}")
 
 
-def region_directory(
-    sharing: NodeSharing, holder: str, *, budget: float = REMOVE_BUDGET, clock: Callable[[], float] = time.monotonic
-) -> Path:
+def region_directory(sharing: NodeSharing, holder: str) -> Path:
     """The host directory of one container's HAMi-core shared region, made empty now:
     `<hami dir>/containers/<holder>` (HAMi's layout). Made anew at each creation of the container, so that no region
     written before (by an earlier run of it, whose code could write the limits in its region) is read: whatever that
-    run left there is set aside at once (renamed `.gone-*` beside it, out of every container's reach) and removed
-    for at most `budget` seconds (`_remove_tree`: links removed, never followed, at any depth), the rest by
-    `remove_gone_regions`, so that a creation, which the CRI shim makes under its creation lock, never waits on a
-    tree of millions of files. One directory per container of the node, removed once no sandbox of its pod is left
-    on the node (`remove_gone_regions`). Mode 0777, so that a process of any user in the container can create the
-    region; `containers/` is 0700, so that no user of the host reaches what a container wrote there. Raises
-    `ShareLimitError` for a holder that is no plain name, or a directory that cannot be made (the hami dir missing:
-    HAMi-core is not installed where it says)."""
+    run left there is set aside (renamed `.gone-*` beside it, out of every container's reach) and removed by the
+    sweeper (`sweep_set_aside`) in a thread of its own, so that a creation, which the CRI shim makes under its
+    creation lock, never waits on a tree of millions of files. One directory per container of the node, set aside
+    in turn once no sandbox of its pod is left on the node (`remove_gone_regions`). Mode 0777, so that a process of
+    any user in the container can create the region; `containers/` is 0700, so that no user of the host reaches
+    what a container wrote there. Raises `ShareLimitError` for a holder that is no plain name, or a directory that
+    cannot be made (the hami dir missing: HAMi-core is not installed where it says)."""
     if not _HOLDER.fullmatch(holder):
         raise ShareLimitError(f"the container's name on the node ({holder[:80]!r}) is not a plain file name")
     parent = Path(sharing.hami_dir) / "containers"
     directory = parent / holder
-    aside = None
+    set_aside = False
     try:
         parent.mkdir(mode=0o700, exist_ok=True)
         parent.chmod(0o700)
         if directory.is_symlink() or not directory.is_dir():
             directory.unlink(missing_ok=True)
         else:
-            aside = _set_aside(parent, holder)
+            _set_aside(parent, holder)
+            set_aside = True
         directory.mkdir(mode=0o700)
         directory.chmod(0o777)
     except OSError as exc:
@@ -330,62 +331,109 @@ def region_directory(
             f"cannot make the directory of the container's HAMi-core region {str(directory)[:200]!r}: {exc.strerror} "
             f"({HAMI_DIR_ENV} must name the directory HAMi-core is installed in, writable by kubegpu)"
         ) from None
-    if aside is not None:
-        try:
-            _remove_tree(parent, aside, deadline=clock() + budget, clock=clock)
-        except TimeoutError:
-            log.info("what the last run of %s left in its region directory is removed later", holder)
-        except OSError as exc:  # out of the new run's reach all the same: tried again with the pods gone
-            log.warning("cannot remove what the last run of %s left in its region directory: %s", holder, exc.strerror)
+    if set_aside:
+        _wake_sweeper(parent)
     return directory
 
 
-def remove_gone_regions(
-    sharing: NodeSharing,
-    live_pods: frozenset[str],
-    *,
-    budget: float = REMOVE_BUDGET,
-    clock: Callable[[], float] = time.monotonic,
-) -> int:
-    """Remove the region directories (`containers/<pod uid>_<container>`, `region_directory`) of every pod whose
-    UID is not in `live_pods`, and what earlier runs of containers left set aside (`.gone-*`), whatever their
-    containers wrote there (`_remove_tree`); returns how many pods' were removed. Whatever the node's mode now: a
-    node switched from HAMi-core to MPS still sheds its old directories. Stops once `budget` seconds have passed,
-    after at least one entry (a tree of millions of files is removed over several calls: the partial tree keeps its
-    name); one that cannot be removed (still a mount point) is logged and tried again at the next call."""
+def remove_gone_regions(sharing: NodeSharing, live_pods: frozenset[str]) -> int:
+    """Set aside the region directories (`containers/<pod uid>_<container>`, `region_directory`) of every pod whose
+    UID is not in `live_pods` (renamed `.gone-*`, which no holder name can take: one rename each, whatever the
+    container wrote there) and wake the sweeper, which removes them, and what earlier runs of containers left set
+    aside, in a thread of its own (`sweep_set_aside`); returns how many pods' were set aside. The caller holds the
+    CRI shim's creation lock (or the device-plugin mode's), so nothing here reads a tree: `containers/` holds one
+    entry per container the node created, none a container can add. Whatever the node's mode now: a node switched
+    from HAMi-core to MPS still sheds its old directories. One that cannot be renamed (still a mount point) is logged
+    and tried again at the next call; a link or file where a directory should be is removed itself."""
     parent = Path(sharing.hami_dir) / "containers"
-    deadline = clock() + budget
     try:
         names = sorted(entry.name for entry in os.scandir(parent))
     except OSError:  # no HAMi-core directory here, or no share container was ever created
         return 0
     removed: set[str] = set()
     for name in names:
-        if name.startswith(_ASIDE):
-            pod = ""  # an earlier run's leftovers (`region_directory`): no pod's any more
-        else:
-            pod, separator, _ = name.partition("_")
-            if not separator or pod in live_pods:
-                continue
+        pod, separator, _ = name.partition("_")
+        if name.startswith(_ASIDE) or not separator or pod in live_pods:
+            continue
         try:
             if (parent / name).is_symlink() or not (parent / name).is_dir():
                 (parent / name).unlink()
             else:
-                _remove_tree(parent, name, deadline=deadline, clock=clock)
-        except TimeoutError:
-            log.info("the region directories of gone pods are being removed; the rest at the next call")
-            break
+                _set_aside(parent, name)
         except OSError as exc:
             log.warning("cannot remove the HAMi-core region directory %r of a gone pod: %s", name[:80], exc.strerror)
             continue
-        if pod:
-            removed.add(pod)
-        if clock() > deadline:
-            break
+        removed.add(pod)
+    _wake_sweeper(parent)
     return len(removed)
 
 
-_ASIDE = ".gone-"  # what a container's earlier run left, set aside (no holder starts with a dot: `_HOLDER`)
+def sweep_set_aside(parent: Path, *, budget: float = SWEEP_BUDGET, clock: Callable[[], float] = time.monotonic) -> bool:
+    """Remove what is set aside (`.gone-*`) in `parent` (a `containers/` directory), whatever the containers wrote
+    there (`_remove_tree`: links removed, never followed, at any depth, memory whatever a directory's size), for at
+    most `budget` seconds after at least one entry; True when nothing set aside is left. The sweeper's work
+    (`_Sweeper`), never under a lock: a tree of millions of files costs its own removal's time, no creation's. One
+    that cannot be removed is logged and tried again at the next wake."""
+    deadline = clock() + budget
+    try:
+        names = sorted(entry.name for entry in os.scandir(parent) if entry.name.startswith(_ASIDE))
+    except OSError:
+        return True
+    swept = True
+    for name in names:
+        try:
+            _remove_tree(parent, name, deadline=deadline, clock=clock)
+        except TimeoutError:
+            log.info("what gone share containers left in their region directories is removed at the next wake")
+            return False
+        except OSError as exc:
+            log.warning("cannot remove what a gone share container left in %r: %s", name[:80], exc.strerror)
+            swept = False
+    return swept
+
+
+class _Sweeper:
+    """The thread that removes what is set aside under one `containers/` directory (`sweep_set_aside`): started by
+    a wake, it sweeps, sweeps again if woken meanwhile, and ends once a sweep found no wake pending, so that an idle
+    node keeps no thread."""
+
+    def __init__(self, parent: Path) -> None:
+        self.parent = parent
+        self._lock = threading.Lock()
+        self._pending = False
+        self._thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        with self._lock:
+            self._pending = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kubegpu-region-sweeper", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    self._thread = None
+                    return
+                self._pending = False
+            try:
+                sweep_set_aside(self.parent)
+            except Exception:  # a bug of its own: what is set aside waits for the next wake
+                log.exception("removing what gone share containers left in %s failed", str(self.parent)[:200])
+
+
+_SWEEPERS: dict[Path, _Sweeper] = {}
+_SWEEPERS_LOCK = threading.Lock()
+
+
+def _wake_sweeper(parent: Path) -> None:
+    """Have the sweeper of `parent` remove what is set aside there (one per directory, made at its first wake)."""
+    with _SWEEPERS_LOCK:
+        sweeper = _SWEEPERS.get(parent)
+        if sweeper is None:
+            sweeper = _SWEEPERS[parent] = _Sweeper(parent)
+    sweeper.wake()
 
 
 def _set_aside(parent: Path, name: str) -> str:

@@ -427,6 +427,11 @@ def test_a_share_pods_region_directory_goes_with_its_pod_and_a_live_pods_stays(
         kubelet.remove_pod(sandboxes.pop("ended"))
 
         assert not directories["ended"].exists(), "the ended pod's region directory was left on the host"
+        wait_until(  # what its container left there, set aside, is removed by the sweeper
+            lambda: [p.name for p in (hami_core / "containers").iterdir()] == [directories["running"].name],
+            10,
+            "the ended pod's set-aside region directory removed",
+        )
         assert (directories["running"] / "cudevshr.cache").read_text() == "region\n"
         assert kubelet.exec(containers["running"], "cat", "/usr/local/vgpu/cache/cudevshr.cache") == "region\n"
         kubelet.remove_pod(sandboxes.pop("running"))

@@ -29,6 +29,7 @@ from kubegpu.crishim.shim import ContainerEditor
 from kubegpu.crishim.verify import AllocationRefused, PodIdentity
 from kubegpu.plugins.nvidia import device, limits
 
+from .regions import swept
 from .test_nvidia_device import MIB, FakeGpu, fake_nvml
 
 GPU = "nvidia.com/gpu"
@@ -611,11 +612,13 @@ def test_a_region_directory_nested_deep_by_its_container_is_emptied_at_its_next_
         _nest(directory, 3000)
         editor.create_container(create(text).SerializeToString())  # the container restarted
         assert list(directory.iterdir()) == []
+        assert swept(hami) == [directory.name]  # what the last run left, removed by the sweeper
         _nest(directory, 400)
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 32, hard))
         try:
             editor.create_container(create(text).SerializeToString())
+            assert swept(hami) == [directory.name]
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         assert list(directory.iterdir()) == [] and directory.stat().st_mode & 0o777 == 0o777

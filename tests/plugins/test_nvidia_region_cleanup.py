@@ -35,6 +35,8 @@ from kubegpu.crishim.deviceplugin import DevicePluginService, PendingPods
 from kubegpu.crishim.shim import ContainerEditor, Sandbox, start_shim
 from kubegpu.plugins.nvidia import device, limits
 
+from .regions import swept
+
 GPU, CORES, MEM = "nvidia.com/gpu", "nvidia.com/gpucores", "nvidia.com/gpumem"
 KEY = b"node-and-scheduler-share-this"
 NODE = "gpu-node-0"
@@ -51,6 +53,12 @@ def hami(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv(limits.MODE_ENV, "hami-core")
     monkeypatch.setenv(limits.HAMI_DIR_ENV, str(directory))
     return directory
+
+
+@pytest.fixture
+def no_sweeper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No sweeper thread: the test sweeps what is set aside itself (`limits.sweep_set_aside`), call by call."""
+    monkeypatch.setattr(limits, "_wake_sweeper", lambda parent: None)
 
 
 @pytest.fixture
@@ -177,7 +185,44 @@ def test_a_share_pods_region_directory_goes_when_its_sandbox_is_removed(
     kubelet.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandboxes["uid-ended"]), timeout=10)
 
     assert not region(hami, "uid-ended").exists(), "the ended pod's region directory was left on the host"
+    assert swept(hami) == ["uid-running_main"]  # what its container wrote there too
     assert (region(hami, "uid-running") / "cudevshr.cache").read_bytes() == b"x" * 4096
+
+
+def test_a_gone_pods_huge_region_tree_holds_up_no_other_pods_creation(
+    kubelet: api_pb2_grpc.RuntimeServiceStub, hami: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant's share container leaves thousands of files in its region directory on a slow disk (1 ms a file,
+    3 s in all), and its pod ends. The removal ran in RemovePodSandbox under the shim's creation lock, for up to 2 s
+    a call, so the kubelet's creation of every other pod's container on the node waited behind it, call after call,
+    until the tree was gone (T145). Now the tree is set aside in one rename and a sweeper removes it, holding no
+    lock: the kubelet's calls answer at once while it goes."""
+    sandboxes = {}
+    for uid in ("uid-ended", "uid-next"):
+        sandboxes[uid] = kubelet.RunPodSandbox(api_pb2.RunPodSandboxRequest(config=sandbox_config(uid))).pod_sandbox_id
+    kubelet.CreateContainer(create_request(sandboxes["uid-ended"], "uid-ended"), timeout=10)
+    for i in range(3000):
+        os.close(os.open(region(hami, "uid-ended") / f"f{i}", os.O_CREAT | os.O_WRONLY, 0o600))
+    real_unlink = os.unlink
+
+    def slow_unlink(*args: Any, **kwargs: Any) -> None:
+        time.sleep(0.001)
+        real_unlink(*args, **kwargs)
+
+    monkeypatch.setattr(limits.os, "unlink", slow_unlink)
+
+    began = time.monotonic()
+    kubelet.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandboxes["uid-ended"]), timeout=30)
+    removed = time.monotonic() - began
+    began = time.monotonic()
+    kubelet.CreateContainer(create_request(sandboxes["uid-next"], "uid-next"), timeout=30)
+    created = time.monotonic() - began
+    sweeping = [p.name for p in (hami / "containers").iterdir() if p.name.startswith(".gone-")]
+
+    assert removed < 1.0, f"RemovePodSandbox took {removed:.1f} s removing the ended pod's files"
+    assert created < 1.0, f"the next pod's creation waited {created:.1f} s"
+    assert sweeping, "the tree was already gone: the test's disk is not slow enough to tell"
+    assert swept(hami, timeout=60) == ["uid-next_main"]
 
 
 def test_the_directories_of_pods_removed_while_no_shim_ran_go_when_the_shim_starts(
@@ -219,7 +264,7 @@ def test_only_the_directories_of_pods_not_on_the_node_are_removed(hami: Path, tm
 
     assert limits.remove_gone_regions(sharing, frozenset({"live"})) == 2
 
-    assert sorted(p.name for p in (hami / "containers").iterdir()) == ["live_main", "live_sidecar", "not-a-holder"]
+    assert swept(hami) == ["live_main", "live_sidecar", "not-a-holder"]
     assert (outside / "keep").read_text() == "a file of the host"  # never followed a link
     assert limits.remove_gone_regions(sharing, frozenset({"live"})) == 0
 
@@ -230,9 +275,9 @@ def test_a_node_without_hami_core_directories_has_nothing_to_remove(tmp_path: Pa
     assert limits.remove_gone_regions(sharing, frozenset()) == 0
 
 
-def test_a_huge_tree_is_removed_over_several_bounded_calls(hami: Path) -> None:
-    """A container can leave millions of files; the removal runs under the shim's creation lock, so each call stops
-    at its budget and the next one goes on where it stopped."""
+def test_a_huge_tree_is_removed_over_several_bounded_sweeps(hami: Path, no_sweeper: None) -> None:
+    """A container can leave millions of files: each sweep stops at its budget and the next one goes on where it
+    stopped."""
     sharing = limits.node_sharing()
     directory = limits.region_directory(sharing, "gone_main")
     for i in range(50):
@@ -242,12 +287,14 @@ def test_a_huge_tree_is_removed_over_several_bounded_calls(hami: Path) -> None:
     def clock() -> float:
         return float(next(ticks))
 
-    calls = 0
-    while region(hami, "gone").exists():
+    limits.remove_gone_regions(sharing, frozenset())
+    assert not region(hami, "gone").exists()  # set aside at once
+    calls = 1
+    while not limits.sweep_set_aside(hami / "containers", budget=20.0, clock=clock):
         calls += 1
         assert calls < 100
-        limits.remove_gone_regions(sharing, frozenset(), budget=20.0, clock=clock)
     assert calls > 1
+    assert list((hami / "containers").iterdir()) == []
 
 
 class _FileSystemClock:
@@ -302,87 +349,92 @@ def _entries_under(directory: Path) -> int:
 
 
 def test_a_wide_directory_in_a_region_is_removed_within_the_budget_and_little_memory(
-    hami: Path, monkeypatch: pytest.MonkeyPatch
+    hami: Path, monkeypatch: pytest.MonkeyPatch, no_sweeper: None
 ) -> None:
     """A container left 6,000 files in one subdirectory of its region directory (millions cost a tenant a minute).
     The whole subdirectory was emptied in one call whatever the budget (1 ms an entry: 12 s of the shim's creation
-    lock against a budget of 2), and every name in it held in memory at once; now a call stops at its budget, holds
-    no listing, and the next call goes on."""
+    lock against a budget of 2), and every name in it held in memory at once; now a sweep stops at its budget, holds
+    no listing, and the next one goes on."""
     sharing = limits.node_sharing()
     wide = limits.region_directory(sharing, "gone_main") / "wide"
     wide.mkdir()
     for i in range(6000):
         os.close(os.open(wide / f"file-{i:06d}", os.O_CREAT | os.O_WRONLY, 0o600))
+    limits.remove_gone_regions(sharing, frozenset())
     clock = _FileSystemClock(monkeypatch, step=0.001)
 
     tracemalloc.start()
     try:
-        limits.remove_gone_regions(sharing, frozenset(), budget=2.0, clock=clock)
+        limits.sweep_set_aside(hami / "containers", budget=2.0, clock=clock)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
 
-    assert peak < 200_000, f"one call held {peak} bytes"
-    assert clock.now <= 2.0 + 0.01, f"one call ran {clock.now:.1f} s against a budget of 2 s"
+    assert peak < 200_000, f"one sweep held {peak} bytes"
+    assert clock.now <= 2.0 + 0.01, f"one sweep ran {clock.now:.1f} s against a budget of 2 s"
     calls = 1
-    while region(hami, "gone").exists():
+    while any((hami / "containers").iterdir()):
         calls += 1
         assert calls < 20
         clock.now = 0.0
-        limits.remove_gone_regions(sharing, frozenset(), budget=2.0, clock=clock)
+        limits.sweep_set_aside(hami / "containers", budget=2.0, clock=clock)
         assert clock.now <= 2.0 + 0.01
     assert calls >= 3
 
 
 def test_a_directory_whose_listing_outlasts_the_budget_is_still_removed(
-    hami: Path, monkeypatch: pytest.MonkeyPatch
+    hami: Path, monkeypatch: pytest.MonkeyPatch, no_sweeper: None
 ) -> None:
     """Each call listed the whole directory before removing anything, and stopped at the first entry once its budget
     was spent: a region directory whose listing took longer than the budget (200,000 files took 0.3 s to list here,
     a few million take longer than the 2 s budget) was never removed, and every call paid the listing again. Now
-    every call removes what it reads as it reads it."""
+    every sweep removes what it reads as it reads it."""
     sharing = limits.node_sharing()
     directory = limits.region_directory(sharing, "gone_main")
     for i in range(3000):
         os.close(os.open(directory / f"file-{i:06d}", os.O_CREAT | os.O_WRONLY, 0o600))
+    limits.remove_gone_regions(sharing, frozenset())
+    (aside,) = (hami / "containers").iterdir()
     clock = _FileSystemClock(monkeypatch, step=0.001)  # listing all 3,000 takes 3 s
 
     left = []
     for _ in range(5):
         clock.now = 0.0
-        limits.remove_gone_regions(sharing, frozenset(), budget=2.0, clock=clock)
-        left.append(_entries_under(directory) if directory.exists() else 0)
+        limits.sweep_set_aside(hami / "containers", budget=2.0, clock=clock)
+        left.append(_entries_under(aside) if aside.exists() else 0)
 
-    assert left[0] < 3000, "the first call removed nothing"
-    assert left[-1] == 0 and not directory.exists(), f"entries left after each call: {left}"
+    assert left[0] < 3000, "the first sweep removed nothing"
+    assert left[-1] == 0 and not aside.exists(), f"entries left after each sweep: {left}"
 
 
-def test_a_restarted_container_gets_its_empty_directory_within_the_budget(
+def test_a_restarted_container_gets_its_empty_directory_without_removing_anything(
     hami: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The container's last run left 6,000 files in its region directory; its next creation (under the shim's
-    creation lock, every other pod's creation waiting) emptied them all before answering, whatever it took. Now what
-    the last run left is set aside at once and removed within the budget, the rest with the pods gone; the new run
-    starts from an empty directory all the same."""
+    creation lock, every other pod's creation waiting) emptied them all before answering, whatever it took, and
+    later for up to 2 s. Now what the last run left is set aside at once and the sweeper removes it; the creation
+    reads and removes nothing, and the new run starts from an empty directory all the same."""
     sharing = limits.node_sharing()
     wide = limits.region_directory(sharing, "live_main") / "wide"
     wide.mkdir()
     for i in range(6000):
         os.close(os.open(wide / f"file-{i:06d}", os.O_CREAT | os.O_WRONLY, 0o600))
-    clock = _FileSystemClock(monkeypatch, step=0.001)
+    woken: list[Path] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(limits, "_wake_sweeper", woken.append)
+        clock = _FileSystemClock(patch, step=0.001)
 
-    directory = limits.region_directory(sharing, "live_main", budget=2.0, clock=clock)
+        directory = limits.region_directory(sharing, "live_main")
 
-    assert clock.now <= 2.0 + 0.01, f"the creation ran {clock.now:.1f} s against a budget of 2 s"
+    assert clock.now == 0.0, f"the creation read or removed {clock.now / 0.001:.0f} entries"
     assert list(directory.iterdir()) == [] and directory.stat().st_mode & 0o777 == 0o777
-    for _ in range(20):  # the pod is still live: only what was set aside goes
-        clock.now = 0.0
-        limits.remove_gone_regions(sharing, frozenset({"live"}), budget=2.0, clock=clock)
-    assert [p.name for p in (hami / "containers").iterdir()] == ["live_main"]
+    assert woken == [hami / "containers"]
+    limits.remove_gone_regions(sharing, frozenset({"live"}))  # the pod is still live: only what was set aside goes
+    assert swept(hami) == ["live_main"]
 
 
 def test_what_a_tenant_leaves_in_its_region_never_reaches_outside_it(
-    hami: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    hami: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, no_sweeper: None
 ) -> None:
     """A share container writes what it likes in its region directory while it runs: a fifo, links to the host's
     files and directories, a hard link, names of odd bytes, a directory it may not read, and (a container still
@@ -411,13 +463,14 @@ def test_what_a_tenant_leaves_in_its_region_never_reaches_outside_it(
             (directory / "victim").symlink_to(outside / "etc")
         return real_open(path, flags, mode, dir_fd=dir_fd)
 
+    limits.remove_gone_regions(sharing, frozenset())
     monkeypatch.setattr(limits.os, "open", swapped)
-    limits.remove_gone_regions(sharing, frozenset())
-    assert "cannot remove the HAMi-core region directory 'gone_main' of a gone pod" in caplog.text  # not followed
+    assert not limits.sweep_set_aside(hami / "containers")
+    assert re.search(r"cannot remove what a gone share container left in '\.gone-[0-9a-f]+'", caplog.text)
     monkeypatch.setattr(limits.os, "open", real_open)
-    limits.remove_gone_regions(sharing, frozenset())
+    assert limits.sweep_set_aside(hami / "containers")
 
-    assert not region(hami, "gone").exists()
+    assert list((hami / "containers").iterdir()) == []
     assert (outside / "etc" / "passwd").read_text() == "root:x:0:0"
     assert sorted(p.name for p in outside.rglob("*")) == ["etc", "passwd"]
 
@@ -504,7 +557,7 @@ def test_a_plugin_that_fails_to_forget_costs_only_itself(
 
     editor.forget_gone_pods()  # never raises
 
-    assert not region(hami, "gone").exists()  # the nvidia plugin still ran
+    assert not region(hami, "gone").exists() and swept(hami) == []  # the nvidia plugin still ran
     assert "plugin 'bad' failed in kubegpu_device_forget_pods" in caplog.text
 
 
@@ -555,7 +608,7 @@ def test_the_device_plugin_mode_removes_the_directories_of_pods_the_api_server_n
 
     down = False
     service.forget_gone_pods()
-    assert sorted(p.name for p in (hami / "containers").iterdir()) == ["uid-running_main"]
+    assert swept(hami) == ["uid-running_main"]
 
 
 @pytest.mark.parametrize(
