@@ -17,10 +17,12 @@ side; in the first table no pod leaves:
   placed (the whole-node pods only an empty inf2.48xlarge or trn1.32xlarge takes) and the stranded devices at the end.
 
 `--first-mix N` starts the departures mixes at departures-N (a check that a change holds beyond the mixes it was
-studied on); `--loosest` adds the best online rule found (`loosest_replay`) and `--lookahead` an oracle that sees
-the coming events, as references.
+studied on); `--references` adds online rules that are not kubegpu's (`loosest_replay`, `emptiest_replay`,
+`same_node_replay`, `guarded_replay`; `--loosest` is `--references loosest`) and `--lookahead` an oracle that sees
+the coming events.
 
-    .venv/bin/python benchmarks/placement_bench.py [--seeds 10] [--departure-mixes 30] [--first-mix 30] [--loosest]
+    .venv/bin/python benchmarks/placement_bench.py [--seeds 10] [--departure-mixes 30] [--first-mix 30]
+        [--references loosest emptiest same-node guarded] [--lookahead 150]
 """
 
 from __future__ import annotations
@@ -223,6 +225,76 @@ def loosest_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
     return replay(nodes, events, rule)
 
 
+def emptiest_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
+    """Worst-fit (a reference, not kubegpu's): at each arrival the node left with the most free devices, node order
+    on ties, and on it the neuron plugin's choice of devices. The best rule found for pods placed with departures
+    (near the oracle's), and below first-fit on the static workloads where one node is the only home of a size:
+    spreading breaks it first."""
+    return replay(nodes, events, _ranked_rule(nodes, lambda i, left, chosen: (-(left & ~chosen).bit_count(), i)))
+
+
+def same_node_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
+    """First-fit's node, the neuron plugin's choice of devices on it (a reference): a rule that differs from
+    first-fit only within a node. How often it places fewer pods than first-fit measures how far a mix's count moves
+    with any change at all, before a rule is better or worse on average."""
+    return replay(nodes, events, _ranked_rule(nodes, lambda i, left, chosen: (i,)))
+
+
+def guarded_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
+    """The best rule found that places at least first-fit's pods on every static workload (a reference): until a
+    pod it placed has left, the node whose choice takes the fewest sizes from their last home (no other node still
+    takes them), then the fewest sizes lost on it, then the most free devices left, then node order; once one has
+    left, worst-fit (`emptiest_replay`), the last homes lost breaking ties. The switch reads the workload (pods that
+    never leave), which a scheduler of a live cluster, where pods leave all the time, could not."""
+    shapes = shapes_of(nodes)
+    sizes = 0
+    for shape in shapes.values():
+        sizes |= sum(1 << size for size in topo.valid_sizes(shape))
+    placed = 0
+
+    def rule(step: int, size: int, free: dict[str, int], held: dict[int, tuple[str, int]]) -> tuple[str, int] | None:
+        nonlocal placed
+        fits = {name: topo.fitting_sizes(shapes[name], free[name]) & sizes for name, _ in nodes}
+        homes: dict[int, int] = {}
+        for mask in fits.values():
+            for bit in range(mask.bit_length()):
+                homes[bit] = homes.get(bit, 0) + (mask >> bit & 1)
+        departed = len(held) < placed
+        best: tuple[tuple[int, ...], str, int] | None = None
+        for i, (name, _) in enumerate(nodes):
+            shape, left = shapes[name], free[name]
+            chosen = topo.choose_devices(shape, 1, left, left, size)
+            if chosen is None:
+                continue
+            lost = fits[name] & ~topo.fitting_sizes(shape, left & ~chosen)
+            last = sum(1 for bit in range(lost.bit_length()) if lost >> bit & 1 and homes[bit] == 1)
+            spare = (left & ~chosen).bit_count()
+            key = (-spare, last, i) if departed else (last, lost.bit_count(), -spare, i)
+            if best is None or key < best[0]:
+                best = (key, name, chosen)
+        placed += best is not None
+        return None if best is None else best[1:]
+
+    return replay(nodes, events, rule)
+
+
+def _ranked_rule(nodes: list[tuple[str, str]], key: Callable[[int, int, int], tuple[int, ...]]) -> Rule:
+    """The node of the least `key(node index, its free devices, the devices chosen there)` among those that fit,
+    with the neuron plugin's choice of devices (`topo.choose_devices`)."""
+    shapes = shapes_of(nodes)
+
+    def rule(step: int, size: int, free: dict[str, int], held: dict[int, tuple[str, int]]) -> tuple[str, int] | None:
+        best: tuple[tuple[int, ...], str, int] | None = None
+        for i, (name, _) in enumerate(nodes):
+            left = free[name]
+            chosen = topo.choose_devices(shapes[name], 1, left, left, size)
+            if chosen is not None and (best is None or key(i, left, chosen) < best[0]):
+                best = (key(i, left, chosen), name, chosen)
+        return None if best is None else best[1:]
+
+    return rule
+
+
 def kubegpu_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
     engine = Engine(make_plugin_manager("scheduler", plugins=[("neuron", neuron)], autoload=False))
     for name, kind in nodes:
@@ -288,6 +360,15 @@ def workloads(seeds: int) -> list[tuple[str, list[tuple[str, str]], list[int]]]:
     return found
 
 
+# The online rules `--references` prints beside kubegpu and first-fit.
+REFERENCES: dict[str, Callable[[list[tuple[str, str]], list[Event]], Result]] = {
+    "loosest": loosest_replay,
+    "emptiest": emptiest_replay,
+    "same-node": same_node_replay,
+    "guarded": guarded_replay,
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
@@ -296,10 +377,15 @@ def main() -> int:
         "--first-mix", type=int, default=0, metavar="N", help="the departures mixes start at departures-N (default 0)"
     )
     parser.add_argument(
-        "--loosest",
-        action="store_true",
-        help="also print the best online rule found (`loosest_replay`): pods placed and pods of >=12 devices",
+        "--references",
+        nargs="+",
+        choices=list(REFERENCES),
+        default=[],
+        metavar="RULE",
+        help=f"also print these online rules ({', '.join(REFERENCES)}; `--loosest`: loosest alone): pods placed, "
+        "and with departures pods of >=12 devices",
     )
+    parser.add_argument("--loosest", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--lookahead",
         type=int,
@@ -308,46 +394,48 @@ def main() -> int:
         help="also print an oracle that knows the next EVENTS events (first-fit looking ahead; 0: none)",
     )
     args = parser.parse_args()
+    references = list(dict.fromkeys(args.references + (["loosest"] if args.loosest else [])))
     print(
         f"{'workload':16} {'pods':>5} {'first-fit placed':>17} {'kubegpu placed':>15} "
-        f"{'ff stranded':>12} {'kg stranded':>12}" + (f" {'loosest placed':>15}" if args.loosest else "")
+        f"{'ff stranded':>12} {'kg stranded':>12}" + "".join(f" {name:>10}" for name in references)
     )
-    totals = [0, 0, 0, 0, 0, 0]
-    loosest_fewer = 0
+    totals = [0] * (5 + len(references))
+    fewer_static = [0] * len(references)
     for name, nodes, sizes in workloads(args.seeds):
         ff, kg = first_fit(nodes, sizes), kubegpu(nodes, sizes)
-        loose = loosest_replay(nodes, arrivals(sizes)).placed if args.loosest else 0
-        loosest_fewer += loose < ff.placed
+        others = [REFERENCES[rule](nodes, arrivals(sizes)).placed for rule in references]
+        fewer_static = [n + (placed < ff.placed) for n, placed in zip(fewer_static, others, strict=True)]
         mark = "" if kg.placed >= ff.placed else "  <-- fewer than first-fit"
-        extra = f" {loose:15}" if args.loosest else ""
+        extra = "".join(f" {placed:10}" for placed in others)
         print(f"{name:16} {len(sizes):5} {ff.placed:17} {kg.placed:15} {ff.stranded:12} {kg.stranded:12}{extra}{mark}")
-        for i, value in enumerate((len(sizes), ff.placed, kg.placed, ff.stranded, kg.stranded, loose)):
-            totals[i] += value
-    extra = f" {totals[5]:15}" if args.loosest else ""
+        values = (len(sizes), ff.placed, kg.placed, ff.stranded, kg.stranded, *others)
+        totals = [a + b for a, b in zip(totals, values, strict=True)]
+    extra = "".join(f" {placed:10}" for placed in totals[5:])
     print(f"{'total':16} {totals[0]:5} {totals[1]:17} {totals[2]:15} {totals[3]:12} {totals[4]:12}{extra}")
     print(f"kubegpu / first-fit pods placed: {totals[2] / totals[1]:.3f}")
-    if args.loosest:
-        print(f"loosest rule / first-fit pods placed: {totals[5] / totals[1]:.3f} (fewer on {loosest_fewer})")
+    for rule, placed, fewer in zip(references, totals[5:], fewer_static, strict=True):
+        print(f"{rule} rule / first-fit pods placed: {placed / totals[1]:.3f} (fewer on {fewer})")
     print()
-    loosest = f" {'loose':>6} {'l >=12':>6}" if args.loosest else ""
+    heads = "".join(f" {rule[:6]:>6} {'>=12':>6}" for rule in references)
     oracle = f" {'oracle':>7}" if args.lookahead else ""
     print(
         f"{'workload':16} {'events':>6} {'ff placed':>10} {'kg placed':>10} {'ff dev-steps':>13} {'kg dev-steps':>13} "
-        f"{'ff >=12':>8} {'kg >=12':>8} {'ff strand':>10} {'kg strand':>10}{loosest}{oracle}"
+        f"{'ff >=12':>8} {'kg >=12':>8} {'ff strand':>10} {'kg strand':>10}{heads}{oracle}"
     )
-    widths = WIDTHS + ((6, 6) if args.loosest else ()) + ((7,) if args.lookahead else ())
+    widths = WIDTHS + (6, 6) * len(references) + ((7,) if args.lookahead else ())
     sums = [0] * len(widths)
-    fewer = worst = oracle_fewer = loosest_fewer = loosest_worst = 0
+    fewer = worst = oracle_fewer = 0
+    rule_fewer, rule_worst = [0] * len(references), [0] * len(references)
     for name, nodes, events in departure_mixes(args.departure_mixes, first=args.first_mix):
         ff, kg = first_fit_replay(nodes, events), kubegpu_replay(nodes, events)
         fewer += kg.placed < ff.placed
         worst = min(worst, kg.placed - ff.placed)
         row: tuple[int, ...] = (ff.placed, kg.placed, ff.busy, kg.busy, ff.large, kg.large, ff.stranded, kg.stranded)
-        if args.loosest:
-            rule = loosest_replay(nodes, events)
-            loosest_fewer += rule.placed < ff.placed
-            loosest_worst = min(loosest_worst, rule.placed - ff.placed)
-            row += (rule.placed, rule.large)
+        for at, rule in enumerate(references):
+            result = REFERENCES[rule](nodes, events)
+            rule_fewer[at] += result.placed < ff.placed
+            rule_worst[at] = min(rule_worst[at], result.placed - ff.placed)
+            row += (result.placed, result.large)
         if args.lookahead:
             ahead = lookahead_replay(nodes, events, args.lookahead).placed
             oracle_fewer += ahead < ff.placed
@@ -360,11 +448,12 @@ def main() -> int:
         f"{args.departure_mixes} mixes, at worst {-worst}), device-steps {sums[3] / sums[2]:.3f}, pods of >=12 "
         f"devices {sums[5] / max(sums[4], 1):.3f}"
     )
-    if args.loosest:
+    for at, rule in enumerate(references):
+        placed, large = sums[len(WIDTHS) + 2 * at], sums[len(WIDTHS) + 2 * at + 1]
         print(
-            f"loosest rule / first-fit: pods placed {sums[8] / sums[0]:.3f} (fewer on {loosest_fewer} of "
-            f"{args.departure_mixes} mixes, at worst {-loosest_worst}), pods of >=12 devices "
-            f"{sums[9] / max(sums[4], 1):.3f}"
+            f"{rule} rule / first-fit: pods placed {placed / sums[0]:.3f} (fewer on {rule_fewer[at]} of "
+            f"{args.departure_mixes} mixes, at worst {-rule_worst[at]}), pods of >=12 devices "
+            f"{large / max(sums[4], 1):.3f}"
         )
     if args.lookahead:
         print(
