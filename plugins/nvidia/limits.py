@@ -407,8 +407,13 @@ class _Sweeper:
         with self._lock:
             self._pending = True
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="kubegpu-region-sweeper", daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="kubegpu-region-sweeper", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # no thread to be had now: what is set aside waits for the next wake
+                    log.warning("cannot start the sweeper of %s: %s", str(self.parent)[:200], exc)
+                    return
+                self._thread = thread
 
     def _run(self) -> None:
         while True:

@@ -645,3 +645,22 @@ def test_a_pod_listing_the_device_plugin_cannot_read_removes_nothing(
 
     assert sorted(p.name for p in (hami / "containers").iterdir()) == ["uid-running_main", "uid-unreadable_main"]
     assert "cannot say which pods are gone from the node" in caplog.text
+
+
+def test_a_sweeper_that_cannot_start_costs_no_creation(
+    hami: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process out of threads cannot start the sweeper: the container's creation goes on all the same (its new
+    directory empty), and what was set aside goes at the next wake."""
+    sharing = limits.node_sharing()
+    (limits.region_directory(sharing, "live_main") / "left").write_text("the last run's")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(threading.Thread, "start", lambda self: (_ for _ in ()).throw(RuntimeError("can't start")))
+        directory = limits.region_directory(sharing, "live_main")
+
+    assert list(directory.iterdir()) == []
+    assert "cannot start the sweeper of" in caplog.text
+    assert any(p.name.startswith(".gone-") for p in (hami / "containers").iterdir())
+    limits.remove_gone_regions(sharing, frozenset({"live"}))
+    assert swept(hami) == ["live_main"]
