@@ -337,6 +337,13 @@ def _describe(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, An
                 f"described {count} devices; kubegpu handles at most {MAX_DEVICES_PER_NODE} devices of one kind per "
                 "node (kubegpu.core.limits)"
             )
+        for cell in occupancy.cells:
+            for holder, part in cell.shares.items():
+                if holder not in cell.holders or not 0.0 <= part <= 1.0:  # NaN too
+                    raise WrongAnswer(
+                        f"described device {shorten(cell.id)!r} with a share of {part!r} for {shorten(holder)!r}; "
+                        "each share is a fraction of the device from 0 to 1, of one of the cell's holders"
+                    )
     return answer
 
 

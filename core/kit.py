@@ -590,7 +590,8 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
         return min(1.0, 1 - self.free_milli(i) / 1000)
 
     def cells(self) -> list[DeviceCell]:
-        """A device held whole shows its holder and is used up; a shared one its sharers and `share_used`."""
+        """A device held whole shows its holder and is used up; a shared one its sharers, `share_used` and each
+        sharer's part of it (`share_parts`)."""
         sharers = self.sharers()
         cells = []
         for i, device in enumerate(self.ids):
@@ -601,9 +602,28 @@ class SharedDeviceNodeState(WholeDeviceNodeState):
                     holders=[holder] if holder else sorted(set(sharers[i])),
                     used=1.0 if holder else self.share_used(i) if sharers[i] else 0.0,
                     healthy=bool(self.healthy >> i & 1),
+                    shares=self.share_parts(i) if sharers[i] and not holder else {},
                 )
             )
         return cells
+
+    def share_parts(self, i: int) -> dict[str, float]:
+        """Each sharer's part of shared device i, for reports (`DeviceCell.shares`): its amounts in the dimension
+        whose capacity is most used, as a fraction of that capacity."""
+        tightest = max(
+            range(len(self.dimensions)),
+            key=lambda d: self.used[d][i] / (self.capacity[d][i] or 1),
+            default=None,
+        )
+        if tightest is None:
+            return {}
+        size = self.capacity[tightest][i] or 1
+        parts: dict[str, float] = {}
+        for key, shares in self.shared.items():
+            for at, amounts in shares:
+                if at == i:
+                    parts[key] = parts.get(key, 0.0) + min(1.0, amounts[tightest] / size)
+        return {key: round(part, 4) for key, part in sorted(parts.items())}
 
     def scoring_content(self) -> tuple[object, ...]:
         """The shares' books are read too (`used`, `tasks`) and carry no content of their own here: each node is

@@ -412,12 +412,18 @@ class PluginAllocation(BaseModel):
 
 
 class DeviceCell(BaseModel):
-    """One device in an occupancy map: who holds it and how much of it is used (0.0 to 1.0)."""
+    """One device in an occupancy map: who holds it and how much of it is used (0.0 to 1.0).
+
+    `shares`, for a device shared by several pods (each in `holders`), is each sharer's part of `used`: the fraction
+    of the device it takes in the dimension `used` reads (the tightest: a GPU 30 % of whose compute and 60 % of whose
+    memory are taken is 0.6 used, and its sharers' parts are their memory). Empty for a device held whole or free;
+    reports then split a shared device evenly among its holders."""
 
     id: str
     holders: list[str] = Field(default_factory=list)
     used: float = 0.0
     healthy: bool = True
+    shares: dict[str, float] = Field(default_factory=dict)
 
 
 class Occupancy(BaseModel):

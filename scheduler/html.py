@@ -152,20 +152,28 @@ def _device(
         tip += f" ({cell.used:.0%})"
     if holders:
         named = [f"{h} (unverified: {unverified[h]})" if h in unverified else h for h in holders]
+        if cell.shares:
+            named = [
+                f"{n} {cell.shares[h]:.0%}" if h in cell.shares else n for n, h in zip(named, holders, strict=True)
+            ]
         tip += " by " + ", ".join(named)
     fill = ""
     levels = ""
     if state == "held" and len(holders) == 1:
         fill = f' style="fill:{colours.get(holders[0], "#888")}"'
     elif holders and state in ("held", "partly"):
-        # Fill up to the used fraction, one band per holder.
+        # Fill up to the used fraction, one band per holder: as tall as its share where the plugin says it, else
+        # the holders alike.
         height = SIZE * min(1.0, cell.used)
-        band = height / len(holders)
-        top = y + SIZE - height
+        parts = [cell.shares.get(h, 0.0) for h in holders] if cell.shares else [1.0] * len(holders)
+        whole = sum(parts) or 1.0
+        bands = [height * part / whole for part in parts]
+        tops = [y + SIZE - height + sum(bands[:i]) for i in range(len(bands))]
         levels = "".join(
-            f'<rect class="lvl" x="{x:.0f}" y="{top + i * band:.1f}" width="{SIZE}" height="{band:.1f}" '
+            f'<rect class="lvl" x="{x:.0f}" y="{top:.1f}" width="{SIZE}" height="{band:.1f}" '
             f'style="fill:{colours.get(h, "#888")}"/>'
-            for i, h in enumerate(holders)
+            for h, top, band in zip(holders, tops, bands, strict=True)
+            if band > 0
         )
     mark = ""
     if state == "unhealthy":

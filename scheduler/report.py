@@ -41,6 +41,7 @@ __all__ = [
     "draw_text",
     "holder_colours",
     "report_json",
+    "shares_by_holder",
     "simulation_report",
 ]
 
@@ -48,6 +49,9 @@ CellState = Literal["held", "partly", "free", "unhealthy"]
 MARKS: Mapping[CellState, str] = {"held": "#", "partly": "+", "free": ".", "unhealthy": "x"}
 LEGEND = "# held, + partly held, . free, x unhealthy"
 MAX_CELL_ID_CHARS = 12  # of a device id in a text map (real ids: "0".."15", "card3")
+MAX_SHARED_LINES = 16  # shared devices listed under a text map, each with its sharers' parts
+MAX_HOLDER_CHARS = 80  # of a pod's name in those lines
+MAX_LISTED = 8  # sharers of one device, or shared devices of one pod, named in one line
 # Twelve hues spaced for contrast, then the same hues darker: distinct colours for up to 24 holders on one node.
 _HUES = (210, 30, 120, 0, 270, 180, 60, 330, 90, 240, 150, 300)
 
@@ -200,7 +204,8 @@ def capacity_held(picture: Occupancy) -> float:
 
 
 def draw_text(picture: Occupancy) -> list[str]:
-    """The simulator's plain-text map of one picture: a header line, then a line per row of cells."""
+    """The simulator's plain-text map of one picture: a header line, then a line per row of cells, then a line per
+    shared device naming each sharer's part (`DeviceCell.shares`; at most `MAX_SHARED_LINES`)."""
     width = max(4, max((len(cell_label(c)) for c in picture.cells), default=3) + 1)
     rows = grid_rows(picture)
     shape = {"ring": "ring", "grid": f"{picture.columns or len(picture.cells) or 1}-wide grid", "cells": "cards"}[
@@ -208,7 +213,41 @@ def draw_text(picture: Occupancy) -> list[str]:
     ]
     lines = [f"    {safe_text(picture.family)} ({shape}; {LEGEND})"]
     lines.extend("    " + "".join(cell_label(c).rjust(width) for c in row) for row in rows)
+    shared = [c for c in picture.cells if c.shares]
+    for cell in shared[:MAX_SHARED_LINES]:
+        parts = [f"{safe_text(h, MAX_HOLDER_CHARS)} {part:.0%}" for h, part in cell.shares.items()]
+        lines.append(f"      {shorten(cell.id, MAX_CELL_ID_CHARS)}: {_listed(parts)}")
+    if len(shared) > MAX_SHARED_LINES:
+        lines.append(f"      ... {len(shared) - MAX_SHARED_LINES} more shared")
     return lines
+
+
+def shares_by_holder(pictures: Iterable[Occupancy]) -> dict[str, str]:
+    """Per pod holding shares in `pictures`, what it holds of each device it shares, as `kubegpu top`'s legend says
+    it: "nvidia 0 30%, 1 50%" (`DeviceCell.shares`; ids shortened, at most `MAX_LISTED` devices, then how many
+    more)."""
+    held: dict[str, dict[str, list[str]]] = {}
+    for picture in pictures:
+        for cell in picture.cells:
+            for holder, part in cell.shares.items():
+                family = held.setdefault(holder, {}).setdefault(safe_text(picture.family, MAX_CELL_ID_CHARS), [])
+                family.append(f"{shorten(cell.id, MAX_CELL_ID_CHARS)} {part:.0%}")
+    return {
+        holder: _listed(
+            [
+                f"{family} {item}" if at == 0 else item
+                for family, items in families.items()
+                for at, item in enumerate(items)
+            ]
+        )
+        for holder, families in held.items()
+    }
+
+
+def _listed(items: list[str]) -> str:
+    """At most `MAX_LISTED` of `items`, comma-separated, then how many more."""
+    more = f", +{len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else ""
+    return ", ".join(items[:MAX_LISTED]) + more
 
 
 def build_report(
@@ -287,7 +326,13 @@ def report_json(report: Report) -> dict[str, Any]:
                         "free": picture.free,
                         "largestFit": picture.largest_fit,
                         "cells": [
-                            {"id": c.id, "state": cell_state(c), "used": round(c.used, 4), "holders": c.holders}
+                            {
+                                "id": c.id,
+                                "state": cell_state(c),
+                                "used": round(c.used, 4),
+                                "holders": c.holders,
+                                **({"shares": c.shares} if c.shares else {}),
+                            }
                             for c in picture.cells
                         ],
                     }

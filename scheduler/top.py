@@ -55,6 +55,7 @@ from kubegpu.scheduler.report import (
     grid_rows,
     report_json,
     shape_name,
+    shares_by_holder,
 )
 
 if TYPE_CHECKING:
@@ -319,11 +320,14 @@ def _node_panel(node: NodeView, unverified: dict[str, str]) -> RenderableType:
                     colour = node.colours.get(cell.holders[0], "white") if cell.holders else "white"
                     style = f"bold {colour}" if state == "held" else colour
                 text.append(label, style=style)
+    parts = shares_by_holder(node.pictures)
     for pod, colour in node.colours.items():
         text.append("\n■ ", style=colour)
         text.append(safe_text(pod))
         if pod in unverified:
             text.append(" (unverified)", style="yellow")
+        if pod in parts:
+            text.append(f" · {parts[pod]}", style="dim")
     kind = f"{safe_text(node.instance_type)} · " if node.instance_type else ""
     # Text, never markup, everywhere: names, ids and reasons come from the cluster (`safe_text` escapes the rest).
     title = Text.assemble((safe_text(node.name), "bold"), f" {kind}{node.pods} pod{'s' if node.pods != 1 else ''}")

@@ -25,9 +25,11 @@ from kubegpu.core.kit import WholeDevicePlugin, label_devices
 from kubegpu.core.models import (
     ContainerAllocation,
     ContainerEdit,
+    DeviceCell,
     DeviceInfo,
     DeviceInventory,
     NodeInfo,
+    Occupancy,
     PluginAllocation,
 )
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
@@ -126,6 +128,9 @@ WRONG = [
     ("release", "released"),
     ("describe", "two cards"),
     ("describe", [{"family": "cards"}]),
+    # a share of a pod that holds nothing there, a share of NaN: reports would draw either as the plugin said
+    ("describe", [Occupancy(family="cards", cells=[DeviceCell(id="card0", holders=["a"], shares={"b": 0.5})])]),
+    ("describe", [Occupancy(family="cards", cells=[DeviceCell(id="card0", holders=["a"], shares={"a": math.nan})])]),
 ]
 
 

@@ -354,6 +354,27 @@ def test_the_summary_gives_a_familys_utilisation_as_its_capacity_held(
     assert line.startswith("  nvidia: 3/4 devices in use, 38% of their capacity held, 1 free,"), line
 
 
+def test_the_device_map_names_each_pod_sharing_a_gpu_with_its_part(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two pods share one GPU of 16 GiB, 25 % and 50 % of its memory (and a little compute): the map marked it partly
+    held and named no one; a line under the map now names each sharer with its part."""
+    node = node_manifest(
+        "gpu-a",
+        labels={"nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "16384"},
+        allocatable={"nvidia.com/gpu": 10},
+    )
+    pods = [
+        pod_manifest(name, {"main": {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 10, "nvidia.com/gpumem": mib}})
+        for name, mib in (("quarter", 4096), ("half", 8192))
+    ]
+    path = tmp_path / "shares.yaml"
+    path.write_text(yaml.safe_dump_all([node, *pods]))
+    assert main(["simulate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "      0: default/half 50%, default/quarter 25%\n" in out, out
+
+
 ESCAPES = "\x1b]52;c;aGk=\x07\x1b[2J\r\u202e\x9b2J"
 
 

@@ -301,3 +301,37 @@ def test_a_family_of_shared_gpus_shows_the_capacity_held_not_the_gpus_touched() 
     assert engine.schedule(whole).scheduled
     (family,) = build_report(engine, title="t", source="s").families
     assert family.utilisation == pytest.approx(0.8)  # 60 % of one GPU and the other whole
+
+
+def test_each_pod_sharing_a_gpu_is_shown_with_its_part_of_it() -> None:
+    """Three pods share two A100s (40 GiB): 30 % of GPU 0's compute with 4,000 MiB, 40 % with 30,000 MiB beside it,
+    and 50 % of GPU 1's compute. The map showed both GPUs partly held and the pods' colours, never who holds how much;
+    now the legend, the JSON and the HTML report say each pod's part (of the dimension the GPU's use is counted in:
+    GPU 0 is 83 % used by its memory, so the first pod's part is its 10 % of the memory)."""
+    from kubegpu.core.manifests import node_info, pod_request
+    from kubegpu.scheduler.engine import Engine
+    from kubegpu.scheduler.html import render_html
+    from kubegpu.scheduler.report import build_report
+
+    gpu, cores, memory = "nvidia.com/gpu", "nvidia.com/gpucores", "nvidia.com/gpumem"
+    engine = Engine(make_plugin_manager("scheduler"))
+    labels = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "A100", "nvidia.com/gpu.memory": "40960"}
+    engine.add_node(node_info(node_manifest("gpu-a", labels=labels, allocatable={gpu: 20, cores: 200})))
+    for name, ask in (("a", (30, 4000)), ("c", (40, 30000)), ("b", (50, 8000))):
+        request, _ = pod_request(pod_manifest(name, {"main": {gpu: 1, cores: ask[0], memory: ask[1]}}))
+        assert engine.schedule(request).scheduled
+    report = build_report(engine, title="t", source="s")
+
+    shares = {c["id"]: c["shares"] for picture in report_json(report)["nodes"][0]["devices"] for c in picture["cells"]}
+    (first,) = [gpu_id for gpu_id, parts in shares.items() if "default/a" in parts]
+    (other,) = set(shares) - {first}
+    assert shares[first] == {"default/a": 0.0977, "default/c": 0.7324}
+    assert shares[other] == {"default/b": 0.5}
+    output = io.StringIO()
+    Console(file=output, width=160, color_system=None).print(render_terminal(report))
+    assert f"default/a · nvidia {first} 10%" in output.getvalue(), output.getvalue()
+    assert f"default/b · nvidia {other} 50%" in output.getvalue()
+    page = render_html(report)
+    assert "default/a 10%, default/c 73%" in page
+    bands = [float(h) for h in re.findall(r'class="lvl" x="[^"]*" y="[^"]*" width="[^"]*" height="([^"]*)"', page)]
+    assert len(bands) == 3 and max(bands) / min(bands) > 7  # 73 % against 10 %: not one band each alike
