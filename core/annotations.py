@@ -69,6 +69,7 @@ __all__ = [
     "init_devices",
     "merge_allocations",
     "sign_allocation",
+    "unreadable",
     "verify_allocation",
 ]
 
@@ -272,13 +273,45 @@ def _too_deep(document: object) -> bool:
     stack: list[tuple[object, int]] = [(document, 1)]
     while stack:
         value, depth = stack.pop()
-        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
         for child in children:
-            if isinstance(child, (dict, list)):
+            if isinstance(child, (dict, list, tuple)):
                 if depth >= MAX_DEPTH:
                     return True
                 stack.append((child, depth + 1))
     return False
+
+
+_INT_RANGE = (-(1 << 63), (1 << 64) - 1)  # the integers orjson reads as integers
+
+
+def unreadable(document: object) -> str | None:
+    """Why the node side could not read `document` once written into an annotation (a plugin's part of an
+    allocation), or None: not JSON (a set, NaN), more than `MAX_ANNOTATION_BYTES` encoded, nested more than
+    `MAX_DEPTH` levels, or an integer beyond 64 bits. The scheduler side checks what it writes with this, so that
+    what the decoder refuses is never signed, bound and then refused on the node. Iterative: no recursion."""
+    try:
+        text = json.dumps(document, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        return f"not JSON ({shorten(str(exc))})"
+    if len(text) > MAX_ANNOTATION_BYTES:  # ASCII, as `encode_allocation` writes it: characters are bytes
+        return (
+            f"{len(text)} bytes encoded, more than the {MAX_ANNOTATION_BYTES} the API server allows for all of a "
+            "pod's annotations"
+        )
+    if _too_deep(document):
+        return f"nested more than {MAX_DEPTH} levels deep"
+    low, high = _INT_RANGE
+    stack = [document]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, int) and not isinstance(value, bool) and not low <= value <= high:
+            return f"the integer {shorten(str(value))} is beyond 64 bits"
+    return None
 
 
 def _load_json_object(text: object, key: str) -> dict[str, Any]:

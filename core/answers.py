@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from kubegpu.core.annotations import unreadable
 from kubegpu.core.errors import describe_validation_error, shorten
 from kubegpu.core.limits import MAX_DEVICES_PER_NODE
 from kubegpu.core.models import (
@@ -193,6 +194,18 @@ def _headroom(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, An
     return answer
 
 
+_ANNOTATION_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _annotation_key(key: str) -> bool:
+    """Whether the API server takes `key` as an annotation key (a qualified name: `[prefix/]name`)."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return False
+    return _ANNOTATION_NAME.fullmatch(name) is not None
+
+
 RULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
@@ -275,6 +288,24 @@ def _allocation(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, 
             raise WrongAnswer(f"returned an allocation with annotation {_kind(key)}: {_kind(value)}; strings are due")
         if key.startswith(RESERVED_ANNOTATION_PREFIX):
             raise WrongAnswer(f"returned an allocation writing the annotation {key!r}: kubegpu.io/ keys are kubegpu's")
+        if not _annotation_key(key):
+            raise WrongAnswer(
+                f"returned an allocation writing the annotation {shorten(key)!r}, which the API server refuses: a key "
+                "is a name of at most 63 letters, digits, '-', '_', '.' (alphanumeric at both ends), after an optional "
+                "DNS subdomain prefix and '/'"
+            )
+    # What the pod is bound with must be writable (the API server's limit on a pod's annotations) and readable by the
+    # node side's decoder (its depth and integer limits): else the pod is bound, then refused on its node.
+    problem = unreadable(
+        {
+            "containers": answer.containers,
+            "shares": answer.shares,
+            "plugins": {plugin: answer.fields},
+            "annotations": answer.annotations,
+        }
+    )
+    if problem is not None:
+        raise WrongAnswer(f"returned an allocation that cannot be written on the pod and read on its node: {problem}")
     if answer.plugin != plugin:
         manager.warn_once(
             plugin,

@@ -7,6 +7,8 @@ Pure bookkeeping over `NodeRecord.states`: no decision is made here.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kubegpu.core.annotations import (
     AllocationRecord,
     verify_allocation,
@@ -73,7 +75,8 @@ class Ledger(EngineState):
             if not status.ok:
                 for done in taken:
                     self._give_back_devices(record, done, pod.key, parts[done])
-                return status
+                # The refusing plugin, for a reason that names it (its Status may not say: `plugin=` is optional).
+                return status if status.plugin else replace(status, plugin=plugin or None)
             taken.append(plugin)
         return Status.success()
 

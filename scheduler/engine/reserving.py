@@ -15,6 +15,7 @@ from kubegpu.core.annotations import (
     merge_allocations,
     sign_allocation,
 )
+from kubegpu.core.answers import WrongAnswer
 from kubegpu.core.models import PluginAllocation, PodRequest
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.status import Code, Status
@@ -52,6 +53,21 @@ class Reserving(Scoring):
         if not status.ok:
             return Decision(pod.key, False, reason=status.message, code=status.code)
         return self._allocate_and_hold(record, pod, plan)
+
+    def _allocate_refused(self, status: Status, parts: dict[str, PluginAllocation]) -> str:
+        """The reason for a fresh allocation that the books refused. A plugin whose own take refuses what its allocate
+        just chose, on a node where its fit succeeded (a share on a full device, an id the node lacks), broke "fit
+        succeeds exactly when allocate finds a set": that is the plugin's failure in allocate, named and counted as
+        one, rather than its take's words alone ("device card9 does not exist on this node"), which read as the
+        pod's or the node's fault. A take that raised or answered wrongly is named as it is."""
+        plugin = status.plugin
+        if plugin not in parts or status.message.startswith(f"plugin {plugin!r} failed"):
+            return status.message
+        problem = WrongAnswer(
+            f"its own kubegpu_scheduler_take refused the allocation it answered ({status.message}); allocate must "
+            "choose devices the node's books can take, as fit found them"
+        )
+        return str(self.plugins.failed(plugin, "kubegpu_scheduler_allocate", problem))
 
     def unreserve(self, pod: PodRequest, name: str | None = None) -> bool:
         """Unreserve: give back what `reserve` holds for this very pod (same UID), on node `name` when given (a
@@ -96,7 +112,7 @@ class Reserving(Scoring):
             claims = outcome
         status = self._hold_devices(record, pod, parts)
         if not status.ok:
-            return Decision(pod.key, False, reason=status.message, code=status.code)
+            return Decision(pod.key, False, reason=self._allocate_refused(status, parts), code=status.code)
         annotations: dict[str, str] = {}
         allocation_record: AllocationRecord | None = None
         if parts:

@@ -21,6 +21,7 @@ import yaml
 
 from kubegpu.cli import build_parser
 from kubegpu.core import device_hooks, scheduler_hooks
+from kubegpu.core.annotations import AllocationRecord, AnnotationError, decode_allocation, encode_allocation
 from kubegpu.core.kit import WholeDevicePlugin, label_devices
 from kubegpu.core.models import (
     ContainerAllocation,
@@ -99,6 +100,15 @@ def cluster() -> list[dict[str, Any]]:
 # Every hook, every kind of wrong answer: simulate exits 0, the plugin and the hook are named, others schedule
 # ------------------------------------------------------------------------------------------------------------
 
+
+def nested(depth: int) -> list[Any]:
+    """A list `depth` lists deep."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 WRONG = [
     ("build_node", "state"),
     ("build_node", {"cards": 2}),
@@ -123,6 +133,17 @@ WRONG = [
     ("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0", "card0"]}})),
     ("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, fields={"x": {1, 2}})),
     ("allocate", PluginAllocation(plugin="cards", annotations={"kubegpu.io/allocation": "{}"})),
+    # Answers the pod could be bound with but never run with: its own take refuses them, the API server refuses the
+    # annotations, or the node side's decoder refuses the allocation (too large, too deep, an integer past 64 bits).
+    ("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card9"]}})),
+    ("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, fields={"x": "y" * 300_000})),
+    ("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, fields={"x": 2**70})),
+    ("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, fields={"x": nested(40)})),
+    ("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, annotations={"a b": "c"})),
+    (
+        "allocate",
+        PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, annotations={"x": "y" * 300_000}),
+    ),
     ("take", None),
     ("take", True),
     ("release", "released"),
@@ -270,6 +291,48 @@ def test_allocate_returning_a_dict_is_allocates_failure_not_takes() -> None:
     reason = records[0]["reason"]
     assert "kubegpu_scheduler_allocate: WrongAnswer: returned {'main'" in reason
     assert "take" not in reason
+
+
+def test_an_allocation_its_own_take_refuses_is_allocates_failure_named_and_counted() -> None:
+    """fit found room, allocate named a card the node lacks: the pod's reason blames the plugin's allocate (it read
+    "device card9 does not exist on this node", as if the pod or the node were at fault), the failure is counted,
+    and the other plugin's pod is scheduled."""
+    built = manager(cards=broken("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card9"]}})))
+    built.register("gpus", Gpus())
+
+    records = {r["pod"]: r for r in simulate(cluster()[:5], manager=built)}
+
+    assert records["default/card-pod"]["reason"].startswith(
+        "plugin 'cards' failed in kubegpu_scheduler_allocate: WrongAnswer: its own kubegpu_scheduler_take refused "
+        "the allocation it answered (device card9 does not exist on this node)"
+    )
+    assert built.hook_failures[("cards", "kubegpu_scheduler_allocate")] == 1
+    assert records["default/gpu-pod"]["event"] == "scheduled"
+
+
+@pytest.mark.parametrize("depth", range(26, 33))
+def test_allocate_fields_are_refused_exactly_when_the_node_side_could_not_read_them(depth: int) -> None:
+    """The node side's decoder is the oracle: fields it reads are bound with the pod; fields it would refuse (here
+    nested too deep) are refused at the boundary, not signed, bound and then refused on the node."""
+    fields = {"x": nested(depth)}
+    answer = PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, fields=fields)
+    record = AllocationRecord(
+        version=1, node="cards-0", podUID="u", containers=answer.containers, plugins={"cards": fields}
+    )
+    try:
+        decode_allocation(encode_allocation(record))
+        readable = True
+    except AnnotationError:
+        readable = False
+
+    [placed] = simulate(cluster()[:4], plugins={"cards": broken("allocate", answer)})
+
+    assert (placed["event"] == "scheduled") is readable, placed["reason"]
+    if not readable:
+        assert (
+            "kubegpu_scheduler_allocate: WrongAnswer: returned an allocation that cannot be written on the pod "
+            in (placed["reason"])
+        )
 
 
 def test_an_allocation_under_another_name_is_renamed_to_the_entry_point_name() -> None:
