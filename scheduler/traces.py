@@ -27,8 +27,8 @@ is the mean allocated share of the pods whose arrived share rounds to each whole
 value at 100 %.
 
 A trace is someone else's file: reading one is bounded (`MAX_TRACE_BYTES`, `MAX_ROWS`, `MAX_FIELD_CHARS`, integers
-below `MAX_VALUE`, at most `MAX_NODES` nodes with `MAX_GPUS` GPUs in all) and a bad row stops the run before
-anything is scheduled, with a `TraceError` naming the file, the line and the column.
+below `MAX_VALUE`, memory below `MAX_MEMORY_MIB`, at most `MAX_NODES` nodes with `MAX_GPUS` GPUs in all) and a bad
+row stops the run before anything is scheduled, with a `TraceError` naming the file, the line and the column.
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ MAX_TRACE_BYTES = 64 * 1024 * 1024
 MAX_ROWS = 1_000_000
 MAX_FIELD_CHARS = 253  # a Kubernetes object name's limit; no field of the format needs more
 MAX_VALUE = 10**15  # any count, millicore, MiB or second of a real trace is far below
+# The most MiB a row may give as memory: a manifest's quantity is at most 2**63 - 1 bytes, as Kubernetes' own.
+MAX_MEMORY_MIB = (2**63 - 1) >> 20
 # Nodes and GPUs a node list may build: each node row costs the engine about 1.7 KB, and 270 KB with 1024 GPUs, so
 # the file and row bounds alone let 15 MB ask for hundreds of GB. Ten times the nodes Kubernetes supports in a
 # cluster, sixteen times the GPUs of openb's whole trace.
@@ -216,7 +218,11 @@ def read_nodes(path: Path) -> list[TraceNode]:
             raise TraceError(f"{line}: model: '{shorten(model, 40)}' has control characters")
         model = _model(line, "model", model) if model else ""
         node = TraceNode(
-            name, _int(line, row, "cpu_milli"), _int(line, row, "memory_mib"), _int(line, row, "gpu", high=1024), model
+            name,
+            _int(line, row, "cpu_milli"),
+            _int(line, row, "memory_mib", high=MAX_MEMORY_MIB),
+            _int(line, row, "gpu", high=1024),
+            model,
         )
         gpus += node.gpus
         if gpus > MAX_GPUS:
@@ -256,7 +262,14 @@ def read_pods(path: Path, *, times: bool = False) -> list[TracePod]:
             deleted = _int(line, row, "deletion_time")
         pods.append(
             TracePod(
-                name, _int(line, row, "cpu_milli"), _int(line, row, "memory_mib"), gpus, milli, models, created, deleted
+                name,
+                _int(line, row, "cpu_milli"),
+                _int(line, row, "memory_mib", high=MAX_MEMORY_MIB),
+                gpus,
+                milli,
+                models,
+                created,
+                deleted,
             )
         )
     if not pods:
@@ -476,7 +489,10 @@ def replay(
         copies = seen[pod.name]
         seen[pod.name] += 1
         name = pod.name if not copies else f"{pod.name}-copy{copies}"
-        request = requests.get(pod, name)
+        try:
+            request = requests.get(pod, name)
+        except InputError as exc:  # the reader's bounds keep every row a manifest; this names the pod if not
+            raise TraceError(f"pod {shorten(name)}: {exc}") from None
         decision = engine.schedule(request)
         arrived += pod.gpu_milli
         result.pods += 1

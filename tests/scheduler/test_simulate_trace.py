@@ -145,6 +145,16 @@ GOOD_NODE = "n0,32000,131072,2,V100M16"
             "pods.csv:2: creation_time: 10000000000000000 is outside",
         ),
         (
+            [GOOD_NODE],
+            ["p,1000,8796093022208,1,500,,LS,Running,0,,0"],
+            "pods.csv:2: memory_mib: 8796093022208 is outside 0..8796093022207",
+        ),
+        (
+            [GOOD_NODE, "n1,32000,999999999999999,2,T4"],
+            [],
+            "nodes.csv:3: memory_mib: 999999999999999 is outside 0..8796093022207",
+        ),
+        (
             [GOOD_NODE, "n1,32000,131072,2,V100/SXM2"],
             [],
             "nodes.csv:3: model: 'V100/SXM2' is not a GPU model kubegpu can match (its spaces made dashes",
@@ -175,6 +185,8 @@ GOOD_NODE = "n0,32000,131072,2,V100M16"
         "pod-twice",
         "long-name",
         "huge-time",
+        "pod-memory-past-int64-bytes",
+        "node-memory-past-int64-bytes",
         "node-model-not-a-label-value",
         "pod-model-not-a-label-value",
         "model-too-long",
@@ -189,6 +201,18 @@ def test_a_malformed_row_exits_2_naming_the_file_line_and_column(
     assert code == 2 and out == ""
     assert err.startswith("kubegpu simulate: invalid trace: ") and expected in err, err
     assert "\x1b" not in err, "the terminal never gets an escape sequence from the file"
+
+
+def test_a_row_the_engine_cannot_take_stops_the_replay_naming_the_pod_not_with_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reader's bounds keep every row a manifest the engine reads; were one to slip through (a bound loosened
+    # here), the replay says which pod, as it does for a node.
+    monkeypatch.setattr(traces, "MAX_MEMORY_MIB", traces.MAX_VALUE)
+    nodes, pods = write_trace(tmp_path, [GOOD_NODE], ["big,1000,999999999999999,1,500,,LS,Running,0,,0"])
+    code, out, err = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods))
+    assert code == 2 and out == ""
+    assert err.startswith("kubegpu simulate: invalid trace: pod big: Pod.spec.containers[0].resources.limits.memory")
 
 
 def test_a_gpu_model_written_with_spaces_matches_in_both_files_as_gfd_labels_it(
