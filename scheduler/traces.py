@@ -9,8 +9,9 @@ restricts the GPU model. Other columns are ignored.
 Each row becomes the manifests kubegpu schedules, as a HAMi-compatible cluster has them (`node_document`,
 `pod_document`): a node advertises `nvidia.com/gpu` = GPUs x `SPLIT`, `nvidia.com/gpucores` and
 `nvidia.com/gpumem-percentage` 100 per GPU, GFD's `nvidia.com/gpu.count` and `nvidia.com/gpu.product` (the model);
-a share asks `nvidia.com/gpu: 1` with `gpucores` and `gpumem-percentage` of its fraction; a model constraint is a
-required node affinity on `nvidia.com/gpu.product`; cpu and memory are asked as the trace says.
+a share asks `nvidia.com/gpu: 1` with `gpucores` and `gpumem-percentage` of its fraction in whole percent, rounded
+up (505 thousandths ask 51 %, never less than the trace says); a model constraint is a required node affinity on
+`nvidia.com/gpu.product`; cpu and memory are asked as the trace says.
 
 Two replays (`replay`):
 
@@ -18,7 +19,8 @@ Two replays (`replay`):
   same second as a creation goes first, freeing what it held; a pod whose deletion is not after its creation
   leaves at once);
 * **experiment** (the paper's): every pod arrives once in a random order (`seed`), never leaves, and copies of
-  randomly drawn pods are appended until the pods have asked for `inflate` x the cluster's GPU capacity.
+  randomly drawn pods are appended until the pods have asked for `inflate` x the cluster's GPU capacity (a copy of
+  `p` is `p-copyN`, N the next number no pod of the trace is named with).
 
 Either way each pod is scheduled at once or fails for good, and the *allocation curve* is the paper's accounting:
 after each pod, the arrived share is the GPU-milli asked by every pod so far (failed ones included) over the
@@ -302,7 +304,9 @@ def pod_document(pod: TracePod, name: str, *, share: bool = True) -> dict[str, o
     if pod.gpus:
         limits[GPU] = str(pod.gpus)
         if share and pod.gpus == 1 and pod.milli < 1000:
-            percent = str(max(1, pod.milli // 10))
+            # HAMi counts in whole percent: rounded up, so a share gets at least what the trace asks, and two pods
+            # of 505 thousandths (51 % each) never fit one GPU together, as they would not in the paper's simulator.
+            percent = str(-(-pod.milli // 10))
             limits["nvidia.com/gpucores"] = percent
             limits["nvidia.com/gpumem-percentage"] = percent
     spec: dict[str, object] = {"containers": [{"name": "main", "resources": {"limits": limits, "requests": limits}}]}
@@ -471,6 +475,7 @@ def replay(
         seed=seed if mode == "experiment" else None, inflate=inflate if mode == "experiment" else None,
     )  # fmt: skip
     seen: Counter[str] = Counter()
+    trace_names = {pod.name for pod in pods}
     requests = _Requests()
     held: dict[int, tuple[str, int]] = {}  # arrival index -> (pod key, GPU-milli) of pods placed
     arrived = allocated = 0
@@ -486,9 +491,16 @@ def replay(
                 if keep_events:
                     events.append({"pod": placed[0], "event": "deleted", "node": released.node if released else None})
             continue
+        name = pod.name
         copies = seen[pod.name]
-        seen[pod.name] += 1
-        name = pod.name if not copies else f"{pod.name}-copy{copies}"
+        if copies:
+            # A copy is `NAME-copyN`; a trace may already name a pod so (`p-copy1`), which the engine would refuse
+            # as placed twice: the next N is taken. Names made so never meet each other, only the trace's.
+            name = f"{pod.name}-copy{copies}"
+            while name in trace_names:
+                copies += 1
+                name = f"{pod.name}-copy{copies}"
+        seen[pod.name] = copies + 1
         try:
             request = requests.get(pod, name)
         except InputError as exc:  # the reader's bounds keep every row a manifest; this names the pod if not

@@ -117,6 +117,37 @@ def test_the_timeline_deletes_each_pod_at_its_deletion_time(tmp_path: Path, caps
     assert summary["allocatedAtFull"] == 100.0
 
 
+def test_a_share_asks_its_thousandths_rounded_up_so_two_pods_above_half_never_share_one_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # HAMi counts a share's compute and memory in whole percent. 505 thousandths asked as 50 % let two such pods
+    # onto one GPU, and the curve said 101 % of the capacity was allocated; asked as 51 %, the second finds no room.
+    nodes, pods = write_trace(
+        tmp_path, ["solo,32000,131072,1,T4"], [pod_row("a", 1, 505, created=0), pod_row("b", 1, 505, created=1)]
+    )
+    summary = replay_json(capsys, nodes, pods, "--timeline")
+    assert (summary["scheduled"], summary["failed"]) == (1, 1)
+    assert [(p["arrived"], p["allocated"]) for p in summary["curve"]] == [(50, 50.5), (101, 50.5)]
+    limits = traces.pod_document(traces.TracePod("c", 1000, 1024, 1, 5, ()), "c")["spec"]["containers"][0]  # type: ignore[index]
+    assert limits["resources"]["limits"]["nvidia.com/gpucores"] == "1"
+
+
+def test_an_experiments_copies_never_take_the_name_of_a_trace_pod(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A trace may name a pod `p-copy1`: the first copy of `p` took that name, and the engine refused it as a pod
+    # already placed, a failure the cluster had room for. Three pods of 300 fit one GPU: p, p-copy1 and a copy.
+    nodes, pods = write_trace(tmp_path, ["solo,32000,131072,1,T4"], [pod_row("p", 1, 300), pod_row("p-copy1", 1, 300)])
+    nodes_list, pod_list = traces.read_nodes(nodes), traces.read_pods(pods)
+    from kubegpu.core.plugin_manager import make_plugin_manager
+    from kubegpu.scheduler.engine import Engine
+
+    result = traces.replay(Engine(make_plugin_manager("scheduler")), nodes_list, pod_list, "experiment", inflate=1.2)
+    names = [str(event["pod"]) for event in result.events]
+    assert len(names) == len(set(names)) == result.pods == 4
+    assert result.scheduled == 3 and "already holds" not in str([event.get("reason") for event in result.events])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input: a clear error naming file:line and the column, nothing scheduled
 # ---------------------------------------------------------------------------------------------------------------
