@@ -116,6 +116,7 @@ class CurveView:
     points: tuple[tuple[int, float], ...]
     at_full: float | None
     caption: str
+    unreached: str = "the pods never asked for all of the GPU capacity"  # said when `at_full` is None
 
 
 @dataclass(frozen=True, slots=True)

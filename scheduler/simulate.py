@@ -884,7 +884,7 @@ def _run_trace(args: argparse.Namespace) -> int:
         from kubegpu.scheduler.html import write_html
         from kubegpu.scheduler.report import CurveView, simulation_report
 
-        curve = CurveView(tuple(result.curve.points()), result.curve.at(100), caption)
+        curve = CurveView(tuple(result.curve.points()), result.curve.at(100), caption, result.curve.unreached())
         write_html(simulation_report(engine, result.events, [args.trace_nodes, args.trace_pods], curve), args.html)
     if args.stats:
         _print_stats(len(nodes), result.pods, elapsed, latencies)
@@ -921,7 +921,7 @@ def _trace_report(result: traces.ReplayResult, caption: str, elapsed: float, out
             write(f"  {arrived:7d}% {allocated:9.1f}% {'#' * round(allocated / 2)}\n")
     full = result.curve.at(100)
     if full is None:
-        write("  the pods never asked for all of the GPU capacity\n")
+        write(f"  {result.curve.unreached()}\n")
     else:
         write(f"  allocated at arrived 100%: {full:.1f}%\n")
     reasons = Counter(str(e.get("reason")) for e in result.events if e["event"] == "unschedulable")

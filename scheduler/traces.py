@@ -369,6 +369,14 @@ class AllocationCurve:
     def at(self, percent: int) -> float | None:
         return self.sums[percent] / self.counts[percent] if self.counts[percent] else None
 
+    def unreached(self) -> str:
+        """Why there is no value at 100 %: the pods never asked that much, or one pod's ask leapt past it."""
+        above = [p for p in self.sums if p > 100]
+        if not above:
+            return "the pods never asked for all of the GPU capacity"
+        below = max((p for p in self.sums if p < 100), default=0)
+        return f"no pod's arrival made the GPU capacity asked for 100% (it leapt from {below}% to {min(above)}%)"
+
 
 @dataclass(slots=True)
 class ReplayResult:

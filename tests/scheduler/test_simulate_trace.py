@@ -365,6 +365,28 @@ def test_the_page_draws_the_curve_and_escapes_every_name_from_the_trace(
     assert [(tag, name) for tag, attrs in tags for name, _ in attrs if name.startswith("on")] == []
 
 
+def test_a_curve_asked_far_past_the_capacity_draws_a_score_of_ticks_not_millions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A timeline's asked share has no ceiling: 300 pods of 1024 GPUs on one GPU ask 30,720,000 % of it, and the
+    # chart drew a tick every 100 % (307,201 labels, 15 MB of page; 5,000 such rows made 280 MB and 1.2 GB).
+    nodes, pods = write_trace(
+        tmp_path, ["solo,32000,131072,1,T4"], [pod_row(f"p{i}", 1024, 1000, created=i) for i in range(300)]
+    )
+    page_path = tmp_path / "trace.html"
+    summary = replay_json(capsys, nodes, pods, "--timeline", "--html", str(page_path))
+    assert summary["curve"][-1]["arrived"] == 30_720_000
+    ticks = [dict(attrs) for tag, attrs in elements(page_path.read_text()) if tag == "text"]
+    labels = [int(str(t["x"]).split(".")[0]) for t in ticks if t.get("class") == "xtick"]
+    assert 5 <= len(labels) <= 21 and labels == sorted(labels)
+    assert page_path.stat().st_size < 100_000
+    # They asked for all of it and more: the first pod alone asked 102,400 %, so no arrival rounds to 100 %.
+    leapt = "no pod's arrival made the GPU capacity asked for 100% (it leapt from 0% to 102400%)"
+    assert f'<p class="headline">{leapt.replace(chr(39), "&#x27;")}</p>' in page_path.read_text()
+    code, out, _ = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods), "--timeline")
+    assert code == 0 and f"  {leapt}\n" in out and "never asked" not in out
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Chromium]:
     try:
