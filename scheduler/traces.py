@@ -28,9 +28,10 @@ capacity (GPUs x 1000), and the allocated share the GPU-milli held by pods now p
 is the mean allocated share of the pods whose arrived share rounds to each whole percent, and the headline is its
 value at 100 %.
 
-A trace is someone else's file: reading one is bounded (`MAX_TRACE_BYTES`, `MAX_ROWS`, `MAX_FIELD_CHARS`, integers
-below `MAX_VALUE`, memory below `MAX_MEMORY_MIB`, at most `MAX_NODES` nodes with `MAX_GPUS` GPUs in all) and a bad
-row stops the run before anything is scheduled, with a `TraceError` naming the file, the line and the column.
+A trace is someone else's file: reading one is bounded (`MAX_TRACE_BYTES`, `MAX_LINES`, `MAX_LINE_CHARS`,
+`MAX_ROWS`, `MAX_FIELD_CHARS`, integers below `MAX_VALUE`, memory below `MAX_MEMORY_MIB`, at most `MAX_NODES` nodes
+with `MAX_GPUS` GPUs in all) and a bad row stops the run before anything is scheduled, with a `TraceError` naming the
+file, the line and the column.
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ __all__ = [
 MAX_TRACE_BYTES = 64 * 1024 * 1024
 MAX_ROWS = 1_000_000
 MAX_FIELD_CHARS = 253  # a Kubernetes object name's limit; no field of the format needs more
+# A line, and the lines of a file: openb's rows are under 120 characters. Without them a header of a million short
+# columns (3 bytes each in the file, about 100 as Python's strings and lists) made 64 MiB into 2 GB (T148).
+MAX_LINE_CHARS = 65_536
+MAX_LINES = 2_000_000
 MAX_VALUE = 10**15  # any count, millicore, MiB or second of a real trace is far below
 # The most MiB a row may give as memory: a manifest's quantity is at most 2**63 - 1 bytes, as Kubernetes' own.
 MAX_MEMORY_MIB = (2**63 - 1) >> 20
@@ -137,10 +142,13 @@ def _rows(
     if zero >= 0:
         raise TraceError(f"{path}: binary data (a NUL byte at offset {zero}), not a CSV text file")
     try:
-        text = data.decode("utf-8").removeprefix("\ufeff")
+        data.decode("utf-8")  # checked whole, to name the offset; read line by line below
     except UnicodeDecodeError as exc:
         raise TraceError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    # Decoded a line at a time from the bytes read (`BytesIO` shares them): the text whole, then as a `StringIO`
+    # (four bytes a character), cost six times the file before the first row.
+    stream = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", newline="")
+    reader = csv.reader(_lines(stream, path), strict=True)
     try:
         header = next(reader, None)
         if header is None:
@@ -171,6 +179,23 @@ def _rows(
             yield line, row
     except csv.Error as exc:
         raise TraceError(f"{path}:{reader.line_num}: not valid CSV ({shorten(str(exc), 120)})") from None
+
+
+def _lines(stream: io.TextIOWrapper, path: Path) -> Iterator[str]:
+    """The physical lines of `stream` (any of `\n`, `\r\n`, `\r` ends one, as `csv` reads them), each at most
+    `MAX_LINE_CHARS` and at most `MAX_LINES` of them, empty ones included: refused at the line that crosses, before
+    it is cut into fields."""
+    number = 0
+    while line := stream.readline(MAX_LINE_CHARS + 2):
+        number += 1
+        if number > MAX_LINES:
+            raise TraceError(f"{path}:{number}: more than {MAX_LINES} lines")
+        if len(line) > MAX_LINE_CHARS and len(line.rstrip("\r\n")) > MAX_LINE_CHARS:
+            raise TraceError(
+                f"{path}:{number}: a line longer than {MAX_LINE_CHARS} characters; the format's rows are a few "
+                "hundred at most (other columns than its own are allowed, not megabytes of them)"
+            )
+        yield line
 
 
 def _int(line: str, row: dict[str, str], column: str, *, low: int = 0, high: int = MAX_VALUE) -> int:

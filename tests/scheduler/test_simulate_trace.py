@@ -282,8 +282,12 @@ def test_the_timeline_needs_the_time_columns_the_experiment_does_not(
 
 @pytest.mark.parametrize(
     ("limit", "value", "expected"),
-    [("MAX_ROWS", 3, "pods.csv:5: more than 3 rows"), ("MAX_TRACE_BYTES", 200, "pods.csv: larger than")],
-    ids=["rows", "bytes"],
+    [
+        ("MAX_ROWS", 3, "pods.csv:5: more than 3 rows"),
+        ("MAX_TRACE_BYTES", 200, "pods.csv: larger than"),
+        ("MAX_LINES", 5, "pods.csv:6: more than 5 lines"),
+    ],
+    ids=["rows", "bytes", "lines"],
 )
 def test_a_trace_past_the_bounds_is_refused_before_it_is_read_whole(
     limit: str, value: int, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
@@ -292,6 +296,26 @@ def test_a_trace_past_the_bounds_is_refused_before_it_is_read_whole(
     nodes, pods = write_trace(tmp_path, [GOOD_NODE], [pod_row(f"p{i}", 1, 500) for i in range(10)])
     code, _, err = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods))
     assert code == 2 and expected in err, err
+
+
+@pytest.mark.parametrize(
+    ("header", "rows", "expected"),
+    [
+        (POD_HEADER + ",x" * 1_000_000, [pod_row("p", 1, 500)], "pods.csv:1: a line longer than 65536 characters"),
+        (POD_HEADER, [pod_row("p", 1, 500) + "," * 70_000], "pods.csv:2: a line longer than 65536 characters"),
+        (POD_HEADER, [pod_row("p", 1, 500), "\n" * 2_000_000], "pods.csv:2000001: more than 2000000 lines"),
+    ],
+    ids=["million-columns", "wide-row", "empty-lines"],
+)
+def test_a_line_of_megabytes_or_millions_of_lines_are_refused_before_they_are_cut_into_fields(
+    header: str, rows: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A header of a million short columns is 2 MB of file and was about 60 MB as Python's strings and lists (64 MiB
+    # of it took 2 GB and 11 s); a line is refused at its length, read at most that far (T148).
+    nodes, pods = write_trace(tmp_path, [GOOD_NODE], [])
+    pods.write_text("\n".join([header, *rows]) + "\n")
+    code, out, err = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods))
+    assert code == 2 and out == "" and expected in err, err
 
 
 @pytest.mark.parametrize(
