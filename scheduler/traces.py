@@ -3,8 +3,9 @@
 A trace is two CSV files: a node list (`sn, cpu_milli, memory_mib, gpu, model`) and a pod list (`name, cpu_milli,
 memory_mib, num_gpu, gpu_milli, gpu_spec, ..., creation_time, deletion_time`), the format of the FGD paper's
 simulator (USENIX ATC'23). A pod asks `num_gpu` GPUs of `gpu_milli` thousandths each: a share of one GPU when
-`num_gpu` is 1 and `gpu_milli` below 1000, whole GPUs otherwise, nothing when `num_gpu` is 0; `gpu_spec` (`A|B`)
-restricts the GPU model. Other columns are ignored.
+`num_gpu` is 1 and `gpu_milli` below 1000, whole GPUs otherwise, nothing when `num_gpu` is 0 (whatever
+`gpu_milli`, a number 0..1000 all the same, says); `gpu_spec` (`A|B`) restricts the GPU model. Other columns are
+ignored.
 
 Each row becomes the manifests kubegpu schedules, as a HAMi-compatible cluster has them (`node_document`,
 `pod_document`): a node advertises `nvidia.com/gpu` = GPUs x `SPLIT`, `nvidia.com/gpucores` and
@@ -272,7 +273,11 @@ def read_pods(path: Path, *, times: bool = False) -> list[TracePod]:
             raise TraceError(f"{line}: name: pod '{shorten(name)}' is listed twice (first at {seen[name]})")
         seen[name] = line
         gpus = _int(line, row, "num_gpu", high=1024)
-        milli = _int(line, row, "gpu_milli", high=1000) if gpus else 0
+        # Read whatever `num_gpu` says (a value that is no number is a broken row, not one to skip); a pod of no
+        # GPUs asks none, whatever thousandths its row gives.
+        milli = _int(line, row, "gpu_milli", high=1000)
+        if not gpus:
+            milli = 0
         if gpus and not milli:
             raise TraceError(f"{line}: gpu_milli: 0 for a pod asking {gpus} GPU(s); 1..1000 thousandths of each")
         if gpus > 1 and milli != 1000:

@@ -5,6 +5,7 @@ HTML report. Every trace here is written by the test (the suite runs without ../
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ def write_trace(
     return node_path, pod_path
 
 
-def pod_row(name: str, gpus: int, milli: int, created: int = 0, deleted: int | str = "", spec: str = "") -> str:
+def pod_row(name: str, gpus: int, milli: int | str, created: int = 0, deleted: int | str = "", spec: str = "") -> str:
     return f"{name},1000,1024,{gpus},{milli},{spec},LS,Running,{created},{deleted},{created}"
 
 
@@ -168,6 +169,7 @@ GOOD_NODE = "n0,32000,131072,2,V100M16"
         ([GOOD_NODE], [pod_row("p", 1, 1500)], "pods.csv:2: gpu_milli: 1500 is outside 0..1000"),
         ([GOOD_NODE], [pod_row("p", 2, 500)], "pods.csv:2: gpu_milli: 500 for a pod asking 2 GPUs"),
         ([GOOD_NODE], [pod_row("p", 1, 0)], "pods.csv:2: gpu_milli: 0 for a pod asking 1 GPU(s)"),
+        ([GOOD_NODE], [pod_row("p", 1, 500), pod_row("c", 0, "n/a")], "pods.csv:3: gpu_milli: 'n/a' is not a whole"),
         ([GOOD_NODE], [pod_row("p", 1, 500), pod_row("p", 1, 500)], "pods.csv:3: name: pod 'p' is listed twice"),
         ([GOOD_NODE], [pod_row("p" * 300, 1, 500)], "pods.csv:2: name: 300 characters (at most 253)"),
         (
@@ -213,6 +215,7 @@ GOOD_NODE = "n0,32000,131072,2,V100M16"
         "milli-over-1000",
         "multi-gpu-share",
         "gpu-without-milli",
+        "cpu-only-milli-no-number",
         "pod-twice",
         "long-name",
         "huge-time",
@@ -344,16 +347,49 @@ def test_a_node_list_that_would_build_more_than_a_cluster_is_refused_at_the_row_
         (["--trace-nodes", "{nodes}", "--trace-pods", "{pods}", "--inflate", "0"], "--inflate: 0.0 is outside"),
         (["--trace-nodes", "{nodes}", "--trace-pods", "{missing}"], "missing.csv: cannot read"),
         ([], "give manifest FILEs, or a trace"),
+        (["--trace-nodes", "{nodes}", "--trace-pods", "{pods}", "--seed", "-5"], "--seed: -5 is outside 0..2**64-1"),
+        (["--trace-nodes", "{nodes}", "--trace-pods", "{pods}", "--seed", str(2**64)], "is outside 0..2**64-1"),
+        (["--trace-nodes", "{nodes}", "--trace-pods", "{pods}", "--seed", "4.2"], "'4.2' is not a whole number"),
     ],
-    ids=["one-file", "manifests-too", "no-inflation", "missing-file", "nothing"],
+    ids=[
+        "one-file",
+        "manifests-too",
+        "no-inflation",
+        "missing-file",
+        "nothing",
+        "negative-seed",
+        "huge-seed",
+        "float-seed",
+    ],
 )
 def test_arguments_that_make_no_replay_exit_2_saying_what_to_give(
     argv: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     nodes, pods = write_trace(tmp_path, [GOOD_NODE], [pod_row("p", 1, 500)])
     paths = {"nodes": str(nodes), "pods": str(pods), "missing": str(tmp_path / "missing.csv")}
-    code, _, err = run(capsys, *(a.format(**paths) for a in argv))
+    try:
+        code, _, err = run(capsys, *(a.format(**paths) for a in argv))
+    except SystemExit as stop:  # argparse's own refusal
+        code, err = int(str(stop.code)), capsys.readouterr().err
     assert code == 2 and expected in err, err
+    assert "Traceback" not in err
+
+
+def test_trace_file_names_of_any_bytes_are_shown_escaped_in_the_text_json_and_page(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A file's name is bytes: one that is no UTF-8 (a lone surrogate in Python) stopped --json and --html with a
+    # traceback after the replay, and an escape or a bidi override reached the page as it was.
+    nodes, pods = write_trace(tmp_path, [GOOD_NODE], [pod_row("p", 1, 500)])
+    odd = tmp_path / os.fsdecode(b"pods\xff\x1b[31m\xe2\x80\xae<b>.csv")
+    pods.rename(odd)
+    page_path = tmp_path / "trace.html"
+    summary = replay_json(capsys, nodes, odd, "--html", str(page_path))
+    assert summary["trace"]["pods"].endswith("pods\\udcff\\x1b[31m\\u202e<b>.csv")
+    page = page_path.read_text()
+    assert "pods\\udcff\\x1b[31m\\u202e&lt;b&gt;.csv" in page and "\x1b" not in page and "\u202e" not in page
+    code, out, _ = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(odd))
+    assert code == 0 and out.startswith("kubegpu simulate: pods\\udcff\\x1b[31m\\u202e<b>.csv on nodes.csv")
 
 
 # ---------------------------------------------------------------------------------------------------------------
