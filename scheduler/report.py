@@ -120,6 +120,7 @@ class CurveView:
     points: tuple[tuple[int, float], ...]
     at_full: float | None
     caption: str
+    unreached: str = "the pods never asked for all of the GPU capacity"  # said when `at_full` is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,7 +436,7 @@ def simulation_report(
         if event["event"] == "scheduled"
         for claim in (event.get("claims") or {}).values()
     )
-    names = [str(f) for f in files]
+    names = [safe_text(str(f)) for f in files]  # any bytes a file system allows: escaped (lone surrogates too)
     source = "kubegpu simulate " + " ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
     report = build_report(
         engine,

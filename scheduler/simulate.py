@@ -874,7 +874,11 @@ def _run_trace(args: argparse.Namespace) -> int:
     caption = _trace_caption(args, result, engine)
     if args.json:
         sys.stdout.buffer.write(
-            orjson.dumps({"trace": {"nodes": args.trace_nodes, "pods": args.trace_pods}, **summary})
+            # A file's name is any bytes (undecodable ones arrive as lone surrogates, which orjson refuses): shown
+            # as the report shows names, escaped and bounded.
+            orjson.dumps(
+                {"trace": {"nodes": safe_text(args.trace_nodes), "pods": safe_text(args.trace_pods)}, **summary}
+            )
         )
         sys.stdout.buffer.write(b"\n")
         sys.stdout.flush()
@@ -884,7 +888,7 @@ def _run_trace(args: argparse.Namespace) -> int:
         from kubegpu.scheduler.html import write_html
         from kubegpu.scheduler.report import CurveView, simulation_report
 
-        curve = CurveView(tuple(result.curve.points()), result.curve.at(100), caption)
+        curve = CurveView(tuple(result.curve.points()), result.curve.at(100), caption, result.curve.unreached())
         write_html(simulation_report(engine, result.events, [args.trace_nodes, args.trace_pods], curve), args.html)
     if args.stats:
         _print_stats(len(nodes), result.pods, elapsed, latencies)
@@ -898,7 +902,7 @@ def _trace_caption(args: argparse.Namespace, result: traces.ReplayResult, engine
         else f"FGD experiment (seed {result.seed}, no departures, inflated to {100 * (result.inflate or 0):.0f}% of "
         "the GPU capacity)"
     )
-    return (
+    return safe_text(
         f"{Path(args.trace_pods).name} on {Path(args.trace_nodes).name}: {result.nodes} nodes, {result.gpus} GPUs; "
         f"{what}; policy {engine.policy}"
     )
@@ -921,7 +925,7 @@ def _trace_report(result: traces.ReplayResult, caption: str, elapsed: float, out
             write(f"  {arrived:7d}% {allocated:9.1f}% {'#' * round(allocated / 2)}\n")
     full = result.curve.at(100)
     if full is None:
-        write("  the pods never asked for all of the GPU capacity\n")
+        write(f"  {result.curve.unreached()}\n")
     else:
         write(f"  allocated at arrived 100%: {full:.1f}%\n")
     reasons = Counter(str(e.get("reason")) for e in result.events if e["event"] == "unschedulable")
@@ -1035,6 +1039,18 @@ def _run_documents(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seed(text: str) -> int:
+    """`--seed`: a whole number that the JSON summary can hold, and one order per number (Python's `random` seeds
+    with the absolute value, so -5 replayed 5's order under another name)."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{shorten(text, 40)}' is not a whole number") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"{shorten(text, 40)} is outside 0..2**64-1")
+    return value
+
+
 def add_simulate_parser(sub: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = sub.add_parser(
         "simulate",
@@ -1066,7 +1082,9 @@ def add_simulate_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="X",
         help="the experiment: add copies of random trace pods until they ask for X x the GPU capacity (default 1.3)",
     )
-    trace.add_argument("--seed", type=int, default=42, help="the experiment: the arrival order's seed (default 42)")
+    trace.add_argument(
+        "--seed", type=_seed, default=42, help="the experiment: the arrival order's seed, 0..2**64-1 (default 42)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object per pod document")
     parser.add_argument("--policy", choices=POLICIES, help="node preference (default binpack)")
     parser.add_argument(

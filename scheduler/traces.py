@@ -3,14 +3,16 @@
 A trace is two CSV files: a node list (`sn, cpu_milli, memory_mib, gpu, model`) and a pod list (`name, cpu_milli,
 memory_mib, num_gpu, gpu_milli, gpu_spec, ..., creation_time, deletion_time`), the format of the FGD paper's
 simulator (USENIX ATC'23). A pod asks `num_gpu` GPUs of `gpu_milli` thousandths each: a share of one GPU when
-`num_gpu` is 1 and `gpu_milli` below 1000, whole GPUs otherwise, nothing when `num_gpu` is 0; `gpu_spec` (`A|B`)
-restricts the GPU model. Other columns are ignored.
+`num_gpu` is 1 and `gpu_milli` below 1000, whole GPUs otherwise, nothing when `num_gpu` is 0 (whatever
+`gpu_milli`, a number 0..1000 all the same, says); `gpu_spec` (`A|B`) restricts the GPU model. Other columns are
+ignored.
 
 Each row becomes the manifests kubegpu schedules, as a HAMi-compatible cluster has them (`node_document`,
 `pod_document`): a node advertises `nvidia.com/gpu` = GPUs x `SPLIT`, `nvidia.com/gpucores` and
 `nvidia.com/gpumem-percentage` 100 per GPU, GFD's `nvidia.com/gpu.count` and `nvidia.com/gpu.product` (the model);
-a share asks `nvidia.com/gpu: 1` with `gpucores` and `gpumem-percentage` of its fraction; a model constraint is a
-required node affinity on `nvidia.com/gpu.product`; cpu and memory are asked as the trace says.
+a share asks `nvidia.com/gpu: 1` with `gpucores` and `gpumem-percentage` of its fraction in whole percent, rounded
+up (505 thousandths ask 51 %, never less than the trace says); a model constraint is a required node affinity on
+`nvidia.com/gpu.product`; cpu and memory are asked as the trace says.
 
 Two replays (`replay`):
 
@@ -18,7 +20,8 @@ Two replays (`replay`):
   same second as a creation goes first, freeing what it held; a pod whose deletion is not after its creation
   leaves at once);
 * **experiment** (the paper's): every pod arrives once in a random order (`seed`), never leaves, and copies of
-  randomly drawn pods are appended until the pods have asked for `inflate` x the cluster's GPU capacity.
+  randomly drawn pods are appended until the pods have asked for `inflate` x the cluster's GPU capacity (a copy of
+  `p` is `p-copyN`, N the next number no pod of the trace is named with).
 
 Either way each pod is scheduled at once or fails for good, and the *allocation curve* is the paper's accounting:
 after each pod, the arrived share is the GPU-milli asked by every pod so far (failed ones included) over the
@@ -26,9 +29,10 @@ capacity (GPUs x 1000), and the allocated share the GPU-milli held by pods now p
 is the mean allocated share of the pods whose arrived share rounds to each whole percent, and the headline is its
 value at 100 %.
 
-A trace is someone else's file: reading one is bounded (`MAX_TRACE_BYTES`, `MAX_ROWS`, `MAX_FIELD_CHARS`, integers
-below `MAX_VALUE`, at most `MAX_NODES` nodes with `MAX_GPUS` GPUs in all) and a bad row stops the run before
-anything is scheduled, with a `TraceError` naming the file, the line and the column.
+A trace is someone else's file: reading one is bounded (`MAX_TRACE_BYTES`, `MAX_LINES`, `MAX_LINE_CHARS`,
+`MAX_ROWS`, `MAX_FIELD_CHARS`, integers below `MAX_VALUE`, memory below `MAX_MEMORY_MIB`, at most `MAX_NODES` nodes
+with `MAX_GPUS` GPUs in all) and a bad row stops the run before anything is scheduled, with a `TraceError` naming the
+file, the line and the column.
 """
 
 from __future__ import annotations
@@ -66,7 +70,13 @@ __all__ = [
 MAX_TRACE_BYTES = 64 * 1024 * 1024
 MAX_ROWS = 1_000_000
 MAX_FIELD_CHARS = 253  # a Kubernetes object name's limit; no field of the format needs more
+# A line, and the lines of a file: openb's rows are under 120 characters. Without them a header of a million short
+# columns (3 bytes each in the file, about 100 as Python's strings and lists) made 64 MiB into 2 GB (T148).
+MAX_LINE_CHARS = 65_536
+MAX_LINES = 2_000_000
 MAX_VALUE = 10**15  # any count, millicore, MiB or second of a real trace is far below
+# The most MiB a row may give as memory: a manifest's quantity is at most 2**63 - 1 bytes, as Kubernetes' own.
+MAX_MEMORY_MIB = (2**63 - 1) >> 20
 # Nodes and GPUs a node list may build: each node row costs the engine about 1.7 KB, and 270 KB with 1024 GPUs, so
 # the file and row bounds alone let 15 MB ask for hundreds of GB. Ten times the nodes Kubernetes supports in a
 # cluster, sixteen times the GPUs of openb's whole trace.
@@ -133,10 +143,13 @@ def _rows(
     if zero >= 0:
         raise TraceError(f"{path}: binary data (a NUL byte at offset {zero}), not a CSV text file")
     try:
-        text = data.decode("utf-8").removeprefix("\ufeff")
+        data.decode("utf-8")  # checked whole, to name the offset; read line by line below
     except UnicodeDecodeError as exc:
         raise TraceError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    # Decoded a line at a time from the bytes read (`BytesIO` shares them): the text whole, then as a `StringIO`
+    # (four bytes a character), cost six times the file before the first row.
+    stream = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", newline="")
+    reader = csv.reader(_lines(stream, path), strict=True)
     try:
         header = next(reader, None)
         if header is None:
@@ -167,6 +180,23 @@ def _rows(
             yield line, row
     except csv.Error as exc:
         raise TraceError(f"{path}:{reader.line_num}: not valid CSV ({shorten(str(exc), 120)})") from None
+
+
+def _lines(stream: io.TextIOWrapper, path: Path) -> Iterator[str]:
+    """The physical lines of `stream` (any of `\n`, `\r\n`, `\r` ends one, as `csv` reads them), each at most
+    `MAX_LINE_CHARS` and at most `MAX_LINES` of them, empty ones included: refused at the line that crosses, before
+    it is cut into fields."""
+    number = 0
+    while line := stream.readline(MAX_LINE_CHARS + 2):
+        number += 1
+        if number > MAX_LINES:
+            raise TraceError(f"{path}:{number}: more than {MAX_LINES} lines")
+        if len(line) > MAX_LINE_CHARS and len(line.rstrip("\r\n")) > MAX_LINE_CHARS:
+            raise TraceError(
+                f"{path}:{number}: a line longer than {MAX_LINE_CHARS} characters; the format's rows are a few "
+                "hundred at most (other columns than its own are allowed, not megabytes of them)"
+            )
+        yield line
 
 
 def _int(line: str, row: dict[str, str], column: str, *, low: int = 0, high: int = MAX_VALUE) -> int:
@@ -216,7 +246,11 @@ def read_nodes(path: Path) -> list[TraceNode]:
             raise TraceError(f"{line}: model: '{shorten(model, 40)}' has control characters")
         model = _model(line, "model", model) if model else ""
         node = TraceNode(
-            name, _int(line, row, "cpu_milli"), _int(line, row, "memory_mib"), _int(line, row, "gpu", high=1024), model
+            name,
+            _int(line, row, "cpu_milli"),
+            _int(line, row, "memory_mib", high=MAX_MEMORY_MIB),
+            _int(line, row, "gpu", high=1024),
+            model,
         )
         gpus += node.gpus
         if gpus > MAX_GPUS:
@@ -239,7 +273,11 @@ def read_pods(path: Path, *, times: bool = False) -> list[TracePod]:
             raise TraceError(f"{line}: name: pod '{shorten(name)}' is listed twice (first at {seen[name]})")
         seen[name] = line
         gpus = _int(line, row, "num_gpu", high=1024)
-        milli = _int(line, row, "gpu_milli", high=1000) if gpus else 0
+        # Read whatever `num_gpu` says (a value that is no number is a broken row, not one to skip); a pod of no
+        # GPUs asks none, whatever thousandths its row gives.
+        milli = _int(line, row, "gpu_milli", high=1000)
+        if not gpus:
+            milli = 0
         if gpus and not milli:
             raise TraceError(f"{line}: gpu_milli: 0 for a pod asking {gpus} GPU(s); 1..1000 thousandths of each")
         if gpus > 1 and milli != 1000:
@@ -256,7 +294,14 @@ def read_pods(path: Path, *, times: bool = False) -> list[TracePod]:
             deleted = _int(line, row, "deletion_time")
         pods.append(
             TracePod(
-                name, _int(line, row, "cpu_milli"), _int(line, row, "memory_mib"), gpus, milli, models, created, deleted
+                name,
+                _int(line, row, "cpu_milli"),
+                _int(line, row, "memory_mib", high=MAX_MEMORY_MIB),
+                gpus,
+                milli,
+                models,
+                created,
+                deleted,
             )
         )
     if not pods:
@@ -289,7 +334,9 @@ def pod_document(pod: TracePod, name: str, *, share: bool = True) -> dict[str, o
     if pod.gpus:
         limits[GPU] = str(pod.gpus)
         if share and pod.gpus == 1 and pod.milli < 1000:
-            percent = str(max(1, pod.milli // 10))
+            # HAMi counts in whole percent: rounded up, so a share gets at least what the trace asks, and two pods
+            # of 505 thousandths (51 % each) never fit one GPU together, as they would not in the paper's simulator.
+            percent = str(-(-pod.milli // 10))
             limits["nvidia.com/gpucores"] = percent
             limits["nvidia.com/gpumem-percentage"] = percent
     spec: dict[str, object] = {"containers": [{"name": "main", "resources": {"limits": limits, "requests": limits}}]}
@@ -351,6 +398,14 @@ class AllocationCurve:
 
     def at(self, percent: int) -> float | None:
         return self.sums[percent] / self.counts[percent] if self.counts[percent] else None
+
+    def unreached(self) -> str:
+        """Why there is no value at 100 %: the pods never asked that much, or one pod's ask leapt past it."""
+        above = [p for p in self.sums if p > 100]
+        if not above:
+            return "the pods never asked for all of the GPU capacity"
+        below = max((p for p in self.sums if p < 100), default=0)
+        return f"no pod's arrival made the GPU capacity asked for 100% (it leapt from {below}% to {min(above)}%)"
 
 
 @dataclass(slots=True)
@@ -458,6 +513,7 @@ def replay(
         seed=seed if mode == "experiment" else None, inflate=inflate if mode == "experiment" else None,
     )  # fmt: skip
     seen: Counter[str] = Counter()
+    trace_names = {pod.name for pod in pods}
     requests = _Requests()
     held: dict[int, tuple[str, int]] = {}  # arrival index -> (pod key, GPU-milli) of pods placed
     arrived = allocated = 0
@@ -473,10 +529,20 @@ def replay(
                 if keep_events:
                     events.append({"pod": placed[0], "event": "deleted", "node": released.node if released else None})
             continue
+        name = pod.name
         copies = seen[pod.name]
-        seen[pod.name] += 1
-        name = pod.name if not copies else f"{pod.name}-copy{copies}"
-        request = requests.get(pod, name)
+        if copies:
+            # A copy is `NAME-copyN`; a trace may already name a pod so (`p-copy1`), which the engine would refuse
+            # as placed twice: the next N is taken. Names made so never meet each other, only the trace's.
+            name = f"{pod.name}-copy{copies}"
+            while name in trace_names:
+                copies += 1
+                name = f"{pod.name}-copy{copies}"
+        seen[pod.name] = copies + 1
+        try:
+            request = requests.get(pod, name)
+        except InputError as exc:  # the reader's bounds keep every row a manifest; this names the pod if not
+            raise TraceError(f"pod {shorten(name)}: {exc}") from None
         decision = engine.schedule(request)
         arrived += pod.gpu_milli
         result.pods += 1

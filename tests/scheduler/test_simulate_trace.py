@@ -5,6 +5,7 @@ HTML report. Every trace here is written by the test (the suite runs without ../
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ def write_trace(
     return node_path, pod_path
 
 
-def pod_row(name: str, gpus: int, milli: int, created: int = 0, deleted: int | str = "", spec: str = "") -> str:
+def pod_row(name: str, gpus: int, milli: int | str, created: int = 0, deleted: int | str = "", spec: str = "") -> str:
     return f"{name},1000,1024,{gpus},{milli},{spec},LS,Running,{created},{deleted},{created}"
 
 
@@ -117,6 +118,37 @@ def test_the_timeline_deletes_each_pod_at_its_deletion_time(tmp_path: Path, caps
     assert summary["allocatedAtFull"] == 100.0
 
 
+def test_a_share_asks_its_thousandths_rounded_up_so_two_pods_above_half_never_share_one_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # HAMi counts a share's compute and memory in whole percent. 505 thousandths asked as 50 % let two such pods
+    # onto one GPU, and the curve said 101 % of the capacity was allocated; asked as 51 %, the second finds no room.
+    nodes, pods = write_trace(
+        tmp_path, ["solo,32000,131072,1,T4"], [pod_row("a", 1, 505, created=0), pod_row("b", 1, 505, created=1)]
+    )
+    summary = replay_json(capsys, nodes, pods, "--timeline")
+    assert (summary["scheduled"], summary["failed"]) == (1, 1)
+    assert [(p["arrived"], p["allocated"]) for p in summary["curve"]] == [(50, 50.5), (101, 50.5)]
+    limits = traces.pod_document(traces.TracePod("c", 1000, 1024, 1, 5, ()), "c")["spec"]["containers"][0]  # type: ignore[index]
+    assert limits["resources"]["limits"]["nvidia.com/gpucores"] == "1"
+
+
+def test_an_experiments_copies_never_take_the_name_of_a_trace_pod(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A trace may name a pod `p-copy1`: the first copy of `p` took that name, and the engine refused it as a pod
+    # already placed, a failure the cluster had room for. Three pods of 300 fit one GPU: p, p-copy1 and a copy.
+    nodes, pods = write_trace(tmp_path, ["solo,32000,131072,1,T4"], [pod_row("p", 1, 300), pod_row("p-copy1", 1, 300)])
+    nodes_list, pod_list = traces.read_nodes(nodes), traces.read_pods(pods)
+    from kubegpu.core.plugin_manager import make_plugin_manager
+    from kubegpu.scheduler.engine import Engine
+
+    result = traces.replay(Engine(make_plugin_manager("scheduler")), nodes_list, pod_list, "experiment", inflate=1.2)
+    names = [str(event["pod"]) for event in result.events]
+    assert len(names) == len(set(names)) == result.pods == 4
+    assert result.scheduled == 3 and "already holds" not in str([event.get("reason") for event in result.events])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input: a clear error naming file:line and the column, nothing scheduled
 # ---------------------------------------------------------------------------------------------------------------
@@ -137,12 +169,23 @@ GOOD_NODE = "n0,32000,131072,2,V100M16"
         ([GOOD_NODE], [pod_row("p", 1, 1500)], "pods.csv:2: gpu_milli: 1500 is outside 0..1000"),
         ([GOOD_NODE], [pod_row("p", 2, 500)], "pods.csv:2: gpu_milli: 500 for a pod asking 2 GPUs"),
         ([GOOD_NODE], [pod_row("p", 1, 0)], "pods.csv:2: gpu_milli: 0 for a pod asking 1 GPU(s)"),
+        ([GOOD_NODE], [pod_row("p", 1, 500), pod_row("c", 0, "n/a")], "pods.csv:3: gpu_milli: 'n/a' is not a whole"),
         ([GOOD_NODE], [pod_row("p", 1, 500), pod_row("p", 1, 500)], "pods.csv:3: name: pod 'p' is listed twice"),
         ([GOOD_NODE], [pod_row("p" * 300, 1, 500)], "pods.csv:2: name: 300 characters (at most 253)"),
         (
             [GOOD_NODE],
             [pod_row("p", 1, 500, created=10**16)],
             "pods.csv:2: creation_time: 10000000000000000 is outside",
+        ),
+        (
+            [GOOD_NODE],
+            ["p,1000,8796093022208,1,500,,LS,Running,0,,0"],
+            "pods.csv:2: memory_mib: 8796093022208 is outside 0..8796093022207",
+        ),
+        (
+            [GOOD_NODE, "n1,32000,999999999999999,2,T4"],
+            [],
+            "nodes.csv:3: memory_mib: 999999999999999 is outside 0..8796093022207",
         ),
         (
             [GOOD_NODE, "n1,32000,131072,2,V100/SXM2"],
@@ -172,9 +215,12 @@ GOOD_NODE = "n0,32000,131072,2,V100M16"
         "milli-over-1000",
         "multi-gpu-share",
         "gpu-without-milli",
+        "cpu-only-milli-no-number",
         "pod-twice",
         "long-name",
         "huge-time",
+        "pod-memory-past-int64-bytes",
+        "node-memory-past-int64-bytes",
         "node-model-not-a-label-value",
         "pod-model-not-a-label-value",
         "model-too-long",
@@ -189,6 +235,18 @@ def test_a_malformed_row_exits_2_naming_the_file_line_and_column(
     assert code == 2 and out == ""
     assert err.startswith("kubegpu simulate: invalid trace: ") and expected in err, err
     assert "\x1b" not in err, "the terminal never gets an escape sequence from the file"
+
+
+def test_a_row_the_engine_cannot_take_stops_the_replay_naming_the_pod_not_with_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reader's bounds keep every row a manifest the engine reads; were one to slip through (a bound loosened
+    # here), the replay says which pod, as it does for a node.
+    monkeypatch.setattr(traces, "MAX_MEMORY_MIB", traces.MAX_VALUE)
+    nodes, pods = write_trace(tmp_path, [GOOD_NODE], ["big,1000,999999999999999,1,500,,LS,Running,0,,0"])
+    code, out, err = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods))
+    assert code == 2 and out == ""
+    assert err.startswith("kubegpu simulate: invalid trace: pod big: Pod.spec.containers[0].resources.limits.memory")
 
 
 def test_a_gpu_model_written_with_spaces_matches_in_both_files_as_gfd_labels_it(
@@ -227,8 +285,12 @@ def test_the_timeline_needs_the_time_columns_the_experiment_does_not(
 
 @pytest.mark.parametrize(
     ("limit", "value", "expected"),
-    [("MAX_ROWS", 3, "pods.csv:5: more than 3 rows"), ("MAX_TRACE_BYTES", 200, "pods.csv: larger than")],
-    ids=["rows", "bytes"],
+    [
+        ("MAX_ROWS", 3, "pods.csv:5: more than 3 rows"),
+        ("MAX_TRACE_BYTES", 200, "pods.csv: larger than"),
+        ("MAX_LINES", 5, "pods.csv:6: more than 5 lines"),
+    ],
+    ids=["rows", "bytes", "lines"],
 )
 def test_a_trace_past_the_bounds_is_refused_before_it_is_read_whole(
     limit: str, value: int, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
@@ -237,6 +299,26 @@ def test_a_trace_past_the_bounds_is_refused_before_it_is_read_whole(
     nodes, pods = write_trace(tmp_path, [GOOD_NODE], [pod_row(f"p{i}", 1, 500) for i in range(10)])
     code, _, err = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods))
     assert code == 2 and expected in err, err
+
+
+@pytest.mark.parametrize(
+    ("header", "rows", "expected"),
+    [
+        (POD_HEADER + ",x" * 1_000_000, [pod_row("p", 1, 500)], "pods.csv:1: a line longer than 65536 characters"),
+        (POD_HEADER, [pod_row("p", 1, 500) + "," * 70_000], "pods.csv:2: a line longer than 65536 characters"),
+        (POD_HEADER, [pod_row("p", 1, 500), "\n" * 2_000_000], "pods.csv:2000001: more than 2000000 lines"),
+    ],
+    ids=["million-columns", "wide-row", "empty-lines"],
+)
+def test_a_line_of_megabytes_or_millions_of_lines_are_refused_before_they_are_cut_into_fields(
+    header: str, rows: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A header of a million short columns is 2 MB of file and was about 60 MB as Python's strings and lists (64 MiB
+    # of it took 2 GB and 11 s); a line is refused at its length, read at most that far (T148).
+    nodes, pods = write_trace(tmp_path, [GOOD_NODE], [])
+    pods.write_text("\n".join([header, *rows]) + "\n")
+    code, out, err = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods))
+    assert code == 2 and out == "" and expected in err, err
 
 
 @pytest.mark.parametrize(
@@ -265,16 +347,49 @@ def test_a_node_list_that_would_build_more_than_a_cluster_is_refused_at_the_row_
         (["--trace-nodes", "{nodes}", "--trace-pods", "{pods}", "--inflate", "0"], "--inflate: 0.0 is outside"),
         (["--trace-nodes", "{nodes}", "--trace-pods", "{missing}"], "missing.csv: cannot read"),
         ([], "give manifest FILEs, or a trace"),
+        (["--trace-nodes", "{nodes}", "--trace-pods", "{pods}", "--seed", "-5"], "--seed: -5 is outside 0..2**64-1"),
+        (["--trace-nodes", "{nodes}", "--trace-pods", "{pods}", "--seed", str(2**64)], "is outside 0..2**64-1"),
+        (["--trace-nodes", "{nodes}", "--trace-pods", "{pods}", "--seed", "4.2"], "'4.2' is not a whole number"),
     ],
-    ids=["one-file", "manifests-too", "no-inflation", "missing-file", "nothing"],
+    ids=[
+        "one-file",
+        "manifests-too",
+        "no-inflation",
+        "missing-file",
+        "nothing",
+        "negative-seed",
+        "huge-seed",
+        "float-seed",
+    ],
 )
 def test_arguments_that_make_no_replay_exit_2_saying_what_to_give(
     argv: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     nodes, pods = write_trace(tmp_path, [GOOD_NODE], [pod_row("p", 1, 500)])
     paths = {"nodes": str(nodes), "pods": str(pods), "missing": str(tmp_path / "missing.csv")}
-    code, _, err = run(capsys, *(a.format(**paths) for a in argv))
+    try:
+        code, _, err = run(capsys, *(a.format(**paths) for a in argv))
+    except SystemExit as stop:  # argparse's own refusal
+        code, err = int(str(stop.code)), capsys.readouterr().err
     assert code == 2 and expected in err, err
+    assert "Traceback" not in err
+
+
+def test_trace_file_names_of_any_bytes_are_shown_escaped_in_the_text_json_and_page(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A file's name is bytes: one that is no UTF-8 (a lone surrogate in Python) stopped --json and --html with a
+    # traceback after the replay, and an escape or a bidi override reached the page as it was.
+    nodes, pods = write_trace(tmp_path, [GOOD_NODE], [pod_row("p", 1, 500)])
+    odd = tmp_path / os.fsdecode(b"pods\xff\x1b[31m\xe2\x80\xae<b>.csv")
+    pods.rename(odd)
+    page_path = tmp_path / "trace.html"
+    summary = replay_json(capsys, nodes, odd, "--html", str(page_path))
+    assert summary["trace"]["pods"].endswith("pods\\udcff\\x1b[31m\\u202e<b>.csv")
+    page = page_path.read_text()
+    assert "pods\\udcff\\x1b[31m\\u202e&lt;b&gt;.csv" in page and "\x1b" not in page and "\u202e" not in page
+    code, out, _ = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(odd))
+    assert code == 0 and out.startswith("kubegpu simulate: pods\\udcff\\x1b[31m\\u202e<b>.csv on nodes.csv")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -308,6 +423,28 @@ def test_the_page_draws_the_curve_and_escapes_every_name_from_the_trace(
     assert len((polyline["points"] or "").split()) == len(summary["curve"])
     assert [tag for tag, _ in tags if tag in ("script", "img")] == ["script"]
     assert [(tag, name) for tag, attrs in tags for name, _ in attrs if name.startswith("on")] == []
+
+
+def test_a_curve_asked_far_past_the_capacity_draws_a_score_of_ticks_not_millions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A timeline's asked share has no ceiling: 300 pods of 1024 GPUs on one GPU ask 30,720,000 % of it, and the
+    # chart drew a tick every 100 % (307,201 labels, 15 MB of page; 5,000 such rows made 280 MB and 1.2 GB).
+    nodes, pods = write_trace(
+        tmp_path, ["solo,32000,131072,1,T4"], [pod_row(f"p{i}", 1024, 1000, created=i) for i in range(300)]
+    )
+    page_path = tmp_path / "trace.html"
+    summary = replay_json(capsys, nodes, pods, "--timeline", "--html", str(page_path))
+    assert summary["curve"][-1]["arrived"] == 30_720_000
+    ticks = [dict(attrs) for tag, attrs in elements(page_path.read_text()) if tag == "text"]
+    labels = [int(str(t["x"]).split(".")[0]) for t in ticks if t.get("class") == "xtick"]
+    assert 5 <= len(labels) <= 21 and labels == sorted(labels)
+    assert page_path.stat().st_size < 100_000
+    # They asked for all of it and more: the first pod alone asked 102,400 %, so no arrival rounds to 100 %.
+    leapt = "no pod's arrival made the GPU capacity asked for 100% (it leapt from 0% to 102400%)"
+    assert f'<p class="headline">{leapt.replace(chr(39), "&#x27;")}</p>' in page_path.read_text()
+    code, out, _ = run(capsys, "--trace-nodes", str(nodes), "--trace-pods", str(pods), "--timeline")
+    assert code == 0 and f"  {leapt}\n" in out and "never asked" not in out
 
 
 @pytest.fixture(scope="module")
