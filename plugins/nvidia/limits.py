@@ -120,9 +120,11 @@ OVERRIDE_FILE = "/overrideEnv"  # HAMi-core sets its `NAME=value` lines over the
 EMPTY_FILE = "/dev/null"
 MPS_PIPE = "/tmp/nvidia-mps"
 MPS_LOG = "/var/log/nvidia-mps"
-# At most this long per wake of the sweeper removing what is set aside (`sweep_set_aside`, in a thread of its own, no
-# lock held); what is left is removed at its next wake (the next forget or creation).
+# At most this long per sweep of what is set aside (`sweep_set_aside`, in a thread of its own, no lock held); a
+# sweep that stops at it is followed by another after `SWEEP_PAUSE`, woken or not, until nothing is left but what
+# cannot be removed (tried again at the next wake: the next forget, or creation of a restarted container).
 SWEEP_BUDGET = 10.0
+SWEEP_PAUSE = 1.0
 
 MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"  # HAMi-core: bare (every GPU) or `_<i>`
 SM_LIMIT = "CUDA_DEVICE_SM_LIMIT"
@@ -374,28 +376,43 @@ def sweep_set_aside(parent: Path, *, budget: float = SWEEP_BUDGET, clock: Callab
     most `budget` seconds after at least one entry; True when nothing set aside is left. The sweeper's work
     (`_Sweeper`), never under a lock: a tree of millions of files costs its own removal's time, no creation's. One
     that cannot be removed is logged and tried again at the next wake."""
+    return not _sweep(parent, budget=budget, clock=clock).left
+
+
+@dataclass(frozen=True, slots=True)
+class _Swept:
+    """What one sweep left: `left`, whether anything set aside is still there (a tree it could not remove, or did
+    not reach); `stopped_in`, the tree its budget ran out in (None: it went through every tree)."""
+
+    left: bool
+    stopped_in: str | None = None
+
+
+def _sweep(parent: Path, *, budget: float, clock: Callable[[], float]) -> _Swept:
+    """`sweep_set_aside`, saying whether its budget ran out."""
     deadline = clock() + budget
     try:
         names = sorted(entry.name for entry in os.scandir(parent) if entry.name.startswith(_ASIDE))
     except OSError:
-        return True
-    swept = True
+        return _Swept(left=False)
+    left = False
     for name in names:
         try:
             _remove_tree(parent, name, deadline=deadline, clock=clock)
         except TimeoutError:
-            log.info("what gone share containers left in their region directories is removed at the next wake")
-            return False
+            log.info("what gone share containers left in their region directories is removed at the next sweep")
+            return _Swept(left=True, stopped_in=name)
         except OSError as exc:
             log.warning("cannot remove what a gone share container left in %r: %s", name[:80], exc.strerror)
-            swept = False
-    return swept
+            left = True
+    return _Swept(left=left)
 
 
 class _Sweeper:
-    """The thread that removes what is set aside under one `containers/` directory (`sweep_set_aside`): started by
-    a wake, it sweeps, sweeps again if woken meanwhile, and ends once a sweep found no wake pending, so that an idle
-    node keeps no thread."""
+    """The thread that removes what is set aside under one `containers/` directory (`_sweep`): started by a wake, it
+    sweeps, and sweeps again if woken meanwhile, or after `SWEEP_PAUSE` if its budget ran out (so that a tree too
+    big for one sweep goes on a quiet node too, where nothing wakes it again), and ends once a sweep went through
+    every tree with no wake pending, so that an idle node keeps no thread."""
 
     def __init__(self, parent: Path) -> None:
         self.parent = parent
@@ -423,9 +440,14 @@ class _Sweeper:
                     return
                 self._pending = False
             try:
-                sweep_set_aside(self.parent)
+                swept = _sweep(self.parent, budget=SWEEP_BUDGET, clock=time.monotonic)
             except Exception:  # a bug of its own: what is set aside waits for the next wake
                 log.exception("removing what gone share containers left in %s failed", str(self.parent)[:200])
+                continue
+            if swept.stopped_in is not None:
+                time.sleep(SWEEP_PAUSE)  # the disk's other users' turn; then on, whether woken or not
+                with self._lock:
+                    self._pending = True
 
 
 _SWEEPERS: dict[Path, _Sweeper] = {}

@@ -664,3 +664,33 @@ def test_a_sweeper_that_cannot_start_costs_no_creation(
     assert any(p.name.startswith(".gone-") for p in (hami / "containers").iterdir())
     limits.remove_gone_regions(sharing, frozenset({"live"}))
     assert swept(hami) == ["live_main"]
+
+
+def _slow_unlink(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow disk, 1 ms a file removed."""
+    real_unlink = os.unlink
+
+    def slow_unlink(name: Any, *, dir_fd: int | None = None) -> None:
+        time.sleep(0.001)
+        real_unlink(name, dir_fd=dir_fd)
+
+    monkeypatch.setattr(limits.os, "unlink", slow_unlink)
+
+
+def test_a_tree_too_big_for_one_sweep_goes_on_a_quiet_node(hami: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gone pod's container left more files than one sweep removes (millions on a slow disk against 10 s; here
+    500 at 1 ms against 50 ms), and nothing happens on the node after its RemovePodSandbox: no other pod ends, no
+    container restarts. The sweeper stopped at its budget and ended, and only a next wake went on, so on a quiet
+    node (a CRI shim's, woken only by those) the rest stayed on the disk for good: 455 of the 500 files. Now a sweep
+    its budget stopped is followed by another after a pause, woken or not, until the tree is gone (T152)."""
+    monkeypatch.setattr(limits, "SWEEP_BUDGET", 0.05)
+    monkeypatch.setattr(limits, "SWEEP_PAUSE", 0.01)
+    sharing = limits.node_sharing()
+    directory = limits.region_directory(sharing, "gone_main")
+    for i in range(500):
+        os.close(os.open(directory / f"f{i}", os.O_CREAT | os.O_WRONLY, 0o600))
+    _slow_unlink(monkeypatch)
+
+    limits.remove_gone_regions(sharing, frozenset())  # its sandbox removed: the one wake there is
+
+    assert swept(hami, timeout=30) == []
