@@ -388,15 +388,18 @@ class _Swept:
     stopped_in: str | None = None
 
 
-def _sweep(parent: Path, *, budget: float, clock: Callable[[], float]) -> _Swept:
-    """`sweep_set_aside`, saying whether its budget ran out."""
+def _sweep(parent: Path, *, budget: float, clock: Callable[[], float], after: str = "") -> _Swept:
+    """`sweep_set_aside`, beginning with the trees whose names follow `after` (the one the last sweep's budget ran
+    out in), then the others, that one last: a tree that outlasts every budget (millions of files, or one that a
+    force-deleted pod's container still running keeps writing into) takes its turn after the others, never all of
+    the sweeper's time."""
     deadline = clock() + budget
     try:
         names = sorted(entry.name for entry in os.scandir(parent) if entry.name.startswith(_ASIDE))
     except OSError:
         return _Swept(left=False)
     left = False
-    for name in names:
+    for name in [name for name in names if name > after] + [name for name in names if name <= after]:
         try:
             _remove_tree(parent, name, deadline=deadline, clock=clock)
         except TimeoutError:
@@ -419,6 +422,7 @@ class _Sweeper:
         self._lock = threading.Lock()
         self._pending = False
         self._thread: threading.Thread | None = None
+        self._after = ""  # the tree the last sweep's budget ran out in: the next sweep takes it last
 
     def wake(self) -> None:
         with self._lock:
@@ -440,11 +444,12 @@ class _Sweeper:
                     return
                 self._pending = False
             try:
-                swept = _sweep(self.parent, budget=SWEEP_BUDGET, clock=time.monotonic)
+                swept = _sweep(self.parent, budget=SWEEP_BUDGET, clock=time.monotonic, after=self._after)
             except Exception:  # a bug of its own: what is set aside waits for the next wake
                 log.exception("removing what gone share containers left in %s failed", str(self.parent)[:200])
                 continue
             if swept.stopped_in is not None:
+                self._after = swept.stopped_in
                 time.sleep(SWEEP_PAUSE)  # the disk's other users' turn; then on, whether woken or not
                 with self._lock:
                     self._pending = True

@@ -11,6 +11,7 @@ pod whose container is being created.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -666,13 +667,17 @@ def test_a_sweeper_that_cannot_start_costs_no_creation(
     assert swept(hami) == ["live_main"]
 
 
-def _slow_unlink(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A slow disk, 1 ms a file removed."""
+def _slow_unlink(monkeypatch: pytest.MonkeyPatch, *, written_back: str = "") -> None:
+    """A slow disk, 1 ms a file removed; with `written_back`, a container still running in the tree (a force-deleted
+    pod's, in device-plugin mode) writes a new file named so for each such file removed: that tree never empties."""
     real_unlink = os.unlink
+    written = itertools.count(1)
 
     def slow_unlink(name: Any, *, dir_fd: int | None = None) -> None:
         time.sleep(0.001)
         real_unlink(name, dir_fd=dir_fd)
+        if written_back and str(name).startswith(written_back):
+            os.close(os.open(f"{written_back}{next(written)}", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=dir_fd))
 
     monkeypatch.setattr(limits.os, "unlink", slow_unlink)
 
@@ -694,3 +699,31 @@ def test_a_tree_too_big_for_one_sweep_goes_on_a_quiet_node(hami: Path, monkeypat
     limits.remove_gone_regions(sharing, frozenset())  # its sandbox removed: the one wake there is
 
     assert swept(hami, timeout=30) == []
+
+
+def test_a_tree_that_never_empties_takes_no_other_trees_turn(hami: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device-plugin mode: a pod force-deleted from the API server while its container still runs has its region
+    directory set aside, and the container goes on writing into it, a file for each the sweeper removes. Every
+    sweep began with the same tree (names in order) and spent its whole budget there, so another tenant's tree set
+    aside beside it was never reached: after 30 wakes both were still there. Now a sweep begins after the tree the
+    last one's budget ran out in: the other goes at the next sweep, and the endless one still gets its turn (T153)."""
+    monkeypatch.setattr(limits, "SWEEP_BUDGET", 0.05)
+    monkeypatch.setattr(limits, "SWEEP_PAUSE", 0.01)
+    parent = hami / "containers"
+    parent.mkdir(mode=0o700)
+    endless, other = parent / ".gone-0000000000000000", parent / ".gone-ffffffffffffffff"
+    endless.mkdir()
+    (endless / "written-0").write_text("")
+    other.mkdir()
+    (other / "weights").write_text("another tenant's checkpoint")
+
+    with monkeypatch.context() as patch:
+        _slow_unlink(patch, written_back="written-")
+        limits.remove_gone_regions(limits.node_sharing(), frozenset())
+        deadline = time.monotonic() + 10
+        while other.exists():
+            assert time.monotonic() < deadline, "the other tenant's tree was never reached"
+            time.sleep(0.02)
+        assert endless.exists()  # still written into, still being swept
+
+    assert swept(hami, timeout=30) == []  # the container stopped: its tree goes too
