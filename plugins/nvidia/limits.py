@@ -61,6 +61,7 @@ tenant's volume at `/tmp` could have put one. The node's mounts lie deeper than 
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -485,11 +486,15 @@ def _remove_tree(parent: Path, name: str, *, deadline: float, clock: Callable[[]
     every entry is visited once, with two directories open at a time. Entries are removed as they are read, never
     listed first, so memory does not grow with a directory's size, and a directory whose mere listing takes longer
     than the budget is still removed, call by call. Once `deadline` (of `clock`) has passed, after at least one
-    entry, it raises `TimeoutError`, leaving what remains under `name`."""
+    entry, it raises `TimeoutError`, leaving what remains under `name`. A directory that is a mount point (another
+    filesystem, or a bind mount of a directory of the host) is never gone into: `OSError` (EXDEV), what lies in
+    that mount and what remains under `name` left as they are."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    home = _mount_of_path(parent)
     level = os.open(parent / name, flags)  # `parent` is the node's (0700, in no container): only `name` is checked
     spare = _spare_names()
     try:
+        _same_mount(level, home, name)
         found = True
         while found:
             found = False
@@ -497,7 +502,7 @@ def _remove_tree(parent: Path, name: str, *, deadline: float, clock: Callable[[]
                 for entry in entries:
                     found = True
                     if entry.is_dir(follow_symlinks=False):
-                        _empty_into(level, entry.name, spare, deadline, clock)
+                        _empty_into(level, entry.name, spare, deadline, clock, home)
                         os.rmdir(entry.name, dir_fd=level)
                     else:
                         os.unlink(entry.name, dir_fd=level)
@@ -508,11 +513,15 @@ def _remove_tree(parent: Path, name: str, *, deadline: float, clock: Callable[[]
     os.rmdir(parent / name)
 
 
-def _empty_into(level: int, name: str, spare: Iterator[str], deadline: float, clock: Callable[[], float]) -> None:
+def _empty_into(
+    level: int, name: str, spare: Iterator[str], deadline: float, clock: Callable[[], float], home: tuple[int, int]
+) -> None:
     """Remove the files of the directory `name` of `level` as they are read and move its directories up into
-    `level` (links are files here: removed, never followed); `TimeoutError` once `deadline` has passed."""
+    `level` (links are files here: removed, never followed); `TimeoutError` once `deadline` has passed, `OSError`
+    when `name` is a mount point (not on the mount `home`)."""
     inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=level)
     try:
+        _same_mount(inner, home, name)
         with os.scandir(inner) as children:
             for child in children:
                 if child.is_dir(follow_symlinks=False):
@@ -523,6 +532,36 @@ def _empty_into(level: int, name: str, spare: Iterator[str], deadline: float, cl
                     raise TimeoutError(f"removing {name}")
     finally:
         os.close(inner)
+
+
+def _mount_of(fd: int) -> tuple[int, int]:
+    """The mount the open directory `fd` lies in: its filesystem's device and its mount id, which Linux gives in
+    /proc's fdinfo (-1 where it does not: the device alone tells another filesystem, not a bind mount of a
+    directory of the same one)."""
+    device = os.fstat(fd).st_dev
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("mnt_id:"):
+                    return device, int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return device, -1
+
+
+def _mount_of_path(directory: Path) -> tuple[int, int]:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return _mount_of(fd)
+    finally:
+        os.close(fd)
+
+
+def _same_mount(fd: int, home: tuple[int, int], name: str) -> None:
+    """Raise `OSError` (EXDEV) when the open directory `fd` (`name`) does not lie in the mount `home`: a mount
+    point, whose files are another filesystem's or a directory of the host's, none a gone container's."""
+    if _mount_of(fd) != home:
+        raise OSError(errno.EXDEV, "a mount point, left as it is with what it holds", name[:80])
 
 
 def _spare_names() -> Iterator[str]:

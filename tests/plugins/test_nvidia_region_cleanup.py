@@ -15,6 +15,7 @@ import itertools
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -727,3 +728,41 @@ def test_a_tree_that_never_empties_takes_no_other_trees_turn(hami: Path, monkeyp
         assert endless.exists()  # still written into, still being swept
 
     assert swept(hami, timeout=30) == []  # the container stopped: its tree goes too
+
+
+@pytest.mark.parametrize("mount", ["bind", "tmpfs"], ids=["a-host-directory-bound", "another-filesystem"])
+def test_a_mount_point_in_a_gone_pods_tree_is_never_gone_into(
+    hami: Path, tmp_path: Path, mount: str, caplog: pytest.LogCaptureFixture, no_sweeper: None
+) -> None:
+    """Something of the host's is mounted inside a gone pod's region directory (a host directory bound there by a
+    node agent, a disk mounted there by mistake). The sweeper went into it as into any directory of the tree and
+    removed the files it found at its top, the host's (a bound directory holding a passwd file: empty after one
+    sweep), until a subdirectory it could not move out stopped it. Now a mount point is never gone into: the tree
+    stays, logged each wake naming why, and goes once it is unmounted."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting needs root")
+    sharing = limits.node_sharing()
+    directory = limits.region_directory(sharing, "gone_main")
+    (directory / "cudevshr.cache").write_text("region")
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "passwd").write_text("root:x:0:0")
+    (directory / "mounted").mkdir()
+    command = ["mount", "--bind", str(host)] if mount == "bind" else ["mount", "-t", "tmpfs", "tmpfs"]
+    if subprocess.run([*command, str(directory / "mounted")], capture_output=True).returncode != 0:
+        pytest.skip("this machine cannot mount")
+    try:
+        if mount == "tmpfs":
+            (directory / "mounted" / "passwd").write_text("root:x:0:0")
+        limits.remove_gone_regions(sharing, frozenset())
+        (aside,) = (hami / "containers").iterdir()
+
+        assert not limits.sweep_set_aside(hami / "containers")
+
+        assert (aside / "mounted" / "passwd").read_text() == "root:x:0:0"
+        assert re.search(r"left in '\.gone-[0-9a-f]+': a mount point, left as it is with what it holds", caplog.text)
+    finally:
+        subprocess.run(["umount", str(next((hami / "containers").iterdir()) / "mounted")], check=True)
+    assert (host / "passwd").read_text() == "root:x:0:0"
+    assert limits.sweep_set_aside(hami / "containers")
+    assert list((hami / "containers").iterdir()) == []
