@@ -61,6 +61,7 @@ tenant's volume at `/tmp` could have put one. The node's mounts lie deeper than 
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -120,9 +121,11 @@ OVERRIDE_FILE = "/overrideEnv"  # HAMi-core sets its `NAME=value` lines over the
 EMPTY_FILE = "/dev/null"
 MPS_PIPE = "/tmp/nvidia-mps"
 MPS_LOG = "/var/log/nvidia-mps"
-# At most this long per wake of the sweeper removing what is set aside (`sweep_set_aside`, in a thread of its own, no
-# lock held); what is left is removed at its next wake (the next forget or creation).
+# At most this long per sweep of what is set aside (`sweep_set_aside`, in a thread of its own, no lock held); a
+# sweep that stops at it is followed by another after `SWEEP_PAUSE`, woken or not, until nothing is left but what
+# cannot be removed (tried again at the next wake: the next forget, or creation of a restarted container).
 SWEEP_BUDGET = 10.0
+SWEEP_PAUSE = 1.0
 
 MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"  # HAMi-core: bare (every GPU) or `_<i>`
 SM_LIMIT = "CUDA_DEVICE_SM_LIMIT"
@@ -374,34 +377,53 @@ def sweep_set_aside(parent: Path, *, budget: float = SWEEP_BUDGET, clock: Callab
     most `budget` seconds after at least one entry; True when nothing set aside is left. The sweeper's work
     (`_Sweeper`), never under a lock: a tree of millions of files costs its own removal's time, no creation's. One
     that cannot be removed is logged and tried again at the next wake."""
+    return not _sweep(parent, budget=budget, clock=clock).left
+
+
+@dataclass(frozen=True, slots=True)
+class _Swept:
+    """What one sweep left: `left`, whether anything set aside is still there (a tree it could not remove, or did
+    not reach); `stopped_in`, the tree its budget ran out in (None: it went through every tree)."""
+
+    left: bool
+    stopped_in: str | None = None
+
+
+def _sweep(parent: Path, *, budget: float, clock: Callable[[], float], after: str = "") -> _Swept:
+    """`sweep_set_aside`, beginning with the trees whose names follow `after` (the one the last sweep's budget ran
+    out in), then the others, that one last: a tree that outlasts every budget (millions of files, or one that a
+    force-deleted pod's container still running keeps writing into) takes its turn after the others, never all of
+    the sweeper's time."""
     deadline = clock() + budget
     try:
         names = sorted(entry.name for entry in os.scandir(parent) if entry.name.startswith(_ASIDE))
     except OSError:
-        return True
-    swept = True
-    for name in names:
+        return _Swept(left=False)
+    left = False
+    for name in [name for name in names if name > after] + [name for name in names if name <= after]:
         try:
             _remove_tree(parent, name, deadline=deadline, clock=clock)
         except TimeoutError:
-            log.info("what gone share containers left in their region directories is removed at the next wake")
-            return False
+            log.info("what gone share containers left in their region directories is removed at the next sweep")
+            return _Swept(left=True, stopped_in=name)
         except OSError as exc:
             log.warning("cannot remove what a gone share container left in %r: %s", name[:80], exc.strerror)
-            swept = False
-    return swept
+            left = True
+    return _Swept(left=left)
 
 
 class _Sweeper:
-    """The thread that removes what is set aside under one `containers/` directory (`sweep_set_aside`): started by
-    a wake, it sweeps, sweeps again if woken meanwhile, and ends once a sweep found no wake pending, so that an idle
-    node keeps no thread."""
+    """The thread that removes what is set aside under one `containers/` directory (`_sweep`): started by a wake, it
+    sweeps, and sweeps again if woken meanwhile, or after `SWEEP_PAUSE` if its budget ran out (so that a tree too
+    big for one sweep goes on a quiet node too, where nothing wakes it again), and ends once a sweep went through
+    every tree with no wake pending, so that an idle node keeps no thread."""
 
     def __init__(self, parent: Path) -> None:
         self.parent = parent
         self._lock = threading.Lock()
         self._pending = False
         self._thread: threading.Thread | None = None
+        self._after = ""  # the tree the last sweep's budget ran out in: the next sweep takes it last
 
     def wake(self) -> None:
         with self._lock:
@@ -423,9 +445,15 @@ class _Sweeper:
                     return
                 self._pending = False
             try:
-                sweep_set_aside(self.parent)
+                swept = _sweep(self.parent, budget=SWEEP_BUDGET, clock=time.monotonic, after=self._after)
             except Exception:  # a bug of its own: what is set aside waits for the next wake
                 log.exception("removing what gone share containers left in %s failed", str(self.parent)[:200])
+                continue
+            if swept.stopped_in is not None:
+                self._after = swept.stopped_in
+                time.sleep(SWEEP_PAUSE)  # the disk's other users' turn; then on, whether woken or not
+                with self._lock:
+                    self._pending = True
 
 
 _SWEEPERS: dict[Path, _Sweeper] = {}
@@ -458,11 +486,15 @@ def _remove_tree(parent: Path, name: str, *, deadline: float, clock: Callable[[]
     every entry is visited once, with two directories open at a time. Entries are removed as they are read, never
     listed first, so memory does not grow with a directory's size, and a directory whose mere listing takes longer
     than the budget is still removed, call by call. Once `deadline` (of `clock`) has passed, after at least one
-    entry, it raises `TimeoutError`, leaving what remains under `name`."""
+    entry, it raises `TimeoutError`, leaving what remains under `name`. A directory that is a mount point (another
+    filesystem, or a bind mount of a directory of the host) is never gone into: `OSError` (EXDEV), what lies in
+    that mount and what remains under `name` left as they are."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    home = _mount_of_path(parent)
     level = os.open(parent / name, flags)  # `parent` is the node's (0700, in no container): only `name` is checked
     spare = _spare_names()
     try:
+        _same_mount(level, home, name)
         found = True
         while found:
             found = False
@@ -470,7 +502,7 @@ def _remove_tree(parent: Path, name: str, *, deadline: float, clock: Callable[[]
                 for entry in entries:
                     found = True
                     if entry.is_dir(follow_symlinks=False):
-                        _empty_into(level, entry.name, spare, deadline, clock)
+                        _empty_into(level, entry.name, spare, deadline, clock, home)
                         os.rmdir(entry.name, dir_fd=level)
                     else:
                         os.unlink(entry.name, dir_fd=level)
@@ -481,11 +513,15 @@ def _remove_tree(parent: Path, name: str, *, deadline: float, clock: Callable[[]
     os.rmdir(parent / name)
 
 
-def _empty_into(level: int, name: str, spare: Iterator[str], deadline: float, clock: Callable[[], float]) -> None:
+def _empty_into(
+    level: int, name: str, spare: Iterator[str], deadline: float, clock: Callable[[], float], home: tuple[int, int]
+) -> None:
     """Remove the files of the directory `name` of `level` as they are read and move its directories up into
-    `level` (links are files here: removed, never followed); `TimeoutError` once `deadline` has passed."""
+    `level` (links are files here: removed, never followed); `TimeoutError` once `deadline` has passed, `OSError`
+    when `name` is a mount point (not on the mount `home`)."""
     inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=level)
     try:
+        _same_mount(inner, home, name)
         with os.scandir(inner) as children:
             for child in children:
                 if child.is_dir(follow_symlinks=False):
@@ -496,6 +532,36 @@ def _empty_into(level: int, name: str, spare: Iterator[str], deadline: float, cl
                     raise TimeoutError(f"removing {name}")
     finally:
         os.close(inner)
+
+
+def _mount_of(fd: int) -> tuple[int, int]:
+    """The mount the open directory `fd` lies in: its filesystem's device and its mount id, which Linux gives in
+    /proc's fdinfo (-1 where it does not: the device alone tells another filesystem, not a bind mount of a
+    directory of the same one)."""
+    device = os.fstat(fd).st_dev
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("mnt_id:"):
+                    return device, int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return device, -1
+
+
+def _mount_of_path(directory: Path) -> tuple[int, int]:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return _mount_of(fd)
+    finally:
+        os.close(fd)
+
+
+def _same_mount(fd: int, home: tuple[int, int], name: str) -> None:
+    """Raise `OSError` (EXDEV) when the open directory `fd` (`name`) does not lie in the mount `home`: a mount
+    point, whose files are another filesystem's or a directory of the host's, none a gone container's."""
+    if _mount_of(fd) != home:
+        raise OSError(errno.EXDEV, "a mount point, left as it is with what it holds", name[:80])
 
 
 def _spare_names() -> Iterator[str]:

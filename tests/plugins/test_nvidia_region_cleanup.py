@@ -11,9 +11,11 @@ pod whose container is being created.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -664,3 +666,103 @@ def test_a_sweeper_that_cannot_start_costs_no_creation(
     assert any(p.name.startswith(".gone-") for p in (hami / "containers").iterdir())
     limits.remove_gone_regions(sharing, frozenset({"live"}))
     assert swept(hami) == ["live_main"]
+
+
+def _slow_unlink(monkeypatch: pytest.MonkeyPatch, *, written_back: str = "") -> None:
+    """A slow disk, 1 ms a file removed; with `written_back`, a container still running in the tree (a force-deleted
+    pod's, in device-plugin mode) writes a new file named so for each such file removed: that tree never empties."""
+    real_unlink = os.unlink
+    written = itertools.count(1)
+
+    def slow_unlink(name: Any, *, dir_fd: int | None = None) -> None:
+        time.sleep(0.001)
+        real_unlink(name, dir_fd=dir_fd)
+        if written_back and str(name).startswith(written_back):
+            os.close(os.open(f"{written_back}{next(written)}", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=dir_fd))
+
+    monkeypatch.setattr(limits.os, "unlink", slow_unlink)
+
+
+def test_a_tree_too_big_for_one_sweep_goes_on_a_quiet_node(hami: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gone pod's container left more files than one sweep removes (millions on a slow disk against 10 s; here
+    500 at 1 ms against 50 ms), and nothing happens on the node after its RemovePodSandbox: no other pod ends, no
+    container restarts. The sweeper stopped at its budget and ended, and only a next wake went on, so on a quiet
+    node (a CRI shim's, woken only by those) the rest stayed on the disk for good: 455 of the 500 files. Now a sweep
+    its budget stopped is followed by another after a pause, woken or not, until the tree is gone (T152)."""
+    monkeypatch.setattr(limits, "SWEEP_BUDGET", 0.05)
+    monkeypatch.setattr(limits, "SWEEP_PAUSE", 0.01)
+    sharing = limits.node_sharing()
+    directory = limits.region_directory(sharing, "gone_main")
+    for i in range(500):
+        os.close(os.open(directory / f"f{i}", os.O_CREAT | os.O_WRONLY, 0o600))
+    _slow_unlink(monkeypatch)
+
+    limits.remove_gone_regions(sharing, frozenset())  # its sandbox removed: the one wake there is
+
+    assert swept(hami, timeout=30) == []
+
+
+def test_a_tree_that_never_empties_takes_no_other_trees_turn(hami: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device-plugin mode: a pod force-deleted from the API server while its container still runs has its region
+    directory set aside, and the container goes on writing into it, a file for each the sweeper removes. Every
+    sweep began with the same tree (names in order) and spent its whole budget there, so another tenant's tree set
+    aside beside it was never reached: after 30 wakes both were still there. Now a sweep begins after the tree the
+    last one's budget ran out in: the other goes at the next sweep, and the endless one still gets its turn (T153)."""
+    monkeypatch.setattr(limits, "SWEEP_BUDGET", 0.05)
+    monkeypatch.setattr(limits, "SWEEP_PAUSE", 0.01)
+    parent = hami / "containers"
+    parent.mkdir(mode=0o700)
+    endless, other = parent / ".gone-0000000000000000", parent / ".gone-ffffffffffffffff"
+    endless.mkdir()
+    (endless / "written-0").write_text("")
+    other.mkdir()
+    (other / "weights").write_text("another tenant's checkpoint")
+
+    with monkeypatch.context() as patch:
+        _slow_unlink(patch, written_back="written-")
+        limits.remove_gone_regions(limits.node_sharing(), frozenset())
+        deadline = time.monotonic() + 10
+        while other.exists():
+            assert time.monotonic() < deadline, "the other tenant's tree was never reached"
+            time.sleep(0.02)
+        assert endless.exists()  # still written into, still being swept
+
+    assert swept(hami, timeout=30) == []  # the container stopped: its tree goes too
+
+
+@pytest.mark.parametrize("mount", ["bind", "tmpfs"], ids=["a-host-directory-bound", "another-filesystem"])
+def test_a_mount_point_in_a_gone_pods_tree_is_never_gone_into(
+    hami: Path, tmp_path: Path, mount: str, caplog: pytest.LogCaptureFixture, no_sweeper: None
+) -> None:
+    """Something of the host's is mounted inside a gone pod's region directory (a host directory bound there by a
+    node agent, a disk mounted there by mistake). The sweeper went into it as into any directory of the tree and
+    removed the files it found at its top, the host's (a bound directory holding a passwd file: empty after one
+    sweep), until a subdirectory it could not move out stopped it. Now a mount point is never gone into: the tree
+    stays, logged each wake naming why, and goes once it is unmounted."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting needs root")
+    sharing = limits.node_sharing()
+    directory = limits.region_directory(sharing, "gone_main")
+    (directory / "cudevshr.cache").write_text("region")
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "passwd").write_text("root:x:0:0")
+    (directory / "mounted").mkdir()
+    command = ["mount", "--bind", str(host)] if mount == "bind" else ["mount", "-t", "tmpfs", "tmpfs"]
+    if subprocess.run([*command, str(directory / "mounted")], capture_output=True).returncode != 0:
+        pytest.skip("this machine cannot mount")
+    try:
+        if mount == "tmpfs":
+            (directory / "mounted" / "passwd").write_text("root:x:0:0")
+        limits.remove_gone_regions(sharing, frozenset())
+        (aside,) = (hami / "containers").iterdir()
+
+        assert not limits.sweep_set_aside(hami / "containers")
+
+        assert (aside / "mounted" / "passwd").read_text() == "root:x:0:0"
+        assert re.search(r"left in '\.gone-[0-9a-f]+': a mount point, left as it is with what it holds", caplog.text)
+    finally:
+        subprocess.run(["umount", str(next((hami / "containers").iterdir()) / "mounted")], check=True)
+    assert (host / "passwd").read_text() == "root:x:0:0"
+    assert limits.sweep_set_aside(hami / "containers")
+    assert list((hami / "containers").iterdir()) == []
