@@ -12,7 +12,10 @@ one plugin is called at a time. A plugin that raises inside a hook, or answers w
 allow (`kubegpu.core.answers`), surfaces as `PluginHookError` naming the plugin and the hook, so the caller can turn
 it into a reason for the pods that needed that plugin while every other plugin keeps working. Every such failure is
 counted per plugin and hook (`hook_failures`) and handed to the listeners in `on_hook_failure` (the custom
-scheduler's metric).
+scheduler's metric). A hook cannot be interrupted, and the engine asks one at a time, so a call that takes longer
+than `SLOW_HOOK_SECONDS` holds every pod meanwhile: it is counted (`slow_hooks`), handed to `on_slow_hook` (the
+custom scheduler's `kubegpu_scheduler_plugin_slow_calls_total`) and logged naming the plugin, the hook and how long
+it took, at most once a minute per plugin and hook.
 
 The plugin's name is its entry-point name everywhere; a plugin object with a `bind_plugin_name(name)` method (the
 kit's classes) is told it at registration.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +43,7 @@ __all__ = [
     "ALLOW_ENV",
     "DISABLE_AUTOLOAD_ENV",
     "PLUGIN_ERRORS",
+    "SLOW_HOOK_SECONDS",
     "KubegpuPluginManager",
     "PluginFailure",
     "PluginHookError",
@@ -54,6 +59,10 @@ log = logging.getLogger("kubegpu.plugins")
 # `sys.exit`, or parses its settings with argparse, on import or in a hook), which would otherwise end the process
 # that called it (the scheduler, the shim) instead of costing that plugin. KeyboardInterrupt stays the operator's.
 PLUGIN_ERRORS = (Exception, SystemExit)
+# A hook call longer than this is reported (`KubegpuPluginManager.slow`): kube-scheduler's whole cycle for a pod is a
+# few milliseconds, and a vendor library call hanging in a hook holds every pod behind it.
+SLOW_HOOK_SECONDS = 1.0
+SLOW_HOOK_LOG_EVERY = 60.0  # seconds between two logs of one plugin's slow calls of one hook
 
 Side = Literal["scheduler", "device"]
 DISABLE_AUTOLOAD_ENV = "KUBEGPU_DISABLE_PLUGIN_AUTOLOAD"
@@ -150,6 +159,9 @@ class KubegpuPluginManager:
         self.hooks = _spec_hooks(_SPECS[side])
         self.hook_failures: Counter[tuple[str, str]] = Counter()
         self.on_hook_failure: list[Callable[[PluginHookError], None]] = []
+        self.slow_hooks: Counter[tuple[str, str]] = Counter()
+        self.on_slow_hook: list[Callable[[str, str, float], None]] = []
+        self._slow_logged: dict[tuple[str, str], float] = {}
         self._warned: set[tuple[str, str]] = set()
         self.warnings: list[str] = []  # what `warn_once` logged: corrected answers, deprecated behaviour
 
@@ -349,11 +361,15 @@ class KubegpuPluginManager:
             for name in optional:
                 if name in argnames and name not in kwargs:
                     kwargs[name] = None
+        began = time.perf_counter()
         try:
             answer = function(*[kwargs[a] for a in argnames])
             return CHECKS[hook](self, plugin, answer, kwargs) if hook in CHECKS else answer
         except PLUGIN_ERRORS as exc:
             raise self.failed(plugin, hook, exc) from exc
+        finally:
+            if (took := time.perf_counter() - began) > SLOW_HOOK_SECONDS:
+                self.slow(plugin, hook, took)
 
     def bound(self, plugin: str, hook: str, names: tuple[str, ...]) -> Callable[..., Any]:
         """`call(plugin, hook, **dict(zip(names, values)))` as one callable taking the `values` positionally, made once
@@ -378,25 +394,57 @@ class KubegpuPluginManager:
 
             return through_call
         function, argnames = impl
-        check, failed, unread = CHECKS[hook], self.failed, _UNREAD
+        check, failed, unread, slow, clock = CHECKS[hook], self.failed, _UNREAD, self.slow, time.perf_counter
         if argnames == names:
 
             def direct(*values: Any) -> Any:
+                began = clock()
                 try:
                     return check(self, plugin, function(*values), unread)
                 except PLUGIN_ERRORS as exc:
                     raise failed(plugin, hook, exc) from exc
+                finally:
+                    if (took := clock() - began) > SLOW_HOOK_SECONDS:
+                        slow(plugin, hook, took)
 
             return direct
         picks = tuple(names.index(name) for name in argnames)
 
         def picked(*values: Any) -> Any:
+            began = clock()
             try:
                 return check(self, plugin, function(*[values[at] for at in picks]), unread)
             except PLUGIN_ERRORS as exc:
                 raise failed(plugin, hook, exc) from exc
+            finally:
+                if (took := clock() - began) > SLOW_HOOK_SECONDS:
+                    slow(plugin, hook, took)
 
         return picked
+
+    def slow(self, plugin: str, hook: str, seconds: float) -> None:
+        """Count a hook call that took `seconds`, more than `SLOW_HOOK_SECONDS`, tell the listeners, and log it
+        (at most once every `SLOW_HOOK_LOG_EVERY` seconds per plugin and hook, with the calls since the last log)."""
+        key = (plugin, hook)
+        self.slow_hooks[key] += 1
+        for listener in self.on_slow_hook:
+            try:
+                listener(plugin, hook, seconds)
+            except Exception:
+                log.exception("a slow-hook listener failed")
+        now = time.monotonic()
+        last = self._slow_logged.get(key)
+        if last is None or now - last >= SLOW_HOOK_LOG_EVERY:
+            self._slow_logged[key] = now
+            log.warning(
+                "plugin %r took %.1f s in %s (%d call(s) over %.0f s so far); the engine waits for each hook, so "
+                "every pod waited meanwhile",
+                plugin,
+                seconds,
+                hook,
+                self.slow_hooks[key],
+                SLOW_HOOK_SECONDS,
+            )
 
     def failed(self, plugin: str, hook: str, exc: BaseException) -> PluginHookError:
         """Count a plugin's failure in a hook (or in a rule it added: `hook` names it) and tell the listeners;

@@ -77,6 +77,13 @@ class Metrics:
             ["plugin", "hook"],
             registry=self.registry,
         )
+        self.plugin_slow_calls = Counter(
+            "kubegpu_scheduler_plugin_slow_calls_total",
+            "Plugin hook calls that took longer than a second (kubegpu.core.plugin_manager.SLOW_HOOK_SECONDS), by "
+            "plugin and hook: the engine waits for each, so every pod waited meanwhile.",
+            ["plugin", "hook"],
+            registry=self.registry,
+        )
         self.refused_allocations = Counter(
             "kubegpu_scheduler_refused_allocations_total",
             "Bound pods whose kubegpu.io/allocation holds no devices: malformed, unverified, copied or stale.",

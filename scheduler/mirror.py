@@ -202,6 +202,9 @@ class ClusterMirror:
         self.events: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]]] = queue.Queue()
         self.stop = threading.Event()
         engine.plugins.on_hook_failure.append(lambda e: self.metrics.plugin_failures.labels(e.plugin, e.hook).inc())
+        engine.plugins.on_slow_hook.append(
+            lambda plugin, hook, _: self.metrics.plugin_slow_calls.labels(plugin, hook).inc()
+        )
         self.nodes_synced = threading.Event()
         self.pods_synced = threading.Event()
         self.heartbeat = time.monotonic()

@@ -7,6 +7,7 @@ hook is named in the report while every other plugin keeps working.
 
 from __future__ import annotations
 
+import re
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -436,3 +437,61 @@ def test_a_bound_hook_answers_and_fails_exactly_as_call(hook: str, function: Cal
     called = _outcome(lambda: by_call.call("card", full, **dict(zip(names, args, strict=True))))
     assert _outcome(lambda: bound(*args)) == called
     assert by_bound.hook_failures == by_call.hook_failures
+
+
+@pytest.mark.parametrize(
+    ("path", "function"),
+    [
+        ("call", lambda state, pod, prepared: _sleep_then(Status.success())),
+        ("direct", lambda state, pod, prepared: _sleep_then(Status.success())),
+        ("picked", lambda pod, state: _sleep_then(Status.success())),  # a subset, in another order
+        ("direct", lambda state, pod, prepared: _sleep_then(None) or 1 / 0),  # slow, then failing: both told
+    ],
+)
+def test_a_slow_hook_is_logged_naming_the_plugin_counted_and_told(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, path: str, function: Callable[..., Any]
+) -> None:
+    """A vendor call hanging in a plugin's `fit` held every pod of every plugin for as long as it took, and nothing
+    said which plugin: the engine cannot interrupt a hook. Each call over `SLOW_HOOK_SECONDS` is now counted, told to
+    the listeners (the custom scheduler's metric) and logged naming the plugin, the hook and how long it took, once a
+    minute per plugin and hook however many there are."""
+    monkeypatch.setattr(plugin_manager, "SLOW_HOOK_SECONDS", 0.05)
+    manager = make_plugin_manager(
+        "scheduler", plugins=[("card", owning("card", "example.com/c", fit=function))], autoload=False
+    )
+    told: list[tuple[str, str, float]] = []
+    manager.on_slow_hook.append(lambda plugin, hook, seconds: told.append((plugin, hook, seconds)))
+    names = ("state", "pod", "prepared")
+    values = ("s", make_pod(), "asked")
+    fit = "kubegpu_scheduler_fit"
+
+    for _ in range(3):
+        if path == "call":
+            _outcome(lambda: manager.call("card", fit, **dict(zip(names, values, strict=True))))
+        else:
+            _outcome(lambda: manager.bound("card", fit, names)(*values))
+
+    assert manager.slow_hooks == {("card", fit): 3}
+    assert [(plugin, hook) for plugin, hook, _ in told] == [("card", fit)] * 3
+    assert all(seconds >= 0.05 for _, _, seconds in told)
+    logged = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
+    assert len(logged) == 1, logged
+    assert re.match(rf"plugin 'card' took \d+\.\d s in {fit} \(1 call\(s\) over", logged[0]), logged
+
+
+def test_a_quick_hook_is_never_reported_slow() -> None:
+    manager = make_plugin_manager(
+        "scheduler",
+        plugins=[("card", owning("card", "example.com/c", fit=lambda state, pod: Status.success()))],
+        autoload=False,
+    )
+    for _ in range(100):
+        manager.bound("card", "kubegpu_scheduler_fit", ("state", "pod", "prepared"))("s", make_pod(), None)
+    assert not manager.slow_hooks
+
+
+def _sleep_then(answer: Any) -> Any:
+    import time
+
+    time.sleep(0.06)
+    return answer

@@ -2,9 +2,10 @@
 
 The plugin is a real distribution as far as `importlib.metadata` can tell (a `.dist-info` with entry points on the
 scheduler process's PYTHONPATH). Its `fit` answers `True` instead of a `Status`, its `score` answers `"high"`, and on
-one node its `build_node` raises: every one of these used to crash a front-end or hide behind "Insufficient ...".
-The story an operator sees: the built-in plugins' pods are bound as usual, the broken plugin's pod stays pending with
-a FailedScheduling event naming the plugin and the hook, and `/metrics` counts the failures.
+one node its `build_node` raises (and on another it takes 1.2 s): every one of these used to crash a front-end or hide
+behind "Insufficient ...", and the slow call went unsaid. The story an operator sees: the built-in plugins' pods are
+bound as usual, the broken plugin's pod stays pending with a FailedScheduling event naming the plugin and the hook,
+`/metrics` counts the failures and the slow calls, and the log names the slow plugin.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import urllib3
 from .cluster import Cluster, free_port, wait_for
 
 BROKEN = """
+import time
+
 from kubegpu.core.kit import WholeDevicePlugin, label_devices
 from kubegpu.core.scheduler_hooks import hookimpl
 
@@ -31,6 +34,8 @@ class Broken(WholeDevicePlugin):
     def devices(self, node):
         if node.name == "broken-raises":
             raise RuntimeError("vendor library crashed")
+        if node.name == "broken-b":
+            time.sleep(1.2)  # a vendor library call hanging: reported, never interrupted
         return label_devices(node.labels, "broken.example/card.count", "card"), None
 
     @hookimpl
@@ -126,6 +131,9 @@ def test_a_broken_third_party_plugin_leaves_the_scheduler_up_and_other_plugins_p
         assert process.poll() is None, log.read_text()
         metrics = urllib3.PoolManager().request("GET", f"http://127.0.0.1:{port}/metrics").data.decode()
         assert 'kubegpu_scheduler_plugin_failures_total{hook="kubegpu_scheduler_fit",plugin="broken"}' in metrics
+        slow = 'kubegpu_scheduler_plugin_slow_calls_total{hook="kubegpu_scheduler_build_node",plugin="broken"}'
+        assert slow in metrics, metrics
+        assert "plugin 'broken' took 1.2 s in kubegpu_scheduler_build_node" in log.read_text()
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
