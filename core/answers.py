@@ -379,8 +379,9 @@ def _describe(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, An
                 "node (kubegpu.core.limits)"
             )
         for cell in occupancy.cells:
+            holders = set(cell.holders) if cell.shares else ()  # a set: a cell of 10,000 sharers is one pass
             for holder, part in cell.shares.items():
-                if holder not in cell.holders or not 0.0 <= part <= 1.0:  # NaN too
+                if holder not in holders or not 0.0 <= part <= 1.0:  # NaN too
                     raise WrongAnswer(
                         f"described device {shorten(cell.id)!r} with a share of {part!r} for {shorten(holder)!r}; "
                         "each share is a fraction of the device from 0 to 1, of one of the cell's holders"
