@@ -287,9 +287,28 @@ _INT_RANGE = (-(1 << 63), (1 << 64) - 1)  # the integers orjson reads as integer
 
 def unreadable(document: object) -> str | None:
     """Why the node side could not read `document` once written into an annotation (a plugin's part of an
-    allocation), or None: not JSON (a set, NaN), more than `MAX_ANNOTATION_BYTES` encoded, nested more than
-    `MAX_DEPTH` levels, or an integer beyond 64 bits. The scheduler side checks what it writes with this, so that
-    what the decoder refuses is never signed, bound and then refused on the node. Iterative: no recursion."""
+    allocation), or None: nested more than `MAX_DEPTH` levels, an integer beyond 64 bits, text that is no UTF-8 (a
+    lone surrogate: `encode_allocation` escapes it, orjson refuses the escape, and pydantic cannot even encode it in a
+    key), not JSON (a set, NaN), or more than `MAX_ANNOTATION_BYTES` encoded. The scheduler side checks what it
+    writes with this, so that what the decoder refuses is never signed, bound and then refused on the node.
+    Iterative, and the depth is checked before anything encodes `document`: no recursion."""
+    low, high = _INT_RANGE
+    stack: list[tuple[object, int]] = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list, tuple)):
+            if depth > MAX_DEPTH:
+                return f"nested more than {MAX_DEPTH} levels deep"
+            if isinstance(value, dict):
+                stack.extend((key, depth) for key in value if isinstance(key, str))  # JSON's names are text
+                stack.extend((child, depth + 1) for child in value.values())
+            else:
+                stack.extend((child, depth + 1) for child in value)
+        elif isinstance(value, str):
+            if not value.isascii() and not _utf8(value):
+                return f"the text {shorten(value)!r} is not UTF-8 (a lone surrogate)"
+        elif isinstance(value, int) and not isinstance(value, bool) and not low <= value <= high:
+            return f"the integer {shorten(str(value))} is beyond 64 bits"
     try:
         text = json.dumps(document, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
@@ -299,19 +318,15 @@ def unreadable(document: object) -> str | None:
             f"{len(text)} bytes encoded, more than the {MAX_ANNOTATION_BYTES} the API server allows for all of a "
             "pod's annotations"
         )
-    if _too_deep(document):
-        return f"nested more than {MAX_DEPTH} levels deep"
-    low, high = _INT_RANGE
-    stack = [document]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
-        elif isinstance(value, int) and not isinstance(value, bool) and not low <= value <= high:
-            return f"the integer {shorten(str(value))} is beyond 64 bits"
     return None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _load_json_object(text: object, key: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from kubegpu.core.annotations import unreadable
+from kubegpu.core.annotations import MAX_ANNOTATION_BYTES, unreadable
 from kubegpu.core.errors import describe_validation_error, shorten
 from kubegpu.core.limits import MAX_DEVICES_PER_NODE
 from kubegpu.core.models import (
@@ -199,9 +199,10 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 
 
 def _annotation_key(key: str) -> bool:
-    """Whether the API server takes `key` as an annotation key (a qualified name: `[prefix/]name`)."""
-    prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+    """Whether the API server takes `key` as an annotation key: a qualified name, `[prefix/]name`, read as the API
+    server reads an annotation's, in lower case (`Example.COM/Key` is taken; a '/' needs a prefix before it)."""
+    prefix, slash, name = key.lower().rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
         return False
     return _ANNOTATION_NAME.fullmatch(name) is not None
 
@@ -283,6 +284,7 @@ def _allocation(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, 
         raise WrongAnswer(f"returned {_kind(answer)}; a PluginAllocation or None is due")
     pod: PodRequest | None = kwargs.get("pod")
     _check_allocation(manager, plugin, answer, {c.name for c in pod.containers} if pod is not None else None)
+    written = 0
     for key, value in answer.annotations.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise WrongAnswer(f"returned an allocation with annotation {_kind(key)}: {_kind(value)}; strings are due")
@@ -292,18 +294,26 @@ def _allocation(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, 
             raise WrongAnswer(
                 f"returned an allocation writing the annotation {shorten(key)!r}, which the API server refuses: a key "
                 "is a name of at most 63 letters, digits, '-', '_', '.' (alphanumeric at both ends), after an optional "
-                "DNS subdomain prefix and '/'"
+                "non-empty DNS subdomain prefix and '/'"
             )
-    # What the pod is bound with must be writable (the API server's limit on a pod's annotations) and readable by the
-    # node side's decoder (its depth and integer limits): else the pod is bound, then refused on its node.
-    problem = unreadable(
-        {
-            "containers": answer.containers,
-            "shares": answer.shares,
-            "plugins": {plugin: answer.fields},
-            "annotations": answer.annotations,
-        }
-    )
+        # Written as they are, in UTF-8 (the client's orjson cannot write a lone surrogate): counted so.
+        try:
+            written += len(key) + len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise WrongAnswer(
+                f"returned an allocation writing the annotation {key!r} with text that is not UTF-8 (a lone "
+                "surrogate), which cannot be written on the pod"
+            ) from None
+    if written > MAX_ANNOTATION_BYTES:
+        raise WrongAnswer(
+            f"returned annotations of {written} bytes, more than the {MAX_ANNOTATION_BYTES} the API server allows "
+            "for all of a pod's annotations"
+        )
+    # What goes into the pod's allocation must be writable (the API server's limit on a pod's annotations) and
+    # readable by the node side's decoder (its depth, integer and text limits): else the pod is bound, then refused
+    # on its node. The whole of what is written, every plugin's part together, is measured again once merged and
+    # signed (`Reserving`).
+    problem = unreadable({"containers": answer.containers, "shares": answer.shares, "plugins": {plugin: answer.fields}})
     if problem is not None:
         raise WrongAnswer(f"returned an allocation that cannot be written on the pod and read on its node: {problem}")
     if answer.plugin != plugin:
@@ -369,8 +379,9 @@ def _describe(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, An
                 "node (kubegpu.core.limits)"
             )
         for cell in occupancy.cells:
+            holders = set(cell.holders) if cell.shares else ()  # a set: a cell of 10,000 sharers is one pass
             for holder, part in cell.shares.items():
-                if holder not in cell.holders or not 0.0 <= part <= 1.0:  # NaN too
+                if holder not in holders or not 0.0 <= part <= 1.0:  # NaN too
                     raise WrongAnswer(
                         f"described device {shorten(cell.id)!r} with a share of {part!r} for {shorten(holder)!r}; "
                         "each share is a fraction of the device from 0 to 1, of one of the cell's holders"

@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from html import escape
+from itertools import accumulate
 from pathlib import Path
 
 from kubegpu.core.models import DeviceCell, Occupancy
@@ -168,7 +169,7 @@ def _device(
         parts = [cell.shares.get(h, 0.0) for h in holders] if cell.shares else [1.0] * len(holders)
         whole = sum(parts) or 1.0
         bands = [height * part / whole for part in parts]
-        tops = [y + SIZE - height + sum(bands[:i]) for i in range(len(bands))]
+        tops = [y + SIZE - height + below for below in accumulate(bands[:-1], initial=0.0)]  # one pass, any holders
         levels = "".join(
             f'<rect class="lvl" x="{x:.0f}" y="{top:.1f}" width="{SIZE}" height="{band:.1f}" '
             f'style="fill:{colours.get(h, "#888")}"/>'

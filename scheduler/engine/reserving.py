@@ -6,10 +6,12 @@ back only what this very pod holds: a front-end never undoes a reservation it di
 
 from __future__ import annotations
 
+import json
 import time
 
 from kubegpu.core.annotations import (
     ALLOCATION_KEY,
+    MAX_ANNOTATION_BYTES,
     AllocationRecord,
     encode_allocation,
     merge_allocations,
@@ -66,6 +68,25 @@ class Reserving(Scoring):
         problem = WrongAnswer(
             f"its own kubegpu_scheduler_take refused the allocation it answered ({status.message}); allocate must "
             "choose devices the node's books can take, as fit found them"
+        )
+        return str(self.plugins.failed(plugin, "kubegpu_scheduler_allocate", problem))
+
+    def _too_large(self, parts: dict[str, PluginAllocation], written: int) -> str:
+        """The reason for an allocation whose annotations, merged and signed, come to `written` bytes, past what the
+        API server allows for all of a pod's annotations (and the node side's decoder reads): each plugin's part was
+        within it on its own (`kubegpu.core.answers`), its node, pod UID, stamp, signature or another plugin's part
+        took it over. The plugin writing the most is named and counted as failing in allocate: the pod was bound,
+        then refused by the API server or on its node."""
+
+        def size(part: PluginAllocation) -> int:
+            encoded = json.dumps([part.containers, part.shares, part.fields], separators=(",", ":"))
+            return len(encoded) + sum(len(k) + len(v.encode("utf-8")) for k, v in part.annotations.items())
+
+        plugin = max(parts, key=lambda name: size(parts[name]))
+        problem = WrongAnswer(
+            f"returned an allocation of about {size(parts[plugin])} bytes; with the rest of the pod's allocation it "
+            f"comes to {written} bytes of annotations, more than the {MAX_ANNOTATION_BYTES} the API server allows for "
+            "all of a pod's annotations"
         )
         return str(self.plugins.failed(plugin, "kubegpu_scheduler_allocate", problem))
 
@@ -134,6 +155,11 @@ class Reserving(Scoring):
             for part in parts.values():
                 annotations.update(part.annotations)
             annotations[ALLOCATION_KEY] = encode_allocation(allocation_record)
+            written = sum(len(key) + len(value.encode("utf-8")) for key, value in annotations.items())
+            if written > MAX_ANNOTATION_BYTES:
+                for plugin, part in parts.items():
+                    self._give_back_devices(record, plugin, pod.key, part)
+                return Decision(pod.key, False, reason=self._too_large(parts, written), code=Code.ERROR)
         self._enter(record, PodRecord(pod, name, parts, allocation_record, annotations, claims=claims))
         return Decision(
             pod.key,

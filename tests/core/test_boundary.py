@@ -21,7 +21,14 @@ import yaml
 
 from kubegpu.cli import build_parser
 from kubegpu.core import device_hooks, scheduler_hooks
-from kubegpu.core.annotations import AllocationRecord, AnnotationError, decode_allocation, encode_allocation
+from kubegpu.core.annotations import (
+    MAX_ANNOTATION_BYTES,
+    AllocationRecord,
+    AnnotationError,
+    decode_allocation,
+    encode_allocation,
+    verify_allocation,
+)
 from kubegpu.core.kit import WholeDevicePlugin, label_devices
 from kubegpu.core.models import (
     ContainerAllocation,
@@ -144,6 +151,13 @@ WRONG = [
         "allocate",
         PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, annotations={"x": "y" * 300_000}),
     ),
+    # Text no UTF-8 holds (a lone surrogate): in a value the node's orjson refuses the allocation; in a key the
+    # engine itself could not encode it and the whole run stopped, the card held; in an annotation the client's
+    # orjson cannot write it. A '/' with no prefix before it: the API server refuses the key.
+    ("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, fields={"x": "\ud800"})),
+    ("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, fields={"x": {"\udc80": 1}})),
+    ("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, annotations={"a": "\udc80"})),
+    ("allocate", PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, annotations={"/x": "y"})),
     ("take", None),
     ("take", True),
     ("release", "released"),
@@ -308,6 +322,83 @@ def test_an_allocation_its_own_take_refuses_is_allocates_failure_named_and_count
     )
     assert built.hook_failures[("cards", "kubegpu_scheduler_allocate")] == 1
     assert records["default/gpu-pod"]["event"] == "scheduled"
+
+
+@pytest.mark.parametrize("over", [-300, -194, -193, -100, 0, 1])
+def test_an_allocation_is_bound_exactly_when_its_signed_annotations_fit_the_api_servers_limit(over: int) -> None:
+    """A plugin's fields sized about the 256 KiB the API server allows for all of a pod's annotations (`over` bytes
+    past it as the boundary measures the plugin's part alone). The pod's node, UID, stamp and signature come on top
+    once merged and signed: the part passed at the boundary, was signed and bound, and the node side refused the
+    allocation as too large (and the API server the annotations). Now what is written is measured whole: the pod is
+    bound exactly when the API server takes its annotations and the node side reads them; else the plugin's allocate
+    is named, and the card is held by nobody (a pod asking it next is placed)."""
+    signing_key = b"k" * 32
+    answer = PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, fields={"x": ""})
+    part = json.dumps({"containers": answer.containers, "shares": {}, "plugins": {"cards": answer.fields}})
+    pad = MAX_ANNOTATION_BYTES + over - len(part.replace(" ", ""))
+    answer.fields["x"] = "y" * pad
+    built = manager(cards=broken("allocate", answer))
+    engine = Engine(built, signing_key=signing_key)
+    engine.add_node(make_node("cards-0", labels={f"{CARD}.count": "1"}, allocatable={CARD: 1}))
+
+    decision = engine.schedule(make_pod("card-pod", {"main": {CARD: 1}}))
+
+    if decision.scheduled:
+        written = sum(len(k) + len(v.encode()) for k, v in decision.annotations.items())
+        assert written <= MAX_ANNOTATION_BYTES, "the API server refuses more"
+        record = decode_allocation(decision.annotations["kubegpu.io/allocation"])  # the node side reads it
+        assert verify_allocation(record, signing_key)
+    else:
+        assert over > -300, "a part well within the limit is bound"
+        assert decision.reason.startswith("plugin 'cards' failed in kubegpu_scheduler_allocate: WrongAnswer:")
+        assert str(MAX_ANNOTATION_BYTES) in decision.reason
+        assert built.hook_failures[("cards", "kubegpu_scheduler_allocate")] == 1
+        answer.fields["x"] = "y"
+        assert engine.schedule(make_pod("next-pod", {"main": {CARD: 1}})).scheduled, "the card was left held"
+
+
+def test_a_described_device_of_twenty_thousand_sharers_is_checked_in_bounded_time() -> None:
+    """Each share a describe answer gives must be one of the cell's holders: looked up in the holders' list, a cell
+    of 20,000 sharers took 1.7 s to check (every report, every node), 100 times one of 2,000. Now one pass."""
+    import time
+
+    holders = [f"tenant/pod-{i}" for i in range(20_000)]
+    cell = DeviceCell(id="card0", holders=holders, used=1.0, shares=dict.fromkeys(holders, 1 / len(holders)))
+    built = manager(cards=broken("describe", [Occupancy(family="cards", cells=[cell])]))
+
+    began = time.perf_counter()
+    [described] = built.call("cards", "kubegpu_scheduler_describe", state=None)
+    took = time.perf_counter() - began
+
+    assert described.cells[0].shares == cell.shares
+    assert took < 0.3, f"{took:.2f} s to check one device's sharers"
+
+
+def test_fields_the_engine_could_not_encode_cost_only_that_pod_and_hold_no_card() -> None:
+    """A lone surrogate in a key of the plugin's fields: pydantic cannot encode it, and the engine raised out of
+    `schedule` after the plugin's take, so the card stayed held by a pod never placed ("card0 is already held by
+    default/a" for the next pod). Now refused at the boundary, naming the plugin; the card stays free."""
+    answer = PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}}, fields={"x": {"\udc80": 1}})
+    engine = Engine(manager(cards=broken("allocate", answer)))
+    engine.add_node(make_node("cards-0", labels={f"{CARD}.count": "1"}, allocatable={CARD: 1}))
+
+    refused = engine.schedule(make_pod("a", {"main": {CARD: 1}}))
+    answer.fields["x"] = "fine"
+    placed = engine.schedule(make_pod("b", {"main": {CARD: 1}}))
+
+    assert not refused.scheduled and "plugin 'cards' failed in kubegpu_scheduler_allocate" in refused.reason
+    assert "not UTF-8 (a lone surrogate)" in refused.reason
+    assert placed.scheduled, placed.reason
+
+
+def test_an_annotation_key_is_read_as_the_api_server_reads_it_in_lower_case() -> None:
+    """The API server checks an annotation's key in lower case: `Example.COM/Card-Id` is taken, and was refused."""
+    answer = PluginAllocation(
+        plugin="cards", containers={"main": {CARD: ["card0"]}}, annotations={"Example.COM/Card-Id": "card0"}
+    )
+    [placed] = simulate(cluster()[:4], plugins={"cards": broken("allocate", answer)})
+    assert placed["event"] == "scheduled", placed["reason"]
+    assert placed["annotations"]["Example.COM/Card-Id"] == "card0"
 
 
 @pytest.mark.parametrize("depth", range(26, 33))

@@ -307,8 +307,14 @@ def test_a_trace_past_the_bounds_is_refused_before_it_is_read_whole(
         (POD_HEADER + ",x" * 1_000_000, [pod_row("p", 1, 500)], "pods.csv:1: a line longer than 65536 characters"),
         (POD_HEADER, [pod_row("p", 1, 500) + "," * 70_000], "pods.csv:2: a line longer than 65536 characters"),
         (POD_HEADER, [pod_row("p", 1, 500), "\n" * 2_000_000], "pods.csv:2000001: more than 2000000 lines"),
+        # Short lines joined into one header by quoted line ends: 60 MiB of them made 21 million columns, 1.7 GB.
+        (
+            POD_HEADER + ',"q\n' + ('q",' + "ab," * 20_000 + '"q\n') * 40 + 'q"',
+            [pod_row("p", 1, 500)],
+            "pods.csv:3: a row (its quoted line ends joining lines) longer than 65536 characters",
+        ),
     ],
-    ids=["million-columns", "wide-row", "empty-lines"],
+    ids=["million-columns", "wide-row", "empty-lines", "columns-in-quoted-lines"],
 )
 def test_a_line_of_megabytes_or_millions_of_lines_are_refused_before_they_are_cut_into_fields(
     header: str, rows: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

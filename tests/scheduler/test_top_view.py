@@ -335,3 +335,48 @@ def test_each_pod_sharing_a_gpu_is_shown_with_its_part_of_it() -> None:
     assert "default/a 10%, default/c 73%" in page
     bands = [float(h) for h in re.findall(r'class="lvl" x="[^"]*" y="[^"]*" width="[^"]*" height="([^"]*)"', page)]
     assert len(bands) == 3 and max(bands) / min(bands) > 7  # 73 % against 10 %: not one band each alike
+
+
+def test_a_device_shared_by_forty_thousand_pods_is_drawn_in_one_pass() -> None:
+    """A plugin may describe a device with any number of sharers (a tenant's pods, each with its part): the HTML
+    report stacked each band on the sum of the ones below it, summed again for every band, so a cell of 40,000
+    sharers took 6.7 s to draw (and a node of such cells hours). Now one pass; the bands still stack, each as tall as
+    its part, up to the used fraction."""
+    import time
+
+    from kubegpu.core.kit import WholeDevicePlugin, label_devices
+    from kubegpu.core.manifests import node_info
+    from kubegpu.core.models import DeviceCell, NodeInfo, Occupancy
+    from kubegpu.core.scheduler_hooks import hookimpl
+    from kubegpu.scheduler.engine import Engine
+    from kubegpu.scheduler.html import render_html
+    from kubegpu.scheduler.report import build_report
+
+    sharers = [f"tenant/pod-{i}" for i in range(40_000)]
+    parts = {pod: (0.5 if at == 0 else 0.5 / (len(sharers) - 1)) for at, pod in enumerate(sharers)}
+
+    class Shared(WholeDevicePlugin):
+        resources = ("cards.example/card",)
+
+        def devices(self, node: NodeInfo) -> tuple[list[DeviceInfo], None] | None:
+            return label_devices(node.labels, "cards.example/card.count", "card"), None
+
+        @hookimpl
+        def kubegpu_scheduler_describe(self, state: Any) -> list[Occupancy]:
+            return [Occupancy(family="cards", cells=[DeviceCell(id="card0", holders=sharers, used=1.0, shares=parts)])]
+
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("cards", Shared())], autoload=False))
+    labels = {"cards.example/card.count": "1"}
+    engine.add_node(node_info(node_manifest("cards-0", labels=labels, allocatable={"cards.example/card": 1})))
+    report = build_report(engine, title="t", source="s")
+
+    began = time.perf_counter()
+    page = render_html(report)
+    took = time.perf_counter() - began
+
+    bands = re.findall(r'class="lvl" x="[^"]*" y="([^"]*)" width="[^"]*" height="([^"]*)"', page)
+    assert len(bands) == 40_000
+    (first, half), (second, rest) = ((float(y), float(h)) for y, h in bands[:2])
+    assert second - first == pytest.approx(half, abs=0.1), "the next band begins where the first ends"
+    assert half > 1000 * rest, "the first pod's half, as tall as its part"
+    assert took < 1.0, f"{took:.1f} s to draw one device"
