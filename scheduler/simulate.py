@@ -1042,10 +1042,9 @@ def _run_documents(args: argparse.Namespace) -> int:
 def _seed(text: str) -> int:
     """`--seed`: a whole number that the JSON summary can hold, and one order per number (Python's `random` seeds
     with the absolute value, so -5 replayed 5's order under another name)."""
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{shorten(text, 40)}' is not a whole number") from None
+    if not (text.isascii() and text.isdigit()):  # int() also reads `4_2`, `+42` and other scripts' digits as 42
+        raise argparse.ArgumentTypeError(f"'{shorten(text, 40)}' is not a whole number of the digits 0-9")
+    value = int(text)
     if not 0 <= value < 2**64:
         raise argparse.ArgumentTypeError(f"{shorten(text, 40)} is outside 0..2**64-1")
     return value

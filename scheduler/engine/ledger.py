@@ -75,8 +75,9 @@ class Ledger(EngineState):
             if not status.ok:
                 for done in taken:
                     self._give_back_devices(record, done, pod.key, parts[done])
-                # The refusing plugin, for a reason that names it (its Status may not say: `plugin=` is optional).
-                return status if status.plugin else replace(status, plugin=plugin or None)
+                # The refusing plugin, for a reason that names it: its Status may not say (`plugin=` is optional),
+                # nor name another plugin, which would then be blamed for this one's refusal.
+                return status if status.plugin == (plugin or None) else replace(status, plugin=plugin or None)
             taken.append(plugin)
         return Status.success()
 

@@ -15,9 +15,11 @@ it, is left out with an error naming it; so is a plugin whose hook fails.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from numbers import Real
 
+from kubegpu.core import plugin_manager
 from kubegpu.core.answers import WrongAnswer, rule_filter_answer, rule_score_answer
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import PLUGIN_ERRORS, KubegpuPluginManager, PluginHookError
@@ -50,11 +52,14 @@ class GuardedFilter:
         return True
 
     def filter(self, engine: FilterContext, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
+        began = time.perf_counter()
         try:
             return rule_filter_answer(self.rule.filter(record.info, pod))
         except PLUGIN_ERRORS as exc:
             error = _failed(self.plugins, self.plugin, self.where, exc)
             return Status.error(str(error), plugin=self.plugin)
+        finally:
+            _timed(self.plugins, self.plugin, self.where, began)
 
 
 class GuardedScore:
@@ -77,11 +82,13 @@ class GuardedScore:
     ) -> list[float]:
         out = []
         for record in records:
+            began = time.perf_counter()
             try:
                 out.append(rule_score_answer(self.rule.score(record.info, pod)))
             except PLUGIN_ERRORS as exc:
                 _failed(self.plugins, self.plugin, self.where, exc)
                 out.append(0.0)
+            _timed(self.plugins, self.plugin, self.where, began)
         return out
 
     def normalize(self, state: object, raw: list[float]) -> list[float]:
@@ -195,6 +202,13 @@ def guard_embedders(
         tuple(EmbedderScore(plugins, rule) for rule in score_plugins),
         tuple(EmbedderPreEnqueue(plugins, rule) for rule in pre_enqueue),
     )
+
+
+def _timed(plugins: KubegpuPluginManager, plugin: str, where: str, began: float) -> None:
+    """Report a plugin's rule call that began at `began` (`time.perf_counter`) if it took longer than a hook may
+    (`KubegpuPluginManager.slow`): the engine waits for each, so every pod waits meanwhile."""
+    if (took := time.perf_counter() - began) > plugin_manager.SLOW_HOOK_SECONDS:
+        plugins.slow(plugin, where, took)
 
 
 def _failed(plugins: KubegpuPluginManager, plugin: str, where: str, exc: BaseException) -> PluginHookError:

@@ -324,6 +324,25 @@ def test_an_allocation_its_own_take_refuses_is_allocates_failure_named_and_count
     assert records["default/gpu-pod"]["event"] == "scheduled"
 
 
+def test_a_take_whose_refusal_names_another_plugin_still_blames_its_own() -> None:
+    """A take that refuses with a Status naming another plugin (`plugin="gpus"`): the refusal was blamed on that
+    plugin, which had nothing to do with the pod, and counted as its failure in allocate."""
+
+    class Naming(Cards):
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_take(self, state: Any, pod_key: str, allocation: PluginAllocation) -> Status:
+            return Status.unschedulable("the card is busy", plugin="gpus")
+
+    built = manager(cards=Naming())
+    built.register("gpus", Gpus())
+
+    records = {r["pod"]: r for r in simulate(cluster()[:5], manager=built)}
+
+    assert records["default/card-pod"]["reason"].startswith("plugin 'cards' failed in kubegpu_scheduler_allocate")
+    assert built.hook_failures == {("cards", "kubegpu_scheduler_allocate"): 1}
+    assert records["default/gpu-pod"]["event"] == "scheduled"
+
+
 @pytest.mark.parametrize("over", [-300, -194, -193, -100, 0, 1])
 def test_an_allocation_is_bound_exactly_when_its_signed_annotations_fit_the_api_servers_limit(over: int) -> None:
     """A plugin's fields sized about the 256 KiB the API server allows for all of a pod's annotations (`over` bytes

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import importlib
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from kubegpu.core import plugin_manager
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.scheduler_hooks import hookimpl
@@ -142,3 +144,30 @@ def test_a_broken_hook_or_a_taken_name_leaves_the_rule_out_and_the_engine_serves
     assert "raising" in caplog.text
     assert e.schedule(pod("batch")).node == "cheap"  # the other plugin's rules still run
     assert e.schedule(pod("db", tier="critical")).scheduled
+
+
+class Slow:
+    name = "Slow"
+
+    def filter(self, node: object, pod: object) -> None:
+        time.sleep(0.03)
+
+    def score(self, node: object, pod: object) -> float:
+        time.sleep(0.03)
+        return 1.0
+
+
+def test_a_slow_rule_is_reported_naming_the_plugin_and_the_rule(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rule calling out to a slow service held every pod while nothing said which rule: each call over
+    `SLOW_HOOK_SECONDS` is counted and logged as a hook's is."""
+    monkeypatch.setattr(plugin_manager, "SLOW_HOOK_SECONDS", 0.02)
+    e = cluster(("slow", Raising([Slow()])))
+    with caplog.at_level(logging.WARNING, logger="kubegpu.plugins"):
+        assert e.schedule(pod("p")).scheduled
+    slow = e.plugins.slow_hooks
+    assert slow[("slow", "rule Slow (filter)")] == 5 and slow[("slow", "rule Slow (score)")] == 5, slow
+    logged = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
+    assert [m.split(" took ")[0] for m in logged] == ["plugin 'slow'"] * 2, logged
+    assert any("in rule Slow (filter)" in m for m in logged) and any("in rule Slow (score)" in m for m in logged)
