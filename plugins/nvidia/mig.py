@@ -18,11 +18,12 @@ only), and one 1g.10gb at slot 0 leaves room for a 3g.40gb at 4 but none for a 4
 
 **Static layouts.** kubegpu does not partition GPUs: it schedules the MIG devices a node has, as NVIDIA's device plugin
 advertises them under GPU Feature Discovery's *mixed* strategy (`nvidia.com/mig.strategy: mixed`): one resource per
-profile, `nvidia.com/mig-3g.40gb: 2`, with GFD's labels `nvidia.com/mig-<profile>.count` and the layout chosen by
-the operator (`nvidia.com/mig.config`, applied by NVIDIA's MIG manager). That is what a production user of the mixed
-strategy has: reconfiguring MIG needs the GPU idle, so a layout is a node's configuration, not a per-pod decision. A
-node's layout comes from the advertised inventory (`kubegpu advertise`: each MIG-enabled GPU's attribute `mig` lists
-its instances as `profile@start`, read from NVML) or, from labels alone, is laid out here from GFD's counts
+profile, `nvidia.com/mig-3g.40gb: 2` (a `+me` profile's `+` written `.`: `nvidia.com/mig-1g.10gb.me`), with GFD's
+labels `nvidia.com/mig-<profile>.count` and the layout chosen by the operator (`nvidia.com/mig.config`, applied by
+NVIDIA's MIG manager). That is what a production user of the mixed strategy has: reconfiguring MIG needs the GPU
+idle, so a layout is a node's configuration, not a per-pod decision. A node's layout comes from the advertised
+inventory (`kubegpu advertise`: each MIG-enabled GPU's attribute `mig` lists its instances as `profile@start`, read
+from NVML) or, from labels alone, is laid out here from GFD's counts
 (`layout_from_counts`: the same number of MIG devices, legally placed; which GPU holds which is then nominal, as the
 kubelet's device manager picks the device anyway). Every layout is checked against the placement table; a GPU whose
 layout breaks it (an illegal start, overlapping instances) has no MIG devices in kubegpu's books.
@@ -70,6 +71,7 @@ __all__ = [
     "parse_layout",
     "profile_of",
     "replicas",
+    "resource_of",
     "shortage",
     "slots_of",
     "whole_gpus",
@@ -180,7 +182,17 @@ HOPPER_MEMORY = (
     ("H100-94GB", "94GB", 90 * 1024, 96_500),
     ("H100-96GB", "96GB", 96_500, 100 * 1024),
 )
-MIG_RESOURCES = tuple(sorted({MIG_PREFIX + name for table in CATALOG.values() for name in table}))
+
+
+def resource_of(profile: str) -> str:
+    """The resource of a MIG profile as NVIDIA's device plugin advertises it (and GFD labels it): `nvidia.com/mig-`
+    and the profile, its `+` written `.`, since a resource name (a qualified name) has no `+`: `1g.10gb+me` is
+    `nvidia.com/mig-1g.10gb.me`. Under `nvidia.com/mig-1g.10gb+me` the API server refused the node's labels and
+    capacity (so the advertiser's whole patch) and every pod asking it; a kubelet checks device plugins' names alike."""
+    return MIG_PREFIX + profile.replace("+", ".")
+
+
+MIG_RESOURCES = tuple(sorted({resource_of(name) for table in CATALOG.values() for name in table}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +205,12 @@ class Instance:
 
 
 def profile_of(resource: str) -> str | None:
-    """`3g.40gb` for `nvidia.com/mig-3g.40gb`, None for any other resource."""
-    return resource[len(MIG_PREFIX) :] if resource.startswith(MIG_PREFIX) else None
+    """`3g.40gb` for `nvidia.com/mig-3g.40gb`, `1g.10gb+me` for `nvidia.com/mig-1g.10gb.me` (`resource_of`), None
+    for any other resource."""
+    if not resource.startswith(MIG_PREFIX):
+        return None
+    name = resource[len(MIG_PREFIX) :]
+    return name[: -len(".me")] + "+me" if name.endswith(".me") else name
 
 
 def family_of(model: str | None, memory_mib: int | None, profiles: Iterable[str] = ()) -> str | None:
@@ -456,9 +472,9 @@ class MigBooks:
 
     def free_counts(self) -> dict[str, int]:
         """Free devices per resource, every profile the node has listed (0 when none is free)."""
-        counts = dict.fromkeys((MIG_PREFIX + p for p in self.profiles), 0)
+        counts = dict.fromkeys((resource_of(p) for p in self.profiles), 0)
         for instance in self.free():
-            counts[MIG_PREFIX + instance.profile] += 1
+            counts[resource_of(instance.profile)] += 1
         return counts
 
     def plan(self, wanted: Sequence[tuple[str, str, int]]) -> list[tuple[str, str, list[str]]] | None:
@@ -472,7 +488,7 @@ class MigBooks:
                 return None
             taken = set(picked)
             free = [i for i in free if i not in taken]
-            chosen.append((container, MIG_PREFIX + profile, [self.device_id(i) for i in picked]))
+            chosen.append((container, resource_of(profile), [self.device_id(i) for i in picked]))
         return chosen
 
     def refusal(self, wanted: Sequence[tuple[str, str, int]]) -> tuple[bool, str] | None:
@@ -482,7 +498,7 @@ class MigBooks:
             total = sum(1 for i in self.devices.values() if i.profile == profile)
             if total < count:
                 if not total:
-                    return True, f"Insufficient {MIG_PREFIX}{profile}"
+                    return True, f"Insufficient {resource_of(profile)}"
                 return True, f"node(s) have {total} {profile} MIG device(s), the pod asks {count}"
             picked = choose(self.tables, self.layouts, free, profile, count)
             if picked is None:
@@ -559,7 +575,7 @@ def books_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping
         else:
             amount = _count(labels.get(f"{resource}.count"))
         if amount:
-            counts[resource[len(MIG_PREFIX) :]] = amount
+            counts[profile_of(resource) or resource] = amount
     if not counts:
         return None
     memory = _count(labels.get("nvidia.com/gpu.memory"))

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from kubegpu.core.models import DeviceInfo
 from kubegpu.plugins.nvidia.mig import (
     LAYOUT_ATTRIBUTE,
-    MIG_PREFIX,
     MIG_RESOURCES,
     STRATEGY_LABEL,
     LayoutError,
     parse_layout,
+    resource_of,
 )
 
 __all__ = [
@@ -90,7 +90,7 @@ def mig_plugin_ids(devices: Sequence[DeviceInfo]) -> dict[str, dict[str, bool]]:
         except LayoutError:
             continue
         for profile, start in layout:
-            resource = MIG_PREFIX + profile
+            resource = resource_of(profile)
             if resource in MIG_OWNED:
                 ids.setdefault(resource, {})[device_key(int(device.id), start)] = device.healthy
     return ids
@@ -108,7 +108,7 @@ def mig_advertisement(devices: Sequence[DeviceInfo]) -> tuple[list[DeviceInfo], 
         except ValueError:
             continue
         for profile, _ in layout:
-            resource = MIG_PREFIX + profile
+            resource = resource_of(profile)
             if resource in MIG_OWNED:
                 counts[resource] = counts.get(resource, 0) + 1
     if len(plain) == len(devices):
@@ -129,7 +129,7 @@ def visible_devices(
             known = listed.get(device_key(gpu, start))
             if known is None:
                 return [], f"MIG device {device} ({resource}) is not on this node; its MIG layout changed?"
-            if MIG_PREFIX + known.profile != resource:
+            if resource_of(known.profile) != resource:
                 return [], f"MIG device {device} is a {known.profile} here, the allocation names {resource}"
             found.append(known)
     return found, None

@@ -54,7 +54,7 @@ from kubegpu.core.quantity import QuantityError, to_int
 from kubegpu.core.scheduler_hooks import SETTINGS_KEY, ProfileSettings, hookimpl
 from kubegpu.core.status import Status
 from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE, mig
-from kubegpu.plugins.nvidia.mig import MIG_PREFIX, MIG_RESOURCES, MigBooks
+from kubegpu.plugins.nvidia.mig import MIG_PREFIX, MIG_RESOURCES, MigBooks, profile_of, resource_of
 from kubegpu.plugins.nvidia.sharing import (
     ANY_CPU,
     CORES,
@@ -694,7 +694,7 @@ def owns(resource: str) -> bool:
 def mig_refusal(state: NvidiaNodeState, ask: NvidiaPodState) -> Status | None:
     """Why the node cannot give the ask's MIG devices now (unresolvable when it never could), or None."""
     if state.mig is None:
-        return Status.unresolvable(f"Insufficient {MIG_PREFIX}{ask.mig[0][1]}", plugin=NAME)
+        return Status.unresolvable(f"Insufficient {resource_of(ask.mig[0][1])}", plugin=NAME)
     refused = state.mig.refusal(ask.mig)
     if refused is None:
         return None
@@ -786,11 +786,11 @@ def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, 
     error = None
     migs: list[tuple[str, str, int]] = []
     for container in containers:
-        asked_mig = [(r[len(MIG_PREFIX) :], n) for r, n in container.resources.items() if r in MIG_OWNED and n > 0]
+        asked_mig = [(profile_of(r) or r, n) for r, n in container.resources.items() if r in MIG_OWNED and n > 0]
         if asked_mig:
             if any(container.resources.get(r, 0) > 0 for r in (RESOURCE, *SHARE_RESOURCES)):
                 error = error or (
-                    f"container {container.name} asks {MIG_PREFIX}{asked_mig[0][0]} beside {RESOURCE} or a share; "
+                    f"container {container.name} asks {resource_of(asked_mig[0][0])} beside {RESOURCE} or a share; "
                     f"a container gets MIG devices or GPUs, not both"
                 )
             migs.extend((container.name, profile, count) for profile, count in sorted(asked_mig))

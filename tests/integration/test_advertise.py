@@ -264,3 +264,67 @@ def test_the_example_rbac_is_enough_and_the_daemonset_is_a_valid_object(
     spec = daemonset["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == "kubegpu-advertiser"
     assert "--host-root=/host" in spec["containers"][0]["args"]
+
+
+MIG_NVML = """
+# A stand-in for nvidia-ml-py over one A100 80GB in MIG mode (the test host has no GPU): a 1g.10gb with media
+# extensions at slice 0, three 1g.10gb and a 3g.40gb, as NVML names and places them.
+from types import SimpleNamespace
+
+LAYOUT = [("1g.10gb+me", 0), ("1g.10gb", 1), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4)]
+
+
+class NVMLError(Exception):
+    pass
+
+
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return 1
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetHandleByUUID(uuid): return 0
+def nvmlDeviceGetMinorNumber(h): return 0
+def nvmlDeviceGetPciInfo(h): return SimpleNamespace(busId="00000000:10:00.0")
+def nvmlDeviceGetMemoryInfo(h): return SimpleNamespace(total=81920 << 20)
+def nvmlDeviceGetName(h): return "NVIDIA A100-SXM4-80GB" + (f" MIG {LAYOUT[h[1]][0]}" if isinstance(h, tuple) else "")
+def nvmlDeviceGetUUID(h): return f"MIG-{h[1]}" if isinstance(h, tuple) else "GPU-0"
+def nvmlDeviceGetMigMode(h): return (1, 1)
+def nvmlDeviceGetMaxMigDeviceCount(h): return 7
+def nvmlDeviceGetGpuInstanceId(m): return m[1]
+def nvmlDeviceGetGpuInstanceById(h, i): return i
+def nvmlGpuInstanceGetInfo(i): return SimpleNamespace(placement=SimpleNamespace(start=LAYOUT[i][1]))
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(h, i):
+    if i >= len(LAYOUT):
+        raise NVMLError("Not Found")
+    return (h, i)
+"""
+
+
+def test_a_mig_instance_with_media_extensions_is_published_under_a_name_the_api_server_takes_and_placed(
+    cluster: Cluster, namespace: str, start_scheduler: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML names the instance `1g.10gb+me`; a resource name has no `+`. Published as
+    `nvidia.com/mig-1g.10gb+me`, the API server refused the advertiser's node patch (422 on the label
+    `nvidia.com/mig-1g.10gb+me.count`: the node got neither its devices' annotation nor any capacity, the advertiser
+    exited 1) and any pod asking it; as NVIDIA's device plugin names it, `nvidia.com/mig-1g.10gb.me`, it is published
+    with its count label, and a pod asking it is given that very instance."""
+    python = tmp_path / "python"
+    python.mkdir()
+    (python / "pynvml.py").write_text(MIG_NVML)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(python), os.environ.get("PYTHONPATH", "")]))
+    cluster.create_ready_node("a100-mig")
+    advertise(cluster, "a100-mig", FakeHost(tmp_path / "host"), "--update-capacity")
+    written = node(cluster, "a100-mig")
+    capacity = written["status"]["capacity"]
+    assert {k: v for k, v in capacity.items() if k.startswith("nvidia.com/mig-")} == {
+        "nvidia.com/mig-1g.10gb.me": "1",
+        "nvidia.com/mig-1g.10gb": "3",
+        "nvidia.com/mig-3g.40gb": "1",
+    }
+    assert written["metadata"]["labels"]["nvidia.com/mig-1g.10gb.me.count"] == "1"
+
+    start_scheduler("kubegpu", "--no-leader-elect")
+    cluster.create_pod(namespace, "transcode", {"main": {"nvidia.com/mig-1g.10gb.me": 1}}, scheduler="kubegpu")
+    assert bound_devices(cluster, namespace, "transcode") == ["0@0"]  # the instance with the media engines

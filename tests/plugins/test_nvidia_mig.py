@@ -552,7 +552,7 @@ def test_no_slice_is_held_twice_and_every_placement_is_legal(
     live: dict[str, PluginAllocation] = {}
     for n, (add, profile, count) in enumerate(steps):
         if add or not live:
-            pod = mig_pod(f"p{n}", main={f"nvidia.com/mig-{profile}": count})
+            pod = mig_pod(f"p{n}", main={mig.resource_of(profile): count})
             if not manager.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=pod).ok:
                 assert len([i for i in books.free() if i.profile == profile]) < count
                 continue
@@ -572,7 +572,7 @@ def test_no_slice_is_held_twice_and_every_placement_is_legal(
             for resource, ids in allocation.containers["main"].items():
                 for device in ids:
                     instance = books.devices[device]
-                    assert resource == f"nvidia.com/mig-{instance.profile}"
+                    assert resource == mig.resource_of(instance.profile)
                     assert instance.start in TABLE_80[instance.profile].starts
         for gpu, layout in enumerate(books.layouts):  # the slices the devices take never overlap
             mig.check_layout(TABLE_80, layout)

@@ -261,7 +261,7 @@ def test_a_gpu_memory_label_that_is_no_number_is_unknown_memory(pm: KubegpuPlugi
         ({"nvidia.com/mig-1g.10gb.count": "999999"}, 0),
         ({"nvidia.com/mig-1g.10gb.count": "57", "nvidia.com/gpu.count": "8"}, 0),
         ({"nvidia.com/mig-1g.10gb.count": "56"}, 56),  # eight GPUs of seven, the count label missing
-        ({"nvidia.com/mig-1g.10gb.count": "7", "nvidia.com/mig-1g.10gb+me.count": "1"}, 8),
+        ({"nvidia.com/mig-1g.10gb.count": "7", "nvidia.com/mig-1g.10gb.me.count": "1"}, 8),
     ],
     ids=["449-devices", "999999-devices", "57-on-8-gpus", "56-devices", "media-beside-seven"],
 )
