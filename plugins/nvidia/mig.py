@@ -445,8 +445,12 @@ class MigBooks:
         ids: Sequence[str],
         tables: Sequence[Mapping[str, Profile] | None],
         layouts: Sequence[Sequence[tuple[str, int]]],
+        nominal: bool = False,
     ) -> None:
         self.ids = tuple(ids)
+        # Laid out from GFD's counts (`books_from_labels`): a device id names one device of its profile, not a slice
+        # (the kubelet picks which), and a change of the counts lays the node out anew under the pods holding them.
+        self.nominal = nominal
         self.tables = tuple(tables)
         self.layouts = tuple(tuple(layout) for layout in layouts)
         self.devices: dict[str, Instance] = {}
@@ -516,6 +520,9 @@ class MigBooks:
                 profile = profile_of(resource)
                 for device in devices:
                     instance = self.devices.get(device)
+                    if self.nominal and (instance is None or instance.profile != profile or device in self.holders):
+                        device = self._stand_in(device, profile, found)
+                        instance = self.devices.get(device)
                     if instance is None:
                         return f"container {container}: MIG device {device[:40]!r} does not exist on this node"
                     if instance.profile != profile:
@@ -524,6 +531,14 @@ class MigBooks:
                         return f"MIG device {device} appears twice in the allocation"
                     found.append(device)
         return found
+
+    def _stand_in(self, device: str, profile: str | None, found: Sequence[str]) -> str:
+        """On nominal books, the device of `profile` that a held id stands for once the counts were laid out anew:
+        the first free one the allocation does not name yet, else (more held than listed) the first held one, which
+        `NvidiaNodeState.cannot_take` then refuses; `device` itself where the node lists none of the profile."""
+        same = [d for d, i in self.devices.items() if i.profile == profile and d not in found]
+        free = [d for d in same if d not in self.holders]
+        return (free or same or [device])[0]
 
 
 def books_from_inventory(node: str, inventory: DeviceInventory) -> tuple[DeviceInventory, MigBooks | None]:
@@ -594,7 +609,7 @@ def books_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping
             layouts = layout_from_counts(table, n, counts)
         except LayoutError:
             continue
-        return MigBooks([str(whole + i) for i in range(n)], [table] * n, layouts)
+        return MigBooks([str(whole + i) for i in range(n)], [table] * n, layouts, nominal=True)
     log.warning("node %s: its MIG devices (%s) fit no layout of its GPUs", node, format_counts(counts)[:200])
     return None
 

@@ -390,9 +390,15 @@ class NvidiaNodeState(SharedDeviceNodeState):
 
     def give_back(self, pod_key: str, claim: Claim) -> None:
         super().give_back(pod_key, claim)
-        for device in claim.extra or ():
-            if self.mig is not None and self.mig.holders.get(device) == pod_key:  # idempotent, as the kit's
-                del self.mig.holders[device]
+        books = self.mig
+        if books is None:
+            return
+        # On nominal books the ids read now may stand for other devices than those read when the pod was held
+        # (`MigBooks.read`): what the pod holds is given back, as a pod holds one allocation per node.
+        held = [d for d, holder in books.holders.items() if holder == pod_key] if books.nominal else claim.extra or ()
+        for device in held:
+            if books.holders.get(device) == pod_key:  # idempotent, as the kit's
+                del books.holders[device]
 
     def memory_of(self, share: Share, bit: int) -> int | None:
         """The share's memory on GPU `bit` in the GPU's unit, None when it cannot be told (MiB of unknown memory)."""
