@@ -192,6 +192,16 @@ def resource_of(profile: str) -> str:
     return MIG_PREFIX + profile.replace("+", ".")
 
 
+# The memory (MiB, as NVML and GFD report it) of each table's GPUs, low (exclusive) to high: a GPU of a model the
+# catalog does not name is matched by its profile names and then by this.
+MEMORY_MIB = {
+    "A100-40GB": (32 * 1024, 48 * 1024),
+    "80GB": (70 * 1024, 82 * 1024),
+    "A30-24GB": (16 * 1024, 32 * 1024),
+    "H100-94GB": (90 * 1024, 96_500),
+    "H100-96GB": (96_500, 100 * 1024),
+    "H200-141GB": (130 * 1024, 150 * 1024),
+}
 MIG_RESOURCES = tuple(sorted({resource_of(name) for table in CATALOG.values() for name in table}))
 
 
@@ -232,11 +242,11 @@ def family_of(model: str | None, memory_mib: int | None, profiles: Iterable[str]
             if size in key or (memory_mib is not None and low < memory_mib <= high):
                 return family
     names = set(profiles)
-    if names:
-        for family, table in CATALOG.items():
-            if names <= table.keys():
-                return family
-    return None
+    # By the names, as a GPU the catalog does not name (an H800, an A800) lists them; `1g.10gb` is a name of the
+    # A100 40GB (two slices) and of the 80 GB GPUs (one): the GPU's memory picks among the tables that have them.
+    having = [family for family, table in CATALOG.items() if names and names <= table.keys()]
+    fitting = [f for f in having if memory_mib is not None and MEMORY_MIB[f][0] < memory_mib <= MEMORY_MIB[f][1]]
+    return next(iter(fitting or having), None)
 
 
 def parse_layout(text: str) -> tuple[tuple[str, int], ...]:
