@@ -424,7 +424,7 @@ class KubegpuPluginManager:
 
     def slow(self, plugin: str, hook: str, seconds: float) -> None:
         """Count a hook call that took `seconds`, more than `SLOW_HOOK_SECONDS`, tell the listeners, and log it
-        (at most once every `SLOW_HOOK_LOG_EVERY` seconds per plugin and hook, with the calls since the last log)."""
+        (at most once every `SLOW_HOOK_LOG_EVERY` seconds per plugin and hook, with how many such calls it has had)."""
         key = (plugin, hook)
         self.slow_hooks[key] += 1
         for listener in self.on_slow_hook:
