@@ -512,3 +512,22 @@ def test_a_podgroup_made_again_under_its_name_gets_its_status_written(service: C
     patches = status_patches(service, "train")
     assert len(patches) > written and patches[-1]["phase"] == "Scheduled", patches
     assert [e["involvedObject"]["uid"] for e in writer(service).events("Scheduled")] == ["pg-uid", "pg-uid-2"]
+
+
+def test_members_arriving_one_by_one_for_a_gang_no_rack_fits_are_told_the_count_the_rack_lacks(
+    service: CustomScheduler,
+) -> None:
+    # minMember 3 of 8 GPUs each, in one rack of 2 nodes: the first two members hold nothing, and their reason
+    # counts minMember's members, not the two that exist ("2 members need 8 ...; the rack has 2 such nodes free"
+    # read as a contradiction to the job's owner).
+    service.mirror.on_podgroups("SYNC", [podgroup("wide", 3)])
+    for i in range(2):
+        service.mirror.on_pods("ADDED", member(f"wide-{i}", "wide"))
+    cycle(service)
+    assert all(service.engine.placement(f"ml/wide-{i}") is None for i in range(2)), "nothing held"
+    refused = {e["involvedObject"]["name"]: e["message"] for e in writer(service).events("FailedScheduling")}
+    assert set(refused) == {"wide-0", "wide-1", "wide"}
+    assert refused["wide-0"] == (
+        "gang ml/wide: 3 members (minMember 3, 2 so far) need 8 nvidia.com/gpu each; "
+        "the largest rack (r1) has 2 such nodes free"
+    ), refused["wide-0"]
