@@ -531,3 +531,25 @@ def test_members_arriving_one_by_one_for_a_gang_no_rack_fits_are_told_the_count_
         "gang ml/wide: 3 members (minMember 3, 2 so far) need 8 nvidia.com/gpu each; "
         "the largest rack (r1) has 2 such nodes free"
     ), refused["wide-0"]
+
+
+def test_a_worker_whose_podgroup_label_has_a_typo_is_told_it_runs_alone_once(service: CustomScheduler) -> None:
+    service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    service.mirror.on_podgroups("SYNC", [podgroup("train", 3)])
+    for name, group in (("train-0", "train"), ("train-1", "train"), ("train-2", "trian")):
+        service.mirror.on_pods("ADDED", member(name, group, 4))
+    service.mirror.on_pods("ADDED", member("big", "trian", 16))  # fits on no node: refused, and tried again
+    cycle(service)
+    service.mirror.on_nodes("ADDED", node("r3-n0", "r3"))  # a change in the cluster: the refused pod is tried again
+    cycle(service)
+    attempts = [e for e in writer(service).events("FailedScheduling") if e["involvedObject"]["name"] == "big"]
+    assert len(attempts) == 2, "tried again (0/4 nodes, then 0/5), refused again"
+    assert writer(service).bindings() == ["train-2"], "the worker with the typo goes alone, as with coscheduling"
+    told = writer(service).events("PodGroupNotFound")
+    assert sorted(e["involvedObject"]["name"] for e in told) == ["big", "train-2"], "each told once"
+    assert told[0]["type"] == "Warning"
+    assert told[0]["message"] == (
+        "PodGroup ml/trian does not exist: the pod is scheduled alone, not as a member of a gang "
+        "(check its scheduling.x-k8s.io/pod-group label, or create the PodGroup before its pods)"
+    )
+    assert {e["involvedObject"]["name"] for e in writer(service).events("WaitingForGang")} == {"train-0", "train-1"}
