@@ -386,6 +386,7 @@ class CustomScheduler:
                 "places; they are given back"
             )
             self._gang_refused(gang, entries, reason)
+        self._recheck_waiting()
         members = self.mirror.gang_members
         if members is not None:
             for gang in members.take_changed():
@@ -396,6 +397,41 @@ class CustomScheduler:
                     self._gang_victims.pop(gang, None)
                 if not counts.members:  # its last member is gone: what was remembered of it goes too
                     self.groups.forget(gang)
+
+    def _recheck_waiting(self) -> None:
+        """The members waiting at Permit whose PodGroup changed under them: deleted (or made unreadable), they give
+        their places back at once and are tried again (alone, as a pod of no PodGroup is, or told why), instead of
+        holding them, and keeping every other gang from holding part, until a deleted group's timeout (up to a
+        week); its `minMember` lowered to what they are, they are bound. Cheap: at most one gang waits at a time."""
+        engine = self.engine
+        for gang, keys in engine.waiting_gangs().items():
+            entries = [entry for key in keys if (entry := self.queue.unhold(key)) is not None]
+            for entry in entries:  # back as they were unless they are let go below
+                self.queue.hold(entry)
+            if not entries:
+                continue
+            try:
+                group = engine.gang_of(entries[0].request)
+            except ManifestError:
+                group = None
+            if group is not None and isinstance(self.mirror.podgroups.get(gang), PodGroup | None):
+                if len(engine.gang_holders(group)) < group.min_member:
+                    continue
+                for entry in entries:  # minMember lowered to what holds places: Permit lets them all go
+                    self.queue.unhold(entry.key)
+                    held = self._at_permit.pop(entry.key, None)
+                    if engine.allow(entry.key) is not None and held is not None:
+                        self._bind_decided(entry, held)
+                    else:
+                        self.queue.put_back([entry])
+                continue
+            for entry in entries:
+                self.queue.unhold(entry.key)
+                self._at_permit.pop(entry.key, None)
+                engine.reject_waiting(entry.key)
+                entry.message = None  # told afresh: alone (`_no_podgroup`), or why its PodGroup cannot be read
+                self.queue.put_back([entry])
+            log.info("gang let go at Permit: its PodGroup is gone", extra={"pod": gang})
 
     def _bind_decided(self, entry: Entry, decision: Decision) -> None:
         self.queue.binding_started(entry)

@@ -553,3 +553,43 @@ def test_a_worker_whose_podgroup_label_has_a_typo_is_told_it_runs_alone_once(ser
         "(check its scheduling.x-k8s.io/pod-group label, or create the PodGroup before its pods)"
     )
     assert {e["involvedObject"]["name"] for e in writer(service).events("WaitingForGang")} == {"train-0", "train-1"}
+
+
+def test_members_waiting_at_permit_when_their_podgroup_is_deleted_let_their_places_go_at_once(
+    service: CustomScheduler,
+) -> None:
+    # A PodGroup with a week's timeout deleted while 2 of its 3 members wait: they neither keep their places for
+    # the week nor keep every other gang from waiting (one gang partly held at a time); they go alone, as a pod of
+    # no PodGroup does, each told so.
+    service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    train = podgroup("train", 3, timeout=604_800)
+    service.mirror.on_podgroups("SYNC", [train, podgroup("blue", 2, uid="blue-uid")])
+    for i in range(2):
+        service.mirror.on_pods("ADDED", member(f"train-{i}", "train", 4))
+    cycle(service)
+    assert writer(service).bindings() == [] and len(writer(service).events("WaitingForGang")) == 2
+    service.mirror.on_podgroups("DELETED", train)
+    cycle(service)
+    assert sorted(writer(service).bindings()) == ["train-0", "train-1"], "let go, then placed alone"
+    told = writer(service).events("PodGroupNotFound")
+    assert sorted(e["involvedObject"]["name"] for e in told) == ["train-0", "train-1"]
+    assert told[0]["message"].startswith("PodGroup ml/train does not exist: the pod is scheduled alone")
+    service.mirror.on_pods("ADDED", member("blue-0", "blue", 4))
+    cycle(service)
+    assert service.engine.placement("ml/blue-0") is not None, "another gang may wait at Permit now"
+    assert writer(service).events("FailedScheduling") == []
+
+
+def test_members_waiting_at_permit_are_bound_when_their_podgroups_min_member_is_lowered_to_them(
+    service: CustomScheduler,
+) -> None:
+    service.mirror.on_podgroups("SYNC", [podgroup("train", 3)])
+    for i in range(2):
+        service.mirror.on_pods("ADDED", member(f"train-{i}", "train", 4))
+    cycle(service)
+    assert writer(service).bindings() == []
+    lowered = podgroup("train", 2)
+    lowered["metadata"]["resourceVersion"] = "2"
+    service.mirror.on_podgroups("MODIFIED", lowered)
+    cycle(service)
+    assert sorted(writer(service).bindings()) == ["train-0", "train-1"], "not left waiting until the timeout"
