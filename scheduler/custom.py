@@ -47,6 +47,7 @@ import socket
 import time
 from typing import Any
 
+from kubegpu.core.errors import shorten
 from kubegpu.core.manifests import ManifestError
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
@@ -60,8 +61,8 @@ from kubegpu.scheduler.draclaims import ClaimError, ClaimWriter
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine, PermitCode, Policy, rule_names
 from kubegpu.scheduler.gangstatus import GroupStatus
 from kubegpu.scheduler.health import HealthServer, Metrics
-from kubegpu.scheduler.mirror import ClusterMirror
-from kubegpu.scheduler.podgroups import PodGroup, gang_key
+from kubegpu.scheduler.mirror import PODGROUPS, ClusterMirror
+from kubegpu.scheduler.podgroups import POD_GROUP_LABEL, PodGroup, gang_key
 from kubegpu.scheduler.queue import Entry, SchedulingQueue
 
 __all__ = ["CustomScheduler", "add_scheduler_parser"]
@@ -241,6 +242,8 @@ class CustomScheduler:
         if group is None:
             if problem is None:  # a PodGroup label naming no PodGroup: its members go alone, as with coscheduling
                 for entry in entries:
+                    if entry.message is None:  # its first try: a typo in the label would otherwise go unnoticed
+                        self._no_podgroup(gang, entry)
                     self._schedule(entry)
                 return
             self._gang_refused(gang, entries, problem)
@@ -291,6 +294,19 @@ class CustomScheduler:
                     self._bind_decided(waiting, held)
         if placement.domain is not None:
             log.info("gang placed", extra={"pod": gang, "node": f"{placement.level}={placement.domain}"})
+
+    def _no_podgroup(self, gang: str, entry: Entry) -> None:
+        """Tell a pod whose PodGroup label names no PodGroup that it is scheduled alone: with a typo in one
+        worker's label, that worker runs alone while the others wait at Permit for it, and nothing else says why."""
+        if self.mirror.versions.get(PODGROUPS, "") is None:
+            why = "PodGroups cannot be read (the API server serves none, or this scheduler may not list them)"
+        else:
+            why = f"PodGroup {shorten(gang)} does not exist"
+        message = (
+            f"{why}: the pod is scheduled alone, not as a member of a gang "
+            f"(check its {POD_GROUP_LABEL} label, or create the PodGroup before its pods)"
+        )
+        self.binder.submit(self.binder.post_event(entry.request, "PodGroupNotFound", message))
 
     def _gang_of(self, gang: str, entry: Entry) -> tuple[PodGroup | None, str | None]:
         """The gang's spec, or why its members cannot be placed (a PodGroup kubegpu cannot read, a malformed Kueue
@@ -370,6 +386,7 @@ class CustomScheduler:
                 "places; they are given back"
             )
             self._gang_refused(gang, entries, reason)
+        self._recheck_waiting()
         members = self.mirror.gang_members
         if members is not None:
             for gang in members.take_changed():
@@ -380,6 +397,41 @@ class CustomScheduler:
                     self._gang_victims.pop(gang, None)
                 if not counts.members:  # its last member is gone: what was remembered of it goes too
                     self.groups.forget(gang)
+
+    def _recheck_waiting(self) -> None:
+        """The members waiting at Permit whose PodGroup changed under them: deleted (or made unreadable), they give
+        their places back at once and are tried again (alone, as a pod of no PodGroup is, or told why), instead of
+        holding them, and keeping every other gang from holding part, until a deleted group's timeout (up to a
+        week); its `minMember` lowered to what they are, they are bound. Cheap: at most one gang waits at a time."""
+        engine = self.engine
+        for gang, keys in engine.waiting_gangs().items():
+            entries = [entry for key in keys if (entry := self.queue.unhold(key)) is not None]
+            for entry in entries:  # back as they were unless they are let go below
+                self.queue.hold(entry)
+            if not entries:
+                continue
+            try:
+                group = engine.gang_of(entries[0].request)
+            except ManifestError:
+                group = None
+            if group is not None and isinstance(self.mirror.podgroups.get(gang), PodGroup | None):
+                if len(engine.gang_holders(group)) < group.min_member:
+                    continue
+                for entry in entries:  # minMember lowered to what holds places: Permit lets them all go
+                    self.queue.unhold(entry.key)
+                    held = self._at_permit.pop(entry.key, None)
+                    if engine.allow(entry.key) is not None and held is not None:
+                        self._bind_decided(entry, held)
+                    else:
+                        self.queue.put_back([entry])
+                continue
+            for entry in entries:
+                self.queue.unhold(entry.key)
+                self._at_permit.pop(entry.key, None)
+                engine.reject_waiting(entry.key)
+                entry.message = None  # told afresh: alone (`_no_podgroup`), or why its PodGroup cannot be read
+                self.queue.put_back([entry])
+            log.info("gang let go at Permit: its PodGroup is gone", extra={"pod": gang})
 
     def _bind_decided(self, entry: Entry, decision: Decision) -> None:
         self.queue.binding_started(entry)

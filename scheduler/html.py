@@ -368,7 +368,7 @@ def _gangs(report: Report, quote: Callable[[str], str]) -> str:
     """The domains that hold gangs (racks, NVLink cliques) with their gangs, and the gangs left unplaced."""
     if not report.domains and not report.unplaced_gangs:
         return ""
-    level = quote(report.domains[0].level) if report.domains else "-"
+    level = quote(report.domains[0].level) if report.domains else ""
     rows = "".join(
         f"<tr><td>{quote(d.name)}</td><td>{d.nodes}</td><td>"
         + ", ".join(f"{quote(gang)} ({count})" for gang, count in d.gangs)
@@ -379,13 +379,16 @@ def _gangs(report: Report, quote: Callable[[str], str]) -> str:
         f"<table class=pods><thead><tr><th>{level}</th><th>nodes</th><th>gangs (members)</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>"
     )
+    if not report.domains:  # no gang placed: no domains to list, only the gangs left out and why
+        table = ""
     unplaced = "".join(f"<tr><td>{quote(g.pod)}</td><td>{quote(g.reason)}</td></tr>" for g in report.unplaced_gangs)
     if unplaced:
         table += (
             "<h3>Gangs not placed</h3><table class=pods><thead><tr><th>gang</th><th>reason</th></tr></thead>"
             f"<tbody>{unplaced}</tbody></table>"
         )
-    return f'<section id="gangs"><h2>Gangs by {level}</h2>{table}</section>'
+    title = f"Gangs by {level}" if level else "Gangs (none placed)"
+    return f'<section id="gangs"><h2>{title}</h2>{table}</section>'
 
 
 CHART_WIDTH, CHART_HEIGHT = 600, 320

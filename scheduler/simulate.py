@@ -793,8 +793,7 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
         )
     domains, unplaced = gang_domains(engine, events)
     if domains or unplaced:
-        level = domains[0].level if domains else "-"
-        write(f"\nGANGS (domains by {safe_text(level)})\n")
+        write(f"\nGANGS (domains by {safe_text(domains[0].level)})\n" if domains else "\nGANGS (none placed)\n")
         for domain in domains:
             gangs = ", ".join(f"{safe_text(gang)} ({count})" for gang, count in domain.gangs)
             write(f"  {safe_text(domain.name):24} {domain.nodes:5d} nodes  {gangs}\n")

@@ -123,7 +123,11 @@ class Gangs(GangPreempting):
                     for m in sorted(members, key=rank)
                 )
                 return GangPlacement(group.key, True, answer, fit.level, fit.domain)
-        reason = self._shortfall_reason(group, representative, plan, len(primary), shortfall, asked, beside)
+        # The count the room was measured for: with fewer members than minMember so far (`partial`), minMember's,
+        # not those present ("2 members need 8 GPUs each; the rack has 2 such nodes free" reads as a contradiction).
+        need = targets[0]
+        so_far = len(holders) + len(todo) if need > len(primary) else None
+        reason = self._shortfall_reason(group, representative, plan, need, shortfall, asked, beside, so_far)
         if others_failed is not None:  # the most demanding members had places; the others found none beside them
             reason = others_failed
         return self._refuse_gang(group.key, members, reason, Code.UNSCHEDULABLE)
@@ -228,10 +232,15 @@ class Gangs(GangPreempting):
         shortfall: gangfit.Shortfall | None,
         asked: tuple[str | None, str | None],
         beside: str | None = None,
+        so_far: int | None = None,
     ) -> str:
+        """`so_far`: the members that exist, where fewer than the `need` the room was measured for."""
         wants = [(r, a) for r, a in plan.fit if r not in ("cpu", "memory", "ephemeral-storage")]
         what = ", ".join(f"{a} {r}" for r, a in wants) or f"{pod.cpu_milli}m cpu"
-        head = f"gang {group.key}: {need} members need {what} each"
+        count = f"{need} members"
+        if so_far is not None:
+            count += f" (minMember {group.min_member}, {so_far} so far)"
+        head = f"gang {group.key}: {count} need {what} each"
         if shortfall is None:
             return f"{head}; their reservations failed on every choice"
         if beside is not None and asked[0] is not None:

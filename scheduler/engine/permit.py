@@ -155,6 +155,11 @@ class Permitting(Preempting):
             return None
         return waiting
 
+    def waiting_gangs(self) -> dict[str, tuple[str, ...]]:
+        """The gangs with members waiting at Permit (at most one, with the built-in rule; more only where an
+        embedder's rule makes a gang's members wait), each with the keys of those members."""
+        return {gang: tuple(keys) for gang, keys in self._waiting_gangs.items() if gang is not None}
+
     def reject_waiting(self, key: str) -> Waiting | None:
         """Refuse a pod waiting at Permit: its reservation is given back. Its entry, or None when it was not
         waiting. Idempotent."""

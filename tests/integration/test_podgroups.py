@@ -142,3 +142,28 @@ def test_a_malformed_podgroup_is_refused_by_the_api_server_or_told_to_its_member
     path = f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{namespace}/podgroups/zero"
     cluster.client.patch(path, {"spec": {"minMember": 1}})
     wait_for(lambda: placements(cluster, namespace, ["zero-0"])["zero-0"], 30, "the member bound once fixed")
+
+
+def test_a_typo_in_a_workers_podgroup_label_and_a_podgroup_deleted_while_its_members_wait_are_told_and_held_nothing(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    install_podgroup_crd(cluster)
+    create_racks(cluster, {"rack-t": 2})
+    start(start_scheduler)
+    create_podgroup(cluster, namespace, "train", {"minMember": 3, "scheduleTimeoutSeconds": 3600})
+    for i in range(2):
+        create_member(cluster, namespace, f"train-{i}", "train", 4, total=3, scheduler="kubegpu-gangs", index=i,
+                      podgroup=True)  # fmt: skip
+    # The third worker's label has a typo: it runs alone, and it is told so.
+    create_member(cluster, namespace, "train-2", "trian", 4, total=3, scheduler="kubegpu-gangs", index=2,
+                  podgroup=True)  # fmt: skip
+    wait_for(lambda: len(told(cluster, namespace, "WaitingForGang")) == 2, 30, "2 members told they wait")
+    wait_for(lambda: placements(cluster, namespace, ["train-2"])["train-2"], 30, "the worker with the typo bound")
+    (typo,) = wait_for(lambda: events_of(cluster, namespace, "PodGroupNotFound"), 30, "the typo's Event")
+    assert typo["involvedObject"]["name"] == "train-2" and typo["type"] == "Warning"
+    assert typo["message"].startswith(f"PodGroup {namespace}/trian does not exist: the pod is scheduled alone")
+
+    # The job's owner deletes the PodGroup: the two waiting workers do not hold their places for the hour.
+    cluster.client.delete(f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{namespace}/podgroups/train")
+    wait_for(lambda: all_bound(cluster, namespace, ["train-0", "train-1"]), 30, "the waiting workers bound alone")
+    assert_no_device_held_twice(cluster, namespace)

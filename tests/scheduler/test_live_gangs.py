@@ -512,3 +512,84 @@ def test_a_podgroup_made_again_under_its_name_gets_its_status_written(service: C
     patches = status_patches(service, "train")
     assert len(patches) > written and patches[-1]["phase"] == "Scheduled", patches
     assert [e["involvedObject"]["uid"] for e in writer(service).events("Scheduled")] == ["pg-uid", "pg-uid-2"]
+
+
+def test_members_arriving_one_by_one_for_a_gang_no_rack_fits_are_told_the_count_the_rack_lacks(
+    service: CustomScheduler,
+) -> None:
+    # minMember 3 of 8 GPUs each, in one rack of 2 nodes: the first two members hold nothing, and their reason
+    # counts minMember's members, not the two that exist ("2 members need 8 ...; the rack has 2 such nodes free"
+    # read as a contradiction to the job's owner).
+    service.mirror.on_podgroups("SYNC", [podgroup("wide", 3)])
+    for i in range(2):
+        service.mirror.on_pods("ADDED", member(f"wide-{i}", "wide"))
+    cycle(service)
+    assert all(service.engine.placement(f"ml/wide-{i}") is None for i in range(2)), "nothing held"
+    refused = {e["involvedObject"]["name"]: e["message"] for e in writer(service).events("FailedScheduling")}
+    assert set(refused) == {"wide-0", "wide-1", "wide"}
+    assert refused["wide-0"] == (
+        "gang ml/wide: 3 members (minMember 3, 2 so far) need 8 nvidia.com/gpu each; "
+        "the largest rack (r1) has 2 such nodes free"
+    ), refused["wide-0"]
+
+
+def test_a_worker_whose_podgroup_label_has_a_typo_is_told_it_runs_alone_once(service: CustomScheduler) -> None:
+    service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    service.mirror.on_podgroups("SYNC", [podgroup("train", 3)])
+    for name, group in (("train-0", "train"), ("train-1", "train"), ("train-2", "trian")):
+        service.mirror.on_pods("ADDED", member(name, group, 4))
+    service.mirror.on_pods("ADDED", member("big", "trian", 16))  # fits on no node: refused, and tried again
+    cycle(service)
+    service.mirror.on_nodes("ADDED", node("r3-n0", "r3"))  # a change in the cluster: the refused pod is tried again
+    cycle(service)
+    attempts = [e for e in writer(service).events("FailedScheduling") if e["involvedObject"]["name"] == "big"]
+    assert len(attempts) == 2, "tried again (0/4 nodes, then 0/5), refused again"
+    assert writer(service).bindings() == ["train-2"], "the worker with the typo goes alone, as with coscheduling"
+    told = writer(service).events("PodGroupNotFound")
+    assert sorted(e["involvedObject"]["name"] for e in told) == ["big", "train-2"], "each told once"
+    assert told[0]["type"] == "Warning"
+    assert told[0]["message"] == (
+        "PodGroup ml/trian does not exist: the pod is scheduled alone, not as a member of a gang "
+        "(check its scheduling.x-k8s.io/pod-group label, or create the PodGroup before its pods)"
+    )
+    assert {e["involvedObject"]["name"] for e in writer(service).events("WaitingForGang")} == {"train-0", "train-1"}
+
+
+def test_members_waiting_at_permit_when_their_podgroup_is_deleted_let_their_places_go_at_once(
+    service: CustomScheduler,
+) -> None:
+    # A PodGroup with a week's timeout deleted while 2 of its 3 members wait: they neither keep their places for
+    # the week nor keep every other gang from waiting (one gang partly held at a time); they go alone, as a pod of
+    # no PodGroup does, each told so.
+    service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    train = podgroup("train", 3, timeout=604_800)
+    service.mirror.on_podgroups("SYNC", [train, podgroup("blue", 2, uid="blue-uid")])
+    for i in range(2):
+        service.mirror.on_pods("ADDED", member(f"train-{i}", "train", 4))
+    cycle(service)
+    assert writer(service).bindings() == [] and len(writer(service).events("WaitingForGang")) == 2
+    service.mirror.on_podgroups("DELETED", train)
+    cycle(service)
+    assert sorted(writer(service).bindings()) == ["train-0", "train-1"], "let go, then placed alone"
+    told = writer(service).events("PodGroupNotFound")
+    assert sorted(e["involvedObject"]["name"] for e in told) == ["train-0", "train-1"]
+    assert told[0]["message"].startswith("PodGroup ml/train does not exist: the pod is scheduled alone")
+    service.mirror.on_pods("ADDED", member("blue-0", "blue", 4))
+    cycle(service)
+    assert service.engine.placement("ml/blue-0") is not None, "another gang may wait at Permit now"
+    assert writer(service).events("FailedScheduling") == []
+
+
+def test_members_waiting_at_permit_are_bound_when_their_podgroups_min_member_is_lowered_to_them(
+    service: CustomScheduler,
+) -> None:
+    service.mirror.on_podgroups("SYNC", [podgroup("train", 3)])
+    for i in range(2):
+        service.mirror.on_pods("ADDED", member(f"train-{i}", "train", 4))
+    cycle(service)
+    assert writer(service).bindings() == []
+    lowered = podgroup("train", 2)
+    lowered["metadata"]["resourceVersion"] = "2"
+    service.mirror.on_podgroups("MODIFIED", lowered)
+    cycle(service)
+    assert sorted(writer(service).bindings()) == ["train-0", "train-1"], "not left waiting until the timeout"

@@ -180,3 +180,21 @@ def test_names_and_racks_of_odd_digits_are_ordered_as_text(tmp_path: Path, capsy
         ("default/train-0", "scheduled"),
         ("default/train-1²", "scheduled"),
     ]
+
+
+def test_a_cluster_one_node_short_of_a_64_worker_gang_places_none_and_the_report_says_so(
+    tmp_path: Path, capsys: Any
+) -> None:
+    documents = [*nodes([16, 16, 16, 15]), topology(), podgroup("train", 64), *workers("train", 64)]
+    code, out, _ = run(tmp_path, documents, capsys=capsys)
+    assert code == 0
+    assert "scheduled 0, unschedulable 64" in out, "none of the 64 holds anything"
+    assert "GANGS (none placed)" in out and "domains by -" not in out
+    assert (
+        "unplaced default/train: gang default/train: 64 members need 8 nvidia.com/gpu each; the cluster has 63 "
+        "such nodes free"
+    ) in out
+    html = tmp_path / "report.html"
+    run(tmp_path, documents, "--html", str(html), "--json", capsys=capsys)
+    page = html.read_text()
+    assert '<section id="gangs"><h2>Gangs (none placed)</h2><h3>Gangs not placed</h3>' in page, page
