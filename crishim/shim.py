@@ -58,7 +58,7 @@ import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol
@@ -425,18 +425,19 @@ class ContainerEditor:
 
     # -- RemovePodSandbox ----------------------------------------------------------------------------------------
 
-    def forget_gone_pods(self, wait: float | None = None) -> None:
+    def forget_gone_pods(self, wait: float | None = None) -> bool:
         """Tell every plugin the UIDs of the pods still on the node (`kubegpu_device_forget_pods`), so that each
         removes what it keeps on the host for the others (HAMi-core's region directories). Called after each
         RemovePodSandbox. Under the creation lock, with the sandboxes listed under it: a container being created
         holds the lock from its own listing to its plugin edit, so a pod whose sandbox exists when the edit runs is
         never among the gone. `wait`: at most how long to wait for the lock; a call that cannot have it leaves the
-        work to the next one. Never raises: a failing runtime or plugin is logged."""
+        work to the next one. Never raises: a failing runtime or plugin is logged. False when the plugins could not
+        be told (the lock held past `wait`, or the runtime could not list its sandboxes)."""
         if self.sandboxes is None:
-            return
+            return False
         if not self._lock.acquire(timeout=-1 if wait is None else max(0.0, wait)):
             log.info("pods gone from the node are forgotten at the next RemovePodSandbox: creation holds the lock")
-            return
+            return False
         try:
             listed = {s.id: s for s in self.sandboxes.sandboxes()}
             self._forget_all_but(listed)
@@ -446,8 +447,10 @@ class ContainerEditor:
                     self.plugins.call(name, FORGET_HOOK, live_pods=live)
                 except PluginHookError as exc:
                     log.error("%s; what it keeps for gone pods stays until the next RemovePodSandbox", exc)
+            return True
         except ConnectionError as exc:
             log.warning("cannot say which pods are gone from the node: %s", exc)
+            return False
         finally:
             self._lock.release()
 
@@ -1021,8 +1024,10 @@ class RunningShim:
     server: grpc.Server
     channel: grpc.Channel
     socket: Path
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     def stop(self, grace: float = 5.0) -> None:
+        self.stopping.set()
         self.server.stop(grace).wait()
         self.channel.close()
         self.socket.unlink(missing_ok=True)
@@ -1056,16 +1061,32 @@ def start_shim(listen: str, runtime_endpoint: str, editor: ContainerEditor, *, w
     path.chmod(0o600)
     server.start()
     # Pods removed while no shim ran left what the plugins keep for them (HAMi-core's region directories): forget
-    # them once now, beside the calls already served (a runtime not yet up leaves it to the next RemovePodSandbox).
-    threading.Thread(target=_forget_at_start, args=(editor,), name="crishim-forget", daemon=True).start()
-    return RunningShim(server, channel, path)
+    # them now, beside the calls already served, and again until the runtime answers (a node whose containerd
+    # starts after the shim may see no RemovePodSandbox for days).
+    running = RunningShim(server, channel, path)
+    threading.Thread(
+        target=_forget_at_start, args=(editor, running.stopping), name="crishim-forget", daemon=True
+    ).start()
+    return running
 
 
-def _forget_at_start(editor: ContainerEditor) -> None:
-    try:
-        editor.forget_gone_pods()
-    except Exception:  # a bug of the shim's own: the shim serves all the same, and the next removal tries again
-        log.exception("forgetting the pods gone from the node at start failed")
+# How long the shim waits before it asks a runtime that could not list its sandboxes at start again: doubling from
+# the first to the last, then the last until it answers (or a RemovePodSandbox has done it).
+FORGET_RETRY_FIRST, FORGET_RETRY_LAST = 1.0, 60.0
+
+
+def _forget_at_start(editor: ContainerEditor, stopping: threading.Event) -> None:
+    delay = FORGET_RETRY_FIRST
+    while not stopping.is_set():
+        try:
+            if editor.forget_gone_pods():
+                return
+        except Exception:  # a bug of the shim's own: the shim serves all the same, and the next removal tries again
+            log.exception("forgetting the pods gone from the node at start failed")
+            return
+        if stopping.wait(delay):
+            return
+        delay = min(FORGET_RETRY_LAST, delay * 2)
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -33,6 +33,7 @@ from kubegpu.core.annotations import ALLOCATION_KEY, encode_allocation, merge_al
 from kubegpu.core.device_hooks import hookimpl
 from kubegpu.core.models import PluginAllocation
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
+from kubegpu.crishim import shim as shim_module
 from kubegpu.crishim.deviceplugin import DevicePluginService, PendingPods
 from kubegpu.crishim.shim import ContainerEditor, Sandbox, start_shim
 from kubegpu.plugins.nvidia import device, limits
@@ -245,6 +246,42 @@ def test_the_directories_of_pods_removed_while_no_shim_ran_go_when_the_shim_star
             time.sleep(0.02)
         assert not region(hami, "uid-gone").exists(), "the directory of a pod removed while no shim ran was left"
         assert (region(hami, "uid-running") / "cudevshr.cache").read_bytes() == b"x" * 4096
+
+
+def test_a_shim_that_starts_before_its_runtime_forgets_the_gone_pods_once_the_runtime_answers(
+    pm: KubegpuPluginManager, hami: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's boot where the shim starts before containerd: the shim's one look at start found no runtime, and
+    the region directory of a pod removed while no shim ran stayed until some other pod's RemovePodSandbox, which on
+    a quiet node may be days. The shim now asks again until the runtime answers; stopped, it asks no more."""
+    monkeypatch.setattr(shim_module, "FORGET_RETRY_FIRST", 0.2)
+    runtime = SandboxRuntime()
+    runtime.sandboxes["sandbox-running"] = sandbox_config("uid-running")
+    for uid in ("uid-running", "uid-gone"):
+        region(hami, uid).mkdir(parents=True)
+    sockets = Path(tempfile.mkdtemp(prefix="kubegpu-regions-"))
+    editor = ContainerEditor(pm, node=NODE, key=KEY, dev_root=hami)
+    shim = start_shim(f"unix://{sockets / 'shim.sock'}", f"unix://{sockets / 'runtime.sock'}", editor, workers=4)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    try:
+        time.sleep(1.0)  # the shim's first looks find nothing listening
+        assert region(hami, "uid-gone").is_dir()
+        api_pb2_grpc.add_RuntimeServiceServicer_to_server(runtime, server)
+        server.add_insecure_port(f"unix://{sockets / 'runtime.sock'}")
+        server.start()
+        deadline = time.monotonic() + 15
+        while region(hami, "uid-gone").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not region(hami, "uid-gone").exists(), "the runtime came up, and the gone pod's directory stayed"
+        assert region(hami, "uid-running").is_dir()
+    finally:
+        shim.stop(0)
+        server.stop(0).wait()
+        shutil.rmtree(sockets, ignore_errors=True)
+    deadline = time.monotonic() + 5
+    while any(t.name == "crishim-forget" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name == "crishim-forget" for t in threading.enumerate()), "a stopped shim still asks its runtime"
 
 
 # ---------------------------------------------------------------------------------------------------------------
