@@ -30,7 +30,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from kubegpu.core.models import DeviceCell, Occupancy
-from kubegpu.scheduler.report import NodeView, Report, cell_state, shape_name
+from kubegpu.scheduler.report import NodeView, Report, cell_state, shape_name, share_percents
 
 __all__ = ["render_html", "write_html"]
 
@@ -154,9 +154,8 @@ def _device(
     if holders:
         named = [f"{h} (unverified: {unverified[h]})" if h in unverified else h for h in holders]
         if cell.shares:
-            named = [
-                f"{n} {cell.shares[h]:.0%}" if h in cell.shares else n for n, h in zip(named, holders, strict=True)
-            ]
+            percents = share_percents(cell.shares)
+            named = [f"{n} {percents[h]}%" if h in percents else n for n, h in zip(named, holders, strict=True)]
         tip += " by " + ", ".join(named)
     fill = ""
     levels = ""

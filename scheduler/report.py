@@ -41,6 +41,7 @@ __all__ = [
     "draw_text",
     "holder_colours",
     "report_json",
+    "share_percents",
     "shares_by_holder",
     "simulation_report",
 ]
@@ -216,11 +217,24 @@ def draw_text(picture: Occupancy) -> list[str]:
     lines.extend("    " + "".join(cell_label(c).rjust(width) for c in row) for row in rows)
     shared = [c for c in picture.cells if c.shares]
     for cell in shared[:MAX_SHARED_LINES]:
-        parts = [f"{safe_text(h, MAX_HOLDER_CHARS)} {part:.0%}" for h, part in cell.shares.items()]
+        parts = [f"{safe_text(h, MAX_HOLDER_CHARS)} {part}%" for h, part in share_percents(cell.shares).items()]
         lines.append(f"      {shorten(cell.id, MAX_CELL_ID_CHARS)}: {_listed(parts)}")
     if len(shared) > MAX_SHARED_LINES:
         lines.append(f"      ... {len(shared) - MAX_SHARED_LINES} more shared")
     return lines
+
+
+def share_percents(shares: Mapping[str, float]) -> dict[str, int]:
+    """Each sharer's part of one device in whole percent, rounded so that the parts add up to their sum rounded
+    (largest remainders first; ties by the order given): three sharers of a third each read 33 %, 33 % and 34 %
+    against the device's 100 %, where rounding each alone read 33 % three times."""
+    hundredths = {holder: max(0.0, part) * 100 for holder, part in shares.items()}
+    percents = {holder: int(value) for holder, value in hundredths.items()}
+    left = round(sum(hundredths.values())) - sum(percents.values())
+    by_remainder = sorted(hundredths, key=lambda holder: hundredths[holder] - percents[holder], reverse=True)
+    for holder in by_remainder[: max(0, left)]:
+        percents[holder] += 1
+    return percents
 
 
 def shares_by_holder(pictures: Iterable[Occupancy]) -> dict[str, str]:
@@ -230,9 +244,9 @@ def shares_by_holder(pictures: Iterable[Occupancy]) -> dict[str, str]:
     held: dict[str, dict[str, list[str]]] = {}
     for picture in pictures:
         for cell in picture.cells:
-            for holder, part in cell.shares.items():
+            for holder, part in share_percents(cell.shares).items():
                 family = held.setdefault(holder, {}).setdefault(safe_text(picture.family, MAX_CELL_ID_CHARS), [])
-                family.append(f"{shorten(cell.id, MAX_CELL_ID_CHARS)} {part:.0%}")
+                family.append(f"{shorten(cell.id, MAX_CELL_ID_CHARS)} {part}%")
     return {
         holder: _listed(
             [

@@ -337,6 +337,35 @@ def test_each_pod_sharing_a_gpu_is_shown_with_its_part_of_it() -> None:
     assert len(bands) == 3 and max(bands) / min(bands) > 7  # 73 % against 10 %: not one band each alike
 
 
+def test_the_parts_of_a_gpu_shared_in_thirds_add_up_to_the_gpu() -> None:
+    """Three pods each take a third of an A100's memory (13,653 of 40,960 MiB): the GPU is full, and each part read
+    33 %, three times, in the legend, the simulator's map and the HTML report. The parts now add up to the 100 %
+    the GPU is used: one of them reads 34 %."""
+    from kubegpu.core.manifests import node_info, pod_request
+    from kubegpu.scheduler.engine import Engine
+    from kubegpu.scheduler.html import render_html
+    from kubegpu.scheduler.report import build_report, draw_text
+
+    gpu, cores, memory = "nvidia.com/gpu", "nvidia.com/gpucores", "nvidia.com/gpumem"
+    engine = Engine(make_plugin_manager("scheduler"))
+    labels = {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.product": "A100", "nvidia.com/gpu.memory": "40960"}
+    engine.add_node(node_info(node_manifest("gpu-a", labels=labels, allocatable={gpu: 10, cores: 100})))
+    for name in ("a", "b", "c"):
+        request, _ = pod_request(pod_manifest(name, {"main": {gpu: 1, cores: 10, memory: 13653}}))
+        assert engine.schedule(request).scheduled
+    report = build_report(engine, title="t", source="s")
+
+    output = io.StringIO()
+    Console(file=output, width=160, color_system=None).print(render_terminal(report))
+    legend = sorted(int(p) for p in re.findall(r"default/[abc] · nvidia \S+ (\d+)%", output.getvalue()))
+    assert legend == [33, 33, 34], output.getvalue()
+    (picture,) = report.nodes[0].pictures
+    (line,) = [line for line in draw_text(picture) if "default/a" in line]
+    assert sorted(int(p) for p in re.findall(r"default/[abc] (\d+)%", line)) == [33, 33, 34], line
+    tips = re.findall(r"default/[abc] (\d+)%", render_html(report))
+    assert sum(int(p) for p in tips) == 100, tips
+
+
 def test_a_device_shared_by_forty_thousand_pods_is_drawn_in_one_pass() -> None:
     """A plugin may describe a device with any number of sharers (a tenant's pods, each with its part): the HTML
     report stacked each band on the sum of the ones below it, summed again for every band, so a cell of 40,000
