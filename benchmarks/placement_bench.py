@@ -426,6 +426,7 @@ def main() -> int:
     sums = [0] * len(widths)
     fewer = worst = oracle_fewer = 0
     rule_fewer, rule_worst = [0] * len(references), [0] * len(references)
+    rule_busy, oracle_busy = [0] * len(references), 0  # device-steps, summed: what the placed pods held
     for name, nodes, events in departure_mixes(args.departure_mixes, first=args.first_mix):
         ff, kg = first_fit_replay(nodes, events), kubegpu_replay(nodes, events)
         fewer += kg.placed < ff.placed
@@ -435,11 +436,13 @@ def main() -> int:
             result = REFERENCES[rule](nodes, events)
             rule_fewer[at] += result.placed < ff.placed
             rule_worst[at] = min(rule_worst[at], result.placed - ff.placed)
+            rule_busy[at] += result.busy
             row += (result.placed, result.large)
         if args.lookahead:
-            ahead = lookahead_replay(nodes, events, args.lookahead).placed
-            oracle_fewer += ahead < ff.placed
-            row += (ahead,)
+            ahead = lookahead_replay(nodes, events, args.lookahead)
+            oracle_fewer += ahead.placed < ff.placed
+            oracle_busy += ahead.busy
+            row += (ahead.placed,)
         print(f"{name:16} {len(events):6} " + " ".join(f"{v:{w}}" for v, w in zip(row, widths, strict=True)))
         sums = [a + b for a, b in zip(sums, row, strict=True)]
     print(f"{'total':16} {'':6} " + " ".join(f"{v:{w}}" for v, w in zip(sums, widths, strict=True)))
@@ -452,13 +455,14 @@ def main() -> int:
         placed, large = sums[len(WIDTHS) + 2 * at], sums[len(WIDTHS) + 2 * at + 1]
         print(
             f"{rule} rule / first-fit: pods placed {placed / sums[0]:.3f} (fewer on {rule_fewer[at]} of "
-            f"{args.departure_mixes} mixes, at worst {-rule_worst[at]}), pods of >=12 devices "
-            f"{large / max(sums[4], 1):.3f}"
+            f"{args.departure_mixes} mixes, at worst {-rule_worst[at]}), device-steps {rule_busy[at] / sums[2]:.3f}, "
+            f"pods of >=12 devices {large / max(sums[4], 1):.3f}"
         )
     if args.lookahead:
         print(
             f"oracle (first-fit knowing the next {args.lookahead} events) / first-fit: pods placed "
-            f"{sums[-1] / sums[0]:.3f} (fewer on {oracle_fewer} of {args.departure_mixes} mixes)"
+            f"{sums[-1] / sums[0]:.3f} (fewer on {oracle_fewer} of {args.departure_mixes} mixes), device-steps "
+            f"{oracle_busy / sums[2]:.3f}"
         )
     return 0
 
