@@ -386,6 +386,7 @@ class CustomScheduler:
                 "places; they are given back"
             )
             self._gang_refused(gang, entries, reason)
+        self._let_go_lost()
         self._recheck_waiting()
         members = self.mirror.gang_members
         if members is not None:
@@ -397,6 +398,19 @@ class CustomScheduler:
                     self._gang_victims.pop(gang, None)
                 if not counts.members:  # its last member is gone: what was remembered of it goes too
                     self.groups.forget(gang)
+
+    def _let_go_lost(self) -> None:
+        """The members the engine no longer holds at Permit, though they were left waiting there: deleted, nothing of
+        them stays (their bind decisions were kept until their gang's timeout, up to a week, one per deletion); their
+        node deleted, they are tried again at once, beside their gang's other members, instead of being held, their
+        place gone, until the timeout while the member that completes the gang finds one too few."""
+        waiting = self.engine.waiting
+        for key in [key for key in self._at_permit if key not in waiting]:
+            del self._at_permit[key]
+            entry = self.queue.unhold(key)
+            if entry is not None:  # still pending: its node went
+                log.info("gang member let go at Permit: its node is gone", extra={"pod": key})
+                self.queue.put_back([entry])
 
     def _recheck_waiting(self) -> None:
         """The members waiting at Permit whose PodGroup changed under them: deleted (or made unreadable), they give

@@ -966,8 +966,11 @@ class ClusterMirror:
         return filters.node_change_may_help(previous, info) is not None or bool(moved)
 
     def _node_gone(self, name: str) -> None:
-        """A Node deleted (or absent from a relist): the engine lets go of it; its pods are kept as orphans."""
-        held = list(self.engine.placements(self.engine.holders(name)))
+        """A Node deleted (or absent from a relist): the engine lets go of it; its pods are kept as orphans, but those
+        waiting at Permit: bound nowhere, they held a place in this process alone, and are placed again (kept, one
+        would be counted on the node as well, had it come back, after it was bound elsewhere)."""
+        waiting = self.engine.waiting
+        held = [p for p in self.engine.placements(self.engine.holders(name)) if p.request.key not in waiting]
         self.engine.remove_node(name)
         for placement in held:
             self._orphans[placement.request.key] = placement
