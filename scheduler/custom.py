@@ -254,6 +254,12 @@ class CustomScheduler:
         # Fewer members than minMember so far: those here go where the whole gang has room, and wait at Permit.
         started = time.perf_counter()
         placement = engine.place_gang([entry.request for entry in entries], group, partial=True)
+        if not placement.placed and (parted := self._let_go_waiting(gang)):
+            # Members waiting at Permit were placed before these existed, where only their own shape was known (a
+            # 1-GPU driver before its 8-GPU workers): no room beside them need not mean no room for the gang. They
+            # give their places back and the gang is placed afresh, whole, or holds nothing.
+            entries.extend(parted)
+            placement = engine.place_gang([entry.request for entry in entries], group, partial=True)
         self.metrics.latency.observe(time.perf_counter() - started)
         if not placement.placed:
             self.metrics.attempts.labels("unschedulable").inc(len(entries))
@@ -294,6 +300,17 @@ class CustomScheduler:
                     self._bind_decided(waiting, held)
         if placement.domain is not None:
             log.info("gang placed", extra={"pod": gang, "node": f"{placement.level}={placement.domain}"})
+
+    def _let_go_waiting(self, gang: str) -> list[Entry]:
+        """The gang's members waiting at Permit give their places back: their entries, to be placed again."""
+        parted = []
+        for key in self.engine.waiting_gangs().get(gang, ()):
+            entry = self.queue.unhold(key)
+            self._at_permit.pop(key, None)
+            self.engine.reject_waiting(key)
+            if entry is not None:
+                parted.append(entry)
+        return parted
 
     def _no_podgroup(self, gang: str, entry: Entry) -> None:
         """Tell a pod whose PodGroup label names no PodGroup that it is scheduled alone: with a typo in one

@@ -647,3 +647,27 @@ def test_a_member_whose_node_is_deleted_while_its_gang_waits_at_permit_is_placed
         bound_as_the_api_server_reports(service, f"train-{i}", gpus=2)
     service.mirror.on_nodes("ADDED", lost)  # the same node back: nothing is counted on it
     assert service.engine.holders(gone) == []
+
+
+def test_a_gang_whose_first_member_was_placed_where_the_others_do_not_fit_is_placed_afresh_where_all_do(
+    service: CustomScheduler,
+) -> None:
+    # A 1-GPU driver that arrives before its two 8-GPU workers is placed where 3 drivers would fit (best fit: the
+    # half-full rack r1); the workers find no room beside it. The whole gang fits in rack r2: it was left waiting
+    # there for the PodGroup's timeout (an hour), the workers told r1 has room for none of them.
+    service.mirror.on_nodes("ADDED", node("r2-n2", "r2"))
+    filler = member("filler", "", 8)
+    service.mirror.on_pods("ADDED", filler)
+    cycle(service)
+    assert service.engine.placement("ml/filler").node.startswith("r1-")  # type: ignore[union-attr]
+    service.mirror.on_podgroups("SYNC", [podgroup("job", 3, timeout=3600)])
+    service.mirror.on_pods("ADDED", member("job-driver", "job", 1))
+    cycle(service)
+    assert service.engine.placement("ml/job-driver").node.startswith("r1-")  # type: ignore[union-attr]
+    for i in range(2):
+        service.mirror.on_pods("ADDED", member(f"job-worker-{i}", "job", 8))
+        cycle(service)
+    assert sorted(writer(service).bindings()) == ["filler", "job-driver", "job-worker-0", "job-worker-1"]
+    racks = {service.engine.placement(f"ml/{n}").node[:2] for n in ("job-driver", "job-worker-0", "job-worker-1")}  # type: ignore[union-attr]
+    assert racks == {"r2"}
+    assert not [e for e in writer(service).events("FailedScheduling") if "room for 0" in e["message"]]
