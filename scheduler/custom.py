@@ -421,8 +421,7 @@ class CustomScheduler:
         them stays (their bind decisions were kept until their gang's timeout, up to a week, one per deletion); their
         node deleted, they are tried again at once, beside their gang's other members, instead of being held, their
         place gone, until the timeout while the member that completes the gang finds one too few."""
-        waiting = self.engine.waiting
-        for key in [key for key in self._at_permit if key not in waiting]:
+        for key in [key for key in self._at_permit if not self.engine.is_waiting(key)]:
             del self._at_permit[key]
             entry = self.queue.unhold(key)
             if entry is not None:  # still pending: its node went

@@ -969,8 +969,8 @@ class ClusterMirror:
         """A Node deleted (or absent from a relist): the engine lets go of it; its pods are kept as orphans, but those
         waiting at Permit: bound nowhere, they held a place in this process alone, and are placed again (kept, one
         would be counted on the node as well, had it come back, after it was bound elsewhere)."""
-        waiting = self.engine.waiting
-        held = [p for p in self.engine.placements(self.engine.holders(name)) if p.request.key not in waiting]
+        placed = self.engine.placements(self.engine.holders(name))
+        held = [p for p in placed if not self.engine.is_waiting(p.request.key)]
         self.engine.remove_node(name)
         for placement in held:
             self._orphans[placement.request.key] = placement

@@ -171,6 +171,10 @@ class Permitting(Preempting):
                 self._unwait(key)
         return gone
 
+    def is_waiting(self, key: str) -> bool:
+        """Whether the pod `key` waits at Permit, holding a reservation no Binding was written for."""
+        return key in self.waiting
+
     def waiting_gangs(self) -> dict[str, tuple[str, ...]]:
         """The gangs with members waiting at Permit (at most one, with the built-in rule; more only where an
         embedder's rule makes a gang's members wait), each with the keys of those members."""
