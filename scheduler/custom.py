@@ -110,6 +110,7 @@ class CustomScheduler:
         self.groups = GroupStatus(self.binder, self.mirror.podgroup, self.mirror.podgroup_uid)
         self._gang_victims: dict[str, tuple[str, ...]] = {}  # gang -> the victims of its last preemption
         self._at_permit: dict[str, Decision] = {}  # gang members waiting at Permit: the decision to bind, once let go
+        self._blocked: set[str] = set()  # gangs refused at Permit while another was partly held
         self._next_gang_tick = 0.0
         self.stop = self.mirror.stop
         # Until when this replica may decide and bind (the elector's; held for good without leader election).
@@ -283,6 +284,7 @@ class CustomScheduler:
                     if held is not None and held.scheduled:
                         engine.unreserve(other.request, held.node)
                 self._gang_refused(gang, entries[number:], answer.reason or f"gang {gang}: refused at Permit")
+                self._blocked.add(gang)
                 return
             self.metrics.attempts.labels("scheduled").inc()
             if answer.code is PermitCode.WAIT:
@@ -405,6 +407,12 @@ class CustomScheduler:
             self._gang_refused(gang, entries, reason)
         self._let_go_lost()
         self._recheck_waiting()
+        if self._blocked and not self.engine.waiting_gangs():
+            # No gang is partly held any more: those refused for that are tried again (else their members kept
+            # "gang ml/blue is partly held" after blue was bound, until a member of theirs came or the cluster changed).
+            for gang in self._blocked:
+                self.queue.wake_group(gang)
+            self._blocked.clear()
         members = self.mirror.gang_members
         if members is not None:
             for gang in members.take_changed():

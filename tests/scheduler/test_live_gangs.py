@@ -671,3 +671,33 @@ def test_a_gang_whose_first_member_was_placed_where_the_others_do_not_fit_is_pla
     racks = {service.engine.placement(f"ml/{n}").node[:2] for n in ("job-driver", "job-worker-0", "job-worker-1")}  # type: ignore[union-attr]
     assert racks == {"r2"}
     assert not [e for e in writer(service).events("FailedScheduling") if "room for 0" in e["message"]]
+
+
+def test_a_gang_refused_while_another_was_partly_held_is_tried_again_once_that_one_is_placed(
+    service: CustomScheduler,
+) -> None:
+    # Two gangs interleaved member by member: green's first member was refused while blue was partly held, and kept
+    # saying "gang ml/blue is partly held" (holding nothing) after blue was bound whole, until green's next member
+    # came or the cluster changed.
+    service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    service.mirror.on_podgroups("SYNC", [podgroup("blue", 2), podgroup("green", 2, uid="g")])
+    service.mirror.on_pods("ADDED", member("blue-0", "blue"))
+    cycle(service)
+    service.mirror.on_pods("ADDED", member("green-0", "green"))
+    cycle(service)
+    (refused,) = [
+        e["message"] for e in writer(service).events("FailedScheduling") if e["involvedObject"]["name"] == "green-0"
+    ]
+    assert "gang ml/blue is partly held" in refused
+    service.mirror.on_pods("ADDED", member("blue-1", "blue"))
+    cycle(service)
+    assert sorted(writer(service).bindings()) == ["blue-0", "blue-1"]
+    cycle(service)
+    assert service.engine.placement("ml/green-0") is not None, "green holds its place now that blue is whole"
+    (waits,) = [
+        e["message"] for e in writer(service).events("WaitingForGang") if e["involvedObject"]["name"] == "green-0"
+    ]
+    assert "gang ml/green: 1 of minMember 2 members hold places" in waits
+    service.mirror.on_pods("ADDED", member("green-1", "green"))
+    cycle(service)
+    assert sorted(writer(service).bindings()) == ["blue-0", "blue-1", "green-0", "green-1"]
