@@ -110,6 +110,7 @@ class CustomScheduler:
         self.groups = GroupStatus(self.binder, self.mirror.podgroup, self.mirror.podgroup_uid)
         self._gang_victims: dict[str, tuple[str, ...]] = {}  # gang -> the victims of its last preemption
         self._at_permit: dict[str, Decision] = {}  # gang members waiting at Permit: the decision to bind, once let go
+        self._blocked: set[str] = set()  # gangs refused at Permit while another was partly held
         self._next_gang_tick = 0.0
         self.stop = self.mirror.stop
         # Until when this replica may decide and bind (the elector's; held for good without leader election).
@@ -254,6 +255,12 @@ class CustomScheduler:
         # Fewer members than minMember so far: those here go where the whole gang has room, and wait at Permit.
         started = time.perf_counter()
         placement = engine.place_gang([entry.request for entry in entries], group, partial=True)
+        if not placement.placed and (parted := self._let_go_waiting(gang)):
+            # Members waiting at Permit were placed before these existed, where only their own shape was known (a
+            # 1-GPU driver before its 8-GPU workers): no room beside them need not mean no room for the gang. They
+            # give their places back and the gang is placed afresh, whole, or holds nothing.
+            entries.extend(parted)
+            placement = engine.place_gang([entry.request for entry in entries], group, partial=True)
         self.metrics.latency.observe(time.perf_counter() - started)
         if not placement.placed:
             self.metrics.attempts.labels("unschedulable").inc(len(entries))
@@ -277,6 +284,7 @@ class CustomScheduler:
                     if held is not None and held.scheduled:
                         engine.unreserve(other.request, held.node)
                 self._gang_refused(gang, entries[number:], answer.reason or f"gang {gang}: refused at Permit")
+                self._blocked.add(gang)
                 return
             self.metrics.attempts.labels("scheduled").inc()
             if answer.code is PermitCode.WAIT:
@@ -294,6 +302,17 @@ class CustomScheduler:
                     self._bind_decided(waiting, held)
         if placement.domain is not None:
             log.info("gang placed", extra={"pod": gang, "node": f"{placement.level}={placement.domain}"})
+
+    def _let_go_waiting(self, gang: str) -> list[Entry]:
+        """The gang's members waiting at Permit give their places back: their entries, to be placed again."""
+        parted = []
+        for key in self.engine.waiting_gangs().get(gang, ()):
+            entry = self.queue.unhold(key)
+            self._at_permit.pop(key, None)
+            self.engine.reject_waiting(key)
+            if entry is not None:
+                parted.append(entry)
+        return parted
 
     def _no_podgroup(self, gang: str, entry: Entry) -> None:
         """Tell a pod whose PodGroup label names no PodGroup that it is scheduled alone: with a typo in one
@@ -386,7 +405,14 @@ class CustomScheduler:
                 "places; they are given back"
             )
             self._gang_refused(gang, entries, reason)
+        self._let_go_lost()
         self._recheck_waiting()
+        if self._blocked and not self.engine.waiting_gangs():
+            # No gang is partly held any more: those refused for that are tried again (else their members kept
+            # "gang ml/blue is partly held" after blue was bound, until a member of theirs came or the cluster changed).
+            for gang in self._blocked:
+                self.queue.wake_group(gang)
+            self._blocked.clear()
         members = self.mirror.gang_members
         if members is not None:
             for gang in members.take_changed():
@@ -397,6 +423,18 @@ class CustomScheduler:
                     self._gang_victims.pop(gang, None)
                 if not counts.members:  # its last member is gone: what was remembered of it goes too
                     self.groups.forget(gang)
+
+    def _let_go_lost(self) -> None:
+        """The members the engine no longer holds at Permit, though they were left waiting there: deleted, nothing of
+        them stays (their bind decisions were kept until their gang's timeout, up to a week, one per deletion); their
+        node deleted, they are tried again at once, beside their gang's other members, instead of being held, their
+        place gone, until the timeout while the member that completes the gang finds one too few."""
+        for key in [key for key in self._at_permit if not self.engine.is_waiting(key)]:
+            del self._at_permit[key]
+            entry = self.queue.unhold(key)
+            if entry is not None:  # still pending: its node went
+                log.info("gang member let go at Permit: its node is gone", extra={"pod": key})
+                self.queue.put_back([entry])
 
     def _recheck_waiting(self) -> None:
         """The members waiting at Permit whose PodGroup changed under them: deleted (or made unreadable), they give

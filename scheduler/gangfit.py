@@ -59,14 +59,22 @@ def natural(name: str) -> tuple[object, ...]:
 
 
 class _Domain:
-    __slots__ = ("children", "key", "name", "nodes", "room")
+    __slots__ = ("_key", "children", "name", "nodes", "room")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.key = natural(name)
+        self._key: tuple[object, ...] | None = None
         self.room = 0
         self.nodes = 0
         self.children: dict[str, _Domain] = {}
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """The name's `natural` sort key, made when first compared: a choice compares the domains of one path down
+        the tree, not the thousands of nodes it holds (made for every node, the keys took most of a gang's try)."""
+        if self._key is None:
+            self._key = natural(self.name)
+        return self._key
 
 
 def _tree(rooms: Mapping[str, int], labels: Mapping[str, Mapping[str, str]], levels: Sequence[str]) -> _Domain:

@@ -966,8 +966,11 @@ class ClusterMirror:
         return filters.node_change_may_help(previous, info) is not None or bool(moved)
 
     def _node_gone(self, name: str) -> None:
-        """A Node deleted (or absent from a relist): the engine lets go of it; its pods are kept as orphans."""
-        held = list(self.engine.placements(self.engine.holders(name)))
+        """A Node deleted (or absent from a relist): the engine lets go of it; its pods are kept as orphans, but those
+        waiting at Permit: bound nowhere, they held a place in this process alone, and are placed again (kept, one
+        would be counted on the node as well, had it come back, after it was bound elsewhere)."""
+        placed = self.engine.placements(self.engine.holders(name))
+        held = [p for p in placed if not self.engine.is_waiting(p.request.key)]
         self.engine.remove_node(name)
         for placement in held:
             self._orphans[placement.request.key] = placement

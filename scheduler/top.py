@@ -3,7 +3,8 @@
 It reads what the scheduler and the advertisers leave in the cluster and nothing else: each Node's inventory (the
 `kubegpu.io/devices` annotation, or the labels the plugins fall back to), each bound pod's `kubegpu.io/allocation`,
 and for pods without a node their scheduling gates (`spec.schedulingGates`, shown as kube-scheduler words them), else
-the last `FailedScheduling` Event (or their `PodScheduled` condition). `ClusterView`
+the last `FailedScheduling` Event, or `WaitingForGang` for a gang member that holds a place and waits for the rest
+of its gang (else their `PodScheduled` condition). `ClusterView`
 feeds these into an `Engine` of its own, exactly as a restarting scheduler rebuilds its ledger, so the pictures are
 the plugins' own `Occupancy` maps, drawn like the simulator's (`report.py`): a ring as a row, a torus as a grid,
 cards and GPUs as cells; `#` held, `+` partly held, `.` free, `x` unhealthy, each holder in its own colour.
@@ -238,8 +239,9 @@ class ClusterView:
     def apply_event(self, kind: str, obj: dict[str, Any]) -> None:
         """Keep a pod's latest FailedScheduling message until its pod is deleted, or that Event is while no pod of
         its name waits (an Event lives an hour): kept for every pod name that ever failed, a long `--watch` grew
-        without bound."""
-        if obj.get("reason") != "FailedScheduling":
+        without bound. A gang member waiting at Permit for the rest of its gang is told so by a Normal
+        `WaitingForGang` Event, neither a failure nor a condition: the newer of the two is why the pod waits."""
+        if obj.get("reason") not in ("FailedScheduling", "WaitingForGang"):
             return
         involved = obj.get("involvedObject") or {}
         if involved.get("kind", "Pod") != "Pod":
@@ -259,8 +261,8 @@ class ClusterView:
     # -- the snapshot -----------------------------------------------------------------------------------------
 
     def reason(self, key: str, waiting: _Waiting) -> str:
-        """Why pod `key` waits: its scheduling gates, else its latest FailedScheduling Event, else its PodScheduled
-        condition (text anyone with access to the namespace may have written: escaped and bounded)."""
+        """Why pod `key` waits: its scheduling gates, else its latest FailedScheduling (or WaitingForGang) Event, else
+        its PodScheduled condition (text anyone with access to the namespace may have written: escaped and bounded)."""
         if waiting.gates:  # no scheduler tries a gated pod: an older failure is not why it waits now
             return safe_text(gated_reason(waiting.gates))
         failure = self.failures.get(key)

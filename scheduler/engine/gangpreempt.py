@@ -15,7 +15,7 @@ from kubegpu.core.manifests import ManifestError
 from kubegpu.core.models import PodRequest
 from kubegpu.scheduler import gangfit
 from kubegpu.scheduler.engine.gangdomains import GangDomains, rank
-from kubegpu.scheduler.engine.records import GangPreemption, PodRecord
+from kubegpu.scheduler.engine.records import Decision, GangPreemption, PodRecord
 from kubegpu.scheduler.podgroups import HOSTNAME, PodGroup, gang_key
 from kubegpu.scheduler.preemption import Budget, Candidate, by_importance, may_preempt, pick, split_by_budget
 
@@ -44,11 +44,10 @@ class GangPreempting(GangDomains):
             return GangPreemption(group.key, reason="a member's preemptionPolicy is Never")
         if not any(p < priority for p, count in self._priorities.items() if count > 0):
             return GangPreemption(group.key, reason="no pod of lower priority runs anywhere")
-        primary = self._shapes(todo)[0]  # the most demanding members need the domain; the others go beside them
-        need = len(primary)
+        # The most demanding members need the domain; the others go beside them.
+        shapes = self._shapes(todo)
         levels = self.topology_levels()
         level = asked[0] or asked[1] or (levels[-1] if levels else None)
-        representative = primary[0]
         gang_keys = {m.key for m in members}
         domains: dict[str, list[str]] = {}
         for name, record in self.nodes.items():
@@ -64,7 +63,7 @@ class GangPreempting(GangDomains):
                 if key not in gang_keys and self.pods[key].request.priority < priority
             ]
             if lower:
-                candidate = self._gang_victims(representative, names, lower, need, levels, priority, budgets)
+                candidate = self._gang_victims(shapes, names, lower, levels, priority, budgets)
                 if candidate is not None:
                     candidates.append(Candidate(value, candidate[0], candidate[1]))
         chosen = pick(candidates)
@@ -78,24 +77,26 @@ class GangPreempting(GangDomains):
 
     def _gang_victims(
         self,
-        pod: PodRequest,
+        shapes: Sequence[Sequence[PodRequest]],
         names: Sequence[str],
         lower: Sequence[str],
-        need: int,
         levels: Sequence[str],
         priority: int,
         budgets: Sequence[Budget],
     ) -> tuple[tuple[PodRequest, ...], int] | None:
-        """In one domain (`names`): the fewest of `lower` to evict so that `need` copies of `pod` fit there, with
-        the victims' gangs kept whole or evicted whole; (victims, budget violations), or None."""
+        """In one domain (`names`): the fewest of `lower` to evict so that the gang's members (`shapes`, the most
+        demanding first) fit there, with the victims' gangs kept whole or evicted whole; (victims, budget
+        violations), or None."""
+        pod = shapes[0][0]
         plan = self.plan(pod)
         out: dict[str, PodRecord] = {}
         requests = {key: self.pods[key].request for key in lower}
+        labels = {name: self.nodes[name].info.labels for name in names}
 
         def fits() -> bool:
             rooms = self._rooms(pod, self.plan(pod), names)
-            labels = {name: self.nodes[name].info.labels for name in names}
-            return isinstance(gangfit.choose(rooms, labels, levels, need), gangfit.Fit)
+            fit = gangfit.choose(rooms, labels, levels, len(shapes[0]))
+            return isinstance(fit, gangfit.Fit) and (len(shapes) == 1 or self._others_fit(shapes, fit, names, levels))
 
         try:
             for key in lower:
@@ -125,6 +126,60 @@ class GangPreempting(GangDomains):
         finally:
             for released in out.values():
                 self._put_back(released)
+
+    def _others_fit(
+        self, shapes: Sequence[Sequence[PodRequest]], fit: gangfit.Fit, names: Sequence[str], levels: Sequence[str]
+    ) -> bool:
+        """Whether the gang's other shapes (a 1-GPU driver beside its 8-GPU workers) find room in the domain
+        (`names`) once its most demanding members hold the places `fit` chose; with the room counted for those
+        alone, a domain was emptied for a gang that still could not go. A what-if: what it reserves is given back."""
+        held: list[tuple[PodRequest, str]] = []
+        try:
+            decisions, _ = self._reserve_slots(shapes[0], fit)
+            if decisions is None:
+                return True  # the estimate is all there is to go by, as for a gang of one shape
+            by_key = {m.key: m for m in shapes[0]}
+            held.extend((by_key[d.pod], d.node or "") for d in decisions)
+            for shape in shapes[1:]:
+                rooms = self._rooms(shape[0], self.plan(shape[0]), names)
+                other = gangfit.choose(rooms, {n: self.nodes[n].info.labels for n in names}, levels, len(shape))
+                if not isinstance(other, gangfit.Fit):
+                    return False
+                placed, _ = self._reserve_slots(shape, other)
+                if placed is None:
+                    return False
+                by_key = {m.key: m for m in shape}
+                held.extend((by_key[d.pod], d.node or "") for d in placed)
+            return True
+        finally:
+            for member, node in held:
+                self.unreserve(member, node)
+
+    def _reserve_slots(
+        self, todo: Sequence[PodRequest], fit: gangfit.Fit
+    ) -> tuple[list[Decision] | None, dict[str, int]]:
+        """Reserve the members along the chosen slots. All reserved: their decisions. Else everything reserved here
+        is given back, with each node's room corrected to what it took."""
+        decisions: list[Decision] = []
+        corrected: dict[str, int] = {}
+        members = iter(todo)
+        for node, count in fit.slots:
+            for took in range(count):
+                member = next(members, None)
+                if member is None:
+                    break
+                decision = self.reserve(member, node)
+                if not decision.scheduled:
+                    corrected[node] = took
+                    break
+                decisions.append(decision)
+            if node in corrected:
+                break
+        if len(decisions) == min(len(todo), sum(count for _, count in fit.slots)):
+            return decisions, corrected
+        for decision in decisions:
+            self.unreserve(next(m for m in todo if m.key == decision.pod), decision.node)
+        return None, corrected
 
     def _whole_gangs(self, victims: Sequence[PodRequest], priority: int) -> list[PodRequest] | None:
         """The other members of the victims' gangs that must go too: a gang left below its minMember goes whole.

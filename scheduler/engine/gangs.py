@@ -186,32 +186,6 @@ class Gangs(GangPreempting):
             holders = [*holders, *(d.pod for d in placed)]
         return decisions
 
-    def _reserve_slots(
-        self, todo: Sequence[PodRequest], fit: gangfit.Fit
-    ) -> tuple[list[Decision] | None, dict[str, int]]:
-        """Reserve the members along the chosen slots. All reserved: their decisions. Else everything reserved here
-        is given back, with each node's room corrected to what it took."""
-        decisions: list[Decision] = []
-        corrected: dict[str, int] = {}
-        members = iter(todo)
-        for node, count in fit.slots:
-            for took in range(count):
-                member = next(members, None)
-                if member is None:
-                    break
-                decision = self.reserve(member, node)
-                if not decision.scheduled:
-                    corrected[node] = took
-                    break
-                decisions.append(decision)
-            if node in corrected:
-                break
-        if len(decisions) == min(len(todo), sum(count for _, count in fit.slots)):
-            return decisions, corrected
-        for decision in decisions:
-            self.unreserve(next(m for m in todo if m.key == decision.pod), decision.node)
-        return None, corrected
-
     def _held(self, member: PodRequest) -> Decision:
         held = self.pods[member.key]
         return Decision(

@@ -29,7 +29,7 @@ from kubegpu.core.plugin_manager import PLUGIN_ERRORS
 from kubegpu.core.text import safe_text
 from kubegpu.scheduler.engine.framework import PermitPlugin
 from kubegpu.scheduler.engine.preempt import Preempting
-from kubegpu.scheduler.engine.records import PermitAnswer, PermitCode, Verdict, Waiting
+from kubegpu.scheduler.engine.records import PermitAnswer, PermitCode, PodRecord, Verdict, Waiting
 from kubegpu.scheduler.engine.rules import EMBEDDER
 from kubegpu.scheduler.podgroups import KUEUE_GROUP_LABEL, POD_GROUP_LABEL, PodGroup, gang_key, kueue_group
 
@@ -154,6 +154,26 @@ class Permitting(Preempting):
         if waiting is None or not self._still_held(waiting):
             return None
         return waiting
+
+    def release(self, key: str) -> PodRecord | None:
+        """Forget a pod (`NodeCache.release`); one that was waiting at Permit waits no more: a deleted member's
+        entry would otherwise stay until its gang's timeout, up to a week, one per deletion."""
+        self._unwait(key)
+        return super().release(key)
+
+    def remove_node(self, name: str) -> list[str]:
+        """Remove a node (`NodeCache.remove_node`); the pods that waited at Permit there hold no place any more, so
+        they wait no more (the front-end tries them again, beside their gang's other members)."""
+        gone = super().remove_node(name)
+        for key in gone:
+            waiting = self.waiting.get(key)
+            if waiting is not None and waiting.node == name:
+                self._unwait(key)
+        return gone
+
+    def is_waiting(self, key: str) -> bool:
+        """Whether the pod `key` waits at Permit, holding a reservation no Binding was written for."""
+        return key in self.waiting
 
     def waiting_gangs(self) -> dict[str, tuple[str, ...]]:
         """The gangs with members waiting at Permit (at most one, with the built-in rule; more only where an

@@ -167,3 +167,45 @@ def test_a_typo_in_a_workers_podgroup_label_and_a_podgroup_deleted_while_its_mem
     cluster.client.delete(f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{namespace}/podgroups/train")
     wait_for(lambda: all_bound(cluster, namespace, ["train-0", "train-1"]), 30, "the waiting workers bound alone")
     assert_no_device_held_twice(cluster, namespace)
+
+
+def test_workers_whose_rack_is_deleted_while_they_wait_at_permit_bind_in_another_rack_when_the_last_one_comes(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    install_podgroup_crd(cluster)
+    # Two racks alike: the two first workers hold places in rack-p (ties go to the rack named first).
+    where = create_racks(cluster, {"rack-p": 3, "rack-q": 3})
+    start(start_scheduler)
+    create_podgroup(cluster, namespace, "train", {"minMember": 3, "scheduleTimeoutSeconds": 3600})
+    for i in range(2):
+        create_member(cluster, namespace, f"train-{i}", "train", 8, total=3, scheduler="kubegpu-gangs", index=i,
+                      podgroup=True)  # fmt: skip
+    wait_for(lambda: len(told(cluster, namespace, "WaitingForGang")) == 2, 30, "2 members told they wait")
+    for node in [n for n, rack in where.items() if rack == "rack-p"]:
+        cluster.client.delete(f"/api/v1/nodes/{node}")
+    create_member(cluster, namespace, "train-2", "train", 8, total=3, scheduler="kubegpu-gangs", index=2,
+                  podgroup=True)  # fmt: skip
+    # Before, the two held their lost places at Permit for the hour, and the gang bound nothing meanwhile.
+    bound = wait_for(lambda: all_bound(cluster, namespace, ["train-0", "train-1", "train-2"]), 30, "all 3 bound")
+    assert racks_of(where, bound) == {"rack-q"}
+    assert_no_device_held_twice(cluster, namespace)
+
+
+def test_a_driver_placed_before_its_workers_where_they_find_no_room_binds_with_them_in_a_rack_that_holds_all(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    install_podgroup_crd(cluster)
+    # A 1-GPU driver alone fits best in the 1-node rack-s; its two 8-GPU workers fit only in rack-t, with it.
+    where = create_racks(cluster, {"rack-s": 1, "rack-t": 3})
+    start(start_scheduler)
+    create_podgroup(cluster, namespace, "job", {"minMember": 3, "scheduleTimeoutSeconds": 3600})
+    create_member(cluster, namespace, "job-driver", "job", 1, total=3, scheduler="kubegpu-gangs", podgroup=True)
+    wait_for(lambda: told(cluster, namespace, "WaitingForGang") == {"job-driver"}, 30, "the driver told it waits")
+    for i in range(2):
+        create_member(cluster, namespace, f"job-worker-{i}", "job", 8, total=3, scheduler="kubegpu-gangs", index=i,
+                      podgroup=True)  # fmt: skip
+    # Before, the workers were told rack-s has room for none of them, and the job waited out the hour.
+    names = ["job-driver", "job-worker-0", "job-worker-1"]
+    bound = wait_for(lambda: all_bound(cluster, namespace, names), 30, "the job bound whole")
+    assert racks_of(where, bound) == {"rack-t"}
+    assert_no_device_held_twice(cluster, namespace)

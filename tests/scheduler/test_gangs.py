@@ -592,3 +592,46 @@ def test_a_gang_whose_member_a_plugin_refuses_before_any_node_is_refused_in_the_
     assert not placement.placed
     assert placement.reason == "default/m0: toy requests marked refuse are refused"
     assert not engine.pods
+
+
+def test_choosing_where_a_gang_goes_sorts_the_names_on_its_path_not_every_nodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 200 gangs that fit in no rack of 1,000 nodes are each tried again whenever the cluster changes: the sort key
+    # of every node's name, made on each try, was most of a try's time (55,650 keys for 50 tries; 3,150 now).
+    made = Counter[str]()
+    real = gangfit.natural
+
+    def counted(name: str) -> tuple[object, ...]:
+        made[name] += 1
+        return real(name)
+
+    monkeypatch.setattr(gangfit, "natural", counted)
+    rooms = {f"r{i // 20}-n{i}": 1 for i in range(1000)}
+    labels = {name: {RACK: name.split("-")[0]} for name in rooms}
+    short = gangfit.choose(rooms, labels, (RACK,), 21, required=RACK)
+    assert isinstance(short, gangfit.Shortfall) and short.room == 20
+    fit = gangfit.choose(rooms, labels, (RACK,), 20, required=RACK)
+    assert isinstance(fit, gangfit.Fit) and fit.domain == "r0" and len(fit.slots) == 20
+    assert sum(made.values()) <= 200, f"{sum(made.values())} sort keys for two choices over 1,000 nodes in 50 racks"
+
+
+def test_no_eviction_for_a_gang_whose_driver_would_find_no_room_beside_its_workers() -> None:
+    # Two 8-GPU workers and a 1-GPU driver need 17 GPUs in one rack of 16: no eviction lets the gang in. The room
+    # was counted for the workers alone, so a rack's pods were evicted for a gang that still could not go.
+    e = engine([2, 2])
+    for r in range(2):
+        for i in range(2):
+            assert e.reserve(pod_request(pod_manifest(f"low-{r}{i}", {"main": {GPU: 8}}))[0], f"r{r}-n{i}").scheduled
+    job = [member("job", i, gpus=8 if i < 2 else 1, total=3, priority=100, annotations=required()) for i in range(3)]
+    assert not e.place_gang(job).placed
+    preemption = e.preempt_gang(job)
+    assert preemption.victims == () and "no domain would fit it" in (preemption.reason or "")
+    # With a third node in rack-1, evicting its three pods lets the whole gang in, driver included.
+    e.add_node(node_info(node_manifest("r1-n2", labels={RACK: "rack-1"}, allocatable={GPU: 8})))
+    assert e.reserve(pod_request(pod_manifest("low-12", {"main": {GPU: 8}}))[0], "r1-n2").scheduled
+    preemption = e.preempt_gang(job)
+    assert preemption.domain == "rack-1" and len(preemption.victims) == 3, preemption
+    for key in preemption.victims:
+        e.release(key)
+    assert e.place_gang(job).placed

@@ -87,10 +87,10 @@ def cycle(service: CustomScheduler) -> None:
         service.mirror.handle(service.mirror.events.get_nowait())
 
 
-def bound_as_the_api_server_reports(service: CustomScheduler, name: str) -> None:
+def bound_as_the_api_server_reports(service: CustomScheduler, name: str, gpus: int = 8) -> None:
     """The pod informer's report of a Binding the writer recorded (its node and annotations copied onto the pod)."""
     binding = next(b for _, p, b in writer(service).writes if p.endswith(f"/pods/{name}/binding"))
-    obj = member(name, "train")
+    obj = member(name, "train", gpus)
     obj["metadata"]["annotations"] = binding["metadata"].get("annotations", {})
     obj["metadata"]["resourceVersion"] = "2"
     obj["spec"]["nodeName"] = binding["target"]["name"]
@@ -593,3 +593,111 @@ def test_members_waiting_at_permit_are_bound_when_their_podgroups_min_member_is_
     service.mirror.on_podgroups("MODIFIED", lowered)
     cycle(service)
     assert sorted(writer(service).bindings()) == ["train-0", "train-1"], "not left waiting until the timeout"
+
+
+def test_a_member_deleted_while_its_gang_waits_at_permit_leaves_nothing_of_itself_behind(
+    service: CustomScheduler,
+) -> None:
+    # A job controller that deletes a waiting worker and makes another under a new name (a tenant can do it in a
+    # loop): the deleted one's bind decision and its place in the gang's waiting list were kept until the gang's
+    # timeout (up to a week), one more of each per deletion.
+    service.mirror.on_podgroups("SYNC", [podgroup("train", 3, timeout=604_800)])
+    for i in range(2):
+        service.mirror.on_pods("ADDED", member(f"train-{i}", "train", 4))
+    cycle(service)
+    assert writer(service).bindings() == []
+    for round_ in range(20):
+        name = f"train-1-{round_}" if round_ else "train-1"
+        service.mirror.on_pods("DELETED", member(name, "train", 4))
+        service.mirror.on_pods("ADDED", member(f"train-1-{round_ + 1}", "train", 4))
+        cycle(service)
+    engine = service.engine
+    assert set(engine.waiting) == {"ml/train-0", "ml/train-1-20"}, "the deleted members wait no more"
+    assert set(service._at_permit) == {"ml/train-0", "ml/train-1-20"}, "no bind decision of a deleted member stays"
+    assert engine.waiting_gangs() == {"ml/train": ("ml/train-0", "ml/train-1-20")}
+    service.mirror.on_pods("ADDED", member("train-2", "train", 4))
+    cycle(service)
+    assert sorted(writer(service).bindings()) == ["train-0", "train-1-20", "train-2"]
+    assert engine.waiting == {} and service._at_permit == {}
+
+
+def test_a_member_whose_node_is_deleted_while_its_gang_waits_at_permit_is_placed_again_beside_the_others(
+    service: CustomScheduler,
+) -> None:
+    # Its place went with the node. It was kept as the node's orphan (counted as bound to it, had the node come
+    # back) and held at Permit until the gang's timeout, so the member that completed the gang found one too few
+    # holding places, and the gang bound nothing for an hour.
+    service.mirror.on_podgroups("SYNC", [podgroup("train", 3, timeout=3600)])
+    for i in range(2):
+        service.mirror.on_pods("ADDED", member(f"train-{i}", "train", 2))
+    cycle(service)
+    assert writer(service).bindings() == []
+    gone = service.engine.placement("ml/train-0").node  # type: ignore[union-attr]
+    lost = node(gone, gone.split("-")[0])
+    service.mirror.on_nodes("DELETED", lost)
+    assert "ml/train-0" not in service.mirror._orphans, "bound nowhere, it is no orphan of the node"
+    cycle(service)
+    assert writer(service).bindings() == []
+    service.mirror.on_pods("ADDED", member("train-2", "train", 2))
+    cycle(service)
+    assert sorted(writer(service).bindings()) == ["train-0", "train-1", "train-2"], "bound now, not in an hour"
+    placed = {service.engine.placement(f"ml/train-{i}").node for i in range(3)}  # type: ignore[union-attr]
+    assert gone not in placed and len({name.split("-")[0] for name in placed}) == 1, placed
+    for i in range(3):
+        bound_as_the_api_server_reports(service, f"train-{i}", gpus=2)
+    service.mirror.on_nodes("ADDED", lost)  # the same node back: nothing is counted on it
+    assert service.engine.holders(gone) == []
+
+
+def test_a_gang_whose_first_member_was_placed_where_the_others_do_not_fit_is_placed_afresh_where_all_do(
+    service: CustomScheduler,
+) -> None:
+    # A 1-GPU driver that arrives before its two 8-GPU workers is placed where 3 drivers would fit (best fit: the
+    # half-full rack r1); the workers find no room beside it. The whole gang fits in rack r2: it was left waiting
+    # there for the PodGroup's timeout (an hour), the workers told r1 has room for none of them.
+    service.mirror.on_nodes("ADDED", node("r2-n2", "r2"))
+    filler = member("filler", "", 8)
+    service.mirror.on_pods("ADDED", filler)
+    cycle(service)
+    assert service.engine.placement("ml/filler").node.startswith("r1-")  # type: ignore[union-attr]
+    service.mirror.on_podgroups("SYNC", [podgroup("job", 3, timeout=3600)])
+    service.mirror.on_pods("ADDED", member("job-driver", "job", 1))
+    cycle(service)
+    assert service.engine.placement("ml/job-driver").node.startswith("r1-")  # type: ignore[union-attr]
+    for i in range(2):
+        service.mirror.on_pods("ADDED", member(f"job-worker-{i}", "job", 8))
+        cycle(service)
+    assert sorted(writer(service).bindings()) == ["filler", "job-driver", "job-worker-0", "job-worker-1"]
+    racks = {service.engine.placement(f"ml/{n}").node[:2] for n in ("job-driver", "job-worker-0", "job-worker-1")}  # type: ignore[union-attr]
+    assert racks == {"r2"}
+    assert not [e for e in writer(service).events("FailedScheduling") if "room for 0" in e["message"]]
+
+
+def test_a_gang_refused_while_another_was_partly_held_is_tried_again_once_that_one_is_placed(
+    service: CustomScheduler,
+) -> None:
+    # Two gangs interleaved member by member: green's first member was refused while blue was partly held, and kept
+    # saying "gang ml/blue is partly held" (holding nothing) after blue was bound whole, until green's next member
+    # came or the cluster changed.
+    service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    service.mirror.on_podgroups("SYNC", [podgroup("blue", 2), podgroup("green", 2, uid="g")])
+    service.mirror.on_pods("ADDED", member("blue-0", "blue"))
+    cycle(service)
+    service.mirror.on_pods("ADDED", member("green-0", "green"))
+    cycle(service)
+    (refused,) = [
+        e["message"] for e in writer(service).events("FailedScheduling") if e["involvedObject"]["name"] == "green-0"
+    ]
+    assert "gang ml/blue is partly held" in refused
+    service.mirror.on_pods("ADDED", member("blue-1", "blue"))
+    cycle(service)
+    assert sorted(writer(service).bindings()) == ["blue-0", "blue-1"]
+    cycle(service)
+    assert service.engine.placement("ml/green-0") is not None, "green holds its place now that blue is whole"
+    (waits,) = [
+        e["message"] for e in writer(service).events("WaitingForGang") if e["involvedObject"]["name"] == "green-0"
+    ]
+    assert "gang ml/green: 1 of minMember 2 members hold places" in waits
+    service.mirror.on_pods("ADDED", member("green-1", "green"))
+    cycle(service)
+    assert sorted(writer(service).bindings()) == ["blue-0", "blue-1", "green-0", "green-1"]

@@ -102,6 +102,30 @@ def test_a_pending_pod_shows_its_latest_failed_scheduling_event_then_its_conditi
     assert view.report().pending[0].reason == "newer"
 
 
+def test_a_gang_member_waiting_at_permit_shows_what_its_gang_waits_for_until_a_newer_failure() -> None:
+    # It holds a place and waits for the rest of its gang: the scheduler says so with a Normal `WaitingForGang`
+    # Event, no FailedScheduling and no condition. `top` read neither and showed "no FailedScheduling event yet",
+    # or an older failure ("gang ml/blue is partly held") that was no longer why it waited.
+    view = view_of([])
+    pod = pod_manifest("w-0", {"main": {"aws.amazon.com/neurondevice": 7}}, namespace="ml", scheduler_name="kubegpu")
+    pod["metadata"]["uid"] = "uid-w-0"
+    view.apply_pod("ADDED", pod)
+
+    def event(version: int, reason: str, message: str) -> None:
+        involved = {"kind": "Pod", "namespace": "ml", "name": "w-0", "uid": "uid-w-0"}
+        view.apply_event("ADDED", {"metadata": {"resourceVersion": str(version)}, "reason": reason,
+                                   "type": "Normal", "message": message, "involvedObject": involved})  # fmt: skip
+
+    event(3, "FailedScheduling", "Coscheduling: gang ml/w: gang ml/blue is partly held; one gang waits at a time")
+    waiting = "waiting at Permit: Coscheduling: gang ml/w: 2 of minMember 4 members hold places (up to 60s)"
+    event(4, "WaitingForGang", waiting + CLEAR_SCREEN)
+    assert view.report().pending[0].reason == waiting + "\\x1b[2J\\x1b[H", "escaped, as a tenant may write it"
+    event(9, "FailedScheduling", "gang ml/w timed out after 60s waiting at Permit")
+    assert view.report().pending[0].reason == "gang ml/w timed out after 60s waiting at Permit"
+    event(7, "WaitingForGang", "an older wait")
+    assert view.report().pending[0].reason == "gang ml/w timed out after 60s waiting at Permit"
+
+
 # -- what a tenant or a node writes, on the operator's terminal ------------------------------------------------------
 
 CLEAR_SCREEN = "\x1b[2J\x1b[H"
