@@ -464,6 +464,8 @@ class DraBook:
                 return Status.unresolvable(f'resourceclaim "{name}" was not created for the pod')
             if claim.deleting:
                 return Status.unresolvable(f'resourceclaim "{name}" is being deleted')
+            if claim.problem is not None and claim.allocation is None:
+                return Status.unresolvable(safe_text(f'resourceclaim "{name}" cannot be read: {claim.problem}'))
             mine = any(c.get("uid") == pod.uid for c in claim.reserved_for)
             if not mine and len(claim.reserved_for) >= 256:
                 return Status.unresolvable(IN_USE)

@@ -775,6 +775,14 @@ class ClusterMirror:
             except InputError as exc:
                 where = f"{namespace}/{name}" if namespace else name
                 log.warning("%s %s ignored: %s", collection, where, safe_text(str(exc)))
+            if isinstance(found, dra.Claim) and found.problem is not None:
+                log.warning(
+                    "resourceclaims %s/%s read without its spec (never allocated by kubegpu; an allocation holds its "
+                    "devices): %s",
+                    namespace,
+                    name,
+                    safe_text(found.problem),
+                )
         engine = self.engine
         if collection == "deviceclasses":
             engine.set_device_class(name, found)

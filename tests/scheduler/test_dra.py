@@ -493,6 +493,12 @@ def _slice_with(**device: Any) -> dict[str, Any]:
     ],
 )
 def test_decoders_refuse_naming_the_field(decode: Any, document: dict[str, Any], message: str) -> None:
+    if decode is dra.resource_claim:
+        # A claim is read without its spec then, the reason kept: another scheduler's allocation of it still holds
+        # its devices (tests/scheduler/test_live_dra.py), and kubegpu never allocates it.
+        found = decode(document)
+        assert found.spec.requests == () and found.problem is not None and message in found.problem, found.problem
+        return
     with pytest.raises(dra.DraError) as raised:
         decode(document)
     assert message in str(raised.value), str(raised.value)
