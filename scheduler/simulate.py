@@ -448,6 +448,15 @@ def claim_devices(claims: dict[str, Any]) -> str:
     )
 
 
+def _whole_claim(document: dict[str, Any]) -> dra.Claim:
+    """A ResourceClaim of the simulator's files, read whole: a spec it cannot read is the file's error, naming the
+    field (a cluster's claim is read without it then, for what its allocation holds: `dra.resource_claim`)."""
+    claim = dra.resource_claim(document)
+    if claim.problem is not None:
+        raise dra.DraError(claim.problem)
+    return claim
+
+
 OBJECT_KINDS: dict[str, Callable[[dict[str, Any]], object]] = {
     "PodDisruptionBudget": objects.budget,
     "PersistentVolumeClaim": objects.claim,
@@ -458,7 +467,7 @@ OBJECT_KINDS: dict[str, Callable[[dict[str, Any]], object]] = {
     "Topology": podgroups.topology_levels,
     "DeviceClass": dra.device_class,
     "ResourceSlice": dra.resource_slice,
-    "ResourceClaim": dra.resource_claim,
+    "ResourceClaim": _whole_claim,
     "ResourceClaimTemplate": dra.resource_claim_template,
 }
 

@@ -513,6 +513,12 @@ def test_simulate_reads_the_dra_kinds_and_names_the_bad_document(tmp_path: Any) 
     path.write_text(yaml.safe_dump_all([node_manifest("n1"), _slice_with(name="BAD")]))
     with pytest.raises(SimulationError, match=r"cluster.yaml#2: ResourceSlice.spec.devices\[0\].name"):
         load_documents([path], [])
+    # A claim whose spec kubegpu cannot read: the scheduler reads it without (its allocation still holds devices);
+    # the simulator's file is the user's own, and refused naming the field.
+    odd = claim("c", claim_spec(exactly("d", "x"), constraints=[{"distinctAttribute": "a.b/c"}]))
+    path.write_text(yaml.safe_dump_all([node_manifest("n1"), odd]))
+    with pytest.raises(SimulationError, match=r"cluster.yaml#2: ResourceClaim.spec.devices.constraints\[0\]"):
+        load_documents([path], [])
 
 
 # -- the invariant: a device is never allocated to two claims ---------------------------------------------------------
