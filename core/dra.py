@@ -190,6 +190,7 @@ class Template:
     namespace: str
     name: str
     spec: ClaimSpec
+    problem: str | None = None  # why its spec cannot be read: its pods are told so, and no claim is made from it
 
 
 # -- decoding: the pydantic models live in `kubegpu.core.draschema`, built at the first DRA object decoded -------------
@@ -219,7 +220,9 @@ def resource_claim(document: Mapping[str, Any]) -> Claim:
 
 
 def resource_claim_template(document: Mapping[str, Any]) -> Template:
-    """A ResourceClaimTemplate, read; `DraError` naming the field when it cannot be."""
+    """A ResourceClaimTemplate, read; `DraError` naming the field when it cannot be. One whose spec cannot be read but
+    whose metadata can is read without its spec, the reason in `problem`, so that its pods are told what is wrong
+    with it rather than that it does not exist."""
     from kubegpu.core import draschema
 
     return draschema.resource_claim_template(document)

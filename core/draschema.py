@@ -511,6 +511,18 @@ def resource_claim(document: Mapping[str, Any]) -> Claim:
     )
 
 
+class _NamedTemplate(_Model):
+    kind: Literal["ResourceClaimTemplate"] = "ResourceClaimTemplate"
+    metadata: _Meta
+
+
 def resource_claim_template(document: Mapping[str, Any]) -> Template:
-    parsed: _Template = _parse(_Template, document, "ResourceClaimTemplate")
+    try:
+        parsed: _Template = _parse(_Template, document, "ResourceClaimTemplate")
+    except DraError as exc:
+        try:
+            named: _NamedTemplate = _parse(_NamedTemplate, document, "ResourceClaimTemplate")
+        except DraError:
+            raise exc from None
+        return Template(named.metadata.namespace, named.metadata.name, _UNREAD, str(exc))
     return Template(parsed.metadata.namespace, parsed.metadata.name, _claim_spec(parsed.spec.spec))

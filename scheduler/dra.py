@@ -455,6 +455,10 @@ class DraBook:
                 template = self.templates.get((pod.namespace, ref.template_name or ""))
                 if template is None:
                     return Status.unresolvable(f'resourceclaimtemplate "{ref.template_name}" not found')
+                if template.problem is not None:
+                    return Status.unresolvable(
+                        safe_text(f'resourceclaimtemplate "{ref.template_name}" cannot be read: {template.problem}')
+                    )
                 found.append(_Demand(ref, (pod.namespace, name), template.spec, None, True))
                 continue
             if claim is None:

@@ -775,10 +775,10 @@ class ClusterMirror:
             except InputError as exc:
                 where = f"{namespace}/{name}" if namespace else name
                 log.warning("%s %s ignored: %s", collection, where, safe_text(str(exc)))
-            if isinstance(found, dra.Claim) and found.problem is not None:
+            if isinstance(found, dra.Claim | dra.Template) and found.problem is not None:
                 log.warning(
-                    "resourceclaims %s/%s read without its spec (never allocated by kubegpu; an allocation holds its "
-                    "devices): %s",
+                    "%s %s/%s read without its spec (its pods are told why; an allocation holds its devices): %s",
+                    collection,
                     namespace,
                     name,
                     safe_text(found.problem),

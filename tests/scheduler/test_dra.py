@@ -493,9 +493,9 @@ def _slice_with(**device: Any) -> dict[str, Any]:
     ],
 )
 def test_decoders_refuse_naming_the_field(decode: Any, document: dict[str, Any], message: str) -> None:
-    if decode is dra.resource_claim:
-        # A claim is read without its spec then, the reason kept: another scheduler's allocation of it still holds
-        # its devices (tests/scheduler/test_live_dra.py), and kubegpu never allocates it.
+    if decode in (dra.resource_claim, dra.resource_claim_template):
+        # Read without its spec then, the reason kept: another scheduler's allocation of a claim still holds its
+        # devices, a pod naming either is told why (tests/scheduler/test_live_dra.py), kubegpu allocates neither.
         found = decode(document)
         assert found.spec.requests == () and found.problem is not None and message in found.problem, found.problem
         return
@@ -518,6 +518,9 @@ def test_simulate_reads_the_dra_kinds_and_names_the_bad_document(tmp_path: Any) 
     odd = claim("c", claim_spec(exactly("d", "x"), constraints=[{"distinctAttribute": "a.b/c"}]))
     path.write_text(yaml.safe_dump_all([node_manifest("n1"), odd]))
     with pytest.raises(SimulationError, match=r"cluster.yaml#2: ResourceClaim.spec.devices.constraints\[0\]"):
+        load_documents([path], [])
+    path.write_text(yaml.safe_dump_all([node_manifest("n1"), template("t", claim_spec({"name": "d"}))]))
+    with pytest.raises(SimulationError, match=r"cluster.yaml#2: ResourceClaimTemplate.spec.spec.devices.requests\[0\]"):
         load_documents([path], [])
 
 

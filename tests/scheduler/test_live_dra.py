@@ -616,3 +616,14 @@ def test_a_pod_sharing_an_allocated_claim_kubegpu_cannot_read_goes_where_it_is_a
     cycle(service)
     assert api.bindings() == {"p": "n2"}
     assert [c["name"] for c in api.claims["shared"]["status"]["reservedFor"]] == ["x", "p"]
+
+
+def test_a_pod_naming_a_template_kubegpu_cannot_read_is_told_why(service: CustomScheduler) -> None:
+    odd = template("odd", claim_spec(exactly("devs", "neuron", 33)))  # upstream allocates at most 32 devices
+    service.mirror.on_dra("resourceclaimtemplates", "ADDED", odd)
+    service.mirror.on_pods("ADDED", pod("p", templates={"dev": "odd"}))
+    cycle(service)
+    api = server(service)
+    assert api.bindings() == {} and "p-dev" not in api.claims
+    (reason,) = api.refusals("p")
+    assert 'resourceclaimtemplate "odd" cannot be read' in reason and "count" in reason, reason
