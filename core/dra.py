@@ -167,6 +167,9 @@ class Claim:
     deleting: bool = False
     node_terms: tuple[NodeSelectorTerm, ...] | None = None  # the allocation's nodeSelector, read (None: any node)
     owner: str | None = None  # the UID of the pod it was made for from a template (its controller), if any
+    # Why its spec cannot be read (a field kubegpu does not implement): it is then never allocated by kubegpu, but
+    # an allocation someone else wrote (kube-scheduler's) still holds its devices, and its pods may share it.
+    problem: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -187,6 +190,7 @@ class Template:
     namespace: str
     name: str
     spec: ClaimSpec
+    problem: str | None = None  # why its spec cannot be read: its pods are told so, and no claim is made from it
 
 
 # -- decoding: the pydantic models live in `kubegpu.core.draschema`, built at the first DRA object decoded -------------
@@ -207,14 +211,18 @@ def device_class(document: Mapping[str, Any]) -> DeviceClass:
 
 
 def resource_claim(document: Mapping[str, Any]) -> Claim:
-    """A ResourceClaim, read; `DraError` naming the field when it cannot be."""
+    """A ResourceClaim, read; `DraError` naming the field when it cannot be. A claim whose spec cannot be read but
+    whose metadata and status can is read without its spec, the reason in `problem`: its allocation, written by
+    another scheduler that implements what kubegpu does not, holds its devices all the same."""
     from kubegpu.core import draschema
 
     return draschema.resource_claim(document)
 
 
 def resource_claim_template(document: Mapping[str, Any]) -> Template:
-    """A ResourceClaimTemplate, read; `DraError` naming the field when it cannot be."""
+    """A ResourceClaimTemplate, read; `DraError` naming the field when it cannot be. One whose spec cannot be read but
+    whose metadata can is read without its spec, the reason in `problem`, so that its pods are told what is wrong
+    with it rather than that it does not exist."""
     from kubegpu.core import draschema
 
     return draschema.resource_claim_template(document)

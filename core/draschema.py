@@ -474,23 +474,55 @@ def _claim_spec(spec: _ClaimSpec) -> ClaimSpec:
     return ClaimSpec(tuple(requests), tuple(constraints), config)
 
 
+class _HeldClaim(_Model):
+    """A claim read without its spec: what it holds (`resource_claim`)."""
+
+    kind: Literal["ResourceClaim"] = "ResourceClaim"
+    metadata: _Meta
+    status: _ClaimStatus = _ClaimStatus()
+
+
+_UNREAD = ClaimSpec((), (), ())
+
+
 def resource_claim(document: Mapping[str, Any]) -> Claim:
-    parsed: _Claim = _parse(_Claim, document, "ResourceClaim")
+    problem = None
+    try:
+        parsed: _Claim | _HeldClaim = _parse(_Claim, document, "ResourceClaim")
+    except DraError as exc:
+        try:
+            parsed = _parse(_HeldClaim, document, "ResourceClaim")
+        except DraError:
+            raise exc from None
+        problem = str(exc)
     meta = parsed.metadata
     allocation = parsed.status.allocation
     return Claim(
         meta.namespace,
         meta.name,
         meta.uid or "",
-        _claim_spec(parsed.spec),
+        _claim_spec(parsed.spec) if isinstance(parsed, _Claim) else _UNREAD,
         allocation.model_dump(exclude_none=True) if allocation is not None else None,
         tuple(c.model_dump() for c in parsed.status.reservedFor),
         meta.deletionTimestamp is not None,
         _terms(allocation.nodeSelector, "ResourceClaim.status.allocation.nodeSelector") if allocation else None,
         meta.owning_pod(),
+        problem,
     )
 
 
+class _NamedTemplate(_Model):
+    kind: Literal["ResourceClaimTemplate"] = "ResourceClaimTemplate"
+    metadata: _Meta
+
+
 def resource_claim_template(document: Mapping[str, Any]) -> Template:
-    parsed: _Template = _parse(_Template, document, "ResourceClaimTemplate")
+    try:
+        parsed: _Template = _parse(_Template, document, "ResourceClaimTemplate")
+    except DraError as exc:
+        try:
+            named: _NamedTemplate = _parse(_NamedTemplate, document, "ResourceClaimTemplate")
+        except DraError:
+            raise exc from None
+        return Template(named.metadata.namespace, named.metadata.name, _UNREAD, str(exc))
     return Template(parsed.metadata.namespace, parsed.metadata.name, _claim_spec(parsed.spec.spec))

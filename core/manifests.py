@@ -138,7 +138,7 @@ class _Container(_Model):
 
 class _Toleration(_Model):
     key: str | None = None
-    operator: Literal["Equal", "Exists"] = "Equal"
+    operator: Literal["Equal", "Exists", "Lt", "Gt"] = "Equal"  # Lt, Gt: 1.35+ (alpha), numeric
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute", ""] | None = None
 
@@ -490,6 +490,39 @@ def pod_request(document: Mapping[str, Any], qualifiers: Mapping[str, str] | Non
         init_steps=_init_steps(init),
     )
     return request, meta.deletionTimestamp is not None
+
+
+# What a bound pod holds on its node is read from these fields of its spec; the others say where it may go.
+_HOLDING = frozenset(
+    {"containers", "initContainers", "overhead", "resources", "resourceClaims", "nodeName", "schedulerName", "priority"}
+)
+
+
+def bound_pod_request(
+    document: Mapping[str, Any], qualifiers: Mapping[str, str] | None = None
+) -> tuple[PodRequest, bool, tuple[str, ...]]:
+    """The `PodRequest` of a pod `pod_request` refuses, read without the fields of its spec that cannot be read, and
+    their names (`spec.tolerations`). For a pod already bound to a node: what it holds there (its containers,
+    overhead, pod-level resources and claims) is counted whatever else its spec says (a value a later Kubernetes
+    release added), since leaving the pod out would give its node's cpu and devices to another pod, which the
+    kubelet then refuses. Every other field kubegpu reads is kept where it can be read on its own (the pod's
+    anti-affinity still keeps others away). Raises `ManifestError` when what the pod holds cannot be read."""
+    spec = document.get("spec")
+    if not isinstance(spec, Mapping):
+        raise ManifestError("Pod.spec: must be an object")
+    kept = {name: value for name, value in spec.items() if name in _HOLDING}
+    pod_request({**document, "spec": kept}, qualifiers)
+    dropped = []
+    for name in sorted(spec.keys() & _PodSpec.model_fields.keys() - _HOLDING):
+        trial = {**kept, name: spec[name]}
+        try:
+            pod_request({**document, "spec": trial}, qualifiers)
+        except InputError:
+            dropped.append(name)
+        else:
+            kept = trial
+    request, deleting = pod_request({**document, "spec": kept}, qualifiers)
+    return request, deleting, tuple(f"spec.{name}" for name in dropped)
 
 
 def _resource_claims(pod: _Pod) -> tuple[ClaimRef, ...]:

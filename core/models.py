@@ -153,7 +153,11 @@ class Toleration:
     effect: str | None = None
 
     def tolerates(self, taint: Taint) -> bool:
-        """Kubernetes' matching rule: an empty key with `Exists` tolerates everything; an empty effect any effect."""
+        """Kubernetes' matching rule: an empty key with `Exists` tolerates everything; an empty effect any effect.
+        `Lt` and `Gt` (1.35+, alpha: the TaintTolerationComparisonOperators gate, without which the API server refuses
+        them) compare the taint's value with the toleration's as integers: `Lt` tolerates a taint whose value is
+        below the toleration's (`sla Lt 950` tolerates `sla=900`); either value not a canonical int64 tolerates
+        nothing, as kube-scheduler's `compareNumericValues` answers."""
         if self.effect and self.effect != taint.effect:
             return False
         if self.key is None or self.key == "":
@@ -162,7 +166,24 @@ class Toleration:
             return False
         if self.operator == "Exists":
             return True
+        if self.operator in ("Lt", "Gt"):
+            ours, theirs = _decimal_int64(self.value), _decimal_int64(taint.value)
+            if ours is None or theirs is None:
+                return False
+            return theirs < ours if self.operator == "Lt" else theirs > ours
         return (self.value or "") == (taint.value or "")
+
+
+_DECIMAL_INTEGER = re.compile(r"0|-?[1-9][0-9]{0,18}")  # upstream's IsDecimalInteger: no sign '+', no leading zeros
+
+
+def _decimal_int64(text: str | None) -> int | None:
+    """A taint's or toleration's value as kube-scheduler reads it for `Lt`/`Gt`: a canonical decimal int64, else
+    None (which tolerates nothing)."""
+    if text is None or not _DECIMAL_INTEGER.fullmatch(text):
+        return None
+    value = int(text)
+    return value if -(1 << 63) <= value < 1 << 63 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -455,6 +455,10 @@ class DraBook:
                 template = self.templates.get((pod.namespace, ref.template_name or ""))
                 if template is None:
                     return Status.unresolvable(f'resourceclaimtemplate "{ref.template_name}" not found')
+                if template.problem is not None:
+                    return Status.unresolvable(
+                        safe_text(f'resourceclaimtemplate "{ref.template_name}" cannot be read: {template.problem}')
+                    )
                 found.append(_Demand(ref, (pod.namespace, name), template.spec, None, True))
                 continue
             if claim is None:
@@ -464,6 +468,8 @@ class DraBook:
                 return Status.unresolvable(f'resourceclaim "{name}" was not created for the pod')
             if claim.deleting:
                 return Status.unresolvable(f'resourceclaim "{name}" is being deleted')
+            if claim.problem is not None and claim.allocation is None:
+                return Status.unresolvable(safe_text(f'resourceclaim "{name}" cannot be read: {claim.problem}'))
             mine = any(c.get("uid") == pod.uid for c in claim.reserved_for)
             if not mine and len(claim.reserved_for) >= 256:
                 return Status.unresolvable(IN_USE)

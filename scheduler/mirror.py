@@ -61,7 +61,7 @@ from kubegpu.core.annotations import (
     decode_foreign_devices,
 )
 from kubegpu.core.errors import InputError, shorten
-from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.manifests import bound_pod_request, node_info, pod_request
 from kubegpu.core.models import NodeInfo, PodRequest
 from kubegpu.core.status import Code
 from kubegpu.core.text import safe_text
@@ -210,6 +210,8 @@ class ClusterMirror:
         self.heartbeat = time.monotonic()
         # pod key -> (its uid, why it is ignored or its allocation holds no devices): one Event per pod and reason.
         self._refused: dict[str, tuple[str, str]] = {}
+        # pod key -> (its uid, why it was read without some fields): a bound pod counted in part, logged once.
+        self._partly: dict[str, tuple[str, str]] = {}
         # Pod key -> what the request the engine or the queue holds for it was computed from (`sizes_of`), to see an
         # in-place resize (1.33+): a bound pod's, and this front-end's pending pod's (the request its cycle decides
         # on, so the event of its own Binding is compared with it, not parsed whole again). Set at each parse that
@@ -773,6 +775,14 @@ class ClusterMirror:
             except InputError as exc:
                 where = f"{namespace}/{name}" if namespace else name
                 log.warning("%s %s ignored: %s", collection, where, safe_text(str(exc)))
+            if isinstance(found, dra.Claim | dra.Template) and found.problem is not None:
+                log.warning(
+                    "%s %s/%s read without its spec (its pods are told why; an allocation holds its devices): %s",
+                    collection,
+                    namespace,
+                    name,
+                    safe_text(found.problem),
+                )
         engine = self.engine
         if collection == "deviceclasses":
             engine.set_device_class(name, found)
@@ -1057,6 +1067,8 @@ class ClusterMirror:
                 self._ungate(key)
             for key in [k for k in self._refused if k not in live]:
                 del self._refused[key]
+            for key in [k for k in self._partly if k not in live]:
+                del self._partly[key]
             for key in [k for k in self._orphans if k not in live]:
                 del self._orphans[key]
             # The pending pods the list no longer shows take their sizes along (`release` took the placed ones').
@@ -1223,8 +1235,11 @@ class ClusterMirror:
         try:
             request, deleting = pod_request(obj, self.engine.plugins.qualifiers)
         except InputError as exc:
-            self._unreadable_pod(kind, key, obj, str(exc))
-            return
+            partly = self._bound_partly(key, obj, str(exc))
+            if partly is None:
+                self._unreadable_pod(kind, key, obj, str(exc))
+                return
+            request, deleting = partly
         held = self.engine.placement(key)
         if held is not None and held.request.uid != request.uid:
             self.release(key)  # a new pod took an old pod's name
@@ -1237,6 +1252,7 @@ class ClusterMirror:
             orphan = None
         if kind == "DELETED" or request.phase in FINISHED:
             self._refused.pop(key, None)
+            self._partly.pop(key, None)
             self.drop_pending(key)
             # The pod whose Binding is being written is gone too: its answer may come after (the watch is another
             # connection), and a failed one rolls back nothing then.
@@ -1276,6 +1292,29 @@ class ClusterMirror:
             self._sizes[key] = sizes_of(obj)
         else:
             self.drop_pending(key)
+
+    def _bound_partly(self, key: str, obj: dict[str, Any], problem: str) -> tuple[PodRequest, bool] | None:
+        """A pod bound to a node that kubegpu cannot read whole (a value a later Kubernetes release added): read
+        without the fields of its spec that cannot be read, so that what it holds on its node stays counted (left
+        out, its cpu, memory and devices would go to another pod, which the kubelet refuses). None: not bound, or
+        what it holds cannot be read either."""
+        spec = obj.get("spec")
+        if not isinstance(spec, dict) or not spec.get("nodeName"):
+            return None
+        try:
+            request, deleting, dropped = bound_pod_request(obj, self.engine.plugins.qualifiers)
+        except InputError:
+            return None
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        if self._partly.get(key) != (uid, problem):
+            self._partly[key] = (uid, problem)
+            log.warning(
+                "bound pod counted without %s, which kubegpu cannot read: %s",
+                ", ".join(dropped),
+                problem,
+                extra={"pod": key, "node": spec.get("nodeName")},
+            )
+        return request, deleting
 
     def _unreadable_pod(self, kind: str, key: str, obj: dict[str, Any], problem: str) -> None:
         """A pod kubegpu cannot read (a tenant wrote it): it is left alone, and if it was waiting for this scheduler

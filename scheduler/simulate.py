@@ -448,6 +448,15 @@ def claim_devices(claims: dict[str, Any]) -> str:
     )
 
 
+def _whole(decode: Callable[[dict[str, Any]], dra.Claim | dra.Template], document: dict[str, Any]) -> object:
+    """A ResourceClaim or ResourceClaimTemplate of the simulator's files, read whole: a spec it cannot read is the
+    file's error, naming the field (a cluster's is read without it then: `dra.resource_claim`)."""
+    found = decode(document)
+    if found.problem is not None:
+        raise dra.DraError(found.problem)
+    return found
+
+
 OBJECT_KINDS: dict[str, Callable[[dict[str, Any]], object]] = {
     "PodDisruptionBudget": objects.budget,
     "PersistentVolumeClaim": objects.claim,
@@ -458,8 +467,8 @@ OBJECT_KINDS: dict[str, Callable[[dict[str, Any]], object]] = {
     "Topology": podgroups.topology_levels,
     "DeviceClass": dra.device_class,
     "ResourceSlice": dra.resource_slice,
-    "ResourceClaim": dra.resource_claim,
-    "ResourceClaimTemplate": dra.resource_claim_template,
+    "ResourceClaim": partial(_whole, dra.resource_claim),
+    "ResourceClaimTemplate": partial(_whole, dra.resource_claim_template),
 }
 
 

@@ -40,7 +40,7 @@ import orjson
 
 from kubegpu.core.annotations import ALLOCATION_KEY, AnnotationError, decode_allocation, verify_allocation
 from kubegpu.core.errors import InputError, shorten
-from kubegpu.core.manifests import node_info, pod_request
+from kubegpu.core.manifests import bound_pod_request, node_info, pod_request
 from kubegpu.core.plugin_manager import KubegpuPluginManager, make_plugin_manager
 from kubegpu.core.text import safe_text
 from kubegpu.scheduler.engine import Engine
@@ -181,8 +181,11 @@ class ClusterView:
         try:
             request, _ = pod_request(obj, self.engine.plugins.qualifiers)
         except InputError as exc:
-            self.hidden[key] = f"pod not readable: {exc}"
-            return
+            try:  # what it holds is shown all the same, as the scheduler counts it (`bound_pod_request`)
+                request, _, _ = bound_pod_request(obj, self.engine.plugins.qualifiers)
+            except InputError:
+                self.hidden[key] = f"pod not readable: {exc}"
+                return
         record = None
         if text is None:
             if any(self.engine.plugins.owner_of(r) for r in request.requested_resources()):

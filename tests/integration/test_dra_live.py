@@ -180,3 +180,66 @@ def test_the_scheduler_allocates_a_template_claim_on_the_published_slice_and_fre
         second = claim_of(cluster, namespace, "second-devs")
         assert second is not None
         assert rows_of(cluster, second["status"]["allocation"]["devices"]["results"]) == 4
+
+
+def test_devices_another_scheduler_allocated_to_a_claim_kubegpu_cannot_read_stay_held(
+    cluster: Cluster, namespace: str, resource_api: None, start_scheduler: Any, tmp_path: Path
+) -> None:
+    """A claim whose spec asks what kubegpu does not implement (`distinctAttribute`), allocated all 16 devices by
+    another scheduler (its status written as kube-scheduler writes it): kubegpu's pod wanting 8 waits, told why,
+    instead of being given devices the claim holds; it binds once the claim is deleted."""
+    cluster.create_ready_node("trn-dra")
+    advertise(cluster, "trn-dra", trn_host(tmp_path))
+    cluster.client.post(
+        "/apis/resource.k8s.io/v1/deviceclasses",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "neuron"},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NEURON}"'}}]},
+        },
+    )
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    request = {"name": "rows", "exactly": {"deviceClassName": "neuron", "count": 16}}
+    distinct = {"requests": ["rows"], "distinctAttribute": f"{NEURON}/index"}
+    made = cluster.client.post(
+        claims,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "foreign", "namespace": namespace},
+            "spec": {"devices": {"requests": [request], "constraints": [distinct]}},
+        },
+    )
+    on_node = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["trn-dra"]}]}
+    results = [{"request": "rows", "driver": NEURON, "pool": "trn-dra", "device": f"neuron-{i}"} for i in range(16)]
+    made["status"] = {
+        "allocation": {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [on_node]}},
+        "reservedFor": [{"resource": "pods", "name": "x", "uid": "uid-x"}],
+    }
+    cluster.client.put(f"{claims}/foreign/status", made)
+    cluster.client.post(
+        f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "eight", "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [{**request, "exactly": {**request["exactly"], "count": 8}}]}}},
+        },
+    )
+    with PodClaimsProxy(cluster, tmp_path) as proxy:
+        scheduler = start_scheduler(SCHEDULER, "--no-leader-elect", kubeconfig=proxy.kubeconfig)
+        ready = f"http://127.0.0.1:{scheduler.metrics_port}/readyz"
+        wait_for(
+            lambda: urllib3.request("GET", ready, timeout=2.0, retries=False).status == 200, 60, "the scheduler ready"
+        )
+        claim_pod(cluster, namespace, "p", "eight")
+        wait_for(lambda: refusals(cluster, namespace, "p"), 60, "the pod told why it waits")
+        assert refusals(cluster, namespace, "p") == ["0/1 nodes are available: 1 cannot allocate all claims."]
+        assert node_of(cluster, namespace, "p") is None
+
+        cluster.client.delete(f"{claims}/foreign")
+        wait_for(lambda: node_of(cluster, namespace, "p"), 60, "the pod bound once the claim is gone")
+        mine = claim_of(cluster, namespace, "p-devs")
+        assert mine is not None
+        assert rows_of(cluster, mine["status"]["allocation"]["devices"]["results"]) == 2

@@ -554,3 +554,76 @@ def test_a_claim_an_informer_relist_showed_deleted_is_not_brought_back_by_the_ol
     before, are on their way. The older lists must not bring them back: no event of them will ever come. Before:
     `b` was refused "cannot allocate all claims" though n1 is empty."""
     b_placed_after_catching_up(service, RelistingListing, named=named)  # the relists, then the fresh lists
+
+
+def foreign_claim(name: str, *devices: int, node: str = "n1") -> dict[str, Any]:
+    """A claim kube-scheduler allocated for its pod `x` (1.34, the DRAConsumableCapacity gate on): its spec asks what
+    kubegpu does not implement (`distinctAttribute`), its allocation names `neuron-<i>` of `node`."""
+    spec = claim_spec(
+        exactly("devs", "neuron", len(devices) or 1),
+        constraints=[{"requests": ["devs"], "distinctAttribute": f"{NEURON}/index"}],
+    )
+    made = claim(name, spec)
+    if devices:
+        on_node = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        results = [{"request": "devs", "driver": NEURON, "pool": node, "device": f"neuron-{i}"} for i in devices]
+        made["status"] = {
+            "allocation": {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [on_node]}},
+            "reservedFor": [{"resource": "pods", "name": "x", "uid": "uid-x"}],
+        }
+    made["metadata"]["resourceVersion"] = "5"
+    return made
+
+
+def test_devices_of_a_claim_kubegpu_cannot_read_are_never_allocated_again(service: CustomScheduler) -> None:
+    """kube-scheduler allocated n1's two devices to a claim whose spec kubegpu cannot read: the claim was ignored
+    whole, its devices counted as free, and kubegpu's pod was given the same two devices (held twice; the driver
+    refuses the second pod at its start). Its allocation still holds them: the pod waits until the claim goes."""
+    api = server(service)
+    service.mirror.on_dra("resourceslices", "SYNC", [neuron_slice("n1", 2)])
+    api.claims["other"] = foreign_claim("other", 0, 1)
+    watch_claims(service)
+    service.mirror.on_pods("ADDED", pod("p", templates={"dev": "two"}))
+    cycle(service)
+    assert api.bindings() == {}
+    assert api.refusals("p") == ["0/2 nodes are available: 2 cannot allocate all claims."]
+    del api.claims["other"]
+    watch_claims(service)
+    cycle(service)
+    assert api.bindings() == {"p": "n1"}
+    assert api.devices("p-dev") == ["neuron-0", "neuron-1"]
+
+
+def test_a_pod_naming_a_claim_kubegpu_cannot_read_is_told_why(service: CustomScheduler) -> None:
+    """Not `resourceclaim "odd" not found`, which sends its owner looking for a claim that exists: what is wrong."""
+    api = server(service)
+    api.claims["odd"] = foreign_claim("odd")
+    watch_claims(service)
+    service.mirror.on_pods("ADDED", pod("p", claims={"dev": "odd"}))
+    cycle(service)
+    assert api.bindings() == {}
+    (reason,) = api.refusals("p")
+    assert 'resourceclaim "odd" cannot be read' in reason and "distinctAttribute" in reason, reason
+
+
+def test_a_pod_sharing_an_allocated_claim_kubegpu_cannot_read_goes_where_it_is_allocated(
+    service: CustomScheduler,
+) -> None:
+    api = server(service)
+    api.claims["shared"] = foreign_claim("shared", 3, node="n2")
+    watch_claims(service)
+    service.mirror.on_pods("ADDED", pod("p", claims={"dev": "shared"}))
+    cycle(service)
+    assert api.bindings() == {"p": "n2"}
+    assert [c["name"] for c in api.claims["shared"]["status"]["reservedFor"]] == ["x", "p"]
+
+
+def test_a_pod_naming_a_template_kubegpu_cannot_read_is_told_why(service: CustomScheduler) -> None:
+    odd = template("odd", claim_spec(exactly("devs", "neuron", 33)))  # upstream allocates at most 32 devices
+    service.mirror.on_dra("resourceclaimtemplates", "ADDED", odd)
+    service.mirror.on_pods("ADDED", pod("p", templates={"dev": "odd"}))
+    cycle(service)
+    api = server(service)
+    assert api.bindings() == {} and "p-dev" not in api.claims
+    (reason,) = api.refusals("p")
+    assert 'resourceclaimtemplate "odd" cannot be read' in reason and "count" in reason, reason
