@@ -3,7 +3,10 @@
 The rules follow client-go's leader election: a candidate takes the Lease when it is absent, already its own, or
 when its record has not changed for `lease_duration` as observed on the candidate's own clock (so clock skew between
 machines does not matter). Updates carry the Lease's resourceVersion, so two candidates racing for an expired Lease
-cannot both win.
+cannot both win. Unlike client-go, a Lease deleted or with its holder cleared does not count as free, and a
+leaseDurationSeconds shortened by hand does not shorten the wait: the holder last seen may be alive between two
+renewals, and it stops acting only at its own renew deadline. A record naming this candidate's identity that this
+process did not write (its previous incarnation's) is waited out too.
 
 What the leader may do is bounded by time, not by what the election thread last managed to report. `Leadership`
 holds a deadline on this process's monotonic clock: `renew_deadline` after the start of the last successful renewal.
@@ -130,8 +133,16 @@ class LeaderElector(threading.Thread):
         self.attempt_timeout = renew_deadline / 2  # a hung attempt leaves time for another before the deadline
         self.leadership = leadership or Leadership()
         self.is_leader = threading.Event()
-        self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
+        # The last record naming a holder, (holder, renewTime), when this candidate first saw it, and how long that
+        # holder may stay silent (the record's leaseDurationSeconds, never less than ours). A Lease without a holder
+        # (deleted, or holderIdentity cleared by hand) is not a newer record: the holder last seen may still be acting.
+        self._observed: tuple[str, str] | None = None
         self._observed_at = 0.0
+        self._observed_for = lease_duration
+        # Whether this process wrote the Lease as its holder. A record naming this identity that another process wrote
+        # (this container's previous incarnation: the default identity is the pod's hostname and pid 1 each time) is
+        # waited out like anyone else's, since that process's last writes may still be on their way.
+        self._held = False
 
     def _spec(self, acquire_time: str | None, transitions: int) -> dict[str, Any]:
         now = now_rfc3339(micro=True)
@@ -158,6 +169,8 @@ class LeaderElector(threading.Thread):
         except ApiError as exc:
             if exc.status != 404:
                 raise
+            if self._waiting_for_another():  # deleted under a holder that may still be acting
+                return False
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
@@ -170,19 +183,24 @@ class LeaderElector(threading.Thread):
                 if create_error.status == 409:
                     return False
                 raise
+            self._held = True
             return True
         if not isinstance(lease, dict) or not isinstance(lease.get("spec") or {}, dict):
             raise ApiError(0, "InvalidAnswer", f"GET {self.path}: the answer is not a Lease")
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
-        record = (holder, str(spec.get("renewTime", "")))
-        now = time.monotonic()
-        if record != self._observed:
-            self._observed, self._observed_at = record, now
-        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
-        mine = holder == self.identity
-        if holder and not mine and now - self._observed_at < duration:
+        if holder:
+            record = (holder, str(spec.get("renewTime", "")))
+            if record != self._observed:
+                self._observed, self._observed_at = record, time.monotonic()
+            # A leaseDurationSeconds shortened by hand does not shorten the wait: the holder stops acting at its own
+            # renew deadline, which only its own --lease-duration bounds.
+            asked = spec.get("leaseDurationSeconds")
+            asked = float(asked) if isinstance(asked, int | float) and not isinstance(asked, bool) else 0.0
+            self._observed_for = max(self.lease_duration, asked)
+        if self._waiting_for_another():
             return False
+        mine = holder == self.identity and self._held
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if mine else 1)
         lease["spec"] = self._spec(spec.get("acquireTime") if mine else None, transitions)
         try:
@@ -191,7 +209,15 @@ class LeaderElector(threading.Thread):
             if exc.status == 409:
                 return False
             raise
+        self._held = True
         return True
+
+    def _waiting_for_another(self) -> bool:
+        """Whether the holder last seen, not this process, may still be acting: its record was first seen less than
+        its lease duration ago."""
+        if self._observed is None or (self._observed[0] == self.identity and self._held):
+            return False
+        return time.monotonic() - self._observed_at < self._observed_for
 
     def run(self) -> None:
         if not self._acquire():

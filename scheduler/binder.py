@@ -213,9 +213,9 @@ class Binder:
             "count": 1,
         }
 
-    async def report_unschedulable(self, pod: PodRequest, message: str) -> None:
+    async def report_unschedulable(self, pod: PodRequest, message: str, reason: str = "Unschedulable") -> None:
         """kube-scheduler's two signs of a pod that fits nowhere: a `FailedScheduling` Event and the condition
-        `PodScheduled=False/Unschedulable`."""
+        `PodScheduled=False/Unschedulable` (`SchedulerError` where its Binding was refused)."""
         message = safe_text(message)
         await self.post_event(pod, "FailedScheduling", message)
         condition = {
@@ -224,7 +224,7 @@ class Binder:
                     {
                         "type": "PodScheduled",
                         "status": "False",
-                        "reason": "Unschedulable",
+                        "reason": reason,
                         "message": message,
                         "lastTransitionTime": now_rfc3339(),
                     }

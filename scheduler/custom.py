@@ -52,7 +52,7 @@ from kubegpu.core.manifests import ManifestError
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import configure_logging, read_key
-from kubegpu.kube.client import ApiError, AsyncKubeClient, KubeClient
+from kubegpu.kube.client import ApiError, AsyncKubeClient, Fenced, KubeClient
 from kubegpu.kube.leader import LeaderElector, Leadership, timing_problem
 from kubegpu.scheduler import liveness
 from kubegpu.scheduler.binder import Binder
@@ -516,6 +516,14 @@ class CustomScheduler:
         if error.status == 409 and "resourceVersion" not in str(error) and "modified" not in str(error):
             # Already bound (by another scheduler or an earlier attempt): the pod watch will count it.
             return
+        if not isinstance(error, Fenced):
+            # The API server refused it (an admission webhook, RBAC, a 429 storm, a timeout): the pod's owner reads
+            # why, as kube-scheduler's "binding rejected", once per distinct reason rather than at every retry. A
+            # Binding never sent because this replica stopped leading says nothing about the pod.
+            message = f"binding rejected: {error}"
+            if message != entry.message:
+                entry.message = message
+                self.binder.submit(self.binder.report_unschedulable(entry.request, message, "SchedulerError"))
         self.queue.retry_later(entry)
 
 

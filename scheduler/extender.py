@@ -31,6 +31,9 @@ added to the engine or remembered. Callers authenticate with a client certificat
 probes (`/healthz`, `/readyz`) and `/metrics` answer a client without one. The HTTP server (`http_server.py`) bounds
 what any client may hold: sizes, timeouts, a body budget, connections, and unread answers.
 
+Until the informers have listed the nodes and the pods (`/readyz`), the verbs give nothing: `/filter` and `/bind`
+answer an Error saying so, `/prioritize` scores no host, `/preempt` offers no node.
+
 Bad input never takes the server down: malformed JSON, a body of the wrong shape or over the size limit get a 4xx
 with a JSON message naming the problem; a pod the protocol can answer about (an unknown node, an invalid quantity)
 gets a 200 whose `Error` explains, where the protocol has that field.
@@ -295,6 +298,7 @@ class ExtenderServer:
         self.binder = Binder(writer, self.metrics, component="")
         self.gang_plans = GangPlans()  # the gangs' what-if placements their members are answered from
         self.unbound = UnboundPods(self.gang_plans.drop)
+        self._listed = False  # every informer has listed its collection (`not_ready`)
         self.mirror = ClusterMirror(client, engine, self.binder, self.unbound, leases=leases, watch_podgroups=True)
         # The score /prioritize answers with: the engine's (its binpack or spread policy plus the plugins' topology
         # score), or nvidia-gpu-scheduler's (`compat.FREE_MODEL_GPUS`: free GPUs of the pod's model).
@@ -366,8 +370,24 @@ class ExtenderServer:
                     answers.unresolvable.add(name)
         return answers
 
+    def not_ready(self) -> str | None:
+        """Why the verbs cannot be answered yet (None once every informer has listed): until the pods are listed, the
+        ledger does not know which devices are held, and a bind would give them again. A restarted extender listens
+        at once, and kube-scheduler can reach it before the kubelet's readiness probe takes it out of its Service
+        (the same pod IP, or a direct `urlPrefix`). A mirror that runs no informers (fed directly, as an embedder or a
+        test feeds it) is taken as it is."""
+        if self._listed or self.mirror.surveyed is None:
+            return None
+        waiting = self.mirror.syncing()
+        if waiting:
+            return f"kubegpu extender is still listing the cluster ({', '.join(waiting)}); try again shortly"
+        self._listed = True  # informers never unlist
+        return None
+
     def filter(self, body: bytes) -> dict[str, Any]:
         args: ExtenderArgs = _parse(ExtenderArgs, body)
+        if (problem := self.not_ready()) is not None:
+            return {"NodeNames": None, "Nodes": None, "FailedNodes": {}, "Error": problem}
         try:
             pod = self._pod(args.Pod)
         except _PodError as exc:
@@ -491,6 +511,8 @@ class ExtenderServer:
         """Hosts that score 0 are left out: kube-scheduler counts a host missing from the list as 0, and with binpack
         every empty node scores 0, so the list names just the partly used nodes instead of every candidate."""
         args: ExtenderArgs = _parse(ExtenderArgs, body)
+        if self.not_ready() is not None:  # every host scores 0; its /filter said why
+            return []
         try:
             pod = self._pod(args.Pod)
         except _PodError as exc:
@@ -535,6 +557,8 @@ class ExtenderServer:
         (kube-scheduler's timeout) cancels its wait, never a write half done nor the rollback after it."""
         args: BindingArgs = _parse(BindingArgs, body)
         key = f"{args.PodNamespace}/{args.PodName}"
+        if (problem := self.not_ready()) is not None:
+            return {"Error": f"pod {key}: {problem}"}
         try:
             _, pod = await self._pending(key, args.PodUID)
         except (ApiError, _PodError) as exc:
@@ -578,6 +602,8 @@ class ExtenderServer:
 
     def preempt(self, body: bytes) -> dict[str, Any]:
         args: PreemptionArgs = _parse(PreemptionArgs, body)
+        if self.not_ready() is not None:  # no victim can be judged: no node is offered
+            return {"NodeNameToMetaVictims": {}}
         try:
             pod = self._pod(args.Pod)
         except _PodError as exc:

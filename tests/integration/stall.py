@@ -4,7 +4,8 @@ It stands for what makes one replica's pod watch fall behind in a real cluster: 
 not noticed yet (the client reads nothing for up to its read timeout), or an API server whose watch cache is behind
 etcd. Requests pass through at once; while the proxy is `held`, the bytes the server sends on a connection whose last
 request was a watch of pods wait in the proxy, and are delivered in order once it is `released`. Every other request
-(lists, the Lease, Bindings) is answered as usual, so only the watch is stale.
+(lists, the Lease, Bindings) is answered as usual, so only the watch is stale. With `lists=True` the pod lists are
+held too: a process that starts behind it cannot finish listing pods until the proxy is released.
 
 The proxy presents the API server's own self-signed certificate (the kubeconfigs skip verification, as the cluster's).
 """
@@ -21,7 +22,8 @@ from .cluster import Cluster
 
 
 class StallingProxy:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, *, lists: bool = False) -> None:
+        self.lists = lists
         certs = cluster.workdir / "certs"
         self.upstream = cluster.port
         self._serving = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -81,7 +83,7 @@ class StallingProxy:
             while data := await reader.read(65536):
                 if data.startswith(b"GET "):
                     line = data.split(b"\r\n", 1)[0]
-                    watching[0] = b"/api/v1/pods?" in line and b"watch=true" in line
+                    watching[0] = b"/api/v1/pods?" in line and (self.lists or b"watch=true" in line)
                     self.held_watches += watching[0]
                 up_writer.write(data)
                 await up_writer.drain()

@@ -247,3 +247,50 @@ def pending_in(replica: SchedulerProcess) -> float:
 def refusals_by(replica: SchedulerProcess) -> float:
     """The scheduling cycles in which the replica found no node for a pod."""
     return scraped(replica, r'kubegpu_scheduler_schedule_attempts_total\{result="unschedulable"\} (\S+)')
+
+
+@pytest.mark.parametrize("edit", ["deleted", "shortened to 1 s", "holder cleared"])
+def test_a_lease_edited_by_hand_while_the_leader_stalls_stays_with_the_leader(
+    cluster: Cluster, namespace: str, replicas: tuple[SchedulerProcess, SchedulerProcess], edit: str
+) -> None:
+    """The leader is frozen for 2 s (a GC pause, a starved CPU), less than its renew deadline, so it still acts once
+    it resumes; meanwhile someone edits its Lease by hand. The standby must not take the Lease on that account: it
+    would bind beside a leader that goes on binding until its next renewal. It used to take a deleted or cleared
+    Lease at once, and one whose leaseDurationSeconds was shortened after that many seconds."""
+    one, two = replicas
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{NAME}"
+    with Recorder(cluster, namespace) as recorder:
+        one.process.send_signal(signal.SIGSTOP)
+        try:
+            if edit == "deleted":
+                cluster.client.delete(path)
+            elif edit == "holder cleared":
+                cluster.client.patch(path, {"spec": {"holderIdentity": None}})
+            else:
+                cluster.client.patch(path, {"spec": {"leaseDurationSeconds": 1}})
+            time.sleep(2.0)  # four of the standby's retry periods; the leader's renew deadline is 3 s
+        finally:
+            one.process.send_signal(signal.SIGCONT)
+        time.sleep(2.0)  # the leader renews again
+    assert "became the leader" not in two.output(), f"the standby took the Lease: {recorder.holders}"
+    assert one.process.poll() is None, one.output()[-2000:]
+    lease = cluster.client.get(path)
+    assert lease["spec"]["holderIdentity"] == "one"
+    assert {holder for _, _, holder in recorder.holders if holder} == {"one"}, recorder.holders
+
+
+def test_a_leader_restarted_under_the_same_identity_waits_out_its_previous_lease(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    """A container restarted in its pod has the same default identity (the pod's hostname, pid 1). The killed
+    process's last writes may still be on their way; its successor must wait the lease duration, as any other
+    replica would, instead of finding the Lease "its own" and deciding at once."""
+    timing = ["--lease-namespace", namespace, *LEASE]
+    first = start_scheduler(NAME, *timing, "--identity", "same")
+    first.wait_logged("became the leader")
+    first.kill()
+    started = time.monotonic()
+    second = start_scheduler(NAME, *timing, "--identity", "same")
+    second.wait_logged("became the leader", timeout=30)
+    took = time.monotonic() - started
+    assert took >= 4.0, f"the restarted replica took its predecessor's Lease after {took:.1f}s (lease: 4 s)"

@@ -127,6 +127,20 @@ def test_each_overlay_renders_with_kubectl_1_20_and_the_api_server_accepts_it(
         assert "apiservice.apiregistration.k8s.io/v1.nvidia-gpu-scheduler created (server dry run)" in output
 
 
+def test_a_rollout_of_the_extender_never_runs_two_at_once(tree: Path) -> None:
+    """Each extender keeps its own device ledger, so two at once behind the Service give the same devices twice:
+    two extenders on the real API server, each asked to bind an 8-GPU pod to the same 8-GPU node at the same
+    moment, both bound, every GPU held by both pods. The default RollingUpdate starts the new pod before stopping the
+    old one at every rollout (a changed flag, a new image, `kubectl rollout restart`); every overlay's extender must
+    be replaced, never doubled."""
+    for overlay in OVERLAYS:
+        for document in render(tree, overlay):
+            if document["kind"] == "Deployment" and document["metadata"]["name"] == "kubegpu-extender":  # type: ignore[index]
+                spec = document["spec"]
+                assert spec["replicas"] == 1, overlay  # type: ignore[index]
+                assert (spec.get("strategy") or {}).get("type") == "Recreate", (overlay, spec.get("strategy"))  # type: ignore[union-attr]
+
+
 def test_the_second_profile_manages_every_kubegpu_resource(tree: Path) -> None:
     documents = render(tree, "extender-second-profile")
     config_map = next(d for d in documents if d["kind"] == "ConfigMap")
