@@ -19,23 +19,18 @@ import pytest
 
 from kubegpu.core.manifests import ManifestError, pod_request
 from kubegpu.core.models import Taint, Toleration
-from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest, pod_manifest
 from kubegpu.scheduler.custom import CustomScheduler
-from kubegpu.scheduler.engine import Engine
 
 from .test_resized_pods import bindings, bound, pending, retry
-from .test_service_guards import KEY, RecordingWriter, schedule_all
+from .test_service_guards import KEY, cpu_node_service, schedule_all
 
 SLA = {"key": "sla", "value": "900", "effect": "NoSchedule"}
 
 
 @pytest.fixture
 def service() -> CustomScheduler:
-    engine = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), signing_key=KEY)
-    svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
-    svc.mirror.on_nodes("SYNC", [node_manifest("n1", cpu="8")])
-    svc.mirror.on_pods("SYNC", [])
+    svc = cpu_node_service()
     svc.queue.initial_backoff = svc.queue.max_backoff = 0.0
     return svc
 

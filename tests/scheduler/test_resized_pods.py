@@ -18,12 +18,10 @@ from typing import Any
 import pytest
 
 from kubegpu.core.manifests import pod_request
-from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest, pod_manifest
 from kubegpu.scheduler.custom import CustomScheduler
-from kubegpu.scheduler.engine import Engine
 
-from .test_service_guards import KEY, RecordingWriter, schedule_all
+from .test_service_guards import RecordingWriter, cpu_node_service, schedule_all
 
 INFEASIBLE = [{"type": "PodResizePending", "status": "True", "reason": "Infeasible"}]
 
@@ -179,10 +177,7 @@ def test_an_infeasible_resize_keeps_the_devices_a_container_holds() -> None:
 
 @pytest.fixture
 def service() -> CustomScheduler:
-    engine = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), signing_key=KEY)
-    svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
-    svc.mirror.on_nodes("SYNC", [node_manifest("n1", cpu="8")])
-    svc.mirror.on_pods("SYNC", [])
+    svc = cpu_node_service()
     svc.queue.initial_backoff = svc.queue.max_backoff = 0.0  # a woken pod is tried at once, not after a backoff
     return svc
 

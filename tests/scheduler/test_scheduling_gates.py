@@ -20,11 +20,10 @@ from kubegpu.core.manifests import ManifestError, pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest, pod_manifest
 from kubegpu.scheduler.custom import CustomScheduler
-from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.gates import CONDITION_MESSAGE, gated_reason
 from kubegpu.scheduler.top import ClusterView
 
-from .test_service_guards import KEY, RecordingWriter, schedule_all
+from .test_service_guards import RecordingWriter, cpu_node_service, schedule_all
 
 GATES = ["kueue.x-k8s.io/admission", "example.com/quota"]
 
@@ -51,10 +50,7 @@ def test_the_decoder_reads_the_gate_names_and_refuses_a_gate_without_one() -> No
 
 @pytest.fixture
 def service() -> CustomScheduler:
-    engine = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), signing_key=KEY)
-    svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
-    svc.mirror.on_nodes("SYNC", [node_manifest("n1", cpu="8")])
-    svc.mirror.on_pods("SYNC", [])
+    svc = cpu_node_service()
     return svc
 
 

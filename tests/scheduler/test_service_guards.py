@@ -54,6 +54,16 @@ class RecordingWriter:
         return [b["metadata"]["name"] for m, p, b in self.writes if p.endswith("/binding")]
 
 
+def cpu_node_service(cpu: str = "8") -> CustomScheduler:
+    """A custom scheduler without device plugins, fed directly (no API server): one node `n1` of `cpu` cores, its pods
+    listed (none)."""
+    engine = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), signing_key=KEY)
+    svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
+    svc.mirror.on_nodes("SYNC", [node_manifest("n1", cpu=cpu)])
+    svc.mirror.on_pods("SYNC", [])
+    return svc
+
+
 @pytest.fixture
 def service() -> CustomScheduler:
     plugins = make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False)
