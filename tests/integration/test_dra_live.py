@@ -119,11 +119,8 @@ def refusals(cluster: Cluster, namespace: str, name: str) -> list[str]:
     ]
 
 
-def test_the_scheduler_allocates_a_template_claim_on_the_published_slice_and_frees_it_with_its_pod(
-    cluster: Cluster, namespace: str, resource_api: None, start_scheduler: Any, tmp_path: Path
-) -> None:
-    cluster.create_ready_node("trn-dra")
-    advertise(cluster, "trn-dra", trn_host(tmp_path))  # 16 devices, a 4x4 torus
+def neuron_device_class(cluster: Cluster) -> None:
+    """The DeviceClass `neuron`: every device the Neuron driver publishes."""
     cluster.client.post(
         "/apis/resource.k8s.io/v1/deviceclasses",
         {
@@ -133,6 +130,14 @@ def test_the_scheduler_allocates_a_template_claim_on_the_published_slice_and_fre
             "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NEURON}"'}}]},
         },
     )
+
+
+def test_the_scheduler_allocates_a_template_claim_on_the_published_slice_and_frees_it_with_its_pod(
+    cluster: Cluster, namespace: str, resource_api: None, start_scheduler: Any, tmp_path: Path
+) -> None:
+    cluster.create_ready_node("trn-dra")
+    advertise(cluster, "trn-dra", trn_host(tmp_path))  # 16 devices, a 4x4 torus
+    neuron_device_class(cluster)
     for name, count in (("eight", 8), ("all", 16)):
         request = {"name": "rows", "exactly": {"deviceClassName": "neuron", "count": count}}
         cluster.client.post(
@@ -190,15 +195,7 @@ def test_devices_another_scheduler_allocated_to_a_claim_kubegpu_cannot_read_stay
     instead of being given devices the claim holds; it binds once the claim is deleted."""
     cluster.create_ready_node("trn-dra")
     advertise(cluster, "trn-dra", trn_host(tmp_path))
-    cluster.client.post(
-        "/apis/resource.k8s.io/v1/deviceclasses",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": "neuron"},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NEURON}"'}}]},
-        },
-    )
+    neuron_device_class(cluster)
     claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
     request = {"name": "rows", "exactly": {"deviceClassName": "neuron", "count": 16}}
     distinct = {"requests": ["rows"], "distinctAttribute": f"{NEURON}/index"}
