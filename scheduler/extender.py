@@ -21,7 +21,8 @@ remembers the pending ones (`UnboundPods`), so that its verbs need no GET.
   annotations in its metadata (the API server copies them onto the pod in the same write, guarded by the pod's
   UID), and rolls the reservation back on any failure.
 * `/preempt` (ExtenderPreemptionArgs -> ExtenderPreemptionResult): keeps only candidate nodes where evicting the
-  proposed victims, or those plus the engine's own choice (`Engine.complete_victims`), frees a valid device set.
+  proposed victims, or else the engine's own choice in their place (`Engine.complete_victims`), frees a valid device
+  set.
 * `GET /apis/kubegpu/v1/nodes` and `/apis/kubegpu/v1/pods` (`?watch=true` streams changes as JSON lines): each node's
   devices and who holds them. Each view is brought up to date once per engine change and shared by every watcher.
 
@@ -594,13 +595,14 @@ class ExtenderServer:
             budgets = list(self.mirror.budgets.values())
             for node, (uids, violations) in proposals.items():
                 # When kube-scheduler's victims do not free a valid device set, the engine's own choice
-                # (DefaultPreemption's rules, devices included) is added to them, or the node is dropped.
+                # (DefaultPreemption's rules, devices included) replaces them, or the node is dropped: a proposed
+                # pod the engine's choice does not need would be evicted for nothing.
                 extra = self.engine.complete_victims(pod, node, uids, budgets)
                 if extra is None:
                     continue
                 if extra.victims:
-                    uids += [p.uid for p in extra.victims if p.uid not in uids]
-                    violations = max(violations, extra.violations)
+                    uids = [p.uid for p in extra.victims]
+                    violations = extra.violations
                 kept[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": violations}
         return {"NodeNameToMetaVictims": kept}
 

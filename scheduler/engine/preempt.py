@@ -209,8 +209,11 @@ class Preempting(Admission):
         """Check a preemption someone else proposed (kube-scheduler's victims, through the extender's `/preempt`):
         what must be evicted from node `name` besides the proposed pods (those of `uids` that hold resources there)
         for `pod` to fit, devices included. An empty candidate when the proposed victims free enough; else the
-        engine's own choice there (`select_victims`), which may name some of them again; None when no eviction lets
-        the pod fit or the node is unknown. What-if only: every pod is back as it was on return.
+        engine's own choice there (`select_victims`), which replaces them (kube-scheduler takes an extender's victims
+        as the node's): kube-scheduler counts a share's GPU as one of the node's `nvidia.com/gpu`, so the pod it
+        proposes for the CPU the pod lacks may hold a share of a GPU the pod will not get, while the pods the engine
+        evicts from the GPU it will get free that CPU too. Added to them, it was evicted for nothing. None when no
+        eviction lets the pod fit or the node is unknown. What-if only: every pod is back as it was on return.
 
         None too for a pod the PreFilter refuses (`_validate`: the plugins' `kubegpu_scheduler_validate`), as `preempt`
         does: the extender's `/filter` refused it on every node, as unresolvable, but kube-scheduler before 1.21 reads
