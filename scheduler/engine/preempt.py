@@ -133,13 +133,18 @@ class Preempting(Admission):
 
     def _frees_enough(self, record: NodeRecord, plan: Plan, lower: list[PodRecord]) -> bool:
         """Whether evicting every pod of `lower` would leave room for the pod by NodeResourcesFit's arithmetic: where
-        it would not, the node is no candidate, and no what-if is needed to tell."""
+        it would not, the node is no candidate, and no what-if is needed to tell. A resource the node does not list
+        that a plugin's books count (`Headroom.unlisted`: a GPU share on a node that lists `nvidia.com/gpu` alone,
+        as HAMi's device plugin leaves it) is the plugin's to judge, as in the filter: counted as none free, it made
+        every such node no candidate, and a share never preempted there."""
         if not self._fit_by_index:  # NodeResourcesFit is off
             return True
         allocatable, used = record.info.allocatable, record.used
         if allocatable.get("pods", 0) - used["pods"] + len(lower) < 1:
             return False
         for resource, need in plan.fit:
+            if resource not in allocatable and any(resource in h.unlisted for h in record.headroom.values()):
+                continue
             free = allocatable.get(resource, 0) - used[resource]
             if free >= need:
                 continue

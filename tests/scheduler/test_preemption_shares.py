@@ -32,10 +32,13 @@ MEM = "nvidia.com/gpumem"
 MEM_PCT = "nvidia.com/gpumem-percentage"
 
 
-def shared_node(name: str = "g", gpus: int = 2) -> dict[str, Any]:
-    """A node of `gpus` 16 GiB GPUs as HAMi's device plugin and GPU Feature Discovery advertise it (split 10)."""
+def shared_node(name: str = "g", gpus: int = 2, *, gpu_only: bool = False) -> dict[str, Any]:
+    """A node of `gpus` 16 GiB GPUs as HAMi's device plugin and GPU Feature Discovery advertise it (split 10);
+    `gpu_only`: listing `nvidia.com/gpu` alone, as HAMi's device plugin leaves it."""
     labels = {"nvidia.com/gpu.count": str(gpus), "nvidia.com/gpu.memory": "16384", "kubernetes.io/hostname": name}
-    allocatable = {GPU: 10 * gpus, CORES: 100 * gpus, MEM_PCT: 100 * gpus, MEM: 16384 * gpus}
+    allocatable = {GPU: 10 * gpus}
+    if not gpu_only:
+        allocatable.update({CORES: 100 * gpus, MEM_PCT: 100 * gpus, MEM: 16384 * gpus})
     return node_manifest(name, labels=labels, allocatable=allocatable)
 
 
@@ -78,8 +81,12 @@ def evict_and_place(e: Engine, pod: PodRequest, victims: tuple[str, ...]) -> lis
     return decision.allocation.containers["main"][GPU]
 
 
-def test_a_half_gpu_share_evicts_the_fewest_lowest_priority_shares_all_on_the_gpu_it_gets() -> None:
-    e = engine(shared_node())
+@pytest.mark.parametrize("gpu_only", [False, True], ids=["share-resources-listed", "gpu-only-listed"])
+def test_a_half_gpu_share_evicts_the_fewest_lowest_priority_shares_all_on_the_gpu_it_gets(gpu_only: bool) -> None:
+    """Also on a node listing `nvidia.com/gpu` alone (HAMi's device plugin), where kubegpu places shares from its
+    per-GPU books: preemption's first check read the unlisted `nvidia.com/gpucores` as none free, so no share ever
+    preempted there (`no node would fit the pod even without the pods of lower priority`)."""
+    e = engine(shared_node(gpu_only=gpu_only))
     gpus = fill(e, {"b5": 5, "b1": 1, "b3": 3, "b2": 2, "b4": 4, "b6": 6})
     assert {name for name, g in gpus.items() if g == ["1"]} == {"b3", "b2", "b6"}  # GPU 0: b5, b1, b4
     infer = share("infer", 100, 50)
