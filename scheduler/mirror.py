@@ -1048,6 +1048,7 @@ class ClusterMirror:
                             self._seen_since_listing(CLAIMS_KIND, named, True, {"metadata": {"uid": held.claim.uid}})
                 self.release(key)
             self.pending.keep_only(live)
+            self.engine.unnominate_all_but(live)
             if self.gang_members is not None:
                 self.gang_members.keep_only(live)
             for key in [k for k in self.gated if k not in live]:

@@ -252,6 +252,16 @@ class Preempting(Admission):
             record.nominees.pop(key, None)
             self._refresh(record)
 
+    def nominated_node(self, key: str) -> str | None:
+        """The node held for preempting pod `key` (`nominate`), if any."""
+        return self.nominated.get(key)
+
+    def unnominate_all_but(self, live: Container[str]) -> None:
+        """Release the nodes held for preempting pods not among `live`: a relist no longer shows them (deleted
+        while the watch was down), and no event of theirs would ever release the hold."""
+        for key in [key for key in self.nominated if key not in live]:
+            self.unnominate(key)
+
     def awaits_victims(self, key: str, leaving: Container[str]) -> bool:
         """Whether the node held for preempting pod `key` (`nominate`) still holds one of `leaving` (victims deleted
         but not gone yet): the pod waits for them instead of preempting again."""
