@@ -22,7 +22,9 @@ remembers the pending ones (`UnboundPods`), so that its verbs need no GET.
   UID), and rolls the reservation back on any failure.
 * `/preempt` (ExtenderPreemptionArgs -> ExtenderPreemptionResult): keeps only candidate nodes where evicting the
   proposed victims, or else the engine's own choice in their place (`Engine.complete_victims`), frees a valid device
-  set.
+  set. A pending pod kube-scheduler nominated (`status.nominatedNodeName`) has its node held in the engine
+  (`Engine.nominate`), so `/filter` keeps pods of equal or lower priority off the room its victims free:
+  kube-scheduler's own filters count the nominated pod, but not the `ignoredByScheduler` GPU shares.
 * `GET /apis/kubegpu/v1/nodes` and `/apis/kubegpu/v1/pods` (`?watch=true` streams changes as JSON lines): each node's
   devices and who holds them. Each view is brought up to date once per engine change and shared by every watcher.
 
@@ -296,7 +298,9 @@ class ExtenderServer:
         self.binder = Binder(writer, self.metrics, component="")
         self.gang_plans = GangPlans()  # the gangs' what-if placements their members are answered from
         self.unbound = UnboundPods(self.gang_plans.drop)
-        self.mirror = ClusterMirror(client, engine, self.binder, self.unbound, leases=leases, watch_podgroups=True)
+        self.mirror = ClusterMirror(
+            client, engine, self.binder, self.unbound, leases=leases, watch_podgroups=True, follow_nominations=True
+        )
         # The score /prioritize answers with: the engine's (its binpack or spread policy plus the plugins' topology
         # score), or nvidia-gpu-scheduler's (`compat.FREE_MODEL_GPUS`: free GPUs of the pod's model).
         self.free_model_gpus = policy == compat.FREE_MODEL_GPUS

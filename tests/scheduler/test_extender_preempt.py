@@ -13,7 +13,7 @@ import orjson
 
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
-from kubegpu.core.testing import make_node
+from kubegpu.core.testing import make_node, node_manifest
 from kubegpu.plugins.neuron import scheduler as neuron
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler.engine import Engine
@@ -132,3 +132,47 @@ def test_a_pod_proposed_for_cpu_on_a_gpu_the_preemptor_will_not_get_is_not_evict
         assert engine.release(f"default/{victim}") is not None
     placed = engine.schedule(pod_request(urgent)[0])
     assert placed.allocation is not None and placed.allocation.containers["main"][gpu] == ["1"]
+
+
+def test_the_share_a_preemption_freed_is_kept_for_the_pod_kube_scheduler_nominated() -> None:
+    """Behind kube-scheduler the share resources are `ignoredByScheduler`, so its own filters, which count the
+    nominated preemptor, let a batch share of lower priority through to the node whose victims just left; `/filter`
+    let it on too, the 50 % the victims freed went to the batch pod, and the inference pod preempted again. Now
+    the node is held for the nominated pod (its `status.nominatedNodeName`) until it binds, leaves, or the
+    nomination is cleared, as kube-scheduler holds it for the resources it counts."""
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    gpu, cores, memory = "nvidia.com/gpu", "nvidia.com/gpucores", "nvidia.com/gpumem-percentage"
+    labels = {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "16384"}
+    engine.add_node(node_info(node_manifest("g", labels=labels, allocatable={gpu: 10, cores: 100, memory: 100})))
+    server = ExtenderServer(engine, None, None)  # type: ignore[arg-type]
+    server.mirror.on_pods("SYNC", [])
+
+    def share(name: str, percent: int, priority: int, nominated: str | None = None) -> dict[str, Any]:
+        container = {"name": "main", "resources": {"limits": {gpu: "1", cores: str(percent), memory: str(percent)}}}
+        metadata = {"name": name, "namespace": "default", "uid": f"uid-{name}", "resourceVersion": "1"}
+        status = {"nominatedNodeName": nominated} if nominated else {}
+        spec = {"priority": priority, "containers": [container]}
+        return {"kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
+
+    def passes(pod: dict[str, Any]) -> bool:
+        answer = server.filter(orjson.dumps({"Pod": pod, "NodeNames": ["g"]}))
+        return bool(answer["NodeNames"] == ["g"])
+
+    for i in range(3):
+        assert engine.reserve(pod_request(share(f"b{i}", 30, i))[0], "g").scheduled
+    infer, batch = share("infer", 50, 1000), share("batch", 40, 500)
+    assert preempt(server, infer, {"g": []}) == {"g": ["uid-b0", "uid-b1"]}
+    server.mirror.on_pods("ADDED", infer)
+    for victim in ("b0", "b1"):
+        assert engine.release(f"default/{victim}") is not None
+    assert passes(batch)  # not nominated yet: the freed room is anyone's
+    server.mirror.on_pods("MODIFIED", share("infer", 50, 1000, nominated="g"))  # kube-scheduler nominates it
+    refused = server.filter(orjson.dumps({"Pod": batch, "NodeNames": ["g"]}))
+    assert refused["NodeNames"] == [] and "nominated for a pending pod" in refused["FailedNodes"]["g"]
+    assert passes(infer) and passes(share("vip", 40, 2000))  # the preemptor, and a pod above it, still pass
+    server.mirror.on_pods("MODIFIED", share("infer", 50, 1000))  # the nomination cleared
+    assert passes(batch)
+    server.mirror.on_pods("MODIFIED", share("infer", 50, 1000, nominated="g"))
+    assert not passes(batch)
+    server.mirror.on_pods("DELETED", share("infer", 50, 1000, nominated="g"))  # the preemptor gave up
+    assert passes(batch)
