@@ -348,7 +348,10 @@ class ExtenderServer:
         mirror's lock held)."""
         if self._swept != self.engine.generation:
             self._sweep()
-        answers = self._answers.pop(plan.signature, None)  # re-inserted last: the dict is kept in LRU order
+        # A node held for a preempting pod (`Engine.nominate`) refuses the pods of its shape and priority but passes
+        # that pod itself: the nominee's answers are its own, or it was refused its own node after a twin's call.
+        shape = plan.signature if self.engine.nominated_node(pod.key) is None else (*plan.signature, pod.key)
+        answers = self._answers.pop(shape, None)  # re-inserted last: the dict is kept in LRU order
         if answers is not None:
             changed = self.engine.changed_since(answers.generation)
             if changed is None:
@@ -360,7 +363,7 @@ class ExtenderServer:
             if len(self._answers) >= MAX_SHAPES:
                 del self._answers[next(iter(self._answers))]
         answers.generation = self.engine.generation
-        self._answers[plan.signature] = answers
+        self._answers[shape] = answers
         undecided = wanted - answers.passing - answers.failing.keys()
         for name, status in self.engine.filter_nodes(pod, undecided, plan).items():
             if status.ok:

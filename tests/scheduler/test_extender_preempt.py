@@ -174,5 +174,7 @@ def test_the_share_a_preemption_freed_is_kept_for_the_pod_kube_scheduler_nominat
     assert passes(batch)
     server.mirror.on_pods("MODIFIED", share("infer", 50, 1000, nominated="g"))
     assert not passes(batch)
+    twin = share("twin", 50, 1000)  # the preemptor's shape and priority, not nominated: answers are per pod here
+    assert not passes(twin) and passes(infer) and not passes(twin)
     server.mirror.on_pods("DELETED", share("infer", 50, 1000, nominated="g"))  # the preemptor gave up
     assert passes(batch)
