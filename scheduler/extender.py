@@ -21,7 +21,10 @@ remembers the pending ones (`UnboundPods`), so that its verbs need no GET.
   annotations in its metadata (the API server copies them onto the pod in the same write, guarded by the pod's
   UID), and rolls the reservation back on any failure.
 * `/preempt` (ExtenderPreemptionArgs -> ExtenderPreemptionResult): keeps only candidate nodes where evicting the
-  proposed victims, or those plus the engine's own choice (`Engine.complete_victims`), frees a valid device set.
+  proposed victims, or else the engine's own choice in their place (`Engine.complete_victims`), frees a valid device
+  set. A pending pod kube-scheduler nominated (`status.nominatedNodeName`) has its node held in the engine
+  (`Engine.nominate`), so `/filter` keeps pods of equal or lower priority off the room its victims free:
+  kube-scheduler's own filters count the nominated pod, but not the `ignoredByScheduler` GPU shares.
 * `GET /apis/kubegpu/v1/nodes` and `/apis/kubegpu/v1/pods` (`?watch=true` streams changes as JSON lines): each node's
   devices and who holds them. Each view is brought up to date once per engine change and shared by every watcher.
 
@@ -299,7 +302,9 @@ class ExtenderServer:
         self.gang_plans = GangPlans()  # the gangs' what-if placements their members are answered from
         self.unbound = UnboundPods(self.gang_plans.drop)
         self._listed = False  # every informer has listed its collection (`not_ready`)
-        self.mirror = ClusterMirror(client, engine, self.binder, self.unbound, leases=leases, watch_podgroups=True)
+        self.mirror = ClusterMirror(
+            client, engine, self.binder, self.unbound, leases=leases, watch_podgroups=True, follow_nominations=True
+        )
         # The score /prioritize answers with: the engine's (its binpack or spread policy plus the plugins' topology
         # score), or nvidia-gpu-scheduler's (`compat.FREE_MODEL_GPUS`: free GPUs of the pod's model).
         self.free_model_gpus = policy == compat.FREE_MODEL_GPUS
@@ -347,7 +352,10 @@ class ExtenderServer:
         mirror's lock held)."""
         if self._swept != self.engine.generation:
             self._sweep()
-        answers = self._answers.pop(plan.signature, None)  # re-inserted last: the dict is kept in LRU order
+        # A node held for a preempting pod (`Engine.nominate`) refuses the pods of its shape and priority but passes
+        # that pod itself: the nominee's answers are its own, or it was refused its own node after a twin's call.
+        shape = plan.signature if self.engine.nominated_node(pod.key) is None else (*plan.signature, pod.key)
+        answers = self._answers.pop(shape, None)  # re-inserted last: the dict is kept in LRU order
         if answers is not None:
             changed = self.engine.changed_since(answers.generation)
             if changed is None:
@@ -359,7 +367,7 @@ class ExtenderServer:
             if len(self._answers) >= MAX_SHAPES:
                 del self._answers[next(iter(self._answers))]
         answers.generation = self.engine.generation
-        self._answers[plan.signature] = answers
+        self._answers[shape] = answers
         undecided = wanted - answers.passing - answers.failing.keys()
         for name, status in self.engine.filter_nodes(pod, undecided, plan).items():
             if status.ok:
@@ -620,13 +628,14 @@ class ExtenderServer:
             budgets = list(self.mirror.budgets.values())
             for node, (uids, violations) in proposals.items():
                 # When kube-scheduler's victims do not free a valid device set, the engine's own choice
-                # (DefaultPreemption's rules, devices included) is added to them, or the node is dropped.
+                # (DefaultPreemption's rules, devices included) replaces them, or the node is dropped: a proposed
+                # pod the engine's choice does not need would be evicted for nothing.
                 extra = self.engine.complete_victims(pod, node, uids, budgets)
                 if extra is None:
                     continue
                 if extra.victims:
-                    uids += [p.uid for p in extra.victims if p.uid not in uids]
-                    violations = max(violations, extra.violations)
+                    uids = [p.uid for p in extra.victims]
+                    violations = extra.violations
                 kept[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": violations}
         return {"NodeNameToMetaVictims": kept}
 

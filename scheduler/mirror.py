@@ -190,9 +190,15 @@ class ClusterMirror:
         watch_podgroups: bool = False,
         needs_leases: bool = False,
         watch_dra: bool = False,
+        follow_nominations: bool = False,
         claims_released: Callable[[PodRequest, list[HeldClaim]], None] | None = None,
     ) -> None:
         self.client = client
+        # The extender's: kube-scheduler nominates its preemptors (`status.nominatedNodeName`) and keeps the room
+        # their victims free from pods of lower priority only in its own filters, which do not count a GPU share
+        # (`ignoredByScheduler`). The engine holds the node for such a pod as the custom scheduler's own
+        # preemption does (`Engine.nominate`), until the pod binds, leaves, or its nomination is cleared.
+        self.follow_nominations = follow_nominations
         self.engine = engine
         self.binder = binder
         self.metrics: Metrics = binder.metrics
@@ -1061,6 +1067,7 @@ class ClusterMirror:
                             self._seen_since_listing(CLAIMS_KIND, named, True, {"metadata": {"uid": held.claim.uid}})
                 self.release(key)
             self.pending.keep_only(live)
+            self.engine.unnominate_all_but(live)
             if self.gang_members is not None:
                 self.gang_members.keep_only(live)
             for key in [k for k in self.gated if k not in live]:
@@ -1287,6 +1294,9 @@ class ClusterMirror:
                 self._gate(key, refusal.message, request.scheduling_gates)
                 return
         self._ungate(key)  # its last gate removed: it enters the queue as a new pod would
+        if self.follow_nominations and not deleting:
+            status = obj.get("status")
+            self._follow_nomination(request, status.get("nominatedNodeName") if isinstance(status, dict) else None)
         version = str(meta.get("resourceVersion", ""))
         if self.pending.observe(key, request, version, deleting=deleting, held=held is not None):
             self._sizes[key] = sizes_of(obj)
@@ -1315,6 +1325,17 @@ class ClusterMirror:
                 extra={"pod": key, "node": spec.get("nodeName")},
             )
         return request, deleting
+
+    def _follow_nomination(self, pod: PodRequest, node: object) -> None:
+        """Hold node `node` for the pending pod kube-scheduler nominated there (none: release the hold). A node the
+        engine does not know holds nothing; the pod's leaving (`drop_pending`) releases the hold."""
+        name = node if isinstance(node, str) and node else None
+        if self.engine.nominated_node(pod.key) == name:
+            return
+        if name is None:
+            self.engine.unnominate(pod.key)
+        else:
+            self.engine.nominate(pod, name)
 
     def _unreadable_pod(self, kind: str, key: str, obj: dict[str, Any], problem: str) -> None:
         """A pod kubegpu cannot read (a tenant wrote it): it is left alone, and if it was waiting for this scheduler

@@ -13,7 +13,8 @@ scheduled as kube-scheduler's active queue orders them: by priority (`spec.prior
 value, else the global default class's), then in document order.
 A pod that fits nowhere preempts pods of lower priority where that makes it fit (`kubegpu.scheduler.preemption`):
 each victim is removed at once and reported first as `{"pod", "event": "preempted", "node", "by": "ns/name"}`
-(with its released `devices`), then the preemptor's `scheduled`. PodDisruptionBudget (`status.disruptionsAllowed`,
+(with its released `devices`, and the `annotations` it held, its allocation's shares among them), then the
+preemptor's `scheduled`. PodDisruptionBudget (`status.disruptionsAllowed`,
 else computed from its spec), PersistentVolumeClaim, PersistentVolume and PriorityClass documents are read too, and
 Service, ReplicationController, ReplicaSet and StatefulSet documents, whose selectors give the pods they select that
 set no `topologySpreadConstraints` kube-scheduler's default spread over hosts and zones (`kubegpu.scheduler.owners`).
@@ -644,7 +645,8 @@ def _process(
                         "by": request.key,
                         "reason": f"preempted by {request.key} (priority {request.priority})",
                         "devices": released.allocation.containers if released and released.allocation else {},
-                        "annotations": {},
+                        # its allocation, whose `shares` the report shows (a share's GPU id read as its amount)
+                        "annotations": released.annotations if released else {},
                     }
                 decision = engine.reserve(request, preemption.node)
         latencies.append(clock() - started)
@@ -683,7 +685,7 @@ def _place_gang(
                     "by": group.key,
                     "reason": f"preempted by gang {group.key} (priority {priority}) for {preemption.domain}",
                     "devices": released.allocation.containers if released and released.allocation else {},
-                    "annotations": {},
+                    "annotations": released.annotations if released else {},
                 }
             placement = engine.place_gang(members, group)
     requests = {m.key: m for m in members}

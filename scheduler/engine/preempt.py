@@ -133,13 +133,18 @@ class Preempting(Admission):
 
     def _frees_enough(self, record: NodeRecord, plan: Plan, lower: list[PodRecord]) -> bool:
         """Whether evicting every pod of `lower` would leave room for the pod by NodeResourcesFit's arithmetic: where
-        it would not, the node is no candidate, and no what-if is needed to tell."""
+        it would not, the node is no candidate, and no what-if is needed to tell. A resource the node does not list
+        that a plugin's books count (`Headroom.unlisted`: a GPU share on a node that lists `nvidia.com/gpu` alone,
+        as HAMi's device plugin leaves it) is the plugin's to judge, as in the filter: counted as none free, it made
+        every such node no candidate, and a share never preempted there."""
         if not self._fit_by_index:  # NodeResourcesFit is off
             return True
         allocatable, used = record.info.allocatable, record.used
         if allocatable.get("pods", 0) - used["pods"] + len(lower) < 1:
             return False
         for resource, need in plan.fit:
+            if resource not in allocatable and any(resource in h.unlisted for h in record.headroom.values()):
+                continue
             free = allocatable.get(resource, 0) - used[resource]
             if free >= need:
                 continue
@@ -209,8 +214,11 @@ class Preempting(Admission):
         """Check a preemption someone else proposed (kube-scheduler's victims, through the extender's `/preempt`):
         what must be evicted from node `name` besides the proposed pods (those of `uids` that hold resources there)
         for `pod` to fit, devices included. An empty candidate when the proposed victims free enough; else the
-        engine's own choice there (`select_victims`), which may name some of them again; None when no eviction lets
-        the pod fit or the node is unknown. What-if only: every pod is back as it was on return.
+        engine's own choice there (`select_victims`), which replaces them (kube-scheduler takes an extender's victims
+        as the node's): kube-scheduler counts a share's GPU as one of the node's `nvidia.com/gpu`, so the pod it
+        proposes for the CPU the pod lacks may hold a share of a GPU the pod will not get, while the pods the engine
+        evicts from the GPU it will get free that CPU too. Added to them, it was evicted for nothing. None when no
+        eviction lets the pod fit or the node is unknown. What-if only: every pod is back as it was on return.
 
         None too for a pod the PreFilter refuses (`_validate`: the plugins' `kubegpu_scheduler_validate`), as `preempt`
         does: the extender's `/filter` refused it on every node, as unresolvable, but kube-scheduler before 1.21 reads
@@ -243,6 +251,16 @@ class Preempting(Admission):
         if name is not None and (record := self.nodes.get(name)) is not None:
             record.nominees.pop(key, None)
             self._refresh(record)
+
+    def nominated_node(self, key: str) -> str | None:
+        """The node held for preempting pod `key` (`nominate`), if any."""
+        return self.nominated.get(key)
+
+    def unnominate_all_but(self, live: Container[str]) -> None:
+        """Release the nodes held for preempting pods not among `live`: a relist no longer shows them (deleted
+        while the watch was down), and no event of theirs would ever release the hold."""
+        for key in [key for key in self.nominated if key not in live]:
+            self.unnominate(key)
 
     def awaits_victims(self, key: str, leaving: Container[str]) -> bool:
         """Whether the node held for preempting pod `key` (`nominate`) still holds one of `leaving` (victims deleted

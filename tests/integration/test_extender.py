@@ -25,6 +25,8 @@ from kubegpu.kube.client import ApiError
 from kubegpu.scheduler.extender import UNKNOWN_NODE
 
 from .cluster import Cluster, free_port, wait_for
+from .test_preemption import create, devices, priority_classes
+from .test_preemption import pods as pods_in
 from .test_scheduler import (
     HAMI_ALLOCATABLE,
     HAMI_GPU,
@@ -392,3 +394,39 @@ def test_kube_scheduler_binds_a_gang_through_the_extender_whole_in_one_rack_once
             raise AssertionError(f"{extender.output()[-3000:]}\n---\n{scheduler.output()[-3000:]}") from None
     assert racks_of(where, nodes) == {"rack-b"}, nodes
     assert_no_device_held_twice(cluster, namespace)
+
+
+def test_kube_scheduler_1_20_2_preempts_by_its_own_sums_without_asking_the_extender(
+    cluster: Cluster, namespace: str, extender_stack: Any
+) -> None:
+    """What the README says of preemption behind kube-scheduler 1.20.2: it never calls the extender's `preempt` verb
+    (kubernetes#103019, fixed in later releases), so its victims are those its own sums choose. Two GPUs full of
+    30 % shares: GPU 0 holds p1 and p2 (mid priority) and p5 (high), GPU 1 p3 (low), p4 and p6 (high).
+    kube-scheduler needs 30 more `nvidia.com/gpucores` on the node and evicts p3 alone; GPU 1 is then 40 % free,
+    kubegpu's `/filter` refuses the 50 % share saying so, and it waits. (kubegpu's `/preempt` would have answered
+    p1 and p2, `test_extender_preempt.py`; the custom scheduler evicts those, `test_preemption.py`.)"""
+    priority_classes(cluster)
+    labels = {**HAMI_GPU, "nvidia.com/gpu.count": "2"}
+    gpus = {"nvidia.com/gpu": 20, "nvidia.com/gpucores": 200, "nvidia.com/gpumem": 32768}
+    cluster.create_ready_node("hami-pre", labels=labels, allocatable=gpus)
+    extender_stack(False)
+    share = {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 30, "nvidia.com/gpumem": 4096}
+    classes = {"p1": "mid", "p2": "mid", "p3": "low", "p4": "high", "p5": "high", "p6": "high"}
+    for name, level in classes.items():  # one at a time: each placement follows the last
+        create(cluster, namespace, name, 0, "gpu-scheduler", f"kubegpu-test-{level}", limits=share)
+        wait_for(lambda n=name: n in bound(cluster, namespace), 60, f"{name} bound")
+    held = {name: devices(cluster, namespace, name, "nvidia.com/gpu") for name in classes}
+    assert held == {"p1": ["0"], "p2": ["0"], "p3": ["1"], "p4": ["1"], "p5": ["0"], "p6": ["1"]}, held
+
+    create(
+        cluster, namespace, "infer", 0, "gpu-scheduler", "kubegpu-test-top", limits={**share, "nvidia.com/gpucores": 50}
+    )
+    reason = "GPU 1 has 40% compute free, the pod asks 50%"
+
+    def refused() -> bool:
+        conditions = pods_in(cluster, namespace)["infer"].get("status", {}).get("conditions") or []
+        return any(reason in c.get("message", "") for c in conditions)
+
+    wait_for(refused, 60, "infer's PodScheduled condition with kubegpu's reason")
+    assert set(pods_in(cluster, namespace)) == {"p1", "p2", "p4", "p5", "p6", "infer"}
+    assert "infer" not in bound(cluster, namespace)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import urllib3
 
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
@@ -41,13 +42,15 @@ def create(
     scheduler: str,
     priority: str | None = None,
     spec: dict[str, Any] | None = None,
+    limits: dict[str, int] | None = None,
     **meta: Any,
 ) -> None:
+    asked = {r: str(v) for r, v in (limits or {DEVICE: devices}).items()}
     spec = {
         **(spec or {}),
         "schedulerName": scheduler,
         "terminationGracePeriodSeconds": 0,
-        "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {DEVICE: str(devices)}}}],
+        "containers": [{"name": "main", "image": "busybox", "resources": {"limits": asked}}],
     }
     if priority:
         spec["priorityClassName"] = priority
@@ -64,10 +67,10 @@ def bound_to(cluster: Cluster, namespace: str, name: str) -> str | None:
     return (pod or {}).get("spec", {}).get("nodeName")
 
 
-def devices(cluster: Cluster, namespace: str, name: str) -> list[str]:
+def devices(cluster: Cluster, namespace: str, name: str, resource: str = DEVICE) -> list[str]:
     pod = pods(cluster, namespace)[name]
     record = decode_allocation(pod["metadata"]["annotations"][ALLOCATION_KEY])
-    return record.containers["main"][DEVICE]
+    return record.containers["main"][resource]
 
 
 def wait_bound(cluster: Cluster, namespace: str, *names: str, timeout: float = 30.0) -> None:
@@ -130,6 +133,49 @@ def test_an_eight_device_pod_evicts_only_the_lower_priority_of_two_holders(
 
     assert set(pods(cluster, namespace)) == {"important", "urgent"}
     assert devices(cluster, namespace, "urgent") == freed
+
+
+@pytest.mark.parametrize("listed", ["share-resources", "gpu-only"])
+def test_a_half_gpu_share_evicts_two_low_shares_of_the_gpu_it_gets_and_nothing_else(
+    cluster: Cluster, namespace: str, start_scheduler: Any, listed: str
+) -> None:
+    """Two 16 GiB GPUs shared HAMi-style, full of 30 % shares: three of low priority, three of mid. A 50 % share of
+    top priority evicts the two low shares of one GPU (the third low share, on the other GPU, is reprieved; no mid
+    share goes) and binds to the GPU they freed, within its 100 %. Also where the node lists `nvidia.com/gpu` alone,
+    as HAMi's device plugin leaves it (before, no share preempted there)."""
+    priority_classes(cluster)
+    labels = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.memory": "16384", "kubegpu-test/listed": listed}
+    gpus = {"nvidia.com/gpu": 20, "nvidia.com/gpucores": 200, "nvidia.com/gpumem-percentage": 200}
+    if listed == "gpu-only":
+        gpus = {"nvidia.com/gpu": 20}
+    cluster.create_ready_node(f"hami-{listed}", labels=labels, allocatable=gpus)
+    scheduler = f"kubegpu-preempt-{listed}"
+    start_scheduler(scheduler, "--no-leader-elect")
+
+    here = {"nodeSelector": {"kubegpu-test/listed": listed}}  # not the other parameter's node, if still there
+
+    def share(percent: int) -> dict[str, int]:
+        return {"nvidia.com/gpu": 1, "nvidia.com/gpucores": percent, "nvidia.com/gpumem-percentage": percent}
+
+    for i in range(3):
+        create(cluster, namespace, f"batch-{i}", 0, scheduler, "kubegpu-test-low", here, limits=share(30))
+        wait_bound(cluster, namespace, f"batch-{i}")
+    for i in range(3):
+        create(cluster, namespace, f"mid-{i}", 0, scheduler, "kubegpu-test-mid", here, limits=share(30))
+    wait_bound(cluster, namespace, *(f"mid-{i}" for i in range(3)))
+    gpu = {name: devices(cluster, namespace, name, "nvidia.com/gpu") for name in pods(cluster, namespace)}
+
+    create(cluster, namespace, "infer", 0, scheduler, "kubegpu-test-top", here, limits=share(50))
+    wait_bound(cluster, namespace, "infer")
+
+    left = set(pods(cluster, namespace))
+    evicted = set(gpu) - left
+    assert len(evicted) == 2 and all(name.startswith("batch-") for name in evicted), left
+    taken = devices(cluster, namespace, "infer", "nvidia.com/gpu")
+    assert all(gpu[name] == taken for name in evicted), (gpu, taken)
+    assert sum(30 for name in left - {"infer"} if gpu[name] == taken) + 50 <= 100
+    reasons = [(e["reason"], e["involvedObject"]["name"]) for e in cluster.events(namespace)]
+    assert {name for reason, name in reasons if reason == "Preempted"} == evicted
 
 
 def test_a_disruption_budget_and_equal_priority_are_respected(

@@ -13,8 +13,9 @@ import orjson
 
 from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.plugin_manager import make_plugin_manager
-from kubegpu.core.testing import make_node
+from kubegpu.core.testing import make_node, node_manifest
 from kubegpu.plugins.neuron import scheduler as neuron
+from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.extender import ExtenderServer
 
@@ -55,9 +56,9 @@ def test_victims_that_free_a_valid_set_are_kept_as_proposed() -> None:
     assert preempt(server, big, {"trn-0": uids}) == {"trn-0": sorted(uids)}
 
 
-def test_too_few_victims_get_the_engines_choice_added() -> None:
+def test_too_few_victims_give_way_to_the_engines_choice() -> None:
     """kube-scheduler counts devices, not sets: evicting one 4-device holder frees four devices, but an 8-device
-    pod on a torus needs a whole half, so the engine adds the neighbour that shares it."""
+    pod on a torus needs a whole half, so the engine answers the holders of one half."""
     engine, server = extender("trn-0")
     uids = [place(engine, f"low-{i}", 4, 0, "trn-0") for i in range(4)]
     eight = pod_doc("eight", 8, priority=1000, uid="uid-eight")
@@ -93,3 +94,87 @@ def test_a_pod_its_plugin_refuses_before_any_node_gets_no_victims() -> None:
     answer = server.filter(orjson.dumps({"Pod": refused, "NodeNames": ["n"]}))
     assert answer["NodeNames"] == [] and "marked refuse" in answer["FailedAndUnresolvableNodes"]["n"]
     assert preempt(server, refused, {"n": ["uid-low"]}) == {}
+
+
+def test_a_pod_proposed_for_cpu_on_a_gpu_the_preemptor_will_not_get_is_not_evicted() -> None:
+    """kube-scheduler counts a GPU share as one of the node's `nvidia.com/gpu` (the share resources are
+    `ignoredByScheduler`), so it proposes only the pod whose eviction frees the CPU the preemptor lacks: `x`, the
+    lowest priority, whose 30 % share is on GPU 0, where the 50 % preemptor still would not fit. The engine's choice,
+    `y` and `z` on GPU 1, frees the GPU and the CPU. Before, `x` was answered with them and evicted for nothing."""
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    gpu, cores, memory = "nvidia.com/gpu", "nvidia.com/gpucores", "nvidia.com/gpumem-percentage"
+    labels = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.memory": "16384"}
+    engine.add_node(make_node("n", labels=labels, allocatable={"cpu": 8, gpu: 20, cores: 200, memory: 200}))
+    server = ExtenderServer(engine, None, None)  # type: ignore[arg-type]
+
+    def share(name: str, percent: int, cpu: int, priority: int) -> dict[str, Any]:
+        resources = {"limits": {gpu: "1", cores: str(percent), memory: str(percent)}, "requests": {"cpu": str(cpu)}}
+        metadata = {"name": name, "namespace": "default", "uid": f"uid-{name}"}
+        return {
+            "kind": "Pod",
+            "metadata": metadata,
+            "spec": {"priority": priority, "containers": [{"name": "main", "resources": resources}]},
+        }
+
+    # GPU 0: a (60 %, priority 10) and x (30 %, priority 1); GPU 1: y, z and c (30 % each); CPU: 6 of 8 used
+    for name, percent, cpu, priority, on in (
+        ("a", 60, 1, 10, "0"),
+        ("x", 30, 2, 1, "0"),
+        ("y", 30, 1, 2, "1"),
+        ("z", 30, 1, 3, "1"),
+        ("c", 30, 1, 10, "1"),
+    ):
+        decision = engine.schedule(pod_request(share(name, percent, cpu, priority))[0])
+        assert decision.allocation is not None and decision.allocation.containers["main"][gpu] == [on]
+    urgent = share("urgent", 50, 3, 1000)
+    assert preempt(server, urgent, {"n": ["uid-x"]}) == {"n": ["uid-y", "uid-z"]}
+    for victim in ("y", "z"):
+        assert engine.release(f"default/{victim}") is not None
+    placed = engine.schedule(pod_request(urgent)[0])
+    assert placed.allocation is not None and placed.allocation.containers["main"][gpu] == ["1"]
+
+
+def test_the_share_a_preemption_freed_is_kept_for_the_pod_kube_scheduler_nominated() -> None:
+    """Behind kube-scheduler the share resources are `ignoredByScheduler`, so its own filters, which count the
+    nominated preemptor, let a batch share of lower priority through to the node whose victims just left; `/filter`
+    let it on too, the 50 % the victims freed went to the batch pod, and the inference pod preempted again. Now
+    the node is held for the nominated pod (its `status.nominatedNodeName`) until it binds, leaves, or the
+    nomination is cleared, as kube-scheduler holds it for the resources it counts."""
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    gpu, cores, memory = "nvidia.com/gpu", "nvidia.com/gpucores", "nvidia.com/gpumem-percentage"
+    labels = {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "16384"}
+    engine.add_node(node_info(node_manifest("g", labels=labels, allocatable={gpu: 10, cores: 100, memory: 100})))
+    server = ExtenderServer(engine, None, None)  # type: ignore[arg-type]
+    server.mirror.on_pods("SYNC", [])
+
+    def share(name: str, percent: int, priority: int, nominated: str | None = None) -> dict[str, Any]:
+        container = {"name": "main", "resources": {"limits": {gpu: "1", cores: str(percent), memory: str(percent)}}}
+        metadata = {"name": name, "namespace": "default", "uid": f"uid-{name}", "resourceVersion": "1"}
+        status = {"nominatedNodeName": nominated} if nominated else {}
+        spec = {"priority": priority, "containers": [container]}
+        return {"kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
+
+    def passes(pod: dict[str, Any]) -> bool:
+        answer = server.filter(orjson.dumps({"Pod": pod, "NodeNames": ["g"]}))
+        return bool(answer["NodeNames"] == ["g"])
+
+    for i in range(3):
+        assert engine.reserve(pod_request(share(f"b{i}", 30, i))[0], "g").scheduled
+    infer, batch = share("infer", 50, 1000), share("batch", 40, 500)
+    assert preempt(server, infer, {"g": []}) == {"g": ["uid-b0", "uid-b1"]}
+    server.mirror.on_pods("ADDED", infer)
+    for victim in ("b0", "b1"):
+        assert engine.release(f"default/{victim}") is not None
+    assert passes(batch)  # not nominated yet: the freed room is anyone's
+    server.mirror.on_pods("MODIFIED", share("infer", 50, 1000, nominated="g"))  # kube-scheduler nominates it
+    refused = server.filter(orjson.dumps({"Pod": batch, "NodeNames": ["g"]}))
+    assert refused["NodeNames"] == [] and "nominated for a pending pod" in refused["FailedNodes"]["g"]
+    assert passes(infer) and passes(share("vip", 40, 2000))  # the preemptor, and a pod above it, still pass
+    server.mirror.on_pods("MODIFIED", share("infer", 50, 1000))  # the nomination cleared
+    assert passes(batch)
+    server.mirror.on_pods("MODIFIED", share("infer", 50, 1000, nominated="g"))
+    assert not passes(batch)
+    twin = share("twin", 50, 1000)  # the preemptor's shape and priority, not nominated: answers are per pod here
+    assert not passes(twin) and passes(infer) and not passes(twin)
+    server.mirror.on_pods("DELETED", share("infer", 50, 1000, nominated="g"))  # the preemptor gave up
+    assert passes(batch)

@@ -525,3 +525,21 @@ def test_a_node_change_judged_unhelpful_never_lets_a_pod_that_fit_nowhere_fit(
     old, new = NodeInfo(name="n1", **before), NodeInfo(name="n1", **after)
     assume(node_change_may_help(old, new) is None)
     assert fits(old, pod) or not fits(new, pod)
+
+
+def test_a_preemptor_gone_while_the_watch_was_down_leaves_its_node_held_for_nobody(
+    service: CustomScheduler, clock: Clock
+) -> None:
+    """A preempting pod deleted while the pod watch was down is gone from the relist: its node was held for it
+    still (`Engine.nominate`), and every pod of lower or equal priority stayed off that node for as long as the
+    scheduler ran, told `node(s) were nominated for a pending pod`. The relist now releases it with the pod."""
+    service.mirror.on_pods("ADDED", bound("low", "n1", cpu="2"))
+    service.mirror.on_pods("ADDED", pod("big", cpu="2", priority=10))
+    run_once(service)
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+    assert len(writer.events("Preempted")) == 1
+    service.mirror.on_pods("SYNC", [])  # the relist: "low" (the victim) and "big" both gone meanwhile
+    service.mirror.on_pods("ADDED", pod("next", cpu="2", priority=5))
+    clock.now += 1.0
+    run_once(service)
+    assert writer.bindings() == ["next"]
