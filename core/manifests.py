@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from decimal import ROUND_CEILING, Context, Decimal
 from typing import Annotated, Any, Literal
 
@@ -499,17 +499,32 @@ _HOLDING = frozenset(
 
 
 def bound_pod_request(
-    document: Mapping[str, Any], qualifiers: Mapping[str, str] | None = None
+    document: Mapping[str, Any], qualifiers: Mapping[str, str] | None = None, unreadable: Iterable[str] = ()
 ) -> tuple[PodRequest, bool, tuple[str, ...]]:
     """The `PodRequest` of a pod `pod_request` refuses, read without the fields of its spec that cannot be read, and
     their names (`spec.tolerations`). For a pod already bound to a node: what it holds there (its containers,
     overhead, pod-level resources and claims) is counted whatever else its spec says (a value a later Kubernetes
     release added), since leaving the pod out would give its node's cpu and devices to another pod, which the
     kubelet then refuses. Every other field kubegpu reads is kept where it can be read on its own (the pod's
-    anti-affinity still keeps others away). Raises `ManifestError` when what the pod holds cannot be read."""
+    anti-affinity still keeps others away). Raises `ManifestError` when what the pod holds cannot be read.
+
+    Finding those fields reads the pod once per field of its spec (ten times in all). `unreadable`: the fields an
+    earlier read of the same pod dropped (as returned, `spec.tolerations`); the pod is read once without them first,
+    and only if that fails field by field. A bound pod's spec changes little (tolerations are only added, the images
+    replaced), so the pod's owner, relabelling it in a loop, makes each of its events cost two reads, not eleven."""
     spec = document.get("spec")
     if not isinstance(spec, Mapping):
         raise ManifestError("Pod.spec: must be an object")
+    known = tuple(sorted({name.removeprefix("spec.") for name in unreadable} - _HOLDING))
+    if known:
+        try:
+            request, deleting = pod_request(
+                {**document, "spec": {name: value for name, value in spec.items() if name not in known}}, qualifiers
+            )
+        except InputError:
+            pass  # something else cannot be read now: found field by field below
+        else:
+            return request, deleting, tuple(f"spec.{name}" for name in known if name in spec)
     kept = {name: value for name, value in spec.items() if name in _HOLDING}
     pod_request({**document, "spec": kept}, qualifiers)
     dropped = []

@@ -216,8 +216,9 @@ class ClusterMirror:
         self.heartbeat = time.monotonic()
         # pod key -> (its uid, why it is ignored or its allocation holds no devices): one Event per pod and reason.
         self._refused: dict[str, tuple[str, str]] = {}
-        # pod key -> (its uid, why it was read without some fields): a bound pod counted in part, logged once.
-        self._partly: dict[str, tuple[str, str]] = {}
+        # pod key -> (its uid, why it was read without some fields, those fields): a bound pod counted in part, logged
+        # once, and read again without those fields first (`bound_pod_request`).
+        self._partly: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         # Pod key -> what the request the engine or the queue holds for it was computed from (`sizes_of`), to see an
         # in-place resize (1.33+): a bound pod's, and this front-end's pending pod's (the request its cycle decides
         # on, so the event of its own Binding is compared with it, not parsed whole again). Set at each parse that
@@ -1311,13 +1312,16 @@ class ClusterMirror:
         spec = obj.get("spec")
         if not isinstance(spec, dict) or not spec.get("nodeName"):
             return None
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        known = self._partly.get(key)
         try:
-            request, deleting, dropped = bound_pod_request(obj, self.engine.plugins.qualifiers)
+            request, deleting, dropped = bound_pod_request(
+                obj, self.engine.plugins.qualifiers, known[2] if known is not None and known[0] == uid else ()
+            )
         except InputError:
             return None
-        uid = str((obj.get("metadata") or {}).get("uid", ""))
-        if self._partly.get(key) != (uid, problem):
-            self._partly[key] = (uid, problem)
+        if known != (uid, problem, dropped):
+            self._partly[key] = (uid, problem, dropped)
             log.warning(
                 "bound pod counted without %s, which kubegpu cannot read: %s",
                 ", ".join(dropped),

@@ -130,3 +130,45 @@ def test_kubegpu_top_draws_the_devices_of_a_bound_pod_it_cannot_read_whole() -> 
     view = view_of([pod], key=KEY)
     assert holders(view) == {str(i): ["default/odd"] for i in range(4)}
     assert view.report().problems == ()
+
+
+def test_relabelling_a_bound_pod_kubegpu_cannot_read_whole_costs_two_reads_per_event(
+    service: CustomScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its owner relabels such a pod in a loop (each relabel is read again, as kube-scheduler reads new labels): each
+    event read the pod again per field of its spec (five reads here, eleven with every field set), where a readable pod
+    costs one. After the first event, the fields found unreadable are left out at once: two reads per event (the
+    failing whole read and one without them), and the pod is counted as before, its new labels included."""
+    from kubegpu.core import manifests
+
+    reads = []
+    parse = manifests._parse
+
+    def counted(model: Any, document: Any, what: str) -> Any:
+        reads.append(what)
+        return parse(model, document, what)
+
+    monkeypatch.setattr(manifests, "_parse", counted)
+    running = bound("big", "6", "1")
+    running["spec"]["tolerations"] = [{"key": "sla", "operator": "Approx", "value": "900", "effect": "NoSchedule"}]
+    running["spec"]["nodeSelector"] = {"disk": "ssd"}
+    service.mirror.on_pods("ADDED", running)
+    first = len(reads)
+    for turn in range(5):
+        running["metadata"]["labels"] = {"turn": str(turn)}
+        service.mirror.on_pods("MODIFIED", running)
+    assert (len(reads) - first) / 5 == 2, (first, len(reads))
+    held = service.engine.placement("default/big")
+    assert held is not None and held.request.cpu_milli == 6000
+    assert held.request.labels == {"turn": "4"} and held.request.node_selector == {"disk": "ssd"}
+
+
+def test_a_field_of_a_bound_pod_that_becomes_unreadable_is_still_found(service: CustomScheduler) -> None:
+    """The fields left out the last time are tried first; a read that still fails without them finds the new one."""
+    from kubegpu.core.manifests import bound_pod_request
+
+    running = bound("big", "6", "1")
+    running["spec"]["tolerations"] = [{"key": "sla", "operator": "Approx", "value": "900"}]
+    running["spec"]["schedulingGates"] = [{"nope": 1}]
+    request, _, dropped = bound_pod_request(running, None, ("spec.tolerations",))
+    assert dropped == ("spec.schedulingGates", "spec.tolerations") and request.cpu_milli == 6000
