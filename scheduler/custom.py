@@ -423,6 +423,9 @@ class CustomScheduler:
                     self._gang_victims.pop(gang, None)
                 if not counts.members:  # its last member is gone: what was remembered of it goes too
                     self.groups.forget(gang)
+                    # Else a gang refused while another is partly held (up to that one's timeout, a week at most)
+                    # stayed remembered after its members went: one name per gang a tenant created and deleted.
+                    self._blocked.discard(gang)
 
     def _let_go_lost(self) -> None:
         """The members the engine no longer holds at Permit, though they were left waiting there: deleted, nothing of

@@ -701,3 +701,30 @@ def test_a_gang_refused_while_another_was_partly_held_is_tried_again_once_that_o
     service.mirror.on_pods("ADDED", member("green-1", "green"))
     cycle(service)
     assert sorted(writer(service).bindings()) == ["blue-0", "blue-1", "green-0", "green-1"]
+
+
+def test_gangs_refused_while_another_is_partly_held_are_forgotten_when_their_members_go(
+    service: CustomScheduler,
+) -> None:
+    # A tenant keeps gang blue partly held (one member of two, an hour's timeout) and meanwhile creates gangs under
+    # new names, each refused ('gang ml/blue is partly held'), and deletes them: each name stayed remembered until no
+    # gang was partly held any more (an hour, a week with the longest timeout), one per gang created.
+    service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    groups = [podgroup("blue", 2, timeout=3600)] + [podgroup(f"churn-{i}", 2, uid=f"c{i}") for i in range(20)]
+    service.mirror.on_podgroups("SYNC", groups)
+    service.mirror.on_pods("ADDED", member("blue-0", "blue"))
+    cycle(service)
+    for i in range(20):
+        churned = member(f"churn-{i}-0", f"churn-{i}")
+        service.mirror.on_pods("ADDED", churned)
+        cycle(service)
+        service.mirror.on_pods("DELETED", churned)
+        cycle(service)
+    refused = {
+        e["involvedObject"]["name"]
+        for e in writer(service).events("FailedScheduling")
+        if e["involvedObject"]["kind"] == "Pod" and "gang ml/blue is partly held" in e["message"]
+    }
+    assert refused == {f"churn-{i}-0" for i in range(20)}
+    assert service._blocked == set(), "nothing stays of the gangs whose members are all gone"
+    assert service.engine.is_waiting("ml/blue-0")
