@@ -361,10 +361,17 @@ class NodeCache(Ledger):
         self._refresh(record)
         return True
 
+    def _set_aside(self, key: str) -> PodRecord | None:
+        """`release` for a what-if, whose `_put_back` restores exactly what the pod held: nothing else about the pod
+        changes. A part's `release` may forget more (`Permitting.release`: that the pod waits at Permit), and a
+        preemption that weighed the node of a gang member waiting there made it wait no more, its timeout restarted
+        when it was queued again."""
+        return NodeCache.release(self, key)
+
     @contextmanager
     def pods_removed(self, keys: Iterable[str]) -> Iterator[list[PodRecord]]:
         """Pretend the pods are gone (preemption what-ifs), then put back exactly what they held."""
-        removed = [record for key in keys if (record := self.release(key)) is not None]
+        removed = [record for key in keys if (record := self._set_aside(key)) is not None]
         try:
             yield removed
         finally:

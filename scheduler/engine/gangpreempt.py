@@ -100,7 +100,7 @@ class GangPreempting(GangDomains):
 
         try:
             for key in lower:
-                if (released := self.release(key)) is not None:
+                if (released := self._set_aside(key)) is not None:
                     out[key] = released
             if not fits():
                 return None
@@ -111,7 +111,7 @@ class GangPreempting(GangDomains):
                 self._put_back(out.pop(request.key))
                 if fits():
                     continue  # reprieved
-                if (released := self.release(request.key)) is not None:
+                if (released := self._set_aside(request.key)) is not None:
                     out[request.key] = released
                 victims.append(request)
                 violations += request in violating
@@ -119,7 +119,7 @@ class GangPreempting(GangDomains):
             if whole is None:
                 return None
             for request in whole:
-                if (released := self.release(request.key)) is not None:
+                if (released := self._set_aside(request.key)) is not None:
                     out[request.key] = released
             del plan
             return (*victims, *whole), violations

@@ -187,7 +187,7 @@ class Preempting(Admission):
         out: dict[str, PodRecord] = {}
         try:
             for held in lower:
-                released = self.release(held.request.key)
+                released = self._set_aside(held.request.key)
                 if released is not None:
                     out[held.request.key] = released
             if not self.check(record, pod, self.plan(pod)).ok:
@@ -198,7 +198,7 @@ class Preempting(Admission):
                 self._put_back(out.pop(request.key))
                 if self.check(record, pod, self.plan(pod)).ok:
                     continue  # reprieved
-                released = self.release(request.key)
+                released = self._set_aside(request.key)
                 if released is not None:
                     out[request.key] = released
                 victims.append(request)

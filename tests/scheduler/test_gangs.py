@@ -635,3 +635,18 @@ def test_no_eviction_for_a_gang_whose_driver_would_find_no_room_beside_its_worke
     for key in preemption.victims:
         e.release(key)
     assert e.place_gang(job).placed
+
+
+def test_a_gang_preemption_weighing_a_waiting_members_node_leaves_it_waiting_with_its_timeout() -> None:
+    # A gang of priority 100 weighs evicting the pods of a rack where a member of a gang of priority 0 waits at
+    # Permit: the what-if made that member wait no more (it kept its place, but its timeout no longer counted).
+    e = engine([2, 2])
+    waiting = member("slow", 0, total=2, annotations=required())
+    assert e.reserve(waiting, "r0-n0").scheduled
+    assert e.permit(waiting, now=0.0).code is PermitCode.WAIT
+    for name in ("r0-n1", "r1-n0", "r1-n1"):
+        assert e.reserve(pod_request(pod_manifest(f"low-{name}", {"main": {GPU: 8}}))[0], name).scheduled
+    job = [member("job", i, total=2, priority=100, annotations=required()) for i in range(2)]
+    assert e.preempt_gang(job).victims
+    assert e.is_waiting(waiting.key) and e.placement(waiting.key) is not None
+    assert [w.pod.key for w in e.expire(3600.0)] == [waiting.key]

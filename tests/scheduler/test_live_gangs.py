@@ -728,3 +728,50 @@ def test_gangs_refused_while_another_is_partly_held_are_forgotten_when_their_mem
     assert refused == {f"churn-{i}-0" for i in range(20)}
     assert service._blocked == set(), "nothing stays of the gangs whose members are all gone"
     assert service.engine.is_waiting("ml/blue-0")
+
+
+def test_a_preemption_weighing_a_waiting_members_node_does_not_restart_its_gangs_timeout(
+    service: CustomScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Gang blue (5 s timeout) has one member of two waiting at Permit. A pod of higher priority preempts elsewhere,
+    # its what-if weighing blue-0's node too: that made blue-0 wait at Permit no more (it kept its place), the next
+    # tick queued it again ('its node is gone', though it was not) and it waited afresh, its timeout restarted; a
+    # preemption every few seconds kept the gang partly held, and every other gang refused, for as long as they came.
+    service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    service.mirror.on_podgroups("SYNC", [podgroup("blue", 2, timeout=5)])
+    for name in ("r2-n0", "r2-n1"):
+        service.mirror.on_pods("ADDED", bound_low(name, name))
+    start = time.monotonic()
+    monkeypatch.setattr(custom_module.time, "monotonic", lambda: start)
+    service.mirror.on_pods("ADDED", member("blue-0", "blue"))
+    cycle(service)
+    held = service.engine.placement("ml/blue-0")
+    assert held is not None and service.engine.is_waiting("ml/blue-0")
+    other = "r1-n1" if held.node == "r1-n0" else "r1-n0"
+    service.mirror.on_pods("ADDED", bound_low(other, other))
+    high = pod_manifest("high", {"main": {GPU: 8}}, namespace="ml", scheduler_name="kubegpu")
+    high["metadata"].update(uid="uid-high", resourceVersion="1")
+    high["spec"]["priority"] = 1000
+    service.mirror.on_pods("ADDED", high)
+    cycle(service)
+    assert [p for m, p, _ in writer(service).writes if m == "DELETE"], "the high pod preempted a pod of priority -10"
+    assert service.engine.is_waiting("ml/blue-0"), "weighing its node took nothing from blue-0"
+    monkeypatch.setattr(custom_module.time, "monotonic", lambda: start + 3)
+    cycle(service)
+    monkeypatch.setattr(custom_module.time, "monotonic", lambda: start + 6)
+    cycle(service)
+    timed_out = [
+        e["message"]
+        for e in writer(service).events("FailedScheduling")
+        if e["involvedObject"]["name"] == "blue-0" and "timed out" in e["message"]
+    ]
+    assert timed_out and "timed out after 5s waiting at Permit" in timed_out[0]
+
+
+def bound_low(name: str, node_name: str) -> dict[str, Any]:
+    """An 8-GPU pod of priority -10 another scheduler bound to `node_name`."""
+    manifest = pod_manifest(f"low-{name}", {"main": {GPU: 8}}, namespace="ml", scheduler_name="other")
+    manifest["metadata"].update(uid=f"uid-low-{name}", resourceVersion="1")
+    manifest["spec"].update(nodeName=node_name, priority=-10)
+    manifest["status"] = {"phase": "Running"}
+    return manifest
