@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import ssl
 import threading
 import time
@@ -362,6 +363,8 @@ class AsyncKubeClient:
     if the fence has run out. A backlog of writes therefore drains into refusals, never into the API server, once the
     replica stops leading. The connections are counted (`Connections`, of the connector's size), so that aiohttp itself
     never queues a request after the check, and a report waiting for one lets the writes that move pods go first.
+    Writes that passed the fence are counted until they end, so that a leader shutting down can tell when nothing it
+    sent can still land (`drain`).
     """
 
     def __init__(
@@ -376,6 +379,10 @@ class AsyncKubeClient:
         self.limiter = limiter
         self.fence = fence
         self.slots: Connections
+        self.sending = 0  # writes handed to a connection and not yet ended (touched on the loop thread only)
+        # When the last write ended without an answer (a timeout, a reset connection): the API server may still
+        # store it.
+        self.last_unanswered = -math.inf
         self.loop = new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="kube-async", daemon=True)
         self.thread.start()
@@ -422,9 +429,14 @@ class AsyncKubeClient:
         if wait:
             await asyncio.sleep(wait)  # the fence may move on meanwhile: it is read once the wait is over
         await self._take_slot(method, path, fence)
+        write = method != "GET"
+        sent = False
         try:
             if fence is not None and fence() <= 0:
                 raise Fenced(method, path)
+            if write:
+                sent = True  # counted in the same step as the fence check: `drain` sees it or the refusal
+                self.sending += 1
             async with self.session.request(
                 method,
                 f"{self.credentials.host}{path}",
@@ -434,11 +446,33 @@ class AsyncKubeClient:
                 data = await response.read()
                 status = response.status
                 reason = response.reason or ""
-        except (TimeoutError, asyncio.TimeoutError, aiohttp.ClientError) as exc:  # distinct before Python 3.11
+        except (TimeoutError, asyncio.TimeoutError, aiohttp.ClientError, asyncio.CancelledError) as exc:
+            # distinct before Python 3.11
+            if sent:
+                self.last_unanswered = time.monotonic()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             raise ApiError(0, "Unreachable", f"{method} {path}: {exc!r}") from None
         finally:
             self.slots.release()
+            if sent:
+                self.sending -= 1
         return _answer(method, path, status, reason, data)
+
+    def drain(self, timeout: float) -> float | None:
+        """Wait up to `timeout` seconds for every write already handed to a connection to end. Call after the fence
+        has closed for good, so no write starts meanwhile. Returns the monotonic time at which the last write that
+        ended without an answer ended (-inf: none did), or None when some are still in flight."""
+
+        async def ended() -> float:
+            while self.sending:
+                await asyncio.sleep(0.01)
+            return self.last_unanswered
+
+        try:
+            return self.submit(asyncio.wait_for(ended(), timeout)).result(timeout + 1)
+        except (TimeoutError, asyncio.TimeoutError, concurrent.futures.TimeoutError):
+            return None
 
     async def _take_slot(self, method: str, path: str, fence: Callable[[], float] | None) -> None:
         """One of the connections, waiting no longer than the fence allows (`Fenced` once it has run out; a fence

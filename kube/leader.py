@@ -26,6 +26,16 @@ to run at the same rate, as client-go assumes.
 Renewals never wait behind other traffic: the elector is given a client of its own (its own connections, no rate
 limiter shared with the writer), and each attempt is bounded by `renew_deadline / 2` and by the time left before the
 deadline, so an attempt that hangs is abandoned and retried while there is time.
+
+Handing over on SIGTERM (every rollout, every node drain). Waiting out a leader that is shutting down anyway would
+pause scheduling for a whole lease duration, so a leader that stops cleanly gives the Lease up, as client-go's
+`ReleaseOnCancel` does, but only once it can no longer act: its `Leadership` is given up for good (the loop decides
+nothing more and the writer's fence refuses every write not yet sent), and every write already sent has been answered
+(`AsyncKubeClient.drain`). Then `release` rewrites the record it last wrote, conditionally on its resourceVersion, with
+no holder and the annotation `kubegpu.io/released-at` equal to the record's own renewTime. A candidate takes such a
+Lease at once. A deleted Lease, or one whose holder was cleared by hand (T167), carries no such pair (every write of a
+holder drops the annotation, and a hand edit leaves renewTime as it was), so it is still waited out; so is the Lease
+of a leader killed without SIGTERM, which writes nothing.
 """
 
 from __future__ import annotations
@@ -39,9 +49,12 @@ from typing import Any
 
 from kubegpu.kube.client import ApiError, KubeClient, now_rfc3339
 
-__all__ = ["LeaderElector", "Leadership", "timing_problem"]
+__all__ = ["RELEASED_AT", "LeaderElector", "Leadership", "timing_problem"]
 
 log = logging.getLogger("kubegpu.leader")
+
+# On a Lease its holder gave up: the renewTime of that same write. Only the releasing holder writes both at once.
+RELEASED_AT = "kubegpu.io/released-at"
 
 
 class Leadership:
@@ -53,6 +66,7 @@ class Leadership:
 
     def __init__(self, until: float = -math.inf) -> None:
         self._until = until
+        self._given_up = False
 
     @classmethod
     def unconditional(cls) -> Leadership:
@@ -72,9 +86,15 @@ class Leadership:
         return self._until - time.monotonic()
 
     def extend(self, until: float) -> None:
-        self._until = until
+        if not self._given_up:  # a renewal answered after a SIGTERM does not bring leadership back
+            self._until = until
 
     def end(self) -> None:
+        self._until = -math.inf
+
+    def give_up(self) -> None:
+        """Stop acting now and for good (shutting down): later renewals move nothing."""
+        self._given_up = True
         self._until = -math.inf
 
 
@@ -143,6 +163,8 @@ class LeaderElector(threading.Thread):
         # (this container's previous incarnation: the default identity is the pod's hostname and pid 1 each time) is
         # waited out like anyone else's, since that process's last writes may still be on their way.
         self._held = False
+        # The Lease as this process last stored it (the answer to its last write): what `release` rewrites.
+        self._written: dict[str, Any] | None = None
 
     def _spec(self, acquire_time: str | None, transitions: int) -> dict[str, Any]:
         now = now_rfc3339(micro=True)
@@ -178,17 +200,19 @@ class LeaderElector(threading.Thread):
                 "spec": self._spec(None, 0),
             }
             try:
-                self._call("POST", self.collection, deadline, body)
+                stored = self._call("POST", self.collection, deadline, body)
             except ApiError as create_error:
                 if create_error.status == 409:
                     return False
                 raise
-            self._held = True
+            self._stored(stored)
             return True
         if not isinstance(lease, dict) or not isinstance(lease.get("spec") or {}, dict):
             raise ApiError(0, "InvalidAnswer", f"GET {self.path}: the answer is not a Lease")
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
+        if not holder and self._released(lease):
+            self._observed = None  # the holder last seen gave it up once it could no longer act: nothing to wait out
         if holder:
             record = (holder, str(spec.get("renewTime", "")))
             if record != self._observed:
@@ -203,13 +227,59 @@ class LeaderElector(threading.Thread):
         mine = holder == self.identity and self._held
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if mine else 1)
         lease["spec"] = self._spec(spec.get("acquireTime") if mine else None, transitions)
+        annotations = (lease.get("metadata") or {}).get("annotations")
+        if isinstance(annotations, dict):
+            annotations.pop(RELEASED_AT, None)  # held again: a later hand edit of the holder must not read as a release
         try:
-            self._call("PUT", self.path, deadline, lease)
+            stored = self._call("PUT", self.path, deadline, lease)
         except ApiError as exc:
             if exc.status == 409:
                 return False
             raise
+        self._stored(stored)
+        return True
+
+    def _stored(self, lease: Any) -> None:
         self._held = True
+        self._written = lease if isinstance(lease, dict) and isinstance(lease.get("spec"), dict) else None
+
+    @property
+    def holds_record(self) -> bool:
+        """Whether the Lease this process last stored names it (what `release` would give up)."""
+        return self._written is not None and self._held
+
+    @staticmethod
+    def _released(lease: dict[str, Any]) -> bool:
+        """Whether a holderless Lease was given up by its holder (`release`) rather than deleted or cleared by hand."""
+        annotations = (lease.get("metadata") or {}).get("annotations") or {}
+        released_at = annotations.get(RELEASED_AT) if isinstance(annotations, dict) else None
+        return bool(released_at) and released_at == (lease.get("spec") or {}).get("renewTime")
+
+    def release(self, timeout: float) -> bool:
+        """Give the Lease up so that a candidate takes it at once: call only once this process can act no more (its
+        `Leadership` given up, this thread ended, every write it sent answered). The record this process last stored
+        is rewritten on its resourceVersion, so a Lease someone else wrote since (a standby that took it, a hand edit)
+        is left as it is. True when released."""
+        lease = self._written
+        if lease is None or not self._held or self.is_alive():
+            return False
+        spec = dict(lease["spec"])
+        now = now_rfc3339(micro=True)
+        spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=now)
+        metadata = dict(lease.get("metadata") or {})
+        annotations = metadata.get("annotations")
+        metadata["annotations"] = {**(annotations if isinstance(annotations, dict) else {}), RELEASED_AT: now}
+        try:
+            self._call("PUT", self.path, time.monotonic() + timeout, {**lease, "metadata": metadata, "spec": spec})
+        except ApiError as exc:
+            log.warning(
+                "leader election: %s did not release the lease (%s); a standby takes it after the lease duration",
+                self.identity,
+                exc,
+            )
+            return False
+        self._held = False
+        log.info("leader election: %s released the lease %s/%s", self.identity, self.namespace, self.name)
         return True
 
     def _waiting_for_another(self) -> bool:
@@ -256,6 +326,8 @@ class LeaderElector(threading.Thread):
                     renewed = self.try_acquire_or_renew(min(started + self.attempt_timeout, leadership.deadline))
                 except ApiError as exc:
                     log.warning("leader election: renewing failed: %s", exc)
+            if self.stop_event.is_set():  # shutting down: the renewal stands, `release` gives the record up
+                return
             if not leadership.holds():
                 log.error(
                     "leader election: %s could not renew the lease within the renew deadline (%gs); it stopped "

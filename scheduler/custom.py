@@ -34,7 +34,9 @@ watches may lag behind the Bindings the previous leader made; then it decides, a
 (`kube/leader.py`): the loop checks it before each pod and the writer before sending each write, so the leader stops
 deciding and binding at the renew deadline whatever its renewals and its backlog of writes do; queued writes are then
 refused unsent, and the process exits. Renewals use a client of their own, so they never wait behind the writer's rate
-limiter. `/metrics`, `/healthz` and `/readyz` are served on `--metrics-address`.
+limiter. On SIGTERM the leader stops deciding and sending at once, waits for the writes it sent, and releases the
+Lease so that a standby leads without waiting out the lease duration (`hand_over`). `/metrics`, `/healthz` and
+`/readyz` are served on `--metrics-address`.
 """
 
 from __future__ import annotations
@@ -584,6 +586,8 @@ def run(args: argparse.Namespace) -> int:
 
     def terminate(signum: int, _frame: Any) -> None:
         log.info("received signal %d, shutting down", signum)
+        if args.leader_elect:
+            leadership.give_up()  # before anything else: no pod decided, no write sent from here on
         scheduler.stop.set()
 
     signal.signal(signal.SIGTERM, terminate)
@@ -595,11 +599,12 @@ def run(args: argparse.Namespace) -> int:
         scheduler.stop.set()
         scheduler.exit_code = 1
 
+    elector = None
     if args.leader_elect:
         # The Lease's own client: its own connection and no rate limiter, so a renewal never waits behind the
         # writer's backlog (a burst of Bindings and Events can owe the shared limiter tens of seconds).
         elector_client = KubeClient(client.credentials, connections=1)
-        LeaderElector(
+        elector = LeaderElector(
             elector_client,
             namespace=args.lease_namespace,
             name=args.lease_name or args.scheduler_name,
@@ -611,13 +616,41 @@ def run(args: argparse.Namespace) -> int:
             renew_deadline=args.renew_deadline,
             retry_period=args.retry_period,
             leadership=leadership,
-        ).start()
+        )
+        elector.start()
     else:
         scheduler.metrics.leader.set(1)
     scheduler.run_loop()
+    if elector is not None and scheduler.exit_code == 0:
+        hand_over(elector, writer)
     server.shutdown()
     writer.close()
     return 2 if scheduler.mirror.refusal is not None else scheduler.exit_code
+
+
+def hand_over(elector: LeaderElector, writer: AsyncKubeClient) -> None:
+    """After a SIGTERM, give the Lease up so that a standby leads at once instead of after the lease duration, but only
+    when nothing this replica sent can land after it: its leadership already given up (no decision, no write sent
+    since), the elector's thread ended (no renewal in flight), every write it sent answered, and one that went
+    unanswered given the margin a standby would have left it (`--lease-duration` minus `--renew-deadline`). Whatever
+    fails leaves the Lease as it is, to be waited out. Bounded by the lease duration, within Kubernetes' default 30 s
+    grace period."""
+    deadline = time.monotonic() + elector.lease_duration
+    elector.leadership.give_up()
+    elector.join(max(0.0, deadline - time.monotonic()))
+    if elector.is_alive() or not elector.holds_record:
+        return
+    lost = writer.drain(max(0.0, deadline - time.monotonic()))
+    if lost is None:
+        log.warning("leader election: writes still unanswered at shutdown; the lease is left to expire")
+        return
+    land_by = lost + elector.lease_duration - elector.renew_deadline
+    if land_by > time.monotonic():
+        if land_by > deadline:
+            log.warning("leader election: a write went unanswered at shutdown; the lease is left to expire")
+            return
+        time.sleep(land_by - time.monotonic())
+    elector.release(max(0.0, deadline - time.monotonic()))
 
 
 def add_scheduler_parser(sub: Any) -> argparse.ArgumentParser:

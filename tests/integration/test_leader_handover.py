@@ -195,6 +195,36 @@ def test_a_paused_leader_never_posts_its_queued_bindings_after_the_standby_took_
     assert bindings_by(two), "the standby bound nothing after taking over"
 
 
+def test_a_leader_told_to_stop_hands_the_lease_over_at_once_and_binds_nothing_after(
+    cluster: Cluster, namespace: str, replicas: tuple[SchedulerProcess, SchedulerProcess]
+) -> None:
+    """A rollout or a node drain sends the leader SIGTERM while it binds, with writes queued behind the rate limiter.
+    It stops deciding and sending, waits for the writes it sent to be answered, and releases the Lease: the standby
+    leads well within the lease duration (it used to wait all of it, 4 s here, 15 s by default), and no pod is bound
+    twice, no Binding of the old leader is stored after the handover, no device is given twice."""
+    one, two = replicas
+    with Recorder(cluster, namespace) as recorder:
+        create_burst(cluster, namespace, unschedulable=150)
+        wait_for(lambda: len(recorder.bound) >= 4, 60, "the leader to bind a few device pods")
+        terminated = time.monotonic()
+        one.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: recorder.holders[-1][2] == "two", 30, "the standby to take the Lease")
+        handover = recorder.holders[-1][1] - terminated
+        wait_for(lambda: one.process.poll() is not None, 30, "the old leader to exit")
+        wait_for(lambda: len(bound(cluster, namespace)) >= NODES * GPUS, 60, "the device pods to be bound")
+        wait_for(lambda: len(recorder.bound) >= NODES * GPUS, 10, "the watch to see every Binding")
+    assert handover < 2.0, f"the standby led {handover:.1f}s after the SIGTERM (lease: 4 s): {recorder.holders}"
+    assert [holder for _, _, holder in recorder.holders] == ["one", "", "two"], recorder.holders
+    assert one.process.returncode == 0, one.output()[-2000:]
+    assert "released the lease" in one.output()
+    assert_never_both_bound(recorder, one, two)
+    by_one, by_two = bindings_by(one), bindings_by(two)
+    assert by_one and by_two, f"the handover happened outside the binding: {len(by_one)} then {len(by_two)}"
+    assert not by_one & by_two, f"bound by both replicas: {sorted(by_one & by_two)}"
+    assert by_one | by_two == set(bound(cluster, namespace)), "a pod bound by neither replica's log"
+    assert_no_device_held_twice(cluster, namespace)
+
+
 def test_a_new_leader_counts_the_bindings_its_lagging_pod_watch_has_not_delivered(
     cluster: Cluster, namespace: str, start_scheduler: Any, tmp_path: Any
 ) -> None:

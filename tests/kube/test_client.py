@@ -5,6 +5,7 @@ the writes it had queued."""
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -184,6 +185,26 @@ def test_writes_still_waiting_for_the_rate_limiter_when_the_fence_runs_out_are_n
         results = writer.submit(backlog()).result(5)
         assert results == ["sent", "sent", "sent", "fenced", "fenced", "sent"]
         assert sorted(api.seen) == ["GET /read", "POST /write/0", "POST /write/1", "POST /write/2"]
+    finally:
+        writer.close()
+        api.close()
+
+
+def test_drain_waits_for_the_writes_already_sent_not_for_those_the_fence_refused() -> None:
+    """A leader shutting down closes its fence, then may give its Lease up only once nothing it sent can still land:
+    `drain` reports a write sent before the fence closed as in flight until its answer comes, and does not wait for
+    the queued writes the fence refuses."""
+    api, fence = LoopbackApi(), Fence(60)
+    writer = api.writer(RateLimiter(2, 1), fence)
+    try:
+        slow = writer.submit(writer.post("/slow", {}))  # answered after 0.5 s
+        queued = writer.submit(outcome(writer.post("/queued", {})))  # owed 0.5 s to the limiter
+        time.sleep(0.1)
+        fence.until = -math.inf  # SIGTERM
+        assert writer.drain(0.1) is None, "the slow write, sent and unanswered, was not counted"
+        assert writer.drain(2) == -math.inf
+        assert slow.done() and queued.result(2) == "fenced"
+        assert sorted(api.seen) == ["POST /slow"]
     finally:
         writer.close()
         api.close()

@@ -356,3 +356,59 @@ def test_timings_that_could_let_two_replicas_bind_are_refused(
             retry_period=retry_period,
         )
     assert timing_problem(15, 10, 2) is None
+
+
+# -- handing over on SIGTERM ---------------------------------------------------------------------------------------
+
+
+def edit_by_hand(store: Store, **spec: Any) -> None:
+    """A `kubectl edit` of the Lease: the fields given, the rest (renewTime, annotations) as they were."""
+    with store.lock:
+        assert store.lease is not None
+        store.store({**store.lease, "spec": {**store.lease["spec"], **spec}})
+
+
+@pytest.mark.parametrize(
+    ("story", "takes_at_once"),
+    [
+        ("released by its holder", True),
+        ("holder cleared by hand", False),
+        ("holder cleared by hand after a replica that keeps annotations took it from a release", False),
+    ],
+)
+def test_only_a_lease_its_holder_released_is_taken_at_once(api: LeaseApi, story: str, takes_at_once: bool) -> None:
+    """The leader's record is fresh, so a standby must wait it out (15 s), unless the leader itself gave the Lease up
+    once it could act no more. A hand edit clearing the holder looks like a release to client-go, not to kubegpu:
+    neither on the leader's record, nor on a later holder's that still carries an old release's annotation (a
+    replica of an earlier kubegpu, which rewrites the Lease it read)."""
+    one = elector(client_for(api), Callbacks(), threading.Event(), "one")
+    two = elector(client_for(api), Callbacks(), threading.Event(), "two")
+    assert one.try_acquire_or_renew(time.monotonic() + 2)
+    assert not two.try_acquire_or_renew(time.monotonic() + 2)  # the standby has seen the leader's record
+    if story == "released by its holder":
+        assert one.release(2)
+    elif story == "holder cleared by hand":
+        edit_by_hand(api.data, holderIdentity=None)
+    else:
+        assert one.release(2)
+        edit_by_hand(api.data, holderIdentity="older", renewTime="2026-01-01T00:00:00.000000Z")
+        edit_by_hand(api.data, holderIdentity=None)
+    assert two.try_acquire_or_renew(time.monotonic() + 2) is takes_at_once, api.data.lease
+
+
+def test_a_leader_releases_only_the_record_it_wrote(api: LeaseApi) -> None:
+    """Someone wrote the Lease after the leader's last renewal (a standby that waited it out, a hand edit): the
+    leader's release must not overwrite that record."""
+    one = elector(client_for(api), Callbacks(), threading.Event(), "one")
+    assert one.try_acquire_or_renew(time.monotonic() + 2)
+    edit_by_hand(api.data, holderIdentity="two")
+    assert not one.release(2)
+    assert api.data.lease is not None and api.data.lease["spec"]["holderIdentity"] == "two"
+
+
+def test_a_renewal_answered_after_the_leader_gave_up_does_not_bring_leadership_back() -> None:
+    leadership = Leadership()
+    leadership.extend(time.monotonic() + 10)
+    leadership.give_up()
+    leadership.extend(time.monotonic() + 10)
+    assert not leadership.holds()
