@@ -38,7 +38,7 @@ SHARES = {"notebook": (30, 8192), "inference": (60, 8192)}
 # 10 % more compute fits (90 + 10), and kube-scheduler's own sums pass; but without gpumem a share takes all of the
 # GPU's memory, as in HAMi, and none is left.
 LATE = {"main": {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 10}}
-LATE_REASON = "GPU 0 has 0 MiB memory free, the pod asks 16384 MiB"
+LATE_REASON = "GPU 0 has 0 MiB memory free, the pod asks 16384 MiB (all of it: no nvidia.com/gpumem asked)"
 
 
 def bound(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:

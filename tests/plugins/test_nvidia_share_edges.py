@@ -87,6 +87,21 @@ def test_a_gpu_memory_label_of_zero_is_unknown_memory_not_a_gpu_without_memory(p
     assert asks_mib.code is Code.UNRESOLVABLE and "do not say how much memory their GPUs have" in asks_mib.message
 
 
+def test_a_share_refused_for_memory_it_never_asked_says_it_took_the_whole_gpus_memory(pm: KubegpuPluginManager) -> None:
+    """A pod asking 10 % of a GPU's compute and no memory takes all of the GPU's memory, as with HAMi. Refused beside
+    another share, it read `the pod asks 16384 MiB`, a figure nowhere in its spec; the reason now says why. A pod that
+    names its memory is told the figure alone."""
+    state = build(pm, gfd_node(1, labels={"nvidia.com/gpu.memory": "16384"}, offers={CORES: 100, MEM: 16384}))
+    place(pm, state, pod("first", main={GPU: 1, CORES: 30, MEM: 4096}))
+    unasked = fit(pm, state, pod("unasked", main={GPU: 1, CORES: 10}))
+    assert unasked.code is Code.UNSCHEDULABLE
+    assert unasked.message == (
+        "GPU 0 has 12288 MiB memory free, the pod asks 16384 MiB (all of it: no nvidia.com/gpumem asked)"
+    )
+    named = fit(pm, state, pod("named", main={GPU: 1, CORES: 10, MEM: 13000}))
+    assert named.message == "GPU 0 has 12288 MiB memory free, the pod asks 13000 MiB"
+
+
 @pytest.mark.parametrize("unknown", [None, 0], ids=["no-memory", "memory-0"])
 def test_a_share_in_mib_never_lands_on_a_gpu_whose_memory_is_unknown(
     pm: KubegpuPluginManager, unknown: int | None
