@@ -1063,8 +1063,8 @@ def shares_short(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState, *, 
             free = cap[best] - memory[best]
             # Without a memory request a share takes each GPU's whole memory (HAMi's rule): say so, or a pod asking
             # 10 % compute reads as asking 16384 MiB it never named.
-            whole = "" if {MEMORY, MEMORY_PERCENT} & set(share.asked) else f" (all of it: no {MEMORY} asked)"
-            return f"GPU {state.ids[best]} has {free} {unit} memory free{beside(best)}, {who} asks {need} {unit}{whole}"
+            named = "" if {MEMORY, MEMORY_PERCENT} & set(share.asked) else f" (all of it: no {MEMORY} asked)"
+            return f"GPU {state.ids[best]} has {free} {unit} memory free{beside(best)}, {who} asks {need} {unit}{named}"
         fits = sorted(
             (-(cores[b] + share.cores), b, need)
             for b in fit_cores
