@@ -468,10 +468,7 @@ class CustomScheduler:
                     else:
                         self.queue.put_back([entry])
                 continue
-            for entry in entries:
-                self.queue.unhold(entry.key)
-                self._at_permit.pop(entry.key, None)
-                engine.reject_waiting(entry.key)
+            for entry in self._let_go_waiting(gang):
                 entry.message = None  # told afresh: alone (`_no_podgroup`), or why its PodGroup cannot be read
                 self.queue.put_back([entry])
             log.info("gang let go at Permit: its PodGroup is gone", extra={"pod": gang})

@@ -9,7 +9,7 @@ goes, or the domain is no candidate). A what-if: every pod is back as it was on 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kubegpu.core.manifests import ManifestError
 from kubegpu.core.models import PodRequest
@@ -96,7 +96,9 @@ class GangPreempting(GangDomains):
         def fits() -> bool:
             rooms = self._rooms(pod, self.plan(pod), names)
             fit = gangfit.choose(rooms, labels, levels, len(shapes[0]))
-            return isinstance(fit, gangfit.Fit) and (len(shapes) == 1 or self._others_fit(shapes, fit, names, levels))
+            if not isinstance(fit, gangfit.Fit):
+                return False
+            return len(shapes) == 1 or self._others_fit(shapes, fit, names, labels, levels)
 
         try:
             for key in lower:
@@ -128,11 +130,17 @@ class GangPreempting(GangDomains):
                 self._put_back(released)
 
     def _others_fit(
-        self, shapes: Sequence[Sequence[PodRequest]], fit: gangfit.Fit, names: Sequence[str], levels: Sequence[str]
+        self,
+        shapes: Sequence[Sequence[PodRequest]],
+        fit: gangfit.Fit,
+        names: Sequence[str],
+        labels: Mapping[str, Mapping[str, str]],
+        levels: Sequence[str],
     ) -> bool:
         """Whether the gang's other shapes (a 1-GPU driver beside its 8-GPU workers) find room in the domain
-        (`names`) once its most demanding members hold the places `fit` chose; with the room counted for those
-        alone, a domain was emptied for a gang that still could not go. A what-if: what it reserves is given back."""
+        (`names`, each node's `labels`) once its most demanding members hold the places `fit` chose; with the room
+        counted for those alone, a domain was emptied for a gang that still could not go. A what-if: what it reserves
+        is given back."""
         held: list[tuple[PodRequest, str]] = []
         try:
             decisions, _ = self._reserve_slots(shapes[0], fit)
@@ -142,7 +150,7 @@ class GangPreempting(GangDomains):
             held.extend((by_key[d.pod], d.node or "") for d in decisions)
             for shape in shapes[1:]:
                 rooms = self._rooms(shape[0], self.plan(shape[0]), names)
-                other = gangfit.choose(rooms, {n: self.nodes[n].info.labels for n in names}, levels, len(shape))
+                other = gangfit.choose(rooms, labels, levels, len(shape))
                 if not isinstance(other, gangfit.Fit):
                     return False
                 placed, _ = self._reserve_slots(shape, other)
