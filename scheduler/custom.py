@@ -667,7 +667,8 @@ def add_scheduler_parser(sub: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help="a KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1beta1): score weights, plugins on and off",
+        help="a KubeSchedulerConfiguration, one profile (kubescheduler.config.k8s.io v1beta1, v1beta2, v1beta3 or v1): "
+        "score weights, plugins on and off",
     )
     parser.add_argument(
         "--topology",
@@ -696,7 +697,10 @@ def add_scheduler_parser(sub: Any) -> argparse.ArgumentParser:
         "--metrics-address", default="0.0.0.0:10261", help="HOST:PORT for /metrics, /healthz, /readyz (port 0: any)"
     )
     parser.add_argument(
-        "--binders", type=int, default=32, help="annotation patches and Bindings in flight at once (default 32)"
+        "--binders",
+        type=int,
+        default=32,
+        help="writes (Bindings, Events, pod conditions) in flight at once (default 32)",
     )
     parser.add_argument(
         "--kube-api-qps", type=float, default=50.0, help="API requests a second, as kube-scheduler's (default 50)"

@@ -1099,7 +1099,8 @@ def add_simulate_parser(sub: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help="a KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1beta1): score weights, plugins on and off",
+        help="a KubeSchedulerConfiguration, one profile (kubescheduler.config.k8s.io v1beta1, v1beta2, v1beta3 or v1): "
+        "score weights, plugins on and off",
     )
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report of the devices to FILE")
     parser.add_argument(

@@ -141,6 +141,23 @@ def test_a_rollout_of_the_extender_never_runs_two_at_once(tree: Path) -> None:
                 assert (spec.get("strategy") or {}).get("type") == "Recreate", (overlay, spec.get("strategy"))  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_secret_and_config_map_a_pod_mounts_is_rendered_in_its_namespace(overlay: str, tree: Path) -> None:
+    """A pod mounts Secrets and ConfigMaps of its own namespace; one rendered without a namespace lands wherever the
+    user's kubectl context points (`default`), and the pod waits in ContainerCreating for a volume it never gets.
+    The extender's TLS and client-CA Secrets came out so in every extender overlay (the server-side dry run above
+    takes them into `default` without a word)."""
+    documents = render(tree, overlay)
+    present = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in documents}  # type: ignore[index,union-attr]
+    for workload in workloads(documents):
+        namespace = workload["metadata"]["namespace"]
+        for volume in workload["spec"]["template"]["spec"].get("volumes", []):
+            for kind, field, name_key in (("Secret", "secret", "secretName"), ("ConfigMap", "configMap", "name")):
+                if field in volume:
+                    wanted = (kind, namespace, volume[field][name_key])
+                    assert wanted in present, (overlay, workload["metadata"]["name"], wanted)
+
+
 def test_the_second_profile_manages_every_kubegpu_resource(tree: Path) -> None:
     documents = render(tree, "extender-second-profile")
     config_map = next(d for d in documents if d["kind"] == "ConfigMap")
