@@ -15,6 +15,13 @@ at most 10 KiB, attribute strings of at most 64 characters) so that one object n
 errors naming the field (`ResourceSlice.spec.devices[3].attributes.index: ...`). Fields that change what an
 allocation means and that kubegpu does not implement yet (consumable capacity, partitionable devices' counters,
 `distinctAttribute`) are refused by name rather than ignored; fields that only add information are ignored.
+
+Admin access (`exactly.adminAccess`, DRAAdminAccess: beta and on by default from 1.34) is read: such a request may be
+given devices other claims hold, without holding them itself. The API server lets a claim or template carry it only in
+a namespace labelled `resource.kubernetes.io/admin-access: "true"` (`ADMIN_NAMESPACE_LABEL`); the allocator checks
+the label again where it allocates (`kubegpu.scheduler.dra`), since kubegpu also reads claims no such API server
+checked (`kubegpu simulate`'s files, CRDs standing in for the kinds) and a label may be taken off after the claim was
+made.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from kubegpu.core.errors import InputError
 from kubegpu.core.models import ClaimRef, NodeSelectorTerm
 
 __all__ = [
+    "ADMIN_NAMESPACE_LABEL",
     "API_VERSION",
     "Claim",
     "ClaimRef",
@@ -47,6 +55,9 @@ __all__ = [
 
 
 API_VERSION = "resource.k8s.io/v1"
+# The namespace label an administrator sets where claims may ask for admin access (upstream's
+# `DRAAdminNamespaceLabelKey`, 1.34+; 1.33 spelled it `resource.k8s.io/admin-access`).
+ADMIN_NAMESPACE_LABEL = "resource.kubernetes.io/admin-access"
 GROUP = "resource.k8s.io"
 # Upstream's bounds (resource/v1/types.go).
 MAX_DEVICES_PER_SLICE = 128

@@ -267,10 +267,6 @@ class _Exact(_Model):
     def _no_capacity(self) -> _Exact:
         if self.capacity is not None:
             raise ValueError("capacity (consumable capacity) is not supported by kubegpu yet")
-        if self.adminAccess:
-            # Upstream grants it only in namespaces an administrator labelled; kubegpu reads no namespace labels, so
-            # a tenant's claim would reach devices other pods hold.
-            raise ValueError("adminAccess is not supported by kubegpu yet (it would give devices other claims hold)")
         return self
 
 

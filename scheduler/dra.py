@@ -13,7 +13,11 @@ the node, or of all nodes or a node selector matching it; of each pool, only its
 allocated to another claim, that its DeviceClass's and its own CEL selectors accept, `count` of them (`ExactCount`)
 or every matching device (`All`, refused when one of them is in use); a `firstAvailable` request takes the first of
 its alternatives that can be satisfied; a `matchAttribute` constraint makes the devices of the requests it names share
-one value of the attribute. Beyond what upstream can express, devices of kubegpu's own drivers are chosen by the
+one value of the attribute. A request with `adminAccess` (DRAAdminAccess, on by default from 1.34) may take devices
+other claims hold, and holds none itself (its results say `adminAccess: true`); it is allocated only in a namespace
+labelled `resource.kubernetes.io/admin-access: "true"`, in the API server's words when not (`admin_namespaces`: the
+scheduler reads namespaces' labels, `kubegpu simulate` its Namespace documents; none read, none has it).
+Beyond what upstream can express, devices of kubegpu's own drivers are chosen by the
 device plugins' placement rules (`TOPOLOGY_RULES`): a Neuron request takes a contiguous window of a ring or whole
 rows of a torus, the one that fragments least (`plugins.neuron.topology`), and an NVIDIA request the best-connected
 GPUs of the NVLink group tree (`plugins.nvidia.topology`).
@@ -37,7 +41,17 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from kubegpu.core.dra import Claim, ClaimSpec, Constraint, Device, DeviceClass, Request, Slice, Template
+from kubegpu.core.dra import (
+    ADMIN_NAMESPACE_LABEL,
+    Claim,
+    ClaimSpec,
+    Constraint,
+    Device,
+    DeviceClass,
+    Request,
+    Slice,
+    Template,
+)
 from kubegpu.core.models import ClaimRef, NodeSelectorTerm, PodRequest, Requirement
 from kubegpu.core.status import Status
 from kubegpu.core.text import safe_text
@@ -283,6 +297,9 @@ class DraBook:
         # (class selectors, request selectors, device facts) -> whether both accept (a refusal is never remembered
         # here: it raises). Past MAX_REMEMBERED, cleared.
         self._both: dict[tuple[tuple[str, ...], tuple[str, ...], tuple[object, ...]], bool] = {}
+        # The namespaces labelled `resource.kubernetes.io/admin-access: "true"`: the only ones whose claims' admin
+        # access requests are allocated (devices other claims hold).
+        self.admin_namespaces: set[str] = set()
 
     def __bool__(self) -> bool:
         return bool(self.slices or self.claims or self.classes)
@@ -300,6 +317,19 @@ class DraBook:
         else:
             self.classes[name] = found
         self.epoch += 1
+
+    def set_namespace(self, name: str, labels: Mapping[str, str] | None) -> bool:
+        """A Namespace added or changed with its labels, or deleted (None). Returns whether it changed what admin
+        access its claims may have."""
+        admin = labels is not None and labels.get(ADMIN_NAMESPACE_LABEL) == "true"
+        if admin == (name in self.admin_namespaces):
+            return False
+        if admin:
+            self.admin_namespaces.add(name)
+        else:
+            self.admin_namespaces.discard(name)
+        self.epoch += 1
+        return True
 
     def set_template(self, key: tuple[str, str], found: Template | None) -> None:
         if found is None:
@@ -478,6 +508,13 @@ class DraBook:
             if demand.claim is not None and demand.claim.allocation is not None:
                 continue
             for request in demand.spec.requests:
+                if request.admin_access and pod.namespace not in self.admin_namespaces:
+                    # The API server's refusal of such a claim (kubegpu may read one no API server checked, or one
+                    # whose namespace lost the label since): its requests would reach devices other tenants hold.
+                    return Status.unresolvable(
+                        f"request {request.name}: admin access to devices requires the `{ADMIN_NAMESPACE_LABEL}: "
+                        "true` label on the containing namespace"
+                    )
                 for choice in request.alternatives or (request,):
                     if choice.class_name not in self.classes:
                         return Status.unresolvable(

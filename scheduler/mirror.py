@@ -719,7 +719,34 @@ class ClusterMirror:
             self.versions[kind] = f"{DRA_GROUP}/v1"
             consume = self._consume(partial(self.on_dra, kind))
             Informer(self.client, f"/apis/{DRA_GROUP}/v1/{kind}", consume, self.stop, kind).start()
+        # Only the namespaces where claims may ask for admin access: few, and a namespace that loses the label leaves
+        # the watch as deleted. Not waited for by /readyz: until they are read (or where this scheduler may not list
+        # namespaces) no namespace has the label, and only admin access claims wait.
+        consume = self._consume(self.on_admin_namespaces)
+        selector = f"{dra.ADMIN_NAMESPACE_LABEL}=true"
+        Informer(self.client, "/api/v1/namespaces", consume, self.stop, "namespaces", label_selector=selector).start()
         self.dra_problem = None
+
+    def on_admin_namespaces(self, kind: str, payload: Any) -> None:
+        """The namespaces informer's report (namespaces labelled for admin access) into the engine's book."""
+        if kind == "SYNC":
+            named = dict(found for obj in payload if (found := self._namespace(obj)) is not None)
+            changed = self.engine.set_namespaces(named)
+        else:
+            found = self._namespace(payload)
+            if found is None:
+                return
+            changed = self.engine.set_namespace(found[0], None if kind == "DELETED" else found[1])
+        if changed:
+            self.pending.wake()
+
+    @staticmethod
+    def _namespace(obj: Any) -> tuple[str, dict[str, str]] | None:
+        try:
+            return objects.namespace(obj if isinstance(obj, dict) else {})
+        except InputError as exc:
+            log.warning("Namespace ignored: %s", safe_text(str(exc)))
+            return None
 
     def _dra_unreadable(self) -> str | None:
         """Why the DRA collections cannot be read (not served, some missing, forbidden), or None."""

@@ -1,7 +1,8 @@
 """The cluster objects besides Nodes and Pods that scheduling reads, as the engine wants them.
 
 PodDisruptionBudgets (policy/v1beta1) for preemption, PersistentVolumeClaims and PersistentVolumes for volume binding,
-PriorityClasses for pods that name one, and the Services, ReplicationControllers, ReplicaSets and StatefulSets whose
+PriorityClasses for pods that name one, Namespaces for their labels (where DRA claims may ask for admin access), and
+the Services, ReplicationControllers, ReplicaSets and StatefulSets whose
 selectors give a pod its default spread constraints (`kubegpu.scheduler.owners`). The simulator reads them from its
 input files, the custom scheduler from its informers; both hand the engine the same records. Each reader raises
 `ManifestError` naming the field.
@@ -19,7 +20,16 @@ from kubegpu.core.models import LabelSelector, NodeSelectorTerm, PodRequest, Req
 from kubegpu.scheduler.owners import OWNER_KINDS
 from kubegpu.scheduler.preemption import Budget
 
-__all__ = ["PriorityClass", "budget", "claim", "disruptions_allowed", "owner", "priority_class", "volume"]
+__all__ = [
+    "PriorityClass",
+    "budget",
+    "claim",
+    "disruptions_allowed",
+    "namespace",
+    "owner",
+    "priority_class",
+    "volume",
+]
 
 # The owners whose `spec.selector` is a plain map of labels (the others have a `metav1.LabelSelector`).
 MAP_SELECTORS = frozenset({"Service", "ReplicationController"})
@@ -116,6 +126,16 @@ class PriorityClass:
     value: int
     global_default: bool = False
     preemption_policy: str = "PreemptLowerPriority"
+
+
+def namespace(document: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
+    """A Namespace: (name, its labels), for `Engine.set_namespace`."""
+    kind = "Namespace"
+    _, name = _meta(document, kind)
+    labels = _section(document, "metadata", kind).get("labels") or {}
+    if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
+        raise ManifestError(f"{kind}.metadata.labels: expected a map of strings")
+    return name, {str(k): v for k, v in labels.items()}
 
 
 def priority_class(document: Mapping[str, Any]) -> PriorityClass:

@@ -27,7 +27,8 @@ member's event carries `"gang": "ns/name"`; members whose gang never completes a
 end. The report lists the domains of the narrowest level (racks, cliques) with their gangs, and the gangs unplaced
 with their reason.
 DRA's DeviceClass, ResourceSlice, ResourceClaim and ResourceClaimTemplate documents (`resource.k8s.io/v1`) are read
-too: a pod's `spec.resourceClaims` are allocated as kube-scheduler 1.34 would (`kubegpu.scheduler.dra`; a claim from
+too (and Namespace documents, for the `resource.kubernetes.io/admin-access` label that lets claims ask for admin
+access): a pod's `spec.resourceClaims` are allocated as kube-scheduler 1.34 would (`kubegpu.scheduler.dra`; a claim from
 a template is named `<pod>-<claim>` and goes with its pod), and its event carries `"claims"`: each pod claim name ->
 `{"name", "allocation", "reservedFor"}`, the allocation in the upstream shape of the claim's `status.allocation`.
 Without `--json` it prints a report: placements, per-node device occupancy maps and a summary, every name, device id
@@ -466,6 +467,7 @@ OBJECT_KINDS: dict[str, Callable[[dict[str, Any]], object]] = {
     **{kind: partial(objects.owner, kind) for kind in OWNER_KINDS},
     "PodGroup": podgroups.pod_group,
     "Topology": podgroups.topology_levels,
+    "Namespace": objects.namespace,
     "DeviceClass": dra.device_class,
     "ResourceSlice": dra.resource_slice,
     "ResourceClaim": partial(_whole, dra.resource_claim),
@@ -506,6 +508,8 @@ class Cluster:
                 cluster.classes[found_class.name] = found_class
             elif kind in OWNER_KINDS:
                 engine.set_owner(*objects.owner(kind, document))
+            elif kind == "Namespace":
+                engine.set_namespace(*objects.namespace(document))
             elif kind == "DeviceClass":
                 device_class = dra.device_class(document)
                 engine.set_device_class(device_class.name, device_class)

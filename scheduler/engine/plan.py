@@ -6,6 +6,7 @@ volumes (`set_claim`, `set_volume`) and the owners that select pods (`set_owner`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import fields, replace
 from operator import attrgetter
 
@@ -294,6 +295,21 @@ class Planning(NodeCache):
     def set_device_class(self, name: str, found: dra.DeviceClass | None) -> None:
         """A DeviceClass added, changed or deleted (None)."""
         self.dra.set_class(name, found)
+
+    def set_namespace(self, name: str, labels: Mapping[str, str] | None) -> bool:
+        """A Namespace added or changed with its labels, or deleted (None): whether its claims may have admin access
+        (`resource.kubernetes.io/admin-access: "true"`). Returns whether that changed."""
+        return self.dra.set_namespace(name, labels)
+
+    def set_namespaces(self, labels: Mapping[str, Mapping[str, str]]) -> bool:
+        """Every namespace that matters, listed (name -> labels): those not named are taken as unlabelled. Returns
+        whether any namespace's admin access changed."""
+        changed = False
+        for name in self.dra.admin_namespaces - labels.keys():
+            changed |= self.dra.set_namespace(name, None)
+        for name, found in labels.items():
+            changed |= self.dra.set_namespace(name, found)
+        return changed
 
     def set_resource_claim_template(self, namespace: str, name: str, found: dra.Template | None) -> None:
         """A ResourceClaimTemplate added, changed or deleted (None)."""

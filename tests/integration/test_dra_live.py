@@ -240,3 +240,60 @@ def test_devices_another_scheduler_allocated_to_a_claim_kubegpu_cannot_read_stay
         mine = claim_of(cluster, namespace, "p-devs")
         assert mine is not None
         assert rows_of(cluster, mine["status"]["allocation"]["devices"]["results"]) == 2
+
+
+def test_admin_access_reaches_devices_another_claim_holds_once_the_namespace_is_labelled(
+    cluster: Cluster, namespace: str, resource_api: None, start_scheduler: Any, tmp_path: Path
+) -> None:
+    """A monitoring agent's claim asks for admin access to every Neuron device (`exactly.adminAccess`, on by default
+    from 1.34). The CRDs standing in for the kinds check no namespace label, as a real API server does when the claim
+    is made: kubegpu refuses it in the API server's words until an administrator labels the namespace, then gives it
+    all 16 devices, 8 of which another pod's claim holds, marked `adminAccess: true`."""
+    cluster.create_ready_node("trn-dra")
+    advertise(cluster, "trn-dra", trn_host(tmp_path))
+    neuron_device_class(cluster)
+    requests = {
+        "eight": {"name": "rows", "exactly": {"deviceClassName": "neuron", "count": 8}},
+        "watch": {
+            "name": "rows",
+            "exactly": {"deviceClassName": "neuron", "allocationMode": "All", "adminAccess": True},
+        },
+    }
+    for name, request in requests.items():
+        cluster.client.post(
+            f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"spec": {"devices": {"requests": [request]}}},
+            },
+        )
+    with PodClaimsProxy(cluster, tmp_path) as proxy:
+        scheduler = start_scheduler(SCHEDULER, "--no-leader-elect", kubeconfig=proxy.kubeconfig)
+        ready = f"http://127.0.0.1:{scheduler.metrics_port}/readyz"
+        wait_for(
+            lambda: urllib3.request("GET", ready, timeout=2.0, retries=False).status == 200, 60, "the scheduler ready"
+        )
+        claim_pod(cluster, namespace, "work", "eight")
+        wait_for(lambda: node_of(cluster, namespace, "work"), 60, "the workload bound")
+        claim_pod(cluster, namespace, "agent", "watch")
+        wait_for(lambda: refusals(cluster, namespace, "agent"), 60, "the agent told why it waits")
+        assert refusals(cluster, namespace, "agent")[0] == (
+            "0/1 nodes are available: request rows: admin access to devices requires the "
+            "`resource.kubernetes.io/admin-access: true` label on the containing namespace."
+        )
+        assert node_of(cluster, namespace, "agent") is None
+
+        cluster.client.patch(
+            f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {dra.ADMIN_NAMESPACE_LABEL: "true"}}}
+        )
+        wait_for(lambda: node_of(cluster, namespace, "agent"), 60, "the agent bound once the namespace is labelled")
+        agent = claim_of(cluster, namespace, "agent-devs")
+        work = claim_of(cluster, namespace, "work-devs")
+        assert agent is not None and work is not None
+        results = agent["status"]["allocation"]["devices"]["results"]
+        assert sorted(r["device"] for r in results) == sorted(f"neuron-{i}" for i in range(16))
+        assert all(r["adminAccess"] is True for r in results)
+        held = {r["device"] for r in work["status"]["allocation"]["devices"]["results"]}
+        assert len(held) == 8 and held <= {r["device"] for r in results}, "devices the workload's claim holds"

@@ -345,6 +345,72 @@ def test_prefilter_refusals_in_kube_schedulers_words(documents: list[dict[str, A
     assert events[-1]["reason"] == f"0/1 nodes are available: {reason}."
 
 
+def admin_namespace(name: str, value: str | None = "true") -> dict[str, Any]:
+    """A Namespace as the API server serves it, labelled (or not) for DRA admin access (1.34's label key)."""
+    labels = {"kubernetes.io/metadata.name": name}
+    if value is not None:
+        labels[dra.ADMIN_NAMESPACE_LABEL] = value
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def admin_request(name: str, device_class: str, mode: str = "All") -> dict[str, Any]:
+    """A request with `exactly.adminAccess: true`, in the shape of `resource.k8s.io/v1` (DeviceRequest.Exactly,
+    DRAAdminAccess: beta and on by default in Kubernetes 1.34 and 1.35)."""
+    request = exactly(name, device_class, mode=mode)
+    request["exactly"]["adminAccess"] = True
+    return request
+
+
+def test_admin_access_reaches_devices_other_claims_hold_and_holds_none_itself() -> None:
+    # The story of a monitoring agent: a workload holds neuron-0; the agent's claim (admin access, All) gets both
+    # devices, marked `adminAccess: true` as upstream writes them; a second workload still gets neuron-1.
+    events = run(
+        node_manifest("n1"),
+        admin_namespace("default"),
+        NEURON_CLASS,
+        neuron_slice("n1", 2),
+        template("one", claim_spec(exactly("d", "neuron"))),
+        template("watch", claim_spec(admin_request("all", "neuron"))),
+        claim_pod("a", templates={"dev": "one"}),
+        claim_pod("agent", templates={"dev": "watch"}),
+        claim_pod("b", templates={"dev": "one"}),
+    )
+    assert [e["event"] for e in events] == ["scheduled"] * 3
+    assert devices(events[0]) == ["neuron-0"]
+    assert events[1]["claims"]["dev"]["allocation"]["devices"]["results"] == [
+        {"request": "all", "driver": NEURON, "pool": "n1", "device": "neuron-0", "adminAccess": True},
+        {"request": "all", "driver": NEURON, "pool": "n1", "device": "neuron-1", "adminAccess": True},
+    ]
+    assert devices(events[2]) == ["neuron-1"], "admin access holds no device: b is not kept waiting"
+
+
+@pytest.mark.parametrize(
+    "documents",
+    [
+        pytest.param([], id="no-namespace-document"),
+        pytest.param([admin_namespace("default", None)], id="unlabelled"),
+        pytest.param([admin_namespace("default", "yes")], id="label-not-true"),
+        pytest.param([admin_namespace("other")], id="another-namespace-labelled"),
+    ],
+)
+def test_admin_access_is_refused_outside_a_labelled_namespace_in_the_api_servers_words(
+    documents: list[dict[str, Any]],
+) -> None:
+    events = run(
+        node_manifest("n1"),
+        *documents,
+        NEURON_CLASS,
+        neuron_slice("n1", 2),
+        template("watch", claim_spec(admin_request("all", "neuron"))),
+        claim_pod("agent", templates={"dev": "watch"}),
+    )
+    assert events[0]["event"] == "unschedulable"
+    assert events[0]["reason"] == (
+        "0/1 nodes are available: request all: admin access to devices requires the "
+        "`resource.kubernetes.io/admin-access: true` label on the containing namespace."
+    )
+
+
 def test_first_available_takes_the_first_alternative_that_fits() -> None:
     spec = claim_spec(
         {
@@ -477,12 +543,6 @@ def _slice_with(**device: Any) -> dict[str, Any]:
             claim("c", claim_spec(exactly("d", "x"), constraints=[{"requests": ["e"], "matchAttribute": "a.b/c"}])),
             "'e' names no request of this claim",
             id="constraint-request",
-        ),
-        pytest.param(
-            dra.resource_claim,
-            claim("c", claim_spec({"name": "d", "exactly": {"deviceClassName": "x", "adminAccess": True}})),
-            "ResourceClaim.spec.devices.requests[0].exactly: adminAccess is not supported",
-            id="admin-access",
         ),
         pytest.param(
             dra.resource_claim_template,

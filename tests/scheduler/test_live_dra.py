@@ -627,3 +627,40 @@ def test_a_pod_naming_a_template_kubegpu_cannot_read_is_told_why(service: Custom
     assert api.bindings() == {} and "p-dev" not in api.claims
     (reason,) = api.refusals("p")
     assert 'resourceclaimtemplate "odd" cannot be read' in reason and "count" in reason, reason
+
+
+def _namespace(name: str, labelled: bool) -> dict[str, Any]:
+    labels = {"resource.kubernetes.io/admin-access": "true"} if labelled else {}
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def test_admin_access_waits_for_the_namespace_label_and_stops_when_it_is_taken_off(service: CustomScheduler) -> None:
+    # The namespaces informer lists only labelled namespaces (a label selector): a namespace that loses the label
+    # leaves the watch as DELETED. Before its first list, no namespace has admin access.
+    api = server(service)
+    agent = claim_spec(exactly("all", "neuron", mode="All"))
+    agent["devices"]["requests"][0]["exactly"]["adminAccess"] = True
+    service.mirror.on_dra("resourceclaimtemplates", "ADDED", template("watch", agent))
+    service.mirror.on_pods("ADDED", pod("a", templates={"dev": "two"}))
+    service.mirror.on_pods("ADDED", pod("agent", templates={"dev": "watch"}))
+    cycle(service)
+    assert api.bindings() == {"a": "n1"}
+    assert api.refusals("agent") == [
+        "0/2 nodes are available: request all: admin access to devices requires the "
+        "`resource.kubernetes.io/admin-access: true` label on the containing namespace."
+    ]
+
+    service.mirror.on_admin_namespaces("SYNC", [_namespace("default", True)])
+    cycle(service)
+    assert api.bindings()["agent"] in ("n1", "n2")
+    results = api.claims["agent-dev"]["status"]["allocation"]["devices"]["results"]
+    assert results and all(r["adminAccess"] is True for r in results)
+    if api.bindings()["agent"] == "n1":
+        assert "neuron-0" in [r["device"] for r in results], "a device the pod a holds"
+
+    # Deleted (or no longer matching the selector): gone from the set whatever labels the event's object shows.
+    service.mirror.on_admin_namespaces("DELETED", _namespace("default", True))
+    service.mirror.on_pods("ADDED", pod("agent2", templates={"dev": "watch"}))
+    cycle(service)
+    assert "agent2" not in api.bindings()
+    assert "admin access to devices requires" in api.refusals("agent2")[-1]

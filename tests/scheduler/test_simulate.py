@@ -205,8 +205,8 @@ IN_WITHOUT_VALUES = {"matchExpressions": [{"key": "app", "operator": "In"}]}
         (
             {"kind": "ConfigMap", "metadata": {"name": "x"}},
             "#2: kind: expected Node, Pod, PodDisruptionBudget, PersistentVolumeClaim, PersistentVolume, "
-            "PriorityClass, Service, ReplicationController, ReplicaSet, StatefulSet, PodGroup, Topology, DeviceClass, "
-            "ResourceSlice, ResourceClaim, ResourceClaimTemplate or List, got 'ConfigMap'",
+            "PriorityClass, Service, ReplicationController, ReplicaSet, StatefulSet, PodGroup, Topology, Namespace, "
+            "DeviceClass, ResourceSlice, ResourceClaim, ResourceClaimTemplate or List, got 'ConfigMap'",
         ),
         (pod_manifest("q", {"main": {"cpu": "lots"}}), "'lots' is not a Kubernetes quantity"),
         (
