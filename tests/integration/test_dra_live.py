@@ -6,7 +6,9 @@ a ResourceSlice, leaves it alone while nothing changes, and replaces it (the poo
 device goes unhealthy. `kubegpu scheduler` reads that slice, makes a pod's claim from its template, allocates it by
 the torus rule (whole rows of the 4x4 torus) in the upstream shape of `status.allocation`, reserves it for the pod and
 binds it; a second pod wanting the same devices is refused with kube-scheduler's reason, and gets them once the first
-pod is deleted (its claim deallocated and deleted).
+pod is deleted (its claim deallocated and deleted). A claim asking admin access to every device waits, told the
+API server's reason, until its namespace is labelled `resource.kubernetes.io/admin-access=true`, then gets them all,
+those another claim holds included, as kube-scheduler 1.34 gives them.
 """
 
 from __future__ import annotations
