@@ -41,7 +41,7 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import orjson
@@ -71,6 +71,7 @@ __all__ = [
     "sign_allocation",
     "unreadable",
     "verify_allocation",
+    "verifying_key",
 ]
 
 ALLOCATION_KEY = "kubegpu.io/allocation"
@@ -392,6 +393,19 @@ def verify_allocation(record: AllocationRecord, key: bytes) -> bool:
     if not isinstance(signature, str) or not _SIGNATURE.fullmatch(signature):
         return False
     return hmac.compare_digest(signature, _mac(record, key))
+
+
+def verifying_key(record: AllocationRecord, keys: Sequence[bytes]) -> int | None:
+    """The position in `keys` of the first key under which the record's signature verifies, or None: a process that
+    also accepts the keys being rotated in or out (`--allocation-verify-key-file`) tries its own key first."""
+    signature = record.signature
+    if not isinstance(signature, str) or not _SIGNATURE.fullmatch(signature):
+        return None
+    payload = record.payload()
+    for at, key in enumerate(keys):
+        if hmac.compare_digest(signature, hmac.new(key, payload, hashlib.sha256).hexdigest()):
+            return at
+    return None
 
 
 def encode_devices(devices: NodeDevices) -> str:

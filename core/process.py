@@ -5,7 +5,9 @@ The scheduler, the extender, the CRI shim and the advertiser all log one greppab
 `node=` fields, each value one line of at most `MAX_TEXT_CHARS` characters with its control characters escaped
 (`safe_text`: a tenant's text can neither forge a line nor fill the log; a traceback may take `MAX_TRACEBACK_CHARS`).
 The scheduler side (scheduler, extender, `kubegpu top`) and the node side (CRI shim, device plugin) read the HMAC key
-that signs and verifies `kubegpu.io/allocation` from a file with `read_key`, so both read it byte for byte alike.
+that signs and verifies `kubegpu.io/allocation` from a file with `read_key`, so both read it byte for byte alike;
+during a rotation, the keys of `--allocation-verify-key-file` (`add_verify_key_argument`, `read_verify_keys`) verify
+too and never sign.
 
 The key file's format (`key_from_file`): a file that is one line of text, printable ASCII (0x20-0x7e) followed by
 nothing but CR and LF bytes, holds that text as the key, line end dropped (`head -c 32 /dev/urandom | base64 > FILE`,
@@ -37,10 +39,12 @@ __all__ = [
     "MAX_KEY_FILE_BYTES",
     "MIN_KEY_BYTES",
     "LogfmtFormatter",
+    "add_verify_key_argument",
     "configure_logging",
     "key_from_file",
     "parse_interval",
     "read_key",
+    "read_verify_keys",
 ]
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -49,6 +53,7 @@ _TEXT_KEY = re.compile(rb"([\x20-\x7e]+)[\r\n]*")
 
 MIN_KEY_BYTES = 32
 MAX_KEY_FILE_BYTES = 64 * 1024
+MAX_VERIFY_KEYS = 4  # `--allocation-verify-key-file` given at most so often: each costs an HMAC per allocation read
 MAX_TRACEBACK_CHARS = 16 * MAX_TEXT_CHARS
 PLACEHOLDER_KEY = b"REPLACE-WITH-RANDOM-BYTES"  # examples/deploy/scheduler/secret.yaml, until replaced
 _HOW_TO_CREATE = "create one from random bytes, e.g. `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`"
@@ -137,6 +142,34 @@ def read_key(path: str) -> bytes:
             stat.S_IMODE(status.st_mode),
         )
     return key
+
+
+def add_verify_key_argument(parser: argparse.ArgumentParser) -> None:
+    """`--allocation-verify-key-file`, as every process that reads allocations takes it."""
+    parser.add_argument(
+        "--allocation-verify-key-file",
+        metavar="PATH",
+        action="append",
+        default=[],
+        help="another HMAC key whose signatures are accepted, never used to sign (repeatable, at most "
+        f"{MAX_VERIFY_KEYS}): the key being rotated in or out (docs/security.md, 'The allocation key')",
+    )
+
+
+def read_verify_keys(paths: list[str], key: bytes | None = None) -> tuple[bytes, ...]:
+    """The keys of `--allocation-verify-key-file`, each read as `read_key` reads it; one equal to `key` (the
+    process's own) or to another is kept once. Exits with a one-line reason past `MAX_VERIFY_KEYS` files."""
+    if len(paths) > MAX_VERIFY_KEYS:
+        raise SystemExit(
+            f"kubegpu: --allocation-verify-key-file given {len(paths)} times; at most {MAX_VERIFY_KEYS} keys are "
+            "accepted besides --allocation-key-file (a rotation needs one)"
+        )
+    keys: list[bytes] = []
+    for path in paths:
+        found = read_key(path)
+        if found != key and found not in keys:
+            keys.append(found)
+    return tuple(keys)
 
 
 def _readable_by_others(status: os.stat_result) -> bool:

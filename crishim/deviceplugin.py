@@ -134,7 +134,7 @@ from kubegpu.core.models import (
     share_slot,
 )
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
-from kubegpu.core.process import parse_interval
+from kubegpu.core.process import add_verify_key_argument, parse_interval
 from kubegpu.crishim.protos import (
     DEVICE_PLUGIN,
     DEVICE_PLUGIN_PACKAGE,
@@ -298,6 +298,7 @@ class PendingPods:
     key: bytes
     candidates: list[Candidate] = field(default_factory=list)
     allocated: set[tuple[str, str, str]] = field(default_factory=set)  # (pod uid, container, resource)
+    verify_keys: tuple[bytes, ...] = ()  # accepted besides `key`, during a rotation (--allocation-verify-key-file)
     lock: threading.Lock = field(default_factory=threading.Lock)
     clock: Callable[[], float] = time.monotonic
     # Pods kubegpu did not place that left the listing while pending (force-deleted), by uid, with when they left:
@@ -330,7 +331,9 @@ class PendingPods:
             record, unverified = None, f"no {ALLOCATION_KEY}"
             if text is not None:
                 try:
-                    record = verified_allocation(str(text), key=self.key, node=self.node, pod=identity)
+                    record = verified_allocation(
+                        str(text), key=self.key, node=self.node, pod=identity, also=self.verify_keys
+                    )
                 except AllocationRefused as refused:
                     log.warning(
                         "pod %s: allocation ignored: %s", identity.key, refused, extra={"reason": refused.check}
@@ -1033,6 +1036,7 @@ def _summary(ids: Mapping[str, Mapping[str, bool]]) -> str:
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-name", required=True, help="this node's name, as allocations name it")
     parser.add_argument("--allocation-key-file", required=True, help="HMAC key shared with the kubegpu scheduler")
+    add_verify_key_argument(parser)
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
     parser.add_argument("--host-root", type=Path, default=Path("/"), help="where discovery looks (default /)")
     parser.add_argument("--dev-root", type=Path, default=Path("/dev"), help="host device files (default /dev)")
@@ -1062,11 +1066,12 @@ def add_device_plugin_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubegpu.core.process import configure_logging, read_key
+    from kubegpu.core.process import configure_logging, read_key, read_verify_keys
     from kubegpu.kube.client import ApiError, KubeClient
 
     configure_logging(args.log_level)
     key = read_key(args.allocation_key_file)
+    verify_keys = read_verify_keys(args.allocation_verify_key_file, key)
     plugins = make_plugin_manager("device")
     for failure in plugins.failures:
         log.error("%s", failure)
@@ -1079,7 +1084,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConnectionError(f"listing the pods of node {args.node_name}: {exc}") from None
         return items
 
-    pods = PendingPods(list_pods, args.node_name, key)
+    pods = PendingPods(list_pods, args.node_name, key, verify_keys=verify_keys)
     service = DevicePluginService(
         plugins,
         pods,

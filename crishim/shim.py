@@ -79,6 +79,7 @@ from kubegpu.core.models import (
     Mount,
 )
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError, make_plugin_manager
+from kubegpu.core.process import add_verify_key_argument
 from kubegpu.crishim.verify import AllocationRefused, PodIdentity, managed_resources, verified_allocation
 
 __all__ = [
@@ -261,6 +262,7 @@ class ContainerEditor:
         *,
         node: str,
         key: bytes,
+        verify_keys: Sequence[bytes] = (),
         dev_root: Path = Path("/dev"),
         pods: PodSource | None = None,
         cdi: CdiMode = "field",
@@ -269,6 +271,7 @@ class ContainerEditor:
         self.plugins = plugins
         self.node = node
         self.key = key
+        self.verify_keys = tuple(verify_keys)  # accepted besides `key` in a rotation (--allocation-verify-key-file)
         self.dev_root = dev_root
         self.pods = pods
         self.cdi: CdiMode = cdi
@@ -342,7 +345,7 @@ class ContainerEditor:
             if fallback is None:
                 return self._edit(request, body, pod, container, None, cdi)
         if self.sandboxes is None:
-            record = verified_allocation(fallback, key=self.key, node=self.node, pod=pod)
+            record = verified_allocation(fallback, key=self.key, node=self.node, pod=pod, also=self.verify_keys)
             return self._edit(request, body, pod, container, record, cdi)
         # A creation that cannot have the check before its caller gives up leaves, rather than hold one of the
         # shim's workers past the deadline: behind a plugin edit that hangs, the kubelet's retries would otherwise
@@ -402,7 +405,7 @@ class ContainerEditor:
         cached = self._verified.get(sandbox_id)
         if cached is not None and cached[0] == text and cached[1] is not None and cached[1].podUID == pod.uid:
             return cached[1]
-        record = verified_allocation(text, key=self.key, node=self.node, pod=pod)
+        record = verified_allocation(text, key=self.key, node=self.node, pod=pod, also=self.verify_keys)
         self._verified[sandbox_id] = (text, record)
         return record
 
@@ -416,7 +419,7 @@ class ContainerEditor:
         identity = PodIdentity(sandbox.namespace, sandbox.name, sandbox.uid)
         try:
             record: AllocationRecord | None = verified_allocation(
-                sandbox.allocation, key=self.key, node=self.node, pod=identity
+                sandbox.allocation, key=self.key, node=self.node, pod=identity, also=self.verify_keys
             )
         except AllocationRefused:
             record = None
@@ -1098,6 +1101,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--node-name", required=True, help="this node's name, as allocations name it")
     parser.add_argument("--allocation-key-file", required=True, help="HMAC key shared with the kubegpu scheduler")
+    add_verify_key_argument(parser)
     parser.add_argument(
         "--kubeconfig", help="read pods from the API server when a sandbox carries no allocation (default: don't)"
     )
@@ -1126,10 +1130,11 @@ def add_crishim_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubegpu.core.process import configure_logging, read_key
+    from kubegpu.core.process import configure_logging, read_key, read_verify_keys
 
     configure_logging(args.log_level)
     key = read_key(args.allocation_key_file)
+    verify_keys = read_verify_keys(args.allocation_verify_key_file, key)
     plugins = make_plugin_manager("device")
     for failure in plugins.failures:
         log.error("%s", failure)
@@ -1139,7 +1144,13 @@ def run(args: argparse.Namespace) -> int:
 
         pods = ApiPods(KubeClient.from_kubeconfig(args.kubeconfig, connections=4, timeout=5.0))
     editor = ContainerEditor(
-        plugins, node=args.node_name, key=key, dev_root=Path(args.dev_root), pods=pods, cdi=args.cdi
+        plugins,
+        node=args.node_name,
+        key=key,
+        verify_keys=verify_keys,
+        dev_root=Path(args.dev_root),
+        pods=pods,
+        cdi=args.cdi,
     )
     try:
         shim = start_shim(args.listen, args.runtime_endpoint, editor, workers=args.workers)

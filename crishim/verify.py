@@ -21,11 +21,11 @@ without its verified allocation.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord, AnnotationError, decode_allocation
+from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord, AnnotationError, decode_allocation, verifying_key
 from kubegpu.core.annotations import verify_allocation as signature_verifies
 
 __all__ = ["AllocationRefused", "Check", "PodIdentity", "managed_resources", "verified_allocation"]
@@ -72,8 +72,11 @@ class PodIdentity:
         return f"{self.namespace}/{self.name}"
 
 
-def verified_allocation(text: str, *, key: bytes, node: str, pod: PodIdentity) -> AllocationRecord:
-    """Decode `kubegpu.io/allocation` and run every check; raise `AllocationRefused` naming the first that fails."""
+def verified_allocation(
+    text: str, *, key: bytes, node: str, pod: PodIdentity, also: Sequence[bytes] = ()
+) -> AllocationRecord:
+    """Decode `kubegpu.io/allocation` and run every check; raise `AllocationRefused` naming the first that fails.
+    `also`: keys whose signatures are accepted besides `key` (`--allocation-verify-key-file`, during a rotation)."""
     try:
         record = decode_allocation(text)
     except AnnotationError as exc:
@@ -95,10 +98,15 @@ def verified_allocation(text: str, *, key: bytes, node: str, pod: PodIdentity) -
             f"pod {pod.key}: the signature of {ALLOCATION_KEY} is not 64 lowercase hex digits (an HMAC-SHA256); "
             "only an allocation signed by the kubegpu scheduler is applied",
         )
-    if not signature_verifies(record, key):
+    if not (signature_verifies(record, key) if not also else verifying_key(record, (key, *also)) is not None):
+        keys = (
+            "this node's key"
+            if not also
+            else "any of this node's keys (--allocation-key-file, --allocation-verify-key-file)"
+        )
         raise AllocationRefused(
             "signature",
-            f"pod {pod.key}: the signature of {ALLOCATION_KEY} does not verify with this node's key: the allocation "
+            f"pod {pod.key}: the signature of {ALLOCATION_KEY} does not verify with {keys}: the allocation "
             "was changed after the scheduler signed it, or the scheduler and this node use different key files",
         )
     if record.node != node:

@@ -53,7 +53,7 @@ from kubegpu.core.errors import shorten
 from kubegpu.core.manifests import ManifestError
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
-from kubegpu.core.process import configure_logging, read_key
+from kubegpu.core.process import add_verify_key_argument, configure_logging, read_key, read_verify_keys
 from kubegpu.kube.client import ApiError, AsyncKubeClient, Fenced, KubeClient
 from kubegpu.kube.leader import LeaderElector, Leadership, timing_problem
 from kubegpu.scheduler import liveness
@@ -92,6 +92,7 @@ class CustomScheduler:
         self.engine = engine
         self.name = name
         self.metrics = Metrics()
+        self.metrics.count_pods_on_verify_keys(engine.on_verify_keys)
         self.binder = Binder(writer, self.metrics, component=name)
         self.queue = SchedulingQueue(name, self.metrics, spread_of=engine.spread_constraints, sort=engine.queue_sort)
         self.mirror = ClusterMirror(
@@ -559,12 +560,15 @@ def run(args: argparse.Namespace) -> int:
             return 2
     args.scheduler_name = args.scheduler_name or (config and config.scheduler_name) or "kubegpu-scheduler"
     key = read_key(args.allocation_key_file)
+    verify_keys = read_verify_keys(args.allocation_verify_key_file, key)
     leadership = Leadership() if args.leader_elect else Leadership.unconditional()
     client = KubeClient.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
     fence = leadership.remaining if args.leader_elect else None
     writer = AsyncKubeClient(client.credentials, client.limiter, connections=args.binders, fence=fence)
     writer.warm(args.binders)  # the TLS handshakes happen while the informers list
-    engine = Engine(plugins, policy=policy, signing_key=key, scoring=config.profile if config else None)
+    engine = Engine(
+        plugins, policy=policy, signing_key=key, verify_keys=verify_keys, scoring=config.profile if config else None
+    )
     engine.set_topology(levels)
     scheduler = CustomScheduler(
         client,
@@ -662,7 +666,10 @@ def add_scheduler_parser(sub: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--scheduler-name", help="spec.schedulerName to serve (default: the --config profile's, else kubegpu-scheduler)"
     )
-    parser.add_argument("--allocation-key-file", required=True, help="HMAC key shared with the CRI shim")
+    parser.add_argument(
+        "--allocation-key-file", required=True, help="HMAC key shared with the CRI shim: signs every allocation"
+    )
+    add_verify_key_argument(parser)
     parser.add_argument("--policy", choices=POLICIES, help="node preference (default binpack)")
     parser.add_argument(
         "--config",

@@ -63,7 +63,7 @@ from kubegpu.core.errors import InputError, describe_validation_error
 from kubegpu.core.manifests import ManifestError, pod_request
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
-from kubegpu.core.process import configure_logging, read_key
+from kubegpu.core.process import add_verify_key_argument, configure_logging, read_key, read_verify_keys
 from kubegpu.core.status import Code
 from kubegpu.kube.client import ApiError, AsyncKubeClient, KubeClient
 from kubegpu.plugins.intel_gas.scheduler import WITHOUT_I915_ENV
@@ -298,6 +298,7 @@ class ExtenderServer:
     ) -> None:
         self.engine = engine
         self.metrics = Metrics()
+        self.metrics.count_pods_on_verify_keys(engine.on_verify_keys)
         self.binder = Binder(writer, self.metrics, component="")
         self.gang_plans = GangPlans()  # the gangs' what-if placements their members are answered from
         self.unbound = UnboundPods(self.gang_plans.drop)
@@ -952,13 +953,17 @@ def run(args: argparse.Namespace) -> int:
     if args.max_body_bytes < 1024:
         raise SystemExit("kubegpu extender: --max-body-bytes must be at least 1024")
     key = read_key(args.allocation_key_file)
+    verify_keys = read_verify_keys(args.allocation_verify_key_file, key)
     plugins = make_plugin_manager("scheduler")
     for failure in plugins.failures:
         log.error("%s", failure)
     client = KubeClient.from_kubeconfig(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
     writer = AsyncKubeClient(client.credentials, client.limiter, connections=32)
     engine = Engine(
-        plugins, policy="binpack" if args.policy == compat.FREE_MODEL_GPUS else args.policy, signing_key=key
+        plugins,
+        policy="binpack" if args.policy == compat.FREE_MODEL_GPUS else args.policy,
+        signing_key=key,
+        verify_keys=verify_keys,
     )
     extender = ExtenderServer(engine, client, writer, policy=args.policy, leases=liveness.from_args(args))
     mirror = extender.mirror
@@ -1001,7 +1006,10 @@ def add_extender_parser(sub: Any) -> argparse.ArgumentParser:
         "--kubeconfig", "--kubeConfig", "-kubeConfig", help="kubeconfig file (default: in-cluster service account)"
     )
     parser.add_argument("--listen", help=f"HOST:PORT to serve (default {DEFAULT_LISTEN})")
-    parser.add_argument("--allocation-key-file", required=True, help="HMAC key shared with the CRI shim")
+    parser.add_argument(
+        "--allocation-key-file", required=True, help="HMAC key shared with the CRI shim: signs every allocation"
+    )
+    add_verify_key_argument(parser)
     parser.add_argument("--tls-cert", "--cert", "-cert", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", "--key", "-key", help="the certificate's private key (PEM)")
     parser.add_argument(

@@ -12,6 +12,7 @@ beat within the last `STALL` seconds.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -89,9 +90,19 @@ class Metrics:
             "Bound pods whose kubegpu.io/allocation holds no devices: malformed, unverified, copied or stale.",
             registry=self.registry,
         )
+        self.verify_key_pods = Gauge(
+            "kubegpu_scheduler_pods_on_verify_keys",
+            "Bound pods holding devices by an allocation that only an --allocation-verify-key-file key verifies: a "
+            "key being rotated out is needed until this is 0.",
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "kubegpu_scheduler_is_leader", "1 while this replica holds the lease.", registry=self.registry
         )
+
+    def count_pods_on_verify_keys(self, pods: Collection[str]) -> None:
+        """`kubegpu_scheduler_pods_on_verify_keys` reads the size of `pods` (`Engine.on_verify_keys`) when scraped."""
+        self.verify_key_pods.set_function(lambda: len(pods))
 
 
 class Watched(Protocol):

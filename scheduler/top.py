@@ -32,16 +32,17 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from kubegpu.core.annotations import ALLOCATION_KEY, AnnotationError, decode_allocation, verify_allocation
+from kubegpu.core.annotations import ALLOCATION_KEY, AnnotationError, decode_allocation, verifying_key
 from kubegpu.core.errors import InputError, shorten
 from kubegpu.core.manifests import bound_pod_request, node_info, pod_request
 from kubegpu.core.plugin_manager import KubegpuPluginManager, make_plugin_manager
+from kubegpu.core.process import add_verify_key_argument
 from kubegpu.core.text import safe_text
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.gates import gated_reason
@@ -83,9 +84,17 @@ class _Waiting:
 class ClusterView:
     """The cluster's devices as kubegpu sees them, kept current from list and watch events (one thread only)."""
 
-    def __init__(self, plugins: KubegpuPluginManager, key: bytes | None, *, source: str = "cluster") -> None:
+    def __init__(
+        self,
+        plugins: KubegpuPluginManager,
+        key: bytes | None,
+        *,
+        source: str = "cluster",
+        verify_keys: Sequence[bytes] = (),
+    ) -> None:
         self.engine = Engine(plugins)
         self.key = key
+        self.keys = (key, *verify_keys) if key is not None else ()  # the key file's, then --allocation-verify-key-file
         self.source = source
         self.waiting: dict[str, _Waiting] = {}
         self.bound: dict[str, tuple[str, str, str | None]] = {}  # key -> (uid, node, allocation text) drawn
@@ -201,8 +210,9 @@ class ClusterView:
                     record = None
                 elif self.key is None:
                     self.unverified[key] = "no --allocation-key-file to check its signature"
-                elif not verify_allocation(record, self.key):
-                    self.hidden[key] = "allocation not shown: its signature does not verify with the key file"
+                elif verifying_key(record, self.keys) is None:
+                    files = "the key file" if len(self.keys) == 1 else "any of the key files"
+                    self.hidden[key] = f"allocation not shown: its signature does not verify with {files}"
                     record = None
         status = self.engine.admit_bound(request, node, record)
         if not status.ok and record is not None:
@@ -486,13 +496,16 @@ def _watch(view: ClusterView, client: KubeClient, args: argparse.Namespace, cons
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from kubegpu.core.process import read_key
+    from kubegpu.core.process import read_key, read_verify_keys
     from kubegpu.kube.client import ApiError, KubeClient
 
     key = read_key(args.allocation_key_file) if args.allocation_key_file else None
+    if args.allocation_verify_key_file and key is None:
+        raise SystemExit("kubegpu top: --allocation-verify-key-file needs --allocation-key-file")
+    verify_keys = read_verify_keys(args.allocation_verify_key_file, key) if key is not None else ()
     client = KubeClient.from_kubeconfig(args.kubeconfig)
     plugins = make_plugin_manager("scheduler")
-    view = ClusterView(plugins, key, source=client.host)
+    view = ClusterView(plugins, key, source=client.host, verify_keys=verify_keys)
     console = Console()
     try:
         return _watch(view, client, args, console) if args.watch else _once(view, client, args, console)
@@ -519,5 +532,6 @@ def add_top_parser(sub: Any) -> argparse.ArgumentParser:
         help="the scheduler's HMAC key: draw only allocations whose signature verifies (without it, all are marked "
         "unverified)",
     )
+    add_verify_key_argument(parser)
     parser.set_defaults(func=run)
     return parser

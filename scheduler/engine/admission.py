@@ -12,6 +12,7 @@ from dataclasses import replace
 from kubegpu.core.annotations import (
     ALLOCATION_KEY,
     AllocationRecord,
+    verify_allocation,
 )
 from kubegpu.core.manifests import is_extended_resource
 from kubegpu.core.models import (
@@ -70,7 +71,7 @@ class Admission(Cycle):
             displaced = [held for p in rivals if (held := self.release(p.request.key)) is not None]
             status = self._hold_devices(record, pod, parts)
             if status.ok:
-                self._enter(record, PodRecord(pod, name, parts, allocation, {}))
+                self._enter(record, self._admitted(pod, name, parts, allocation))
             for held in displaced:
                 if not status.ok:
                     self._put_back(held)
@@ -85,8 +86,21 @@ class Admission(Cycle):
             return status
         if not status.ok:
             return status
-        self._enter(record, PodRecord(pod, name, parts, allocation, {}))
+        self._enter(record, self._admitted(pod, name, parts, allocation))
         return Status.success()
+
+    def _admitted(
+        self, pod: PodRequest, name: str, parts: dict[str, PluginAllocation], allocation: AllocationRecord | None
+    ) -> PodRecord:
+        """The ledger entry of a bound pod admitted with `allocation`, marked where only a verify key verifies it
+        (`Engine.on_verify_keys`: the operator rotating the key keeps that key until no such pod is left)."""
+        by_verify_key = bool(
+            self.verify_keys
+            and allocation is not None
+            and self.signing_key is not None
+            and not verify_allocation(allocation, self.signing_key)
+        )
+        return PodRecord(pod, name, parts, allocation, {}, by_verify_key=by_verify_key)
 
     def admit_by_count(self, pod: PodRequest, name: str) -> Decision:
         """Set devices aside by count for a pod bound to `name` without a verified allocation (bound by another

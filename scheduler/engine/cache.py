@@ -304,6 +304,8 @@ class NodeCache(Ledger):
             if held is not record:
                 self._refresh(held)
         self.pods[key] = pod_record
+        if pod_record.by_verify_key:
+            self.on_verify_keys.add(key)
         record.pods[key] = None
         self._count_usage(record, pod_record.request, +1)
         if pod_record.claims is not None:
@@ -315,6 +317,7 @@ class NodeCache(Ledger):
         pod_record = self.pods.pop(key, None)
         if pod_record is None:
             return None
+        self.on_verify_keys.discard(key)
         if pod_record.claims is None and pod_record.request.resource_claims:
             pod_record.claims = self.dra.reserved_by(pod_record.request)  # counted bound, not placed here
         record = self.nodes.get(pod_record.node)

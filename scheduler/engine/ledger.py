@@ -1,6 +1,7 @@
 """The device ledger: which plugin allocation each placed pod holds on which node, taken and given back
 atomically through the plugins (`kubegpu_scheduler_take` / `kubegpu_scheduler_release`), and the check that an
-allocation found on a bound pod is one this scheduler signed for it (`allocation_problem`).
+allocation found on a bound pod is one this scheduler signed for it, with its key or a key being rotated
+(`allocation_problem`).
 
 Pure bookkeeping over `NodeRecord.states`: no decision is made here.
 """
@@ -12,6 +13,7 @@ from dataclasses import replace
 from kubegpu.core.annotations import (
     AllocationRecord,
     verify_allocation,
+    verifying_key,
 )
 from kubegpu.core.models import (
     PluginAllocation,
@@ -37,7 +39,15 @@ class Ledger(EngineState):
             return f"it names node {allocation.node!r} but the pod is bound to {name!r}"
         if allocation.podUID != pod.uid:
             return f"it was issued to the pod with UID {allocation.podUID!r}, not to this pod (UID {pod.uid!r})"
-        if self.signing_key is not None and not verify_allocation(allocation, self.signing_key):
+        if self.signing_key is None:
+            return None
+        if self.verify_keys:
+            if verifying_key(allocation, (self.signing_key, *self.verify_keys)) is None:
+                return (
+                    "its signature verifies with none of the scheduler's keys (--allocation-key-file and "
+                    "--allocation-verify-key-file: unsigned, changed, or signed elsewhere)"
+                )
+        elif not verify_allocation(allocation, self.signing_key):
             return "its signature does not verify with the scheduler's key (unsigned, changed, or signed elsewhere)"
         return None
 

@@ -118,6 +118,9 @@ class PodRecord:
     by_count: bool = False
     # The DRA claims the pod holds (`kubegpu.scheduler.dra`): entered and given back with the pod.
     claims: PodClaims | None = None
+    # Its allocation verifies only with a verify key (`--allocation-verify-key-file`), not the signing key: counted
+    # in `Engine.on_verify_keys` while the pod holds it.
+    by_verify_key: bool = False
 
 
 # A node filter's bound `filter` method (`framework.NodeFilter`): (engine, node, pod, plan) -> refusal or None.

@@ -64,6 +64,7 @@ class EngineState:
         policy: Policy = "binpack",
         sample: int = 8,
         signing_key: bytes | None = None,
+        verify_keys: Sequence[bytes] = (),
         scoring: scores.Profile | None = None,
         filters: Sequence[NodeFilter] = (),
         score_plugins: Sequence[ScorePlugin] = (),
@@ -111,6 +112,10 @@ class EngineState:
         self._scores_fragmentation = any(plugin.name == scores.FRAGMENTATION for plugin, _ in self._scorers)
         self._added_scores = any(plugin not in KUBE_SCORES for plugin, _ in self._scorers)
         self.signing_key = signing_key
+        # Keys whose signatures bound pods' allocations may also carry (`--allocation-verify-key-file`: the key being
+        # rotated in or out), never used to sign; and the pods holding devices by such an allocation, until they go.
+        self.verify_keys = tuple(key for key in verify_keys if key != signing_key) if signing_key is not None else ()
+        self.on_verify_keys: set[str] = set()
         # Per plugin, the dict its states share across this engine's nodes (`kubegpu_scheduler_build_node`'s `shared`),
         # holding the profile's settings for device plugins.
         settings = ProfileSettings(self.scoring.share_policy, self.scoring.fragmentation_mix)

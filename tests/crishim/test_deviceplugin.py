@@ -152,6 +152,21 @@ def pending(*pods: dict[str, Any]) -> PendingPods:
     return PendingPods(lambda: listed, NODE, KEY)
 
 
+def test_a_pod_signed_with_a_verify_key_is_admitted_while_the_key_is_rotated() -> None:
+    """`--allocation-verify-key-file` (tests/scheduler/test_key_rotation.py): a pod the scheduler signed with the key
+    being rotated out is still the pod being admitted, not nobody."""
+    rotated_out = b"the-key-before-this-one-was-rolled-out"
+    old = allocated_pod("old", {"main": ["0", "1"]}, key=rotated_out)
+    new = allocated_pod("new", {"main": ["2", "3"]}, created="2025-01-01T00:00:05Z")
+    rotating = PendingPods(lambda: [old, new], NODE, KEY, verify_keys=(rotated_out,))
+    rotating.refresh()
+    assert rotating.claim(NEURONDEVICE, ["1", "0"]) is not None
+    assert rotating.claim(NEURONDEVICE, ["2", "3"]) is not None
+    plain = pending(old, new)
+    plain.refresh()
+    assert plain.claim(NEURONDEVICE, ["0", "1"]) is None, "without the verify key the old pod is nobody"
+
+
 def test_the_oldest_pending_pods_containers_are_preferred_in_the_kubelets_order() -> None:
     later = allocated_pod("later", {"main": ["8", "9", "10", "11"]}, created="2025-01-01T00:00:09Z")
     first = allocated_pod(

@@ -761,6 +761,59 @@ def test_the_crishim_command_serves_a_private_socket_and_stops_cleanly_on_sigter
     assert "applied allocation" in process.output()
 
 
+def test_a_shim_rolled_out_with_a_new_key_still_starts_the_containers_the_old_key_allocated(
+    containerd: Containerd, scheduler: Scheduler, fpga: tuple[ModuleType, ModuleType], node_dir: Path, tmp_path: Path
+) -> None:
+    """A key rotation (docs/security.md, "The allocation key"): the node side runs `--allocation-key-file NEW
+    --allocation-verify-key-file OLD`. A pod the scheduler placed under the old key (its container restarting, or not
+    started yet) still gets its cards, a pod placed under the new key too, and one signed with neither is refused."""
+    new_key = secrets.token_hex(32).encode()
+    new_file = tmp_path / "new.key"
+    new_file.write_bytes(new_key + b"\n")
+    new_file.chmod(0o600)
+    socket = node_dir / "rotated.sock"
+    process = start_shim_process(
+        socket=socket,
+        runtime_endpoint=containerd.endpoint,
+        node_name=NODE,
+        key_file=new_file,
+        dev_root=node_dir / "dev",
+        log=tmp_path / "crishim.log",
+        python_path=fpga_plugin_path(tmp_path / "site"),
+        extra=["--allocation-verify-key-file", str(node_dir / "allocation.key")],
+    )
+    kubelet = Cri(f"unix://{socket}")
+    try:
+        placed = [
+            ("old", *scheduler.place("old", 1)),
+            ("new", *Scheduler(fpga[0], new_key).place("new", 2)),
+        ]
+        for name, uid, annotations in placed:
+            sandbox = host_network_sandbox(name, uid, annotations=annotations, log_directory=tmp_path)
+            sandbox_id = kubelet.run_pod(sandbox)
+            try:
+                container_id = kubelet.create(sandbox_id, container_config("main"), sandbox)
+                kubelet.start(container_id)
+                ids = decode_allocation(annotations[ALLOCATION_KEY]).device_ids("main", FPGA)
+                assert _cards_in(kubelet, container_id) == sorted(ids), name
+            finally:
+                kubelet.remove_pod(sandbox_id)
+        uid, annotations = Scheduler(fpga[0], secrets.token_hex(32).encode()).place("neither", 1)
+        sandbox = host_network_sandbox("neither", uid, annotations=annotations, log_directory=tmp_path)
+        sandbox_id = kubelet.run_pod(sandbox)
+        try:
+            with pytest.raises(grpc.RpcError) as refused:
+                kubelet.create(sandbox_id, container_config("main"), sandbox)
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "does not verify with any of this node's keys" in refused.value.details()
+        finally:
+            kubelet.remove_pod(sandbox_id)
+    finally:
+        kubelet.close()
+        code = process.terminate()
+    assert code == 0, process.output()
+
+
 # ------------------------------------------------------------------------------------------------------------
 # MIG: a fake NVML (no GPU here) under the real shim and containerd
 # ------------------------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import secrets
+import signal
 import threading
 import time
 from collections import Counter
@@ -310,6 +312,58 @@ def test_the_scheduler_survives_an_api_server_restart(cluster: Cluster, namespac
     held = devices_by_node(placed)["inf2-b"]
     assert all(n == 1 for n in held.values()) and len(held) == 4
     assert scheduler.process.poll() is None
+
+
+def test_a_scheduler_rolled_out_with_a_new_key_keeps_the_devices_the_old_key_allocated(
+    cluster: Cluster, namespace: str, start_scheduler: Any, key_file: Path, tmp_path: Path
+) -> None:
+    """A key rotation (docs/security.md, "The allocation key"): the scheduler signing with the old key is replaced by
+    one started with `--allocation-key-file NEW --allocation-verify-key-file OLD`. The running pod's allocation still
+    holds its devices (before, it was read as forged and its devices set aside by count only), a new pod gets the
+    other devices under the new key, and `/metrics` counts the pods the old key is still needed for."""
+    cluster.create_ready_node("trn1-rot", labels=TRN1, allocatable={"aws.amazon.com/neurondevice": 16})
+    old = start_scheduler("kubegpu", "--no-leader-elect")
+    cluster.create_pod(namespace, "running", {"main": {"aws.amazon.com/neurondevice": 8}}, scheduler="kubegpu")
+    wait_bound(cluster, namespace, 1)
+    old.kill(signal.SIGTERM)
+    new_file = tmp_path / "new.key"
+    new_file.write_text(secrets.token_hex(32) + "\n")
+    new_file.chmod(0o600)
+    rotated = start_scheduler(
+        "kubegpu", "--no-leader-elect", "--allocation-key-file", str(new_file),
+        "--allocation-verify-key-file", str(key_file),
+    )  # fmt: skip
+    cluster.create_pod(namespace, "new", {"main": {"aws.amazon.com/neurondevice": 8}}, scheduler="kubegpu")
+    placed = wait_bound(cluster, namespace, 2)
+    held = devices_by_node(placed)["trn1-rot"]
+    assert len(held) == 16 and all(n == 1 for n in held.values()), held
+    keys = {"running": key_file, "new": new_file}
+    for name, pod in placed.items():
+        record = decode_allocation(pod["metadata"]["annotations"][ALLOCATION_KEY])
+        for signer, path in keys.items():
+            signed = verify_allocation(record, path.read_text().strip().encode())
+            assert signed == (signer == name), (name, signer)
+
+    http = urllib3.PoolManager()
+    text = http.request("GET", f"http://127.0.0.1:{rotated.metrics_port}/metrics").data.decode()
+    assert "kubegpu_scheduler_pods_on_verify_keys 1.0" in text
+    assert "kubegpu_scheduler_refused_allocations_total 0.0" in text
+    cluster.create_pod(namespace, "third", {"main": {"aws.amazon.com/neurondevice": 1}}, scheduler="kubegpu")
+    wait_for(
+        lambda: any(e["involvedObject"]["name"] == "third" for e in cluster.events(namespace)),
+        30,
+        "the third pod to be refused: the running pod's 8 devices are still held",
+    )
+    assert set(bound(cluster, namespace)) == {"running", "new"}
+    cluster.delete_pod(namespace, "running")
+    wait_for(
+        lambda: (
+            "kubegpu_scheduler_pods_on_verify_keys 0.0"
+            in http.request("GET", f"http://127.0.0.1:{rotated.metrics_port}/metrics").data.decode()
+        ),
+        30,
+        "the count of pods on the old key to reach 0 (the old key may go)",
+    )
 
 
 def test_metrics_health_and_readiness(cluster: Cluster, namespace: str, start_scheduler: Any) -> None:

@@ -1,0 +1,190 @@
+"""Rotating the allocation key (`--allocation-verify-key-file`): what every process that reads allocations accepts
+while a new key replaces the old one (docs/security.md, "The allocation key").
+
+Before, a scheduler started with a new key read every bound pod's allocation as forged: the devices the pods ran on
+were set aside by count, free to be given again, and a node whose shim had the new key refused to restart any
+container of those pods. Now the scheduler side signs with `--allocation-key-file` only and accepts signatures of the
+verify keys too, counting the pods that hold devices by one (`kubegpu_scheduler_pods_on_verify_keys`, so the operator
+knows when the old key may go); the node side and `kubegpu top` accept them likewise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from kubegpu import cli
+from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, verify_allocation, verifying_key
+from kubegpu.core.models import PodRequest
+from kubegpu.core.plugin_manager import make_plugin_manager
+from kubegpu.core.process import MAX_VERIFY_KEYS, read_verify_keys
+from kubegpu.core.testing import make_pod, node_manifest
+from kubegpu.crishim.verify import AllocationRefused, PodIdentity, verified_allocation
+from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.health import Metrics
+from kubegpu.scheduler.top import ClusterView
+
+from . import toy_plugin as toy
+from .test_engine import toy_node
+from .test_top_view import NEURON_16, TRN1, bound_pod, holders
+
+CARD = toy.RESOURCE
+OLD, NEW, OTHER = b"o" * 32, b"n" * 32, b"x" * 32
+
+
+def toy_engine(**kwargs: object) -> Engine:
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False), **kwargs)  # type: ignore[arg-type]
+    engine.add_node(toy_node("n1", 4))  # type: ignore[arg-type]
+    return engine
+
+
+def bound_under(key: bytes, *sizes: int) -> list[tuple[PodRequest, str]]:
+    """Pods of `sizes` cards placed on n1 by a scheduler signing with `key`, as a restarted scheduler lists them:
+    each with the annotation the Binding wrote."""
+    engine = toy_engine(signing_key=key)
+    placed = []
+    for at, cards in enumerate(sizes):
+        name = f"p{at}-{cards}"
+        decision = engine.schedule(make_pod(name, {"main": {CARD: cards}}))
+        assert decision.scheduled
+        placed.append(
+            (
+                make_pod(name, {"main": {CARD: cards}}, annotations=decision.annotations),
+                decision.annotations[ALLOCATION_KEY],
+            )
+        )
+    return placed
+
+
+def cards_of(annotation: str) -> set[str]:
+    return set(decode_allocation(annotation).device_ids("main", CARD))
+
+
+def test_a_scheduler_rotated_to_a_new_key_keeps_the_devices_the_old_key_allocated() -> None:
+    ((running, annotation),) = bound_under(OLD, 2)
+    engine = toy_engine(signing_key=NEW, verify_keys=[OLD])
+    assert engine.admit_bound(running, "n1", decode_allocation(annotation)).ok
+    assert engine.on_verify_keys == {running.key}
+
+    placed = engine.schedule(make_pod("new", {"main": {CARD: 2}}))
+    assert placed.scheduled and not cards_of(placed.annotations[ALLOCATION_KEY]) & cards_of(annotation)
+    record = decode_allocation(placed.annotations[ALLOCATION_KEY])
+    assert verify_allocation(record, NEW) and not verify_allocation(record, OLD), "signed with the new key only"
+    assert engine.on_verify_keys == {running.key}, "a pod signed with the new key is not counted"
+    assert not engine.schedule(make_pod("more", {"main": {CARD: 1}})).scheduled, "the running pod's cards stay held"
+
+    with engine.pods_removed([running.key]):  # a preemption's what-if is no departure
+        pass
+    assert engine.on_verify_keys == {running.key}
+    engine.release(running.key)
+    assert engine.on_verify_keys == set()
+
+
+def test_without_the_old_key_the_running_pods_allocation_holds_nothing() -> None:
+    ((running, annotation),) = bound_under(OLD, 2)
+    status = toy_engine(signing_key=NEW).admit_bound(running, "n1", decode_allocation(annotation))
+    assert not status.ok and "does not verify with the scheduler's key" in status.message
+
+
+def test_an_allocation_no_key_verifies_is_refused_naming_both_flags() -> None:
+    ((forged, annotation),) = bound_under(OTHER, 1)
+    engine = toy_engine(signing_key=NEW, verify_keys=[OLD])
+    status = engine.admit_bound(forged, "n1", decode_allocation(annotation))
+    assert not status.ok
+    assert "--allocation-key-file and --allocation-verify-key-file" in status.message
+    assert engine.on_verify_keys == set()
+
+
+def test_the_metric_counts_the_pods_the_old_key_still_holds_devices_for() -> None:
+    engine = toy_engine(signing_key=NEW, verify_keys=[OLD])
+    metrics = Metrics()
+    metrics.count_pods_on_verify_keys(engine.on_verify_keys)
+
+    def scraped() -> float:
+        text = generate_latest(metrics.registry).decode()
+        (line,) = [line for line in text.splitlines() if line.startswith("kubegpu_scheduler_pods_on_verify_keys ")]
+        return float(line.split()[1])
+
+    assert scraped() == 0.0
+    pods = bound_under(OLD, 1, 2)
+    for pod, annotation in pods:
+        assert engine.admit_bound(pod, "n1", decode_allocation(annotation)).ok
+    assert scraped() == 2.0
+    assert engine.schedule(make_pod("new", {"main": {CARD: 1}})).scheduled
+    assert scraped() == 2.0
+    for pod, _ in pods:
+        engine.release(pod.key)
+    assert scraped() == 0.0, "the old key may go"
+
+
+def test_the_node_side_applies_an_allocation_either_key_signed_and_refuses_a_third() -> None:
+    for key in (OLD, NEW):
+        ((pod, annotation),) = bound_under(key, 1)
+        identity = PodIdentity(pod.namespace, pod.name, pod.uid)
+        assert verified_allocation(annotation, key=NEW, node="n1", pod=identity, also=(OLD,)).node == "n1"
+    ((pod, annotation),) = bound_under(OTHER, 1)
+    identity = PodIdentity(pod.namespace, pod.name, pod.uid)
+    with pytest.raises(AllocationRefused, match="any of this node's keys") as refused:
+        verified_allocation(annotation, key=NEW, node="n1", pod=identity, also=(OLD,))
+    assert refused.value.check == "signature"
+    ((pod, annotation),) = bound_under(OLD, 1)
+    with pytest.raises(AllocationRefused, match="does not verify with this node's key"):
+        verified_allocation(annotation, key=NEW, node="n1", pod=PodIdentity(pod.namespace, pod.name, pod.uid))
+
+
+def test_verifying_key_names_the_first_key_that_verifies() -> None:
+    record = decode_allocation(bound_under(OLD, 1)[0][1])
+    assert verifying_key(record, (NEW, OLD)) == 1
+    assert verifying_key(record, (OLD, NEW)) == 0
+    assert verifying_key(record, (NEW, OTHER)) is None
+    assert verifying_key(record.model_copy(update={"signature": "not hex"}), (OLD,)) is None
+
+
+def test_top_draws_what_either_key_signed_and_hides_what_neither_did() -> None:
+    view = ClusterView(make_plugin_manager("scheduler"), NEW, verify_keys=[OLD])
+    view.sync_pods(
+        [
+            bound_pod("old", ["0", "1"], key=OLD),
+            bound_pod("new", ["2", "3"], key=NEW),
+            bound_pod("forged", ["4", "5"], key=OTHER),
+        ]
+    )
+    view.sync_nodes([node_manifest("trn1-a", labels=TRN1, allocatable=NEURON_16)])
+    assert holders(view) == {"0": ["default/old"], "1": ["default/old"], "2": ["default/new"], "3": ["default/new"]}
+    assert view.report().problems == (
+        "default/forged: allocation not shown: its signature does not verify with any of the key files",
+    )
+
+
+def write_key(path: Path, key: bytes) -> str:
+    path.write_bytes(key + b"\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_verify_keys_are_read_as_the_key_is_once_each_and_at_most_four(tmp_path: Path) -> None:
+    old = write_key(tmp_path / "old", OLD)
+    again = write_key(tmp_path / "again", OLD)
+    new = write_key(tmp_path / "new", NEW)
+    assert read_verify_keys([old, again, new], NEW) == (OLD,), "the process's own key and a repeat are kept once"
+    with pytest.raises(SystemExit, match=f"at most {MAX_VERIFY_KEYS} keys"):
+        read_verify_keys([old] * (MAX_VERIFY_KEYS + 1), NEW)
+    weak = write_key(tmp_path / "weak", b"short")
+    with pytest.raises(SystemExit, match="at least 32 are needed"):
+        read_verify_keys([weak], NEW)
+
+
+@pytest.mark.parametrize("command", ["scheduler", "extender", "crishim", "device-plugin", "top"])
+def test_every_process_that_reads_allocations_takes_verify_keys(command: str) -> None:
+    required = {
+        "scheduler": ["--allocation-key-file", "k"],
+        "extender": ["--allocation-key-file", "k"],
+        "crishim": ["--node-name", "n", "--allocation-key-file", "k"],
+        "device-plugin": ["--node-name", "n", "--allocation-key-file", "k"],
+        "top": [],
+    }[command]
+    argv = [command, *required, "--allocation-verify-key-file", "a", "--allocation-verify-key-file", "b"]
+    args = cli.build_parser(argv).parse_args(argv)
+    assert args.allocation_verify_key_file == ["a", "b"]
