@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -650,3 +651,30 @@ def test_a_gang_preemption_weighing_a_waiting_members_node_leaves_it_waiting_wit
     assert e.preempt_gang(job).victims
     assert e.is_waiting(waiting.key) and e.placement(waiting.key) is not None
     assert [w.pod.key for w in e.expire(3600.0)] == [waiting.key]
+
+
+def test_a_pod_preempting_a_running_gang_takes_the_whole_gang_or_prefers_a_node_that_breaks_none() -> None:
+    # A training gang of priority 0 (minMember 2) runs on r0's two nodes; a lone pod of priority 0 on r1-n0; r1-n1
+    # runs a pod of priority 1000. A pod of priority 500 needs a whole node.
+    e = engine([2, 2])
+    job = gang("train", 2)
+    assert e.place_gang(job).placed
+    lone = pod_request(pod_manifest("lone", {"main": {GPU: 8}}))[0]
+    assert e.reserve(lone, "r1-n0").scheduled
+    high = pod_request(pod_manifest("high", {"main": {GPU: 8}}))[0]
+    keeper = pod_request(pod_manifest("keeper", {"main": {GPU: 8}}))[0]
+    assert e.reserve(replace(keeper, priority=1000), "r1-n1").scheduled
+    urgent = replace(high, priority=500)
+    for _ in range(3):  # whichever node the dry run starts from: the lone pod goes, not one worker of the gang
+        preemption = e.preempt(urgent)
+        assert preemption.victims == (lone.key,), preemption
+    # Without the lone pod's node, one worker evicted would leave the other running uselessly, below minMember:
+    # the whole gang goes, and its job is restarted whole by its owner.
+    e.release(lone.key)
+    assert e.reserve(replace(keeper, name="keeper-2", uid="uid-keeper-2", priority=1000), "r1-n0").scheduled
+    preemption = e.preempt(urgent)
+    assert sorted(preemption.victims) == sorted(m.key for m in job), preemption
+    # A gang with a member of the preemptor's priority or higher cannot go whole: its nodes are no candidates.
+    e.release(job[1].key)
+    assert e.reserve(replace(job[1], priority=1000), "r0-n1").scheduled
+    assert e.preempt(urgent).node is None
