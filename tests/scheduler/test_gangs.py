@@ -678,3 +678,33 @@ def test_a_pod_preempting_a_running_gang_takes_the_whole_gang_or_prefers_a_node_
     e.release(job[1].key)
     assert e.reserve(replace(job[1], priority=1000), "r0-n1").scheduled
     assert e.preempt(urgent).node is None
+
+
+def test_a_bound_pod_that_cannot_take_a_waiting_members_devices_leaves_it_waiting_with_its_timeout() -> None:
+    # A gang member waits at Permit on GPUs 0-3. A pod reported bound there names them too, in an allocation issued
+    # later (another replica's, on a node whose GPUs it saw as 12), so the member is displaced while the bound pod's
+    # devices are tried; they still do not fit (GPUs 8-11 are not there) and the member is put back. Its wait had
+    # ended: the member held its place waiting for nothing, never timed out, and was queued again while holding it.
+    key = b"k" * 32
+    e = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), signing_key=key)
+    e.add_node(node_info(node_manifest("n0", allocatable={GPU: 8})))
+    waiting = member("slow", 0, total=2, gpus=4)
+    assert e.reserve(waiting, "n0").scheduled
+    assert e.permit(waiting, now=0.0).code is PermitCode.WAIT
+    other = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), signing_key=key)
+    other.add_node(node_info(node_manifest("n0", allocatable={GPU: 12})))
+    bound = pod_request(pod_manifest("bound", {"main": {GPU: 12}}))[0]
+    decision = other.reserve(bound, "n0")
+    assert decision.scheduled and decision.allocation is not None
+    status = e.admit_bound(bound, "n0", decision.allocation)
+    assert not status.ok
+    assert e.placement(waiting.key) is not None and e.is_waiting(waiting.key), "the member still waits, as it was"
+    assert [w.pod.key for w in e.expire(3600.0)] == [waiting.key]
+    # Where the bound pod's devices do fit, the member is displaced: it holds nothing and waits no more.
+    assert e.reserve(waiting, "n0").scheduled and e.permit(waiting, now=3600.0).code is PermitCode.WAIT
+    fitting = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), signing_key=key)
+    fitting.add_node(node_info(node_manifest("n0", allocatable={GPU: 8})))
+    later = pod_request(pod_manifest("later", {"main": {GPU: 8}}))[0]
+    decision = fitting.reserve(later, "n0")
+    assert decision.allocation is not None and e.admit_bound(later, "n0", decision.allocation).ok
+    assert e.placement(waiting.key) is None and not e.is_waiting(waiting.key)
