@@ -239,8 +239,8 @@ class CustomScheduler:
         engine = self.engine
         gangs: dict[str | None, list[str]] = {}
         for key in victims:
-            if (waiting := engine.waiting.get(key)) is not None:
-                gangs.setdefault(gang_key(waiting.pod), []).append(key)
+            if (waiting := engine.waiting_pod(key)) is not None:
+                gangs.setdefault(gang_key(waiting), []).append(key)
         if not gangs:
             return victims
         for gang, keys in gangs.items():
