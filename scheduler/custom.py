@@ -194,9 +194,12 @@ class CustomScheduler:
         self.metrics.attempts.labels(result).inc()
         message = decision.reason or "no node fits"
         waiting = result == "unschedulable" and awaits_victims
+        freed = False
         if result == "unschedulable" and not waiting:
-            self._preempt(entry)
+            freed = self._preempt(entry)
         self._refused(entry, message, decision.node, waiting=waiting)
+        if freed:  # places given back at Permit, not deleted pods: nothing else will say the room is there
+            self.queue.wake()
 
     def _refused(self, entry: Entry, message: str, node: str | None = None, *, waiting: bool = False) -> None:
         log.info("unschedulable", extra={"pod": entry.key, "node": node, "reason": message})
@@ -210,18 +213,62 @@ class CustomScheduler:
             entry.message = message
             self.binder.submit(self.binder.report_unschedulable(entry.request, message))
 
-    def _preempt(self, entry: Entry) -> None:
-        """DefaultPreemption's PostFilter: evict pods of lower priority where that lets the pod fit."""
+    def _preempt(self, entry: Entry) -> bool:
+        """DefaultPreemption's PostFilter: evict pods of lower priority where that lets the pod fit. Whether victims
+        waiting at Permit gave their places back (`_let_go_preempted`): the room is free at once."""
         pod, mirror = entry.request, self.mirror
         preemption = self.engine.preempt(pod, list(mirror.budgets.values()))
         if preemption.node is None:
             self.engine.unnominate(entry.key)
-            return
+            return False
         self.engine.nominate(pod, preemption.node)
-        mirror.evicting_started(preemption.victims)
         log.info("preempting", extra={"pod": entry.key, "node": preemption.node, "victims": list(preemption.victims)})
-        victims = [placed.request for placed in self.engine.placements(preemption.victims)]
-        self.binder.submit(self._evict(pod, preemption.node, victims))
+        bound = self._let_go_preempted(preemption.victims, f"pod {pod.key} on node {preemption.node}")
+        mirror.evicting_started(bound)
+        if bound:
+            victims = [placed.request for placed in self.engine.placements(bound)]
+            self.binder.submit(self._evict(pod, preemption.node, victims))
+        return len(bound) < len(preemption.victims)
+
+    def _let_go_preempted(self, victims: tuple[str, ...], by: str) -> tuple[str, ...]:
+        """Victims waiting at Permit are let go instead of deleted, as kube-scheduler rejects a waiting victim rather
+        than deleting it: bound nowhere, such a pod loses nothing but its place, and deleted, a pod no controller
+        recreates was lost to its job. Their gangs' other waiting members give their places back with them (a gang
+        waits as one, as coscheduling's Unreserve rejects the whole group), instead of holding them, useless, until
+        the gang's timeout; each member is told why and placed again, whole, once there is room. Returns the
+        victims left to delete (bound, or binding)."""
+        engine = self.engine
+        gangs: dict[str | None, list[str]] = {}
+        for key in victims:
+            if (waiting := engine.waiting_pod(key)) is not None:
+                gangs.setdefault(gang_key(waiting), []).append(key)
+        if not gangs:
+            return victims
+        for gang, keys in gangs.items():
+            if gang is None:  # waiting for an embedder's Permit rule, of no gang: it alone is let go
+                entries = [e for key in keys if (e := self._let_go_one(key)) is not None]
+            else:
+                entries = self._let_go_waiting(gang)
+            reason = f"preempted by {by} while waiting at Permit: " + (
+                "the pod gave its place back and waits to be placed again"
+                if gang is None
+                else f"gang {gang} gave back every place its members held and waits to be placed again, whole"
+            )
+            log.info("let go at Permit: preempted", extra={"pod": gang or keys[0], "reason": reason})
+            if gang is None:
+                for entry in entries:
+                    self._refused(entry, reason)
+            elif entries:
+                self._gang_refused(gang, entries, reason)
+        let_go = {key for keys in gangs.values() for key in keys}
+        return tuple(key for key in victims if key not in let_go)
+
+    def _let_go_one(self, key: str) -> Entry | None:
+        """One pod waiting at Permit gives its place back: its entry, to be placed again."""
+        entry = self.queue.unhold(key)
+        self._at_permit.pop(key, None)
+        self.engine.reject_waiting(key)
+        return entry
 
     async def _evict(self, pod: PodRequest, node: str, victims: list[PodRequest]) -> None:
         """The victims' deletions; those that failed stay, and no longer count as leaving (`evicting_failed`): the
@@ -268,9 +315,10 @@ class CustomScheduler:
         if not placement.placed:
             self.metrics.attempts.labels("unschedulable").inc(len(entries))
             reason = placement.reason or f"gang {gang} cannot be placed"
-            if present >= group.min_member:
-                self._preempt_gang(group, entries)
+            freed = present >= group.min_member and self._preempt_gang(group, entries)
             self._gang_refused(gang, entries, reason)
+            if freed:  # places given back at Permit, not deleted pods: nothing else will say the room is there
+                self.queue.wake()
             return
         decisions = {decision.pod: decision for decision in placement.decisions}
         now = time.monotonic()
@@ -308,14 +356,7 @@ class CustomScheduler:
 
     def _let_go_waiting(self, gang: str) -> list[Entry]:
         """The gang's members waiting at Permit give their places back: their entries, to be placed again."""
-        parted = []
-        for key in self.engine.waiting_gangs().get(gang, ()):
-            entry = self.queue.unhold(key)
-            self._at_permit.pop(key, None)
-            self.engine.reject_waiting(key)
-            if entry is not None:
-                parted.append(entry)
-        return parted
+        return [entry for key in self.engine.waiting_gangs().get(gang, ()) if (entry := self._let_go_one(key))]
 
     def _no_podgroup(self, gang: str, entry: Entry) -> None:
         """Tell a pod whose PodGroup label names no PodGroup that it is scheduled alone: with a typo in one
@@ -351,33 +392,44 @@ class CustomScheduler:
         log.info("gang unschedulable", extra={"pod": gang, "reason": reason})
         self.groups.event(gang, "FailedScheduling", reason)
 
-    def _preempt_gang(self, group: PodGroup, entries: list[Entry]) -> None:
+    def _preempt_gang(self, group: PodGroup, entries: list[Entry]) -> bool:
         """PostFilter for a gang that fits nowhere: evict the pods of lower priority that keep one domain from it,
-        unless the victims of an earlier preemption for it are still leaving."""
+        unless the victims of an earlier preemption for it are still leaving. Whether victims waiting at Permit
+        gave their places back (`_let_go_preempted`): the room is free at once."""
         mirror = self.mirror
         leaving = self._gang_victims.get(group.key)
         if leaving and any(key in mirror.evicting for key in leaving):
-            return
+            return False
         preemption = self.engine.preempt_gang(
             [entry.request for entry in entries], group, list(mirror.budgets.values())
         )
         if not preemption.victims:
             self._gang_victims.pop(group.key, None)
             self.engine.unnominate_gang(group.key)
-            return
+            return False
         self._gang_victims[group.key] = preemption.victims
         # The domain is held for the gang while its victims leave, so that pods of lower priority do not take the
         # room they free one by one (kube-scheduler nominates a preemptor's node the same way).
         priority = min(entry.request.priority for entry in entries)
         self.engine.nominate_gang(group.key, priority, preemption.level, preemption.domain, preemption.victims)
-        mirror.evicting_started(preemption.victims)
         where = f"{preemption.level}={preemption.domain}" if preemption.level else "the cluster"
         log.info("preempting for a gang", extra={"pod": group.key, "node": where, "victims": list(preemption.victims)})
-        victims = [placed.request for placed in self.engine.placements(preemption.victims)]
-        self.binder.submit(self._evict_for(f"gang {group.key}", where, victims))
-        self.groups.event(
-            group.key, "Preempting", f"evicting {len(victims)} pods of lower priority in {where}", "Normal"
+        bound = self._let_go_preempted(preemption.victims, f"gang {group.key} in {where}")
+        mirror.evicting_started(bound)
+        victims = [placed.request for placed in self.engine.placements(bound)]
+        if victims:
+            self.binder.submit(self._evict_for(f"gang {group.key}", where, victims))
+        let_go = len(preemption.victims) - len(bound)
+        what = ", ".join(
+            part
+            for part in (
+                f"evicting {len(victims)} pods of lower priority" if victims else "",
+                f"letting go {let_go} waiting at Permit" if let_go else "",
+            )
+            if part
         )
+        self.groups.event(group.key, "Preempting", f"{what} in {where}", "Normal")
+        return let_go > 0
 
     def tend_gangs(self) -> None:
         """Once a tick: the members waiting at Permit past their gang's timeout give their places back (and wait

@@ -68,7 +68,10 @@ class Admission(Cycle):
                     f"the {ALLOCATION_KEY} of pod {pod.key} (issued {allocation.issued}) is stale: its devices are "
                     f"held by {', '.join(newer)}, whose allocation the scheduler issued later"
                 )
-            displaced = [held for p in rivals if (held := self.release(p.request.key)) is not None]
+            # Set aside, not released, until the pod takes their devices: a rival waiting at Permit (a gang member)
+            # put back must still wait there, its timeout counting, or it held its place waiting for nothing
+            # (security T180).
+            displaced = [held for p in rivals if (held := self._set_aside(p.request.key)) is not None]
             status = self._hold_devices(record, pod, parts)
             if status.ok:
                 self._enter(record, self._admitted(pod, name, parts, allocation))
@@ -78,6 +81,7 @@ class Admission(Cycle):
                 elif held.by_count:
                     self.admit_by_count(held.request, name)
                 else:
+                    self.release(held.request.key)  # holds nothing: whatever else of it is kept goes (its wait)
                     log.warning(
                         "allocation is stale: a later allocation (issued %d) holds its devices; the pod holds none",
                         allocation.issued,

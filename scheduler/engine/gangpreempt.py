@@ -4,7 +4,8 @@ Per domain of the gang's level, the lowest-priority minimal set of pods whose ev
 (PodDisruptionBudgets respected as `Engine.preempt` does: pods whose eviction would violate one are kept first), never
 a set that still leaves the gang unplaceable, and never a victim gang cut below its own `minMember` (then all of it
 goes, or the domain is no candidate). A what-if: every pod is back as it was on return; the front-end evicts
-(holding the domain with `nominate_gang`) and places the gang again (`gangs.place_gang`).
+(holding the domain with `nominate_gang`) and places the gang again (`gangs.place_gang`). A single pod's preemption
+keeps its victims' gangs whole the same way (`_gangs_kept_whole`).
 """
 
 from __future__ import annotations
@@ -188,6 +189,17 @@ class GangPreempting(GangDomains):
         for decision in decisions:
             self.unreserve(next(m for m in todo if m.key == decision.pod), decision.node)
         return None, corrected
+
+    def _gangs_kept_whole(self, candidate: Candidate, priority: int) -> Candidate | None:
+        """A pod's preemption (`Engine.preempt`) keeps its victims' gangs whole, as a gang's does: a worker evicted
+        from a training gang left the others running below `minMember`, useless, holding their GPUs until their job
+        failed; Kueue, too, evicts a gang's workload whole. The other members that must go are added to the
+        candidate (costing it in `pick`, so a node whose victims break no gang wins), or None where one of them is
+        not of lower priority."""
+        whole = self._whole_gangs(candidate.victims, priority)
+        if whole is None:
+            return None
+        return Candidate(candidate.node, (*candidate.victims, *whole), candidate.violations) if whole else candidate
 
     def _whole_gangs(self, victims: Sequence[PodRequest], priority: int) -> list[PodRequest] | None:
         """The other members of the victims' gangs that must go too: a gang left below its minMember goes whole.

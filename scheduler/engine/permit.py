@@ -175,6 +175,11 @@ class Permitting(Preempting):
         """Whether the pod `key` waits at Permit, holding a reservation no Binding was written for."""
         return key in self.waiting
 
+    def waiting_pod(self, key: str) -> PodRequest | None:
+        """The pod `key` as it waits at Permit (its gang read from it), or None when it does not wait there."""
+        waiting = self.waiting.get(key)
+        return waiting.pod if waiting is not None else None
+
     def waiting_gangs(self) -> dict[str, tuple[str, ...]]:
         """The gangs with members waiting at Permit (at most one, with the built-in rule; more only where an
         embedder's rule makes a gang's members wait), each with the keys of those members."""

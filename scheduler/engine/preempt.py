@@ -2,6 +2,10 @@
 (`kubegpu.scheduler.preemption` has the rules; these are the what-ifs against the cache, which leave it as it was),
 and nominating the node held for a preempting pod while its victims leave.
 
+A victim that is a member of a gang never leaves the rest of it below its `minMember`, running uselessly: the rest
+of the gang goes too, counted in the candidate (so a node whose victims break no gang is preferred), or the node is no
+candidate where one of them may not go (`GangPreempting._gangs_kept_whole`).
+
 As kube-scheduler's DefaultPreemption dry-runs victims on a cloned node and stops at enough candidates, `preempt`
 tries nodes in turn from where the last one stopped until it has `candidates_wanted` of them, and a pod whose fit
 reads only the node's usage is tried on a copy of it (`NodeRecord.usage_copy`): no node, memo or change log moves.
@@ -71,6 +75,8 @@ class Preempting(Admission):
             if status.ok or status.code in (Code.UNRESOLVABLE, Code.ERROR):
                 continue
             candidate = self._select_victims(record, pod, plan, budgets)
+            if candidate is not None:
+                candidate = self._gangs_kept_whole(candidate, pod.priority)
             if candidate is None:
                 continue
             candidates.append(candidate)
@@ -83,6 +89,11 @@ class Preempting(Admission):
             return Preemption(None, reason="no node would fit the pod even without the pods of lower priority")
         victims = tuple(p.key for p in chosen.victims)
         return Preemption(chosen.node, victims, chosen.violations, candidates=tuple(candidates))
+
+    def _gangs_kept_whole(self, candidate: Candidate, priority: int) -> Candidate | None:
+        """The candidate with the other members of its victims' gangs that must go too, or None where one of them
+        may not (`GangPreempting` says which; no gangs here)."""
+        return candidate
 
     def select_victims(self, pod: PodRequest, name: str, budgets: Sequence[Budget] = ()) -> Candidate | None:
         """The fewest pods of lower priority to evict from node `name` so that `pod` fits there, or None when even

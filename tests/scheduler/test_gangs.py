@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -650,3 +651,60 @@ def test_a_gang_preemption_weighing_a_waiting_members_node_leaves_it_waiting_wit
     assert e.preempt_gang(job).victims
     assert e.is_waiting(waiting.key) and e.placement(waiting.key) is not None
     assert [w.pod.key for w in e.expire(3600.0)] == [waiting.key]
+
+
+def test_a_pod_preempting_a_running_gang_takes_the_whole_gang_or_prefers_a_node_that_breaks_none() -> None:
+    # A training gang of priority 0 (minMember 2) runs on r0's two nodes; a lone pod of priority 0 on r1-n0; r1-n1
+    # runs a pod of priority 1000. A pod of priority 500 needs a whole node.
+    e = engine([2, 2])
+    job = gang("train", 2)
+    assert e.place_gang(job).placed
+    lone = pod_request(pod_manifest("lone", {"main": {GPU: 8}}))[0]
+    assert e.reserve(lone, "r1-n0").scheduled
+    high = pod_request(pod_manifest("high", {"main": {GPU: 8}}))[0]
+    keeper = pod_request(pod_manifest("keeper", {"main": {GPU: 8}}))[0]
+    assert e.reserve(replace(keeper, priority=1000), "r1-n1").scheduled
+    urgent = replace(high, priority=500)
+    for _ in range(3):  # whichever node the dry run starts from: the lone pod goes, not one worker of the gang
+        preemption = e.preempt(urgent)
+        assert preemption.victims == (lone.key,), preemption
+    # Without the lone pod's node, one worker evicted would leave the other running uselessly, below minMember:
+    # the whole gang goes, and its job is restarted whole by its owner.
+    e.release(lone.key)
+    assert e.reserve(replace(keeper, name="keeper-2", uid="uid-keeper-2", priority=1000), "r1-n0").scheduled
+    preemption = e.preempt(urgent)
+    assert sorted(preemption.victims) == sorted(m.key for m in job), preemption
+    # A gang with a member of the preemptor's priority or higher cannot go whole: its nodes are no candidates.
+    e.release(job[1].key)
+    assert e.reserve(replace(job[1], priority=1000), "r0-n1").scheduled
+    assert e.preempt(urgent).node is None
+
+
+def test_a_bound_pod_that_cannot_take_a_waiting_members_devices_leaves_it_waiting_with_its_timeout() -> None:
+    # A gang member waits at Permit on GPUs 0-3. A pod reported bound there names them too, in an allocation issued
+    # later (another replica's, on a node whose GPUs it saw as 12), so the member is displaced while the bound pod's
+    # devices are tried; they still do not fit (GPUs 8-11 are not there) and the member is put back. Its wait had
+    # ended: the member held its place waiting for nothing, never timed out, and was queued again while holding it.
+    key = b"k" * 32
+    e = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), signing_key=key)
+    e.add_node(node_info(node_manifest("n0", allocatable={GPU: 8})))
+    waiting = member("slow", 0, total=2, gpus=4)
+    assert e.reserve(waiting, "n0").scheduled
+    assert e.permit(waiting, now=0.0).code is PermitCode.WAIT
+    other = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), signing_key=key)
+    other.add_node(node_info(node_manifest("n0", allocatable={GPU: 12})))
+    bound = pod_request(pod_manifest("bound", {"main": {GPU: 12}}))[0]
+    decision = other.reserve(bound, "n0")
+    assert decision.scheduled and decision.allocation is not None
+    status = e.admit_bound(bound, "n0", decision.allocation)
+    assert not status.ok
+    assert e.placement(waiting.key) is not None and e.is_waiting(waiting.key), "the member still waits, as it was"
+    assert [w.pod.key for w in e.expire(3600.0)] == [waiting.key]
+    # Where the bound pod's devices do fit, the member is displaced: it holds nothing and waits no more.
+    assert e.reserve(waiting, "n0").scheduled and e.permit(waiting, now=3600.0).code is PermitCode.WAIT
+    fitting = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False), signing_key=key)
+    fitting.add_node(node_info(node_manifest("n0", allocatable={GPU: 8})))
+    later = pod_request(pod_manifest("later", {"main": {GPU: 8}}))[0]
+    decision = fitting.reserve(later, "n0")
+    assert decision.allocation is not None and e.admit_bound(later, "n0", decision.allocation).ok
+    assert e.placement(waiting.key) is None and not e.is_waiting(waiting.key)

@@ -775,3 +775,52 @@ def bound_low(name: str, node_name: str) -> dict[str, Any]:
     manifest["spec"].update(nodeName=node_name, priority=-10)
     manifest["status"] = {"phase": "Running"}
     return manifest
+
+
+def test_members_waiting_at_permit_preempted_by_a_pod_are_let_go_whole_not_deleted_and_come_back_whole(
+    service: CustomScheduler,
+) -> None:
+    # Gang blue (minMember 3) has two members waiting at Permit, holding two of r1's three nodes; the other nodes run
+    # pods of a higher priority still. A pod of priority 1000 needs a whole node: blue's waiting members are the only
+    # pods it may preempt.
+    service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    service.mirror.on_nodes("ADDED", node("r1-n2", "r1"))
+    service.mirror.on_podgroups("SYNC", [podgroup("blue", 3)])
+    for name in ("r2-n0", "r2-n1"):
+        high_bound = bound_low(name, name)
+        high_bound["spec"]["priority"] = 5000
+        service.mirror.on_pods("ADDED", high_bound)
+    blue = [member(f"blue-{i}", "blue") for i in range(2)]
+    for manifest in blue:
+        service.mirror.on_pods("ADDED", manifest)
+    cycle(service)
+    assert all(service.engine.is_waiting(f"ml/blue-{i}") for i in range(2))
+    free = next(n for n in ("r1-n0", "r1-n1", "r1-n2") if not service.engine.nodes[n].pods)
+    taken = bound_low(free, free)
+    taken["spec"]["priority"] = 5000
+    service.mirror.on_pods("ADDED", taken)
+    high = pod_manifest("high", {"main": {GPU: 8}}, namespace="ml", scheduler_name="kubegpu")
+    high["metadata"].update(uid="uid-high", resourceVersion="1")
+    high["spec"]["priority"] = 1000
+    service.mirror.on_pods("ADDED", high)
+    cycle(service)
+    deleted = [p.rsplit("/", 1)[1] for m, p, _ in writer(service).writes if m == "DELETE"]
+    assert deleted == [], "a member waiting at Permit is bound nowhere: it is let go, not deleted (its job lives on)"
+    assert not any(service.engine.is_waiting(f"ml/blue-{i}") for i in range(2)), "the whole gang is let go at once"
+    assert all(service.engine.placement(f"ml/blue-{i}") is None for i in range(2)), "no place is left held"
+    cycle(service)
+    assert "high" in writer(service).bindings()
+    told = [e["message"] for e in writer(service).events("FailedScheduling") if e["involvedObject"]["name"] == "blue-1"]
+    assert any(m.startswith("preempted by pod ml/high on node r1-") and "gang ml/blue gave back" in m for m in told)
+    assert service.engine.waiting_gangs() == {}, "blue holds nothing while no rack has room for it"
+
+    # The high pod and the one beside it finish: blue is placed again, its members waiting together, and the third
+    # completes it.
+    service.mirror.on_pods("DELETED", report_bound(service, high))
+    service.mirror.on_pods("DELETED", taken)
+    cycle(service)
+    cycle(service)
+    assert all(service.engine.is_waiting(f"ml/blue-{i}") for i in range(2))
+    service.mirror.on_pods("ADDED", member("blue-2", "blue"))
+    cycle(service)
+    assert {"blue-0", "blue-1"} <= set(writer(service).bindings())

@@ -125,6 +125,22 @@ def test_a_high_priority_gang_preempts_one_rack(tmp_path: Path, capsys: Any) -> 
     assert [e["event"] for e in events if e.get("gang")] == ["scheduled", "scheduled"]
 
 
+def test_a_high_priority_pod_preempts_a_running_gang_whole_not_one_member(tmp_path: Path, capsys: Any) -> None:
+    """One worker evicted left the other running below minMember, holding its GPUs for a job that could not go on."""
+    running = workers("train", 2)
+    for i, worker in enumerate(running):
+        worker["spec"]["nodeName"] = f"r0-n{i}"
+    high = pod_manifest("high", {"main": {GPU: 8}})
+    high["spec"]["priority"] = 100
+    documents = [*nodes([2]), podgroup("train", 2), *running, high]
+    code, out, _ = run(tmp_path, documents, "--json", capsys=capsys)
+    assert code == 0
+    events = [json.loads(line) for line in out.splitlines()]
+    preempted = {e["pod"]: e["by"] for e in events if e["event"] == "preempted"}
+    assert preempted == {"default/train-0": "default/high", "default/train-1": "default/high"}
+    assert ("default/high", "scheduled") in [(e["pod"], e["event"]) for e in events]
+
+
 def test_a_member_given_twice_while_its_gang_gathers_is_refused_not_counted_twice(tmp_path: Path, capsys: Any) -> None:
     """A file that creates `train-0` twice before `train-1` (the API server answers the second AlreadyExists): the
     gang of minMember 2 was placed with `train-0` counted twice, one member short, and `train-0` printed scheduled
