@@ -514,14 +514,23 @@ def test_a_forged_allocation_is_refused_and_nothing_is_created(
     _, elsewhere = Scheduler(fpga[0], key, node="node-b").place("victim", 1, uid=uid)
     forged = forge(annotations, other=other, elsewhere=elsewhere)
 
-    sandbox = host_network_sandbox("victim", uid, annotations=forged, log_directory=tmp_path)
+    assert f"kubegpu: {check} check failed" in _creation_refused(kubelet, "victim", uid, forged, tmp_path, direct)
+
+
+def _creation_refused(
+    kubelet: Cri, name: str, uid: str, annotations: dict[str, str], logs: Path, direct: Cri | None = None
+) -> str:
+    """Run the pod's sandbox and try its container: refused with FAILED_PRECONDITION (nothing created, where
+    `direct`, containerd itself, can tell); the refusal's details."""
+    sandbox = host_network_sandbox(name, uid, annotations=annotations, log_directory=logs)
     sandbox_id = kubelet.run_pod(sandbox)
     try:
         with pytest.raises(grpc.RpcError) as refused:
             kubelet.create(sandbox_id, container_config("main"), sandbox)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert f"kubegpu: {check} check failed" in refused.value.details()
-        assert direct.containers(sandbox_id) == []
+        if direct is not None:
+            assert direct.containers(sandbox_id) == []
+        return str(refused.value.details())
     finally:
         kubelet.remove_pod(sandbox_id)
 
@@ -762,7 +771,12 @@ def test_the_crishim_command_serves_a_private_socket_and_stops_cleanly_on_sigter
 
 
 def test_a_shim_rolled_out_with_a_new_key_still_starts_the_containers_the_old_key_allocated(
-    containerd: Containerd, scheduler: Scheduler, fpga: tuple[ModuleType, ModuleType], node_dir: Path, tmp_path: Path
+    containerd: Containerd,
+    direct: Cri,
+    scheduler: Scheduler,
+    fpga: tuple[ModuleType, ModuleType],
+    node_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """A key rotation (docs/security.md, "The allocation key"): the node side runs `--allocation-key-file NEW
     --allocation-verify-key-file OLD`. A pod the scheduler placed under the old key (its container restarting, or not
@@ -799,15 +813,8 @@ def test_a_shim_rolled_out_with_a_new_key_still_starts_the_containers_the_old_ke
             finally:
                 kubelet.remove_pod(sandbox_id)
         uid, annotations = Scheduler(fpga[0], secrets.token_hex(32).encode()).place("neither", 1)
-        sandbox = host_network_sandbox("neither", uid, annotations=annotations, log_directory=tmp_path)
-        sandbox_id = kubelet.run_pod(sandbox)
-        try:
-            with pytest.raises(grpc.RpcError) as refused:
-                kubelet.create(sandbox_id, container_config("main"), sandbox)
-            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            assert "does not verify with any of this node's keys" in refused.value.details()
-        finally:
-            kubelet.remove_pod(sandbox_id)
+        details = _creation_refused(kubelet, "neither", uid, annotations, tmp_path, direct)
+        assert "does not verify with any of this node's keys" in details
     finally:
         kubelet.close()
         code = process.terminate()

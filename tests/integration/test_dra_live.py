@@ -134,6 +134,27 @@ def neuron_device_class(cluster: Cluster) -> None:
     )
 
 
+def post_template(cluster: Cluster, namespace: str, name: str, request: dict[str, Any]) -> None:
+    """A ResourceClaimTemplate of one request."""
+    cluster.client.post(
+        f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [request]}}},
+        },
+    )
+
+
+def ready_scheduler(start_scheduler: Any, proxy: PodClaimsProxy) -> str:
+    """`kubegpu scheduler` behind the proxy, once ready: its /readyz URL."""
+    scheduler = start_scheduler(SCHEDULER, "--no-leader-elect", kubeconfig=proxy.kubeconfig)
+    ready = f"http://127.0.0.1:{scheduler.metrics_port}/readyz"
+    wait_for(lambda: urllib3.request("GET", ready, timeout=2.0, retries=False).status == 200, 60, "the scheduler ready")
+    return ready
+
+
 def test_the_scheduler_allocates_a_template_claim_on_the_published_slice_and_frees_it_with_its_pod(
     cluster: Cluster, namespace: str, resource_api: None, start_scheduler: Any, tmp_path: Path
 ) -> None:
@@ -141,22 +162,11 @@ def test_the_scheduler_allocates_a_template_claim_on_the_published_slice_and_fre
     advertise(cluster, "trn-dra", trn_host(tmp_path))  # 16 devices, a 4x4 torus
     neuron_device_class(cluster)
     for name, count in (("eight", 8), ("all", 16)):
-        request = {"name": "rows", "exactly": {"deviceClassName": "neuron", "count": count}}
-        cluster.client.post(
-            f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaimTemplate",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {"spec": {"devices": {"requests": [request]}}},
-            },
+        post_template(
+            cluster, namespace, name, {"name": "rows", "exactly": {"deviceClassName": "neuron", "count": count}}
         )
     with PodClaimsProxy(cluster, tmp_path) as proxy:
-        scheduler = start_scheduler(SCHEDULER, "--no-leader-elect", kubeconfig=proxy.kubeconfig)
-        ready = f"http://127.0.0.1:{scheduler.metrics_port}/readyz"
-        wait_for(
-            lambda: urllib3.request("GET", ready, timeout=2.0, retries=False).status == 200, 60, "the scheduler ready"
-        )
+        ready = ready_scheduler(start_scheduler, proxy)
         assert orjson.loads(urllib3.request("GET", ready, timeout=2.0, retries=False).data)["apis"][
             "resourceclaims"
         ] == ("resource.k8s.io/v1")
@@ -217,21 +227,9 @@ def test_devices_another_scheduler_allocated_to_a_claim_kubegpu_cannot_read_stay
         "reservedFor": [{"resource": "pods", "name": "x", "uid": "uid-x"}],
     }
     cluster.client.put(f"{claims}/foreign/status", made)
-    cluster.client.post(
-        f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "eight", "namespace": namespace},
-            "spec": {"spec": {"devices": {"requests": [{**request, "exactly": {**request["exactly"], "count": 8}}]}}},
-        },
-    )
+    post_template(cluster, namespace, "eight", {**request, "exactly": {**request["exactly"], "count": 8}})
     with PodClaimsProxy(cluster, tmp_path) as proxy:
-        scheduler = start_scheduler(SCHEDULER, "--no-leader-elect", kubeconfig=proxy.kubeconfig)
-        ready = f"http://127.0.0.1:{scheduler.metrics_port}/readyz"
-        wait_for(
-            lambda: urllib3.request("GET", ready, timeout=2.0, retries=False).status == 200, 60, "the scheduler ready"
-        )
+        ready_scheduler(start_scheduler, proxy)
         claim_pod(cluster, namespace, "p", "eight")
         wait_for(lambda: refusals(cluster, namespace, "p"), 60, "the pod told why it waits")
         assert refusals(cluster, namespace, "p") == ["0/1 nodes are available: 1 cannot allocate all claims."]
@@ -262,21 +260,9 @@ def test_admin_access_reaches_devices_another_claim_holds_once_the_namespace_is_
         },
     }
     for name, request in requests.items():
-        cluster.client.post(
-            f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaimTemplate",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {"spec": {"devices": {"requests": [request]}}},
-            },
-        )
+        post_template(cluster, namespace, name, request)
     with PodClaimsProxy(cluster, tmp_path) as proxy:
-        scheduler = start_scheduler(SCHEDULER, "--no-leader-elect", kubeconfig=proxy.kubeconfig)
-        ready = f"http://127.0.0.1:{scheduler.metrics_port}/readyz"
-        wait_for(
-            lambda: urllib3.request("GET", ready, timeout=2.0, retries=False).status == 200, 60, "the scheduler ready"
-        )
+        ready_scheduler(start_scheduler, proxy)
         claim_pod(cluster, namespace, "work", "eight")
         wait_for(lambda: node_of(cluster, namespace, "work"), 60, "the workload bound")
         claim_pod(cluster, namespace, "agent", "watch")
