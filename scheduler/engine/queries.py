@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, KeysView
+from collections.abc import Set as AbstractSet
 
 from kubegpu.core.dra import Claim
 from kubegpu.core.models import (
@@ -39,6 +40,11 @@ class Queries(Gangs):
     def queue_sort(self) -> QueueSortPlugin:
         """The profile's QueueSort plugin (PrioritySort unless a profile names another), for a front-end's queue."""
         return self._queue_sort
+
+    def pods_on_verify_keys(self) -> AbstractSet[str]:
+        """The pods holding devices by an allocation only a verify key verifies (`--allocation-verify-key-file`), a
+        live view kept by the engine: `/metrics` reads its size, the count a key rotation waits to reach 0."""
+        return self.on_verify_keys
 
     def node_names(self) -> KeysView[str]:
         """The nodes the engine knows, as a live view (`in` and set operations work on it; no copy)."""
