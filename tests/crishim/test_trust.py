@@ -21,6 +21,7 @@ created with) and containers, as containerd 1.6 does (checked on the real one in
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
 import random
@@ -671,8 +672,15 @@ def test_a_plugin_edit_that_hangs_costs_the_shim_one_worker_not_the_node(
     hangs = _Hangs()
     directory = Path(tempfile.mkdtemp(prefix="kubegpu-trust-"))
     running = Node(directory, make_plugin_manager("device", bad=hangs))  # the shim has 8 workers
-    stuck = threading.Thread(target=lambda: running.kubelet.refused(running.kubelet.run_pod("s", "uid-s", {
-        ALLOCATION_KEY: signed("uid-s", {"main": {FPGA: ["fpga0"]}})})), daemon=True)  # fmt: skip
+
+    def hold_the_check() -> None:
+        """A creation whose edit hangs, holding the node's device check; it ends either way (its deadline, or the
+        edit let go), and how is not what this test is about."""
+        pod = running.kubelet.run_pod("s", "uid-s", {ALLOCATION_KEY: signed("uid-s", {"main": {FPGA: ["fpga0"]}})})
+        with contextlib.suppress(grpc.RpcError):
+            running.kubelet.create(pod)
+
+    stuck = threading.Thread(target=hold_the_check, daemon=True)
     try:
         stuck.start()
         assert hangs.entered.wait(5)
