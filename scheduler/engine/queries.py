@@ -113,6 +113,11 @@ class Queries(Gangs):
         """The pods waiting at Permit whose reservations still hold, earliest deadline first."""
         return sorted((w for w in self.waiting.values() if self._still_held(w)), key=lambda w: w.deadline)
 
+    def pods_on_verify_keys(self) -> int:
+        """How many pods hold devices by an allocation only a verify key verifies (`--allocation-verify-key-file`):
+        the key being rotated out is needed until this is 0 (`kubegpu_scheduler_pods_on_verify_keys`)."""
+        return len(self.on_verify_keys)
+
     def pod_group(self, key: str) -> PodGroup | None:
         """The PodGroup `namespace/name` as last reported (`set_pod_group`); None when none is."""
         return self.pod_groups.get(key)

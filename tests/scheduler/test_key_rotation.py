@@ -100,7 +100,7 @@ def test_an_allocation_no_key_verifies_is_refused_naming_both_flags() -> None:
 def test_the_metric_counts_the_pods_the_old_key_still_holds_devices_for() -> None:
     engine = toy_engine(signing_key=NEW, verify_keys=[OLD])
     metrics = Metrics()
-    metrics.count_pods_on_verify_keys(engine.on_verify_keys)
+    metrics.count_pods_on_verify_keys(engine.pods_on_verify_keys)
 
     def scraped() -> float:
         text = generate_latest(metrics.registry).decode()
