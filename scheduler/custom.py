@@ -92,7 +92,7 @@ class CustomScheduler:
         self.engine = engine
         self.name = name
         self.metrics = Metrics()
-        self.metrics.count_pods_on_verify_keys(engine.pods_on_verify_keys())
+        self.metrics.count_pods_on_verify_keys(engine.pods_on_verify_keys)
         self.binder = Binder(writer, self.metrics, component=name)
         self.queue = SchedulingQueue(name, self.metrics, spread_of=engine.spread_constraints, sort=engine.queue_sort)
         self.mirror = ClusterMirror(

@@ -298,7 +298,7 @@ class ExtenderServer:
     ) -> None:
         self.engine = engine
         self.metrics = Metrics()
-        self.metrics.count_pods_on_verify_keys(engine.pods_on_verify_keys())
+        self.metrics.count_pods_on_verify_keys(engine.pods_on_verify_keys)
         self.binder = Binder(writer, self.metrics, component="")
         self.gang_plans = GangPlans()  # the gangs' what-if placements their members are answered from
         self.unbound = UnboundPods(self.gang_plans.drop)

@@ -12,7 +12,7 @@ beat within the last `STALL` seconds.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -100,9 +100,9 @@ class Metrics:
             "kubegpu_scheduler_is_leader", "1 while this replica holds the lease.", registry=self.registry
         )
 
-    def count_pods_on_verify_keys(self, pods: Collection[str]) -> None:
-        """`kubegpu_scheduler_pods_on_verify_keys` reads the size of `pods` (`Engine.on_verify_keys`) when scraped."""
-        self.verify_key_pods.set_function(lambda: len(pods))
+    def count_pods_on_verify_keys(self, count: Callable[[], int]) -> None:
+        """`kubegpu_scheduler_pods_on_verify_keys` asks `count` (`Engine.pods_on_verify_keys`) when scraped."""
+        self.verify_key_pods.set_function(count)
 
 
 class Watched(Protocol):

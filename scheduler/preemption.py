@@ -121,6 +121,16 @@ def split_by_budget(pods: Sequence[PodRequest], budgets: Sequence[Budget]) -> tu
     return violating, others
 
 
+def added_violations(victims: Sequence[PodRequest], added: Sequence[PodRequest], budgets: Sequence[Budget]) -> int:
+    """How many of `added` (the rest of a victim's gang, which goes too) violate a budget once `victims` have used
+    up what the budgets allow: they are evicted like any victim, so they count in the candidate's violations."""
+    if not added or not budgets:
+        return 0
+    violating, _ = split_by_budget([*victims, *added], budgets)
+    keys = {p.key for p in added}
+    return sum(1 for p in violating if p.key in keys)
+
+
 def _earliest_start_of_most_important(victims: Sequence[PodRequest]) -> str:
     top = max(p.priority for p in victims)
     starts = [p.start_time or "" for p in victims if p.priority == top]

@@ -82,6 +82,7 @@ class Admission(Cycle):
                     self.admit_by_count(held.request, name)
                 else:
                     self.release(held.request.key)  # holds nothing: whatever else of it is kept goes (its wait)
+                    self.on_verify_keys.discard(held.request.key)  # set aside, it was still counted
                     log.warning(
                         "allocation is stale: a later allocation (issued %d) holds its devices; the pod holds none",
                         allocation.issued,

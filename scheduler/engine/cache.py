@@ -206,6 +206,7 @@ class NodeCache(Ledger):
         gone = list(record.pods)
         for key in gone:
             self.pods.pop(key, None)
+            self.on_verify_keys.discard(key)  # or the old key's gauge never reaches 0 after a node is removed
             self._forget_anti(key)
         return gone
 
@@ -368,8 +369,12 @@ class NodeCache(Ledger):
         """`release` for a what-if, whose `_put_back` restores exactly what the pod held: nothing else about the pod
         changes. A part's `release` may forget more (`Permitting.release`: that the pod waits at Permit), and a
         preemption that weighed the node of a gang member waiting there made it wait no more, its timeout restarted
-        when it was queued again."""
-        return NodeCache.release(self, key)
+        when it was queued again. A pod counted on a verify key stays counted while set aside: `/metrics` is read
+        from another thread, and a scrape in the middle of a what-if read 0 while the pod still needed the old key."""
+        held = NodeCache.release(self, key)
+        if held is not None and held.by_verify_key:
+            self.on_verify_keys.add(key)
+        return held
 
     @contextmanager
     def pods_removed(self, keys: Iterable[str]) -> Iterator[list[PodRecord]]:

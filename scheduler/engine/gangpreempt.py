@@ -18,7 +18,15 @@ from kubegpu.scheduler import gangfit
 from kubegpu.scheduler.engine.gangdomains import GangDomains, rank
 from kubegpu.scheduler.engine.records import Decision, GangPreemption, PodRecord
 from kubegpu.scheduler.podgroups import HOSTNAME, PodGroup, gang_key
-from kubegpu.scheduler.preemption import Budget, Candidate, by_importance, may_preempt, pick, split_by_budget
+from kubegpu.scheduler.preemption import (
+    Budget,
+    Candidate,
+    added_violations,
+    by_importance,
+    may_preempt,
+    pick,
+    split_by_budget,
+)
 
 
 class GangPreempting(GangDomains):
@@ -125,7 +133,7 @@ class GangPreempting(GangDomains):
                 if (released := self._set_aside(request.key)) is not None:
                     out[request.key] = released
             del plan
-            return (*victims, *whole), violations
+            return (*victims, *whole), violations + added_violations(victims, whole, budgets)
         finally:
             for released in out.values():
                 self._put_back(released)
@@ -190,16 +198,20 @@ class GangPreempting(GangDomains):
             self.unreserve(next(m for m in todo if m.key == decision.pod), decision.node)
         return None, corrected
 
-    def _gangs_kept_whole(self, candidate: Candidate, priority: int) -> Candidate | None:
+    def _gangs_kept_whole(self, candidate: Candidate, priority: int, budgets: Sequence[Budget]) -> Candidate | None:
         """A pod's preemption (`Engine.preempt`) keeps its victims' gangs whole, as a gang's does: a worker evicted
         from a training gang left the others running below `minMember`, useless, holding their GPUs until their job
         failed; Kueue, too, evicts a gang's workload whole. The other members that must go are added to the
         candidate (costing it in `pick`, so a node whose victims break no gang wins), or None where one of them is
-        not of lower priority."""
+        not of lower priority. Those members' budgets count as the victims' do: uncounted, a node whose eviction broke
+        a gang's budget through its other members looked as if it broke none, and won."""
         whole = self._whole_gangs(candidate.victims, priority)
         if whole is None:
             return None
-        return Candidate(candidate.node, (*candidate.victims, *whole), candidate.violations) if whole else candidate
+        if not whole:
+            return candidate
+        violations = candidate.violations + added_violations(candidate.victims, whole, budgets)
+        return Candidate(candidate.node, (*candidate.victims, *whole), violations)
 
     def _whole_gangs(self, victims: Sequence[PodRequest], priority: int) -> list[PodRequest] | None:
         """The other members of the victims' gangs that must go too: a gang left below its minMember goes whole.

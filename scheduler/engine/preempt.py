@@ -76,7 +76,7 @@ class Preempting(Admission):
                 continue
             candidate = self._select_victims(record, pod, plan, budgets)
             if candidate is not None:
-                candidate = self._gangs_kept_whole(candidate, pod.priority)
+                candidate = self._gangs_kept_whole(candidate, pod.priority, budgets)
             if candidate is None:
                 continue
             candidates.append(candidate)
@@ -90,7 +90,7 @@ class Preempting(Admission):
         victims = tuple(p.key for p in chosen.victims)
         return Preemption(chosen.node, victims, chosen.violations, candidates=tuple(candidates))
 
-    def _gangs_kept_whole(self, candidate: Candidate, priority: int) -> Candidate | None:
+    def _gangs_kept_whole(self, candidate: Candidate, priority: int, budgets: Sequence[Budget]) -> Candidate | None:
         """The candidate with the other members of its victims' gangs that must go too, or None where one of them
         may not (`GangPreempting` says which; no gangs here)."""
         return candidate

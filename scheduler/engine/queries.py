@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, KeysView
-from collections.abc import Set as AbstractSet
 
 from kubegpu.core.dra import Claim
 from kubegpu.core.models import (
@@ -40,11 +39,6 @@ class Queries(Gangs):
     def queue_sort(self) -> QueueSortPlugin:
         """The profile's QueueSort plugin (PrioritySort unless a profile names another), for a front-end's queue."""
         return self._queue_sort
-
-    def pods_on_verify_keys(self) -> AbstractSet[str]:
-        """The pods holding devices by an allocation only a verify key verifies (`--allocation-verify-key-file`), a
-        live view kept by the engine: `/metrics` reads its size, the count a key rotation waits to reach 0."""
-        return self.on_verify_keys
 
     def node_names(self) -> KeysView[str]:
         """The nodes the engine knows, as a live view (`in` and set operations work on it; no copy)."""
@@ -118,6 +112,11 @@ class Queries(Gangs):
     def waiting_pods(self) -> list[Waiting]:
         """The pods waiting at Permit whose reservations still hold, earliest deadline first."""
         return sorted((w for w in self.waiting.values() if self._still_held(w)), key=lambda w: w.deadline)
+
+    def pods_on_verify_keys(self) -> int:
+        """How many pods hold devices by an allocation only a verify key verifies (`--allocation-verify-key-file`):
+        the key being rotated out is needed until this is 0 (`kubegpu_scheduler_pods_on_verify_keys`)."""
+        return len(self.on_verify_keys)
 
     def pod_group(self, key: str) -> PodGroup | None:
         """The PodGroup `namespace/name` as last reported (`set_pod_group`); None when none is."""

@@ -198,3 +198,76 @@ def test_a_scheduler_killed_while_binding_a_gang_finishes_it_after_a_restart(
     assert {name: nodes[name] for name in before} == before, "members bound before the kill stay where they are"
     assert len(racks_of(where, nodes)) == 1, nodes
     assert_no_device_held_twice(cluster, namespace)
+
+
+def test_members_waiting_at_permit_preempted_by_a_pod_are_let_go_whole_not_deleted_and_come_back_whole(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    # Gang blue (3 whole-node members, one rack) has two members waiting at Permit on two of rack-w's three nodes;
+    # then the third takes a pod of top priority. A pod of high priority needs a whole node: blue's waiting members are
+    # the only pods it may preempt. Deleted, they were lost to their job (no controller recreates them here).
+    priority_classes(cluster)
+    create_racks(cluster, {"rack-w": 3})
+    start(start_scheduler)
+    blue = [create_member(cluster, namespace, f"blue-{i}", "blue", 8, total=3, scheduler=SCHEDULER, index=i)
+            for i in range(2)]  # fmt: skip
+    uids = {m["metadata"]["name"]: m["metadata"]["uid"] for m in blue}
+    wait_for(lambda: len(told(cluster, namespace, "WaitingForGang")) == 2, 30, "2 members told they wait")
+    create_pod(cluster, namespace, "keeper", 8, scheduler=SCHEDULER, priority="kubegpu-test-top")
+    wait_for(lambda: placements(cluster, namespace, ["keeper"])["keeper"], 30, "the keeper bound on the third node")
+    with BindRecorder(cluster, namespace) as recorder:
+        create_pod(cluster, namespace, "high", 8, scheduler=SCHEDULER, priority="kubegpu-test-high")
+        wait_for(lambda: placements(cluster, namespace, ["high"])["high"], 30, "the high pod bound")
+        let_go = wait_for(
+            lambda: told(cluster, namespace, "FailedScheduling", "while waiting at Permit") >= set(uids) or None,
+            30,
+            "both members told they were let go",
+        )
+        assert let_go
+        alive = {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods(namespace)}
+        assert {name: alive.get(name) for name in uids} == uids, "let go, not deleted: the same pods still exist"
+        assert not told(cluster, namespace, "Preempted") & set(uids)
+        message = next(
+            e["message"]
+            for e in events_of(cluster, namespace, "FailedScheduling")
+            if e["involvedObject"]["name"] == "blue-1" and "while waiting at Permit" in e["message"]
+        )
+        assert message.startswith("preempted by pod ") and "gang " in message and "gave back" in message, message
+
+        # The high pod and the keeper finish: blue's two are placed again, waiting together, and the third
+        # completes it, bound whole in the rack.
+        cluster.delete_pod(namespace, "high")
+        cluster.delete_pod(namespace, "keeper")
+        create_member(cluster, namespace, "blue-2", "blue", 8, total=3, scheduler=SCHEDULER, index=2)
+        members = ["blue-0", "blue-1", "blue-2"]
+        nodes = wait_for(lambda: all_bound(cluster, namespace, members), 60, "the gang bound whole")
+        assert len(set(nodes.values())) == 3, nodes
+        assert set(recorder.bound) == {"keeper", "high", *members}, sorted(recorder.bound)
+    assert_no_device_held_twice(cluster, namespace)
+
+
+def test_a_high_priority_pod_preempts_a_running_gang_whole_not_one_member(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    # Gang train (2 whole-node members) runs on rack-g; rack-h's only node runs a pod of top priority. A pod of high
+    # priority needs a whole node: one worker evicted left the other running below minMember, holding its node for
+    # a job that could not go on.
+    priority_classes(cluster)
+    where = create_racks(cluster, {"rack-g": 2, "rack-h": 1})
+    start(start_scheduler)
+    keeper_node = next(node for node, rack in where.items() if rack == "rack-h")
+    train = ["train-0", "train-1"]
+    for i, name in enumerate(train):
+        create_member(cluster, namespace, name, "train", 8, total=2, scheduler=SCHEDULER, index=i,
+                      priority="kubegpu-test-low")  # fmt: skip
+    nodes = wait_for(lambda: all_bound(cluster, namespace, train), 30, "the gang bound")
+    assert racks_of(where, nodes) == {"rack-g"}, nodes
+    create_pod(cluster, namespace, "keeper", 8, scheduler=SCHEDULER, priority="kubegpu-test-top")
+    assert wait_for(lambda: placements(cluster, namespace, ["keeper"])["keeper"], 30, "the keeper bound") == keeper_node
+    create_pod(cluster, namespace, "high", 8, scheduler=SCHEDULER, priority="kubegpu-test-high")
+    node = wait_for(lambda: placements(cluster, namespace, ["high"])["high"], 60, "the high pod bound")
+    assert where[node] == "rack-g"
+    wait_for(lambda: not set(train) & set(placements(cluster, namespace)), 30, "the whole gang gone")
+    assert told(cluster, namespace, "Preempted") >= set(train), "each member told it was preempted"
+    assert placements(cluster, namespace)["keeper"] == keeper_node
+    assert_no_device_held_twice(cluster, namespace)

@@ -708,3 +708,38 @@ def test_a_bound_pod_that_cannot_take_a_waiting_members_devices_leaves_it_waitin
     decision = fitting.reserve(later, "n0")
     assert decision.allocation is not None and e.admit_bound(later, "n0", decision.allocation).ok
     assert e.placement(waiting.key) is None and not e.is_waiting(waiting.key)
+
+
+def test_the_budgets_of_the_gang_members_a_preemption_takes_with_its_victims_count() -> None:
+    # A training gang (minMember 2) runs on r0, guarded by a PodDisruptionBudget that allows one disruption; r1-n0
+    # runs a pod of priority 100 no budget guards, r1-n1 one of priority 1000. A pod of priority 500 needs a node.
+    # Evicting one worker breaks no budget, but its gang goes whole, and the second worker does break it: counted
+    # as none, the gang's node won (its victims' priority is lower) and the budget was broken.
+    e = engine([2, 2])
+    job = gang("train", 2)
+    assert e.place_gang(job).placed
+    assert racks_of(e, [m.key for m in job]) == Counter({"r0": 2})
+    lone = pod_request(pod_manifest("lone", {"main": {GPU: 8}}))[0]
+    assert e.reserve(replace(lone, priority=100), "r1-n0").scheduled
+    keeper = pod_request(pod_manifest("keeper", {"main": {GPU: 8}}))[0]
+    assert e.reserve(replace(keeper, priority=1000), "r1-n1").scheduled
+    urgent = replace(pod_request(pod_manifest("urgent", {"main": {GPU: 8}}))[0], priority=500)
+    assert sorted(e.preempt(urgent).victims) == sorted(m.key for m in job), "without a budget, the gang goes"
+    budget = Budget("default", "train", LabelSelector((Requirement(KUEUE_GROUP_LABEL, "In", ("train",)),)), allowed=1)
+    for _ in range(3):  # whichever node the dry run starts from
+        preemption = e.preempt(urgent, budgets=[budget])
+        assert preemption.victims == (lone.key,) and preemption.violations == 0, preemption
+
+    # A gang's preemption likewise: the victim gang spans r0 and r1, so taking one rack takes the other rack's
+    # members too, and its budget (two disruptions) is broken by them, not by the rack's own.
+    e = engine([2, 2, 2])
+    old = gang("old", 4, priority=1)
+    assert e.place_gang(old).placed
+    assert racks_of(e, [m.key for m in old]) == Counter({"r0": 2, "r1": 2})
+    for i in range(2):
+        assert e.reserve(replace(lone, name=f"lone-{i}", uid=f"uid-lone-{i}", priority=50), f"r2-n{i}").scheduled
+    new = gang("new", 2, priority=100, annotations=required())
+    assert e.preempt_gang(new).domain in ("rack-0", "rack-1"), "without a budget, the gang of lowest priority goes"
+    budget = Budget("default", "old", LabelSelector((Requirement(KUEUE_GROUP_LABEL, "In", ("old",)),)), allowed=2)
+    preemption = e.preempt_gang(new, budgets=[budget])
+    assert preemption.domain == "rack-2" and preemption.violations == 0, preemption

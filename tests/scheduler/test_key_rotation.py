@@ -100,7 +100,7 @@ def test_an_allocation_no_key_verifies_is_refused_naming_both_flags() -> None:
 def test_the_metric_counts_the_pods_the_old_key_still_holds_devices_for() -> None:
     engine = toy_engine(signing_key=NEW, verify_keys=[OLD])
     metrics = Metrics()
-    metrics.count_pods_on_verify_keys(engine.on_verify_keys)
+    metrics.count_pods_on_verify_keys(engine.pods_on_verify_keys)
 
     def scraped() -> float:
         text = generate_latest(metrics.registry).decode()
@@ -117,6 +117,32 @@ def test_the_metric_counts_the_pods_the_old_key_still_holds_devices_for() -> Non
     for pod, _ in pods:
         engine.release(pod.key)
     assert scraped() == 0.0, "the old key may go"
+
+
+def test_the_old_keys_count_follows_pods_whose_node_goes_or_whose_devices_a_newer_allocation_takes() -> None:
+    """Step 4 of the rotation reads the gauge: it must reach 0 once no pod needs the old key, and never read 0
+    while one does. A node removed (scaled down) kept its pods counted for good, so the old key could never go; a
+    what-if (preemption) set the pod aside uncounted, so a scrape in the middle of one read 0."""
+    engine = toy_engine(signing_key=NEW, verify_keys=[OLD])
+    ((running, annotation),) = bound_under(OLD, 2)
+    assert engine.admit_bound(running, "n1", decode_allocation(annotation)).ok
+    with engine.pods_removed([running.key]):
+        assert engine.on_verify_keys == {running.key}, "a what-if is no departure, even while it runs"
+    assert engine.on_verify_keys == {running.key}
+
+    # A newer allocation (the new key's) naming the same cards displaces it: it holds nothing, and needs no key.
+    fresh_engine = toy_engine(signing_key=NEW)
+    fresh = fresh_engine.schedule(make_pod("fresh", {"main": {CARD: 4}}))
+    assert fresh.scheduled
+    fresh_pod = make_pod("fresh", {"main": {CARD: 4}}, annotations=fresh.annotations)
+    assert engine.admit_bound(fresh_pod, "n1", decode_allocation(fresh.annotations[ALLOCATION_KEY])).ok
+    assert running.key not in engine.pods
+    assert engine.on_verify_keys == set()
+
+    other = toy_engine(signing_key=NEW, verify_keys=[OLD])
+    assert other.admit_bound(running, "n1", decode_allocation(annotation)).ok
+    assert other.remove_node("n1") == [running.key]
+    assert other.on_verify_keys == set(), "the pods of a node gone need no key"
 
 
 def test_the_node_side_applies_an_allocation_either_key_signed_and_refuses_a_third() -> None:
