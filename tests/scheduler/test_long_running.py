@@ -5,12 +5,19 @@ memory follows the cluster as it is, not everything it ever was."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from dataclasses import replace
+from typing import Any
 
 from kubegpu.core.plugin_manager import OWNERS_REMEMBERED, make_plugin_manager
-from kubegpu.core.testing import make_node, make_pod
+from kubegpu.core.testing import make_node, make_pod, node_manifest, pod_manifest
+from kubegpu.scheduler.binder import REPORTS_WAITING
+from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.engine.plan import ROUTES_REMEMBERED
+
+from .test_service_guards import KEY, RecordingWriter
 
 CHURN = 20_000
 ZONE = "topology.kubernetes.io/zone"
@@ -62,3 +69,45 @@ def test_pods_of_ever_new_priorities_placed_and_gone_leave_no_priority_behind() 
         assert engine.schedule(pod).scheduled
         engine.release(pod.key)
     assert not engine._priorities
+
+
+class SlowWriter(RecordingWriter):
+    """An API server behind the client's rate limit: what is submitted waits its turn here until `drain`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: list[Coroutine[Any, Any, Any]] = []
+
+    def submit(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        self.waiting.append(coroutine)
+
+    def drain(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for coroutine in waiting:
+            asyncio.run(coroutine)
+
+
+def test_pods_refused_faster_than_reports_are_written_queue_a_bounded_number_of_reports() -> None:
+    engine = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), signing_key=KEY)
+    writer = SlowWriter()
+    service = CustomScheduler(None, writer, engine, name="kubegpu")  # type: ignore[arg-type]
+    service.mirror.on_nodes("SYNC", [node_manifest("n1", cpu="8")])
+    service.mirror.on_pods("SYNC", [])
+    for i in range(CHURN // 4):  # each asks 100 cores: it fits nowhere, and is refused
+        service.mirror.on_pods("ADDED", pod_manifest(f"big-{i}", {"main": {"cpu": 100}}, scheduler_name="kubegpu"))
+        service.schedule_active(100)
+    assert len(writer.waiting) == REPORTS_WAITING
+    # A pod that fits is bound as before: its Binding is not among what was left out.
+    service.mirror.on_pods("ADDED", pod_manifest("small", {"main": {"cpu": 1}}, scheduler_name="kubegpu"))
+    service.schedule_active(100)
+    writer.drain()
+    assert writer.bindings() == ["small"]
+    assert len(writer.events("FailedScheduling")) == REPORTS_WAITING
+    # A pod left untold is told at its next refusal, once the reports before it are written.
+    untold = service.queue.unschedulable[f"default/big-{CHURN // 4 - 1}"]
+    assert untold.message is None
+    service.queue.unschedulable.pop(untold.key)
+    service.queue.active[untold.key] = untold
+    service.schedule_active(100)
+    writer.drain()
+    assert writer.events("FailedScheduling")[-1]["involvedObject"]["name"] == untold.request.name
