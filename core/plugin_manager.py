@@ -63,6 +63,7 @@ PLUGIN_ERRORS = (Exception, SystemExit)
 # few milliseconds, and a vendor library call hanging in a hook holds every pod behind it.
 SLOW_HOOK_SECONDS = 1.0
 SLOW_HOOK_LOG_EVERY = 60.0  # seconds between two logs of one plugin's slow calls of one hook
+OWNERS_REMEMBERED = 4096  # extended resource names whose owner `owner_of` keeps; past it, all dropped at once
 
 Side = Literal["scheduler", "device"]
 DISABLE_AUTOLOAD_ENV = "KUBEGPU_DISABLE_PLUGIN_AUTOLOAD"
@@ -301,6 +302,8 @@ class KubegpuPluginManager:
                 if resource.startswith(prefix):
                     owner = name
                     break
+        if len(self._owner_cache) >= OWNERS_REMEMBERED:  # tenants name extended resources: one each, without end
+            self._owner_cache.clear()
         self._owner_cache[resource] = owner
         return owner
 

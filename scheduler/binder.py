@@ -21,6 +21,7 @@ import asyncio
 import logging
 import re
 import socket
+import threading
 import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
@@ -38,6 +39,11 @@ log = logging.getLogger("kubegpu.binder")
 
 EVENTS_V1 = "events.k8s.io/v1"
 NOTE_BYTES = 1024  # the API server's limit on an events.k8s.io/v1 Event's note
+# Unschedulable reports (an Event and a status patch each) written or waiting for the client's rate limit at once;
+# past it a refusal is not reported, and its pod is reported at its next refusal. Tenants creating pods that fit
+# nowhere faster than the limit lets them be reported queued reports without end, and the Bindings, which take their
+# turn at the same limiter, behind them (in a soak, binds came minutes after their pods were deleted).
+REPORTS_WAITING = 256
 ACTIONS = {"Preempted": "Preempting"}  # kube-scheduler's action per reason; "Scheduling" for the others
 _QUALIFIED = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _HOST = re.sub(r"[^-a-z0-9.]", "-", socket.gethostname().lower())[:63]
@@ -99,6 +105,8 @@ class Binder:
         # The API Events are written in (`discovery.events_api`): the core "v1" until discovery says the server
         # serves events.k8s.io/v1, as kube-scheduler writes them since 1.19.
         self.events_api = "v1"
+        self.reports_waiting = 0  # `report`s submitted and not yet ended (the writer's thread ends them)
+        self._reports_lock = threading.Lock()
 
     def submit(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         """Run a write on the writer's event loop; the caller does not wait (the loop thread never blocks)."""
@@ -212,6 +220,24 @@ class Binder:
             "lastTimestamp": now,
             "count": 1,
         }
+
+    def report(self, pod: PodRequest, message: str, reason: str = "Unschedulable") -> bool:
+        """Submit `report_unschedulable` unless `REPORTS_WAITING` reports are already on their way; whether it was
+        (the caller remembers the message as told only then, so that the next refusal tells it)."""
+        with self._reports_lock:
+            if self.reports_waiting >= REPORTS_WAITING:
+                return False
+            self.reports_waiting += 1
+
+        async def counted() -> None:
+            try:
+                await self.report_unschedulable(pod, message, reason)
+            finally:
+                with self._reports_lock:
+                    self.reports_waiting -= 1
+
+        self.submit(counted())
+        return True
 
     async def report_unschedulable(self, pod: PodRequest, message: str, reason: str = "Unschedulable") -> None:
         """kube-scheduler's two signs of a pod that fits nowhere: a `FailedScheduling` Event and the condition

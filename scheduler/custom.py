@@ -209,9 +209,9 @@ class CustomScheduler:
             self.queue.wait_for_victims(entry)
         else:
             self.queue.park(entry)
-        if message != entry.message and not (waiting and entry.message is not None):
+        told = entry.message
+        if message != told and not (waiting and told is not None) and self.binder.report(entry.request, message):
             entry.message = message
-            self.binder.submit(self.binder.report_unschedulable(entry.request, message))
 
     def _preempt(self, entry: Entry) -> bool:
         """DefaultPreemption's PostFilter: evict pods of lower priority where that lets the pod fit. Whether victims
@@ -386,9 +386,8 @@ class CustomScheduler:
         """Every one of these members waits, holding nothing, told why (once per distinct reason)."""
         for entry in entries:
             self.queue.park(entry)
-            if reason != entry.message:
+            if reason != entry.message and self.binder.report(entry.request, reason):
                 entry.message = reason
-                self.binder.submit(self.binder.report_unschedulable(entry.request, reason))
         log.info("gang unschedulable", extra={"pod": gang, "reason": reason})
         self.groups.event(gang, "FailedScheduling", reason)
 
@@ -576,9 +575,8 @@ class CustomScheduler:
             # why, as kube-scheduler's "binding rejected", once per distinct reason rather than at every retry. A
             # Binding never sent because this replica stopped leading says nothing about the pod.
             message = f"binding rejected: {error}"
-            if message != entry.message:
+            if message != entry.message and self.binder.report(entry.request, message, "SchedulerError"):
                 entry.message = message
-                self.binder.submit(self.binder.report_unschedulable(entry.request, message, "SchedulerError"))
         self.queue.retry_later(entry)
 
 

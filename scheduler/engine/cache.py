@@ -171,7 +171,12 @@ class NodeCache(Ledger):
             tuple(sorted((p, inv.model_dump_json()) for p, inv in info.inventories.items())),
             info.name if info.name in self._dead else None,  # a node that is not live answers unlike its class
         )
-        return self._classes.setdefault(key, len(self._classes))
+        number = self._classes.get(key)
+        if number is None:
+            number = self._classes[key] = self._class_serial
+            self._class_keys[number] = key
+            self._class_serial += 1
+        return number
 
     def _join_class(self, name: str, old: int | None, new: int | None) -> None:
         if old is not None and old != new:
@@ -180,6 +185,7 @@ class NodeCache(Ledger):
                 members.pop(name, None)
                 if not members:
                     del self._class_nodes[old]
+                    del self._classes[self._class_keys.pop(old)]
         if new is not None:
             self._class_nodes.setdefault(new, {})[name] = None
 
@@ -216,9 +222,18 @@ class NodeCache(Ledger):
         held = self._placed.pods.get(key)
         self._placed.discard(key)
         if held is not None:
-            self._priorities[held.priority] -= 1
+            self._count_priority(held.priority, -1)
             if held.pod_anti_affinity:
                 self._anti_epoch += 1
+
+    def _count_priority(self, priority: int, sign: int) -> None:
+        """Count a placed pod's priority in (+1) or out (-1); a priority no placed pod has any more goes (preemption's
+        quick no reads every priority kept)."""
+        count = self._priorities[priority] + sign
+        if count > 0:
+            self._priorities[priority] = count
+        else:
+            self._priorities.pop(priority, None)
 
     def _changed(self, name: str) -> None:
         self.generation += 1
@@ -287,7 +302,7 @@ class NodeCache(Ledger):
         cpu, memory = scores.nonzero_requests(pod)
         record.nonzero_cpu += sign * cpu
         record.nonzero_memory += sign * memory
-        self._priorities[pod.priority] += sign
+        self._count_priority(pod.priority, sign)
         if sign > 0:
             self._placed.add(pod.key, pod, record.name)
         else:

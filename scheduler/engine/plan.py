@@ -24,6 +24,9 @@ from kubegpu.scheduler.engine.cache import NodeCache
 from kubegpu.scheduler.engine.records import BASIC_RESOURCES, NAME_LABELS, NodeRule, Plan, fit_order, log
 
 PREPARE_HOOK = "kubegpu_scheduler_prepare"
+# Sets of extended resources whose routes `_route` keeps: tenants name extended resources (any domain-qualified name
+# is accepted in a pod's requests), so the sets a cluster's pods ask are as many as its tenants make up.
+ROUTES_REMEMBERED = 4096
 # Every field of a pod but its name and uid, which no plan reads (`Planning.plan`).
 ALIKE = attrgetter(*(field.name for field in fields(PodRequest) if field.name not in ("name", "uid")))
 
@@ -43,6 +46,8 @@ class Planning(NodeCache):
             for resource in sorted(requested):
                 owner = self.plugins.owner_of(resource) or ""
                 routes.setdefault(owner, []).append(resource)
+            if len(self._routes) >= ROUTES_REMEMBERED:
+                self._routes.clear()
             self._routes[requested] = routes
         self._routed = (pod, routes)
         return routes

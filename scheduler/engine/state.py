@@ -146,7 +146,12 @@ class EngineState:
         self._placed = PodIndex()
         self._priorities: Counter[int] = Counter()  # priorities of the placed pods, for preemption's quick no
         self._index: dict[str, CapacityIndex] = {CPU_INDEX: CapacityIndex()}  # free amount per resource, per node
-        self._classes: dict[tuple[object, ...], int] = {}  # node class key (`NodeCache._klass`) -> class number
+        # Node class key (`NodeCache._klass`) -> class number, and back, for the classes some node is in: a class
+        # whose last node left or changed goes (labels such as GFD's timestamp make a new class at each relabelling).
+        # Numbers are never reused, so a memo keyed by one (`_tallies`, `_skipped`) cannot answer for another class.
+        self._classes: dict[tuple[object, ...], int] = {}
+        self._class_keys: dict[int, tuple[object, ...]] = {}
+        self._class_serial = 0
         self._class_nodes: dict[int, dict[str, None]] = {}  # node class -> its nodes
         # The nodes zone by zone in turn, and where the next sample taken from them starts (kube-scheduler's node tree
         # and `nextStartNodeIndex`): a pod whose scores read more than its node is scored on such a sample.
@@ -214,7 +219,7 @@ class EngineState:
         # -- memos: each one's key, and what invalidates it. `forget_memos` drops them all; the engine must answer
         # alike with and without them (tests/scheduler/test_engine_memos.py holds each against a fresh engine). -----
         # pod's requested extended resources -> {owning plugin ("" for none): resources}. Never stale: ownership is
-        # fixed when the plugin manager is built.
+        # fixed when the plugin manager is built. Past 4096, dropped all at once (tenants name extended resources).
         self._routes: dict[frozenset[str], dict[str, list[str]]] = {}
         # The last pod routed, held (compared by identity, so its id cannot pass for another's), with its routes: a
         # cycle routes the same pod in PreFilter, its plan and on every node its device scores read. Never stale: a
