@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord, AnnotationError, decode_allocation, verifying_key
-from kubegpu.core.annotations import verify_allocation as signature_verifies
 
 __all__ = ["AllocationRefused", "Check", "PodIdentity", "managed_resources", "verified_allocation"]
 
@@ -98,11 +97,11 @@ def verified_allocation(
             f"pod {pod.key}: the signature of {ALLOCATION_KEY} is not 64 lowercase hex digits (an HMAC-SHA256); "
             "only an allocation signed by the kubegpu scheduler is applied",
         )
-    if not (signature_verifies(record, key) if not also else verifying_key(record, (key, *also)) is not None):
+    if verifying_key(record, (key, *also)) is None:
         keys = (
-            "this node's key"
-            if not also
-            else "any of this node's keys (--allocation-key-file, --allocation-verify-key-file)"
+            "any of this node's keys (--allocation-key-file, --allocation-verify-key-file)"
+            if also
+            else "this node's key"
         )
         raise AllocationRefused(
             "signature",

@@ -1,13 +1,12 @@
-"""A scheduler that was not watching while pods came and went learns it from its lists, on the real API server and
-etcd.
+"""A scheduler that was not watching while pods came and went learns it from its lists, on the real API server and etcd.
 
 The story: `kubegpu scheduler` binds a pod of 4 of a node's 8 GPUs, then stops (SIGSTOP: a long pause, a node under
-memory pressure, a partition), and the API server restarts, cutting every watch. Meanwhile that pod is deleted, a
-pod asking all 8 GPUs is created, and etcd is compacted (kube-apiserver does it every 5 minutes, so the events in
-between are gone from its history). The scheduler resumes: its informers list again (a cut watch is never resumed from its
-old version), and from the lists alone it must learn that the first pod is gone and its GPUs free: the second pod
-binds, and no GPU is held twice. (A watch that ends cleanly is resumed from its version, and a `410 Gone` then
-relists too: the API server's watch timeout is the client's 300 s, too long for a test; `tests/kube/` holds it.)
+memory pressure, a partition), and the API server restarts, cutting every watch. Meanwhile that pod is deleted, a pod
+asking all 8 GPUs is created, and etcd is compacted (kube-apiserver does it every 5 minutes, so the events in between
+are gone from its history). The scheduler resumes: its informers list again (a cut watch is never resumed from its old
+version), and from the lists alone it must learn that the first pod is gone and its GPUs free: the second pod binds, and
+no GPU is held twice. (A watch that ends cleanly is resumed from its version, and a `410 Gone` then relists too: the API
+server's watch timeout is the client's 300 s, too long for a test; `tests/kube/` holds it.)
 """
 
 from __future__ import annotations
