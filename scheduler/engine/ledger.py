@@ -10,11 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kubegpu.core.annotations import (
-    AllocationRecord,
-    verify_allocation,
-    verifying_key,
-)
+from kubegpu.core.annotations import AllocationRecord, verifying_key
 from kubegpu.core.models import (
     PluginAllocation,
     PodRequest,
@@ -39,17 +35,14 @@ class Ledger(EngineState):
             return f"it names node {allocation.node!r} but the pod is bound to {name!r}"
         if allocation.podUID != pod.uid:
             return f"it was issued to the pod with UID {allocation.podUID!r}, not to this pod (UID {pod.uid!r})"
-        if self.signing_key is None:
+        if self.signing_key is None or verifying_key(allocation, (self.signing_key, *self.verify_keys)) is not None:
             return None
         if self.verify_keys:
-            if verifying_key(allocation, (self.signing_key, *self.verify_keys)) is None:
-                return (
-                    "its signature verifies with none of the scheduler's keys (--allocation-key-file and "
-                    "--allocation-verify-key-file: unsigned, changed, or signed elsewhere)"
-                )
-        elif not verify_allocation(allocation, self.signing_key):
-            return "its signature does not verify with the scheduler's key (unsigned, changed, or signed elsewhere)"
-        return None
+            return (
+                "its signature verifies with none of the scheduler's keys (--allocation-key-file and "
+                "--allocation-verify-key-file: unsigned, changed, or signed elsewhere)"
+            )
+        return "its signature does not verify with the scheduler's key (unsigned, changed, or signed elsewhere)"
 
     def _split(self, allocation: AllocationRecord) -> dict[str, PluginAllocation]:
         parts: dict[str, PluginAllocation] = {}
