@@ -70,12 +70,14 @@ from kubegpu.plugins.intel_gas.scheduler import WITHOUT_I915_ENV
 from kubegpu.scheduler import compat, liveness
 from kubegpu.scheduler.binder import Binder
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Plan
+from kubegpu.scheduler.gangcuts import GangCuts
 from kubegpu.scheduler.gangplans import GangPlan, GangPlans
 from kubegpu.scheduler.gates import gated_reason
 from kubegpu.scheduler.health import HEALTH_PATHS, Metrics, answer_health
 from kubegpu.scheduler.http_server import Answer, HttpServer, Limits, tls_context
 from kubegpu.scheduler.mirror import ClusterMirror
 from kubegpu.scheduler.podgroups import PodGroup, gang_key
+from kubegpu.scheduler.preemption import added_violations
 
 __all__ = ["ExtenderHttpServer", "ExtenderServer", "UnboundPods", "add_extender_parser"]
 
@@ -304,14 +306,30 @@ class ExtenderServer:
         self.unbound = UnboundPods(self.gang_plans.drop)
         self._listed = False  # every informer has listed its collection (`not_ready`)
         self.mirror = ClusterMirror(
-            client, engine, self.binder, self.unbound, leases=leases, watch_podgroups=True, follow_nominations=True
+            client,
+            engine,
+            self.binder,
+            self.unbound,
+            leases=leases,
+            watch_podgroups=True,
+            follow_nominations=True,
+            bound_leaving=lambda pod, node, gone: self.gang_cuts.leaving(pod, node, gone),
+            nominated=lambda pod, node: self.gang_cuts.nominated(pod, node),
         )
+        # The rest of a gang kube-scheduler's preemption cut below its minMember is evicted (`gangcuts.py`).
+        self.gang_cuts = GangCuts(engine, self.binder, self._waiting_members, self.mirror.lock)
         # The score /prioritize answers with: the engine's (its binpack or spread policy plus the plugins' topology
         # score), or nvidia-gpu-scheduler's (`compat.FREE_MODEL_GPUS`: free GPUs of the pod's model).
         self.free_model_gpus = policy == compat.FREE_MODEL_GPUS
         self._answers: dict[tuple[object, ...], _Answers] = {}
         self._swept = self.engine.generation  # nodes removed up to this change are forgotten by every shape
         self._placing: set[asyncio.Task[str]] = set()  # bindings being written, whoever still waits for them
+
+    def _waiting_members(self, gang: str) -> int:
+        """The gang's members waiting to be bound that count towards its minMember (not gated; `UnboundPods` keeps
+        a member the extender bound until the informer reports it gone)."""
+        members = self.unbound.members(gang).items()
+        return sum(1 for key, pod in members if self.engine.placement(key) is None and not pod.scheduling_gates)
 
     def _pod(self, document: dict[str, Any]) -> PodRequest:
         """The pod kube-scheduler asks about: the informer's parse of it when UID and resourceVersion match (filter and
@@ -625,6 +643,7 @@ class ExtenderServer:
             uids = [str((p.get("metadata") or {}).get("uid", "")) for p in victims.Pods]
             proposals[node] = (uids, victims.NumPDBViolations)
         kept: dict[str, Any] = {}
+        cutting: dict[str, Any] = {}  # nodes whose victims leave a gang below its minMember on other nodes
         with self.mirror.lock:
             budgets = list(self.mirror.budgets.values())
             for node, (uids, violations) in proposals.items():
@@ -637,8 +656,33 @@ class ExtenderServer:
                 if extra.victims:
                     uids = [p.uid for p in extra.victims]
                     violations = extra.violations
-                kept[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": violations}
-        return {"NodeNameToMetaVictims": kept}
+                held_victims = self._held(node, uids)
+                # A victim's gang is kept whole, as the custom scheduler's preemption keeps it (T182): the rest of
+                # a gang cut below its minMember goes too. kube-scheduler evicts only pods of the node it picks,
+                # so the rest on this node is named here, and a node with some of it elsewhere is offered only
+                # when every node is (the extender evicts that rest once kube-scheduler's choice is seen:
+                # `GangCuts`). None: the gang has a member of the preemptor's priority or higher; it cannot go.
+                whole = self.engine.whole_gangs(held_victims, pod.priority)
+                if whole is None:
+                    continue
+                here = [m for m in whole if (held := self.engine.placement(m.key)) is not None and held.node == node]
+                if here:
+                    uids = [*uids, *(m.uid for m in here)]
+                    violations += added_violations(held_victims, here, budgets)
+                answer = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": violations}
+                (cutting if len(here) < len(whole) else kept)[node] = answer
+        if not kept and cutting:
+            log.info(
+                "preempt: every candidate's victims cut a gang below its minMember; its rest goes once one is chosen",
+                extra={"pod": pod.key, "node": _names(sorted(cutting))},
+            )
+        return {"NodeNameToMetaVictims": kept or cutting}
+
+    def _held(self, node: str, uids: list[str]) -> list[PodRequest]:
+        """The pods of `uids` that hold resources on `node` (call with the mirror's lock held)."""
+        wanted = set(uids)
+        placed = (self.engine.placement(key) for key in self.engine.holders(node))
+        return [held.request for held in placed if held is not None and held.request.uid in wanted]
 
     # -- the monitoring API -----------------------------------------------------------------------------------------
 

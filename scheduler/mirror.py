@@ -192,6 +192,8 @@ class ClusterMirror:
         watch_dra: bool = False,
         follow_nominations: bool = False,
         claims_released: Callable[[PodRequest, list[HeldClaim]], None] | None = None,
+        bound_leaving: Callable[[PodRequest, str, bool], None] | None = None,
+        nominated: Callable[[PodRequest, str], None] | None = None,
     ) -> None:
         self.client = client
         # The extender's: kube-scheduler nominates its preemptors (`status.nominatedNodeName`) and keeps the room
@@ -199,6 +201,10 @@ class ClusterMirror:
         # (`ignoredByScheduler`). The engine holds the node for such a pod as the custom scheduler's own
         # preemption does (`Engine.nominate`), until the pod binds, leaves, or its nomination is cleared.
         self.follow_nominations = follow_nominations
+        # The extender's `GangCuts`: told of each bound pod being deleted or gone (not one that finished), and of each
+        # nomination followed, so that it evicts the rest of a gang kube-scheduler's preemption cut.
+        self.bound_leaving = bound_leaving
+        self.nominated = nominated
         self.engine = engine
         self.binder = binder
         self.metrics: Metrics = binder.metrics
@@ -1285,6 +1291,14 @@ class ClusterMirror:
         if orphan is not None and (orphan.request.uid != request.uid or kind == "DELETED" or request.phase in FINISHED):
             del self._orphans[key]
             orphan = None
+        if (
+            self.bound_leaving is not None
+            and held is not None
+            and (deleting or kind == "DELETED")
+            and request.phase not in FINISHED
+            and held.request.phase not in FINISHED
+        ):
+            self.bound_leaving(held.request, held.node, kind == "DELETED")
         if kind == "DELETED" or request.phase in FINISHED:
             self._refused.pop(key, None)
             self._partly.pop(key, None)
@@ -1367,6 +1381,8 @@ class ClusterMirror:
             self.engine.unnominate(pod.key)
         else:
             self.engine.nominate(pod, name)
+            if self.nominated is not None:
+                self.nominated(pod, name)
 
     def _unreadable_pod(self, kind: str, key: str, obj: dict[str, Any], problem: str) -> None:
         """A pod kubegpu cannot read (a tenant wrote it): it is left alone, and if it was waiting for this scheduler

@@ -213,6 +213,12 @@ class GangPreempting(GangDomains):
         violations = candidate.violations + added_violations(candidate.victims, whole, budgets)
         return Candidate(candidate.node, (*candidate.victims, *whole), violations)
 
+    def whole_gangs(self, victims: Sequence[PodRequest], priority: int) -> list[PodRequest] | None:
+        """The other members of the victims' gangs that must go with them (a gang left below its `minMember` goes
+        whole), wherever they run; None when one of them is not of lower priority than `priority`. The extender's
+        `/preempt` asks it of kube-scheduler's victims. What-if only."""
+        return self._whole_gangs(victims, priority)
+
     def _whole_gangs(self, victims: Sequence[PodRequest], priority: int) -> list[PodRequest] | None:
         """The other members of the victims' gangs that must go too: a gang left below its minMember goes whole.
         None when such a member is not of lower priority (the gang cannot go, so neither can its victim)."""

@@ -263,6 +263,11 @@ class Preempting(Admission):
             record.nominees.pop(key, None)
             self._refresh(record)
 
+    def nominees(self, name: str) -> dict[str, int]:
+        """The preempting pods node `name` is held for (`nominate`), with their priorities."""
+        record = self.nodes.get(name)
+        return dict(record.nominees) if record is not None else {}
+
     def nominated_node(self, key: str) -> str | None:
         """The node held for preempting pod `key` (`nominate`), if any."""
         return self.nominated.get(key)

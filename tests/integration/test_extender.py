@@ -430,3 +430,31 @@ def test_kube_scheduler_1_20_2_preempts_by_its_own_sums_without_asking_the_exten
     wait_for(refused, 60, "infer's PodScheduled condition with kubegpu's reason")
     assert set(pods_in(cluster, namespace)) == {"p1", "p2", "p4", "p5", "p6", "infer"}
     assert "infer" not in bound(cluster, namespace)
+
+
+def test_the_rest_of_a_gang_kube_scheduler_preempts_one_worker_of_goes_too(
+    cluster: Cluster, namespace: str, extender_stack: Any
+) -> None:
+    """A running Kueue gang of two 8-GPU workers (low priority) fills a rack of two nodes; a pod of the top priority
+    asks 8 GPUs. kube-scheduler 1.20.2 evicts one worker by its own sums (it never asks `/preempt`) and nominates the
+    pod there; the extender, under the shipped RBAC, evicts the other worker, which would otherwise run alone below
+    minMember holding its 8 GPUs, and tells it why."""
+    from .gangs import create_member, create_racks, events_of
+
+    priority_classes(cluster)
+    create_racks(cluster, {"rack-a": 2})
+    _, extender, scheduler = extender_stack(True)
+    workers = ["w-0", "w-1"]
+    for i, name in enumerate(workers):
+        create_member(
+            cluster, namespace, name, "train", 8, total=2, scheduler="gpu-scheduler", index=i,
+            priority="kubegpu-test-low",
+        )  # fmt: skip
+    try:
+        wait_for(lambda: set(workers) <= set(bound(cluster, namespace)), 120, "both workers bound")
+        create(cluster, namespace, "vip", 0, "gpu-scheduler", "kubegpu-test-top", limits={"nvidia.com/gpu": 8})
+        wait_for(lambda: not set(workers) & set(pods_in(cluster, namespace)), 90, "both workers evicted")
+    except AssertionError:
+        raise AssertionError(f"{extender.output()[-3000:]}\n---\n{scheduler.output()[-3000:]}") from None
+    notes = [e.get("note") or e.get("message") or "" for e in events_of(cluster, namespace, "Preempted")]
+    assert any("Preempted by" in n and "vip" in n and "minMember 2" in n for n in notes), notes

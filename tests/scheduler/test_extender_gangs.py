@@ -421,3 +421,155 @@ def test_a_member_bound_then_reported_bound_is_no_change_to_its_gang_but_one_who
     assert server.unbound.epoch("ml/train") == epoch
     server.mirror.on_pods("DELETED", pods[1])
     assert server.unbound.epoch("ml/train") > epoch
+
+
+# -- preemption: kube-scheduler's victims and the gangs they belong to ----------------------------------------------
+
+
+def running(server: ExtenderServer, name: str, node: str, priority: int, group: str | None = None) -> dict[str, Any]:
+    """A pod of 8 GPUs bound to `node` by the extender (a gang member when `group` is named), at `priority`."""
+    pod = member(name, group, 8) if group else pod_manifest(name, {"main": {GPU: 8}}, namespace="ml")
+    pod["metadata"].update(uid=f"uid-{name}", resourceVersion="1")
+    pod["spec"]["priority"] = priority
+    server.mirror.on_pods("ADDED", pod)
+    bind(server, pod, node)
+    return pod
+
+
+def preempted(server: ExtenderServer, pod: dict[str, Any], proposals: dict[str, list[str]]) -> dict[str, list[str]]:
+    """`/preempt` as kube-scheduler (nodeCacheCapable) calls it: its victims per candidate node; the answer's."""
+    body = {
+        "Pod": pod,
+        "NodeNameToMetaVictims": {n: {"Pods": [{"UID": u} for u in uids]} for n, uids in proposals.items()},
+    }
+    answer = server.preempt(orjson.dumps(body))["NodeNameToMetaVictims"]
+    return {node: sorted(p["UID"] for p in victims["Pods"]) for node, victims in answer.items()}
+
+
+def vip() -> dict[str, Any]:
+    """The pending pod of 8 GPUs and priority 1000."""
+    pod = pod_manifest("vip", {"main": {GPU: 8}}, namespace="ml")
+    pod["metadata"].update(uid="uid-vip", resourceVersion="1")
+    pod["spec"]["priority"] = 1000
+    return pod
+
+
+def test_preempt_prefers_a_node_whose_victim_cuts_no_gang_below_min_member() -> None:
+    """A running gang of two 8-GPU workers (minMember 2) on r0-n0 and r0-n1, a lone 8-GPU pod on r0-n2, all of low
+    priority; kube-scheduler proposes one worker or the lone pod. Evicting the worker would leave the other running
+    alone, useless, holding its GPUs: only r0-n2 is offered."""
+    server = extender(1, 3, [podgroup("train", 2)])
+    running(server, "w-0", "r0-n0", 0, "train")
+    running(server, "w-1", "r0-n1", 0, "train")
+    running(server, "solo", "r0-n2", 0)
+    answer = preempted(server, vip(), {"r0-n0": ["uid-w-0"], "r0-n2": ["uid-solo"]})
+    assert answer == {"r0-n2": ["uid-solo"]}
+
+
+def test_preempt_takes_the_rest_of_a_gang_on_the_same_node_with_its_victim() -> None:
+    """Two 4-GPU workers of one gang share r0-n0; kube-scheduler proposes one of them for a 4-GPU pod. The other
+    would run alone below minMember: it is named a victim too (kube-scheduler evicts victims of that node)."""
+    server = extender(1, 1, [podgroup("train", 2)])
+    for name in ("w-0", "w-1"):
+        pod = member(name, "train", 4)
+        pod["spec"]["priority"] = 0
+        server.mirror.on_pods("ADDED", pod)
+        bind(server, pod, "r0-n0")
+    small = vip()
+    small["spec"]["containers"][0]["resources"]["limits"][GPU] = "4"
+    assert preempted(server, small, {"r0-n0": ["uid-w-0"]}) == {"r0-n0": ["uid-w-0", "uid-w-1"]}
+
+
+def test_preempt_drops_a_node_whose_victims_gang_has_a_member_of_the_preemptors_priority() -> None:
+    server = extender(1, 2, [podgroup("train", 2)])
+    running(server, "w-0", "r0-n0", 0, "train")
+    running(server, "w-1", "r0-n1", 1000, "train")
+    assert preempted(server, vip(), {"r0-n0": ["uid-w-0"]}) == {}
+
+
+class Evictions(Writer):
+    """The API writer, recording the pods deleted (path, the UID guarding the deletion) and the Events written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deleted: list[tuple[str, str]] = []
+        self.events: list[dict[str, Any]] = []
+
+    def submit(self, coroutine: Any) -> None:
+        asyncio.run(coroutine)
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if path.endswith("/events"):
+            self.events.append(body)
+            return {}
+        return await super().post(path, body)
+
+    async def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        if method == "DELETE":
+            self.deleted.append((path.rsplit("/", 1)[-1], body["preconditions"]["uid"]))
+            return {}
+        return await super().request(method, path, body)
+
+
+def gone(server: ExtenderServer, pod: dict[str, Any], node: str, deleting_first: bool = True) -> None:
+    """kube-scheduler deleted the bound pod: its deletionTimestamp, then (grace period over) its removal."""
+    bound = orjson.loads(orjson.dumps(pod))
+    bound["metadata"]["resourceVersion"] = "20"
+    bound["spec"]["nodeName"] = node
+    if deleting_first:
+        bound["metadata"]["deletionTimestamp"] = "2026-11-26T00:00:00Z"
+        server.mirror.on_pods("MODIFIED", bound)
+    server.mirror.on_pods("DELETED", bound)
+
+
+def nominated(server: ExtenderServer, pod: dict[str, Any], node: str) -> None:
+    """kube-scheduler's preemption nominated `pod` on `node` (`status.nominatedNodeName`)."""
+    pod = orjson.loads(orjson.dumps(pod))
+    pod["metadata"]["resourceVersion"] = "30"
+    pod["status"] = {"nominatedNodeName": node}
+    server.mirror.on_pods("MODIFIED", pod)
+
+
+def cut_gang(min_member: int = 2) -> tuple[ExtenderServer, Evictions, dict[str, Any]]:
+    """A running gang of 8-GPU workers w-0 on r0-n0 and w-1 on r0-n1 (priority 0); the pending vip (1000)."""
+    server = extender(1, 2, [podgroup("train", min_member)])
+    writer = Evictions()
+    server.binder.writer = writer  # type: ignore[assignment]
+    workers = [running(server, f"w-{i}", f"r0-n{i}", 0, "train") for i in range(2)]
+    server.mirror.on_pods("ADDED", vip())
+    return server, writer, workers[0]
+
+
+@pytest.mark.parametrize("nominated_first", [False, True], ids=["deleted-then-nominated", "nominated-then-deleted"])
+def test_the_rest_of_a_gang_kube_scheduler_preempted_one_member_of_is_evicted(nominated_first: bool) -> None:
+    """kube-scheduler 1.20.2 never asks `/preempt` (kubernetes#103019): it deletes w-0 for the vip and nominates the
+    vip on r0-n0 (in either order: asynchronous preemption nominates first). w-1 would run alone below minMember 2,
+    holding its 8 GPUs for a job that cannot go on: it is evicted too, guarded by its UID, and told why."""
+    server, writer, w0 = cut_gang()
+    if nominated_first:
+        nominated(server, vip(), "r0-n0")
+        gone(server, w0, "r0-n0")
+    else:
+        gone(server, w0, "r0-n0")
+        nominated(server, vip(), "r0-n0")
+    assert writer.deleted == [("w-1", "uid-w-1")]
+    notes = [e.get("note") or e.get("message") for e in writer.events]
+    assert any("Preempted by ml/vip" in n and "minMember 2" in n and "w-0" in n for n in notes), notes
+
+
+def test_a_gang_member_deleted_without_a_preemptor_nominated_there_costs_the_rest_nothing() -> None:
+    """Its owner deleted w-0 (no pod of higher priority is nominated on r0-n0); then the vip is nominated on
+    another node: w-1 stays."""
+    server, writer, w0 = cut_gang()
+    gone(server, w0, "r0-n0", deleting_first=False)
+    nominated(server, vip(), "r0-n1")
+    assert writer.deleted == []
+
+
+def test_a_gang_that_can_still_be_whole_with_its_waiting_members_keeps_the_rest() -> None:
+    """A third member of the gang (minMember 2) waits to be bound: with w-1 it can still be whole, so w-1 stays."""
+    server, writer, w0 = cut_gang()
+    server.mirror.on_pods("ADDED", member("w-2", "train", 8))
+    gone(server, w0, "r0-n0")
+    nominated(server, vip(), "r0-n0")
+    assert writer.deleted == []

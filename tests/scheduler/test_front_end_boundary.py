@@ -25,6 +25,7 @@ FRONT_ENDS = (
     "compat.py",
     "custom.py",
     "extender.py",
+    "gangcuts.py",
     "gangstatus.py",
     "health.py",
     "html.py",
