@@ -22,9 +22,11 @@ remembers the pending ones (`UnboundPods`), so that its verbs need no GET.
   UID), and rolls the reservation back on any failure.
 * `/preempt` (ExtenderPreemptionArgs -> ExtenderPreemptionResult): keeps only candidate nodes where evicting the
   proposed victims, or else the engine's own choice in their place (`Engine.complete_victims`), frees a valid device
-  set. A pending pod kube-scheduler nominated (`status.nominatedNodeName`) has its node held in the engine
-  (`Engine.nominate`), so `/filter` keeps pods of equal or lower priority off the room its victims free:
-  kube-scheduler's own filters count the nominated pod, but not the `ignoredByScheduler` GPU shares.
+  set. A victim's gang is kept whole: the rest of it on that node is named too, and nodes whose victims cut no gang
+  below its `minMember` are preferred; the rest of a gang cut on other nodes is evicted once kube-scheduler's choice
+  is seen (`gangcuts.py`). A pending pod kube-scheduler nominated (`status.nominatedNodeName`) has its node held
+  in the engine (`Engine.nominate`), so `/filter` keeps pods of equal or lower priority off the room its victims
+  free: kube-scheduler's own filters count the nominated pod, but not the `ignoredByScheduler` GPU shares.
 * `GET /apis/kubegpu/v1/nodes` and `/apis/kubegpu/v1/pods` (`?watch=true` streams changes as JSON lines): each node's
   devices and who holds them. Each view is brought up to date once per engine change and shared by every watcher.
 
