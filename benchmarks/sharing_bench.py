@@ -31,6 +31,7 @@ prints where capacity is lost: the allocation curve, idle GPU capacity by node c
     .venv/bin/python benchmarks/sharing_bench.py [--seeds 42 43 ...] [--variants whole bestfit fgd]
         [--percentages 0 100] [--traces default share-30 ... | all] [--mix learned|trace] [--devices-only]
         [--fragmentation-weight 5] [--fragmentation-span 23.1] [--fragmentation-lead on off] [--policy spread]
+        [--model-access on off]
 """
 
 from __future__ import annotations
@@ -118,11 +119,12 @@ def replay(
     weight: int | None = None,
     lead: bool = True,
     policy: str = "binpack",
+    model_access: bool = False,
 ) -> tuple[float, float, int]:
     """(GPU allocated % at arrived 100 %, seconds, pods that arrived), replayed as `kubegpu simulate` replays a trace:
     with the collector's young generations only (`young_collections_only`)."""
     with young_collections_only():
-        return _replay(nodes, pods, seed, variant, percentage, devices_only, mix, weight, lead, policy)
+        return _replay(nodes, pods, seed, variant, percentage, devices_only, mix, weight, lead, policy, model_access)
 
 
 def _replay(
@@ -136,6 +138,7 @@ def _replay(
     weight: int | None,
     lead: bool,
     policy: str,
+    model_access: bool,
 ) -> tuple[float, float, int]:
     share = variant != "whole"
     profile = scores.Profile.default(policy)
@@ -149,6 +152,7 @@ def _replay(
         share_policy=variant if share else None,
         fragmentation_mix=mix,
         fragmentation_lead=lead,
+        fragmentation_model_access=model_access,
     )
     plugins = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
     engine = Engine(plugins, policy=policy, scoring=profile)  # type: ignore[arg-type]  # argparse's choices
@@ -247,6 +251,15 @@ def main() -> int:
         "others breaking its ties (on, shipped), or is weighed with the others (off, as before); both: side by side",
     )
     parser.add_argument(
+        "--model-access",
+        nargs="+",
+        choices=["on", "off"],
+        default=["off"],
+        help="KubegpuFragmentation's modelAccess: the mix learned keeps the GPU models each kind may use, a node's "
+        "free GPUs counting as lost to the kinds barred from its model (the paper's no access; off, shipped); both: "
+        "side by side",
+    )
+    parser.add_argument(
         "--fragmentation-span",
         type=float,
         default=None,
@@ -272,12 +285,15 @@ def main() -> int:
     scoring = "plugin scores only" if args.devices_only else "default score profile"
     scoring += f", {args.mix} mix"
     print(f"{len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs; seeds {args.seeds}; {args.policy}, {scoring}")
-    print(f"{'trace':10} {'variant':8} {'scored':>8} {'lead':>4} {'kubegpu %':>10} {'paper %':>8} {'pods/s':>7}  seeds")
+    print(
+        f"{'trace':10} {'variant':8} {'scored':>8} {'lead':>4} {'access':>6} {'kubegpu %':>10} {'paper %':>8} "
+        f"{'pods/s':>7}  seeds"
+    )
     for name in names:
         pods = default_pods if name == "default" else trace_pods(generated[name])
         for variant in args.variants:
             for percentage in args.percentages:
-                for lead in args.fragmentation_lead:
+                for lead, access in [(lead, a) for lead in args.fragmentation_lead for a in args.model_access]:
                     mix = trace_mix(pods, paper=args.mix == "paper") if args.mix != "learned" else ()
                     figures = [
                         replay(
@@ -291,6 +307,7 @@ def main() -> int:
                             args.fragmentation_weight,
                             lead == "on",
                             args.policy,
+                            access == "on",
                         )
                         for seed in args.seeds
                     ]
@@ -300,7 +317,8 @@ def main() -> int:
                     scored = f"{percentage}%" if percentage else "adaptive"
                     each = " ".join(f"{f[0]:.2f}" for f in figures) if len(figures) > 1 else ""
                     print(
-                        f"{name:10} {variant:8} {scored:>8} {lead:>4} {mean:10.2f} {paper:>8} {rate:7.0f}  {each}",
+                        f"{name:10} {variant:8} {scored:>8} {lead:>4} {access:>6} {mean:10.2f} {paper:>8} "
+                        f"{rate:7.0f}  {each}",
                         flush=True,
                     )
     print(f"paper, default trace: GpuPacking {PAPER['gpupacking']}, Random {PAPER['random']}")

@@ -72,11 +72,15 @@ class ProfileSettings:
     `share_policy`: how a plugin that shares devices chooses among a node's devices (KubegpuDevices' `sharePolicy`:
     "fgd" or "bestfit"); None: the plugin's own default. `mix`: the pods a fragmentation measure should expect, as
     (devices, thousandths of each device, cpu millicores, weight) (KubegpuFragmentation's `mix`); empty: the plugin
-    learns the mix from the pods it places.
+    learns the mix from the pods it places. `model_access`: whether the mix learned keeps the device models each kind
+    of pod may use, so that a node's free devices count as lost to the kinds barred from its model
+    (KubegpuFragmentation's `modelAccess`, off by default: on the FGD paper's trace family it costs about a point of
+    capacity where a fifth of the GPU pods name a model, docs/benchmarks.md).
     """
 
     share_policy: str | None = None
     mix: tuple[tuple[int, int, int, float], ...] = ()
+    model_access: bool = False
 
 
 @dataclass(frozen=True, slots=True)

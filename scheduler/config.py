@@ -369,11 +369,13 @@ class _MixKind(_Strict):
 
 
 class _FragmentationArgs(_Args):
-    """kubegpu's KubegpuFragmentation: the mix of pods to measure against instead of the one learned, and whether it
-    ranks first where a pod may reach shared devices (`lead`, the default) or is weighed with the other scores."""
+    """kubegpu's KubegpuFragmentation: the mix of pods to measure against instead of the one learned, whether it
+    ranks first where a pod may reach shared devices (`lead`, the default) or is weighed with the other scores, and
+    whether the mix learned keeps the GPU models each kind may use (`modelAccess`, off by default)."""
 
     mix: list[_MixKind] = Field(default_factory=list, max_length=MAX_MIX_KINDS)
     lead: StrictBool = True
+    modelAccess: StrictBool = False
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -777,6 +779,7 @@ class _PluginArgs:
     share_policy: str | None = None
     mix: tuple[tuple[int, int, int, float], ...] = ()
     lead: bool = True
+    model_access: bool = False
 
 
 ARGS_MODELS: dict[str, type[_Args]] = {
@@ -883,6 +886,12 @@ def _plugin_args(entries: list[_PluginConfig], version: str, where: str, rules: 
                     raise ConfigError(f"{here}.mix[{j}].gpuMilli: a kind of 0 GPUs (a cpu-only pod) asks for none")
             found.mix = tuple((k.gpus, k.gpuMilli, k.cpuMilli, k.weight) for k in args.mix)
             found.lead = args.lead
+            if args.modelAccess and args.mix:
+                raise ConfigError(
+                    f"{here}.modelAccess: it has the mix learned keep each kind's GPU models; a mix given names none. "
+                    "Give one or the other"
+                )
+            found.model_access = args.modelAccess
         elif isinstance(args, _VolumeBindingArgs) and args.shape is not None:
             raise ConfigError(f"{here}.shape: kubegpu does not score volumes")
     return found
@@ -954,6 +963,7 @@ def parse_config(
             share_policy=args.share_policy,
             fragmentation_mix=args.mix,
             fragmentation_lead=args.lead,
+            fragmentation_model_access=args.model_access,
         ),
         policy=chosen,
         scheduler_name=name,

@@ -168,8 +168,8 @@ class Profile:
     kube-scheduler's `percentageOfNodesToScore` (0: its adaptive default), `hardPodAffinityWeight` and
     PodTopologySpread's default constraints (their selectors None: each pod's owners give it; empty: none); the
     PreEnqueue plugins turned off (`SchedulingGates`) and the one QueueSort plugin (`PrioritySort`); and what the
-    device plugins are told (`share_policy`, `fragmentation_mix`), and whether KubegpuFragmentation leads
-    (`fragmentation_lead`)."""
+    device plugins are told (`share_policy`, `fragmentation_mix`, `fragmentation_model_access`), and whether
+    KubegpuFragmentation leads (`fragmentation_lead`)."""
 
     weights: Mapping[str, int] = field(default_factory=dict)
     filters_off: frozenset[str] = frozenset()
@@ -186,6 +186,8 @@ class Profile:
     # KubegpuFragmentation's `lead`: it ranks first where a pod may reach shared devices
     # (`Scoring.fragmentation_leads`); False weighs it with the others everywhere.
     fragmentation_lead: bool = True
+    # KubegpuFragmentation's `modelAccess`: the mix learned keeps the GPU models each kind may use (`ProfileSettings`).
+    fragmentation_model_access: bool = False
 
     @classmethod
     def default(cls, policy: str = "binpack") -> Profile:

@@ -441,9 +441,10 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
         return Claim(bits, [(bit, (cores, memory)) for bit, cores, memory in parts], extra=devices)
 
     def learn(self, state: NvidiaNodeState, allocation: PluginAllocation, pod: PodRequest | None, claim: Claim) -> None:
-        """The kinds of the pod's containers (GPUs, thousandths of each, the pod's cpu, the GPU models it may use)
-        join the engine's mix."""
-        cpu, models = (pod.cpu_milli, pod_gpu_models(pod)) if pod is not None else (0, None)
+        """The kinds of the pod's containers (GPUs, thousandths of each, the pod's cpu, and where the profile asks
+        for it (`Workload.models`) the GPU models it may use) join the engine's mix."""
+        cpu = pod.cpu_milli if pod is not None else 0
+        models = pod_gpu_models(pod) if pod is not None and state.workload.models else None
         if claim.whole:
             state.workload.add((len(claim.whole), WHOLE, cpu, models))
         if claim.shares:
@@ -496,7 +497,9 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
             settings = ProfileSettings()
         workload = shared.get(WORKLOAD_KEY) if shared is not None else None
         if shared is not None and not isinstance(workload, Workload):
-            workload = shared[WORKLOAD_KEY] = Workload.configured(settings.mix) if settings.mix else Workload()
+            workload = shared[WORKLOAD_KEY] = (
+                Workload.configured(settings.mix) if settings.mix else Workload(models=settings.model_access)
+            )
         inventory = node.inventories.get(NAME)
         if inventory is not None:
             inventory, books = mig.books_from_inventory(node.name, inventory)

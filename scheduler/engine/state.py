@@ -118,7 +118,9 @@ class EngineState:
         self.on_verify_keys: set[str] = set()
         # Per plugin, the dict its states share across this engine's nodes (`kubegpu_scheduler_build_node`'s `shared`),
         # holding the profile's settings for device plugins.
-        settings = ProfileSettings(self.scoring.share_policy, self.scoring.fragmentation_mix)
+        settings = ProfileSettings(
+            self.scoring.share_policy, self.scoring.fragmentation_mix, self.scoring.fragmentation_model_access
+        )
         self._shared: dict[str, dict[str, object]] = {name: {SETTINGS_KEY: settings} for name in plugins.names}
         self._fit_calls: dict[str, Callable[..., Any]] = {}  # each plugin's fit hook (`KubegpuPluginManager.bound`)
         # The plugins that measure fragmentation (`kubegpu_scheduler_fragmentation`), and how many nodes hold a state

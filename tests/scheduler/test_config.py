@@ -260,6 +260,9 @@ def test_the_share_policy_and_the_mix_of_pods_are_read_from_kubegpus_plugin_args
     assert fragmentation.profile.fragmentation_lead is True  # the default
     weighed = parse_config(kubegpu_args("KubegpuFragmentation", {"lead": False}, version))
     assert weighed.profile.fragmentation_lead is False
+    assert fragmentation.profile.fragmentation_model_access is False  # the default
+    access = parse_config(kubegpu_args("KubegpuFragmentation", {"modelAccess": True}, version))
+    assert access.profile.fragmentation_model_access is True
 
 
 @pytest.mark.parametrize(
@@ -274,6 +277,8 @@ def test_the_share_policy_and_the_mix_of_pods_are_read_from_kubegpus_plugin_args
         ("KubegpuFragmentation", {"mix": [{"gpus": 1, "weight": 1, "memory": 5}]}, "args.mix[0].memory"),
         ("KubegpuFragmentation", {"mix": [{"gpus": 1, "weight": 1}] * 257}, "args.mix"),
         ("KubegpuFragmentation", {"lead": "yes"}, "args.lead"),
+        ("KubegpuFragmentation", {"modelAccess": "true"}, "args.modelAccess"),
+        ("KubegpuFragmentation", {"modelAccess": True, "mix": [{"gpus": 1, "weight": 1}]}, "args.modelAccess"),
     ],
     ids=[
         "unknown-policy",
@@ -285,6 +290,8 @@ def test_the_share_policy_and_the_mix_of_pods_are_read_from_kubegpus_plugin_args
         "unknown-field",
         "too-many",
         "lead-not-a-bool",
+        "model-access-not-a-bool",
+        "model-access-with-a-mix",
     ],
 )
 def test_kubegpu_plugin_args_mistakes_name_the_field(name: str, args: dict[str, Any], message: str) -> None:
