@@ -72,8 +72,10 @@ RING_SHARE = 0.5
 # a placement that turns away a fifth of the learned mix scores 0 (measured on placement_bench's departures mixes).
 TURNED_AWAY_DISCOUNT = 5.0
 
-# (container name, resource name, amount) for every container asking for Neuron resources, in spec order.
-Requests = tuple[tuple[str, str, int], ...]
+# (container name, resource name, amount, holder) for every container asking for Neuron resources, in the order of
+# `PodRequest.containers`; `holder` marks the classic init container that holds what its step needs beyond the app
+# containers' and sidecars' (`ContainerRequest.init`).
+Requests = tuple[tuple[str, str, int, bool], ...]
 # A pod's Neuron requests and the refusal of a container that mixes resources: `kubegpu_scheduler_prepare`'s answer.
 NeuronPodState = tuple[Requests, Status | None]
 
@@ -371,7 +373,7 @@ def _neuron_requests(pod: PodRequest) -> tuple[Requests, Status | None]:
                 plugin=NAME,
             )
         ((resource, amount),) = amounts.items()
-        found.append((container.name, resource, amount))
+        found.append((container.name, resource, amount, container.init))
     return tuple(found), None
 
 
@@ -399,11 +401,22 @@ def _plan(state: NeuronNodeState, asked: NeuronPodState) -> NeuronPlacement:
 def place(
     state: NeuronNodeState, requests: Requests, free_devices: int, free_cores: int, *, empty_node: bool = False
 ) -> NeuronPlacement:
-    """Place the containers' requests one after the other on the given free devices and cores."""
+    """Place the containers' requests one after the other on the given free devices and cores.
+
+    A resource that a classic init container holds more of than the app containers and sidecars (its `holder` entry)
+    is placed as one valid set of the pod's whole count, then split: the app containers' and sidecars' sets carved
+    from its low end, each valid, and the holder given the rest. The kubelet gives the init container its pod's
+    devices, the app containers' first (`kubegpu.core.annotations.init_devices`), so what it runs on is that one
+    valid set, as if it had asked alone; placed one by one, the holder's difference (3 beside an app's 1 under a
+    check of 4) was refused on a torus as a count nobody asked, and on a ring landed away from the app's."""
     t, k = state.topology, state.cores_per_device
-    placements = []
+    placed: dict[int, tuple[str, str, tuple[int, ...]]] = {}
     score = 0.0
-    for container, resource, count in requests:
+    for index, (container, resource, _, _) in enumerate(requests):
+        if index in placed:
+            continue
+        group = _init_group(requests, index)
+        count = sum(requests[i][2] for i in group)
         cores = resource == NEURONCORE
         total = state.healthy_core_count if cores else state.healthy_device_count
         if count > total:
@@ -416,24 +429,74 @@ def place(
             chosen = topo.choose_cores(t, k, free_devices, free_cores, count)
         else:
             chosen = topo.choose_devices(t, k, free_devices, free_cores, count)
+        code = Status.unresolvable if empty_node else Status.unschedulable
         if chosen is None:
             available = (free_cores if cores else free_devices).bit_count()
             reason = f"Insufficient {resource}" if available < count else _no_set(state, cores, count, empty_node)
-            code = Status.unresolvable if empty_node else Status.unschedulable
             return NeuronPlacement(code(reason, plugin=NAME))
         start = (chosen & -chosen).bit_length() - 1
         if cores:
-            score += count / topo.core_host(free_cores, start)
+            fit = count / topo.core_host(free_cores, start)
             free_cores &= ~chosen
             free_devices &= ~topo.devices_of_cores(chosen, k)
         else:
             fit = count / topo.device_host(t, free_devices, start)
-            score += fit * RING_SHARE if t.kind == "ring" and count in TORUS_SHARED_SIZES else fit
+            fit = fit * RING_SHARE if t.kind == "ring" and count in TORUS_SHARED_SIZES else fit
             free_devices &= ~chosen
-            free_cores &= ~topo.interval(start * k, count * k)
-        placements.append((container, resource, tuple(range(start, start + count))))
+            free_cores &= ~topo.cores_of_devices(chosen, k)
+        score += fit * len(group)
+        if len(group) == 1:
+            placed[index] = (container, resource, tuple(topo.bit_ids(chosen)))
+            continue
+        carved = _carve(state, cores, chosen, [(i, requests[i][2]) for i in group if not requests[i][3]])
+        if carved is None:
+            holder = next(requests[i][0] for i in group if requests[i][3])
+            sizes = ", ".join(str(requests[i][2]) for i in group if not requests[i][3])
+            reason = (
+                f"init container {holder} is given its pod's {count} {resource}, which must be one valid set, and "
+                f"no valid set of {count} holds valid sets of {sizes} for the other containers; change their counts"
+            )
+            return NeuronPlacement(code(reason, plugin=NAME))
+        rest = chosen
+        for i, mask in carved.items():
+            placed[i] = (requests[i][0], resource, tuple(topo.bit_ids(mask)))
+            rest &= ~mask
+        for i in group:
+            if requests[i][3]:
+                placed[i] = (requests[i][0], resource, tuple(topo.bit_ids(rest)))
     mean = 100.0 * score / len(requests) if requests else 100.0
-    return NeuronPlacement(Status.success(), tuple(placements), mean)
+    return NeuronPlacement(Status.success(), tuple(placed[i] for i in range(len(requests))), mean)
+
+
+def _init_group(requests: Requests, index: int) -> tuple[int, ...]:
+    """The requests placed together with request `index`: every request of its resource when an init container holds
+    some of it (`place`), else itself alone."""
+    resource = requests[index][1]
+    same = tuple(i for i, request in enumerate(requests) if request[1] == resource)
+    return same if any(requests[i][3] for i in same) else (index,)
+
+
+def _carve(state: NeuronNodeState, cores: bool, within: int, asks: list[tuple[int, int]]) -> dict[int, int] | None:
+    """Valid sets of the asked sizes inside `within` (request index -> mask), largest first, each at the lowest
+    valid position left; None when one does not fit. Largest first, aligned torus blocks and ring windows always fit
+    in a set as large as their sum; core windows on a torus may not."""
+    t, k = state.topology, state.cores_per_device
+    left = within
+    carved: dict[int, int] = {}
+    for index, count in sorted(asks, key=lambda ask: -ask[1]):
+        if cores:
+            allowed = 0
+            for _, first_cores in topo.core_groups(t, k, count):
+                allowed |= first_cores
+            starts = topo.window_starts(left, count) & allowed
+            mask = topo.interval((starts & -starts).bit_length() - 1, count) if starts else None
+        else:
+            mask = next((block for block in topo.valid_sets(t, count) if left & block == block), None)
+        if mask is None:
+            return None
+        carved[index] = mask
+        left &= ~mask
+    return dict(sorted(carved.items()))
 
 
 def _unsupported_devices(state: NeuronNodeState, count: int) -> str:
