@@ -60,9 +60,11 @@ from kubegpu.plugins.neuron import topology as topo
 from kubegpu.plugins.neuron.topology import Topology
 
 # Seed 000's flow (the Neuron scheduler extension with the stock Neuron device plugin): the extension writes the whole
-# devices it chose as the pod annotation NEURON_DEVS (`2,3`), which the device plugin reads at Allocate and exports as
-# AWS_NEURON_VISIBLE_DEVICES. kubegpu writes it too, so extender-mode users can keep that device plugin.
+# devices it chose as the pod annotation NEURON_DEVS (`2,3`), and the cores it chose as NEURON_CORES (`2,3`), which the
+# device plugin reads at Allocate and exports as AWS_NEURON_VISIBLE_DEVICES / NEURON_RT_VISIBLE_CORES. kubegpu writes
+# them too, so extender-mode users can keep that device plugin.
 DEVICES_ANNOTATION = "NEURON_DEVS"
+CORES_ANNOTATION = "NEURON_CORES"
 
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 # Multi-device sizes a 4x4 torus takes too: on a ring they score RING_SHARE of their fit (module docstring).
@@ -273,16 +275,15 @@ class NeuronPlugin(DevicePlugin[NeuronNodeState]):
         if not plan.status.ok:
             return None
         containers: dict[str, dict[str, list[str]]] = {}
-        whole: set[int] = set()
+        chosen: dict[str, set[int]] = {DEVICES_ANNOTATION: set(), CORES_ANNOTATION: set()}
         for container, resource, ids in plan.placements:
             containers.setdefault(container, {})[resource] = [str(i) for i in ids]
-            if resource != NEURONCORE:
-                whole.update(ids)
+            chosen[CORES_ANNOTATION if resource == NEURONCORE else DEVICES_ANNOTATION].update(ids)
         return PluginAllocation(
             plugin=NAME,
             containers=containers,
             fields={"coresPerDevice": state.cores_per_device, "instanceType": state.instance_type},
-            annotations={DEVICES_ANNOTATION: ",".join(str(d) for d in sorted(whole))} if whole else {},
+            annotations={key: ",".join(str(i) for i in sorted(ids)) for key, ids in chosen.items() if ids},
         )
 
 
