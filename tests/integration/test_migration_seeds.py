@@ -230,6 +230,8 @@ def test_neuron_seed_pod_with_my_scheduler_gets_cores_0_to_8_and_the_decision_is
     assert pod["spec"]["nodeName"] == "ip-192-168-2-25.ec2.internal"
     record = decode_allocation(pod["metadata"]["annotations"][ALLOCATION_KEY])
     assert record.containers["nrt-test-5038"]["aws.amazon.com/neuroncore"] == [str(i) for i in range(9)]
+    # The extension's own annotation of the cores it chose, which a stock Neuron device plugin exports at Allocate.
+    assert pod["metadata"]["annotations"]["NEURON_CORES"] == "0,1,2,3,4,5,6,7,8"
     # The Neuron extension's verify step: `kubectl logs` of the extender shows the filter and the bind.
     log = wait_for(lambda: (text := extender.output()) and "msg=bound" in text and text, 10, "the bind log line")
     filtered = next(line for line in log.splitlines() if "msg=filter" in line and "nrt-test-5038" in line)
