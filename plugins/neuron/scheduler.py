@@ -74,10 +74,12 @@ RING_SHARE = 0.5
 # a placement that turns away a fifth of the learned mix scores 0 (measured on placement_bench's departures mixes).
 TURNED_AWAY_DISCOUNT = 5.0
 
-# (container name, resource name, amount, holder) for every container asking for Neuron resources, in the order of
-# `PodRequest.containers`; `holder` marks the classic init container that holds what its step needs beyond the app
-# containers' and sidecars' (`ContainerRequest.init`).
-Requests = tuple[tuple[str, str, int, bool], ...]
+# (container name, resource name, amount, role) for every container asking for Neuron resources, in the order of
+# `PodRequest.containers`. `role` is HOLDER for the classic init container that holds what its step needs beyond the
+# app containers' and sidecars' (`ContainerRequest.init`), BESIDE for a sidecar started before that init container
+# (it keeps its own devices while the init container runs), else "" (`place`).
+Requests = tuple[tuple[str, str, int, str], ...]
+HOLDER, BESIDE = "holder", "beside"
 # A pod's Neuron requests and the refusal of a container that mixes resources: `kubegpu_scheduler_prepare`'s answer.
 NeuronPodState = tuple[Requests, Status | None]
 
@@ -354,6 +356,9 @@ def neuron_requests(pod: PodRequest) -> NeuronPodState:
 
 
 def _neuron_requests(pod: PodRequest) -> tuple[Requests, Status | None]:
+    steps = {step.name: step.sidecars for step in pod.init_steps}
+    # resource -> the sidecars started before the init container holding more of it than the other containers.
+    beside = {r: steps.get(c.name, ()) for c in pod.containers if c.init for r in _amounts(c.resources)}
     found = []
     for container in pod.containers:
         amounts = _amounts(container.resources)
@@ -374,7 +379,8 @@ def _neuron_requests(pod: PodRequest) -> tuple[Requests, Status | None]:
                 plugin=NAME,
             )
         ((resource, amount),) = amounts.items()
-        found.append((container.name, resource, amount, container.init))
+        role = HOLDER if container.init else BESIDE if container.name in beside.get(resource, ()) else ""
+        found.append((container.name, resource, amount, role))
     return tuple(found), None
 
 
@@ -404,12 +410,13 @@ def place(
 ) -> NeuronPlacement:
     """Place the containers' requests one after the other on the given free devices and cores.
 
-    A resource that a classic init container holds more of than the app containers and sidecars (its `holder` entry)
-    is placed as one valid set of the pod's whole count, then split: the app containers' and sidecars' sets carved
-    from its low end, each valid, and the holder given the rest. The kubelet gives the init container its pod's
-    devices, the app containers' first (`kubegpu.core.annotations.init_devices`), so what it runs on is that one
-    valid set, as if it had asked alone; placed one by one, the holder's difference (3 beside an app's 1 under a
-    check of 4) was refused on a torus as a count nobody asked, and on a ring landed away from the app's."""
+    A resource that a classic init container holds more of than the app containers and sidecars (its HOLDER entry)
+    is placed as one valid set of the init container's count, then split: the app containers' and the later sidecars'
+    sets carved from its low end, each valid, and the holder given the rest. The kubelet gives the init container its
+    pod's devices but those of the sidecars started before it (BESIDE: placed on their own), the app containers'
+    first (`kubegpu.core.annotations.init_devices`), so what it runs on is that one valid set, as if it had asked
+    alone; placed one by one, the holder's difference (3 beside an app's 1 under a check of 4) was refused on a torus
+    as a count nobody asked, and on a ring landed away from the app's."""
     t, k = state.topology, state.cores_per_device
     placed: dict[int, tuple[str, str, tuple[int, ...]]] = {}
     score = 0.0
@@ -449,10 +456,10 @@ def place(
         if len(group) == 1:
             placed[index] = (container, resource, tuple(topo.bit_ids(chosen)))
             continue
-        carved = _carve(state, cores, chosen, [(i, requests[i][2]) for i in group if not requests[i][3]])
+        carved = _carve(state, cores, chosen, [(i, requests[i][2]) for i in group if requests[i][3] != HOLDER])
         if carved is None:
-            holder = next(requests[i][0] for i in group if requests[i][3])
-            sizes = ", ".join(str(requests[i][2]) for i in group if not requests[i][3])
+            holder = next(requests[i][0] for i in group if requests[i][3] == HOLDER)
+            sizes = ", ".join(str(requests[i][2]) for i in group if requests[i][3] != HOLDER)
             reason = (
                 f"init container {holder} is given its pod's {count} {resource}, which must be one valid set, and "
                 f"no valid set of {count} holds valid sets of {sizes} for the other containers; change their counts"
@@ -463,18 +470,18 @@ def place(
             placed[i] = (requests[i][0], resource, tuple(topo.bit_ids(mask)))
             rest &= ~mask
         for i in group:
-            if requests[i][3]:
+            if requests[i][3] == HOLDER:
                 placed[i] = (requests[i][0], resource, tuple(topo.bit_ids(rest)))
     mean = 100.0 * score / len(requests) if requests else 100.0
     return NeuronPlacement(Status.success(), tuple(placed[i] for i in range(len(requests))), mean)
 
 
 def _init_group(requests: Requests, index: int) -> tuple[int, ...]:
-    """The requests placed together with request `index`: every request of its resource when an init container holds
-    some of it (`place`), else itself alone."""
-    resource = requests[index][1]
-    same = tuple(i for i, request in enumerate(requests) if request[1] == resource)
-    return same if any(requests[i][3] for i in same) else (index,)
+    """The requests placed together with request `index`: every request of its resource but the BESIDE sidecars' when
+    an init container holds some of it (`place`), else itself alone."""
+    resource, role = requests[index][1], requests[index][3]
+    same = tuple(i for i, request in enumerate(requests) if request[1] == resource and request[3] != BESIDE)
+    return same if role != BESIDE and any(requests[i][3] == HOLDER for i in same) else (index,)
 
 
 def _carve(state: NeuronNodeState, cores: bool, within: int, asks: list[tuple[int, int]]) -> dict[int, int] | None:

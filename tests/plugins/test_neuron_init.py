@@ -133,3 +133,30 @@ def test_a_check_of_a_count_the_torus_does_not_take_is_refused_with_the_count_it
         "Instance type trn1.32xlarge does not support requests for device: 6. "
         "Please request a different number of devices."
     )
+
+
+def test_a_sidecar_running_beside_the_check_keeps_its_own_device_and_the_check_gets_a_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """trn1.32xlarge: a monitoring sidecar of 1 device started before a check of 4, then a trainer of 1. The pod
+    holds 5 (the check's 4 while the sidecar keeps its own); each container asks a count the torus takes, and the
+    check is given 4 devices other than the sidecar's. It was refused with `... device: 5`: the pod's 5 were
+    placed as one set."""
+    document = checked_pod("side", {DEVICE: 4}, {DEVICE: 1})
+    sidecar = {"name": "monitor", "image": "m", "restartPolicy": "Always", "resources": {"limits": {DEVICE: "1"}}}
+    document["spec"]["initContainers"].insert(0, sidecar)
+    documents = [
+        node_manifest("trn1-a", labels={TYPE_LABEL: "trn1.32xlarge"}, allocatable={DEVICE: 16, CORE: 32}),
+        document,
+    ]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    assert main(["simulate", "--json", str(path)]) == 0
+    (event,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert event["event"] == "scheduled", event["reason"]
+    record = decode_allocation(event["annotations"][ALLOCATION_KEY])
+    row = ints(record.init["check"][DEVICE])
+    assert len(row) == 4 and row[0] % 4 == 0 and contiguous(row)
+    assert set(ints(record.containers["main"][DEVICE])) <= set(row)
+    (monitor,) = ints(record.containers["monitor"][DEVICE])
+    assert monitor not in row
