@@ -442,6 +442,26 @@ def place(
             available = (free_cores if cores else free_devices).bit_count()
             reason = f"Insufficient {resource}" if available < count else _no_set(state, cores, count, empty_node)
             return NeuronPlacement(code(reason, plugin=NAME))
+        carved: dict[int, int] = {}
+        if len(group) > 1:
+            # The app containers' sets must fit in the init container's: the least fragmenting set first, else the
+            # lowest that takes them, so that a refusal is true of every free set of the count.
+            asks = [(i, requests[i][2]) for i in group if requests[i][3] != HOLDER]
+            free = free_cores if cores else free_devices
+            for candidate in (chosen, *_valid_sets(state, cores, free, count)):
+                found = _carve(state, cores, candidate, asks)
+                if found is not None:
+                    chosen, carved = candidate, found
+                    break
+            else:
+                holder = next(requests[i][0] for i in group if requests[i][3] == HOLDER)
+                sizes = ", ".join(str(size) for _, size in asks)
+                reason = (
+                    f"init container {holder} is given its pod's {count} {resource}, which must be one valid set, "
+                    f"and no{'' if empty_node else ' free'} valid set of {count} holds valid sets of {sizes} for the "
+                    "other containers; change their counts"
+                )
+                return NeuronPlacement(code(reason, plugin=NAME))
         start = (chosen & -chosen).bit_length() - 1
         if cores:
             fit = count / topo.core_host(free_cores, start)
@@ -456,15 +476,6 @@ def place(
         if len(group) == 1:
             placed[index] = (container, resource, tuple(topo.bit_ids(chosen)))
             continue
-        carved = _carve(state, cores, chosen, [(i, requests[i][2]) for i in group if requests[i][3] != HOLDER])
-        if carved is None:
-            holder = next(requests[i][0] for i in group if requests[i][3] == HOLDER)
-            sizes = ", ".join(str(requests[i][2]) for i in group if requests[i][3] != HOLDER)
-            reason = (
-                f"init container {holder} is given its pod's {count} {resource}, which must be one valid set, and "
-                f"no valid set of {count} holds valid sets of {sizes} for the other containers; change their counts"
-            )
-            return NeuronPlacement(code(reason, plugin=NAME))
         rest = chosen
         for i, mask in carved.items():
             placed[i] = (requests[i][0], resource, tuple(topo.bit_ids(mask)))
@@ -488,23 +499,27 @@ def _carve(state: NeuronNodeState, cores: bool, within: int, asks: list[tuple[in
     """Valid sets of the asked sizes inside `within` (request index -> mask), largest first, each at the lowest
     valid position left; None when one does not fit. Largest first, aligned torus blocks and ring windows always fit
     in a set as large as their sum; core windows on a torus may not."""
-    t, k = state.topology, state.cores_per_device
     left = within
     carved: dict[int, int] = {}
     for index, count in sorted(asks, key=lambda ask: -ask[1]):
-        if cores:
-            allowed = 0
-            for _, first_cores in topo.core_groups(t, k, count):
-                allowed |= first_cores
-            starts = topo.window_starts(left, count) & allowed
-            mask = topo.interval((starts & -starts).bit_length() - 1, count) if starts else None
-        else:
-            mask = next((block for block in topo.valid_sets(t, count) if left & block == block), None)
+        mask = next(iter(_valid_sets(state, cores, left, count)), None)
         if mask is None:
             return None
         carved[index] = mask
         left &= ~mask
     return dict(sorted(carved.items()))
+
+
+def _valid_sets(state: NeuronNodeState, cores: bool, free: int, count: int) -> list[int]:
+    """Every valid set of `count` cores (or devices) within `free`, lowest first: at most 32 windows, or a
+    topology's sets of one size."""
+    t, k = state.topology, state.cores_per_device
+    if not cores:
+        return [block for block in topo.valid_sets(t, count) if free & block == block]
+    allowed = 0
+    for _, first_cores in topo.core_groups(t, k, count):
+        allowed |= first_cores
+    return [topo.interval(start, count) for start in topo.bit_ids(topo.window_starts(free, count) & allowed)]
 
 
 def _unsupported_devices(state: NeuronNodeState, count: int) -> str:

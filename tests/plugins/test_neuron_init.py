@@ -22,6 +22,7 @@ from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
 from kubegpu.core.manifests import pod_request
 from kubegpu.core.models import PluginAllocation, PodRequest
 from kubegpu.core.plugin_manager import KubegpuPluginManager
+from kubegpu.core.status import Code
 from kubegpu.core.testing import make_node, node_manifest, pod_manifest
 from kubegpu.plugins.neuron import scheduler
 
@@ -160,3 +161,17 @@ def test_a_sidecar_running_beside_the_check_keeps_its_own_device_and_the_check_g
     assert set(ints(record.containers["main"][DEVICE])) <= set(row)
     (monitor,) = ints(record.containers["monitor"][DEVICE])
     assert monitor not in row
+
+
+def test_app_core_windows_that_fit_in_no_set_of_the_checks_count_are_refused_saying_so(
+    pm: KubegpuPluginManager,
+) -> None:
+    """trn1 cores: a check of 14 before a server of 8. A window of 14 cores on 8 devices is cores 1-14 (or 17-30),
+    and a server of 8 needs a row's 8 cores whole (0-7, 8-15, ...), which no such window holds: the check would run
+    across devices no valid set joins. Refused on every node, saying what to change."""
+    status, allocation = place(pm, "trn1.32xlarge", {}, request(checked_pod("checked", {CORE: 14}, {CORE: 8})))
+    assert allocation is None and status.code is Code.UNRESOLVABLE, status
+    assert status.message == (
+        "init container check is given its pod's 14 aws.amazon.com/neuroncore, which must be one valid set, and no "
+        "valid set of 14 holds valid sets of 8 for the other containers; change their counts"
+    )
