@@ -60,9 +60,11 @@ from kubegpu.plugins.neuron import topology as topo
 from kubegpu.plugins.neuron.topology import Topology
 
 # Seed 000's flow (the Neuron scheduler extension with the stock Neuron device plugin): the extension writes the whole
-# devices it chose as the pod annotation NEURON_DEVS (`2,3`), which the device plugin reads at Allocate and exports as
-# AWS_NEURON_VISIBLE_DEVICES. kubegpu writes it too, so extender-mode users can keep that device plugin.
+# devices it chose as the pod annotation NEURON_DEVS (`2,3`), and the cores it chose as NEURON_CORES (`2,3`), which the
+# device plugin reads at Allocate and exports as AWS_NEURON_VISIBLE_DEVICES / NEURON_RT_VISIBLE_CORES. kubegpu writes
+# them too, so extender-mode users can keep that device plugin.
 DEVICES_ANNOTATION = "NEURON_DEVS"
+CORES_ANNOTATION = "NEURON_CORES"
 
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 # Multi-device sizes a 4x4 torus takes too: on a ring they score RING_SHARE of their fit (module docstring).
@@ -72,8 +74,12 @@ RING_SHARE = 0.5
 # a placement that turns away a fifth of the learned mix scores 0 (measured on placement_bench's departures mixes).
 TURNED_AWAY_DISCOUNT = 5.0
 
-# (container name, resource name, amount) for every container asking for Neuron resources, in spec order.
-Requests = tuple[tuple[str, str, int], ...]
+# (container name, resource name, amount, role) for every container asking for Neuron resources, in the order of
+# `PodRequest.containers`. `role` is HOLDER for the classic init container that holds what its step needs beyond the
+# app containers' and sidecars' (`ContainerRequest.init`), BESIDE for a sidecar started before that init container
+# (it keeps its own devices while the init container runs), else "" (`place`).
+Requests = tuple[tuple[str, str, int, str], ...]
+HOLDER, BESIDE = "holder", "beside"
 # A pod's Neuron requests and the refusal of a container that mixes resources: `kubegpu_scheduler_prepare`'s answer.
 NeuronPodState = tuple[Requests, Status | None]
 
@@ -271,16 +277,15 @@ class NeuronPlugin(DevicePlugin[NeuronNodeState]):
         if not plan.status.ok:
             return None
         containers: dict[str, dict[str, list[str]]] = {}
-        whole: set[int] = set()
+        chosen: dict[str, set[int]] = {DEVICES_ANNOTATION: set(), CORES_ANNOTATION: set()}
         for container, resource, ids in plan.placements:
             containers.setdefault(container, {})[resource] = [str(i) for i in ids]
-            if resource != NEURONCORE:
-                whole.update(ids)
+            chosen[CORES_ANNOTATION if resource == NEURONCORE else DEVICES_ANNOTATION].update(ids)
         return PluginAllocation(
             plugin=NAME,
             containers=containers,
             fields={"coresPerDevice": state.cores_per_device, "instanceType": state.instance_type},
-            annotations={DEVICES_ANNOTATION: ",".join(str(d) for d in sorted(whole))} if whole else {},
+            annotations={key: ",".join(str(i) for i in sorted(ids)) for key, ids in chosen.items() if ids},
         )
 
 
@@ -351,6 +356,9 @@ def neuron_requests(pod: PodRequest) -> NeuronPodState:
 
 
 def _neuron_requests(pod: PodRequest) -> tuple[Requests, Status | None]:
+    steps = {step.name: step.sidecars for step in pod.init_steps}
+    # resource -> the sidecars started before the init container holding more of it than the other containers.
+    beside = {r: steps.get(c.name, ()) for c in pod.containers if c.init for r in _amounts(c.resources)}
     found = []
     for container in pod.containers:
         amounts = _amounts(container.resources)
@@ -371,7 +379,8 @@ def _neuron_requests(pod: PodRequest) -> tuple[Requests, Status | None]:
                 plugin=NAME,
             )
         ((resource, amount),) = amounts.items()
-        found.append((container.name, resource, amount))
+        role = HOLDER if container.init else BESIDE if container.name in beside.get(resource, ()) else ""
+        found.append((container.name, resource, amount, role))
     return tuple(found), None
 
 
@@ -399,11 +408,23 @@ def _plan(state: NeuronNodeState, asked: NeuronPodState) -> NeuronPlacement:
 def place(
     state: NeuronNodeState, requests: Requests, free_devices: int, free_cores: int, *, empty_node: bool = False
 ) -> NeuronPlacement:
-    """Place the containers' requests one after the other on the given free devices and cores."""
+    """Place the containers' requests one after the other on the given free devices and cores.
+
+    A resource that a classic init container holds more of than the app containers and sidecars (its HOLDER entry)
+    is placed as one valid set of the init container's count, then split: the app containers' and the later sidecars'
+    sets carved from its low end, each valid, and the holder given the rest. The kubelet gives the init container its
+    pod's devices but those of the sidecars started before it (BESIDE: placed on their own), the app containers'
+    first (`kubegpu.core.annotations.init_devices`), so what it runs on is that one valid set, as if it had asked
+    alone; placed one by one, the holder's difference (3 beside an app's 1 under a check of 4) was refused on a torus
+    as a count nobody asked, and on a ring landed away from the app's."""
     t, k = state.topology, state.cores_per_device
-    placements = []
+    placed: dict[int, tuple[str, str, tuple[int, ...]]] = {}
     score = 0.0
-    for container, resource, count in requests:
+    for index, (container, resource, _, _) in enumerate(requests):
+        if index in placed:
+            continue
+        group = _init_group(requests, index)
+        count = sum(requests[i][2] for i in group)
         cores = resource == NEURONCORE
         total = state.healthy_core_count if cores else state.healthy_device_count
         if count > total:
@@ -416,24 +437,89 @@ def place(
             chosen = topo.choose_cores(t, k, free_devices, free_cores, count)
         else:
             chosen = topo.choose_devices(t, k, free_devices, free_cores, count)
+        code = Status.unresolvable if empty_node else Status.unschedulable
         if chosen is None:
             available = (free_cores if cores else free_devices).bit_count()
             reason = f"Insufficient {resource}" if available < count else _no_set(state, cores, count, empty_node)
-            code = Status.unresolvable if empty_node else Status.unschedulable
             return NeuronPlacement(code(reason, plugin=NAME))
+        carved: dict[int, int] = {}
+        if len(group) > 1:
+            # The app containers' sets must fit in the init container's: the least fragmenting set first, else the
+            # lowest that takes them, so that a refusal is true of every free set of the count.
+            asks = [(i, requests[i][2]) for i in group if requests[i][3] != HOLDER]
+            free = free_cores if cores else free_devices
+            for candidate in (chosen, *_valid_sets(state, cores, free, count)):
+                found = _carve(state, cores, candidate, asks)
+                if found is not None:
+                    chosen, carved = candidate, found
+                    break
+            else:
+                holder = next(requests[i][0] for i in group if requests[i][3] == HOLDER)
+                sizes = ", ".join(str(size) for _, size in asks)
+                reason = (
+                    f"init container {holder} is given its pod's {count} {resource}, which must be one valid set, "
+                    f"and no{'' if empty_node else ' free'} valid set of {count} holds valid sets of {sizes} for the "
+                    "other containers; change their counts"
+                )
+                return NeuronPlacement(code(reason, plugin=NAME))
         start = (chosen & -chosen).bit_length() - 1
         if cores:
-            score += count / topo.core_host(free_cores, start)
+            fit = count / topo.core_host(free_cores, start)
             free_cores &= ~chosen
             free_devices &= ~topo.devices_of_cores(chosen, k)
         else:
             fit = count / topo.device_host(t, free_devices, start)
-            score += fit * RING_SHARE if t.kind == "ring" and count in TORUS_SHARED_SIZES else fit
+            fit = fit * RING_SHARE if t.kind == "ring" and count in TORUS_SHARED_SIZES else fit
             free_devices &= ~chosen
-            free_cores &= ~topo.interval(start * k, count * k)
-        placements.append((container, resource, tuple(range(start, start + count))))
+            free_cores &= ~topo.cores_of_devices(chosen, k)
+        score += fit * len(group)
+        if len(group) == 1:
+            placed[index] = (container, resource, tuple(topo.bit_ids(chosen)))
+            continue
+        rest = chosen
+        for i, mask in carved.items():
+            placed[i] = (requests[i][0], resource, tuple(topo.bit_ids(mask)))
+            rest &= ~mask
+        for i in group:
+            if requests[i][3] == HOLDER:
+                placed[i] = (requests[i][0], resource, tuple(topo.bit_ids(rest)))
     mean = 100.0 * score / len(requests) if requests else 100.0
-    return NeuronPlacement(Status.success(), tuple(placements), mean)
+    return NeuronPlacement(Status.success(), tuple(placed[i] for i in range(len(requests))), mean)
+
+
+def _init_group(requests: Requests, index: int) -> tuple[int, ...]:
+    """The requests placed together with request `index`: every request of its resource but the BESIDE sidecars' when
+    an init container holds some of it (`place`), else itself alone."""
+    resource, role = requests[index][1], requests[index][3]
+    same = tuple(i for i, request in enumerate(requests) if request[1] == resource and request[3] != BESIDE)
+    return same if role != BESIDE and any(requests[i][3] == HOLDER for i in same) else (index,)
+
+
+def _carve(state: NeuronNodeState, cores: bool, within: int, asks: list[tuple[int, int]]) -> dict[int, int] | None:
+    """Valid sets of the asked sizes inside `within` (request index -> mask), largest first, each at the lowest
+    valid position left; None when one does not fit. Largest first, aligned torus blocks and ring windows always fit
+    in a set as large as their sum; core windows on a torus may not."""
+    left = within
+    carved: dict[int, int] = {}
+    for index, count in sorted(asks, key=lambda ask: -ask[1]):
+        mask = next(iter(_valid_sets(state, cores, left, count)), None)
+        if mask is None:
+            return None
+        carved[index] = mask
+        left &= ~mask
+    return dict(sorted(carved.items()))
+
+
+def _valid_sets(state: NeuronNodeState, cores: bool, free: int, count: int) -> list[int]:
+    """Every valid set of `count` cores (or devices) within `free`, lowest first: at most 32 windows, or a
+    topology's sets of one size."""
+    t, k = state.topology, state.cores_per_device
+    if not cores:
+        return [block for block in topo.valid_sets(t, count) if free & block == block]
+    allowed = 0
+    for _, first_cores in topo.core_groups(t, k, count):
+        allowed |= first_cores
+    return [topo.interval(start, count) for start in topo.bit_ids(topo.window_starts(free, count) & allowed)]
 
 
 def _unsupported_devices(state: NeuronNodeState, count: int) -> str:

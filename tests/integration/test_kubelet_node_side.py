@@ -225,12 +225,14 @@ def test_a_pod_that_bypassed_the_scheduler_holds_exactly_the_ids_the_kubelet_gav
         scheduler.kill(signal.SIGTERM)
 
 
-def neuron_devices_advertised(cluster: Cluster, node_side: Callable[..., NodeProcess]) -> None:
-    """The device-plugin mode lists an inf1.24xlarge's 16 Neuron devices to the kubelet, which advertises them on
-    its Node."""
+def neuron_devices_advertised(
+    cluster: Cluster, node_side: Callable[..., NodeProcess], instance_type: str = "inf1.24xlarge"
+) -> None:
+    """The device-plugin mode lists the 16 Neuron devices of an inf1.24xlarge (a ring; or `instance_type`) to the
+    kubelet, which advertises them on its Node."""
     node_side("deviceplugin")
     cluster.client.patch(
-        f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {"node.kubernetes.io/instance-type": "inf1.24xlarge"}}}
+        f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {"node.kubernetes.io/instance-type": instance_type}}}
     )
     wait_for(lambda: node(cluster)["status"]["allocatable"].get(NEURON) == "16", 60, "aws.amazon.com/neuron: 16")
 
@@ -273,11 +275,12 @@ def run_checked(
     out: Path,
     app: dict[str, int],
     init: int,
+    instance_type: str = "inf1.24xlarge",
 ) -> tuple[dict[str, Any], Any]:
-    """Pod `checked` bound through kube-scheduler and the extender on a Neuron node: its app container `main` asking
-    `app`, before it an init container `check` asking `init` Neuron devices and writing what it sees to `out`;
-    the pod once running, and the extender stack's scheduler."""
-    neuron_devices_advertised(cluster, node_side)
+    """Pod `checked` bound through kube-scheduler and the extender on a Neuron node of `instance_type`: its app
+    container `main` asking `app`, before it an init container `check` asking `init` Neuron devices and writing what
+    it sees to `out`; the pod once running, and the extender stack's scheduler."""
+    neuron_devices_advertised(cluster, node_side, instance_type)
     _, extender, scheduler = extender_stack(https=False)
     manifest = pod(space, "checked", {"main": app}, scheduler="gpu-scheduler", out=out)
     check = {
@@ -348,4 +351,32 @@ def test_an_init_container_asking_more_devices_than_the_app_runs_with_them_and_t
     devices, env = read_output(out, "checked", "main")
     (app,) = env["AWS_NEURON_VISIBLE_DEVICES"].split(",")
     assert app in init and [d for d in devices if d.startswith("neuron")] == [f"neuron{app}"]
+    assert scheduler.process.poll() is None
+
+
+def test_a_torus_row_checked_before_a_one_device_server_runs_the_check_on_the_whole_row(
+    cluster: Cluster,
+    kubelet: Kubelet,
+    node_side: Callable[..., NodeProcess],
+    extender_stack: Any,  # noqa: F811
+    host: Path,
+    space: str,
+) -> None:
+    """The same check of four devices before a server of one, on a trn1.32xlarge (a 4x4 torus: 1, 4, 8 or 16
+    devices). The extender refused the pod with `Instance type trn1.32xlarge does not support requests for device:
+    3`, a count nobody asked (the three the check holds beyond the server's one, placed as a request of their own).
+    The pod now runs: the check on an aligned row, device nodes and env, the server on one device of it."""
+    out = host / "out"
+    running, scheduler = run_checked(cluster, node_side, extender_stack, space, out, {NEURON: 1}, 4, "trn1.32xlarge")
+    record = decode_allocation(running["metadata"]["annotations"]["kubegpu.io/allocation"])
+    row = sorted(record.init["check"][NEURON], key=int)
+    assert row in [[str(i) for i in range(start, start + 4)] for start in (0, 4, 8, 12)], record
+    assert sorted(set(checkpoint(kubelet, running["metadata"]["uid"], NEURON)), key=int) == row
+    devices, env = read_output(out, "checked", "check")
+    assert sorted(env["AWS_NEURON_VISIBLE_DEVICES"].split(","), key=int) == row
+    assert sorted(d for d in devices if d.startswith("neuron")) == sorted(f"neuron{i}" for i in row)
+    devices, env = read_output(out, "checked", "main")
+    (server,) = env["AWS_NEURON_VISIBLE_DEVICES"].split(",")
+    assert server in row and [d for d in devices if d.startswith("neuron")] == [f"neuron{server}"]
+    assert running["metadata"]["annotations"]["NEURON_DEVS"] == ",".join(row)
     assert scheduler.process.poll() is None

@@ -230,6 +230,20 @@ def test_neuron_seed_pod_with_my_scheduler_gets_cores_0_to_8_and_the_decision_is
     assert pod["spec"]["nodeName"] == "ip-192-168-2-25.ec2.internal"
     record = decode_allocation(pod["metadata"]["annotations"][ALLOCATION_KEY])
     assert record.containers["nrt-test-5038"]["aws.amazon.com/neuroncore"] == [str(i) for i in range(9)]
+    # The extension's own annotation of the cores it chose, which a stock Neuron device plugin exports at Allocate.
+    assert pod["metadata"]["annotations"]["NEURON_CORES"] == "0,1,2,3,4,5,6,7,8"
+    # A tenant's pod naming the seed pod's cores in that annotation itself gets it replaced by the cores it was given
+    # (kubegpu wrote none for cores, so a stock device plugin exported the tenant's pick: cores held twice).
+    cluster.client.post(
+        f"/api/v1/namespaces/{namespace}/pods",
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tenant", "annotations": {"NEURON_CORES": "0,1"}},
+         "spec": {"schedulerName": "my-scheduler", "containers": [{
+             "name": "main", "image": "busybox", "resources": {"limits": {"aws.amazon.com/neuroncore": "2"}}}]}},
+    )  # fmt: skip
+    tenant = wait_bound(cluster, namespace, 2, timeout=45)["tenant"]
+    cores = decode_allocation(tenant["metadata"]["annotations"][ALLOCATION_KEY]).containers["main"]
+    assert tenant["metadata"]["annotations"]["NEURON_CORES"] == ",".join(cores["aws.amazon.com/neuroncore"])
+    assert not {"0", "1"} & set(cores["aws.amazon.com/neuroncore"])
     # The Neuron extension's verify step: `kubectl logs` of the extender shows the filter and the bind.
     log = wait_for(lambda: (text := extender.output()) and "msg=bound" in text and text, 10, "the bind log line")
     filtered = next(line for line in log.splitlines() if "msg=filter" in line and "nrt-test-5038" in line)

@@ -374,6 +374,17 @@ def test_seed_nine_cores_span_devices_0_1_2(node_of: Callable[..., Node]) -> Non
     assert [cell.used for cell in node.picture().cells] == [1.0, 1.0, 0.25, 0.0]
 
 
+def test_the_extensions_annotations_name_the_chosen_devices_and_cores(node_of: Callable[..., Node]) -> None:
+    """The Neuron scheduler extension writes the ids it chose as the pod annotation `NEURON_DEVS` (whole devices) or
+    `NEURON_CORES` (cores), which the stock Neuron device plugin reads at Allocate: kubegpu writes both, so extender
+    users who keep that device plugin get the contiguous cores chosen, not the kubelet's pick."""
+    node = node_of("inf1.6xlarge")
+    assert node.place(pod(9, CORE)).annotations == {"NEURON_CORES": "0,1,2,3,4,5,6,7,8"}
+    assert node.place(pod(1)).annotations == {"NEURON_DEVS": "3"}
+    mixed = make_pod("mixed", {"a": {DEVICE: 1}, "b": {CORE: 2}}, node_selector={})
+    assert node_of("inf2.48xlarge").place(mixed).annotations == {"NEURON_DEVS": "0", "NEURON_CORES": "2,3"}
+
+
 @pytest.mark.parametrize("count", [3, 4, 5, 9, 13, 17, 29])
 def test_torus_refuses_core_counts_that_span_no_valid_device_set(node_of: Callable[..., Node], count: int) -> None:
     status = node_of("trn1.32xlarge").fit(pod(count, CORE))
