@@ -298,7 +298,6 @@ class ExtenderServer:
     ) -> None:
         self.engine = engine
         self.metrics = Metrics()
-        self.metrics.count_pods_on_verify_keys(engine.pods_on_verify_keys)
         self.binder = Binder(writer, self.metrics, component="")
         self.gang_plans = GangPlans()  # the gangs' what-if placements their members are answered from
         self.unbound = UnboundPods(self.gang_plans.drop)
@@ -306,6 +305,7 @@ class ExtenderServer:
         self.mirror = ClusterMirror(
             client, engine, self.binder, self.unbound, leases=leases, watch_podgroups=True, follow_nominations=True
         )
+        self.metrics.count_pods_on_verify_keys(self.mirror.pods_on_verify_keys)
         # The score /prioritize answers with: the engine's (its binpack or spread policy plus the plugins' topology
         # score), or nvidia-gpu-scheduler's (`compat.FREE_MODEL_GPUS`: free GPUs of the pod's model).
         self.free_model_gpus = policy == compat.FREE_MODEL_GPUS

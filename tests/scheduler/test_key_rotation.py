@@ -17,17 +17,20 @@ from prometheus_client import generate_latest
 
 from kubegpu import cli
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, verify_allocation, verifying_key
+from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import MAX_VERIFY_KEYS, read_verify_keys
-from kubegpu.core.testing import make_pod, node_manifest
+from kubegpu.core.testing import make_pod, node_manifest, pod_manifest
 from kubegpu.crishim.verify import AllocationRefused, PodIdentity, verified_allocation
+from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.health import Metrics
 from kubegpu.scheduler.top import ClusterView
 
 from . import toy_plugin as toy
 from .test_engine import toy_node
+from .test_service_guards import RecordingWriter
 from .test_top_view import NEURON_16, TRN1, bound_pod, holders
 
 CARD = toy.RESOURCE
@@ -214,3 +217,66 @@ def test_every_process_that_reads_allocations_takes_verify_keys(command: str) ->
     argv = [command, *required, "--allocation-verify-key-file", "a", "--allocation-verify-key-file", "b"]
     args = cli.build_parser(argv).parse_args(argv)
     assert args.allocation_verify_key_file == ["a", "b"]
+
+
+def toy_manifest(name: str) -> dict[str, object]:
+    return node_manifest(name, labels={"toy.example/cards": "2"}, allocatable={CARD: 2})
+
+
+def running_under(key: bytes, name: str, node: str, cards: int = 2) -> dict[str, object]:
+    """Pod `name` as an API server lists it once a scheduler signing with `key` bound it to `node` (uid `uid-NAME`)."""
+    signer = Engine(make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False), signing_key=key)
+    signer.add_node(node_info(toy_manifest(node)))
+    manifest = pod_manifest(name, {"main": {CARD: cards}}, scheduler_name="kubegpu")
+    manifest["metadata"].update(uid=f"uid-{name}", resourceVersion="1")
+    decision = signer.schedule(pod_request(manifest, signer.plugins.qualifiers)[0])
+    assert decision.scheduled
+    manifest["metadata"]["annotations"] = dict(decision.annotations)
+    manifest["spec"]["nodeName"] = node
+    manifest["status"] = {"phase": "Running"}
+    return manifest
+
+
+def gauge(service: CustomScheduler) -> float:
+    value = service.metrics.registry.get_sample_value("kubegpu_scheduler_pods_on_verify_keys")
+    assert value is not None
+    return value
+
+
+def test_the_old_keys_count_takes_in_pods_bound_to_a_node_not_listed_yet_or_deleted() -> None:
+    """Step 4 of the rotation drops the old key when `kubegpu_scheduler_pods_on_verify_keys` reads 0: it must not read
+    0 while a running pod's allocation only the old key verifies, wherever its Node object is. A pod bound to a node
+    the scheduler has not listed yet (the standby's pod watch ahead of its node watch; a Node kubegpu cannot read),
+    or whose Node object was deleted while its kubelet runs on (it registers again), keeps its containers, and the
+    shim verifies its allocation again at each restart. Before, such a pod was left out: the gauge read 0, the old
+    key went, and the pod's next container restart was refused; and a pod met before its node was never counted
+    when the node came (an `AllocationRefused` Event said its allocation named an unknown node), its cards free."""
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False), signing_key=NEW,
+                    verify_keys=[OLD])  # fmt: skip
+    service = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+    service.mirror.on_nodes("SYNC", [toy_manifest("n1")])
+    service.mirror.on_pods("SYNC", [])
+    early = running_under(OLD, "early", "n2")
+    service.mirror.on_pods("ADDED", early)
+    assert gauge(service) == 1.0, "a pod on the old key whose node is not listed yet needs the old key"
+    assert writer.events("AllocationRefused") == []
+
+    service.mirror.on_nodes("ADDED", toy_manifest("n2"))
+    placed = engine.placement("default/early")
+    assert placed is not None and placed.allocation is not None, "its node listed, the pod holds its cards"
+    assert gauge(service) == 1.0
+    assert list(engine.holders("n2")) == ["default/early"]
+
+    forged = running_under(OTHER, "forged", "n3")
+    service.mirror.on_pods("ADDED", forged)
+    service.mirror.on_nodes("ADDED", toy_manifest("n3"))
+    assert list(engine.holders("n3")) == ["default/forged"], "its kubelet admits it by count: so does the scheduler"
+    (refused,) = writer.events("AllocationRefused")
+    assert "verifies with none of the scheduler's keys" in refused["message"], refused["message"]
+    assert gauge(service) == 1.0
+
+    service.mirror.on_nodes("DELETED", toy_manifest("n2"))
+    assert gauge(service) == 1.0, "its Node object deleted, the pod runs on and restarts on the old key"
+    service.mirror.on_pods("DELETED", early)
+    assert gauge(service) == 0.0, "the old key may go"
