@@ -196,13 +196,54 @@ def write_key(path: Path, key: bytes) -> str:
 def test_verify_keys_are_read_as_the_key_is_once_each_and_at_most_four(tmp_path: Path) -> None:
     old = write_key(tmp_path / "old", OLD)
     again = write_key(tmp_path / "again", OLD)
-    new = write_key(tmp_path / "new", NEW)
-    assert read_verify_keys([old, again, new], NEW) == (OLD,), "the process's own key and a repeat are kept once"
+    assert read_verify_keys([old, again], NEW) == (OLD,), "a repeat is kept once"
     with pytest.raises(SystemExit, match=f"at most {MAX_VERIFY_KEYS} keys"):
         read_verify_keys([old] * (MAX_VERIFY_KEYS + 1), NEW)
     weak = write_key(tmp_path / "weak", b"short")
     with pytest.raises(SystemExit, match="at least 32 are needed"):
         read_verify_keys([weak], NEW)
+
+
+COMMANDS = {
+    "scheduler": [],
+    "extender": ["--insecure-no-client-auth"],
+    "crishim": ["--node-name", "n"],
+    "device-plugin": ["--node-name", "n"],
+    "top": [],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize(
+    ("verify", "refusal"),
+    [
+        ("same", "verify key file .*/same holds the same key as --allocation-key-file, so no other key would be "),
+        ("empty", "verify key file .*/empty is empty; create one"),
+        ("short", "the allocation verify key in .*/short is 5 bytes; at least 32"),
+        ("directory", "allocation verify key file .*/directory is not a regular file|cannot read the allocation "
+         "verify key file .*/directory"),
+        ("missing", "cannot read the allocation verify key file .*/missing: No such file"),
+        ("five", "--allocation-verify-key-file given 5 times; at most 4"),
+    ],
+)  # fmt: skip
+def test_a_process_given_a_verify_key_it_cannot_use_refuses_to_start_saying_which(
+    command: str, verify: str, refusal: str, tmp_path: Path
+) -> None:
+    """Every process that reads allocations, given a verify key file that is its own key (both flags naming the
+    Secret's `next`, or `next` written with the old key's bytes), empty, short, a directory, missing, or more than
+    four, exits at start naming the file and the flag, before it reads anything. Before, the process's own key was
+    taken as a verify key and dropped without a word: a scheduler rolled so in step 2 accepted the new key alone and
+    read every running pod's allocation as forged (T178), while the operator believed it accepted both."""
+    key = write_key(tmp_path / "key", NEW)
+    write_key(tmp_path / "same", NEW)
+    write_key(tmp_path / "old", OLD)
+    (tmp_path / "empty").write_bytes(b"")
+    write_key(tmp_path / "short", b"short")
+    (tmp_path / "directory").mkdir()
+    files = [str(tmp_path / "old")] * 5 if verify == "five" else [str(tmp_path / verify)]
+    flags = [flag for path in files for flag in ("--allocation-verify-key-file", path)]
+    with pytest.raises(SystemExit, match=refusal):
+        cli.main([command, *COMMANDS[command], "--allocation-key-file", key, *flags, "--kubeconfig", "/nowhere"])
 
 
 @pytest.mark.parametrize("command", ["scheduler", "extender", "crishim", "device-plugin", "top"])
