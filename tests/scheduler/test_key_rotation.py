@@ -321,3 +321,29 @@ def test_the_old_keys_count_takes_in_pods_bound_to_a_node_not_listed_yet_or_dele
     assert gauge(service) == 1.0, "its Node object deleted, the pod runs on and restarts on the old key"
     service.mirror.on_pods("DELETED", early)
     assert gauge(service) == 0.0, "the old key may go"
+
+
+@pytest.mark.parametrize(
+    ("manifest", "mounted"),
+    [
+        ("scheduler/deployment.yaml", "/etc/kubegpu"),
+        ("extender/extender.yaml", "/etc/kubegpu/key"),
+        ("kustomize/overlays/node-device-plugin/device-plugin.yaml", "/etc/kubegpu/key"),
+    ],
+)
+def test_the_shipped_pods_mount_the_whole_secret_where_the_rotation_doc_says(manifest: str, mounted: str) -> None:
+    """Step 1 of the rotation adds `next` to the Secret and names `/etc/kubegpu/next` (scheduler) or
+    `/etc/kubegpu/key/next` (extender, device plugin): true only while each shipped pod mounts the whole Secret (no
+    `items`, no `subPath`) at that directory and reads its key from `key` there."""
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "deploy" / manifest
+    (workload,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] in ("Deployment", "DaemonSet")]
+    spec = workload["spec"]["template"]["spec"]
+    (volume,) = [v for v in spec["volumes"] if (v.get("secret") or {}).get("secretName") == "kubegpu-allocation-key"]
+    assert "items" not in volume["secret"]
+    (container,) = spec["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert (mount["mountPath"], mount.get("subPath")) == (mounted, None)
+    assert f"--allocation-key-file={mounted}/key" in container["args"]
+    assert f"{mounted}/next" in (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
