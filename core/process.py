@@ -102,42 +102,43 @@ def key_from_file(data: bytes) -> bytes:
     return b"" if not data.strip(b"\r\n") else data
 
 
-def read_key(path: str) -> bytes:
+def read_key(path: str, what: str = "the allocation key file") -> bytes:
     """The HMAC key shared by the scheduler side and the node side, in the format `key_from_file` reads.
 
-    Exits (`SystemExit` with a one-line reason) unless the file is a regular file of at most `MAX_KEY_FILE_BYTES`
-    holding at least `MIN_KEY_BYTES` that are neither blank nor the shipped placeholder.
+    Exits (`SystemExit` with a one-line reason naming the file as `what`) unless the file is a regular file of at
+    most `MAX_KEY_FILE_BYTES` holding at least `MIN_KEY_BYTES` that are neither blank nor the shipped placeholder.
     """
     try:
         descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
         with os.fdopen(descriptor, "rb") as handle:
             status = os.fstat(handle.fileno())
             if not stat.S_ISREG(status.st_mode):
-                raise SystemExit(f"kubegpu: the allocation key file {path} is not a regular file; {_HOW_TO_CREATE}")
+                raise SystemExit(f"kubegpu: {what} {path} is not a regular file; {_HOW_TO_CREATE}")
             data = handle.read(MAX_KEY_FILE_BYTES + 1)
     except OSError as exc:
-        raise SystemExit(f"kubegpu: cannot read the allocation key file {path}: {exc.strerror}") from None
+        raise SystemExit(f"kubegpu: cannot read {what} {path}: {exc.strerror}") from None
     if len(data) > MAX_KEY_FILE_BYTES:
-        raise SystemExit(f"kubegpu: the allocation key file {path} is larger than {MAX_KEY_FILE_BYTES} bytes")
+        raise SystemExit(f"kubegpu: {what} {path} is larger than {MAX_KEY_FILE_BYTES} bytes")
     key = key_from_file(data)
     if not key:
-        raise SystemExit(f"kubegpu: the allocation key file {path} is empty; {_HOW_TO_CREATE}")
+        raise SystemExit(f"kubegpu: {what} {path} is empty; {_HOW_TO_CREATE}")
     if not key.strip():
-        raise SystemExit(f"kubegpu: the allocation key file {path} holds only blanks; {_HOW_TO_CREATE}")
+        raise SystemExit(f"kubegpu: {what} {path} holds only blanks; {_HOW_TO_CREATE}")
     if key.strip() == PLACEHOLDER_KEY:
         raise SystemExit(
-            f"kubegpu: the allocation key file {path} holds the placeholder {PLACEHOLDER_KEY.decode()} of the "
+            f"kubegpu: {what} {path} holds the placeholder {PLACEHOLDER_KEY.decode()} of the "
             f"example Secret; {_HOW_TO_CREATE}"
         )
     if len(key) < MIN_KEY_BYTES:
         raise SystemExit(
-            f"kubegpu: the allocation key in {path} is {len(key)} bytes; at least {MIN_KEY_BYTES} are needed: "
-            f"{_HOW_TO_CREATE}"
+            f"kubegpu: {what.removesuffix(' file')} in {path} is {len(key)} bytes; at least {MIN_KEY_BYTES} are "
+            f"needed: {_HOW_TO_CREATE}"
         )
     if _readable_by_others(status):
         logging.getLogger("kubegpu").warning(
-            "the allocation key file %s may be read by users outside this process's groups (mode %o); `chmod 600` "
+            "%s %s may be read by users outside this process's groups (mode %o); `chmod 600` "
             "it, or mount its Secret with defaultMode 0440 and the pod's securityContext.fsGroup",
+            what,
             path,
             stat.S_IMODE(status.st_mode),
         )
@@ -157,8 +158,12 @@ def add_verify_key_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def read_verify_keys(paths: list[str], key: bytes | None = None) -> tuple[bytes, ...]:
-    """The keys of `--allocation-verify-key-file`, each read as `read_key` reads it; one equal to `key` (the
-    process's own) or to another is kept once. Exits with a one-line reason past `MAX_VERIFY_KEYS` files."""
+    """The keys of `--allocation-verify-key-file`, each read as `read_key` reads it; one given twice is kept once.
+
+    Exits with a one-line reason past `MAX_VERIFY_KEYS` files, and for a file holding `key` (the process's own,
+    `--allocation-key-file`): both flags naming one key (the Secret's new entry named twice, or written with the old
+    key's bytes) accept no other key, and a process rolled so in step 2 or 3 of a rotation reads every running pod's
+    allocation as forged (security T178) while the operator believes it accepts both."""
     if len(paths) > MAX_VERIFY_KEYS:
         raise SystemExit(
             f"kubegpu: --allocation-verify-key-file given {len(paths)} times; at most {MAX_VERIFY_KEYS} keys are "
@@ -166,8 +171,14 @@ def read_verify_keys(paths: list[str], key: bytes | None = None) -> tuple[bytes,
         )
     keys: list[bytes] = []
     for path in paths:
-        found = read_key(path)
-        if found != key and found not in keys:
+        found = read_key(path, "the allocation verify key file")
+        if found == key:
+            raise SystemExit(
+                f"kubegpu: the allocation verify key file {path} holds the same key as --allocation-key-file, so no "
+                "other key would be accepted; name the key being rotated in or out (docs/security.md, 'Rotating the "
+                "key'), or drop --allocation-verify-key-file"
+            )
+        if found not in keys:
             keys.append(found)
     return tuple(keys)
 

@@ -92,7 +92,6 @@ class CustomScheduler:
         self.engine = engine
         self.name = name
         self.metrics = Metrics()
-        self.metrics.count_pods_on_verify_keys(engine.pods_on_verify_keys)
         self.binder = Binder(writer, self.metrics, component=name)
         self.queue = SchedulingQueue(name, self.metrics, spread_of=engine.spread_constraints, sort=engine.queue_sort)
         self.mirror = ClusterMirror(
@@ -109,6 +108,7 @@ class CustomScheduler:
             watch_dra=True,
             claims_released=self._claims_released,
         )
+        self.metrics.count_pods_on_verify_keys(self.mirror.pods_on_verify_keys)
         self.claims = ClaimWriter(writer, lambda namespace, name: self.mirror.claim_templates.get((namespace, name)))
         self.groups = GroupStatus(self.binder, self.mirror.podgroup, self.mirror.podgroup_uid)
         self._gang_victims: dict[str, tuple[str, ...]] = {}  # gang -> the victims of its last preemption

@@ -302,7 +302,6 @@ class ExtenderServer:
     ) -> None:
         self.engine = engine
         self.metrics = Metrics()
-        self.metrics.count_pods_on_verify_keys(engine.pods_on_verify_keys)
         self.binder = Binder(writer, self.metrics, component="")
         self.gang_plans = GangPlans()  # the gangs' what-if placements their members are answered from
         self.unbound = UnboundPods(self.gang_plans.drop)
@@ -318,6 +317,7 @@ class ExtenderServer:
             bound_leaving=lambda pod, node, gone: self.gang_cuts.leaving(pod, node, gone),
             nominated=lambda pod, node: self.gang_cuts.nominated(pod, node),
         )
+        self.metrics.count_pods_on_verify_keys(self.mirror.pods_on_verify_keys)
         # The rest of a gang kube-scheduler's preemption cut below its minMember is evicted (`gangcuts.py`).
         self.gang_cuts = GangCuts(engine, self.binder, self._waiting_members, self.mirror.lock)
         # The score /prioritize answers with: the engine's (its binpack or spread policy plus the plugins' topology

@@ -56,6 +56,7 @@ from kubegpu.core import dra
 from kubegpu.core.annotations import (
     ALLOCATION_KEY,
     FOREIGN_DEVICES_KEY,
+    AllocationRecord,
     AnnotationError,
     decode_allocation,
     decode_foreign_devices,
@@ -234,8 +235,14 @@ class ClusterMirror:
         # registers its node again; an operator deleted the object), and kube-scheduler's cache keeps a deleted
         # node's pods until they leave. Counted again when a Node of that name comes back; forgotten when the pod
         # leaves (deleted, finished, a relist without it) or another pod takes its name. Bounded by the pods that
-        # exist.
+        # exist. A pod bound to a Node not listed yet (this replica's pod watch ahead of its node watch, a Node
+        # kubegpu cannot read) waits here too, in `_uncounted`: counted (`_assume`) when its Node is listed, so it
+        # is counted once, as a pod met bound, not before its node, which the engine refuses.
         self._orphans: dict[str, Placement] = {}
+        self._uncounted: set[str] = set()
+        # The orphans whose allocation only an `--allocation-verify-key-file` key verifies: they run on, their
+        # containers verified again at each restart, so the old key is still needed (`pods_on_verify_keys`).
+        self._orphans_on_verify_keys: set[str] = set()
         # This front-end's pods held back at PreEnqueue (their scheduling gates), with the reason.
         self.gated: dict[str, str] = {}
         # Per gate name (tenants name gates: at most `GATE_LABELS` names get a series of their own), the gated pods
@@ -1023,14 +1030,18 @@ class ClusterMirror:
         held = [p for p in placed if not self.engine.is_waiting(p.request.key)]
         self.engine.remove_node(name)
         for placement in held:
-            self._orphans[placement.request.key] = placement
+            self._keep_orphan(placement)
             log.info("node deleted; its pod is counted again if the node comes back",
                      extra={"pod": placement.request.key, "node": name})  # fmt: skip
 
     def _count_orphans(self, name: str) -> None:
         """A Node of `name` is back: the pods still bound to it hold what they held before it went."""
         for key, placement in [(k, p) for k, p in self._orphans.items() if p.node == name]:
-            del self._orphans[key]
+            uncounted = key in self._uncounted
+            self._drop_orphan(key)
+            if uncounted:  # met before its Node: counted as any bound pod is, its allocation checked now
+                self._assume(placement.request)
+                continue
             request, allocation = placement.request, placement.allocation
             extra = {"pod": key, "node": name}
             if allocation is None and any(self.engine.plugins.owner_of(r) for r in request.requested_resources()):
@@ -1039,6 +1050,30 @@ class ClusterMirror:
             status = self.engine.admit_bound(request, name, allocation)
             if not status.ok:
                 log.error("pod of a node made again could not be counted: %s", status.message, extra=extra)
+
+    def _keep_orphan(self, placement: Placement, *, counted: bool = True) -> None:
+        """Keep a bound pod whose Node is not listed (`_orphans`): `counted`, one the engine held before its Node
+        went; else one met before its Node (`_uncounted`), whose allocation is checked when the Node comes."""
+        key = placement.request.key
+        self._orphans[key] = placement
+        if not counted:
+            self._uncounted.add(key)
+        allocation = placement.allocation
+        if allocation is not None and self.engine.needs_verify_key(placement.request, placement.node, allocation):
+            self._orphans_on_verify_keys.add(key)
+        else:
+            self._orphans_on_verify_keys.discard(key)
+
+    def _drop_orphan(self, key: str) -> None:
+        self._orphans.pop(key, None)
+        self._uncounted.discard(key)
+        self._orphans_on_verify_keys.discard(key)
+
+    def pods_on_verify_keys(self) -> int:
+        """How many bound pods hold devices by an allocation only a verify key verifies (`kubegpu_scheduler_pods_on_
+        verify_keys`): the engine's (`Engine.pods_on_verify_keys`) and those whose Node is not listed (`_orphans`),
+        which run on all the same. Read from the metrics thread: two set sizes, no iteration."""
+        return self.engine.pods_on_verify_keys() + len(self._orphans_on_verify_keys)
 
     def _admit_by_count(self, request: PodRequest, node: str) -> bool:
         """Count a device pod bound to `node` without a verified allocation as its kubelet does (`admit_by_count`).
@@ -1111,7 +1146,7 @@ class ClusterMirror:
             for key in [k for k in self._partly if k not in live]:
                 del self._partly[key]
             for key in [k for k in self._orphans if k not in live]:
-                del self._orphans[key]
+                self._drop_orphan(key)
             # The pending pods the list no longer shows take their sizes along (`release` took the placed ones').
             for key in [k for k in self._sizes if k not in live and self.engine.placement(k) is None]:
                 del self._sizes[key]
@@ -1289,7 +1324,7 @@ class ClusterMirror:
         binding = binding_uid is not None
         orphan = self._orphans.get(key)
         if orphan is not None and (orphan.request.uid != request.uid or kind == "DELETED" or request.phase in FINISHED):
-            del self._orphans[key]
+            self._drop_orphan(key)
             orphan = None
         if (
             self.bound_leaving is not None
@@ -1311,9 +1346,13 @@ class ClusterMirror:
         if request.node_name:
             self.drop_pending(key)
             self._sizes[key] = sizes_of(obj)
-            if orphan is not None and self.engine.node_info(request.node_name) is None:
-                self._orphans[key] = replace(orphan, request=request)  # counted as it is now when its node is back
-                return
+            if self.engine.node_info(request.node_name) is None:
+                if orphan is not None and key not in self._uncounted:
+                    self._keep_orphan(replace(orphan, request=request))  # counted as it is now when its node is back
+                    return
+                if held is None and not binding:  # its Node not listed yet: counted when it is
+                    self._keep_orphan(Placement(request, request.node_name, _claimed(request)), counted=False)
+                    return
             if held is None and not binding:
                 self._assume(request)
             elif held is not None and (held.request.requests, held.request.containers, held.request.labels) != (
@@ -1461,6 +1500,15 @@ def _results(allocation: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """The devices an allocation names, as (request, driver, pool, device)."""
     results = (allocation.get("devices") or {}).get("results") or ()
     return [(r.get("request"), r.get("driver"), r.get("pool"), r.get("device")) for r in results]
+
+
+def _claimed(request: PodRequest) -> AllocationRecord | None:
+    """The allocation a bound pod's annotation claims, not yet checked (None: none, or not one kubegpu can read)."""
+    raw = request.annotations.get(ALLOCATION_KEY)
+    try:
+        return decode_allocation(raw) if raw is not None else None
+    except AnnotationError:
+        return None
 
 
 def _uid(obj: object) -> str:

@@ -12,7 +12,6 @@ from dataclasses import replace
 from kubegpu.core.annotations import (
     ALLOCATION_KEY,
     AllocationRecord,
-    verify_allocation,
 )
 from kubegpu.core.manifests import is_extended_resource
 from kubegpu.core.models import (
@@ -99,12 +98,7 @@ class Admission(Cycle):
     ) -> PodRecord:
         """The ledger entry of a bound pod admitted with `allocation`, marked where only a verify key verifies it
         (`Engine.on_verify_keys`: the operator rotating the key keeps that key until no such pod is left)."""
-        by_verify_key = bool(
-            self.verify_keys
-            and allocation is not None
-            and self.signing_key is not None
-            and not verify_allocation(allocation, self.signing_key)
-        )
+        by_verify_key = allocation is not None and self.needs_verify_key(pod, name, allocation)
         return PodRecord(pod, name, parts, allocation, {}, by_verify_key=by_verify_key)
 
     def admit_by_count(self, pod: PodRequest, name: str) -> Decision:

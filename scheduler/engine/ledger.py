@@ -44,6 +44,17 @@ class Ledger(EngineState):
             )
         return "its signature does not verify with the scheduler's key (unsigned, changed, or signed elsewhere)"
 
+    def needs_verify_key(self, pod: PodRequest, name: str, allocation: AllocationRecord) -> bool:
+        """Whether `allocation` holds devices for `pod` on node `name` only by a verify key (`--allocation-verify-key-
+        file`): the operator rotating the key keeps that key while such a pod runs (`Engine.on_verify_keys`, and the
+        front-ends' pods whose Node is not listed, `ClusterMirror.pods_on_verify_keys`)."""
+        return bool(
+            self.verify_keys
+            and self.signing_key is not None
+            and self.allocation_problem(pod, name, allocation) is None
+            and verifying_key(allocation, (self.signing_key,)) is None
+        )
+
     def _split(self, allocation: AllocationRecord) -> dict[str, PluginAllocation]:
         parts: dict[str, PluginAllocation] = {}
         for container, resources in allocation.containers.items():

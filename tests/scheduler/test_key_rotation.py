@@ -17,17 +17,20 @@ from prometheus_client import generate_latest
 
 from kubegpu import cli
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, verify_allocation, verifying_key
+from kubegpu.core.manifests import node_info, pod_request
 from kubegpu.core.models import PodRequest
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import MAX_VERIFY_KEYS, read_verify_keys
-from kubegpu.core.testing import make_pod, node_manifest
+from kubegpu.core.testing import make_pod, node_manifest, pod_manifest
 from kubegpu.crishim.verify import AllocationRefused, PodIdentity, verified_allocation
+from kubegpu.scheduler.custom import CustomScheduler
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.health import Metrics
 from kubegpu.scheduler.top import ClusterView
 
 from . import toy_plugin as toy
 from .test_engine import toy_node
+from .test_service_guards import RecordingWriter
 from .test_top_view import NEURON_16, TRN1, bound_pod, holders
 
 CARD = toy.RESOURCE
@@ -193,13 +196,54 @@ def write_key(path: Path, key: bytes) -> str:
 def test_verify_keys_are_read_as_the_key_is_once_each_and_at_most_four(tmp_path: Path) -> None:
     old = write_key(tmp_path / "old", OLD)
     again = write_key(tmp_path / "again", OLD)
-    new = write_key(tmp_path / "new", NEW)
-    assert read_verify_keys([old, again, new], NEW) == (OLD,), "the process's own key and a repeat are kept once"
+    assert read_verify_keys([old, again], NEW) == (OLD,), "a repeat is kept once"
     with pytest.raises(SystemExit, match=f"at most {MAX_VERIFY_KEYS} keys"):
         read_verify_keys([old] * (MAX_VERIFY_KEYS + 1), NEW)
     weak = write_key(tmp_path / "weak", b"short")
     with pytest.raises(SystemExit, match="at least 32 are needed"):
         read_verify_keys([weak], NEW)
+
+
+COMMANDS = {
+    "scheduler": [],
+    "extender": ["--insecure-no-client-auth"],
+    "crishim": ["--node-name", "n"],
+    "device-plugin": ["--node-name", "n"],
+    "top": [],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize(
+    ("verify", "refusal"),
+    [
+        ("same", "verify key file .*/same holds the same key as --allocation-key-file, so no other key would be "),
+        ("empty", "verify key file .*/empty is empty; create one"),
+        ("short", "the allocation verify key in .*/short is 5 bytes; at least 32"),
+        ("directory", "allocation verify key file .*/directory is not a regular file|cannot read the allocation "
+         "verify key file .*/directory"),
+        ("missing", "cannot read the allocation verify key file .*/missing: No such file"),
+        ("five", "--allocation-verify-key-file given 5 times; at most 4"),
+    ],
+)  # fmt: skip
+def test_a_process_given_a_verify_key_it_cannot_use_refuses_to_start_saying_which(
+    command: str, verify: str, refusal: str, tmp_path: Path
+) -> None:
+    """Every process that reads allocations, given a verify key file that is its own key (both flags naming the
+    Secret's `next`, or `next` written with the old key's bytes), empty, short, a directory, missing, or more than
+    four, exits at start naming the file and the flag, before it reads anything. Before, the process's own key was
+    taken as a verify key and dropped without a word: a scheduler rolled so in step 2 accepted the new key alone and
+    read every running pod's allocation as forged (T178), while the operator believed it accepted both."""
+    key = write_key(tmp_path / "key", NEW)
+    write_key(tmp_path / "same", NEW)
+    write_key(tmp_path / "old", OLD)
+    (tmp_path / "empty").write_bytes(b"")
+    write_key(tmp_path / "short", b"short")
+    (tmp_path / "directory").mkdir()
+    files = [str(tmp_path / "old")] * 5 if verify == "five" else [str(tmp_path / verify)]
+    flags = [flag for path in files for flag in ("--allocation-verify-key-file", path)]
+    with pytest.raises(SystemExit, match=refusal):
+        cli.main([command, *COMMANDS[command], "--allocation-key-file", key, *flags, "--kubeconfig", "/nowhere"])
 
 
 @pytest.mark.parametrize("command", ["scheduler", "extender", "crishim", "device-plugin", "top"])
@@ -214,3 +258,92 @@ def test_every_process_that_reads_allocations_takes_verify_keys(command: str) ->
     argv = [command, *required, "--allocation-verify-key-file", "a", "--allocation-verify-key-file", "b"]
     args = cli.build_parser(argv).parse_args(argv)
     assert args.allocation_verify_key_file == ["a", "b"]
+
+
+def toy_manifest(name: str) -> dict[str, object]:
+    return node_manifest(name, labels={"toy.example/cards": "2"}, allocatable={CARD: 2})
+
+
+def running_under(key: bytes, name: str, node: str, cards: int = 2) -> dict[str, object]:
+    """Pod `name` as an API server lists it once a scheduler signing with `key` bound it to `node` (uid `uid-NAME`)."""
+    signer = Engine(make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False), signing_key=key)
+    signer.add_node(node_info(toy_manifest(node)))
+    manifest = pod_manifest(name, {"main": {CARD: cards}}, scheduler_name="kubegpu")
+    manifest["metadata"].update(uid=f"uid-{name}", resourceVersion="1")
+    decision = signer.schedule(pod_request(manifest, signer.plugins.qualifiers)[0])
+    assert decision.scheduled
+    manifest["metadata"]["annotations"] = dict(decision.annotations)
+    manifest["spec"]["nodeName"] = node
+    manifest["status"] = {"phase": "Running"}
+    return manifest
+
+
+def gauge(service: CustomScheduler) -> float:
+    value = service.metrics.registry.get_sample_value("kubegpu_scheduler_pods_on_verify_keys")
+    assert value is not None
+    return value
+
+
+def test_the_old_keys_count_takes_in_pods_bound_to_a_node_not_listed_yet_or_deleted() -> None:
+    """Step 4 of the rotation drops the old key when `kubegpu_scheduler_pods_on_verify_keys` reads 0: it must not read
+    0 while a running pod's allocation only the old key verifies, wherever its Node object is. A pod bound to a node
+    the scheduler has not listed yet (the standby's pod watch ahead of its node watch; a Node kubegpu cannot read),
+    or whose Node object was deleted while its kubelet runs on (it registers again), keeps its containers, and the
+    shim verifies its allocation again at each restart. Before, such a pod was left out: the gauge read 0, the old
+    key went, and the pod's next container restart was refused; and a pod met before its node was never counted
+    when the node came (an `AllocationRefused` Event said its allocation named an unknown node), its cards free."""
+    engine = Engine(make_plugin_manager("scheduler", plugins=[("toy", toy)], autoload=False), signing_key=NEW,
+                    verify_keys=[OLD])  # fmt: skip
+    service = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+    service.mirror.on_nodes("SYNC", [toy_manifest("n1")])
+    service.mirror.on_pods("SYNC", [])
+    early = running_under(OLD, "early", "n2")
+    service.mirror.on_pods("ADDED", early)
+    assert gauge(service) == 1.0, "a pod on the old key whose node is not listed yet needs the old key"
+    assert writer.events("AllocationRefused") == []
+
+    service.mirror.on_nodes("ADDED", toy_manifest("n2"))
+    placed = engine.placement("default/early")
+    assert placed is not None and placed.allocation is not None, "its node listed, the pod holds its cards"
+    assert gauge(service) == 1.0
+    assert list(engine.holders("n2")) == ["default/early"]
+
+    forged = running_under(OTHER, "forged", "n3")
+    service.mirror.on_pods("ADDED", forged)
+    service.mirror.on_nodes("ADDED", toy_manifest("n3"))
+    assert list(engine.holders("n3")) == ["default/forged"], "its kubelet admits it by count: so does the scheduler"
+    (refused,) = writer.events("AllocationRefused")
+    assert "verifies with none of the scheduler's keys" in refused["message"], refused["message"]
+    assert gauge(service) == 1.0
+
+    service.mirror.on_nodes("DELETED", toy_manifest("n2"))
+    assert gauge(service) == 1.0, "its Node object deleted, the pod runs on and restarts on the old key"
+    service.mirror.on_pods("DELETED", early)
+    assert gauge(service) == 0.0, "the old key may go"
+
+
+@pytest.mark.parametrize(
+    ("manifest", "mounted"),
+    [
+        ("scheduler/deployment.yaml", "/etc/kubegpu"),
+        ("extender/extender.yaml", "/etc/kubegpu/key"),
+        ("kustomize/overlays/node-device-plugin/device-plugin.yaml", "/etc/kubegpu/key"),
+    ],
+)
+def test_the_shipped_pods_mount_the_whole_secret_where_the_rotation_doc_says(manifest: str, mounted: str) -> None:
+    """Step 1 of the rotation adds `next` to the Secret and names `/etc/kubegpu/next` (scheduler) or
+    `/etc/kubegpu/key/next` (extender, device plugin): true only while each shipped pod mounts the whole Secret (no
+    `items`, no `subPath`) at that directory and reads its key from `key` there."""
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "deploy" / manifest
+    (workload,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] in ("Deployment", "DaemonSet")]
+    spec = workload["spec"]["template"]["spec"]
+    (volume,) = [v for v in spec["volumes"] if (v.get("secret") or {}).get("secretName") == "kubegpu-allocation-key"]
+    assert "items" not in volume["secret"]
+    (container,) = spec["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert (mount["mountPath"], mount.get("subPath")) == (mounted, None)
+    assert f"--allocation-key-file={mounted}/key" in container["args"]
+    assert f"{mounted}/next" in (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
