@@ -29,7 +29,7 @@ from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
 
 from .cluster import Cluster, free_port, wait_for
 from .test_extender import Process, make_certs, tls_client
-from .test_scheduler import HAMI_GPU, ROOT, wait_bound
+from .test_scheduler import HAMI_GPU, ROOT, bound, wait_bound
 
 OVERLAYS = ROOT / "examples" / "deploy" / "kustomize" / "overlays"
 EXTENDER_CONFIGS = {
@@ -192,6 +192,45 @@ def test_hamis_share_pod_is_placed_and_its_task_priority_refused_through_each_sh
         )  # fmt: skip
         assert "remove nvidia.com/priority from the container" in message, message
     assert set(wait_bound(cluster, namespace, 1)) == {"gpu-pod"}
+
+
+@pytest.mark.parametrize("which", sorted(EXTENDER_CONFIGS))
+def test_gas_tiles_pod_without_i915_is_refused_with_kubegpus_reason_through_each_shipped_extender_config(
+    which: str, cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    """GAS's tile request asks `gpu.intel.com/tiles` beside `i915`; a pod that leaves `i915` out is refused by kubegpu
+    (its default), naming the fix. The shipped configurations did not list `tiles` in `managedResources`, so
+    kube-scheduler never asked kubegpu about it and bound it on node totals, where it got no card."""
+    extender, port = start_extender(
+        cluster, key_file, tmp_path, "--listen", "127.0.0.1:{port}", "--insecure-no-client-auth"
+    )
+    processes.append(extender)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, urllib3.PoolManager())
+    config = shipped_extender_config(cluster, which, url)
+    (profile,) = (p["schedulerName"] for p in config["profiles"])
+    cluster.create_ready_node(
+        "max-node", labels={"gpu.intel.com/gpu-numbers": "0.1"},
+        allocatable={"gpu.intel.com/i915": 2, "gpu.intel.com/tiles": 4, "gpu.intel.com/memory.max": "128G"},
+    )  # fmt: skip
+    scheduler = start_kube_scheduler(cluster, tmp_path, config)
+    processes.append(scheduler)
+    cluster.create_pod(namespace, "tiles-only", {"main": {"gpu.intel.com/tiles": 1}}, scheduler=profile)
+    cluster.create_pod(
+        namespace, "tiles", {"main": {"gpu.intel.com/i915": 1, "gpu.intel.com/tiles": 2}}, scheduler=profile
+    )
+    try:
+        placed = wait_for(lambda: (b := bound(cluster, namespace)) and "tiles" in b and b, 45, "the tiles pod bound")
+    except AssertionError:
+        raise AssertionError(f"{events_of(cluster, namespace, 'tiles')}\n{scheduler.output()[-3000:]}") from None
+    record = decode_allocation(placed["tiles"]["metadata"]["annotations"][ALLOCATION_KEY])
+    assert record.shares["main"]["gpu.intel.com/tiles"] == {"card0": 2}
+    message = wait_for(
+        lambda: next((m for m in events_of(cluster, namespace, "tiles-only") if "i915" in m), None),
+        45, "the tiles-only pod's FailedScheduling event with kubegpu's reason",
+    )  # fmt: skip
+    assert "must also request gpu.intel.com/i915" in message, message
+    assert set(wait_bound(cluster, namespace, 1)) == {"tiles"}
 
 
 def test_neuron_seed_pod_with_my_scheduler_gets_cores_0_to_8_and_the_decision_is_logged(
