@@ -12,8 +12,10 @@ The rules, in the order the engine meets them:
   `gpu.intel.com/cards` (`cards.cards_from_labels`). Unhealthy cards are never chosen. A node without cards
   gets no state.
 * **Per-card capacity.** Every `gpu.intel.com/*` resource in the node's allocatable is split evenly over its
-  cards (integer division, over all listed cards as GAS assumes homogeneous cards), `i915` included: `i915: 8`
-  over 2 cards lets each card serve 4 containers.
+  cards (integer division, as GAS assumes homogeneous cards), `i915` included: `i915: 8` over 2 cards lets each
+  card serve 4 containers. One exception, where kubegpu knows better than GAS: when the advertised inventory gives
+  every healthy card's local memory, each card's `gpu.intel.com/memory.max` is its own (a 16G and a 4G card are not
+  two 10G cards: an 8G container would not fit on the 4G one).
 * **A container's need.** A container requesting `gpu.intel.com/i915: n` (or `gpu.intel.com/xe: n`, treated
   alike) needs n distinct cards; each of its other `gpu.intel.com/*` requests is divided by n (integer
   division: a remainder is dropped, as in GAS), and that per-card amount, plus one unit of `i915`, must be
@@ -70,6 +72,7 @@ from kubegpu.plugins.intel_gas import (
     CARDS_ANNOTATION,
     COUNT_RESOURCES,
     I915,
+    MEMORY,
     NAME,
     PREFIX,
     RESOURCES,
@@ -120,19 +123,20 @@ conformance_nodes = [
 
 class IntelGasNodeState(SharedDeviceNodeState):
     """One node's cards on the kit's books (`kubegpu.core.kit.SharedDeviceNodeState`): every advertised
-    `gpu.intel.com/*` resource is a dimension of each card with the same per-card capacity (`card_capacity`), a
-    container's cards are its shares, and a card takes any number of them (no split count: `i915` counts them).
-    `usage` is the kit's `used` by resource name, which the placement rule reads."""
+    `gpu.intel.com/*` resource is a dimension of each card, with each card's capacity (`card_capacity`, by resource:
+    one amount per card), a container's cards are its shares, and a card takes any number of them (no split count:
+    `i915` counts them). `usage` is the kit's `used` by resource name, which the placement rule reads."""
 
     plugin = NAME
     noun = "card"
 
-    def __init__(self, node: str, cards: Sequence[str], healthy: Sequence[bool], capacity: Mapping[str, int]):
-        dimensions = [(resource, [amount] * len(cards), [""] * len(cards)) for resource, amount in capacity.items()]
+    def __init__(self, node: str, cards: Sequence[str], healthy: Sequence[bool], capacity: Mapping[str, Sequence[int]]):
+        dimensions = [(resource, list(amounts), [""] * len(cards)) for resource, amounts in capacity.items()]
         super().__init__(NAME, node, cards, healthy, dimensions, split=UNSPLIT)
         self.cards = self.ids
         self.healthy_cards = tuple(bit_indices(self.healthy))
-        self.card_capacity = dict(capacity)  # per card, for every advertised gpu.intel.com resource
+        # each card's, for every advertised gpu.intel.com resource
+        self.card_capacity = {resource: list(amounts) for resource, amounts in capacity.items()}
         self.usage = dict(zip(self.dimensions, self.used, strict=True))
         self.unused = {resource: [0] * len(self.cards) for resource in self.card_capacity}
         self.memo: tuple[int, IntelGasPodState, IntelGasPlacement | Status] | None = None
@@ -162,13 +166,14 @@ class IntelGasNodeState(SharedDeviceNodeState):
     def utilization(self) -> float:
         """The used fraction of the `i915` (else `xe`, else memory) shares over the healthy cards."""
         capacity = self.card_capacity
-        basis = next((r for r in (I915, XE) if capacity.get(r)), None)
+        total = {r: sum(amounts[i] for i in self.healthy_cards) for r, amounts in capacity.items()}
+        basis = next((r for r in (I915, XE) if total.get(r)), None)
         if basis is None:
-            basis = next((r for r in sorted(capacity) if "memory" in r and capacity[r]), None)
-        if basis is None or not self.healthy_cards:
+            basis = next((r for r in sorted(total) if "memory" in r and total[r]), None)
+        if basis is None:
             return 0.0
         used = sum(self.usage[basis][i] for i in self.healthy_cards)
-        return min(1.0, used / (capacity[basis] * len(self.healthy_cards)))
+        return min(1.0, used / total[basis])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -240,25 +245,27 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         for resource, cap in state.card_capacity.items():
             used = state.usage[resource]
             if resource in COUNT_RESOURCES:
-                free[resource] = sum(1 for i in state.healthy_cards if used[i] < cap)
+                free[resource] = sum(1 for i in state.healthy_cards if used[i] < cap[i])
             else:
-                free[resource] = sum(cap - used[i] for i in state.healthy_cards)
+                free[resource] = sum(cap[i] - used[i] for i in state.healthy_cards)
         return free
 
     def largest(self, state: IntelGasNodeState, free: int) -> int:
         """The healthy cards that could take another container (a free `i915`/`xe` unit)."""
         counts = [r for r in COUNT_RESOURCES if r in state.usage]
-        return sum(1 for i in state.healthy_cards if any(state.usage[r][i] < state.card_capacity[r] for r in counts))
+        return sum(1 for i in state.healthy_cards if any(state.usage[r][i] < state.card_capacity[r][i] for r in counts))
 
     # -- deciding: the pod's needs, their cards ------------------------------------------------------------------
 
     @hookimpl
     def kubegpu_scheduler_build_node(self, node: NodeInfo) -> IntelGasNodeState | None:
         inventory = node.inventories.get(NAME)
+        memory: list[int | None] = []
         if inventory is not None:
             devices = sorted(inventory.devices, key=lambda d: card_sort_key(d.id))
             cards = [d.id for d in devices]
             healthy = [d.healthy for d in devices]
+            memory = [d.memory for d in devices]
         else:
             cards = cards_from_labels(node.labels)
             healthy = [True] * len(cards)
@@ -267,7 +274,13 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         check_device_count(node.name, "Intel cards", len(cards))
         # Allocatable counts the cards a device plugin or the advertiser can serve, so an unhealthy card is not in it.
         serving = max(1, sum(healthy))
-        capacity = {r: amount // serving for r, amount in node.allocatable.items() if r.startswith(PREFIX)}
+        capacity = {
+            r: [amount // serving] * len(cards) for r, amount in node.allocatable.items() if r.startswith(PREFIX)
+        }
+        # Each card's own local memory, when the inventory says it for every card that serves: cards of unequal
+        # memory are not the even split GAS assumes.
+        if MEMORY in capacity and memory and all(m for m, ok in zip(memory, healthy, strict=True) if ok):
+            capacity[MEMORY] = [m or 0 for m in memory]
         return IntelGasNodeState(node.name, cards, healthy, capacity)
 
     @hookimpl
