@@ -142,10 +142,10 @@ class IntelGasNodeState(SharedDeviceNodeState):
         self.memo: tuple[int, IntelGasPodState, IntelGasPlacement | Status] | None = None
 
     def cannot_take(self, claim: Claim) -> str | None:
-        """An unhealthy card, or a share of a resource the node does not advertise, before the kit's books."""
-        for i, _ in claim.shares:
-            if not self.healthy >> i & 1:
-                return f"{self.cards[i]} is unhealthy"
+        """A share of a resource the node does not advertise, before the kit's books. A share on an unhealthy card
+        is taken, as the kit takes whole devices: no placement chooses one (`candidate_cards`), but a pod that held
+        a share before its card failed keeps it when the engine re-takes the node's pods, and refusing it would leave
+        the pod holding nothing, and every other card of the node to no new pod until it ended."""
         for i, resource, amount in claim.extra or ():
             return self.shortage_of(i, resource, 0, amount)
         return super().cannot_take(claim)
@@ -195,7 +195,8 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
 
     def claimed(self, state: IntelGasNodeState, allocation: PluginAllocation) -> Claim | str:
         """One share per container and card, of every resource the node advertises; what a share asks of a
-        resource the node does not advertise goes in `Claim.extra`, for `cannot_take` to refuse."""
+        resource the node does not advertise goes in `Claim.extra`, for `cannot_take` to refuse. A card the node
+        no longer has holds nothing (only allocations this scheduler signed reach here)."""
         if allocation.plugin != NAME:
             return f"the allocation belongs to plugin {allocation.plugin!r}, not {NAME!r}"
         stray = sorted(set(allocation.shares) - set(allocation.containers))
@@ -219,11 +220,14 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
                 if len(set(ids)) != len(ids) or set(ids) != set(per_card):
                     return f"container {container}: the cards of {resource} ({ids}) do not match its shares"
                 for card, amount in per_card.items():
-                    i = state.index.get(card)
-                    if i is None:
-                        return f"{card} is not an Intel GPU card of this node"
                     if amount < 0:
                         return f"container {container}: the share of {resource} on {card} is negative ({amount})"
+                    i = state.index.get(card)
+                    if i is None:
+                        # The card left the node (the labeler lists it no more) after the scheduler signed this
+                        # allocation: nothing is held there, the pod's other cards still are, and if the card
+                        # comes back the engine re-takes the pod's share of it with the node.
+                        continue
                     d = position.get(resource)
                     if d is None:
                         if amount:
@@ -280,7 +284,8 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         # Each card's own local memory, when the inventory says it for every card that serves: cards of unequal
         # memory are not the even split GAS assumes.
         if MEMORY in capacity and memory and all(m for m, ok in zip(memory, healthy, strict=True) if ok):
-            capacity[MEMORY] = [m or 0 for m in memory]
+            even = capacity[MEMORY][0]  # a failed card that never said keeps what its pods hold of the split
+            capacity[MEMORY] = [m or even for m in memory]
         return IntelGasNodeState(node.name, cards, healthy, capacity)
 
     @hookimpl

@@ -233,6 +233,51 @@ def test_gas_tiles_pod_without_i915_is_refused_with_kubegpus_reason_through_each
     assert set(wait_bound(cluster, namespace, 1)) == {"tiles"}
 
 
+def test_gas_node_losing_a_card_keeps_placing_on_the_others(
+    cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    """The Intel labeler stops listing card0 (`gpu-numbers` 0.1 -> 1) and the device plugin's totals halve while a pod
+    holds a share of card0. GAS goes on placing on card1; kubegpu refused every new pod on the node ("pod ... runs
+    on devices this node no longer lists as it did (card0 is not an Intel GPU card of this node)") until the pod on
+    the lost card ended."""
+    extender, port = start_extender(
+        cluster, key_file, tmp_path, "--listen", "127.0.0.1:{port}", "--insecure-no-client-auth"
+    )
+    processes.append(extender)
+    url = f"http://127.0.0.1:{port}"
+    http = urllib3.PoolManager()
+    wait_ready(url, http)
+    config = shipped_extender_config(cluster, "patched-default", url)
+    (profile,) = (p["schedulerName"] for p in config["profiles"])
+    cluster.create_ready_node(
+        "gas-node", labels={"gpu.intel.com/gpu-numbers": "0.1"},
+        allocatable={"gpu.intel.com/i915": 8, "gpu.intel.com/memory.max": "16G"},
+    )  # fmt: skip
+    processes.append(start_kube_scheduler(cluster, tmp_path, config))
+    two_gb = {"main": {"gpu.intel.com/i915": 1, "gpu.intel.com/memory.max": "2G"}}
+    for card in ("card0", "card1"):
+        cluster.create_pod(namespace, f"on-{card}", two_gb, scheduler=profile, annotations={"gas-allow": card})
+    wait_bound(cluster, namespace, 2, timeout=45)
+
+    cluster.client.patch("/api/v1/nodes/gas-node", {"metadata": {"labels": {"gpu.intel.com/gpu-numbers": "1"}}})
+    halved = {"gpu.intel.com/i915": "4", "gpu.intel.com/memory.max": "8G"}
+    cluster.client.patch("/api/v1/nodes/gas-node/status", {"status": {"capacity": halved, "allocatable": halved}})
+
+    def cards_seen() -> list[str]:
+        nodes = orjson.loads(http.request("GET", f"{url}/apis/kubegpu/v1/nodes").data)["items"]
+        node = next((n for n in nodes if n["name"] == "gas-node"), None)
+        return [cell["id"] for cell in node["devices"][0]["cells"]] if node else []
+
+    wait_for(lambda: cards_seen() == ["card1"], 30, "the extender's view of gas-node without card0")
+    cluster.create_pod(namespace, "new", {"main": {"gpu.intel.com/i915": 1, "gpu.intel.com/memory.max": "4G"}},
+                       scheduler=profile)  # fmt: skip
+    try:
+        placed = wait_for(lambda: (b := bound(cluster, namespace)) and "new" in b and b, 45, "the new pod bound")
+    except AssertionError:
+        raise AssertionError(f"{events_of(cluster, namespace, 'new')}\n{extender.output()[-3000:]}") from None
+    assert placed["new"]["metadata"]["annotations"]["gas-container-cards"] == "card1"
+
+
 def test_neuron_seed_pod_with_my_scheduler_gets_cores_0_to_8_and_the_decision_is_logged(
     cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
 ) -> None:

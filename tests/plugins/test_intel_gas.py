@@ -486,9 +486,14 @@ def test_an_unhealthy_advertised_card_is_never_chosen(gas: Gas) -> None:
         Code.UNRESOLVABLE,
         "node has 1 healthy Intel GPU card(s); the container asks for 2",
     )
-    forced = PluginAllocation(plugin=GAS, containers={"main": {I915: ["card0"]}}, shares={"main": {I915: {"card0": 1}}})
-    refused = gas.take(state=state, pod_key="default/forced", allocation=forced)
-    assert (refused.code, refused.message) == (Code.ERROR, "card0 is unhealthy")
+    # A pod placed on card0 before it failed keeps its share when the engine re-takes the node's pods (the kit keeps
+    # whole devices alike); card0 is still never chosen.
+    before = PluginAllocation(plugin=GAS, containers={"main": {I915: ["card0"]}}, shares={"main": {I915: {"card0": 1}}})
+    assert gas.take(state=state, pod_key="default/before-the-failure", allocation=before).ok
+    assert gas.release(state=state, pod_key="default/a", allocation=PluginAllocation(
+        plugin=GAS, containers={"main": {I915: ["card1"]}}, shares={"main": {I915: {"card1": 1}}}
+    )).ok  # fmt: skip
+    assert cards_of(gas.schedule(state, gpu_pod("d"))) == "card1"
 
 
 @pytest.mark.parametrize(
@@ -535,7 +540,6 @@ def _alloc(containers: dict[str, dict[str, dict[str, int]]], plugin: str = GAS) 
             _alloc({"main": {I915: {"card0": 1}, MEM: {"card0": 5 * G}}}),
             f"card0 has 3G of {MEM} free; the allocation takes 5G",
         ),
-        (_alloc({"main": {I915: {"card9": 1}}}), "card9 is not an Intel GPU card of this node"),
         (
             _alloc({"main": {I915: {"card0": 1, "card1": 1}, MEM: {"card0": 4 * G, "card1": 4 * G}}}),
             f"card0 has 3G of {MEM} free; the allocation takes 4G",
@@ -563,7 +567,6 @@ def _alloc(containers: dict[str, dict[str, dict[str, int]]], plugin: str = GAS) 
     ],
     ids=[
         "over-the-share",
-        "unknown-card",
         "second-card-over-after-first-fits",
         "two-containers-together-over",
         "cards-and-shares-disagree",
