@@ -23,6 +23,7 @@ from kubegpu.plugins.intel_gas import (
     PREFIX,
     SAME_GPU_ANNOTATION,
     SAME_GPU_FORBIDDEN,
+    UNSUPPORTED_ANNOTATIONS,
     WITHOUT_I915_ENV,
     XE,
 )
@@ -268,6 +269,13 @@ def pod_needs(pod: PodRequest) -> IntelGasPodState:
             needs.append(None)
         else:
             needs.append(need)
+    if problem is None and any(needs):
+        unsupported = next((name for name in UNSUPPORTED_ANNOTATIONS if name in pod.annotations), None)
+        if unsupported is not None:
+            problem = (
+                f"the pod's {unsupported} annotation asks GAS for {UNSUPPORTED_ANNOTATIONS[unsupported]}, which "
+                "kubegpu does not place by: remove the annotation to take any cards that fit"
+            )
     same: tuple[int, ...] = ()
     if same_text is not None:
         group = same_gpu_containers(same_text, pod.containers, needs)

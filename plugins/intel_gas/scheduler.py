@@ -29,6 +29,9 @@ The rules, in the order the engine meets them:
   container names of the pod) places the listed containers on one card together, which must have their summed
   per-card needs free. Each listed container must request exactly one `i915`/`xe` and no `tiles` or
   `*_monitoring` resource. A malformed list or a conflicting request is refused by `validate`.
+* **Not followed.** A pod carrying GAS's `gas-allocate-xelink` or `gas-allocate-single-numa` annotation (read by its
+  presence, as GAS does) is refused by `validate`, naming it: kubegpu does not place by Xe Link or NUMA node, and a
+  pod placed on any cards instead would not know.
 * **Candidates.** Healthy cards, narrowed by the pod annotations `gas-allow` (only these) and `gas-deny`
   (not these), both comma-separated card names.
 * **Card choice.** Containers are placed one after another in spec order, without backtracking (as GAS

@@ -519,6 +519,25 @@ def test_validate_refuses_requests_gas_cannot_place(
         assert gas.fit(state=gas.build(intel_node(2)), pod=pod).code is Code.UNRESOLVABLE
 
 
+@pytest.mark.parametrize(
+    ("annotation", "what"),
+    [("gas-allocate-xelink", "cards connected by Xe Link"), ("gas-allocate-single-numa", "cards of one NUMA node")],
+)
+def test_gas_placement_asks_kubegpu_does_not_follow_are_refused_not_ignored(
+    gas: Gas, annotation: str, what: str
+) -> None:
+    """GAS reads these annotations by their presence; kubegpu placed such a pod on any cards, linked or not."""
+    pod = make_pod("p", {"main": {I915: 2}}, annotations={annotation: "true"})
+    status = gas.validate(pod=pod)
+    assert status is not None and (status.code, status.message) == (
+        Code.UNRESOLVABLE,
+        f"the pod's {annotation} annotation asks GAS for {what}, which kubegpu does not place by: remove the "
+        "annotation to take any cards that fit",
+    )
+    # A pod that asks no Intel card is not this plugin's to refuse.
+    assert gas.validate(pod=make_pod("cpu", {"main": {"cpu": "1"}}, annotations={annotation: "true"})) is None
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The ledger: take and release
 # ----------------------------------------------------------------------------------------------------------
