@@ -25,7 +25,7 @@ from kubegpu.core.models import (
     PluginAllocation,
     PodRequest,
 )
-from kubegpu.core.plugin_manager import KubegpuPluginManager
+from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
 from kubegpu.core.scheduler_hooks import DeviceNodeState
 from kubegpu.core.status import Code
 from kubegpu.core.testing import make_node, make_pod
@@ -142,6 +142,31 @@ CARDS = "gpu.intel.com/cards"
 )
 def test_cards_come_from_gpu_numbers_then_the_cards_label(labels: dict[str, str], expected: list[str]) -> None:
     assert cards_from_labels(labels) == expected
+
+
+class CountingLabels(dict[str, str]):
+    """A node's labels that count how many of them the plugin reads."""
+
+    reads = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.reads += 1
+        return super().get(key, default)
+
+
+def test_a_node_labelled_with_endless_gpu_numbers_continuations_is_refused_after_a_few_reads(gas: Gas) -> None:
+    """The labels are the node's: 20000 `gpu-numbers` continuations of ten card numbers each were all joined, one
+    string concatenation at a time (18 s of the engine's one thread, on every update of that node), before the count
+    of cards was refused. Joining now stops past what 1024 cards could need, naming the label."""
+    labels = CountingLabels({"gpu.intel.com/gpu-numbers": "0"})
+    for k in range(2, 20000):
+        labels[f"gpu.intel.com/gpu-numbers{k}"] = "Z." + ".".join(str(10 * k + j) for j in range(10))
+    with pytest.raises(ValueError, match=r"gpu-numbers label and its continuations .* run past 8192 characters"):
+        cards_from_labels(labels)
+    assert labels.reads < 200
+    node = make_node("hostile", labels=labels, allocatable={I915: 8})
+    with pytest.raises(PluginHookError, match="run past 8192 characters"):
+        gas.build(node)
 
 
 @pytest.mark.parametrize(
