@@ -90,11 +90,11 @@ def events_of(cluster: Cluster, namespace: str, pod: str) -> list[str]:
 def test_gas_two_8g_cards_take_two_5g_pods_and_refuse_the_third(
     cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
 ) -> None:
-    # GAS's flags as its deployment passes them; its certificate, key and CA from make-certs.sh.
+    # GAS's flags as its deployment passes them (`--v=4` too); its certificate, key and CA from make-certs.sh.
     certs = make_certs(tmp_path / "certs")
     extender, port = start_extender(
-        cluster, key_file, tmp_path, "--port", "{port}", "--cert", str(certs / "tls.crt"),
-        "--key", str(certs / "tls.key"), "--cacert", str(certs / "ca.crt"),
+        cluster, key_file, tmp_path, "--port", "{port}", f"--cert={certs / 'tls.crt'}",
+        f"--key={certs / 'tls.key'}", f"--cacert={certs / 'ca.crt'}", "--v=4", "-enableAllowlist", "-enableDenylist",
     )  # fmt: skip
     processes.append(extender)
     url = f"https://127.0.0.1:{port}"
