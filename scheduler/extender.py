@@ -957,9 +957,26 @@ class ExtenderHttpServer(HttpServer):
 
 
 def _gas_flags(args: argparse.Namespace) -> list[str]:
-    """Apply GPU Aware Scheduling's flag names (`--port`, `--unsafe`; `--cert`, `--key`, `--cacert` are plain
-    aliases). Returns the warnings to log once logging is set up."""
+    """Apply GPU Aware Scheduling's flag names (`--port`, `--unsafe`, `--v`, `--enableAllowlist`, `--enableDenylist`,
+    `--balancedResource`; `--cert`, `--key`, `--cacert`, `--kubeConfig`, `--qps`, `--burst` are plain aliases).
+    Returns the warnings to log once logging is set up."""
     warnings = []
+    if args.balanced_resource:
+        raise SystemExit(
+            f"kubegpu extender: GAS's --balancedResource={args.balanced_resource} (spreading containers over a node's "
+            "cards by that resource) is not supported: kubegpu puts each container on the fullest cards that fit it, "
+            "keeping whole cards free for large requests; remove the flag"
+        )
+    for flag, enabled, annotation in (
+        ("--enableAllowlist", args.enable_allowlist, "gas-allow"),
+        ("--enableDenylist", args.enable_denylist, "gas-deny"),
+    ):
+        if enabled is False:
+            warnings.append(f"{flag}=false: kubegpu honours every pod's {annotation} annotation all the same")
+    # klog's verbosity, as GAS's deployment passes it (`--v=4`): 5 and up are GAS's request dumps, debug here; the
+    # filter decisions and binds GAS logs at 2 to 4 are logged at info.
+    if args.klog_v is not None and args.klog_v >= 5 and args.log_level == "info":
+        args.log_level = "debug"
     if args.port is not None:
         if args.listen is not None:
             raise SystemExit("kubegpu extender: give --listen or GAS's --port, not both")
@@ -1081,6 +1098,32 @@ def add_extender_parser(sub: Any) -> argparse.ArgumentParser:
         help="GAS's --unsafe[=true]: plain HTTP without client authentication (implies --insecure-no-client-auth; "
         "--cert, --key and --cacert are then ignored)",
     )
+    for flag, what in (("enableAllowlist", "gas-allow"), ("enableDenylist", "gas-deny")):
+        gas.add_argument(
+            f"--{flag}",
+            f"-{flag}",
+            dest=flag.replace("enable", "enable_").lower(),
+            nargs="?",
+            const="true",
+            default=None,
+            type=_go_bool,
+            help=f"GAS's --{flag}[=true]: accepted; kubegpu always honours the {what} pod annotation",
+        )
+    gas.add_argument(
+        "--balancedResource",
+        "-balancedResource",
+        dest="balanced_resource",
+        default="",
+        help="GAS's card balancing by a resource: refused unless empty (kubegpu fills the fullest cards)",
+    )
+    gas.add_argument(
+        "--v",
+        "-v",
+        dest="klog_v",
+        type=int,
+        help="GAS's klog verbosity (--v=4): 5 or more means --log-level debug; filter decisions and binds are logged "
+        "at info",
+    )
     gas.add_argument(
         "--intel-without-i915",
         choices=["refuse", "ignore"],
@@ -1106,8 +1149,22 @@ def add_extender_parser(sub: Any) -> argparse.ArgumentParser:
         "free GPUs of the pod's nvidia-gpu-scheduler/gpu.model",
     )
     liveness.add_node_lease_options(parser)
-    parser.add_argument("--kube-api-qps", type=float, default=50.0, help="API requests a second (default 50)")
-    parser.add_argument("--kube-api-burst", type=int, default=100, help="API request burst (default 100)")
+    parser.add_argument(
+        "--kube-api-qps",
+        "--qps",
+        "-qps",
+        type=float,
+        default=50.0,
+        help="API requests a second (default 50; GAS's --qps)",
+    )
+    parser.add_argument(
+        "--kube-api-burst",
+        "--burst",
+        "-burst",
+        type=int,
+        default=100,
+        help="API request burst (default 100; GAS's --burst)",
+    )
     parser.add_argument(
         "--log-level",
         default="info",

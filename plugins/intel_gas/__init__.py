@@ -20,6 +20,11 @@ DENY_ANNOTATION = "gas-deny"
 TS_ANNOTATION = "gas-ts"
 CARDS_ANNOTATION = "gas-container-cards"
 SAME_GPU_ANNOTATION = "gas-same-gpu"
+# GAS's placement asks kubegpu does not follow; a pod carrying one is refused rather than placed without it.
+UNSUPPORTED_ANNOTATIONS = {
+    "gas-allocate-xelink": "cards connected by Xe Link",
+    "gas-allocate-single-numa": "cards of one NUMA node",
+}
 SAME_GPU_FORBIDDEN = ("gpu.intel.com/tiles", "gpu.intel.com/i915_monitoring", "gpu.intel.com/xe_monitoring")
 # GAS leaves a pod requesting gpu.intel.com/* without i915/xe to the default scheduler; kubegpu refuses it unless
 # this environment variable says `ignore` (`kubegpu extender --intel-without-i915 ignore` sets it).

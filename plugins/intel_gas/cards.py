@@ -5,7 +5,9 @@ discovery): `gpu.intel.com/gpu-numbers` (`0.1.2` -> card0, card1, card2) and, be
 `gpu.intel.com/cards` (`card0.card1`). A label value is limited to 63 characters, so a long `gpu-numbers`
 continues in `gpu-numbers2`, `gpu-numbers3`, ..., each continuation starting with the control character `Z`
 that is stripped before the pieces are joined. As in GAS, a continuation without the `Z` makes the whole
-`gpu-numbers` value unusable, and the `cards` label is read instead.
+`gpu-numbers` value unusable, and the `cards` label is read instead. The labels are the node's to write: joining
+stops, refusing the node, once the value is longer than the most cards kubegpu handles could need
+(`MAX_SPLIT_LABEL_CHARS`), so a node labelled with thousands of continuations costs a few reads, not seconds.
 
 Everything here is a plain function of strings and integers, tested directly.
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+
+from kubegpu.core.limits import MAX_DEVICES_PER_NODE
 
 __all__ = [
     "CARDS_LABEL",
@@ -28,6 +32,8 @@ __all__ = [
 GPU_NUMBERS_LABEL = "gpu.intel.com/gpu-numbers"
 CARDS_LABEL = "gpu.intel.com/cards"
 CONTINUATION_MARK = "Z"
+# Every card kubegpu handles on a node, numbered up to 9999999, each with its `.`: far more than a real node writes.
+MAX_SPLIT_LABEL_CHARS = MAX_DEVICES_PER_NODE * 8
 
 _CARD = re.compile(r"card(\d+)")
 
@@ -52,16 +58,25 @@ _DECIMAL: tuple[tuple[str, int], ...] = tuple((s, u) for s, u in _SUFFIXES if s 
 def join_split_label(labels: Mapping[str, str], name: str) -> str:
     """The value of `name` joined with its continuations `name2`, `name3`, ... (each `Z`-prefixed).
 
-    Returns "" when the label is absent or a continuation lacks its `Z` (GAS then ignores the label).
+    Returns "" when the label is absent or a continuation lacks its `Z` (GAS then ignores the label). Raises
+    `ValueError` naming the label once the joined value passes `MAX_SPLIT_LABEL_CHARS`, before reading further.
     """
-    value = labels.get(name, "")
+    pieces = [labels.get(name, "")]
+    length = len(pieces[0])
     postfix = 2
     while (more := labels.get(f"{name}{postfix}")) is not None:
         if not more.startswith(CONTINUATION_MARK):
             return ""
-        value += more[len(CONTINUATION_MARK) :]
+        pieces.append(more[len(CONTINUATION_MARK) :])
+        length += len(pieces[-1])
+        if length > MAX_SPLIT_LABEL_CHARS:
+            raise ValueError(
+                f"the node's {name} label and its continuations ({name}2 to {name}{postfix}, so far) run past "
+                f"{MAX_SPLIT_LABEL_CHARS} characters: more Intel cards than kubegpu handles on one node "
+                f"({MAX_DEVICES_PER_NODE})"
+            )
         postfix += 1
-    return value
+    return "".join(pieces)
 
 
 def cards_from_labels(labels: Mapping[str, str]) -> list[str]:

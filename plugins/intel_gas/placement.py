@@ -23,6 +23,7 @@ from kubegpu.plugins.intel_gas import (
     PREFIX,
     SAME_GPU_ANNOTATION,
     SAME_GPU_FORBIDDEN,
+    UNSUPPORTED_ANNOTATIONS,
     WITHOUT_I915_ENV,
     XE,
 )
@@ -32,11 +33,11 @@ NO_FIT = "Not enough GPU-resources for deployment: will not fit"
 
 
 class CardBooks(Protocol):
-    """What the rule reads of a node: its cards, the healthy ones, per-card capacity and use per resource."""
+    """What the rule reads of a node: its cards, the healthy ones, each card's capacity and use per resource."""
 
     cards: tuple[str, ...]
     healthy_cards: tuple[int, ...]
-    card_capacity: dict[str, int]
+    card_capacity: dict[str, list[int]]
     usage: dict[str, list[int]]
 
 
@@ -111,7 +112,7 @@ def choose_cards(
             return refusal
         # A resource the node does not advertise can only be asked for in a zero amount here (`impossible`).
         checks = [(r, x, state.card_capacity[r], used[r]) for r, x in need.per_card if r in state.card_capacity]
-        fitting = [i for i in pool if all(c - u[i] - overlay.get((i, r), 0) >= x for r, x, c, u in checks)]
+        fitting = [i for i in pool if all(c[i] - u[i] - overlay.get((i, r), 0) >= x for r, x, c, u in checks)]
         if len(fitting) < need.cards:
             return Refusal(shortage(state, need, pool, used, overlay, len(fitting)), final=False)
         if len(fitting) > need.cards:
@@ -135,7 +136,7 @@ def fits_alone(state: CardBooks, need: Need, pool: Sequence[int]) -> bool:
     checks = [(x, state.card_capacity[r], state.usage[r]) for r, x in need.per_card if r in state.card_capacity]
     enough = 0
     for i in pool:
-        if all(c - u[i] >= x for x, c, u in checks):
+        if all(c[i] - u[i] >= x for x, c, u in checks):
             enough += 1
             if enough == need.cards:
                 return True
@@ -158,9 +159,21 @@ def impossible(state: CardBooks, need: Need, pool: Sequence[int]) -> Refusal | N
             )
         return Refusal(reason, final=True)
     for resource, amount in need.per_card:
-        cap = state.card_capacity.get(resource, 0)
-        if amount > cap:
-            has = f"a card of this node has {format_amount(resource, cap)}" if cap else "the node has none"
+        caps = state.card_capacity.get(resource) or [0] * len(state.cards)
+        big = sum(1 for i in pool if caps[i] >= amount)
+        if big < need.cards:
+            largest = max(caps)
+            if not largest:
+                has = "the node has none"
+            elif min(caps) == largest:
+                has = f"a card of this node has {format_amount(resource, largest)}"
+            elif big:
+                has = f"only {big} card(s) of this node have that much"
+            elif any(cap >= amount for cap in caps):  # an unhealthy card, or one the pod's annotations exclude
+                most = format_amount(resource, max((caps[i] for i in pool), default=0))
+                has = f"the cards this pod may use here have at most {most}"
+            else:
+                has = f"the largest card of this node has {format_amount(resource, largest)}"
             wanted = f"{resource}: needs {format_amount(resource, amount)} on each of {need.cards} card(s)"
             return Refusal(f"{NO_FIT} ({wanted}; {has})", final=True)
     return None
@@ -179,7 +192,7 @@ def shortage(
         if resource not in state.card_capacity:
             continue
         cap, u = state.card_capacity[resource], used[resource]
-        free = [cap - u[i] - overlay.get((i, resource), 0) for i in pool]
+        free = [cap[i] - u[i] - overlay.get((i, resource), 0) for i in pool]
         enough = sum(1 for f in free if f >= amount)
         if enough < need.cards:
             wanted = f"{resource}: needs {format_amount(resource, amount)} on each of {need.cards} card(s)"
@@ -192,12 +205,12 @@ def shortage(
     return f"{NO_FIT} ({detail})"
 
 
-Rows = list[tuple[str, int, Sequence[int]]]
+Rows = list[tuple[str, Sequence[int], Sequence[int]]]
 
 
 def card_rows(state: CardBooks, used: Mapping[str, Sequence[int]]) -> Rows:
-    """(resource, per-card capacity, per-card used) for every resource a card has, for `card_fullness`."""
-    return [(r, cap, used[r]) for r, cap in state.card_capacity.items() if cap > 0]
+    """(resource, per-card capacity, per-card used) for every resource some card has, for `card_fullness`."""
+    return [(r, cap, used[r]) for r, cap in state.card_capacity.items() if any(cap)]
 
 
 def card_fullness(
@@ -205,7 +218,10 @@ def card_fullness(
 ) -> float:
     """The used fraction of card i's busiest resource, counting `overlay` and an `extra` placement."""
     fullest = 0.0
-    for resource, cap, used in rows:
+    for resource, caps, used in rows:
+        cap = caps[i]
+        if not cap:
+            continue
         amount = used[i]
         if overlay:
             amount += overlay.get((i, resource), 0)
@@ -253,6 +269,13 @@ def pod_needs(pod: PodRequest) -> IntelGasPodState:
             needs.append(None)
         else:
             needs.append(need)
+    if problem is None and any(needs):
+        unsupported = next((name for name in UNSUPPORTED_ANNOTATIONS if name in pod.annotations), None)
+        if unsupported is not None:
+            problem = (
+                f"the pod's {unsupported} annotation asks GAS for {UNSUPPORTED_ANNOTATIONS[unsupported]}, which "
+                "kubegpu does not place by: remove the annotation to take any cards that fit"
+            )
     same: tuple[int, ...] = ()
     if same_text is not None:
         group = same_gpu_containers(same_text, pod.containers, needs)

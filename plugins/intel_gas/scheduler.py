@@ -12,8 +12,10 @@ The rules, in the order the engine meets them:
   `gpu.intel.com/cards` (`cards.cards_from_labels`). Unhealthy cards are never chosen. A node without cards
   gets no state.
 * **Per-card capacity.** Every `gpu.intel.com/*` resource in the node's allocatable is split evenly over its
-  cards (integer division, over all listed cards as GAS assumes homogeneous cards), `i915` included: `i915: 8`
-  over 2 cards lets each card serve 4 containers.
+  cards (integer division, as GAS assumes homogeneous cards), `i915` included: `i915: 8` over 2 cards lets each
+  card serve 4 containers. One exception, where kubegpu knows better than GAS: when the advertised inventory gives
+  every healthy card's local memory, each card's `gpu.intel.com/memory.max` is its own (a 16G and a 4G card are not
+  two 10G cards: an 8G container would not fit on the 4G one).
 * **A container's need.** A container requesting `gpu.intel.com/i915: n` (or `gpu.intel.com/xe: n`, treated
   alike) needs n distinct cards; each of its other `gpu.intel.com/*` requests is divided by n (integer
   division: a remainder is dropped, as in GAS), and that per-card amount, plus one unit of `i915`, must be
@@ -27,6 +29,9 @@ The rules, in the order the engine meets them:
   container names of the pod) places the listed containers on one card together, which must have their summed
   per-card needs free. Each listed container must request exactly one `i915`/`xe` and no `tiles` or
   `*_monitoring` resource. A malformed list or a conflicting request is refused by `validate`.
+* **Not followed.** A pod carrying GAS's `gas-allocate-xelink` or `gas-allocate-single-numa` annotation (read by its
+  presence, as GAS does) is refused by `validate`, naming it: kubegpu does not place by Xe Link or NUMA node, and a
+  pod placed on any cards instead would not know.
 * **Candidates.** Healthy cards, narrowed by the pod annotations `gas-allow` (only these) and `gas-deny`
   (not these), both comma-separated card names.
 * **Card choice.** Containers are placed one after another in spec order, without backtracking (as GAS
@@ -70,6 +75,7 @@ from kubegpu.plugins.intel_gas import (
     CARDS_ANNOTATION,
     COUNT_RESOURCES,
     I915,
+    MEMORY,
     NAME,
     PREFIX,
     RESOURCES,
@@ -120,28 +126,29 @@ conformance_nodes = [
 
 class IntelGasNodeState(SharedDeviceNodeState):
     """One node's cards on the kit's books (`kubegpu.core.kit.SharedDeviceNodeState`): every advertised
-    `gpu.intel.com/*` resource is a dimension of each card with the same per-card capacity (`card_capacity`), a
-    container's cards are its shares, and a card takes any number of them (no split count: `i915` counts them).
-    `usage` is the kit's `used` by resource name, which the placement rule reads."""
+    `gpu.intel.com/*` resource is a dimension of each card, with each card's capacity (`card_capacity`, by resource:
+    one amount per card), a container's cards are its shares, and a card takes any number of them (no split count:
+    `i915` counts them). `usage` is the kit's `used` by resource name, which the placement rule reads."""
 
     plugin = NAME
     noun = "card"
 
-    def __init__(self, node: str, cards: Sequence[str], healthy: Sequence[bool], capacity: Mapping[str, int]):
-        dimensions = [(resource, [amount] * len(cards), [""] * len(cards)) for resource, amount in capacity.items()]
+    def __init__(self, node: str, cards: Sequence[str], healthy: Sequence[bool], capacity: Mapping[str, Sequence[int]]):
+        dimensions = [(resource, list(amounts), [""] * len(cards)) for resource, amounts in capacity.items()]
         super().__init__(NAME, node, cards, healthy, dimensions, split=UNSPLIT)
         self.cards = self.ids
         self.healthy_cards = tuple(bit_indices(self.healthy))
-        self.card_capacity = dict(capacity)  # per card, for every advertised gpu.intel.com resource
+        # each card's, for every advertised gpu.intel.com resource
+        self.card_capacity = {resource: list(amounts) for resource, amounts in capacity.items()}
         self.usage = dict(zip(self.dimensions, self.used, strict=True))
         self.unused = {resource: [0] * len(self.cards) for resource in self.card_capacity}
         self.memo: tuple[int, IntelGasPodState, IntelGasPlacement | Status] | None = None
 
     def cannot_take(self, claim: Claim) -> str | None:
-        """An unhealthy card, or a share of a resource the node does not advertise, before the kit's books."""
-        for i, _ in claim.shares:
-            if not self.healthy >> i & 1:
-                return f"{self.cards[i]} is unhealthy"
+        """A share of a resource the node does not advertise, before the kit's books. A share on an unhealthy card
+        is taken, as the kit takes whole devices: no placement chooses one (`candidate_cards`), but a pod that held
+        a share before its card failed keeps it when the engine re-takes the node's pods, and refusing it would leave
+        the pod holding nothing, and every other card of the node to no new pod until it ended."""
         for i, resource, amount in claim.extra or ():
             return self.shortage_of(i, resource, 0, amount)
         return super().cannot_take(claim)
@@ -162,13 +169,14 @@ class IntelGasNodeState(SharedDeviceNodeState):
     def utilization(self) -> float:
         """The used fraction of the `i915` (else `xe`, else memory) shares over the healthy cards."""
         capacity = self.card_capacity
-        basis = next((r for r in (I915, XE) if capacity.get(r)), None)
+        total = {r: sum(amounts[i] for i in self.healthy_cards) for r, amounts in capacity.items()}
+        basis = next((r for r in (I915, XE) if total.get(r)), None)
         if basis is None:
-            basis = next((r for r in sorted(capacity) if "memory" in r and capacity[r]), None)
-        if basis is None or not self.healthy_cards:
+            basis = next((r for r in sorted(total) if "memory" in r and total[r]), None)
+        if basis is None:
             return 0.0
         used = sum(self.usage[basis][i] for i in self.healthy_cards)
-        return min(1.0, used / (capacity[basis] * len(self.healthy_cards)))
+        return min(1.0, used / total[basis])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -190,7 +198,8 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
 
     def claimed(self, state: IntelGasNodeState, allocation: PluginAllocation) -> Claim | str:
         """One share per container and card, of every resource the node advertises; what a share asks of a
-        resource the node does not advertise goes in `Claim.extra`, for `cannot_take` to refuse."""
+        resource the node does not advertise goes in `Claim.extra`, for `cannot_take` to refuse. A card the node
+        no longer has holds nothing (only allocations this scheduler signed reach here)."""
         if allocation.plugin != NAME:
             return f"the allocation belongs to plugin {allocation.plugin!r}, not {NAME!r}"
         stray = sorted(set(allocation.shares) - set(allocation.containers))
@@ -214,11 +223,14 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
                 if len(set(ids)) != len(ids) or set(ids) != set(per_card):
                     return f"container {container}: the cards of {resource} ({ids}) do not match its shares"
                 for card, amount in per_card.items():
-                    i = state.index.get(card)
-                    if i is None:
-                        return f"{card} is not an Intel GPU card of this node"
                     if amount < 0:
                         return f"container {container}: the share of {resource} on {card} is negative ({amount})"
+                    i = state.index.get(card)
+                    if i is None:
+                        # The card left the node (the labeler lists it no more) after the scheduler signed this
+                        # allocation: nothing is held there, the pod's other cards still are, and if the card
+                        # comes back the engine re-takes the pod's share of it with the node.
+                        continue
                     d = position.get(resource)
                     if d is None:
                         if amount:
@@ -240,25 +252,27 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         for resource, cap in state.card_capacity.items():
             used = state.usage[resource]
             if resource in COUNT_RESOURCES:
-                free[resource] = sum(1 for i in state.healthy_cards if used[i] < cap)
+                free[resource] = sum(1 for i in state.healthy_cards if used[i] < cap[i])
             else:
-                free[resource] = sum(cap - used[i] for i in state.healthy_cards)
+                free[resource] = sum(cap[i] - used[i] for i in state.healthy_cards)
         return free
 
     def largest(self, state: IntelGasNodeState, free: int) -> int:
         """The healthy cards that could take another container (a free `i915`/`xe` unit)."""
         counts = [r for r in COUNT_RESOURCES if r in state.usage]
-        return sum(1 for i in state.healthy_cards if any(state.usage[r][i] < state.card_capacity[r] for r in counts))
+        return sum(1 for i in state.healthy_cards if any(state.usage[r][i] < state.card_capacity[r][i] for r in counts))
 
     # -- deciding: the pod's needs, their cards ------------------------------------------------------------------
 
     @hookimpl
     def kubegpu_scheduler_build_node(self, node: NodeInfo) -> IntelGasNodeState | None:
         inventory = node.inventories.get(NAME)
+        memory: list[int | None] = []
         if inventory is not None:
             devices = sorted(inventory.devices, key=lambda d: card_sort_key(d.id))
             cards = [d.id for d in devices]
             healthy = [d.healthy for d in devices]
+            memory = [d.memory for d in devices]
         else:
             cards = cards_from_labels(node.labels)
             healthy = [True] * len(cards)
@@ -267,7 +281,14 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         check_device_count(node.name, "Intel cards", len(cards))
         # Allocatable counts the cards a device plugin or the advertiser can serve, so an unhealthy card is not in it.
         serving = max(1, sum(healthy))
-        capacity = {r: amount // serving for r, amount in node.allocatable.items() if r.startswith(PREFIX)}
+        capacity = {
+            r: [amount // serving] * len(cards) for r, amount in node.allocatable.items() if r.startswith(PREFIX)
+        }
+        # Each card's own local memory, when the inventory says it for every card that serves: cards of unequal
+        # memory are not the even split GAS assumes.
+        if MEMORY in capacity and memory and all(m for m, ok in zip(memory, healthy, strict=True) if ok):
+            even = capacity[MEMORY][0]  # a failed card that never said keeps what its pods hold of the split
+            capacity[MEMORY] = [m or even for m in memory]
         return IntelGasNodeState(node.name, cards, healthy, capacity)
 
     @hookimpl

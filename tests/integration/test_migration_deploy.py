@@ -167,6 +167,7 @@ def test_the_second_profile_manages_every_kubegpu_resource(tree: Path) -> None:
     assert {
         "gpu.intel.com/xe",
         "gpu.intel.com/millicores",
+        "gpu.intel.com/tiles",
         "gpu.intel.com/i915",
         "aws.amazon.com/neuroncore",
     } <= managed

@@ -29,7 +29,7 @@ from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
 
 from .cluster import Cluster, free_port, wait_for
 from .test_extender import Process, make_certs, tls_client
-from .test_scheduler import HAMI_GPU, ROOT, wait_bound
+from .test_scheduler import HAMI_GPU, ROOT, bound, wait_bound
 
 OVERLAYS = ROOT / "examples" / "deploy" / "kustomize" / "overlays"
 EXTENDER_CONFIGS = {
@@ -90,11 +90,11 @@ def events_of(cluster: Cluster, namespace: str, pod: str) -> list[str]:
 def test_gas_two_8g_cards_take_two_5g_pods_and_refuse_the_third(
     cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
 ) -> None:
-    # GAS's flags as its deployment passes them; its certificate, key and CA from make-certs.sh.
+    # GAS's flags as its deployment passes them (`--v=4` too); its certificate, key and CA from make-certs.sh.
     certs = make_certs(tmp_path / "certs")
     extender, port = start_extender(
-        cluster, key_file, tmp_path, "--port", "{port}", "--cert", str(certs / "tls.crt"),
-        "--key", str(certs / "tls.key"), "--cacert", str(certs / "ca.crt"),
+        cluster, key_file, tmp_path, "--port", "{port}", f"--cert={certs / 'tls.crt'}",
+        f"--key={certs / 'tls.key'}", f"--cacert={certs / 'ca.crt'}", "--v=4", "-enableAllowlist", "-enableDenylist",
     )  # fmt: skip
     processes.append(extender)
     url = f"https://127.0.0.1:{port}"
@@ -192,6 +192,90 @@ def test_hamis_share_pod_is_placed_and_its_task_priority_refused_through_each_sh
         )  # fmt: skip
         assert "remove nvidia.com/priority from the container" in message, message
     assert set(wait_bound(cluster, namespace, 1)) == {"gpu-pod"}
+
+
+@pytest.mark.parametrize("which", sorted(EXTENDER_CONFIGS))
+def test_gas_tiles_pod_without_i915_is_refused_with_kubegpus_reason_through_each_shipped_extender_config(
+    which: str, cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    """GAS's tile request asks `gpu.intel.com/tiles` beside `i915`; a pod that leaves `i915` out is refused by kubegpu
+    (its default), naming the fix. The shipped configurations did not list `tiles` in `managedResources`, so
+    kube-scheduler never asked kubegpu about it and bound it on node totals, where it got no card."""
+    extender, port = start_extender(
+        cluster, key_file, tmp_path, "--listen", "127.0.0.1:{port}", "--insecure-no-client-auth"
+    )
+    processes.append(extender)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, urllib3.PoolManager())
+    config = shipped_extender_config(cluster, which, url)
+    (profile,) = (p["schedulerName"] for p in config["profiles"])
+    cluster.create_ready_node(
+        "max-node", labels={"gpu.intel.com/gpu-numbers": "0.1"},
+        allocatable={"gpu.intel.com/i915": 2, "gpu.intel.com/tiles": 4, "gpu.intel.com/memory.max": "128G"},
+    )  # fmt: skip
+    scheduler = start_kube_scheduler(cluster, tmp_path, config)
+    processes.append(scheduler)
+    cluster.create_pod(namespace, "tiles-only", {"main": {"gpu.intel.com/tiles": 1}}, scheduler=profile)
+    cluster.create_pod(
+        namespace, "tiles", {"main": {"gpu.intel.com/i915": 1, "gpu.intel.com/tiles": 2}}, scheduler=profile
+    )
+    try:
+        placed = wait_for(lambda: (b := bound(cluster, namespace)) and "tiles" in b and b, 45, "the tiles pod bound")
+    except AssertionError:
+        raise AssertionError(f"{events_of(cluster, namespace, 'tiles')}\n{scheduler.output()[-3000:]}") from None
+    record = decode_allocation(placed["tiles"]["metadata"]["annotations"][ALLOCATION_KEY])
+    assert record.shares["main"]["gpu.intel.com/tiles"] == {"card0": 2}
+    message = wait_for(
+        lambda: next((m for m in events_of(cluster, namespace, "tiles-only") if "i915" in m), None),
+        45, "the tiles-only pod's FailedScheduling event with kubegpu's reason",
+    )  # fmt: skip
+    assert "must also request gpu.intel.com/i915" in message, message
+    assert set(wait_bound(cluster, namespace, 1)) == {"tiles"}
+
+
+def test_gas_node_losing_a_card_keeps_placing_on_the_others(
+    cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    """The Intel labeler stops listing card0 (`gpu-numbers` 0.1 -> 1) and the device plugin's totals halve while a pod
+    holds a share of card0. GAS goes on placing on card1; kubegpu refused every new pod on the node ("pod ... runs
+    on devices this node no longer lists as it did (card0 is not an Intel GPU card of this node)") until the pod on
+    the lost card ended."""
+    extender, port = start_extender(
+        cluster, key_file, tmp_path, "--listen", "127.0.0.1:{port}", "--insecure-no-client-auth"
+    )
+    processes.append(extender)
+    url = f"http://127.0.0.1:{port}"
+    http = urllib3.PoolManager()
+    wait_ready(url, http)
+    config = shipped_extender_config(cluster, "patched-default", url)
+    (profile,) = (p["schedulerName"] for p in config["profiles"])
+    cluster.create_ready_node(
+        "gas-node", labels={"gpu.intel.com/gpu-numbers": "0.1"},
+        allocatable={"gpu.intel.com/i915": 8, "gpu.intel.com/memory.max": "16G"},
+    )  # fmt: skip
+    processes.append(start_kube_scheduler(cluster, tmp_path, config))
+    two_gb = {"main": {"gpu.intel.com/i915": 1, "gpu.intel.com/memory.max": "2G"}}
+    for card in ("card0", "card1"):
+        cluster.create_pod(namespace, f"on-{card}", two_gb, scheduler=profile, annotations={"gas-allow": card})
+    wait_bound(cluster, namespace, 2, timeout=45)
+
+    cluster.client.patch("/api/v1/nodes/gas-node", {"metadata": {"labels": {"gpu.intel.com/gpu-numbers": "1"}}})
+    halved = {"gpu.intel.com/i915": "4", "gpu.intel.com/memory.max": "8G"}
+    cluster.client.patch("/api/v1/nodes/gas-node/status", {"status": {"capacity": halved, "allocatable": halved}})
+
+    def cards_seen() -> list[str]:
+        nodes = orjson.loads(http.request("GET", f"{url}/apis/kubegpu/v1/nodes").data)["items"]
+        node = next((n for n in nodes if n["name"] == "gas-node"), None)
+        return [cell["id"] for cell in node["devices"][0]["cells"]] if node else []
+
+    wait_for(lambda: cards_seen() == ["card1"], 30, "the extender's view of gas-node without card0")
+    cluster.create_pod(namespace, "new", {"main": {"gpu.intel.com/i915": 1, "gpu.intel.com/memory.max": "4G"}},
+                       scheduler=profile)  # fmt: skip
+    try:
+        placed = wait_for(lambda: (b := bound(cluster, namespace)) and "new" in b and b, 45, "the new pod bound")
+    except AssertionError:
+        raise AssertionError(f"{events_of(cluster, namespace, 'new')}\n{extender.output()[-3000:]}") from None
+    assert placed["new"]["metadata"]["annotations"]["gas-container-cards"] == "card1"
 
 
 def test_neuron_seed_pod_with_my_scheduler_gets_cores_0_to_8_and_the_decision_is_logged(

@@ -329,6 +329,44 @@ def test_a_discovered_inventory_schedules_one_pod_per_card(
     assert scheduled_cards(pm, make_plugin_manager, inventory, 3)[2] is None
 
 
+def test_cards_of_unequal_memory_each_hold_their_own(
+    pm: KubegpuPluginManager, fake_host_root: FakeHost, make_plugin_manager: Callable[..., KubegpuPluginManager]
+) -> None:
+    """A 16 GB and a 4 GB card advertise 20 GB: split evenly (GAS's rule) each looked like 10 GB, and an 8 GB
+    container was placed on the 4 GB card. The inventory says each card's memory, and each card holds its own."""
+    add_card(fake_host_root, 0, memory=16 * 10**9)
+    add_card(fake_host_root, 1, memory=4 * 10**9)
+    inventory = with_health(pm, fake_host_root, discover(pm, fake_host_root))  # type: ignore[arg-type]
+    advertisement: Advertisement = pm.call("intel-gas", "kubegpu_device_advertise", inventory=inventory)
+    assert advertisement.capacity[MEMORY] == 20 * 10**9
+    node = make_node(
+        "flex-0",
+        labels=advertisement.labels,
+        annotations={DEVICES_KEY: encode_devices(NodeDevices(inventories={"intel-gas": inventory}))},
+        allocatable=advertisement.capacity,
+    )
+    engine = Engine(make_plugin_manager("scheduler", **{"intel-gas": scheduler}))
+    engine.add_node(node)
+
+    def place(name: str, memory: str, **annotations: str) -> tuple[str | None, str | None]:
+        pod = make_pod(name, {"main": {I915: 1, MEMORY: memory}}, annotations=annotations)
+        decision = engine.schedule(pod)
+        return decision.annotations.get("gas-container-cards"), decision.reason
+
+    assert place("big", "20G") == (
+        None, "0/1 nodes are available: 1 Not enough GPU-resources for deployment: will not fit "
+        "(gpu.intel.com/memory.max: needs 20G on each of 1 card(s); the largest card of this node has 16G).",
+    )  # fmt: skip
+    assert (
+        "(gpu.intel.com/memory.max: needs 8G on each of 1 card(s); the cards this pod may use here have at most 4G)"
+        in (place("allowed", "8G", **{"gas-allow": "card1"})[1] or "")
+    )
+    assert place("ten", "10G")[0] == "card0"
+    cards, reason = place("eight", "8G")  # card0's one container slot is taken; card1 has 4G
+    assert cards is None and reason is not None and "needs 8G on each of 1 card(s)" in reason, reason
+    assert place("three", "3G")[0] == "card1"
+
+
 def test_an_unhealthy_card_leaves_the_healthy_one_schedulable(
     pm: KubegpuPluginManager, fake_host_root: FakeHost, make_plugin_manager: Callable[..., KubegpuPluginManager]
 ) -> None:

@@ -52,6 +52,30 @@ def test_gas_flag_names_set_the_same_options() -> None:
     assert (go_style.listen, go_style.tls_cert, go_style.client_ca) == ("0.0.0.0:32000", "c.pem", "ca.pem")
 
 
+def test_gas_deployments_command_line_is_taken_as_written() -> None:
+    """GAS's deploy/gas-deployment.yaml passes `--v=4`, and its flags include `-enableAllowlist`, `-enableDenylist`,
+    `-qps`, `-burst`: `kubegpu extender` stopped at the first with `unrecognized arguments`."""
+    args = parse(
+        "--cert=/gas/cert/tls.crt", "--key=/gas/cert/tls.key",
+        "--cacert=/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "--v=4",
+        "-enableAllowlist", "--enableDenylist=true", "-qps=5", "-burst", "10", "--balancedResource=",
+    )  # fmt: skip
+    assert _gas_flags(args) == []
+    assert (args.tls_cert, args.client_ca, args.log_level) == (
+        "/gas/cert/tls.crt", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "info",
+    )  # fmt: skip
+    assert (args.kube_api_qps, args.kube_api_burst) == (5.0, 10)
+    _gas_flags(debug := parse("-v=5"))
+    assert debug.log_level == "debug"
+
+
+def test_gas_flags_kubegpu_does_not_follow_are_refused_or_said() -> None:
+    warnings = _gas_flags(parse("--enableAllowlist=false"))
+    assert warnings == ["--enableAllowlist=false: kubegpu honours every pod's gas-allow annotation all the same"]
+    with pytest.raises(SystemExit, match=r"--balancedResource=millicores .* is not supported: .* remove the flag"):
+        _gas_flags(parse("--balancedResource", "millicores"))
+
+
 def test_without_port_or_listen_the_default_stays() -> None:
     args = parse()
     _gas_flags(args)
