@@ -314,7 +314,7 @@ class ExtenderServer:
             leases=leases,
             watch_podgroups=True,
             follow_nominations=True,
-            bound_leaving=lambda pod, node, gone: self.gang_cuts.leaving(pod, node, gone),
+            bound_leaving=lambda pod, node, gone, preempted: self.gang_cuts.leaving(pod, node, gone, preempted),
             nominated=lambda pod, node: self.gang_cuts.nominated(pod, node),
         )
         self.metrics.count_pods_on_verify_keys(self.mirror.pods_on_verify_keys)

@@ -12,10 +12,19 @@ the members still waiting to be bound, fewer than `minMember` remain. None is ev
 whole, nor when one of them is of the preemptor's priority or higher, nor for a member that finished or was deleted
 with no preemptor of higher priority nominated on its node (its owner's doing, not a preemption).
 
+Kubernetes 1.26+ (PodDisruptionConditions, GA in 1.31) says why it deletes a pod: its `DisruptionTarget`
+condition, written before the deletion, has the reason `PreemptionByScheduler` for kube-scheduler's victims, and
+another (`EvictionByEvictionAPI`, `DeletionByTaintManager`, `DeletionByPodGC`, `TerminationByKubelet`) for a drain,
+a taint, the pod GC or the kubelet: such a member is no preemption's victim, whatever is nominated on its node. A
+kube-scheduler that marks its victims marks every one, so once this process has seen one marked, an unmarked
+deletion is its owner's (a Job, a StatefulSet's rolling restart, a user). kube-scheduler 1.20.2 marks none: there the
+nomination alone decides, within `KEPT_SECONDS` of the member's first sign of leaving.
+
 Each evicted member gets a `Preempted` Event naming the preemptor, the member it lost and why; the deletion is
 guarded by the member's UID. What is remembered is bounded: a member's departure is kept `KEPT_SECONDS` for a
-nomination to follow, for `MAX_DEPARTURES` departures at most, and the members being deleted only while they hold
-resources.
+nomination to follow (from its first sign of leaving: its status reported again meanwhile does not extend it), for
+`MAX_DEPARTURES` departures at most, and the members being deleted only while they hold resources. Members are
+known by UID: a member restarted under its name (a StatefulSet) is another pod, running.
 """
 
 from __future__ import annotations
@@ -37,6 +46,25 @@ log = logging.getLogger("kubegpu.extender")
 
 KEPT_SECONDS = 120.0  # how long a member's departure waits for a nomination on its node
 MAX_DEPARTURES = 4096
+DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes 1.26+ writes before it deletes a pod
+PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"  # its reason for kube-scheduler's preemption victims
+
+
+def preemption_mark(status: object) -> bool | None:
+    """What a pod's `status` says of its deletion (Kubernetes 1.26+): True, kube-scheduler preempted it; False,
+    another hand is deleting it (the Eviction API, the taint manager, the pod GC, the kubelet); None, it says
+    nothing (kube-scheduler 1.20.2, or a pod deleted by its owner)."""
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    if not isinstance(conditions, list):
+        return None
+    for condition in conditions:
+        if (
+            isinstance(condition, dict)
+            and condition.get("type") == DISRUPTION_TARGET
+            and condition.get("status") == "True"
+        ):
+            return condition.get("reason") == PREEMPTION_BY_SCHEDULER
+    return None
 
 
 class GangCuts:
@@ -57,30 +85,39 @@ class GangCuts:
         self.lock = lock
         self.clock = clock
         self._left: dict[tuple[str, str], tuple[PodRequest, float]] = {}  # (node, gang) -> member gone, when
-        self._leaving: set[str] = set()  # members being deleted, by anyone, until they are gone
-        self._ours: set[str] = set()  # those this evicts
+        self._leaving: dict[str, str] = {}  # members being deleted, by anyone, until they are gone: UID -> key
+        self._ours: dict[str, str] = {}  # those this evicts: UID -> key
+        self._marked = False  # kube-scheduler was seen marking a victim `PreemptionByScheduler`
 
-    def leaving(self, pod: PodRequest, node: str, gone: bool) -> None:
-        """The bound pod `pod` is being deleted from `node`, or is gone (`gone`)."""
+    def leaving(self, pod: PodRequest, node: str, gone: bool, preempted: bool | None = None) -> None:
+        """The bound pod `pod` is being deleted from `node`, or is gone (`gone`: deleted, finished, or replaced by a
+        pod of its name). `preempted`: what its deletion says of itself (`preemption_mark`; False for a pod that
+        finished or that is known gone without having been seen leaving)."""
+        if preempted:
+            self._marked = True
         gang = gang_key(pod)
         if gang is None:
             return
-        ours = pod.key in self._ours
+        ours = pod.uid in self._ours
+        seen = pod.uid in self._leaving  # its departure dates from its first sign of leaving
         if gone:
-            self._leaving.discard(pod.key)
-            self._ours.discard(pod.key)
+            self._leaving.pop(pod.uid, None)
+            self._ours.pop(pod.uid, None)
         else:
-            self._leaving.add(pod.key)
-        if ours:
-            return
+            self._leaving[pod.uid] = pod.key
+        if ours or seen or preempted is False or (preempted is None and self._marked):
+            return  # not a preemption's victim (another hand, its owner, or this), or known already
         now = self.clock()
         self._left.pop((node, gang), None)
         self._left[(node, gang)] = (pod, now)
+        self._forget_old(now)
+        self._settle(node)
+
+    def _forget_old(self, now: float) -> None:
         for where, (_, when) in list(self._left.items()):  # oldest first
             if now - when <= KEPT_SECONDS and len(self._left) <= MAX_DEPARTURES:
                 break
             del self._left[where]
-        self._settle(node)
 
     def nominated(self, pod: PodRequest, node: str) -> None:
         """kube-scheduler nominated the preemptor `pod` on `node`."""
@@ -91,9 +128,11 @@ class GangCuts:
         if not nominees:
             return
         preemptor, priority = max(nominees.items(), key=lambda item: item[1])
-        held_now = self.engine.pod_keys()  # a relist may have dropped members without their events
-        self._leaving.intersection_update(held_now)
-        self._ours.intersection_update(held_now)
+        for known in (self._leaving, self._ours):  # a relist may have dropped members without their events
+            for uid, key in list(known.items()):
+                if (held := self.engine.placement(key)) is None or held.request.uid != uid:
+                    del known[uid]
+        self._forget_old(self.clock())
         for where in [where for where in self._left if where[0] == node]:
             departed, _ = self._left[where]
             if departed.priority >= priority:
@@ -108,10 +147,9 @@ class GangCuts:
             rest = [
                 held.request
                 for key in self.engine.gang_holders(group)
-                if key != departed.key
-                and key not in self._leaving
-                and (held := self.engine.placement(key)) is not None
+                if (held := self.engine.placement(key)) is not None
                 and held.request.uid != departed.uid
+                and held.request.uid not in self._leaving
             ]
             if not rest or len(rest) + self.waiting(group.key) >= group.min_member:
                 continue  # nothing left running, or the gang can still be whole
@@ -123,8 +161,8 @@ class GangCuts:
                     extra={"pod": preemptor, "node": node},
                 )
                 continue
-            self._ours.update(member.key for member in rest)
-            self._leaving.update(member.key for member in rest)
+            self._ours.update((member.uid, member.key) for member in rest)
+            self._leaving.update((member.uid, member.key) for member in rest)
             why = (
                 f"gang {group.key}, which kube-scheduler cut below its minMember {group.min_member} when it "
                 f"preempted member {departed.name} on node {node}"
@@ -133,8 +171,10 @@ class GangCuts:
             self.binder.submit(self._evict(preemptor, why, rest))
 
     async def _evict(self, preemptor: str, why: str, rest: list[PodRequest]) -> None:
-        failed = await self.binder.evict_for(preemptor, why, rest)
+        failed = set(await self.binder.evict_for(preemptor, why, rest))
         if failed:
             with self.lock:
-                self._ours.difference_update(failed)
-                self._leaving.difference_update(failed)
+                for member in rest:
+                    if member.key in failed:
+                        self._ours.pop(member.uid, None)
+                        self._leaving.pop(member.uid, None)

@@ -72,6 +72,7 @@ from kubegpu.scheduler import filters, liveness, objects, podgroups
 from kubegpu.scheduler.binder import Binder
 from kubegpu.scheduler.dra import HeldClaim
 from kubegpu.scheduler.engine import Engine, Placement
+from kubegpu.scheduler.gangcuts import preemption_mark
 from kubegpu.scheduler.gangstatus import GangMembers, gang_of, member_state
 from kubegpu.scheduler.health import Metrics
 from kubegpu.scheduler.podgroups import PodGroup
@@ -193,7 +194,7 @@ class ClusterMirror:
         watch_dra: bool = False,
         follow_nominations: bool = False,
         claims_released: Callable[[PodRequest, list[HeldClaim]], None] | None = None,
-        bound_leaving: Callable[[PodRequest, str, bool], None] | None = None,
+        bound_leaving: Callable[[PodRequest, str, bool, bool | None], None] | None = None,
         nominated: Callable[[PodRequest, str], None] | None = None,
     ) -> None:
         self.client = client
@@ -202,8 +203,9 @@ class ClusterMirror:
         # (`ignoredByScheduler`). The engine holds the node for such a pod as the custom scheduler's own
         # preemption does (`Engine.nominate`), until the pod binds, leaves, or its nomination is cleared.
         self.follow_nominations = follow_nominations
-        # The extender's `GangCuts`: told of each bound pod being deleted or gone (not one that finished), and of each
-        # nomination followed, so that it evicts the rest of a gang kube-scheduler's preemption cut.
+        # The extender's `GangCuts`: told of each bound pod being deleted, finished or gone, with what its deletion says
+        # of itself (`gangcuts.preemption_mark`), and of each nomination followed, so that it evicts the rest of a
+        # gang kube-scheduler's preemption cut.
         self.bound_leaving = bound_leaving
         self.nominated = nominated
         self.engine = engine
@@ -1134,6 +1136,8 @@ class ClusterMirror:
                         if held.owned:
                             named = (held.claim.namespace, held.claim.name)
                             self._seen_since_listing(CLAIMS_KIND, named, True, {"metadata": {"uid": held.claim.uid}})
+                if self.bound_leaving is not None and (gone := self.engine.placement(key)) is not None:
+                    self.bound_leaving(gone.request, gone.node, True, False)  # gone unseen: no sign of why
                 self.release(key)
             self.pending.keep_only(live)
             self.engine.unnominate_all_but(live)
@@ -1318,6 +1322,8 @@ class ClusterMirror:
             request, deleting = partly
         held = self.engine.placement(key)
         if held is not None and held.request.uid != request.uid:
+            if self.bound_leaving is not None:  # gone unseen (a relist): no sign of why
+                self.bound_leaving(held.request, held.node, True, False)
             self.release(key)  # a new pod took an old pod's name
             held = None
         binding_uid = self.pending.binding(key)
@@ -1326,14 +1332,13 @@ class ClusterMirror:
         if orphan is not None and (orphan.request.uid != request.uid or kind == "DELETED" or request.phase in FINISHED):
             self._drop_orphan(key)
             orphan = None
-        if (
-            self.bound_leaving is not None
-            and held is not None
-            and (deleting or kind == "DELETED")
-            and request.phase not in FINISHED
-            and held.request.phase not in FINISHED
-        ):
-            self.bound_leaving(held.request, held.node, kind == "DELETED")
+        finished = request.phase in FINISHED or (held is not None and held.request.phase in FINISHED)
+        if self.bound_leaving is not None and held is not None and (deleting or kind == "DELETED" or finished):
+            # Kubernetes 1.26+ says why it deletes a pod (`gangcuts.preemption_mark`); a pod that finished unmarked
+            # was no preemption's victim (1.27+ kubelets report a preempted pod Failed before it is gone, marked).
+            mark = preemption_mark(obj.get("status"))
+            gone = kind == "DELETED" or finished
+            self.bound_leaving(held.request, held.node, gone, False if finished and mark is None else mark)
         if kind == "DELETED" or request.phase in FINISHED:
             self._refused.pop(key, None)
             self._partly.pop(key, None)

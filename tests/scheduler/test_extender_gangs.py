@@ -573,3 +573,102 @@ def test_a_gang_that_can_still_be_whole_with_its_waiting_members_keeps_the_rest(
     gone(server, w0, "r0-n0")
     nominated(server, vip(), "r0-n0")
     assert writer.deleted == []
+
+
+def marked(pod: dict[str, Any], reason: str) -> dict[str, Any]:
+    """`pod` as Kubernetes 1.26+ marks a pod it is about to delete (PodDisruptionConditions): its `DisruptionTarget`
+    condition says why (kube-scheduler's preemption, the Eviction API, the taint manager, the pod GC, the kubelet)."""
+    pod = orjson.loads(orjson.dumps(pod))
+    condition = {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": "default-scheduler: x"}
+    pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}, condition]}
+    return pod
+
+
+@pytest.mark.parametrize(
+    "reason", ["EvictionByEvictionAPI", "DeletionByTaintManager", "DeletionByPodGC", "TerminationByKubelet"]
+)
+def test_a_gang_member_another_hand_marked_and_deleted_costs_the_rest_nothing(reason: str) -> None:
+    """Kubernetes 1.26+ says why it deletes a pod: w-0 was drained (the Eviction API), its node tainted, or the
+    like, not preempted, so the vip nominated on r0-n0 meanwhile is no sign of a preemption: w-1 stays."""
+    server, writer, w0 = cut_gang()
+    gone(server, marked(w0, reason), "r0-n0")
+    nominated(server, vip(), "r0-n0")
+    assert writer.deleted == []
+
+
+def test_the_rest_of_a_gang_is_evicted_when_kube_scheduler_marks_its_victim_as_preempted() -> None:
+    server, writer, w0 = cut_gang()
+    gone(server, marked(w0, "PreemptionByScheduler"), "r0-n0")
+    nominated(server, vip(), "r0-n0")
+    assert writer.deleted == [("w-1", "uid-w-1")]
+
+
+def test_once_kube_scheduler_is_seen_marking_its_victims_an_unmarked_deletion_is_the_owners() -> None:
+    """A kube-scheduler that marks its victims (1.26+) marks every one: after it preempted `solo` on r0-n2, marked,
+    w-0 deleted unmarked on r0-n0 was deleted by its owner (a Job, a StatefulSet's rolling restart), though the vip
+    is nominated there: w-1 stays."""
+    server = extender(1, 3, [podgroup("train", 2)])
+    writer = Evictions()
+    server.binder.writer = writer  # type: ignore[assignment]
+    w0 = running(server, "w-0", "r0-n0", 0, "train")
+    running(server, "w-1", "r0-n1", 0, "train")
+    solo = running(server, "solo", "r0-n2", 0)
+    server.mirror.on_pods("ADDED", vip())
+    gone(server, marked(solo, "PreemptionByScheduler"), "r0-n2")
+    gone(server, w0, "r0-n0")
+    nominated(server, vip(), "r0-n0")
+    assert writer.deleted == []
+
+
+def test_a_member_restarted_under_its_name_counts_as_running_when_another_is_preempted() -> None:
+    """A gang of three (minMember 2). Its StatefulSet restarts w-1: the kubelet reports it Failed before it is gone
+    (1.27+; a Job's pods on 1.20.2 too), and w-1 comes back under its name on r0-n1. Then kube-scheduler preempts
+    w-0 for the vip: w-1 and w-2 still make the gang whole, so neither is evicted."""
+    server = extender(1, 3, [podgroup("train", 2)])
+    writer = Evictions()
+    server.binder.writer = writer  # type: ignore[assignment]
+    w0, w1, _ = (running(server, f"w-{i}", f"r0-n{i}", 0, "train") for i in range(3))
+    ending = orjson.loads(orjson.dumps(w1))
+    ending["spec"]["nodeName"] = "r0-n1"
+    ending["metadata"].update(resourceVersion="10", deletionTimestamp="2026-11-26T00:00:00Z")
+    server.mirror.on_pods("MODIFIED", ending)
+    ending["metadata"]["resourceVersion"] = "11"
+    ending["status"] = {"phase": "Failed"}
+    server.mirror.on_pods("MODIFIED", ending)
+    server.mirror.on_pods("DELETED", ending)
+    again = member("w-1", "train", 8)
+    again["metadata"].update(uid="uid-w-1-again", resourceVersion="12")
+    again["spec"]["priority"] = 0
+    server.mirror.on_pods("ADDED", again)
+    bind(server, again, "r0-n1")
+    server.mirror.on_pods("ADDED", vip())
+    gone(server, w0, "r0-n0")
+    nominated(server, vip(), "r0-n0")
+    assert writer.deleted == []
+
+
+def test_a_departure_older_than_kept_seconds_is_no_sign_of_a_preemption() -> None:
+    """kube-scheduler 1.20.2 nominates its preemptor right after deleting the victims. w-0 deleted by its owner
+    (a long grace period, its status reported again meanwhile), and the vip nominated on r0-n0 ten minutes later:
+    not w-0's preemption, and w-1 stays."""
+    from kubegpu.scheduler import gangcuts
+
+    server, writer, w0 = cut_gang()
+    now = [0.0]
+    server.gang_cuts.clock = lambda: now[0]
+    ending = orjson.loads(orjson.dumps(w0))
+    ending["spec"]["nodeName"] = "r0-n0"
+    ending["metadata"].update(resourceVersion="20", deletionTimestamp="2026-11-26T00:00:00Z")
+    for step in range(5):  # the kubelet reports its status while it stops
+        now[0] = step * 100.0
+        ending["metadata"]["resourceVersion"] = str(20 + step)
+        ending["status"] = {"phase": "Running", "message": f"stopping {step}"}
+        server.mirror.on_pods("MODIFIED", ending)
+    now[0] = 400.0 + gangcuts.KEPT_SECONDS / 2
+    nominated(server, vip(), "r0-n0")
+    assert writer.deleted == []
+    now[0] = 10_000.0
+    server.mirror.on_pods("DELETED", ending)
+    nominated(server, vip(), "r0-n1")
+    nominated(server, vip(), "r0-n0")
+    assert writer.deleted == []
