@@ -319,7 +319,9 @@ class ExtenderServer:
         )
         self.metrics.count_pods_on_verify_keys(self.mirror.pods_on_verify_keys)
         # The rest of a gang kube-scheduler's preemption cut below its minMember is evicted (`gangcuts.py`).
-        self.gang_cuts = GangCuts(engine, self.binder, self._waiting_members, self.mirror.lock)
+        self.gang_cuts = GangCuts(
+            engine, self.binder, self._waiting_members, self.mirror.lock, server=lambda: self.mirror.server_version
+        )
         # The score /prioritize answers with: the engine's (its binpack or spread policy plus the plugins' topology
         # score), or nvidia-gpu-scheduler's (`compat.FREE_MODEL_GPUS`: free GPUs of the pod's model).
         self.free_model_gpus = policy == compat.FREE_MODEL_GPUS

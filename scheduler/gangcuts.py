@@ -16,9 +16,10 @@ Kubernetes 1.26+ (PodDisruptionConditions, GA in 1.31) says why it deletes a pod
 condition, written before the deletion, has the reason `PreemptionByScheduler` for kube-scheduler's victims, and
 another (`EvictionByEvictionAPI`, `DeletionByTaintManager`, `DeletionByPodGC`, `TerminationByKubelet`) for a drain,
 a taint, the pod GC or the kubelet: such a member is no preemption's victim, whatever is nominated on its node. A
-kube-scheduler that marks its victims marks every one, so once this process has seen one marked, an unmarked
-deletion is its owner's (a Job, a StatefulSet's rolling restart, a user). kube-scheduler 1.20.2 marks none: there the
-nomination alone decides, within `KEPT_SECONDS` of the member's first sign of leaving.
+kube-scheduler that marks its victims marks every one, so on an API server of 1.31 or later (where the feature is
+GA, locked on: `MARKS_FROM`), or once this process has seen one marked, an unmarked deletion is its owner's (a Job,
+a StatefulSet's rolling restart, a user). kube-scheduler 1.20.2 marks none: there the nomination alone decides, within
+`KEPT_SECONDS` of the member's first sign of leaving.
 
 Each evicted member gets a `Preempted` Event naming the preemptor, the member it lost and why; the deletion is
 guarded by the member's UID. What is remembered is bounded: a member's departure is kept `KEPT_SECONDS` for a
@@ -48,6 +49,9 @@ KEPT_SECONDS = 120.0  # how long a member's departure waits for a nomination on 
 MAX_DEPARTURES = 4096
 DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes 1.26+ writes before it deletes a pod
 PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"  # its reason for kube-scheduler's preemption victims
+# From this Kubernetes release on, PodDisruptionConditions is GA and cannot be turned off: every victim is marked.
+# (1.26-1.30 have it on by default; there a first marked victim seen tells, `GangCuts._marked`.)
+MARKS_FROM = (1, 31)
 
 
 def preemption_mark(status: object) -> bool | None:
@@ -78,8 +82,10 @@ class GangCuts:
         waiting: Callable[[str], int],
         lock: RLock,
         clock: Callable[[], float] = time.monotonic,
+        server: Callable[[], tuple[int, int] | None] = lambda: None,
     ) -> None:
         self.engine = engine
+        self.server = server  # the API server's (major, minor), once known
         self.binder = binder
         self.waiting = waiting  # a gang's members waiting to be bound
         self.lock = lock
@@ -105,13 +111,20 @@ class GangCuts:
             self._ours.pop(pod.uid, None)
         else:
             self._leaving[pod.uid] = pod.key
-        if ours or seen or preempted is False or (preempted is None and self._marked):
+        if ours or seen or preempted is False or (preempted is None and self._marks()):
             return  # not a preemption's victim (another hand, its owner, or this), or known already
         now = self.clock()
         self._left.pop((node, gang), None)
         self._left[(node, gang)] = (pod, now)
         self._forget_old(now)
         self._settle(node)
+
+    def _marks(self) -> bool:
+        """Whether kube-scheduler marks its victims here (a deletion unmarked is then no preemption's)."""
+        if self._marked:
+            return True
+        version = self.server()
+        return version is not None and version >= MARKS_FROM
 
     def _forget_old(self, now: float) -> None:
         for where, (_, when) in list(self._left.items()):  # oldest first

@@ -263,6 +263,7 @@ class ClusterMirror:
         # against), and why it is refused (an older one: the front-end then exits). Leases are surveyed only for a
         # front-end that takes them (leader election sets `needs_leases`, node liveness reads them).
         self.kubernetes: str | None = None
+        self.server_version: tuple[int, int] | None = None  # the API server's (major, minor), once asked
         self.server_warnings: list[str] = []
         self.refusal: str | None = None
         self.needs_leases = needs_leases or leases is not None
@@ -497,6 +498,7 @@ class ClusterMirror:
                 log.warning("the API server's /version states no version kubegpu can read; going on")
         else:
             self.kubernetes = str(version)
+            self.server_version = (version.major, version.minor)
             verdict = discovery.version_verdict(version)
             if verdict is not None and verdict[0]:
                 log.error("%s", verdict[1])
