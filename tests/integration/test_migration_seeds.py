@@ -155,13 +155,11 @@ def shipped_extender_config(cluster: Cluster, which: str, url: str) -> dict[str,
     return config
 
 
-@pytest.mark.parametrize("which", sorted(EXTENDER_CONFIGS))
-def test_hamis_share_pod_is_placed_and_its_task_priority_refused_through_each_shipped_extender_config(
-    which: str, cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
-) -> None:
-    """The second profile managed `nvidia.com/gpu` alone: kube-scheduler's own NodeResourcesFit refused HAMi's pod
-    on every HAMi node (`Insufficient nvidia.com/gpucores, ... nvidia.com/gpumem`). And `nvidia.com/priority`
-    read `Insufficient nvidia.com/priority` (1) or ran at the low priority (0, which every check lets through)."""
+def extender_behind_shipped_config(
+    cluster: Cluster, which: str, key_file: Path, tmp_path: Path, processes: list[Process]
+) -> tuple[dict[str, Any], str]:
+    """`kubegpu extender` started over plain HTTP and ready, and the shipped configuration `which` pointed at it,
+    with the scheduler name of its one profile."""
     extender, port = start_extender(
         cluster, key_file, tmp_path, "--listen", "127.0.0.1:{port}", "--insecure-no-client-auth"
     )
@@ -170,6 +168,17 @@ def test_hamis_share_pod_is_placed_and_its_task_priority_refused_through_each_sh
     wait_ready(url, urllib3.PoolManager())
     config = shipped_extender_config(cluster, which, url)
     (profile,) = (p["schedulerName"] for p in config["profiles"])
+    return config, profile
+
+
+@pytest.mark.parametrize("which", sorted(EXTENDER_CONFIGS))
+def test_hamis_share_pod_is_placed_and_its_task_priority_refused_through_each_shipped_extender_config(
+    which: str, cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    """The second profile managed `nvidia.com/gpu` alone: kube-scheduler's own NodeResourcesFit refused HAMi's pod
+    on every HAMi node (`Insufficient nvidia.com/gpucores, ... nvidia.com/gpumem`). And `nvidia.com/priority`
+    read `Insufficient nvidia.com/priority` (1) or ran at the low priority (0, which every check lets through)."""
+    config, profile = extender_behind_shipped_config(cluster, which, key_file, tmp_path, processes)
     cluster.create_ready_node("hami-node", labels=HAMI_GPU, allocatable={"nvidia.com/gpu": 10})
     scheduler = start_kube_scheduler(cluster, tmp_path, config)
     processes.append(scheduler)
@@ -201,14 +210,7 @@ def test_gas_tiles_pod_without_i915_is_refused_with_kubegpus_reason_through_each
     """GAS's tile request asks `gpu.intel.com/tiles` beside `i915`; a pod that leaves `i915` out is refused by kubegpu
     (its default), naming the fix. The shipped configurations did not list `tiles` in `managedResources`, so
     kube-scheduler never asked kubegpu about it and bound it on node totals, where it got no card."""
-    extender, port = start_extender(
-        cluster, key_file, tmp_path, "--listen", "127.0.0.1:{port}", "--insecure-no-client-auth"
-    )
-    processes.append(extender)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(url, urllib3.PoolManager())
-    config = shipped_extender_config(cluster, which, url)
-    (profile,) = (p["schedulerName"] for p in config["profiles"])
+    config, profile = extender_behind_shipped_config(cluster, which, key_file, tmp_path, processes)
     cluster.create_ready_node(
         "max-node", labels={"gpu.intel.com/gpu-numbers": "0.1"},
         allocatable={"gpu.intel.com/i915": 2, "gpu.intel.com/tiles": 4, "gpu.intel.com/memory.max": "128G"},

@@ -53,6 +53,23 @@ def contiguous(ids: list[int]) -> bool:
     return ids == list(range(ids[0], ids[0] + len(ids)))
 
 
+def checked_row(
+    documents: list[dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[dict[str, Any], Any, list[int]]:
+    """`kubegpu simulate` of one trn1 and a pod whose `check` init container asks a row of 4 before its `main` of 1:
+    the event, the allocation, and the check's row (4 devices, aligned, contiguous, holding main's device)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    assert main(["simulate", "--json", str(path)]) == 0
+    (event,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert event["event"] == "scheduled", event["reason"]
+    record = decode_allocation(event["annotations"][ALLOCATION_KEY])
+    row = ints(record.init["check"][DEVICE])
+    assert len(row) == 4 and row[0] % 4 == 0 and contiguous(row)
+    assert set(ints(record.containers["main"][DEVICE])) <= set(row)
+    return event, record, row
+
+
 @pytest.fixture
 def pm(make_plugin_manager: Callable[..., KubegpuPluginManager]) -> KubegpuPluginManager:
     return make_plugin_manager("scheduler", neuron=scheduler)
@@ -80,15 +97,7 @@ def test_a_torus_row_checked_before_a_one_device_trainer_is_placed_and_the_check
         node_manifest("trn1-a", labels={TYPE_LABEL: "trn1.32xlarge"}, allocatable={DEVICE: 16, CORE: 32}),
         checked_pod("checked", {DEVICE: 4}, {DEVICE: 1}),
     ]
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump_all(documents))
-    assert main(["simulate", "--json", str(path)]) == 0
-    (event,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
-    assert event["event"] == "scheduled", event["reason"]
-    record = decode_allocation(event["annotations"][ALLOCATION_KEY])
-    row = ints(record.init["check"][DEVICE])
-    assert len(row) == 4 and row[0] % 4 == 0 and contiguous(row)
-    assert set(ints(record.containers["main"][DEVICE])) <= set(row)
+    event, _, row = checked_row(documents, tmp_path, capsys)
     assert event["annotations"]["NEURON_DEVS"] == ",".join(str(d) for d in row)
 
 
@@ -150,15 +159,7 @@ def test_a_sidecar_running_beside_the_check_keeps_its_own_device_and_the_check_g
         node_manifest("trn1-a", labels={TYPE_LABEL: "trn1.32xlarge"}, allocatable={DEVICE: 16, CORE: 32}),
         document,
     ]
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump_all(documents))
-    assert main(["simulate", "--json", str(path)]) == 0
-    (event,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
-    assert event["event"] == "scheduled", event["reason"]
-    record = decode_allocation(event["annotations"][ALLOCATION_KEY])
-    row = ints(record.init["check"][DEVICE])
-    assert len(row) == 4 and row[0] % 4 == 0 and contiguous(row)
-    assert set(ints(record.containers["main"][DEVICE])) <= set(row)
+    _, record, row = checked_row(documents, tmp_path, capsys)
     (monitor,) = ints(record.containers["monitor"][DEVICE])
     assert monitor not in row
 
