@@ -50,9 +50,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kubegpu.core.annotations import init_devices
 from kubegpu.core.kit import MIX_DRIFT, MIX_KEY, TURNED_AWAY_WEIGHT, Claim, DevicePlugin, PartedDeviceNodeState, SizeMix
 from kubegpu.core.limits import check_device_count
-from kubegpu.core.models import NodeInfo, PluginAllocation, PodRequest
+from kubegpu.core.models import InitStep, NodeInfo, PluginAllocation, PodRequest
 from kubegpu.core.scheduler_hooks import hookimpl
 from kubegpu.core.status import Code, Status
 from kubegpu.plugins.neuron import NAME, NEURON, NEURONCORE, NEURONDEVICE, RESOURCES
@@ -80,8 +81,12 @@ TURNED_AWAY_DISCOUNT = 5.0
 # (it keeps its own devices while the init container runs), else "" (`place`).
 Requests = tuple[tuple[str, str, int, str], ...]
 HOLDER, BESIDE = "holder", "beside"
-# A pod's Neuron requests and the refusal of a container that mixes resources: `kubegpu_scheduler_prepare`'s answer.
-NeuronPodState = tuple[Requests, Status | None]
+# (init container, resource, amount, sidecars started before it) for every classic init container asking for Neuron
+# resources, in order: what the kubelet gives each of its pod's devices (`_steps_given`) must be a valid set too.
+Steps = tuple[tuple[str, str, int, tuple[str, ...]], ...]
+# A pod's Neuron requests, the refusal of a container that mixes resources, and its init containers' steps:
+# `kubegpu_scheduler_prepare`'s answer.
+NeuronPodState = tuple[Requests, Status | None, Steps]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -130,7 +135,7 @@ class NeuronNodeState(PartedDeviceNodeState):
         self.healthy_cores = self.healthy_parts
         self.healthy_device_count = self.healthy.bit_count()
         self.healthy_core_count = self.healthy_cores.bit_count()
-        self._plan_key: tuple[int, Requests] | None = None
+        self._plan_key: tuple[int, Requests, Steps] | None = None
         self._plan: NeuronPlacement | None = None
         self._turned_away: tuple[object, float] = (None, 0.0)
 
@@ -234,8 +239,7 @@ class NeuronPlugin(DevicePlugin[NeuronNodeState]):
 
     @hookimpl
     def kubegpu_scheduler_validate(self, pod: PodRequest) -> Status | None:
-        _, refusal = neuron_requests(pod)
-        return refusal
+        return neuron_requests(pod)[1]
 
     @hookimpl
     def kubegpu_scheduler_prepare(self, pod: PodRequest) -> NeuronPodState:
@@ -355,8 +359,14 @@ def neuron_requests(pod: PodRequest) -> NeuronPodState:
     return _neuron_requests(pod)
 
 
-def _neuron_requests(pod: PodRequest) -> tuple[Requests, Status | None]:
+def _neuron_requests(pod: PodRequest) -> NeuronPodState:
     steps = {step.name: step.sidecars for step in pod.init_steps}
+    asked = tuple(
+        (step.name, resource, amount, step.sidecars)
+        for step in pod.init_steps
+        for resource, amount in step.resources.items()
+        if resource in RESOURCES and amount > 0
+    )
     # resource -> the sidecars started before the init container holding more of it than the other containers.
     beside = {r: steps.get(c.name, ()) for c in pod.containers if c.init for r in _amounts(c.resources)}
     found = []
@@ -365,23 +375,31 @@ def _neuron_requests(pod: PodRequest) -> tuple[Requests, Status | None]:
         if not amounts:
             continue
         if amounts.keys() >= {NEURON, NEURONDEVICE}:
-            return (), Status.unresolvable(
-                f"container {container.name} requests both {NEURON} and {NEURONDEVICE}, which count the same "
-                "whole Neuron devices; request only one of them",
-                plugin=NAME,
+            return (
+                (),
+                Status.unresolvable(
+                    f"container {container.name} requests both {NEURON} and {NEURONDEVICE}, which count the same "
+                    "whole Neuron devices; request only one of them",
+                    plugin=NAME,
+                ),
+                (),
             )
         if NEURONCORE in amounts and len(amounts) > 1:
             device_resource = next(r for r in amounts if r != NEURONCORE)
-            return (), Status.unresolvable(
-                f"container {container.name} requests whole Neuron devices ({device_resource}) and "
-                f"NeuronCores ({NEURONCORE}) together; "
-                "request either whole devices or cores in one container",
-                plugin=NAME,
+            return (
+                (),
+                Status.unresolvable(
+                    f"container {container.name} requests whole Neuron devices ({device_resource}) and "
+                    f"NeuronCores ({NEURONCORE}) together; "
+                    "request either whole devices or cores in one container",
+                    plugin=NAME,
+                ),
+                (),
             )
         ((resource, amount),) = amounts.items()
         role = HOLDER if container.init else BESIDE if container.name in beside.get(resource, ()) else ""
         found.append((container.name, resource, amount, role))
-    return tuple(found), None
+    return tuple(found), None, asked
 
 
 def _amounts(resources: Mapping[str, int]) -> dict[str, int]:
@@ -389,16 +407,16 @@ def _amounts(resources: Mapping[str, int]) -> dict[str, int]:
 
 
 def _plan(state: NeuronNodeState, asked: NeuronPodState) -> NeuronPlacement:
-    requests, refusal = asked
+    requests, refusal, steps = asked
     if refusal is not None:
         return NeuronPlacement(refusal)
-    key = (state.version, requests)
+    key = (state.version, requests, steps)
     if state._plan_key == key and state._plan is not None:
         return state._plan
-    plan = place(state, requests, state.free, state.free_parts)
+    plan = place(state, requests, state.free, state.free_parts, steps=steps)
     if plan.status.code is Code.UNSCHEDULABLE:
         # Would the pod fit this node if nothing else ran on it? If not, waiting will not help.
-        empty = place(state, requests, state.healthy, state.healthy_cores, empty_node=True)
+        empty = place(state, requests, state.healthy, state.healthy_cores, empty_node=True, steps=steps)
         if not empty.status.ok:
             plan = NeuronPlacement(Status.unresolvable(*empty.status.reasons, plugin=NAME))
     state._plan_key, state._plan = key, plan
@@ -406,7 +424,13 @@ def _plan(state: NeuronNodeState, asked: NeuronPodState) -> NeuronPlacement:
 
 
 def place(
-    state: NeuronNodeState, requests: Requests, free_devices: int, free_cores: int, *, empty_node: bool = False
+    state: NeuronNodeState,
+    requests: Requests,
+    free_devices: int,
+    free_cores: int,
+    *,
+    empty_node: bool = False,
+    steps: Steps = (),
 ) -> NeuronPlacement:
     """Place the containers' requests one after the other on the given free devices and cores.
 
@@ -416,7 +440,12 @@ def place(
     pod's devices but those of the sidecars started before it (BESIDE: placed on their own), the app containers'
     first (`kubegpu.core.annotations.init_devices`), so what it runs on is that one valid set, as if it had asked
     alone; placed one by one, the holder's difference (3 beside an app's 1 under a check of 4) was refused on a torus
-    as a count nobody asked, and on a ring landed away from the app's."""
+    as a count nobody asked, and on a ring landed away from the app's.
+
+    Every init container (`steps`) runs on what the kubelet gives it, which must be a valid set of its own count as
+    well: a count no container may ask is refused as such, and a placement where an init container asking less than
+    its pod holds would be given ids that are no valid set (an app's 1 device and the first 2 of another's 4 apart)
+    is refused, naming it (`_steps_given`); before, it was placed and the init container ran on them."""
     t, k = state.topology, state.cores_per_device
     placed: dict[int, tuple[str, str, tuple[int, ...]]] = {}
     score = 0.0
@@ -483,8 +512,55 @@ def place(
         for i in group:
             if requests[i][3] == HOLDER:
                 placed[i] = (requests[i][0], resource, tuple(topo.bit_ids(rest)))
+    for name, resource, count, _ in steps:
+        if resource == NEURONCORE and not topo.core_request_supported(t, k, count):
+            return NeuronPlacement(
+                Status.unresolvable(f"init container {name}: {_unsupported_cores(state, count)}", plugin=NAME)
+            )
+        if resource != NEURONCORE and count not in topo.valid_sizes(t):
+            return NeuronPlacement(
+                Status.unresolvable(f"init container {name}: {_unsupported_devices(state, count)}", plugin=NAME)
+            )
+    placements = tuple(placed[i] for i in range(len(requests)))
+    problem = _steps_given(state, steps, placements)
+    if problem is not None:
+        return NeuronPlacement((Status.unresolvable if empty_node else Status.unschedulable)(problem, plugin=NAME))
     mean = 100.0 * score / len(requests) if requests else 100.0
-    return NeuronPlacement(Status.success(), tuple(placed[i] for i in range(len(requests))), mean)
+    return NeuronPlacement(Status.success(), placements, mean)
+
+
+def _steps_given(
+    state: NeuronNodeState, steps: Steps, placements: tuple[tuple[str, str, tuple[int, ...]], ...]
+) -> str | None:
+    """Why an init container would run on ids that are no valid set of its count, as the kubelet gives them of the
+    placed pod's (`kubegpu.core.annotations.init_devices`: those of the init containers before it, then the app
+    containers' and sidecars' in order); None when each is given a valid set."""
+    if not steps:
+        return None
+    containers: dict[str, dict[str, list[str]]] = {}
+    for container, resource, ids in placements:
+        containers.setdefault(container, {})[resource] = [str(i) for i in ids]
+    merged: dict[str, tuple[dict[str, int], tuple[str, ...]]] = {}
+    for name, resource, count, sidecars in steps:
+        merged.setdefault(name, ({}, sidecars))[0][resource] = count
+    given, _ = init_devices(containers, {}, tuple(InitStep(n, r, c) for n, (r, c) in merged.items()))
+    for name, resource, count, _ in steps:
+        numbers = [int(i) for i in given.get(name, {}).get(resource, [])]
+        mask = sum(1 << i for i in numbers)
+        if len(numbers) != count or count == 1:
+            continue
+        if mask in (
+            _valid_sets(state, True, mask, count) if resource == NEURONCORE else topo.valid_sets(state.topology, count)
+        ):
+            continue
+        shown = ",".join(str(i) for i in numbers)
+        return (
+            f"init container {name} would be given {resource} {shown} of its pod's (the kubelet gives it those of the "
+            "init containers before it, then the other containers' in order), which are no valid set of "
+            f"{count}; change its count: as many as its pod's first container asks, or more than its other "
+            "containers hold together"
+        )
+    return None
 
 
 def _init_group(requests: Requests, index: int) -> tuple[int, ...]:
@@ -496,18 +572,23 @@ def _init_group(requests: Requests, index: int) -> tuple[int, ...]:
 
 
 def _carve(state: NeuronNodeState, cores: bool, within: int, asks: list[tuple[int, int]]) -> dict[int, int] | None:
-    """Valid sets of the asked sizes inside `within` (request index -> mask), largest first, each at the lowest
-    valid position left; None when one does not fit. Largest first, aligned torus blocks and ring windows always fit
-    in a set as large as their sum; core windows on a torus may not."""
-    left = within
-    carved: dict[int, int] = {}
-    for index, count in sorted(asks, key=lambda ask: -ask[1]):
-        mask = next(iter(_valid_sets(state, cores, left, count)), None)
-        if mask is None:
-            return None
-        carved[index] = mask
-        left &= ~mask
-    return dict(sorted(carved.items()))
+    """Valid sets of the asked sizes inside `within` (request index -> mask), each at the lowest valid position
+    left: in the containers' order where they all fit so (the kubelet gives an init container asking less than the
+    holder the containers' ids in that order, `_steps_given`: on a ring that prefix is contiguous), else largest
+    first; None when one does not fit. Largest first, aligned torus blocks and ring windows always fit in a set as
+    large as their sum; core windows on a torus may not."""
+    for order in (asks, sorted(asks, key=lambda ask: -ask[1])):
+        left = within
+        carved: dict[int, int] = {}
+        for index, count in order:
+            mask = next(iter(_valid_sets(state, cores, left, count)), None)
+            if mask is None:
+                break
+            carved[index] = mask
+            left &= ~mask
+        else:
+            return dict(sorted(carved.items()))
+    return None
 
 
 def _valid_sets(state: NeuronNodeState, cores: bool, free: int, count: int) -> list[int]:

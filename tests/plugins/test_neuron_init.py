@@ -16,15 +16,18 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kubegpu.cli import main
-from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
+from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, init_devices
 from kubegpu.core.manifests import pod_request
 from kubegpu.core.models import PluginAllocation, PodRequest
 from kubegpu.core.plugin_manager import KubegpuPluginManager
 from kubegpu.core.status import Code
 from kubegpu.core.testing import make_node, node_manifest, pod_manifest
 from kubegpu.plugins.neuron import scheduler
+from kubegpu.plugins.neuron import topology as topo
 
 DEVICE = "aws.amazon.com/neurondevice"
 NEURON = "aws.amazon.com/neuron"
@@ -176,3 +179,105 @@ def test_app_core_windows_that_fit_in_no_set_of_the_checks_count_are_refused_say
         "init container check is given its pod's 14 aws.amazon.com/neuroncore, which must be one valid set, and no "
         "valid set of 14 holds valid sets of 8 for the other containers; change their counts"
     )
+
+
+def test_a_check_asking_less_than_its_pod_that_the_kubelet_would_give_no_valid_set_is_refused_naming_it(
+    pm: KubegpuPluginManager,
+) -> None:
+    """inf2.48xlarge (a ring of 12): a check of 3 before a loader of 1 and a trainer of 4. The kubelet gives the check
+    the loader's device, then the trainer's first two. With device 1 taken the loader went to device 0 and the trainer
+    to 2-5, and the check ran on 0, 2 and 3, no contiguous set; now that node refuses it, naming the check and what
+    it would be given. On an empty ring the loader and the trainer are neighbours and the check gets 0-2."""
+    document = checked_pod("checked", {DEVICE: 3}, {DEVICE: 1})
+    document["spec"]["containers"].append({"name": "trainer", "image": "t", "resources": {"limits": {DEVICE: "4"}}})
+    pod = request(document)
+    status, allocation = place(pm, "inf2.48xlarge", {DEVICE: ["1"]}, pod)
+    assert allocation is None and status.code is Code.UNSCHEDULABLE, status
+    assert status.message.startswith(f"init container check would be given {DEVICE} 0,2,3 of its pod's"), status
+    assert "no valid set of 3; change its count" in status.message
+    status, allocation = place(pm, "inf2.48xlarge", {}, pod)
+    assert status.ok and allocation is not None
+    given, _ = init_devices(allocation.containers, {}, pod.init_steps)
+    assert ints(given["check"][DEVICE]) == [0, 1, 2]
+
+
+def test_a_second_check_of_a_count_the_torus_does_not_take_is_refused_naming_it(pm: KubegpuPluginManager) -> None:
+    """trn1.32xlarge: a check of 4 (a row) and then one of 3 before a trainer of 1. The second is given 3 of the
+    row, which no container may ask on a torus; it was placed and ran on them."""
+    document = checked_pod("checked", {DEVICE: 4}, {DEVICE: 1})
+    document["spec"]["initContainers"].append({"name": "again", "image": "a", "resources": {"limits": {DEVICE: "3"}}})
+    status, allocation = place(pm, "trn1.32xlarge", {}, request(document))
+    assert allocation is None and status.code is Code.UNRESOLVABLE, status
+    assert status.message == (
+        "init container again: Instance type trn1.32xlarge does not support requests for device: 3. "
+        "Please request a different number of devices."
+    )
+
+
+def _neuron_containers(draw: st.DrawFn, resource: str, sizes: list[int]) -> dict[str, Any]:
+    document = pod_manifest(
+        "p", {f"app{i}": {resource: draw(st.sampled_from(sizes))} for i in range(draw(st.integers(1, 3)))}
+    )
+    inits = []
+    for i in range(draw(st.integers(1, 3))):
+        container: dict[str, Any] = {"name": f"init{i}", "image": "i"}
+        container["resources"] = {"limits": {resource: str(draw(st.sampled_from(sizes)))}}
+        if draw(st.booleans()):
+            container["restartPolicy"] = "Always"  # a sidecar
+        inits.append(container)
+    document["spec"]["initContainers"] = inits
+    return document
+
+
+@st.composite
+def neuron_pods(draw: st.DrawFn) -> dict[str, Any]:
+    resource = draw(st.sampled_from([DEVICE, CORE]))
+    return _neuron_containers(draw, resource, [1, 2, 3, 4, 8, 16] if resource == DEVICE else [1, 2, 4, 6, 8, 16])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    instance_type=st.sampled_from(["trn1.32xlarge", "inf2.48xlarge", "inf1.24xlarge"]),
+    taken=st.sets(st.integers(0, 15), max_size=5),
+    document=neuron_pods(),
+)
+def test_every_container_of_a_generated_pod_runs_on_a_valid_set_of_its_count(
+    pm: KubegpuPluginManager, instance_type: str, taken: set[int], document: dict[str, Any]
+) -> None:
+    """Whatever the pod (app containers, sidecars, init containers of any size and order), each container runs on a
+    valid set of its own count, init containers on what the kubelet gives them of their pod's (`init_devices`), and
+    the pod holds distinct ids of the node's, none taken by another pod."""
+    state = pm.call("neuron", "kubegpu_scheduler_build_node", node=make_node("n", labels={TYPE_LABEL: instance_type}))
+    t, k = state.topology, state.cores_per_device
+    held = sorted(d for d in taken if d < t.devices)
+    pod = request(document)
+    if held:
+        other = PluginAllocation(plugin="neuron", containers={"other": {DEVICE: [str(d) for d in held]}})
+        assert pm.call("neuron", "kubegpu_scheduler_take", state=state, pod_key="x/o", allocation=other).ok
+    if not pm.call("neuron", "kubegpu_scheduler_fit", state=state, pod=pod).ok:
+        return
+    allocation = pm.call("neuron", "kubegpu_scheduler_allocate", state=state, pod=pod)
+
+    def valid(resource: str, ids: list[str]) -> bool:
+        mask = sum(1 << int(i) for i in ids)
+        if resource == CORE:
+            return any(mask == topo.interval(start, len(ids)) for start in range(t.devices * k)) and bool(
+                scheduler._valid_sets(state, True, mask, len(ids))
+            )
+        return mask in topo.valid_sets(t, len(ids))
+
+    holders = {c.name for c in pod.containers if c.init}
+    held_by_pod: list[int] = []  # the pod's ids, in devices (a core counts its device's core slot)
+    for container, resources in allocation.containers.items():
+        for resource, ids in resources.items():
+            assert container in holders or valid(resource, ids), (container, ids)
+            held_by_pod += [
+                int(i) if resource == CORE else int(i) * k + c for i in ids for c in range(1 if resource == CORE else k)
+            ]
+    assert len(held_by_pod) == len(set(held_by_pod)) <= t.devices * k, "no id twice, never more than the node"
+    assert not {i // k for i in held_by_pod} & set(held), "nothing another pod holds"
+    given, _ = init_devices(allocation.containers, {}, pod.init_steps)
+    for step in pod.init_steps:
+        for resource, count in step.resources.items():
+            assert len(given[step.name][resource]) == count
+            assert valid(resource, given[step.name][resource]), (step.name, given[step.name][resource])
