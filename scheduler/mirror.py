@@ -1053,7 +1053,10 @@ class ClusterMirror:
                 continue
             status = self.engine.admit_bound(request, name, allocation)
             if not status.ok:
-                log.error("pod of a node made again could not be counted: %s", status.message, extra=extra)
+                # The Node came back otherwise (a card lost while it was away): the pod runs there all the same, so
+                # it is counted as any bound pod whose allocation holds no devices, by what it asks (`_assume`).
+                log.warning("pod of a node made again no longer fits its allocation: %s", status.message, extra=extra)
+                self._assume(request, name)
 
     def _keep_orphan(self, placement: Placement, *, counted: bool = True) -> None:
         """Keep a bound pod whose Node is not listed (`_orphans`): `counted`, one the engine held before its Node
@@ -1457,15 +1460,16 @@ class ClusterMirror:
             )
             self.binder.event(pod, "FailedScheduling", f"kubegpu cannot schedule this pod: {problem}")
 
-    def _assume(self, request: PodRequest) -> None:
-        """Count a bound pod (ledger rebuild, or a pod bound by someone else) with the devices it holds.
+    def _assume(self, request: PodRequest, node: str | None = None) -> None:
+        """Count a bound pod (ledger rebuild, or a pod bound by someone else) with the devices it holds, on `node`
+        (else its `spec.nodeName`: a pod this scheduler bound may be known by its request before the binding).
 
         Only a verified allocation holds devices (`Engine.allocation_problem`). A bound pod whose allocation is
         missing, malformed, unverified, copied or stale is counted as a pod bound without one: the devices it
         requests are set aside on its node (the kubelet admits it by count), and the devices its annotation names are
         not, so they go to other pods while the CRI shim refuses to start it.
         """
-        node = request.node_name or ""
+        node = node or request.node_name or ""
         raw = request.annotations.get(ALLOCATION_KEY)
         extra = {"pod": request.key, "node": node}
         if raw is not None:

@@ -231,6 +231,29 @@ def test_a_node_deleted_and_made_again_keeps_counting_the_pods_running_on_it(ser
     assert service.engine.placement("default/holder") is not None
 
 
+def test_a_pod_whose_node_comes_back_with_fewer_devices_is_still_counted_by_what_it_asks(
+    service: CustomScheduler,
+) -> None:
+    """The Node of a running pod holding both cards is deleted and registered again with one card (a card lost while
+    it was away): the pod's allocation no longer fits the node, but the pod still runs there. It is counted as the
+    kubelet admits it, by the count it asks, so nothing is handed out from under it. Before: its allocation was
+    refused ("card 1 does not exist"), the pod was counted nowhere, and `late` was bound to the card it runs on."""
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+    service.mirror.on_pods("ADDED", pod("holder", cards=2))
+    schedule_all(service)
+    assert writer.bindings() == ["holder"]
+    service.mirror.on_nodes(
+        "DELETED", node_manifest("n1", labels={"toy.example/cards": "2"}, allocatable={"toy.example/card": 2})
+    )
+    service.mirror.on_nodes(
+        "ADDED", node_manifest("n1", labels={"toy.example/cards": "1"}, allocatable={"toy.example/card": 1})
+    )
+    assert service.engine.placement("default/holder") is not None, "the running pod is counted nowhere"
+    service.mirror.on_pods("ADDED", pod("late", cards=1))
+    schedule_all(service)
+    assert writer.bindings() == ["holder"], "late was given the card holder runs on"
+
+
 def test_a_pod_deleted_while_its_node_is_gone_is_not_counted_when_the_node_comes_back(
     service: CustomScheduler,
 ) -> None:
