@@ -371,15 +371,18 @@ def rotate(walk: Walk, prefix: str) -> None:
     walk.check(running)
     walk.gauge_everywhere(0.0)
 
-    # Step 2: the scheduler side signs with the new key; a pod arrives while it is rolled.
+    # Step 2: the scheduler side signs with the new key; a pod arrives while it is rolled. Which key signs it is the
+    # roll's race: the old leader may still place it before it hands over (a Deployment's RollingUpdate), and then
+    # the gauge counts it with the old key's pods, and step 4 waits for it as well.
     walk.roll_scheduler("new.key", "old.key", arriving=s2)
-    running[s2] = "new.key"
+    running[s2] = walk.signed_by(wait_running(walk.cluster, walk.namespace, s2, timeout=90))
+    old_keys = [name for name, key in running.items() if key == "old.key"]  # a, b, c, s1 (and s2 if so placed)
     walk.check(running)
-    walk.gauge_everywhere(4.0)  # a, b, c and s1
+    walk.gauge_everywhere(float(len(old_keys)))
     walk.restart(b)
     walk.check(running)
     walk.failover()
-    walk.gauge_everywhere(4.0)
+    walk.gauge_everywhere(float(len(old_keys)))
 
     # Step 3: the node side verifies with the new key; a pod arrives during its roll.
     walk.create(s3, 1)
@@ -400,7 +403,7 @@ def rotate(walk: Walk, prefix: str) -> None:
                 assert held[device] == [f"{walk.namespace}/{name}"], (key, device, held.get(device))
 
     # Step 4: the pods the old key placed end; the gauge reads 0; the old key goes everywhere.
-    for name in (a, b, c, s1):
+    for name in old_keys:
         walk.cluster.delete_pod(walk.namespace, name)
         del running[name]
     walk.gauge_everywhere(0.0)
@@ -409,8 +412,9 @@ def rotate(walk: Walk, prefix: str) -> None:
     walk.roll_scheduler("new.key")
     running[s4] = "new.key"
     walk.check(running)
-    walk.restart(s2)
-    walk.restart(s3)
+    for name in (s2, s3):
+        if name in running:
+            walk.restart(name)
     walk.check(running)
     refusals = [
         e.get("message") or "" for e in walk.cluster.events(walk.namespace) if "kubegpu:" in (e.get("message") or "")
