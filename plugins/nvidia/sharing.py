@@ -218,7 +218,10 @@ class Workload:
 
     def table(self, models: Models = None) -> FragmentationTable:
         """The mix as `node_fragmentation` reads it on a node whose GPUs are of `models` (None: a kind's models are
-        not asked), made once per version and set of models."""
+        not asked), made once per version and set of models. A mix learned without models (`models` false) reads
+        no node's models: every node shares one table, and its memo of measures."""
+        if self.learns and not self.models:
+            models = None
         if self._tables_version != self.version:
             self._tables.clear()
             self._tables_version = self.version
