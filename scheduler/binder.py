@@ -44,6 +44,8 @@ NOTE_BYTES = 1024  # the API server's limit on an events.k8s.io/v1 Event's note
 # nowhere faster than the limit lets them be reported queued reports without end, and the Bindings, which take their
 # turn at the same limiter, behind them (in a soak, binds came minutes after their pods were deleted).
 REPORTS_WAITING = 256
+DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes 1.26+ writes before it deletes a pod
+PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"  # its reason for a scheduler's preemption victims
 ACTIONS = {"Preempted": "Preempting"}  # kube-scheduler's action per reason; "Scheduling" for the others
 _QUALIFIED = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _HOST = re.sub(r"[^-a-z0-9.]", "-", socket.gethostname().lower())[:63]
@@ -269,8 +271,10 @@ class Binder:
         """Delete the victims gracefully (guarded by their UIDs), all at once, then give each deleted one a
         `Preempted` Event and set the preemptor's `status.nominatedNodeName` (kube-scheduler's order: the deletions
         are what the preemptor waits for, and every write waits its turn behind the other pods' writes, so none
-        queues behind another). Returns the keys of the victims whose deletion failed (they stay)."""
-        deleted = await asyncio.gather(*(self._delete(victim) for victim in victims))
+        queues behind another). Each victim first gets the `DisruptionTarget` condition kube-scheduler 1.26+ writes
+        (`disruption_target`). Returns the keys of the victims whose deletion failed (they stay)."""
+        why = disruption_target(f"{pod.scheduler_name}: preempting to accommodate a higher priority pod")
+        deleted = await asyncio.gather(*(self._delete(victim, why) for victim in victims))
         message = f"Preempted by {pod.namespace}/{pod.name} on node {node}"
         await asyncio.gather(
             self._nominate(pod, node),
@@ -289,30 +293,55 @@ class Binder:
         except ApiError as exc:
             _not_written("set nominatedNodeName", exc, pod.key)
 
-    async def evict_for(self, preemptor: str, where: str, victims: Sequence[PodRequest]) -> list[str]:
+    async def evict_for(self, preemptor: str, where: str, victims: Sequence[PodRequest], message: str) -> list[str]:
         """A gang's preemption: each victim gets a `Preempted` Event naming the gang and the domain, and is deleted
-        gracefully (guarded by its UID). No nominated node: a gang waits for a domain, not one node. Returns the keys
-        of the victims whose deletion failed (they stay)."""
+        gracefully (guarded by its UID), marked first with the `DisruptionTarget` condition saying `message`
+        (`disruption_target`). No nominated node: a gang waits for a domain, not one node. Returns the keys of the
+        victims whose deletion failed (they stay)."""
+        why = disruption_target(message)
         failed = []
         for victim in victims:
             await self.post_event(victim, "Preempted", f"Preempted by {preemptor} in {where}", kind="Normal")
-            if not await self._delete(victim):
+            if not await self._delete(victim, why):
                 failed.append(victim.key)
         return failed
 
-    async def _delete(self, victim: PodRequest) -> bool:
-        """Whether the victim is deleted (or already gone); a failed deletion is logged."""
+    async def _delete(self, victim: PodRequest, why: dict[str, Any] | None = None) -> bool:
+        """Whether the victim is deleted (or already gone); a failed deletion is logged. `why`: the status patch
+        (`disruption_target`) written first, as kube-scheduler does; the victim is deleted even when it cannot be
+        written (a preemptor must not wait on a condition), with a warning."""
+        path = f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}"
+        if why is not None:
+            try:
+                await self.writer.patch(f"{path}/status", why, strategic=True)
+            except ApiError as exc:
+                if exc.status == 404:
+                    return True
+                _not_written("mark a preemption victim with the DisruptionTarget condition", exc, victim.key)
         try:
             await self.writer.request(
-                "DELETE",
-                f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}",
-                {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": victim.uid}},
+                "DELETE", path, {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": victim.uid}}
             )
         except ApiError as exc:
             if exc.status != 404:
                 _not_written("delete a preemption victim", exc, victim.key)
                 return False
         return True
+
+
+def disruption_target(message: str) -> dict[str, Any]:
+    """The status patch that tells a victim's owner why it goes, as kube-scheduler 1.26+ writes it before deleting
+    a preemption victim: the condition `DisruptionTarget=True`, reason `PreemptionByScheduler` (a Job's
+    `podFailurePolicy` matching `DisruptionTarget` then ignores the failure instead of counting it against
+    `backoffLimit`). A strategic merge: the conditions merge by type, the others stay."""
+    condition = {
+        "type": DISRUPTION_TARGET,
+        "status": "True",
+        "reason": PREEMPTION_BY_SCHEDULER,
+        "message": safe_text(message),
+        "lastTransitionTime": now_rfc3339(),
+    }
+    return {"status": {"conditions": [condition]}}
 
 
 def _not_written(what: str, error: ApiError, key: str) -> None:

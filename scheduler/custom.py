@@ -279,7 +279,8 @@ class CustomScheduler:
 
     async def _evict_for(self, gang: str, where: str, victims: list[PodRequest]) -> None:
         """A gang's victims' deletions, as `_evict`: the gang waits for those it counts as leaving."""
-        failed = await self.binder.evict_for(gang, where, victims)
+        why = f"{self.name}: preempting to accommodate a higher priority podgroup"
+        failed = await self.binder.evict_for(gang, where, victims, why)
         if failed:
             self.mirror.post(self.mirror.evicting_failed, failed)
 

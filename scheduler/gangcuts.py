@@ -37,7 +37,7 @@ from threading import RLock
 
 from kubegpu.core.manifests import ManifestError
 from kubegpu.core.models import PodRequest
-from kubegpu.scheduler.binder import Binder
+from kubegpu.scheduler.binder import DISRUPTION_TARGET, PREEMPTION_BY_SCHEDULER, Binder
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.podgroups import gang_key
 
@@ -47,8 +47,6 @@ log = logging.getLogger("kubegpu.extender")
 
 KEPT_SECONDS = 120.0  # how long a member's departure waits for a nomination on its node
 MAX_DEPARTURES = 4096
-DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes 1.26+ writes before it deletes a pod
-PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"  # its reason for kube-scheduler's preemption victims
 # From this Kubernetes release on, PodDisruptionConditions is GA and cannot be turned off: every victim is marked.
 # (1.26-1.30 have it on by default; there a first marked victim seen tells, `GangCuts._marked`.)
 MARKS_FROM = (1, 31)
@@ -99,12 +97,12 @@ class GangCuts:
         """The bound pod `pod` is being deleted from `node`, or is gone (`gone`: deleted, finished, or replaced by a
         pod of its name). `preempted`: what its deletion says of itself (`preemption_mark`; False for a pod that
         finished or that is known gone without having been seen leaving)."""
-        if preempted:
+        ours = pod.uid in self._ours
+        if preempted and not ours:  # this process marks its own evictions on every version (`Binder._delete`)
             self._marked = True
         gang = gang_key(pod)
         if gang is None:
             return
-        ours = pod.uid in self._ours
         seen = pod.uid in self._leaving  # its departure dates from its first sign of leaving
         if gone:
             self._leaving.pop(pod.uid, None)
@@ -184,7 +182,7 @@ class GangCuts:
             self.binder.submit(self._evict(preemptor, why, rest))
 
     async def _evict(self, preemptor: str, why: str, rest: list[PodRequest]) -> None:
-        failed = set(await self.binder.evict_for(preemptor, why, rest))
+        failed = set(await self.binder.evict_for(preemptor, why, rest, f"kubegpu extender: evicting the rest of {why}"))
         if failed:
             with self.lock:
                 for member in rest:

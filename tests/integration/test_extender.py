@@ -438,7 +438,8 @@ def test_the_rest_of_a_gang_kube_scheduler_preempts_one_worker_of_goes_too(
     """A running Kueue gang of two 8-GPU workers (low priority) fills a rack of two nodes; a pod of the top priority
     asks 8 GPUs. kube-scheduler 1.20.2 evicts one worker by its own sums (it never asks `/preempt`) and nominates the
     pod there; the extender, under the shipped RBAC, evicts the other worker, which would otherwise run alone below
-    minMember holding its 8 GPUs, and tells it why."""
+    minMember holding its 8 GPUs, tells it why, and marks it `DisruptionTarget` first, as kube-scheduler 1.26+
+    marks its own victims (the workers carry a finalizer, so that they stay, deleted, long enough to be read)."""
     from .gangs import create_member, create_racks, events_of
 
     priority_classes(cluster)
@@ -452,7 +453,25 @@ def test_the_rest_of_a_gang_kube_scheduler_preempts_one_worker_of_goes_too(
         )  # fmt: skip
     try:
         wait_for(lambda: set(workers) <= set(bound(cluster, namespace)), 120, "both workers bound")
+        hold, TARGET = {"metadata": {"finalizers": ["kubegpu.test/hold"]}}, "DisruptionTarget"
+        for name in workers:
+            cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/{name}", hold)
         create(cluster, namespace, "vip", 0, "gpu-scheduler", "kubegpu-test-top", limits={"nvidia.com/gpu": 8})
+
+        def deleted() -> dict[str, dict[str, Any]]:
+            found = {p["metadata"]["name"]: p for p in cluster.pods(namespace) if p["metadata"]["name"] in workers}
+            leaving = [p for p in found.values() if p["metadata"].get("deletionTimestamp")]
+            return found if len(leaving) == 2 else {}
+
+        leaving = wait_for(deleted, 90, "both workers deleted")
+        marks = {
+            name: [(c["status"], c["reason"]) for c in p["status"].get("conditions", []) if c["type"] == TARGET]
+            for name, p in leaving.items()
+        }
+        # kube-scheduler 1.20.2 marks nothing; the worker the extender evicted is marked.
+        assert sorted(marks.values()) == [[], [("True", "PreemptionByScheduler")]], marks
+        for name in workers:
+            cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"finalizers": None}})
         wait_for(lambda: not set(workers) & set(pods_in(cluster, namespace)), 90, "both workers evicted")
     except AssertionError:
         raise AssertionError(f"{extender.output()[-3000:]}\n---\n{scheduler.output()[-3000:]}") from None

@@ -243,3 +243,27 @@ def test_an_api_server_serving_no_budget_api_is_named_and_preemption_goes_on_wit
         wait_bound(bare, namespace, "urgent")
         assert set(pods(bare, namespace)) == {"urgent"}
         assert scheduler.output().count("serves PodDisruptionBudgets in none") == 1, "said once, not in a loop"
+
+
+def test_a_victim_is_marked_disruption_target_before_it_is_deleted_as_kube_scheduler_1_26_does(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    """A Job whose `podFailurePolicy` ignores `DisruptionTarget` failures must see the condition on a pod kubegpu
+    preempts, as on one kube-scheduler 1.26+ preempts. The victim carries a finalizer, so it stays, deleted but
+    present, long enough to be read."""
+    priority_classes(cluster)
+    cluster.create_ready_node("trn1-u", labels=TRN1, allocatable={DEVICE: 16})
+    start_scheduler("kubegpu-preempt-5", "--no-leader-elect")
+    create(cluster, namespace, "batch", 16, "kubegpu-preempt-5", finalizers=["kubegpu.test/hold"])
+    wait_bound(cluster, namespace, "batch")
+    create(cluster, namespace, "urgent", 16, "kubegpu-preempt-5", "kubegpu-test-top")
+    wait_for(lambda: pods(cluster, namespace)["batch"]["metadata"].get("deletionTimestamp"), 30, "batch deleted")
+
+    batch = pods(cluster, namespace)["batch"]
+    marks = [c for c in batch["status"].get("conditions", []) if c["type"] == "DisruptionTarget"]
+    assert [(c["status"], c["reason"], c["message"]) for c in marks] == [
+        ("True", "PreemptionByScheduler", "kubegpu-preempt-5: preempting to accommodate a higher priority pod")
+    ]
+    assert not bound_to(cluster, namespace, "urgent"), "the preemptor waits until its victim is gone"
+    cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/batch", {"metadata": {"finalizers": None}})
+    wait_bound(cluster, namespace, "urgent")

@@ -494,6 +494,13 @@ class Evictions(Writer):
         super().__init__()
         self.deleted: list[tuple[str, str]] = []
         self.events: list[dict[str, Any]] = []
+        self.marked: dict[str, dict[str, Any]] = {}  # pod name -> the DisruptionTarget condition written
+
+    async def patch(self, path: str, body: dict[str, Any], *, strategic: bool = False) -> dict[str, Any]:
+        assert strategic and path.endswith("/status"), path
+        (condition,) = body["status"]["conditions"]
+        self.marked[path.rsplit("/", 2)[-2]] = condition
+        return {}
 
     def submit(self, coroutine: Any) -> None:
         asyncio.run(coroutine)
@@ -555,6 +562,43 @@ def test_the_rest_of_a_gang_kube_scheduler_preempted_one_member_of_is_evicted(no
     assert writer.deleted == [("w-1", "uid-w-1")]
     notes = [e.get("note") or e.get("message") for e in writer.events]
     assert any("Preempted by ml/vip" in n and "minMember 2" in n and "w-0" in n for n in notes), notes
+
+
+def test_the_rest_of_a_gang_is_marked_disruption_target_before_it_is_deleted() -> None:
+    """A Job (or JobSet) whose `podFailurePolicy` ignores `DisruptionTarget` failures must see the members the
+    extender evicts as preempted, like the one kube-scheduler preempted: each is marked first, as kube-scheduler
+    1.26+ marks its own victims."""
+    server, writer, w0 = cut_gang()
+    gone(server, w0, "r0-n0")
+    nominated(server, vip(), "r0-n0")
+    assert writer.deleted == [("w-1", "uid-w-1")]
+    condition = writer.marked["w-1"]
+    assert (condition["type"], condition["status"], condition["reason"]) == (
+        "DisruptionTarget",
+        "True",
+        "PreemptionByScheduler",
+    )
+    assert "kubegpu extender" in condition["message"] and "gang ml/train" in condition["message"], condition
+
+
+def test_its_own_marked_evictions_do_not_make_the_extender_take_kube_schedulers_for_marking() -> None:
+    """On kube-scheduler 1.20.2 (which marks nothing) the extender's own evictions are marked. Seen leaving, they
+    must not pass for kube-scheduler's marks, or every later unmarked preemption would count as its owner's: a
+    second gang cut the same way is evicted too."""
+    server = extender(1, 4, [podgroup("train", 2), podgroup("tune", 2)])
+    writer = Evictions()
+    server.binder.writer = writer  # type: ignore[assignment]
+    train = [running(server, f"w-{i}", f"r0-n{i}", 0, "train") for i in range(2)]
+    tune = [running(server, f"t-{i}", f"r0-n{i + 2}", 0, "tune") for i in range(2)]
+    server.mirror.on_pods("ADDED", vip())
+    gone(server, train[0], "r0-n0")
+    nominated(server, vip(), "r0-n0")
+    assert writer.deleted == [("w-1", "uid-w-1")]
+    condition = writer.marked["w-1"]
+    gone(server, marked(train[1], condition["reason"]), "r0-n1")  # the extender's own eviction, seen leaving
+    gone(server, tune[0], "r0-n2")
+    nominated(server, vip(), "r0-n2")
+    assert writer.deleted == [("w-1", "uid-w-1"), ("t-1", "uid-t-1")]
 
 
 def test_a_gang_member_deleted_without_a_preemptor_nominated_there_costs_the_rest_nothing() -> None:

@@ -248,6 +248,15 @@ def test_a_rack_freed_for_a_preempting_gang_is_not_taken_by_pods_of_lower_priori
     cycle(service)
     evicted = [p.rsplit("/", 1)[1] for m, p, _ in writer(service).writes if m == "DELETE"]
     assert len(evicted) == 2, evicted
+    marks = {  # each victim marked as kube-scheduler 1.26+ marks a preemption's, before its deletion
+        p.rsplit("/", 2)[1]: b["status"]["conditions"][0]
+        for m, p, b in writer(service).writes
+        if m == "PATCH" and "DisruptionTarget" in str(b)
+    }
+    assert {name: (c["reason"], c["message"]) for name, c in marks.items()} == {
+        name: ("PreemptionByScheduler", "kubegpu: preempting to accommodate a higher priority podgroup")
+        for name in evicted
+    }
     gone = {f["metadata"]["name"]: f for f in fillers}
 
     service.mirror.on_pods("DELETED", gone[evicted[0]])  # the first victim is gone; the second still leaving

@@ -155,9 +155,10 @@ def test_a_preemption_deletes_its_victims_at_once_before_its_other_writes(
         service.mirror.on_pods("ADDED", bound(name, "n1", cpu="1"))
     service.mirror.on_pods("ADDED", pod("big", cpu="2", priority=10))
     run_once(service)
-    first_other = next(i for i, (method, _, _) in enumerate(writer.writes) if method != "DELETE")
-    assert [method for method, _, _ in writer.writes[:first_other]] == ["DELETE", "DELETE"]
-    assert writer.most_in_flight["DELETE"] == 2
+    # Each victim's DisruptionTarget mark, then its deletion (kube-scheduler 1.26+'s order), both victims at once.
+    first_other = next(i for i, (_, path, _) in enumerate(writer.writes) if "/pods/low-" not in path)
+    assert sorted(method for method, _, _ in writer.writes[:first_other]) == ["DELETE", "DELETE", "PATCH", "PATCH"]
+    assert writer.most_in_flight["PATCH"] == 2 and writer.most_in_flight["DELETE"] == 2
     assert len(writer.events("Preempted")) == 2
     assert service.engine.nominated == {"default/big": "n1"}
 
@@ -175,6 +176,42 @@ class RefusingDeletes(RecordingWriter):
             self.writes.append(("DELETE-REFUSED", path, body))
             raise ApiError(500, "InternalError", "etcdserver: request timed out")
         return await super().request(method, path, body, content_type)
+
+
+class RefusingMarks(RecordingWriter):
+    """A recording writer whose API server refuses every status patch of the victim `low` with a 403 (a role
+    without `pods/status` patch)."""
+
+    async def request(self, method: str, path: str, body: Any = None, content_type: str = "") -> Any:
+        if method == "PATCH" and path.endswith("/pods/low/status"):
+            self.writes.append(("PATCH-REFUSED", path, body))
+            raise ApiError(403, "Forbidden", 'pods "low" is forbidden: cannot patch resource "pods/status"')
+        return await super().request(method, path, body, content_type)
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["marked", "mark-refused"])
+def test_a_victim_is_marked_disruption_target_then_deleted(
+    service: CustomScheduler, clock: Clock, refused: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kube-scheduler 1.26+ writes the condition `DisruptionTarget=True` (reason `PreemptionByScheduler`) on each
+    victim before deleting it, so that a Job whose `podFailurePolicy` ignores disruptions does not count the
+    preempted pod against its `backoffLimit`. A mark the API server refuses is logged, and the victim is deleted
+    all the same: the preemptor must not wait on it."""
+    service.binder.writer = writer = RefusingMarks() if refused else RecordingWriter()  # type: ignore[assignment]
+    service.mirror.on_pods("ADDED", bound("low", "n1", cpu="2"))
+    service.mirror.on_pods("ADDED", pod("big", cpu="2", priority=10))
+    run_once(service)
+    victim = [(m, body) for m, path, body in writer.writes if path.startswith("/api/v1/namespaces/default/pods/low")]
+    assert [m for m, _ in victim] == ["PATCH-REFUSED" if refused else "PATCH", "DELETE"]
+    (condition,) = victim[0][1]["status"]["conditions"]
+    assert {k: condition[k] for k in ("type", "status", "reason", "message")} == {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "PreemptionByScheduler",
+        "message": "kubegpu: preempting to accommodate a higher priority pod",
+    }
+    assert victim[1][1]["preconditions"] == {"uid": "uid-low"}
+    assert ("could not mark a preemption victim" in caplog.text) == refused
 
 
 def test_a_victim_whose_deletion_failed_is_not_waited_for(service: CustomScheduler, clock: Clock) -> None:
@@ -209,7 +246,7 @@ def test_a_pod_waiting_for_its_victims_is_not_reported_again(service: CustomSche
     assert waiting(service) == {"default/big": "unschedulable"}
     assert service.engine.nominated == {"default/big": "n1"}
     assert len(writer.events("FailedScheduling")) == 1
-    conditions = [path for _, path, body in writer.writes if path.endswith("/status") and "conditions" in str(body)]
+    conditions = [path for _, path, body in writer.writes if path.endswith("/status") and "PodScheduled" in str(body)]
     assert len(conditions) == 1
 
 
