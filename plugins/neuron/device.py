@@ -101,7 +101,14 @@ NEURON_LS_TIMEOUT = 10.0
 SYSFS_DEVICES = Path("sys/devices/virtual/neuron_device")
 DMI_PRODUCT = Path("sys/devices/virtual/dmi/id/product_name")
 TORUS_DEVICES = 16
-MODELS = {"inf1": "Inferentia", "inf2": "Inferentia2", "trn1": "Trainium", "trn1n": "Trainium", "trn2": "Trainium2"}
+MODELS = {
+    "inf1": "Inferentia",
+    "inf2": "Inferentia2",
+    "trn1": "Trainium",
+    "trn1n": "Trainium",
+    "trn2": "Trainium2",
+    "trn2u": "Trainium2",
+}
 
 _DEVICE_FILE = re.compile(r"neuron(0|[1-9][0-9]*)")
 _INSTANCE_TYPE = re.compile(r"(inf|trn)[0-9]+[a-z]*\.[0-9a-z]+")

@@ -6,8 +6,8 @@ core `c` lives on device `c // k`. Two shapes link the devices:
 * a **ring** (inf1, inf2, and every single-device type): a valid set of m devices is any m contiguous ids.
   Windows do not wrap around (11,0 is not a set): the runtime takes `AWS_NEURON_VISIBLE_DEVICES` as a
   contiguous range.
-* a **torus** of rows x columns (trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge: 4x4): one device, whole rows in
-  aligned power-of-two groups, or all devices. On 4x4 that is 1, 4 ({0-3} {4-7} {8-11} {12-15}), 8 ({0-7}
+* a **torus** of rows x columns (trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge, trn2u.48xlarge: 4x4): one device,
+  whole rows in aligned power-of-two groups, or all devices. On 4x4 that is 1, 4 ({0-3} {4-7} {8-11} {12-15}), 8 ({0-7}
   {8-15}) or 16. Every valid set on either shape is an interval of ids, so a set is a (start, size) pair and a
   bitmask.
 
@@ -122,7 +122,9 @@ CATALOG: dict[str, InstanceShape] = {
     "trn1.2xlarge": _ring(1, "trn1"),
     "trn1.32xlarge": _torus("trn1"),
     "trn1n.32xlarge": _torus("trn1n"),
+    "trn2.3xlarge": _ring(1, "trn2"),
     "trn2.48xlarge": _torus("trn2"),
+    "trn2u.48xlarge": _torus("trn2"),  # an UltraServer's instance: the same 4x4 torus inside (NeuronLink to the others)
 }
 
 

@@ -129,7 +129,9 @@ def ids(first: int, last: int) -> list[str]:
         ("trn1.2xlarge", 1, 2, "ring", 1),
         ("trn1.32xlarge", 16, 2, "grid", 4),
         ("trn1n.32xlarge", 16, 2, "grid", 4),
+        ("trn2.3xlarge", 1, 4, "ring", 1),
         ("trn2.48xlarge", 16, 4, "grid", 4),
+        ("trn2u.48xlarge", 16, 4, "grid", 4),
     ],
     ids=lambda v: str(v),
 )
@@ -238,7 +240,7 @@ def test_advertised_torus_inventory_uses_the_torus_rules(pm: KubegpuPluginManage
         "1-packs-partial-row",
     ],
 )
-@pytest.mark.parametrize("instance_type", ["trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge"])
+@pytest.mark.parametrize("instance_type", ["trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge", "trn2u.48xlarge"])
 def test_torus_sets(
     node_of: Callable[..., Node], instance_type: str, taken: list[list[str]], count: int, expected: list[str]
 ) -> None:
@@ -249,7 +251,7 @@ def test_torus_sets(
 
 
 @pytest.mark.parametrize("count", [2, 3, 5, 6, 7, 9, 12, 15])
-@pytest.mark.parametrize("instance_type", ["trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge"])
+@pytest.mark.parametrize("instance_type", ["trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge", "trn2u.48xlarge"])
 @pytest.mark.parametrize("resource", [DEVICE, NEURON])
 def test_torus_refuses_other_device_counts_with_the_exact_sentence(
     node_of: Callable[..., Node], instance_type: str, count: int, resource: str

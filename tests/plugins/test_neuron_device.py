@@ -69,6 +69,8 @@ def edit_with(pm: KubegpuPluginManager, resources: dict[str, list[str]], edit: C
     [
         pytest.param(16, "trn1.32xlarge", {}, TORUS, 2, "trn1.32xlarge", "Trainium", id="trn1-from-dmi"),
         pytest.param(16, "trn2.48xlarge", {}, TORUS, 4, "trn2.48xlarge", "Trainium2", id="trn2-logical-cores"),
+        pytest.param(16, "trn2u.48xlarge", {}, TORUS, 4, "trn2u.48xlarge", "Trainium2", id="trn2u-ultraserver-member"),
+        pytest.param(1, "trn2.3xlarge", {}, RING, 4, "trn2.3xlarge", "Trainium2", id="trn2-one-device"),
         pytest.param(16, None, {}, TORUS, None, None, None, id="16-devices-unknown-type-torus"),
         pytest.param(16, "inf1.24xlarge", {}, RING, 4, "inf1.24xlarge", "Inferentia", id="inf1-24xlarge-is-a-ring"),
         pytest.param(
