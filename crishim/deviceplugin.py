@@ -1004,6 +1004,23 @@ class DevicePluginService:
         return True
 
 
+def _check_registered(client: Any, node: str) -> None:
+    """Raise `ConnectionError` unless the API server knows the Node `node`: a listing of no pod says which pods are
+    gone only for a node that exists. With a `--node-name` that is not this node's, every pod running here would be
+    taken for gone, and their HAMi-core regions removed under them, lifting their limits (T199)."""
+    from kubegpu.kube.client import ApiError
+
+    try:
+        client.get(f"/api/v1/nodes/{node}")
+    except ApiError as exc:
+        if exc.status == 404:
+            raise ConnectionError(
+                f"the API server knows no node {node!r}: --node-name must be this node's name as registered "
+                "(a DaemonSet's spec.nodeName)"
+            ) from None
+        raise ConnectionError(f"reading node {node}: {exc}") from None
+
+
 def _inode(path: Path) -> int | None:
     try:
         return path.stat().st_ino
@@ -1082,6 +1099,8 @@ def run(args: argparse.Namespace) -> int:
             items, _ = client.list("/api/v1/pods", fieldSelector=f"spec.nodeName={args.node_name}")
         except ApiError as exc:
             raise ConnectionError(f"listing the pods of node {args.node_name}: {exc}") from None
+        if not items:  # also what a --node-name naming no node gets: every running pod would count as gone
+            _check_registered(client, args.node_name)
         return items
 
     pods = PendingPods(list_pods, args.node_name, key, verify_keys=verify_keys)

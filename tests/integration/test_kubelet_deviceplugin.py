@@ -82,12 +82,22 @@ def kubelet(cluster: Cluster, containerd: Containerd) -> Iterator[Kubelet]:
 
 
 class DevicePluginProcess:
-    def __init__(self, host: Path, kubelet: Kubelet, cluster: Cluster, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        host: Path,
+        kubelet: Kubelet,
+        cluster: Cluster,
+        env: dict[str, str] | None = None,
+        *,
+        node: str = NODE,
+        plugin_dir: Path | None = None,
+        interval: str = "5s",
+    ) -> None:
         self.log = host / "device-plugin.log"
         args = [
-            "--node-name", NODE, "--allocation-key-file", str(host / "allocation.key"),
+            "--node-name", node, "--allocation-key-file", str(host / "allocation.key"),
             "--kubeconfig", str(cluster.kubeconfig), "--host-root", str(host), "--dev-root", str(host / "dev"),
-            "--device-plugin-dir", str(kubelet.device_plugin_dir), "--interval", "5s",
+            "--device-plugin-dir", str(plugin_dir or kubelet.device_plugin_dir), "--interval", interval,
         ]  # fmt: skip
         self.process = subprocess.Popen(
             [sys.executable, "-m", "kubegpu.crishim.deviceplugin", *args],
@@ -453,6 +463,31 @@ def gpu_node(cluster: Cluster, kubelet: Kubelet, host: Path) -> Iterator[tuple[P
         wait_for(lambda: allocatable(cluster).get("nvidia.com/gpucores") == "100", 60, "gpucores allocatable")
 
         yield gpus, plugin
+    finally:
+        plugin.stop()
+
+
+def test_a_device_plugin_named_after_no_node_removes_no_running_pods_region(
+    cluster: Cluster, kubelet: Kubelet, host: Path, tmp_path: Path
+) -> None:
+    """A `--node-name` that is not this node's lists no pod: each round would take every pod running here for gone
+    and remove its HAMi-core region, lifting its limits (T199). The device plugin checks that the node exists
+    before trusting a listing of no pod, says what is wrong, and removes nothing."""
+    vgpu = tmp_path / "vgpu"
+    region = vgpu / "containers" / "uid-running_main"
+    region.mkdir(parents=True)
+    (region / "region.cache").write_bytes(b"\0" * 64)
+    (tmp_path / "allocation.key").write_text((host / "allocation.key").read_text())
+    (tmp_path / "dev").mkdir()
+    env = {"KUBEGPU_NVIDIA_SHARE_LIMITS": "hami-core", "KUBEGPU_HAMI_CORE_DIR": str(vgpu)}
+    plugin = DevicePluginProcess(
+        tmp_path, kubelet, cluster, env, node="no-such-node", plugin_dir=tmp_path / "plugins", interval="1s"
+    )
+    try:
+        said = "the API server knows no node 'no-such-node': --node-name must be this node's name"
+        wait_for(lambda: plugin.output().count(said) >= 3 or not region.exists(), 60, "three rounds")
+        assert region.is_dir() and (region / "region.cache").exists(), "a running pod's region was removed"
+        assert not list((vgpu / "containers").glob(".gone-*"))
     finally:
         plugin.stop()
 
