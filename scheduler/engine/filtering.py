@@ -11,11 +11,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from kubegpu.core.models import (
+    PluginAllocation,
     PodRequest,
     SpreadConstraint,
 )
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.status import Code, Status
+from kubegpu.scheduler.engine.cache import count_on_node
 from kubegpu.scheduler.engine.plan import Planning
 from kubegpu.scheduler.engine.records import (
     ClassTally,
@@ -27,6 +29,7 @@ from kubegpu.scheduler.engine.records import (
     Plan,
     Refusals,
     Settled,
+    log,
     make_room,
     summarize_reasons,
 )
@@ -36,6 +39,9 @@ from kubegpu.scheduler.podindex import Domains, PodIndex
 FIT_HOOK = "kubegpu_scheduler_fit"
 STATE_POD_PREPARED = ("state", "pod", "prepared")  # the fit and score hooks' arguments, as the engine gives them
 NOMINATED = "node(s) were nominated for a pending pod of equal or higher priority that is preempting pods there"
+# A node held for a preempting pod that the pod asking would leave short (`Filtering._nominee_refusal`): what it lacks
+# is named (a resource, or a plugin's devices), the nominee is not (it may be another tenant's pod).
+NOMINATED_SHORT = NOMINATED + ", and would not have {} left for it beside this pod"
 
 
 def gang_nominee(gang: str) -> str:
@@ -215,8 +221,6 @@ class Filtering(Planning):
         memory, and only the filters that read other pods run again. A node that is not live (`set_node_live`)
         refuses device pods unless `placing` is false (counting a pod its kubelet already runs).
         """
-        if record.nominees and held_for_another(record, pod):
-            return Status.unschedulable(NOMINATED)
         if self._dead and plan.devices and placing and (dead := self._dead.get(record.name)) is not None:
             return Status.unresolvable(dead)
         memo = record.last_check
@@ -235,7 +239,126 @@ class Filtering(Planning):
             if status is None:
                 status = self._device_fit(record, pod, plan)
                 memo[id(plan.local)] = (remembered[0], remembered[1], None, status)
+        if record.nominees and status.ok:
+            return self._nominee_refusal(record, pod, plan) or status
         return status
+
+    def _nominee_refusal(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
+        """Why a node held for preempting pods (`nominate`) refuses `pod`, which fits there as it is now; None when
+        it takes only room they leave. kube-scheduler's `addNominatedPods`: the nominees of the pod's priority or
+        higher (not the pod itself, nor its own gang) are counted as if running, on top of what is in use, their
+        victims still counted, and the pod must still pass the filters that read the node's usage (NodeResourcesFit,
+        NodePorts, ...). Devices are more than a count: on each plugin both ask, the pod's own allocation is taken
+        (what `reserve` would choose now), the pods being deleted there are given back (`leaving`: the nominees'
+        victims), and each nominee, highest priority first, must still find a valid set in what remains; else the
+        pod would take the set a nominee needs (the window of a ring, a torus's block, the GPU with room for its
+        share). A node held for a preempting gang (`nominate_gang`) refuses every pod of equal or lower priority
+        but the gang's own: which members go to which node of the domain is decided only when the gang is placed."""
+        nominees: list[PodRequest] = []
+        mine: str | None = None
+        for key, priority in record.nominees.items():
+            if priority < pod.priority or key == pod.key:
+                continue
+            if mine is None:
+                gang = gang_key(pod)
+                mine = "" if gang is None else gang_nominee(gang)
+            if key == mine:
+                continue
+            nominee = self.nominee_requests.get(key)
+            if nominee is None:  # a gang's hold (or a nominee the engine cannot read): the whole node
+                return Status.unschedulable(NOMINATED)
+            nominees.append(nominee)
+        if not nominees:
+            return None
+        nominees.sort(key=lambda nominee: -nominee.priority)
+        copy = record.usage_copy()
+        for nominee in nominees:
+            count_on_node(copy, nominee, +1)
+        status = self._usage_fit(copy, pod, plan)
+        if status is not None:
+            short = [r.removeprefix("Insufficient ") for r in status.reasons if r.startswith("Insufficient ")]
+            if short and len(short) == len(status.reasons):
+                return Status.unschedulable(NOMINATED_SHORT.format(", ".join(short)))
+            return Status.unschedulable(NOMINATED)
+        for plugin, needs in plan.devices:
+            theirs = [nominee for nominee in nominees if plugin in self._plugins_of(nominee)]
+            if theirs and not self._devices_left(record, pod, plan, plugin, theirs):
+                return Status.unschedulable(NOMINATED_SHORT.format(needs[0][0]), plugin=plugin)
+        return None
+
+    def _plugins_of(self, pod: PodRequest) -> tuple[str, ...]:
+        """The device plugins a pod asks devices of (its plan's)."""
+        return tuple(plugin for plugin, _ in self.plan(pod).devices)
+
+    def _devices_left(
+        self, record: NodeRecord, pod: PodRequest, plan: Plan, plugin: str, nominees: Sequence[PodRequest]
+    ) -> bool:
+        """Whether each of `nominees` (highest priority first) still finds a valid set of `plugin`'s devices on the
+        node once `pod` holds the set `reserve` would give it now and the pods being deleted there (`leaving`) are
+        gone. A what-if on the plugin's books alone (allocate, take, give back: what the ledger does), each step
+        undone in reverse before it returns; no node version or memo moves. A plugin that fails, or answers no set
+        for the pod, counts as leaving no room: the node stays held, as it was before this rule."""
+        state = record.states.get(plugin)
+        if state is None:
+            return False
+        undo: list[tuple[str, PluginAllocation, PodRequest | None]] = []  # (key, part, None: release; else: take)
+        try:
+            part = self._what_if_allocate(state, plugin, pod, plan)
+            if part is None or not self._what_if_take(state, plugin, pod, part):
+                return False
+            undo.append((pod.key, part, None))
+            for key in record.pods:
+                if key in self.leaving and key not in record.unheld:
+                    held = self.pods[key]
+                    given = held.parts.get(plugin)
+                    if given is not None and self._what_if_release(state, plugin, key, given):
+                        undo.append((key, given, held.request))
+            for nominee in nominees:
+                theirs = self._what_if_allocate(state, plugin, nominee, self.plan(nominee))
+                if theirs is None or not self._what_if_take(state, plugin, nominee, theirs):
+                    return False
+                undo.append((nominee.key, theirs, None))
+            return True
+        finally:
+            for key, given, request in reversed(undo):
+                if request is None:
+                    self._what_if_release(state, plugin, key, given)
+                elif not self._what_if_take(state, plugin, request, given):
+                    log.error("could not restore %s on %s after a nominee's what-if", key, record.name)
+
+    def _what_if_allocate(self, state: object, plugin: str, pod: PodRequest, plan: Plan) -> PluginAllocation | None:
+        prepared = plan.prepared.get(plugin)
+        if isinstance(prepared, PluginHookError):
+            return None
+        try:
+            fit = self.plugins.call(plugin, FIT_HOOK, state=state, pod=pod, prepared=prepared)
+            if fit is None or not fit.ok:
+                return None
+            allocation: PluginAllocation | None = self.plugins.call(
+                plugin, "kubegpu_scheduler_allocate", state=state, pod=pod, prepared=prepared
+            )
+        except PluginHookError as exc:
+            log.error("a nominee's what-if on %s: %s", plugin, exc)
+            return None
+        return allocation
+
+    def _what_if_take(self, state: object, plugin: str, pod: PodRequest, part: PluginAllocation) -> bool:
+        try:
+            status = self.plugins.call(
+                plugin, "kubegpu_scheduler_take", state=state, pod_key=pod.key, allocation=part, pod=pod
+            )
+        except PluginHookError as exc:
+            log.error("a nominee's what-if on %s: %s", plugin, exc)
+            return False
+        return status is not None and bool(status.ok)
+
+    def _what_if_release(self, state: object, plugin: str, key: str, part: PluginAllocation) -> bool:
+        try:
+            status = self.plugins.call(plugin, "kubegpu_scheduler_release", state=state, pod_key=key, allocation=part)
+        except PluginHookError as exc:
+            log.error("a nominee's what-if on %s: %s", plugin, exc)
+            return False
+        return status is None or bool(status.ok)
 
     def _passing_nodes(self, plan: Plan) -> set[str]:
         """The nodes known to pass the shape's node-local filters and device fit now (`Passing`): a cycle asks such
