@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from kubegpu.core.models import (
-    PluginAllocation,
     PodRequest,
     SpreadConstraint,
 )
@@ -29,7 +28,6 @@ from kubegpu.scheduler.engine.records import (
     Plan,
     Refusals,
     Settled,
-    log,
     make_room,
     summarize_reasons,
 )
@@ -280,85 +278,12 @@ class Filtering(Planning):
             if short and len(short) == len(status.reasons):
                 return Status.unschedulable(NOMINATED_SHORT.format(", ".join(short)))
             return Status.unschedulable(NOMINATED)
+        plans = [(nominee, self.plan(nominee)) for nominee in nominees]
         for plugin, needs in plan.devices:
-            theirs = [nominee for nominee in nominees if plugin in self._plugins_of(nominee)]
-            if theirs and not self._devices_left(record, pod, plan, plugin, theirs):
+            theirs = [(n, p.prepared.get(plugin)) for n, p in plans if any(plugin == owner for owner, _ in p.devices)]
+            if theirs and not self._devices_left(record, plugin, pod, plan.prepared.get(plugin), theirs):
                 return Status.unschedulable(NOMINATED_SHORT.format(needs[0][0]), plugin=plugin)
         return None
-
-    def _plugins_of(self, pod: PodRequest) -> tuple[str, ...]:
-        """The device plugins a pod asks devices of (its plan's)."""
-        return tuple(plugin for plugin, _ in self.plan(pod).devices)
-
-    def _devices_left(
-        self, record: NodeRecord, pod: PodRequest, plan: Plan, plugin: str, nominees: Sequence[PodRequest]
-    ) -> bool:
-        """Whether each of `nominees` (highest priority first) still finds a valid set of `plugin`'s devices on the
-        node once `pod` holds the set `reserve` would give it now and the pods being deleted there (`leaving`) are
-        gone. A what-if on the plugin's books alone (allocate, take, give back: what the ledger does), each step
-        undone in reverse before it returns; no node version or memo moves. A plugin that fails, or answers no set
-        for the pod, counts as leaving no room: the node stays held, as it was before this rule."""
-        state = record.states.get(plugin)
-        if state is None:
-            return False
-        undo: list[tuple[str, PluginAllocation, PodRequest | None]] = []  # (key, part, None: release; else: take)
-        try:
-            part = self._what_if_allocate(state, plugin, pod, plan)
-            if part is None or not self._what_if_take(state, plugin, pod, part):
-                return False
-            undo.append((pod.key, part, None))
-            for key in record.pods:
-                if key in self.leaving and key not in record.unheld:
-                    held = self.pods[key]
-                    given = held.parts.get(plugin)
-                    if given is not None and self._what_if_release(state, plugin, key, given):
-                        undo.append((key, given, held.request))
-            for nominee in nominees:
-                theirs = self._what_if_allocate(state, plugin, nominee, self.plan(nominee))
-                if theirs is None or not self._what_if_take(state, plugin, nominee, theirs):
-                    return False
-                undo.append((nominee.key, theirs, None))
-            return True
-        finally:
-            for key, given, request in reversed(undo):
-                if request is None:
-                    self._what_if_release(state, plugin, key, given)
-                elif not self._what_if_take(state, plugin, request, given):
-                    log.error("could not restore %s on %s after a nominee's what-if", key, record.name)
-
-    def _what_if_allocate(self, state: object, plugin: str, pod: PodRequest, plan: Plan) -> PluginAllocation | None:
-        prepared = plan.prepared.get(plugin)
-        if isinstance(prepared, PluginHookError):
-            return None
-        try:
-            fit = self.plugins.call(plugin, FIT_HOOK, state=state, pod=pod, prepared=prepared)
-            if fit is None or not fit.ok:
-                return None
-            allocation: PluginAllocation | None = self.plugins.call(
-                plugin, "kubegpu_scheduler_allocate", state=state, pod=pod, prepared=prepared
-            )
-        except PluginHookError as exc:
-            log.error("a nominee's what-if on %s: %s", plugin, exc)
-            return None
-        return allocation
-
-    def _what_if_take(self, state: object, plugin: str, pod: PodRequest, part: PluginAllocation) -> bool:
-        try:
-            status = self.plugins.call(
-                plugin, "kubegpu_scheduler_take", state=state, pod_key=pod.key, allocation=part, pod=pod
-            )
-        except PluginHookError as exc:
-            log.error("a nominee's what-if on %s: %s", plugin, exc)
-            return False
-        return status is not None and bool(status.ok)
-
-    def _what_if_release(self, state: object, plugin: str, key: str, part: PluginAllocation) -> bool:
-        try:
-            status = self.plugins.call(plugin, "kubegpu_scheduler_release", state=state, pod_key=key, allocation=part)
-        except PluginHookError as exc:
-            log.error("a nominee's what-if on %s: %s", plugin, exc)
-            return False
-        return status is None or bool(status.ok)
 
     def _passing_nodes(self, plan: Plan) -> set[str]:
         """The nodes known to pass the shape's node-local filters and device fit now (`Passing`): a cycle asks such
