@@ -1365,7 +1365,13 @@ class ClusterMirror:
                     return
             if held is None and not binding:
                 self._assume(request)
-            elif held is not None and (held.request.requests, held.request.containers, held.request.labels) != (
+            if deleting:
+                # Terminating: what it holds stays held until it is gone, but a preemptor nominated on its node may
+                # count on it (`Engine.mark_leaving`), so the pods that fit beside the preemptor are let on.
+                self.engine.mark_leaving(key)
+            if held is None:
+                return
+            if (held.request.requests, held.request.containers, held.request.labels) != (
                 request.requests,
                 request.containers,
                 request.labels,

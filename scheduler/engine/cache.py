@@ -213,6 +213,7 @@ class NodeCache(Ledger):
         for key in gone:
             self.pods.pop(key, None)
             self.on_verify_keys.discard(key)  # or the old key's gauge never reaches 0 after a node is removed
+            self.leaving.discard(key)
             self._forget_anti(key)
         return gone
 
@@ -315,6 +316,7 @@ class NodeCache(Ledger):
         the pod had ends."""
         key = pod_record.request.key
         nominated = self.nominated.pop(key, None)
+        self.nominee_requests.pop(key, None)
         if nominated is not None and (held := self.nodes.get(nominated)) is not None:
             held.nominees.pop(key, None)
             if held is not record:

@@ -16,6 +16,7 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.status import Code, Status
+from kubegpu.scheduler.engine.cache import count_on_node
 from kubegpu.scheduler.engine.plan import Planning
 from kubegpu.scheduler.engine.records import (
     ClassTally,
@@ -36,6 +37,9 @@ from kubegpu.scheduler.podindex import Domains, PodIndex
 FIT_HOOK = "kubegpu_scheduler_fit"
 STATE_POD_PREPARED = ("state", "pod", "prepared")  # the fit and score hooks' arguments, as the engine gives them
 NOMINATED = "node(s) were nominated for a pending pod of equal or higher priority that is preempting pods there"
+# A node held for a preempting pod that the pod asking would leave short (`Filtering._nominee_refusal`): what it lacks
+# is named (a resource, or a plugin's devices), the nominee is not (it may be another tenant's pod).
+NOMINATED_SHORT = NOMINATED + ", and would not have {} left for it beside this pod"
 
 
 def gang_nominee(gang: str) -> str:
@@ -215,8 +219,6 @@ class Filtering(Planning):
         memory, and only the filters that read other pods run again. A node that is not live (`set_node_live`)
         refuses device pods unless `placing` is false (counting a pod its kubelet already runs).
         """
-        if record.nominees and held_for_another(record, pod):
-            return Status.unschedulable(NOMINATED)
         if self._dead and plan.devices and placing and (dead := self._dead.get(record.name)) is not None:
             return Status.unresolvable(dead)
         memo = record.last_check
@@ -235,7 +237,53 @@ class Filtering(Planning):
             if status is None:
                 status = self._device_fit(record, pod, plan)
                 memo[id(plan.local)] = (remembered[0], remembered[1], None, status)
+        if record.nominees and status.ok:
+            return self._nominee_refusal(record, pod, plan) or status
         return status
+
+    def _nominee_refusal(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> Status | None:
+        """Why a node held for preempting pods (`nominate`) refuses `pod`, which fits there as it is now; None when
+        it takes only room they leave. kube-scheduler's `addNominatedPods`: the nominees of the pod's priority or
+        higher (not the pod itself, nor its own gang) are counted as if running, on top of what is in use, their
+        victims still counted, and the pod must still pass the filters that read the node's usage (NodeResourcesFit,
+        NodePorts, ...). Devices are more than a count: on each plugin both ask, the pod's own allocation is taken
+        (what `reserve` would choose now), the pods being deleted there are given back (`leaving`: the nominees'
+        victims), and each nominee, highest priority first, must still find a valid set in what remains; else the
+        pod would take the set a nominee needs (the window of a ring, a torus's block, the GPU with room for its
+        share). A node held for a preempting gang (`nominate_gang`) refuses every pod of equal or lower priority
+        but the gang's own: which members go to which node of the domain is decided only when the gang is placed."""
+        nominees: list[PodRequest] = []
+        mine: str | None = None
+        for key, priority in record.nominees.items():
+            if priority < pod.priority or key == pod.key:
+                continue
+            if mine is None:
+                gang = gang_key(pod)
+                mine = "" if gang is None else gang_nominee(gang)
+            if key == mine:
+                continue
+            nominee = self.nominee_requests.get(key)
+            if nominee is None:  # a gang's hold (or a nominee the engine cannot read): the whole node
+                return Status.unschedulable(NOMINATED)
+            nominees.append(nominee)
+        if not nominees:
+            return None
+        nominees.sort(key=lambda nominee: -nominee.priority)
+        copy = record.usage_copy()
+        for nominee in nominees:
+            count_on_node(copy, nominee, +1)
+        status = self._usage_fit(copy, pod, plan)
+        if status is not None:
+            short = [r.removeprefix("Insufficient ") for r in status.reasons if r.startswith("Insufficient ")]
+            if short and len(short) == len(status.reasons):
+                return Status.unschedulable(NOMINATED_SHORT.format(", ".join(short)))
+            return Status.unschedulable(NOMINATED)
+        plans = [(nominee, self.plan(nominee)) for nominee in nominees]
+        for plugin, needs in plan.devices:
+            theirs = [(n, p.prepared.get(plugin)) for n, p in plans if any(plugin == owner for owner, _ in p.devices)]
+            if theirs and not self._devices_left(record, plugin, pod, plan.prepared.get(plugin), theirs):
+                return Status.unschedulable(NOMINATED_SHORT.format(needs[0][0]), plugin=plugin)
+        return None
 
     def _passing_nodes(self, plan: Plan) -> set[str]:
         """The nodes known to pass the shape's node-local filters and device fit now (`Passing`): a cycle asks such

@@ -1,13 +1,15 @@
 """The device ledger: which plugin allocation each placed pod holds on which node, taken and given back
 atomically through the plugins (`kubegpu_scheduler_take` / `kubegpu_scheduler_release`), and the check that an
 allocation found on a bound pod is one this scheduler signed for it, with its key or a key being rotated
-(`allocation_problem`).
+(`allocation_problem`); and the what-if on one plugin's books for a node held for a preemptor (`_devices_left`):
+the same allocate, take and give back, each undone before it answers.
 
 Pure bookkeeping over `NodeRecord.states`: no decision is made here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from kubegpu.core.annotations import AllocationRecord, verifying_key
@@ -105,6 +107,82 @@ class Ledger(EngineState):
             return
         if status is not None and not status.ok:
             log.error("releasing %s on %s: %s", key, record.name, status.message)
+
+    def _devices_left(
+        self,
+        record: NodeRecord,
+        plugin: str,
+        pod: PodRequest,
+        prepared: object,
+        nominees: Sequence[tuple[PodRequest, object]],
+    ) -> bool:
+        """Whether each of `nominees` (highest priority first) still finds a valid set of `plugin`'s devices on the
+        node once `pod` holds the set `reserve` would give it now and the pods being deleted there (`leaving`) are
+        gone. A what-if on the plugin's books alone (allocate, take, give back: what the ledger does), each step
+        undone in reverse before it returns; no node version or memo moves. A plugin that fails, or answers no set
+        for the pod, counts as leaving no room: the node stays held, as it was before this rule."""
+        state = record.states.get(plugin)
+        if state is None:
+            return False
+        undo: list[tuple[str, PluginAllocation, PodRequest | None]] = []  # (key, part, None: release; else: take)
+        try:
+            part = self._what_if_allocate(state, plugin, pod, prepared)
+            if part is None or not self._what_if_take(state, plugin, pod, part):
+                return False
+            undo.append((pod.key, part, None))
+            for key in record.pods:
+                if key in self.leaving and key not in record.unheld:
+                    held = self.pods[key]
+                    given = held.parts.get(plugin)
+                    if given is not None and self._what_if_release(state, plugin, key, given):
+                        undo.append((key, given, held.request))
+            for nominee, asked in nominees:
+                theirs = self._what_if_allocate(state, plugin, nominee, asked)
+                if theirs is None or not self._what_if_take(state, plugin, nominee, theirs):
+                    return False
+                undo.append((nominee.key, theirs, None))
+            return True
+        finally:
+            for key, given, request in reversed(undo):
+                if request is None:
+                    self._what_if_release(state, plugin, key, given)
+                elif not self._what_if_take(state, plugin, request, given):
+                    log.error("could not restore %s on %s after a nominee's what-if", key, record.name)
+
+    def _what_if_allocate(
+        self, state: object, plugin: str, pod: PodRequest, prepared: object
+    ) -> PluginAllocation | None:
+        if isinstance(prepared, PluginHookError):
+            return None
+        try:
+            fit = self.plugins.call(plugin, "kubegpu_scheduler_fit", state=state, pod=pod, prepared=prepared)
+            if fit is None or not fit.ok:
+                return None
+            allocation: PluginAllocation | None = self.plugins.call(
+                plugin, "kubegpu_scheduler_allocate", state=state, pod=pod, prepared=prepared
+            )
+        except PluginHookError as exc:
+            log.error("a nominee's what-if on %s: %s", plugin, exc)
+            return None
+        return allocation
+
+    def _what_if_take(self, state: object, plugin: str, pod: PodRequest, part: PluginAllocation) -> bool:
+        try:
+            status = self.plugins.call(
+                plugin, "kubegpu_scheduler_take", state=state, pod_key=pod.key, allocation=part, pod=pod
+            )
+        except PluginHookError as exc:
+            log.error("a nominee's what-if on %s: %s", plugin, exc)
+            return False
+        return status is not None and bool(status.ok)
+
+    def _what_if_release(self, state: object, plugin: str, key: str, part: PluginAllocation) -> bool:
+        try:
+            status = self.plugins.call(plugin, "kubegpu_scheduler_release", state=state, pod_key=key, allocation=part)
+        except PluginHookError as exc:
+            log.error("a nominee's what-if on %s: %s", plugin, exc)
+            return False
+        return status is None or bool(status.ok)
 
     def _holders_of(self, record: NodeRecord, allocation: AllocationRecord) -> list[PodRecord]:
         """The pods on the node whose allocations name a whole device of `allocation`."""

@@ -159,6 +159,7 @@ class Permitting(Preempting):
         """Forget a pod (`NodeCache.release`); one that was waiting at Permit waits no more: a deleted member's
         entry would otherwise stay until its gang's timeout, up to a week, one per deletion."""
         self._unwait(key)
+        self.leaving.discard(key)
         return super().release(key)
 
     def remove_node(self, name: str) -> list[str]:

@@ -245,19 +245,34 @@ class Preempting(Admission):
         return self.select_victims(pod, name, budgets)
 
     def nominate(self, pod: PodRequest, name: str | None) -> None:
-        """Hold node `name` for a preempting pod while its victims leave (None: release the hold): pods of equal or
-        lower priority are kept off it, as kube-scheduler counts nominated pods when it filters."""
+        """Hold node `name` for a preempting pod while its victims leave (None: release the hold): as kube-scheduler
+        counts nominated pods when it filters, a pod of equal or lower priority lands there only where it leaves the
+        preemptor its room (`Filtering._nominee_refusal`)."""
         previous = self.nominated.pop(pod.key, None)
+        self.nominee_requests.pop(pod.key, None)
         if previous is not None and (record := self.nodes.get(previous)) is not None:
             record.nominees.pop(pod.key, None)
             self._refresh(record)
         if name is not None and (record := self.nodes.get(name)) is not None:
             self.nominated[pod.key] = name
+            self.nominee_requests[pod.key] = pod
             record.nominees[pod.key] = pod.priority
+            self._refresh(record)
+
+    def mark_leaving(self, key: str) -> None:
+        """A placed pod is being deleted (its deletionTimestamp is set): it still holds what it holds until it is
+        gone (`release`), but a preemptor nominated on its node may count on its devices (`_nominee_refusal`)."""
+        held = self.pods.get(key)
+        if held is None or key in self.leaving:
+            return
+        self.leaving.add(key)
+        record = self.nodes.get(held.node)
+        if record is not None and record.nominees:
             self._refresh(record)
 
     def unnominate(self, key: str) -> None:
         """Release the node held for a preempting pod (it was deleted, bound elsewhere, or gave up)."""
+        self.nominee_requests.pop(key, None)
         name = self.nominated.pop(key, None)
         if name is not None and (record := self.nodes.get(name)) is not None:
             record.nominees.pop(key, None)

@@ -41,7 +41,6 @@ from kubegpu.core.models import PodRequest
 from kubegpu.core.status import Code, Status
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine import kubefilters, scoring
-from kubegpu.scheduler.engine.filtering import NOMINATED, held_for_another
 from kubegpu.scheduler.engine.records import Decision, NodeRecord, Plan, ShapeAnswers, summarize_reasons
 from kubegpu.scheduler.engine.reserving import Reserving
 from kubegpu.scheduler.index import CapacityIndex
@@ -244,8 +243,6 @@ class Sampling(Reserving):
         changed since its memo was written; those that read only the node asked once per node class
         (`ShapeAnswers.by_class`), and `free_of` (what the capacity index offers on a node) only where they pass."""
         klass = record.klass
-        if record.nominees and held_for_another(record, pod):
-            return (Status.unschedulable(NOMINATED), klass, False, False)
         status = by_class.get(klass, _UNASKED)
         if status is _UNASKED:
             status = by_class[klass] = self._node_fit(record, pod, plan)
@@ -257,6 +254,8 @@ class Sampling(Reserving):
                 break
         else:
             status = self._device_fit(record, pod, plan)
+        if record.nominees and status.ok:  # `check`'s rule (unreached: `_samples_by_shape` walks held nodes in turn)
+            status = self._nominee_refusal(record, pod, plan) or status
         code = status.code
         if code is Code.SUCCESS:
             free = free_of(record.name)

@@ -173,6 +173,12 @@ class EngineState:
         self._dead: dict[str, str] = {}
         self._published: dict[str, dict[str, dict[str, dict[str, list[str]]]]] = {}
         self.nominated: dict[str, str] = {}  # preempting pod -> the node its victims are leaving
+        # The preempting pods' requests, by key (`nominate`): a node held for one refuses only the pods that would
+        # leave it no room there (`Filtering._nominee_refusal`), so the filter needs what it asks.
+        self.nominee_requests: dict[str, PodRequest] = {}
+        # Placed pods being deleted (a deletionTimestamp: a preemption's victims, or any pod terminating), by key
+        # (`mark_leaving`): a nominee's place is judged as it will be once they are gone.
+        self.leaving: set[str] = set()
         self._preempt_start = 0  # where the next preemption starts trying nodes (`Preempting.preempt`)
         # A preempting gang (`namespace/name`) -> the nodes of the domain its victims are leaving (`nominate_gang`);
         # on each of them, `nominees` holds it as `gang_nominee(key)`.

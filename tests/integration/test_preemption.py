@@ -267,3 +267,72 @@ def test_a_victim_is_marked_disruption_target_before_it_is_deleted_as_kube_sched
     assert not bound_to(cluster, namespace, "urgent"), "the preemptor waits until its victim is gone"
     cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/batch", {"metadata": {"finalizers": None}})
     wait_bound(cluster, namespace, "urgent")
+def test_pods_of_lower_priority_land_beside_a_preemptor_waiting_for_its_victims_grace_period(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    """A trn1 torus whose rows 0..2 each hold one device of a pod of priority 500 and row 3 one of `victim`
+    (priority 10, `terminationGracePeriodSeconds: 600`, as a job that checkpoints). A 4-device `trainer` of
+    priority 1000 preempts `victim`, which stays Terminating (no kubelet runs here to end it), and is nominated
+    there. Before, the node refused every pod of its priority or lower until the trainer bound; now three 1-device
+    pods land in rows 0..2, beside it, leaving it row 3. Once the victim is gone the trainer binds to row 3. No
+    device is held by two pods at any point."""
+    priority_classes(cluster)
+    cluster.create_ready_node("trn1-hold", labels={**TRN1, "kubegpu-test/hold": "yes"}, allocatable={DEVICE: 16})
+    scheduler = "kubegpu-preempt-hold"
+    start_scheduler(scheduler, "--no-leader-elect")
+    here = {"nodeSelector": {"kubegpu-test/hold": "yes"}}  # not another test's node, if still there
+
+    def disjoint() -> dict[str, list[str]]:
+        bound = [name for name, p in pods(cluster, namespace).items() if p["spec"].get("nodeName")]
+        held = {name: devices(cluster, namespace, name) for name in bound}
+        ids = [i for taken in held.values() for i in taken]
+        assert len(ids) == len(set(ids)), held
+        return held
+
+    fillers: list[str] = []
+    for row, keeper in enumerate(("x", "y", "z")):
+        create(cluster, namespace, keeper, 1, scheduler, "kubegpu-test-high", here)
+        wait_bound(cluster, namespace, keeper)
+        names = [f"f{row}-{i}" for i in range(3)]
+        for name in names:
+            create(cluster, namespace, name, 1, scheduler, "kubegpu-test-low", here)
+        wait_bound(cluster, namespace, *names)
+        fillers += names
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "victim", "namespace": namespace},
+        "spec": {
+            **here,
+            "schedulerName": scheduler,
+            "priorityClassName": "kubegpu-test-low",
+            "terminationGracePeriodSeconds": 600,
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {DEVICE: "1"}}}],
+        },
+    }
+    cluster.client.post(f"/api/v1/namespaces/{namespace}/pods", body)
+    wait_bound(cluster, namespace, "victim")
+    assert devices(cluster, namespace, "victim") == ["12"]
+    for name in fillers:
+        cluster.delete_pod(namespace, name)
+    wait_for(lambda: not set(fillers) & set(pods(cluster, namespace)), 30, "the fillers gone")
+
+    create(cluster, namespace, "trainer", 4, scheduler, "kubegpu-test-top", here)
+    wait_for(
+        lambda: (pods(cluster, namespace)["trainer"].get("status") or {}).get("nominatedNodeName") == "trn1-hold",
+        30,
+        "the trainer nominated",
+    )
+    assert pods(cluster, namespace)["victim"]["metadata"].get("deletionTimestamp"), "the victim is terminating"
+    late = [f"late-{i}" for i in range(3)]
+    for name in late:
+        create(cluster, namespace, name, 1, scheduler, "kubegpu-test-mid", here)
+    wait_bound(cluster, namespace, *late)
+    held = disjoint()
+    assert all(int(held[name][0]) < 12 for name in late), held
+    assert not bound_to(cluster, namespace, "trainer") and "victim" in held
+
+    cluster.delete_pod(namespace, "victim")  # its grace period over
+    wait_bound(cluster, namespace, "trainer")
+    held = disjoint()
+    assert held["trainer"] == ["12", "13", "14", "15"], held

@@ -20,7 +20,7 @@ from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.extender import ExtenderServer
 
 from . import toy_plugin as toy
-from .test_preemption import pod, pod_doc, trn1
+from .test_preemption import DEVICE, pod, pod_doc, trn1
 
 KEY = b"k" * 32
 
@@ -178,3 +178,43 @@ def test_the_share_a_preemption_freed_is_kept_for_the_pod_kube_scheduler_nominat
     assert not passes(twin) and passes(infer) and not passes(twin)
     server.mirror.on_pods("DELETED", share("infer", 50, 1000, nominated="g"))  # the preemptor gave up
     assert passes(batch)
+
+
+def test_filter_lets_a_pod_beside_the_pod_kube_scheduler_nominated_once_its_victim_is_terminating() -> None:
+    """A trn1 whose rows 0..2 each hold one device of a pod of priority 500 and row 3 one of `v` (priority 0).
+    kube-scheduler preempted `v` for a 4-device pod and nominated it: while `v` runs, the pod can only have row 3
+    once `v` is gone, and `/filter` keeps a 1-device pod of lower priority off (it would not know where the nominee
+    goes). Once `v` is terminating (its deletionTimestamp, seen by the informer), the nominee's row is known to
+    free up, and the 1-device pod passes: it is given a device of rows 0..2, beside the nominee."""
+    engine, server = extender("trn-0")
+    server.mirror.on_pods("SYNC", [])
+    for name, priority in [
+        ("x", 500),
+        *[(f"f{i}", 0) for i in range(3)],
+        ("y", 500),
+        *[(f"g{i}", 0) for i in range(3)],
+    ]:
+        place(engine, name, 1, priority, "trn-0")
+    for name, priority in [("z", 500), *[(f"h{i}", 0) for i in range(3)], ("v", 0)]:
+        place(engine, name, 1, priority, "trn-0")
+    for name in [f"{row}{i}" for row in "fgh" for i in range(3)]:
+        assert engine.release(f"default/{name}") is not None
+    assert engine.placement("default/v") is not None
+
+    def passes(doc: dict[str, Any]) -> bool:
+        answer = server.filter(orjson.dumps({"Pod": doc, "NodeNames": ["trn-0"]}))
+        return bool(answer["NodeNames"] == ["trn-0"])
+
+    small = pod_doc("small", 1, priority=10, uid="uid-small")
+    assert passes(small)
+    server.mirror.on_pods("ADDED", {**pod_doc("big", 4, priority=1000, uid="uid-big"), "status": {}})
+    nominated = {**pod_doc("big", 4, priority=1000, uid="uid-big"), "status": {"nominatedNodeName": "trn-0"}}
+    server.mirror.on_pods("MODIFIED", nominated)
+    refused = server.filter(orjson.dumps({"Pod": small, "NodeNames": ["trn-0"]}))
+    assert "nominated for a pending pod" in refused["FailedNodes"]["trn-0"]
+    victim = pod_doc("v", 1, priority=0, uid="uid-v", deletionTimestamp="2026-01-01T00:00:00Z")
+    victim["spec"]["nodeName"] = "trn-0"
+    server.mirror.on_pods("MODIFIED", victim)  # kube-scheduler deleted it: terminating
+    assert passes(small)
+    decision = engine.reserve(pod("small", 1, 10, uid="uid-small"), "trn-0")  # the bind verb's re-check
+    assert decision.allocation is not None and int(decision.allocation.containers["main"][DEVICE][0]) < 12

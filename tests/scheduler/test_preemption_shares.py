@@ -188,8 +188,9 @@ def test_equal_priorities_a_budget_and_preemption_policy_never() -> None:
 
 
 def test_the_node_is_held_for_the_preemptor_until_it_gives_up() -> None:
-    """While its victims leave, the share they free is not taken by a pod of lower or equal priority; once the
-    preemptor gives up (`unnominate`: deleted, or preempting nowhere), nothing stays held."""
+    """While its victims leave, the share the preemptor needs is not taken by a pod of lower or equal priority (the
+    room beyond it is: the 70 % its victims free leave 20 % beside its 50 %); once the preemptor gives up
+    (`unnominate`: deleted, or preempting nowhere), nothing stays held."""
     e = engine(shared_node(gpus=1))
     fill(e, {"b0": 0, "b1": 1, "b2": 2})
     infer = share("infer", 100, 50)
@@ -200,10 +201,11 @@ def test_the_node_is_held_for_the_preemptor_until_it_gives_up() -> None:
     for key in preemption.victims:
         e.release(key)
     for name, priority in (("sneak", 50), ("peer", 100)):
-        refused = e.schedule(share(name, priority, 20))
+        refused = e.schedule(share(name, priority, 30))
         assert not refused.scheduled and "nominated for a pending pod" in (refused.reason or ""), name
+    assert e.schedule(share("beside", 50, 20)).scheduled  # 50 % stay the preemptor's
     e.unnominate(infer.key)
-    assert e.schedule(share("sneak", 50, 20)).scheduled
+    assert e.schedule(share("sneak", 50, 30)).scheduled
 
 
 def test_simulate_shows_a_preempted_shares_amounts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
