@@ -19,10 +19,12 @@ side; in the first table no pod leaves:
 `--first-mix N` starts the departures mixes at departures-N (a check that a change holds beyond the mixes it was
 studied on); `--references` adds online rules that are not kubegpu's (`loosest_replay`, `emptiest_replay`,
 `same_node_replay`, `guarded_replay`; `--loosest` is `--references loosest`) and `--lookahead` an oracle that sees
-the coming events.
+the coming events. `--references one-change` is no rule but the floor of every rule that differs from first-fit
+(`one_change`): first-fit with one arrival sent to another node that fits, each in turn, and how often that single
+change ends below first-fit, on the mix's own events and on futures drawn from what the scheduler knows.
 
     .venv/bin/python benchmarks/placement_bench.py [--seeds 10] [--departure-mixes 30] [--first-mix 30]
-        [--references loosest emptiest same-node guarded] [--lookahead 150]
+        [--references loosest emptiest same-node guarded one-change] [--lookahead 150]
 """
 
 from __future__ import annotations
@@ -295,6 +297,87 @@ def _ranked_rule(nodes: list[tuple[str, str]], key: Callable[[int, int, int], tu
     return rule
 
 
+@dataclass(frozen=True)
+class OneChange:
+    """What one decision other than first-fit's does to a mix (`one_change`). `deltas`: for each single change, the
+    pods placed minus first-fit's on the mix's own events; `sampled`: for each change sampled, the same on each of
+    the futures drawn for it; `points`: per decision point sampled, the indices of its changes in `sampled`."""
+
+    deltas: tuple[int, ...]
+    sampled: tuple[tuple[int, ...], ...]
+    points: tuple[tuple[int, ...], ...]
+
+
+def one_change(
+    nodes: list[tuple[str, str]],
+    events: list[Event],
+    seed: int,
+    points: int = 5,
+    futures: int = 20,
+    pods: int = 400,
+    lifetime: float = 300.0,
+) -> OneChange:
+    """First-fit with exactly one arrival sent to another node that fits (its lowest valid set there), then
+    first-fit again: the measured floor of any online rule that differs from first-fit. Every decision point
+    (an arrival first-fit places where another node also fits) and every such other node is tried on the mix's own
+    events. Then at `points` decision points drawn with `seed`, each change is replayed against `futures` futures
+    drawn from what an online scheduler knows there (the held pods' remaining lifetimes, exponential hence
+    memoryless, and the arrivals still to come, drawn as `departure_mixes` draws them) beside first-fit's own
+    choice on the same future: a rule that sees only the past makes the same choice on all of them."""
+    shapes = shapes_of(nodes)
+    rule = first_fit_rule(nodes, shapes)
+    free = {name: (1 << SHAPES[kind]) - 1 for name, kind in nodes}
+    held: dict[int, tuple[str, int]] = {}
+    placed, deltas = 0, []
+    # The decision points: (pod, free devices per node, pods held, first-fit's choice, the other nodes' choices).
+    candidates: list[tuple[int, dict[str, int], dict[int, tuple[str, int]], tuple[str, int], list[tuple[str, int]]]]
+    candidates = []
+    total = first_fit_replay(nodes, events).placed
+
+    def count(
+        at: dict[str, int], hold: dict[int, tuple[str, int]], pod: int, choice: tuple[str, int], rest: list[Event]
+    ) -> int:
+        at, hold = dict(at), dict(hold)
+        at[choice[0]] &= ~choice[1]
+        hold[pod] = choice
+        return first_fit_count(nodes, shapes, at, hold, rest)
+
+    for step, (what, pod, size) in enumerate(events):
+        if what == "leave":
+            if pod in held:
+                name, block = held.pop(pod)
+                free[name] |= block
+            continue
+        if (chosen := rule(step, size, free, held)) is None:
+            continue
+        others = [
+            (n, b) for n, _ in nodes if n != chosen[0] and (b := lowest_set(shapes[n], free[n], size)) is not None
+        ]
+        for other in others:
+            deltas.append(placed + 1 + count(free, held, pod, other, events[step + 1 :]) - total)
+        if others:
+            candidates.append((pod, dict(free), dict(held), chosen, others))
+        free[chosen[0]] &= ~chosen[1]
+        held[pod] = chosen
+        placed += 1
+    rng = random.Random(seed)
+    sampled: list[tuple[int, ...]] = []
+    groups: list[tuple[int, ...]] = []
+    for pod, at, hold, chosen, others in rng.sample(candidates, min(points, len(candidates))):
+        alive = [*hold, pod]
+        drawn = []
+        for _ in range(futures):
+            leaving = [(pod + rng.expovariate(1 / lifetime), p) for p in alive]
+            heapq.heapify(leaving)
+            drawn.append(mix_events(rng, pod + 1, leaving, pods, lifetime))
+        base = [count(at, hold, pod, chosen, rest) for rest in drawn]
+        first = len(sampled)
+        for other in others:
+            sampled.append(tuple(count(at, hold, pod, other, rest) - b for rest, b in zip(drawn, base, strict=True)))
+        groups.append(tuple(range(first, len(sampled))))
+    return OneChange(tuple(deltas), tuple(sampled), tuple(groups))
+
+
 def kubegpu_replay(nodes: list[tuple[str, str]], events: list[Event]) -> Result:
     engine = Engine(make_plugin_manager("scheduler", plugins=[("neuron", neuron)], autoload=False))
     for name, kind in nodes:
@@ -325,15 +408,22 @@ def departure_mixes(
         rng = random.Random(seed)
         kinds = [rng.choice(list(SHAPES)) for _ in range(nodes)]
         members = [(f"{kind.split('.')[0]}-{i}", kind) for i, kind in enumerate(kinds)]
-        events: list[Event] = []
-        leaving: list[tuple[float, int]] = []
-        for pod in range(pods):
-            while leaving and leaving[0][0] <= pod:
-                events.append(("leave", heapq.heappop(leaving)[1], 0))
-            events.append(("arrive", pod, rng.choice(RANDOM_SIZES)))
-            heapq.heappush(leaving, (pod + rng.expovariate(1 / lifetime), pod))
-        found.append((f"departures-{seed}", members, events))
+        found.append((f"departures-{seed}", members, mix_events(rng, 0, [], pods, lifetime)))
     return found
+
+
+def mix_events(
+    rng: random.Random, first: int, leaving: list[tuple[float, int]], pods: int, lifetime: float
+) -> list[Event]:
+    """The events of pods `first` to `pods - 1` arriving one per step (sizes and lifetimes drawn from `rng`), with
+    the departures of the pods already there (`leaving`: (step, pod), a heap) interleaved."""
+    events: list[Event] = []
+    for pod in range(first, pods):
+        while leaving and leaving[0][0] <= pod:
+            events.append(("leave", heapq.heappop(leaving)[1], 0))
+        events.append(("arrive", pod, rng.choice(RANDOM_SIZES)))
+        heapq.heappush(leaving, (pod + rng.expovariate(1 / lifetime), pod))
+    return events
 
 
 def workloads(seeds: int) -> list[tuple[str, list[tuple[str, str]], list[int]]]:
@@ -360,7 +450,38 @@ def workloads(seeds: int) -> list[tuple[str, list[tuple[str, str]], list[int]]]:
     return found
 
 
+def print_one_change(found: list[OneChange]) -> None:
+    """The summary of `one_change` over the mixes: how often one decision other than first-fit's ends below it, by
+    how much, and on how many of the futures an online rule could not tell apart."""
+    deltas = [delta for result in found for delta in result.deltas]
+    below = [delta for delta in deltas if delta < 0]
+    n = max(len(deltas), 1)
+    print(
+        f"one change (one arrival sent to another node that fits, first-fit before and after): {len(deltas)} changes; "
+        f"below first-fit {len(below) / n:.1%} (by {-sum(below) / max(len(below), 1):.1f} pods on average, at worst "
+        f"{-min(deltas, default=0)}), equal {sum(d == 0 for d in deltas) / n:.1%}, above "
+        f"{sum(d > 0 for d in deltas) / n:.1%}, {sum(deltas) / n:+.2f} pods on average; some change below on "
+        f"{sum(any(d < 0 for d in r.deltas) for r in found)} of {len(found)} mixes"
+    )
+    sampled = [futures for result in found for futures in result.sampled]
+    if not sampled:
+        return
+    pairs = [d for futures in sampled for d in futures]
+    best = [
+        min(sum(d < 0 for d in r.sampled[i]) / len(r.sampled[i]) for i in group) for r in found for group in r.points
+    ]
+    print(
+        f"  on {len(sampled[0])} futures drawn at each of {len(best)} decision points (what the scheduler knows there, "
+        f"the rest drawn): of {len(sampled)} changes, {sum(any(d < 0 for d in f) for f in sampled) / len(sampled):.1%} "
+        f"below first-fit on at least one future, on {sum(d < 0 for d in pairs) / len(pairs):.1%} of futures in all "
+        f"({sum(pairs) / len(pairs):+.2f} pods on average); the change least often below, point by point, on "
+        f"{sum(best) / len(best):.1%} of futures; every change below on some future at "
+        f"{sum(b > 0 for b in best) / len(best):.1%} of the points"
+    )
+
+
 # The online rules `--references` prints beside kubegpu and first-fit.
+ONE_CHANGE = "one-change"  # not a rule: `one_change`, first-fit with one decision changed
 REFERENCES: dict[str, Callable[[list[tuple[str, str]], list[Event]], Result]] = {
     "loosest": loosest_replay,
     "emptiest": emptiest_replay,
@@ -379,11 +500,12 @@ def main() -> int:
     parser.add_argument(
         "--references",
         nargs="+",
-        choices=list(REFERENCES),
+        choices=[*REFERENCES, ONE_CHANGE],
         default=[],
         metavar="RULE",
         help=f"also print these online rules ({', '.join(REFERENCES)}; `--loosest`: loosest alone): pods placed, "
-        "and with departures pods of >=12 devices",
+        f"and with departures pods of >=12 devices; `{ONE_CHANGE}`: with departures, first-fit with one decision "
+        "changed, every one in turn (the floor of any rule that differs from first-fit)",
     )
     parser.add_argument("--loosest", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -394,7 +516,9 @@ def main() -> int:
         help="also print an oracle that knows the next EVENTS events (first-fit looking ahead; 0: none)",
     )
     args = parser.parse_args()
-    references = list(dict.fromkeys(args.references + (["loosest"] if args.loosest else [])))
+    chosen = list(dict.fromkeys(args.references + (["loosest"] if args.loosest else [])))
+    references = [rule for rule in chosen if rule != ONE_CHANGE]
+    changes = ONE_CHANGE in chosen
     print(
         f"{'workload':16} {'pods':>5} {'first-fit placed':>17} {'kubegpu placed':>15} "
         f"{'ff stranded':>12} {'kg stranded':>12}" + "".join(f" {name:>10}" for name in references)
@@ -418,16 +542,18 @@ def main() -> int:
     print()
     heads = "".join(f" {rule[:6]:>6} {'>=12':>6}" for rule in references)
     oracle = f" {'oracle':>7}" if args.lookahead else ""
+    oracle += f" {'1-chg':>6} {'below':>6}" if changes else ""
     print(
         f"{'workload':16} {'events':>6} {'ff placed':>10} {'kg placed':>10} {'ff dev-steps':>13} {'kg dev-steps':>13} "
         f"{'ff >=12':>8} {'kg >=12':>8} {'ff strand':>10} {'kg strand':>10}{heads}{oracle}"
     )
-    widths = WIDTHS + (6, 6) * len(references) + ((7,) if args.lookahead else ())
+    widths = WIDTHS + (6, 6) * len(references) + ((7,) if args.lookahead else ()) + ((6, 6) if changes else ())
+    found: list[OneChange] = []
     sums = [0] * len(widths)
     fewer = worst = oracle_fewer = 0
     rule_fewer, rule_worst = [0] * len(references), [0] * len(references)
     rule_busy, oracle_busy = [0] * len(references), 0  # device-steps, summed: what the placed pods held
-    for name, nodes, events in departure_mixes(args.departure_mixes, first=args.first_mix):
+    for seed, (name, nodes, events) in enumerate(departure_mixes(args.departure_mixes, first=args.first_mix)):
         ff, kg = first_fit_replay(nodes, events), kubegpu_replay(nodes, events)
         fewer += kg.placed < ff.placed
         worst = min(worst, kg.placed - ff.placed)
@@ -443,6 +569,9 @@ def main() -> int:
             oracle_fewer += ahead.placed < ff.placed
             oracle_busy += ahead.busy
             row += (ahead.placed,)
+        if changes:
+            found.append(one_change(nodes, events, seed=args.first_mix + seed))
+            row += (len(found[-1].deltas), sum(delta < 0 for delta in found[-1].deltas))
         print(f"{name:16} {len(events):6} " + " ".join(f"{v:{w}}" for v, w in zip(row, widths, strict=True)))
         sums = [a + b for a, b in zip(sums, row, strict=True)]
     print(f"{'total':16} {'':6} " + " ".join(f"{v:{w}}" for v, w in zip(sums, widths, strict=True)))
@@ -461,9 +590,11 @@ def main() -> int:
     if args.lookahead:
         print(
             f"oracle (first-fit knowing the next {args.lookahead} events) / first-fit: pods placed "
-            f"{sums[-1] / sums[0]:.3f} (fewer on {oracle_fewer} of {args.departure_mixes} mixes), device-steps "
-            f"{oracle_busy / sums[2]:.3f}"
+            f"{sums[len(WIDTHS) + 2 * len(references)] / sums[0]:.3f} (fewer on {oracle_fewer} of "
+            f"{args.departure_mixes} mixes), device-steps {oracle_busy / sums[2]:.3f}"
         )
+    if changes:
+        print_one_change(found)
     return 0
 
 
