@@ -887,7 +887,8 @@ class DevicePlugin(Generic[S]):
             return Status.error(error, plugin=self.name)
         state.take(pod_key, claim)
         state.version += 1
-        self.learn(state, allocation, pod, claim)
+        if pod is not None:  # None: a what-if or a pod held again (the hook's docstring): nothing to learn
+            self.learn(state, allocation, pod, claim)
         return Status.success()
 
     @scheduler_hooks.hookimpl

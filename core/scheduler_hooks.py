@@ -381,8 +381,10 @@ def kubegpu_scheduler_take(
         pod_key: `namespace/name` of the holder.
         allocation: this plugin's part of the pod's allocation, fresh from `kubegpu_scheduler_allocate` or decoded
             from a bound pod's `kubegpu.io/allocation` annotation at restart.
-        pod: the holder's request (its cpu and memory, for a plugin that learns the mix of pods it places); None
-            from a caller that has only the allocation. Optional: take it or leave it out.
+        pod: the holder's request (its cpu and memory, for a plugin that learns the mix of pods it places). None
+            when the take teaches nothing: a what-if the engine undoes (a filter on a node held for a preemptor), a
+            pod held before held again (put back after a preemption's search, or on its node's new state), or a
+            caller that has only the allocation. Optional: take it or leave it out.
 
     Returns:
         Success, or an error `Status` naming the device when it is unknown, unhealthy, already held or over its

@@ -72,7 +72,7 @@ class NodeCache(Ledger):
             for key in list(previous.pods):
                 pod = self.pods[key]
                 self._forget_anti(key)  # its charges went with the old record; taken again below if it still fits
-                status = self._hold_devices(record, pod.request, pod.parts)
+                status = self._hold_devices(record, pod.request, pod.parts, teaches=False)
                 if not status.ok:
                     # Still running, on devices kubegpu can no longer tell apart: dropped, its devices (those still
                     # listed) and its cpu went to the next pods while it ran. Counted, holding none, and the
@@ -408,7 +408,7 @@ class NodeCache(Ledger):
         node = self.nodes.get(pod_record.node)
         if node is None:
             return
-        status = self._hold_devices(node, pod_record.request, pod_record.parts)
+        status = self._hold_devices(node, pod_record.request, pod_record.parts, teaches=False)
         if not status.ok:  # counted, holding none, as a pod its changed node no longer fits (`add_node`)
             log.error("could not restore %s: %s", pod_record.request.key, status.message)
             node.unheld[pod_record.request.key] = _unheld(pod_record.request.key, status.message)

@@ -73,9 +73,14 @@ class Ledger(EngineState):
                     part.shares.setdefault(container, {})[resource] = dict(share)
         return parts
 
-    def _hold_devices(self, record: NodeRecord, pod: PodRequest, parts: dict[str, PluginAllocation]) -> Status:
+    def _hold_devices(
+        self, record: NodeRecord, pod: PodRequest, parts: dict[str, PluginAllocation], *, teaches: bool = True
+    ) -> Status:
         """Hold the pod's allocation on the node, plugin by plugin (`kubegpu_scheduler_take`): all, or none and the
-        first refusal. "Hold" is the engine's one verb for devices a pod has; `_give_back_devices` undoes it."""
+        first refusal. "Hold" is the engine's one verb for devices a pod has; `_give_back_devices` undoes it.
+        `teaches` false: a pod held before is held again (put back after a what-if, or on its node's new record),
+        and the take is given no pod, so that no plugin learns it twice (a mix counting it at each preemption search
+        or node update would drift toward the pods that happen to sit where those run)."""
         taken: list[str] = []
         for plugin, part in parts.items():
             state = record.states.get(plugin) if plugin else None
@@ -84,7 +89,12 @@ class Ledger(EngineState):
             else:
                 try:
                     status = self.plugins.call(
-                        plugin, "kubegpu_scheduler_take", state=state, pod_key=pod.key, allocation=part, pod=pod
+                        plugin,
+                        "kubegpu_scheduler_take",
+                        state=state,
+                        pod_key=pod.key,
+                        allocation=part,
+                        pod=pod if teaches else None,
                     ) or Status.error(f"plugin {plugin!r} gave no answer to kubegpu_scheduler_take")
                 except PluginHookError as exc:
                     status = Status.error(str(exc), plugin=plugin)
@@ -167,9 +177,10 @@ class Ledger(EngineState):
         return allocation
 
     def _what_if_take(self, state: object, plugin: str, pod: PodRequest, part: PluginAllocation) -> bool:
+        """A take the what-if undoes: given no pod, so that no plugin learns from it (`_hold_devices`)."""
         try:
             status = self.plugins.call(
-                plugin, "kubegpu_scheduler_take", state=state, pod_key=pod.key, allocation=part, pod=pod
+                plugin, "kubegpu_scheduler_take", state=state, pod_key=pod.key, allocation=part, pod=None
             )
         except PluginHookError as exc:
             log.error("a nominee's what-if on %s: %s", plugin, exc)

@@ -267,6 +267,8 @@ def test_a_victim_is_marked_disruption_target_before_it_is_deleted_as_kube_sched
     assert not bound_to(cluster, namespace, "urgent"), "the preemptor waits until its victim is gone"
     cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/batch", {"metadata": {"finalizers": None}})
     wait_bound(cluster, namespace, "urgent")
+
+
 def test_pods_of_lower_priority_land_beside_a_preemptor_waiting_for_its_victims_grace_period(
     cluster: Cluster, namespace: str, start_scheduler: Any
 ) -> None:

@@ -63,13 +63,14 @@ class Node:
         """Allocate and take, as the engine's reserve phase does."""
         allocation: PluginAllocation | None = self.call("allocate", pod=pod)
         assert allocation is not None, self.fit(pod).message
-        assert self.call("take", pod_key=pod.key, allocation=allocation).ok
+        assert self.call("take", pod_key=pod.key, allocation=allocation, pod=pod).ok
         self.held[pod.key] = allocation
         return allocation
 
-    def hold(self, key: str, resource: str, ids: list[str]) -> Status:
+    def hold(self, key: str, resource: str, ids: list[str], placed: PodRequest | None = None) -> Status:
+        """Take `ids` for `key`; `placed`: the pod being placed, which the plugin learns from (None: a what-if's)."""
         allocation = PluginAllocation(plugin="neuron", containers={"main": {resource: ids}})
-        status: Status = self.call("take", pod_key=key, allocation=allocation)
+        status: Status = self.call("take", pod_key=key, allocation=allocation, pod=placed)
         if status.ok:
             self.held[key] = allocation
         return status
@@ -495,7 +496,7 @@ def test_a_placement_that_turns_away_a_learned_size_scores_less(pm: KubegpuPlugi
     """Half of a free 8-block for a 4-device pod scores 50 by topology; once the node has seen 8-device pods come,
     the placement turns that size away from the node and scores 0 (50 x (1 - 5 x 1))."""
     node = Node(pm, make_node(labels={TYPE_LABEL: "trn1.32xlarge"}))
-    assert node.hold("ns/eight", DEVICE, ids(0, 7)).ok  # an 8-device pod: the mix is all 8s
+    assert node.hold("ns/eight", DEVICE, ids(0, 7), placed=pod(8)).ok  # an 8-device pod: the mix is all 8s
     assert node.call("score", pod=pod(4)) == 0.0
     assert node.call("fragmentation", pod=pod(4), free={}) == pytest.approx(1.0 * TURNED_AWAY_WEIGHT * 8)
 

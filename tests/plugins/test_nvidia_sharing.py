@@ -66,7 +66,10 @@ def place(pm: KubegpuPluginManager, state: nvidia.NvidiaNodeState, pod: PodReque
     assert pm.call("nvidia", "kubegpu_scheduler_fit", state=state, pod=pod).ok
     allocation = pm.call("nvidia", "kubegpu_scheduler_allocate", state=state, pod=pod)
     assert allocation is not None
-    assert pm.call("nvidia", "kubegpu_scheduler_take", state=state, pod_key=f"ns/{pod.name}", allocation=allocation).ok
+    taken = pm.call(
+        "nvidia", "kubegpu_scheduler_take", state=state, pod_key=f"ns/{pod.name}", allocation=allocation, pod=pod
+    )
+    assert taken.ok
     return allocation
 
 

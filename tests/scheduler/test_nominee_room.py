@@ -221,3 +221,30 @@ def test_a_node_held_for_a_preempting_gang_still_refuses_every_lower_pod() -> No
     e.nominate_gang("default/train", 1000, HOSTNAME, "g")
     refused = e.schedule(gpu_pod("small", 1, 10))
     assert not refused.scheduled and HELD in (refused.reason or "")
+
+
+def test_what_ifs_teach_the_learned_mix_nothing() -> None:
+    """The neuron plugin learns the sizes pods come in from each take (`SizeMix`), and the fragmentation score
+    reads that mix. The what-ifs take too: the filter on a held node (the pod's set, then each nominee's), a
+    preemption's search (each candidate victim put back) and a Node update (every pod held again on the new
+    record). Each counted as a placement: a burst of pending pods checked against a held node counted the
+    preemptor's size once per check, and the mix drifted toward whatever sat where the what-ifs ran. Only pods
+    placed count."""
+    from kubegpu.core.kit import MIX_KEY
+
+    e = neuron_engine(ring=False)
+    place(e, ("x", 4, 500), ("filler", 4, 0), ("v", 1, 0))
+    e.release("default/filler")
+    mix = e._shared["neuron"][MIX_KEY]
+
+    def learned() -> tuple[float, dict[int, float]]:
+        return mix.total, dict(mix.weights)  # type: ignore[attr-defined]
+
+    before = learned()
+    preempt_and_nominate(e, neuron_pod("big", 8, 1000), ("default/v",))  # a preemption's search puts pods back
+    for i in range(20):  # pods checked against the held node, each through the nominee what-if
+        e.decide(neuron_pod(f"small-{i}", 1, 10))
+    e.add_node(node_info(trn1("n")))  # the Node updated: every pod held again on its new record
+    assert learned() == before
+    place(e, ("late", 4, 2000))  # a placement still teaches
+    assert learned() != before
