@@ -50,12 +50,20 @@ The rules, in the order the engine meets them:
   writes are added: `gas-ts` (the decision time in Unix nanoseconds) and `gas-container-cards` (containers
   in spec order separated by `|`, a container without Intel cards as an empty string, cards by `,`:
   `card0,card1|card2`).
+* **Tiles.** A container's per-card `gpu.intel.com/tiles` are tiles of its own: on each of its cards, the lowest
+  tiles no other container holds (`tiles.py`), named in the plugin's fields (`tiles`: container -> card -> tile
+  numbers; `tilesPerCard`) and in GAS's `gas-container-tiles` (`card0:gt0+gt1|card1:gt1`), both only when some
+  container asks tiles. A card has as many tiles as its `gpu.intel.com/tiles` capacity (at most 64). A shortage of
+  tiles names the cards (`card0 has no free tile`). A container asking no tiles is counted by its other shares only,
+  as in GAS, and may share a card whose tiles others hold.
 * **Score.** GAS has none; here it is how full the chosen cards are after the placement (mean over the cards
   of their busiest resource's used fraction, times 100): a node where the pod fills cards already in use
   scores higher than one where it breaks into untouched cards.
 * **Books.** The plugin kit's (`kubegpu.core.kit`): `IntelGasNodeState` is a `SharedDeviceNodeState` whose
-  dimensions are the advertised resources, a container's cards its shares; `IntelGasPlugin` is a `DevicePlugin`,
-  whose take, release (each pod's shares, given back once), headroom and describe hooks are the kit's.
+  dimensions are the advertised resources, a container's cards its shares, and beside them each card's tiles one by
+  one (`tile_free`); `IntelGasPlugin` is a `DevicePlugin`, whose take, release (each pod's shares and tiles, given
+  back once), headroom and describe hooks are the kit's. An allocation signed before tiles were named books its
+  `tiles` amount only.
 * **Headroom.** Per advertised resource, an upper bound of what one container could get: the sum of the free
   per-card amounts over healthy cards; for `i915`/`xe`, the number of healthy cards with a free unit.
   Utilization is the used fraction of the `i915` (else `xe`, else memory) shares.
