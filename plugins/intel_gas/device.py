@@ -24,9 +24,10 @@ labeler writes them, listing the healthy cards: `gpu.intel.com/gpu-numbers` = `0
 Device-plugin ids (`kubegpu device-plugin`): the card names for `gpu.intel.com/i915` (or `xe`), one container per
 card; `millicores` and `memory.max` are per-card amounts, not device ids, and stay node capacity.
 
-Owned (`kubegpu_device_owned`; the CRI shim removes these from every container not granted Intel cards): the DRM
-nodes `/dev/dri/cardN` and `/dev/dri/renderDN`, `KUBEGPU_INTEL_CARDS` (it selects nothing, but a value the plugin did
-not write would misreport the cards) and CDI names of kind `intel.com/gpu`.
+Owned (`kubegpu_device_owned`; the CRI shim removes these from every container, then adds back what the allocation
+grants): the DRM nodes `/dev/dri/cardN` and `/dev/dri/renderDN`, `KUBEGPU_INTEL_CARDS` (it selects nothing, but a
+value the plugin did not write would misreport the cards), `ZE_AFFINITY_MASK` (a tenant's own would reach the other
+tiles of a card it shares) and CDI names of kind `intel.com/gpu`.
 
 Container edit (the CRI shim, after it verified the allocation): the container's cards are the union of the card
 names under its `gpu.intel.com/*` resources.
@@ -37,6 +38,10 @@ names under its `gpu.intel.com/*` resources.
   `renderD(128+N)` when that file exists;
 * env `KUBEGPU_INTEL_CARDS=card0,card1` (for tools and logs: Level Zero and VA-API find the cards through the
   device nodes the container has);
+* env `ZE_AFFINITY_MASK` when the allocation gives the container tiles (its fields `tiles`, `tilesPerCard`:
+  `tiles.py`), in Level Zero's FLAT numbering (`0,1`; `p.t` where the container's env sets
+  `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE`), so a container given one tile of a card sees that tile only; none for whole
+  cards or cards of one tile;
 * CDI names `intel.com/gpu=cardN` (Intel's CDI vendor and class, named after the DRM card), replacing any other
   name of that kind in the CDI device list and in `cdi.k8s.io/*` annotations.
 """
@@ -60,6 +65,13 @@ from kubegpu.core.models import (
 )
 from kubegpu.plugins.intel_gas import I915, MEMORY, MILLICORES, NAME, PREFIX, RESOURCES, XE
 from kubegpu.plugins.intel_gas.cards import CARDS_LABEL, CONTINUATION_MARK, GPU_NUMBERS_LABEL, card_sort_key
+from kubegpu.plugins.intel_gas.tiles import (
+    AFFINITY_ENV,
+    HIERARCHY_ENV,
+    affinity_mask,
+    read_tiles_field,
+    read_tiles_per_card,
+)
 
 __all__ = ["CARDS_ENV", "CDI_KIND", "NAME", "OWNED", "RESOURCES", "discover", "split_label"]
 
@@ -72,7 +84,7 @@ DRM = Path("sys/class/drm")
 CARDS_ENV = "KUBEGPU_INTEL_CARDS"
 CDI_KIND = "intel.com/gpu"
 OWNED = DeviceOwnership(
-    envs=(CARDS_ENV,),
+    envs=(CARDS_ENV, AFFINITY_ENV),
     device_paths=(r"/dev/dri/card[0-9]+", r"/dev/dri/renderD[0-9]+"),
     cdi_kinds=(CDI_KIND,),
 )
@@ -159,6 +171,11 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
                 DeviceNode(host_path=str(dev_root / "dri" / render), container_path=f"/dev/dri/{render}")
             )
     edit.envs[CARDS_ENV] = ",".join(cards)
+    mask = tile_mask(allocation, cards, edit.envs.get(HIERARCHY_ENV, ""))
+    if mask:
+        edit.envs[AFFINITY_ENV] = mask
+    else:
+        edit.envs.pop(AFFINITY_ENV, None)
     edit.replace_cdi_devices(CDI_KIND, [f"{CDI_KIND}={card}" for card in cards])
     return True
 
@@ -202,6 +219,24 @@ def discover(host_root: Path) -> DeviceInventory | None:
     if not devices:
         return None
     return DeviceInventory(plugin=NAME, devices=devices)
+
+
+def tile_mask(allocation: ContainerAllocation, cards: list[str], hierarchy: str) -> str:
+    """The container's `ZE_AFFINITY_MASK` from the tiles the allocation's fields give it ("" when none: whole
+    cards). Raises `ValueError` for tiles the allocation cannot give: of a card the container does not have, or past
+    the node's tiles per card (they would number another card's tiles)."""
+    tiles = read_tiles_field(allocation.fields, allocation.container)
+    if isinstance(tiles, str):
+        raise ValueError(tiles)
+    if not tiles:
+        return ""
+    per_card = read_tiles_per_card(allocation.fields)
+    for card, numbers in tiles.items():
+        if card not in cards:
+            raise ValueError(f"the allocation gives tiles of {card}, which is not one of the container's cards {cards}")
+        if not per_card or max(numbers, default=0) >= per_card:
+            raise ValueError(f"the allocation gives tile(s) {numbers} of {card}, on cards of {per_card} tile(s)")
+    return affinity_mask(cards, tiles, per_card, hierarchy)
 
 
 def split_label(name: str, value: str) -> dict[str, str]:

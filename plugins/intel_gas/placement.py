@@ -23,6 +23,7 @@ from kubegpu.plugins.intel_gas import (
     PREFIX,
     SAME_GPU_ANNOTATION,
     SAME_GPU_FORBIDDEN,
+    TILES,
     UNSUPPORTED_ANNOTATIONS,
     WITHOUT_I915_ENV,
     XE,
@@ -196,6 +197,8 @@ def shortage(
         enough = sum(1 for f in free if f >= amount)
         if enough < need.cards:
             wanted = f"{resource}: needs {format_amount(resource, amount)} on each of {need.cards} card(s)"
+            if resource == TILES:
+                return f"{NO_FIT} ({wanted}; {free_tiles([state.cards[i] for i in pool], free)})"
             if enough:
                 return f"{NO_FIT} ({wanted}; only {enough} card(s) have that much free)"
             return f"{NO_FIT} ({wanted}; the most free on any card is {format_amount(resource, max(free))})"
@@ -203,6 +206,24 @@ def shortage(
     have = f"only {fitting} card(s) have" if fitting else "no card has"
     detail = f"needs {wanted} on each of {need.cards} card(s); {have} all of it free"
     return f"{NO_FIT} ({detail})"
+
+
+# A tile shortage names the cards, as many as a reason can hold.
+NAMED_CARDS = 4
+
+
+def free_tiles(cards: Sequence[str], free: Sequence[int]) -> str:
+    """How many tiles each card has free, for a reason: `card0 has no free tile, card1 has 1 free tile`; past
+    `NAMED_CARDS` cards, the rest summed up."""
+    said = [f"{card} has {_tiles(n)}" for card, n in zip(cards[:NAMED_CARDS], free, strict=False)]
+    rest = free[NAMED_CARDS:]
+    if rest:
+        said.append(f"{len(rest)} more card(s) have at most {_tiles(max(rest))}")
+    return ", ".join(said)
+
+
+def _tiles(count: int) -> str:
+    return "no free tile" if count <= 0 else "1 free tile" if count == 1 else f"{count} free tiles"
 
 
 Rows = list[tuple[str, Sequence[int], Sequence[int]]]

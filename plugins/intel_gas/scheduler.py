@@ -50,12 +50,20 @@ The rules, in the order the engine meets them:
   writes are added: `gas-ts` (the decision time in Unix nanoseconds) and `gas-container-cards` (containers
   in spec order separated by `|`, a container without Intel cards as an empty string, cards by `,`:
   `card0,card1|card2`).
+* **Tiles.** A container's per-card `gpu.intel.com/tiles` are tiles of its own: on each of its cards, the lowest
+  tiles no other container holds (`tiles.py`), named in the plugin's fields (`tiles`: container -> card -> tile
+  numbers; `tilesPerCard`) and in GAS's `gas-container-tiles` (`card0:gt0+gt1|card1:gt1`), both only when some
+  container asks tiles. A card has as many tiles as its `gpu.intel.com/tiles` capacity (at most 64). A shortage of
+  tiles names the cards (`card0 has no free tile`). A container asking no tiles is counted by its other shares only,
+  as in GAS, and may share a card whose tiles others hold.
 * **Score.** GAS has none; here it is how full the chosen cards are after the placement (mean over the cards
   of their busiest resource's used fraction, times 100): a node where the pod fills cards already in use
   scores higher than one where it breaks into untouched cards.
 * **Books.** The plugin kit's (`kubegpu.core.kit`): `IntelGasNodeState` is a `SharedDeviceNodeState` whose
-  dimensions are the advertised resources, a container's cards its shares; `IntelGasPlugin` is a `DevicePlugin`,
-  whose take, release (each pod's shares, given back once), headroom and describe hooks are the kit's.
+  dimensions are the advertised resources, a container's cards its shares, and beside them each card's tiles one by
+  one (`tile_free`); `IntelGasPlugin` is a `DevicePlugin`, whose take, release (each pod's shares and tiles, given
+  back once), headroom and describe hooks are the kit's. An allocation signed before tiles were named books its
+  `tiles` amount only.
 * **Headroom.** Per advertised resource, an upper bound of what one container could get: the sum of the free
   per-card amounts over healthy cards; for `i915`/`xe`, the number of healthy cards with a free unit.
   Utilization is the used fraction of the `i915` (else `xe`, else memory) shares.
@@ -65,6 +73,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from kubegpu.core.kit import Claim, DevicePlugin, DeviceShare, SharedDeviceNodeState, bit_indices
 from kubegpu.core.limits import check_device_count
@@ -79,6 +88,8 @@ from kubegpu.plugins.intel_gas import (
     NAME,
     PREFIX,
     RESOURCES,
+    TILES,
+    TILES_ANNOTATION,
     TS_ANNOTATION,
     WITHOUT_I915_ENV,
     XE,
@@ -94,6 +105,14 @@ from kubegpu.plugins.intel_gas.placement import (
     choose_cards,
     fits_alone,
     pod_needs,
+)
+from kubegpu.plugins.intel_gas.tiles import (
+    MAX_TILES_PER_CARD,
+    TILES_FIELD,
+    TILES_PER_CARD_FIELD,
+    gas_tiles_annotation,
+    pick_tiles,
+    read_tiles_field,
 )
 
 __all__ = [
@@ -124,11 +143,23 @@ conformance_nodes = [
 # ----------------------------------------------------------------------------------------------------------
 
 
+class TileClaim(NamedTuple):
+    """The plugin's own part of a `Claim` (`Claim.extra`): what a share asks of a resource the node does not advertise
+    (card position, resource, amount), and the tiles it names (card position, bitmask of tile numbers)."""
+
+    unadvertised: Sequence[tuple[int, str, int]] = ()
+    tiles: Sequence[tuple[int, int]] = ()
+
+
 class IntelGasNodeState(SharedDeviceNodeState):
     """One node's cards on the kit's books (`kubegpu.core.kit.SharedDeviceNodeState`): every advertised
     `gpu.intel.com/*` resource is a dimension of each card, with each card's capacity (`card_capacity`, by resource:
     one amount per card), a container's cards are its shares, and a card takes any number of them (no split count:
-    `i915` counts them). `usage` is the kit's `used` by resource name, which the placement rule reads."""
+    `i915` counts them). `usage` is the kit's `used` by resource name, which the placement rule reads.
+
+    Tiles are booked one by one beside their amount: `tile_count[i]` is card i's number of tiles (its
+    `gpu.intel.com/tiles` capacity), bit t of `tile_free[i]` says tile t is free, `tile_holders` what each pod took,
+    so a tile is never given to two containers and `give_back` returns exactly the pod's tiles, once."""
 
     plugin = NAME
     noun = "card"
@@ -142,6 +173,9 @@ class IntelGasNodeState(SharedDeviceNodeState):
         self.card_capacity = {resource: list(amounts) for resource, amounts in capacity.items()}
         self.usage = dict(zip(self.dimensions, self.used, strict=True))
         self.unused = {resource: [0] * len(self.cards) for resource in self.card_capacity}
+        self.tile_count = list(self.card_capacity.get(TILES) or [0] * len(self.cards))
+        self.tile_free = [(1 << count) - 1 for count in self.tile_count]
+        self.tile_holders: dict[str, list[tuple[int, int]]] = {}
         self.memo: tuple[int, IntelGasPodState, IntelGasPlacement | Status] | None = None
 
     def cannot_take(self, claim: Claim) -> str | None:
@@ -149,9 +183,38 @@ class IntelGasNodeState(SharedDeviceNodeState):
         is taken, as the kit takes whole devices: no placement chooses one (`candidate_cards`), but a pod that held
         a share before its card failed keeps it when the engine re-takes the node's pods, and refusing it would leave
         the pod holding nothing, and every other card of the node to no new pod until it ended."""
-        for i, resource, amount in claim.extra or ():
+        extra = claim.extra or TileClaim()
+        for i, resource, amount in extra.unadvertised:
             return self.shortage_of(i, resource, 0, amount)
-        return super().cannot_take(claim)
+        problem = super().cannot_take(claim)
+        if problem:
+            return problem
+        taking = [0] * len(self.cards)
+        for i, tiles in extra.tiles:
+            card, count = self.cards[i], self.tile_count[i]
+            if tiles >> count:
+                return f"{card} has {count} tile(s); the allocation names tile gt{tiles.bit_length() - 1}"
+            clash = tiles & (taking[i] | ~self.tile_free[i])
+            if clash:
+                tile = (clash & -clash).bit_length() - 1
+                holders = (key for key, held in self.tile_holders.items() for j, t in held if j == i and t & clash)
+                return f"tile gt{tile} of {card} is already held by {next(holders, 'another container of the pod')}"
+            taking[i] |= tiles
+        return None
+
+    def take(self, pod_key: str, claim: Claim) -> None:
+        super().take(pod_key, claim)
+        extra = claim.extra or TileClaim()
+        if extra.tiles:
+            held = self.tile_holders.setdefault(pod_key, [])
+            for i, tiles in extra.tiles:
+                self.tile_free[i] &= ~tiles
+                held.append((i, tiles))
+
+    def give_back(self, pod_key: str, claim: Claim) -> None:
+        super().give_back(pod_key, claim)
+        for i, tiles in self.tile_holders.pop(pod_key, ()):  # exactly what the pod took, once
+            self.tile_free[i] |= tiles
 
     def shortage(self, i: int, d: int, free: int, taken: int) -> str:
         return self.shortage_of(i, self.dimensions[d], free, taken)
@@ -205,9 +268,13 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         stray = sorted(set(allocation.shares) - set(allocation.containers))
         if stray:
             return f"the allocation gives shares to container {stray[0]} but lists no cards for it"
+        named_tiles = allocation.fields.get(TILES_FIELD)
+        if isinstance(named_tiles, dict) and (stray := sorted(set(named_tiles) - set(allocation.containers))):
+            return f"the allocation gives tiles to container {stray[0]} but lists no cards for it"
         position = {resource: d for d, resource in enumerate(state.dimensions)}
         shares: list[DeviceShare] = []
         unadvertised: list[tuple[int, str, int]] = []
+        tiles: list[tuple[int, int]] = []
         for container, by_resource in allocation.containers.items():
             given = allocation.shares.get(container, {})
             if set(by_resource) != set(given):
@@ -238,7 +305,22 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
                         continue
                     amounts.setdefault(i, [0] * len(position))[d] += amount
             shares.extend((i, tuple(row)) for i, row in amounts.items())
-        return Claim(shares=shares, extra=unadvertised)
+            # The tiles a container is given, one by one: as many on each card as its tiles share there. An
+            # allocation signed before tiles were named has none, and books only the amount.
+            named = read_tiles_field(allocation.fields, container)
+            if isinstance(named, str):
+                return named
+            tile_shares = given.get(TILES, {})
+            for card, numbers in named.items():
+                if tile_shares.get(card) != len(numbers):
+                    return (
+                        f"container {container}: the allocation names {len(numbers)} tile(s) of {card}, but its "
+                        f"{TILES} share there is {tile_shares.get(card, 0)}"
+                    )
+                i = state.index.get(card)
+                if i is not None:  # a card the node no longer has holds nothing (above)
+                    tiles.append((i, sum(1 << t for t in numbers)))
+        return Claim(shares=shares, extra=TileClaim(unadvertised, tiles))
 
     def learn(
         self, state: IntelGasNodeState, allocation: PluginAllocation, pod: PodRequest | None, claim: Claim
@@ -284,6 +366,10 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         capacity = {
             r: [amount // serving] * len(cards) for r, amount in node.allocatable.items() if r.startswith(PREFIX)
         }
+        # Tiles are booked one by one (`IntelGasNodeState.tile_free`): a node claiming more per card than any Intel
+        # card has is read as having at most MAX_TILES_PER_CARD, so the books stay small whatever it advertises.
+        if TILES in capacity:
+            capacity[TILES] = [min(amount, MAX_TILES_PER_CARD) for amount in capacity[TILES]]
         # Each card's own local memory, when the inventory says it for every card that serves: cards of unequal
         # memory are not the even split GAS assumes.
         if MEMORY in capacity and memory and all(m for m, ok in zip(memory, healthy, strict=True) if ok):
@@ -323,7 +409,11 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         containers: dict[str, dict[str, list[str]]] = {}
         shares: dict[str, dict[str, dict[str, int]]] = {}
         columns: list[str] = []
+        tile_columns: list[list[tuple[str, tuple[int, ...]]]] = []
+        named_tiles: dict[str, dict[str, list[int]]] = {}
+        tile_free = list(state.tile_free)  # less what the pod's earlier containers take
         for container, need, picked in zip(pod.containers, needs, result.cards, strict=True):
+            tile_columns.append([])
             if need is None or picked is None:
                 columns.append("")
                 continue
@@ -331,8 +421,22 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
             containers[container.name] = {r: list(names) for r, _ in need.per_card}
             shares[container.name] = {r: dict.fromkeys(names, amount) for r, amount in need.per_card}
             columns.append(",".join(names))
+            per_card = dict(need.per_card).get(TILES, 0)
+            for i in picked if per_card else ():
+                chosen = pick_tiles(tile_free[i], per_card)
+                if chosen is None:  # the amounts fit (choose_cards), so the tiles do: books that disagree place nothing
+                    return None
+                tile_free[i] &= ~sum(1 << t for t in chosen)
+                tile_columns[-1].append((state.cards[i], chosen))
+                named_tiles.setdefault(container.name, {})[state.cards[i]] = list(chosen)
         annotations = {TS_ANNOTATION: str(time.time_ns()), CARDS_ANNOTATION: "|".join(columns)}
-        return PluginAllocation(plugin=NAME, containers=containers, shares=shares, annotations=annotations)
+        fields: dict[str, object] = {}
+        if named_tiles:
+            annotations[TILES_ANNOTATION] = gas_tiles_annotation(tile_columns)
+            fields = {TILES_FIELD: named_tiles, TILES_PER_CARD_FIELD: max(state.tile_count)}
+        return PluginAllocation(
+            plugin=NAME, containers=containers, shares=shares, fields=fields, annotations=annotations
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -210,6 +210,47 @@ def test_neuron_intel_and_nvidia_pods_run_with_exactly_their_devices(
     assert not family(devices, "neuron")
 
 
+def test_two_containers_sharing_an_intel_card_each_see_only_their_own_tile(
+    cluster: Cluster, kubelet: Kubelet, scheduler: SchedulerProcess, node_dir: Path, space: str
+) -> None:
+    """The node's cards become Data Center GPU Max cards for this test (2 tiles each, 4 containers per card, as NFD
+    would publish them): a pod of two containers each asking one tile of card1 (`gas-allow`) gets both on card1, each
+    its own tile, named in `gas-container-tiles`, and each process runs masked to its tile by `ZE_AFFINITY_MASK` in
+    Level Zero's FLAT numbering; the mask `b` sets itself in its spec never reaches its process."""
+    out = node_dir / "out"
+    status = f"/api/v1/nodes/{NODE}/status"
+
+    def allocatable(resource: str) -> str | None:
+        value: str | None = cluster.client.get(f"/api/v1/nodes/{NODE}")["status"]["allocatable"].get(resource)
+        return value
+
+    cluster.client.patch(status, {"status": {"capacity": {"gpu.intel.com/i915": "8", "gpu.intel.com/tiles": "4"}}})
+    try:
+        wait_for(lambda: allocatable("gpu.intel.com/tiles") == "4", 30, "the node's tiles allocatable")
+        tile = {"gpu.intel.com/i915": 1, "gpu.intel.com/tiles": 1}
+        manifest = pod(
+            space, "max", {"a": tile, "b": tile}, scheduler=SCHEDULER, out=out, annotations={"gas-allow": "card1"}
+        )
+        manifest["spec"]["containers"][1]["env"].append({"name": "ZE_AFFINITY_MASK", "value": "0,1"})
+        running = run(cluster, space, manifest)
+
+        annotations = running["metadata"]["annotations"]
+        assert (annotations["gas-container-cards"], annotations["gas-container-tiles"]) == (
+            "card1|card1",
+            "card1:gt0|card1:gt1",
+        )
+        seen = {}
+        for container in ("a", "b"):
+            devices, env = read_output(out, "max", container)
+            seen[container] = (family(devices, "card"), env.get("KUBEGPU_INTEL_CARDS"), env.get("ZE_AFFINITY_MASK"))
+        assert seen == {"a": (["card1"], "card1", "0"), "b": (["card1"], "card1", "1")}
+    finally:
+        cluster.delete_pod(space, "max")
+        wait_for(lambda: "max" not in {p["metadata"]["name"] for p in cluster.pods(space)}, 60, "pod max gone")
+        cluster.client.patch(status, {"status": {"capacity": {"gpu.intel.com/i915": "2", "gpu.intel.com/tiles": None}}})
+        wait_for(lambda: allocatable("gpu.intel.com/i915") == "2", 30, "the node's cards back to one container each")
+
+
 def checked_pod(space: str, name: str, check: dict[str, str], out: Path) -> dict[str, Any]:
     """A pod whose app asks one GPU, after a GPU check: an init container `check` asking `check` that writes what
     it sees (its devices and env) to `out`, as the app does."""

@@ -235,6 +235,47 @@ def test_gas_tiles_pod_without_i915_is_refused_with_kubegpus_reason_through_each
     assert set(wait_bound(cluster, namespace, 1)) == {"tiles"}
 
 
+@pytest.mark.parametrize("which", sorted(EXTENDER_CONFIGS))
+def test_gas_one_tile_pods_share_a_two_tile_card_tile_by_tile_through_each_shipped_extender_config(
+    which: str, cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    """GAS's tile request on a node of two Data Center GPU Max cards (2 tiles each), three 1-tile pods allowed card0
+    only (`gas-allow`): two are bound with a tile each, named in `gas-container-tiles` for Intel's GPU plugin and in
+    the signed allocation for kubegpu's node side; the third is refused naming the card (the node's totals still have
+    2 tiles free, so kube-scheduler alone would bind it). kubegpu picked no tile: both pods were bound without
+    `gas-container-tiles` and saw the whole card."""
+    config, profile = extender_behind_shipped_config(cluster, which, key_file, tmp_path, processes)
+    cluster.create_ready_node(
+        "max-node", labels={"gpu.intel.com/gpu-numbers": "0.1"},
+        allocatable={"gpu.intel.com/i915": 8, "gpu.intel.com/tiles": 4},
+    )  # fmt: skip
+    scheduler = start_kube_scheduler(cluster, tmp_path, config)
+    processes.append(scheduler)
+    for i in range(3):
+        tile = {"gpu.intel.com/i915": 1, "gpu.intel.com/tiles": 1}
+        cluster.create_pod(
+            namespace, f"tile-{i}", {"main": tile}, scheduler=profile, annotations={"gas-allow": "card0"}
+        )
+    try:
+        placed = wait_bound(cluster, namespace, 2, timeout=45)
+    except AssertionError:
+        raise AssertionError(f"{events_of(cluster, namespace, 'tile-0')}\n{scheduler.output()[-3000:]}") from None
+    tiles = sorted(p["metadata"]["annotations"]["gas-container-tiles"] for p in placed.values())
+    assert tiles == ["card0:gt0", "card0:gt1"]
+    signed = sorted(
+        decode_allocation(p["metadata"]["annotations"][ALLOCATION_KEY]).plugins["intel-gas"]["tiles"]["main"]["card0"]
+        for p in placed.values()
+    )
+    assert signed == [[0], [1]]
+    (pending,) = {"tile-0", "tile-1", "tile-2"} - set(placed)
+    message = wait_for(
+        lambda: next((m for m in events_of(cluster, namespace, pending) if "tile" in m), None),
+        45, "the third pod's FailedScheduling event naming the card",
+    )  # fmt: skip
+    assert "gpu.intel.com/tiles: needs 1 on each of 1 card(s); card0 has no free tile" in message, message
+    assert len(wait_bound(cluster, namespace, 2)) == 2
+
+
 def test_gas_node_losing_a_card_keeps_placing_on_the_others(
     cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
 ) -> None:

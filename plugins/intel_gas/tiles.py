@@ -1,0 +1,111 @@
+"""Tiles of Intel GPU cards: which tiles a container gets, how the allocation names them, the mask the node side sets.
+
+A multi-tile card (a Data Center GPU Max 1550 has two) is shared tile by tile: a container asking
+`gpu.intel.com/i915: 1` and `gpu.intel.com/tiles: 1` gets one tile of one card, and another container the card's
+other tile. The scheduler side books each tile (`IntelGasNodeState.tile_free`: per card, a bitmask of the tiles nobody
+holds) and gives a container the *lowest* free tiles of each of its cards (`pick_tiles`; GAS takes any free ones);
+the amount `gpu.intel.com/tiles` per card, which GAS counts too, keeps a card's tiles from going over its count.
+
+The allocation names the tiles in the intel-gas plugin's own fields, signed with the rest (`TILES_FIELD`: container
+-> card -> tile numbers; `TILES_PER_CARD_FIELD`: the node's tiles per card), and, for Intel's GPU plugin, in GAS's pod
+annotation `gas-container-tiles` (`gas_tiles_annotation`): containers in spec order separated by `|` (a container
+given no tile is an empty string), its cards by `,`, each card as `cardN:` and its tiles as `gtK` joined by `+`:
+`card0:gt0+gt1|card1:gt1,card2:gt0`. The tile numbers are the card's `gt` directories in sysfs
+(`/sys/class/drm/cardN/gt/gtK`).
+
+The node side sets Level Zero's `ZE_AFFINITY_MASK` from the signed fields (`affinity_mask`), as Intel's GPU plugin
+does from the annotation: in Level Zero's default FLAT device hierarchy every tile of every card the container sees
+is a device of its own, numbered card after card (the container's cards in card order), so card position p, tile t is
+device `p * tiles_per_card + t` (`0,1`, `3`); where the container's own env sets `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE`,
+a card is one device and a tile its sub-device: `p.t` (`0.0,1.1`). A card of one tile needs no mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kubegpu.core.kit import bit_indices, lowest_bits
+
+__all__ = [
+    "AFFINITY_ENV",
+    "HIERARCHY_ENV",
+    "TILES_FIELD",
+    "TILES_PER_CARD_FIELD",
+    "affinity_mask",
+    "gas_tiles_annotation",
+    "pick_tiles",
+    "read_tiles_field",
+    "read_tiles_per_card",
+]
+
+AFFINITY_ENV = "ZE_AFFINITY_MASK"
+HIERARCHY_ENV = "ZE_FLAT_DEVICE_HIERARCHY"
+TILES_FIELD = "tiles"
+TILES_PER_CARD_FIELD = "tilesPerCard"
+# The most tiles kubegpu books on one card: Intel's cards have 1 or 2; a node advertising more per card is read as is,
+# up to this, so a tile bitmask stays a small integer whatever `gpu.intel.com/tiles` a node claims.
+MAX_TILES_PER_CARD = 64
+
+
+def pick_tiles(free: int, count: int) -> tuple[int, ...] | None:
+    """The `count` lowest tiles of the bitmask `free`, or None when fewer are free."""
+    bits = lowest_bits(free, count)
+    return None if bits is None else tuple(bit_indices(bits))
+
+
+def gas_tiles_annotation(columns: Sequence[Sequence[tuple[str, Sequence[int]]]]) -> str:
+    """GAS's `gas-container-tiles` value: one column per container in spec order (its (card, tiles) pairs in card
+    order; empty for a container given no tile)."""
+    return "|".join(
+        ",".join(f"{card}:" + "+".join(f"gt{tile}" for tile in tiles) for card, tiles in column) for column in columns
+    )
+
+
+def read_tiles_field(fields: Mapping[str, Any], container: str) -> dict[str, list[int]] | str:
+    """The container's tiles by card from the plugin's fields (`{}`: none, as every allocation before tiles were
+    booked), or why the fields cannot be read: a card name that is not `cardN`, a tile that is not a number from 0
+    to `MAX_TILES_PER_CARD - 1`, a tile named twice."""
+    by_container = fields.get(TILES_FIELD) or {}
+    if not isinstance(by_container, dict):
+        return f"the allocation's {TILES_FIELD} field is not a map of containers"
+    given = by_container.get(container) or {}
+    if not isinstance(given, dict):
+        return f"container {container}: the allocation's {TILES_FIELD} is not a map of cards"
+    tiles: dict[str, list[int]] = {}
+    for card, numbers in given.items():
+        if not isinstance(card, str) or not card.startswith("card") or not card[4:].isdigit():
+            return f"container {container}: the allocation gives tiles of {str(card)[:40]!r}, which is not a card"
+        if not isinstance(numbers, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TILES_PER_CARD for t in numbers
+        ):
+            return (
+                f"container {container}: the tiles of {card} are not numbers from 0 to {MAX_TILES_PER_CARD - 1}: "
+                f"{str(numbers)[:80]}"
+            )
+        if len(set(numbers)) != len(numbers):
+            return f"container {container}: the allocation names a tile of {card} twice: {numbers}"
+        tiles[card] = sorted(numbers)
+    return tiles
+
+
+def read_tiles_per_card(fields: Mapping[str, Any]) -> int:
+    """The node's tiles per card the allocation was placed with (0 when it does not say)."""
+    value = fields.get(TILES_PER_CARD_FIELD, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TILES_PER_CARD:
+        return 0
+    return value
+
+
+def affinity_mask(cards: Sequence[str], tiles: Mapping[str, Sequence[int]], per_card: int, hierarchy: str) -> str:
+    """Level Zero's `ZE_AFFINITY_MASK` for a container seeing `cards` (in the order its devices are listed) and given
+    `tiles` of them: FLAT numbering (`p * per_card + t`) unless `hierarchy` is COMPOSITE (`p.t`); "" when there is
+    nothing to mask (no tiles, or cards of one tile)."""
+    if per_card <= 1:
+        return ""
+    composite = hierarchy.strip().upper() == "COMPOSITE"
+    entries: list[str] = []
+    for position, card in enumerate(cards):
+        for tile in sorted(tiles.get(card, ())):
+            entries.append(f"{position}.{tile}" if composite else str(position * per_card + tile))
+    return ",".join(entries)
