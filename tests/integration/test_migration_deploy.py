@@ -4,16 +4,20 @@ accepted by the real API server in a server-side dry run; the patched static kub
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .cluster import Cluster
-from .test_scheduler import ROOT
+from kubegpu.kube.client import ApiError
+
+from .cluster import Cluster, free_port, wait_for
+from .test_scheduler import ROOT, bound
 
 DEPLOY = ROOT / "examples" / "deploy"
 OVERLAYS = sorted(p.name for p in (DEPLOY / "kustomize" / "overlays").iterdir() if p.is_dir())
@@ -80,6 +84,9 @@ EXPECTED = {
     "extender-second-profile": {"Deployment/kubegpu-extender", "Deployment/my-scheduler", "ServiceAccount/my-scheduler",
                                 "Role/my-scheduler-leader-election", "Secret/kubegpu-extender-client"},
     "extender-patched-default": {"Deployment/kubegpu-extender", "Secret/kubegpu-extender-tls"},
+    "extender-ha": {"Deployment/my-scheduler", "ClusterRoleBinding/my-scheduler-as-kubegpu-extender",
+                    "Role/my-scheduler-leader-election", "Secret/kubegpu-extender-tls",
+                    "Secret/kubegpu-extender-client"},
     "nvidia-gpu-scheduler": {"Deployment/kubegpu-extender", "APIService/v1.nvidia-gpu-scheduler"},
     "node-shim": {"DaemonSet/kubegpu-advertiser"},
     "node-device-plugin": {"DaemonSet/kubegpu-device-plugin", "DaemonSet/kubegpu-advertiser"},
@@ -248,3 +255,124 @@ def test_the_admission_policies_render_with_kubectl_1_20(tree: Path) -> None:
     assert done.returncode == 0, done.stderr
     kinds = [d["kind"] for d in yaml.safe_load_all(done.stdout) if d]
     assert kinds.count("ValidatingAdmissionPolicy") == 3 and kinds.count("ValidatingAdmissionPolicyBinding") == 3
+
+
+def test_the_ha_overlay_runs_an_extender_beside_each_kube_scheduler(tree: Path) -> None:
+    """extender-ha: two my-scheduler pods, each a kube-scheduler calling the extender in its own pod; no standalone
+    extender for both to reach; the configuration of extender-second-profile but for the extender's address."""
+    documents = render(tree, "extender-ha")
+    names = {f"{d['kind']}/{d['metadata']['name']}" for d in documents}  # type: ignore[index]
+    assert not names & {"Deployment/kubegpu-extender", "Service/kubegpu-extender"}, names
+    (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2 and spec["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}  # type: ignore[index]
+    containers = {c["name"]: c for c in spec["template"]["spec"]["containers"]}  # type: ignore[index]
+    assert set(containers) == {"kube-scheduler", "extender"}
+    assert "--client-ca=/etc/kubegpu/client-ca/ca.crt" in containers["extender"]["args"]
+    config_map = next(d for d in documents if d["kind"] == "ConfigMap")
+    (extender,) = yaml.safe_load(config_map["data"]["config.yaml"])["extenders"]  # type: ignore[index]
+    assert extender["urlPrefix"] == "https://127.0.0.1:8888"
+    assert extender["tlsConfig"]["serverName"] == "kubegpu-extender.kube-system.svc"  # make-certs.sh's default name
+    second = next(d for d in render(tree, "extender-second-profile") if d["kind"] == "ConfigMap")
+    (theirs,) = yaml.safe_load(second["data"]["config.yaml"])["extenders"]  # type: ignore[index]
+    assert extender["managedResources"] == theirs["managedResources"]
+
+
+def test_two_my_scheduler_pods_of_the_ha_overlay_fail_over_without_giving_a_device_twice(
+    tree: Path, cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path
+) -> None:
+    """The pods of extender-ha as processes: each a kube-scheduler 1.20.2 with the overlay's configuration, under
+    my-scheduler's ServiceAccount and the overlay's RBAC (its Lease included), calling over TLS with client
+    certificates the extender beside it, which runs under that ServiceAccount too. The first pair leads and binds;
+    it is killed (its node lost); the other kube-scheduler takes the Lease and binds through its own extender,
+    whose warm ledger already holds the first pair's devices: no GPU given twice."""
+    from .test_extender import Process
+    from .test_scheduler import P3, devices_by_node
+
+    documents = render(tree, "extender-ha")
+    rbac = [d for d in documents if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+                                                   "RoleBinding")]  # fmt: skip
+    apply(cluster, yaml.safe_dump_all(rbac))
+    token = cluster.client.post(
+        "/api/v1/namespaces/kube-system/serviceaccounts/my-scheduler/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
+    )["status"]["token"]
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "my-scheduler.kubeconfig", token)
+    certs = tree / "extender" / "certs"
+    (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
+    (sidecar,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"]  # type: ignore[index]
+    files = {"--allocation-key-file": key_file, "--tls-cert": certs / "tls.crt", "--tls-key": certs / "tls.key",
+             "--client-ca": certs / "ca.crt"}  # fmt: skip
+    config_map = next(d for d in documents if d["kind"] == "ConfigMap")
+    shipped = yaml.safe_load(config_map["data"]["config.yaml"])  # type: ignore[index]
+
+    def start_pair(name: str) -> tuple[Process, Process]:
+        port = free_port()
+        args = []
+        for arg in sidecar["args"]:
+            flag = arg.split("=", 1)[0]
+            if flag == "--listen":
+                arg = f"--listen=127.0.0.1:{port}"
+            elif flag in files:
+                arg = f"{flag}={files[flag]}"
+            elif flag == "--node-lease-namespace":
+                continue  # no advertiser renews node Leases here
+            args.append(arg)
+        extender = Process([sys.executable, "-m", "kubegpu", "extender", f"--kubeconfig={kubeconfig}", *args],
+                           tmp_path / f"extender-{name}.log")  # fmt: skip
+        config = copy.deepcopy(shipped)
+        config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+        config["leaderElection"].update(leaseDuration="4s", renewDeadline="3s", retryPeriod="1s")
+        config["healthzBindAddress"] = f"127.0.0.1:{free_port()}"
+        config["metricsBindAddress"] = f"127.0.0.1:{free_port()}"
+        (entry,) = config["extenders"]
+        entry["urlPrefix"] = f"https://127.0.0.1:{port}"
+        entry["tlsConfig"].update(caFile=str(certs / "ca.crt"), certFile=str(certs / "client.crt"),
+                                  keyFile=str(certs / "client.key"))  # fmt: skip
+        path = tmp_path / f"kube-scheduler-{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        scheduler = Process(
+            [str(cluster.bin / "kube-scheduler"), f"--config={path}", "--port=0", f"--secure-port={free_port()}",
+             "--bind-address=127.0.0.1", f"--cert-dir={tmp_path / f'certs-{name}'}",
+             "--authentication-tolerate-lookup-failure", "-v=2"],
+            tmp_path / f"kube-scheduler-{name}.log",
+        )  # fmt: skip
+        return scheduler, extender
+
+    def lease_holder() -> str | None:
+        try:
+            lease = cluster.client.get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/my-scheduler")
+        except ApiError:
+            return None
+        return lease["spec"].get("holderIdentity") or None
+
+    cluster.create_ready_node("p3-ha", labels=P3, allocatable={"nvidia.com/gpu": 8})
+    gpus = {"main": {"nvidia.com/gpu": 2}}
+    started: list[Process] = []
+    try:
+        first = start_pair("a")
+        started += first
+        wait_for(lease_holder, 60, "the first kube-scheduler to take the Lease my-scheduler")
+        second = start_pair("b")
+        started += second
+        for name in ("gpu-0", "gpu-1"):
+            cluster.create_pod(namespace, name, gpus, scheduler="my-scheduler")
+        wait_for(lambda: {"gpu-0", "gpu-1"} <= set(bound(cluster, namespace)), 60, "the first pods bound")
+        assert f"{namespace}/gpu-0" in first[1].output() and f"{namespace}/gpu-0" not in second[1].output()
+        for process in first:  # the leader's node is lost
+            process.process.kill()
+            process.process.wait(10)
+        for name in ("gpu-2", "gpu-3"):
+            cluster.create_pod(namespace, name, gpus, scheduler="my-scheduler")
+        placed = wait_for(
+            lambda: (b := bound(cluster, namespace)) and len(b) == 4 and b, 90, "the pods bound after the failover"
+        )
+        assert f"{namespace}/gpu-2" in second[1].output(), "bound through the standing-by extender"
+    except AssertionError as exc:
+        logs = "\n---\n".join(p.output()[-2000:] for p in started)
+        raise AssertionError(f"{exc}\n{logs}") from None
+    finally:
+        for process in started:
+            process.stop()
+    held = devices_by_node(placed)["p3-ha"]
+    assert sorted(held) == [f"nvidia.com:{i}" for i in range(8)] and set(held.values()) == {1}, held
