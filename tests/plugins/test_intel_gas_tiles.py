@@ -13,11 +13,12 @@ import pytest
 from kubegpu.core.annotations import decode_allocation, encode_allocation, merge_allocations
 from kubegpu.core.models import ContainerAllocation, ContainerEdit, NodeInfo, PluginAllocation, PodRequest
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
-from kubegpu.core.scheduler_hooks import DeviceNodeState
 from kubegpu.core.status import Code
 from kubegpu.core.testing import make_node, make_pod
 from kubegpu.plugins.intel_gas import device, scheduler
 from kubegpu.plugins.intel_gas.tiles import affinity_mask, gas_tiles_annotation
+
+from .test_intel_gas import Gas
 
 GAS = "intel-gas"
 I915 = "gpu.intel.com/i915"
@@ -34,28 +35,6 @@ def max_node(cards: int = 1, *, tiles_per_card: int = 2, shares_per_card: int = 
 
 def tile_pod(name: str, tiles: int = 1, i915: int = 1) -> PodRequest:
     return make_pod(name, {"main": {I915: i915, TILES: tiles}})
-
-
-class Gas:
-    def __init__(self, pm: KubegpuPluginManager) -> None:
-        self.pm = pm
-
-    def __getattr__(self, hook: str) -> Callable[..., Any]:
-        return lambda **kwargs: self.pm.call(GAS, f"kubegpu_scheduler_{hook}", **kwargs)
-
-    def build(self, node: NodeInfo) -> DeviceNodeState:
-        state = self.build_node(node=node)
-        assert state is not None
-        return state
-
-    def schedule(self, state: DeviceNodeState, pod: PodRequest) -> PluginAllocation:
-        status = self.fit(state=state, pod=pod)
-        assert status.ok, status.message
-        allocation = self.allocate(state=state, pod=pod)
-        assert allocation is not None
-        taken = self.take(state=state, pod_key=pod.key, allocation=allocation)
-        assert taken.ok, taken.message
-        return allocation
 
 
 @pytest.fixture
