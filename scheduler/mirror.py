@@ -1428,7 +1428,7 @@ class ClusterMirror:
 
     def _follow_nomination(self, pod: PodRequest, node: object) -> None:
         """Hold node `node` for the pending pod kube-scheduler nominated there (none: release the hold). A node the
-        engine does not know holds nothing; the pod's leaving (`drop_pending`) releases the hold."""
+        engine does not know yet takes the hold when it comes; the pod's leaving (`drop_pending`) releases it."""
         name = node if isinstance(node, str) and node else None
         if self.engine.nominated_node(pod.key) == name:
             return

@@ -68,6 +68,14 @@ class NodeCache(Ledger):
         else:
             self._soft_tainted.discard(info.name)
         self._note_scored(info, previous.info if previous is not None else None)
+        # The holds for preempting pods and gangs stay with the node through its updates; a node first seen now takes
+        # the holds of the pods nominated to it before it was known (kube-scheduler's nomination seen first).
+        if previous is not None:
+            record.nominees = dict(previous.nominees)
+        else:
+            for key, name in self.nominated.items():
+                if name == info.name and (nominee := self.nominee_requests.get(key)) is not None:
+                    record.nominees[key] = nominee.priority
         if previous is not None:
             for key in list(previous.pods):
                 pod = self.pods[key]

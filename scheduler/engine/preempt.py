@@ -253,11 +253,12 @@ class Preempting(Admission):
         if previous is not None and (record := self.nodes.get(previous)) is not None:
             record.nominees.pop(pod.key, None)
             self._refresh(record)
-        if name is not None and (record := self.nodes.get(name)) is not None:
+        if name is not None:  # a node not known yet takes the hold when it comes (`add_node`)
             self.nominated[pod.key] = name
             self.nominee_requests[pod.key] = pod
-            record.nominees[pod.key] = pod.priority
-            self._refresh(record)
+            if (record := self.nodes.get(name)) is not None:
+                record.nominees[pod.key] = pod.priority
+                self._refresh(record)
 
     def mark_leaving(self, key: str) -> None:
         """A placed pod is being deleted (its deletionTimestamp is set): it still holds what it holds until it is

@@ -248,3 +248,28 @@ def test_what_ifs_teach_the_learned_mix_nothing() -> None:
     assert learned() == before
     place(e, ("late", 4, 2000))  # a placement still teaches
     assert learned() != before
+
+
+def test_a_node_updated_while_its_preemptor_waits_stays_held() -> None:
+    """A Node update (a label, its allocatable, the advertiser's annotation) builds the node's record again: the
+    hold for the preemptor waiting there went with the old record, and a lower pod took the room its victim was
+    freeing, so the preemptor had to preempt again."""
+    e = neuron_engine(ring=False)
+    place(e, ("x", 4, 500), ("filler", 4, 0), ("v", 1, 0))
+    e.release("default/filler")
+    preempt_and_nominate(e, neuron_pod("big", 8, 1000), ("default/v",))
+    e.add_node(node_info(trn1("n")))
+    refused = e.schedule(neuron_pod("small", 4, 10))
+    assert not refused.scheduled and HELD in (refused.reason or "")
+
+
+def test_a_nomination_to_a_node_not_known_yet_holds_it_once_it_comes() -> None:
+    """Behind kube-scheduler, a pod's nominatedNodeName may name a node the extender's informer has not shown yet:
+    the hold was dropped for good, and the node, once known, was open to every lower pod."""
+    e = Engine(make_plugin_manager("scheduler", plugins=[("neuron", neuron)], autoload=False))
+    e.nominate(neuron_pod("big", 16, 1000), "n")
+    e.add_node(node_info(trn1("n")))
+    refused = e.schedule(neuron_pod("small", 1, 10))
+    assert not refused.scheduled and HELD in (refused.reason or "")
+    e.unnominate("default/big")
+    assert e.schedule(neuron_pod("small", 1, 10)).scheduled
