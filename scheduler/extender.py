@@ -312,6 +312,7 @@ class ExtenderServer:
             self.binder,
             self.unbound,
             leases=leases,
+            watch_budgets=True,  # `/preempt` counts the budgets the rest of a victim's gang violates
             watch_podgroups=True,
             follow_nominations=True,
             bound_leaving=lambda pod, node, gone, preempted: self.gang_cuts.leaving(pod, node, gone, preempted),

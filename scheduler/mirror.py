@@ -562,7 +562,9 @@ class ClusterMirror:
     def watch_budget_versions(self) -> None:
         """The budgets' informer thread: find the version the API server serves (retrying while it cannot be asked),
         then list and watch it. A server that serves none (a future one, or one with policy turned off) has no
-        budgets: an error says so once, `/readyz` names it, and preemption goes on without them."""
+        budgets: an error says so once, `/readyz` names it, and preemption goes on without them. While this process
+        may not list them (a role from before it read budgets: the extender's), the same, a warning naming the role,
+        and the list is tried again every `PODGROUP_RECHECK` seconds."""
         version = self.discover_version("policy", BUDGET_VERSIONS)
         if self.stop.is_set():
             return
@@ -574,8 +576,22 @@ class ClusterMirror:
             )
             self.post(self.on_budgets, "SYNC", [])
             return
-        log.info("PodDisruptionBudgets read as policy/%s", version)
         path = f"/apis/policy/{version}/{BUDGETS}"
+        said = False
+        while (problem := self._forbidden(path)) is not None:
+            self.versions[BUDGETS] = None
+            if not said:
+                said = True
+                log.warning(
+                    "this process may not list PodDisruptionBudgets (%s); preemption counts no budget until its role "
+                    "allows it (the shipped roles in examples/deploy do)",
+                    problem,
+                )
+                self.post(self.on_budgets, "SYNC", [])
+            if self.stop.wait(PODGROUP_RECHECK):
+                return
+        self.versions[BUDGETS] = f"policy/{version}"
+        log.info("PodDisruptionBudgets read as policy/%s", version)
         Informer(self.client, path, self._consume(self.on_budgets), self.stop, BUDGETS).run()
 
     def watch_podgroup_versions(self) -> None:
@@ -589,7 +605,7 @@ class ClusterMirror:
             if self.stop.is_set():
                 return
             path = f"/apis/{PODGROUP_GROUP}/{version}/{PODGROUPS}"
-            problem = "absent" if version is None else self._podgroups_forbidden(path)
+            problem = "absent" if version is None else self._forbidden(path)
             if problem is None:
                 break
             self.versions[PODGROUPS] = None
@@ -612,9 +628,9 @@ class ClusterMirror:
         log.info("PodGroups read as %s/%s", PODGROUP_GROUP, version)
         Informer(self.client, path, self._consume(self.on_podgroups), self.stop, PODGROUPS).run()
 
-    def _podgroups_forbidden(self, path: str) -> str | None:
-        """Why this scheduler may not list PodGroups (a 401 or 403), or None; other failures are the informer's to
-        retry."""
+    def _forbidden(self, path: str) -> str | None:
+        """Why this process may not list the collection at `path` (a 401 or 403), or None; other failures are the
+        informer's to retry."""
         try:
             self.client.get(path, limit=1)
         except ApiError as exc:

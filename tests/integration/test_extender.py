@@ -444,7 +444,10 @@ def test_the_rest_of_a_gang_kube_scheduler_preempts_one_worker_of_goes_too(
 
     priority_classes(cluster)
     create_racks(cluster, {"rack-a": 2})
-    _, extender, scheduler = extender_stack(True)
+    url, extender, scheduler = extender_stack(True)
+    # Its role lists PodDisruptionBudgets (`/preempt` counts those the rest of a victim's gang violates).
+    ready = orjson.loads(urllib3.PoolManager(cert_reqs="CERT_NONE").request("GET", f"{url}/readyz").data)
+    assert ready["apis"]["poddisruptionbudgets"] == "policy/v1beta1", ready
     workers = ["w-0", "w-1"]
     for i, name in enumerate(workers):
         create_member(

@@ -153,3 +153,47 @@ def test_a_server_serving_no_budget_api_is_named_by_readyz_and_scheduling_goes_o
     assert body["missing"] == ["the API server serves no version of poddisruptionbudgets that kubegpu reads"]
     assert not [p for p in server.listed if "poddisruptionbudgets" in p], "nothing is listed in a loop"
     assert "serves PodDisruptionBudgets in none of policy/v1, policy/v1beta1" in caplog.text
+
+
+class Forbidding(ApiServer):
+    """`ApiServer` whose role may not list PodDisruptionBudgets until `allowed` is set (a 403, as the API server
+    answers a ServiceAccount whose role predates them: the extender's before it read budgets)."""
+
+    allowed = False
+
+    def get(self, path: str, **params: Any) -> Any:
+        if path.endswith("/poddisruptionbudgets") and not self.allowed:
+            raise ApiError(403, "Forbidden", 'poddisruptionbudgets.policy is forbidden: User "x" cannot list')
+        if path.endswith("/poddisruptionbudgets"):
+            return {"items": []}
+        return super().get(path, **params)
+
+    def list(self, path: str, **params: Any) -> tuple[list[dict[str, Any]], str]:
+        if not self.allowed:
+            raise ApiError(403, "Forbidden", 'poddisruptionbudgets.policy is forbidden: User "x" cannot list')
+        return super().list(path, **params)
+
+
+def test_a_role_that_may_not_list_budgets_leaves_the_process_ready_says_so_once_and_reads_them_once_allowed(
+    stopped: list[CustomScheduler], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A role without `poddisruptionbudgets` list (an extender deployed with its role from before it read budgets,
+    or an edited one): the informer retried its 403 for good, and `/readyz` waited for the budgets' first list, so
+    the process never became ready. Now it is ready without budgets, warns once, and lists them once allowed."""
+    from kubegpu.scheduler import mirror as mirror_module
+
+    monkeypatch.setattr(mirror_module, "PODGROUP_RECHECK", 0.05)
+    custom, _ = scheduler("policy-1.34.json")
+    stopped.append(custom)
+    mirror = custom.mirror
+    server = Forbidding(mirror.client.policy_document, mirror.stop)  # type: ignore[attr-defined]
+    mirror.client = server  # type: ignore[assignment]
+    threading.Thread(target=mirror.watch_budget_versions, daemon=True).start()
+    wait_until(lambda: (mirror.apply_events(0.05), mirror.budgets_synced.is_set())[1], "the budgets given up for now")
+    assert "poddisruptionbudgets" not in mirror.syncing()
+    assert mirror.apis()["poddisruptionbudgets"] is None
+    time.sleep(0.3)  # several rechecks
+    assert caplog.text.count("may not list PodDisruptionBudgets (403 Forbidden)") == 1
+    server.allowed = True
+    wait_until(lambda: (mirror.apply_events(0.05), "team/db" in mirror.budgets)[1], "the budget listed once allowed")
+    assert mirror.apis()["poddisruptionbudgets"] == "policy/v1"

@@ -480,6 +480,33 @@ def test_preempt_takes_the_rest_of_a_gang_on_the_same_node_with_its_victim() -> 
     assert preempted(server, small, {"r0-n0": ["uid-w-0"]}) == {"r0-n0": ["uid-w-0", "uid-w-1"]}
 
 
+def test_preempt_counts_the_budget_the_rest_of_a_gang_evicted_with_its_victim_violates() -> None:
+    """kube-scheduler counts the budget violations of its own victims only; the rest of a gang `/preempt` names on
+    the same node goes too, so its violations are added: kube-scheduler then prefers a node whose evictions violate
+    fewer budgets. The extender did not watch budgets at all, and counted none."""
+    server = extender(1, 1, [podgroup("train", 2)])
+    assert server.mirror.watch_budgets, "the live extender lists and watches PodDisruptionBudgets"
+    for name in ("w-0", "w-1"):
+        pod = member(name, "train", 4)
+        pod["spec"]["priority"] = 0
+        server.mirror.on_pods("ADDED", pod)
+        bind(server, pod, "r0-n0")
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"scheduling.x-k8s.io/pod-group": "train"}}},
+        "status": {"disruptionsAllowed": 0},
+    }
+    server.mirror.on_budgets("SYNC", [budget])
+    small = vip()
+    small["spec"]["containers"][0]["resources"]["limits"][GPU] = "4"
+    body = {"Pod": small, "NodeNameToMetaVictims": {"r0-n0": {"Pods": [{"UID": "uid-w-0"}], "NumPDBViolations": 1}}}
+    answer = server.preempt(orjson.dumps(body))["NodeNameToMetaVictims"]["r0-n0"]
+    assert sorted(p["UID"] for p in answer["Pods"]) == ["uid-w-0", "uid-w-1"]
+    assert answer["NumPDBViolations"] == 2
+
+
 def test_preempt_drops_a_node_whose_victims_gang_has_a_member_of_the_preemptors_priority() -> None:
     server = extender(1, 2, [podgroup("train", 2)])
     running(server, "w-0", "r0-n0", 0, "train")

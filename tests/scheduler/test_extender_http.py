@@ -186,6 +186,9 @@ def test_readiness_waits_for_the_informers_and_health_for_the_consumer(server: E
         assert read_response(sock, buffer)[0] == 503  # a gang member is answered once its PodGroup is known
         mirror.podgroups_synced.set()
         sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock, buffer)[0] == 503  # `/preempt` answers once the budgets are known
+        mirror.budgets_synced.set()
+        sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock, buffer)[0] == 200
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock, buffer)[0] == 200

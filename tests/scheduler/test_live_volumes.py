@@ -230,4 +230,5 @@ def test_the_extender_leaves_volumes_to_kube_scheduler() -> None:
     server.mirror.on_nodes("SYNC", [node_manifest("n1")])
     server.mirror.on_pods("SYNC", [])
     server.mirror.on_podgroups("SYNC", [])  # the gangs it answers for
+    server.mirror.on_budgets("SYNC", [])  # the budgets `/preempt` counts
     assert server.mirror.ready()
