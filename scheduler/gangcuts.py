@@ -50,12 +50,17 @@ MAX_DEPARTURES = 4096
 # From this Kubernetes release on, PodDisruptionConditions is GA and cannot be turned off: every victim is marked.
 # (1.26-1.30 have it on by default; there a first marked victim seen tells, `GangCuts._marked`.)
 MARKS_FROM = (1, 31)
+# How the `DisruptionTarget` message of a member the extender evicts begins (`GangCuts._evict`): any extender reading
+# it (another replica of the extender-ha overlay, or this one restarted while its evictions still terminate) knows
+# the mark for an extender's, not kube-scheduler's, so that it never infers from it that kube-scheduler marks.
+EXTENDER_MARK = "kubegpu extender: evicting the rest of "
 
 
 def preemption_mark(status: object) -> bool | None:
     """What a pod's `status` says of its deletion (Kubernetes 1.26+): True, kube-scheduler preempted it; False,
-    another hand is deleting it (the Eviction API, the taint manager, the pod GC, the kubelet); None, it says
-    nothing (kube-scheduler 1.20.2, or a pod deleted by its owner)."""
+    another hand is deleting it (the Eviction API, the taint manager, the pod GC, the kubelet, or an extender
+    evicting the rest of a cut gang: `EXTENDER_MARK`); None, it says nothing (kube-scheduler 1.20.2, or a pod
+    deleted by its owner)."""
     conditions = status.get("conditions") if isinstance(status, dict) else None
     if not isinstance(conditions, list):
         return None
@@ -65,6 +70,9 @@ def preemption_mark(status: object) -> bool | None:
             and condition.get("type") == DISRUPTION_TARGET
             and condition.get("status") == "True"
         ):
+            message = condition.get("message")
+            if isinstance(message, str) and message.startswith(EXTENDER_MARK):
+                return False
             return condition.get("reason") == PREEMPTION_BY_SCHEDULER
     return None
 
@@ -182,7 +190,7 @@ class GangCuts:
             self.binder.submit(self._evict(preemptor, why, rest))
 
     async def _evict(self, preemptor: str, why: str, rest: list[PodRequest]) -> None:
-        failed = set(await self.binder.evict_for(preemptor, why, rest, f"kubegpu extender: evicting the rest of {why}"))
+        failed = set(await self.binder.evict_for(preemptor, why, rest, EXTENDER_MARK + why))
         if failed:
             with self.lock:
                 for member in rest:

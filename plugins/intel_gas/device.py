@@ -41,7 +41,8 @@ names under its `gpu.intel.com/*` resources.
 * env `ZE_AFFINITY_MASK` when the allocation gives the container tiles (its fields `tiles`, `tilesPerCard`:
   `tiles.py`), in Level Zero's FLAT numbering (`0,1`; `p.t` where the container's env sets
   `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE`), so a container given one tile of a card sees that tile only; none for whole
-  cards or cards of one tile;
+  cards or cards of one tile; beside it `ZE_FLAT_DEVICE_HIERARCHY` set to the hierarchy the mask is written in
+  (FLAT or COMPOSITE), so that an image's own ENV cannot make Level Zero read a tile's number as a card's;
 * CDI names `intel.com/gpu=cardN` (Intel's CDI vendor and class, named after the DRM card), replacing any other
   name of that kind in the CDI device list and in `cdi.k8s.io/*` annotations.
 """
@@ -69,6 +70,7 @@ from kubegpu.plugins.intel_gas.tiles import (
     AFFINITY_ENV,
     HIERARCHY_ENV,
     affinity_mask,
+    mask_hierarchy,
     read_tiles_field,
     read_tiles_per_card,
 )
@@ -171,9 +173,13 @@ def kubegpu_device_edit_container(allocation: ContainerAllocation, edit: Contain
                 DeviceNode(host_path=str(dev_root / "dri" / render), container_path=f"/dev/dri/{render}")
             )
     edit.envs[CARDS_ENV] = ",".join(cards)
-    mask = tile_mask(allocation, cards, edit.envs.get(HIERARCHY_ENV, ""))
+    hierarchy = edit.envs.get(HIERARCHY_ENV, "")
+    mask = tile_mask(allocation, cards, hierarchy)
     if mask:
         edit.envs[AFFINITY_ENV] = mask
+        # Set, not left to the image's ENV (which the edit never sees, and which the container's config outranks):
+        # read as COMPOSITE, the FLAT mask of tile 0 would be the whole card.
+        edit.envs[HIERARCHY_ENV] = mask_hierarchy(hierarchy)
     else:
         edit.envs.pop(AFFINITY_ENV, None)
     edit.replace_cdi_devices(CDI_KIND, [f"{CDI_KIND}={card}" for card in cards])

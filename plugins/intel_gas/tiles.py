@@ -17,7 +17,9 @@ The node side sets Level Zero's `ZE_AFFINITY_MASK` from the signed fields (`affi
 does from the annotation: in Level Zero's default FLAT device hierarchy every tile of every card the container sees
 is a device of its own, numbered card after card (the container's cards in card order), so card position p, tile t is
 device `p * tiles_per_card + t` (`0,1`, `3`); where the container's own env sets `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE`,
-a card is one device and a tile its sub-device: `p.t` (`0.0,1.1`). A card of one tile needs no mask.
+a card is one device and a tile its sub-device: `p.t` (`0.0,1.1`). A card of one tile needs no mask. The node side
+sets `ZE_FLAT_DEVICE_HIERARCHY` to the hierarchy the mask was written in (`mask_hierarchy`), so that neither the
+image's own ENV nor a spelling Level Zero reads otherwise turns a tile's number into a whole card's.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = [
     "TILES_PER_CARD_FIELD",
     "affinity_mask",
     "gas_tiles_annotation",
+    "mask_hierarchy",
     "pick_tiles",
     "read_tiles_field",
     "read_tiles_per_card",
@@ -97,13 +100,21 @@ def read_tiles_per_card(fields: Mapping[str, Any]) -> int:
     return value
 
 
+def mask_hierarchy(hierarchy: str) -> str:
+    """The device hierarchy a mask is written in for a container whose env says `hierarchy`: COMPOSITE where it asks
+    for it (in any spelling), else FLAT (Level Zero's default; COMBINED numbers its root devices as FLAT does). The
+    node side sets it beside the mask (`device.py`), so that Level Zero reads the mask as it was written, whatever
+    the image's own ENV or the spelling says: in COMPOSITE, the FLAT mask `0` is the whole of the first card."""
+    return "COMPOSITE" if hierarchy.strip().upper() == "COMPOSITE" else "FLAT"
+
+
 def affinity_mask(cards: Sequence[str], tiles: Mapping[str, Sequence[int]], per_card: int, hierarchy: str) -> str:
     """Level Zero's `ZE_AFFINITY_MASK` for a container seeing `cards` (in the order its devices are listed) and given
-    `tiles` of them: FLAT numbering (`p * per_card + t`) unless `hierarchy` is COMPOSITE (`p.t`); "" when there is
-    nothing to mask (no tiles, or cards of one tile)."""
+    `tiles` of them: FLAT numbering (`p * per_card + t`) unless `hierarchy` is COMPOSITE (`p.t`, `mask_hierarchy`);
+    "" when there is nothing to mask (no tiles, or cards of one tile)."""
     if per_card <= 1:
         return ""
-    composite = hierarchy.strip().upper() == "COMPOSITE"
+    composite = mask_hierarchy(hierarchy) == "COMPOSITE"
     entries: list[str] = []
     for position, card in enumerate(cards):
         for tile in sorted(tiles.get(card, ())):

@@ -267,7 +267,12 @@ def test_a_container_given_a_tile_is_masked_to_it_and_a_tenants_own_mask_is_repl
 
     edit = edit_for(node_side, tmp_path, ["card0"], fields, {"ZE_AFFINITY_MASK": "0,1", "PATH": "/bin"})
 
-    assert edit.envs == {"PATH": "/bin", "KUBEGPU_INTEL_CARDS": "card0", "ZE_AFFINITY_MASK": "1"}
+    assert edit.envs == {
+        "PATH": "/bin",
+        "KUBEGPU_INTEL_CARDS": "card0",
+        "ZE_AFFINITY_MASK": "1",
+        "ZE_FLAT_DEVICE_HIERARCHY": "FLAT",
+    }
 
 
 def test_the_container_s_composite_hierarchy_gets_the_composite_mask(
@@ -278,6 +283,27 @@ def test_the_container_s_composite_hierarchy_gets_the_composite_mask(
     edit = edit_for(node_side, tmp_path, ["card0", "card1"], fields, {"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"})
 
     assert edit.envs["ZE_AFFINITY_MASK"] == "0.1,1.0"
+
+
+@pytest.mark.parametrize(
+    ("envs", "mask", "hierarchy"),
+    [({}, "1", "FLAT"), ({"ZE_FLAT_DEVICE_HIERARCHY": "composite"}, "0.1", "COMPOSITE"),
+     ({"ZE_FLAT_DEVICE_HIERARCHY": "COMBINED"}, "1", "FLAT")],
+    ids=["unset", "composite-lowercase", "combined"],
+)  # fmt: skip
+def test_the_mask_is_read_in_the_hierarchy_it_was_written_for(
+    node_side: KubegpuPluginManager, tmp_path: Path, envs: dict[str, str], mask: str, hierarchy: str
+) -> None:
+    """The mask for tile 1 of card0 is `1` in FLAT numbering, but in COMPOSITE `1` is a second card and `0` the whole
+    of card0, both tiles: an image whose own ENV says `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE` (the CRI config carries
+    the spec's env, not the image's; in device-plugin mode the edit sees no env at all), or a spelling Level Zero
+    does not read as the plugin did, would read a FLAT mask as cards. The edit sets the hierarchy it wrote the mask
+    for, which ranks above the image's ENV."""
+    fields = {"tiles": {"main": {"card0": [1]}}, "tilesPerCard": 2}
+
+    edit = edit_for(node_side, tmp_path, ["card0"], fields, envs)
+
+    assert (edit.envs["ZE_AFFINITY_MASK"], edit.envs.get("ZE_FLAT_DEVICE_HIERARCHY")) == (mask, hierarchy)
 
 
 def test_a_whole_card_container_gets_no_mask_and_loses_its_own(node_side: KubegpuPluginManager, tmp_path: Path) -> None:

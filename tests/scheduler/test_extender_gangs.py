@@ -628,6 +628,32 @@ def test_its_own_marked_evictions_do_not_make_the_extender_take_kube_schedulers_
     assert writer.deleted == [("w-1", "uid-w-1"), ("t-1", "uid-t-1")]
 
 
+def test_another_extenders_marked_evictions_do_not_make_it_take_kube_schedulers_for_marking() -> None:
+    """The extender-ha overlay runs two extenders, each following gang cuts; an extender restarted (a rollout) finds
+    the members its previous run evicted still terminating. On kube-scheduler 1.20.2 (which marks nothing) the marks
+    another extender wrote must not pass for kube-scheduler's either: else this one counts every later unmarked
+    preemption as its owner's, and a gang cut once it leads stays running below its minMember."""
+    first, first_writer, w0 = cut_gang()
+    gone(first, w0, "r0-n0")
+    nominated(first, vip(), "r0-n0")
+    condition = first_writer.marked["w-1"]
+    server = extender(1, 4, [podgroup("train", 2), podgroup("tune", 2)])
+    writer = Evictions()
+    server.binder.writer = writer  # type: ignore[assignment]
+    train = [running(server, f"w-{i}", f"r0-n{i}", 0, "train") for i in range(2)]
+    tune = [running(server, f"t-{i}", f"r0-n{i + 2}", 0, "tune") for i in range(2)]
+    server.mirror.on_pods("ADDED", vip())
+    evicted = marked(train[1], condition["reason"])
+    evicted["status"]["conditions"][1] = condition
+    gone(server, train[0], "r0-n0")
+    gone(server, evicted, "r0-n1")  # the other extender's eviction, seen leaving before this one evicted it
+    nominated(server, vip(), "r0-n0")
+    assert writer.deleted == []  # w-1 was already going: the other extender's doing
+    gone(server, tune[0], "r0-n2")
+    nominated(server, vip(), "r0-n2")
+    assert writer.deleted == [("t-1", "uid-t-1")]
+
+
 def test_a_gang_member_deleted_without_a_preemptor_nominated_there_costs_the_rest_nothing() -> None:
     """Its owner deleted w-0 (no pod of higher priority is nominated on r0-n0); then the vip is nominated on
     another node: w-1 stays."""
