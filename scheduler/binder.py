@@ -23,7 +23,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from kubegpu.core.annotations import ALLOCATION_KEY
@@ -46,6 +46,10 @@ NOTE_BYTES = 1024  # the API server's limit on an events.k8s.io/v1 Event's note
 REPORTS_WAITING = 256
 DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition Kubernetes 1.26+ writes before it deletes a pod
 PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"  # its reason for a scheduler's preemption victims
+# From this release kube-scheduler marks its victims (PodDisruptionConditions, on by default; GA in 1.31) and the Job
+# controller's podFailurePolicy reads the mark: `--disruption-conditions auto` marks from it on.
+MARKS_VICTIMS_FROM = (1, 26)
+DISRUPTION_CONDITIONS = ("auto", "on", "off")
 ACTIONS = {"Preempted": "Preempting"}  # kube-scheduler's action per reason; "Scheduling" for the others
 _QUALIFIED = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _HOST = re.sub(r"[^-a-z0-9.]", "-", socket.gethostname().lower())[:63]
@@ -100,7 +104,9 @@ async def bound_as_decided(writer: AsyncKubeClient, pod: PodRequest, decision: D
 class Binder:
     """The API writes about pods, for one component (the name its Events carry as their source)."""
 
-    def __init__(self, writer: AsyncKubeClient, metrics: Metrics, *, component: str) -> None:
+    def __init__(
+        self, writer: AsyncKubeClient, metrics: Metrics, *, component: str, marks: Callable[[], bool] | None = None
+    ) -> None:
         self.writer = writer
         self.metrics = metrics
         self.component = component
@@ -109,6 +115,9 @@ class Binder:
         self.events_api = "v1"
         self.reports_waiting = 0  # `report`s submitted and not yet ended (the writer's thread ends them)
         self._reports_lock = threading.Lock()
+        # Whether a victim is marked `DisruptionTarget` before its deletion (`marks_victims`: the front-end's
+        # `--disruption-conditions` and the API server's version); always, when not said.
+        self.marks: Callable[[], bool] = marks or (lambda: True)
 
     def submit(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         """Run a write on the writer's event loop; the caller does not wait (the loop thread never blocks)."""
@@ -272,8 +281,10 @@ class Binder:
         `Preempted` Event and set the preemptor's `status.nominatedNodeName` (kube-scheduler's order: the deletions
         are what the preemptor waits for, and every write waits its turn behind the other pods' writes, so none
         queues behind another). Each victim first gets the `DisruptionTarget` condition kube-scheduler 1.26+ writes
-        (`disruption_target`). Returns the keys of the victims whose deletion failed (they stay)."""
-        why = disruption_target(f"{pod.scheduler_name}: preempting to accommodate a higher priority pod")
+        (`disruption_target`), where `marks` says so. Returns the keys of the victims whose deletion failed (they
+        stay)."""
+        message = f"{pod.scheduler_name}: preempting to accommodate a higher priority pod"
+        why = disruption_target(message) if self.marks() else None
         deleted = await asyncio.gather(*(self._delete(victim, why) for victim in victims))
         message = f"Preempted by {pod.namespace}/{pod.name} on node {node}"
         await asyncio.gather(
@@ -296,9 +307,9 @@ class Binder:
     async def evict_for(self, preemptor: str, where: str, victims: Sequence[PodRequest], message: str) -> list[str]:
         """A gang's preemption: each victim gets a `Preempted` Event naming the gang and the domain, and is deleted
         gracefully (guarded by its UID), marked first with the `DisruptionTarget` condition saying `message`
-        (`disruption_target`). No nominated node: a gang waits for a domain, not one node. Returns the keys of the
-        victims whose deletion failed (they stay)."""
-        why = disruption_target(message)
+        (`disruption_target`) where `marks` says so. No nominated node: a gang waits for a domain, not one node.
+        Returns the keys of the victims whose deletion failed (they stay)."""
+        why = disruption_target(message) if self.marks() else None
         failed = []
         for victim in victims:
             await self.post_event(victim, "Preempted", f"Preempted by {preemptor} in {where}", kind="Normal")
@@ -327,6 +338,33 @@ class Binder:
                 _not_written("delete a preemption victim", exc, victim.key)
                 return False
         return True
+
+
+def marks_victims(mode: str, server: Callable[[], tuple[int, int] | None]) -> Callable[[], bool]:
+    """`Binder.marks` for `--disruption-conditions`: `on`, `off`, or `auto`: on an API server of 1.26 or later (where
+    kube-scheduler marks its own victims and the Job controller reads the mark), not before (an unknown version
+    counts as before). Each mark is one more write per victim, a third more API writes per preemption."""
+    if mode == "on":
+        return lambda: True
+    if mode == "off":
+        return lambda: False
+
+    def auto() -> bool:
+        version = server()
+        return version is not None and version >= MARKS_VICTIMS_FROM
+
+    return auto
+
+
+def add_disruption_conditions_argument(parser: Any) -> None:
+    parser.add_argument(
+        "--disruption-conditions",
+        choices=DISRUPTION_CONDITIONS,
+        default="auto",
+        help="mark each preemption victim DisruptionTarget=True (reason PreemptionByScheduler) before deleting it, as "
+        "kube-scheduler 1.26+ does, so that a Job's podFailurePolicy can ignore it: auto (default) on Kubernetes "
+        "1.26 and later, on, or off (one write less per victim)",
+    )
 
 
 def disruption_target(message: str) -> dict[str, Any]:

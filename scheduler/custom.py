@@ -57,7 +57,7 @@ from kubegpu.core.process import add_verify_key_argument, configure_logging, rea
 from kubegpu.kube.client import ApiError, AsyncKubeClient, Fenced, KubeClient
 from kubegpu.kube.leader import LeaderElector, Leadership, timing_problem
 from kubegpu.scheduler import liveness
-from kubegpu.scheduler.binder import Binder
+from kubegpu.scheduler.binder import Binder, add_disruption_conditions_argument, marks_victims
 from kubegpu.scheduler.dra import HeldClaim
 from kubegpu.scheduler.draclaims import ClaimError, ClaimWriter
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine, PermitCode, Policy, rule_names
@@ -88,11 +88,13 @@ class CustomScheduler:
         leases: liveness.NodeLeases | None = None,
         leadership: Leadership | None = None,
         leader_elect: bool = False,
+        disruption_conditions: str = "auto",
     ) -> None:
         self.engine = engine
         self.name = name
         self.metrics = Metrics()
-        self.binder = Binder(writer, self.metrics, component=name)
+        marks = marks_victims(disruption_conditions, lambda: self.mirror.server_version)
+        self.binder = Binder(writer, self.metrics, component=name, marks=marks)
         self.queue = SchedulingQueue(name, self.metrics, spread_of=engine.spread_constraints, sort=engine.queue_sort)
         self.mirror = ClusterMirror(
             client,
@@ -629,6 +631,7 @@ def run(args: argparse.Namespace) -> int:
         leases=liveness.from_args(args),
         leadership=leadership,
         leader_elect=args.leader_elect,
+        disruption_conditions=args.disruption_conditions,
     )
     if config is not None:
         scheduler.queue.initial_backoff, scheduler.queue.max_backoff = config.initial_backoff, config.max_backoff
@@ -765,6 +768,7 @@ def add_scheduler_parser(sub: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--kube-api-burst", type=int, default=100, help="API request burst (default 100)")
     liveness.add_node_lease_options(parser)
+    add_disruption_conditions_argument(parser)
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run)
     return parser

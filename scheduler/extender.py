@@ -70,7 +70,7 @@ from kubegpu.core.status import Code
 from kubegpu.kube.client import ApiError, AsyncKubeClient, KubeClient
 from kubegpu.plugins.intel_gas.scheduler import WITHOUT_I915_ENV
 from kubegpu.scheduler import compat, liveness
-from kubegpu.scheduler.binder import Binder
+from kubegpu.scheduler.binder import Binder, add_disruption_conditions_argument, marks_victims
 from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Plan
 from kubegpu.scheduler.gangcuts import GangCuts
 from kubegpu.scheduler.gangplans import GangPlan, GangPlans
@@ -299,10 +299,12 @@ class ExtenderServer:
         *,
         policy: str | None = None,
         leases: liveness.NodeLeases | None = None,
+        disruption_conditions: str = "auto",
     ) -> None:
         self.engine = engine
         self.metrics = Metrics()
-        self.binder = Binder(writer, self.metrics, component="")
+        marks = marks_victims(disruption_conditions, lambda: self.mirror.server_version)
+        self.binder = Binder(writer, self.metrics, component="", marks=marks)
         self.gang_plans = GangPlans()  # the gangs' what-if placements their members are answered from
         self.unbound = UnboundPods(self.gang_plans.drop)
         self._listed = False  # every informer has listed its collection (`not_ready`)
@@ -1031,7 +1033,14 @@ def run(args: argparse.Namespace) -> int:
         signing_key=key,
         verify_keys=verify_keys,
     )
-    extender = ExtenderServer(engine, client, writer, policy=args.policy, leases=liveness.from_args(args))
+    extender = ExtenderServer(
+        engine,
+        client,
+        writer,
+        policy=args.policy,
+        leases=liveness.from_args(args),
+        disruption_conditions=args.disruption_conditions,
+    )
     mirror = extender.mirror
     limits = Limits(max_body=args.max_body_bytes, body_budget=max(Limits.body_budget, 4 * args.max_body_bytes))
     tls = tls_context(args.tls_cert, args.tls_key, args.client_ca)
@@ -1152,6 +1161,7 @@ def add_extender_parser(sub: Any) -> argparse.ArgumentParser:
         "free GPUs of the pod's nvidia-gpu-scheduler/gpu.model",
     )
     liveness.add_node_lease_options(parser)
+    add_disruption_conditions_argument(parser)
     parser.add_argument(
         "--kube-api-qps",
         "--qps",

@@ -106,11 +106,11 @@ def extender_stack(
     extender requires client certificates (`tmp_path / "certs"`: make-certs.sh) and runs with the shipped RBAC."""
     started: list[Process] = []
 
-    def start(https: bool) -> tuple[str, Process, Process]:
+    def start(https: bool, *extra: str) -> tuple[str, Process, Process]:
         port = free_port()
         kubeconfig = extender_kubeconfig(cluster, tmp_path) if https else cluster.kubeconfig
         command = [sys.executable, "-m", "kubegpu", "extender", "--kubeconfig", str(kubeconfig),
-                   "--listen", f"127.0.0.1:{port}", "--allocation-key-file", str(key_file)]  # fmt: skip
+                   "--listen", f"127.0.0.1:{port}", "--allocation-key-file", str(key_file), *extra]  # fmt: skip
         if https:
             certs = make_certs(tmp_path / "certs")
             command += ["--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key"),
@@ -444,7 +444,8 @@ def test_the_rest_of_a_gang_kube_scheduler_preempts_one_worker_of_goes_too(
 
     priority_classes(cluster)
     create_racks(cluster, {"rack-a": 2})
-    url, extender, scheduler = extender_stack(True)
+    # 1.20.2 is older than the 1.26 `--disruption-conditions auto` marks from: the operator's `on` is tried here.
+    url, extender, scheduler = extender_stack(True, "--disruption-conditions=on")
     # Its role lists PodDisruptionBudgets (`/preempt` counts those the rest of a victim's gang violates).
     ready = orjson.loads(urllib3.PoolManager(cert_reqs="CERT_NONE").request("GET", f"{url}/readyz").data)
     assert ready["apis"]["poddisruptionbudgets"] == "policy/v1beta1", ready

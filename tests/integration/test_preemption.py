@@ -253,7 +253,8 @@ def test_a_victim_is_marked_disruption_target_before_it_is_deleted_as_kube_sched
     present, long enough to be read."""
     priority_classes(cluster)
     cluster.create_ready_node("trn1-u", labels=TRN1, allocatable={DEVICE: 16})
-    start_scheduler("kubegpu-preempt-5", "--no-leader-elect")
+    # 1.20.2 is older than the 1.26 `--disruption-conditions auto` marks from: the operator's `on` is tried here.
+    start_scheduler("kubegpu-preempt-5", "--no-leader-elect", "--disruption-conditions=on")
     create(cluster, namespace, "batch", 16, "kubegpu-preempt-5", finalizers=["kubegpu.test/hold"])
     wait_bound(cluster, namespace, "batch")
     create(cluster, namespace, "urgent", 16, "kubegpu-preempt-5", "kubegpu-test-top")

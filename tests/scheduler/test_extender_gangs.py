@@ -591,14 +591,20 @@ def test_the_rest_of_a_gang_kube_scheduler_preempted_one_member_of_is_evicted(no
     assert any("Preempted by ml/vip" in n and "minMember 2" in n and "w-0" in n for n in notes), notes
 
 
-def test_the_rest_of_a_gang_is_marked_disruption_target_before_it_is_deleted() -> None:
+@pytest.mark.parametrize("version", [(1, 20), (1, 25), (1, 26), (1, 30)], ids=str)
+def test_the_rest_of_a_gang_is_marked_disruption_target_before_it_is_deleted(version: tuple[int, int]) -> None:
     """A Job (or JobSet) whose `podFailurePolicy` ignores `DisruptionTarget` failures must see the members the
     extender evicts as preempted, like the one kube-scheduler preempted: each is marked first, as kube-scheduler
-    1.26+ marks its own victims."""
+    1.26+ marks its own victims (`--disruption-conditions auto`: before 1.26 no controller reads the mark, and
+    kube-scheduler writes none; each mark is one more write)."""
     server, writer, w0 = cut_gang()
+    server.mirror.server_version = version
     gone(server, w0, "r0-n0")
     nominated(server, vip(), "r0-n0")
     assert writer.deleted == [("w-1", "uid-w-1")]
+    if version < (1, 26):
+        assert writer.marked == {}
+        return
     condition = writer.marked["w-1"]
     assert (condition["type"], condition["status"], condition["reason"]) == (
         "DisruptionTarget",
@@ -609,10 +615,11 @@ def test_the_rest_of_a_gang_is_marked_disruption_target_before_it_is_deleted() -
 
 
 def test_its_own_marked_evictions_do_not_make_the_extender_take_kube_schedulers_for_marking() -> None:
-    """On kube-scheduler 1.20.2 (which marks nothing) the extender's own evictions are marked. Seen leaving, they
-    must not pass for kube-scheduler's marks, or every later unmarked preemption would count as its owner's: a
-    second gang cut the same way is evicted too."""
+    """On kube-scheduler 1.20.2 (which marks nothing) the extender's own evictions are marked where the operator
+    says `--disruption-conditions on`. Seen leaving, they must not pass for kube-scheduler's marks, or every later
+    unmarked preemption would count as its owner's: a second gang cut the same way is evicted too."""
     server = extender(1, 4, [podgroup("train", 2), podgroup("tune", 2)])
+    server.binder.marks = lambda: True  # --disruption-conditions on
     writer = Evictions()
     server.binder.writer = writer  # type: ignore[assignment]
     train = [running(server, f"w-{i}", f"r0-n{i}", 0, "train") for i in range(2)]
@@ -634,6 +641,7 @@ def test_another_extenders_marked_evictions_do_not_make_it_take_kube_schedulers_
     another extender wrote must not pass for kube-scheduler's either: else this one counts every later unmarked
     preemption as its owner's, and a gang cut once it leads stays running below its minMember."""
     first, first_writer, w0 = cut_gang()
+    first.binder.marks = lambda: True  # --disruption-conditions on
     gone(first, w0, "r0-n0")
     nominated(first, vip(), "r0-n0")
     condition = first_writer.marked["w-1"]

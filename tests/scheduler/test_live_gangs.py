@@ -233,6 +233,7 @@ def test_a_rack_freed_for_a_preempting_gang_is_not_taken_by_pods_of_lower_priori
     service: CustomScheduler,
 ) -> None:
     service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    service.mirror.server_version = (1, 31)  # where victims are marked DisruptionTarget (`--disruption-conditions`)
     fillers = []
     for i in range(4):
         filler = member(f"filler-{i}", "", 8)

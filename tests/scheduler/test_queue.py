@@ -151,6 +151,7 @@ def test_a_preemption_deletes_its_victims_at_once_before_its_other_writes(
     seven writes in a row kept victims on a busy cluster for seconds)."""
     writer = OverlapWriter()
     service.binder.writer = writer  # type: ignore[assignment]
+    service.mirror.server_version = (1, 31)  # victims marked DisruptionTarget first, both at once
     for name in ("low-a", "low-b"):
         service.mirror.on_pods("ADDED", bound(name, "n1", cpu="1"))
     service.mirror.on_pods("ADDED", pod("big", cpu="2", priority=10))
@@ -197,6 +198,7 @@ def test_a_victim_is_marked_disruption_target_then_deleted(
     victim before deleting it, so that a Job whose `podFailurePolicy` ignores disruptions does not count the
     preempted pod against its `backoffLimit`. A mark the API server refuses is logged, and the victim is deleted
     all the same: the preemptor must not wait on it."""
+    service.mirror.server_version = (1, 31)
     service.binder.writer = writer = RefusingMarks() if refused else RecordingWriter()  # type: ignore[assignment]
     service.mirror.on_pods("ADDED", bound("low", "n1", cpu="2"))
     service.mirror.on_pods("ADDED", pod("big", cpu="2", priority=10))
@@ -212,6 +214,30 @@ def test_a_victim_is_marked_disruption_target_then_deleted(
     }
     assert victim[1][1]["preconditions"] == {"uid": "uid-low"}
     assert ("could not mark a preemption victim" in caplog.text) == refused
+
+
+@pytest.mark.parametrize(
+    ("version", "mode", "marked"),
+    [((1, 25), "auto", False), ((1, 26), "auto", True), (None, "auto", False), ((1, 20), "on", True),
+     ((1, 34), "off", False)],
+    ids=["1.25", "1.26", "unknown", "1.20-on", "1.34-off"],
+)  # fmt: skip
+def test_victims_are_marked_where_kube_scheduler_marks_its_own_or_as_the_operator_says(
+    service: CustomScheduler, clock: Clock, version: tuple[int, int] | None, mode: str, marked: bool
+) -> None:
+    """`--disruption-conditions auto` marks on an API server of 1.26 or later, where kube-scheduler marks its own
+    victims and the Job controller reads the mark; before, no controller reads it and each mark is one more write
+    (a third more per preemption: `scheduler_perf_bench.py`'s Preemption workload ran a third slower for them)."""
+    from kubegpu.scheduler.binder import marks_victims
+
+    service.mirror.server_version = version
+    service.binder.marks = marks_victims(mode, lambda: service.mirror.server_version)
+    service.binder.writer = writer = RecordingWriter()  # type: ignore[assignment]
+    service.mirror.on_pods("ADDED", bound("low", "n1", cpu="2"))
+    service.mirror.on_pods("ADDED", pod("big", cpu="2", priority=10))
+    run_once(service)
+    victim = [m for m, path, _ in writer.writes if path.startswith("/api/v1/namespaces/default/pods/low")]
+    assert victim == (["PATCH", "DELETE"] if marked else ["DELETE"])
 
 
 def test_a_victim_whose_deletion_failed_is_not_waited_for(service: CustomScheduler, clock: Clock) -> None:
