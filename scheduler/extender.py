@@ -863,6 +863,10 @@ class _Feed:
                 self.head = None  # nobody waits on the chain; a new watcher starts a fresh one
 
 
+# A verb asked while the extender still lists the cluster waits this long for the lists (polled every LISTING_POLL)
+# before it is answered as not ready: below kube-scheduler's default extender timeout (5 s), the shipped `httpTimeout`.
+LISTING_WAIT = 2.0
+LISTING_POLL = 0.05
 OPEN_PATHS = HEALTH_PATHS  # the kubelet's probes and a metrics scraper carry no client certificate; none names a pod
 
 
@@ -914,6 +918,8 @@ class ExtenderHttpServer(HttpServer):
             handler = self.verbs.get(verb)
             if handler is None:
                 return 404, {"error": f"unknown verb {verb!r}; use filter, prioritize, bind or preempt"}
+            if self.server.not_ready() is not None:
+                return self._after_listing(verb, handler, body)
             return self._call(verb, handler, body)
         if method != b"GET":
             return 405, {"error": f"method {method.decode(errors='replace')} is not allowed; use POST or GET"}
@@ -946,7 +952,21 @@ class ExtenderHttpServer(HttpServer):
         except Exception as exc:
             return ExtenderHttpServer._failed(verb, exc)
 
+    async def _after_listing(self, verb: str, handler: Callable[[bytes], Any], body: bytes) -> tuple[int, Any]:
+        """A verb asked of an extender still listing the cluster, answered once the lists are in, or as not ready
+        after LISTING_WAIT. kube-scheduler 1.20 parks a pod whose extender answered an error with the unschedulable
+        ones for 60 s, later versions for up to 5 minutes, unless a cluster event moves it: a pod asked about in a new
+        extender's first second would otherwise wait that long."""
+        await self._wait_for_lists(LISTING_WAIT)
+        return self._call(verb, handler, body)
+
+    async def _wait_for_lists(self, wait: float) -> None:
+        deadline = self.loop.time() + wait
+        while self.server.not_ready() is not None and self.loop.time() < deadline:
+            await asyncio.sleep(LISTING_POLL)
+
     async def _bind(self, body: bytes) -> tuple[int, Any]:
+        await self._wait_for_lists(LISTING_WAIT)
         try:
             return 200, await self.server.bind(body)
         except Exception as exc:

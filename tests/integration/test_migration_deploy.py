@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import urllib3
 import yaml
 
 from kubegpu.kube.client import ApiError
@@ -306,8 +307,11 @@ def test_two_my_scheduler_pods_of_the_ha_overlay_fail_over_without_giving_a_devi
     config_map = next(d for d in documents if d["kind"] == "ConfigMap")
     shipped = yaml.safe_load(config_map["data"]["config.yaml"])  # type: ignore[index]
 
+    probes: list[str] = []
+
     def start_pair(name: str) -> tuple[Process, Process]:
         port = free_port()
+        probes.append(f"https://127.0.0.1:{port}/readyz")  # the overlay's readinessProbe: HTTPS, no certificate
         args = []
         for arg in sidecar["args"]:
             flag = arg.split("=", 1)[0]
@@ -339,6 +343,11 @@ def test_two_my_scheduler_pods_of_the_ha_overlay_fail_over_without_giving_a_devi
         )  # fmt: skip
         return scheduler, extender
 
+    http = urllib3.PoolManager(cert_reqs="CERT_NONE")
+
+    def ready() -> bool:
+        return all(http.request("GET", url, timeout=1.0, retries=False).status == 200 for url in probes)
+
     def lease_holder() -> str | None:
         try:
             lease = cluster.client.get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/my-scheduler")
@@ -355,6 +364,7 @@ def test_two_my_scheduler_pods_of_the_ha_overlay_fail_over_without_giving_a_devi
         wait_for(lease_holder, 60, "the first kube-scheduler to take the Lease my-scheduler")
         second = start_pair("b")
         started += second
+        wait_for(ready, 60, "both pods ready, as a rollout waits for them")  # a starting extender: test_extender_http
         for name in ("gpu-0", "gpu-1"):
             cluster.create_pod(namespace, name, gpus, scheduler="my-scheduler")
         wait_for(lambda: {"gpu-0", "gpu-1"} <= set(bound(cluster, namespace)), 60, "the first pods bound")

@@ -8,6 +8,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node, pod_manifest
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler.engine import Engine
-from kubegpu.scheduler.extender import ExtenderHttpServer, ExtenderServer
+from kubegpu.scheduler.extender import LISTING_WAIT, ExtenderHttpServer, ExtenderServer
 from kubegpu.scheduler.http_server import Limits, tls_context
 
 from .test_properties import NODE_KINDS
@@ -195,6 +196,41 @@ def test_readiness_waits_for_the_informers_and_health_for_the_consumer(server: E
         mirror.heartbeat -= 60  # the loop that consumes informer events has not beaten for a minute
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock, buffer)[0] == 503
+
+
+def start_listing(server: ExtenderHttpServer) -> list[threading.Event]:
+    """The mirror as `start_informers` leaves it: the survey and every first list still to come."""
+    mirror = server.server.mirror
+    mirror.surveyed = threading.Event()
+    return [mirror.surveyed, mirror.nodes_synced, mirror.pods_synced, mirror.podgroups_synced, mirror.budgets_synced]
+
+
+def test_a_verb_asked_while_the_lists_come_in_is_answered_once_they_are(server: ExtenderHttpServer) -> None:
+    """kube-scheduler parks a pod its extender answered with an error among the unschedulable ones for a minute
+    (1.20) or more: a starting extender holds the question until its first lists are in, not answering 'try again'."""
+    events = start_listing(server)
+    with connect(server) as sock, connect(server) as probe:
+        buffer = bytearray()
+        sock.sendall(post("/filter", FILTER))
+        time.sleep(0.3)
+        probe.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")  # the server goes on answering others meanwhile
+        assert read_response(probe, bytearray())[0] == 503
+        for event in events:
+            event.set()
+        status, _, body = read_response(sock, buffer)
+    answer = orjson.loads(body)
+    assert status == 200 and answer["Error"] == "" and answer["NodeNames"] == ["p3-0", "p3-1"], answer
+
+
+def test_a_verb_is_answered_not_ready_when_the_lists_take_longer_than_the_wait(server: ExtenderHttpServer) -> None:
+    start_listing(server)[0].set()  # the survey is done; nodes, pods, PodGroups and budgets never arrive
+    with connect(server) as sock:
+        started = time.monotonic()
+        sock.sendall(post("/filter", FILTER))
+        status, _, body = read_response(sock, bytearray())
+        waited = time.monotonic() - started
+    assert status == 200 and "still listing the cluster (nodes, pods" in orjson.loads(body)["Error"], body
+    assert LISTING_WAIT <= waited < LISTING_WAIT + 2, waited  # under kube-scheduler's 5 s extender timeout
 
 
 MAKE_CERTS = Path(__file__).parents[2] / "examples" / "deploy" / "extender" / "make-certs.sh"
