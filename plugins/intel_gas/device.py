@@ -8,15 +8,19 @@ Discovery reads only the host root it is given:
 * **Details**, all optional: `device/device` (the PCI device id, e.g. `0x56c0`, used as the model),
   `lmem_total_bytes` or `device/lmem_total_bytes` (local memory in bytes), the render node under `device/drm/`
   (`renderD128`), the kernel driver (`device/driver` -> `i915` or `xe`) and the PCI address.
+* **Tiles**, counted as Intel's GPU labeler counts them: the `gt/gtN` directories of the card (i915) and the
+  `device/tileN` ones (xe), 1 when there are none (a card is one tile), at most 64.
 
 The inventory: devices `{"id": "cardN", "model": "0x56c0", "memory", "attributes": {"render", "driver",
-"pciAddress"}}`; no topology (GAS has none). The scheduler side reads the ids and health.
+"pciAddress", "tiles"}}`; no topology (GAS has none). The scheduler side reads the ids and health.
 
 Health: a card whose sysfs directory has disappeared is unhealthy.
 
 Advertisement: `gpu.intel.com/i915` (or `gpu.intel.com/xe` for cards driven by `xe`) = healthy cards, one container
-per card as the Intel device plugin's default; `gpu.intel.com/millicores` = 1000 per healthy card and
-`gpu.intel.com/memory.max` = their local memory when every card says how much it has. Labels, as the Intel GPU
+per card as the Intel device plugin's default; `gpu.intel.com/millicores` = 1000 per healthy card,
+`gpu.intel.com/tiles` = their tiles (the resource NFD makes of the labeler's `gpu.intel.com/tiles` label, which GAS
+and kubegpu book tile by tile) and `gpu.intel.com/memory.max` = their local memory when every card says how much it
+has. Labels, as the Intel GPU
 labeler writes them, listing the healthy cards: `gpu.intel.com/gpu-numbers` = `0.1` (continued in `gpu-numbers2`,
 `...3`, each starting with `Z`, when longer than a label value may be) and the deprecated `gpu.intel.com/cards` =
 `card0.card1` (left out when too long: GAS reads `gpu-numbers` first).
@@ -64,11 +68,12 @@ from kubegpu.core.models import (
     DeviceOwnership,
     Scalar,
 )
-from kubegpu.plugins.intel_gas import I915, MEMORY, MILLICORES, NAME, PREFIX, RESOURCES, XE
+from kubegpu.plugins.intel_gas import I915, MEMORY, MILLICORES, NAME, PREFIX, RESOURCES, TILES, XE
 from kubegpu.plugins.intel_gas.cards import CARDS_LABEL, CONTINUATION_MARK, GPU_NUMBERS_LABEL, card_sort_key
 from kubegpu.plugins.intel_gas.tiles import (
     AFFINITY_ENV,
     HIERARCHY_ENV,
+    MAX_TILES_PER_CARD,
     affinity_mask,
     mask_hierarchy,
     read_tiles_field,
@@ -96,6 +101,8 @@ LABEL_LIMIT = 63
 _CARD = re.compile(r"card(0|[1-9][0-9]*)")
 _RENDER = re.compile(r"renderD[0-9]+")
 _DRI_NODE = re.compile(r"card[0-9]+|renderD[0-9]+")
+_GT = re.compile(r"gt[0-9]+")
+_TILE = re.compile(r"tile[0-9]+")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -132,6 +139,7 @@ def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement:
         resource = XE if card.attributes.get("driver") == "xe" else I915
         capacity[resource] = capacity.get(resource, 0) + (1 if card.healthy else 0)
     capacity[MILLICORES] = 1000 * len(healthy)
+    capacity[TILES] = sum(_tiles(card) for card in healthy)
     if cards and all(c.memory for c in cards):
         capacity[MEMORY] = sum(c.memory or 0 for c in healthy)
     numbers = ".".join(m.group(1) for c in healthy if (m := _CARD.fullmatch(c.id)))
@@ -213,6 +221,7 @@ def discover(host_root: Path) -> DeviceInventory | None:
         address = _link_name(device)
         if address and re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", address):
             attributes["pciAddress"] = address
+        attributes["tiles"] = tile_count(entry)
         memory = _positive(_read(entry / "lmem_total_bytes")) or _positive(_read(device / "lmem_total_bytes"))
         devices.append(
             DeviceInfo(
@@ -225,6 +234,27 @@ def discover(host_root: Path) -> DeviceInventory | None:
     if not devices:
         return None
     return DeviceInventory(plugin=NAME, devices=devices)
+
+
+def tile_count(card: Path) -> int:
+    """The tiles of the card at `card` (`sys/class/drm/cardN`): its `gt/gtN` directories (i915) and `device/tileN`
+    ones (xe), as Intel's GPU labeler counts them; 1 when it shows none, at most MAX_TILES_PER_CARD."""
+    found = 0
+    for parent, pattern in ((card / "gt", _GT), (card / "device", _TILE)):
+        try:
+            with os.scandir(parent) as entries:
+                found += sum(1 for e in entries if pattern.fullmatch(e.name) and e.is_dir())
+        except OSError:
+            continue
+        if found >= MAX_TILES_PER_CARD:
+            break
+    return min(max(found, 1), MAX_TILES_PER_CARD)
+
+
+def _tiles(card: DeviceInfo) -> int:
+    """A discovered card's tiles; 1 for an inventory written before they were counted."""
+    tiles = card.attributes.get("tiles")
+    return tiles if isinstance(tiles, int) and not isinstance(tiles, bool) and 0 < tiles <= MAX_TILES_PER_CARD else 1
 
 
 def tile_mask(allocation: ContainerAllocation, cards: list[str], hierarchy: str) -> str:

@@ -150,6 +150,7 @@ def test_capacity_and_labels_are_published_once_and_an_unchanged_node_is_not_wri
     capacity = written["status"]["capacity"]
     assert (capacity[DEVICE], capacity["gpu.intel.com/i915"]) == ("16", "2")
     assert to_int(capacity["gpu.intel.com/memory.max"]) == 16 * 10**9
+    assert capacity["gpu.intel.com/tiles"] == "2"  # one tile each: these cards show no gt/ or tile directories
     assert written["status"]["allocatable"]["gpu.intel.com/i915"] == "2"
     assert written["metadata"]["labels"]["gpu.intel.com/cards"] == "card0.card1"
     assert unchanged["metadata"]["resourceVersion"] == written["metadata"]["resourceVersion"]

@@ -26,6 +26,7 @@ from kubegpu.scheduler.engine import Engine
 I915 = "gpu.intel.com/i915"
 MEMORY = "gpu.intel.com/memory.max"
 MILLICORES = "gpu.intel.com/millicores"
+TILES = "gpu.intel.com/tiles"
 GIB = 1024**3
 DRM = "sys/class/drm"
 
@@ -97,8 +98,8 @@ def test_discovery_finds_the_intel_cards_and_nothing_else(pm: KubegpuPluginManag
     assert inventory.topology == {}
     card0, card1 = inventory.devices
     assert (card0.id, card0.model, card0.memory) == ("card0", "0x56c0", 16 * GIB)
-    assert card0.attributes == {"render": "renderD128", "driver": "i915", "pciAddress": "0000:03:00.0"}
-    assert (card1.id, card1.memory, card1.attributes) == ("card1", None, {"driver": "xe"})
+    assert card0.attributes == {"render": "renderD128", "driver": "i915", "pciAddress": "0000:03:00.0", "tiles": 1}
+    assert (card1.id, card1.memory, card1.attributes) == ("card1", None, {"driver": "xe", "tiles": 1})
 
 
 def test_cards_are_in_card_order(pm: KubegpuPluginManager, fake_host_root: FakeHost) -> None:
@@ -134,7 +135,7 @@ def test_a_card_whose_sysfs_directory_is_gone_is_unhealthy_and_not_advertised(
     advertisement = pm.call("intel-gas", "kubegpu_device_advertise", inventory=marked)
 
     assert [d.healthy for d in marked.devices] == [True, False, True]
-    assert advertisement.capacity == {I915: 2, MILLICORES: 2000, MEMORY: 32 * GIB}
+    assert advertisement.capacity == {I915: 2, MILLICORES: 2000, TILES: 2, MEMORY: 32 * GIB}
     assert advertisement.labels == {"gpu.intel.com/gpu-numbers": "0.2", "gpu.intel.com/cards": "card0.card2"}
 
 
@@ -146,7 +147,35 @@ def test_xe_cards_are_advertised_as_xe_and_memory_only_when_every_card_says(
 
     advertisement = pm.call("intel-gas", "kubegpu_device_advertise", inventory=discover(pm, fake_host_root))
 
-    assert advertisement.capacity == {"gpu.intel.com/xe": 2, MILLICORES: 2000}
+    assert advertisement.capacity == {"gpu.intel.com/xe": 2, MILLICORES: 2000, TILES: 2}
+
+
+def test_tiles_are_counted_as_intels_labeler_counts_them_and_advertised_for_the_healthy_cards(
+    pm: KubegpuPluginManager, fake_host_root: FakeHost
+) -> None:
+    """A Data Center GPU Max card shows two tiles: `gt/gt0`, `gt/gt1` under i915, `device/tile0`, `device/tile1`
+    under xe. Without `gpu.intel.com/tiles` capacity a pod asking tiles was refused on every node the advertiser
+    served (NFD makes the resource from the labeler's label, which such a node may not run)."""
+    host = fake_host_root
+    add_card(host, 0)
+    for gt in ("gt0", "gt1"):
+        host.write(f"{DRM}/card0/gt/{gt}/id", f"{gt[2]}\n")
+    host.write(f"{DRM}/card0/gt/gtx", "")  # not a tile
+    add_card(host, 1, driver="xe")
+    for tile in ("tile0", "tile1"):
+        host.write(f"{DRM}/card1/device/{tile}/gt0/id", "0\n")
+    add_card(host, 2)  # no gt directory: one tile
+    add_card(host, 3)
+    for gt in range(80):  # more than any card has: held to 64
+        host.write(f"{DRM}/card3/gt/gt{gt}/id", f"{gt}\n")
+    inventory = discover(pm, host)
+    assert inventory is not None
+    assert [d.attributes["tiles"] for d in inventory.devices] == [2, 2, 1, 64]
+    host.remove(f"{DRM}/card3")
+
+    advertisement = pm.call("intel-gas", "kubegpu_device_advertise", inventory=with_health(pm, host, inventory))
+
+    assert advertisement.capacity[TILES] == 5  # the lost card's tiles are not offered
 
 
 def test_many_cards_continue_the_gpu_numbers_label_as_gas_reads_it(
@@ -365,6 +394,31 @@ def test_cards_of_unequal_memory_each_hold_their_own(
     cards, reason = place("eight", "8G")  # card0's one container slot is taken; card1 has 4G
     assert cards is None and reason is not None and "needs 8G on each of 1 card(s)" in reason, reason
     assert place("three", "3G")[0] == "card1"
+
+
+def test_a_pod_asking_tiles_gets_its_own_on_a_node_the_advertiser_serves(
+    pm: KubegpuPluginManager, fake_host_root: FakeHost, make_plugin_manager: Callable[..., KubegpuPluginManager]
+) -> None:
+    for number in range(2):
+        add_card(fake_host_root, number)
+        for gt in ("gt0", "gt1"):
+            fake_host_root.write(f"{DRM}/card{number}/gt/{gt}/id", f"{gt[2]}\n")
+    inventory = with_health(pm, fake_host_root, discover(pm, fake_host_root))  # type: ignore[arg-type]
+    advertisement: Advertisement = pm.call("intel-gas", "kubegpu_device_advertise", inventory=inventory)
+    node = make_node(
+        "max-0",
+        labels=advertisement.labels,
+        annotations={DEVICES_KEY: encode_devices(NodeDevices(inventories={"intel-gas": inventory}))},
+        allocatable=advertisement.capacity,
+    )
+    engine = Engine(make_plugin_manager("scheduler", **{"intel-gas": scheduler}))
+    engine.add_node(node)
+
+    one = engine.schedule(make_pod("one", {"main": {I915: 1, TILES: 1}}))
+    three = engine.schedule(make_pod("three", {"main": {I915: 1, TILES: 3}}))
+
+    assert one.annotations.get("gas-container-tiles") in ("card0:gt0", "card1:gt0"), one.reason
+    assert three.allocation is None and three.reason is not None and "gpu.intel.com/tiles" in three.reason
 
 
 def test_an_unhealthy_card_leaves_the_healthy_one_schedulable(
