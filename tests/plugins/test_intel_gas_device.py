@@ -323,23 +323,35 @@ def test_a_garbage_card_name_fails_the_edit_naming_the_plugin(pm: KubegpuPluginM
 # ------------------------------------------------------------------------------------------------------------
 
 
-def scheduled_cards(
+def advertised(
     pm: KubegpuPluginManager,
     make_plugin_manager: Callable[..., KubegpuPluginManager],
     inventory: DeviceInventory,
-    pods: int,
-) -> list[str | None]:
-    """Advertise the inventory as the advertiser would (annotation, capacity, labels) and schedule `pods` pods
-    each asking for one card and 5 GB of its memory; the card each got, None when unschedulable."""
+    name: str,
+) -> Engine:
+    """An engine with one node advertised as the advertiser would advertise the inventory (annotation, capacity,
+    labels)."""
     advertisement: Advertisement = pm.call("intel-gas", "kubegpu_device_advertise", inventory=inventory)
     node = make_node(
-        "intel-0",
+        name,
         labels=advertisement.labels,
         annotations={DEVICES_KEY: encode_devices(NodeDevices(inventories={"intel-gas": inventory}))},
         allocatable=advertisement.capacity,
     )
     engine = Engine(make_plugin_manager("scheduler", **{"intel-gas": scheduler}))
     engine.add_node(node)
+    return engine
+
+
+def scheduled_cards(
+    pm: KubegpuPluginManager,
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+    inventory: DeviceInventory,
+    pods: int,
+) -> list[str | None]:
+    """Schedule `pods` pods each asking for one card and 5 GB of its memory on the node the inventory makes (see
+    `advertised`); the card each got, None when unschedulable."""
+    engine = advertised(pm, make_plugin_manager, inventory, "intel-0")
     got: list[str | None] = []
     for i in range(pods):
         decision = engine.schedule(make_pod(f"p{i}", {"main": {I915: 1, MEMORY: "5G"}}))
@@ -368,14 +380,7 @@ def test_cards_of_unequal_memory_each_hold_their_own(
     inventory = with_health(pm, fake_host_root, discover(pm, fake_host_root))  # type: ignore[arg-type]
     advertisement: Advertisement = pm.call("intel-gas", "kubegpu_device_advertise", inventory=inventory)
     assert advertisement.capacity[MEMORY] == 20 * 10**9
-    node = make_node(
-        "flex-0",
-        labels=advertisement.labels,
-        annotations={DEVICES_KEY: encode_devices(NodeDevices(inventories={"intel-gas": inventory}))},
-        allocatable=advertisement.capacity,
-    )
-    engine = Engine(make_plugin_manager("scheduler", **{"intel-gas": scheduler}))
-    engine.add_node(node)
+    engine = advertised(pm, make_plugin_manager, inventory, "flex-0")
 
     def place(name: str, memory: str, **annotations: str) -> tuple[str | None, str | None]:
         pod = make_pod(name, {"main": {I915: 1, MEMORY: memory}}, annotations=annotations)
@@ -404,15 +409,7 @@ def test_a_pod_asking_tiles_gets_its_own_on_a_node_the_advertiser_serves(
         for gt in ("gt0", "gt1"):
             fake_host_root.write(f"{DRM}/card{number}/gt/{gt}/id", f"{gt[2]}\n")
     inventory = with_health(pm, fake_host_root, discover(pm, fake_host_root))  # type: ignore[arg-type]
-    advertisement: Advertisement = pm.call("intel-gas", "kubegpu_device_advertise", inventory=inventory)
-    node = make_node(
-        "max-0",
-        labels=advertisement.labels,
-        annotations={DEVICES_KEY: encode_devices(NodeDevices(inventories={"intel-gas": inventory}))},
-        allocatable=advertisement.capacity,
-    )
-    engine = Engine(make_plugin_manager("scheduler", **{"intel-gas": scheduler}))
-    engine.add_node(node)
+    engine = advertised(pm, make_plugin_manager, inventory, "max-0")
 
     one = engine.schedule(make_pod("one", {"main": {I915: 1, TILES: 1}}))
     three = engine.schedule(make_pod("three", {"main": {I915: 1, TILES: 3}}))
