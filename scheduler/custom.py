@@ -225,6 +225,12 @@ class CustomScheduler:
             return False
         self.engine.nominate(pod, preemption.node)
         log.info("preempting", extra={"pod": entry.key, "node": preemption.node, "victims": list(preemption.victims)})
+        # The pods of lower priority nominated there lose the node (kube-scheduler clears their nominatedNodeName):
+        # each is tried again now instead of waiting there for victims that free room this pod may take.
+        for displaced in self.engine.displace_nominees(pod, preemption.node):
+            log.info("nomination cleared", extra={"pod": displaced.key, "node": preemption.node})
+            self.binder.submit(self.binder.clear_nomination(displaced))
+            self.queue.wake_pod(displaced.key)
         bound = self._let_go_preempted(preemption.victims, f"pod {pod.key} on node {preemption.node}")
         mirror.evicting_started(bound)
         if bound:

@@ -466,6 +466,22 @@ class Filtering(Planning):
         return tally
 
 
+def held_whole_for_another(record: NodeRecord, pod: PodRequest, nominee_requests: Mapping[str, PodRequest]) -> bool:
+    """Whether the node is held whole, whatever is evicted there, against `pod`: for a preempting gang (`nominate_gang`)
+    of equal or higher priority, not `pod`'s own, or for a preempting pod of such a priority whose request the engine
+    cannot read (`_nominee_refusal` refuses every pod there). A node held for preempting pods it can read is no
+    such node: a preemption's dry run counts them there (`Preempting.preempt`)."""
+    mine = None
+    for key, priority in record.nominees.items():
+        if priority >= pod.priority and key != pod.key and key not in nominee_requests:
+            if mine is None:
+                gang = gang_key(pod)
+                mine = "" if gang is None else gang_nominee(gang)
+            if key != mine:
+                return True
+    return False
+
+
 def held_for_another(record: NodeRecord, pod: PodRequest) -> bool:
     """Whether the node is held (`nominate`, `nominate_gang`) for another preempting pod or gang of equal or higher
     priority than `pod` (neither `pod` itself nor its own gang): it refuses the pod whatever is evicted there."""

@@ -23,7 +23,7 @@ from kubegpu.core.models import (
 from kubegpu.core.status import Code
 from kubegpu.scheduler.engine.admission import Admission
 from kubegpu.scheduler.engine.cache import count_on_node
-from kubegpu.scheduler.engine.filtering import held_for_another
+from kubegpu.scheduler.engine.filtering import held_for_another, held_whole_for_another
 from kubegpu.scheduler.engine.records import NodeRecord, Plan, PodRecord
 from kubegpu.scheduler.preemption import (
     Budget,
@@ -67,7 +67,7 @@ class Preempting(Admission):
         tried = 0
         for tried in range(1, total + 1):
             record = self.nodes[names[(start + tried - 1) % total]]
-            if held_for_another(record, pod) or not any(
+            if held_whole_for_another(record, pod, self.nominee_requests) or not any(
                 self.pods[key].request.priority < pod.priority for key in record.pods
             ):
                 continue
@@ -109,11 +109,15 @@ class Preempting(Admission):
         """`select_victims` on a copy of the node's usage when nothing but the node's own usage decides whether
         the pod fits there (no devices, no inter-pod rules, no claims, no filter a third party added), remembered on
         the node (`NodeRecord.last_victims`); else on the node itself, each pod taken out and put back through the
-        ledger."""
-        if held_for_another(record, pod):
+        ledger. A node held for preempting pods of `pod`'s priority or higher is tried with them counted as placed
+        there, as kube-scheduler's dry run filters with the nominated pods (`_nominee_refusal`, through `check`: in
+        place); those of lower priority are not counted (`pod` may take their place, and they lose their hold:
+        `displace_nominees`)."""
+        if held_whole_for_another(record, pod, self.nominee_requests):
             return None
         in_place = (
-            plan.devices
+            held_for_another(record, pod)
+            or plan.devices
             or plan.volatile
             or pod.claims
             or pod.resource_claims
@@ -259,6 +263,23 @@ class Preempting(Admission):
             if (record := self.nodes.get(name)) is not None:
                 record.nominees[pod.key] = pod.priority
                 self._refresh(record)
+
+    def displace_nominees(self, pod: PodRequest, name: str) -> tuple[PodRequest, ...]:
+        """`pod` preempts on node `name`: the preempting pods nominated there of lower priority lose their hold
+        (`unnominate`), as kube-scheduler's preemption clears their nominated node, since the room they counted on
+        may now be `pod`'s; each is returned so that the front-end clears its `status.nominatedNodeName` and tries it
+        again at once (it no longer waits for its victims there, and may preempt elsewhere). A gang's hold stays."""
+        record = self.nodes.get(name)
+        if record is None:
+            return ()
+        displaced = tuple(
+            nominee
+            for key, priority in record.nominees.items()
+            if priority < pod.priority and (nominee := self.nominee_requests.get(key)) is not None
+        )
+        for nominee in displaced:
+            self.unnominate(nominee.key)
+        return displaced
 
     def mark_leaving(self, key: str) -> None:
         """A placed pod is being deleted (its deletionTimestamp is set): it still holds what it holds until it is

@@ -362,3 +362,51 @@ def test_topology_spread_counts_the_nominee_in_its_nodes_domain() -> None:
         refused.reason or ""
     )
     assert e.schedule(cpu_pod("other-1", 10, app="other", **spread)).scheduled  # its own app is not the nominee's
+
+
+# -- preemption on a node held for another preemptor (kube-scheduler's dry run filters with the nominated pods) ---
+
+
+@pytest.mark.parametrize(("cpu", "victims"), [("4", ("default/low",)), ("7", None)], ids=["fits-beside", "would-not"])
+def test_a_preemptor_preempts_beside_a_nominee_of_higher_priority_counting_it(
+    cpu: str, victims: tuple[str, ...] | None
+) -> None:
+    """8 cpus: `low` (priority 0) runs on 6, and the node is held for `vip` (priority 1000, 2 cpus). `mid` (500)
+    needs 4: evicting `low` leaves room for both, so kube-scheduler preempts there; before, a node held for a
+    nominee of higher priority was no candidate at all, and `mid` was told no node would fit. Needing 7, evicting
+    `low` would still leave `mid` short beside `vip`: no candidate, rather than evicting `low` for a node that
+    would then refuse `mid` for the hold."""
+    e = cpu_engine("n", cpu="8")
+    assert e.schedule(cpu_pod("low", 0, app="low", cpu="6")).scheduled
+    vip = cpu_pod("vip", 1000, app="vip", cpu="2")
+    e.nominate(vip, "n")
+    mid = cpu_pod("mid", 500, app="mid", cpu=cpu)
+    assert not e.decide(mid).scheduled
+    preemption = e.preempt(mid)
+    assert preemption.victims == (victims or ())
+    assert preemption.node == ("n" if victims else None)
+    if victims:
+        e.release("default/low")
+        assert e.schedule(mid).scheduled
+        assert e.schedule(vip).scheduled
+
+
+def test_a_preemptor_takes_the_node_of_a_nominee_of_lower_priority_which_loses_its_hold() -> None:
+    """One trn1: `mid` (priority 100) preempted `a` there and waits for it; `b` (500) holds the other 8 devices.
+    `top` (1000) needs all 16: the node is its only place, `mid` is not counted against it (kube-scheduler counts
+    only nominees of its priority or higher), its victims are the pods running there, and `mid` loses its hold,
+    to be tried again (and nominated elsewhere, where it may preempt)."""
+    e = neuron_engine(ring=False)
+    place(e, ("a", 8, 10), ("b", 8, 500))
+    mid = neuron_pod("mid", 8, 100)
+    preempt_and_nominate(e, mid, ("default/a",))
+    top = neuron_pod("top", 16, 1000)
+    preemption = e.preempt(top)
+    assert preemption.node == "n" and set(preemption.victims) == {"default/a", "default/b"}
+    e.nominate(top, "n")
+    assert e.displace_nominees(top, "n") == (mid,)
+    assert e.nominated_node(mid.key) is None and e.nominees("n") == {top.key: 1000}
+    assert not e.awaits_victims(mid.key, {"default/a"})
+    for key in preemption.victims:
+        e.release(key)
+    assert devices_of_decision(e, top) == [str(i) for i in range(16)]
