@@ -304,6 +304,15 @@ class Binder:
         except ApiError as exc:
             _not_written("set nominatedNodeName", exc, pod.key)
 
+    async def clear_nomination(self, pod: PodRequest) -> None:
+        """Clear the pending pod's `status.nominatedNodeName`: a pod of higher priority preempted on that node
+        (kube-scheduler's preemption clears the nominations of lower priority there the same way)."""
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
+        try:
+            await self.writer.patch(path, {"status": {"nominatedNodeName": None}})
+        except ApiError as exc:
+            _not_written("clear nominatedNodeName", exc, pod.key)
+
     async def evict_for(self, preemptor: str, where: str, victims: Sequence[PodRequest], message: str) -> list[str]:
         """A gang's preemption: each victim gets a `Preempted` Event naming the gang and the domain, and is deleted
         gracefully (guarded by its UID), marked first with the `DisruptionTarget` condition saying `message`

@@ -73,6 +73,9 @@ log = logging.getLogger("kubegpu.scheduler")
 
 BATCH = 64  # pods scheduled between two looks at the informer events
 GANG_TICK = 1.0  # seconds between two looks at the gangs waiting at Permit and the PodGroups' counts
+# From this release kube-scheduler appends its preemption's account to FailedScheduling's message (`... preemption:
+# 0/3 nodes are available: 3 No preemption victims found for incoming pod.`); 1.20 and 1.21 write none.
+TELLS_PREEMPTION_FROM = (1, 22)
 
 
 class CustomScheduler:
@@ -198,7 +201,9 @@ class CustomScheduler:
         waiting = result == "unschedulable" and awaits_victims
         freed = False
         if result == "unschedulable" and not waiting:
-            freed = self._preempt(entry)
+            freed, outcome = self._preempt(entry)
+            if outcome is not None:  # kube-scheduler 1.22+ appends its preemption's account
+                message = f"{message} preemption: {outcome}"
         self._refused(entry, message, decision.node, waiting=waiting)
         if freed:  # places given back at Permit, not deleted pods: nothing else will say the room is there
             self.queue.wake()
@@ -215,22 +220,32 @@ class CustomScheduler:
         if message != told and not (waiting and told is not None) and self.binder.report(entry.request, message):
             entry.message = message
 
-    def _preempt(self, entry: Entry) -> bool:
+    def _preempt(self, entry: Entry) -> tuple[bool, str | None]:
         """DefaultPreemption's PostFilter: evict pods of lower priority where that lets the pod fit. Whether victims
-        waiting at Permit gave their places back (`_let_go_preempted`): the room is free at once."""
+        waiting at Permit gave their places back (`_let_go_preempted`): the room is free at once; and where no node
+        was chosen, on an API server whose kube-scheduler tells it (1.22 and later; an unknown version counts as
+        older), the preemption's account of the nodes (`Preemption.outcome`), for the FailedScheduling message."""
         pod, mirror = entry.request, self.mirror
-        preemption = self.engine.preempt(pod, list(mirror.budgets.values()))
+        version = mirror.server_version
+        explain = version is not None and version >= TELLS_PREEMPTION_FROM
+        preemption = self.engine.preempt(pod, list(mirror.budgets.values()), explain=explain)
         if preemption.node is None:
             self.engine.unnominate(entry.key)
-            return False
+            return False, preemption.outcome
         self.engine.nominate(pod, preemption.node)
         log.info("preempting", extra={"pod": entry.key, "node": preemption.node, "victims": list(preemption.victims)})
+        # The pods of lower priority nominated there lose the node (kube-scheduler clears their nominatedNodeName):
+        # each is tried again now instead of waiting there for victims that free room this pod may take.
+        for displaced in self.engine.displace_nominees(pod, preemption.node):
+            log.info("nomination cleared", extra={"pod": displaced.key, "node": preemption.node})
+            self.binder.submit(self.binder.clear_nomination(displaced))
+            self.queue.wake_pod(displaced.key)
         bound = self._let_go_preempted(preemption.victims, f"pod {pod.key} on node {preemption.node}")
         mirror.evicting_started(bound)
         if bound:
             victims = [placed.request for placed in self.engine.placements(bound)]
             self.binder.submit(self._evict(pod, preemption.node, victims))
-        return len(bound) < len(preemption.victims)
+        return len(bound) < len(preemption.victims), None
 
     def _let_go_preempted(self, victims: tuple[str, ...], by: str) -> tuple[str, ...]:
         """Victims waiting at Permit are let go instead of deleted, as kube-scheduler rejects a waiting victim rather

@@ -85,6 +85,16 @@ class Preemption:
     violations: int = 0
     reason: str | None = None
     candidates: tuple[Candidate, ...] = field(default=(), compare=False)
+    # Where no node was chosen and the caller asked (`explain`): kube-scheduler 1.22+'s account of its dry run, each
+    # node under one reason (`0/3 nodes are available: 3 No preemption victims found for incoming pod.`), which it
+    # appends to the FailedScheduling message after `preemption: `.
+    outcome: str | None = field(default=None, compare=False)
+
+
+# kube-scheduler's reasons for a node in its preemption's account (`Preemption.outcome`): the filters refused it in a
+# way no eviction helps (unresolvable), or no pod of lower priority runs there.
+NOT_HELPFUL = "Preemption is not helpful for scheduling"
+NO_VICTIMS = "No preemption victims found for incoming pod"
 
 
 def may_preempt(pod: PodRequest) -> bool:

@@ -277,6 +277,13 @@ class SchedulingQueue:
             self._requeue(entry, now)
         self.unschedulable.clear()
 
+    def wake_pod(self, key: str) -> None:
+        """Something that kept one unschedulable pod waiting is gone (its nominated node taken by a pod of higher
+        priority): it gets another try once its backoff has passed."""
+        entry = self.unschedulable.pop(key, None)
+        if entry is not None:
+            self._requeue(entry, time.monotonic())
+
     def wake_for(self, added: PodRequest) -> None:
         """A pod now counts on a node: the unschedulable pods whose pod affinity (or topology spread) selects it may
         fit now; no other pod can (kube-scheduler's AssignedPodAdd)."""

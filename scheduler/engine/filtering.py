@@ -16,6 +16,7 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.status import Code, Status
+from kubegpu.scheduler import filters
 from kubegpu.scheduler.engine.cache import count_on_node
 from kubegpu.scheduler.engine.plan import Planning
 from kubegpu.scheduler.engine.records import (
@@ -40,6 +41,13 @@ NOMINATED = "node(s) were nominated for a pending pod of equal or higher priorit
 # A node held for a preempting pod that the pod asking would leave short (`Filtering._nominee_refusal`): what it lacks
 # is named (a resource, or a plugin's devices), the nominee is not (it may be another tenant's pod).
 NOMINATED_SHORT = NOMINATED + ", and would not have {} left for it beside this pod"
+# Such a node refused by a cluster-wide rule once its nominees are counted there (`ClusterFilter.nominated`), by the
+# rule's reason: kube-scheduler's first filter pass. The nominee is not named here either.
+NOMINATED_RULES = {
+    filters.ANTI_AFFINITY_RULES: NOMINATED + ", and this pod's anti-affinity rules select it",
+    filters.EXISTING_ANTI_AFFINITY: NOMINATED + ", and its anti-affinity rules select this pod",
+    filters.SPREAD: NOMINATED + ", and this pod's topology spread constraints count it there",
+}
 
 
 def gang_nominee(gang: str) -> str:
@@ -246,12 +254,14 @@ class Filtering(Planning):
         it takes only room they leave. kube-scheduler's `addNominatedPods`: the nominees of the pod's priority or
         higher (not the pod itself, nor its own gang) are counted as if running, on top of what is in use, their
         victims still counted, and the pod must still pass the filters that read the node's usage (NodeResourcesFit,
-        NodePorts, ...). Devices are more than a count: on each plugin both ask, the pod's own allocation is taken
-        (what `reserve` would choose now), the pods being deleted there are given back (`leaving`: the nominees'
-        victims), and each nominee, highest priority first, must still find a valid set in what remains; else the
-        pod would take the set a nominee needs (the window of a ring, a torus's block, the GPU with room for its
-        share). A node held for a preempting gang (`nominate_gang`) refuses every pod of equal or lower priority
-        but the gang's own: which members go to which node of the domain is decided only when the gang is placed."""
+        NodePorts, ...) and the cluster-wide ones, for which the nominees are placed on this node
+        (`ClusterFilter.nominated`: an anti-affinity term either way, the pod's spread constraints). Devices are
+        more than a count: on each plugin both ask, the pod's own allocation is taken (what `reserve` would choose
+        now), the pods being deleted there are given back (`leaving`: the nominees' victims), and each nominee,
+        highest priority first, must still find a valid set in what remains; else the pod would take the set a
+        nominee needs (the window of a ring, a torus's block, the GPU with room for its share). A node held for a
+        preempting gang (`nominate_gang`) refuses every pod of equal or lower priority but the gang's own: which
+        members go to which node of the domain is decided only when the gang is placed."""
         nominees: list[PodRequest] = []
         mine: str | None = None
         for key, priority in record.nominees.items():
@@ -278,6 +288,13 @@ class Filtering(Planning):
             if short and len(short) == len(status.reasons):
                 return Status.unschedulable(NOMINATED_SHORT.format(", ".join(short)))
             return Status.unschedulable(NOMINATED)
+        # The cluster-wide rules, where one can read a nominee: the pod's own terms or constraints (a volatile plan),
+        # or a nominee's anti-affinity; a pod with neither, the usual case, is not asked them.
+        if plan.volatile or any(nominee.pod_anti_affinity for nominee in nominees):
+            for rule in self._cluster_filters:
+                status = rule.nominated(self, record, pod, plan, nominees)
+                if status is not None:
+                    return Status.unschedulable(NOMINATED_RULES.get(status.reasons[-1], NOMINATED))
         plans = [(nominee, self.plan(nominee)) for nominee in nominees]
         for plugin, needs in plan.devices:
             theirs = [(n, p.prepared.get(plugin)) for n, p in plans if any(plugin == owner for owner, _ in p.devices)]
@@ -447,6 +464,22 @@ class Filtering(Planning):
                 tally.learn(name, answer(self.nodes[name]))
         tally.generation = self.generation
         return tally
+
+
+def held_whole_for_another(record: NodeRecord, pod: PodRequest, nominee_requests: Mapping[str, PodRequest]) -> bool:
+    """Whether the node is held whole, whatever is evicted there, against `pod`: for a preempting gang (`nominate_gang`)
+    of equal or higher priority, not `pod`'s own, or for a preempting pod of such a priority whose request the engine
+    cannot read (`_nominee_refusal` refuses every pod there). A node held for preempting pods it can read is no
+    such node: a preemption's dry run counts them there (`Preempting.preempt`)."""
+    mine = None
+    for key, priority in record.nominees.items():
+        if priority >= pod.priority and key != pod.key and key not in nominee_requests:
+            if mine is None:
+                gang = gang_key(pod)
+                mine = "" if gang is None else gang_nominee(gang)
+            if key != mine:
+                return True
+    return False
 
 
 def held_for_another(record: NodeRecord, pod: PodRequest) -> bool:

@@ -74,11 +74,18 @@ class ClusterFilter(Protocol):
     `prefilter` is its PreFilter: the pod's state over the placed pods, made once per pod and generation, as the judge
     of one node's labels, or as the nodes it refuses by name (`Refused`); None when the rule cannot refuse the pod on
     any node (the cycle then skips it).
+    `nominated` is its PreFilter extension AddPod as kube-scheduler's first filter pass uses it
+    (`addNominatedPods`): the answer for node `record`, which passes the rule as it is, once the preempting pods
+    `nominees` held there are counted as placed on it; None when they change nothing. Asked only of a held node.
     """
 
     name: str
 
     def prefilter(self, engine: ClusterContext, pod: PodRequest, plan: Plan) -> Judge | Refused | None: ...
+
+    def nominated(
+        self, engine: ClusterContext, record: NodeRecord, pod: PodRequest, plan: Plan, nominees: Sequence[PodRequest]
+    ) -> Status | None: ...
 
 
 class ClusterContext(FilterContext, Protocol):

@@ -8,7 +8,7 @@ makes once per pod and generation (`Filtering._cluster_state`). The rules themse
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from kubegpu.core.models import PodRequest
 from kubegpu.core.status import Code, Status
@@ -249,6 +249,33 @@ class PodTopologySpread:
             refused.update(dict.fromkeys(nodes.missing, unlabelled))
         return refused
 
+    def nominated(
+        self, engine: ClusterContext, record: NodeRecord, pod: PodRequest, plan: Plan, nominees: Sequence[PodRequest]
+    ) -> Status | None:
+        """The node's domain counts each nominee its constraints select (the pod's namespace) where the node's pods
+        count at all (`Domains`), the global minimum taken again; the state is made afresh only when one does."""
+        constraints = plan.hard_spread
+        if not constraints:
+            return None
+        added = [
+            sum(1 for n in nominees if n.namespace == pod.namespace and filters.selector_matches(c.selector, n.labels))
+            for c in constraints
+        ]
+        if not any(added):
+            return None
+        domains = engine.spread_domains(pod, constraints)
+        state = podindex.spread_state(pod, engine.placed, domains, constraints)
+        labels = record.info.labels
+        counts = []
+        for constraint, count, eligible, more in zip(constraints, state.counts, domains, added, strict=True):
+            if more and record.name in eligible.nodes:
+                value = labels[constraint.topology_key]
+                count = {**count, value: count.get(value, 0) + more}
+            counts.append(count)
+        minimum = tuple(filters.global_minimum(n, c.min_domains) for c, n in zip(constraints, counts, strict=True))
+        found = filters.spread_fits(pod, filters.SpreadState(constraints, tuple(counts), minimum, state.own), labels)
+        return None if found is None else Status.unschedulable(found[0])
+
 
 class InterPodAffinity:
     """The pod's required affinity and anti-affinity terms against the placed pods, and the placed pods'
@@ -282,6 +309,23 @@ class InterPodAffinity:
             return refusal(reasons, reasons[1] != filters.AFFINITY_RULES) if reasons else None
 
         return judge
+
+    def nominated(
+        self, engine: ClusterContext, record: NodeRecord, pod: PodRequest, plan: Plan, nominees: Sequence[PodRequest]
+    ) -> Status | None:
+        """A nominee on the node is in each of its domains: the pod's anti-affinity term that selects one refuses the
+        node where the node has the term's key, and so does a nominee's term that selects the pod. The pod's own
+        affinity terms cannot refuse it now: a nominee only adds to the counts of the node's own domains (kube-
+        scheduler counts a pod that matches all the terms), and a node lacking a term's key was refused already."""
+        labels = record.info.labels
+        for term in pod.pod_anti_affinity:
+            if term.topology_key in labels and any(filters.pod_matches_term(term, n) for n in nominees):
+                return Status.unschedulable(filters.AFFINITY, filters.ANTI_AFFINITY_RULES)
+        for nominee in nominees:
+            for term in nominee.pod_anti_affinity:
+                if term.topology_key in labels and filters.pod_matches_term(term, pod):
+                    return Status.unschedulable(filters.AFFINITY, filters.EXISTING_ANTI_AFFINITY)
+        return None
 
 
 # kube-scheduler's cluster-wide filters by name, in the order they run (after every node-local one).

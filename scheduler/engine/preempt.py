@@ -15,6 +15,7 @@ ledger and put back (`_victims_in_place`), since the plugins' fit and the inter-
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Container, Iterable, Sequence
 
 from kubegpu.core.models import (
@@ -23,9 +24,11 @@ from kubegpu.core.models import (
 from kubegpu.core.status import Code
 from kubegpu.scheduler.engine.admission import Admission
 from kubegpu.scheduler.engine.cache import count_on_node
-from kubegpu.scheduler.engine.filtering import held_for_another
-from kubegpu.scheduler.engine.records import NodeRecord, Plan, PodRecord
+from kubegpu.scheduler.engine.filtering import NOMINATED, held_for_another, held_whole_for_another
+from kubegpu.scheduler.engine.records import NodeRecord, Plan, PodRecord, summarize_reasons
 from kubegpu.scheduler.preemption import (
+    NO_VICTIMS,
+    NOT_HELPFUL,
     Budget,
     Candidate,
     Preemption,
@@ -40,23 +43,33 @@ from kubegpu.scheduler.preemption import (
 class Preempting(Admission):
     """Preemption what-ifs and nomination."""
 
-    def preempt(self, pod: PodRequest, budgets: Sequence[Budget] = ()) -> Preemption:
+    def preempt(self, pod: PodRequest, budgets: Sequence[Budget] = (), *, explain: bool = False) -> Preemption:
         """Where evicting pods of lower priority would let `pod` fit, devices included, and whom to evict there
         (`kubegpu.scheduler.preemption` has the rules). Changes nothing: the front-end evicts the victims (the
         simulator at once, the scheduler by deleting them and nominating the node) and schedules the pod again.
         The extender's `/preempt` answers from `complete_victims` per proposed node.
 
         As kube-scheduler's dry run, nodes are tried in turn from where the last preemption stopped, until enough
-        candidates are found (`candidates_wanted`, with one that violates no budget), not every node."""
+        candidates were found (`candidates_wanted`, with one that violates no budget), not every node.
+
+        `explain`: where no node is chosen, `Preemption.outcome` accounts for every node as kube-scheduler 1.22+
+        does (`NOT_HELPFUL` where the filters' refusal is unresolvable, `NO_VICTIMS` where no pod of lower priority
+        runs, else the filters' reasons); none for a pod that may not preempt (kube-scheduler says nothing then)."""
         if not may_preempt(pod):
             return Preemption(None, reason="the pod's preemptionPolicy is Never")
         if pod.key in self.pods:
             return Preemption(None, reason=f"pod {pod.key} already holds resources on a node")
+        outcome: Counter[str] = Counter()
         if not any(priority < pod.priority for priority, count in self._priorities.items() if count > 0):
-            return Preemption(None, reason="no pod of lower priority runs anywhere")
+            if explain:
+                plan = self.plan(pod)
+                for record in self.nodes.values():
+                    outcome[self._no_victims(record, pod, plan)] += 1
+            return self._not_preempted("no pod of lower priority runs anywhere", outcome, explain)
         status = self._validate(pod, self._route(pod))
-        if not status.ok:
-            return Preemption(None, reason=status.message)
+        if not status.ok:  # kube-scheduler's PreFilter refused it: every node is unresolvable
+            outcome[NOT_HELPFUL] = len(self.nodes)
+            return self._not_preempted(status.message, outcome, explain)
         plan = self.plan(pod)
         names = list(self.nodes)
         total = len(names)
@@ -67,17 +80,25 @@ class Preempting(Admission):
         tried = 0
         for tried in range(1, total + 1):
             record = self.nodes[names[(start + tried - 1) % total]]
-            if held_for_another(record, pod) or not any(
-                self.pods[key].request.priority < pod.priority for key in record.pods
-            ):
+            if held_whole_for_another(record, pod, self.nominee_requests):
+                outcome[NOMINATED] += 1
+                continue
+            if not any(self.pods[key].request.priority < pod.priority for key in record.pods):
+                if explain:
+                    outcome[self._no_victims(record, pod, plan)] += 1
                 continue
             status = self.check(record, pod, plan)
             if status.ok or status.code in (Code.UNRESOLVABLE, Code.ERROR):
+                if not status.ok:
+                    outcome[NOT_HELPFUL] += 1
                 continue
             candidate = self._select_victims(record, pod, plan, budgets)
             if candidate is not None:
                 candidate = self._gangs_kept_whole(candidate, pod.priority, budgets)
             if candidate is None:
+                # kube-scheduler names the filters' refusal with every victim gone; the refusal as the node is
+                # now stands for it (what the pod lacks, mostly the same).
+                outcome.update(status.reasons)
                 continue
             candidates.append(candidate)
             harmless += not candidate.violations
@@ -86,9 +107,20 @@ class Preempting(Admission):
         self._preempt_start = start + tried
         chosen = pick(candidates)
         if chosen is None:
-            return Preemption(None, reason="no node would fit the pod even without the pods of lower priority")
+            reason = "no node would fit the pod even without the pods of lower priority"
+            return self._not_preempted(reason, outcome, explain)
         victims = tuple(p.key for p in chosen.victims)
         return Preemption(chosen.node, victims, chosen.violations, candidates=tuple(candidates))
+
+    def _no_victims(self, record: NodeRecord, pod: PodRequest, plan: Plan) -> str:
+        """A node where no pod of lower priority runs, in kube-scheduler's account: one whose filters' refusal is
+        unresolvable is not tried at all (`NOT_HELPFUL`), the others find no victims (`NO_VICTIMS`)."""
+        code = self.check(record, pod, plan).code
+        return NOT_HELPFUL if code in (Code.UNRESOLVABLE, Code.ERROR) else NO_VICTIMS
+
+    def _not_preempted(self, reason: str, outcome: Counter[str], explain: bool) -> Preemption:
+        told = summarize_reasons(len(self.nodes), outcome) if explain else None
+        return Preemption(None, reason=reason, outcome=told)
 
     def _gangs_kept_whole(self, candidate: Candidate, priority: int, budgets: Sequence[Budget]) -> Candidate | None:
         """The candidate with the other members of its victims' gangs that must go too, or None where one of them
@@ -109,11 +141,15 @@ class Preempting(Admission):
         """`select_victims` on a copy of the node's usage when nothing but the node's own usage decides whether
         the pod fits there (no devices, no inter-pod rules, no claims, no filter a third party added), remembered on
         the node (`NodeRecord.last_victims`); else on the node itself, each pod taken out and put back through the
-        ledger."""
-        if held_for_another(record, pod):
+        ledger. A node held for preempting pods of `pod`'s priority or higher is tried with them counted as placed
+        there, as kube-scheduler's dry run filters with the nominated pods (`_nominee_refusal`, through `check`: in
+        place); those of lower priority are not counted (`pod` may take their place, and they lose their hold:
+        `displace_nominees`)."""
+        if held_whole_for_another(record, pod, self.nominee_requests):
             return None
         in_place = (
-            plan.devices
+            held_for_another(record, pod)
+            or plan.devices
             or plan.volatile
             or pod.claims
             or pod.resource_claims
@@ -259,6 +295,23 @@ class Preempting(Admission):
             if (record := self.nodes.get(name)) is not None:
                 record.nominees[pod.key] = pod.priority
                 self._refresh(record)
+
+    def displace_nominees(self, pod: PodRequest, name: str) -> tuple[PodRequest, ...]:
+        """`pod` preempts on node `name`: the preempting pods nominated there of lower priority lose their hold
+        (`unnominate`), as kube-scheduler's preemption clears their nominated node, since the room they counted on
+        may now be `pod`'s; each is returned so that the front-end clears its `status.nominatedNodeName` and tries it
+        again at once (it no longer waits for its victims there, and may preempt elsewhere). A gang's hold stays."""
+        record = self.nodes.get(name)
+        if record is None:
+            return ()
+        displaced = tuple(
+            nominee
+            for key, priority in record.nominees.items()
+            if priority < pod.priority and (nominee := self.nominee_requests.get(key)) is not None
+        )
+        for nominee in displaced:
+            self.unnominate(nominee.key)
+        return displaced
 
     def mark_leaving(self, key: str) -> None:
         """A placed pod is being deleted (its deletionTimestamp is set): it still holds what it holds until it is

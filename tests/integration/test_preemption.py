@@ -339,3 +339,39 @@ def test_pods_of_lower_priority_land_beside_a_preemptor_waiting_for_its_victims_
     wait_bound(cluster, namespace, "trainer")
     held = disjoint()
     assert held["trainer"] == ["12", "13", "14", "15"], held
+
+
+def test_a_higher_priority_pod_preempts_on_the_node_held_for_a_lower_one_which_loses_its_nomination(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    """One trn1: `keep` (priority 500) and `batch` (10, held Terminating by a finalizer) hold 8 devices each. `mid`
+    (100) preempts `batch` and is nominated there, waiting for it. `top` (1000) needs all 16: the node held for
+    `mid` is its only place, and kube-scheduler preempts there, counting only nominees of its own priority or
+    higher. `top` evicts `keep` and is nominated, and `mid` loses its nomination (its `status.nominatedNodeName`
+    cleared, as kube-scheduler clears it), instead of waiting on for a node whose room is now `top`'s. Once
+    `batch` is gone, `top` binds all 16 devices; `mid` stays pending, nominated nowhere."""
+    priority_classes(cluster)
+    cluster.create_ready_node("trn1-lose", labels={**TRN1, "kubegpu-test/lose": "yes"}, allocatable={DEVICE: 16})
+    scheduler = "kubegpu-preempt-lose"
+    start_scheduler(scheduler, "--no-leader-elect")
+    here = {"nodeSelector": {"kubegpu-test/lose": "yes"}}
+    create(cluster, namespace, "keep", 8, scheduler, "kubegpu-test-high", here)
+    create(cluster, namespace, "batch", 8, scheduler, "kubegpu-test-low", here, finalizers=["kubegpu.test/hold"])
+    wait_bound(cluster, namespace, "keep", "batch")
+
+    def nominated(name: str) -> str | None:
+        return (pods(cluster, namespace)[name].get("status") or {}).get("nominatedNodeName")
+
+    create(cluster, namespace, "mid", 8, scheduler, "kubegpu-test-mid", here)
+    wait_for(lambda: nominated("mid") == "trn1-lose", 30, "mid nominated")
+    assert pods(cluster, namespace)["batch"]["metadata"].get("deletionTimestamp"), "batch is terminating"
+
+    create(cluster, namespace, "top", 16, scheduler, "kubegpu-test-top", here)
+    wait_for(lambda: nominated("top") == "trn1-lose", 30, "top nominated")
+    wait_for(lambda: "keep" not in pods(cluster, namespace), 30, "keep evicted")
+    wait_for(lambda: not nominated("mid"), 30, "mid's nomination cleared")
+
+    cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/batch", {"metadata": {"finalizers": None}})
+    wait_bound(cluster, namespace, "top")
+    assert devices(cluster, namespace, "top") == [str(i) for i in range(16)]
+    assert not bound_to(cluster, namespace, "mid") and not nominated("mid")

@@ -273,3 +273,140 @@ def test_a_nomination_to_a_node_not_known_yet_holds_it_once_it_comes() -> None:
     assert not refused.scheduled and HELD in (refused.reason or "")
     e.unnominate("default/big")
     assert e.schedule(neuron_pod("small", 1, 10)).scheduled
+
+
+# -- the cluster-wide rules count the nominee on its node (kube-scheduler's first filter pass) ----------------------
+
+
+def cpu_engine(*names: str, cpu: str = "4") -> Engine:
+    e = Engine(make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False))
+    for name in names:
+        e.add_node(node_info(node_manifest(name, labels={HOSTNAME: name}, cpu=cpu)))
+    return e
+
+
+def cpu_pod(name: str, priority: int, *, app: str, cpu: str = "1", **spec: object) -> PodRequest:
+    doc = {
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}", "labels": {"app": app}},
+        "spec": {
+            "priority": priority,
+            "containers": [{"name": "main", "resources": {"requests": {"cpu": cpu}}}],
+            **spec,
+        },
+    }
+    return pod_request(doc)[0]
+
+
+def anti_affinity(app: str) -> dict[str, object]:
+    term = {"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": HOSTNAME}
+    return {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
+
+
+@pytest.mark.parametrize(
+    ("nominee_spec", "pod_spec", "said"),
+    [
+        ({}, anti_affinity("vip"), "this pod's anti-affinity rules select it"),
+        (anti_affinity("batch"), {}, "its anti-affinity rules select this pod"),
+    ],
+    ids=["the-pods-anti-affinity-selects-the-nominee", "the-nominees-anti-affinity-selects-the-pod"],
+)
+def test_anti_affinity_either_way_keeps_a_pod_off_the_node_a_preemptor_waits_for(
+    nominee_spec: dict[str, object], pod_spec: dict[str, object], said: str
+) -> None:
+    """The node has the cpu for both, so the resources let the lower pod on; but once the preemptor binds there,
+    the pair breaks a required anti-affinity term, and the preemptor (or the pod) would be refused its node and
+    preempt again. kube-scheduler counts the nominee as placed for every filter: the pod is refused, told why,
+    while a pod without the term lands beside the preemptor."""
+    e = cpu_engine("n")
+    vip = cpu_pod("vip", 1000, app="vip", **nominee_spec)
+    e.nominate(vip, "n")
+    refused = e.schedule(cpu_pod("batch", 10, app="batch", **pod_spec))
+    assert not refused.scheduled
+    held = f"1 node(s) were {HELD} that is preempting pods there"
+    assert refused.reason == f"0/1 nodes are available: {held}, and {said}."
+    assert e.schedule(cpu_pod("web", 10, app="web")).scheduled
+    assert e.schedule(vip).scheduled
+    e.unnominate("default/vip")
+    e.release("default/vip")
+    assert e.schedule(cpu_pod("batch", 10, app="batch", **pod_spec)).scheduled
+
+
+def test_a_pod_of_higher_priority_than_the_nominee_ignores_its_anti_affinity() -> None:
+    """Only nominees of the pod's priority or higher are counted (kube-scheduler's `addNominatedPods`)."""
+    e = cpu_engine("n")
+    e.nominate(cpu_pod("vip", 1000, app="vip"), "n")
+    assert e.schedule(cpu_pod("urgent", 2000, app="urgent", **anti_affinity("vip"))).scheduled
+
+
+def test_topology_spread_counts_the_nominee_in_its_nodes_domain() -> None:
+    """`a` is held for a preemptor of the spread's app; `b` is full. Counting the preemptor on `a`, a pod of the
+    same app would make `a` two ahead of `b` (maxSkew 1): refused, naming the hold, where before it landed there
+    and the preemptor, once bound, broke the spread it is counted in."""
+    e = cpu_engine("a", "b")
+    assert e.schedule(cpu_pod("filler", 0, app="other", cpu="4", nodeName="b")).scheduled
+    e.nominate(cpu_pod("vip", 1000, app="web"), "a")
+    spread = {
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": HOSTNAME,
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": "web"}},
+            }
+        ]
+    }
+    refused = e.schedule(cpu_pod("web-1", 10, app="web", **spread))
+    assert not refused.scheduled
+    assert "1 node(s) were " + HELD + " that is preempting pods there, and this pod's topology spread constraints" in (
+        refused.reason or ""
+    )
+    assert e.schedule(cpu_pod("other-1", 10, app="other", **spread)).scheduled  # its own app is not the nominee's
+
+
+# -- preemption on a node held for another preemptor (kube-scheduler's dry run filters with the nominated pods) ---
+
+
+@pytest.mark.parametrize(("cpu", "victims"), [("4", ("default/low",)), ("7", None)], ids=["fits-beside", "would-not"])
+def test_a_preemptor_preempts_beside_a_nominee_of_higher_priority_counting_it(
+    cpu: str, victims: tuple[str, ...] | None
+) -> None:
+    """8 cpus: `low` (priority 0) runs on 6, and the node is held for `vip` (priority 1000, 2 cpus). `mid` (500)
+    needs 4: evicting `low` leaves room for both, so kube-scheduler preempts there; before, a node held for a
+    nominee of higher priority was no candidate at all, and `mid` was told no node would fit. Needing 7, evicting
+    `low` would still leave `mid` short beside `vip`: no candidate, rather than evicting `low` for a node that
+    would then refuse `mid` for the hold."""
+    e = cpu_engine("n", cpu="8")
+    assert e.schedule(cpu_pod("low", 0, app="low", cpu="6")).scheduled
+    vip = cpu_pod("vip", 1000, app="vip", cpu="2")
+    e.nominate(vip, "n")
+    mid = cpu_pod("mid", 500, app="mid", cpu=cpu)
+    assert not e.decide(mid).scheduled
+    preemption = e.preempt(mid)
+    assert preemption.victims == (victims or ())
+    assert preemption.node == ("n" if victims else None)
+    if victims:
+        e.release("default/low")
+        assert e.schedule(mid).scheduled
+        assert e.schedule(vip).scheduled
+
+
+def test_a_preemptor_takes_the_node_of_a_nominee_of_lower_priority_which_loses_its_hold() -> None:
+    """One trn1: `mid` (priority 100) preempted `a` there and waits for it; `b` (500) holds the other 8 devices.
+    `top` (1000) needs all 16: the node is its only place, `mid` is not counted against it (kube-scheduler counts
+    only nominees of its priority or higher), its victims are the pods running there, and `mid` loses its hold,
+    to be tried again (and nominated elsewhere, where it may preempt)."""
+    e = neuron_engine(ring=False)
+    place(e, ("a", 8, 10), ("b", 8, 500))
+    mid = neuron_pod("mid", 8, 100)
+    preempt_and_nominate(e, mid, ("default/a",))
+    top = neuron_pod("top", 16, 1000)
+    preemption = e.preempt(top)
+    assert preemption.node == "n" and set(preemption.victims) == {"default/a", "default/b"}
+    e.nominate(top, "n")
+    assert e.displace_nominees(top, "n") == (mid,)
+    assert e.nominated_node(mid.key) is None and e.nominees("n") == {top.key: 1000}
+    assert not e.awaits_victims(mid.key, {"default/a"})
+    for key in preemption.victims:
+        e.release(key)
+    assert devices_of_decision(e, top) == [str(i) for i in range(16)]

@@ -606,3 +606,29 @@ def test_a_preemptor_gone_while_the_watch_was_down_leaves_its_node_held_for_nobo
     clock.now += 1.0
     run_once(service)
     assert writer.bindings() == ["next"]
+
+
+@pytest.mark.parametrize(
+    ("version", "cpu", "preemption"),
+    [
+        ((1, 20), "2", ""),
+        ((1, 21), "2", ""),
+        (None, "2", ""),  # not known yet: as the oldest
+        ((1, 22), "2", " preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."),
+        ((1, 31), "4", " preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."),
+    ],
+    ids=["1.20", "1.21", "unknown", "1.22-no-victims", "1.31-not-helpful"],
+)
+def test_failed_scheduling_tells_the_preemption_as_kube_scheduler_of_the_servers_release_does(
+    service: CustomScheduler, version: tuple[int, int] | None, cpu: str, preemption: str
+) -> None:
+    """kube-scheduler 1.22+ appends what its preemption found to the FailedScheduling message; 1.20 and 1.21 write
+    the filters' account alone. A pod of the same priority as the one running (nothing to evict), or one asking more
+    than the node has (no eviction helps), reads what a pod behind kube-scheduler of the server's release reads."""
+    service.mirror.server_version = version
+    service.mirror.on_pods("ADDED", bound("same", "n1", cpu="1"))
+    service.mirror.on_pods("ADDED", pod("big", cpu=cpu))
+    run_once(service)
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+    [event] = writer.events("FailedScheduling")
+    assert event["message"] == "0/1 nodes are available: 1 Insufficient cpu." + preemption
