@@ -18,7 +18,7 @@ import yaml
 
 from kubegpu.scheduler.config import ConfigError, load_config
 
-from .cluster import binary_dir, unreachable_kubeconfig
+from .cluster import binary_dir, free_port, unreachable_kubeconfig
 
 BODIES = {
     "bool-for-a-string": "profiles:\n- schedulerName: y\n",
@@ -75,11 +75,16 @@ def kubegpu_reads(path: Path) -> tuple[str | None, int, int] | str:
 
 
 def config_file(tmp_path: Path, body: str) -> Path:
+    """The body in a v1beta1 file. kube-scheduler 1.20 opens its insecure port before it writes the configuration,
+    where the file says (0.0.0.0:10251 by default, whatever `--port` says): a port of its own for each run, so that
+    another kube-scheduler on the machine cannot make it refuse the file."""
     kubeconfig = unreachable_kubeconfig(tmp_path)
     path = tmp_path / "config.yaml"
+    port = free_port()
     path.write_text(
         "apiVersion: kubescheduler.config.k8s.io/v1beta1\nkind: KubeSchedulerConfiguration\n"
-        f"clientConnection: {{kubeconfig: {kubeconfig}}}\n{body}"
+        f"clientConnection: {{kubeconfig: {kubeconfig}}}\n"
+        f"healthzBindAddress: 127.0.0.1:{port}\nmetricsBindAddress: 127.0.0.1:{port}\n{body}"
     )
     return path
 
