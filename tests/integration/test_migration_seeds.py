@@ -75,6 +75,15 @@ def scheduler_config(cluster: Cluster, profile: str, extender: dict[str, Any]) -
     }
 
 
+def guide_yaml(guide: Path, kind: str) -> dict[str, Any]:
+    """The YAML block of `guide` whose document is of `kind`, as a user copies it."""
+    text = guide.read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    documents = [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict) and d.get("kind") == kind]
+    assert len(documents) == 1, f"{guide.name}: {len(documents)} YAML blocks of kind {kind}"
+    return documents[0]
+
+
 @pytest.fixture
 def processes() -> Any:
     started: list[Process] = []
@@ -400,16 +409,17 @@ def test_nvidia_gpu_scheduler_model_pod_is_watched_on_gpupods(
         "GET", f"{base}/apis/nvidia-gpu-scheduler/v1/gpupods?watch=true", preload_content=False, timeout=40
     )
     assert watch.status == 200
-    # Seed 004's extender entry, with its urlPrefix path; kubegpu places devices at bind, the one line added.
-    entry = {
-        "urlPrefix": f"{base}/apis/nvidia-gpu-scheduler/v1/schedule", "filterVerb": "filter",
-        "prioritizeVerb": "prioritize", "preemptVerb": "preempt", "bindVerb": "bind", "weight": 1,
-        "enableHTTPS": True, "nodeCacheCapable": True, "ignorable": True,
-        "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
-        "tlsConfig": {"caFile": str(certs / "ca.crt"), "certFile": str(certs / "client.crt"),
-                      "keyFile": str(certs / "client.key")},
-    }  # fmt: skip
-    processes.append(start_kube_scheduler(cluster, tmp_path, scheduler_config(cluster, "default-scheduler", entry)))
+    # The guide's kube-scheduler file as written (seed 004's entry, its spellings fixed), with this cluster's
+    # kubeconfig, the extender's address in its urlPrefix and make-certs.sh's files in its tlsConfig.
+    config = guide_yaml(ROOT / "docs" / "migrating-from-nvidia-gpu-scheduler.md", "KubeSchedulerConfiguration")
+    config["clientConnection"]["kubeconfig"] = str(cluster.kubeconfig)
+    config["leaderElection"] = {"leaderElect": False}
+    (entry,) = config["extenders"]
+    assert entry["urlPrefix"].startswith("https://<kube-apiserver>:6443/apis/nvidia-gpu-scheduler/v1/schedule")
+    entry["urlPrefix"] = entry["urlPrefix"].replace("https://<kube-apiserver>:6443", base)
+    entry["tlsConfig"] = {"caFile": str(certs / "ca.crt"), "certFile": str(certs / "client.crt"),
+                          "keyFile": str(certs / "client.key")}  # fmt: skip
+    processes.append(start_kube_scheduler(cluster, tmp_path, config))
     cluster.create_pod(
         namespace, "cuda-job", {"main": {"nvidia.com/gpu": 2}}, scheduler="default-scheduler",
         annotations={"nvidia-gpu-scheduler/gpu.model": " nvidia-a100-sxm4-40gb "},
