@@ -35,8 +35,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from kubegpu.core.annotations import DEVICES_KEY, decode_devices
+from kubegpu.core.annotations import ALLOCATION_KEY, DEVICES_KEY, decode_devices
 from kubegpu.core.errors import InputError, describe_validation_error, shorten
+from kubegpu.core.legacy_kubegpu import DEVICE_INFORMATION, GPU_RESOURCE, kubegpu_gpus
 from kubegpu.core.limits import MAX_IMAGE_NAME_LENGTH, MAX_NODE_IMAGE_NAMES
 from kubegpu.core.models import (
     ClaimRef,
@@ -426,6 +427,7 @@ def pod_request(document: Mapping[str, Any], qualifiers: Mapping[str, str] | Non
     _unique_container_names(pod.spec)
     resized = _Resized.of(document.get("status"))
     containers = tuple(resized.request(c, f"Pod.spec.containers[{i}]") for i, c in enumerate(pod.spec.containers))
+    containers = _with_kubegpu_gpus(containers, pod)
     init = [
         (
             resized.request(c, f"Pod.spec.initContainers[{i}]")
@@ -490,6 +492,35 @@ def pod_request(document: Mapping[str, Any], qualifiers: Mapping[str, str] | Non
         init_steps=_init_steps(init),
     )
     return request, meta.deletionTimestamp is not None
+
+
+def _with_kubegpu_gpus(containers: tuple[ContainerRequest, ...], pod: _Pod) -> tuple[ContainerRequest, ...]:
+    """The containers with the GPUs Microsoft KubeGPU's `pod.alpha/DeviceInformation` gave them, for a bound pod
+    without kubegpu's allocation; a pending pod asking GPUs only there is refused (`kubegpu.core.legacy_kubegpu`)."""
+    annotations = pod.metadata.annotations
+    if DEVICE_INFORMATION not in annotations or ALLOCATION_KEY in annotations:
+        return containers
+    bound = bool(pod.spec.nodeName)
+    gpus = kubegpu_gpus(annotations, bound=bound)
+    if not gpus:
+        return containers
+    if not bound:
+        for container in containers:
+            count = gpus.get(container.name, 0)
+            if count and not container.resources.get(GPU_RESOURCE):
+                raise ManifestError(
+                    f"Pod.metadata.annotations.{DEVICE_INFORMATION}: Microsoft KubeGPU's annotation asks {count} "
+                    f"GPU(s) for container {container.name}, and kubegpu does not read it: set resources.limits "
+                    f"{GPU_RESOURCE}: {count} on the container instead (and the annotation kubegpu.io/gpu-memory for "
+                    "a minimum GPU memory)"
+                )
+        return containers
+    return tuple(
+        ContainerRequest(c.name, {**c.resources, GPU_RESOURCE: gpus[c.name]}, c.init)
+        if gpus.get(c.name) and not c.resources.get(GPU_RESOURCE)
+        else c
+        for c in containers
+    )
 
 
 # What a bound pod holds on its node is read from these fields of its spec; the others say where it may go.

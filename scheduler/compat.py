@@ -16,8 +16,8 @@ The objects are kubegpu's own rendering, shaped like Kubernetes objects (`apiVer
 * `GpuPod` `{"metadata": {"namespace", "name", "uid"}, "node", "gpus": [{"container", "id", "model"}]}`, for every
   pod holding NVIDIA GPUs.
 
-The same paths also answer through the API server's aggregation layer (`examples/deploy/kustomize/components/
-nvidia-gpu-scheduler-apiservice`): `GET /apis/nvidia-gpu-scheduler/v1` lists the resources so that the aggregator
+The same paths also answer through the API server's aggregation layer (`examples/deploy/kustomize/overlays/
+nvidia-gpu-scheduler`): `GET /apis/nvidia-gpu-scheduler/v1` lists the resources so that the aggregator
 finds the APIService available, and the extender verbs answer under `/apis/nvidia-gpu-scheduler/v1/schedule/` (the
 last path segment names the verb, as for any `urlPrefix`).
 

@@ -565,3 +565,68 @@ def test_an_init_container_asking_more_memory_of_a_gpu_share_holds_nothing_alone
     assert [(c.name, dict(c.resources)) for c in request.containers] == [
         ("app", {"nvidia.com/gpu": 1}), ("check", {"nvidia.com/gpu": 3})
     ]  # fmt: skip
+
+
+# Microsoft KubeGPU's pod annotation (kubegpu.core.legacy_kubegpu): DLWorkspace wrote it in single quotes.
+def _kubegpu_info(containers: dict[str, Any]) -> str:
+    return "'" + json.dumps({"podname": "job", "runningcontainer": containers}) + "'"
+
+
+_GIVEN = {
+    "requests": {"alpha.gpu/numgpu": 2},
+    "allocatefrom": {
+        (where := f"alpha/grpresource/gpugrp1/0/gpugrp0/0/gpu/GPU-{i}/{part}"): where
+        for i in (0, 1)
+        for part in ("cards", "memory")
+    },
+}
+
+
+def test_a_pod_kubegpu_bound_before_the_switch_holds_the_gpus_its_annotation_names() -> None:
+    document = pod_manifest(
+        "job", {"main": {}, "side": {}}, annotations={"pod.alpha/DeviceInformation": _kubegpu_info({"main": _GIVEN})}
+    )
+    document["spec"]["nodeName"] = "n1"
+    request, _ = pod_request(document)
+    assert {c.name: dict(c.resources) for c in request.containers} == {"main": {"nvidia.com/gpu": 2}, "side": {}}
+    assert request.requests["nvidia.com/gpu"] == 2
+
+
+def test_a_pending_pod_asking_gpus_through_kubegpus_annotation_is_refused_saying_what_to_write() -> None:
+    document = pod_manifest(
+        "job",
+        annotations={"pod.alpha/DeviceInformation": _kubegpu_info({"main": {"requests": {"alpha.gpu/numgpu": 2}}})},
+    )
+    with pytest.raises(ManifestError) as refused:
+        pod_request(document)
+    assert "asks 2 GPU(s) for container main" in str(refused.value)
+    assert "set resources.limits nvidia.com/gpu: 2" in str(refused.value)
+    # A pod that also lists the GPUs the kubegpu way is read the kubegpu way.
+    document["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+    assert dict(pod_request(document)[0].containers[0].resources) == {"nvidia.com/gpu": 1}
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["not json", "'{}'", json.dumps({"runningcontainer": [1]}),
+     json.dumps({"runningcontainer": {"main": {"requests": {"alpha.gpu/numgpu": "x"}}}}),
+     json.dumps({"runningcontainer": {"main": {"allocatefrom": {"a/gpu/0/cards": 5}}}}),
+     "'" + " " * 70000 + "'", "\x1b[2J\u202e"],
+)  # fmt: skip
+def test_a_kubegpu_annotation_kubegpu_cannot_read_is_ignored_and_never_makes_a_bound_pod_unreadable(value: str) -> None:
+    document = pod_manifest("job", {"main": {"nvidia.com/gpu": 0}}, annotations={"pod.alpha/DeviceInformation": value})
+    document["spec"]["nodeName"] = "n1"
+    assert pod_request(document)[0].requests.get("nvidia.com/gpu", 0) == 0
+    del document["spec"]["nodeName"]
+    pod_request(document)  # pending: not refused either
+
+
+def test_kubegpus_annotation_neither_adds_to_kubegpus_allocation_nor_counts_beyond_its_bound() -> None:
+    annotations = {"pod.alpha/DeviceInformation": _kubegpu_info({"main": _GIVEN}), "kubegpu.io/allocation": "{}"}
+    document = pod_manifest("job", annotations=annotations)
+    document["spec"]["nodeName"] = "n1"
+    assert pod_request(document)[0].requests.get("nvidia.com/gpu", 0) == 0
+    many = {"allocatefrom": {f"g/gpu/{i}/cards": "x" for i in range(2000)}}
+    document = pod_manifest("job", annotations={"pod.alpha/DeviceInformation": _kubegpu_info({"main": many})})
+    document["spec"]["nodeName"] = "n1"
+    assert pod_request(document)[0].requests["nvidia.com/gpu"] == 1024

@@ -386,3 +386,11 @@ def test_two_my_scheduler_pods_of_the_ha_overlay_fail_over_without_giving_a_devi
             process.stop()
     held = devices_by_node(placed)["p3-ha"]
     assert sorted(held) == [f"nvidia.com:{i}" for i in range(8)] and set(held.values()) == {1}, held
+
+
+def test_the_nvidia_overlay_applies_client_side_whole_as_the_guide_says_for_1_20(tree: Path, cluster: Cluster) -> None:
+    # docs/migrating-from-nvidia-gpu-scheduler.md: on 1.20 `kubectl apply -f nvidia.yaml`, every object client-side
+    # (a server-side apply of its APIService fails there).
+    documents = render(tree, "nvidia-gpu-scheduler")
+    output = dry_run(cluster, yaml.safe_dump_all(documents), server_side=False)
+    assert output.count("(server dry run)") == len(documents), output

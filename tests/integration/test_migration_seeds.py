@@ -75,6 +75,15 @@ def scheduler_config(cluster: Cluster, profile: str, extender: dict[str, Any]) -
     }
 
 
+def guide_yaml(guide: Path, kind: str) -> dict[str, Any]:
+    """The YAML block of `guide` whose document is of `kind`, as a user copies it."""
+    text = guide.read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    documents = [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict) and d.get("kind") == kind]
+    assert len(documents) == 1, f"{guide.name}: {len(documents)} YAML blocks of kind {kind}"
+    return documents[0]
+
+
 @pytest.fixture
 def processes() -> Any:
     started: list[Process] = []
@@ -400,16 +409,17 @@ def test_nvidia_gpu_scheduler_model_pod_is_watched_on_gpupods(
         "GET", f"{base}/apis/nvidia-gpu-scheduler/v1/gpupods?watch=true", preload_content=False, timeout=40
     )
     assert watch.status == 200
-    # Seed 004's extender entry, with its urlPrefix path; kubegpu places devices at bind, the one line added.
-    entry = {
-        "urlPrefix": f"{base}/apis/nvidia-gpu-scheduler/v1/schedule", "filterVerb": "filter",
-        "prioritizeVerb": "prioritize", "preemptVerb": "preempt", "bindVerb": "bind", "weight": 1,
-        "enableHTTPS": True, "nodeCacheCapable": True, "ignorable": True,
-        "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
-        "tlsConfig": {"caFile": str(certs / "ca.crt"), "certFile": str(certs / "client.crt"),
-                      "keyFile": str(certs / "client.key")},
-    }  # fmt: skip
-    processes.append(start_kube_scheduler(cluster, tmp_path, scheduler_config(cluster, "default-scheduler", entry)))
+    # The guide's kube-scheduler file as written (seed 004's entry, its spellings fixed), with this cluster's
+    # kubeconfig, the extender's address in its urlPrefix and make-certs.sh's files in its tlsConfig.
+    config = guide_yaml(ROOT / "docs" / "migrating-from-nvidia-gpu-scheduler.md", "KubeSchedulerConfiguration")
+    config["clientConnection"]["kubeconfig"] = str(cluster.kubeconfig)
+    config["leaderElection"] = {"leaderElect": False}
+    (entry,) = config["extenders"]
+    assert entry["urlPrefix"].startswith("https://<kube-apiserver>:6443/apis/nvidia-gpu-scheduler/v1/schedule")
+    entry["urlPrefix"] = entry["urlPrefix"].replace("https://<kube-apiserver>:6443", base)
+    entry["tlsConfig"] = {"caFile": str(certs / "ca.crt"), "certFile": str(certs / "client.crt"),
+                          "keyFile": str(certs / "client.key")}  # fmt: skip
+    processes.append(start_kube_scheduler(cluster, tmp_path, config))
     cluster.create_pod(
         namespace, "cuda-job", {"main": {"nvidia.com/gpu": 2}}, scheduler="default-scheduler",
         annotations={"nvidia-gpu-scheduler/gpu.model": " nvidia-a100-sxm4-40gb "},
@@ -440,10 +450,9 @@ def test_kubegpu_custom_scheduler_honours_a_minimum_gpu_memory(
             allocatable={"nvidia.com/gpu": 4},
         )  # fmt: skip
     scheduler = start_scheduler("kubegpu-scheduler", "--no-leader-elect")
-    cluster.create_pod(
-        namespace, "big-model", {"main": {"nvidia.com/gpu": 2}}, scheduler="kubegpu-scheduler",
-        annotations={"kubegpu.io/gpu-memory": "30Gi"},  # a V100-32GB reports 32510 MiB
-    )  # fmt: skip
+    # The guide's pod as written (a V100-32GB reports 32510 MiB), created as `kubectl apply -f` creates it.
+    pod = guide_yaml(ROOT / "docs" / "migrating-from-kubegpu.md", "Pod")
+    cluster.client.post(f"/api/v1/namespaces/{namespace}/pods", pod)
     cluster.create_pod(
         namespace, "too-big", {"main": {"nvidia.com/gpu": 1}}, scheduler="kubegpu-scheduler",
         annotations={"kubegpu.io/gpu-memory": "40Gi"},
@@ -459,4 +468,58 @@ def test_kubegpu_custom_scheduler_honours_a_minimum_gpu_memory(
         lambda: next((m for m in events_of(cluster, namespace, "too-big") if "40Gi" in m), None),
         30, "too-big's FailedScheduling event",
     )  # fmt: skip
-    assert message.startswith("0/2 nodes are available"), message
+    # The guide's wording of the refusal.
+    assert message == "0/2 nodes are available: 2 node(s) have no GPU with at least 40Gi of memory.", message
+
+
+def test_kubegpu_pods_running_from_before_the_switch_keep_their_gpus_and_pending_ones_are_told_what_to_write(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    # A 4-GPU node where Microsoft KubeGPU bound a job to 3 GPUs: its annotation (DLWorkspace's quoting) names them;
+    # the pod lists no nvidia.com/gpu, as KubeGPU's pods did, and keeps running across the switch.
+    cluster.create_ready_node(
+        "kubegpu-node", labels={"nvidia.com/gpu.product": "Tesla-V100-SXM2-32GB", "nvidia.com/gpu.count": "4"},
+        allocatable={"nvidia.com/gpu": 4},
+    )  # fmt: skip
+    given = {
+        (where := f"alpha/grpresource/gpugrp1/0/gpugrp0/{i // 2}/gpu/{i}/cards"): where
+        for i in range(3)
+    }  # fmt: skip
+    info = {"podname": "old-job", "nodename": "kubegpu-node",
+            "runningcontainer": {"main": {"requests": {"alpha.gpu/numgpu": 3}, "allocatefrom": given}}}  # fmt: skip
+    old = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "old-job", "annotations": {"pod.alpha/DeviceInformation": "'" + json.dumps(info) + "'"}},
+        "spec": {"nodeName": "kubegpu-node", "containers": [{"name": "main", "image": "busybox"}]},
+    }  # fmt: skip
+    cluster.client.post(f"/api/v1/namespaces/{namespace}/pods", old)
+    scheduler = start_scheduler("kubegpu-scheduler", "--no-leader-elect")
+    for name in ("new-0", "new-1"):
+        cluster.create_pod(namespace, name, {"main": {"nvidia.com/gpu": 1}}, scheduler="kubegpu-scheduler")
+    # A job still written for KubeGPU: its GPUs asked only in the annotation.
+    cluster.create_pod(
+        namespace, "kubegpu-style", {"main": {}}, scheduler="kubegpu-scheduler",
+        annotations={"pod.alpha/DeviceInformation": json.dumps(
+            {"runningcontainer": {"main": {"requests": {"alpha.gpu/numgpu": 2}}}})},
+    )  # fmt: skip
+    try:
+        placed = wait_bound(cluster, namespace, 2, timeout=30)
+    except AssertionError:
+        raise AssertionError(scheduler.output()[-3000:]) from None
+    refused = wait_for(
+        lambda: next((m for m in events_of(cluster, namespace, "kubegpu-style") if "KubeGPU" in m), None),
+        30, "the KubeGPU-style pod's FailedScheduling event",
+    )  # fmt: skip
+    assert "set resources.limits nvidia.com/gpu: 2 on the container" in refused, refused
+    message = wait_for(
+        lambda: next(
+            (m for p in ("new-0", "new-1") for m in events_of(cluster, namespace, p) if "nodes are available" in m),
+            None,
+        ),
+        30, "the second new pod's FailedScheduling event",
+    )  # fmt: skip
+    # Only the one GPU KubeGPU did not give is free: one new pod gets it, the other waits.
+    assert sorted(placed) == ["old-job", next(p for p in ("new-0", "new-1") if p in placed)]
+    assert len({"new-0", "new-1"} & set(bound(cluster, namespace))) == 1, message
+    assert "Insufficient nvidia.com/gpu" in message or "GPU" in message, message
+    assert "kubegpu-style" not in bound(cluster, namespace)
