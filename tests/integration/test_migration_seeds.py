@@ -519,7 +519,7 @@ def test_kubegpu_pods_running_from_before_the_switch_keep_their_gpus_and_pending
         30, "the second new pod's FailedScheduling event",
     )  # fmt: skip
     # Only the one GPU KubeGPU did not give is free: one new pod gets it, the other waits.
-    assert sorted(placed) == ["old-job", next(p for p in ("new-0", "new-1") if p in placed)]
+    assert "old-job" in placed and len({"new-0", "new-1"} & set(placed)) == 1, placed
     assert len({"new-0", "new-1"} & set(bound(cluster, namespace))) == 1, message
-    assert "Insufficient nvidia.com/gpu" in message or "GPU" in message, message
+    assert message.startswith("0/1 nodes are available: 1 Insufficient nvidia.com/gpu"), message
     assert "kubegpu-style" not in bound(cluster, namespace)
