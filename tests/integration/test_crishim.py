@@ -622,6 +622,40 @@ def test_a_stale_allocation_whose_device_a_live_pod_was_given_is_refused_and_not
         kubelet.remove_pod(holder_id)
 
 
+def test_a_stale_pods_container_that_exited_leaves_the_device_to_the_pod_it_was_given_to(
+    kubelet: Cri, direct: Cri, fpga: tuple[ModuleType, ModuleType], key: bytes, tmp_path: Path
+) -> None:
+    """The victim's replayed allocation got fpga0 before the holder (the scheduler's current choice) came: the holder
+    waits (`in-use`) while the victim's container runs. The victim's container exits, and the kubelet's restart of it
+    is refused as stale: from then on fpga0 goes to the holder, as a shim restarted meanwhile already decided from
+    containerd's list (before: `in-use ... by container main of pod default/victim` until the victim was deleted)."""
+    victim_uid, stale = Scheduler(fpga[0], key).place("victim", 1)
+    holder_uid, fresh = Scheduler(fpga[0], key).place("holder", 1)
+    victim = host_network_sandbox("victim", victim_uid, annotations=stale, log_directory=tmp_path)
+    victim_id = kubelet.run_pod(victim)
+    holder = host_network_sandbox("holder", holder_uid, annotations=fresh, log_directory=tmp_path)
+    holder_id = kubelet.run_pod(holder)
+    try:
+        first = kubelet.create(victim_id, container_config("main"), victim)  # nobody had claimed fpga0 yet
+        kubelet.start(first)
+        with pytest.raises(grpc.RpcError) as waiting:
+            kubelet.create(holder_id, container_config("main"), holder)
+        assert waiting.value.details().startswith("kubegpu: in-use check failed: pod default/holder container main: ")
+
+        kubelet.runtime.StopContainer(api_pb2.StopContainerRequest(container_id=first, timeout=0), timeout=30)
+        with pytest.raises(grpc.RpcError) as restart:
+            kubelet.create(victim_id, container_config("main", attempt=1), victim)
+        assert restart.value.details().startswith("kubegpu: stale check failed: pod default/victim container main: ")
+
+        container_id = kubelet.create(holder_id, container_config("main"), holder)
+        kubelet.start(container_id)
+        assert _cards_in(kubelet, container_id) == ["fpga0"]
+        assert [c.id for c in direct.containers(victim_id)] == [first]
+    finally:
+        kubelet.remove_pod(victim_id)
+        kubelet.remove_pod(holder_id)
+
+
 @pytest.mark.parametrize(
     ("poison", "check"),
     [
