@@ -52,6 +52,7 @@ restarting the shim. The listening socket is created with mode 0600; SIGTERM sto
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -69,6 +70,8 @@ from typing import Any, Literal, NamedTuple, Protocol
 import grpc
 from cri_api.v1 import api_pb2
 from cri_api.v1alpha2 import api_pb2 as v1alpha2_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # type: ignore[import-untyped]
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from pydantic import ValidationError
 
 from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord
@@ -216,8 +219,16 @@ class RuntimeSandboxes:
         self.timeout = timeout
 
     def _call(self, method: str, request: Any, response_type: Any) -> Any:
+        """The runtime's answer; read with `_lenient` where a text in it is not UTF-8 (the kubelet passes a pod's
+        annotation values on as the API server stored them, and neither checks that they are UTF-8: one pod's
+        bytes must not make the node's list unreadable, refusing every device pod on the node)."""
         body, _ = self.versions.call("v1", RUNTIME, method, request.SerializeToString(), timeout=self.timeout)
-        return response_type.FromString(body)
+        try:
+            return response_type.FromString(body)
+        except DecodeError:
+            lenient = _lenient(response_type.DESCRIPTOR.full_name).FromString(body)
+            log.warning("the runtime's %s answer has text that is not UTF-8; it is read with U+FFFD for it", method)
+            return lenient
 
     def sandboxes(self) -> list[Sandbox]:
         try:
@@ -225,18 +236,21 @@ class RuntimeSandboxes:
         except grpc.RpcError as exc:
             raise ConnectionError(f"asking the runtime for its pod sandboxes: {_rpc_error(exc)}") from None
         ready = api_pb2.PodSandboxState.SANDBOX_READY
-        return [
-            Sandbox(
-                item.id,
-                item.metadata.namespace,
-                item.metadata.name,
-                item.metadata.uid,
-                item.state == ready,
-                item.annotations.get(ALLOCATION_KEY),
-                len(item.annotations) > 0,
+        listed = []
+        for item in response.items:
+            annotations = _text_map(item.annotations)
+            listed.append(
+                Sandbox(
+                    _text(item.id),
+                    _text(item.metadata.namespace),
+                    _text(item.metadata.name),
+                    _text(item.metadata.uid),
+                    item.state == ready,
+                    annotations.get(ALLOCATION_KEY),
+                    len(annotations) > 0,
+                )
             )
-            for item in response.items
-        ]
+        return listed
 
     def live_containers(self, sandbox_id: str) -> list[str]:
         request = api_pb2.ListContainersRequest(filter=api_pb2.ContainerFilter(pod_sandbox_id=sandbox_id))
@@ -244,7 +258,40 @@ class RuntimeSandboxes:
             response = self._call("ListContainers", request, api_pb2.ListContainersResponse)
         except grpc.RpcError as exc:
             raise ConnectionError(f"asking the runtime for the containers of {sandbox_id}: {_rpc_error(exc)}") from None
-        return [c.metadata.name for c in response.containers if c.state in self.LIVE]
+        return [_text(c.metadata.name) for c in response.containers if c.state in self.LIVE]
+
+
+@functools.cache
+def _lenient(full_name: str) -> Any:
+    """The message class of CRI v1's `full_name` with every string field read as bytes (and every map as its
+    entries): the same wire format, without the UTF-8 check that makes the generated class refuse the whole message."""
+    file = descriptor_pb2.FileDescriptorProto()
+    api_pb2.DESCRIPTOR.CopyToProto(file)
+
+    def as_bytes(messages: Iterable[Any]) -> None:
+        for message in messages:
+            message.options.ClearField("map_entry")  # a map's key may not be bytes; its entries as a list may
+            for item in message.field:
+                if item.type == item.TYPE_STRING:
+                    item.type = item.TYPE_BYTES
+            as_bytes(message.nested_type)
+
+    as_bytes(file.message_type)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(full_name))
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _text_map(entries: Any) -> dict[str, str]:
+    """A map field as a dict, from the generated class (a mapping) or `_lenient`'s (a list of entries, the last of
+    a key winning, as protobuf's maps have it)."""
+    if isinstance(entries, Mapping):
+        return dict(entries)
+    return {_text(entry.key): _text(entry.value) for entry in entries}
 
 
 def _rpc_error(error: grpc.RpcError) -> str:

@@ -43,7 +43,7 @@ from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord, encode_al
 from kubegpu.core.device_hooks import hookimpl
 from kubegpu.core.models import ContainerAllocation, ContainerEdit, DeviceOwnership
 from kubegpu.core.plugin_manager import KubegpuPluginManager
-from kubegpu.crishim.shim import ContainerEditor, RunningShim, Sandbox, start_shim
+from kubegpu.crishim.shim import ContainerEditor, RunningShim, RuntimeSandboxes, Sandbox, start_shim
 from kubegpu.crishim.verify import AllocationRefused
 from kubegpu.plugins.intel_gas import device as intel_device
 from kubegpu.plugins.neuron import device as neuron_device
@@ -682,6 +682,75 @@ def test_a_creation_in_flight_or_whose_answer_was_lost_holds_its_devices(plugins
     # The first pod's sandbox goes: nothing holds the device any more.
     del node.listed["s1"]
     assert _decide(editor, _request(second, "main")) == "fpga1"
+
+
+class RawRuntime:
+    """`RuntimeVersions.call` answering bytes as a runtime wrote them: a Go runtime does not check that a text is
+    UTF-8 (containerd 1.6 keeps a pod's annotation values as the kubelet sent them)."""
+
+    def __init__(self, answers: Mapping[str, bytes]) -> None:
+        self.answers = answers
+
+    def call(self, served: str, service: str, method: str, request: bytes, **_: Any) -> tuple[bytes, None]:
+        return self.answers[method], None
+
+
+def _not_utf8(message: Any, marker: str) -> bytes:
+    """`message`'s bytes with the text `marker` in it made into bytes that are not UTF-8, of the same length."""
+    body: bytes = message.SerializeToString()
+    assert body.count(marker.encode()) == 1
+    return body.replace(marker.encode(), b"\xff" * len(marker.encode()))
+
+
+def test_a_sandbox_whose_annotation_is_not_utf8_costs_only_itself(plugins: KubegpuPluginManager) -> None:
+    """A pod's annotation value that is not UTF-8 (the API server stores what a protobuf client sends, the kubelet
+    passes it on) made the runtime's whole list of sandboxes unreadable: every device pod on the node was refused
+    (`error check failed: DecodeError`). Now the list is read with U+FFFD for those bytes: the poisoned pod still
+    holds the device its valid allocation names, and every other pod gets its devices."""
+    poisoned = api_pb2.PodSandbox(
+        id="s-poisoned",
+        metadata=api_pb2.PodSandboxMetadata(name="poisoned", namespace="team-a", uid="uid-poisoned"),
+        state=api_pb2.PodSandboxState.SANDBOX_READY,
+        annotations={
+            ALLOCATION_KEY: signed("uid-poisoned", {"main": {FPGA: ["fpga1"]}}, issued=T1),
+            "note": "POISON",
+        },
+    )
+    pods = {
+        name: api_pb2.PodSandbox(
+            id=f"s-{name}",
+            metadata=api_pb2.PodSandboxMetadata(name=name, namespace="team-a", uid=f"uid-{name}"),
+            state=api_pb2.PodSandboxState.SANDBOX_READY,
+            annotations={ALLOCATION_KEY: signed(f"uid-{name}", {"main": {FPGA: [card]}}, issued=T2)},
+        )
+        for name, card in (("later", "fpga1"), ("other", "fpga2"))
+    }
+    listed = api_pb2.ListPodSandboxResponse(items=[poisoned, *pods.values()])
+    containers = api_pb2.ListContainersResponse(
+        containers=[
+            api_pb2.Container(
+                id="c-poisoned",
+                pod_sandbox_id="s-poisoned",
+                metadata=api_pb2.ContainerMetadata(name="main"),
+                state=api_pb2.ContainerState.CONTAINER_RUNNING,
+                labels={"note": "POISON"},
+            )
+        ]
+    )
+    runtime = RawRuntime(
+        {"ListPodSandbox": _not_utf8(listed, "POISON"), "ListContainers": _not_utf8(containers, "POISON")}
+    )
+    editor = ContainerEditor(plugins, node=NODE, key=KEY, sandboxes=RuntimeSandboxes(runtime))  # type: ignore[arg-type]
+
+    def sandbox(item: Any) -> Sandbox:
+        return Sandbox(
+            item.id, "team-a", item.metadata.name, item.metadata.uid, True, item.annotations[ALLOCATION_KEY], True
+        )
+
+    assert _decide(editor, _request(sandbox(pods["other"]), "main")) == "fpga2"
+    assert _decide(editor, _request(sandbox(pods["later"]), "main")) == "in-use"
+    held = {s.id: s for s in editor.sandboxes.sandboxes()}["s-poisoned"]  # type: ignore[union-attr]
+    assert held.allocation == poisoned.annotations[ALLOCATION_KEY]
 
 
 def test_other_containers_of_the_same_pod_and_the_pods_next_sandbox_share_its_devices(node: Node) -> None:

@@ -656,6 +656,36 @@ def test_a_stale_pods_container_that_exited_leaves_the_device_to_the_pod_it_was_
         kubelet.remove_pod(holder_id)
 
 
+def test_a_pod_annotation_that_is_not_utf8_costs_no_other_pod_its_devices(
+    kubelet: Cri, direct: Cri, scheduler: Scheduler, tmp_path: Path
+) -> None:
+    """A pod whose annotation value is not UTF-8 (stored by the API server as a protobuf client sent it, passed on by
+    the kubelet): containerd keeps the bytes and lists them. The shim read that list strictly, so every device pod
+    on the node was refused (`error check failed: DecodeError`) until the pod was gone; now the device pod runs."""
+    poisoned = host_network_sandbox("poisoned", f"uid-poisoned-{secrets.token_hex(4)}", log_directory=tmp_path)
+    poisoned.annotations["example.com/note"] = "POISON"
+    body = api_pb2.RunPodSandboxRequest(config=poisoned).SerializeToString()
+    assert body.count(b"POISON") == 1
+    run_raw = kubelet.channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox")
+    poisoned_id = api_pb2.RunPodSandboxResponse.FromString(run_raw(body.replace(b"POISON", b"\xff" * 6), timeout=60))
+    try:
+        with pytest.raises(grpc.RpcError) as strict:  # containerd kept the bytes: a strict reader cannot read its list
+            direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=10)
+        assert strict.value.code() == grpc.StatusCode.INTERNAL
+
+        uid, annotations = scheduler.place("trainer", 2)
+        sandbox = host_network_sandbox("trainer", uid, annotations=annotations, log_directory=tmp_path)
+        sandbox_id = kubelet.run_pod(sandbox)
+        try:
+            container_id = kubelet.create(sandbox_id, container_config("main"), sandbox)
+            kubelet.start(container_id)
+            assert _cards_in(kubelet, container_id) == ["fpga0", "fpga1"]
+        finally:
+            kubelet.remove_pod(sandbox_id)
+    finally:
+        kubelet.remove_pod(poisoned_id.pod_sandbox_id)
+
+
 @pytest.mark.parametrize(
     ("poison", "check"),
     [
