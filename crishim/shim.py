@@ -806,7 +806,8 @@ def apply_edit(config: Any, before: ContainerEdit, after: ContainerEdit, *, cdi:
         seen: set[str] = set()
         for kv in config.envs:
             if kv.key in after.envs:
-                envs.append(api_pb2.KeyValue(key=kv.key, value=after.envs[kv.key]))
+                kv.value = after.envs[kv.key]  # the kubelet's entry, fields kubegpu does not know included
+                envs.append(kv)
                 seen.add(kv.key)
         envs.extend(api_pb2.KeyValue(key=k, value=v) for k, v in after.envs.items() if k not in seen)
         _replace(config.envs, envs)
