@@ -633,11 +633,11 @@ def test_a_stale_pods_container_that_exited_leaves_the_device_to_the_pod_it_was_
     holder_uid, fresh = Scheduler(fpga[0], key).place("holder", 1)
     victim = host_network_sandbox("victim", victim_uid, annotations=stale, log_directory=tmp_path)
     victim_id = kubelet.run_pod(victim)
+    first = kubelet.create(victim_id, container_config("main"), victim)  # no other pod on the node claims fpga0 yet
+    kubelet.start(first)
     holder = host_network_sandbox("holder", holder_uid, annotations=fresh, log_directory=tmp_path)
     holder_id = kubelet.run_pod(holder)
     try:
-        first = kubelet.create(victim_id, container_config("main"), victim)  # nobody had claimed fpga0 yet
-        kubelet.start(first)
         with pytest.raises(grpc.RpcError) as waiting:
             kubelet.create(holder_id, container_config("main"), holder)
         assert waiting.value.details().startswith("kubegpu: in-use check failed: pod default/holder container main: ")
@@ -654,6 +654,53 @@ def test_a_stale_pods_container_that_exited_leaves_the_device_to_the_pod_it_was_
     finally:
         kubelet.remove_pod(victim_id)
         kubelet.remove_pod(holder_id)
+
+
+def test_a_shim_started_while_a_device_pod_runs_gives_its_device_to_nobody_else_until_it_exits(
+    kubelet: Cri,
+    containerd: Containerd,
+    fpga: tuple[ModuleType, ModuleType],
+    key: bytes,
+    node_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """The shim restarted while a container runs with fpga0: the new process has applied nothing, and reads from
+    containerd which containers hold what. A later allocation of fpga0 is refused `in-use` while that container
+    runs, and applied once it has exited (its own restarts are then refused as stale)."""
+    first_uid, stale = Scheduler(fpga[0], key).place("first", 1)
+    second_uid, fresh = Scheduler(fpga[0], key).place("second", 1)
+    first = host_network_sandbox("first", first_uid, annotations=stale, log_directory=tmp_path)
+    first_id = kubelet.run_pod(first)
+    running = kubelet.create(first_id, container_config("main"), first)
+    kubelet.start(running)
+    socket = node_dir / "restarted.sock"
+    process = start_shim_process(
+        socket=socket,
+        runtime_endpoint=containerd.endpoint,
+        node_name=NODE,
+        key_file=node_dir / "allocation.key",
+        dev_root=node_dir / "dev",
+        log=tmp_path / "crishim.log",
+        python_path=fpga_plugin_path(tmp_path / "site"),
+    )
+    restarted = Cri(f"unix://{socket}")
+    second = host_network_sandbox("second", second_uid, annotations=fresh, log_directory=tmp_path)
+    second_id = restarted.run_pod(second)
+    try:
+        with pytest.raises(grpc.RpcError) as waiting:
+            restarted.create(second_id, container_config("main"), second)
+        assert waiting.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "fpga0 is in use by container main of pod default/first" in waiting.value.details()
+
+        restarted.runtime.StopContainer(api_pb2.StopContainerRequest(container_id=running, timeout=0), timeout=30)
+        container_id = restarted.create(second_id, container_config("main"), second)
+        restarted.start(container_id)
+        assert _cards_in(restarted, container_id) == ["fpga0"]
+    finally:
+        restarted.remove_pod(second_id)
+        restarted.remove_pod(first_id)
+        restarted.close()
+        assert process.terminate() == 0, process.output()
 
 
 def test_a_pod_annotation_that_is_not_utf8_costs_no_other_pod_its_devices(
