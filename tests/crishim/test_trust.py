@@ -641,6 +641,24 @@ def test_a_stale_pods_exited_container_no_longer_keeps_the_device_from_the_pod_i
     assert [d.container_path for d in node.last().devices] == ["/dev/fpga1"]
 
 
+def test_a_pod_recreated_under_its_name_waits_for_the_old_ones_containers_to_stop(node: Node) -> None:
+    """The pod is deleted and created again under its name (a new UID, a new allocation of the same card) while the
+    old one's container is still stopping: the new one waits (`in-use`, the kubelet retries), then gets the card."""
+    old = node.kubelet.run_pod("p", "uid-old", {ALLOCATION_KEY: signed("uid-old", {"main": {FPGA: ["fpga1"]}})})
+    node.kubelet.create(old)
+    new = node.kubelet.run_pod(
+        "p", "uid-new", {ALLOCATION_KEY: signed("uid-new", {"main": {FPGA: ["fpga1"]}}, issued=T2)}
+    )
+
+    code, details = refusal(node.kubelet.refused(new))
+
+    assert (code, details.split(":")[1]) == (grpc.StatusCode.FAILED_PRECONDITION, " in-use check failed")
+    assert "fpga1 is in use by container main of pod team-a/p" in details
+    node.kubelet.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=old[0]), timeout=5)
+    node.kubelet.create(new)
+    assert [d.container_path for d in node.last().devices] == ["/dev/fpga1"]
+
+
 def test_a_creation_the_runtime_refused_holds_no_device(node: Node) -> None:
     """The runtime refused to create a stale pod's container (its mount source is missing): nothing has fpga1, and
     the pod the scheduler gave it to gets it (before: `in-use`, naming a container that never existed)."""
