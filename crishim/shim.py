@@ -25,8 +25,10 @@ one. The allocation must be signed with this node's key, name this node and this
 and no other live (READY) sandbox on the node may hold one of its whole devices: of two verified allocations naming
 one device, the one issued earlier is stale and refused, and a device a live container already has is never given to
 another pod (shared devices, with `shares`, are not compared). One lock spans reading the sandboxes, checking and
-recording what was applied, so concurrent calls cannot both hand out a device; verified allocations are remembered
-per sandbox id.
+marking the container being created, so concurrent calls cannot both hand out a device; verified allocations are
+remembered per sandbox id. Which containers of another pod hold a device is the runtime's answer (created, running or
+unknown), and those being created through the shim until the runtime answers (for good when its answer is lost):
+never what the shim once applied, so a container that has exited holds nothing, as a freshly started shim sees it.
 
 Every installed plugin declares what selects its devices (`Device.kubegpu_device_owned`: env variables, device and
 mount paths, CDI kinds); the shim removes all of it from every container, then each resource allocated to the
@@ -50,12 +52,14 @@ restarting the shim. The listening socket is created with mode 0600; SIGTERM sto
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
 import socket
 import stat
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -66,6 +70,8 @@ from typing import Any, Literal, NamedTuple, Protocol
 import grpc
 from cri_api.v1 import api_pb2
 from cri_api.v1alpha2 import api_pb2 as v1alpha2_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # type: ignore[import-untyped]
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from pydantic import ValidationError
 
 from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord
@@ -86,6 +92,7 @@ __all__ = [
     "CDI_ANNOTATION",
     "ApiPods",
     "ContainerEditor",
+    "Creation",
     "PodSource",
     "RunningShim",
     "RuntimeSandboxes",
@@ -133,6 +140,8 @@ RECONNECT_OPTIONS = [
 ]
 # Metadata the transport sets itself; forwarding it would be refused or would be wrong.
 RESERVED_METADATA = ("user-agent", "te", "content-type")
+# The codes a call ends with when the runtime's own answer may not have come back: the runtime may have done it.
+LOST = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -210,8 +219,16 @@ class RuntimeSandboxes:
         self.timeout = timeout
 
     def _call(self, method: str, request: Any, response_type: Any) -> Any:
+        """The runtime's answer; read with `_lenient` where a text in it is not UTF-8 (the kubelet passes a pod's
+        annotation values on as the API server stored them, and neither checks that they are UTF-8: one pod's
+        bytes must not make the node's list unreadable, refusing every device pod on the node)."""
         body, _ = self.versions.call("v1", RUNTIME, method, request.SerializeToString(), timeout=self.timeout)
-        return response_type.FromString(body)
+        try:
+            return response_type.FromString(body)
+        except DecodeError:
+            lenient = _lenient(response_type.DESCRIPTOR.full_name).FromString(body)
+            log.warning("the runtime's %s answer has text that is not UTF-8; it is read with U+FFFD for it", method)
+            return lenient
 
     def sandboxes(self) -> list[Sandbox]:
         try:
@@ -219,18 +236,21 @@ class RuntimeSandboxes:
         except grpc.RpcError as exc:
             raise ConnectionError(f"asking the runtime for its pod sandboxes: {_rpc_error(exc)}") from None
         ready = api_pb2.PodSandboxState.SANDBOX_READY
-        return [
-            Sandbox(
-                item.id,
-                item.metadata.namespace,
-                item.metadata.name,
-                item.metadata.uid,
-                item.state == ready,
-                item.annotations.get(ALLOCATION_KEY),
-                len(item.annotations) > 0,
+        listed = []
+        for item in response.items:
+            annotations = _text_map(item.annotations)
+            listed.append(
+                Sandbox(
+                    _text(item.id),
+                    _text(item.metadata.namespace),
+                    _text(item.metadata.name),
+                    _text(item.metadata.uid),
+                    item.state == ready,
+                    annotations.get(ALLOCATION_KEY),
+                    len(annotations) > 0,
+                )
             )
-            for item in response.items
-        ]
+        return listed
 
     def live_containers(self, sandbox_id: str) -> list[str]:
         request = api_pb2.ListContainersRequest(filter=api_pb2.ContainerFilter(pod_sandbox_id=sandbox_id))
@@ -238,7 +258,40 @@ class RuntimeSandboxes:
             response = self._call("ListContainers", request, api_pb2.ListContainersResponse)
         except grpc.RpcError as exc:
             raise ConnectionError(f"asking the runtime for the containers of {sandbox_id}: {_rpc_error(exc)}") from None
-        return [c.metadata.name for c in response.containers if c.state in self.LIVE]
+        return [_text(c.metadata.name) for c in response.containers if c.state in self.LIVE]
+
+
+@functools.cache
+def _lenient(full_name: str) -> Any:
+    """The message class of CRI v1's `full_name` with every string field read as bytes (and every map as its
+    entries): the same wire format, without the UTF-8 check that makes the generated class refuse the whole message."""
+    file = descriptor_pb2.FileDescriptorProto()
+    api_pb2.DESCRIPTOR.CopyToProto(file)
+
+    def as_bytes(messages: Iterable[Any]) -> None:
+        for message in messages:
+            message.options.ClearField("map_entry")  # a map's key may not be bytes; its entries as a list may
+            for item in message.field:
+                if item.type == item.TYPE_STRING:
+                    item.type = item.TYPE_BYTES
+            as_bytes(message.nested_type)
+
+    as_bytes(file.message_type)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(full_name))
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _text_map(entries: Any) -> dict[str, str]:
+    """A map field as a dict, from the generated class (a mapping) or `_lenient`'s (a list of entries, the last of
+    a key winning, as protobuf's maps have it)."""
+    if isinstance(entries, Mapping):
+        return dict(entries)
+    return {_text(entry.key): _text(entry.value) for entry in entries}
 
 
 def _rpc_error(error: grpc.RpcError) -> str:
@@ -281,7 +334,10 @@ class ContainerEditor:
         # CreateContainer calls can never both hand out one device.
         self._lock = threading.Lock()
         self._verified: dict[str, tuple[str, AllocationRecord | None]] = {}  # sandbox id -> (annotation, verified)
-        self._applied: dict[str, set[tuple[str, str]]] = {}  # sandbox id -> whole devices this shim applied to it
+        # sandbox id -> container -> creations given whole devices whose container the runtime may not list yet:
+        # from the check until the runtime answers (then the runtime's list says), for good when its answer was lost.
+        self._creating: dict[str, Counter[str]] = {}
+        self._creating_lock = threading.Lock()  # short: `answered` must not wait behind a creation's plugin edit
 
     def _ownerships(self) -> dict[str, DeviceOwnership]:
         """What each installed plugin owns (`kubegpu_device_owned`); a plugin that fails to say owns nothing."""
@@ -303,7 +359,14 @@ class ContainerEditor:
     # -- CreateContainer -----------------------------------------------------------------------------------------
 
     def create_container(self, body: bytes, *, cdi: CdiMode | None = None, wait: float | None = None) -> bytes:
-        """The request bytes to forward: `body` itself when nothing changes, else the edited request.
+        """`prepare(...).body`, for a caller that never says what the runtime answered: the whole devices given
+        stay held by the container for as long as its sandbox is listed."""
+        return self.prepare(body, cdi=cdi, wait=wait).body
+
+    def prepare(self, body: bytes, *, cdi: CdiMode | None = None, wait: float | None = None) -> Creation:
+        """The request bytes to forward (`Creation.body`): `body` itself when nothing changes, else the edited request.
+        Tell `answered` what the runtime said: until then the container counts as holding the whole devices it was
+        given, whether or not the runtime lists it yet.
 
         `body` is a CreateContainerRequest of CRI v1 or v1alpha2 (the fields read and edited have the same numbers);
         `cdi` overrides the editor's CDI mode for this call (`annotation` for a runtime spoken to in v1alpha2, whose
@@ -323,7 +386,8 @@ class ContainerEditor:
         pod = PodIdentity(metadata.namespace, metadata.name, metadata.uid)
         container = request.config.metadata.name
         try:
-            return self._create(request, body, pod, container, cdi or self.cdi, wait)
+            edited, holds = self._create(request, body, pod, container, cdi or self.cdi, wait)
+            return Creation(edited, request.pod_sandbox_id, container, holds)
         except (AllocationRefused, ConnectionError):
             raise
         except Exception as exc:
@@ -334,19 +398,37 @@ class ContainerEditor:
                 f"({_brief(exc)}); the container is not created",
             ) from None
 
+    def answered(self, creation: Creation, *, created: bool | None) -> None:
+        """What the runtime said to a prepared creation: `created` True (it lists the container from now on, and its
+        state says whether it holds its devices), False (it refused: nothing was created), None (the answer was lost:
+        a deadline, a cancelled call, a dropped connection; the runtime may still create it, so the container goes on
+        holding the devices while its sandbox is listed, as when no answer is ever given)."""
+        if not creation.holds or created is None:
+            return
+        with self._creating_lock:
+            pending = self._creating.get(creation.sandbox_id)
+            if pending is None or pending[creation.container] <= 0:
+                return
+            pending[creation.container] -= 1
+            if pending[creation.container] <= 0:
+                del pending[creation.container]
+            if not pending:
+                del self._creating[creation.sandbox_id]
+
     def _create(
         self, request: Any, body: bytes, pod: PodIdentity, container: str, cdi: CdiMode, wait: float | None = None
-    ) -> bytes:
+    ) -> tuple[bytes, bool]:
+        """The request to forward, and whether it gives the container whole devices (a creation `answered` settles)."""
         # The kubelet's copy of the pod's annotations, else (with --kubeconfig) the API server's.
         fallback = request.sandbox_config.annotations.get(ALLOCATION_KEY)
         from_api = fallback is None
         if fallback is None:
             fallback = self._allocation_from_api(pod, container)
             if fallback is None:
-                return self._edit(request, body, pod, container, None, cdi)
+                return self._edit(request, body, pod, container, None, cdi), False
         if self.sandboxes is None:
             record = verified_allocation(fallback, key=self.key, node=self.node, pod=pod, also=self.verify_keys)
-            return self._edit(request, body, pod, container, record, cdi)
+            return self._edit(request, body, pod, container, record, cdi), False
         # A creation that cannot have the check before its caller gives up leaves, rather than hold one of the
         # shim's workers past the deadline: behind a plugin edit that hangs, the kubelet's retries would otherwise
         # take every worker, and the shim would answer nothing else for the node (its sandboxes, its status).
@@ -361,15 +443,16 @@ class ContainerEditor:
             own = listed.get(request.pod_sandbox_id)
             text = self._sandbox_allocation(own, fallback, from_api, pod, container)
             if text is None:
-                return self._edit(request, body, pod, container, None, cdi)
+                return self._edit(request, body, pod, container, None, cdi), False
             record = self._verified_for(request.pod_sandbox_id, text, pod)
             wanted = _whole_devices(record, container)
             if wanted:
                 self._check_exclusive(request.pod_sandbox_id, pod, container, record, wanted, listed.values())
             edited = self._edit(request, body, pod, container, record, cdi)
             if wanted:
-                self._applied.setdefault(request.pod_sandbox_id, set()).update(wanted)
-            return edited
+                with self._creating_lock:
+                    self._creating.setdefault(request.pod_sandbox_id, Counter())[container] += 1
+            return edited, bool(wanted)
         finally:
             self._lock.release()
 
@@ -458,9 +541,11 @@ class ContainerEditor:
             self._lock.release()
 
     def _forget_all_but(self, listed: Mapping[str, Sandbox]) -> None:
-        for cache in (self._verified, self._applied):
-            for gone in [sandbox_id for sandbox_id in cache if sandbox_id not in listed]:
-                del cache[gone]
+        for gone in [sandbox_id for sandbox_id in self._verified if sandbox_id not in listed]:
+            del self._verified[gone]
+        with self._creating_lock:
+            for gone in [sandbox_id for sandbox_id in self._creating if sandbox_id not in listed]:
+                del self._creating[gone]
 
     def _check_exclusive(
         self,
@@ -514,13 +599,15 @@ class ContainerEditor:
                 )
 
     def _holding(self, other: Sandbox, clash: set[tuple[str, str]], theirs: Devices) -> list[str]:
-        """The containers of `other` that have a device of `clash` now: applied by this shim, or live in the runtime
-        (after a restart of the shim)."""
-        applied = self._applied.get(other.id, set())
-        if not clash.isdisjoint(applied):
-            return sorted({c for device in clash & applied for c in theirs[device]})
+        """The containers of `other` that have a device of `clash` now: live in the runtime, or being created (this
+        shim gave them their devices and the runtime has not answered). Not every container this shim ever gave one
+        to: a stale pod's container that has exited (and whose restarts are refused as `stale`) would otherwise keep
+        the device from the pod the scheduler gave it to for as long as the stale pod exists, which a shim
+        restarted meanwhile, asking the runtime, does not do."""
         assert self.sandboxes is not None
         live = set(self.sandboxes.live_containers(other.id))
+        with self._creating_lock:
+            live.update(self._creating.get(other.id, ()))
         return sorted({c for device in clash for c in theirs[device] if c in live})
 
     # -- the edit ------------------------------------------------------------------------------------------------
@@ -637,6 +724,16 @@ class ContainerEditor:
         return None
 
 
+class Creation(NamedTuple):
+    """A CreateContainer request ready to forward (`ContainerEditor.prepare`): `body`, and whether it gives the
+    container `container` of sandbox `sandbox_id` whole devices (`holds`: tell `ContainerEditor.answered`)."""
+
+    body: bytes
+    sandbox_id: str
+    container: str
+    holds: bool
+
+
 def _whole_devices(record: AllocationRecord, container: str | None = None) -> Devices:
     """(resource, device id) -> containers, for the whole devices one container is given (or all the pod's, with
     every container, init containers included, that is given each). Resources with `shares` are split over shared
@@ -709,7 +806,8 @@ def apply_edit(config: Any, before: ContainerEdit, after: ContainerEdit, *, cdi:
         seen: set[str] = set()
         for kv in config.envs:
             if kv.key in after.envs:
-                envs.append(api_pb2.KeyValue(key=kv.key, value=after.envs[kv.key]))
+                kv.value = after.envs[kv.key]  # the kubelet's entry, fields kubegpu does not know included
+                envs.append(kv)
                 seen.add(kv.key)
         envs.extend(api_pb2.KeyValue(key=k, value=v) for k, v in after.envs.items() if k not in seen)
         _replace(config.envs, envs)
@@ -870,16 +968,26 @@ def _fail(context: grpc.ServicerContext, error: grpc.RpcError) -> None:
 
 
 def _unary(
-    versions: RuntimeVersions, served: str, service: str, method: str
+    versions: RuntimeVersions,
+    served: str,
+    service: str,
+    method: str,
+    answered: Callable[[grpc.RpcError | None], None] | None = None,
 ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+    """`answered` (if given) is told the runtime's error, or None, before the caller is answered."""
+
     def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
             response, call = versions.call(
                 served, service, method, request, timeout=_remaining(context), metadata=_metadata(context)
             )
         except grpc.RpcError as error:
+            if answered is not None:
+                answered(error)
             _fail(context, error)
             raise  # not reached: abort raised
+        if answered is not None:
+            answered(None)
         initial, trailing = call.initial_metadata(), call.trailing_metadata()
         if initial:
             context.send_initial_metadata(initial)
@@ -917,13 +1025,11 @@ def _server_stream(method: grpc.UnaryStreamMultiCallable) -> Callable[[bytes, gr
 def _create_container(
     versions: RuntimeVersions, served: str, editor: ContainerEditor
 ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
-    forward = _unary(versions, served, RUNTIME, "CreateContainer")
-
     def create(request: bytes, context: grpc.ServicerContext) -> bytes:
         # v1alpha2's ContainerConfig has no CDI field: CDI names for a runtime spoken to in it go to annotations.
         cdi: CdiMode = "annotation" if editor.cdi == "field" and versions.upstream(served) != "v1" else editor.cdi
         try:
-            edited = editor.create_container(request, cdi=cdi, wait=_answer_within(context))
+            creation = editor.prepare(request, cdi=cdi, wait=_answer_within(context))
         except AllocationRefused as refused:
             log.warning("refused CreateContainer: %s", refused, extra={"reason": refused.check})
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"kubegpu: {refused.check} check failed: {refused}")
@@ -933,7 +1039,13 @@ def _create_container(
         except Exception as exc:  # a bug of the shim's own: still a refusal, never UNKNOWN or an unedited container
             log.exception("CreateContainer failed")
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"kubegpu: error check failed: {_brief(exc)}")
-        return forward(edited, context)
+
+        def answered(error: grpc.RpcError | None) -> None:
+            # A runtime that answered created the container or refused it; one whose answer was lost may still.
+            code = None if error is None else error.code()
+            editor.answered(creation, created=True if code is None else False if code not in LOST else None)
+
+        return _unary(versions, served, RUNTIME, "CreateContainer", answered)(creation.body, context)
 
     return create
 

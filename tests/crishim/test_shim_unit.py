@@ -343,6 +343,45 @@ def test_cdi_names_go_where_the_runtime_reads_them(mode: Any, field: list[str], 
     assert config.annotations.get(CDI_ANNOTATION) == annotation
 
 
+def _unknown(number: int, text: bytes) -> bytes:
+    """A length-delimited field `number` that the generated classes do not know (one a newer kubelet sends)."""
+    return _field(number, text)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """Field `number` holding `payload`, in protobuf's wire format (tag and length as varints)."""
+
+    def varint(value: int) -> bytes:
+        out = b""
+        while value >= 0x80:
+            out += bytes([value & 0x7F | 0x80])
+            value >>= 7
+        return out + bytes([value])
+
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def test_fields_a_newer_kubelet_sends_survive_the_edit(plugins: KubegpuPluginManager) -> None:
+    """Fields this shim's CRI version does not know reach the runtime as the kubelet sent them, in the request, its
+    container config, and each env, mount and device entry, whichever the plugins edit (before: an env entry's were
+    dropped whenever the env was edited)."""
+    editor = ContainerEditor(plugins, node=NODE, key=KEY, dev_root=Path("/host/dev"))
+    sent = request(annotated(allocation()), envs={"FPGA_VISIBLE_DEVICES": "all"})
+    config = sent.config.SerializeToString()
+    config += _field(6, api_pb2.KeyValue(key="GREETING", value="hi").SerializeToString() + _unknown(77, b"ENV-NEW"))
+    config += _field(8, api_pb2.Device(host_path="/dev/fuse").SerializeToString() + _unknown(77, b"DEVICE-NEW"))
+    config += _unknown(99, b"CONFIG-NEW")
+    sent.ClearField("config")
+    body = sent.SerializeToString() + _field(2, config) + _unknown(99, b"REQUEST-NEW")
+
+    out = editor.create_container(body)
+
+    assert out is not body  # edited: FPGA_VISIBLE_DEVICES is the allocation's now
+    envs = [(kv.key, kv.value) for kv in api_pb2.CreateContainerRequest.FromString(out).config.envs]
+    assert envs == [("FPGA_VISIBLE_DEVICES", "fpga1,fpga2"), ("GREETING", "hi")]
+    assert [m for m in (b"ENV-NEW", b"DEVICE-NEW", b"CONFIG-NEW", b"REQUEST-NEW") if m not in out] == []
+
+
 def test_env_entries_keep_their_order_and_removed_ones_go() -> None:
     config = api_pb2.ContainerConfig(
         envs=[api_pb2.KeyValue(key=k, value=v) for k, v in [("A", "1"), ("NVIDIA_VISIBLE_DEVICES", "all"), ("B", "2")]]

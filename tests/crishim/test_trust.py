@@ -43,7 +43,7 @@ from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord, encode_al
 from kubegpu.core.device_hooks import hookimpl
 from kubegpu.core.models import ContainerAllocation, ContainerEdit, DeviceOwnership
 from kubegpu.core.plugin_manager import KubegpuPluginManager
-from kubegpu.crishim.shim import ContainerEditor, RunningShim, Sandbox, start_shim
+from kubegpu.crishim.shim import ContainerEditor, RunningShim, RuntimeSandboxes, Sandbox, start_shim
 from kubegpu.crishim.verify import AllocationRefused
 from kubegpu.plugins.intel_gas import device as intel_device
 from kubegpu.plugins.neuron import device as neuron_device
@@ -125,6 +125,7 @@ class FakeRuntime(api_pb2_grpc.RuntimeServiceServicer):
         self.containers: dict[str, api_pb2.Container] = {}
         self.created: list[api_pb2.CreateContainerRequest] = []
         self.report_annotations = True
+        self.refuse: str | None = None  # the runtime's refusal of the next creation (INVALID_ARGUMENT)
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
 
@@ -160,6 +161,9 @@ class FakeRuntime(api_pb2_grpc.RuntimeServiceServicer):
         return api_pb2.ListPodSandboxResponse(items=items)
 
     def CreateContainer(self, request: Any, context: grpc.ServicerContext) -> api_pb2.CreateContainerResponse:
+        refuse, self.refuse = self.refuse, None
+        if refuse is not None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, refuse)
         with self.lock:
             self.created.append(request)
             container_id = f"container-{next(self.ids)}"
@@ -615,6 +619,158 @@ def test_a_shim_restart_still_sees_which_live_containers_have_a_device(node: Nod
     assert (code, details.split(":")[1]) == (grpc.StatusCode.FAILED_PRECONDITION, " in-use check failed")
 
 
+def test_a_stale_pods_exited_container_no_longer_keeps_the_device_from_the_pod_it_was_given_to(node: Node) -> None:
+    """A stale pod's container got fpga1 before the pod the scheduler gave it to came; it exits, and its restarts are
+    refused as stale: the device is free for the later pod at once, not only after the stale pod is deleted (before:
+    `in-use ... by container main of pod team-a/stale` for as long as the stale pod existed, unless the shim was
+    restarted meanwhile)."""
+    stale = node.kubelet.run_pod(
+        "stale", "uid-stale", {ALLOCATION_KEY: signed("uid-stale", {"main": {FPGA: ["fpga1"]}}, issued=T1)}
+    )
+    node.kubelet.create(stale)
+    later = node.kubelet.run_pod(
+        "later", "uid-later", {ALLOCATION_KEY: signed("uid-later", {"main": {FPGA: ["fpga1"]}}, issued=T2)}
+    )
+    assert "in-use check failed" in refusal(node.kubelet.refused(later))[1]
+
+    for container in node.runtime.containers.values():
+        container.state = api_pb2.ContainerState.CONTAINER_EXITED  # its process ended; the sandbox stays ready
+    assert "stale check failed" in refusal(node.kubelet.refused(stale))[1]  # the kubelet restarting it
+
+    node.kubelet.create(later)
+    assert [d.container_path for d in node.last().devices] == ["/dev/fpga1"]
+
+
+def test_a_pod_recreated_under_its_name_waits_for_the_old_ones_containers_to_stop(node: Node) -> None:
+    """The pod is deleted and created again under its name (a new UID, a new allocation of the same card) while the
+    old one's container is still stopping: the new one waits (`in-use`, the kubelet retries), then gets the card."""
+    old = node.kubelet.run_pod("p", "uid-old", {ALLOCATION_KEY: signed("uid-old", {"main": {FPGA: ["fpga1"]}})})
+    node.kubelet.create(old)
+    new = node.kubelet.run_pod(
+        "p", "uid-new", {ALLOCATION_KEY: signed("uid-new", {"main": {FPGA: ["fpga1"]}}, issued=T2)}
+    )
+
+    code, details = refusal(node.kubelet.refused(new))
+
+    assert (code, details.split(":")[1]) == (grpc.StatusCode.FAILED_PRECONDITION, " in-use check failed")
+    assert "fpga1 is in use by container main of pod team-a/p" in details
+    node.kubelet.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=old[0]), timeout=5)
+    node.kubelet.create(new)
+    assert [d.container_path for d in node.last().devices] == ["/dev/fpga1"]
+
+
+def test_a_creation_the_runtime_refused_holds_no_device(node: Node) -> None:
+    """The runtime refused to create a stale pod's container (its mount source is missing): nothing has fpga1, and
+    the pod the scheduler gave it to gets it (before: `in-use`, naming a container that never existed)."""
+    stale = node.kubelet.run_pod(
+        "stale", "uid-stale", {ALLOCATION_KEY: signed("uid-stale", {"main": {FPGA: ["fpga1"]}}, issued=T1)}
+    )
+    node.runtime.refuse = "failed to create containerd container: mount source does not exist"
+    assert refusal(node.kubelet.refused(stale))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    later = node.kubelet.run_pod(
+        "later", "uid-later", {ALLOCATION_KEY: signed("uid-later", {"main": {FPGA: ["fpga1"]}}, issued=T2)}
+    )
+
+    node.kubelet.create(later)
+
+    assert [d.container_path for d in node.last().devices] == ["/dev/fpga1"]
+    assert len(node.runtime.created) == 1
+
+
+def test_a_creation_in_flight_or_whose_answer_was_lost_holds_its_devices(plugins: KubegpuPluginManager) -> None:
+    """Between the check and the runtime's answer the runtime does not list the container yet, and after a lost
+    answer (the caller's deadline) it may still create it: either way the device is not given to another pod."""
+    node = FakeSandboxes()
+    editor = ContainerEditor(plugins, node=NODE, key=KEY, sandboxes=node)
+    first = Sandbox("s1", "team-a", "first", "uid-first", True, signed("uid-first", {"main": {FPGA: ["fpga1"]}}), True)
+    second = Sandbox(
+        "s2", "team-a", "second", "uid-second", True, signed("uid-second", {"main": {FPGA: ["fpga1"]}}), True
+    )
+    node.listed = {"s1": first, "s2": second}
+
+    creation = editor.prepare(_request(first, "main"))
+    assert creation.holds
+    assert _decide(editor, _request(second, "main")) == "in-use"  # in flight
+    editor.answered(creation, created=None)
+    assert _decide(editor, _request(second, "main")) == "in-use"  # lost: the runtime may still create it
+    # The kubelet retries; the runtime refuses the retry (the name is reserved by the lost one): that settles only
+    # the retry, and the lost creation still holds the device.
+    editor.answered(editor.prepare(_request(first, "main")), created=False)
+    assert _decide(editor, _request(second, "main")) == "in-use"
+    # The first pod's sandbox goes: nothing holds the device any more.
+    del node.listed["s1"]
+    assert _decide(editor, _request(second, "main")) == "fpga1"
+
+
+class RawRuntime:
+    """`RuntimeVersions.call` answering bytes as a runtime wrote them: a Go runtime does not check that a text is
+    UTF-8 (containerd 1.6 keeps a pod's annotation values as the kubelet sent them)."""
+
+    def __init__(self, answers: Mapping[str, bytes]) -> None:
+        self.answers = answers
+
+    def call(self, served: str, service: str, method: str, request: bytes, **_: Any) -> tuple[bytes, None]:
+        return self.answers[method], None
+
+
+def _not_utf8(message: Any, marker: str) -> bytes:
+    """`message`'s bytes with the text `marker` in it made into bytes that are not UTF-8, of the same length."""
+    body: bytes = message.SerializeToString()
+    assert body.count(marker.encode()) == 1
+    return body.replace(marker.encode(), b"\xff" * len(marker.encode()))
+
+
+def test_a_sandbox_whose_annotation_is_not_utf8_costs_only_itself(plugins: KubegpuPluginManager) -> None:
+    """A pod's annotation value that is not UTF-8 (the API server stores what a protobuf client sends, the kubelet
+    passes it on) made the runtime's whole list of sandboxes unreadable: every device pod on the node was refused
+    (`error check failed: DecodeError`). Now the list is read with U+FFFD for those bytes: the poisoned pod still
+    holds the device its valid allocation names, and every other pod gets its devices."""
+    poisoned = api_pb2.PodSandbox(
+        id="s-poisoned",
+        metadata=api_pb2.PodSandboxMetadata(name="poisoned", namespace="team-a", uid="uid-poisoned"),
+        state=api_pb2.PodSandboxState.SANDBOX_READY,
+        annotations={
+            ALLOCATION_KEY: signed("uid-poisoned", {"main": {FPGA: ["fpga1"]}}, issued=T1),
+            "note": "POISON",
+        },
+    )
+    pods = {
+        name: api_pb2.PodSandbox(
+            id=f"s-{name}",
+            metadata=api_pb2.PodSandboxMetadata(name=name, namespace="team-a", uid=f"uid-{name}"),
+            state=api_pb2.PodSandboxState.SANDBOX_READY,
+            annotations={ALLOCATION_KEY: signed(f"uid-{name}", {"main": {FPGA: [card]}}, issued=T2)},
+        )
+        for name, card in (("later", "fpga1"), ("other", "fpga2"))
+    }
+    listed = api_pb2.ListPodSandboxResponse(items=[poisoned, *pods.values()])
+    containers = api_pb2.ListContainersResponse(
+        containers=[
+            api_pb2.Container(
+                id="c-poisoned",
+                pod_sandbox_id="s-poisoned",
+                metadata=api_pb2.ContainerMetadata(name="main"),
+                state=api_pb2.ContainerState.CONTAINER_RUNNING,
+                labels={"note": "POISON"},
+            )
+        ]
+    )
+    runtime = RawRuntime(
+        {"ListPodSandbox": _not_utf8(listed, "POISON"), "ListContainers": _not_utf8(containers, "POISON")}
+    )
+    editor = ContainerEditor(plugins, node=NODE, key=KEY, sandboxes=RuntimeSandboxes(runtime))  # type: ignore[arg-type]
+
+    def sandbox(item: Any) -> Sandbox:
+        return Sandbox(
+            item.id, "team-a", item.metadata.name, item.metadata.uid, True, item.annotations[ALLOCATION_KEY], True
+        )
+
+    assert _decide(editor, _request(sandbox(pods["other"]), "main")) == "fpga2"
+    assert _decide(editor, _request(sandbox(pods["later"]), "main")) == "in-use"
+    held = {s.id: s for s in editor.sandboxes.sandboxes()}["s-poisoned"]  # type: ignore[union-attr]
+    assert held.allocation == poisoned.annotations[ALLOCATION_KEY]
+
+
 def test_other_containers_of_the_same_pod_and_the_pods_next_sandbox_share_its_devices(node: Node) -> None:
     allocation = {ALLOCATION_KEY: signed("uid-p", {"init": {FPGA: ["fpga1"]}, "main": {FPGA: ["fpga1"]}})}
     first = node.kubelet.run_pod("p", "uid-p", allocation)
@@ -768,10 +924,13 @@ def _request(sandbox: Sandbox, container: str) -> bytes:
 
 
 def _decide(editor: ContainerEditor, body: bytes) -> str:
+    """The devices the container gets (the plugin's env), or the check that refused it; the runtime creates it."""
     try:
-        return api_pb2.CreateContainerRequest.FromString(editor.create_container(body)).config.envs[0].value
+        creation = editor.prepare(body)
     except AllocationRefused as refused:
         return refused.check
+    editor.answered(creation, created=True)
+    return api_pb2.CreateContainerRequest.FromString(creation.body).config.envs[0].value
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -795,6 +954,11 @@ def test_a_long_lived_shim_decides_as_a_fresh_one_would(plugins: KubegpuPluginMa
             )
             sandbox = Sandbox(f"s{step}", "team-a", uid, uid, True, text, True)
             node.listed[sandbox.id] = sandbox
+        elif action < 0.42:
+            # A container's process ends (its pod's sandbox stays): it holds nothing, unless restarted.
+            running = [sandbox_id for sandbox_id, names in node.live.items() if names]
+            if running:
+                node.live[chance.choice(running)].pop()
         elif action < 0.5:
             gone = chance.choice(list(node.listed))
             if chance.random() < 0.5:

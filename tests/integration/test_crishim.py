@@ -622,6 +622,117 @@ def test_a_stale_allocation_whose_device_a_live_pod_was_given_is_refused_and_not
         kubelet.remove_pod(holder_id)
 
 
+def test_a_stale_pods_container_that_exited_leaves_the_device_to_the_pod_it_was_given_to(
+    kubelet: Cri, direct: Cri, fpga: tuple[ModuleType, ModuleType], key: bytes, tmp_path: Path
+) -> None:
+    """The victim's replayed allocation got fpga0 before the holder (the scheduler's current choice) came: the holder
+    waits (`in-use`) while the victim's container runs. The victim's container exits, and the kubelet's restart of it
+    is refused as stale: from then on fpga0 goes to the holder, as a shim restarted meanwhile already decided from
+    containerd's list (before: `in-use ... by container main of pod default/victim` until the victim was deleted)."""
+    victim_uid, stale = Scheduler(fpga[0], key).place("victim", 1)
+    holder_uid, fresh = Scheduler(fpga[0], key).place("holder", 1)
+    victim = host_network_sandbox("victim", victim_uid, annotations=stale, log_directory=tmp_path)
+    victim_id = kubelet.run_pod(victim)
+    first = kubelet.create(victim_id, container_config("main"), victim)  # no other pod on the node claims fpga0 yet
+    kubelet.start(first)
+    holder = host_network_sandbox("holder", holder_uid, annotations=fresh, log_directory=tmp_path)
+    holder_id = kubelet.run_pod(holder)
+    try:
+        with pytest.raises(grpc.RpcError) as waiting:
+            kubelet.create(holder_id, container_config("main"), holder)
+        assert waiting.value.details().startswith("kubegpu: in-use check failed: pod default/holder container main: ")
+
+        kubelet.runtime.StopContainer(api_pb2.StopContainerRequest(container_id=first, timeout=0), timeout=30)
+        with pytest.raises(grpc.RpcError) as restart:
+            kubelet.create(victim_id, container_config("main", attempt=1), victim)
+        assert restart.value.details().startswith("kubegpu: stale check failed: pod default/victim container main: ")
+
+        container_id = kubelet.create(holder_id, container_config("main"), holder)
+        kubelet.start(container_id)
+        assert _cards_in(kubelet, container_id) == ["fpga0"]
+        assert [c.id for c in direct.containers(victim_id)] == [first]
+    finally:
+        kubelet.remove_pod(victim_id)
+        kubelet.remove_pod(holder_id)
+
+
+def test_a_shim_started_while_a_device_pod_runs_gives_its_device_to_nobody_else_until_it_exits(
+    kubelet: Cri,
+    containerd: Containerd,
+    fpga: tuple[ModuleType, ModuleType],
+    key: bytes,
+    node_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """The shim restarted while a container runs with fpga0: the new process has applied nothing, and reads from
+    containerd which containers hold what. A later allocation of fpga0 is refused `in-use` while that container
+    runs, and applied once it has exited (its own restarts are then refused as stale)."""
+    first_uid, stale = Scheduler(fpga[0], key).place("first", 1)
+    second_uid, fresh = Scheduler(fpga[0], key).place("second", 1)
+    first = host_network_sandbox("first", first_uid, annotations=stale, log_directory=tmp_path)
+    first_id = kubelet.run_pod(first)
+    running = kubelet.create(first_id, container_config("main"), first)
+    kubelet.start(running)
+    socket = node_dir / "restarted.sock"
+    process = start_shim_process(
+        socket=socket,
+        runtime_endpoint=containerd.endpoint,
+        node_name=NODE,
+        key_file=node_dir / "allocation.key",
+        dev_root=node_dir / "dev",
+        log=tmp_path / "crishim.log",
+        python_path=fpga_plugin_path(tmp_path / "site"),
+    )
+    restarted = Cri(f"unix://{socket}")
+    second = host_network_sandbox("second", second_uid, annotations=fresh, log_directory=tmp_path)
+    second_id = restarted.run_pod(second)
+    try:
+        with pytest.raises(grpc.RpcError) as waiting:
+            restarted.create(second_id, container_config("main"), second)
+        assert waiting.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "fpga0 is in use by container main of pod default/first" in waiting.value.details()
+
+        restarted.runtime.StopContainer(api_pb2.StopContainerRequest(container_id=running, timeout=0), timeout=30)
+        container_id = restarted.create(second_id, container_config("main"), second)
+        restarted.start(container_id)
+        assert _cards_in(restarted, container_id) == ["fpga0"]
+    finally:
+        restarted.remove_pod(second_id)
+        restarted.remove_pod(first_id)
+        restarted.close()
+        assert process.terminate() == 0, process.output()
+
+
+def test_a_pod_annotation_that_is_not_utf8_costs_no_other_pod_its_devices(
+    kubelet: Cri, direct: Cri, scheduler: Scheduler, tmp_path: Path
+) -> None:
+    """A pod whose annotation value is not UTF-8 (stored by the API server as a protobuf client sent it, passed on by
+    the kubelet): containerd keeps the bytes and lists them. The shim read that list strictly, so every device pod
+    on the node was refused (`error check failed: DecodeError`) until the pod was gone; now the device pod runs."""
+    poisoned = host_network_sandbox("poisoned", f"uid-poisoned-{secrets.token_hex(4)}", log_directory=tmp_path)
+    poisoned.annotations["example.com/note"] = "POISON"
+    body = api_pb2.RunPodSandboxRequest(config=poisoned).SerializeToString()
+    assert body.count(b"POISON") == 1
+    run_raw = kubelet.channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox")
+    poisoned_id = api_pb2.RunPodSandboxResponse.FromString(run_raw(body.replace(b"POISON", b"\xff" * 6), timeout=60))
+    try:
+        with pytest.raises(grpc.RpcError) as strict:  # containerd kept the bytes: a strict reader cannot read its list
+            direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=10)
+        assert strict.value.code() == grpc.StatusCode.INTERNAL
+
+        uid, annotations = scheduler.place("trainer", 2)
+        sandbox = host_network_sandbox("trainer", uid, annotations=annotations, log_directory=tmp_path)
+        sandbox_id = kubelet.run_pod(sandbox)
+        try:
+            container_id = kubelet.create(sandbox_id, container_config("main"), sandbox)
+            kubelet.start(container_id)
+            assert _cards_in(kubelet, container_id) == ["fpga0", "fpga1"]
+        finally:
+            kubelet.remove_pod(sandbox_id)
+    finally:
+        kubelet.remove_pod(poisoned_id.pod_sandbox_id)
+
+
 @pytest.mark.parametrize(
     ("poison", "check"),
     [
