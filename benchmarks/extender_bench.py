@@ -28,7 +28,7 @@ import urllib3
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
-from integration.cluster import Cluster, free_port, running_cluster, wait_for  # noqa: E402
+from integration.cluster import Cluster, config_flag, free_port, running_cluster, wait_for  # noqa: E402
 from scheduler_bench import add_trn1_nodes, clear_pods, make_pods, run_scheduler  # noqa: E402
 
 GOAL = 0.5
@@ -49,7 +49,7 @@ def scheduler_command(cluster: Cluster, work: Path, qps: int, extender: str | No
         )
     config.write_text(text)
     return [
-        str(cluster.bin / "kube-scheduler"), f"--config={config}", "--port=0", f"--secure-port={free_port()}",
+        str(cluster.bin / "kube-scheduler"), config_flag(config), "--port=0", f"--secure-port={free_port()}",
         "--bind-address=127.0.0.1", f"--cert-dir={work / (name + '-certs')}",
         "--authentication-tolerate-lookup-failure", "-v=1",
     ]  # fmt: skip

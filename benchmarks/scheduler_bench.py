@@ -42,7 +42,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from integration.cluster import Cluster, free_port, running_cluster  # noqa: E402
+from integration.cluster import Cluster, config_flag, free_port, running_cluster  # noqa: E402
 
 from kubegpu.kube.client import ApiError, KubeClient  # noqa: E402
 
@@ -221,7 +221,7 @@ def kube_scheduler(cluster: Cluster, work: Path, qps: int) -> list[str]:
     )
     return [
         str(cluster.bin / "kube-scheduler"),
-        f"--config={config}",
+        config_flag(config),
         "--port=0",
         f"--secure-port={free_port()}",
         "--bind-address=127.0.0.1",

@@ -41,6 +41,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def config_flag(path: Path) -> str:
+    """kube-scheduler's `--config=PATH`, the file given an insecure port of its own first (unless it names one).
+    With a configuration file, kube-scheduler 1.20 ignores `--port=0` and serves healthz and metrics where the file
+    says, 0.0.0.0:10251 by default: one left running anywhere on the machine made every other refuse to start."""
+    text = path.read_text()
+    if "healthzBindAddress" not in text and "metricsBindAddress" not in text:
+        port = free_port()
+        ending = "" if text.endswith("\n") else "\n"
+        path.write_text(f"{text}{ending}healthzBindAddress: 127.0.0.1:{port}\nmetricsBindAddress: 127.0.0.1:{port}\n")
+    return f"--config={path}"
+
+
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
     """Poll `condition` until it returns something truthy; fail with `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout

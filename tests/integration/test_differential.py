@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cluster import Cluster, free_port, process, wait_for
+from .cluster import Cluster, config_flag, free_port, process, wait_for
 
 SEED = 20201
 ZONE = "topology.kubernetes.io/zone"
@@ -411,7 +411,7 @@ def test_kubegpu_and_kube_scheduler_on_the_same_random_cluster(
     )
     kube = run(
         cluster, nodes, pods, "diff-kube", "default-scheduler",
-        [str(cluster.bin / "kube-scheduler"), f"--config={config}", "--port=0", f"--secure-port={free_port()}",
+        [str(cluster.bin / "kube-scheduler"), config_flag(config), "--port=0", f"--secure-port={free_port()}",
          "--bind-address=127.0.0.1", f"--cert-dir={tmp_path / 'ks-certs'}",
          "--authentication-tolerate-lookup-failure", "-v=1"],
         tmp_path / "kube-scheduler.log",

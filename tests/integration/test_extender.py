@@ -24,7 +24,7 @@ from kubegpu.core.testing import node_manifest
 from kubegpu.kube.client import ApiError
 from kubegpu.scheduler.extender import UNKNOWN_NODE
 
-from .cluster import Cluster, free_port, wait_for
+from .cluster import Cluster, config_flag, free_port, wait_for
 from .test_preemption import create, devices, priority_classes
 from .test_preemption import pods as pods_in
 from .test_scheduler import (
@@ -141,7 +141,7 @@ def extender_stack(
             f"  managedResources:\n{resources}{tls}"
         )
         scheduler = Process(
-            [str(cluster.bin / "kube-scheduler"), f"--config={config}", "--port=0", f"--secure-port={free_port()}",
+            [str(cluster.bin / "kube-scheduler"), config_flag(config), "--port=0", f"--secure-port={free_port()}",
              "--bind-address=127.0.0.1", f"--cert-dir={tmp_path / 'ks-certs'}",
              "--authentication-tolerate-lookup-failure", "-v=2"],
             tmp_path / "kube-scheduler.log",

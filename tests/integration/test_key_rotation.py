@@ -39,7 +39,7 @@ import urllib3
 
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, verify_allocation
 
-from .cluster import Cluster, free_port, wait_for
+from .cluster import Cluster, config_flag, free_port, wait_for
 from .conftest import SchedulerProcess
 from .containerd import Containerd, ShimProcess, make_char_devices, running_containerd, start_shim_process
 from .kubelet import Kubelet, pod, wait_running
@@ -305,7 +305,7 @@ class ExtenderWalk(Walk):
         )
         self.processes.append(
             Process(
-                [str(self.cluster.bin / "kube-scheduler"), f"--config={config}", "--port=0",
+                [str(self.cluster.bin / "kube-scheduler"), config_flag(config), "--port=0",
                  f"--secure-port={free_port()}", "--bind-address=127.0.0.1",
                  f"--cert-dir={self.directory / 'ks-certs'}", "--authentication-tolerate-lookup-failure"],
                 self.directory / "kube-scheduler.log",

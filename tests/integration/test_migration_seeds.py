@@ -27,7 +27,7 @@ import yaml
 
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
 
-from .cluster import Cluster, free_port, wait_for
+from .cluster import Cluster, config_flag, free_port, wait_for
 from .test_extender import Process, make_certs, tls_client
 from .test_scheduler import HAMI_GPU, ROOT, bound, wait_bound
 
@@ -57,7 +57,7 @@ def start_kube_scheduler(cluster: Cluster, tmp_path: Path, config: dict[str, Any
     path = tmp_path / "kube-scheduler.yaml"
     path.write_text(yaml.safe_dump(config))
     return Process(
-        [str(cluster.bin / "kube-scheduler"), f"--config={path}", "--port=0", f"--secure-port={free_port()}",
+        [str(cluster.bin / "kube-scheduler"), config_flag(path), "--port=0", f"--secure-port={free_port()}",
          "--bind-address=127.0.0.1", f"--cert-dir={tmp_path / 'ks-certs'}", "--authentication-tolerate-lookup-failure",
          "-v=2"],
         tmp_path / "kube-scheduler.log",

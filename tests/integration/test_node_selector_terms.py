@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .cluster import Cluster, free_port, process, wait_for
+from .cluster import Cluster, config_flag, free_port, process, wait_for
 
 ZONE = "topology.kubernetes.io/zone"
 
@@ -60,7 +60,7 @@ def test_an_unreadable_term_selects_no_node_under_either_scheduler(
         f"clientConnection:\n  kubeconfig: {cluster.kubeconfig}\n"
         "leaderElection:\n  leaderElect: false\nprofiles:\n- schedulerName: kube\n"
     )
-    kube = [str(cluster.bin / "kube-scheduler"), f"--config={config}", "--port=0", f"--secure-port={free_port()}",
+    kube = [str(cluster.bin / "kube-scheduler"), config_flag(config), "--port=0", f"--secure-port={free_port()}",
             "--bind-address=127.0.0.1", f"--cert-dir={tmp_path / 'ks-certs'}",
             "--authentication-tolerate-lookup-failure", "-v=1"]  # fmt: skip
     ours = [sys.executable, "-m", "kubegpu", "scheduler", "--kubeconfig", str(cluster.kubeconfig),
