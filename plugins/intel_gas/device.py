@@ -74,6 +74,7 @@ from kubegpu.plugins.intel_gas.tiles import (
     AFFINITY_ENV,
     HIERARCHY_ENV,
     MAX_TILES_PER_CARD,
+    advertised_tiles,
     affinity_mask,
     mask_hierarchy,
     read_tiles_field,
@@ -253,8 +254,7 @@ def tile_count(card: Path) -> int:
 
 def _tiles(card: DeviceInfo) -> int:
     """A discovered card's tiles; 1 for an inventory written before they were counted."""
-    tiles = card.attributes.get("tiles")
-    return tiles if isinstance(tiles, int) and not isinstance(tiles, bool) and 0 < tiles <= MAX_TILES_PER_CARD else 1
+    return advertised_tiles(card.attributes) or 1
 
 
 def tile_mask(allocation: ContainerAllocation, cards: list[str], hierarchy: str) -> str:

@@ -34,6 +34,7 @@ __all__ = [
     "HIERARCHY_ENV",
     "TILES_FIELD",
     "TILES_PER_CARD_FIELD",
+    "advertised_tiles",
     "affinity_mask",
     "gas_tiles_annotation",
     "mask_hierarchy",
@@ -90,6 +91,15 @@ def read_tiles_field(fields: Mapping[str, Any], container: str) -> dict[str, lis
             return f"container {container}: the allocation names a tile of {card} twice: {numbers}"
         tiles[card] = sorted(numbers)
     return tiles
+
+
+def advertised_tiles(attributes: Mapping[str, Any]) -> int | None:
+    """The tiles the advertiser counted on a card (its inventory's `tiles` attribute), None when it does not say or
+    says something no card has."""
+    tiles = attributes.get("tiles")
+    if isinstance(tiles, int) and not isinstance(tiles, bool) and 0 < tiles <= MAX_TILES_PER_CARD:
+        return tiles
+    return None
 
 
 def read_tiles_per_card(fields: Mapping[str, Any]) -> int:

@@ -10,8 +10,23 @@ from typing import Any
 
 import pytest
 
-from kubegpu.core.annotations import decode_allocation, encode_allocation, merge_allocations
-from kubegpu.core.models import ContainerAllocation, ContainerEdit, NodeInfo, PluginAllocation, PodRequest
+from kubegpu.core.annotations import (
+    DEVICES_KEY,
+    decode_allocation,
+    encode_allocation,
+    encode_devices,
+    merge_allocations,
+)
+from kubegpu.core.models import (
+    ContainerAllocation,
+    ContainerEdit,
+    DeviceInfo,
+    DeviceInventory,
+    NodeDevices,
+    NodeInfo,
+    PluginAllocation,
+    PodRequest,
+)
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
 from kubegpu.core.status import Code
 from kubegpu.core.testing import make_node, make_pod
@@ -340,3 +355,46 @@ def test_the_mask_is_the_plugins_so_the_shim_strips_it_from_containers_without_i
 
     assert removed == ["env ZE_AFFINITY_MASK"]
     assert edit.envs == {"PATH": "/bin"}
+
+
+def advertised_node(tiles: list[int], healthy: list[bool] | None = None) -> NodeInfo:
+    """A node as kubegpu's advertiser writes it: its cards in the inventory, each with the tiles it counted in sysfs,
+    and node totals over the healthy cards."""
+    healthy = healthy or [True] * len(tiles)
+    devices = [
+        DeviceInfo(id=f"card{i}", healthy=ok, attributes={"tiles": n})
+        for i, (n, ok) in enumerate(zip(tiles, healthy, strict=True))
+    ]
+    annotations = {
+        DEVICES_KEY: encode_devices(NodeDevices(inventories={GAS: DeviceInventory(plugin=GAS, devices=devices)}))
+    }
+    serving = [n for n, ok in zip(tiles, healthy, strict=True) if ok]
+    allocatable: dict[str, str | int] = {I915: len(serving), TILES: sum(serving)}
+    return make_node("max-0", allocatable=allocatable, annotations=annotations)
+
+
+def test_cards_of_unequal_tiles_are_booked_each_by_its_own_tiles(gas: Gas) -> None:
+    """A card of one tile beside a card of three: the node's 4 tiles split evenly gave each card 2, so a pod asking
+    2 tiles of one card was given card0's gt0 and a gt1 it does not have (its mask named a tile Level Zero does not
+    show: the container ran on one), and a pod asking card1's 3 tiles was refused. The advertiser says each card's
+    tiles: each card is booked by its own."""
+    state = gas.build(advertised_node([1, 3]))
+
+    three = gas.schedule(state, tile_pod("a", tiles=3))
+    one = gas.schedule(state, tile_pod("b", tiles=1))
+
+    assert (tiles_of(three), tiles_of(one)) == ("card1:gt0+gt1+gt2", "card0:gt0")
+    state = gas.build(advertised_node([1, 3]))
+    assert tiles_of(gas.schedule(state, tile_pod("c", tiles=2))) == "card1:gt0+gt1"
+    refused = gas.fit(state=state, pod=tile_pod("d", tiles=2))
+    assert refused.code == Code.UNSCHEDULABLE
+    assert refused.message.endswith("needs 2 on each of 1 card(s); card0 has 1 free tile, card1 has 1 free tile)")
+
+
+def test_an_unhealthy_cards_tiles_are_its_own_and_no_one_elses(gas: Gas) -> None:
+    """card1 failed: the 6 tiles of the healthy cards split over them gave each 3, card0 a gt2 it does not have and
+    card2 one tile short of its 4."""
+    state = gas.build(advertised_node([2, 4, 4], healthy=[True, False, True]))
+    first = gas.schedule(state, tile_pod("a", tiles=2))
+    second = gas.schedule(state, tile_pod("b", tiles=4))
+    assert (tiles_of(first), tiles_of(second)) == ("card0:gt0+gt1", "card2:gt0+gt1+gt2+gt3")
