@@ -77,6 +77,7 @@ from kubegpu.plugins.intel_gas.tiles import (
     advertised_tiles,
     affinity_mask,
     mask_hierarchy,
+    read_card_tiles,
     read_tiles_field,
     read_tiles_per_card,
 )
@@ -267,12 +268,16 @@ def tile_mask(allocation: ContainerAllocation, cards: list[str], hierarchy: str)
     if not tiles:
         return ""
     per_card = read_tiles_per_card(allocation.fields)
+    own = read_card_tiles(allocation.fields)
+    if isinstance(own, str):
+        raise ValueError(own)
+    counts = {card: own.get(card, per_card) for card in cards}
     for card, numbers in tiles.items():
         if card not in cards:
             raise ValueError(f"the allocation gives tiles of {card}, which is not one of the container's cards {cards}")
-        if not per_card or max(numbers, default=0) >= per_card:
-            raise ValueError(f"the allocation gives tile(s) {numbers} of {card}, on cards of {per_card} tile(s)")
-    return affinity_mask(cards, tiles, per_card, hierarchy)
+        if not counts[card] or max(numbers, default=0) >= counts[card]:
+            raise ValueError(f"the allocation gives tile(s) {numbers} of {card}, a card of {counts[card]} tile(s)")
+    return affinity_mask(cards, tiles, counts, hierarchy)
 
 
 def split_label(name: str, value: str) -> dict[str, str]:

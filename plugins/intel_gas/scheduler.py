@@ -109,6 +109,7 @@ from kubegpu.plugins.intel_gas.placement import (
     pod_needs,
 )
 from kubegpu.plugins.intel_gas.tiles import (
+    CARD_TILES_FIELD,
     MAX_TILES_PER_CARD,
     TILES_FIELD,
     TILES_PER_CARD_FIELD,
@@ -443,7 +444,14 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         fields: dict[str, object] = {}
         if named_tiles:
             annotations[TILES_ANNOTATION] = gas_tiles_annotation(tile_columns)
-            fields = {TILES_FIELD: named_tiles, TILES_PER_CARD_FIELD: max(state.tile_count)}
+            most = max(state.tile_count)
+            fields = {TILES_FIELD: named_tiles, TILES_PER_CARD_FIELD: most}
+            # Level Zero numbers a container's tiles card after card: on cards of fewer tiles than the most, the
+            # node side needs each card's own to number them (`tiles.affinity_mask`)
+            named = sorted({card for by_card in named_tiles.values() for card in by_card}, key=card_sort_key)
+            counts = {card: state.tile_count[state.cards.index(card)] for card in named}
+            if any(count != most for count in counts.values()):
+                fields[CARD_TILES_FIELD] = counts
         return PluginAllocation(
             plugin=NAME, containers=containers, shares=shares, fields=fields, annotations=annotations
         )

@@ -253,11 +253,27 @@ def test_an_allocation_signed_before_tiles_were_named_books_their_amount(gas: Ga
         (["card1", "card5"], {"card1": [3], "card5": [1]}, 8, "COMBINED", "3,9"),
         (["card0"], {"card0": [0]}, 1, "", ""),
         (["card0"], {}, 2, "", ""),
+        (["card0", "card1"], {"card0": [0], "card1": [0, 1]}, {"card0": 3, "card1": 2}, "", "0,3,4"),
+        (["card0", "card1"], {"card0": [0], "card1": [1]}, {"card0": 1, "card1": 3}, "", "0,2"),
+        (["card0", "card1"], {"card0": [0], "card1": [1]}, {"card0": 1, "card1": 3}, "COMPOSITE", "0.0,1.1"),
+        (["card0", "card1"], {"card0": [0], "card1": [0]}, {"card0": 1, "card1": 1}, "", ""),
     ],
-    ids=["flat", "flat-two-cards", "composite", "composite-lowercase", "combined-is-flat", "one-tile-cards", "none"],
+    ids=[
+        "flat",
+        "flat-two-cards",
+        "composite",
+        "composite-lowercase",
+        "combined-is-flat",
+        "one-tile-cards",
+        "none",
+        "unequal-cards",
+        "unequal-cards-few-first",
+        "unequal-cards-composite",
+        "each-card-one-tile",
+    ],
 )
 def test_the_affinity_mask_numbers_tiles_as_level_zero_does(
-    cards: list[str], tiles: Mapping[str, list[int]], per_card: int, hierarchy: str, mask: str
+    cards: list[str], tiles: Mapping[str, list[int]], per_card: int | Mapping[str, int], hierarchy: str, mask: str
 ) -> None:
     assert affinity_mask(cards, tiles, per_card, hierarchy) == mask
 
@@ -332,10 +348,15 @@ def test_a_whole_card_container_gets_no_mask_and_loses_its_own(node_side: Kubegp
     ("fields", "reason"),
     [
         ({"tiles": {"main": {"card3": [0]}}, "tilesPerCard": 2}, "gives tiles of card3, which is not one of"),
-        ({"tiles": {"main": {"card0": [2]}}, "tilesPerCard": 2}, "gives tile(s) [2] of card0, on cards of 2 tile(s)"),
-        ({"tiles": {"main": {"card0": [0]}}}, "on cards of 0 tile(s)"),
+        ({"tiles": {"main": {"card0": [2]}}, "tilesPerCard": 2}, "gives tile(s) [2] of card0, a card of 2 tile(s)"),
+        ({"tiles": {"main": {"card0": [0]}}}, "a card of 0 tile(s)"),
+        (
+            {"tiles": {"main": {"card0": [1]}}, "tilesPerCard": 2, "cardTiles": {"card0": 1}},
+            "gives tile(s) [1] of card0, a card of 1 tile(s)",
+        ),
+        ({"tiles": {"main": {"card0": [0]}}, "tilesPerCard": 2, "cardTiles": {"card0": 0}}, "cardTiles is not a map"),
     ],
-    ids=["not-its-card", "past-the-card", "no-tiles-per-card"],
+    ids=["not-its-card", "past-the-card", "no-tiles-per-card", "past-its-own-tiles", "card-tiles-unreadable"],
 )
 def test_tiles_the_allocation_cannot_give_fail_the_edit(
     node_side: KubegpuPluginManager, tmp_path: Path, fields: dict[str, Any], reason: str
@@ -357,9 +378,9 @@ def test_the_mask_is_the_plugins_so_the_shim_strips_it_from_containers_without_i
     assert edit.envs == {"PATH": "/bin"}
 
 
-def advertised_node(tiles: list[int], healthy: list[bool] | None = None) -> NodeInfo:
+def advertised_node(tiles: list[int], healthy: list[bool] | None = None, shares: int = 1) -> NodeInfo:
     """A node as kubegpu's advertiser writes it: its cards in the inventory, each with the tiles it counted in sysfs,
-    and node totals over the healthy cards."""
+    and node totals over the healthy cards (`shares` containers per card: 1, as the advertiser writes it)."""
     healthy = healthy or [True] * len(tiles)
     devices = [
         DeviceInfo(id=f"card{i}", healthy=ok, attributes={"tiles": n})
@@ -369,7 +390,7 @@ def advertised_node(tiles: list[int], healthy: list[bool] | None = None) -> Node
         DEVICES_KEY: encode_devices(NodeDevices(inventories={GAS: DeviceInventory(plugin=GAS, devices=devices)}))
     }
     serving = [n for n, ok in zip(tiles, healthy, strict=True) if ok]
-    allocatable: dict[str, str | int] = {I915: len(serving), TILES: sum(serving)}
+    allocatable: dict[str, str | int] = {I915: shares * len(serving), TILES: sum(serving)}
     return make_node("max-0", allocatable=allocatable, annotations=annotations)
 
 
@@ -398,3 +419,24 @@ def test_an_unhealthy_cards_tiles_are_its_own_and_no_one_elses(gas: Gas) -> None
     first = gas.schedule(state, tile_pod("a", tiles=2))
     second = gas.schedule(state, tile_pod("b", tiles=4))
     assert (tiles_of(first), tiles_of(second)) == ("card0:gt0+gt1", "card2:gt0+gt1+gt2+gt3")
+
+
+def test_a_container_given_tiles_of_cards_of_unequal_tiles_is_masked_to_the_tiles_it_was_given(
+    gas: Gas, node_side: KubegpuPluginManager, tmp_path: Path
+) -> None:
+    """card0 has one tile, card1 three: in Level Zero's FLAT numbering card0's tile is device 0 and card1's are 1 to
+    3. The mask written as if every card had the most tiles (`p * 3 + t`) named card1's gt2 for its gt0, a tile the
+    scheduler gave another container, which then shared it."""
+    state = gas.build(advertised_node([1, 3], shares=2))
+    spread = gas.schedule(state, tile_pod("a", tiles=2, i915=2))
+    other = gas.schedule(state, tile_pod("b", tiles=2))
+    assert (tiles_of(spread), tiles_of(other)) == ("card0:gt0,card1:gt0", "card1:gt1+gt2")
+    assert spread.fields == {
+        "tiles": {"main": {"card0": [0], "card1": [0]}},
+        "tilesPerCard": 3,
+        "cardTiles": {"card0": 1, "card1": 3},
+    }
+
+    edit = edit_for(node_side, tmp_path, ["card0", "card1"], dict(spread.fields), {})
+
+    assert edit.envs["ZE_AFFINITY_MASK"] == "0,1"
