@@ -1,10 +1,10 @@
 """Microsoft KubeGPU's pod annotation, `pod.alpha/DeviceInformation`, for clusters that switch from it.
 
 KubeGPU (seed 003) asked for GPUs, and recorded the GPUs its scheduler gave, in one JSON annotation per pod:
-`{"runningcontainer": {NAME: {"requests": {"alpha.gpu/numgpu": 2}, "allocatefrom": {".../gpu/ID/cards": ...}}}}`
-(DLWorkspace wrote it inside single quotes). Such a pod lists no `nvidia.com/gpu` in its containers: its GPUs came
-from KubeGPU's CRI shim, not the kubelet's device manager. kubegpu reads a container's GPUs from its resources, so
-without this module
+`{"runningcontainer": {NAME: {"requests": {"alpha.gpu/numgpu": 2}, "allocatefrom": {".../gpu/ID/cards": ...}}}}`,
+init containers under `initcontainer` alike (DLWorkspace wrote it inside single quotes). Such a pod lists no
+`nvidia.com/gpu` in its containers: its GPUs came from KubeGPU's CRI shim, not the kubelet's device manager. kubegpu
+reads a container's GPUs from its resources, so without this module
 
 * a pod still running from before the switch held nothing in kubegpu's ledger, and its GPUs were given to the next
   pod that asked: two containers on one GPU. Such a bound pod now holds, by count, the GPUs its annotation says
@@ -13,11 +13,11 @@ without this module
 * a pending pod written for KubeGPU was placed with no GPU and ran without one. It is now refused, its
   FailedScheduling Event saying which container asks how many GPUs and what to write instead.
 
-Only a container that lists no `nvidia.com/gpu` is read, and only on a pod without kubegpu's own allocation. The
-annotation is a tenant's text: one kubegpu cannot read (not JSON, wrong types, over `MAX_TEXT_BYTES`) is ignored, so
-it never makes a bound pod unreadable (and so uncounted), and counts are bounded (`MAX_GPUS`). A tenant who may bind a
-pod to a node itself (`spec.nodeName`) can set GPUs aside there with a forged annotation for as long as that pod runs,
-as it could by asking `nvidia.com/gpu` (security T205).
+Only a container (init containers and sidecars included) that lists no `nvidia.com/gpu` is read, and only on a pod
+without kubegpu's own allocation. The annotation is a tenant's text: one kubegpu cannot read (not JSON, wrong types,
+over `MAX_TEXT_BYTES`) is ignored, so it never makes a bound pod unreadable (and so uncounted), and counts are bounded
+(`MAX_GPUS`). A tenant who may bind a pod to a node itself (`spec.nodeName`) can set GPUs aside there with a forged
+annotation for as long as that pod runs, as it could by asking `nvidia.com/gpu` (security T205).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class _Container(BaseModel):
 
 class _PodInfo(BaseModel):
     model_config = ConfigDict(extra="ignore")
+    initcontainer: dict[str, _Container] = Field(default_factory=dict)
     runningcontainer: dict[str, _Container] = Field(default_factory=dict)
 
 
@@ -67,9 +68,10 @@ def kubegpu_gpus(annotations: Mapping[str, str], *, bound: bool) -> dict[str, in
     except (orjson.JSONDecodeError, ValidationError, TypeError):
         return {}
     gpus: dict[str, int] = {}
-    for name, container in info.runningcontainer.items():
+    # Init containers under their own key (KubeGPU's PodInfo.InitContainers); a pod's container names are unique
+    for name, container in [*info.initcontainer.items(), *info.runningcontainer.items()]:
         given = sum(1 for key in container.allocatefrom if "/gpu/" in key and key.endswith("/cards"))
         count = given if bound else max(_asked(container.requests), _asked(container.devrequests))
         if count > 0:
-            gpus[name] = min(count, MAX_GPUS)
+            gpus[name] = max(gpus.get(name, 0), min(count, MAX_GPUS))
     return gpus

@@ -427,7 +427,6 @@ def pod_request(document: Mapping[str, Any], qualifiers: Mapping[str, str] | Non
     _unique_container_names(pod.spec)
     resized = _Resized.of(document.get("status"))
     containers = tuple(resized.request(c, f"Pod.spec.containers[{i}]") for i, c in enumerate(pod.spec.containers))
-    containers = _with_kubegpu_gpus(containers, pod)
     init = [
         (
             resized.request(c, f"Pod.spec.initContainers[{i}]")
@@ -437,6 +436,7 @@ def pod_request(document: Mapping[str, Any], qualifiers: Mapping[str, str] | Non
         )
         for i, c in enumerate(pod.spec.initContainers)
     ]
+    containers, init = _with_kubegpu_gpus(containers, init, pod)
     overhead = {name: _units(name, value, "Pod.spec.overhead") for name, value in pod.spec.overhead.items()}
     requests = _pod_requests(containers, init, overhead, _pod_level(pod.spec.resources))
     containers += tuple(container for container, sidecar in init if sidecar)
@@ -494,18 +494,21 @@ def pod_request(document: Mapping[str, Any], qualifiers: Mapping[str, str] | Non
     return request, meta.deletionTimestamp is not None
 
 
-def _with_kubegpu_gpus(containers: tuple[ContainerRequest, ...], pod: _Pod) -> tuple[ContainerRequest, ...]:
-    """The containers with the GPUs Microsoft KubeGPU's `pod.alpha/DeviceInformation` gave them, for a bound pod
-    without kubegpu's allocation; a pending pod asking GPUs only there is refused (`kubegpu.core.legacy_kubegpu`)."""
+def _with_kubegpu_gpus(
+    containers: tuple[ContainerRequest, ...], init: list[tuple[ContainerRequest, bool]], pod: _Pod
+) -> tuple[tuple[ContainerRequest, ...], list[tuple[ContainerRequest, bool]]]:
+    """The containers and init containers (with whether each is a sidecar) with the GPUs Microsoft KubeGPU's
+    `pod.alpha/DeviceInformation` gave them, for a bound pod without kubegpu's allocation; a pending pod asking GPUs
+    only there, for any of them, is refused (`kubegpu.core.legacy_kubegpu`)."""
     annotations = pod.metadata.annotations
     if DEVICE_INFORMATION not in annotations or ALLOCATION_KEY in annotations:
-        return containers
+        return containers, init
     bound = bool(pod.spec.nodeName)
     gpus = kubegpu_gpus(annotations, bound=bound)
     if not gpus:
-        return containers
+        return containers, init
     if not bound:
-        for container in containers:
+        for container in (*containers, *(c for c, _ in init)):
             count = gpus.get(container.name, 0)
             if count and not container.resources.get(GPU_RESOURCE):
                 raise ManifestError(
@@ -514,13 +517,14 @@ def _with_kubegpu_gpus(containers: tuple[ContainerRequest, ...], pod: _Pod) -> t
                     f"{GPU_RESOURCE}: {count} on the container instead (and the annotation kubegpu.io/gpu-memory for "
                     "a minimum GPU memory)"
                 )
-        return containers
-    return tuple(
-        ContainerRequest(c.name, {**c.resources, GPU_RESOURCE: gpus[c.name]}, c.init)
-        if gpus.get(c.name) and not c.resources.get(GPU_RESOURCE)
-        else c
-        for c in containers
-    )
+        return containers, init
+
+    def given(c: ContainerRequest) -> ContainerRequest:
+        if gpus.get(c.name) and not c.resources.get(GPU_RESOURCE):
+            return ContainerRequest(c.name, {**c.resources, GPU_RESOURCE: gpus[c.name]}, c.init)
+        return c
+
+    return tuple(given(c) for c in containers), [(given(c), sidecar) for c, sidecar in init]
 
 
 # What a bound pod holds on its node is read from these fields of its spec; the others say where it may go.

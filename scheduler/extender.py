@@ -863,8 +863,9 @@ class _Feed:
                 self.head = None  # nobody waits on the chain; a new watcher starts a fresh one
 
 
-# A verb asked while the extender still lists the cluster waits this long for the lists (polled every LISTING_POLL)
-# before it is answered as not ready: below kube-scheduler's default extender timeout (5 s), the shipped `httpTimeout`.
+# The verbs asked while the extender still lists the cluster wait for the lists (polled every LISTING_POLL) until
+# LISTING_WAIT after the first of them, then are answered as not ready: below kube-scheduler's default extender
+# timeout (5 s), the shipped `httpTimeout`. One wait per process: lists that take longer are not about to arrive.
 LISTING_WAIT = 2.0
 LISTING_POLL = 0.05
 OPEN_PATHS = HEALTH_PATHS  # the kubelet's probes and a metrics scraper carry no client certificate; none names a pod
@@ -900,6 +901,8 @@ class ExtenderHttpServer(HttpServer):
             compat.GPUNODES: _Feed(mirror, lambda changed: compat.gpu_node_views(engine, changed)),
             compat.GPUPODS: _Feed(mirror, lambda changed: compat.gpu_pod_views(engine, changed)),
         }
+        # The one wait for the first lists that every verb asked meanwhile shares (None: no verb has waited yet)
+        self._lists: asyncio.Task[None] | None = None
         super().__init__(self.answer, listen, tls, loop, limits)
 
     def answer(self, method: bytes, target: bytes, body: bytes, caller: str | None) -> Answer:
@@ -941,6 +944,8 @@ class ExtenderHttpServer(HttpServer):
             for feed in self.feeds.values():
                 if feed.poller is not None:
                     feed.poller.cancel()
+            if self._lists is not None:
+                self._lists.cancel()
 
         asyncio.run_coroutine_threadsafe(stop_feeds(), self.loop).result(timeout=10)
         super().shutdown()
@@ -954,19 +959,29 @@ class ExtenderHttpServer(HttpServer):
 
     async def _after_listing(self, verb: str, handler: Callable[[bytes], Any], body: bytes) -> tuple[int, Any]:
         """A verb asked of an extender still listing the cluster, answered once the lists are in, or as not ready
-        after LISTING_WAIT. kube-scheduler 1.20 parks a pod whose extender answered an error with the unschedulable
-        ones for 60 s, later versions for up to 5 minutes, unless a cluster event moves it: a pod asked about in a new
-        extender's first second would otherwise wait that long."""
-        await self._wait_for_lists(LISTING_WAIT)
+        once the wait has run out. kube-scheduler 1.20 parks a pod whose extender answered an error with the
+        unschedulable ones for 60 s, later versions for up to 5 minutes, unless a cluster event moves it: a pod asked
+        about in a new extender's first second would otherwise wait that long."""
+        await self._wait_for_lists()
         return self._call(verb, handler, body)
 
-    async def _wait_for_lists(self, wait: float) -> None:
-        deadline = self.loop.time() + wait
+    async def _wait_for_lists(self) -> None:
+        """Wait for the first lists, up to LISTING_WAIT after the first verb that waited for them. kube-scheduler
+        asks about one pod at a time: were each verb to wait LISTING_WAIT, lists that never come (an informer whose
+        list is refused) would hold every pod of the cluster behind each GPU pod's wait. One poller for all the
+        verbs waiting, however many connections ask."""
+        if self.server.not_ready() is None:
+            return
+        if self._lists is None:
+            self._lists = self.loop.create_task(self._poll_lists(self.loop.time() + LISTING_WAIT))
+        await asyncio.shield(self._lists)  # a client that leaves cancels its own wait, not the others'
+
+    async def _poll_lists(self, deadline: float) -> None:
         while self.server.not_ready() is not None and self.loop.time() < deadline:
             await asyncio.sleep(LISTING_POLL)
 
     async def _bind(self, body: bytes) -> tuple[int, Any]:
-        await self._wait_for_lists(LISTING_WAIT)
+        await self._wait_for_lists()
         try:
             return 200, await self.server.bind(body)
         except Exception as exc:

@@ -10,8 +10,9 @@ client may make it wait for long or hold memory without bound:
 * the request line and headers are limited in size and count (431; 414 for a long request target), and must arrive
   within `header_timeout` of the first byte (a slowloris client is closed with 408); a body must arrive within
   `body_timeout`; a connection idle between requests is closed after `idle_timeout`;
-* a body is limited per request (413) and all bodies being read or waiting for their answer share one budget
-  across connections (503 past it), so many clients cannot add up to more memory than one is allowed;
+* a body is limited per request (413) and all bodies being read or waiting for their answer (an answer that waits
+  included) share one budget across connections (503 past it), so many clients cannot add up to more memory than
+  one is allowed;
 * a connection whose client does not read its answers (the transport's buffer passed its high-water mark) stops
   being read, and answers to what it already sent wait too; a client pipelining requests gets at most `max_queued`
   read ahead, and a batch of answers at a time, so other connections keep their turn on the loop;
@@ -222,6 +223,7 @@ class _Connection(asyncio.Protocol):
         # the requests read and not yet answered: method, target, body, keep-alive, budget reserved
         self.queue: deque[tuple[bytes, bytes, bytes, bool, int]] = deque()
         self.waiting: asyncio.Task[None] | None = None
+        self.held = 0  # of the body budget, for the answer `waiting` is for
         self.watching = False
         self.write_paused = False
         self.read_paused = False
@@ -274,8 +276,8 @@ class _Connection(asyncio.Protocol):
         if self.waiting is not None:
             self.waiting.cancel()
         self.http.connections.discard(self)
-        self.http.budget.give(self.reserved + sum(entry[4] for entry in self.queue))
-        self.reserved = 0
+        self.http.budget.give(self.reserved + self.held + sum(entry[4] for entry in self.queue))
+        self.reserved = self.held = 0
         self.queue.clear()
         self.pending = b""
 
@@ -466,16 +468,18 @@ class _Connection(asyncio.Protocol):
             except Exception as exc:  # a handler's bug costs this request a 500, never the server
                 log.exception("answering %s %r failed", method.decode(errors="replace"), target[:200])
                 answer = 500, {"error": f"internal error: {type(exc).__name__}"}
-            finally:
-                self.http.budget.give(reserved)
             allowance -= 1
             if isinstance(answer, tuple):
+                self.http.budget.give(reserved)
                 try:
                     self._respond(*answer, keep_alive=keep_alive)
                 except ConnectionResetError:  # the client went away: nothing more to answer
                     self.close()
                     return 0
             else:
+                # An answer that waits keeps its body (a verb held for the extender's first lists, a bind) until it
+                # is answered, and so its share of the budget.
+                self.held = reserved
                 self._disarm()
                 self.watching = isinstance(answer, AsyncGenerator)
                 self.waiting = self.http.loop.create_task(self._wait(answer, keep_alive))
@@ -505,6 +509,9 @@ class _Connection(asyncio.Protocol):
                 self._respond(status, document, keep_alive=keep_alive)
         except ConnectionResetError:
             return  # the client went away; nothing is left to answer
+        finally:
+            self.http.budget.give(self.held)
+            self.held = 0
         self.waiting = None
         self.watching = False
         self._proceed()

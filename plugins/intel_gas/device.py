@@ -74,8 +74,10 @@ from kubegpu.plugins.intel_gas.tiles import (
     AFFINITY_ENV,
     HIERARCHY_ENV,
     MAX_TILES_PER_CARD,
+    advertised_tiles,
     affinity_mask,
     mask_hierarchy,
+    read_card_tiles,
     read_tiles_field,
     read_tiles_per_card,
 )
@@ -253,8 +255,7 @@ def tile_count(card: Path) -> int:
 
 def _tiles(card: DeviceInfo) -> int:
     """A discovered card's tiles; 1 for an inventory written before they were counted."""
-    tiles = card.attributes.get("tiles")
-    return tiles if isinstance(tiles, int) and not isinstance(tiles, bool) and 0 < tiles <= MAX_TILES_PER_CARD else 1
+    return advertised_tiles(card.attributes) or 1
 
 
 def tile_mask(allocation: ContainerAllocation, cards: list[str], hierarchy: str) -> str:
@@ -267,12 +268,16 @@ def tile_mask(allocation: ContainerAllocation, cards: list[str], hierarchy: str)
     if not tiles:
         return ""
     per_card = read_tiles_per_card(allocation.fields)
+    own = read_card_tiles(allocation.fields)
+    if isinstance(own, str):
+        raise ValueError(own)
+    counts = {card: own.get(card, per_card) for card in cards}
     for card, numbers in tiles.items():
         if card not in cards:
             raise ValueError(f"the allocation gives tiles of {card}, which is not one of the container's cards {cards}")
-        if not per_card or max(numbers, default=0) >= per_card:
-            raise ValueError(f"the allocation gives tile(s) {numbers} of {card}, on cards of {per_card} tile(s)")
-    return affinity_mask(cards, tiles, per_card, hierarchy)
+        if not counts[card] or max(numbers, default=0) >= counts[card]:
+            raise ValueError(f"the allocation gives tile(s) {numbers} of {card}, a card of {counts[card]} tile(s)")
+    return affinity_mask(cards, tiles, counts, hierarchy)
 
 
 def split_label(name: str, value: str) -> dict[str, str]:

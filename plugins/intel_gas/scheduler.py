@@ -13,9 +13,11 @@ The rules, in the order the engine meets them:
   gets no state.
 * **Per-card capacity.** Every `gpu.intel.com/*` resource in the node's allocatable is split evenly over its
   cards (integer division, as GAS assumes homogeneous cards), `i915` included: `i915: 8` over 2 cards lets each
-  card serve 4 containers. One exception, where kubegpu knows better than GAS: when the advertised inventory gives
+  card serve 4 containers. Two exceptions, where kubegpu knows better than GAS: when the advertised inventory gives
   every healthy card's local memory, each card's `gpu.intel.com/memory.max` is its own (a 16G and a 4G card are not
-  two 10G cards: an 8G container would not fit on the 4G one).
+  two 10G cards: an 8G container would not fit on the 4G one); and when it gives every healthy card's tiles, each
+  card's `gpu.intel.com/tiles` is its own (a card of one tile and one of three are not two cards of two: the first
+  has no gt1 to give).
 * **A container's need.** A container requesting `gpu.intel.com/i915: n` (or `gpu.intel.com/xe: n`, treated
   alike) needs n distinct cards; each of its other `gpu.intel.com/*` requests is divided by n (integer
   division: a remainder is dropped, as in GAS), and that per-card amount, plus one unit of `i915`, must be
@@ -107,9 +109,11 @@ from kubegpu.plugins.intel_gas.placement import (
     pod_needs,
 )
 from kubegpu.plugins.intel_gas.tiles import (
+    CARD_TILES_FIELD,
     MAX_TILES_PER_CARD,
     TILES_FIELD,
     TILES_PER_CARD_FIELD,
+    advertised_tiles,
     gas_tiles_annotation,
     pick_tiles,
     read_tiles_field,
@@ -350,11 +354,13 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
     def kubegpu_scheduler_build_node(self, node: NodeInfo) -> IntelGasNodeState | None:
         inventory = node.inventories.get(NAME)
         memory: list[int | None] = []
+        tiles: list[int | None] = []
         if inventory is not None:
             devices = sorted(inventory.devices, key=lambda d: card_sort_key(d.id))
             cards = [d.id for d in devices]
             healthy = [d.healthy for d in devices]
             memory = [d.memory for d in devices]
+            tiles = [advertised_tiles(d.attributes) for d in devices]
         else:
             cards = cards_from_labels(node.labels)
             healthy = [True] * len(cards)
@@ -370,6 +376,11 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         # card has is read as having at most MAX_TILES_PER_CARD, so the books stay small whatever it advertises.
         if TILES in capacity:
             capacity[TILES] = [min(amount, MAX_TILES_PER_CARD) for amount in capacity[TILES]]
+            # Each card's own tiles, when the advertiser counted them for every card that serves: split evenly, a
+            # card of one tile beside one of three was booked two, and its mask named a tile it does not have.
+            if tiles and all(t for t, ok in zip(tiles, healthy, strict=True) if ok):
+                even = capacity[TILES][0]  # a failed card that never said keeps what its pods hold of the split
+                capacity[TILES] = [t or even for t in tiles]
         # Each card's own local memory, when the inventory says it for every card that serves: cards of unequal
         # memory are not the even split GAS assumes.
         if MEMORY in capacity and memory and all(m for m, ok in zip(memory, healthy, strict=True) if ok):
@@ -433,7 +444,14 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         fields: dict[str, object] = {}
         if named_tiles:
             annotations[TILES_ANNOTATION] = gas_tiles_annotation(tile_columns)
-            fields = {TILES_FIELD: named_tiles, TILES_PER_CARD_FIELD: max(state.tile_count)}
+            most = max(state.tile_count)
+            fields = {TILES_FIELD: named_tiles, TILES_PER_CARD_FIELD: most}
+            # Level Zero numbers a container's tiles card after card: on cards of fewer tiles than the most, the
+            # node side needs each card's own to number them (`tiles.affinity_mask`)
+            named = sorted({card for by_card in named_tiles.values() for card in by_card}, key=card_sort_key)
+            counts = {card: state.tile_count[state.cards.index(card)] for card in named}
+            if any(count != most for count in counts.values()):
+                fields[CARD_TILES_FIELD] = counts
         return PluginAllocation(
             plugin=NAME, containers=containers, shares=shares, fields=fields, annotations=annotations
         )

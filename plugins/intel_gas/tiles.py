@@ -7,19 +7,21 @@ holds) and gives a container the *lowest* free tiles of each of its cards (`pick
 the amount `gpu.intel.com/tiles` per card, which GAS counts too, keeps a card's tiles from going over its count.
 
 The allocation names the tiles in the intel-gas plugin's own fields, signed with the rest (`TILES_FIELD`: container
--> card -> tile numbers; `TILES_PER_CARD_FIELD`: the node's tiles per card), and, for Intel's GPU plugin, in GAS's pod
+-> card -> tile numbers; `TILES_PER_CARD_FIELD`: the node's tiles per card; `CARD_TILES_FIELD`: each named card's
+own, on a node whose cards have unequal tiles), and, for Intel's GPU plugin, in GAS's pod
 annotation `gas-container-tiles` (`gas_tiles_annotation`): containers in spec order separated by `|` (a container
 given no tile is an empty string), its cards by `,`, each card as `cardN:` and its tiles as `gtK` joined by `+`:
 `card0:gt0+gt1|card1:gt1,card2:gt0`. The tile numbers are the card's `gt` directories in sysfs
 (`/sys/class/drm/cardN/gt/gtK`).
 
-The node side sets Level Zero's `ZE_AFFINITY_MASK` from the signed fields (`affinity_mask`), as Intel's GPU plugin
-does from the annotation: in Level Zero's default FLAT device hierarchy every tile of every card the container sees
-is a device of its own, numbered card after card (the container's cards in card order), so card position p, tile t is
-device `p * tiles_per_card + t` (`0,1`, `3`); where the container's own env sets `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE`,
-a card is one device and a tile its sub-device: `p.t` (`0.0,1.1`). A card of one tile needs no mask. The node side
-sets `ZE_FLAT_DEVICE_HIERARCHY` to the hierarchy the mask was written in (`mask_hierarchy`), so that neither the
-image's own ENV nor a spelling Level Zero reads otherwise turns a tile's number into a whole card's.
+The node side sets Level Zero's `ZE_AFFINITY_MASK` from the signed fields (`affinity_mask`), as Intel's GPU plugin does
+from the annotation: in Level Zero's default FLAT device hierarchy every tile of every card the container sees is a
+device of its own, numbered card after card (the container's cards in card order), so card position p, tile t is device
+`p * tiles_per_card + t` (`0,1`, `3`), or, on cards of unequal tiles, the tiles of the cards before it plus t; where the
+container's own env sets `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE`, a card is one device and a tile its sub-device: `p.t`
+(`0.0,1.1`). A card of one tile needs no mask. The node side sets `ZE_FLAT_DEVICE_HIERARCHY` to the hierarchy the mask
+was written in (`mask_hierarchy`), so that neither the image's own ENV nor a spelling Level Zero reads otherwise turns a
+tile's number into a whole card's.
 """
 
 from __future__ import annotations
@@ -31,13 +33,16 @@ from kubegpu.core.kit import bit_indices, lowest_bits
 
 __all__ = [
     "AFFINITY_ENV",
+    "CARD_TILES_FIELD",
     "HIERARCHY_ENV",
     "TILES_FIELD",
     "TILES_PER_CARD_FIELD",
+    "advertised_tiles",
     "affinity_mask",
     "gas_tiles_annotation",
     "mask_hierarchy",
     "pick_tiles",
+    "read_card_tiles",
     "read_tiles_field",
     "read_tiles_per_card",
 ]
@@ -46,6 +51,8 @@ AFFINITY_ENV = "ZE_AFFINITY_MASK"
 HIERARCHY_ENV = "ZE_FLAT_DEVICE_HIERARCHY"
 TILES_FIELD = "tiles"
 TILES_PER_CARD_FIELD = "tilesPerCard"
+# card -> its tiles, for the cards given tiles, where a node's cards have unequal tiles (`tilesPerCard` is the most)
+CARD_TILES_FIELD = "cardTiles"
 # The most tiles kubegpu books on one card: Intel's cards have 1 or 2; a node advertising more per card is read as is,
 # up to this, so a tile bitmask stays a small integer whatever `gpu.intel.com/tiles` a node claims.
 MAX_TILES_PER_CARD = 64
@@ -92,12 +99,32 @@ def read_tiles_field(fields: Mapping[str, Any], container: str) -> dict[str, lis
     return tiles
 
 
+def advertised_tiles(attributes: Mapping[str, Any]) -> int | None:
+    """The tiles the advertiser counted on a card (its inventory's `tiles` attribute), None when it does not say or
+    says something no card has."""
+    tiles = attributes.get("tiles")
+    if isinstance(tiles, int) and not isinstance(tiles, bool) and 0 < tiles <= MAX_TILES_PER_CARD:
+        return tiles
+    return None
+
+
 def read_tiles_per_card(fields: Mapping[str, Any]) -> int:
     """The node's tiles per card the allocation was placed with (0 when it does not say)."""
     value = fields.get(TILES_PER_CARD_FIELD, 0)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TILES_PER_CARD:
         return 0
     return value
+
+
+def read_card_tiles(fields: Mapping[str, Any]) -> dict[str, int] | str:
+    """Each card's tiles as the allocation says them (`CARD_TILES_FIELD`; empty when it does not: the node's cards
+    have `tilesPerCard` each), or what is wrong with the field."""
+    value = fields.get(CARD_TILES_FIELD) or {}
+    if not isinstance(value, dict) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_TILES_PER_CARD for n in value.values()
+    ):
+        return f"the allocation's {CARD_TILES_FIELD} is not a map of cards to numbers from 1 to {MAX_TILES_PER_CARD}"
+    return {str(card): n for card, n in value.items()}
 
 
 def mask_hierarchy(hierarchy: str) -> str:
@@ -108,15 +135,21 @@ def mask_hierarchy(hierarchy: str) -> str:
     return "COMPOSITE" if hierarchy.strip().upper() == "COMPOSITE" else "FLAT"
 
 
-def affinity_mask(cards: Sequence[str], tiles: Mapping[str, Sequence[int]], per_card: int, hierarchy: str) -> str:
+def affinity_mask(
+    cards: Sequence[str], tiles: Mapping[str, Sequence[int]], per_card: int | Mapping[str, int], hierarchy: str
+) -> str:
     """Level Zero's `ZE_AFFINITY_MASK` for a container seeing `cards` (in the order its devices are listed) and given
-    `tiles` of them: FLAT numbering (`p * per_card + t`) unless `hierarchy` is COMPOSITE (`p.t`, `mask_hierarchy`);
-    "" when there is nothing to mask (no tiles, or cards of one tile)."""
-    if per_card <= 1:
+    `tiles` of them, on cards of `per_card` tiles (each card's own, where they differ): FLAT numbering (the tiles of
+    the cards before, plus `t`) unless `hierarchy` is COMPOSITE (`p.t`, `mask_hierarchy`); "" when there is nothing
+    to mask (no tiles, or cards of one tile)."""
+    counts = [per_card if isinstance(per_card, int) else per_card.get(card, 0) for card in cards]
+    if max(counts, default=0) <= 1:
         return ""
     composite = mask_hierarchy(hierarchy) == "COMPOSITE"
     entries: list[str] = []
-    for position, card in enumerate(cards):
+    before = 0  # FLAT: the devices (tiles) of the cards listed before this one
+    for position, (card, count) in enumerate(zip(cards, counts, strict=True)):
         for tile in sorted(tiles.get(card, ())):
-            entries.append(f"{position}.{tile}" if composite else str(position * per_card + tile))
+            entries.append(f"{position}.{tile}" if composite else str(before + tile))
+        before += count
     return ",".join(entries)

@@ -630,3 +630,45 @@ def test_kubegpus_annotation_neither_adds_to_kubegpus_allocation_nor_counts_beyo
     document = pod_manifest("job", annotations={"pod.alpha/DeviceInformation": _kubegpu_info({"main": many})})
     document["spec"]["nodeName"] = "n1"
     assert pod_request(document)[0].requests["nvidia.com/gpu"] == 1024
+
+
+def _with_init(document: dict[str, Any], name: str, *, sidecar: bool = False) -> dict[str, Any]:
+    init: dict[str, Any] = {"name": name, "image": "busybox", "resources": {}}
+    if sidecar:
+        init["restartPolicy"] = "Always"
+    document["spec"]["initContainers"] = [init]
+    return document
+
+
+@pytest.mark.parametrize(
+    ("key", "sidecar"), [("initcontainer", False), ("runningcontainer", True)], ids=["init-container", "sidecar"]
+)
+def test_a_pending_pod_asking_gpus_for_an_init_container_through_kubegpus_annotation_is_refused(
+    key: str, sidecar: bool
+) -> None:
+    """KubeGPU's annotation gives init containers GPUs under `initcontainer` (its PodInfo's InitContainers): such a
+    pod, placed without them, ran its init container without a GPU. A sidecar (an init container that keeps
+    running) named under `runningcontainer` is asked for just as a container is."""
+    info = "'" + json.dumps({key: {"prep": {"requests": {"alpha.gpu/numgpu": 2}}}}) + "'"
+    pod = pod_manifest("job", annotations={"pod.alpha/DeviceInformation": info})
+    document = _with_init(pod, "prep", sidecar=sidecar)
+    with pytest.raises(ManifestError) as refused:
+        pod_request(document)
+    assert "asks 2 GPU(s) for container prep" in str(refused.value)
+
+
+def test_a_pod_kubegpu_bound_holds_what_its_annotation_gave_its_init_container_and_sidecar() -> None:
+    info = {"initcontainer": {"prep": _GIVEN}, "runningcontainer": {"main": {"allocatefrom": {"g/gpu/0/cards": "x"}}}}
+    document = _with_init(
+        pod_manifest("job", annotations={"pod.alpha/DeviceInformation": "'" + json.dumps(info) + "'"}), "prep"
+    )
+    document["spec"]["nodeName"] = "n1"
+    assert pod_request(document)[0].requests["nvidia.com/gpu"] == 2  # the init container's 2 before main's 1
+    info = {"runningcontainer": {"log": _GIVEN, "main": {"allocatefrom": {"g/gpu/0/cards": "x"}}}}
+    document = _with_init(
+        pod_manifest("job", annotations={"pod.alpha/DeviceInformation": "'" + json.dumps(info) + "'"}),
+        "log",
+        sidecar=True,
+    )
+    document["spec"]["nodeName"] = "n1"
+    assert pod_request(document)[0].requests["nvidia.com/gpu"] == 3  # a sidecar runs beside main: 2 + 1

@@ -10,8 +10,23 @@ from typing import Any
 
 import pytest
 
-from kubegpu.core.annotations import decode_allocation, encode_allocation, merge_allocations
-from kubegpu.core.models import ContainerAllocation, ContainerEdit, NodeInfo, PluginAllocation, PodRequest
+from kubegpu.core.annotations import (
+    DEVICES_KEY,
+    decode_allocation,
+    encode_allocation,
+    encode_devices,
+    merge_allocations,
+)
+from kubegpu.core.models import (
+    ContainerAllocation,
+    ContainerEdit,
+    DeviceInfo,
+    DeviceInventory,
+    NodeDevices,
+    NodeInfo,
+    PluginAllocation,
+    PodRequest,
+)
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
 from kubegpu.core.status import Code
 from kubegpu.core.testing import make_node, make_pod
@@ -238,11 +253,27 @@ def test_an_allocation_signed_before_tiles_were_named_books_their_amount(gas: Ga
         (["card1", "card5"], {"card1": [3], "card5": [1]}, 8, "COMBINED", "3,9"),
         (["card0"], {"card0": [0]}, 1, "", ""),
         (["card0"], {}, 2, "", ""),
+        (["card0", "card1"], {"card0": [0], "card1": [0, 1]}, {"card0": 3, "card1": 2}, "", "0,3,4"),
+        (["card0", "card1"], {"card0": [0], "card1": [1]}, {"card0": 1, "card1": 3}, "", "0,2"),
+        (["card0", "card1"], {"card0": [0], "card1": [1]}, {"card0": 1, "card1": 3}, "COMPOSITE", "0.0,1.1"),
+        (["card0", "card1"], {"card0": [0], "card1": [0]}, {"card0": 1, "card1": 1}, "", ""),
     ],
-    ids=["flat", "flat-two-cards", "composite", "composite-lowercase", "combined-is-flat", "one-tile-cards", "none"],
+    ids=[
+        "flat",
+        "flat-two-cards",
+        "composite",
+        "composite-lowercase",
+        "combined-is-flat",
+        "one-tile-cards",
+        "none",
+        "unequal-cards",
+        "unequal-cards-few-first",
+        "unequal-cards-composite",
+        "each-card-one-tile",
+    ],
 )
 def test_the_affinity_mask_numbers_tiles_as_level_zero_does(
-    cards: list[str], tiles: Mapping[str, list[int]], per_card: int, hierarchy: str, mask: str
+    cards: list[str], tiles: Mapping[str, list[int]], per_card: int | Mapping[str, int], hierarchy: str, mask: str
 ) -> None:
     assert affinity_mask(cards, tiles, per_card, hierarchy) == mask
 
@@ -317,10 +348,15 @@ def test_a_whole_card_container_gets_no_mask_and_loses_its_own(node_side: Kubegp
     ("fields", "reason"),
     [
         ({"tiles": {"main": {"card3": [0]}}, "tilesPerCard": 2}, "gives tiles of card3, which is not one of"),
-        ({"tiles": {"main": {"card0": [2]}}, "tilesPerCard": 2}, "gives tile(s) [2] of card0, on cards of 2 tile(s)"),
-        ({"tiles": {"main": {"card0": [0]}}}, "on cards of 0 tile(s)"),
+        ({"tiles": {"main": {"card0": [2]}}, "tilesPerCard": 2}, "gives tile(s) [2] of card0, a card of 2 tile(s)"),
+        ({"tiles": {"main": {"card0": [0]}}}, "a card of 0 tile(s)"),
+        (
+            {"tiles": {"main": {"card0": [1]}}, "tilesPerCard": 2, "cardTiles": {"card0": 1}},
+            "gives tile(s) [1] of card0, a card of 1 tile(s)",
+        ),
+        ({"tiles": {"main": {"card0": [0]}}, "tilesPerCard": 2, "cardTiles": {"card0": 0}}, "cardTiles is not a map"),
     ],
-    ids=["not-its-card", "past-the-card", "no-tiles-per-card"],
+    ids=["not-its-card", "past-the-card", "no-tiles-per-card", "past-its-own-tiles", "card-tiles-unreadable"],
 )
 def test_tiles_the_allocation_cannot_give_fail_the_edit(
     node_side: KubegpuPluginManager, tmp_path: Path, fields: dict[str, Any], reason: str
@@ -340,3 +376,67 @@ def test_the_mask_is_the_plugins_so_the_shim_strips_it_from_containers_without_i
 
     assert removed == ["env ZE_AFFINITY_MASK"]
     assert edit.envs == {"PATH": "/bin"}
+
+
+def advertised_node(tiles: list[int], healthy: list[bool] | None = None, shares: int = 1) -> NodeInfo:
+    """A node as kubegpu's advertiser writes it: its cards in the inventory, each with the tiles it counted in sysfs,
+    and node totals over the healthy cards (`shares` containers per card: 1, as the advertiser writes it)."""
+    healthy = healthy or [True] * len(tiles)
+    devices = [
+        DeviceInfo(id=f"card{i}", healthy=ok, attributes={"tiles": n})
+        for i, (n, ok) in enumerate(zip(tiles, healthy, strict=True))
+    ]
+    annotations = {
+        DEVICES_KEY: encode_devices(NodeDevices(inventories={GAS: DeviceInventory(plugin=GAS, devices=devices)}))
+    }
+    serving = [n for n, ok in zip(tiles, healthy, strict=True) if ok]
+    allocatable: dict[str, str | int] = {I915: shares * len(serving), TILES: sum(serving)}
+    return make_node("max-0", allocatable=allocatable, annotations=annotations)
+
+
+def test_cards_of_unequal_tiles_are_booked_each_by_its_own_tiles(gas: Gas) -> None:
+    """A card of one tile beside a card of three: the node's 4 tiles split evenly gave each card 2, so a pod asking
+    2 tiles of one card was given card0's gt0 and a gt1 it does not have (its mask named a tile Level Zero does not
+    show: the container ran on one), and a pod asking card1's 3 tiles was refused. The advertiser says each card's
+    tiles: each card is booked by its own."""
+    state = gas.build(advertised_node([1, 3]))
+
+    three = gas.schedule(state, tile_pod("a", tiles=3))
+    one = gas.schedule(state, tile_pod("b", tiles=1))
+
+    assert (tiles_of(three), tiles_of(one)) == ("card1:gt0+gt1+gt2", "card0:gt0")
+    state = gas.build(advertised_node([1, 3]))
+    assert tiles_of(gas.schedule(state, tile_pod("c", tiles=2))) == "card1:gt0+gt1"
+    refused = gas.fit(state=state, pod=tile_pod("d", tiles=2))
+    assert refused.code == Code.UNSCHEDULABLE
+    assert refused.message.endswith("needs 2 on each of 1 card(s); card0 has 1 free tile, card1 has 1 free tile)")
+
+
+def test_an_unhealthy_cards_tiles_are_its_own_and_no_one_elses(gas: Gas) -> None:
+    """card1 failed: the 6 tiles of the healthy cards split over them gave each 3, card0 a gt2 it does not have and
+    card2 one tile short of its 4."""
+    state = gas.build(advertised_node([2, 4, 4], healthy=[True, False, True]))
+    first = gas.schedule(state, tile_pod("a", tiles=2))
+    second = gas.schedule(state, tile_pod("b", tiles=4))
+    assert (tiles_of(first), tiles_of(second)) == ("card0:gt0+gt1", "card2:gt0+gt1+gt2+gt3")
+
+
+def test_a_container_given_tiles_of_cards_of_unequal_tiles_is_masked_to_the_tiles_it_was_given(
+    gas: Gas, node_side: KubegpuPluginManager, tmp_path: Path
+) -> None:
+    """card0 has one tile, card1 three: in Level Zero's FLAT numbering card0's tile is device 0 and card1's are 1 to
+    3. The mask written as if every card had the most tiles (`p * 3 + t`) named card1's gt2 for its gt0, a tile the
+    scheduler gave another container, which then shared it."""
+    state = gas.build(advertised_node([1, 3], shares=2))
+    spread = gas.schedule(state, tile_pod("a", tiles=2, i915=2))
+    other = gas.schedule(state, tile_pod("b", tiles=2))
+    assert (tiles_of(spread), tiles_of(other)) == ("card0:gt0,card1:gt0", "card1:gt1+gt2")
+    assert spread.fields == {
+        "tiles": {"main": {"card0": [0], "card1": [0]}},
+        "tilesPerCard": 3,
+        "cardTiles": {"card0": 1, "card1": 3},
+    }
+
+    edit = edit_for(node_side, tmp_path, ["card0", "card1"], dict(spread.fields), {})
+
+    assert edit.envs["ZE_AFFINITY_MASK"] == "0,1"

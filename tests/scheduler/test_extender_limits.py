@@ -24,10 +24,10 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import make_node
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler.engine import Engine
-from kubegpu.scheduler.extender import ExtenderHttpServer, ExtenderServer
+from kubegpu.scheduler.extender import LISTING_WAIT, ExtenderHttpServer, ExtenderServer
 from kubegpu.scheduler.http_server import Limits
 
-from .test_extender_http import FILTER, POD, closed, post, read_response
+from .test_extender_http import FILTER, POD, closed, post, read_response, start_listing
 from .test_properties import NODE_KINDS
 
 NODES = 50
@@ -477,3 +477,77 @@ def test_a_long_pipeline_read_late_is_answered_whole_and_in_order(
             assert status == 200
             assert ("NodeNames" in orjson.loads(body)) == bool(i % 3), i
         sender.join(10)
+
+
+# -- while the extender still lists the cluster ------------------------------------------------------------------------
+
+
+def test_a_body_held_while_the_lists_come_in_counts_against_the_budget(
+    serve: Callable[[Limits], ExtenderHttpServer],
+) -> None:
+    """A verb asked while the extender lists the cluster keeps its body until the lists are in (up to LISTING_WAIT):
+    that body stays in the shared budget, so clients asking together still hold no more than it. Before, the
+    budget was given back as the verb started to wait, and 1024 connections could hold 1024 bodies of 32 MiB."""
+    limits = Limits(max_body=768 * 1024, body_budget=1024 * 1024)
+    server = serve(limits)
+    start_listing(server)
+    big = orjson.dumps({"Pod": POD, "NodeNames": ["p3-0", *(f"pad-{i:06d}" for i in range(50_000))]})
+    assert 600 * 1024 < len(big) < 768 * 1024
+    with connect(server) as first, connect(server) as second:
+        first.sendall(post("/filter", big))
+        wait_until(lambda: any(c.waiting is not None for c in server.connections), 5, "the first verb waiting")
+        assert server.budget.available < limits.body_budget - 600 * 1024  # its body still counted
+        second.sendall(post("/filter", big))
+        status, headers, body = read_response(second, bytearray())
+        assert status == 503 and headers["retry-after"] == "1", body
+        assert read_response(first, bytearray())[0] == 200  # still listing, after the wait: answered as not ready
+    wait_until(lambda: server.budget.available == limits.body_budget, 2, "the budget whole again")
+
+
+def test_a_client_that_leaves_while_its_verb_waits_gives_its_body_back(
+    serve: Callable[[Limits], ExtenderHttpServer],
+) -> None:
+    limits = Limits(max_body=768 * 1024, body_budget=1024 * 1024)
+    server = serve(limits)
+    start_listing(server)
+    big = orjson.dumps({"Pod": POD, "NodeNames": ["p3-0", *(f"pad-{i:06d}" for i in range(50_000))]})
+    with connect(server) as first:
+        first.sendall(post("/filter", big))
+        wait_until(lambda: any(c.waiting is not None for c in server.connections), 5, "the verb waiting")
+    # Its leaving is noticed when the wait ends at the latest (reading pauses while an answer is under way).
+    wait_until(lambda: not server.connections, LISTING_WAIT + 2, "the connection gone")
+    assert server.budget.available == limits.body_budget
+
+
+def test_an_extender_that_never_finishes_listing_costs_one_wait_not_one_per_pod(
+    serve: Callable[[Limits], ExtenderHttpServer],
+) -> None:
+    """kube-scheduler asks about one pod at a time: if the lists never come (an informer refused its list), holding
+    every verb for LISTING_WAIT would make every pod of the cluster wait behind each GPU pod's 2 s. The verbs asked
+    while listing share one wait; once it has run out they are answered 'still listing' at once."""
+    server = serve(SHORT)
+    start_listing(server)[0].set()  # the survey is done; the first lists never arrive
+    with connect(server) as sock, connect(server) as other:
+        buffer = bytearray()
+        started = time.monotonic()
+        sock.sendall(post("/filter", FILTER))
+        time.sleep(LISTING_WAIT / 2)
+        other.sendall(post("/prioritize", FILTER))  # asked halfway through the first one's wait: answered with it
+        status, _, body = read_response(other, bytearray())
+        assert (status, body) == (200, b"[]") and time.monotonic() - started < LISTING_WAIT + 0.5, body
+        status, _, body = read_response(sock, buffer)
+        assert status == 200 and b"still listing the cluster" in body, body
+        for verb, request, answer in (
+            ("/filter", FILTER, b"still listing the cluster"),
+            ("/prioritize", FILTER, b"[]"),  # no scores: kube-scheduler goes on with its own
+            ("/preempt", FILTER, b'{"NodeNameToMetaVictims":{}}'),  # no node offered
+            ("/bind", BIND, b"still listing the cluster"),
+        ):
+            started = time.monotonic()
+            sock.sendall(post(verb, request))
+            status, _, body = read_response(sock, buffer)
+            assert time.monotonic() - started < 0.5, verb
+            assert status == 200 and answer in body, body
+
+
+BIND = orjson.dumps({"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "p3-0"})
