@@ -484,13 +484,5 @@ def held_whole_for_another(record: NodeRecord, pod: PodRequest, nominee_requests
 
 def held_for_another(record: NodeRecord, pod: PodRequest) -> bool:
     """Whether the node is held (`nominate`, `nominate_gang`) for another preempting pod or gang of equal or higher
-    priority than `pod` (neither `pod` itself nor its own gang): it refuses the pod whatever is evicted there."""
-    mine = None
-    for key, priority in record.nominees.items():
-        if priority >= pod.priority and key != pod.key:
-            if mine is None:
-                gang = gang_key(pod)
-                mine = "" if gang is None else gang_nominee(gang)
-            if key != mine:
-                return True
-    return False
+    priority than `pod` (neither `pod` itself nor its own gang)."""
+    return held_whole_for_another(record, pod, {})
