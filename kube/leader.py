@@ -34,8 +34,9 @@ nothing more and the writer's fence refuses every write not yet sent), and every
 (`AsyncKubeClient.drain`). Then `release` rewrites the record it last wrote, conditionally on its resourceVersion, with
 no holder and the annotation `kubegpu.io/released-at` equal to the record's own renewTime. A candidate takes such a
 Lease at once. A deleted Lease, or one whose holder was cleared by hand (T167), carries no such pair (every write of a
-holder drops the annotation, and a hand edit leaves renewTime as it was), so it is still waited out; so is the Lease
-of a leader killed without SIGTERM, which writes nothing.
+holder drops the annotation, and a hand edit leaves renewTime as it was), so it is still waited out (a cleared one
+for a lease duration from its first look by a candidate that never saw its holder); so is the Lease of a leader
+killed without SIGTERM, which writes nothing.
 """
 
 from __future__ import annotations
@@ -213,6 +214,11 @@ class LeaderElector(threading.Thread):
         holder = spec.get("holderIdentity") or ""
         if not holder and self._released(lease):
             self._observed = None  # the holder last seen gave it up once it could no longer act: nothing to wait out
+        elif not holder and self._observed is None:
+            # Cleared by hand before this process saw who held it (it just started, or its first look came late):
+            # whoever held it may still be acting, for up to a lease duration from now as far as this process knows.
+            self._observed, self._observed_at = ("", str(spec.get("renewTime", ""))), time.monotonic()
+            self._observed_for = self.lease_duration
         if holder:
             record = (holder, str(spec.get("renewTime", "")))
             if record != self._observed:

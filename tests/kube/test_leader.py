@@ -374,6 +374,7 @@ def edit_by_hand(store: Store, **spec: Any) -> None:
         ("released by its holder", True),
         ("holder cleared by hand", False),
         ("holder cleared by hand after a replica that keeps annotations took it from a release", False),
+        ("holder cleared by hand before the standby ever looked", False),
     ],
 )
 def test_only_a_lease_its_holder_released_is_taken_at_once(api: LeaseApi, story: str, takes_at_once: bool) -> None:
@@ -384,10 +385,11 @@ def test_only_a_lease_its_holder_released_is_taken_at_once(api: LeaseApi, story:
     one = elector(client_for(api), Callbacks(), threading.Event(), "one")
     two = elector(client_for(api), Callbacks(), threading.Event(), "two")
     assert one.try_acquire_or_renew(time.monotonic() + 2)
-    assert not two.try_acquire_or_renew(time.monotonic() + 2)  # the standby has seen the leader's record
+    if story != "holder cleared by hand before the standby ever looked":  # e.g. a standby just started, or slow
+        assert not two.try_acquire_or_renew(time.monotonic() + 2)  # the standby has seen the leader's record
     if story == "released by its holder":
         assert one.release(2)
-    elif story == "holder cleared by hand":
+    elif story.startswith("holder cleared by hand") and "release" not in story:
         edit_by_hand(api.data, holderIdentity=None)
     else:
         assert one.release(2)
