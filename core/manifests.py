@@ -177,6 +177,7 @@ class _NodeAffinity(_Model):
 class _PodAffinityTerm(_Model):
     labelSelector: _LabelSelector | None = None
     namespaces: list[str] = Field(default_factory=list)
+    namespaceSelector: _LabelSelector | None = None  # 1.22+ (GA 1.24): `{}` selects every namespace
     topologyKey: str = Field(min_length=1)
     matchLabelKeys: list[str] = Field(default_factory=list)  # 1.29+: `key In (the pod's value)`
     mismatchLabelKeys: list[str] = Field(default_factory=list)  # 1.29+: `key NotIn (the pod's value)`
@@ -859,7 +860,11 @@ def _affinity_term(term: _PodAffinityTerm, meta: _Meta, where: str) -> PodAffini
             raise ManifestError(f"{where}.{field}: must not be set when labelSelector is not set")
         if selector is not None:
             selector = _merge_label_keys(selector, keys, operator, meta.labels)
-    return PodAffinityTerm(selector, frozenset(term.namespaces or (meta.namespace,)), term.topologyKey)
+    # The pod's own namespace only where neither `namespaces` nor `namespaceSelector` says otherwise (an empty
+    # selector, `{}`, is every namespace; the API server keeps it apart from an absent one).
+    chosen = _selector(term.namespaceSelector, f"{where}.namespaceSelector")
+    namespaces = term.namespaces or (() if chosen is not None else (meta.namespace,))
+    return PodAffinityTerm(selector, frozenset(namespaces), term.topologyKey, chosen)
 
 
 def _spread_constraint(constraint: _SpreadConstraint, labels: Mapping[str, str], where: str) -> SpreadConstraint:

@@ -272,12 +272,15 @@ class NodeSelectorTerm:
 
 @dataclass(frozen=True, slots=True)
 class PodAffinityTerm:
-    """A required pod (anti-)affinity term. `selector` None selects no pod; `namespaces` is never empty (the
-    owning pod's namespace when the manifest lists none)."""
+    """A pod (anti-)affinity term. `selector` None selects no pod. It selects pods in `namespaces` and in the
+    namespaces whose labels `namespace_selector` matches (1.22+, GA 1.24; one without requirements matches every
+    namespace, None none): the owning pod's namespace alone when the manifest lists neither. A namespace's labels are
+    what the cluster's Namespace object says (`kubegpu.scheduler.podindex.PodIndex.namespace_labels`)."""
 
     selector: LabelSelector | None
     namespaces: frozenset[str]
     topology_key: str
+    namespace_selector: LabelSelector | None = None
 
 
 @dataclass(frozen=True, slots=True)

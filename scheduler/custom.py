@@ -98,7 +98,13 @@ class CustomScheduler:
         self.metrics = Metrics()
         marks = marks_victims(disruption_conditions, lambda: self.mirror.server_version)
         self.binder = Binder(writer, self.metrics, component=name, marks=marks)
-        self.queue = SchedulingQueue(name, self.metrics, spread_of=engine.spread_constraints, sort=engine.queue_sort)
+        self.queue = SchedulingQueue(
+            name,
+            self.metrics,
+            spread_of=engine.spread_constraints,
+            sort=engine.queue_sort,
+            namespace_labels=engine.placed.namespace_labels,
+        )
         self.mirror = ClusterMirror(
             client,
             engine,

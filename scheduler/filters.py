@@ -36,10 +36,12 @@ from kubegpu.core.models import (
 
 __all__ = [
     "AffinityState",
+    "NamespaceLabels",
     "SpreadState",
     "affinity_counts",
     "anti_affinity_matches",
     "matches_node_affinity",
+    "namespace_named",
     "node_change_may_help",
     "node_matches_terms",
     "pod_matches_term",
@@ -252,8 +254,28 @@ def ports_conflict(wanted: Iterable[HostPort], used: Mapping[tuple[str, str, int
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def pod_matches_term(term: PodAffinityTerm, pod: PodRequest) -> bool:
-    return pod.namespace in term.namespaces and selector_matches(term.selector, pod.labels)
+# A namespace's labels by its name (`PodIndex.namespace_labels`): the Namespace object's, as the cluster has it.
+NamespaceLabels = Callable[[str], Mapping[str, str]]
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every Namespace by the API server (1.21+)
+
+
+def namespace_named(namespace: str) -> Mapping[str, str]:
+    """The labels of a namespace whose Namespace object is not known: only the name label every API server of 1.21
+    or later sets (a pod's namespace exists; a simulation's need not be declared)."""
+    return {NAMESPACE_NAME_LABEL: namespace}
+
+
+def pod_matches_term(
+    term: PodAffinityTerm, pod: PodRequest, namespace_labels: NamespaceLabels = namespace_named
+) -> bool:
+    """Whether the term selects the pod: its namespace listed or matched by the term's namespace selector
+    (`namespace_labels` gives the pod's namespace's labels; an empty selector matches every namespace, as
+    kube-scheduler's `AffinityTerm.Matches`), and its labels by the term's selector."""
+    if pod.namespace not in term.namespaces:
+        chosen = term.namespace_selector
+        if chosen is None or (chosen.requirements and not selector_matches(chosen, namespace_labels(pod.namespace))):
+            return False
+    return selector_matches(term.selector, pod.labels)
 
 
 @dataclass(slots=True)
@@ -275,32 +297,40 @@ class AffinityState:
 
 
 def anti_affinity_matches(
-    pod: PodRequest, holders: Iterable[tuple[PodRequest, Mapping[str, str]]], into: dict[str, set[str]]
+    pod: PodRequest,
+    holders: Iterable[tuple[PodRequest, Mapping[str, str]]],
+    into: dict[str, set[str]],
+    namespace_labels: NamespaceLabels = namespace_named,
 ) -> None:
     """Add to `into` (topology key -> values) the topology pairs where an existing pod's required anti-affinity term
     selects `pod`. `holders` are (existing pod with anti-affinity terms, its node's labels)."""
     for existing, labels in holders:
         for term in existing.pod_anti_affinity:
-            if pod_matches_term(term, pod):
+            if pod_matches_term(term, pod, namespace_labels):
                 value = labels.get(term.topology_key)
                 if value is not None:
                     into.setdefault(term.topology_key, set()).add(value)
 
 
-def affinity_counts(pod: PodRequest, placed: Iterable[tuple[PodRequest, Mapping[str, str]]]) -> AffinityState:
+def affinity_counts(
+    pod: PodRequest,
+    placed: Iterable[tuple[PodRequest, Mapping[str, str]]],
+    namespace_labels: NamespaceLabels = namespace_named,
+) -> AffinityState:
     """The counts of the pod's own affinity and anti-affinity terms over `placed` (every existing pod with its
     node's labels). The `existing` pairs are filled separately (`anti_affinity_matches`)."""
-    state = AffinityState(self_match=all(pod_matches_term(t, pod) for t in pod.pod_affinity))
+    matches = pod_matches_term
+    state = AffinityState(self_match=all(matches(t, pod, namespace_labels) for t in pod.pod_affinity))
     affinity, anti = pod.pod_affinity, pod.pod_anti_affinity
     for existing, labels in placed:
-        if affinity and all(pod_matches_term(t, existing) for t in affinity):
+        if affinity and all(matches(t, existing, namespace_labels) for t in affinity):
             for term in affinity:
                 value = labels.get(term.topology_key)
                 if value is not None:
                     pair = (term.topology_key, value)
                     state.affinity[pair] = state.affinity.get(pair, 0) + 1
         for term in anti:
-            if pod_matches_term(term, existing):
+            if matches(term, existing, namespace_labels):
                 value = labels.get(term.topology_key)
                 if value is not None:
                     pair = (term.topology_key, value)

@@ -31,6 +31,10 @@ too:
   `dra_problem` says why pods with claims wait. A claim the engine holds for a pod whose writes are still on their
   way keeps the engine's allocation and reservation against an older copy from the watch (`_with_own_reservations`),
   so its devices are never free in between; a different allocation from the server wins (the write then fails);
+* Namespaces become the engine's namespace labels: a pod (anti-)affinity term's `namespaceSelector` reads them,
+  and the `resource.kubernetes.io/admin-access` label says where DRA claims may ask for admin access. A change wakes
+  the pending pods; until their first list `/readyz` names them and nothing is decided (kube-scheduler waits the
+  same), and a Namespace kubegpu cannot read is left out with a warning;
 * Services, ReplicationControllers, ReplicaSets and StatefulSets (`watch_owners`, when the profile has default
   spread constraints) become the engine's owners: their selectors give the pods they select that set no
   `topologySpreadConstraints` kube-scheduler's default spread over hosts and zones (`kubegpu.scheduler.owners`).
@@ -295,6 +299,7 @@ class ClusterMirror:
         self.watch_dra = watch_dra
         self.dra_problem: str | None = "the DRA collections (resource.k8s.io/v1) are not listed yet"
         self.dra_synced = {kind: threading.Event() for kind in DRA_KINDS} if watch_dra else {}
+        self.namespaces_synced = threading.Event()
         self.claim_templates: dict[tuple[str, str], Mapping[str, Any]] = {}
         self.claims_released = claims_released
         self._next_judgement = 0.0
@@ -362,6 +367,8 @@ class ClusterMirror:
             Informer(self.client, "/api/v1/persistentvolumeclaims", consume, self.stop, "claims").start()
             consume = self._consume(self.on_volumes)
             Informer(self.client, "/api/v1/persistentvolumes", consume, self.stop, "volumes").start()
+        consume = self._consume(self.on_namespaces)
+        Informer(self.client, "/api/v1/namespaces", consume, self.stop, "namespaces").start()
         for owner in self.owners_synced:
             consume = self._consume(partial(self.on_owners, owner))
             Informer(self.client, OWNER_PATHS[owner], consume, self.stop, owner.lower()).start()
@@ -382,7 +389,7 @@ class ClusterMirror:
 
     def syncing(self) -> list[str]:
         """The collections whose first list the engine still waits for (what `/readyz` names), in listing order."""
-        waiting = [("nodes", self.nodes_synced), ("pods", self.pods_synced)]
+        waiting = [("nodes", self.nodes_synced), ("pods", self.pods_synced), ("namespaces", self.namespaces_synced)]
         if self.surveyed is not None:
             waiting.insert(0, ("discovery", self.surveyed))
         if self.watch_budgets:
@@ -752,19 +759,14 @@ class ClusterMirror:
             self.versions[kind] = f"{DRA_GROUP}/v1"
             consume = self._consume(partial(self.on_dra, kind))
             Informer(self.client, f"/apis/{DRA_GROUP}/v1/{kind}", consume, self.stop, kind).start()
-        # Only the namespaces where claims may ask for admin access: few, and a namespace that loses the label leaves
-        # the watch as deleted. Not waited for by /readyz: until they are read (or where this scheduler may not list
-        # namespaces) no namespace has the label, and only admin access claims wait.
-        consume = self._consume(self.on_admin_namespaces)
-        selector = f"{dra.ADMIN_NAMESPACE_LABEL}=true"
-        Informer(self.client, "/api/v1/namespaces", consume, self.stop, "namespaces", label_selector=selector).start()
         self.dra_problem = None
 
-    def on_admin_namespaces(self, kind: str, payload: Any) -> None:
-        """The namespaces informer's report (namespaces labelled for admin access) into the engine's book."""
+    def on_namespaces(self, kind: str, payload: Any) -> None:
+        """The namespaces informer's report into the engine: each namespace's labels."""
         if kind == "SYNC":
             named = dict(found for obj in payload if (found := self._namespace(obj)) is not None)
             changed = self.engine.set_namespaces(named)
+            self.namespaces_synced.set()
         else:
             found = self._namespace(payload)
             if found is None:

@@ -11,7 +11,9 @@ cycle visits only the pods a term can select:
 * the placed pods' required anti-affinity terms, each distinct term with the pods holding it (`anti`): an incoming
   pod is checked against each distinct term once, not against every holder;
 * the placed pods' terms that score other pods' nodes (required and preferred affinity, preferred anti-affinity),
-  likewise (`scoring`).
+  likewise (`scoring`);
+* the namespaces' labels (`namespaces`, from the cluster's Namespace objects), which a term's `namespaceSelector`
+  reads: a term selects the pods of the namespaces it lists and of those its namespace selector matches.
 
 The index holds pod keys and their nodes' names; the topology values come from the nodes' current labels when a
 cycle reads them, so a relabelled node needs nothing here. The functions at the end compute a cycle's states from it
@@ -53,7 +55,18 @@ class ScoringTerm:
 class PodIndex:
     """Placed pods by namespace and labels, and their inter-pod terms by distinct term (module docstring)."""
 
-    __slots__ = ("_by_key", "_by_label", "_by_namespace", "_held", "anti", "node", "pods", "scoring", "version")
+    __slots__ = (
+        "_by_key",
+        "_by_label",
+        "_by_namespace",
+        "_held",
+        "anti",
+        "namespaces",
+        "node",
+        "pods",
+        "scoring",
+        "version",
+    )
 
     def __init__(self) -> None:
         self.pods: dict[str, PodRequest] = {}
@@ -66,6 +79,8 @@ class PodIndex:
         self.scoring: dict[ScoringTerm, dict[str, int]] = {}
         self._held: dict[str, tuple[tuple[PodAffinityTerm, ...], tuple[ScoringTerm, ...]]] = {}
         self.version = 0  # moves with every add and discard: a memo of what `selected` answers is keyed by it
+        # Namespace -> its labels, as its Namespace object has them (`set_namespace`; unknown: `namespace_named`).
+        self.namespaces: dict[str, Mapping[str, str]] = {}
 
     def __len__(self) -> int:
         return len(self.pods)
@@ -136,11 +151,45 @@ class PodIndex:
 
     def matching(self, term: PodAffinityTerm) -> Iterator[str]:
         """The keys of the placed pods that `term` selects (`filters.pod_matches_term`)."""
-        return self.selected(term.namespaces, term.selector)
+        return self.selected(self.term_namespaces(term), term.selector)
+
+    def term_namespaces(self, term: PodAffinityTerm) -> Collection[str]:
+        """The namespaces whose pods `term` may select: those it lists and, with a namespace selector, those of the
+        placed pods' namespaces whose labels it matches (every one, for an empty selector), as kube-scheduler's
+        PreFilter adds the namespaces its Namespace lister finds for the selector to the term's list."""
+        chosen = term.namespace_selector
+        if chosen is None:
+            return term.namespaces
+        if not chosen.requirements:
+            return self._by_namespace.keys()
+        listed, labels = term.namespaces, self.namespace_labels
+        return [ns for ns in self._by_namespace if ns in listed or filters.selector_matches(chosen, labels(ns))]
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str]:
+        """The namespace's labels, as its Namespace object has them; for a namespace not known, the name label the
+        API server sets on every namespace (`filters.namespace_named`)."""
+        known = self.namespaces.get(namespace)
+        return known if known is not None else filters.namespace_named(namespace)
+
+    def set_namespace(self, name: str, labels: Mapping[str, str] | None) -> bool:
+        """A Namespace added or changed with its labels, or deleted (None). Returns whether its labels changed (a
+        term's namespace selector may then select other pods: the caller's memos of what terms select are stale)."""
+        old = self.namespaces.get(name)
+        if labels is None:
+            if old is None:
+                return False
+            del self.namespaces[name]
+        else:
+            if old == labels:
+                return False
+            self.namespaces[name] = dict(labels)
+        self.version += 1
+        return True
 
     def drawn(self, pod: PodRequest) -> bool:
         """Whether a placed pod's scoring term selects `pod` (InterPodAffinity then scores it)."""
-        return any(pod_matches_term(entry.term, pod) for entry in self.scoring)
+        labels = self.namespace_labels
+        return any(pod_matches_term(entry.term, pod, labels) for entry in self.scoring)
 
     def _narrowest(self, namespace: str, selector: LabelSelector) -> tuple[Collection[str], Requirement | None]:
         """A set of the namespace's pods that holds every pod `selector` can match, as small as its requirements
@@ -229,7 +278,7 @@ def affinity_state(pod: PodRequest, index: PodIndex, labels: Labels) -> filters.
         candidates: dict[str, None] = dict.fromkeys(index.matching(pod.pod_affinity[0]))
         for term in pod.pod_anti_affinity:
             candidates.update(dict.fromkeys(index.matching(term)))
-        state = filters.affinity_counts(pod, _located(candidates, index, labels))
+        state = filters.affinity_counts(pod, _located(candidates, index, labels), index.namespace_labels)
     elif pod.pod_anti_affinity:
         # `affinity_counts` without affinity terms: per anti-affinity term, the pods it selects counted in their
         # node's domain (the index names them: none is matched against the term again).
@@ -241,8 +290,9 @@ def affinity_state(pod: PodRequest, index: PodIndex, labels: Labels) -> filters.
         # `anti_affinity_matches` over the holders of the placed terms that select the pod: each such term adds
         # its holders' domains (a holder's other terms that do not select the pod add nothing).
         existing: dict[str, set[str]] = {}
+        namespace_labels = index.namespace_labels
         for term, holders in index.anti.items():
-            if pod_matches_term(term, pod):
+            if pod_matches_term(term, pod, namespace_labels):
                 found: dict[tuple[str, str], int] = {}
                 _count_domains(term.topology_key, holders, where, labels, found)
                 if found:
@@ -282,7 +332,7 @@ def affinity_scores(pod: PodRequest, index: PodIndex, labels: Labels, hard_weigh
             continue
         hit = matched.get(entry.term)
         if hit is None:
-            hit = matched[entry.term] = pod_matches_term(entry.term, pod)
+            hit = matched[entry.term] = pod_matches_term(entry.term, pod, index.namespace_labels)
         if hit:
             add(entry.term, holders, hard_weight if entry.required else entry.weight, holders)
     return found

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from kubegpu.core.models import PodRequest, SpreadConstraint
 from kubegpu.scheduler.engine.enqueue import PrioritySort
 from kubegpu.scheduler.engine.framework import QueueSortPlugin
-from kubegpu.scheduler.filters import pod_matches_term, selector_matches
+from kubegpu.scheduler.filters import NamespaceLabels, namespace_named, pod_matches_term, selector_matches
 from kubegpu.scheduler.health import Metrics
 from kubegpu.scheduler.podgroups import gang_key
 
@@ -56,6 +56,7 @@ def drawn_to(
     pending: PodRequest,
     added: PodRequest,
     spread_of: Callable[[PodRequest], Sequence[SpreadConstraint]] | None = None,
+    namespace_labels: NamespaceLabels = namespace_named,
 ) -> bool:
     """Whether a pod added to a node can help `pending`: one of its pod affinity terms (required or preferred) or
     one of its `DoNotSchedule` topology spread constraints selects the added pod. `spread_of`: the constraints that
@@ -63,7 +64,7 @@ def drawn_to(
     added pod's namespace; None: its own. A `ScheduleAnyway` constraint never refuses a node, so a pod matching it
     cannot help."""
     terms = [*pending.pod_affinity, *(term for _, term in pending.preferred_affinity)]
-    if any(pod_matches_term(term, added) for term in terms):
+    if any(pod_matches_term(term, added, namespace_labels) for term in terms):
         return True
     if added.namespace != pending.namespace:
         return False
@@ -143,6 +144,7 @@ class SchedulingQueue:
         *,
         spread_of: Callable[[PodRequest], Sequence[SpreadConstraint]] | None = None,
         sort: QueueSortPlugin | None = None,
+        namespace_labels: NamespaceLabels = namespace_named,
     ) -> None:
         self.name = name
         self.metrics = metrics
@@ -150,6 +152,7 @@ class SchedulingQueue:
         # The spread constraints that apply to a pod (the engine's `spread_constraints`: its own or its owners'
         # defaults), for waking it when a pod they count is placed; by default the pod's own.
         self.spread_of = spread_of
+        self.namespace_labels = namespace_labels  # what a pod affinity term's namespace selector reads
         self.active: dict[str, Entry] = {}
         self.backoff = Backoff()
         self.unschedulable: dict[str, Entry] = {}
@@ -290,7 +293,10 @@ class SchedulingQueue:
         if not self.unschedulable:
             return
         now = time.monotonic()
-        drawn = [key for key, entry in self.unschedulable.items() if drawn_to(entry.request, added, self.spread_of)]
+        labels = self.namespace_labels
+        drawn = [
+            key for key, entry in self.unschedulable.items() if drawn_to(entry.request, added, self.spread_of, labels)
+        ]
         for key in drawn:
             self._requeue(self.unschedulable.pop(key), now)
 

@@ -407,9 +407,14 @@ def scoring_terms(pod: PodRequest) -> list[PodAffinityTerm]:
 
 
 def _add(
-    scores: dict[tuple[str, str], int], term: PodAffinityTerm, weight: int, pod: PodRequest, labels: Mapping[str, str]
+    scores: dict[tuple[str, str], int],
+    term: PodAffinityTerm,
+    weight: int,
+    pod: PodRequest,
+    labels: Mapping[str, str],
+    namespace_labels: filters.NamespaceLabels,
 ) -> None:
-    if not labels or not filters.pod_matches_term(term, pod):
+    if not labels or not filters.pod_matches_term(term, pod, namespace_labels):
         return
     value = labels.get(term.topology_key)
     if value is not None:
@@ -418,23 +423,27 @@ def _add(
 
 
 def affinity_prescore(
-    pod: PodRequest, existing: Iterable[tuple[PodRequest, Mapping[str, str]]], hard_weight: int = 1
+    pod: PodRequest,
+    existing: Iterable[tuple[PodRequest, Mapping[str, str]]],
+    hard_weight: int = 1,
+    namespace_labels: filters.NamespaceLabels = filters.namespace_named,
 ) -> dict[tuple[str, str], int]:
     """InterPodAffinity's PreScore: (topology key, value) -> score, over `existing` (placed pods with their node's
     labels: every pod when the incoming pod has preferred terms, else only pods with affinity terms)."""
     scores: dict[tuple[str, str], int] = {}
+    ns = namespace_labels
     for other, labels in existing:
         for weight, term in pod.preferred_affinity:
-            _add(scores, term, weight, other, labels)
+            _add(scores, term, weight, other, labels, ns)
         for weight, term in pod.preferred_anti_affinity:
-            _add(scores, term, -weight, other, labels)
+            _add(scores, term, -weight, other, labels, ns)
         if hard_weight > 0:
             for term in other.pod_affinity:
-                _add(scores, term, hard_weight, pod, labels)
+                _add(scores, term, hard_weight, pod, labels, ns)
         for weight, term in other.preferred_affinity:
-            _add(scores, term, weight, pod, labels)
+            _add(scores, term, weight, pod, labels, ns)
         for weight, term in other.preferred_anti_affinity:
-            _add(scores, term, -weight, pod, labels)
+            _add(scores, term, -weight, pod, labels, ns)
     return scores
 
 

@@ -317,13 +317,15 @@ class InterPodAffinity:
         node where the node has the term's key, and so does a nominee's term that selects the pod. The pod's own
         affinity terms cannot refuse it now: a nominee only adds to the counts of the node's own domains (kube-
         scheduler counts a pod that matches all the terms), and a node lacking a term's key was refused already."""
-        labels = record.info.labels
+        labels, namespace_labels = record.info.labels, engine.placed.namespace_labels
         for term in pod.pod_anti_affinity:
-            if term.topology_key in labels and any(filters.pod_matches_term(term, n) for n in nominees):
+            if term.topology_key in labels and any(
+                filters.pod_matches_term(term, n, namespace_labels) for n in nominees
+            ):
                 return Status.unschedulable(filters.AFFINITY, filters.ANTI_AFFINITY_RULES)
         for nominee in nominees:
             for term in nominee.pod_anti_affinity:
-                if term.topology_key in labels and filters.pod_matches_term(term, pod):
+                if term.topology_key in labels and filters.pod_matches_term(term, pod, namespace_labels):
                     return Status.unschedulable(filters.AFFINITY, filters.EXISTING_ANTI_AFFINITY)
         return None
 

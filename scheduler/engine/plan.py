@@ -129,7 +129,7 @@ class Planning(NodeCache):
     def _stamp(self, volatile: bool, pod: PodRequest) -> int:
         """What a plan is made again after: the generation (volatile) or the anti-affinity epoch, plus the volume
         epoch for a pod naming claims (the counters only grow, so the sum moves whenever one of them does)."""
-        stamp = self.generation if volatile else self._anti_epoch
+        stamp = (self.generation if volatile else self._anti_epoch) + self._namespace_epoch
         if pod.resource_claims:
             stamp += self.dra.epoch + self.dra.shared_epoch
         return stamp + self._volume_epoch if pod.claims else stamp
@@ -148,7 +148,8 @@ class Planning(NodeCache):
             soft = tuple(c for c in spread if c.when_unsatisfiable == "ScheduleAnyway")
         volatile = bool(pod.pod_affinity or pod.pod_anti_affinity or hard)
         if not volatile and self._placed.anti:
-            volatile = any(filters.pod_matches_term(term, pod) for term in self._placed.anti)
+            labels = self._placed.namespace_labels
+            volatile = any(filters.pod_matches_term(term, pod, labels) for term in self._placed.anti)
         signature: tuple[object, ...] = (
             tuple((c.name, c.init, tuple(sorted(c.resources.items()))) for c in pod.containers),
             pod.cpu_milli,
@@ -302,18 +303,24 @@ class Planning(NodeCache):
         self.dra.set_class(name, found)
 
     def set_namespace(self, name: str, labels: Mapping[str, str] | None) -> bool:
-        """A Namespace added or changed with its labels, or deleted (None): whether its claims may have admin access
-        (`resource.kubernetes.io/admin-access: "true"`). Returns whether that changed."""
-        return self.dra.set_namespace(name, labels)
+        """A Namespace added or changed with its labels, or deleted (None). Its labels are what pod (anti-)affinity
+        terms' `namespaceSelector` reads (`PodIndex.namespaces`), and say whether its claims may have admin access
+        (`resource.kubernetes.io/admin-access: "true"`). Returns whether either changed: the plans made before are
+        then stale (`_stamp`), since whether a placed pod's term selects a pod may have changed."""
+        admin = self.dra.set_namespace(name, labels)
+        if not self._placed.set_namespace(name, labels):
+            return admin
+        self._namespace_epoch += 1
+        return True
 
     def set_namespaces(self, labels: Mapping[str, Mapping[str, str]]) -> bool:
-        """Every namespace that matters, listed (name -> labels): those not named are taken as unlabelled. Returns
-        whether any namespace's admin access changed."""
+        """Every namespace, listed (name -> labels): those known before and not named are gone. Returns whether any
+        namespace's labels changed."""
         changed = False
-        for name in self.dra.admin_namespaces - labels.keys():
-            changed |= self.dra.set_namespace(name, None)
+        for name in (self._placed.namespaces.keys() | self.dra.admin_namespaces) - labels.keys():
+            changed |= self.set_namespace(name, None)
         for name, found in labels.items():
-            changed |= self.dra.set_namespace(name, found)
+            changed |= self.set_namespace(name, found)
         return changed
 
     def set_resource_claim_template(self, namespace: str, name: str, found: dra.Template | None) -> None:

@@ -221,6 +221,7 @@ class EngineState:
         self._first = 0
         self._node_epoch = 0  # a node added, changed or removed (not its usage)
         self._anti_epoch = 0  # a placed pod with required anti-affinity terms came or went
+        self._namespace_epoch = 0  # a Namespace's labels changed (`set_namespace`)
         self._volume_epoch = 0  # a claim or volume changed
         # (`Owners.epoch`: an owner that selects pods changed.)
 

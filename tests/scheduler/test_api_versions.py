@@ -107,6 +107,7 @@ def ready(custom: CustomScheduler) -> tuple[int, Any]:
         mirror.on_volumes,
         mirror.on_budgets,
         mirror.on_podgroups,
+        mirror.on_namespaces,
     ):
         synced("SYNC", [])
     for owner in mirror.owners_synced:

@@ -115,6 +115,7 @@ def test_readyz_waits_for_the_budgets_first_list_then_shows_their_version(stoppe
     stopped.append(custom)
     mirror = custom.mirror
     mirror.on_nodes("SYNC", [])
+    mirror.on_namespaces("SYNC", [])
     mirror.on_pods("SYNC", [])
     mirror.on_claims("SYNC", [])
     mirror.on_volumes("SYNC", [])
@@ -141,7 +142,14 @@ def test_a_server_serving_no_budget_api_is_named_by_readyz_and_scheduling_goes_o
     mirror = custom.mirror
     threading.Thread(target=mirror.watch_budget_versions, daemon=True).start()
     wait_until(lambda: (mirror.apply_events(0.05), mirror.budgets_synced.is_set())[1], "the budgets given up")
-    for synced in (mirror.on_nodes, mirror.on_pods, mirror.on_claims, mirror.on_volumes, mirror.on_podgroups):
+    for synced in (
+        mirror.on_nodes,
+        mirror.on_pods,
+        mirror.on_namespaces,
+        mirror.on_claims,
+        mirror.on_volumes,
+        mirror.on_podgroups,
+    ):
         synced("SYNC", [])
     for owner in mirror.owners_synced:
         mirror.on_owners(owner, "SYNC", [])

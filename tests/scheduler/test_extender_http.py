@@ -182,6 +182,7 @@ def test_readiness_waits_for_the_informers_and_health_for_the_consumer(server: E
         sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock, buffer)[0] == 503  # nothing listed yet
         mirror.nodes_synced.set()
+        mirror.namespaces_synced.set()
         mirror.pods_synced.set()
         sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock, buffer)[0] == 503  # a gang member is answered once its PodGroup is known
@@ -202,7 +203,14 @@ def start_listing(server: ExtenderHttpServer) -> list[threading.Event]:
     """The mirror as `start_informers` leaves it: the survey and every first list still to come."""
     mirror = server.server.mirror
     mirror.surveyed = threading.Event()
-    return [mirror.surveyed, mirror.nodes_synced, mirror.pods_synced, mirror.podgroups_synced, mirror.budgets_synced]
+    return [
+        mirror.surveyed,
+        mirror.nodes_synced,
+        mirror.pods_synced,
+        mirror.namespaces_synced,
+        mirror.podgroups_synced,
+        mirror.budgets_synced,
+    ]
 
 
 def test_a_verb_asked_while_the_lists_come_in_is_answered_once_they_are(server: ExtenderHttpServer) -> None:

@@ -49,9 +49,10 @@ def test_the_scheduler_is_ready_once_its_informers_listed_and_healthy_while_its_
     status, _, body = get(server.address, "/readyz")  # type: ignore[arg-type]
     assert status == 503
     assert orjson.loads(body)["status"].startswith(
-        "syncing nodes, pods, poddisruptionbudgets, persistentvolumeclaims, persistentvolumes, "
+        "syncing nodes, pods, namespaces, poddisruptionbudgets, persistentvolumeclaims, persistentvolumes, "
     )
     custom.mirror.on_nodes("SYNC", [])
+    custom.mirror.on_namespaces("SYNC", [])
     custom.mirror.on_pods("SYNC", [])
     custom.mirror.on_budgets("SYNC", [])
     status, _, body = get(server.address, "/readyz")  # type: ignore[arg-type]

@@ -138,6 +138,7 @@ def service() -> CustomScheduler:
     svc = CustomScheduler(None, ClaimServer(), engine, name="kubegpu")  # type: ignore[arg-type]
     mirror = svc.mirror
     mirror.on_nodes("SYNC", [node_manifest(n) for n in ("n1", "n2")])
+    mirror.on_namespaces("SYNC", [])
     mirror.on_pods("SYNC", [])
     mirror.on_budgets("SYNC", [])
     mirror.on_claims("SYNC", [])
@@ -423,6 +424,7 @@ def test_a_bound_pod_counted_after_a_restart_releases_its_claim_when_deleted(ser
     bound = {**pod("p", templates={"dev": "two"}), "spec": {**pod("p", templates={"dev": "two"})["spec"]}}
     bound["spec"]["nodeName"] = "n1"
     fresh.mirror.on_nodes("SYNC", [node_manifest(n) for n in ("n1", "n2")])
+    fresh.mirror.on_namespaces("SYNC", [])
     fresh.mirror.on_pods("SYNC", [bound])
     fresh.mirror.on_dra("deviceclasses", "SYNC", [NEURON_CLASS])
     fresh.mirror.on_dra("resourceslices", "SYNC", [neuron_slice("n1", 4), neuron_slice("n2", 4)])
@@ -635,8 +637,8 @@ def _namespace(name: str, labelled: bool) -> dict[str, Any]:
 
 
 def test_admin_access_waits_for_the_namespace_label_and_stops_when_it_is_taken_off(service: CustomScheduler) -> None:
-    # The namespaces informer lists only labelled namespaces (a label selector): a namespace that loses the label
-    # leaves the watch as DELETED. Before its first list, no namespace has admin access.
+    # The namespaces informer lists every namespace: one that loses the label arrives MODIFIED, one deleted
+    # DELETED. Where none has the label, no namespace has admin access.
     api = server(service)
     agent = claim_spec(exactly("all", "neuron", mode="All"))
     agent["devices"]["requests"][0]["exactly"]["adminAccess"] = True
@@ -650,7 +652,7 @@ def test_admin_access_waits_for_the_namespace_label_and_stops_when_it_is_taken_o
         "`resource.kubernetes.io/admin-access: true` label on the containing namespace."
     ]
 
-    service.mirror.on_admin_namespaces("SYNC", [_namespace("default", True)])
+    service.mirror.on_namespaces("SYNC", [_namespace("default", True)])
     cycle(service)
     assert api.bindings()["agent"] in ("n1", "n2")
     results = api.claims["agent-dev"]["status"]["allocation"]["devices"]["results"]
@@ -658,9 +660,17 @@ def test_admin_access_waits_for_the_namespace_label_and_stops_when_it_is_taken_o
     if api.bindings()["agent"] == "n1":
         assert "neuron-0" in [r["device"] for r in results], "a device the pod a holds"
 
-    # Deleted (or no longer matching the selector): gone from the set whatever labels the event's object shows.
-    service.mirror.on_admin_namespaces("DELETED", _namespace("default", True))
+    # The label taken off: no admin access from then on.
+    service.mirror.on_namespaces("MODIFIED", _namespace("default", False))
     service.mirror.on_pods("ADDED", pod("agent2", templates={"dev": "watch"}))
     cycle(service)
     assert "agent2" not in api.bindings()
     assert "admin access to devices requires" in api.refusals("agent2")[-1]
+
+    # Deleted: gone from the set whatever labels the event's object shows.
+    service.mirror.on_namespaces("MODIFIED", _namespace("default", True))
+    service.mirror.on_namespaces("DELETED", _namespace("default", True))
+    service.mirror.on_pods("ADDED", pod("agent3", templates={"dev": "watch"}))
+    cycle(service)
+    assert "agent3" not in api.bindings()
+    assert "admin access to devices requires" in api.refusals("agent3")[-1]

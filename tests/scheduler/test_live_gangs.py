@@ -45,6 +45,7 @@ def service() -> CustomScheduler:
     engine.set_topology([RACK])
     svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
     svc.mirror.on_nodes("SYNC", [node(f"{rack}-n{i}", rack) for rack in ("r1", "r2") for i in range(2)])
+    svc.mirror.on_namespaces("SYNC", [])
     svc.mirror.on_pods("SYNC", [])
     svc.mirror.on_budgets("SYNC", [])
     svc.mirror.on_claims("SYNC", [])
@@ -450,6 +451,7 @@ def extender_with_racks() -> Any:
     engine.set_topology([RACK])
     extender = ExtenderServer(engine, None, None)  # type: ignore[arg-type]
     extender.mirror.on_nodes("SYNC", [node(f"{rack}-n{i}", rack) for rack in ("r1", "r2") for i in range(2)])
+    extender.mirror.on_namespaces("SYNC", [])
     extender.mirror.on_podgroups("SYNC", [podgroup("train", 2), podgroup("big", 3, uid="b")])
     return extender
 

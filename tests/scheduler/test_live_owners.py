@@ -31,6 +31,7 @@ def start(profile: Any = None) -> CustomScheduler:
     svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
     nodes = [node_manifest(n, labels={HOST: n, ZONE: f"zone-{n[0]}"}, cpu="8", memory="32Gi") for n in NODES]
     svc.mirror.on_nodes("SYNC", nodes)
+    svc.mirror.on_namespaces("SYNC", [])
     svc.mirror.on_budgets("SYNC", [])  # no PodDisruptionBudget: readiness waits only for what each test leaves out
     svc.mirror.on_podgroups("SYNC", [])
     for kind in DRA_KINDS:

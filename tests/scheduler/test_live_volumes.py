@@ -29,6 +29,7 @@ def service() -> CustomScheduler:
     engine = Engine(make_plugin_manager("scheduler", plugins=(), autoload=False), signing_key=KEY)
     svc = CustomScheduler(None, RecordingWriter(), engine, name="kubegpu")  # type: ignore[arg-type]
     svc.mirror.on_nodes("SYNC", [node_manifest(n, labels={HOST: n}) for n in ("n1", "n2", "n3")])
+    svc.mirror.on_namespaces("SYNC", [])
     for kind in OWNER_PATHS:  # no Service, ReplicaSet, ...: readiness waits only for what each test leaves out
         svc.mirror.on_owners(kind, "SYNC", [])
     svc.mirror.on_budgets("SYNC", [])
@@ -228,6 +229,7 @@ def test_the_extender_leaves_volumes_to_kube_scheduler() -> None:
     server = ExtenderServer(engine, None, None)  # type: ignore[arg-type]
     assert not server.mirror.watch_volumes and not engine.track_volumes
     server.mirror.on_nodes("SYNC", [node_manifest("n1")])
+    server.mirror.on_namespaces("SYNC", [])
     server.mirror.on_pods("SYNC", [])
     server.mirror.on_podgroups("SYNC", [])  # the gangs it answers for
     server.mirror.on_budgets("SYNC", [])  # the budgets `/preempt` counts

@@ -51,6 +51,25 @@ selectors = st.one_of(
 )
 
 
+# A term's namespaceSelector (1.22+): every namespace, those of a team label, those named (the label the API server
+# sets on each), those without a team.
+namespace_selectors = st.one_of(
+    st.just({}),
+    st.builds(lambda team: {"matchLabels": {"team": team}}, st.sampled_from(["x", "y"])),
+    st.builds(
+        lambda names: {"matchExpressions": [{"key": filters.NAMESPACE_NAME_LABEL, "operator": "In", "values": names}]},
+        st.lists(st.sampled_from(NAMESPACES), min_size=1, max_size=2),
+    ),
+    st.just({"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]}),
+)
+# A Namespace's labels set (a team label, or none) or its object deleted (None: only its name label is known).
+namespace_changes = st.tuples(
+    st.just("namespace"),
+    st.sampled_from(NAMESPACES),
+    st.one_of(st.none(), st.builds(lambda team: {"team": team} if team else {}, st.sampled_from(["", "x", "y"]))),
+)
+
+
 @st.composite
 def terms(draw: st.DrawFn) -> dict[str, Any]:
     term: dict[str, Any] = {"topologyKey": draw(st.sampled_from([ZONE, HOST, "rack"]))}
@@ -59,6 +78,8 @@ def terms(draw: st.DrawFn) -> dict[str, Any]:
         term["labelSelector"] = selector
     if draw(st.booleans()):
         term["namespaces"] = draw(st.lists(st.sampled_from(NAMESPACES), min_size=1, max_size=2))
+    if draw(st.integers(0, 2)) == 0:
+        term["namespaceSelector"] = draw(namespace_selectors)
     return term
 
 
@@ -157,6 +178,7 @@ operations = st.lists(
         st.tuples(st.just("relabel"), st.integers(0, 5), node_shapes),
         st.tuples(st.just("remove"), st.integers(0, 5)),
         owner_changes,
+        namespace_changes,
     ),
     min_size=1,
     max_size=25,
@@ -187,9 +209,10 @@ def taints_of(e: Engine) -> dict[str, tuple[Taint, ...]]:
 
 def scanned_affinity(e: Engine, pod: PodRequest) -> filters.AffinityState | None:
     """InterPodAffinity's PreFilter as a scan of every placed pod."""
-    state = filters.affinity_counts(pod, located(e)) if pod.pod_affinity or pod.pod_anti_affinity else None
+    ns = e.placed.namespace_labels
+    state = filters.affinity_counts(pod, located(e), ns) if pod.pod_affinity or pod.pod_anti_affinity else None
     existing: dict[str, set[str]] = {}
-    filters.anti_affinity_matches(pod, [(p, labels) for p, labels in located(e) if p.pod_anti_affinity], existing)
+    filters.anti_affinity_matches(pod, [(p, labels) for p, labels in located(e) if p.pod_anti_affinity], existing, ns)
     if existing:
         state = state or filters.AffinityState()
         state.existing = existing
@@ -234,16 +257,21 @@ def scanned_defaults(
 
 def check_against_scans(e: Engine, probe: PodRequest, owners: dict[tuple[str, str, str], Any] | None = None) -> None:
     index = e._placed
+    ns = index.namespace_labels
     assert podindex.affinity_state(probe, index, e._labels) == scanned_affinity(e, probe)
-    assert podindex.affinity_scores(probe, index, e._labels, 1) == scores.affinity_prescore(probe, located(e), 1)
+    assert podindex.affinity_scores(probe, index, e._labels, 1) == scores.affinity_prescore(probe, located(e), 1, ns)
     assert index.drawn(probe) == any(
-        filters.pod_matches_term(t, probe) for p, _ in located(e) for t in scores.scoring_terms(p)
+        filters.pod_matches_term(t, probe, ns) for p, _ in located(e) for t in scores.scoring_terms(p)
     )
     constraints = scanned_defaults(e, owners or {}, probe)
     assert e.spread_constraints(probe) == constraints
     plan = e.plan(probe)
     hard = tuple(c for c in constraints if c.when_unsatisfiable == "DoNotSchedule")
     assert plan.hard_spread == hard
+    # A plan remembered from before a Namespace was relabelled is made again: whether a placed pod's anti-affinity
+    # term selects the probe (the cluster-wide rules then judge it) may have changed with it.
+    selected = any(filters.pod_matches_term(t, probe, ns) for p, _ in located(e) for t in p.pod_anti_affinity)
+    assert plan.volatile == bool(probe.pod_affinity or probe.pod_anti_affinity or hard or selected)
     if hard:
         indexed = podindex.spread_state(probe, index, e._spread_domains(probe, hard), hard)
         assert indexed == filters.spread_counts(probe, on_nodes(e), hard, taints_of(e))
@@ -310,6 +338,8 @@ def test_index_answers_equal_a_scan_of_every_placed_pod(
             e.remove_node(f"n{op[1]}")
         elif op[0] == "own":
             own(e, owners, op)
+        elif op[0] == "namespace":
+            e.set_namespace(op[1], op[2])
         assert set(e._placed.pods) == set(e.pods)
         for probe in requests:
             check_against_scans(e, probe, owners)

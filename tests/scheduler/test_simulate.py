@@ -976,3 +976,25 @@ def test_a_bound_pod_whose_init_container_was_lent_a_share_is_read_back_holding_
         "scheduled",
     ]
     assert pods["default/one"]["devices"]["main"][gpu] != [held]
+
+
+@pytest.mark.parametrize("tier", ["prod", "dev"])
+def test_namespace_documents_give_the_labels_a_namespace_selector_reads(
+    tier: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPU pod keeping off the hosts of every `tier: prod` namespace's pods: the Namespace document in the input
+    says whether team-a's pod counts."""
+    host = "kubernetes.io/hostname"
+    nodes = [node_manifest(n, labels={host: n}, allocatable={"nvidia.com/gpu": 8}) for n in ("gpu-1", "gpu-2")]
+    first = pod_manifest("db", {"main": {"nvidia.com/gpu": 1}}, namespace="team-a")
+    term = {"topologyKey": host, "labelSelector": {}, "namespaceSelector": {"matchLabels": {"tier": "prod"}}}
+    second = pod_manifest("job", {"main": {"nvidia.com/gpu": 1}}, namespace="team-b")
+    second["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "labels": {"tier": tier}}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all([*nodes, namespace, first, second]))
+    code, events, err = simulate(capsys, str(path))
+    assert code == 0, err
+    nodes_of = {e["pod"]: e["node"] for e in events}
+    assert nodes_of["team-a/db"] == "gpu-1"
+    assert nodes_of["team-b/job"] == ("gpu-2" if tier == "prod" else "gpu-1")  # binpack, unless kept off
