@@ -113,6 +113,7 @@ from kubegpu.plugins.intel_gas.tiles import (
     MAX_TILES_PER_CARD,
     TILES_FIELD,
     TILES_PER_CARD_FIELD,
+    TILES_UNKNOWN,
     advertised_tiles,
     gas_tiles_annotation,
     pick_tiles,
@@ -355,12 +356,14 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         inventory = node.inventories.get(NAME)
         memory: list[int | None] = []
         tiles: list[int | None] = []
+        unknown_tiles = False
         if inventory is not None:
             devices = sorted(inventory.devices, key=lambda d: card_sort_key(d.id))
             cards = [d.id for d in devices]
             healthy = [d.healthy for d in devices]
             memory = [d.memory for d in devices]
             tiles = [advertised_tiles(d.attributes) for d in devices]
+            unknown_tiles = any(d.healthy and TILES_UNKNOWN in d.attributes for d in devices)
         else:
             cards = cards_from_labels(node.labels)
             healthy = [True] * len(cards)
@@ -378,7 +381,9 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
             capacity[TILES] = [min(amount, MAX_TILES_PER_CARD) for amount in capacity[TILES]]
             # Each card's own tiles, when the advertiser counted them for every card that serves: split evenly, a
             # card of one tile beside one of three was booked two, and its mask named a tile it does not have.
-            if tiles and all(t for t, ok in zip(tiles, healthy, strict=True) if ok):
+            if unknown_tiles:  # the advertiser could not count a card's: every mask past it would be misnumbered
+                capacity[TILES] = [0] * len(cards)
+            elif tiles and all(t for t, ok in zip(tiles, healthy, strict=True) if ok):
                 even = capacity[TILES][0]  # a failed card that never said keeps what its pods hold of the split
                 capacity[TILES] = [t or even for t in tiles]
         # Each card's own local memory, when the inventory says it for every card that serves: cards of unequal

@@ -37,6 +37,7 @@ __all__ = [
     "HIERARCHY_ENV",
     "TILES_FIELD",
     "TILES_PER_CARD_FIELD",
+    "TILES_UNKNOWN",
     "advertised_tiles",
     "affinity_mask",
     "gas_tiles_annotation",
@@ -53,6 +54,9 @@ TILES_FIELD = "tiles"
 TILES_PER_CARD_FIELD = "tilesPerCard"
 # card -> its tiles, for the cards given tiles, where a node's cards have unequal tiles (`tilesPerCard` is the most)
 CARD_TILES_FIELD = "cardTiles"
+# The attribute a card's inventory carries instead of `tiles` where the advertiser could not count them: why. The
+# node then offers no tiles, and the scheduler books none there: a mask numbers every card's tiles (T207).
+TILES_UNKNOWN = "tilesUnknown"
 # The most tiles kubegpu books on one card: Intel's cards have 1 or 2; a node advertising more per card is read as is,
 # up to this, so a tile bitmask stays a small integer whatever `gpu.intel.com/tiles` a node claims.
 MAX_TILES_PER_CARD = 64
