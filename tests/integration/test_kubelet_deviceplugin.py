@@ -610,3 +610,58 @@ def test_a_share_pod_whose_termination_message_path_is_the_preload_file_fails_ad
         ), status
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{plugin.output()[-3000:]}") from None
+
+
+def test_a_tile_containers_own_device_hierarchy_never_widens_its_mask(
+    cluster: Cluster,
+    kubelet: Kubelet,
+    device_plugin: DevicePluginProcess,
+    scheduler: SchedulerProcess,
+    host: Path,
+    space: str,
+) -> None:
+    """The kubelet passes Allocate's env first and the container's own `env` after it, and containerd keeps the last
+    value of a name. A pod given tile gt0 of a two-tile card, its spec setting `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE`,
+    ran with the node's FLAT mask `0` and its own COMPOSITE, which Level Zero reads as the whole of card0, both tiles
+    (T210). The device plugin writes the mask in the hierarchy the container names, as the CRI shim does (`0.0`);
+    a hierarchy the node does not write (`composite`) fails the pod's admission, naming it."""
+    out = host / "out"
+    wait_for(lambda: capacity(cluster).get(I915) == "2", 60, "gpu.intel.com/i915 capacity")
+    label(cluster, {"gpu.intel.com/gpu-numbers": "0.1"})
+    # What `kubegpu advertise --update-capacity` (or NFD) adds beside the device plugin: two cards of two tiles.
+    cluster.client.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": {"gpu.intel.com/tiles": "4"}}})
+    wait_for(lambda: allocatable(cluster).get("gpu.intel.com/tiles") == "4", 60, "tiles allocatable")
+    tile = {I915: 1, "gpu.intel.com/tiles": 1}
+    try:
+        composite = pod(space, "composite", {"main": tile}, scheduler=SCHEDULER, out=out)
+        composite["spec"]["containers"][0]["env"].append({"name": "ZE_FLAT_DEVICE_HIERARCHY", "value": "COMPOSITE"})
+        cluster.client.post(f"/api/v1/namespaces/{space}/pods", composite)
+        running = wait_running(cluster, space, "composite", timeout=90)
+        card = allocated(running, "main")[I915]
+        _, env = read_output(out, "composite", "main")
+        seen = {k: env.get(k) for k in ("ZE_FLAT_DEVICE_HIERARCHY", "ZE_AFFINITY_MASK", "KUBEGPU_INTEL_CARDS")}
+        assert seen == {
+            "ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE",
+            "ZE_AFFINITY_MASK": "0.0",
+            "KUBEGPU_INTEL_CARDS": card[0],
+        }, seen
+
+        spelled = pod(space, "spelled", {"main": tile}, scheduler=SCHEDULER, out=out)
+        spelled["spec"]["containers"][0]["env"].append({"name": "ZE_FLAT_DEVICE_HIERARCHY", "value": "composite"})
+        cluster.client.post(f"/api/v1/namespaces/{space}/pods", spelled)
+
+        def settled() -> dict[str, Any] | None:
+            found: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{space}/pods/spelled")
+            return found if found["status"].get("phase") in ("Failed", "Running") else None
+
+        status = wait_for(settled, 90, "the pod spelling the hierarchy otherwise to fail or run")["status"]
+        if status["phase"] == "Running":
+            _, env = read_output(out, "spelled", "main")
+        ran = {k: env.get(k) for k in ("ZE_FLAT_DEVICE_HIERARCHY", "ZE_AFFINITY_MASK")}
+        assert status["phase"] == "Failed", f"it ran with {ran}"
+        assert (
+            f"kubegpu: env check failed: pod {space}/spelled container main sets ZE_FLAT_DEVICE_HIERARCHY"
+            in status.get("message", "")
+        ), status
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{device_plugin.output()[-3000:]}") from None
