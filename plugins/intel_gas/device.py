@@ -76,6 +76,7 @@ from kubegpu.plugins.intel_gas.cards import CARDS_LABEL, CONTINUATION_MARK, GPU_
 from kubegpu.plugins.intel_gas.tiles import (
     AFFINITY_ENV,
     HIERARCHY_ENV,
+    INIT_TILES_FIELD,
     MAX_TILES_PER_CARD,
     TILES_UNKNOWN,
     advertised_tiles,
@@ -298,6 +299,8 @@ def tile_mask(allocation: ContainerAllocation, cards: list[str], hierarchy: str)
     cards). Raises `ValueError` for tiles the allocation cannot give: of a card the container does not have, or past
     the node's tiles per card (they would number another card's tiles)."""
     tiles = read_tiles_field(allocation.fields, allocation.container)
+    if tiles == {}:  # a classic init container's are named apart (tiles of its pod's, `INIT_TILES_FIELD`)
+        tiles = read_tiles_field(allocation.fields, allocation.container, INIT_TILES_FIELD)
     if isinstance(tiles, str):
         raise ValueError(tiles)
     if not tiles:

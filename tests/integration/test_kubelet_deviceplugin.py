@@ -665,3 +665,43 @@ def test_a_tile_containers_own_device_hierarchy_never_widens_its_mask(
         ), status
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{device_plugin.output()[-3000:]}") from None
+
+
+def test_a_classic_init_container_asking_a_tile_runs_masked_to_a_tile_of_its_pods(
+    cluster: Cluster,
+    kubelet: Kubelet,
+    device_plugin: DevicePluginProcess,
+    scheduler: SchedulerProcess,
+    host: Path,
+    space: str,
+) -> None:
+    """A pod whose init container asks one card and one tile before its app asks the same: the kubelet allocates the
+    init container the app's card, and the init container ran with no mask, the whole card, both tiles (one of them
+    another pod's to take). It runs masked to its pod's tile, as the app does."""
+    out = host / "out"
+    wait_for(lambda: capacity(cluster).get(I915) == "2", 60, "gpu.intel.com/i915 capacity")
+    label(cluster, {"gpu.intel.com/gpu-numbers": "0.1"})
+    cluster.client.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": {"gpu.intel.com/tiles": "4"}}})
+    wait_for(lambda: allocatable(cluster).get("gpu.intel.com/tiles") == "4", 60, "tiles allocatable")
+    tile = {I915: 1, "gpu.intel.com/tiles": 1}
+    try:
+        checked = pod(space, "checked", {"main": tile}, scheduler=SCHEDULER, out=out)
+        prep = dict(
+            checked["spec"]["containers"][0],
+            name="prep",
+            command=["sh", "-c", "ls /dev/dri > /out/$C.devices; env > /out/$C.env"],
+        )
+        prep["env"] = [{"name": "C", "value": "checked.prep"}]
+        checked["spec"]["initContainers"] = [prep]
+        cluster.client.post(f"/api/v1/namespaces/{space}/pods", checked)
+        running = wait_running(cluster, space, "checked", timeout=90)
+        card = allocated(running, "main")[I915]
+        _, init_env = read_output(out, "checked", "prep")
+        _, app_env = read_output(out, "checked", "main")
+        seen = {
+            name: (env.get("KUBEGPU_INTEL_CARDS"), env.get("ZE_AFFINITY_MASK"))
+            for name, env in (("prep", init_env), ("main", app_env))
+        }
+        assert seen == {"prep": (card[0], "0"), "main": (card[0], "0")}, seen
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{device_plugin.output()[-3000:]}") from None
