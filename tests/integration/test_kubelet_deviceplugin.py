@@ -11,7 +11,10 @@ reason, and so does a tenant's pod with `spec.nodeName` written by hand that the
 kubegpu placed (a gate plugin holds the kubelet's admission queue so that both wait in it): the placed pod then
 runs with its own devices. The kubelet restarts and the device plugin registers again. On a node configured for GPU
 shares (HAMi-core, a fake NVML: no GPU here), the kubelet admits two share pods on the node's one GPU, each holding a
-share slot of it, and each container runs with the GPU and its own limits.
+share slot of it, and each container runs with the GPU and its own limits. On the Intel cards as two-tile cards, a
+container given a tile whose spec asks `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE` runs with its mask written in COMPOSITE
+(the kubelet passes the spec's env after Allocate's: it wins), one spelling it otherwise fails admission, and a classic
+init container asking a tile runs masked to a tile of its pod's.
 """
 
 from __future__ import annotations
