@@ -80,8 +80,13 @@ Races, and what happens:
   finished pod's devices): no preference, and Allocate refuses ids the scheduler did not sign.
 
 What the mode cannot do: the env a tenant writes in a container (`NVIDIA_VISIBLE_DEVICES=all` in the pod spec, an
-`envFrom`, or the image's own `ENV`) reaches the runtime untouched; a device plugin only adds to a container. The
-CRI shim removes it (T8 in docs/security.md); here the cluster must refuse it: `examples/deploy/admission/` and
+`envFrom`, or the image's own `ENV`) reaches the runtime untouched; a device plugin only adds to a container, and
+the kubelet passes the container's own `envFrom` and `env` after Allocate's env, so they win. The CRI shim removes
+it (T8 in docs/security.md). Here, for a container being allocated devices, Allocate refuses (`env`, naming it:
+`refuse_overriding_env`, T210) an `env` entry naming a variable the owning plugin owns or its answer sets to another
+value, and an `envFrom` whose prefix could make one; the answer is computed from the container's own literal env, as
+the shim's is, so `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE` gets an Intel tile mask written in COMPOSITE. A container
+asking no device never reaches a device plugin: there the cluster must refuse it, `examples/deploy/admission/` and
 docs/security.md (T22) say how. (The image's `ENV` ranks below Allocate's env, which for a GPU share names every
 variable HAMi-core reads that could lift it: T133.) Nor can it remove the pod's volumes, which the kubelet mounts
 after the device plugin's mounts, on top of them: a container that mounts one at or under a path the owning plugin
@@ -251,7 +256,9 @@ class Candidate:
     None when it has none (kubegpu did not place it, or its allocation failed a check: `unverified` says which);
     `order` is its containers' admission order and `requests` what each asks (None: a count that cannot be read);
     `classic` its init containers that are no sidecars; `mounts` what the kubelet mounts where in each container
-    from its pod spec (`_mount_paths`)."""
+    from its pod spec (`_mount_paths`); `envs` each container's own `env` (a value from elsewhere, `valueFrom`, as
+    None) and `env_from` the prefixes of its `envFrom` entries ("" for none): the kubelet passes both after
+    Allocate's env, and the runtime keeps the last value of a name (`refuse_overriding_env`)."""
 
     pod: PodIdentity
     created: str
@@ -261,6 +268,8 @@ class Candidate:
     unverified: str = ""
     classic: frozenset[str] = frozenset()
     mounts: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    envs: dict[str, tuple[tuple[str, str | None], ...]] = field(default_factory=dict)
+    env_from: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def ids(self, container: str, resource: str) -> list[str]:
         """The ids the allocation names for `container` (a classic init container's from `init`)."""
@@ -346,8 +355,12 @@ class PendingPods:
             if record is not None and not record.init and classic:
                 record = _with_init(record, init, requests)
             mounts = {str(c.get("name", "")): _mount_paths(c) for c in [*init, *apps]}
+            envs = {str(c.get("name", "")): _own_env(c) for c in [*init, *apps]}
+            env_from = {str(c.get("name", "")): _env_from_prefixes(c) for c in [*init, *apps]}
             candidates.append(
-                Candidate(identity, created, record, list(requests), requests, unverified, classic, mounts)
+                Candidate(
+                    identity, created, record, list(requests), requests, unverified, classic, mounts, envs, env_from
+                )
             )
         now = self.clock()
         with self.lock:
@@ -520,6 +533,71 @@ def _mount_paths(container: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return (*paths, (TERMINATION_FILE, str(termination))) if termination else paths
 
 
+def _own_env(container: Mapping[str, Any]) -> tuple[tuple[str, str | None], ...]:
+    """A pod spec container's `env`, in order: (name, its literal value; None for one the kubelet resolves from
+    elsewhere, `valueFrom`)."""
+    entries = container.get("env") or []
+    return tuple(
+        (str(e.get("name", "")), None if e.get("valueFrom") is not None else str(e.get("value") or ""))
+        for e in entries
+        if isinstance(e, Mapping)
+    )
+
+
+def _env_from_prefixes(container: Mapping[str, Any]) -> tuple[str, ...]:
+    """The `prefix` of each of a pod spec container's `envFrom` entries ("" where it has none: every key)."""
+    entries = container.get("envFrom") or []
+    return tuple(str(e.get("prefix") or "") for e in entries if isinstance(e, Mapping))
+
+
+def refuse_overriding_env(
+    owned: DeviceOwnership | None,
+    candidate: Candidate,
+    container: str,
+    plugin: str,
+    answered: Mapping[str, str],
+) -> None:
+    """Refuse (`env`) a container whose own env could stand in for what Allocate answers, or for a variable the
+    owning plugin owns: an `env` entry naming one, unless it is one the answer sets to exactly its value, or an
+    `envFrom` whose prefix could make one (a ConfigMap or Secret's keys are not the node's to read).
+
+    The kubelet passes Allocate's env first and the container's own `envFrom` and `env` after it, and the runtime
+    keeps the last value of a name (as the image's `ENV` ranks below all of them); a device plugin cannot remove
+    them. A container given one tile of an Intel card that set `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE` read the FLAT
+    mask `0` as the whole of card0, both tiles (T210). The answer is computed from the container's literal values
+    (less the owned), as the CRI shim computes it, so a spec asking `COMPOSITE` exactly gets a mask written in
+    COMPOSITE and is admitted; `answered` holds only the variables whose value differs from the container's."""
+    for name, value in candidate.envs.get(container, ()):
+        if owned is not None and owned.owns_env(name):
+            why = f"the {plugin} plugin owns it (device selection, or the limits of a share)"
+        elif name in answered:  # set to another value than the container's (whose last entry the kubelet keeps)
+            shown = "from elsewhere (valueFrom)" if value is None else f"to {value[:80]!r}"
+            why = f"it is set {shown}, and the node sets it to {answered[name][:80]!r} for the devices given"
+        else:
+            continue
+        raise AllocationRefused(
+            "env",
+            f"pod {candidate.pod.key} container {container} sets {name[:120]} in its env, which would stand in for "
+            f"the node's: {why}; the kubelet passes a container's own env after the device plugin's, so the "
+            "container is refused; remove that env entry (or, for a device hierarchy, write one the node uses: "
+            "FLAT or COMPOSITE)",
+        )
+    for prefix in candidate.env_from.get(container, ()):
+        names = [*answered, *(owned.envs if owned else ()), *(owned.env_prefixes if owned else ())]
+        reached = [n for n in names if n.startswith(prefix)]
+        reached += [p for p in (owned.env_prefixes if owned else ()) if prefix.startswith(p)]
+        if not reached:
+            continue
+        raise AllocationRefused(
+            "env",
+            f"pod {candidate.pod.key} container {container} imports env from a ConfigMap or Secret (envFrom) "
+            + (f"with the prefix {prefix[:120]!r}" if prefix else "without a prefix")
+            + f", whose keys could set {reached[0]}, which the node sets for the devices given or the {plugin} "
+            "plugin owns; the kubelet passes them after the device plugin's env, so the container is refused; give "
+            "that envFrom a prefix no such variable starts with (prefix: APP_)",
+        )
+
+
 def refuse_owned_mounts(
     owned: DeviceOwnership | None, candidate: Candidate, container: str, plugin: str, edit: ContainerEdit
 ) -> None:
@@ -595,13 +673,23 @@ def allocate_response(
         shares=shares,
         fields=dict(record.plugins.get(plugin, {})),
     )
-    edit = ContainerEdit()
+    found = plugins.call(plugin, OWNED_HOOK)
+    owned = found if isinstance(found, DeviceOwnership) else None
+    # The container's own literal env, as the CRI shim's edit sees it (the owned left out): a plugin writes what it
+    # sets in the terms the container asked for (an Intel tile mask in the device hierarchy it names).
+    asked = {
+        name: value
+        for name, value in candidate.envs.get(container, ())
+        if value is not None and (owned is None or not owned.owns_env(name))
+    }
+    edit = ContainerEdit(envs=dict(asked))
     plugins.call(plugin, EDIT_HOOK, allocation=allocation, edit=edit, dev_root=dev_root)
     edit = ContainerEdit.model_validate(edit.model_dump(warnings=False))
-    owned = plugins.call(plugin, OWNED_HOOK)
-    refuse_owned_mounts(owned if isinstance(owned, DeviceOwnership) else None, candidate, container, plugin, edit)
+    answered = {name: value for name, value in edit.envs.items() if asked.get(name) != value}
+    refuse_overriding_env(owned, candidate, container, plugin, answered)
+    refuse_owned_mounts(owned, candidate, container, plugin, edit)
     return _M["ContainerAllocateResponse"](
-        envs=edit.envs,
+        envs=answered,
         mounts=[
             _M["Mount"](container_path=m.container_path, host_path=m.host_path, read_only=m.readonly)
             for m in edit.mounts

@@ -17,18 +17,20 @@ starts serving, for the pods removed while none ran), the shim lists the node's 
 UIDs of the pods left (`Device.kubegpu_device_forget_pods`), so that each removes what it keeps on the host for the
 pods gone (HAMi-core's region directories).
 
-The pod's `kubegpu.io/allocation` is the one its sandbox was created with, as the runtime recorded it
-(ListPodSandbox reports each sandbox's annotations; containerd 1.6 does), not the copy of the pod's current
-annotations the kubelet puts in the request, which the pod's owner may have changed since; the copy is used only when
-the runtime reports no annotations, and the API server (with `--kubeconfig`) when the sandbox was created without
-one. The allocation must be signed with this node's key, name this node and this pod (`verify.py`),
-and no other live (READY) sandbox on the node may hold one of its whole devices: of two verified allocations naming
-one device, the one issued earlier is stale and refused, and a device a live container already has is never given to
-another pod (shared devices, with `shares`, are not compared). One lock spans reading the sandboxes, checking and
-marking the container being created, so concurrent calls cannot both hand out a device; verified allocations are
-remembered per sandbox id. Which containers of another pod hold a device is the runtime's answer (created, running or
-unknown), and those being created through the shim until the runtime answers (for good when its answer is lost):
-never what the shim once applied, so a container that has exited holds nothing, as a freshly started shim sees it.
+The pod's `kubegpu.io/allocation` is the one its sandbox was created with, as the runtime recorded it (ListPodSandbox
+reports each sandbox's annotations; containerd 1.6 does), not the copy of the pod's current annotations the kubelet
+puts in the request, which the pod's owner may have changed since; the copy is used only when the runtime reports no
+annotations, and the API server (with `--kubeconfig`) when the sandbox was created without one. A copy without one (an
+editor removed it after the sandbox was created) still gets the sandbox's, checked as any below, so a restarted
+container keeps its devices unless another pod has since been given them. The allocation must be signed with this
+node's key, name this node and this pod (`verify.py`), and no other live (READY) sandbox on the node may hold one of
+its whole devices: of two verified allocations naming one device, the one issued earlier is stale and refused, and a
+device a live container already has is never given to another pod (shared devices, with `shares`, are not compared).
+One lock spans reading the sandboxes, checking and marking the container being created, so concurrent calls cannot
+both hand out a device; verified allocations are remembered per sandbox id. Which containers of another pod hold a
+device is the runtime's answer (created, running or unknown), and those being created through the shim until the
+runtime answers (for good when its answer is lost): never what the shim once applied, so a container that has exited
+holds nothing, as a freshly started shim sees it.
 
 Every installed plugin declares what selects its devices (`Device.kubegpu_device_owned`: env variables, device and
 mount paths, CDI kinds); the shim removes all of it from every container, then each resource allocated to the
@@ -419,9 +421,13 @@ class ContainerEditor:
         self, request: Any, body: bytes, pod: PodIdentity, container: str, cdi: CdiMode, wait: float | None = None
     ) -> tuple[bytes, bool]:
         """The request to forward, and whether it gives the container whole devices (a creation `answered` settles)."""
-        # The kubelet's copy of the pod's annotations, else (with --kubeconfig) the API server's.
+        # The kubelet's copy of the pod's annotations, else the one the runtime recorded for the sandbox (an editor
+        # removed it from the pod since), else (with --kubeconfig) the API server's.
         fallback = request.sandbox_config.annotations.get(ALLOCATION_KEY)
         from_api = fallback is None
+        if fallback is None:
+            fallback = self._recorded_allocation(request.pod_sandbox_id, pod, container)
+            from_api = fallback is None
         if fallback is None:
             fallback = self._allocation_from_api(pod, container)
             if fallback is None:
@@ -455,6 +461,28 @@ class ContainerEditor:
             return edited, bool(wanted)
         finally:
             self._lock.release()
+
+    def _recorded_allocation(self, sandbox_id: str, pod: PodIdentity, container: str) -> str | None:
+        """The allocation the runtime recorded for the sandbox when the request's copy of the pod's annotations has
+        none: the pod's was removed after the sandbox was created (an editor, a tool that rewrites annotations), and
+        the container's next restart would have lost its devices. It is checked as any: verified, and under the
+        node's lock no other live container or creation in flight may hold its devices (`_check_exclusive`), so a
+        device the scheduler has since given another pod is refused, never held twice (T208's rules). None when
+        there is no runtime view, the sandbox has none, or the runtime cannot say (the API server decides then)."""
+        if self.sandboxes is None:
+            return None
+        try:
+            own = next((s for s in self.sandboxes.sandboxes() if s.id == sandbox_id), None)
+        except ConnectionError:
+            return None
+        if own is None or own.allocation is None:
+            return None
+        log.warning(
+            "the pod's %s was removed after its sandbox was created; the sandbox's is used",
+            ALLOCATION_KEY,
+            extra={"pod": pod.key, "devices": container},
+        )
+        return own.allocation
 
     @staticmethod
     def _sandbox_allocation(

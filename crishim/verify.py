@@ -45,6 +45,7 @@ Check = Literal[
     "shares",
     "foreign-share",
     "mount",
+    "env",
 ]
 
 _HEX_SIGNATURE = re.compile(r"[0-9a-f]{64}")

@@ -9,7 +9,8 @@ Discovery reads only the host root it is given:
   `lmem_total_bytes` or `device/lmem_total_bytes` (local memory in bytes), the render node under `device/drm/`
   (`renderD128`), the kernel driver (`device/driver` -> `i915` or `xe`) and the PCI address.
 * **Tiles**, counted as Intel's GPU labeler counts them: the `gt/gtN` directories of the card (i915) and the
-  `device/tileN` ones (xe), 1 when there are none (a card is one tile), at most 64.
+  `device/tileN` ones (xe), 1 when there are none (a card is one tile), at most 64. A card whose directory of
+  either exists but cannot be read has, instead of `tiles`, `tilesUnknown` saying why.
 
 The inventory: devices `{"id": "cardN", "model": "0x56c0", "memory", "attributes": {"render", "driver",
 "pciAddress", "tiles"}}`; no topology (GAS has none). The scheduler side reads the ids and health.
@@ -19,8 +20,9 @@ Health: a card whose sysfs directory has disappeared is unhealthy.
 Advertisement: `gpu.intel.com/i915` (or `gpu.intel.com/xe` for cards driven by `xe`) = healthy cards, one container
 per card as the Intel device plugin's default; `gpu.intel.com/millicores` = 1000 per healthy card,
 `gpu.intel.com/tiles` = their tiles (the resource NFD makes of the labeler's `gpu.intel.com/tiles` label, which GAS
-and kubegpu book tile by tile) and `gpu.intel.com/memory.max` = their local memory when every card says how much it
-has. Labels, as the Intel GPU
+and kubegpu book tile by tile; 0 while a healthy card's tiles are unknown, logged once: a container's mask numbers
+the tiles of its cards one after another, so one card counted wrong moves its neighbours' numbers) and
+`gpu.intel.com/memory.max` = their local memory when every card says how much it has. Labels, as the Intel GPU
 labeler writes them, listing the healthy cards: `gpu.intel.com/gpu-numbers` = `0.1` (continued in `gpu-numbers2`,
 `...3`, each starting with `Z`, when longer than a label value may be) and the deprecated `gpu.intel.com/cards` =
 `card0.card1` (left out when too long: GAS reads `gpu-numbers` first).
@@ -53,6 +55,7 @@ names under its `gpu.intel.com/*` resources.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -73,7 +76,9 @@ from kubegpu.plugins.intel_gas.cards import CARDS_LABEL, CONTINUATION_MARK, GPU_
 from kubegpu.plugins.intel_gas.tiles import (
     AFFINITY_ENV,
     HIERARCHY_ENV,
+    INIT_TILES_FIELD,
     MAX_TILES_PER_CARD,
+    TILES_UNKNOWN,
     advertised_tiles,
     affinity_mask,
     mask_hierarchy,
@@ -105,6 +110,9 @@ _RENDER = re.compile(r"renderD[0-9]+")
 _DRI_NODE = re.compile(r"card[0-9]+|renderD[0-9]+")
 _GT = re.compile(r"gt[0-9]+")
 _TILE = re.compile(r"tile[0-9]+")
+
+log = logging.getLogger(__name__)
+_unknown_reported: tuple[str, ...] = ()  # the cards whose unknown tiles were last logged
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -141,7 +149,11 @@ def kubegpu_device_advertise(inventory: DeviceInventory) -> Advertisement:
         resource = XE if card.attributes.get("driver") == "xe" else I915
         capacity[resource] = capacity.get(resource, 0) + (1 if card.healthy else 0)
     capacity[MILLICORES] = 1000 * len(healthy)
-    capacity[TILES] = sum(_tiles(card) for card in healthy)
+    unknown = [card for card in healthy if TILES_UNKNOWN in card.attributes]
+    # A card whose tiles are unknown cannot be numbered past: Level Zero's FLAT numbers of the tiles of the cards
+    # after it in a container depend on it. No tile is offered on the node (whole cards still are) until it reads.
+    capacity[TILES] = 0 if unknown else sum(_tiles(card) for card in healthy)
+    _report_unknown_tiles(unknown)
     if cards and all(c.memory for c in cards):
         capacity[MEMORY] = sum(c.memory or 0 for c in healthy)
     numbers = ".".join(m.group(1) for c in healthy if (m := _CARD.fullmatch(c.id)))
@@ -223,7 +235,8 @@ def discover(host_root: Path) -> DeviceInventory | None:
         address = _link_name(device)
         if address and re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", address):
             attributes["pciAddress"] = address
-        attributes["tiles"] = tile_count(entry)
+        tiles = tile_count(entry)
+        attributes[TILES_UNKNOWN if isinstance(tiles, str) else "tiles"] = tiles
         memory = _positive(_read(entry / "lmem_total_bytes")) or _positive(_read(device / "lmem_total_bytes"))
         devices.append(
             DeviceInfo(
@@ -238,19 +251,42 @@ def discover(host_root: Path) -> DeviceInventory | None:
     return DeviceInventory(plugin=NAME, devices=devices)
 
 
-def tile_count(card: Path) -> int:
+def tile_count(card: Path) -> int | str:
     """The tiles of the card at `card` (`sys/class/drm/cardN`): its `gt/gtN` directories (i915) and `device/tileN`
-    ones (xe), as Intel's GPU labeler counts them; 1 when it shows none, at most MAX_TILES_PER_CARD."""
+    ones (xe), as Intel's GPU labeler counts them; 1 when it shows none, at most MAX_TILES_PER_CARD. Or why they
+    cannot be counted: a directory there that exists but cannot be read. Counted as one tile, such a card shifted
+    the Level Zero FLAT numbers of the tiles of every card after it in a container's mask (T207)."""
     found = 0
     for parent, pattern in ((card / "gt", _GT), (card / "device", _TILE)):
         try:
             with os.scandir(parent) as entries:
                 found += sum(1 for e in entries if pattern.fullmatch(e.name) and e.is_dir())
-        except OSError:
-            continue
+        except FileNotFoundError:
+            continue  # no `gt` (xe) or no `tileN` (i915): that driver's way of showing tiles is not used
+        except OSError as exc:
+            return f"{DRM}/{card.name}/{parent.name} cannot be read: {exc.strerror or exc}"
         if found >= MAX_TILES_PER_CARD:
             break
     return min(max(found, 1), MAX_TILES_PER_CARD)
+
+
+def _report_unknown_tiles(cards: list[DeviceInfo]) -> None:
+    """Say once, when it changes, which cards keep the node from offering tiles (advertise runs every interval)."""
+    global _unknown_reported
+    said = tuple(f"{card.id} ({card.attributes[TILES_UNKNOWN]})" for card in cards)
+    if said == _unknown_reported:
+        return
+    _unknown_reported = said
+    if said:
+        log.warning(
+            "%s = 0 on this node: the tiles of %s are unknown, and a container's tile mask numbers every card's "
+            "tiles; whole cards (%s) are still offered. Make the card's sysfs readable to the advertiser",
+            TILES,
+            ", ".join(said),
+            I915,
+        )
+    else:
+        log.info("every card's tiles are known again: %s offered", TILES)
 
 
 def _tiles(card: DeviceInfo) -> int:
@@ -263,6 +299,8 @@ def tile_mask(allocation: ContainerAllocation, cards: list[str], hierarchy: str)
     cards). Raises `ValueError` for tiles the allocation cannot give: of a card the container does not have, or past
     the node's tiles per card (they would number another card's tiles)."""
     tiles = read_tiles_field(allocation.fields, allocation.container)
+    if tiles == {}:  # a classic init container's are named apart (tiles of its pod's, `INIT_TILES_FIELD`)
+        tiles = read_tiles_field(allocation.fields, allocation.container, INIT_TILES_FIELD)
     if isinstance(tiles, str):
         raise ValueError(tiles)
     if not tiles:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from kubegpu.core.models import ContainerRequest, PodRequest
@@ -63,6 +63,8 @@ class IntelGasPodState:
 class IntelGasPlacement:
     cards: tuple[tuple[int, ...] | None, ...]  # per container, chosen card indices in card order
     score: float
+    # per classic init container asking tiles: card index -> its tiles (`scheduler.init_tile_plan`)
+    init_tiles: Mapping[str, Mapping[int, tuple[int, ...]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,10 @@ The rules, in the order the engine meets them:
   numbers; `tilesPerCard`) and in GAS's `gas-container-tiles` (`card0:gt0+gt1|card1:gt1`), both only when some
   container asks tiles. A card has as many tiles as its `gpu.intel.com/tiles` capacity (at most 64). A shortage of
   tiles names the cards (`card0 has no free tile`). A container asking no tiles is counted by its other shares only,
-  as in GAS, and may share a card whose tiles others hold.
+  as in GAS, and may share a card whose tiles others hold. A classic init container asking tiles (which GAS leaves
+  to the kubelet) runs before the containers after it, on the card `init_devices` names it: it is given tiles of
+  its pod's there (`init_tile_plan`, signed in `initTiles`), and where it asks more than the pod holds there, the
+  pod holds the rest besides, as kube-scheduler counts the more of the two.
 * **Score.** GAS has none; here it is how full the chosen cards are after the placement (mean over the cards
   of their busiest resource's used fraction, times 100): a node where the pod fills cards already in use
   scores higher than one where it breaks into untouched cards.
@@ -75,11 +78,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
+from kubegpu.core.annotations import init_devices
 from kubegpu.core.kit import Claim, DevicePlugin, DeviceShare, SharedDeviceNodeState, bit_indices
 from kubegpu.core.limits import check_device_count
-from kubegpu.core.models import NodeInfo, PluginAllocation, PodRequest
+from kubegpu.core.models import InitStep, NodeInfo, PluginAllocation, PodRequest
 from kubegpu.core.scheduler_hooks import hookimpl
 from kubegpu.core.status import Status
 from kubegpu.plugins.intel_gas import (
@@ -110,9 +115,11 @@ from kubegpu.plugins.intel_gas.placement import (
 )
 from kubegpu.plugins.intel_gas.tiles import (
     CARD_TILES_FIELD,
+    INIT_TILES_FIELD,
     MAX_TILES_PER_CARD,
     TILES_FIELD,
     TILES_PER_CARD_FIELD,
+    TILES_UNKNOWN,
     advertised_tiles,
     gas_tiles_annotation,
     pick_tiles,
@@ -324,6 +331,33 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
                 i = state.index.get(card)
                 if i is not None:  # a card the node no longer has holds nothing (above)
                     tiles.append((i, sum(1 << t for t in numbers)))
+        # A classic init container runs on tiles of its pod's; those it asks beyond them the pod holds besides, once
+        # per card however many init containers use them in turn (`init_tile_plan`).
+        init = allocation.fields.get(INIT_TILES_FIELD) or {}
+        if not isinstance(init, dict):
+            return f"the allocation's {INIT_TILES_FIELD} field is not a map of containers"
+        pods: dict[int, int] = {}
+        for i, bits in tiles:
+            pods[i] = pods.get(i, 0) | bits
+        besides: dict[int, int] = {}
+        for container in init:
+            named = read_tiles_field(allocation.fields, str(container), INIT_TILES_FIELD)
+            if isinstance(named, str):
+                return named
+            for card, numbers in named.items():
+                i = state.index.get(card)
+                if i is not None:
+                    besides[i] = besides.get(i, 0) | (sum(1 << t for t in numbers) & ~pods.get(i, 0))
+        for i, bits in besides.items():
+            if not bits:
+                continue
+            tiles.append((i, bits))
+            if TILES in position:
+                row = [0] * len(position)
+                row[position[TILES]] = bin(bits).count("1")
+                shares.append((i, tuple(row)))
+            else:
+                unadvertised.append((i, TILES, bin(bits).count("1")))
         return Claim(shares=shares, extra=TileClaim(unadvertised, tiles))
 
     def learn(
@@ -355,12 +389,14 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         inventory = node.inventories.get(NAME)
         memory: list[int | None] = []
         tiles: list[int | None] = []
+        unknown_tiles = False
         if inventory is not None:
             devices = sorted(inventory.devices, key=lambda d: card_sort_key(d.id))
             cards = [d.id for d in devices]
             healthy = [d.healthy for d in devices]
             memory = [d.memory for d in devices]
             tiles = [advertised_tiles(d.attributes) for d in devices]
+            unknown_tiles = any(d.healthy and TILES_UNKNOWN in d.attributes for d in devices)
         else:
             cards = cards_from_labels(node.labels)
             healthy = [True] * len(cards)
@@ -378,7 +414,9 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
             capacity[TILES] = [min(amount, MAX_TILES_PER_CARD) for amount in capacity[TILES]]
             # Each card's own tiles, when the advertiser counted them for every card that serves: split evenly, a
             # card of one tile beside one of three was booked two, and its mask named a tile it does not have.
-            if tiles and all(t for t, ok in zip(tiles, healthy, strict=True) if ok):
+            if unknown_tiles:  # the advertiser could not count a card's: every mask past it would be misnumbered
+                capacity[TILES] = [0] * len(cards)
+            elif tiles and all(t for t, ok in zip(tiles, healthy, strict=True) if ok):
                 even = capacity[TILES][0]  # a failed card that never said keeps what its pods hold of the split
                 capacity[TILES] = [t or even for t in tiles]
         # Each card's own local memory, when the inventory says it for every card that serves: cards of unequal
@@ -422,8 +460,10 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
         columns: list[str] = []
         tile_columns: list[list[tuple[str, tuple[int, ...]]]] = []
         named_tiles: dict[str, dict[str, list[int]]] = {}
-        tile_free = list(state.tile_free)  # less what the pod's earlier containers take
-        for container, need, picked in zip(pod.containers, needs, result.cards, strict=True):
+        picks = pod_tiles(state, prepared, result.cards)
+        if picks is None:  # the amounts fit (choose_cards), so the tiles do: books that disagree place nothing
+            return None
+        for container, need, picked, taken in zip(pod.containers, needs, result.cards, picks[0], strict=True):
             tile_columns.append([])
             if need is None or picked is None:
                 columns.append("")
@@ -432,23 +472,28 @@ class IntelGasPlugin(DevicePlugin[IntelGasNodeState]):
             containers[container.name] = {r: list(names) for r, _ in need.per_card}
             shares[container.name] = {r: dict.fromkeys(names, amount) for r, amount in need.per_card}
             columns.append(",".join(names))
-            per_card = dict(need.per_card).get(TILES, 0)
-            for i in picked if per_card else ():
-                chosen = pick_tiles(tile_free[i], per_card)
-                if chosen is None:  # the amounts fit (choose_cards), so the tiles do: books that disagree place nothing
-                    return None
-                tile_free[i] &= ~sum(1 << t for t in chosen)
+            for i, chosen in taken.items():
                 tile_columns[-1].append((state.cards[i], chosen))
                 named_tiles.setdefault(container.name, {})[state.cards[i]] = list(chosen)
+        init_tiles = {
+            name: {state.cards[i]: list(tiles) for i, tiles in by_card.items()}
+            for name, by_card in result.init_tiles.items()
+        }
         annotations = {TS_ANNOTATION: str(time.time_ns()), CARDS_ANNOTATION: "|".join(columns)}
         fields: dict[str, object] = {}
-        if named_tiles:
-            annotations[TILES_ANNOTATION] = gas_tiles_annotation(tile_columns)
+        if named_tiles or init_tiles:
+            if named_tiles:
+                annotations[TILES_ANNOTATION] = gas_tiles_annotation(tile_columns)
             most = max(state.tile_count)
             fields = {TILES_FIELD: named_tiles, TILES_PER_CARD_FIELD: most}
+            if init_tiles:
+                fields[INIT_TILES_FIELD] = init_tiles
             # Level Zero numbers a container's tiles card after card: on cards of fewer tiles than the most, the
             # node side needs each card's own to number them (`tiles.affinity_mask`)
-            named = sorted({card for by_card in named_tiles.values() for card in by_card}, key=card_sort_key)
+            named = sorted(
+                {card for by_card in (*named_tiles.values(), *init_tiles.values()) for card in by_card},
+                key=card_sort_key,
+            )
             counts = {card: state.tile_count[state.cards.index(card)] for card in named}
             if any(count != most for count in counts.values()):
                 fields[CARD_TILES_FIELD] = counts
@@ -490,11 +535,18 @@ def _place(
     if not intel:
         return IntelGasPlacement(cards=tuple(None for _ in needs.needs), score=0.0)
     pool = candidate_cards(state, pod.annotations)
-    if not choose and len(intel) == 1 and fits_alone(state, intel[0], pool):
+    steps = init_tile_steps(pod)
+    if not choose and not steps and len(intel) == 1 and fits_alone(state, intel[0], pool):
         return _FITS
     result = choose_cards(state, needs.needs, pool, state.usage, needs.same)
     if isinstance(result, IntelGasPlacement):
-        return result
+        if not steps:
+            return result
+        plan = init_tile_plan(state, needs, result.cards, steps)
+        if isinstance(plan, Refusal):
+            refuse = Status.unresolvable if plan.final else Status.unschedulable
+            return refuse(plan.reason, plugin=NAME)
+        return replace(result, init_tiles=plan)
     if result.final:
         return Status.unresolvable(result.reason, plugin=NAME)
     # A pod whose own containers crowd each other out would not fit on this node even with every card free.
@@ -502,6 +554,95 @@ def _place(
     if isinstance(on_free_node, Refusal):
         return Status.unresolvable(on_free_node.reason, plugin=NAME)
     return Status.unschedulable(result.reason, plugin=NAME)
+
+
+def pod_tiles(
+    state: IntelGasNodeState, needs: IntelGasPodState, cards: Sequence[tuple[int, ...] | None]
+) -> tuple[list[dict[int, tuple[int, ...]]], list[int]] | None:
+    """Each container's tiles (per container: card index -> tiles), the lowest free ones of each of its cards in
+    spec order, and the cards' free tiles after the pod's; None when some card has too few free."""
+    tile_free = list(state.tile_free)  # less what the pod's earlier containers take
+    taken: list[dict[int, tuple[int, ...]]] = []
+    for need, picked in zip(needs.needs, cards, strict=True):
+        taken.append({})
+        per_card = dict(need.per_card).get(TILES, 0) if need is not None else 0
+        for i in picked if per_card and picked is not None else ():
+            chosen = pick_tiles(tile_free[i], per_card)
+            if chosen is None:
+                return None
+            tile_free[i] &= ~sum(1 << t for t in chosen)
+            taken[-1][i] = chosen
+    return taken, tile_free
+
+
+def init_tile_steps(pod: PodRequest) -> tuple[InitStep, ...]:
+    """The pod's classic init containers that ask tiles of their cards."""
+    return tuple(step for step in pod.init_steps if step.resources.get(TILES, 0) > 0)
+
+
+def init_tile_plan(
+    state: IntelGasNodeState,
+    needs: IntelGasPodState,
+    cards: Sequence[tuple[int, ...] | None],
+    steps: Sequence[InitStep],
+) -> dict[str, dict[int, tuple[int, ...]]] | Refusal:
+    """Each classic init container's tiles (card index -> tiles), as kube-scheduler counts an init container beside
+    the others: it runs before them, alone but for the sidecars started before it, so on the card it is given (the
+    cards `init_devices` names it: the first container's holding as many) it takes the lowest of the tiles the pod's
+    containers hold there, which are not in use yet, the sidecars' left out; where it asks more than that, the pod
+    holds the lowest free tiles of the card besides, as many as its most demanding init container lacks, and the
+    init containers share them in turn (`claimed` books them). A Refusal when the card has too few tiles (`final`)
+    or too few free."""
+    picks = pod_tiles(state, needs, cards)
+    if picks is None:
+        return Refusal("the pod's tiles do not fit the cards chosen for it", final=False)
+    taken, tile_free = picks
+    containers: dict[str, dict[str, list[str]]] = {}
+    shares: dict[str, dict[str, dict[str, int]]] = {}
+    held: dict[str, dict[int, tuple[int, ...]]] = {}
+    for need, picked, tiles in zip(needs.needs, cards, taken, strict=True):
+        if need is None or picked is None:
+            continue
+        names = [state.cards[i] for i in picked]
+        containers[need.container] = {r: list(names) for r, _ in need.per_card}
+        shares[need.container] = {r: dict.fromkeys(names, amount) for r, amount in need.per_card}
+        held[need.container] = tiles
+    given, _ = init_devices(containers, shares, tuple(steps))
+    wanted: list[tuple[str, int, int, tuple[int, ...]]] = []  # (init container, card, tiles it asks, pod's usable)
+    lacking: dict[int, int] = {}  # card -> the most tiles an init container lacks there
+    for step in steps:
+        count = step.resources.get(I915) or step.resources.get(XE) or 0
+        ids = (given.get(step.name) or {}).get(I915) or (given.get(step.name) or {}).get(XE) or []
+        per_card = step.resources[TILES] // count if count else 0
+        if not ids or not per_card:
+            continue  # no card of the pod's is named to it (nor then tiles), or it asks less than one of each
+        for card in ids:
+            i = state.index[card]
+            if per_card > state.tile_count[i]:
+                return Refusal(
+                    f"init container {step.name} asks {per_card} tile(s) of {card}, which has {state.tile_count[i]}",
+                    final=True,
+                )
+            running = {t for sidecar in step.sidecars for t in held.get(sidecar, {}).get(i, ())}
+            usable = tuple(sorted({t for tiles in held.values() for t in tiles.get(i, ())} - running))
+            wanted.append((step.name, i, per_card, usable))
+            lacking[i] = max(lacking.get(i, 0), per_card - len(usable))
+    extra: dict[int, tuple[int, ...]] = {}
+    for i, count in lacking.items():
+        if count <= 0:
+            continue
+        chosen = pick_tiles(tile_free[i], count)
+        if chosen is None:
+            return Refusal(
+                f"{state.cards[i]} has {bin(tile_free[i]).count('1')} free tile(s) besides the pod's; its init "
+                f"container needs {count} more there",
+                final=False,
+            )
+        extra[i] = chosen
+    plan: dict[str, dict[int, tuple[int, ...]]] = {}
+    for name, i, per_card, usable in wanted:
+        plan.setdefault(name, {})[i] = tuple(sorted((*usable, *extra.get(i, ()))[:per_card]))
+    return plan
 
 
 # ----------------------------------------------------------------------------------------------------------

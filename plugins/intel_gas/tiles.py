@@ -8,7 +8,8 @@ the amount `gpu.intel.com/tiles` per card, which GAS counts too, keeps a card's 
 
 The allocation names the tiles in the intel-gas plugin's own fields, signed with the rest (`TILES_FIELD`: container
 -> card -> tile numbers; `TILES_PER_CARD_FIELD`: the node's tiles per card; `CARD_TILES_FIELD`: each named card's
-own, on a node whose cards have unequal tiles), and, for Intel's GPU plugin, in GAS's pod
+own, on a node whose cards have unequal tiles; `INIT_TILES_FIELD`: a classic init container's, of its pod's
+tiles and those the pod holds for it besides), and, for Intel's GPU plugin, in GAS's pod
 annotation `gas-container-tiles` (`gas_tiles_annotation`): containers in spec order separated by `|` (a container
 given no tile is an empty string), its cards by `,`, each card as `cardN:` and its tiles as `gtK` joined by `+`:
 `card0:gt0+gt1|card1:gt1,card2:gt0`. The tile numbers are the card's `gt` directories in sysfs
@@ -35,8 +36,10 @@ __all__ = [
     "AFFINITY_ENV",
     "CARD_TILES_FIELD",
     "HIERARCHY_ENV",
+    "INIT_TILES_FIELD",
     "TILES_FIELD",
     "TILES_PER_CARD_FIELD",
+    "TILES_UNKNOWN",
     "advertised_tiles",
     "affinity_mask",
     "gas_tiles_annotation",
@@ -51,8 +54,15 @@ AFFINITY_ENV = "ZE_AFFINITY_MASK"
 HIERARCHY_ENV = "ZE_FLAT_DEVICE_HIERARCHY"
 TILES_FIELD = "tiles"
 TILES_PER_CARD_FIELD = "tilesPerCard"
+# classic init container -> card -> tile numbers: the pod's tiles on the card it is given (the containers after it
+# are not running yet), and where it asks more, tiles booked for the pod besides (kube-scheduler's max of the init
+# containers and the sum of the others, per card)
+INIT_TILES_FIELD = "initTiles"
 # card -> its tiles, for the cards given tiles, where a node's cards have unequal tiles (`tilesPerCard` is the most)
 CARD_TILES_FIELD = "cardTiles"
+# The attribute a card's inventory carries instead of `tiles` where the advertiser could not count them: why. The
+# node then offers no tiles, and the scheduler books none there: a mask numbers every card's tiles (T207).
+TILES_UNKNOWN = "tilesUnknown"
 # The most tiles kubegpu books on one card: Intel's cards have 1 or 2; a node advertising more per card is read as is,
 # up to this, so a tile bitmask stays a small integer whatever `gpu.intel.com/tiles` a node claims.
 MAX_TILES_PER_CARD = 64
@@ -72,16 +82,17 @@ def gas_tiles_annotation(columns: Sequence[Sequence[tuple[str, Sequence[int]]]])
     )
 
 
-def read_tiles_field(fields: Mapping[str, Any], container: str) -> dict[str, list[int]] | str:
-    """The container's tiles by card from the plugin's fields (`{}`: none, as every allocation before tiles were
-    booked), or why the fields cannot be read: a card name that is not `cardN`, a tile that is not a number from 0
-    to `MAX_TILES_PER_CARD - 1`, a tile named twice."""
-    by_container = fields.get(TILES_FIELD) or {}
+def read_tiles_field(fields: Mapping[str, Any], container: str, name: str = TILES_FIELD) -> dict[str, list[int]] | str:
+    """The container's tiles by card from the plugin's fields (`name`: `TILES_FIELD`, or `INIT_TILES_FIELD` for a
+    classic init container; `{}`: none, as every allocation before tiles were booked), or why the fields cannot be
+    read: a card name that is not `cardN`, a tile that is not a number from 0 to `MAX_TILES_PER_CARD - 1`, a tile
+    named twice."""
+    by_container = fields.get(name) or {}
     if not isinstance(by_container, dict):
-        return f"the allocation's {TILES_FIELD} field is not a map of containers"
+        return f"the allocation's {name} field is not a map of containers"
     given = by_container.get(container) or {}
     if not isinstance(given, dict):
-        return f"container {container}: the allocation's {TILES_FIELD} is not a map of cards"
+        return f"container {container}: the allocation's {name} is not a map of cards"
     tiles: dict[str, list[int]] = {}
     for card, numbers in given.items():
         if not isinstance(card, str) or not card.startswith("card") or not card[4:].isdigit():

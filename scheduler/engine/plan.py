@@ -152,6 +152,8 @@ class Planning(NodeCache):
             volatile = any(filters.pod_matches_term(term, pod, labels) for term in self._placed.anti)
         signature: tuple[object, ...] = (
             tuple((c.name, c.init, tuple(sorted(c.resources.items()))) for c in pod.containers),
+            # what each classic init container is given depends on them (a plugin's prepared answer may read them)
+            tuple((s.name, tuple(sorted(s.resources.items())), s.sidecars) for s in pod.init_steps),
             pod.cpu_milli,
             pod.memory,
             tuple(sorted(pod.node_selector.items())),

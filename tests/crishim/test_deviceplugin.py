@@ -44,12 +44,14 @@ from kubegpu.crishim.deviceplugin import (
     Candidate,
     DevicePluginService,
     PendingPods,
+    allocate_response,
     shared_devices,
     socket_name,
 )
 from kubegpu.crishim.protos import DEVICE_PLUGIN, DEVICE_PLUGIN_PACKAGE, POD_RESOURCES, method_path
 from kubegpu.crishim.verify import AllocationRefused, PodIdentity
 from kubegpu.plugins.intel_gas import device as intel_device
+from kubegpu.plugins.intel_gas import scheduler as intel_scheduler
 from kubegpu.plugins.neuron import device as neuron_device
 from kubegpu.plugins.nvidia import device as nvidia_device
 from kubegpu.plugins.nvidia import scheduler as nvidia_scheduler
@@ -1204,3 +1206,93 @@ def test_an_allocation_written_before_the_init_field_still_admits_its_init_conta
     pods.refresh()
     candidate, container = pods.claim(NEURONDEVICE, ["5"]) or (None, "")
     assert candidate is not None and (candidate.pod.name, container) == ("other", "main")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A container's own env ranks above Allocate's (the kubelet passes it after): what could stand in is refused
+# ---------------------------------------------------------------------------------------------------------------
+
+I915, TILES = "gpu.intel.com/i915", "gpu.intel.com/tiles"
+
+
+def intel_tile_pod(
+    engine: Engine, name: str, env: list[dict[str, Any]], env_from: list[dict[str, Any]], tiles: int
+) -> dict[str, Any]:
+    """A pod the scheduler placed on the node's two 2-tile cards: one container asking one card (and `tiles` of it),
+    with its own `env` and `envFrom`."""
+    plugins = build_plugin_manager("scheduler", plugins=[("intel-gas", intel_scheduler)], autoload=False)
+    manifest = pod_manifest(name, {"main": {I915: 1, **({TILES: tiles} if tiles else {})}}, namespace="team")
+    manifest["spec"]["containers"][0].update(env=env, envFrom=env_from)
+    manifest["metadata"].update(uid=f"uid-{name}", creationTimestamp="2025-01-01T00:00:00Z")
+    decision = engine.schedule(pod_request(manifest, plugins.qualifiers)[0])
+    assert decision.scheduled, decision.reason
+    manifest["metadata"]["annotations"].update(decision.annotations)
+    manifest["spec"]["nodeName"] = NODE
+    manifest["status"] = {"phase": "Pending"}
+    return manifest
+
+
+@pytest.mark.parametrize(
+    ("env", "env_from", "tiles", "outcome"),
+    [
+        ([], [], 1, {"ZE_AFFINITY_MASK": "0", "ZE_FLAT_DEVICE_HIERARCHY": "FLAT"}),
+        # the hierarchy the container asks for, written as the node writes it: the mask is written in it, as the shim
+        (
+            [{"name": "ZE_FLAT_DEVICE_HIERARCHY", "value": "COMPOSITE"}],
+            [],
+            1,
+            {"ZE_AFFINITY_MASK": "0.0", "ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"},
+        ),
+        ([{"name": "ZE_FLAT_DEVICE_HIERARCHY", "value": "composite"}], [], 1, "sets ZE_FLAT_DEVICE_HIERARCHY"),
+        ([{"name": "ZE_FLAT_DEVICE_HIERARCHY", "value": "COMBINED"}], [], 1, "to 'COMBINED'"),
+        (
+            [{"name": "ZE_FLAT_DEVICE_HIERARCHY", "valueFrom": {"configMapKeyRef": {"name": "l0", "key": "h"}}}],
+            [],
+            1,
+            "set from elsewhere (valueFrom)",
+        ),
+        ([{"name": "ZE_AFFINITY_MASK", "value": "0,1"}], [], 1, "the intel-gas plugin owns it"),
+        ([{"name": "ZE_AFFINITY_MASK", "value": "0,1"}], [], 0, "the intel-gas plugin owns it"),
+        ([], [{"configMapRef": {"name": "settings"}}], 1, "imports env from a ConfigMap or Secret (envFrom) without"),
+        ([], [{"configMapRef": {"name": "settings"}, "prefix": "ZE_"}], 1, "with the prefix 'ZE_'"),
+        ([], [{"configMapRef": {"name": "settings"}, "prefix": "APP_"}], 1, {"ZE_AFFINITY_MASK": "0"}),
+        # a whole card: the node sets no hierarchy, and the container's own is its business
+        ([{"name": "ZE_FLAT_DEVICE_HIERARCHY", "value": "COMBINED"}], [], 0, {"KUBEGPU_INTEL_CARDS": "card0"}),
+    ],
+    ids=[
+        "none", "composite-exactly", "composite-spelled-otherwise", "combined", "value-from", "own-mask",
+        "own-mask-whole-card", "env-from-without-prefix", "env-from-prefix-reaching", "env-from-prefix-apart",
+        "whole-card-hierarchy",
+    ],
+)  # fmt: skip
+def test_a_containers_own_env_never_stands_in_for_what_the_device_plugin_sets(
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+    env: list[dict[str, Any]],
+    env_from: list[dict[str, Any]],
+    tiles: int,
+    outcome: dict[str, str] | str,
+) -> None:
+    """The kubelet passes Allocate's env first and the container's own env after it, and the runtime keeps the last:
+    a real kubelet and containerd ran a container given tile gt0 of card0 with `ZE_AFFINITY_MASK=0` (the node's) and
+    `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE` (its own), which Level Zero reads as the whole of card0, both tiles (T210).
+    A hierarchy written exactly as the node writes it is honoured (the mask is written in it, as the CRI shim does);
+    anything else that would stand in for what Allocate sets, or for what the plugin owns, refuses the container."""
+    engine = Engine(
+        build_plugin_manager("scheduler", plugins=[("intel-gas", intel_scheduler)], autoload=False), signing_key=KEY
+    )
+    engine.add_node(make_node(NODE, labels={"gpu.intel.com/gpu-numbers": "0.1"}, allocatable={I915: 2, TILES: 4}))
+    pods = pending(intel_tile_pod(engine, "tiled", env, env_from, tiles))
+    pods.refresh()
+    claimed = pods.claim(I915, ["card0"])
+    assert claimed is not None
+    plugins = make_plugin_manager("device", **{"intel-gas": intel_device})
+    try:
+        answer = allocate_response(plugins, "intel-gas", *claimed, I915, ["card0"], Path("/host/dev"))
+    except AllocationRefused as refused:
+        assert isinstance(outcome, str), f"refused: {refused}"
+        assert refused.check == "env" and "pod team/tiled container main" in str(refused)
+        assert outcome in str(refused), str(refused)
+        return
+    assert isinstance(outcome, dict), f"admitted with {dict(answer.envs)}"
+    seen = {**dict(answer.envs), **{e["name"]: e.get("value") for e in env}}  # the kubelet's order: its own last
+    assert {name: seen.get(name) for name in outcome} == outcome

@@ -519,6 +519,33 @@ def test_an_allocation_added_after_the_sandbox_was_created_gives_nothing(node: N
     assert envs(node.last()) == []
 
 
+def test_a_pods_allocation_removed_after_it_started_still_gives_its_restarted_container_its_devices(
+    node: Node,
+) -> None:
+    """An editor removes the pod's allocation after its sandbox was created; the kubelet copies the pod's annotations
+    as they are now, so the container's restart found none and was created without its card. The allocation the
+    runtime recorded for the sandbox is applied, checked as any (T208's rules): once the scheduler has given the card
+    to a later pod that holds it live, the restart is refused, never given the card twice."""
+    pod = node.kubelet.run_pod("p", "uid-p", {ALLOCATION_KEY: signed("uid-p", {"main": {FPGA: ["fpga1"]}}, issued=T1)})
+    node.kubelet.create(pod)
+    del pod[1].annotations[ALLOCATION_KEY]
+    for container in node.runtime.containers.values():
+        container.state = api_pb2.ContainerState.CONTAINER_EXITED  # it crashed; the kubelet restarts it
+
+    node.kubelet.create(pod)
+
+    assert [d.container_path for d in node.last().devices] == ["/dev/fpga1"]
+    assert envs(node.last()) == [("FPGA_VISIBLE_DEVICES", "fpga1")]
+    for container in node.runtime.containers.values():
+        container.state = api_pb2.ContainerState.CONTAINER_EXITED
+    later = node.kubelet.run_pod(
+        "later", "uid-later", {ALLOCATION_KEY: signed("uid-later", {"main": {FPGA: ["fpga1"]}}, issued=T2)}
+    )
+    node.kubelet.create(later)
+    assert "stale check failed" in refusal(node.kubelet.refused(pod))[1]
+    assert [d.container_path for d in node.last().devices] == ["/dev/fpga1"]  # the later pod's, alone
+
+
 def test_a_runtime_that_reports_no_annotations_leaves_the_kubelets_copy(node: Node) -> None:
     node.runtime.report_annotations = False
     pod = node.kubelet.run_pod("p", "uid-p", {ALLOCATION_KEY: signed("uid-p", {"main": {FPGA: ["fpga1"]}})})

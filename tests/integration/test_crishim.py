@@ -595,6 +595,41 @@ def test_the_allocation_containerd_recorded_for_the_sandbox_is_applied_not_the_r
         kubelet.remove_pod(sandbox_id)
 
 
+def test_a_pods_allocation_removed_after_it_started_still_gives_its_restart_the_device_containerd_recorded(
+    kubelet: Cri, direct: Cri, fpga: tuple[ModuleType, ModuleType], key: bytes, tmp_path: Path
+) -> None:
+    """An editor removes the pod's allocation after its sandbox was created: the kubelet's copy in the restart's
+    request has none, and the restarted container lost its card. containerd's record of the sandbox is used, checked
+    as any: once the card is the live holder's (the scheduler gave it on), the restart is refused as stale."""
+    uid, placed = Scheduler(fpga[0], key).place("edited", 1)
+    sandbox = host_network_sandbox("edited", uid, annotations=placed, log_directory=tmp_path)
+    sandbox_id = kubelet.run_pod(sandbox)
+    holder_id = ""
+    try:
+        first = kubelet.create(sandbox_id, container_config("main"), sandbox)
+        kubelet.start(first)
+        kubelet.runtime.StopContainer(api_pb2.StopContainerRequest(container_id=first, timeout=0), timeout=30)
+        edited = api_pb2.PodSandboxConfig()
+        edited.CopyFrom(sandbox)
+        del edited.annotations[ALLOCATION_KEY]
+        again = kubelet.create(sandbox_id, container_config("main", attempt=1), edited)
+        kubelet.start(again)
+        assert _cards_in(kubelet, again) == ["fpga0"]
+
+        holder_uid, fresh = Scheduler(fpga[0], key).place("holder", 1)  # issued later: fpga0 is the holder's now
+        kubelet.runtime.StopContainer(api_pb2.StopContainerRequest(container_id=again, timeout=0), timeout=30)
+        holder = host_network_sandbox("holder", holder_uid, annotations=fresh, log_directory=tmp_path)
+        holder_id = kubelet.run_pod(holder)
+        kubelet.start(kubelet.create(holder_id, container_config("main"), holder))
+        with pytest.raises(grpc.RpcError) as restart:
+            kubelet.create(sandbox_id, container_config("main", attempt=2), edited)
+        assert restart.value.details().startswith("kubegpu: stale check failed: pod default/edited container main: ")
+    finally:
+        kubelet.remove_pod(sandbox_id)
+        if holder_id:
+            kubelet.remove_pod(holder_id)
+
+
 def test_a_stale_allocation_whose_device_a_live_pod_was_given_is_refused_and_nothing_is_created(
     kubelet: Cri, direct: Cri, fpga: tuple[ModuleType, ModuleType], key: bytes, tmp_path: Path
 ) -> None:

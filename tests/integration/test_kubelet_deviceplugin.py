@@ -11,7 +11,10 @@ reason, and so does a tenant's pod with `spec.nodeName` written by hand that the
 kubegpu placed (a gate plugin holds the kubelet's admission queue so that both wait in it): the placed pod then
 runs with its own devices. The kubelet restarts and the device plugin registers again. On a node configured for GPU
 shares (HAMi-core, a fake NVML: no GPU here), the kubelet admits two share pods on the node's one GPU, each holding a
-share slot of it, and each container runs with the GPU and its own limits.
+share slot of it, and each container runs with the GPU and its own limits. On the Intel cards as two-tile cards, a
+container given a tile whose spec asks `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE` runs with its mask written in COMPOSITE
+(the kubelet passes the spec's env after Allocate's: it wins), one spelling it otherwise fails admission, and a classic
+init container asking a tile runs masked to a tile of its pod's.
 """
 
 from __future__ import annotations
@@ -610,3 +613,98 @@ def test_a_share_pod_whose_termination_message_path_is_the_preload_file_fails_ad
         ), status
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{plugin.output()[-3000:]}") from None
+
+
+def test_a_tile_containers_own_device_hierarchy_never_widens_its_mask(
+    cluster: Cluster,
+    kubelet: Kubelet,
+    device_plugin: DevicePluginProcess,
+    scheduler: SchedulerProcess,
+    host: Path,
+    space: str,
+) -> None:
+    """The kubelet passes Allocate's env first and the container's own `env` after it, and containerd keeps the last
+    value of a name. A pod given tile gt0 of a two-tile card, its spec setting `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE`,
+    ran with the node's FLAT mask `0` and its own COMPOSITE, which Level Zero reads as the whole of card0, both tiles
+    (T210). The device plugin writes the mask in the hierarchy the container names, as the CRI shim does (`0.0`);
+    a hierarchy the node does not write (`composite`) fails the pod's admission, naming it."""
+    out = host / "out"
+    wait_for(lambda: capacity(cluster).get(I915) == "2", 60, "gpu.intel.com/i915 capacity")
+    label(cluster, {"gpu.intel.com/gpu-numbers": "0.1"})
+    # What `kubegpu advertise --update-capacity` (or NFD) adds beside the device plugin: two cards of two tiles.
+    cluster.client.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": {"gpu.intel.com/tiles": "4"}}})
+    wait_for(lambda: allocatable(cluster).get("gpu.intel.com/tiles") == "4", 60, "tiles allocatable")
+    tile = {I915: 1, "gpu.intel.com/tiles": 1}
+    try:
+        composite = pod(space, "composite", {"main": tile}, scheduler=SCHEDULER, out=out)
+        composite["spec"]["containers"][0]["env"].append({"name": "ZE_FLAT_DEVICE_HIERARCHY", "value": "COMPOSITE"})
+        cluster.client.post(f"/api/v1/namespaces/{space}/pods", composite)
+        running = wait_running(cluster, space, "composite", timeout=90)
+        card = allocated(running, "main")[I915]
+        _, env = read_output(out, "composite", "main")
+        seen = {k: env.get(k) for k in ("ZE_FLAT_DEVICE_HIERARCHY", "ZE_AFFINITY_MASK", "KUBEGPU_INTEL_CARDS")}
+        assert seen == {
+            "ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE",
+            "ZE_AFFINITY_MASK": "0.0",
+            "KUBEGPU_INTEL_CARDS": card[0],
+        }, seen
+
+        spelled = pod(space, "spelled", {"main": tile}, scheduler=SCHEDULER, out=out)
+        spelled["spec"]["containers"][0]["env"].append({"name": "ZE_FLAT_DEVICE_HIERARCHY", "value": "composite"})
+        cluster.client.post(f"/api/v1/namespaces/{space}/pods", spelled)
+
+        def settled() -> dict[str, Any] | None:
+            found: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{space}/pods/spelled")
+            return found if found["status"].get("phase") in ("Failed", "Running") else None
+
+        status = wait_for(settled, 90, "the pod spelling the hierarchy otherwise to fail or run")["status"]
+        if status["phase"] == "Running":
+            _, env = read_output(out, "spelled", "main")
+        ran = {k: env.get(k) for k in ("ZE_FLAT_DEVICE_HIERARCHY", "ZE_AFFINITY_MASK")}
+        assert status["phase"] == "Failed", f"it ran with {ran}"
+        assert (
+            f"kubegpu: env check failed: pod {space}/spelled container main sets ZE_FLAT_DEVICE_HIERARCHY"
+            in status.get("message", "")
+        ), status
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{device_plugin.output()[-3000:]}") from None
+
+
+def test_a_classic_init_container_asking_a_tile_runs_masked_to_a_tile_of_its_pods(
+    cluster: Cluster,
+    kubelet: Kubelet,
+    device_plugin: DevicePluginProcess,
+    scheduler: SchedulerProcess,
+    host: Path,
+    space: str,
+) -> None:
+    """A pod whose init container asks one card and one tile before its app asks the same: the kubelet allocates the
+    init container the app's card, and the init container ran with no mask, the whole card, both tiles (one of them
+    another pod's to take). It runs masked to its pod's tile, as the app does."""
+    out = host / "out"
+    wait_for(lambda: capacity(cluster).get(I915) == "2", 60, "gpu.intel.com/i915 capacity")
+    label(cluster, {"gpu.intel.com/gpu-numbers": "0.1"})
+    cluster.client.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": {"gpu.intel.com/tiles": "4"}}})
+    wait_for(lambda: allocatable(cluster).get("gpu.intel.com/tiles") == "4", 60, "tiles allocatable")
+    tile = {I915: 1, "gpu.intel.com/tiles": 1}
+    try:
+        checked = pod(space, "checked", {"main": tile}, scheduler=SCHEDULER, out=out)
+        prep = dict(
+            checked["spec"]["containers"][0],
+            name="prep",
+            command=["sh", "-c", "ls /dev/dri > /out/$C.devices; env > /out/$C.env"],
+        )
+        prep["env"] = [{"name": "C", "value": "checked.prep"}]
+        checked["spec"]["initContainers"] = [prep]
+        cluster.client.post(f"/api/v1/namespaces/{space}/pods", checked)
+        running = wait_running(cluster, space, "checked", timeout=90)
+        card = allocated(running, "main")[I915]
+        _, init_env = read_output(out, "checked", "prep")
+        _, app_env = read_output(out, "checked", "main")
+        seen = {
+            name: (env.get("KUBEGPU_INTEL_CARDS"), env.get("ZE_AFFINITY_MASK"))
+            for name, env in (("prep", init_env), ("main", app_env))
+        }
+        assert seen == {"prep": (card[0], "0"), "main": (card[0], "0")}, seen
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{device_plugin.output()[-3000:]}") from None

@@ -429,3 +429,48 @@ def test_an_unhealthy_card_leaves_the_healthy_one_schedulable(
     inventory = with_health(pm, fake_host_root, inventory)
 
     assert scheduled_cards(pm, make_plugin_manager, inventory, 2) == ["card1", None]
+
+
+def test_a_card_whose_tiles_cannot_be_read_offers_no_tiles_and_its_whole_cards_still_serve(
+    pm: KubegpuPluginManager,
+    fake_host_root: FakeHost,
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two Max cards of two tiles; card0's `gt` directory cannot be read (here a link to itself: the kernel answers
+    ELOOP, as sysfs may answer EACCES or EIO). Counted as one tile, card0 shifted card1's FLAT numbers in a container
+    seeing both: card1's gt0 was masked as `1`, which is card0's gt1 (T207). The node offers no tiles until card0
+    reads, saying why once; pods asking whole cards still get them."""
+    for number in range(2):
+        add_card(fake_host_root, number)
+        for gt in ("gt0", "gt1"):
+            fake_host_root.write(f"{DRM}/card{number}/gt/{gt}/id", f"{gt[2]}\n")
+    fake_host_root.remove(f"{DRM}/card0/gt")
+    fake_host_root.symlink(f"{DRM}/card0/gt", "gt")
+    inventory = with_health(pm, fake_host_root, discover(pm, fake_host_root))  # type: ignore[arg-type]
+
+    assert "tiles" not in inventory.devices[0].attributes
+    assert "sys/class/drm/card0/gt cannot be read" in str(inventory.devices[0].attributes["tilesUnknown"])
+    with caplog.at_level("WARNING", logger="kubegpu.plugins.intel_gas.device"):
+        engine = advertised(pm, make_plugin_manager, inventory, "max-0")
+        again = pm.call("intel-gas", "kubegpu_device_advertise", inventory=inventory)  # every interval: said once
+    assert again.capacity == {I915: 2, MILLICORES: 2000, TILES: 0, MEMORY: 32 * GIB}
+    said = [r.getMessage() for r in caplog.records if "tiles of card0" in r.getMessage()]
+    assert len(said) == 1 and "gpu.intel.com/tiles = 0" in said[0], said
+
+    tile = engine.schedule(make_pod("tile", {"main": {I915: 1, TILES: 1}}))
+    whole = engine.schedule(make_pod("whole", {"main": {I915: 2}}))
+
+    assert tile.allocation is None, tile.annotations
+    assert whole.allocation is not None, whole.reason
+
+    # Where the node's tiles come from NFD (the labeler's count), the scheduler reads the inventory all the same.
+    nfd = make_node(
+        "max-1",
+        annotations={DEVICES_KEY: encode_devices(NodeDevices(inventories={"intel-gas": inventory}))},
+        allocatable={I915: 2, TILES: 4},
+    )
+    engine = Engine(make_plugin_manager("scheduler", **{"intel-gas": scheduler}))
+    engine.add_node(nfd)
+    assert engine.schedule(make_pod("tile", {"main": {I915: 1, TILES: 1}})).allocation is None
+    assert engine.schedule(make_pod("whole", {"main": {I915: 2}})).allocation is not None

@@ -12,11 +12,13 @@ import pytest
 
 from kubegpu.core.annotations import (
     DEVICES_KEY,
+    AllocationRecord,
     decode_allocation,
     encode_allocation,
     encode_devices,
     merge_allocations,
 )
+from kubegpu.core.manifests import pod_request
 from kubegpu.core.models import (
     ContainerAllocation,
     ContainerEdit,
@@ -29,9 +31,10 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import KubegpuPluginManager, PluginHookError
 from kubegpu.core.status import Code
-from kubegpu.core.testing import make_node, make_pod
+from kubegpu.core.testing import make_node, make_pod, pod_manifest
 from kubegpu.plugins.intel_gas import device, scheduler
 from kubegpu.plugins.intel_gas.tiles import affinity_mask, gas_tiles_annotation
+from kubegpu.scheduler.engine import Engine
 
 from .test_intel_gas import Gas
 
@@ -440,3 +443,101 @@ def test_a_container_given_tiles_of_cards_of_unequal_tiles_is_masked_to_the_tile
     edit = edit_for(node_side, tmp_path, ["card0", "card1"], dict(spread.fields), {})
 
     assert edit.envs["ZE_AFFINITY_MASK"] == "0,1"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Classic init containers asking tiles: counted as kube-scheduler counts them, masked on the node
+# ----------------------------------------------------------------------------------------------------------
+
+
+def init_pod(name: str, init_tiles: int, app_tiles: int) -> dict[str, Any]:
+    """A pod whose classic init container `prep` asks one card and `init_tiles` tiles, before `main` asks one card and
+    `app_tiles` tiles."""
+    manifest = pod_manifest(name, {"main": {I915: 1, TILES: app_tiles}})
+    prep = {"name": "prep", "resources": {"limits": {I915: "1", TILES: str(init_tiles)}}}
+    manifest["spec"]["initContainers"] = [prep]
+    return manifest
+
+
+def masks(node_side: KubegpuPluginManager, tmp_path: Path, record: AllocationRecord) -> dict[str, str | None]:
+    """Each container's `ZE_AFFINITY_MASK` as the node side sets it from the signed allocation (None: whole cards)."""
+    (tmp_path / "dri").mkdir(exist_ok=True)
+    seen: dict[str, str | None] = {}
+    for container in ("prep", "main"):
+        given = record.given(container)
+        allocation = ContainerAllocation(
+            pod_uid=record.podUID, node=record.node, container=container,
+            resources={r: list(ids) for r, ids in given.items()}, fields=dict(record.plugins.get(GAS, {})),
+        )  # fmt: skip
+        edit = ContainerEdit()
+        node_side.call(GAS, "kubegpu_device_edit_container", allocation=allocation, edit=edit, dev_root=tmp_path)
+        seen[container] = edit.envs.get("ZE_AFFINITY_MASK")
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("init_tiles", "masked", "other"),
+    [(1, {"prep": "0", "main": "0"}, "card0:gt1"), (2, {"prep": "0,1", "main": "0"}, None)],
+    ids=["init-asks-as-many-as-the-app", "init-asks-more-than-the-app"],
+)
+def test_a_classic_init_container_asking_tiles_gets_its_pods_tiles_and_the_pod_holds_the_most_it_needs(
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+    node_side: KubegpuPluginManager,
+    tmp_path: Path,
+    init_tiles: int,
+    masked: dict[str, str | None],
+    other: str | None,
+) -> None:
+    """An init container asking `gpu.intel.com/tiles` was given its app's card with no mask: the whole card, the
+    other tile too, which the scheduler then gave another pod (and kube-scheduler counts the pod's tiles as the more
+    of the init container's and the app's). It runs on tiles of its pod's, masked to them; where it asks more than
+    the app holds on that card, the pod holds the rest besides, read back the same after a restart."""
+    plugins = make_plugin_manager("scheduler", **{GAS: scheduler})
+    engine = Engine(plugins, signing_key=b"k" * 32)
+    node = max_node(1)
+    engine.add_node(node)
+    pod = pod_request(init_pod("checked", init_tiles, 1), plugins.qualifiers)[0]
+
+    decision = engine.schedule(pod)
+
+    assert decision.allocation is not None, decision.reason
+    assert masks(node_side, tmp_path, decision.allocation) == masked
+    neighbour = engine.schedule(tile_pod("neighbour"))
+    if other is None:  # the pod holds both tiles (kube-scheduler's node total says so too)
+        assert neighbour.allocation is None and TILES in (neighbour.reason or ""), neighbour
+    else:
+        assert neighbour.annotations.get("gas-container-tiles") == other, neighbour.reason
+    # A restarted scheduler reads the signed allocation back to the same books.
+    record = decode_allocation(encode_allocation(decision.allocation))
+    gas = Gas(plugins)
+    rebuilt = gas.build(node)
+    shares = {c: record.shares[c] for c in record.containers}  # the engine's part: the init containers' are lent
+    plugin_part = PluginAllocation(plugin=GAS, containers=record.containers, shares=shares, fields=record.plugins[GAS])
+    assert gas.take(state=rebuilt, pod_key=pod.key, allocation=plugin_part).ok
+    if other is None:
+        fit = gas.fit(state=rebuilt, pod=tile_pod("neighbour"))
+        assert not fit.ok and "card0 has no free tile" in fit.message, fit
+    else:
+        assert tiles_of(gas.schedule(rebuilt, tile_pod("neighbour"))) == other
+
+
+@pytest.mark.parametrize("order", [("checked", "plain"), ("plain", "checked")], ids=["init-first", "plain-first"])
+def test_pods_alike_but_for_an_init_container_asking_tiles_are_placed_each_with_its_own_init_tiles(
+    make_plugin_manager: Callable[..., KubegpuPluginManager], order: tuple[str, str]
+) -> None:
+    """Two pods alike in their containers and requests, one with an init container asking the tile its app asks: the
+    engine prepared them as one, and the plugin's placement memo of a node answered the second pod with the first's,
+    so a pod without init containers was signed `initTiles` for one (and, the other way, an init container went
+    unmasked)."""
+    plugins = make_plugin_manager("scheduler", **{GAS: scheduler})
+    engine = Engine(plugins, signing_key=b"k" * 32)
+    for name, shares in (("roomy", 4), ("tight", 1)):
+        labels = {"gpu.intel.com/gpu-numbers": "0"}
+        engine.add_node(make_node(name, labels=labels, allocatable={I915: shares, TILES: 2}))
+    manifests = {"checked": init_pod("checked", 1, 1), "plain": pod_manifest("plain", {"main": {I915: 1, TILES: 1}})}
+    signed = {}
+    for name in order:
+        decision = engine.schedule(pod_request(manifests[name], plugins.qualifiers)[0])
+        assert decision.allocation is not None, decision.reason
+        signed[name] = decision.allocation.plugins[GAS].get("initTiles")
+    assert signed == {"checked": {"prep": {"card0": [0]}}, "plain": None}
