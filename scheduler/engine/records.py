@@ -277,9 +277,11 @@ class ShapeAnswers:
     need: int
     generation: int
     fits: dict[str, bool] = field(default_factory=dict)
-    # `fits` in the order of the node tree's list `masked` (`NodeTree.order()`, by identity; None: not made yet)
-    mask: list[bool] = field(default_factory=list)
-    masked: list[str] | None = None
+    # The nodes that fit, by their positions in the node tree's list `ordered` (`NodeTree.order()`, by identity;
+    # None: not made yet), ascending, and their names in that order: a sample is a slice of them, not a walk.
+    positions: list[int] = field(default_factory=list)
+    in_order: list[str] = field(default_factory=list)
+    ordered: list[str] | None = None
     # A node's content number (`NodeNumbering`) -> the answer below of the nodes with that content, at `numbering`.
     alike: dict[int, tuple[Status, int, bool, bool]] = field(default_factory=dict)
     numbering: int = 0

@@ -7,7 +7,8 @@ pod even when each is remembered (`check`'s memo), and every node again for a po
 refusals. Between two pods of one shape only the nodes the change log names have changed, so the shape's answers are
 kept per node (`ShapeAnswers`): whether the node fits, and its answer as a refusal counts it, with their sums. A
 cycle asks again only the nodes changed since the shape's last cycle (a node changed into a content another node had,
-`NodeNumbering`, is answered from memory), and takes the sample as a mask over the tree's order.
+`NodeNumbering`, is answered from memory), and takes the sample as a slice of the fitting nodes kept in the
+tree's order.
 
 What this keeps of the walk node by node, exactly (the same node, the same refusal, the same next start;
 `tests/scheduler/test_engine_sampling.py` holds the two against each other on generated traces):
@@ -31,9 +32,10 @@ and a pod ranked on every node whose refusal leaves out the nodes the capacity i
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
-from itertools import compress, islice
+from itertools import compress
 from operator import add
 from typing import Any
 
@@ -77,26 +79,29 @@ class Sampling(Reserving):
         if book.unresolvable and any(n and book.fitting[klass] for klass, n in book.unresolvable.items()):
             return None  # the walk would pass over the fitting nodes of a class another's answer settled
         start = self._next_start % count
-        if book.masked is not order:
-            book.mask = list(map(book.fits.__getitem__, order))
-            book.masked = order
-        mask = book.mask
+        if book.ordered is not order:
+            book.positions = list(compress(range(count), map(book.fits.__getitem__, order)))
+            book.in_order = list(map(order.__getitem__, book.positions))
+            book.ordered = order
+        positions, in_order = book.positions, book.in_order
         # The first `sample` that fit from `start` on, round the tree's order.
-        found = list(islice(compress(range(start, count), islice(mask, start, None)), sample))
-        if len(found) < sample:
-            found += islice(compress(range(start), mask), sample - len(found))
-        if not found:
+        at = bisect_left(positions, start)
+        feasible = in_order[at : at + sample]
+        last = at + len(feasible) - 1  # where the sample ends among `positions`
+        if len(feasible) < sample:  # round the order: the fitting nodes before `start`
+            last = min(at, sample - len(feasible)) - 1
+            feasible += in_order[: last + 1]
+        if not feasible:
             refused = self._refused_by_shape(pod, plan, book, count)
             if refused is not None:
                 self._next_start = start
             return refused
-        if len(found) >= sample:
-            self._next_start = (found[-1] + 1) % count
+        if len(feasible) >= sample:
+            self._next_start = (positions[last] + 1) % count
         else:
             self._next_start = start
-        if len(found) == 1:
-            return nodes[order[found[0]]], plan
-        feasible = list(map(order.__getitem__, found))
+        if len(feasible) == 1:
+            return nodes[feasible[0]], plan
         return nodes[self._rank_sampled(feasible, pod, plan)], plan
 
     def _every_node_by_shape(
@@ -168,9 +173,9 @@ class Sampling(Reserving):
         numbers = self._numbers_of_nodes()
         if not book.finals:
             return self._every_answer(book, pod, plan, index, need, numbers)
-        # `mask` follows `fits` where it is in the tree's order now (`_sample_by_shape` makes it again otherwise).
-        positions = self._tree_positions() if book.masked is self._tree.order() else None
-        mask = book.mask
+        # `book.positions` follow `fits` where they are in the tree's order now (`_sample_by_shape` makes them again
+        # otherwise).
+        positions = self._tree_positions() if book.ordered is self._tree.order() else None
         nodes, fits, finals = self.nodes, book.fits, book.finals
         reasons, fitting, unresolvable = book.reasons, book.fitting, book.unresolvable
         short, by_class = book.short, book.by_class
@@ -189,7 +194,7 @@ class Sampling(Reserving):
                         if number is not None:
                             alike[number] = answer
                     if old is not None and (old is answer or old == answer):
-                        continue  # the same answer: the sums, `fits` and `mask` hold it already
+                        continue  # the same answer: the sums, `fits` and `book.positions` hold it already
                 if old is not None:
                     status, klass, fit, by_usage = old
                     for reason in status.reasons:
@@ -203,7 +208,7 @@ class Sampling(Reserving):
                 if answer is None:  # the node is gone
                     if old is not None:
                         del finals[name], fits[name]
-                    book.masked = None
+                    book.ordered = None
                     continue
                 status, klass, fit, by_usage = answer
                 for reason in status.reasons:
@@ -218,9 +223,9 @@ class Sampling(Reserving):
                 if positions is not None:
                     at = positions.get(name)
                     if at is None:
-                        book.masked = positions = None
+                        book.ordered = positions = None
                     else:
-                        mask[at] = fit
+                        _keep_fitting(book, at, name, fit)
                 finals[name] = answer
         finally:
             book.resolvable += resolvable
@@ -299,7 +304,7 @@ class Sampling(Reserving):
                 book.resolvable += count
             fitting[klass] += fit * count
             book.by_usage += by_usage * count
-        book.masked = None
+        book.ordered = None
         book.generation = self.generation
         return book
 
@@ -460,3 +465,16 @@ class Sampling(Reserving):
             chosen = {kind for kind, total in zip(kinds, totals, strict=True) if total == top}
         # The first node of the sample whose content is among the best.
         return next(compress(feasible, map(chosen.__contains__, alike)))
+
+
+def _keep_fitting(book: ShapeAnswers, at: int, name: str, fit: bool) -> None:
+    """Node `name`, at position `at` of the tree's order, among `book`'s fitting nodes (`ShapeAnswers.positions`)
+    where it `fit`s, out of them where not."""
+    positions = book.positions
+    i = bisect_left(positions, at)
+    there = i < len(positions) and positions[i] == at
+    if fit and not there:
+        positions.insert(i, at)
+        book.in_order.insert(i, name)
+    elif there and not fit:
+        del positions[i], book.in_order[i]

@@ -174,6 +174,35 @@ def test_nodes_changing_class_between_arrivals_place_as_the_walk(seed: int, perc
     assert replayed(engine(percentage)) == replayed(walking(engine(percentage)))
 
 
+@pytest.mark.parametrize("percentage", [0, 30], ids=["adaptive", "30%"])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_nodes_leaving_and_joining_between_arrivals_place_as_the_walk(seed: int, percentage: int) -> None:
+    """A shape keeps its fitting nodes in the node tree's order (`ShapeAnswers.positions`): nodes removed (their
+    pods with them) and nodes joining, which move every later node's place in that order, leave each sample, its
+    node and where the next one starts as the walk node by node finds them."""
+    rng = random.Random(seed)
+    nodes = generated_nodes(rng, rng.randint(130, 170))
+    pods = generated_pods(rng, 500)
+    leaving: dict[int, list[int]] = {}  # step -> the nodes (by index) removed before its arrival
+    joining: dict[int, list[int]] = {}  # step -> the nodes added back, each at the end of its zone's list
+    for step in rng.sample(range(len(pods) - 1), 30):
+        at = rng.randrange(len(nodes))
+        leaving.setdefault(step, []).append(at)
+        joining.setdefault(rng.randint(step + 1, min(len(pods) - 1, step + 100)), []).append(at)
+
+    def replayed(subject: Engine) -> list[object]:
+        def change(engine: Engine, step: int) -> None:
+            for at in leaving.get(step, ()):
+                engine.remove_node(nodes[at]["metadata"]["name"])
+            for at in joining.get(step, ()):
+                engine.add_node(node_info(nodes[at]))
+
+        return replay(subject, nodes, pods, change)
+
+    assert replayed(engine(percentage)) == replayed(walking(engine(percentage)))
+
+
 def test_a_pod_of_a_shape_seen_before_asks_only_the_nodes_changed_since() -> None:
     """The point of the shortcut: the second pod of a shape filters the one node the first changed, not the
     cluster again; a pod no node fits is refused without filtering every node either."""
