@@ -271,8 +271,9 @@ def test_a_failed_binding_leaves_no_allocation_to_replay(
         {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-        # What scheduling waits to have listed: claims and volumes, and the owners that give pods their default
-        # spread constraints.
+        # What scheduling waits to have listed: namespaces (pod affinity's namespaceSelector), claims and volumes,
+        # and the owners that give pods their default spread constraints.
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
         {"apiGroups": [""], "resources": ["persistentvolumeclaims", "persistentvolumes"], "verbs": ["list", "watch"]},
         {"apiGroups": [""], "resources": ["services", "replicationcontrollers"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["apps"], "resources": ["replicasets", "statefulsets"], "verbs": ["get", "list", "watch"]},
