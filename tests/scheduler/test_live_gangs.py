@@ -834,3 +834,34 @@ def test_members_waiting_at_permit_preempted_by_a_pod_are_let_go_whole_not_delet
     service.mirror.on_pods("ADDED", member("blue-2", "blue"))
     cycle(service)
     assert {"blue-0", "blue-1"} <= set(writer(service).bindings())
+
+
+def test_a_member_waiting_at_permit_edited_into_a_pod_kubegpu_cannot_read_gives_its_place_back(
+    service: CustomScheduler,
+) -> None:
+    # `train-0` holds 8 GPUs at Permit, waiting for `train-1`. Its owner then annotates it for Microsoft KubeGPU,
+    # asking a GPU for its sidecar in a way kubegpu cannot read. It kept its GPUs until the gang's timeout, and was
+    # bound from its old version once `train-1` came.
+    service.mirror.on_podgroups("SYNC", [podgroup("train", 2)])
+
+    def with_sidecar(name: str, **annotations: str) -> dict[str, Any]:
+        manifest = member(name, "train")
+        manifest["spec"]["containers"].append({"name": "side", "image": "busybox"})
+        manifest["metadata"]["annotations"] = annotations
+        return manifest
+
+    service.mirror.on_pods("ADDED", with_sidecar("train-0"))
+    cycle(service)
+    assert service.engine.is_waiting("ml/train-0")
+    asks = '{"runningcontainer": {"side": {"requests": {"alpha.gpu/numgpu": 1}}}}'
+    edited = with_sidecar("train-0", **{"pod.alpha/DeviceInformation": asks})
+    edited["metadata"]["resourceVersion"] = "2"
+    service.mirror.on_pods("MODIFIED", edited)
+    assert service.engine.placement("ml/train-0") is None, "its GPUs are free at once"
+    service.mirror.on_pods("ADDED", with_sidecar("train-1"))
+    cycle(service)
+    assert writer(service).bindings() == []
+    refused = [
+        e["message"] for e in writer(service).events("FailedScheduling") if e["involvedObject"]["name"] == "train-0"
+    ]
+    assert len(refused) == 1 and "kubegpu cannot schedule this pod" in refused[0] and "container side" in refused[0]
