@@ -7,6 +7,7 @@ the bind once they are gone) are what is checked.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,10 @@ import pytest
 import urllib3
 
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
-from kubegpu.kube.client import ApiError
+from kubegpu.core.models import PodRequest
+from kubegpu.kube.client import ApiError, AsyncKubeClient
+from kubegpu.scheduler.binder import Binder
+from kubegpu.scheduler.health import Metrics
 
 from .cluster import Cluster, running_cluster, wait_for
 
@@ -375,3 +379,32 @@ def test_a_higher_priority_pod_preempts_on_the_node_held_for_a_lower_one_which_l
     wait_bound(cluster, namespace, "top")
     assert devices(cluster, namespace, "top") == [str(i) for i in range(16)]
     assert not bound_to(cluster, namespace, "mid") and not nominated("mid")
+
+
+def test_a_nomination_cleared_for_a_pod_that_was_deleted_and_made_again_leaves_the_new_pods_nomination(
+    cluster: Cluster, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A preemption displaces nominee `mid` and clears its `status.nominatedNodeName`, the write waiting its turn behind
+    others. Meanwhile `mid` was deleted and made again under its name (a controller's new pod), and nominated anew. The
+    clear is the old pod's: the new pod keeps its nomination, as a deletion guarded by the victim's UID never deletes a
+    newcomer of the same name. Setting a nomination is guarded the same way."""
+    path = f"/api/v1/namespaces/{namespace}/pods/mid"
+    old = cluster.create_pod(namespace, "mid", {"main": {}}, scheduler="kubegpu-nobody")
+    cluster.client.request("DELETE", path, body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+    wait_for(lambda: "mid" not in pods(cluster, namespace), 30, "the old mid gone")
+    new = cluster.create_pod(namespace, "mid", {"main": {}}, scheduler="kubegpu-nobody")
+    cluster.client.patch(f"{path}/status", {"status": {"nominatedNodeName": "trn1-new"}})
+    stale = PodRequest(namespace, "mid", old["metadata"]["uid"], ())
+    writer = AsyncKubeClient(cluster.client.credentials, cluster.client.limiter, connections=2)
+    try:
+        binder = Binder(writer, Metrics(), component="kubegpu-test")
+        writer.submit(binder.clear_nomination(stale)).result(timeout=30)
+        assert pods(cluster, namespace)["mid"]["status"].get("nominatedNodeName") == "trn1-new"
+        writer.submit(binder.nominate(stale, "trn1-old")).result(timeout=30)
+        assert pods(cluster, namespace)["mid"]["status"].get("nominatedNodeName") == "trn1-new"
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "a pod gone is nothing to warn of"
+        fresh = PodRequest(namespace, "mid", new["metadata"]["uid"], ())
+        writer.submit(binder.clear_nomination(fresh)).result(timeout=30)
+        assert not pods(cluster, namespace)["mid"]["status"].get("nominatedNodeName"), "its own pod's is cleared"
+    finally:
+        writer.close()
