@@ -1412,6 +1412,9 @@ class ClusterMirror:
                 self._gate(key, refusal.message, request.scheduling_gates)
                 return
         self._ungate(key)  # its last gate removed: it enters the queue as a new pod would
+        if (nominee := self.engine.nominee(key)) is not None and nominee.uid != request.uid:
+            # The node was held for an older pod of this name, deleted unseen (a relist): not this pod's to wait on.
+            self.engine.unnominate(key)
         if self.follow_nominations and not deleting:
             status = obj.get("status")
             self._follow_nomination(request, status.get("nominatedNodeName") if isinstance(status, dict) else None)

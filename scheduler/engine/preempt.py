@@ -337,6 +337,10 @@ class Preempting(Admission):
         record = self.nodes.get(name)
         return dict(record.nominees) if record is not None else {}
 
+    def nominee(self, key: str) -> PodRequest | None:
+        """The preempting pod `key` as the node held for it counts it (`nominate`), if any."""
+        return self.nominee_requests.get(key)
+
     def nominated_node(self, key: str) -> str | None:
         """The node held for preempting pod `key` (`nominate`), if any."""
         return self.nominated.get(key)
