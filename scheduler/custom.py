@@ -230,6 +230,12 @@ class CustomScheduler:
         explain = version is not None and version >= TELLS_PREEMPTION_FROM
         preemption = self.engine.preempt(pod, list(mirror.budgets.values()), explain=explain)
         if preemption.node is None:
+            if self.engine.nominated_node(entry.key) is not None:
+                # Its node is let go, and so is its `status.nominatedNodeName`, as kube-scheduler (1.22+) clears the
+                # nomination of a pod whose preemption finds nothing: else its owner (and a cluster autoscaler, which
+                # counts a nominated pod as placed) reads that it will run on a node no longer held for it.
+                log.info("nomination cleared", extra={"pod": entry.key, "reason": "no preemption victims"})
+                self.binder.submit(self.binder.clear_nomination(pod))
             self.engine.unnominate(entry.key)
             return False, preemption.outcome
         self.engine.nominate(pod, preemption.node)

@@ -381,6 +381,33 @@ def test_a_higher_priority_pod_preempts_on_the_node_held_for_a_lower_one_which_l
     assert not bound_to(cluster, namespace, "mid") and not nominated("mid")
 
 
+def test_a_nominee_whose_room_a_pod_of_higher_priority_took_loses_its_nomination(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    """`mid` (priority 100) preempts `batch` (10, held Terminating by a finalizer) on the only trn1 and is nominated
+    there. Before `batch` goes, another scheduler binds `vip` (1000) to the node. Once `batch` is gone `mid` fits
+    nowhere and finds no victims: its `status.nominatedNodeName` is cleared (it said, for as long as `mid` waited,
+    that it would run on a node held for it no more)."""
+    priority_classes(cluster)
+    cluster.create_ready_node("trn1-took", labels={**TRN1, "kubegpu-test/took": "yes"}, allocatable={DEVICE: 16})
+    scheduler = "kubegpu-preempt-took"
+    start_scheduler(scheduler, "--no-leader-elect")
+    here = {"nodeSelector": {"kubegpu-test/took": "yes"}}
+    create(cluster, namespace, "batch", 16, scheduler, "kubegpu-test-low", here, finalizers=["kubegpu.test/hold"])
+    wait_bound(cluster, namespace, "batch")
+
+    def nominated(name: str) -> str | None:
+        return (pods(cluster, namespace)[name].get("status") or {}).get("nominatedNodeName")
+
+    create(cluster, namespace, "mid", 16, scheduler, "kubegpu-test-mid", here)
+    wait_for(lambda: nominated("mid") == "trn1-took", 30, "mid nominated")
+    create(cluster, namespace, "vip", 16, "another-scheduler", "kubegpu-test-top", {"nodeName": "trn1-took"})
+    cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/batch", {"metadata": {"finalizers": None}})
+    wait_for(lambda: "batch" not in pods(cluster, namespace), 30, "batch gone")
+    wait_for(lambda: not nominated("mid"), 30, "mid's nomination cleared")
+    assert not bound_to(cluster, namespace, "mid")
+
+
 def test_a_nomination_cleared_for_a_pod_that_was_deleted_and_made_again_leaves_the_new_pods_nomination(
     cluster: Cluster, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -637,6 +637,35 @@ def test_a_preemptor_made_again_while_the_watch_was_down_is_a_new_pod_with_no_no
     assert [(b["metadata"]["uid"], b["status"]["nominatedNodeName"]) for b in nominations][-1] == ("uid-big-2", "n1")
 
 
+def test_a_preemptor_that_no_longer_finds_victims_has_its_nomination_cleared(
+    service: CustomScheduler, clock: Clock
+) -> None:
+    """`big` preempted `low` and was nominated on n1. Once `low` was gone, a pod of higher priority took n1 (bound
+    there by another scheduler): `big` fits nowhere and finds no victims. The engine let n1 go, but `big` kept its
+    `status.nominatedNodeName: n1`, telling its owner (and a cluster autoscaler, which counts a nominated pod as
+    placed) that it would run there. kube-scheduler clears the nomination of a pod whose preemption finds nothing."""
+    service.mirror.on_pods("ADDED", bound("low", "n1", cpu="2"))
+    service.mirror.on_pods("ADDED", pod("big", cpu="2", priority=10))
+    run_once(service)
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+
+    def nominations() -> list[str | None]:
+        return [b["status"]["nominatedNodeName"] for m, p, b in writer.writes if p.endswith("/pods/big/status")
+                and "nominatedNodeName" in b["status"]]  # fmt: skip
+
+    assert nominations() == ["n1"]
+    service.mirror.on_pods("DELETED", bound("low", "n1", cpu="2"))
+    service.mirror.on_pods("ADDED", bound("vip", "n1", cpu="2", priority=1000))
+    clock.now += 1.0
+    run_once(service)
+    assert service.engine.nominated_node("default/big") is None
+    assert nominations() == ["n1", None]
+    clock.now += 2.0
+    service.queue.wake()
+    run_once(service)
+    assert nominations() == ["n1", None], "cleared once"
+
+
 @pytest.mark.parametrize(
     ("version", "cpu", "preemption"),
     [
