@@ -433,5 +433,11 @@ def test_a_nomination_cleared_for_a_pod_that_was_deleted_and_made_again_leaves_t
         fresh = PodRequest(namespace, "mid", new["metadata"]["uid"], ())
         writer.submit(binder.clear_nomination(fresh)).result(timeout=30)
         assert not pods(cluster, namespace)["mid"]["status"].get("nominatedNodeName"), "its own pod's is cleared"
+        cluster.client.request(
+            "DELETE", path, body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+        )
+        wait_for(lambda: "mid" not in pods(cluster, namespace), 30, "mid gone")
+        writer.submit(binder.clear_nomination(fresh)).result(timeout=30)  # deleted before its turn came
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "a pod gone is nothing to warn of"
     finally:
         writer.close()
