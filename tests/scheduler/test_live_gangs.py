@@ -865,3 +865,37 @@ def test_a_member_waiting_at_permit_edited_into_a_pod_kubegpu_cannot_read_gives_
         e["message"] for e in writer(service).events("FailedScheduling") if e["involvedObject"]["name"] == "train-0"
     ]
     assert len(refused) == 1 and "kubegpu cannot schedule this pod" in refused[0] and "container side" in refused[0]
+
+
+def test_a_gang_preempting_a_rack_displaces_the_pod_of_lower_priority_nominated_there(
+    service: CustomScheduler,
+) -> None:
+    # `single` (priority 100) preempted on rack r1, the only one whose pods it may evict, and was nominated there.
+    # Then gang `urgent` (1000) preempts all of r1, the only rack it may have. `single` kept its hold and its
+    # `status.nominatedNodeName`, waiting for victims whose room is now the gang's, as a pod preempting there would
+    # not let it (kube-scheduler clears the nominations of lower priority where it preempts).
+    service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    for name, priority in (("r1-n0", 0), ("r1-n1", 0), ("r2-n0", 5000), ("r2-n1", 5000)):
+        filler = member(f"filler-{name}", "", 8)
+        filler["spec"].update(nodeName=name, priority=priority, schedulerName="someone-else")
+        service.mirror.on_pods("ADDED", filler)
+    single = member("single", "", 8)
+    single["spec"]["priority"] = 100
+    service.mirror.on_pods("ADDED", single)
+    cycle(service)
+    held = service.engine.nominated_node("ml/single")
+    assert held is not None and held.startswith("r1-"), held
+    service.mirror.on_podgroups("SYNC", [podgroup("urgent", 2)])
+    for i in range(2):
+        urgent = member(f"urgent-{i}", "urgent", 8)
+        urgent["spec"]["priority"] = 1000
+        service.mirror.on_pods("ADDED", urgent)
+    cycle(service)
+    assert service.engine.nominated_gangs, "the gang preempted"
+    assert service.engine.nominated_node("ml/single") is None, "r1 is the gang's"
+    nominations = [
+        b["status"]["nominatedNodeName"]
+        for m, p, b in writer(service).writes
+        if p.endswith("/pods/single/status") and "nominatedNodeName" in b["status"]
+    ]
+    assert nominations[-1] is None, nominations
