@@ -1470,10 +1470,11 @@ class ClusterMirror:
 
         A pending pod leaves the front-end's pending pods even when an earlier version of it was read: edited into
         something kubegpu cannot read (an annotation, a request), it is not placed from what it said before (a pod
-        waiting at Permit gives its place back, as a deleted one does). A pending pod of another scheduler costs
-        nothing more: a debug line, nothing remembered (its annotations are its scheduler's business: KubeGPU's
-        `pod.alpha/DeviceInformation` logged an error at each of its status updates). Any other is logged at error
-        level once per pod and problem."""
+        waiting at Permit gives its place back, as a deleted one does). One already placed, its Binding written, is
+        left as it is: the edit came before the Binding, whose own event follows. A pending pod of another
+        scheduler costs nothing more: a debug line, nothing remembered (its annotations are its scheduler's
+        business: KubeGPU's `pod.alpha/DeviceInformation` logged an error at each of its status updates). Any other
+        is logged at error level once per pod and problem."""
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid", ""))
         held = self.engine.placement(key)
@@ -1485,9 +1486,11 @@ class ClusterMirror:
             return
         spec = obj.get("spec") or {}
         pending = not spec.get("nodeName")
+        if pending and held is not None and not self.engine.is_waiting(key):
+            return  # placed, its Binding written: an edit from before it, whose own event follows (bound)
         if pending:
             self.drop_pending(key)
-            if held is not None and self.pending.binding(key) is None:  # held at Permit: its place goes back
+            if held is not None:  # held at Permit, no Binding written: its place goes back
                 self.release(key)
             if not self.pending.answers_for(spec.get("schedulerName")):
                 log.debug("another scheduler's pod not read: %s", problem, extra={"pod": key})
