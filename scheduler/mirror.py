@@ -1331,11 +1331,9 @@ class ClusterMirror:
                 and phase not in FINISHED
                 and self._sizes.get(key) == sizes_of(obj)  # not resized in place
                 and held.request.labels == (meta.get("labels") or {})  # nor relabelled
-                # a pod waiting at Permit is still pending: an edit it cannot be read after reaches `_unreadable_pod`
-                and (
-                    (obj.get("spec") or {}).get("nodeName")
-                    or held.request.annotations == (meta.get("annotations") or {})
-                )
+                # a pod waiting at Permit holds no Binding yet: an edit it cannot be read after reaches
+                # `_unreadable_pod`, which gives its place back
+                and (not self.engine.is_waiting(key) or held.request.annotations == (meta.get("annotations") or {}))
             ):
                 return
         try:

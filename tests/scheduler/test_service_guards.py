@@ -217,13 +217,14 @@ def test_a_pending_pod_edited_into_one_kubegpu_cannot_read_leaves_the_queue_and_
 
 
 def test_an_edit_from_before_the_binding_reported_after_it_keeps_the_pods_devices(service: CustomScheduler) -> None:
-    # `job` was bound; the watch then reports an edit its owner made just before (pending still, annotated for
-    # Microsoft KubeGPU), before the Binding's own event. The pod is bound: it keeps its card, and is told nothing.
+    # `job` was bound; the watch then reports an edit its owner made just before (pending still, relabelled and
+    # annotated for Microsoft KubeGPU), before the Binding's own event. The pod is bound: it keeps its card, and is
+    # told nothing.
     writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
     service.mirror.on_pods("SYNC", [pod("job")])
     schedule_all(service)
     assert writer.bindings() == ["job"]
-    late = pod("job", annotations=KUBEGPU_ASKS_ONE)
+    late = pod("job", annotations=KUBEGPU_ASKS_ONE, labels={"team": "b"})
     late["metadata"]["resourceVersion"] = "2"
     service.mirror.on_pods("MODIFIED", late)
     assert service.engine.placement("default/job") is not None, "its card stays held"
