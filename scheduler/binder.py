@@ -288,7 +288,7 @@ class Binder:
         deleted = await asyncio.gather(*(self._delete(victim, why) for victim in victims))
         message = f"Preempted by {pod.namespace}/{pod.name} on node {node}"
         await asyncio.gather(
-            self._nominate(pod, node),
+            self.nominate(pod, node),
             *(
                 self.post_event(victim, "Preempted", message, kind="Normal")
                 for victim, gone in zip(victims, deleted, strict=True)
@@ -297,21 +297,29 @@ class Binder:
         )
         return [victim.key for victim, gone in zip(victims, deleted, strict=True) if not gone]
 
-    async def _nominate(self, pod: PodRequest, node: str) -> None:
-        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
-        try:
-            await self.writer.patch(path, {"status": {"nominatedNodeName": node}})
-        except ApiError as exc:
-            _not_written("set nominatedNodeName", exc, pod.key)
+    async def nominate(self, pod: PodRequest, node: str) -> None:
+        """Set the preemptor's `status.nominatedNodeName`, guarded by its UID (`_patch_nomination`)."""
+        await self._patch_nomination(pod, node, "set nominatedNodeName")
 
     async def clear_nomination(self, pod: PodRequest) -> None:
         """Clear the pending pod's `status.nominatedNodeName`: a pod of higher priority preempted on that node
         (kube-scheduler's preemption clears the nominations of lower priority there the same way)."""
+        await self._patch_nomination(pod, None, "clear nominatedNodeName")
+
+    async def _patch_nomination(self, pod: PodRequest, node: str | None, what: str) -> None:
+        """Write the pod's nominated node, to this very pod only. Written behind other writes, the patch may land
+        after the pod was deleted and made again under its name (a controller's new pod), whose own nomination it
+        would otherwise set or clear: it names the pod's UID, which the API server holds as a precondition (a patch
+        may not change a UID: 422, `metadata.uid ... field is immutable`), as the deletions' `preconditions` do. A
+        pod gone, or another one in its place, is nothing to report."""
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
         try:
-            await self.writer.patch(path, {"status": {"nominatedNodeName": None}})
+            await self.writer.patch(path, {"metadata": {"uid": pod.uid}, "status": {"nominatedNodeName": node}})
         except ApiError as exc:
-            _not_written("clear nominatedNodeName", exc, pod.key)
+            if exc.status == 404 or (exc.status == 422 and "metadata.uid" in str(exc)):
+                log.debug("did not %s: the pod is gone (%s)", what, exc, extra={"pod": pod.key})
+                return
+            _not_written(what, exc, pod.key)
 
     async def evict_for(self, preemptor: str, where: str, victims: Sequence[PodRequest], message: str) -> list[str]:
         """A gang's preemption: each victim gets a `Preempted` Event naming the gang and the domain, and is deleted

@@ -236,22 +236,32 @@ class CustomScheduler:
         explain = version is not None and version >= TELLS_PREEMPTION_FROM
         preemption = self.engine.preempt(pod, list(mirror.budgets.values()), explain=explain)
         if preemption.node is None:
+            if self.engine.nominated_node(entry.key) is not None:
+                # Its node is let go, and so is its `status.nominatedNodeName`, as kube-scheduler (1.22+) clears the
+                # nomination of a pod whose preemption finds nothing: else its owner (and a cluster autoscaler, which
+                # counts a nominated pod as placed) reads that it will run on a node no longer held for it.
+                log.info("nomination cleared", extra={"pod": entry.key, "reason": "no preemption victims"})
+                self.binder.submit(self.binder.clear_nomination(pod))
             self.engine.unnominate(entry.key)
             return False, preemption.outcome
         self.engine.nominate(pod, preemption.node)
         log.info("preempting", extra={"pod": entry.key, "node": preemption.node, "victims": list(preemption.victims)})
-        # The pods of lower priority nominated there lose the node (kube-scheduler clears their nominatedNodeName):
-        # each is tried again now instead of waiting there for victims that free room this pod may take.
-        for displaced in self.engine.displace_nominees(pod, preemption.node):
-            log.info("nomination cleared", extra={"pod": displaced.key, "node": preemption.node})
-            self.binder.submit(self.binder.clear_nomination(displaced))
-            self.queue.wake_pod(displaced.key)
+        self._displace(pod.priority, preemption.node)
         bound = self._let_go_preempted(preemption.victims, f"pod {pod.key} on node {preemption.node}")
         mirror.evicting_started(bound)
         if bound:
             victims = [placed.request for placed in self.engine.placements(bound)]
             self.binder.submit(self._evict(pod, preemption.node, victims))
         return len(bound) < len(preemption.victims), None
+
+    def _displace(self, priority: int, node: str) -> None:
+        """A pod or a gang of `priority` preempts on `node`: the pods of lower priority nominated there lose it
+        (kube-scheduler clears their nominatedNodeName), each tried again now instead of waiting there for victims
+        that free room the preemptor may take."""
+        for displaced in self.engine.displace_nominees(priority, node):
+            log.info("nomination cleared", extra={"pod": displaced.key, "node": node})
+            self.binder.submit(self.binder.clear_nomination(displaced))
+            self.queue.wake_pod(displaced.key)
 
     def _let_go_preempted(self, victims: tuple[str, ...], by: str) -> tuple[str, ...]:
         """Victims waiting at Permit are let go instead of deleted, as kube-scheduler rejects a waiting victim rather
@@ -434,7 +444,9 @@ class CustomScheduler:
         # The domain is held for the gang while its victims leave, so that pods of lower priority do not take the
         # room they free one by one (kube-scheduler nominates a preemptor's node the same way).
         priority = min(entry.request.priority for entry in entries)
-        self.engine.nominate_gang(group.key, priority, preemption.level, preemption.domain, preemption.victims)
+        held = self.engine.nominate_gang(group.key, priority, preemption.level, preemption.domain, preemption.victims)
+        for node in held:  # the pods of lower priority nominated there wait for room the gang takes no more
+            self._displace(priority, node)
         where = f"{preemption.level}={preemption.domain}" if preemption.level else "the cluster"
         log.info("preempting for a gang", extra={"pod": group.key, "node": where, "victims": list(preemption.victims)})
         bound = self._let_go_preempted(preemption.victims, f"gang {group.key} in {where}")

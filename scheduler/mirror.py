@@ -1333,6 +1333,9 @@ class ClusterMirror:
                 and phase not in FINISHED
                 and self._sizes.get(key) == sizes_of(obj)  # not resized in place
                 and held.request.labels == (meta.get("labels") or {})  # nor relabelled
+                # a pod waiting at Permit holds no Binding yet: an edit it cannot be read after reaches
+                # `_unreadable_pod`, which gives its place back
+                and (not self.engine.is_waiting(key) or held.request.annotations == (meta.get("annotations") or {}))
             ):
                 return
         try:
@@ -1409,9 +1412,13 @@ class ClusterMirror:
                 self._gate(key, refusal.message, request.scheduling_gates)
                 return
         self._ungate(key)  # its last gate removed: it enters the queue as a new pod would
+        if (nominee := self.engine.nominee(key)) is not None and nominee.uid != request.uid:
+            # The node was held for an older pod of this name, deleted unseen (a relist): not this pod's to wait on.
+            self.engine.unnominate(key)
         if self.follow_nominations and not deleting:
             status = obj.get("status")
             self._follow_nomination(request, status.get("nominatedNodeName") if isinstance(status, dict) else None)
+        self._refused.pop(key, None)  # readable again: made unreadable again later, it is told again
         version = str(meta.get("resourceVersion", ""))
         if self.pending.observe(key, request, version, deleting=deleting, held=held is not None):
             self._sizes[key] = sizes_of(obj)
@@ -1459,8 +1466,17 @@ class ClusterMirror:
 
     def _unreadable_pod(self, kind: str, key: str, obj: dict[str, Any], problem: str) -> None:
         """A pod kubegpu cannot read (a tenant wrote it): it is left alone, and if it was waiting for this scheduler
-        its owner is told why, once."""
+        its owner is told why, once.
+
+        A pending pod leaves the front-end's pending pods even when an earlier version of it was read: edited into
+        something kubegpu cannot read (an annotation, a request), it is not placed from what it said before (a pod
+        waiting at Permit gives its place back, as a deleted one does). One already placed, its Binding written, is
+        left as it is: the edit came before the Binding, whose own event follows. A pending pod of another
+        scheduler costs nothing more: a debug line, nothing remembered (its annotations are its scheduler's
+        business: KubeGPU's `pod.alpha/DeviceInformation` logged an error at each of its status updates). Any other
+        is logged at error level once per pod and problem."""
         meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
         held = self.engine.placement(key)
         if kind == "DELETED" or (held is not None and held.request.uid != meta.get("uid")):
             self._refused.pop(key, None)
@@ -1468,18 +1484,26 @@ class ClusterMirror:
             if held is not None and held.request.uid == meta.get("uid") and self.pending.binding(key) is None:
                 self.release(key)
             return
-        log.error("pod ignored: %s", problem, extra={"pod": key})
         spec = obj.get("spec") or {}
-        if (
-            self.pending.answers_for(spec.get("schedulerName"))
-            and not spec.get("nodeName")
-            and self._refused.get(key) != (str(meta.get("uid", "")), problem)
-        ):
-            self._refused[key] = (str(meta.get("uid", "")), problem)
+        pending = not spec.get("nodeName")
+        if pending and held is not None and not self.engine.is_waiting(key):
+            return  # placed, its Binding written: an edit from before it, whose own event follows (bound)
+        if pending:
+            self.drop_pending(key)
+            if held is not None:  # held at Permit, no Binding written: its place goes back
+                self.release(key)
+            if not self.pending.answers_for(spec.get("schedulerName")):
+                log.debug("another scheduler's pod not read: %s", problem, extra={"pod": key})
+                return
+        if self._refused.get(key) == (uid, problem):
+            return
+        self._refused[key] = (uid, problem)
+        log.error("pod ignored: %s", problem, extra={"pod": key})
+        if pending:
             pod = PodRequest(
                 namespace=str(meta.get("namespace", "default")),
                 name=str(meta.get("name", "")),
-                uid=str(meta.get("uid", "")),
+                uid=uid,
                 containers=(),
             )
             self.binder.event(pod, "FailedScheduling", f"kubegpu cannot schedule this pod: {problem}")

@@ -173,6 +173,11 @@ class SchedulingQueue:
             return False
         if key in self._in_flight or held:
             return True
+        known = self.active.get(key) or self.unschedulable.get(key) or self.backoff.get(key)
+        if known is not None and known.request.uid != request.uid:
+            # Another pod under its name (the older one deleted unseen, a relist): a new pod, whose owner has been
+            # told nothing yet and whose attempts start again.
+            self.drop(key)
         self._index_gang(key, request)
         entry = self.active.get(key)
         if entry is not None:

@@ -44,11 +44,11 @@ class GangDomains(Permitting):
 
     def nominate_gang(
         self, gang: str, priority: int, level: str | None, domain: str | None, victims: Iterable[str] = ()
-    ) -> None:
+    ) -> tuple[str, ...]:
         """Hold the nodes of one domain (`level`=`domain`; a gang of no level: the nodes of its `victims`) for a
         preempting gang while its victims leave, as `nominate` holds one node for a pod: pods of equal or lower
         priority are kept off them, the gang's own members are not. Replaces the gang's earlier hold; `place_gang`
-        ends it when the gang is placed."""
+        ends it when the gang is placed. Returns the nodes held."""
         self.unnominate_gang(gang)
         if level is None:
             names = tuple(dict.fromkeys(self.pods[key].node for key in victims if key in self.pods))
@@ -63,6 +63,7 @@ class GangDomains(Permitting):
             self._refresh(record)
         if names:
             self.nominated_gangs[gang] = names
+        return names
 
     def unnominate_gang(self, gang: str) -> None:
         """Release the domain held for a preempting gang (placed, gone, or given up)."""

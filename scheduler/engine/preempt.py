@@ -296,18 +296,19 @@ class Preempting(Admission):
                 record.nominees[pod.key] = pod.priority
                 self._refresh(record)
 
-    def displace_nominees(self, pod: PodRequest, name: str) -> tuple[PodRequest, ...]:
-        """`pod` preempts on node `name`: the preempting pods nominated there of lower priority lose their hold
-        (`unnominate`), as kube-scheduler's preemption clears their nominated node, since the room they counted on
-        may now be `pod`'s; each is returned so that the front-end clears its `status.nominatedNodeName` and tries it
-        again at once (it no longer waits for its victims there, and may preempt elsewhere). A gang's hold stays."""
+    def displace_nominees(self, priority: int, name: str) -> tuple[PodRequest, ...]:
+        """A pod (or a gang) of `priority` preempts on node `name`: the preempting pods nominated there of lower
+        priority lose their hold (`unnominate`), as kube-scheduler's preemption clears their nominated node, since
+        the room they counted on may now be the preemptor's; each is returned so that the front-end clears its
+        `status.nominatedNodeName` and tries it again at once (it no longer waits for its victims there, and may
+        preempt elsewhere). A gang's hold stays."""
         record = self.nodes.get(name)
         if record is None:
             return ()
         displaced = tuple(
             nominee
-            for key, priority in record.nominees.items()
-            if priority < pod.priority and (nominee := self.nominee_requests.get(key)) is not None
+            for key, held_at in record.nominees.items()
+            if held_at < priority and (nominee := self.nominee_requests.get(key)) is not None
         )
         for nominee in displaced:
             self.unnominate(nominee.key)
@@ -336,6 +337,10 @@ class Preempting(Admission):
         """The preempting pods node `name` is held for (`nominate`), with their priorities."""
         record = self.nodes.get(name)
         return dict(record.nominees) if record is not None else {}
+
+    def nominee(self, key: str) -> PodRequest | None:
+        """The preempting pod `key` as the node held for it counts it (`nominate`), if any."""
+        return self.nominee_requests.get(key)
 
     def nominated_node(self, key: str) -> str | None:
         """The node held for preempting pod `key` (`nominate`), if any."""

@@ -523,3 +523,49 @@ def test_kubegpu_pods_running_from_before_the_switch_keep_their_gpus_and_pending
     assert len({"new-0", "new-1"} & set(bound(cluster, namespace))) == 1, message
     assert message.startswith("0/1 nodes are available: 1 Insufficient nvidia.com/gpu"), message
     assert "kubegpu-style" not in bound(cluster, namespace)
+
+
+def test_kubegpu_pods_of_another_scheduler_log_nothing_and_ours_annotated_while_waiting_leave_the_queue(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    # KubeGPU's own scheduler still runs beside kubegpu for the jobs written for it: each status update of such a
+    # pod logged "pod ignored" at error level in kubegpu's log. And `job`, waiting for a GPU, is annotated for
+    # KubeGPU (a GPU for its sidecar, which kubegpu cannot read) before one frees up: it stayed queued as it read
+    # before, and was bound, with a GPU for `main` alone, once a node came.
+    scheduler = start_scheduler("kubegpu-annotated", "--no-leader-elect")
+    asks = json.dumps({"runningcontainer": {"side": {"requests": {"alpha.gpu/numgpu": 1}}}})
+    annotation = "pod.alpha/DeviceInformation"
+    legacy: dict[str, dict[str, str | int]] = {"main": {}, "side": {}}
+    cluster.create_pod(namespace, "theirs", legacy, scheduler="kubegpu-legacy", annotations={annotation: asks})
+    containers: dict[str, dict[str, str | int]] = {"main": {"nvidia.com/gpu": 1}, "side": {}}
+    cluster.create_pod(namespace, "job", containers, scheduler="kubegpu-annotated")
+    wait_for(lambda: any("nodes are available" in m for m in events_of(cluster, namespace, "job")), 30, "job waits")
+    for round_ in range(3):
+        patch = {"metadata": {"labels": {"round": str(round_)}}}
+        cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/theirs", patch)
+    cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/job", {"metadata": {"annotations": {annotation: asks}}})
+    refused = wait_for(
+        lambda: next((m for m in events_of(cluster, namespace, "job") if "KubeGPU" in m), None),
+        30, "job told it cannot be read",
+    )  # fmt: skip
+    assert "asks 1 GPU(s) for container side" in refused, refused
+    gpus = {"nvidia.com/gpu.product": "Tesla-V100-SXM2-32GB", "nvidia.com/gpu.count": "2"}
+    cluster.create_ready_node("annotated-node", labels=gpus, allocatable={"nvidia.com/gpu": 2})
+    cluster.create_pod(namespace, "after", {"main": {"nvidia.com/gpu": 1}}, scheduler="kubegpu-annotated")
+
+    def settled() -> bool:
+        """`after` bound, and nothing waits in the scheduler's queues (or `job` is bound)."""
+        placed = bound(cluster, namespace)
+        if "job" in placed:
+            return True
+        text = urllib3.request("GET", f"http://127.0.0.1:{scheduler.metrics_port}/metrics").data.decode()
+        waiting = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("kubegpu_scheduler_pending_pods{") and "gated" not in line
+        )
+        return "after" in placed and waiting == 0
+
+    wait_for(settled, 30, "after bound and the queues empty")
+    assert set(bound(cluster, namespace)) == {"after"}, "job was placed from what it read before"
+    assert "theirs" not in scheduler.output(), scheduler.output()[-3000:]

@@ -7,6 +7,7 @@ the bind once they are gone) are what is checked.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,10 @@ import pytest
 import urllib3
 
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation
-from kubegpu.kube.client import ApiError
+from kubegpu.core.models import PodRequest
+from kubegpu.kube.client import ApiError, AsyncKubeClient
+from kubegpu.scheduler.binder import Binder
+from kubegpu.scheduler.health import Metrics
 
 from .cluster import Cluster, running_cluster, wait_for
 
@@ -375,3 +379,65 @@ def test_a_higher_priority_pod_preempts_on_the_node_held_for_a_lower_one_which_l
     wait_bound(cluster, namespace, "top")
     assert devices(cluster, namespace, "top") == [str(i) for i in range(16)]
     assert not bound_to(cluster, namespace, "mid") and not nominated("mid")
+
+
+def test_a_nominee_whose_room_a_pod_of_higher_priority_took_loses_its_nomination(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    """`mid` (priority 100) preempts `batch` (10, held Terminating by a finalizer) on the only trn1 and is nominated
+    there. Before `batch` goes, another scheduler binds `vip` (1000) to the node. Once `batch` is gone `mid` fits
+    nowhere and finds no victims: its `status.nominatedNodeName` is cleared (it said, for as long as `mid` waited,
+    that it would run on a node held for it no more)."""
+    priority_classes(cluster)
+    cluster.create_ready_node("trn1-took", labels={**TRN1, "kubegpu-test/took": "yes"}, allocatable={DEVICE: 16})
+    scheduler = "kubegpu-preempt-took"
+    start_scheduler(scheduler, "--no-leader-elect")
+    here = {"nodeSelector": {"kubegpu-test/took": "yes"}}
+    create(cluster, namespace, "batch", 16, scheduler, "kubegpu-test-low", here, finalizers=["kubegpu.test/hold"])
+    wait_bound(cluster, namespace, "batch")
+
+    def nominated(name: str) -> str | None:
+        return (pods(cluster, namespace)[name].get("status") or {}).get("nominatedNodeName")
+
+    create(cluster, namespace, "mid", 16, scheduler, "kubegpu-test-mid", here)
+    wait_for(lambda: nominated("mid") == "trn1-took", 30, "mid nominated")
+    create(cluster, namespace, "vip", 16, "another-scheduler", "kubegpu-test-top", {"nodeName": "trn1-took"})
+    cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/batch", {"metadata": {"finalizers": None}})
+    wait_for(lambda: "batch" not in pods(cluster, namespace), 30, "batch gone")
+    wait_for(lambda: not nominated("mid"), 30, "mid's nomination cleared")
+    assert not bound_to(cluster, namespace, "mid")
+
+
+def test_a_nomination_cleared_for_a_pod_that_was_deleted_and_made_again_leaves_the_new_pods_nomination(
+    cluster: Cluster, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A preemption displaces nominee `mid` and clears its `status.nominatedNodeName`, the write waiting its turn behind
+    others. Meanwhile `mid` was deleted and made again under its name (a controller's new pod), and nominated anew. The
+    clear is the old pod's: the new pod keeps its nomination, as a deletion guarded by the victim's UID never deletes a
+    newcomer of the same name. Setting a nomination is guarded the same way."""
+    path = f"/api/v1/namespaces/{namespace}/pods/mid"
+    old = cluster.create_pod(namespace, "mid", {"main": {}}, scheduler="kubegpu-nobody")
+    cluster.client.request("DELETE", path, body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+    wait_for(lambda: "mid" not in pods(cluster, namespace), 30, "the old mid gone")
+    new = cluster.create_pod(namespace, "mid", {"main": {}}, scheduler="kubegpu-nobody")
+    cluster.client.patch(f"{path}/status", {"status": {"nominatedNodeName": "trn1-new"}})
+    stale = PodRequest(namespace, "mid", old["metadata"]["uid"], ())
+    writer = AsyncKubeClient(cluster.client.credentials, cluster.client.limiter, connections=2)
+    try:
+        binder = Binder(writer, Metrics(), component="kubegpu-test")
+        writer.submit(binder.clear_nomination(stale)).result(timeout=30)
+        assert pods(cluster, namespace)["mid"]["status"].get("nominatedNodeName") == "trn1-new"
+        writer.submit(binder.nominate(stale, "trn1-old")).result(timeout=30)
+        assert pods(cluster, namespace)["mid"]["status"].get("nominatedNodeName") == "trn1-new"
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "a pod gone is nothing to warn of"
+        fresh = PodRequest(namespace, "mid", new["metadata"]["uid"], ())
+        writer.submit(binder.clear_nomination(fresh)).result(timeout=30)
+        assert not pods(cluster, namespace)["mid"]["status"].get("nominatedNodeName"), "its own pod's is cleared"
+        cluster.client.request(
+            "DELETE", path, body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+        )
+        wait_for(lambda: "mid" not in pods(cluster, namespace), 30, "mid gone")
+        writer.submit(binder.clear_nomination(fresh)).result(timeout=30)  # deleted before its turn came
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "a pod gone is nothing to warn of"
+    finally:
+        writer.close()

@@ -836,3 +836,68 @@ def test_members_waiting_at_permit_preempted_by_a_pod_are_let_go_whole_not_delet
     service.mirror.on_pods("ADDED", member("blue-2", "blue"))
     cycle(service)
     assert {"blue-0", "blue-1"} <= set(writer(service).bindings())
+
+
+def test_a_member_waiting_at_permit_edited_into_a_pod_kubegpu_cannot_read_gives_its_place_back(
+    service: CustomScheduler,
+) -> None:
+    # `train-0` holds 8 GPUs at Permit, waiting for `train-1`. Its owner then annotates it for Microsoft KubeGPU,
+    # asking a GPU for its sidecar in a way kubegpu cannot read. It kept its GPUs until the gang's timeout, and was
+    # bound from its old version once `train-1` came.
+    service.mirror.on_podgroups("SYNC", [podgroup("train", 2)])
+
+    def with_sidecar(name: str, **annotations: str) -> dict[str, Any]:
+        manifest = member(name, "train")
+        manifest["spec"]["containers"].append({"name": "side", "image": "busybox"})
+        manifest["metadata"]["annotations"] = annotations
+        return manifest
+
+    service.mirror.on_pods("ADDED", with_sidecar("train-0"))
+    cycle(service)
+    assert service.engine.is_waiting("ml/train-0")
+    asks = '{"runningcontainer": {"side": {"requests": {"alpha.gpu/numgpu": 1}}}}'
+    edited = with_sidecar("train-0", **{"pod.alpha/DeviceInformation": asks})
+    edited["metadata"]["resourceVersion"] = "2"
+    service.mirror.on_pods("MODIFIED", edited)
+    assert service.engine.placement("ml/train-0") is None, "its GPUs are free at once"
+    service.mirror.on_pods("ADDED", with_sidecar("train-1"))
+    cycle(service)
+    assert writer(service).bindings() == []
+    refused = [
+        e["message"] for e in writer(service).events("FailedScheduling") if e["involvedObject"]["name"] == "train-0"
+    ]
+    assert len(refused) == 1 and "kubegpu cannot schedule this pod" in refused[0] and "container side" in refused[0]
+
+
+def test_a_gang_preempting_a_rack_displaces_the_pod_of_lower_priority_nominated_there(
+    service: CustomScheduler,
+) -> None:
+    # `single` (priority 100) preempted on rack r1, the only one whose pods it may evict, and was nominated there.
+    # Then gang `urgent` (1000) preempts all of r1, the only rack it may have. `single` kept its hold and its
+    # `status.nominatedNodeName`, waiting for victims whose room is now the gang's, as a pod preempting there would
+    # not let it (kube-scheduler clears the nominations of lower priority where it preempts).
+    service.queue.initial_backoff = service.queue.max_backoff = 0.0
+    for name, priority in (("r1-n0", 0), ("r1-n1", 0), ("r2-n0", 5000), ("r2-n1", 5000)):
+        filler = member(f"filler-{name}", "", 8)
+        filler["spec"].update(nodeName=name, priority=priority, schedulerName="someone-else")
+        service.mirror.on_pods("ADDED", filler)
+    single = member("single", "", 8)
+    single["spec"]["priority"] = 100
+    service.mirror.on_pods("ADDED", single)
+    cycle(service)
+    held = service.engine.nominated_node("ml/single")
+    assert held is not None and held.startswith("r1-"), held
+    service.mirror.on_podgroups("SYNC", [podgroup("urgent", 2)])
+    for i in range(2):
+        urgent = member(f"urgent-{i}", "urgent", 8)
+        urgent["spec"]["priority"] = 1000
+        service.mirror.on_pods("ADDED", urgent)
+    cycle(service)
+    assert service.engine.nominated_gangs, "the gang preempted"
+    assert service.engine.nominated_node("ml/single") is None, "r1 is the gang's"
+    nominations = [
+        b["status"]["nominatedNodeName"]
+        for m, p, b in writer(service).writes
+        if p.endswith("/pods/single/status") and "nominatedNodeName" in b["status"]
+    ]
+    assert nominations[-1] is None, nominations

@@ -404,7 +404,7 @@ def test_a_preemptor_takes_the_node_of_a_nominee_of_lower_priority_which_loses_i
     preemption = e.preempt(top)
     assert preemption.node == "n" and set(preemption.victims) == {"default/a", "default/b"}
     e.nominate(top, "n")
-    assert e.displace_nominees(top, "n") == (mid,)
+    assert e.displace_nominees(top.priority, "n") == (mid,)
     assert e.nominated_node(mid.key) is None and e.nominees("n") == {top.key: 1000}
     assert not e.awaits_victims(mid.key, {"default/a"})
     for key in preemption.victims:

@@ -608,6 +608,64 @@ def test_a_preemptor_gone_while_the_watch_was_down_leaves_its_node_held_for_nobo
     assert writer.bindings() == ["next"]
 
 
+def test_a_preemptor_made_again_while_the_watch_was_down_is_a_new_pod_with_no_nomination(
+    service: CustomScheduler, clock: Clock
+) -> None:
+    """`big` preempted `low` and was nominated on n1; while the pod watch was down `big` was deleted and made again
+    under its name (a controller's new pod, another UID). The relist showed the new `big`, which inherited the old
+    one's hold on n1 (the old request counted there) and its queue entry: it waited for the old pod's victim, told
+    nothing, its `status.nominatedNodeName` never set. It is a new pod: tried afresh, told why it waits, and nominated
+    in its own name."""
+    service.mirror.on_pods("ADDED", bound("low", "n1", cpu="2"))
+    service.mirror.on_pods("ADDED", pod("big", cpu="2", priority=10))
+    run_once(service)
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+    assert [e["involvedObject"]["uid"] for e in writer.events("FailedScheduling")] == ["uid-big"]
+    terminating = bound("low", "n1", cpu="2")
+    terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    again = pod("big", cpu="2", priority=10)
+    again["metadata"]["uid"] = "uid-big-2"
+    service.mirror.on_pods("SYNC", [terminating, again])
+    clock.now += 1.0
+    run_once(service)
+    told = [(e["involvedObject"]["uid"], e["message"]) for e in writer.events("FailedScheduling")]
+    assert [uid for uid, _ in told] == ["uid-big", "uid-big-2"], told
+    assert told[1][1] == "0/1 nodes are available: 1 Insufficient cpu.", "told why, not a bare count"
+    nominations = [
+        b for m, p, b in writer.writes if p.endswith("/pods/big/status") and "nominatedNodeName" in b["status"]
+    ]
+    assert [(b["metadata"]["uid"], b["status"]["nominatedNodeName"]) for b in nominations][-1] == ("uid-big-2", "n1")
+
+
+def test_a_preemptor_that_no_longer_finds_victims_has_its_nomination_cleared(
+    service: CustomScheduler, clock: Clock
+) -> None:
+    """`big` preempted `low` and was nominated on n1. Once `low` was gone, a pod of higher priority took n1 (bound
+    there by another scheduler): `big` fits nowhere and finds no victims. The engine let n1 go, but `big` kept its
+    `status.nominatedNodeName: n1`, telling its owner (and a cluster autoscaler, which counts a nominated pod as
+    placed) that it would run there. kube-scheduler clears the nomination of a pod whose preemption finds nothing."""
+    service.mirror.on_pods("ADDED", bound("low", "n1", cpu="2"))
+    service.mirror.on_pods("ADDED", pod("big", cpu="2", priority=10))
+    run_once(service)
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+
+    def nominations() -> list[str | None]:
+        return [b["status"]["nominatedNodeName"] for m, p, b in writer.writes if p.endswith("/pods/big/status")
+                and "nominatedNodeName" in b["status"]]  # fmt: skip
+
+    assert nominations() == ["n1"]
+    service.mirror.on_pods("DELETED", bound("low", "n1", cpu="2"))
+    service.mirror.on_pods("ADDED", bound("vip", "n1", cpu="2", priority=1000))
+    clock.now += 1.0
+    run_once(service)
+    assert service.engine.nominated_node("default/big") is None
+    assert nominations() == ["n1", None]
+    clock.now += 2.0
+    service.queue.wake()
+    run_once(service)
+    assert nominations() == ["n1", None], "cleared once"
+
+
 @pytest.mark.parametrize(
     ("version", "cpu", "preemption"),
     [

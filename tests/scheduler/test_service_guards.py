@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from kubegpu.core.annotations import ALLOCATION_KEY
+from kubegpu.core.legacy_kubegpu import DEVICE_INFORMATION
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.process import LogfmtFormatter
 from kubegpu.core.testing import node_manifest, pod_manifest
@@ -157,6 +158,77 @@ def test_an_unreadable_pod_gets_one_event_naming_the_field(service: CustomSchedu
     [event] = writer.events("FailedScheduling")
     assert event["involvedObject"]["name"] == "huge" and toy.RESOURCE in event["message"]
     assert writer.bindings() == ["fine"]
+
+
+KUBEGPU_ASKS_ONE = {DEVICE_INFORMATION: '{"runningcontainer": {"main": {"requests": {"alpha.gpu/numgpu": 1}}}}'}
+
+
+def test_another_schedulers_pod_written_for_microsoft_kubegpu_costs_nothing_and_ours_is_told_once(
+    service: CustomScheduler, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A DLWorkspace job still scheduled by KubeGPU's own scheduler keeps its `pod.alpha/DeviceInformation`
+    # annotation: every status update of it logged "pod ignored" at error level in kubegpu's log. Ours with the same
+    # annotation is refused, once, however often it changes.
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+    caplog.set_level(logging.DEBUG, logger="kubegpu")
+    theirs = pod("theirs", annotations=KUBEGPU_ASKS_ONE)
+    theirs["spec"]["schedulerName"] = "kubegpu-legacy"
+    ours = pod("ours", annotations=KUBEGPU_ASKS_ONE)
+    service.mirror.on_pods("SYNC", [theirs, ours])
+    for version in ("2", "3", "4"):
+        for manifest in (theirs, ours):
+            manifest["metadata"]["resourceVersion"] = version
+            service.mirror.on_pods("MODIFIED", manifest)
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [(r.getMessage()[:12], getattr(r, "pod", None)) for r in errors] == [("pod ignored:", "default/ours")]
+    [event] = writer.events("FailedScheduling")
+    assert event["involvedObject"]["name"] == "ours" and "alpha.gpu" not in event["message"]
+    assert "set resources.limits nvidia.com/gpu: 1" in event["message"]
+    assert "default/theirs" not in service.mirror._refused, "nothing remembered of a pod we never schedule"
+
+
+def test_a_pending_pod_edited_into_one_kubegpu_cannot_read_leaves_the_queue_and_is_told_why(
+    service: CustomScheduler,
+) -> None:
+    # `job` was read and queued; before its turn its owner annotated it for Microsoft KubeGPU (a request kubegpu
+    # cannot read). Its readable version stayed queued and was bound, with a card, from what it said before.
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+
+    def job(version: int, **annotations: str) -> dict[str, Any]:
+        manifest = pod("job", annotations=annotations)
+        manifest["metadata"]["resourceVersion"] = str(version)
+        return manifest
+
+    service.mirror.on_pods("SYNC", [job(1)])
+    service.mirror.on_pods("MODIFIED", job(2, **KUBEGPU_ASKS_ONE))
+    schedule_all(service)
+    assert writer.bindings() == []
+    [event] = writer.events("FailedScheduling")
+    assert event["involvedObject"]["name"] == "job" and DEVICE_INFORMATION in event["message"]
+    assert "default/job" not in service.queue.active and len(service.queue.backoff) == 0
+    # Fixed, then annotated again before its turn: told again, and still not placed from its readable version.
+    service.mirror.on_pods("MODIFIED", job(3))
+    service.mirror.on_pods("MODIFIED", job(4, **KUBEGPU_ASKS_ONE))
+    schedule_all(service)
+    assert writer.bindings() == [] and len(writer.events("FailedScheduling")) == 2
+    service.mirror.on_pods("MODIFIED", job(5))
+    schedule_all(service)
+    assert writer.bindings() == ["job"]
+
+
+def test_an_edit_from_before_the_binding_reported_after_it_keeps_the_pods_devices(service: CustomScheduler) -> None:
+    # `job` was bound; the watch then reports an edit its owner made just before (pending still, relabelled and
+    # annotated for Microsoft KubeGPU), before the Binding's own event. The pod is bound: it keeps its card, and is
+    # told nothing.
+    writer: RecordingWriter = service.binder.writer  # type: ignore[assignment]
+    service.mirror.on_pods("SYNC", [pod("job")])
+    schedule_all(service)
+    assert writer.bindings() == ["job"]
+    late = pod("job", annotations=KUBEGPU_ASKS_ONE, labels={"team": "b"})
+    late["metadata"]["resourceVersion"] = "2"
+    service.mirror.on_pods("MODIFIED", late)
+    assert service.engine.placement("default/job") is not None, "its card stays held"
+    assert writer.events("FailedScheduling") == []
 
 
 def test_a_tenants_200_kb_reason_is_logged_and_reported_bounded_and_escaped(caplog: pytest.LogCaptureFixture) -> None:
