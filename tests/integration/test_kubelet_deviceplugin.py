@@ -165,6 +165,16 @@ def allocatable(cluster: Cluster) -> dict[str, str]:
     return found
 
 
+def offer_tiles(cluster: Cluster) -> dict[str, int]:
+    """The node's two cards offered as two tiles each, as `kubegpu advertise --update-capacity` (or NFD) adds them
+    beside the device plugin; the request of one tile of one card."""
+    wait_for(lambda: capacity(cluster).get(I915) == "2", 60, "gpu.intel.com/i915 capacity")
+    label(cluster, {"gpu.intel.com/gpu-numbers": "0.1"})
+    cluster.client.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": {"gpu.intel.com/tiles": "4"}}})
+    wait_for(lambda: allocatable(cluster).get("gpu.intel.com/tiles") == "4", 60, "tiles allocatable")
+    return {I915: 1, "gpu.intel.com/tiles": 1}
+
+
 def label(cluster: Cluster, labels: dict[str, str | None]) -> None:
     cluster.client.patch(f"/api/v1/nodes/{NODE}", {"metadata": {"labels": labels}})
 
@@ -629,12 +639,7 @@ def test_a_tile_containers_own_device_hierarchy_never_widens_its_mask(
     (T210). The device plugin writes the mask in the hierarchy the container names, as the CRI shim does (`0.0`);
     a hierarchy the node does not write (`composite`) fails the pod's admission, naming it."""
     out = host / "out"
-    wait_for(lambda: capacity(cluster).get(I915) == "2", 60, "gpu.intel.com/i915 capacity")
-    label(cluster, {"gpu.intel.com/gpu-numbers": "0.1"})
-    # What `kubegpu advertise --update-capacity` (or NFD) adds beside the device plugin: two cards of two tiles.
-    cluster.client.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": {"gpu.intel.com/tiles": "4"}}})
-    wait_for(lambda: allocatable(cluster).get("gpu.intel.com/tiles") == "4", 60, "tiles allocatable")
-    tile = {I915: 1, "gpu.intel.com/tiles": 1}
+    tile = offer_tiles(cluster)
     try:
         composite = pod(space, "composite", {"main": tile}, scheduler=SCHEDULER, out=out)
         composite["spec"]["containers"][0]["env"].append({"name": "ZE_FLAT_DEVICE_HIERARCHY", "value": "COMPOSITE"})
@@ -682,11 +687,7 @@ def test_a_classic_init_container_asking_a_tile_runs_masked_to_a_tile_of_its_pod
     init container the app's card, and the init container ran with no mask, the whole card, both tiles (one of them
     another pod's to take). It runs masked to its pod's tile, as the app does."""
     out = host / "out"
-    wait_for(lambda: capacity(cluster).get(I915) == "2", 60, "gpu.intel.com/i915 capacity")
-    label(cluster, {"gpu.intel.com/gpu-numbers": "0.1"})
-    cluster.client.patch(f"/api/v1/nodes/{NODE}/status", {"status": {"capacity": {"gpu.intel.com/tiles": "4"}}})
-    wait_for(lambda: allocatable(cluster).get("gpu.intel.com/tiles") == "4", 60, "tiles allocatable")
-    tile = {I915: 1, "gpu.intel.com/tiles": 1}
+    tile = offer_tiles(cluster)
     try:
         checked = pod(space, "checked", {"main": tile}, scheduler=SCHEDULER, out=out)
         prep = dict(
