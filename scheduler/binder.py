@@ -252,10 +252,13 @@ class Binder:
 
     async def report_unschedulable(self, pod: PodRequest, message: str, reason: str = "Unschedulable") -> None:
         """kube-scheduler's two signs of a pod that fits nowhere: a `FailedScheduling` Event and the condition
-        `PodScheduled=False/Unschedulable` (`SchedulerError` where its Binding was refused)."""
+        `PodScheduled=False/Unschedulable` (`SchedulerError` where its Binding was refused). The condition is written
+        to this very pod only, guarded by its UID as a nomination is (`_patch_nomination`): a pod made again under
+        its name meanwhile keeps its own."""
         message = safe_text(message)
         await self.post_event(pod, "FailedScheduling", message)
         condition = {
+            "metadata": {"uid": pod.uid},
             "status": {
                 "conditions": [
                     {
@@ -272,6 +275,9 @@ class Binder:
             path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
             await self.writer.patch(path, condition, strategic=True)
         except ApiError as exc:
+            if _gone(exc):
+                log.debug("did not set the PodScheduled condition: the pod is gone (%s)", exc, extra={"pod": pod.key})
+                return
             _not_written("set the PodScheduled condition", exc, pod.key)
 
     # -- preemption ----------------------------------------------------------------------------------------------
@@ -316,7 +322,7 @@ class Binder:
         try:
             await self.writer.patch(path, {"metadata": {"uid": pod.uid}, "status": {"nominatedNodeName": node}})
         except ApiError as exc:
-            if exc.status == 404 or (exc.status == 422 and "metadata.uid" in str(exc)):
+            if _gone(exc):
                 log.debug("did not %s: the pod is gone (%s)", what, exc, extra={"pod": pod.key})
                 return
             _not_written(what, exc, pod.key)
@@ -397,6 +403,12 @@ def disruption_target(message: str) -> dict[str, Any]:
         "lastTransitionTime": now_rfc3339(),
     }
     return {"status": {"conditions": [condition]}}
+
+
+def _gone(exc: ApiError) -> bool:
+    """Whether a write guarded by a pod's UID found the pod gone: deleted (404), or another pod in its place (the
+    API server answers a patch naming another UID 422, `metadata.uid ... field is immutable`)."""
+    return exc.status == 404 or (exc.status == 422 and "metadata.uid" in str(exc))
 
 
 def _not_written(what: str, error: ApiError, key: str) -> None:
