@@ -495,7 +495,8 @@ class ExtenderServer:
             return f"gang {group.key}: this member is not schedulable yet: {gated_reason(pod.scheduling_gates)}"
         epoch = self.unbound.epoch(group.key)
         stamp = engine.plan(pod).stamp
-        plan = self.gang_plans.get(group.key, group, engine.generation, epoch, stamp, engine.changed_since)
+        namespaces = engine.namespace_epoch
+        plan = self.gang_plans.get(group.key, group, engine.generation, epoch, stamp, engine.changed_since, namespaces)
         if plan is None or pod.key not in plan.waiting:
             members = self.unbound.members(group.key)
             members[pod.key] = pod  # as kube-scheduler asks it: ungated, though the informer may not have said so
@@ -521,7 +522,7 @@ class ExtenderServer:
         engine = self.engine
         placement = engine.place_gang(todo, group)
         reserved = {request.key: request for request in todo}
-        plan = GangPlan(group, engine.generation, epoch, set(reserved))
+        plan = GangPlan(group, engine.generation, epoch, set(reserved), namespaces=engine.namespace_epoch)
         if not placement.placed:
             plan.answer = placement.reason or f"gang {group.key} cannot be placed whole"
         for decision in placement.decisions:

@@ -39,7 +39,9 @@ class GangPlan:
     placed whole, or None when it can; then `node_of` is each planned member's node, `shape_of` its
     `Plan.signature`, and `on_node` the planned members of each node (the nodes a member is offered: those with at
     least one). `stamp`: the `Plan.stamp` every member's plan had (None: not one for all, or one that moves with
-    every change); `held_on`: the nodes where members of the gang hold places (`catch_up`)."""
+    every change); `held_on`: the nodes where members of the gang hold places (`catch_up`); `namespaces`: the
+    engine's namespace epoch it was made at (`Engine.namespace_epoch`: a relabel moves no node, yet may change
+    what a member's or a placed pod's term selects)."""
 
     group: PodGroup
     generation: int
@@ -51,6 +53,7 @@ class GangPlan:
     on_node: dict[str, dict[str, None]] = field(default_factory=dict)
     stamp: int | None = None
     held_on: set[str] = field(default_factory=set)
+    namespaces: int = 0
 
     def holds(self, group: PodGroup, generation: int, epoch: int) -> bool:
         return self.generation == generation and self.epoch == epoch and self.group == group
@@ -118,11 +121,13 @@ class GangPlans:
         epoch: int,
         stamp: int = -1,
         changed_since: Callable[[int], set[str] | None] | None = None,
+        namespaces: int = 0,
     ) -> GangPlan | None:
         """The gang's plan if it holds at engine change `generation` (moved on to it across other nodes' changes
-        when `changed_since` is given: `GangPlan.catch_up`), for `group` and the gang's change count `epoch`."""
+        when `changed_since` is given: `GangPlan.catch_up`), for `group`, the gang's change count `epoch` and the
+        engine's namespace epoch `namespaces`."""
         plan = self.plans.pop(key, None)
-        if plan is None or plan.epoch != epoch or plan.group != group:
+        if plan is None or plan.epoch != epoch or plan.group != group or plan.namespaces != namespaces:
             return None
         if changed_since is not None:
             plan.catch_up(generation, stamp, changed_since)

@@ -173,16 +173,19 @@ class PodIndex:
 
     def set_namespace(self, name: str, labels: Mapping[str, str] | None) -> bool:
         """A Namespace added or changed with its labels, or deleted (None). Returns whether its labels changed (a
-        term's namespace selector may then select other pods: the caller's memos of what terms select are stale)."""
+        term's namespace selector may then select other pods: the caller's memos of what terms select are stale).
+        The name label is always among them, as the API server (1.21+) keeps it on every Namespace: a document that
+        lists other labels only (`kubegpu simulate`'s) is still selected by its name."""
         old = self.namespaces.get(name)
         if labels is None:
             if old is None:
                 return False
             del self.namespaces[name]
         else:
+            labels = {**labels, **filters.namespace_named(name)}
             if old == labels:
                 return False
-            self.namespaces[name] = dict(labels)
+            self.namespaces[name] = labels
         self.version += 1
         return True
 

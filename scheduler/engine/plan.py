@@ -211,8 +211,11 @@ class Planning(NodeCache):
                 known = self._rules[id(local)] = (local, node_rules, usage_rules)
             node_rules, usage_rules = known[1], known[2]
         if volatile:
+            # The namespace epoch too: a relabel moves no node, and a memo keyed by the signature (the extender's
+            # answers per shape) must not answer from before it.
             signature += (
                 self.generation,
+                self._namespace_epoch,
                 pod.namespace,
                 tuple(sorted(pod.labels.items())),
                 pod.pod_affinity,
@@ -314,6 +317,12 @@ class Planning(NodeCache):
             return admin
         self._namespace_epoch += 1
         return True
+
+    @property
+    def namespace_epoch(self) -> int:
+        """How many times a Namespace's labels changed (`set_namespace`): a memo of what terms select, kept outside
+        the engine's plans (the extender's gang plans), is stale once it moves."""
+        return self._namespace_epoch
 
     def set_namespaces(self, labels: Mapping[str, Mapping[str, str]]) -> bool:
         """Every namespace, listed (name -> labels): those known before and not named are gone. Returns whether any

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import orjson
 import pytest
 
 from kubegpu.core.manifests import ManifestError, node_info, pod_request
@@ -21,6 +22,7 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest, pod_manifest
 from kubegpu.scheduler import filters, queue
 from kubegpu.scheduler.engine import Engine
+from kubegpu.scheduler.extender import ExtenderServer
 
 from . import test_live_owners as live
 from .test_service_guards import schedule_all
@@ -198,3 +200,74 @@ def test_the_custom_scheduler_reads_namespace_labels_from_its_informer_and_retri
     service.queue.promote()
     schedule_all(service)
     assert live.placed(service) == ["a1"]
+
+
+def extender_over(zones: dict[str, str], namespaces: dict[str, dict[str, str]]) -> ExtenderServer:
+    """An extender fed as its informers feed it: nodes by zone, and the Namespace objects with their labels."""
+    server = ExtenderServer(Engine(make_plugin_manager("scheduler", plugins=[], autoload=False)), None, None)  # type: ignore[arg-type]
+    server.mirror.on_nodes("SYNC", [node_manifest(n, labels={ZONE: z, HOST: n}, cpu="8") for n, z in zones.items()])
+    objects = [{"metadata": {"name": n, "labels": labels, "resourceVersion": "1"}} for n, labels in namespaces.items()]
+    server.mirror.on_namespaces("SYNC", objects)
+    return server
+
+
+def manifest(name: str, namespace: str, labels: dict[str, str], node: str = "", **spec: Any) -> dict[str, Any]:
+    document = pod_manifest(name, namespace=namespace)
+    document["metadata"].update(uid=f"uid-{name}", resourceVersion="1", labels=labels)
+    document["spec"].update(spec, **({"nodeName": node} if node else {}))
+    return document
+
+
+PROD_DB_AWAY = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+    away_from_db(namespaceSelector={"matchLabels": {"tier": "prod"}})
+]}}  # fmt: skip
+
+
+def relabel(server: ExtenderServer, namespace: str, labels: dict[str, str]) -> None:
+    meta = {"name": namespace, "labels": labels, "resourceVersion": "2"}
+    server.mirror.on_namespaces("MODIFIED", {"metadata": meta})
+
+
+def test_the_extenders_answers_for_a_pod_shape_follow_a_namespace_relabel() -> None:
+    """The extender remembers its answers per pod shape until a node changes; a relabel changes no node. team-a's
+    database in z1 keeps team-b's replicas (away from prod databases) out of z1 while team-a is `tier: prod`; once
+    it is `tier: dev` the next replica may go to z1 too (before: n1 stayed refused, as remembered for the shape)."""
+    server = extender_over({"n1": "z1", "n2": "z2"}, {"team-a": {"tier": "prod"}, "team-b": {}})
+    server.mirror.on_pods("SYNC", [manifest("db", "team-a", {"app": "db"}, "n1")])
+
+    def filtered(name: str) -> tuple[list[str], list[str]]:
+        body = {"Pod": manifest(name, "team-b", {"app": "web"}, affinity=PROD_DB_AWAY), "NodeNames": ["n1", "n2"]}
+        answer = server.filter(orjson.dumps(body))
+        return answer["NodeNames"], sorted(answer["FailedNodes"])
+
+    assert filtered("web-0") == (["n2"], ["n1"])
+    relabel(server, "team-a", {"tier": "dev"})
+    assert filtered("web-1") == (["n1", "n2"], [])
+    relabel(server, "team-a", {"tier": "prod"})
+    assert filtered("web-2") == (["n2"], ["n1"])
+
+
+def test_the_extenders_gang_plan_follows_a_namespace_relabel() -> None:
+    """The extender answers a gang's members from one plan of the whole gang, kept until a node or the gang changes.
+    Two members of 5 CPUs each fit only one per node; once team-a becomes `tier: prod`, its database keeps them out of
+    z1 and the gang cannot be placed whole: no member may pass (before: the plan made before the relabel still sent
+    a member to n2, to be bound alone)."""
+    server = extender_over({"n1": "z1", "n2": "z2"}, {"team-a": {"tier": "dev"}, "team-b": {}})
+    meta = {"name": "g", "namespace": "team-b", "uid": "pg", "resourceVersion": "1"}
+    kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
+    group = {**kind, "metadata": meta, "spec": {"minMember": 2}}
+    server.mirror.on_podgroups("SYNC", [group])
+    gang = {"scheduling.x-k8s.io/pod-group": "g"}
+    cpus = [{"name": "main", "image": "x", "resources": {"requests": {"cpu": "5"}}}]
+    members = [manifest(f"m{i}", "team-b", gang, affinity=PROD_DB_AWAY, containers=cpus) for i in range(2)]
+    server.mirror.on_pods("SYNC", [manifest("db", "team-a", {"app": "db"}, "n1"), *members])
+
+    def passed() -> list[str]:
+        answer = server.filter(orjson.dumps({"Pod": members[0], "NodeNames": ["n1", "n2"]}))
+        return list(answer["NodeNames"])
+
+    assert passed() == ["n1", "n2"]
+    relabel(server, "team-a", {"tier": "prod"})
+    assert passed() == []
+    relabel(server, "team-a", {"tier": "dev"})
+    assert passed() == ["n1", "n2"]

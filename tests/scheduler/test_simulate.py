@@ -998,3 +998,25 @@ def test_namespace_documents_give_the_labels_a_namespace_selector_reads(
     nodes_of = {e["pod"]: e["node"] for e in events}
     assert nodes_of["team-a/db"] == "gpu-1"
     assert nodes_of["team-b/job"] == ("gpu-2" if tier == "prod" else "gpu-1")  # binpack, unless kept off
+
+
+def test_a_namespace_document_without_the_name_label_is_still_selected_by_its_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The API server sets `kubernetes.io/metadata.name` on every Namespace (1.21+), so a term selecting namespaces by
+    that label selects a declared namespace whose document lists other labels only, as it does an undeclared one
+    (before: team-a, declared with `tier: dev`, lost the name label, and the job went next to its pod)."""
+    host = "kubernetes.io/hostname"
+    nodes = [node_manifest(n, labels={host: n}, allocatable={"nvidia.com/gpu": 8}) for n in ("gpu-1", "gpu-2")]
+    first = pod_manifest("db", {"main": {"nvidia.com/gpu": 1}}, namespace="team-a")
+    named = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}]}
+    term = {"topologyKey": host, "labelSelector": {}, "namespaceSelector": named}
+    second = pod_manifest("job", {"main": {"nvidia.com/gpu": 1}}, namespace="team-b")
+    second["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "labels": {"tier": "dev"}}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all([*nodes, namespace, first, second]))
+    code, events, err = simulate(capsys, str(path))
+    assert code == 0, err
+    nodes_of = {e["pod"]: e["node"] for e in events}
+    assert nodes_of == {"team-a/db": "gpu-1", "team-b/job": "gpu-2"}
