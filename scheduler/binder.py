@@ -269,7 +269,7 @@ class Binder:
                         "lastTransitionTime": now_rfc3339(),
                     }
                 ]
-            }
+            },
         }
         try:
             path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"

@@ -408,6 +408,36 @@ def test_a_nominee_whose_room_a_pod_of_higher_priority_took_loses_its_nomination
     assert not bound_to(cluster, namespace, "mid")
 
 
+def test_an_unschedulable_condition_for_a_pod_deleted_and_made_again_leaves_the_new_pods_status(
+    cluster: Cluster, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`PodScheduled=False` written for a pod that was deleted and made again under its name before the write's turn
+    came (a controller's new pod, which may already be bound) lands on neither: it names the old pod's UID. Written
+    for the pod itself, it lands; for a pod gone, nothing is warned of."""
+    path = f"/api/v1/namespaces/{namespace}/pods/job"
+    old = cluster.create_pod(namespace, "job", {"main": {}}, scheduler="kubegpu-nobody")
+    cluster.client.request("DELETE", path, body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+    wait_for(lambda: "job" not in pods(cluster, namespace), 30, "the old job gone")
+    new = cluster.create_pod(namespace, "job", {"main": {}}, scheduler="kubegpu-nobody")
+
+    def scheduled() -> list[dict[str, Any]]:
+        conditions = pods(cluster, namespace)["job"]["status"].get("conditions") or []
+        return [c for c in conditions if c.get("type") == "PodScheduled"]
+
+    writer = AsyncKubeClient(cluster.client.credentials, cluster.client.limiter, connections=2)
+    try:
+        binder = Binder(writer, Metrics(), component="kubegpu-test")
+        stale = PodRequest(namespace, "job", old["metadata"]["uid"], ())
+        writer.submit(binder.report_unschedulable(stale, "0/1 nodes are available: stale.")).result(timeout=30)
+        assert scheduled() == [], "the new pod keeps its own status"
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "a pod gone is nothing to warn of"
+        fresh = PodRequest(namespace, "job", new["metadata"]["uid"], ())
+        writer.submit(binder.report_unschedulable(fresh, "0/1 nodes are available: fresh.")).result(timeout=30)
+        assert [(c["status"], c["message"]) for c in scheduled()] == [("False", "0/1 nodes are available: fresh.")]
+    finally:
+        writer.close()
+
+
 def test_a_nomination_cleared_for_a_pod_that_was_deleted_and_made_again_leaves_the_new_pods_nomination(
     cluster: Cluster, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:

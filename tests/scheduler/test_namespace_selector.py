@@ -20,7 +20,7 @@ from kubegpu.core.manifests import ManifestError, node_info, pod_request
 from kubegpu.core.models import LabelSelector, Requirement
 from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest, pod_manifest
-from kubegpu.scheduler import filters, queue
+from kubegpu.scheduler import filters
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.extender import ExtenderServer
 
@@ -151,7 +151,11 @@ def test_pod_matches_term_as_kube_scheduler_matches_an_affinity_term() -> None:
     term = pod("p", "x", {}, anti={"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "web"}}})
     listed = term.pod_anti_affinity[0]
     assert not filters.pod_matches_term(listed, web)
-    cases = (({}, True), ({"matchLabels": {"tier": "prod"}}, True), ({"matchLabels": {"tier": "dev"}}, False))
+    cases: tuple[tuple[dict[str, Any], bool], ...] = (
+        ({}, True),
+        ({"matchLabels": {"tier": "prod"}}, True),
+        ({"matchLabels": {"tier": "dev"}}, False),
+    )
     for selector, expected in cases:
         anti = {"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "web"}}, "namespaceSelector": selector}
         chosen = pod("p", "x", {}, anti=anti).pod_anti_affinity[0]
@@ -196,7 +200,7 @@ def test_the_custom_scheduler_reads_namespace_labels_from_its_informer_and_retri
     service.mirror.on_namespaces("MODIFIED", {"metadata": {"name": "lab", "labels": {}, "resourceVersion": "2"}})
     assert not service.queue.unschedulable, "the relabel woke the pod"
     later = time.monotonic() + 60  # its backoff waited out
-    monkeypatch.setattr(queue.time, "monotonic", lambda: later)
+    monkeypatch.setattr(time, "monotonic", lambda: later)  # the queue's clock
     service.queue.promote()
     schedule_all(service)
     assert live.placed(service) == ["a1"]
