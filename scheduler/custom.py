@@ -16,7 +16,8 @@ its own queue (`queue.py`, after kube-scheduler's). One thread owns the engine a
 5. when nothing fits and the pod may preempt, the engine's device-aware preemption (`Engine.preempt`) names a node and
    the pods of lower priority to evict there, with PodDisruptionBudgets from their own informer: the node is held
    for it (`Engine.nominate`), the victims are deleted gracefully, all at once, then each gets a `Preempted` Event and
-   the pod's `status.nominatedNodeName` is set, and the pod binds once they are gone. While its victims terminate it
+   the pod's `status.nominatedNodeName` is set, and the pod binds once they are gone (a victim already being deleted
+   is waited for but not deleted or told again: `_not_deleted_yet`). While its victims terminate it
    does not preempt again, nor is it reported unschedulable again; a victim whose deletion failed stays and no
    longer counts as terminating, so the pod's next try preempts it again;
 6. a member of a gang (a PodGroup's label, or Kueue's pod-group labels; docs/gangs.md) is tried with every pending
@@ -248,9 +249,9 @@ class CustomScheduler:
         log.info("preempting", extra={"pod": entry.key, "node": preemption.node, "victims": list(preemption.victims)})
         self._displace(pod.priority, preemption.node)
         bound = self._let_go_preempted(preemption.victims, f"pod {pod.key} on node {preemption.node}")
+        victims = self._not_deleted_yet(bound)
         mirror.evicting_started(bound)
         if bound:
-            victims = [placed.request for placed in self.engine.placements(bound)]
             self.binder.submit(self._evict(pod, preemption.node, victims))
         return len(bound) < len(preemption.victims), None
 
@@ -295,6 +296,14 @@ class CustomScheduler:
                 self._gang_refused(gang, entries, reason)
         let_go = {key for keys in gangs.values() for key in keys}
         return tuple(key for key in victims if key not in let_go)
+
+    def _not_deleted_yet(self, bound: tuple[str, ...]) -> list[PodRequest]:
+        """The victims of `bound` to delete: not those being deleted already, by an earlier preemption (its
+        deletion sent, or seen) or by any other hand (their deletionTimestamp is set). Such a victim still counts
+        as leaving for the preemptor, which waits for it, but it gets no second deletion and no second `Preempted`
+        Event, as kube-scheduler 1.31+ skips a victim whose deletion has started (1.20.2 deletes it again)."""
+        deleting = self.engine.being_deleted(bound) | self.mirror.evicting
+        return [placed.request for placed in self.engine.placements(key for key in bound if key not in deleting)]
 
     def _let_go_one(self, key: str) -> Entry | None:
         """One pod waiting at Permit gives its place back: its entry, to be placed again."""
@@ -450,8 +459,8 @@ class CustomScheduler:
         where = f"{preemption.level}={preemption.domain}" if preemption.level else "the cluster"
         log.info("preempting for a gang", extra={"pod": group.key, "node": where, "victims": list(preemption.victims)})
         bound = self._let_go_preempted(preemption.victims, f"gang {group.key} in {where}")
+        victims = self._not_deleted_yet(bound)
         mirror.evicting_started(bound)
-        victims = [placed.request for placed in self.engine.placements(bound)]
         if victims:
             self.binder.submit(self._evict_for(f"gang {group.key}", where, victims))
         let_go = len(preemption.victims) - len(bound)

@@ -325,6 +325,13 @@ class Preempting(Admission):
         if record is not None and record.nominees:
             self._refresh(record)
 
+    def being_deleted(self, keys: Iterable[str]) -> set[str]:
+        """Those of `keys` whose pods are being deleted already (`mark_leaving`: their deletionTimestamp is set). A
+        preemption may still count such a victim (its room is freed all the same), but its front-end deletes it
+        no second time and gives it no second `Preempted` Event, as kube-scheduler 1.31+ skips a victim whose
+        deletion has started."""
+        return {key for key in keys if key in self.leaving}
+
     def unnominate(self, key: str) -> None:
         """Release the node held for a preempting pod (it was deleted, bound elsewhere, or gave up)."""
         self.nominee_requests.pop(key, None)

@@ -381,6 +381,42 @@ def test_a_higher_priority_pod_preempts_on_the_node_held_for_a_lower_one_which_l
     assert not bound_to(cluster, namespace, "mid") and not nominated("mid")
 
 
+def test_a_victim_already_terminating_is_not_deleted_or_told_again_by_a_second_preemptor(
+    cluster: Cluster, namespace: str, start_scheduler: Any
+) -> None:
+    """`batch` (priority 10, held Terminating by a finalizer, as a pod in its grace period) holds a whole trn1.
+    `mid` (100) preempts it and is nominated there. `top` (1000) needs the node too: it preempts there, counting
+    `batch` as its victim, and `mid` loses its nomination. Before, `top` deleted `batch` a second time and gave it a
+    second `Preempted` Event (kube-scheduler 1.31+ skips a victim whose deletion has started); now `batch` keeps
+    the one Event, naming `mid`, and `top` binds once it is gone."""
+    priority_classes(cluster)
+    cluster.create_ready_node("trn1-again", labels={**TRN1, "kubegpu-test/again": "yes"}, allocatable={DEVICE: 16})
+    scheduler = "kubegpu-preempt-again"
+    start_scheduler(scheduler, "--no-leader-elect")
+    here = {"nodeSelector": {"kubegpu-test/again": "yes"}}
+    create(cluster, namespace, "batch", 16, scheduler, "kubegpu-test-low", here, finalizers=["kubegpu.test/hold"])
+    wait_bound(cluster, namespace, "batch")
+
+    def nominated(name: str) -> str | None:
+        return (pods(cluster, namespace)[name].get("status") or {}).get("nominatedNodeName")
+
+    def preempted() -> list[str]:
+        events = cluster.events(namespace)
+        return [e["message"] for e in events if e["reason"] == "Preempted" and e["involvedObject"]["name"] == "batch"]
+
+    create(cluster, namespace, "mid", 16, scheduler, "kubegpu-test-mid", here)
+    wait_for(lambda: nominated("mid") == "trn1-again", 30, "mid nominated")
+    wait_for(lambda: len(preempted()) == 1, 30, "batch's Preempted Event")
+    create(cluster, namespace, "top", 16, scheduler, "kubegpu-test-top", here)
+    wait_for(lambda: nominated("top") == "trn1-again", 30, "top nominated")
+    wait_for(lambda: not nominated("mid"), 30, "mid's nomination cleared")
+    cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/batch", {"metadata": {"finalizers": None}})
+    wait_bound(cluster, namespace, "top")
+    told = preempted()
+    assert len(told) == 1 and f"{namespace}/mid" in told[0], told
+    assert not bound_to(cluster, namespace, "mid")
+
+
 def test_a_nominee_whose_room_a_pod_of_higher_priority_took_loses_its_nomination(
     cluster: Cluster, namespace: str, start_scheduler: Any
 ) -> None:
