@@ -50,6 +50,7 @@ PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"  # its reason for a scheduler'
 # controller's podFailurePolicy reads the mark: `--disruption-conditions auto` marks from it on.
 MARKS_VICTIMS_FROM = (1, 26)
 DISRUPTION_CONDITIONS = ("auto", "on", "off")
+CLAIM_TRIES = 3  # reads and guarded writes `evict_unless_taken` tries before it gives up on a pod changing under it
 ACTIONS = {"Preempted": "Preempting"}  # kube-scheduler's action per reason; "Scheduling" for the others
 _QUALIFIED = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _HOST = re.sub(r"[^-a-z0-9.]", "-", socket.gethostname().lower())[:63]
@@ -340,6 +341,46 @@ class Binder:
                 failed.append(victim.key)
         return failed
 
+    async def evict_unless_taken(self, victim: PodRequest, why: dict[str, Any] | None) -> bool | None:
+        """Evict `victim` unless another hand already is: True when this call did (its first write, the mark `why`
+        or else the deletion, guarded by the `resourceVersion` read just before, so that of two callers acting on
+        the same pod at once exactly one wins: the API server answers the other 409 Conflict); False when the pod
+        is gone, another pod took its name, or it is being deleted or marked `DisruptionTarget` already (by another
+        replica of the extender, kube-scheduler, or any other hand); None when it could not be done (logged).
+        Costs a read per pod, and another for each conflict (a status update of the pod's own between the read and
+        the write), at most `CLAIM_TRIES` of them."""
+        path = f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}"
+        for _ in range(CLAIM_TRIES):
+            try:
+                pod = await self.writer.request("GET", path)
+            except ApiError as exc:
+                if exc.status == 404:
+                    return False
+                _not_written("read a pod before evicting it", exc, victim.key)
+                return None
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            if meta.get("uid") != victim.uid or meta.get("deletionTimestamp") or _marked(status):
+                return False
+            guard = {"resourceVersion": meta.get("resourceVersion")}
+            try:
+                if why is not None:
+                    await self.writer.patch(f"{path}/status", {"metadata": guard, **why}, strategic=True)
+                else:
+                    options = {"uid": victim.uid, **guard}
+                    body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": options}
+                    await self.writer.request("DELETE", path, body)
+                    return True
+            except ApiError as exc:
+                if exc.status == 409:
+                    continue  # written meanwhile, by its kubelet or by the other hand: read again
+                if _gone(exc):
+                    return False
+                _not_written("evict a member of a gang", exc, victim.key)
+                return None
+            return True if await self._delete(victim) else None
+        log.warning("did not evict: the pod changed at each of %d tries", CLAIM_TRIES, extra={"pod": victim.key})
+        return None
+
     async def _delete(self, victim: PodRequest, why: dict[str, Any] | None = None) -> bool:
         """Whether the victim is deleted (or already gone); a failed deletion is logged. `why`: the status patch
         (`disruption_target`) written first, as kube-scheduler does; the victim is deleted even when it cannot be
@@ -403,6 +444,15 @@ def disruption_target(message: str) -> dict[str, Any]:
         "lastTransitionTime": now_rfc3339(),
     }
     return {"status": {"conditions": [condition]}}
+
+
+def _marked(status: dict[str, Any]) -> bool:
+    """Whether a pod's status carries a `DisruptionTarget=True` condition: someone (a scheduler, an extender, the
+    Eviction API, the taint manager) has said it goes."""
+    conditions = status.get("conditions")
+    return isinstance(conditions, list) and any(
+        isinstance(c, dict) and c.get("type") == DISRUPTION_TARGET and c.get("status") == "True" for c in conditions
+    )
 
 
 def _gone(exc: ApiError) -> bool:

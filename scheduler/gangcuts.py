@@ -22,10 +22,13 @@ a StatefulSet's rolling restart, a user). kube-scheduler 1.20.2 marks none: ther
 `KEPT_SECONDS` of the member's first sign of leaving.
 
 Each evicted member gets a `Preempted` Event naming the preemptor, the member it lost and why; the deletion is
-guarded by the member's UID. What is remembered is bounded: a member's departure is kept `KEPT_SECONDS` for a
-nomination to follow (from its first sign of leaving: its status reported again meanwhile does not extend it), for
-`MAX_DEPARTURES` departures at most, and the members being deleted only while they hold resources. Members are
-known by UID: a member restarted under its name (a StatefulSet) is another pod, running.
+guarded by the member's UID. Every replica of the extender (the extender-ha overlay runs two) follows the same cut;
+each member is evicted by the one whose first write to it, guarded by the `resourceVersion` it read, lands first
+(`Binder.evict_unless_taken`), and only that one tells it why. What is remembered is bounded: a member's departure
+is kept `KEPT_SECONDS` for a nomination to follow (from its first sign of leaving: its status reported again
+meanwhile does not extend it), for `MAX_DEPARTURES` departures at most, and the members being deleted only while
+they hold resources. Members are known by UID: a member restarted under its name (a StatefulSet) is another pod,
+running.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from threading import RLock
 
 from kubegpu.core.manifests import ManifestError
 from kubegpu.core.models import PodRequest
-from kubegpu.scheduler.binder import DISRUPTION_TARGET, PREEMPTION_BY_SCHEDULER, Binder
+from kubegpu.scheduler.binder import DISRUPTION_TARGET, PREEMPTION_BY_SCHEDULER, Binder, disruption_target
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.podgroups import gang_key
 
@@ -190,7 +193,20 @@ class GangCuts:
             self.binder.submit(self._evict(preemptor, why, rest))
 
     async def _evict(self, preemptor: str, why: str, rest: list[PodRequest]) -> None:
-        failed = set(await self.binder.evict_for(preemptor, why, rest, EXTENDER_MARK + why))
+        """Evict the rest of a cut gang, each member once whoever else follows the same cut: every replica of the
+        extender-ha overlay sees it, and each member goes to the one whose guarded write wins
+        (`Binder.evict_unless_taken`), which alone gives it its `Preempted` Event."""
+        binder = self.binder
+        mark = disruption_target(EXTENDER_MARK + why) if binder.marks() else None
+        failed = set()
+        for member in rest:
+            evicted = await binder.evict_unless_taken(member, mark)
+            if evicted is None:
+                failed.add(member.key)
+            elif evicted:
+                await binder.post_event(member, "Preempted", f"Preempted by {preemptor} in {why}", kind="Normal")
+            else:
+                log.info("not evicted: gone, or already being evicted", extra={"pod": member.key})
         if failed:
             with self.lock:
                 for member in rest:

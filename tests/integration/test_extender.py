@@ -4,6 +4,7 @@ endpoints under abuse."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -481,3 +482,79 @@ def test_the_rest_of_a_gang_kube_scheduler_preempts_one_worker_of_goes_too(
         raise AssertionError(f"{extender.output()[-3000:]}\n---\n{scheduler.output()[-3000:]}") from None
     notes = [e.get("note") or e.get("message") or "" for e in events_of(cluster, namespace, "Preempted")]
     assert any("Preempted by" in n and "vip" in n and "minMember 2" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("marks", [False, True], ids=["unmarked-1.20", "marked-1.26"])
+def test_two_extenders_following_one_gang_cut_evict_each_member_once(
+    cluster: Cluster, namespace: str, marks: bool
+) -> None:
+    """The extender-ha overlay runs two extenders, and both see kube-scheduler preempt worker w-0 of a running gang
+    (minMember 3) and nominate `vip` there: each decides that w-1 and w-2 must go too. Before, both deleted them
+    and each member got two `Preempted` Events; now, writing to the real API server at once, one extender wins each
+    member (its first write is guarded by the `resourceVersion` it read: the mark where marks are written, else the
+    deletion) and only it tells the member why. The members carry a finalizer, so that they stay, deleted."""
+    from kubegpu.core.plugin_manager import make_plugin_manager
+    from kubegpu.core.testing import pod_manifest
+    from kubegpu.kube.client import AsyncKubeClient
+    from kubegpu.plugins.nvidia import scheduler as nvidia
+    from kubegpu.scheduler.engine import Engine
+    from kubegpu.scheduler.extender import ExtenderServer
+
+    from .gangs import events_of
+
+    group = {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "train", "namespace": namespace, "uid": "pg-train", "resourceVersion": "1"},
+        "spec": {"minMember": 3},
+    }
+    nodes = [f"cut-{i}" for i in range(3)]
+    workers = []
+    for i, node in enumerate(nodes):
+        pod = pod_manifest(f"w-{i}", {"main": {"nvidia.com/gpu": 8}}, namespace=namespace)
+        pod["metadata"].update(labels={"scheduling.x-k8s.io/pod-group": "train"}, finalizers=["kubegpu.test/hold"])
+        pod["spec"].update(nodeName=node, priority=0)
+        workers.append(cluster.client.post(f"/api/v1/namespaces/{namespace}/pods", pod))
+    writers: list[AsyncKubeClient] = []
+    futures: list[Any] = []
+    servers = []
+    try:
+        for _ in range(2):
+            writer = AsyncKubeClient(cluster.client.credentials, cluster.client.limiter, connections=2)
+            writers.append(writer)
+            plugins = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
+            engine = Engine(plugins, signing_key=b"k" * 32)
+            server = ExtenderServer(engine, cluster.client, writer, disruption_conditions="on" if marks else "off")
+            server.binder.submit = lambda c, w=writer: futures.append(w.submit(c))  # type: ignore[method-assign]
+            labels = {"node.kubernetes.io/instance-type": "p5.48xlarge", "nvidia.com/gpu.count": "8"}
+            server.mirror.on_nodes("SYNC", [node_manifest(n, labels=labels, allocatable={"nvidia.com/gpu": 8})
+                                            for n in nodes])  # fmt: skip
+            server.mirror.on_podgroups("SYNC", [group])
+            server.mirror.on_pods("SYNC", workers)
+            servers.append(server)
+        cluster.client.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/w-0")  # kube-scheduler's victim
+        leaving = pods_in(cluster, namespace)["w-0"]
+        vip = pod_manifest("vip", {"main": {"nvidia.com/gpu": 8}}, namespace=namespace)
+        vip["metadata"].update(uid="uid-vip", resourceVersion="1")
+        vip["spec"]["priority"] = 1000
+        vip["status"] = {"nominatedNodeName": "cut-0"}
+        for server in servers:  # both informers report the same two changes
+            server.mirror.on_pods("MODIFIED", leaving)
+            server.mirror.on_pods("ADDED", vip)
+        assert len(futures) == 2, "each extender follows the cut"
+        for future in futures:
+            future.result(timeout=30)
+        found = pods_in(cluster, namespace)
+        assert all(found[f"w-{i}"]["metadata"].get("deletionTimestamp") for i in (1, 2)), "the rest evicted"
+        told = sorted(e["involvedObject"]["name"] for e in events_of(cluster, namespace, "Preempted"))
+        assert told == ["w-1", "w-2"], told
+        targets = [c for i in (1, 2) for c in found[f"w-{i}"]["status"].get("conditions", [])
+                   if c["type"] == "DisruptionTarget"]  # fmt: skip
+        assert len(targets) == (2 if marks else 0), targets
+    finally:
+        for writer in writers:
+            writer.close()
+        for name in ("w-0", "w-1", "w-2"):
+            path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+            with contextlib.suppress(ApiError):
+                cluster.client.patch(path, {"metadata": {"finalizers": None}})

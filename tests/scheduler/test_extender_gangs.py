@@ -539,9 +539,15 @@ class Evictions(Writer):
         return await super().post(path, body)
 
     async def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        name = path.rsplit("/", 1)[-1]
         if method == "DELETE":
-            self.deleted.append((path.rsplit("/", 1)[-1], body["preconditions"]["uid"]))
+            self.deleted.append((name, body["preconditions"]["uid"]))
             return {}
+        if method == "GET" and "/pods/" in path and path not in self.pods:  # read before an eviction: as written
+            meta = {"name": name, "namespace": "ml", "uid": f"uid-{name}", "resourceVersion": "1"}
+            if any(gone == name for gone, _ in self.deleted):
+                meta["deletionTimestamp"] = "2026-11-26T00:00:00Z"
+            return {"metadata": meta, "status": {"conditions": [self.marked[name]] if name in self.marked else []}}
         return await super().request(method, path, body)
 
 
