@@ -15,9 +15,14 @@ machine load:
    bytes between the two unix sockets (uvloop protocols, no HTTP/2 parsing, nothing verified), measured in the same
    alternation. No Python proxy can pass calls through faster than this relay.
 
+4. A container without devices, with `--sandboxes` pod sandboxes on the node: the shim looks its sandbox up in the
+   runtime (its recorded allocation, in case the pod's annotations lost it). Side by side, the lookup as one
+   ListPodSandbox of every sandbox (what the shim did before) and as one ListPodSandbox filtered by the sandbox's id
+   (what it does), then the shim's whole in-process cost for such a container.
+
 For each it prints p50 and p99 of both paths, their ratio, and the latency the shim adds (p50 and p99 differences).
 
-    .venv/bin/python benchmarks/crishim_bench.py [--creates 100] [--calls 2000] [--containers 20]
+    .venv/bin/python benchmarks/crishim_bench.py [--creates 100] [--calls 2000] [--containers 20] [--sandboxes 30]
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ from integration.containerd import (  # noqa: E402
 from kubegpu.core.manifests import pod_request  # noqa: E402
 from kubegpu.core.plugin_manager import make_plugin_manager  # noqa: E402
 from kubegpu.core.testing import make_node, pod_manifest  # noqa: E402
-from kubegpu.crishim.shim import ContainerEditor, RuntimeSandboxes, SandboxSource  # noqa: E402
+from kubegpu.crishim.shim import ContainerEditor, RuntimeSandboxes, RuntimeVersions, SandboxSource  # noqa: E402
 from kubegpu.scheduler.engine import Engine  # noqa: E402
 
 NODE = "bench-node"
@@ -176,6 +181,41 @@ def editor_cost(
     print(f"{label:<34} p50 {percentile(times, 0.5) * 1e3:.3f} ms p99 {percentile(times, 0.99) * 1e3:.3f} ms ({what})")
 
 
+def bench_plain_container(direct: Cri, key: bytes, work: Path, sandboxes: int, rounds: int) -> None:
+    """Item 4: the runtime lookup a container without devices costs, with `sandboxes` sandboxes on the node."""
+    made = [
+        direct.run_pod(host_network_sandbox(f"plain-{i}", f"uid-plain-{i}", log_directory=work))
+        for i in range(sandboxes)
+    ]
+    runtime = RuntimeSandboxes(RuntimeVersions(direct.channel))
+    own = made[len(made) // 2]
+
+    def every(_: Cri) -> object:  # before: every sandbox listed, this one picked out
+        return next(s for s in runtime.sandboxes() if s.id == own)
+
+    def one(_: Cri) -> object:  # now: the runtime asked for this one
+        return runtime.sandbox(own)
+
+    listing, lookup = bench_calls(every, [direct], rounds)[0], bench_calls(one, [direct], rounds)[0]
+    report(f"  sandbox lookup ({len(runtime.sandboxes())} sandboxes)", listing, lookup, goal=1.0, path="by id")
+    editor = make_editor(key, work / "dev", sandboxes=runtime)
+    sandbox = host_network_sandbox("plain", "uid-plain", log_directory=work)
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=own, config=container_config("main"), sandbox_config=sandbox
+    ).SerializeToString()
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        editor.create_container(request)
+        times.append(time.perf_counter() - started)
+    print(
+        f"{'  a container without devices':<34} p50 {percentile(times, 0.5) * 1e3:.3f} ms "
+        f"p99 {percentile(times, 0.99) * 1e3:.3f} ms (the shim's whole work, in-process, with the runtime's view)"
+    )
+    for sandbox_id in made:
+        direct.remove_pod(sandbox_id)
+
+
 class ByteRelay:
     """Copies bytes between a client's unix socket and the runtime's, in both directions, and does nothing else."""
 
@@ -247,6 +287,7 @@ def main() -> int:
     parser.add_argument("--creates", type=int, default=100, help="containers created and started per path")
     parser.add_argument("--calls", type=int, default=2000, help="List calls per path")
     parser.add_argument("--containers", type=int, default=20, help="containers present during the List calls")
+    parser.add_argument("--sandboxes", type=int, default=30, help="pod sandboxes present for item 4")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="kubegpu-bench-"))
@@ -283,12 +324,14 @@ def main() -> int:
                     direct.create(filler, container_config(f"c{i}"), sandbox)
                 present = len(direct.containers())
                 editor_cost(
-                    make_editor(key, work / "dev", sandboxes=RuntimeSandboxes(direct.channel)),
+                    make_editor(key, work / "dev", sandboxes=RuntimeSandboxes(RuntimeVersions(direct.channel))),
                     work,
                     rounds=500,
                     label="  the edit with the runtime's view",
                     what="plus one ListPodSandbox and the exclusivity check, in-process",
                 )
+                print(f"\nA container without devices ({args.sandboxes} more sandboxes on the node):")
+                bench_plain_container(direct, key, work, args.sandboxes, rounds=min(args.calls, 500))
                 relay = ByteRelay(work / "relay.sock", containerd.socket)
                 floor = Cri(f"unix://{work / 'relay.sock'}")
                 calls: list[tuple[str, Callable[[Cri], object]]] = [

@@ -106,8 +106,18 @@ them. Use it
 where workloads that bypass kubegpu must keep running on kubegpu nodes; leave it off where every device pod should
 carry kubegpu's signed choice.
 
-The API server is read with `--kubeconfig` (default: the in-cluster service account); the process needs `get`/`list`
-on pods of its node only.
+The API server is read with `--kubeconfig` (default: the in-cluster service account); the process needs `list` on
+the pods of its node and `get` on its Node.
+
+Which node this is: `--node-name` is believed only once the Node it names is this host's (`NodeCheck`): its kubelet
+reported this host's boot ID (`status.nodeInfo.bootID`, the kernel's `/proc/sys/kernel/random/boot_id`) and, where
+both are known, its machine ID (`status.nodeInfo.machineID`, `<host-root>/etc/machine-id`). A name that is another
+node's (a hand-written manifest) would list that node's pods: the pods running here would count as gone, their
+HAMi-core regions be swept (lifting their limits), and Allocate would answer what the scheduler signed for the other
+node's pods. Until it is confirmed, each listing fails with a sentence naming the node and both IDs, so the round
+removes nothing and the kubelet's calls are refused with it (T199, T217). One GET of the Node, kept once it matches
+(a process outlives no reboot); nodes that share a kernel and a machine ID (containers posing as nodes) cannot be
+told apart this way.
 """
 
 from __future__ import annotations
@@ -152,7 +162,9 @@ from kubegpu.crishim.verify import AllocationRefused, PodIdentity, verified_allo
 
 __all__ = [
     "DevicePluginService",
+    "HostIdentity",
     "Inventory",
+    "NodeCheck",
     "PendingPods",
     "ResourcePlugin",
     "add_device_plugin_parser",
@@ -160,6 +172,7 @@ __all__ = [
     "main",
     "run",
     "socket_name",
+    "wrong_node",
 ]
 
 log = logging.getLogger("kubegpu.deviceplugin")
@@ -174,6 +187,8 @@ EDIT_HOOK = "kubegpu_device_edit_container"
 OWNED_HOOK = "kubegpu_device_owned"
 FORGET_HOOK = "kubegpu_device_forget_pods"
 KUBELET_SOCKET = "kubelet.sock"
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # what the kubelet reports as status.nodeInfo.bootID
+MACHINE_IDS = ("etc/machine-id", "var/lib/dbus/machine-id")  # under --host-root: where the kubelet reads its machineID
 DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
 DESCRIPTION = (
     "Serve the Kubernetes device plugin API (v1beta1) for every resource of the installed kubegpu device plugins: the "
@@ -1092,21 +1107,92 @@ class DevicePluginService:
         return True
 
 
-def _check_registered(client: Any, node: str) -> None:
-    """Raise `ConnectionError` unless the API server knows the Node `node`: a listing of no pod says which pods are
-    gone only for a node that exists. With a `--node-name` that is not this node's, every pod running here would be
-    taken for gone, and their HAMi-core regions removed under them, lifting their limits (T199)."""
-    from kubegpu.kube.client import ApiError
+@dataclass(frozen=True)
+class HostIdentity:
+    """What this host's kubelet reports of it in its Node's `status.nodeInfo`; '' where it cannot be read here."""
 
+    boot_id: str
+    machine_id: str
+    machine_id_file: str = ""
+
+    @classmethod
+    def read(cls, host_root: Path, boot_id: Path = BOOT_ID) -> HostIdentity:
+        machine_id, machine_id_file = "", ""
+        for relative in MACHINE_IDS:
+            machine_id = _read_id(host_root / relative)
+            if machine_id:
+                machine_id_file = str(host_root / relative)
+                break
+        return cls(_read_id(boot_id), machine_id, machine_id_file)
+
+
+def wrong_node(node: str, node_info: Any, host: HostIdentity) -> str | None:
+    """Why the Node `node`, whose `status.nodeInfo` is `node_info`, is not this host's; None when nothing says so.
+
+    Its boot ID must be this host's (the kubelet reads the kernel's, as this process does), and so must its machine
+    ID where both are known. A Node that reports no boot ID has no kubelet behind it: it cannot be this host's, which
+    runs the kubelet this process serves. Where this host's boot ID cannot be read, only the machine ID is compared.
+    The Node's fields are tenant-reachable text (whoever may write Nodes): quoted and cut to 64 characters."""
+    info = node_info if isinstance(node_info, Mapping) else {}
+    fix = "set --node-name to this node's name (a DaemonSet's spec.nodeName: " + (
+        f"the node whose status.nodeInfo.bootID is {host.boot_id!r})" if host.boot_id else "this host's node)"
+    )
+    for field_name, label, ours, where in (
+        ("bootID", "boot ID", host.boot_id, str(BOOT_ID)),
+        ("machineID", "machine ID", host.machine_id, host.machine_id_file),
+    ):
+        theirs = info.get(field_name)
+        theirs = theirs.strip()[:64] if isinstance(theirs, str) else ""
+        if not ours:
+            continue
+        if not theirs and field_name == "bootID":
+            return f"--node-name {node!r} names a node that reports no boot ID: no kubelet runs it; {fix}"
+        if theirs and theirs != ours:
+            return (
+                f"--node-name {node!r} names a node whose kubelet runs on another host: its {label} is {theirs!r}, "
+                f"this host's is {ours!r} ({where}); {fix}"
+            )
+    return None
+
+
+class NodeCheck:
+    """Whether `--node-name` is this host's Node (`wrong_node`), asked of the API server before each listing of its
+    pods is believed: one GET until it matches, then kept; again whenever the node lists no pod (a name no node has
+    lists none either: T199). `confirm` raises `ConnectionError` with the reason, as a listing that failed."""
+
+    def __init__(self, client: Any, node: str, host: HostIdentity) -> None:
+        self.client = client
+        self.node = node
+        self.host = host
+        self.confirmed = False
+
+    def confirm(self, *, again: bool = False) -> None:
+        from kubegpu.kube.client import ApiError
+
+        if self.confirmed and not again:
+            return
+        try:
+            found = self.client.get(f"/api/v1/nodes/{self.node}")
+        except ApiError as exc:
+            if exc.status == 404:
+                raise ConnectionError(
+                    f"the API server knows no node {self.node!r}: --node-name must be this node's name as registered "
+                    "(a DaemonSet's spec.nodeName)"
+                ) from None
+            raise ConnectionError(f"reading node {self.node}: {exc}") from None
+        status = found.get("status") if isinstance(found, Mapping) else None
+        problem = wrong_node(self.node, status.get("nodeInfo") if isinstance(status, Mapping) else None, self.host)
+        if problem is not None:
+            self.confirmed = False
+            raise ConnectionError(problem)
+        self.confirmed = True
+
+
+def _read_id(path: Path) -> str:
     try:
-        client.get(f"/api/v1/nodes/{node}")
-    except ApiError as exc:
-        if exc.status == 404:
-            raise ConnectionError(
-                f"the API server knows no node {node!r}: --node-name must be this node's name as registered "
-                "(a DaemonSet's spec.nodeName)"
-            ) from None
-        raise ConnectionError(f"reading node {node}: {exc}") from None
+        return path.read_text(errors="replace").strip()[:64]
+    except OSError:
+        return ""
 
 
 def _inode(path: Path) -> int | None:
@@ -1181,14 +1267,16 @@ def run(args: argparse.Namespace) -> int:
     for failure in plugins.failures:
         log.error("%s", failure)
     client = KubeClient.from_kubeconfig(args.kubeconfig, connections=2, timeout=5.0)
+    node = NodeCheck(client, args.node_name, HostIdentity.read(args.host_root))
 
     def list_pods() -> list[dict[str, Any]]:
+        node.confirm()  # another node's pods would count this node's as gone (T217)
         try:
             items, _ = client.list("/api/v1/pods", fieldSelector=f"spec.nodeName={args.node_name}")
         except ApiError as exc:
             raise ConnectionError(f"listing the pods of node {args.node_name}: {exc}") from None
         if not items:  # also what a --node-name naming no node gets: every running pod would count as gone
-            _check_registered(client, args.node_name)
+            node.confirm(again=True)
         return items
 
     pods = PendingPods(list_pods, args.node_name, key, verify_keys=verify_keys)
@@ -1209,6 +1297,10 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, terminate)
+    try:
+        node.confirm()
+    except ConnectionError as exc:  # said at once; checked again before each listing (the kubelet may be late)
+        log.error("%s", exc)
     service.start()
     log.info(
         "kubegpu device-plugin for node %s in %s: %s",

@@ -201,6 +201,11 @@ class SandboxSource(Protocol):
         """Every sandbox on the node, ready or not; raise `ConnectionError` when the runtime cannot say."""
         ...
 
+    def sandbox(self, sandbox_id: str) -> Sandbox | None:
+        """The sandbox `sandbox_id`, or None when the runtime does not know it; raise `ConnectionError` when the
+        runtime cannot say."""
+        ...
+
     def live_containers(self, sandbox_id: str) -> list[str]:
         """The names of the sandbox's containers that are created or running (or in an unknown state)."""
         ...
@@ -208,7 +213,7 @@ class SandboxSource(Protocol):
 
 class RuntimeSandboxes:
     """`SandboxSource` over the runtime's CRI socket, in whichever version it speaks: one ListPodSandbox
-    (ListContainers only when two live pods claim the same device)."""
+    (ListContainers only when two live pods claim the same device; a ListPodSandbox filtered by id for one sandbox)."""
 
     LIVE = (
         api_pb2.ContainerState.CONTAINER_CREATED,
@@ -233,8 +238,16 @@ class RuntimeSandboxes:
             return lenient
 
     def sandboxes(self) -> list[Sandbox]:
+        return self._list(api_pb2.ListPodSandboxRequest())
+
+    def sandbox(self, sandbox_id: str) -> Sandbox | None:
+        # The runtime reads an id filter as a prefix of ids (containerd): only the exact one is this sandbox.
+        request = api_pb2.ListPodSandboxRequest(filter=api_pb2.PodSandboxFilter(id=sandbox_id))
+        return next((s for s in self._list(request) if s.id == sandbox_id), None)
+
+    def _list(self, request: Any) -> list[Sandbox]:
         try:
-            response = self._call("ListPodSandbox", api_pb2.ListPodSandboxRequest(), api_pb2.ListPodSandboxResponse)
+            response = self._call("ListPodSandbox", request, api_pb2.ListPodSandboxResponse)
         except grpc.RpcError as exc:
             raise ConnectionError(f"asking the runtime for its pod sandboxes: {_rpc_error(exc)}") from None
         ready = api_pb2.PodSandboxState.SANDBOX_READY
@@ -468,11 +481,13 @@ class ContainerEditor:
         the container's next restart would have lost its devices. It is checked as any: verified, and under the
         node's lock no other live container or creation in flight may hold its devices (`_check_exclusive`), so a
         device the scheduler has since given another pod is refused, never held twice (T208's rules). None when
-        there is no runtime view, the sandbox has none, or the runtime cannot say (the API server decides then)."""
+        there is no runtime view, the sandbox has none, or the runtime cannot say (the API server decides then).
+        Asked of this sandbox alone: every container of a pod without devices comes here, and a listing of every
+        sandbox on the node costs in proportion to the node's pods."""
         if self.sandboxes is None:
             return None
         try:
-            own = next((s for s in self.sandboxes.sandboxes() if s.id == sandbox_id), None)
+            own = self.sandboxes.sandbox(sandbox_id)
         except ConnectionError:
             return None
         if own is None or own.allocation is None:

@@ -11,10 +11,17 @@ watchers exactly like `/apis/kubegpu/v1/*` (`extender._Feed`).
 The objects are kubegpu's own rendering, shaped like Kubernetes objects (`apiVersion`, `kind`, `metadata`):
 
 * `GpuNode` `{"metadata": {"name"}, "name", "gpus": [{"id", "model", "memory", "healthy", "pod"}], "models": {model:
-  {"total", "free"}}}`, for every node with NVIDIA GPUs; `pod` is the holder (`namespace/name`) or null, `free`
-  counts healthy GPUs nobody holds.
-* `GpuPod` `{"metadata": {"namespace", "name", "uid"}, "node", "gpus": [{"container", "id", "model"}]}`, for every
-  pod holding NVIDIA GPUs.
+  {"total", "free"}}, "heldByCount": {pod: count}}`, for every node with NVIDIA GPUs; `pod` is the holder
+  (`namespace/name`) or null, `free` counts healthy GPUs nobody holds.
+* `GpuPod` `{"metadata": {"namespace", "name", "uid"}, "node", "byCount", "gpus": [{"container", "id", "model"}]}`,
+  for every pod holding NVIDIA GPUs.
+
+Only what is known is shown. A pod bound without a verified allocation (another scheduler's, or a claim that does not
+verify) is held by count: the kubelet gave it GPUs of its own choosing, and the GPUs the ledger set aside for it are
+kubegpu's guess. Its `GpuPod` says `"byCount": true` and gives each of its GPUs `"id": null` (and the node's model
+where all its GPUs are of one); its `GpuNode` names no holder on those GPUs, counts them as not free, and lists the
+pod under `heldByCount`. Once the node side publishes the ids the kubelet gave it (`kubegpu advertise` reading the
+kubelet's PodResources API), the pod holds exactly those and both views name them.
 
 The same paths also answer through the API server's aggregation layer (`examples/deploy/kustomize/overlays/
 nvidia-gpu-scheduler`): `GET /apis/nvidia-gpu-scheduler/v1` lists the resources so that the aggregator
@@ -82,16 +89,22 @@ def gpu_node_views(engine: Engine, changed: set[str] | None) -> dict[str, dict[s
             continue
         gpus = []
         models: dict[str, dict[str, int]] = {}
+        by_count = _held_by_count(engine, state)
+        counted: dict[str, int] = {}
         for bit, device in enumerate(state.ids):
             model = state.models[bit] or ""
             healthy = bool(state.healthy >> bit & 1)
+            holder = state.holders[bit]
+            if holder is not None and holder in by_count:  # set aside by count: not this very GPU
+                counted[holder] = counted.get(holder, 0) + 1
+                holder = None
             gpus.append(
                 {
                     "id": device,
                     "model": model,
                     "memory": state.memories[bit],
                     "healthy": healthy,
-                    "pod": state.holders[bit],
+                    "pod": holder,
                 }
             )
             counts = models.setdefault(model, {"total": 0, "free": 0})
@@ -104,8 +117,15 @@ def gpu_node_views(engine: Engine, changed: set[str] | None) -> dict[str, dict[s
             "name": name,
             "gpus": gpus,
             "models": models,
+            "heldByCount": counted,
         }
     return views
+
+
+def _held_by_count(engine: Engine, state: NvidiaNodeState) -> set[str]:
+    """The holders of GPUs on the node that hold them by count (`Placement.by_count`)."""
+    holders = {holder for holder in state.holders if holder is not None}
+    return {key for key in holders if (held := engine.placement(key)) is not None and held.by_count}
 
 
 def gpu_pod_views(engine: Engine, changed: set[str] | None) -> dict[str, dict[str, Any] | None]:
@@ -113,12 +133,18 @@ def gpu_pod_views(engine: Engine, changed: set[str] | None) -> dict[str, dict[st
     keys = None if changed is None else [key for name in changed for key in engine.holders(name)]
     views: dict[str, dict[str, Any] | None] = {}
     for pod in engine.placements(keys):
-        if pod.allocation is None:
+        part = pod.parts.get(NVIDIA)
+        if part is None:
             continue
         state = _state(engine, pod.node)
-        gpus = []
-        for container, resources in pod.allocation.containers.items():
+        models = {m or "" for m in state.models} if state is not None else set()
+        only = next(iter(models)) if len(models) == 1 else ""
+        gpus: list[dict[str, Any]] = []
+        for container, resources in part.containers.items():
             for device in resources.get(RESOURCE, ()):
+                if pod.by_count:  # the ledger's guess, not the GPU the kubelet gave it
+                    gpus.append({"container": container, "id": None, "model": only})
+                    continue
                 bit = state.index.get(device) if state is not None else None
                 model = state.models[bit] if state is not None and bit is not None else None
                 gpus.append({"container": container, "id": device, "model": model or ""})
@@ -130,6 +156,7 @@ def gpu_pod_views(engine: Engine, changed: set[str] | None) -> dict[str, dict[st
             "kind": "GpuPod",
             "metadata": {"namespace": request.namespace, "name": request.name, "uid": request.uid},
             "node": pod.node,
+            "byCount": pod.by_count,
             "gpus": gpus,
         }
     return views

@@ -18,7 +18,7 @@ from kubegpu.core.status import Status
 from kubegpu.scheduler.dra import HeldClaim
 from kubegpu.scheduler.engine.framework import QueueSortPlugin
 from kubegpu.scheduler.engine.gangs import Gangs
-from kubegpu.scheduler.engine.records import Placement, Waiting, log
+from kubegpu.scheduler.engine.records import Placement, PodRecord, Waiting, log
 from kubegpu.scheduler.podgroups import PodGroup
 
 
@@ -72,7 +72,7 @@ class Queries(Gangs):
     def placement(self, key: str) -> Placement | None:
         """Where pod `key` holds resources and what it took; None when it holds none."""
         record = self.pods.get(key)
-        return None if record is None else Placement(record.request, record.node, record.allocation)
+        return None if record is None else _placement(record)
 
     def held_claims(self, key: str) -> list[HeldClaim]:
         """The DRA claims pod `key` holds, each allocated and reserved for it (none when it holds none): those its
@@ -107,7 +107,7 @@ class Queries(Gangs):
         for key in self.pods if keys is None else keys:
             record = self.pods.get(key)
             if record is not None:
-                yield Placement(record.request, record.node, record.allocation)
+                yield _placement(record)
 
     def waiting_pods(self) -> list[Waiting]:
         """The pods waiting at Permit whose reservations still hold, earliest deadline first."""
@@ -131,3 +131,7 @@ class Queries(Gangs):
             except PluginHookError as exc:
                 log.error("node %s: %s", name, exc)
         return pictures
+
+
+def _placement(record: PodRecord) -> Placement:
+    return Placement(record.request, record.node, record.allocation, record.by_count, record.parts)

@@ -362,11 +362,18 @@ class Decision:
 @dataclass(frozen=True, slots=True)
 class Placement:
     """A pod that holds resources, as a front-end sees it (`Engine.placement`): its request, its node, and the
-    allocation it took (None: bound without a verified one, or it asks for no plugin's devices)."""
+    allocation it took (None: bound without a verified one, or it asks for no plugin's devices).
+
+    `by_count`: bound without a verified allocation and set aside by count (`Engine.admit_by_count`): `allocation`
+    and `parts` name the devices the ledger set aside, not the ones the kubelet gave it, which are not known. A pod
+    whose ids the node side published (`Engine.set_held_devices`) is not by count: `parts` name exactly those, and
+    `allocation` is None."""
 
     request: PodRequest
     node: str
     allocation: AllocationRecord | None
+    by_count: bool = False
+    parts: Mapping[str, PluginAllocation] = field(default_factory=dict)  # plugin -> what it holds (the ledger's)
 
 
 def fit_order(pod: PodRequest) -> tuple[tuple[str, int], ...]:

@@ -43,10 +43,12 @@ from kubegpu.crishim.deviceplugin import (
     VANISHED_MEMORY,
     Candidate,
     DevicePluginService,
+    HostIdentity,
     PendingPods,
     allocate_response,
     shared_devices,
     socket_name,
+    wrong_node,
 )
 from kubegpu.crishim.protos import DEVICE_PLUGIN, DEVICE_PLUGIN_PACKAGE, POD_RESOURCES, method_path
 from kubegpu.crishim.verify import AllocationRefused, PodIdentity
@@ -1296,3 +1298,76 @@ def test_a_containers_own_env_never_stands_in_for_what_the_device_plugin_sets(
     assert isinstance(outcome, dict), f"admitted with {dict(answer.envs)}"
     seen = {**dict(answer.envs), **{e["name"]: e.get("value") for e in env}}  # the kubelet's order: its own last
     assert {name: seen.get(name) for name in outcome} == outcome
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which node this is (T217): --node-name naming another node would sweep and allocate on that node's pods
+# ---------------------------------------------------------------------------------------------------------------
+
+HERE = HostIdentity("b00t-here", "m4chine-here", "/host/etc/machine-id")
+
+
+@pytest.mark.parametrize(
+    ("node_info", "host", "says"),
+    [
+        ({"bootID": "b00t-here", "machineID": "m4chine-here"}, HERE, None),
+        ({"bootID": "b00t-here"}, HERE, None),  # a kubelet that could not read a machine ID
+        ({"bootID": "b00t-here", "machineID": "whatever"}, HostIdentity("b00t-here", ""), None),
+        (
+            {"bootID": "b00t-there", "machineID": "m4chine-here"},
+            HERE,
+            "--node-name 'gpu-7' names a node whose kubelet runs on another host: its boot ID is 'b00t-there', this "
+            "host's is 'b00t-here' (/proc/sys/kernel/random/boot_id); set --node-name to this node's name (a "
+            "DaemonSet's spec.nodeName: the node whose status.nodeInfo.bootID is 'b00t-here')",
+        ),
+        (  # containers posing as nodes share a kernel: their machine IDs tell them apart
+            {"bootID": "b00t-here", "machineID": "m4chine-there"},
+            HERE,
+            "--node-name 'gpu-7' names a node whose kubelet runs on another host: its machine ID is 'm4chine-there', "
+            "this host's is 'm4chine-here' (/host/etc/machine-id); set --node-name to this node's name (a "
+            "DaemonSet's spec.nodeName: the node whose status.nodeInfo.bootID is 'b00t-here')",
+        ),
+        (
+            {},
+            HERE,
+            "--node-name 'gpu-7' names a node that reports no boot ID: no kubelet runs it; set --node-name to this "
+            "node's name (a DaemonSet's spec.nodeName: the node whose status.nodeInfo.bootID is 'b00t-here')",
+        ),
+        (
+            {"bootID": "x\n" + "y" * 500},
+            HERE,
+            "--node-name 'gpu-7' names a node whose kubelet runs on another host: its boot ID is 'x\\n"
+            + "y" * 62
+            + "', this host's is 'b00t-here' (/proc/sys/kernel/random/boot_id); set --node-name to this node's name (a "
+            "DaemonSet's spec.nodeName: the node whose status.nodeInfo.bootID is 'b00t-here')",
+        ),
+        ({"bootID": "b00t-there"}, HostIdentity("", "m4chine-here", "/etc/machine-id"), None),  # nothing to compare
+        ("not a mapping", HostIdentity("", ""), None),
+    ],
+    ids=[
+        "same-host",
+        "no-machine-id-on-the-node",
+        "no-machine-id-here",
+        "another-boot-id",
+        "another-machine-id",
+        "no-kubelet-behind-the-node",
+        "its-text-quoted-and-cut",
+        "no-boot-id-here",
+        "node-info-not-a-mapping",
+    ],
+)
+def test_a_node_name_is_believed_only_for_this_hosts_node(node_info: Any, host: HostIdentity, says: str | None) -> None:
+    assert wrong_node("gpu-7", node_info, host) == says
+
+
+def test_this_hosts_identity_is_read_where_its_kubelet_reads_it(tmp_path: Path) -> None:
+    (tmp_path / "boot_id").write_text("b00t-here\n")
+    (tmp_path / "var" / "lib" / "dbus").mkdir(parents=True)
+    (tmp_path / "var" / "lib" / "dbus" / "machine-id").write_text("from-dbus\n")
+    assert HostIdentity.read(tmp_path, tmp_path / "boot_id") == HostIdentity(
+        "b00t-here", "from-dbus", str(tmp_path / "var/lib/dbus/machine-id")
+    )
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "machine-id").write_text("from-etc\n")
+    assert HostIdentity.read(tmp_path, tmp_path / "boot_id").machine_id == "from-etc"
+    assert HostIdentity.read(tmp_path / "none", tmp_path / "none") == HostIdentity("", "")

@@ -128,6 +128,7 @@ class FakeRuntime(api_pb2_grpc.RuntimeServiceServicer):
         self.refuse: str | None = None  # the runtime's refusal of the next creation (INVALID_ARGUMENT)
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
+        self.listed: list[str] = []  # each ListPodSandbox's id filter ('' for every sandbox)
 
     def RunPodSandbox(self, request: Any, context: grpc.ServicerContext) -> api_pb2.RunPodSandboxResponse:
         sandbox_id = f"sandbox-{next(self.ids)}"
@@ -151,8 +152,12 @@ class FakeRuntime(api_pb2_grpc.RuntimeServiceServicer):
         return api_pb2.RemovePodSandboxResponse()
 
     def ListPodSandbox(self, request: Any, context: grpc.ServicerContext) -> api_pb2.ListPodSandboxResponse:
+        wanted = request.filter.id  # as containerd does: exact ids only (a unique prefix is resolved first)
+        self.listed.append(wanted)
         items = []
         for sandbox in self.sandboxes.values():
+            if wanted and sandbox.id != wanted:
+                continue
             item = api_pb2.PodSandbox()
             item.CopyFrom(sandbox)
             if not self.report_annotations:
@@ -546,6 +551,22 @@ def test_a_pods_allocation_removed_after_it_started_still_gives_its_restarted_co
     assert [d.container_path for d in node.last().devices] == ["/dev/fpga1"]  # the later pod's, alone
 
 
+def test_a_container_without_devices_costs_one_sandbox_lookup_not_a_listing_of_the_node(node: Node) -> None:
+    """Every container of a pod without devices is looked up in the runtime (its sandbox may have recorded an
+    allocation the pod's annotations lost since). That lookup asks for its own sandbox only: a listing of every
+    sandbox on the node, decoded in Python, cost each such creation in proportion to the node's pods."""
+    for i in range(20):
+        node.kubelet.run_pod(f"busy-{i}", f"uid-busy-{i}")
+    pod = node.kubelet.run_pod("plain", "uid-plain")
+    node.runtime.listed.clear()
+
+    node.kubelet.create(pod)
+    node.kubelet.create(pod, "sidecar")
+
+    assert node.runtime.listed == [pod[0], pod[0]]
+    assert list(node.last().devices) == [] and node.last().metadata.name == "sidecar"
+
+
 def test_a_runtime_that_reports_no_annotations_leaves_the_kubelets_copy(node: Node) -> None:
     node.runtime.report_annotations = False
     pod = node.kubelet.run_pod("p", "uid-p", {ALLOCATION_KEY: signed("uid-p", {"main": {FPGA: ["fpga1"]}})})
@@ -931,9 +952,16 @@ class FakeSandboxes:
     def __init__(self) -> None:
         self.listed: dict[str, Sandbox] = {}
         self.live: dict[str, list[str]] = {}
+        self.listings = 0  # sandboxes(): every sandbox on the node
+        self.lookups = 0  # sandbox(id): one
 
     def sandboxes(self) -> list[Sandbox]:
+        self.listings += 1
         return list(self.listed.values())
+
+    def sandbox(self, sandbox_id: str) -> Sandbox | None:
+        self.lookups += 1
+        return self.listed.get(sandbox_id)
 
     def live_containers(self, sandbox_id: str) -> list[str]:
         return list(self.live.get(sandbox_id, []))

@@ -505,6 +505,47 @@ def test_a_device_plugin_named_after_no_node_removes_no_running_pods_region(
         plugin.stop()
 
 
+def test_a_device_plugin_named_after_another_node_acts_on_nothing_and_names_both(
+    cluster: Cluster, kubelet: Kubelet, host: Path, space: str, tmp_path: Path
+) -> None:
+    """A `--node-name` naming another node that exists lists that node's pods: the pods running here would count as
+    gone and their HAMi-core regions be swept, lifting their limits, and Allocate would hand out what the scheduler
+    signed for the other node (T217). The device plugin compares the Node's boot ID (its kubelet's) with this
+    host's, names both, sweeps nothing and allocates nothing."""
+    other = f"kubegpu-dp-elsewhere-{secrets.token_hex(2)}"
+    cluster.create_ready_node(other)
+    cluster.client.patch(f"/api/v1/nodes/{other}/status", {"status": {"nodeInfo": {"bootID": "0ther-b00t"}}})
+    cluster.client.post(
+        f"/api/v1/namespaces/{space}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "there", "namespace": space},
+            "spec": {"nodeName": other, "containers": [{"name": "main", "image": "busybox"}]},
+        },
+    )
+    vgpu = tmp_path / "vgpu"
+    region = vgpu / "containers" / "uid-running_main"
+    region.mkdir(parents=True)
+    (region / "region.cache").write_bytes(b"\0" * 64)
+    (tmp_path / "allocation.key").write_text((host / "allocation.key").read_text())
+    (tmp_path / "dev").mkdir()
+    env = {"KUBEGPU_NVIDIA_SHARE_LIMITS": "hami-core", "KUBEGPU_HAMI_CORE_DIR": str(vgpu)}
+    plugin = DevicePluginProcess(
+        tmp_path, kubelet, cluster, env, node=other, plugin_dir=tmp_path / "plugins", interval="1s"
+    )
+    try:
+        said = f"--node-name {other!r} names a node whose kubelet runs on another host: its boot ID is '0ther-b00t'"
+        wait_for(lambda: plugin.output().count(said) >= 3 or not region.exists(), 60, "three rounds")
+        assert region.is_dir() and (region / "region.cache").exists(), "a running pod's region was removed"
+        assert not list((vgpu / "containers").glob(".gone-*"))
+        assert "this host's is " + repr(Path("/proc/sys/kernel/random/boot_id").read_text().strip()) in plugin.output()
+    finally:
+        plugin.stop()
+        cluster.delete_pod(space, "there")
+        cluster.client.request("DELETE", f"/api/v1/nodes/{other}")
+
+
 def test_two_share_pods_are_admitted_on_one_gpu_each_with_its_own_limits(
     cluster: Cluster,
     kubelet: Kubelet,

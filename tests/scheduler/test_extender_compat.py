@@ -163,6 +163,38 @@ def test_gpunodes_and_gpupods_list_gpus_by_model_and_holder(stack: tuple[Extende
     assert {g["model"] for g in item["gpus"]} == {V100}
 
 
+def test_a_pod_held_by_count_shows_no_guessed_gpu_ids_until_its_ids_are_published(
+    stack: tuple[ExtenderServer, ExtenderHttpServer],
+) -> None:
+    """A pod bound by another scheduler holds 2 GPUs by count: the kubelet picked them, kubegpu's ledger set aside two
+    of its own choosing. The views show what is known (two V100s taken, by whom; not which), and once the node side
+    publishes the kubelet's ids, exactly those."""
+    server, http = stack
+    pod = make_pod("foreign", {"main": {"nvidia.com/gpu": 2}}, namespace="ml")
+    with server.mirror.lock:
+        assert server.engine.admit_by_count(pod, "v100-0").scheduled
+
+    _, pods = get(http, compat.GPUPODS)
+    (item,) = pods["items"]  # type: ignore[misc]
+    assert item["byCount"] is True
+    assert item["gpus"] == [{"container": "main", "id": None, "model": V100}] * 2
+    _, nodes = get(http, compat.GPUNODES)
+    (node,) = [n for n in nodes["items"] if n["name"] == "v100-0"]  # type: ignore[attr-defined]
+    assert [g["pod"] for g in node["gpus"]] == [None] * 8
+    assert node["heldByCount"] == {"ml/foreign": 2} and node["models"] == {V100: {"total": 8, "free": 6}}
+
+    with server.mirror.lock:
+        server.engine.set_held_devices("v100-0", {"ml/foreign": {"main": {"nvidia.com/gpu": ["5", "7"]}}})
+
+    _, pods = get(http, compat.GPUPODS)
+    (item,) = pods["items"]  # type: ignore[misc]
+    assert item["byCount"] is False and sorted(g["id"] for g in item["gpus"]) == ["5", "7"]
+    _, nodes = get(http, compat.GPUNODES)
+    (node,) = [n for n in nodes["items"] if n["name"] == "v100-0"]  # type: ignore[attr-defined]
+    assert {g["id"]: g["pod"] for g in node["gpus"] if g["pod"]} == {"5": "ml/foreign", "7": "ml/foreign"}
+    assert node["heldByCount"] == {}
+
+
 def test_a_gpupods_watch_streams_the_pod_when_it_is_placed(stack: tuple[ExtenderServer, ExtenderHttpServer]) -> None:
     server, http = stack
     with socket.create_connection(http.address, timeout=10) as sock:  # type: ignore[arg-type]
