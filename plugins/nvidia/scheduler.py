@@ -11,9 +11,12 @@ not match the node's, is flat: any set of GPUs is as good as any other.
 
 What a pod asks: `nvidia.com/gpu: n` per container; the pod annotation `nvidia-gpu-scheduler/gpu.model`
 restricts every container to GPUs of that model (compared by `topology.normalize_model`: trimmed,
-case-insensitive, spaces, `-` and `_` alike); `kubegpu.io/gpu-memory` (a quantity, e.g. `32Gi`) to GPUs with
-at least that much memory (a GPU whose memory is unknown does not qualify). Unhealthy GPUs are never given
-out.
+case-insensitive, spaces, `-` and `_` alike); HAMi's `nvidia.com/use-gputype` and `nvidia.com/nouse-gputype`, as HAMi
+reads them, to GPUs whose model contains one of the comma-separated types, or none of them (`A100` takes
+`NVIDIA A100-SXM4-80GB`; compared as normalized, so GFD's `NVIDIA-A100-SXM4-80GB` matches `NVIDIA A100` too; a GPU
+of unknown model matches neither, as it cannot be shown to be, or not to be, of a type); `kubegpu.io/gpu-memory`
+(a quantity, e.g. `32Gi`) to GPUs with at least that much memory (a GPU whose memory is unknown does not qualify).
+Unhealthy GPUs are never given out.
 
 Which GPUs: `topology.choose`, container by container in spec order, each from what the previous ones left.
 The score is the GPU-weighted mean of `topology.placement_score` over the containers (100: every container
@@ -53,6 +56,7 @@ from kubegpu.core.models import (
 from kubegpu.core.quantity import QuantityError, to_int
 from kubegpu.core.scheduler_hooks import SETTINGS_KEY, ProfileSettings, hookimpl
 from kubegpu.core.status import Status
+from kubegpu.core.text import safe_text
 from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE, mig
 from kubegpu.plugins.nvidia.mig import MIG_PREFIX, MIG_RESOURCES, MigBooks, profile_of, resource_of
 from kubegpu.plugins.nvidia.sharing import (
@@ -114,6 +118,15 @@ WORKLOAD_KEY = "workload"  # in the engine's `shared` dict: the mix of pods its 
 BOOK_KEY = "placements"  # in the engine's `shared` dict: the placements its states share (`PlacementBook`)
 
 MODEL_ANNOTATION = "nvidia-gpu-scheduler/gpu.model"
+# HAMi's per-pod GPU type filters, kept so that tenants' HAMi manifests keep landing on the GPUs they name: HAMi
+# compares each comma-separated type as a case-insensitive substring of the GPU's model.
+USE_TYPE_ANNOTATION = "nvidia.com/use-gputype"
+NOUSE_TYPE_ANNOTATION = "nvidia.com/nouse-gputype"
+# HAMi's per-pod GPU picks by UUID: kubegpu keeps no GPU's UUID in its books, so it refuses a pod naming one rather
+# than place it on GPUs it did not name (or on the one it excluded).
+UUID_ANNOTATIONS = ("nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid")
+MAX_GPU_TYPES = 64  # types one annotation may list: matching costs types x GPUs per node and pod shape
+MAX_GPU_TYPE_CHARS = 256
 MEMORY_ANNOTATION = "kubegpu.io/gpu-memory"
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 
@@ -145,6 +158,9 @@ class NvidiaPodState:
     memory_text: str | None = None
     error: str | None = None
     mig: tuple[tuple[str, str, int], ...] = ()  # (container, MIG profile, count) for `nvidia.com/mig-<profile>`
+    use_types: tuple[str, ...] = ()  # `nvidia.com/use-gputype`, normalized: the GPU's model contains one
+    nouse_types: tuple[str, ...] = ()  # `nvidia.com/nouse-gputype`, normalized: the GPU's model contains none
+    types_text: tuple[str, str] = ("", "")  # both annotations as written (trimmed): the reasons quote them
 
 
 Plan = tuple[tuple[str, int, int, int], ...]
@@ -299,7 +315,7 @@ class NvidiaNodeState(SharedDeviceNodeState):
         self.workload = workload if workload is not None else Workload()
         self.mig: MigBooks | None = None  # the node's MIG-enabled GPUs, apart from the GPUs above (`mig.py`)
         self._free: tuple[int, tuple[int, ...]] | None = None
-        self._eligible: dict[tuple[str | None, str | None], tuple[int, str | None]] = {}
+        self._eligible: dict[tuple[str | None, str | None, str, str], tuple[int, str | None]] = {}
         self._plan: tuple[tuple[int, int], NvidiaPodState, NvidiaPlacement | None] | None = None
         self.book = PlacementBook()  # shared with the engine's other states (`kubegpu_scheduler_build_node`)
         self._content: tuple[int, str, int] | None = None  # (version, policy, content number)
@@ -310,7 +326,7 @@ class NvidiaNodeState(SharedDeviceNodeState):
 
     def eligible(self, ask: NvidiaPodState) -> tuple[int, str | None]:
         """(healthy GPUs of the asked model and memory, the unresolvable reason when the node has none)."""
-        key = (ask.model, ask.memory_text)  # as written: the reason quotes them
+        key = (ask.model, ask.memory_text, *ask.types_text)  # as written: the reason quotes them
         cached = self._eligible.get(key)
         if cached is None:
             if len(self._eligible) >= 64:
@@ -826,6 +842,19 @@ def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, 
         else:
             if memory < 0:
                 error = f"annotation {MEMORY_ANNOTATION}: {memory_text!r} is negative (give a size: 16Gi)"
+    use_text = (annotations.get(USE_TYPE_ANNOTATION) or "").strip()
+    nouse_text = (annotations.get(NOUSE_TYPE_ANNOTATION) or "").strip()
+    use_types, nouse_types = gpu_types(USE_TYPE_ANNOTATION, use_text), gpu_types(NOUSE_TYPE_ANNOTATION, nouse_text)
+    for types in (use_types, nouse_types):
+        if isinstance(types, str):
+            error = error or types
+    for named in UUID_ANNOTATIONS:
+        if named in annotations:
+            error = error or (
+                f"annotation {named} (HAMi's choice of GPUs by UUID) is not read by kubegpu, which would place the "
+                f"pod on GPUs it did not choose; remove {named} (nvidia.com/use-gputype or "
+                f"{MODEL_ANNOTATION} choose GPUs by model)"
+            )
     return NvidiaPodState(
         containers=tuple(wanted),
         total=sum(n for _, n in wanted),
@@ -836,7 +865,25 @@ def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, 
         memory_text=memory_text,
         error=error,
         mig=tuple(migs),
+        use_types=use_types if isinstance(use_types, tuple) else (),
+        nouse_types=nouse_types if isinstance(nouse_types, tuple) else (),
+        types_text=(use_text, nouse_text),
     )
+
+
+def gpu_types(annotation: str, text: str) -> tuple[str, ...] | str:
+    """The normalized GPU types a HAMi type annotation lists (`A100,H100`), or why it is refused. Empty items name no
+    type and are skipped (HAMi would read one as matching every GPU, or, in `nouse-gputype`, none)."""
+    items = [item.strip() for item in text.split(",", MAX_GPU_TYPES + 1)]
+    items = [item for item in items if item]
+    if len(items) > MAX_GPU_TYPES:
+        return f"annotation {annotation} lists more than {MAX_GPU_TYPES} GPU types; list at most {MAX_GPU_TYPES}"
+    if any(len(item) > MAX_GPU_TYPE_CHARS for item in items):
+        return (
+            f"annotation {annotation} has a GPU type longer than {MAX_GPU_TYPE_CHARS} characters; "
+            "give part of a GPU model's name (A100)"
+        )
+    return tuple(sorted({normalize_model(item) for item in items}))
 
 
 def eligible_gpus(state: NvidiaNodeState, ask: NvidiaPodState) -> tuple[int, str | None]:
@@ -847,14 +894,26 @@ def eligible_gpus(state: NvidiaNodeState, ask: NvidiaPodState) -> tuple[int, str
     """
     matching = 0
     of_model = 0
+    of_type = 0
     for bit in range(len(state.ids)):
-        if ask.model_key is not None and state.model_keys[bit] != ask.model_key:
+        key = state.model_keys[bit]
+        if ask.use_types and (key is None or not any(t in key for t in ask.use_types)):
+            continue
+        if ask.nouse_types and (key is None or any(t in key for t in ask.nouse_types)):
+            continue
+        of_type |= 1 << bit
+        if ask.model_key is not None and key != ask.model_key:
             continue
         of_model |= 1 << bit
         memory = state.memories[bit]
         if ask.memory is not None and (memory is None or memory < ask.memory):
             continue
         matching |= 1 << bit
+    if not of_type:
+        use, nouse = (safe_text(text, 200) for text in ask.types_text)
+        wanted = f'of type "{use}" ({USE_TYPE_ANNOTATION})' if use else "of a type"
+        refused = f', none of type "{nouse}" ({NOUSE_TYPE_ANNOTATION})' if nouse else ""
+        return 0, f"node(s) have no GPU {wanted}{refused}"
     if not of_model:
         return 0, f'node(s) have no GPU of model "{ask.model}"'
     if not matching:

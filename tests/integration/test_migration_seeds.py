@@ -10,7 +10,8 @@ kube-apiserver and kube-scheduler 1.20.2: what a user switching over sees happen
 * KubeGPU (seed 003): the custom scheduler with a minimum GPU memory.
 * HAMi: its README's `gpu-pod` (`nvidia.com/gpu: 1`, `gpumem: 3000`, `gpucores: 30`) on a node as HAMi's device
   plugin leaves it (only `nvidia.com/gpu` listed), through kube-scheduler configured as each shipped extender mode
-  configures it; a pod asking HAMi's `nvidia.com/priority` is refused with kubegpu's reason.
+  configures it; a pod asking HAMi's `nvidia.com/priority` is refused with kubegpu's reason; pods naming GPU types
+  (`nvidia.com/use-gputype`, `nouse-gputype`) land on those types, and one naming a GPU UUID is refused.
 """
 
 from __future__ import annotations
@@ -210,6 +211,48 @@ def test_hamis_share_pod_is_placed_and_its_task_priority_refused_through_each_sh
         )  # fmt: skip
         assert "remove nvidia.com/priority from the container" in message, message
     assert set(wait_bound(cluster, namespace, 1)) == {"gpu-pod"}
+
+
+def test_hamis_gpu_type_annotations_pick_the_node_and_a_gpu_uuid_is_refused_through_the_extender(
+    cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    """A tenant's HAMi pods naming GPU types (`nvidia.com/use-gputype`, `nouse-gputype`) land on those types only, on
+    nodes as HAMi's device plugin and GFD label them, behind kube-scheduler as the shipped configuration sets it up.
+    Before, kubegpu read neither annotation: binpack put the `use-gputype: A100` pod on the fuller T4 node; and a pod
+    choosing its GPU by UUID (`nvidia.com/use-gpuuuid`) was bound to whichever GPU the policy chose."""
+    config, profile = extender_behind_shipped_config(cluster, "patched-default", key_file, tmp_path, processes)
+    for name, product in (("hami-t4", "Tesla-T4"), ("hami-a100", "NVIDIA-A100-SXM4-80GB")):
+        labels = {**HAMI_GPU, "nvidia.com/gpu.product": product}
+        cluster.create_ready_node(name, labels=labels, allocatable={"nvidia.com/gpu": 10})
+    scheduler = start_kube_scheduler(cluster, tmp_path, config)
+    processes.append(scheduler)
+    share = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 10}
+    pods = {
+        "on-t4": {"nvidia.com/use-gputype": "T4"},  # first: makes hami-t4 the fuller node, binpack's choice
+        "a100": {"nvidia.com/use-gputype": "A100"},
+        "not-t4": {"nvidia.com/nouse-gputype": "Tesla T4"},
+    }
+    for name, asked in pods.items():
+        cluster.create_pod(namespace, name, {"main": share}, scheduler=profile, annotations=asked)
+        try:
+            wait_for(lambda name=name: name in bound(cluster, namespace), 45, f"{name} bound")
+        except AssertionError:
+            raise AssertionError(f"{events_of(cluster, namespace, name)}\n{scheduler.output()[-3000:]}") from None
+    placed = {name: pod["spec"]["nodeName"] for name, pod in bound(cluster, namespace).items()}
+    assert placed == {"on-t4": "hami-t4", "a100": "hami-a100", "not-t4": "hami-a100"}
+    refused = {
+        "v100": ({"nvidia.com/use-gputype": "V100"}, 'have no GPU of type "V100" (nvidia.com/use-gputype)'),
+        "pinned": ({"nvidia.com/use-gpuuuid": "GPU-0"}, "remove nvidia.com/use-gpuuuid"),
+    }
+    for name, (asked, _) in refused.items():
+        cluster.create_pod(namespace, name, {"main": share}, scheduler=profile, annotations=asked)
+    for name, (_, wanted) in refused.items():
+
+        def said(name: str = name, wanted: str = wanted) -> str | None:
+            return next((m for m in events_of(cluster, namespace, name) if wanted in m), None)
+
+        assert wait_for(said, 45, f"{name}'s FailedScheduling event saying {wanted!r}")
+    assert set(bound(cluster, namespace)) == set(pods)
 
 
 @pytest.mark.parametrize("which", sorted(EXTENDER_CONFIGS))
