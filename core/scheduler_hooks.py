@@ -180,8 +180,9 @@ def kubegpu_scheduler_build_node(node: NodeInfo, shared: dict[str, object] | Non
         plugin. The engine then re-applies the allocations of the pods already on the node with
         `kubegpu_scheduler_take`. A failure here is recorded for the node: pods that need the plugin get the reason
         "plugin NAME failed on node X in kubegpu_scheduler_build_node: ...". Read only the node's labels,
-        allocatable and inventories: a change to anything else (images, other annotations) rebuilds the state but
-        does not bring back the pods that fit nowhere. Kubernetes: the scheduler cache's NodeInfo update.
+        allocatable and inventories, and HAMi's GPU registration (`kubegpu.core.hami.registration_digest`): a
+        change to anything else (images, other annotations) rebuilds the state but does not bring back the pods
+        that fit nowhere. Kubernetes: the scheduler cache's NodeInfo update.
     """
     raise NotImplementedError
 

@@ -4,7 +4,12 @@ What a node has comes from the advertised inventory `node.inventories["nvidia"]`
 (device ids `"0"`.., model, memory in bytes, health, and a topology in the format
 `topology.tree_from_inventory` documents), otherwise from NVIDIA GPU Feature Discovery labels:
 `nvidia.com/gpu.count` (capped by allocatable `nvidia.com/gpu`, which is also the fallback),
-`nvidia.com/gpu.product` and `nvidia.com/gpu.memory` (MiB). The instance type
+`nvidia.com/gpu.product` and `nvidia.com/gpu.memory` (MiB), otherwise, on a node HAMi's device plugin runs on
+without GFD, from HAMi's registration (`hami.io/node-nvidia-register`, `kubegpu.core.hami`): each physical GPU's
+memory, model and health, and the split count (`state_from_registration`); where both are there and agree on the
+count, GFD's labels give model and memory and the registration each GPU's health, and where they disagree GFD's labels
+alone are read and a log line says so (`read_hami`). A registration kubegpu cannot read, or whose handshake HAMi
+would hold stale, is left unread, with a log line saying why. The instance type
 (`node.kubernetes.io/instance-type`) looks the node up in `topology.CATALOG` for its group tree (DGX-1
 cube-mesh, NVSwitch) and for default model and memory; an unknown instance type, or one whose GPU count does
 not match the node's, is flat: any set of GPUs is as good as any other.
@@ -37,9 +42,11 @@ import os
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from functools import lru_cache
 from types import MappingProxyType
 
+from kubegpu.core import hami
 from kubegpu.core.kit import Claim, DevicePlugin, SharedDeviceNodeState
 from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import (
@@ -522,7 +529,9 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
             state = state_from_inventory(node.name, inventory, instance_type(node.labels), node.allocatable)
         else:
             books = mig.books_from_labels(node.name, node.labels, node.allocatable)
-            state = state_from_labels(node.name, node.labels, node.allocatable)
+            registered, note = read_hami(node.name, node.labels, node.allocatable, node.annotations)
+            report_hami(node.name, note, shared)
+            state = state_from_labels(node.name, node.labels, node.allocatable, registered)
         if books is not None:
             state = state or NvidiaNodeState(node.name, [], [], [], [], catalog_tree(None, 1))  # every GPU MIG-enabled
             state.mig = books
@@ -848,6 +857,16 @@ def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, 
     for types in (use_types, nouse_types):
         if isinstance(types, str):
             error = error or types
+    if migs and error is None:
+        # The MIG books know each GPU's placement table, not its model: a GPU type or model named beside MIG devices
+        # would be left unread, and the pod placed on any GPU's MIG device.
+        named_types = [a for a in (USE_TYPE_ANNOTATION, NOUSE_TYPE_ANNOTATION, MODEL_ANNOTATION) if annotations.get(a)]
+        if named_types:
+            error = (
+                f"annotation {named_types[0]} does not choose among MIG devices ({resource_of(migs[0][1])}): kubegpu "
+                f"would place the pod on a MIG device of any GPU; remove {named_types[0]} and choose the nodes by "
+                f"their GPU model (a nodeSelector on {PRODUCT_LABEL})"
+            )
     for named in UUID_ANNOTATIONS:
         if named in annotations:
             error = error or (
@@ -1061,7 +1080,15 @@ def share_never_fits(state: NvidiaNodeState, eligible: int, ask: NvidiaPodState)
                 return f"node(s) do not say how much memory their GPUs have; ask {MEMORY_PERCENT} instead of {MEMORY}"
             largest = max(state.memory_cap[b] for b in known)
             if share.memory_mib > largest:
-                return f"node(s) have GPUs of {largest} MiB; the pod asks {share.memory_mib} MiB of {MEMORY} per GPU"
+                hint = ""
+                if share.memory_mib >= MIB:  # 1 TiB or more of one GPU: a size in bytes, read as MiB (`1Gi`)
+                    hint = (
+                        f" ({MEMORY} counts MiB, as in HAMi: a quantity such as 1Gi is read as 1073741824 MiB; "
+                        f"write 1024 for 1 GiB)"
+                    )
+                return (
+                    f"node(s) have GPUs of {largest} MiB; the pod asks {share.memory_mib} MiB of {MEMORY} per GPU{hint}"
+                )
     if len(ask.shares) > 1 and eligible.bit_count() == 1 and not ask.containers:
         # Each fits the GPU alone; together, they have no other GPU to go to. (Where they have, `place`'s greedy
         # choice on an empty node says nothing of a fuller one: it can fail on the first and fit on the second.)
@@ -1344,7 +1371,16 @@ def catalog_tree(kind: str | None, gpus: int) -> GroupTree:
     return build_tree(entry.kind, gpus, entry.groups)
 
 
-def state_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping[str, int]) -> NvidiaNodeState | None:
+def state_from_labels(
+    node: str,
+    labels: Mapping[str, str],
+    allocatable: Mapping[str, int],
+    registered: tuple[hami.RegisteredGPU, ...] | None = None,
+) -> NvidiaNodeState | None:
+    """The state from GFD's labels and allocatable, or from HAMi's registration (`registered`, as `read_hami` gave
+    it) where GFD's `nvidia.com/gpu.count` is absent; with both, the registration gives only each GPU's health."""
+    if registered and _label_int(labels.get(COUNT_LABEL)) is None:
+        return state_from_registration(node, labels, allocatable, registered)
     found = gpus_from_labels(labels, allocatable)
     if found is None:
         return None
@@ -1354,15 +1390,116 @@ def state_from_labels(node: str, labels: Mapping[str, str], allocatable: Mapping
     memory = found.memory if found.memory is not None else (entry.memory_mib * MIB if entry else None)
     n = found.count
     check_device_count(node, "NVIDIA GPUs", n)
+    healthy = [True] * n
+    if registered and len(registered) == n:  # GFD says nothing of health; HAMi's device plugin does, per GPU
+        healthy = [gpu.healthy for gpu in _in_index_order(registered)]
     return NvidiaNodeState(
         node,
         [str(i) for i in range(n)],
         [model] * n,
         [memory] * n,
-        [True] * n,
+        healthy,
         catalog_tree(kind, n),
         split=found.split,
         offers_shares=offers_shares(found.split, allocatable),
+    )
+
+
+HAMI_NOTES_KEY = "hami-notes"  # in the engine's `shared` dict: the last `read_hami` note logged per node
+HAMI_NOTES_KEPT = 4096
+
+
+def read_hami(
+    node: str, labels: Mapping[str, str], allocatable: Mapping[str, int], annotations: Mapping[str, str]
+) -> tuple[tuple[hami.RegisteredGPU, ...] | None, str | None]:
+    """(the GPUs HAMi's device plugin registered on the node, to read; a line for the log, or None): none where the
+    node has no registration, where it cannot be read or its handshake is stale (the line says why), and where
+    GFD's labels disagree with it (the line says which is believed: GFD's)."""
+    text = annotations.get(hami.REGISTER_KEY)
+    if text is None:
+        return None, None
+    read = hami.read_registration(text)
+    problem = read if isinstance(read, str) else hami.handshake_problem(annotations, datetime.now(timezone.utc))
+    if problem is not None or isinstance(read, str):
+        without = "GFD's labels" if _label_int(labels.get(COUNT_LABEL)) is not None else "allocatable alone"
+        return None, f"node {node}: HAMi's GPU registration is not read, the GPUs are read from {without}: {problem}"
+    count = _label_int(labels.get(COUNT_LABEL))
+    if count is None:
+        return read, None
+    found = gpus_from_labels(labels, allocatable)
+    differ = []
+    if found is None or found.count != len(read):
+        differ.append(f"GFD counts {found.count if found else 0} GPU(s), HAMi registers {len(read)}")
+    else:
+        models = {normalize_model(gpu.model) for gpu in read if gpu.model}
+        if found.model and models and models != {normalize_model(found.model)}:
+            listed = ", ".join(sorted({gpu.model for gpu in read if gpu.model}))
+            differ.append(f"GFD's model {found.model}, HAMi's {listed}")
+        memories = {gpu.memory_mib for gpu in read}
+        if found.memory is not None and memories != {found.memory // MIB}:
+            listed = ", ".join(str(m) for m in sorted(memories))
+            differ.append(f"GFD's memory {found.memory // MIB} MiB, HAMi's {listed} MiB")
+    if differ:
+        return None, (
+            f"node {node}: GPU Feature Discovery's labels are believed over HAMi's GPU registration, which "
+            f"disagrees ({'; '.join(differ)})"
+        )
+    return read, None
+
+
+def report_hami(node: str, note: str | None, shared: dict[str, object] | None) -> None:
+    """Log `read_hami`'s line once per node while it stays the same (HAMi's device plugin rewrites its annotations
+    every 30 seconds: each rewrite is a node change), bounded to `HAMI_NOTES_KEPT` nodes remembered."""
+    notes = shared.setdefault(HAMI_NOTES_KEY, {}) if shared is not None else {}
+    if not isinstance(notes, dict):
+        return
+    if notes.get(node) == note:
+        return
+    if len(notes) >= HAMI_NOTES_KEPT:
+        notes.clear()
+    if note is None:
+        notes.pop(node, None)
+        return
+    notes[node] = note
+    log.warning("%s", safe_text(note, 600))
+
+
+def _in_index_order(gpus: tuple[hami.RegisteredGPU, ...]) -> list[hami.RegisteredGPU]:
+    """The GPUs by the index HAMi's device plugin gives each (NVML's), where every entry has a distinct one; else as
+    listed (HAMi's older entries give none; NVML's order)."""
+    indexes = [gpu.index for gpu in gpus]
+    if None in indexes or len(set(indexes)) != len(indexes):
+        return list(gpus)
+    return sorted(gpus, key=lambda gpu: gpu.index or 0)
+
+
+def state_from_registration(
+    node: str, labels: Mapping[str, str], allocatable: Mapping[str, int], registered: tuple[hami.RegisteredGPU, ...]
+) -> NvidiaNodeState | None:
+    """The state from HAMi's registration: one GPU per registered physical GPU (ids `0`..: kubegpu's ids, as the
+    node side gives them, never one per share slot), each with its model, memory and health; the split count the
+    registration's, at most what the kubelet admits (allocatable `nvidia.com/gpu` over the healthy GPUs: it counts
+    the healthy GPUs' share slots only). None where the node offers no `nvidia.com/gpu`: the kubelet admits no GPU
+    pod there."""
+    offered = allocatable.get(RESOURCE, 0)
+    if offered <= 0:
+        return None
+    gpus = _in_index_order(registered)
+    n = len(gpus)
+    check_device_count(node, "HAMi-registered NVIDIA GPUs", n)
+    healthy = sum(gpu.healthy for gpu in gpus)
+    split = max([gpu.split for gpu in gpus if gpu.healthy] or [1])
+    split = max(1, min(split, offered // max(1, healthy)))
+    kind = instance_type(labels)
+    return NvidiaNodeState(
+        node,
+        [str(i) for i in range(n)],
+        [gpu.model for gpu in gpus],
+        [gpu.memory_mib * MIB if gpu.memory_mib else None for gpu in gpus],
+        [gpu.healthy for gpu in gpus],
+        catalog_tree(kind, n),
+        split=split,
+        offers_shares=offers_shares(split, allocatable),
     )
 
 

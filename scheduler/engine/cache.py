@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 
+from kubegpu.core import hami
 from kubegpu.core.kit import shares_devices
 from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import (
@@ -177,6 +179,7 @@ class NodeCache(Ledger):
             info.unschedulable,
             info.ready,
             tuple(sorted((p, inv.model_dump_json()) for p, inv in info.inventories.items())),
+            hami.registration_digest(info.annotations, datetime.now(timezone.utc)),  # GPUs the nvidia plugin reads
             info.name if info.name in self._dead else None,  # a node that is not live answers unlike its class
         )
         number = self._classes.get(key)

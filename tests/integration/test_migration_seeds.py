@@ -255,6 +255,52 @@ def test_hamis_gpu_type_annotations_pick_the_node_and_a_gpu_uuid_is_refused_thro
     assert set(bound(cluster, namespace)) == set(pods)
 
 
+def test_hami_nodes_without_gfd_are_read_from_hamis_registration_through_the_extender(
+    cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
+) -> None:
+    """Nodes as HAMi's device plugin leaves them without GPU Feature Discovery: `nvidia.com/gpu` = GPUs x 10 and
+    `hami.io/node-nvidia-register` (the older entries on a T4 node, the newer JSON on an A100 node whose GPU 0 is
+    unhealthy). kubegpu read each as one whole GPU per share slot: the share was refused (`node(s) offer whole GPUs
+    only`), the type pick failed (no model known) and the whole-GPU pod was given GPUs 0-2, one of them unhealthy."""
+    config, profile = extender_behind_shipped_config(cluster, "patched-default", key_file, tmp_path, processes)
+    t4 = "".join(f"GPU-{i}-t4,10,15360,100,NVIDIA-Tesla T4,0,true:" for i in range(2))
+    a100 = [{"id": "GPU-0-a100", "count": 10, "devmem": 81920, "devcore": 100, "type": "NVIDIA-NVIDIA A100-SXM4-80GB"}]
+    a100 += [{**a100[0], "id": f"GPU-{i}-a100", "index": i, "health": True} for i in range(1, 4)]
+    for name, register, gpus in (("hami-t4", t4, 2), ("hami-a100", json.dumps(a100), 3)):
+        annotations = {"hami.io/node-nvidia-register": register, "hami.io/node-handshake": "Reported now"}
+        cluster.create_ready_node(name, annotations=annotations, allocatable={"nvidia.com/gpu": gpus * 10})
+    scheduler = start_kube_scheduler(cluster, tmp_path, config)
+    processes.append(scheduler)
+    share = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000, "nvidia.com/gpucores": 10}
+    pods = {
+        "share-a100": ({"main": share}, {"nvidia.com/use-gputype": "A100"}),
+        "whole-a100": ({"main": {"nvidia.com/gpu": 2}}, {"nvidia.com/use-gputype": "A100"}),
+        "share-t4": ({"main": share}, {"nvidia.com/use-gputype": "T4"}),
+    }
+    for name, (containers, asked) in pods.items():
+        cluster.create_pod(namespace, name, containers, scheduler=profile, annotations=asked)
+        try:
+            wait_for(lambda name=name: name in bound(cluster, namespace), 45, f"{name} bound")
+        except AssertionError:
+            raise AssertionError(f"{events_of(cluster, namespace, name)}\n{scheduler.output()[-3000:]}") from None
+    placed = bound(cluster, namespace)
+    assert {name: pod["spec"]["nodeName"] for name, pod in placed.items()} == {
+        "share-a100": "hami-a100", "whole-a100": "hami-a100", "share-t4": "hami-t4"
+    }  # fmt: skip
+    given = {
+        name: decode_allocation(pod["metadata"]["annotations"][ALLOCATION_KEY]).containers["main"]["nvidia.com/gpu"]
+        for name, pod in placed.items()
+    }
+    assert set(given["whole-a100"]) <= {"1", "2", "3"} and given["share-a100"][0] in {"1", "2", "3"}, given
+    assert not set(given["whole-a100"]) & set(given["share-a100"]), given
+    cluster.create_pod(namespace, "gi", {"main": {**share, "nvidia.com/gpumem": "1Gi"}}, scheduler=profile)
+
+    def said() -> str | None:
+        return next((m for m in events_of(cluster, namespace, "gi") if "write 1024 for 1 GiB" in m), None)
+
+    assert wait_for(said, 45, "gi's FailedScheduling event hinting at MiB")
+
+
 @pytest.mark.parametrize("which", sorted(EXTENDER_CONFIGS))
 def test_gas_tiles_pod_without_i915_is_refused_with_kubegpus_reason_through_each_shipped_extender_config(
     which: str, cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path, processes: list[Process]
