@@ -144,8 +144,7 @@ def test_nodes_alike_but_for_their_registration_are_not_one_class() -> None:
     assert placed.node == "b-a100", placed.reason
 
 
-STALE = requesting(timedelta(minutes=2))
-FRESH = requesting(timedelta(seconds=5))
+STALE = requesting(timedelta(minutes=2))  # stays stale: a fresh request is made in its test, when it runs
 
 
 @pytest.mark.parametrize(
@@ -190,7 +189,7 @@ def test_a_registration_not_to_be_read_leaves_the_node_as_without_it_and_says_wh
 
 
 def test_a_handshake_requested_moments_ago_or_answered_is_read() -> None:
-    for handshake in (FRESH, reported(), ""):
+    for handshake in (requesting(timedelta(seconds=5)), reported(), ""):
         assert engine_of(hami_node("hami", legacy(4), handshake=handshake)).schedule(pod("s", SHARE)).scheduled
 
 
