@@ -277,6 +277,14 @@ def _epoch(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any])
     raise WrongAnswer(f"returned {_kind(answer)}; a whole number (or None) is due")
 
 
+def _node_digest(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
+    try:
+        hash(answer)
+    except Exception:  # a plugin's own __hash__ may raise anything: its failure, named
+        raise WrongAnswer(f"returned {_kind(answer)}, which is not hashable; a hashable value or None is due") from None
+    return answer
+
+
 def _allocation(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, Any]) -> Any:
     if answer is None:
         return None
@@ -503,6 +511,7 @@ CHECKS: dict[str, Check] = {
     "kubegpu_scheduler_resources": _resources,
     "kubegpu_scheduler_qualifiers": _qualifiers,
     "kubegpu_scheduler_build_node": _build_node,
+    "kubegpu_scheduler_node_digest": _node_digest,
     "kubegpu_scheduler_headroom": _headroom,
     "kubegpu_scheduler_validate": _status("None or a success when the request is well formed", none_ok=True),
     "kubegpu_scheduler_fit": _status("success, or why the pod does not fit", none_ok=False),

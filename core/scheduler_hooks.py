@@ -21,7 +21,7 @@ Called by.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -179,10 +179,38 @@ def kubegpu_scheduler_build_node(node: NodeInfo, shared: dict[str, object] | Non
         the engine when a node is added or changes (simulator input, scheduler and extender node watches); every
         plugin. The engine then re-applies the allocations of the pods already on the node with
         `kubegpu_scheduler_take`. A failure here is recorded for the node: pods that need the plugin get the reason
-        "plugin NAME failed on node X in kubegpu_scheduler_build_node: ...". Read only the node's labels,
-        allocatable and inventories, and HAMi's GPU registration (`kubegpu.core.hami.registration_digest`): a
-        change to anything else (images, other annotations) rebuilds the state but does not bring back the pods
-        that fit nowhere. Kubernetes: the scheduler cache's NodeInfo update.
+        "plugin NAME failed on node X in kubegpu_scheduler_build_node: ...". Read the node's labels,
+        allocatable and inventories; anything else the state reads (an annotation another component writes) must
+        be what `kubegpu_scheduler_node_digest` answers, or nodes that differ in it are taken for alike and a change
+        to it does not bring back the pods that fit nowhere. Kubernetes: the scheduler cache's NodeInfo update.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def kubegpu_scheduler_node_digest(node: NodeInfo) -> Hashable | None:
+    """Say what of a node, beyond its labels, allocatable and advertised inventories, this plugin's state reads.
+
+    The engine takes nodes alike in their labels (but the hostname), allocatable, taints and inventories for one
+    class: one refusal that does not depend on what is in use settles every node of the class in a cycle, and a
+    change to a node wakes the pods that fit nowhere only when it changes one of those. A plugin whose
+    `kubegpu_scheduler_build_node` also reads something else of the node (the nvidia plugin reads HAMi's GPU
+    registration annotation where GPU Feature Discovery's labels are absent) answers it here, so that nodes that
+    differ in it are not one class and a change to it wakes the waiting pods.
+
+    Args:
+        node: the node, as `kubegpu_scheduler_build_node` gets it.
+
+    Returns:
+        A hashable value, equal for two nodes whenever the plugin would build them alike from it (leave out what the
+        state does not read: HAMi's handshake, rewritten every 30 seconds, is read only as stale or not), or None
+        when the state reads nothing else of this node. An answer that is not hashable is the plugin's failure:
+        logged naming it, and the node is then a class of its own.
+
+    Called by:
+        the engine each time a node is added or changes (and once more for its previous version when the cluster
+        mirror judges whether the change may help a waiting pod); only the plugins that implement it.
+        Kubernetes: none (kube-scheduler's plugins read the Node object itself in each cycle).
     """
     raise NotImplementedError
 
@@ -509,6 +537,8 @@ class DeviceScheduler(Protocol):
     def kubegpu_scheduler_build_node(
         self, node: NodeInfo, shared: dict[str, object] | None
     ) -> DeviceNodeState | None: ...
+
+    def kubegpu_scheduler_node_digest(self, node: NodeInfo) -> Hashable | None: ...
 
     def kubegpu_scheduler_headroom(self, state: DeviceNodeState) -> Headroom | None: ...
 

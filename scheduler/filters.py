@@ -20,9 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 
-from kubegpu.core import hami
 from kubegpu.core.models import (
     HostPort,
     LabelSelector,
@@ -83,13 +81,12 @@ def node_change_may_help(previous: NodeInfo | None, info: NodeInfo) -> str | Non
 
     A new node can; so can a change to what the filters read: allocatable, labels, taints, the advertised device
     inventories (the plugins build their node state from labels, allocatable and inventory), `spec.unschedulable`
-    lifted and the Ready condition regained (a node cordoned or gone NotReady refuses more, never less), and HAMi's
-    GPU registration as the nvidia plugin reads it (`kubegpu.core.hami.registration_digest`: a GPU registered healthy
-    again, a stale handshake answered; not the handshake's every rewrite). Images and every other annotation
-    (`preferAvoidPods`, the device side's reports) feed only scores (ImageLocality, NodePreferAvoidPods), which rank
-    the nodes a pod fits and never make it fit one: a kubelet reporting a pulled image must not send every waiting pod
-    through a cycle. Liveness (the node lease) is judged apart
-    (`ClusterMirror.judge_nodes` wakes the pods when a node comes back)."""
+    lifted and the Ready condition regained (a node cordoned or gone NotReady refuses more, never less). Images and
+    every other annotation (`preferAvoidPods`, the device side's reports) feed only scores (ImageLocality,
+    NodePreferAvoidPods), which rank the nodes a pod fits and never make it fit one: a kubelet reporting a pulled
+    image must not send every waiting pod through a cycle; what a plugin's state reads beyond these is its own to say
+    (`kubegpu_scheduler_node_digest`, compared by `NodeCache.node_change_may_help`). Liveness (the node lease) is
+    judged apart (`ClusterMirror.judge_nodes` wakes the pods when a node comes back)."""
     if previous is None:
         return "added"
     if previous.unschedulable and not info.unschedulable:
@@ -104,9 +101,6 @@ def node_change_may_help(previous: NodeInfo | None, info: NodeInfo) -> str | Non
         return "taints"
     if previous.inventories != info.inventories:
         return "inventories"
-    now = datetime.now(timezone.utc)
-    if hami.registration_digest(previous.annotations, now) != hami.registration_digest(info.annotations, now):
-        return "HAMi registration"
     return None
 
 

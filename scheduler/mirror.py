@@ -8,7 +8,7 @@ that owns the engine applies what they report (`apply_events`) under `lock`, whi
 too:
 
 * nodes become engine nodes (an inventory kubegpu cannot read is ignored with an error log, the node kept); a node
-  change wakes the pending pods only when it can make one fit (`filters.node_change_may_help`: not a pulled image
+  change wakes the pending pods only when it can make one fit (`Engine.node_change_may_help`: not a pulled image
   nor an annotation, which only scores read);
 * a bound pod is counted with the devices it holds (`_assume`): on start that rebuilds the device ledger from the
   `kubegpu.io/allocation` annotations of bound, running pods, so a restarted scheduler never hands out a device a
@@ -72,7 +72,7 @@ from kubegpu.core.status import Code
 from kubegpu.core.text import safe_text
 from kubegpu.kube import discovery
 from kubegpu.kube.client import ApiError, Informer, KubeClient
-from kubegpu.scheduler import filters, liveness, objects, podgroups
+from kubegpu.scheduler import liveness, objects, podgroups
 from kubegpu.scheduler.binder import Binder
 from kubegpu.scheduler.dra import HeldClaim
 from kubegpu.scheduler.engine import Engine, Placement
@@ -1042,7 +1042,7 @@ class ClusterMirror:
         if previous is None and self._orphans:
             self._count_orphans(name)
         moved = self._apply_foreign_devices(name, obj)
-        return filters.node_change_may_help(previous, info) is not None or bool(moved)
+        return self.engine.node_change_may_help(previous, info) is not None or bool(moved)
 
     def _node_gone(self, name: str) -> None:
         """A Node deleted (or absent from a relist): the engine lets go of it; its pods are kept as orphans, but those

@@ -5,11 +5,12 @@ What a node has comes from the advertised inventory `node.inventories["nvidia"]`
 `topology.tree_from_inventory` documents), otherwise from NVIDIA GPU Feature Discovery labels:
 `nvidia.com/gpu.count` (capped by allocatable `nvidia.com/gpu`, which is also the fallback),
 `nvidia.com/gpu.product` and `nvidia.com/gpu.memory` (MiB), otherwise, on a node HAMi's device plugin runs on
-without GFD, from HAMi's registration (`hami.io/node-nvidia-register`, `kubegpu.core.hami`): each physical GPU's
-memory, model and health, and the split count (`state_from_registration`); where both are there and agree on the
-count, GFD's labels give model and memory and the registration each GPU's health, and where they disagree GFD's labels
-alone are read and a log line says so (`read_hami`). A registration kubegpu cannot read, or whose handshake HAMi
-would hold stale, is left unread, with a log line saying why. The instance type
+without GFD, from HAMi's registration (`hami.io/node-nvidia-register`, `kubegpu.plugins.nvidia.hami`): each
+physical GPU's memory, model and health, and the split count (`state_from_registration`); where both are there and
+agree on the count, GFD's labels give model and memory and the registration each GPU's health, and where they
+disagree GFD's labels alone are read and a log line says so (`read_hami`). A registration kubegpu cannot read, or
+whose handshake HAMi would hold stale, is left unread, with a log line saying why; the engine reads both as the
+plugin's `kubegpu_scheduler_node_digest` (nodes that differ in them are not one class). The instance type
 (`node.kubernetes.io/instance-type`) looks the node up in `topology.CATALOG` for its group tree (DGX-1
 cube-mesh, NVSwitch) and for default model and memory; an unknown instance type, or one whose GPU count does
 not match the node's, is flat: any set of GPUs is as good as any other.
@@ -40,13 +41,12 @@ import logging
 import math
 import os
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
 from types import MappingProxyType
 
-from kubegpu.core import hami
 from kubegpu.core.kit import Claim, DevicePlugin, SharedDeviceNodeState
 from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import (
@@ -64,7 +64,7 @@ from kubegpu.core.quantity import QuantityError, to_int
 from kubegpu.core.scheduler_hooks import SETTINGS_KEY, ProfileSettings, hookimpl
 from kubegpu.core.status import Status
 from kubegpu.core.text import safe_text
-from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE, mig
+from kubegpu.plugins.nvidia import COUNT_LABEL, MEMORY_LABEL, NAME, PRODUCT_LABEL, RESOURCE, hami, mig
 from kubegpu.plugins.nvidia.mig import MIG_PREFIX, MIG_RESOURCES, MigBooks, profile_of, resource_of
 from kubegpu.plugins.nvidia.sharing import (
     ANY_CPU,
@@ -545,6 +545,14 @@ class NvidiaPlugin(DevicePlugin[NvidiaNodeState]):
         if state is not None and settings.share_policy:
             state.policy = settings.share_policy
         return state
+
+    @hookimpl
+    def kubegpu_scheduler_node_digest(self, node: NodeInfo) -> Hashable | None:
+        # Beyond labels and allocatable, `build_node` reads HAMi's registration, where no inventory is advertised:
+        # its text and whether the handshake is stale, not the handshake's every rewrite (`registration_digest`).
+        if NAME in node.inventories or hami.REGISTER_KEY not in node.annotations:
+            return None
+        return hami.registration_digest(node.annotations, datetime.now(timezone.utc))
 
     @hookimpl
     def kubegpu_scheduler_validate(self, pod: PodRequest) -> Status | None:

@@ -7,11 +7,9 @@ placing and releasing a pod's usage there (`_enter`, `release`, `pods_removed`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 
-from kubegpu.core import hami
 from kubegpu.core.kit import shares_devices
 from kubegpu.core.limits import check_device_count
 from kubegpu.core.models import (
@@ -20,9 +18,18 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.scheduler_hooks import Headroom
-from kubegpu.scheduler import scores
+from kubegpu.scheduler import filters, scores
 from kubegpu.scheduler.engine.ledger import Ledger
-from kubegpu.scheduler.engine.records import CPU_INDEX, DRA_INDEX, NAME_LABELS, UNKNOWN_FREE, NodeRecord, PodRecord, log
+from kubegpu.scheduler.engine.records import (
+    CPU_INDEX,
+    DRA_INDEX,
+    NAME_LABELS,
+    NODE_DIGEST_HOOK,
+    UNKNOWN_FREE,
+    NodeRecord,
+    PodRecord,
+    log,
+)
 from kubegpu.scheduler.index import CapacityIndex, zone_key
 
 MAX_CHANGES = 1 << 16  # node changes remembered by `changed_since`
@@ -179,7 +186,7 @@ class NodeCache(Ledger):
             info.unschedulable,
             info.ready,
             tuple(sorted((p, inv.model_dump_json()) for p, inv in info.inventories.items())),
-            hami.registration_digest(info.annotations, datetime.now(timezone.utc)),  # GPUs the nvidia plugin reads
+            self.node_digest(info),  # what else of the node the plugins' states read
             info.name if info.name in self._dead else None,  # a node that is not live answers unlike its class
         )
         number = self._classes.get(key)
@@ -188,6 +195,32 @@ class NodeCache(Ledger):
             self._class_keys[number] = key
             self._class_serial += 1
         return number
+
+    def node_digest(self, info: NodeInfo) -> tuple[Hashable, ...]:
+        """What of the node, beyond its labels, allocatable and inventories, the plugins' states read: each plugin's
+        `kubegpu_scheduler_node_digest` that has one, in the plugins' order. A plugin that fails it is logged, naming
+        it, and the node is then a class of its own (its name in the answer): never taken for alike by mistake."""
+        digests: list[Hashable] = []
+        for plugin in self._digesters:
+            try:
+                digests.append(self.plugins.call(plugin, NODE_DIGEST_HOOK, node=info))
+            except PluginHookError as exc:
+                log.error("%s", exc.on_node(info.name))
+                digests.append((plugin, "failed on node", info.name))
+        return tuple(digests)
+
+    def node_change_may_help(self, previous: NodeInfo | None, info: NodeInfo) -> str | None:
+        """Why a node's change may make a pod fit that fit nowhere (`filters.node_change_may_help`, and a change to
+        what the plugins' states read beyond it: `node_digest`), or None."""
+        why = filters.node_change_may_help(previous, info)
+        if (
+            why is None
+            and previous is not None
+            and self._digesters
+            and self.node_digest(previous) != self.node_digest(info)
+        ):
+            return "what a plugin reads of the node"
+        return why
 
     def _join_class(self, name: str, old: int | None, new: int | None) -> None:
         if old is not None and old != new:

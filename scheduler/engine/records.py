@@ -41,6 +41,7 @@ NAME_LABELS = frozenset({"kubernetes.io/hostname"})
 CHECKS_REMEMBERED = 256
 FRAGMENTATION_HOOK = "kubegpu_scheduler_fragmentation"
 FRAGMENTATION_EPOCH_HOOK = "kubegpu_scheduler_fragmentation_epoch"
+NODE_DIGEST_HOOK = "kubegpu_scheduler_node_digest"
 UNKNOWN_FREE = 1 << 62  # the headroom of a plugin that failed on a node: unknown, so never the reason to skip it
 
 

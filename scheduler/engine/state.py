@@ -31,6 +31,7 @@ from kubegpu.scheduler.engine.records import (
     CPU_INDEX,
     FRAGMENTATION_EPOCH_HOOK,
     FRAGMENTATION_HOOK,
+    NODE_DIGEST_HOOK,
     POLICIES,
     ClassTally,
     ClusterState,
@@ -134,6 +135,9 @@ class EngineState:
         # first one (`Scoring.fragmentation_epochs`), not those of a family it cannot reach.
         self._epoch_askers = frozenset(p for p in self._fragmenters if plugins.implements(p, FRAGMENTATION_EPOCH_HOOK))
         self._fragmenting_beside: dict[str, Counter[str]] = {}
+        # The plugins whose states read more of a node than its labels, allocatable and inventories
+        # (`kubegpu_scheduler_node_digest`): what they answer is part of the node's class (`NodeCache.node_digest`).
+        self._digesters = tuple(p for p in plugins.names if plugins.implements(p, NODE_DIGEST_HOOK))
         # Of those, the nodes whose devices a plugin shares (`kubegpu.core.kit.shares_devices`), counted the same way:
         # a pod that may reach one has its nodes ranked by kube-scheduler's count even when the profile leaves
         # `percentageOfNodesToScore` unset (`fragmentation_matters`).

@@ -22,7 +22,6 @@ from kubegpu.core.plugin_manager import make_plugin_manager
 from kubegpu.core.testing import node_manifest, pod_manifest
 from kubegpu.plugins.nvidia import scheduler as nvidia
 from kubegpu.scheduler.engine import Engine
-from kubegpu.scheduler.filters import node_change_may_help
 
 REGISTER = "hami.io/node-nvidia-register"
 HANDSHAKE = "hami.io/node-handshake"
@@ -202,9 +201,10 @@ def test_the_handshakes_rewrites_log_once_and_wake_no_pending_pod(caplog: pytest
     assert sum("is not read" in r.getMessage() for r in caplog.records) == 1
     before = node_info(hami_node("hami", legacy(4, unhealthy=(1,)), handshake="Reported 2026-01-01 10:00:00 +0000 UTC"))
     rewritten = node_info(hami_node("hami", legacy(4, unhealthy=(1,))))
-    assert node_change_may_help(before, rewritten) is None
-    assert node_change_may_help(rewritten, node_info(hami_node("hami", legacy(4)))) == "HAMi registration"
-    assert node_change_may_help(node_info(hami_node("hami", legacy(4), handshake=STALE)), rewritten) is not None
+    assert engine.node_change_may_help(before, rewritten) is None
+    healed = node_info(hami_node("hami", legacy(4)))
+    assert engine.node_change_may_help(rewritten, healed) == "what a plugin reads of the node"
+    assert engine.node_change_may_help(node_info(hami_node("hami", legacy(4), handshake=STALE)), rewritten) is not None
 
 
 def gfd(count: int, product: str = "Tesla-V100-PCIE-32GB", mib: str = "32768") -> dict[str, str]:
