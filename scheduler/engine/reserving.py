@@ -71,6 +71,47 @@ class Reserving(Scoring):
         )
         return str(self.plugins.failed(plugin, "kubegpu_scheduler_allocate", problem))
 
+    def _held_by_another(self, record: NodeRecord, pod: PodRequest, parts: dict[str, PluginAllocation]) -> str | None:
+        """Why a fresh allocation may not be held, when it names a device another live pod on the node holds: the
+        reason, counted as the plugin's failure in allocate; None when it names none. The plugin's own `take` is the
+        first guard; this one holds whatever a plugin's books say (a take that checks nothing, books that lost a
+        holder), so that no device is given to two pods. A device is named by (plugin, resource, id); it is held
+        whole unless the pod's `shares` for that container name it, and a shared device may be shared again, never
+        held whole beside another pod. Pods set aside by count or left holding nothing (`unheld`) hold no named
+        device. What one plugin's resources mean to each other (a device and its cores) is its books' concern."""
+        wanted: dict[tuple[str, str, str], tuple[str, bool]] = {}  # (plugin, resource, id) -> (container, whole)
+        for plugin, part in parts.items():
+            for container, resources in part.containers.items():
+                shared = part.shares.get(container, {})
+                for resource, ids in resources.items():
+                    for device in ids:
+                        whole = not any(device in amounts for amounts in shared.values())
+                        wanted[(plugin, resource, device)] = (container, whole)
+        if not wanted:
+            return None
+        for key in record.pods:
+            other = self.pods.get(key)
+            if other is None or key == pod.key or other.by_count or key in record.unheld:
+                continue
+            for plugin, part in other.parts.items():
+                if plugin not in parts:
+                    continue
+                for container, resources in part.containers.items():
+                    shared = part.shares.get(container, {})
+                    for resource, ids in resources.items():
+                        for device in ids:
+                            hit = wanted.get((plugin, resource, device))
+                            if hit is None:
+                                continue
+                            if not hit[1] and any(device in amounts for amounts in shared.values()):
+                                continue  # shared by both: the plugin's books count the amounts
+                            problem = WrongAnswer(
+                                f"named {resource} device {device!r} for container {hit[0]}, which pod {key} already "
+                                "holds on this node; allocate must choose devices no other pod holds"
+                            )
+                            return str(self.plugins.failed(plugin, "kubegpu_scheduler_allocate", problem))
+        return None
+
     def _too_large(self, parts: dict[str, PluginAllocation], written: int) -> str:
         """The reason for an allocation whose annotations, merged and signed, come to `written` bytes, past what the
         API server allows for all of a pod's annotations (and the node side's decoder reads): each plugin's part was
@@ -124,6 +165,9 @@ class Reserving(Scoring):
                     code=Code.UNSCHEDULABLE,
                 )
             parts[plugin] = allocation
+        clash = self._held_by_another(record, pod, parts)
+        if clash is not None:
+            return Decision(pod.key, False, reason=clash, code=Code.ERROR)
         claims = None
         if pod.resource_claims and self._dra_on:
             # DynamicResources' Reserve: the devices of the claims not yet allocated, chosen on this node.

@@ -324,6 +324,75 @@ def test_an_allocation_its_own_take_refuses_is_allocates_failure_named_and_count
     assert records["default/gpu-pod"]["event"] == "scheduled"
 
 
+def test_a_plugin_whose_take_checks_nothing_never_gives_one_card_to_two_pods() -> None:
+    """allocate always names card0 and take records it without looking (books that lose their holders): before,
+    three pods were bound to card0 of one node. The engine refuses the second and third, naming the plugin, its
+    allocate and the pod already holding the card, and counts the failure; the other plugin's pod is scheduled."""
+
+    class Careless(Cards):
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_allocate(self, state: Any, pod: Any) -> PluginAllocation:
+            return PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}})
+
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_take(self, state: Any, pod_key: str, allocation: PluginAllocation) -> Status:
+            return Status.success()
+
+    built = manager(cards=Careless(), gpus=Gpus())
+    documents = [
+        node_manifest("cards-0", labels={f"{CARD}.count": "2"}, allocatable={CARD: 2}),
+        node_manifest("gpus-0", labels={f"{OTHER}.count": "2"}, allocatable={OTHER: 2}),
+        pod_manifest("a", {"main": {CARD: 1}}),
+        pod_manifest("b", {"main": {CARD: 1}}),
+        pod_manifest("gpu-pod", {"main": {OTHER: 1}}),
+    ]
+
+    records = {r["pod"]: r for r in simulate(documents, manager=built)}
+
+    assert records["default/a"]["devices"] == {"main": {CARD: ["card0"]}}
+    assert records["default/b"]["event"] == "unschedulable"
+    assert records["default/b"]["reason"] == (
+        "plugin 'cards' failed in kubegpu_scheduler_allocate: WrongAnswer: named cards.example/card device 'card0' "
+        "for container main, which pod default/a already holds on this node; allocate must choose devices no other "
+        "pod holds"
+    )
+    assert built.hook_failures[("cards", "kubegpu_scheduler_allocate")] == 1
+    assert records["default/gpu-pod"]["event"] == "scheduled"
+
+
+def test_a_shared_device_may_be_shared_again_but_never_held_whole_beside_a_share() -> None:
+    """The guard against a device given twice reads `shares`: two pods sharing card0 are both placed (the plugin's
+    books count the amounts), a third asking it whole is refused."""
+
+    def share(container: str) -> PluginAllocation:
+        return PluginAllocation(
+            plugin="cards", containers={container: {CARD: ["card0"]}}, shares={container: {CARD: {"card0": 1}}}
+        )
+
+    class Sharing(Cards):
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_allocate(self, state: Any, pod: Any) -> PluginAllocation:
+            if pod.annotations.get("whole"):
+                return PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}})
+            return share("main")
+
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_take(self, state: Any, pod_key: str, allocation: PluginAllocation) -> Status:
+            return Status.success()
+
+    documents = [
+        node_manifest("cards-0", labels={f"{CARD}.count": "2"}, allocatable={CARD: 4}),
+        pod_manifest("s1", {"main": {CARD: 1}}),
+        pod_manifest("s2", {"main": {CARD: 1}}),
+        pod_manifest("w", {"main": {CARD: 1}}, annotations={"whole": "yes"}),
+    ]
+
+    records = {r["pod"]: r for r in simulate(documents, manager=manager(cards=Sharing()))}
+
+    assert [records[f"default/{p}"]["event"] for p in ("s1", "s2", "w")] == ["scheduled", "scheduled", "unschedulable"]
+    assert "which pod default/s1 already holds on this node" in records["default/w"]["reason"]
+
+
 def test_a_take_whose_refusal_names_another_plugin_still_blames_its_own() -> None:
     """A take that refuses with a Status naming another plugin (`plugin="gpus"`): the refusal was blamed on that
     plugin, which had nothing to do with the pod, and counted as its failure in allocate."""
