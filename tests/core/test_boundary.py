@@ -393,6 +393,41 @@ def test_a_shared_device_may_be_shared_again_but_never_held_whole_beside_a_share
     assert "which pod default/s1 already holds on this node" in records["default/w"]["reason"]
 
 
+def test_a_plugins_own_words_are_one_bounded_line_wherever_they_are_shown() -> None:
+    """An exception whose text holds terminal escapes, a forged log line and 100,000 characters: the failure's
+    message (a pod's reason, the log line of a node's build_node failure, which the simulator printed raw to stderr)
+    is one line of escaped text, bounded; a load failure's too (`kubegpu plugins list`'s plain output)."""
+    evil = "\x1b]0;pwned\x07\x1b[31m" + "A" * 100_000 + "\nFAKE LOG LINE"
+
+    error = PluginHookError("cards", "kubegpu_scheduler_build_node", RuntimeError(evil), node="cards-0")
+    built = manager()
+    built._fail("cards", "load", f"ImportError: {evil}")
+
+    for text in (str(error), str(built.failures[0])):
+        assert "\x1b" not in text and "\x07" not in text and "\n" not in text
+        assert "\\x1b]0;pwned" in text
+        assert len(text) < 1200
+
+
+def test_a_described_family_with_terminal_escapes_is_escaped_in_the_simulators_summary(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plugin's `Occupancy.family` reached the report's SUMMARY line raw (the drawing above it was escaped): a
+    terminal reading it was retitled and recoloured. Now it is escaped and bounded there too."""
+    evil = "\x1b]0;pwned\x07\x1b[31m" + "F" * 5000
+
+    class Loud(Cards):
+        family = evil
+
+    code, out, _ = _run_simulate(monkeypatch, tmp_path, capsys, Loud(), json_out=False)
+
+    assert code == 0
+    summary = out.split("SUMMARY", 1)[1]
+    assert "\x1b" not in summary and "\x07" not in summary
+    assert "\\x1b]0;pwned" in summary
+    assert max(len(line) for line in summary.splitlines()) < 1300
+
+
 def test_a_take_whose_refusal_names_another_plugin_still_blames_its_own() -> None:
     """A take that refuses with a Status naming another plugin (`plugin="gpus"`): the refusal was blamed on that
     plugin, which had nothing to do with the pod, and counted as its failure in allocate."""
