@@ -31,6 +31,7 @@ from kubegpu.core.annotations import (
 )
 from kubegpu.core.kit import WholeDevicePlugin, label_devices
 from kubegpu.core.models import (
+    Advertisement,
     ContainerAllocation,
     ContainerEdit,
     DeviceCell,
@@ -816,6 +817,58 @@ def test_the_advertiser_skips_a_plugin_whose_discovery_answers_wrongly(
 
     assert "kubegpu.io/devices" not in manifest["metadata"]["annotations"]
     assert any("plugin 'dev' failed in kubegpu_device_discover: WrongAnswer" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("cards.example/model", "x" * 64),
+        ("cards.example/model", "\x1b[31mred"),
+        ("cards.example/model", "-leading-dash"),
+        ("Cards.Example/model", "a"),
+        ("/model", "a"),
+        ("cards.example/" + "n" * 64, "a"),
+    ],
+    ids=["value-too-long", "value-escape", "value-dash", "prefix-upper-case", "empty-prefix", "name-too-long"],
+)
+def test_a_label_the_api_server_refuses_costs_only_its_plugins_advertisement(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, key: str, value: str
+) -> None:
+    """The advertiser patches every plugin's labels with the node's `kubegpu.io/devices` annotation in one request:
+    one label the API server refuses (a value over 63 characters, a key out of syntax) failed that whole patch, and
+    every plugin's inventory on the node went stale. Now that label is the plugin's wrong answer: its advertisement is
+    skipped and logged naming it; the other plugin's inventory, labels and capacity are published."""
+    from kubegpu.crishim.testing import advertise
+
+    def inventory(name: str) -> DeviceInventory:
+        return DeviceInventory(plugin=name, devices=[DeviceInfo(id="card0")])
+
+    class Good:
+        @device_hooks.hookimpl
+        def kubegpu_device_resources(self) -> list[str]:
+            return [OTHER]
+
+        @device_hooks.hookimpl
+        def kubegpu_device_discover(self) -> DeviceInventory:
+            return inventory("good")
+
+        @device_hooks.hookimpl
+        def kubegpu_device_advertise(self) -> Advertisement:
+            return Advertisement(capacity={OTHER: 1}, labels={"other.example/gpu.count": "1", "other.example/e": ""})
+
+    loud = device_plugin(discover=inventory("dev"), advertise=Advertisement(capacity={CARD: 1}, labels={key: value}))
+    built = make_plugin_manager("device", plugins=[("dev", loud), ("good", Good())], autoload=False)
+
+    manifest = advertise(built, tmp_path)
+
+    assert manifest["metadata"]["labels"] == {"other.example/gpu.count": "1", "other.example/e": ""}
+    assert manifest["status"]["capacity"][OTHER] == "1" and CARD not in manifest["status"]["capacity"]
+    assert "good" in json.loads(manifest["metadata"]["annotations"]["kubegpu.io/devices"])["inventories"]
+    assert any(
+        "plugin 'dev' failed in kubegpu_device_advertise: WrongAnswer: advertised the label" in r.getMessage()
+        and "which the API server refuses" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 @pytest.mark.parametrize("answer", ["soon", True, 1.5])
