@@ -21,7 +21,7 @@ from kubegpu.core.answers import WrongAnswer
 from kubegpu.core.models import PluginAllocation, PodRequest
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.status import Code, Status
-from kubegpu.scheduler.engine.records import Decision, NodeRecord, Plan, PodRecord
+from kubegpu.scheduler.engine.records import Decision, NodeRecord, Plan, PodRecord, named_devices
 from kubegpu.scheduler.engine.scoring import Scoring
 
 
@@ -75,41 +75,30 @@ class Reserving(Scoring):
         """Why a fresh allocation may not be held, when it names a device another live pod on the node holds: the
         reason, counted as the plugin's failure in allocate; None when it names none. The plugin's own `take` is the
         first guard; this one holds whatever a plugin's books say (a take that checks nothing, books that lost a
-        holder), so that no device is given to two pods. A device is named by (plugin, resource, id); it is held
-        whole unless the pod's `shares` for that container name it, and a shared device may be shared again, never
-        held whole beside another pod. Pods set aside by count or left holding nothing (`unheld`) hold no named
-        device. What one plugin's resources mean to each other (a device and its cores) is its books' concern."""
-        wanted: dict[tuple[str, str, str], tuple[str, bool]] = {}  # (plugin, resource, id) -> (container, whole)
-        for plugin, part in parts.items():
-            for container, resources in part.containers.items():
-                shared = part.shares.get(container, {})
-                for resource, ids in resources.items():
-                    for device in ids:
-                        whole = not any(device in amounts for amounts in shared.values())
-                        wanted[(plugin, resource, device)] = (container, whole)
-        if not wanted:
+        holder), so that no device is given to two pods. A device is named by (plugin, resource, id) (`named_devices`,
+        kept per node in `NodeRecord.held`); it is held whole unless the pod's `shares` for that container name it,
+        and a shared device may be shared again, never held whole beside another pod. Pods set aside by count or left
+        holding nothing (`unheld`) hold no named device. What one plugin's resources mean to each other (a device and
+        its cores) is its books' concern."""
+        held = record.held
+        if not held:
             return None
-        for key in record.pods:
-            other = self.pods.get(key)
-            if other is None or key == pod.key or other.by_count or key in record.unheld:
+        for (plugin, resource, device), whole in named_devices(parts):
+            holders = held.get((plugin, resource, device))
+            if not holders:
                 continue
-            for plugin, part in other.parts.items():
-                if plugin not in parts:
+            for key, other_whole in holders.items():
+                if key == pod.key or key in record.unheld or (not whole and not other_whole):
                     continue
-                for container, resources in part.containers.items():
-                    shared = part.shares.get(container, {})
-                    for resource, ids in resources.items():
-                        for device in ids:
-                            hit = wanted.get((plugin, resource, device))
-                            if hit is None:
-                                continue
-                            if not hit[1] and any(device in amounts for amounts in shared.values()):
-                                continue  # shared by both: the plugin's books count the amounts
-                            problem = WrongAnswer(
-                                f"named {resource} device {device!r} for container {hit[0]}, which pod {key} already "
-                                "holds on this node; allocate must choose devices no other pod holds"
-                            )
-                            return str(self.plugins.failed(plugin, "kubegpu_scheduler_allocate", problem))
+                other = self.pods.get(key)
+                if other is None or other.by_count:
+                    continue
+                container = next(c for c, r in parts[plugin].containers.items() if device in r.get(resource, ()))
+                problem = WrongAnswer(
+                    f"named {resource} device {device!r} for container {container}, which pod {key} already holds on "
+                    "this node; allocate must choose devices no other pod holds"
+                )
+                return str(self.plugins.failed(plugin, "kubegpu_scheduler_allocate", problem))
         return None
 
     def _too_large(self, parts: dict[str, PluginAllocation], written: int) -> str:

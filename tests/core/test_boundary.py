@@ -361,6 +361,37 @@ def test_a_plugin_whose_take_checks_nothing_never_gives_one_card_to_two_pods() -
     assert records["default/gpu-pod"]["event"] == "scheduled"
 
 
+def test_the_guard_against_a_card_given_twice_follows_a_node_update_and_a_pods_departure() -> None:
+    """The engine keeps per node the devices its pods hold (`NodeRecord.held`): a Node update (its pods held again
+    on a new record) keeps them, so a second pod is still refused card0; the holder's deletion gives card0 back, so a
+    third pod gets it."""
+
+    class Careless(Cards):
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_allocate(self, state: Any, pod: Any) -> PluginAllocation:
+            return PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}})
+
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_take(self, state: Any, pod_key: str, allocation: PluginAllocation) -> Status:
+            return Status.success()
+
+    labels = {f"{CARD}.count": "2"}
+    engine = Engine(manager(cards=Careless()))
+    engine.add_node(make_node("cards-0", labels=labels, allocatable={CARD: 2}))
+    assert engine.schedule(make_pod("a", {"main": {CARD: 1}})).scheduled
+
+    engine.add_node(make_node("cards-0", labels={**labels, "rack": "r1"}, allocatable={CARD: 2}))
+    refused = engine.schedule(make_pod("b", {"main": {CARD: 1}}))
+    assert not refused.scheduled
+    assert "which pod default/a already holds on this node" in (refused.reason or "")
+
+    engine.release("default/a")
+    assert engine.nodes["cards-0"].held == {}, "nothing is kept of a pod gone (memory bounded by the pods there)"
+    placed = engine.schedule(make_pod("c", {"main": {CARD: 1}}))
+    assert placed.scheduled and placed.allocation is not None
+    assert placed.allocation.containers == {"main": {CARD: ["card0"]}}
+
+
 def test_a_shared_device_may_be_shared_again_but_never_held_whole_beside_a_share() -> None:
     """The guard against a device given twice reads `shares`: two pods sharing card0 are both placed (the plugin's
     books count the amounts), a third asking it whole is refused."""
