@@ -46,10 +46,14 @@ def _plugins_list(args: argparse.Namespace) -> int:
         }
         print(json.dumps(document, indent=2))
     else:
+        from kubegpu.core.text import safe_text
+
+        # A distribution's words (its entry-point name, its metadata, the resources its hook names) as printable
+        # lines of bounded length: a terminal reading them is not the plugin's to steer.
         for row in rows.values():
             dist = f"{row['distribution']} {row['version']}" if row["distribution"] else "(registered directly)"
-            print(f"{row['name']}  [{dist}]")
-            print(f"    resources: {', '.join(row['resources']) or '-'}")  # type: ignore[arg-type]
+            print(f"{safe_text(str(row['name']))}  [{safe_text(dist)}]")
+            print(f"    resources: {safe_text(', '.join(row['resources'])) or '-'}")  # type: ignore[arg-type]
             for side, hooks in row["hooks"].items():  # type: ignore[attr-defined]
                 print(f"    {side} hooks: {', '.join(hooks)}")
         for failure in failures:

@@ -207,6 +207,18 @@ def _annotation_key(key: str) -> bool:
     return _ANNOTATION_NAME.fullmatch(name) is not None
 
 
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def _label_key(key: str) -> bool:
+    """Whether the API server takes `key` as a label key: `[prefix/]name`, as it is (a label key is not read in
+    lower case as an annotation's is: `Example.COM/x` is refused)."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return False
+    return _ANNOTATION_NAME.fullmatch(name) is not None
+
+
 RULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
@@ -460,6 +472,15 @@ def _advertise(manager: Router, plugin: str, answer: Any, kwargs: Mapping[str, A
     for resource, count in checked.capacity.items():
         if count < 0 or not _owned(manager, plugin, resource):
             raise WrongAnswer(f"advertised {resource}: {count}; only resources it owns, in counts >= 0")
+    # The advertiser patches every plugin's labels in one request with the node's `kubegpu.io/devices` annotation:
+    # one label the API server refuses would cost every plugin's inventory on the node, not this plugin's labels.
+    for key, value in checked.labels.items():
+        if not _label_key(key) or not _LABEL_VALUE.fullmatch(value):
+            raise WrongAnswer(
+                f"advertised the label {shorten(key)!r}: {shorten(value)!r}, which the API server refuses: a key is "
+                "[prefix/]name (a lower-case DNS subdomain prefix, a name of at most 63 letters, digits, '-', '_', "
+                "'.'), a value at most 63 of those, beginning and ending with a letter or digit, or empty"
+            )
     return checked
 
 

@@ -38,6 +38,7 @@ from importlib_metadata import entry_points
 
 from kubegpu.core import device_hooks, scheduler_hooks
 from kubegpu.core.answers import CHECKS, WrongAnswer
+from kubegpu.core.text import safe_text
 
 __all__ = [
     "ALLOW_ENV",
@@ -129,7 +130,12 @@ class PluginHookError(RuntimeError):
         self.original = original
         self.node = node
         where = f" on node {node}" if node else ""
-        super().__init__(f"plugin {plugin!r} failed{where} in {hook}: {type(original).__name__}: {original}")
+        # The plugin's own words (an exception's text: a vendor library's, a tenant's annotation quoted back) as one
+        # bounded line: this message is logged and shown as a reason in every front-end, the simulator's and
+        # `kubegpu plugins list`'s plain output included, which no log formatter escapes.
+        super().__init__(
+            f"plugin {plugin!r} failed{where} in {hook}: {type(original).__name__}: {safe_text(str(original))}"
+        )
 
     def on_node(self, node: str) -> PluginHookError:
         """The same failure, naming the node it happened on (build_node, headroom)."""
@@ -226,7 +232,7 @@ class KubegpuPluginManager:
             log.warning("%s", message)
 
     def _fail(self, name: str, stage: str, error: str) -> None:
-        failure = PluginFailure(name, self.side, stage, error)
+        failure = PluginFailure(name, self.side, stage, safe_text(error))  # an import error's text: one bounded line
         log.error("%s", failure)
         self.failures.append(failure)
 

@@ -59,6 +59,7 @@ from typing import Any
 from kubegpu.core.annotations import (
     DEVICES_KEY,
     FOREIGN_DEVICES_KEY,
+    MAX_ANNOTATION_BYTES,
     NODE_LEASE_LABEL,
     NODE_LEASE_NAMESPACE,
     NODE_LEASE_PREFIX,
@@ -161,6 +162,7 @@ class Advertiser:
         annotations = metadata.get("annotations") or {}
         published = self._published(annotations.get(DEVICES_KEY))
         devices, advertisements = self.collect(published)
+        devices = self._within_limit(devices, advertisements, annotations)
         result = RoundResult(devices=devices)
 
         patch: dict[str, Any] = {}
@@ -257,6 +259,40 @@ class Advertiser:
                 inventories[failure.name] = before[failure.name]
         self.advertised = advertisements
         return NodeDevices(inventories=inventories), advertisements
+
+    def _within_limit(
+        self, devices: NodeDevices, advertisements: dict[str, Advertisement], annotations: Mapping[str, Any]
+    ) -> NodeDevices:
+        """The inventories to publish, within what the API server takes for all of a Node's annotations (256 KiB,
+        the node's other annotations counted): the devices annotation goes in one patch with every plugin's, so one
+        plugin's inventory too large (thousands of devices, long attributes) failed the whole patch and every
+        plugin's devices went stale. The largest inventory is left out (and its advertisement with it) until the
+        rest fits, logged naming the plugin and its size."""
+        others = sum(
+            len(str(k).encode()) + len(str(v).encode())
+            for k, v in annotations.items()
+            if k != DEVICES_KEY and isinstance(v, str)
+        )
+        budget = MAX_ANNOTATION_BYTES - others - len(DEVICES_KEY)
+        inventories = dict(devices.inventories)
+        while inventories and len(encode_devices(NodeDevices(inventories=inventories)).encode()) > budget:
+            sizes = {
+                name: len(encode_devices(NodeDevices(inventories={name: inventory})).encode())
+                for name, inventory in inventories.items()
+            }
+            name = max(sizes, key=lambda n: (sizes[n], n))
+            log.error(
+                "plugin %r's inventory (%d bytes) is not published: with the node's other annotations it takes the "
+                "devices annotation past the %d bytes the API server allows for all of a node's annotations",
+                name,
+                sizes[name],
+                MAX_ANNOTATION_BYTES,
+                extra={"node": self.node_name},
+            )
+            del inventories[name]
+            advertisements.pop(name, None)
+            self.advertised.pop(name, None)
+        return devices if len(inventories) == len(devices.inventories) else NodeDevices(inventories=inventories)
 
     def _checked(self, name: str, inventory: DeviceInventory) -> DeviceInventory:
         """The inventory with the plugin's health verdicts applied (a failing health check changes nothing)."""

@@ -801,8 +801,8 @@ def _report(engine: Engine, events: list[dict[str, Any]], out: IO[str], elapsed:
     for family, tally in sorted(families.items()):
         total = tally["total"] or 1
         write(
-            f"  {family}: {tally['used']}/{tally['total']} devices in use, {100 * held[family] / total:.0f}% of their "
-            "capacity held, "
+            f"  {safe_text(family)}: {tally['used']}/{tally['total']} devices in use, "
+            f"{100 * held[family] / total:.0f}% of their capacity held, "
             f"{tally['free']} free, {fragmentation[family]} stranded (free but outside the largest request that "
             "still fits its node)\n"
         )

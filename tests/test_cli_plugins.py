@@ -227,3 +227,33 @@ def test_plugins_check_passes_for_the_built_in_plugins_and_fails_for_an_unknown_
     unknown = run_kubegpu("plugins", "check", "nonesuch", cwd=tmp_path)
     assert unknown.returncode == 1
     assert "FAIL nonesuch: load: no plugin of that name is installed" in unknown.stdout
+
+
+def test_plain_plugins_list_prints_a_distributions_words_as_escaped_bounded_lines(tmp_path: Path) -> None:
+    """A distribution whose entry-point name, version and resource hold terminal escapes, and one whose module fails
+    to import with 100,000 characters of them: `kubegpu plugins list` printed them raw (a retitled, recoloured
+    terminal, a forged line). Each is now one printable line of bounded length."""
+    site = tmp_path / "site"
+    package = site / "kubegpu_loud"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "from kubegpu.core.scheduler_hooks import hookimpl\n\n\n"
+        "@hookimpl\ndef kubegpu_scheduler_resources():\n    return ['loud.example/\\x1b]0;pwned\\x07card']\n"
+    )
+    (package / "noisy.py").write_text("raise ImportError('\\x1b[31m' + 'A' * 100_000 + '\\nFAKE LINE')\n")
+    dist_info = site / "kubegpu_loud-0.1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: kubegpu-loud\nVersion: 0.1.0\x1b[2J\n")
+    (dist_info / "entry_points.txt").write_text(
+        "[kubegpu.scheduler]\nloud\x1b[31m = kubegpu_loud\nnoisy = kubegpu_loud.noisy\n"
+    )
+
+    listed = run_kubegpu("plugins", "list", cwd=tmp_path, PYTHONPATH=str(site))
+
+    assert listed.returncode == 1
+    assert "FAILED plugin 'noisy' (scheduler) failed at load: ImportError: \\x1b[31mAAA" in listed.stdout
+    assert "loud\\x1b[31m  [kubegpu-loud 0.1.0\\x1b[2J]" in listed.stdout
+    assert "resources: loud.example/\\x1b]0;pwned\\x07card" in listed.stdout
+    for text in (listed.stdout, listed.stderr):
+        assert "\x1b" not in text and "\x07" not in text and "FAKE LINE\n" not in text
+        assert max(map(len, text.splitlines())) < 1200

@@ -97,6 +97,7 @@ class NodeCache(Ledger):
                     log.error("node %s changed: pod %s no longer fits its devices: %s", info.name, key, status.message)
                     record.unheld[key] = _unheld(key, status.message)
                 record.pods[key] = None
+                record.hold_named(key, pod.parts)
                 self._count_usage(record, pod.request, +1)
         self._refresh(record)
         if previous is not None:
@@ -369,6 +370,7 @@ class NodeCache(Ledger):
         if pod_record.by_verify_key:
             self.on_verify_keys.add(key)
         record.pods[key] = None
+        record.hold_named(key, pod_record.parts)
         self._count_usage(record, pod_record.request, +1)
         if pod_record.claims is not None:
             self._refresh_others(record, self.dra.hold(pod_record.claims))
@@ -395,6 +397,7 @@ class NodeCache(Ledger):
         if pod_record.claims is not None:
             self._refresh_others(record, self.dra.give_back(pod_record.claims, pod_record.request.uid))
         record.pods.pop(key, None)
+        record.unhold_named(key, pod_record.parts)
         self._count_usage(record, pod_record.request, -1)
         self._refresh(record)
         return pod_record

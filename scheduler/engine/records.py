@@ -77,6 +77,24 @@ class NodeRecord:
     # Running pods whose devices the node no longer lists as they were (a device gone) -> why: counted, holding none,
     # and each of their plugins' devices here refused to other pods until they leave (`NodeCache.add_node`).
     unheld: dict[str, str] = field(default_factory=dict)
+    # The devices its pods' allocations name, (plugin, resource, id) -> {pod key: held whole}, kept with `pods`
+    # (`NodeCache._enter`, `release`, `add_node`): the engine's own guard against a device given twice
+    # (`Reserving._held_by_another`), whatever a plugin's books say.
+    held: dict[tuple[str, str, str], dict[str, bool]] = field(default_factory=dict)
+
+    def hold_named(self, key: str, parts: Mapping[str, PluginAllocation]) -> None:
+        """Note the devices a pod entered on this node names (`held`)."""
+        for device, whole in named_devices(parts):
+            self.held.setdefault(device, {})[key] = whole
+
+    def unhold_named(self, key: str, parts: Mapping[str, PluginAllocation]) -> None:
+        """Forget the devices a pod leaving this node named."""
+        for device, _ in named_devices(parts):
+            holders = self.held.get(device)
+            if holders is not None:
+                holders.pop(key, None)
+                if not holders:
+                    del self.held[device]
 
     @property
     def name(self) -> str:
@@ -103,6 +121,20 @@ class NodeRecord:
             self.nonzero_cpu,
             self.nonzero_memory,
         )
+
+
+def named_devices(parts: Mapping[str, PluginAllocation]) -> list[tuple[tuple[str, str, str], bool]]:
+    """Each device a pod's allocation names, (plugin, resource, id), and whether it holds it whole: a device is
+    shared only where the container's `shares` name it."""
+    named = []
+    for plugin, part in parts.items():
+        for container, resources in part.containers.items():
+            shared = part.shares.get(container)
+            for resource, ids in resources.items():
+                for device in ids:
+                    whole = not shared or not any(device in amounts for amounts in shared.values())
+                    named.append(((plugin, resource, device), whole))
+    return named
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from kubegpu.core.answers import WrongAnswer
 from kubegpu.core.models import PluginAllocation, PodRequest
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.status import Code, Status
-from kubegpu.scheduler.engine.records import Decision, NodeRecord, Plan, PodRecord
+from kubegpu.scheduler.engine.records import Decision, NodeRecord, Plan, PodRecord, named_devices
 from kubegpu.scheduler.engine.scoring import Scoring
 
 
@@ -70,6 +70,36 @@ class Reserving(Scoring):
             "choose devices the node's books can take, as fit found them"
         )
         return str(self.plugins.failed(plugin, "kubegpu_scheduler_allocate", problem))
+
+    def _held_by_another(self, record: NodeRecord, pod: PodRequest, parts: dict[str, PluginAllocation]) -> str | None:
+        """Why a fresh allocation may not be held, when it names a device another live pod on the node holds: the
+        reason, counted as the plugin's failure in allocate; None when it names none. The plugin's own `take` is the
+        first guard; this one holds whatever a plugin's books say (a take that checks nothing, books that lost a
+        holder), so that no device is given to two pods. A device is named by (plugin, resource, id) (`named_devices`,
+        kept per node in `NodeRecord.held`); it is held whole unless the pod's `shares` for that container name it,
+        and a shared device may be shared again, never held whole beside another pod. Pods set aside by count or left
+        holding nothing (`unheld`) hold no named device. What one plugin's resources mean to each other (a device and
+        its cores) is its books' concern."""
+        held = record.held
+        if not held:
+            return None
+        for (plugin, resource, device), whole in named_devices(parts):
+            holders = held.get((plugin, resource, device))
+            if not holders:
+                continue
+            for key, other_whole in holders.items():
+                if key == pod.key or key in record.unheld or (not whole and not other_whole):
+                    continue
+                other = self.pods.get(key)
+                if other is None or other.by_count:
+                    continue
+                container = next(c for c, r in parts[plugin].containers.items() if device in r.get(resource, ()))
+                problem = WrongAnswer(
+                    f"named {resource} device {device!r} for container {container}, which pod {key} already holds on "
+                    "this node; allocate must choose devices no other pod holds"
+                )
+                return str(self.plugins.failed(plugin, "kubegpu_scheduler_allocate", problem))
+        return None
 
     def _too_large(self, parts: dict[str, PluginAllocation], written: int) -> str:
         """The reason for an allocation whose annotations, merged and signed, come to `written` bytes, past what the
@@ -124,6 +154,9 @@ class Reserving(Scoring):
                     code=Code.UNSCHEDULABLE,
                 )
             parts[plugin] = allocation
+        clash = self._held_by_another(record, pod, parts)
+        if clash is not None:
+            return Decision(pod.key, False, reason=clash, code=Code.ERROR)
         claims = None
         if pod.resource_claims and self._dra_on:
             # DynamicResources' Reserve: the devices of the claims not yet allocated, chosen on this node.

@@ -31,6 +31,7 @@ from kubegpu.core.annotations import (
 )
 from kubegpu.core.kit import WholeDevicePlugin, label_devices
 from kubegpu.core.models import (
+    Advertisement,
     ContainerAllocation,
     ContainerEdit,
     DeviceCell,
@@ -322,6 +323,176 @@ def test_an_allocation_its_own_take_refuses_is_allocates_failure_named_and_count
     )
     assert built.hook_failures[("cards", "kubegpu_scheduler_allocate")] == 1
     assert records["default/gpu-pod"]["event"] == "scheduled"
+
+
+def test_a_plugin_whose_take_checks_nothing_never_gives_one_card_to_two_pods() -> None:
+    """allocate always names card0 and take records it without looking (books that lose their holders): before,
+    three pods were bound to card0 of one node. The engine refuses the second and third, naming the plugin, its
+    allocate and the pod already holding the card, and counts the failure; the other plugin's pod is scheduled."""
+
+    class Careless(Cards):
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_allocate(self, state: Any, pod: Any) -> PluginAllocation:
+            return PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}})
+
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_take(self, state: Any, pod_key: str, allocation: PluginAllocation) -> Status:
+            return Status.success()
+
+    built = manager(cards=Careless(), gpus=Gpus())
+    documents = [
+        node_manifest("cards-0", labels={f"{CARD}.count": "2"}, allocatable={CARD: 2}),
+        node_manifest("gpus-0", labels={f"{OTHER}.count": "2"}, allocatable={OTHER: 2}),
+        pod_manifest("a", {"main": {CARD: 1}}),
+        pod_manifest("b", {"main": {CARD: 1}}),
+        pod_manifest("gpu-pod", {"main": {OTHER: 1}}),
+    ]
+
+    records = {r["pod"]: r for r in simulate(documents, manager=built)}
+
+    assert records["default/a"]["devices"] == {"main": {CARD: ["card0"]}}
+    assert records["default/b"]["event"] == "unschedulable"
+    assert records["default/b"]["reason"] == (
+        "plugin 'cards' failed in kubegpu_scheduler_allocate: WrongAnswer: named cards.example/card device 'card0' "
+        "for container main, which pod default/a already holds on this node; allocate must choose devices no other "
+        "pod holds"
+    )
+    assert built.hook_failures[("cards", "kubegpu_scheduler_allocate")] == 1
+    assert records["default/gpu-pod"]["event"] == "scheduled"
+
+
+def test_the_guard_against_a_card_given_twice_follows_a_node_update_and_a_pods_departure() -> None:
+    """The engine keeps per node the devices its pods hold (`NodeRecord.held`): a Node update (its pods held again
+    on a new record) keeps them, so a second pod is still refused card0; the holder's deletion gives card0 back, so a
+    third pod gets it."""
+
+    class Careless(Cards):
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_allocate(self, state: Any, pod: Any) -> PluginAllocation:
+            return PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}})
+
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_take(self, state: Any, pod_key: str, allocation: PluginAllocation) -> Status:
+            return Status.success()
+
+    labels = {f"{CARD}.count": "2"}
+    engine = Engine(manager(cards=Careless()))
+    engine.add_node(make_node("cards-0", labels=labels, allocatable={CARD: 2}))
+    assert engine.schedule(make_pod("a", {"main": {CARD: 1}})).scheduled
+
+    engine.add_node(make_node("cards-0", labels={**labels, "rack": "r1"}, allocatable={CARD: 2}))
+    refused = engine.schedule(make_pod("b", {"main": {CARD: 1}}))
+    assert not refused.scheduled
+    assert "which pod default/a already holds on this node" in (refused.reason or "")
+
+    engine.release("default/a")
+    assert engine.nodes["cards-0"].held == {}, "nothing is kept of a pod gone (memory bounded by the pods there)"
+    placed = engine.schedule(make_pod("c", {"main": {CARD: 1}}))
+    assert placed.scheduled and placed.allocation is not None
+    assert placed.allocation.containers == {"main": {CARD: ["card0"]}}
+
+
+def test_a_shared_device_may_be_shared_again_but_never_held_whole_beside_a_share() -> None:
+    """The guard against a device given twice reads `shares`: two pods sharing card0 are both placed (the plugin's
+    books count the amounts), a third asking it whole is refused."""
+
+    def share(container: str) -> PluginAllocation:
+        return PluginAllocation(
+            plugin="cards", containers={container: {CARD: ["card0"]}}, shares={container: {CARD: {"card0": 1}}}
+        )
+
+    class Sharing(Cards):
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_allocate(self, state: Any, pod: Any) -> PluginAllocation:
+            if pod.annotations.get("whole"):
+                return PluginAllocation(plugin="cards", containers={"main": {CARD: ["card0"]}})
+            return share("main")
+
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_take(self, state: Any, pod_key: str, allocation: PluginAllocation) -> Status:
+            return Status.success()
+
+    documents = [
+        node_manifest("cards-0", labels={f"{CARD}.count": "2"}, allocatable={CARD: 4}),
+        pod_manifest("s1", {"main": {CARD: 1}}),
+        pod_manifest("s2", {"main": {CARD: 1}}),
+        pod_manifest("w", {"main": {CARD: 1}}, annotations={"whole": "yes"}),
+    ]
+
+    records = {r["pod"]: r for r in simulate(documents, manager=manager(cards=Sharing()))}
+
+    assert [records[f"default/{p}"]["event"] for p in ("s1", "s2", "w")] == ["scheduled", "scheduled", "unschedulable"]
+    assert "which pod default/s1 already holds on this node" in records["default/w"]["reason"]
+
+
+def test_a_plugins_own_words_are_one_bounded_line_wherever_they_are_shown() -> None:
+    """An exception whose text holds terminal escapes, a forged log line and 100,000 characters: the failure's
+    message (a pod's reason, the log line of a node's build_node failure, which the simulator printed raw to stderr)
+    is one line of escaped text, bounded; a load failure's too (`kubegpu plugins list`'s plain output)."""
+    evil = "\x1b]0;pwned\x07\x1b[31m" + "A" * 100_000 + "\nFAKE LOG LINE"
+
+    error = PluginHookError("cards", "kubegpu_scheduler_build_node", RuntimeError(evil), node="cards-0")
+    built = manager()
+    built._fail("cards", "load", f"ImportError: {evil}")
+
+    for text in (str(error), str(built.failures[0])):
+        assert "\x1b" not in text and "\x07" not in text and "\n" not in text
+        assert "\\x1b]0;pwned" in text
+        assert len(text) < 1200
+
+
+def test_a_described_family_with_terminal_escapes_is_escaped_in_the_simulators_summary(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plugin's `Occupancy.family` reached the report's SUMMARY line raw (the drawing above it was escaped): a
+    terminal reading it was retitled and recoloured. Now it is escaped and bounded there too."""
+    evil = "\x1b]0;pwned\x07\x1b[31m" + "F" * 5000
+
+    class Loud(Cards):
+        family = evil
+
+    code, out, _ = _run_simulate(monkeypatch, tmp_path, capsys, Loud(), json_out=False)
+
+    assert code == 0
+    summary = out.split("SUMMARY", 1)[1]
+    assert "\x1b" not in summary and "\x07" not in summary
+    assert "\\x1b]0;pwned" in summary
+    assert max(len(line) for line in summary.splitlines()) < 1300
+
+
+def test_a_refusal_of_ten_thousand_reasons_costs_the_engine_no_more_than_one_of_a_few() -> None:
+    """A plugin's `fit` answers a Status of 10,000 reasons: the engine counted every reason of every node's refusal
+    for every pod (20 pods over 50 nodes took 12.6 s instead of 0.2 s, none of it in the hook, so no slow call was
+    reported). A Status keeps at most `MAX_REASONS`, the last saying how many more there were, and the pods' reasons
+    are as they were."""
+    from kubegpu.core.status import MAX_REASONS
+
+    many = Status.unschedulable(*[f"reason {i}" for i in range(10_000)], plugin="cards")
+    assert len(many.reasons) == MAX_REASONS
+    assert many.reasons[-1] == f"… ({10_000 - MAX_REASONS + 1} more reasons)"
+
+    calls = 0
+
+    class Wordy(Cards):
+        @scheduler_hooks.hookimpl
+        def kubegpu_scheduler_fit(self, state: Any, pod: Any) -> Status:
+            nonlocal calls
+            calls += 1
+            return many
+
+    documents: list[dict[str, Any]] = [
+        node_manifest(f"cards-{i}", labels={f"{CARD}.count": "2", "zone": str(i)}, allocatable={CARD: 2})
+        for i in range(20)
+    ]
+    documents += [pod_manifest(f"p{i}", {"main": {CARD: 1}}) for i in range(10)]
+
+    records = simulate(documents, plugins={"cards": Wordy()})
+
+    assert {r["event"] for r in records} == {"unschedulable"}
+    reason = records[0]["reason"]
+    assert reason.startswith("0/20 nodes are available: 20 reason 0, 20 reason 1, 20 reason 10,")
+    assert reason.endswith(f"20 … ({10_000 - MAX_REASONS + 1} more reasons).") and len(reason) <= 1024
+    assert calls == 20  # each node asked once: the cost below is the engine's, not the hook's
 
 
 def test_a_take_whose_refusal_names_another_plugin_still_blames_its_own() -> None:
@@ -677,6 +848,58 @@ def test_the_advertiser_skips_a_plugin_whose_discovery_answers_wrongly(
 
     assert "kubegpu.io/devices" not in manifest["metadata"]["annotations"]
     assert any("plugin 'dev' failed in kubegpu_device_discover: WrongAnswer" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("cards.example/model", "x" * 64),
+        ("cards.example/model", "\x1b[31mred"),
+        ("cards.example/model", "-leading-dash"),
+        ("Cards.Example/model", "a"),
+        ("/model", "a"),
+        ("cards.example/" + "n" * 64, "a"),
+    ],
+    ids=["value-too-long", "value-escape", "value-dash", "prefix-upper-case", "empty-prefix", "name-too-long"],
+)
+def test_a_label_the_api_server_refuses_costs_only_its_plugins_advertisement(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, key: str, value: str
+) -> None:
+    """The advertiser patches every plugin's labels with the node's `kubegpu.io/devices` annotation in one request:
+    one label the API server refuses (a value over 63 characters, a key out of syntax) failed that whole patch, and
+    every plugin's inventory on the node went stale. Now that label is the plugin's wrong answer: its advertisement is
+    skipped and logged naming it; the other plugin's inventory, labels and capacity are published."""
+    from kubegpu.crishim.testing import advertise
+
+    def inventory(name: str) -> DeviceInventory:
+        return DeviceInventory(plugin=name, devices=[DeviceInfo(id="card0")])
+
+    class Good:
+        @device_hooks.hookimpl
+        def kubegpu_device_resources(self) -> list[str]:
+            return [OTHER]
+
+        @device_hooks.hookimpl
+        def kubegpu_device_discover(self) -> DeviceInventory:
+            return inventory("good")
+
+        @device_hooks.hookimpl
+        def kubegpu_device_advertise(self) -> Advertisement:
+            return Advertisement(capacity={OTHER: 1}, labels={"other.example/gpu.count": "1", "other.example/e": ""})
+
+    loud = device_plugin(discover=inventory("dev"), advertise=Advertisement(capacity={CARD: 1}, labels={key: value}))
+    built = make_plugin_manager("device", plugins=[("dev", loud), ("good", Good())], autoload=False)
+
+    manifest = advertise(built, tmp_path)
+
+    assert manifest["metadata"]["labels"] == {"other.example/gpu.count": "1", "other.example/e": ""}
+    assert manifest["status"]["capacity"][OTHER] == "1" and CARD not in manifest["status"]["capacity"]
+    assert "good" in json.loads(manifest["metadata"]["annotations"]["kubegpu.io/devices"])["inventories"]
+    assert any(
+        "plugin 'dev' failed in kubegpu_device_advertise: WrongAnswer: advertised the label" in r.getMessage()
+        and "which the API server refuses" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 @pytest.mark.parametrize("answer", ["soon", True, 1.5])

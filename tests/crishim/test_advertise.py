@@ -495,3 +495,53 @@ def test_a_device_id_of_odd_digits_is_ordered_as_text_not_a_crash() -> None:
     found = DeviceInventory(plugin="x", devices=[DeviceInfo(id=i) for i in ("10", "²", "card2", "2")])
     marked = mark_missing(found, None)
     assert marked is not None and [d.id for d in marked.devices] == ["2", "10", "card2", "²"]
+
+
+class StrictKube(FakeKube):
+    """Refuses a patch leaving the Node's annotations over 256 KiB, as the API server does (`metadata.annotations:
+    Too long: must have at most 262144 bytes`)."""
+
+    def patch(self, path: str, body: dict[str, Any], *, strategic: bool = False) -> Any:
+        assert self.node is not None
+        after = copy.deepcopy(self.node)
+        merge(after, body)
+        annotations = after["metadata"].get("annotations") or {}
+        if sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items()) > 256 * 1024:
+            raise ApiError(422, "Invalid", "metadata.annotations: Too long: must have at most 262144 bytes")
+        return super().patch(path, body, strategic=strategic)
+
+
+def test_an_inventory_too_large_for_the_node_costs_only_its_own_plugin(
+    make_plugin_manager: Callable[..., KubegpuPluginManager],
+    fake_host_root: FakeHost,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A third-party plugin discovers 300 devices, each with 1,000 characters of attributes (serials, firmware
+    strings): the devices annotation came to some 330 KB, the API server refused the advertiser's one patch, and the
+    node's Neuron devices were never published. Now that inventory (and its advertisement) is left out, logged
+    naming the plugin and its size; the Neuron inventory and capacity are published."""
+
+    class Verbose:
+        @hookimpl
+        def kubegpu_device_resources(self) -> list[str]:
+            return ["verbose.example/card"]
+
+        @hookimpl
+        def kubegpu_device_discover(self) -> DeviceInventory:
+            devices = [DeviceInfo(id=f"v{i}", attributes={"firmware": "f" * 1000}) for i in range(300)]
+            return DeviceInventory(plugin="verbose", devices=devices)
+
+        @hookimpl
+        def kubegpu_device_advertise(self) -> Advertisement:
+            return Advertisement(capacity={"verbose.example/card": 300})
+
+    manager = make_plugin_manager("device", neuron=neuron, verbose=Verbose())
+    kube = StrictKube(node_manifest(NODE, annotations={"other.example/note": "x" * 10_000}))
+
+    result = advertiser(kube, manager, trn_host(fake_host_root), update_capacity=True).run_once()
+
+    assert result.error is None
+    assert set(kube.devices().inventories) == {"neuron"}
+    assert kube.node is not None and kube.node["status"]["capacity"]["aws.amazon.com/neurondevice"] == "16"
+    assert "verbose.example/card" not in kube.node["status"]["capacity"]
+    assert any("plugin 'verbose'" in r.getMessage() and "is not published" in r.getMessage() for r in caplog.records)

@@ -329,3 +329,104 @@ def test_a_mig_instance_with_media_extensions_is_published_under_a_name_the_api_
     start_scheduler("kubegpu", "--no-leader-elect")
     cluster.create_pod(namespace, "transcode", {"main": {"nvidia.com/mig-1g.10gb.me": 1}}, scheduler="kubegpu")
     assert bound_devices(cluster, namespace, "transcode") == ["0@0"]  # the instance with the media engines
+
+
+LOUD = """
+from kubegpu.core.device_hooks import hookimpl
+from kubegpu.core.models import Advertisement, DeviceInfo, DeviceInventory
+
+
+@hookimpl
+def kubegpu_device_resources():
+    return ["loud.example/card"]
+
+
+@hookimpl
+def kubegpu_device_discover(host_root):
+    return DeviceInventory(plugin="loud", devices=[DeviceInfo(id="card0")])
+
+
+@hookimpl
+def kubegpu_device_advertise(inventory):
+    # A vendor library's model name as a label value: spaces and parentheses, which the API server refuses.
+    return Advertisement(capacity={"loud.example/card": 1}, labels={"loud.example/model": "Acme NPU (rev 2)"})
+"""
+
+
+def test_a_plugin_advertising_a_label_the_api_server_refuses_costs_no_other_plugins_inventory(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A third-party node side advertises `loud.example/model: Acme NPU (rev 2)`: the advertiser's one patch of the
+    Node (every plugin's inventory, labels) was refused by the API server, the round failed, and the node's Neuron
+    devices were never published. Now that label is the plugin's wrong answer, logged naming it; the Neuron
+    inventory and capacity are published, and nothing of the loud plugin's advertisement is."""
+    site = tmp_path / "site"
+    (site / "kubegpu_loud").mkdir(parents=True)
+    (site / "kubegpu_loud" / "__init__.py").write_text(LOUD)
+    (site / "kubegpu_loud-0.1.0.dist-info").mkdir()
+    (site / "kubegpu_loud-0.1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: kubegpu-loud\nVersion: 0.1.0\n"
+    )
+    (site / "kubegpu_loud-0.1.0.dist-info" / "entry_points.txt").write_text("[kubegpu.device]\nloud = kubegpu_loud\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    cluster.create_ready_node("loud-adv")
+
+    output = advertise(cluster, "loud-adv", trn_host(tmp_path), "--update-capacity")
+
+    assert "plugin 'loud' failed in kubegpu_device_advertise: WrongAnswer: advertised the label" in output, output
+    document = node(cluster, "loud-adv")
+    assert [d.id for d in published(cluster, "loud-adv").inventories["neuron"].devices] == [str(i) for i in range(16)]
+    assert document["status"]["capacity"][DEVICE] == "16"
+    assert "loud.example/model" not in (document["metadata"].get("labels") or {})
+    assert "loud.example/card" not in document["status"]["capacity"]
+
+
+VERBOSE = """
+from kubegpu.core.device_hooks import hookimpl
+from kubegpu.core.models import Advertisement, DeviceInfo, DeviceInventory
+
+
+@hookimpl
+def kubegpu_device_resources():
+    return ["verbose.example/card"]
+
+
+@hookimpl
+def kubegpu_device_discover(host_root):
+    # 300 devices with 1,000 characters of attributes each: some 330 KB of inventory.
+    devices = [DeviceInfo(id=f"v{i}", attributes={"firmware": "f" * 1000}) for i in range(300)]
+    return DeviceInventory(plugin="verbose", devices=devices)
+
+
+@hookimpl
+def kubegpu_device_advertise(inventory):
+    return Advertisement(capacity={"verbose.example/card": 300})
+"""
+
+
+def test_an_inventory_too_large_for_the_node_costs_no_other_plugins_inventory(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A third-party node side whose inventory alone is past the API server's 256 KiB for a Node's annotations:
+    the advertiser's one patch was refused (`metadata.annotations: Too long`), the round failed, and the node's
+    Neuron devices were never published. Now that inventory is left out, logged naming the plugin."""
+    site = tmp_path / "site"
+    (site / "kubegpu_verbose").mkdir(parents=True)
+    (site / "kubegpu_verbose" / "__init__.py").write_text(VERBOSE)
+    (site / "kubegpu_verbose-0.1.0.dist-info").mkdir()
+    (site / "kubegpu_verbose-0.1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: kubegpu-verbose\nVersion: 0.1.0\n"
+    )
+    (site / "kubegpu_verbose-0.1.0.dist-info" / "entry_points.txt").write_text(
+        "[kubegpu.device]\nverbose = kubegpu_verbose\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    cluster.create_ready_node("verbose-adv")
+
+    output = advertise(cluster, "verbose-adv", trn_host(tmp_path), "--update-capacity")
+
+    assert "plugin 'verbose'" in output and "is not published" in output, output
+    document = node(cluster, "verbose-adv")
+    assert set(published(cluster, "verbose-adv").inventories) == {"neuron"}
+    assert document["status"]["capacity"][DEVICE] == "16"
+    assert "verbose.example/card" not in document["status"]["capacity"]

@@ -51,14 +51,41 @@ plugin = Broken()
 """
 
 
-def _install_broken(directory: Path) -> Path:
-    package = directory / "kubegpu_broken"
+# Its books lose every holder: `take` records nothing and `allocate` always names card0.
+CARELESS = """
+from kubegpu.core.kit import WholeDevicePlugin, label_devices
+from kubegpu.core.models import PluginAllocation
+from kubegpu.core.scheduler_hooks import hookimpl
+from kubegpu.core.status import Status
+
+
+class Careless(WholeDevicePlugin):
+    resources = ("careless.example/card",)
+
+    def devices(self, node):
+        return label_devices(node.labels, "careless.example/card.count", "card"), None
+
+    @hookimpl
+    def kubegpu_scheduler_allocate(self, state, pod, prepared):
+        return PluginAllocation(plugin=self.name, containers={"main": {"careless.example/card": ["card0"]}})
+
+    @hookimpl
+    def kubegpu_scheduler_take(self, state, pod_key, allocation):
+        return Status.success()
+
+
+plugin = Careless()
+"""
+
+
+def _install_broken(directory: Path, name: str = "broken", source: str = BROKEN) -> Path:
+    package = directory / f"kubegpu_{name}"
     package.mkdir(parents=True)
-    (package / "__init__.py").write_text(BROKEN)
-    dist_info = directory / "kubegpu_broken-0.1.0.dist-info"
+    (package / "__init__.py").write_text(source)
+    dist_info = directory / f"kubegpu_{name}-0.1.0.dist-info"
     dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: kubegpu-broken\nVersion: 0.1.0\n")
-    (dist_info / "entry_points.txt").write_text("[kubegpu.scheduler]\nbroken = kubegpu_broken:plugin\n")
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: kubegpu-{name}\nVersion: 0.1.0\n")
+    (dist_info / "entry_points.txt").write_text(f"[kubegpu.scheduler]\n{name} = kubegpu_{name}:plugin\n")
     return directory
 
 
@@ -134,6 +161,71 @@ def test_a_broken_third_party_plugin_leaves_the_scheduler_up_and_other_plugins_p
         slow = 'kubegpu_scheduler_plugin_slow_calls_total{hook="kubegpu_scheduler_build_node",plugin="broken"}'
         assert slow in metrics, metrics
         assert "plugin 'broken' took 1.2 s in kubegpu_scheduler_build_node" in log.read_text()
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=20)
+
+
+def test_a_plugin_whose_books_lose_their_holders_never_binds_two_pods_to_one_card(
+    cluster: Cluster, namespace: str, key_file: Path, tmp_path: Path
+) -> None:
+    """A third-party plugin whose `allocate` always names card0 and whose `take` records nothing: `kubegpu scheduler`
+    bound both pods to card0 of the one node (two signed allocations naming it). Now the second is refused as the
+    plugin's failure in allocate, with a FailedScheduling event naming the plugin, the hook and the pod holding the
+    card; it stays pending, and the scheduler keeps serving."""
+    cluster.create_ready_node(
+        "careless-0", labels={"careless.example/card.count": "2"}, allocatable={"careless.example/card": 2}
+    )
+    environment = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(_install_broken(tmp_path / "site", "careless", CARELESS)), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    log = tmp_path / "scheduler.log"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kubegpu",
+            "scheduler",
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--scheduler-name",
+            "kubegpu",
+            "--allocation-key-file",
+            str(key_file),
+            "--metrics-address",
+            f"127.0.0.1:{free_port()}",
+            "--no-leader-elect",
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env=environment,
+    )
+    try:
+        cluster.create_pod(namespace, "first", {"main": {"careless.example/card": 1}}, scheduler="kubegpu")
+
+        def bound(name: str) -> Any:
+            pods = {p["metadata"]["name"]: p for p in cluster.pods(namespace)}
+            return pods.get(name, {}).get("spec", {}).get("nodeName")
+
+        assert wait_for(lambda: bound("first"), 60, "the first pod bound") == "careless-0"
+        cluster.create_pod(namespace, "second", {"main": {"careless.example/card": 1}}, scheduler="kubegpu")
+        messages = wait_for(
+            lambda: [m for m in _events(cluster, namespace, "second") if "plugin 'careless'" in m],
+            60,
+            "a FailedScheduling event naming the careless plugin",
+        )
+        assert any(
+            "kubegpu_scheduler_allocate: WrongAnswer: named careless.example/card device 'card0' for container main, "
+            f"which pod {namespace}/first already holds on this node" in m
+            for m in messages
+        ), messages
+        assert bound("second") is None
+        assert process.poll() is None, log.read_text()
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
