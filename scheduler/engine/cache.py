@@ -1,13 +1,13 @@
 """The node cache (kube-scheduler's `internal/cache`): a `NodeRecord` per node with each plugin's device
-state, its headroom and usage; the capacity indexes, node classes and node tree a cycle selects candidates from; the
-numbered change log (`changed_since`) every memo keyed by a node's version or the generation is checked against; and
-placing and releasing a pod's usage there (`_enter`, `release`, `pods_removed`).
+state, its headroom and usage; the capacity indexes, node classes (`classes`) and node tree a cycle selects
+candidates from; the numbered change log (`changed_since`) every memo keyed by a node's version or the generation is
+checked against; and placing and releasing a pod's usage there (`_enter`, `release`, `pods_removed`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from kubegpu.core.kit import shares_devices
@@ -18,13 +18,11 @@ from kubegpu.core.models import (
 )
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.core.scheduler_hooks import Headroom
-from kubegpu.scheduler import filters, scores
-from kubegpu.scheduler.engine.ledger import Ledger
+from kubegpu.scheduler import scores
+from kubegpu.scheduler.engine.classes import NodeClasses
 from kubegpu.scheduler.engine.records import (
     CPU_INDEX,
     DRA_INDEX,
-    NAME_LABELS,
-    NODE_DIGEST_HOOK,
     UNKNOWN_FREE,
     NodeRecord,
     PodRecord,
@@ -36,7 +34,7 @@ MAX_CHANGES = 1 << 16  # node changes remembered by `changed_since`
 CPU_MEMORY = frozenset({"cpu", "memory"})
 
 
-class NodeCache(Ledger):
+class NodeCache(NodeClasses):
     """Nodes, their usage and indexes, and the change log."""
 
     def add_node(self, info: NodeInfo) -> None:
@@ -175,64 +173,6 @@ class NodeCache(Ledger):
         if avoided:
             self._avoid[info.name] = avoided
             self._avoided.update(avoided)
-
-    def _klass(self, info: NodeInfo) -> int:
-        """The node's equivalence class. Nodes alike in everything but their name give the same answer to a request
-        whenever the answer does not depend on what is in use, so one unresolvable answer in a cycle settles the
-        whole class (a trn1 refusing 7 devices refuses them on every trn1)."""
-        key = (
-            tuple(sorted((k, v) for k, v in info.labels.items() if k not in NAME_LABELS)),
-            tuple(sorted(info.allocatable.items())),
-            info.taints,
-            info.unschedulable,
-            info.ready,
-            tuple(sorted((p, inv.model_dump_json()) for p, inv in info.inventories.items())),
-            self.node_digest(info),  # what else of the node the plugins' states read
-            info.name if info.name in self._dead else None,  # a node that is not live answers unlike its class
-        )
-        number = self._classes.get(key)
-        if number is None:
-            number = self._classes[key] = self._class_serial
-            self._class_keys[number] = key
-            self._class_serial += 1
-        return number
-
-    def node_digest(self, info: NodeInfo) -> tuple[Hashable, ...]:
-        """What of the node, beyond its labels, allocatable and inventories, the plugins' states read: each plugin's
-        `kubegpu_scheduler_node_digest` that has one, in the plugins' order. A plugin that fails it is logged, naming
-        it, and the node is then a class of its own (its name in the answer): never taken for alike by mistake."""
-        digests: list[Hashable] = []
-        for plugin in self._digesters:
-            try:
-                digests.append(self.plugins.call(plugin, NODE_DIGEST_HOOK, node=info))
-            except PluginHookError as exc:
-                log.error("%s", exc.on_node(info.name))
-                digests.append((plugin, "failed on node", info.name))
-        return tuple(digests)
-
-    def node_change_may_help(self, previous: NodeInfo | None, info: NodeInfo) -> str | None:
-        """Why a node's change may make a pod fit that fit nowhere (`filters.node_change_may_help`, and a change to
-        what the plugins' states read beyond it: `node_digest`), or None."""
-        why = filters.node_change_may_help(previous, info)
-        if (
-            why is None
-            and previous is not None
-            and self._digesters
-            and self.node_digest(previous) != self.node_digest(info)
-        ):
-            return "what a plugin reads of the node"
-        return why
-
-    def _join_class(self, name: str, old: int | None, new: int | None) -> None:
-        if old is not None and old != new:
-            members = self._class_nodes.get(old)
-            if members is not None:
-                members.pop(name, None)
-                if not members:
-                    del self._class_nodes[old]
-                    del self._classes[self._class_keys.pop(old)]
-        if new is not None:
-            self._class_nodes.setdefault(new, {})[name] = None
 
     def remove_node(self, name: str) -> list[str]:
         """Remove a node; the pods it held are forgotten (their devices went with it). Returns their keys."""

@@ -25,7 +25,7 @@ class Contents(Filtering):
     """Nodes' contents as the local scores read them, numbered."""
 
     def _numbers_now(self) -> dict[str, int | None]:
-        """Each node's scoring content's number now (`records.ScoreNumbers`; None: the node is scored alone), kept
+        """Each node's scoring content's number now (`memos.ScoreNumbers`; None: the node is scored alone), kept
         current from the change log: only the nodes it names since the last call are numbered again."""
         book = self._score_numbers
         generation = self.generation

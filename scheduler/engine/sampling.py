@@ -43,7 +43,8 @@ from kubegpu.core.models import PodRequest
 from kubegpu.core.status import Code, Status
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine import kubefilters, scoring
-from kubegpu.scheduler.engine.records import Decision, NodeRecord, Plan, ShapeAnswers, summarize_reasons
+from kubegpu.scheduler.engine.memos import ShapeAnswers
+from kubegpu.scheduler.engine.records import Decision, NodeRecord, Plan, summarize_reasons
 from kubegpu.scheduler.engine.reserving import Reserving
 from kubegpu.scheduler.index import CapacityIndex
 

@@ -16,9 +16,9 @@ from kubegpu.core.models import (
 from kubegpu.core.plugin_manager import PluginHookError
 from kubegpu.scheduler import scores
 from kubegpu.scheduler.engine.contents import CONTENTS_REMEMBERED, Contents
+from kubegpu.scheduler.engine.memos import LocalRaws
 from kubegpu.scheduler.engine.records import (
     FRAGMENTATION_EPOCH_HOOK,
-    LocalRaws,
     NodeRecord,
     Plan,
     log,

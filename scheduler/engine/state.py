@@ -27,6 +27,7 @@ from kubegpu.scheduler.engine.enqueue import enabled_pre_enqueue, queue_sort
 from kubegpu.scheduler.engine.framework import NodeFilter, PermitPlugin, PreEnqueuePlugin, ScorePlugin
 from kubegpu.scheduler.engine.kubefilters import CLUSTER_FILTERS, KUBE_FILTERS, NodeResourcesFit, enabled_filters
 from kubegpu.scheduler.engine.kubescores import KUBE_SCORES, enabled_scores, may_matter
+from kubegpu.scheduler.engine.memos import LocalRaws, NodeNumbering, ScoreNumbers, ShapeAnswers
 from kubegpu.scheduler.engine.records import (
     CPU_INDEX,
     FRAGMENTATION_EPOCH_HOOK,
@@ -35,8 +36,6 @@ from kubegpu.scheduler.engine.records import (
     POLICIES,
     ClassTally,
     ClusterState,
-    LocalRaws,
-    NodeNumbering,
     NodeRecord,
     NodeRule,
     NodesByValue,
@@ -44,8 +43,6 @@ from kubegpu.scheduler.engine.records import (
     Plan,
     PodRecord,
     Policy,
-    ScoreNumbers,
-    ShapeAnswers,
     Waiting,
 )
 from kubegpu.scheduler.engine.rules import guard_embedders, plugin_rules
@@ -105,7 +102,7 @@ class EngineState:
         )  # a third party's
         self._fit_by_index = any(isinstance(rule, NodeResourcesFit) for rule in node_filters)
         # The score plugins (`kubescores`, then the caller's `scores`) with their weights, the local ones first: a
-        # shape remembers their raw scores in that order (`records.LocalRaws`).
+        # shape remembers their raw scores in that order (`memos.LocalRaws`).
         self._scorers = enabled_scores((*score_plugins, *added_scores), self.scoring, policy)
         self._local_scorers = tuple(plugin for plugin, _ in self._scorers if plugin.local)
         # Those whose `matters` may answer True (`kubescores.may_matter`): asked in every cycle (`_sample_size`).
@@ -282,7 +279,7 @@ class EngineState:
         # every member of a gang, and a gang of thousands is placed at once. Stale when the index version moved
         # (any pod placed or released). Past 4096 gangs, dropped all at once.
         self._gang_holders: dict[str, tuple[int, tuple[str, ...]]] = {}
-        # Each node's scoring content numbered, kept current from the change log (`records.ScoreNumbers`): nodes
+        # Each node's scoring content numbered, kept current from the change log (`memos.ScoreNumbers`): nodes
         # alike in all the local score plugins read (`Scoring.scoring_content`: the node's class, its usage, each
         # device plugin state's `scoring_content()`) share one computation of a shape's raw scores
         # (`LocalRaws.by_number`), so a cycle that scores every node computes once per distinct node (in the FGD
@@ -296,14 +293,14 @@ class EngineState:
         # kept current from the change log, rebuilt when it no longer reaches back. Past 256, dropped all at once.
         self._passing: dict[int, Passing] = {}
         # id(Plan.local) -> the local score plugins' raw scores of that shape by content number and by node
-        # (`records.LocalRaws`), with the fragmentation epochs they were scored at: dropped when an epoch moved; by
+        # (`memos.LocalRaws`), with the fragmentation epochs they were scored at: dropped when an epoch moved; by
         # node kept current from the change log, dropped when it no longer reaches back. Past 256, dropped at once.
         self._raws: dict[int, LocalRaws] = {}
         # (id(Plan.local), the resource its capacity index selects by) -> every node's answer to that shape as a
-        # sampled cycle reads it (`sampling`, `records.ShapeAnswers`): kept current from the change log, rebuilt when
+        # sampled cycle reads it (`sampling`, `memos.ShapeAnswers`): kept current from the change log, rebuilt when
         # it no longer reaches back. Past 256, dropped all at once.
         self._shape_memo: dict[tuple[int, str], ShapeAnswers] = {}
-        # Each node's content numbered (`records.NodeNumbering`): a shape's answer is remembered per number too, so a
+        # Each node's content numbered (`memos.NodeNumbering`): a shape's answer is remembered per number too, so a
         # node changed into a content another node had answers from memory. Numbered afresh past 65536 contents.
         self._numbering = NodeNumbering()
         # The node tree's order (`NodeTree.order()`, by identity) and each node's position in it, for the masks of
