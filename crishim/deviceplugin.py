@@ -1148,9 +1148,11 @@ def wrong_node(node: str, node_info: Any, host: HostIdentity) -> str | None:
         if not theirs and field_name == "bootID":
             return f"--node-name {node!r} names a node that reports no boot ID: no kubelet runs it; {fix}"
         if theirs and theirs != ours:
+            # The boot ID matched, or was unknown: the machine ID read may be a container's own, not the host's.
+            also = "" if field_name == "bootID" else "; or, run in a container, --host-root to where the host's / is"
             return (
                 f"--node-name {node!r} names a node whose kubelet runs on another host: its {label} is {theirs!r}, "
-                f"this host's is {ours!r} ({where}); {fix}"
+                f"this host's is {ours!r} ({where}); {fix}{also}"
             )
     return None
 
@@ -1229,7 +1231,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allocation-key-file", required=True, help="HMAC key shared with the kubegpu scheduler")
     add_verify_key_argument(parser)
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
-    parser.add_argument("--host-root", type=Path, default=Path("/"), help="where discovery looks (default /)")
+    parser.add_argument(
+        "--host-root", type=Path, default=Path("/"), help="where discovery looks and the machine ID is read (default /)"
+    )
     parser.add_argument("--dev-root", type=Path, default=Path("/dev"), help="host device files (default /dev)")
     parser.add_argument(
         "--device-plugin-dir", type=Path, default=Path(DEFAULT_DIR), help=f"the kubelet's (default {DEFAULT_DIR})"

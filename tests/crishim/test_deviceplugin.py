@@ -1320,12 +1320,14 @@ HERE = HostIdentity("b00t-here", "m4chine-here", "/host/etc/machine-id")
             "host's is 'b00t-here' (/proc/sys/kernel/random/boot_id); set --node-name to this node's name (a "
             "DaemonSet's spec.nodeName: the node whose status.nodeInfo.bootID is 'b00t-here')",
         ),
-        (  # containers posing as nodes share a kernel: their machine IDs tell them apart
+        (  # containers posing as nodes share a kernel: their machine IDs tell them apart; or the ID read is the
+            # device plugin's container's own (--host-root left at /): the sentence says both changes
             {"bootID": "b00t-here", "machineID": "m4chine-there"},
             HERE,
             "--node-name 'gpu-7' names a node whose kubelet runs on another host: its machine ID is 'm4chine-there', "
             "this host's is 'm4chine-here' (/host/etc/machine-id); set --node-name to this node's name (a "
-            "DaemonSet's spec.nodeName: the node whose status.nodeInfo.bootID is 'b00t-here')",
+            "DaemonSet's spec.nodeName: the node whose status.nodeInfo.bootID is 'b00t-here'); or, run in a "
+            "container, --host-root to where the host's / is",
         ),
         (
             {},
