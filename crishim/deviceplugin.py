@@ -114,8 +114,9 @@ reported this host's boot ID (`status.nodeInfo.bootID`, the kernel's `/proc/sys/
 both are known, its machine ID (`status.nodeInfo.machineID`, `<host-root>/etc/machine-id`). A name that is another
 node's (a hand-written manifest) would list that node's pods: the pods running here would count as gone, their
 HAMi-core regions be swept (lifting their limits), and Allocate would answer what the scheduler signed for the other
-node's pods. Until it is confirmed, each listing fails with a sentence naming the node and both IDs, so the round
-removes nothing and the kubelet's calls are refused with it (T199, T217). One GET of the Node, kept once it matches
+node's pods. Until it is confirmed, each listing fails with a sentence naming the node and both boot IDs (or where
+the machine ID was read: machine IDs are never quoted, T222), so the round removes nothing and the kubelet's calls
+are refused with it (T199, T217). One GET of the Node, kept once it matches
 (a process outlives no reboot); nodes that share a kernel and a machine ID (containers posing as nodes) cannot be
 told apart this way.
 """
@@ -1132,7 +1133,8 @@ def wrong_node(node: str, node_info: Any, host: HostIdentity) -> str | None:
     Its boot ID must be this host's (the kubelet reads the kernel's, as this process does), and so must its machine
     ID where both are known. A Node that reports no boot ID has no kubelet behind it: it cannot be this host's, which
     runs the kubelet this process serves. Where this host's boot ID cannot be read, only the machine ID is compared.
-    The Node's fields are tenant-reachable text (whoever may write Nodes): quoted and cut to 64 characters."""
+    The Node's fields are tenant-reachable text (whoever may write Nodes): quoted and cut to 64 characters; machine
+    IDs are never quoted (T222)."""
     info = node_info if isinstance(node_info, Mapping) else {}
     fix = "set --node-name to this node's name (a DaemonSet's spec.nodeName: " + (
         f"the node whose status.nodeInfo.bootID is {host.boot_id!r})" if host.boot_id else "this host's node)"
@@ -1147,10 +1149,20 @@ def wrong_node(node: str, node_info: Any, host: HostIdentity) -> str | None:
             continue
         if not theirs and field_name == "bootID":
             return f"--node-name {node!r} names a node that reports no boot ID: no kubelet runs it; {fix}"
-        if theirs and theirs != ours:
+        if theirs and theirs != ours and field_name == "bootID":
             return (
                 f"--node-name {node!r} names a node whose kubelet runs on another host: its {label} is {theirs!r}, "
                 f"this host's is {ours!r} ({where}); {fix}"
+            )
+        if theirs and theirs != ours:
+            # Neither ID is quoted: the kubelet shows an Allocate refusal to the pod it could not admit (its status
+            # message), and a host's machine ID is to be kept from its tenants, who cannot read it (T222); its boot
+            # ID any container here reads. The boot ID matched, or was unknown: the machine ID read may be the
+            # device plugin's container's own, not the host's.
+            return (
+                f"--node-name {node!r} names a node whose kubelet runs on another host: its machine ID "
+                f"(status.nodeInfo.machineID) is not this host's ({where}); {fix}; or, run in a container, "
+                "--host-root to where the host's / is"
             )
     return None
 
@@ -1229,7 +1241,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allocation-key-file", required=True, help="HMAC key shared with the kubegpu scheduler")
     add_verify_key_argument(parser)
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
-    parser.add_argument("--host-root", type=Path, default=Path("/"), help="where discovery looks (default /)")
+    parser.add_argument(
+        "--host-root", type=Path, default=Path("/"), help="where discovery looks and the machine ID is read (default /)"
+    )
     parser.add_argument("--dev-root", type=Path, default=Path("/dev"), help="host device files (default /dev)")
     parser.add_argument(
         "--device-plugin-dir", type=Path, default=Path(DEFAULT_DIR), help=f"the kubelet's (default {DEFAULT_DIR})"

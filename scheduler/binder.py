@@ -341,16 +341,22 @@ class Binder:
                 failed.append(victim.key)
         return failed
 
-    async def evict_unless_taken(self, victim: PodRequest, why: dict[str, Any] | None) -> bool | None:
-        """Evict `victim` unless another hand already is: True when this call did (its first write, the mark `why`
-        or else the deletion, guarded by the `resourceVersion` read just before, so that of two callers acting on
-        the same pod at once exactly one wins: the API server answers the other 409 Conflict); False when the pod
-        is gone, another pod took its name, or it is being deleted or marked `DisruptionTarget` already (by another
-        replica of the extender, kube-scheduler, or any other hand); None when it could not be done (logged).
-        Costs a read per pod, and another for each conflict (a status update of the pod's own between the read and
-        the write), at most `CLAIM_TRIES` of them."""
+    async def evict_unless_taken(self, victim: PodRequest, why: dict[str, Any] | None, ours: str = "") -> bool | None:
+        """Evict `victim` unless another hand already is: True when this call did (its deletion, guarded by the
+        `resourceVersion` read just before, so that of two callers acting on the same pod at once exactly one wins:
+        the API server answers the other 409 Conflict); False when the pod is gone, another pod took its name, or it
+        is being deleted or marked `DisruptionTarget` already by another hand (kube-scheduler, the Eviction API, the
+        taint manager, the kubelet); None when it could not be done (logged).
+
+        `why`, where given, is the mark written first, guarded the same way. A pod marked by a caller of this kind
+        (a `DisruptionTarget` message beginning with `ours`: another replica of the extender, or this one) but not
+        being deleted is one whose marker's deletion has not landed, or failed: it is deleted as an unmarked one,
+        by whichever guarded deletion wins, rather than left running, marked, by every replica. Costs a read per
+        write, and another for each conflict (a status update of the pod's own between the read and the write), at
+        most `CLAIM_TRIES` conflicts."""
         path = f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}"
-        for _ in range(CLAIM_TRIES):
+        conflicts, marked = 0, False
+        while conflicts < CLAIM_TRIES:
             try:
                 pod = await self.writer.request("GET", path)
             except ApiError as exc:
@@ -359,25 +365,29 @@ class Binder:
                 _not_written("read a pod before evicting it", exc, victim.key)
                 return None
             meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-            if meta.get("uid") != victim.uid or meta.get("deletionTimestamp") or _marked(status):
+            if meta.get("uid") != victim.uid or meta.get("deletionTimestamp"):
                 return False
+            mark = _mark(status)
+            if mark is not None and not (ours and mark.startswith(ours)):
+                return False  # another hand's eviction
             guard = {"resourceVersion": meta.get("resourceVersion")}
             try:
-                if why is not None:
+                if why is not None and mark is None and not marked:
                     await self.writer.patch(f"{path}/status", {"metadata": guard, **why}, strategic=True)
-                else:
-                    options = {"uid": victim.uid, **guard}
-                    body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": options}
-                    await self.writer.request("DELETE", path, body)
-                    return True
+                    marked = True  # then deleted, guarded as any marked one: a replica that read the mark may too
+                    continue
+                options = {"uid": victim.uid, **guard}
+                body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": options}
+                await self.writer.request("DELETE", path, body)
+                return True
             except ApiError as exc:
                 if exc.status == 409:
+                    conflicts += 1
                     continue  # written meanwhile, by its kubelet or by the other hand: read again
                 if _gone(exc):
                     return False
                 _not_written("evict a member of a gang", exc, victim.key)
                 return None
-            return True if await self._delete(victim) else None
         log.warning("did not evict: the pod changed at each of %d tries", CLAIM_TRIES, extra={"pod": victim.key})
         return None
 
@@ -446,13 +456,15 @@ def disruption_target(message: str) -> dict[str, Any]:
     return {"status": {"conditions": [condition]}}
 
 
-def _marked(status: dict[str, Any]) -> bool:
-    """Whether a pod's status carries a `DisruptionTarget=True` condition: someone (a scheduler, an extender, the
-    Eviction API, the taint manager) has said it goes."""
+def _mark(status: dict[str, Any]) -> str | None:
+    """The message of a pod's `DisruptionTarget=True` condition ('' without one), None when it has none: someone (a
+    scheduler, an extender, the Eviction API, the taint manager) has said it goes."""
     conditions = status.get("conditions")
-    return isinstance(conditions, list) and any(
-        isinstance(c, dict) and c.get("type") == DISRUPTION_TARGET and c.get("status") == "True" for c in conditions
-    )
+    for c in conditions if isinstance(conditions, list) else ():
+        if isinstance(c, dict) and c.get("type") == DISRUPTION_TARGET and c.get("status") == "True":
+            message = c.get("message")
+            return message if isinstance(message, str) else ""
+    return None
 
 
 def _gone(exc: ApiError) -> bool:

@@ -21,14 +21,15 @@ GA, locked on: `MARKS_FROM`), or once this process has seen one marked, an unmar
 a StatefulSet's rolling restart, a user). kube-scheduler 1.20.2 marks none: there the nomination alone decides, within
 `KEPT_SECONDS` of the member's first sign of leaving.
 
-Each evicted member gets a `Preempted` Event naming the preemptor, the member it lost and why; the deletion is
-guarded by the member's UID. Every replica of the extender (the extender-ha overlay runs two) follows the same cut;
-each member is evicted by the one whose first write to it, guarded by the `resourceVersion` it read, lands first
-(`Binder.evict_unless_taken`), and only that one tells it why. What is remembered is bounded: a member's departure
-is kept `KEPT_SECONDS` for a nomination to follow (from its first sign of leaving: its status reported again
-meanwhile does not extend it), for `MAX_DEPARTURES` departures at most, and the members being deleted only while
-they hold resources. Members are known by UID: a member restarted under its name (a StatefulSet) is another pod,
-running.
+Each evicted member gets a `Preempted` Event naming the preemptor, the member it lost and why; the deletion is guarded
+by the member's UID. Every replica of the extender (the extender-ha overlay runs two) follows the same cut; each member
+is evicted by the one whose deletion of it, guarded by the `resourceVersion` it read, lands first
+(`Binder.evict_unless_taken`), and only that one tells it why; a member an extender marked (`EXTENDER_MARK`) but did not
+delete (its deletion failed) is deleted by the other, not left running, marked, by both. What is remembered is bounded:
+a member's departure is kept `KEPT_SECONDS` for a nomination to follow (from its first sign of leaving: its status
+reported again meanwhile does not extend it), for `MAX_DEPARTURES` departures at most, and the members being deleted
+only while they hold resources. Members are known by UID: a member restarted under its name (a StatefulSet) is another
+pod, running.
 """
 
 from __future__ import annotations
@@ -194,13 +195,13 @@ class GangCuts:
 
     async def _evict(self, preemptor: str, why: str, rest: list[PodRequest]) -> None:
         """Evict the rest of a cut gang, each member once whoever else follows the same cut: every replica of the
-        extender-ha overlay sees it, and each member goes to the one whose guarded write wins
+        extender-ha overlay sees it, and each member goes to the one whose guarded deletion wins
         (`Binder.evict_unless_taken`), which alone gives it its `Preempted` Event."""
         binder = self.binder
         mark = disruption_target(EXTENDER_MARK + why) if binder.marks() else None
         failed = set()
         for member in rest:
-            evicted = await binder.evict_unless_taken(member, mark)
+            evicted = await binder.evict_unless_taken(member, mark, EXTENDER_MARK)
             if evicted is None:
                 failed.add(member.key)
             elif evicted:

@@ -901,8 +901,10 @@ def parse_ask(containers: Sequence[ContainerRequest], annotations: Mapping[str, 
 def gpu_types(annotation: str, text: str) -> tuple[str, ...] | str:
     """The normalized GPU types a HAMi type annotation lists (`A100,H100`), or why it is refused. Empty items name no
     type and are skipped (HAMi would read one as matching every GPU, or, in `nouse-gputype`, none)."""
-    items = [item.strip() for item in text.split(",", MAX_GPU_TYPES + 1)]
-    items = [item for item in items if item]
+    if len(text) > MAX_GPU_TYPES * (MAX_GPU_TYPE_CHARS + 1):  # the bound of the work below
+        return f"annotation {annotation} is longer than {MAX_GPU_TYPES} GPU types of {MAX_GPU_TYPE_CHARS} characters"
+    # Split whole: empty items count for nothing, so a split cut at MAX_GPU_TYPES would leave types in its remainder.
+    items = [item for item in (item.strip() for item in text.split(",")) if item]
     if len(items) > MAX_GPU_TYPES:
         return f"annotation {annotation} lists more than {MAX_GPU_TYPES} GPU types; list at most {MAX_GPU_TYPES}"
     if any(len(item) > MAX_GPU_TYPE_CHARS for item in items):

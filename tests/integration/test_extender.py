@@ -491,8 +491,42 @@ def test_two_extenders_following_one_gang_cut_evict_each_member_once(
     """The extender-ha overlay runs two extenders, and both see kube-scheduler preempt worker w-0 of a running gang
     (minMember 3) and nominate `vip` there: each decides that w-1 and w-2 must go too. Before, both deleted them
     and each member got two `Preempted` Events; now, writing to the real API server at once, one extender wins each
-    member (its first write is guarded by the `resourceVersion` it read: the mark where marks are written, else the
+    member (each write is guarded by the `resourceVersion` it read: the mark where marks are written, then the
     deletion) and only it tells the member why. The members carry a finalizer, so that they stay, deleted."""
+    found, told = _two_extenders_follow_one_cut(cluster, namespace, marks)
+    assert all(found[f"w-{i}"]["metadata"].get("deletionTimestamp") for i in (1, 2)), "the rest evicted"
+    assert told == ["w-1", "w-2"], told
+    targets = [c for i in (1, 2) for c in found[f"w-{i}"]["status"].get("conditions", [])
+               if c["type"] == "DisruptionTarget"]  # fmt: skip
+    assert len(targets) == (2 if marks else 0), targets
+
+
+def test_a_gang_member_an_extender_marked_but_did_not_delete_is_deleted_by_the_other(
+    cluster: Cluster, namespace: str
+) -> None:
+    """An extender of the extender-ha overlay marked w-1 and w-2 `DisruptionTarget` for a gang cut, then its
+    deletions failed (the API server unreachable, a crash): they run on, marked. Before, the other extender, and
+    this one at the next cut, read the mark as another hand's eviction under way and left them running below
+    minMember, holding their GPUs; now a member marked by an extender and not being deleted is deleted by whichever
+    extender's guarded deletion wins, and gets one `Preempted` Event."""
+    from kubegpu.scheduler.binder import disruption_target
+    from kubegpu.scheduler.gangcuts import EXTENDER_MARK
+
+    def half_done(name: str) -> None:  # the mark landed, the deletion did not
+        mark = disruption_target(f"{EXTENDER_MARK}gang {namespace}/train, which an earlier cut left")
+        cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/{name}/status", mark, strategic=True)
+
+    found, told = _two_extenders_follow_one_cut(cluster, namespace, True, before=half_done)
+    assert all(found[f"w-{i}"]["metadata"].get("deletionTimestamp") for i in (1, 2)), "the rest evicted"
+    assert told == ["w-1", "w-2"], told
+
+
+def _two_extenders_follow_one_cut(
+    cluster: Cluster, namespace: str, marks: bool, before: Callable[[str], None] | None = None
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Two extenders on the real API server follow kube-scheduler's preemption of w-0, of a gang of three whose
+    members hold a finalizer (so that they stay, deleted): (the pods after both extenders are done, the names of
+    the pods that got a `Preempted` Event, sorted). `before(name)` runs on w-1 and w-2 before the cut."""
     from kubegpu.core.plugin_manager import make_plugin_manager
     from kubegpu.core.testing import pod_manifest
     from kubegpu.kube.client import AsyncKubeClient
@@ -519,6 +553,9 @@ def test_two_extenders_following_one_gang_cut_evict_each_member_once(
     futures: list[Any] = []
     servers = []
     try:
+        if before is not None:
+            for name in ("w-1", "w-2"):
+                before(name)
         for _ in range(2):
             writer = AsyncKubeClient(cluster.client.credentials, cluster.client.limiter, connections=2)
             writers.append(writer)
@@ -545,12 +582,8 @@ def test_two_extenders_following_one_gang_cut_evict_each_member_once(
         for future in futures:
             future.result(timeout=30)
         found = pods_in(cluster, namespace)
-        assert all(found[f"w-{i}"]["metadata"].get("deletionTimestamp") for i in (1, 2)), "the rest evicted"
         told = sorted(e["involvedObject"]["name"] for e in events_of(cluster, namespace, "Preempted"))
-        assert told == ["w-1", "w-2"], told
-        targets = [c for i in (1, 2) for c in found[f"w-{i}"]["status"].get("conditions", [])
-                   if c["type"] == "DisruptionTarget"]  # fmt: skip
-        assert len(targets) == (2 if marks else 0), targets
+        return found, told
     finally:
         for writer in writers:
             writer.close()

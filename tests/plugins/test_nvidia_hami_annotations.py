@@ -114,6 +114,18 @@ def test_a_type_list_beyond_the_bound_is_refused_saying_what_to_change() -> None
     assert engine.schedule(pod("empty", {"nvidia.com/use-gputype": " , "})).scheduled
 
 
+def test_types_after_many_empty_items_are_read_as_types() -> None:
+    """Empty items name nothing: types listed after more of them than the bound on types are read one by one. Before,
+    the list was cut after the bound's count of items, empty or not, and `A100,T4` was read as one type, `,,a100,t4`
+    (no GPU's), so the pod was refused. A list longer than the bound's worth of text is refused, saying so."""
+    engine = hami_cluster()
+    placed = engine.schedule(pod("commas", {"nvidia.com/use-gputype": "," * (nvidia.MAX_GPU_TYPES + 6) + "A100,T4"}))
+    assert placed.scheduled, placed.reason
+    huge = "," * (nvidia.MAX_GPU_TYPES * (nvidia.MAX_GPU_TYPE_CHARS + 1)) + "A100"
+    refused = engine.schedule(pod("huge", {"nvidia.com/use-gputype": huge}))
+    assert not refused.scheduled and "is longer than 64 GPU types of 256 characters" in refused.reason
+
+
 def test_a_pod_type_quoted_in_a_refusal_is_escaped_and_bounded() -> None:
     engine = hami_cluster()
     refused = engine.schedule(pod("evil", {"nvidia.com/use-gputype": "V100\x1b[2J," + ",".join(["x" * 200] * 5)}))

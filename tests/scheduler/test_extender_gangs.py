@@ -707,6 +707,32 @@ def test_a_gang_member_another_hand_marked_and_deleted_costs_the_rest_nothing(re
     assert writer.deleted == []
 
 
+@pytest.mark.parametrize(
+    ("reason", "message", "evicted"),
+    [
+        ("PreemptionByScheduler", "kubegpu extender: evicting the rest of gang ml/train, which an earlier cut", True),
+        ("DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint", False),
+        ("EvictionByEvictionAPI", "Eviction API: evicting", False),
+    ],
+    ids=["an-extenders-mark", "the-taint-managers", "the-eviction-apis"],
+)
+def test_a_member_marked_but_not_deleted_is_evicted_only_when_an_extender_marked_it(
+    reason: str, message: str, evicted: bool
+) -> None:
+    """w-1 carries a `DisruptionTarget` mark and no deletionTimestamp when kube-scheduler's preemption cuts its gang.
+    Another hand's mark (the taint manager's, the Eviction API's) means that hand is evicting it and retries its own
+    deletion: the extender leaves it, untold. An extender's mark means an extender (the other replica of
+    extender-ha, or this one) could not delete it after marking it: left alone it would run on, marked, below
+    minMember, so it is deleted and told why, once."""
+    server, writer, w0 = cut_gang()
+    server.mirror.server_version = (1, 26)
+    writer.marked["w-1"] = {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message}
+    gone(server, marked(w0, "PreemptionByScheduler"), "r0-n0")
+    nominated(server, vip(), "r0-n0")
+    told = [e["regarding"]["name"] if "regarding" in e else e["involvedObject"]["name"] for e in writer.events]
+    assert (writer.deleted, told) == (([("w-1", "uid-w-1")], ["w-1"]) if evicted else ([], []))
+
+
 def test_the_rest_of_a_gang_is_evicted_when_kube_scheduler_marks_its_victim_as_preempted() -> None:
     server, writer, w0 = cut_gang()
     gone(server, marked(w0, "PreemptionByScheduler"), "r0-n0")
