@@ -132,6 +132,8 @@ DESCRIPTION = (
 
 # A deadline further away than this is "no deadline": the sync server reports ~9.2e18 s when the caller set none.
 NO_DEADLINE = 10 * 365 * 24 * 3600.0
+SANDBOX_ID_CHARS = 13  # how much of a sandbox ID a refusal shows: as `crictl pods` does, and `crictl stopp` takes
+UID_CHARS = 8  # how much of a pod's UID a refusal shows where two pods share a name
 # Messages are limited by the kubelet and the runtime themselves; the shim must not be the tighter limit.
 MESSAGE_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 # grpc's default reconnect backoff grows to 120 s; a restarted containerd should be used within a second.
@@ -618,27 +620,37 @@ class ContainerEditor:
             if not clash:
                 continue
             resource, device = clash[0]
+            this, that = _names(pod.key, pod.uid, other.key, other.uid)
             if held.issued > record.issued:
+                lingers = _lingers("this pod's", sandbox_id)
+                advice = (
+                    f"This pod was deleted and {pod.key} created again: do not delete {pod.key}, that name is now "
+                    f"{that}'s; {lingers}"
+                    if pod.key == other.key
+                    else "This allocation was rolled back or replayed: delete the pod so that the scheduler places it "
+                    f"again; {_lingers('if it was force-deleted (gone from the API server), its', sandbox_id)}"
+                )
                 raise AllocationRefused(
                     "stale",
-                    f"pod {pod.key} container {container}: the allocation issued at {_when(record.issued)} is older "
-                    f"than pod {other.key}'s allocation of the same device ({resource} {device}) issued at "
-                    f"{_when(held.issued)}; the scheduler has since given it to {other.key}. This allocation was "
-                    "rolled back or replayed: delete the pod so that the scheduler places it again",
+                    f"{this} container {container}: the allocation issued at {_when(record.issued)} is older "
+                    f"than {that}'s allocation of the same device ({resource} {device}) issued at "
+                    f"{_when(held.issued)}; the scheduler has since given it to {that}. {advice}",
                 )
             holders = self._holding(other, set(clash), theirs)
             if holders:
                 older = (
-                    f"pod {other.key}'s allocation is older (stale), but"
+                    f"{that}'s allocation is older (stale), but"
                     if held.issued < record.issued
                     else "neither allocation was issued later, and"
                 )
+                earlier = ", the earlier pod of that name," if pod.key == other.key else ""
+                gone = _lingers("if it was force-deleted (gone from the API server), its", other.id)
                 raise AllocationRefused(
                     "in-use",
-                    f"pod {pod.key} container {container}: {resource} {device} is in use by container {holders[0]} of "
-                    f"pod {other.key} (its allocation issued at {_when(held.issued)}, this one at "
+                    f"{this} container {container}: {resource} {device} is in use by container {holders[0]} of "
+                    f"{that} (its allocation issued at {_when(held.issued)}, this one at "
                     f"{_when(record.issued)}); {older} a device is never given to two live pods: this container can "
-                    f"be created once pod {other.key} has ended",
+                    f"be created once {that}{earlier} has ended; {gone}",
                 )
 
     def _holding(self, other: Sandbox, clash: set[tuple[str, str]], theirs: Devices) -> list[str]:
@@ -794,6 +806,26 @@ def _whole_devices(record: AllocationRecord, container: str | None = None) -> De
                 for device in ids:
                     devices.setdefault((resource, device), []).append(name)
     return devices
+
+
+def _names(key: str, uid: str, other_key: str, other_uid: str) -> tuple[str, str]:
+    """How a refusal names this pod and the other: `pod ns/name`, with a short UID each when they share the name (a pod
+    deleted, force-deleted or not, and created again under its name: the old one's sandbox may outlive it)."""
+    if key != other_key:
+        return f"pod {key}", f"pod {other_key}"
+    size = UID_CHARS  # UIDs are random: the first characters tell two apart; more only where they do not
+    while size < max(len(uid), len(other_uid)) and uid[:size] == other_uid[:size]:
+        size += UID_CHARS
+    return f"pod {key} (uid {uid[:size]})", f"pod {other_key} (uid {other_uid[:size]})"
+
+
+def _lingers(whose: str, sandbox_id: str) -> str:
+    """Advice for a sandbox whose pod is gone from the API server (force-deleted) while the kubelet has not yet stopped
+    it: `kubectl delete` cannot reach it, and deleting the pod of its name would delete another pod."""
+    short = sandbox_id[:SANDBOX_ID_CHARS]
+    return (
+        f"{whose} sandbox {short} lingers on this node until the kubelet stops it: `crictl stopp {short}` stops it now"
+    )
 
 
 def _when(issued: int) -> str:

@@ -18,6 +18,8 @@ leading is refused unsent (`Fenced`), a Binding among them returned as that erro
 from __future__ import annotations
 
 import asyncio
+import calendar
+import enum
 import logging
 import re
 import socket
@@ -33,7 +35,7 @@ from kubegpu.kube.client import ApiError, AsyncKubeClient, Fenced, now_rfc3339
 from kubegpu.scheduler.engine import Decision
 from kubegpu.scheduler.health import Metrics
 
-__all__ = ["Binder", "bound_as_decided", "write_placement"]
+__all__ = ["Binder", "Eviction", "bound_as_decided", "write_placement"]
 
 log = logging.getLogger("kubegpu.binder")
 
@@ -50,7 +52,23 @@ PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"  # its reason for a scheduler'
 # controller's podFailurePolicy reads the mark: `--disruption-conditions auto` marks from it on.
 MARKS_VICTIMS_FROM = (1, 26)
 DISRUPTION_CONDITIONS = ("auto", "on", "off")
-CLAIM_TRIES = 3  # reads and guarded writes `evict_unless_taken` tries before it gives up on a pod changing under it
+CLAIM_TRIES = 3  # conflicts `evict_unless_taken` takes before it gives up on a pod changing under it
+# How long `evict_unless_taken` trusts another hand's DisruptionTarget mark to be followed by its deletion: a winner
+# retries its own deletion for about 15 s (`DELETE_RETRY_DELAYS`), and its writes may wait behind the client's rate
+# limit; past this, its writer failed (or stopped) and the mark is taken over.
+MARK_TRUSTED_SECONDS = 60.0
+DELETE_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+class Eviction(enum.Enum):
+    """What `Binder.evict_unless_taken` did."""
+
+    EVICTED = "evicted"  # this call deleted the pod: it alone tells it why
+    LEFT = "left"  # gone, another pod in its place, or being deleted: nothing to do
+    MARKED = "marked"  # another hand marked it recently and has not deleted it yet: look again once not trusted
+    FAILED = "failed"  # not done (logged): look again later
+
+
 ACTIONS = {"Preempted": "Preempting"}  # kube-scheduler's action per reason; "Scheduling" for the others
 _QUALIFIED = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _HOST = re.sub(r"[^-a-z0-9.]", "-", socket.gethostname().lower())[:63]
@@ -119,6 +137,9 @@ class Binder:
         # Whether a victim is marked `DisruptionTarget` before its deletion (`marks_victims`: the front-end's
         # `--disruption-conditions` and the API server's version); always, when not said.
         self.marks: Callable[[], bool] = marks or (lambda: True)
+        self.mark_trusted_seconds = MARK_TRUSTED_SECONDS  # `evict_unless_taken`'s
+        self.delete_retry_delays: Sequence[float] = DELETE_RETRY_DELAYS
+        self.wall: Callable[[], float] = time.time  # the clock marks' `lastTransitionTime` is read against
 
     def submit(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         """Run a write on the writer's event loop; the caller does not wait (the loop thread never blocks)."""
@@ -341,55 +362,87 @@ class Binder:
                 failed.append(victim.key)
         return failed
 
-    async def evict_unless_taken(self, victim: PodRequest, why: dict[str, Any] | None, ours: str = "") -> bool | None:
-        """Evict `victim` unless another hand already is: True when this call did (its deletion, guarded by the
-        `resourceVersion` read just before, so that of two callers acting on the same pod at once exactly one wins:
-        the API server answers the other 409 Conflict); False when the pod is gone, another pod took its name, or it
-        is being deleted or marked `DisruptionTarget` already by another hand (kube-scheduler, the Eviction API, the
-        taint manager, the kubelet); None when it could not be done (logged).
+    async def evict_unless_taken(self, victim: PodRequest, why: dict[str, Any] | None) -> Eviction:
+        """Evict `victim` unless another hand already is. Its first write, the mark `why` (`disruption_target`,
+        stamped with the time of the write) or else the deletion, is guarded by the `resourceVersion` read just
+        before, so that of two callers acting on the same pod at once exactly one wins (the API server answers the
+        other 409 Conflict); the winner's deletion is guarded the same way, and sent only while the pod's mark is
+        still the one it wrote. So a pod is deleted by one caller, which alone answers `EVICTED` (and tells it why).
 
-        `why`, where given, is the mark written first, guarded the same way. A pod marked by a caller of this kind
-        (a `DisruptionTarget` message beginning with `ours`: another replica of the extender, or this one) but not
-        being deleted is one whose marker's deletion has not landed, or failed: it is deleted as an unmarked one,
-        by whichever guarded deletion wins, rather than left running, marked, by every replica. Costs a read per
-        write, and another for each conflict (a status update of the pod's own between the read and the write), at
-        most `CLAIM_TRIES` conflicts."""
+        The winner retries its own deletion when it fails (`DELETE_RETRY_DELAYS`): a mark left without a deletion
+        would otherwise keep every other hand away for good. A mark (by any hand: another replica of the extender,
+        kube-scheduler, the Eviction API) is trusted to be followed by a deletion for `mark_trusted_seconds` from
+        its `lastTransitionTime` (`MARKED` meanwhile: look again then); past that, its writer failed, and the mark is
+        written again, guarded, by whoever comes first (the disruption controller of kube-controller-manager also
+        stops trusting an unfollowed mark, after two minutes, and sets it False).
+
+        `LEFT` when the pod is gone, another pod took its name, or it is being deleted; `FAILED` when it could not be
+        done (logged; a mark this call left stops being trusted in time). Costs a read per pod and per conflict (a
+        status update of the pod's own between the read and the write), at most `CLAIM_TRIES` conflicts."""
         path = f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}"
-        conflicts, marked = 0, False
-        while conflicts < CLAIM_TRIES:
-            try:
-                pod = await self.writer.request("GET", path)
-            except ApiError as exc:
-                if exc.status == 404:
-                    return False
-                _not_written("read a pod before evicting it", exc, victim.key)
-                return None
+        written: dict[str, Any] | None = None  # the condition this call wrote: while it is the pod's, the pod is ours
+        retries = iter(self.delete_retry_delays)
+        conflicts = 0
+        pod: Any = None
+        while True:
+            if pod is None:
+                try:
+                    pod = await self.writer.request("GET", path)
+                except ApiError as exc:
+                    if exc.status == 404:
+                        return Eviction.LEFT
+                    _not_written("read a pod before evicting it", exc, victim.key)
+                    if written is None or (delay := next(retries, None)) is None:
+                        return Eviction.FAILED
+                    await asyncio.sleep(delay)
+                    continue
             meta, status = pod.get("metadata") or {}, pod.get("status") or {}
             if meta.get("uid") != victim.uid or meta.get("deletionTimestamp"):
-                return False
+                return Eviction.LEFT
             mark = _mark(status)
-            if mark is not None and not (ours and mark.startswith(ours)):
-                return False  # another hand's eviction
+            ours = written is not None and mark is not None and _same_mark(mark, written["status"]["conditions"][0])
+            if mark is not None and not ours and self._trusted(mark):
+                return Eviction.MARKED
             guard = {"resourceVersion": meta.get("resourceVersion")}
+            pod = None
             try:
-                if why is not None and mark is None and not marked:
-                    await self.writer.patch(f"{path}/status", {"metadata": guard, **why}, strategic=True)
-                    marked = True  # then deleted, guarded as any marked one: a replica that read the mark may too
+                if why is not None and not ours:
+                    stamped = _stamped(why)
+                    answer = await self.writer.patch(f"{path}/status", {"metadata": guard, **stamped}, strategic=True)
+                    written = stamped
+                    if isinstance(answer, dict) and (answer.get("metadata") or {}).get("resourceVersion"):
+                        pod = answer  # the pod as marked: its deletion is guarded by this resourceVersion
                     continue
                 options = {"uid": victim.uid, **guard}
                 body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": options}
                 await self.writer.request("DELETE", path, body)
-                return True
+                return Eviction.EVICTED
             except ApiError as exc:
-                if exc.status == 409:
+                if exc.status == 409:  # written meanwhile, by its kubelet or by another hand: read again
                     conflicts += 1
-                    continue  # written meanwhile, by its kubelet or by the other hand: read again
+                    if conflicts < CLAIM_TRIES:
+                        continue
+                    log.warning(
+                        "did not evict: the pod changed at each of %d tries", conflicts, extra={"pod": victim.key}
+                    )
+                    return Eviction.FAILED
                 if _gone(exc):
-                    return False
+                    return Eviction.LEFT
                 _not_written("evict a member of a gang", exc, victim.key)
-                return None
-        log.warning("did not evict: the pod changed at each of %d tries", CLAIM_TRIES, extra={"pod": victim.key})
-        return None
+                if (why is not None and written is None) or (delay := next(retries, None)) is None:
+                    return Eviction.FAILED  # the mark was not written: nothing keeps other hands away
+                log.info("retrying the deletion in %.1f s", delay, extra={"pod": victim.key})
+                await asyncio.sleep(delay)
+
+    def _trusted(self, mark: dict[str, Any]) -> bool:
+        """Whether another hand's `DisruptionTarget` mark is recent enough to wait for its deletion. A mark without a
+        readable `lastTransitionTime` (every Kubernetes writer sets one) cannot be timed: not trusted."""
+        written = mark.get("lastTransitionTime")
+        try:
+            when = calendar.timegm(time.strptime(written, "%Y-%m-%dT%H:%M:%SZ")) if isinstance(written, str) else None
+        except ValueError:
+            when = None
+        return when is not None and self.wall() - when < self.mark_trusted_seconds
 
     async def _delete(self, victim: PodRequest, why: dict[str, Any] | None = None) -> bool:
         """Whether the victim is deleted (or already gone); a failed deletion is logged. `why`: the status patch
@@ -456,15 +509,30 @@ def disruption_target(message: str) -> dict[str, Any]:
     return {"status": {"conditions": [condition]}}
 
 
-def _mark(status: dict[str, Any]) -> str | None:
-    """The message of a pod's `DisruptionTarget=True` condition ('' without one), None when it has none: someone (a
-    scheduler, an extender, the Eviction API, the taint manager) has said it goes."""
+def _mark(status: dict[str, Any]) -> dict[str, Any] | None:
+    """A pod's `DisruptionTarget=True` condition, None without one: someone (a scheduler, an extender, the Eviction
+    API, the taint manager) has said it goes."""
     conditions = status.get("conditions")
-    for c in conditions if isinstance(conditions, list) else ():
-        if isinstance(c, dict) and c.get("type") == DISRUPTION_TARGET and c.get("status") == "True":
-            message = c.get("message")
-            return message if isinstance(message, str) else ""
+    for condition in conditions if isinstance(conditions, list) else ():
+        if (
+            isinstance(condition, dict)
+            and condition.get("type") == DISRUPTION_TARGET
+            and condition.get("status") == "True"
+        ):
+            return condition
     return None
+
+
+def _same_mark(mark: dict[str, Any], written: dict[str, Any]) -> bool:
+    """Whether the pod's mark is the one written (not one written again over it since: its time differs)."""
+    return all(mark.get(field) == written.get(field) for field in ("reason", "message", "lastTransitionTime"))
+
+
+def _stamped(why: dict[str, Any]) -> dict[str, Any]:
+    """The status patch `why` with its condition's `lastTransitionTime` now: how long it is trusted counts from its
+    write."""
+    (condition,) = why["status"]["conditions"]
+    return {"status": {"conditions": [{**condition, "lastTransitionTime": now_rfc3339()}]}}
 
 
 def _gone(exc: ApiError) -> bool:

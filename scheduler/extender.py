@@ -28,7 +28,9 @@ remembers the pending ones (`UnboundPods`), so that its verbs need no GET.
   in the engine (`Engine.nominate`), so `/filter` keeps pods of equal or lower priority off the room its victims
   free: kube-scheduler's own filters count the nominated pod, but not the `ignoredByScheduler` GPU shares.
 * `GET /apis/kubegpu/v1/nodes` and `/apis/kubegpu/v1/pods` (`?watch=true` streams changes as JSON lines): each node's
-  devices and who holds them. Each view is brought up to date once per engine change and shared by every watcher.
+  devices and who holds them. Each view is brought up to date once per engine change and shared by every watcher. A
+  pod held by count (bound without a verified allocation) is shown as `compat.py` shows it: `byCount`, a null id per
+  device, and on its node no holder of any particular device but a count under `heldByCount`.
 
 Only the informers add nodes: a node a caller names that kubegpu does not know fails with a reason, and is never
 added to the engine or remembered. Callers authenticate with a client certificate (kube-scheduler's extender
@@ -71,7 +73,7 @@ from kubegpu.kube.client import ApiError, AsyncKubeClient, KubeClient
 from kubegpu.plugins.intel_gas.scheduler import WITHOUT_I915_ENV
 from kubegpu.scheduler import compat, liveness
 from kubegpu.scheduler.binder import Binder, add_disruption_conditions_argument, marks_victims
-from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Plan
+from kubegpu.scheduler.engine import POLICIES, Decision, Engine, Placement, Plan
 from kubegpu.scheduler.gangcuts import GangCuts
 from kubegpu.scheduler.gangplans import GangPlan, GangPlans
 from kubegpu.scheduler.gates import gated_reason
@@ -702,11 +704,17 @@ class ExtenderServer:
             if not self.engine.has_devices(name):
                 views[name] = None
                 continue
-            views[name] = {
-                "name": name,
-                "devices": [o.model_dump(mode="json") for o in self.engine.describe(name)],
-                "pods": sorted(self.engine.holders(name)),
-            }
+            holders = self.engine.holders(name)
+            by_count = {key for key in holders if (held := self.engine.placement(key)) is not None and held.by_count}
+            counted: dict[str, int] = {}
+            devices = [o.model_dump(mode="json") for o in self.engine.describe(name)]
+            for cell in (cell for picture in devices for cell in picture["cells"]):
+                for holder in cell["holders"]:
+                    if holder in by_count:  # set aside by count: not this very device
+                        counted[holder] = counted.get(holder, 0) + 1
+                cell["holders"] = [h for h in cell["holders"] if h not in by_count]
+                cell["shares"] = {h: part for h, part in cell["shares"].items() if h not in by_count}
+            views[name] = {"name": name, "devices": devices, "pods": sorted(holders), "heldByCount": counted}
         return views
 
     def pod_views(self, changed: set[str] | None) -> dict[str, dict[str, Any] | None]:
@@ -715,11 +723,35 @@ class ExtenderServer:
         keys = None if changed is None else [key for name in changed for key in self.engine.holders(name)]
         views: dict[str, dict[str, Any] | None] = {}
         for pod in self.engine.placements(keys):
-            if pod.allocation is None:
+            devices = _held_devices(pod)
+            if not devices:
                 continue
             key = pod.request.key
-            views[key] = {"pod": key, "uid": pod.request.uid, "node": pod.node, "devices": pod.allocation.containers}
+            views[key] = {
+                "pod": key,
+                "uid": pod.request.uid,
+                "node": pod.node,
+                "byCount": pod.by_count,
+                "devices": devices,
+            }
         return views
+
+
+def _held_devices(pod: Placement) -> dict[str, dict[str, list[str | None]]]:
+    """What the pod view says each container of `pod` holds (container -> resource -> device ids): its allocation's
+    ids; for a pod held by count, a null per device (the kubelet chose them; the ledger's are a guess, as
+    `compat.gpu_pod_views` says too); for a pod whose ids the node side published, exactly those."""
+    if pod.allocation is not None and not pod.by_count:
+        return {
+            c: {r: list[str | None](ids) for r, ids in held.items()} for c, held in pod.allocation.containers.items()
+        }
+    devices: dict[str, dict[str, list[str | None]]] = {}
+    for part in pod.parts.values():
+        for container, resources in part.containers.items():
+            for resource, ids in resources.items():
+                held = devices.setdefault(container, {}).setdefault(resource, [])
+                held.extend(None if pod.by_count else device for device in ids)
+    return devices
 
 
 class _PodError(Exception):

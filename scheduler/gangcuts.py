@@ -21,19 +21,22 @@ GA, locked on: `MARKS_FROM`), or once this process has seen one marked, an unmar
 a StatefulSet's rolling restart, a user). kube-scheduler 1.20.2 marks none: there the nomination alone decides, within
 `KEPT_SECONDS` of the member's first sign of leaving.
 
-Each evicted member gets a `Preempted` Event naming the preemptor, the member it lost and why; the deletion is guarded
-by the member's UID. Every replica of the extender (the extender-ha overlay runs two) follows the same cut; each member
-is evicted by the one whose deletion of it, guarded by the `resourceVersion` it read, lands first
-(`Binder.evict_unless_taken`), and only that one tells it why; a member an extender marked (`EXTENDER_MARK`) but did not
-delete (its deletion failed) is deleted by the other, not left running, marked, by both. What is remembered is bounded:
-a member's departure is kept `KEPT_SECONDS` for a nomination to follow (from its first sign of leaving: its status
-reported again meanwhile does not extend it), for `MAX_DEPARTURES` departures at most, and the members being deleted
-only while they hold resources. Members are known by UID: a member restarted under its name (a StatefulSet) is another
-pod, running.
+Each evicted member gets a `Preempted` Event naming the preemptor, the member it lost and why; the deletion is
+guarded by the member's UID. Every replica of the extender (the extender-ha overlay runs two) follows the same cut;
+each member is evicted by the one whose first write to it, guarded by the `resourceVersion` it read, lands first
+(`Binder.evict_unless_taken`), and only that one tells it why. A hand that marked a member and then failed to
+delete it does not keep it running: the winner retries its deletion, and a mark no deletion followed within
+`Binder.mark_trusted_seconds` is taken over by whoever looks again first (each extender looks again at the members it
+could not evict, `RECHECKS` times). What is remembered is bounded: a member's departure
+is kept `KEPT_SECONDS` for a nomination to follow (from its first sign of leaving: its status reported again
+meanwhile does not extend it), for `MAX_DEPARTURES` departures at most, and the members being deleted only while
+they hold resources. Members are known by UID: a member restarted under its name (a StatefulSet) is another pod,
+running.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -41,7 +44,13 @@ from threading import RLock
 
 from kubegpu.core.manifests import ManifestError
 from kubegpu.core.models import PodRequest
-from kubegpu.scheduler.binder import DISRUPTION_TARGET, PREEMPTION_BY_SCHEDULER, Binder, disruption_target
+from kubegpu.scheduler.binder import (
+    DISRUPTION_TARGET,
+    PREEMPTION_BY_SCHEDULER,
+    Binder,
+    Eviction,
+    disruption_target,
+)
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.podgroups import gang_key
 
@@ -51,6 +60,8 @@ log = logging.getLogger("kubegpu.extender")
 
 KEPT_SECONDS = 120.0  # how long a member's departure waits for a nomination on its node
 MAX_DEPARTURES = 4096
+RECHECKS = 3  # how many times a member not evicted yet is looked at again (`GangCuts._evict`)
+RECHECK_MARGIN_SECONDS = 1.0  # past the time a mark stops being trusted, so that it has
 # From this Kubernetes release on, PodDisruptionConditions is GA and cannot be turned off: every victim is marked.
 # (1.26-1.30 have it on by default; there a first marked victim seen tells, `GangCuts._marked`.)
 MARKS_FROM = (1, 31)
@@ -195,22 +206,39 @@ class GangCuts:
 
     async def _evict(self, preemptor: str, why: str, rest: list[PodRequest]) -> None:
         """Evict the rest of a cut gang, each member once whoever else follows the same cut: every replica of the
-        extender-ha overlay sees it, and each member goes to the one whose guarded deletion wins
-        (`Binder.evict_unless_taken`), which alone gives it its `Preempted` Event."""
+        extender-ha overlay sees it, and each member goes to the one whose guarded write wins
+        (`Binder.evict_unless_taken`), which alone gives it its `Preempted` Event. A member another hand marked and
+        has not deleted yet, or that could not be evicted, is looked at again once such a mark is no longer trusted
+        (`Binder.mark_trusted_seconds`), `RECHECKS` times at most: a hand that marked a member and then failed to
+        delete it (its deletion refused, its process gone) leaves it to the others, not running below minMember."""
         binder = self.binder
         mark = disruption_target(EXTENDER_MARK + why) if binder.marks() else None
-        failed = set()
-        for member in rest:
-            evicted = await binder.evict_unless_taken(member, mark, EXTENDER_MARK)
-            if evicted is None:
-                failed.add(member.key)
-            elif evicted:
-                await binder.post_event(member, "Preempted", f"Preempted by {preemptor} in {why}", kind="Normal")
-            else:
-                log.info("not evicted: gone, or already being evicted", extra={"pod": member.key})
-        if failed:
-            with self.lock:
-                for member in rest:
-                    if member.key in failed:
-                        self._ours.pop(member.uid, None)
-                        self._leaving.pop(member.uid, None)
+        pending = rest
+        for round_ in range(RECHECKS + 1):
+            if round_:
+                await asyncio.sleep(binder.mark_trusted_seconds + RECHECK_MARGIN_SECONDS)
+            later = []
+            for member in pending:
+                outcome = await binder.evict_unless_taken(member, mark)
+                if outcome is Eviction.EVICTED:
+                    await binder.post_event(member, "Preempted", f"Preempted by {preemptor} in {why}", kind="Normal")
+                elif outcome is Eviction.LEFT:
+                    log.info("not evicted: gone, or already being deleted", extra={"pod": member.key})
+                else:
+                    later.append(member)
+            if not later:
+                return
+            pending = later
+            log.info(
+                "%d member(s) of the cut %s not evicted yet (marked by another hand, or it failed): looking again "
+                "in %.0f s",
+                len(pending),
+                why,
+                binder.mark_trusted_seconds + RECHECK_MARGIN_SECONDS,
+                extra={"pod": preemptor},
+            )
+        log.warning("gave up evicting %d member(s) of the cut %s", len(pending), why, extra={"pod": preemptor})
+        with self.lock:
+            for member in pending:
+                self._ours.pop(member.uid, None)
+                self._leaving.pop(member.uid, None)

@@ -43,7 +43,7 @@ from kubegpu.core.annotations import ALLOCATION_KEY, AllocationRecord, encode_al
 from kubegpu.core.device_hooks import hookimpl
 from kubegpu.core.models import ContainerAllocation, ContainerEdit, DeviceOwnership
 from kubegpu.core.plugin_manager import KubegpuPluginManager
-from kubegpu.crishim.shim import ContainerEditor, RunningShim, RuntimeSandboxes, Sandbox, start_shim
+from kubegpu.crishim.shim import ContainerEditor, RunningShim, RuntimeSandboxes, Sandbox, _names, start_shim
 from kubegpu.crishim.verify import AllocationRefused
 from kubegpu.plugins.intel_gas import device as intel_device
 from kubegpu.plugins.neuron import device as neuron_device
@@ -593,8 +593,9 @@ def test_a_stale_allocation_is_refused_while_the_pod_the_scheduler_gave_the_devi
         "kubegpu: stale check failed: pod team-a/victim container main: the allocation issued at "
         "1763820000000000000 (2025-11-22T14:00:00.000Z) is older than pod team-a/holder's allocation of the same "
         "device (example.com/fpga fpga1) issued at 1763820005000000000 (2025-11-22T14:00:05.000Z); the scheduler has "
-        "since given it to team-a/holder. This allocation was rolled back or replayed: delete the pod so that the "
-        "scheduler places it again"
+        "since given it to pod team-a/holder. This allocation was rolled back or replayed: delete the pod so that the "
+        "scheduler places it again; if it was force-deleted (gone from the API server), its sandbox sandbox-2 lingers "
+        "on this node until the kubelet stops it: `crictl stopp sandbox-2` stops it now"
     )
     assert node.runtime.created == []
     node.kubelet.create(holder)
@@ -618,7 +619,8 @@ def test_a_device_a_live_container_has_is_never_given_to_another_pod(node: Node)
         "container main of pod team-a/stale (its allocation issued at 1763820000000000000 "
         "(2025-11-22T14:00:00.000Z), this one at 1763820005000000000 (2025-11-22T14:00:05.000Z)); pod "
         "team-a/stale's allocation is older (stale), but a device is never given to two live pods: this container "
-        "can be created once pod team-a/stale has ended"
+        "can be created once pod team-a/stale has ended; if it was force-deleted (gone from the API server), its "
+        "sandbox sandbox-1 lingers on this node until the kubelet stops it: `crictl stopp sandbox-1` stops it now"
     )
     assert len(node.runtime.created) == 1
     # The stale pod ends: its sandbox is stopped, and the device is free for the pod the scheduler gave it to.
@@ -701,10 +703,65 @@ def test_a_pod_recreated_under_its_name_waits_for_the_old_ones_containers_to_sto
     code, details = refusal(node.kubelet.refused(new))
 
     assert (code, details.split(":")[1]) == (grpc.StatusCode.FAILED_PRECONDITION, " in-use check failed")
-    assert "fpga1 is in use by container main of pod team-a/p" in details
+    assert "fpga1 is in use by container main of pod team-a/p (uid uid-old)" in details
     node.kubelet.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=old[0]), timeout=5)
     node.kubelet.create(new)
     assert [d.container_path for d in node.last().devices] == ["/dev/fpga1"]
+
+
+def test_refusals_between_two_pods_of_one_name_tell_them_apart_and_never_advise_deleting_the_new_one(
+    node: Node,
+) -> None:
+    """The pod was force-deleted (gone from the API server at once) and created again under its name; the scheduler
+    gave the new one the same card. The old one's sandbox lingers on the node. Both refusals name each pod by a short
+    UID, and the old one's restart is not told to "delete the pod" (that name is the new pod's now): it is told to stop
+    the lingering sandbox (before: "pod team-a/p ... pod team-a/p", and "delete the pod so that the scheduler places it
+    again")."""
+    old_uid, new_uid = "3f2c1a9e-0b7d-4c55-9e1a-aa01", "8d41e0c2-6f3a-4b19-8c7e-bb02"
+    old = node.kubelet.run_pod("p", old_uid, {ALLOCATION_KEY: signed(old_uid, {"main": {FPGA: ["fpga1"]}})})
+    node.kubelet.create(old)
+    new = node.kubelet.run_pod("p", new_uid, {ALLOCATION_KEY: signed(new_uid, {"main": {FPGA: ["fpga1"]}}, issued=T2)})
+
+    waiting = refusal(node.kubelet.refused(new))[1]
+    for container in node.runtime.containers.values():
+        container.state = api_pb2.ContainerState.CONTAINER_EXITED  # the old one's process ended; its sandbox lingers
+    restarting = refusal(node.kubelet.refused(old))[1]
+
+    assert waiting == (
+        "kubegpu: in-use check failed: pod team-a/p (uid 8d41e0c2) container main: example.com/fpga fpga1 is in use by "
+        "container main of pod team-a/p (uid 3f2c1a9e) (its allocation issued at 1763820000000000000 "
+        "(2025-11-22T14:00:00.000Z), this one at 1763820005000000000 (2025-11-22T14:00:05.000Z)); pod team-a/p (uid "
+        "3f2c1a9e)'s allocation is older (stale), but a device is never given to two live pods: this container can be "
+        "created once pod team-a/p (uid 3f2c1a9e), the earlier pod of that name, has ended; if it was force-deleted "
+        "(gone from the API server), its sandbox sandbox-1 lingers on this node until the kubelet stops it: `crictl "
+        "stopp sandbox-1` stops it now"
+    )
+    assert restarting == (
+        "kubegpu: stale check failed: pod team-a/p (uid 3f2c1a9e) container main: the allocation issued at "
+        "1763820000000000000 (2025-11-22T14:00:00.000Z) is older than pod team-a/p (uid 8d41e0c2)'s allocation of the "
+        "same device (example.com/fpga fpga1) issued at 1763820005000000000 (2025-11-22T14:00:05.000Z); the scheduler "
+        "has since given it to pod team-a/p (uid 8d41e0c2). This pod was deleted and team-a/p created again: do not "
+        "delete team-a/p, that name is now pod team-a/p (uid 8d41e0c2)'s; this pod's sandbox sandbox-1 lingers on this "
+        "node until the kubelet stops it: `crictl stopp sandbox-1` stops it now"
+    )
+    node.kubelet.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=old[0]), timeout=5)
+    node.kubelet.create(new)
+    assert [d.container_path for d in node.last().devices] == ["/dev/fpga1"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "shown"),
+    [
+        ("3f2c1a9e-0b7d", "8d41e0c2-6f3a", ("3f2c1a9e", "8d41e0c2")),
+        ("3f2c1a9e-0b7d", "3f2c1a9e-6f3a", ("3f2c1a9e-0b7d", "3f2c1a9e-6f3a")),
+    ],
+    ids=["first-characters-differ", "longer-where-they-do-not"],
+)
+def test_two_pods_of_one_name_are_told_apart_by_as_much_uid_as_it_takes(
+    old: str, new: str, shown: tuple[str, str]
+) -> None:
+    assert _names("team-a/p", old, "team-a/p", new) == tuple(f"pod team-a/p (uid {uid})" for uid in shown)
+    assert _names("team-a/p", old, "team-a/q", new) == ("pod team-a/p", "pod team-a/q")
 
 
 def test_a_creation_the_runtime_refused_holds_no_device(node: Node) -> None:

@@ -28,6 +28,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -650,11 +651,52 @@ def test_a_stale_allocation_whose_device_a_live_pod_was_given_is_refused_and_not
             kubelet.create(victim_id, container_config("main"), victim)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert refused.value.details().startswith("kubegpu: stale check failed: pod default/victim container main: ")
-        assert "the scheduler has since given it to default/holder" in refused.value.details()
+        assert "the scheduler has since given it to pod default/holder" in refused.value.details()
         assert direct.containers(victim_id) == []
     finally:
         kubelet.remove_pod(victim_id)
         kubelet.remove_pod(holder_id)
+
+
+def test_two_pods_of_one_name_are_told_apart_and_the_advice_to_stop_the_old_sandbox_works(
+    kubelet: Cri, fpga: tuple[ModuleType, ModuleType], key: bytes, tmp_path: Path
+) -> None:
+    """Pod default/p was force-deleted and created again; the scheduler gave the new one fpga0 too, while the old one's
+    sandbox lingers in containerd. The new one waits (`in-use`) and the old one's restart is refused (`stale`), each
+    naming both pods by a short UID (before: "pod default/p ... pod default/p"); the old one is not told to delete
+    default/p, the new pod's name now (before: "delete the pod"), but to stop its sandbox by the ID shown, which
+    containerd takes: then the new pod gets the card."""
+    old_uid, old_annotations = Scheduler(fpga[0], key).place("p", 1, uid=str(uuid.uuid4()))
+    new_uid, new_annotations = Scheduler(fpga[0], key).place("p", 1, uid=str(uuid.uuid4()))  # fpga0 again, later
+    old = host_network_sandbox("p", old_uid, annotations=old_annotations, log_directory=tmp_path)
+    old_id = kubelet.run_pod(old)
+    running = kubelet.create(old_id, container_config("main"), old)
+    kubelet.start(running)
+    new = host_network_sandbox("p", new_uid, annotations=new_annotations, log_directory=tmp_path)
+    new_id = kubelet.run_pod(new)
+    this, that = f"pod default/p (uid {new_uid[:8]})", f"pod default/p (uid {old_uid[:8]})"
+    try:
+        with pytest.raises(grpc.RpcError) as waiting:
+            kubelet.create(new_id, container_config("main"), new)
+        assert waiting.value.details().startswith(f"kubegpu: in-use check failed: {this} container main: ")
+        assert f"in use by container main of {that}" in waiting.value.details()
+
+        kubelet.runtime.StopContainer(api_pb2.StopContainerRequest(container_id=running, timeout=0), timeout=30)
+        with pytest.raises(grpc.RpcError) as restart:
+            kubelet.create(old_id, container_config("main", attempt=1), old)
+        refused = restart.value.details()
+        assert refused.startswith(f"kubegpu: stale check failed: {that} container main: "), refused
+        assert f"do not delete default/p, that name is now {this}'s" in refused, refused
+        shown = refused.rsplit("`crictl stopp ", 1)[1].split("`", 1)[0]
+        assert shown == old_id[:13]
+
+        kubelet.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=shown), timeout=30)  # as crictl
+        container_id = kubelet.create(new_id, container_config("main"), new)
+        kubelet.start(container_id)
+        assert _cards_in(kubelet, container_id) == ["fpga0"]
+    finally:
+        kubelet.remove_pod(old_id)
+        kubelet.remove_pod(new_id)
 
 
 def test_a_stale_pods_container_that_exited_leaves_the_device_to_the_pod_it_was_given_to(

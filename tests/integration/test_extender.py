@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from kubegpu.core.annotations import ALLOCATION_KEY, decode_allocation, verify_allocation
 from kubegpu.core.testing import node_manifest
-from kubegpu.kube.client import ApiError
+from kubegpu.kube.client import ApiError, AsyncKubeClient, now_rfc3339
 from kubegpu.scheduler.extender import UNKNOWN_NODE
 
 from .cluster import Cluster, config_flag, free_port, wait_for
@@ -484,6 +484,83 @@ def test_the_rest_of_a_gang_kube_scheduler_preempts_one_worker_of_goes_too(
     assert any("Preempted by" in n and "vip" in n and "minMember 2" in n for n in notes), notes
 
 
+class GangCut:
+    """A running gang (PodGroup `train`, minMember 3) of 8-GPU workers w-0..w-2 on nodes cut-0..cut-2, written to the
+    real API server with a finalizer (so that a deleted member stays, deleted), and extenders in this process
+    following it, each with its own writer: `cut()` is kube-scheduler preempting w-0 for `vip` (priority 1000),
+    nominated on cut-0, as each extender's informer reports it."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        from kubegpu.core.testing import pod_manifest
+
+        self.cluster, self.namespace = cluster, namespace
+        self.group = {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"name": "train", "namespace": namespace, "uid": "pg-train", "resourceVersion": "1"},
+            "spec": {"minMember": 3},
+        }
+        self.nodes = [f"cut-{i}" for i in range(3)]
+        self.workers = []
+        for i, node in enumerate(self.nodes):
+            pod = pod_manifest(f"w-{i}", {"main": {"nvidia.com/gpu": 8}}, namespace=namespace)
+            pod["metadata"].update(labels={"scheduling.x-k8s.io/pod-group": "train"}, finalizers=["kubegpu.test/hold"])
+            pod["spec"].update(nodeName=node, priority=0)
+            self.workers.append(cluster.client.post(f"/api/v1/namespaces/{namespace}/pods", pod))
+        self.writers: list[Any] = []
+        self.futures: list[Any] = []
+        self.servers: list[Any] = []
+
+    def extender(self, writer: Any, marks: bool) -> Any:
+        from kubegpu.core.plugin_manager import make_plugin_manager
+        from kubegpu.plugins.nvidia import scheduler as nvidia
+        from kubegpu.scheduler.engine import Engine
+        from kubegpu.scheduler.extender import ExtenderServer
+
+        self.writers.append(writer)
+        plugins = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
+        engine = Engine(plugins, signing_key=b"k" * 32)
+        server = ExtenderServer(engine, self.cluster.client, writer, disruption_conditions="on" if marks else "off")
+        server.binder.submit = lambda c, w=writer: self.futures.append(w.submit(c))  # type: ignore[method-assign]
+        # A member another extender marked is looked at again once the mark is no longer trusted (a minute): here
+        # 2 s, so that every extender's work has ended, and what it wrote can be counted, within the test.
+        server.binder.mark_trusted_seconds = 2.0
+        labels = {"node.kubernetes.io/instance-type": "p5.48xlarge", "nvidia.com/gpu.count": "8"}
+        server.mirror.on_nodes("SYNC", [node_manifest(n, labels=labels, allocatable={"nvidia.com/gpu": 8})
+                                        for n in self.nodes])  # fmt: skip
+        server.mirror.on_podgroups("SYNC", [self.group])
+        server.mirror.on_pods("SYNC", self.workers)
+        self.servers.append(server)
+        return server
+
+    def cut(self) -> None:
+        from kubegpu.core.testing import pod_manifest
+
+        self.cluster.client.request("DELETE", f"/api/v1/namespaces/{self.namespace}/pods/w-0")  # kube-scheduler's
+        leaving = pods_in(self.cluster, self.namespace)["w-0"]
+        vip = pod_manifest("vip", {"main": {"nvidia.com/gpu": 8}}, namespace=self.namespace)
+        vip["metadata"].update(uid="uid-vip", resourceVersion="1")
+        vip["spec"]["priority"] = 1000
+        vip["status"] = {"nominatedNodeName": "cut-0"}
+        for server in self.servers:  # every informer reports the same two changes
+            server.mirror.on_pods("MODIFIED", leaving)
+            server.mirror.on_pods("ADDED", vip)
+
+    def told(self) -> list[str]:
+        """The pods told `Preempted`, once per Event."""
+        from .gangs import events_of
+
+        return sorted(e["involvedObject"]["name"] for e in events_of(self.cluster, self.namespace, "Preempted"))
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+        for name in ("w-0", "w-1", "w-2"):
+            path = f"/api/v1/namespaces/{self.namespace}/pods/{name}"
+            with contextlib.suppress(ApiError):
+                self.cluster.client.patch(path, {"metadata": {"finalizers": None}})
+
+
 @pytest.mark.parametrize("marks", [False, True], ids=["unmarked-1.20", "marked-1.26"])
 def test_two_extenders_following_one_gang_cut_evict_each_member_once(
     cluster: Cluster, namespace: str, marks: bool
@@ -491,103 +568,87 @@ def test_two_extenders_following_one_gang_cut_evict_each_member_once(
     """The extender-ha overlay runs two extenders, and both see kube-scheduler preempt worker w-0 of a running gang
     (minMember 3) and nominate `vip` there: each decides that w-1 and w-2 must go too. Before, both deleted them
     and each member got two `Preempted` Events; now, writing to the real API server at once, one extender wins each
-    member (each write is guarded by the `resourceVersion` it read: the mark where marks are written, then the
+    member (its first write is guarded by the `resourceVersion` it read: the mark where marks are written, else the
     deletion) and only it tells the member why. The members carry a finalizer, so that they stay, deleted."""
-    found, told = _two_extenders_follow_one_cut(cluster, namespace, marks)
-    assert all(found[f"w-{i}"]["metadata"].get("deletionTimestamp") for i in (1, 2)), "the rest evicted"
-    assert told == ["w-1", "w-2"], told
-    targets = [c for i in (1, 2) for c in found[f"w-{i}"]["status"].get("conditions", [])
-               if c["type"] == "DisruptionTarget"]  # fmt: skip
-    assert len(targets) == (2 if marks else 0), targets
-
-
-def test_a_gang_member_an_extender_marked_but_did_not_delete_is_deleted_by_the_other(
-    cluster: Cluster, namespace: str
-) -> None:
-    """An extender of the extender-ha overlay marked w-1 and w-2 `DisruptionTarget` for a gang cut, then its
-    deletions failed (the API server unreachable, a crash): they run on, marked. Before, the other extender, and
-    this one at the next cut, read the mark as another hand's eviction under way and left them running below
-    minMember, holding their GPUs; now a member marked by an extender and not being deleted is deleted by whichever
-    extender's guarded deletion wins, and gets one `Preempted` Event."""
-    from kubegpu.scheduler.binder import disruption_target
-    from kubegpu.scheduler.gangcuts import EXTENDER_MARK
-
-    def half_done(name: str) -> None:  # the mark landed, the deletion did not
-        mark = disruption_target(f"{EXTENDER_MARK}gang {namespace}/train, which an earlier cut left")
-        cluster.client.patch(f"/api/v1/namespaces/{namespace}/pods/{name}/status", mark, strategic=True)
-
-    found, told = _two_extenders_follow_one_cut(cluster, namespace, True, before=half_done)
-    assert all(found[f"w-{i}"]["metadata"].get("deletionTimestamp") for i in (1, 2)), "the rest evicted"
-    assert told == ["w-1", "w-2"], told
-
-
-def _two_extenders_follow_one_cut(
-    cluster: Cluster, namespace: str, marks: bool, before: Callable[[str], None] | None = None
-) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """Two extenders on the real API server follow kube-scheduler's preemption of w-0, of a gang of three whose
-    members hold a finalizer (so that they stay, deleted): (the pods after both extenders are done, the names of
-    the pods that got a `Preempted` Event, sorted). `before(name)` runs on w-1 and w-2 before the cut."""
-    from kubegpu.core.plugin_manager import make_plugin_manager
-    from kubegpu.core.testing import pod_manifest
-    from kubegpu.kube.client import AsyncKubeClient
-    from kubegpu.plugins.nvidia import scheduler as nvidia
-    from kubegpu.scheduler.engine import Engine
-    from kubegpu.scheduler.extender import ExtenderServer
-
-    from .gangs import events_of
-
-    group = {
-        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-        "kind": "PodGroup",
-        "metadata": {"name": "train", "namespace": namespace, "uid": "pg-train", "resourceVersion": "1"},
-        "spec": {"minMember": 3},
-    }
-    nodes = [f"cut-{i}" for i in range(3)]
-    workers = []
-    for i, node in enumerate(nodes):
-        pod = pod_manifest(f"w-{i}", {"main": {"nvidia.com/gpu": 8}}, namespace=namespace)
-        pod["metadata"].update(labels={"scheduling.x-k8s.io/pod-group": "train"}, finalizers=["kubegpu.test/hold"])
-        pod["spec"].update(nodeName=node, priority=0)
-        workers.append(cluster.client.post(f"/api/v1/namespaces/{namespace}/pods", pod))
-    writers: list[AsyncKubeClient] = []
-    futures: list[Any] = []
-    servers = []
+    gang = GangCut(cluster, namespace)
     try:
-        if before is not None:
-            for name in ("w-1", "w-2"):
-                before(name)
         for _ in range(2):
-            writer = AsyncKubeClient(cluster.client.credentials, cluster.client.limiter, connections=2)
-            writers.append(writer)
-            plugins = make_plugin_manager("scheduler", plugins=[("nvidia", nvidia)], autoload=False)
-            engine = Engine(plugins, signing_key=b"k" * 32)
-            server = ExtenderServer(engine, cluster.client, writer, disruption_conditions="on" if marks else "off")
-            server.binder.submit = lambda c, w=writer: futures.append(w.submit(c))  # type: ignore[method-assign]
-            labels = {"node.kubernetes.io/instance-type": "p5.48xlarge", "nvidia.com/gpu.count": "8"}
-            server.mirror.on_nodes("SYNC", [node_manifest(n, labels=labels, allocatable={"nvidia.com/gpu": 8})
-                                            for n in nodes])  # fmt: skip
-            server.mirror.on_podgroups("SYNC", [group])
-            server.mirror.on_pods("SYNC", workers)
-            servers.append(server)
-        cluster.client.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/w-0")  # kube-scheduler's victim
-        leaving = pods_in(cluster, namespace)["w-0"]
-        vip = pod_manifest("vip", {"main": {"nvidia.com/gpu": 8}}, namespace=namespace)
-        vip["metadata"].update(uid="uid-vip", resourceVersion="1")
-        vip["spec"]["priority"] = 1000
-        vip["status"] = {"nominatedNodeName": "cut-0"}
-        for server in servers:  # both informers report the same two changes
-            server.mirror.on_pods("MODIFIED", leaving)
-            server.mirror.on_pods("ADDED", vip)
-        assert len(futures) == 2, "each extender follows the cut"
-        for future in futures:
+            gang.extender(AsyncKubeClient(cluster.client.credentials, cluster.client.limiter, connections=2), marks)
+        gang.cut()
+        assert len(gang.futures) == 2, "each extender follows the cut"
+        for future in gang.futures:
             future.result(timeout=30)
         found = pods_in(cluster, namespace)
-        told = sorted(e["involvedObject"]["name"] for e in events_of(cluster, namespace, "Preempted"))
-        return found, told
+        assert all(found[f"w-{i}"]["metadata"].get("deletionTimestamp") for i in (1, 2)), "the rest evicted"
+        assert gang.told() == ["w-1", "w-2"]
+        targets = [c for i in (1, 2) for c in found[f"w-{i}"]["status"].get("conditions", [])
+                   if c["type"] == "DisruptionTarget"]  # fmt: skip
+        assert len(targets) == (2 if marks else 0), targets
     finally:
-        for writer in writers:
-            writer.close()
-        for name in ("w-0", "w-1", "w-2"):
-            path = f"/api/v1/namespaces/{namespace}/pods/{name}"
-            with contextlib.suppress(ApiError):
-                cluster.client.patch(path, {"metadata": {"finalizers": None}})
+        gang.close()
+
+
+class RefusingWriter(AsyncKubeClient):
+    """An API writer whose first deletion of each pod fails as a transient fault would (a 500: an admission webhook
+    that timed out, an etcd leader change)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster.client.credentials, cluster.client.limiter, connections=2)
+        self.refused: list[str] = []
+
+    async def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "DELETE" and "/pods/" in path and path not in self.refused:
+            self.refused.append(path)
+            raise ApiError(500, "InternalError", "injected: etcdserver: leader changed")
+        return await super().request(method, path, *args, **kwargs)
+
+
+@pytest.mark.parametrize("marks", [False, True], ids=["unmarked-1.20", "marked-1.26"])
+def test_a_gang_members_eviction_whose_deletion_failed_once_is_retried_and_told_once(
+    cluster: Cluster, namespace: str, marks: bool
+) -> None:
+    """Both extenders follow the cut, and the first deletion each sends fails (a 500). The extender that won a member
+    (its guarded mark, or its deletion) retries its deletion: w-1 and w-2 go, each told `Preempted` once (before:
+    the winner's mark stayed, without a deletion, and the other extender left a marked member alone: both ran on
+    below minMember)."""
+    gang = GangCut(cluster, namespace)
+    try:
+        for _ in range(2):
+            gang.extender(RefusingWriter(cluster), marks)
+        gang.cut()
+        for future in gang.futures:
+            future.result(timeout=30)
+        found = pods_in(cluster, namespace)
+        assert all(found[f"w-{i}"]["metadata"].get("deletionTimestamp") for i in (1, 2)), "the rest evicted"
+        assert gang.told() == ["w-1", "w-2"]
+        assert sum(len(w.refused) for w in gang.writers) >= 2  # the faults were met
+    finally:
+        gang.close()
+
+
+def test_a_gang_member_another_hand_marked_and_never_deleted_is_evicted_once_the_mark_is_not_trusted(
+    cluster: Cluster, namespace: str
+) -> None:
+    """Another hand (an extender whose process stopped, a kube-scheduler whose deletion failed) marked w-1 and w-2
+    `DisruptionTarget` and never deleted them. The extender following the cut waits while such a mark may still be
+    followed by its deletion, then evicts them itself, telling each why once (before: "already being evicted", and
+    nothing evicted them ever)."""
+    gang = GangCut(cluster, namespace)
+    try:
+        for i in (1, 2):
+            condition = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+                         "message": "kubegpu extender: evicting the rest of gang train",
+                         "lastTransitionTime": now_rfc3339()}  # fmt: skip
+            cluster.client.patch(
+                f"/api/v1/namespaces/{namespace}/pods/w-{i}/status", {"status": {"conditions": [condition]}},
+                strategic=True,
+            )  # fmt: skip
+        gang.extender(AsyncKubeClient(cluster.client.credentials, cluster.client.limiter, connections=2), True)
+        gang.cut()
+        (future,) = gang.futures
+        future.result(timeout=30)
+        found = pods_in(cluster, namespace)
+        assert all(found[f"w-{i}"]["metadata"].get("deletionTimestamp") for i in (1, 2)), "the rest evicted"
+        assert gang.told() == ["w-1", "w-2"]
+    finally:
+        gang.close()

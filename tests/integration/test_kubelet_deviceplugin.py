@@ -14,7 +14,9 @@ shares (HAMi-core, a fake NVML: no GPU here), the kubelet admits two share pods 
 share slot of it, and each container runs with the GPU and its own limits. On the Intel cards as two-tile cards, a
 container given a tile whose spec asks `ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE` runs with its mask written in COMPOSITE
 (the kubelet passes the spec's env after Allocate's: it wins), one spelling it otherwise fails admission, and a classic
-init container asking a tile runs masked to a tile of its pod's.
+init container asking a tile runs masked to a tile of its pod's. A device plugin whose `--node-name` is another
+node's sweeps nothing, and a pod the kubelet asks it a GPU for fails admission with its reason; started again with
+this node's name, it serves the pod made again.
 """
 
 from __future__ import annotations
@@ -543,6 +545,70 @@ def test_a_device_plugin_named_after_another_node_acts_on_nothing_and_names_both
     finally:
         plugin.stop()
         cluster.delete_pod(space, "there")
+        cluster.client.request("DELETE", f"/api/v1/nodes/{other}")
+
+
+def test_a_pod_given_a_device_while_the_node_name_is_anothers_fails_admission_saying_so_and_runs_once_it_is_right(
+    cluster: Cluster,
+    kubelet: Kubelet,
+    scheduler: SchedulerProcess,
+    host: Path,
+    space: str,
+    tmp_path: Path,
+) -> None:
+    """The device plugin serves this node's GPU to the real kubelet, but `--node-name` names another node (T217). The
+    scheduler places a pod on the GPU and the kubelet asks the plugin to allocate it: refused, so the pod fails
+    admission, and its status and its `UnexpectedAdmissionError` Event say why in the plugin's words, naming the node,
+    its boot ID and this host's (before, only the sweep was tested, not what a pod asking a device meets). Started
+    again with this node's name, the plugin allocates the GPU, and the pod made again runs with it."""
+    other = f"kubegpu-dp-elsewhere-{secrets.token_hex(2)}"
+    cluster.create_ready_node(other)
+    cluster.client.patch(f"/api/v1/nodes/{other}/status", {"status": {"nodeInfo": {"bootID": "0ther-b00t"}}})
+    make_char_devices(tmp_path / "dev", ["nvidia0", "nvidiactl"])
+    (tmp_path / "python").mkdir()
+    (tmp_path / "python" / "pynvml.py").write_text(FAKE_NVML)
+    (tmp_path / "allocation.key").write_text((host / "allocation.key").read_text())
+    out = host / "out"
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "python"), os.environ.get("PYTHONPATH", "")])}
+    plugin = DevicePluginProcess(tmp_path, kubelet, cluster, env, node=other, interval="1s")
+    try:
+        wait_for(lambda: allocatable(cluster).get(GPU) == "1", 60, "nvidia.com/gpu allocatable: the plugin registered")
+        label(cluster, {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "16384"})
+        cluster.client.post(
+            f"/api/v1/namespaces/{space}/pods", pod(space, "first", {"main": {GPU: 1}}, scheduler=SCHEDULER, out=out)
+        )
+
+        def failed() -> dict[str, Any] | None:
+            found: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{space}/pods/first")
+            return found if found["status"].get("phase") == "Failed" else None
+
+        status = wait_for(failed, 90, "the pod to fail admission")["status"]
+        said = f"--node-name {other!r} names a node whose kubelet runs on another host: its boot ID is '0ther-b00t'"
+        assert said in status.get("message", ""), status
+        assert status.get("reason") == "UnexpectedAdmissionError", status  # kubelet 1.20: "Pod Allocate failed due
+        # to rpc error: code = Unavailable desc = kubegpu: --node-name ... , which is unexpected", and the same Event
+        told = [e["message"] for e in cluster.events(space) if e["involvedObject"].get("name") == "first"]
+        assert any(said in m for m in told), told
+        assert not (out / "first.main.env").exists()
+
+        plugin.stop()  # the kubelet counts the GPU unhealthy until a plugin lists it again
+        wait_for(lambda: allocatable(cluster).get(GPU) == "0", 60, "nvidia.com/gpu unallocatable: the plugin gone")
+        plugin = DevicePluginProcess(tmp_path, kubelet, cluster, env, interval="1s")  # this node's name
+        wait_for(lambda: allocatable(cluster).get(GPU) == "1", 60, "nvidia.com/gpu allocatable again")
+        cluster.client.post(
+            f"/api/v1/namespaces/{space}/pods", pod(space, "again", {"main": {GPU: 1}}, scheduler=SCHEDULER, out=out)
+        )
+        wait_running(cluster, space, "again", timeout=90)
+        devices, _ = read_output(out, "again", "main")
+        assert "nvidia0" in devices
+    except AssertionError as exc:
+        kubelet_lines = [line for line in kubelet.output().splitlines() if "evice" in line][-20:]
+        pods = {p["metadata"]["name"]: p["status"] for p in cluster.pods(space)}
+        raise AssertionError(
+            f"{exc}\n{pods}\n{plugin.output()[-3000:]}\n{scheduler.output()[-3000:]}\n" + "\n".join(kubelet_lines)
+        ) from None
+    finally:
+        plugin.stop()
         cluster.client.request("DELETE", f"/api/v1/nodes/{other}")
 
 

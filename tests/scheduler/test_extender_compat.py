@@ -195,6 +195,42 @@ def test_a_pod_held_by_count_shows_no_guessed_gpu_ids_until_its_ids_are_publishe
     assert node["heldByCount"] == {}
 
 
+def test_kubegpus_own_views_of_a_pod_held_by_count_show_no_guessed_ids_either(
+    stack: tuple[ExtenderServer, ExtenderHttpServer],
+) -> None:
+    """`/apis/kubegpu/v1/pods` and `/nodes` say what `gpupods` and `gpunodes` say of a pod held by count: `byCount`
+    and a null id for each device set aside, no holder on any particular GPU but the count under `heldByCount`; once
+    the node side publishes the kubelet's ids, exactly those (before: the ledger's guess, "0" and "1", as if known)."""
+    server, http = stack
+    pod = make_pod("foreign", {"main": {"nvidia.com/gpu": 2}}, namespace="ml")
+    with server.mirror.lock:
+        assert server.engine.admit_by_count(pod, "v100-0").scheduled
+
+    _, pods = get(http, "/apis/kubegpu/v1/pods")
+    (item,) = pods["items"]  # type: ignore[misc]
+    assert item["devices"] == {"main": {"nvidia.com/gpu": [None, None]}}, item
+    assert item["byCount"] is True
+    _, nodes = get(http, "/apis/kubegpu/v1/nodes")
+    (node,) = [n for n in nodes["items"] if n["name"] == "v100-0"]  # type: ignore[attr-defined]
+    (gpus,) = node["devices"]
+    assert [c["holders"] for c in gpus["cells"]] == [[]] * 8 and gpus["free"] == 6
+    assert node["heldByCount"] == {"ml/foreign": 2} and node["pods"] == ["ml/foreign"]
+
+    with server.mirror.lock:
+        server.engine.set_held_devices("v100-0", {"ml/foreign": {"main": {"nvidia.com/gpu": ["5", "7"]}}})
+
+    _, pods = get(http, "/apis/kubegpu/v1/pods")
+    (item,) = pods["items"]  # type: ignore[misc]
+    assert (item["byCount"], item["devices"]) == (False, {"main": {"nvidia.com/gpu": ["5", "7"]}})
+    _, nodes = get(http, "/apis/kubegpu/v1/nodes")
+    (node,) = [n for n in nodes["items"] if n["name"] == "v100-0"]  # type: ignore[attr-defined]
+    assert {c["id"]: c["holders"] for c in node["devices"][0]["cells"] if c["holders"]} == {
+        "5": ["ml/foreign"],
+        "7": ["ml/foreign"],
+    }
+    assert node["heldByCount"] == {}
+
+
 def test_a_gpupods_watch_streams_the_pod_when_it_is_placed(stack: tuple[ExtenderServer, ExtenderHttpServer]) -> None:
     server, http = stack
     with socket.create_connection(http.address, timeout=10) as sock:  # type: ignore[arg-type]

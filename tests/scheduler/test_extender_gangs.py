@@ -708,29 +708,31 @@ def test_a_gang_member_another_hand_marked_and_deleted_costs_the_rest_nothing(re
 
 
 @pytest.mark.parametrize(
-    ("reason", "message", "evicted"),
+    ("reason", "message"),
     [
-        ("PreemptionByScheduler", "kubegpu extender: evicting the rest of gang ml/train, which an earlier cut", True),
-        ("DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint", False),
-        ("EvictionByEvictionAPI", "Eviction API: evicting", False),
+        ("PreemptionByScheduler", "kubegpu extender: evicting the rest of gang ml/train, which an earlier cut"),
+        ("DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint"),
+        ("EvictionByEvictionAPI", "Eviction API: evicting"),
     ],
-    ids=["an-extenders-mark", "the-taint-managers", "the-eviction-apis"],
+    ids=["an-extenders", "the-taint-managers", "the-eviction-apis"],
 )
-def test_a_member_marked_but_not_deleted_is_evicted_only_when_an_extender_marked_it(
-    reason: str, message: str, evicted: bool
-) -> None:
-    """w-1 carries a `DisruptionTarget` mark and no deletionTimestamp when kube-scheduler's preemption cuts its gang.
-    Another hand's mark (the taint manager's, the Eviction API's) means that hand is evicting it and retries its own
-    deletion: the extender leaves it, untold. An extender's mark means an extender (the other replica of
-    extender-ha, or this one) could not delete it after marking it: left alone it would run on, marked, below
-    minMember, so it is deleted and told why, once."""
+def test_a_member_marked_long_ago_but_not_deleted_is_evicted_and_told_once(reason: str, message: str) -> None:
+    """w-1 carries a `DisruptionTarget` mark five minutes old and no deletionTimestamp when kube-scheduler's
+    preemption cuts its gang: whoever wrote it (the other replica of extender-ha, the taint manager, the Eviction API)
+    failed to delete it. Left alone it would run on, marked, below minMember, so it is deleted and told why, once. (A
+    mark written moments ago is left to its writer for a minute first:
+    `test_a_mark_whose_deletion_failed_is_taken_over_once_not_trusted_and_the_pod_is_deleted_by_one_hand`.)"""
     server, writer, w0 = cut_gang()
     server.mirror.server_version = (1, 26)
-    writer.marked["w-1"] = {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message}
+    written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 300))
+    writer.marked["w-1"] = {
+        "type": "DisruptionTarget", "status": "True", "reason": reason, "message": message,
+        "lastTransitionTime": written,
+    }  # fmt: skip
     gone(server, marked(w0, "PreemptionByScheduler"), "r0-n0")
     nominated(server, vip(), "r0-n0")
     told = [e["regarding"]["name"] if "regarding" in e else e["involvedObject"]["name"] for e in writer.events]
-    assert (writer.deleted, told) == (([("w-1", "uid-w-1")], ["w-1"]) if evicted else ([], []))
+    assert (writer.deleted, told) == ([("w-1", "uid-w-1")], ["w-1"])
 
 
 def test_the_rest_of_a_gang_is_evicted_when_kube_scheduler_marks_its_victim_as_preempted() -> None:
@@ -831,3 +833,138 @@ def test_a_departure_older_than_kept_seconds_is_no_sign_of_a_preemption() -> Non
     nominated(server, vip(), "r0-n1")
     nominated(server, vip(), "r0-n0")
     assert writer.deleted == []
+
+
+# -- a mark left without a deletion ---------------------------------------------------------------------------------
+
+
+class OnePod:
+    """The API server's side of one pod, as `evict_unless_taken` meets it: guarded writes answered 409 when the
+    `resourceVersion` moved, a status patch merging its condition by type, a graceful deletion setting
+    `deletionTimestamp` (a new `resourceVersion`). Each extender talks to it through its own `Hand`."""
+
+    def __init__(self) -> None:
+        self.meta: dict[str, Any] = {"name": "w-1", "namespace": "ml", "uid": "uid-w-1", "resourceVersion": "1"}
+        self.conditions: list[dict[str, Any]] = []
+
+    def read(self) -> dict[str, Any]:
+        return orjson.loads(orjson.dumps({"metadata": self.meta, "status": {"conditions": self.conditions}}))
+
+    def write(self, guard: dict[str, Any]) -> None:
+        if guard.get("resourceVersion") not in (None, self.meta["resourceVersion"]):
+            raise ApiError(409, "Conflict", "the object has been modified")
+        self.meta["resourceVersion"] = str(int(self.meta["resourceVersion"]) + 1)
+
+
+class Hand:
+    """One extender's writer to `OnePod`; `refusing`: its deletions fail (a webhook refusing them, its process
+    stopping before it sends them)."""
+
+    def __init__(self, pod: OnePod) -> None:
+        self.pod = pod
+        self.refusing = False
+        self.deletions = 0
+
+    async def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        if method == "GET":
+            return self.pod.read()
+        assert method == "DELETE"
+        if self.refusing:
+            raise ApiError(500, "InternalError", "injected")
+        self.pod.write(body["preconditions"])
+        self.pod.meta["deletionTimestamp"] = "2026-11-26T00:00:30Z"
+        self.deletions += 1
+        return self.pod.read()
+
+    async def patch(self, path: str, body: dict[str, Any], *, strategic: bool = False) -> dict[str, Any]:
+        self.pod.write(body["metadata"])
+        (condition,) = body["status"]["conditions"]
+        self.pod.conditions = [c for c in self.pod.conditions if c["type"] != condition["type"]] + [condition]
+        return self.pod.read()
+
+
+def test_a_mark_whose_deletion_failed_is_taken_over_once_not_trusted_and_the_pod_is_deleted_by_one_hand(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Extender A marks w-1 and its deletion fails, past its retries (its process stopping). Extender B waits while
+    the mark may still be followed (`MARKED`), then writes it again and deletes w-1: `EVICTED` (before: B left a
+    marked pod alone for good). A, looking again, finds it being deleted and tells it nothing; had A's retry come after
+    B's mark, it would have found the mark not its own and sent no deletion."""
+    from kubegpu.scheduler import binder as binder_module
+    from kubegpu.scheduler.binder import Binder, Eviction, disruption_target
+    from kubegpu.scheduler.health import Metrics
+
+    why = disruption_target("kubegpu extender: evicting the rest of gang ml/train")
+    stamps = iter(f"2026-11-26T00:00:{s:02d}Z" for s in range(60))
+    monkeypatch.setattr(binder_module, "now_rfc3339", lambda: next(stamps))
+    pod = OnePod()
+    a, b = Hand(pod), Hand(pod)
+    extenders = [Binder(hand, Metrics(), component="") for hand in (a, b)]  # type: ignore[arg-type]
+    clock = [1_795_651_200.0]  # 2026-11-26T00:00:00Z, the time of A's mark
+    for extender in extenders:
+        extender.wall = lambda: clock[0]
+        extender.delete_retry_delays = ()
+    member = make_pod_request()
+
+    a.refusing = True
+    assert asyncio.run(extenders[0].evict_unless_taken(member, why)) is Eviction.FAILED
+    assert [c["lastTransitionTime"] for c in pod.conditions] == ["2026-11-26T00:00:00Z"]
+    clock[0] += extenders[1].mark_trusted_seconds - 1
+    assert asyncio.run(extenders[1].evict_unless_taken(member, why)) is Eviction.MARKED  # A may still delete it
+    clock[0] += 2
+    a.refusing = False
+    outcomes = [asyncio.run(extenders[1].evict_unless_taken(member, why)),
+                asyncio.run(extenders[0].evict_unless_taken(member, why))]  # fmt: skip
+
+    assert outcomes == [Eviction.EVICTED, Eviction.LEFT]
+    assert (a.deletions, b.deletions) == (0, 1)
+    assert [c["lastTransitionTime"] for c in pod.conditions] == ["2026-11-26T00:00:01Z"]  # B's, written again
+
+
+def test_a_winner_retries_its_own_failed_deletion_and_sends_none_over_a_mark_written_again_since() -> None:
+    """A's first deletion fails and A retries it (`EVICTED`); had B taken the mark over meanwhile, A's retry would find
+    the mark not its own and leave the pod to B (`MARKED`, no deletion from A)."""
+    from kubegpu.scheduler.binder import Binder, Eviction, disruption_target
+    from kubegpu.scheduler.health import Metrics
+
+    pod = OnePod()
+    a = Hand(pod)
+    failures = [ApiError(500, "InternalError", "injected")]
+    deleting = a.request
+
+    async def once(method: str, path: str, body: Any = None) -> dict[str, Any]:
+        if method == "DELETE" and failures:
+            raise failures.pop()
+        return await deleting(method, path, body)
+
+    a.request = once  # type: ignore[method-assign]
+    extender = Binder(a, Metrics(), component="")  # type: ignore[arg-type]
+    extender.delete_retry_delays = (0.0,)
+    why = disruption_target("kubegpu extender: evicting the rest of gang ml/train")
+    assert asyncio.run(extender.evict_unless_taken(make_pod_request(), why)) is Eviction.EVICTED
+    assert a.deletions == 1
+
+    pod = OnePod()
+    a, b = Hand(pod), Hand(pod)
+
+    async def taken_over(method: str, path: str, body: Any = None) -> dict[str, Any]:
+        if method == "DELETE" and not pod.meta.get("taken"):
+            pod.meta["taken"] = True  # while A waits to retry, B writes the mark again (a later time)
+            await b.patch("", {"metadata": {}, "status": {"conditions": [
+                {**pod.conditions[0], "lastTransitionTime": "2099-01-01T00:00:00Z"}]}})  # fmt: skip
+            raise ApiError(500, "InternalError", "injected")
+        return await Hand.request(a, method, path, body)
+
+    a.request = taken_over  # type: ignore[method-assign]
+    extender = Binder(a, Metrics(), component="")  # type: ignore[arg-type]
+    extender.delete_retry_delays = (0.0,)
+    assert asyncio.run(extender.evict_unless_taken(make_pod_request(), why)) is Eviction.MARKED
+    assert a.deletions == 0
+
+
+def make_pod_request() -> Any:
+    from kubegpu.core.manifests import pod_request
+
+    manifest = pod_manifest("w-1", {"main": {"nvidia.com/gpu": 8}}, namespace="ml")
+    manifest["metadata"]["uid"] = "uid-w-1"
+    return pod_request(manifest)[0]
