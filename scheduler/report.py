@@ -20,6 +20,7 @@ import colorsys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -166,6 +167,7 @@ def cell_label(cell: DeviceCell) -> str:
     return f"{shorten(cell.id, MAX_CELL_ID_CHARS)}{MARKS[cell_state(cell)]}"
 
 
+@lru_cache(maxsize=64)  # a node's holders take the same few dozen colours, on every redraw
 def _colour(index: int) -> str:
     hue = _HUES[index % len(_HUES)]
     lightness = (0.50, 0.34, 0.66)[(index // len(_HUES)) % 3]

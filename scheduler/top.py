@@ -19,6 +19,10 @@ Everything a tenant or a node wrote (reasons quoting annotations, Event messages
 reaches the terminal as `safe_text` makes it (control characters escaped, bounded) and as `rich.text.Text`, never as
 rich markup, so `[/]` cannot crash `top` nor `[blink]` style it, and no escape sequence reaches the terminal.
 
+The terminal lists at most `MAX_PENDING_ROWS` pending pods, after the reasons most of them wait for counted (when
+there are more), and at most `MAX_PROBLEM_LINES` allocations not shown, then how many more: a redraw costs the same
+for 30 pending pods or 50,000, and the node maps stay on screen.
+
 `--watch` lists and watches Nodes, Pods and Events with the scheduler's informers and redraws in place (rich's
 `Live`) as soon as a change arrives; `--json` prints one document (a line per change with `--watch`); `--html FILE`
 writes the HTML report (`html.py`), rewritten on every change with `--watch`.
@@ -32,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -69,6 +74,12 @@ __all__ = ["ClusterView", "add_top_parser", "render_terminal", "run"]
 
 FINISHED = frozenset({"Succeeded", "Failed"})
 MAX_NODES = 40  # node maps drawn in the terminal; --node, --json and --html show any node
+# Pending pods, their reasons counted, and not-shown lines drawn in the terminal: a screen shows a few dozen lines,
+# and drawing 10,000 pending pods took rich 2 s per redraw (`--watch` redraws on every change); --json and --html
+# list them all.
+MAX_PENDING_ROWS = 30
+MAX_REASON_ROWS = 8
+MAX_PROBLEM_LINES = 20
 MIN_REASON_COLUMN = 32  # characters the pending pods' reasons keep, whatever the length of a pod's key
 NODES, PODS, EVENTS = "/api/v1/nodes", "/api/v1/pods", "/api/v1/events"
 
@@ -389,18 +400,44 @@ def render_terminal(report: Report, *, max_nodes: int = MAX_NODES) -> Renderable
         parts.append(
             Text(f"… {len(report.nodes) - max_nodes} more nodes with devices (--node NAME, --json or --html show them)")
         )
+    if len(report.pending) > MAX_PENDING_ROWS:
+        parts.append(_reasons_counted(report.pending))
     if report.pending:
         pending = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
         # A pod's key may be 317 characters (a 63-character namespace, a 253-character name): kept on one line, its
         # column took the whole width and no pod's reason was shown. It folds where the reasons need the room.
         pending.add_column("PENDING POD", overflow="fold")
         pending.add_column("REASON", overflow="fold", min_width=MIN_REASON_COLUMN)
-        for pod in report.pending:
+        for pod in report.pending[:MAX_PENDING_ROWS]:
             pending.add_row(Text(safe_text(pod.pod)), Text(safe_text(pod.reason)))
         parts.append(pending)
-    for problem in report.problems:
+        if len(report.pending) > MAX_PENDING_ROWS:
+            more = len(report.pending) - MAX_PENDING_ROWS
+            parts.append(Text(f"… {more} more pending pods (--json or --html list them)"))
+    for problem in report.problems[:MAX_PROBLEM_LINES]:
         parts.append(Text(f"not shown: {safe_text(problem)}", style="yellow"))
+    if len(report.problems) > MAX_PROBLEM_LINES:
+        more = len(report.problems) - MAX_PROBLEM_LINES
+        parts.append(Text(f"… {more} more not shown (--json or --html list them)", style="yellow"))
     return Group(*parts)
+
+
+def _reasons_counted(pending: Sequence[PendingPod]) -> RenderableType:
+    """The reasons most pending pods wait for, with how many wait for each: of more pods than the terminal lists,
+    what the first rows by name show says little about the rest."""
+    from rich.table import Table
+    from rich.text import Text
+
+    reasons = Counter(pod.reason for pod in pending)
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("PODS", justify="right")
+    table.add_column("WAIT FOR", overflow="fold", min_width=MIN_REASON_COLUMN)
+    for reason, count in reasons.most_common(MAX_REASON_ROWS):
+        table.add_row(str(count), Text(safe_text(reason)))
+    if len(reasons) > MAX_REASON_ROWS:
+        others = sum(count for _, count in reasons.most_common()[MAX_REASON_ROWS:])
+        table.add_row(str(others), Text(f"{len(reasons) - MAX_REASON_ROWS} other reasons"))
+    return table
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -433,3 +433,30 @@ def test_a_device_shared_by_forty_thousand_pods_is_drawn_in_one_pass() -> None:
     assert second - first == pytest.approx(half, abs=0.1), "the next band begins where the first ends"
     assert half > 1000 * rest, "the first pod's half, as tall as its part"
     assert took < 1.0, f"{took:.1f} s to draw one device"
+
+
+def test_ten_thousand_pending_pods_and_a_thousand_allocations_not_shown_fit_on_a_screen() -> None:
+    """A 5,000-node cluster may have 10,000 pods pending, and a tenant may bind a thousand pods with forged
+    allocations: `top` drew a row for every pending pod and a line for every allocation not shown (24,000 lines,
+    2 s of rich per redraw, on every change with `--watch`), so the terminal scrolled past everything else. Now the
+    first rows, the reasons most pods wait for with how many wait for each, and how many more there are."""
+    view = view_of([bound_pod(f"forged-{n}", [str(n % 16)], key=b"x" * 32) for n in range(1000)])
+    for number in range(10_000):
+        name = f"wait-{number:05d}"
+        pod = pod_manifest(name, {"main": {"aws.amazon.com/neurondevice": 99}}, scheduler_name="kubegpu")
+        pod["metadata"]["uid"] = f"uid-{name}"
+        view.apply_pod("ADDED", pod)
+        reason = "too many devices" if number % 10 else f"a reason of its own: {number}"
+        view.apply_event("ADDED", failed_scheduling(name, number + 1, reason))
+    report = view.report()
+    assert len(report.pending) == 10_000 and len(report.problems) == 1000  # --json and --html still list them all
+
+    output = io.StringIO()
+    Console(file=output, width=200, color_system=None).print(render_terminal(report))
+    lines = output.getvalue().splitlines()
+    assert len(lines) < 120, f"{len(lines)} lines on the terminal"
+    assert re.search(r"^\s*9000\s+too many devices\s*$", output.getvalue(), re.M), "\n".join(lines[:30])
+    assert any(re.search(r"^\s*\d+\s+\d+ other reasons\s*$", line) for line in lines)
+    assert "… 9970 more pending pods" in output.getvalue()
+    assert "… 980 more not shown" in output.getvalue()
+    assert sum(1 for line in lines if line.startswith("not shown: default/forged-")) == 20
