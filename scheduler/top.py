@@ -17,7 +17,9 @@ shown naming it, and drawn once the first is gone.
 
 Everything a tenant or a node wrote (reasons quoting annotations, Event messages, device ids, an allocation's node)
 reaches the terminal as `safe_text` makes it (control characters escaped, bounded) and as `rich.text.Text`, never as
-rich markup, so `[/]` cannot crash `top` nor `[blink]` style it, and no escape sequence reaches the terminal.
+rich markup, so `[/]` cannot crash `top` nor `[blink]` style it, and no escape sequence reaches the terminal. So do the
+API server's words when it refuses (or a proxy's in its place), and warnings are logfmt lines on stderr, as every
+kubegpu process logs them.
 
 The terminal lists at most `MAX_PENDING_ROWS` pending pods, after the reasons most of them wait for counted (when
 there are more), and at most `MAX_PROBLEM_LINES` allocations not shown, then how many more: a redraw costs the same
@@ -33,6 +35,7 @@ writes the HTML report (`html.py`), rewritten on every change with `--watch`.
 from __future__ import annotations
 
 import argparse
+import logging
 import queue
 import signal
 import sys
@@ -49,7 +52,7 @@ from kubegpu.core.annotations import ALLOCATION_KEY, AnnotationError, decode_all
 from kubegpu.core.errors import InputError, shorten
 from kubegpu.core.manifests import bound_pod_request, node_info, pod_request
 from kubegpu.core.plugin_manager import KubegpuPluginManager, make_plugin_manager
-from kubegpu.core.process import add_verify_key_argument
+from kubegpu.core.process import LogfmtFormatter, add_verify_key_argument
 from kubegpu.core.text import safe_text
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.gates import gated_reason
@@ -541,6 +544,7 @@ def run(args: argparse.Namespace) -> int:
     from kubegpu.core.process import read_key, read_verify_keys
     from kubegpu.kube.client import ApiError, KubeClient
 
+    _log_to_stderr()
     key = read_key(args.allocation_key_file) if args.allocation_key_file else None
     if args.allocation_verify_key_file and key is None:
         raise SystemExit("kubegpu top: --allocation-verify-key-file needs --allocation-key-file")
@@ -551,9 +555,29 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     try:
         return _watch(view, client, args, console) if args.watch else _once(view, client, args, console)
-    except ApiError as exc:
-        print(f"kubegpu top: {exc}", file=sys.stderr)
+    except ApiError as exc:  # the server's words (or a proxy's in its place): shown as any text top did not write
+        print(f"kubegpu top: {safe_text(str(exc))}", file=sys.stderr)
         return 1
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """The standard error as it is at each record: rich's `Live` replaces it while it redraws, to print a line above
+    the picture rather than through it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def _log_to_stderr() -> None:
+    """Warnings (an informer refused, a plugin failing or slow) as the other kubegpu processes log them: logfmt lines,
+    the server's and the plugins' words escaped and bounded. Unconfigured, Python printed them as they were, so a
+    message could forge a line of its own or reach the terminal with its escape sequences."""
+    handler = _Stderr(sys.stderr)
+    handler.setFormatter(LogfmtFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
 
 
 def add_top_parser(sub: Any) -> argparse.ArgumentParser:
