@@ -12,7 +12,12 @@ of each family; a filter box narrows the nodes by node or pod name. After a trac
 capacity asked for, with the allocation at 100 % asked.
 
 Everything that comes from a manifest or the cluster (node, pod and device names, reasons, labels, plugin names) is
-HTML-escaped, attributes included, so a hostile name renders as text. Pictures of the same shape share their link
+shown as `safe_text` makes it (control characters, bidi overrides and line separators written as escapes, at most
+`MAX_TEXT_CHARS` characters; a device id in its square at most `MAX_CELL_ID_CHARS`), then HTML-escaped, attributes
+included, so a hostile name renders as text, in its order, and a node's 10,000-character device id costs a line.
+Each list (pending pods, their reasons, allocations not shown, DRA claims, gangs not placed) shows at most
+`MAX_ROWS` rows and says how many more there are: a trace of 100,000 pods, 90,000 of them refused, made a 41 MB
+page of one collapsed table; `kubegpu top --json` lists every one. Pictures of the same shape share their link
 paths (computed once per shape), and nodes off screen are left unrendered by the browser until scrolled to
 (`content-visibility`), so a thousand-node report stays quick to write and to open.
 """
@@ -29,8 +34,10 @@ from html import escape
 from itertools import accumulate
 from pathlib import Path
 
+from kubegpu.core.errors import shorten
 from kubegpu.core.models import DeviceCell, Occupancy
-from kubegpu.scheduler.report import NodeView, Report, cell_state, shape_name, share_percents
+from kubegpu.core.text import safe_text
+from kubegpu.scheduler.report import MAX_CELL_ID_CHARS, NodeView, Report, cell_state, shape_name, share_percents
 
 __all__ = ["render_html", "write_html"]
 
@@ -38,6 +45,7 @@ SIZE = 34  # a device's square
 PITCH = 56  # distance between neighbouring devices
 MARGIN = 26  # room around the devices for wrap-around arcs and the switch
 Point = tuple[float, float]
+MAX_ROWS = 1000  # rows of one list; the others are counted
 
 _STATE_WORDS = {"held": "held", "partly": "partly held", "free": "free", "unhealthy": "unhealthy"}
 
@@ -181,7 +189,7 @@ def _device(
     return (
         f'<rect class="dev {state}" x="{x:.0f}" y="{y:.0f}" width="{SIZE}" height="{SIZE}" rx="5"{fill} '
         f'data-tip="{quote(tip)}"/>{levels}{mark}'
-        f'<text x="{point[0]:.0f}" y="{point[1] + 4:.0f}">{quote(cell.id)}</text>'
+        f'<text x="{point[0]:.0f}" y="{point[1] + 4:.0f}">{quote(shorten(cell.id, MAX_CELL_ID_CHARS))}</text>'
     )
 
 
@@ -214,7 +222,7 @@ def _picture(node: NodeView, picture: Occupancy, unverified: dict[str, str], quo
 
 def _node(node: NodeView, unverified: dict[str, str], quote: Callable[[str], str]) -> str:
     holders = node.holders()
-    search = quote(" ".join([node.name, *holders]).lower())
+    search = escape(" ".join([node.name, *holders]).lower(), quote=True)  # not shown: never cut, finds any pod
     kind = f"{quote(node.instance_type)} · " if node.instance_type else ""
     pictures = "".join(_picture(node, p, unverified, quote) for p in node.pictures)
     legend = "".join(
@@ -255,11 +263,11 @@ def _claims(report: Report, quote: Callable[[str], str]) -> str:
         return ""
     rows = "".join(
         f"<tr><td>{quote(pod)}</td><td>{quote(claim)}</td><td>{quote(node)}</td><td>{quote(', '.join(found))}</td></tr>"
-        for pod, claim, node, found in report.claims
+        for pod, claim, node, found in report.claims[:MAX_ROWS]
     )
     table = (
         "<table class=pods><thead><tr><th>pod</th><th>claim</th><th>node</th><th>devices</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>"
+        f"<tbody>{rows}</tbody></table>{_more(len(report.claims), 'claims')}"
     )
     if len(report.claims) > 50:
         table = f"<details><summary>every claim ({len(report.claims)})</summary>{table}</details>"
@@ -272,32 +280,48 @@ def _pending(report: Report, quote: Callable[[str], str]) -> str:
     reasons = Counter(p.reason for p in report.pending)
     summary = ""
     if len(reasons) < len(report.pending):  # some reason is shared: count pods per reason first
-        ranked = [f"<tr><td>{n}</td><td>{quote(r)}</td></tr>" for r, n in reasons.most_common()]
+        ranked = reasons.most_common()
+        counted = [f"<tr><td>{n}</td><td>{quote(r)}</td></tr>" for r, n in ranked[: 8 + MAX_ROWS]]
         head = "<table class=reasons><thead><tr><th>pods</th><th>reason</th></tr></thead><tbody>"
-        summary = f"{head}{''.join(ranked[:8])}</tbody></table>"
+        summary = f"{head}{''.join(counted[:8])}</tbody></table>"
         if len(ranked) > 8:
+            left = sum(n for _, n in ranked[8 + MAX_ROWS :])
             summary += (
                 f"<details><summary>{len(ranked) - 8} more reasons</summary>"
-                f"{head}{''.join(ranked[8:])}</tbody></table></details>"
+                f"{head}{''.join(counted[8:])}</tbody></table>{_more(len(ranked) - 8, 'reasons', left)}</details>"
             )
-    rows = "".join(f"<tr><td>{quote(p.pod)}</td><td>{quote(p.reason)}</td></tr>" for p in report.pending)
-    table = f"<table class=pods><thead><tr><th>pod</th><th>reason</th></tr></thead><tbody>{rows}</tbody></table>"
+    rows = "".join(f"<tr><td>{quote(p.pod)}</td><td>{quote(p.reason)}</td></tr>" for p in report.pending[:MAX_ROWS])
+    table = (
+        "<table class=pods><thead><tr><th>pod</th><th>reason</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>{_more(len(report.pending), 'pending pods')}"
+    )
     if len(report.pending) > 50:
-        table = f"<details><summary>every pending pod ({len(report.pending)})</summary>{table}</details>"
+        table = f"<details><summary>the pending pods ({len(report.pending)})</summary>{table}</details>"
     return summary + table
 
 
 def _unverified(report: Report, quote: Callable[[str], str]) -> str:
     if not report.unverified and not report.problems:
         return ""
-    rows = "".join(f"<tr><td>{quote(pod)}</td><td>{quote(why)}</td></tr>" for pod, why in report.unverified.items())
-    problems = "".join(f"<li>{quote(p)}</li>" for p in report.problems)
+    unverified = list(report.unverified.items())
+    rows = "".join(f"<tr><td>{quote(pod)}</td><td>{quote(why)}</td></tr>" for pod, why in unverified[:MAX_ROWS])
+    problems = "".join(f"<li>{quote(p)}</li>" for p in report.problems[:MAX_ROWS])
     return (
         '<section id="unverified"><h2>Allocations not verified</h2>'
         + (f"<table><thead><tr><th>pod</th><th>why</th></tr></thead><tbody>{rows}</tbody></table>" if rows else "")
+        + _more(len(unverified), "unverified allocations")
         + (f"<ul>{problems}</ul>" if problems else "")
+        + _more(len(report.problems), "allocations not shown")
         + "</section>"
     )
+
+
+def _more(listed: int, what: str, pods: int | None = None) -> str:
+    """After a list cut at `MAX_ROWS`: how many of its `listed` entries are left out (and the pods they count)."""
+    if listed <= MAX_ROWS:
+        return ""
+    counted = f", {pods} pods" if pods is not None else ""
+    return f'<p class="more">… {listed - MAX_ROWS} more {what}{counted} not listed here</p>'
 
 
 _CSS = """
@@ -333,7 +357,7 @@ svg.chart .xlabel{text-anchor:middle}svg.chart .ylabel{text-anchor:middle}.grid{
 fill:none}.ideal{stroke:#9aa5b1;stroke-dasharray:5 4;fill:none}.full{stroke:#cbd2d9;stroke-dasharray:2 3}
 .alloc{stroke:#3e7bd6;stroke-width:2;fill:none}.at-full{fill:#c62828}.headline{font-weight:600;margin:4px 0}
 #tip{position:fixed;z-index:10;max-width:420px;background:#1f2933;color:#fff;padding:5px 8px;border-radius:5px;
-font-size:12px;pointer-events:none;overflow-wrap:anywhere}
+font-size:12px;pointer-events:none;overflow-wrap:anywhere}.more{color:var(--muted);margin:2px 0 8px}
 """
 
 _SCRIPT = """
@@ -380,11 +404,13 @@ def _gangs(report: Report, quote: Callable[[str], str]) -> str:
     )
     if not report.domains:  # no gang placed: no domains to list, only the gangs left out and why
         table = ""
-    unplaced = "".join(f"<tr><td>{quote(g.pod)}</td><td>{quote(g.reason)}</td></tr>" for g in report.unplaced_gangs)
+    unplaced = "".join(
+        f"<tr><td>{quote(g.pod)}</td><td>{quote(g.reason)}</td></tr>" for g in report.unplaced_gangs[:MAX_ROWS]
+    )
     if unplaced:
         table += (
             "<h3>Gangs not placed</h3><table class=pods><thead><tr><th>gang</th><th>reason</th></tr></thead>"
-            f"<tbody>{unplaced}</tbody></table>"
+            f"<tbody>{unplaced}</tbody></table>{_more(len(report.unplaced_gangs), 'gangs not placed')}"
         )
     title = f"Gangs by {level}" if level else "Gangs (none placed)"
     return f'<section id="gangs"><h2>{title}</h2>{table}</section>'
@@ -490,13 +516,14 @@ def render_html(report: Report, *, generated: float | None = None) -> str:
 
 
 def _quoter() -> Callable[[str], str]:
-    """`html.escape` (quotes included), remembered for the names that repeat on every device of a node."""
+    """Text to show: `safe_text` (escaped, at most `MAX_TEXT_CHARS`), then `html.escape` (quotes included),
+    remembered for the names that repeat on every device of a node."""
     cache: dict[str, str] = {}
 
     def quote(text: str) -> str:
         done = cache.get(text)
         if done is None:
-            done = escape(text, quote=True)
+            done = escape(safe_text(text), quote=True)
             if len(cache) < 100_000:
                 cache[text] = done
         return done

@@ -17,7 +17,15 @@ shown naming it, and drawn once the first is gone.
 
 Everything a tenant or a node wrote (reasons quoting annotations, Event messages, device ids, an allocation's node)
 reaches the terminal as `safe_text` makes it (control characters escaped, bounded) and as `rich.text.Text`, never as
-rich markup, so `[/]` cannot crash `top` nor `[blink]` style it, and no escape sequence reaches the terminal.
+rich markup, so `[/]` cannot crash `top` nor `[blink]` style it, and no escape sequence reaches the terminal. So do the
+API server's words when it refuses (or a proxy's in its place), and warnings are logfmt lines on stderr, as every
+kubegpu process logs them.
+
+The terminal lists at most `MAX_PENDING_ROWS` pending pods, after the reasons most of them wait for counted (when
+there are more), and at most `MAX_PROBLEM_LINES` allocations not shown, then how many more: a redraw costs the same
+for 30 pending pods or 50,000, and the node maps stay on screen. Each node's picture is kept from one redraw to the
+next (`report.NodeViews`) and drawn again only when the engine says the node changed: a redraw of 5,000 nodes after
+one pod left takes 0.06 s, where describing every node took a second.
 
 `--watch` lists and watches Nodes, Pods and Events with the scheduler's informers and redraws in place (rich's
 `Live`) as soon as a change arrives; `--json` prints one document (a line per change with `--watch`); `--html FILE`
@@ -27,11 +35,13 @@ writes the HTML report (`html.py`), rewritten on every change with `--watch`.
 from __future__ import annotations
 
 import argparse
+import logging
 import queue
 import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -42,13 +52,14 @@ from kubegpu.core.annotations import ALLOCATION_KEY, AnnotationError, decode_all
 from kubegpu.core.errors import InputError, shorten
 from kubegpu.core.manifests import bound_pod_request, node_info, pod_request
 from kubegpu.core.plugin_manager import KubegpuPluginManager, make_plugin_manager
-from kubegpu.core.process import add_verify_key_argument
+from kubegpu.core.process import LogfmtFormatter, add_verify_key_argument
 from kubegpu.core.text import safe_text
 from kubegpu.scheduler.engine import Engine
 from kubegpu.scheduler.gates import gated_reason
 from kubegpu.scheduler.report import (
     LEGEND,
     NodeView,
+    NodeViews,
     PendingPod,
     Report,
     build_report,
@@ -69,6 +80,12 @@ __all__ = ["ClusterView", "add_top_parser", "render_terminal", "run"]
 
 FINISHED = frozenset({"Succeeded", "Failed"})
 MAX_NODES = 40  # node maps drawn in the terminal; --node, --json and --html show any node
+# Pending pods, their reasons counted, and not-shown lines drawn in the terminal: a screen shows a few dozen lines,
+# and drawing 10,000 pending pods took rich 2 s per redraw (`--watch` redraws on every change); --json lists every
+# one.
+MAX_PENDING_ROWS = 30
+MAX_REASON_ROWS = 8
+MAX_PROBLEM_LINES = 20
 MIN_REASON_COLUMN = 32  # characters the pending pods' reasons keep, whatever the length of a pod's key
 NODES, PODS, EVENTS = "/api/v1/nodes", "/api/v1/pods", "/api/v1/events"
 
@@ -103,6 +120,7 @@ class ClusterView:
         self.hidden: dict[str, str] = {}  # allocations not drawn, and why
         self.contested: dict[str, dict[str, Any]] = {}  # without a key: pods whose claim another pod's claim blocks
         self.early: dict[str, dict[str, dict[str, Any]]] = {}  # node -> pods bound to it, seen before the node
+        self.views = NodeViews()  # each node's picture, drawn again only when the node changed
 
     # -- nodes ------------------------------------------------------------------------------------------------
 
@@ -298,6 +316,7 @@ class ClusterView:
             problems=[safe_text(f"{what}: {why}") for what, why in sorted(self.hidden.items())],
             only=only,
             verified=self.key is not None,
+            memo=self.views,
         )
 
 
@@ -389,18 +408,44 @@ def render_terminal(report: Report, *, max_nodes: int = MAX_NODES) -> Renderable
         parts.append(
             Text(f"… {len(report.nodes) - max_nodes} more nodes with devices (--node NAME, --json or --html show them)")
         )
+    if len(report.pending) > MAX_PENDING_ROWS:
+        parts.append(_reasons_counted(report.pending))
     if report.pending:
         pending = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
         # A pod's key may be 317 characters (a 63-character namespace, a 253-character name): kept on one line, its
         # column took the whole width and no pod's reason was shown. It folds where the reasons need the room.
         pending.add_column("PENDING POD", overflow="fold")
         pending.add_column("REASON", overflow="fold", min_width=MIN_REASON_COLUMN)
-        for pod in report.pending:
+        for pod in report.pending[:MAX_PENDING_ROWS]:
             pending.add_row(Text(safe_text(pod.pod)), Text(safe_text(pod.reason)))
         parts.append(pending)
-    for problem in report.problems:
+        if len(report.pending) > MAX_PENDING_ROWS:
+            more = len(report.pending) - MAX_PENDING_ROWS
+            parts.append(Text(f"… {more} more pending pods (--json lists every one)"))
+    for problem in report.problems[:MAX_PROBLEM_LINES]:
         parts.append(Text(f"not shown: {safe_text(problem)}", style="yellow"))
+    if len(report.problems) > MAX_PROBLEM_LINES:
+        more = len(report.problems) - MAX_PROBLEM_LINES
+        parts.append(Text(f"… {more} more not shown (--json lists every one)", style="yellow"))
     return Group(*parts)
+
+
+def _reasons_counted(pending: Sequence[PendingPod]) -> RenderableType:
+    """The reasons most pending pods wait for, with how many wait for each: of more pods than the terminal lists,
+    what the first rows by name show says little about the rest."""
+    from rich.table import Table
+    from rich.text import Text
+
+    reasons = Counter(pod.reason for pod in pending)
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("PODS", justify="right")
+    table.add_column("WAIT FOR", overflow="fold", min_width=MIN_REASON_COLUMN)
+    for reason, count in reasons.most_common(MAX_REASON_ROWS):
+        table.add_row(str(count), Text(safe_text(reason)))
+    if len(reasons) > MAX_REASON_ROWS:
+        others = sum(count for _, count in reasons.most_common()[MAX_REASON_ROWS:])
+        table.add_row(str(others), Text(f"{len(reasons) - MAX_REASON_ROWS} other reasons"))
+    return table
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -499,6 +544,7 @@ def run(args: argparse.Namespace) -> int:
     from kubegpu.core.process import read_key, read_verify_keys
     from kubegpu.kube.client import ApiError, KubeClient
 
+    _log_to_stderr()
     key = read_key(args.allocation_key_file) if args.allocation_key_file else None
     if args.allocation_verify_key_file and key is None:
         raise SystemExit("kubegpu top: --allocation-verify-key-file needs --allocation-key-file")
@@ -509,9 +555,29 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     try:
         return _watch(view, client, args, console) if args.watch else _once(view, client, args, console)
-    except ApiError as exc:
-        print(f"kubegpu top: {exc}", file=sys.stderr)
+    except ApiError as exc:  # the server's words (or a proxy's in its place): shown as any text top did not write
+        print(f"kubegpu top: {safe_text(str(exc))}", file=sys.stderr)
         return 1
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """The standard error as it is at each record: rich's `Live` replaces it while it redraws, to print a line above
+    the picture rather than through it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def _log_to_stderr() -> None:
+    """Warnings (an informer refused, a plugin failing or slow) as the other kubegpu processes log them: logfmt lines,
+    the server's and the plugins' words escaped and bounded. Unconfigured, Python printed them as they were, so a
+    message could forge a line of its own or reach the terminal with its escape sequences."""
+    handler = _Stderr(sys.stderr)
+    handler.setFormatter(LogfmtFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
 
 
 def add_top_parser(sub: Any) -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import time
+from collections import Counter
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -258,3 +259,81 @@ def test_a_1000_node_3000_pod_report_renders_in_2s_of_python_and_opens_in_5s(
     assert devices == build_report(engine, title="", source="").devices
     assert python_seconds < PYTHON_GOAL, figures
     assert browser_seconds < BROWSER_GOAL, figures
+
+
+DEVICE_TEXT = """Array.from(document.querySelectorAll("rect.dev")).map(function (r) {
+  return [r.getAttribute("data-tip"), r.nextElementSibling.textContent];
+})"""
+
+
+def test_a_nodes_device_ids_show_escaped_and_bounded_in_chromium(tmp_path: Path, browser: Chromium) -> None:
+    """A node with nodes/status rights advertises what it likes as device ids: a right-to-left override that turns
+    what follows around, a line separator, a terminal escape, 100,000 characters. `kubegpu top --html` showed them
+    as they were (HTML-escaped only): the page read its text reversed and carried the id three times, 300 KB for one
+    device. Now as the terminal shows them: escaped, the square's label at most 12 characters, the tip at most
+    1024."""
+    from kubegpu.core.annotations import DEVICES_KEY, encode_devices
+    from kubegpu.core.models import DeviceInfo, DeviceInventory, NodeDevices
+    from kubegpu.core.testing import node_manifest
+    from kubegpu.core.text import MAX_TEXT_CHARS
+    from kubegpu.scheduler.report import MAX_CELL_ID_CHARS
+    from kubegpu.scheduler.top import ClusterView
+
+    ids = ["\u202e0gpu", "1\u2028ab", "\x1b[2J2", "x" * 100_000, "4", "5", "6", "7"]
+    inventory = DeviceInventory(plugin="nvidia", devices=[DeviceInfo(id=i, model="A100") for i in ids])
+    node = node_manifest(
+        "p4d-lies",
+        annotations={DEVICES_KEY: encode_devices(NodeDevices(inventories={"nvidia": inventory}))},
+        allocatable={"nvidia.com/gpu": 8},
+    )
+    view = ClusterView(make_plugin_manager("scheduler"), None)
+    view.sync_nodes([node])
+    page_path = tmp_path / "top.html"
+    write_html(view.report(), page_path)
+    assert page_path.stat().st_size < 40_000, f"{page_path.stat().st_size} bytes for 8 devices"
+
+    mark = len(browser.events)
+    browser.open(page_path.as_uri())
+    assert browser.errors(mark) == [] and browser.dialogs(mark) == []
+    shown = browser.evaluate(DEVICE_TEXT)
+    assert len(shown) == 8
+    for tip, label in shown:
+        assert tip.isprintable() and label.isprintable(), (tip[:80], label)
+        assert len(tip) <= MAX_TEXT_CHARS and len(label) <= MAX_CELL_ID_CHARS, (len(tip), label)
+    labels = [label for _, label in shown]
+    assert "\\u202e0gpu" in labels and "1\\u2028ab" in labels and "\\x1b[2J2" in labels
+    (long_tip,) = [tip for tip, label in shown if label.startswith("xxx")]
+    assert long_tip.endswith("more characters)")
+    text = browser.evaluate("document.body.textContent")
+    assert not {"\u202e", "\u2028", "\x1b"} & set(text)
+
+
+def test_a_trace_of_a_hundred_thousand_pods_makes_a_page_of_a_few_megabytes(tmp_path: Path, browser: Chromium) -> None:
+    """A replay of 100,000 pods on the openb cluster left 90,475 pending, each with its own 1 KB reason (each node's
+    free GPUs named): the page listed every one and every reason, 41 MB, most of it one collapsed table. Now at most
+    1000 rows per list, the reasons still counted over every pod, and how many more there are."""
+    from kubegpu.scheduler.report import PendingPod
+
+    engine = Engine(make_plugin_manager("scheduler"))
+    reasons = [
+        f"0/1213 nodes are available: reason {n % 3000}: " + "1 GPU 0 has 4% compute free, " * 33 for n in range(3000)
+    ]
+    pending = [
+        PendingPod(f"trace/pod-{n:06d}", reasons[n % 3000] if n % 4 else "Insufficient cpu") for n in range(40_000)
+    ]
+    page_path = tmp_path / "trace.html"
+    write_html(build_report(engine, title="trace", source="s", pending=pending), page_path)
+    size = page_path.stat().st_size
+    assert size < 4_000_000, f"{size / 1e6:.1f} MB"
+
+    mark = len(browser.events)
+    browser.open(page_path.as_uri())
+    assert browser.errors(mark) == []
+    assert browser.evaluate('document.querySelector("#pending h2").textContent') == "Pending pods (40000)"
+    counted = browser.evaluate('document.querySelector("table.reasons td").parentElement.textContent')
+    assert counted == "10000Insufficient cpu"
+    assert browser.evaluate('document.querySelectorAll("table.pods tbody tr").length') == 1000
+    more = browser.evaluate('Array.from(document.querySelectorAll("#pending p.more")).map(p => p.textContent)')
+    ranked = Counter(p.reason for p in pending).most_common()  # 2251 reasons: 8 shown, 1000 more listed
+    left = f"{len(ranked) - 8 - 1000} more reasons, {sum(n for _, n in ranked[8 + 1000 :])} pods"
+    assert more == [f"… {left} not listed here", "… 39000 more pending pods not listed here"]
