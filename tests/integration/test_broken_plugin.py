@@ -89,6 +89,22 @@ def _install_broken(directory: Path, name: str = "broken", source: str = BROKEN)
     return directory
 
 
+def _scheduler_with(cluster: Cluster, key_file: Path, site: Path, log: Path, port: int | None = None) -> Any:
+    """`kubegpu scheduler` on the real API server, with the plugin installed under `site` importable beside the
+    built-in ones, logging to `log`, serving /metrics on `port` (a free one when None)."""
+    environment = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [
+        sys.executable, "-m", "kubegpu", "scheduler", "--kubeconfig", str(cluster.kubeconfig),
+        "--scheduler-name", "kubegpu", "--allocation-key-file", str(key_file),
+        "--metrics-address", f"127.0.0.1:{port or free_port()}", "--no-leader-elect",
+    ]  # fmt: skip
+    return subprocess.Popen(command, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=environment)
+
+
 def _events(cluster: Cluster, namespace: str, pod: str) -> list[str]:
     return [e.get("message", "") for e in cluster.events(namespace) if e["involvedObject"].get("name") == pod]
 
@@ -106,32 +122,8 @@ def test_a_broken_third_party_plugin_leaves_the_scheduler_up_and_other_plugins_p
             name, labels={"broken.example/card.count": "2"}, allocatable={"broken.example/card": 2}
         )
     port = free_port()
-    environment = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join([str(_install_broken(tmp_path / "site")), os.environ.get("PYTHONPATH", "")]),
-    }
     log = tmp_path / "scheduler.log"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kubegpu",
-            "scheduler",
-            "--kubeconfig",
-            str(cluster.kubeconfig),
-            "--scheduler-name",
-            "kubegpu",
-            "--allocation-key-file",
-            str(key_file),
-            "--metrics-address",
-            f"127.0.0.1:{port}",
-            "--no-leader-elect",
-        ],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        env=environment,
-    )
+    process = _scheduler_with(cluster, key_file, _install_broken(tmp_path / "site"), log, port)
     try:
         cluster.create_pod(namespace, "broken-pod", {"main": {"broken.example/card": 1}}, scheduler="kubegpu")
         cluster.create_pod(namespace, "neuron-pod", {"main": {"aws.amazon.com/neuron": 2}}, scheduler="kubegpu")
@@ -177,34 +169,8 @@ def test_a_plugin_whose_books_lose_their_holders_never_binds_two_pods_to_one_car
     cluster.create_ready_node(
         "careless-0", labels={"careless.example/card.count": "2"}, allocatable={"careless.example/card": 2}
     )
-    environment = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(
-            [str(_install_broken(tmp_path / "site", "careless", CARELESS)), os.environ.get("PYTHONPATH", "")]
-        ),
-    }
     log = tmp_path / "scheduler.log"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kubegpu",
-            "scheduler",
-            "--kubeconfig",
-            str(cluster.kubeconfig),
-            "--scheduler-name",
-            "kubegpu",
-            "--allocation-key-file",
-            str(key_file),
-            "--metrics-address",
-            f"127.0.0.1:{free_port()}",
-            "--no-leader-elect",
-        ],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        env=environment,
-    )
+    process = _scheduler_with(cluster, key_file, _install_broken(tmp_path / "site", "careless", CARELESS), log)
     try:
         cluster.create_pod(namespace, "first", {"main": {"careless.example/card": 1}}, scheduler="kubegpu")
 
