@@ -436,13 +436,17 @@ class Binder:
 
     def _trusted(self, mark: dict[str, Any]) -> bool:
         """Whether another hand's `DisruptionTarget` mark is recent enough to wait for its deletion. A mark without a
-        readable `lastTransitionTime` (every Kubernetes writer sets one) cannot be timed: not trusted."""
+        readable `lastTransitionTime` (every Kubernetes writer sets one) cannot be timed: not trusted. Nor can one
+        dated further ahead of this clock than `mark_trusted_seconds` (its writer's clock off by more, or the time
+        written by hand): trusted until this clock reached it, a mark dated next year kept every other hand away
+        from a member left running below minMember for a year. A writer's clock ahead by less is trusted at most
+        twice as long."""
         written = mark.get("lastTransitionTime")
         try:
             when = calendar.timegm(time.strptime(written, "%Y-%m-%dT%H:%M:%SZ")) if isinstance(written, str) else None
         except ValueError:
             when = None
-        return when is not None and self.wall() - when < self.mark_trusted_seconds
+        return when is not None and -self.mark_trusted_seconds < self.wall() - when < self.mark_trusted_seconds
 
     async def _delete(self, victim: PodRequest, why: dict[str, Any] | None = None) -> bool:
         """Whether the victim is deleted (or already gone); a failed deletion is logged. `why`: the status patch

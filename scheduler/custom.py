@@ -143,6 +143,7 @@ class CustomScheduler:
             with mirror.lock:
                 queue.promote()
                 mirror.judge_nodes()
+                mirror.recheck_digests()
                 if ready:
                     self.tend_gangs()
                     self.schedule_active(BATCH)

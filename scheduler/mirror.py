@@ -127,6 +127,9 @@ BUDGETS = "poddisruptionbudgets"
 # the API server serves none (the CRD may be installed later).
 PODGROUP_GROUP, PODGROUP_VERSIONS, PODGROUPS = "scheduling.x-k8s.io", ("v1alpha1",), "podgroups"
 PODGROUP_RECHECK = 60.0
+# How often the plugins' node digests are asked again with no Node update (`ClusterMirror.recheck_digests`): HAMi's
+# handshake goes stale 60 s after it was requested, and HAMi's own scheduler looks every 30 s.
+DIGEST_RECHECK = 30.0
 LEASE_GROUP = "coordination.k8s.io"
 GATE_LABELS = 32  # gate names with a series of their own in kubegpu_scheduler_gated_pods
 OTHER_GATES = "(other)"
@@ -303,6 +306,7 @@ class ClusterMirror:
         self.claim_templates: dict[tuple[str, str], Mapping[str, Any]] = {}
         self.claims_released = claims_released
         self._next_judgement = 0.0
+        self._next_digest_check = time.monotonic() + DIGEST_RECHECK
         # A new leader's fresh list of pods (`caught_up`): None until asked for, then set once the loop applied it.
         self._caught_up: threading.Event | None = None
         # What the watches told of pods and claims while those lists were on their way, per list (the keys of those
@@ -345,6 +349,7 @@ class ClusterMirror:
             self.apply_events(0.2)
             with self.lock:
                 self.judge_nodes()
+                self.recheck_digests()
 
     def start_informers(self) -> None:
         """Start the informers. Pods are listed while nodes are, and handed over after the nodes' list, so that the
@@ -562,6 +567,20 @@ class ClusterMirror:
             if self.engine.set_node_live(name, reason is None, reason):
                 revived |= reason is None
         if revived:
+            self.pending.wake()
+
+    def recheck_digests(self) -> None:
+        """Every `DIGEST_RECHECK` seconds, build again the nodes whose plugins' digests changed with time alone
+        (`Engine.recheck_digests`: HAMi's handshake gone stale with no Node update), and wake the pending pods when
+        one did. Called with the lock held, from the front-end's loop."""
+        now = time.monotonic()
+        if now < self._next_digest_check:
+            return
+        self._next_digest_check = now + DIGEST_RECHECK
+        changed = self.engine.recheck_digests()
+        if changed:
+            log.info("%d node(s) built again: what a plugin reads of them changed with time (first: %s)",
+                     len(changed), safe_text(changed[0], 253))  # fmt: skip
             self.pending.wake()
 
     # -- PodDisruptionBudgets ---------------------------------------------------------------------------------------

@@ -40,7 +40,9 @@ class NodeCache(NodeClasses):
     def add_node(self, info: NodeInfo) -> None:
         """Add a node, or replace it (a changed Node), keeping the pods placed on it."""
         previous = self.nodes.get(info.name)
-        record = NodeRecord(info, klass=self._klass(info))
+        digest = self.node_digest(info)
+        record = NodeRecord(info, klass=self._klass(info, digest), digest=digest)
+        self._replaced = (previous.info, previous.digest) if previous is not None else None
         self._node_epoch += 1
         for plugin in self.plugins.names:
             inventory = info.inventories.get(plugin)
@@ -100,6 +102,19 @@ class NodeCache(NodeClasses):
         self._refresh(record)
         if previous is not None:
             self._leave_indexes(record)
+
+    def recheck_digests(self) -> list[str]:
+        """The nodes whose plugins' digests (`node_digest`) differ now from what their states were built with, built
+        again (`add_node` of the same Node, keeping its pods): a digest may change with time alone (HAMi's handshake
+        going stale while no Node update comes: its registration was still read, its GPUs given, as long as the node
+        was left alone). The front-ends call it every `DIGEST_RECHECK` seconds; a changed node may help pending
+        pods. Costs a digest per node and plugin that has one; nothing without such a plugin."""
+        if not self._digesters:
+            return []
+        changed = [name for name, record in self.nodes.items() if self.node_digest(record.info) != record.digest]
+        for name in changed:
+            self.add_node(self.nodes[name].info)
+        return changed
 
     def _leave_indexes(self, record: NodeRecord) -> None:
         """Take a changed node out of the capacity indexes of what it no longer offers (a plugin's devices gone, a
@@ -179,6 +194,7 @@ class NodeCache(NodeClasses):
         record = self.nodes.pop(name, None)
         self._dead.pop(name, None)
         self._published.pop(name, None)
+        self._digest_failing.difference_update((plugin, name) for plugin in self._digesters)
         if record is None:
             return []
         self._node_epoch += 1
@@ -418,7 +434,7 @@ class NodeCache(NodeClasses):
         if record is None:
             return True
         if (previous is None) != (wanted is None):
-            klass = self._klass(record.info)
+            klass = self._klass(record.info, record.digest)
             self._join_class(name, record.klass, klass)
             record.klass = klass
             self._refresh(record)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, NamedTuple
@@ -81,6 +81,9 @@ class NodeRecord:
     # (`NodeCache._enter`, `release`, `add_node`): the engine's own guard against a device given twice
     # (`Reserving._held_by_another`), whatever a plugin's books say.
     held: dict[tuple[str, str, str], dict[str, bool]] = field(default_factory=dict)
+    # What its plugins said of it when it was built (`NodeClasses.node_digest`), in its class key: compared with
+    # what they say now when the node changes, and every `DIGEST_RECHECK` seconds (`NodeCache.recheck_digests`).
+    digest: tuple[Hashable, ...] = ()
 
     def hold_named(self, key: str, parts: Mapping[str, PluginAllocation]) -> None:
         """Note the devices a pod entered on this node names (`held`)."""

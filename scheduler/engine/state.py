@@ -135,6 +135,9 @@ class EngineState:
         # The plugins whose states read more of a node than its labels, allocatable and inventories
         # (`kubegpu_scheduler_node_digest`): what they answer is part of the node's class (`NodeCache.node_digest`).
         self._digesters = tuple(p for p in plugins.names if plugins.implements(p, NODE_DIGEST_HOOK))
+        # (plugin, node) whose digest failed and was logged: logged again only after it answered (each Node update
+        # and each recheck asks it again; a plugin failing on every node logged thousands of lines a minute).
+        self._digest_failing: set[tuple[str, str]] = set()
         # Of those, the nodes whose devices a plugin shares (`kubegpu.core.kit.shares_devices`), counted the same way:
         # a pod that may reach one has its nodes ranked by kube-scheduler's count even when the profile leaves
         # `percentageOfNodesToScore` unset (`fragmentation_matters`).

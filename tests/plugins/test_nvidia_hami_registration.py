@@ -294,3 +294,29 @@ def test_gpumem_written_as_a_byte_quantity_is_refused_with_a_hint_at_mib() -> No
     )
     plain = engine_of(hami_node("hami", legacy(4))).schedule(pod("gi", {**SHARE, "nvidia.com/gpumem": "40000"}))
     assert "counts MiB" not in (plain.reason or "")
+
+
+def test_a_handshake_going_stale_with_no_node_update_is_read_so_at_the_next_recheck(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """HAMi's scheduler requested the handshake 50 s ago and its device plugin never answers: no Node update comes.
+    A minute after the request HAMi holds the node's devices invalid; the engine's next recheck of the plugins'
+    digests builds the node again and the registration is no longer read (before: read, and its GPUs' shares
+    given, until something else changed the Node)."""
+    engine = engine_of(hami_node("hami", legacy(4), handshake=requesting(timedelta(seconds=50))))
+    assert engine.schedule(pod("before", SHARE)).scheduled
+    assert engine.recheck_digests() == []  # nothing changed yet: nothing built again
+    later = datetime.now(timezone.utc) + timedelta(seconds=15)
+
+    class Later(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return later
+
+    monkeypatch.setattr(nvidia, "datetime", Later)
+    with caplog.at_level(logging.WARNING):
+        assert engine.recheck_digests() == ["hami"]
+    assert "has not answered the handshake" in caplog.text
+    refused = engine.schedule(pod("after", SHARE))  # the node's GPUs as allocatable alone says: no shares
+    assert not refused.scheduled, refused
+    assert engine.recheck_digests() == []  # stale stays stale: built once

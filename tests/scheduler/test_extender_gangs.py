@@ -951,12 +951,13 @@ def test_a_winner_retries_its_own_failed_deletion_and_sends_none_over_a_mark_wri
         if method == "DELETE" and not pod.meta.get("taken"):
             pod.meta["taken"] = True  # while A waits to retry, B writes the mark again (a later time)
             await b.patch("", {"metadata": {}, "status": {"conditions": [
-                {**pod.conditions[0], "lastTransitionTime": "2099-01-01T00:00:00Z"}]}})  # fmt: skip
+                {**pod.conditions[0], "lastTransitionTime": "2026-11-26T00:00:01Z"}]}})  # fmt: skip
             raise ApiError(500, "InternalError", "injected")
         return await Hand.request(a, method, path, body)
 
     a.request = taken_over  # type: ignore[method-assign]
     extender = Binder(a, Metrics(), component="")  # type: ignore[arg-type]
+    extender.wall = lambda: 1_795_651_200.0  # 2026-11-26T00:00:00Z: B's clock a second ahead of A's
     extender.delete_retry_delays = (0.0,)
     assert asyncio.run(extender.evict_unless_taken(make_pod_request(), why)) is Eviction.MARKED
     assert a.deletions == 0
@@ -968,3 +969,32 @@ def make_pod_request() -> Any:
     manifest = pod_manifest("w-1", {"main": {"nvidia.com/gpu": 8}}, namespace="ml")
     manifest["metadata"]["uid"] = "uid-w-1"
     return pod_request(manifest)[0]
+
+
+@pytest.mark.parametrize(
+    ("stamp", "outcome", "deletions"),
+    [
+        ("2027-11-26T00:00:00Z", "EVICTED", 1),  # a year ahead: its writer's clock, or a hand's
+        ("2026-11-26T00:00:50Z", "MARKED", 0),  # 50 s ahead, less than the minute a mark is trusted
+    ],
+)
+def test_a_mark_dated_further_ahead_than_it_is_trusted_is_taken_over_now_not_when_the_clock_reaches_it(
+    stamp: str, outcome: str, deletions: int
+) -> None:
+    """Another hand marked w-1 DisruptionTarget with a lastTransitionTime a year ahead of this extender's clock and
+    never deleted it. The extender takes the mark over and deletes w-1 at once (before: `MARKED` until the clock
+    reached the stamp, the gang's rest running below minMember for a year). A writer's clock ahead by less than
+    `mark_trusted_seconds` is still waited for."""
+    from kubegpu.scheduler.binder import Binder, disruption_target
+    from kubegpu.scheduler.health import Metrics
+
+    pod = OnePod()
+    why = disruption_target("kubegpu extender: evicting the rest of gang ml/train")
+    pod.conditions = [{**why["status"]["conditions"][0], "lastTransitionTime": stamp}]
+    hand = Hand(pod)
+    extender = Binder(hand, Metrics(), component="")  # type: ignore[arg-type]
+    extender.wall = lambda: 1_795_651_200.0  # 2026-11-26T00:00:00Z
+    extender.delete_retry_delays = ()
+
+    assert asyncio.run(extender.evict_unless_taken(make_pod_request(), why)).name == outcome
+    assert hand.deletions == deletions

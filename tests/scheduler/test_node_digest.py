@@ -101,3 +101,36 @@ def test_a_digest_that_is_no_key_costs_its_node_its_class_not_the_cycle(caplog: 
     assert len({record.klass for record in engine.nodes.values()}) == 4  # each node its own class: none settles another
     decision = engine.schedule(wants("p", "2.0"))
     assert decision.scheduled and decision.node == "new", decision.reason
+
+
+class Failing(Firmware):
+    asked = 0
+
+    @scheduler_hooks.hookimpl
+    def kubegpu_scheduler_node_digest(self, node: NodeInfo) -> Any:
+        type(self).asked += 1
+        raise RuntimeError("firmware agent unreachable")
+
+
+def test_a_digest_failing_on_every_update_is_asked_once_per_update_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A plugin's digest that raises on every Node update (a card agent gone): asked once per update, where it was
+    asked three times (the class, then the wake's old and new node), and logged once until it answers again for
+    the node (before: three error lines per node per update, a HAMi handshake's rewrite every 30 s on each node)."""
+    Failing.asked = 0
+    engine = engine_with(Failing())
+    previous = None
+    with caplog.at_level(logging.DEBUG):
+        for firmware in ("1.0", "1.1", "1.2", "1.3"):
+            info = card_node("n", firmware)
+            engine.add_node(info)
+            engine.node_change_may_help(previous, info)
+            previous = info
+        engine.recheck_digests()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "firmware agent unreachable" in errors[0], errors
+    assert Failing.asked == 5  # four updates and one recheck
+    assert engine.recheck_digests() == []  # a failure is the same class each time: not built again
+    engine.remove_node("n")
+    assert not engine._digest_failing  # forgotten with its node
