@@ -181,6 +181,17 @@ def label(cluster: Cluster, labels: dict[str, str | None]) -> None:
     cluster.client.patch(f"/api/v1/nodes/{NODE}", {"metadata": {"labels": labels}})
 
 
+def ran_or_refused(cluster: Cluster, space: str, name: str, timeout: float, what: str) -> dict[str, Any]:
+    """The pod `name` once the kubelet ran it or refused it (phase Running or Failed)."""
+
+    def settled() -> dict[str, Any] | None:
+        found: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{space}/pods/{name}")
+        return found if found["status"].get("phase") in ("Failed", "Running") else None
+
+    found: dict[str, Any] = wait_for(settled, timeout, what)
+    return found
+
+
 def checkpoint(kubelet: Kubelet, pod_uid: str, resource: str) -> list[str]:
     """The device ids the kubelet itself recorded for a pod (its device manager's checkpoint file)."""
     data = json.loads((kubelet.device_plugin_dir / "kubelet_internal_checkpoint").read_text())
@@ -366,11 +377,7 @@ def test_a_pod_kubegpu_did_not_place_admitted_first_gets_nothing_signed_for_the_
         signed = allocated(wait_for(bound, 60, "the placed pod bound with its allocation"), "main")[NEURON]
         gate.release()  # the kubelet admits the squatter (older, first in the queue), then the placed pod
 
-        def admitted_or_refused() -> dict[str, Any] | None:
-            found: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{space}/pods/squatter")
-            return found if found["status"].get("phase") in ("Failed", "Running") else None
-
-        refused = wait_for(admitted_or_refused, 60, "the kubelet to admit or refuse the squatter")
+        refused = ran_or_refused(cluster, space, "squatter", 60, "the kubelet to admit or refuse the squatter")
         if refused["status"]["phase"] == "Running":
             taken = read_output(out, "squatter", "main")[1].get("AWS_NEURON_VISIBLE_DEVICES")
             raise AssertionError(
@@ -674,11 +681,8 @@ def test_a_share_pod_mounting_a_volume_at_a_path_the_node_owns_fails_admission_n
         peeker["spec"]["containers"][0]["volumeMounts"].append({"name": "settings", "mountPath": "/overrideEnv"})
         cluster.client.post(f"/api/v1/namespaces/{space}/pods", peeker)
 
-        def settled() -> dict[str, Any] | None:
-            found: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{space}/pods/peeker")
-            return found if found["status"].get("phase") in ("Failed", "Running") else None
-
-        status = wait_for(settled, 90, "the pod with a volume at /overrideEnv to fail or run")["status"]
+        found = ran_or_refused(cluster, space, "peeker", 90, "the pod with a volume at /overrideEnv to fail or run")
+        status = found["status"]
         ran = (gpus / "out" / "peeker.main.override").read_text() if status["phase"] == "Running" else ""
         assert status["phase"] == "Failed", f"it ran, reading /overrideEnv: {ran!r}"
         assert (
@@ -714,11 +718,9 @@ def test_a_share_pod_whose_termination_message_path_is_the_preload_file_fails_ad
         unloaded["spec"]["containers"][0]["terminationMessagePath"] = "/etc/ld.so.preload"
         cluster.client.post(f"/api/v1/namespaces/{space}/pods", unloaded)
 
-        def settled() -> dict[str, Any] | None:
-            found: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{space}/pods/unloaded")
-            return found if found["status"].get("phase") in ("Failed", "Running") else None
-
-        status = wait_for(settled, 90, "the pod with its termination message at /etc/ld.so.preload to fail or run")
+        status = ran_or_refused(
+            cluster, space, "unloaded", 90, "the pod with its termination message at /etc/ld.so.preload to fail or run"
+        )
         status = status["status"]
         if status["phase"] == "Running":
             wait_for(lambda: (gpus / "out" / "unloaded.main.env").exists() or None, 30, "the container's output")
@@ -765,11 +767,8 @@ def test_a_tile_containers_own_device_hierarchy_never_widens_its_mask(
         spelled["spec"]["containers"][0]["env"].append({"name": "ZE_FLAT_DEVICE_HIERARCHY", "value": "composite"})
         cluster.client.post(f"/api/v1/namespaces/{space}/pods", spelled)
 
-        def settled() -> dict[str, Any] | None:
-            found: dict[str, Any] = cluster.client.get(f"/api/v1/namespaces/{space}/pods/spelled")
-            return found if found["status"].get("phase") in ("Failed", "Running") else None
-
-        status = wait_for(settled, 90, "the pod spelling the hierarchy otherwise to fail or run")["status"]
+        found = ran_or_refused(cluster, space, "spelled", 90, "the pod spelling the hierarchy otherwise to fail or run")
+        status = found["status"]
         if status["phase"] == "Running":
             _, env = read_output(out, "spelled", "main")
         ran = {k: env.get(k) for k in ("ZE_FLAT_DEVICE_HIERARCHY", "ZE_AFFINITY_MASK")}
